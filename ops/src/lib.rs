@@ -1,0 +1,3 @@
+//! verbio-ops: every verb as an owned-buffer `Op` future, connection setup over
+//! TCP, and the MR-token agent.
+#![deny(missing_docs)]

@@ -1,0 +1,440 @@
+//! The provider contract: a small, synchronous interface modelled on verbs,
+//! implemented by the software RDMA device ([`soft`]) and, with the `ibverbs`
+//! feature, by real hardware through libibverbs.
+//!
+//! Every object is a cheap handle (`Clone`, `Send + Sync`) that keeps its parents
+//! alive: a [`Qp`] keeps its [`Pd`], CQs and [`Context`]; an [`Mr`] keeps its
+//! [`Pd`]. Nothing above this module knows which provider it runs on.
+//!
+//! Dispatch is an enum per object ([`ProviderKind`] tells which); the
+//! providers' own types have the same method names and signatures.
+
+mod error;
+pub mod soft;
+mod types;
+
+#[cfg(feature = "ibverbs")]
+pub mod ibverbs;
+
+use std::os::fd::RawFd;
+
+pub use error::{CompletionError, PostError, ProviderError, Result};
+pub use types::*;
+
+/// Calls the same method on whichever provider implements `$val`.
+macro_rules! dispatch {
+    ($imp:ident, $val:expr, |$x:ident| $body:expr) => {
+        match $val {
+            $imp::Soft($x) => $body,
+            #[cfg(feature = "ibverbs")]
+            $imp::Ibverbs($x) => $body,
+        }
+    };
+}
+
+/// Lists the devices of every provider: the software device `soft0` always,
+/// then the hardware devices libibverbs finds (with the `ibverbs` feature).
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    #[allow(unused_mut)]
+    let mut list = vec![soft::device_info()];
+    #[cfg(feature = "ibverbs")]
+    match ibverbs::devices() {
+        Ok(found) => list.extend(found),
+        Err(e) => tracing::debug!(error = %e, "no ibverbs devices"),
+    }
+    Ok(list)
+}
+
+#[derive(Clone)]
+enum ContextImp {
+    Soft(soft::Context),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Context),
+}
+
+/// An opened device (`ibv_context`). For the soft device this owns the engine
+/// thread and its data-plane listener.
+#[derive(Clone)]
+pub struct Context {
+    imp: ContextImp,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("name", &self.name())
+            .field("kind", &self.kind())
+            .finish()
+    }
+}
+
+impl Context {
+    /// Opens a new software device with its own engine thread.
+    pub fn open_soft(config: SoftConfig) -> Result<Context> {
+        Ok(Context {
+            imp: ContextImp::Soft(soft::Context::open(config)?),
+        })
+    }
+
+    /// Opens the device described by `info`.
+    pub fn open(info: &DeviceInfo) -> Result<Context> {
+        match info.kind {
+            ProviderKind::Soft => Context::open_soft(SoftConfig {
+                name: info.name.clone(),
+                ..SoftConfig::default()
+            }),
+            #[cfg(feature = "ibverbs")]
+            ProviderKind::Ibverbs => Ok(Context {
+                imp: ContextImp::Ibverbs(ibverbs::Context::open(&info.name)?),
+            }),
+            #[allow(unreachable_patterns)]
+            _ => Err(ProviderError::Unsupported {
+                provider: "ibverbs",
+                what: "built without the `ibverbs` feature",
+            }),
+        }
+    }
+
+    /// Which provider drives this device.
+    pub fn kind(&self) -> ProviderKind {
+        match &self.imp {
+            ContextImp::Soft(_) => ProviderKind::Soft,
+            #[cfg(feature = "ibverbs")]
+            ContextImp::Ibverbs(_) => ProviderKind::Ibverbs,
+        }
+    }
+
+    /// Device name.
+    pub fn name(&self) -> &str {
+        dispatch!(ContextImp, &self.imp, |c| c.name())
+    }
+
+    /// Device attributes (`ibv_query_device`).
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        dispatch!(ContextImp, &self.imp, |c| c.query_device())
+    }
+
+    /// Port attributes (`ibv_query_port`), `port` is 1-based.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        dispatch!(ContextImp, &self.imp, |c| c.query_port(port))
+    }
+
+    /// One GID table entry (`ibv_query_gid`).
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        dispatch!(ContextImp, &self.imp, |c| c.query_gid(port, index))
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        Ok(Pd {
+            imp: match &self.imp {
+                ContextImp::Soft(c) => PdImp::Soft(c.alloc_pd()?),
+                #[cfg(feature = "ibverbs")]
+                ContextImp::Ibverbs(c) => PdImp::Ibverbs(c.alloc_pd()?),
+            },
+        })
+    }
+
+    /// Creates a completion channel: a non-blocking pollable fd.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        Ok(CompChannel {
+            imp: match &self.imp {
+                ContextImp::Soft(c) => CompChannelImp::Soft(c.create_comp_channel()?),
+                #[cfg(feature = "ibverbs")]
+                ContextImp::Ibverbs(c) => CompChannelImp::Ibverbs(c.create_comp_channel()?),
+            },
+        })
+    }
+
+    /// Creates a CQ with room for at least `cqe` completions, optionally bound
+    /// to a completion channel.
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        let imp = match &self.imp {
+            ContextImp::Soft(c) => {
+                let ch = match channel.map(|ch| &ch.imp) {
+                    None => None,
+                    Some(CompChannelImp::Soft(ch)) => Some(ch),
+                    #[cfg(feature = "ibverbs")]
+                    Some(_) => return Err(mismatch("create_cq")),
+                };
+                CqImp::Soft(c.create_cq(cqe, ch)?)
+            }
+            #[cfg(feature = "ibverbs")]
+            ContextImp::Ibverbs(c) => {
+                let ch = match channel.map(|ch| &ch.imp) {
+                    None => None,
+                    Some(CompChannelImp::Ibverbs(ch)) => Some(ch),
+                    Some(_) => return Err(mismatch("create_cq")),
+                };
+                CqImp::Ibverbs(c.create_cq(cqe, ch)?)
+            }
+        };
+        Ok(Cq { imp })
+    }
+
+    /// The asynchronous-event fd (non-blocking; readable = an event is pending).
+    pub fn async_fd(&self) -> RawFd {
+        dispatch!(ContextImp, &self.imp, |c| c.async_fd())
+    }
+
+    /// Takes (and acknowledges) the next asynchronous event, if any. Never blocks.
+    pub fn get_async_event(&self) -> Result<Option<AsyncEvent>> {
+        dispatch!(ContextImp, &self.imp, |c| c.get_async_event())
+    }
+
+    /// The soft device's data-plane address (`None` for hardware).
+    pub fn soft_addr(&self) -> Option<std::net::SocketAddr> {
+        match &self.imp {
+            ContextImp::Soft(c) => Some(c.local_addr()),
+            #[cfg(feature = "ibverbs")]
+            ContextImp::Ibverbs(_) => None,
+        }
+    }
+}
+
+#[cfg(feature = "ibverbs")]
+fn mismatch(call: &'static str) -> ProviderError {
+    ProviderError::InvalidArgument {
+        call,
+        what: "objects from different providers".to_string(),
+    }
+}
+
+#[derive(Clone)]
+enum PdImp {
+    Soft(soft::Pd),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Pd),
+}
+
+/// A protection domain: MRs and QPs of one PD can only reach each other.
+#[derive(Clone)]
+pub struct Pd {
+    imp: PdImp,
+}
+
+impl Pd {
+    /// Registers `[addr, addr + len)` for the device.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay valid (allocated, not moved) until the returned
+    /// [`Mr`] and every clone of it is dropped, and while it is registered the
+    /// device may read it (and write it, per `access`) at any time: the caller
+    /// must not create Rust references to it that assume exclusive or
+    /// unchanging contents while a work request or a peer may touch it.
+    pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
+        Ok(Mr {
+            imp: match &self.imp {
+                // SAFETY: forwarded contract of this function.
+                PdImp::Soft(p) => MrImp::Soft(unsafe { p.reg_mr(addr, len, access)? }),
+                #[cfg(feature = "ibverbs")]
+                // SAFETY: forwarded contract of this function.
+                PdImp::Ibverbs(p) => MrImp::Ibverbs(unsafe { p.reg_mr(addr, len, access)? }),
+            },
+        })
+    }
+
+    /// Creates an RC queue pair in RESET state.
+    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        let imp = match (&self.imp, &send_cq.imp, &recv_cq.imp) {
+            (PdImp::Soft(p), CqImp::Soft(s), CqImp::Soft(r)) => {
+                QpImp::Soft(p.create_qp(s, r, caps)?)
+            }
+            #[cfg(feature = "ibverbs")]
+            (PdImp::Ibverbs(p), CqImp::Ibverbs(s), CqImp::Ibverbs(r)) => {
+                QpImp::Ibverbs(p.create_qp(s, r, caps)?)
+            }
+            #[cfg(feature = "ibverbs")]
+            _ => return Err(mismatch("create_qp")),
+        };
+        Ok(Qp { imp })
+    }
+}
+
+#[derive(Clone)]
+enum MrImp {
+    Soft(soft::Mr),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Mr),
+}
+
+/// A registered memory region. Dropping the last clone deregisters it; from
+/// then on its rkey fails at once and the device never touches the memory.
+#[derive(Clone)]
+pub struct Mr {
+    imp: MrImp,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .field("access", &self.access())
+            .finish()
+    }
+}
+
+impl Mr {
+    /// Local key, for SGEs.
+    pub fn lkey(&self) -> u32 {
+        dispatch!(MrImp, &self.imp, |m| m.lkey())
+    }
+    /// Remote key, for peers.
+    pub fn rkey(&self) -> u32 {
+        dispatch!(MrImp, &self.imp, |m| m.rkey())
+    }
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        dispatch!(MrImp, &self.imp, |m| m.addr())
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        dispatch!(MrImp, &self.imp, |m| m.len())
+    }
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Access flags it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        dispatch!(MrImp, &self.imp, |m| m.access())
+    }
+}
+
+#[derive(Clone)]
+enum CompChannelImp {
+    Soft(soft::CompChannel),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::CompChannel),
+}
+
+/// A completion channel (`ibv_comp_channel`): its fd becomes readable when an
+/// armed CQ bound to it receives a completion.
+#[derive(Clone)]
+pub struct CompChannel {
+    imp: CompChannelImp,
+}
+
+impl CompChannel {
+    /// The non-blocking fd to register with a poller.
+    pub fn fd(&self) -> RawFd {
+        dispatch!(CompChannelImp, &self.imp, |c| c.fd())
+    }
+    /// Takes one pending CQ event: the handle of the CQ that fired, or `None`
+    /// if nothing is pending. Never blocks. Each event must later be
+    /// acknowledged with [`Cq::ack_events`] (in batches).
+    pub fn get_event(&self) -> Result<Option<u32>> {
+        dispatch!(CompChannelImp, &self.imp, |c| c.get_event())
+    }
+}
+
+#[derive(Clone)]
+enum CqImp {
+    Soft(soft::Cq),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Cq),
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct Cq {
+    imp: CqImp,
+}
+
+impl Cq {
+    /// A handle unique within the context; what [`CompChannel::get_event`] returns.
+    pub fn handle(&self) -> u32 {
+        dispatch!(CqImp, &self.imp, |c| c.handle())
+    }
+    /// Number of entries the CQ holds.
+    pub fn capacity(&self) -> u32 {
+        dispatch!(CqImp, &self.imp, |c| c.capacity())
+    }
+    /// Arms the CQ: the next completion (the next solicited one if
+    /// `solicited_only`) signals the channel once.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        dispatch!(CqImp, &self.imp, |c| c.req_notify(solicited_only))
+    }
+    /// Moves up to `out.len()` completions into `out`; returns how many. Never
+    /// blocks. Fails with [`ProviderError::CqOverflow`] once completions were lost.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        dispatch!(CqImp, &self.imp, |c| c.poll(out))
+    }
+    /// Acknowledges `n` events taken from the channel for this CQ.
+    pub fn ack_events(&self, n: u32) {
+        dispatch!(CqImp, &self.imp, |c| c.ack_events(n))
+    }
+}
+
+#[derive(Clone)]
+enum QpImp {
+    Soft(soft::Qp),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Qp),
+}
+
+/// A reliable-connected queue pair.
+#[derive(Clone)]
+pub struct Qp {
+    imp: QpImp,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qp_num", &self.qp_num())
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Qp {
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        dispatch!(QpImp, &self.imp, |q| q.qp_num())
+    }
+    /// Current state (ERR once an error completion was generated).
+    pub fn state(&self) -> QpState {
+        dispatch!(QpImp, &self.imp, |q| q.state())
+    }
+    /// Actual queue sizes (at least those requested).
+    pub fn caps(&self) -> QpCaps {
+        dispatch!(QpImp, &self.imp, |q| q.caps())
+    }
+    /// What the peer needs to connect to this QP (port 1, GID index `gid_index`).
+    pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
+        dispatch!(QpImp, &self.imp, |q| q.endpoint(gid_index))
+    }
+    /// RESET → INIT.
+    pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        dispatch!(QpImp, &self.imp, |q| q.modify_to_init(attr))
+    }
+    /// INIT → RTR: connects to the peer's endpoint.
+    pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        dispatch!(QpImp, &self.imp, |q| q.modify_to_rtr(attr))
+    }
+    /// RTR → RTS.
+    pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        dispatch!(QpImp, &self.imp, |q| q.modify_to_rts(attr))
+    }
+    /// Any state → ERR: every outstanding and later-posted WR completes with `WR_FLUSH_ERR`.
+    pub fn modify_to_err(&self) -> Result<()> {
+        dispatch!(QpImp, &self.imp, |q| q.modify_to_err())
+    }
+    /// Any state → RESET (queues emptied without completions).
+    pub fn modify_to_reset(&self) -> Result<()> {
+        dispatch!(QpImp, &self.imp, |q| q.modify_to_reset())
+    }
+    /// Posts a list of send WRs with one doorbell.
+    pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        dispatch!(QpImp, &self.imp, |q| q.post_send(wrs))
+    }
+    /// Posts a list of receive WRs with one doorbell.
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        dispatch!(QpImp, &self.imp, |q| q.post_recv(wrs))
+    }
+}

@@ -1,0 +1,830 @@
+//! Plain data types of the provider contract: work requests, completions,
+//! access flags, queue-pair attributes and endpoints. They mirror the verbs
+//! structures (`ibv_send_wr`, `ibv_wc`, `ibv_qp_attr`, ...) with Rust names.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+/// Which provider implements a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProviderKind {
+    /// The built-in software RDMA device (`provider::soft`).
+    Soft,
+    /// A real RDMA device through libibverbs (`provider::ibverbs`).
+    Ibverbs,
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProviderKind::Soft => "soft",
+            ProviderKind::Ibverbs => "ibverbs",
+        })
+    }
+}
+
+/// Memory-region and queue-pair access flags (`ibv_access_flags`, same bit values).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AccessFlags(u32);
+
+impl AccessFlags {
+    /// No access beyond local read.
+    pub const NONE: AccessFlags = AccessFlags(0);
+    /// `IBV_ACCESS_LOCAL_WRITE`: the device may write the region locally (RECV, READ results).
+    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1);
+    /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA WRITE into the region.
+    pub const REMOTE_WRITE: AccessFlags = AccessFlags(1 << 1);
+    /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA READ from the region.
+    pub const REMOTE_READ: AccessFlags = AccessFlags(1 << 2);
+    /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics on the region.
+    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(1 << 3);
+    /// Everything: local write plus all remote access.
+    pub const ALL: AccessFlags = AccessFlags(0b1111);
+
+    /// The raw verbs bit mask.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// Builds flags from a raw mask, dropping unknown bits.
+    pub const fn from_bits_truncate(bits: u32) -> AccessFlags {
+        AccessFlags(bits & Self::ALL.0)
+    }
+    /// True if every flag in `other` is set in `self`.
+    pub const fn contains(self, other: AccessFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// True if no flag is set.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::ops::BitOr for AccessFlags {
+    type Output = AccessFlags;
+    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | rhs.0)
+    }
+}
+impl std::ops::BitOrAssign for AccessFlags {
+    fn bitor_assign(&mut self, rhs: AccessFlags) {
+        self.0 |= rhs.0;
+    }
+}
+impl std::ops::BitAnd for AccessFlags {
+    type Output = AccessFlags;
+    fn bitand(self, rhs: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 & rhs.0)
+    }
+}
+
+impl fmt::Debug for AccessFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Self::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Self::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Self::REMOTE_READ, "REMOTE_READ"),
+            (Self::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+        ];
+        let mut first = true;
+        for (flag, name) in names {
+            if self.contains(flag) {
+                if !first {
+                    f.write_str("|")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        if first {
+            f.write_str("NONE")?;
+        }
+        Ok(())
+    }
+}
+
+/// Flags of a send work request (`ibv_send_flags`, same bit values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SendFlags(u32);
+
+impl SendFlags {
+    /// No flag: an unsignaled WR (unless the QP signals all).
+    pub const NONE: SendFlags = SendFlags(0);
+    /// `IBV_SEND_FENCE`: wait for prior READs/atomics before starting.
+    pub const FENCE: SendFlags = SendFlags(1);
+    /// `IBV_SEND_SIGNALED`: produce a completion.
+    pub const SIGNALED: SendFlags = SendFlags(1 << 1);
+    /// `IBV_SEND_SOLICITED`: set the solicited-event bit at the responder.
+    pub const SOLICITED: SendFlags = SendFlags(1 << 2);
+    /// `IBV_SEND_INLINE`: copy the payload at post time; lkeys are not checked.
+    pub const INLINE: SendFlags = SendFlags(1 << 3);
+
+    /// The raw verbs bit mask.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// True if every flag in `other` is set in `self`.
+    pub const fn contains(self, other: SendFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for SendFlags {
+    type Output = SendFlags;
+    fn bitor(self, rhs: SendFlags) -> SendFlags {
+        SendFlags(self.0 | rhs.0)
+    }
+}
+impl std::ops::BitOrAssign for SendFlags {
+    fn bitor_assign(&mut self, rhs: SendFlags) {
+        self.0 |= rhs.0;
+    }
+}
+
+/// One scatter/gather element (`ibv_sge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Start address of the local memory.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region that contains `[addr, addr + length)`.
+    pub lkey: u32,
+}
+
+/// Scatter/gather list; up to four elements live inline (no allocation).
+pub type SgList = SmallVec<[Sge; 4]>;
+
+/// What a send work request does (`ibv_wr_opcode` plus its remote arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendOp {
+    /// SEND: consumes the next RECV at the responder.
+    Send,
+    /// SEND with 32-bit immediate data.
+    SendWithImm {
+        /// Immediate data, delivered in the receive completion.
+        imm: u32,
+    },
+    /// RDMA WRITE of the local SGEs to `[remote_addr, ..)`.
+    Write {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate: also consumes a RECV at the responder.
+    WriteWithImm {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ of `[remote_addr, ..)` into the local SGEs.
+    Read {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// 64-bit compare-and-swap; the original value lands in the local SGE (8 bytes).
+    CompareAndSwap {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to compare with.
+        compare: u64,
+        /// Value stored if equal.
+        swap: u64,
+    },
+    /// 64-bit fetch-and-add; the original value lands in the local SGE (8 bytes).
+    FetchAndAdd {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The opcode a successful completion of this WR reports.
+    pub fn completion_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareAndSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAndAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// A send-queue work request (`ibv_send_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned unchanged in the completion.
+    pub wr_id: u64,
+    /// Local memory (gather for SEND/WRITE, scatter for READ/atomics).
+    pub sg_list: SgList,
+    /// The operation.
+    pub op: SendOp,
+    /// Signaled, inline, fence, solicited.
+    pub flags: SendFlags,
+}
+
+/// A receive-queue work request (`ibv_recv_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned unchanged in the completion.
+    pub wr_id: u64,
+    /// Where an incoming SEND's payload is scattered.
+    pub sg_list: SgList,
+}
+
+/// Work-completion status (`ibv_wc_status`, same numeric values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+#[allow(missing_docs)]
+pub enum WcStatus {
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocEecOpErr = 3,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    MwBindErr = 6,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    LocRddViolErr = 14,
+    RemInvRdReqErr = 15,
+    RemAbortErr = 16,
+    InvEecnErr = 17,
+    InvEecStateErr = 18,
+    FatalErr = 19,
+    RespTimeoutErr = 20,
+    GeneralErr = 21,
+    TmErr = 22,
+    TmRndvIncomplete = 23,
+}
+
+impl WcStatus {
+    /// Converts the raw verbs value; unknown values map to `GeneralErr`.
+    pub fn from_raw(raw: u32) -> WcStatus {
+        use WcStatus::*;
+        const ALL: [WcStatus; 24] = [
+            Success,
+            LocLenErr,
+            LocQpOpErr,
+            LocEecOpErr,
+            LocProtErr,
+            WrFlushErr,
+            MwBindErr,
+            BadRespErr,
+            LocAccessErr,
+            RemInvReqErr,
+            RemAccessErr,
+            RemOpErr,
+            RetryExcErr,
+            RnrRetryExcErr,
+            LocRddViolErr,
+            RemInvRdReqErr,
+            RemAbortErr,
+            InvEecnErr,
+            InvEecStateErr,
+            FatalErr,
+            RespTimeoutErr,
+            GeneralErr,
+            TmErr,
+            TmRndvIncomplete,
+        ];
+        ALL.get(raw as usize).copied().unwrap_or(GeneralErr)
+    }
+
+    /// The verbs name, e.g. `"IBV_WC_REM_ACCESS_ERR"`.
+    pub fn name(self) -> &'static str {
+        use WcStatus::*;
+        match self {
+            Success => "IBV_WC_SUCCESS",
+            LocLenErr => "IBV_WC_LOC_LEN_ERR",
+            LocQpOpErr => "IBV_WC_LOC_QP_OP_ERR",
+            LocEecOpErr => "IBV_WC_LOC_EEC_OP_ERR",
+            LocProtErr => "IBV_WC_LOC_PROT_ERR",
+            WrFlushErr => "IBV_WC_WR_FLUSH_ERR",
+            MwBindErr => "IBV_WC_MW_BIND_ERR",
+            BadRespErr => "IBV_WC_BAD_RESP_ERR",
+            LocAccessErr => "IBV_WC_LOC_ACCESS_ERR",
+            RemInvReqErr => "IBV_WC_REM_INV_REQ_ERR",
+            RemAccessErr => "IBV_WC_REM_ACCESS_ERR",
+            RemOpErr => "IBV_WC_REM_OP_ERR",
+            RetryExcErr => "IBV_WC_RETRY_EXC_ERR",
+            RnrRetryExcErr => "IBV_WC_RNR_RETRY_EXC_ERR",
+            LocRddViolErr => "IBV_WC_LOC_RDD_VIOL_ERR",
+            RemInvRdReqErr => "IBV_WC_REM_INV_RD_REQ_ERR",
+            RemAbortErr => "IBV_WC_REM_ABORT_ERR",
+            InvEecnErr => "IBV_WC_INV_EECN_ERR",
+            InvEecStateErr => "IBV_WC_INV_EEC_STATE_ERR",
+            FatalErr => "IBV_WC_FATAL_ERR",
+            RespTimeoutErr => "IBV_WC_RESP_TIMEOUT_ERR",
+            GeneralErr => "IBV_WC_GENERAL_ERR",
+            TmErr => "IBV_WC_TM_ERR",
+            TmRndvIncomplete => "IBV_WC_TM_RNDV_INCOMPLETE",
+        }
+    }
+
+    /// True for `Success`.
+    pub fn is_success(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Work-completion opcode (`ibv_wc_opcode`, same numeric values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+#[allow(missing_docs)]
+pub enum WcOpcode {
+    Send = 0,
+    RdmaWrite = 1,
+    RdmaRead = 2,
+    CompSwap = 3,
+    FetchAdd = 4,
+    BindMw = 5,
+    LocalInv = 6,
+    Tso = 7,
+    Recv = 128,
+    RecvRdmaWithImm = 129,
+}
+
+impl WcOpcode {
+    /// Converts the raw verbs value (`None` if unknown).
+    pub fn from_raw(raw: u32) -> Option<WcOpcode> {
+        use WcOpcode::*;
+        Some(match raw {
+            0 => Send,
+            1 => RdmaWrite,
+            2 => RdmaRead,
+            3 => CompSwap,
+            4 => FetchAdd,
+            5 => BindMw,
+            6 => LocalInv,
+            7 => Tso,
+            128 => Recv,
+            129 => RecvRdmaWithImm,
+            _ => return None,
+        })
+    }
+}
+
+/// A work completion (`ibv_wc`).
+///
+/// Error completions carry only `wr_id`, `status`, `qp_num` and `vendor_err`
+/// reliably; like hardware, their `opcode` and `byte_len` are unspecified
+/// (the soft device reports the WR's opcode and `byte_len` 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Which operation completed.
+    pub opcode: WcOpcode,
+    /// Bytes received (RECV, WRITE_WITH_IMM) or transferred.
+    pub byte_len: u32,
+    /// Immediate data (`IBV_WC_WITH_IMM`), host byte order.
+    pub imm_data: Option<u32>,
+    /// The local QP number the WR belonged to.
+    pub qp_num: u32,
+    /// Vendor-specific error syndrome (0 when none).
+    pub vendor_err: u32,
+}
+
+impl Completion {
+    /// A completion with every field zeroed/success, for buffers and tests.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: 0,
+        vendor_err: 0,
+    };
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion::EMPTY
+    }
+}
+
+/// Path MTU (`ibv_mtu`, same numeric values 1..=5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+#[allow(missing_docs)]
+pub enum Mtu {
+    Mtu256 = 1,
+    Mtu512 = 2,
+    Mtu1024 = 3,
+    Mtu2048 = 4,
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// Size in bytes.
+    pub fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+    /// From the raw verbs value.
+    pub fn from_raw(raw: u8) -> Option<Mtu> {
+        Some(match raw {
+            1 => Mtu::Mtu256,
+            2 => Mtu::Mtu512,
+            3 => Mtu::Mtu1024,
+            4 => Mtu::Mtu2048,
+            5 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+}
+
+/// A 128-bit global identifier (GID), network byte order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// True if all bytes are zero (no GID).
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 16]
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, pair) in self.0.chunks(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
+        }
+        Ok(())
+    }
+}
+
+/// Queue-pair state (`ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+}
+
+/// Queue sizes of a QP (`ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send-queue depth (outstanding send WRs).
+    pub max_send_wr: u32,
+    /// Receive-queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Largest inline payload in bytes.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// Everything a peer needs to connect its RC QP to ours; exchanged out of band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Which provider produced it (the two sides must match).
+    pub provider: ProviderKind,
+    /// QP number.
+    pub qpn: u32,
+    /// Initial packet sequence number (24 bits).
+    pub psn: u32,
+    /// Local identifier (InfiniBand; 0 on RoCE and the soft device).
+    pub lid: u16,
+    /// GID of the port (RoCE/IB global routing).
+    pub gid: Gid,
+    /// Active MTU of the port.
+    pub mtu: Mtu,
+    /// Soft device only: the data-plane address of the engine that owns the QP.
+    pub soft_addr: Option<SocketAddr>,
+}
+
+/// Attributes for RESET → INIT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitAttr {
+    /// Physical port (1-based).
+    pub port: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Remote access the QP allows (REMOTE_WRITE/READ/ATOMIC).
+    pub access: AccessFlags,
+}
+
+impl Default for InitAttr {
+    fn default() -> Self {
+        InitAttr {
+            port: 1,
+            pkey_index: 0,
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+        }
+    }
+}
+
+/// Attributes for INIT → RTR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtrAttr {
+    /// The peer's endpoint.
+    pub remote: Endpoint,
+    /// Path MTU: the minimum of both sides' active MTU.
+    pub path_mtu: Mtu,
+    /// Encoded RNR NAK timer the responder advertises (verbs table, 0..=31; see [`rnr_timer_duration`]).
+    pub min_rnr_timer: u8,
+    /// Incoming RDMA READ/atomic requests allowed in flight.
+    pub max_dest_rd_atomic: u8,
+    /// Local GID index used for the GRH (RoCE).
+    pub sgid_index: u8,
+    /// Hop limit for the GRH.
+    pub hop_limit: u8,
+}
+
+/// Attributes for RTR → RTS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtsAttr {
+    /// Local ACK timeout, encoded: 4.096 µs × 2^timeout (see [`ack_timeout_duration`]); 0 = infinite.
+    pub timeout: u8,
+    /// Transport retries before `RETRY_EXC_ERR` (0..=7; keep ≤ 6: rxe retries forever at 7).
+    pub retry_cnt: u8,
+    /// RNR retries before `RNR_RETRY_EXC_ERR` (0..=7; 7 = forever).
+    pub rnr_retry: u8,
+    /// Outgoing RDMA READ/atomic requests in flight.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for RtsAttr {
+    fn default() -> Self {
+        RtsAttr {
+            timeout: 14,
+            retry_cnt: 6,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+/// Decodes the verbs `min_rnr_timer` encoding (IB spec table 45).
+pub fn rnr_timer_duration(encoded: u8) -> Duration {
+    const MICROS: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    Duration::from_micros(u64::from(MICROS[(encoded & 31) as usize]))
+}
+
+/// Decodes the verbs local ACK `timeout` encoding: 4.096 µs × 2^timeout; `None` = infinite (0).
+pub fn ack_timeout_duration(encoded: u8) -> Option<Duration> {
+    if encoded == 0 {
+        return None;
+    }
+    let nanos = 4096u64 << u32::from(encoded.min(31));
+    Some(Duration::from_nanos(nanos))
+}
+
+/// Port state (`ibv_port_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum PortState {
+    Nop,
+    Down,
+    Init,
+    Armed,
+    Active,
+    ActiveDefer,
+}
+
+/// Link layer of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum LinkLayer {
+    Unspecified,
+    InfiniBand,
+    Ethernet,
+}
+
+/// Port attributes (`ibv_port_attr`, the useful subset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Logical port state.
+    pub state: PortState,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU in use.
+    pub active_mtu: Mtu,
+    /// Base LID (InfiniBand).
+    pub lid: u16,
+    /// Number of GID table entries.
+    pub gid_tbl_len: u32,
+    /// InfiniBand or Ethernet (RoCE).
+    pub link_layer: LinkLayer,
+}
+
+/// Device attributes (`ibv_device_attr`, the useful subset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Node GUID.
+    pub node_guid: u64,
+    /// IEEE vendor id.
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Hardware version.
+    pub hw_ver: u32,
+    /// Largest registrable size.
+    pub max_mr_size: u64,
+    /// Maximum QPs.
+    pub max_qp: u32,
+    /// Maximum WRs per queue.
+    pub max_qp_wr: u32,
+    /// Maximum SGEs per WR.
+    pub max_sge: u32,
+    /// Maximum CQs.
+    pub max_cq: u32,
+    /// Maximum entries per CQ.
+    pub max_cqe: u32,
+    /// Maximum MRs.
+    pub max_mr: u32,
+    /// Maximum PDs.
+    pub max_pd: u32,
+    /// Incoming READ/atomic depth per QP.
+    pub max_qp_rd_atom: u32,
+    /// Outgoing READ/atomic depth per QP.
+    pub max_qp_init_rd_atom: u32,
+    /// Number of physical ports.
+    pub phys_port_cnt: u8,
+}
+
+/// Kind of an asynchronous event (`ibv_event_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+#[allow(missing_docs)]
+pub enum AsyncEventKind {
+    CqErr,
+    QpFatal,
+    QpReqErr,
+    QpAccessErr,
+    CommEst,
+    SqDrained,
+    PathMig,
+    PathMigErr,
+    DeviceFatal,
+    PortActive,
+    PortErr,
+    LidChange,
+    PkeyChange,
+    SmChange,
+    SrqErr,
+    SrqLimitReached,
+    QpLastWqeReached,
+    ClientReregister,
+    GidChange,
+    Other(u32),
+}
+
+/// What an asynchronous event refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum AsyncElement {
+    Qp(u32),
+    Cq(u32),
+    Port(u8),
+    Device,
+}
+
+/// An asynchronous event (`ibv_async_event`), already acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// What happened.
+    pub kind: AsyncEventKind,
+    /// To which object.
+    pub element: AsyncElement,
+}
+
+/// Description of a device found by [`devices`](super::devices).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name (`soft0`, `mlx5_0`, `rxe0`, ...).
+    pub name: String,
+    /// Which provider drives it.
+    pub kind: ProviderKind,
+    /// Node GUID (0 if unknown).
+    pub guid: u64,
+}
+
+/// Settings of a software device context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftConfig {
+    /// Device name reported by queries.
+    pub name: String,
+    /// Data-plane listen address of the engine (port 0 = ephemeral). Loopback by
+    /// default; any address lets two hosts or network namespaces talk.
+    pub bind: SocketAddr,
+}
+
+impl Default for SoftConfig {
+    fn default() -> Self {
+        SoftConfig {
+            name: "soft0".to_string(),
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips_raw_values() {
+        for raw in 0..24 {
+            assert_eq!(WcStatus::from_raw(raw) as u32, raw);
+        }
+        assert_eq!(WcStatus::from_raw(999), WcStatus::GeneralErr);
+        assert_eq!(WcStatus::RemAccessErr.name(), "IBV_WC_REM_ACCESS_ERR");
+    }
+
+    #[test]
+    fn timer_encodings_follow_the_spec() {
+        assert_eq!(rnr_timer_duration(0), Duration::from_micros(655_360));
+        assert_eq!(rnr_timer_duration(12), Duration::from_micros(640));
+        assert_eq!(ack_timeout_duration(0), None);
+        // 14 → 4.096 µs × 16384 ≈ 67 ms
+        assert_eq!(
+            ack_timeout_duration(14),
+            Some(Duration::from_nanos(4096 << 14))
+        );
+        assert_eq!(Mtu::Mtu1024.bytes(), 1024);
+        assert_eq!(Mtu::Mtu4096.bytes(), 4096);
+    }
+
+    #[test]
+    fn gid_prints_like_ibv_devinfo() {
+        let mut g = Gid::default();
+        g.0[10] = 0xff;
+        g.0[11] = 0xff;
+        g.0[12] = 10;
+        g.0[15] = 1;
+        assert_eq!(g.to_string(), "0000:0000:0000:0000:0000:ffff:0a00:0001");
+        assert_eq!(
+            format!("{:?}", AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ),
+            "LOCAL_WRITE|REMOTE_READ"
+        );
+    }
+}

@@ -1,0 +1,9 @@
+//! verbio: an io_uring-style async runtime for RDMA verbs.
+//!
+//! This facade re-exports [`verbio_runtime`] (reactor, `Op` futures, buffers,
+//! providers) and [`verbio_ops`] (verbs as ops, connections, the agent).
+#![deny(missing_docs)]
+
+pub use verbio_ops as ops;
+pub use verbio_runtime as runtime;
+pub use verbio_runtime::provider;
