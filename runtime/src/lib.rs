@@ -3,4 +3,5 @@
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
 
+pub mod buf;
 pub mod provider;
