@@ -20,6 +20,16 @@ pub enum BufError {
         /// The length the range had to fit in.
         len: usize,
     },
+    /// An address is not aligned as the operation requires.
+    #[error("{what}: address {addr:#x} is not {align}-byte aligned")]
+    Misaligned {
+        /// The operation.
+        what: &'static str,
+        /// The address.
+        addr: u64,
+        /// The required alignment.
+        align: usize,
+    },
     /// A length does not fit what the device or pool can describe.
     #[error("{what}: {len} bytes is more than the maximum of {max}")]
     TooLarge {

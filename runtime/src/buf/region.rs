@@ -2,6 +2,7 @@
 
 use std::cell::UnsafeCell;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::{check_span, BufError, Rejected};
 use super::io_buf::IoBufMut;
@@ -164,6 +165,27 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
         Ok(())
     }
 
+    /// Atomically loads the 8-byte value at `off` (which must be 8-byte aligned
+    /// in memory), as remote atomics (compare-and-swap, fetch-and-add) leave
+    /// it: never torn with respect to other atomics.
+    pub fn load_u64(&self, off: usize) -> Result<u64, BufError> {
+        const WHAT: &str = "RemoteAccessRegion::load_u64";
+        check_span(WHAT, off, 8, self.len)?;
+        let addr = self.addr.wrapping_add(off as u64);
+        if addr & 7 != 0 {
+            return Err(BufError::Misaligned {
+                what: WHAT,
+                addr,
+                align: 8,
+            });
+        }
+        // SAFETY: 8 bytes at `off` are inside the region, initialized and
+        // 8-byte aligned; they are only ever accessed through raw pointers or
+        // atomics, never through a Rust reference that assumes stability.
+        let atomic = unsafe { AtomicU64::from_ptr(self.ptr().add(off).cast::<u64>()) };
+        Ok(atomic.load(Ordering::Acquire))
+    }
+
     /// Copies the whole region into a new `Vec`.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len];
@@ -245,6 +267,27 @@ mod tests {
         let v = r.revoke();
         assert_eq!(reg.0.live.get(), 0, "revoke deregistered");
         assert_eq!(v, b"abcdefXY");
+    }
+
+    #[test]
+    fn atomic_loads_need_alignment() {
+        let reg = FakeRegistrar::default();
+        let pool = super::super::MrPool::from_registrar(Box::new(reg.clone()), Default::default())
+            .unwrap();
+        let r = RemoteAccessRegion::grant_with(
+            &reg,
+            pool.alloc_zeroed(64).unwrap(),
+            AccessFlags::REMOTE_ATOMIC,
+        )
+        .unwrap();
+        r.write_from(8, &0x0102_0304_0506_0708u64.to_ne_bytes())
+            .unwrap();
+        assert_eq!(r.load_u64(8).unwrap(), 0x0102_0304_0506_0708);
+        assert!(matches!(
+            r.load_u64(4),
+            Err(BufError::Misaligned { align: 8, .. })
+        ));
+        assert!(matches!(r.load_u64(60), Err(BufError::OutOfBounds { .. })));
     }
 
     #[test]
