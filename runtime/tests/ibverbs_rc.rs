@@ -8,10 +8,10 @@ mod ibverbs_support;
 
 use std::time::{Duration, Instant};
 
-use ibverbs_support::{device, pair, wait, Buf, WAIT};
+use ibverbs_support::{device, pair, pair_with, wait, Buf, WAIT};
 use verbio_runtime::provider::{
-    AccessFlags, PostError, ProviderError, QpState, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge,
-    WcOpcode, WcStatus,
+    AccessFlags, AsyncElement, AsyncEventKind, Completion, PostError, ProviderError, QpState,
+    RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
 };
 
 fn send(wr_id: u64, sg_list: SgList, op: SendOp) -> SendWr {
@@ -494,4 +494,61 @@ fn completion_channel_becomes_readable() {
     wait(&p.cq_a, 1);
     wait(&p.cq_b, 1);
     drop(p); // must return
+}
+
+#[test]
+fn cq_overrun_is_reported_by_poll() {
+    let Some(ctx) = device("cq_overrun_is_reported_by_poll") else {
+        return;
+    };
+    let p = pair_with(ctx, 2);
+    let cap = p.cq_a.capacity() as usize;
+    let sends = cap + 8;
+    if sends > p.a.caps().max_send_wr as usize {
+        println!("SKIPPED: cq_overrun_is_reported_by_poll: CQ capacity {cap} too large to overrun");
+        return;
+    }
+    let local = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
+    let remote = Buf::new(
+        &p.pd,
+        64,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
+    let wrs: Vec<SendWr> = (0..sends as u64)
+        .map(|i| {
+            send(
+                i,
+                local.sge(0, 8),
+                SendOp::Write {
+                    remote_addr: remote.addr(),
+                    rkey: remote.mr.rkey(),
+                },
+            )
+        })
+        .collect();
+    p.a.post_send(&wrs).expect("post_send");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match p.ctx.get_async_event().expect("get_async_event") {
+            Some(ev) if ev.kind == AsyncEventKind::CqErr => {
+                assert_eq!(ev.element, AsyncElement::Cq(p.cq_a.handle()));
+                break;
+            }
+            Some(ev) => println!("other async event: {ev:?}"),
+            None => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no CQ_ERR event after overrunning a {cap}-entry CQ"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    let mut out = [Completion::EMPTY; 4];
+    match p.cq_a.poll(&mut out) {
+        Err(ProviderError::CqOverflow { cq, capacity }) => {
+            assert_eq!((cq, capacity as usize), (p.cq_a.handle(), cap));
+        }
+        other => panic!("expected CqOverflow, got {other:?}"),
+    }
 }

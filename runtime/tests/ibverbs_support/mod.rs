@@ -108,9 +108,14 @@ pub struct Pair {
 }
 
 pub fn pair(ctx: Context) -> Pair {
+    pair_with(ctx, 64)
+}
+
+/// [`pair`] with `cqe_a` entries in A's CQ.
+pub fn pair_with(ctx: Context, cqe_a: u32) -> Pair {
     let pd = ctx.alloc_pd().expect("alloc_pd");
     let channel = ctx.create_comp_channel().expect("create_comp_channel");
-    let cq_a = ctx.create_cq(64, Some(&channel)).expect("create_cq a");
+    let cq_a = ctx.create_cq(cqe_a, Some(&channel)).expect("create_cq a");
     let cq_b = ctx.create_cq(64, Some(&channel)).expect("create_cq b");
     let a = pd
         .create_qp(&cq_a, &cq_a, QpCaps::default())

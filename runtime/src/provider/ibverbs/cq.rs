@@ -3,7 +3,7 @@
 use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use rdma_mummy_sys as sys;
@@ -100,26 +100,29 @@ struct CqShared {
     handle: u32,
     taken: AtomicU32,
     acked: AtomicU32,
+    /// Set when an `IBV_EVENT_CQ_ERR` (overrun) async event names this CQ.
+    overrun: AtomicBool,
 }
 
-/// The handle of a CQ created by this provider (0 for NULL).
+/// Records a `CQ_ERR` (overrun) async event for `cq`; returns its handle (0 for NULL).
 ///
 /// # Safety
 ///
-/// `cq` must be NULL or a live CQ created by [`Cq::create`].
-pub(crate) unsafe fn handle_of(cq: *mut sys::ibv_cq) -> u32 {
+/// `cq` must be NULL or a live CQ created by [`Cq::create`] (an async event's
+/// CQ stays alive until the event is acknowledged).
+pub(crate) unsafe fn note_cq_error(cq: *mut sys::ibv_cq) -> u32 {
     if cq.is_null() {
         return 0;
     }
-    // SAFETY: per the contract, cq_context points to the CQ's CqShared.
-    unsafe {
-        let shared = (*cq).cq_context.cast::<CqShared>();
-        if shared.is_null() {
-            0
-        } else {
-            (*shared).handle
-        }
+    // SAFETY: per the contract, cq_context points to the CQ's live CqShared.
+    let shared = unsafe { (*cq).cq_context.cast::<CqShared>() };
+    if shared.is_null() {
+        return 0;
     }
+    // SAFETY: as above.
+    let shared = unsafe { &*shared };
+    shared.overrun.store(true, Ordering::Release);
+    shared.handle
 }
 
 struct CqInner {
@@ -184,6 +187,7 @@ impl Cq {
             handle: ctx.next_cq_handle(),
             taken: AtomicU32::new(0),
             acked: AtomicU32::new(0),
+            overrun: AtomicBool::new(false),
         });
         let ch = channel.map_or(ptr::null_mut(), |c| c.inner.ch);
         // SAFETY: valid context and channel (same context); cq_context points to
@@ -242,7 +246,17 @@ impl Cq {
     }
 
     /// Polls up to `out.len()` completions (`ibv_poll_cq` into a stack array).
+    ///
+    /// Fails with [`ProviderError::CqOverflow`] once the device reported an
+    /// overrun of this CQ (an `IBV_EVENT_CQ_ERR` async event, seen by
+    /// [`Context::get_async_event`]).
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        if self.inner.shared.overrun.load(Ordering::Acquire) {
+            return Err(ProviderError::CqOverflow {
+                cq: self.inner.shared.handle,
+                capacity: self.inner.capacity,
+            });
+        }
         let mut wcs = [MaybeUninit::<sys::ibv_wc>::uninit(); POLL_BATCH];
         let mut done = 0;
         while done < out.len() {

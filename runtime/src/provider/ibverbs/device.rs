@@ -489,7 +489,7 @@ impl Context {
             let element = ptr::addr_of!((*p).element);
             let kind = event_kind(raw_type);
             let element = match raw_type {
-                0 => AsyncElement::Cq(cq::handle_of(ptr::addr_of!((*element).cq).read())),
+                0 => AsyncElement::Cq(cq::note_cq_error(ptr::addr_of!((*element).cq).read())),
                 1..=7 | 16 => AsyncElement::Qp(qp_num_of(ptr::addr_of!((*element).qp).read())),
                 9..=13 | 17 | 18 | 20 => AsyncElement::Port(
                     u8::try_from(ptr::addr_of!((*element).port_num).read()).unwrap_or(0),
