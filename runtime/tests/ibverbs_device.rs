@@ -76,6 +76,15 @@ fn queries_device_port_and_gids() {
     let ib = ctx.as_ibverbs().expect("ibverbs context");
     let table = ib.gid_table(1).expect("gid_table");
     assert!(!table.is_empty(), "no GIDs on port 1");
+    for e in &table {
+        // The table (ibv_query_gid_table) agrees with sysfs / ibv_query_gid.
+        assert_eq!(
+            ib.gid_type(1, e.index).expect("gid_type"),
+            e.gid_type,
+            "{e:?}"
+        );
+        assert_eq!(ctx.query_gid(1, e.index).expect("query_gid"), e.gid);
+    }
     let idx = gid_index(&ctx);
     let gid = ctx.query_gid(1, u32::from(idx)).expect("query_gid");
     assert!(!gid.is_zero());
@@ -163,4 +172,23 @@ fn async_events_never_block() {
         println!("async event: {ev:?}");
     }
     assert!(t.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn open_device_prefers_an_active_ibverbs_port() {
+    let Some(ctx) = device("open_device_prefers_an_active_ibverbs_port") else {
+        return;
+    };
+    let by_name = provider::open_device(Some(ctx.name())).expect("open_device by name");
+    assert_eq!(
+        (by_name.kind(), by_name.name()),
+        (ProviderKind::Ibverbs, ctx.name())
+    );
+    if std::env::var(provider::DEVICE_ENV).is_ok() {
+        println!("SKIPPED: automatic choice: {} is set", provider::DEVICE_ENV);
+        return;
+    }
+    // rxe0's port is active, so the automatic choice is hardware, not soft0.
+    let auto = provider::open_device(None).expect("open_device(None)");
+    assert_eq!(auto.kind(), ProviderKind::Ibverbs);
 }

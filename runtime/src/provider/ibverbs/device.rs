@@ -392,11 +392,16 @@ impl Context {
         })
     }
 
-    /// The non-zero entries of `port`'s GID table, with their types.
+    /// The non-zero entries of `port`'s GID table, with their types: one
+    /// `ibv_query_gid_table` call where supported, else entry by entry
+    /// (`ibv_query_gid` + [`Context::gid_type`]).
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
-        let len = self.query_port(port)?.gid_tbl_len;
+        let attr = self.query_port(port)?;
+        if let Some(table) = self.gid_table_ex(port, attr.link_layer) {
+            return Ok(table);
+        }
         let mut out = Vec::new();
-        for index in 0..len {
+        for index in 0..attr.gid_tbl_len {
             let gid = match self.query_gid(port, index) {
                 Ok(g) => g,
                 // Unpopulated RoCE entries fail with EINVAL/ENODATA: skip them.
@@ -412,6 +417,42 @@ impl Context {
             });
         }
         Ok(out)
+    }
+
+    /// The whole table in one `ibv_query_gid_table` call (rdma-core >= 32).
+    fn gid_table_ex(&self, port: u8, link_layer: LinkLayer) -> Option<Vec<GidEntry>> {
+        let mut total = 0usize;
+        for p in 1..=self.inner.attr.phys_port_cnt {
+            total += self.query_port(p).ok()?.gid_tbl_len as usize;
+        }
+        if total == 0 {
+            return Some(Vec::new());
+        }
+        let mut raw: Vec<sys::ibv_gid_entry> = Vec::with_capacity(total);
+        // SAFETY: valid context; room for `total` entries (the sum of every
+        // port's table length), of which the call initialises the first `n`.
+        let n = unsafe { sys::ibv_query_gid_table(self.inner.ctx, raw.as_mut_ptr(), total, 0) };
+        let n = usize::try_from(n).ok()?.min(total);
+        // SAFETY: the first n entries were written (plain data).
+        unsafe { raw.set_len(n) };
+        let mut table: Vec<GidEntry> = raw
+            .iter()
+            .filter(|e| e.port_num == u32::from(port))
+            .map(|e| GidEntry {
+                index: e.gid_index,
+                // SAFETY: any bytes are a valid [u8; 16].
+                gid: Gid(unsafe { e.gid.raw }),
+                gid_type: match (e.gid_type, link_layer) {
+                    (0, LinkLayer::InfiniBand) => GidType::Ib,
+                    (0 | 1, _) => GidType::RoceV1,
+                    (2, _) => GidType::RoceV2,
+                    _ => GidType::Unknown,
+                },
+            })
+            .filter(|e| !e.gid.is_zero())
+            .collect();
+        table.sort_by_key(|e| e.index);
+        Some(table)
     }
 
     /// The GID index to use on `port`: the value of the `VERBIO_GID_INDEX`
