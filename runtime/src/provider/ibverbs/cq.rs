@@ -67,7 +67,12 @@ impl CompChannel {
     }
 
     /// Takes one CQ event (`ibv_get_cq_event`): the CQ's handle, or `None` when
-    /// nothing is pending. Acknowledge it later with [`Cq::ack_events`].
+    /// nothing is pending. Acknowledge it later with [`Cq::ack_events`]
+    /// (dropping the last handle of a [`Cq`] acknowledges what is left).
+    ///
+    /// As in verbs, do not drop the last handle of a CQ on one thread while
+    /// another thread takes events from its channel: an event read in between
+    /// would make `ibv_destroy_cq` wait for an acknowledgement forever.
     pub fn get_event(&self) -> Result<Option<u32>> {
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = ptr::null_mut();
