@@ -8,10 +8,10 @@ mod ibverbs_support;
 
 use std::time::{Duration, Instant};
 
-use ibverbs_support::{device, pair, pair_with, wait, Buf, WAIT};
+use ibverbs_support::{device, pair, pair_cfg, pair_with, wait, Buf, PairCfg, WAIT};
 use verbio_runtime::provider::{
-    AccessFlags, AsyncElement, AsyncEventKind, Completion, PostError, ProviderError, QpState,
-    RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
+    AccessFlags, AsyncElement, AsyncEventKind, Completion, PostError, ProviderError, QpCaps,
+    QpState, RecvWr, RtsAttr, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
 };
 
 fn send(wr_id: u64, sg_list: SgList, op: SendOp) -> SendWr {
@@ -551,4 +551,132 @@ fn cq_overrun_is_reported_by_poll() {
         }
         other => panic!("expected CqOverflow, got {other:?}"),
     }
+}
+
+#[test]
+fn full_send_queue_is_queue_full() {
+    let Some(ctx) = device("full_send_queue_is_queue_full") else {
+        return;
+    };
+    // B never posts a RECV and NAKs with the longest RNR timer; A retries for
+    // ever: A's SENDs stay outstanding, so its send queue fills up.
+    let p = pair_cfg(
+        ctx,
+        PairCfg {
+            caps: QpCaps {
+                max_send_wr: 8,
+                ..QpCaps::default()
+            },
+            min_rnr_timer: 31,
+            rts: RtsAttr {
+                rnr_retry: 7,
+                ..RtsAttr::default()
+            },
+            ..PairCfg::default()
+        },
+    );
+    let depth = p.a.caps().max_send_wr as usize;
+    assert!(depth >= 8);
+    let local = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
+    // Devices may round the ring up (rxe: to a power of two), so the queue
+    // holds at least `depth`; post well past that.
+    let wrs: Vec<SendWr> = (0..depth as u64 * 4 + 16)
+        .map(|i| send(i, local.sge(0, 8), SendOp::Send))
+        .collect();
+    let err = p.a.post_send(&wrs).expect_err("queue should be full");
+    assert!(
+        err.posted >= depth && err.posted < wrs.len(),
+        "posted {} of {} with depth {depth}: {err:?}",
+        err.posted,
+        wrs.len()
+    );
+    match err.error {
+        ProviderError::QueueFull {
+            qp_num,
+            queue,
+            depth: d,
+        } => {
+            assert_eq!((qp_num, queue, d as usize), (p.a.qp_num(), "send", depth));
+        }
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    println!(
+        "send queue of requested depth {depth} took {} WRs",
+        err.posted
+    );
+    // Tear down: ERR flushes every posted WR.
+    p.a.modify_to_err().expect("modify_to_err");
+    let c = wait(&p.cq_a, err.posted);
+    assert!(
+        c.iter()
+            .all(|c| matches!(c.status, WcStatus::WrFlushErr | WcStatus::RnrRetryExcErr)),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn no_receive_posted_exhausts_rnr_retries() {
+    let Some(ctx) = device("no_receive_posted_exhausts_rnr_retries") else {
+        return;
+    };
+    let p = pair_cfg(
+        ctx,
+        PairCfg {
+            min_rnr_timer: 1, // 10 µs
+            rts: RtsAttr {
+                rnr_retry: 1,
+                ..RtsAttr::default()
+            },
+            ..PairCfg::default()
+        },
+    );
+    let local = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
+    p.a.post_send(&[send(1, local.sge(0, 8), SendOp::Send)])
+        .expect("post_send");
+    let c = wait(&p.cq_a, 1);
+    assert_eq!(
+        (c[0].wr_id, c[0].status),
+        (1, WcStatus::RnrRetryExcErr),
+        "{c:?}"
+    );
+    assert_eq!(p.b.state(), QpState::Rts, "the responder is not affected");
+}
+
+#[test]
+fn silent_peer_exhausts_transport_retries() {
+    let Some(ctx) = device("silent_peer_exhausts_transport_retries") else {
+        return;
+    };
+    // Short ACK timeout (4.096 µs × 2^8 ≈ 1 ms, rxe rounds up to its 4 ms tick)
+    // and one retry, then the peer goes silent (RESET drops every packet).
+    let p = pair_cfg(
+        ctx,
+        PairCfg {
+            rts: RtsAttr {
+                timeout: 8,
+                retry_cnt: 1,
+                ..RtsAttr::default()
+            },
+            ..PairCfg::default()
+        },
+    );
+    p.b.modify_to_reset().expect("silence the peer");
+    let local = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
+    let start = Instant::now();
+    p.a.post_send(&[send(
+        1,
+        local.sge(0, 8),
+        SendOp::Write {
+            remote_addr: 0x1000,
+            rkey: 1,
+        },
+    )])
+    .expect("post_send");
+    let c = wait(&p.cq_a, 1);
+    assert_eq!(
+        (c[0].wr_id, c[0].status),
+        (1, WcStatus::RetryExcErr),
+        "{c:?}"
+    );
+    println!("RETRY_EXC_ERR after {:?}", start.elapsed());
 }

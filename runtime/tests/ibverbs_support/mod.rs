@@ -108,21 +108,55 @@ pub struct Pair {
 }
 
 pub fn pair(ctx: Context) -> Pair {
-    pair_with(ctx, 64)
+    pair_cfg(ctx, PairCfg::default())
 }
 
 /// [`pair`] with `cqe_a` entries in A's CQ.
 pub fn pair_with(ctx: Context, cqe_a: u32) -> Pair {
+    pair_cfg(
+        ctx,
+        PairCfg {
+            cqe_a,
+            ..PairCfg::default()
+        },
+    )
+}
+
+/// Knobs of [`pair_cfg`].
+pub struct PairCfg {
+    pub cqe_a: u32,
+    pub caps: QpCaps,
+    /// Responder's RNR NAK timer (both QPs).
+    pub min_rnr_timer: u8,
+    /// Requester's attributes (both QPs).
+    pub rts: RtsAttr,
+}
+
+impl Default for PairCfg {
+    fn default() -> Self {
+        PairCfg {
+            cqe_a: 64,
+            caps: QpCaps::default(),
+            min_rnr_timer: 12,
+            rts: RtsAttr {
+                timeout: 14,
+                retry_cnt: 6,
+                rnr_retry: 6,
+                max_rd_atomic: 16,
+            },
+        }
+    }
+}
+
+pub fn pair_cfg(ctx: Context, cfg: PairCfg) -> Pair {
     let pd = ctx.alloc_pd().expect("alloc_pd");
     let channel = ctx.create_comp_channel().expect("create_comp_channel");
-    let cq_a = ctx.create_cq(cqe_a, Some(&channel)).expect("create_cq a");
+    let cq_a = ctx
+        .create_cq(cfg.cqe_a, Some(&channel))
+        .expect("create_cq a");
     let cq_b = ctx.create_cq(64, Some(&channel)).expect("create_cq b");
-    let a = pd
-        .create_qp(&cq_a, &cq_a, QpCaps::default())
-        .expect("create_qp a");
-    let b = pd
-        .create_qp(&cq_b, &cq_b, QpCaps::default())
-        .expect("create_qp b");
+    let a = pd.create_qp(&cq_a, &cq_a, cfg.caps).expect("create_qp a");
+    let b = pd.create_qp(&cq_b, &cq_b, cfg.caps).expect("create_qp b");
     let gid = gid_index(&ctx);
     for q in [&a, &b] {
         q.modify_to_init(&InitAttr::default()).expect("INIT");
@@ -133,19 +167,13 @@ pub fn pair_with(ctx: Context, cqe_a: u32) -> Pair {
         q.modify_to_rtr(&RtrAttr {
             remote,
             path_mtu: local.mtu.min(remote.mtu),
-            min_rnr_timer: 12,
+            min_rnr_timer: cfg.min_rnr_timer,
             max_dest_rd_atomic: 16,
             sgid_index: gid,
             hop_limit: 64,
         })
         .expect("RTR");
-        q.modify_to_rts(&RtsAttr {
-            timeout: 14,
-            retry_cnt: 6,
-            rnr_retry: 6,
-            max_rd_atomic: 16,
-        })
-        .expect("RTS");
+        q.modify_to_rts(&cfg.rts).expect("RTS");
     }
     Pair {
         ctx,
