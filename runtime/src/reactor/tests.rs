@@ -35,6 +35,20 @@ async fn yield_now() {
     .await
 }
 
+/// Like `timeout`, but the deadline is checked first: a future that is only
+/// ready because the deadline's wake-up polled it again still fails.
+async fn unless_deadline<F: Future>(d: Duration, f: F) -> Result<F::Output, Elapsed> {
+    let mut f = std::pin::pin!(f);
+    let mut s = sleep(d);
+    std::future::poll_fn(|cx| {
+        if std::pin::Pin::new(&mut s).poll(cx).is_ready() {
+            return Poll::Ready(Err(Elapsed));
+        }
+        f.as_mut().poll(cx).map(Ok)
+    })
+    .await
+}
+
 fn settle(rt: &Runtime) {
     for _ in 0..3 {
         rt.block_on(yield_now());
@@ -151,7 +165,7 @@ fn spawn_and_join_handles() {
         a.await + *b.await + nested.await
     });
     assert_eq!(out, 6);
-    rt.block_on(timeout(LIMIT, async {
+    rt.block_on(unless_deadline(LIMIT, async {
         while hits.get() == 0 {
             sleep(Duration::from_millis(1)).await;
         }
@@ -171,7 +185,7 @@ fn task_budget_lets_io_and_timers_run() {
             yield_now().await;
         }
     });
-    rt.block_on(timeout(LIMIT, sleep(Duration::from_millis(10))))
+    rt.block_on(unless_deadline(LIMIT, sleep(Duration::from_millis(10))))
         .unwrap();
     stop.set(true);
     settle(&rt);
@@ -231,7 +245,7 @@ fn cross_thread_wake_reaches_a_sleeping_runtime() {
         std::thread::sleep(Duration::from_millis(20));
         tx.send(9).unwrap();
     });
-    let v = rt.block_on(timeout(LIMIT, rx)).unwrap().unwrap();
+    let v = rt.block_on(unless_deadline(LIMIT, rx)).unwrap().unwrap();
     assert_eq!(v, 9);
     th.join().unwrap();
 }
@@ -271,11 +285,11 @@ fn tcp_echo_on_loopback() {
             rd.read_to_end(&mut back).await.unwrap();
             back
         };
-        let ((), back) = timeout(LIMIT, futures::future::join(writer, reader))
+        let ((), back) = unless_deadline(LIMIT, futures::future::join(writer, reader))
             .await
             .unwrap();
         assert!(back == msg, "echo differs");
-        assert_eq!(timeout(LIMIT, server).await.unwrap(), msg.len());
+        assert_eq!(unless_deadline(LIMIT, server).await.unwrap(), msg.len());
     });
 }
 
@@ -288,7 +302,7 @@ fn tcp_connect_refused_is_an_error() {
         .local_addr()
         .unwrap();
     let r = rt
-        .block_on(timeout(LIMIT, TcpStream::connect(addr)))
+        .block_on(unless_deadline(LIMIT, TcpStream::connect(addr)))
         .unwrap();
     assert!(r.is_err());
 }
@@ -304,7 +318,7 @@ fn op_completes_with_its_completion_and_buffer() {
     assert!(!op.is_queued());
     assert_eq!(fake.outstanding_sends(), 1);
     let id = fake.complete_send(WcStatus::Success, 64).unwrap();
-    let (res, back) = rt.block_on(timeout(LIMIT, op)).unwrap();
+    let (res, back) = rt.block_on(unless_deadline(LIMIT, op)).unwrap();
     let c = res.unwrap();
     assert_eq!(c.wr_id, id);
     assert_eq!(c.status, WcStatus::Success);
@@ -321,7 +335,7 @@ fn recv_op_completes() {
     let op = recv(&qp, &buf);
     assert_eq!(qp.outstanding_recvs(), 1);
     fake.complete_recv(WcStatus::Success, 12).unwrap();
-    let (res, _) = rt.block_on(timeout(LIMIT, op)).unwrap();
+    let (res, _) = rt.block_on(unless_deadline(LIMIT, op)).unwrap();
     assert_eq!(res.unwrap().byte_len, 12);
     assert_eq!(qp.outstanding_recvs(), 0);
 }
@@ -397,7 +411,7 @@ fn stale_generation_never_wakes_a_reused_slot() {
     let a = write_chain(&qp, &buf, 1);
     let a_id = a.wr_id().unwrap();
     fake.complete_send(WcStatus::Success, 1).unwrap();
-    rt.block_on(timeout(LIMIT, a)).unwrap().0.unwrap();
+    rt.block_on(unless_deadline(LIMIT, a)).unwrap().0.unwrap();
 
     let mut b = write_chain(&qp, &buf, 1);
     let b_id = b.wr_id().unwrap();
@@ -418,7 +432,7 @@ fn stale_generation_never_wakes_a_reused_slot() {
     assert!(is_pending(&mut b), "stale completion must not complete B");
     assert_eq!(qp.outstanding_sends(), 1);
     fake.complete_send(WcStatus::Success, 1).unwrap();
-    let (r, _) = rt.block_on(timeout(LIMIT, b)).unwrap();
+    let (r, _) = rt.block_on(unless_deadline(LIMIT, b)).unwrap();
     assert_eq!(r.unwrap().wr_id, b_id);
 }
 
@@ -446,7 +460,7 @@ fn full_send_queue_makes_submission_wait() {
         settle(&rt);
         assert!(fake.outstanding_sends() <= 2);
     }
-    rt.block_on(timeout(LIMIT, futures::future::join_all(handles)))
+    rt.block_on(unless_deadline(LIMIT, futures::future::join_all(handles)))
         .unwrap();
     assert_eq!(*done.borrow(), vec![0, 1, 2, 3, 4], "FIFO order");
     assert_eq!(fake.max_outstanding_sends(), 2, "never overran the SQ");
@@ -474,13 +488,16 @@ fn chain_is_one_doorbell_and_releases_credits_at_the_signaled_completion() {
     assert!(is_pending(&mut second));
     assert!(is_pending(&mut chain));
     fake.complete_send(WcStatus::Success, 64).unwrap(); // retires all three
-    let (r, _) = rt.block_on(timeout(LIMIT, &mut chain)).unwrap();
+    let (r, _) = rt.block_on(unless_deadline(LIMIT, &mut chain)).unwrap();
     assert_eq!(r.unwrap().wr_id, posted[2].0);
     assert!(is_pending(&mut second));
     assert!(!second.is_queued(), "posted once credits came back");
     assert_eq!(fake.outstanding_sends(), 2);
     fake.complete_send(WcStatus::Success, 64).unwrap();
-    rt.block_on(timeout(LIMIT, second)).unwrap().0.unwrap();
+    rt.block_on(unless_deadline(LIMIT, second))
+        .unwrap()
+        .0
+        .unwrap();
     assert_eq!(qp.outstanding_sends(), 0);
 }
 
@@ -500,7 +517,7 @@ fn chain_reports_its_first_error() {
         let _ = &h;
         f2.modify_to_err().unwrap();
     });
-    let (r, _) = rt.block_on(timeout(LIMIT, chain)).unwrap();
+    let (r, _) = rt.block_on(unless_deadline(LIMIT, chain)).unwrap();
     let c = r.unwrap();
     assert_eq!(c.status, WcStatus::RemAccessErr);
     assert_eq!(c.wr_id, first);
@@ -518,13 +535,13 @@ fn cq_capacity_is_a_credit_too() {
     assert!(c.is_queued(), "CQ full: must wait");
     assert!(is_pending(&mut c));
     fake.complete_recv(WcStatus::Success, 1).unwrap();
-    rt.block_on(timeout(LIMIT, b)).unwrap().0.unwrap();
+    rt.block_on(unless_deadline(LIMIT, b)).unwrap().0.unwrap();
     assert!(is_pending(&mut c));
     assert!(!c.is_queued());
     fake.complete_send(WcStatus::Success, 1).unwrap();
     fake.complete_send(WcStatus::Success, 1).unwrap();
-    rt.block_on(timeout(LIMIT, a)).unwrap().0.unwrap();
-    rt.block_on(timeout(LIMIT, c)).unwrap().0.unwrap();
+    rt.block_on(unless_deadline(LIMIT, a)).unwrap().0.unwrap();
+    rt.block_on(unless_deadline(LIMIT, c)).unwrap().0.unwrap();
     // A chain longer than the CQ can ever hold fails instead of waiting forever.
     let (r, _) = write_chain(&qp, &buf, 3).now_or_never().unwrap();
     assert!(r.unwrap_err().contains("does not fit"));
@@ -563,7 +580,7 @@ fn post_failure_returns_data_and_credits() {
         1,
         "QP moved to ERR to flush the part"
     );
-    let (r, _) = rt.block_on(timeout(LIMIT, op)).unwrap();
+    let (r, _) = rt.block_on(unless_deadline(LIMIT, op)).unwrap();
     assert!(r.unwrap_err().contains("post failed"));
     assert_eq!(qp.outstanding_sends(), 0);
     assert!(qp.is_closed());
@@ -583,11 +600,16 @@ fn close_flushes_parked_ops_and_fails_waiters() {
     let waiter = rt.spawn(queued);
     settle(&rt);
     assert_eq!(Rc::strong_count(&buf), 4);
-    rt.block_on(timeout(LIMIT, qp.close())).unwrap().unwrap();
+    let qp2 = qp.clone();
+    let closing = rt.spawn(async move { qp2.close().await });
+    settle(&rt);
+    // Woken by the flushes themselves, not by any timer.
+    assert!(closing.is_finished(), "close must resolve once flushed");
+    rt.block_on(closing).unwrap();
     assert_eq!(fake.err_transitions(), 1);
-    let (r, _) = rt.block_on(timeout(LIMIT, waiter)).unwrap();
+    let (r, _) = rt.block_on(unless_deadline(LIMIT, waiter)).unwrap();
     assert!(r.unwrap_err().contains("closed"));
-    let (r, _) = rt.block_on(timeout(LIMIT, r1)).unwrap();
+    let (r, _) = rt.block_on(unless_deadline(LIMIT, r1)).unwrap();
     assert_eq!(r.unwrap().status, WcStatus::WrFlushErr);
     assert_eq!(Rc::strong_count(&buf), 1, "flush freed the parked data");
     let (r, _) = write_chain(&qp, &buf, 1).now_or_never().unwrap();
@@ -683,7 +705,8 @@ fn reserved_wr_ids_go_to_the_handler() {
 // ---- driving from another executor -----------------------------------------
 
 fn wait_fd(fd: i32, wait: Option<Duration>) {
-    let ms = wait.map_or(200, |d| d.as_millis().min(200) as i32);
+    // Capped so a lost wake-up fails the test (see callers) instead of hanging.
+    let ms = wait.map_or(3000, |d| d.as_micros().div_ceil(1000).min(3000) as i32);
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -714,13 +737,18 @@ fn driven_by_a_plain_loop_on_the_epoll_fd() {
     while got.get() == 0 {
         assert!(start.elapsed() < LIMIT, "adapter loop hung");
         let t = rt.turn();
-        if !t.ready {
+        if !t.ready && got.get() == 0 {
             waits += 1;
             wait_fd(fd, t.wait_for());
         }
     }
     th.join().unwrap();
     assert_eq!(got.get(), 5);
+    // Far below the 3 s wait cap: the fd itself woke the loop.
+    assert!(
+        start.elapsed() < Duration::from_millis(2500),
+        "missed wake-up"
+    );
     assert!(
         (1..1000).contains(&waits),
         "slept on the fd ({waits} waits)"
@@ -755,7 +783,7 @@ fn ops_and_timers_work_under_a_foreign_executor() {
             completed = true;
         }
         let t = rt.turn();
-        if !t.ready {
+        if !t.ready && result.borrow().is_none() {
             wait_fd(fd, Some(t.wait_for().unwrap_or(Duration::from_millis(5))));
         }
     }
