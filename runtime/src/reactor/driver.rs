@@ -208,32 +208,37 @@ impl Driver {
                 None => break,
             }
         }
-        {
-            let mut batch = self.batch.borrow_mut();
-            let mut cqs = self.cqs.borrow_mut();
-            for (_, e) in cqs.iter_mut() {
-                if e.broken {
-                    continue;
-                }
+        // Completion handling may run user code (wakers, the reserved
+        // handler), so no borrow of the CQ table or the batch is held then.
+        let mut batch = std::mem::take(&mut *self.batch.borrow_mut());
+        if !batch.is_empty() {
+            let slots = self.cqs.borrow().capacity();
+            for key in 0..slots {
                 loop {
-                    match e.cq.poll(&mut batch) {
-                        Ok(n) => {
-                            for c in &batch[..n] {
-                                self.complete(*c);
-                            }
-                            total += n;
-                            if n < batch.len() {
-                                break;
-                            }
+                    let polled = {
+                        let mut cqs = self.cqs.borrow_mut();
+                        match cqs.get_mut(key) {
+                            Some(e) if !e.broken => match e.cq.poll(&mut batch) {
+                                Ok(n) => n,
+                                Err(err) => {
+                                    tracing::error!(cq = e.cq.handle(), error = %err, "CQ poll failed; CQ abandoned");
+                                    e.broken = true;
+                                    0
+                                }
+                            },
+                            _ => 0,
                         }
-                        Err(err) => {
-                            tracing::error!(cq = e.cq.handle(), error = %err, "CQ poll failed; CQ abandoned");
-                            e.broken = true;
-                            break;
-                        }
+                    };
+                    for c in &batch[..polled] {
+                        self.complete(*c);
+                    }
+                    total += polled;
+                    if polled < batch.len() {
+                        break;
                     }
                 }
             }
+            *self.batch.borrow_mut() = batch;
         }
         if total > 0 {
             self.ops.bury();
@@ -248,9 +253,16 @@ impl Driver {
         if c.wr_id & wr_id::RESERVED == 0 {
             self.ops.complete(c);
         } else if c.wr_id >= wr_id::AGENT_BASE {
-            let mut h = self.reserved_handler.borrow_mut();
-            match h.as_mut() {
-                Some(f) => f(c),
+            // Taken out while it runs, so it may replace itself.
+            let taken = self.reserved_handler.borrow_mut().take();
+            match taken {
+                Some(mut f) => {
+                    f(c);
+                    let mut slot = self.reserved_handler.borrow_mut();
+                    if slot.is_none() {
+                        *slot = Some(f);
+                    }
+                }
                 None => tracing::debug!(wr_id = c.wr_id, "reserved completion without a handler"),
             }
         } else {

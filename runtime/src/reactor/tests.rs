@@ -789,3 +789,94 @@ fn ops_and_timers_work_under_a_foreign_executor() {
     }
     assert_eq!(*result.borrow(), Some(WcStatus::Success));
 }
+
+// ---- hot path: no allocation per op -----------------------------------------
+
+mod counting_alloc {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Allocations made by this thread (const-initialised: no lazy
+        /// allocation inside the allocator).
+        pub static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub struct Counting;
+
+    // SAFETY: forwards to the system allocator; only counts.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            // SAFETY: same contract as ours.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: same contract as ours.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            // SAFETY: same contract as ours.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+
+    pub fn count() -> u64 {
+        ALLOCS.with(|c| c.get())
+    }
+}
+
+#[test]
+fn submit_and_complete_do_not_allocate() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(16, 16), 64);
+    let buf = buffer();
+    let run = |n: usize| {
+        rt.block_on(async {
+            for _ in 0..n {
+                // A two-WR chain and a receive, each awaited after completion
+                // arrives asynchronously (the task really waits).
+                let op = write_chain(&qp, &buf, 2);
+                let r = recv(&qp, &buf);
+                let mut op = std::pin::pin!(op);
+                assert!(futures::poll!(op.as_mut()).is_pending());
+                fake.complete_send(WcStatus::Success, 1).unwrap();
+                fake.complete_recv(WcStatus::Success, 1).unwrap();
+                op.await.0.unwrap();
+                r.await.0.unwrap();
+            }
+        })
+    };
+    run(64); // warm up: slab, queues, batch buffers reach their size
+    let before = counting_alloc::count();
+    run(1000);
+    let allocs = counting_alloc::count() - before;
+    assert_eq!(allocs, 0, "{allocs} allocations in 1000 op round trips");
+    // The counter does see allocations.
+    let probe = std::hint::black_box(vec![1u8; 16]);
+    assert!(counting_alloc::count() > before + allocs);
+    drop(probe);
+}
+
+#[test]
+fn busy_poll_mode_still_sleeps_and_completes() {
+    let rt = Runtime::builder()
+        .busy_poll(Duration::from_micros(200))
+        .cq_poll_batch(4)
+        .build()
+        .unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
+    let buf = buffer();
+    let op = write_chain(&qp, &buf, 1);
+    let f2 = fake.clone();
+    rt.spawn(async move {
+        sleep(Duration::from_millis(5)).await;
+        f2.complete_send(WcStatus::Success, 1).unwrap();
+    });
+    let (r, _) = rt.block_on(unless_deadline(LIMIT, op)).unwrap();
+    assert!(r.unwrap().status.is_success());
+}
