@@ -125,16 +125,19 @@ impl Executor {
         let id = entry.key();
         let flag = Arc::new(TaskWaker {
             id,
-            scheduled: AtomicBool::new(true),
+            scheduled: AtomicBool::new(false),
             shared: self.shared.clone(),
         });
+        let waker = Waker::from(flag.clone());
         entry.insert(Task {
             future: Some(Box::pin(task)),
-            waker: Waker::from(flag.clone()),
+            waker: waker.clone(),
             flag,
         });
         drop(tasks);
-        self.ready.borrow_mut().push_back(id);
+        // Scheduled like any wake, so a runtime driven from outside (asleep
+        // between turns) sees its epoll fd become readable.
+        waker.wake();
         JoinHandle { state }
     }
 

@@ -880,3 +880,23 @@ fn busy_poll_mode_still_sleeps_and_completes() {
     let (r, _) = rt.block_on(unless_deadline(LIMIT, op)).unwrap();
     assert!(r.unwrap().status.is_success());
 }
+
+#[test]
+fn spawning_between_turns_makes_the_fd_readable() {
+    let rt = Runtime::new().unwrap();
+    let fd = rt.as_raw_fd();
+    while rt.turn().ready {}
+    let done = Rc::new(Cell::new(false));
+    let d2 = done.clone();
+    spawn(async move { d2.set(true) });
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the duration of the call.
+    let r = unsafe { libc::poll(&mut p, 1, 3000) };
+    assert_eq!(r, 1, "epoll fd not readable after spawn");
+    while rt.turn().ready {}
+    assert!(done.get());
+}
