@@ -92,11 +92,14 @@ impl Handle {
 
     /// The runtime of this thread, if there is one.
     pub fn try_current() -> Option<Handle> {
-        CURRENT.with(|c| c.borrow().clone())
+        // `try_with`: during thread-local teardown there is no runtime.
+        CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
     }
 
     pub(crate) fn set_current(h: Option<Handle>) {
-        CURRENT.with(|c| *c.borrow_mut() = h);
+        let old = CURRENT.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), h));
+        // Dropped outside the borrow.
+        drop(old);
     }
 
     pub(crate) fn driver(&self) -> &Driver {

@@ -900,3 +900,16 @@ fn spawning_between_turns_makes_the_fd_readable() {
     while rt.turn().ready {}
     assert!(done.get());
 }
+
+#[test]
+fn runtime_in_a_thread_local_drops_at_thread_exit() {
+    thread_local! {
+        static RT: RefCell<Option<Runtime>> = const { RefCell::new(None) };
+    }
+    let th = std::thread::spawn(|| {
+        let rt = Runtime::new().unwrap();
+        rt.block_on(sleep(Duration::from_millis(1)));
+        RT.with(|r| *r.borrow_mut() = Some(rt));
+    });
+    assert!(th.join().is_ok(), "teardown panicked");
+}
