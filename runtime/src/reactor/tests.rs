@@ -907,6 +907,8 @@ fn runtime_in_a_thread_local_drops_at_thread_exit() {
         static RT: RefCell<Option<Runtime>> = const { RefCell::new(None) };
     }
     let th = std::thread::spawn(|| {
+        // Touch RT first so its destructor runs after CURRENT's.
+        RT.with(|r| assert!(r.borrow().is_none()));
         let rt = Runtime::new().unwrap();
         rt.block_on(sleep(Duration::from_millis(1)));
         RT.with(|r| *r.borrow_mut() = Some(rt));
