@@ -399,9 +399,16 @@ impl Driver {
         self.qps.borrow_mut().insert(core)
     }
 
-    pub(crate) fn unregister_qp(&self, key: usize) {
-        let core = self.qps.borrow_mut().try_remove(key);
-        drop(core);
+    /// Forgets `core` (registered under `key`) if it is still there.
+    pub(crate) fn unregister_qp(&self, key: usize, core: &Rc<QpCore>) {
+        let removed = {
+            let mut qps = self.qps.borrow_mut();
+            match qps.get(key) {
+                Some(q) if Rc::ptr_eq(q, core) => qps.try_remove(key),
+                _ => None,
+            }
+        };
+        drop(removed);
     }
 
     /// QPs the reactor tracks (open, or dropped and still draining).
