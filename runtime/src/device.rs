@@ -127,6 +127,12 @@ impl Device {
 
     /// Creates an RC QP (in RESET) on the shared CQ, tracked by the runtime.
     pub fn create_qp(&self, caps: QpCaps) -> Result<QueuePair, ProviderError> {
+        if self.inner.handle.ops().is_shut_down() {
+            return Err(ProviderError::DeviceLost {
+                device: self.inner.ctx.name().to_string(),
+                reason: "its runtime was dropped".to_string(),
+            });
+        }
         let qp = self
             .inner
             .pd
