@@ -110,6 +110,11 @@ impl Driver {
         })
     }
 
+    /// Events taken per epoll call.
+    pub(crate) fn event_capacity(&self) -> usize {
+        self.events.borrow().capacity()
+    }
+
     pub(crate) fn poll_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         self.poll.borrow().as_raw_fd()
