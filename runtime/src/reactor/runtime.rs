@@ -243,8 +243,8 @@ impl Runtime {
     ///     let t = rt.turn();
     ///     if t.ready { tokio::task::yield_now().await; continue; }
     ///     let wait = t.wait_for().unwrap_or(Duration::from_secs(3600));
-    ///     if let Ok(mut g) = tokio::time::timeout(wait, fd.readable()).await? {
-    ///         g.clear_ready();
+    ///     if let Ok(guard) = tokio::time::timeout(wait, fd.readable()).await {
+    ///         guard?.clear_ready();
     ///     }
     /// }
     /// ```
