@@ -196,14 +196,16 @@ fn task_budget_lets_io_and_timers_run() {
 fn timers_fire_in_order() {
     let rt = Runtime::new().unwrap();
     let order = Rc::new(RefCell::new(Vec::new()));
+    let mut handles = Vec::new();
     for ms in [30u64, 10, 20, 0] {
         let order = order.clone();
-        rt.spawn(async move {
+        handles.push(rt.spawn(async move {
             sleep(Duration::from_millis(ms)).await;
             order.borrow_mut().push(ms);
-        });
+        }));
     }
-    rt.block_on(sleep(Duration::from_millis(40)));
+    rt.block_on(unless_deadline(LIMIT, futures::future::join_all(handles)))
+        .unwrap();
     assert_eq!(*order.borrow(), vec![0, 10, 20, 30]);
 }
 
