@@ -10,6 +10,7 @@
 //! providers' own types have the same method names and signatures.
 
 mod error;
+mod select;
 pub mod soft;
 mod types;
 
@@ -19,6 +20,7 @@ pub mod ibverbs;
 use std::os::fd::RawFd;
 
 pub use error::{CompletionError, PostError, ProviderError, Result};
+pub use select::{open_device, DEVICE_ENV};
 pub use types::*;
 
 /// Calls the same method on whichever provider implements `$val`.
@@ -180,6 +182,29 @@ impl Context {
     /// Takes (and acknowledges) the next asynchronous event, if any. Never blocks.
     pub fn get_async_event(&self) -> Result<Option<AsyncEvent>> {
         dispatch!(ContextImp, &self.imp, |c| c.get_async_event())
+    }
+
+    /// The GID index to use on `port` by default: 0 for the soft device; for
+    /// ibverbs see [`ibverbs::Context::default_gid_index`] (RoCE v2 IPv4-mapped
+    /// preferred, `VERBIO_GID_INDEX` overrides).
+    pub fn default_gid_index(&self, port: u8) -> Result<u8> {
+        match &self.imp {
+            ContextImp::Soft(_) => {
+                let _ = port;
+                Ok(0)
+            }
+            #[cfg(feature = "ibverbs")]
+            ContextImp::Ibverbs(c) => c.default_gid_index(port),
+        }
+    }
+
+    /// The ibverbs context behind this device (GID types, transport, ...), if it is one.
+    #[cfg(feature = "ibverbs")]
+    pub fn as_ibverbs(&self) -> Option<&ibverbs::Context> {
+        match &self.imp {
+            ContextImp::Ibverbs(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// The soft device's data-plane address (`None` for hardware).

@@ -1,5 +1,10 @@
 //! The software RDMA device (placeholder signatures; the engine is being built).
-#![allow(missing_docs, unused_variables, clippy::missing_safety_doc, clippy::len_without_is_empty)]
+#![allow(
+    missing_docs,
+    unused_variables,
+    clippy::missing_safety_doc,
+    clippy::len_without_is_empty
+)]
 
 use std::os::fd::RawFd;
 

@@ -1,0 +1,698 @@
+//! RC queue pairs: creation, the RESET→INIT→RTR→RTS/ERR state machine, and
+//! posting (work-request lists built on the stack: no allocation per post).
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::mem::{size_of, MaybeUninit};
+use std::ptr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use rdma_mummy_sys as sys;
+use sys::ibv_qp_attr_mask as M;
+
+use super::pd_mr::Pd;
+use super::{errno_err, ret_err, Cq};
+use crate::provider::{
+    Endpoint, InitAttr, LinkLayer, PostError, ProviderError, ProviderKind, QpCaps, QpState, RecvWr,
+    Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge,
+};
+
+/// Work requests per `ibv_post_*` call (longer lists are posted in chunks).
+const WR_CHUNK: usize = 16;
+/// SGEs per `ibv_post_*` call.
+const SGE_CHUNK: usize = 64;
+
+struct QpInner {
+    qp: *mut sys::ibv_qp,
+    qp_num: u32,
+    caps: QpCaps,
+    psn: u32,
+    port: AtomicU8,
+    // Dropped after the QP is destroyed in Drop.
+    pd: Pd,
+    _send_cq: Cq,
+    _recv_cq: Cq,
+}
+
+// SAFETY: libibverbs QP verbs (modify, query, post) are thread-safe; the
+// providers serialise posts internally. Other fields are immutable or atomic.
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // SAFETY: the last handle is gone; destroyed once, before the PD and CQs.
+        let ret = unsafe { sys::ibv_destroy_qp(self.qp) };
+        if ret != 0 {
+            tracing::warn!(qp_num = self.qp_num, error = %ret_err("ibv_destroy_qp", ret), "destroying QP");
+        }
+    }
+}
+
+/// A reliable-connected queue pair.
+#[derive(Clone)]
+pub struct Qp {
+    inner: Arc<QpInner>,
+}
+
+impl fmt::Debug for Qp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ibverbs::Qp")
+            .field("qp_num", &self.inner.qp_num)
+            .finish()
+    }
+}
+
+fn random_psn(qp_num: u32) -> u32 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u32(qp_num);
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+fn state_from_raw(raw: u32) -> QpState {
+    match raw {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        _ => QpState::Err,
+    }
+}
+
+fn zeroed_attr() -> sys::ibv_qp_attr {
+    // SAFETY: ibv_qp_attr is integers, a GID union of bytes and nested plain
+    // structs: all-zero is a valid value (what C callers memset to).
+    unsafe { MaybeUninit::<sys::ibv_qp_attr>::zeroed().assume_init() }
+}
+
+fn invalid(call: &'static str, what: String) -> ProviderError {
+    ProviderError::InvalidArgument { call, what }
+}
+
+impl Qp {
+    pub(crate) fn create(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        let ctx = &pd.inner.ctx.inner;
+        if !Arc::ptr_eq(ctx, &send_cq.context().inner)
+            || !Arc::ptr_eq(ctx, &recv_cq.context().inner)
+        {
+            return Err(invalid(
+                "create_qp",
+                "PD and CQs belong to different device contexts".into(),
+            ));
+        }
+        // SAFETY: all-zero is valid for this plain struct (NULL pointers, zero ints).
+        let mut init: sys::ibv_qp_init_attr =
+            unsafe { MaybeUninit::<sys::ibv_qp_init_attr>::zeroed().assume_init() };
+        init.send_cq = send_cq.raw();
+        init.recv_cq = recv_cq.raw();
+        init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        init.sq_sig_all = 0;
+        init.cap = sys::ibv_qp_cap {
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+            max_inline_data: caps.max_inline_data,
+        };
+        // SAFETY: valid PD and CQs of the same context; `init` is fully set.
+        let qp = unsafe { sys::ibv_create_qp(pd.inner.pd, &mut init) };
+        if qp.is_null() {
+            return Err(errno_err("ibv_create_qp"));
+        }
+        // SAFETY: valid QP just created.
+        let qp_num = unsafe { (*qp).qp_num };
+        // ibv_create_qp writes the actual sizes back into init.cap.
+        let actual = QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        tracing::debug!(qp_num, ?actual, "created RC QP");
+        Ok(Qp {
+            inner: Arc::new(QpInner {
+                qp,
+                qp_num,
+                caps: actual,
+                psn: random_psn(qp_num),
+                port: AtomicU8::new(1),
+                pd: pd.clone(),
+                _send_cq: send_cq.clone(),
+                _recv_cq: recv_cq.clone(),
+            }),
+        })
+    }
+
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.qp_num
+    }
+
+    /// Current state (`ibv_query_qp`; a syscall, not for the hot path).
+    pub fn state(&self) -> QpState {
+        let mut attr = zeroed_attr();
+        // SAFETY: all-zero is valid for ibv_qp_init_attr.
+        let mut init = unsafe { MaybeUninit::<sys::ibv_qp_init_attr>::zeroed().assume_init() };
+        // SAFETY: valid QP and out-structs.
+        let ret = unsafe {
+            sys::ibv_query_qp(
+                self.inner.qp,
+                &mut attr,
+                M::IBV_QP_STATE.0 as libc::c_int,
+                &mut init,
+            )
+        };
+        if ret == 0 {
+            state_from_raw(attr.qp_state)
+        } else {
+            // The library's view, as of the last modify.
+            // SAFETY: valid QP; plain field.
+            state_from_raw(unsafe { (*self.inner.qp).state })
+        }
+    }
+
+    /// Actual queue sizes.
+    pub fn caps(&self) -> QpCaps {
+        self.inner.caps
+    }
+
+    fn port(&self) -> u8 {
+        self.inner.port.load(Ordering::Relaxed)
+    }
+
+    /// Our side of the connection: QPN, PSN, LID, the GID at `gid_index` of
+    /// the QP's port (1 until `modify_to_init` sets another) and its active MTU.
+    pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
+        let ctx = &self.inner.pd.inner.ctx;
+        let port = self.port();
+        let attr = ctx.query_port(port)?;
+        let gid = ctx.query_gid(port, u32::from(gid_index))?;
+        Ok(Endpoint {
+            provider: ProviderKind::Ibverbs,
+            qpn: self.inner.qp_num,
+            psn: self.inner.psn,
+            lid: attr.lid,
+            gid,
+            mtu: attr.active_mtu,
+            soft_addr: None,
+        })
+    }
+
+    fn modify(
+        &self,
+        attr: &mut sys::ibv_qp_attr,
+        mask: M,
+        op: &'static str,
+        from: &[QpState],
+    ) -> Result<()> {
+        // SAFETY: valid QP; `attr` is fully initialised for the bits in `mask`.
+        let ret = unsafe { sys::ibv_modify_qp(self.inner.qp, attr, mask.0 as libc::c_int) };
+        if ret == 0 {
+            return Ok(());
+        }
+        let err = ret_err("ibv_modify_qp", ret);
+        if !from.is_empty() {
+            let state = self.state();
+            if !from.contains(&state) {
+                return Err(ProviderError::InvalidQpState {
+                    qp_num: self.inner.qp_num,
+                    op,
+                    state,
+                });
+            }
+        }
+        Err(err)
+    }
+
+    /// RESET → INIT.
+    pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = attr.pkey_index;
+        a.port_num = attr.port;
+        a.qp_access_flags = attr.access.bits();
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
+            "modify_to_init",
+            &[QpState::Reset, QpState::Init],
+        )?;
+        self.inner.port.store(attr.port, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// INIT → RTR: addresses the peer (GRH with the peer's GID when it is
+    /// non-zero, as RoCE requires), path MTU = min of both sides.
+    pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        const CALL: &str = "modify_to_rtr";
+        let remote = &attr.remote;
+        if remote.provider != ProviderKind::Ibverbs {
+            return Err(invalid(
+                CALL,
+                format!("endpoint of the {} provider", remote.provider),
+            ));
+        }
+        if attr.min_rnr_timer > 31 {
+            return Err(invalid(
+                CALL,
+                format!("min_rnr_timer {} > 31", attr.min_rnr_timer),
+            ));
+        }
+        let ctx = &self.inner.pd.inner.ctx;
+        let port = self.port();
+        let port_attr = ctx.query_port(port)?;
+        if remote.gid.is_zero() && port_attr.link_layer == LinkLayer::Ethernet {
+            return Err(invalid(
+                CALL,
+                "RoCE port needs the peer's GID, the endpoint has none".into(),
+            ));
+        }
+        let path_mtu = attr.path_mtu.min(remote.mtu).min(port_attr.active_mtu);
+        let dev = ctx.cached_attr();
+        let max_dest = clamp_rd_atomic(attr.max_dest_rd_atomic, dev.max_qp_rd_atom);
+
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = path_mtu as u32;
+        a.dest_qp_num = remote.qpn;
+        a.rq_psn = remote.psn & 0x00ff_ffff;
+        a.max_dest_rd_atomic = max_dest;
+        a.min_rnr_timer = attr.min_rnr_timer;
+        a.ah_attr.dlid = remote.lid;
+        a.ah_attr.sl = 0;
+        a.ah_attr.src_path_bits = 0;
+        a.ah_attr.port_num = port;
+        if !remote.gid.is_zero() {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid = sys::ibv_gid { raw: remote.gid.0 };
+            a.ah_attr.grh.sgid_index = attr.sgid_index;
+            a.ah_attr.grh.hop_limit = attr.hop_limit.max(1);
+            a.ah_attr.grh.traffic_class = 0;
+            a.ah_attr.grh.flow_label = 0;
+        }
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_AV
+                | M::IBV_QP_PATH_MTU
+                | M::IBV_QP_DEST_QPN
+                | M::IBV_QP_RQ_PSN
+                | M::IBV_QP_MAX_DEST_RD_ATOMIC
+                | M::IBV_QP_MIN_RNR_TIMER,
+            CALL,
+            &[QpState::Init],
+        )
+    }
+
+    /// RTR → RTS with the ACK timeout and retry counts of `attr`.
+    pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        const CALL: &str = "modify_to_rts";
+        if attr.timeout > 31 || attr.retry_cnt > 7 || attr.rnr_retry > 7 {
+            return Err(invalid(
+                CALL,
+                format!(
+                    "timeout {} (max 31), retry_cnt {} / rnr_retry {} (max 7)",
+                    attr.timeout, attr.retry_cnt, attr.rnr_retry
+                ),
+            ));
+        }
+        let dev = self.inner.pd.inner.ctx.cached_attr();
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = attr.timeout;
+        a.retry_cnt = attr.retry_cnt;
+        a.rnr_retry = attr.rnr_retry;
+        a.sq_psn = self.inner.psn;
+        a.max_rd_atomic = clamp_rd_atomic(attr.max_rd_atomic, dev.max_qp_init_rd_atom);
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_SQ_PSN
+                | M::IBV_QP_MAX_QP_RD_ATOMIC,
+            CALL,
+            &[QpState::Rtr],
+        )
+    }
+
+    /// Any state → ERR: outstanding WRs complete with `WR_FLUSH_ERR`.
+    pub fn modify_to_err(&self) -> Result<()> {
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut a, M::IBV_QP_STATE, "modify_to_err", &[])
+    }
+
+    /// Any state → RESET.
+    pub fn modify_to_reset(&self) -> Result<()> {
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RESET;
+        self.modify(&mut a, M::IBV_QP_STATE, "modify_to_reset", &[])
+    }
+
+    /// Maps a failed `ibv_post_*` return value.
+    fn post_error(&self, call: &'static str, ret: i32, queue: &'static str) -> ProviderError {
+        let code = if ret > 0 {
+            ret
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+        };
+        if code == libc::ENOMEM {
+            return ProviderError::QueueFull {
+                qp_num: self.inner.qp_num,
+                queue,
+                depth: if queue == "send" {
+                    self.inner.caps.max_send_wr
+                } else {
+                    self.inner.caps.max_recv_wr
+                },
+            };
+        }
+        if code == libc::EINVAL {
+            let state = self.state();
+            let ok = if queue == "send" {
+                matches!(state, QpState::Rts | QpState::Sqd | QpState::Err)
+            } else {
+                state != QpState::Reset
+            };
+            if !ok {
+                return ProviderError::InvalidQpState {
+                    qp_num: self.inner.qp_num,
+                    op: call,
+                    state,
+                };
+            }
+        }
+        ret_err(call, ret)
+    }
+
+    fn check_send(&self, wr: &SendWr) -> Result<()> {
+        if wr.flags.contains(SendFlags::INLINE) {
+            let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+            if total > u64::from(self.inner.caps.max_inline_data) {
+                return Err(invalid(
+                    "post_send",
+                    format!(
+                        "{total} inline bytes exceed the QP's max_inline_data {}",
+                        self.inner.caps.max_inline_data
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts send WRs (`ibv_post_send`), in chunks of up to 16 WRs / 64 SGEs
+    /// built on the stack. On failure `posted` counts the WRs accepted.
+    pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        let mut base = 0;
+        while base < wrs.len() {
+            let mut raw: [MaybeUninit<sys::ibv_send_wr>; WR_CHUNK] =
+                [const { MaybeUninit::uninit() }; WR_CHUNK];
+            let mut sges = [MaybeUninit::<sys::ibv_sge>::uninit(); SGE_CHUNK];
+            let raw_p = raw.as_mut_ptr().cast::<sys::ibv_send_wr>();
+            let sge_p = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+            let (mut n, mut s) = (0, 0);
+            let mut refused = None;
+            while base + n < wrs.len() && n < WR_CHUNK {
+                let wr = &wrs[base + n];
+                let k = wr.sg_list.len();
+                if k > SGE_CHUNK {
+                    refused = Some(invalid("post_send", format!("{k} SGEs in one WR")));
+                    break;
+                }
+                if s + k > SGE_CHUNK {
+                    break;
+                }
+                if let Err(e) = self.check_send(wr) {
+                    refused = Some(e);
+                    break;
+                }
+                // SAFETY: s + k <= SGE_CHUNK and n < WR_CHUNK: in bounds of the
+                // stack arrays; entries are fully written before use.
+                unsafe {
+                    fill_sges(sge_p.add(s), &wr.sg_list);
+                    raw_p.add(n).write(send_wr(
+                        wr,
+                        if k == 0 {
+                            ptr::null_mut()
+                        } else {
+                            sge_p.add(s)
+                        },
+                        raw_p.add(n + 1),
+                    ));
+                }
+                s += k;
+                n += 1;
+            }
+            if n > 0 {
+                // SAFETY: entries 0..n are written; terminate the list.
+                unsafe { (*raw_p.add(n - 1)).next = ptr::null_mut() };
+                let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+                // SAFETY: valid QP; a well-formed list of n WRs whose SGEs live
+                // until the call returns (the provider copies them; inline data
+                // is copied too).
+                let ret = unsafe { sys::ibv_post_send(self.inner.qp, raw_p, &mut bad) };
+                if ret != 0 {
+                    let idx = bad_index(
+                        raw_p as usize,
+                        bad as usize,
+                        size_of::<sys::ibv_send_wr>(),
+                        n,
+                    );
+                    return Err(PostError {
+                        posted: base + idx,
+                        error: self.post_error("ibv_post_send", ret, "send"),
+                    });
+                }
+            }
+            if let Some(error) = refused {
+                return Err(PostError {
+                    posted: base + n,
+                    error,
+                });
+            }
+            base += n;
+        }
+        Ok(())
+    }
+
+    /// Posts receive WRs (`ibv_post_recv`), chunked like [`Qp::post_send`].
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        let mut base = 0;
+        while base < wrs.len() {
+            let mut raw = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); WR_CHUNK];
+            let mut sges = [MaybeUninit::<sys::ibv_sge>::uninit(); SGE_CHUNK];
+            let raw_p = raw.as_mut_ptr().cast::<sys::ibv_recv_wr>();
+            let sge_p = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+            let (mut n, mut s) = (0, 0);
+            let mut refused = None;
+            while base + n < wrs.len() && n < WR_CHUNK {
+                let wr = &wrs[base + n];
+                let k = wr.sg_list.len();
+                if k > SGE_CHUNK {
+                    refused = Some(invalid("post_recv", format!("{k} SGEs in one WR")));
+                    break;
+                }
+                if s + k > SGE_CHUNK {
+                    break;
+                }
+                // SAFETY: in bounds as in post_send.
+                unsafe {
+                    fill_sges(sge_p.add(s), &wr.sg_list);
+                    raw_p.add(n).write(sys::ibv_recv_wr {
+                        wr_id: wr.wr_id,
+                        next: raw_p.add(n + 1),
+                        sg_list: if k == 0 {
+                            ptr::null_mut()
+                        } else {
+                            sge_p.add(s)
+                        },
+                        num_sge: k as libc::c_int,
+                    });
+                }
+                s += k;
+                n += 1;
+            }
+            if n > 0 {
+                // SAFETY: entries 0..n are written; terminate the list.
+                unsafe { (*raw_p.add(n - 1)).next = ptr::null_mut() };
+                let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+                // SAFETY: valid QP; a well-formed list of n WRs.
+                let ret = unsafe { sys::ibv_post_recv(self.inner.qp, raw_p, &mut bad) };
+                if ret != 0 {
+                    let idx = bad_index(
+                        raw_p as usize,
+                        bad as usize,
+                        size_of::<sys::ibv_recv_wr>(),
+                        n,
+                    );
+                    return Err(PostError {
+                        posted: base + idx,
+                        error: self.post_error("ibv_post_recv", ret, "receive"),
+                    });
+                }
+            }
+            if let Some(error) = refused {
+                return Err(PostError {
+                    posted: base + n,
+                    error,
+                });
+            }
+            base += n;
+        }
+        Ok(())
+    }
+}
+
+/// The contract caps READ/atomic depth at the device limit instead of failing.
+fn clamp_rd_atomic(wanted: u8, device_max: u32) -> u8 {
+    if device_max == 0 {
+        return wanted;
+    }
+    let max = u8::try_from(device_max).unwrap_or(u8::MAX);
+    if wanted > max {
+        tracing::debug!(
+            wanted,
+            max,
+            "clamping RDMA READ/atomic depth to the device limit"
+        );
+    }
+    wanted.min(max)
+}
+
+/// Index of `bad` in a list starting at `base` (`n` if it is not in the list).
+fn bad_index(base: usize, bad: usize, size: usize, n: usize) -> usize {
+    if bad < base || size == 0 {
+        return 0;
+    }
+    ((bad - base) / size).min(n)
+}
+
+/// # Safety
+///
+/// `dst` must be valid for writing `sgl.len()` SGEs.
+unsafe fn fill_sges(dst: *mut sys::ibv_sge, sgl: &[Sge]) {
+    for (j, sge) in sgl.iter().enumerate() {
+        // SAFETY: in bounds per the contract.
+        unsafe {
+            dst.add(j).write(sys::ibv_sge {
+                addr: sge.addr,
+                length: sge.length,
+                lkey: sge.lkey,
+            })
+        };
+    }
+}
+
+fn send_wr(
+    wr: &SendWr,
+    sg_list: *mut sys::ibv_sge,
+    next: *mut sys::ibv_send_wr,
+) -> sys::ibv_send_wr {
+    use sys::ibv_wr_opcode as O;
+    let rdma = |remote_addr: u64, rkey: u32| sys::wr_t {
+        rdma: sys::rdma_t { remote_addr, rkey },
+    };
+    let (opcode, imm, wr_u) = match wr.op {
+        SendOp::Send => (O::IBV_WR_SEND, 0, rdma(0, 0)),
+        SendOp::SendWithImm { imm } => (O::IBV_WR_SEND_WITH_IMM, imm, rdma(0, 0)),
+        SendOp::Write { remote_addr, rkey } => (O::IBV_WR_RDMA_WRITE, 0, rdma(remote_addr, rkey)),
+        SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => (O::IBV_WR_RDMA_WRITE_WITH_IMM, imm, rdma(remote_addr, rkey)),
+        SendOp::Read { remote_addr, rkey } => (O::IBV_WR_RDMA_READ, 0, rdma(remote_addr, rkey)),
+        SendOp::CompareAndSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => (
+            O::IBV_WR_ATOMIC_CMP_AND_SWP,
+            0,
+            sys::wr_t {
+                atomic: sys::atomic_t {
+                    remote_addr,
+                    compare_add: compare,
+                    swap,
+                    rkey,
+                },
+            },
+        ),
+        SendOp::FetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => (
+            O::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            0,
+            sys::wr_t {
+                atomic: sys::atomic_t {
+                    remote_addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey,
+                },
+            },
+        ),
+    };
+    sys::ibv_send_wr {
+        wr_id: wr.wr_id,
+        next,
+        sg_list,
+        num_sge: wr.sg_list.len() as libc::c_int,
+        opcode,
+        send_flags: wr.flags.bits(),
+        imm_data_invalidated_rkey_union: sys::imm_data_invalidated_rkey_union_t {
+            imm_data: imm.to_be(),
+        },
+        wr: wr_u,
+        qp_type: sys::qp_type_t {
+            xrc: sys::xrc_t { remote_srqn: 0 },
+        },
+        bind_mw_tso_union: sys::bind_mw_tso_union_t {
+            tso: sys::tso_t {
+                hdr: ptr::null_mut(),
+                hdr_sz: 0,
+                mss: 0,
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_wr_index_is_bounded() {
+        assert_eq!(bad_index(1000, 1000, 100, 4), 0);
+        assert_eq!(bad_index(1000, 1200, 100, 4), 2);
+        assert_eq!(bad_index(1000, 9000, 100, 4), 4);
+        assert_eq!(bad_index(1000, 0, 100, 4), 0);
+    }
+
+    #[test]
+    fn psn_is_24_bits() {
+        for q in 0..64 {
+            assert!(random_psn(q) <= 0x00ff_ffff);
+        }
+    }
+
+    #[test]
+    fn rd_atomic_is_clamped_to_the_device() {
+        assert_eq!(clamp_rd_atomic(16, 8), 8);
+        assert_eq!(clamp_rd_atomic(4, 128), 4);
+        assert_eq!(clamp_rd_atomic(200, 1000), 200);
+        assert_eq!(clamp_rd_atomic(7, 0), 7);
+    }
+}
