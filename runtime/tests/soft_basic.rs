@@ -80,7 +80,7 @@ fn state_machine_is_strict() {
     let b = make_side(&ctx, &opts);
     let buf = a.buf(64, LW);
     let send = wr(1, SendOp::Send, &[buf.sge(0, 8)], SIG);
-    let err = a.qp.post_send(&[send.clone()]).unwrap_err();
+    let err = a.qp.post_send(std::slice::from_ref(&send)).unwrap_err();
     assert_eq!(err.posted, 0);
     assert!(matches!(
         err.error,
@@ -93,7 +93,9 @@ fn state_machine_is_strict() {
     assert!(a.qp.modify_to_rts(&RtsAttr::default()).is_err());
     a.qp.modify_to_init(&InitAttr::default()).unwrap();
     assert!(matches!(
-        a.qp.post_send(&[send.clone()]).unwrap_err().error,
+        a.qp.post_send(std::slice::from_ref(&send))
+            .unwrap_err()
+            .error,
         ProviderError::InvalidQpState {
             state: QpState::Init,
             ..
@@ -133,7 +135,12 @@ fn send_consumes_next_recv_with_len_imm_and_opcode() {
         .unwrap();
     a.qp.post_send(&[
         wr(1, SendOp::Send, &[src.sge(0, 100)], SIG),
-        wr(2, SendOp::SendWithImm { imm: 0xfeed }, &[src.sge(100, 56)], SIG),
+        wr(
+            2,
+            SendOp::SendWithImm { imm: 0xfeed },
+            &[src.sge(100, 56)],
+            SIG,
+        ),
     ])
     .unwrap();
     let rc = poll_n(&b.rcq, 2);
@@ -148,7 +155,9 @@ fn send_consumes_next_recv_with_len_imm_and_opcode() {
     assert_eq!(rc[1].imm_data, Some(0xfeed));
     let sc = poll_n(&a.scq, 2);
     assert_eq!(
-        sc.iter().map(|c| (c.wr_id, c.status, c.opcode)).collect::<Vec<_>>(),
+        sc.iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect::<Vec<_>>(),
         vec![
             (1, WcStatus::Success, WcOpcode::Send),
             (2, WcStatus::Success, WcOpcode::Send)
@@ -275,16 +284,15 @@ fn inline_send_copies_at_post_time_without_lkey() {
     assert_eq!(rc.byte_len, 32);
     assert_eq!(&dst.read()[..32], b"inline payload, not registered!!");
     // Too big for max_inline_data.
-    let big = vec![0u8; 65];
+    let big = [0u8; 65];
     let sge = Sge {
         addr: big.as_ptr() as u64,
         length: 65,
         lkey: 0,
     };
-    let e = a
-        .qp
-        .post_send(&[wr(2, SendOp::Send, &[sge], SIG | SendFlags::INLINE)])
-        .unwrap_err();
+    let e =
+        a.qp.post_send(&[wr(2, SendOp::Send, &[sge], SIG | SendFlags::INLINE)])
+            .unwrap_err();
     assert!(matches!(e.error, ProviderError::InvalidArgument { .. }));
 }
 
@@ -334,16 +342,24 @@ fn queue_limits_are_enforced() {
     let buf = a.buf(64, LW);
     // Receive queue: two fit, the third fails with QueueFull at index 2.
     let rb = b.buf(64, LW);
-    let e = b
-        .qp
-        .post_recv(&[rwr(1, &[rb.sge(0, 8)]), rwr(2, &[rb.sge(8, 8)]), rwr(3, &[rb.sge(16, 8)])])
+    let e =
+        b.qp.post_recv(&[
+            rwr(1, &[rb.sge(0, 8)]),
+            rwr(2, &[rb.sge(8, 8)]),
+            rwr(3, &[rb.sge(16, 8)]),
+        ])
         .unwrap_err();
     assert_eq!(e.posted, 2);
-    assert!(matches!(e.error, ProviderError::QueueFull { queue: "receive", .. }));
+    assert!(matches!(
+        e.error,
+        ProviderError::QueueFull {
+            queue: "receive",
+            ..
+        }
+    ));
     // Too many SGEs.
-    let e = a
-        .qp
-        .post_send(&[wr(
+    let e =
+        a.qp.post_send(&[wr(
             1,
             SendOp::Send,
             &[buf.sge(0, 1), buf.sge(1, 1), buf.sge(2, 1)],
@@ -352,11 +368,13 @@ fn queue_limits_are_enforced() {
         .unwrap_err();
     assert_eq!(e.posted, 0);
     assert!(matches!(e.error, ProviderError::InvalidArgument { .. }));
-    let e = b
-        .qp
-        .post_recv(&[rwr(9, &[rb.sge(0, 1), rb.sge(1, 1)])])
-        .unwrap_err();
-    assert!(matches!(e.error, ProviderError::QueueFull { .. } | ProviderError::InvalidArgument { .. }));
+    let e =
+        b.qp.post_recv(&[rwr(9, &[rb.sge(0, 1), rb.sge(1, 1)])])
+            .unwrap_err();
+    assert!(matches!(
+        e.error,
+        ProviderError::QueueFull { .. } | ProviderError::InvalidArgument { .. }
+    ));
     // Send queue: RNR keeps the sends outstanding (no more RECVs), so the
     // fifth post fails.
     let sends: Vec<SendWr> = (0..5)
@@ -364,5 +382,12 @@ fn queue_limits_are_enforced() {
         .collect();
     let e = a.qp.post_send(&sends).unwrap_err();
     assert_eq!(e.posted, 4);
-    assert!(matches!(e.error, ProviderError::QueueFull { queue: "send", depth: 4, .. }));
+    assert!(matches!(
+        e.error,
+        ProviderError::QueueFull {
+            queue: "send",
+            depth: 4,
+            ..
+        }
+    ));
 }

@@ -28,7 +28,8 @@ fn rnr_waits_then_succeeds_once_a_recv_is_posted() {
     let (a, b) = connect_pair(&ctx, &ctx, &rnr_opts(7, 12));
     let src = a.buf(32, LW);
     src.fill_pattern(4);
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 32)], SIG)]).unwrap();
+    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 32)], SIG)])
+        .unwrap();
     expect_none(&a.scq, Duration::from_millis(60));
     assert_eq!(a.qp.state(), QpState::Rts);
     let dst = b.buf(32, LW);
@@ -51,7 +52,10 @@ fn rnr_retry_exhausted_fails_and_flushes() {
     ])
     .unwrap();
     let c = poll_n(&a.scq, 2);
-    assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (1, WcStatus::RnrRetryExcErr, 0));
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].byte_len),
+        (1, WcStatus::RnrRetryExcErr, 0)
+    );
     // Errors after the first one flush, even unsignaled WRs.
     assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
     assert_eq!(a.qp.state(), QpState::Err);
@@ -62,7 +66,11 @@ fn rnr_retry_exhausted_fails_and_flushes() {
 
 /// Sets up a pair whose responder has two posted RECVs, runs `op` (built
 /// from the responder buffer) and checks the full access-error outcome.
-fn access_error_case(mr_access: AccessFlags, qp_access: AccessFlags, op: impl Fn(&RegBuf) -> SendOp) {
+fn access_error_case(
+    mr_access: AccessFlags,
+    qp_access: AccessFlags,
+    op: impl Fn(&RegBuf) -> SendOp,
+) {
     let ctx = open_test_context();
     let opts = PairOpts {
         access: qp_access,
@@ -82,7 +90,10 @@ fn access_error_case(mr_access: AccessFlags, qp_access: AccessFlags, op: impl Fn
     a.qp.post_send(&[wr(1, op(&target), &[local.sge(0, sge_len)], SIG)])
         .unwrap();
     let c = poll_one(&a.scq);
-    assert_eq!((c.wr_id, c.status, c.byte_len), (1, WcStatus::RemAccessErr, 0));
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (1, WcStatus::RemAccessErr, 0)
+    );
     wait_state(&a.qp, QpState::Err);
     wait_state(&b.qp, QpState::Err);
     // Responder: posted RECVs flushed, memory untouched.
@@ -91,7 +102,10 @@ fn access_error_case(mr_access: AccessFlags, qp_access: AccessFlags, op: impl Fn
         r.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![(100, WcStatus::WrFlushErr), (101, WcStatus::WrFlushErr)]
     );
-    assert!(target.read().iter().all(|&x| x == 0), "responder memory touched");
+    assert!(
+        target.read().iter().all(|&x| x == 0),
+        "responder memory touched"
+    );
     if sge_len == 16 {
         // READ results never landed either.
         assert_eq!(local.read(), {
@@ -103,7 +117,10 @@ fn access_error_case(mr_access: AccessFlags, qp_access: AccessFlags, op: impl Fn
     a.qp.post_send(&[wr(2, SendOp::Send, &[local.sge(0, 4)], SIG)])
         .unwrap();
     let c = poll_one(&a.scq);
-    assert_eq!((c.wr_id, c.status, c.byte_len), (2, WcStatus::WrFlushErr, 0));
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (2, WcStatus::WrFlushErr, 0)
+    );
 }
 
 fn write_to(t: &RegBuf, off: u64, rkey: u32) -> SendOp {
@@ -146,12 +163,14 @@ fn write_without_qp_remote_write_is_rem_access_err() {
 
 #[test]
 fn read_without_remote_read_is_rem_access_err() {
-    access_error_case(LW | AccessFlags::REMOTE_WRITE, InitAttr::default().access, |t| {
-        SendOp::Read {
+    access_error_case(
+        LW | AccessFlags::REMOTE_WRITE,
+        InitAttr::default().access,
+        |t| SendOp::Read {
             remote_addr: t.addr(),
             rkey: t.rkey(),
-        }
-    });
+        },
+    );
 }
 
 #[test]
@@ -172,9 +191,8 @@ fn misaligned_atomic_is_refused_at_post() {
     let (a, b) = pair();
     let t = b.buf(64, AccessFlags::ALL);
     let local = a.buf(16, LW);
-    let e = a
-        .qp
-        .post_send(&[wr(
+    let e =
+        a.qp.post_send(&[wr(
             1,
             SendOp::FetchAndAdd {
                 remote_addr: t.addr() + 4,
@@ -188,9 +206,8 @@ fn misaligned_atomic_is_refused_at_post() {
     assert_eq!(e.posted, 0);
     assert!(matches!(e.error, ProviderError::InvalidArgument { .. }));
     // An atomic needs one 8-byte local SGE.
-    let e = a
-        .qp
-        .post_send(&[wr(
+    let e =
+        a.qp.post_send(&[wr(
             2,
             SendOp::CompareAndSwap {
                 remote_addr: t.addr(),
@@ -241,7 +258,14 @@ fn modify_to_err_flushes_outstanding_and_later_wrs() {
     let (a, b) = connect_pair(&ctx, &ctx, &rnr_opts(7, 14));
     let src = a.buf(64, LW);
     let sends: Vec<SendWr> = (1..=3)
-        .map(|i| wr(i, SendOp::Send, &[src.sge(0, 8)], if i == 2 { SendFlags::NONE } else { SIG }))
+        .map(|i| {
+            wr(
+                i,
+                SendOp::Send,
+                &[src.sge(0, 8)],
+                if i == 2 { SendFlags::NONE } else { SIG },
+            )
+        })
         .collect();
     a.qp.post_send(&sends).unwrap();
     let rb = a.buf(8, LW);
@@ -250,12 +274,16 @@ fn modify_to_err_flushes_outstanding_and_later_wrs() {
     a.qp.modify_to_err().unwrap();
     let c = poll_n(&a.scq, 3);
     for (i, c) in c.iter().enumerate() {
-        assert_eq!((c.wr_id, c.status, c.byte_len), (i as u64 + 1, WcStatus::WrFlushErr, 0));
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i as u64 + 1, WcStatus::WrFlushErr, 0)
+        );
     }
     let r = poll_one(&a.rcq);
     assert_eq!((r.wr_id, r.status), (50, WcStatus::WrFlushErr));
     // Posted after ERR: flushed too.
-    a.qp.post_send(&[wr(9, SendOp::Send, &[src.sge(0, 8)], SIG)]).unwrap();
+    a.qp.post_send(&[wr(9, SendOp::Send, &[src.sge(0, 8)], SIG)])
+        .unwrap();
     a.qp.post_recv(&[rwr(51, &[rb.sge(0, 8)])]).unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::WrFlushErr);
     assert_eq!(poll_one(&a.rcq).wr_id, 51);
@@ -276,7 +304,10 @@ fn bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     ])
     .unwrap();
     let c = poll_n(&a.scq, 2);
-    assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (1, WcStatus::LocProtErr, 0));
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].byte_len),
+        (1, WcStatus::LocProtErr, 0)
+    );
     assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
     assert_eq!(a.qp.state(), QpState::Err);
     // Nothing reached the responder: its RECV is still posted, QP still RTS.
@@ -285,7 +316,8 @@ fn bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     // An SGE outside its MR (1 byte beyond) is a bad local SGE too.
     let (a, _b) = pair();
     let src = a.buf(64, LW);
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(60, 5)], SIG)]).unwrap();
+    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(60, 5)], SIG)])
+        .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::LocProtErr);
 }
 
@@ -297,12 +329,16 @@ fn send_longer_than_recv_is_rem_op_err_and_loc_len_err() {
         .unwrap();
     let src = a.buf(64, LW);
     src.fill_pattern(3);
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 17)], SIG)]).unwrap();
+    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 17)], SIG)])
+        .unwrap();
     let c = poll_one(&a.scq);
     // rxe: REM_OP_ERR (spec/mlx5: REM_INV_REQ_ERR); we follow rxe.
     assert_eq!((c.status, c.byte_len), (WcStatus::RemOpErr, 0));
     let r = poll_n(&b.rcq, 2);
-    assert_eq!((r[0].wr_id, r[0].status, r[0].byte_len), (1, WcStatus::LocLenErr, 0));
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len),
+        (1, WcStatus::LocLenErr, 0)
+    );
     assert_eq!((r[1].wr_id, r[1].status), (2, WcStatus::WrFlushErr));
     wait_state(&b.qp, QpState::Err);
     wait_state(&a.qp, QpState::Err);

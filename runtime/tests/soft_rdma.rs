@@ -28,7 +28,10 @@ fn write_and_write_with_imm() {
     )])
     .unwrap();
     let c = poll_one(&a.scq);
-    assert_eq!((c.wr_id, c.status, c.opcode, c.byte_len), (1, WcStatus::Success, WcOpcode::RdmaWrite, 4096));
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode, c.byte_len),
+        (1, WcStatus::Success, WcOpcode::RdmaWrite, 4096)
+    );
     let got = dst.read();
     assert_eq!(&got[100..4196], &data[..]);
     assert!(got[..100].iter().all(|&x| x == 0) && got[4196..].iter().all(|&x| x == 0));
@@ -75,7 +78,10 @@ fn read_scatters_into_local_sges() {
     )])
     .unwrap();
     let c = poll_one(&a.scq);
-    assert_eq!((c.wr_id, c.status, c.opcode, c.byte_len), (5, WcStatus::Success, WcOpcode::RdmaRead, 300));
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode, c.byte_len),
+        (5, WcStatus::Success, WcOpcode::RdmaRead, 300)
+    );
     let got = local.read();
     assert_eq!(&got[..100], &data[10..110]);
     assert_eq!(&got[500..700], &data[110..310]);
@@ -136,7 +142,10 @@ fn compare_and_swap_and_fetch_and_add() {
     )])
     .unwrap();
     let c = poll_one(&a.scq);
-    assert_eq!((c.status, c.opcode, c.byte_len), (WcStatus::Success, WcOpcode::CompSwap, 8));
+    assert_eq!(
+        (c.status, c.opcode, c.byte_len),
+        (WcStatus::Success, WcOpcode::CompSwap, 8)
+    );
     assert_eq!(res.u64_at(0), 0);
     assert_eq!(target.u64_at(0), 7);
     // CAS that does not match: unchanged, returns 7.
@@ -165,7 +174,10 @@ fn compare_and_swap_and_fetch_and_add() {
     )])
     .unwrap();
     let c = poll_one(&a.scq);
-    assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::FetchAdd));
+    assert_eq!(
+        (c.status, c.opcode),
+        (WcStatus::Success, WcOpcode::FetchAdd)
+    );
     assert_eq!(res.u64_at(0), 100);
     assert_eq!(target.u64_at(8), 105);
 }

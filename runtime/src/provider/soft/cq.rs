@@ -8,7 +8,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
-use crate::provider::{AsyncElement, AsyncEvent, AsyncEventKind, Completion, ProviderError, Result};
+use crate::provider::{
+    AsyncElement, AsyncEvent, AsyncEventKind, Completion, ProviderError, Result,
+};
 
 /// Locks a mutex, recovering from poisoning (the data stays consistent:
 /// every critical section leaves it valid before anything can panic).

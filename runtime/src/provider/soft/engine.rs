@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::context::Shared;
 use super::conn::{Conn, Flush};
+use super::context::Shared;
 use super::cq::lock;
 use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
 use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
@@ -196,7 +196,7 @@ impl EQp {
 
     /// Moves the QP to ERR: `first` completes the front send WR, then every
     /// other WR (send and receive) is flushed.
-    pub fn to_error(&mut self, first: Option<WcStatus>) {
+    pub fn fail(&mut self, first: Option<WcStatus>) {
         if let Some(st) = first {
             if !self.wqes.is_empty() {
                 self.complete_front(st, 0);
@@ -223,7 +223,12 @@ impl EQp {
             let wc = self.completion(w, WcStatus::WrFlushErr, 0);
             self.sh.send_cq.push(wc, true);
         }
-        let recvs: Vec<RecvWqe> = self.cur_recv.take().into_iter().chain(inner.rq.drain(..)).collect();
+        let recvs: Vec<RecvWqe> = self
+            .cur_recv
+            .take()
+            .into_iter()
+            .chain(inner.rq.drain(..))
+            .collect();
         for r in &recvs {
             let wc = self.recv_completion(r, WcStatus::WrFlushErr);
             self.sh.recv_cq.push(wc, true);
@@ -286,7 +291,8 @@ impl Engine {
             let mut timeout = if busy {
                 Some(Duration::ZERO)
             } else {
-                self.next_deadline().map(|d| d.saturating_duration_since(now))
+                self.next_deadline()
+                    .map(|d| d.saturating_duration_since(now))
             };
             if timeout != Some(Duration::ZERO) {
                 self.sh.sleeping.store(true, Ordering::SeqCst);
@@ -343,10 +349,7 @@ impl Engine {
             }
             return;
         }
-        let eq = self
-            .qps
-            .entry(qpn)
-            .or_insert_with(|| EQp::new(qp.clone()));
+        let eq = self.qps.entry(qpn).or_insert_with(|| EQp::new(qp.clone()));
         if !Arc::ptr_eq(&eq.sh, &qp) {
             *eq = EQp::new(qp.clone());
         }
@@ -433,7 +436,7 @@ impl Engine {
                 tracing::debug!(%addr, error = %e, "soft engine: connect failed");
                 if let Some(eq) = self.qps.get_mut(&qpn) {
                     if !eq.wqes.is_empty() {
-                        eq.to_error(Some(WcStatus::RetryExcErr));
+                        eq.fail(Some(WcStatus::RetryExcErr));
                     }
                 }
             }
@@ -450,7 +453,11 @@ impl Engine {
         Ok(cid)
     }
 
-    fn insert_conn(&mut self, mut stream: mio::net::TcpStream, connected: bool) -> io::Result<usize> {
+    fn insert_conn(
+        &mut self,
+        mut stream: mio::net::TcpStream,
+        connected: bool,
+    ) -> io::Result<usize> {
         let entry = self.conns.vacant_entry();
         let cid = entry.key();
         self.poll.registry().register(
@@ -665,7 +672,7 @@ impl Engine {
                 eq.conn = None;
                 eq.scheduled = false;
                 if !eq.wqes.is_empty() && eq.sh.state() == QpState::Rts {
-                    eq.to_error(Some(WcStatus::RetryExcErr));
+                    eq.fail(Some(WcStatus::RetryExcErr));
                 }
             }
         }
@@ -684,7 +691,7 @@ impl Engine {
                 if t <= now {
                     if eq.retries_left == 0 {
                         tracing::debug!(qpn, "soft engine: ACK timeout, retries exhausted");
-                        eq.to_error(Some(WcStatus::RetryExcErr));
+                        eq.fail(Some(WcStatus::RetryExcErr));
                     } else {
                         eq.retries_left -= 1;
                         eq.ack_deadline = eq.ack_timeout().map(|d| now + d);

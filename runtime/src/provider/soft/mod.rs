@@ -13,8 +13,8 @@
 //! `retry_cnt` (a lost peer), and RNR NAKs make the requester go back to the
 //! NAKed PSN after the responder's `min_rnr_timer`.
 
-mod context;
 mod conn;
+mod context;
 mod cq;
 mod dma;
 mod engine;

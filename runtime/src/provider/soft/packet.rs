@@ -316,7 +316,11 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, PacketError> {
     if h.payload_len > MAX_PAYLOAD {
         return bad("payload_len", u64::from(h.payload_len));
     }
-    for (name, v) in [("dst_qpn", h.dst_qpn), ("src_qpn", h.src_qpn), ("psn", h.psn)] {
+    for (name, v) in [
+        ("dst_qpn", h.dst_qpn),
+        ("src_qpn", h.src_qpn),
+        ("psn", h.psn),
+    ] {
         if v > 0x00ff_ffff {
             return bad(name, u64::from(v));
         }
@@ -360,10 +364,8 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, PacketError> {
                 return bad("addr", h.addr);
             }
         }
-        Opcode::CmpSwap | Opcode::FetchAdd => {
-            if h.addr % 8 != 0 {
-                return bad("addr", h.addr);
-            }
+        Opcode::CmpSwap | Opcode::FetchAdd if h.addr & 7 != 0 => {
+            return bad("addr", h.addr);
         }
         Opcode::Nak => {
             if !(NAK_RNR..=NAK_REM_INV_REQ).contains(&h.syndrome) {
@@ -573,7 +575,7 @@ mod tests {
                     let pos = (rng.next() % b.len() as u64) as usize;
                     b[pos] ^= 1 << (rng.next() % 8);
                 }
-                if rng.next() % 4 == 0 {
+                if rng.next() & 3 == 0 {
                     let cut = (rng.next() % (b.len() as u64 + 1)) as usize;
                     b.truncate(cut);
                 }

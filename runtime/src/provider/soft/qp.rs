@@ -171,7 +171,10 @@ impl Qp {
     pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
         let ctx = self.0.ctx.shared();
         if gid_index != 0 {
-            return Err(invalid("endpoint", format!("GID index {gid_index} (only 0)")));
+            return Err(invalid(
+                "endpoint",
+                format!("GID index {gid_index} (only 0)"),
+            ));
         }
         Ok(Endpoint {
             provider: ProviderKind::Soft,
@@ -233,7 +236,10 @@ impl Qp {
             }
         };
         if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
-            return Err(invalid("modify_to_rtr", "qpn/psn wider than 24 bits".into()));
+            return Err(invalid(
+                "modify_to_rtr",
+                "qpn/psn wider than 24 bits".into(),
+            ));
         }
         let timer = attr.min_rnr_timer;
         self.transition("modify_to_rtr", &[QpState::Init], QpState::Rtr, |i| {
@@ -307,7 +313,10 @@ impl Qp {
         }
         let inline_ok = matches!(
             wr.op,
-            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. }
+            SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::Write { .. }
+                | SendOp::WriteWithImm { .. }
         );
         let is_inline = wr.flags.contains(SendFlags::INLINE);
         if is_inline && !inline_ok {
@@ -322,10 +331,10 @@ impl Qp {
                 ),
             ));
         }
-        if let SendOp::CompareAndSwap { remote_addr, .. } | SendOp::FetchAndAdd { remote_addr, .. } =
-            wr.op
+        if let SendOp::CompareAndSwap { remote_addr, .. }
+        | SendOp::FetchAndAdd { remote_addr, .. } = wr.op
         {
-            if remote_addr % 8 != 0 {
+            if remote_addr & 7 != 0 {
                 return Err(invalid(
                     "post_send",
                     format!("atomic on misaligned address {remote_addr:#x}"),
@@ -347,8 +356,9 @@ impl Qp {
                 // SAFETY: verbs INLINE contract: the caller guarantees the SGE
                 // memory is readable for `length` bytes during post_send; it
                 // is copied here and never touched again.
-                let src =
-                    unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) };
+                let src = unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                };
                 data.extend_from_slice(src);
             }
             Some(data)

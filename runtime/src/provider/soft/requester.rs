@@ -8,8 +8,8 @@ use super::dma::{check_local, gather, read_raw, scatter};
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
 use super::mr::MrTable;
 use super::packet::{
-    Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, MAX_PAYLOAD, NAK_REM_ACCESS, NAK_REM_INV_REQ,
-    NAK_REM_OP, NAK_RNR,
+    Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, MAX_PAYLOAD, NAK_REM_ACCESS,
+    NAK_REM_INV_REQ, NAK_REM_OP, NAK_RNR,
 };
 use crate::provider::{rnr_timer_duration, AccessFlags, QpState, SendFlags, SendOp, WcStatus};
 
@@ -40,7 +40,7 @@ fn gen_request(eq: &mut EQp, tx: &mut Vec<u8>, mrs: &MrTable, now: Instant) -> G
         if !ok {
             e.error = Some(WcStatus::LocProtErr);
             if idx == 0 {
-                eq.to_error(Some(WcStatus::LocProtErr));
+                eq.fail(Some(WcStatus::LocProtErr));
             }
             return Gen::Idle;
         }
@@ -139,7 +139,7 @@ fn gen_request(eq: &mut EQp, tx: &mut Vec<u8>, mrs: &MrTable, now: Instant) -> G
             tx.truncate(at);
             e.error = Some(WcStatus::LocProtErr);
             if idx == 0 && off == 0 {
-                eq.to_error(Some(WcStatus::LocProtErr));
+                eq.fail(Some(WcStatus::LocProtErr));
             }
             return Gen::Idle;
         }
@@ -235,9 +235,7 @@ impl Engine {
     /// requests of its sender QPs, round-robin.
     pub(crate) fn fill_tx(&mut self, cid: usize) {
         let now = Instant::now();
-        let Engine {
-            conns, qps, sh, ..
-        } = self;
+        let Engine { conns, qps, sh, .. } = self;
         let Some(conn) = conns.get_mut(cid) else {
             return;
         };
@@ -260,7 +258,7 @@ impl Engine {
                             timer: 0,
                         });
                         if let Some(eq) = qps.get_mut(&src) {
-                            eq.to_error(None);
+                            eq.fail(None);
                         }
                     }
                 }
@@ -312,7 +310,7 @@ impl Engine {
                     NAK_RNR => {
                         if eq.cfg.rnr_retry != 7 {
                             if eq.rnr_left == 0 {
-                                eq.to_error(Some(WcStatus::RnrRetryExcErr));
+                                eq.fail(Some(WcStatus::RnrRetryExcErr));
                                 return;
                             }
                             eq.rnr_left -= 1;
@@ -325,10 +323,10 @@ impl Engine {
                         eq.ack_deadline = None;
                         eq.rnr_until = Some(now + rnr_timer_duration(hdr.arg0 as u8));
                     }
-                    NAK_REM_ACCESS => eq.to_error(Some(WcStatus::RemAccessErr)),
-                    NAK_REM_OP => eq.to_error(Some(WcStatus::RemOpErr)),
-                    NAK_REM_INV_REQ => eq.to_error(Some(WcStatus::RemInvReqErr)),
-                    _ => eq.to_error(Some(WcStatus::BadRespErr)),
+                    NAK_REM_ACCESS => eq.fail(Some(WcStatus::RemAccessErr)),
+                    NAK_REM_OP => eq.fail(Some(WcStatus::RemOpErr)),
+                    NAK_REM_INV_REQ => eq.fail(Some(WcStatus::RemInvReqErr)),
+                    _ => eq.fail(Some(WcStatus::BadRespErr)),
                 }
                 return;
             }
@@ -341,7 +339,7 @@ impl Engine {
                     return;
                 };
                 if !matches!(f.w.op, SendOp::Read { .. }) || hdr.arg0 != f.w.len {
-                    eq.to_error(Some(WcStatus::BadRespErr));
+                    eq.fail(Some(WcStatus::BadRespErr));
                     return;
                 }
                 let ok = {
@@ -349,7 +347,7 @@ impl Engine {
                     scatter(&f.w.sges, eq.sh.pd, &mrs, hdr.arg1, payload)
                 };
                 if !ok {
-                    eq.to_error(Some(WcStatus::LocProtErr));
+                    eq.fail(Some(WcStatus::LocProtErr));
                     return;
                 }
                 if hdr.flags & FLAG_LAST != 0 {
@@ -371,7 +369,7 @@ impl Engine {
                     f.w.op,
                     SendOp::CompareAndSwap { .. } | SendOp::FetchAndAdd { .. }
                 ) {
-                    eq.to_error(Some(WcStatus::BadRespErr));
+                    eq.fail(Some(WcStatus::BadRespErr));
                     return;
                 }
                 let ok = {
@@ -379,7 +377,7 @@ impl Engine {
                     scatter(&f.w.sges, eq.sh.pd, &mrs, 0, &hdr.arg0.to_ne_bytes())
                 };
                 if !ok {
-                    eq.to_error(Some(WcStatus::LocProtErr));
+                    eq.fail(Some(WcStatus::LocProtErr));
                     return;
                 }
                 eq.complete_front(WcStatus::Success, 8);
@@ -402,13 +400,10 @@ fn front_is(eq: &EQp, psn: u32) -> bool {
 /// Completes every sent WR that needs no response and ends at or before
 /// `psn`; then a WR with a local error at the front completes with it.
 fn ack_upto(eq: &mut EQp, psn: u32) {
-    loop {
-        let Some(f) = eq.wqes.front() else {
-            break;
-        };
+    while let Some(f) = eq.wqes.front() {
         if eq.send_idx == 0 {
             if let Some(st) = f.error {
-                eq.to_error(Some(st));
+                eq.fail(Some(st));
             }
             break;
         }

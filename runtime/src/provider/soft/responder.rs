@@ -20,11 +20,13 @@ pub(crate) fn load_qp<'a>(
     sh: &Shared,
     qpn: u32,
 ) -> Option<(&'a mut EQp, QpState)> {
-    if !qps.contains_key(&qpn) {
-        let qp = lock(&sh.qps).get(&qpn).cloned()?;
-        qps.insert(qpn, EQp::new(qp));
-    }
-    let eq = qps.get_mut(&qpn)?;
+    let eq = match qps.entry(qpn) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let qp = lock(&sh.qps).get(&qpn).cloned()?;
+            v.insert(EQp::new(qp))
+        }
+    };
     if eq.sh.destroyed.load(Ordering::Acquire) {
         return None;
     }
@@ -50,9 +52,7 @@ enum Outcome {
 impl Engine {
     /// Handles a request packet arriving on connection `cid`.
     pub(crate) fn on_request(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
-        let Engine {
-            qps, sh, conns, ..
-        } = self;
+        let Engine { qps, sh, conns, .. } = self;
         let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
             return;
         };
@@ -91,7 +91,7 @@ impl Engine {
                     eq.sh.recv_cq.push(wc, true);
                     recv_done(eq);
                 }
-                eq.to_error(None);
+                eq.fail(None);
                 conn.push_resp(Resp::Nak {
                     dst,
                     src,
@@ -170,8 +170,15 @@ fn execute(
             if first {
                 // Validate the whole message before touching any byte.
                 if hdr.arg0 > 0
-                    && remote_ptr(eq, mrs, hdr.rkey, hdr.addr, hdr.arg0, AccessFlags::REMOTE_WRITE)
-                        .is_none()
+                    && remote_ptr(
+                        eq,
+                        mrs,
+                        hdr.rkey,
+                        hdr.addr,
+                        hdr.arg0,
+                        AccessFlags::REMOTE_WRITE,
+                    )
+                    .is_none()
                 {
                     return Outcome::Fatal(NAK_REM_ACCESS, None);
                 }
@@ -204,8 +211,15 @@ fn execute(
         }
         Opcode::ReadReq => {
             if hdr.arg0 > 0
-                && remote_ptr(eq, mrs, hdr.rkey, hdr.addr, hdr.arg0, AccessFlags::REMOTE_READ)
-                    .is_none()
+                && remote_ptr(
+                    eq,
+                    mrs,
+                    hdr.rkey,
+                    hdr.addr,
+                    hdr.arg0,
+                    AccessFlags::REMOTE_READ,
+                )
+                .is_none()
             {
                 return Outcome::Fatal(NAK_REM_ACCESS, None);
             }
@@ -226,7 +240,7 @@ fn execute(
             else {
                 return Outcome::Fatal(NAK_REM_ACCESS, None);
             };
-            if (p as usize) % 8 != 0 {
+            if (p as usize) & 7 != 0 {
                 return Outcome::Fatal(super::packet::NAK_REM_INV_REQ, None);
             }
             // SAFETY: `p` is 8-byte aligned and points to 8 bytes of a live
