@@ -391,3 +391,44 @@ fn queue_limits_are_enforced() {
         }
     ));
 }
+
+#[test]
+fn ping_pong_between_two_threads() {
+    let (a, b) = pair();
+    const N: usize = 2000;
+    let run = |s: Side, initiator: bool| {
+        let sb = s.buf(64, LW);
+        let rb = s.buf(64, LW);
+        s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]).unwrap();
+        let mut wc = [Completion::EMPTY; 16];
+        let mut sent = 0;
+        for i in 0..N {
+            if initiator {
+                sb.write(0, &(i as u64).to_le_bytes());
+                s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
+                    .unwrap();
+            }
+            let c = poll_one(&s.rcq);
+            assert_eq!(c.status, WcStatus::Success, "iteration {i}");
+            assert_eq!(rb.u64_at(0), i as u64);
+            s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]).unwrap();
+            if !initiator {
+                sb.write(0, &(i as u64).to_le_bytes());
+                s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
+                    .unwrap();
+            }
+            let n = s.scq.poll(&mut wc).unwrap();
+            assert!(wc[..n].iter().all(|c| c.status == WcStatus::Success));
+            sent += n;
+        }
+        // The buffers must stay registered until the last SEND completed.
+        let rest = poll_n(&s.scq, N - sent);
+        assert!(rest.iter().all(|c| c.status == WcStatus::Success));
+        s
+    };
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| run(b, false));
+        run(a, true);
+        h.join().unwrap();
+    });
+}

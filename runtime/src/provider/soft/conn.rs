@@ -157,8 +157,9 @@ impl Conn {
         }
     }
 
-    /// Reads once into the receive buffer. `Ok(0)` means end of stream.
-    pub fn read_some(&mut self) -> io::Result<usize> {
+    /// Reads once into the receive buffer: bytes read (0 = end of stream)
+    /// and whether the read filled all the space offered.
+    pub fn read_some(&mut self) -> io::Result<(usize, bool)> {
         if self.rx_start == self.rx_end {
             self.rx_start = 0;
             self.rx_end = 0;
@@ -168,8 +169,9 @@ impl Conn {
             self.rx_start = 0;
         }
         let end = self.rx_end;
+        let space = self.rx.len() - end;
         let n = self.stream.read(&mut self.rx[end..])?;
         self.rx_end += n;
-        Ok(n)
+        Ok((n, n == space))
     }
 }

@@ -28,6 +28,18 @@ const CONN_BASE: usize = 2;
 /// Rounds of fill+flush per connection before looking at other events.
 const SERVICE_ROUNDS: usize = 8;
 
+/// How long the engine keeps polling after activity before it sleeps
+/// (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
+const DEFAULT_SPIN_US: u64 = 50;
+
+fn spin_duration() -> Duration {
+    let us = std::env::var("VERBIO_SOFT_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_SPIN_US);
+    Duration::from_micros(us)
+}
+
 pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
 
 pub(crate) fn psn_add(a: u32, b: u32) -> u32 {
@@ -280,15 +292,25 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
 impl Engine {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
+        let spin = spin_duration();
+        let mut last_work = Instant::now();
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
                 return;
             }
-            self.service_dirty();
+            let had_dirty = self.service_dirty();
             let now = Instant::now();
             self.timers(now);
             let busy = self.service_active();
+            if had_dirty || busy || !events.is_empty() {
+                last_work = now;
+            }
             let mut timeout = if busy {
+                Some(Duration::ZERO)
+            } else if now.duration_since(last_work) < spin {
+                // Recently active: stay awake a little (no doorbell syscall
+                // for the next post), but let other threads run.
+                std::thread::yield_now();
                 Some(Duration::ZERO)
             } else {
                 self.next_deadline()
@@ -320,7 +342,7 @@ impl Engine {
                             self.on_writable(cid);
                         }
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            self.on_readable(cid);
+                            self.on_readable(cid, ev.is_read_closed() || ev.is_error());
                         }
                     }
                 }
@@ -328,14 +350,17 @@ impl Engine {
         }
     }
 
-    fn service_dirty(&mut self) {
+    /// Services QPs the application touched. True if there were any.
+    fn service_dirty(&mut self) -> bool {
         let mut list = std::mem::take(&mut self.dirty_buf);
         std::mem::swap(&mut list, &mut *lock(&self.sh.dirty));
+        let any = !list.is_empty();
         for qp in list.drain(..) {
             qp.dirty.store(false, Ordering::SeqCst);
             self.sync_qp(qp);
         }
         self.dirty_buf = list;
+        any
     }
 
     /// Looks at a QP the application touched: new WRs, state changes, destruction.
@@ -520,23 +545,30 @@ impl Engine {
         self.activate(cid);
     }
 
-    fn on_readable(&mut self, cid: usize) {
+    /// Reads and handles what arrived. Edge-triggered: a short read means the
+    /// socket is drained (new data raises a new event), except when the peer
+    /// also closed (`drain`), where we read on until end of stream.
+    fn on_readable(&mut self, cid: usize, drain: bool) {
         loop {
             let Some(conn) = self.conns.get_mut(cid) else {
                 return;
             };
             match conn.read_some() {
-                Ok(0) => {
+                Ok((0, _)) => {
                     self.close(cid);
                     return;
                 }
-                Ok(_) => {
+                Ok((_, full)) => {
                     if !self.process_rx(cid) {
                         self.close(cid);
                         return;
                     }
-                    // Send what the packets produced (ACKs, data) right away.
-                    self.service_conn(cid);
+                    // What the packets produced (ACKs, data) goes out in
+                    // this loop turn.
+                    self.activate(cid);
+                    if !full && !drain {
+                        return;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
