@@ -319,7 +319,13 @@ fn main() {
     println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
     let (soft, tcp) = (median(sl), median(tl));
     println!("round trips, 64-byte messages ({iters} per run), median of {rounds}:");
-    println!("  soft SEND/RECV  : {soft:9.0} round trips/s ({:.1} us each)", 1e6 / soft);
-    println!("  TCP ping-pong   : {tcp:9.0} round trips/s ({:.1} us each)", 1e6 / tcp);
+    println!(
+        "  soft SEND/RECV  : {soft:9.0} round trips/s ({:.1} us each)",
+        1e6 / soft
+    );
+    println!(
+        "  TCP ping-pong   : {tcp:9.0} round trips/s ({:.1} us each)",
+        1e6 / tcp
+    );
     println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
 }

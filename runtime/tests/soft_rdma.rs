@@ -240,3 +240,29 @@ fn concurrent_fetch_and_add_from_two_qps_sums_exactly() {
     drop(mr2);
     drop((t1, t2));
 }
+
+#[test]
+fn large_send_scatters_across_recv_sges() {
+    let (a, b) = pair();
+    const LEN: usize = 2 * 1024 * 1024 + 4321;
+    let src = a.buf(LEN, LW);
+    let data = src.fill_pattern(11);
+    let dst = b.buf(LEN + 100, LW);
+    b.qp.post_recv(&[rwr(1, &[dst.sge(0, 1000), dst.sge(1000, LEN + 100 - 1000)])])
+        .unwrap();
+    // Two gather pieces, the first one small (copied), the second big (zero-copy).
+    a.qp.post_send(&[wr(
+        1,
+        SendOp::SendWithImm { imm: 5 },
+        &[src.sge(0, 777), src.sge(777, LEN - 777)],
+        SIG,
+    )])
+    .unwrap();
+    let r = poll_one(&b.rcq);
+    assert_eq!(
+        (r.status, r.byte_len as usize, r.imm_data),
+        (WcStatus::Success, LEN, Some(5))
+    );
+    assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
+    assert!(dst.read()[..LEN] == data[..]);
+}

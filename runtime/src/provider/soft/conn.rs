@@ -2,15 +2,42 @@
 //! ordered queue of responses to send, and the requester QPs that send on it.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 
-use super::packet::{encode_hello, Header, Opcode, HEADER_LEN, HELLO_LEN, MAX_PAYLOAD};
+use super::mr::MrTable;
+use super::packet::{encode_hello, Header, Opcode, HEADER_LEN, HELLO_LEN};
+use crate::provider::AccessFlags;
 
 /// Stop generating packets once this many bytes wait to be written.
 pub(crate) const TX_HIGH: usize = 256 * 1024;
-/// Receive buffer size (several maximal packets).
-const RX_CAP: usize = 512 * 1024;
+/// Initial receive buffer size; it grows to hold a packet that is not
+/// received directly into registered memory.
+const RX_CAP: usize = 64 * 1024;
+
+/// A packet payload sent straight from registered memory (no copy): it
+/// follows the bytes in `tx`, and nothing is queued after it until it is gone.
+pub(crate) struct TxMem {
+    /// The requester QP whose WR this is.
+    pub qpn: u32,
+    pub lkey: u32,
+    pub pd: u32,
+    pub addr: u64,
+    pub len: usize,
+    pub pos: usize,
+}
+
+/// A WRITE payload being received straight into registered memory.
+pub(crate) struct RxDirect {
+    pub hdr: Header,
+    pub pd: u32,
+    /// Where the next byte goes.
+    pub addr: u64,
+    pub remaining: usize,
+    /// The region went away: the rest is discarded and the request fails.
+    pub broken: bool,
+}
 
 /// A response the responder owes, sent in order.
 #[derive(Debug)]
@@ -62,6 +89,12 @@ pub(crate) struct Conn {
     pub rx_end: usize,
     pub tx: Vec<u8>,
     pub tx_pos: usize,
+    pub tx_mem: Option<TxMem>,
+    /// QPs whose zero-copy payload lost its registration while being sent.
+    pub broken: Vec<u32>,
+    /// Bytes the packet at `rx_start` needs in the buffer.
+    pub rx_need: usize,
+    pub rx_direct: Option<RxDirect>,
     pub resp: VecDeque<Resp>,
     /// Requester QPs with packets to send on this connection.
     pub senders: VecDeque<u32>,
@@ -90,8 +123,12 @@ impl Conn {
             rx: vec![0; RX_CAP],
             rx_start: 0,
             rx_end: 0,
-            tx: Vec::with_capacity(TX_HIGH + HEADER_LEN + MAX_PAYLOAD as usize),
+            tx: Vec::with_capacity(2 * TX_HIGH),
             tx_pos: 0,
+            tx_mem: None,
+            broken: Vec::new(),
+            rx_need: 0,
+            rx_direct: None,
             resp: VecDeque::new(),
             senders: VecDeque::new(),
             active: false,
@@ -105,6 +142,11 @@ impl Conn {
 
     pub fn tx_pending(&self) -> usize {
         self.tx.len() - self.tx_pos
+    }
+
+    /// True if more packets may be appended now.
+    pub fn tx_room(&self) -> bool {
+        self.tx_mem.is_none() && self.tx_pending() < TX_HIGH
     }
 
     /// Queues a response, coalescing consecutive ACKs of one QP.
@@ -125,29 +167,131 @@ impl Conn {
         self.resp.push_back(r);
     }
 
-    /// Writes as much of the transmit buffer as the socket takes.
-    pub fn flush(&mut self) -> Flush {
+    /// Writes as much of the transmit buffer (and the zero-copy payload
+    /// after it) as the socket takes. `mrs` is the locked MR table: the
+    /// payload's registration is checked before every write.
+    pub fn flush(&mut self, mrs: &MrTable) -> Flush {
         if !self.connected {
             return Flush::Blocked;
         }
-        while self.tx_pos < self.tx.len() {
-            match self.stream.write(&self.tx[self.tx_pos..]) {
-                Ok(0) => return Flush::Closed,
-                Ok(n) => self.tx_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.compact_tx();
-                    return Flush::Blocked;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "soft engine: write failed");
-                    return Flush::Closed;
+        loop {
+            let head = self.tx.len() - self.tx_pos;
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2];
+            let mut n = 0;
+            if head > 0 {
+                iov[0] = libc::iovec {
+                    // SAFETY: `tx_pos < tx.len()`, so the pointer is in bounds.
+                    iov_base: unsafe { self.tx.as_mut_ptr().add(self.tx_pos) }.cast(),
+                    iov_len: head,
+                };
+                n = 1;
+            }
+            if let Some(m) = &self.tx_mem {
+                let rest = m.len - m.pos;
+                let at = m.addr + m.pos as u64;
+                match mrs.local(m.lkey, m.pd, at, rest as u64, false) {
+                    Some(p) => {
+                        iov[n] = libc::iovec {
+                            iov_base: p.cast(),
+                            iov_len: rest,
+                        };
+                        n += 1;
+                    }
+                    None => {
+                        // Deregistered under an outstanding WR: keep the
+                        // framing with zeros and fail the QP.
+                        self.broken.push(m.qpn);
+                        self.tx.resize(self.tx.len() + rest, 0);
+                        self.tx_mem = None;
+                        continue;
+                    }
                 }
             }
+            if n == 0 {
+                self.tx.clear();
+                self.tx_pos = 0;
+                return Flush::Done;
+            }
+            // SAFETY: `iov[..n]` describes the live tx buffer and memory of a
+            // registration validated under the MR-table lock the caller holds
+            // for the duration of the call.
+            let r = unsafe { libc::writev(self.stream.as_raw_fd(), iov.as_ptr(), n as i32) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => {
+                        self.compact_tx();
+                        return Flush::Blocked;
+                    }
+                    io::ErrorKind::Interrupted => continue,
+                    _ => {
+                        tracing::debug!(error = %e, "soft engine: write failed");
+                        return Flush::Closed;
+                    }
+                }
+            }
+            if r == 0 {
+                return Flush::Closed;
+            }
+            let mut k = r as usize;
+            let h = head.min(k);
+            self.tx_pos += h;
+            k -= h;
+            if let Some(m) = &mut self.tx_mem {
+                m.pos += k;
+                if m.pos == m.len {
+                    self.tx_mem = None;
+                }
+            }
+            if self.tx_pos == self.tx.len() {
+                self.tx.clear();
+                self.tx_pos = 0;
+            }
         }
-        self.tx.clear();
-        self.tx_pos = 0;
-        Flush::Done
+    }
+
+    /// Reads the rest of a direct WRITE payload straight into registered
+    /// memory (or into the buffer, discarded, if the region went away).
+    /// Returns bytes read (0 = end of stream) and whether the read was full.
+    pub fn read_direct(&mut self, mrs: &MrTable) -> io::Result<(usize, bool)> {
+        let Some(d) = &mut self.rx_direct else {
+            return Ok((0, false));
+        };
+        let want = d.remaining;
+        let fd = self.stream.as_raw_fd();
+        let target = if d.broken {
+            None
+        } else {
+            mrs.remote(
+                d.hdr.rkey,
+                d.pd,
+                d.addr,
+                want as u64,
+                AccessFlags::REMOTE_WRITE,
+            )
+            .ok()
+        };
+        let r = match target {
+            // SAFETY: `p` points to `want` writable bytes of a registration
+            // validated under the MR-table lock the caller holds.
+            Some(p) => unsafe { libc::read(fd, p.cast(), want) },
+            None => {
+                d.broken = true;
+                let n = want.min(self.rx.len());
+                // SAFETY: the buffer holds at least `n` bytes.
+                unsafe { libc::read(fd, self.rx.as_mut_ptr().cast(), n) }
+            }
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let r = r as usize;
+        d.addr += r as u64;
+        d.remaining -= r;
+        Ok((r, r == want))
     }
 
     fn compact_tx(&mut self) {
@@ -163,10 +307,15 @@ impl Conn {
         if self.rx_start == self.rx_end {
             self.rx_start = 0;
             self.rx_end = 0;
-        } else if self.rx.len() - self.rx_end < HEADER_LEN + MAX_PAYLOAD as usize {
+        } else if self.rx.len() - self.rx_start < self.rx_need.max(HEADER_LEN)
+            || self.rx_end == self.rx.len()
+        {
             self.rx.copy_within(self.rx_start..self.rx_end, 0);
             self.rx_end -= self.rx_start;
             self.rx_start = 0;
+        }
+        if self.rx.len() < self.rx_need {
+            self.rx.resize(self.rx_need, 0);
         }
         let end = self.rx_end;
         let space = self.rx.len() - end;

@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::conn::{Conn, Flush};
+use super::conn::{Conn, Flush, RxDirect};
 use super::context::Shared;
 use super::cq::lock;
+use super::dma::write_raw;
 use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
+use super::packet::{Header, FLAG_FIRST};
 use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
+use super::responder::load_qp;
 use crate::provider::{
-    ack_timeout_duration, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
+    ack_timeout_duration, AccessFlags, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
 };
 
 /// Token of the doorbell waker.
@@ -27,6 +30,8 @@ const LISTENER: Token = Token(1);
 const CONN_BASE: usize = 2;
 /// Rounds of fill+flush per connection before looking at other events.
 const SERVICE_ROUNDS: usize = 8;
+/// WRITE payloads at least this big are received straight into memory.
+const DIRECT_MIN: usize = 16 * 1024;
 
 /// How long the engine keeps polling after activity before it sleeps
 /// (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
@@ -553,6 +558,39 @@ impl Engine {
             let Some(conn) = self.conns.get_mut(cid) else {
                 return;
             };
+            if conn.rx_direct.is_some() {
+                let res = {
+                    let mrs = self.sh.mrs();
+                    conn.read_direct(&mrs)
+                };
+                match res {
+                    Ok((0, _)) => {
+                        self.close(cid);
+                        return;
+                    }
+                    Ok((_, full)) => {
+                        let done = conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0);
+                        if done {
+                            if let Some(d) = conn.rx_direct.take() {
+                                self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                            }
+                            self.activate(cid);
+                            continue;
+                        }
+                        if !full && !drain {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "soft engine: read failed");
+                        self.close(cid);
+                        return;
+                    }
+                }
+            }
             match conn.read_some() {
                 Ok((0, _)) => {
                     self.close(cid);
@@ -590,6 +628,8 @@ impl Engine {
         let rx = std::mem::take(&mut conn.rx);
         let (mut start, end) = (conn.rx_start, conn.rx_end);
         let mut ok = true;
+        let mut need = 0;
+        let mut direct = None;
         while end - start >= HEADER_LEN {
             let hdr = match decode_header(&rx[start..end]) {
                 Ok(h) => h,
@@ -601,6 +641,33 @@ impl Engine {
             };
             let total = HEADER_LEN + hdr.payload_len as usize;
             if end - start < total {
+                let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
+                if got_hello && hdr.payload_len as usize >= DIRECT_MIN {
+                    direct = self.direct_target(&hdr);
+                }
+                if let Some(d) = &mut direct {
+                    // Place the bytes already here; read the rest straight
+                    // into the registered memory.
+                    let have = &rx[start + HEADER_LEN..end];
+                    let mrs = self.sh.mrs();
+                    match mrs.remote(
+                        hdr.rkey,
+                        d.pd,
+                        d.addr,
+                        have.len() as u64,
+                        AccessFlags::REMOTE_WRITE,
+                    ) {
+                        // SAFETY: validated for `have.len()` writable bytes
+                        // under the MR-table lock we hold.
+                        Ok(p) => unsafe { write_raw(p, have) },
+                        Err(_) => d.broken = true,
+                    }
+                    d.addr += have.len() as u64;
+                    d.remaining -= have.len();
+                    start = end;
+                } else {
+                    need = total;
+                }
                 break;
             }
             let payload = &rx[start + HEADER_LEN..start + total];
@@ -633,16 +700,60 @@ impl Engine {
             self.handle_packet(cid, &hdr, payload);
         }
         if let Some(conn) = self.conns.get_mut(cid) {
+            if start == end {
+                start = 0;
+                conn.rx_end = 0;
+            }
             conn.rx = rx;
             conn.rx_start = start;
+            conn.rx_need = need;
+            conn.rx_direct = direct;
         }
         ok
     }
 
-    fn handle_packet(&mut self, cid: usize, hdr: &super::packet::Header, payload: &[u8]) {
+    /// Checks whether a WRITE segment whose payload is still arriving can be
+    /// received straight into its target (the request will succeed).
+    fn direct_target(&mut self, hdr: &Header) -> Option<RxDirect> {
+        if !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
+            return None;
+        }
+        let (eq, st) = load_qp(&mut self.qps, &self.sh, hdr.dst_qpn)?;
+        if !matches!(st, QpState::Rtr | QpState::Rts)
+            || !eq.configured
+            || hdr.src_qpn != eq.cfg.remote_qpn
+            || hdr.psn != eq.epsn
+            || !eq.cfg.access.contains(AccessFlags::REMOTE_WRITE)
+        {
+            return None;
+        }
+        let first = hdr.flags & FLAG_FIRST != 0;
+        if first && hdr.opcode == Opcode::WriteImm && lock(&eq.sh.inner).rq.is_empty() {
+            return None;
+        }
+        let pd = eq.sh.pd;
+        let (from, len) = if first {
+            (hdr.addr, hdr.arg0)
+        } else {
+            (hdr.addr + hdr.arg1, u64::from(hdr.payload_len))
+        };
+        self.sh
+            .mrs()
+            .remote(hdr.rkey, pd, from, len, AccessFlags::REMOTE_WRITE)
+            .ok()?;
+        Some(RxDirect {
+            hdr: *hdr,
+            pd,
+            addr: hdr.addr + hdr.arg1,
+            remaining: hdr.payload_len as usize,
+            broken: false,
+        })
+    }
+
+    fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
         match hdr.opcode {
             Opcode::Hello => {}
-            op if op.is_request() => self.on_request(cid, hdr, payload),
+            op if op.is_request() => self.on_request(cid, hdr, payload, None),
             _ => self.on_response(hdr, payload),
         }
     }
@@ -674,7 +785,19 @@ impl Engine {
             let Some(conn) = self.conns.get_mut(cid) else {
                 return false;
             };
-            match conn.flush() {
+            let res = {
+                let mrs = self.sh.mrs();
+                conn.flush(&mrs)
+            };
+            if !conn.broken.is_empty() {
+                let broken = std::mem::take(&mut conn.broken);
+                for qpn in broken {
+                    if let Some(eq) = self.qps.get_mut(&qpn) {
+                        eq.fail(Some(WcStatus::LocProtErr));
+                    }
+                }
+            }
+            match res {
                 Flush::Closed => {
                     self.close(cid);
                     return false;

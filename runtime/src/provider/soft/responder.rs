@@ -50,8 +50,16 @@ enum Outcome {
 }
 
 impl Engine {
-    /// Handles a request packet arriving on connection `cid`.
-    pub(crate) fn on_request(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
+    /// Handles a request packet arriving on connection `cid`. `placed` is
+    /// `Some(ok)` for a WRITE whose payload was already received into memory
+    /// (`ok` false: the region went away meanwhile).
+    pub(crate) fn on_request(
+        &mut self,
+        cid: usize,
+        hdr: &Header,
+        payload: &[u8],
+        placed: Option<bool>,
+    ) {
         let Engine { qps, sh, conns, .. } = self;
         let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
             return;
@@ -67,7 +75,9 @@ impl Engine {
         let Some(conn) = conns.get_mut(cid) else {
             return;
         };
-        let outcome = {
+        let outcome = if placed == Some(false) {
+            Outcome::Fatal(NAK_REM_ACCESS, None)
+        } else {
             let mrs = sh.mrs();
             execute(eq, hdr, payload, &mrs, &mut |r| conn.push_resp(r))
         };
