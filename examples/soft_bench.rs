@@ -7,13 +7,15 @@
 //!   blocking TCP writer sleeps in `write`) vs two threads moving 1 MiB
 //!   chunks over a blocking TCP loopback socket, and the ratio;
 //! - 64-byte SEND/RECV round trips per second (ping-pong between two
-//!   threads, each busy-polling its CQ) vs a 64-byte TCP ping-pong, and the ratio.
+//!   threads, each busy-polling its CQ, QPs on two soft devices) vs a 64-byte
+//!   TCP ping-pong, and the ratio; plus, for reference, the same ping-pong
+//!   with both QPs on one soft device (the engine's internal loopback, no TCP).
 //!
 //! Each measurement runs `rounds` times, alternating soft and TCP so that
 //! background load hits both alike; the medians and their ratios are printed.
 //!
 //! Run: `cargo run --release --example soft_bench` (optional arguments:
-//! seconds per bandwidth run, round trips per latency run, rounds).
+//! seconds per bandwidth run (0 = skip), round trips per latency run, rounds).
 //! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after activity
 //! before sleeping (default 50 µs).
 
@@ -210,8 +212,16 @@ fn tcp_bw(secs: f64) -> f64 {
     total as f64 / start.elapsed().as_secs_f64() / 1e6
 }
 
-fn soft_pingpong(iters: usize) -> f64 {
-    let (_ca, _cb, a, b) = pair();
+fn soft_pingpong(iters: usize, same_device: bool) -> f64 {
+    let (_ca, _cb, a, b) = if same_device {
+        let ca = Context::open_soft(SoftConfig::default()).expect("open");
+        let (a, b) = (side(&ca), side(&ca));
+        up(&a.qp, b.qp.endpoint(0).expect("ep"));
+        up(&b.qp, a.qp.endpoint(0).expect("ep"));
+        (ca.clone(), ca, a, b)
+    } else {
+        pair()
+    };
     let run = |s: Side, initiator: bool| {
         let sbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
         let rbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
@@ -293,6 +303,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+fn print_bw(soft: f64, tcp: f64, rounds: usize) {
+    println!(
+        "bandwidth, 1 MiB messages ({DEPTH} WRs in flight for the soft device), median of {rounds}:"
+    );
+    println!("  soft RDMA WRITE : {soft:9.1} MB/s");
+    println!("  TCP loopback    : {tcp:9.1} MB/s");
+    println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let secs: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1.0);
@@ -300,23 +319,27 @@ fn main() {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
 
     // Warm up both paths briefly.
-    let _ = soft_write_bw(0.2);
-    let _ = tcp_bw(0.2);
-    let _ = soft_pingpong(iters / 10);
+    if secs > 0.0 {
+        let _ = soft_write_bw(0.2);
+        let _ = tcp_bw(0.2);
+    }
+    let _ = soft_pingpong(iters / 10, false);
     let _ = tcp_pingpong(iters / 10);
     // Alternate the two sides so background load hits both alike; report medians.
     let (mut sb, mut tb, mut sl, mut tl) = (vec![], vec![], vec![], vec![]);
+    let mut sl1 = vec![];
     for _ in 0..rounds {
-        sb.push(soft_write_bw(secs));
-        tb.push(tcp_bw(secs));
-        sl.push(soft_pingpong(iters));
+        if secs > 0.0 {
+            sb.push(soft_write_bw(secs));
+            tb.push(tcp_bw(secs));
+        }
+        sl.push(soft_pingpong(iters, false));
         tl.push(tcp_pingpong(iters));
+        sl1.push(soft_pingpong(iters, true));
     }
-    let (soft, tcp) = (median(sb), median(tb));
-    println!("bandwidth, 1 MiB messages ({DEPTH} WRs in flight for the soft device), median of {rounds}:");
-    println!("  soft RDMA WRITE : {soft:9.1} MB/s");
-    println!("  TCP loopback    : {tcp:9.1} MB/s");
-    println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
+    if secs > 0.0 {
+        print_bw(median(sb), median(tb), rounds);
+    }
     let (soft, tcp) = (median(sl), median(tl));
     println!("round trips, 64-byte messages ({iters} per run), median of {rounds}:");
     println!(
@@ -328,4 +351,10 @@ fn main() {
         1e6 / tcp
     );
     println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
+    let one = median(sl1);
+    println!(
+        "  (both QPs on one soft device, engine loopback: {one:.0} round trips/s, {:.1} us, ratio {:.2})",
+        1e6 / one,
+        one / tcp
+    );
 }

@@ -77,7 +77,9 @@ pub(crate) struct ReadJob {
 }
 
 pub(crate) struct Conn {
-    pub stream: mio::net::TcpStream,
+    /// The socket; `None` for the loopback connection of an engine to itself
+    /// (QPs of one device talking to each other, like a NIC's internal loopback).
+    pub stream: Option<mio::net::TcpStream>,
     /// The remote engine's listener address (target of our connect, or from its HELLO).
     pub peer: Option<SocketAddr>,
     /// TCP connect finished.
@@ -114,7 +116,7 @@ pub(crate) enum Flush {
 }
 
 impl Conn {
-    pub fn new(stream: mio::net::TcpStream, local: SocketAddr, connected: bool) -> Conn {
+    pub fn new(stream: Option<mio::net::TcpStream>, local: SocketAddr, connected: bool) -> Conn {
         let mut c = Conn {
             stream,
             peer: None,
@@ -174,6 +176,11 @@ impl Conn {
         if !self.connected {
             return Flush::Blocked;
         }
+        let Some(stream) = &self.stream else {
+            self.loop_back(mrs);
+            return Flush::Done;
+        };
+        let fd = stream.as_raw_fd();
         loop {
             let head = self.tx.len() - self.tx_pos;
             let mut iov = [libc::iovec {
@@ -218,7 +225,7 @@ impl Conn {
             // SAFETY: `iov[..n]` describes the live tx buffer and memory of a
             // registration validated under the MR-table lock the caller holds
             // for the duration of the call.
-            let r = unsafe { libc::writev(self.stream.as_raw_fd(), iov.as_ptr(), n as i32) };
+            let r = unsafe { libc::writev(fd, iov.as_ptr(), n as i32) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 match e.kind() {
@@ -253,6 +260,50 @@ impl Conn {
         }
     }
 
+    /// Loopback: moves everything queued for sending into the receive buffer.
+    fn loop_back(&mut self, mrs: &MrTable) {
+        let head = self.tx.len() - self.tx_pos;
+        let mem = self.tx_mem.as_ref().map_or(0, |m| m.len - m.pos);
+        let n = head + mem;
+        if n == 0 {
+            return;
+        }
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        }
+        if self.rx.len() - self.rx_end < n {
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
+            self.rx_start = 0;
+            if self.rx.len() - self.rx_end < n {
+                self.rx.resize(self.rx_end + n, 0);
+            }
+        }
+        let at = self.rx_end;
+        self.rx[at..at + head].copy_from_slice(&self.tx[self.tx_pos..]);
+        if let Some(m) = self.tx_mem.take() {
+            let dst = &mut self.rx[at + head..at + n];
+            match mrs.local(m.lkey, m.pd, m.addr + m.pos as u64, mem as u64, false) {
+                // SAFETY: validated for `mem` readable bytes under the
+                // MR-table lock the caller holds; `dst` has `mem` bytes.
+                Some(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), mem) },
+                None => {
+                    dst.fill(0);
+                    self.broken.push(m.qpn);
+                }
+            }
+        }
+        self.rx_end += n;
+        self.tx.clear();
+        self.tx_pos = 0;
+    }
+
+    /// True for the engine's connection to itself.
+    pub fn is_loopback(&self) -> bool {
+        self.stream.is_none()
+    }
+
     /// Reads the rest of a direct WRITE payload straight into registered
     /// memory (or into the buffer, discarded, if the region went away).
     /// Returns bytes read (0 = end of stream) and whether the read was full.
@@ -261,7 +312,10 @@ impl Conn {
             return Ok((0, false));
         };
         let want = d.remaining;
-        let fd = self.stream.as_raw_fd();
+        let Some(stream) = &self.stream else {
+            return Ok((0, false));
+        };
+        let fd = stream.as_raw_fd();
         let target = if d.broken {
             None
         } else {
@@ -319,7 +373,10 @@ impl Conn {
         }
         let end = self.rx_end;
         let space = self.rx.len() - end;
-        let n = self.stream.read(&mut self.rx[end..])?;
+        let Some(stream) = &mut self.stream else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let n = stream.read(&mut self.rx[end..])?;
         self.rx_end += n;
         Ok((n, n == space))
     }

@@ -474,8 +474,15 @@ impl Engine {
     }
 
     fn connect(&mut self, addr: std::net::SocketAddr) -> io::Result<usize> {
-        let stream = mio::net::TcpStream::connect(addr)?;
-        let cid = self.insert_conn(stream, false)?;
+        let cid = if addr == self.sh.addr {
+            let entry = self.conns.vacant_entry();
+            let cid = entry.key();
+            entry.insert(Conn::new(None, self.sh.addr, true));
+            cid
+        } else {
+            let stream = mio::net::TcpStream::connect(addr)?;
+            self.insert_conn(stream, false)?
+        };
         if let Some(c) = self.conns.get_mut(cid) {
             c.peer = Some(addr);
         }
@@ -498,7 +505,7 @@ impl Engine {
         if connected {
             let _ = stream.set_nodelay(true);
         }
-        entry.insert(Conn::new(stream, self.sh.addr, connected));
+        entry.insert(Conn::new(Some(stream), self.sh.addr, connected));
         Ok(cid)
     }
 
@@ -527,7 +534,10 @@ impl Engine {
             return;
         };
         if !conn.connected {
-            match conn.stream.take_error() {
+            let Some(stream) = &conn.stream else {
+                return;
+            };
+            match stream.take_error() {
                 Ok(Some(e)) | Err(e) => {
                     tracing::debug!(error = %e, "soft engine: connect failed");
                     self.close(cid);
@@ -535,10 +545,10 @@ impl Engine {
                 }
                 Ok(None) => {}
             }
-            match conn.stream.peer_addr() {
+            match stream.peer_addr() {
                 Ok(_) => {
+                    let _ = stream.set_nodelay(true);
                     conn.connected = true;
-                    let _ = conn.stream.set_nodelay(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
                 Err(_) => {
@@ -805,6 +815,12 @@ impl Engine {
                 Flush::Blocked => return false,
                 Flush::Done => {}
             }
+            let lo = self.conns.get(cid).is_some_and(|c| c.is_loopback());
+            if lo && !self.process_rx(cid) {
+                tracing::error!("soft engine: loopback produced an invalid packet");
+                self.close(cid);
+                return false;
+            }
             let conn = &self.conns[cid];
             if conn.resp.is_empty() && conn.senders.is_empty() {
                 return false;
@@ -819,7 +835,9 @@ impl Engine {
             return;
         }
         let mut conn = self.conns.remove(cid);
-        let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Some(stream) = &mut conn.stream {
+            let _ = self.poll.registry().deregister(stream);
+        }
         self.peers.retain(|_, c| *c != cid);
         tracing::debug!(peer = ?conn.peer, "soft engine: connection closed");
         for eq in self.qps.values_mut() {
