@@ -344,3 +344,37 @@ fn send_longer_than_recv_is_rem_op_err_and_loc_len_err() {
     wait_state(&a.qp, QpState::Err);
     assert!(rb.read().iter().all(|&x| x == 0));
 }
+
+#[test]
+fn memory_of_another_pd_is_not_reachable() {
+    let ctx = open_test_context();
+    let (a, b) = connect_pair(&ctx, &ctx, &PairOpts::default());
+    // Local: an lkey of another PD of the same device.
+    let other_pd = ctx.alloc_pd().unwrap();
+    let foreign = RegBuf::new(&other_pd, 64, AccessFlags::ALL);
+    a.qp.post_send(&[wr(
+        1,
+        SendOp::Write {
+            remote_addr: 0,
+            rkey: 0,
+        },
+        &[foreign.sge(0, 8)],
+        SIG,
+    )])
+    .unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::LocProtErr);
+    // Remote: an rkey of a PD other than the responder QP's.
+    let (a, b2) = connect_pair(&ctx, &ctx, &PairOpts::default());
+    let target = RegBuf::new(&b.pd, 64, AccessFlags::ALL); // b's PD, not b2's
+    let src = a.buf(64, LW);
+    a.qp.post_send(&[wr(
+        2,
+        write_to(&target, 0, target.rkey()),
+        &[src.sge(0, 8)],
+        SIG,
+    )])
+    .unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::RemAccessErr);
+    assert!(target.read().iter().all(|&x| x == 0));
+    drop(b2);
+}

@@ -312,6 +312,10 @@ impl Engine {
         let mut held_since: Option<Instant> = None;
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
+                // Best effort: what is queued (held ACKs, responses) leaves
+                // before the sockets close.
+                self.release_acks();
+                self.service_active();
                 return;
             }
             let had_dirty = self.service_dirty();
