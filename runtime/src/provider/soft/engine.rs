@@ -939,3 +939,19 @@ impl Engine {
             .min()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psn_arithmetic_wraps_at_24_bits() {
+        assert_eq!(psn_add(PSN_MASK, 1), 0);
+        assert_eq!(psn_add(5, PSN_MASK), 4);
+        assert!(psn_le(PSN_MASK - 2, 3));
+        assert!(!psn_le(3, PSN_MASK - 2));
+        assert!(psn_le(7, 7));
+        assert!(psn_le(0, (1 << 23) - 1));
+        assert!(!psn_le(0, 1 << 23));
+    }
+}
