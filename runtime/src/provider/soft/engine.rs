@@ -77,6 +77,8 @@ impl EWqe {
 /// The engine's private view of a QP.
 pub(crate) struct EQp {
     pub sh: Arc<QpShared>,
+    /// The device (for the MR table).
+    pub sh_ctx: Arc<Shared>,
     pub gen: u32,
     pub epoch: u32,
     pub configured: bool,
@@ -94,15 +96,18 @@ pub(crate) struct EQp {
     pub ack_deadline: Option<Instant>,
     pub retries_left: u8,
     pub rd_outstanding: usize,
+    /// The payload this QP may still be sending straight from its memory.
+    pub zc: Option<super::conn::TxMemRef>,
     // responder
     pub epsn: u32,
     pub cur_recv: Option<RecvWqe>,
 }
 
 impl EQp {
-    pub fn new(sh: Arc<QpShared>) -> EQp {
+    pub fn new(sh: Arc<QpShared>, sh_ctx: Arc<Shared>) -> EQp {
         EQp {
             sh,
+            sh_ctx,
             gen: u32::MAX,
             epoch: 0,
             configured: false,
@@ -118,6 +123,7 @@ impl EQp {
             ack_deadline: None,
             retries_left: 0,
             rd_outstanding: 0,
+            zc: None,
             epsn: 0,
             cur_recv: None,
         }
@@ -211,9 +217,23 @@ impl EQp {
         }
     }
 
+    /// Before completions may free the QP's memory: a payload still being
+    /// sent from it is copied out (the engine never reads it afterwards).
+    /// Takes the MR-table lock: callers must not hold it.
+    pub fn unpin(&mut self) {
+        if let Some(z) = self.zc.take() {
+            // Only the connection and we hold it while it is unsent.
+            if std::rc::Rc::strong_count(&z) > 1 {
+                let shared = self.sh_ctx.clone();
+                z.borrow_mut().snapshot(&shared.mrs());
+            }
+        }
+    }
+
     /// Moves the QP to ERR: `first` completes the front send WR, then every
     /// other WR (send and receive) is flushed.
     pub fn fail(&mut self, first: Option<WcStatus>) {
+        self.unpin();
         if let Some(st) = first {
             if !self.wqes.is_empty() {
                 self.complete_front(st, 0);
@@ -230,6 +250,7 @@ impl EQp {
 
     /// Flushes every WR with `WR_FLUSH_ERR` (QP in ERR).
     pub fn flush(&mut self, inner: &mut QpInner) {
+        self.unpin();
         let sends: Vec<SendWqe> = self
             .wqes
             .drain(..)
@@ -413,9 +434,12 @@ impl Engine {
             }
             return;
         }
-        let eq = self.qps.entry(qpn).or_insert_with(|| EQp::new(qp.clone()));
+        let eq = self
+            .qps
+            .entry(qpn)
+            .or_insert_with(|| EQp::new(qp.clone(), self.sh.clone()));
         if !Arc::ptr_eq(&eq.sh, &qp) {
-            *eq = EQp::new(qp.clone());
+            *eq = EQp::new(qp.clone(), self.sh.clone());
         }
         let mut inner = lock(&qp.inner);
         let state = eq.refresh(&inner);
@@ -786,6 +810,7 @@ impl Engine {
             .remote(hdr.rkey, pd, from, len, AccessFlags::REMOTE_WRITE)
             .ok()?;
         Some(RxDirect {
+            qp: eq.sh.clone(),
             hdr: *hdr,
             pd,
             addr: hdr.addr + hdr.arg1,
