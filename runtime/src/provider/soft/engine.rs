@@ -290,13 +290,6 @@ pub(crate) struct Engine {
     pub qps: HashMap<u32, EQp>,
     pub active: Vec<usize>,
     dirty_buf: Vec<Arc<QpShared>>,
-    /// While the engine spins, ACK-only output waits (at most until it would
-    /// sleep) so it can leave together with the next request.
-    pub hold_acks: bool,
-    /// Connections holding back ACKs.
-    pub held: Vec<usize>,
-    /// A request packet was generated in this loop turn.
-    pub sent_request: bool,
 }
 
 /// Engine thread body.
@@ -317,9 +310,6 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
         qps: HashMap::new(),
         active: Vec::new(),
         dirty_buf: Vec::new(),
-        hold_acks: false,
-        held: Vec::new(),
-        sent_request: false,
     };
     eng.run();
     tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
@@ -330,31 +320,16 @@ impl Engine {
         let mut events = Events::with_capacity(256);
         let spin = spin_duration();
         let mut last_work = Instant::now();
-        let mut held_since: Option<Instant> = None;
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
-                // Best effort: what is queued (held ACKs, responses) leaves
-                // before the sockets close.
-                self.release_acks();
+                // Best effort: queued responses leave before the sockets close.
                 self.service_active();
                 return;
             }
             let had_dirty = self.service_dirty();
             let now = Instant::now();
             self.timers(now);
-            self.hold_acks = !spin.is_zero();
-            self.sent_request = false;
-            let mut busy = self.service_active();
-            if self.held.is_empty() {
-                held_since = None;
-            } else if held_since.is_none() {
-                held_since = Some(now);
-            }
-            // Held ACKs go out with the next request, or after at most `spin`.
-            if self.sent_request || held_since.is_some_and(|t| now.duration_since(t) >= spin) {
-                busy |= self.release_acks();
-                held_since = None;
-            }
+            let busy = self.service_active();
             if had_dirty || busy || !events.is_empty() {
                 last_work = now;
             }
@@ -369,13 +344,6 @@ impl Engine {
                 self.next_deadline()
                     .map(|d| d.saturating_duration_since(now))
             };
-            if timeout != Some(Duration::ZERO) && !self.held.is_empty() {
-                // About to sleep: held ACKs go now.
-                held_since = None;
-                if self.release_acks() {
-                    timeout = Some(Duration::ZERO);
-                }
-            }
             if timeout != Some(Duration::ZERO) {
                 self.sh.sleeping.store(true, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
@@ -846,25 +814,6 @@ impl Engine {
         busy
     }
 
-    /// Sends the ACKs held back on every connection. True if some connection
-    /// still has work that can proceed now.
-    fn release_acks(&mut self) -> bool {
-        let held = std::mem::take(&mut self.held);
-        let hold = std::mem::replace(&mut self.hold_acks, false);
-        let mut busy = false;
-        for cid in held {
-            if let Some(c) = self.conns.get_mut(cid) {
-                c.holding = false;
-            }
-            if self.service_conn(cid) {
-                busy = true;
-                self.activate(cid);
-            }
-        }
-        self.hold_acks = hold;
-        busy
-    }
-
     /// Generates and writes packets for one connection. True if it stopped
     /// with work left that does not wait for the socket.
     fn service_conn(&mut self, cid: usize) -> bool {
@@ -900,7 +849,7 @@ impl Engine {
                 return false;
             }
             let conn = &self.conns[cid];
-            if conn.holding || (conn.resp.is_empty() && conn.senders.is_empty()) {
+            if conn.resp.is_empty() && conn.senders.is_empty() {
                 return false;
             }
         }
