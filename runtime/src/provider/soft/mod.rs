@@ -38,6 +38,7 @@
 //! requester go back to the NAKed PSN after the responder's `min_rnr_timer`.
 //! Unsignaled WRs free their send-queue slot when acknowledged.
 
+mod conn;
 mod context;
 mod cq;
 mod dma;
