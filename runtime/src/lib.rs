@@ -4,3 +4,18 @@
 #![warn(unsafe_op_in_unsafe_fn)]
 
 pub mod provider;
+
+pub mod device;
+pub mod op;
+pub mod qp;
+pub mod reactor;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
+
+pub use device::Device;
+pub use op::{Completable, Lifecycle, Op, SubmitError};
+pub use qp::{QueuePair, SendChain, Submit};
+pub use reactor::{
+    sleep, sleep_until, spawn, timeout, Builder, Elapsed, Handle, JoinHandle, Runtime,
+    RuntimeError, Sleep, TcpListener, TcpStream, Timeout, Turn,
+};

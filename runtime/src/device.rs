@@ -1,0 +1,128 @@
+//! [`Device`]: the per-runtime resources of one opened RDMA device: its
+//! context, a protection domain, a completion channel registered with the
+//! reactor, and one CQ shared by every QP created through it.
+
+use std::rc::Rc;
+
+use crate::provider::{CompChannel, Context, Cq, Pd, ProviderError, QpCaps};
+use crate::qp::{Backend, Credits, QueuePair};
+use crate::reactor::{Handle, RuntimeError};
+
+/// Default number of CQ entries of a [`Device`]'s shared CQ.
+pub const DEFAULT_CQ_SIZE: u32 = 4096;
+
+struct DeviceInner {
+    handle: Handle,
+    ctx: Context,
+    pd: Pd,
+    channel: CompChannel,
+    cq: Cq,
+    cq_credits: Rc<Credits>,
+    cq_key: usize,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        self.handle.driver().deregister_cq(self.cq_key);
+    }
+}
+
+/// An opened device bound to the current thread's runtime. Cheap to clone.
+///
+/// Every QP created here uses the device's one CQ for both its send and
+/// receive completions; the CQ's capacity is shared out as credits, so the
+/// CQ can never overflow (each posted WR may produce one CQE, flushes too).
+#[derive(Clone)]
+pub struct Device {
+    inner: Rc<DeviceInner>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("context", &self.inner.ctx)
+            .field("cq_capacity", &self.inner.cq_credits.capacity())
+            .field("cq_available", &self.inner.cq_credits.available())
+            .finish()
+    }
+}
+
+impl Device {
+    /// Binds `ctx` to the current runtime with a CQ of [`DEFAULT_CQ_SIZE`].
+    ///
+    /// # Panics
+    ///
+    /// If no runtime exists on this thread.
+    pub fn open(ctx: Context) -> Result<Device, RuntimeError> {
+        Device::with_cq_size(ctx, DEFAULT_CQ_SIZE)
+    }
+
+    /// Binds `ctx` to the current runtime with a CQ of at least `cqe` entries.
+    ///
+    /// # Panics
+    ///
+    /// If no runtime exists on this thread.
+    pub fn with_cq_size(ctx: Context, cqe: u32) -> Result<Device, RuntimeError> {
+        let handle = Handle::current();
+        let pd = ctx.alloc_pd()?;
+        let channel = ctx.create_comp_channel()?;
+        let cq = ctx.create_cq(cqe, Some(&channel))?;
+        let cq_key = handle.driver().register_cq(cq.clone(), channel.clone())?;
+        let cq_credits = Rc::new(Credits::new(cq.capacity()));
+        Ok(Device {
+            inner: Rc::new(DeviceInner {
+                handle,
+                ctx,
+                pd,
+                channel,
+                cq,
+                cq_credits,
+                cq_key,
+            }),
+        })
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The protection domain every QP and MR of this device uses.
+    pub fn pd(&self) -> &Pd {
+        &self.inner.pd
+    }
+
+    /// The shared CQ.
+    pub fn cq(&self) -> &Cq {
+        &self.inner.cq
+    }
+
+    /// The completion channel the reactor sleeps on.
+    pub fn comp_channel(&self) -> &CompChannel {
+        &self.inner.channel
+    }
+
+    /// CQ entries not reserved by outstanding WRs.
+    pub fn cq_credits(&self) -> u32 {
+        self.inner.cq_credits.available()
+    }
+
+    /// Creates an RC QP (in RESET) on the shared CQ, tracked by the runtime.
+    pub fn create_qp(&self, caps: QpCaps) -> Result<QueuePair, ProviderError> {
+        let qp = self
+            .inner
+            .pd
+            .create_qp(&self.inner.cq, &self.inner.cq, caps)?;
+        let actual = qp.caps();
+        let qp_num = qp.qp_num();
+        Ok(QueuePair::from_backend(
+            self.inner.handle.clone(),
+            Backend::Provider(qp),
+            qp_num,
+            actual,
+            self.inner.cq_credits.clone(),
+            self.inner.cq_credits.clone(),
+            Some(self.clone()),
+        ))
+    }
+}

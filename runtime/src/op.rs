@@ -1,0 +1,548 @@
+//! `Op<T>`: an in-flight chain of work requests, tracked by wr_id in a
+//! preallocated slab, completed by the reactor.
+//!
+//! # wr_id layout
+//!
+//! ```text
+//!  63   62     48 47          24 23           0
+//! [ R | index   | generation    | slab key     ]
+//! ```
+//!
+//! * `key` (24 bits): the op's slot in the reactor's slab.
+//! * `generation` (24 bits, never 0): taken from a per-runtime counter when the
+//!   slot is filled. A completion whose generation does not match the slot is
+//!   stale (its op is gone, the slot was reused) and is ignored.
+//! * `index` (14 bits): the WR's position in the op's chain. Only the last WR
+//!   of a chain is signaled; a completion for an earlier index only happens on
+//!   error (or flush) and is remembered until the last one arrives.
+//! * `R` (bit 63): the reserved namespace, see [`wr_id`]. Such completions never
+//!   touch the slab.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use slab::Slab;
+
+use crate::provider::{Completion, PostError, ProviderError};
+use crate::qp::Credits;
+use crate::reactor::Handle;
+
+/// Reserved wr_ids and the layout constants of tracked ones.
+pub mod wr_id {
+    /// The reserved namespace bit: wr_ids with this bit set are not slab keys.
+    pub const RESERVED: u64 = 1 << 63;
+    /// A WR whose completion the runtime drops silently (fire and forget, e.g.
+    /// a raw post made outside the `QueuePair` API).
+    pub const UNTRACKED: u64 = RESERVED;
+    /// First wr_id handed to the reserved-completion handler
+    /// ([`Handle::set_reserved_handler`](crate::reactor::Handle::set_reserved_handler)),
+    /// e.g. for agent-internal receives. Every id in `AGENT_BASE..` goes there.
+    pub const AGENT_BASE: u64 = RESERVED | (1 << 32);
+    /// Bits of the slab key.
+    pub const KEY_BITS: u32 = 24;
+    /// Bits of the generation.
+    pub const GEN_BITS: u32 = 24;
+    /// Bits of the index within a chain.
+    pub const INDEX_BITS: u32 = 14;
+    /// Largest number of WRs in one op's chain.
+    pub const MAX_CHAIN: usize = 1 << INDEX_BITS;
+    /// Largest number of ops in flight at once per runtime.
+    pub const MAX_OPS: usize = 1 << KEY_BITS;
+
+    pub(crate) const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
+    pub(crate) const GEN_SHIFT: u32 = KEY_BITS;
+    pub(crate) const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
+    pub(crate) const INDEX_SHIFT: u32 = KEY_BITS + GEN_BITS;
+    pub(crate) const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+
+    /// Builds a tracked wr_id.
+    pub(crate) fn encode(key: usize, gen: u32, index: u16) -> u64 {
+        (key as u64 & KEY_MASK)
+            | ((u64::from(gen) & GEN_MASK) << GEN_SHIFT)
+            | ((u64::from(index) & INDEX_MASK) << INDEX_SHIFT)
+    }
+
+    /// Splits a tracked wr_id into (key, generation, index).
+    pub(crate) fn decode(id: u64) -> (usize, u32, u16) {
+        (
+            (id & KEY_MASK) as usize,
+            ((id >> GEN_SHIFT) & GEN_MASK) as u32,
+            ((id >> INDEX_SHIFT) & INDEX_MASK) as u16,
+        )
+    }
+}
+
+/// Why an op could not be (fully) posted. The op's data comes back through
+/// [`Completable::fail`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The queue pair was closed (or dropped, or the runtime shut down).
+    #[error("QP {qp_num} is closed")]
+    Closed {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// The chain is empty or longer than the queue can ever hold.
+    #[error("QP {qp_num}: a chain of {len} WRs does not fit the {queue} queue (depth {depth})")]
+    ChainLength {
+        /// QP number.
+        qp_num: u32,
+        /// `"send"` or `"receive"`.
+        queue: &'static str,
+        /// WRs in the chain.
+        len: usize,
+        /// Queue depth.
+        depth: u32,
+    },
+    /// A WR has more SGEs than the QP allows.
+    #[error("QP {qp_num}: WR with {sges} SGEs, the {queue} queue allows {max}")]
+    TooManySges {
+        /// QP number.
+        qp_num: u32,
+        /// `"send"` or `"receive"`.
+        queue: &'static str,
+        /// SGEs in the WR.
+        sges: usize,
+        /// Allowed.
+        max: u32,
+    },
+    /// The verb refused its own arguments while building the WRs.
+    #[error("invalid request: {what}")]
+    Invalid {
+        /// What was wrong.
+        what: String,
+    },
+    /// The provider refused the post. If part of a chain had been accepted,
+    /// the QP was moved to ERR and this is reported once those WRs flushed.
+    #[error("QP {qp_num}: post failed: {source}")]
+    Post {
+        /// QP number.
+        qp_num: u32,
+        /// The provider's error.
+        #[source]
+        source: PostError,
+    },
+    /// Too many ops in flight for the wr_id space.
+    #[error("too many ops in flight (limit {limit})")]
+    SlabFull {
+        /// The limit.
+        limit: usize,
+    },
+    /// A provider call around the post failed.
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+}
+
+/// What an op turns into when its work completes: implemented by each verb.
+///
+/// The value owns everything the device may touch (buffers, MR handles) at
+/// stable (heap) addresses; the runtime keeps it alive until the device is
+/// done with it, even if the op future is dropped.
+pub trait Completable: 'static {
+    /// The op future's output, typically `(Result<..>, buffers)`.
+    type Output;
+    /// Called with the completion of the op: the first error completion of
+    /// the chain if there was one, else the last (signaled) WR's completion.
+    fn complete(self, completion: Completion) -> Self::Output;
+    /// Called instead when the op could not be posted (nothing of it reached
+    /// the device, or what did has been flushed).
+    fn fail(self, error: SubmitError) -> Self::Output;
+}
+
+/// The state of one op's slot in the reactor's slab.
+pub enum Lifecycle {
+    /// Posted; nobody polled the op yet.
+    Submitted,
+    /// Posted; the op's task waits with this waker.
+    Waiting(Waker),
+    /// The op future was dropped while in flight: its data is parked here
+    /// until the completion (success or `WR_FLUSH_ERR`) arrives, then dropped.
+    Ignored(Box<dyn Any>),
+    /// The completion arrived; the op future has not collected it yet.
+    Completed(Completion),
+}
+
+impl std::fmt::Debug for Lifecycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lifecycle::Submitted => f.write_str("Submitted"),
+            Lifecycle::Waiting(_) => f.write_str("Waiting"),
+            Lifecycle::Ignored(_) => f.write_str("Ignored"),
+            Lifecycle::Completed(c) => write!(f, "Completed({:?})", c.status),
+        }
+    }
+}
+
+/// Credits an op holds on its work queue and CQ; given back when its last
+/// completion arrives (or when it is dropped unposted).
+pub(crate) struct Credit {
+    pub(crate) queue: Rc<Credits>,
+    pub(crate) cq: Rc<Credits>,
+    pub(crate) n: u32,
+}
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        self.queue.release(self.n);
+        self.cq.release(self.n);
+    }
+}
+
+pub(crate) struct Slot {
+    gen: u32,
+    /// Index of the WR whose completion ends the op.
+    last_index: u16,
+    lifecycle: Lifecycle,
+    /// First error completion of an earlier (unsignaled) WR of the chain.
+    first_error: Option<Completion>,
+    /// Set when only part of the chain was posted.
+    post_error: Option<Box<SubmitError>>,
+    credit: Option<Credit>,
+}
+
+/// The slab of in-flight ops, keyed by wr_id.
+pub(crate) struct OpTable {
+    slab: RefCell<Slab<Slot>>,
+    next_gen: Cell<u32>,
+    /// Set at runtime shutdown: from then on parked data is leaked, not parked.
+    shut_down: Cell<bool>,
+    /// Data of ignored ops whose completion arrived, dropped after the drain
+    /// loop releases its borrows (user `Drop` code may call back into us).
+    graveyard: RefCell<Vec<Box<dyn Any>>>,
+    stale: Cell<u64>,
+}
+
+impl OpTable {
+    pub(crate) fn with_capacity(n: usize) -> OpTable {
+        OpTable {
+            slab: RefCell::new(Slab::with_capacity(n)),
+            next_gen: Cell::new(1),
+            shut_down: Cell::new(false),
+            graveyard: RefCell::new(Vec::new()),
+            stale: Cell::new(0),
+        }
+    }
+
+    /// Reserves a slot before posting; returns its key and generation.
+    pub(crate) fn insert(&self, last_index: u16, credit: Credit) -> Result<(usize, u32), Credit> {
+        let mut slab = self.slab.borrow_mut();
+        if slab.len() >= wr_id::MAX_OPS {
+            return Err(credit);
+        }
+        let gen = self.next_gen.get();
+        let mut next = (gen + 1) & wr_id::GEN_MASK as u32;
+        if next == 0 {
+            next = 1;
+        }
+        self.next_gen.set(next);
+        let key = slab.insert(Slot {
+            gen,
+            last_index,
+            lifecycle: Lifecycle::Submitted,
+            first_error: None,
+            post_error: None,
+            credit: Some(credit),
+        });
+        Ok((key, gen))
+    }
+
+    /// Frees a slot whose post failed entirely; returns its credit.
+    pub(crate) fn remove_unposted(&self, key: usize) -> Option<Credit> {
+        let mut slab = self.slab.borrow_mut();
+        slab.try_remove(key).and_then(|mut s| s.credit.take())
+    }
+
+    /// Only `posted` WRs of the chain reached the queue: the op now ends with
+    /// the flush of the last of them and reports `error`.
+    pub(crate) fn set_partial(&self, key: usize, posted: usize, error: SubmitError) {
+        if let Some(slot) = self.slab.borrow_mut().get_mut(key) {
+            slot.last_index = (posted - 1) as u16;
+            slot.post_error = Some(Box::new(error));
+        }
+    }
+
+    /// Number of slots (in flight, parked or completed-but-uncollected).
+    pub(crate) fn len(&self) -> usize {
+        self.slab.borrow().len()
+    }
+
+    /// Number of slots still waiting for the device.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.slab
+            .borrow()
+            .iter()
+            .filter(|(_, s)| !matches!(s.lifecycle, Lifecycle::Completed(_)))
+            .count()
+    }
+
+    /// Completions ignored because their generation or key was stale.
+    pub(crate) fn stale_count(&self) -> u64 {
+        self.stale.get()
+    }
+
+    /// Polls op `key`: `Ready` once its completion arrived (the slot is freed).
+    pub(crate) fn poll_op(
+        &self,
+        key: usize,
+        cx: &mut Context<'_>,
+    ) -> Poll<(Completion, Option<Box<SubmitError>>)> {
+        let mut slab = self.slab.borrow_mut();
+        let Some(slot) = slab.get_mut(key) else {
+            // Invariant: an `Op` owns its slot until it returns Ready or is
+            // dropped, so this cannot happen; stay pending rather than panic.
+            tracing::error!(key, "op polled without a slot");
+            return Poll::Pending;
+        };
+        match &mut slot.lifecycle {
+            Lifecycle::Completed(c) => {
+                let c = *c;
+                let slot = slab.remove(key);
+                drop(slab);
+                Poll::Ready((c, slot.post_error))
+            }
+            Lifecycle::Waiting(w) => {
+                if !w.will_wake(cx.waker()) {
+                    w.clone_from(cx.waker());
+                }
+                Poll::Pending
+            }
+            l @ Lifecycle::Submitted => {
+                *l = Lifecycle::Waiting(cx.waker().clone());
+                Poll::Pending
+            }
+            Lifecycle::Ignored(_) => {
+                tracing::error!(key, "op polled after it was dropped");
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The op future of slot `key` is dropped with its data unclaimed.
+    pub(crate) fn drop_op<T: 'static>(&self, key: usize, data: T) {
+        let mut slab = self.slab.borrow_mut();
+        let Some(slot) = slab.get_mut(key) else {
+            drop(slab);
+            drop(data);
+            return;
+        };
+        match slot.lifecycle {
+            Lifecycle::Completed(_) => {
+                let slot = slab.remove(key);
+                drop(slab);
+                drop(slot);
+                drop(data);
+            }
+            Lifecycle::Submitted | Lifecycle::Waiting(_) => {
+                if self.shut_down.get() {
+                    // The runtime is gone: nobody will ever see this op's
+                    // completion, and the device may still use the memory.
+                    tracing::warn!(
+                        key,
+                        "op dropped after runtime shutdown: leaking its buffers"
+                    );
+                    std::mem::forget(data);
+                    return;
+                }
+                slot.lifecycle = Lifecycle::Ignored(Box::new(data));
+            }
+            Lifecycle::Ignored(_) => {
+                tracing::error!(key, "op dropped twice");
+                drop(slab);
+                std::mem::forget(data);
+            }
+        }
+    }
+
+    /// Routes one completion of a tracked wr_id to its slot. Wakers are woken
+    /// and parked data is queued in the graveyard, never dropped in here.
+    pub(crate) fn complete(&self, c: Completion) {
+        let (key, gen, index) = wr_id::decode(c.wr_id);
+        let mut slab = self.slab.borrow_mut();
+        let slot = match slab.get_mut(key) {
+            Some(slot) if slot.gen == gen => slot,
+            _ => {
+                self.stale.set(self.stale.get() + 1);
+                tracing::debug!(wr_id = c.wr_id, status = %c.status, "stale completion ignored");
+                return;
+            }
+        };
+        if index != slot.last_index {
+            if index > slot.last_index {
+                // A WR past a partial post's end cannot exist: stale.
+                self.stale.set(self.stale.get() + 1);
+                return;
+            }
+            if !c.status.is_success() && slot.first_error.is_none() {
+                slot.first_error = Some(c);
+            } else if c.status.is_success() {
+                tracing::debug!(wr_id = c.wr_id, "completion of an unsignaled WR");
+            }
+            return;
+        }
+        let effective = slot.first_error.take().unwrap_or(c);
+        let credit = slot.credit.take();
+        let mut wake = None;
+        match std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(effective)) {
+            Lifecycle::Submitted => {}
+            Lifecycle::Waiting(w) => wake = Some(w),
+            Lifecycle::Ignored(data) => {
+                let slot = slab.remove(key);
+                drop(slab);
+                self.graveyard.borrow_mut().push(data);
+                drop(slot);
+                drop(credit);
+                return;
+            }
+            Lifecycle::Completed(old) => {
+                slot.lifecycle = Lifecycle::Completed(old);
+                tracing::warn!(wr_id = c.wr_id, "duplicate completion ignored");
+            }
+        }
+        drop(slab);
+        drop(credit);
+        if let Some(w) = wake {
+            w.wake();
+        }
+    }
+
+    /// Drops the data of ignored ops whose completion arrived.
+    pub(crate) fn bury(&self) {
+        loop {
+            let dead = self.graveyard.borrow_mut().pop();
+            match dead {
+                Some(d) => drop(d),
+                None => break,
+            }
+        }
+    }
+
+    pub(crate) fn shut_down(&self) {
+        self.shut_down.set(true);
+    }
+
+    /// Leaks every parked buffer still in the slab (runtime shutdown after the
+    /// drain deadline): the device may still write that memory.
+    pub(crate) fn leak_parked(&self) -> usize {
+        let mut slab = self.slab.borrow_mut();
+        let mut leaked = 0;
+        let keys: Vec<usize> = slab
+            .iter()
+            .filter(|(_, s)| matches!(s.lifecycle, Lifecycle::Ignored(_)))
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            let mut slot = slab.remove(key);
+            if let Lifecycle::Ignored(data) =
+                std::mem::replace(&mut slot.lifecycle, Lifecycle::Submitted)
+            {
+                std::mem::forget(data);
+                leaked += 1;
+            }
+            // The credits stay taken: the QP is leaked too.
+            std::mem::forget(slot.credit.take());
+        }
+        leaked
+    }
+}
+
+impl Drop for OpTable {
+    fn drop(&mut self) {
+        let leaked = self.leak_parked();
+        if leaked > 0 {
+            tracing::warn!(leaked, "runtime dropped with parked ops: buffers leaked");
+        }
+    }
+}
+
+/// An in-flight op: resolves to `T::Output` when its completion arrives.
+///
+/// Dropping it before completion parks `T` in the reactor until the device
+/// is done (see [`Lifecycle::Ignored`]).
+pub struct Op<T: 'static> {
+    handle: Handle,
+    key: usize,
+    wr_id: u64,
+    data: Option<T>,
+}
+
+// `Op` never pins its data: it is plain owned state handed to `complete`.
+impl<T: 'static> Unpin for Op<T> {}
+
+impl<T: 'static> Op<T> {
+    pub(crate) fn new(handle: Handle, key: usize, wr_id: u64, data: T) -> Op<T> {
+        Op {
+            handle,
+            key,
+            wr_id,
+            data: Some(data),
+        }
+    }
+
+    /// The wr_id of the op's first WR (index 0 of its chain).
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+
+    /// The op's data, while it is in flight.
+    pub fn data(&self) -> Option<&T> {
+        self.data.as_ref()
+    }
+}
+
+impl<T: Completable> std::future::Future for Op<T> {
+    type Output = T::Output;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
+        let this = &mut *self;
+        if this.data.is_none() {
+            tracing::error!(wr_id = this.wr_id, "op polled after completion");
+            return Poll::Pending;
+        }
+        match this.handle.ops().poll_op(this.key, cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready((c, post_error)) => {
+                let Some(data) = this.data.take() else {
+                    // Invariant: checked at the top of this function.
+                    return Poll::Pending;
+                };
+                Poll::Ready(match post_error {
+                    Some(e) => data.fail(*e),
+                    None => data.complete(c),
+                })
+            }
+        }
+    }
+}
+
+impl<T: 'static> Drop for Op<T> {
+    fn drop(&mut self) {
+        if let Some(data) = self.data.take() {
+            self.handle.ops().drop_op(self.key, data);
+        }
+    }
+}
+
+impl<T: 'static> std::fmt::Debug for Op<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Op")
+            .field("wr_id", &format_args!("{:#x}", self.wr_id))
+            .field("done", &self.data.is_none())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wr_id::*;
+
+    #[test]
+    fn wr_id_round_trips() {
+        let id = encode(0xab_cdef, 0x12_3456, 0x2abc);
+        assert_eq!(decode(id), (0xab_cdef, 0x12_3456, 0x2abc));
+        assert_eq!(id & RESERVED, 0);
+        assert_ne!(AGENT_BASE & RESERVED, 0);
+    }
+}

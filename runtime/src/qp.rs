@@ -1,0 +1,821 @@
+//! [`QueuePair`]: a runtime-level RC queue pair. It accounts for send-queue,
+//! receive-queue and CQ capacity as credits, so a submission waits (a future)
+//! when a queue is full instead of failing or overrunning it, and turns each
+//! posted chain of work requests into an [`Op`] tracked by wr_id.
+//!
+//! # Writing a verb
+//!
+//! A verb is a type that owns what the device touches and implements
+//! [`Completable`], plus a function that calls [`QueuePair::submit_send`]
+//! (or [`QueuePair::submit_recv`]) and returns the [`Submit`] future:
+//!
+//! ```no_run
+//! use verbio_runtime::provider::{Completion, CompletionError, Mr, SendFlags, SendOp, SendWr, Sge};
+//! use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
+//!
+//! /// An RDMA WRITE of `buf[..len]` (registered as `mr`) to the peer's `remote_addr`.
+//! pub struct WriteOp {
+//!     buf: Vec<u8>, // heap memory: its address is stable while the op moves
+//!     mr: Mr,       // keeps the registration alive while the device reads
+//!     len: usize,
+//! }
+//!
+//! #[derive(Debug)]
+//! pub enum WriteError {
+//!     Submit(SubmitError),
+//!     Completion(CompletionError),
+//! }
+//!
+//! impl Completable for WriteOp {
+//!     type Output = (Result<usize, WriteError>, Vec<u8>, Mr);
+//!     fn complete(self, c: Completion) -> Self::Output {
+//!         let r = if c.status.is_success() {
+//!             Ok(self.len)
+//!         } else {
+//!             Err(WriteError::Completion(CompletionError {
+//!                 wr_id: c.wr_id,
+//!                 qp_num: c.qp_num,
+//!                 status: c.status,
+//!             }))
+//!         };
+//!         (r, self.buf, self.mr)
+//!     }
+//!     fn fail(self, e: SubmitError) -> Self::Output {
+//!         (Err(WriteError::Submit(e)), self.buf, self.mr)
+//!     }
+//! }
+//!
+//! pub fn write(qp: &QueuePair, buf: Vec<u8>, mr: Mr, len: usize, remote_addr: u64, rkey: u32)
+//!     -> Submit<WriteOp>
+//! {
+//!     qp.submit_send(WriteOp { buf, mr, len }, |op, chain| {
+//!         if op.len > op.buf.len() || op.len > u32::MAX as usize {
+//!             return Err(SubmitError::Invalid { what: format!("len {} > buffer", op.len) });
+//!         }
+//!         let mut wr = SendWr {
+//!             wr_id: 0, // set by the runtime
+//!             sg_list: Default::default(),
+//!             op: SendOp::Write { remote_addr, rkey },
+//!             flags: SendFlags::NONE, // the runtime signals the last WR
+//!         };
+//!         wr.sg_list.push(Sge { addr: op.buf.as_ptr() as u64, length: op.len as u32, lkey: op.mr.lkey() });
+//!         chain.push(wr);
+//!         Ok(())
+//!     })
+//! }
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use smallvec::SmallVec;
+
+use crate::device::Device;
+use crate::op::{wr_id, Completable, Credit, Op, SubmitError};
+use crate::provider::{
+    Endpoint, InitAttr, PostError, ProviderError, Qp, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr,
+    SendFlags, SendWr, SgList,
+};
+use crate::reactor::Handle;
+
+/// The WRs of one send op; up to four live inline (no allocation).
+pub type SendChain = SmallVec<[SendWr; 4]>;
+
+/// A counted resource (queue slots, CQ entries) with a FIFO of waiters.
+pub(crate) struct Credits {
+    cap: u32,
+    avail: Cell<u32>,
+    waiters: RefCell<VecDeque<(u64, Waker)>>,
+    next_ticket: Cell<u64>,
+    /// Woken whenever every credit is back (QP close waits on this).
+    idle: RefCell<Vec<Waker>>,
+}
+
+impl Credits {
+    pub(crate) fn new(cap: u32) -> Credits {
+        Credits {
+            cap,
+            avail: Cell::new(cap),
+            waiters: RefCell::new(VecDeque::with_capacity(8)),
+            next_ticket: Cell::new(0),
+            idle: RefCell::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.cap
+    }
+
+    pub(crate) fn available(&self) -> u32 {
+        self.avail.get()
+    }
+
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.cap - self.avail.get()
+    }
+
+    /// Takes `n` credits now if nobody is queued ahead and they are there.
+    pub(crate) fn try_acquire(&self, n: u32) -> bool {
+        if self.waiters.borrow().is_empty() && self.avail.get() >= n {
+            self.avail.set(self.avail.get() - n);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Waits in FIFO order for `n` credits; `ticket` is the caller's place.
+    pub(crate) fn poll_acquire(
+        &self,
+        n: u32,
+        ticket: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let mut waiters = self.waiters.borrow_mut();
+        let first = match *ticket {
+            None => waiters.is_empty(),
+            Some(t) => waiters.front().map(|(id, _)| *id) == Some(t),
+        };
+        if first && self.avail.get() >= n {
+            self.avail.set(self.avail.get() - n);
+            if ticket.take().is_some() {
+                waiters.pop_front();
+                // The next in line may fit in what is left.
+                let next = waiters.front().map(|(_, w)| w.clone());
+                drop(waiters);
+                if let Some(w) = next {
+                    w.wake();
+                }
+            }
+            return Poll::Ready(());
+        }
+        match *ticket {
+            None => {
+                let t = self.next_ticket.get();
+                self.next_ticket.set(t + 1);
+                waiters.push_back((t, cx.waker().clone()));
+                *ticket = Some(t);
+            }
+            Some(t) => {
+                if let Some((_, w)) = waiters.iter_mut().find(|(id, _)| *id == t) {
+                    if !w.will_wake(cx.waker()) {
+                        w.clone_from(cx.waker());
+                    }
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Leaves the queue (a waiting submission was dropped or failed).
+    pub(crate) fn cancel(&self, ticket: &mut Option<u64>) {
+        let Some(t) = ticket.take() else { return };
+        let mut waiters = self.waiters.borrow_mut();
+        let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
+        waiters.retain(|(id, _)| *id != t);
+        let next = if was_first {
+            waiters.front().map(|(_, w)| w.clone())
+        } else {
+            None
+        };
+        drop(waiters);
+        if let Some(w) = next {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn release(&self, n: u32) {
+        let avail = (self.avail.get() + n).min(self.cap);
+        self.avail.set(avail);
+        let next = self.waiters.borrow().front().map(|(_, w)| w.clone());
+        if let Some(w) = next {
+            w.wake();
+        }
+        if avail == self.cap {
+            let idle = std::mem::take(&mut *self.idle.borrow_mut());
+            for w in idle {
+                w.wake();
+            }
+        }
+    }
+
+    /// Wakes every waiter (they re-check, e.g. to notice a closed QP).
+    pub(crate) fn wake_all(&self) {
+        let all: Vec<Waker> = self
+            .waiters
+            .borrow()
+            .iter()
+            .map(|(_, w)| w.clone())
+            .collect();
+        for w in all {
+            w.wake();
+        }
+    }
+
+    /// `Ready` once every credit is back.
+    pub(crate) fn poll_idle(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.avail.get() == self.cap {
+            return Poll::Ready(());
+        }
+        let mut idle = self.idle.borrow_mut();
+        if !idle.iter().any(|w| w.will_wake(cx.waker())) {
+            idle.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// What the runtime posts to: a provider QP, or (in tests) a recording fake.
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Provider(Qp),
+    #[cfg(any(test, feature = "test-util"))]
+    Fake(Rc<crate::testing::FakeQp>),
+}
+
+impl Backend {
+    fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        match self {
+            Backend::Provider(qp) => qp.post_send(wrs),
+            #[cfg(any(test, feature = "test-util"))]
+            Backend::Fake(f) => f.post_send(wrs),
+        }
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        match self {
+            Backend::Provider(qp) => qp.post_recv(wrs),
+            #[cfg(any(test, feature = "test-util"))]
+            Backend::Fake(f) => f.post_recv(wrs),
+        }
+    }
+    pub(crate) fn modify_to_err(&self) -> Result<(), ProviderError> {
+        match self {
+            Backend::Provider(qp) => qp.modify_to_err(),
+            #[cfg(any(test, feature = "test-util"))]
+            Backend::Fake(f) => f.modify_to_err(),
+        }
+    }
+}
+
+/// The part of a QP the reactor keeps until every WR of it has completed,
+/// even after the last `QueuePair` handle is gone (then it is a zombie: in
+/// ERR, waiting for its flushes).
+pub(crate) struct QpCore {
+    pub(crate) backend: Backend,
+    pub(crate) qp_num: u32,
+    pub(crate) sq: Rc<Credits>,
+    pub(crate) rq: Rc<Credits>,
+    pub(crate) send_cq: Rc<Credits>,
+    pub(crate) recv_cq: Rc<Credits>,
+    pub(crate) closed: Cell<bool>,
+    /// The last `QueuePair` handle is gone.
+    pub(crate) dropped: Cell<bool>,
+    /// Keeps the CQ registered while WRs are outstanding.
+    pub(crate) _device: Option<Device>,
+}
+
+impl QpCore {
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.sq.outstanding() + self.rq.outstanding()
+    }
+
+    /// Marks the QP closed, wakes queued submitters and moves it to ERR
+    /// (again: rxe flushes receives posted in ERR only on a new transition).
+    pub(crate) fn shut(&self) -> Result<(), ProviderError> {
+        self.closed.set(true);
+        self.sq.wake_all();
+        self.rq.wake_all();
+        self.send_cq.wake_all();
+        self.recv_cq.wake_all();
+        self.backend.modify_to_err()
+    }
+}
+
+struct QpInner {
+    handle: Handle,
+    core: Rc<QpCore>,
+    reg_key: usize,
+    caps: QpCaps,
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        self.core.dropped.set(true);
+        if self.core.outstanding() > 0 {
+            if !self.core.closed.get() {
+                if let Err(e) = self.core.shut() {
+                    tracing::warn!(qp = self.core.qp_num, error = %e, "moving a dropped QP to ERR failed");
+                }
+            }
+            // The reactor keeps the core until its flushes have drained.
+            self.handle.driver().note_zombie();
+        } else {
+            self.handle.driver().unregister_qp(self.reg_key);
+        }
+    }
+}
+
+/// An RC queue pair driven by the runtime. Cheap to clone (`Rc`); `!Send`.
+///
+/// Submissions wait for send-queue (or receive-queue) credits and CQ credits
+/// in FIFO order, so the device's queues are never overrun. Dropping the last
+/// handle with WRs outstanding moves the QP to ERR; the runtime keeps it alive
+/// until the flushes arrive and the parked buffers are freed.
+#[derive(Clone)]
+pub struct QueuePair {
+    inner: Rc<QpInner>,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.inner.core.qp_num)
+            .field("outstanding_sends", &self.inner.core.sq.outstanding())
+            .field("outstanding_recvs", &self.inner.core.rq.outstanding())
+            .field("closed", &self.inner.core.closed.get())
+            .finish()
+    }
+}
+
+impl QueuePair {
+    pub(crate) fn from_backend(
+        handle: Handle,
+        backend: Backend,
+        qp_num: u32,
+        caps: QpCaps,
+        send_cq: Rc<Credits>,
+        recv_cq: Rc<Credits>,
+        device: Option<Device>,
+    ) -> QueuePair {
+        let core = Rc::new(QpCore {
+            backend,
+            qp_num,
+            sq: Rc::new(Credits::new(caps.max_send_wr)),
+            rq: Rc::new(Credits::new(caps.max_recv_wr)),
+            send_cq,
+            recv_cq,
+            closed: Cell::new(false),
+            dropped: Cell::new(false),
+            _device: device,
+        });
+        let reg_key = handle.driver().register_qp(core.clone());
+        QueuePair {
+            inner: Rc::new(QpInner {
+                handle,
+                core,
+                reg_key,
+                caps,
+            }),
+        }
+    }
+
+    /// The provider QP (for connection setup and queries); `None` for a test fake.
+    pub fn provider(&self) -> Option<&Qp> {
+        match &self.inner.core.backend {
+            Backend::Provider(qp) => Some(qp),
+            #[cfg(any(test, feature = "test-util"))]
+            Backend::Fake(_) => None,
+        }
+    }
+
+    fn provider_or_err(&self, call: &'static str) -> Result<&Qp, ProviderError> {
+        self.provider().ok_or(ProviderError::Unsupported {
+            provider: "fake",
+            what: call,
+        })
+    }
+
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.core.qp_num
+    }
+
+    /// Queue sizes the credits are based on.
+    pub fn caps(&self) -> QpCaps {
+        self.inner.caps
+    }
+
+    /// Current provider state (`Err` for a fake backend).
+    pub fn state(&self) -> Result<QpState, ProviderError> {
+        Ok(self.provider_or_err("state")?.state())
+    }
+
+    /// What the peer needs to connect to this QP.
+    pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint, ProviderError> {
+        self.provider_or_err("endpoint")?.endpoint(gid_index)
+    }
+
+    /// RESET → INIT.
+    pub fn modify_to_init(&self, attr: &InitAttr) -> Result<(), ProviderError> {
+        self.provider_or_err("modify_to_init")?.modify_to_init(attr)
+    }
+
+    /// INIT → RTR.
+    pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<(), ProviderError> {
+        self.provider_or_err("modify_to_rtr")?.modify_to_rtr(attr)
+    }
+
+    /// RTR → RTS.
+    pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<(), ProviderError> {
+        self.provider_or_err("modify_to_rts")?.modify_to_rts(attr)
+    }
+
+    /// Send WRs posted and not yet completed (credits in use).
+    pub fn outstanding_sends(&self) -> u32 {
+        self.inner.core.sq.outstanding()
+    }
+
+    /// Receive WRs posted and not yet completed.
+    pub fn outstanding_recvs(&self) -> u32 {
+        self.inner.core.rq.outstanding()
+    }
+
+    /// True once [`close`](Self::close) was called (or the runtime shut down).
+    pub fn is_closed(&self) -> bool {
+        self.inner.core.closed.get()
+    }
+
+    /// Closes the QP: later submissions fail with [`SubmitError::Closed`], the
+    /// QP moves to ERR (re-issued even if already there), and this resolves
+    /// once every outstanding WR has completed or been flushed, i.e. once the
+    /// device no longer touches any buffer of this QP. Returns the error of
+    /// the ERR transition, if any (the wait happens regardless). Wrap it in
+    /// [`timeout`](crate::reactor::timeout) to bound it.
+    pub fn close(&self) -> impl Future<Output = Result<(), ProviderError>> + '_ {
+        let res = self.inner.core.shut();
+        if let Err(e) = &res {
+            tracing::warn!(qp = self.qp_num(), error = %e, "modify_to_err on close failed");
+        }
+        let core = &self.inner.core;
+        let mut res = Some(res);
+        std::future::poll_fn(move |cx| {
+            let sq = core.sq.poll_idle(cx);
+            let rq = core.rq.poll_idle(cx);
+            if sq.is_ready() && rq.is_ready() {
+                Poll::Ready(res.take().unwrap_or(Ok(())))
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
+    /// Submits a chain of send-queue WRs as one op (one doorbell).
+    ///
+    /// `build` runs at once and pushes the WRs, reading buffer addresses and
+    /// keys from `data` (which must own that memory at stable addresses). The
+    /// runtime then overwrites each WR's `wr_id` and makes only the last WR
+    /// signaled. If the send queue or the CQ lacks room, the returned future
+    /// waits (FIFO) and posts when room frees up; otherwise the chain is
+    /// posted before this function returns. The future resolves with
+    /// [`Completable::complete`] (or [`Completable::fail`]).
+    pub fn submit_send<T, F>(&self, mut data: T, build: F) -> Submit<T>
+    where
+        T: Completable,
+        F: FnOnce(&mut T, &mut SendChain) -> Result<(), SubmitError>,
+    {
+        let mut chain = SendChain::new();
+        if let Err(e) = build(&mut data, &mut chain) {
+            return Submit::ready(data.fail(e));
+        }
+        self.submit(data, Wrs::Send(chain))
+    }
+
+    /// Submits one receive WR as an op. `build` fills its scatter list from
+    /// `data`; the runtime sets the wr_id. Waits for receive-queue and CQ
+    /// credits like [`submit_send`](Self::submit_send).
+    pub fn submit_recv<T, F>(&self, mut data: T, build: F) -> Submit<T>
+    where
+        T: Completable,
+        F: FnOnce(&mut T, &mut SgList) -> Result<(), SubmitError>,
+    {
+        let mut sg_list = SgList::new();
+        if let Err(e) = build(&mut data, &mut sg_list) {
+            return Submit::ready(data.fail(e));
+        }
+        self.submit(data, Wrs::Recv(RecvWr { wr_id: 0, sg_list }))
+    }
+
+    fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
+        let core = &self.inner.core;
+        let caps = &self.inner.caps;
+        if core.closed.get() {
+            return Err(SubmitError::Closed {
+                qp_num: core.qp_num,
+            });
+        }
+        let (queue, len, depth, max_sge) = match wrs {
+            Wrs::Send(c) => ("send", c.len(), core.sq.capacity(), caps.max_send_sge),
+            Wrs::Recv(_) => ("receive", 1, core.rq.capacity(), caps.max_recv_sge),
+        };
+        let cq_cap = match wrs {
+            Wrs::Send(_) => core.send_cq.capacity(),
+            Wrs::Recv(_) => core.recv_cq.capacity(),
+        };
+        if len == 0 || len > depth as usize || len > cq_cap as usize || len > wr_id::MAX_CHAIN {
+            return Err(SubmitError::ChainLength {
+                qp_num: core.qp_num,
+                queue,
+                len,
+                depth: depth.min(cq_cap),
+            });
+        }
+        let sges = match wrs {
+            Wrs::Send(c) => c
+                .iter()
+                .filter(|wr| !wr.flags.contains(SendFlags::INLINE))
+                .map(|wr| wr.sg_list.len())
+                .max()
+                .unwrap_or(0),
+            Wrs::Recv(r) => r.sg_list.len(),
+        };
+        if sges > max_sge as usize {
+            return Err(SubmitError::TooManySges {
+                qp_num: core.qp_num,
+                queue,
+                sges,
+                max: max_sge,
+            });
+        }
+        Ok(len as u32)
+    }
+
+    fn submit<T: Completable>(&self, data: T, wrs: Wrs) -> Submit<T> {
+        let n = match self.check(&wrs) {
+            Ok(n) => n,
+            Err(e) => return Submit::ready(data.fail(e)),
+        };
+        let (queue, cq) = self.credits_for(&wrs);
+        if queue.try_acquire(n) {
+            if cq.try_acquire(n) {
+                return Submit {
+                    state: self.post(data, wrs, n),
+                };
+            }
+            return Submit {
+                state: State::Queued(Queued::new(self, data, wrs, n, true)),
+            };
+        }
+        Submit {
+            state: State::Queued(Queued::new(self, data, wrs, n, false)),
+        }
+    }
+
+    fn credits_for(&self, wrs: &Wrs) -> (&Rc<Credits>, &Rc<Credits>) {
+        let core = &self.inner.core;
+        match wrs {
+            Wrs::Send(_) => (&core.sq, &core.send_cq),
+            Wrs::Recv(_) => (&core.rq, &core.recv_cq),
+        }
+    }
+
+    /// Posts `wrs` with `n` queue and CQ credits already taken.
+    fn post<T: Completable>(&self, data: T, mut wrs: Wrs, n: u32) -> State<T> {
+        let core = &self.inner.core;
+        let (queue, cq) = self.credits_for(&wrs);
+        let credit = Credit {
+            queue: queue.clone(),
+            cq: cq.clone(),
+            n,
+        };
+        let ops = self.inner.handle.ops();
+        let (key, gen) = match ops.insert((n - 1) as u16, credit) {
+            Ok(k) => k,
+            Err(credit) => {
+                drop(credit);
+                return State::Ready(Some(data.fail(SubmitError::SlabFull {
+                    limit: wr_id::MAX_OPS,
+                })));
+            }
+        };
+        let first = wr_id::encode(key, gen, 0);
+        let res = match &mut wrs {
+            Wrs::Send(chain) => {
+                let last = chain.len() - 1;
+                for (i, wr) in chain.iter_mut().enumerate() {
+                    wr.wr_id = wr_id::encode(key, gen, i as u16);
+                    if i == last {
+                        wr.flags |= SendFlags::SIGNALED;
+                    } else {
+                        wr.flags = unsignaled(wr.flags);
+                    }
+                }
+                core.backend.post_send(chain)
+            }
+            Wrs::Recv(wr) => {
+                wr.wr_id = first;
+                core.backend.post_recv(std::slice::from_ref(wr))
+            }
+        };
+        match res {
+            Ok(()) => State::InFlight(Op::new(self.inner.handle.clone(), key, first, data)),
+            Err(e) if e.posted == 0 => {
+                drop(ops.remove_unposted(key));
+                State::Ready(Some(data.fail(SubmitError::Post {
+                    qp_num: core.qp_num,
+                    source: e,
+                })))
+            }
+            Err(e) => {
+                // Part of the chain is on the queue, unsignaled: flush it so
+                // its buffers come back, and report the post error then.
+                tracing::warn!(qp = core.qp_num, posted = e.posted, error = %e, "partial post: moving QP to ERR");
+                let posted = e.posted;
+                ops.set_partial(
+                    key,
+                    posted,
+                    SubmitError::Post {
+                        qp_num: core.qp_num,
+                        source: e,
+                    },
+                );
+                if let Err(err) = core.shut() {
+                    tracing::warn!(qp = core.qp_num, error = %err, "modify_to_err after partial post failed");
+                }
+                State::InFlight(Op::new(self.inner.handle.clone(), key, first, data))
+            }
+        }
+    }
+}
+
+/// `flags` without SIGNALED.
+fn unsignaled(flags: SendFlags) -> SendFlags {
+    let mut out = SendFlags::NONE;
+    for f in [SendFlags::FENCE, SendFlags::SOLICITED, SendFlags::INLINE] {
+        if flags.contains(f) {
+            out |= f;
+        }
+    }
+    out
+}
+
+// Inline on purpose: boxing would allocate on the backpressure path.
+#[allow(clippy::large_enum_variant)]
+enum Wrs {
+    Send(SendChain),
+    Recv(RecvWr),
+}
+
+struct Queued<T> {
+    qp: QueuePair,
+    /// `Some` until posted or failed.
+    data: Option<T>,
+    wrs: Option<Wrs>,
+    recv: bool,
+    n: u32,
+    queue_held: bool,
+    queue_ticket: Option<u64>,
+    cq_ticket: Option<u64>,
+}
+
+impl<T> Queued<T> {
+    fn new(qp: &QueuePair, data: T, wrs: Wrs, n: u32, queue_held: bool) -> Queued<T> {
+        Queued {
+            qp: qp.clone(),
+            data: Some(data),
+            recv: matches!(wrs, Wrs::Recv(_)),
+            wrs: Some(wrs),
+            n,
+            queue_held,
+            queue_ticket: None,
+            cq_ticket: None,
+        }
+    }
+
+    fn credits(&self) -> (Rc<Credits>, Rc<Credits>) {
+        let core = &self.qp.inner.core;
+        if self.recv {
+            (core.rq.clone(), core.recv_cq.clone())
+        } else {
+            (core.sq.clone(), core.send_cq.clone())
+        }
+    }
+
+    /// Gives back whatever this waiting submission holds.
+    fn abandon(&mut self) {
+        let (queue, cq) = self.credits();
+        queue.cancel(&mut self.queue_ticket);
+        cq.cancel(&mut self.cq_ticket);
+        if self.queue_held {
+            self.queue_held = false;
+            queue.release(self.n);
+        }
+    }
+
+    fn poll_credits(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let (queue, cq) = self.credits();
+        if !self.queue_held {
+            if queue
+                .poll_acquire(self.n, &mut self.queue_ticket, cx)
+                .is_pending()
+            {
+                return Poll::Pending;
+            }
+            self.queue_held = true;
+        }
+        if cq
+            .poll_acquire(self.n, &mut self.cq_ticket, cx)
+            .is_pending()
+        {
+            return Poll::Pending;
+        }
+        // Both held from here on; the post takes them over.
+        self.queue_held = false;
+        Poll::Ready(())
+    }
+}
+
+impl<T> Drop for Queued<T> {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}
+
+// Inline on purpose: boxing would allocate on the backpressure path.
+#[allow(clippy::large_enum_variant)]
+enum State<T: Completable> {
+    /// Waiting for queue or CQ credits.
+    Queued(Queued<T>),
+    InFlight(Op<T>),
+    Ready(Option<T::Output>),
+}
+
+/// The future of a submission: waits for queue credits if needed, then for
+/// the op's completion. Dropping it before the post frees `T` at once;
+/// dropping it after parks `T` until the device is done.
+#[must_use = "dropping a submission before it is posted cancels it"]
+pub struct Submit<T: Completable> {
+    state: State<T>,
+}
+
+// `Submit` never pins its contents: `T` is plain owned state.
+impl<T: Completable> Unpin for Submit<T> {}
+
+impl<T: Completable> Submit<T> {
+    /// A submission that already has its result (validation failed).
+    pub fn ready(output: T::Output) -> Submit<T> {
+        Submit {
+            state: State::Ready(Some(output)),
+        }
+    }
+
+    /// True while waiting for queue or CQ credits (not posted yet).
+    pub fn is_queued(&self) -> bool {
+        matches!(self.state, State::Queued(_))
+    }
+
+    /// The wr_id of the first WR, once posted.
+    pub fn wr_id(&self) -> Option<u64> {
+        match &self.state {
+            State::InFlight(op) => Some(op.wr_id()),
+            _ => None,
+        }
+    }
+}
+
+impl<T: Completable> Future for Submit<T> {
+    type Output = T::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
+        let this = &mut *self;
+        loop {
+            match &mut this.state {
+                State::InFlight(op) => return Pin::new(op).poll(cx),
+                State::Ready(out) => {
+                    return match out.take() {
+                        Some(o) => Poll::Ready(o),
+                        None => {
+                            tracing::error!("submission polled after completion");
+                            Poll::Pending
+                        }
+                    };
+                }
+                State::Queued(q) => {
+                    let qp = q.qp.clone();
+                    let closed = qp.inner.core.closed.get();
+                    if !closed && q.poll_credits(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    if closed {
+                        q.abandon();
+                    }
+                    let n = q.n;
+                    let (Some(data), Some(wrs)) = (q.data.take(), q.wrs.take()) else {
+                        // Invariant: both are `Some` while the state is Queued.
+                        return Poll::Pending;
+                    };
+                    this.state = if closed {
+                        State::Ready(Some(data.fail(SubmitError::Closed {
+                            qp_num: qp.qp_num(),
+                        })))
+                    } else {
+                        qp.post(data, wrs, n)
+                    };
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The I/O side of the reactor: `mio::Poll`, the completion channels and
+//! their CQs, socket registrations, the op slab and the QP registry.
+
+use std::cell::{Cell, RefCell};
+#[cfg(any(test, feature = "test-util"))]
+use std::collections::VecDeque;
+use std::io;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Registry, Token};
+use slab::Slab;
+
+use super::RuntimeError;
+use crate::op::{wr_id, OpTable};
+use crate::provider::{CompChannel, Completion, Cq};
+use crate::qp::QpCore;
+
+/// Token of the cross-thread waker.
+pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
+/// Completion channels use tokens `CHANNEL_BASE + cq key`.
+const CHANNEL_BASE: usize = 1 << (usize::BITS - 2);
+
+struct CqEntry {
+    cq: Cq,
+    channel: CompChannel,
+    /// `req_notify` was called and no event has been taken since.
+    armed: bool,
+    /// Events taken from the channel and not yet acknowledged.
+    unacked: u32,
+    /// The CQ overflowed; it is no longer polled.
+    broken: bool,
+}
+
+#[derive(Default)]
+struct IoEntry {
+    read_ready: bool,
+    write_ready: bool,
+    read: Option<Waker>,
+    write: Option<Waker>,
+}
+
+/// Receives completions of reserved wr_ids.
+pub(crate) type ReservedHandler = Box<dyn FnMut(Completion)>;
+
+/// Which direction a socket waits for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Direction {
+    Read,
+    Write,
+}
+
+pub(crate) struct Driver {
+    poll: RefCell<mio::Poll>,
+    events: RefCell<Events>,
+    registry: Registry,
+    pub(crate) ops: OpTable,
+    cqs: RefCell<Slab<CqEntry>>,
+    io: RefCell<Slab<IoEntry>>,
+    qps: RefCell<Slab<Rc<QpCore>>>,
+    zombies: Cell<usize>,
+    batch: RefCell<Vec<Completion>>,
+    ack_batch: u32,
+    pub(crate) reserved_handler: RefCell<Option<ReservedHandler>>,
+    #[cfg(any(test, feature = "test-util"))]
+    injected: RefCell<VecDeque<Completion>>,
+}
+
+impl Driver {
+    pub(crate) fn new(
+        poll: mio::Poll,
+        events: usize,
+        op_slots: usize,
+        cq_batch: usize,
+    ) -> Result<Driver, RuntimeError> {
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(|source| RuntimeError::Io {
+                context: "cloning the mio registry",
+                source,
+            })?;
+        Ok(Driver {
+            poll: RefCell::new(poll),
+            events: RefCell::new(Events::with_capacity(events.max(16))),
+            registry,
+            ops: OpTable::with_capacity(op_slots),
+            cqs: RefCell::new(Slab::new()),
+            io: RefCell::new(Slab::new()),
+            qps: RefCell::new(Slab::new()),
+            zombies: Cell::new(0),
+            batch: RefCell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
+            ack_batch: 16,
+            reserved_handler: RefCell::new(None),
+            #[cfg(any(test, feature = "test-util"))]
+            injected: RefCell::new(VecDeque::new()),
+        })
+    }
+
+    pub(crate) fn poll_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.poll.borrow().as_raw_fd()
+    }
+
+    // ---- CQs -------------------------------------------------------------
+
+    /// Registers a CQ and its completion channel (one CQ per channel).
+    pub(crate) fn register_cq(&self, cq: Cq, channel: CompChannel) -> Result<usize, RuntimeError> {
+        let mut cqs = self.cqs.borrow_mut();
+        let entry = cqs.vacant_entry();
+        let key = entry.key();
+        let fd = channel.fd();
+        self.registry
+            .register(
+                &mut SourceFd(&fd),
+                Token(CHANNEL_BASE + key),
+                Interest::READABLE,
+            )
+            .map_err(|source| RuntimeError::Io {
+                context: "registering a completion channel with mio",
+                source,
+            })?;
+        entry.insert(CqEntry {
+            cq,
+            channel,
+            armed: false,
+            unacked: 0,
+            broken: false,
+        });
+        Ok(key)
+    }
+
+    /// Forgets a CQ: acknowledges its remaining events, deregisters its channel.
+    pub(crate) fn deregister_cq(&self, key: usize) {
+        let Some(entry) = self.cqs.borrow_mut().try_remove(key) else {
+            return;
+        };
+        // Take what is pending so the acknowledgement count is complete.
+        let mut unacked = entry.unacked;
+        while let Ok(Some(_)) = entry.channel.get_event() {
+            unacked += 1;
+        }
+        if unacked > 0 {
+            entry.cq.ack_events(unacked);
+        }
+        let fd = entry.channel.fd();
+        if let Err(e) = self.registry.deregister(&mut SourceFd(&fd)) {
+            tracing::debug!(error = %e, "deregistering a completion channel");
+        }
+    }
+
+    /// Arms every CQ not armed yet. Returns false if a call failed.
+    pub(crate) fn arm_cqs(&self) {
+        for (_, e) in self.cqs.borrow_mut().iter_mut() {
+            if !e.armed && !e.broken {
+                match e.cq.req_notify(false) {
+                    Ok(()) => e.armed = true,
+                    Err(err) => {
+                        tracing::warn!(cq = e.cq.handle(), error = %err, "req_notify failed")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes every pending event of channel `key` (edge-triggered: until
+    /// empty) and acknowledges them in batches.
+    fn channel_ready(&self, key: usize) {
+        let mut cqs = self.cqs.borrow_mut();
+        let Some(e) = cqs.get_mut(key) else { return };
+        loop {
+            match e.channel.get_event() {
+                Ok(Some(handle)) => {
+                    if handle != e.cq.handle() {
+                        tracing::warn!(handle, "event for an unknown CQ on a channel");
+                        continue;
+                    }
+                    e.armed = false;
+                    e.unacked += 1;
+                    if e.unacked >= self.ack_batch {
+                        e.cq.ack_events(e.unacked);
+                        e.unacked = 0;
+                    }
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    tracing::warn!(error = %err, "get_event failed");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Polls every CQ until empty, completing ops. Returns the number of
+    /// completions handled.
+    pub(crate) fn drain_cqs(&self) -> usize {
+        let mut total = 0;
+        #[cfg(any(test, feature = "test-util"))]
+        loop {
+            let next = self.injected.borrow_mut().pop_front();
+            match next {
+                Some(c) => {
+                    self.complete(c);
+                    total += 1;
+                }
+                None => break,
+            }
+        }
+        // Completion handling may run user code (wakers, the reserved
+        // handler), so no borrow of the CQ table or the batch is held then.
+        let mut batch = std::mem::take(&mut *self.batch.borrow_mut());
+        if !batch.is_empty() {
+            let slots = self.cqs.borrow().capacity();
+            for key in 0..slots {
+                loop {
+                    let polled = {
+                        let mut cqs = self.cqs.borrow_mut();
+                        match cqs.get_mut(key) {
+                            Some(e) if !e.broken => match e.cq.poll(&mut batch) {
+                                Ok(n) => n,
+                                Err(err) => {
+                                    tracing::error!(cq = e.cq.handle(), error = %err, "CQ poll failed; CQ abandoned");
+                                    e.broken = true;
+                                    0
+                                }
+                            },
+                            _ => 0,
+                        }
+                    };
+                    for c in &batch[..polled] {
+                        self.complete(*c);
+                    }
+                    total += polled;
+                    if polled < batch.len() {
+                        break;
+                    }
+                }
+            }
+            *self.batch.borrow_mut() = batch;
+        }
+        if total > 0 {
+            self.ops.bury();
+            if self.zombies.get() > 0 {
+                self.reap_zombies();
+            }
+        }
+        total
+    }
+
+    fn complete(&self, c: Completion) {
+        if c.wr_id & wr_id::RESERVED == 0 {
+            self.ops.complete(c);
+        } else if c.wr_id >= wr_id::AGENT_BASE {
+            // Taken out while it runs, so it may replace itself.
+            let taken = self.reserved_handler.borrow_mut().take();
+            match taken {
+                Some(mut f) => {
+                    f(c);
+                    let mut slot = self.reserved_handler.borrow_mut();
+                    if slot.is_none() {
+                        *slot = Some(f);
+                    }
+                }
+                None => tracing::debug!(wr_id = c.wr_id, "reserved completion without a handler"),
+            }
+        } else {
+            tracing::trace!(wr_id = c.wr_id, status = %c.status, "untracked completion");
+        }
+    }
+
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn inject(&self, c: Completion) {
+        self.injected.borrow_mut().push_back(c);
+    }
+
+    pub(crate) fn has_injected(&self) -> bool {
+        #[cfg(any(test, feature = "test-util"))]
+        {
+            !self.injected.borrow().is_empty()
+        }
+        #[cfg(not(any(test, feature = "test-util")))]
+        {
+            false
+        }
+    }
+
+    // ---- QPs -------------------------------------------------------------
+
+    pub(crate) fn register_qp(&self, core: Rc<QpCore>) -> usize {
+        self.qps.borrow_mut().insert(core)
+    }
+
+    pub(crate) fn unregister_qp(&self, key: usize) {
+        let core = self.qps.borrow_mut().try_remove(key);
+        drop(core);
+    }
+
+    /// QPs the reactor tracks (open, or dropped and still draining).
+    #[cfg(test)]
+    pub(crate) fn qp_count(&self) -> usize {
+        self.qps.borrow().len()
+    }
+
+    pub(crate) fn note_zombie(&self) {
+        self.zombies.set(self.zombies.get() + 1);
+    }
+
+    /// Drops dropped QPs whose WRs have all completed.
+    fn reap_zombies(&self) {
+        let mut dead = Vec::new();
+        {
+            let mut qps = self.qps.borrow_mut();
+            let keys: Vec<usize> = qps
+                .iter()
+                .filter(|(_, q)| q.dropped.get() && q.outstanding() == 0)
+                .map(|(k, _)| k)
+                .collect();
+            for k in keys {
+                dead.push(qps.remove(k));
+            }
+        }
+        self.zombies
+            .set(self.zombies.get().saturating_sub(dead.len()));
+        drop(dead);
+    }
+
+    /// Shutdown: closes every QP still registered (moves it to ERR).
+    pub(crate) fn close_all_qps(&self) {
+        let all: Vec<Rc<QpCore>> = self.qps.borrow().iter().map(|(_, q)| q.clone()).collect();
+        for q in all {
+            if let Err(e) = q.shut() {
+                tracing::debug!(qp = q.qp_num, error = %e, "modify_to_err at shutdown");
+            }
+        }
+    }
+
+    /// Shutdown: leaks QPs that still have outstanding WRs (the device may
+    /// still use their buffers) and drops the others.
+    pub(crate) fn release_qps(&self) -> usize {
+        let all: Vec<Rc<QpCore>> = self.qps.borrow_mut().drain().collect();
+        let mut leaked = 0;
+        for q in all {
+            if q.outstanding() > 0 {
+                leaked += 1;
+                std::mem::forget(q);
+            }
+        }
+        leaked
+    }
+
+    // ---- sockets ---------------------------------------------------------
+
+    pub(crate) fn register_io(
+        &self,
+        source: &mut impl mio::event::Source,
+        interest: Interest,
+    ) -> io::Result<usize> {
+        let mut io = self.io.borrow_mut();
+        let entry = io.vacant_entry();
+        let key = entry.key();
+        self.registry.register(source, Token(key), interest)?;
+        entry.insert(IoEntry::default());
+        Ok(key)
+    }
+
+    pub(crate) fn deregister_io(&self, source: &mut impl mio::event::Source, key: usize) {
+        if let Err(e) = self.registry.deregister(source) {
+            tracing::debug!(error = %e, "deregistering a socket");
+        }
+        let entry = self.io.borrow_mut().try_remove(key);
+        drop(entry);
+    }
+
+    /// Remembers `cx`'s waker for the next readiness event in `dir`. Returns
+    /// `Ready` if such an event already arrived (and consumes it).
+    pub(crate) fn poll_ready(&self, key: usize, dir: Direction, cx: &mut Context<'_>) -> Poll<()> {
+        let mut io = self.io.borrow_mut();
+        let Some(e) = io.get_mut(key) else {
+            return Poll::Ready(());
+        };
+        let (ready, slot) = match dir {
+            Direction::Read => (&mut e.read_ready, &mut e.read),
+            Direction::Write => (&mut e.write_ready, &mut e.write),
+        };
+        if std::mem::take(ready) {
+            return Poll::Ready(());
+        }
+        match slot {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// The operation in `dir` would block: forget stale readiness, wait.
+    pub(crate) fn clear_and_wait(&self, key: usize, dir: Direction, cx: &mut Context<'_>) {
+        if let Some(e) = self.io.borrow_mut().get_mut(key) {
+            match dir {
+                Direction::Read => e.read_ready = false,
+                Direction::Write => e.write_ready = false,
+            }
+        }
+        let _ = self.poll_ready(key, dir, cx);
+    }
+
+    fn io_ready(&self, key: usize, ev: &mio::event::Event) {
+        let mut wake = [None, None];
+        {
+            let mut io = self.io.borrow_mut();
+            let Some(e) = io.get_mut(key) else { return };
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                e.read_ready = true;
+                wake[0] = e.read.take();
+            }
+            if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
+                e.write_ready = true;
+                wake[1] = e.write.take();
+            }
+        }
+        for w in wake.into_iter().flatten() {
+            w.wake();
+        }
+    }
+
+    // ---- sleeping --------------------------------------------------------
+
+    /// Waits in epoll for up to `timeout` (`None` = forever), then dispatches
+    /// the events. Returns the number of events.
+    pub(crate) fn poll_io(&self, timeout: Option<Duration>) -> io::Result<usize> {
+        let mut events = self.events.borrow_mut();
+        {
+            let mut poll = self.poll.borrow_mut();
+            match poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut n = 0;
+        for ev in events.iter() {
+            n += 1;
+            let t = ev.token();
+            if t == WAKER_TOKEN {
+                continue;
+            }
+            if t.0 >= CHANNEL_BASE {
+                self.channel_ready(t.0 - CHANNEL_BASE);
+            } else {
+                self.io_ready(t.0, ev);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Shutdown: forgets every socket registration and CQ (their owners may
+    /// outlive the runtime; their later deregistration is harmless).
+    pub(crate) fn clear(&self) {
+        let io: Vec<IoEntry> = self.io.borrow_mut().drain().collect();
+        drop(io);
+        let keys: Vec<usize> = self.cqs.borrow().iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.deregister_cq(k);
+        }
+        let handler = self.reserved_handler.borrow_mut().take();
+        drop(handler);
+    }
+}

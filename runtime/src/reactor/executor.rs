@@ -1,0 +1,299 @@
+//! The local task queue: `spawn`, wakers and [`JoinHandle`].
+//!
+//! Tasks live in a slab on the runtime's thread. Their wakers are
+//! thread-safe (`std::task::Wake`): waking pushes the task id into a small
+//! mutex-protected queue and, only if the reactor is asleep in epoll, kicks
+//! the `mio::Waker`. Same-thread wakes therefore cost no syscall.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use slab::Slab;
+
+/// Id of the future passed to `block_on` (it is not in the slab).
+const MAIN: usize = usize::MAX;
+
+pub(crate) struct Shared {
+    queue: Mutex<Vec<usize>>,
+    /// Something was pushed since the last collect.
+    notified: AtomicBool,
+    /// The reactor is (about to be) asleep in epoll.
+    pub(crate) sleeping: AtomicBool,
+    mio_waker: mio::Waker,
+}
+
+impl Shared {
+    fn push(&self, id: usize) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(id);
+        self.notified.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            if let Err(e) = self.mio_waker.wake() {
+                tracing::warn!(error = %e, "waking the reactor failed");
+            }
+        }
+    }
+}
+
+struct TaskWaker {
+    id: usize,
+    scheduled: AtomicBool,
+    shared: Arc<Shared>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.scheduled.swap(true, Ordering::AcqRel) {
+            self.shared.push(self.id);
+        }
+    }
+}
+
+struct Task {
+    future: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    waker: Waker,
+    flag: Arc<TaskWaker>,
+}
+
+pub(crate) struct Executor {
+    tasks: RefCell<Slab<Task>>,
+    ready: RefCell<VecDeque<usize>>,
+    spare: RefCell<Vec<usize>>,
+    pub(crate) shared: Arc<Shared>,
+    main: Arc<TaskWaker>,
+    main_waker: Waker,
+    main_woken: Cell<bool>,
+}
+
+impl Executor {
+    pub(crate) fn new(mio_waker: mio::Waker) -> Executor {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Vec::with_capacity(64)),
+            notified: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            mio_waker,
+        });
+        let main = Arc::new(TaskWaker {
+            id: MAIN,
+            scheduled: AtomicBool::new(false),
+            shared: shared.clone(),
+        });
+        Executor {
+            tasks: RefCell::new(Slab::with_capacity(64)),
+            ready: RefCell::new(VecDeque::with_capacity(64)),
+            spare: RefCell::new(Vec::with_capacity(64)),
+            shared,
+            main_waker: Waker::from(main.clone()),
+            main,
+            main_woken: Cell::new(false),
+        }
+    }
+
+    pub(crate) fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        let state = Rc::new(JoinState {
+            value: RefCell::new(None),
+            waker: RefCell::new(None),
+            finished: Cell::new(false),
+        });
+        let st = state.clone();
+        let task = async move {
+            let v = fut.await;
+            *st.value.borrow_mut() = Some(v);
+            st.finished.set(true);
+            let w = st.waker.borrow_mut().take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        };
+        let mut tasks = self.tasks.borrow_mut();
+        let entry = tasks.vacant_entry();
+        let id = entry.key();
+        let flag = Arc::new(TaskWaker {
+            id,
+            scheduled: AtomicBool::new(false),
+            shared: self.shared.clone(),
+        });
+        let waker = Waker::from(flag.clone());
+        entry.insert(Task {
+            future: Some(Box::pin(task)),
+            waker: waker.clone(),
+            flag,
+        });
+        drop(tasks);
+        // Scheduled like any wake, so a runtime driven from outside (asleep
+        // between turns) sees its epoll fd become readable.
+        waker.wake();
+        JoinHandle { state }
+    }
+
+    /// Moves cross-thread and same-thread wakes into the local ready queue.
+    pub(crate) fn collect(&self) {
+        if !self.shared.notified.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let mut spare = self.spare.borrow_mut();
+        {
+            let mut q = self
+                .shared
+                .queue
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            std::mem::swap(&mut *q, &mut *spare);
+        }
+        let mut ready = self.ready.borrow_mut();
+        for id in spare.drain(..) {
+            if id == MAIN {
+                self.main_woken.set(true);
+            } else {
+                ready.push_back(id);
+            }
+        }
+    }
+
+    /// Polls up to `budget` ready tasks; returns how many were polled.
+    pub(crate) fn run(&self, budget: usize) -> usize {
+        self.collect();
+        let mut polled = 0;
+        while polled < budget {
+            let next = self.ready.borrow_mut().pop_front();
+            let Some(id) = next else {
+                self.collect();
+                if self.ready.borrow().is_empty() {
+                    break;
+                }
+                continue;
+            };
+            self.poll_task(id);
+            polled += 1;
+        }
+        polled
+    }
+
+    fn poll_task(&self, id: usize) {
+        let (mut fut, waker) = {
+            let mut tasks = self.tasks.borrow_mut();
+            let Some(task) = tasks.get_mut(id) else {
+                return;
+            };
+            let Some(fut) = task.future.take() else {
+                return;
+            };
+            task.flag.scheduled.store(false, Ordering::Release);
+            (fut, task.waker.clone())
+        };
+        let mut cx = Context::from_waker(&waker);
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(()) => {
+                let task = self.tasks.borrow_mut().try_remove(id);
+                drop(task);
+                drop(fut);
+            }
+            Poll::Pending => {
+                if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
+                    task.future = Some(fut);
+                }
+            }
+        }
+    }
+
+    /// True if a task or the main future can make progress right now.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.ready.borrow().is_empty()
+            || self.main_woken.get()
+            || self.shared.notified.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn main_waker(&self) -> &Waker {
+        &self.main_waker
+    }
+
+    /// Takes the "main future was woken" flag.
+    pub(crate) fn take_main_woken(&self) -> bool {
+        self.collect();
+        let woken = self.main_woken.replace(false);
+        if woken {
+            self.main.scheduled.store(false, Ordering::Release);
+        }
+        woken
+    }
+
+    pub(crate) fn wake_main(&self) {
+        self.main_woken.set(true);
+    }
+
+    pub(crate) fn task_count(&self) -> usize {
+        self.tasks.borrow().len()
+    }
+
+    /// Drops every task (runtime shutdown). Task destructors may spawn or
+    /// drop ops; nothing is borrowed while they run.
+    pub(crate) fn drop_all(&self) {
+        loop {
+            let all: Vec<Task> = self.tasks.borrow_mut().drain().collect();
+            if all.is_empty() {
+                break;
+            }
+            drop(all);
+        }
+        self.ready.borrow_mut().clear();
+    }
+}
+
+struct JoinState<T> {
+    value: RefCell<Option<T>>,
+    waker: RefCell<Option<Waker>>,
+    finished: Cell<bool>,
+}
+
+/// A spawned task's output, as a future. Dropping it detaches the task (it
+/// keeps running). If the runtime is dropped before the task finishes, the
+/// task is dropped and this future never resolves.
+pub struct JoinHandle<T> {
+    state: Rc<JoinState<T>>,
+}
+
+impl<T> JoinHandle<T> {
+    /// True once the task has finished.
+    pub fn is_finished(&self) -> bool {
+        self.state.finished.get()
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        if let Some(v) = self.state.value.borrow_mut().take() {
+            return Poll::Ready(v);
+        }
+        let mut w = self.state.waker.borrow_mut();
+        match &*w {
+            Some(old) if old.will_wake(cx.waker()) => {}
+            _ => *w = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> std::fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinHandle")
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}

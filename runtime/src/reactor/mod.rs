@@ -1,0 +1,163 @@
+//! The reactor: a single-threaded (`!Send`) runtime, one per thread.
+//!
+//! One loop ([`Runtime::block_on`], or [`Runtime::turn`] when another
+//! executor drives it):
+//!
+//! 1. run ready tasks (up to a budget);
+//! 2. drain the CQs with `poll` in batches, completing slab entries by wr_id;
+//! 3. fire expired timers;
+//! 4. if nothing is runnable: optionally spin on the CQs (busy poll), arm the
+//!    CQs (`req_notify`), poll them once more (a completion may have landed
+//!    before the arming), then sleep in `mio::Poll` until a completion-channel
+//!    fd, a socket, a cross-thread wake or the next timer. CQ events are
+//!    taken from the channels and acknowledged in batches.
+
+mod driver;
+mod executor;
+mod net;
+mod runtime;
+mod timer;
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+pub use executor::JoinHandle;
+pub use net::{TcpListener, TcpStream};
+pub use runtime::{Builder, Runtime, Turn};
+pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
+
+pub(crate) use driver::Driver;
+
+use crate::op::OpTable;
+use crate::provider::Completion;
+
+/// Errors of the runtime itself.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// An OS call (epoll, eventfd, registration) failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A runtime already exists on this thread (one per thread).
+    #[error("a verbio runtime already exists on this thread")]
+    AlreadyExists,
+    /// A provider call failed.
+    #[error(transparent)]
+    Provider(#[from] crate::provider::ProviderError),
+}
+
+pub(crate) struct Config {
+    pub(crate) busy_poll: std::time::Duration,
+    pub(crate) task_budget: usize,
+    pub(crate) drain_timeout: std::time::Duration,
+}
+
+pub(crate) struct Inner {
+    pub(crate) driver: Driver,
+    pub(crate) executor: executor::Executor,
+    pub(crate) timers: timer::Timers,
+    pub(crate) config: Config,
+    pub(crate) in_block_on: Cell<bool>,
+}
+
+/// A handle to the thread's runtime: what ops, timers, sockets and tasks use
+/// to reach the reactor. Cheap to clone; `!Send`.
+#[derive(Clone)]
+pub struct Handle {
+    pub(crate) inner: Rc<Inner>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Handle>> = const { RefCell::new(None) };
+}
+
+impl Handle {
+    /// The runtime of this thread.
+    ///
+    /// # Panics
+    ///
+    /// If no [`Runtime`] exists on this thread.
+    pub fn current() -> Handle {
+        match Handle::try_current() {
+            Some(h) => h,
+            None => panic!("no verbio runtime on this thread: create a verbio::Runtime first"),
+        }
+    }
+
+    /// The runtime of this thread, if there is one.
+    pub fn try_current() -> Option<Handle> {
+        // `try_with`: during thread-local teardown there is no runtime.
+        CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
+    }
+
+    pub(crate) fn set_current(h: Option<Handle>) {
+        let old = CURRENT.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), h));
+        // Dropped outside the borrow.
+        drop(old);
+    }
+
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.inner.driver
+    }
+
+    pub(crate) fn ops(&self) -> &OpTable {
+        &self.inner.driver.ops
+    }
+
+    /// Spawns a local task (it may be `!Send`); it starts at the next turn
+    /// of the loop. The returned handle is a future of its output; dropping
+    /// it detaches the task.
+    pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: std::future::Future + 'static,
+        F::Output: 'static,
+    {
+        self.inner.executor.spawn(fut)
+    }
+
+    /// Number of ops in the slab (in flight, parked, or completed but not
+    /// yet collected by their future).
+    pub fn ops_in_slab(&self) -> usize {
+        self.ops().len()
+    }
+
+    /// Completions ignored because their wr_id was stale (freed or reused slot).
+    pub fn stale_completions(&self) -> u64 {
+        self.ops().stale_count()
+    }
+
+    /// Routes completions with a reserved wr_id at or above
+    /// [`wr_id::AGENT_BASE`](crate::op::wr_id::AGENT_BASE) to `handler`
+    /// (called from the reactor loop; it must not block). `None` removes it.
+    pub fn set_reserved_handler(&self, handler: Option<Box<dyn FnMut(Completion)>>) {
+        *self.inner.driver.reserved_handler.borrow_mut() = handler;
+    }
+
+    /// Test hook: delivers `c` as if a CQ had produced it, at the next drain.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn inject_completion(&self, c: Completion) {
+        self.inner.driver.inject(c);
+    }
+}
+
+/// Spawns a local task on the current thread's runtime.
+///
+/// # Panics
+///
+/// If no [`Runtime`] exists on this thread.
+pub fn spawn<F>(fut: F) -> JoinHandle<F::Output>
+where
+    F: std::future::Future + 'static,
+    F::Output: 'static,
+{
+    Handle::current().spawn(fut)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,396 @@
+//! [`Runtime`] and its [`Builder`]: the loop that ties the executor, the
+//! driver (CQs, sockets) and the timers together.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::driver::{Driver, WAKER_TOKEN};
+use super::executor::Executor;
+use super::timer::Timers;
+use super::{Config, Handle, Inner, JoinHandle, RuntimeError};
+
+/// Every this many loop iterations without sleeping, sockets and channels
+/// are polled anyway (zero timeout) so busy tasks cannot starve them.
+const IO_EVERY: u32 = 16;
+
+/// Configures a [`Runtime`].
+#[derive(Clone, Debug)]
+pub struct Builder {
+    busy_poll: Duration,
+    cq_batch: usize,
+    task_budget: usize,
+    op_slots: usize,
+    events: usize,
+    drain_timeout: Duration,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            busy_poll: Duration::ZERO,
+            cq_batch: 32,
+            task_budget: 128,
+            op_slots: 1024,
+            events: 256,
+            drain_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Builder {
+    /// Spin on the CQs for up to `d` before sleeping (latency mode, like
+    /// perftest's busy polling). Default: zero (sleep at once).
+    pub fn busy_poll(mut self, d: Duration) -> Self {
+        self.busy_poll = d;
+        self
+    }
+
+    /// Completions taken per `poll` call (default 32).
+    pub fn cq_poll_batch(mut self, n: usize) -> Self {
+        self.cq_batch = n.max(1);
+        self
+    }
+
+    /// Task polls per loop iteration before the CQs and sockets get a turn
+    /// (default 128).
+    pub fn task_budget(mut self, n: usize) -> Self {
+        self.task_budget = n.max(1);
+        self
+    }
+
+    /// Op slots preallocated in the wr_id slab (default 1024; it grows past
+    /// that, allocating).
+    pub fn op_slots(mut self, n: usize) -> Self {
+        self.op_slots = n;
+        self
+    }
+
+    /// epoll events taken per wake-up (default 256).
+    pub fn event_capacity(mut self, n: usize) -> Self {
+        self.events = n;
+        self
+    }
+
+    /// How long dropping the runtime waits for in-flight work requests to
+    /// complete or flush before leaking their buffers (default 2 s).
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.drain_timeout = d;
+        self
+    }
+
+    /// Creates the runtime and makes it this thread's current one.
+    pub fn build(self) -> Result<Runtime, RuntimeError> {
+        if Handle::try_current().is_some() {
+            return Err(RuntimeError::AlreadyExists);
+        }
+        let poll = mio::Poll::new().map_err(|source| RuntimeError::Io {
+            context: "creating the epoll instance",
+            source,
+        })?;
+        let mio_waker =
+            mio::Waker::new(poll.registry(), WAKER_TOKEN).map_err(|source| RuntimeError::Io {
+                context: "creating the reactor's waker",
+                source,
+            })?;
+        let driver = Driver::new(poll, self.events, self.op_slots, self.cq_batch)?;
+        let handle = Handle {
+            inner: Rc::new(Inner {
+                driver,
+                executor: Executor::new(mio_waker),
+                timers: Timers::new(),
+                config: Config {
+                    busy_poll: self.busy_poll,
+                    task_budget: self.task_budget,
+                    drain_timeout: self.drain_timeout,
+                },
+                in_block_on: Cell::new(false),
+            }),
+        };
+        Handle::set_current(Some(handle.clone()));
+        Ok(Runtime {
+            handle,
+            io_countdown: Cell::new(IO_EVERY),
+        })
+    }
+}
+
+/// What one [`Runtime::turn`] left behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Turn {
+    /// Work is ready: call `turn` again without waiting.
+    pub ready: bool,
+    /// The earliest timer deadline, if any: wait on the fd no longer than that.
+    pub next_timer: Option<Instant>,
+}
+
+impl Turn {
+    /// How long a driver may wait on [`Runtime::as_raw_fd`] before turning
+    /// again (`Some(ZERO)` if work is ready, `None` = until the fd is readable).
+    pub fn wait_for(&self) -> Option<Duration> {
+        if self.ready {
+            return Some(Duration::ZERO);
+        }
+        self.next_timer
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// A single-threaded runtime (`!Send`): local executor, CQ/socket reactor
+/// and timers. One per thread; it is the thread's current runtime from
+/// creation until it is dropped.
+///
+/// Dropping it drops every task, moves every QP still open to ERR, and waits
+/// up to the drain timeout for the in-flight work requests to complete or
+/// flush, so that parked buffers are freed only once the device is done
+/// with them. Buffers still in flight after the timeout are leaked on
+/// purpose (with a warning), never freed under the device.
+pub struct Runtime {
+    handle: Handle,
+    io_countdown: Cell<u32>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("tasks", &self.handle.inner.executor.task_count())
+            .field("ops", &self.handle.ops().len())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A runtime with default settings.
+    pub fn new() -> Result<Runtime, RuntimeError> {
+        Builder::default().build()
+    }
+
+    /// Settings: busy poll, CQ batch, task budget, ...
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The runtime's handle.
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// Spawns a local task.
+    pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        self.handle.spawn(fut)
+    }
+
+    /// Runs `fut` to completion on this thread, driving every task, op,
+    /// timer and socket meanwhile.
+    ///
+    /// # Panics
+    ///
+    /// If called from inside `block_on` (nested), or if a task panics (the
+    /// panic propagates).
+    pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
+        let inner = &self.handle.inner;
+        assert!(
+            !inner.in_block_on.replace(true),
+            "Runtime::block_on called from inside block_on"
+        );
+        struct Exit<'a>(&'a Cell<bool>);
+        impl Drop for Exit<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let _exit = Exit(&inner.in_block_on);
+        let mut fut = pin!(fut);
+        let waker = inner.executor.main_waker().clone();
+        let mut cx = Context::from_waker(&waker);
+        inner.executor.wake_main();
+        loop {
+            if inner.executor.take_main_woken() {
+                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    return v;
+                }
+            }
+            self.tick();
+            if !inner.executor.has_ready() {
+                self.park();
+            }
+        }
+    }
+
+    /// One non-blocking iteration of the loop, for driving the runtime from
+    /// another executor or thread: run ready tasks, drain the CQs, take
+    /// socket/channel events without waiting, fire timers, and if idle arm
+    /// the CQs. Afterwards wait until [`as_raw_fd`](AsRawFd::as_raw_fd) is
+    /// readable (or [`Turn::wait_for`] passes) and turn again.
+    pub fn turn(&self) -> Turn {
+        let inner = &self.handle.inner;
+        // Between turns the runtime counts as asleep, so that cross-thread
+        // wakes kick the epoll fd the outside driver waits on.
+        inner
+            .executor
+            .shared
+            .sleeping
+            .store(false, Ordering::SeqCst);
+        self.tick();
+        if inner.executor.has_ready() {
+            return self.turn_result(true);
+        }
+        let d = &inner.driver;
+        d.arm_cqs();
+        if d.drain_cqs() > 0 {
+            return self.turn_result(true);
+        }
+        if let Err(e) = d.poll_io(Some(Duration::ZERO)) {
+            tracing::warn!(error = %e, "epoll failed");
+        }
+        inner.timers.fire(Instant::now());
+        // A channel event may have disarmed a CQ: re-arm and re-check.
+        d.arm_cqs();
+        let more = d.drain_cqs() > 0;
+        inner.executor.collect();
+        self.turn_result(more || inner.executor.has_ready())
+    }
+
+    fn turn_result(&self, ready: bool) -> Turn {
+        let ex = &self.handle.inner.executor;
+        let ready = if ready {
+            true
+        } else {
+            ex.shared.sleeping.store(true, Ordering::SeqCst);
+            ex.has_ready()
+        };
+        Turn {
+            ready,
+            next_timer: self.handle.inner.timers.next_deadline(),
+        }
+    }
+
+    /// Runs tasks, drains CQs, fires timers; never sleeps.
+    fn tick(&self) {
+        let inner = &self.handle.inner;
+        let polled = inner.executor.run(inner.config.task_budget);
+        inner.driver.drain_cqs();
+        inner.timers.fire(Instant::now());
+        let c = self.io_countdown.get();
+        if polled >= inner.config.task_budget || c <= 1 {
+            self.io_countdown.set(IO_EVERY);
+            if let Err(e) = inner.driver.poll_io(Some(Duration::ZERO)) {
+                tracing::warn!(error = %e, "epoll failed");
+            }
+        } else {
+            self.io_countdown.set(c - 1);
+        }
+    }
+
+    /// Nothing is runnable: busy-poll, arm, re-check, sleep.
+    fn park(&self) {
+        let inner = &self.handle.inner;
+        let d = &inner.driver;
+        self.io_countdown.set(IO_EVERY);
+        if !inner.config.busy_poll.is_zero() {
+            let end = Instant::now() + inner.config.busy_poll;
+            loop {
+                if d.drain_cqs() > 0 || inner.executor.has_ready() {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= end {
+                    break;
+                }
+                if inner.timers.next_deadline().is_some_and(|t| t <= now) {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        d.arm_cqs();
+        if d.drain_cqs() > 0 || d.has_injected() {
+            return;
+        }
+        let timeout = inner
+            .timers
+            .next_deadline()
+            .map(|t| t.saturating_duration_since(Instant::now()));
+        let shared = &inner.executor.shared;
+        shared.sleeping.store(true, Ordering::SeqCst);
+        if !inner.executor.has_ready() {
+            if let Err(e) = d.poll_io(timeout) {
+                tracing::warn!(error = %e, "epoll failed");
+            }
+        }
+        shared.sleeping.store(false, Ordering::SeqCst);
+        inner.timers.fire(Instant::now());
+    }
+
+    /// Ops in the slab (in flight, parked, or completed but uncollected).
+    pub fn ops_in_slab(&self) -> usize {
+        self.handle.ops().len()
+    }
+
+    /// Live tasks.
+    pub fn task_count(&self) -> usize {
+        self.handle.inner.executor.task_count()
+    }
+}
+
+impl AsRawFd for Runtime {
+    /// The reactor's epoll fd: readable when a completion channel, a socket,
+    /// or a cross-thread wake needs a [`Runtime::turn`].
+    fn as_raw_fd(&self) -> RawFd {
+        self.handle.driver().poll_fd()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let inner = &self.handle.inner;
+        inner.executor.drop_all();
+        let d = &inner.driver;
+        d.close_all_qps();
+        let deadline = Instant::now() + inner.config.drain_timeout;
+        loop {
+            d.drain_cqs();
+            if d.ops.in_flight() == 0 {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            d.arm_cqs();
+            if d.drain_cqs() > 0 {
+                continue;
+            }
+            let wait = (deadline - now).min(Duration::from_millis(10));
+            if let Err(e) = d.poll_io(Some(wait)) {
+                tracing::warn!(error = %e, "epoll failed during shutdown");
+                break;
+            }
+        }
+        d.ops.shut_down();
+        let leaked_ops = d.ops.leak_parked();
+        let leaked_qps = d.release_qps();
+        if leaked_ops + leaked_qps > 0 {
+            tracing::warn!(
+                leaked_ops,
+                leaked_qps,
+                "runtime dropped with work requests still in flight: their buffers are leaked"
+            );
+        }
+        // Tasks spawned by destructors above.
+        inner.executor.drop_all();
+        inner.timers.clear();
+        d.clear();
+        Handle::set_current(None);
+    }
+}

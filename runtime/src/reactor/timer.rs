@@ -1,0 +1,246 @@
+//! Timers: a binary heap of deadlines plus a slab of wakers. [`sleep`],
+//! [`sleep_until`] and [`timeout`].
+
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use slab::Slab;
+
+use super::Handle;
+
+struct Entry {
+    seq: u64,
+    waker: Option<Waker>,
+}
+
+pub(crate) struct Timers {
+    /// (deadline, seq, key); entries whose seq no longer matches are stale.
+    heap: RefCell<BinaryHeap<Reverse<(Instant, u64, usize)>>>,
+    entries: RefCell<Slab<Entry>>,
+    next_seq: Cell<u64>,
+}
+
+impl Timers {
+    pub(crate) fn new() -> Timers {
+        Timers {
+            heap: RefCell::new(BinaryHeap::with_capacity(64)),
+            entries: RefCell::new(Slab::with_capacity(64)),
+            next_seq: Cell::new(0),
+        }
+    }
+
+    fn insert(&self, deadline: Instant, waker: Waker) -> (usize, u64) {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        let key = self.entries.borrow_mut().insert(Entry {
+            seq,
+            waker: Some(waker),
+        });
+        let mut heap = self.heap.borrow_mut();
+        heap.push(Reverse((deadline, seq, key)));
+        // Dropped timers leave stale heap entries; compact when they dominate.
+        let live = self.entries.borrow().len();
+        if heap.len() > 64 && heap.len() > 4 * live {
+            let entries = self.entries.borrow();
+            heap.retain(|Reverse((_, s, k))| entries.get(*k).is_some_and(|e| e.seq == *s));
+        }
+        (key, seq)
+    }
+
+    fn update(&self, key: usize, seq: u64, waker: &Waker) {
+        if let Some(e) = self.entries.borrow_mut().get_mut(key) {
+            if e.seq == seq {
+                match &e.waker {
+                    Some(w) if w.will_wake(waker) => {}
+                    _ => e.waker = Some(waker.clone()),
+                }
+            }
+        }
+    }
+
+    fn remove(&self, key: usize, seq: u64) {
+        let mut entries = self.entries.borrow_mut();
+        if entries.get(key).is_some_and(|e| e.seq == seq) {
+            entries.remove(key);
+        }
+    }
+
+    /// Wakes every timer whose deadline is at or before `now`, in deadline order.
+    pub(crate) fn fire(&self, now: Instant) -> usize {
+        let mut fired = 0;
+        loop {
+            let waker = {
+                let mut heap = self.heap.borrow_mut();
+                match heap.peek() {
+                    Some(Reverse((d, _, _))) if *d <= now => {}
+                    _ => break,
+                }
+                let Some(Reverse((_, seq, key))) = heap.pop() else {
+                    break;
+                };
+                let mut entries = self.entries.borrow_mut();
+                match entries.get_mut(key) {
+                    Some(e) if e.seq == seq => e.waker.take(),
+                    _ => None,
+                }
+            };
+            if let Some(w) = waker {
+                fired += 1;
+                w.wake();
+            }
+        }
+        fired
+    }
+
+    /// The earliest live deadline.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let mut heap = self.heap.borrow_mut();
+        let entries = self.entries.borrow();
+        while let Some(Reverse((d, seq, key))) = heap.peek().copied() {
+            if entries
+                .get(key)
+                .is_some_and(|e| e.seq == seq && e.waker.is_some())
+            {
+                return Some(d);
+            }
+            heap.pop();
+        }
+        None
+    }
+
+    #[cfg(test)]
+    pub(crate) fn heap_len(&self) -> usize {
+        self.heap.borrow().len()
+    }
+
+    pub(crate) fn clear(&self) {
+        self.heap.borrow_mut().clear();
+        let all: Vec<Entry> = self.entries.borrow_mut().drain().collect();
+        drop(all);
+    }
+}
+
+/// A future that completes at a deadline. Created by [`sleep`] and [`sleep_until`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Sleep {
+    handle: Handle,
+    deadline: Instant,
+    entry: Option<(usize, u64)>,
+}
+
+impl Sleep {
+    /// When it completes.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// True once the deadline has passed.
+    pub fn is_elapsed(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let timers = &this.handle.inner.timers;
+        if Instant::now() >= this.deadline {
+            if let Some((key, seq)) = this.entry.take() {
+                timers.remove(key, seq);
+            }
+            return Poll::Ready(());
+        }
+        match this.entry {
+            Some((key, seq)) => timers.update(key, seq, cx.waker()),
+            None => this.entry = Some(timers.insert(this.deadline, cx.waker().clone())),
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some((key, seq)) = self.entry.take() {
+            self.handle.inner.timers.remove(key, seq);
+        }
+    }
+}
+
+impl std::fmt::Debug for Sleep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sleep")
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+/// Waits for `duration`.
+///
+/// # Panics
+///
+/// If no runtime exists on this thread.
+pub fn sleep(duration: Duration) -> Sleep {
+    sleep_until(Instant::now() + duration)
+}
+
+/// Waits until `deadline`.
+///
+/// # Panics
+///
+/// If no runtime exists on this thread.
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    Sleep {
+        handle: Handle::current(),
+        deadline,
+        entry: None,
+    }
+}
+
+/// The deadline of a [`timeout`] passed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("deadline elapsed")]
+pub struct Elapsed;
+
+/// A future with a deadline: [`timeout`].
+#[must_use = "futures do nothing unless polled"]
+#[pin_project::pin_project]
+pub struct Timeout<F> {
+    #[pin]
+    future: F,
+    sleep: Sleep,
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(v) = this.future.poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        match Pin::new(this.sleep).poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Runs `future` until it finishes or `duration` passes (`Err(Elapsed)`;
+/// the future is then dropped when the `Timeout` is).
+///
+/// # Panics
+///
+/// If no runtime exists on this thread.
+pub fn timeout<F: Future>(duration: Duration, future: F) -> Timeout<F> {
+    Timeout {
+        future,
+        sleep: sleep(duration),
+    }
+}
