@@ -1,3 +1,5 @@
 //! verbio-ops: every verb as an owned-buffer `Op` future, connection setup over
 //! TCP, and the MR-token agent.
 #![deny(missing_docs)]
+
+pub mod connect;
