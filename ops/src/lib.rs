@@ -3,3 +3,10 @@
 #![deny(missing_docs)]
 
 pub mod connect;
+pub mod connection;
+pub mod error;
+pub mod verbs;
+
+pub use connection::{connect, ConnectOptions, Listener};
+pub use error::{Error, Result};
+pub use verbs::{Batch, Received, RemoteBuf, Verbs};
