@@ -391,3 +391,65 @@ fn queue_limits_are_enforced() {
         }
     ));
 }
+
+#[test]
+fn ping_pong_between_two_threads() {
+    let (a, b) = pair();
+    const N: usize = 2000;
+    let run = |s: Side, initiator: bool| {
+        let sb = s.buf(64, LW);
+        let rb = s.buf(64, LW);
+        s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]).unwrap();
+        let mut wc = [Completion::EMPTY; 16];
+        let mut sent = 0;
+        for i in 0..N {
+            if initiator {
+                sb.write(0, &(i as u64).to_le_bytes());
+                s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
+                    .unwrap();
+            }
+            let c = poll_one(&s.rcq);
+            assert_eq!(c.status, WcStatus::Success, "iteration {i}");
+            assert_eq!(rb.u64_at(0), i as u64);
+            s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]).unwrap();
+            if !initiator {
+                sb.write(0, &(i as u64).to_le_bytes());
+                s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
+                    .unwrap();
+            }
+            let n = s.scq.poll(&mut wc).unwrap();
+            assert!(wc[..n].iter().all(|c| c.status == WcStatus::Success));
+            sent += n;
+        }
+        // The buffers must stay registered until the last SEND completed.
+        let rest = poll_n(&s.scq, N - sent);
+        assert!(rest.iter().all(|c| c.status == WcStatus::Success));
+        s
+    };
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| run(b, false));
+        // Keep both sides alive until both are done.
+        let sa = run(a, true);
+        let sb = h.join().unwrap();
+        drop((sa, sb));
+    });
+}
+
+#[test]
+fn engine_stops_when_the_last_handle_is_dropped() {
+    let ctx = open_test_context();
+    let addr = ctx.soft_addr().unwrap();
+    let (a, b) = connect_pair(&ctx, &ctx, &PairOpts::default());
+    let cq_other = open_test_context().create_cq(4, None).unwrap();
+    // Objects of another device are refused.
+    assert!(a
+        .pd
+        .create_qp(&cq_other, &a.rcq, QpCaps::default())
+        .is_err());
+    drop(ctx);
+    // Still alive: the QPs keep the device open.
+    assert!(std::net::TcpStream::connect(addr).is_ok());
+    drop((a, b));
+    // The engine thread was joined and its listener closed.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}

@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::conn::{Conn, Flush};
+use super::conn::{Conn, Flush, RxDirect};
 use super::context::Shared;
 use super::cq::lock;
+use super::dma::write_raw;
 use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
+use super::packet::{Header, FLAG_FIRST};
 use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
+use super::responder::load_qp;
 use crate::provider::{
-    ack_timeout_duration, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
+    ack_timeout_duration, AccessFlags, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
 };
 
 /// Token of the doorbell waker.
@@ -27,6 +30,20 @@ const LISTENER: Token = Token(1);
 const CONN_BASE: usize = 2;
 /// Rounds of fill+flush per connection before looking at other events.
 const SERVICE_ROUNDS: usize = 8;
+/// WRITE payloads at least this big are received straight into memory.
+const DIRECT_MIN: usize = 16 * 1024;
+
+/// How long the engine keeps polling after activity before it sleeps
+/// (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
+const DEFAULT_SPIN_US: u64 = 50;
+
+fn spin_duration() -> Duration {
+    let us = std::env::var("VERBIO_SOFT_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_SPIN_US);
+    Duration::from_micros(us)
+}
 
 pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
 
@@ -60,6 +77,8 @@ impl EWqe {
 /// The engine's private view of a QP.
 pub(crate) struct EQp {
     pub sh: Arc<QpShared>,
+    /// The device (for the MR table).
+    pub sh_ctx: Arc<Shared>,
     pub gen: u32,
     pub epoch: u32,
     pub configured: bool,
@@ -77,15 +96,18 @@ pub(crate) struct EQp {
     pub ack_deadline: Option<Instant>,
     pub retries_left: u8,
     pub rd_outstanding: usize,
+    /// The payload this QP may still be sending straight from its memory.
+    pub zc: Option<super::conn::TxMemRef>,
     // responder
     pub epsn: u32,
     pub cur_recv: Option<RecvWqe>,
 }
 
 impl EQp {
-    pub fn new(sh: Arc<QpShared>) -> EQp {
+    pub fn new(sh: Arc<QpShared>, sh_ctx: Arc<Shared>) -> EQp {
         EQp {
             sh,
+            sh_ctx,
             gen: u32::MAX,
             epoch: 0,
             configured: false,
@@ -101,6 +123,7 @@ impl EQp {
             ack_deadline: None,
             retries_left: 0,
             rd_outstanding: 0,
+            zc: None,
             epsn: 0,
             cur_recv: None,
         }
@@ -194,9 +217,23 @@ impl EQp {
         }
     }
 
+    /// Before completions may free the QP's memory: a payload still being
+    /// sent from it is copied out (the engine never reads it afterwards).
+    /// Takes the MR-table lock: callers must not hold it.
+    pub fn unpin(&mut self) {
+        if let Some(z) = self.zc.take() {
+            // Only the connection and we hold it while it is unsent.
+            if std::rc::Rc::strong_count(&z) > 1 {
+                let shared = self.sh_ctx.clone();
+                z.borrow_mut().snapshot(&shared.mrs());
+            }
+        }
+    }
+
     /// Moves the QP to ERR: `first` completes the front send WR, then every
     /// other WR (send and receive) is flushed.
     pub fn fail(&mut self, first: Option<WcStatus>) {
+        self.unpin();
         if let Some(st) = first {
             if !self.wqes.is_empty() {
                 self.complete_front(st, 0);
@@ -213,6 +250,7 @@ impl EQp {
 
     /// Flushes every WR with `WR_FLUSH_ERR` (QP in ERR).
     pub fn flush(&mut self, inner: &mut QpInner) {
+        self.unpin();
         let sends: Vec<SendWqe> = self
             .wqes
             .drain(..)
@@ -252,6 +290,13 @@ pub(crate) struct Engine {
     pub qps: HashMap<u32, EQp>,
     pub active: Vec<usize>,
     dirty_buf: Vec<Arc<QpShared>>,
+    /// While the engine spins, ACK-only output waits (at most until it would
+    /// sleep) so it can leave together with the next request.
+    pub hold_acks: bool,
+    /// Connections holding back ACKs.
+    pub held: Vec<usize>,
+    /// A request packet was generated in this loop turn.
+    pub sent_request: bool,
 }
 
 /// Engine thread body.
@@ -272,6 +317,9 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
         qps: HashMap::new(),
         active: Vec::new(),
         dirty_buf: Vec::new(),
+        hold_acks: false,
+        held: Vec::new(),
+        sent_request: false,
     };
     eng.run();
     tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
@@ -280,20 +328,54 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
 impl Engine {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
+        let spin = spin_duration();
+        let mut last_work = Instant::now();
+        let mut held_since: Option<Instant> = None;
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
+                // Best effort: what is queued (held ACKs, responses) leaves
+                // before the sockets close.
+                self.release_acks();
+                self.service_active();
                 return;
             }
-            self.service_dirty();
+            let had_dirty = self.service_dirty();
             let now = Instant::now();
             self.timers(now);
-            let busy = self.service_active();
+            self.hold_acks = !spin.is_zero();
+            self.sent_request = false;
+            let mut busy = self.service_active();
+            if self.held.is_empty() {
+                held_since = None;
+            } else if held_since.is_none() {
+                held_since = Some(now);
+            }
+            // Held ACKs go out with the next request, or after at most `spin`.
+            if self.sent_request || held_since.is_some_and(|t| now.duration_since(t) >= spin) {
+                busy |= self.release_acks();
+                held_since = None;
+            }
+            if had_dirty || busy || !events.is_empty() {
+                last_work = now;
+            }
             let mut timeout = if busy {
+                Some(Duration::ZERO)
+            } else if now.duration_since(last_work) < spin {
+                // Recently active: stay awake a little (no doorbell syscall
+                // for the next post), but let other threads run.
+                std::thread::yield_now();
                 Some(Duration::ZERO)
             } else {
                 self.next_deadline()
                     .map(|d| d.saturating_duration_since(now))
             };
+            if timeout != Some(Duration::ZERO) && !self.held.is_empty() {
+                // About to sleep: held ACKs go now.
+                held_since = None;
+                if self.release_acks() {
+                    timeout = Some(Duration::ZERO);
+                }
+            }
             if timeout != Some(Duration::ZERO) {
                 self.sh.sleeping.store(true, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
@@ -320,7 +402,7 @@ impl Engine {
                             self.on_writable(cid);
                         }
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            self.on_readable(cid);
+                            self.on_readable(cid, ev.is_read_closed() || ev.is_error());
                         }
                     }
                 }
@@ -328,14 +410,17 @@ impl Engine {
         }
     }
 
-    fn service_dirty(&mut self) {
+    /// Services QPs the application touched. True if there were any.
+    fn service_dirty(&mut self) -> bool {
         let mut list = std::mem::take(&mut self.dirty_buf);
         std::mem::swap(&mut list, &mut *lock(&self.sh.dirty));
+        let any = !list.is_empty();
         for qp in list.drain(..) {
             qp.dirty.store(false, Ordering::SeqCst);
             self.sync_qp(qp);
         }
         self.dirty_buf = list;
+        any
     }
 
     /// Looks at a QP the application touched: new WRs, state changes, destruction.
@@ -349,9 +434,12 @@ impl Engine {
             }
             return;
         }
-        let eq = self.qps.entry(qpn).or_insert_with(|| EQp::new(qp.clone()));
+        let eq = self
+            .qps
+            .entry(qpn)
+            .or_insert_with(|| EQp::new(qp.clone(), self.sh.clone()));
         if !Arc::ptr_eq(&eq.sh, &qp) {
-            *eq = EQp::new(qp.clone());
+            *eq = EQp::new(qp.clone(), self.sh.clone());
         }
         let mut inner = lock(&qp.inner);
         let state = eq.refresh(&inner);
@@ -444,8 +532,15 @@ impl Engine {
     }
 
     fn connect(&mut self, addr: std::net::SocketAddr) -> io::Result<usize> {
-        let stream = mio::net::TcpStream::connect(addr)?;
-        let cid = self.insert_conn(stream, false)?;
+        let cid = if addr == self.sh.addr {
+            let entry = self.conns.vacant_entry();
+            let cid = entry.key();
+            entry.insert(Conn::new(None, self.sh.addr, true));
+            cid
+        } else {
+            let stream = mio::net::TcpStream::connect(addr)?;
+            self.insert_conn(stream, false)?
+        };
         if let Some(c) = self.conns.get_mut(cid) {
             c.peer = Some(addr);
         }
@@ -468,7 +563,7 @@ impl Engine {
         if connected {
             let _ = stream.set_nodelay(true);
         }
-        entry.insert(Conn::new(stream, self.sh.addr, connected));
+        entry.insert(Conn::new(Some(stream), self.sh.addr, connected));
         Ok(cid)
     }
 
@@ -497,7 +592,10 @@ impl Engine {
             return;
         };
         if !conn.connected {
-            match conn.stream.take_error() {
+            let Some(stream) = &conn.stream else {
+                return;
+            };
+            match stream.take_error() {
                 Ok(Some(e)) | Err(e) => {
                     tracing::debug!(error = %e, "soft engine: connect failed");
                     self.close(cid);
@@ -505,10 +603,10 @@ impl Engine {
                 }
                 Ok(None) => {}
             }
-            match conn.stream.peer_addr() {
+            match stream.peer_addr() {
                 Ok(_) => {
+                    let _ = stream.set_nodelay(true);
                     conn.connected = true;
-                    let _ = conn.stream.set_nodelay(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
                 Err(_) => {
@@ -520,23 +618,63 @@ impl Engine {
         self.activate(cid);
     }
 
-    fn on_readable(&mut self, cid: usize) {
+    /// Reads and handles what arrived. Edge-triggered: a short read means the
+    /// socket is drained (new data raises a new event), except when the peer
+    /// also closed (`drain`), where we read on until end of stream.
+    fn on_readable(&mut self, cid: usize, drain: bool) {
         loop {
             let Some(conn) = self.conns.get_mut(cid) else {
                 return;
             };
+            if conn.rx_direct.is_some() {
+                let res = {
+                    let mrs = self.sh.mrs();
+                    conn.read_direct(&mrs)
+                };
+                match res {
+                    Ok((0, _)) => {
+                        self.close(cid);
+                        return;
+                    }
+                    Ok((_, full)) => {
+                        let done = conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0);
+                        if done {
+                            if let Some(d) = conn.rx_direct.take() {
+                                self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                            }
+                            self.activate(cid);
+                            continue;
+                        }
+                        if !full && !drain {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "soft engine: read failed");
+                        self.close(cid);
+                        return;
+                    }
+                }
+            }
             match conn.read_some() {
-                Ok(0) => {
+                Ok((0, _)) => {
                     self.close(cid);
                     return;
                 }
-                Ok(_) => {
+                Ok((_, full)) => {
                     if !self.process_rx(cid) {
                         self.close(cid);
                         return;
                     }
-                    // Send what the packets produced (ACKs, data) right away.
-                    self.service_conn(cid);
+                    // What the packets produced (ACKs, data) goes out in
+                    // this loop turn.
+                    self.activate(cid);
+                    if !full && !drain {
+                        return;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -558,6 +696,8 @@ impl Engine {
         let rx = std::mem::take(&mut conn.rx);
         let (mut start, end) = (conn.rx_start, conn.rx_end);
         let mut ok = true;
+        let mut need = 0;
+        let mut direct = None;
         while end - start >= HEADER_LEN {
             let hdr = match decode_header(&rx[start..end]) {
                 Ok(h) => h,
@@ -569,6 +709,33 @@ impl Engine {
             };
             let total = HEADER_LEN + hdr.payload_len as usize;
             if end - start < total {
+                let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
+                if got_hello && hdr.payload_len as usize >= DIRECT_MIN {
+                    direct = self.direct_target(&hdr);
+                }
+                if let Some(d) = &mut direct {
+                    // Place the bytes already here; read the rest straight
+                    // into the registered memory.
+                    let have = &rx[start + HEADER_LEN..end];
+                    let mrs = self.sh.mrs();
+                    match mrs.remote(
+                        hdr.rkey,
+                        d.pd,
+                        d.addr,
+                        have.len() as u64,
+                        AccessFlags::REMOTE_WRITE,
+                    ) {
+                        // SAFETY: validated for `have.len()` writable bytes
+                        // under the MR-table lock we hold.
+                        Ok(p) => unsafe { write_raw(p, have) },
+                        Err(_) => d.broken = true,
+                    }
+                    d.addr += have.len() as u64;
+                    d.remaining -= have.len();
+                    start = end;
+                } else {
+                    need = total;
+                }
                 break;
             }
             let payload = &rx[start + HEADER_LEN..start + total];
@@ -601,16 +768,61 @@ impl Engine {
             self.handle_packet(cid, &hdr, payload);
         }
         if let Some(conn) = self.conns.get_mut(cid) {
+            if start == end {
+                start = 0;
+                conn.rx_end = 0;
+            }
             conn.rx = rx;
             conn.rx_start = start;
+            conn.rx_need = need;
+            conn.rx_direct = direct;
         }
         ok
     }
 
-    fn handle_packet(&mut self, cid: usize, hdr: &super::packet::Header, payload: &[u8]) {
+    /// Checks whether a WRITE segment whose payload is still arriving can be
+    /// received straight into its target (the request will succeed).
+    fn direct_target(&mut self, hdr: &Header) -> Option<RxDirect> {
+        if !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
+            return None;
+        }
+        let (eq, st) = load_qp(&mut self.qps, &self.sh, hdr.dst_qpn)?;
+        if !matches!(st, QpState::Rtr | QpState::Rts)
+            || !eq.configured
+            || hdr.src_qpn != eq.cfg.remote_qpn
+            || hdr.psn != eq.epsn
+            || !eq.cfg.access.contains(AccessFlags::REMOTE_WRITE)
+        {
+            return None;
+        }
+        let first = hdr.flags & FLAG_FIRST != 0;
+        if first && hdr.opcode == Opcode::WriteImm && lock(&eq.sh.inner).rq.is_empty() {
+            return None;
+        }
+        let pd = eq.sh.pd;
+        let (from, len) = if first {
+            (hdr.addr, hdr.arg0)
+        } else {
+            (hdr.addr + hdr.arg1, u64::from(hdr.payload_len))
+        };
+        self.sh
+            .mrs()
+            .remote(hdr.rkey, pd, from, len, AccessFlags::REMOTE_WRITE)
+            .ok()?;
+        Some(RxDirect {
+            qp: eq.sh.clone(),
+            hdr: *hdr,
+            pd,
+            addr: hdr.addr + hdr.arg1,
+            remaining: hdr.payload_len as usize,
+            broken: false,
+        })
+    }
+
+    fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
         match hdr.opcode {
             Opcode::Hello => {}
-            op if op.is_request() => self.on_request(cid, hdr, payload),
+            op if op.is_request() => self.on_request(cid, hdr, payload, None),
             _ => self.on_response(hdr, payload),
         }
     }
@@ -634,6 +846,25 @@ impl Engine {
         busy
     }
 
+    /// Sends the ACKs held back on every connection. True if some connection
+    /// still has work that can proceed now.
+    fn release_acks(&mut self) -> bool {
+        let held = std::mem::take(&mut self.held);
+        let hold = std::mem::replace(&mut self.hold_acks, false);
+        let mut busy = false;
+        for cid in held {
+            if let Some(c) = self.conns.get_mut(cid) {
+                c.holding = false;
+            }
+            if self.service_conn(cid) {
+                busy = true;
+                self.activate(cid);
+            }
+        }
+        self.hold_acks = hold;
+        busy
+    }
+
     /// Generates and writes packets for one connection. True if it stopped
     /// with work left that does not wait for the socket.
     fn service_conn(&mut self, cid: usize) -> bool {
@@ -642,7 +873,19 @@ impl Engine {
             let Some(conn) = self.conns.get_mut(cid) else {
                 return false;
             };
-            match conn.flush() {
+            let res = {
+                let mrs = self.sh.mrs();
+                conn.flush(&mrs)
+            };
+            if !conn.broken.is_empty() {
+                let broken = std::mem::take(&mut conn.broken);
+                for qpn in broken {
+                    if let Some(eq) = self.qps.get_mut(&qpn) {
+                        eq.fail(Some(WcStatus::LocProtErr));
+                    }
+                }
+            }
+            match res {
                 Flush::Closed => {
                     self.close(cid);
                     return false;
@@ -650,8 +893,14 @@ impl Engine {
                 Flush::Blocked => return false,
                 Flush::Done => {}
             }
+            let lo = self.conns.get(cid).is_some_and(|c| c.is_loopback());
+            if lo && !self.process_rx(cid) {
+                tracing::error!("soft engine: loopback produced an invalid packet");
+                self.close(cid);
+                return false;
+            }
             let conn = &self.conns[cid];
-            if conn.resp.is_empty() && conn.senders.is_empty() {
+            if conn.holding || (conn.resp.is_empty() && conn.senders.is_empty()) {
                 return false;
             }
         }
@@ -664,7 +913,9 @@ impl Engine {
             return;
         }
         let mut conn = self.conns.remove(cid);
-        let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Some(stream) = &mut conn.stream {
+            let _ = self.poll.registry().deregister(stream);
+        }
         self.peers.retain(|_, c| *c != cid);
         tracing::debug!(peer = ?conn.peer, "soft engine: connection closed");
         for eq in self.qps.values_mut() {
@@ -711,5 +962,21 @@ impl Engine {
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
             .flatten()
             .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psn_arithmetic_wraps_at_24_bits() {
+        assert_eq!(psn_add(PSN_MASK, 1), 0);
+        assert_eq!(psn_add(5, PSN_MASK), 4);
+        assert!(psn_le(PSN_MASK - 2, 3));
+        assert!(!psn_le(3, PSN_MASK - 2));
+        assert!(psn_le(7, 7));
+        assert!(psn_le(0, (1 << 23) - 1));
+        assert!(!psn_le(0, 1 << 23));
     }
 }

@@ -10,7 +10,7 @@
 //! | 0 | 2 | magic `0x5642` ("VB") |
 //! | 2 | 1 | version (1) |
 //! | 3 | 1 | opcode |
-//! | 4 | 4 | payload_len (≤ 64 KiB) |
+//! | 4 | 4 | payload_len (≤ 1 MiB) |
 //! | 8 | 4 | dst_qpn (24 bits) |
 //! | 12 | 4 | src_qpn (24 bits) |
 //! | 16 | 4 | psn (24 bits) |
@@ -38,7 +38,7 @@ pub const VERSION: u8 = 1;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 56;
 /// Largest payload of one packet (messages are segmented).
-pub const MAX_PAYLOAD: u32 = 64 * 1024;
+pub const MAX_PAYLOAD: u32 = 1024 * 1024;
 /// Largest message (verbs `max_msg_sz`).
 pub const MAX_MSG: u64 = 1 << 31;
 /// Length of a HELLO payload.

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::conn::{Resp, TX_HIGH};
+use super::conn::{Resp, TxMem};
 use super::dma::{check_local, gather, read_raw, scatter};
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
 use super::mr::MrTable;
@@ -12,14 +12,46 @@ use super::packet::{
     NAK_REM_INV_REQ, NAK_REM_OP, NAK_RNR,
 };
 use crate::provider::{rnr_timer_duration, AccessFlags, QpState, SendFlags, SendOp, WcStatus};
+use std::cell::RefCell;
+use std::rc::Rc;
 
 enum Gen {
     Sent,
     Idle,
 }
 
-/// Builds the next request packet of `eq` into `tx`.
-fn gen_request(eq: &mut EQp, tx: &mut Vec<u8>, mrs: &MrTable, now: Instant) -> Gen {
+/// Payload bytes copied into one packet (inline, multi-SGE, READ responses).
+const COPY_CHUNK: u64 = 64 * 1024;
+/// Segments at least this big within one SGE are sent from memory, uncopied.
+const ZC_MIN: u64 = 16 * 1024;
+
+/// The zero-copy piece for message bytes from `off`: (lkey, address, length)
+/// within the SGE that contains `off`, if big enough.
+fn zc_piece(w: &super::qp::SendWqe, off: u64) -> Option<(u32, u64, u64)> {
+    if w.inline.is_some() {
+        return None;
+    }
+    let mut pos = 0u64;
+    for s in &w.sges {
+        let l = u64::from(s.length);
+        if off < pos + l {
+            let seg = (pos + l - off).min(w.len - off).min(u64::from(MAX_PAYLOAD));
+            return (seg >= ZC_MIN).then_some((s.lkey, s.addr + (off - pos), seg));
+        }
+        pos += l;
+    }
+    None
+}
+
+/// Builds the next request packet of `eq` into `tx` (its payload possibly
+/// as a zero-copy reference in `zc`).
+fn gen_request(
+    eq: &mut EQp,
+    tx: &mut Vec<u8>,
+    zc: &mut Option<super::conn::TxMemRef>,
+    mrs: &MrTable,
+    now: Instant,
+) -> Gen {
     if eq.sh.state() != QpState::Rts || eq.rnr_until.is_some() || eq.send_idx >= eq.wqes.len() {
         return Gen::Idle;
     }
@@ -61,7 +93,11 @@ fn gen_request(eq: &mut EQp, tx: &mut Vec<u8>, mrs: &MrTable, now: Instant) -> G
         | SendOp::SendWithImm { .. }
         | SendOp::Write { .. }
         | SendOp::WriteWithImm { .. } => {
-            let chunk = (e.w.len - off).min(u64::from(MAX_PAYLOAD));
+            let piece = zc_piece(&e.w, off);
+            let chunk = match piece {
+                Some((_, _, seg)) => seg,
+                None => (e.w.len - off).min(COPY_CHUNK),
+            };
             last = off + chunk == e.w.len;
             h.opcode = match e.w.op {
                 SendOp::Send => Opcode::Send,
@@ -93,7 +129,7 @@ fn gen_request(eq: &mut EQp, tx: &mut Vec<u8>, mrs: &MrTable, now: Instant) -> G
             if last && e.w.flags.contains(SendFlags::SOLICITED) {
                 h.flags |= FLAG_SOLICITED;
             }
-            data = Some((off, chunk));
+            data = Some((off, chunk, piece));
         }
         SendOp::Read { remote_addr, rkey } => {
             h.opcode = Opcode::ReadReq;
@@ -126,13 +162,30 @@ fn gen_request(eq: &mut EQp, tx: &mut Vec<u8>, mrs: &MrTable, now: Instant) -> G
     }
     let at = tx.len();
     tx.extend_from_slice(&h.encode());
-    if let Some((off, chunk)) = data {
-        let ok = match &e.w.inline {
-            Some(bytes) => {
+    if let Some((off, chunk, piece)) = data {
+        let ok = match (&e.w.inline, piece) {
+            (Some(bytes), _) => {
                 tx.extend_from_slice(&bytes[off as usize..(off + chunk) as usize]);
                 true
             }
-            None => gather(&e.w.sges, pd, mrs, off, chunk, tx),
+            (None, Some((lkey, addr, len))) => {
+                let ok = mrs.local(lkey, pd, addr, len, false).is_some();
+                if ok {
+                    let m = Rc::new(RefCell::new(TxMem {
+                        qpn: eq.sh.qpn,
+                        lkey,
+                        pd,
+                        addr,
+                        len: len as usize,
+                        pos: 0,
+                        copy: None,
+                    }));
+                    eq.zc = Some(m.clone());
+                    *zc = Some(m);
+                }
+                ok
+            }
+            (None, None) => gather(&e.w.sges, pd, mrs, off, chunk, tx),
         };
         if !ok {
             // The memory was deregistered while the WR was outstanding.
@@ -194,7 +247,7 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
             h.arg0 = *orig;
         }
         Resp::Read(job) => {
-            let chunk = (job.len - job.off).min(u64::from(MAX_PAYLOAD));
+            let chunk = (job.len - job.off).min(COPY_CHUNK);
             let p = if chunk == 0 {
                 std::ptr::null_mut()
             } else {
@@ -235,12 +288,28 @@ impl Engine {
     /// requests of its sender QPs, round-robin.
     pub(crate) fn fill_tx(&mut self, cid: usize) {
         let now = Instant::now();
-        let Engine { conns, qps, sh, .. } = self;
+        let Engine {
+            conns,
+            qps,
+            sh,
+            hold_acks,
+            held,
+            sent_request,
+            ..
+        } = self;
         let Some(conn) = conns.get_mut(cid) else {
             return;
         };
+        if *hold_acks && !conn.resp.is_empty() && conn.only_acks() {
+            if !conn.holding {
+                conn.holding = true;
+                held.push(cid);
+            }
+            return;
+        }
         let mrs = sh.mrs();
-        while conn.tx_pending() < TX_HIGH {
+        let mut failed = None;
+        while conn.tx_room() {
             if let Some(r) = conn.resp.front_mut() {
                 match gen_resp(r, &mut conn.tx, &mrs) {
                     Ok(true) => {
@@ -257,9 +326,9 @@ impl Engine {
                             syndrome: NAK_REM_ACCESS,
                             timer: 0,
                         });
-                        if let Some(eq) = qps.get_mut(&src) {
-                            eq.fail(None);
-                        }
+                        // Failed below, once the MR-table lock is released.
+                        failed = Some(src);
+                        break;
                     }
                 }
                 continue;
@@ -271,8 +340,9 @@ impl Engine {
                 conn.senders.pop_front();
                 continue;
             };
-            match gen_request(eq, &mut conn.tx, &mrs, now) {
+            match gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mrs, now) {
                 Gen::Sent => {
+                    *sent_request = true;
                     if conn.senders.len() > 1 {
                         conn.senders.rotate_left(1);
                     }
@@ -281,6 +351,12 @@ impl Engine {
                     conn.senders.pop_front();
                     eq.scheduled = false;
                 }
+            }
+        }
+        drop(mrs);
+        if let Some(qpn) = failed {
+            if let Some(eq) = qps.get_mut(&qpn) {
+                eq.fail(None);
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::conn::{ReadJob, Resp};
 use super::context::Shared;
@@ -17,14 +18,14 @@ use crate::provider::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
 /// Loads (or refreshes) the engine view of the QP a packet names.
 pub(crate) fn load_qp<'a>(
     qps: &'a mut HashMap<u32, EQp>,
-    sh: &Shared,
+    sh: &Arc<Shared>,
     qpn: u32,
 ) -> Option<(&'a mut EQp, QpState)> {
     let eq = match qps.entry(qpn) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
             let qp = lock(&sh.qps).get(&qpn).cloned()?;
-            v.insert(EQp::new(qp))
+            v.insert(EQp::new(qp, sh.clone()))
         }
     };
     if eq.sh.destroyed.load(Ordering::Acquire) {
@@ -50,8 +51,16 @@ enum Outcome {
 }
 
 impl Engine {
-    /// Handles a request packet arriving on connection `cid`.
-    pub(crate) fn on_request(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
+    /// Handles a request packet arriving on connection `cid`. `placed` is
+    /// `Some(ok)` for a WRITE whose payload was already received into memory
+    /// (`ok` false: the region went away meanwhile).
+    pub(crate) fn on_request(
+        &mut self,
+        cid: usize,
+        hdr: &Header,
+        payload: &[u8],
+        placed: Option<bool>,
+    ) {
         let Engine { qps, sh, conns, .. } = self;
         let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
             return;
@@ -67,7 +76,9 @@ impl Engine {
         let Some(conn) = conns.get_mut(cid) else {
             return;
         };
-        let outcome = {
+        let outcome = if placed == Some(false) {
+            Outcome::Fatal(NAK_REM_ACCESS, None)
+        } else {
             let mrs = sh.mrs();
             execute(eq, hdr, payload, &mrs, &mut |r| conn.push_resp(r))
         };
