@@ -13,7 +13,7 @@
 //! Each figure is the best of several alternating rounds; on a loaded machine,
 //! compare only figures of the same run.
 //!
-//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds]`
+//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [spin|channel]`
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -305,6 +305,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(50_000);
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(3).max(1);
+    let depths: Vec<usize> = args
+        .next()
+        .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 32]);
+    let only: Option<String> = args.next();
     println!(
         "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, best of {rounds} rounds"
     );
@@ -321,7 +326,7 @@ fn main() {
         "allocs/op raw/op",
         "engine a/op"
     );
-    for depth in [1usize, 32] {
+    for &depth in &depths {
         for (mode, wait, busy) in [
             (
                 "spin / busy-poll 200us",
@@ -334,6 +339,14 @@ fn main() {
                 Duration::ZERO,
             ),
         ] {
+            let wanted = match (&only, wait) {
+                (None, _) => true,
+                (Some(m), Wait::Spin) => m == "spin",
+                (Some(m), Wait::Channel) => m == "channel",
+            };
+            if !wanted {
+                continue;
+            }
             let (raw, op) = phase(wait, busy, depth, ops, rounds);
             let overhead = op.cpu_per_op.as_nanos() as i128 - raw.cpu_per_op.as_nanos() as i128;
             println!(

@@ -120,6 +120,8 @@ fn peer_killed_mid_stream_fails_pending_ops_and_returns_buffers() {
     let (mut peer, addr) = spawn_peer("sink");
     let (rt, dev) = runtime_and_device();
     block(&rt, async {
+        // The peer's death closes the engines' TCP connection: detected at
+        // once; the transport timeout (≈ 67 ms × 6) bounds the silent case.
         let qp = dial(&dev, addr).await;
         let pool = MrPool::new(dev.pd());
         let remote = recv_remote(&qp, &pool).await;

@@ -33,6 +33,7 @@ fn ten_thousand_ops_over_four_qps_respect_queue_credits() {
     const OPS: usize = 10_000;
     const QPS: usize = 4;
     let (verdict_tx, verdict_rx) = std::sync::mpsc::channel::<Vec<u64>>();
+    let (bye_tx, bye_rx) = std::sync::mpsc::channel::<()>();
     let (addr, server) = serve(QPS, move |qps, dev| async move {
         let pool = MrPool::new(dev.pd());
         let region = grant(&dev, OPS * 8);
@@ -44,6 +45,9 @@ fn ten_thousand_ops_over_four_qps_respect_queue_credits() {
             .map(|i| region.load_u64(i * 8).expect("word"))
             .collect();
         verdict_tx.send(words).unwrap();
+        // Stay connected until the client has its last ACK (closing the
+        // engine earlier would fail the client's "done" with RETRY_EXC_ERR).
+        let _ = bye_rx.recv_timeout(WAIT);
     });
     let (rt, dev) = runtime_and_device();
     block(&rt, async {
@@ -79,6 +83,7 @@ fn ten_thousand_ops_over_four_qps_respect_queue_credits() {
         res.expect("done");
     });
     let words = verdict_rx.recv_timeout(WAIT).expect("verdict");
+    bye_tx.send(()).unwrap();
     for (i, w) in words.iter().enumerate() {
         assert_eq!(*w, i as u64 + 1, "word {i}");
     }
@@ -127,7 +132,13 @@ fn remote_access_violation_is_reported_with_its_status() {
     let (addr, server) = serve(1, |qps, dev| async move {
         let pool = MrPool::new(dev.pd());
         let region = grant(&dev, 64);
-        send_remote(&qps[0], &pool, RemoteBuf::from(&region)).await;
+        // The client's forged WRITE moves this QP to ERR, possibly before the
+        // ACK of this SEND was processed: then the SEND is flushed, which is
+        // RC behaviour. The client checks that the descriptor arrived.
+        match try_send_remote(&qps[0], &pool, RemoteBuf::from(&region)).await {
+            Ok(_) => {}
+            Err(e) => assert!(e.is_flush(), "descriptor send: {e}"),
+        }
         sleep(Duration::from_millis(300)).await;
     });
     let (rt, dev) = runtime_and_device();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use verbio::ops::verbs::{Batch, RemoteBuf, Verbs};
 use verbio::ops::{connect, ConnectOptions, Listener};
-use verbio::provider::{AccessFlags, Context, RtsAttr, SoftConfig};
+use verbio::provider::{AccessFlags, Context, SoftConfig};
 use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
 
@@ -25,15 +25,10 @@ pub fn runtime_and_device() -> (Runtime, Device) {
     (rt, dev)
 }
 
-/// Connection options with a short transport timeout, so a lost peer is
-/// noticed in tens of milliseconds.
+/// Connection options of the tests (default transport timeout ≈ 67 ms × 6
+/// retries: tolerant of a loaded machine).
 pub fn opts() -> ConnectOptions {
     ConnectOptions {
-        rts: RtsAttr {
-            timeout: 10, // ≈ 4 ms
-            retry_cnt: 3,
-            ..RtsAttr::default()
-        },
         timeout: Duration::from_secs(10),
         ..ConnectOptions::default()
     }
@@ -105,12 +100,23 @@ pub fn grant(dev: &Device, len: usize) -> RemoteAccessRegion<Vec<u8>> {
 
 /// Sends a region descriptor (addr, len, rkey) to the peer.
 pub async fn send_remote(qp: &QueuePair, pool: &MrPool, r: RemoteBuf) {
+    assert_eq!(
+        try_send_remote(qp, pool, r).await.expect("send descriptor"),
+        20
+    );
+}
+
+/// Sends a region descriptor; the outcome of the SEND is returned, not checked.
+pub async fn try_send_remote(
+    qp: &QueuePair,
+    pool: &MrPool,
+    r: RemoteBuf,
+) -> Result<usize, verbio::ops::Error> {
     let mut msg = Vec::with_capacity(20);
     msg.extend_from_slice(&r.addr().to_le_bytes());
     msg.extend_from_slice(&r.len().to_le_bytes());
     msg.extend_from_slice(&r.rkey().to_le_bytes());
-    let (res, _) = qp.send(buf_from(pool, &msg)).await;
-    assert_eq!(res.expect("send descriptor"), 20);
+    qp.send(buf_from(pool, &msg)).await.0
 }
 
 /// Receives a region descriptor from the peer.
