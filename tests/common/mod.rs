@@ -11,7 +11,7 @@ use std::time::Duration;
 use verbio::ops::verbs::{Batch, RemoteBuf, Verbs};
 use verbio::ops::{connect, ConnectOptions, Listener};
 use verbio::provider::{AccessFlags, Context, SoftConfig};
-use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
+use verbio::runtime::buf::{IoBuf, LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
 
 /// Bound of every wait in these tests.
@@ -217,9 +217,16 @@ pub async fn verbs_client(qp: QueuePair, dev: Device) {
     let reply = qp.recv(buf(&pool, 256));
     assert_eq!(remote.len(), REGION as u64);
 
-    let (res, b) = qp.send(buf_from(&pool, b"hello")).await;
+    // A slice of a pool buffer: only its bytes go out.
+    let slice = buf_from(&pool, b"[[hello]]").slice(2..7).expect("slice");
+    let (res, b) = qp.send(slice).await;
     assert_eq!(res.expect("send"), 5);
-    assert_eq!(&b[..], b"hello", "buffer comes back intact");
+    assert_eq!(&b[..], b"hello");
+    assert_eq!(
+        &b.into_inner()[..],
+        b"[[hello]]",
+        "buffer comes back intact"
+    );
 
     let (res, _) = qp.send_with_imm(buf_from(&pool, b"imm"), 0x1234).await;
     assert_eq!(res.expect("send_with_imm"), 3);
