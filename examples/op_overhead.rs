@@ -10,7 +10,9 @@
 //!
 //! The reactor runs in busy-poll mode (it spins on the CQ like the raw loop)
 //! and, for comparison, in its default mode (sleeps on the completion channel).
-//! Each figure is the best of several alternating rounds; on a loaded machine,
+//! Each figure is the median over rounds in which the raw loop and the op
+//! loop run back to back (alternating which goes first); the ratio and the
+//! CPU difference are medians of the per-round values. On a loaded machine,
 //! compare only figures of the same run.
 //!
 //! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [spin|channel]`
@@ -93,11 +95,42 @@ struct Sample {
     engine_allocs_per_op: f64,
 }
 
-fn best(a: Sample, b: Sample) -> Sample {
-    if b.ops_per_s > a.ops_per_s {
-        b
-    } else {
-        a
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Medians over paired rounds (raw and op measured back to back, in
+/// alternating order, so load drifts on a shared machine cancel out).
+struct Summary {
+    raw_ops: f64,
+    op_ops: f64,
+    ratio: f64,
+    raw_cpu_ns: f64,
+    op_cpu_ns: f64,
+    overhead_ns: f64,
+    raw_allocs: f64,
+    op_allocs: f64,
+    engine_allocs: f64,
+}
+
+fn summarize(pairs: &[(Sample, Sample)]) -> Summary {
+    let m = |f: &dyn Fn(&(Sample, Sample)) -> f64| median(pairs.iter().map(f).collect());
+    let ns = |d: Duration| d.as_nanos() as f64;
+    Summary {
+        raw_ops: m(&|(r, _)| r.ops_per_s),
+        op_ops: m(&|(_, o)| o.ops_per_s),
+        ratio: m(&|(r, o)| o.ops_per_s / r.ops_per_s),
+        raw_cpu_ns: m(&|(r, _)| ns(r.cpu_per_op)),
+        op_cpu_ns: m(&|(_, o)| ns(o.cpu_per_op)),
+        overhead_ns: m(&|(r, o)| ns(o.cpu_per_op) - ns(r.cpu_per_op)),
+        raw_allocs: m(&|(r, _)| r.allocs_per_op),
+        op_allocs: m(&|(_, o)| o.allocs_per_op),
+        engine_allocs: m(&|(_, o)| o.engine_allocs_per_op),
     }
 }
 
@@ -260,8 +293,8 @@ fn op_loop(rt: &Runtime, qp: &QueuePair, bufs: &mut Vec<LocalBuf>, remote: Remot
 }
 
 /// One phase: its own runtime (busy-poll `busy`), device and QP pair; rounds
-/// of raw and op measurements alternate. Returns the best of each.
-fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) -> (Sample, Sample) {
+/// of raw and op measurements alternate. Returns medians over the rounds.
+fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) -> Summary {
     let rt = Runtime::builder().busy_poll(busy).build().expect("runtime");
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
@@ -279,39 +312,44 @@ fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) ->
     let mut bufs: Vec<LocalBuf> = (0..depth)
         .map(|i| pool.alloc_from(&[i as u8; MSG]).expect("buffer"))
         .collect();
+    // The raw loop posts the same buffer `depth` times (the device only reads it).
+    let raw_buf = pool.alloc_from(&[0xee; MSG]).expect("buffer");
     // Warm-up: slab, pools, engine connection, page faults.
     op_loop(&rt, &a, &mut bufs, remote, ops / 10 + depth);
-    raw_loop(&dev, &a, &bufs[0], remote, depth, ops / 10 + depth, wait);
-    let (mut raw, mut op) = (Sample::default(), Sample::default());
-    for _ in 0..rounds {
-        raw = best(
-            raw,
+    raw_loop(&dev, &a, &raw_buf, remote, depth, ops / 10 + depth, wait);
+    let mut pairs = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let raw = || {
             measure(ops, || {
-                raw_loop(&dev, &a, &bufs[0], remote, depth, ops, wait)
-            }),
-        );
-        op = best(
-            op,
-            measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops)),
-        );
+                raw_loop(&dev, &a, &raw_buf, remote, depth, ops, wait)
+            })
+        };
+        let pair = if round % 2 == 0 {
+            let r = raw();
+            (r, measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops)))
+        } else {
+            let o = measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops));
+            (raw(), o)
+        };
+        pairs.push(pair);
     }
     drop(bufs);
     drop(region);
-    (raw, op)
+    summarize(&pairs)
 }
 
 fn main() {
     IS_APP.with(|c| c.set(true));
     let mut args = std::env::args().skip(1);
-    let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(50_000);
-    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(3).max(1);
+    let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(7).max(1);
     let depths: Vec<usize> = args
         .next()
         .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 32]);
     let only: Option<String> = args.next();
     println!(
-        "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, best of {rounds} rounds"
+        "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, medians of {rounds} paired rounds"
     );
     println!(
         "{:<6} {:<28} {:>10} {:>10} {:>7} {:>11} {:>11} {:>10} {:>15} {:>13}",
@@ -347,21 +385,20 @@ fn main() {
             if !wanted {
                 continue;
             }
-            let (raw, op) = phase(wait, busy, depth, ops, rounds);
-            let overhead = op.cpu_per_op.as_nanos() as i128 - raw.cpu_per_op.as_nanos() as i128;
+            let f = phase(wait, busy, depth, ops, rounds);
             println!(
-                "{:<6} {:<28} {:>10.0} {:>10.0} {:>7.2} {:>8} ns {:>8} ns {:>7} ns {:>7.3} / {:<5.3} {:>13.3}",
+                "{:<6} {:<28} {:>10.0} {:>10.0} {:>7.2} {:>8.0} ns {:>8.0} ns {:>7.0} ns {:>7.3} / {:<5.3} {:>13.3}",
                 depth,
                 mode,
-                raw.ops_per_s,
-                op.ops_per_s,
-                op.ops_per_s / raw.ops_per_s,
-                raw.cpu_per_op.as_nanos(),
-                op.cpu_per_op.as_nanos(),
-                overhead,
-                raw.allocs_per_op,
-                op.allocs_per_op,
-                op.engine_allocs_per_op,
+                f.raw_ops,
+                f.op_ops,
+                f.ratio,
+                f.raw_cpu_ns,
+                f.op_cpu_ns,
+                f.overhead_ns,
+                f.raw_allocs,
+                f.op_allocs,
+                f.engine_allocs,
             );
         }
     }
