@@ -209,3 +209,17 @@ fn garbage_client_gets_an_error_and_the_listener_keeps_serving() {
     );
     good.join().expect("good client");
 }
+
+#[test]
+fn connecting_to_a_closed_port_is_an_io_error() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    }; // closed again
+    let (rt, dev) = runtime_and_device();
+    let res = block(&rt, connect(&dev, port, &opts()));
+    match res {
+        Err(Error::Io { context, .. }) => assert_eq!(context, "connecting to the listener"),
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+}
