@@ -8,6 +8,9 @@
 //! difference is the runtime's overhead per op), and heap allocations per op
 //! on the op path (a counting global allocator).
 //!
+//! A last table runs the op path alone on the runtime's fake QP (synthetic
+//! completions, no device): the runtime's own CPU cost per op.
+//!
 //! The reactor runs in busy-poll mode (it spins on the CQ like the raw loop)
 //! and, for comparison, in its default mode (sleeps on the completion channel).
 //! Each figure is the median over rounds in which the raw loop and the op
@@ -25,10 +28,11 @@ use std::time::{Duration, Instant};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
 use verbio::provider::{
     AccessFlags, Completion, Context, InitAttr, Mtu, QpCaps, RtrAttr, RtsAttr, SendFlags, SendOp,
-    SendWr, SoftConfig,
+    SendWr, SoftConfig, WcStatus,
 };
 use verbio::runtime::buf::{LocalBuf, MrPool, RegisteredBuf, RemoteAccessRegion};
 use verbio::runtime::op::wr_id;
+use verbio::runtime::testing::FakeQp;
 use verbio::runtime::{Device, QueuePair, Runtime};
 
 /// Counts heap allocations, separately for the application (measuring)
@@ -338,6 +342,88 @@ fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) ->
     summarize(&pairs)
 }
 
+/// Returns `Pending` once (after waking itself): lets the other lanes run.
+fn yield_now() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+}
+
+/// (c): the op path alone, on the runtime's fake QP: a "device" lane
+/// completes every posted WRITE at once with a synthetic completion, so the
+/// CPU per op is the runtime's (and this harness's) own cost, no device.
+fn fake_phase(depth: usize, ops: usize, rounds: usize) -> Sample {
+    let rt = Runtime::new().expect("runtime");
+    // A soft device only to register the pool; the fake QP never touches memory.
+    let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+    let dev = Device::open(ctx).expect("device");
+    let pool = MrPool::new(dev.pd());
+    let caps = QpCaps {
+        max_send_wr: 64,
+        ..QpCaps::default()
+    };
+    let (qp, fake) = FakeQp::queue_pair(1, caps, 4096);
+    let remote = RemoteBuf::new(0x1000, MSG as u64, 1);
+    let mut bufs: Vec<LocalBuf> = (0..depth)
+        .map(|i| pool.alloc_from(&[i as u8; MSG]).expect("buffer"))
+        .collect();
+    let run = |bufs: &mut Vec<LocalBuf>, n: usize| {
+        let device = async {
+            let mut done = 0;
+            while done < n {
+                while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {
+                    done += 1;
+                }
+                yield_now().await;
+            }
+        };
+        let lanes: Vec<_> = bufs
+            .drain(..)
+            .enumerate()
+            .map(|(i, mut buf)| {
+                let k = n / depth + usize::from(i < n % depth);
+                let qp = &qp;
+                async move {
+                    for _ in 0..k {
+                        let (res, b) = qp.write(buf, remote).await;
+                        res.expect("write op");
+                        buf = b;
+                    }
+                    buf
+                }
+            })
+            .collect();
+        let ((), back) = rt.block_on(futures::future::join(
+            device,
+            futures::future::join_all(lanes),
+        ));
+        bufs.extend(back);
+    };
+    run(&mut bufs, ops / 10 + depth);
+    let samples: Vec<Sample> = (0..rounds)
+        .map(|_| measure(ops, || run(&mut bufs, ops)))
+        .collect();
+    let cpu = median(
+        samples
+            .iter()
+            .map(|s| s.cpu_per_op.as_nanos() as f64)
+            .collect(),
+    );
+    Sample {
+        ops_per_s: median(samples.iter().map(|s| s.ops_per_s).collect()),
+        cpu_per_op: Duration::from_nanos(cpu as u64),
+        allocs_per_op: median(samples.iter().map(|s| s.allocs_per_op).collect()),
+        engine_allocs_per_op: 0.0,
+    }
+}
+
 fn main() {
     IS_APP.with(|c| c.set(true));
     let mut args = std::env::args().skip(1);
@@ -401,5 +487,17 @@ fn main() {
                 f.engine_allocs,
             );
         }
+    }
+    println!();
+    println!("runtime path alone (fake QP, synthetic completions, no device):");
+    for &depth in &depths {
+        let f = fake_phase(depth, ops, rounds);
+        println!(
+            "depth {:<3} {:>10.0} ops/s {:>6} ns CPU per op {:>7.3} allocs/op",
+            depth,
+            f.ops_per_s,
+            f.cpu_per_op.as_nanos(),
+            f.allocs_per_op
+        );
     }
 }
