@@ -4,9 +4,7 @@ use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
 
-use super::{
-    atomic_result, atomic_target, check, one_wr, refuse, scatter_sge, submit_one, RemoteBuf,
-};
+use super::{atomic_result, atomic_target, check, refuse, scatter_sge, submit_one, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "compare_and_swap";
@@ -48,5 +46,5 @@ pub fn compare_and_swap<B: RegisteredBuf + IoBufMut>(
         compare,
         swap,
     };
-    submit_one(qp, CompareAndSwapVerb { buf }, one_wr(op, Some(sge)))
+    submit_one(qp, CompareAndSwapVerb { buf }, op, Some(sge))
 }

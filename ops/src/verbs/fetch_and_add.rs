@@ -4,9 +4,7 @@ use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
 
-use super::{
-    atomic_result, atomic_target, check, one_wr, refuse, scatter_sge, submit_one, RemoteBuf,
-};
+use super::{atomic_result, atomic_target, check, refuse, scatter_sge, submit_one, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "fetch_and_add";
@@ -46,5 +44,5 @@ pub fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
         rkey: remote.rkey(),
         add,
     };
-    submit_one(qp, FetchAndAddVerb { buf }, one_wr(op, Some(sge)))
+    submit_one(qp, FetchAndAddVerb { buf }, op, Some(sge))
 }

@@ -177,10 +177,16 @@ pub(crate) fn one_wr(op: SendOp, sge: Option<Sge>) -> SendWr {
     }
 }
 
-/// Submits a single-WR send-queue op.
-pub(crate) fn submit_one<T: Completable>(qp: &QueuePair, data: T, wr: SendWr) -> Submit<T> {
+/// Submits a single-WR send-queue op. The WR is built inside the runtime's
+/// chain (only the opcode and the SGE are captured), to keep copies small.
+pub(crate) fn submit_one<T: Completable>(
+    qp: &QueuePair,
+    data: T,
+    op: SendOp,
+    sge: Option<Sge>,
+) -> Submit<T> {
     qp.submit_send(data, move |_, chain| {
-        chain.push(wr);
+        chain.push(one_wr(op, sge));
         Ok(())
     })
 }

@@ -4,7 +4,7 @@ use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
 
-use super::{check, mark_written, one_wr, refuse, scatter_sge, submit_one, RemoteBuf};
+use super::{check, mark_written, refuse, scatter_sge, submit_one, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "read";
@@ -60,5 +60,5 @@ pub fn read<B: RegisteredBuf + IoBufMut>(
         remote_addr: remote.addr(),
         rkey: remote.rkey(),
     };
-    submit_one(qp, ReadVerb { buf, len }, one_wr(op, Some(sge)))
+    submit_one(qp, ReadVerb { buf, len }, op, Some(sge))
 }

@@ -4,7 +4,7 @@ use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
 
-use super::{check, gather_sge, one_wr, refuse, submit_one};
+use super::{check, gather_sge, refuse, submit_one};
 use crate::error::Error;
 
 const OP: &str = "send";
@@ -33,5 +33,5 @@ pub fn send<B: RegisteredBuf>(qp: &QueuePair, buf: B) -> Submit<SendVerb<B>> {
         Err(e) => return refuse(e, buf),
     };
     let len = sge.length as usize;
-    submit_one(qp, SendVerb { buf, len }, one_wr(SendOp::Send, Some(sge)))
+    submit_one(qp, SendVerb { buf, len }, SendOp::Send, Some(sge))
 }

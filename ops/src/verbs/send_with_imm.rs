@@ -4,7 +4,7 @@ use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
 
-use super::{check, gather_sge, one_wr, refuse, submit_one};
+use super::{check, gather_sge, refuse, submit_one};
 use crate::error::Error;
 
 const OP: &str = "send_with_imm";
@@ -40,6 +40,7 @@ pub fn send_with_imm<B: RegisteredBuf>(
     submit_one(
         qp,
         SendWithImmVerb { buf, len },
-        one_wr(SendOp::SendWithImm { imm }, Some(sge)),
+        SendOp::SendWithImm { imm },
+        Some(sge),
     )
 }

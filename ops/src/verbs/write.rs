@@ -4,7 +4,7 @@ use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
 
-use super::{check, gather_sge, one_wr, refuse, submit_one, RemoteBuf};
+use super::{check, gather_sge, refuse, submit_one, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "write";
@@ -39,5 +39,5 @@ pub fn write<B: RegisteredBuf>(qp: &QueuePair, buf: B, remote: RemoteBuf) -> Sub
         remote_addr: remote.addr(),
         rkey: remote.rkey(),
     };
-    submit_one(qp, WriteVerb { buf }, one_wr(op, Some(sge)))
+    submit_one(qp, WriteVerb { buf }, op, Some(sge))
 }

@@ -5,7 +5,7 @@ use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
 
-use super::{check, gather_sge, one_wr, refuse, submit_one, RemoteBuf};
+use super::{check, gather_sge, refuse, submit_one, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "write_with_imm";
@@ -46,5 +46,5 @@ pub fn write_with_imm<B: RegisteredBuf>(
         rkey: remote.rkey(),
         imm,
     };
-    submit_one(qp, WriteWithImmVerb { buf }, one_wr(op, Some(sge)))
+    submit_one(qp, WriteWithImmVerb { buf }, op, Some(sge))
 }
