@@ -1,7 +1,10 @@
 //! What the reactor costs per op, measured side by side in one run on the
 //! software RDMA device: a bare provider loop (post one signaled RDMA WRITE,
-//! spin on `Cq::poll`) against the same WRITE awaited as an op through the
-//! runtime, sleeping on the completion channel (default) and busy-polling.
+//! then wait for its completion) against the same WRITE awaited as an op
+//! through the runtime. Two ways of waiting, each compared like for like:
+//! sleeping on the completion channel (raw: arm + `poll(2)` on the channel
+//! fd; runtime: default) and busy-polling (raw: spin on `Cq::poll`; runtime:
+//! `busy_poll(100 µs)`).
 //! It also prints pipelined throughput (many ops in flight, SQ backpressure).
 //!
 //! Run: `cargo run --release -p verbio-runtime --example reactor_overhead [iterations]`
@@ -23,8 +26,7 @@ fn region(dev: &Device, len: usize) -> Region {
     let mut mem = vec![0u8; len];
     // SAFETY: the memory is owned by `Region`, which drops `mr` first
     // (field order), and lives until the end of the benchmark.
-    let mr = unsafe { dev.pd().reg_mr(mem.as_mut_ptr(), len, AccessFlags::ALL) }
-        .expect("reg_mr");
+    let mr = unsafe { dev.pd().reg_mr(mem.as_mut_ptr(), len, AccessFlags::ALL) }.expect("reg_mr");
     Region { mr, _mem: mem }
 }
 
@@ -113,6 +115,8 @@ fn phase(busy: Duration, iters: u32) -> Figures {
     let mut raw_wr = wr(&src.mr, &dst.mr, 64);
     raw_wr.wr_id = verbio_runtime::op::wr_id::UNTRACKED;
     raw_wr.flags = SendFlags::SIGNALED;
+    let channel = dev.comp_channel().clone();
+    let sleep = busy.is_zero();
     let mut wc = [Completion::EMPTY; 4];
     let t = Instant::now();
     for _ in 0..iters {
@@ -123,7 +127,26 @@ fn phase(busy: Duration, iters: u32) -> Figures {
                 assert!(wc[0].status.is_success());
                 break;
             }
-            std::hint::spin_loop();
+            if sleep {
+                // The same sleep the reactor does, without the reactor:
+                // arm, re-check, wait on the channel fd, take the event.
+                cq.req_notify(false).expect("req_notify");
+                if cq.poll(&mut wc).expect("poll") > 0 {
+                    break;
+                }
+                let mut p = libc::pollfd {
+                    fd: channel.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: `p` is a valid pollfd for the duration of the call.
+                unsafe { libc::poll(&mut p, 1, 1000) };
+                while let Ok(Some(_)) = channel.get_event() {
+                    cq.ack_events(1);
+                }
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
     let raw = t.elapsed() / iters;

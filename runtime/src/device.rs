@@ -1,10 +1,11 @@
 //! [`Device`]: the per-runtime resources of one opened RDMA device: its
 //! context, a protection domain, a completion channel registered with the
-//! reactor, and one CQ shared by every QP created through it.
+//! reactor, one CQ shared by every QP created through it, and the context's
+//! async-event fd (events are logged and can be awaited).
 
 use std::rc::Rc;
 
-use crate::provider::{CompChannel, Context, Cq, Pd, ProviderError, QpCaps};
+use crate::provider::{AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, QpCaps};
 use crate::qp::{Backend, Credits, QueuePair};
 use crate::reactor::{Handle, RuntimeError};
 
@@ -19,11 +20,15 @@ struct DeviceInner {
     cq: Cq,
     cq_credits: Rc<Credits>,
     cq_key: usize,
+    async_key: Option<usize>,
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
         self.handle.driver().deregister_cq(self.cq_key);
+        if let Some(k) = self.async_key {
+            self.handle.driver().deregister_async(k);
+        }
     }
 }
 
@@ -69,6 +74,7 @@ impl Device {
         let cq = ctx.create_cq(cqe, Some(&channel))?;
         let cq_key = handle.driver().register_cq(cq.clone(), channel.clone())?;
         let cq_credits = Rc::new(Credits::new(cq.capacity()));
+        let async_key = handle.driver().register_async(ctx.clone());
         Ok(Device {
             inner: Rc::new(DeviceInner {
                 handle,
@@ -78,6 +84,7 @@ impl Device {
                 cq,
                 cq_credits,
                 cq_key,
+                async_key,
             }),
         })
     }
@@ -102,6 +109,17 @@ impl Device {
         &self.inner.channel
     }
 
+    /// The next asynchronous event of the device (port state, QP or CQ
+    /// errors); every event is also logged. Up to 64 are kept until taken.
+    /// Resolves to `None` if this `Device` does not watch the context's
+    /// async-event fd (another `Device` opened on the same context does).
+    pub fn next_async_event(&self) -> impl std::future::Future<Output = Option<AsyncEvent>> + '_ {
+        std::future::poll_fn(move |cx| match self.inner.async_key {
+            Some(k) => self.inner.handle.driver().poll_async_event(k, cx),
+            None => std::task::Poll::Ready(None),
+        })
+    }
+
     /// CQ entries not reserved by outstanding WRs.
     pub fn cq_credits(&self) -> u32 {
         self.inner.cq_credits.available()
@@ -109,6 +127,12 @@ impl Device {
 
     /// Creates an RC QP (in RESET) on the shared CQ, tracked by the runtime.
     pub fn create_qp(&self, caps: QpCaps) -> Result<QueuePair, ProviderError> {
+        if self.inner.handle.ops().is_shut_down() {
+            return Err(ProviderError::DeviceLost {
+                device: self.inner.ctx.name().to_string(),
+                reason: "its runtime was dropped".to_string(),
+            });
+        }
         let qp = self
             .inner
             .pd

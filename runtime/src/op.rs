@@ -423,6 +423,10 @@ impl OpTable {
         self.shut_down.set(true);
     }
 
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.get()
+    }
+
     /// Leaks every parked buffer still in the slab (runtime shutdown after the
     /// drain deadline): the device may still write that memory.
     pub(crate) fn leak_parked(&self) -> usize {

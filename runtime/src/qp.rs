@@ -314,7 +314,7 @@ impl Drop for QpInner {
             // The reactor keeps the core until its flushes have drained.
             self.handle.driver().note_zombie();
         } else {
-            self.handle.driver().unregister_qp(self.reg_key);
+            self.handle.driver().unregister_qp(self.reg_key, &self.core);
         }
     }
 }

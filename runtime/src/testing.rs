@@ -151,7 +151,11 @@ impl FakeQp {
         Ok(())
     }
 
-    pub(crate) fn modify_to_err(&self) -> Result<(), ProviderError> {
+    /// Moves the fake to ERR (what the device does after an error
+    /// completion): every outstanding WR is flushed with `WR_FLUSH_ERR`
+    /// (unless [`set_flush_on_err(false)`](Self::set_flush_on_err)), and so is
+    /// every later post.
+    pub fn modify_to_err(&self) -> Result<(), ProviderError> {
         self.in_err.set(true);
         self.err_transitions.set(self.err_transitions.get() + 1);
         if !self.flush_on_err.get() {

@@ -260,3 +260,40 @@ fn many_sleeps_on_the_channel_ack_in_batches() {
         }
     });
 }
+
+#[test]
+fn async_events_reach_the_device() {
+    let Some((rt, _dev)) = open() else { return };
+    // A separate tiny CQ (not runtime-managed) overflowed by raw posts.
+    let ctx = Context::open_soft(SoftConfig::default()).unwrap();
+    let dev = Device::with_cq_size(ctx, 1).unwrap();
+    let (a, b) = pair(&dev, 16);
+    let cap = dev.cq().capacity() as usize;
+    let pd = dev.pd().clone();
+    let src = reg(&pd, 8, 1);
+    let dst = reg(&pd, 8, 0);
+    let qp = a.provider().unwrap().clone();
+    for _ in 0..cap + 2 {
+        let mut wr = SendWr {
+            wr_id: verbio_runtime::op::wr_id::UNTRACKED,
+            sg_list: Default::default(),
+            op: SendOp::Write {
+                remote_addr: dst.mr.addr(),
+                rkey: dst.mr.rkey(),
+            },
+            flags: SendFlags::SIGNALED,
+        };
+        wr.sg_list.push(src.sge(8));
+        qp.post_send(&[wr]).unwrap();
+    }
+    let ev = rt
+        .block_on(timeout(LIMIT, dev.next_async_event()))
+        .unwrap()
+        .expect("the device watches its async fd");
+    assert_eq!(
+        ev.kind,
+        verbio_runtime::provider::AsyncEventKind::CqErr,
+        "{ev:?}"
+    );
+    drop((a, b));
+}

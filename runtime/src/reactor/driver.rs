@@ -2,7 +2,6 @@
 //! their CQs, socket registrations, the op slab and the QP registry.
 
 use std::cell::{Cell, RefCell};
-#[cfg(any(test, feature = "test-util"))]
 use std::collections::VecDeque;
 use std::io;
 use std::rc::Rc;
@@ -15,13 +14,23 @@ use slab::Slab;
 
 use super::RuntimeError;
 use crate::op::{wr_id, OpTable};
-use crate::provider::{CompChannel, Completion, Cq};
+use crate::provider::{AsyncEvent, AsyncEventKind, CompChannel, Completion, Cq};
 use crate::qp::QpCore;
 
 /// Token of the cross-thread waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
 /// Completion channels use tokens `CHANNEL_BASE + cq key`.
 const CHANNEL_BASE: usize = 1 << (usize::BITS - 2);
+/// Async-event fds use tokens `ASYNC_BASE + key`.
+const ASYNC_BASE: usize = CHANNEL_BASE + (1 << (usize::BITS - 3));
+/// Async events kept per device until someone takes them.
+const ASYNC_QUEUE: usize = 64;
+
+struct AsyncEntry {
+    ctx: crate::provider::Context,
+    queue: VecDeque<AsyncEvent>,
+    waker: Option<Waker>,
+}
 
 struct CqEntry {
     cq: Cq,
@@ -58,6 +67,7 @@ pub(crate) struct Driver {
     registry: Registry,
     pub(crate) ops: OpTable,
     cqs: RefCell<Slab<CqEntry>>,
+    asyncs: RefCell<Slab<AsyncEntry>>,
     io: RefCell<Slab<IoEntry>>,
     qps: RefCell<Slab<Rc<QpCore>>>,
     zombies: Cell<usize>,
@@ -88,6 +98,7 @@ impl Driver {
             registry,
             ops: OpTable::with_capacity(op_slots),
             cqs: RefCell::new(Slab::new()),
+            asyncs: RefCell::new(Slab::new()),
             io: RefCell::new(Slab::new()),
             qps: RefCell::new(Slab::new()),
             zombies: Cell::new(0),
@@ -97,6 +108,11 @@ impl Driver {
             #[cfg(any(test, feature = "test-util"))]
             injected: RefCell::new(VecDeque::new()),
         })
+    }
+
+    /// Events taken per epoll call.
+    pub(crate) fn event_capacity(&self) -> usize {
+        self.events.borrow().capacity()
     }
 
     pub(crate) fn poll_fd(&self) -> std::os::fd::RawFd {
@@ -149,6 +165,102 @@ impl Driver {
         if let Err(e) = self.registry.deregister(&mut SourceFd(&fd)) {
             tracing::debug!(error = %e, "deregistering a completion channel");
         }
+    }
+
+    // ---- async events ----------------------------------------------------
+
+    /// Watches a context's async-event fd. `None` if it cannot be registered
+    /// (e.g. another `Device` on the same context already watches it).
+    pub(crate) fn register_async(&self, ctx: crate::provider::Context) -> Option<usize> {
+        let mut asyncs = self.asyncs.borrow_mut();
+        let entry = asyncs.vacant_entry();
+        let key = entry.key();
+        let fd = ctx.async_fd();
+        match self.registry.register(
+            &mut SourceFd(&fd),
+            Token(ASYNC_BASE + key),
+            Interest::READABLE,
+        ) {
+            Ok(()) => {
+                entry.insert(AsyncEntry {
+                    ctx,
+                    queue: VecDeque::new(),
+                    waker: None,
+                });
+                Some(key)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "async-event fd not watched");
+                None
+            }
+        }
+    }
+
+    pub(crate) fn deregister_async(&self, key: usize) {
+        let Some(entry) = self.asyncs.borrow_mut().try_remove(key) else {
+            return;
+        };
+        let fd = entry.ctx.async_fd();
+        if let Err(e) = self.registry.deregister(&mut SourceFd(&fd)) {
+            tracing::debug!(error = %e, "deregistering an async-event fd");
+        }
+    }
+
+    /// Takes every pending async event of `key`, logs it and queues it.
+    fn async_ready(&self, key: usize) {
+        let waker = {
+            let mut asyncs = self.asyncs.borrow_mut();
+            let Some(e) = asyncs.get_mut(key) else { return };
+            loop {
+                match e.ctx.get_async_event() {
+                    Ok(Some(ev)) => {
+                        match ev.kind {
+                            AsyncEventKind::CommEst
+                            | AsyncEventKind::PortActive
+                            | AsyncEventKind::SqDrained
+                            | AsyncEventKind::LidChange
+                            | AsyncEventKind::GidChange => {
+                                tracing::debug!(?ev, "async event")
+                            }
+                            _ => tracing::warn!(?ev, "async event"),
+                        }
+                        if e.queue.len() >= ASYNC_QUEUE {
+                            e.queue.pop_front();
+                        }
+                        e.queue.push_back(ev);
+                    }
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "get_async_event failed");
+                        break;
+                    }
+                }
+            }
+            e.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// The next async event of `key` (`Ready(None)` if it is not watched).
+    pub(crate) fn poll_async_event(
+        &self,
+        key: usize,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<AsyncEvent>> {
+        let mut asyncs = self.asyncs.borrow_mut();
+        let Some(e) = asyncs.get_mut(key) else {
+            return Poll::Ready(None);
+        };
+        if let Some(ev) = e.queue.pop_front() {
+            return Poll::Ready(Some(ev));
+        }
+        match &e.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => e.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 
     /// Arms every CQ not armed yet. Returns false if a call failed.
@@ -292,9 +404,16 @@ impl Driver {
         self.qps.borrow_mut().insert(core)
     }
 
-    pub(crate) fn unregister_qp(&self, key: usize) {
-        let core = self.qps.borrow_mut().try_remove(key);
-        drop(core);
+    /// Forgets `core` (registered under `key`) if it is still there.
+    pub(crate) fn unregister_qp(&self, key: usize, core: &Rc<QpCore>) {
+        let removed = {
+            let mut qps = self.qps.borrow_mut();
+            match qps.get(key) {
+                Some(q) if Rc::ptr_eq(q, core) => qps.try_remove(key),
+                _ => None,
+            }
+        };
+        drop(removed);
     }
 
     /// QPs the reactor tracks (open, or dropped and still draining).
@@ -445,7 +564,9 @@ impl Driver {
             if t == WAKER_TOKEN {
                 continue;
             }
-            if t.0 >= CHANNEL_BASE {
+            if t.0 >= ASYNC_BASE {
+                self.async_ready(t.0 - ASYNC_BASE);
+            } else if t.0 >= CHANNEL_BASE {
                 self.channel_ready(t.0 - CHANNEL_BASE);
             } else {
                 self.io_ready(t.0, ev);
@@ -462,6 +583,10 @@ impl Driver {
         let keys: Vec<usize> = self.cqs.borrow().iter().map(|(k, _)| k).collect();
         for k in keys {
             self.deregister_cq(k);
+        }
+        let keys: Vec<usize> = self.asyncs.borrow().iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.deregister_async(k);
         }
         let handler = self.reserved_handler.borrow_mut().take();
         drop(handler);

@@ -109,11 +109,29 @@ impl Executor {
             value: RefCell::new(None),
             waker: RefCell::new(None),
             finished: Cell::new(false),
+            aborted: Cell::new(false),
+            task: RefCell::new(None),
         });
         let st = state.clone();
         let task = async move {
-            let v = fut.await;
-            *st.value.borrow_mut() = Some(v);
+            let mut fut = std::pin::pin!(fut);
+            let out = std::future::poll_fn(|cx| {
+                if st.aborted.get() {
+                    return Poll::Ready(None);
+                }
+                {
+                    let mut t = st.task.borrow_mut();
+                    match &*t {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        _ => *t = Some(cx.waker().clone()),
+                    }
+                }
+                fut.as_mut().poll(cx).map(Some)
+            })
+            .await;
+            if let Some(v) = out {
+                *st.value.borrow_mut() = Some(v);
+            }
             st.finished.set(true);
             let w = st.waker.borrow_mut().take();
             if let Some(w) = w {
@@ -258,6 +276,9 @@ struct JoinState<T> {
     value: RefCell<Option<T>>,
     waker: RefCell<Option<Waker>>,
     finished: Cell<bool>,
+    aborted: Cell<bool>,
+    /// The task's own waker, for `abort`.
+    task: RefCell<Option<Waker>>,
 }
 
 /// A spawned task's output, as a future. Dropping it detaches the task (it
@@ -268,9 +289,19 @@ pub struct JoinHandle<T> {
 }
 
 impl<T> JoinHandle<T> {
-    /// True once the task has finished.
+    /// True once the task has finished (or was aborted and dropped).
     pub fn is_finished(&self) -> bool {
         self.state.finished.get()
+    }
+
+    /// Cancels the task: its future is dropped at the loop's next turn
+    /// (dropping any ops it owns parks their buffers, as usual).
+    pub fn abort(self) {
+        self.state.aborted.set(true);
+        let w = self.state.task.borrow_mut().take();
+        if let Some(w) = w {
+            w.wake();
+        }
     }
 }
 

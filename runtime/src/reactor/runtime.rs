@@ -232,6 +232,22 @@ impl Runtime {
     /// socket/channel events without waiting, fire timers, and if idle arm
     /// the CQs. Afterwards wait until [`as_raw_fd`](AsRawFd::as_raw_fd) is
     /// readable (or [`Turn::wait_for`] passes) and turn again.
+    ///
+    /// Call it on the runtime's thread, after polling your own futures (a
+    /// [`Sleep`](super::Sleep) polled by them may move the next deadline).
+    /// Under tokio, for example (a `LocalSet` on the same thread):
+    ///
+    /// ```text
+    /// let fd = tokio::io::unix::AsyncFd::new(rt.as_raw_fd())?;
+    /// loop {
+    ///     let t = rt.turn();
+    ///     if t.ready { tokio::task::yield_now().await; continue; }
+    ///     let wait = t.wait_for().unwrap_or(Duration::from_secs(3600));
+    ///     if let Ok(guard) = tokio::time::timeout(wait, fd.readable()).await {
+    ///         guard?.clear_ready();
+    ///     }
+    /// }
+    /// ```
     pub fn turn(&self) -> Turn {
         let inner = &self.handle.inner;
         // Between turns the runtime counts as asleep, so that cross-thread
@@ -250,10 +266,19 @@ impl Runtime {
         if d.drain_cqs() > 0 {
             return self.turn_result(true);
         }
-        if let Err(e) = d.poll_io(Some(Duration::ZERO)) {
-            tracing::warn!(error = %e, "epoll failed");
-        }
+        // A full batch of events means more may be pending in epoll: with
+        // an edge-triggered outer poller they would raise no new edge.
+        let saturated = match d.poll_io(Some(Duration::ZERO)) {
+            Ok(n) => n >= d.event_capacity(),
+            Err(e) => {
+                tracing::warn!(error = %e, "epoll failed");
+                false
+            }
+        };
         inner.timers.fire(Instant::now());
+        if saturated {
+            return self.turn_result(true);
+        }
         // A channel event may have disarmed a CQ: re-arm and re-check.
         d.arm_cqs();
         let more = d.drain_cqs() > 0;

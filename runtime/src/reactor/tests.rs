@@ -196,14 +196,16 @@ fn task_budget_lets_io_and_timers_run() {
 fn timers_fire_in_order() {
     let rt = Runtime::new().unwrap();
     let order = Rc::new(RefCell::new(Vec::new()));
+    let mut handles = Vec::new();
     for ms in [30u64, 10, 20, 0] {
         let order = order.clone();
-        rt.spawn(async move {
+        handles.push(rt.spawn(async move {
             sleep(Duration::from_millis(ms)).await;
             order.borrow_mut().push(ms);
-        });
+        }));
     }
-    rt.block_on(sleep(Duration::from_millis(40)));
+    rt.block_on(unless_deadline(LIMIT, futures::future::join_all(handles)))
+        .unwrap();
     assert_eq!(*order.borrow(), vec![0, 10, 20, 30]);
 }
 
@@ -914,4 +916,39 @@ fn runtime_in_a_thread_local_drops_at_thread_exit() {
         RT.with(|r| *r.borrow_mut() = Some(rt));
     });
     assert!(th.join().is_ok(), "teardown panicked");
+}
+
+#[test]
+fn aborting_a_task_drops_its_future() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
+    let buf = buffer();
+    let op = write_chain(&qp, &buf, 1);
+    let h = rt.spawn(async move {
+        let _ = op.await;
+        unreachable!("aborted before completion");
+    });
+    settle(&rt);
+    assert!(!h.is_finished());
+    // Abort before the task was ever polled, too.
+    let never = rt.spawn(async { unreachable!("never polled") });
+    never.abort();
+    let probe = Rc::new(());
+    let p2 = probe.clone();
+    let h2 = rt.spawn(async move {
+        let _keep = p2;
+        std::future::pending::<()>().await
+    });
+    settle(&rt);
+    assert_eq!(Rc::strong_count(&probe), 2);
+    h2.abort();
+    h.abort();
+    settle(&rt);
+    assert_eq!(Rc::strong_count(&probe), 1, "aborted future dropped");
+    assert_eq!(rt.task_count(), 0);
+    // The op the task owned is parked until its completion.
+    assert_eq!(Rc::strong_count(&buf), 2);
+    fake.complete_send(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    assert_eq!(Rc::strong_count(&buf), 1);
 }

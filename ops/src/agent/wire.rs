@@ -1,0 +1,835 @@
+//! The agent's wire codec: every message the MR-token agent exchanges over a
+//! connection's SEND/RECV channel.
+//!
+//! Layout (explicit little-endian, version 1):
+//!
+//! ```text
+//! 0..4   magic  b"VBAG"
+//! 4      version (1)
+//! 5      kind
+//! 6..8   reserved, must be 0
+//! 8..12  body length (u32), must equal the bytes that follow
+//! 12..   body (per kind, fixed fields then variable data)
+//! ```
+//!
+//! [`decode`] never panics and never reads out of bounds, whatever the input:
+//! it is a fuzz target. [`Message::encode`] writes into a caller-provided
+//! buffer (a registered send buffer) without allocating.
+
+use std::fmt;
+
+/// `b"VBAG"`: every agent message starts with it.
+pub const MAGIC: [u8; 4] = *b"VBAG";
+/// The protocol version this codec speaks.
+pub const VERSION: u8 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 12;
+/// Largest text in an [`Message::Error`].
+pub const MAX_ERROR_TEXT: usize = 256;
+/// Size of an encoded [`MrToken`].
+pub const TOKEN_LEN: usize = 44;
+
+/// Why a frame could not be decoded or encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Fewer bytes than the structure needs.
+    #[error("truncated agent message: {what} needs {needed} bytes, got {got}")]
+    Truncated {
+        /// The part being read.
+        what: &'static str,
+        /// Bytes required.
+        needed: usize,
+        /// Bytes available.
+        got: usize,
+    },
+    /// Not an agent message.
+    #[error("bad agent magic {got:02x?} (expected {MAGIC:02x?})")]
+    BadMagic {
+        /// The first four bytes.
+        got: [u8; 4],
+    },
+    /// A peer speaking another protocol version.
+    #[error("unsupported agent protocol version {got} (this side speaks {VERSION})")]
+    UnsupportedVersion {
+        /// The peer's version.
+        got: u8,
+    },
+    /// A message kind this version does not know.
+    #[error("unknown agent message kind {kind}")]
+    UnknownKind {
+        /// The kind byte.
+        kind: u8,
+    },
+    /// The header's body length disagrees with the frame.
+    #[error("agent message body length {declared} does not match the {actual} bytes received")]
+    LengthMismatch {
+        /// Length in the header.
+        declared: u32,
+        /// Bytes after the header.
+        actual: usize,
+    },
+    /// A field holds a value the protocol forbids.
+    #[error("invalid agent message field {field}: {reason}")]
+    InvalidField {
+        /// Field name.
+        field: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The output buffer cannot hold the encoded message.
+    #[error("agent message needs {needed} bytes, buffer holds {capacity}")]
+    BufferTooSmall {
+        /// Encoded size.
+        needed: usize,
+        /// Buffer size.
+        capacity: usize,
+    },
+}
+
+/// A grant of remote access to a memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MrToken {
+    /// Owner-chosen id; names the grant in releases and hand-backs.
+    pub token_id: u64,
+    /// Start address in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key of the grant's own registration.
+    pub rkey: u32,
+    /// Granted access (verbs `ibv_access_flags` bits).
+    pub access: u32,
+    /// Deadline in milliseconds since the Unix epoch (0 = none); after it the
+    /// owner refuses and deregisters the grant.
+    pub deadline_ms: u64,
+    /// Reserved for flags, 0 in version 1.
+    pub flags: u32,
+}
+
+/// Why an allocation request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefuseCode {
+    /// The owner has no memory for it.
+    NoMemory,
+    /// More access than the owner grants to peers.
+    AccessDenied,
+    /// Length or alignment out of range.
+    BadLayout,
+    /// Any other code (forward compatibility).
+    Other(u16),
+}
+
+impl RefuseCode {
+    fn to_raw(self) -> u16 {
+        match self {
+            RefuseCode::NoMemory => 1,
+            RefuseCode::AccessDenied => 2,
+            RefuseCode::BadLayout => 3,
+            RefuseCode::Other(c) => c,
+        }
+    }
+    fn from_raw(raw: u16) -> RefuseCode {
+        match raw {
+            1 => RefuseCode::NoMemory,
+            2 => RefuseCode::AccessDenied,
+            3 => RefuseCode::BadLayout,
+            c => RefuseCode::Other(c),
+        }
+    }
+}
+
+/// Which way a memory region is handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOverKind {
+    /// The sender grants access to its own memory (`send_local_mr`).
+    Local,
+    /// The sender hands back memory the receiver owns (`send_remote_mr`).
+    Remote,
+}
+
+/// One agent message. `Data` borrows its payload from the decoded frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Message<'a> {
+    /// The receiver posted `grant` more receive buffers: the peer may send that many more messages.
+    Credit {
+        /// Additional messages allowed.
+        grant: u32,
+    },
+    /// Please allocate memory I may access remotely.
+    AllocRequest {
+        /// Matches the response.
+        req_id: u64,
+        /// Bytes requested.
+        len: u64,
+        /// Required alignment (a power of two).
+        align: u32,
+        /// Requested access bits.
+        access: u32,
+        /// Requested lifetime in ms (0 = the owner's default).
+        lifetime_ms: u32,
+    },
+    /// The answer to an `AllocRequest`.
+    AllocResponse {
+        /// The request's id.
+        req_id: u64,
+        /// The grant, or why not.
+        result: Result<MrToken, RefuseCode>,
+    },
+    /// I no longer use the grant `token_id` (the owner deregisters it).
+    Release {
+        /// Grant id.
+        token_id: u64,
+    },
+    /// A memory region handed over.
+    HandOver {
+        /// Local grant or hand-back.
+        kind: HandOverKind,
+        /// User tag that travels with it.
+        tag: u64,
+        /// The region.
+        token: MrToken,
+    },
+    /// A piece of a user message (messages larger than one receive buffer are split).
+    Data {
+        /// Message id (per sender, increasing).
+        msg_id: u64,
+        /// Length of the whole message.
+        total_len: u64,
+        /// Offset of this piece.
+        offset: u64,
+        /// Immediate data of the message, if any.
+        imm: Option<u32>,
+        /// The bytes.
+        payload: &'a [u8],
+    },
+    /// The peer reports a protocol error and closes.
+    Error {
+        /// Error code.
+        code: u16,
+        /// Human-readable text (UTF-8, at most [`MAX_ERROR_TEXT`] bytes).
+        text: &'a str,
+    },
+    /// Orderly shutdown.
+    Close,
+}
+
+mod kind {
+    pub const CREDIT: u8 = 1;
+    pub const ALLOC_REQUEST: u8 = 2;
+    pub const ALLOC_RESPONSE: u8 = 3;
+    pub const RELEASE: u8 = 4;
+    pub const HAND_OVER: u8 = 5;
+    pub const DATA: u8 = 6;
+    pub const ERROR: u8 = 7;
+    pub const CLOSE: u8 = 8;
+}
+
+/// Bytes of a `Data` message before its payload.
+pub const DATA_OVERHEAD: usize = HEADER_LEN + 8 + 8 + 8 + 4 + 4;
+
+/// A bounds-checked little-endian reader.
+struct Reader<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.buf.len() < n {
+            return Err(WireError::Truncated {
+                what: self.what,
+                needed: n,
+                got: self.buf.len(),
+            });
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn finish(&self) -> Result<(), WireError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::InvalidField {
+                field: self.what,
+                reason: "trailing bytes after the message body",
+            })
+        }
+    }
+}
+
+/// A bounds-checked little-endian writer.
+struct Writer<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        // Invariant: `encode` checked the total size before writing.
+        self.buf[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
+        self.pos += bytes.len();
+    }
+}
+
+fn read_token(r: &mut Reader<'_>) -> Result<MrToken, WireError> {
+    let token = MrToken {
+        token_id: r.u64()?,
+        addr: r.u64()?,
+        len: r.u64()?,
+        rkey: r.u32()?,
+        access: r.u32()?,
+        deadline_ms: r.u64()?,
+        flags: r.u32()?,
+    };
+    if token.addr.checked_add(token.len).is_none() {
+        return Err(WireError::InvalidField {
+            field: "token.len",
+            reason: "region wraps the address space",
+        });
+    }
+    if token.access & !0xf != 0 {
+        return Err(WireError::InvalidField {
+            field: "token.access",
+            reason: "unknown access bits",
+        });
+    }
+    Ok(token)
+}
+
+fn write_token(w: &mut Writer<'_>, t: &MrToken) {
+    w.put(&t.token_id.to_le_bytes());
+    w.put(&t.addr.to_le_bytes());
+    w.put(&t.len.to_le_bytes());
+    w.put(&t.rkey.to_le_bytes());
+    w.put(&t.access.to_le_bytes());
+    w.put(&t.deadline_ms.to_le_bytes());
+    w.put(&t.flags.to_le_bytes());
+}
+
+/// Decodes one frame. Never panics; every malformed input is a [`WireError`].
+pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
+    let mut r = Reader {
+        buf: frame,
+        what: "header",
+    };
+    let magic = r.array::<4>()?;
+    if magic != MAGIC {
+        return Err(WireError::BadMagic { got: magic });
+    }
+    let version = r.u8()?;
+    if version != VERSION {
+        return Err(WireError::UnsupportedVersion { got: version });
+    }
+    let kind = r.u8()?;
+    if r.u16()? != 0 {
+        return Err(WireError::InvalidField {
+            field: "reserved",
+            reason: "must be 0",
+        });
+    }
+    let declared = r.u32()?;
+    if declared as usize != r.buf.len() {
+        return Err(WireError::LengthMismatch {
+            declared,
+            actual: r.buf.len(),
+        });
+    }
+    let msg = match kind {
+        kind::CREDIT => {
+            r.what = "credit";
+            Message::Credit { grant: r.u32()? }
+        }
+        kind::ALLOC_REQUEST => {
+            r.what = "alloc request";
+            let req_id = r.u64()?;
+            let len = r.u64()?;
+            let align = r.u32()?;
+            let access = r.u32()?;
+            let lifetime_ms = r.u32()?;
+            if !align.is_power_of_two() {
+                return Err(WireError::InvalidField {
+                    field: "align",
+                    reason: "not a power of two",
+                });
+            }
+            Message::AllocRequest {
+                req_id,
+                len,
+                align,
+                access,
+                lifetime_ms,
+            }
+        }
+        kind::ALLOC_RESPONSE => {
+            r.what = "alloc response";
+            let req_id = r.u64()?;
+            let code = r.u16()?;
+            let result = if code == 0 {
+                Ok(read_token(&mut r)?)
+            } else {
+                Err(RefuseCode::from_raw(code))
+            };
+            Message::AllocResponse { req_id, result }
+        }
+        kind::RELEASE => {
+            r.what = "release";
+            Message::Release { token_id: r.u64()? }
+        }
+        kind::HAND_OVER => {
+            r.what = "hand-over";
+            let kind = match r.u8()? {
+                0 => HandOverKind::Local,
+                1 => HandOverKind::Remote,
+                _ => {
+                    return Err(WireError::InvalidField {
+                        field: "hand_over.kind",
+                        reason: "neither local (0) nor remote (1)",
+                    })
+                }
+            };
+            let tag = r.u64()?;
+            let token = read_token(&mut r)?;
+            Message::HandOver { kind, tag, token }
+        }
+        kind::DATA => {
+            r.what = "data";
+            let msg_id = r.u64()?;
+            let total_len = r.u64()?;
+            let offset = r.u64()?;
+            let has_imm = r.u32()?;
+            let imm_raw = r.u32()?;
+            let imm = match has_imm {
+                0 if imm_raw == 0 => None,
+                0 => {
+                    return Err(WireError::InvalidField {
+                        field: "data.imm",
+                        reason: "must be 0 without an immediate",
+                    })
+                }
+                1 => Some(imm_raw),
+                _ => {
+                    return Err(WireError::InvalidField {
+                        field: "data.has_imm",
+                        reason: "must be 0 or 1",
+                    })
+                }
+            };
+            let payload = r.take(r.buf.len())?;
+            let end = offset.checked_add(payload.len() as u64);
+            if end.is_none_or(|end| end > total_len) {
+                return Err(WireError::InvalidField {
+                    field: "data.offset",
+                    reason: "piece extends past the message length",
+                });
+            }
+            Message::Data {
+                msg_id,
+                total_len,
+                offset,
+                imm,
+                payload,
+            }
+        }
+        kind::ERROR => {
+            r.what = "error";
+            let code = r.u16()?;
+            let len = r.u16()? as usize;
+            if len > MAX_ERROR_TEXT {
+                return Err(WireError::InvalidField {
+                    field: "error.text",
+                    reason: "longer than MAX_ERROR_TEXT",
+                });
+            }
+            let text = std::str::from_utf8(r.take(len)?).map_err(|_| WireError::InvalidField {
+                field: "error.text",
+                reason: "not UTF-8",
+            })?;
+            Message::Error { code, text }
+        }
+        kind::CLOSE => Message::Close,
+        kind => return Err(WireError::UnknownKind { kind }),
+    };
+    r.finish()?;
+    Ok(msg)
+}
+
+impl Message<'_> {
+    /// Size of the encoded frame.
+    pub fn encoded_len(&self) -> usize {
+        HEADER_LEN
+            + match self {
+                Message::Credit { .. } => 4,
+                Message::AllocRequest { .. } => 8 + 8 + 4 + 4 + 4,
+                Message::AllocResponse { result, .. } => {
+                    8 + 2 + if result.is_ok() { TOKEN_LEN } else { 0 }
+                }
+                Message::Release { .. } => 8,
+                Message::HandOver { .. } => 1 + 8 + TOKEN_LEN,
+                Message::Data { payload, .. } => 8 + 8 + 8 + 4 + 4 + payload.len(),
+                Message::Error { text, .. } => 2 + 2 + text.len().min(MAX_ERROR_TEXT),
+                Message::Close => 0,
+            }
+    }
+
+    fn kind(&self) -> u8 {
+        match self {
+            Message::Credit { .. } => kind::CREDIT,
+            Message::AllocRequest { .. } => kind::ALLOC_REQUEST,
+            Message::AllocResponse { .. } => kind::ALLOC_RESPONSE,
+            Message::Release { .. } => kind::RELEASE,
+            Message::HandOver { .. } => kind::HAND_OVER,
+            Message::Data { .. } => kind::DATA,
+            Message::Error { .. } => kind::ERROR,
+            Message::Close => kind::CLOSE,
+        }
+    }
+
+    /// Encodes into `out`; returns the frame length. Error texts longer than
+    /// [`MAX_ERROR_TEXT`] are cut at a character boundary.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let len = self.encoded_len();
+        if out.len() < len {
+            return Err(WireError::BufferTooSmall {
+                needed: len,
+                capacity: out.len(),
+            });
+        }
+        if let Message::Data {
+            offset,
+            total_len,
+            payload,
+            ..
+        } = self
+        {
+            if offset
+                .checked_add(payload.len() as u64)
+                .is_none_or(|end| end > *total_len)
+            {
+                return Err(WireError::InvalidField {
+                    field: "data.offset",
+                    reason: "piece extends past the message length",
+                });
+            }
+        }
+        let mut w = Writer { buf: out, pos: 0 };
+        w.put(&MAGIC);
+        w.put(&[VERSION, self.kind(), 0, 0]);
+        w.put(&((len - HEADER_LEN) as u32).to_le_bytes());
+        match self {
+            Message::Credit { grant } => w.put(&grant.to_le_bytes()),
+            Message::AllocRequest {
+                req_id,
+                len,
+                align,
+                access,
+                lifetime_ms,
+            } => {
+                w.put(&req_id.to_le_bytes());
+                w.put(&len.to_le_bytes());
+                w.put(&align.to_le_bytes());
+                w.put(&access.to_le_bytes());
+                w.put(&lifetime_ms.to_le_bytes());
+            }
+            Message::AllocResponse { req_id, result } => {
+                w.put(&req_id.to_le_bytes());
+                match result {
+                    Ok(token) => {
+                        w.put(&0u16.to_le_bytes());
+                        write_token(&mut w, token);
+                    }
+                    Err(code) => w.put(&code.to_raw().max(1).to_le_bytes()),
+                }
+            }
+            Message::Release { token_id } => w.put(&token_id.to_le_bytes()),
+            Message::HandOver { kind, tag, token } => {
+                w.put(&[match kind {
+                    HandOverKind::Local => 0,
+                    HandOverKind::Remote => 1,
+                }]);
+                w.put(&tag.to_le_bytes());
+                write_token(&mut w, token);
+            }
+            Message::Data {
+                msg_id,
+                total_len,
+                offset,
+                imm,
+                payload,
+            } => {
+                w.put(&msg_id.to_le_bytes());
+                w.put(&total_len.to_le_bytes());
+                w.put(&offset.to_le_bytes());
+                w.put(&u32::from(imm.is_some()).to_le_bytes());
+                w.put(&imm.unwrap_or(0).to_le_bytes());
+                w.put(payload);
+            }
+            Message::Error { code, text } => {
+                let mut cut = text.len().min(MAX_ERROR_TEXT);
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                // Pad with spaces if the cut removed part of a character, so the
+                // frame keeps the length `encoded_len` promised.
+                let pad = text.len().min(MAX_ERROR_TEXT) - cut;
+                w.put(&code.to_le_bytes());
+                w.put(&((cut + pad) as u16).to_le_bytes());
+                w.put(&text.as_bytes()[..cut]);
+                for _ in 0..pad {
+                    w.put(b" ");
+                }
+            }
+            Message::Close => {}
+        }
+        debug_assert_eq!(w.pos, len);
+        Ok(len)
+    }
+}
+
+impl fmt::Display for HandOverKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HandOverKind::Local => "local",
+            HandOverKind::Remote => "remote",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token() -> MrToken {
+        MrToken {
+            token_id: 7,
+            addr: 0x7f00_0000_1000,
+            len: 4096,
+            rkey: 0xdead_beef,
+            access: 0b0110,
+            deadline_ms: 1_800_000_000_000,
+            flags: 0,
+        }
+    }
+
+    fn samples() -> Vec<Message<'static>> {
+        vec![
+            Message::Credit { grant: 16 },
+            Message::AllocRequest {
+                req_id: 1,
+                len: 1 << 20,
+                align: 8,
+                access: 0b0110,
+                lifetime_ms: 5000,
+            },
+            Message::AllocResponse {
+                req_id: 1,
+                result: Ok(token()),
+            },
+            Message::AllocResponse {
+                req_id: 2,
+                result: Err(RefuseCode::AccessDenied),
+            },
+            Message::Release { token_id: 7 },
+            Message::HandOver {
+                kind: HandOverKind::Local,
+                tag: 3,
+                token: token(),
+            },
+            Message::HandOver {
+                kind: HandOverKind::Remote,
+                tag: 4,
+                token: token(),
+            },
+            Message::Data {
+                msg_id: 9,
+                total_len: 10,
+                offset: 5,
+                imm: Some(0xabcd),
+                payload: b"hello",
+            },
+            Message::Data {
+                msg_id: 10,
+                total_len: 0,
+                offset: 0,
+                imm: None,
+                payload: b"",
+            },
+            Message::Error {
+                code: 2,
+                text: "bad token",
+            },
+            Message::Close,
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let mut buf = [0u8; 512];
+        for m in samples() {
+            let n = m.encode(&mut buf).unwrap();
+            assert_eq!(n, m.encoded_len());
+            assert_eq!(decode(&buf[..n]).unwrap(), m, "{m:?}");
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let mut buf = [0u8; 512];
+        for m in samples() {
+            let n = m.encode(&mut buf).unwrap();
+            for cut in 0..n {
+                assert!(decode(&buf[..cut]).is_err(), "{m:?} cut at {cut}");
+            }
+            // One extra byte: the header length no longer matches.
+            assert!(matches!(
+                decode(&buf[..n + 1]),
+                Err(WireError::LengthMismatch { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn header_errors_are_named() {
+        let mut buf = [0u8; 64];
+        let n = Message::Credit { grant: 1 }.encode(&mut buf).unwrap();
+        let mut bad = buf;
+        bad[0] = b'X';
+        assert!(matches!(decode(&bad[..n]), Err(WireError::BadMagic { .. })));
+        let mut bad = buf;
+        bad[4] = 2;
+        assert_eq!(
+            decode(&bad[..n]),
+            Err(WireError::UnsupportedVersion { got: 2 })
+        );
+        let mut bad = buf;
+        bad[5] = 99;
+        assert_eq!(decode(&bad[..n]), Err(WireError::UnknownKind { kind: 99 }));
+        assert!(matches!(
+            Message::Close.encode(&mut [0u8; 4]),
+            Err(WireError::BufferTooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn semantic_field_checks() {
+        let mut buf = [0u8; 512];
+        // A data piece past the message end is refused on both sides.
+        let bad = Message::Data {
+            msg_id: 1,
+            total_len: 3,
+            offset: 1,
+            imm: None,
+            payload: b"abc",
+        };
+        assert!(bad.encode(&mut buf).is_err());
+        // A token whose region wraps around the address space.
+        let mut t = token();
+        t.addr = u64::MAX - 1;
+        let n = Message::Release { token_id: 0 }.encode(&mut buf).unwrap();
+        assert!(decode(&buf[..n]).is_ok());
+        let n = Message::HandOver {
+            kind: HandOverKind::Local,
+            tag: 0,
+            token: t,
+        }
+        .encode(&mut buf)
+        .unwrap();
+        assert!(matches!(
+            decode(&buf[..n]),
+            Err(WireError::InvalidField {
+                field: "token.len",
+                ..
+            })
+        ));
+        // Over-long error text is cut to the limit at a char boundary.
+        let long = "é".repeat(200);
+        let m = Message::Error {
+            code: 1,
+            text: &long,
+        };
+        let n = m.encode(&mut buf).unwrap();
+        match decode(&buf[..n]).unwrap() {
+            Message::Error { text, .. } => assert!(text.len() == MAX_ERROR_TEXT),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// xorshift64*: deterministic pseudo-random bytes without dependencies.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+    }
+
+    #[test]
+    fn decode_never_panics_on_random_or_mutated_input() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut frames = Vec::new();
+        let mut buf = [0u8; 512];
+        for m in samples() {
+            let n = m.encode(&mut buf).unwrap();
+            frames.push(buf[..n].to_vec());
+        }
+        let mut ok = 0usize;
+        for i in 0..200_000 {
+            let mut input = if i % 2 == 0 {
+                frames[(rng.next() as usize) % frames.len()].clone()
+            } else {
+                let len = (rng.next() % 96) as usize;
+                let mut v: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                if len >= 6 && rng.next().is_multiple_of(2) {
+                    v[..4].copy_from_slice(&MAGIC);
+                    v[4] = VERSION;
+                    v[5] = (rng.next() % 10) as u8;
+                }
+                v
+            };
+            let flips = rng.next() % 4;
+            for _ in 0..flips {
+                if input.is_empty() {
+                    break;
+                }
+                let at = (rng.next() as usize) % input.len();
+                input[at] = rng.next() as u8;
+            }
+            if rng.next().is_multiple_of(8) && !input.is_empty() {
+                let keep = (rng.next() as usize) % input.len();
+                input.truncate(keep);
+            }
+            if let Ok(m) = decode(&input) {
+                ok += 1;
+                // Whatever decodes re-encodes to the same bytes.
+                let n = m.encode(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &input[..], "{m:?}");
+            }
+        }
+        assert!(
+            ok > 1000,
+            "the mutator should keep many frames valid ({ok})"
+        );
+    }
+}
