@@ -132,8 +132,6 @@ pub(crate) struct Conn {
     pub senders: VecDeque<u32>,
     /// Listed in the engine's active list.
     pub active: bool,
-    /// Listed in the engine's held-ACK list.
-    pub holding: bool,
 }
 
 /// Result of trying to write.
@@ -166,7 +164,6 @@ impl Conn {
             resp: VecDeque::new(),
             senders: VecDeque::new(),
             active: false,
-            holding: false,
         };
         let mut h = Header::new(Opcode::Hello);
         h.payload_len = HELLO_LEN as u32;
@@ -182,14 +179,6 @@ impl Conn {
     /// True if more packets may be appended now.
     pub fn tx_room(&self) -> bool {
         self.tx_mem.is_none() && self.tx_pending() < TX_HIGH
-    }
-
-    /// True if only ACKs wait to be sent (nothing else queued or buffered).
-    pub fn only_acks(&self) -> bool {
-        self.senders.is_empty()
-            && self.tx_pending() == 0
-            && self.tx_mem.is_none()
-            && self.resp.iter().all(|r| matches!(r, Resp::Ack { .. }))
     }
 
     /// Queues a response, coalescing consecutive ACKs of one QP.

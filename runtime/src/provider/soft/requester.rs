@@ -288,25 +288,10 @@ impl Engine {
     /// requests of its sender QPs, round-robin.
     pub(crate) fn fill_tx(&mut self, cid: usize) {
         let now = Instant::now();
-        let Engine {
-            conns,
-            qps,
-            sh,
-            hold_acks,
-            held,
-            sent_request,
-            ..
-        } = self;
+        let Engine { conns, qps, sh, .. } = self;
         let Some(conn) = conns.get_mut(cid) else {
             return;
         };
-        if *hold_acks && !conn.resp.is_empty() && conn.only_acks() {
-            if !conn.holding {
-                conn.holding = true;
-                held.push(cid);
-            }
-            return;
-        }
         let mrs = sh.mrs();
         let mut failed = None;
         while conn.tx_room() {
@@ -342,7 +327,6 @@ impl Engine {
             };
             match gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mrs, now) {
                 Gen::Sent => {
-                    *sent_request = true;
                     if conn.senders.len() > 1 {
                         conn.senders.rotate_left(1);
                     }
