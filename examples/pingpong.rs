@@ -24,13 +24,14 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::Verbs;
-use verbio::ops::{connect, ConnectOptions, Listener};
 use verbio::provider::{open_device, Context, ProviderKind, SoftConfig};
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
 
 const LIMIT: Duration = Duration::from_secs(60);
+const HANDSHAKE: Duration = Duration::from_secs(10);
 
 struct Args {
     server: Option<SocketAddr>,
@@ -114,7 +115,11 @@ fn server(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::new()?;
     let dev = open(addr.ip())?;
-    let listener = Listener::bind(&dev, addr, ConnectOptions::default())?;
+    let listener = Listener::bind(
+        addr,
+        DeviceQps::new(dev.clone(), QpConfig::default()),
+        HANDSHAKE,
+    )?;
     let local = listener.local_addr()?;
     match ready {
         Some(tx) => tx.send(local)?,
@@ -123,12 +128,10 @@ fn server(
     let pool = MrPool::new(dev.pd());
     rt.block_on(async {
         loop {
+            // Clients whose handshake fails are logged and skipped by `accept`.
             let (qp, peer) = match listener.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    eprintln!("handshake failed: {e}");
-                    continue;
-                }
+                Ok(c) => (c.qp, c.peer_addr),
+                Err(e) => return Err(e.into()),
             };
             match timeout(LIMIT, echo(&qp, &pool, size)).await {
                 Ok(Ok(n)) if !once => println!("{peer}: echoed {n} messages"),
@@ -155,7 +158,13 @@ fn client(addr: SocketAddr, iters: usize, size: usize) -> Result<(), Box<dyn std
     let pool = MrPool::new(dev.pd());
     pool.reserve(size, 4)?;
     rt.block_on(timeout(LIMIT, async {
-        let qp = connect(&dev, addr, &ConnectOptions::default()).await?;
+        let qp = connect(
+            addr,
+            &DeviceQps::new(dev.clone(), QpConfig::default()),
+            HANDSHAKE,
+        )
+        .await?
+        .qp;
         let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
         let mut msg = pool.alloc_from(&payload)?;
         let mut rtts = Vec::with_capacity(iters);

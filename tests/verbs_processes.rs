@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
-use verbio::ops::Listener;
 use verbio::provider::WcStatus;
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{sleep, timeout};
@@ -34,10 +33,10 @@ fn peer_process_entry() {
         return;
     };
     let (rt, dev) = runtime_and_device();
-    let listener = Listener::bind(&dev, "127.0.0.1:0".parse().unwrap(), opts()).unwrap();
+    let listener = listen(&dev);
     println!("{ADDR_PREFIX}{}", listener.local_addr().unwrap());
     block(&rt, async {
-        let (qp, _) = listener.accept().await.expect("accept");
+        let qp = listener.accept().await.expect("accept").qp;
         match role.as_str() {
             "verbs" => verbs_server(qp, dev.clone()).await.expect("verbs check"),
             "sink" => {

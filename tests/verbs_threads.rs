@@ -8,8 +8,9 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use common::*;
+use verbio::ops::connect::{connect, HandshakeError};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
-use verbio::ops::{connect, Error, Listener};
+use verbio::ops::Error;
 use verbio::provider::WcStatus;
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{sleep, timeout};
@@ -171,7 +172,7 @@ fn remote_access_violation_is_reported_with_its_status() {
 #[test]
 fn garbage_client_gets_an_error_and_the_listener_keeps_serving() {
     let (rt, dev) = runtime_and_device();
-    let listener = Listener::bind(&dev, "127.0.0.1:0".parse().unwrap(), opts()).unwrap();
+    let listener = listen(&dev);
     let addr = listener.local_addr().unwrap();
     // A raw TCP client sending garbage, then a good client, each on its own thread.
     let garbage = std::thread::spawn(move || {
@@ -182,21 +183,26 @@ fn garbage_client_gets_an_error_and_the_listener_keeps_serving() {
         let _ = s.read_to_end(&mut answer); // reject frame then EOF (or reset)
         answer
     });
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let good = std::thread::spawn(move || {
-        // Connect only after the garbage client was served first.
-        std::thread::sleep(Duration::from_millis(100));
+        // Connect only after the garbage client was refused.
+        go_rx.recv_timeout(WAIT).expect("go");
         let (rt, dev) = runtime_and_device();
         block(&rt, async {
-            let qp = connect(&dev, addr, &opts()).await.expect("good client");
+            let qp = dial(&dev, addr).await;
             let pool = MrPool::new(dev.pd());
             let (res, _) = qp.send(buf_from(&pool, b"hi")).await;
             res.expect("send over the good connection");
         });
     });
     block(&rt, async {
-        let e = listener.accept().await.expect_err("garbage must fail");
-        assert!(matches!(e, Error::Handshake(_)), "garbage client gave {e}");
-        let (qp, _) = listener.accept().await.expect("good client");
+        match listener.accept_attempt().await {
+            Err((Some(_peer), HandshakeError::BadMagic { .. })) => {}
+            Err((peer, e)) => panic!("garbage client ({peer:?}) gave {e}"),
+            Ok(_) => panic!("garbage client was accepted"),
+        }
+        go_tx.send(()).unwrap();
+        let qp = listener.accept().await.expect("good client").qp;
         let pool = MrPool::new(dev.pd());
         let (res, b) = qp.recv(buf(&pool, 64)).await;
         assert_eq!(res.expect("recv").len, 2);
@@ -217,9 +223,9 @@ fn connecting_to_a_closed_port_is_an_io_error() {
         l.local_addr().unwrap()
     }; // closed again
     let (rt, dev) = runtime_and_device();
-    let res = block(&rt, connect(&dev, port, &opts()));
+    let res = block(&rt, connect(port, &qps(&dev), HANDSHAKE));
     match res {
-        Err(Error::Io { context, .. }) => assert_eq!(context, "connecting to the listener"),
-        other => panic!("expected an I/O error, got {other:?}"),
+        Err(HandshakeError::Io { .. }) => {}
+        other => panic!("expected an I/O error, got {:?}", other.map(|c| c.qp)),
     }
 }

@@ -1,7 +1,7 @@
-//! Errors of the verbs and of connection setup.
+//! Errors of the verbs.
 
 use verbio_runtime::buf::BufError;
-use verbio_runtime::provider::{ProviderError, WcStatus};
+use verbio_runtime::provider::WcStatus;
 use verbio_runtime::SubmitError;
 
 use crate::connect::HandshakeError;
@@ -102,27 +102,9 @@ pub enum Error {
         /// What is wrong.
         what: &'static str,
     },
-    /// Connection setup: the handshake failed.
+    /// Connection setup failed (for callers that mix `connect` and verbs with `?`).
     #[error("connection setup failed: {0}")]
     Handshake(#[from] HandshakeError),
-    /// Connection setup: a provider call failed.
-    #[error("{context}: {source}")]
-    Provider {
-        /// What was being done.
-        context: &'static str,
-        /// The provider's error.
-        #[source]
-        source: ProviderError,
-    },
-    /// Connection setup: a socket call failed.
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: &'static str,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 impl Error {

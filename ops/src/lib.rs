@@ -3,10 +3,8 @@
 #![deny(missing_docs)]
 pub mod agent;
 pub mod connect;
-pub mod connection;
 pub mod error;
 pub mod verbs;
 
-pub use connection::{connect, ConnectOptions, Listener};
 pub use error::{Error, Result};
 pub use verbs::{Batch, Received, RemoteBuf, Verbs};

@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::{Batch, RemoteBuf, Verbs};
-use verbio::ops::{connect, ConnectOptions, Listener};
 use verbio::provider::{AccessFlags, Context, SoftConfig};
 use verbio::runtime::buf::{IoBuf, LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
@@ -25,13 +25,18 @@ pub fn runtime_and_device() -> (Runtime, Device) {
     (rt, dev)
 }
 
-/// Connection options of the tests (default transport timeout ≈ 67 ms × 6
+/// Limit of each TCP connect + handshake.
+pub const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// QP attributes of the tests (default transport timeout ≈ 67 ms × 6
 /// retries: tolerant of a loaded machine).
-pub fn opts() -> ConnectOptions {
-    ConnectOptions {
-        timeout: Duration::from_secs(10),
-        ..ConnectOptions::default()
-    }
+pub fn qps(dev: &Device) -> DeviceQps {
+    DeviceQps::new(dev.clone(), QpConfig::default())
+}
+
+/// A listener for `dev`'s QPs on an ephemeral loopback port.
+pub fn listen(dev: &Device) -> Listener<DeviceQps> {
+    Listener::bind("127.0.0.1:0".parse().unwrap(), qps(dev), HANDSHAKE).expect("listener")
 }
 
 /// Runs `f` on `rt`, failing the test after [`WAIT`].
@@ -50,14 +55,12 @@ where
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let (rt, dev) = runtime_and_device();
-        let listener =
-            Listener::bind(&dev, "127.0.0.1:0".parse().unwrap(), opts()).expect("listener");
+        let listener = listen(&dev);
         tx.send(listener.local_addr().expect("addr")).unwrap();
         block(&rt, async {
             let mut qps = Vec::new();
             while qps.len() < conns {
-                let (qp, _) = listener.accept().await.expect("accept");
-                qps.push(qp);
+                qps.push(listener.accept().await.expect("accept").qp);
             }
             body(qps, dev).await
         })
@@ -68,7 +71,10 @@ where
 
 /// Connects a client QP to `addr`.
 pub async fn dial(dev: &Device, addr: SocketAddr) -> QueuePair {
-    connect(dev, addr, &opts()).await.expect("connect")
+    connect(addr, &qps(dev), HANDSHAKE)
+        .await
+        .expect("connect")
+        .qp
 }
 
 /// A pool buffer holding `data`.
