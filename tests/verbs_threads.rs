@@ -229,3 +229,47 @@ fn connecting_to_a_closed_port_is_an_io_error() {
         other => panic!("expected an I/O error, got {:?}", other.map(|c| c.qp)),
     }
 }
+
+#[test]
+fn dropped_reads_keep_their_buffers_while_the_device_writes_them() {
+    const SIZE: usize = 256 << 10;
+    let (addr, server) = serve(1, |qps, dev| async move {
+        let pool = MrPool::new(dev.pd());
+        let region = grant(&dev, SIZE);
+        region.write_from(0, &pattern(SIZE, 3)).unwrap();
+        send_remote(&qps[0], &pool, RemoteBuf::from(&region)).await;
+        // Keep the region until the client is done.
+        let (res, _) = qps[0].recv(buf(&pool, 64)).await;
+        res.expect("bye");
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let qp = dial(&dev, addr).await;
+        let pool = MrPool::new(dev.pd());
+        let remote = recv_remote(&qp, &pool).await;
+        // Dropped at once: the device writes 256 KiB into each parked buffer
+        // afterwards (AddressSanitizer would flag a premature free).
+        for _ in 0..16 {
+            drop(qp.read(buf(&pool, SIZE), remote));
+        }
+        assert_eq!(
+            pool.stats().blocks_in_use + pool.stats().dedicated_in_use,
+            16
+        );
+        let deadline = std::time::Instant::now() + WAIT;
+        while pool.stats().blocks_in_use + pool.stats().dedicated_in_use > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "parked buffers never freed"
+            );
+            sleep(Duration::from_millis(2)).await;
+        }
+        // The QP is still usable: one more READ, awaited, has the data.
+        let (res, b) = qp.read(buf(&pool, SIZE), remote).await;
+        res.expect("read");
+        assert_eq!(&b[..], &pattern(SIZE, 3)[..]);
+        let (res, _) = qp.send(buf_from(&pool, b"bye")).await;
+        res.expect("bye");
+    });
+    server.join().expect("server");
+}
