@@ -154,12 +154,16 @@ impl EQp {
         if e.needs_response() && self.rd_outstanding > 0 {
             self.rd_outstanding -= 1;
         }
+        // Free the send-queue slot before the CQE is visible (as rxe does):
+        // an application that posts as soon as it polls must find room.
+        {
+            let mut inner = lock(&self.sh.inner);
+            inner.sq_outstanding = inner.sq_outstanding.saturating_sub(1);
+        }
         if !status.is_success() || e.w.flags.contains(SendFlags::SIGNALED) {
             let wc = self.completion(&e.w, status, byte_len);
             self.sh.send_cq.push(wc, true);
         }
-        let mut inner = lock(&self.sh.inner);
-        inner.sq_outstanding = inner.sq_outstanding.saturating_sub(1);
     }
 
     pub fn recv_completion(&self, r: &RecvWqe, status: WcStatus) -> Completion {
@@ -214,6 +218,9 @@ impl EQp {
             .map(|e| e.w)
             .chain(inner.sq.drain(..))
             .collect();
+        // Slots are free before the flush CQEs become visible.
+        inner.sq_outstanding = 0;
+        inner.rq_outstanding = 0;
         for w in &sends {
             let wc = self.completion(w, WcStatus::WrFlushErr, 0);
             self.sh.send_cq.push(wc, true);
@@ -228,8 +235,6 @@ impl EQp {
             let wc = self.recv_completion(r, WcStatus::WrFlushErr);
             self.sh.recv_cq.push(wc, true);
         }
-        inner.sq_outstanding = 0;
-        inner.rq_outstanding = 0;
         self.send_idx = 0;
         self.send_off = 0;
         self.rnr_until = None;

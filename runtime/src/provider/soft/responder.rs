@@ -99,8 +99,8 @@ impl Engine {
             Outcome::Fatal(syndrome, recv_status) => {
                 if let (Some(status), Some(r)) = (recv_status, eq.cur_recv.take()) {
                     let wc = eq.recv_completion(&r, status);
-                    eq.sh.recv_cq.push(wc, true);
                     recv_done(eq);
+                    eq.sh.recv_cq.push(wc, true);
                 }
                 eq.fail(None);
                 conn.push_resp(Resp::Nak {
@@ -291,6 +291,7 @@ fn complete_recv(eq: &mut EQp, opcode: WcOpcode, hdr: &Header, imm: Option<u32>)
         qp_num: eq.sh.qpn,
         vendor_err: 0,
     };
-    eq.sh.recv_cq.push(wc, hdr.flags & FLAG_SOLICITED != 0);
+    // Free the receive-queue slot before the CQE is visible.
     recv_done(eq);
+    eq.sh.recv_cq.push(wc, hdr.flags & FLAG_SOLICITED != 0);
 }
