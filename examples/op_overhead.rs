@@ -11,8 +11,12 @@
 //! A last table runs the op path alone on the runtime's fake QP (synthetic
 //! completions, no device): the runtime's own CPU cost per op.
 //!
-//! The reactor runs in busy-poll mode (it spins on the CQ like the raw loop)
-//! and, for comparison, in its default mode (sleeps on the completion channel).
+//! Two pairings: the raw loop spinning on `Cq::poll` against the reactor in
+//! busy-poll mode, and the raw loop blocking on the completion channel's fd
+//! (like `ibv_get_cq_event`) against the reactor's default mode (it sleeps in
+//! epoll on the same fd). With fewer than three idle cores the spin rows
+//! mostly measure scheduler contention (the spinning thread starves the soft
+//! device's engine thread); the channel rows are the like-for-like figures.
 //! Each figure is the median over rounds in which the raw loop and the op
 //! loop run back to back (alternating which goes first); the ratio and the
 //! CPU difference are medians of the per-round values. On a loaded machine,
