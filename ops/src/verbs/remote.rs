@@ -113,3 +113,54 @@ impl<B: IoBufMut> From<&RemoteAccessRegion<B>> for RemoteBuf {
         RemoteBuf::new(r.addr(), r.len() as u64, r.rkey())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Bound;
+
+    use super::*;
+
+    const R: RemoteBuf = RemoteBuf::new(0x1000, 100, 7);
+
+    #[test]
+    fn sub_ranges_are_bounds_checked() {
+        assert_eq!(R.slice(..).unwrap(), R);
+        assert_eq!(R.slice(10..20).unwrap(), RemoteBuf::new(0x100a, 10, 7));
+        assert_eq!(R.slice(10..=19).unwrap(), RemoteBuf::new(0x100a, 10, 7));
+        assert_eq!(R.slice(90..).unwrap(), RemoteBuf::new(0x1000 + 90, 10, 7));
+        assert_eq!(R.slice(100..).unwrap().len(), 0);
+        assert_eq!(
+            R.slice((Bound::Excluded(9), Bound::Included(10))).unwrap(),
+            RemoteBuf::new(0x100a, 1, 7)
+        );
+        assert!(R.slice(..101).is_err());
+        assert!(R.slice(101..).is_err());
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = R.slice(20..10);
+        assert!(reversed.is_err());
+        assert!(R.slice(..=u64::MAX).is_err());
+        assert!(R
+            .slice((Bound::Excluded(u64::MAX), Bound::Unbounded))
+            .is_err());
+        assert!(R.at(96, 8).is_err());
+        assert_eq!(R.word(8).unwrap(), RemoteBuf::new(0x1008, 8, 7));
+        match R.at(95, 10) {
+            Err(Error::RemoteOutOfBounds {
+                offset,
+                len,
+                remote_len,
+                ..
+            }) => assert_eq!((offset, len, remote_len), (95, 10, 100)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn nested_slices_stay_inside_the_parent() {
+        let inner = R.slice(50..80).unwrap();
+        assert_eq!(inner.slice(0..30).unwrap().addr(), 0x1000 + 50);
+        assert!(inner.slice(0..31).is_err());
+        assert!(inner.check_fits("write", 30).is_ok());
+        assert!(inner.check_fits("write", 31).is_err());
+    }
+}
