@@ -3,3 +3,8 @@
 #![deny(missing_docs)]
 pub mod agent;
 pub mod connect;
+pub mod error;
+pub mod verbs;
+
+pub use error::{Error, Result};
+pub use verbs::{Batch, Received, RemoteBuf, Verbs};

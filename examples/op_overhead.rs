@@ -1,0 +1,507 @@
+//! What an op costs on top of bare verbs, measured side by side in one run
+//! on the software RDMA device: the same 64-byte RDMA WRITE workload
+//! (a) as a raw synchronous loop on the provider `Qp`/`Cq` (post, spin on
+//! `poll`, repost), and (b) as `verbio_ops` write futures through the reactor
+//! (`qp.write(buf, remote).await` in `depth` concurrent loops), at queue
+//! depth 1 and 32. It prints ops/s of both and their ratio, the application
+//! thread's CPU time per op in both (`CLOCK_THREAD_CPUTIME_ID`; the
+//! difference is the runtime's overhead per op), and heap allocations per op
+//! on the op path (a counting global allocator).
+//!
+//! A last table runs the op path alone on the runtime's fake QP (synthetic
+//! completions, no device): the runtime's own CPU cost per op.
+//!
+//! Two pairings: the raw loop spinning on `Cq::poll` against the reactor in
+//! busy-poll mode, and the raw loop blocking on the completion channel's fd
+//! (like `ibv_get_cq_event`) against the reactor's default mode (it sleeps in
+//! epoll on the same fd). With fewer than three idle cores the spin rows
+//! mostly measure scheduler contention (the spinning thread starves the soft
+//! device's engine thread); the channel rows are the like-for-like figures.
+//! Each figure is the median over rounds in which the raw loop and the op
+//! loop run back to back (alternating which goes first); the ratio and the
+//! CPU difference are medians of the per-round values. On a loaded machine,
+//! compare only figures of the same run.
+//!
+//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [spin|channel]`
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use verbio::ops::verbs::{RemoteBuf, Verbs};
+use verbio::provider::{
+    AccessFlags, Completion, Context, InitAttr, Mtu, QpCaps, RtrAttr, RtsAttr, SendFlags, SendOp,
+    SendWr, SoftConfig, WcStatus,
+};
+use verbio::runtime::buf::{LocalBuf, MrPool, RegisteredBuf, RemoteAccessRegion};
+use verbio::runtime::op::wr_id;
+use verbio::runtime::testing::FakeQp;
+use verbio::runtime::{Device, QueuePair, Runtime};
+
+/// Counts heap allocations, separately for the application (measuring)
+/// thread and for every other thread (the soft device's engine).
+struct Counting;
+
+static APP_ALLOCS: AtomicU64 = AtomicU64::new(0);
+static OTHER_ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static IS_APP: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count_alloc() {
+    if IS_APP.try_with(Cell::get).unwrap_or(false) {
+        APP_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    } else {
+        OTHER_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        count_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        count_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const MSG: usize = 64;
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    ops_per_s: f64,
+    cpu_per_op: Duration,
+    /// On the application thread.
+    allocs_per_op: f64,
+    /// On other threads (the engine).
+    engine_allocs_per_op: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Medians over paired rounds (raw and op measured back to back, in
+/// alternating order, so load drifts on a shared machine cancel out).
+struct Summary {
+    raw_ops: f64,
+    op_ops: f64,
+    ratio: f64,
+    raw_cpu_ns: f64,
+    op_cpu_ns: f64,
+    overhead_ns: f64,
+    raw_allocs: f64,
+    op_allocs: f64,
+    engine_allocs: f64,
+}
+
+fn summarize(pairs: &[(Sample, Sample)]) -> Summary {
+    let m = |f: &dyn Fn(&(Sample, Sample)) -> f64| median(pairs.iter().map(f).collect());
+    let ns = |d: Duration| d.as_nanos() as f64;
+    Summary {
+        raw_ops: m(&|(r, _)| r.ops_per_s),
+        op_ops: m(&|(_, o)| o.ops_per_s),
+        ratio: m(&|(r, o)| o.ops_per_s / r.ops_per_s),
+        raw_cpu_ns: m(&|(r, _)| ns(r.cpu_per_op)),
+        op_cpu_ns: m(&|(_, o)| ns(o.cpu_per_op)),
+        overhead_ns: m(&|(r, o)| ns(o.cpu_per_op) - ns(r.cpu_per_op)),
+        raw_allocs: m(&|(r, _)| r.allocs_per_op),
+        op_allocs: m(&|(_, o)| o.allocs_per_op),
+        engine_allocs: m(&|(_, o)| o.engine_allocs_per_op),
+    }
+}
+
+fn measure(ops: usize, f: impl FnOnce()) -> Sample {
+    let a0 = APP_ALLOCS.load(Ordering::Relaxed);
+    let o0 = OTHER_ALLOCS.load(Ordering::Relaxed);
+    let c0 = thread_cpu();
+    let t0 = Instant::now();
+    f();
+    let wall = t0.elapsed();
+    let cpu = thread_cpu() - c0;
+    let allocs = APP_ALLOCS.load(Ordering::Relaxed) - a0;
+    let other = OTHER_ALLOCS.load(Ordering::Relaxed) - o0;
+    Sample {
+        ops_per_s: ops as f64 / wall.as_secs_f64(),
+        cpu_per_op: cpu / ops as u32,
+        allocs_per_op: allocs as f64 / ops as f64,
+        engine_allocs_per_op: other as f64 / ops as f64,
+    }
+}
+
+fn connect(a: &QueuePair, b: &QueuePair) {
+    for q in [a, b] {
+        q.modify_to_init(&InitAttr::default()).expect("init");
+    }
+    for (x, y) in [(a, b), (b, a)] {
+        x.modify_to_rtr(&RtrAttr {
+            remote: y.endpoint(0).expect("endpoint"),
+            path_mtu: Mtu::Mtu4096,
+            min_rnr_timer: 1,
+            max_dest_rd_atomic: 16,
+            sgid_index: 0,
+            hop_limit: 1,
+        })
+        .expect("rtr");
+    }
+    for q in [a, b] {
+        q.modify_to_rts(&RtsAttr::default()).expect("rts");
+    }
+}
+
+/// How the raw loop waits when the CQ is empty.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Spin on `Cq::poll`.
+    Spin,
+    /// Arm the CQ, poll once more, then block in `poll(2)` on the channel fd
+    /// (what `ibv_get_cq_event` does); events are acknowledged in batches.
+    Channel,
+}
+
+/// Blocks until the completion channel is readable, takes its events.
+fn wait_channel(dev: &Device, unacked: &mut u32) {
+    let mut pfd = libc::pollfd {
+        fd: dev.comp_channel().fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; bounded wait.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 1000) };
+    assert!(rc >= 0, "poll(2) failed");
+    while let Some(_cq) = dev.comp_channel().get_event().expect("get_event") {
+        *unacked += 1;
+    }
+    if *unacked >= 64 {
+        dev.cq().ack_events(*unacked);
+        *unacked = 0;
+    }
+}
+
+/// (a): post `depth` signaled WRITEs, then repost one per completion.
+#[allow(clippy::too_many_arguments)]
+fn raw_loop(
+    dev: &Device,
+    qp: &QueuePair,
+    buf: &LocalBuf,
+    remote: RemoteBuf,
+    depth: usize,
+    ops: usize,
+    wait: Wait,
+) {
+    let qp = qp.provider().expect("provider QP");
+    let cq = dev.cq();
+    let mut wr = SendWr {
+        wr_id: wr_id::UNTRACKED,
+        sg_list: Default::default(),
+        op: SendOp::Write {
+            remote_addr: remote.addr(),
+            rkey: remote.rkey(),
+        },
+        flags: SendFlags::SIGNALED,
+    };
+    wr.sg_list.push(buf.sge_init().expect("sge"));
+    let wrs = std::slice::from_ref(&wr);
+    let mut wc = [Completion::EMPTY; 32];
+    let (mut posted, mut done, mut unacked) = (0, 0, 0);
+    while posted < depth.min(ops) {
+        qp.post_send(wrs).expect("post");
+        posted += 1;
+    }
+    while done < ops {
+        let n = cq.poll(&mut wc).expect("poll");
+        for c in &wc[..n] {
+            assert!(c.status.is_success(), "raw WRITE failed: {}", c.status);
+        }
+        done += n;
+        for _ in 0..n {
+            if posted < ops {
+                qp.post_send(wrs).expect("post");
+                posted += 1;
+            }
+        }
+        if n == 0 {
+            match wait {
+                Wait::Spin => std::hint::spin_loop(),
+                Wait::Channel => {
+                    cq.req_notify(false).expect("req_notify");
+                    let n = cq.poll(&mut wc).expect("poll");
+                    if n > 0 {
+                        for c in &wc[..n] {
+                            assert!(c.status.is_success(), "raw WRITE failed: {}", c.status);
+                        }
+                        done += n;
+                        for _ in 0..n {
+                            if posted < ops {
+                                qp.post_send(wrs).expect("post");
+                                posted += 1;
+                            }
+                        }
+                    } else {
+                        wait_channel(dev, &mut unacked);
+                    }
+                }
+            }
+        }
+    }
+    dev.cq().ack_events(unacked);
+}
+
+/// (b): `depth` concurrent loops of `qp.write(buf, remote).await`.
+fn op_loop(rt: &Runtime, qp: &QueuePair, bufs: &mut Vec<LocalBuf>, remote: RemoteBuf, ops: usize) {
+    let depth = bufs.len();
+    let lanes: Vec<_> = bufs
+        .drain(..)
+        .enumerate()
+        .map(|(i, mut buf)| {
+            let n = ops / depth + usize::from(i < ops % depth);
+            async move {
+                for _ in 0..n {
+                    let (res, b) = qp.write(buf, remote).await;
+                    res.expect("write op");
+                    buf = b;
+                }
+                buf
+            }
+        })
+        .collect();
+    let back = rt.block_on(futures::future::join_all(lanes));
+    bufs.extend(back);
+}
+
+/// One phase: its own runtime (busy-poll `busy`), device and QP pair; rounds
+/// of raw and op measurements alternate. Returns medians over the rounds.
+fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) -> Summary {
+    let rt = Runtime::builder().busy_poll(busy).build().expect("runtime");
+    let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+    let dev = Device::open(ctx).expect("device");
+    let caps = QpCaps {
+        max_send_wr: 64,
+        ..QpCaps::default()
+    };
+    let a = dev.create_qp(caps).expect("qp");
+    let b = dev.create_qp(caps).expect("qp");
+    connect(&a, &b);
+    let region = RemoteAccessRegion::grant(dev.pd(), vec![0u8; 4096], AccessFlags::REMOTE_WRITE)
+        .unwrap_or_else(|r| panic!("grant: {}", r.error));
+    let remote = RemoteBuf::from(&region).at(0, MSG as u64).expect("range");
+    let pool = MrPool::new(dev.pd());
+    let mut bufs: Vec<LocalBuf> = (0..depth)
+        .map(|i| pool.alloc_from(&[i as u8; MSG]).expect("buffer"))
+        .collect();
+    // The raw loop posts the same buffer `depth` times (the device only reads it).
+    let raw_buf = pool.alloc_from(&[0xee; MSG]).expect("buffer");
+    // Warm-up: slab, pools, engine connection, page faults.
+    op_loop(&rt, &a, &mut bufs, remote, ops / 10 + depth);
+    raw_loop(&dev, &a, &raw_buf, remote, depth, ops / 10 + depth, wait);
+    let mut pairs = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let raw = || {
+            measure(ops, || {
+                raw_loop(&dev, &a, &raw_buf, remote, depth, ops, wait)
+            })
+        };
+        let pair = if round % 2 == 0 {
+            let r = raw();
+            (r, measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops)))
+        } else {
+            let o = measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops));
+            (raw(), o)
+        };
+        pairs.push(pair);
+    }
+    drop(bufs);
+    drop(region);
+    summarize(&pairs)
+}
+
+/// Returns `Pending` once (after waking itself): lets the other lanes run.
+fn yield_now() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+}
+
+/// (c): the op path alone, on the runtime's fake QP: a "device" lane
+/// completes every posted WRITE at once with a synthetic completion, so the
+/// CPU per op is the runtime's (and this harness's) own cost, no device.
+fn fake_phase(depth: usize, ops: usize, rounds: usize) -> Sample {
+    let rt = Runtime::new().expect("runtime");
+    // A soft device only to register the pool; the fake QP never touches memory.
+    let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+    let dev = Device::open(ctx).expect("device");
+    let pool = MrPool::new(dev.pd());
+    let caps = QpCaps {
+        max_send_wr: 64,
+        ..QpCaps::default()
+    };
+    let (qp, fake) = FakeQp::queue_pair(1, caps, 4096);
+    let remote = RemoteBuf::new(0x1000, MSG as u64, 1);
+    let mut bufs: Vec<LocalBuf> = (0..depth)
+        .map(|i| pool.alloc_from(&[i as u8; MSG]).expect("buffer"))
+        .collect();
+    let run = |bufs: &mut Vec<LocalBuf>, n: usize| {
+        let device = async {
+            let mut done = 0;
+            while done < n {
+                while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {
+                    done += 1;
+                }
+                yield_now().await;
+            }
+        };
+        let lanes: Vec<_> = bufs
+            .drain(..)
+            .enumerate()
+            .map(|(i, mut buf)| {
+                let k = n / depth + usize::from(i < n % depth);
+                let qp = &qp;
+                async move {
+                    for _ in 0..k {
+                        let (res, b) = qp.write(buf, remote).await;
+                        res.expect("write op");
+                        buf = b;
+                    }
+                    buf
+                }
+            })
+            .collect();
+        let ((), back) = rt.block_on(futures::future::join(
+            device,
+            futures::future::join_all(lanes),
+        ));
+        bufs.extend(back);
+    };
+    run(&mut bufs, ops / 10 + depth);
+    let samples: Vec<Sample> = (0..rounds)
+        .map(|_| measure(ops, || run(&mut bufs, ops)))
+        .collect();
+    let cpu = median(
+        samples
+            .iter()
+            .map(|s| s.cpu_per_op.as_nanos() as f64)
+            .collect(),
+    );
+    Sample {
+        ops_per_s: median(samples.iter().map(|s| s.ops_per_s).collect()),
+        cpu_per_op: Duration::from_nanos(cpu as u64),
+        allocs_per_op: median(samples.iter().map(|s| s.allocs_per_op).collect()),
+        engine_allocs_per_op: 0.0,
+    }
+}
+
+fn main() {
+    IS_APP.with(|c| c.set(true));
+    let mut args = std::env::args().skip(1);
+    let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(7).max(1);
+    let depths: Vec<usize> = args
+        .next()
+        .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 32]);
+    let only: Option<String> = args.next();
+    println!(
+        "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, medians of {rounds} paired rounds"
+    );
+    println!(
+        "{:<6} {:<28} {:>10} {:>10} {:>7} {:>11} {:>11} {:>10} {:>15} {:>13}",
+        "depth",
+        "waiting (raw / reactor)",
+        "raw ops/s",
+        "op ops/s",
+        "op/raw",
+        "raw cpu/op",
+        "op cpu/op",
+        "overhead",
+        "allocs/op raw/op",
+        "engine a/op"
+    );
+    for &depth in &depths {
+        for (mode, wait, busy) in [
+            (
+                "spin / busy-poll 200us",
+                Wait::Spin,
+                Duration::from_micros(200),
+            ),
+            (
+                "channel fd / sleep (default)",
+                Wait::Channel,
+                Duration::ZERO,
+            ),
+        ] {
+            let wanted = match (&only, wait) {
+                (None, _) => true,
+                (Some(m), Wait::Spin) => m == "spin",
+                (Some(m), Wait::Channel) => m == "channel",
+            };
+            if !wanted {
+                continue;
+            }
+            let f = phase(wait, busy, depth, ops, rounds);
+            println!(
+                "{:<6} {:<28} {:>10.0} {:>10.0} {:>7.2} {:>8.0} ns {:>8.0} ns {:>7.0} ns {:>7.3} / {:<5.3} {:>13.3}",
+                depth,
+                mode,
+                f.raw_ops,
+                f.op_ops,
+                f.ratio,
+                f.raw_cpu_ns,
+                f.op_cpu_ns,
+                f.overhead_ns,
+                f.raw_allocs,
+                f.op_allocs,
+                f.engine_allocs,
+            );
+        }
+    }
+    println!();
+    println!("runtime path alone (fake QP, synthetic completions, no device):");
+    for &depth in &depths {
+        let f = fake_phase(depth, ops, rounds);
+        println!(
+            "depth {:<3} {:>10.0} ops/s {:>6} ns CPU per op {:>7.3} allocs/op",
+            depth,
+            f.ops_per_s,
+            f.cpu_per_op.as_nanos(),
+            f.allocs_per_op
+        );
+    }
+}

@@ -1,0 +1,251 @@
+//! Ping-pong over RC SEND/RECV with owned buffers, on the software RDMA
+//! device (or hardware with `--features ibverbs` and `VERBIO_DEVICE`).
+//!
+//! The client sends a message, the server echoes it back, N times; the
+//! client prints the average round trip and the message rate.
+//!
+//! Run both sides in one process (two threads, loopback):
+//!
+//! ```text
+//! cargo run --release --example pingpong
+//! ```
+//!
+//! or in two terminals / on two hosts:
+//!
+//! ```text
+//! cargo run --release --example pingpong -- --server 0.0.0.0:18515
+//! cargo run --release --example pingpong -- --client 127.0.0.1:18515 [--iters 10000] [--size 64]
+//! ```
+//!
+//! (For the soft device across hosts the engine listens on loopback by
+//! default; this example binds it to the same IP as `--server`/`--client`.)
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
+use verbio::ops::verbs::Verbs;
+use verbio::provider::{open_device, Context, ProviderKind, SoftConfig};
+use verbio::runtime::buf::MrPool;
+use verbio::runtime::{timeout, Device, QueuePair, Runtime};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+struct Args {
+    server: Option<SocketAddr>,
+    client: Option<SocketAddr>,
+    iters: usize,
+    size: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        server: None,
+        client: None,
+        iters: 10_000,
+        size: 64,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--server" => args.server = Some(value()?.parse().map_err(|e| format!("{e}"))?),
+            "--client" => args.client = Some(value()?.parse().map_err(|e| format!("{e}"))?),
+            "--iters" => args.iters = value()?.parse().map_err(|e| format!("{e}"))?,
+            "--size" => args.size = value()?.parse().map_err(|e| format!("{e}"))?,
+            "-h" | "--help" => {
+                return Err(
+                    "usage: pingpong [--server ADDR | --client ADDR] [--iters N] [--size BYTES]"
+                        .into(),
+                )
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    if args.size == 0 {
+        return Err("--size must be at least 1".into());
+    }
+    Ok(args)
+}
+
+/// Opens the device for one side: hardware if selected, else a soft device
+/// whose engine listens on `ip`.
+fn open(ip: std::net::IpAddr) -> Result<Device, Box<dyn std::error::Error>> {
+    let ctx = match std::env::var("VERBIO_DEVICE") {
+        Ok(name) => open_device(Some(&name))?,
+        Err(_) => Context::open_soft(SoftConfig {
+            bind: SocketAddr::new(ip, 0),
+            ..SoftConfig::default()
+        })?,
+    };
+    if ctx.kind() != ProviderKind::Soft {
+        println!("device {} ({})", ctx.name(), ctx.kind());
+    }
+    Ok(Device::open(ctx)?)
+}
+
+/// Echoes every message back until an empty one arrives.
+async fn echo(
+    qp: &QueuePair,
+    pool: &MrPool,
+    size: usize,
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let mut next = qp.recv(pool.alloc(size)?);
+    let mut count = 0;
+    loop {
+        let (res, buf) = next.await;
+        let got = res?;
+        if got.len == 0 {
+            return Ok(count);
+        }
+        next = qp.recv(pool.alloc(size)?);
+        let (res, _) = qp.send(buf).await;
+        res?;
+        count += 1;
+    }
+}
+
+fn server(
+    addr: SocketAddr,
+    size: usize,
+    once: bool,
+    ready: Option<std::sync::mpsc::Sender<SocketAddr>>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let rt = Runtime::new()?;
+    let dev = open(addr.ip())?;
+    let listener = Listener::bind(
+        addr,
+        DeviceQps::new(dev.clone(), QpConfig::default()),
+        HANDSHAKE,
+    )?;
+    let local = listener.local_addr()?;
+    match ready {
+        Some(tx) => tx.send(local)?,
+        None => println!("server listening on {local}"),
+    }
+    let pool = MrPool::new(dev.pd());
+    rt.block_on(async {
+        loop {
+            // Clients whose handshake fails are logged and skipped by `accept`.
+            let (qp, peer) = match listener.accept().await {
+                Ok(c) => (c.qp, c.peer_addr),
+                Err(e) => return Err(e.into()),
+            };
+            match timeout(LIMIT, echo(&qp, &pool, size)).await {
+                Ok(Ok(n)) if !once => println!("{peer}: echoed {n} messages"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => eprintln!("{peer}: {e}"),
+                Err(_) => eprintln!("{peer}: timed out"),
+            }
+            let _ = timeout(LIMIT, qp.close()).await;
+            if once {
+                return Ok(());
+            }
+        }
+    })
+}
+
+fn client(addr: SocketAddr, iters: usize, size: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let rt = Runtime::new()?;
+    let local_ip = if addr.ip().is_loopback() {
+        addr.ip()
+    } else {
+        std::net::IpAddr::from([0, 0, 0, 0])
+    };
+    let dev = open(local_ip)?;
+    let pool = MrPool::new(dev.pd());
+    pool.reserve(size, 4)?;
+    rt.block_on(timeout(LIMIT, async {
+        let qp = connect(
+            addr,
+            &DeviceQps::new(dev.clone(), QpConfig::default()),
+            HANDSHAKE,
+        )
+        .await?
+        .qp;
+        let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let mut msg = pool.alloc_from(&payload)?;
+        let mut rtts = Vec::with_capacity(iters);
+        let start = Instant::now();
+        for i in 0..iters {
+            let t = Instant::now();
+            // Post the RECV for the echo before the SEND, so it never waits.
+            let reply = qp.recv(pool.alloc(size)?);
+            let (res, m) = qp.send(msg).await;
+            res?;
+            let (res, back) = reply.await;
+            let got = res?;
+            if got.len != size || back[..] != payload[..] {
+                return Err(format!("message {i}: echo differs ({} bytes)", got.len).into());
+            }
+            rtts.push(t.elapsed());
+            msg = m;
+        }
+        let total = start.elapsed();
+        let (res, _) = qp.send(pool.alloc(0)?).await; // empty message: the end
+        res?;
+        rtts.sort();
+        let avg = total / iters.max(1) as u32;
+        let pct = |p: f64| {
+            rtts.get(((rtts.len() as f64 * p) as usize).min(rtts.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or_default()
+        };
+        println!(
+            "{iters} round trips of {size} B: avg {avg:.2?}, p50 {:.2?}, p99 {:.2?}, {:.0} msg/s",
+            pct(0.5),
+            pct(0.99),
+            iters as f64 / total.as_secs_f64()
+        );
+        let _ = qp.close().await;
+        Ok::<(), Box<dyn std::error::Error>>(())
+    }))
+    .map_err(|_| "client timed out")??;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let res = match (args.server, args.client) {
+        (Some(addr), None) => server(addr, args.size, false, None),
+        (None, Some(addr)) => client(addr, args.iters, args.size),
+        (None, None) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let size = args.size;
+            let srv = std::thread::spawn(move || {
+                server("127.0.0.1:0".parse().expect("valid"), size, true, Some(tx))
+                    .map_err(|e| e.to_string())
+            });
+            match rx.recv_timeout(LIMIT) {
+                Ok(addr) => {
+                    let r = client(addr, args.iters, size);
+                    match srv.join() {
+                        Ok(Ok(())) => r,
+                        Ok(Err(e)) => Err(format!("server: {e}").into()),
+                        Err(_) => Err("server thread panicked".into()),
+                    }
+                }
+                Err(_) => match srv.join() {
+                    Ok(Err(e)) => Err(format!("server: {e}").into()),
+                    _ => Err("server did not start".into()),
+                },
+            }
+        }
+        (Some(_), Some(_)) => Err("choose --server or --client, not both".into()),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Every verb as an owned-buffer op on a [`QueuePair`] (DESIGN sections 4 and 6).
+//!
+//! Each verb takes its local buffer **by value** and hands it back with the
+//! outcome, as a [`BufResult`]: while the work request is in flight the
+//! device may read or write the memory, so nothing else may hold it. The
+//! returned future is the runtime's [`Submit`]: it waits for send/receive
+//! queue and CQ credits if the queues are full (it never overruns them),
+//! then for the completion. Dropping it after the post parks the buffer in
+//! the reactor until the device is done with it (completion or flush).
+//!
+//! ```no_run
+//! # async fn demo(qp: &verbio_runtime::QueuePair, pool: &verbio_runtime::buf::MrPool,
+//! #               remote: verbio_ops::verbs::RemoteBuf) -> verbio_ops::Result<()> {
+//! use verbio_ops::verbs::Verbs;
+//! let buf = pool.alloc_from(b"hello").expect("pool");
+//! let (res, buf) = qp.write(buf, remote.slice(0..5)?).await;
+//! res?;
+//! let (res, _buf) = qp.send(buf).await;
+//! assert_eq!(res?, 5);
+//! # Ok(()) }
+//! ```
+//!
+//! Local buffers are any [`RegisteredBuf`] (a pool [`LocalBuf`](verbio_runtime::buf::LocalBuf),
+//! [`RegisteredMem`](verbio_runtime::buf::RegisteredMem), or a [`Slice`](verbio_runtime::buf::Slice)
+//! of one); remote targets are [`RemoteBuf`] descriptors with bounds-checked sub-ranges.
+//! Gathering verbs (send, write) transmit the buffer's initialized bytes;
+//! scattering verbs (recv, read, atomics) fill from the start of its capacity
+//! and mark what the device wrote as initialized.
+
+pub mod batch;
+pub mod compare_and_swap;
+pub mod fetch_and_add;
+pub mod read;
+pub mod recv;
+mod remote;
+pub mod send;
+pub mod send_with_imm;
+pub mod write;
+pub mod write_with_imm;
+
+pub use batch::{Batch, BatchVerb};
+pub use compare_and_swap::CompareAndSwapVerb;
+pub use fetch_and_add::FetchAndAddVerb;
+pub use read::ReadVerb;
+pub use recv::{Received, RecvEmptyVerb, RecvVerb};
+pub use remote::RemoteBuf;
+pub use send::SendVerb;
+pub use send_with_imm::SendWithImmVerb;
+pub use write::WriteVerb;
+pub use write_with_imm::WriteWithImmVerb;
+
+use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
+use verbio_runtime::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge};
+use verbio_runtime::{Completable, QueuePair, Submit};
+
+use crate::error::Error;
+
+/// The verbs as methods of [`QueuePair`]. Every method returns at once with
+/// a future; the WR is posted before it returns when the queues have room.
+pub trait Verbs {
+    /// SEND of `buf`'s initialized bytes; resolves to the number of bytes sent.
+    fn send<B: RegisteredBuf>(&self, buf: B) -> Submit<SendVerb<B>>;
+    /// SEND with 32-bit immediate data; resolves to the number of bytes sent.
+    fn send_with_imm<B: RegisteredBuf>(&self, buf: B, imm: u32) -> Submit<SendWithImmVerb<B>>;
+    /// Posts a RECV over `buf`'s whole capacity; resolves to what arrived.
+    fn recv<B: RegisteredBuf + IoBufMut>(&self, buf: B) -> Submit<RecvVerb<B>>;
+    /// Posts a RECV without a buffer: for WRITE_WITH_IMM notifications and
+    /// zero-length SENDs (a SEND with payload fails with `LOC_LEN_ERR`).
+    fn recv_empty(&self) -> Submit<RecvEmptyVerb>;
+    /// RDMA WRITE of `buf`'s initialized bytes to the start of `remote`.
+    fn write<B: RegisteredBuf>(&self, buf: B, remote: RemoteBuf) -> Submit<WriteVerb<B>>;
+    /// RDMA WRITE with immediate: consumes a RECV at the peer, which gets `imm`.
+    fn write_with_imm<B: RegisteredBuf>(
+        &self,
+        buf: B,
+        remote: RemoteBuf,
+        imm: u32,
+    ) -> Submit<WriteWithImmVerb<B>>;
+    /// RDMA READ of all of `remote` into the start of `buf`.
+    fn read<B: RegisteredBuf + IoBufMut>(&self, buf: B, remote: RemoteBuf) -> Submit<ReadVerb<B>>;
+    /// 64-bit compare-and-swap on `remote` (8 bytes, 8-byte aligned); the
+    /// original value lands in `buf[..8]` and is the result.
+    fn compare_and_swap<B: RegisteredBuf + IoBufMut>(
+        &self,
+        buf: B,
+        remote: RemoteBuf,
+        compare: u64,
+        swap: u64,
+    ) -> Submit<CompareAndSwapVerb<B>>;
+    /// 64-bit fetch-and-add on `remote` (8 bytes, 8-byte aligned); the
+    /// original value lands in `buf[..8]` and is the result.
+    fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
+        &self,
+        buf: B,
+        remote: RemoteBuf,
+        add: u64,
+    ) -> Submit<FetchAndAddVerb<B>>;
+    /// Posts `batch` as one chain (one doorbell, only the last WR signaled).
+    fn post_batch<B: RegisteredBuf>(&self, batch: Batch<B>) -> Submit<BatchVerb<B>>;
+}
+
+impl Verbs for QueuePair {
+    fn send<B: RegisteredBuf>(&self, buf: B) -> Submit<SendVerb<B>> {
+        send::send(self, buf)
+    }
+    fn send_with_imm<B: RegisteredBuf>(&self, buf: B, imm: u32) -> Submit<SendWithImmVerb<B>> {
+        send_with_imm::send_with_imm(self, buf, imm)
+    }
+    fn recv<B: RegisteredBuf + IoBufMut>(&self, buf: B) -> Submit<RecvVerb<B>> {
+        recv::recv(self, buf)
+    }
+    fn recv_empty(&self) -> Submit<RecvEmptyVerb> {
+        recv::recv_empty(self)
+    }
+    fn write<B: RegisteredBuf>(&self, buf: B, remote: RemoteBuf) -> Submit<WriteVerb<B>> {
+        write::write(self, buf, remote)
+    }
+    fn write_with_imm<B: RegisteredBuf>(
+        &self,
+        buf: B,
+        remote: RemoteBuf,
+        imm: u32,
+    ) -> Submit<WriteWithImmVerb<B>> {
+        write_with_imm::write_with_imm(self, buf, remote, imm)
+    }
+    fn read<B: RegisteredBuf + IoBufMut>(&self, buf: B, remote: RemoteBuf) -> Submit<ReadVerb<B>> {
+        read::read(self, buf, remote)
+    }
+    fn compare_and_swap<B: RegisteredBuf + IoBufMut>(
+        &self,
+        buf: B,
+        remote: RemoteBuf,
+        compare: u64,
+        swap: u64,
+    ) -> Submit<CompareAndSwapVerb<B>> {
+        compare_and_swap::compare_and_swap(self, buf, remote, compare, swap)
+    }
+    fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
+        &self,
+        buf: B,
+        remote: RemoteBuf,
+        add: u64,
+    ) -> Submit<FetchAndAddVerb<B>> {
+        fetch_and_add::fetch_and_add(self, buf, remote, add)
+    }
+    fn post_batch<B: RegisteredBuf>(&self, batch: Batch<B>) -> Submit<BatchVerb<B>> {
+        batch.post(self)
+    }
+}
+
+/// `Ok` for a successful completion, else the error naming `op`, QP, WR and status.
+pub(crate) fn check(op: &'static str, c: &Completion) -> Result<(), Error> {
+    if c.status.is_success() {
+        Ok(())
+    } else {
+        Err(Error::Completion {
+            op,
+            qp_num: c.qp_num,
+            wr_id: c.wr_id,
+            status: c.status,
+            vendor_err: c.vendor_err,
+        })
+    }
+}
+
+/// One send-queue WR with at most one SGE (none for an empty gather).
+pub(crate) fn one_wr(op: SendOp, sge: Option<Sge>) -> SendWr {
+    let mut sg_list = SgList::new();
+    if let Some(s) = sge.filter(|s| s.length > 0) {
+        sg_list.push(s);
+    }
+    SendWr {
+        wr_id: 0, // set by the runtime
+        sg_list,
+        op,
+        flags: SendFlags::NONE, // the runtime signals the last WR of a chain
+    }
+}
+
+/// Submits a single-WR send-queue op. The WR is built inside the runtime's
+/// chain (only the opcode and the SGE are captured), to keep copies small.
+pub(crate) fn submit_one<T: Completable>(
+    qp: &QueuePair,
+    data: T,
+    op: SendOp,
+    sge: Option<Sge>,
+) -> Submit<T> {
+    qp.submit_send(data, move |_, chain| {
+        chain.push(one_wr(op, sge));
+        Ok(())
+    })
+}
+
+/// A submission that failed validation: the buffer comes back at once.
+pub(crate) fn refuse<T, R, B>(error: Error, buf: B) -> Submit<T>
+where
+    T: Completable<Output = BufResult<R, B, Error>>,
+{
+    Submit::ready((Err(error), buf))
+}
+
+/// The SGE of `buf`'s initialized bytes (what a gathering verb transmits).
+pub(crate) fn gather_sge<B: RegisteredBuf>(op: &'static str, buf: &B) -> Result<Sge, Error> {
+    buf.sge_init().map_err(|source| Error::Buf { op, source })
+}
+
+/// The SGE of `buf[..len]` (where a scattering verb writes), checking capacity.
+pub(crate) fn scatter_sge<B: RegisteredBuf>(
+    op: &'static str,
+    buf: &B,
+    len: usize,
+) -> Result<Sge, Error> {
+    let have = buf.bytes_total();
+    if have < len {
+        return Err(Error::BufferTooSmall {
+            op,
+            need: len,
+            have,
+        });
+    }
+    buf.sge(0..len).map_err(|source| Error::Buf { op, source })
+}
+
+/// Marks `buf[..len]` initialized after the device wrote it (clamped to capacity).
+pub(crate) fn mark_written<B: IoBufMut>(buf: &mut B, len: usize) {
+    let len = len.min(buf.bytes_total());
+    // SAFETY: the completion reports that the device wrote the first `len`
+    // bytes (clamped to the capacity it was given), so they are initialized.
+    unsafe { buf.set_init(len) };
+}
+
+/// The 8-byte value an atomic left in `buf[..8]` (native byte order, like
+/// rxe and the soft device), after marking it initialized.
+pub(crate) fn atomic_result<B: IoBufMut>(buf: &mut B) -> u64 {
+    mark_written(buf, 8);
+    // SAFETY: the atomic's scatter list was `buf[..8]` (checked at submit:
+    // capacity >= 8) and the successful completion says the device wrote it;
+    // we own `buf`, so no one else writes it now. Unaligned read: the local
+    // buffer needs no alignment.
+    unsafe { std::ptr::read_unaligned(buf.stable_ptr() as *const u64) }
+}
+
+/// Checks an atomic's remote target: exactly 8 bytes, 8-byte aligned (rxe
+/// refuses a misaligned atomic at post time; catch it with a clear error).
+pub(crate) fn atomic_target(op: &'static str, remote: &RemoteBuf) -> Result<(), Error> {
+    if remote.len() != 8 || remote.addr() & 7 != 0 {
+        return Err(Error::BadAtomicTarget {
+            op,
+            addr: remote.addr(),
+            len: remote.len(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

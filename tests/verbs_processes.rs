@@ -1,0 +1,189 @@
+//! Verbs between two processes on the software RDMA device: the test binary
+//! re-executes itself as the peer (selected by an environment variable),
+//! which prints its listen address on stdout.
+//!
+//! - every verb against a peer process;
+//! - the peer is SIGKILLed mid-stream: every pending op fails (transport
+//!   retry exhausted or flushed), nothing hangs, and every buffer comes back.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::stream::{FuturesUnordered, StreamExt};
+use verbio::ops::verbs::{RemoteBuf, Verbs};
+use verbio::provider::WcStatus;
+use verbio::runtime::buf::MrPool;
+use verbio::runtime::{sleep, timeout};
+
+const PEER_ENV: &str = "VERBIO_VERBS_TEST_PEER";
+const ADDR_PREFIX: &str = "VERBIO_PEER_ADDR=";
+
+/// Entry point of the peer process. Run directly (no env var), it checks
+/// that the peer roles exist and returns.
+#[test]
+fn peer_process_entry() {
+    let Ok(role) = std::env::var(PEER_ENV) else {
+        assert!(["verbs", "sink"].iter().all(|r| !r.is_empty()));
+        return;
+    };
+    let (rt, dev) = runtime_and_device();
+    let listener = listen(&dev);
+    println!("{ADDR_PREFIX}{}", listener.local_addr().unwrap());
+    block(&rt, async {
+        let qp = listener.accept().await.expect("accept").qp;
+        match role.as_str() {
+            "verbs" => verbs_server(qp, dev.clone()).await.expect("verbs check"),
+            "sink" => {
+                // Grant a region, announce it, then wait to be killed.
+                let pool = MrPool::new(dev.pd());
+                let region = grant(&dev, 1 << 16);
+                send_remote(&qp, &pool, RemoteBuf::from(&region)).await;
+                sleep(Duration::from_secs(15)).await;
+            }
+            other => panic!("unknown peer role {other}"),
+        }
+    });
+}
+
+/// Kills the peer if the test fails early.
+struct Peer(Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_peer(role: &str) -> (Peer, SocketAddr) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            "peer_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(PEER_ENV, role)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn peer");
+    let stdout = child.stdout.take().unwrap();
+    let peer = Peer(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            // libtest may print "test NAME ... " before it on the same line.
+            if let Some(pos) = line.find(ADDR_PREFIX) {
+                let _ = tx.send(line[pos + ADDR_PREFIX.len()..].trim().parse::<SocketAddr>());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(WAIT)
+        .expect("peer did not announce its address")
+        .expect("bad address line");
+    (peer, addr)
+}
+
+#[test]
+fn every_verb_between_two_processes() {
+    let (mut peer, addr) = spawn_peer("verbs");
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let qp = dial(&dev, addr).await;
+        verbs_client(qp, dev.clone()).await;
+    });
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = peer.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "peer did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "peer failed: {status}");
+}
+
+#[test]
+fn peer_killed_mid_stream_fails_pending_ops_and_returns_buffers() {
+    const IN_FLIGHT: usize = 64;
+    let (mut peer, addr) = spawn_peer("sink");
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        // The peer's death closes the engines' TCP connection: detected at
+        // once; the transport timeout (≈ 67 ms × 6) bounds the silent case.
+        let qp = dial(&dev, addr).await;
+        let pool = MrPool::new(dev.pd());
+        let remote = recv_remote(&qp, &pool).await;
+        let mut pending = FuturesUnordered::new();
+        let mut issued = 0usize;
+        let next = |issued: &mut usize| {
+            let off = (*issued % 1024) as u64 * 64;
+            *issued += 1;
+            qp.write(buf_from(&pool, &[0x5a; 64]), remote.at(off, 64).unwrap())
+        };
+        for _ in 0..IN_FLIGHT {
+            pending.push(next(&mut issued));
+        }
+        let mut ok = 0usize;
+        let mut failed = Vec::new();
+        let mut returned = 0usize;
+        let mut killed = false;
+        while let Some((res, b)) = timeout(WAIT, pending.next()).await.expect("an op hung") {
+            returned += 1;
+            assert_eq!(b.len(), 64, "buffer came back intact");
+            drop(b);
+            match res {
+                Ok(()) => {
+                    ok += 1;
+                    if ok == 2000 && !killed {
+                        peer.0.kill().expect("SIGKILL the peer");
+                        killed = true;
+                    }
+                    if failed.is_empty() {
+                        pending.push(next(&mut issued));
+                    }
+                }
+                Err(e) => {
+                    assert!(killed, "op failed before the kill: {e}");
+                    failed.push(e);
+                }
+            }
+        }
+        eprintln!(
+            "ok {ok} issued {issued} failed {} first {:?}",
+            failed.len(),
+            failed.first().map(|e| e.to_string())
+        );
+        assert!(killed && ok >= 2000);
+        assert_eq!(returned, issued, "every buffer came back");
+        assert!(!failed.is_empty(), "the kill must fail some op");
+        for e in &failed {
+            assert!(
+                matches!(
+                    e.status(),
+                    Some(WcStatus::RetryExcErr | WcStatus::WrFlushErr)
+                ) || e.is_flush(),
+                "unexpected error after the kill: {e}"
+            );
+        }
+        assert!(
+            failed
+                .iter()
+                .any(|e| e.status() == Some(WcStatus::RetryExcErr)),
+            "the first failure should be RETRY_EXC_ERR: {:?}",
+            failed.first()
+        );
+        assert_eq!(pool.stats().blocks_in_use, 0);
+        timeout(WAIT, qp.close()).await.expect("close hung").ok();
+    });
+}
