@@ -1,6 +1,7 @@
 //! Connection setup on the software RDMA device: two devices (two engines)
 //! connect their QPs through `Listener`/`connect`, then a SEND from a pooled
-//! `LocalBuf` lands in the peer's posted RECV.
+//! `LocalBuf` lands in the peer's posted RECV. With `VERBIO_TEST_DEVICE` set
+//! (scripts/rxe-test.sh) both sides open that device instead.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio_runtime::buf::{IoBufMut, LocalBuf, MrPool, RegisteredBuf};
 use verbio_runtime::provider::{
-    Completion, Context, QpState, SendFlags, SendOp, SendWr, SoftConfig, WcStatus,
+    open_device, Completion, Context, QpState, SendFlags, SendOp, SendWr, SoftConfig, WcStatus,
 };
 use verbio_runtime::{spawn, timeout, Completable, Device, Runtime, SubmitError};
 
@@ -27,10 +28,14 @@ impl Completable for Io {
     }
 }
 
-/// A soft device on this thread's runtime, or `None` (after printing
-/// SKIPPED) while the soft device is a placeholder in this build.
+/// A soft device (or the one named by `VERBIO_TEST_DEVICE`) on this thread's
+/// runtime, or `None` (after printing SKIPPED) while the soft device is a
+/// placeholder in this build.
 fn soft_device() -> Option<Device> {
-    let Ok(ctx) = std::panic::catch_unwind(|| Context::open_soft(SoftConfig::default())) else {
+    let Ok(ctx) = std::panic::catch_unwind(|| match std::env::var("VERBIO_TEST_DEVICE") {
+        Ok(name) if !name.trim().is_empty() => open_device(Some(name.trim())),
+        _ => Context::open_soft(SoftConfig::default()),
+    }) else {
         println!("SKIPPED: the soft RDMA device is not implemented in this build");
         return None;
     };

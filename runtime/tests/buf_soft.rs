@@ -1,13 +1,16 @@
 //! Registered buffers against the software RDMA device: pool blocks, user
 //! memory and granted regions used by real work requests, and revoked rkeys
-//! refused by the responder.
+//! refused by the responder. With `VERBIO_TEST_DEVICE` set
+//! (scripts/rxe-test.sh) they run on that device.
+
+mod device_under_test;
 
 use std::time::{Duration, Instant};
 
 use verbio_runtime::buf::{IoBuf, MrPool, RegisteredBuf, RegisteredMem, RemoteAccessRegion};
 use verbio_runtime::provider::{
     AccessFlags, Completion, Context, Cq, InitAttr, Pd, Qp, QpCaps, RecvWr, RtrAttr, RtsAttr,
-    SendFlags, SendOp, SendWr, SgList, SoftConfig, WcStatus,
+    SendFlags, SendOp, SendWr, SgList, WcStatus,
 };
 
 struct Side {
@@ -31,14 +34,14 @@ fn side(ctx: &Context, pd: &Pd) -> Side {
     Side { qp, cq }
 }
 
-fn connect(s: &Side, peer: &Side) {
-    let remote = peer.qp.endpoint(0).expect("endpoint");
+fn connect(s: &Side, peer: &Side, gid: u8) {
+    let remote = peer.qp.endpoint(gid).expect("endpoint");
     s.qp.modify_to_rtr(&RtrAttr {
         remote,
         path_mtu: remote.mtu,
         min_rnr_timer: 12,
         max_dest_rd_atomic: 16,
-        sgid_index: 0,
+        sgid_index: gid,
         hop_limit: 64,
     })
     .expect("RTR");
@@ -51,10 +54,10 @@ fn connect(s: &Side, peer: &Side) {
     .expect("RTS");
 }
 
-/// Two connected RC QPs on one soft device (ephemeral port), or `None`
+/// Two connected RC QPs on one test device (soft: ephemeral port), or `None`
 /// (after printing SKIPPED) while the soft device is a placeholder.
 fn pair() -> Option<Pair> {
-    let opened = std::panic::catch_unwind(|| Context::open_soft(SoftConfig::default()));
+    let opened = std::panic::catch_unwind(device_under_test::open);
     let Ok(ctx) = opened else {
         println!("SKIPPED: the soft RDMA device is not implemented in this build");
         return None;
@@ -63,8 +66,9 @@ fn pair() -> Option<Pair> {
     let pd = ctx.alloc_pd().expect("alloc_pd");
     let a = side(&ctx, &pd);
     let b = side(&ctx, &pd);
-    connect(&a, &b);
-    connect(&b, &a);
+    let gid = device_under_test::gid_index(&ctx);
+    connect(&a, &b, gid);
+    connect(&b, &a, gid);
     Some(Pair {
         _ctx: ctx,
         pd,

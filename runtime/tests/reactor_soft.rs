@@ -1,13 +1,16 @@
 //! The reactor over the software RDMA device: real CQs, a real completion
 //! channel (the reactor sleeps in epoll on it), arming and batched acks,
 //! send-queue backpressure against a real queue, and flushes on close/drop.
+//! With `VERBIO_TEST_DEVICE` set (scripts/rxe-test.sh) they run on that device.
+
+mod device_under_test;
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use verbio_runtime::provider::{
-    AccessFlags, Completion, Context, InitAttr, Mr, Mtu, Pd, RtrAttr, RtsAttr, SendFlags, SendOp,
-    SendWr, Sge, SoftConfig, WcStatus,
+    AccessFlags, Completion, InitAttr, Mr, Mtu, Pd, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr,
+    Sge, WcStatus,
 };
 use verbio_runtime::{
     spawn, timeout, Completable, Device, QueuePair, Runtime, Submit, SubmitError,
@@ -104,18 +107,18 @@ fn recv(qp: &QueuePair, buf: Buf) -> Submit<Io> {
     })
 }
 
-fn connect(a: &QueuePair, b: &QueuePair) {
+fn connect(a: &QueuePair, b: &QueuePair, gid: u8) {
     for q in [a, b] {
         q.modify_to_init(&InitAttr::default()).unwrap();
     }
     for (x, y) in [(a, b), (b, a)] {
-        let remote = y.endpoint(0).unwrap();
+        let remote = y.endpoint(gid).unwrap();
         x.modify_to_rtr(&RtrAttr {
             remote,
             path_mtu: Mtu::Mtu4096,
             min_rnr_timer: 1,
             max_dest_rd_atomic: 16,
-            sgid_index: 0,
+            sgid_index: gid,
             hop_limit: 1,
         })
         .unwrap();
@@ -133,15 +136,15 @@ fn pair(dev: &Device, depth: u32) -> (QueuePair, QueuePair) {
     };
     let a = dev.create_qp(caps).unwrap();
     let b = dev.create_qp(caps).unwrap();
-    connect(&a, &b);
+    connect(&a, &b, device_under_test::gid_index(dev.context()));
     (a, b)
 }
 
-/// Opens a runtime and a soft device, or `None` (after printing SKIPPED)
+/// Opens a runtime and the test device, or `None` (after printing SKIPPED)
 /// while the soft device is still a placeholder on this branch.
 fn open() -> Option<(Runtime, Device)> {
     let rt = Runtime::new().unwrap();
-    let opened = std::panic::catch_unwind(|| Context::open_soft(SoftConfig::default()));
+    let opened = std::panic::catch_unwind(device_under_test::open);
     let ctx = match opened {
         Ok(ctx) => ctx.unwrap(),
         Err(_) => {
@@ -199,7 +202,7 @@ fn deep_pipeline_never_overruns_the_send_queue() {
         }
     });
     assert_eq!(a.outstanding_sends(), 0);
-    assert_eq!(dev.cq_credits(), 256);
+    assert_eq!(dev.cq_credits(), dev.cq().capacity());
     eprintln!("{n} chained write ops in {:?}", start.elapsed());
     drop((a, b));
 }
@@ -265,7 +268,7 @@ fn many_sleeps_on_the_channel_ack_in_batches() {
 fn async_events_reach_the_device() {
     let Some((rt, _dev)) = open() else { return };
     // A separate tiny CQ (not runtime-managed) overflowed by raw posts.
-    let ctx = Context::open_soft(SoftConfig::default()).unwrap();
+    let ctx = device_under_test::open().unwrap();
     let dev = Device::with_cq_size(ctx, 1).unwrap();
     let (a, b) = pair(&dev, 16);
     let cap = dev.cq().capacity() as usize;

@@ -1,6 +1,8 @@
-//! Shared helpers of the verbs integration tests: soft devices bound to
-//! runtimes, a server thread, region descriptors sent over the QP, and the
-//! two halves of the every-verb script (used across threads and processes).
+//! Shared helpers of the verbs integration tests: devices bound to runtimes
+//! (a fresh soft device, or the one named by `VERBIO_TEST_DEVICE`, e.g.
+//! `rxe0` in scripts/rxe-test.sh with `--features ibverbs`), a server
+//! thread, region descriptors sent over the QP, and the two halves of the
+//! every-verb script (used across threads and processes).
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -10,17 +12,32 @@ use std::time::Duration;
 
 use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::{Batch, RemoteBuf, Verbs};
-use verbio::provider::{AccessFlags, Context, SoftConfig};
+use verbio::provider::{open_device, AccessFlags, Context, SoftConfig};
 use verbio::runtime::buf::{IoBuf, LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
 
 /// Bound of every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// A runtime with a fresh soft device (ephemeral loopback port) bound to it.
+/// Names the device the tests run on instead of a fresh soft device.
+pub const TEST_DEVICE_ENV: &str = "VERBIO_TEST_DEVICE";
+
+/// The device named by [`TEST_DEVICE_ENV`], if set and non-empty.
+pub fn test_device() -> Option<String> {
+    std::env::var(TEST_DEVICE_ENV)
+        .ok()
+        .filter(|n| !n.trim().is_empty())
+}
+
+/// A runtime with a device bound to it: a fresh soft device (ephemeral
+/// loopback port), or the device named by [`TEST_DEVICE_ENV`].
 pub fn runtime_and_device() -> (Runtime, Device) {
     let rt = Runtime::new().expect("runtime");
-    let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+    let ctx = match test_device() {
+        Some(name) => open_device(Some(name.trim()))
+            .unwrap_or_else(|e| panic!("{TEST_DEVICE_ENV}={name}: {e}")),
+        None => Context::open_soft(SoftConfig::default()).expect("soft device"),
+    };
     let dev = Device::open(ctx).expect("device");
     (rt, dev)
 }
