@@ -78,18 +78,24 @@ fn listener_and_client_connect_soft_qps_that_carry_a_send() {
         let server_pool = MrPool::new(server_dev.pd());
         let client_pool = MrPool::new(client_dev.pd());
         let rx = server_pool.alloc(256).expect("alloc");
-        let recv = server.qp.submit_recv(Io(rx), |io, sgl| {
-            sgl.push(io.0.sge_total().map_err(|e| SubmitError::Invalid {
-                what: e.to_string(),
-            })?);
-            Ok(())
-        });
+        // SAFETY: the SGE covers the pool block `rx`, moved into the op: its
+        // memory is the pool's (stable while the op moves) and nothing else
+        // can reach it until `complete` hands it back.
+        let recv = unsafe {
+            server.qp.submit_recv(Io(rx), |io, sgl| {
+                sgl.push(io.0.sge_total().map_err(|e| SubmitError::Invalid {
+                    what: e.to_string(),
+                })?);
+                Ok(())
+            })
+        };
         let receiver = spawn(recv);
         let tx = client_pool
             .alloc_from(b"over a handshaken QP")
             .expect("alloc");
-        let (res, _tx) = timeout(
-            LIMIT,
+        // SAFETY: as for the RECV: the SGE covers the pool block `tx`, owned
+        // by the op until its completion.
+        let send = unsafe {
             client.qp.submit_send(Io(tx), |io, chain| {
                 let sge = io.0.sge_init().map_err(|e| SubmitError::Invalid {
                     what: e.to_string(),
@@ -101,10 +107,9 @@ fn listener_and_client_connect_soft_qps_that_carry_a_send() {
                     flags: SendFlags::NONE,
                 });
                 Ok(())
-            }),
-        )
-        .await
-        .expect("send in time");
+            })
+        };
+        let (res, _tx) = timeout(LIMIT, send).await.expect("send in time");
         assert_eq!(res.expect("send").status, WcStatus::Success);
         let (res, mut rx) = timeout(LIMIT, receiver).await.expect("recv in time");
         let c = res.expect("recv");

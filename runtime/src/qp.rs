@@ -45,10 +45,17 @@
 //!     }
 //! }
 //!
+//! /// Safe: the buffer is moved into the op, so nobody else can touch it
+//! /// until the op hands it back.
 //! pub fn write(qp: &QueuePair, buf: Vec<u8>, mr: Mr, len: usize, remote_addr: u64, rkey: u32)
 //!     -> Submit<WriteOp>
 //! {
-//!     qp.submit_send(WriteOp { buf, mr, len }, |op, chain| {
+//!     // SAFETY: the only SGE is `buf[..len]` (checked below): heap memory
+//!     // owned by the op, so its address survives the op's moves, and the
+//!     // runtime keeps the op until the WRITE's completion. `WriteOp` never
+//!     // touches `buf` before `complete`/`fail` hands it back. (If `mr` does
+//!     // not cover `buf`, the device fails the WR without touching memory.)
+//!     unsafe { qp.submit_send(WriteOp { buf, mr, len }, |op, chain| {
 //!         if op.len > op.buf.len() || op.len > u32::MAX as usize {
 //!             return Err(SubmitError::Invalid { what: format!("len {} > buffer", op.len) });
 //!         }
@@ -61,7 +68,7 @@
 //!         wr.sg_list.push(Sge { addr: op.buf.as_ptr() as u64, length: op.len as u32, lkey: op.mr.lkey() });
 //!         chain.push(wr);
 //!         Ok(())
-//!     })
+//!     }) }
 //! }
 //! ```
 
@@ -238,16 +245,24 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_send`].
+    unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         match self {
-            Backend::Provider(qp) => qp.post_send(wrs),
+            // SAFETY: forwarded contract of this function.
+            Backend::Provider(qp) => unsafe { qp.post_send(wrs) },
             #[cfg(any(test, feature = "test-util"))]
             Backend::Fake(f) => f.post_send(wrs),
         }
     }
-    fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_recv`].
+    unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         match self {
-            Backend::Provider(qp) => qp.post_recv(wrs),
+            // SAFETY: forwarded contract of this function.
+            Backend::Provider(qp) => unsafe { qp.post_recv(wrs) },
             #[cfg(any(test, feature = "test-util"))]
             Backend::Fake(f) => f.post_recv(wrs),
         }
@@ -472,7 +487,43 @@ impl QueuePair {
     /// waits (FIFO) and posts when room frees up; otherwise the chain is
     /// posted before this function returns. The future resolves with
     /// [`Completable::complete`] (or [`Completable::fail`]).
-    pub fn submit_send<T, F>(&self, mut data: T, build: F) -> Submit<T>
+    ///
+    /// The runtime keeps `data` from this call until the chain's completion
+    /// (or flush) has been polled, even if the returned future is dropped
+    /// meanwhile (the data is then parked); at runtime shutdown it leaks
+    /// whatever is still in flight rather than dropping it.
+    ///
+    /// # Safety
+    ///
+    /// The WRs are posted under the contract of [`Qp::post_send`], and the
+    /// device is done with them by the time the runtime hands `data` back
+    /// (to [`Completable::complete`] or [`Completable::fail`]) or drops it
+    /// (a parked op's data is dropped once its completion or flush has been
+    /// polled). So every SGE (address range and lkey) of every WR `build`
+    /// pushes must name memory that, from this call until then, stays
+    /// allocated and is accessed through no Rust reference but the
+    /// device's: the device only reads the SGEs of SEND and WRITE WRs, so
+    /// shared (`&`) reads of those are allowed meanwhile; memory it writes
+    /// (READ destinations, atomic results) must not be referenced at all,
+    /// neither by another owner of a shared buffer nor by code of `T`.
+    ///
+    /// The usual way to meet this: `data` owns the memory (or keeps it alive
+    /// through an `Rc`/`Arc` nobody else uses meanwhile) at a heap address
+    /// that does not change when `data` moves, never in a field stored
+    /// inline in `data`.
+    ///
+    /// As for [`Qp::post_send`], the obligation ends early once the
+    /// registration the SGE's lkey names is deregistered, and an SGE whose
+    /// lkey names no live registration containing its range is exempt (the
+    /// device fails the WR without touching memory).
+    ///
+    /// INLINE-flagged WRs are no exception: the post may happen later (when
+    /// queue room frees up), so their memory must stay readable (allocated,
+    /// not written) until `data` comes back; keeping it in `data` does that.
+    ///
+    /// Remote addresses and rkeys are not part of this contract: the peer's
+    /// responder checks them.
+    pub unsafe fn submit_send<T, F>(&self, mut data: T, build: F) -> Submit<T>
     where
         T: Completable,
         F: FnOnce(&mut T, &mut SendChain) -> Result<(), SubmitError>,
@@ -481,13 +532,29 @@ impl QueuePair {
         if let Err(e) = build(&mut data, &mut chain) {
             return Submit::ready(data.fail(e));
         }
-        self.submit(data, Wrs::Send(chain))
+        // SAFETY: the chain was built from `data` under this function's
+        // contract.
+        unsafe { self.submit(data, Wrs::Send(chain)) }
     }
 
     /// Submits one receive WR as an op. `build` fills its scatter list from
     /// `data`; the runtime sets the wr_id. Waits for receive-queue and CQ
-    /// credits like [`submit_send`](Self::submit_send).
-    pub fn submit_recv<T, F>(&self, mut data: T, build: F) -> Submit<T>
+    /// credits like [`submit_send`](Self::submit_send), and keeps `data`
+    /// until the completion (or flush) has been polled.
+    ///
+    /// # Safety
+    ///
+    /// As for [`submit_send`](Self::submit_send), under the contract of
+    /// [`Qp::post_recv`]: every SGE (address range and lkey) `build` pushes
+    /// must name memory that, from this call until the runtime hands `data`
+    /// back (to [`Completable::complete`] or [`Completable::fail`]) or drops
+    /// it, stays allocated and is not accessed through Rust references at
+    /// all (the device writes it), neither by another owner of a shared
+    /// buffer nor by code of `T`. The usual way: `data` owns that memory at
+    /// a heap address that does not change when `data` moves. The same
+    /// exemptions apply (deregistered registration, lkey naming no live
+    /// registration containing the range).
+    pub unsafe fn submit_recv<T, F>(&self, mut data: T, build: F) -> Submit<T>
     where
         T: Completable,
         F: FnOnce(&mut T, &mut SgList) -> Result<(), SubmitError>,
@@ -496,7 +563,9 @@ impl QueuePair {
         if let Err(e) = build(&mut data, &mut sg_list) {
             return Submit::ready(data.fail(e));
         }
-        self.submit(data, Wrs::Recv(RecvWr { wr_id: 0, sg_list }))
+        // SAFETY: the scatter list was built from `data` under this
+        // function's contract.
+        unsafe { self.submit(data, Wrs::Recv(RecvWr { wr_id: 0, sg_list })) }
     }
 
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
@@ -543,7 +612,11 @@ impl QueuePair {
         Ok(len as u32)
     }
 
-    fn submit<T: Completable>(&self, data: T, wrs: Wrs) -> Submit<T> {
+    /// # Safety
+    ///
+    /// `wrs` name memory kept by `data` under the contract of
+    /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
+    unsafe fn submit<T: Completable>(&self, data: T, wrs: Wrs) -> Submit<T> {
         let n = match self.check(&wrs) {
             Ok(n) => n,
             Err(e) => return Submit::ready(data.fail(e)),
@@ -552,7 +625,8 @@ impl QueuePair {
         if queue.try_acquire(n) {
             if cq.try_acquire(n) {
                 return Submit {
-                    state: self.post(data, wrs, n),
+                    // SAFETY: forwarded contract of this function.
+                    state: unsafe { self.post(data, wrs, n) },
                 };
             }
             return Submit {
@@ -573,7 +647,15 @@ impl QueuePair {
     }
 
     /// Posts `wrs` with `n` queue and CQ credits already taken.
-    fn post<T: Completable>(&self, data: T, mut wrs: Wrs, n: u32) -> State<T> {
+    ///
+    /// # Safety
+    ///
+    /// `wrs` name memory kept by `data` under the contract of
+    /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
+    /// On success, or on a partial post, `data` goes into the returned
+    /// [`Op`], which keeps (parks, or at shutdown leaks) it until the
+    /// completion or flush; so the provider's post contract holds.
+    unsafe fn post<T: Completable>(&self, data: T, mut wrs: Wrs, n: u32) -> State<T> {
         let core = &self.inner.core;
         let (queue, cq) = self.credits_for(&wrs);
         let credit = Credit {
@@ -603,11 +685,15 @@ impl QueuePair {
                         wr.flags = unsignaled(wr.flags);
                     }
                 }
-                core.backend.post_send(chain)
+                // SAFETY: the chain's memory is kept by `data` (this
+                // function's contract), which the `Op` built below holds until
+                // the completion of the last (signaled) WR has been polled.
+                unsafe { core.backend.post_send(chain) }
             }
             Wrs::Recv(wr) => {
                 wr.wr_id = first;
-                core.backend.post_recv(std::slice::from_ref(wr))
+                // SAFETY: as above, for the receive WR's scatter list.
+                unsafe { core.backend.post_recv(std::slice::from_ref(wr)) }
             }
         };
         match res {
@@ -812,7 +898,10 @@ impl<T: Completable> Future for Submit<T> {
                             qp_num: qp.qp_num(),
                         })))
                     } else {
-                        qp.post(data, wrs, n)
+                        // SAFETY: a `Queued` is only created by `submit`,
+                        // whose caller vouched for `wrs` and `data` under the
+                        // `submit_*` contract; both were kept together since.
+                        unsafe { qp.post(data, wrs, n) }
                     };
                 }
             }

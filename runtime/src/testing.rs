@@ -7,6 +7,12 @@
 //! signaled send retires every earlier unsignaled WR, and moving to ERR
 //! flushes every outstanding WR (signaled or not) with `WR_FLUSH_ERR`, as
 //! does any post made while in ERR.
+//!
+//! The fake never reads or writes the memory the posted SGEs name (it keeps
+//! only wr_ids, flags and opcodes), so submitting to a fake QP lends no
+//! memory to anything: the `unsafe` contract of
+//! [`QueuePair::submit_send`]/[`QueuePair::submit_recv`] has nothing to
+//! protect there.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;

@@ -97,14 +97,34 @@ fn sg(sge: verbio_runtime::provider::Sge) -> SgList {
     std::iter::once(sge).collect()
 }
 
-fn write(qp: &Qp, wr_id: u64, src: &impl RegisteredBuf, remote_addr: u64, rkey: u32) {
-    qp.post_send(&[SendWr {
-        wr_id,
-        sg_list: sg(src.sge_init().expect("sge")),
-        op: SendOp::Write { remote_addr, rkey },
-        flags: SendFlags::SIGNALED,
-    }])
+/// Posts an RDMA WRITE of `src` from `qp` and waits for its completion on
+/// `cq`. Safe: `src` stays borrowed (shared) for as long as the device reads
+/// it, and the device only reads a WRITE's source.
+fn write_and_wait(
+    qp: &Qp,
+    cq: &Cq,
+    wr_id: u64,
+    src: &impl RegisteredBuf,
+    remote_addr: u64,
+    rkey: u32,
+) -> Completion {
+    // SAFETY: the only SGE is `src`'s initialized bytes, registered buffer
+    // memory the device only reads (WRITE source), and shared reads are
+    // allowed meanwhile. `src` is borrowed until `wait` has polled the
+    // completion (the only one on `cq` in these tests), so it cannot be
+    // written or freed before. If `wait` panics, `src` is dropped while the
+    // WR may be outstanding: a pool block returns to its pool untouched, and
+    // pool memory is deregistered before it is freed.
+    unsafe {
+        qp.post_send(&[SendWr {
+            wr_id,
+            sg_list: sg(src.sge_init().expect("sge")),
+            op: SendOp::Write { remote_addr, rkey },
+            flags: SendFlags::SIGNALED,
+        }])
+    }
     .expect("post WRITE");
+    wait(cq)
 }
 
 #[test]
@@ -112,21 +132,27 @@ fn pool_blocks_carry_working_lkeys() {
     let Some(p) = pair() else { return };
     let pool = MrPool::new(&p.pd);
     let rx = pool.alloc(4096).expect("alloc rx");
-    p.b.qp
-        .post_recv(&[RecvWr {
+    // SAFETY: `rx` is a pool block this test owns and does not touch until
+    // `wait(&p.b.cq)` below has polled the RECV's completion.
+    unsafe {
+        p.b.qp.post_recv(&[RecvWr {
             wr_id: 1,
             sg_list: sg(rx.sge_total().expect("sge")),
         }])
-        .expect("post RECV");
+    }
+    .expect("post RECV");
     let tx = pool.alloc_from(b"from a pooled block").expect("alloc tx");
-    p.a.qp
-        .post_send(&[SendWr {
+    // SAFETY: the device only reads `tx` (SEND source); the test neither
+    // writes nor drops it before `wait(&p.a.cq)` polled the completion.
+    unsafe {
+        p.a.qp.post_send(&[SendWr {
             wr_id: 2,
             sg_list: sg(tx.sge_init().expect("sge")),
             op: SendOp::Send,
             flags: SendFlags::SIGNALED,
         }])
-        .expect("post SEND");
+    }
+    .expect("post SEND");
     let c = wait(&p.a.cq);
     assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
     let c = wait(&p.b.cq);
@@ -149,22 +175,29 @@ fn user_memory_registered_in_place_receives_and_comes_back() {
     let mem = RegisteredMem::register(&p.pd, vec![0u8; 256], AccessFlags::LOCAL_WRITE)
         .expect("register user memory");
     let dst_addr = mem.stable_ptr();
-    p.b.qp
-        .post_recv(&[RecvWr {
+    // SAFETY: `mem` owns the memory and hands out no reference to it until
+    // `into_inner()`, which the test calls only after polling the RECV's
+    // completion below.
+    unsafe {
+        p.b.qp.post_recv(&[RecvWr {
             wr_id: 1,
             sg_list: sg(mem.sge(16..48).expect("sge")),
         }])
-        .expect("post RECV");
+    }
+    .expect("post RECV");
     let pool = MrPool::new(&p.pd);
     let tx = pool.alloc_from(b"zero-copy receive").expect("alloc");
-    p.a.qp
-        .post_send(&[SendWr {
+    // SAFETY: the device only reads `tx` (SEND source); the test neither
+    // writes nor drops it before polling the completion below.
+    unsafe {
+        p.a.qp.post_send(&[SendWr {
             wr_id: 2,
             sg_list: sg(tx.sge_init().expect("sge")),
             op: SendOp::Send,
             flags: SendFlags::SIGNALED,
         }])
-        .expect("post SEND");
+    }
+    .expect("post SEND");
     assert_eq!(wait(&p.a.cq).status, WcStatus::Success);
     assert_eq!(wait(&p.b.cq).status, WcStatus::Success);
     let v = mem.into_inner();
@@ -181,8 +214,8 @@ fn granted_region_takes_writes_until_revoked() {
     let region =
         RemoteAccessRegion::grant(&p.pd, target, AccessFlags::REMOTE_WRITE).expect("grant");
     let src = pool.alloc_from(b"peer data").expect("alloc");
-    write(&p.a.qp, 1, &src, region.addr() + 4, region.rkey());
-    assert_eq!(wait(&p.a.cq).status, WcStatus::Success);
+    let c = write_and_wait(&p.a.qp, &p.a.cq, 1, &src, region.addr() + 4, region.rkey());
+    assert_eq!(c.status, WcStatus::Success);
     let mut seen = [0u8; 9];
     region.read_into(4, &mut seen).expect("read_into");
     assert_eq!(&seen, b"peer data");
@@ -191,8 +224,7 @@ fn granted_region_takes_writes_until_revoked() {
     assert_eq!(&back[4..13], b"peer data");
     // The revoked rkey fails at once, and the memory is untouched.
     let src2 = pool.alloc_from(b"too late!").expect("alloc");
-    write(&p.a.qp, 2, &src2, addr + 4, rkey);
-    let c = wait(&p.a.cq);
+    let c = write_and_wait(&p.a.qp, &p.a.cq, 2, &src2, addr + 4, rkey);
     assert_eq!((c.wr_id, c.status), (2, WcStatus::RemAccessErr));
     assert_eq!(&back[4..13], b"peer data");
 }
@@ -208,8 +240,8 @@ fn region_flags_are_minimal() {
     )
     .expect("grant");
     let src = pool.alloc_from(b"x").expect("alloc");
-    write(&p.a.qp, 1, &src, region.addr(), region.rkey());
-    assert_eq!(wait(&p.a.cq).status, WcStatus::RemAccessErr);
+    let c = write_and_wait(&p.a.qp, &p.a.cq, 1, &src, region.addr(), region.rkey());
+    assert_eq!(c.status, WcStatus::RemAccessErr);
     let mut b = [1u8; 1];
     region.read_into(0, &mut b).expect("read");
     assert_eq!(b, [0], "a read-only grant was not written");
@@ -228,8 +260,8 @@ fn region_bounds_are_exact() {
     .expect("grant");
     // 8 bytes at offset 60: 4 of them past the grant (but inside the block).
     let src = pool.alloc_from(&[0xee; 8]).expect("alloc");
-    write(&p.a.qp, 1, &src, region.addr() + 60, region.rkey());
-    assert_eq!(wait(&p.a.cq).status, WcStatus::RemAccessErr);
+    let c = write_and_wait(&p.a.qp, &p.a.cq, 1, &src, region.addr() + 60, region.rkey());
+    assert_eq!(c.status, WcStatus::RemAccessErr);
     let block = region.revoke().into_inner();
     assert!(
         block.iter().all(|&b| b == 0),

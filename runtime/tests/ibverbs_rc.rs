@@ -32,16 +32,22 @@ fn send_recv_with_immediate() {
     let mut src = Buf::new(&p.pd, 4096, AccessFlags::LOCAL_WRITE);
     let dst = Buf::new(&p.pd, 4096, AccessFlags::LOCAL_WRITE);
     src.fill(|i| (i * 7 + 3) as u8);
-    p.b.post_recv(&[RecvWr {
-        wr_id: 11,
-        sg_list: dst.sge(0, 4096),
-    }])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.b.post_recv(&[RecvWr {
+            wr_id: 11,
+            sg_list: dst.sge(0, 4096),
+        }])
+    }
     .expect("post_recv");
-    p.a.post_send(&[send(
-        22,
-        src.sge(0, 3000),
-        SendOp::SendWithImm { imm: 0xdead_beef },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            22,
+            src.sge(0, 3000),
+            SendOp::SendWithImm { imm: 0xdead_beef },
+        )])
+    }
     .expect("post_send");
     let sc = wait(&p.cq_a, 1);
     assert_eq!(sc[0].wr_id, 22);
@@ -59,15 +65,18 @@ fn send_recv_with_immediate() {
     assert!(dst.bytes()[3000..].iter().all(|&b| b == 0));
 
     // Plain SEND with two SGEs gathers them in order; no immediate.
-    p.b.post_recv(&[RecvWr {
-        wr_id: 12,
-        sg_list: dst.sge(0, 4096),
-    }])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.b.post_recv(&[RecvWr {
+            wr_id: 12,
+            sg_list: dst.sge(0, 4096),
+        }])
+    }
     .expect("post_recv");
     let mut sgl = src.sge(100, 10);
     sgl.extend(src.sge(0, 5));
-    p.a.post_send(&[send(23, sgl, SendOp::Send)])
-        .expect("post_send");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.a.post_send(&[send(23, sgl, SendOp::Send)]) }.expect("post_send");
     assert_eq!(wait(&p.cq_a, 1)[0].status, WcStatus::Success);
     let rc = wait(&p.cq_b, 1);
     assert_eq!((rc[0].byte_len, rc[0].imm_data), (15, None));
@@ -82,10 +91,13 @@ fn inline_send_needs_no_registered_memory() {
     };
     let p = pair(ctx);
     let dst = Buf::new(&p.pd, 256, AccessFlags::LOCAL_WRITE);
-    p.b.post_recv(&[RecvWr {
-        wr_id: 1,
-        sg_list: dst.sge(0, 256),
-    }])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.b.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: dst.sge(0, 256),
+        }])
+    }
     .expect("post_recv");
     let payload = *b"inline payload, copied at post time";
     let mut sgl = SgList::new();
@@ -94,12 +106,16 @@ fn inline_send_needs_no_registered_memory() {
         length: payload.len() as u32,
         lkey: 0,
     });
-    p.a.post_send(&[SendWr {
-        wr_id: 2,
-        sg_list: sgl.clone(),
-        op: SendOp::Send,
-        flags: SendFlags::SIGNALED | SendFlags::INLINE,
-    }])
+    // SAFETY: INLINE: `payload` (a live local nobody writes) is copied
+    // during the call; its lkey is not used.
+    unsafe {
+        p.a.post_send(&[SendWr {
+            wr_id: 2,
+            sg_list: sgl.clone(),
+            op: SendOp::Send,
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        }])
+    }
     .expect("inline post_send");
     assert_eq!(wait(&p.cq_a, 1)[0].status, WcStatus::Success);
     let rc = wait(&p.cq_b, 1);
@@ -114,14 +130,17 @@ fn inline_send_needs_no_registered_memory() {
         length: big.len() as u32,
         lkey: 0,
     });
-    let err =
+    // SAFETY: INLINE: `big` is a live Vec, readable during the call (which
+    // refuses it: too big for max_inline_data).
+    let err = unsafe {
         p.a.post_send(&[SendWr {
             wr_id: 3,
             sg_list: sgl,
             op: SendOp::Send,
             flags: SendFlags::SIGNALED | SendFlags::INLINE,
         }])
-        .expect_err("oversized inline");
+    }
+    .expect_err("oversized inline");
     assert_eq!(err.posted, 0);
     assert!(
         matches!(err.error, ProviderError::InvalidArgument { .. }),
@@ -144,14 +163,17 @@ fn rdma_write_write_with_imm_and_read() {
     local.fill(|i| (i % 251) as u8);
     let (raddr, rkey) = (remote.addr(), remote.mr.rkey());
 
-    p.a.post_send(&[send(
-        1,
-        local.sge(0, 5000),
-        SendOp::Write {
-            remote_addr: raddr + 1000,
-            rkey,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            1,
+            local.sge(0, 5000),
+            SendOp::Write {
+                remote_addr: raddr + 1000,
+                rkey,
+            },
+        )])
+    }
     .expect("WRITE");
     let c = wait(&p.cq_a, 1);
     assert_eq!(
@@ -162,20 +184,26 @@ fn rdma_write_write_with_imm_and_read() {
     assert!(remote.bytes()[..1000].iter().all(|&b| b == 0));
 
     // WRITE_WITH_IMM consumes a RECV at the responder, which reports the imm.
-    p.b.post_recv(&[RecvWr {
-        wr_id: 50,
-        sg_list: SgList::new(),
-    }])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.b.post_recv(&[RecvWr {
+            wr_id: 50,
+            sg_list: SgList::new(),
+        }])
+    }
     .expect("post_recv");
-    p.a.post_send(&[send(
-        2,
-        local.sge(0, 16),
-        SendOp::WriteWithImm {
-            remote_addr: raddr,
-            rkey,
-            imm: 77,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            2,
+            local.sge(0, 16),
+            SendOp::WriteWithImm {
+                remote_addr: raddr,
+                rkey,
+                imm: 77,
+            },
+        )])
+    }
     .expect("WRITE_WITH_IMM");
     assert_eq!(wait(&p.cq_a, 1)[0].status, WcStatus::Success);
     let rc = wait(&p.cq_b, 1);
@@ -188,14 +216,17 @@ fn rdma_write_write_with_imm_and_read() {
     // READ back a different pattern into the local buffer.
     remote.fill(|i| (255 - i % 256) as u8);
     local.fill(|_| 0);
-    p.a.post_send(&[send(
-        3,
-        local.sge(8, 4000),
-        SendOp::Read {
-            remote_addr: raddr + 100,
-            rkey,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            3,
+            local.sge(8, 4000),
+            SendOp::Read {
+                remote_addr: raddr + 100,
+                rkey,
+            },
+        )])
+    }
     .expect("READ");
     let c = wait(&p.cq_a, 1);
     assert_eq!(
@@ -222,16 +253,19 @@ fn atomics_compare_and_swap_and_fetch_and_add() {
     remote.set_word(1, 5);
     let (raddr, rkey) = (remote.addr() + 8, remote.mr.rkey());
 
-    p.a.post_send(&[send(
-        1,
-        local.sge(0, 8),
-        SendOp::CompareAndSwap {
-            remote_addr: raddr,
-            rkey,
-            compare: 5,
-            swap: 9,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            1,
+            local.sge(0, 8),
+            SendOp::CompareAndSwap {
+                remote_addr: raddr,
+                rkey,
+                compare: 5,
+                swap: 9,
+            },
+        )])
+    }
     .expect("CAS");
     let c = wait(&p.cq_a, 1);
     assert_eq!(
@@ -241,15 +275,18 @@ fn atomics_compare_and_swap_and_fetch_and_add() {
     assert_eq!(local.word(0), 5, "CAS returns the original value");
     assert_eq!(remote.word(1), 9);
 
-    p.a.post_send(&[send(
-        2,
-        local.sge(8, 8),
-        SendOp::FetchAndAdd {
-            remote_addr: raddr,
-            rkey,
-            add: 3,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            2,
+            local.sge(8, 8),
+            SendOp::FetchAndAdd {
+                remote_addr: raddr,
+                rkey,
+                add: 3,
+            },
+        )])
+    }
     .expect("FAA");
     let c = wait(&p.cq_a, 1);
     assert_eq!(
@@ -260,16 +297,19 @@ fn atomics_compare_and_swap_and_fetch_and_add() {
     assert_eq!(remote.word(1), 12);
 
     // A failing compare leaves the value alone and still returns it.
-    p.a.post_send(&[send(
-        3,
-        local.sge(16, 8),
-        SendOp::CompareAndSwap {
-            remote_addr: raddr,
-            rkey,
-            compare: 1,
-            swap: 100,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            3,
+            local.sge(16, 8),
+            SendOp::CompareAndSwap {
+                remote_addr: raddr,
+                rkey,
+                compare: 1,
+                swap: 100,
+            },
+        )])
+    }
     .expect("CAS miss");
     assert_eq!(wait(&p.cq_a, 1)[0].status, WcStatus::Success);
     assert_eq!(local.word(2), 12);
@@ -289,19 +329,25 @@ fn bad_rkey_is_remote_access_error() {
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
     );
     // A posted RECV at the responder gets flushed once its QP goes to ERR.
-    p.b.post_recv(&[RecvWr {
-        wr_id: 9,
-        sg_list: remote.sge(0, 64),
-    }])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.b.post_recv(&[RecvWr {
+            wr_id: 9,
+            sg_list: remote.sge(0, 64),
+        }])
+    }
     .expect("post_recv");
-    p.a.post_send(&[send(
-        1,
-        local.sge(0, 32),
-        SendOp::Write {
-            remote_addr: remote.addr(),
-            rkey: remote.mr.rkey() ^ 0x00ff_ff00,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            1,
+            local.sge(0, 32),
+            SendOp::Write {
+                remote_addr: remote.addr(),
+                rkey: remote.mr.rkey() ^ 0x00ff_ff00,
+            },
+        )])
+    }
     .expect("post WRITE");
     let c = wait(&p.cq_a, 1);
     assert_eq!(c[0].wr_id, 1);
@@ -311,8 +357,8 @@ fn bad_rkey_is_remote_access_error() {
     assert_eq!((r[0].wr_id, r[0].status), (9, WcStatus::WrFlushErr));
     assert!(remote.bytes().iter().all(|&b| b == 0), "memory was touched");
     // Later WRs on the errored requester are flushed.
-    p.a.post_send(&[send(2, local.sge(0, 8), SendOp::Send)])
-        .expect("post after ERR");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.a.post_send(&[send(2, local.sge(0, 8), SendOp::Send)]) }.expect("post after ERR");
     let c = wait(&p.cq_a, 1);
     assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::WrFlushErr));
     let deadline = Instant::now() + Duration::from_millis(200);
@@ -337,7 +383,8 @@ fn modify_to_err_flushes_outstanding_receives() {
             sg_list: buf.sge(i as usize * 64, 64),
         })
         .collect();
-    p.b.post_recv(&wrs).expect("post_recv");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.b.post_recv(&wrs) }.expect("post_recv");
     assert_eq!(p.b.state(), QpState::Rts);
     p.b.modify_to_err().expect("modify_to_err");
     assert_eq!(p.b.state(), QpState::Err);
@@ -393,11 +440,12 @@ fn post_list_reports_the_failing_index() {
         .flat_map(|i| local.sge(i as usize * 8, 8))
         .collect();
     let err: PostError =
-        p.a.post_send(&[
+        // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+        unsafe { p.a.post_send(&[
             write(1, local.sge(0, 8)),
             write(2, too_many),
             write(3, local.sge(0, 8)),
-        ])
+        ]) }
         .expect_err("too many SGEs");
     assert_eq!(err.posted, 1, "{err:?}");
     // The first WR went out and completes.
@@ -420,7 +468,8 @@ fn post_list_reports_the_failing_index() {
             },
         })
         .collect();
-    p.a.post_send(&many).expect("40 WRs");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.a.post_send(&many) }.expect("40 WRs");
     let c = wait(&p.cq_a, 1);
     assert_eq!((c[0].wr_id, c[0].status), (1039, WcStatus::Success));
 }
@@ -444,13 +493,16 @@ fn completion_channel_becomes_readable() {
     let src = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
     let dst = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
     p.cq_b.req_notify(false).expect("req_notify");
-    p.b.post_recv(&[RecvWr {
-        wr_id: 5,
-        sg_list: dst.sge(0, 64),
-    }])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.b.post_recv(&[RecvWr {
+            wr_id: 5,
+            sg_list: dst.sge(0, 64),
+        }])
+    }
     .expect("post_recv");
-    p.a.post_send(&[send(6, src.sge(0, 64), SendOp::Send)])
-        .expect("post_send");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.a.post_send(&[send(6, src.sge(0, 64), SendOp::Send)]) }.expect("post_send");
 
     let mut pfd = libc::pollfd {
         fd,
@@ -477,13 +529,16 @@ fn completion_channel_becomes_readable() {
 
     // An event taken but never acknowledged must not hang the CQ's destruction.
     p.cq_a.req_notify(false).expect("req_notify a");
-    p.b.post_recv(&[RecvWr {
-        wr_id: 7,
-        sg_list: dst.sge(0, 64),
-    }])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.b.post_recv(&[RecvWr {
+            wr_id: 7,
+            sg_list: dst.sge(0, 64),
+        }])
+    }
     .expect("post_recv");
-    p.a.post_send(&[send(8, src.sge(0, 8), SendOp::Send)])
-        .expect("post_send");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.a.post_send(&[send(8, src.sge(0, 8), SendOp::Send)]) }.expect("post_send");
     // SAFETY: one valid pollfd.
     let n = unsafe { libc::poll(&mut pfd, 1, WAIT.as_millis() as i32) };
     assert_eq!(n, 1);
@@ -526,7 +581,8 @@ fn cq_overrun_is_reported_by_poll() {
             )
         })
         .collect();
-    p.a.post_send(&wrs).expect("post_send");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.a.post_send(&wrs) }.expect("post_send");
     let deadline = Instant::now() + WAIT;
     loop {
         match p.ctx.get_async_event().expect("get_async_event") {
@@ -583,7 +639,8 @@ fn full_send_queue_is_queue_full() {
     let wrs: Vec<SendWr> = (0..depth as u64 * 4 + 16)
         .map(|i| send(i, local.sge(0, 8), SendOp::Send))
         .collect();
-    let err = p.a.post_send(&wrs).expect_err("queue should be full");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    let err = unsafe { p.a.post_send(&wrs) }.expect_err("queue should be full");
     assert!(
         err.posted >= depth && err.posted < wrs.len(),
         "posted {} of {} with depth {depth}: {err:?}",
@@ -631,8 +688,8 @@ fn no_receive_posted_exhausts_rnr_retries() {
         },
     );
     let local = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
-    p.a.post_send(&[send(1, local.sge(0, 8), SendOp::Send)])
-        .expect("post_send");
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe { p.a.post_send(&[send(1, local.sge(0, 8), SendOp::Send)]) }.expect("post_send");
     let c = wait(&p.cq_a, 1);
     assert_eq!(
         (c[0].wr_id, c[0].status),
@@ -663,14 +720,17 @@ fn silent_peer_exhausts_transport_retries() {
     p.b.modify_to_reset().expect("silence the peer");
     let local = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
     let start = Instant::now();
-    p.a.post_send(&[send(
-        1,
-        local.sge(0, 8),
-        SendOp::Write {
-            remote_addr: 0x1000,
-            rkey: 1,
-        },
-    )])
+    // SAFETY: SGEs of Bufs, which uphold the post contract (see Buf).
+    unsafe {
+        p.a.post_send(&[send(
+            1,
+            local.sge(0, 8),
+            SendOp::Write {
+                remote_addr: 0x1000,
+                rkey: 1,
+            },
+        )])
+    }
     .expect("post_send");
     let c = wait(&p.cq_a, 1);
     assert_eq!(

@@ -66,45 +66,61 @@ impl Completable for Io {
     }
 }
 
-fn send(qp: &QueuePair, buf: Buf, len: usize) -> Submit<Io> {
-    qp.submit_send(Io { buf }, |io, chain| {
-        let mut wr = SendWr {
-            wr_id: 0,
-            sg_list: Default::default(),
-            op: SendOp::Send,
-            flags: SendFlags::NONE,
-        };
-        wr.sg_list.push(io.buf.sge(len));
-        chain.push(wr);
-        Ok(())
-    })
-}
+// The three submitters below are safe: each takes its `Buf` by value, so
+// the op owns the memory its SGEs name (heap memory of `mem`, stable when
+// `Buf` moves) and nothing else can reach it until the op hands it back.
 
-fn write(qp: &QueuePair, buf: Buf, len: usize, remote: &Mr, n: usize) -> Submit<Io> {
-    let (addr, rkey) = (remote.addr(), remote.rkey());
-    qp.submit_send(Io { buf }, |io, chain| {
-        for i in 0..n {
+fn send(qp: &QueuePair, buf: Buf, len: usize) -> Submit<Io> {
+    // SAFETY: the SGE is `io.buf.mem[..len]`, owned by the op (see above);
+    // `Io` never touches it before `complete`/`fail`. A `len` beyond `mem`
+    // exceeds the registration, so the device would fail the WR unaccessed.
+    unsafe {
+        qp.submit_send(Io { buf }, |io, chain| {
             let mut wr = SendWr {
                 wr_id: 0,
                 sg_list: Default::default(),
-                op: SendOp::Write {
-                    remote_addr: addr + (i * len) as u64,
-                    rkey,
-                },
+                op: SendOp::Send,
                 flags: SendFlags::NONE,
             };
             wr.sg_list.push(io.buf.sge(len));
             chain.push(wr);
-        }
-        Ok(())
-    })
+            Ok(())
+        })
+    }
+}
+
+fn write(qp: &QueuePair, buf: Buf, len: usize, remote: &Mr, n: usize) -> Submit<Io> {
+    let (addr, rkey) = (remote.addr(), remote.rkey());
+    // SAFETY: as in `send`: every SGE is `io.buf.mem[..len]`, owned by the op.
+    unsafe {
+        qp.submit_send(Io { buf }, |io, chain| {
+            for i in 0..n {
+                let mut wr = SendWr {
+                    wr_id: 0,
+                    sg_list: Default::default(),
+                    op: SendOp::Write {
+                        remote_addr: addr + (i * len) as u64,
+                        rkey,
+                    },
+                    flags: SendFlags::NONE,
+                };
+                wr.sg_list.push(io.buf.sge(len));
+                chain.push(wr);
+            }
+            Ok(())
+        })
+    }
 }
 
 fn recv(qp: &QueuePair, buf: Buf) -> Submit<Io> {
-    qp.submit_recv(Io { buf }, |io, sgl| {
-        sgl.push(io.buf.sge(io.buf.mem.len()));
-        Ok(())
-    })
+    // SAFETY: the SGE is all of `io.buf.mem`, owned by the op; nothing reads
+    // it until the op hands the `Buf` back after the completion.
+    unsafe {
+        qp.submit_recv(Io { buf }, |io, sgl| {
+            sgl.push(io.buf.sge(io.buf.mem.len()));
+            Ok(())
+        })
+    }
 }
 
 fn connect(a: &QueuePair, b: &QueuePair, gid: u8) {
@@ -287,7 +303,19 @@ fn async_events_reach_the_device() {
             flags: SendFlags::SIGNALED,
         };
         wr.sg_list.push(src.sge(8));
-        qp.post_send(&[wr]).unwrap();
+        // SAFETY: `src` is only read by the device (a WRITE source) and
+        // never written by the test; it stays allocated until its `Buf`
+        // drops, which deregisters `src.mr` (revoking device access) first.
+        unsafe { qp.post_send(&[wr]) }.unwrap();
+    }
+    // The runtime polls this CQ once it runs: wait (without it) until the
+    // engine has overflowed the CQ, or the reactor could drain the first
+    // completion in time and no overflow would ever happen. An empty poll
+    // consumes nothing and reports the overflow.
+    let deadline = Instant::now() + LIMIT;
+    while dev.cq().poll(&mut []).is_ok() {
+        assert!(Instant::now() < deadline, "the CQ never overflowed");
+        std::thread::sleep(Duration::from_millis(1));
     }
     let ev = rt
         .block_on(timeout(LIMIT, dev.next_async_event()))

@@ -80,7 +80,8 @@ fn state_machine_is_strict() {
     let b = make_side(&ctx, &opts);
     let buf = a.buf(64, LW);
     let send = wr(1, SendOp::Send, &[buf.sge(0, 8)], SIG);
-    let err = a.qp.post_send(std::slice::from_ref(&send)).unwrap_err();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    let err = unsafe { a.qp.post_send(std::slice::from_ref(&send)) }.unwrap_err();
     assert_eq!(err.posted, 0);
     assert!(matches!(
         err.error,
@@ -89,11 +90,13 @@ fn state_machine_is_strict() {
             ..
         }
     ));
-    assert!(a.qp.post_recv(&[rwr(1, &[buf.sge(0, 8)])]).is_err());
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    assert!(unsafe { a.qp.post_recv(&[rwr(1, &[buf.sge(0, 8)])]) }.is_err());
     assert!(a.qp.modify_to_rts(&RtsAttr::default()).is_err());
     a.qp.modify_to_init(&InitAttr::default()).unwrap();
     assert!(matches!(
-        a.qp.post_send(std::slice::from_ref(&send))
+        // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+        unsafe { a.qp.post_send(std::slice::from_ref(&send)) }
             .unwrap_err()
             .error,
         ProviderError::InvalidQpState {
@@ -102,7 +105,8 @@ fn state_machine_is_strict() {
         }
     ));
     // RECVs may be posted from INIT on.
-    a.qp.post_recv(&[rwr(2, &[buf.sge(0, 8)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_recv(&[rwr(2, &[buf.sge(0, 8)])]) }.unwrap();
     let eb = b.qp.endpoint(0).unwrap();
     let rtr = RtrAttr {
         remote: eb,
@@ -114,7 +118,8 @@ fn state_machine_is_strict() {
     };
     a.qp.modify_to_rtr(&rtr).unwrap();
     assert!(a.qp.modify_to_rtr(&rtr).is_err());
-    assert!(a.qp.post_send(&[send]).is_err());
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    assert!(unsafe { a.qp.post_send(&[send]) }.is_err());
     a.qp.modify_to_rts(&RtsAttr::default()).unwrap();
     assert_eq!(a.qp.state(), QpState::Rts);
     // A non-soft endpoint is refused.
@@ -131,17 +136,23 @@ fn send_consumes_next_recv_with_len_imm_and_opcode() {
     let src = a.buf(256, LW);
     src.fill_pattern(7);
     let dst = b.buf(512, LW);
-    b.qp.post_recv(&[rwr(10, &[dst.sge(0, 256)]), rwr(11, &[dst.sge(256, 256)])])
-        .unwrap();
-    a.qp.post_send(&[
-        wr(1, SendOp::Send, &[src.sge(0, 100)], SIG),
-        wr(
-            2,
-            SendOp::SendWithImm { imm: 0xfeed },
-            &[src.sge(100, 56)],
-            SIG,
-        ),
-    ])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_recv(&[rwr(10, &[dst.sge(0, 256)]), rwr(11, &[dst.sge(256, 256)])])
+    }
+    .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[
+            wr(1, SendOp::Send, &[src.sge(0, 100)], SIG),
+            wr(
+                2,
+                SendOp::SendWithImm { imm: 0xfeed },
+                &[src.sge(100, 56)],
+                SIG,
+            ),
+        ])
+    }
     .unwrap();
     let rc = poll_n(&b.rcq, 2);
     assert_eq!(rc[0].wr_id, 10);
@@ -198,17 +209,23 @@ fn many_sends_arrive_in_order() {
     while recvd.len() < N || sends_done < N {
         assert!(std::time::Instant::now() < deadline, "stuck");
         while posted_recv < N && posted_recv - recvd.len() < 500 {
-            b.qp.post_recv(&[rwr(posted_recv as u64, &[dst.sge(posted_recv * 8, 8)])])
-                .unwrap();
+            // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+            unsafe {
+                b.qp.post_recv(&[rwr(posted_recv as u64, &[dst.sge(posted_recv * 8, 8)])])
+            }
+            .unwrap();
             posted_recv += 1;
         }
         while posted_send < N && posted_send - sends_done < 500 && posted_send < posted_recv {
-            a.qp.post_send(&[wr(
-                posted_send as u64,
-                SendOp::Send,
-                &[src.sge(posted_send * 8, 8)],
-                SIG,
-            )])
+            // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+            unsafe {
+                a.qp.post_send(&[wr(
+                    posted_send as u64,
+                    SendOp::Send,
+                    &[src.sge(posted_send * 8, 8)],
+                    SIG,
+                )])
+            }
             .unwrap();
             posted_send += 1;
         }
@@ -240,18 +257,24 @@ fn multi_sge_gather_and_scatter() {
     let data = src.fill_pattern(3);
     let dst = b.buf(300, LW);
     // scatter over three pieces of uneven size
-    b.qp.post_recv(&[rwr(
-        1,
-        &[dst.sge(0, 10), dst.sge(100, 50), dst.sge(200, 100)],
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_recv(&[rwr(
+            1,
+            &[dst.sge(0, 10), dst.sge(100, 50), dst.sge(200, 100)],
+        )])
+    }
     .unwrap();
     // gather from three pieces: 5 + 40 + 60 = 105 bytes
-    a.qp.post_send(&[wr(
-        7,
-        SendOp::Send,
-        &[src.sge(0, 5), src.sge(50, 40), src.sge(200, 60)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            7,
+            SendOp::Send,
+            &[src.sge(0, 5), src.sge(50, 40), src.sge(200, 60)],
+            SIG,
+        )])
+    }
     .unwrap();
     let rc = poll_one(&b.rcq);
     assert_eq!((rc.status, rc.byte_len), (WcStatus::Success, 105));
@@ -268,15 +291,20 @@ fn multi_sge_gather_and_scatter() {
 fn inline_send_copies_at_post_time_without_lkey() {
     let (a, b) = pair();
     let dst = b.buf(64, LW);
-    b.qp.post_recv(&[rwr(1, &[dst.sge(0, 64)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { b.qp.post_recv(&[rwr(1, &[dst.sge(0, 64)])]) }.unwrap();
     let mut local = *b"inline payload, not registered!!";
     let sge = Sge {
         addr: local.as_mut_ptr() as u64,
         length: local.len() as u32,
         lkey: 0xdead_beef,
     };
-    a.qp.post_send(&[wr(1, SendOp::Send, &[sge], SIG | SendFlags::INLINE)])
-        .unwrap();
+    // SAFETY: INLINE: `local` is copied during the call (its lkey is unused)
+    // and is a live local nobody writes meanwhile.
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[sge], SIG | SendFlags::INLINE)])
+    }
+    .unwrap();
     // Overwrite right away: the payload was copied at post time.
     local.fill(b'x');
     assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
@@ -290,9 +318,12 @@ fn inline_send_copies_at_post_time_without_lkey() {
         length: 65,
         lkey: 0,
     };
-    let e =
+    // SAFETY: INLINE: `big` is a live local, readable during the call (the
+    // post is refused anyway: too big for max_inline_data).
+    let e = unsafe {
         a.qp.post_send(&[wr(2, SendOp::Send, &[sge], SIG | SendFlags::INLINE)])
-            .unwrap_err();
+    }
+    .unwrap_err();
     assert!(matches!(e.error, ProviderError::InvalidArgument { .. }));
 }
 
@@ -313,11 +344,13 @@ fn unsignaled_wrs_complete_silently_and_are_implied() {
         )
     };
     src.fill_pattern(9);
-    a.qp.post_send(&[w(1, 0), w(2, 8), w(3, 16)]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&[w(1, 0), w(2, 8), w(3, 16)]) }.unwrap();
     expect_none(&a.scq, Duration::from_millis(50));
     let mut last = w(4, 24);
     last.flags = SIG;
-    a.qp.post_send(&[last]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&[last]) }.unwrap();
     let c = poll_one(&a.scq);
     assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
     // The signaled completion implies the earlier writes landed.
@@ -342,13 +375,15 @@ fn queue_limits_are_enforced() {
     let buf = a.buf(64, LW);
     // Receive queue: two fit, the third fails with QueueFull at index 2.
     let rb = b.buf(64, LW);
-    let e =
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    let e = unsafe {
         b.qp.post_recv(&[
             rwr(1, &[rb.sge(0, 8)]),
             rwr(2, &[rb.sge(8, 8)]),
             rwr(3, &[rb.sge(16, 8)]),
         ])
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(e.posted, 2);
     assert!(matches!(
         e.error,
@@ -358,19 +393,20 @@ fn queue_limits_are_enforced() {
         }
     ));
     // Too many SGEs.
-    let e =
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    let e = unsafe {
         a.qp.post_send(&[wr(
             1,
             SendOp::Send,
             &[buf.sge(0, 1), buf.sge(1, 1), buf.sge(2, 1)],
             SIG,
         )])
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(e.posted, 0);
     assert!(matches!(e.error, ProviderError::InvalidArgument { .. }));
-    let e =
-        b.qp.post_recv(&[rwr(9, &[rb.sge(0, 1), rb.sge(1, 1)])])
-            .unwrap_err();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    let e = unsafe { b.qp.post_recv(&[rwr(9, &[rb.sge(0, 1), rb.sge(1, 1)])]) }.unwrap_err();
     assert!(matches!(
         e.error,
         ProviderError::QueueFull { .. } | ProviderError::InvalidArgument { .. }
@@ -380,7 +416,8 @@ fn queue_limits_are_enforced() {
     let sends: Vec<SendWr> = (0..5)
         .map(|i| wr(i, SendOp::Send, &[buf.sge(0, 4)], SIG))
         .collect();
-    let e = a.qp.post_send(&sends).unwrap_err();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    let e = unsafe { a.qp.post_send(&sends) }.unwrap_err();
     assert_eq!(e.posted, 4);
     assert!(matches!(
         e.error,
@@ -399,23 +436,31 @@ fn ping_pong_between_two_threads() {
     let run = |s: Side, initiator: bool| {
         let sb = s.buf(64, LW);
         let rb = s.buf(64, LW);
-        s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]).unwrap();
+        // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+        unsafe { s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]) }.unwrap();
         let mut wc = [Completion::EMPTY; 16];
         let mut sent = 0;
         for i in 0..N {
             if initiator {
                 sb.write(0, &(i as u64).to_le_bytes());
-                s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
-                    .unwrap();
+                // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+                unsafe {
+                    s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
+                }
+                .unwrap();
             }
             let c = poll_one(&s.rcq);
             assert_eq!(c.status, WcStatus::Success, "iteration {i}");
             assert_eq!(rb.u64_at(0), i as u64);
-            s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]).unwrap();
+            // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+            unsafe { s.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]) }.unwrap();
             if !initiator {
                 sb.write(0, &(i as u64).to_le_bytes());
-                s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
-                    .unwrap();
+                // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+                unsafe {
+                    s.qp.post_send(&[wr(2, SendOp::Send, &[sb.sge(0, 64)], SIG)])
+                }
+                .unwrap();
             }
             let n = s.scq.poll(&mut wc).unwrap();
             assert!(wc[..n].iter().all(|c| c.status == WcStatus::Success));
@@ -463,8 +508,11 @@ fn reset_and_reconnect_after_error() {
     src.fill_pattern(2);
     let dst = b.buf(64, LW);
     // Break both QPs, then start over from RESET.
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
+    }
+    .unwrap();
     a.qp.modify_to_err().unwrap();
     b.qp.modify_to_err().unwrap();
     let _ = poll_one(&a.scq);
@@ -474,9 +522,13 @@ fn reset_and_reconnect_after_error() {
     }
     bring_up(&a.qp, b.qp.endpoint(0).unwrap(), &opts);
     bring_up(&b.qp, a.qp.endpoint(0).unwrap(), &opts);
-    b.qp.post_recv(&[rwr(5, &[dst.sge(0, 64)])]).unwrap();
-    a.qp.post_send(&[wr(2, SendOp::Send, &[src.sge(0, 64)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { b.qp.post_recv(&[rwr(5, &[dst.sge(0, 64)])]) }.unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(2, SendOp::Send, &[src.sge(0, 64)], SIG)])
+    }
+    .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
     assert_eq!(poll_one(&b.rcq).wr_id, 5);

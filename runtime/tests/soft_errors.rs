@@ -28,12 +28,16 @@ fn rnr_waits_then_succeeds_once_a_recv_is_posted() {
     let (a, b) = connect_pair(&ctx, &ctx, &rnr_opts(7, 12));
     let src = a.buf(32, LW);
     src.fill_pattern(4);
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 32)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 32)], SIG)])
+    }
+    .unwrap();
     expect_none(&a.scq, Duration::from_millis(60));
     assert_eq!(a.qp.state(), QpState::Rts);
     let dst = b.buf(32, LW);
-    b.qp.post_recv(&[rwr(9, &[dst.sge(0, 32)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { b.qp.post_recv(&[rwr(9, &[dst.sge(0, 32)])]) }.unwrap();
     let c = poll_one(&a.scq);
     assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
     let r = poll_one(&b.rcq);
@@ -46,10 +50,13 @@ fn rnr_retry_exhausted_fails_and_flushes() {
     let ctx = open_test_context();
     let (a, b) = connect_pair(&ctx, &ctx, &rnr_opts(2, 1));
     let src = a.buf(32, LW);
-    a.qp.post_send(&[
-        wr(1, SendOp::Send, &[src.sge(0, 8)], SIG),
-        wr(2, SendOp::Send, &[src.sge(8, 8)], SendFlags::NONE),
-    ])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[
+            wr(1, SendOp::Send, &[src.sge(0, 8)], SIG),
+            wr(2, SendOp::Send, &[src.sge(8, 8)], SendFlags::NONE),
+        ])
+    }
     .unwrap();
     let c = poll_n(&a.scq, 2);
     assert_eq!(
@@ -79,16 +86,22 @@ fn access_error_case(
     let (a, b) = connect_pair(&ctx, &ctx, &opts);
     let target = b.buf(64, mr_access);
     let rb = b.buf(16, LW);
-    b.qp.post_recv(&[rwr(100, &[rb.sge(0, 8)]), rwr(101, &[rb.sge(8, 8)])])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_recv(&[rwr(100, &[rb.sge(0, 8)]), rwr(101, &[rb.sge(8, 8)])])
+    }
+    .unwrap();
     let local = a.buf(64, LW);
     local.fill_pattern(0x55);
     let sge_len = match op(&target) {
         SendOp::CompareAndSwap { .. } | SendOp::FetchAndAdd { .. } => 8,
         _ => 16,
     };
-    a.qp.post_send(&[wr(1, op(&target), &[local.sge(0, sge_len)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, op(&target), &[local.sge(0, sge_len)], SIG)])
+    }
+    .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!(
         (c.wr_id, c.status, c.byte_len),
@@ -114,8 +127,11 @@ fn access_error_case(
         });
     }
     // Later WRs on the requester are flushed.
-    a.qp.post_send(&[wr(2, SendOp::Send, &[local.sge(0, 4)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(2, SendOp::Send, &[local.sge(0, 4)], SIG)])
+    }
+    .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!(
         (c.wr_id, c.status, c.byte_len),
@@ -191,7 +207,8 @@ fn misaligned_atomic_is_refused_at_post() {
     let (a, b) = pair();
     let t = b.buf(64, AccessFlags::ALL);
     let local = a.buf(16, LW);
-    let e =
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    let e = unsafe {
         a.qp.post_send(&[wr(
             1,
             SendOp::FetchAndAdd {
@@ -202,11 +219,13 @@ fn misaligned_atomic_is_refused_at_post() {
             &[local.sge(0, 8)],
             SIG,
         )])
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(e.posted, 0);
     assert!(matches!(e.error, ProviderError::InvalidArgument { .. }));
     // An atomic needs one 8-byte local SGE.
-    let e =
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    let e = unsafe {
         a.qp.post_send(&[wr(
             2,
             SendOp::CompareAndSwap {
@@ -218,7 +237,8 @@ fn misaligned_atomic_is_refused_at_post() {
             &[local.sge(0, 4)],
             SIG,
         )])
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert!(matches!(e.error, ProviderError::InvalidArgument { .. }));
     expect_none(&a.scq, Duration::from_millis(20));
     assert_eq!(a.qp.state(), QpState::Rts);
@@ -232,20 +252,26 @@ fn deregistered_rkey_fails_at_once() {
     let (addr, rkey) = (t.addr(), t.rkey());
     let local = a.buf(64, LW);
     local.fill_pattern(1);
-    a.qp.post_send(&[wr(1, write_to(&t, 0, rkey), &[local.sge(0, 8)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, write_to(&t, 0, rkey), &[local.sge(0, 8)], SIG)])
+    }
+    .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
     t.write(0, &[0; 8]);
     t.dereg();
-    a.qp.post_send(&[wr(
-        2,
-        SendOp::Write {
-            remote_addr: addr,
-            rkey,
-        },
-        &[local.sge(0, 8)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            2,
+            SendOp::Write {
+                remote_addr: addr,
+                rkey,
+            },
+            &[local.sge(0, 8)],
+            SIG,
+        )])
+    }
     .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::RemAccessErr);
     assert!(t.read().iter().all(|&x| x == 0));
@@ -267,9 +293,11 @@ fn modify_to_err_flushes_outstanding_and_later_wrs() {
             )
         })
         .collect();
-    a.qp.post_send(&sends).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&sends) }.unwrap();
     let rb = a.buf(8, LW);
-    a.qp.post_recv(&[rwr(50, &[rb.sge(0, 8)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_recv(&[rwr(50, &[rb.sge(0, 8)])]) }.unwrap();
     expect_none(&a.scq, Duration::from_millis(20));
     a.qp.modify_to_err().unwrap();
     let c = poll_n(&a.scq, 3);
@@ -282,9 +310,13 @@ fn modify_to_err_flushes_outstanding_and_later_wrs() {
     let r = poll_one(&a.rcq);
     assert_eq!((r.wr_id, r.status), (50, WcStatus::WrFlushErr));
     // Posted after ERR: flushed too.
-    a.qp.post_send(&[wr(9, SendOp::Send, &[src.sge(0, 8)], SIG)])
-        .unwrap();
-    a.qp.post_recv(&[rwr(51, &[rb.sge(0, 8)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(9, SendOp::Send, &[src.sge(0, 8)], SIG)])
+    }
+    .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_recv(&[rwr(51, &[rb.sge(0, 8)])]) }.unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::WrFlushErr);
     assert_eq!(poll_one(&a.rcq).wr_id, 51);
     drop(b);
@@ -294,14 +326,18 @@ fn modify_to_err_flushes_outstanding_and_later_wrs() {
 fn bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     let (a, b) = pair();
     let rb = b.buf(64, LW);
-    b.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { b.qp.post_recv(&[rwr(1, &[rb.sge(0, 64)])]) }.unwrap();
     let src = a.buf(64, LW);
     let mut bad = src.sge(0, 8);
     bad.lkey ^= 0x77;
-    a.qp.post_send(&[
-        wr(1, SendOp::Send, &[bad], SIG),
-        wr(2, SendOp::Send, &[src.sge(0, 8)], SIG),
-    ])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[
+            wr(1, SendOp::Send, &[bad], SIG),
+            wr(2, SendOp::Send, &[src.sge(0, 8)], SIG),
+        ])
+    }
     .unwrap();
     let c = poll_n(&a.scq, 2);
     assert_eq!(
@@ -316,8 +352,11 @@ fn bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     // An SGE outside its MR (1 byte beyond) is a bad local SGE too.
     let (a, _b) = pair();
     let src = a.buf(64, LW);
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(60, 5)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(60, 5)], SIG)])
+    }
+    .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::LocProtErr);
 }
 
@@ -325,12 +364,18 @@ fn bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
 fn send_longer_than_recv_is_rem_op_err_and_loc_len_err() {
     let (a, b) = pair();
     let rb = b.buf(64, LW);
-    b.qp.post_recv(&[rwr(1, &[rb.sge(0, 16)]), rwr(2, &[rb.sge(16, 16)])])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_recv(&[rwr(1, &[rb.sge(0, 16)]), rwr(2, &[rb.sge(16, 16)])])
+    }
+    .unwrap();
     let src = a.buf(64, LW);
     src.fill_pattern(3);
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 17)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 17)], SIG)])
+    }
+    .unwrap();
     let c = poll_one(&a.scq);
     // rxe: REM_OP_ERR (spec/mlx5: REM_INV_REQ_ERR); we follow rxe.
     assert_eq!((c.status, c.byte_len), (WcStatus::RemOpErr, 0));
@@ -352,27 +397,33 @@ fn memory_of_another_pd_is_not_reachable() {
     // Local: an lkey of another PD of the same device.
     let other_pd = ctx.alloc_pd().unwrap();
     let foreign = RegBuf::new(&other_pd, 64, AccessFlags::ALL);
-    a.qp.post_send(&[wr(
-        1,
-        SendOp::Write {
-            remote_addr: 0,
-            rkey: 0,
-        },
-        &[foreign.sge(0, 8)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            1,
+            SendOp::Write {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            &[foreign.sge(0, 8)],
+            SIG,
+        )])
+    }
     .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::LocProtErr);
     // Remote: an rkey of a PD other than the responder QP's.
     let (a, b2) = connect_pair(&ctx, &ctx, &PairOpts::default());
     let target = RegBuf::new(&b.pd, 64, AccessFlags::ALL); // b's PD, not b2's
     let src = a.buf(64, LW);
-    a.qp.post_send(&[wr(
-        2,
-        write_to(&target, 0, target.rkey()),
-        &[src.sge(0, 8)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            2,
+            write_to(&target, 0, target.rkey()),
+            &[src.sge(0, 8)],
+            SIG,
+        )])
+    }
     .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::RemAccessErr);
     assert!(target.read().iter().all(|&x| x == 0));
@@ -407,7 +458,8 @@ fn no_memory_access_after_a_flush_completion() {
             SIG,
         )
     };
-    a.qp.post_send(&[write(1), write(2)]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&[write(1), write(2)]) }.unwrap();
     let deadline = std::time::Instant::now() + WAIT;
     let mut peer = loop {
         match fake.accept() {

@@ -65,30 +65,37 @@ fn channel_signals_once_after_arming_and_never_unarmed() {
         )
     };
     // Unarmed: a completion arrives, the channel stays silent.
-    a.qp.post_send(&[write(1)]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&[write(1)]) }.unwrap();
     assert_eq!(poll_one(&a.scq).wr_id, 1);
     assert!(!readable(ch.fd(), 20));
     assert_eq!(ch.get_event().unwrap(), None);
     // Armed: exactly one event for the next completion(s).
     a.scq.req_notify(false).unwrap();
     assert!(!readable(ch.fd(), 0));
-    a.qp.post_send(&[write(2), write(3)]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&[write(2), write(3)]) }.unwrap();
     assert!(readable(ch.fd(), 5000));
     assert_eq!(ch.get_event().unwrap(), Some(a.scq.handle()));
     a.scq.ack_events(1);
     assert_eq!(ch.get_event().unwrap(), None);
     assert_eq!(poll_n(&a.scq, 2).len(), 2);
     // Disarmed again: no more events.
-    a.qp.post_send(&[write(4)]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&[write(4)]) }.unwrap();
     assert_eq!(poll_one(&a.scq).wr_id, 4);
     assert!(!readable(ch.fd(), 20));
     // Arming the receive CQ: its completion names that CQ.
     a.rcq.req_notify(false).unwrap();
     let rb = a.buf(8, LW);
-    a.qp.post_recv(&[rwr(7, &[rb.sge(0, 8)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_recv(&[rwr(7, &[rb.sge(0, 8)])]) }.unwrap();
     let bsrc = b.buf(8, LW);
-    b.qp.post_send(&[wr(8, SendOp::Send, &[bsrc.sge(0, 8)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_send(&[wr(8, SendOp::Send, &[bsrc.sge(0, 8)], SIG)])
+    }
+    .unwrap();
     assert!(readable(ch.fd(), 5000));
     assert_eq!(ch.get_event().unwrap(), Some(a.rcq.handle()));
     a.rcq.ack_events(1);
@@ -104,20 +111,29 @@ fn solicited_only_ignores_unsolicited_receives() {
     bring_up(&a.qp, b.qp.endpoint(0).unwrap(), &opts);
     bring_up(&b.qp, a.qp.endpoint(0).unwrap(), &opts);
     let rb = a.buf(16, LW);
-    a.qp.post_recv(&[rwr(1, &[rb.sge(0, 8)]), rwr(2, &[rb.sge(8, 8)])])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_recv(&[rwr(1, &[rb.sge(0, 8)]), rwr(2, &[rb.sge(8, 8)])])
+    }
+    .unwrap();
     a.rcq.req_notify(true).unwrap();
     let src = b.buf(8, LW);
-    b.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
+    }
+    .unwrap();
     assert_eq!(poll_one(&a.rcq).wr_id, 1);
     assert!(!readable(ch.fd(), 20));
-    b.qp.post_send(&[wr(
-        2,
-        SendOp::Send,
-        &[src.sge(0, 8)],
-        SIG | SendFlags::SOLICITED,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_send(&[wr(
+            2,
+            SendOp::Send,
+            &[src.sge(0, 8)],
+            SIG | SendFlags::SOLICITED,
+        )])
+    }
     .unwrap();
     assert!(readable(ch.fd(), 5000));
     assert_eq!(ch.get_event().unwrap(), Some(a.rcq.handle()));
@@ -147,7 +163,8 @@ fn cq_overflow_is_reported_on_poll_and_async_fd() {
             )
         })
         .collect();
-    a.qp.post_send(&writes).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&writes) }.unwrap();
     assert!(readable(ctx.async_fd(), 5000), "no async event");
     let ev = ctx.get_async_event().unwrap().unwrap();
     assert_eq!(ev.kind, AsyncEventKind::CqErr);
@@ -194,9 +211,13 @@ fn garbage_on_the_listener_does_not_hurt_other_qps() {
     let src = a.buf(64, LW);
     src.fill_pattern(8);
     let dst = b.buf(64, LW);
-    b.qp.post_recv(&[rwr(1, &[dst.sge(0, 64)])]).unwrap();
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 64)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { b.qp.post_recv(&[rwr(1, &[dst.sge(0, 64)])]) }.unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 64)], SIG)])
+    }
+    .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
     assert_eq!(poll_one(&b.rcq).byte_len, 64);
     assert_eq!(dst.read(), src.read());

@@ -48,7 +48,8 @@ fn run_peer() {
     std::io::stdin().lock().read_line(&mut line).unwrap();
     let remote = parse_ep(line.trim()).unwrap_or_else(|| panic!("bad endpoint line {line:?}"));
     bring_up(&side.qp, remote, &opts);
-    side.qp.post_recv(&[rwr(1, &[buf.sge(0, 64)])]).unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { side.qp.post_recv(&[rwr(1, &[buf.sge(0, 64)])]) }.unwrap();
     println!("READY");
     std::io::stdout().flush().unwrap();
     // Wait to be killed (bounded, in case the parent died).
@@ -109,18 +110,27 @@ fn sigkilled_peer_gives_retry_exc_err() {
     next("READY");
     let src = me.buf(64, LW);
     // One SEND goes through: the peer is really connected.
-    me.qp
-        .post_send(&[wr(1, SendOp::Send, &[src.sge(0, 64)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        me.qp
+            .post_send(&[wr(1, SendOp::Send, &[src.sge(0, 64)], SIG)])
+    }
+    .unwrap();
     let c = poll_one(&me.scq);
     assert_eq!(c.status, WcStatus::Success);
     // The next one waits on RNR (no RECV left), then the peer dies.
-    me.qp
-        .post_send(&[wr(2, SendOp::Send, &[src.sge(0, 8)], SIG)])
-        .unwrap();
-    me.qp
-        .post_send(&[wr(3, SendOp::Send, &[src.sge(0, 8)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        me.qp
+            .post_send(&[wr(2, SendOp::Send, &[src.sge(0, 8)], SIG)])
+    }
+    .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        me.qp
+            .post_send(&[wr(3, SendOp::Send, &[src.sge(0, 8)], SIG)])
+    }
+    .unwrap();
     std::thread::sleep(Duration::from_millis(20));
     child.0.kill().unwrap(); // SIGKILL
     let killed = Instant::now();
@@ -152,8 +162,11 @@ fn silent_peer_times_out_with_retry_exc_err() {
     drop(b);
     let src = a.buf(64, LW);
     let start = Instant::now();
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
+    }
+    .unwrap();
     let c = poll_one(&a.scq);
     let elapsed = start.elapsed();
     assert_eq!(c.status, WcStatus::RetryExcErr);
@@ -180,7 +193,10 @@ fn unreachable_peer_fails_instead_of_hanging() {
     ep.qpn = 0x42;
     bring_up(&a.qp, ep, &opts);
     let src = a.buf(8, LW);
-    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
+    }
+    .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::RetryExcErr);
 }

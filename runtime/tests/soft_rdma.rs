@@ -17,15 +17,18 @@ fn write_and_write_with_imm() {
     let src = a.buf(4096, LW);
     let data = src.fill_pattern(1);
     let dst = b.buf(8192, all());
-    a.qp.post_send(&[wr(
-        1,
-        SendOp::Write {
-            remote_addr: dst.addr() + 100,
-            rkey: dst.rkey(),
-        },
-        &[src.sge(0, 4096)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            1,
+            SendOp::Write {
+                remote_addr: dst.addr() + 100,
+                rkey: dst.rkey(),
+            },
+            &[src.sge(0, 4096)],
+            SIG,
+        )])
+    }
     .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!(
@@ -37,17 +40,21 @@ fn write_and_write_with_imm() {
     assert!(got[..100].iter().all(|&x| x == 0) && got[4196..].iter().all(|&x| x == 0));
     // WRITE_WITH_IMM consumes a RECV (its SGEs are not written).
     let rbuf = b.buf(16, LW);
-    b.qp.post_recv(&[rwr(77, &[rbuf.sge(0, 16)])]).unwrap();
-    a.qp.post_send(&[wr(
-        2,
-        SendOp::WriteWithImm {
-            remote_addr: dst.addr() + 5000,
-            rkey: dst.rkey(),
-            imm: 0x1234_5678,
-        },
-        &[src.sge(0, 1000)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { b.qp.post_recv(&[rwr(77, &[rbuf.sge(0, 16)])]) }.unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            2,
+            SendOp::WriteWithImm {
+                remote_addr: dst.addr() + 5000,
+                rkey: dst.rkey(),
+                imm: 0x1234_5678,
+            },
+            &[src.sge(0, 1000)],
+            SIG,
+        )])
+    }
     .unwrap();
     let r = poll_one(&b.rcq);
     assert_eq!(r.wr_id, 77);
@@ -67,15 +74,18 @@ fn read_scatters_into_local_sges() {
     let remote = b.buf(1000, all());
     let data = remote.fill_pattern(42);
     let local = a.buf(1000, LW);
-    a.qp.post_send(&[wr(
-        5,
-        SendOp::Read {
-            remote_addr: remote.addr() + 10,
-            rkey: remote.rkey(),
-        },
-        &[local.sge(0, 100), local.sge(500, 200)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            5,
+            SendOp::Read {
+                remote_addr: remote.addr() + 10,
+                rkey: remote.rkey(),
+            },
+            &[local.sge(0, 100), local.sge(500, 200)],
+            SIG,
+        )])
+    }
     .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!(
@@ -95,28 +105,34 @@ fn large_write_and_read_across_devices() {
     let src = a.buf(LEN, LW);
     let data = src.fill_pattern(5);
     let dst = b.buf(LEN, all());
-    a.qp.post_send(&[wr(
-        1,
-        SendOp::Write {
-            remote_addr: dst.addr(),
-            rkey: dst.rkey(),
-        },
-        &[src.sge(0, LEN)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            1,
+            SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            &[src.sge(0, LEN)],
+            SIG,
+        )])
+    }
     .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
     assert!(dst.read() == data);
     let back = a.buf(LEN, LW);
-    a.qp.post_send(&[wr(
-        2,
-        SendOp::Read {
-            remote_addr: dst.addr(),
-            rkey: dst.rkey(),
-        },
-        &[back.sge(0, LEN)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            2,
+            SendOp::Read {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            &[back.sge(0, LEN)],
+            SIG,
+        )])
+    }
     .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!((c.status, c.byte_len as usize), (WcStatus::Success, LEN));
@@ -131,15 +147,18 @@ fn compare_and_swap_and_fetch_and_add() {
     let res = a.buf(16, LW);
     let op = |id, op| wr(id, op, &[res.sge(0, 8)], SIG);
     // CAS that matches: 0 -> 7, returns 0.
-    a.qp.post_send(&[op(
-        1,
-        SendOp::CompareAndSwap {
-            remote_addr: target.addr(),
-            rkey: target.rkey(),
-            compare: 0,
-            swap: 7,
-        },
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[op(
+            1,
+            SendOp::CompareAndSwap {
+                remote_addr: target.addr(),
+                rkey: target.rkey(),
+                compare: 0,
+                swap: 7,
+            },
+        )])
+    }
     .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!(
@@ -150,28 +169,34 @@ fn compare_and_swap_and_fetch_and_add() {
     assert_eq!(target.u64_at(0), 7);
     // CAS that does not match: unchanged, returns 7.
     res.write(0, &[0xff; 8]);
-    a.qp.post_send(&[op(
-        2,
-        SendOp::CompareAndSwap {
-            remote_addr: target.addr(),
-            rkey: target.rkey(),
-            compare: 1,
-            swap: 9,
-        },
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[op(
+            2,
+            SendOp::CompareAndSwap {
+                remote_addr: target.addr(),
+                rkey: target.rkey(),
+                compare: 1,
+                swap: 9,
+            },
+        )])
+    }
     .unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
     assert_eq!(res.u64_at(0), 7);
     assert_eq!(target.u64_at(0), 7);
     // FAA returns the old value.
-    a.qp.post_send(&[op(
-        3,
-        SendOp::FetchAndAdd {
-            remote_addr: target.addr() + 8,
-            rkey: target.rkey(),
-            add: 5,
-        },
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[op(
+            3,
+            SendOp::FetchAndAdd {
+                remote_addr: target.addr() + 8,
+                rkey: target.rkey(),
+                add: 5,
+            },
+        )])
+    }
     .unwrap();
     let c = poll_one(&a.scq);
     assert_eq!(
@@ -204,8 +229,9 @@ fn concurrent_fetch_and_add_from_two_qps_sums_exactly() {
         while done < N {
             assert!(std::time::Instant::now() < deadline, "stuck at {done}");
             while posted < N && posted - done < 16 {
-                side.qp
-                    .post_send(&[wr(
+                // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+                unsafe {
+                    side.qp.post_send(&[wr(
                         posted,
                         SendOp::FetchAndAdd {
                             remote_addr: addr,
@@ -215,7 +241,8 @@ fn concurrent_fetch_and_add_from_two_qps_sums_exactly() {
                         &[res.sge(0, 8)],
                         SIG,
                     )])
-                    .unwrap();
+                }
+                .unwrap();
                 posted += 1;
             }
             let n = side.scq.poll(&mut wc).unwrap();
@@ -248,15 +275,21 @@ fn large_send_scatters_across_recv_sges() {
     let src = a.buf(LEN, LW);
     let data = src.fill_pattern(11);
     let dst = b.buf(LEN + 100, LW);
-    b.qp.post_recv(&[rwr(1, &[dst.sge(0, 1000), dst.sge(1000, LEN + 100 - 1000)])])
-        .unwrap();
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        b.qp.post_recv(&[rwr(1, &[dst.sge(0, 1000), dst.sge(1000, LEN + 100 - 1000)])])
+    }
+    .unwrap();
     // Two gather pieces, the first one small (copied), the second big (zero-copy).
-    a.qp.post_send(&[wr(
-        1,
-        SendOp::SendWithImm { imm: 5 },
-        &[src.sge(0, 777), src.sge(777, LEN - 777)],
-        SIG,
-    )])
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe {
+        a.qp.post_send(&[wr(
+            1,
+            SendOp::SendWithImm { imm: 5 },
+            &[src.sge(0, 777), src.sge(777, LEN - 777)],
+            SIG,
+        )])
+    }
     .unwrap();
     let r = poll_one(&b.rcq);
     assert_eq!(
@@ -279,24 +312,28 @@ fn many_qps_share_one_connection() {
         let data = src.fill_pattern(i as u8);
         let dst = b.buf(LEN, all());
         let rb = b.buf(64, LW);
-        b.qp.post_recv(&[rwr(i as u64, &[rb.sge(0, 64)])]).unwrap();
-        a.qp.post_send(&[
-            wr(
-                1,
-                SendOp::Write {
-                    remote_addr: dst.addr(),
-                    rkey: dst.rkey(),
-                },
-                &[src.sge(0, LEN)],
-                SendFlags::NONE,
-            ),
-            wr(
-                2,
-                SendOp::SendWithImm { imm: i as u32 },
-                &[src.sge(0, 64)],
-                SIG,
-            ),
-        ])
+        // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+        unsafe { b.qp.post_recv(&[rwr(i as u64, &[rb.sge(0, 64)])]) }.unwrap();
+        // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+        unsafe {
+            a.qp.post_send(&[
+                wr(
+                    1,
+                    SendOp::Write {
+                        remote_addr: dst.addr(),
+                        rkey: dst.rkey(),
+                    },
+                    &[src.sge(0, LEN)],
+                    SendFlags::NONE,
+                ),
+                wr(
+                    2,
+                    SendOp::SendWithImm { imm: i as u32 },
+                    &[src.sge(0, 64)],
+                    SIG,
+                ),
+            ])
+        }
         .unwrap();
         checks.push((src, data, dst, rb));
     }

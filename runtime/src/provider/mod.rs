@@ -455,11 +455,68 @@ impl Qp {
         dispatch!(QpImp, &self.imp, |q| q.modify_to_reset())
     }
     /// Posts a list of send WRs with one doorbell.
-    pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
-        dispatch!(QpImp, &self.imp, |q| q.post_send(wrs))
+    ///
+    /// On failure, [`PostError::posted`] counts the leading WRs that were
+    /// accepted; the device never touches the memory of the others.
+    ///
+    /// # Safety
+    ///
+    /// Posting lends local memory to the device, which reads it (SEND and
+    /// WRITE payloads) or writes it (READ destinations, atomic results)
+    /// asynchronously, by DMA. For every SGE of every posted WR, the caller
+    /// guarantees that from this call until the device is done with that WR:
+    ///
+    /// - the range `[addr, addr + length)` stays allocated and in place;
+    /// - no Rust reference (`&` or `&mut`) to any byte of it is used, and
+    ///   nothing but the device writes it. Exception: memory the device only
+    ///   reads (the SGEs of SEND and WRITE WRs) may be read through shared
+    ///   references meanwhile.
+    ///
+    /// The device is done with a WR once its completion (success, error or
+    /// `WR_FLUSH_ERR`) has been polled from the send CQ; for an unsignaled WR,
+    /// once the completion of a later WR of this send queue has been polled;
+    /// or once the registration the SGE's `lkey` names has been deregistered
+    /// (every [`Mr`] handle of it dropped), which revokes the device's access.
+    ///
+    /// The obligation covers the SGEs the device may access: those whose
+    /// `lkey` names a live registration that contains the whole range. Any
+    /// other SGE makes the WR fail with an error completion, unaccessed.
+    ///
+    /// An [`INLINE`](SendFlags::INLINE) WR's payload is copied during this
+    /// call: its SGEs need only be readable (allocated, not written by
+    /// anyone) until the call returns; their lkeys are not used.
+    ///
+    /// Remote addresses and rkeys are not part of this contract: the peer's
+    /// responder checks them against its own registrations.
+    pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        // SAFETY: forwarded contract of this function.
+        dispatch!(QpImp, &self.imp, |q| unsafe { q.post_send(wrs) })
     }
+
     /// Posts a list of receive WRs with one doorbell.
-    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
-        dispatch!(QpImp, &self.imp, |q| q.post_recv(wrs))
+    ///
+    /// On failure, [`PostError::posted`] counts the leading WRs that were
+    /// accepted; the device never touches the memory of the others.
+    ///
+    /// # Safety
+    ///
+    /// The device writes an incoming SEND's payload into the SGEs of a
+    /// receive WR asynchronously, by DMA. For every SGE of every posted WR,
+    /// the caller guarantees that from this call until the device is done
+    /// with that WR, the range `[addr, addr + length)` stays allocated and in
+    /// place, and no Rust reference (`&` or `&mut`) to any byte of it is used
+    /// and nothing but the device writes it.
+    ///
+    /// The device is done with a receive WR once its completion (success,
+    /// error or `WR_FLUSH_ERR`) has been polled from the receive CQ, or once
+    /// the registration the SGE's `lkey` names has been deregistered (every
+    /// [`Mr`] handle of it dropped), which revokes the device's access.
+    ///
+    /// As for [`post_send`](Self::post_send), the obligation covers the SGEs
+    /// whose `lkey` names a live registration containing the whole range;
+    /// any other SGE makes a message landing in that WR fail, unaccessed.
+    pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        // SAFETY: forwarded contract of this function.
+        dispatch!(QpImp, &self.imp, |q| unsafe { q.post_recv(wrs) })
     }
 }

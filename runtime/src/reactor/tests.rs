@@ -85,39 +85,54 @@ fn buffer() -> Rc<Vec<u8>> {
 }
 
 /// Submits a chain of `n` RDMA WRITEs of `buf`.
+///
+/// Only for fake QPs (every QP in these tests): the fake never touches SGE
+/// memory, so the shared `Rc` buffer the test may still read is never lent
+/// to a device.
 fn write_chain(qp: &QueuePair, buf: &Rc<Vec<u8>>, n: usize) -> Submit<TestOp> {
-    qp.submit_send(TestOp { buf: buf.clone() }, |op, chain| {
-        for i in 0..n {
-            let mut wr = SendWr {
-                wr_id: 0,
-                sg_list: Default::default(),
-                op: SendOp::Write {
-                    remote_addr: 0x1000 + i as u64 * 64,
-                    rkey: 42,
-                },
-                // The runtime must clear this on all but the last WR.
-                flags: SendFlags::SIGNALED,
-            };
-            wr.sg_list.push(Sge {
+    assert!(qp.provider().is_none(), "write_chain is for fake QPs only");
+    // SAFETY: `qp` is a FakeQp (asserted above), which records wr_ids and
+    // flags and never reads or writes the memory the SGEs name.
+    unsafe {
+        qp.submit_send(TestOp { buf: buf.clone() }, |op, chain| {
+            for i in 0..n {
+                let mut wr = SendWr {
+                    wr_id: 0,
+                    sg_list: Default::default(),
+                    op: SendOp::Write {
+                        remote_addr: 0x1000 + i as u64 * 64,
+                        rkey: 42,
+                    },
+                    // The runtime must clear this on all but the last WR.
+                    flags: SendFlags::SIGNALED,
+                };
+                wr.sg_list.push(Sge {
+                    addr: op.buf.as_ptr() as u64,
+                    length: op.buf.len() as u32,
+                    lkey: 1,
+                });
+                chain.push(wr);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Submits a RECV into `buf`; like [`write_chain`], for fake QPs only.
+fn recv(qp: &QueuePair, buf: &Rc<Vec<u8>>) -> Submit<TestOp> {
+    assert!(qp.provider().is_none(), "recv is for fake QPs only");
+    // SAFETY: `qp` is a FakeQp (asserted above), which never reads or writes
+    // the memory the SGE names.
+    unsafe {
+        qp.submit_recv(TestOp { buf: buf.clone() }, |op, sgl| {
+            sgl.push(Sge {
                 addr: op.buf.as_ptr() as u64,
                 length: op.buf.len() as u32,
                 lkey: 1,
             });
-            chain.push(wr);
-        }
-        Ok(())
-    })
-}
-
-fn recv(qp: &QueuePair, buf: &Rc<Vec<u8>>) -> Submit<TestOp> {
-    qp.submit_recv(TestOp { buf: buf.clone() }, |op, sgl| {
-        sgl.push(Sge {
-            addr: op.buf.as_ptr() as u64,
-            length: op.buf.len() as u32,
-            lkey: 1,
-        });
-        Ok(())
-    })
+            Ok(())
+        })
+    }
 }
 
 fn is_pending<F: Future + Unpin>(f: &mut F) -> bool {
@@ -361,11 +376,15 @@ fn drop_before_post_frees_immediately() {
     );
     assert_eq!(fake.outstanding_sends(), 1);
     // A request the verb itself rejects frees its data too.
-    let bad = qp.submit_send(TestOp { buf: buf.clone() }, |_, _| {
-        Err(SubmitError::Invalid {
-            what: "test".into(),
+    // SAFETY: `build` pushes no WR (it fails), so nothing is posted; and `qp`
+    // is a FakeQp, which never touches SGE memory anyway.
+    let bad = unsafe {
+        qp.submit_send(TestOp { buf: buf.clone() }, |_, _| {
+            Err(SubmitError::Invalid {
+                what: "test".into(),
+            })
         })
-    });
+    };
     let (r, _) = bad.now_or_never().unwrap();
     assert!(r.unwrap_err().contains("test"));
     assert_eq!(Rc::strong_count(&buf), 1);

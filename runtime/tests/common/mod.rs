@@ -17,6 +17,20 @@ pub fn open_test_context() -> Context {
 
 /// A zeroed, 8-byte aligned, registered buffer. The device may write it at
 /// any time, so it is only read and written through copies.
+///
+/// Why posting WRs over RegBufs upholds the `unsafe` contract of
+/// `Qp::post_send`/`post_recv` (the `// SAFETY:` comments at the posts in
+/// these tests refer here):
+/// - no Rust reference to its memory ever exists: [`RegBuf::read`] and
+///   [`RegBuf::write`] copy through raw pointers;
+/// - the tests copy data in before posting the WRs that use it, and copy out
+///   only after polling the completions that end the device's access;
+/// - its memory stays allocated until `Drop`, which deregisters it first, so
+///   a WR still outstanding when a test ends (or fails) loses its access
+///   before the memory is freed;
+/// - an SGE whose range exceeds the buffer, or whose lkey is stale or
+///   foreign (the error tests), names no registration containing it: the
+///   device fails the WR without touching memory.
 pub struct RegBuf {
     mr: Option<Mr>,
     ptr: *mut u8,

@@ -48,6 +48,16 @@ pub fn gid_index(ctx: &Context) -> u8 {
 }
 
 /// A registered, 8-byte aligned buffer.
+///
+/// Why posting WRs over Bufs upholds the `unsafe` contract of
+/// `Qp::post_send`/`post_recv` (the `// SAFETY:` comments at the posts in
+/// these tests refer here): the tests write a Buf (`fill`, `set_word`) only
+/// while no WR uses it, and read it (`bytes`, `word`) only after polling the
+/// completions that end the device's access (or, for memory the device only
+/// reads, with shared reads meanwhile). Its memory is heap memory that does
+/// not move and outlives the registration (`mr` is dropped first), so a WR
+/// still outstanding when a test fails loses its access before the memory is
+/// freed; SGEs with bad lkeys or ranges (error tests) are never accessed.
 pub struct Buf {
     // Declared first: deregistered before `mem` is freed.
     pub mr: Mr,

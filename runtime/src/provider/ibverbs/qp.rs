@@ -411,7 +411,16 @@ impl Qp {
 
     /// Posts send WRs (`ibv_post_send`), in chunks of up to 16 WRs / 64 SGEs
     /// built on the stack. On failure `posted` counts the WRs accepted.
-    pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`crate::provider::Qp::post_send`]: every SGE the device may
+    /// access (its lkey names a live registration containing it) stays
+    /// allocated and free of Rust references (shared reads allowed for
+    /// SEND/WRITE payloads) until the WR's completion has been polled or its
+    /// registration is gone; INLINE payloads need only be readable during
+    /// the call.
+    pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         let mut base = 0;
         while base < wrs.len() {
             let mut raw: [MaybeUninit<sys::ibv_send_wr>; WR_CHUNK] =
@@ -456,9 +465,10 @@ impl Qp {
                 // SAFETY: entries 0..n are written; terminate the list.
                 unsafe { (*raw_p.add(n - 1)).next = ptr::null_mut() };
                 let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-                // SAFETY: valid QP; a well-formed list of n WRs whose SGEs live
-                // until the call returns (the provider copies them; inline data
-                // is copied too).
+                // SAFETY: valid QP; a well-formed list of n WRs whose SGE
+                // descriptors live until the call returns (the provider copies
+                // them; inline data is copied too). The memory they name is
+                // lent to the device under this function's contract.
                 let ret = unsafe { sys::ibv_post_send(self.inner.qp, raw_p, &mut bad) };
                 if ret != 0 {
                     let idx = bad_index(
@@ -485,7 +495,14 @@ impl Qp {
     }
 
     /// Posts receive WRs (`ibv_post_recv`), chunked like [`Qp::post_send`].
-    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`crate::provider::Qp::post_recv`]: every SGE the device may
+    /// access (its lkey names a live registration containing it) stays
+    /// allocated and free of Rust references until the WR's completion has
+    /// been polled or its registration is gone.
+    pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         let mut base = 0;
         while base < wrs.len() {
             let mut raw = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); WR_CHUNK];
@@ -525,7 +542,9 @@ impl Qp {
                 // SAFETY: entries 0..n are written; terminate the list.
                 unsafe { (*raw_p.add(n - 1)).next = ptr::null_mut() };
                 let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-                // SAFETY: valid QP; a well-formed list of n WRs.
+                // SAFETY: valid QP; a well-formed list of n WRs. The memory
+                // their SGEs name is lent to the device under this function's
+                // contract.
                 let ret = unsafe { sys::ibv_post_recv(self.inner.qp, raw_p, &mut bad) };
                 if ret != 0 {
                     let idx = bad_index(

@@ -295,7 +295,12 @@ impl Qp {
         )
     }
 
-    fn check_send(&self, wr: &SendWr) -> Result<SendWqe> {
+    /// Validates `wr` and copies an INLINE payload.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_send`] holds for `wr`.
+    unsafe fn check_send(&self, wr: &SendWr) -> Result<SendWqe> {
         let caps = self.sh().caps;
         if wr.sg_list.len() > caps.max_send_sge as usize {
             return Err(invalid(
@@ -353,9 +358,10 @@ impl Qp {
                 if s.length == 0 {
                     continue;
                 }
-                // SAFETY: verbs INLINE contract: the caller guarantees the SGE
-                // memory is readable for `length` bytes during post_send; it
-                // is copied here and never touched again.
+                // SAFETY: INLINE part of the `post_send` contract (forwarded
+                // by this function's): the SGE memory is readable for
+                // `length` bytes during the call; it is copied here and never
+                // touched again.
                 let src = unsafe {
                     std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
                 };
@@ -376,7 +382,16 @@ impl Qp {
     }
 
     /// Queues send WRs and rings the engine's doorbell once.
-    pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`crate::provider::Qp::post_send`]: every SGE the engine may
+    /// access (its lkey names a live registration containing it) stays
+    /// allocated and free of Rust references (shared reads allowed for
+    /// SEND/WRITE payloads) until the WR's completion has been polled or its
+    /// registration is gone; INLINE payloads need only be readable during
+    /// the call.
+    pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         let sh = self.sh();
         let mut inner = lock(&sh.inner);
         match inner.state {
@@ -405,7 +420,8 @@ impl Qp {
                 ));
                 break;
             }
-            match self.check_send(wr) {
+            // SAFETY: forwarded contract of this function.
+            match unsafe { self.check_send(wr) } {
                 Ok(wqe) => {
                     inner.sq.push_back(wqe);
                     inner.sq_outstanding += 1;
@@ -425,7 +441,14 @@ impl Qp {
     }
 
     /// Queues receive WRs (allowed from INIT on).
-    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`crate::provider::Qp::post_recv`]: every SGE the engine may
+    /// access (its lkey names a live registration containing it) stays
+    /// allocated and free of Rust references until the WR's completion has
+    /// been polled or its registration is gone.
+    pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         let sh = self.sh();
         let mut inner = lock(&sh.inner);
         if inner.state == QpState::Reset {
