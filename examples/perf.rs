@@ -1,0 +1,466 @@
+//! perf: perftest-style benchmarks of verbio's verbs through the runtime
+//! (owned-buffer `Op` futures driven by the reactor, never raw post/poll),
+//! to put next to perftest's `ib_write_bw` and `ib_send_lat` on one device.
+//!
+//! - `write_bw`: the client keeps `--depth` RDMA WRITEs of `--size` bytes in
+//!   flight to one remote buffer, `--iters` in all, and reports the average
+//!   bandwidth from the first post to the last completion (MB = 2^20 bytes,
+//!   as perftest). The server grants the buffer and waits.
+//! - `send_lat`: SEND ping-pong of `--size` bytes, `--iters` round trips; the
+//!   latency of one iteration is half its round trip (as perftest), reported
+//!   as min / max / typical (median) / average / stdev / 99% / 99.9%.
+//!
+//! Both run on whatever `open_device(None)` picks: `VERBIO_DEVICE` if set
+//! (e.g. `rxe0`, built with `--features ibverbs`), else the first active
+//! ibverbs device, else the software device `soft0`. Like perftest, the
+//! reactor busy-polls the CQ (`--busy-poll MICROS`, default 1 s of spinning
+//! before each sleep); `--events` sleeps on the completion channel instead
+//! (perftest `-e`). The `write_bw` server never spins (perftest's waits in a
+//! socket read).
+//!
+//! Both sides in one process (two threads, loopback):
+//!
+//! ```text
+//! cargo run --release --example perf -- write_bw [--size 65536] [--iters 2000] [--depth 128]
+//! cargo run --release --example perf -- send_lat [--size 64] [--iters 1000]
+//! ```
+//!
+//! or as two processes (the client retries connecting for 10 s):
+//!
+//! ```text
+//! cargo run --release --example perf -- write_bw --server 0.0.0.0:18516
+//! cargo run --release --example perf -- write_bw --client 127.0.0.1:18516
+//! ```
+//!
+//! On soft-RoCE in the rxe VM, side by side with perftest:
+//! `scripts/rxe-test.sh --perftest` (builds this with `--features ibverbs`,
+//! runs both with `VERBIO_DEVICE=rxe0` and prints the ratios).
+
+use std::error::Error;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfig};
+use verbio::ops::verbs::{RemoteBuf, Verbs};
+use verbio::provider::{open_device, AccessFlags, QpCaps};
+use verbio::runtime::buf::{MrPool, RemoteAccessRegion};
+use verbio::runtime::{sleep, timeout, Device, QueuePair, Runtime};
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+/// Bound of a whole run (the rxe VM is emulated and slow).
+const LIMIT: Duration = Duration::from_secs(300);
+/// Bound of one connect + handshake.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+/// How long a client retries connecting to a server that is not up yet.
+const CONNECT_RETRY: Duration = Duration::from_secs(10);
+/// Size of the region descriptor (addr, len, rkey).
+const DESCRIPTOR: usize = 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Test {
+    WriteBw,
+    SendLat,
+}
+
+impl Test {
+    fn title(self) -> &'static str {
+        match self {
+            Test::WriteBw => "RDMA_Write BW Test (verbio)",
+            Test::SendLat => "Send Latency Test (verbio)",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Args {
+    test: Test,
+    server: Option<SocketAddr>,
+    client: Option<SocketAddr>,
+    size: usize,
+    iters: usize,
+    depth: u32,
+    busy_poll: Duration,
+}
+
+const USAGE: &str = "usage: perf write_bw|send_lat [--server ADDR | --client ADDR] \
+[--size BYTES] [--iters N] [--depth N] [--busy-poll MICROS | --events]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let test = match it.next().as_deref() {
+        Some("write_bw") => Test::WriteBw,
+        Some("send_lat") => Test::SendLat,
+        Some("-h" | "--help") | None => return Err(USAGE.into()),
+        Some(other) => return Err(format!("unknown test {other:?}\n{USAGE}")),
+    };
+    let (size, iters) = match test {
+        Test::WriteBw => (65536, 2000),
+        Test::SendLat => (64, 1000),
+    };
+    let mut args = Args {
+        test,
+        server: None,
+        client: None,
+        size,
+        iters,
+        depth: 128,
+        busy_poll: Duration::from_secs(1),
+    };
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let bad = |e: &dyn std::fmt::Display| format!("{flag}: {e}");
+        match flag.as_str() {
+            "--server" => args.server = Some(value()?.parse().map_err(|e| bad(&e))?),
+            "--client" => args.client = Some(value()?.parse().map_err(|e| bad(&e))?),
+            "--size" | "-s" => args.size = value()?.parse().map_err(|e| bad(&e))?,
+            "--iters" | "-n" => args.iters = value()?.parse().map_err(|e| bad(&e))?,
+            "--depth" | "-t" => args.depth = value()?.parse().map_err(|e| bad(&e))?,
+            "--busy-poll" => {
+                args.busy_poll = Duration::from_micros(value()?.parse().map_err(|e| bad(&e))?)
+            }
+            "--events" | "-e" => args.busy_poll = Duration::ZERO,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    if args.size == 0 || args.iters == 0 || args.depth == 0 {
+        return Err("--size, --iters and --depth must be at least 1".into());
+    }
+    if args.server.is_some() && args.client.is_some() {
+        return Err("choose --server or --client, not both".into());
+    }
+    Ok(args)
+}
+
+/// A runtime for one side: spinning before each sleep if `busy_poll` > 0.
+fn runtime(busy_poll: Duration) -> Res<Runtime> {
+    Ok(Runtime::builder().busy_poll(busy_poll).build()?)
+}
+
+/// The device `open_device(None)` picks, bound to the current runtime.
+fn device() -> Res<Device> {
+    Ok(Device::open(open_device(None)?)?)
+}
+
+fn qp_config(args: &Args) -> QpConfig {
+    QpConfig {
+        caps: QpCaps {
+            max_send_wr: args.depth.max(16),
+            max_recv_wr: 16,
+            ..QpCaps::default()
+        },
+        ..QpConfig::default()
+    }
+}
+
+fn banner(args: &Args, dev: &Device, conn_mtu: impl std::fmt::Debug) {
+    let line = "-".repeat(87);
+    println!("{line}");
+    println!("                    {}", args.test.title());
+    println!(
+        " Device         : {} ({})",
+        dev.context().name(),
+        dev.context().kind()
+    );
+    println!(" Number of qps  : 1\t\tConnection type : RC");
+    if args.test == Test::WriteBw {
+        println!(" TX depth       : {}", args.depth);
+    }
+    println!(" Mtu            : {conn_mtu:?}");
+    if args.busy_poll.is_zero() {
+        println!(" Completions    : events (sleeps on the completion channel)");
+    } else {
+        println!(
+            " Completions    : busy poll ({:?} before sleeping)",
+            args.busy_poll
+        );
+    }
+    println!("{line}");
+}
+
+// ------------------------------------------------------------------ server
+
+fn server(
+    args: &Args,
+    addr: SocketAddr,
+    ready: Option<std::sync::mpsc::Sender<SocketAddr>>,
+) -> Res<()> {
+    // write_bw's server only waits: it must not take a CPU from the client.
+    let spin = match args.test {
+        Test::WriteBw => Duration::ZERO,
+        Test::SendLat => args.busy_poll,
+    };
+    let rt = runtime(spin)?;
+    let dev = device()?;
+    let listener = Listener::bind(
+        addr,
+        DeviceQps::new(dev.clone(), qp_config(args)),
+        HANDSHAKE,
+    )?;
+    let local = listener.local_addr()?;
+    match ready {
+        Some(tx) => tx.send(local)?,
+        None => println!("perf {:?} server listening on {local}", args.test),
+    }
+    let pool = MrPool::new(dev.pd());
+    rt.block_on(async {
+        let conn = timeout(LIMIT, listener.accept())
+            .await
+            .map_err(|_| "no client came")??;
+        let qp = conn.qp;
+        let res = timeout(LIMIT, async {
+            match args.test {
+                Test::WriteBw => write_bw_server(args, &dev, &qp, &pool).await,
+                Test::SendLat => send_lat_server(args, &qp, &pool).await,
+            }
+        })
+        .await
+        .map_err(|_| "server timed out")?;
+        let _ = timeout(Duration::from_secs(5), qp.close()).await;
+        res
+    })
+}
+
+/// Grants one buffer of `size` bytes for the client's WRITEs, sends its
+/// descriptor and waits for the client's "done".
+async fn write_bw_server(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let region =
+        RemoteAccessRegion::grant(dev.pd(), vec![0u8; args.size], AccessFlags::REMOTE_WRITE)
+            .map_err(|r| r.error)?;
+    let done = qp.recv(pool.alloc(64)?);
+    let r = RemoteBuf::from(&region);
+    let mut msg = Vec::with_capacity(DESCRIPTOR);
+    msg.extend_from_slice(&r.addr().to_le_bytes());
+    msg.extend_from_slice(&r.len().to_le_bytes());
+    msg.extend_from_slice(&r.rkey().to_le_bytes());
+    qp.send(pool.alloc_from(&msg)?).await.0?;
+    let (res, b) = done.await;
+    res?;
+    if &b[..] != b"done" {
+        return Err(format!("expected \"done\", got {:?}", &b[..]).into());
+    }
+    Ok(())
+}
+
+/// Echoes `iters` messages: each RECV is re-posted before the reply goes out.
+async fn send_lat_server(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let mut spare = pool.alloc(args.size)?;
+    let mut next = qp.recv(pool.alloc(args.size)?);
+    for i in 0..args.iters {
+        let (res, got) = next.await;
+        let n = res?.len;
+        if n != args.size {
+            return Err(format!("message {i}: {n} bytes, expected {}", args.size).into());
+        }
+        next = qp.recv(spare);
+        let (res, sent) = qp.send(got).await;
+        res?;
+        spare = sent;
+    }
+    drop(next);
+    Ok(())
+}
+
+// ------------------------------------------------------------------ client
+
+/// Connects, retrying while nobody listens yet (two-process runs).
+async fn dial(args: &Args, dev: &Device, addr: SocketAddr) -> Res<QueuePair> {
+    let qps = DeviceQps::new(dev.clone(), qp_config(args));
+    let deadline = Instant::now() + CONNECT_RETRY;
+    loop {
+        match connect(addr, &qps, HANDSHAKE).await {
+            Ok(c) => {
+                banner(args, dev, c.local.mtu.min(c.remote.mtu));
+                return Ok(c.qp);
+            }
+            Err(HandshakeError::Io { .. }) if Instant::now() < deadline => {
+                sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn client(args: &Args, addr: SocketAddr) -> Res<()> {
+    let rt = runtime(args.busy_poll)?;
+    let dev = device()?;
+    let pool = MrPool::new(dev.pd());
+    rt.block_on(async {
+        let qp = timeout(LIMIT, dial(args, &dev, addr))
+            .await
+            .map_err(|_| "connect timed out")??;
+        let res = timeout(LIMIT, async {
+            match args.test {
+                Test::WriteBw => write_bw_client(args, &qp, &pool).await,
+                Test::SendLat => send_lat_client(args, &qp, &pool).await,
+            }
+        })
+        .await
+        .map_err(|_| "client timed out")?;
+        let _ = timeout(Duration::from_secs(5), qp.close()).await;
+        res
+    })
+}
+
+async fn write_bw_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let (res, b) = qp.recv(pool.alloc(64)?).await;
+    if res?.len != DESCRIPTOR {
+        return Err("bad region descriptor".into());
+    }
+    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+    let rkey = u32::from_le_bytes(b[16..20].try_into().unwrap_or_default());
+    let remote = RemoteBuf::new(u(0), u(8), rkey).at(0, args.size as u64)?;
+
+    // `depth` buffers, registered before the clock starts, each reused by the
+    // next WRITE as soon as its previous one completed.
+    let payload: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
+    let slots = (args.depth as usize).min(args.iters);
+    let mut bufs = Vec::with_capacity(slots);
+    for _ in 0..slots {
+        bufs.push(pool.alloc_from(&payload)?);
+    }
+    let mut in_flight = FuturesUnordered::new();
+    let start = Instant::now();
+    let mut posted = 0;
+    for b in bufs {
+        in_flight.push(qp.write(b, remote));
+        posted += 1;
+    }
+    let mut done = 0;
+    while let Some((res, b)) = in_flight.next().await {
+        res.map_err(|e| format!("write {done}: {e}"))?;
+        done += 1;
+        if posted < args.iters {
+            in_flight.push(qp.write(b, remote));
+            posted += 1;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let (res, _) = qp.send(pool.alloc_from(b"done")?).await;
+    res?;
+    let bytes = args.size as f64 * args.iters as f64;
+    println!(" #bytes     #iterations    BW average[MB/sec]   MsgRate[Mpps]");
+    println!(
+        " {:<10} {:<14} {:<20.2} {:.6}",
+        args.size,
+        args.iters,
+        bytes / secs / (1u64 << 20) as f64,
+        args.iters as f64 / secs / 1e6
+    );
+    println!("{}", "-".repeat(87));
+    Ok(())
+}
+
+async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let payload: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
+    let mut msg = pool.alloc_from(&payload)?;
+    let mut reply = pool.alloc(args.size)?;
+    let mut half_rtts = Vec::with_capacity(args.iters);
+    for i in 0..args.iters {
+        let t = Instant::now();
+        // The RECV for the echo goes first, so it never finds the queue empty.
+        let r = qp.recv(reply);
+        let s = qp.send(msg);
+        let ((sres, m), (rres, back)) = futures::join!(s, r);
+        let elapsed = t.elapsed();
+        sres.map_err(|e| format!("send {i}: {e}"))?;
+        let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
+        if n != args.size {
+            return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
+        }
+        half_rtts.push(elapsed.as_secs_f64() * 1e6 / 2.0);
+        msg = m;
+        reply = back;
+    }
+    let s = LatStats::of(&mut half_rtts);
+    println!(
+        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
+         t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+    );
+    println!(
+        " {:<7} {:<10} {:>10.2} {:>14.2} {:>14.2} {:>16.2} {:>14.2} {:>16.2} {:>22.2}",
+        args.size, args.iters, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
+    );
+    println!("{}", "-".repeat(87));
+    Ok(())
+}
+
+/// perftest's latency figures, in microseconds.
+struct LatStats {
+    min: f64,
+    max: f64,
+    typical: f64,
+    avg: f64,
+    stdev: f64,
+    p99: f64,
+    p999: f64,
+}
+
+impl LatStats {
+    fn of(v: &mut [f64]) -> LatStats {
+        v.sort_by(f64::total_cmp);
+        let n = v.len().max(1) as f64;
+        let avg = v.iter().sum::<f64>() / n;
+        let var = v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n;
+        let at = |p: f64| {
+            let i = ((v.len() as f64 * p).ceil() as usize).saturating_sub(1);
+            v.get(i.min(v.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        LatStats {
+            min: v.first().copied().unwrap_or(0.0),
+            max: v.last().copied().unwrap_or(0.0),
+            typical: at(0.5),
+            avg,
+            stdev: var.sqrt(),
+            p99: at(0.99),
+            p999: at(0.999),
+        }
+    }
+}
+
+// -------------------------------------------------------------------- main
+
+fn both(args: &Args) -> Res<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let srv_args = args.clone();
+    let srv = std::thread::spawn(move || {
+        server(&srv_args, "127.0.0.1:0".parse().expect("valid"), Some(tx))
+            .map_err(|e| e.to_string())
+    });
+    let res = match rx.recv_timeout(HANDSHAKE) {
+        Ok(addr) => client(args, addr),
+        Err(_) => Err("server did not start".into()),
+    };
+    match srv.join() {
+        Ok(Ok(())) => res,
+        Ok(Err(e)) => Err(format!("server: {e}").into()),
+        Err(_) => Err("server thread panicked".into()),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let res = match (args.server, args.client) {
+        (Some(addr), _) => server(&args, addr, None),
+        (None, Some(addr)) => client(&args, addr),
+        (None, None) => both(&args),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
