@@ -233,10 +233,15 @@ fn raw_loop(
     };
     wr.sg_list.push(buf.sge_init().expect("sge"));
     let wrs = std::slice::from_ref(&wr);
+    // SAFETY: every WR is a WRITE whose only SGE is `buf`'s initialized bytes:
+    // the device only reads them, `buf` stays borrowed (shared, unmodified)
+    // for this whole function, and the function returns only after every
+    // posted WR's completion was polled.
+    let post = || unsafe { qp.post_send(wrs) }.expect("post");
     let mut wc = [Completion::EMPTY; 32];
     let (mut posted, mut done, mut unacked) = (0, 0, 0);
     while posted < depth.min(ops) {
-        qp.post_send(wrs).expect("post");
+        post();
         posted += 1;
     }
     while done < ops {
@@ -247,7 +252,7 @@ fn raw_loop(
         done += n;
         for _ in 0..n {
             if posted < ops {
-                qp.post_send(wrs).expect("post");
+                post();
                 posted += 1;
             }
         }
@@ -264,7 +269,7 @@ fn raw_loop(
                         done += n;
                         for _ in 0..n {
                             if posted < ops {
-                                qp.post_send(wrs).expect("post");
+                                post();
                                 posted += 1;
                             }
                         }

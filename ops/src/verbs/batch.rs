@@ -129,10 +129,15 @@ impl<B: RegisteredBuf> Batch<B> {
         if let Some(e) = error {
             return Submit::ready((Err(e), bufs));
         }
-        qp.submit_send(BatchVerb { bufs, kinds }, move |_, chain| {
-            *chain = wrs;
-            Ok(())
-        })
+        // SAFETY: every WR's SGE was taken from one of `bufs` when it was pushed
+        // (`Batch::push`), and `bufs` moves into the op's data: the runtime keeps
+        // those buffers (heap memory at stable addresses) until the completion.
+        unsafe {
+            qp.submit_send(BatchVerb { bufs, kinds }, move |_, chain| {
+                *chain = wrs;
+                Ok(())
+            })
+        }
     }
 }
 

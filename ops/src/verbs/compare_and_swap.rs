@@ -46,5 +46,8 @@ pub fn compare_and_swap<B: RegisteredBuf + IoBufMut>(
         compare,
         swap,
     };
-    submit_one(qp, CompareAndSwapVerb { buf }, op, Some(sge))
+    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
+    // runtime keeps it (heap memory at a stable address, never lent out) until
+    // the completion or flush, so only the device touches it meanwhile.
+    unsafe { submit_one(qp, CompareAndSwapVerb { buf }, op, Some(sge)) }
 }

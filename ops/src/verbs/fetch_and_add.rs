@@ -44,5 +44,8 @@ pub fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
         rkey: remote.rkey(),
         add,
     };
-    submit_one(qp, FetchAndAddVerb { buf }, op, Some(sge))
+    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
+    // runtime keeps it (heap memory at a stable address, never lent out) until
+    // the completion or flush, so only the device touches it meanwhile.
+    unsafe { submit_one(qp, FetchAndAddVerb { buf }, op, Some(sge)) }
 }

@@ -179,16 +179,24 @@ pub(crate) fn one_wr(op: SendOp, sge: Option<Sge>) -> SendWr {
 
 /// Submits a single-WR send-queue op. The WR is built inside the runtime's
 /// chain (only the opcode and the SGE are captured), to keep copies small.
-pub(crate) fn submit_one<T: Completable>(
+///
+/// # Safety
+///
+/// `sge` must lie in memory owned by `data` at a stable address (the
+/// contract of [`QueuePair::submit_send`]).
+pub(crate) unsafe fn submit_one<T: Completable>(
     qp: &QueuePair,
     data: T,
     op: SendOp,
     sge: Option<Sge>,
 ) -> Submit<T> {
-    qp.submit_send(data, move |_, chain| {
-        chain.push(one_wr(op, sge));
-        Ok(())
-    })
+    // SAFETY: forwarded to our caller: `sge` lies in memory owned by `data`.
+    unsafe {
+        qp.submit_send(data, move |_, chain| {
+            chain.push(one_wr(op, sge));
+            Ok(())
+        })
+    }
 }
 
 /// A submission that failed validation: the buffer comes back at once.

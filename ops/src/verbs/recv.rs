@@ -58,12 +58,17 @@ pub fn recv<B: RegisteredBuf + IoBufMut>(qp: &QueuePair, buf: B) -> Submit<RecvV
         Ok(s) => s,
         Err(source) => return refuse(Error::Buf { op: OP, source }, buf),
     };
-    qp.submit_recv(RecvVerb { buf }, move |_, sg_list| {
-        if sge.length > 0 {
-            sg_list.push(sge);
-        }
-        Ok(())
-    })
+    // SAFETY: the SGE covers `buf`, which moves into the op's data: the runtime
+    // keeps it (heap memory at a stable address, never lent out) until the
+    // completion or flush, so only the device writes it meanwhile.
+    unsafe {
+        qp.submit_recv(RecvVerb { buf }, move |_, sg_list| {
+            if sge.length > 0 {
+                sg_list.push(sge);
+            }
+            Ok(())
+        })
+    }
 }
 
 /// The in-flight buffer-less RECV; resolves to [`Received`].
@@ -85,5 +90,6 @@ impl Completable for RecvEmptyVerb {
 
 /// Posts a RECV with no scatter list (see [`Verbs::recv_empty`](super::Verbs::recv_empty)).
 pub fn recv_empty(qp: &QueuePair) -> Submit<RecvEmptyVerb> {
-    qp.submit_recv(RecvEmptyVerb, |_, _| Ok(()))
+    // SAFETY: the RECV has no scatter list: the device touches no local memory.
+    unsafe { qp.submit_recv(RecvEmptyVerb, |_, _| Ok(())) }
 }

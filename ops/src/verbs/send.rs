@@ -33,5 +33,8 @@ pub fn send<B: RegisteredBuf>(qp: &QueuePair, buf: B) -> Submit<SendVerb<B>> {
         Err(e) => return refuse(e, buf),
     };
     let len = sge.length as usize;
-    submit_one(qp, SendVerb { buf, len }, SendOp::Send, Some(sge))
+    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
+    // runtime keeps it (heap memory at a stable address, never lent out) until
+    // the completion or flush, so only the device touches it meanwhile.
+    unsafe { submit_one(qp, SendVerb { buf, len }, SendOp::Send, Some(sge)) }
 }

@@ -37,10 +37,15 @@ pub fn send_with_imm<B: RegisteredBuf>(
         Err(e) => return refuse(e, buf),
     };
     let len = sge.length as usize;
-    submit_one(
-        qp,
-        SendWithImmVerb { buf, len },
-        SendOp::SendWithImm { imm },
-        Some(sge),
-    )
+    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
+    // runtime keeps it (heap memory at a stable address, never lent out) until
+    // the completion or flush, so only the device touches it meanwhile.
+    unsafe {
+        submit_one(
+            qp,
+            SendWithImmVerb { buf, len },
+            SendOp::SendWithImm { imm },
+            Some(sge),
+        )
+    }
 }

@@ -39,5 +39,8 @@ pub fn write<B: RegisteredBuf>(qp: &QueuePair, buf: B, remote: RemoteBuf) -> Sub
         remote_addr: remote.addr(),
         rkey: remote.rkey(),
     };
-    submit_one(qp, WriteVerb { buf }, op, Some(sge))
+    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
+    // runtime keeps it (heap memory at a stable address, never lent out) until
+    // the completion or flush, so only the device touches it meanwhile.
+    unsafe { submit_one(qp, WriteVerb { buf }, op, Some(sge)) }
 }

@@ -46,5 +46,8 @@ pub fn write_with_imm<B: RegisteredBuf>(
         rkey: remote.rkey(),
         imm,
     };
-    submit_one(qp, WriteWithImmVerb { buf }, op, Some(sge))
+    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
+    // runtime keeps it (heap memory at a stable address, never lent out) until
+    // the completion or flush, so only the device touches it meanwhile.
+    unsafe { submit_one(qp, WriteWithImmVerb { buf }, op, Some(sge)) }
 }

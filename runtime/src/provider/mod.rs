@@ -185,7 +185,7 @@ impl Context {
     }
 
     /// The GID index to use on `port` by default: 0 for the soft device; for
-    /// ibverbs see [`ibverbs::Context::default_gid_index`] (RoCE v2 IPv4-mapped
+    /// ibverbs see `ibverbs::Context::default_gid_index` (RoCE v2 IPv4-mapped
     /// preferred, `VERBIO_GID_INDEX` overrides).
     pub fn default_gid_index(&self, port: u8) -> Result<u8> {
         match &self.imp {

@@ -16,7 +16,7 @@ fn is_soft_name(name: &str) -> bool {
 ///
 /// - `Some(name)`: that device; names starting with `soft` open a software
 ///   device of that name, anything else an ibverbs device
-///   ([`ProviderError::DeviceNotFound`] / [`ProviderError::NoDevice`] if absent).
+///   ([`ProviderError::DeviceNotFound`](super::ProviderError::DeviceNotFound) / [`ProviderError::NoDevice`](super::ProviderError::NoDevice) if absent).
 /// - `None`: the device named by `VERBIO_DEVICE` if set and non-empty, else the
 ///   first ibverbs device that has an active port, else the software device
 ///   `soft0`. A `tracing` info line says which was chosen and why.
