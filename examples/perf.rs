@@ -12,11 +12,12 @@
 //!
 //! Both run on whatever `open_device(None)` picks: `VERBIO_DEVICE` if set
 //! (e.g. `rxe0`, built with `--features ibverbs`), else the first active
-//! ibverbs device, else the software device `soft0`. Like perftest, the
-//! reactor busy-polls the CQ (`--busy-poll MICROS`, default 1 s of spinning
-//! before each sleep); `--events` sleeps on the completion channel instead
-//! (perftest `-e`). The `write_bw` server never spins (perftest's waits in a
-//! socket read).
+//! ibverbs device, else the software device `soft0`. On hardware, like
+//! perftest, the reactor busy-polls the CQ (`--busy-poll MICROS`, default 1 s
+//! of spinning before each sleep); `--events` sleeps on the completion
+//! channel instead (perftest `-e`), the default on the software device, whose
+//! engine threads need the CPU a spinning reactor would take. The `write_bw`
+//! server never spins (perftest's waits in a socket read).
 //!
 //! Both sides in one process (two threads, loopback):
 //!
@@ -44,8 +45,8 @@ use std::time::{Duration, Instant};
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfig};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
-use verbio::provider::{open_device, AccessFlags, QpCaps};
-use verbio::runtime::buf::{MrPool, RemoteAccessRegion};
+use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps};
+use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::{sleep, timeout, Device, QueuePair, Runtime};
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -58,11 +59,13 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 const CONNECT_RETRY: Duration = Duration::from_secs(10);
 /// Size of the region descriptor (addr, len, rkey).
 const DESCRIPTOR: usize = 20;
+/// Size of the client's hello (magic, test, message size).
+const HELLO: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Test {
-    WriteBw,
-    SendLat,
+    WriteBw = 1,
+    SendLat = 2,
 }
 
 impl Test {
@@ -82,7 +85,8 @@ struct Args {
     size: usize,
     iters: usize,
     depth: u32,
-    busy_poll: Duration,
+    /// `None`: spin on hardware, sleep on the soft device.
+    busy_poll: Option<Duration>,
 }
 
 const USAGE: &str = "usage: perf write_bw|send_lat [--server ADDR | --client ADDR] \
@@ -107,7 +111,7 @@ fn parse_args() -> Result<Args, String> {
         size,
         iters,
         depth: 128,
-        busy_poll: Duration::from_secs(1),
+        busy_poll: None,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -119,9 +123,10 @@ fn parse_args() -> Result<Args, String> {
             "--iters" | "-n" => args.iters = value()?.parse().map_err(|e| bad(&e))?,
             "--depth" | "-t" => args.depth = value()?.parse().map_err(|e| bad(&e))?,
             "--busy-poll" => {
-                args.busy_poll = Duration::from_micros(value()?.parse().map_err(|e| bad(&e))?)
+                let us = value()?.parse().map_err(|e| bad(&e))?;
+                args.busy_poll = Some(Duration::from_micros(us));
             }
-            "--events" | "-e" => args.busy_poll = Duration::ZERO,
+            "--events" | "-e" => args.busy_poll = Some(Duration::ZERO),
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -135,14 +140,20 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// A runtime for one side: spinning before each sleep if `busy_poll` > 0.
-fn runtime(busy_poll: Duration) -> Res<Runtime> {
-    Ok(Runtime::builder().busy_poll(busy_poll).build()?)
-}
-
-/// The device `open_device(None)` picks, bound to the current runtime.
-fn device() -> Res<Device> {
-    Ok(Device::open(open_device(None)?)?)
+/// The device `open_device(None)` picks, bound to a new runtime that spins
+/// on the CQ before each sleep if `spin` (see the module docs). Returns the
+/// busy-poll time used.
+fn open(args: &Args, spin: bool) -> Res<(Runtime, Device, Duration)> {
+    let ctx = open_device(None)?;
+    let busy = match args.busy_poll {
+        _ if !spin => Duration::ZERO,
+        Some(d) => d,
+        None if ctx.kind() == ProviderKind::Soft => Duration::ZERO,
+        None => Duration::from_secs(1),
+    };
+    let rt = Runtime::builder().busy_poll(busy).build()?;
+    let dev = Device::open(ctx)?;
+    Ok((rt, dev, busy))
 }
 
 fn qp_config(args: &Args) -> QpConfig {
@@ -156,7 +167,7 @@ fn qp_config(args: &Args) -> QpConfig {
     }
 }
 
-fn banner(args: &Args, dev: &Device, conn_mtu: impl std::fmt::Debug) {
+fn banner(args: &Args, dev: &Device, mtu: Mtu, busy: Duration) {
     let line = "-".repeat(87);
     println!("{line}");
     println!("                    {}", args.test.title());
@@ -169,14 +180,11 @@ fn banner(args: &Args, dev: &Device, conn_mtu: impl std::fmt::Debug) {
     if args.test == Test::WriteBw {
         println!(" TX depth       : {}", args.depth);
     }
-    println!(" Mtu            : {conn_mtu:?}");
-    if args.busy_poll.is_zero() {
+    println!(" Mtu            : {}[B]", mtu.bytes());
+    if busy.is_zero() {
         println!(" Completions    : events (sleeps on the completion channel)");
     } else {
-        println!(
-            " Completions    : busy poll ({:?} before sleeping)",
-            args.busy_poll
-        );
+        println!(" Completions    : busy poll ({busy:?} before sleeping)");
     }
     println!("{line}");
 }
@@ -189,12 +197,7 @@ fn server(
     ready: Option<std::sync::mpsc::Sender<SocketAddr>>,
 ) -> Res<()> {
     // write_bw's server only waits: it must not take a CPU from the client.
-    let spin = match args.test {
-        Test::WriteBw => Duration::ZERO,
-        Test::SendLat => args.busy_poll,
-    };
-    let rt = runtime(spin)?;
-    let dev = device()?;
+    let (rt, dev, _) = open(args, args.test == Test::SendLat)?;
     let listener = Listener::bind(
         addr,
         DeviceQps::new(dev.clone(), qp_config(args)),
@@ -213,8 +216,7 @@ fn server(
         let qp = conn.qp;
         let res = timeout(LIMIT, async {
             match args.test {
-                Test::WriteBw => write_bw_server(args, &dev, &qp, &pool).await,
-                Test::SendLat => send_lat_server(args, &qp, &pool).await,
+                Test::WriteBw | Test::SendLat => serve(args, &dev, &qp, &pool).await,
             }
         })
         .await
@@ -224,12 +226,44 @@ fn server(
     })
 }
 
+/// The client's first message: magic, test, message size.
+fn hello(test: Test, size: usize) -> [u8; HELLO] {
+    let mut m = [0u8; HELLO];
+    m[..4].copy_from_slice(b"PERF");
+    m[4..8].copy_from_slice(&(test as u32).to_le_bytes());
+    m[8..].copy_from_slice(&(size as u64).to_le_bytes());
+    m
+}
+
+/// Decodes [`hello`]; `None` for anything else.
+fn parse_hello(m: &[u8]) -> Option<(u32, usize)> {
+    if m.len() != HELLO || &m[..4] != b"PERF" {
+        return None;
+    }
+    let test = u32::from_le_bytes(m[4..8].try_into().ok()?);
+    let size = u64::from_le_bytes(m[8..].try_into().ok()?);
+    Some((test, usize::try_from(size).ok()?))
+}
+
+/// Serves one client: reads its hello, then runs the server half of the test.
+async fn serve(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let (res, m) = qp.recv(pool.alloc(64)?).await;
+    res?;
+    let size = match parse_hello(&m) {
+        Some((t, size)) if t == args.test as u32 && size > 0 => size,
+        _ => return Err(format!("bad hello from the client: {:?}", &m[..]).into()),
+    };
+    match args.test {
+        Test::WriteBw => write_bw_server(size, dev, qp, pool).await,
+        Test::SendLat => send_lat_server(size, qp, pool).await,
+    }
+}
+
 /// Grants one buffer of `size` bytes for the client's WRITEs, sends its
 /// descriptor and waits for the client's "done".
-async fn write_bw_server(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
-    let region =
-        RemoteAccessRegion::grant(dev.pd(), vec![0u8; args.size], AccessFlags::REMOTE_WRITE)
-            .map_err(|r| r.error)?;
+async fn write_bw_server(size: usize, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let region = RemoteAccessRegion::grant(dev.pd(), vec![0u8; size], AccessFlags::REMOTE_WRITE)
+        .map_err(|r| r.error)?;
     let done = qp.recv(pool.alloc(64)?);
     let r = RemoteBuf::from(&region);
     let mut msg = Vec::with_capacity(DESCRIPTOR);
@@ -245,35 +279,35 @@ async fn write_bw_server(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPoo
     Ok(())
 }
 
-/// Echoes `iters` messages: each RECV is re-posted before the reply goes out.
-async fn send_lat_server(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> {
-    let mut spare = pool.alloc(args.size)?;
-    let mut next = qp.recv(pool.alloc(args.size)?);
-    for i in 0..args.iters {
+/// Echoes every message until an empty one; each RECV is re-posted before
+/// the reply goes out.
+async fn send_lat_server(size: usize, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let mut spare = pool.alloc(size)?;
+    let mut next = qp.recv(pool.alloc(size)?);
+    // The first ping finds its RECV posted: tell the client to start.
+    qp.send(pool.alloc_from(b"ready")?).await.0?;
+    loop {
         let (res, got) = next.await;
-        let n = res?.len;
-        if n != args.size {
-            return Err(format!("message {i}: {n} bytes, expected {}", args.size).into());
+        if res?.len == 0 {
+            return Ok(());
         }
         next = qp.recv(spare);
         let (res, sent) = qp.send(got).await;
         res?;
         spare = sent;
     }
-    drop(next);
-    Ok(())
 }
 
 // ------------------------------------------------------------------ client
 
 /// Connects, retrying while nobody listens yet (two-process runs).
-async fn dial(args: &Args, dev: &Device, addr: SocketAddr) -> Res<QueuePair> {
+async fn dial(args: &Args, dev: &Device, addr: SocketAddr, busy: Duration) -> Res<QueuePair> {
     let qps = DeviceQps::new(dev.clone(), qp_config(args));
     let deadline = Instant::now() + CONNECT_RETRY;
     loop {
         match connect(addr, &qps, HANDSHAKE).await {
             Ok(c) => {
-                banner(args, dev, c.local.mtu.min(c.remote.mtu));
+                banner(args, dev, c.local.mtu.min(c.remote.mtu), busy);
                 return Ok(c.qp);
             }
             Err(HandshakeError::Io { .. }) if Instant::now() < deadline => {
@@ -285,11 +319,10 @@ async fn dial(args: &Args, dev: &Device, addr: SocketAddr) -> Res<QueuePair> {
 }
 
 fn client(args: &Args, addr: SocketAddr) -> Res<()> {
-    let rt = runtime(args.busy_poll)?;
-    let dev = device()?;
+    let (rt, dev, busy) = open(args, true)?;
     let pool = MrPool::new(dev.pd());
     rt.block_on(async {
-        let qp = timeout(LIMIT, dial(args, &dev, addr))
+        let qp = timeout(LIMIT, dial(args, &dev, addr, busy))
             .await
             .map_err(|_| "connect timed out")??;
         let res = timeout(LIMIT, async {
@@ -305,9 +338,20 @@ fn client(args: &Args, addr: SocketAddr) -> Res<()> {
     })
 }
 
+/// Sends the hello and returns the server's answer (posted for first).
+async fn greet(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<LocalBuf> {
+    let answer = qp.recv(pool.alloc(64)?);
+    qp.send(pool.alloc_from(&hello(args.test, args.size))?)
+        .await
+        .0?;
+    let (res, b) = answer.await;
+    res?;
+    Ok(b)
+}
+
 async fn write_bw_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> {
-    let (res, b) = qp.recv(pool.alloc(64)?).await;
-    if res?.len != DESCRIPTOR {
+    let b = greet(args, qp, pool).await?;
+    if b.len() != DESCRIPTOR {
         return Err("bad region descriptor".into());
     }
     let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
@@ -355,6 +399,9 @@ async fn write_bw_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
 }
 
 async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    if &greet(args, qp, pool).await?[..] != b"ready" {
+        return Err("the server did not answer \"ready\"".into());
+    }
     let payload: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
     let mut msg = pool.alloc_from(&payload)?;
     let mut reply = pool.alloc(args.size)?;
@@ -375,6 +422,8 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
         msg = m;
         reply = back;
     }
+    // An empty message ends the server's echo loop.
+    qp.send(pool.alloc(0)?).await.0?;
     let s = LatStats::of(&mut half_rtts);
     println!(
         " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
