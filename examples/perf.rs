@@ -13,8 +13,8 @@
 //! Both run on whatever `open_device(None)` picks: `VERBIO_DEVICE` if set
 //! (e.g. `rxe0`, built with `--features ibverbs`), else the first active
 //! ibverbs device, else the software device `soft0`. On hardware, like
-//! perftest, the reactor busy-polls the CQ (`--busy-poll MICROS`, default 1 s
-//! of spinning before each sleep); `--events` sleeps on the completion
+//! perftest, the reactor busy-polls the CQ (`--busy-poll MICROS`, default
+//! 50 ms of spinning before each sleep); `--events` sleeps on the completion
 //! channel instead (perftest `-e`), the default on the software device, whose
 //! engine threads need the CPU a spinning reactor would take. The `write_bw`
 //! server never spins (perftest's waits in a socket read).
@@ -42,12 +42,16 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use std::pin::pin;
+
+use futures::future::{select, Either};
+use futures::io::AsyncReadExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfig};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
-use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps};
+use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps, RtsAttr};
 use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
-use verbio::runtime::{sleep, timeout, Device, QueuePair, Runtime};
+use verbio::runtime::{sleep, timeout, Device, QueuePair, Runtime, TcpStream};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -57,6 +61,10 @@ const LIMIT: Duration = Duration::from_secs(300);
 const HANDSHAKE: Duration = Duration::from_secs(10);
 /// How long a client retries connecting to a server that is not up yet.
 const CONNECT_RETRY: Duration = Duration::from_secs(10);
+/// Default busy-poll time on hardware: longer than any gap between two
+/// completions of a run (so the reactor spins throughout, like perftest),
+/// short enough for the sockets of the setup (not polled while spinning).
+const BUSY_POLL: Duration = Duration::from_millis(50);
 /// Size of the region descriptor (addr, len, rkey).
 const DESCRIPTOR: usize = 20;
 /// Size of the client's hello (magic, test, message size).
@@ -149,7 +157,7 @@ fn open(args: &Args, spin: bool) -> Res<(Runtime, Device, Duration)> {
         _ if !spin => Duration::ZERO,
         Some(d) => d,
         None if ctx.kind() == ProviderKind::Soft => Duration::ZERO,
-        None => Duration::from_secs(1),
+        None => BUSY_POLL,
     };
     let rt = Runtime::builder().busy_poll(busy).build()?;
     let dev = Device::open(ctx)?;
@@ -157,13 +165,20 @@ fn open(args: &Args, spin: bool) -> Res<(Runtime, Device, Duration)> {
 }
 
 fn qp_config(args: &Args) -> QpConfig {
+    let default = QpConfig::default();
     QpConfig {
         caps: QpCaps {
             max_send_wr: args.depth.max(16),
             max_recv_wr: 16,
             ..QpCaps::default()
         },
-        ..QpConfig::default()
+        // ≈ 1 s per transport retry: the emulated rxe VM on a loaded host can
+        // leave a responder unscheduled for longer than the default 67 ms × 6.
+        rts: RtsAttr {
+            timeout: 18,
+            ..default.rts
+        },
+        ..default
     }
 }
 
@@ -213,14 +228,17 @@ fn server(
         let conn = timeout(LIMIT, listener.accept())
             .await
             .map_err(|_| "no client came")??;
-        let qp = conn.qp;
-        let res = timeout(LIMIT, async {
-            match args.test {
-                Test::WriteBw | Test::SendLat => serve(args, &dev, &qp, &pool).await,
-            }
-        })
-        .await
-        .map_err(|_| "server timed out")?;
+        let (qp, mut stream) = (conn.qp, conn.stream);
+        // The handshake's TCP connection stays open while the client runs:
+        // its end (the client exited or failed) ends the server too.
+        let work = pin!(serve(args, &dev, &qp, &pool));
+        let mut byte = [0u8; 1];
+        let gone = pin!(stream.read(&mut byte));
+        let res = match timeout(LIMIT, select(work, gone)).await {
+            Err(_) => return Err("server timed out".into()),
+            Ok(Either::Left((res, _))) => res,
+            Ok(Either::Right(_)) => Err("the client went away".into()),
+        };
         let _ = timeout(Duration::from_secs(5), qp.close()).await;
         res
     })
@@ -300,15 +318,21 @@ async fn send_lat_server(size: usize, qp: &QueuePair, pool: &MrPool) -> Res<()> 
 
 // ------------------------------------------------------------------ client
 
-/// Connects, retrying while nobody listens yet (two-process runs).
-async fn dial(args: &Args, dev: &Device, addr: SocketAddr, busy: Duration) -> Res<QueuePair> {
+/// Connects, retrying while nobody listens yet (two-process runs). The TCP
+/// stream is kept open until the end: the server watches it.
+async fn dial(
+    args: &Args,
+    dev: &Device,
+    addr: SocketAddr,
+    busy: Duration,
+) -> Res<(QueuePair, TcpStream)> {
     let qps = DeviceQps::new(dev.clone(), qp_config(args));
     let deadline = Instant::now() + CONNECT_RETRY;
     loop {
         match connect(addr, &qps, HANDSHAKE).await {
             Ok(c) => {
                 banner(args, dev, c.local.mtu.min(c.remote.mtu), busy);
-                return Ok(c.qp);
+                return Ok((c.qp, c.stream));
             }
             Err(HandshakeError::Io { .. }) if Instant::now() < deadline => {
                 sleep(Duration::from_millis(50)).await
@@ -322,7 +346,7 @@ fn client(args: &Args, addr: SocketAddr) -> Res<()> {
     let (rt, dev, busy) = open(args, true)?;
     let pool = MrPool::new(dev.pd());
     rt.block_on(async {
-        let qp = timeout(LIMIT, dial(args, &dev, addr, busy))
+        let (qp, _stream) = timeout(LIMIT, dial(args, &dev, addr, busy))
             .await
             .map_err(|_| "connect timed out")??;
         let res = timeout(LIMIT, async {

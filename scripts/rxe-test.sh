@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# rxe-test.sh -- run verbio's ibverbs provider tests against real verbs
-# (soft-RoCE, rxe0) inside a throw-away QEMU VM, on a host without RDMA.
+# rxe-test.sh -- run verbio's tests against real verbs (soft-RoCE, rxe0)
+# inside a throw-away QEMU VM, on a host without RDMA.
 #
 # Usage:
-#   scripts/rxe-test.sh [--perftest] [--no-devinfo] [TEST_TARGET...]
+#   scripts/rxe-test.sh [--perftest] [--rounds N] [--no-devinfo] [--provider-only] [TEST_TARGET...]
 #
-#   TEST_TARGET   integration-test targets of verbio-runtime to build and run
-#                 (default: every runtime/tests/ibverbs_*.rs)
-#   --perftest    also run perftest's ib_write_bw / ib_send_lat in the same VM
-#                 (reference figures; needs the Debian package `perftest`)
-#   --no-devinfo  skip `examples/devinfo -d rxe0`
+#   TEST_TARGET      integration-test targets (of any workspace package) to
+#                    build and run. Default: the provider's own tests
+#                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
+#                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
+#                    connect_soft (verbio-ops), verbs_threads verbs_processes
+#                    (verbio)
+#   --provider-only  only the provider's ibverbs_* tests
+#   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
+#                    ib_send_lat (Debian package `perftest`) and verbio's
+#                    equivalents (examples/perf.rs, release build), side by
+#                    side with the ratios verbio/perftest
+#   --rounds N       perftest/verbio rounds, alternating (default 1)
+#   --no-devinfo     skip `examples/devinfo -d rxe0`
 #
-# The test binaries are built on the host (`cargo test --features ibverbs
-# --no-run`), then run in the VM via ../shared/tools/rxe-vm/run-in-rxe-vm.sh
-# (override with RXE_VM_SCRIPT) with VERBIO_TEST_DEVICE=rxe0 (the VM also sets
-# RXE_GID_INDEX=1: RoCE v2 ::ffff:10.77.0.1). One boot for everything (~7 s +
-# the tests; the first run downloads a kernel and installs qemu).
+# Everything is built on the host (`cargo test --features
+# verbio-runtime/ibverbs --no-run`), then run in one VM boot via
+# ../shared/tools/rxe-vm/run-in-rxe-vm.sh (override with RXE_VM_SCRIPT) with
+# VERBIO_TEST_DEVICE=rxe0 (the tests open it instead of a soft device) and
+# VERBIO_GID_INDEX=$RXE_GID_INDEX (RoCE v2 ::ffff:10.77.0.1). Each test binary
+# is bounded by RXE_TEST_TIMEOUT seconds (default 150). The tests take about a
+# minute in the emulated VM; the first run also downloads a kernel and
+# installs qemu.
 #
 # Exit status: 0 when everything passed, or when the VM cannot be set up or
 # booted (then it prints "SKIPPED: <reason>"); non-zero when a test failed.
@@ -26,23 +37,34 @@ cd "$ROOT"
 VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 [ -x "$VM" ] || VM=/work/shared/tools/rxe-vm/run-in-rxe-vm.sh
 
+# The runtime-level suite that runs unchanged on rxe0 (device chosen by
+# VERBIO_TEST_DEVICE in the tests' device helpers).
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes"
+
 PERFTEST=0
 DEVINFO=1
+ROUNDS=1
+PROVIDER_ONLY=0
 TARGETS=()
-for a in "$@"; do
-    case "$a" in
+while [ $# -gt 0 ]; do
+    case "$1" in
         --perftest) PERFTEST=1 ;;
         --no-devinfo) DEVINFO=0 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-        -*) echo "rxe-test: unknown option $a" >&2; exit 2 ;;
-        *) TARGETS+=("$a") ;;
+        --provider-only) PROVIDER_ONLY=1 ;;
+        --rounds) shift; ROUNDS=${1:-}
+            case "$ROUNDS" in ''|*[!0-9]*) echo "rxe-test: --rounds needs a number" >&2; exit 2 ;; esac ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
+        *) TARGETS+=("$1") ;;
     esac
+    shift
 done
 if [ ${#TARGETS[@]} -eq 0 ]; then
     for f in runtime/tests/ibverbs_*.rs; do
         t=$(basename "$f" .rs)
         TARGETS+=("$t")
     done
+    [ "$PROVIDER_ONLY" = 1 ] || TARGETS+=($SUITE)
 fi
 
 skip() { echo "SKIPPED: $*"; exit 0; }
@@ -53,9 +75,9 @@ command -v jq >/dev/null || { echo "rxe-test: needs jq" >&2; exit 2; }
 # ------------------------------------------------------------------- build
 TEST_ARGS=()
 for t in "${TARGETS[@]}"; do TEST_ARGS+=(--test "$t"); done
-echo "rxe-test: building ${TARGETS[*]} (features: ibverbs)" >&2
-json=$(cargo test -p verbio-runtime --features ibverbs --no-run \
-        --message-format=json "${TEST_ARGS[@]}") || { echo "rxe-test: build failed" >&2; exit 1; }
+echo "rxe-test: building ${TARGETS[*]} (features: verbio-runtime/ibverbs)" >&2
+json=$(cargo test -p verbio -p verbio-runtime -p verbio-ops --features verbio-runtime/ibverbs \
+        --no-run --message-format=json "${TEST_ARGS[@]}") || { echo "rxe-test: build failed" >&2; exit 1; }
 mapfile -t BINS < <(printf '%s\n' "$json" |
     jq -r 'select(.reason=="compiler-artifact" and .profile.test==true and .executable!=null) | .executable')
 [ ${#BINS[@]} -gt 0 ] || { echo "rxe-test: no test binaries found" >&2; exit 1; }
@@ -65,6 +87,15 @@ if [ "$DEVINFO" = 1 ]; then
         || { echo "rxe-test: building examples/devinfo failed" >&2; exit 1; }
     DEVINFO_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="devinfo" and .executable!=null) | .executable' | tail -1)
+fi
+PERF_BIN=
+if [ "$PERFTEST" = 1 ]; then
+    echo "rxe-test: building examples/perf (release, features: ibverbs)" >&2
+    json=$(cargo build --release --example perf --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/perf failed" >&2; exit 1; }
+    PERF_BIN=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="perf" and .executable!=null) | .executable' | tail -1)
+    [ -n "$PERF_BIN" ] || { echo "rxe-test: examples/perf not built" >&2; exit 1; }
 fi
 
 # --------------------------------------------------------- VM availability
@@ -80,37 +111,94 @@ rm -f /tmp/rxe-test-setup.$$
 GDIR=$ROOT/target/rxe-test
 mkdir -p "$GDIR"
 GUEST=$GDIR/guest.sh
+LOGS=$GDIR/logs
+rm -rf "$LOGS"; mkdir -p "$LOGS"
 {
     echo '#!/bin/sh'
     echo 'export VERBIO_TEST_DEVICE=${VERBIO_TEST_DEVICE:-rxe0} RUST_BACKTRACE=1'
-    echo 'fail=0'
-    echo 'echo "== guest: $(uname -r), device $VERBIO_TEST_DEVICE, RXE_GID_INDEX=$RXE_GID_INDEX"'
+    echo 'export VERBIO_GID_INDEX=${VERBIO_GID_INDEX:-${RXE_GID_INDEX:-1}}'
+    echo "LOGS='$LOGS' TMO=${RXE_TEST_TIMEOUT:-150} ROUNDS=$ROUNDS"
+    echo 'fail=0; : > "$LOGS/summary"'
+    echo 'echo "== guest: $(uname -r), device $VERBIO_TEST_DEVICE, GID index $VERBIO_GID_INDEX, $(nproc) CPUs"'
+    cat <<'RUN'
+now() { date +%s.%N; }
+# run NAME CMD...: runs a test binary (bounded), logs it, adds a summary line.
+run() {
+    name=$1; shift
+    log="$LOGS/$name.log"
+    echo; echo "== $name"
+    t0=$(now)
+    { timeout "$TMO" "$@" --test-threads=2 --nocapture; echo $? > "$log.rc"; } 2>&1 | tee "$log"
+    rc=$(cat "$log.rc" 2>/dev/null || echo 1)
+    secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+    res=$(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 passed, \2 failed/p' "$log" | tail -1)
+    skipped=$(grep -c 'SKIPPED' "$log")
+    if [ "$rc" = 0 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
+    [ "$rc" = 124 ] && res="timed out after ${TMO}s"
+    printf '%-5s %-22s %-26s %3s skipped %7ss\n' "$verdict" "$name" "${res:-no result (exit $rc)}" "$skipped" "$secs" >> "$LOGS/summary"
+}
+RUN
     for b in "${BINS[@]}"; do
-        echo "echo; echo \"== $(basename "$b")\""
-        echo "'$b' --test-threads=2 --nocapture || { echo \"FAILED: $(basename "$b")\"; fail=1; }"
+        n=$(basename "$b"); n=${n%-*}
+        echo "run '$n' '$b'"
     done
     if [ -n "$DEVINFO_BIN" ]; then
         echo 'echo; echo "== examples/devinfo -d rxe0"'
-        echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; fail=1; }"
+        echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; echo 'FAIL  devinfo' >> \"\$LOGS/summary\"; fail=1; }"
     fi
-    if [ "$PERFTEST" = 1 ]; then
+    if [ -n "$PERF_BIN" ]; then
+        echo "PERF='$PERF_BIN'"
         cat <<'PERF'
-perf() { # name, server args..., then the client adds 127.0.0.1
-    tool=$1; shift
-    echo; echo "== perftest: $tool $*"
-    if ! command -v "$tool" >/dev/null; then echo "FAILED: $tool not installed"; fail=1; return; fi
-    "$tool" "$@" >/tmp/srv.log 2>&1 &
+# pt LOG TOOL ARGS...: perftest server in the background, client on 127.0.0.1.
+pt() {
+    out=$1; shift; tool=$1
+    if ! command -v "$tool" >/dev/null; then echo "FAILED: $tool not installed"; fail=1; return 1; fi
+    "$@" >"$out.srv" 2>&1 &
     srv=$!
     i=0; while [ $i -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done
-    if ! "$tool" "$@" 127.0.0.1; then echo "FAILED: $tool client"; fail=1; fi
-    wait $srv || { echo "FAILED: $tool server"; cat /tmp/srv.log; fail=1; }
+    timeout "$TMO" "$@" 127.0.0.1 >"$out" 2>&1 || { cat "$out"; echo "FAILED: $tool client"; fail=1; }
+    wait $srv || { cat "$out.srv"; echo "FAILED: $tool server"; fail=1; }
 }
-perf ib_write_bw -d rxe0 -x 1 -s 65536 -n 2000
-perf ib_send_lat -d rxe0 -x 1 -s 64 -n 1000
+# vp LOG TEST ARGS...: verbio's examples/perf, server and client processes.
+vp() {
+    out=$1; shift; test=$1; shift
+    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$PERF" "$test" --server 127.0.0.1:18516 >"$out.srv" 2>&1 &
+    srv=$!
+    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$PERF" "$test" --client 127.0.0.1:18516 "$@" >"$out" 2>&1 \
+        || { cat "$out"; echo "FAILED: perf $test client"; fail=1; kill $srv 2>/dev/null; }
+    wait $srv || { cat "$out.srv"; echo "FAILED: perf $test server"; fail=1; }
+}
+# Fields of the result line (the one starting with the message size).
+field() { awk -v s="$2" -v f="$3" '$1 == s && NF >= 4 { print $f; exit }' "$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
+echo; echo "== perf: perftest vs verbio (examples/perf), $ROUNDS round(s), alternating"
+r=1
+while [ $r -le $ROUNDS ]; do
+    pt "$LOGS/pt_bw.$r" ib_write_bw -d rxe0 -x 1 -s 65536 -n 2000
+    vp "$LOGS/vb_bw.$r" write_bw --size 65536 --iters 2000 --depth 128
+    pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n 1000
+    vp "$LOGS/vb_lat.$r" send_lat --size 64 --iters 1000
+    [ $r = 1 ] && { echo; echo "-- perftest ib_write_bw (round 1):"; cat "$LOGS/pt_bw.1" | tail -4;
+                    echo "-- verbio perf write_bw (round 1):"; cat "$LOGS/vb_bw.1";
+                    echo "-- perftest ib_send_lat (round 1):"; cat "$LOGS/pt_lat.1" | tail -4;
+                    echo "-- verbio perf send_lat (round 1):"; cat "$LOGS/vb_lat.1"; }
+    pbw=$(field "$LOGS/pt_bw.$r" 65536 4); vbw=$(field "$LOGS/vb_bw.$r" 65536 3)
+    ptl=$(field "$LOGS/pt_lat.$r" 64 5); vtl=$(field "$LOGS/vb_lat.$r" 64 5)
+    pal=$(field "$LOGS/pt_lat.$r" 64 6); val=$(field "$LOGS/vb_lat.$r" 64 6)
+    printf 'round %s: write_bw 64KiB avg MB/s: perftest %s verbio %s ratio %s | send_lat 64B typical us: perftest %s verbio %s ratio %s | avg us: perftest %s verbio %s ratio %s\n' \
+        "$r" "$pbw" "$vbw" "$(ratio "$vbw" "$pbw")" "$ptl" "$vtl" "$(ratio "$vtl" "$ptl")" \
+        "$pal" "$val" "$(ratio "$val" "$pal")" | tee -a "$LOGS/perf"
+    r=$((r+1))
+done
 PERF
     fi
-    echo 'echo; if [ $fail = 0 ]; then echo "rxe-test: ALL PASSED"; else echo "rxe-test: FAILURES"; fi'
-    echo 'exit $fail'
+    cat <<'END'
+echo; echo "== summary (device $VERBIO_TEST_DEVICE)"
+cat "$LOGS/summary"
+[ -f "$LOGS/perf" ] && { echo "perf (bandwidth ratio verbio/perftest: target >= 0.9; latency ratio: target <= 1.1):"; cat "$LOGS/perf"; }
+if [ $fail = 0 ]; then echo "rxe-test: ALL PASSED"; else echo "rxe-test: FAILURES"; fi
+exit $fail
+END
 } > "$GUEST"
 chmod +x "$GUEST"
 

@@ -282,6 +282,9 @@ fn many_sleeps_on_the_channel_ack_in_batches() {
 
 #[test]
 fn async_events_reach_the_device() {
+    if device_under_test::skip_soft_only("async_events", "detects the overflow by polling the CQ") {
+        return;
+    }
     let Some((rt, _dev)) = open() else { return };
     // A separate tiny CQ (not runtime-managed) overflowed by raw posts.
     let ctx = device_under_test::open().unwrap();

@@ -30,3 +30,15 @@ pub fn open() -> Result<Context, ProviderError> {
 pub fn gid_index(ctx: &Context) -> u8 {
     ctx.default_gid_index(1).expect("default GID index")
 }
+
+/// True, after printing `SKIPPED: soft-only`, when the tests run on a named
+/// device: the calling test relies on the soft device's behaviour.
+pub fn skip_soft_only(test: &str, why: &str) -> bool {
+    match named() {
+        Some(name) => {
+            println!("SKIPPED: soft-only: {test} on {name}: {why}");
+            true
+        }
+        None => false,
+    }
+}
