@@ -170,7 +170,8 @@ vp() {
 }
 # Fields of the result line (the one starting with the message size).
 field() { awk -v s="$2" -v f="$3" '$1 == s && NF >= 4 { print $f; exit }' "$1"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
+# a/b, or n/a unless both are plain positive numbers (perftest may print inf).
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { n = "^[0-9]+([.][0-9]+)?$"; if (a !~ n || b !~ n || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
 echo; echo "== perf: perftest vs verbio (examples/perf), $ROUNDS round(s), alternating"
 r=1
 while [ $r -le $ROUNDS ]; do
