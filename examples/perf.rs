@@ -429,23 +429,29 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     let payload: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
     let mut msg = pool.alloc_from(&payload)?;
     let mut reply = pool.alloc(args.size)?;
-    let mut half_rtts = Vec::with_capacity(args.iters);
+    // One timestamp per iteration, as perftest: iteration i took
+    // stamps[i + 1] - stamps[i] (a clock read costs µs in a VM with an
+    // emulated clocksource, so it is not read twice per round trip).
+    let mut stamps = Vec::with_capacity(args.iters + 1);
     for i in 0..args.iters {
-        let t = Instant::now();
+        stamps.push(Instant::now());
         // The RECV for the echo goes first, so it never finds the queue empty.
         let r = qp.recv(reply);
         let s = qp.send(msg);
         let ((sres, m), (rres, back)) = futures::join!(s, r);
-        let elapsed = t.elapsed();
         sres.map_err(|e| format!("send {i}: {e}"))?;
         let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
         if n != args.size {
             return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
         }
-        half_rtts.push(elapsed.as_secs_f64() * 1e6 / 2.0);
         msg = m;
         reply = back;
     }
+    stamps.push(Instant::now());
+    let mut half_rtts: Vec<f64> = stamps
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / 2.0)
+        .collect();
     // An empty message ends the server's echo loop.
     qp.send(pool.alloc(0)?).await.0?;
     let s = LatStats::of(&mut half_rtts);
