@@ -1,0 +1,360 @@
+//! Soft-device benchmark: RDMA over the built-in software device versus raw
+//! TCP loopback, measured side by side in one run.
+//!
+//! It prints:
+//! - 1 MiB RDMA WRITE bandwidth between two soft contexts (raw post/poll, a
+//!   few WRs in flight; the poster sleeps on the completion channel like the
+//!   blocking TCP writer sleeps in `write`) vs two threads moving 1 MiB
+//!   chunks over a blocking TCP loopback socket, and the ratio;
+//! - 64-byte SEND/RECV round trips per second (ping-pong between two
+//!   threads, each busy-polling its CQ, QPs on two soft devices) vs a 64-byte
+//!   TCP ping-pong, and the ratio; plus, for reference, the same ping-pong
+//!   with both QPs on one soft device (the engine's internal loopback, no TCP).
+//!
+//! Each measurement runs `rounds` times, alternating soft and TCP so that
+//! background load hits both alike; the medians and their ratios are printed.
+//!
+//! Run: `cargo run --release --example soft_bench` (optional arguments:
+//! seconds per bandwidth run (0 = skip), round trips per latency run, rounds).
+//! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after activity
+//! before sleeping (default 50 µs).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use verbio::provider::*;
+
+const CHUNK: usize = 1 << 20;
+const DEPTH: usize = 4;
+const MSG: usize = 64;
+
+struct Buf {
+    mem: Vec<u64>,
+    mr: Option<Mr>,
+}
+
+impl Buf {
+    fn new(pd: &Pd, len: usize, access: AccessFlags) -> Buf {
+        let mut mem = vec![0u64; len.div_ceil(8)];
+        // SAFETY: `mem` is heap memory that is never resized and outlives the
+        // registration (Drop deregisters before the Vec is freed).
+        let mr = unsafe { pd.reg_mr(mem.as_mut_ptr().cast(), len, access) }.expect("reg_mr");
+        Buf { mem, mr: Some(mr) }
+    }
+    fn mr(&self) -> &Mr {
+        self.mr.as_ref().expect("registered")
+    }
+    fn sge(&self, len: usize) -> Sge {
+        Sge {
+            addr: self.mem.as_ptr() as u64,
+            length: len as u32,
+            lkey: self.mr().lkey(),
+        }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.mr = None;
+    }
+}
+
+struct Side {
+    pd: Pd,
+    scq: Cq,
+    rcq: Cq,
+    qp: Qp,
+}
+
+fn side(ctx: &Context) -> Side {
+    let pd = ctx.alloc_pd().expect("pd");
+    let scq = ctx.create_cq(4096, None).expect("cq");
+    let rcq = ctx.create_cq(4096, None).expect("cq");
+    let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
+    Side { pd, scq, rcq, qp }
+}
+
+fn up(qp: &Qp, remote: Endpoint) {
+    qp.modify_to_init(&InitAttr::default()).expect("init");
+    qp.modify_to_rtr(&RtrAttr {
+        remote,
+        path_mtu: Mtu::Mtu4096,
+        min_rnr_timer: 1,
+        max_dest_rd_atomic: 16,
+        sgid_index: 0,
+        hop_limit: 64,
+    })
+    .expect("rtr");
+    qp.modify_to_rts(&RtsAttr::default()).expect("rts");
+}
+
+fn pair() -> (Context, Context, Side, Side) {
+    let ca = Context::open_soft(SoftConfig::default()).expect("open");
+    let cb = Context::open_soft(SoftConfig::default()).expect("open");
+    let (a, b) = (side(&ca), side(&cb));
+    up(&a.qp, b.qp.endpoint(0).expect("ep"));
+    up(&b.qp, a.qp.endpoint(0).expect("ep"));
+    (ca, cb, a, b)
+}
+
+/// Busy-polls `cq` for one completion (yielding so the engines get the CPU).
+fn wait_one(cq: &Cq) -> Completion {
+    let mut wc = [Completion::EMPTY; 1];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            assert!(wc[0].status.is_success(), "{:?}", wc[0]);
+            return wc[0];
+        }
+        assert!(Instant::now() < deadline, "no completion");
+        std::thread::yield_now();
+    }
+}
+
+/// Waits for one completion without spinning: arm the CQ, poll once more,
+/// then sleep on the completion channel's fd (the verbs event loop).
+fn wait_one_blocking(cq: &Cq, ch: &CompChannel) -> Completion {
+    let mut wc = [Completion::EMPTY; 1];
+    loop {
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            assert!(wc[0].status.is_success(), "{:?}", wc[0]);
+            return wc[0];
+        }
+        cq.req_notify(false).expect("arm");
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            assert!(wc[0].status.is_success(), "{:?}", wc[0]);
+            return wc[0];
+        }
+        let mut p = libc::pollfd {
+            fd: ch.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert!(n == 1, "no completion event");
+        while ch.get_event().expect("event").is_some() {
+            cq.ack_events(1);
+        }
+    }
+}
+
+fn soft_write_bw(secs: f64) -> f64 {
+    let ca = Context::open_soft(SoftConfig::default()).expect("open");
+    let cb = Context::open_soft(SoftConfig::default()).expect("open");
+    let ch = ca.create_comp_channel().expect("channel");
+    let a = {
+        let pd = ca.alloc_pd().expect("pd");
+        let scq = ca.create_cq(4096, Some(&ch)).expect("cq");
+        let rcq = ca.create_cq(4096, None).expect("cq");
+        let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
+        Side { pd, scq, rcq, qp }
+    };
+    let b = side(&cb);
+    up(&a.qp, b.qp.endpoint(0).expect("ep"));
+    up(&b.qp, a.qp.endpoint(0).expect("ep"));
+    let src = Buf::new(&a.pd, CHUNK, AccessFlags::LOCAL_WRITE);
+    let dst = Buf::new(&b.pd, CHUNK, AccessFlags::ALL);
+    let wr = SendWr {
+        wr_id: 0,
+        sg_list: [src.sge(CHUNK)].into_iter().collect(),
+        op: SendOp::Write {
+            remote_addr: dst.mem.as_ptr() as u64,
+            rkey: dst.mr().rkey(),
+        },
+        flags: SendFlags::SIGNALED,
+    };
+    let mut inflight = 0;
+    let mut done = 0u64;
+    let start = Instant::now();
+    let stop = start + Duration::from_secs_f64(secs);
+    loop {
+        while inflight < DEPTH && Instant::now() < stop {
+            a.qp.post_send(std::slice::from_ref(&wr)).expect("post");
+            inflight += 1;
+        }
+        if inflight == 0 {
+            break;
+        }
+        wait_one_blocking(&a.scq, &ch);
+        inflight -= 1;
+        done += 1;
+    }
+    let el = start.elapsed().as_secs_f64();
+    drop(b);
+    (done as f64 * CHUNK as f64) / el / 1e6
+}
+
+fn tcp_bw(secs: f64) -> f64 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut buf = vec![0u8; CHUNK];
+        let mut total = 0u64;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return total,
+                Ok(n) => total += n as u64,
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let buf = vec![7u8; CHUNK];
+    let start = Instant::now();
+    let stop = start + Duration::from_secs_f64(secs);
+    while Instant::now() < stop {
+        s.write_all(&buf).expect("write");
+    }
+    drop(s);
+    let total = reader.join().expect("reader");
+    total as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+fn soft_pingpong(iters: usize, same_device: bool) -> f64 {
+    let (_ca, _cb, a, b) = if same_device {
+        let ca = Context::open_soft(SoftConfig::default()).expect("open");
+        let (a, b) = (side(&ca), side(&ca));
+        up(&a.qp, b.qp.endpoint(0).expect("ep"));
+        up(&b.qp, a.qp.endpoint(0).expect("ep"));
+        (ca.clone(), ca, a, b)
+    } else {
+        pair()
+    };
+    let run = |s: Side, initiator: bool| {
+        let sbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
+        let rbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
+        let recv = RecvWr {
+            wr_id: 1,
+            sg_list: [rbuf.sge(MSG)].into_iter().collect(),
+        };
+        let send = SendWr {
+            wr_id: 2,
+            sg_list: [sbuf.sge(MSG)].into_iter().collect(),
+            op: SendOp::Send,
+            flags: SendFlags::SIGNALED,
+        };
+        let mut sends = 0usize;
+        let mut sends_done = 0usize;
+        s.qp.post_recv(std::slice::from_ref(&recv)).expect("recv");
+        let mut post = |q: &Qp| {
+            q.post_send(std::slice::from_ref(&send)).expect("send");
+            sends += 1;
+        };
+        let mut scratch = [Completion::EMPTY; 16];
+        let start = Instant::now();
+        for _ in 0..iters {
+            if initiator {
+                post(&s.qp);
+            }
+            wait_one(&s.rcq);
+            s.qp.post_recv(std::slice::from_ref(&recv)).expect("recv");
+            if !initiator {
+                post(&s.qp);
+            }
+            // Drain send completions without waiting.
+            sends_done += s.scq.poll(&mut scratch).expect("poll");
+        }
+        let el = start.elapsed();
+        // Keep the buffers registered until every SEND completed.
+        while sends_done < sends {
+            wait_one(&s.scq);
+            sends_done += 1;
+        }
+        el
+    };
+    let el = std::thread::scope(|sc| {
+        let hb = sc.spawn(|| run(b, false));
+        let ea = run(a, true);
+        hb.join().expect("responder");
+        ea
+    });
+    iters as f64 / el.as_secs_f64()
+}
+
+fn tcp_pingpong(iters: usize) -> f64 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_nodelay(true).expect("nodelay");
+        let mut buf = [0u8; MSG];
+        for _ in 0..iters {
+            s.read_exact(&mut buf).expect("read");
+            s.write_all(&buf).expect("write");
+        }
+    });
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    let mut buf = [1u8; MSG];
+    let start = Instant::now();
+    for _ in 0..iters {
+        s.write_all(&buf).expect("write");
+        s.read_exact(&mut buf).expect("read");
+    }
+    let el = start.elapsed();
+    echo.join().expect("echo");
+    iters as f64 / el.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn print_bw(soft: f64, tcp: f64, rounds: usize) {
+    println!(
+        "bandwidth, 1 MiB messages ({DEPTH} WRs in flight for the soft device), median of {rounds}:"
+    );
+    println!("  soft RDMA WRITE : {soft:9.1} MB/s");
+    println!("  TCP loopback    : {tcp:9.1} MB/s");
+    println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let secs: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1.0);
+    let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
+
+    // Warm up both paths briefly.
+    if secs > 0.0 {
+        let _ = soft_write_bw(0.2);
+        let _ = tcp_bw(0.2);
+    }
+    let _ = soft_pingpong(iters / 10, false);
+    let _ = tcp_pingpong(iters / 10);
+    // Alternate the two sides so background load hits both alike; report medians.
+    let (mut sb, mut tb, mut sl, mut tl) = (vec![], vec![], vec![], vec![]);
+    let mut sl1 = vec![];
+    for _ in 0..rounds {
+        if secs > 0.0 {
+            sb.push(soft_write_bw(secs));
+            tb.push(tcp_bw(secs));
+        }
+        sl.push(soft_pingpong(iters, false));
+        tl.push(tcp_pingpong(iters));
+        sl1.push(soft_pingpong(iters, true));
+    }
+    if secs > 0.0 {
+        print_bw(median(sb), median(tb), rounds);
+    }
+    let (soft, tcp) = (median(sl), median(tl));
+    println!("round trips, 64-byte messages ({iters} per run), median of {rounds}:");
+    println!(
+        "  soft SEND/RECV  : {soft:9.0} round trips/s ({:.1} us each)",
+        1e6 / soft
+    );
+    println!(
+        "  TCP ping-pong   : {tcp:9.0} round trips/s ({:.1} us each)",
+        1e6 / tcp
+    );
+    println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
+    let one = median(sl1);
+    println!(
+        "  (both QPs on one soft device, engine loopback: {one:.0} round trips/s, {:.1} us, ratio {:.2})",
+        1e6 / one,
+        one / tcp
+    );
+}

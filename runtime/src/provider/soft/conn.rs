@@ -1,0 +1,383 @@
+//! One TCP connection to a remote engine: receive and transmit buffers, the
+//! ordered queue of responses to send, and the requester QPs that send on it.
+
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+
+use super::mr::MrTable;
+use super::packet::{encode_hello, Header, Opcode, HEADER_LEN, HELLO_LEN};
+use crate::provider::AccessFlags;
+
+/// Stop generating packets once this many bytes wait to be written.
+pub(crate) const TX_HIGH: usize = 256 * 1024;
+/// Initial receive buffer size; it grows to hold a packet that is not
+/// received directly into registered memory.
+const RX_CAP: usize = 64 * 1024;
+
+/// A packet payload sent straight from registered memory (no copy): it
+/// follows the bytes in `tx`, and nothing is queued after it until it is gone.
+pub(crate) struct TxMem {
+    /// The requester QP whose WR this is.
+    pub qpn: u32,
+    pub lkey: u32,
+    pub pd: u32,
+    pub addr: u64,
+    pub len: usize,
+    pub pos: usize,
+}
+
+/// A WRITE payload being received straight into registered memory.
+pub(crate) struct RxDirect {
+    pub hdr: Header,
+    pub pd: u32,
+    /// Where the next byte goes.
+    pub addr: u64,
+    pub remaining: usize,
+    /// The region went away: the rest is discarded and the request fails.
+    pub broken: bool,
+}
+
+/// A response the responder owes, sent in order.
+#[derive(Debug)]
+pub(crate) enum Resp {
+    Ack {
+        dst: u32,
+        src: u32,
+        psn: u32,
+    },
+    Nak {
+        dst: u32,
+        src: u32,
+        psn: u32,
+        syndrome: u8,
+        timer: u8,
+    },
+    Atomic {
+        dst: u32,
+        src: u32,
+        psn: u32,
+        orig: u64,
+    },
+    Read(ReadJob),
+}
+
+/// An RDMA READ being answered, segment by segment.
+#[derive(Debug)]
+pub(crate) struct ReadJob {
+    pub dst: u32,
+    pub src: u32,
+    pub psn: u32,
+    pub pd: u32,
+    pub rkey: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub off: u64,
+}
+
+pub(crate) struct Conn {
+    /// The socket; `None` for the loopback connection of an engine to itself
+    /// (QPs of one device talking to each other, like a NIC's internal loopback).
+    pub stream: Option<mio::net::TcpStream>,
+    /// The remote engine's listener address (target of our connect, or from its HELLO).
+    pub peer: Option<SocketAddr>,
+    /// TCP connect finished.
+    pub connected: bool,
+    /// The remote's HELLO arrived.
+    pub got_hello: bool,
+    pub rx: Vec<u8>,
+    pub rx_start: usize,
+    pub rx_end: usize,
+    pub tx: Vec<u8>,
+    pub tx_pos: usize,
+    pub tx_mem: Option<TxMem>,
+    /// QPs whose zero-copy payload lost its registration while being sent.
+    pub broken: Vec<u32>,
+    /// Bytes the packet at `rx_start` needs in the buffer.
+    pub rx_need: usize,
+    pub rx_direct: Option<RxDirect>,
+    pub resp: VecDeque<Resp>,
+    /// Requester QPs with packets to send on this connection.
+    pub senders: VecDeque<u32>,
+    /// Listed in the engine's active list.
+    pub active: bool,
+}
+
+/// Result of trying to write.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flush {
+    /// Everything written.
+    Done,
+    /// The socket is full; wait for WRITABLE.
+    Blocked,
+    /// The connection failed.
+    Closed,
+}
+
+impl Conn {
+    pub fn new(stream: Option<mio::net::TcpStream>, local: SocketAddr, connected: bool) -> Conn {
+        let mut c = Conn {
+            stream,
+            peer: None,
+            connected,
+            got_hello: false,
+            rx: vec![0; RX_CAP],
+            rx_start: 0,
+            rx_end: 0,
+            tx: Vec::with_capacity(2 * TX_HIGH),
+            tx_pos: 0,
+            tx_mem: None,
+            broken: Vec::new(),
+            rx_need: 0,
+            rx_direct: None,
+            resp: VecDeque::new(),
+            senders: VecDeque::new(),
+            active: false,
+        };
+        let mut h = Header::new(Opcode::Hello);
+        h.payload_len = HELLO_LEN as u32;
+        c.tx.extend_from_slice(&h.encode());
+        c.tx.extend_from_slice(&encode_hello(local));
+        c
+    }
+
+    pub fn tx_pending(&self) -> usize {
+        self.tx.len() - self.tx_pos
+    }
+
+    /// True if more packets may be appended now.
+    pub fn tx_room(&self) -> bool {
+        self.tx_mem.is_none() && self.tx_pending() < TX_HIGH
+    }
+
+    /// Queues a response, coalescing consecutive ACKs of one QP.
+    pub fn push_resp(&mut self, r: Resp) {
+        if let Resp::Ack { dst, src, psn } = r {
+            if let Some(Resp::Ack {
+                dst: d,
+                src: s,
+                psn: p,
+            }) = self.resp.back_mut()
+            {
+                if *d == dst && *s == src {
+                    *p = psn;
+                    return;
+                }
+            }
+        }
+        self.resp.push_back(r);
+    }
+
+    /// Writes as much of the transmit buffer (and the zero-copy payload
+    /// after it) as the socket takes. `mrs` is the locked MR table: the
+    /// payload's registration is checked before every write.
+    pub fn flush(&mut self, mrs: &MrTable) -> Flush {
+        if !self.connected {
+            return Flush::Blocked;
+        }
+        let Some(stream) = &self.stream else {
+            self.loop_back(mrs);
+            return Flush::Done;
+        };
+        let fd = stream.as_raw_fd();
+        loop {
+            let head = self.tx.len() - self.tx_pos;
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2];
+            let mut n = 0;
+            if head > 0 {
+                iov[0] = libc::iovec {
+                    // SAFETY: `tx_pos < tx.len()`, so the pointer is in bounds.
+                    iov_base: unsafe { self.tx.as_mut_ptr().add(self.tx_pos) }.cast(),
+                    iov_len: head,
+                };
+                n = 1;
+            }
+            if let Some(m) = &self.tx_mem {
+                let rest = m.len - m.pos;
+                let at = m.addr + m.pos as u64;
+                match mrs.local(m.lkey, m.pd, at, rest as u64, false) {
+                    Some(p) => {
+                        iov[n] = libc::iovec {
+                            iov_base: p.cast(),
+                            iov_len: rest,
+                        };
+                        n += 1;
+                    }
+                    None => {
+                        // Deregistered under an outstanding WR: keep the
+                        // framing with zeros and fail the QP.
+                        self.broken.push(m.qpn);
+                        self.tx.resize(self.tx.len() + rest, 0);
+                        self.tx_mem = None;
+                        continue;
+                    }
+                }
+            }
+            if n == 0 {
+                self.tx.clear();
+                self.tx_pos = 0;
+                return Flush::Done;
+            }
+            // SAFETY: `iov[..n]` describes the live tx buffer and memory of a
+            // registration validated under the MR-table lock the caller holds
+            // for the duration of the call.
+            let r = unsafe { libc::writev(fd, iov.as_ptr(), n as i32) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => {
+                        self.compact_tx();
+                        return Flush::Blocked;
+                    }
+                    io::ErrorKind::Interrupted => continue,
+                    _ => {
+                        tracing::debug!(error = %e, "soft engine: write failed");
+                        return Flush::Closed;
+                    }
+                }
+            }
+            if r == 0 {
+                return Flush::Closed;
+            }
+            let mut k = r as usize;
+            let h = head.min(k);
+            self.tx_pos += h;
+            k -= h;
+            if let Some(m) = &mut self.tx_mem {
+                m.pos += k;
+                if m.pos == m.len {
+                    self.tx_mem = None;
+                }
+            }
+            if self.tx_pos == self.tx.len() {
+                self.tx.clear();
+                self.tx_pos = 0;
+            }
+        }
+    }
+
+    /// Loopback: moves everything queued for sending into the receive buffer.
+    fn loop_back(&mut self, mrs: &MrTable) {
+        let head = self.tx.len() - self.tx_pos;
+        let mem = self.tx_mem.as_ref().map_or(0, |m| m.len - m.pos);
+        let n = head + mem;
+        if n == 0 {
+            return;
+        }
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        }
+        if self.rx.len() - self.rx_end < n {
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
+            self.rx_start = 0;
+            if self.rx.len() - self.rx_end < n {
+                self.rx.resize(self.rx_end + n, 0);
+            }
+        }
+        let at = self.rx_end;
+        self.rx[at..at + head].copy_from_slice(&self.tx[self.tx_pos..]);
+        if let Some(m) = self.tx_mem.take() {
+            let dst = &mut self.rx[at + head..at + n];
+            match mrs.local(m.lkey, m.pd, m.addr + m.pos as u64, mem as u64, false) {
+                // SAFETY: validated for `mem` readable bytes under the
+                // MR-table lock the caller holds; `dst` has `mem` bytes.
+                Some(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), mem) },
+                None => {
+                    dst.fill(0);
+                    self.broken.push(m.qpn);
+                }
+            }
+        }
+        self.rx_end += n;
+        self.tx.clear();
+        self.tx_pos = 0;
+    }
+
+    /// True for the engine's connection to itself.
+    pub fn is_loopback(&self) -> bool {
+        self.stream.is_none()
+    }
+
+    /// Reads the rest of a direct WRITE payload straight into registered
+    /// memory (or into the buffer, discarded, if the region went away).
+    /// Returns bytes read (0 = end of stream) and whether the read was full.
+    pub fn read_direct(&mut self, mrs: &MrTable) -> io::Result<(usize, bool)> {
+        let Some(d) = &mut self.rx_direct else {
+            return Ok((0, false));
+        };
+        let want = d.remaining;
+        let Some(stream) = &self.stream else {
+            return Ok((0, false));
+        };
+        let fd = stream.as_raw_fd();
+        let target = if d.broken {
+            None
+        } else {
+            mrs.remote(
+                d.hdr.rkey,
+                d.pd,
+                d.addr,
+                want as u64,
+                AccessFlags::REMOTE_WRITE,
+            )
+            .ok()
+        };
+        let r = match target {
+            // SAFETY: `p` points to `want` writable bytes of a registration
+            // validated under the MR-table lock the caller holds.
+            Some(p) => unsafe { libc::read(fd, p.cast(), want) },
+            None => {
+                d.broken = true;
+                let n = want.min(self.rx.len());
+                // SAFETY: the buffer holds at least `n` bytes.
+                unsafe { libc::read(fd, self.rx.as_mut_ptr().cast(), n) }
+            }
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let r = r as usize;
+        d.addr += r as u64;
+        d.remaining -= r;
+        Ok((r, r == want))
+    }
+
+    fn compact_tx(&mut self) {
+        if self.tx_pos > TX_HIGH / 2 {
+            self.tx.drain(..self.tx_pos);
+            self.tx_pos = 0;
+        }
+    }
+
+    /// Reads once into the receive buffer: bytes read (0 = end of stream)
+    /// and whether the read filled all the space offered.
+    pub fn read_some(&mut self) -> io::Result<(usize, bool)> {
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        } else if self.rx.len() - self.rx_start < self.rx_need.max(HEADER_LEN)
+            || self.rx_end == self.rx.len()
+        {
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
+            self.rx_start = 0;
+        }
+        if self.rx.len() < self.rx_need {
+            self.rx.resize(self.rx_need, 0);
+        }
+        let end = self.rx_end;
+        let space = self.rx.len() - end;
+        let Some(stream) = &mut self.stream else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let n = stream.read(&mut self.rx[end..])?;
+        self.rx_end += n;
+        Ok((n, n == space))
+    }
+}

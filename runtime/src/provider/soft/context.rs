@@ -1,0 +1,361 @@
+//! The soft device context: opens the engine thread and its listener, hands
+//! out PDs, MRs, CQs, channels and QPs, and stops the engine when the last
+//! handle is gone.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use super::cq::{lock, CompChannel, Cq, CqShared, EventQueue};
+use super::engine;
+use super::mr::{Mr, MrEntry, MrInner, MrTable};
+use super::qp::{check_caps, state_to_u8, Qp, QpHandle, QpInner, QpShared};
+use crate::provider::{
+    AccessFlags, AsyncEvent, DeviceAttr, Gid, LinkLayer, Mtu, PortAttr, PortState, ProviderError,
+    QpCaps, QpState, Result, SoftConfig,
+};
+
+/// Deepest work queue.
+pub(crate) const MAX_QP_WR: u32 = 16 * 1024;
+/// Most SGEs per WR.
+pub(crate) const MAX_SGE: u32 = 16;
+/// Largest inline payload.
+pub(crate) const MAX_INLINE: u32 = 1024;
+/// Largest CQ.
+pub(crate) const MAX_CQE: u32 = 1 << 20;
+/// Incoming / outgoing READ+atomic depth advertised.
+const MAX_RD_ATOM: u32 = 16;
+
+/// State shared by every handle of one context and its engine thread.
+pub(crate) struct Shared {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub gid: Gid,
+    pub seed: u32,
+    mrs: Mutex<MrTable>,
+    pub qps: Mutex<HashMap<u32, Arc<QpShared>>>,
+    /// QPs with new work or a state change, for the engine.
+    pub dirty: Mutex<Vec<Arc<QpShared>>>,
+    /// The engine is (about to be) asleep in its poll.
+    pub sleeping: AtomicBool,
+    pub waker: mio::Waker,
+    pub stop: AtomicBool,
+    pub async_events: Arc<EventQueue<AsyncEvent>>,
+    next_qpn: AtomicU32,
+    next_cq: AtomicU32,
+    next_pd: AtomicU32,
+}
+
+impl Shared {
+    pub fn mrs(&self) -> MutexGuard<'_, MrTable> {
+        lock(&self.mrs)
+    }
+
+    /// Puts `qp` on the dirty list (once) and rings the doorbell.
+    pub fn notify(&self, qp: &Arc<QpShared>) {
+        if !qp.dirty.swap(true, Ordering::AcqRel) {
+            lock(&self.dirty).push(qp.clone());
+        }
+        self.ring();
+    }
+
+    /// Wakes the engine, with a syscall only if it sleeps.
+    pub fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            if let Err(e) = self.waker.wake() {
+                tracing::error!(error = %e, "soft engine waker failed");
+            }
+        }
+    }
+}
+
+pub(crate) struct CtxInner {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for CtxInner {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Err(e) = self.shared.waker.wake() {
+            tracing::error!(error = %e, "cannot wake the soft engine to stop it");
+        }
+        if let Some(t) = lock(&self.thread).take() {
+            if t.join().is_err() {
+                tracing::error!("soft engine thread panicked");
+            }
+        }
+    }
+}
+
+/// An opened soft device: owns the engine thread.
+#[derive(Clone)]
+pub struct Context(Arc<CtxInner>);
+
+fn gid_of(ip: IpAddr) -> Gid {
+    match ip {
+        IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+        IpAddr::V6(v6) => Gid(v6.octets()),
+    }
+}
+
+fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> ProviderError {
+    move |source| ProviderError::Io { context, source }
+}
+
+impl Context {
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.0.shared
+    }
+
+    /// Opens a device: binds the listener and starts the engine thread.
+    pub fn open(config: SoftConfig) -> Result<Context> {
+        let std_listener =
+            std::net::TcpListener::bind(config.bind).map_err(io_err("soft device: bind"))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(io_err("soft device: set_nonblocking"))?;
+        let addr = std_listener
+            .local_addr()
+            .map_err(io_err("soft device: local_addr"))?;
+        let listener = mio::net::TcpListener::from_std(std_listener);
+        let poll = mio::Poll::new().map_err(io_err("soft device: epoll"))?;
+        let waker = mio::Waker::new(poll.registry(), engine::WAKER)
+            .map_err(io_err("soft device: waker"))?;
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(u64::from(addr.port()));
+        let seed = h.finish() as u32;
+        let shared = Arc::new(Shared {
+            name: config.name.clone(),
+            addr,
+            gid: gid_of(addr.ip()),
+            seed,
+            mrs: Mutex::new(MrTable::default()),
+            qps: Mutex::new(HashMap::new()),
+            dirty: Mutex::new(Vec::new()),
+            sleeping: AtomicBool::new(false),
+            waker,
+            stop: AtomicBool::new(false),
+            async_events: Arc::new(EventQueue::new()?),
+            next_qpn: AtomicU32::new(0x100 + (seed & 0xffff)),
+            next_cq: AtomicU32::new(1),
+            next_pd: AtomicU32::new(1),
+        });
+        let eng_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("verbio-soft-{}", addr.port()))
+            .spawn(move || engine::run(eng_shared, poll, listener))
+            .map_err(io_err("soft device: spawn engine"))?;
+        tracing::debug!(%addr, name = %config.name, "soft device opened");
+        Ok(Context(Arc::new(CtxInner {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        })))
+    }
+
+    /// Device name.
+    pub fn name(&self) -> &str {
+        &self.shared().name
+    }
+
+    /// Device attributes (the limits this device enforces).
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        Ok(DeviceAttr {
+            fw_ver: concat!("verbio-soft ", env!("CARGO_PKG_VERSION")).to_string(),
+            node_guid: (u64::from(self.shared().seed) << 16) | 0x5f7,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 1,
+            max_mr_size: 1 << 40,
+            max_qp: 1 << 16,
+            max_qp_wr: MAX_QP_WR,
+            max_sge: MAX_SGE,
+            max_cq: 1 << 16,
+            max_cqe: MAX_CQE,
+            max_mr: 1 << 20,
+            max_pd: 1 << 16,
+            max_qp_rd_atom: MAX_RD_ATOM,
+            max_qp_init_rd_atom: MAX_RD_ATOM,
+            phys_port_cnt: 1,
+        })
+    }
+
+    /// Port attributes: port 1 only, always active, Ethernet, MTU 4096.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port != 1 {
+            return Err(ProviderError::InvalidArgument {
+                call: "query_port",
+                what: format!("port {port} (the soft device has port 1 only)"),
+            });
+        }
+        Ok(PortAttr {
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            lid: 0,
+            gid_tbl_len: 1,
+            link_layer: LinkLayer::Ethernet,
+        })
+    }
+
+    /// GID 0 of port 1: the engine's IP (IPv4 mapped into IPv6).
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        if port != 1 || index != 0 {
+            return Err(ProviderError::InvalidArgument {
+                call: "query_gid",
+                what: format!("port {port} index {index}"),
+            });
+        }
+        Ok(self.shared().gid)
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let id = self.shared().next_pd.fetch_add(1, Ordering::Relaxed);
+        Ok(Pd(Arc::new(PdInner {
+            ctx: self.clone(),
+            id,
+        })))
+    }
+
+    /// Creates a completion channel (an eventfd).
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        Ok(CompChannel {
+            events: Arc::new(EventQueue::new()?),
+            _ctx: self.clone(),
+        })
+    }
+
+    /// Creates a CQ with room for `cqe` completions.
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(ProviderError::InvalidArgument {
+                call: "create_cq",
+                what: format!("{cqe} entries (1..={MAX_CQE})"),
+            });
+        }
+        let handle = self.shared().next_cq.fetch_add(1, Ordering::Relaxed);
+        Ok(Cq {
+            shared: Arc::new(CqShared::new(
+                handle,
+                cqe,
+                channel.map(|c| c.events.clone()),
+                self.shared().async_events.clone(),
+            )),
+            _channel: channel.cloned(),
+            _ctx: self.clone(),
+        })
+    }
+
+    /// The async-event eventfd.
+    pub fn async_fd(&self) -> RawFd {
+        self.shared().async_events.fd()
+    }
+
+    /// Takes the next async event.
+    pub fn get_async_event(&self) -> Result<Option<AsyncEvent>> {
+        Ok(self.shared().async_events.pop())
+    }
+
+    /// The engine's listener address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared().addr
+    }
+}
+
+pub(crate) struct PdInner {
+    ctx: Context,
+    id: u32,
+}
+
+/// A protection domain of the soft device.
+#[derive(Clone)]
+pub struct Pd(Arc<PdInner>);
+
+impl Pd {
+    /// Registers memory.
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must stay valid until the last clone of the
+    /// returned [`Mr`] is dropped; the engine reads and writes it (per
+    /// `access`) at any time meanwhile, like a NIC's DMA.
+    pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
+        let needs_local_write = access.contains(AccessFlags::REMOTE_WRITE)
+            || access.contains(AccessFlags::REMOTE_ATOMIC);
+        if needs_local_write && !access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(ProviderError::InvalidArgument {
+                call: "reg_mr",
+                what: format!("{access:?}: remote write/atomic need LOCAL_WRITE"),
+            });
+        }
+        if (addr as u64).checked_add(len as u64).is_none() {
+            return Err(ProviderError::InvalidArgument {
+                call: "reg_mr",
+                what: "region wraps the address space".into(),
+            });
+        }
+        let entry = MrEntry {
+            pd: self.0.id,
+            addr: addr as u64,
+            len: len as u64,
+            access,
+        };
+        let sh = self.0.ctx.shared();
+        let (lkey, rkey) = sh.mrs().insert(entry, sh.seed);
+        Ok(Mr(Arc::new(MrInner {
+            ctx: self.0.ctx.clone(),
+            lkey,
+            rkey,
+            entry,
+        })))
+    }
+
+    /// Creates an RC QP in RESET.
+    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        let caps = check_caps(&caps)?;
+        let sh = self.0.ctx.shared();
+        let qpn = loop {
+            let n = sh.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            if n != 0 && !lock(&sh.qps).contains_key(&n) {
+                break n;
+            }
+        };
+        let psn = (sh.seed.rotate_left(7) ^ qpn.wrapping_mul(0x9E37_79B1)) & 0x00ff_ffff;
+        let shared = Arc::new(QpShared {
+            qpn,
+            pd: self.0.id,
+            psn,
+            caps,
+            send_cq: send_cq.shared.clone(),
+            recv_cq: recv_cq.shared.clone(),
+            state: AtomicU8::new(state_to_u8(QpState::Reset)),
+            inner: Mutex::new(QpInner {
+                state: QpState::Reset,
+                cfg: Default::default(),
+                gen: 0,
+                epoch: 0,
+                sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+                rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+                sq_outstanding: 0,
+                rq_outstanding: 0,
+            }),
+            dirty: AtomicBool::new(false),
+            destroyed: AtomicBool::new(false),
+        });
+        lock(&sh.qps).insert(qpn, shared.clone());
+        Ok(Qp(Arc::new(QpHandle {
+            shared,
+            ctx: self.0.ctx.clone(),
+            _pd: self.clone(),
+            _send_cq: send_cq.clone(),
+            _recv_cq: recv_cq.clone(),
+        })))
+    }
+}

@@ -1,0 +1,204 @@
+//! Completion queues, the completion channel and the async-event queue. Both
+//! pollable fds are non-blocking eventfds that are readable exactly while
+//! their queue holds an event.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::context::Context;
+use crate::provider::{
+    AsyncElement, AsyncEvent, AsyncEventKind, Completion, ProviderError, Result,
+};
+
+/// Locks a mutex, recovering from poisoning (the data stays consistent:
+/// every critical section leaves it valid before anything can panic).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A queue of events with an eventfd that is readable while it is not empty.
+pub(crate) struct EventQueue<T> {
+    fd: OwnedFd,
+    queue: Mutex<VecDeque<T>>,
+}
+
+impl<T> EventQueue<T> {
+    pub fn new() -> Result<Self> {
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(ProviderError::Io {
+                context: "eventfd",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `raw` is a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(EventQueue {
+            fd,
+            queue: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn push(&self, ev: T) {
+        let mut q = lock(&self.queue);
+        let was_empty = q.is_empty();
+        q.push_back(ev);
+        if was_empty {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+            let _ = unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    pub fn pop(&self) -> Option<T> {
+        let mut q = lock(&self.queue);
+        let ev = q.pop_front();
+        if ev.is_some() && q.is_empty() {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+            let _ = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+        }
+        ev
+    }
+}
+
+/// The completion channel of the soft device.
+#[derive(Clone)]
+pub struct CompChannel {
+    pub(crate) events: Arc<EventQueue<u32>>,
+    pub(crate) _ctx: Context,
+}
+
+impl CompChannel {
+    /// The eventfd to register with a poller.
+    pub fn fd(&self) -> RawFd {
+        self.events.fd()
+    }
+    /// Takes one pending CQ event (the CQ handle), if any.
+    pub fn get_event(&self) -> Result<Option<u32>> {
+        Ok(self.events.pop())
+    }
+}
+
+pub(crate) struct CqState {
+    queue: VecDeque<Completion>,
+    /// `Some(solicited_only)` while armed.
+    armed: Option<bool>,
+    overflow: bool,
+    acked: u64,
+}
+
+/// CQ state shared by the handle and the engine.
+pub(crate) struct CqShared {
+    pub handle: u32,
+    pub capacity: u32,
+    state: Mutex<CqState>,
+    channel: Option<Arc<EventQueue<u32>>>,
+    async_events: Arc<EventQueue<AsyncEvent>>,
+}
+
+impl CqShared {
+    pub fn new(
+        handle: u32,
+        capacity: u32,
+        channel: Option<Arc<EventQueue<u32>>>,
+        async_events: Arc<EventQueue<AsyncEvent>>,
+    ) -> CqShared {
+        CqShared {
+            handle,
+            capacity,
+            state: Mutex::new(CqState {
+                queue: VecDeque::with_capacity(capacity as usize),
+                armed: None,
+                overflow: false,
+                acked: 0,
+            }),
+            channel,
+            async_events,
+        }
+    }
+
+    /// Pushes a completion (engine side). `solicited` marks a receive
+    /// completion of a solicited message; error completions count as solicited.
+    pub fn push(&self, wc: Completion, solicited: bool) {
+        let mut st = lock(&self.state);
+        if st.overflow {
+            return;
+        }
+        if st.queue.len() >= self.capacity as usize {
+            st.overflow = true;
+            drop(st);
+            tracing::warn!(cq = self.handle, "soft CQ overflow");
+            self.async_events.push(AsyncEvent {
+                kind: AsyncEventKind::CqErr,
+                element: AsyncElement::Cq(self.handle),
+            });
+            return;
+        }
+        st.queue.push_back(wc);
+        let fire = match st.armed {
+            Some(only_solicited) => !only_solicited || solicited || !wc.status.is_success(),
+            None => false,
+        };
+        if fire {
+            st.armed = None;
+            if let Some(ch) = &self.channel {
+                ch.push(self.handle);
+            }
+        }
+    }
+
+    fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        let mut st = lock(&self.state);
+        if st.overflow {
+            return Err(ProviderError::CqOverflow {
+                cq: self.handle,
+                capacity: self.capacity,
+            });
+        }
+        let n = out.len().min(st.queue.len());
+        for (slot, wc) in out.iter_mut().zip(st.queue.drain(..n)) {
+            *slot = wc;
+        }
+        Ok(n)
+    }
+}
+
+/// A completion queue of the soft device.
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) shared: Arc<CqShared>,
+    pub(crate) _channel: Option<CompChannel>,
+    pub(crate) _ctx: Context,
+}
+
+impl Cq {
+    /// Handle unique within the context.
+    pub fn handle(&self) -> u32 {
+        self.shared.handle
+    }
+    /// Capacity.
+    pub fn capacity(&self) -> u32 {
+        self.shared.capacity
+    }
+    /// Arms the CQ for one event.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        lock(&self.shared.state).armed = Some(solicited_only);
+        Ok(())
+    }
+    /// Takes up to `out.len()` completions.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        self.shared.poll(out)
+    }
+    /// Acknowledges `n` events.
+    pub fn ack_events(&self, n: u32) {
+        lock(&self.shared.state).acked += u64::from(n);
+    }
+}

@@ -1,0 +1,888 @@
+//! The engine thread: plays the NIC for one context. It sleeps in its own
+//! mio poll when idle, takes posted WRs from dirty QPs, turns them into
+//! packets on the per-peer TCP connections, answers incoming requests
+//! (responder) and completes WRs from incoming responses (requester).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use super::conn::{Conn, Flush, RxDirect};
+use super::context::Shared;
+use super::cq::lock;
+use super::dma::write_raw;
+use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
+use super::packet::{Header, FLAG_FIRST};
+use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
+use super::responder::load_qp;
+use crate::provider::{
+    ack_timeout_duration, AccessFlags, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
+};
+
+/// Token of the doorbell waker.
+pub(crate) const WAKER: Token = Token(0);
+const LISTENER: Token = Token(1);
+const CONN_BASE: usize = 2;
+/// Rounds of fill+flush per connection before looking at other events.
+const SERVICE_ROUNDS: usize = 8;
+/// WRITE payloads at least this big are received straight into memory.
+const DIRECT_MIN: usize = 16 * 1024;
+
+/// How long the engine keeps polling after activity before it sleeps
+/// (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
+const DEFAULT_SPIN_US: u64 = 50;
+
+fn spin_duration() -> Duration {
+    let us = std::env::var("VERBIO_SOFT_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_SPIN_US);
+    Duration::from_micros(us)
+}
+
+pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
+
+pub(crate) fn psn_add(a: u32, b: u32) -> u32 {
+    a.wrapping_add(b) & PSN_MASK
+}
+
+/// `a <= b` in 24-bit serial arithmetic.
+pub(crate) fn psn_le(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) & PSN_MASK) < (1 << 23)
+}
+
+/// A send WR inside the engine.
+pub(crate) struct EWqe {
+    pub w: SendWqe,
+    pub first_psn: u32,
+    pub last_psn: u32,
+    /// A local error found before sending; completes when it reaches the front.
+    pub error: Option<WcStatus>,
+}
+
+impl EWqe {
+    pub fn needs_response(&self) -> bool {
+        matches!(
+            self.w.op,
+            SendOp::Read { .. } | SendOp::CompareAndSwap { .. } | SendOp::FetchAndAdd { .. }
+        )
+    }
+}
+
+/// The engine's private view of a QP.
+pub(crate) struct EQp {
+    pub sh: Arc<QpShared>,
+    pub gen: u32,
+    pub epoch: u32,
+    pub configured: bool,
+    pub cfg: QpConfig,
+    // requester
+    pub conn: Option<usize>,
+    pub scheduled: bool,
+    /// Taken WRs not completed yet, in order; `[..send_idx]` fully sent.
+    pub wqes: VecDeque<EWqe>,
+    pub send_idx: usize,
+    pub send_off: u64,
+    pub next_psn: u32,
+    pub rnr_until: Option<Instant>,
+    pub rnr_left: u8,
+    pub ack_deadline: Option<Instant>,
+    pub retries_left: u8,
+    pub rd_outstanding: usize,
+    // responder
+    pub epsn: u32,
+    pub cur_recv: Option<RecvWqe>,
+}
+
+impl EQp {
+    pub fn new(sh: Arc<QpShared>) -> EQp {
+        EQp {
+            sh,
+            gen: u32::MAX,
+            epoch: 0,
+            configured: false,
+            cfg: QpConfig::default(),
+            conn: None,
+            scheduled: false,
+            wqes: VecDeque::new(),
+            send_idx: 0,
+            send_off: 0,
+            next_psn: 0,
+            rnr_until: None,
+            rnr_left: 0,
+            ack_deadline: None,
+            retries_left: 0,
+            rd_outstanding: 0,
+            epsn: 0,
+            cur_recv: None,
+        }
+    }
+
+    /// Copies a changed configuration; drops private state after a RESET.
+    /// Returns the current state.
+    pub fn refresh(&mut self, inner: &QpInner) -> QpState {
+        if inner.epoch != self.epoch {
+            self.epoch = inner.epoch;
+            self.configured = false;
+            self.wqes.clear();
+            self.send_idx = 0;
+            self.send_off = 0;
+            self.rnr_until = None;
+            self.ack_deadline = None;
+            self.rd_outstanding = 0;
+            self.cur_recv = None;
+        }
+        if inner.gen != self.gen {
+            self.gen = inner.gen;
+            self.cfg = inner.cfg;
+            if !self.configured && matches!(inner.state, QpState::Rtr | QpState::Rts) {
+                self.configured = true;
+                self.epsn = self.cfg.remote_psn;
+                self.next_psn = self.sh.psn;
+            }
+            self.rnr_left = self.cfg.rnr_retry;
+            self.retries_left = self.cfg.retry_cnt;
+        }
+        inner.state
+    }
+
+    pub fn ack_timeout(&self) -> Option<Duration> {
+        ack_timeout_duration(self.cfg.timeout)
+    }
+
+    /// Restarts the ACK timer after progress (or stops it when idle).
+    pub fn progress(&mut self, now: Instant) {
+        self.retries_left = self.cfg.retry_cnt;
+        self.rnr_left = self.cfg.rnr_retry;
+        self.ack_deadline = if self.send_idx > 0 || self.send_off > 0 {
+            self.ack_timeout().map(|t| now + t)
+        } else {
+            None
+        };
+    }
+
+    pub fn completion(&self, w: &SendWqe, status: WcStatus, byte_len: u32) -> Completion {
+        Completion {
+            wr_id: w.wr_id,
+            status,
+            opcode: w.op.completion_opcode(),
+            byte_len: if status.is_success() { byte_len } else { 0 },
+            imm_data: None,
+            qp_num: self.sh.qpn,
+            vendor_err: 0,
+        }
+    }
+
+    /// Completes the front WR (which must exist) with `status`.
+    pub fn complete_front(&mut self, status: WcStatus, byte_len: u32) {
+        let Some(e) = self.wqes.pop_front() else {
+            return;
+        };
+        if self.send_idx > 0 {
+            self.send_idx -= 1;
+        } else {
+            self.send_off = 0;
+        }
+        if e.needs_response() && self.rd_outstanding > 0 {
+            self.rd_outstanding -= 1;
+        }
+        if !status.is_success() || e.w.flags.contains(SendFlags::SIGNALED) {
+            let wc = self.completion(&e.w, status, byte_len);
+            self.sh.send_cq.push(wc, true);
+        }
+        let mut inner = lock(&self.sh.inner);
+        inner.sq_outstanding = inner.sq_outstanding.saturating_sub(1);
+    }
+
+    pub fn recv_completion(&self, r: &RecvWqe, status: WcStatus) -> Completion {
+        Completion {
+            wr_id: r.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: self.sh.qpn,
+            vendor_err: 0,
+        }
+    }
+
+    /// Moves the QP to ERR: `first` completes the front send WR, then every
+    /// other WR (send and receive) is flushed.
+    pub fn fail(&mut self, first: Option<WcStatus>) {
+        if let Some(st) = first {
+            if !self.wqes.is_empty() {
+                self.complete_front(st, 0);
+            }
+        }
+        let sh = self.sh.clone();
+        let mut inner = lock(&sh.inner);
+        if inner.state != QpState::Err {
+            self.sh.set_state(&mut inner, QpState::Err);
+            self.gen = inner.gen;
+        }
+        self.flush(&mut inner);
+    }
+
+    /// Flushes every WR with `WR_FLUSH_ERR` (QP in ERR).
+    pub fn flush(&mut self, inner: &mut QpInner) {
+        let sends: Vec<SendWqe> = self
+            .wqes
+            .drain(..)
+            .map(|e| e.w)
+            .chain(inner.sq.drain(..))
+            .collect();
+        for w in &sends {
+            let wc = self.completion(w, WcStatus::WrFlushErr, 0);
+            self.sh.send_cq.push(wc, true);
+        }
+        let recvs: Vec<RecvWqe> = self
+            .cur_recv
+            .take()
+            .into_iter()
+            .chain(inner.rq.drain(..))
+            .collect();
+        for r in &recvs {
+            let wc = self.recv_completion(r, WcStatus::WrFlushErr);
+            self.sh.recv_cq.push(wc, true);
+        }
+        inner.sq_outstanding = 0;
+        inner.rq_outstanding = 0;
+        self.send_idx = 0;
+        self.send_off = 0;
+        self.rnr_until = None;
+        self.ack_deadline = None;
+        self.rd_outstanding = 0;
+    }
+}
+
+pub(crate) struct Engine {
+    pub sh: Arc<Shared>,
+    pub poll: Poll,
+    pub listener: mio::net::TcpListener,
+    pub conns: Slab<Conn>,
+    pub peers: HashMap<std::net::SocketAddr, usize>,
+    pub qps: HashMap<u32, EQp>,
+    pub active: Vec<usize>,
+    dirty_buf: Vec<Arc<QpShared>>,
+}
+
+/// Engine thread body.
+pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListener) {
+    if let Err(e) = poll
+        .registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)
+    {
+        tracing::error!(error = %e, "soft engine: cannot register listener");
+        return;
+    }
+    let mut eng = Engine {
+        sh,
+        poll,
+        listener,
+        conns: Slab::new(),
+        peers: HashMap::new(),
+        qps: HashMap::new(),
+        active: Vec::new(),
+        dirty_buf: Vec::new(),
+    };
+    eng.run();
+    tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
+}
+
+impl Engine {
+    fn run(&mut self) {
+        let mut events = Events::with_capacity(256);
+        let spin = spin_duration();
+        let mut last_work = Instant::now();
+        loop {
+            if self.sh.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let had_dirty = self.service_dirty();
+            let now = Instant::now();
+            self.timers(now);
+            let busy = self.service_active();
+            if had_dirty || busy || !events.is_empty() {
+                last_work = now;
+            }
+            let mut timeout = if busy {
+                Some(Duration::ZERO)
+            } else if now.duration_since(last_work) < spin {
+                // Recently active: stay awake a little (no doorbell syscall
+                // for the next post), but let other threads run.
+                std::thread::yield_now();
+                Some(Duration::ZERO)
+            } else {
+                self.next_deadline()
+                    .map(|d| d.saturating_duration_since(now))
+            };
+            if timeout != Some(Duration::ZERO) {
+                self.sh.sleeping.store(true, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                if !lock(&self.sh.dirty).is_empty() || self.sh.stop.load(Ordering::SeqCst) {
+                    timeout = Some(Duration::ZERO);
+                }
+            }
+            let res = self.poll.poll(&mut events, timeout);
+            self.sh.sleeping.store(false, Ordering::SeqCst);
+            if let Err(e) = res {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "soft engine: poll failed");
+                    return;
+                }
+                continue;
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    WAKER => {}
+                    LISTENER => self.accept_all(),
+                    Token(t) => {
+                        let cid = t - CONN_BASE;
+                        if ev.is_writable() {
+                            self.on_writable(cid);
+                        }
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            self.on_readable(cid, ev.is_read_closed() || ev.is_error());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Services QPs the application touched. True if there were any.
+    fn service_dirty(&mut self) -> bool {
+        let mut list = std::mem::take(&mut self.dirty_buf);
+        std::mem::swap(&mut list, &mut *lock(&self.sh.dirty));
+        let any = !list.is_empty();
+        for qp in list.drain(..) {
+            qp.dirty.store(false, Ordering::SeqCst);
+            self.sync_qp(qp);
+        }
+        self.dirty_buf = list;
+        any
+    }
+
+    /// Looks at a QP the application touched: new WRs, state changes, destruction.
+    fn sync_qp(&mut self, qp: Arc<QpShared>) {
+        let qpn = qp.qpn;
+        if qp.destroyed.load(Ordering::Acquire) {
+            if let Some(eq) = self.qps.get(&qpn) {
+                if Arc::ptr_eq(&eq.sh, &qp) {
+                    self.qps.remove(&qpn);
+                }
+            }
+            return;
+        }
+        let eq = self.qps.entry(qpn).or_insert_with(|| EQp::new(qp.clone()));
+        if !Arc::ptr_eq(&eq.sh, &qp) {
+            *eq = EQp::new(qp.clone());
+        }
+        let mut inner = lock(&qp.inner);
+        let state = eq.refresh(&inner);
+        match state {
+            QpState::Err => {
+                eq.flush(&mut inner);
+                return;
+            }
+            QpState::Rts => {
+                let cap = inner.sq.len();
+                eq.wqes.extend(inner.sq.drain(..cap).map(|w| EWqe {
+                    w,
+                    first_psn: 0,
+                    last_psn: 0,
+                    error: None,
+                }));
+            }
+            QpState::Rtr => {}
+            _ => return,
+        }
+        drop(inner);
+        self.ensure_conn(qpn);
+        self.schedule(qpn);
+    }
+
+    /// Puts a requester QP on its connection's sender list.
+    pub fn schedule(&mut self, qpn: u32) {
+        let Some(eq) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if eq.scheduled || eq.send_idx >= eq.wqes.len() {
+            return;
+        }
+        let Some(cid) = eq.conn else {
+            return;
+        };
+        let Some(conn) = self.conns.get_mut(cid) else {
+            return;
+        };
+        eq.scheduled = true;
+        conn.senders.push_back(qpn);
+        if !conn.active {
+            conn.active = true;
+            self.active.push(cid);
+        }
+    }
+
+    pub fn activate(&mut self, cid: usize) {
+        if let Some(conn) = self.conns.get_mut(cid) {
+            if !conn.active {
+                conn.active = true;
+                self.active.push(cid);
+            }
+        }
+    }
+
+    /// Binds the QP to the connection to its peer's engine, connecting if needed.
+    fn ensure_conn(&mut self, qpn: u32) {
+        let Some(eq) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if let Some(c) = eq.conn {
+            if self.conns.contains(c) {
+                return;
+            }
+            eq.conn = None;
+        }
+        let Some(addr) = eq.cfg.remote_addr else {
+            return;
+        };
+        if let Some(&c) = self.peers.get(&addr) {
+            eq.conn = Some(c);
+            return;
+        }
+        match self.connect(addr) {
+            Ok(c) => {
+                if let Some(eq) = self.qps.get_mut(&qpn) {
+                    eq.conn = Some(c);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(%addr, error = %e, "soft engine: connect failed");
+                if let Some(eq) = self.qps.get_mut(&qpn) {
+                    if !eq.wqes.is_empty() {
+                        eq.fail(Some(WcStatus::RetryExcErr));
+                    }
+                }
+            }
+        }
+    }
+
+    fn connect(&mut self, addr: std::net::SocketAddr) -> io::Result<usize> {
+        let cid = if addr == self.sh.addr {
+            let entry = self.conns.vacant_entry();
+            let cid = entry.key();
+            entry.insert(Conn::new(None, self.sh.addr, true));
+            cid
+        } else {
+            let stream = mio::net::TcpStream::connect(addr)?;
+            self.insert_conn(stream, false)?
+        };
+        if let Some(c) = self.conns.get_mut(cid) {
+            c.peer = Some(addr);
+        }
+        self.peers.insert(addr, cid);
+        Ok(cid)
+    }
+
+    fn insert_conn(
+        &mut self,
+        mut stream: mio::net::TcpStream,
+        connected: bool,
+    ) -> io::Result<usize> {
+        let entry = self.conns.vacant_entry();
+        let cid = entry.key();
+        self.poll.registry().register(
+            &mut stream,
+            Token(cid + CONN_BASE),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        if connected {
+            let _ = stream.set_nodelay(true);
+        }
+        entry.insert(Conn::new(Some(stream), self.sh.addr, connected));
+        Ok(cid)
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, from)) => {
+                    tracing::trace!(%from, "soft engine: accepted");
+                    match self.insert_conn(stream, true) {
+                        Ok(cid) => self.activate(cid),
+                        Err(e) => tracing::warn!(error = %e, "soft engine: register failed"),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "soft engine: accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_writable(&mut self, cid: usize) {
+        let Some(conn) = self.conns.get_mut(cid) else {
+            return;
+        };
+        if !conn.connected {
+            let Some(stream) = &conn.stream else {
+                return;
+            };
+            match stream.take_error() {
+                Ok(Some(e)) | Err(e) => {
+                    tracing::debug!(error = %e, "soft engine: connect failed");
+                    self.close(cid);
+                    return;
+                }
+                Ok(None) => {}
+            }
+            match stream.peer_addr() {
+                Ok(_) => {
+                    let _ = stream.set_nodelay(true);
+                    conn.connected = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                Err(_) => {
+                    self.close(cid);
+                    return;
+                }
+            }
+        }
+        self.activate(cid);
+    }
+
+    /// Reads and handles what arrived. Edge-triggered: a short read means the
+    /// socket is drained (new data raises a new event), except when the peer
+    /// also closed (`drain`), where we read on until end of stream.
+    fn on_readable(&mut self, cid: usize, drain: bool) {
+        loop {
+            let Some(conn) = self.conns.get_mut(cid) else {
+                return;
+            };
+            if conn.rx_direct.is_some() {
+                let res = {
+                    let mrs = self.sh.mrs();
+                    conn.read_direct(&mrs)
+                };
+                match res {
+                    Ok((0, _)) => {
+                        self.close(cid);
+                        return;
+                    }
+                    Ok((_, full)) => {
+                        let done = conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0);
+                        if done {
+                            if let Some(d) = conn.rx_direct.take() {
+                                self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                            }
+                            self.activate(cid);
+                            continue;
+                        }
+                        if !full && !drain {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "soft engine: read failed");
+                        self.close(cid);
+                        return;
+                    }
+                }
+            }
+            match conn.read_some() {
+                Ok((0, _)) => {
+                    self.close(cid);
+                    return;
+                }
+                Ok((_, full)) => {
+                    if !self.process_rx(cid) {
+                        self.close(cid);
+                        return;
+                    }
+                    // What the packets produced (ACKs, data) goes out in
+                    // this loop turn.
+                    self.activate(cid);
+                    if !full && !drain {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "soft engine: read failed");
+                    self.close(cid);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handles every complete packet in the receive buffer. False = protocol
+    /// violation, drop the connection.
+    fn process_rx(&mut self, cid: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(cid) else {
+            return false;
+        };
+        let rx = std::mem::take(&mut conn.rx);
+        let (mut start, end) = (conn.rx_start, conn.rx_end);
+        let mut ok = true;
+        let mut need = 0;
+        let mut direct = None;
+        while end - start >= HEADER_LEN {
+            let hdr = match decode_header(&rx[start..end]) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "soft engine: bad packet, closing connection");
+                    ok = false;
+                    break;
+                }
+            };
+            let total = HEADER_LEN + hdr.payload_len as usize;
+            if end - start < total {
+                let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
+                if got_hello && hdr.payload_len as usize >= DIRECT_MIN {
+                    direct = self.direct_target(&hdr);
+                }
+                if let Some(d) = &mut direct {
+                    // Place the bytes already here; read the rest straight
+                    // into the registered memory.
+                    let have = &rx[start + HEADER_LEN..end];
+                    let mrs = self.sh.mrs();
+                    match mrs.remote(
+                        hdr.rkey,
+                        d.pd,
+                        d.addr,
+                        have.len() as u64,
+                        AccessFlags::REMOTE_WRITE,
+                    ) {
+                        // SAFETY: validated for `have.len()` writable bytes
+                        // under the MR-table lock we hold.
+                        Ok(p) => unsafe { write_raw(p, have) },
+                        Err(_) => d.broken = true,
+                    }
+                    d.addr += have.len() as u64;
+                    d.remaining -= have.len();
+                    start = end;
+                } else {
+                    need = total;
+                }
+                break;
+            }
+            let payload = &rx[start + HEADER_LEN..start + total];
+            start += total;
+            let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
+            if !got_hello {
+                if hdr.opcode != Opcode::Hello {
+                    tracing::warn!("soft engine: connection did not start with HELLO");
+                    ok = false;
+                    break;
+                }
+                match decode_hello(payload) {
+                    Ok(addr) => {
+                        if let Some(c) = self.conns.get_mut(cid) {
+                            c.got_hello = true;
+                            if c.peer.is_none() {
+                                c.peer = Some(addr);
+                            }
+                        }
+                        self.peers.entry(addr).or_insert(cid);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "soft engine: bad HELLO");
+                        ok = false;
+                        break;
+                    }
+                }
+                continue;
+            }
+            self.handle_packet(cid, &hdr, payload);
+        }
+        if let Some(conn) = self.conns.get_mut(cid) {
+            if start == end {
+                start = 0;
+                conn.rx_end = 0;
+            }
+            conn.rx = rx;
+            conn.rx_start = start;
+            conn.rx_need = need;
+            conn.rx_direct = direct;
+        }
+        ok
+    }
+
+    /// Checks whether a WRITE segment whose payload is still arriving can be
+    /// received straight into its target (the request will succeed).
+    fn direct_target(&mut self, hdr: &Header) -> Option<RxDirect> {
+        if !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
+            return None;
+        }
+        let (eq, st) = load_qp(&mut self.qps, &self.sh, hdr.dst_qpn)?;
+        if !matches!(st, QpState::Rtr | QpState::Rts)
+            || !eq.configured
+            || hdr.src_qpn != eq.cfg.remote_qpn
+            || hdr.psn != eq.epsn
+            || !eq.cfg.access.contains(AccessFlags::REMOTE_WRITE)
+        {
+            return None;
+        }
+        let first = hdr.flags & FLAG_FIRST != 0;
+        if first && hdr.opcode == Opcode::WriteImm && lock(&eq.sh.inner).rq.is_empty() {
+            return None;
+        }
+        let pd = eq.sh.pd;
+        let (from, len) = if first {
+            (hdr.addr, hdr.arg0)
+        } else {
+            (hdr.addr + hdr.arg1, u64::from(hdr.payload_len))
+        };
+        self.sh
+            .mrs()
+            .remote(hdr.rkey, pd, from, len, AccessFlags::REMOTE_WRITE)
+            .ok()?;
+        Some(RxDirect {
+            hdr: *hdr,
+            pd,
+            addr: hdr.addr + hdr.arg1,
+            remaining: hdr.payload_len as usize,
+            broken: false,
+        })
+    }
+
+    fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
+        match hdr.opcode {
+            Opcode::Hello => {}
+            op if op.is_request() => self.on_request(cid, hdr, payload, None),
+            _ => self.on_response(hdr, payload),
+        }
+    }
+
+    /// Fills and flushes every active connection. True if some still has
+    /// work that can proceed now.
+    fn service_active(&mut self) -> bool {
+        let list = std::mem::take(&mut self.active);
+        let mut busy = false;
+        for cid in list {
+            if let Some(c) = self.conns.get_mut(cid) {
+                c.active = false;
+            } else {
+                continue;
+            }
+            if self.service_conn(cid) {
+                busy = true;
+                self.activate(cid);
+            }
+        }
+        busy
+    }
+
+    /// Generates and writes packets for one connection. True if it stopped
+    /// with work left that does not wait for the socket.
+    fn service_conn(&mut self, cid: usize) -> bool {
+        for _ in 0..SERVICE_ROUNDS {
+            self.fill_tx(cid);
+            let Some(conn) = self.conns.get_mut(cid) else {
+                return false;
+            };
+            let res = {
+                let mrs = self.sh.mrs();
+                conn.flush(&mrs)
+            };
+            if !conn.broken.is_empty() {
+                let broken = std::mem::take(&mut conn.broken);
+                for qpn in broken {
+                    if let Some(eq) = self.qps.get_mut(&qpn) {
+                        eq.fail(Some(WcStatus::LocProtErr));
+                    }
+                }
+            }
+            match res {
+                Flush::Closed => {
+                    self.close(cid);
+                    return false;
+                }
+                Flush::Blocked => return false,
+                Flush::Done => {}
+            }
+            let lo = self.conns.get(cid).is_some_and(|c| c.is_loopback());
+            if lo && !self.process_rx(cid) {
+                tracing::error!("soft engine: loopback produced an invalid packet");
+                self.close(cid);
+                return false;
+            }
+            let conn = &self.conns[cid];
+            if conn.resp.is_empty() && conn.senders.is_empty() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Closes a connection: requester QPs bound to it fail with RETRY_EXC_ERR.
+    pub fn close(&mut self, cid: usize) {
+        if !self.conns.contains(cid) {
+            return;
+        }
+        let mut conn = self.conns.remove(cid);
+        if let Some(stream) = &mut conn.stream {
+            let _ = self.poll.registry().deregister(stream);
+        }
+        self.peers.retain(|_, c| *c != cid);
+        tracing::debug!(peer = ?conn.peer, "soft engine: connection closed");
+        for eq in self.qps.values_mut() {
+            if eq.conn == Some(cid) {
+                eq.conn = None;
+                eq.scheduled = false;
+                if !eq.wqes.is_empty() && eq.sh.state() == QpState::Rts {
+                    eq.fail(Some(WcStatus::RetryExcErr));
+                }
+            }
+        }
+    }
+
+    fn timers(&mut self, now: Instant) {
+        let mut resched = Vec::new();
+        for (qpn, eq) in self.qps.iter_mut() {
+            if let Some(t) = eq.rnr_until {
+                if t <= now {
+                    eq.rnr_until = None;
+                    resched.push(*qpn);
+                }
+            }
+            if let Some(t) = eq.ack_deadline {
+                if t <= now {
+                    if eq.retries_left == 0 {
+                        tracing::debug!(qpn, "soft engine: ACK timeout, retries exhausted");
+                        eq.fail(Some(WcStatus::RetryExcErr));
+                    } else {
+                        eq.retries_left -= 1;
+                        eq.ack_deadline = eq.ack_timeout().map(|d| now + d);
+                    }
+                }
+            }
+        }
+        for qpn in resched {
+            self.ensure_conn(qpn);
+            self.schedule(qpn);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
+            .flatten()
+            .min()
+    }
+}

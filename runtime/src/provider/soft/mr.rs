@@ -1,0 +1,155 @@
+//! Memory registration: the per-context MR table the engine consults (under
+//! its lock) every time it touches registered memory, and the [`Mr`] handle
+//! whose last drop removes the entry at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::context::Context;
+use crate::provider::AccessFlags;
+
+/// One registration, as the engine sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrEntry {
+    pub pd: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub access: AccessFlags,
+}
+
+impl MrEntry {
+    /// Pointer to `[addr, addr + len)` if it lies inside the registration.
+    fn range(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        let end = addr.checked_add(len)?;
+        let mr_end = self.addr.checked_add(self.len)?;
+        if addr >= self.addr && end <= mr_end {
+            Some(addr as usize as *mut u8)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why a remote access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AccessError {
+    /// Unknown rkey, other PD, out of bounds or missing access flag.
+    Denied,
+}
+
+/// All registrations of a context, by lkey and by rkey.
+///
+/// # Invariant
+/// While the engine holds the table's lock and has found an entry, the memory
+/// of that entry is valid: deregistration removes the entry under the same
+/// lock before the owner may free the memory.
+#[derive(Default)]
+pub(crate) struct MrTable {
+    by_lkey: HashMap<u32, MrEntry>,
+    by_rkey: HashMap<u32, MrEntry>,
+    counter: u32,
+}
+
+impl MrTable {
+    /// A fresh key: a bijective scramble of a counter, so keys look random and
+    /// are not reused until 2^32 registrations later.
+    fn next_key(&mut self, seed: u32) -> u32 {
+        loop {
+            self.counter = self.counter.wrapping_add(1);
+            let mut x = self.counter ^ seed;
+            x = x.wrapping_mul(0x9E37_79B1);
+            x ^= x >> 15;
+            x = x.wrapping_mul(0x85EB_CA77);
+            x ^= x >> 13;
+            if x != 0 && !self.by_lkey.contains_key(&x) && !self.by_rkey.contains_key(&x) {
+                return x;
+            }
+        }
+    }
+
+    pub fn insert(&mut self, entry: MrEntry, seed: u32) -> (u32, u32) {
+        let lkey = self.next_key(seed);
+        self.by_lkey.insert(lkey, entry);
+        let rkey = self.next_key(seed.rotate_left(16));
+        self.by_rkey.insert(rkey, entry);
+        (lkey, rkey)
+    }
+
+    pub fn remove(&mut self, lkey: u32, rkey: u32) {
+        self.by_lkey.remove(&lkey);
+        self.by_rkey.remove(&rkey);
+    }
+
+    /// Validates a local SGE: key known, same PD, in bounds, and LOCAL_WRITE
+    /// when the device must write it.
+    pub fn local(&self, lkey: u32, pd: u32, addr: u64, len: u64, write: bool) -> Option<*mut u8> {
+        let e = self.by_lkey.get(&lkey)?;
+        if e.pd != pd || (write && !e.access.contains(AccessFlags::LOCAL_WRITE)) {
+            return None;
+        }
+        e.range(addr, len)
+    }
+
+    /// Validates a remote access: rkey known, same PD, in bounds, and the MR
+    /// grants `need`.
+    pub fn remote(
+        &self,
+        rkey: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<*mut u8, AccessError> {
+        let e = self.by_rkey.get(&rkey).ok_or(AccessError::Denied)?;
+        if e.pd != pd || !e.access.contains(need) {
+            return Err(AccessError::Denied);
+        }
+        e.range(addr, len).ok_or(AccessError::Denied)
+    }
+}
+
+pub(crate) struct MrInner {
+    pub ctx: Context,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub entry: MrEntry,
+}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        // Removing the entry under the table lock: the engine holds that lock
+        // while it touches memory, so after this the memory is never touched.
+        self.ctx.shared().mrs().remove(self.lkey, self.rkey);
+    }
+}
+
+/// A registered memory region of the soft device.
+#[derive(Clone)]
+pub struct Mr(pub(crate) Arc<MrInner>);
+
+impl Mr {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.0.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.0.rkey
+    }
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.0.entry.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.entry.len as usize
+    }
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.0.entry.len == 0
+    }
+    /// Access flags.
+    pub fn access(&self) -> AccessFlags {
+        self.0.entry.access
+    }
+}

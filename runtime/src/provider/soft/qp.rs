@@ -1,0 +1,498 @@
+//! Queue pairs: the state shared with the engine, the state machine, and the
+//! post path (which only queues work requests and rings the doorbell; it
+//! never touches sockets).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use smallvec::SmallVec;
+
+use super::context::{Context, Pd, MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use super::cq::{lock, Cq, CqShared};
+use super::packet::MAX_MSG;
+use crate::provider::{
+    AccessFlags, Endpoint, InitAttr, Mtu, PostError, ProviderError, ProviderKind, QpCaps, QpState,
+    RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, SgList,
+};
+
+/// Inline payload copied at post time.
+pub(crate) type InlineData = SmallVec<[u8; 64]>;
+
+/// A send WR as queued for the engine.
+pub(crate) struct SendWqe {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub flags: SendFlags,
+    pub sges: SgList,
+    pub inline: Option<InlineData>,
+    /// Total message length (payload for SEND/WRITE, destination for READ).
+    pub len: u64,
+}
+
+/// A receive WR as queued for the engine.
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: SgList,
+    pub len: u64,
+}
+
+/// Connection attributes the engine copies when they change.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct QpConfig {
+    pub access: AccessFlags,
+    pub remote_qpn: u32,
+    pub remote_psn: u32,
+    pub remote_addr: Option<SocketAddr>,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+pub(crate) struct QpInner {
+    pub state: QpState,
+    pub cfg: QpConfig,
+    /// Bumped by every transition; the engine resyncs when it differs.
+    pub gen: u32,
+    /// Bumped by RESET; the engine drops its private state when it differs.
+    pub epoch: u32,
+    /// Posted send WRs the engine has not taken yet.
+    pub sq: VecDeque<SendWqe>,
+    /// Posted receive WRs not consumed yet.
+    pub rq: VecDeque<RecvWqe>,
+    /// Send WRs posted and not yet completed (queued or in the engine).
+    pub sq_outstanding: u32,
+    /// Receive WRs posted and not yet completed.
+    pub rq_outstanding: u32,
+}
+
+/// QP state shared by the handle and the engine.
+pub(crate) struct QpShared {
+    pub qpn: u32,
+    pub pd: u32,
+    pub psn: u32,
+    pub caps: QpCaps,
+    pub send_cq: Arc<CqShared>,
+    pub recv_cq: Arc<CqShared>,
+    /// Mirror of `inner.state` for lock-free reads.
+    pub state: AtomicU8,
+    pub inner: Mutex<QpInner>,
+    /// Queued on the context's dirty list.
+    pub dirty: AtomicBool,
+    /// The last handle was dropped.
+    pub destroyed: AtomicBool,
+}
+
+pub(crate) fn state_to_u8(s: QpState) -> u8 {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Err => 6,
+    }
+}
+
+pub(crate) fn state_from_u8(v: u8) -> QpState {
+    match v {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        _ => QpState::Err,
+    }
+}
+
+impl QpShared {
+    pub fn set_state(&self, inner: &mut QpInner, s: QpState) {
+        inner.state = s;
+        inner.gen = inner.gen.wrapping_add(1);
+        self.state.store(state_to_u8(s), Ordering::Release);
+    }
+    pub fn state(&self) -> QpState {
+        state_from_u8(self.state.load(Ordering::Acquire))
+    }
+}
+
+pub(crate) struct QpHandle {
+    pub shared: Arc<QpShared>,
+    pub ctx: Context,
+    pub _pd: Pd,
+    pub _send_cq: Cq,
+    pub _recv_cq: Cq,
+}
+
+impl Drop for QpHandle {
+    fn drop(&mut self) {
+        self.shared.destroyed.store(true, Ordering::Release);
+        let sh = self.ctx.shared();
+        lock(&sh.qps).remove(&self.shared.qpn);
+        sh.notify(&self.shared);
+    }
+}
+
+/// An RC queue pair of the soft device.
+#[derive(Clone)]
+pub struct Qp(pub(crate) Arc<QpHandle>);
+
+fn post_err(posted: usize, error: ProviderError) -> PostError {
+    PostError { posted, error }
+}
+
+fn invalid(call: &'static str, what: String) -> ProviderError {
+    ProviderError::InvalidArgument { call, what }
+}
+
+impl Qp {
+    fn sh(&self) -> &QpShared {
+        &self.0.shared
+    }
+
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.sh().qpn
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.sh().state()
+    }
+    /// Queue sizes.
+    pub fn caps(&self) -> QpCaps {
+        self.sh().caps
+    }
+
+    /// What the peer needs to connect.
+    pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
+        let ctx = self.0.ctx.shared();
+        if gid_index != 0 {
+            return Err(invalid(
+                "endpoint",
+                format!("GID index {gid_index} (only 0)"),
+            ));
+        }
+        Ok(Endpoint {
+            provider: ProviderKind::Soft,
+            qpn: self.sh().qpn,
+            psn: self.sh().psn,
+            lid: 0,
+            gid: ctx.gid,
+            mtu: Mtu::Mtu4096,
+            soft_addr: Some(ctx.addr),
+        })
+    }
+
+    fn transition(
+        &self,
+        op: &'static str,
+        from: &[QpState],
+        to: QpState,
+        f: impl FnOnce(&mut QpInner) -> Result<()>,
+    ) -> Result<()> {
+        let sh = self.sh();
+        let mut inner = lock(&sh.inner);
+        if !from.contains(&inner.state) {
+            return Err(ProviderError::InvalidQpState {
+                qp_num: sh.qpn,
+                op,
+                state: inner.state,
+            });
+        }
+        f(&mut inner)?;
+        sh.set_state(&mut inner, to);
+        drop(inner);
+        self.0.ctx.shared().notify(&self.0.shared);
+        Ok(())
+    }
+
+    /// RESET → INIT.
+    pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        if attr.port != 1 {
+            return Err(invalid("modify_to_init", format!("port {}", attr.port)));
+        }
+        let access = attr.access;
+        self.transition("modify_to_init", &[QpState::Reset], QpState::Init, |i| {
+            i.cfg.access = access;
+            Ok(())
+        })
+    }
+
+    /// INIT → RTR: records the peer; the engine connects to it lazily.
+    pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        let remote = attr.remote;
+        let addr = match (remote.provider, remote.soft_addr) {
+            (ProviderKind::Soft, Some(a)) => a,
+            _ => {
+                return Err(invalid(
+                    "modify_to_rtr",
+                    "remote endpoint is not a soft-device endpoint with an engine address"
+                        .to_string(),
+                ))
+            }
+        };
+        if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
+            return Err(invalid(
+                "modify_to_rtr",
+                "qpn/psn wider than 24 bits".into(),
+            ));
+        }
+        let timer = attr.min_rnr_timer;
+        self.transition("modify_to_rtr", &[QpState::Init], QpState::Rtr, |i| {
+            i.cfg.remote_qpn = remote.qpn;
+            i.cfg.remote_psn = remote.psn;
+            i.cfg.remote_addr = Some(addr);
+            i.cfg.min_rnr_timer = timer & 31;
+            Ok(())
+        })
+    }
+
+    /// RTR → RTS.
+    pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        let a = *attr;
+        if a.retry_cnt > 7 || a.rnr_retry > 7 || a.timeout > 31 {
+            return Err(invalid("modify_to_rts", format!("{a:?}")));
+        }
+        self.transition("modify_to_rts", &[QpState::Rtr], QpState::Rts, |i| {
+            i.cfg.timeout = a.timeout;
+            i.cfg.retry_cnt = a.retry_cnt;
+            i.cfg.rnr_retry = a.rnr_retry;
+            Ok(())
+        })
+    }
+
+    /// Any state → ERR; the engine flushes every WR.
+    pub fn modify_to_err(&self) -> Result<()> {
+        use QpState::*;
+        self.transition(
+            "modify_to_err",
+            &[Reset, Init, Rtr, Rts, Sqd, Sqe, Err],
+            Err,
+            |_| Ok(()),
+        )
+    }
+
+    /// Any state → RESET: queues emptied without completions.
+    pub fn modify_to_reset(&self) -> Result<()> {
+        use QpState::*;
+        self.transition(
+            "modify_to_reset",
+            &[Reset, Init, Rtr, Rts, Sqd, Sqe, Err],
+            Reset,
+            |i| {
+                i.sq.clear();
+                i.rq.clear();
+                i.sq_outstanding = 0;
+                i.rq_outstanding = 0;
+                i.epoch = i.epoch.wrapping_add(1);
+                i.cfg = QpConfig::default();
+                Ok(())
+            },
+        )
+    }
+
+    fn check_send(&self, wr: &SendWr) -> Result<SendWqe> {
+        let caps = self.sh().caps;
+        if wr.sg_list.len() > caps.max_send_sge as usize {
+            return Err(invalid(
+                "post_send",
+                format!(
+                    "{} SGEs > max_send_sge {}",
+                    wr.sg_list.len(),
+                    caps.max_send_sge
+                ),
+            ));
+        }
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if len > MAX_MSG {
+            return Err(invalid("post_send", format!("message of {len} bytes")));
+        }
+        let inline_ok = matches!(
+            wr.op,
+            SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::Write { .. }
+                | SendOp::WriteWithImm { .. }
+        );
+        let is_inline = wr.flags.contains(SendFlags::INLINE);
+        if is_inline && !inline_ok {
+            return Err(invalid("post_send", format!("INLINE with {:?}", wr.op)));
+        }
+        if is_inline && len > u64::from(caps.max_inline_data) {
+            return Err(invalid(
+                "post_send",
+                format!(
+                    "inline payload {len} > max_inline_data {}",
+                    caps.max_inline_data
+                ),
+            ));
+        }
+        if let SendOp::CompareAndSwap { remote_addr, .. }
+        | SendOp::FetchAndAdd { remote_addr, .. } = wr.op
+        {
+            if remote_addr & 7 != 0 {
+                return Err(invalid(
+                    "post_send",
+                    format!("atomic on misaligned address {remote_addr:#x}"),
+                ));
+            }
+            if wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 {
+                return Err(invalid(
+                    "post_send",
+                    "atomics need exactly one 8-byte local SGE".into(),
+                ));
+            }
+        }
+        let inline = if is_inline {
+            let mut data = InlineData::with_capacity(len as usize);
+            for s in &wr.sg_list {
+                if s.length == 0 {
+                    continue;
+                }
+                // SAFETY: verbs INLINE contract: the caller guarantees the SGE
+                // memory is readable for `length` bytes during post_send; it
+                // is copied here and never touched again.
+                let src = unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                };
+                data.extend_from_slice(src);
+            }
+            Some(data)
+        } else {
+            None
+        };
+        Ok(SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            flags: wr.flags,
+            sges: wr.sg_list.clone(),
+            inline,
+            len,
+        })
+    }
+
+    /// Queues send WRs and rings the engine's doorbell once.
+    pub fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        let sh = self.sh();
+        let mut inner = lock(&sh.inner);
+        match inner.state {
+            QpState::Rts | QpState::Err | QpState::Sqd | QpState::Sqe => {}
+            state => {
+                return Err(post_err(
+                    0,
+                    ProviderError::InvalidQpState {
+                        qp_num: sh.qpn,
+                        op: "post_send",
+                        state,
+                    },
+                ))
+            }
+        }
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if inner.sq_outstanding >= sh.caps.max_send_wr {
+                result = Err(post_err(
+                    i,
+                    ProviderError::QueueFull {
+                        qp_num: sh.qpn,
+                        queue: "send",
+                        depth: sh.caps.max_send_wr,
+                    },
+                ));
+                break;
+            }
+            match self.check_send(wr) {
+                Ok(wqe) => {
+                    inner.sq.push_back(wqe);
+                    inner.sq_outstanding += 1;
+                }
+                Err(e) => {
+                    result = Err(post_err(i, e));
+                    break;
+                }
+            }
+        }
+        let posted_any = !inner.sq.is_empty();
+        drop(inner);
+        if posted_any {
+            self.0.ctx.shared().notify(&self.0.shared);
+        }
+        result
+    }
+
+    /// Queues receive WRs (allowed from INIT on).
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        let sh = self.sh();
+        let mut inner = lock(&sh.inner);
+        if inner.state == QpState::Reset {
+            return Err(post_err(
+                0,
+                ProviderError::InvalidQpState {
+                    qp_num: sh.qpn,
+                    op: "post_recv",
+                    state: QpState::Reset,
+                },
+            ));
+        }
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if inner.rq_outstanding >= sh.caps.max_recv_wr {
+                result = Err(post_err(
+                    i,
+                    ProviderError::QueueFull {
+                        qp_num: sh.qpn,
+                        queue: "receive",
+                        depth: sh.caps.max_recv_wr,
+                    },
+                ));
+                break;
+            }
+            if wr.sg_list.len() > sh.caps.max_recv_sge as usize {
+                result = Err(post_err(
+                    i,
+                    invalid(
+                        "post_recv",
+                        format!(
+                            "{} SGEs > max_recv_sge {}",
+                            wr.sg_list.len(),
+                            sh.caps.max_recv_sge
+                        ),
+                    ),
+                ));
+                break;
+            }
+            let len = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+            inner.rq.push_back(RecvWqe {
+                wr_id: wr.wr_id,
+                sges: wr.sg_list.clone(),
+                len,
+            });
+            inner.rq_outstanding += 1;
+        }
+        let flush = inner.state == QpState::Err;
+        drop(inner);
+        if flush {
+            self.0.ctx.shared().notify(&self.0.shared);
+        }
+        result
+    }
+}
+
+/// Checks requested QP sizes against the device limits.
+pub(crate) fn check_caps(caps: &QpCaps) -> Result<QpCaps> {
+    let bad = |what: String| Err(invalid("create_qp", what));
+    if caps.max_send_wr > MAX_QP_WR || caps.max_recv_wr > MAX_QP_WR {
+        return bad(format!("queue depth above {MAX_QP_WR}: {caps:?}"));
+    }
+    if caps.max_send_sge > MAX_SGE || caps.max_recv_sge > MAX_SGE {
+        return bad(format!("more than {MAX_SGE} SGEs: {caps:?}"));
+    }
+    if caps.max_inline_data > MAX_INLINE {
+        return bad(format!("inline above {MAX_INLINE}: {caps:?}"));
+    }
+    Ok(*caps)
+}

@@ -1,0 +1,464 @@
+//! Requester side of the engine: turns send WRs into request packets, writes
+//! queued responses, and completes WRs from ACKs, NAKs and responses.
+
+use std::time::Instant;
+
+use super::conn::{Resp, TxMem};
+use super::dma::{check_local, gather, read_raw, scatter};
+use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
+use super::mr::MrTable;
+use super::packet::{
+    Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, MAX_PAYLOAD, NAK_REM_ACCESS,
+    NAK_REM_INV_REQ, NAK_REM_OP, NAK_RNR,
+};
+use crate::provider::{rnr_timer_duration, AccessFlags, QpState, SendFlags, SendOp, WcStatus};
+
+enum Gen {
+    Sent,
+    Idle,
+}
+
+/// Payload bytes copied into one packet (inline, multi-SGE, READ responses).
+const COPY_CHUNK: u64 = 64 * 1024;
+/// Segments at least this big within one SGE are sent from memory, uncopied.
+const ZC_MIN: u64 = 16 * 1024;
+
+/// The zero-copy piece for message bytes from `off`: (lkey, address, length)
+/// within the SGE that contains `off`, if big enough.
+fn zc_piece(w: &super::qp::SendWqe, off: u64) -> Option<(u32, u64, u64)> {
+    if w.inline.is_some() {
+        return None;
+    }
+    let mut pos = 0u64;
+    for s in &w.sges {
+        let l = u64::from(s.length);
+        if off < pos + l {
+            let seg = (pos + l - off).min(w.len - off).min(u64::from(MAX_PAYLOAD));
+            return (seg >= ZC_MIN).then_some((s.lkey, s.addr + (off - pos), seg));
+        }
+        pos += l;
+    }
+    None
+}
+
+/// Builds the next request packet of `eq` into `tx` (its payload possibly
+/// as a zero-copy reference in `zc`).
+fn gen_request(
+    eq: &mut EQp,
+    tx: &mut Vec<u8>,
+    zc: &mut Option<TxMem>,
+    mrs: &MrTable,
+    now: Instant,
+) -> Gen {
+    if eq.sh.state() != QpState::Rts || eq.rnr_until.is_some() || eq.send_idx >= eq.wqes.len() {
+        return Gen::Idle;
+    }
+    let idx = eq.send_idx;
+    let pd = eq.sh.pd;
+    {
+        let e = &eq.wqes[idx];
+        if e.error.is_some() {
+            return Gen::Idle;
+        }
+        if e.w.flags.contains(SendFlags::FENCE) && eq.rd_outstanding > 0 {
+            return Gen::Idle;
+        }
+    }
+    if eq.send_off == 0 {
+        let e = &mut eq.wqes[idx];
+        let ok = e.w.inline.is_some() || check_local(&e.w.sges, pd, mrs, e.needs_response());
+        if !ok {
+            e.error = Some(WcStatus::LocProtErr);
+            if idx == 0 {
+                eq.fail(Some(WcStatus::LocProtErr));
+            }
+            return Gen::Idle;
+        }
+        e.first_psn = eq.next_psn;
+    }
+    let psn = eq.next_psn;
+    let off = eq.send_off;
+    let e = &mut eq.wqes[idx];
+    let mut h = Header::new(Opcode::Send);
+    h.dst_qpn = eq.cfg.remote_qpn;
+    h.src_qpn = eq.sh.qpn;
+    h.psn = psn;
+    h.flags = FLAG_FIRST | FLAG_LAST;
+    let mut last = true;
+    let mut data = None;
+    match e.w.op {
+        SendOp::Send
+        | SendOp::SendWithImm { .. }
+        | SendOp::Write { .. }
+        | SendOp::WriteWithImm { .. } => {
+            let piece = zc_piece(&e.w, off);
+            let chunk = match piece {
+                Some((_, _, seg)) => seg,
+                None => (e.w.len - off).min(COPY_CHUNK),
+            };
+            last = off + chunk == e.w.len;
+            h.opcode = match e.w.op {
+                SendOp::Send => Opcode::Send,
+                SendOp::SendWithImm { imm } => {
+                    h.imm = imm;
+                    Opcode::SendImm
+                }
+                SendOp::Write { remote_addr, rkey } => {
+                    h.addr = remote_addr;
+                    h.rkey = rkey;
+                    Opcode::Write
+                }
+                SendOp::WriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm,
+                } => {
+                    h.addr = remote_addr;
+                    h.rkey = rkey;
+                    h.imm = imm;
+                    Opcode::WriteImm
+                }
+                _ => unreachable!("matched above"),
+            };
+            h.payload_len = chunk as u32;
+            h.arg0 = e.w.len;
+            h.arg1 = off;
+            h.flags = if off == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
+            if last && e.w.flags.contains(SendFlags::SOLICITED) {
+                h.flags |= FLAG_SOLICITED;
+            }
+            data = Some((off, chunk, piece));
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            h.opcode = Opcode::ReadReq;
+            h.addr = remote_addr;
+            h.rkey = rkey;
+            h.arg0 = e.w.len;
+        }
+        SendOp::CompareAndSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            h.opcode = Opcode::CmpSwap;
+            h.addr = remote_addr;
+            h.rkey = rkey;
+            h.arg0 = compare;
+            h.arg1 = swap;
+        }
+        SendOp::FetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            h.opcode = Opcode::FetchAdd;
+            h.addr = remote_addr;
+            h.rkey = rkey;
+            h.arg0 = add;
+        }
+    }
+    let at = tx.len();
+    tx.extend_from_slice(&h.encode());
+    if let Some((off, chunk, piece)) = data {
+        let ok = match (&e.w.inline, piece) {
+            (Some(bytes), _) => {
+                tx.extend_from_slice(&bytes[off as usize..(off + chunk) as usize]);
+                true
+            }
+            (None, Some((lkey, addr, len))) => {
+                let ok = mrs.local(lkey, pd, addr, len, false).is_some();
+                if ok {
+                    *zc = Some(TxMem {
+                        qpn: eq.sh.qpn,
+                        lkey,
+                        pd,
+                        addr,
+                        len: len as usize,
+                        pos: 0,
+                    });
+                }
+                ok
+            }
+            (None, None) => gather(&e.w.sges, pd, mrs, off, chunk, tx),
+        };
+        if !ok {
+            // The memory was deregistered while the WR was outstanding.
+            tx.truncate(at);
+            e.error = Some(WcStatus::LocProtErr);
+            if idx == 0 && off == 0 {
+                eq.fail(Some(WcStatus::LocProtErr));
+            }
+            return Gen::Idle;
+        }
+    }
+    eq.next_psn = psn_add(psn, 1);
+    if last {
+        let e = &mut eq.wqes[idx];
+        e.last_psn = psn;
+        if e.needs_response() {
+            eq.rd_outstanding += 1;
+        }
+        eq.send_idx += 1;
+        eq.send_off = 0;
+    } else {
+        eq.send_off = off + u64::from(h.payload_len);
+    }
+    if eq.ack_deadline.is_none() {
+        eq.ack_deadline = eq.ack_timeout().map(|t| now + t);
+        eq.retries_left = eq.cfg.retry_cnt;
+    }
+    Gen::Sent
+}
+
+/// Writes (part of) one queued response into `tx`. True when it is finished.
+fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32, u32, u32)> {
+    let mut h;
+    match r {
+        Resp::Ack { dst, src, psn } => {
+            h = Header::new(Opcode::Ack);
+            (h.dst_qpn, h.src_qpn, h.psn) = (*dst, *src, *psn);
+        }
+        Resp::Nak {
+            dst,
+            src,
+            psn,
+            syndrome,
+            timer,
+        } => {
+            h = Header::new(Opcode::Nak);
+            (h.dst_qpn, h.src_qpn, h.psn) = (*dst, *src, *psn);
+            h.syndrome = *syndrome;
+            h.arg0 = u64::from(*timer);
+        }
+        Resp::Atomic {
+            dst,
+            src,
+            psn,
+            orig,
+        } => {
+            h = Header::new(Opcode::AtomicResp);
+            (h.dst_qpn, h.src_qpn, h.psn) = (*dst, *src, *psn);
+            h.arg0 = *orig;
+        }
+        Resp::Read(job) => {
+            let chunk = (job.len - job.off).min(COPY_CHUNK);
+            let p = if chunk == 0 {
+                std::ptr::null_mut()
+            } else {
+                match mrs.remote(
+                    job.rkey,
+                    job.pd,
+                    job.addr + job.off,
+                    chunk,
+                    AccessFlags::REMOTE_READ,
+                ) {
+                    Ok(p) => p,
+                    Err(_) => return Err((job.dst, job.src, job.psn)),
+                }
+            };
+            h = Header::new(Opcode::ReadResp);
+            (h.dst_qpn, h.src_qpn, h.psn) = (job.dst, job.src, job.psn);
+            h.payload_len = chunk as u32;
+            h.arg0 = job.len;
+            h.arg1 = job.off;
+            let last = job.off + chunk == job.len;
+            h.flags = if job.off == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
+            tx.extend_from_slice(&h.encode());
+            if chunk > 0 {
+                // SAFETY: `p` was validated for `chunk` readable bytes under
+                // the MR-table lock held through `mrs`.
+                unsafe { read_raw(p, chunk as usize, tx) };
+            }
+            job.off += chunk;
+            return Ok(last);
+        }
+    }
+    tx.extend_from_slice(&h.encode());
+    Ok(true)
+}
+
+impl Engine {
+    /// Fills the connection's transmit buffer: responses first, then
+    /// requests of its sender QPs, round-robin.
+    pub(crate) fn fill_tx(&mut self, cid: usize) {
+        let now = Instant::now();
+        let Engine { conns, qps, sh, .. } = self;
+        let Some(conn) = conns.get_mut(cid) else {
+            return;
+        };
+        let mrs = sh.mrs();
+        while conn.tx_room() {
+            if let Some(r) = conn.resp.front_mut() {
+                match gen_resp(r, &mut conn.tx, &mrs) {
+                    Ok(true) => {
+                        conn.resp.pop_front();
+                    }
+                    Ok(false) => {}
+                    Err((dst, src, psn)) => {
+                        // The MR went away during a READ: access error.
+                        conn.resp.pop_front();
+                        conn.resp.push_front(Resp::Nak {
+                            dst,
+                            src,
+                            psn,
+                            syndrome: NAK_REM_ACCESS,
+                            timer: 0,
+                        });
+                        if let Some(eq) = qps.get_mut(&src) {
+                            eq.fail(None);
+                        }
+                    }
+                }
+                continue;
+            }
+            let Some(&qpn) = conn.senders.front() else {
+                break;
+            };
+            let Some(eq) = qps.get_mut(&qpn) else {
+                conn.senders.pop_front();
+                continue;
+            };
+            match gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mrs, now) {
+                Gen::Sent => {
+                    if conn.senders.len() > 1 {
+                        conn.senders.rotate_left(1);
+                    }
+                }
+                Gen::Idle => {
+                    conn.senders.pop_front();
+                    eq.scheduled = false;
+                }
+            }
+        }
+    }
+
+    /// Handles an ACK, NAK, READ response or atomic response.
+    pub(crate) fn on_response(&mut self, hdr: &Header, payload: &[u8]) {
+        let now = Instant::now();
+        let qpn = hdr.dst_qpn;
+        let Engine { qps, sh, .. } = self;
+        let Some(eq) = qps.get_mut(&qpn) else {
+            return;
+        };
+        if eq.sh.state() != QpState::Rts || hdr.src_qpn != eq.cfg.remote_qpn {
+            return;
+        }
+        match hdr.opcode {
+            Opcode::Ack => {
+                ack_upto(eq, hdr.psn);
+                eq.progress(now);
+            }
+            Opcode::Nak => {
+                ack_upto(eq, psn_add(hdr.psn, PSN_MASK));
+                if !front_is(eq, hdr.psn) {
+                    return;
+                }
+                match hdr.syndrome {
+                    NAK_RNR => {
+                        if eq.cfg.rnr_retry != 7 {
+                            if eq.rnr_left == 0 {
+                                eq.fail(Some(WcStatus::RnrRetryExcErr));
+                                return;
+                            }
+                            eq.rnr_left -= 1;
+                        }
+                        // Go back to the NAKed WR; the responder dropped the rest.
+                        eq.send_idx = 0;
+                        eq.send_off = 0;
+                        eq.next_psn = hdr.psn;
+                        eq.rd_outstanding = 0;
+                        eq.ack_deadline = None;
+                        eq.rnr_until = Some(now + rnr_timer_duration(hdr.arg0 as u8));
+                    }
+                    NAK_REM_ACCESS => eq.fail(Some(WcStatus::RemAccessErr)),
+                    NAK_REM_OP => eq.fail(Some(WcStatus::RemOpErr)),
+                    NAK_REM_INV_REQ => eq.fail(Some(WcStatus::RemInvReqErr)),
+                    _ => eq.fail(Some(WcStatus::BadRespErr)),
+                }
+                return;
+            }
+            Opcode::ReadResp => {
+                ack_upto(eq, psn_add(hdr.psn, PSN_MASK));
+                if !front_is(eq, hdr.psn) {
+                    return;
+                }
+                let Some(f) = eq.wqes.front() else {
+                    return;
+                };
+                if !matches!(f.w.op, SendOp::Read { .. }) || hdr.arg0 != f.w.len {
+                    eq.fail(Some(WcStatus::BadRespErr));
+                    return;
+                }
+                let ok = {
+                    let mrs = sh.mrs();
+                    scatter(&f.w.sges, eq.sh.pd, &mrs, hdr.arg1, payload)
+                };
+                if !ok {
+                    eq.fail(Some(WcStatus::LocProtErr));
+                    return;
+                }
+                if hdr.flags & FLAG_LAST != 0 {
+                    let len = f.w.len as u32;
+                    eq.complete_front(WcStatus::Success, len);
+                    ack_upto(eq, hdr.psn);
+                }
+                eq.progress(now);
+            }
+            Opcode::AtomicResp => {
+                ack_upto(eq, psn_add(hdr.psn, PSN_MASK));
+                if !front_is(eq, hdr.psn) {
+                    return;
+                }
+                let Some(f) = eq.wqes.front() else {
+                    return;
+                };
+                if !matches!(
+                    f.w.op,
+                    SendOp::CompareAndSwap { .. } | SendOp::FetchAndAdd { .. }
+                ) {
+                    eq.fail(Some(WcStatus::BadRespErr));
+                    return;
+                }
+                let ok = {
+                    let mrs = sh.mrs();
+                    scatter(&f.w.sges, eq.sh.pd, &mrs, 0, &hdr.arg0.to_ne_bytes())
+                };
+                if !ok {
+                    eq.fail(Some(WcStatus::LocProtErr));
+                    return;
+                }
+                eq.complete_front(WcStatus::Success, 8);
+                ack_upto(eq, hdr.psn);
+                eq.progress(now);
+            }
+            _ => return,
+        }
+        self.schedule(qpn);
+    }
+}
+
+/// True if the front WR was sent and starts at `psn`.
+fn front_is(eq: &EQp, psn: u32) -> bool {
+    eq.sh.state() == QpState::Rts
+        && eq.send_idx > 0
+        && eq.wqes.front().is_some_and(|f| f.first_psn == psn)
+}
+
+/// Completes every sent WR that needs no response and ends at or before
+/// `psn`; then a WR with a local error at the front completes with it.
+fn ack_upto(eq: &mut EQp, psn: u32) {
+    while let Some(f) = eq.wqes.front() {
+        if eq.send_idx == 0 {
+            if let Some(st) = f.error {
+                eq.fail(Some(st));
+            }
+            break;
+        }
+        if f.needs_response() || !psn_le(f.last_psn, psn) {
+            break;
+        }
+        let len = f.w.len as u32;
+        eq.complete_front(WcStatus::Success, len);
+    }
+}

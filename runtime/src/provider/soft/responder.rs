@@ -1,0 +1,295 @@
+//! Responder side of the engine: executes incoming requests against local
+//! memory and receive WRs, in PSN order, and queues ACKs/NAKs/responses.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::conn::{ReadJob, Resp};
+use super::context::Shared;
+use super::cq::lock;
+use super::dma::{check_local, scatter, write_raw};
+use super::engine::{psn_add, EQp, Engine};
+use super::packet::{
+    Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_OP, NAK_RNR,
+};
+use crate::provider::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
+
+/// Loads (or refreshes) the engine view of the QP a packet names.
+pub(crate) fn load_qp<'a>(
+    qps: &'a mut HashMap<u32, EQp>,
+    sh: &Shared,
+    qpn: u32,
+) -> Option<(&'a mut EQp, QpState)> {
+    let eq = match qps.entry(qpn) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let qp = lock(&sh.qps).get(&qpn).cloned()?;
+            v.insert(EQp::new(qp))
+        }
+    };
+    if eq.sh.destroyed.load(Ordering::Acquire) {
+        return None;
+    }
+    let qp = eq.sh.clone();
+    let inner = lock(&qp.inner);
+    let st = eq.refresh(&inner);
+    drop(inner);
+    Some((eq, st))
+}
+
+enum Outcome {
+    /// Processed: advance the expected PSN and ACK.
+    Ack,
+    /// Processed, response already queued: advance the expected PSN.
+    Responded,
+    /// No RECV: answer RNR, keep the expected PSN.
+    Rnr,
+    /// Fatal for the QP: NAK with this syndrome; the RECV (if any) completes
+    /// with the given status.
+    Fatal(u8, Option<WcStatus>),
+}
+
+impl Engine {
+    /// Handles a request packet arriving on connection `cid`. `placed` is
+    /// `Some(ok)` for a WRITE whose payload was already received into memory
+    /// (`ok` false: the region went away meanwhile).
+    pub(crate) fn on_request(
+        &mut self,
+        cid: usize,
+        hdr: &Header,
+        payload: &[u8],
+        placed: Option<bool>,
+    ) {
+        let Engine { qps, sh, conns, .. } = self;
+        let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
+            return;
+        };
+        if !matches!(st, QpState::Rtr | QpState::Rts) || !eq.configured {
+            return;
+        }
+        if hdr.src_qpn != eq.cfg.remote_qpn || hdr.psn != eq.epsn {
+            // Not for this connection, or dropped after a NAK until the
+            // requester goes back to the expected PSN.
+            return;
+        }
+        let Some(conn) = conns.get_mut(cid) else {
+            return;
+        };
+        let outcome = if placed == Some(false) {
+            Outcome::Fatal(NAK_REM_ACCESS, None)
+        } else {
+            let mrs = sh.mrs();
+            execute(eq, hdr, payload, &mrs, &mut |r| conn.push_resp(r))
+        };
+        let (dst, src, psn) = (hdr.src_qpn, hdr.dst_qpn, hdr.psn);
+        match outcome {
+            Outcome::Ack => {
+                eq.epsn = psn_add(eq.epsn, 1);
+                conn.push_resp(Resp::Ack { dst, src, psn });
+            }
+            Outcome::Responded => eq.epsn = psn_add(eq.epsn, 1),
+            Outcome::Rnr => conn.push_resp(Resp::Nak {
+                dst,
+                src,
+                psn,
+                syndrome: NAK_RNR,
+                timer: eq.cfg.min_rnr_timer,
+            }),
+            Outcome::Fatal(syndrome, recv_status) => {
+                if let (Some(status), Some(r)) = (recv_status, eq.cur_recv.take()) {
+                    let wc = eq.recv_completion(&r, status);
+                    eq.sh.recv_cq.push(wc, true);
+                    recv_done(eq);
+                }
+                eq.fail(None);
+                conn.push_resp(Resp::Nak {
+                    dst,
+                    src,
+                    psn,
+                    syndrome,
+                    timer: 0,
+                });
+            }
+        }
+        self.activate(cid);
+    }
+}
+
+fn recv_done(eq: &EQp) {
+    let mut inner = lock(&eq.sh.inner);
+    inner.rq_outstanding = inner.rq_outstanding.saturating_sub(1);
+}
+
+/// Checks a remote access against the QP's and the MR's access flags.
+fn remote_ptr(
+    eq: &EQp,
+    mrs: &super::mr::MrTable,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    need: AccessFlags,
+) -> Option<*mut u8> {
+    if !eq.cfg.access.contains(need) {
+        return None;
+    }
+    mrs.remote(rkey, eq.sh.pd, addr, len, need).ok()
+}
+
+fn execute(
+    eq: &mut EQp,
+    hdr: &Header,
+    payload: &[u8],
+    mrs: &super::mr::MrTable,
+    respond: &mut dyn FnMut(Resp),
+) -> Outcome {
+    let first = hdr.flags & FLAG_FIRST != 0;
+    let last = hdr.flags & FLAG_LAST != 0;
+    let pd = eq.sh.pd;
+    match hdr.opcode {
+        Opcode::Send | Opcode::SendImm => {
+            if first {
+                let Some(r) = lock(&eq.sh.inner).rq.pop_front() else {
+                    return Outcome::Rnr;
+                };
+                eq.cur_recv = Some(r);
+                let r = eq.cur_recv.as_ref().map_or(0, |r| r.len);
+                if hdr.arg0 > r {
+                    return Outcome::Fatal(NAK_REM_OP, Some(WcStatus::LocLenErr));
+                }
+                let sges_ok = eq
+                    .cur_recv
+                    .as_ref()
+                    .is_some_and(|r| check_local(&r.sges, pd, mrs, true));
+                if !sges_ok {
+                    return Outcome::Fatal(NAK_REM_OP, Some(WcStatus::LocProtErr));
+                }
+            }
+            let Some(r) = eq.cur_recv.as_ref() else {
+                return Outcome::Fatal(NAK_REM_OP, None);
+            };
+            if !scatter(&r.sges, pd, mrs, hdr.arg1, payload) {
+                return Outcome::Fatal(NAK_REM_OP, Some(WcStatus::LocProtErr));
+            }
+            if last {
+                let imm = (hdr.opcode == Opcode::SendImm).then_some(hdr.imm);
+                complete_recv(eq, WcOpcode::Recv, hdr, imm);
+            }
+            Outcome::Ack
+        }
+        Opcode::Write | Opcode::WriteImm => {
+            if first {
+                // Validate the whole message before touching any byte.
+                if hdr.arg0 > 0
+                    && remote_ptr(
+                        eq,
+                        mrs,
+                        hdr.rkey,
+                        hdr.addr,
+                        hdr.arg0,
+                        AccessFlags::REMOTE_WRITE,
+                    )
+                    .is_none()
+                {
+                    return Outcome::Fatal(NAK_REM_ACCESS, None);
+                }
+                if hdr.opcode == Opcode::WriteImm {
+                    let Some(r) = lock(&eq.sh.inner).rq.pop_front() else {
+                        return Outcome::Rnr;
+                    };
+                    eq.cur_recv = Some(r);
+                }
+            }
+            if !payload.is_empty() {
+                let Some(p) = remote_ptr(
+                    eq,
+                    mrs,
+                    hdr.rkey,
+                    hdr.addr + hdr.arg1,
+                    payload.len() as u64,
+                    AccessFlags::REMOTE_WRITE,
+                ) else {
+                    return Outcome::Fatal(NAK_REM_ACCESS, None);
+                };
+                // SAFETY: `p` was validated for `payload.len()` writable bytes
+                // under the MR-table lock held through `mrs`.
+                unsafe { write_raw(p, payload) };
+            }
+            if last && hdr.opcode == Opcode::WriteImm {
+                complete_recv(eq, WcOpcode::RecvRdmaWithImm, hdr, Some(hdr.imm));
+            }
+            Outcome::Ack
+        }
+        Opcode::ReadReq => {
+            if hdr.arg0 > 0
+                && remote_ptr(
+                    eq,
+                    mrs,
+                    hdr.rkey,
+                    hdr.addr,
+                    hdr.arg0,
+                    AccessFlags::REMOTE_READ,
+                )
+                .is_none()
+            {
+                return Outcome::Fatal(NAK_REM_ACCESS, None);
+            }
+            respond(Resp::Read(ReadJob {
+                dst: hdr.src_qpn,
+                src: hdr.dst_qpn,
+                psn: hdr.psn,
+                pd,
+                rkey: hdr.rkey,
+                addr: hdr.addr,
+                len: hdr.arg0,
+                off: 0,
+            }));
+            Outcome::Responded
+        }
+        Opcode::CmpSwap | Opcode::FetchAdd => {
+            let Some(p) = remote_ptr(eq, mrs, hdr.rkey, hdr.addr, 8, AccessFlags::REMOTE_ATOMIC)
+            else {
+                return Outcome::Fatal(NAK_REM_ACCESS, None);
+            };
+            if (p as usize) & 7 != 0 {
+                return Outcome::Fatal(super::packet::NAK_REM_INV_REQ, None);
+            }
+            // SAFETY: `p` is 8-byte aligned and points to 8 bytes of a live
+            // registration with REMOTE_ATOMIC (validated under the MR-table
+            // lock we hold). Like a NIC, the device accesses it atomically;
+            // the reg_mr contract makes the owner accept concurrent device access.
+            let a = unsafe { &*(p as *const AtomicU64) };
+            let orig = if hdr.opcode == Opcode::CmpSwap {
+                match a.compare_exchange(hdr.arg0, hdr.arg1, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            } else {
+                a.fetch_add(hdr.arg0, Ordering::SeqCst)
+            };
+            respond(Resp::Atomic {
+                dst: hdr.src_qpn,
+                src: hdr.dst_qpn,
+                psn: hdr.psn,
+                orig,
+            });
+            Outcome::Responded
+        }
+        _ => Outcome::Fatal(super::packet::NAK_REM_INV_REQ, None),
+    }
+}
+
+fn complete_recv(eq: &mut EQp, opcode: WcOpcode, hdr: &Header, imm: Option<u32>) {
+    let Some(r) = eq.cur_recv.take() else {
+        return;
+    };
+    let wc = Completion {
+        wr_id: r.wr_id,
+        status: WcStatus::Success,
+        opcode,
+        byte_len: hdr.arg0 as u32,
+        imm_data: imm,
+        qp_num: eq.sh.qpn,
+        vendor_err: 0,
+    };
+    eq.sh.recv_cq.push(wc, hdr.flags & FLAG_SOLICITED != 0);
+    recv_done(eq);
+}
