@@ -2,3 +2,4 @@
 //! TCP, and the MR-token agent.
 #![deny(missing_docs)]
 pub mod agent;
+pub mod connect;

@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
 
+pub mod buf;
 pub mod provider;
 
 pub mod device;

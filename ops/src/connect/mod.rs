@@ -1,0 +1,23 @@
+//! Connection setup over a byte stream (TCP): a small versioned handshake
+//! that exchanges queue-pair endpoints (DESIGN section 6).
+//!
+//! The protocol, for a client C and a server S:
+//!
+//! 1. C → S: `hello` (C's endpoint).
+//! 2. S checks it (magic, version, fields, same provider), builds and connects
+//!    its QP (INIT → RTR → RTS), then S → C: `hello` (S's endpoint) — or
+//!    `reject` with a reason, and closes.
+//! 3. C checks S's hello, connects its QP, then C → S: `ready` (or `reject`).
+//!
+//! The final `ready` makes sure C's QP is ready to receive before S's
+//! `accept` returns and S starts sending. The frame codec is in
+//! [`handshake`]; [`connect_exchange`] and [`accept_exchange`] run the two
+//! roles over any `futures::io` stream, bounded by a [`Deadline`].
+
+mod error;
+mod exchange;
+pub mod handshake;
+
+pub use error::HandshakeError;
+pub use exchange::{accept_exchange, connect_exchange, Deadline};
+pub use handshake::{decode, encode, Hello};

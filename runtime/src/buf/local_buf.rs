@@ -1,0 +1,332 @@
+//! [`LocalBuf`]: one block of registered memory from an [`MrPool`](super::MrPool).
+
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use super::error::BufError;
+use super::io_buf::{IoBuf, IoBufMut, RegisteredBuf};
+use super::pool::{FreeBlock, PoolInner};
+use super::registrar::RegisteredRaw;
+
+enum Backing {
+    /// A block of a pool chunk of size class `class`.
+    Pooled { class: usize },
+    /// Its own allocation and registration (larger than the biggest class).
+    Dedicated(#[allow(dead_code)] RegisteredRaw),
+}
+
+/// An owned buffer of registered memory: `'static`, stable address, `!Send`.
+///
+/// Behaves like a fixed-capacity `Vec<u8>`: `len()` initialized bytes (what
+/// `Deref` shows and a SEND transmits) out of `capacity()` (what a RECV may
+/// fill). Dropping it returns the block to its pool (no allocation, no device
+/// call) or, for a dedicated buffer, deregisters and frees it.
+///
+/// The memory is registered for local access only, so while safe code holds a
+/// `LocalBuf` nothing else can write it: verbs take it by value for the
+/// duration of a work request.
+pub struct LocalBuf {
+    /// # Invariant
+    /// Points to `cap` bytes inside a registration with key `lkey`, alive as
+    /// long as `pool` (pooled) or `backing` (dedicated) is.
+    ptr: NonNull<u8>,
+    /// # Invariant
+    /// `len <= cap`; the first `len` bytes are initialized (all bytes are:
+    /// chunks are zeroed when allocated).
+    len: usize,
+    cap: usize,
+    lkey: u32,
+    backing: Backing,
+    pool: Rc<RefCell<PoolInner>>,
+}
+
+impl LocalBuf {
+    pub(crate) fn pooled(
+        pool: Rc<RefCell<PoolInner>>,
+        block: FreeBlock,
+        cap: usize,
+        class: usize,
+    ) -> LocalBuf {
+        LocalBuf {
+            ptr: block.ptr,
+            len: 0,
+            cap,
+            lkey: block.lkey,
+            backing: Backing::Pooled { class },
+            pool,
+        }
+    }
+
+    pub(crate) fn dedicated(
+        pool: Rc<RefCell<PoolInner>>,
+        raw: RegisteredRaw,
+        cap: usize,
+    ) -> LocalBuf {
+        LocalBuf {
+            ptr: raw.mem.ptr(),
+            len: 0,
+            cap,
+            lkey: raw.reg.lkey,
+            backing: Backing::Dedicated(raw),
+            pool,
+        }
+    }
+
+    /// Initialized bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True if no byte is initialized.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Capacity in bytes (the size-class block size, or the exact size of a
+    /// dedicated buffer).
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+    /// Room left after the initialized bytes.
+    pub fn remaining(&self) -> usize {
+        self.cap - self.len
+    }
+    /// True if it came from a size class, false for a dedicated registration.
+    pub fn is_pooled(&self) -> bool {
+        matches!(self.backing, Backing::Pooled { .. })
+    }
+
+    /// Forgets the contents (`len = 0`).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+    /// Shortens to `len` bytes (no effect if already shorter).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Appends `data`; fails (changing nothing) if it does not fit the capacity.
+    pub fn extend_from_slice(&mut self, data: &[u8]) -> Result<(), BufError> {
+        if data.len() > self.remaining() {
+            return Err(BufError::OutOfBounds {
+                what: "LocalBuf::extend_from_slice",
+                start: self.len,
+                end: self.len.saturating_add(data.len()),
+                len: self.cap,
+            });
+        }
+        // SAFETY: `len + data.len() <= cap`: the destination is inside our
+        // block, which `data` (a shared borrow of other memory, or of ours
+        // only through `&self`, impossible with `&mut self`) does not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.ptr.as_ptr().add(self.len),
+                data.len(),
+            );
+        }
+        self.len += data.len();
+        Ok(())
+    }
+
+    /// Sets the length to `new_len`, filling new bytes with `value`; fails if
+    /// `new_len` exceeds the capacity.
+    pub fn resize(&mut self, new_len: usize, value: u8) -> Result<(), BufError> {
+        if new_len > self.cap {
+            return Err(BufError::OutOfBounds {
+                what: "LocalBuf::resize",
+                start: 0,
+                end: new_len,
+                len: self.cap,
+            });
+        }
+        if new_len > self.len {
+            // SAFETY: `[len, new_len)` is inside the block.
+            unsafe {
+                std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), value, new_len - self.len)
+            };
+        }
+        self.len = new_len;
+        Ok(())
+    }
+
+    /// Sets the length to `new_len` without writing. Every byte of a `LocalBuf`
+    /// is initialized (chunks are zeroed once), so this only exposes whatever
+    /// the block held before (a previous user's data, or what the device wrote).
+    pub fn set_len(&mut self, new_len: usize) -> Result<(), BufError> {
+        if new_len > self.cap {
+            return Err(BufError::OutOfBounds {
+                what: "LocalBuf::set_len",
+                start: 0,
+                end: new_len,
+                len: self.cap,
+            });
+        }
+        self.len = new_len;
+        Ok(())
+    }
+}
+
+impl Drop for LocalBuf {
+    fn drop(&mut self) {
+        // Never re-entered: pool methods do not drop `LocalBuf`s while borrowed,
+        // and the pool is `!Send`. `try_borrow_mut` keeps this panic-free anyway
+        // (a failure would only leak the block).
+        let Ok(mut pool) = self.pool.try_borrow_mut() else {
+            tracing::error!("MrPool busy while a LocalBuf was dropped: block leaked");
+            return;
+        };
+        match self.backing {
+            Backing::Pooled { class } => pool.give_back(
+                class,
+                FreeBlock {
+                    ptr: self.ptr,
+                    lkey: self.lkey,
+                },
+            ),
+            // The registration and memory drop with `self.backing` (after this
+            // body): deregistered first, then freed.
+            Backing::Dedicated(_) => pool.dedicated_dropped(),
+        }
+    }
+}
+
+impl fmt::Debug for LocalBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalBuf")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("capacity", &self.cap)
+            .field("lkey", &self.lkey)
+            .field("pooled", &self.is_pooled())
+            .finish()
+    }
+}
+
+impl Deref for LocalBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes inside our block are initialized; the block is
+        // registered for local access only and owned by us, so nothing writes
+        // it while this borrow lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for LocalBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `Deref`; `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+// SAFETY: the block lives as long as the pool (kept alive by `self.pool`) or
+// the dedicated registration (in `self.backing`), at a fixed address; `len`
+// bytes are initialized; the memory is registered local-only.
+unsafe impl IoBuf for LocalBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+    fn bytes_total(&self) -> usize {
+        self.cap
+    }
+}
+
+// SAFETY: as for `IoBuf`; the block is writable.
+unsafe impl IoBufMut for LocalBuf {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    unsafe fn set_init(&mut self, pos: usize) {
+        self.len = self.len.max(pos.min(self.cap));
+    }
+}
+
+// SAFETY: `[ptr, ptr + cap)` lies in one chunk (or the dedicated region)
+// registered with `LOCAL_WRITE` under `lkey`, registered while `self` lives.
+unsafe impl RegisteredBuf for LocalBuf {
+    fn lkey(&self) -> u32 {
+        self.lkey
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::registrar::fake::FakeRegistrar;
+    use super::super::{MrPool, PoolConfig};
+    use super::*;
+
+    fn pool() -> MrPool {
+        MrPool::from_registrar(Box::new(FakeRegistrar::default()), PoolConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn behaves_like_a_fixed_capacity_vec() {
+        let pool = pool();
+        let mut b = pool.alloc(10).unwrap();
+        assert_eq!((b.len(), b.capacity()), (0, 64));
+        b.extend_from_slice(b"hello").unwrap();
+        assert_eq!(&b[..], b"hello");
+        b[0] = b'j';
+        assert_eq!(&b[..], b"jello");
+        assert!(b.extend_from_slice(&[0; 60]).is_err());
+        assert_eq!(b.len(), 5, "failed append changes nothing");
+        b.resize(8, b'!').unwrap();
+        assert_eq!(&b[..], b"jello!!!");
+        b.truncate(2);
+        assert_eq!(&b[..], b"je");
+        assert!(b.resize(65, 0).is_err());
+        b.set_len(5).unwrap();
+        assert_eq!(&b[..], b"jello", "set_len re-exposes the block's bytes");
+        assert!(b.set_len(65).is_err());
+        b.clear();
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn io_buf_impl_and_sges() {
+        let pool = pool();
+        let mut b = pool.alloc_from(b"abcdef").unwrap();
+        let p = b.stable_ptr();
+        let moved = vec![b];
+        b = moved.into_iter().next().unwrap();
+        assert_eq!(b.stable_ptr(), p, "moving does not move the bytes");
+        assert_eq!((b.bytes_init(), b.bytes_total()), (6, 64));
+        let sge = b.sge_init().unwrap();
+        assert_eq!((sge.addr, sge.length, sge.lkey), (p as u64, 6, b.lkey()));
+        assert_eq!(b.sge_total().unwrap().length, 64);
+        // SAFETY: writes inside the capacity then declares the bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b"XYZ".as_ptr(), b.stable_mut_ptr().add(6), 3);
+            b.set_init(9);
+            b.set_init(1000); // clamped to the capacity
+        }
+        assert_eq!(b.len(), 64);
+        assert_eq!(&b[..9], b"abcdefXYZ");
+    }
+
+    #[test]
+    fn slices_keep_ownership_and_registration() {
+        let pool = pool();
+        let b = pool.alloc_from(b"0123456789").unwrap();
+        let lkey = b.lkey();
+        let base = b.stable_ptr() as u64;
+        let s = b.slice(2..6).unwrap();
+        assert_eq!(&s[..], b"2345");
+        assert_eq!(s.lkey(), lkey);
+        let sge = s.sge(1..3).unwrap();
+        assert_eq!((sge.addr, sge.length), (base + 3, 2));
+        assert!(s.sge(0..5).is_err());
+        let r = s.into_inner().slice(60..70).unwrap_err();
+        assert!(matches!(r.error, BufError::OutOfBounds { len: 64, .. }));
+        let b = r.into_inner();
+        assert_eq!(&b[..], b"0123456789");
+        assert_eq!(pool.stats().blocks_in_use, 1);
+        drop(b);
+        assert_eq!(pool.stats().blocks_in_use, 0);
+    }
+}

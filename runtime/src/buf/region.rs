@@ -1,0 +1,340 @@
+//! [`RemoteAccessRegion`]: memory a peer may access, with its own registration.
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::error::{check_span, BufError, Rejected};
+use super::io_buf::IoBufMut;
+use super::registrar::{Registrar, Registration};
+use crate::provider::{AccessFlags, Pd};
+
+/// A buffer granted to a peer: registered on its own, with exactly its bounds
+/// and the minimal access flags, so its rkey never exposes more than the grant.
+///
+/// # Why this is sound (DESIGN section 5)
+///
+/// While the region is live a peer may write (or run atomics on) the memory at
+/// any moment, from outside the Rust abstract machine (a NIC) or from the soft
+/// device's engine thread through raw pointers. So the region never hands out
+/// `&[u8]`/`&mut [u8]` or the inner buffer by reference: a reference would
+/// promise unchanging (or exclusive) contents. Local code reads and writes only
+/// through [`read_into`](Self::read_into) and [`write_from`](Self::write_from),
+/// which copy through raw pointers; a copy racing a peer's write may see a mix
+/// of old and new bytes (exactly what a NIC gives), but no Rust reference
+/// observes a change. It is not [`IoBuf`](super::IoBuf) either, for the same
+/// reason (`Slice` would hand out slices).
+///
+/// [`revoke`](Self::revoke) drops the registration first; per the provider
+/// contract the rkey fails at once and the device never touches the memory
+/// again, and only then is the buffer given back, with plain slices.
+/// The registration is the only handle to it (never cloned or exposed), so
+/// dropping it really deregisters.
+pub struct RemoteAccessRegion<B> {
+    /// Declared first: dropped (deregistered) before `buf`.
+    reg: Registration,
+    /// # Invariant
+    /// No reference into the buffer's memory is handed out while `reg` lives;
+    /// the cell is only used to re-derive the raw pointer for one copy, on one
+    /// thread (the type is `!Sync`).
+    buf: UnsafeCell<B>,
+    len: usize,
+    addr: u64,
+    access: AccessFlags,
+}
+
+impl<B: IoBufMut> RemoteAccessRegion<B> {
+    /// Grants `access` (some of `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`)
+    /// to the whole capacity of `buf` (pass a [`Slice`](super::Slice) for a
+    /// sub-range). `LOCAL_WRITE` is added only where verbs require it (remote
+    /// write or atomic). Bytes past the buffer's initialized part are zeroed
+    /// first, so the whole region is initialized and what the peer wrote is
+    /// visible after [`revoke`](Self::revoke). On failure the buffer comes back.
+    pub fn grant(pd: &Pd, buf: B, access: AccessFlags) -> Result<Self, Rejected<B>> {
+        Self::grant_with(pd, buf, access)
+    }
+
+    pub(crate) fn grant_with(
+        registrar: &dyn Registrar,
+        mut buf: B,
+        access: AccessFlags,
+    ) -> Result<Self, Rejected<B>> {
+        const WHAT: &str = "RemoteAccessRegion::grant";
+        let remote = access
+            & (AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        if remote.is_empty() {
+            let e = BufError::AccessNotAllowed {
+                what: WHAT,
+                requested: access,
+                reason: "no remote access requested; use RegisteredMem for local use",
+            };
+            return Err(Rejected::new(e, buf));
+        }
+        let mut flags = remote;
+        if remote.contains(AccessFlags::REMOTE_WRITE) || remote.contains(AccessFlags::REMOTE_ATOMIC)
+        {
+            // Verbs refuse remote write/atomic without local write.
+            flags |= AccessFlags::LOCAL_WRITE;
+        }
+        let len = buf.bytes_total();
+        if len == 0 {
+            return Err(Rejected::new(BufError::Empty { what: WHAT }, buf));
+        }
+        let init = buf.bytes_init().min(len);
+        let ptr = buf.stable_mut_ptr();
+        // SAFETY: `[init, len)` is inside the capacity; after zeroing, all
+        // `len` bytes are initialized.
+        unsafe {
+            std::ptr::write_bytes(ptr.add(init), 0, len - init);
+            buf.set_init(len);
+        }
+        // SAFETY: `IoBufMut` keeps the memory valid and in place while `buf`
+        // lives; `buf` is dropped after the registration (field order, `revoke`).
+        match unsafe { registrar.register(ptr, len, flags) } {
+            Ok(reg) => {
+                tracing::debug!(
+                    addr = ptr as u64,
+                    len,
+                    rkey = reg.rkey,
+                    ?flags,
+                    "granted region"
+                );
+                Ok(RemoteAccessRegion {
+                    reg,
+                    buf: UnsafeCell::new(buf),
+                    len,
+                    addr: ptr as u64,
+                    access: flags,
+                })
+            }
+            Err(source) => Err(Rejected::new(
+                BufError::Register {
+                    what: WHAT,
+                    len,
+                    source,
+                },
+                buf,
+            )),
+        }
+    }
+
+    /// Remote key the peer uses.
+    pub fn rkey(&self) -> u32 {
+        self.reg.rkey
+    }
+    /// Start address the peer uses.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: empty regions are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The flags the region is registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: the type is `!Sync` and this is not re-entrant, so this
+        // `&mut B` is the only reference to the buffer value for the duration
+        // of the call; it does not reference the registered bytes themselves.
+        unsafe { (*self.buf.get()).stable_mut_ptr() }
+    }
+
+    /// Copies `dst.len()` bytes at offset `off` of the region into `dst`.
+    /// A peer writing at the same time may leave a mix of old and new bytes.
+    pub fn read_into(&self, off: usize, dst: &mut [u8]) -> Result<(), BufError> {
+        check_span("RemoteAccessRegion::read_into", off, dst.len(), self.len)?;
+        // SAFETY: `off + dst.len() <= len`: the source is inside the region,
+        // which is valid and initialized; no reference to it exists. `copy`
+        // allows any overlap.
+        unsafe { std::ptr::copy(self.ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` to offset `off` of the region.
+    pub fn write_from(&self, off: usize, src: &[u8]) -> Result<(), BufError> {
+        check_span("RemoteAccessRegion::write_from", off, src.len(), self.len)?;
+        // SAFETY: as in `read_into`, the destination is inside the region.
+        unsafe { std::ptr::copy(src.as_ptr(), self.ptr().add(off), src.len()) };
+        Ok(())
+    }
+
+    /// Atomically loads the 8-byte value at `off` (which must be 8-byte aligned
+    /// in memory), as remote atomics (compare-and-swap, fetch-and-add) leave
+    /// it: never torn with respect to other atomics.
+    pub fn load_u64(&self, off: usize) -> Result<u64, BufError> {
+        const WHAT: &str = "RemoteAccessRegion::load_u64";
+        check_span(WHAT, off, 8, self.len)?;
+        let addr = self.addr.wrapping_add(off as u64);
+        if addr & 7 != 0 {
+            return Err(BufError::Misaligned {
+                what: WHAT,
+                addr,
+                align: 8,
+            });
+        }
+        // SAFETY: 8 bytes at `off` are inside the region, initialized and
+        // 8-byte aligned; they are only ever accessed through raw pointers or
+        // atomics, never through a Rust reference that assumes stability.
+        let atomic = unsafe { AtomicU64::from_ptr(self.ptr().add(off).cast::<u64>()) };
+        Ok(atomic.load(Ordering::Acquire))
+    }
+
+    /// Copies the whole region into a new `Vec`.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        // `v` has exactly `len` bytes: cannot fail.
+        let _ = self.read_into(0, &mut v);
+        v
+    }
+
+    /// Ends the grant: deregisters (the rkey fails from now on and the device
+    /// no longer touches the memory), then gives the buffer back, fully
+    /// initialized, with what the peer wrote.
+    pub fn revoke(self) -> B {
+        let RemoteAccessRegion { reg, buf, .. } = self;
+        let rkey = reg.rkey;
+        reg.deregister();
+        tracing::debug!(rkey, "revoked region");
+        buf.into_inner()
+    }
+}
+
+impl<B> fmt::Debug for RemoteAccessRegion<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteAccessRegion")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("rkey", &self.reg.rkey)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::registrar::fake::FakeRegistrar;
+    use super::super::IoBuf;
+    use super::*;
+
+    #[test]
+    fn registers_exact_bounds_with_minimal_flags() {
+        let reg = FakeRegistrar::default();
+        let v: Vec<u8> = (0..100).collect();
+        let base = v.as_ptr() as u64;
+        let s = v.slice(10..30).unwrap();
+        let r = RemoteAccessRegion::grant_with(&reg, s, AccessFlags::REMOTE_READ).unwrap();
+        assert_eq!((r.addr(), r.len()), (base + 10, 20));
+        assert_eq!(r.access(), AccessFlags::REMOTE_READ);
+        assert_eq!(reg.0.last_access.get(), Some(AccessFlags::REMOTE_READ));
+        drop(r);
+        let r =
+            RemoteAccessRegion::grant_with(&reg, vec![0u8; 8], AccessFlags::REMOTE_WRITE).unwrap();
+        assert_eq!(
+            r.access(),
+            AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE
+        );
+        let r2 =
+            RemoteAccessRegion::grant_with(&reg, vec![0u8; 8], AccessFlags::REMOTE_ATOMIC).unwrap();
+        assert_eq!(
+            r2.access(),
+            AccessFlags::REMOTE_ATOMIC | AccessFlags::LOCAL_WRITE
+        );
+        assert_ne!(r.rkey(), r2.rkey());
+    }
+
+    #[test]
+    fn copying_accessors_check_bounds() {
+        let reg = FakeRegistrar::default();
+        let r =
+            RemoteAccessRegion::grant_with(&reg, b"abcdefgh".to_vec(), AccessFlags::REMOTE_WRITE)
+                .unwrap();
+        let mut out = [0u8; 3];
+        r.read_into(2, &mut out).unwrap();
+        assert_eq!(&out, b"cde");
+        r.write_from(6, b"XY").unwrap();
+        assert!(r.write_from(7, b"XY").is_err());
+        assert!(r.read_into(usize::MAX, &mut out).is_err());
+        assert!(r.read_into(6, &mut out).is_err());
+        r.read_into(8, &mut []).unwrap();
+        assert_eq!(r.to_vec(), b"abcdefXY");
+        let v = r.revoke();
+        assert_eq!(reg.0.live.get(), 0, "revoke deregistered");
+        assert_eq!(v, b"abcdefXY");
+    }
+
+    #[test]
+    fn atomic_loads_need_alignment() {
+        let reg = FakeRegistrar::default();
+        let pool = super::super::MrPool::from_registrar(Box::new(reg.clone()), Default::default())
+            .unwrap();
+        let r = RemoteAccessRegion::grant_with(
+            &reg,
+            pool.alloc_zeroed(64).unwrap(),
+            AccessFlags::REMOTE_ATOMIC,
+        )
+        .unwrap();
+        r.write_from(8, &0x0102_0304_0506_0708u64.to_ne_bytes())
+            .unwrap();
+        assert_eq!(r.load_u64(8).unwrap(), 0x0102_0304_0506_0708);
+        assert!(matches!(
+            r.load_u64(4),
+            Err(BufError::Misaligned { align: 8, .. })
+        ));
+        assert!(matches!(r.load_u64(60), Err(BufError::OutOfBounds { .. })));
+    }
+
+    #[test]
+    fn uninitialized_capacity_is_zeroed_and_counted_after_revoke() {
+        let reg = FakeRegistrar::default();
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(b"hi");
+        let cap = v.capacity();
+        let r = RemoteAccessRegion::grant_with(&reg, v, AccessFlags::REMOTE_WRITE).unwrap();
+        assert_eq!(r.len(), cap);
+        r.write_from(cap - 1, b"!").unwrap();
+        let v = r.revoke();
+        assert_eq!(v.len(), cap);
+        assert_eq!(&v[..2], b"hi");
+        assert!(v[2..cap - 1].iter().all(|&b| b == 0));
+        assert_eq!(v[cap - 1], b'!');
+    }
+
+    #[test]
+    fn refuses_local_only_or_empty_grants() {
+        let reg = FakeRegistrar::default();
+        let r =
+            RemoteAccessRegion::grant_with(&reg, vec![1u8], AccessFlags::LOCAL_WRITE).unwrap_err();
+        assert!(matches!(r.error, BufError::AccessNotAllowed { .. }));
+        let r =
+            RemoteAccessRegion::grant_with(&reg, Vec::new(), AccessFlags::REMOTE_READ).unwrap_err();
+        assert!(matches!(r.error, BufError::Empty { .. }));
+        reg.0.fail_next.set(true);
+        let r = RemoteAccessRegion::grant_with(&reg, vec![5u8; 3], AccessFlags::REMOTE_READ)
+            .unwrap_err();
+        assert_eq!(r.into_inner(), [5, 5, 5]);
+    }
+
+    #[test]
+    fn a_pool_buffer_can_be_granted_and_comes_back_to_its_pool() {
+        let fake = FakeRegistrar::default();
+        let pool = super::super::MrPool::from_registrar(Box::new(fake.clone()), Default::default())
+            .unwrap();
+        let b = pool.alloc_from(b"grant me").unwrap();
+        let p = b.stable_ptr();
+        let r =
+            RemoteAccessRegion::grant_with(&fake, b.slice(0..8).unwrap(), AccessFlags::REMOTE_READ)
+                .unwrap();
+        assert_eq!(fake.0.live.get(), 2, "chunk + region");
+        let b = r.revoke().into_inner();
+        assert_eq!(fake.0.live.get(), 1);
+        assert_eq!(b.stable_ptr(), p);
+        assert_eq!(&b[..], b"grant me");
+    }
+}
