@@ -3,3 +3,5 @@
 #![deny(missing_docs)]
 pub mod agent;
 pub mod connect;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz_checks;
