@@ -222,7 +222,7 @@ fn soft_pingpong(iters: usize, same_device: bool) -> f64 {
     } else {
         pair()
     };
-    let run = |s: Side, initiator: bool| {
+    let run = |s: &Side, initiator: bool| {
         let sbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
         let rbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
         let recv = RecvWr {
@@ -265,8 +265,8 @@ fn soft_pingpong(iters: usize, same_device: bool) -> f64 {
         el
     };
     let el = std::thread::scope(|sc| {
-        let hb = sc.spawn(|| run(b, false));
-        let ea = run(a, true);
+        let hb = sc.spawn(|| run(&b, false));
+        let ea = run(&a, true);
         hb.join().expect("responder");
         ea
     });

@@ -428,7 +428,28 @@ fn ping_pong_between_two_threads() {
     };
     std::thread::scope(|sc| {
         let h = sc.spawn(|| run(b, false));
-        run(a, true);
-        h.join().unwrap();
+        // Keep both sides alive until both are done.
+        let sa = run(a, true);
+        let sb = h.join().unwrap();
+        drop((sa, sb));
     });
+}
+
+#[test]
+fn engine_stops_when_the_last_handle_is_dropped() {
+    let ctx = open_test_context();
+    let addr = ctx.soft_addr().unwrap();
+    let (a, b) = connect_pair(&ctx, &ctx, &PairOpts::default());
+    let cq_other = open_test_context().create_cq(4, None).unwrap();
+    // Objects of another device are refused.
+    assert!(a
+        .pd
+        .create_qp(&cq_other, &a.rcq, QpCaps::default())
+        .is_err());
+    drop(ctx);
+    // Still alive: the QPs keep the device open.
+    assert!(std::net::TcpStream::connect(addr).is_ok());
+    drop((a, b));
+    // The engine thread was joined and its listener closed.
+    assert!(std::net::TcpStream::connect(addr).is_err());
 }

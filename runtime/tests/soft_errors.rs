@@ -344,3 +344,99 @@ fn send_longer_than_recv_is_rem_op_err_and_loc_len_err() {
     wait_state(&a.qp, QpState::Err);
     assert!(rb.read().iter().all(|&x| x == 0));
 }
+
+#[test]
+fn memory_of_another_pd_is_not_reachable() {
+    let ctx = open_test_context();
+    let (a, b) = connect_pair(&ctx, &ctx, &PairOpts::default());
+    // Local: an lkey of another PD of the same device.
+    let other_pd = ctx.alloc_pd().unwrap();
+    let foreign = RegBuf::new(&other_pd, 64, AccessFlags::ALL);
+    a.qp.post_send(&[wr(
+        1,
+        SendOp::Write {
+            remote_addr: 0,
+            rkey: 0,
+        },
+        &[foreign.sge(0, 8)],
+        SIG,
+    )])
+    .unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::LocProtErr);
+    // Remote: an rkey of a PD other than the responder QP's.
+    let (a, b2) = connect_pair(&ctx, &ctx, &PairOpts::default());
+    let target = RegBuf::new(&b.pd, 64, AccessFlags::ALL); // b's PD, not b2's
+    let src = a.buf(64, LW);
+    a.qp.post_send(&[wr(
+        2,
+        write_to(&target, 0, target.rkey()),
+        &[src.sge(0, 8)],
+        SIG,
+    )])
+    .unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::RemAccessErr);
+    assert!(target.read().iter().all(|&x| x == 0));
+    drop(b2);
+}
+
+#[test]
+fn no_memory_access_after_a_flush_completion() {
+    // A peer that accepts but never reads: a big WRITE stalls mid-payload.
+    // After its flush completion the source buffer is reused; the new
+    // contents must never reach the wire.
+    use std::io::Read;
+    let ctx = open_test_context();
+    let a = make_side(&ctx, &PairOpts::default());
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    fake.set_nonblocking(true).unwrap();
+    let mut ep = a.qp.endpoint(0).unwrap();
+    ep.soft_addr = Some(fake.local_addr().unwrap());
+    ep.qpn = 0x77;
+    bring_up(&a.qp, ep, &PairOpts::default());
+    const LEN: usize = 16 * 1024 * 1024;
+    let src = a.buf(LEN, LW);
+    src.write(0, &vec![1u8; LEN]);
+    let write = |id| {
+        wr(
+            id,
+            SendOp::Write {
+                remote_addr: 0x1000,
+                rkey: 1,
+            },
+            &[src.sge(0, LEN)],
+            SIG,
+        )
+    };
+    a.qp.post_send(&[write(1), write(2)]).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut peer = loop {
+        match fake.accept() {
+            Ok((s, _)) => break s,
+            Err(_) => {
+                assert!(std::time::Instant::now() < deadline, "no connection");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    std::thread::sleep(Duration::from_millis(50)); // socket buffers fill up
+    a.qp.modify_to_err().unwrap();
+    let c = poll_n(&a.scq, 2);
+    assert!(c.iter().all(|c| c.status == WcStatus::WrFlushErr), "{c:?}");
+    // Reuse the memory right after the completions, then drain the wire.
+    src.write(0, &vec![0xEEu8; LEN]);
+    peer.set_nonblocking(false).unwrap();
+    peer.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let (mut total, mut marked) = (0usize, 0usize);
+    let mut buf = vec![0u8; 1 << 16];
+    while let Ok(n) = peer.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        total += n;
+        marked += buf[..n].iter().filter(|&&x| x == 0xEE).count();
+    }
+    assert!(total > 0);
+    // Only header bytes may happen to be 0xEE; no payload.
+    assert!(marked < 4096, "{marked} bytes of reused memory were sent");
+}

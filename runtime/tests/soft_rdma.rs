@@ -266,3 +266,48 @@ fn large_send_scatters_across_recv_sges() {
     assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
     assert!(dst.read()[..LEN] == data[..]);
 }
+
+#[test]
+fn many_qps_share_one_connection() {
+    let (ca, cb) = (open_test_context(), open_test_context());
+    let opts = PairOpts::default();
+    let pairs: Vec<(Side, Side)> = (0..8).map(|_| connect_pair(&ca, &cb, &opts)).collect();
+    const LEN: usize = 200_000;
+    let mut checks = Vec::new();
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        let src = a.buf(LEN, LW);
+        let data = src.fill_pattern(i as u8);
+        let dst = b.buf(LEN, all());
+        let rb = b.buf(64, LW);
+        b.qp.post_recv(&[rwr(i as u64, &[rb.sge(0, 64)])]).unwrap();
+        a.qp.post_send(&[
+            wr(
+                1,
+                SendOp::Write {
+                    remote_addr: dst.addr(),
+                    rkey: dst.rkey(),
+                },
+                &[src.sge(0, LEN)],
+                SendFlags::NONE,
+            ),
+            wr(
+                2,
+                SendOp::SendWithImm { imm: i as u32 },
+                &[src.sge(0, 64)],
+                SIG,
+            ),
+        ])
+        .unwrap();
+        checks.push((src, data, dst, rb));
+    }
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        let c = poll_one(&a.scq);
+        assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
+        let r = poll_one(&b.rcq);
+        assert_eq!((r.wr_id, r.imm_data), (i as u64, Some(i as u32)));
+        // The SEND completed after the WRITE: its data is there.
+        let (_, data, dst, rb) = &checks[i];
+        assert!(dst.read() == *data);
+        assert_eq!(rb.read(), data[..64].to_vec());
+    }
+}

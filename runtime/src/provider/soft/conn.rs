@@ -18,6 +18,9 @@ const RX_CAP: usize = 64 * 1024;
 
 /// A packet payload sent straight from registered memory (no copy): it
 /// follows the bytes in `tx`, and nothing is queued after it until it is gone.
+/// Shared with the QP (engine thread only), which snapshots the unsent rest
+/// into `copy` before any completion could tell the application that the
+/// memory is free again.
 pub(crate) struct TxMem {
     /// The requester QP whose WR this is.
     pub qpn: u32,
@@ -26,10 +29,37 @@ pub(crate) struct TxMem {
     pub addr: u64,
     pub len: usize,
     pub pos: usize,
+    /// Bytes `[pos..len]` copied out of the memory, once the QP failed.
+    pub copy: Option<Vec<u8>>,
+}
+
+/// Shared handle to a zero-copy payload.
+pub(crate) type TxMemRef = std::rc::Rc<std::cell::RefCell<TxMem>>;
+
+impl TxMem {
+    /// Copies the unsent rest out of the registered memory (zeros if the
+    /// registration is gone), so the memory is no longer needed.
+    pub fn snapshot(&mut self, mrs: &MrTable) {
+        if self.copy.is_some() || self.pos == self.len {
+            return;
+        }
+        let rest = self.len - self.pos;
+        let mut v = vec![0u8; rest];
+        let at = self.addr + self.pos as u64;
+        if let Some(p) = mrs.local(self.lkey, self.pd, at, rest as u64, false) {
+            // SAFETY: validated for `rest` readable bytes under the MR-table
+            // lock held through `mrs`; `v` has `rest` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(p, v.as_mut_ptr(), rest) };
+        }
+        // Positions now index into the copy.
+        self.copy = Some(v);
+    }
 }
 
 /// A WRITE payload being received straight into registered memory.
 pub(crate) struct RxDirect {
+    /// The responder QP: once it is in ERR, the rest is discarded.
+    pub qp: std::sync::Arc<super::qp::QpShared>,
     pub hdr: Header,
     pub pd: u32,
     /// Where the next byte goes.
@@ -91,7 +121,7 @@ pub(crate) struct Conn {
     pub rx_end: usize,
     pub tx: Vec<u8>,
     pub tx_pos: usize,
-    pub tx_mem: Option<TxMem>,
+    pub tx_mem: Option<TxMemRef>,
     /// QPs whose zero-copy payload lost its registration while being sent.
     pub broken: Vec<u32>,
     /// Bytes the packet at `rx_start` needs in the buffer.
@@ -196,24 +226,36 @@ impl Conn {
                 };
                 n = 1;
             }
-            if let Some(m) = &self.tx_mem {
+            if let Some(mr) = &self.tx_mem {
+                let m = mr.borrow();
                 let rest = m.len - m.pos;
-                let at = m.addr + m.pos as u64;
-                match mrs.local(m.lkey, m.pd, at, rest as u64, false) {
-                    Some(p) => {
-                        iov[n] = libc::iovec {
-                            iov_base: p.cast(),
-                            iov_len: rest,
-                        };
-                        n += 1;
-                    }
-                    None => {
-                        // Deregistered under an outstanding WR: keep the
-                        // framing with zeros and fail the QP.
-                        self.broken.push(m.qpn);
-                        self.tx.resize(self.tx.len() + rest, 0);
-                        self.tx_mem = None;
-                        continue;
+                if let Some(copy) = &m.copy {
+                    let done = copy.len() - rest;
+                    iov[n] = libc::iovec {
+                        // SAFETY: `done <= copy.len()`.
+                        iov_base: unsafe { copy.as_ptr().add(done) } as *mut libc::c_void,
+                        iov_len: rest,
+                    };
+                    n += 1;
+                } else {
+                    let at = m.addr + m.pos as u64;
+                    match mrs.local(m.lkey, m.pd, at, rest as u64, false) {
+                        Some(p) => {
+                            iov[n] = libc::iovec {
+                                iov_base: p.cast(),
+                                iov_len: rest,
+                            };
+                            n += 1;
+                        }
+                        None => {
+                            // Deregistered under an outstanding WR: keep the
+                            // framing with zeros and fail the QP.
+                            self.broken.push(m.qpn);
+                            drop(m);
+                            self.tx.resize(self.tx.len() + rest, 0);
+                            self.tx_mem = None;
+                            continue;
+                        }
                     }
                 }
             }
@@ -247,9 +289,11 @@ impl Conn {
             let h = head.min(k);
             self.tx_pos += h;
             k -= h;
-            if let Some(m) = &mut self.tx_mem {
+            if let Some(mr) = &self.tx_mem {
+                let mut m = mr.borrow_mut();
                 m.pos += k;
                 if m.pos == m.len {
+                    drop(m);
                     self.tx_mem = None;
                 }
             }
@@ -263,7 +307,10 @@ impl Conn {
     /// Loopback: moves everything queued for sending into the receive buffer.
     fn loop_back(&mut self, mrs: &MrTable) {
         let head = self.tx.len() - self.tx_pos;
-        let mem = self.tx_mem.as_ref().map_or(0, |m| m.len - m.pos);
+        let mem = self.tx_mem.as_ref().map_or(0, |m| {
+            let m = m.borrow();
+            m.len - m.pos
+        });
         let n = head + mem;
         if n == 0 {
             return;
@@ -282,17 +329,23 @@ impl Conn {
         }
         let at = self.rx_end;
         self.rx[at..at + head].copy_from_slice(&self.tx[self.tx_pos..]);
-        if let Some(m) = self.tx_mem.take() {
+        if let Some(mr) = self.tx_mem.take() {
+            let mut m = mr.borrow_mut();
             let dst = &mut self.rx[at + head..at + n];
-            match mrs.local(m.lkey, m.pd, m.addr + m.pos as u64, mem as u64, false) {
-                // SAFETY: validated for `mem` readable bytes under the
-                // MR-table lock the caller holds; `dst` has `mem` bytes.
-                Some(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), mem) },
-                None => {
-                    dst.fill(0);
-                    self.broken.push(m.qpn);
+            if let Some(copy) = &m.copy {
+                dst.copy_from_slice(&copy[copy.len() - mem..]);
+            } else {
+                match mrs.local(m.lkey, m.pd, m.addr + m.pos as u64, mem as u64, false) {
+                    // SAFETY: validated for `mem` readable bytes under the
+                    // MR-table lock the caller holds; `dst` has `mem` bytes.
+                    Some(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), mem) },
+                    None => {
+                        dst.fill(0);
+                        self.broken.push(m.qpn);
+                    }
                 }
             }
+            m.pos = m.len;
         }
         self.rx_end += n;
         self.tx.clear();
@@ -316,6 +369,9 @@ impl Conn {
             return Ok((0, false));
         };
         let fd = stream.as_raw_fd();
+        if d.qp.state() == crate::provider::QpState::Err {
+            d.broken = true;
+        }
         let target = if d.broken {
             None
         } else {

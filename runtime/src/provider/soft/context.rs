@@ -114,6 +114,11 @@ impl Context {
         &self.0.shared
     }
 
+    /// True if both handles name the same opened device.
+    pub(crate) fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Opens a device: binds the listener and starts the engine thread.
     pub fn open(config: SoftConfig) -> Result<Context> {
         let std_listener =
@@ -234,6 +239,12 @@ impl Context {
 
     /// Creates a CQ with room for `cqe` completions.
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        if channel.is_some_and(|c| !c._ctx.same(self)) {
+            return Err(ProviderError::InvalidArgument {
+                call: "create_cq",
+                what: "completion channel of another device context".into(),
+            });
+        }
         if cqe == 0 || cqe > MAX_CQE {
             return Err(ProviderError::InvalidArgument {
                 call: "create_cq",
@@ -320,6 +331,12 @@ impl Pd {
     /// Creates an RC QP in RESET.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
         let caps = check_caps(&caps)?;
+        if !send_cq._ctx.same(&self.0.ctx) || !recv_cq._ctx.same(&self.0.ctx) {
+            return Err(ProviderError::InvalidArgument {
+                call: "create_qp",
+                what: "CQ of another device context".into(),
+            });
+        }
         let sh = self.0.ctx.shared();
         let qpn = loop {
             let n = sh.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;

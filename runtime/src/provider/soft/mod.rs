@@ -1,23 +1,49 @@
 //! The software RDMA device: a faithful RC "NIC" in pure Rust.
 //!
-//! Each opened [`Context`] runs one engine thread that sleeps in its own mio
-//! poll when idle (woken by the post path only when it sleeps), owns a TCP
-//! listener and one connection per remote engine, and moves data between
-//! registered memory and the wire like a NIC's DMA. See `DESIGN.md` §2.1.
+//! Each opened [`Context`] runs one engine thread (`engine.rs`) that plays the
+//! NIC. It sleeps in its own mio poll when idle; the post path only queues
+//! WRs on the QP and rings a doorbell (a `mio::Waker`), with a syscall only
+//! when the engine sleeps. After activity the engine keeps polling for
+//! `VERBIO_SOFT_SPIN_US` µs (default 50, 0 = sleep at once) before it sleeps.
+//! The engine owns a TCP listener and one connection per remote engine
+//! (TCP_NODELAY); QPs of the same device talk through an internal loopback
+//! connection without sockets. The application thread never touches sockets.
 //!
-//! Where rxe and the verbs spec differ the device follows the spec:
-//! a SEND longer than the posted RECV completes `REM_OP_ERR` at the requester
-//! (rxe's behaviour; mlx5 reports `REM_INV_REQ_ERR`) and `LOC_LEN_ERR` at the
-//! responder; a bad local key completes `LOC_PROT_ERR`. Transport is TCP, so
-//! nothing is retransmitted on timeout: an ACK timeout only counts towards
-//! `retry_cnt` (a lost peer), and RNR NAKs make the requester go back to the
-//! NAKed PSN after the responder's `min_rnr_timer`.
+//! Files: `context.rs` (device, PD, limits), `mr.rs` (MR table: the engine
+//! holds its lock while it touches registered memory, so deregistration takes
+//! effect at once), `cq.rs` (CQs, eventfd completion channel, async events),
+//! `qp.rs` (state machine, post path), `engine.rs` (loop, connections,
+//! timers), `eqp.rs` (the engine's per-QP state, completions, flushing),
+//! `requester.rs` / `responder.rs` (the two halves of RC), `conn.rs` (per-peer
+//! buffers), `dma.rs` (copies to and from registered memory), `packet.rs`
+//! (the versioned wire format; [`packet::decode`] never panics).
+//!
+//! Data path: SEND/WRITE payloads are cut into segments of up to 1 MiB; a
+//! segment inside one SGE is written to the socket straight from registered
+//! memory (`writev`, no copy), and a WRITE segment still arriving is read
+//! straight into the target MR. Small, inline and multi-SGE payloads and READ
+//! responses are copied (64 KiB segments). Consecutive ACKs of one QP are
+//! coalesced. If a QP fails while a payload is still being sent from its
+//! memory, the unsent rest is copied out first, so no completion ever reports
+//! memory as free while the engine may still read it.
+//!
+//! Semantics follow RC hardware (DESIGN.md §2.1). Where rxe and the verbs
+//! spec differ: a SEND longer than the posted RECV completes `REM_OP_ERR` at
+//! the requester (as on rxe; mlx5 reports `REM_INV_REQ_ERR`) and
+//! `LOC_LEN_ERR` at the responder (spec); a bad local key completes
+//! `LOC_PROT_ERR` (spec; rxe `LOC_QP_OP_ERR`). The transport is TCP, so
+//! nothing is retransmitted on an ACK timeout: timeouts only count towards
+//! `retry_cnt` (a lost or silent peer, then `RETRY_EXC_ERR`), a closed
+//! connection fails the QPs that use it at once, and an RNR NAK makes the
+//! requester go back to the NAKed PSN after the responder's `min_rnr_timer`.
+//! Unsignaled WRs free their send-queue slot when acknowledged.
 
 mod conn;
 mod context;
 mod cq;
 mod dma;
 mod engine;
+mod eqp;
 mod mr;
 pub mod packet;
 mod qp;

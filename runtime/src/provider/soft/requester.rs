@@ -12,6 +12,8 @@ use super::packet::{
     NAK_REM_INV_REQ, NAK_REM_OP, NAK_RNR,
 };
 use crate::provider::{rnr_timer_duration, AccessFlags, QpState, SendFlags, SendOp, WcStatus};
+use std::cell::RefCell;
+use std::rc::Rc;
 
 enum Gen {
     Sent,
@@ -46,7 +48,7 @@ fn zc_piece(w: &super::qp::SendWqe, off: u64) -> Option<(u32, u64, u64)> {
 fn gen_request(
     eq: &mut EQp,
     tx: &mut Vec<u8>,
-    zc: &mut Option<TxMem>,
+    zc: &mut Option<super::conn::TxMemRef>,
     mrs: &MrTable,
     now: Instant,
 ) -> Gen {
@@ -169,14 +171,17 @@ fn gen_request(
             (None, Some((lkey, addr, len))) => {
                 let ok = mrs.local(lkey, pd, addr, len, false).is_some();
                 if ok {
-                    *zc = Some(TxMem {
+                    let m = Rc::new(RefCell::new(TxMem {
                         qpn: eq.sh.qpn,
                         lkey,
                         pd,
                         addr,
                         len: len as usize,
                         pos: 0,
-                    });
+                        copy: None,
+                    }));
+                    eq.zc = Some(m.clone());
+                    *zc = Some(m);
                 }
                 ok
             }
@@ -288,6 +293,7 @@ impl Engine {
             return;
         };
         let mrs = sh.mrs();
+        let mut failed = None;
         while conn.tx_room() {
             if let Some(r) = conn.resp.front_mut() {
                 match gen_resp(r, &mut conn.tx, &mrs) {
@@ -305,9 +311,9 @@ impl Engine {
                             syndrome: NAK_REM_ACCESS,
                             timer: 0,
                         });
-                        if let Some(eq) = qps.get_mut(&src) {
-                            eq.fail(None);
-                        }
+                        // Failed below, once the MR-table lock is released.
+                        failed = Some(src);
+                        break;
                     }
                 }
                 continue;
@@ -329,6 +335,12 @@ impl Engine {
                     conn.senders.pop_front();
                     eq.scheduled = false;
                 }
+            }
+        }
+        drop(mrs);
+        if let Some(qpn) = failed {
+            if let Some(eq) = qps.get_mut(&qpn) {
+                eq.fail(None);
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::conn::{ReadJob, Resp};
 use super::context::Shared;
@@ -17,14 +18,14 @@ use crate::provider::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
 /// Loads (or refreshes) the engine view of the QP a packet names.
 pub(crate) fn load_qp<'a>(
     qps: &'a mut HashMap<u32, EQp>,
-    sh: &Shared,
+    sh: &Arc<Shared>,
     qpn: u32,
 ) -> Option<(&'a mut EQp, QpState)> {
     let eq = match qps.entry(qpn) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
             let qp = lock(&sh.qps).get(&qpn).cloned()?;
-            v.insert(EQp::new(qp))
+            v.insert(EQp::new(qp, sh.clone()))
         }
     };
     if eq.sh.destroyed.load(Ordering::Acquire) {

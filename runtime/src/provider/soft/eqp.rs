@@ -1,0 +1,239 @@
+//! The engine's private per-QP state: the send WRs it has taken (requester)
+//! and the expected PSN and current RECV (responder), plus completion and
+//! error/flush handling.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::context::Shared;
+use super::cq::lock;
+use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
+use crate::provider::{
+    ack_timeout_duration, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
+};
+
+/// A send WR inside the engine.
+pub(crate) struct EWqe {
+    pub w: SendWqe,
+    pub first_psn: u32,
+    pub last_psn: u32,
+    /// A local error found before sending; completes when it reaches the front.
+    pub error: Option<WcStatus>,
+}
+
+impl EWqe {
+    pub fn needs_response(&self) -> bool {
+        matches!(
+            self.w.op,
+            SendOp::Read { .. } | SendOp::CompareAndSwap { .. } | SendOp::FetchAndAdd { .. }
+        )
+    }
+}
+
+/// The engine's private view of a QP.
+pub(crate) struct EQp {
+    pub sh: Arc<QpShared>,
+    /// The device (for the MR table).
+    pub sh_ctx: Arc<Shared>,
+    pub gen: u32,
+    pub epoch: u32,
+    pub configured: bool,
+    pub cfg: QpConfig,
+    // requester
+    pub conn: Option<usize>,
+    pub scheduled: bool,
+    /// Taken WRs not completed yet, in order; `[..send_idx]` fully sent.
+    pub wqes: VecDeque<EWqe>,
+    pub send_idx: usize,
+    pub send_off: u64,
+    pub next_psn: u32,
+    pub rnr_until: Option<Instant>,
+    pub rnr_left: u8,
+    pub ack_deadline: Option<Instant>,
+    pub retries_left: u8,
+    pub rd_outstanding: usize,
+    /// The payload this QP may still be sending straight from its memory.
+    pub zc: Option<super::conn::TxMemRef>,
+    // responder
+    pub epsn: u32,
+    pub cur_recv: Option<RecvWqe>,
+}
+
+impl EQp {
+    pub fn new(sh: Arc<QpShared>, sh_ctx: Arc<Shared>) -> EQp {
+        EQp {
+            sh,
+            sh_ctx,
+            gen: u32::MAX,
+            epoch: 0,
+            configured: false,
+            cfg: QpConfig::default(),
+            conn: None,
+            scheduled: false,
+            wqes: VecDeque::new(),
+            send_idx: 0,
+            send_off: 0,
+            next_psn: 0,
+            rnr_until: None,
+            rnr_left: 0,
+            ack_deadline: None,
+            retries_left: 0,
+            rd_outstanding: 0,
+            zc: None,
+            epsn: 0,
+            cur_recv: None,
+        }
+    }
+
+    /// Copies a changed configuration; drops private state after a RESET.
+    /// Returns the current state.
+    pub fn refresh(&mut self, inner: &QpInner) -> QpState {
+        if inner.epoch != self.epoch {
+            self.epoch = inner.epoch;
+            self.configured = false;
+            self.wqes.clear();
+            self.send_idx = 0;
+            self.send_off = 0;
+            self.rnr_until = None;
+            self.ack_deadline = None;
+            self.rd_outstanding = 0;
+            self.cur_recv = None;
+        }
+        if inner.gen != self.gen {
+            self.gen = inner.gen;
+            self.cfg = inner.cfg;
+            if !self.configured && matches!(inner.state, QpState::Rtr | QpState::Rts) {
+                self.configured = true;
+                self.epsn = self.cfg.remote_psn;
+                self.next_psn = self.sh.psn;
+            }
+            self.rnr_left = self.cfg.rnr_retry;
+            self.retries_left = self.cfg.retry_cnt;
+        }
+        inner.state
+    }
+
+    pub fn ack_timeout(&self) -> Option<Duration> {
+        ack_timeout_duration(self.cfg.timeout)
+    }
+
+    /// Restarts the ACK timer after progress (or stops it when idle).
+    pub fn progress(&mut self, now: Instant) {
+        self.retries_left = self.cfg.retry_cnt;
+        self.rnr_left = self.cfg.rnr_retry;
+        self.ack_deadline = if self.send_idx > 0 || self.send_off > 0 {
+            self.ack_timeout().map(|t| now + t)
+        } else {
+            None
+        };
+    }
+
+    pub fn completion(&self, w: &SendWqe, status: WcStatus, byte_len: u32) -> Completion {
+        Completion {
+            wr_id: w.wr_id,
+            status,
+            opcode: w.op.completion_opcode(),
+            byte_len: if status.is_success() { byte_len } else { 0 },
+            imm_data: None,
+            qp_num: self.sh.qpn,
+            vendor_err: 0,
+        }
+    }
+
+    /// Completes the front WR (which must exist) with `status`.
+    pub fn complete_front(&mut self, status: WcStatus, byte_len: u32) {
+        let Some(e) = self.wqes.pop_front() else {
+            return;
+        };
+        if self.send_idx > 0 {
+            self.send_idx -= 1;
+        } else {
+            self.send_off = 0;
+        }
+        if e.needs_response() && self.rd_outstanding > 0 {
+            self.rd_outstanding -= 1;
+        }
+        if !status.is_success() || e.w.flags.contains(SendFlags::SIGNALED) {
+            let wc = self.completion(&e.w, status, byte_len);
+            self.sh.send_cq.push(wc, true);
+        }
+        let mut inner = lock(&self.sh.inner);
+        inner.sq_outstanding = inner.sq_outstanding.saturating_sub(1);
+    }
+
+    pub fn recv_completion(&self, r: &RecvWqe, status: WcStatus) -> Completion {
+        Completion {
+            wr_id: r.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: self.sh.qpn,
+            vendor_err: 0,
+        }
+    }
+
+    /// Before completions may free the QP's memory: a payload still being
+    /// sent from it is copied out (the engine never reads it afterwards).
+    /// Takes the MR-table lock: callers must not hold it.
+    pub fn unpin(&mut self) {
+        if let Some(z) = self.zc.take() {
+            // Only the connection and we hold it while it is unsent.
+            if std::rc::Rc::strong_count(&z) > 1 {
+                let shared = self.sh_ctx.clone();
+                z.borrow_mut().snapshot(&shared.mrs());
+            }
+        }
+    }
+
+    /// Moves the QP to ERR: `first` completes the front send WR, then every
+    /// other WR (send and receive) is flushed.
+    pub fn fail(&mut self, first: Option<WcStatus>) {
+        self.unpin();
+        if let Some(st) = first {
+            if !self.wqes.is_empty() {
+                self.complete_front(st, 0);
+            }
+        }
+        let sh = self.sh.clone();
+        let mut inner = lock(&sh.inner);
+        if inner.state != QpState::Err {
+            self.sh.set_state(&mut inner, QpState::Err);
+            self.gen = inner.gen;
+        }
+        self.flush(&mut inner);
+    }
+
+    /// Flushes every WR with `WR_FLUSH_ERR` (QP in ERR).
+    pub fn flush(&mut self, inner: &mut QpInner) {
+        self.unpin();
+        let sends: Vec<SendWqe> = self
+            .wqes
+            .drain(..)
+            .map(|e| e.w)
+            .chain(inner.sq.drain(..))
+            .collect();
+        for w in &sends {
+            let wc = self.completion(w, WcStatus::WrFlushErr, 0);
+            self.sh.send_cq.push(wc, true);
+        }
+        let recvs: Vec<RecvWqe> = self
+            .cur_recv
+            .take()
+            .into_iter()
+            .chain(inner.rq.drain(..))
+            .collect();
+        for r in &recvs {
+            let wc = self.recv_completion(r, WcStatus::WrFlushErr);
+            self.sh.recv_cq.push(wc, true);
+        }
+        inner.sq_outstanding = 0;
+        inner.rq_outstanding = 0;
+        self.send_idx = 0;
+        self.send_off = 0;
+        self.rnr_until = None;
+        self.ack_deadline = None;
+        self.rd_outstanding = 0;
+    }
+}
