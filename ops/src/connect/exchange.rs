@@ -3,6 +3,8 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::io::ErrorKind;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::{self, Either};
@@ -176,7 +178,7 @@ fn same_provider(local: ProviderKind, remote: ProviderKind) -> Result<(), Handsh
 /// Tells the peer why we give up (best effort: it may be gone or not a
 /// verbio peer at all), then hands back the error. A peer that rejected us
 /// gets no reject back.
-async fn refuse<S: AsyncWrite + Unpin>(s: &mut S, e: HandshakeError) -> HandshakeError {
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, e: HandshakeError) -> HandshakeError {
     if !matches!(
         e,
         HandshakeError::RejectedByPeer { .. } | HandshakeError::Io { .. }
@@ -186,8 +188,23 @@ async fn refuse<S: AsyncWrite + Unpin>(s: &mut S, e: HandshakeError) -> Handshak
         let _ = s.flush().await;
         let _ = s.close().await;
     }
+    drain_ready(s);
     tracing::debug!(error = %e, "handshake refused");
     e
+}
+
+/// Reads (and discards) what the peer already sent, without waiting: closing a
+/// TCP socket with unread received bytes sends a reset, which can destroy the
+/// reject frame before the peer reads it.
+fn drain_ready<S: AsyncRead + Unpin>(s: &mut S) {
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    let mut scratch = [0u8; 1024];
+    for _ in 0..64 {
+        match Pin::new(&mut *s).poll_read(&mut cx, &mut scratch) {
+            Poll::Ready(Ok(n)) if n > 0 => continue,
+            _ => break,
+        }
+    }
 }
 
 async fn read_hello<S: AsyncRead + Unpin>(

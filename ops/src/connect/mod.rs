@@ -12,12 +12,18 @@
 //! The final `ready` makes sure C's QP is ready to receive before S's
 //! `accept` returns and S starts sending. The frame codec is in
 //! [`handshake`]; [`connect_exchange`] and [`accept_exchange`] run the two
-//! roles over any `futures::io` stream, bounded by a [`Deadline`].
+//! roles over any `futures::io` stream, bounded by a [`Deadline`];
+//! [`Listener`] and [`connect`] run them over the reactor's TCP, with QPs
+//! from a [`QpFactory`] ([`DeviceQps`] on a runtime `Device`).
 
 mod error;
 mod exchange;
 pub mod handshake;
+mod listener;
+mod setup;
 
 pub use error::HandshakeError;
 pub use exchange::{accept_exchange, connect_exchange, Deadline};
 pub use handshake::{decode, encode, Hello};
+pub use listener::{connect, Connection, Listener, DEFAULT_TIMEOUT};
+pub use setup::{DeviceQps, QpConfig, QpFactory};
