@@ -25,6 +25,12 @@
 #   RUSTC_BOOTSTRAP=1 cargo fuzz tmin TARGET fuzz/artifacts/TARGET/crash-...
 # and keep it as a regression seed: fuzz/corpus/TARGET/seed-regress-<what>.
 #
+# Source coverage of a corpus (needs `rustup component add llvm-tools`):
+#   RUSTC_BOOTSTRAP=1 cargo fuzz coverage TARGET fuzz/corpus/TARGET
+#   $(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin/llvm-cov report \
+#     target/x86_64-unknown-linux-gnu/coverage/x86_64-unknown-linux-gnu/release/TARGET \
+#     -instr-profile=fuzz/coverage/TARGET/coverage.profdata ops/src/agent/wire.rs
+#
 # Exit status: 0 if no target crashed, 1 if one did, 2 on usage errors.
 set -euo pipefail
 
@@ -83,7 +89,7 @@ for target in "${run[@]}"; do
     cov=$(grep -oE 'cov: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || true)
     ft=$(grep -oE 'ft: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || true)
     corp=$(grep -oE 'corp: [0-9]+/[0-9A-Za-z]+' <<<"$last" | cut -d' ' -f2 || true)
-    line=$(printf '%-12s %4ss  execs %-10s exec/s %-8s cov %-5s ft %-6s corpus %s' \
+    line=$(printf '%-12s <=%ss  execs %-10s exec/s %-8s cov %-5s ft %-6s corpus %s' \
         "$target" "$seconds" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}")
     if [[ $rc -ne 0 ]]; then
         artifact=$(grep -oE 'Test unit written to \S+' "$log" | tail -n 1 | cut -d' ' -f5 || true)
