@@ -17,6 +17,7 @@
 
 pub mod agent_wire;
 pub mod handshake;
+pub mod handshake_exchange;
 pub mod soft_packet;
 
 use std::fmt;
@@ -66,7 +67,7 @@ pub struct Target {
 }
 
 /// Every fuzz target.
-pub const TARGETS: [Target; 3] = [
+pub const TARGETS: [Target; 4] = [
     Target {
         name: "agent_wire",
         check: agent_wire::check,
@@ -78,6 +79,12 @@ pub const TARGETS: [Target; 3] = [
         check: handshake::check,
         seeds: handshake::seeds,
         len_field: handshake::LEN_FIELD,
+    },
+    Target {
+        name: "handshake_exchange",
+        check: handshake_exchange::check,
+        seeds: handshake_exchange::seeds,
+        len_field: handshake_exchange::LEN_FIELD,
     },
     Target {
         name: "soft_packet",
