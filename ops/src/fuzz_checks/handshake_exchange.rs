@@ -19,12 +19,47 @@ use crate::connect::{accept_exchange, connect_exchange, Deadline, HandshakeError
 /// The first frame's body length (the handshake header's).
 pub const LEN_FIELD: LenField = super::handshake::LEN_FIELD;
 
+/// Failures injected into a run, chosen by the input's length so that every
+/// input maps to one deterministic run.
+#[derive(Clone, Copy)]
+struct Faults {
+    /// Every fourth read fails with `Interrupted` (to be retried).
+    interrupt: bool,
+    /// Reading past the input fails with `ConnectionReset` instead of EOF.
+    reset_at_eof: bool,
+    /// The QP setup / connect callback fails.
+    fail_setup: bool,
+}
+
+impl Faults {
+    fn for_input(data: &[u8]) -> Faults {
+        let n = data.len();
+        Faults {
+            interrupt: n % 4 == 1,
+            reset_at_eof: n % 16 == 14,
+            fail_setup: n % 16 == 15,
+        }
+    }
+}
+
 /// An in-memory peer: reads hand out `input` in varying chunk sizes (so
 /// frames arrive split at every kind of boundary), writes are collected.
 struct Peer<'a> {
     input: &'a [u8],
     reads: usize,
+    faults: Faults,
     written: Vec<u8>,
+}
+
+impl<'a> Peer<'a> {
+    fn new(input: &'a [u8], faults: Faults) -> Peer<'a> {
+        Peer {
+            input,
+            reads: 0,
+            faults,
+            written: Vec::new(),
+        }
+    }
 }
 
 impl AsyncRead for Peer<'_> {
@@ -35,11 +70,17 @@ impl AsyncRead for Peer<'_> {
     ) -> Poll<io::Result<usize>> {
         const CHUNKS: [usize; 5] = [1, 11, 3, 64, 1024];
         let this = self.get_mut();
+        this.reads += 1;
+        if this.faults.interrupt && this.reads % 4 == 0 {
+            return Poll::Ready(Err(io::ErrorKind::Interrupted.into()));
+        }
+        if this.faults.reset_at_eof && this.input.is_empty() && !buf.is_empty() {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
         let n = buf
             .len()
             .min(this.input.len())
             .min(CHUNKS[this.reads % CHUNKS.len()]);
-        this.reads += 1;
         buf[..n].copy_from_slice(&this.input[..n]);
         this.input = &this.input[n..];
         Poll::Ready(Ok(n))
@@ -106,9 +147,10 @@ fn frames_written(written: &[u8]) -> Vec<Frame> {
 }
 
 /// Runs the server role, then the client role, with `data` as everything the
-/// peer sends. Neither may panic or hang; what they write must be valid
-/// frames; success must mean `data` held exactly the frames the protocol
-/// requires. Returns whether `data` starts with a valid frame.
+/// peer sends (and, depending on its length, interrupted reads, a reset
+/// connection or a failing QP setup). Neither may panic or hang; what they
+/// write must be valid frames; success must mean `data` held exactly the
+/// frames the protocol requires; a failed setup must be told to the peer. Returns whether `data` starts with a valid frame.
 ///
 /// # Panics
 ///
@@ -122,19 +164,24 @@ pub fn check(data: &[u8]) -> bool {
         Some((Frame::Hello(h), _)) if h.endpoint.provider == ProviderKind::Soft => Some(h.endpoint),
         _ => None,
     };
+    let faults = Faults::for_input(data);
+    let refused = || HandshakeError::InvalidField {
+        field: "fuzz",
+        value: 0,
+        reason: "injected setup failure",
+    };
 
     // Server: the peer's hello, our hello, the peer's ready.
-    let mut peer = Peer {
-        input: data,
-        reads: 0,
-        written: Vec::new(),
-    };
+    let mut peer = Peer::new(data, faults);
     let setup_saw = Cell::new(None);
     let server = block_on(accept_exchange(
         &mut peer,
         ProviderKind::Soft,
         |remote| {
             setup_saw.set(Some(*remote));
+            if faults.fail_setup {
+                return Err(refused());
+            }
             Ok((local(0x22), *remote))
         },
         deadline(),
@@ -143,6 +190,7 @@ pub fn check(data: &[u8]) -> bool {
     let wrote = frames_written(&peer.written);
     match server {
         Ok((remote, echoed)) => {
+            assert!(!faults.fail_setup, "server succeeded although setup failed");
             assert_eq!(Some(remote), soft_hello);
             assert_eq!(echoed, remote);
             assert_eq!(second, Some(Frame::Ready), "server accepted without ready");
@@ -150,6 +198,14 @@ pub fn check(data: &[u8]) -> bool {
         }
         Err(e) => {
             display(&e);
+            if faults.fail_setup && soft_hello.is_some() {
+                // The peer is told why.
+                assert!(matches!(
+                    e,
+                    HandshakeError::InvalidField { field: "fuzz", .. }
+                ));
+                assert!(matches!(wrote.as_slice(), [Frame::Reject(_)]), "{wrote:?}");
+            }
             if let HandshakeError::RejectedByPeer { reason } = &e {
                 // Instead of its hello, or instead of its ready.
                 let reject = Frame::Reject(reason.clone());
@@ -163,17 +219,16 @@ pub fn check(data: &[u8]) -> bool {
     }
 
     // Client: our hello, the peer's hello, our ready.
-    let mut peer = Peer {
-        input: data,
-        reads: 0,
-        written: Vec::new(),
-    };
+    let mut peer = Peer::new(data, faults);
     let connect_saw = Cell::new(None);
     let client = block_on(connect_exchange(
         &mut peer,
         &local(0x11),
         |remote| {
             connect_saw.set(Some(*remote));
+            if faults.fail_setup {
+                return Err(refused());
+            }
             Ok(())
         },
         deadline(),
@@ -187,11 +242,22 @@ pub fn check(data: &[u8]) -> bool {
     assert_eq!(wrote.first(), Some(&Frame::Hello(Hello::new(local(0x11)))));
     match client {
         Ok(remote) => {
+            assert!(
+                !faults.fail_setup,
+                "client succeeded although connect failed"
+            );
             assert_eq!(Some(remote), soft_hello);
             assert_eq!(wrote[1..], [Frame::Ready]);
         }
         Err(e) => {
             display(&e);
+            if faults.fail_setup && soft_hello.is_some() {
+                assert!(matches!(
+                    e,
+                    HandshakeError::InvalidField { field: "fuzz", .. }
+                ));
+                assert!(matches!(wrote[1..], [Frame::Reject(_)]), "{wrote:?}");
+            }
             if let HandshakeError::RejectedByPeer { reason } = &e {
                 assert_eq!(
                     first.as_ref().map(|(f, _)| f),
