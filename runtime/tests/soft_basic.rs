@@ -453,3 +453,32 @@ fn engine_stops_when_the_last_handle_is_dropped() {
     // The engine thread was joined and its listener closed.
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
+
+#[test]
+fn reset_and_reconnect_after_error() {
+    let ctx = open_test_context();
+    let opts = PairOpts::default();
+    let (a, b) = connect_pair(&ctx, &ctx, &opts);
+    let src = a.buf(64, LW);
+    src.fill_pattern(2);
+    let dst = b.buf(64, LW);
+    // Break both QPs, then start over from RESET.
+    a.qp.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 8)], SIG)])
+        .unwrap();
+    a.qp.modify_to_err().unwrap();
+    b.qp.modify_to_err().unwrap();
+    let _ = poll_one(&a.scq);
+    for qp in [&a.qp, &b.qp] {
+        qp.modify_to_reset().unwrap();
+        assert_eq!(qp.state(), QpState::Reset);
+    }
+    bring_up(&a.qp, b.qp.endpoint(0).unwrap(), &opts);
+    bring_up(&b.qp, a.qp.endpoint(0).unwrap(), &opts);
+    b.qp.post_recv(&[rwr(5, &[dst.sge(0, 64)])]).unwrap();
+    a.qp.post_send(&[wr(2, SendOp::Send, &[src.sge(0, 64)], SIG)])
+        .unwrap();
+    let c = poll_one(&a.scq);
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
+    assert_eq!(poll_one(&b.rcq).wr_id, 5);
+    assert_eq!(dst.read(), src.read());
+}
