@@ -1,10 +1,15 @@
 //! Completion queues, the completion channel and the async-event queue. Both
-//! pollable fds are non-blocking eventfds that are readable exactly while
-//! their queue holds an event.
+//! pollable fds are non-blocking eventfds that are readable while their
+//! queue holds an event. The producer writes the eventfd after releasing
+//! the queue lock (a consumer woken by the write must not find the lock
+//! still held and go back to sleep on it), so readiness can lag a push by a
+//! moment, and can outlive the event it announced until the next
+//! `get_event` (which then returns `None` and clears it).
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
@@ -47,9 +52,15 @@ impl<T> EventQueue<T> {
     }
 
     pub fn push(&self, ev: T) {
-        let mut q = lock(&self.queue);
-        let was_empty = q.is_empty();
-        q.push_back(ev);
+        let was_empty = {
+            let mut q = lock(&self.queue);
+            let was_empty = q.is_empty();
+            q.push_back(ev);
+            was_empty
+        };
+        // The eventfd is cleared only under the lock with the queue empty,
+        // so this write, after the event went in, cannot be lost: the fd
+        // is readable while the event waits.
         if was_empty {
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a live u64 to our eventfd.
@@ -60,7 +71,9 @@ impl<T> EventQueue<T> {
     pub fn pop(&self) -> Option<T> {
         let mut q = lock(&self.queue);
         let ev = q.pop_front();
-        if ev.is_some() && q.is_empty() {
+        // Clear readiness once empty; with nothing to pop this also clears
+        // a write that arrived after its event was already taken.
+        if q.is_empty() {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
             let _ = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
@@ -92,7 +105,6 @@ pub(crate) struct CqState {
     /// `Some(solicited_only)` while armed.
     armed: Option<bool>,
     overflow: bool,
-    acked: u64,
 }
 
 /// CQ state shared by the handle and the engine.
@@ -100,6 +112,9 @@ pub(crate) struct CqShared {
     pub handle: u32,
     pub capacity: u32,
     state: Mutex<CqState>,
+    /// Events acknowledged (outside `state`: the application acks while
+    /// the engine pushes).
+    acked: AtomicU64,
     channel: Option<Arc<EventQueue<u32>>>,
     async_events: Arc<EventQueue<AsyncEvent>>,
 }
@@ -118,8 +133,8 @@ impl CqShared {
                 queue: VecDeque::with_capacity(capacity as usize),
                 armed: None,
                 overflow: false,
-                acked: 0,
             }),
+            acked: AtomicU64::new(0),
             channel,
             async_events,
         }
@@ -149,6 +164,8 @@ impl CqShared {
         };
         if fire {
             st.armed = None;
+            // Signal after unlocking: the woken consumer polls this CQ.
+            drop(st);
             if let Some(ch) = &self.channel {
                 ch.push(self.handle);
             }
@@ -199,6 +216,44 @@ impl Cq {
     }
     /// Acknowledges `n` events.
     pub fn ack_events(&self, n: u32) {
-        lock(&self.shared.state).acked += u64::from(n);
+        self.shared.acked.fetch_add(u64::from(n), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn event_fd_is_readable_while_events_wait_and_late_signals_clear() {
+        let q = EventQueue::<u32>::new().expect("eventfd");
+        assert!(!readable(q.fd()));
+        q.push(1);
+        q.push(2);
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), Some(1));
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), Some(2));
+        assert!(!readable(q.fd()));
+        // A producer's signal landing after its event was taken (it writes
+        // after unlocking) leaves the fd readable with nothing queued:
+        // the next pop finds nothing and clears it.
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to the eventfd.
+        let n = unsafe { libc::write(q.fd(), (&one as *const u64).cast(), 8) };
+        assert_eq!(n, 8);
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), None);
+        assert!(!readable(q.fd()));
     }
 }

@@ -36,11 +36,15 @@ const DIRECT_MIN: usize = 16 * 1024;
 /// (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
 const DEFAULT_SPIN_US: u64 = 50;
 
-fn spin_duration() -> Duration {
-    let us = std::env::var("VERBIO_SOFT_SPIN_US")
+/// How long the ACK of a message that completed a receive may wait for a
+/// request to share its write (`VERBIO_SOFT_ACK_DELAY_US` overrides; 0 = never).
+const DEFAULT_ACK_DELAY_US: u64 = 50;
+
+fn env_us(name: &str, default: u64) -> Duration {
+    let us = std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_SPIN_US);
+        .unwrap_or(default);
     Duration::from_micros(us)
 }
 
@@ -63,6 +67,9 @@ pub(crate) struct Engine {
     pub peers: HashMap<std::net::SocketAddr, usize>,
     pub qps: HashMap<u32, EQp>,
     pub active: Vec<usize>,
+    /// Connections whose only output is held ACKs (see `Conn::ack_hold`).
+    held: Vec<usize>,
+    pub ack_delay: Duration,
     dirty_buf: Vec<Arc<QpShared>>,
 }
 
@@ -83,6 +90,11 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
         peers: HashMap::new(),
         qps: HashMap::new(),
         active: Vec::new(),
+        held: Vec::new(),
+        // Held ACKs wait only while the engine polls anyway (a sleeping
+        // engine's timer is too coarse for them).
+        ack_delay: env_us("VERBIO_SOFT_ACK_DELAY_US", DEFAULT_ACK_DELAY_US)
+            .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
         dirty_buf: Vec::new(),
     };
     eng.run();
@@ -92,18 +104,21 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
 impl Engine {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
-        let spin = spin_duration();
+        let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
         let mut last_work = Instant::now();
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
                 // Best effort: queued responses leave before the sockets close.
-                self.service_active();
+                self.service_active(true);
                 return;
             }
             let had_dirty = self.service_dirty();
             let now = Instant::now();
             self.timers(now);
-            let busy = self.service_active();
+            for cid in std::mem::take(&mut self.held) {
+                self.activate(cid);
+            }
+            let busy = self.service_active(false);
             if had_dirty || busy || !events.is_empty() {
                 last_work = now;
             }
@@ -570,13 +585,19 @@ impl Engine {
     }
 
     /// Fills and flushes every active connection. True if some still has
-    /// work that can proceed now.
-    fn service_active(&mut self) -> bool {
+    /// work that can proceed now. `force`: held ACKs go out too.
+    fn service_active(&mut self, force: bool) -> bool {
         let list = std::mem::take(&mut self.active);
         let mut busy = false;
+        let now = Instant::now();
         for cid in list {
             if let Some(c) = self.conns.get_mut(cid) {
                 c.active = false;
+                if !force && c.holding(now) {
+                    self.held.push(cid);
+                    continue;
+                }
+                c.ack_hold = None;
             } else {
                 continue;
             }
@@ -680,10 +701,15 @@ impl Engine {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
+        let held = self
+            .held
+            .iter()
+            .filter_map(|&cid| self.conns.get(cid).and_then(|c| c.ack_hold));
         self.qps
             .values()
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
             .flatten()
+            .chain(held)
             .min()
     }
 }

@@ -23,7 +23,10 @@
 //! memory (`writev`, no copy), and a WRITE segment still arriving is read
 //! straight into the target MR. Small, inline and multi-SGE payloads and READ
 //! responses are copied (64 KiB segments). Consecutive ACKs of one QP are
-//! coalesced. If a QP fails while a payload is still being sent from its
+//! coalesced, and the ACK of a message that completed a receive may wait
+//! (`VERBIO_SOFT_ACK_DELAY_US`, default 50, at most the spin time) for the
+//! answer the receiving application usually posts at once, so both leave in
+//! one write and wake the peer once. If a QP fails while a payload is still being sent from its
 //! memory, the unsent rest is copied out first, so no completion ever reports
 //! memory as free while the engine may still read it.
 //!
