@@ -43,6 +43,9 @@ pub(crate) struct Shared {
     pub dirty: Mutex<Vec<Arc<QpShared>>>,
     /// The engine is (about to be) asleep in its poll.
     pub sleeping: AtomicBool,
+    /// The engine delivered a successful completion since it last looked
+    /// (engine thread only): its application will likely post again soon.
+    pub completed: AtomicBool,
     pub waker: mio::Waker,
     pub stop: AtomicBool,
     pub async_events: Arc<EventQueue<AsyncEvent>>,
@@ -145,6 +148,7 @@ impl Context {
             qps: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
+            completed: AtomicBool::new(false),
             waker,
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),

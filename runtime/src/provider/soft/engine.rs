@@ -105,28 +105,32 @@ impl Engine {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
         let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
-        let mut last_work = Instant::now();
+        let mut last_completion = Instant::now();
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
                 // Best effort: queued responses leave before the sockets close.
                 self.service_active(true);
                 return;
             }
-            let had_dirty = self.service_dirty();
+            self.service_dirty();
             let now = Instant::now();
+            if self.sh.completed.swap(false, Ordering::Relaxed) {
+                last_completion = now;
+            }
             self.timers(now);
             for cid in std::mem::take(&mut self.held) {
                 self.activate(cid);
             }
             let busy = self.service_active(false);
-            if had_dirty || busy || !events.is_empty() {
-                last_work = now;
-            }
             let mut timeout = if busy {
                 Some(Duration::ZERO)
-            } else if now.duration_since(last_work) < spin {
-                // Recently active: stay awake a little (no doorbell syscall
-                // for the next post), but let other threads run.
+            } else if now.duration_since(last_completion) < spin {
+                // A completion was just delivered: its application is likely
+                // to post again at once, so stay awake a little (no doorbell
+                // syscall and wakeup for that post), but let other threads
+                // run. Waiting for the network needs no spinning: data
+                // arriving wakes the poll (and an idle CPU is worth more to
+                // the woken threads on a small machine).
                 std::thread::yield_now();
                 Some(Duration::ZERO)
             } else {

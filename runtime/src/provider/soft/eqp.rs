@@ -3,6 +3,7 @@
 //! error/flush handling.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -163,6 +164,9 @@ impl EQp {
         if !status.is_success() || e.w.flags.contains(SendFlags::SIGNALED) {
             let wc = self.completion(&e.w, status, byte_len);
             self.sh.send_cq.push(wc, true);
+            if status.is_success() {
+                self.sh_ctx.completed.store(true, Ordering::Relaxed);
+            }
         }
     }
 

@@ -310,4 +310,5 @@ fn complete_recv(eq: &mut EQp, opcode: WcOpcode, hdr: &Header, imm: Option<u32>)
     // Free the receive-queue slot before the CQE is visible.
     recv_done(eq);
     eq.sh.recv_cq.push(wc, hdr.flags & FLAG_SOLICITED != 0);
+    eq.sh_ctx.completed.store(true, Ordering::Relaxed);
 }
