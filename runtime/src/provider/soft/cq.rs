@@ -26,7 +26,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A queue of events with an eventfd that is readable while it is not empty.
 pub(crate) struct EventQueue<T> {
     fd: OwnedFd,
-    queue: Mutex<VecDeque<T>>,
+    inner: Mutex<Events<T>>,
+}
+
+struct Events<T> {
+    queue: VecDeque<T>,
+    /// Signals written (or about to be) to the eventfd and not read back.
+    unread: u64,
 }
 
 impl<T> EventQueue<T> {
@@ -43,7 +49,10 @@ impl<T> EventQueue<T> {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         Ok(EventQueue {
             fd,
-            queue: Mutex::new(VecDeque::new()),
+            inner: Mutex::new(Events {
+                queue: VecDeque::new(),
+                unread: 0,
+            }),
         })
     }
 
@@ -52,31 +61,46 @@ impl<T> EventQueue<T> {
     }
 
     pub fn push(&self, ev: T) {
-        let was_empty = {
-            let mut q = lock(&self.queue);
-            let was_empty = q.is_empty();
-            q.push_back(ev);
-            was_empty
-        };
-        // The eventfd is cleared only under the lock with the queue empty,
-        // so this write, after the event went in, cannot be lost: the fd
-        // is readable while the event waits.
-        if was_empty {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-            let _ = unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+        if self.enqueue(ev) {
+            self.signal();
         }
     }
 
+    /// Queues an event; true if the caller must then `signal` (the queue
+    /// was empty). The signal is sent after the lock is released, so a
+    /// consumer it wakes does not find the lock still held.
+    fn enqueue(&self, ev: T) -> bool {
+        let mut g = lock(&self.inner);
+        let was_empty = g.queue.is_empty();
+        g.queue.push_back(ev);
+        if was_empty {
+            g.unread += 1;
+        }
+        was_empty
+    }
+
+    /// Makes the eventfd readable. It is cleared only under the lock with
+    /// the queue empty, so a signal sent after its event went in cannot be
+    /// lost: the fd is readable while the event waits.
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        let _ = unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+    }
+
     pub fn pop(&self) -> Option<T> {
-        let mut q = lock(&self.queue);
-        let ev = q.pop_front();
-        // Clear readiness once empty; with nothing to pop this also clears
-        // a write that arrived after its event was already taken.
-        if q.is_empty() {
+        let mut g = lock(&self.inner);
+        let ev = g.queue.pop_front();
+        // Clear readiness once empty. A signal that lands after its event
+        // was taken stays counted in `unread` and is cleared by the next
+        // pop; with nothing unread, no syscall.
+        if g.queue.is_empty() && g.unread > 0 {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
-            let _ = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+            let n = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+            if n == 8 {
+                g.unread = g.unread.saturating_sub(v);
+            }
         }
         ev
     }
@@ -245,14 +269,16 @@ mod tests {
         assert!(readable(q.fd()));
         assert_eq!(q.pop(), Some(2));
         assert!(!readable(q.fd()));
-        // A producer's signal landing after its event was taken (it writes
-        // after unlocking) leaves the fd readable with nothing queued:
-        // the next pop finds nothing and clears it.
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to the eventfd.
-        let n = unsafe { libc::write(q.fd(), (&one as *const u64).cast(), 8) };
-        assert_eq!(n, 8);
+        // A producer's signal landing after its event was taken (it signals
+        // after unlocking) leaves the fd readable with nothing queued: the
+        // next pop finds nothing and clears it.
+        assert!(q.enqueue(3));
+        assert_eq!(q.pop(), Some(3));
+        assert!(!readable(q.fd()));
+        q.signal();
         assert!(readable(q.fd()));
+        assert_eq!(q.pop(), None);
+        assert!(!readable(q.fd()));
         assert_eq!(q.pop(), None);
         assert!(!readable(q.fd()));
     }
