@@ -32,8 +32,8 @@ const SERVICE_ROUNDS: usize = 8;
 /// WRITE payloads at least this big are received straight into memory.
 const DIRECT_MIN: usize = 16 * 1024;
 
-/// How long the engine keeps polling after activity before it sleeps
-/// (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
+/// How long the engine keeps polling after delivering a completion before
+/// it sleeps (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
 const DEFAULT_SPIN_US: u64 = 50;
 
 /// How long the ACK of a message that completed a receive may wait for a
@@ -109,6 +109,9 @@ impl Engine {
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
                 // Best effort: queued responses leave before the sockets close.
+                for cid in std::mem::take(&mut self.held) {
+                    self.activate(cid);
+                }
                 self.service_active(true);
                 return;
             }
