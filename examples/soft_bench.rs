@@ -24,11 +24,11 @@
 //!
 //! Run: `cargo run --release --example soft_bench` (optional arguments:
 //! seconds per bandwidth run (0 = skip), round trips per latency run, rounds).
-//! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after activity
-//! before sleeping (default 50 µs), `VERBIO_SOFT_ACK_DELAY_US` how long an
-//! ACK may wait for an answer to ride with (default 50 µs, at most the
-//! spin). `SOFT_BENCH_ONLY=busy|sleep|tcp` runs one ping-pong only (for
-//! profiling).
+//! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after delivering a
+//! completion before sleeping (default 50 µs), `VERBIO_SOFT_ACK_DELAY_US`
+//! how long an ACK may wait for an answer to ride with (default 50 µs, at
+//! most the spin). `SOFT_BENCH_ONLY=busy|sleep|tcp` runs one ping-pong only
+//! (for profiling, e.g. under `perf stat`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -342,9 +342,13 @@ fn main() {
         let v = match only.as_str() {
             "busy" => soft_pingpong(iters, false, Wait::BusyPoll),
             "sleep" => soft_pingpong(iters, false, Wait::Sleep),
-            _ => tcp_pingpong(iters),
+            "tcp" => tcp_pingpong(iters),
+            other => {
+                eprintln!("SOFT_BENCH_ONLY={other}: expected busy, sleep or tcp");
+                std::process::exit(2);
+            }
         };
-        println!("{only}: {v:.0}/s {:?}", el.elapsed());
+        println!("{only}: {v:.0} round trips/s ({:?} in all)", el.elapsed());
         return;
     }
     // Warm up both paths briefly.
