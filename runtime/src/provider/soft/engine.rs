@@ -105,7 +105,8 @@ impl Engine {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
         let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
-        let mut last_completion = Instant::now();
+        // When the last completion was delivered, while no post followed.
+        let mut spin_from: Option<Instant> = None;
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
                 // Best effort: queued responses leave before the sockets close.
@@ -115,25 +116,32 @@ impl Engine {
                 self.service_active(true);
                 return;
             }
-            self.service_dirty();
+            let posted = self.service_dirty();
             let now = Instant::now();
+            if posted {
+                // The post the spin waited for came: what follows is the
+                // network's turn.
+                spin_from = None;
+            }
             if self.sh.completed.swap(false, Ordering::Relaxed) {
-                last_completion = now;
+                spin_from = Some(now);
             }
             self.timers(now);
             for cid in std::mem::take(&mut self.held) {
                 self.activate(cid);
             }
             let busy = self.service_active(false);
+            let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
             let mut timeout = if busy {
                 Some(Duration::ZERO)
-            } else if now.duration_since(last_completion) < spin {
-                // A completion was just delivered: its application is likely
-                // to post again at once, so stay awake a little (no doorbell
-                // syscall and wakeup for that post), but let other threads
-                // run. Waiting for the network needs no spinning: data
-                // arriving wakes the poll (and an idle CPU is worth more to
-                // the woken threads on a small machine).
+            } else if awaiting_post || !self.held.is_empty() {
+                // A completion was just delivered and its application has
+                // not posted since: it is likely to post at once, so stay
+                // awake a little (no doorbell syscall and wakeup for that
+                // post; held ACKs wait for it), but let other threads run.
+                // Waiting for the network needs no spinning: data arriving
+                // wakes the poll (and an idle CPU is worth more to the woken
+                // threads on a small machine).
                 std::thread::yield_now();
                 Some(Duration::ZERO)
             } else {

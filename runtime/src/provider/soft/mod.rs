@@ -4,10 +4,10 @@
 //! NIC. It sleeps in its own mio poll when idle; the post path only queues
 //! WRs on the QP and rings a doorbell (a `mio::Waker`), with a syscall only
 //! when the engine sleeps. After delivering a completion (its application
-//! will likely post again at once) the engine keeps polling for
-//! `VERBIO_SOFT_SPIN_US` µs (default 50, 0 = sleep at once) before it
-//! sleeps; waiting for the network it sleeps at once (arriving data wakes
-//! it, and on a small machine an idle CPU serves the woken threads better).
+//! will likely post again at once) the engine keeps polling until that post
+//! comes, for at most `VERBIO_SOFT_SPIN_US` µs (default 50, 0 = sleep at
+//! once); waiting for the network it sleeps at once (arriving data wakes it,
+//! and on a small machine an idle CPU serves the woken threads better).
 //! The engine owns a TCP listener and one connection per remote engine
 //! (TCP_NODELAY); QPs of the same device talk through an internal loopback
 //! connection without sockets. The application thread never touches sockets.
