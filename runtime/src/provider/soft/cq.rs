@@ -165,11 +165,15 @@ impl CqShared {
     }
 
     /// Pushes a completion (engine side). `solicited` marks a receive
-    /// completion of a solicited message; error completions count as solicited.
-    pub fn push(&self, wc: Completion, solicited: bool) {
+    /// completion of a solicited message; error completions count as
+    /// solicited. True if this disarmed the CQ: the caller must then
+    /// [`signal`](Self::signal) its channel (the engine does so once per
+    /// loop turn, after all of that turn's completions are in).
+    #[must_use]
+    pub fn push(&self, wc: Completion, solicited: bool) -> bool {
         let mut st = lock(&self.state);
         if st.overflow {
-            return;
+            return false;
         }
         if st.queue.len() >= self.capacity as usize {
             st.overflow = true;
@@ -179,7 +183,7 @@ impl CqShared {
                 kind: AsyncEventKind::CqErr,
                 element: AsyncElement::Cq(self.handle),
             });
-            return;
+            return false;
         }
         st.queue.push_back(wc);
         let fire = match st.armed {
@@ -188,11 +192,14 @@ impl CqShared {
         };
         if fire {
             st.armed = None;
-            // Signal after unlocking: the woken consumer polls this CQ.
-            drop(st);
-            if let Some(ch) = &self.channel {
-                ch.push(self.handle);
-            }
+        }
+        fire
+    }
+
+    /// Queues this CQ's event on its channel (after a `push` that fired).
+    pub fn signal(&self) {
+        if let Some(ch) = &self.channel {
+            ch.push(self.handle);
         }
     }
 

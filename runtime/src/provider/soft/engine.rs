@@ -14,7 +14,7 @@ use slab::Slab;
 
 use super::conn::{Conn, Flush, RxDirect};
 use super::context::Shared;
-use super::cq::lock;
+use super::cq::{lock, CqShared};
 use super::dma::write_raw;
 pub(crate) use super::eqp::{EQp, EWqe};
 use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
@@ -71,6 +71,7 @@ pub(crate) struct Engine {
     held: Vec<usize>,
     pub ack_delay: Duration,
     dirty_buf: Vec<Arc<QpShared>>,
+    fired_buf: Vec<Arc<CqShared>>,
 }
 
 /// Engine thread body.
@@ -96,6 +97,7 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
         ack_delay: env_us("VERBIO_SOFT_ACK_DELAY_US", DEFAULT_ACK_DELAY_US)
             .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
         dirty_buf: Vec::new(),
+        fired_buf: Vec::new(),
     };
     eng.run();
     tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
@@ -114,6 +116,7 @@ impl Engine {
                     self.activate(cid);
                 }
                 self.service_active(true);
+                self.raise_events();
                 return;
             }
             let posted = self.service_dirty();
@@ -148,6 +151,7 @@ impl Engine {
                 self.next_deadline()
                     .map(|d| d.saturating_duration_since(now))
             };
+            self.raise_events();
             if timeout != Some(Duration::ZERO) {
                 self.sh.sleeping.store(true, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
@@ -179,7 +183,20 @@ impl Engine {
                     }
                 }
             }
+            // What arrived completed WRs: wake their consumers now, once per
+            // CQ, before the answers are written.
+            self.raise_events();
         }
+    }
+
+    /// Raises the channel events of the CQs that completions disarmed.
+    fn raise_events(&mut self) {
+        let mut list = std::mem::take(&mut self.fired_buf);
+        std::mem::swap(&mut list, &mut *lock(&self.sh.fired));
+        for cq in list.drain(..) {
+            cq.signal();
+        }
+        self.fired_buf = list;
     }
 
     /// Services QPs the application touched. True if there were any.

@@ -116,7 +116,7 @@ impl Engine {
                 if let (Some(status), Some(r)) = (recv_status, eq.cur_recv.take()) {
                     let wc = eq.recv_completion(&r, status);
                     recv_done(eq);
-                    eq.sh.recv_cq.push(wc, true);
+                    eq.deliver(&eq.sh.recv_cq, wc, true);
                 }
                 eq.fail(None);
                 conn.push_resp(Resp::Nak {
@@ -309,6 +309,5 @@ fn complete_recv(eq: &mut EQp, opcode: WcOpcode, hdr: &Header, imm: Option<u32>)
     };
     // Free the receive-queue slot before the CQE is visible.
     recv_done(eq);
-    eq.sh.recv_cq.push(wc, hdr.flags & FLAG_SOLICITED != 0);
-    eq.sh_ctx.completed.store(true, Ordering::Relaxed);
+    eq.deliver(&eq.sh.recv_cq, wc, hdr.flags & FLAG_SOLICITED != 0);
 }
