@@ -21,6 +21,10 @@
 //! buffers), `dma.rs` (copies to and from registered memory), `packet.rs`
 //! (the versioned wire format; [`packet::decode`] never panics).
 //!
+//! Completion-channel events are raised once per engine loop turn, after
+//! all of that turn's completions are queued (like a NIC's interrupt
+//! moderation), and outside every lock the woken consumer takes.
+//!
 //! Data path: SEND/WRITE payloads are cut into segments of up to 1 MiB; a
 //! segment inside one SGE is written to the socket straight from registered
 //! memory (`writev`, no copy), and a WRITE segment still arriving is read
