@@ -26,7 +26,7 @@ use std::task::{Context, Poll, Waker};
 use slab::Slab;
 
 use crate::provider::{Completion, PostError, ProviderError};
-use crate::qp::Credits;
+use crate::qp::QpCore;
 use crate::reactor::Handle;
 
 /// Reserved wr_ids and the layout constants of tracked ones.
@@ -178,16 +178,26 @@ impl std::fmt::Debug for Lifecycle {
 
 /// Credits an op holds on its work queue and CQ; given back when its last
 /// completion arrives (or when it is dropped unposted).
+///
+/// One `Rc` of the QP's core (not one per credit pool): the core owns both
+/// pools, and keeping it alive is what the zombie logic expects anyway.
 pub(crate) struct Credit {
-    pub(crate) queue: Rc<Credits>,
-    pub(crate) cq: Rc<Credits>,
+    pub(crate) core: Rc<QpCore>,
+    /// Receive queue (and receive CQ) rather than send queue (and send CQ).
+    pub(crate) recv: bool,
     pub(crate) n: u32,
 }
 
 impl Drop for Credit {
     fn drop(&mut self) {
-        self.queue.release(self.n);
-        self.cq.release(self.n);
+        let c = &*self.core;
+        let (queue, cq) = if self.recv {
+            (&c.rq, &c.recv_cq)
+        } else {
+            (&c.sq, &c.send_cq)
+        };
+        queue.release(self.n);
+        cq.release(self.n);
     }
 }
 

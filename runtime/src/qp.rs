@@ -202,7 +202,7 @@ impl Credits {
         if let Some(w) = next {
             w.wake();
         }
-        if avail == self.cap {
+        if avail == self.cap && !self.idle.borrow().is_empty() {
             let idle = std::mem::take(&mut *self.idle.borrow_mut());
             for w in idle {
                 w.wake();
@@ -698,10 +698,9 @@ impl QueuePair {
     /// completion or flush; so the provider's post contract holds.
     unsafe fn post<T: Completable>(&self, data: T, wrs: &mut Wrs, n: u32) -> State<T> {
         let core = &self.inner.core;
-        let (queue, cq) = self.credits_for(wrs);
         let credit = Credit {
-            queue: queue.clone(),
-            cq: cq.clone(),
+            core: core.clone(),
+            recv: matches!(wrs, Wrs::Recv(_)),
             n,
         };
         let ops = self.inner.handle.ops();

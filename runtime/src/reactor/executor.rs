@@ -3,7 +3,10 @@
 //! Tasks live in a slab on the runtime's thread. Their wakers are
 //! thread-safe (`std::task::Wake`): waking pushes the task id into a small
 //! mutex-protected queue and, only if the reactor is asleep in epoll, kicks
-//! the `mio::Waker`. Same-thread wakes therefore cost no syscall.
+//! the `mio::Waker`. Same-thread wakes therefore cost no syscall, and skip
+//! the mutex too: a waker that fires on its runtime's own thread (the op
+//! path: the reactor completes an op and wakes its task) pushes into a
+//! thread-local queue instead.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -19,6 +22,15 @@ use slab::Slab;
 /// Id of the future passed to `block_on` (it is not in the slab).
 const MAIN: usize = usize::MAX;
 
+thread_local! {
+    /// The `Shared` of the runtime living on this thread (null if none).
+    /// Compared by address: a waker holds its `Arc<Shared>`, so while it
+    /// exists no other `Shared` can get that address.
+    static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+    /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime.
+    static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
 pub(crate) struct Shared {
     queue: Mutex<Vec<usize>>,
     /// Something was pushed since the last collect.
@@ -29,6 +41,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    fn kick(&self) {
+        if let Err(e) = self.mio_waker.wake() {
+            tracing::warn!(error = %e, "waking the reactor failed");
+        }
+    }
+
     fn push(&self, id: usize) {
         self.queue
             .lock()
@@ -55,7 +73,26 @@ impl Wake for TaskWaker {
     }
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.scheduled.swap(true, Ordering::AcqRel) {
-            self.shared.push(self.id);
+            let shared = Arc::as_ptr(&self.shared);
+            let local = LOCAL_SHARED
+                .try_with(|l| l.get() == shared)
+                .unwrap_or(false)
+                && LOCAL_QUEUE
+                    .try_with(|q| match q.try_borrow_mut() {
+                        Ok(mut q) => {
+                            q.push(self.id);
+                            true
+                        }
+                        Err(_) => false,
+                    })
+                    .unwrap_or(false);
+            if !local {
+                self.shared.push(self.id);
+            } else if self.shared.sleeping.load(Ordering::SeqCst) {
+                // Driven from outside (between turns): the outer poller
+                // waits on our epoll fd, so make it readable.
+                self.shared.kick();
+            }
         }
     }
 }
@@ -89,6 +126,8 @@ impl Executor {
             scheduled: AtomicBool::new(false),
             shared: shared.clone(),
         });
+        LOCAL_SHARED.with(|l| l.set(Arc::as_ptr(&shared)));
+        LOCAL_QUEUE.with(|q| q.borrow_mut().reserve(64));
         Executor {
             tasks: RefCell::new(Slab::with_capacity(64)),
             ready: RefCell::new(VecDeque::with_capacity(64)),
@@ -161,6 +200,7 @@ impl Executor {
 
     /// Moves cross-thread and same-thread wakes into the local ready queue.
     pub(crate) fn collect(&self) {
+        self.collect_local();
         if !self.shared.notified.swap(false, Ordering::SeqCst) {
             return;
         }
@@ -181,6 +221,33 @@ impl Executor {
                 ready.push_back(id);
             }
         }
+    }
+
+    /// Moves the same-thread wakes (see `LOCAL_QUEUE`) into the ready queue.
+    fn collect_local(&self) {
+        let _ = LOCAL_QUEUE.try_with(|q| {
+            let Ok(mut q) = q.try_borrow_mut() else {
+                return;
+            };
+            if q.is_empty() {
+                return;
+            }
+            let mut ready = self.ready.borrow_mut();
+            for id in q.drain(..) {
+                if id == MAIN {
+                    self.main_woken.set(true);
+                } else {
+                    ready.push_back(id);
+                }
+            }
+        });
+    }
+
+    /// Same-thread wakes not collected yet.
+    fn has_local(&self) -> bool {
+        LOCAL_QUEUE
+            .try_with(|q| q.try_borrow().map(|q| !q.is_empty()).unwrap_or(true))
+            .unwrap_or(false)
     }
 
     /// Polls up to `budget` ready tasks; returns how many were polled.
@@ -233,6 +300,7 @@ impl Executor {
     pub(crate) fn has_ready(&self) -> bool {
         !self.ready.borrow().is_empty()
             || self.main_woken.get()
+            || self.has_local()
             || self.shared.notified.load(Ordering::SeqCst)
     }
 
@@ -269,6 +337,23 @@ impl Executor {
             drop(all);
         }
         self.ready.borrow_mut().clear();
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let ours = Arc::as_ptr(&self.shared);
+        let _ = LOCAL_SHARED.try_with(|l| {
+            if l.get() == ours {
+                l.set(std::ptr::null());
+                // Ids of our tasks must not reach a later runtime's queue.
+                let _ = LOCAL_QUEUE.try_with(|q| {
+                    if let Ok(mut q) = q.try_borrow_mut() {
+                        q.clear();
+                    }
+                });
+            }
+        });
     }
 }
 
