@@ -29,6 +29,9 @@ thread_local! {
     static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
     /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime.
     static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
+    /// lazy-registration check on access).
+    static LOCAL_PENDING: Cell<bool> = const { Cell::new(false) };
 }
 
 pub(crate) struct Shared {
@@ -81,6 +84,7 @@ impl Wake for TaskWaker {
                     .try_with(|q| match q.try_borrow_mut() {
                         Ok(mut q) => {
                             q.push(self.id);
+                            LOCAL_PENDING.set(true);
                             true
                         }
                         Err(_) => false,
@@ -199,8 +203,22 @@ impl Executor {
     }
 
     /// Moves cross-thread and same-thread wakes into the local ready queue.
+    #[inline]
     pub(crate) fn collect(&self) {
-        self.collect_local();
+        if LOCAL_PENDING
+            .try_with(|p| p.replace(false))
+            .unwrap_or(false)
+        {
+            self.collect_local();
+        }
+        // A plain load first: the locked swap only when something came in.
+        if self.shared.notified.load(Ordering::SeqCst) {
+            self.collect_shared();
+        }
+    }
+
+    /// Moves the cross-thread wakes into the ready queue.
+    fn collect_shared(&self) {
         if !self.shared.notified.swap(false, Ordering::SeqCst) {
             return;
         }
@@ -227,6 +245,9 @@ impl Executor {
     fn collect_local(&self) {
         let _ = LOCAL_QUEUE.try_with(|q| {
             let Ok(mut q) = q.try_borrow_mut() else {
+                // Not reachable (no user code runs while it is borrowed);
+                // keep the ids for the next collect rather than lose them.
+                LOCAL_PENDING.set(true);
                 return;
             };
             if q.is_empty() {
@@ -245,9 +266,7 @@ impl Executor {
 
     /// Same-thread wakes not collected yet.
     fn has_local(&self) -> bool {
-        LOCAL_QUEUE
-            .try_with(|q| q.try_borrow().map(|q| !q.is_empty()).unwrap_or(true))
-            .unwrap_or(false)
+        LOCAL_PENDING.try_with(Cell::get).unwrap_or(false)
     }
 
     /// Polls up to `budget` ready tasks; returns how many were polled.
@@ -351,6 +370,7 @@ impl Drop for Executor {
                     if let Ok(mut q) = q.try_borrow_mut() {
                         q.clear();
                     }
+                    let _ = LOCAL_PENDING.try_with(|p| p.set(false));
                 });
             }
         });
