@@ -126,6 +126,7 @@ impl Credits {
     }
 
     /// Takes `n` credits now if nobody is queued ahead and they are there.
+    #[inline]
     pub(crate) fn try_acquire(&self, n: u32) -> bool {
         if self.waiters.borrow().is_empty() && self.avail.get() >= n {
             self.avail.set(self.avail.get() - n);
@@ -195,6 +196,7 @@ impl Credits {
         }
     }
 
+    #[inline]
     pub(crate) fn release(&self, n: u32) {
         let avail = (self.avail.get() + n).min(self.cap);
         self.avail.set(avail);
@@ -317,6 +319,8 @@ struct QpInner {
     caps: QpCaps,
     /// Boxes for the WRs of submissions that wait for credits, recycled so
     /// that backpressure does not allocate per op (and `Submit` stays small).
+    /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
+    #[allow(clippy::vec_box)]
     spare_wrs: RefCell<Vec<Box<Wrs>>>,
 }
 
