@@ -130,8 +130,16 @@ impl Executor {
             scheduled: AtomicBool::new(false),
             shared: shared.clone(),
         });
-        LOCAL_SHARED.with(|l| l.set(Arc::as_ptr(&shared)));
-        LOCAL_QUEUE.with(|q| q.borrow_mut().reserve(64));
+        // `try_with`: during thread-local teardown wakes just take the
+        // cross-thread path.
+        let _ = LOCAL_SHARED.try_with(|l| l.set(Arc::as_ptr(&shared)));
+        let _ = LOCAL_QUEUE.try_with(|q| {
+            if let Ok(mut q) = q.try_borrow_mut() {
+                q.clear();
+                q.reserve(64);
+            }
+        });
+        let _ = LOCAL_PENDING.try_with(|p| p.set(false));
         Executor {
             tasks: RefCell::new(Slab::with_capacity(64)),
             ready: RefCell::new(VecDeque::with_capacity(64)),
