@@ -32,6 +32,9 @@ thread_local! {
     /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
     /// lazy-registration check on access).
     static LOCAL_PENDING: Cell<bool> = const { Cell::new(false) };
+    /// The `block_on` future was woken on this thread (kept out of the
+    /// queue: it is the common wake of the op path).
+    static LOCAL_MAIN: Cell<bool> = const { Cell::new(false) };
 }
 
 pub(crate) struct Shared {
@@ -77,19 +80,24 @@ impl Wake for TaskWaker {
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.scheduled.swap(true, Ordering::AcqRel) {
             let shared = Arc::as_ptr(&self.shared);
-            let local = LOCAL_SHARED
+            let ours = LOCAL_SHARED
                 .try_with(|l| l.get() == shared)
-                .unwrap_or(false)
-                && LOCAL_QUEUE
-                    .try_with(|q| match q.try_borrow_mut() {
-                        Ok(mut q) => {
-                            q.push(self.id);
-                            LOCAL_PENDING.set(true);
-                            true
-                        }
-                        Err(_) => false,
-                    })
-                    .unwrap_or(false);
+                .unwrap_or(false);
+            let local = ours
+                && if self.id == MAIN {
+                    LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
+                } else {
+                    LOCAL_QUEUE
+                        .try_with(|q| match q.try_borrow_mut() {
+                            Ok(mut q) => {
+                                q.push(self.id);
+                                LOCAL_PENDING.set(true);
+                                true
+                            }
+                            Err(_) => false,
+                        })
+                        .unwrap_or(false)
+                };
             if !local {
                 self.shared.push(self.id);
             } else if self.shared.sleeping.load(Ordering::SeqCst) {
@@ -140,6 +148,7 @@ impl Executor {
             }
         });
         let _ = LOCAL_PENDING.try_with(|p| p.set(false));
+        let _ = LOCAL_MAIN.try_with(|m| m.set(false));
         Executor {
             tasks: RefCell::new(Slab::with_capacity(64)),
             ready: RefCell::new(VecDeque::with_capacity(64)),
@@ -213,6 +222,9 @@ impl Executor {
     /// Moves cross-thread and same-thread wakes into the local ready queue.
     #[inline]
     pub(crate) fn collect(&self) {
+        if LOCAL_MAIN.try_with(|m| m.replace(false)).unwrap_or(false) {
+            self.main_woken.set(true);
+        }
         if LOCAL_PENDING
             .try_with(|p| p.replace(false))
             .unwrap_or(false)
@@ -275,6 +287,7 @@ impl Executor {
     /// Same-thread wakes not collected yet.
     fn has_local(&self) -> bool {
         LOCAL_PENDING.try_with(Cell::get).unwrap_or(false)
+            || LOCAL_MAIN.try_with(Cell::get).unwrap_or(false)
     }
 
     /// Polls up to `budget` ready tasks; returns how many were polled.
@@ -379,6 +392,7 @@ impl Drop for Executor {
                         q.clear();
                     }
                     let _ = LOCAL_PENDING.try_with(|p| p.set(false));
+                    let _ = LOCAL_MAIN.try_with(|m| m.set(false));
                 });
             }
         });
