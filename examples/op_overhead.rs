@@ -22,10 +22,13 @@
 //! CPU difference are medians of the per-round values. On a loaded machine,
 //! compare only figures of the same run.
 //!
-//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [spin|channel]`
+//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [spin|channel|fake]`
+//! (`fake`: only the runtime-only rows, no soft-device traffic; for callgrind,
+//! `--toggle-collect='*fake_run*'` counts just the measured ops)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -37,7 +40,7 @@ use verbio::provider::{
 use verbio::runtime::buf::{LocalBuf, MrPool, RegisteredBuf, RemoteAccessRegion};
 use verbio::runtime::op::wr_id;
 use verbio::runtime::testing::FakeQp;
-use verbio::runtime::{Device, QueuePair, Runtime};
+use verbio::runtime::{Completable, Device, QueuePair, Runtime, Submit, SubmitError};
 
 /// Counts heap allocations, separately for the application (measuring)
 /// thread and for every other thread (the soft device's engine).
@@ -351,24 +354,175 @@ fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) ->
     summarize(&pairs)
 }
 
-/// Returns `Pending` once (after waking itself): lets the other lanes run.
-fn yield_now() -> impl std::future::Future<Output = ()> {
-    let mut yielded = false;
-    std::future::poll_fn(move |cx| {
-        if yielded {
+/// Keeps `depth` ops in flight on a fake QP until `n` have completed: one
+/// future holding a fixed array of lanes (no per-op allocation, no
+/// `join_all`), which plays the device too: after each pass it completes
+/// every posted WR with a synthetic completion, so the next reactor turn
+/// delivers them. What the CPU per op measures is the runtime's own cost
+/// (submit, post to the fake, drain, complete, wake, poll), plus the fake's
+/// bookkeeping.
+fn drive_fake<T, S, F>(
+    rt: &Runtime,
+    fake: &FakeQp,
+    depth: usize,
+    n: usize,
+    mut start: S,
+    mut finish: F,
+) where
+    T: Completable,
+    S: FnMut(usize) -> Submit<T>,
+    F: FnMut(usize, T::Output),
+{
+    let mut lanes: Vec<Option<Submit<T>>> = (0..depth).map(|_| None).collect();
+    let (mut started, mut done) = (0usize, 0usize);
+    rt.block_on(std::future::poll_fn(|cx| {
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            loop {
+                if let Some(op) = lane {
+                    match std::pin::Pin::new(op).poll(cx) {
+                        std::task::Poll::Ready(out) => {
+                            finish(i, out);
+                            done += 1;
+                            *lane = None;
+                        }
+                        std::task::Poll::Pending => break,
+                    }
+                }
+                if started == n {
+                    break;
+                }
+                *lane = Some(start(i));
+                started += 1;
+            }
+        }
+        while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
+        if done == n {
             std::task::Poll::Ready(())
         } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
             std::task::Poll::Pending
         }
-    })
+    }));
 }
 
-/// (c): the op path alone, on the runtime's fake QP: a "device" lane
-/// completes every posted WRITE at once with a synthetic completion, so the
-/// CPU per op is the runtime's (and this harness's) own cost, no device.
-fn fake_phase(depth: usize, ops: usize, rounds: usize) -> Sample {
+/// The runtime's own op: no buffer, the WR's parameters only.
+struct BareWrite;
+
+impl Completable for BareWrite {
+    type Output = Result<Completion, SubmitError>;
+    fn complete(self, c: Completion) -> Self::Output {
+        Ok(c)
+    }
+    fn fail(self, e: SubmitError) -> Self::Output {
+        Err(e)
+    }
+}
+
+fn bare_write(qp: &QueuePair, remote: RemoteBuf) -> Submit<BareWrite> {
+    let op = SendOp::Write {
+        remote_addr: remote.addr(),
+        rkey: remote.rkey(),
+    };
+    // SAFETY: the WR has no SGE (a zero-length WRITE): it names no local
+    // memory, and the fake QP never touches memory anyway.
+    unsafe {
+        qp.submit_send(BareWrite, move |_, chain| {
+            chain.push(SendWr {
+                wr_id: 0,
+                sg_list: Default::default(),
+                op,
+                flags: SendFlags::NONE,
+            });
+            Ok(())
+        })
+    }
+}
+
+/// Which op the runtime-only rows submit.
+#[derive(Clone, Copy)]
+enum FakeOp {
+    /// `verbio_ops` WRITE of a pool buffer (`qp.write(buf, remote)`).
+    Verb,
+    /// A bare `QueuePair::submit_send` of one WRITE WR (no buffer).
+    Bare,
+}
+
+/// Runs `n` ops of `kind` at `depth` on the fake QP.
+#[allow(clippy::too_many_arguments)]
+fn fake_run(
+    rt: &Runtime,
+    qp: &QueuePair,
+    fake: &FakeQp,
+    bufs: &mut Vec<LocalBuf>,
+    remote: RemoteBuf,
+    kind: FakeOp,
+    depth: usize,
+    n: usize,
+) {
+    match kind {
+        FakeOp::Verb => fake_run_verb(rt, qp, fake, bufs, remote, depth, n),
+        FakeOp::Bare => fake_run_bare(rt, qp, fake, remote, depth, n),
+    }
+}
+
+/// The verb rows' runs. Not inlined, so that `valgrind --tool=callgrind
+/// --toggle-collect='*fake_run_verb*'` counts exactly these ops.
+#[inline(never)]
+fn fake_run_verb(
+    rt: &Runtime,
+    qp: &QueuePair,
+    fake: &FakeQp,
+    bufs: &mut Vec<LocalBuf>,
+    remote: RemoteBuf,
+    depth: usize,
+    n: usize,
+) {
+    {
+        {
+            let free: Vec<Option<LocalBuf>> = bufs.drain(..).map(Some).collect();
+            let free = std::cell::RefCell::new(free);
+            drive_fake(
+                rt,
+                fake,
+                depth,
+                n,
+                |i| {
+                    let buf = free.borrow_mut()[i].take().expect("lane buffer");
+                    qp.write(buf, remote)
+                },
+                |i, (res, buf)| {
+                    res.expect("write op");
+                    free.borrow_mut()[i] = Some(buf);
+                },
+            );
+            let free = free.into_inner();
+            bufs.extend(free.into_iter().flatten());
+        }
+    }
+}
+
+/// The bare rows' runs (`--toggle-collect='*fake_run_bare*'`).
+#[inline(never)]
+fn fake_run_bare(
+    rt: &Runtime,
+    qp: &QueuePair,
+    fake: &FakeQp,
+    remote: RemoteBuf,
+    depth: usize,
+    n: usize,
+) {
+    drive_fake(
+        rt,
+        fake,
+        depth,
+        n,
+        |_| bare_write(qp, remote),
+        |_, res| assert!(res.expect("op").status.is_success()),
+    );
+}
+
+/// (c): the op path alone, on the runtime's fake QP (synthetic completions,
+/// no device): the runtime's own CPU cost per op.
+fn fake_phase(kind: FakeOp, depth: usize, ops: usize, rounds: usize) -> Sample {
     let rt = Runtime::new().expect("runtime");
     // A soft device only to register the pool; the fake QP never touches memory.
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
@@ -383,42 +537,11 @@ fn fake_phase(depth: usize, ops: usize, rounds: usize) -> Sample {
     let mut bufs: Vec<LocalBuf> = (0..depth)
         .map(|i| pool.alloc_from(&[i as u8; MSG]).expect("buffer"))
         .collect();
-    let run = |bufs: &mut Vec<LocalBuf>, n: usize| {
-        let device = async {
-            let mut done = 0;
-            while done < n {
-                while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {
-                    done += 1;
-                }
-                yield_now().await;
-            }
-        };
-        let lanes: Vec<_> = bufs
-            .drain(..)
-            .enumerate()
-            .map(|(i, mut buf)| {
-                let k = n / depth + usize::from(i < n % depth);
-                let qp = &qp;
-                async move {
-                    for _ in 0..k {
-                        let (res, b) = qp.write(buf, remote).await;
-                        res.expect("write op");
-                        buf = b;
-                    }
-                    buf
-                }
-            })
-            .collect();
-        let ((), back) = rt.block_on(futures::future::join(
-            device,
-            futures::future::join_all(lanes),
-        ));
-        bufs.extend(back);
+    let mut run = |n: usize| {
+        fake_run(&rt, &qp, &fake, &mut bufs, remote, kind, depth, n);
     };
-    run(&mut bufs, ops / 10 + depth);
-    let samples: Vec<Sample> = (0..rounds)
-        .map(|_| measure(ops, || run(&mut bufs, ops)))
-        .collect();
+    run(ops / 10 + depth);
+    let samples: Vec<Sample> = (0..rounds).map(|_| measure(ops, || run(ops))).collect();
     let cpu = median(
         samples
             .iter()
@@ -443,6 +566,31 @@ fn main() {
         .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 32]);
     let only: Option<String> = args.next();
+    let fake_only = only.as_deref() == Some("fake");
+    if !fake_only {
+        device_tables(ops, rounds, &depths, only.as_deref());
+        println!();
+    }
+    println!(
+        "runtime path alone (fake QP, synthetic completions, no device), {ops} ops per round:"
+    );
+    for &depth in &depths {
+        for (name, kind) in [("verb write", FakeOp::Verb), ("bare submit", FakeOp::Bare)] {
+            let f = fake_phase(kind, depth, ops, rounds);
+            println!(
+                "depth {:<3} {:<12} {:>10.0} ops/s {:>6} ns CPU per op {:>7.3} allocs/op",
+                depth,
+                name,
+                f.ops_per_s,
+                f.cpu_per_op.as_nanos(),
+                f.allocs_per_op
+            );
+        }
+    }
+}
+
+/// The soft-device tables: raw loop against ops, per depth and wait mode.
+fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>) {
     println!(
         "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, medians of {rounds} paired rounds"
     );
@@ -459,7 +607,7 @@ fn main() {
         "allocs/op raw/op",
         "engine a/op"
     );
-    for &depth in &depths {
+    for &depth in depths {
         for (mode, wait, busy) in [
             (
                 "spin / busy-poll 200us",
@@ -472,7 +620,7 @@ fn main() {
                 Duration::ZERO,
             ),
         ] {
-            let wanted = match (&only, wait) {
+            let wanted = match (only, wait) {
                 (None, _) => true,
                 (Some(m), Wait::Spin) => m == "spin",
                 (Some(m), Wait::Channel) => m == "channel",
@@ -496,17 +644,5 @@ fn main() {
                 f.engine_allocs,
             );
         }
-    }
-    println!();
-    println!("runtime path alone (fake QP, synthetic completions, no device):");
-    for &depth in &depths {
-        let f = fake_phase(depth, ops, rounds);
-        println!(
-            "depth {:<3} {:>10.0} ops/s {:>6} ns CPU per op {:>7.3} allocs/op",
-            depth,
-            f.ops_per_s,
-            f.cpu_per_op.as_nanos(),
-            f.allocs_per_op
-        );
     }
 }

@@ -7,17 +7,28 @@
 //!   blocking TCP writer sleeps in `write`) vs two threads moving 1 MiB
 //!   chunks over a blocking TCP loopback socket, and the ratio;
 //! - 64-byte SEND/RECV round trips per second (ping-pong between two
-//!   threads, each busy-polling its CQ, QPs on two soft devices) vs a 64-byte
-//!   TCP ping-pong, and the ratio; plus, for reference, the same ping-pong
-//!   with both QPs on one soft device (the engine's internal loopback, no TCP).
+//!   threads, QPs on two soft devices) vs a 64-byte TCP ping-pong (two
+//!   threads blocking in `read`), and the ratio, for both ways an
+//!   application waits for its receive completion:
+//!   - "busy-poll": the thread polls its CQ in a loop (`yield_now` between
+//!     polls);
+//!   - "sleep": the thread arms the CQ (`req_notify`), polls once more, then
+//!     sleeps in `poll(2)` on the completion channel's fd (the verbs event
+//!     loop, like the TCP thread sleeping in `read`);
+//!
+//!   plus, for reference, the busy-poll ping-pong with both QPs on one soft
+//!   device (the engine's internal loopback, no TCP).
 //!
 //! Each measurement runs `rounds` times, alternating soft and TCP so that
 //! background load hits both alike; the medians and their ratios are printed.
 //!
 //! Run: `cargo run --release --example soft_bench` (optional arguments:
 //! seconds per bandwidth run (0 = skip), round trips per latency run, rounds).
-//! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after activity
-//! before sleeping (default 50 µs).
+//! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after delivering a
+//! completion before sleeping (default 50 µs), `VERBIO_SOFT_ACK_DELAY_US`
+//! how long an ACK may wait for an answer to ride with (default 50 µs, at
+//! most the spin). `SOFT_BENCH_ONLY=busy|sleep|tcp` runs one ping-pong only
+//! (for profiling, e.g. under `perf stat`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -70,10 +81,10 @@ struct Side {
     qp: Qp,
 }
 
-fn side(ctx: &Context) -> Side {
+fn side(ctx: &Context, ch: Option<&CompChannel>) -> Side {
     let pd = ctx.alloc_pd().expect("pd");
     let scq = ctx.create_cq(4096, None).expect("cq");
-    let rcq = ctx.create_cq(4096, None).expect("cq");
+    let rcq = ctx.create_cq(4096, ch).expect("cq");
     let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
     Side { pd, scq, rcq, qp }
 }
@@ -90,15 +101,6 @@ fn up(qp: &Qp, remote: Endpoint) {
     })
     .expect("rtr");
     qp.modify_to_rts(&RtsAttr::default()).expect("rts");
-}
-
-fn pair() -> (Context, Context, Side, Side) {
-    let ca = Context::open_soft(SoftConfig::default()).expect("open");
-    let cb = Context::open_soft(SoftConfig::default()).expect("open");
-    let (a, b) = (side(&ca), side(&cb));
-    up(&a.qp, b.qp.endpoint(0).expect("ep"));
-    up(&b.qp, a.qp.endpoint(0).expect("ep"));
-    (ca, cb, a, b)
 }
 
 /// Busy-polls `cq` for one completion (yielding so the engines get the CPU).
@@ -154,7 +156,7 @@ fn soft_write_bw(secs: f64) -> f64 {
         let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
         Side { pd, scq, rcq, qp }
     };
-    let b = side(&cb);
+    let b = side(&cb, None);
     up(&a.qp, b.qp.endpoint(0).expect("ep"));
     up(&b.qp, a.qp.endpoint(0).expect("ep"));
     let src = Buf::new(&a.pd, CHUNK, AccessFlags::LOCAL_WRITE);
@@ -218,17 +220,28 @@ fn tcp_bw(secs: f64) -> f64 {
     total as f64 / start.elapsed().as_secs_f64() / 1e6
 }
 
-fn soft_pingpong(iters: usize, same_device: bool) -> f64 {
-    let (_ca, _cb, a, b) = if same_device {
-        let ca = Context::open_soft(SoftConfig::default()).expect("open");
-        let (a, b) = (side(&ca), side(&ca));
-        up(&a.qp, b.qp.endpoint(0).expect("ep"));
-        up(&b.qp, a.qp.endpoint(0).expect("ep"));
-        (ca.clone(), ca, a, b)
+/// How the ping-pong threads wait for their receive completion.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Poll the CQ in a loop, yielding between polls.
+    BusyPoll,
+    /// Arm the CQ and sleep on the completion channel.
+    Sleep,
+}
+
+fn soft_pingpong(iters: usize, same_device: bool, wait: Wait) -> f64 {
+    let ca = Context::open_soft(SoftConfig::default()).expect("open");
+    let cb = if same_device {
+        ca.clone()
     } else {
-        pair()
+        Context::open_soft(SoftConfig::default()).expect("open")
     };
-    let run = |s: &Side, initiator: bool| {
+    let cha = ca.create_comp_channel().expect("channel");
+    let chb = cb.create_comp_channel().expect("channel");
+    let (a, b) = (side(&ca, Some(&cha)), side(&cb, Some(&chb)));
+    up(&a.qp, b.qp.endpoint(0).expect("ep"));
+    up(&b.qp, a.qp.endpoint(0).expect("ep"));
+    let run = |s: &Side, ch: &CompChannel, initiator: bool| {
         let sbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
         let rbuf = Buf::new(&s.pd, MSG, AccessFlags::LOCAL_WRITE);
         let recv = RecvWr {
@@ -258,7 +271,10 @@ fn soft_pingpong(iters: usize, same_device: bool) -> f64 {
             if initiator {
                 post(&s.qp);
             }
-            wait_one(&s.rcq);
+            match wait {
+                Wait::BusyPoll => wait_one(&s.rcq),
+                Wait::Sleep => wait_one_blocking(&s.rcq, ch),
+            };
             // SAFETY: as above; the previous RECV's completion was just polled.
             unsafe { s.qp.post_recv(std::slice::from_ref(&recv)) }.expect("recv");
             if !initiator {
@@ -276,8 +292,8 @@ fn soft_pingpong(iters: usize, same_device: bool) -> f64 {
         el
     };
     let el = std::thread::scope(|sc| {
-        let hb = sc.spawn(|| run(&b, false));
-        let ea = run(&a, true);
+        let hb = sc.spawn(|| run(&b, &chb, false));
+        let ea = run(&a, &cha, true);
         hb.join().expect("responder");
         ea
     });
@@ -329,43 +345,58 @@ fn main() {
     let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
 
+    // Profiling aid: `SOFT_BENCH_ONLY=busy|sleep|tcp` runs just that
+    // ping-pong once (no warm-up), e.g. under `perf stat`.
+    let only = std::env::var("SOFT_BENCH_ONLY").unwrap_or_default();
+    if !only.is_empty() {
+        let el = Instant::now();
+        let v = match only.as_str() {
+            "busy" => soft_pingpong(iters, false, Wait::BusyPoll),
+            "sleep" => soft_pingpong(iters, false, Wait::Sleep),
+            "tcp" => tcp_pingpong(iters),
+            other => {
+                eprintln!("SOFT_BENCH_ONLY={other}: expected busy, sleep or tcp");
+                std::process::exit(2);
+            }
+        };
+        println!("{only}: {v:.0} round trips/s ({:?} in all)", el.elapsed());
+        return;
+    }
     // Warm up both paths briefly.
     if secs > 0.0 {
         let _ = soft_write_bw(0.2);
         let _ = tcp_bw(0.2);
     }
-    let _ = soft_pingpong(iters / 10, false);
+    let _ = soft_pingpong(iters / 10, false, Wait::BusyPoll);
+    let _ = soft_pingpong(iters / 10, false, Wait::Sleep);
     let _ = tcp_pingpong(iters / 10);
-    // Alternate the two sides so background load hits both alike; report medians.
-    let (mut sb, mut tb, mut sl, mut tl) = (vec![], vec![], vec![], vec![]);
-    let mut sl1 = vec![];
+    // Alternate the configurations so background load hits all alike; report medians.
+    let (mut sb, mut tb, mut tl) = (vec![], vec![], vec![]);
+    let (mut busy, mut sleep, mut one) = (vec![], vec![], vec![]);
     for _ in 0..rounds {
         if secs > 0.0 {
             sb.push(soft_write_bw(secs));
             tb.push(tcp_bw(secs));
         }
-        sl.push(soft_pingpong(iters, false));
+        busy.push(soft_pingpong(iters, false, Wait::BusyPoll));
         tl.push(tcp_pingpong(iters));
-        sl1.push(soft_pingpong(iters, true));
+        sleep.push(soft_pingpong(iters, false, Wait::Sleep));
+        one.push(soft_pingpong(iters, true, Wait::BusyPoll));
     }
     if secs > 0.0 {
         print_bw(median(sb), median(tb), rounds);
     }
-    let (soft, tcp) = (median(sl), median(tl));
+    let tcp = median(tl);
     println!("round trips, 64-byte messages ({iters} per run), median of {rounds}:");
-    println!(
-        "  soft SEND/RECV  : {soft:9.0} round trips/s ({:.1} us each)",
-        1e6 / soft
-    );
-    println!(
-        "  TCP ping-pong   : {tcp:9.0} round trips/s ({:.1} us each)",
-        1e6 / tcp
-    );
-    println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
-    let one = median(sl1);
-    println!(
-        "  (both QPs on one soft device, engine loopback: {one:.0} round trips/s, {:.1} us, ratio {:.2})",
-        1e6 / one,
-        one / tcp
-    );
+    let line = |what: &str, v: f64| {
+        println!(
+            "  {what:<44}: {v:7.0} round trips/s ({:6.1} us each), ratio to TCP {:5.2}",
+            1e6 / v,
+            v / tcp
+        )
+    };
+    line("TCP ping-pong (threads block in read)", tcp);
+    line("soft SEND/RECV, apps busy-poll their CQ", median(busy));
+    line("soft SEND/RECV, apps sleep on comp. channel", median(sleep));
+    line("(reference: one soft device, busy-poll)", median(one));
 }

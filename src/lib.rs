@@ -9,3 +9,8 @@ pub use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
 pub use verbio_ops::verbs::{Batch, Received, RemoteBuf, Verbs};
 pub use verbio_runtime as runtime;
 pub use verbio_runtime::provider;
+
+/// The README's examples, compiled as doctests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -4,6 +4,8 @@
 pub mod agent;
 pub mod connect;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz_checks;
 pub mod verbs;
 
 pub use error::{Error, Result};

@@ -26,7 +26,7 @@ use std::task::{Context, Poll, Waker};
 use slab::Slab;
 
 use crate::provider::{Completion, PostError, ProviderError};
-use crate::qp::Credits;
+use crate::qp::QpCore;
 use crate::reactor::Handle;
 
 /// Reserved wr_ids and the layout constants of tracked ones.
@@ -178,17 +178,36 @@ impl std::fmt::Debug for Lifecycle {
 
 /// Credits an op holds on its work queue and CQ; given back when its last
 /// completion arrives (or when it is dropped unposted).
+///
+/// One `Rc` of the QP's core (not one per credit pool): the core owns both
+/// pools, and keeping it alive is what the zombie logic expects anyway.
 pub(crate) struct Credit {
-    pub(crate) queue: Rc<Credits>,
-    pub(crate) cq: Rc<Credits>,
+    pub(crate) core: Rc<QpCore>,
+    /// Receive queue (and receive CQ) rather than send queue (and send CQ).
+    pub(crate) recv: bool,
     pub(crate) n: u32,
 }
 
 impl Drop for Credit {
     fn drop(&mut self) {
-        self.queue.release(self.n);
-        self.cq.release(self.n);
+        let c = &*self.core;
+        let (queue, cq) = if self.recv {
+            (&c.rq, &c.recv_cq)
+        } else {
+            (&c.sq, &c.send_cq)
+        };
+        queue.release(self.n);
+        cq.release(self.n);
     }
+}
+
+/// The rare part of a slot (allocated only on an error path).
+#[derive(Default)]
+struct SlotErrors {
+    /// First error completion of an earlier (unsignaled) WR of the chain.
+    first_error: Option<Completion>,
+    /// Set when only part of the chain was posted.
+    post_error: Option<Box<SubmitError>>,
 }
 
 pub(crate) struct Slot {
@@ -196,10 +215,9 @@ pub(crate) struct Slot {
     /// Index of the WR whose completion ends the op.
     last_index: u16,
     lifecycle: Lifecycle,
-    /// First error completion of an earlier (unsignaled) WR of the chain.
-    first_error: Option<Completion>,
-    /// Set when only part of the chain was posted.
-    post_error: Option<Box<SubmitError>>,
+    /// What went wrong besides the last completion: boxed, since it is rare
+    /// and the slot is moved on every insert and removal.
+    errors: Option<Box<SlotErrors>>,
     credit: Option<Credit>,
 }
 
@@ -242,8 +260,7 @@ impl OpTable {
             gen,
             last_index,
             lifecycle: Lifecycle::Submitted,
-            first_error: None,
-            post_error: None,
+            errors: None,
             credit: Some(credit),
         });
         Ok((key, gen))
@@ -260,7 +277,7 @@ impl OpTable {
     pub(crate) fn set_partial(&self, key: usize, posted: usize, error: SubmitError) {
         if let Some(slot) = self.slab.borrow_mut().get_mut(key) {
             slot.last_index = (posted - 1) as u16;
-            slot.post_error = Some(Box::new(error));
+            slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
         }
     }
 
@@ -301,7 +318,7 @@ impl OpTable {
                 let c = *c;
                 let slot = slab.remove(key);
                 drop(slab);
-                Poll::Ready((c, slot.post_error))
+                Poll::Ready((c, slot.errors.and_then(|e| e.post_error)))
             }
             Lifecycle::Waiting(w) => {
                 if !w.will_wake(cx.waker()) {
@@ -375,14 +392,20 @@ impl OpTable {
                 self.stale.set(self.stale.get() + 1);
                 return;
             }
-            if !c.status.is_success() && slot.first_error.is_none() {
-                slot.first_error = Some(c);
+            if !c.status.is_success()
+                && slot.errors.as_ref().is_none_or(|e| e.first_error.is_none())
+            {
+                slot.errors.get_or_insert_with(Default::default).first_error = Some(c);
             } else if c.status.is_success() {
                 tracing::debug!(wr_id = c.wr_id, "completion of an unsignaled WR");
             }
             return;
         }
-        let effective = slot.first_error.take().unwrap_or(c);
+        let effective = slot
+            .errors
+            .as_mut()
+            .and_then(|e| e.first_error.take())
+            .unwrap_or(c);
         let credit = slot.credit.take();
         let mut wake = None;
         match std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(effective)) {

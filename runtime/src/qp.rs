@@ -126,6 +126,7 @@ impl Credits {
     }
 
     /// Takes `n` credits now if nobody is queued ahead and they are there.
+    #[inline]
     pub(crate) fn try_acquire(&self, n: u32) -> bool {
         if self.waiters.borrow().is_empty() && self.avail.get() >= n {
             self.avail.set(self.avail.get() - n);
@@ -195,6 +196,7 @@ impl Credits {
         }
     }
 
+    #[inline]
     pub(crate) fn release(&self, n: u32) {
         let avail = (self.avail.get() + n).min(self.cap);
         self.avail.set(avail);
@@ -202,7 +204,7 @@ impl Credits {
         if let Some(w) = next {
             w.wake();
         }
-        if avail == self.cap {
+        if avail == self.cap && !self.idle.borrow().is_empty() {
             let idle = std::mem::take(&mut *self.idle.borrow_mut());
             for w in idle {
                 w.wake();
@@ -315,7 +317,15 @@ struct QpInner {
     core: Rc<QpCore>,
     reg_key: usize,
     caps: QpCaps,
+    /// Boxes for the WRs of submissions that wait for credits, recycled so
+    /// that backpressure does not allocate per op (and `Submit` stays small).
+    /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
+    #[allow(clippy::vec_box)]
+    spare_wrs: RefCell<Vec<Box<Wrs>>>,
 }
+
+/// Most recycled WR boxes a QP keeps.
+const SPARE_WRS: usize = 64;
 
 impl Drop for QpInner {
     fn drop(&mut self) {
@@ -384,6 +394,7 @@ impl QueuePair {
                 core,
                 reg_key,
                 caps,
+                spare_wrs: RefCell::new(Vec::new()),
             }),
         }
     }
@@ -528,13 +539,17 @@ impl QueuePair {
         T: Completable,
         F: FnOnce(&mut T, &mut SendChain) -> Result<(), SubmitError>,
     {
-        let mut chain = SendChain::new();
-        if let Err(e) = build(&mut data, &mut chain) {
-            return Submit::ready(data.fail(e));
+        // Built in place: the chain is large (inline WRs), so it is never
+        // moved on the way to the post.
+        let mut wrs = Wrs::Send(SendChain::new());
+        if let Wrs::Send(chain) = &mut wrs {
+            if let Err(e) = build(&mut data, chain) {
+                return Submit::ready(data.fail(e));
+            }
         }
         // SAFETY: the chain was built from `data` under this function's
         // contract.
-        unsafe { self.submit(data, Wrs::Send(chain)) }
+        unsafe { self.submit(data, &mut wrs) }
     }
 
     /// Submits one receive WR as an op. `build` fills its scatter list from
@@ -559,13 +574,18 @@ impl QueuePair {
         T: Completable,
         F: FnOnce(&mut T, &mut SgList) -> Result<(), SubmitError>,
     {
-        let mut sg_list = SgList::new();
-        if let Err(e) = build(&mut data, &mut sg_list) {
-            return Submit::ready(data.fail(e));
+        let mut wrs = Wrs::Recv(RecvWr {
+            wr_id: 0,
+            sg_list: SgList::new(),
+        });
+        if let Wrs::Recv(wr) = &mut wrs {
+            if let Err(e) = build(&mut data, &mut wr.sg_list) {
+                return Submit::ready(data.fail(e));
+            }
         }
         // SAFETY: the scatter list was built from `data` under this
         // function's contract.
-        unsafe { self.submit(data, Wrs::Recv(RecvWr { wr_id: 0, sg_list })) }
+        unsafe { self.submit(data, &mut wrs) }
     }
 
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
@@ -616,12 +636,12 @@ impl QueuePair {
     ///
     /// `wrs` name memory kept by `data` under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
-    unsafe fn submit<T: Completable>(&self, data: T, wrs: Wrs) -> Submit<T> {
-        let n = match self.check(&wrs) {
+    unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
+        let n = match self.check(wrs) {
             Ok(n) => n,
             Err(e) => return Submit::ready(data.fail(e)),
         };
-        let (queue, cq) = self.credits_for(&wrs);
+        let (queue, cq) = self.credits_for(wrs);
         if queue.try_acquire(n) {
             if cq.try_acquire(n) {
                 return Submit {
@@ -630,11 +650,36 @@ impl QueuePair {
                 };
             }
             return Submit {
-                state: State::Queued(Queued::new(self, data, wrs, n, true)),
+                state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, true)),
             };
         }
         Submit {
-            state: State::Queued(Queued::new(self, data, wrs, n, false)),
+            state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, false)),
+        }
+    }
+
+    /// Moves `wrs` into a (recycled) box, for a submission that must wait.
+    fn boxed(&self, wrs: &mut Wrs) -> Box<Wrs> {
+        let spare = self.inner.spare_wrs.borrow_mut().pop();
+        let mut b = spare.unwrap_or_else(|| {
+            Box::new(Wrs::Recv(RecvWr {
+                wr_id: 0,
+                sg_list: SgList::new(),
+            }))
+        });
+        std::mem::swap(&mut *b, wrs);
+        b
+    }
+
+    /// Gives a WR box back for reuse (its old contents are dropped later,
+    /// when it is reused, or now if the pool is full).
+    fn recycle(&self, b: Box<Wrs>) {
+        let mut spare = self.inner.spare_wrs.borrow_mut();
+        if spare.len() < SPARE_WRS {
+            spare.push(b);
+        } else {
+            drop(spare);
+            drop(b);
         }
     }
 
@@ -655,12 +700,11 @@ impl QueuePair {
     /// On success, or on a partial post, `data` goes into the returned
     /// [`Op`], which keeps (parks, or at shutdown leaks) it until the
     /// completion or flush; so the provider's post contract holds.
-    unsafe fn post<T: Completable>(&self, data: T, mut wrs: Wrs, n: u32) -> State<T> {
+    unsafe fn post<T: Completable>(&self, data: T, wrs: &mut Wrs, n: u32) -> State<T> {
         let core = &self.inner.core;
-        let (queue, cq) = self.credits_for(&wrs);
         let credit = Credit {
-            queue: queue.clone(),
-            cq: cq.clone(),
+            core: core.clone(),
+            recv: matches!(wrs, Wrs::Recv(_)),
             n,
         };
         let ops = self.inner.handle.ops();
@@ -674,7 +718,7 @@ impl QueuePair {
             }
         };
         let first = wr_id::encode(key, gen, 0);
-        let res = match &mut wrs {
+        let res = match wrs {
             Wrs::Send(chain) => {
                 let last = chain.len() - 1;
                 for (i, wr) in chain.iter_mut().enumerate() {
@@ -738,7 +782,8 @@ fn unsignaled(flags: SendFlags) -> SendFlags {
     out
 }
 
-// Inline on purpose: boxing would allocate on the backpressure path.
+// The chain is built and posted in place; a waiting submission keeps it in
+// a box recycled through the QP's spare list (no allocation per op).
 #[allow(clippy::large_enum_variant)]
 enum Wrs {
     Send(SendChain),
@@ -749,7 +794,8 @@ struct Queued<T> {
     qp: QueuePair,
     /// `Some` until posted or failed.
     data: Option<T>,
-    wrs: Option<Wrs>,
+    /// `Some` until posted or failed; given back to the QP's spare list.
+    wrs: Option<Box<Wrs>>,
     recv: bool,
     n: u32,
     queue_held: bool,
@@ -758,11 +804,11 @@ struct Queued<T> {
 }
 
 impl<T> Queued<T> {
-    fn new(qp: &QueuePair, data: T, wrs: Wrs, n: u32, queue_held: bool) -> Queued<T> {
+    fn new(qp: &QueuePair, data: T, wrs: Box<Wrs>, n: u32, queue_held: bool) -> Queued<T> {
         Queued {
             qp: qp.clone(),
             data: Some(data),
-            recv: matches!(wrs, Wrs::Recv(_)),
+            recv: matches!(*wrs, Wrs::Recv(_)),
             wrs: Some(wrs),
             n,
             queue_held,
@@ -817,11 +863,12 @@ impl<T> Queued<T> {
 impl<T> Drop for Queued<T> {
     fn drop(&mut self) {
         self.abandon();
+        if let Some(b) = self.wrs.take() {
+            self.qp.recycle(b);
+        }
     }
 }
 
-// Inline on purpose: boxing would allocate on the backpressure path.
-#[allow(clippy::large_enum_variant)]
 enum State<T: Completable> {
     /// Waiting for queue or CQ credits.
     Queued(Queued<T>),
@@ -889,11 +936,11 @@ impl<T: Completable> Future for Submit<T> {
                         q.abandon();
                     }
                     let n = q.n;
-                    let (Some(data), Some(wrs)) = (q.data.take(), q.wrs.take()) else {
+                    let (Some(data), Some(mut wrs)) = (q.data.take(), q.wrs.take()) else {
                         // Invariant: both are `Some` while the state is Queued.
                         return Poll::Pending;
                     };
-                    this.state = if closed {
+                    let next = if closed {
                         State::Ready(Some(data.fail(SubmitError::Closed {
                             qp_num: qp.qp_num(),
                         })))
@@ -901,8 +948,10 @@ impl<T: Completable> Future for Submit<T> {
                         // SAFETY: a `Queued` is only created by `submit`,
                         // whose caller vouched for `wrs` and `data` under the
                         // `submit_*` contract; both were kept together since.
-                        unsafe { qp.post(data, wrs, n) }
+                        unsafe { qp.post(data, &mut wrs, n) }
                     };
+                    qp.recycle(wrs);
+                    this.state = next;
                 }
             }
         }

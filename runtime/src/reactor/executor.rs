@@ -3,7 +3,10 @@
 //! Tasks live in a slab on the runtime's thread. Their wakers are
 //! thread-safe (`std::task::Wake`): waking pushes the task id into a small
 //! mutex-protected queue and, only if the reactor is asleep in epoll, kicks
-//! the `mio::Waker`. Same-thread wakes therefore cost no syscall.
+//! the `mio::Waker`. Same-thread wakes therefore cost no syscall, and skip
+//! the mutex too: a waker that fires on its runtime's own thread (the op
+//! path: the reactor completes an op and wakes its task) pushes into a
+//! thread-local queue instead.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -19,6 +22,21 @@ use slab::Slab;
 /// Id of the future passed to `block_on` (it is not in the slab).
 const MAIN: usize = usize::MAX;
 
+thread_local! {
+    /// The `Shared` of the runtime living on this thread (null if none).
+    /// Compared by address: a waker holds its `Arc<Shared>`, so while it
+    /// exists no other `Shared` can get that address.
+    static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+    /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime.
+    static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
+    /// lazy-registration check on access).
+    static LOCAL_PENDING: Cell<bool> = const { Cell::new(false) };
+    /// The `block_on` future was woken on this thread (kept out of the
+    /// queue: it is the common wake of the op path).
+    static LOCAL_MAIN: Cell<bool> = const { Cell::new(false) };
+}
+
 pub(crate) struct Shared {
     queue: Mutex<Vec<usize>>,
     /// Something was pushed since the last collect.
@@ -29,6 +47,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    fn kick(&self) {
+        if let Err(e) = self.mio_waker.wake() {
+            tracing::warn!(error = %e, "waking the reactor failed");
+        }
+    }
+
     fn push(&self, id: usize) {
         self.queue
             .lock()
@@ -55,7 +79,32 @@ impl Wake for TaskWaker {
     }
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.scheduled.swap(true, Ordering::AcqRel) {
-            self.shared.push(self.id);
+            let shared = Arc::as_ptr(&self.shared);
+            let ours = LOCAL_SHARED
+                .try_with(|l| l.get() == shared)
+                .unwrap_or(false);
+            let local = ours
+                && if self.id == MAIN {
+                    LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
+                } else {
+                    LOCAL_QUEUE
+                        .try_with(|q| match q.try_borrow_mut() {
+                            Ok(mut q) => {
+                                q.push(self.id);
+                                LOCAL_PENDING.set(true);
+                                true
+                            }
+                            Err(_) => false,
+                        })
+                        .unwrap_or(false)
+                };
+            if !local {
+                self.shared.push(self.id);
+            } else if self.shared.sleeping.load(Ordering::SeqCst) {
+                // Driven from outside (between turns): the outer poller
+                // waits on our epoll fd, so make it readable.
+                self.shared.kick();
+            }
         }
     }
 }
@@ -89,6 +138,17 @@ impl Executor {
             scheduled: AtomicBool::new(false),
             shared: shared.clone(),
         });
+        // `try_with`: during thread-local teardown wakes just take the
+        // cross-thread path.
+        let _ = LOCAL_SHARED.try_with(|l| l.set(Arc::as_ptr(&shared)));
+        let _ = LOCAL_QUEUE.try_with(|q| {
+            if let Ok(mut q) = q.try_borrow_mut() {
+                q.clear();
+                q.reserve(64);
+            }
+        });
+        let _ = LOCAL_PENDING.try_with(|p| p.set(false));
+        let _ = LOCAL_MAIN.try_with(|m| m.set(false));
         Executor {
             tasks: RefCell::new(Slab::with_capacity(64)),
             ready: RefCell::new(VecDeque::with_capacity(64)),
@@ -160,7 +220,25 @@ impl Executor {
     }
 
     /// Moves cross-thread and same-thread wakes into the local ready queue.
+    #[inline]
     pub(crate) fn collect(&self) {
+        if LOCAL_MAIN.try_with(|m| m.replace(false)).unwrap_or(false) {
+            self.main_woken.set(true);
+        }
+        if LOCAL_PENDING
+            .try_with(|p| p.replace(false))
+            .unwrap_or(false)
+        {
+            self.collect_local();
+        }
+        // A plain load first: the locked swap only when something came in.
+        if self.shared.notified.load(Ordering::SeqCst) {
+            self.collect_shared();
+        }
+    }
+
+    /// Moves the cross-thread wakes into the ready queue.
+    fn collect_shared(&self) {
         if !self.shared.notified.swap(false, Ordering::SeqCst) {
             return;
         }
@@ -181,6 +259,35 @@ impl Executor {
                 ready.push_back(id);
             }
         }
+    }
+
+    /// Moves the same-thread wakes (see `LOCAL_QUEUE`) into the ready queue.
+    fn collect_local(&self) {
+        let _ = LOCAL_QUEUE.try_with(|q| {
+            let Ok(mut q) = q.try_borrow_mut() else {
+                // Not reachable (no user code runs while it is borrowed);
+                // keep the ids for the next collect rather than lose them.
+                LOCAL_PENDING.set(true);
+                return;
+            };
+            if q.is_empty() {
+                return;
+            }
+            let mut ready = self.ready.borrow_mut();
+            for id in q.drain(..) {
+                if id == MAIN {
+                    self.main_woken.set(true);
+                } else {
+                    ready.push_back(id);
+                }
+            }
+        });
+    }
+
+    /// Same-thread wakes not collected yet.
+    fn has_local(&self) -> bool {
+        LOCAL_PENDING.try_with(Cell::get).unwrap_or(false)
+            || LOCAL_MAIN.try_with(Cell::get).unwrap_or(false)
     }
 
     /// Polls up to `budget` ready tasks; returns how many were polled.
@@ -233,6 +340,7 @@ impl Executor {
     pub(crate) fn has_ready(&self) -> bool {
         !self.ready.borrow().is_empty()
             || self.main_woken.get()
+            || self.has_local()
             || self.shared.notified.load(Ordering::SeqCst)
     }
 
@@ -269,6 +377,25 @@ impl Executor {
             drop(all);
         }
         self.ready.borrow_mut().clear();
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let ours = Arc::as_ptr(&self.shared);
+        let _ = LOCAL_SHARED.try_with(|l| {
+            if l.get() == ours {
+                l.set(std::ptr::null());
+                // Ids of our tasks must not reach a later runtime's queue.
+                let _ = LOCAL_QUEUE.try_with(|q| {
+                    if let Ok(mut q) = q.try_borrow_mut() {
+                        q.clear();
+                    }
+                    let _ = LOCAL_PENDING.try_with(|p| p.set(false));
+                    let _ = LOCAL_MAIN.try_with(|m| m.set(false));
+                });
+            }
+        });
     }
 }
 

@@ -275,7 +275,7 @@ impl Runtime {
                 false
             }
         };
-        inner.timers.fire(Instant::now());
+        inner.timers.fire_due();
         if saturated {
             return self.turn_result(true);
         }
@@ -305,7 +305,7 @@ impl Runtime {
         let inner = &self.handle.inner;
         let polled = inner.executor.run(inner.config.task_budget);
         inner.driver.drain_cqs();
-        inner.timers.fire(Instant::now());
+        inner.timers.fire_due();
         let c = self.io_countdown.get();
         if polled >= inner.config.task_budget || c <= 1 {
             self.io_countdown.set(IO_EVERY);
@@ -354,7 +354,7 @@ impl Runtime {
             }
         }
         shared.sleeping.store(false, Ordering::SeqCst);
-        inner.timers.fire(Instant::now());
+        inner.timers.fire_due();
     }
 
     /// Ops in the slab (in flight, parked, or completed but uncollected).

@@ -971,3 +971,69 @@ fn aborting_a_task_drops_its_future() {
     settle(&rt);
     assert_eq!(Rc::strong_count(&buf), 1);
 }
+
+/// Same-thread wakes skip the cross-thread queue; a waker of a dropped
+/// runtime must still never schedule a task of a later runtime on the
+/// thread (task ids are reused).
+#[test]
+fn waker_of_a_dropped_runtime_never_polls_a_later_ones_task() {
+    let stash: Rc<RefCell<Option<std::task::Waker>>> = Rc::new(RefCell::new(None));
+    {
+        let rt = Runtime::new().unwrap();
+        let s2 = stash.clone();
+        rt.spawn(std::future::poll_fn(move |cx| {
+            *s2.borrow_mut() = Some(cx.waker().clone());
+            Poll::<()>::Pending
+        }));
+        while rt.turn().ready {}
+    }
+    assert!(stash.borrow().is_some(), "the old task ran");
+    let rt = Runtime::new().unwrap();
+    let polls = Rc::new(Cell::new(0u32));
+    let p2 = polls.clone();
+    rt.spawn(std::future::poll_fn(move |_| {
+        p2.set(p2.get() + 1);
+        Poll::<()>::Pending
+    }));
+    while rt.turn().ready {}
+    let before = polls.get();
+    assert_eq!(before, 1);
+    stash.borrow_mut().take().unwrap().wake();
+    while rt.turn().ready {}
+    assert_eq!(polls.get(), before, "an old waker polled a new task");
+}
+
+/// A same-thread wake of a pending task between turns makes the epoll fd
+/// readable (an outer poller must notice it).
+#[test]
+fn same_thread_wake_between_turns_makes_the_fd_readable() {
+    let rt = Runtime::new().unwrap();
+    let fd = rt.as_raw_fd();
+    let stash: Rc<RefCell<Option<std::task::Waker>>> = Rc::new(RefCell::new(None));
+    let s2 = stash.clone();
+    let polls = Rc::new(Cell::new(0u32));
+    let p2 = polls.clone();
+    rt.spawn(std::future::poll_fn(move |cx| {
+        p2.set(p2.get() + 1);
+        *s2.borrow_mut() = Some(cx.waker().clone());
+        Poll::<()>::Pending
+    }));
+    while rt.turn().ready {}
+    // Drain the kick of the spawn itself.
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the duration of the call.
+    while unsafe { libc::poll(&mut p, 1, 0) } == 1 {
+        while rt.turn().ready {}
+    }
+    let before = polls.get();
+    stash.borrow().as_ref().unwrap().wake_by_ref();
+    // SAFETY: as above.
+    let r = unsafe { libc::poll(&mut p, 1, 3000) };
+    assert_eq!(r, 1, "epoll fd not readable after a same-thread wake");
+    while rt.turn().ready {}
+    assert_eq!(polls.get(), before + 1);
+}

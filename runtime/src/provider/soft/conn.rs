@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::time::Instant;
 
 use super::mr::MrTable;
 use super::packet::{encode_hello, Header, Opcode, HEADER_LEN, HELLO_LEN};
@@ -132,6 +133,11 @@ pub(crate) struct Conn {
     pub senders: VecDeque<u32>,
     /// Listed in the engine's active list.
     pub active: bool,
+    /// While only ACKs of messages that completed a receive are pending,
+    /// they may wait until then for a request to ride with them (the
+    /// receiver's application usually answers at once): one write and one
+    /// wakeup of the peer instead of two.
+    pub ack_hold: Option<Instant>,
 }
 
 /// Result of trying to write.
@@ -164,6 +170,7 @@ impl Conn {
             resp: VecDeque::new(),
             senders: VecDeque::new(),
             active: false,
+            ack_hold: None,
         };
         let mut h = Header::new(Opcode::Hello);
         h.payload_len = HELLO_LEN as u32;
@@ -181,8 +188,32 @@ impl Conn {
         self.tx_mem.is_none() && self.tx_pending() < TX_HIGH
     }
 
+    /// Queues an ACK. `hold_until`: it may wait until then for a request
+    /// to go out with it (see `ack_hold`); `None` = send it at once.
+    pub fn push_ack(&mut self, dst: u32, src: u32, psn: u32, hold_until: Option<Instant>) {
+        match hold_until {
+            Some(t) if self.resp.is_empty() => self.ack_hold = Some(t),
+            // Keep what is pending: held ACKs stay held, anything else
+            // (`ack_hold` is `None` then) goes out at once anyway.
+            Some(_) => {}
+            None => self.ack_hold = None,
+        }
+        self.push_resp(Resp::Ack { dst, src, psn });
+    }
+
+    /// True while the pending output is only held ACKs, not yet due.
+    pub fn holding(&self, now: Instant) -> bool {
+        self.ack_hold.is_some_and(|t| now < t)
+            && self.senders.is_empty()
+            && self.tx_pending() == 0
+            && self.tx_mem.is_none()
+    }
+
     /// Queues a response, coalescing consecutive ACKs of one QP.
     pub fn push_resp(&mut self, r: Resp) {
+        if !matches!(r, Resp::Ack { .. }) {
+            self.ack_hold = None;
+        }
         if let Resp::Ack { dst, src, psn } = r {
             if let Some(Resp::Ack {
                 dst: d,
@@ -435,5 +466,55 @@ impl Conn {
         let n = stream.read(&mut self.rx[end..])?;
         self.rx_end += n;
         Ok((n, n == space))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn conn() -> Conn {
+        let mut c = Conn::new(None, "127.0.0.1:1".parse().expect("addr"), true);
+        c.tx.clear(); // the HELLO
+        c
+    }
+
+    #[test]
+    fn held_acks_wait_only_while_nothing_else_is_pending() {
+        let now = Instant::now();
+        let until = now + Duration::from_millis(10);
+        let mut c = conn();
+        assert!(!c.holding(now));
+        c.push_ack(1, 2, 3, Some(until));
+        c.push_ack(1, 2, 4, Some(until + Duration::from_millis(5)));
+        assert_eq!(c.resp.len(), 1, "consecutive ACKs coalesce");
+        assert!(c.holding(now));
+        assert!(!c.holding(until), "due at the first hold's deadline");
+        // A request to send ends the hold: the ACK rides with it.
+        c.senders.push_back(9);
+        assert!(!c.holding(now));
+        c.senders.clear();
+        // Bytes waiting in the transmit buffer end it too.
+        c.tx.push(0);
+        assert!(!c.holding(now));
+        c.tx.clear();
+        // An ACK that must go at once ends it, and a later delayable ACK
+        // does not start a new hold behind it.
+        c.push_ack(5, 6, 1, None);
+        assert!(!c.holding(now));
+        c.push_ack(1, 2, 5, Some(until));
+        assert!(!c.holding(now));
+        // Any other response ends a hold.
+        let mut c = conn();
+        c.push_ack(1, 2, 3, Some(until));
+        c.push_resp(Resp::Nak {
+            dst: 1,
+            src: 2,
+            psn: 4,
+            syndrome: 0,
+            timer: 0,
+        });
+        assert!(!c.holding(now));
     }
 }

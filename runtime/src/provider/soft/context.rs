@@ -43,6 +43,12 @@ pub(crate) struct Shared {
     pub dirty: Mutex<Vec<Arc<QpShared>>>,
     /// The engine is (about to be) asleep in its poll.
     pub sleeping: AtomicBool,
+    /// The engine delivered a successful completion since it last looked
+    /// (engine thread only): its application will likely post again soon.
+    pub completed: AtomicBool,
+    /// CQs disarmed by a completion this loop turn, whose channel events the
+    /// engine raises at the end of the turn (engine thread only).
+    pub fired: Mutex<Vec<Arc<CqShared>>>,
     pub waker: mio::Waker,
     pub stop: AtomicBool,
     pub async_events: Arc<EventQueue<AsyncEvent>>,
@@ -145,6 +151,8 @@ impl Context {
             qps: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
+            completed: AtomicBool::new(false),
+            fired: Mutex::new(Vec::new()),
             waker,
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),

@@ -1,10 +1,15 @@
 //! Completion queues, the completion channel and the async-event queue. Both
-//! pollable fds are non-blocking eventfds that are readable exactly while
-//! their queue holds an event.
+//! pollable fds are non-blocking eventfds that are readable while their
+//! queue holds an event. The producer writes the eventfd after releasing
+//! the queue lock (a consumer woken by the write must not find the lock
+//! still held and go back to sleep on it), so readiness can lag a push by a
+//! moment, and can outlive the event it announced until the next
+//! `get_event` (which then returns `None` and clears it).
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::Context;
@@ -21,7 +26,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A queue of events with an eventfd that is readable while it is not empty.
 pub(crate) struct EventQueue<T> {
     fd: OwnedFd,
-    queue: Mutex<VecDeque<T>>,
+    inner: Mutex<Events<T>>,
+}
+
+struct Events<T> {
+    queue: VecDeque<T>,
+    /// Signals written (or about to be) to the eventfd and not read back.
+    unread: u64,
 }
 
 impl<T> EventQueue<T> {
@@ -38,7 +49,10 @@ impl<T> EventQueue<T> {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         Ok(EventQueue {
             fd,
-            queue: Mutex::new(VecDeque::new()),
+            inner: Mutex::new(Events {
+                queue: VecDeque::new(),
+                unread: 0,
+            }),
         })
     }
 
@@ -47,23 +61,46 @@ impl<T> EventQueue<T> {
     }
 
     pub fn push(&self, ev: T) {
-        let mut q = lock(&self.queue);
-        let was_empty = q.is_empty();
-        q.push_back(ev);
-        if was_empty {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-            let _ = unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+        if self.enqueue(ev) {
+            self.signal();
         }
     }
 
+    /// Queues an event; true if the caller must then `signal` (the queue
+    /// was empty). The signal is sent after the lock is released, so a
+    /// consumer it wakes does not find the lock still held.
+    fn enqueue(&self, ev: T) -> bool {
+        let mut g = lock(&self.inner);
+        let was_empty = g.queue.is_empty();
+        g.queue.push_back(ev);
+        if was_empty {
+            g.unread += 1;
+        }
+        was_empty
+    }
+
+    /// Makes the eventfd readable. It is cleared only under the lock with
+    /// the queue empty, so a signal sent after its event went in cannot be
+    /// lost: the fd is readable while the event waits.
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        let _ = unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+    }
+
     pub fn pop(&self) -> Option<T> {
-        let mut q = lock(&self.queue);
-        let ev = q.pop_front();
-        if ev.is_some() && q.is_empty() {
+        let mut g = lock(&self.inner);
+        let ev = g.queue.pop_front();
+        // Clear readiness once empty. A signal that lands after its event
+        // was taken stays counted in `unread` and is cleared by the next
+        // pop; with nothing unread, no syscall.
+        if g.queue.is_empty() && g.unread > 0 {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
-            let _ = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+            let n = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+            if n == 8 {
+                g.unread = g.unread.saturating_sub(v);
+            }
         }
         ev
     }
@@ -92,7 +129,6 @@ pub(crate) struct CqState {
     /// `Some(solicited_only)` while armed.
     armed: Option<bool>,
     overflow: bool,
-    acked: u64,
 }
 
 /// CQ state shared by the handle and the engine.
@@ -100,6 +136,9 @@ pub(crate) struct CqShared {
     pub handle: u32,
     pub capacity: u32,
     state: Mutex<CqState>,
+    /// Events acknowledged (outside `state`: the application acks while
+    /// the engine pushes).
+    acked: AtomicU64,
     channel: Option<Arc<EventQueue<u32>>>,
     async_events: Arc<EventQueue<AsyncEvent>>,
 }
@@ -118,19 +157,23 @@ impl CqShared {
                 queue: VecDeque::with_capacity(capacity as usize),
                 armed: None,
                 overflow: false,
-                acked: 0,
             }),
+            acked: AtomicU64::new(0),
             channel,
             async_events,
         }
     }
 
     /// Pushes a completion (engine side). `solicited` marks a receive
-    /// completion of a solicited message; error completions count as solicited.
-    pub fn push(&self, wc: Completion, solicited: bool) {
+    /// completion of a solicited message; error completions count as
+    /// solicited. True if this disarmed the CQ: the caller must then
+    /// [`signal`](Self::signal) its channel (the engine does so once per
+    /// loop turn, after all of that turn's completions are in).
+    #[must_use]
+    pub fn push(&self, wc: Completion, solicited: bool) -> bool {
         let mut st = lock(&self.state);
         if st.overflow {
-            return;
+            return false;
         }
         if st.queue.len() >= self.capacity as usize {
             st.overflow = true;
@@ -140,7 +183,7 @@ impl CqShared {
                 kind: AsyncEventKind::CqErr,
                 element: AsyncElement::Cq(self.handle),
             });
-            return;
+            return false;
         }
         st.queue.push_back(wc);
         let fire = match st.armed {
@@ -149,9 +192,14 @@ impl CqShared {
         };
         if fire {
             st.armed = None;
-            if let Some(ch) = &self.channel {
-                ch.push(self.handle);
-            }
+        }
+        fire
+    }
+
+    /// Queues this CQ's event on its channel (after a `push` that fired).
+    pub fn signal(&self) {
+        if let Some(ch) = &self.channel {
+            ch.push(self.handle);
         }
     }
 
@@ -199,6 +247,46 @@ impl Cq {
     }
     /// Acknowledges `n` events.
     pub fn ack_events(&self, n: u32) {
-        lock(&self.shared.state).acked += u64::from(n);
+        self.shared.acked.fetch_add(u64::from(n), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn event_fd_is_readable_while_events_wait_and_late_signals_clear() {
+        let q = EventQueue::<u32>::new().expect("eventfd");
+        assert!(!readable(q.fd()));
+        q.push(1);
+        q.push(2);
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), Some(1));
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), Some(2));
+        assert!(!readable(q.fd()));
+        // A producer's signal landing after its event was taken (it signals
+        // after unlocking) leaves the fd readable with nothing queued: the
+        // next pop finds nothing and clears it.
+        assert!(q.enqueue(3));
+        assert_eq!(q.pop(), Some(3));
+        assert!(!readable(q.fd()));
+        q.signal();
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), None);
+        assert!(!readable(q.fd()));
+        assert_eq!(q.pop(), None);
+        assert!(!readable(q.fd()));
     }
 }

@@ -14,7 +14,7 @@ use slab::Slab;
 
 use super::conn::{Conn, Flush, RxDirect};
 use super::context::Shared;
-use super::cq::lock;
+use super::cq::{lock, CqShared};
 use super::dma::write_raw;
 pub(crate) use super::eqp::{EQp, EWqe};
 use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
@@ -32,15 +32,19 @@ const SERVICE_ROUNDS: usize = 8;
 /// WRITE payloads at least this big are received straight into memory.
 const DIRECT_MIN: usize = 16 * 1024;
 
-/// How long the engine keeps polling after activity before it sleeps
-/// (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
+/// How long the engine keeps polling after delivering a completion before
+/// it sleeps (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
 const DEFAULT_SPIN_US: u64 = 50;
 
-fn spin_duration() -> Duration {
-    let us = std::env::var("VERBIO_SOFT_SPIN_US")
+/// How long the ACK of a message that completed a receive may wait for a
+/// request to share its write (`VERBIO_SOFT_ACK_DELAY_US` overrides; 0 = never).
+const DEFAULT_ACK_DELAY_US: u64 = 50;
+
+fn env_us(name: &str, default: u64) -> Duration {
+    let us = std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_SPIN_US);
+        .unwrap_or(default);
     Duration::from_micros(us)
 }
 
@@ -63,7 +67,11 @@ pub(crate) struct Engine {
     pub peers: HashMap<std::net::SocketAddr, usize>,
     pub qps: HashMap<u32, EQp>,
     pub active: Vec<usize>,
+    /// Connections whose only output is held ACKs (see `Conn::ack_hold`).
+    held: Vec<usize>,
+    pub ack_delay: Duration,
     dirty_buf: Vec<Arc<QpShared>>,
+    fired_buf: Vec<Arc<CqShared>>,
 }
 
 /// Engine thread body.
@@ -83,7 +91,13 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
         peers: HashMap::new(),
         qps: HashMap::new(),
         active: Vec::new(),
+        held: Vec::new(),
+        // Held ACKs wait only while the engine polls anyway (a sleeping
+        // engine's timer is too coarse for them).
+        ack_delay: env_us("VERBIO_SOFT_ACK_DELAY_US", DEFAULT_ACK_DELAY_US)
+            .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
         dirty_buf: Vec::new(),
+        fired_buf: Vec::new(),
     };
     eng.run();
     tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
@@ -92,32 +106,52 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
 impl Engine {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
-        let spin = spin_duration();
-        let mut last_work = Instant::now();
+        let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
+        // When the last completion was delivered, while no post followed.
+        let mut spin_from: Option<Instant> = None;
         loop {
             if self.sh.stop.load(Ordering::SeqCst) {
                 // Best effort: queued responses leave before the sockets close.
-                self.service_active();
+                for cid in std::mem::take(&mut self.held) {
+                    self.activate(cid);
+                }
+                self.service_active(true);
+                self.raise_events();
                 return;
             }
-            let had_dirty = self.service_dirty();
+            let posted = self.service_dirty();
             let now = Instant::now();
-            self.timers(now);
-            let busy = self.service_active();
-            if had_dirty || busy || !events.is_empty() {
-                last_work = now;
+            if posted {
+                // The post the spin waited for came: what follows is the
+                // network's turn.
+                spin_from = None;
             }
+            if self.sh.completed.swap(false, Ordering::Relaxed) {
+                spin_from = Some(now);
+            }
+            self.timers(now);
+            for cid in std::mem::take(&mut self.held) {
+                self.activate(cid);
+            }
+            let busy = self.service_active(false);
+            let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
             let mut timeout = if busy {
                 Some(Duration::ZERO)
-            } else if now.duration_since(last_work) < spin {
-                // Recently active: stay awake a little (no doorbell syscall
-                // for the next post), but let other threads run.
+            } else if awaiting_post || !self.held.is_empty() {
+                // A completion was just delivered and its application has
+                // not posted since: it is likely to post at once, so stay
+                // awake a little (no doorbell syscall and wakeup for that
+                // post; held ACKs wait for it), but let other threads run.
+                // Waiting for the network needs no spinning: data arriving
+                // wakes the poll (and an idle CPU is worth more to the woken
+                // threads on a small machine).
                 std::thread::yield_now();
                 Some(Duration::ZERO)
             } else {
                 self.next_deadline()
                     .map(|d| d.saturating_duration_since(now))
             };
+            self.raise_events();
             if timeout != Some(Duration::ZERO) {
                 self.sh.sleeping.store(true, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
@@ -149,7 +183,20 @@ impl Engine {
                     }
                 }
             }
+            // What arrived completed WRs: wake their consumers now, once per
+            // CQ, before the answers are written.
+            self.raise_events();
         }
+    }
+
+    /// Raises the channel events of the CQs that completions disarmed.
+    fn raise_events(&mut self) {
+        let mut list = std::mem::take(&mut self.fired_buf);
+        std::mem::swap(&mut list, &mut *lock(&self.sh.fired));
+        for cq in list.drain(..) {
+            cq.signal();
+        }
+        self.fired_buf = list;
     }
 
     /// Services QPs the application touched. True if there were any.
@@ -570,13 +617,19 @@ impl Engine {
     }
 
     /// Fills and flushes every active connection. True if some still has
-    /// work that can proceed now.
-    fn service_active(&mut self) -> bool {
+    /// work that can proceed now. `force`: held ACKs go out too.
+    fn service_active(&mut self, force: bool) -> bool {
         let list = std::mem::take(&mut self.active);
         let mut busy = false;
+        let now = Instant::now();
         for cid in list {
             if let Some(c) = self.conns.get_mut(cid) {
                 c.active = false;
+                if !force && c.holding(now) {
+                    self.held.push(cid);
+                    continue;
+                }
+                c.ack_hold = None;
             } else {
                 continue;
             }
@@ -680,10 +733,15 @@ impl Engine {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
+        let held = self
+            .held
+            .iter()
+            .filter_map(|&cid| self.conns.get(cid).and_then(|c| c.ack_hold));
         self.qps
             .values()
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
             .flatten()
+            .chain(held)
             .min()
     }
 }

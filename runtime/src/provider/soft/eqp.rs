@@ -3,11 +3,12 @@
 //! error/flush handling.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::context::Shared;
-use super::cq::lock;
+use super::cq::{lock, CqShared};
 use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
 use crate::provider::{
     ack_timeout_duration, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
@@ -162,7 +163,19 @@ impl EQp {
         }
         if !status.is_success() || e.w.flags.contains(SendFlags::SIGNALED) {
             let wc = self.completion(&e.w, status, byte_len);
-            self.sh.send_cq.push(wc, true);
+            self.deliver(&self.sh.send_cq, wc, true);
+        }
+    }
+
+    /// Puts a completion on `cq`. Its channel event, if the CQ was armed,
+    /// is raised at the end of the engine's loop turn, once for all of the
+    /// turn's completions (like a NIC's interrupt moderation).
+    pub fn deliver(&self, cq: &Arc<CqShared>, wc: Completion, solicited: bool) {
+        if cq.push(wc, solicited) {
+            lock(&self.sh_ctx.fired).push(cq.clone());
+        }
+        if wc.status.is_success() {
+            self.sh_ctx.completed.store(true, Ordering::Relaxed);
         }
     }
 
@@ -223,7 +236,7 @@ impl EQp {
         inner.rq_outstanding = 0;
         for w in &sends {
             let wc = self.completion(w, WcStatus::WrFlushErr, 0);
-            self.sh.send_cq.push(wc, true);
+            self.deliver(&self.sh.send_cq, wc, true);
         }
         let recvs: Vec<RecvWqe> = self
             .cur_recv
@@ -233,7 +246,7 @@ impl EQp {
             .collect();
         for r in &recvs {
             let wc = self.recv_completion(r, WcStatus::WrFlushErr);
-            self.sh.recv_cq.push(wc, true);
+            self.deliver(&self.sh.recv_cq, wc, true);
         }
         self.send_idx = 0;
         self.send_off = 0;

@@ -3,8 +3,11 @@
 //! Each opened [`Context`] runs one engine thread (`engine.rs`) that plays the
 //! NIC. It sleeps in its own mio poll when idle; the post path only queues
 //! WRs on the QP and rings a doorbell (a `mio::Waker`), with a syscall only
-//! when the engine sleeps. After activity the engine keeps polling for
-//! `VERBIO_SOFT_SPIN_US` µs (default 50, 0 = sleep at once) before it sleeps.
+//! when the engine sleeps. After delivering a completion (its application
+//! will likely post again at once) the engine keeps polling until that post
+//! comes, for at most `VERBIO_SOFT_SPIN_US` µs (default 50, 0 = sleep at
+//! once); waiting for the network it sleeps at once (arriving data wakes it,
+//! and on a small machine an idle CPU serves the woken threads better).
 //! The engine owns a TCP listener and one connection per remote engine
 //! (TCP_NODELAY); QPs of the same device talk through an internal loopback
 //! connection without sockets. The application thread never touches sockets.
@@ -18,12 +21,19 @@
 //! buffers), `dma.rs` (copies to and from registered memory), `packet.rs`
 //! (the versioned wire format; [`packet::decode`] never panics).
 //!
+//! Completion-channel events are raised once per engine loop turn, after
+//! all of that turn's completions are queued (like a NIC's interrupt
+//! moderation), and outside every lock the woken consumer takes.
+//!
 //! Data path: SEND/WRITE payloads are cut into segments of up to 1 MiB; a
 //! segment inside one SGE is written to the socket straight from registered
 //! memory (`writev`, no copy), and a WRITE segment still arriving is read
 //! straight into the target MR. Small, inline and multi-SGE payloads and READ
 //! responses are copied (64 KiB segments). Consecutive ACKs of one QP are
-//! coalesced. If a QP fails while a payload is still being sent from its
+//! coalesced, and the ACK of a message that completed a receive may wait
+//! (`VERBIO_SOFT_ACK_DELAY_US`, default 50, at most the spin time) for the
+//! answer the receiving application usually posts at once, so both leave in
+//! one write and wake the peer once. If a QP fails while a payload is still being sent from its
 //! memory, the unsent rest is copied out first, so no completion ever reports
 //! memory as free while the engine may still read it.
 //!

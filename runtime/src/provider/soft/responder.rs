@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::conn::{ReadJob, Resp};
 use super::context::Shared;
@@ -61,7 +62,13 @@ impl Engine {
         payload: &[u8],
         placed: Option<bool>,
     ) {
-        let Engine { qps, sh, conns, .. } = self;
+        let Engine {
+            qps,
+            sh,
+            conns,
+            ack_delay,
+            ..
+        } = self;
         let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
             return;
         };
@@ -86,7 +93,16 @@ impl Engine {
         match outcome {
             Outcome::Ack => {
                 eq.epsn = psn_add(eq.epsn, 1);
-                conn.push_resp(Resp::Ack { dst, src, psn });
+                // The ACK of a message that completed a receive may wait a
+                // little for the answer the application is likely to post.
+                let completes_recv = hdr.flags & FLAG_LAST != 0
+                    && matches!(
+                        hdr.opcode,
+                        Opcode::Send | Opcode::SendImm | Opcode::WriteImm
+                    );
+                let hold =
+                    (completes_recv && !ack_delay.is_zero()).then(|| Instant::now() + *ack_delay);
+                conn.push_ack(dst, src, psn, hold);
             }
             Outcome::Responded => eq.epsn = psn_add(eq.epsn, 1),
             Outcome::Rnr => conn.push_resp(Resp::Nak {
@@ -100,7 +116,7 @@ impl Engine {
                 if let (Some(status), Some(r)) = (recv_status, eq.cur_recv.take()) {
                     let wc = eq.recv_completion(&r, status);
                     recv_done(eq);
-                    eq.sh.recv_cq.push(wc, true);
+                    eq.deliver(&eq.sh.recv_cq, wc, true);
                 }
                 eq.fail(None);
                 conn.push_resp(Resp::Nak {
@@ -293,5 +309,5 @@ fn complete_recv(eq: &mut EQp, opcode: WcOpcode, hdr: &Header, imm: Option<u32>)
     };
     // Free the receive-queue slot before the CQE is visible.
     recv_done(eq);
-    eq.sh.recv_cq.push(wc, hdr.flags & FLAG_SOLICITED != 0);
+    eq.deliver(&eq.sh.recv_cq, wc, hdr.flags & FLAG_SOLICITED != 0);
 }
