@@ -8,5 +8,6 @@ pub mod error;
 pub mod fuzz_checks;
 pub mod verbs;
 
+pub use agent::{AgentError, CloseReason, Rdma, RdmaBuilder, RdmaListener};
 pub use error::{Error, Result};
 pub use verbs::{Batch, Received, RemoteBuf, Verbs};

@@ -1,4 +1,14 @@
-//! The MR-token agent (DESIGN.md section 7). This version holds its wire
-//! codec; the agent task and the `Rdma` connection build on it.
+//! The MR-token agent (DESIGN.md section 7): the high-level [`Rdma`]
+//! connection built with [`RdmaBuilder`], its agent task that owns the
+//! receive queue, credit-based flow control, and the wire codec.
 
+mod builder;
+mod error;
+mod flow;
+mod rdma;
+mod task;
 pub mod wire;
+
+pub use builder::{RdmaBuilder, RdmaListener};
+pub use error::{AgentError, CloseReason};
+pub use rdma::Rdma;
