@@ -108,6 +108,16 @@ pub enum AgentError {
         /// The peer's reason.
         code: super::wire::RefuseCode,
     },
+    /// A transfer does not fit the memory region.
+    #[error("{what}: {need} bytes do not fit in {have}")]
+    OutOfBounds {
+        /// The operation.
+        what: &'static str,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes available.
+        have: u64,
+    },
     /// A setting of the builder is out of range.
     #[error("invalid setting {setting}: {reason}")]
     Config {

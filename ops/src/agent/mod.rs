@@ -5,10 +5,13 @@
 mod builder;
 mod error;
 mod flow;
+mod mr;
 mod rdma;
 mod task;
+mod tokens;
 pub mod wire;
 
 pub use builder::{RdmaBuilder, RdmaListener};
 pub use error::{AgentError, CloseReason};
+pub use mr::{LocalMr, RemoteMr};
 pub use rdma::Rdma;

@@ -7,11 +7,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use verbio_runtime::buf::LocalBuf;
-use verbio_runtime::{timeout, Submit};
+use verbio_runtime::provider::AccessFlags;
+use verbio_runtime::{sleep_until, spawn, timeout, Submit};
 
 use super::error::{AgentError, CloseReason};
 use super::rdma::{Partial, Shared};
-use super::wire::{decode, Message};
+use super::wire::{decode, HandOverKind, Message, MrToken, RefuseCode};
 use crate::verbs::{Received, RecvVerb, Verbs};
 
 /// The posted receives, oldest first.
@@ -84,7 +85,7 @@ pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
 }
 
 /// Routes one received message.
-async fn handle(shared: &Shared, rcv: Received, buf: &LocalBuf) -> Next {
+async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &LocalBuf) -> Next {
     if rcv.by_write {
         // A WRITE_WITH_IMM: the data is in granted memory, the immediate here.
         if let (Some(imm), Some(tx)) = (rcv.imm, shared.imm_tx.borrow().as_ref()) {
@@ -118,8 +119,80 @@ async fn handle(shared: &Shared, rcv: Received, buf: &LocalBuf) -> Next {
 }
 
 /// Acts on a decoded message; `Err` closes the connection with that reason.
-fn route(shared: &Shared, msg: Message<'_>) -> Result<Next, CloseReason> {
+fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
     match msg {
+        Message::AllocRequest {
+            req_id,
+            len,
+            align,
+            access,
+            lifetime_ms,
+        } => {
+            // Answered by a task: a reply may wait for credits, which arrive
+            // through this loop.
+            let answer = allocate(shared, len, align, access, lifetime_ms);
+            let s = shared.clone();
+            spawn(async move {
+                let msg = Message::AllocResponse {
+                    req_id,
+                    result: answer,
+                };
+                if let Err(e) = s.send_message(&msg, true).await {
+                    tracing::debug!(error = %e, "answering a memory request failed");
+                }
+            });
+            Ok(Next::Repost(true))
+        }
+        Message::AllocResponse { req_id, result } => {
+            let waiter = shared.requests.borrow_mut().remove(&req_id);
+            match waiter {
+                Some(tx) => {
+                    if let Err(Ok(token)) = tx.send(result) {
+                        release_later(shared, token.token_id); // requester gave up
+                    }
+                }
+                None => {
+                    if let Ok(token) = result {
+                        release_later(shared, token.token_id); // late answer
+                    }
+                }
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::Release { token_id } => {
+            if shared.grants.revoke(token_id, None).is_none() {
+                tracing::debug!(token_id, "release of an unknown or expired grant refused");
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::HandOver {
+            kind: HandOverKind::Local,
+            token,
+            ..
+        } => {
+            if let Some(tx) = shared.remote_mr_tx.borrow().as_ref() {
+                let _ = tx.unbounded_send(token);
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::HandOver {
+            kind: HandOverKind::Remote,
+            token,
+            ..
+        } => {
+            match shared.grants.revoke(token.token_id, Some(&token)) {
+                Some(mem) => {
+                    if let Some(tx) = shared.local_mr_tx.borrow().as_ref() {
+                        let _ = tx.unbounded_send(mem);
+                    }
+                }
+                None => tracing::warn!(
+                    token_id = token.token_id,
+                    "hand-back of an unknown, expired or forged grant refused"
+                ),
+            }
+            Ok(Next::Repost(true))
+        }
         Message::Credit { grant } => {
             shared.credits.grant(grant);
             Ok(Next::Repost(false))
@@ -139,9 +212,6 @@ fn route(shared: &Shared, msg: Message<'_>) -> Result<Next, CloseReason> {
             text: text.to_owned(),
         }),
         Message::Close => Err(CloseReason::Disconnected),
-        _ => Err(CloseReason::Violation(
-            "memory-region messages are not supported by this side yet",
-        )),
     }
 }
 
@@ -192,4 +262,56 @@ fn reassemble(
         }
     }
     Ok(())
+}
+
+/// Grants a peer's allocation request: checks the layout, caps the access
+/// at this side's maximum, registers a fresh region and arms its expiry.
+fn allocate(
+    shared: &Rc<Shared>,
+    len: u64,
+    align: u32,
+    access: u32,
+    lifetime_ms: u32,
+) -> Result<MrToken, RefuseCode> {
+    let cfg = &shared.config;
+    if len == 0 || len > cfg.max_message_len as u64 || !align.is_power_of_two() || align > 8 {
+        return Err(RefuseCode::BadLayout);
+    }
+    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let access = AccessFlags::from_bits_truncate(access) & remote & cfg.max_access;
+    if access == AccessFlags::NONE {
+        return Err(RefuseCode::AccessDenied);
+    }
+    let lifetime = match lifetime_ms {
+        0 => cfg.token_lifetime,
+        ms => Duration::from_millis(ms.into()).min(cfg.token_lifetime),
+    };
+    // `len <= max_message_len`, a usize.
+    let mem = vec![0u8; len as usize];
+    let (token, deadline) = shared
+        .grants
+        .grant(shared.device.pd(), mem, access, lifetime)?;
+    expire_at(shared, token.token_id, deadline);
+    Ok(token)
+}
+
+/// Revokes grant `id` at `deadline` unless it is gone by then.
+pub(crate) fn expire_at(shared: &Rc<Shared>, id: u64, deadline: std::time::Instant) {
+    let weak = Rc::downgrade(shared);
+    spawn(async move {
+        sleep_until(deadline).await;
+        if let Some(s) = weak.upgrade() {
+            if s.grants.expire(id) {
+                tracing::debug!(token_id = id, "grant expired and revoked");
+            }
+        }
+    });
+}
+
+/// Tells the peer to revoke a grant this side does not want.
+fn release_later(shared: &Rc<Shared>, token_id: u64) {
+    let s = shared.clone();
+    spawn(async move {
+        let _ = s.send_message(&Message::Release { token_id }, true).await;
+    });
 }
