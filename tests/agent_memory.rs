@@ -310,3 +310,37 @@ fn forged_rkey_and_beyond_the_grant_are_refused() {
     });
     server.join().expect("server");
 }
+
+#[test]
+fn dropped_memory_request_does_not_leak_the_grant() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let mut seen_grant = false;
+        loop {
+            let m = r.receive().await.unwrap();
+            if m == b"bye" {
+                break;
+            }
+            let n = r.live_grants();
+            seen_grant |= n > 0;
+            r.send(&[n as u8]).await.unwrap();
+        }
+        seen_grant
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let cut = timeout(Duration::from_micros(1), r.request_remote_mr(64)).await;
+        assert!(cut.is_err(), "the request should still have been waiting");
+        // The late answer is released: the owner's grant count drops to 0.
+        loop {
+            r.send(b"count?").await.unwrap();
+            if r.receive().await.unwrap() == [0] {
+                break;
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+        r.send(b"bye").await.unwrap();
+    });
+    let _ = server.join().expect("server");
+}

@@ -276,3 +276,58 @@ fn peer_runtime_gone_fails_pending_receive() {
     drop(dev);
     server.join().expect("server");
 }
+
+#[test]
+fn second_connection_from_an_existing_one() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 2, |c| async move {
+        for (i, r) in c.iter().enumerate() {
+            let m = r.receive().await.unwrap();
+            r.send(format!("{i}:{}", String::from_utf8_lossy(&m)).as_bytes())
+                .await
+                .unwrap();
+        }
+        for r in &c {
+            let _ = timeout(WAIT, r.receive()).await;
+        }
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let first = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let second = first.new_connection().await.expect("second connection");
+        first.send(b"a").await.unwrap();
+        assert_eq!(first.receive().await.unwrap(), b"0:a");
+        second.send(b"b").await.unwrap();
+        assert_eq!(second.receive().await.unwrap(), b"1:b");
+        first.close().await.unwrap();
+        second.close().await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn dropped_send_mid_message_leaves_the_connection_usable() {
+    let tight = || {
+        RdmaBuilder::new()
+            .recv_buf_count(2)
+            .credit_batch(2)
+            .recv_buf_size(128)
+    };
+    let (addr, server) = serve_rdma(tight, 1, |mut c| async move {
+        let r = c.remove(0);
+        let got = r.receive().await.unwrap();
+        r.send(&got).await.unwrap();
+        let _ = timeout(WAIT, r.receive()).await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(tight(), &dev, addr).await;
+        // 100 pieces with 2 credits: the send waits for credits mid-message.
+        let big = vec![3u8; 100 * 80];
+        let cut = timeout(std::time::Duration::from_millis(1), r.send(&big)).await;
+        assert!(cut.is_err(), "the send should still have been running");
+        r.send(b"after").await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"after");
+        r.close().await.unwrap();
+    });
+    server.join().expect("server");
+}

@@ -278,7 +278,9 @@ impl RdmaBuilder {
             self.handshake_timeout,
         )
         .await?;
-        Rdma::start(conn, device, config)
+        let mut rdma = Rdma::start(conn, device.clone(), config)?;
+        rdma.set_redial(self.clone().device(device), addr);
+        Ok(rdma)
     }
 }
 

@@ -19,7 +19,9 @@ use verbio_runtime::provider::AccessFlags;
 
 use verbio_runtime::{sleep, spawn, timeout, Device, Handle, JoinHandle, QueuePair, TcpStream};
 
-use super::builder::Config;
+use std::net::SocketAddr;
+
+use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
 use super::flow::{Credits, Owed};
 use super::mr::{LocalMr, RemoteMr};
@@ -213,6 +215,8 @@ pub struct Rdma {
     imm_inbox: Mutex<mpsc::UnboundedReceiver<u32>>,
     agent: Option<JoinHandle<()>>,
     watcher: Option<JoinHandle<()>>,
+    /// How to reach the peer's listener again (connecting side only).
+    redial: Option<(Box<RdmaBuilder>, SocketAddr)>,
 }
 
 impl Rdma {
@@ -258,7 +262,24 @@ impl Rdma {
             imm_inbox: Mutex::new(imm_inbox),
             agent: Some(agent),
             watcher: Some(watcher),
+            redial: None,
         })
+    }
+
+    pub(crate) fn set_redial(&mut self, builder: RdmaBuilder, addr: SocketAddr) {
+        self.redial = Some((Box::new(builder), addr));
+    }
+
+    /// A second connection to the same peer (same settings and device);
+    /// only the side that connected knows the peer's listener.
+    pub async fn new_connection(&self) -> Result<Rdma, AgentError> {
+        match &self.redial {
+            Some((builder, addr)) => builder.connect(*addr).await,
+            None => Err(AgentError::Config {
+                setting: "new_connection",
+                reason: "only the connecting side knows the peer's listener",
+            }),
+        }
     }
 
     /// The reason the connection is down, `None` while it works.
