@@ -331,3 +331,27 @@ fn dropped_send_mid_message_leaves_the_connection_usable() {
     });
     server.join().expect("server");
 }
+
+#[test]
+fn credits_follow_the_peers_buffer_count() {
+    let small = || RdmaBuilder::new().recv_buf_count(3).credit_batch(1);
+    let (addr, server) = serve_rdma(small, 1, |mut c| async move {
+        let r = c.remove(0);
+        for i in 0..60u32 {
+            assert_eq!(r.receive().await.unwrap(), i.to_le_bytes());
+        }
+        r.send(b"done").await.unwrap();
+        let _ = timeout(WAIT, r.receive()).await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        for i in 0..60u32 {
+            r.send(&i.to_le_bytes()).await.unwrap();
+            assert!(r.send_credits() <= 3, "credits beyond the peer's 3 buffers");
+        }
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        r.close().await.unwrap();
+    });
+    server.join().expect("server");
+}

@@ -39,9 +39,11 @@ impl Config {
 }
 
 /// Builds [`Rdma`] connections: `RdmaBuilder::default().listen(addr)` on one
-/// side, `RdmaBuilder::default().connect(addr).await` on the other. Both
-/// sides must use the same receive-buffer count and size (each side's send
-/// credits are the peer's receive-buffer count).
+/// side, `RdmaBuilder::default().connect(addr).await` on the other. Each
+/// side announces its receive-buffer count to the peer as its first send
+/// credits. Use the same receive-buffer size on both sides (a message piece
+/// larger than the peer's buffers fails the connection) and the same
+/// credit batch (the control reserve is sized from it).
 #[derive(Debug, Clone)]
 pub struct RdmaBuilder {
     device_name: Option<String>,

@@ -105,12 +105,15 @@ impl Owed {
     }
 }
 
-/// Receive buffers to post for `credits` credit-bearing buffers returned in
-/// batches of `batch`: each batch can leave one unprocessed `Credit` message
-/// in flight (at most `credits / batch` of them), plus room for `Error` and
-/// `Close`, which are sent without credits.
+/// Extra receive buffers (beyond the `credits` announced to the peer) for
+/// the messages sent without credits, when both sides return credits in
+/// batches of `batch`: the peer's `Credit` messages (each returns at least
+/// `batch`, and the peer cannot owe more than `credits`, so at most
+/// `credits / batch` are unprocessed at once), its first `Credit` (the
+/// announcement), its `Error` and its `Close`. A peer with other settings
+/// can only cause RNR retries (a stall until a buffer is reposted).
 pub(crate) fn reserve_for(credits: u32, batch: u32) -> u32 {
-    credits.div_ceil(batch.max(1)) + 2
+    credits.div_ceil(batch.max(1)) + 3
 }
 
 #[cfg(test)]

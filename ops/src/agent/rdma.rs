@@ -235,7 +235,7 @@ impl Rdma {
             qp: conn.qp,
             device,
             pool,
-            credits: Credits::new(config.recv_buf_count),
+            credits: Credits::new(0), // the peer's first `Credit` tells
             owed: Owed::new(config.credit_batch),
             config,
             failure: RefCell::new(None),

@@ -51,6 +51,15 @@ enum Next {
 
 /// The agent's loop; returns when the connection is down.
 pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
+    // The peer starts without credits: announce this side's buffers (they
+    // are posted already).
+    let hello = Message::Credit {
+        grant: shared.config.recv_buf_count,
+    };
+    if let Err(e) = shared.send_message(&hello, false).await {
+        tracing::debug!(error = %e, "announcing the receive buffers failed");
+        return;
+    }
     while let Some(recv) = posted.pop_front() {
         let (res, mut buf) = recv.await;
         let next = match res {
