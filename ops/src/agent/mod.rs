@@ -5,6 +5,7 @@
 mod builder;
 mod error;
 mod flow;
+mod memory;
 mod mr;
 mod rdma;
 mod task;
