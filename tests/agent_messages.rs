@@ -355,3 +355,39 @@ fn credits_follow_the_peers_buffer_count() {
     });
     server.join().expect("server");
 }
+
+#[test]
+fn well_formed_but_out_of_sequence_data_is_a_protocol_violation() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let e = timeout(WAIT, r.receive())
+            .await
+            .expect("no hang")
+            .unwrap_err();
+        let reason = e.close_reason().cloned().expect("closed");
+        assert!(
+            matches!(reason, CloseReason::Violation(_)),
+            "expected a violation, got {reason}"
+        );
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let pool = MrPool::new(dev.pd());
+        // A piece in the middle of a message that never started.
+        let msg = Message::Data {
+            msg_id: 77,
+            total_len: 100,
+            offset: 50,
+            imm: None,
+            payload: &[1; 10],
+        };
+        let mut frame = vec![0u8; msg.encoded_len()];
+        msg.encode(&mut frame).unwrap();
+        let (res, _) = r.qp().send(buf_from(&pool, &frame)).await;
+        res.expect("raw send");
+        let e = r.receive().await.unwrap_err();
+        assert!(e.close_reason().is_some(), "{e}");
+    });
+    server.join().expect("server");
+}
