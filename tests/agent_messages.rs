@@ -67,6 +67,12 @@ fn send_receive_split_and_immediates() {
             (b"imm".to_vec(), Some(7))
         );
         assert_eq!(r.receive_with_imm().await.unwrap(), (Vec::new(), None));
+        let small = r.receive_msg().await.unwrap();
+        assert!(small.is_zero_copy(), "one-buffer message handed over as is");
+        assert_eq!((&small[..], small.imm()), (&b"zero copy"[..], Some(3)));
+        let split = r.receive_msg().await.unwrap();
+        assert!(!split.is_zero_copy());
+        assert_eq!(&split[..], &big2[..]);
         let b = r.receive_buf().await.unwrap();
         r.send(&b).await.unwrap(); // echo
         r.send(&big2).await.unwrap();
@@ -78,6 +84,8 @@ fn send_receive_split_and_immediates() {
         r.send(&big).await.unwrap();
         r.send_with_imm(b"imm", 7).await.unwrap();
         r.send(b"").await.unwrap();
+        r.send_with_imm(b"zero copy", 3).await.unwrap();
+        r.send(&big).await.unwrap();
         let pool = MrPool::new(dev.pd());
         let (res, _b) = r.send_buf(buf_from(&pool, b"echo")).await;
         res.unwrap();

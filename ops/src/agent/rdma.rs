@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
 use super::flow::{Credits, Owed};
+use super::msg::RecvMsg;
 use super::tokens::GrantTable;
 use super::wire::{Message, MrToken, RefuseCode};
 use crate::connect::Connection;
@@ -34,8 +35,8 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// How long a dropped connection tries to tell the peer with a `Close`.
 const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
-/// A received user message: its bytes and the immediate of `send_with_imm`.
-pub(crate) type Incoming = (Vec<u8>, Option<u32>);
+/// A received user message.
+pub(crate) type Incoming = RecvMsg;
 
 /// A message being reassembled from `Data` pieces.
 #[derive(Debug)]
@@ -354,6 +355,14 @@ impl Rdma {
 
     /// The next message with its immediate (`None` if sent without one).
     pub async fn receive_with_imm(&self) -> Result<(Vec<u8>, Option<u32>), AgentError> {
+        let m = self.receive_msg().await?;
+        let imm = m.imm();
+        Ok((m.into_vec(), imm))
+    }
+
+    /// The next message without copying when it fit in one receive buffer
+    /// (the agent posts a fresh buffer in its place).
+    pub async fn receive_msg(&self) -> Result<RecvMsg, AgentError> {
         let mut rx = self.inbox.lock().await;
         match rx.next().await {
             Some(m) => Ok(m),

@@ -6,13 +6,15 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
+use verbio_runtime::buf::IoBuf;
 use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::{sleep_until, spawn, timeout, Submit};
 
 use super::error::{AgentError, CloseReason};
+use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
-use super::wire::{decode, HandOverKind, Message, MrToken, RefuseCode};
+use super::wire::{decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD};
 use crate::verbs::{Received, RecvVerb, Verbs};
 
 /// The posted receives, oldest first.
@@ -45,6 +47,14 @@ pub(crate) fn post_receives(shared: &Shared) -> Result<Receives, AgentError> {
 enum Next {
     /// Repost the buffer; `true` if it carried a credit to return.
     Repost(bool),
+    /// A whole message in this buffer: hand the buffer over (payload of
+    /// `len` bytes after the data header) and post a fresh one.
+    Deliver {
+        /// Payload length.
+        len: usize,
+        /// Its immediate.
+        imm: Option<u32>,
+    },
     /// The connection is down.
     Stop,
 }
@@ -78,6 +88,13 @@ pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
         let credited = match next {
             Next::Stop => break,
             Next::Repost(c) => c,
+            Next::Deliver { len, imm } => {
+                match hand_over(&shared, buf, len, imm) {
+                    Some(fresh) => buf = fresh,
+                    None => break,
+                }
+                true
+            }
         };
         buf.clear();
         posted.push_back(shared.qp.recv(buf));
@@ -213,6 +230,16 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             imm,
             payload,
         } => {
+            let whole = offset == 0 && payload.len() as u64 == total_len;
+            if whole && !shared.partial.borrow().contains_key(&msg_id) {
+                if total_len > shared.config.max_message_len as u64 {
+                    return Err(CloseReason::Violation("message longer than the maximum"));
+                }
+                return Ok(Next::Deliver {
+                    len: payload.len(),
+                    imm,
+                });
+            }
             reassemble(shared, msg_id, total_len, offset, imm, payload)?;
             Ok(Next::Repost(true))
         }
@@ -266,7 +293,10 @@ fn reassemble(
     if p.bytes.len() as u64 == total_len {
         if let Some(done) = partial.remove(&msg_id) {
             if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
-                let _ = tx.unbounded_send((done.bytes, done.imm));
+                let _ = tx.unbounded_send(RecvMsg {
+                    body: Body::Vec(done.bytes),
+                    imm: done.imm,
+                });
             }
         }
     }
@@ -323,4 +353,37 @@ fn release_later(shared: &Rc<Shared>, token_id: u64) {
     spawn(async move {
         let _ = s.send_message(&Message::Release { token_id }, true).await;
     });
+}
+
+/// Hands a receive buffer holding one whole message to the user (zero
+/// copy) and returns a fresh buffer to repost; `None` if none could be had
+/// (the connection goes down).
+fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Option<LocalBuf> {
+    let fresh = match shared.pool.alloc(shared.config.recv_buf_size) {
+        Ok(b) => b,
+        Err(e) => {
+            shared.fail(CloseReason::Transport(format!(
+                "no receive buffer to repost: {e}"
+            )));
+            return None;
+        }
+    };
+    match buf.slice(DATA_OVERHEAD..DATA_OVERHEAD + len) {
+        Ok(payload) => {
+            if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
+                let _ = tx.unbounded_send(RecvMsg {
+                    body: Body::Buf(payload),
+                    imm,
+                });
+            }
+        }
+        Err(rejected) => {
+            // The decoder checked the frame's length, so the range lies in
+            // the buffer; refuse the message rather than panic if not.
+            tracing::warn!(error = %rejected.error, "payload range outside the receive buffer");
+            shared.fail(CloseReason::Violation("payload outside the receive buffer"));
+            return None;
+        }
+    }
+    Some(fresh)
 }
