@@ -188,6 +188,17 @@ fn access_is_capped_by_the_owners_maximum() {
             ),
             "{only_write}"
         );
+        let empty = r.request_remote_mr(0).await.unwrap_err();
+        assert!(
+            matches!(
+                empty,
+                AgentError::Refused {
+                    code: RefuseCode::BadLayout,
+                    ..
+                }
+            ),
+            "{empty}"
+        );
         let remote = r.request_remote_mr(64).await.expect("grant");
         assert_eq!(remote.access(), AccessFlags::REMOTE_READ);
         let (res, local) = r.read(r.alloc_local_mr(64).unwrap(), &remote).await;
