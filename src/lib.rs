@@ -5,6 +5,9 @@
 #![deny(missing_docs)]
 
 pub use verbio_ops as ops;
+pub use verbio_ops::agent::{
+    AgentError, CloseReason, LocalMr, Rdma, RdmaBuilder, RdmaListener, RecvMsg, RemoteMr,
+};
 pub use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
 pub use verbio_ops::verbs::{Batch, Received, RemoteBuf, Verbs};
 pub use verbio_runtime as runtime;

@@ -8,5 +8,6 @@ pub mod error;
 pub mod fuzz_checks;
 pub mod verbs;
 
+pub use agent::{AgentError, CloseReason, LocalMr, Rdma, RdmaBuilder, RdmaListener, RemoteMr};
 pub use error::{Error, Result};
 pub use verbs::{Batch, Received, RemoteBuf, Verbs};

@@ -1,0 +1,308 @@
+//! [`RdmaBuilder`]: the settings of a high-level connection, and the
+//! [`RdmaListener`] that accepts many of them.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use verbio_runtime::provider::{open_device, AccessFlags, InitAttr, QpCaps, RtsAttr};
+use verbio_runtime::Device;
+
+use super::error::AgentError;
+use super::flow::reserve_for;
+use super::rdma::Rdma;
+use super::wire::DATA_OVERHEAD;
+use crate::connect::{connect, DeviceQps, Listener, QpConfig};
+
+/// The settings of a connection, shared by its tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) max_message_len: usize,
+    pub(crate) recv_buf_size: usize,
+    pub(crate) recv_buf_count: u32,
+    pub(crate) credit_batch: u32,
+    pub(crate) max_access: AccessFlags,
+    pub(crate) token_lifetime: Duration,
+    pub(crate) request_timeout: Duration,
+}
+
+impl Config {
+    /// Payload bytes of one `Data` piece.
+    pub(crate) fn piece_len(&self) -> usize {
+        self.recv_buf_size - DATA_OVERHEAD
+    }
+
+    /// Receive buffers posted: the peer's credits plus the control reserve.
+    pub(crate) fn posted_recvs(&self) -> u32 {
+        self.recv_buf_count + reserve_for(self.recv_buf_count, self.credit_batch)
+    }
+}
+
+/// Builds [`Rdma`] connections: `RdmaBuilder::default().listen(addr)` on one
+/// side, `RdmaBuilder::default().connect(addr).await` on the other. Each
+/// side announces its receive-buffer count to the peer as its first send
+/// credits. Use the same receive-buffer size on both sides (a message piece
+/// larger than the peer's buffers fails the connection) and the same
+/// credit batch (the control reserve is sized from it).
+#[derive(Debug, Clone)]
+pub struct RdmaBuilder {
+    device_name: Option<String>,
+    device: Option<Device>,
+    cq_size: Option<u32>,
+    qp: QpConfig,
+    busy_poll: Duration,
+    handshake_timeout: Duration,
+    config: Config,
+}
+
+impl Default for RdmaBuilder {
+    fn default() -> Self {
+        RdmaBuilder {
+            device_name: None,
+            device: None,
+            cq_size: None,
+            qp: QpConfig::default(),
+            busy_poll: Duration::ZERO,
+            handshake_timeout: Duration::from_secs(10),
+            config: Config {
+                max_message_len: 64 << 20,
+                recv_buf_size: 4096,
+                recv_buf_count: 16,
+                credit_batch: 4,
+                max_access: AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_ATOMIC,
+                token_lifetime: Duration::from_secs(60),
+                request_timeout: Duration::from_secs(5),
+            },
+        }
+    }
+}
+
+impl RdmaBuilder {
+    /// Default settings.
+    pub fn new() -> RdmaBuilder {
+        RdmaBuilder::default()
+    }
+
+    /// Device by name (`soft0`, `mlx5_0`, ...); default: `VERBIO_DEVICE`, else
+    /// the first active ibverbs device, else the software device.
+    pub fn device_name(mut self, name: impl Into<String>) -> Self {
+        self.device_name = Some(name.into());
+        self
+    }
+
+    /// An already opened device (its CQ size is kept).
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// Physical port (1-based).
+    pub fn port(mut self, port: u8) -> Self {
+        self.qp.init.port = port;
+        self
+    }
+
+    /// GID index (default: the device's default for the port).
+    pub fn gid_index(mut self, index: u8) -> Self {
+        self.qp.gid_index = Some(index);
+        self
+    }
+
+    /// Completion-queue entries of a device this builder opens.
+    pub fn cq_size(mut self, cqe: u32) -> Self {
+        self.cq_size = Some(cqe);
+        self
+    }
+
+    /// Send-queue depth.
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.qp.caps.max_send_wr = n;
+        self
+    }
+
+    /// Receive-queue depth (raised to hold the agent's receive buffers).
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.qp.caps.max_recv_wr = n;
+        self
+    }
+
+    /// SGEs per send and receive WR.
+    pub fn max_sge(mut self, n: u32) -> Self {
+        self.qp.caps.max_send_sge = n;
+        self.qp.caps.max_recv_sge = n;
+        self
+    }
+
+    /// Transport timeout, retry and RNR-retry settings.
+    pub fn rts(mut self, rts: RtsAttr) -> Self {
+        self.qp.rts = rts;
+        self
+    }
+
+    /// Remote access this side's QP allows at all.
+    pub fn qp_access(mut self, access: AccessFlags) -> Self {
+        self.qp.init = InitAttr {
+            access,
+            ..self.qp.init
+        };
+        self
+    }
+
+    /// Largest user message `send` accepts and `receive` reassembles.
+    pub fn max_message_len(mut self, len: usize) -> Self {
+        self.config.max_message_len = len;
+        self
+    }
+
+    /// Size of each posted receive buffer (a message larger than one buffer
+    /// travels in several pieces).
+    pub fn recv_buf_size(mut self, len: usize) -> Self {
+        self.config.recv_buf_size = len;
+        self
+    }
+
+    /// Receive buffers the peer may fill before it must wait for credits.
+    pub fn recv_buf_count(mut self, n: u32) -> Self {
+        self.config.recv_buf_count = n;
+        self
+    }
+
+    /// Reposted buffers returned to the peer per `Credit` message.
+    pub fn credit_batch(mut self, n: u32) -> Self {
+        self.config.credit_batch = n;
+        self
+    }
+
+    /// Most access granted to a peer's memory requests (requests for more are capped).
+    pub fn max_access(mut self, access: AccessFlags) -> Self {
+        self.config.max_access = access;
+        self
+    }
+
+    /// Lifetime of the memory tokens this side grants.
+    pub fn token_lifetime(mut self, d: Duration) -> Self {
+        self.config.token_lifetime = d;
+        self
+    }
+
+    /// How long a request to the peer (memory allocation) may take.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.config.request_timeout = d;
+        self
+    }
+
+    /// Limit of the TCP connect and endpoint exchange.
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = d;
+        self
+    }
+
+    /// Busy-poll time of the runtime built by [`RdmaBuilder::runtime_builder`]
+    /// (zero = event mode: sleep on the completion channel at once).
+    pub fn busy_poll(mut self, d: Duration) -> Self {
+        self.busy_poll = d;
+        self
+    }
+
+    /// A runtime builder with this builder's polling mode; the connection
+    /// must run on a verbio runtime, and the polling mode is the runtime's.
+    pub fn runtime_builder(&self) -> verbio_runtime::Builder {
+        verbio_runtime::Runtime::builder().busy_poll(self.busy_poll)
+    }
+
+    fn checked(&self) -> Result<(QpConfig, Rc<Config>), AgentError> {
+        let c = &self.config;
+        if c.recv_buf_size < DATA_OVERHEAD + 1 {
+            return Err(AgentError::Config {
+                setting: "recv_buf_size",
+                reason: "must hold a data header and at least one byte",
+            });
+        }
+        if c.recv_buf_count == 0 || c.credit_batch == 0 || c.credit_batch > c.recv_buf_count {
+            return Err(AgentError::Config {
+                setting: "recv_buf_count / credit_batch",
+                reason: "need 1 <= credit_batch <= recv_buf_count",
+            });
+        }
+        let mut qp = self.qp;
+        let posted = c.posted_recvs();
+        qp.caps = QpCaps {
+            max_recv_wr: qp.caps.max_recv_wr.max(posted),
+            ..qp.caps
+        };
+        Ok((qp, Rc::new(c.clone())))
+    }
+
+    fn open(&self) -> Result<Device, AgentError> {
+        if let Some(d) = &self.device {
+            return Ok(d.clone());
+        }
+        let ctx =
+            open_device(self.device_name.as_deref()).map_err(|source| AgentError::Device {
+                stage: "opening the device",
+                source,
+            })?;
+        let dev = match self.cq_size {
+            Some(cqe) => Device::with_cq_size(ctx, cqe),
+            None => Device::open(ctx),
+        };
+        dev.map_err(|source| AgentError::Runtime {
+            stage: "binding the device to the runtime",
+            source,
+        })
+    }
+
+    /// Listens on `addr` (port 0 = ephemeral). Must run on a verbio runtime.
+    pub fn listen(&self, addr: SocketAddr) -> Result<RdmaListener, AgentError> {
+        let (qp, config) = self.checked()?;
+        let device = self.open()?;
+        let listener = Listener::bind(
+            addr,
+            DeviceQps::new(device.clone(), qp),
+            self.handshake_timeout,
+        )?;
+        Ok(RdmaListener {
+            listener,
+            device,
+            config,
+        })
+    }
+
+    /// Connects to a listener at `addr`. Must run on a verbio runtime.
+    pub async fn connect(&self, addr: SocketAddr) -> Result<Rdma, AgentError> {
+        let (qp, config) = self.checked()?;
+        let device = self.open()?;
+        let conn = connect(
+            addr,
+            &DeviceQps::new(device.clone(), qp),
+            self.handshake_timeout,
+        )
+        .await?;
+        let mut rdma = Rdma::start(conn, device.clone(), config)?;
+        rdma.set_redial(self.clone().device(device), addr);
+        Ok(rdma)
+    }
+}
+
+/// Accepts [`Rdma`] connections.
+#[derive(Debug)]
+pub struct RdmaListener {
+    listener: Listener<DeviceQps>,
+    device: Device,
+    config: Rc<Config>,
+}
+
+impl RdmaListener {
+    /// The bound address.
+    pub fn local_addr(&self) -> Result<SocketAddr, AgentError> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// The next connection (clients whose handshake fails are skipped).
+    pub async fn accept(&self) -> Result<Rdma, AgentError> {
+        let conn = self.listener.accept().await?;
+        Rdma::start(conn, self.device.clone(), self.config.clone())
+    }
+}

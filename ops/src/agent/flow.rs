@@ -1,0 +1,145 @@
+//! Credit-based flow control: a sender spends one credit per message that
+//! consumes a receive buffer at the peer, and waits when it has none; the
+//! peer returns credits (in batches) as it reposts its buffers.
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::task::{Poll, Waker};
+
+use super::error::CloseReason;
+
+/// The send credits of one connection (single-threaded).
+#[derive(Debug)]
+pub(crate) struct Credits {
+    available: Cell<u32>,
+    waiters: RefCell<Vec<Waker>>,
+    closed: RefCell<Option<CloseReason>>,
+}
+
+impl Credits {
+    /// Starts with `initial` credits (the peer's receive-buffer count).
+    pub(crate) fn new(initial: u32) -> Credits {
+        Credits {
+            available: Cell::new(initial),
+            waiters: RefCell::new(Vec::new()),
+            closed: RefCell::new(None),
+        }
+    }
+
+    /// Credits available now.
+    pub(crate) fn available(&self) -> u32 {
+        self.available.get()
+    }
+
+    /// Takes one credit, waiting for a grant if none is left; fails once the
+    /// connection is closed.
+    pub(crate) async fn acquire(&self) -> Result<(), CloseReason> {
+        poll_fn(|cx| {
+            if let Some(r) = self.closed.borrow().as_ref() {
+                return Poll::Ready(Err(r.clone()));
+            }
+            let n = self.available.get();
+            if n > 0 {
+                self.available.set(n - 1);
+                return Poll::Ready(Ok(()));
+            }
+            self.waiters.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Adds `n` credits granted by the peer and wakes the waiting senders.
+    pub(crate) fn grant(&self, n: u32) {
+        self.available.set(self.available.get().saturating_add(n));
+        self.wake_all();
+    }
+
+    /// Fails every current and future waiter with `reason` (first reason wins).
+    pub(crate) fn close(&self, reason: CloseReason) {
+        {
+            let mut c = self.closed.borrow_mut();
+            if c.is_none() {
+                *c = Some(reason);
+            }
+        }
+        self.wake_all();
+    }
+
+    fn wake_all(&self) {
+        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
+
+/// The receiver's side: counts reposted buffers and decides when to return
+/// them to the peer as one `Credit` message.
+#[derive(Debug)]
+pub(crate) struct Owed {
+    owed: Cell<u32>,
+    batch: u32,
+}
+
+impl Owed {
+    /// Returns credits once `batch` (at least 1) have accumulated.
+    pub(crate) fn new(batch: u32) -> Owed {
+        Owed {
+            owed: Cell::new(0),
+            batch: batch.max(1),
+        }
+    }
+
+    /// One credit-bearing buffer was reposted: `Some(n)` when `n` credits
+    /// should now be sent to the peer (the count restarts at 0).
+    pub(crate) fn reposted(&self) -> Option<u32> {
+        let n = self.owed.get() + 1;
+        if n >= self.batch {
+            self.owed.set(0);
+            Some(n)
+        } else {
+            self.owed.set(n);
+            None
+        }
+    }
+}
+
+/// Extra receive buffers (beyond the `credits` announced to the peer) for
+/// the messages sent without credits, when both sides return credits in
+/// batches of `batch`: the peer's `Credit` messages (each returns at least
+/// `batch`, and the peer cannot owe more than `credits`, so at most
+/// `credits / batch` are unprocessed at once), its first `Credit` (the
+/// announcement), its `Error` and its `Close`. A peer with other settings
+/// can only cause RNR retries (a stall until a buffer is reposted).
+pub(crate) fn reserve_for(credits: u32, batch: u32) -> u32 {
+    credits.div_ceil(batch.max(1)) + 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owed_batches() {
+        let o = Owed::new(3);
+        assert_eq!(o.reposted(), None);
+        assert_eq!(o.reposted(), None);
+        assert_eq!(o.reposted(), Some(3));
+        assert_eq!(o.reposted(), None);
+    }
+
+    #[test]
+    fn credits_count_and_close() {
+        let c = Credits::new(1);
+        futures::executor::block_on(c.acquire()).unwrap();
+        assert_eq!(c.available(), 0);
+        c.grant(2);
+        assert_eq!(c.available(), 2);
+        c.close(CloseReason::Disconnected);
+        assert_eq!(
+            futures::executor::block_on(c.acquire()),
+            Err(CloseReason::Disconnected)
+        );
+    }
+}

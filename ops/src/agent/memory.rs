@@ -1,0 +1,251 @@
+//! The memory-region methods of [`Rdma`]: local regions, requests for the
+//! peer's memory, one-sided verbs on grants, atomics, hand-overs.
+
+use std::rc::Rc;
+
+use futures::channel::oneshot;
+use futures::StreamExt;
+use verbio_runtime::buf::LocalBuf;
+use verbio_runtime::provider::AccessFlags;
+use verbio_runtime::timeout;
+
+use super::error::AgentError;
+use super::mr::{LocalMr, RemoteMr};
+use super::rdma::Rdma;
+use super::wire::{HandOverKind, Message, MrToken};
+use crate::verbs::{RemoteBuf, Verbs};
+
+impl Rdma {
+    /// Registered memory of `len` zeroed bytes for local use.
+    pub fn alloc_local_mr(&self, len: usize) -> Result<LocalMr, AgentError> {
+        let buf = self
+            .shared
+            .pool
+            .alloc_zeroed(len)
+            .map_err(|source| AgentError::Buf {
+                stage: "allocating a local memory region",
+                source,
+            })?;
+        Ok(LocalMr { buf })
+    }
+
+    /// Asks the peer for `len` bytes it grants with read, write and atomic
+    /// access (capped by the peer's maximum); fails after the request timeout.
+    pub async fn request_remote_mr(&self, len: usize) -> Result<RemoteMr, AgentError> {
+        self.request_remote_mr_with(
+            len,
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        )
+        .await
+    }
+
+    /// [`Rdma::request_remote_mr`] with the access to ask for.
+    pub async fn request_remote_mr_with(
+        &self,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RemoteMr, AgentError> {
+        let s = &self.shared;
+        let req_id = s.next_req_id.get() + 1;
+        s.next_req_id.set(req_id);
+        let (tx, rx) = oneshot::channel();
+        s.requests.borrow_mut().insert(req_id, tx);
+        let msg = Message::AllocRequest {
+            req_id,
+            len: len as u64,
+            align: 8,
+            access: access.bits(),
+            lifetime_ms: 0,
+        };
+        let limit = s.config.request_timeout;
+        let asked = async {
+            s.send_message(&msg, true).await?;
+            rx.await.map_err(|_| s.closed_error())
+        };
+        let answer = match timeout(limit, asked).await {
+            Ok(a) => a,
+            Err(_) => Err(AgentError::Timeout {
+                what: "memory request",
+                after: limit,
+            }),
+        };
+        s.requests.borrow_mut().remove(&req_id);
+        match answer? {
+            Ok(token) => Ok(RemoteMr::new(token, Rc::downgrade(s))),
+            Err(code) => Err(AgentError::Refused {
+                what: "memory request",
+                code,
+            }),
+        }
+    }
+
+    fn check_fits(what: &'static str, need: u64, have: u64) -> Result<(), AgentError> {
+        if need > have {
+            return Err(AgentError::OutOfBounds { what, need, have });
+        }
+        Ok(())
+    }
+
+    /// RDMA WRITE of all of `local` to the start of `remote`.
+    pub async fn write(
+        &self,
+        local: LocalMr,
+        remote: &RemoteMr,
+    ) -> (Result<(), AgentError>, LocalMr) {
+        if let Err(e) = Self::check_fits("write", local.len() as u64, remote.len()) {
+            return (Err(e), local);
+        }
+        let target = RemoteBuf::new(
+            remote.remote_buf().addr(),
+            local.len() as u64,
+            remote.remote_buf().rkey(),
+        );
+        let (r, buf) = self.shared.qp.write(local.buf, target).await;
+        (self.shared.verb_result(r), LocalMr { buf })
+    }
+
+    /// RDMA WRITE with immediate: the peer's [`Rdma::receive_write_imm`]
+    /// gets `imm` (spends a credit: it consumes a receive buffer there).
+    pub async fn write_with_imm(
+        &self,
+        local: LocalMr,
+        remote: &RemoteMr,
+        imm: u32,
+    ) -> (Result<(), AgentError>, LocalMr) {
+        if let Err(e) = Self::check_fits("write_with_imm", local.len() as u64, remote.len()) {
+            return (Err(e), local);
+        }
+        if let Err(e) = self.shared.credits.acquire().await {
+            return (Err(e.into()), local);
+        }
+        let target = RemoteBuf::new(
+            remote.remote_buf().addr(),
+            local.len() as u64,
+            remote.remote_buf().rkey(),
+        );
+        let (r, buf) = self.shared.qp.write_with_imm(local.buf, target, imm).await;
+        (self.shared.verb_result(r), LocalMr { buf })
+    }
+
+    /// RDMA READ of all of `remote` into the start of `local`.
+    pub async fn read(
+        &self,
+        local: LocalMr,
+        remote: &RemoteMr,
+    ) -> (Result<(), AgentError>, LocalMr) {
+        if let Err(e) = Self::check_fits("read", remote.len(), local.len() as u64) {
+            return (Err(e), local);
+        }
+        let (r, buf) = self.shared.qp.read(local.buf, remote.remote_buf()).await;
+        (self.shared.verb_result(r), LocalMr { buf })
+    }
+
+    fn word_buf(&self) -> Result<LocalBuf, AgentError> {
+        self.shared.pool.alloc(8).map_err(|source| AgentError::Buf {
+            stage: "allocating an atomic result buffer",
+            source,
+        })
+    }
+
+    /// 64-bit compare-and-swap on `remote` (an 8-byte, 8-aligned view);
+    /// returns the previous value.
+    pub async fn compare_and_swap(
+        &self,
+        remote: &RemoteMr,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, AgentError> {
+        let buf = self.word_buf()?;
+        let (r, _) = self
+            .shared
+            .qp
+            .compare_and_swap(buf, remote.remote_buf(), compare, swap)
+            .await;
+        self.shared.verb_result(r)
+    }
+
+    /// 64-bit fetch-and-add on `remote` (an 8-byte, 8-aligned view);
+    /// returns the previous value.
+    pub async fn fetch_and_add(&self, remote: &RemoteMr, add: u64) -> Result<u64, AgentError> {
+        let buf = self.word_buf()?;
+        let (r, _) = self
+            .shared
+            .qp
+            .fetch_and_add(buf, remote.remote_buf(), add)
+            .await;
+        self.shared.verb_result(r)
+    }
+
+    /// Gives up a grant: the owner revokes it (dropping the last view of a
+    /// [`RemoteMr`] does the same in the background).
+    pub async fn release(&self, remote: RemoteMr) -> Result<(), AgentError> {
+        remote.held.done.set(true);
+        let token_id = remote.held.token.token_id;
+        self.shared
+            .send_message(&Message::Release { token_id }, true)
+            .await
+    }
+
+    /// Hands a grant back to its owner, who revokes it and gets the memory
+    /// with [`Rdma::receive_local_mr`].
+    pub async fn send_remote_mr(&self, remote: RemoteMr) -> Result<(), AgentError> {
+        remote.held.done.set(true);
+        let msg = Message::HandOver {
+            kind: HandOverKind::Remote,
+            tag: 0,
+            token: remote.held.token,
+        };
+        self.shared.send_message(&msg, true).await
+    }
+
+    /// The next grant the peer handed over ([`Rdma::send_local_mr`] there).
+    pub async fn receive_remote_mr(&self) -> Result<RemoteMr, AgentError> {
+        let mut rx = self.remote_mr_inbox.lock().await;
+        match rx.next().await {
+            Some(token) => Ok(RemoteMr::new(token, Rc::downgrade(&self.shared))),
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    /// Grants the peer access to `mem` (its own registration, this side's
+    /// maximum access, the token lifetime); the peer gets it with
+    /// [`Rdma::receive_remote_mr`]. Returns the token.
+    pub async fn send_local_mr(&self, mem: Vec<u8>) -> Result<MrToken, AgentError> {
+        let s = &self.shared;
+        let (token, deadline) = s
+            .grants
+            .grant(
+                s.device.pd(),
+                mem,
+                s.config.max_access,
+                s.config.token_lifetime,
+            )
+            .map_err(|code| AgentError::Refused {
+                what: "granting memory",
+                code,
+            })?;
+        super::task::expire_at(s, token.token_id, deadline);
+        let msg = Message::HandOver {
+            kind: HandOverKind::Local,
+            tag: 0,
+            token,
+        };
+        s.send_message(&msg, true).await?;
+        Ok(token)
+    }
+
+    /// The next grant of this side's memory the peer handed back: revoked
+    /// first, so the bytes are plain memory again.
+    pub async fn receive_local_mr(&self) -> Result<Vec<u8>, AgentError> {
+        let mut rx = self.local_mr_inbox.lock().await;
+        match rx.next().await {
+            Some(mem) => Ok(mem),
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    /// Grants of this side's memory the peer may still access.
+    pub fn live_grants(&self) -> usize {
+        self.shared.grants.len()
+    }
+}

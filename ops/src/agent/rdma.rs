@@ -1,0 +1,454 @@
+//! [`Rdma`]: a high-level connection. Messages travel as agent `Data`
+//! frames over SEND/RECV, with credit-based flow control; the agent task
+//! (see `task.rs`) owns the receive queue.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use futures::channel::{mpsc, oneshot};
+use futures::io::AsyncRead;
+use futures::lock::Mutex;
+use futures::StreamExt;
+use std::time::{Duration, Instant};
+use verbio_runtime::buf::{LocalBuf, MrPool};
+
+use verbio_runtime::{sleep, spawn, timeout, Device, Handle, JoinHandle, QueuePair, TcpStream};
+
+use std::net::SocketAddr;
+
+use super::builder::{Config, RdmaBuilder};
+use super::error::{AgentError, CloseReason};
+use super::flow::{Credits, Owed};
+use super::msg::RecvMsg;
+use super::tokens::GrantTable;
+use super::wire::{Message, MrToken, RefuseCode};
+use crate::connect::Connection;
+use crate::verbs::Verbs;
+
+/// How long a closing connection lets its in-flight sends finish.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long a dropped connection tries to tell the peer with a `Close`.
+const CLOSE_LIMIT: Duration = Duration::from_secs(1);
+
+/// A received user message.
+pub(crate) type Incoming = RecvMsg;
+
+/// A message being reassembled from `Data` pieces.
+#[derive(Debug)]
+pub(crate) struct Partial {
+    pub(crate) total_len: u64,
+    pub(crate) imm: Option<u32>,
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// State shared by the [`Rdma`] handle, its agent and its watcher.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) qp: QueuePair,
+    pub(crate) device: Device,
+    pub(crate) pool: MrPool,
+    pub(crate) config: Rc<Config>,
+    pub(crate) credits: Credits,
+    pub(crate) owed: Owed,
+    failure: RefCell<Option<CloseReason>>,
+    pub(crate) inbox_tx: RefCell<Option<mpsc::UnboundedSender<Incoming>>>,
+    pub(crate) imm_tx: RefCell<Option<mpsc::UnboundedSender<u32>>>,
+    pub(crate) partial: RefCell<HashMap<u64, Partial>>,
+    next_msg_id: Cell<u64>,
+    pub(crate) grants: GrantTable,
+    pub(crate) requests: RefCell<HashMap<u64, oneshot::Sender<Result<MrToken, RefuseCode>>>>,
+    pub(crate) next_req_id: Cell<u64>,
+    pub(crate) remote_mr_tx: RefCell<Option<mpsc::UnboundedSender<MrToken>>>,
+    pub(crate) local_mr_tx: RefCell<Option<mpsc::UnboundedSender<Vec<u8>>>>,
+    stream: RefCell<Option<TcpStream>>,
+    watch_waker: RefCell<Option<Waker>>,
+}
+
+impl Shared {
+    /// The reason the connection is down, if it is.
+    pub(crate) fn failure(&self) -> Option<CloseReason> {
+        self.failure.borrow().clone()
+    }
+
+    /// Marks the connection down (first reason wins): pending and later
+    /// calls fail with `reason`, the TCP side channel closes (the peer sees
+    /// it), and the QP is closed so posted receives flush. Runs on the runtime.
+    pub(crate) fn fail(&self, reason: CloseReason) {
+        if self.failure.borrow().is_some() {
+            return;
+        }
+        tracing::debug!(qp = self.qp.qp_num(), %reason, "agent connection down");
+        *self.failure.borrow_mut() = Some(reason.clone());
+        self.credits.close(reason);
+        self.inbox_tx.borrow_mut().take();
+        self.imm_tx.borrow_mut().take();
+        self.partial.borrow_mut().clear();
+        self.requests.borrow_mut().clear();
+        self.remote_mr_tx.borrow_mut().take();
+        self.local_mr_tx.borrow_mut().take();
+        self.grants.clear();
+        let Some(handle) = Handle::try_current() else {
+            // Runtime teardown: the QP goes with the last handle.
+            self.drop_stream();
+            return;
+        };
+        let qp = self.qp.clone();
+        let stream = self.stream.borrow_mut().take();
+        let waker = self.watch_waker.borrow_mut().take();
+        handle.spawn(async move {
+            // Sends already on the wire (a last `Error` notice included)
+            // finish by the transport's rules (ACK or retry limit); then the
+            // side channel closes and the flush ends the posted receives.
+            let deadline = Instant::now() + DRAIN_LIMIT;
+            while qp.outstanding_sends() > 0 && Instant::now() < deadline {
+                sleep(Duration::from_millis(1)).await;
+            }
+            drop(stream);
+            if let Some(w) = waker {
+                w.wake();
+            }
+            if let Err(e) = qp.close().await {
+                tracing::debug!(error = %e, "closing the agent QP");
+            }
+        });
+    }
+
+    fn drop_stream(&self) {
+        self.stream.borrow_mut().take();
+        if let Some(w) = self.watch_waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn closed_error(&self) -> AgentError {
+        AgentError::Closed(self.failure().unwrap_or(CloseReason::Local))
+    }
+
+    /// Encodes `msg` into a pool buffer and SENDs it, spending a credit
+    /// first unless `credited` is false (control messages in the reserve).
+    pub(crate) async fn send_message(
+        &self,
+        msg: &Message<'_>,
+        credited: bool,
+    ) -> Result<(), AgentError> {
+        if credited {
+            self.credits.acquire().await?;
+        } else if let Some(r) = self.failure() {
+            return Err(r.into());
+        }
+        self.send_unchecked(msg).await
+    }
+
+    /// Sends `msg` without credit or state checks (the last notice of a
+    /// failing connection).
+    pub(crate) async fn send_unchecked(&self, msg: &Message<'_>) -> Result<(), AgentError> {
+        let len = msg.encoded_len();
+        let mut buf = self.pool.alloc(len).map_err(|source| AgentError::Buf {
+            stage: "allocating a send buffer",
+            source,
+        })?;
+        buf.resize(len, 0).map_err(|source| AgentError::Buf {
+            stage: "sizing a send buffer",
+            source,
+        })?;
+        // The buffer holds exactly `encoded_len` bytes: encoding cannot fail
+        // for a message this side built; report it as a violation if it does.
+        msg.encode(&mut buf[..])
+            .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
+        self.send_buf(buf).await
+    }
+
+    async fn send_buf(&self, buf: LocalBuf) -> Result<(), AgentError> {
+        let (res, _buf) = self.qp.send(buf).await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                if let Some(r) = self.failure() {
+                    return Err(r.into());
+                }
+                self.fail(CloseReason::Transport(e.to_string()));
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Maps a verb's outcome: a failed completion leaves the QP in ERR, so
+    /// the connection goes down; the caller gets the verb's own error.
+    pub(crate) fn verb_result<T>(&self, r: Result<T, crate::Error>) -> Result<T, AgentError> {
+        r.map_err(|e| {
+            if let Some(reason) = self.failure() {
+                if e.is_flush() {
+                    return AgentError::Closed(reason);
+                }
+            } else {
+                self.fail(CloseReason::Transport(e.to_string()));
+            }
+            AgentError::Verb(e)
+        })
+    }
+
+    fn next_msg_id(&self) -> u64 {
+        let id = self.next_msg_id.get();
+        self.next_msg_id.set(id + 1);
+        id
+    }
+}
+
+/// A connection to one peer (names follow async-rdma). Create it with
+/// [`RdmaBuilder`](super::RdmaBuilder). Single-threaded: share it between
+/// tasks of its runtime with `Rc`; every method takes `&self`.
+///
+/// Dropping it closes the connection: the peer's pending calls fail with
+/// [`CloseReason::Disconnected`].
+#[derive(Debug)]
+pub struct Rdma {
+    pub(super) shared: Rc<Shared>,
+    inbox: Mutex<mpsc::UnboundedReceiver<Incoming>>,
+    pub(super) remote_mr_inbox: Mutex<mpsc::UnboundedReceiver<MrToken>>,
+    pub(super) local_mr_inbox: Mutex<mpsc::UnboundedReceiver<Vec<u8>>>,
+    imm_inbox: Mutex<mpsc::UnboundedReceiver<u32>>,
+    agent: Option<JoinHandle<()>>,
+    watcher: Option<JoinHandle<()>>,
+    /// How to reach the peer's listener again (connecting side only).
+    redial: Option<(Box<RdmaBuilder>, SocketAddr)>,
+}
+
+impl Rdma {
+    /// Starts the agent and the disconnect watcher on a connected QP.
+    pub(crate) fn start(
+        conn: Connection<QueuePair>,
+        device: Device,
+        config: Rc<Config>,
+    ) -> Result<Rdma, AgentError> {
+        let (inbox_tx, inbox) = mpsc::unbounded();
+        let (imm_tx, imm_inbox) = mpsc::unbounded();
+        let (remote_mr_tx, remote_mr_inbox) = mpsc::unbounded();
+        let (local_mr_tx, local_mr_inbox) = mpsc::unbounded();
+        let pool = MrPool::new(device.pd());
+        let shared = Rc::new(Shared {
+            qp: conn.qp,
+            device,
+            pool,
+            credits: Credits::new(0), // the peer's first `Credit` tells
+            owed: Owed::new(config.credit_batch),
+            config,
+            failure: RefCell::new(None),
+            inbox_tx: RefCell::new(Some(inbox_tx)),
+            imm_tx: RefCell::new(Some(imm_tx)),
+            partial: RefCell::new(HashMap::new()),
+            next_msg_id: Cell::new(0),
+            grants: GrantTable::default(),
+            requests: RefCell::new(HashMap::new()),
+            next_req_id: Cell::new(0),
+            remote_mr_tx: RefCell::new(Some(remote_mr_tx)),
+            local_mr_tx: RefCell::new(Some(local_mr_tx)),
+            stream: RefCell::new(Some(conn.stream)),
+            watch_waker: RefCell::new(None),
+        });
+        let receives = super::task::post_receives(&shared)?;
+        let agent = spawn(super::task::run(shared.clone(), receives));
+        let watcher = spawn(watch(Rc::downgrade(&shared)));
+        Ok(Rdma {
+            shared,
+            inbox: Mutex::new(inbox),
+            remote_mr_inbox: Mutex::new(remote_mr_inbox),
+            local_mr_inbox: Mutex::new(local_mr_inbox),
+            imm_inbox: Mutex::new(imm_inbox),
+            agent: Some(agent),
+            watcher: Some(watcher),
+            redial: None,
+        })
+    }
+
+    pub(crate) fn set_redial(&mut self, builder: RdmaBuilder, addr: SocketAddr) {
+        self.redial = Some((Box::new(builder), addr));
+    }
+
+    /// A second connection to the same peer (same settings and device);
+    /// only the side that connected knows the peer's listener.
+    pub async fn new_connection(&self) -> Result<Rdma, AgentError> {
+        match &self.redial {
+            Some((builder, addr)) => builder.connect(*addr).await,
+            None => Err(AgentError::Config {
+                setting: "new_connection",
+                reason: "only the connecting side knows the peer's listener",
+            }),
+        }
+    }
+
+    /// The reason the connection is down, `None` while it works.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.shared.failure()
+    }
+
+    /// The device the connection runs on.
+    pub fn device(&self) -> &Device {
+        &self.shared.device
+    }
+
+    /// The connection's queue pair (for verbs beyond this API).
+    pub fn qp(&self) -> &QueuePair {
+        &self.shared.qp
+    }
+
+    /// Send credits left (messages this side may send before waiting).
+    pub fn send_credits(&self) -> u32 {
+        self.shared.credits.available()
+    }
+
+    /// Sends `data` as one message (split into pieces if it is larger than
+    /// the peer's receive buffers). Waits for credits when the peer's
+    /// buffers are full.
+    pub async fn send(&self, data: &[u8]) -> Result<(), AgentError> {
+        self.send_inner(data, None).await
+    }
+
+    /// Sends `data` with a 32-bit immediate, received by [`Rdma::receive_with_imm`].
+    pub async fn send_with_imm(&self, data: &[u8], imm: u32) -> Result<(), AgentError> {
+        self.send_inner(data, Some(imm)).await
+    }
+
+    /// Sends a registered buffer's bytes; the buffer is given back.
+    pub async fn send_buf(&self, buf: LocalBuf) -> (Result<(), AgentError>, LocalBuf) {
+        let r = self.send_inner(&buf, None).await;
+        (r, buf)
+    }
+
+    async fn send_inner(&self, data: &[u8], imm: Option<u32>) -> Result<(), AgentError> {
+        let s = &self.shared;
+        let max = s.config.max_message_len;
+        if data.len() > max {
+            return Err(AgentError::MessageTooLarge {
+                len: data.len(),
+                max,
+            });
+        }
+        let msg_id = s.next_msg_id();
+        let piece = s.config.piece_len();
+        let mut offset = 0usize;
+        loop {
+            let end = data.len().min(offset + piece);
+            let msg = Message::Data {
+                msg_id,
+                total_len: data.len() as u64,
+                offset: offset as u64,
+                imm,
+                payload: &data[offset..end],
+            };
+            s.send_message(&msg, true).await?;
+            offset = end;
+            if offset >= data.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The next message (in arrival order of its last piece).
+    pub async fn receive(&self) -> Result<Vec<u8>, AgentError> {
+        Ok(self.receive_with_imm().await?.0)
+    }
+
+    /// The next message with its immediate (`None` if sent without one).
+    pub async fn receive_with_imm(&self) -> Result<(Vec<u8>, Option<u32>), AgentError> {
+        let m = self.receive_msg().await?;
+        let imm = m.imm();
+        Ok((m.into_vec(), imm))
+    }
+
+    /// The next message without copying when it fit in one receive buffer
+    /// (the agent posts a fresh buffer in its place).
+    pub async fn receive_msg(&self) -> Result<RecvMsg, AgentError> {
+        let mut rx = self.inbox.lock().await;
+        match rx.next().await {
+            Some(m) => Ok(m),
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    /// The next message copied into a registered buffer.
+    pub async fn receive_buf(&self) -> Result<LocalBuf, AgentError> {
+        let data = self.receive().await?;
+        self.shared
+            .pool
+            .alloc_from(&data)
+            .map_err(|source| AgentError::Buf {
+                stage: "allocating the receive buffer",
+                source,
+            })
+    }
+
+    /// The immediate of the peer's next `write_with_imm`.
+    pub async fn receive_write_imm(&self) -> Result<u32, AgentError> {
+        let mut rx = self.imm_inbox.lock().await;
+        match rx.next().await {
+            Some(imm) => Ok(imm),
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    /// Closes the connection: tells the peer, then stops the agent.
+    pub async fn close(self) -> Result<(), AgentError> {
+        let r = self.shared.send_message(&Message::Close, false).await;
+        self.shared.fail(CloseReason::Local);
+        r
+    }
+}
+
+impl Drop for Rdma {
+    fn drop(&mut self) {
+        // No await here: on a runtime, a task sends `Close` (ordered after
+        // every message sent before) and then closes; otherwise the TCP
+        // side channel is dropped (the peer's watcher sees EOF). The agent
+        // is cancelled; its posted receives park until the QP's flush.
+        match Handle::try_current() {
+            Some(h) if self.shared.failure().is_none() => {
+                let shared = self.shared.clone();
+                h.spawn(async move {
+                    let _ = timeout(CLOSE_LIMIT, shared.send_message(&Message::Close, false)).await;
+                    shared.fail(CloseReason::Local);
+                });
+            }
+            _ => self.shared.drop_stream(),
+        }
+        if let Some(a) = self.agent.take() {
+            a.abort();
+        }
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
+    }
+}
+
+/// Waits for EOF (or an error) on the connection's TCP stream, the sign that
+/// the peer is gone, and marks the connection down.
+async fn watch(shared: std::rc::Weak<Shared>) {
+    let mut scratch = [0u8; 64];
+    let gone = poll_fn(|cx| {
+        let Some(s) = shared.upgrade() else {
+            return Poll::Ready(false);
+        };
+        let mut stream = s.stream.borrow_mut();
+        let Some(st) = stream.as_mut() else {
+            return Poll::Ready(false); // closed by this side
+        };
+        *s.watch_waker.borrow_mut() = Some(cx.waker().clone());
+        loop {
+            match Pin::new(&mut *st).poll_read(cx, &mut scratch) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(true),
+                Poll::Ready(Ok(_)) => continue, // the peer sends nothing; ignore
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
+    .await;
+    if gone {
+        if let Some(s) = shared.upgrade() {
+            s.fail(CloseReason::Disconnected);
+        }
+    }
+}

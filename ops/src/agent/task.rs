@@ -1,0 +1,389 @@
+//! The agent task: owns the connection's receive queue, keeps its buffers
+//! posted, decodes each message and routes it. Receives complete in posting
+//! order on an RC QP, so the agent awaits them front to back.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Duration;
+
+use verbio_runtime::buf::IoBuf;
+use verbio_runtime::buf::LocalBuf;
+use verbio_runtime::provider::AccessFlags;
+use verbio_runtime::{sleep_until, spawn, timeout, Submit};
+
+use super::error::{AgentError, CloseReason};
+use super::msg::{Body, RecvMsg};
+use super::rdma::{Partial, Shared};
+use super::wire::{decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD};
+use crate::verbs::{Received, RecvVerb, Verbs};
+
+/// The posted receives, oldest first.
+pub(crate) type Receives = VecDeque<Submit<RecvVerb<LocalBuf>>>;
+
+/// How long the agent tries to tell a misbehaving peer why it closes.
+const ERROR_NOTICE_LIMIT: Duration = Duration::from_secs(1);
+
+/// `Error` code for a protocol violation.
+const ERROR_CODE_PROTOCOL: u16 = 1;
+
+/// Posts the connection's receive buffers (credits plus reserve).
+pub(crate) fn post_receives(shared: &Shared) -> Result<Receives, AgentError> {
+    let n = shared.config.posted_recvs();
+    let mut q = VecDeque::with_capacity(n as usize);
+    for _ in 0..n {
+        let buf = shared
+            .pool
+            .alloc(shared.config.recv_buf_size)
+            .map_err(|source| AgentError::Buf {
+                stage: "allocating the receive buffers",
+                source,
+            })?;
+        q.push_back(shared.qp.recv(buf));
+    }
+    Ok(q)
+}
+
+/// What to do after one message.
+enum Next {
+    /// Repost the buffer; `true` if it carried a credit to return.
+    Repost(bool),
+    /// A whole message in this buffer: hand the buffer over (payload of
+    /// `len` bytes after the data header) and post a fresh one.
+    Deliver {
+        /// Payload length.
+        len: usize,
+        /// Its immediate.
+        imm: Option<u32>,
+    },
+    /// The connection is down.
+    Stop,
+}
+
+/// The agent's loop; returns when the connection is down.
+pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
+    // The peer starts without credits: announce this side's buffers (they
+    // are posted already).
+    let hello = Message::Credit {
+        grant: shared.config.recv_buf_count,
+    };
+    if let Err(e) = shared.send_message(&hello, false).await {
+        tracing::debug!(error = %e, "announcing the receive buffers failed");
+        return;
+    }
+    while let Some(recv) = posted.pop_front() {
+        let (res, mut buf) = recv.await;
+        let next = match res {
+            Ok(rcv) => handle(&shared, rcv, &buf).await,
+            Err(e) => {
+                if shared.failure().is_none() {
+                    shared.fail(if e.is_flush() {
+                        CloseReason::Disconnected
+                    } else {
+                        CloseReason::Transport(e.to_string())
+                    });
+                }
+                Next::Stop
+            }
+        };
+        let credited = match next {
+            Next::Stop => break,
+            Next::Repost(c) => c,
+            Next::Deliver { len, imm } => {
+                match hand_over(&shared, buf, len, imm) {
+                    Some(fresh) => buf = fresh,
+                    None => break,
+                }
+                true
+            }
+        };
+        buf.clear();
+        posted.push_back(shared.qp.recv(buf));
+        if credited {
+            if let Some(grant) = shared.owed.reposted() {
+                if let Err(e) = shared.send_message(&Message::Credit { grant }, false).await {
+                    tracing::debug!(error = %e, "returning credits failed");
+                    break;
+                }
+            }
+        }
+    }
+    tracing::debug!(qp = shared.qp.qp_num(), "agent stopped");
+}
+
+/// Routes one received message.
+async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &LocalBuf) -> Next {
+    if rcv.by_write {
+        // A WRITE_WITH_IMM: the data is in granted memory, the immediate here.
+        if let (Some(imm), Some(tx)) = (rcv.imm, shared.imm_tx.borrow().as_ref()) {
+            let _ = tx.unbounded_send(imm);
+        }
+        return Next::Repost(true);
+    }
+    let frame = &buf[..rcv.len.min(buf.len())];
+    let outcome = match decode(frame) {
+        Ok(msg) => route(shared, msg),
+        Err(e) => Err(CloseReason::Malformed(e)),
+    };
+    match outcome {
+        Ok(next) => next,
+        Err(reason) => {
+            // Down first (pending calls fail with the reason), then tell the
+            // peer why; the close waits for this last send.
+            shared.fail(reason.clone());
+            if reason.is_protocol() {
+                tracing::warn!(qp = shared.qp.qp_num(), %reason, "peer broke the agent protocol");
+                let text = reason.to_string();
+                let notice = Message::Error {
+                    code: ERROR_CODE_PROTOCOL,
+                    text: &text,
+                };
+                let _ = timeout(ERROR_NOTICE_LIMIT, shared.send_unchecked(&notice)).await;
+            }
+            Next::Stop
+        }
+    }
+}
+
+/// Acts on a decoded message; `Err` closes the connection with that reason.
+fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
+    match msg {
+        Message::AllocRequest {
+            req_id,
+            len,
+            align,
+            access,
+            lifetime_ms,
+        } => {
+            // Answered by a task: a reply may wait for credits, which arrive
+            // through this loop.
+            let answer = allocate(shared, len, align, access, lifetime_ms);
+            let s = shared.clone();
+            spawn(async move {
+                let msg = Message::AllocResponse {
+                    req_id,
+                    result: answer,
+                };
+                if let Err(e) = s.send_message(&msg, true).await {
+                    tracing::debug!(error = %e, "answering a memory request failed");
+                }
+            });
+            Ok(Next::Repost(true))
+        }
+        Message::AllocResponse { req_id, result } => {
+            let waiter = shared.requests.borrow_mut().remove(&req_id);
+            match waiter {
+                Some(tx) => {
+                    if let Err(Ok(token)) = tx.send(result) {
+                        release_later(shared, token.token_id); // requester gave up
+                    }
+                }
+                None => {
+                    if let Ok(token) = result {
+                        release_later(shared, token.token_id); // late answer
+                    }
+                }
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::Release { token_id } => {
+            if shared.grants.revoke(token_id, None).is_none() {
+                tracing::debug!(token_id, "release of an unknown or expired grant refused");
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::HandOver {
+            kind: HandOverKind::Local,
+            token,
+            ..
+        } => {
+            if let Some(tx) = shared.remote_mr_tx.borrow().as_ref() {
+                let _ = tx.unbounded_send(token);
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::HandOver {
+            kind: HandOverKind::Remote,
+            token,
+            ..
+        } => {
+            match shared.grants.revoke(token.token_id, Some(&token)) {
+                Some(mem) => {
+                    if let Some(tx) = shared.local_mr_tx.borrow().as_ref() {
+                        let _ = tx.unbounded_send(mem);
+                    }
+                }
+                None => tracing::warn!(
+                    token_id = token.token_id,
+                    "hand-back of an unknown, expired or forged grant refused"
+                ),
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::Credit { grant } => {
+            shared.credits.grant(grant);
+            Ok(Next::Repost(false))
+        }
+        Message::Data {
+            msg_id,
+            total_len,
+            offset,
+            imm,
+            payload,
+        } => {
+            let whole = offset == 0 && payload.len() as u64 == total_len;
+            if whole && !shared.partial.borrow().contains_key(&msg_id) {
+                if total_len > shared.config.max_message_len as u64 {
+                    return Err(CloseReason::Violation("message longer than the maximum"));
+                }
+                return Ok(Next::Deliver {
+                    len: payload.len(),
+                    imm,
+                });
+            }
+            reassemble(shared, msg_id, total_len, offset, imm, payload)?;
+            Ok(Next::Repost(true))
+        }
+        Message::Error { code, text } => Err(CloseReason::PeerError {
+            code,
+            text: text.to_owned(),
+        }),
+        Message::Close => Err(CloseReason::Disconnected),
+    }
+}
+
+/// Adds a `Data` piece; delivers the message once complete. Pieces of one
+/// message come from one sender task in order, so each must continue
+/// exactly where the previous one ended.
+fn reassemble(
+    shared: &Shared,
+    msg_id: u64,
+    total_len: u64,
+    offset: u64,
+    imm: Option<u32>,
+    payload: &[u8],
+) -> Result<(), CloseReason> {
+    if total_len > shared.config.max_message_len as u64 {
+        return Err(CloseReason::Violation("message longer than the maximum"));
+    }
+    let mut partial = shared.partial.borrow_mut();
+    let p = if offset == 0 {
+        if partial.contains_key(&msg_id) {
+            return Err(CloseReason::Violation("message id reused"));
+        }
+        partial.entry(msg_id).or_insert(Partial {
+            total_len,
+            imm,
+            bytes: Vec::new(),
+        })
+    } else {
+        match partial.get_mut(&msg_id) {
+            Some(p) => p,
+            None => return Err(CloseReason::Violation("data piece of an unknown message")),
+        }
+    };
+    if p.total_len != total_len || p.imm != imm || p.bytes.len() as u64 != offset {
+        return Err(CloseReason::Violation("data piece out of sequence"));
+    }
+    if offset + payload.len() as u64 > total_len {
+        return Err(CloseReason::Violation(
+            "data piece beyond the message length",
+        ));
+    }
+    p.bytes.extend_from_slice(payload);
+    if p.bytes.len() as u64 == total_len {
+        if let Some(done) = partial.remove(&msg_id) {
+            if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
+                let _ = tx.unbounded_send(RecvMsg {
+                    body: Body::Vec(done.bytes),
+                    imm: done.imm,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Grants a peer's allocation request: checks the layout, caps the access
+/// at this side's maximum, registers a fresh region and arms its expiry.
+fn allocate(
+    shared: &Rc<Shared>,
+    len: u64,
+    align: u32,
+    access: u32,
+    lifetime_ms: u32,
+) -> Result<MrToken, RefuseCode> {
+    let cfg = &shared.config;
+    if len == 0 || len > cfg.max_message_len as u64 || !align.is_power_of_two() || align > 8 {
+        return Err(RefuseCode::BadLayout);
+    }
+    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let access = AccessFlags::from_bits_truncate(access) & remote & cfg.max_access;
+    if access == AccessFlags::NONE {
+        return Err(RefuseCode::AccessDenied);
+    }
+    let lifetime = match lifetime_ms {
+        0 => cfg.token_lifetime,
+        ms => Duration::from_millis(ms.into()).min(cfg.token_lifetime),
+    };
+    // `len <= max_message_len`, a usize.
+    let mem = vec![0u8; len as usize];
+    let (token, deadline) = shared
+        .grants
+        .grant(shared.device.pd(), mem, access, lifetime)?;
+    expire_at(shared, token.token_id, deadline);
+    Ok(token)
+}
+
+/// Revokes grant `id` at `deadline` unless it is gone by then.
+pub(crate) fn expire_at(shared: &Rc<Shared>, id: u64, deadline: std::time::Instant) {
+    let weak = Rc::downgrade(shared);
+    spawn(async move {
+        sleep_until(deadline).await;
+        if let Some(s) = weak.upgrade() {
+            if s.grants.expire(id) {
+                tracing::debug!(token_id = id, "grant expired and revoked");
+            }
+        }
+    });
+}
+
+/// Tells the peer to revoke a grant this side does not want.
+fn release_later(shared: &Rc<Shared>, token_id: u64) {
+    let s = shared.clone();
+    spawn(async move {
+        let _ = s.send_message(&Message::Release { token_id }, true).await;
+    });
+}
+
+/// Hands a receive buffer holding one whole message to the user (zero
+/// copy) and returns a fresh buffer to repost; `None` if none could be had
+/// (the connection goes down).
+fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Option<LocalBuf> {
+    let fresh = match shared.pool.alloc(shared.config.recv_buf_size) {
+        Ok(b) => b,
+        Err(e) => {
+            shared.fail(CloseReason::Transport(format!(
+                "no receive buffer to repost: {e}"
+            )));
+            return None;
+        }
+    };
+    match buf.slice(DATA_OVERHEAD..DATA_OVERHEAD + len) {
+        Ok(payload) => {
+            if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
+                let _ = tx.unbounded_send(RecvMsg {
+                    body: Body::Buf(payload),
+                    imm,
+                });
+            }
+        }
+        Err(rejected) => {
+            // The decoder checked the frame's length, so the range lies in
+            // the buffer; refuse the message rather than panic if not.
+            tracing::warn!(error = %rejected.error, "payload range outside the receive buffer");
+            shared.fail(CloseReason::Violation("payload outside the receive buffer"));
+            return None;
+        }
+    }
+    Some(fresh)
+}

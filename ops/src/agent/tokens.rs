@@ -1,0 +1,173 @@
+//! The owner's grant table: every region a peer may access has its own
+//! [`RemoteAccessRegion`] (exact bounds, minimal access), an id and a
+//! deadline. Released, handed-back and expired grants are revoked (the rkey
+//! fails at once); unknown ids are refused.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use verbio_runtime::buf::RemoteAccessRegion;
+use verbio_runtime::provider::{AccessFlags, Pd};
+
+use super::wire::{MrToken, RefuseCode};
+
+/// One live grant.
+#[derive(Debug)]
+struct Grant {
+    region: RemoteAccessRegion<Vec<u8>>,
+    deadline: Instant,
+}
+
+/// The grants of one connection.
+#[derive(Debug, Default)]
+pub(crate) struct GrantTable {
+    next_id: Cell<u64>,
+    grants: RefCell<HashMap<u64, Grant>>,
+}
+
+/// Milliseconds since the Unix epoch of `deadline` (for the token).
+fn epoch_ms(deadline: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let at = SystemTime::now() + left;
+    at.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl GrantTable {
+    /// Registers `mem` for the peer with `access` until `lifetime` passes;
+    /// returns the token and the deadline.
+    pub(crate) fn grant(
+        &self,
+        pd: &Pd,
+        mem: Vec<u8>,
+        access: AccessFlags,
+        lifetime: Duration,
+    ) -> Result<(MrToken, Instant), RefuseCode> {
+        let region = RemoteAccessRegion::grant(pd, mem, access).map_err(|r| {
+            tracing::warn!(error = %r.error, "registering a grant failed");
+            RefuseCode::NoMemory
+        })?;
+        let id = self.next_id.get() + 1;
+        self.next_id.set(id);
+        let deadline = Instant::now() + lifetime;
+        let token = MrToken {
+            token_id: id,
+            addr: region.addr(),
+            len: region.len() as u64,
+            rkey: region.rkey(),
+            access: region.access().bits(),
+            deadline_ms: epoch_ms(deadline),
+            flags: 0,
+        };
+        self.grants
+            .borrow_mut()
+            .insert(id, Grant { region, deadline });
+        Ok((token, deadline))
+    }
+
+    /// Revokes grant `id` if `token` (when given) matches it; the memory
+    /// comes back. `None` for an unknown, released or expired id.
+    pub(crate) fn revoke(&self, id: u64, token: Option<&MrToken>) -> Option<Vec<u8>> {
+        let mut grants = self.grants.borrow_mut();
+        let g = grants.get(&id)?;
+        if let Some(t) = token {
+            if t.addr != g.region.addr()
+                || t.len != g.region.len() as u64
+                || t.rkey != g.region.rkey()
+            {
+                return None;
+            }
+        }
+        grants.remove(&id).map(|g| g.region.revoke())
+    }
+
+    /// Revokes grant `id` if its deadline has passed; true if it did.
+    pub(crate) fn expire(&self, id: u64) -> bool {
+        let mut grants = self.grants.borrow_mut();
+        match grants.get(&id) {
+            Some(g) if g.deadline <= Instant::now() => {
+                if let Some(g) = grants.remove(&id) {
+                    drop(g.region.revoke());
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Live grants.
+    pub(crate) fn len(&self) -> usize {
+        self.grants.borrow().len()
+    }
+
+    /// Revokes everything (connection down).
+    pub(crate) fn clear(&self) {
+        let all: Vec<Grant> = self.grants.borrow_mut().drain().map(|(_, g)| g).collect();
+        for g in all {
+            drop(g.region.revoke());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use verbio_runtime::provider::{Context, SoftConfig};
+
+    fn table() -> (GrantTable, Pd) {
+        let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+        (GrantTable::default(), ctx.alloc_pd().expect("pd"))
+    }
+
+    #[test]
+    fn refuses_unknown_released_forged_and_keeps_live_until_deadline() {
+        let (t, pd) = table();
+        let (tok, _) = t
+            .grant(
+                &pd,
+                vec![7; 32],
+                AccessFlags::REMOTE_READ,
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        assert_eq!(tok.len, 32);
+        assert_eq!(tok.access, AccessFlags::REMOTE_READ.bits());
+        assert!(t.revoke(tok.token_id + 1, None).is_none(), "unknown id");
+        let forged = MrToken {
+            rkey: tok.rkey ^ 1,
+            ..tok
+        };
+        assert!(
+            t.revoke(tok.token_id, Some(&forged)).is_none(),
+            "forged token"
+        );
+        assert!(!t.expire(tok.token_id), "not yet due");
+        assert_eq!(t.revoke(tok.token_id, Some(&tok)), Some(vec![7; 32]));
+        assert!(t.revoke(tok.token_id, None).is_none(), "already released");
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn expires_after_the_deadline() {
+        let (t, pd) = table();
+        let (tok, deadline) = t
+            .grant(&pd, vec![0; 8], AccessFlags::REMOTE_WRITE, Duration::ZERO)
+            .unwrap();
+        assert!(deadline <= Instant::now());
+        assert!(t.expire(tok.token_id));
+        assert!(t.revoke(tok.token_id, None).is_none(), "expired");
+        let (tok2, _) = t
+            .grant(
+                &pd,
+                vec![0; 8],
+                AccessFlags::REMOTE_WRITE,
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        assert_ne!(tok2.token_id, tok.token_id, "ids are never reused");
+        t.clear();
+        assert_eq!(t.len(), 0);
+    }
+}

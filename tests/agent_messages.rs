@@ -1,0 +1,401 @@
+//! The high-level `Rdma` connection between two runtimes on two threads
+//! (soft device): messages small and split, immediates, concurrent senders
+//! under tight flow control, a garbage-sending peer, and a peer that leaves.
+
+mod common;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::mpsc;
+
+use common::*;
+use verbio::ops::agent::wire::Message;
+use verbio::ops::verbs::Verbs;
+use verbio::runtime::buf::MrPool;
+use verbio::runtime::timeout;
+use verbio::{AgentError, CloseReason, Rdma, RdmaBuilder};
+
+/// A server thread: accepts `conns` connections with `builder`, runs `body`.
+fn serve_rdma<F, Fut, R>(
+    builder: impl FnOnce() -> RdmaBuilder + Send + 'static,
+    conns: usize,
+    body: F,
+) -> (SocketAddr, std::thread::JoinHandle<R>)
+where
+    F: FnOnce(Vec<Rdma>) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + 'static,
+    R: Send + 'static,
+{
+    let (tx, rx) = mpsc::channel();
+    let th = std::thread::spawn(move || {
+        let (rt, dev) = runtime_and_device();
+        block(&rt, async move {
+            let l = builder()
+                .device(dev)
+                .listen("127.0.0.1:0".parse().unwrap())
+                .expect("listen");
+            tx.send(l.local_addr().unwrap()).unwrap();
+            let mut v = Vec::new();
+            for _ in 0..conns {
+                v.push(l.accept().await.expect("accept"));
+            }
+            body(v).await
+        })
+    });
+    (rx.recv_timeout(WAIT).expect("server start"), th)
+}
+
+async fn dial_rdma(builder: RdmaBuilder, dev: &verbio::runtime::Device, addr: SocketAddr) -> Rdma {
+    builder
+        .device(dev.clone())
+        .connect(addr)
+        .await
+        .expect("connect")
+}
+
+#[test]
+fn send_receive_split_and_immediates() {
+    let big = pattern(100_000, 5);
+    let big2 = big.clone();
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, move |mut c| async move {
+        let r = c.remove(0);
+        assert_eq!(r.receive().await.unwrap(), b"hello");
+        assert_eq!(r.receive().await.unwrap(), big2, "split message");
+        assert_eq!(
+            r.receive_with_imm().await.unwrap(),
+            (b"imm".to_vec(), Some(7))
+        );
+        assert_eq!(r.receive_with_imm().await.unwrap(), (Vec::new(), None));
+        let small = r.receive_msg().await.unwrap();
+        assert!(small.is_zero_copy(), "one-buffer message handed over as is");
+        assert_eq!((&small[..], small.imm()), (&b"zero copy"[..], Some(3)));
+        let split = r.receive_msg().await.unwrap();
+        assert!(!split.is_zero_copy());
+        assert_eq!(&split[..], &big2[..]);
+        let b = r.receive_buf().await.unwrap();
+        r.send(&b).await.unwrap(); // echo
+        r.send(&big2).await.unwrap();
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        r.send(b"hello").await.unwrap();
+        r.send(&big).await.unwrap();
+        r.send_with_imm(b"imm", 7).await.unwrap();
+        r.send(b"").await.unwrap();
+        r.send_with_imm(b"zero copy", 3).await.unwrap();
+        r.send(&big).await.unwrap();
+        let pool = MrPool::new(dev.pd());
+        let (res, _b) = r.send_buf(buf_from(&pool, b"echo")).await;
+        res.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"echo");
+        assert_eq!(r.receive().await.unwrap(), big);
+        let too_big = vec![0u8; 65 << 20];
+        assert!(matches!(
+            r.send(&too_big).await,
+            Err(AgentError::MessageTooLarge { .. })
+        ));
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn concurrent_senders_under_tight_credits() {
+    const TASKS: usize = 4;
+    const EACH: usize = 150;
+    let tight = || {
+        RdmaBuilder::new()
+            .recv_buf_count(2)
+            .credit_batch(1)
+            .recv_buf_size(256)
+    };
+    let (addr, server) = serve_rdma(tight, 1, |mut c| async move {
+        let r = c.remove(0);
+        let mut got = Vec::new();
+        for _ in 0..TASKS * EACH {
+            got.push(r.receive().await.unwrap());
+        }
+        got
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = Rc::new(dial_rdma(tight(), &dev, addr).await);
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let r = r.clone();
+                verbio::runtime::spawn(async move {
+                    for i in 0..EACH {
+                        // Some messages span several 256-byte buffers.
+                        let mut m = format!("{t}:{i}:").into_bytes();
+                        m.resize(m.len() + (i % 3) * 200, t as u8);
+                        r.send(&m).await.unwrap();
+                        assert!(r.send_credits() <= 2, "more credits than peer buffers");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+    });
+    let got = server.join().expect("server");
+    for t in 0..TASKS {
+        let mine: Vec<usize> = got
+            .iter()
+            .filter_map(|m| {
+                let s = String::from_utf8_lossy(m);
+                let mut p = s.split(':');
+                (p.next()? == t.to_string()).then(|| p.next()?.parse().ok())?
+            })
+            .collect();
+        assert_eq!(
+            mine,
+            (0..EACH).collect::<Vec<_>>(),
+            "task {t} in order, none lost"
+        );
+    }
+}
+
+#[test]
+fn garbage_peer_gets_a_protocol_error_and_others_keep_working() {
+    let (verdict_tx, verdict_rx) = mpsc::channel();
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 2, move |c| async move {
+        // Which connection is the garbage one is unknown: race both.
+        let (a, b) = (&c[0], &c[1]);
+        let ra = timeout(WAIT, a.receive()).await.expect("a");
+        let rb = timeout(WAIT, b.receive()).await.expect("b");
+        let (bad, good, good_conn) = match (&ra, &rb) {
+            (Err(_), Ok(_)) => (ra, rb, b),
+            (Ok(_), Err(_)) => (rb, ra, a),
+            _ => panic!("expected one failure: {ra:?} / {rb:?}"),
+        };
+        let reason = bad.unwrap_err().close_reason().cloned().expect("closed");
+        assert!(reason.is_protocol(), "{reason}");
+        assert_eq!(good.unwrap(), b"fine");
+        good_conn.send(b"still here").await.unwrap();
+        verdict_tx.send(reason.to_string()).unwrap();
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let bad = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let good = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let pool = MrPool::new(dev.pd());
+        let (res, _) = bad.qp().send(buf_from(&pool, b"VBAG garbage!")).await;
+        res.expect("raw send");
+        // The server says why and closes.
+        let e = bad.receive().await.unwrap_err();
+        match e.close_reason() {
+            Some(CloseReason::PeerError { text, .. }) => assert!(text.contains("protocol")),
+            Some(CloseReason::Disconnected) => {}
+            other => panic!("bad peer saw {other:?}"),
+        }
+        good.send(b"fine").await.unwrap();
+        assert_eq!(good.receive().await.unwrap(), b"still here");
+    });
+    server.join().expect("server");
+    let reason = verdict_rx.recv_timeout(WAIT).unwrap();
+    assert!(reason.contains("protocol"), "{reason}");
+}
+
+#[test]
+fn peer_disconnect_fails_pending_calls() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let e = timeout(WAIT / 4, r.receive())
+            .await
+            .expect("receive must not hang")
+            .unwrap_err();
+        assert_eq!(e.close_reason(), Some(&CloseReason::Disconnected));
+        // Later calls fail at once too.
+        let e = timeout(WAIT / 4, r.send(b"x"))
+            .await
+            .expect("no hang")
+            .unwrap_err();
+        assert!(e.close_reason().is_some(), "{e}");
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        verbio::runtime::sleep(std::time::Duration::from_millis(50)).await;
+        drop(r);
+        // Keep the runtime turning while the dropped connection says goodbye.
+        verbio::runtime::sleep(std::time::Duration::from_millis(200)).await;
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn orderly_close_and_peer_error_message() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 2, |c| async move {
+        let mut it = c.into_iter();
+        let (a, b) = (it.next().unwrap(), it.next().unwrap());
+        let ea = timeout(WAIT, a.receive()).await.expect("a").unwrap_err();
+        let eb = timeout(WAIT, b.receive()).await.expect("b").unwrap_err();
+        let mut reasons = [ea.close_reason().cloned(), eb.close_reason().cloned()];
+        reasons.sort_by_key(|r| format!("{r:?}"));
+        assert_eq!(reasons[0], Some(CloseReason::Disconnected));
+        assert!(matches!(
+            &reasons[1],
+            Some(CloseReason::PeerError { code: 9, text }) if text == "bye"
+        ));
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let a = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let b = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        a.close().await.expect("close");
+        // An Error frame sent raw: the server reports the peer's error.
+        let pool = MrPool::new(dev.pd());
+        let msg = Message::Error {
+            code: 9,
+            text: "bye",
+        };
+        let mut frame = vec![0u8; msg.encoded_len()];
+        msg.encode(&mut frame).unwrap();
+        let (res, _) = b.qp().send(buf_from(&pool, &frame)).await;
+        res.expect("raw send");
+        verbio::runtime::sleep(std::time::Duration::from_millis(100)).await;
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn peer_runtime_gone_fails_pending_receive() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        assert_eq!(r.receive().await.unwrap(), b"last");
+        let e = timeout(WAIT / 4, r.receive())
+            .await
+            .expect("receive must not hang")
+            .unwrap_err();
+        assert!(e.close_reason().is_some(), "{e}");
+    });
+    let (rt, dev) = runtime_and_device();
+    let r = block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        r.send(b"last").await.unwrap();
+        r
+    });
+    // No goodbye message: the runtime is gone, only the TCP side channel's
+    // end tells the peer.
+    drop(rt);
+    drop(r);
+    drop(dev);
+    server.join().expect("server");
+}
+
+#[test]
+fn second_connection_from_an_existing_one() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 2, |c| async move {
+        for (i, r) in c.iter().enumerate() {
+            let m = r.receive().await.unwrap();
+            r.send(format!("{i}:{}", String::from_utf8_lossy(&m)).as_bytes())
+                .await
+                .unwrap();
+        }
+        for r in &c {
+            let _ = timeout(WAIT, r.receive()).await;
+        }
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let first = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let second = first.new_connection().await.expect("second connection");
+        first.send(b"a").await.unwrap();
+        assert_eq!(first.receive().await.unwrap(), b"0:a");
+        second.send(b"b").await.unwrap();
+        assert_eq!(second.receive().await.unwrap(), b"1:b");
+        first.close().await.unwrap();
+        second.close().await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn dropped_send_mid_message_leaves_the_connection_usable() {
+    let tight = || {
+        RdmaBuilder::new()
+            .recv_buf_count(2)
+            .credit_batch(2)
+            .recv_buf_size(128)
+    };
+    let (addr, server) = serve_rdma(tight, 1, |mut c| async move {
+        let r = c.remove(0);
+        let got = r.receive().await.unwrap();
+        r.send(&got).await.unwrap();
+        let _ = timeout(WAIT, r.receive()).await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(tight(), &dev, addr).await;
+        // 100 pieces with 2 credits: the send waits for credits mid-message.
+        let big = vec![3u8; 100 * 80];
+        let cut = timeout(std::time::Duration::from_millis(1), r.send(&big)).await;
+        assert!(cut.is_err(), "the send should still have been running");
+        r.send(b"after").await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"after");
+        r.close().await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn credits_follow_the_peers_buffer_count() {
+    let small = || RdmaBuilder::new().recv_buf_count(3).credit_batch(1);
+    let (addr, server) = serve_rdma(small, 1, |mut c| async move {
+        let r = c.remove(0);
+        for i in 0..60u32 {
+            assert_eq!(r.receive().await.unwrap(), i.to_le_bytes());
+        }
+        r.send(b"done").await.unwrap();
+        let _ = timeout(WAIT, r.receive()).await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        for i in 0..60u32 {
+            r.send(&i.to_le_bytes()).await.unwrap();
+            assert!(r.send_credits() <= 3, "credits beyond the peer's 3 buffers");
+        }
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        r.close().await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn well_formed_but_out_of_sequence_data_is_a_protocol_violation() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let e = timeout(WAIT, r.receive())
+            .await
+            .expect("no hang")
+            .unwrap_err();
+        let reason = e.close_reason().cloned().expect("closed");
+        assert!(
+            matches!(reason, CloseReason::Violation(_)),
+            "expected a violation, got {reason}"
+        );
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let pool = MrPool::new(dev.pd());
+        // A piece in the middle of a message that never started.
+        let msg = Message::Data {
+            msg_id: 77,
+            total_len: 100,
+            offset: 50,
+            imm: None,
+            payload: &[1; 10],
+        };
+        let mut frame = vec![0u8; msg.encoded_len()];
+        msg.encode(&mut frame).unwrap();
+        let (res, _) = r.qp().send(buf_from(&pool, &frame)).await;
+        res.expect("raw send");
+        let e = r.receive().await.unwrap_err();
+        assert!(e.close_reason().is_some(), "{e}");
+    });
+    server.join().expect("server");
+}
