@@ -1,0 +1,161 @@
+//! The client of the classic RDMA lab on the high-level [`verbio::Rdma`]
+//! API (see `lab_server.rs` for the five steps). Every step is checked on
+//! both sides; any failed check or expired wait exits non-zero.
+//!
+//! ```text
+//! cargo run --example lab_server -- [ADDR]     # terminal 1
+//! cargo run --example lab_client -- ADDR       # terminal 2
+//! cargo run --example lab_client               # both sides, one process
+//! ```
+//!
+//! Without ADDR the server runs on a thread of this process (its own
+//! runtime and soft device) on 127.0.0.1:0, so one command demonstrates
+//! and checks everything.
+
+mod lab_common;
+
+use std::error::Error;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::mpsc;
+
+use lab_common::{check, open, pattern, within, Res, BOUNDARY, MR_LEN, STAMP, STEP};
+use verbio::runtime::Runtime;
+use verbio::{Rdma, RdmaBuilder};
+
+fn main() -> ExitCode {
+    let (addr, server) = match std::env::args().nth(1) {
+        Some(a) => match a.parse::<SocketAddr>() {
+            Ok(addr) => (addr, None),
+            Err(e) => {
+                eprintln!("usage: lab_client [ADDR]: {a:?}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => {
+            let (tx, rx) = mpsc::channel();
+            let th = std::thread::spawn(move || {
+                let any = SocketAddr::from(([127, 0, 0, 1], 0));
+                lab_common::run_server(any, Some(tx)).map_err(|e| e.to_string())
+            });
+            match rx.recv_timeout(STEP) {
+                Ok(addr) => (addr, Some(th)),
+                Err(_) => {
+                    let why = match th.join() {
+                        Ok(Err(e)) => e,
+                        _ => "did not start".into(),
+                    };
+                    eprintln!("lab server thread: {why}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    let client = run_client(addr);
+    let server = server.map(|th| match th.join() {
+        Ok(r) => r,
+        Err(_) => Err("server thread panicked".into()),
+    });
+    let mut ok = true;
+    match client {
+        Ok(()) => println!("lab client: all checks passed"),
+        Err(e) => {
+            eprintln!("lab client: {e}");
+            ok = false;
+        }
+    }
+    match server {
+        Some(Ok(())) => println!("lab server (thread): all checks passed"),
+        Some(Err(e)) => {
+            eprintln!("lab server (thread): {e}");
+            ok = false;
+        }
+        None => {}
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn run_client(addr: SocketAddr) -> Res<()> {
+    let rt = Runtime::new()?;
+    let dev = open(addr.ip())?;
+    rt.block_on(async {
+        let r = within("connect", RdmaBuilder::new().device(dev).connect(addr)).await?;
+        client_steps(&r).await?;
+        let last = within("final message", r.receive()).await?;
+        let last = String::from_utf8_lossy(&last).into_owned();
+        check(last == "lab passed", &format!("server says {last:?}"))?;
+        within("close", r.close()).await
+    })
+}
+
+/// Runs a verb returning `(result, buffer)` under the step bound.
+async fn verb<T>(
+    what: &str,
+    f: impl std::future::Future<Output = (Result<(), verbio::AgentError>, T)>,
+) -> Res<T> {
+    let (res, buf) = within(what, async { Ok::<_, Box<dyn Error>>(f.await) }).await?;
+    res.map_err(|e| format!("{what}: {e}"))?;
+    Ok(buf)
+}
+
+async fn client_steps(r: &Rdma) -> Res<()> {
+    println!("client 1: send/receive");
+    within("send", r.send(b"hello server")).await?;
+    let got = within("receive", r.receive()).await?;
+    check(got == b"hello client", "client received the server's reply")?;
+
+    println!("client 2: send/receive with imm");
+    within("send_with_imm", r.send_with_imm(b"with imm", 0x1ab)).await?;
+    let (got, imm) = within("receive_with_imm", r.receive_with_imm()).await?;
+    check(
+        got == b"imm back" && imm == Some(0x2cd),
+        "client received data with imm 0x2cd",
+    )?;
+
+    println!("client 3: lend memory (send_local_mr) for the server to READ");
+    let token = within("send_local_mr", r.send_local_mr(pattern(MR_LEN, 3))).await?;
+    check(token.len == MR_LEN as u64, "grant token covers the memory")?;
+    let back = within("receive_local_mr", r.receive_local_mr()).await?;
+    check(back.len() == MR_LEN, "memory came back whole")?;
+    check(
+        back[..STAMP.len()] == *STAMP,
+        "server stamped it after reading",
+    )?;
+    check(
+        back[STAMP.len()..] == pattern(MR_LEN, 3)[STAMP.len()..],
+        "rest of the lent memory unchanged",
+    )?;
+
+    println!("client 4: request remote memory, write its second half, hand it back");
+    let remote = within("request_remote_mr", r.request_remote_mr(MR_LEN)).await?;
+    check(remote.len() == MR_LEN as u64, "granted the requested size")?;
+    let half = remote
+        .get(MR_LEN / 2..)
+        .ok_or("second half of the grant out of range")?;
+    let mut local = r.alloc_local_mr(MR_LEN / 2)?;
+    local.copy_from_slice(&pattern(MR_LEN / 2, 4));
+    verb("write", r.write(local, &half)).await?;
+    let check_back = verb("read back", r.read(r.alloc_local_mr(MR_LEN / 2)?, &half)).await?;
+    check(
+        check_back[..] == pattern(MR_LEN / 2, 4)[..],
+        "READ of the written half matches",
+    )?;
+    drop(half);
+    within("send_remote_mr", r.send_remote_mr(remote)).await?;
+
+    println!("client 5: write_with_imm, the immediate marks the boundary");
+    let remote = within("request_remote_mr", r.request_remote_mr(MR_LEN)).await?;
+    let mut local = r.alloc_local_mr(BOUNDARY)?;
+    local.copy_from_slice(&pattern(BOUNDARY, 5));
+    verb(
+        "write_with_imm",
+        r.write_with_imm(local, &remote, BOUNDARY as u32),
+    )
+    .await?;
+    within("send_remote_mr", r.send_remote_mr(remote)).await?;
+    Ok(())
+}
