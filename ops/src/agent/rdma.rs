@@ -447,8 +447,16 @@ async fn watch(shared: std::rc::Weak<Shared>) {
     })
     .await;
     if gone {
+        // The peer's last messages may still sit in the CQ behind this EOF
+        // (the two arrive on different fds): give the agent a moment to
+        // deliver them. On the soft device and on hardware the QP's own
+        // flush usually ends the connection first; this is the fallback.
+        sleep(EOF_GRACE).await;
         if let Some(s) = shared.upgrade() {
             s.fail(CloseReason::Disconnected);
         }
     }
 }
+
+/// How long a peer's EOF waits before the connection is declared down.
+const EOF_GRACE: Duration = Duration::from_millis(100);

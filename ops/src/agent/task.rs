@@ -101,8 +101,10 @@ pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
         if credited {
             if let Some(grant) = shared.owed.reposted() {
                 if let Err(e) = shared.send_message(&Message::Credit { grant }, false).await {
+                    // Keep going: receives that completed before the failure
+                    // still carry the peer's last messages; the flush that
+                    // follows them ends this loop.
                     tracing::debug!(error = %e, "returning credits failed");
-                    break;
                 }
             }
         }
