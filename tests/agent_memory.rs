@@ -265,10 +265,14 @@ fn hand_overs_both_ways_and_write_with_imm() {
 #[test]
 fn dropped_remote_mr_is_released() {
     let (count_tx, count_rx) = mpsc::channel();
+    // The client drops its grant only after the server has counted it (the
+    // agent may process the Release right behind the "granted" message).
+    let (counted_tx, counted_rx) = mpsc::channel::<()>();
     let (addr, server) = serve_rdma(RdmaBuilder::new, 1, move |mut c| async move {
         let r = c.remove(0);
         assert_eq!(r.receive().await.unwrap(), b"granted");
         count_tx.send(r.live_grants()).unwrap();
+        counted_tx.send(()).unwrap();
         assert_eq!(r.receive().await.unwrap(), b"dropped");
         count_tx.send(r.live_grants()).unwrap();
         let _ = timeout(WAIT, r.receive()).await;
@@ -279,6 +283,11 @@ fn dropped_remote_mr_is_released() {
         let remote = r.request_remote_mr(64).await.unwrap();
         let view = remote.get(0..8).unwrap();
         r.send(b"granted").await.unwrap();
+        let deadline = std::time::Instant::now() + WAIT;
+        while counted_rx.try_recv().is_err() {
+            assert!(std::time::Instant::now() < deadline, "server never counted");
+            sleep(Duration::from_millis(1)).await;
+        }
         drop(remote);
         drop(view); // the last view: a Release goes out
         sleep(Duration::from_millis(20)).await;

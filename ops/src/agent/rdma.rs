@@ -85,12 +85,10 @@ impl Shared {
         tracing::debug!(qp = self.qp.qp_num(), %reason, "agent connection down");
         *self.failure.borrow_mut() = Some(reason.clone());
         self.credits.close(reason);
-        self.inbox_tx.borrow_mut().take();
-        self.imm_tx.borrow_mut().take();
-        self.partial.borrow_mut().clear();
+        // The inboxes stay open until the agent stops (`agent_stopped`): it
+        // still delivers what completed before the failure (a departing
+        // peer's last messages); the QP's flush then ends it.
         self.requests.borrow_mut().clear();
-        self.remote_mr_tx.borrow_mut().take();
-        self.local_mr_tx.borrow_mut().take();
         self.grants.clear();
         let Some(handle) = Handle::try_current() else {
             // Runtime teardown: the QP goes with the last handle.
@@ -116,6 +114,16 @@ impl Shared {
                 tracing::debug!(error = %e, "closing the agent QP");
             }
         });
+    }
+
+    /// The agent task ended: nothing more will be delivered, so pending and
+    /// later receives fail (after what is queued) with the failure reason.
+    pub(crate) fn agent_stopped(&self) {
+        self.inbox_tx.borrow_mut().take();
+        self.imm_tx.borrow_mut().take();
+        self.partial.borrow_mut().clear();
+        self.remote_mr_tx.borrow_mut().take();
+        self.local_mr_tx.borrow_mut().take();
     }
 
     fn drop_stream(&self) {

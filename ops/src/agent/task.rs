@@ -60,7 +60,17 @@ enum Next {
 }
 
 /// The agent's loop; returns when the connection is down.
-pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
+pub(crate) async fn run(shared: Rc<Shared>, posted: Receives) {
+    serve(&shared, posted).await;
+    if shared.failure().is_none() {
+        shared.fail(CloseReason::Local);
+    }
+    shared.agent_stopped();
+}
+
+/// Handles receive completions in order until the connection is down and
+/// its receives have drained.
+async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
     // The peer starts without credits: announce this side's buffers (they
     // are posted already).
     let hello = Message::Credit {
@@ -73,7 +83,7 @@ pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
     while let Some(recv) = posted.pop_front() {
         let (res, mut buf) = recv.await;
         let next = match res {
-            Ok(rcv) => handle(&shared, rcv, &buf).await,
+            Ok(rcv) => handle(shared, rcv, &buf).await,
             Err(e) => {
                 if shared.failure().is_none() {
                     shared.fail(if e.is_flush() {
@@ -89,7 +99,7 @@ pub(crate) async fn run(shared: Rc<Shared>, mut posted: Receives) {
             Next::Stop => break,
             Next::Repost(c) => c,
             Next::Deliver { len, imm } => {
-                match hand_over(&shared, buf, len, imm) {
+                match hand_over(shared, buf, len, imm) {
                     Some(fresh) => buf = fresh,
                     None => break,
                 }
