@@ -51,7 +51,7 @@ use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfi
 use verbio::ops::verbs::{RemoteBuf, Verbs};
 use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps, RtsAttr};
 use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
-use verbio::runtime::{sleep, timeout, Device, QueuePair, Runtime, TcpStream};
+use verbio::runtime::{sleep, spawn, timeout, Device, QueuePair, Runtime, TcpStream};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -230,10 +230,15 @@ fn server(
             .map_err(|_| "no client came")??;
         let (qp, mut stream) = (conn.qp, conn.stream);
         // The handshake's TCP connection stays open while the client runs:
-        // its end (the client exited or failed) ends the server too.
+        // its end (the client exited or failed) ends the server too. It is
+        // watched by a task of its own, polled only when the socket wakes it:
+        // next to the test's future in one `select`, it would be polled (a
+        // read syscall) at every completion of the test's ops.
         let work = pin!(serve(args, &dev, &qp, &pool));
-        let mut byte = [0u8; 1];
-        let gone = pin!(stream.read(&mut byte));
+        let gone = spawn(async move {
+            let mut byte = [0u8; 1];
+            let _ = stream.read(&mut byte).await;
+        });
         // Bounded by the watchdog (see `main`), not by a reactor timer.
         let res = match select(work, gone).await {
             Either::Left((res, _)) => res,
@@ -427,11 +432,15 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     let mut msg = pool.alloc_from(&payload)?;
     let mut reply = pool.alloc(args.size)?;
     // One timestamp per iteration, as perftest: iteration i took
-    // stamps[i + 1] - stamps[i] (a clock read costs µs in a VM with an
-    // emulated clocksource, so it is not read twice per round trip).
+    // stamps[i + 1] - stamps[i]. Like perftest's `get_cycles`, a stamp is a
+    // cycle counter read where there is one (the system clock costs a
+    // syscall and µs per read in a VM with an emulated clocksource, which
+    // would be counted in every round trip), converted with a rate measured
+    // against the system clock over the whole loop.
     let mut stamps = Vec::with_capacity(args.iters + 1);
+    let clock = CycleClock::start();
     for i in 0..args.iters {
-        stamps.push(Instant::now());
+        stamps.push(clock.stamp());
         // The RECV for the echo goes first, so it never finds the queue empty.
         let r = qp.recv(reply);
         let s = qp.send(msg);
@@ -444,10 +453,11 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
         msg = m;
         reply = back;
     }
-    stamps.push(Instant::now());
+    stamps.push(clock.stamp());
+    let us_per_tick = clock.us_per_tick();
     let mut half_rtts: Vec<f64> = stamps
         .windows(2)
-        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / 2.0)
+        .map(|w| w[1].wrapping_sub(w[0]) as f64 * us_per_tick / 2.0)
         .collect();
     // An empty message ends the server's echo loop.
     qp.send(pool.alloc(0)?).await.0?;
@@ -462,6 +472,45 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     );
     println!("{}", "-".repeat(87));
     Ok(())
+}
+
+/// Timestamps for the latency loop: the CPU's time-stamp counter on x86-64
+/// (perftest's `get_cycles`), else the system clock in nanoseconds.
+struct CycleClock {
+    start: Instant,
+    start_tick: u64,
+}
+
+impl CycleClock {
+    fn start() -> CycleClock {
+        let start = Instant::now();
+        CycleClock {
+            start,
+            start_tick: Self::tick(start),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn tick(_: Instant) -> u64 {
+        // SAFETY: RDTSC exists on every x86-64 CPU and only reads a counter.
+        unsafe { std::arch::x86_64::_rdtsc() }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn tick(base: Instant) -> u64 {
+        base.elapsed().as_nanos() as u64
+    }
+
+    fn stamp(&self) -> u64 {
+        Self::tick(self.start)
+    }
+
+    /// Microseconds per tick, measured since `start` (call at the end).
+    fn us_per_tick(&self) -> f64 {
+        let us = self.start.elapsed().as_secs_f64() * 1e6;
+        let ticks = Self::tick(self.start).wrapping_sub(self.start_tick).max(1);
+        us / ticks as f64
+    }
 }
 
 /// perftest's latency figures, in microseconds.

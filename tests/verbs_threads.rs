@@ -1,6 +1,7 @@
 //! Every verb through the runtime between two runtimes on two threads, on
 //! the software RDMA device; backpressure with 10,000 ops in flight; a
-//! dropped op's buffer outlives it until the flush; a garbage client.
+//! dropped op's buffer outlives it until the flush; a garbage client;
+//! payloads around the QP's inline limit (INLINE sends and writes).
 
 mod common;
 
@@ -13,7 +14,7 @@ use verbio::ops::verbs::{RemoteBuf, Verbs};
 use verbio::ops::Error;
 use verbio::provider::WcStatus;
 use verbio::runtime::buf::MrPool;
-use verbio::runtime::{sleep, timeout};
+use verbio::runtime::{sleep, timeout, QueuePair};
 
 #[test]
 fn every_verb_between_two_threads() {
@@ -272,4 +273,113 @@ fn dropped_reads_keep_their_buffers_while_the_device_writes_them() {
         res.expect("bye");
     });
     server.join().expect("server");
+}
+
+/// Rounds of the inline test: each sends and writes every size once.
+const INLINE_ROUNDS: usize = 30;
+
+/// Payload sizes around `qp`'s inline limit: the verbs post them INLINE up
+/// to `max_inline_data` (copied at post time) and gathered past it.
+fn inline_sizes(qp: &QueuePair) -> Vec<usize> {
+    let max = qp.caps().max_inline_data as usize;
+    let mut v = vec![1, max / 2, max, max + 1];
+    v.retain(|&n| n > 0);
+    v.dedup();
+    v
+}
+
+#[test]
+fn inline_sized_sends_and_writes_deliver_their_bytes() {
+    // Both QPs come from the same configuration on the same kind of device:
+    // same caps, so both sides compute the same sizes.
+    let (addr, server) = serve(1, |mut qps, dev| async move {
+        let qp = qps.remove(0);
+        let pool = MrPool::new(dev.pd());
+        let sizes = inline_sizes(&qp);
+        let slot = sizes.iter().max().copied().unwrap_or(1).next_multiple_of(8);
+        let n = sizes.len() * INLINE_ROUNDS;
+        let region = grant(&dev, n * slot);
+        // Every RECV (n SENDs and the "done") is posted before the client starts.
+        let recvs: Vec<_> = (0..=n).map(|_| qp.recv(buf(&pool, slot))).collect();
+        send_remote(&qp, &pool, RemoteBuf::from(&region)).await;
+        let got = futures::future::join_all(recvs).await;
+        let mut problems = Vec::new();
+        for (i, (res, b)) in got.iter().enumerate().take(n) {
+            let want = pattern(sizes[i % sizes.len()], i as u8);
+            match res {
+                Ok(r) if r.len == want.len() && b[..] == want[..] => {}
+                Ok(r) => problems.push(format!("send {i}: {} bytes {:?}", r.len, &b[..])),
+                Err(e) => problems.push(format!("send {i}: {e}")),
+            }
+        }
+        match &got[n] {
+            (Ok(_), b) if &b[..] == b"done" => {}
+            (res, b) => problems.push(format!("done: {res:?} {:?}", &b[..])),
+        }
+        let all = region.to_vec();
+        for i in 0..n {
+            let want = pattern(sizes[i % sizes.len()], !(i as u8));
+            if all[i * slot..i * slot + want.len()] != want[..] {
+                problems.push(format!("write {i} ({} bytes)", want.len()));
+            }
+        }
+        let reply = if problems.is_empty() { "ok" } else { "bad" };
+        let (res, _) = qp.send(buf_from(&pool, reply.as_bytes())).await;
+        res.map_err(|e| format!("reply: {e}"))?;
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let qp = dial(&dev, addr).await;
+        let pool = MrPool::new(dev.pd());
+        let sizes = inline_sizes(&qp);
+        assert!(
+            sizes.len() > 1,
+            "max_inline_data {}: no inline sizes to test",
+            qp.caps().max_inline_data
+        );
+        let slot = sizes.iter().max().copied().unwrap_or(1).next_multiple_of(8);
+        let n = sizes.len() * INLINE_ROUNDS;
+        let remote = recv_remote(&qp, &pool).await;
+        let reply = qp.recv(buf(&pool, 64));
+        // More WRs than the send queue holds: the later ones (INLINE too) wait
+        // for room and are posted, their payload copied, only then.
+        let mut sends = Vec::with_capacity(n);
+        let mut writes = Vec::with_capacity(n);
+        for i in 0..n {
+            let len = sizes[i % sizes.len()];
+            sends.push(qp.send(buf_from(&pool, &pattern(len, i as u8))));
+            let at = remote.at((i * slot) as u64, len as u64).expect("slot");
+            writes.push(qp.write(buf_from(&pool, &pattern(len, !(i as u8))), at));
+        }
+        assert!(
+            writes.iter().any(|w| w.is_queued()),
+            "expected submissions beyond the send queue's depth to wait"
+        );
+        let (sent, written) = futures::join!(
+            futures::future::join_all(sends),
+            futures::future::join_all(writes)
+        );
+        for (i, ((sres, sb), (wres, wb))) in sent.into_iter().zip(written).enumerate() {
+            let len = sizes[i % sizes.len()];
+            assert_eq!(sres.unwrap_or_else(|e| panic!("send {i}: {e}")), len);
+            wres.unwrap_or_else(|e| panic!("write {i}: {e}"));
+            // The buffers come back untouched.
+            assert_eq!(&sb[..], &pattern(len, i as u8)[..], "send buffer {i}");
+            assert_eq!(&wb[..], &pattern(len, !(i as u8))[..], "write buffer {i}");
+        }
+        let (res, _) = qp.send(buf_from(&pool, b"done")).await;
+        res.expect("done");
+        let (res, b) = reply.await;
+        res.expect("reply");
+        assert_eq!(&b[..], b"ok", "the server found mismatches");
+    });
+    server
+        .join()
+        .expect("server panicked")
+        .expect("server check");
 }

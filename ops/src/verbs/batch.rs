@@ -9,7 +9,7 @@ use verbio_runtime::op::wr_id;
 use verbio_runtime::provider::{Completion, SendOp, Sge};
 use verbio_runtime::{Completable, QueuePair, SendChain, Submit, SubmitError};
 
-use super::{gather_sge, one_wr, RemoteBuf};
+use super::{gather_sge, inline_flag, one_wr, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "batch";
@@ -116,7 +116,7 @@ impl<B: RegisteredBuf> Batch<B> {
     /// completes (or the first failing one does), with every buffer in order.
     pub fn post(self, qp: &QueuePair) -> Submit<BatchVerb<B>> {
         let Batch {
-            wrs,
+            mut wrs,
             kinds,
             bufs,
             error,
@@ -128,6 +128,10 @@ impl<B: RegisteredBuf> Batch<B> {
         });
         if let Some(e) = error {
             return Submit::ready((Err(e), bufs));
+        }
+        // Small payloads go INLINE, as for the single verbs.
+        for wr in wrs.iter_mut() {
+            wr.flags |= inline_flag(qp, &wr.op, wr.sg_list.first());
         }
         // SAFETY: every WR's SGE was taken from one of `bufs` when it was pushed
         // (`Batch::push`), and `bufs` moves into the op's data: the runtime keeps

@@ -330,6 +330,8 @@ fn batch_posts_one_chain_with_only_the_last_signaled() {
     assert_eq!(posted.len(), 4);
     for (i, (_, flags)) in posted.iter().enumerate() {
         assert_eq!(flags.contains(SendFlags::SIGNALED), i == 3, "WR {i}");
+        // 8 bytes or fewer each: within the default max_inline_data.
+        assert!(flags.contains(SendFlags::INLINE), "WR {i}");
     }
     fake.complete_send(WcStatus::Success, 0).unwrap();
     let (res, bufs) = run(&rt, op);
@@ -447,4 +449,66 @@ fn submissions_wait_for_send_queue_credits() {
         assert_eq!(b.v[0], i as u8);
     }
     assert!(fake.max_outstanding_sends() <= 4);
+}
+
+#[test]
+fn small_gathered_payloads_go_inline_up_to_max_inline_data() {
+    let rt = Runtime::new().unwrap();
+    let caps = QpCaps {
+        max_inline_data: 16,
+        ..caps(16, 4)
+    };
+    let (qp, fake) = FakeQp::queue_pair(7, caps, 64);
+    let ops = vec![
+        qp.send(TestBuf::new(&[1; 16], 16)),
+        qp.send(TestBuf::new(&[1; 17], 17)),
+        qp.send(TestBuf::new(b"", 8)),
+    ];
+    let imm = qp.send_with_imm(TestBuf::new(&[2; 8], 8), 9);
+    let w = qp.write(TestBuf::new(&[3; 16], 16), REMOTE);
+    let w_big = qp.write(TestBuf::new(&[3; 32], 32), REMOTE);
+    let wi = qp.write_with_imm(TestBuf::new(&[4; 1], 1), REMOTE, 1);
+    let r = qp.read(TestBuf::new(b"", 8), REMOTE.at(0, 8).unwrap());
+    let inline: Vec<bool> = fake
+        .posted_sends()
+        .iter()
+        .map(|(_, f)| f.contains(SendFlags::INLINE))
+        .collect();
+    // send 16, send 17, empty send, send_with_imm 8, write 16, write 32,
+    // write_with_imm 1, read 8 (a READ scatters: never inline).
+    assert_eq!(inline, [true, false, false, true, true, false, true, false]);
+    for _ in 0..8 {
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+    }
+    for op in ops {
+        run(&rt, op).0.unwrap();
+    }
+    run(&rt, imm).0.unwrap();
+    run(&rt, w).0.unwrap();
+    run(&rt, w_big).0.unwrap();
+    run(&rt, wi).0.unwrap();
+    run(&rt, r).0.unwrap();
+}
+
+#[test]
+fn nothing_goes_inline_without_inline_room() {
+    let rt = Runtime::new().unwrap();
+    let caps = QpCaps {
+        max_inline_data: 0,
+        ..caps(8, 4)
+    };
+    let (qp, fake) = FakeQp::queue_pair(7, caps, 64);
+    let s = qp.send(TestBuf::new(b"x", 8));
+    let batch = Batch::new()
+        .write(TestBuf::new(&[1; 8], 8), REMOTE.at(0, 8).unwrap())
+        .send(TestBuf::new(b"done", 8));
+    let b = qp.post_batch(batch);
+    assert!(fake
+        .posted_sends()
+        .iter()
+        .all(|(_, f)| !f.contains(SendFlags::INLINE)));
+    fake.complete_send(WcStatus::Success, 1).unwrap();
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    run(&rt, s).0.unwrap();
+    run(&rt, b).0.unwrap();
 }

@@ -255,6 +255,45 @@ fn many_dropped_timers_do_not_accumulate() {
 }
 
 #[test]
+fn dropped_timers_leave_no_due_check_behind() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut s = sleep(Duration::from_secs(3600));
+        assert!(is_pending(&mut s));
+    });
+    let timers = &rt.handle().inner.timers;
+    assert_eq!(timers.heap_len(), 1, "the dropped timer's stale entry");
+    // Nothing live is pending: the stale entry goes, nothing fires (and no
+    // clock is read for it on later loop turns).
+    assert_eq!(timers.fire_due(), 0);
+    assert_eq!(timers.heap_len(), 0);
+}
+
+#[test]
+fn a_registered_sleep_completes_once_the_reactor_fires_it() {
+    let rt = Runtime::new().unwrap();
+    let polls = Rc::new(Cell::new(0u32));
+    let p2 = polls.clone();
+    let t = Instant::now();
+    rt.block_on(unless_deadline(LIMIT, async move {
+        let mut s = std::pin::pin!(sleep(Duration::from_millis(5)));
+        std::future::poll_fn(|cx| {
+            p2.set(p2.get() + 1);
+            // Polled again after every yield: stays pending until fired.
+            let r = s.as_mut().poll(cx);
+            if r.is_pending() {
+                cx.waker().wake_by_ref();
+            }
+            r
+        })
+        .await
+    }))
+    .unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(5));
+    assert!(polls.get() > 1, "{} polls", polls.get());
+}
+
+#[test]
 fn cross_thread_wake_reaches_a_sleeping_runtime() {
     let rt = Runtime::new().unwrap();
     let (tx, rx) = futures::channel::oneshot::channel::<u32>();

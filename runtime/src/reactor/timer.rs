@@ -15,7 +15,18 @@ use super::Handle;
 
 struct Entry {
     seq: u64,
+    /// `None` once fired.
     waker: Option<Waker>,
+}
+
+/// A registered [`Sleep`]'s entry, as seen by its next poll.
+enum EntryState {
+    /// In the heap, not due yet as far as the reactor has seen.
+    Armed,
+    /// The reactor found its deadline passed and woke it.
+    Fired,
+    /// Removed behind its back (the runtime is being torn down).
+    Gone,
 }
 
 pub(crate) struct Timers {
@@ -70,10 +81,20 @@ impl Timers {
         }
     }
 
+    /// Where timer `key` (inserted as `seq`) stands, without reading the clock.
+    fn state(&self, key: usize, seq: u64) -> EntryState {
+        match self.entries.borrow().get(key) {
+            Some(e) if e.seq == seq && e.waker.is_some() => EntryState::Armed,
+            Some(e) if e.seq == seq => EntryState::Fired,
+            _ => EntryState::Gone,
+        }
+    }
+
     /// [`fire`](Self::fire) at the current time; reads no clock when no
-    /// timer is pending (the common case on the op path).
+    /// live timer is pending (the common case on the op path: the stale
+    /// entries dropped timers leave behind are discarded first).
     pub(crate) fn fire_due(&self) -> usize {
-        if self.heap.borrow().is_empty() {
+        if self.next_deadline().is_none() {
             return 0;
         }
         self.fire(Instant::now())
@@ -157,19 +178,32 @@ impl Sleep {
 impl Future for Sleep {
     type Output = ();
 
+    /// Reads the clock only on the first poll (and if the runtime dropped
+    /// the entry): once registered, the timer is due exactly when the
+    /// reactor has fired it, so polling it again (say a [`Timeout`] around
+    /// an op, polled at every wake of the op) costs no clock read, which is
+    /// microseconds where the clocksource is emulated.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         let timers = &this.handle.inner.timers;
-        if Instant::now() >= this.deadline {
-            if let Some((key, seq)) = this.entry.take() {
-                timers.remove(key, seq);
+        if let Some((key, seq)) = this.entry {
+            match timers.state(key, seq) {
+                EntryState::Armed => {
+                    timers.update(key, seq, cx.waker());
+                    return Poll::Pending;
+                }
+                EntryState::Fired => {
+                    this.entry = None;
+                    timers.remove(key, seq);
+                    return Poll::Ready(());
+                }
+                EntryState::Gone => this.entry = None,
             }
+        }
+        if Instant::now() >= this.deadline {
             return Poll::Ready(());
         }
-        match this.entry {
-            Some((key, seq)) => timers.update(key, seq, cx.waker()),
-            None => this.entry = Some(timers.insert(this.deadline, cx.waker().clone())),
-        }
+        this.entry = Some(timers.insert(this.deadline, cx.waker().clone()));
         Poll::Pending
     }
 }
