@@ -364,3 +364,35 @@ fn dropped_memory_request_does_not_leak_the_grant() {
     });
     let _ = server.join().expect("server");
 }
+
+#[test]
+fn a_grant_cannot_be_reached_through_another_connection() {
+    // Each connection has its own protection domain: memory granted on
+    // connection A is out of reach of connection B's QP, even with A's rkey.
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 2, |c| async move {
+        let _ = timeout(WAIT, c[0].receive()).await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let a = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let b = a.new_connection().await.expect("second connection");
+        let remote = a.request_remote_mr(64).await.expect("grant on A");
+        let local = a.alloc_local_mr(64).unwrap();
+        let (res, _) = a.write(local, &remote).await;
+        res.expect("write through A");
+        let mut local = b.alloc_local_mr(64).unwrap();
+        local.copy_from_slice(&pattern(64, 3));
+        let (res, _) = timeout(WAIT, b.write(local, &remote))
+            .await
+            .expect("bounded");
+        let e = res.unwrap_err();
+        assert_eq!(status(&e), Some(WcStatus::RemAccessErr), "{e}");
+        // A's grant still holds what A wrote (zeros), not B's pattern.
+        let back = a.alloc_local_mr(64).unwrap();
+        let (res, back) = a.read(back, &remote).await;
+        res.expect("read through A");
+        assert!(back.iter().all(|&x| x == 0));
+        a.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
+}

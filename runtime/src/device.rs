@@ -125,18 +125,27 @@ impl Device {
         self.inner.cq_credits.available()
     }
 
+    /// Allocates a new protection domain on the device's context (for
+    /// isolating one connection's QP and memory from the others).
+    pub fn alloc_pd(&self) -> Result<Pd, ProviderError> {
+        self.inner.ctx.alloc_pd()
+    }
+
     /// Creates an RC QP (in RESET) on the shared CQ, tracked by the runtime.
     pub fn create_qp(&self, caps: QpCaps) -> Result<QueuePair, ProviderError> {
+        self.create_qp_in(&self.inner.pd, caps)
+    }
+
+    /// Creates an RC QP (in RESET) in `pd` (one of [`Device::alloc_pd`]), on
+    /// the shared CQ and its credit accounting, like [`Device::create_qp`].
+    pub fn create_qp_in(&self, pd: &Pd, caps: QpCaps) -> Result<QueuePair, ProviderError> {
         if self.inner.handle.ops().is_shut_down() {
             return Err(ProviderError::DeviceLost {
                 device: self.inner.ctx.name().to_string(),
                 reason: "its runtime was dropped".to_string(),
             });
         }
-        let qp = self
-            .inner
-            .pd
-            .create_qp(&self.inner.cq, &self.inner.cq, caps)?;
+        let qp = pd.create_qp(&self.inner.cq, &self.inner.cq, caps)?;
         let actual = qp.caps();
         let qp_num = qp.qp_num();
         Ok(QueuePair::from_backend(

@@ -10,6 +10,7 @@ use verbio_runtime::Device;
 
 use super::error::AgentError;
 use super::flow::reserve_for;
+use super::qps::AgentQps;
 use super::rdma::Rdma;
 use super::wire::DATA_OVERHEAD;
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
@@ -260,7 +261,7 @@ impl RdmaBuilder {
         let device = self.open()?;
         let listener = Listener::bind(
             addr,
-            DeviceQps::new(device.clone(), qp),
+            AgentQps::new(DeviceQps::new(device.clone(), qp)),
             self.handshake_timeout,
         )?;
         Ok(RdmaListener {
@@ -276,7 +277,7 @@ impl RdmaBuilder {
         let device = self.open()?;
         let conn = connect(
             addr,
-            &DeviceQps::new(device.clone(), qp),
+            &AgentQps::new(DeviceQps::new(device.clone(), qp)),
             self.handshake_timeout,
         )
         .await?;
@@ -289,7 +290,7 @@ impl RdmaBuilder {
 /// Accepts [`Rdma`] connections.
 #[derive(Debug)]
 pub struct RdmaListener {
-    listener: Listener<DeviceQps>,
+    listener: Listener<AgentQps>,
     device: Device,
     config: Rc<Config>,
 }

@@ -214,12 +214,7 @@ impl Rdma {
         let s = &self.shared;
         let (token, deadline) = s
             .grants
-            .grant(
-                s.device.pd(),
-                mem,
-                s.config.max_access,
-                s.config.token_lifetime,
-            )
+            .grant(&s.pd.0, mem, s.config.max_access, s.config.token_lifetime)
             .map_err(|code| AgentError::Refused {
                 what: "granting memory",
                 code,

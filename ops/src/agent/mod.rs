@@ -8,6 +8,7 @@ mod flow;
 mod memory;
 mod mr;
 mod msg;
+mod qps;
 mod rdma;
 mod task;
 mod tokens;

@@ -24,6 +24,7 @@ use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
 use super::flow::{Credits, Owed};
 use super::msg::RecvMsg;
+use super::qps::{ConnPd, ConnQp};
 use super::tokens::GrantTable;
 use super::wire::{Message, MrToken, RefuseCode};
 use crate::connect::Connection;
@@ -50,6 +51,9 @@ pub(crate) struct Partial {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) qp: QueuePair,
+    /// The connection's own protection domain: its QP, receive pool and
+    /// grants are all in it, so no other connection can reach them.
+    pub(crate) pd: ConnPd,
     pub(crate) device: Device,
     pub(crate) pool: MrPool,
     pub(crate) config: Rc<Config>,
@@ -229,7 +233,7 @@ pub struct Rdma {
 impl Rdma {
     /// Starts the agent and the disconnect watcher on a connected QP.
     pub(crate) fn start(
-        conn: Connection<QueuePair>,
+        conn: Connection<ConnQp>,
         device: Device,
         config: Rc<Config>,
     ) -> Result<Rdma, AgentError> {
@@ -237,9 +241,11 @@ impl Rdma {
         let (imm_tx, imm_inbox) = mpsc::unbounded();
         let (remote_mr_tx, remote_mr_inbox) = mpsc::unbounded();
         let (local_mr_tx, local_mr_inbox) = mpsc::unbounded();
-        let pool = MrPool::new(device.pd());
+        let ConnQp { qp, pd } = conn.qp;
+        let pool = MrPool::new(&pd.0);
         let shared = Rc::new(Shared {
-            qp: conn.qp,
+            qp,
+            pd,
             device,
             pool,
             credits: Credits::new(0), // the peer's first `Credit` tells

@@ -339,9 +339,7 @@ fn allocate(
     };
     // `len <= max_message_len`, a usize.
     let mem = vec![0u8; len as usize];
-    let (token, deadline) = shared
-        .grants
-        .grant(shared.device.pd(), mem, access, lifetime)?;
+    let (token, deadline) = shared.grants.grant(&shared.pd.0, mem, access, lifetime)?;
     expire_at(shared, token.token_id, deadline);
     Ok(token)
 }

@@ -1,7 +1,7 @@
 //! Creating and connecting the queue pair of a connection: [`QpFactory`],
 //! and [`DeviceQps`], its implementation on a runtime [`Device`].
 
-use verbio_runtime::provider::{Endpoint, InitAttr, ProviderKind, QpCaps, RtrAttr, RtsAttr};
+use verbio_runtime::provider::{Endpoint, InitAttr, Pd, ProviderKind, QpCaps, RtrAttr, RtsAttr};
 use verbio_runtime::{Device, QueuePair};
 
 use super::error::HandshakeError;
@@ -72,6 +72,30 @@ impl DeviceQps {
         DeviceQps { device, config }
     }
 
+    /// The device the QPs are made on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Like [`QpFactory::create`], but the QP is in `pd` (one of
+    /// [`Device::alloc_pd`]) instead of the device's protection domain.
+    pub fn create_in(&self, pd: &Pd) -> Result<(QueuePair, Endpoint), HandshakeError> {
+        let qp = self
+            .device
+            .create_qp_in(pd, self.config.caps)
+            .map_err(provider_err("creating the QP"))?;
+        self.init(qp)
+    }
+
+    fn init(&self, qp: QueuePair) -> Result<(QueuePair, Endpoint), HandshakeError> {
+        qp.modify_to_init(&self.config.init)
+            .map_err(provider_err("moving the QP to INIT"))?;
+        let ep = qp
+            .endpoint(self.gid_index()?)
+            .map_err(provider_err("querying the QP's endpoint"))?;
+        Ok((qp, ep))
+    }
+
     fn gid_index(&self) -> Result<u8, HandshakeError> {
         match self.config.gid_index {
             Some(i) => Ok(i),
@@ -105,12 +129,7 @@ impl QpFactory for DeviceQps {
             .device
             .create_qp(self.config.caps)
             .map_err(provider_err("creating the QP"))?;
-        qp.modify_to_init(&self.config.init)
-            .map_err(provider_err("moving the QP to INIT"))?;
-        let ep = qp
-            .endpoint(self.gid_index()?)
-            .map_err(provider_err("querying the QP's endpoint"))?;
-        Ok((qp, ep))
+        self.init(qp)
     }
 
     fn connect(
