@@ -399,3 +399,42 @@ fn well_formed_but_out_of_sequence_data_is_a_protocol_violation() {
     });
     server.join().expect("server");
 }
+
+#[test]
+fn path_mtu_is_the_minimum_of_both_settings_and_ports() {
+    use verbio::provider::Mtu;
+    let data = pattern(10_000, 4);
+    let data2 = data.clone();
+    // The server caps at 1024, the client at 512: both sides use 512.
+    let (addr, server) = serve_rdma(
+        || RdmaBuilder::new().mtu(Mtu::Mtu1024),
+        2,
+        move |c| async move {
+            let mtus: Vec<Mtu> = c.iter().map(|r| r.path_mtu()).collect();
+            let got = timeout(WAIT, c[0].receive()).await.expect("bounded");
+            assert_eq!(got.unwrap(), data2);
+            c[0].send(b"ok").await.unwrap();
+            mtus
+        },
+    );
+    let (rt, dev) = runtime_and_device();
+    let port = block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new().mtu(Mtu::Mtu512), &dev, addr).await;
+        assert_eq!(r.path_mtu(), Mtu::Mtu512);
+        // A second connection without a client cap: the server's 1024
+        // (or the port's, if smaller).
+        let plain = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let port = dev
+            .context()
+            .query_port(1)
+            .map(|p| p.active_mtu)
+            .expect("port");
+        assert_eq!(plain.path_mtu(), port.min(Mtu::Mtu1024));
+        r.send(&data).await.unwrap();
+        let ok = timeout(WAIT, r.receive()).await.expect("bounded");
+        assert_eq!(ok.unwrap(), b"ok");
+        port
+    });
+    let mtus = server.join().expect("server");
+    assert_eq!(mtus, vec![Mtu::Mtu512, port.min(Mtu::Mtu1024)]);
+}

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use verbio_runtime::provider::{open_device, AccessFlags, InitAttr, QpCaps, RtsAttr};
+use verbio_runtime::provider::{open_device, AccessFlags, InitAttr, Mtu, QpCaps, RtsAttr};
 use verbio_runtime::Device;
 
 use super::error::AgentError;
@@ -133,6 +133,13 @@ impl RdmaBuilder {
     pub fn max_sge(mut self, n: u32) -> Self {
         self.qp.caps.max_send_sge = n;
         self.qp.caps.max_recv_sge = n;
+        self
+    }
+
+    /// Largest path MTU (default: the port's active MTU). The connection
+    /// uses the minimum of this, the peer's setting and both ports' MTUs.
+    pub fn mtu(mut self, mtu: Mtu) -> Self {
+        self.qp.mtu = Some(mtu);
         self
     }
 
@@ -268,6 +275,7 @@ impl RdmaBuilder {
             listener,
             device,
             config,
+            mtu: qp.mtu,
         })
     }
 
@@ -281,7 +289,7 @@ impl RdmaBuilder {
             self.handshake_timeout,
         )
         .await?;
-        let mut rdma = Rdma::start(conn, device.clone(), config)?;
+        let mut rdma = Rdma::start(conn, device.clone(), config, qp.mtu)?;
         rdma.set_redial(self.clone().device(device), addr);
         Ok(rdma)
     }
@@ -293,6 +301,7 @@ pub struct RdmaListener {
     listener: Listener<AgentQps>,
     device: Device,
     config: Rc<Config>,
+    mtu: Option<Mtu>,
 }
 
 impl RdmaListener {
@@ -304,6 +313,6 @@ impl RdmaListener {
     /// The next connection (clients whose handshake fails are skipped).
     pub async fn accept(&self) -> Result<Rdma, AgentError> {
         let conn = self.listener.accept().await?;
-        Rdma::start(conn, self.device.clone(), self.config.clone())
+        Rdma::start(conn, self.device.clone(), self.config.clone(), self.mtu)
     }
 }

@@ -16,6 +16,7 @@ use futures::StreamExt;
 use std::time::{Duration, Instant};
 use verbio_runtime::buf::{LocalBuf, MrPool};
 
+use verbio_runtime::provider::Mtu;
 use verbio_runtime::{sleep, spawn, timeout, Device, Handle, JoinHandle, QueuePair, TcpStream};
 
 use std::net::SocketAddr;
@@ -27,7 +28,7 @@ use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
 use super::tokens::GrantTable;
 use super::wire::{Message, MrToken, RefuseCode};
-use crate::connect::Connection;
+use crate::connect::{path_mtu, Connection};
 use crate::verbs::Verbs;
 
 /// How long a closing connection lets its in-flight sends finish.
@@ -55,6 +56,7 @@ pub(crate) struct Shared {
     /// grants are all in it, so no other connection can reach them.
     pub(crate) pd: ConnPd,
     pub(crate) device: Device,
+    pub(crate) path_mtu: Mtu,
     pub(crate) pool: MrPool,
     pub(crate) config: Rc<Config>,
     pub(crate) credits: Credits,
@@ -236,7 +238,9 @@ impl Rdma {
         conn: Connection<ConnQp>,
         device: Device,
         config: Rc<Config>,
+        mtu_cap: Option<Mtu>,
     ) -> Result<Rdma, AgentError> {
+        let path_mtu = path_mtu(&conn.local, &conn.remote, mtu_cap);
         let (inbox_tx, inbox) = mpsc::unbounded();
         let (imm_tx, imm_inbox) = mpsc::unbounded();
         let (remote_mr_tx, remote_mr_inbox) = mpsc::unbounded();
@@ -247,6 +251,7 @@ impl Rdma {
             qp,
             pd,
             device,
+            path_mtu,
             pool,
             credits: Credits::new(0), // the peer's first `Credit` tells
             owed: Owed::new(config.credit_batch),
@@ -298,6 +303,11 @@ impl Rdma {
     /// The reason the connection is down, `None` while it works.
     pub fn close_reason(&self) -> Option<CloseReason> {
         self.shared.failure()
+    }
+
+    /// The path MTU the QP was connected with.
+    pub fn path_mtu(&self) -> Mtu {
+        self.shared.path_mtu
     }
 
     /// The device the connection runs on.

@@ -26,4 +26,4 @@ pub use error::HandshakeError;
 pub use exchange::{accept_exchange, connect_exchange, Deadline};
 pub use handshake::{decode, encode, Hello};
 pub use listener::{connect, Connection, Listener, DEFAULT_TIMEOUT};
-pub use setup::{DeviceQps, QpConfig, QpFactory};
+pub use setup::{path_mtu, DeviceQps, QpConfig, QpFactory};

@@ -1,7 +1,9 @@
 //! Creating and connecting the queue pair of a connection: [`QpFactory`],
 //! and [`DeviceQps`], its implementation on a runtime [`Device`].
 
-use verbio_runtime::provider::{Endpoint, InitAttr, Pd, ProviderKind, QpCaps, RtrAttr, RtsAttr};
+use verbio_runtime::provider::{
+    Endpoint, InitAttr, Mtu, Pd, ProviderKind, QpCaps, RtrAttr, RtsAttr,
+};
 use verbio_runtime::{Device, QueuePair};
 
 use super::error::HandshakeError;
@@ -43,6 +45,10 @@ pub struct QpConfig {
     pub hop_limit: u8,
     /// RTR → RTS attributes (timeouts, retries).
     pub rts: RtsAttr,
+    /// Largest path MTU this side accepts (`None` = the port's active MTU).
+    /// The endpoint advertises the smaller of the two, so both sides settle
+    /// on the same path MTU: the minimum of both ports and both settings.
+    pub mtu: Option<Mtu>,
 }
 
 impl Default for QpConfig {
@@ -55,6 +61,7 @@ impl Default for QpConfig {
             max_dest_rd_atomic: 16,
             hop_limit: 64,
             rts: RtsAttr::default(),
+            mtu: None,
         }
     }
 }
@@ -90,9 +97,12 @@ impl DeviceQps {
     fn init(&self, qp: QueuePair) -> Result<(QueuePair, Endpoint), HandshakeError> {
         qp.modify_to_init(&self.config.init)
             .map_err(provider_err("moving the QP to INIT"))?;
-        let ep = qp
+        let mut ep = qp
             .endpoint(self.gid_index()?)
             .map_err(provider_err("querying the QP's endpoint"))?;
+        if let Some(cap) = self.config.mtu {
+            ep.mtu = ep.mtu.min(cap);
+        }
         Ok((qp, ep))
     }
 
@@ -109,6 +119,12 @@ impl DeviceQps {
                 }),
         }
     }
+}
+
+/// The path MTU of a connection: the smaller endpoint MTU, capped by `cap`.
+pub fn path_mtu(local: &Endpoint, remote: &Endpoint, cap: Option<Mtu>) -> Mtu {
+    let m = local.mtu.min(remote.mtu);
+    cap.map_or(m, |c| m.min(c))
 }
 
 fn provider_err(
@@ -140,7 +156,7 @@ impl QpFactory for DeviceQps {
     ) -> Result<(), HandshakeError> {
         qp.modify_to_rtr(&RtrAttr {
             remote: *remote,
-            path_mtu: local.mtu.min(remote.mtu),
+            path_mtu: path_mtu(local, remote, self.config.mtu),
             min_rnr_timer: self.config.min_rnr_timer,
             max_dest_rd_atomic: self.config.max_dest_rd_atomic,
             sgid_index: self.gid_index()?,
