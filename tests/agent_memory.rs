@@ -309,7 +309,6 @@ fn forged_rkey_and_beyond_the_grant_are_refused() {
     });
     let (rt, dev) = runtime_and_device();
     block(&rt, async {
-        let pool = verbio::runtime::buf::MrPool::new(dev.pd());
         for forge in [
             |b: RemoteBuf| RemoteBuf::new(b.addr(), b.len(), b.rkey() ^ 0x5a5a),
             |b: RemoteBuf| RemoteBuf::new(b.addr() + b.len() - 4, 8, b.rkey()),
@@ -319,7 +318,7 @@ fn forged_rkey_and_beyond_the_grant_are_refused() {
             let (res, b) = r
                 .qp()
                 .write(
-                    buf_from(&pool, &[1; 8]),
+                    buf_from(r.pool(), &[1; 8]),
                     remote.get(0..8).unwrap().remote_buf(),
                 )
                 .await;

@@ -180,8 +180,8 @@ fn garbage_peer_gets_a_protocol_error_and_others_keep_working() {
     block(&rt, async {
         let bad = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
         let good = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
-        let pool = MrPool::new(dev.pd());
-        let (res, _) = bad.qp().send(buf_from(&pool, b"VBAG garbage!")).await;
+        let pool = bad.pool();
+        let (res, _) = bad.qp().send(buf_from(pool, b"VBAG garbage!")).await;
         res.expect("raw send");
         // The server says why and closes.
         let e = bad.receive().await.unwrap_err();
@@ -246,14 +246,14 @@ fn orderly_close_and_peer_error_message() {
         let b = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
         a.close().await.expect("close");
         // An Error frame sent raw: the server reports the peer's error.
-        let pool = MrPool::new(dev.pd());
+        let pool = b.pool();
         let msg = Message::Error {
             code: 9,
             text: "bye",
         };
         let mut frame = vec![0u8; msg.encoded_len()];
         msg.encode(&mut frame).unwrap();
-        let (res, _) = b.qp().send(buf_from(&pool, &frame)).await;
+        let (res, _) = b.qp().send(buf_from(pool, &frame)).await;
         res.expect("raw send");
         verbio::runtime::sleep(std::time::Duration::from_millis(100)).await;
     });
@@ -381,7 +381,7 @@ fn well_formed_but_out_of_sequence_data_is_a_protocol_violation() {
     let (rt, dev) = runtime_and_device();
     block(&rt, async {
         let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
-        let pool = MrPool::new(dev.pd());
+        let pool = r.pool();
         // A piece in the middle of a message that never started.
         let msg = Message::Data {
             msg_id: 77,
@@ -392,7 +392,7 @@ fn well_formed_but_out_of_sequence_data_is_a_protocol_violation() {
         };
         let mut frame = vec![0u8; msg.encoded_len()];
         msg.encode(&mut frame).unwrap();
-        let (res, _) = r.qp().send(buf_from(&pool, &frame)).await;
+        let (res, _) = r.qp().send(buf_from(pool, &frame)).await;
         res.expect("raw send");
         let e = r.receive().await.unwrap_err();
         assert!(e.close_reason().is_some(), "{e}");

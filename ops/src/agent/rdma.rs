@@ -315,9 +315,17 @@ impl Rdma {
         &self.shared.device
     }
 
-    /// The connection's queue pair (for verbs beyond this API).
+    /// The connection's queue pair (for verbs beyond this API). It is in
+    /// the connection's own protection domain: buffers posted on it must
+    /// come from [`Rdma::pool`], not from the device's pool.
     pub fn qp(&self) -> &QueuePair {
         &self.shared.qp
+    }
+
+    /// The registered-buffer pool of the connection's protection domain
+    /// (local buffers for verbs posted on [`Rdma::qp`]).
+    pub fn pool(&self) -> &MrPool {
+        &self.shared.pool
     }
 
     /// Send credits left (messages this side may send before waiting).
