@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::mpsc;
 
@@ -14,45 +12,7 @@ use verbio::ops::agent::wire::Message;
 use verbio::ops::verbs::Verbs;
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::timeout;
-use verbio::{AgentError, CloseReason, Rdma, RdmaBuilder};
-
-/// A server thread: accepts `conns` connections with `builder`, runs `body`.
-fn serve_rdma<F, Fut, R>(
-    builder: impl FnOnce() -> RdmaBuilder + Send + 'static,
-    conns: usize,
-    body: F,
-) -> (SocketAddr, std::thread::JoinHandle<R>)
-where
-    F: FnOnce(Vec<Rdma>) -> Fut + Send + 'static,
-    Fut: Future<Output = R> + 'static,
-    R: Send + 'static,
-{
-    let (tx, rx) = mpsc::channel();
-    let th = std::thread::spawn(move || {
-        let (rt, dev) = runtime_and_device();
-        block(&rt, async move {
-            let l = builder()
-                .device(dev)
-                .listen("127.0.0.1:0".parse().unwrap())
-                .expect("listen");
-            tx.send(l.local_addr().unwrap()).unwrap();
-            let mut v = Vec::new();
-            for _ in 0..conns {
-                v.push(l.accept().await.expect("accept"));
-            }
-            body(v).await
-        })
-    });
-    (rx.recv_timeout(WAIT).expect("server start"), th)
-}
-
-async fn dial_rdma(builder: RdmaBuilder, dev: &verbio::runtime::Device, addr: SocketAddr) -> Rdma {
-    builder
-        .device(dev.clone())
-        .connect(addr)
-        .await
-        .expect("connect")
-}
+use verbio::{AgentError, CloseReason, RdmaBuilder};
 
 #[test]
 fn send_receive_split_and_immediates() {

@@ -15,6 +15,7 @@ use verbio::ops::verbs::{Batch, RemoteBuf, Verbs};
 use verbio::provider::{open_device, AccessFlags, Context, SoftConfig};
 use verbio::runtime::buf::{IoBuf, LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
+use verbio::{Rdma, RdmaBuilder};
 
 /// Bound of every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -308,4 +309,46 @@ pub async fn verbs_client(qp: QueuePair, dev: Device) {
         "ok",
         "server's verdict"
     );
+}
+
+/// An `Rdma` server thread: accepts `conns` connections with `builder`, runs `body`.
+pub fn serve_rdma<F, Fut, R>(
+    builder: impl FnOnce() -> RdmaBuilder + Send + 'static,
+    conns: usize,
+    body: F,
+) -> (SocketAddr, std::thread::JoinHandle<R>)
+where
+    F: FnOnce(Vec<Rdma>) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + 'static,
+    R: Send + 'static,
+{
+    let (tx, rx) = mpsc::channel();
+    let th = std::thread::spawn(move || {
+        let (rt, dev) = runtime_and_device();
+        block(&rt, async move {
+            let l = builder()
+                .device(dev)
+                .listen("127.0.0.1:0".parse().unwrap())
+                .expect("listen");
+            tx.send(l.local_addr().unwrap()).unwrap();
+            let mut v = Vec::new();
+            for _ in 0..conns {
+                v.push(l.accept().await.expect("accept"));
+            }
+            body(v).await
+        })
+    });
+    (rx.recv_timeout(WAIT).expect("server start"), th)
+}
+
+pub async fn dial_rdma(
+    builder: RdmaBuilder,
+    dev: &verbio::runtime::Device,
+    addr: SocketAddr,
+) -> Rdma {
+    builder
+        .device(dev.clone())
+        .connect(addr)
+        .await
+        .expect("connect")
 }
