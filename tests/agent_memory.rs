@@ -173,6 +173,10 @@ fn access_is_capped_by_the_owners_maximum() {
 #[test]
 fn hand_overs_both_ways_and_write_with_imm() {
     let (verdict_tx, verdict_rx) = mpsc::channel();
+    // The client requests memory (a new grant here) only after the server has
+    // counted its grants: the agent may serve that request right behind the
+    // hand-back.
+    let (counted_tx, counted_rx) = mpsc::channel::<()>();
     let (addr, server) = serve_rdma(RdmaBuilder::new, 1, move |mut c| async move {
         let r = c.remove(0);
         // 1. Lend own memory; the client reads it, writes its second half
@@ -181,6 +185,7 @@ fn hand_overs_both_ways_and_write_with_imm() {
         assert_eq!(r.live_grants(), 1);
         let back = r.receive_local_mr().await.unwrap();
         assert_eq!(r.live_grants(), 0, "revoked before it came back");
+        counted_tx.send(()).unwrap();
         let mut want = pattern(256, 1);
         want[128..].fill(0xcd);
         verdict_tx.send(back == want).unwrap();
@@ -203,6 +208,11 @@ fn hand_overs_both_ways_and_write_with_imm() {
         let (res, _) = r.write(half, &lent.get(128..).unwrap()).await;
         res.unwrap();
         r.send_remote_mr(lent).await.unwrap();
+        let deadline = std::time::Instant::now() + WAIT;
+        while counted_rx.try_recv().is_err() {
+            assert!(std::time::Instant::now() < deadline, "server never counted");
+            sleep(Duration::from_millis(1)).await;
+        }
 
         let remote = r.request_remote_mr(32).await.unwrap();
         let mut data = r.alloc_local_mr(32).unwrap();
