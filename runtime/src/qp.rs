@@ -465,6 +465,14 @@ impl QueuePair {
         self.inner.core.closed.get()
     }
 
+    /// Resolves once no send WR of this QP is outstanding (every one has
+    /// completed or been flushed). Unlike [`close`](Self::close) it does not
+    /// move the QP to ERR: sends in flight finish by the transport's rules.
+    pub fn sends_idle(&self) -> impl Future<Output = ()> + '_ {
+        let sq = &self.inner.core.sq;
+        std::future::poll_fn(move |cx| sq.poll_idle(cx))
+    }
+
     /// Closes the QP: later submissions fail with [`SubmitError::Closed`], the
     /// QP moves to ERR (re-issued even if already there), and this resolves
     /// once every outstanding WR has completed or been flushed, i.e. once the

@@ -13,11 +13,11 @@ use futures::channel::{mpsc, oneshot};
 use futures::io::AsyncRead;
 use futures::lock::Mutex;
 use futures::StreamExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use verbio_runtime::buf::{LocalBuf, MrPool};
 
 use verbio_runtime::provider::Mtu;
-use verbio_runtime::{sleep, spawn, timeout, Device, Handle, JoinHandle, QueuePair, TcpStream};
+use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, TcpStream};
 
 use std::net::SocketAddr;
 
@@ -108,10 +108,7 @@ impl Shared {
             // Sends already on the wire (a last `Error` notice included)
             // finish by the transport's rules (ACK or retry limit); then the
             // side channel closes and the flush ends the posted receives.
-            let deadline = Instant::now() + DRAIN_LIMIT;
-            while qp.outstanding_sends() > 0 && Instant::now() < deadline {
-                sleep(Duration::from_millis(1)).await;
-            }
+            let _ = timeout(DRAIN_LIMIT, qp.sends_idle()).await;
             drop(stream);
             if let Some(w) = waker {
                 w.wake();
@@ -480,15 +477,10 @@ async fn watch(shared: std::rc::Weak<Shared>) {
     .await;
     if gone {
         // The peer's last messages may still sit in the CQ behind this EOF
-        // (the two arrive on different fds): give the agent a moment to
-        // deliver them. On the soft device and on hardware the QP's own
-        // flush usually ends the connection first; this is the fallback.
-        sleep(EOF_GRACE).await;
+        // (the two arrive on different fds); they are not lost: the agent keeps
+        // delivering until the QP's flush ends it (`Shared::agent_stopped`).
         if let Some(s) = shared.upgrade() {
             s.fail(CloseReason::Disconnected);
         }
     }
 }
-
-/// How long a peer's EOF waits before the connection is declared down.
-const EOF_GRACE: Duration = Duration::from_millis(100);
