@@ -12,7 +12,8 @@ use super::error::AgentError;
 use super::flow::reserve_for;
 use super::qps::AgentQps;
 use super::rdma::Rdma;
-use super::wire::DATA_OVERHEAD;
+use super::settings::MIN_RECV_BUF_SIZE;
+use super::wire::Settings;
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 
 /// The settings of a connection, shared by its tasks.
@@ -25,26 +26,40 @@ pub(crate) struct Config {
     pub(crate) max_access: AccessFlags,
     pub(crate) token_lifetime: Duration,
     pub(crate) request_timeout: Duration,
+    /// Limit of the agent settings exchange (the handshake timeout).
+    pub(crate) settings_timeout: Duration,
 }
 
 impl Config {
-    /// Payload bytes of one `Data` piece.
-    pub(crate) fn piece_len(&self) -> usize {
-        self.recv_buf_size - DATA_OVERHEAD
+    /// Receive-queue entries to create the QP with: this side's buffers
+    /// plus the largest reserve a peer with as many buffers can need (one
+    /// that returns credits one by one).
+    pub(crate) fn recv_queue_depth(&self) -> u32 {
+        self.recv_buf_count
+            .saturating_add(reserve_for(self.recv_buf_count, 1))
     }
 
-    /// Receive buffers posted: the peer's credits plus the control reserve.
-    pub(crate) fn posted_recvs(&self) -> u32 {
-        self.recv_buf_count + reserve_for(self.recv_buf_count, self.credit_batch)
+    /// This side's announcement for the settings exchange.
+    pub(crate) fn settings(&self, max_recv_wr: u32) -> Settings {
+        Settings {
+            max_message_len: self.max_message_len as u64,
+            recv_buf_size: u32::try_from(self.recv_buf_size).unwrap_or(u32::MAX),
+            recv_buf_count: self.recv_buf_count,
+            credit_batch: self.credit_batch,
+            max_recv_wr,
+        }
     }
 }
 
 /// Builds [`Rdma`] connections: `RdmaBuilder::default().listen(addr)` on one
 /// side, `RdmaBuilder::default().connect(addr).await` on the other. Each
 /// side announces its receive-buffer count to the peer as its first send
-/// credits. Use the same receive-buffer size on both sides (a message piece
-/// larger than the peer's buffers fails the connection) and the same
-/// credit batch (the control reserve is sized from it).
+/// credits. When a connection starts, the two sides exchange their agent
+/// settings (receive-buffer size and count, credit batch, receive-queue
+/// depth, maximum message length): message pieces are sized for the peer's
+/// buffers, the largest message sent is the smaller of both maxima, and a
+/// pair whose receive queues cannot hold the buffers each side needs is
+/// refused on both sides with [`AgentError::Incompatible`].
 #[derive(Debug, Clone)]
 pub struct RdmaBuilder {
     device_name: Option<String>,
@@ -75,6 +90,7 @@ impl Default for RdmaBuilder {
                     | AccessFlags::REMOTE_ATOMIC,
                 token_lifetime: Duration::from_secs(60),
                 request_timeout: Duration::from_secs(5),
+                settings_timeout: Duration::from_secs(10),
             },
         }
     }
@@ -164,8 +180,9 @@ impl RdmaBuilder {
         self
     }
 
-    /// Size of each posted receive buffer (a message larger than one buffer
-    /// travels in several pieces).
+    /// Size of each posted receive buffer, at least
+    /// [`MIN_RECV_BUF_SIZE`](super::MIN_RECV_BUF_SIZE) (a message larger
+    /// than the peer's buffers travels in several pieces).
     pub fn recv_buf_size(mut self, len: usize) -> Self {
         self.config.recv_buf_size = len;
         self
@@ -204,6 +221,7 @@ impl RdmaBuilder {
     /// Limit of the TCP connect and endpoint exchange.
     pub fn handshake_timeout(mut self, d: Duration) -> Self {
         self.handshake_timeout = d;
+        self.config.settings_timeout = d;
         self
     }
 
@@ -222,10 +240,16 @@ impl RdmaBuilder {
 
     fn checked(&self) -> Result<(QpConfig, Rc<Config>), AgentError> {
         let c = &self.config;
-        if c.recv_buf_size < DATA_OVERHEAD + 1 {
+        if c.recv_buf_size < MIN_RECV_BUF_SIZE || u32::try_from(c.recv_buf_size).is_err() {
             return Err(AgentError::Config {
                 setting: "recv_buf_size",
-                reason: "must hold a data header and at least one byte",
+                reason: "must be at least MIN_RECV_BUF_SIZE (128) and fit in 32 bits",
+            });
+        }
+        if c.max_message_len == 0 {
+            return Err(AgentError::Config {
+                setting: "max_message_len",
+                reason: "must be at least 1",
             });
         }
         if c.recv_buf_count == 0 || c.credit_batch == 0 || c.credit_batch > c.recv_buf_count {
@@ -235,9 +259,8 @@ impl RdmaBuilder {
             });
         }
         let mut qp = self.qp;
-        let posted = c.posted_recvs();
         qp.caps = QpCaps {
-            max_recv_wr: qp.caps.max_recv_wr.max(posted),
+            max_recv_wr: qp.caps.max_recv_wr.max(c.recv_queue_depth()),
             ..qp.caps
         };
         Ok((qp, Rc::new(c.clone())))
@@ -289,7 +312,7 @@ impl RdmaBuilder {
             self.handshake_timeout,
         )
         .await?;
-        let mut rdma = Rdma::start(conn, device.clone(), config, qp.mtu)?;
+        let mut rdma = Rdma::start(conn, device.clone(), config, qp.mtu).await?;
         rdma.set_redial(self.clone().device(device), addr);
         Ok(rdma)
     }
@@ -310,9 +333,12 @@ impl RdmaListener {
         Ok(self.listener.local_addr()?)
     }
 
-    /// The next connection (clients whose handshake fails are skipped).
+    /// The next connection. Clients whose endpoint handshake fails are
+    /// skipped; a client whose agent settings are incompatible (or that
+    /// fails the settings exchange) is refused with the error, which
+    /// concerns that client only: keep accepting.
     pub async fn accept(&self) -> Result<Rdma, AgentError> {
         let conn = self.listener.accept().await?;
-        Rdma::start(conn, self.device.clone(), self.config.clone(), self.mtu)
+        Rdma::start(conn, self.device.clone(), self.config.clone(), self.mtu).await
     }
 }

@@ -118,6 +118,28 @@ pub enum AgentError {
         /// Bytes available.
         have: u64,
     },
+    /// The two sides' agent settings cannot work together; both sides
+    /// refuse the connection with the same error when it starts.
+    #[error("incompatible agent setting {setting} (this side {local}, peer {peer}): {reason}")]
+    Incompatible {
+        /// The setting.
+        setting: &'static str,
+        /// This side's value (or what this side needs).
+        local: u64,
+        /// The peer's value (or what the peer needs).
+        peer: u64,
+        /// What is wrong, and what to change.
+        reason: &'static str,
+    },
+    /// The agent settings exchange on the TCP side channel failed.
+    #[error("agent settings exchange: {stage}: {source}")]
+    SettingsExchange {
+        /// What was being done.
+        stage: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A setting of the builder is out of range.
     #[error("invalid setting {setting}: {reason}")]
     Config {

@@ -32,8 +32,10 @@ impl Credits {
     }
 
     /// Takes one credit, waiting for a grant if none is left; fails once the
-    /// connection is closed.
-    pub(crate) async fn acquire(&self) -> Result<(), CloseReason> {
+    /// connection is closed. Cancel-safe: a credit is only taken by the
+    /// poll that returns it, and the returned [`Credit`] gives it back
+    /// unless it is [spent](Credit::spend) (the message was posted).
+    pub(crate) async fn acquire(&self) -> Result<Credit<'_>, CloseReason> {
         poll_fn(|cx| {
             if let Some(r) = self.closed.borrow().as_ref() {
                 return Poll::Ready(Err(r.clone()));
@@ -41,7 +43,10 @@ impl Credits {
             let n = self.available.get();
             if n > 0 {
                 self.available.set(n - 1);
-                return Poll::Ready(Ok(()));
+                return Poll::Ready(Ok(Credit {
+                    credits: self,
+                    spent: false,
+                }));
             }
             self.waiters.borrow_mut().push(cx.waker().clone());
             Poll::Pending
@@ -70,6 +75,32 @@ impl Credits {
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
         for w in waiters {
             w.wake();
+        }
+    }
+}
+
+/// One taken send credit. Dropped unspent (the message it was taken for was
+/// never posted: its future was cancelled while waiting for send-queue room,
+/// or the send failed before posting), it goes back to the pool: the peer
+/// will never return a credit for a message it never received.
+#[derive(Debug)]
+#[must_use = "an unspent credit returns to the pool when dropped"]
+pub(crate) struct Credit<'a> {
+    credits: &'a Credits,
+    spent: bool,
+}
+
+impl Credit<'_> {
+    /// The message was posted: the credit now belongs to the peer's buffer.
+    pub(crate) fn spend(mut self) {
+        self.spent = true;
+    }
+}
+
+impl Drop for Credit<'_> {
+    fn drop(&mut self) {
+        if !self.spent {
+            self.credits.grant(1);
         }
     }
 }
@@ -105,13 +136,13 @@ impl Owed {
     }
 }
 
-/// Extra receive buffers (beyond the `credits` announced to the peer) for
-/// the messages sent without credits, when both sides return credits in
-/// batches of `batch`: the peer's `Credit` messages (each returns at least
-/// `batch`, and the peer cannot owe more than `credits`, so at most
-/// `credits / batch` are unprocessed at once), its first `Credit` (the
-/// announcement), its `Error` and its `Close`. A peer with other settings
-/// can only cause RNR retries (a stall until a buffer is reposted).
+/// Extra receive buffers (beyond the credits this side announced) for the
+/// messages the peer sends without credits, when the peer has `credits`
+/// receive buffers for this side and returns credits in batches of
+/// `batch` (both learnt in the settings exchange): the peer's `Credit`
+/// messages (each returns at least `batch`, and the peer cannot owe more
+/// than `credits`, so at most `credits / batch` are unprocessed at once),
+/// its first `Credit` (the announcement), its `Error` and its `Close`.
 pub(crate) fn reserve_for(credits: u32, batch: u32) -> u32 {
     credits.div_ceil(batch.max(1)) + 3
 }
@@ -132,14 +163,30 @@ mod tests {
     #[test]
     fn credits_count_and_close() {
         let c = Credits::new(1);
-        futures::executor::block_on(c.acquire()).unwrap();
+        futures::executor::block_on(c.acquire()).unwrap().spend();
         assert_eq!(c.available(), 0);
         c.grant(2);
         assert_eq!(c.available(), 2);
         c.close(CloseReason::Disconnected);
-        assert_eq!(
+        assert!(matches!(
             futures::executor::block_on(c.acquire()),
             Err(CloseReason::Disconnected)
-        );
+        ));
+    }
+
+    #[test]
+    fn an_unspent_credit_comes_back() {
+        let c = Credits::new(2);
+        let a = futures::executor::block_on(c.acquire()).unwrap();
+        let b = futures::executor::block_on(c.acquire()).unwrap();
+        assert_eq!(c.available(), 0);
+        drop(a); // never posted
+        assert_eq!(c.available(), 1);
+        b.spend();
+        assert_eq!(c.available(), 1);
+        // A waiter cancelled before it got a credit takes none.
+        let waiting = c.acquire();
+        drop(waiting);
+        assert_eq!(c.available(), 1);
     }
 }

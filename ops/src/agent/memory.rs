@@ -3,15 +3,16 @@
 
 use std::rc::Rc;
 
+use std::ops::RangeBounds;
+
 use futures::channel::oneshot;
-use futures::StreamExt;
-use verbio_runtime::buf::LocalBuf;
+use verbio_runtime::buf::{IoBuf, LocalBuf};
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::timeout;
 
 use super::error::AgentError;
-use super::mr::{LocalMr, RemoteMr};
-use super::rdma::Rdma;
+use super::mr::{bounds, LocalMr, RemoteMr};
+use super::rdma::{posted_spends, Rdma};
 use super::wire::{HandOverKind, Message, MrToken};
 use crate::verbs::{RemoteBuf, Verbs};
 
@@ -115,15 +116,19 @@ impl Rdma {
         if let Err(e) = Self::check_fits("write_with_imm", local.len() as u64, remote.len()) {
             return (Err(e), local);
         }
-        if let Err(e) = self.shared.credits.acquire().await {
-            return (Err(e.into()), local);
-        }
+        let credit = match self.shared.credits.acquire().await {
+            Ok(c) => c,
+            Err(e) => return (Err(e.into()), local),
+        };
         let target = RemoteBuf::new(
             remote.remote_buf().addr(),
             local.len() as u64,
             remote.remote_buf().rkey(),
         );
-        let (r, buf) = self.shared.qp.write_with_imm(local.buf, target, imm).await;
+        // The credit is spent once the WRITE is posted; dropped before, it
+        // goes back (the peer never sees the immediate).
+        let sub = self.shared.qp.write_with_imm(local.buf, target, imm);
+        let (r, buf) = posted_spends(sub, Some(credit)).await;
         (self.shared.verb_result(r), LocalMr { buf })
     }
 
@@ -138,6 +143,92 @@ impl Rdma {
         }
         let (r, buf) = self.shared.qp.read(local.buf, remote.remote_buf()).await;
         (self.shared.verb_result(r), LocalMr { buf })
+    }
+
+    /// RDMA WRITE of `local[range]` to the start of `remote` (a view made
+    /// with [`RemoteMr::get`] targets any part of a grant). A range outside
+    /// `local`, or longer than `remote`, is refused with
+    /// [`AgentError::OutOfBounds`] before anything is posted; `local` comes
+    /// back whole either way.
+    pub async fn write_range(
+        &self,
+        local: LocalMr,
+        range: impl RangeBounds<usize>,
+        remote: &RemoteMr,
+    ) -> (Result<(), AgentError>, LocalMr) {
+        let (s, e) = match local_range(&local, range, "write_range: local range") {
+            Ok(r) => r,
+            Err(err) => return (Err(err), local),
+        };
+        if let Err(err) = Self::check_fits("write_range", (e - s) as u64, remote.len()) {
+            return (Err(err), local);
+        }
+        let part = match local.buf.slice(s..e) {
+            Ok(p) => p,
+            Err(rejected) => {
+                return (
+                    Err(AgentError::Buf {
+                        stage: "write_range: slicing the local region",
+                        source: rejected.error,
+                    }),
+                    LocalMr {
+                        buf: rejected.buf,
+                    },
+                )
+            }
+        };
+        let target = RemoteBuf::new(
+            remote.remote_buf().addr(),
+            (e - s) as u64,
+            remote.remote_buf().rkey(),
+        );
+        let (r, part) = self.shared.qp.write(part, target).await;
+        (
+            self.shared.verb_result(r),
+            LocalMr {
+                buf: part.into_inner(),
+            },
+        )
+    }
+
+    /// RDMA READ of all of `remote` into the start of `local[range]`. A
+    /// range outside `local`, or shorter than `remote`, is refused with
+    /// [`AgentError::OutOfBounds`] before anything is posted; the bytes of
+    /// `local` outside the range are left as they were.
+    pub async fn read_range(
+        &self,
+        local: LocalMr,
+        range: impl RangeBounds<usize>,
+        remote: &RemoteMr,
+    ) -> (Result<(), AgentError>, LocalMr) {
+        let (s, e) = match local_range(&local, range, "read_range: local range") {
+            Ok(r) => r,
+            Err(err) => return (Err(err), local),
+        };
+        if let Err(err) = Self::check_fits("read_range", remote.len(), (e - s) as u64) {
+            return (Err(err), local);
+        }
+        let part = match local.buf.slice(s..e) {
+            Ok(p) => p,
+            Err(rejected) => {
+                return (
+                    Err(AgentError::Buf {
+                        stage: "read_range: slicing the local region",
+                        source: rejected.error,
+                    }),
+                    LocalMr {
+                        buf: rejected.buf,
+                    },
+                )
+            }
+        };
+        let (r, part) = self.shared.qp.read(part, remote.remote_buf()).await;
+        (
+            self.shared.verb_result(r),
+            LocalMr {
+                buf: part.into_inner(),
+            },
+        )
     }
 
     fn word_buf(&self) -> Result<LocalBuf, AgentError> {
@@ -187,30 +278,68 @@ impl Rdma {
     }
 
     /// Hands a grant back to its owner, who revokes it and gets the memory
-    /// with [`Rdma::receive_local_mr`].
+    /// with [`Rdma::receive_local_mr`] (tag 0).
     pub async fn send_remote_mr(&self, remote: RemoteMr) -> Result<(), AgentError> {
+        self.send_remote_mr_with_tag(remote, 0).await
+    }
+
+    /// [`Rdma::send_remote_mr`] with a user `tag` that travels with the
+    /// hand-back: the owner matches it with
+    /// [`Rdma::receive_local_mr_with_tag`] or reads it with
+    /// [`Rdma::receive_local_mr_tagged`].
+    pub async fn send_remote_mr_with_tag(
+        &self,
+        remote: RemoteMr,
+        tag: u64,
+    ) -> Result<(), AgentError> {
         remote.held.done.set(true);
         let msg = Message::HandOver {
             kind: HandOverKind::Remote,
-            tag: 0,
+            tag,
             token: remote.held.token,
         };
         self.shared.send_message(&msg, true).await
     }
 
-    /// The next grant the peer handed over ([`Rdma::send_local_mr`] there).
+    /// The next grant the peer handed over ([`Rdma::send_local_mr`] there),
+    /// whatever its tag.
     pub async fn receive_remote_mr(&self) -> Result<RemoteMr, AgentError> {
-        let mut rx = self.remote_mr_inbox.lock().await;
-        match rx.next().await {
-            Some(token) => Ok(RemoteMr::new(token, Rc::downgrade(&self.shared))),
+        Ok(self.receive_remote_mr_tagged().await?.0)
+    }
+
+    /// The next grant the peer handed over, with the tag it was sent with.
+    pub async fn receive_remote_mr_tagged(&self) -> Result<(RemoteMr, u64), AgentError> {
+        self.next_remote_mr(None).await
+    }
+
+    /// The next grant the peer handed over with `tag` (grants with other
+    /// tags stay queued for their own receivers).
+    pub async fn receive_remote_mr_with_tag(&self, tag: u64) -> Result<RemoteMr, AgentError> {
+        Ok(self.next_remote_mr(Some(tag)).await?.0)
+    }
+
+    async fn next_remote_mr(&self, want: Option<u64>) -> Result<(RemoteMr, u64), AgentError> {
+        match self.shared.remote_mrs.recv(want).await {
+            Some((tag, token)) => Ok((RemoteMr::new(token, Rc::downgrade(&self.shared)), tag)),
             None => Err(self.shared.closed_error()),
         }
     }
 
     /// Grants the peer access to `mem` (its own registration, this side's
     /// maximum access, the token lifetime); the peer gets it with
-    /// [`Rdma::receive_remote_mr`]. Returns the token.
+    /// [`Rdma::receive_remote_mr`] (tag 0). Returns the token.
     pub async fn send_local_mr(&self, mem: Vec<u8>) -> Result<MrToken, AgentError> {
+        self.send_local_mr_with_tag(mem, 0).await
+    }
+
+    /// [`Rdma::send_local_mr`] with a user `tag` that travels with the
+    /// grant: the peer matches it with [`Rdma::receive_remote_mr_with_tag`]
+    /// or reads it with [`Rdma::receive_remote_mr_tagged`].
+    pub async fn send_local_mr_with_tag(
+        &self,
+        mem: Vec<u8>,
+        tag: u64,
+    ) -> Result<MrToken, AgentError> {
         let s = &self.shared;
         let (token, deadline) = s
             .grants
@@ -222,25 +351,79 @@ impl Rdma {
         super::task::expire_at(s, token.token_id, deadline);
         let msg = Message::HandOver {
             kind: HandOverKind::Local,
-            tag: 0,
+            tag,
             token,
         };
         s.send_message(&msg, true).await?;
         Ok(token)
     }
 
-    /// The next grant of this side's memory the peer handed back: revoked
-    /// first, so the bytes are plain memory again.
+    /// The next grant of this side's memory the peer handed back (any
+    /// tag): revoked first, so the bytes are plain memory again.
     pub async fn receive_local_mr(&self) -> Result<Vec<u8>, AgentError> {
-        let mut rx = self.local_mr_inbox.lock().await;
-        match rx.next().await {
-            Some(mem) => Ok(mem),
+        Ok(self.receive_local_mr_tagged().await?.0)
+    }
+
+    /// The next hand-back of this side's memory, with its tag.
+    pub async fn receive_local_mr_tagged(&self) -> Result<(Vec<u8>, u64), AgentError> {
+        self.next_local_mr(None).await
+    }
+
+    /// The next hand-back of this side's memory with `tag` (hand-backs with
+    /// other tags stay queued for their own receivers).
+    pub async fn receive_local_mr_with_tag(&self, tag: u64) -> Result<Vec<u8>, AgentError> {
+        Ok(self.next_local_mr(Some(tag)).await?.0)
+    }
+
+    async fn next_local_mr(&self, want: Option<u64>) -> Result<(Vec<u8>, u64), AgentError> {
+        match self.shared.local_mrs.recv(want).await {
+            Some((tag, mem)) => Ok((mem, tag)),
             None => Err(self.shared.closed_error()),
         }
+    }
+
+    /// Test hook: a [`RemoteMr`] for an arbitrary (e.g. forged) `token`,
+    /// to show the owner's refusal through this API. Dropping it sends no
+    /// release. Not for production use.
+    #[doc(hidden)]
+    pub fn remote_mr_from_token_unchecked(&self, token: MrToken) -> RemoteMr {
+        let mr = RemoteMr::new(token, Rc::downgrade(&self.shared));
+        mr.held.done.set(true);
+        mr
     }
 
     /// Grants of this side's memory the peer may still access.
     pub fn live_grants(&self) -> usize {
         self.shared.grants.len()
     }
+}
+
+/// `[start, end)` of `range` within `local`, or an [`AgentError::OutOfBounds`].
+fn local_range(
+    local: &LocalMr,
+    range: impl RangeBounds<usize>,
+    what: &'static str,
+) -> Result<(usize, usize), AgentError> {
+    use std::ops::Bound;
+    let have = local.len() as u64;
+    bounds((range.start_bound().cloned(), range.end_bound().cloned()), local.len()).ok_or_else(
+        || {
+            // The furthest byte the range names, for the message.
+            let end = match range.end_bound() {
+                Bound::Included(&e) => (e as u64).saturating_add(1),
+                Bound::Excluded(&e) => e as u64,
+                Bound::Unbounded => have,
+            };
+            let start = match range.start_bound() {
+                Bound::Included(&s) => s as u64,
+                Bound::Excluded(&s) => (s as u64).saturating_add(1),
+                Bound::Unbounded => 0,
+            };
+            AgentError::OutOfBounds {
+                what,
+                need: end.max(start),
+                have,
+            }
+        },
+    )
 }

@@ -5,11 +5,13 @@
 mod builder;
 mod error;
 mod flow;
+mod inbox;
 mod memory;
 mod mr;
 mod msg;
 mod qps;
 mod rdma;
+mod settings;
 mod task;
 mod tokens;
 pub mod wire;
@@ -19,3 +21,4 @@ pub use error::{AgentError, CloseReason};
 pub use mr::{LocalMr, RemoteMr};
 pub use msg::RecvMsg;
 pub use rdma::Rdma;
+pub use settings::MIN_RECV_BUF_SIZE;

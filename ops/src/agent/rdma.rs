@@ -4,7 +4,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -17,15 +17,17 @@ use std::time::Duration;
 use verbio_runtime::buf::{LocalBuf, MrPool};
 
 use verbio_runtime::provider::Mtu;
-use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, TcpStream};
+use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, Submit, TcpStream};
 
 use std::net::SocketAddr;
 
 use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
-use super::flow::{Credits, Owed};
+use super::flow::{Credit, Credits, Owed};
+use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
+use super::settings::{exchange, negotiate, Negotiated};
 use super::tokens::GrantTable;
 use super::wire::{Message, MrToken, RefuseCode};
 use crate::connect::{path_mtu, Connection};
@@ -59,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) path_mtu: Mtu,
     pub(crate) pool: MrPool,
     pub(crate) config: Rc<Config>,
+    /// What the settings exchange with the peer decided.
+    pub(crate) negotiated: Negotiated,
     pub(crate) credits: Credits,
     pub(crate) owed: Owed,
     failure: RefCell<Option<CloseReason>>,
@@ -69,8 +73,10 @@ pub(crate) struct Shared {
     pub(crate) grants: GrantTable,
     pub(crate) requests: RefCell<HashMap<u64, oneshot::Sender<Result<MrToken, RefuseCode>>>>,
     pub(crate) next_req_id: Cell<u64>,
-    pub(crate) remote_mr_tx: RefCell<Option<mpsc::UnboundedSender<MrToken>>>,
-    pub(crate) local_mr_tx: RefCell<Option<mpsc::UnboundedSender<Vec<u8>>>>,
+    /// Grants the peer handed over (`send_local_mr` there), by tag.
+    pub(crate) remote_mrs: TaggedInbox<MrToken>,
+    /// This side's memory the peer handed back (`send_remote_mr` there), by tag.
+    pub(crate) local_mrs: TaggedInbox<Vec<u8>>,
     stream: RefCell<Option<TcpStream>>,
     watch_waker: RefCell<Option<Waker>>,
 }
@@ -125,8 +131,8 @@ impl Shared {
         self.inbox_tx.borrow_mut().take();
         self.imm_tx.borrow_mut().take();
         self.partial.borrow_mut().clear();
-        self.remote_mr_tx.borrow_mut().take();
-        self.local_mr_tx.borrow_mut().take();
+        self.remote_mrs.close();
+        self.local_mrs.close();
     }
 
     fn drop_stream(&self) {
@@ -142,22 +148,35 @@ impl Shared {
 
     /// Encodes `msg` into a pool buffer and SENDs it, spending a credit
     /// first unless `credited` is false (control messages in the reserve).
+    /// Cancel-safe: the credit is spent only once the SEND is posted (a
+    /// posted SEND completes even if this future is dropped); dropped
+    /// before that, the credit goes back.
     pub(crate) async fn send_message(
         &self,
         msg: &Message<'_>,
         credited: bool,
     ) -> Result<(), AgentError> {
-        if credited {
-            self.credits.acquire().await?;
+        let credit = if credited {
+            Some(self.credits.acquire().await?)
         } else if let Some(r) = self.failure() {
             return Err(r.into());
-        }
-        self.send_unchecked(msg).await
+        } else {
+            None
+        };
+        self.send_with(msg, credit).await
     }
 
     /// Sends `msg` without credit or state checks (the last notice of a
     /// failing connection).
     pub(crate) async fn send_unchecked(&self, msg: &Message<'_>) -> Result<(), AgentError> {
+        self.send_with(msg, None).await
+    }
+
+    async fn send_with(
+        &self,
+        msg: &Message<'_>,
+        credit: Option<Credit<'_>>,
+    ) -> Result<(), AgentError> {
         let len = msg.encoded_len();
         let mut buf = self.pool.alloc(len).map_err(|source| AgentError::Buf {
             stage: "allocating a send buffer",
@@ -171,11 +190,12 @@ impl Shared {
         // for a message this side built; report it as a violation if it does.
         msg.encode(&mut buf[..])
             .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
-        self.send_buf(buf).await
+        self.send_buf(buf, credit).await
     }
 
-    async fn send_buf(&self, buf: LocalBuf) -> Result<(), AgentError> {
-        let (res, _buf) = self.qp.send(buf).await;
+    /// SENDs `buf`; `credit` is spent as soon as the SEND is posted.
+    async fn send_buf(&self, buf: LocalBuf, credit: Option<Credit<'_>>) -> Result<(), AgentError> {
+        let (res, _buf) = posted_spends(self.qp.send(buf), credit).await;
         match res {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -203,6 +223,15 @@ impl Shared {
         })
     }
 
+    /// Truncates an `Error` notice's text to what the peer's buffers hold.
+    pub(crate) fn error_text<'t>(&self, text: &'t str) -> &'t str {
+        let mut cut = text.len().min(self.negotiated.max_error_text);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        &text[..cut]
+    }
+
     fn next_msg_id(&self) -> u64 {
         let id = self.next_msg_id.get();
         self.next_msg_id.set(id + 1);
@@ -220,8 +249,6 @@ impl Shared {
 pub struct Rdma {
     pub(super) shared: Rc<Shared>,
     inbox: Mutex<mpsc::UnboundedReceiver<Incoming>>,
-    pub(super) remote_mr_inbox: Mutex<mpsc::UnboundedReceiver<MrToken>>,
-    pub(super) local_mr_inbox: Mutex<mpsc::UnboundedReceiver<Vec<u8>>>,
     imm_inbox: Mutex<mpsc::UnboundedReceiver<u32>>,
     agent: Option<JoinHandle<()>>,
     watcher: Option<JoinHandle<()>>,
@@ -230,19 +257,26 @@ pub struct Rdma {
 }
 
 impl Rdma {
-    /// Starts the agent and the disconnect watcher on a connected QP.
-    pub(crate) fn start(
+    /// Exchanges the agent settings with the peer over the connection's
+    /// TCP side channel, then starts the agent and the disconnect watcher
+    /// on the connected QP.
+    pub(crate) async fn start(
         conn: Connection<ConnQp>,
         device: Device,
         config: Rc<Config>,
         mtu_cap: Option<Mtu>,
     ) -> Result<Rdma, AgentError> {
         let path_mtu = path_mtu(&conn.local, &conn.remote, mtu_cap);
+        let ConnQp { qp, pd } = conn.qp;
+        let mut stream = conn.stream;
+        let own = config.settings(qp.caps().max_recv_wr);
+        let peer = exchange(&mut stream, &own, config.settings_timeout).await?;
+        let negotiated = negotiate(&own, &peer).inspect_err(|e| {
+            tracing::warn!(qp = qp.qp_num(), error = %e, "agent settings refused");
+        })?;
+        tracing::debug!(qp = qp.qp_num(), ?own, ?peer, ?negotiated, "agent settings");
         let (inbox_tx, inbox) = mpsc::unbounded();
         let (imm_tx, imm_inbox) = mpsc::unbounded();
-        let (remote_mr_tx, remote_mr_inbox) = mpsc::unbounded();
-        let (local_mr_tx, local_mr_inbox) = mpsc::unbounded();
-        let ConnQp { qp, pd } = conn.qp;
         let pool = MrPool::new(&pd.0);
         let shared = Rc::new(Shared {
             qp,
@@ -253,6 +287,7 @@ impl Rdma {
             credits: Credits::new(0), // the peer's first `Credit` tells
             owed: Owed::new(config.credit_batch),
             config,
+            negotiated,
             failure: RefCell::new(None),
             inbox_tx: RefCell::new(Some(inbox_tx)),
             imm_tx: RefCell::new(Some(imm_tx)),
@@ -261,9 +296,9 @@ impl Rdma {
             grants: GrantTable::default(),
             requests: RefCell::new(HashMap::new()),
             next_req_id: Cell::new(0),
-            remote_mr_tx: RefCell::new(Some(remote_mr_tx)),
-            local_mr_tx: RefCell::new(Some(local_mr_tx)),
-            stream: RefCell::new(Some(conn.stream)),
+            remote_mrs: TaggedInbox::new(),
+            local_mrs: TaggedInbox::new(),
+            stream: RefCell::new(Some(stream)),
             watch_waker: RefCell::new(None),
         });
         let receives = super::task::post_receives(&shared)?;
@@ -272,8 +307,6 @@ impl Rdma {
         Ok(Rdma {
             shared,
             inbox: Mutex::new(inbox),
-            remote_mr_inbox: Mutex::new(remote_mr_inbox),
-            local_mr_inbox: Mutex::new(local_mr_inbox),
             imm_inbox: Mutex::new(imm_inbox),
             agent: Some(agent),
             watcher: Some(watcher),
@@ -330,9 +363,23 @@ impl Rdma {
         self.shared.credits.available()
     }
 
+    /// Messages of which some pieces arrived and the rest are still due
+    /// (the peer's `send` of a large message in progress). A sender whose
+    /// `send` is cancelled tells this side to discard its pieces.
+    pub fn incomplete_messages(&self) -> usize {
+        self.shared.partial.borrow().len()
+    }
+
+    /// Largest message [`Rdma::send`] accepts: the smaller of this side's
+    /// and the peer's `max_message_len`.
+    pub fn max_send_len(&self) -> usize {
+        self.shared.negotiated.max_send_len
+    }
+
     /// Sends `data` as one message (split into pieces if it is larger than
     /// the peer's receive buffers). Waits for credits when the peer's
-    /// buffers are full.
+    /// buffers are full. Cancel-safe: dropped before its last piece was
+    /// posted, the peer is told to discard the pieces it received.
     pub async fn send(&self, data: &[u8]) -> Result<(), AgentError> {
         self.send_inner(data, None).await
     }
@@ -350,7 +397,7 @@ impl Rdma {
 
     async fn send_inner(&self, data: &[u8], imm: Option<u32>) -> Result<(), AgentError> {
         let s = &self.shared;
-        let max = s.config.max_message_len;
+        let max = s.negotiated.max_send_len;
         if data.len() > max {
             return Err(AgentError::MessageTooLarge {
                 len: data.len(),
@@ -358,7 +405,14 @@ impl Rdma {
             });
         }
         let msg_id = s.next_msg_id();
-        let piece = s.config.piece_len();
+        let piece = s.negotiated.piece_len;
+        // A message in several pieces, cut before its last one was posted,
+        // leaves the peer a partial message: the guard tells it to discard.
+        let mut abort = (data.len() > piece).then(|| AbortOnDrop {
+            shared: s.clone(),
+            msg_id,
+            armed: true,
+        });
         let mut offset = 0usize;
         loop {
             let end = data.len().min(offset + piece);
@@ -369,9 +423,18 @@ impl Rdma {
                 imm,
                 payload: &data[offset..end],
             };
-            s.send_message(&msg, true).await?;
+            if let Err(e) = s.send_message(&msg, true).await {
+                // The connection is down (or failed now): nothing to abort.
+                if let Some(a) = abort.as_mut() {
+                    a.armed = false;
+                }
+                return Err(e);
+            }
             offset = end;
             if offset >= data.len() {
+                if let Some(a) = abort.as_mut() {
+                    a.armed = false;
+                }
                 return Ok(());
             }
         }
@@ -450,6 +513,59 @@ impl Drop for Rdma {
         if let Some(w) = self.watcher.take() {
             w.abort();
         }
+    }
+}
+
+/// Polls a SEND's submission to its end, spending `credit` once the SEND is
+/// posted (dropped unposted, the credit goes back to the pool).
+pub(crate) async fn posted_spends<T: verbio_runtime::Completable>(
+    mut sub: Submit<T>,
+    credit: Option<Credit<'_>>,
+) -> T::Output {
+    let mut credit = credit;
+    poll_fn(|cx| {
+        let out = Pin::new(&mut sub).poll(cx);
+        if sub.wr_id().is_some() {
+            if let Some(c) = credit.take() {
+                c.spend();
+            }
+        }
+        out
+    })
+    .await
+}
+
+/// Sends an `Abort` for a message whose `send` was dropped mid-way.
+#[derive(Debug)]
+struct AbortOnDrop {
+    shared: Rc<Shared>,
+    msg_id: u64,
+    /// False once the message was sent whole or the connection failed.
+    armed: bool,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Some(h) = Handle::try_current() else {
+            return; // runtime teardown: the connection goes with it
+        };
+        if self.shared.failure().is_some() {
+            return;
+        }
+        let shared = self.shared.clone();
+        let msg_id = self.msg_id;
+        tracing::debug!(msg_id, "send cancelled mid-message: aborting it at the peer");
+        h.spawn(async move {
+            if let Err(e) = shared
+                .send_message(&Message::Abort { msg_id }, true)
+                .await
+            {
+                tracing::debug!(error = %e, msg_id, "sending an abort failed");
+            }
+        });
     }
 }
 

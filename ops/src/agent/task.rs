@@ -26,9 +26,10 @@ const ERROR_NOTICE_LIMIT: Duration = Duration::from_secs(1);
 /// `Error` code for a protocol violation.
 const ERROR_CODE_PROTOCOL: u16 = 1;
 
-/// Posts the connection's receive buffers (credits plus reserve).
+/// Posts the connection's receive buffers (credits plus the reserve the
+/// settings exchange sized for the peer).
 pub(crate) fn post_receives(shared: &Shared) -> Result<Receives, AgentError> {
-    let n = shared.config.posted_recvs();
+    let n = shared.negotiated.posted_recvs;
     let mut q = VecDeque::with_capacity(n as usize);
     for _ in 0..n {
         let buf = shared
@@ -147,7 +148,7 @@ async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &LocalBuf) -> Next {
                 let text = reason.to_string();
                 let notice = Message::Error {
                     code: ERROR_CODE_PROTOCOL,
-                    text: &text,
+                    text: shared.error_text(&text),
                 };
                 let _ = timeout(ERROR_NOTICE_LIMIT, shared.send_unchecked(&notice)).await;
             }
@@ -205,25 +206,19 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
         }
         Message::HandOver {
             kind: HandOverKind::Local,
+            tag,
             token,
-            ..
         } => {
-            if let Some(tx) = shared.remote_mr_tx.borrow().as_ref() {
-                let _ = tx.unbounded_send(token);
-            }
+            shared.remote_mrs.push(tag, token);
             Ok(Next::Repost(true))
         }
         Message::HandOver {
             kind: HandOverKind::Remote,
+            tag,
             token,
-            ..
         } => {
             match shared.grants.revoke(token.token_id, Some(&token)) {
-                Some(mem) => {
-                    if let Some(tx) = shared.local_mr_tx.borrow().as_ref() {
-                        let _ = tx.unbounded_send(mem);
-                    }
-                }
+                Some(mem) => shared.local_mrs.push(tag, mem),
                 None => tracing::warn!(
                     token_id = token.token_id,
                     "hand-back of an unknown, expired or forged grant refused"
@@ -260,6 +255,17 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             text: text.to_owned(),
         }),
         Message::Close => Err(CloseReason::Disconnected),
+        Message::Abort { msg_id } => {
+            // Unknown ids are fine: the sender aborts whenever a split send
+            // is cut, also before its first piece went out.
+            if shared.partial.borrow_mut().remove(&msg_id).is_some() {
+                tracing::debug!(msg_id, "peer aborted a partly received message");
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::Settings(_) => Err(CloseReason::Violation(
+            "agent settings after the connection started",
+        )),
     }
 }
 

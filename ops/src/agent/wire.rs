@@ -1,16 +1,22 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 1):
+//! Layout (explicit little-endian, version 2):
 //!
 //! ```text
 //! 0..4   magic  b"VBAG"
-//! 4      version (1)
+//! 4      version (2)
 //! 5      kind
 //! 6..8   reserved, must be 0
 //! 8..12  body length (u32), must equal the bytes that follow
 //! 12..   body (per kind, fixed fields then variable data)
 //! ```
+//!
+//! Version 2 added `Abort` (kind 9: a sender gave up a message it had
+//! started to send in pieces; the receiver discards what it reassembled) and
+//! `Settings` (kind 10: each side's receive-buffer and message-size settings,
+//! exchanged over the TCP side channel when a connection starts). A version-1
+//! peer is refused at that exchange with [`WireError::UnsupportedVersion`].
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -21,7 +27,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 12;
 /// Largest text in an [`Message::Error`].
@@ -214,7 +220,35 @@ pub enum Message<'a> {
     },
     /// Orderly shutdown.
     Close,
+    /// The sender gave up message `msg_id` after sending some of its pieces
+    /// (its `send` was cancelled): the receiver discards the partial message.
+    Abort {
+        /// The abandoned message.
+        msg_id: u64,
+    },
+    /// A side's agent settings, exchanged once over the TCP side channel
+    /// before the agent starts (never over the queue pair).
+    Settings(Settings),
 }
+
+/// The agent settings each side announces when a connection starts; both
+/// sides check the pair the same way (see `Rdma` connection setup).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Largest message the sender of these settings accepts.
+    pub max_message_len: u64,
+    /// Size of each of its receive buffers (the peer's pieces must fit).
+    pub recv_buf_size: u32,
+    /// Credit-bearing receive buffers it posts for the peer.
+    pub recv_buf_count: u32,
+    /// Credits it returns per `Credit` message.
+    pub credit_batch: u32,
+    /// Capacity of its receive queue (work requests).
+    pub max_recv_wr: u32,
+}
+
+/// Size of an encoded [`Settings`] body.
+pub const SETTINGS_LEN: usize = 8 + 4 + 4 + 4 + 4;
 
 mod kind {
     pub const CREDIT: u8 = 1;
@@ -225,6 +259,8 @@ mod kind {
     pub const DATA: u8 = 6;
     pub const ERROR: u8 = 7;
     pub const CLOSE: u8 = 8;
+    pub const ABORT: u8 = 9;
+    pub const SETTINGS: u8 = 10;
 }
 
 /// Bytes of a `Data` message before its payload.
@@ -468,6 +504,20 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
             Message::Error { code, text }
         }
         kind::CLOSE => Message::Close,
+        kind::ABORT => {
+            r.what = "abort";
+            Message::Abort { msg_id: r.u64()? }
+        }
+        kind::SETTINGS => {
+            r.what = "settings";
+            Message::Settings(Settings {
+                max_message_len: r.u64()?,
+                recv_buf_size: r.u32()?,
+                recv_buf_count: r.u32()?,
+                credit_batch: r.u32()?,
+                max_recv_wr: r.u32()?,
+            })
+        }
         kind => return Err(WireError::UnknownKind { kind }),
     };
     r.finish()?;
@@ -489,6 +539,8 @@ impl Message<'_> {
                 Message::Data { payload, .. } => 8 + 8 + 8 + 4 + 4 + payload.len(),
                 Message::Error { text, .. } => 2 + 2 + text.len().min(MAX_ERROR_TEXT),
                 Message::Close => 0,
+                Message::Abort { .. } => 8,
+                Message::Settings(_) => SETTINGS_LEN,
             }
     }
 
@@ -502,6 +554,8 @@ impl Message<'_> {
             Message::Data { .. } => kind::DATA,
             Message::Error { .. } => kind::ERROR,
             Message::Close => kind::CLOSE,
+            Message::Abort { .. } => kind::ABORT,
+            Message::Settings(_) => kind::SETTINGS,
         }
     }
 
@@ -600,6 +654,14 @@ impl Message<'_> {
                 }
             }
             Message::Close => {}
+            Message::Abort { msg_id } => w.put(&msg_id.to_le_bytes()),
+            Message::Settings(st) => {
+                w.put(&st.max_message_len.to_le_bytes());
+                w.put(&st.recv_buf_size.to_le_bytes());
+                w.put(&st.recv_buf_count.to_le_bytes());
+                w.put(&st.credit_batch.to_le_bytes());
+                w.put(&st.max_recv_wr.to_le_bytes());
+            }
         }
         debug_assert_eq!(w.pos, len);
         Ok(len)
@@ -679,6 +741,14 @@ mod tests {
                 text: "bad token",
             },
             Message::Close,
+            Message::Abort { msg_id: 11 },
+            Message::Settings(Settings {
+                max_message_len: 64 << 20,
+                recv_buf_size: 4096,
+                recv_buf_count: 16,
+                credit_batch: 4,
+                max_recv_wr: 128,
+            }),
         ]
     }
 
@@ -716,10 +786,10 @@ mod tests {
         bad[0] = b'X';
         assert!(matches!(decode(&bad[..n]), Err(WireError::BadMagic { .. })));
         let mut bad = buf;
-        bad[4] = 2;
+        bad[4] = 1; // a version-1 peer
         assert_eq!(
             decode(&bad[..n]),
-            Err(WireError::UnsupportedVersion { got: 2 })
+            Err(WireError::UnsupportedVersion { got: 1 })
         );
         let mut bad = buf;
         bad[5] = 99;
@@ -804,7 +874,7 @@ mod tests {
                 if len >= 6 && rng.next().is_multiple_of(2) {
                     v[..4].copy_from_slice(&MAGIC);
                     v[4] = VERSION;
-                    v[5] = (rng.next() % 10) as u8;
+                    v[5] = (rng.next() % 12) as u8;
                 }
                 v
             };

@@ -1,7 +1,7 @@
 //! Checks for the MR-token agent's wire codec ([`crate::agent::wire`]).
 
 use super::{display, LenField, Seed};
-use crate::agent::wire::{self, HandOverKind, Message, MrToken, RefuseCode, WireError};
+use crate::agent::wire::{self, HandOverKind, Message, MrToken, RefuseCode, Settings, WireError};
 
 /// The agent header's body length: `u32` at offset 8, counting what follows
 /// the 12-byte header.
@@ -72,7 +72,7 @@ fn token(token_id: u64, access: u32) -> MrToken {
 
 /// One valid frame of every message kind (and of each variant of a kind).
 pub fn seeds() -> Vec<Seed> {
-    let messages: [(&'static str, Message<'static>); 13] = [
+    let messages: [(&'static str, Message<'static>); 15] = [
         ("credit", Message::Credit { grant: 32 }),
         (
             "alloc-request",
@@ -160,6 +160,17 @@ pub fn seeds() -> Vec<Seed> {
             },
         ),
         ("close", Message::Close),
+        ("abort", Message::Abort { msg_id: 7 }),
+        (
+            "settings",
+            Message::Settings(Settings {
+                max_message_len: 64 << 20,
+                recv_buf_size: 4096,
+                recv_buf_count: 16,
+                credit_batch: 4,
+                max_recv_wr: 35,
+            }),
+        ),
     ];
     messages
         .iter()
