@@ -127,7 +127,10 @@ async fn credits_balance(r: &Rdma, want: u32) {
             .expect("pong");
         assert_eq!(m, b"pong");
         last = r.send_credits();
-        assert!(last <= want, "{last} credits, the peer has only {want} buffers");
+        assert!(
+            last <= want,
+            "{last} credits, the peer has only {want} buffers"
+        );
         if last == want {
             return;
         }
@@ -215,5 +218,8 @@ fn sends_dropped_at_every_await_point_keep_the_credits_balanced() {
     let received = server.join().expect("server");
     // `finished` counts only polls that saw the end; dropped posted sends
     // arrive too, so the server got at least the sends that finished.
-    assert!(received >= sent + 300, "server got {received}, {sent} + 300 finished");
+    assert!(
+        received >= sent + 300,
+        "server got {received}, {sent} + 300 finished"
+    );
 }

@@ -10,11 +10,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
-use verbio::ops::agent::wire::RefuseCode;
+use verbio::ops::agent::wire::{MrToken, RefuseCode};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
 use verbio::provider::{AccessFlags, WcStatus};
 use verbio::runtime::{sleep, timeout};
-use verbio::{AgentError, RdmaBuilder};
+use verbio::{AgentError, CloseReason, RdmaBuilder};
 
 /// The completion status of a failed verb.
 fn status(e: &AgentError) -> Option<WcStatus> {
@@ -364,5 +364,196 @@ fn a_grant_cannot_be_reached_through_another_connection() {
         assert!(back.iter().all(|&x| x == 0));
         a.send(b"bye").await.unwrap();
     });
+    server.join().expect("server");
+}
+
+#[test]
+fn tagged_hand_overs_are_matched_by_tag() {
+    let (verdict_tx, verdict_rx) = mpsc::channel();
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, move |mut c| async move {
+        let r = c.remove(0);
+        r.send_local_mr_with_tag(vec![1; 16], 1).await.unwrap();
+        r.send_local_mr_with_tag(vec![2; 32], 2).await.unwrap();
+        r.send_local_mr(vec![3; 48]).await.unwrap(); // tag 0
+                                                     // The client hands them back with its own tags, in another order.
+        let a = r.receive_local_mr_with_tag(11).await.unwrap();
+        let (b, tag_b) = r.receive_local_mr_tagged().await.unwrap();
+        let c = r.receive_local_mr().await.unwrap();
+        verdict_tx.send((a, b, tag_b, c)).unwrap();
+        let _ = timeout(WAIT, r.receive()).await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        // By tag, out of arrival order: the others stay queued.
+        let two = r.receive_remote_mr_with_tag(2).await.unwrap();
+        assert_eq!(two.len(), 32);
+        let (one, tag) = r.receive_remote_mr_tagged().await.unwrap();
+        assert_eq!((one.len(), tag), (16, 1));
+        // A receiver waiting for a tag that never comes takes nothing.
+        let absent = timeout(Duration::from_millis(20), r.receive_remote_mr_with_tag(9)).await;
+        assert!(absent.is_err(), "no grant has tag 9");
+        let (zero, tag) = r.receive_remote_mr_tagged().await.unwrap();
+        assert_eq!((zero.len(), tag), (48, 0), "send_local_mr sends tag 0");
+        let (res, got) = r.read(r.alloc_local_mr(32).unwrap(), &two).await;
+        res.unwrap();
+        assert_eq!(&got[..], &[2; 32]);
+        r.send_remote_mr_with_tag(two, 22).await.unwrap();
+        r.send_remote_mr_with_tag(one, 11).await.unwrap();
+        r.send_remote_mr(zero).await.unwrap();
+        let (a, b, tag_b, c) = verdict_rx.recv_timeout(WAIT).expect("server verdict");
+        assert_eq!(a, vec![1; 16], "tag 11 matched the first grant");
+        assert_eq!((b, tag_b), (vec![2; 32], 22));
+        assert_eq!(c, vec![3; 48]);
+        r.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn partial_ranges_of_local_and_remote_regions() {
+    let (addr, server) = memory_server(RdmaBuilder::new);
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let remote = r.request_remote_mr(1024).await.expect("grant");
+        let mut local = r.alloc_local_mr(1024).unwrap();
+        local.copy_from_slice(&pattern(1024, 5));
+        // local[100..300] -> remote[500..700]
+        let target = remote.get(500..700).unwrap();
+        let (res, local) = r.write_range(local, 100..300, &target).await;
+        res.expect("write_range");
+        assert_eq!(local.len(), 1024, "the whole region comes back");
+        // A shorter range into a longer view writes only its own bytes.
+        let (res, local) = r
+            .write_range(local, 0..=9, &remote.get(900..).unwrap())
+            .await;
+        res.expect("write_range of 10 bytes");
+        let (res, whole) = r.read(r.alloc_local_mr(1024).unwrap(), &remote).await;
+        res.expect("read");
+        let want = pattern(1024, 5);
+        assert_eq!(&whole[500..700], &want[100..300]);
+        assert_eq!(&whole[900..910], &want[..10]);
+        assert!(whole[..500].iter().all(|&b| b == 0));
+        assert!(whole[700..900].iter().all(|&b| b == 0));
+        assert!(whole[910..].iter().all(|&b| b == 0));
+        // remote[500..700] -> back[10..210]; the rest of `back` untouched.
+        let mut back = r.alloc_local_mr(512).unwrap();
+        back.fill(0xee);
+        let (res, back) = r.read_range(back, 10..210, &target).await;
+        res.expect("read_range");
+        assert_eq!(back.len(), 512);
+        assert_eq!(&back[10..210], &want[100..300]);
+        assert!(back[..10].iter().chain(&back[210..]).all(|&b| b == 0xee));
+        // A shorter view than the range: reads the view into its start.
+        let (res, back) = r.read_range(back, 300.., &remote.get(0..8).unwrap()).await;
+        res.expect("read_range of 8 bytes");
+        assert!(back[300..308].iter().all(|&b| b == 0));
+        assert!(back[308..].iter().all(|&b| b == 0xee));
+
+        // Out of range: errors, never panics; the region comes back whole.
+        let oob = |e: &AgentError| matches!(e, AgentError::OutOfBounds { .. });
+        let (res, local) = r.write_range(local, 1000..1100, &remote).await;
+        assert!(oob(res.as_ref().unwrap_err()), "{res:?}");
+        assert_eq!(local.len(), 1024);
+        #[allow(clippy::reversed_empty_ranges)]
+        let (res, local) = r.write_range(local, 300..100, &remote).await;
+        assert!(oob(res.as_ref().unwrap_err()), "reversed range: {res:?}");
+        let (res, local) = r.write_range(local, ..=usize::MAX, &remote).await;
+        assert!(oob(res.as_ref().unwrap_err()), "overflowing end: {res:?}");
+        let (res, local) = r
+            .write_range(local, 0..300, &remote.get(0..200).unwrap())
+            .await;
+        assert!(
+            oob(res.as_ref().unwrap_err()),
+            "longer than the view: {res:?}"
+        );
+        let (res, local) = r
+            .read_range(local, 0..100, &remote.get(0..200).unwrap())
+            .await;
+        assert!(
+            oob(res.as_ref().unwrap_err()),
+            "view longer than the range: {res:?}"
+        );
+        let (res, local) = r
+            .read_range(local, 1020..1030, &remote.get(0..4).unwrap())
+            .await;
+        assert!(oob(res.as_ref().unwrap_err()), "{res:?}");
+        let e = res.unwrap_err().to_string();
+        assert!(
+            e.contains("1030") && e.contains("1024"),
+            "names the sizes: {e}"
+        );
+        assert_eq!(local.len(), 1024);
+        assert!(
+            remote.get(1000..1025).is_none(),
+            "views stay inside the grant"
+        );
+        assert!(local.get(1000..1025).is_none());
+        // Nothing was posted for the refusals: the connection still works.
+        assert!(r.close_reason().is_none(), "{:?}", r.close_reason());
+        let (res, _) = r.write_range(local, 0..8, &remote.get(0..8).unwrap()).await;
+        res.expect("write after the refusals");
+        r.release(remote).await.unwrap();
+        r.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn forged_tokens_through_the_agent_api_are_refused_and_reported() {
+    let (verdict_tx, verdict_rx) = mpsc::channel();
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 2, move |c| async move {
+        for r in &c {
+            // The forger's connection goes down; the owner's side says so
+            // (bounded) instead of hanging.
+            let e = timeout(WAIT, r.receive())
+                .await
+                .expect("owner must not hang")
+                .unwrap_err();
+            verdict_tx
+                .send((e.close_reason().is_some(), r.live_grants()))
+                .unwrap();
+        }
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let forgeries: [fn(MrToken) -> MrToken; 2] = [
+            |t| MrToken {
+                rkey: t.rkey ^ 0x5a5a,
+                ..t
+            },
+            |t| MrToken {
+                addr: t.addr + t.len - 4,
+                len: 8,
+                ..t
+            },
+        ];
+        for forge in forgeries {
+            let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+            let remote = r.request_remote_mr(64).await.expect("grant");
+            let (res, local) = r.write(r.alloc_local_mr(8).unwrap(), &remote).await;
+            res.expect("the granted bytes are writable");
+            let forged = r.remote_mr_from_token_unchecked(forge(*remote.token()));
+            let (res, _) = r.write(local, &forged).await;
+            let e = res.unwrap_err();
+            assert_eq!(status(&e), Some(WcStatus::RemAccessErr), "{e}");
+            // The connection is down and says why.
+            let reason = r.close_reason().expect("connection down");
+            let text = reason.to_string();
+            assert!(
+                matches!(reason, CloseReason::Transport(_))
+                    && text.contains(&WcStatus::RemAccessErr.to_string()),
+                "{text}"
+            );
+            let later = r.send(b"x").await.unwrap_err();
+            assert_eq!(later.close_reason(), Some(&reason), "{later}");
+        }
+    });
+    for _ in 0..2 {
+        let (closed, grants) = verdict_rx.recv_timeout(WAIT).expect("owner verdict");
+        assert!(closed, "the owner reports the connection down");
+        assert_eq!(grants, 0, "the owner revoked the connection's grants");
+    }
     server.join().expect("server");
 }

@@ -108,7 +108,11 @@ mod tests {
         assert_eq!(inbox.len(), 1);
         inbox.close();
         assert_eq!(block_on(inbox.recv(Some(9))), None);
-        assert_eq!(block_on(inbox.recv(Some(1))), Some((1, "c")), "queued before the close");
+        assert_eq!(
+            block_on(inbox.recv(Some(1))),
+            Some((1, "c")),
+            "queued before the close"
+        );
         assert_eq!(block_on(inbox.recv(None)), None);
         inbox.push(3, "late");
         assert_eq!(inbox.len(), 0, "closed inboxes take nothing");

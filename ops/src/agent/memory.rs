@@ -118,7 +118,7 @@ impl Rdma {
         }
         let credit = match self.shared.credits.acquire().await {
             Ok(c) => c,
-            Err(e) => return (Err(e.into()), local),
+            Err(_) => return (Err(self.shared.closed_error()), local),
         };
         let target = RemoteBuf::new(
             remote.remote_buf().addr(),
@@ -171,9 +171,7 @@ impl Rdma {
                         stage: "write_range: slicing the local region",
                         source: rejected.error,
                     }),
-                    LocalMr {
-                        buf: rejected.buf,
-                    },
+                    LocalMr { buf: rejected.buf },
                 )
             }
         };
@@ -216,9 +214,7 @@ impl Rdma {
                         stage: "read_range: slicing the local region",
                         source: rejected.error,
                     }),
-                    LocalMr {
-                        buf: rejected.buf,
-                    },
+                    LocalMr { buf: rejected.buf },
                 )
             }
         };
@@ -406,24 +402,26 @@ fn local_range(
 ) -> Result<(usize, usize), AgentError> {
     use std::ops::Bound;
     let have = local.len() as u64;
-    bounds((range.start_bound().cloned(), range.end_bound().cloned()), local.len()).ok_or_else(
-        || {
-            // The furthest byte the range names, for the message.
-            let end = match range.end_bound() {
-                Bound::Included(&e) => (e as u64).saturating_add(1),
-                Bound::Excluded(&e) => e as u64,
-                Bound::Unbounded => have,
-            };
-            let start = match range.start_bound() {
-                Bound::Included(&s) => s as u64,
-                Bound::Excluded(&s) => (s as u64).saturating_add(1),
-                Bound::Unbounded => 0,
-            };
-            AgentError::OutOfBounds {
-                what,
-                need: end.max(start),
-                have,
-            }
-        },
+    bounds(
+        (range.start_bound().cloned(), range.end_bound().cloned()),
+        local.len(),
     )
+    .ok_or_else(|| {
+        // The furthest byte the range names, for the message.
+        let end = match range.end_bound() {
+            Bound::Included(&e) => (e as u64).saturating_add(1),
+            Bound::Excluded(&e) => e as u64,
+            Bound::Unbounded => have,
+        };
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s as u64,
+            Bound::Excluded(&s) => (s as u64).saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        AgentError::OutOfBounds {
+            what,
+            need: end.max(start),
+            have,
+        }
+    })
 }

@@ -157,7 +157,14 @@ impl Shared {
         credited: bool,
     ) -> Result<(), AgentError> {
         let credit = if credited {
-            Some(self.credits.acquire().await?)
+            // The connection's reason, which may have become more specific
+            // than the one the credits were closed with.
+            Some(
+                self.credits
+                    .acquire()
+                    .await
+                    .map_err(|_| self.closed_error())?,
+            )
         } else if let Some(r) = self.failure() {
             return Err(r.into());
         } else {
@@ -198,29 +205,34 @@ impl Shared {
         let (res, _buf) = posted_spends(self.qp.send(buf), credit).await;
         match res {
             Ok(_) => Ok(()),
-            Err(e) => {
-                if let Some(r) = self.failure() {
-                    return Err(r.into());
-                }
-                self.fail(CloseReason::Transport(e.to_string()));
-                Err(e.into())
-            }
+            Err(e) => Err(self.verb_error(e)),
         }
+    }
+
+    /// A verb on this side failed with `e`. A flush on a connection already
+    /// down reports the reason it went down. Otherwise the QP is in ERR
+    /// because of `e`: the connection goes down with it as the reason, and
+    /// if it was already marked `Disconnected` (inferred from a flush of the
+    /// receives or the side channel's end, either of which may race ahead of
+    /// this completion), `e` replaces that as the more specific reason.
+    fn verb_error(&self, e: crate::Error) -> AgentError {
+        let current = self.failure();
+        match current {
+            Some(reason) if e.is_flush() => return AgentError::Closed(reason),
+            None => self.fail(CloseReason::Transport(e.to_string())),
+            Some(CloseReason::Disconnected) => {
+                tracing::debug!(error = %e, "connection down because of a local verb");
+                *self.failure.borrow_mut() = Some(CloseReason::Transport(e.to_string()));
+            }
+            Some(_) => {}
+        }
+        AgentError::Verb(e)
     }
 
     /// Maps a verb's outcome: a failed completion leaves the QP in ERR, so
     /// the connection goes down; the caller gets the verb's own error.
     pub(crate) fn verb_result<T>(&self, r: Result<T, crate::Error>) -> Result<T, AgentError> {
-        r.map_err(|e| {
-            if let Some(reason) = self.failure() {
-                if e.is_flush() {
-                    return AgentError::Closed(reason);
-                }
-            } else {
-                self.fail(CloseReason::Transport(e.to_string()));
-            }
-            AgentError::Verb(e)
-        })
+        r.map_err(|e| self.verb_error(e))
     }
 
     /// Truncates an `Error` notice's text to what the peer's buffers hold.
@@ -557,12 +569,12 @@ impl Drop for AbortOnDrop {
         }
         let shared = self.shared.clone();
         let msg_id = self.msg_id;
-        tracing::debug!(msg_id, "send cancelled mid-message: aborting it at the peer");
+        tracing::debug!(
+            msg_id,
+            "send cancelled mid-message: aborting it at the peer"
+        );
         h.spawn(async move {
-            if let Err(e) = shared
-                .send_message(&Message::Abort { msg_id }, true)
-                .await
-            {
+            if let Err(e) = shared.send_message(&Message::Abort { msg_id }, true).await {
                 tracing::debug!(error = %e, msg_id, "sending an abort failed");
             }
         });

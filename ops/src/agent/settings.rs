@@ -155,9 +155,7 @@ pub(crate) async fn exchange(
             // version, or the length mismatch of an oversized body).
             return Err(match decode(&frame) {
                 Err(e) => AgentError::Closed(CloseReason::Malformed(e)),
-                Ok(_) => AgentError::Closed(CloseReason::Violation(
-                    "oversized settings frame",
-                )),
+                Ok(_) => AgentError::Closed(CloseReason::Violation("oversized settings frame")),
             });
         }
         frame.resize(HEADER_LEN + body, 0);
@@ -201,7 +199,11 @@ mod tests {
         let a = s(4096, 16, 4, 64, 1 << 20);
         let b = s(256, 16, 4, 64, 1 << 10);
         let na = negotiate(&a, &b).unwrap();
-        assert_eq!(na.piece_len, 256 - DATA_OVERHEAD, "pieces fit the peer's buffers");
+        assert_eq!(
+            na.piece_len,
+            256 - DATA_OVERHEAD,
+            "pieces fit the peer's buffers"
+        );
         assert_eq!(na.max_send_len, 1 << 10);
         assert_eq!(na.posted_recvs, 16 + reserve_for(16, 4));
         assert_eq!(na.max_error_text, 256 - HEADER_LEN - 4);
