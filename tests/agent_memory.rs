@@ -557,3 +557,31 @@ fn forged_tokens_through_the_agent_api_are_refused_and_reported() {
     }
     server.join().expect("server");
 }
+
+#[test]
+fn memory_requests_beyond_the_owners_budget_are_refused() {
+    let budget = || RdmaBuilder::new().max_granted_bytes(100);
+    let (addr, server) = memory_server(budget);
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let first = r.request_remote_mr(64).await.expect("within the budget");
+        let e = r.request_remote_mr(64).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AgentError::Refused {
+                    code: RefuseCode::NoMemory,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        r.release(first).await.unwrap();
+        // The owner handles messages in order: the release frees the budget.
+        let again = r.request_remote_mr(64).await.expect("budget freed");
+        assert_eq!(again.len(), 64);
+        r.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
+}

@@ -25,6 +25,7 @@ pub(crate) struct Config {
     pub(crate) credit_batch: u32,
     pub(crate) max_access: AccessFlags,
     pub(crate) token_lifetime: Duration,
+    pub(crate) max_granted_bytes: u64,
     pub(crate) request_timeout: Duration,
     /// Limit of the agent settings exchange (the handshake timeout).
     pub(crate) settings_timeout: Duration,
@@ -89,6 +90,7 @@ impl Default for RdmaBuilder {
                     | AccessFlags::REMOTE_WRITE
                     | AccessFlags::REMOTE_ATOMIC,
                 token_lifetime: Duration::from_secs(60),
+                max_granted_bytes: 256 << 20,
                 request_timeout: Duration::from_secs(5),
                 settings_timeout: Duration::from_secs(10),
             },
@@ -203,6 +205,14 @@ impl RdmaBuilder {
     /// Most access granted to a peer's memory requests (requests for more are capped).
     pub fn max_access(mut self, access: AccessFlags) -> Self {
         self.config.max_access = access;
+        self
+    }
+
+    /// Most bytes of this side's memory granted to the peer at once; memory
+    /// requests beyond it are refused with `RefuseCode::NoMemory`
+    /// (default 256 MiB).
+    pub fn max_granted_bytes(mut self, bytes: u64) -> Self {
+        self.config.max_granted_bytes = bytes;
         self
     }
 

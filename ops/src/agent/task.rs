@@ -334,6 +334,11 @@ fn allocate(
     if len == 0 || len > cfg.max_message_len as u64 || !align.is_power_of_two() || align > 8 {
         return Err(RefuseCode::BadLayout);
     }
+    // A peer cannot make this side allocate without bound.
+    if shared.grants.bytes().saturating_add(len) > cfg.max_granted_bytes {
+        tracing::debug!(len, "memory request beyond max_granted_bytes refused");
+        return Err(RefuseCode::NoMemory);
+    }
     let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
     let access = AccessFlags::from_bits_truncate(access) & remote & cfg.max_access;
     if access == AccessFlags::NONE {

@@ -102,6 +102,15 @@ impl GrantTable {
         self.grants.borrow().len()
     }
 
+    /// Bytes of all live grants.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.grants
+            .borrow()
+            .values()
+            .map(|g| g.region.len() as u64)
+            .sum()
+    }
+
     /// Revokes everything (connection down).
     pub(crate) fn clear(&self) {
         let all: Vec<Grant> = self.grants.borrow_mut().drain().map(|(_, g)| g).collect();
