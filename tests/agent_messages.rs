@@ -398,3 +398,48 @@ fn path_mtu_is_the_minimum_of_both_settings_and_ports() {
     let mtus = server.join().expect("server");
     assert_eq!(mtus, vec![Mtu::Mtu512, port.min(Mtu::Mtu1024)]);
 }
+
+#[test]
+fn stray_abort_is_ignored_and_settings_after_the_start_are_a_violation() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        // An abort of a message never started changes nothing.
+        assert_eq!(r.receive().await.unwrap(), b"still fine");
+        let e = timeout(WAIT, r.receive())
+            .await
+            .expect("no hang")
+            .unwrap_err();
+        let reason = e.close_reason().cloned().expect("closed");
+        assert!(
+            matches!(reason, CloseReason::Violation(text) if text.contains("settings")),
+            "expected a violation, got {reason}"
+        );
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let raw = |msg: Message<'_>| {
+            let mut frame = vec![0u8; msg.encoded_len()];
+            msg.encode(&mut frame).unwrap();
+            buf_from(r.pool(), &frame)
+        };
+        let (res, _) = r.qp().send(raw(Message::Abort { msg_id: 12345 })).await;
+        res.expect("raw send");
+        r.send(b"still fine").await.unwrap();
+        let settings = Message::Settings(verbio::ops::agent::wire::Settings {
+            max_message_len: 1,
+            recv_buf_size: 4096,
+            recv_buf_count: 1,
+            credit_batch: 1,
+            max_recv_wr: 1,
+        });
+        let (res, _) = r.qp().send(raw(settings)).await;
+        res.expect("raw send");
+        let e = timeout(WAIT, r.receive())
+            .await
+            .expect("no hang")
+            .unwrap_err();
+        assert!(e.close_reason().is_some(), "{e}");
+    });
+    server.join().expect("server");
+}
