@@ -236,3 +236,48 @@ fn dropped_fetch_and_add() {
 fn dropped_receive_remote_mr() {
     dropped_mid(Op::ReceiveRemoteMr);
 }
+
+#[test]
+fn dropped_send_local_mr_revokes_the_unsent_grant() {
+    // A one-entry send queue: while a piece of a large message is in flight
+    // the hand-over cannot be posted, so dropping it leaves an unsent grant.
+    let one_wr = || RdmaBuilder::new().max_send_wr(1);
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let mut got = Vec::new();
+        loop {
+            let m = timeout(WAIT, r.receive()).await.expect("bounded").unwrap();
+            if m == b"bye" {
+                break;
+            }
+            got.push(m.len());
+        }
+        // No hand-over arrived: none was sent.
+        let none = timeout(Duration::from_millis(20), r.receive_remote_mr()).await;
+        (got, none.is_err())
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(one_wr(), &dev, addr).await;
+        // Credits have arrived once a message got through.
+        r.send(b"hello").await.unwrap();
+        for round in 0..20 {
+            let big = pattern(20_000, round);
+            let mut send = std::pin::pin!(r.send(&big));
+            assert!(futures::poll!(send.as_mut()).is_pending());
+            assert!(
+                !cut(r.send_local_mr(vec![round; 64]), 1).await,
+                "the hand-over cannot have finished"
+            );
+            assert_eq!(r.live_grants(), 0, "round {round}: unsent grant revoked");
+            timeout(WAIT, send).await.expect("bounded").unwrap();
+        }
+        r.send(b"bye").await.unwrap();
+    });
+    let (got, no_hand_over) = server.join().expect("server");
+    assert_eq!(got.len(), 21, "{got:?}");
+    assert!(
+        no_hand_over,
+        "a dropped, unposted hand-over reached the peer"
+    );
+}

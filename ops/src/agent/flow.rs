@@ -134,6 +134,13 @@ impl Owed {
             None
         }
     }
+
+    /// A `Credit` message returning `n` could not be sent: they are owed
+    /// again and go out with the next batch (the peer would otherwise lose
+    /// them for good).
+    pub(crate) fn unsent(&self, n: u32) {
+        self.owed.set(self.owed.get().saturating_add(n));
+    }
 }
 
 /// Extra receive buffers (beyond the credits this side announced) for the
@@ -158,6 +165,8 @@ mod tests {
         assert_eq!(o.reposted(), None);
         assert_eq!(o.reposted(), Some(3));
         assert_eq!(o.reposted(), None);
+        o.unsent(3); // a Credit message that failed to go out
+        assert_eq!(o.reposted(), Some(5), "the unsent credits ride along");
     }
 
     #[test]

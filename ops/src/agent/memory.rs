@@ -3,6 +3,7 @@
 
 use std::rc::Rc;
 
+use std::cell::Cell;
 use std::ops::RangeBounds;
 
 use futures::channel::oneshot;
@@ -128,7 +129,7 @@ impl Rdma {
         // The credit is spent once the WRITE is posted; dropped before, it
         // goes back (the peer never sees the immediate).
         let sub = self.shared.qp.write_with_imm(local.buf, target, imm);
-        let (r, buf) = posted_spends(sub, Some(credit)).await;
+        let (r, buf) = posted_spends(sub, Some(credit), &Cell::new(false)).await;
         (self.shared.verb_result(r), LocalMr { buf })
     }
 
@@ -350,7 +351,16 @@ impl Rdma {
             tag,
             token,
         };
-        s.send_message(&msg, true).await?;
+        // Cancelled (or failed) before the hand-over was posted, the peer
+        // never learns of the grant: revoke it now rather than at its
+        // deadline. Once posted, the peer gets it and owns its lifetime.
+        let posted = Cell::new(false);
+        let _unsent = RevokeUnsent {
+            rdma: self,
+            token_id: token.token_id,
+            posted: &posted,
+        };
+        s.send_message_noting(&msg, true, &posted).await?;
         Ok(token)
     }
 
@@ -424,4 +434,30 @@ fn local_range(
             have,
         }
     })
+}
+
+/// Revokes a grant whose hand-over was never posted.
+struct RevokeUnsent<'a> {
+    rdma: &'a Rdma,
+    token_id: u64,
+    posted: &'a Cell<bool>,
+}
+
+impl Drop for RevokeUnsent<'_> {
+    fn drop(&mut self) {
+        let unsent = !self.posted.get();
+        if unsent
+            && self
+                .rdma
+                .shared
+                .grants
+                .revoke(self.token_id, None)
+                .is_some()
+        {
+            tracing::debug!(
+                token_id = self.token_id,
+                "hand-over not sent: grant revoked"
+            );
+        }
+    }
 }

@@ -156,6 +156,18 @@ impl Shared {
         msg: &Message<'_>,
         credited: bool,
     ) -> Result<(), AgentError> {
+        self.send_message_noting(msg, credited, &Cell::new(false))
+            .await
+    }
+
+    /// [`Shared::send_message`] that sets `posted` once the SEND is posted
+    /// (it then reaches the peer even if this future is dropped).
+    pub(crate) async fn send_message_noting(
+        &self,
+        msg: &Message<'_>,
+        credited: bool,
+        posted: &Cell<bool>,
+    ) -> Result<(), AgentError> {
         let credit = if credited {
             // The connection's reason, which may have become more specific
             // than the one the credits were closed with.
@@ -170,19 +182,20 @@ impl Shared {
         } else {
             None
         };
-        self.send_with(msg, credit).await
+        self.send_with(msg, credit, posted).await
     }
 
     /// Sends `msg` without credit or state checks (the last notice of a
     /// failing connection).
     pub(crate) async fn send_unchecked(&self, msg: &Message<'_>) -> Result<(), AgentError> {
-        self.send_with(msg, None).await
+        self.send_with(msg, None, &Cell::new(false)).await
     }
 
     async fn send_with(
         &self,
         msg: &Message<'_>,
         credit: Option<Credit<'_>>,
+        posted: &Cell<bool>,
     ) -> Result<(), AgentError> {
         let len = msg.encoded_len();
         let mut buf = self.pool.alloc(len).map_err(|source| AgentError::Buf {
@@ -197,12 +210,18 @@ impl Shared {
         // for a message this side built; report it as a violation if it does.
         msg.encode(&mut buf[..])
             .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
-        self.send_buf(buf, credit).await
+        self.send_buf(buf, credit, posted).await
     }
 
-    /// SENDs `buf`; `credit` is spent as soon as the SEND is posted.
-    async fn send_buf(&self, buf: LocalBuf, credit: Option<Credit<'_>>) -> Result<(), AgentError> {
-        let (res, _buf) = posted_spends(self.qp.send(buf), credit).await;
+    /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
+    /// is posted.
+    async fn send_buf(
+        &self,
+        buf: LocalBuf,
+        credit: Option<Credit<'_>>,
+        posted: &Cell<bool>,
+    ) -> Result<(), AgentError> {
+        let (res, _buf) = posted_spends(self.qp.send(buf), credit, posted).await;
         match res {
             Ok(_) => Ok(()),
             Err(e) => Err(self.verb_error(e)),
@@ -528,16 +547,18 @@ impl Drop for Rdma {
     }
 }
 
-/// Polls a SEND's submission to its end, spending `credit` once the SEND is
-/// posted (dropped unposted, the credit goes back to the pool).
+/// Polls a submission to its end, spending `credit` and setting `posted`
+/// once it is posted (dropped unposted, the credit goes back to the pool).
 pub(crate) async fn posted_spends<T: verbio_runtime::Completable>(
     mut sub: Submit<T>,
     credit: Option<Credit<'_>>,
+    posted: &Cell<bool>,
 ) -> T::Output {
     let mut credit = credit;
     poll_fn(|cx| {
         let out = Pin::new(&mut sub).poll(cx);
         if sub.wr_id().is_some() {
+            posted.set(true);
             if let Some(c) = credit.take() {
                 c.spend();
             }

@@ -112,9 +112,11 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
         if credited {
             if let Some(grant) = shared.owed.reposted() {
                 if let Err(e) = shared.send_message(&Message::Credit { grant }, false).await {
-                    // Keep going: receives that completed before the failure
-                    // still carry the peer's last messages; the flush that
-                    // follows them ends this loop.
+                    // Owed again (a local failure such as an empty pool must
+                    // not cost the peer its credits). Keep going: receives
+                    // that completed before a connection failure still carry
+                    // the peer's last messages; the flush ends this loop.
+                    shared.owed.unsent(grant);
                     tracing::debug!(error = %e, "returning credits failed");
                 }
             }
