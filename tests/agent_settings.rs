@@ -176,3 +176,50 @@ fn a_peer_speaking_another_agent_version_is_refused() {
         verbio::ops::agent::wire::VERSION
     );
 }
+
+#[test]
+fn a_client_stalled_in_the_settings_exchange_does_not_hold_up_others() {
+    // The server's exchange limit is longer than the test's bound: were the
+    // stalled client's exchange awaited first, the good client would not be
+    // accepted in time.
+    let patient = || RdmaBuilder::new().handshake_timeout(std::time::Duration::from_secs(120));
+    let (tx, rx) = mpsc::channel();
+    let (stall_tx, stall_rx) = mpsc::channel::<()>();
+    let th = std::thread::spawn(move || {
+        let (rt, dev) = runtime_and_device();
+        block(&rt, async move {
+            let l = patient()
+                .device(dev)
+                .listen("127.0.0.1:0".parse().unwrap())
+                .expect("listen");
+            tx.send(l.local_addr().unwrap()).unwrap();
+            let good = l.accept().await.expect("the good client");
+            let m = timeout(WAIT, good.receive()).await.expect("bounded");
+            assert_eq!(m.unwrap(), b"not held up");
+            good.send(b"ok").await.unwrap();
+            stall_tx.send(()).unwrap();
+            // The stalled client leaves: its exchange fails, clearly.
+            l.accept().await.err().map(|e| e.to_string())
+        })
+    });
+    let addr = rx.recv_timeout(WAIT).expect("server start");
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        // Endpoint handshake only: never sends its agent settings.
+        let stalled = verbio::ops::connect::connect(addr, &qps(&dev), HANDSHAKE)
+            .await
+            .expect("endpoint handshake");
+        let good = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        good.send(b"not held up").await.unwrap();
+        assert_eq!(good.receive().await.unwrap(), b"ok");
+        while stall_rx.try_recv().is_err() {
+            verbio::runtime::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        drop(stalled);
+    });
+    let e = th
+        .join()
+        .expect("server")
+        .expect("the stalled client fails");
+    assert!(e.contains("settings exchange"), "{e}");
+}

@@ -1,9 +1,16 @@
 //! [`RdmaBuilder`]: the settings of a high-level connection, and the
 //! [`RdmaListener`] that accepts many of them.
 
+use std::cell::RefCell;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
 
 use verbio_runtime::provider::{open_device, AccessFlags, InitAttr, Mtu, QpCaps, RtsAttr};
 use verbio_runtime::Device;
@@ -309,6 +316,7 @@ impl RdmaBuilder {
             device,
             config,
             mtu: qp.mtu,
+            starting: RefCell::new(FuturesUnordered::new()),
         })
     }
 
@@ -328,13 +336,27 @@ impl RdmaBuilder {
     }
 }
 
+/// A connection whose agent settings exchange is running.
+type Starting = Pin<Box<dyn Future<Output = Result<Rdma, AgentError>>>>;
+
 /// Accepts [`Rdma`] connections.
-#[derive(Debug)]
 pub struct RdmaListener {
     listener: Listener<AgentQps>,
     device: Device,
     config: Rc<Config>,
     mtu: Option<Mtu>,
+    /// Settings exchanges in progress: run side by side, so a client that
+    /// stalls in its exchange does not hold up the others.
+    starting: RefCell<FuturesUnordered<Starting>>,
+}
+
+impl std::fmt::Debug for RdmaListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaListener")
+            .field("listener", &self.listener)
+            .field("starting", &self.starting.borrow().len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RdmaListener {
@@ -347,8 +369,29 @@ impl RdmaListener {
     /// skipped; a client whose agent settings are incompatible (or that
     /// fails the settings exchange) is refused with the error, which
     /// concerns that client only: keep accepting.
+    ///
+    /// Connections run their settings exchange side by side (each bounded
+    /// by the handshake timeout): a client that stalls there does not hold
+    /// up the next. Cancel-safe: exchanges in progress are kept for the
+    /// next call.
     pub async fn accept(&self) -> Result<Rdma, AgentError> {
-        let conn = self.listener.accept().await?;
-        Rdma::start(conn, self.device.clone(), self.config.clone(), self.mtu).await
+        let mut next = pin!(self.listener.accept());
+        poll_fn(|cx| loop {
+            if let Poll::Ready(Some(r)) = self.starting.borrow_mut().poll_next_unpin(cx) {
+                return Poll::Ready(r);
+            }
+            match next.as_mut().poll(cx) {
+                Poll::Ready(Ok(conn)) => {
+                    let start =
+                        Rdma::start(conn, self.device.clone(), self.config.clone(), self.mtu);
+                    self.starting.borrow_mut().push(Box::pin(start));
+                    // Poll the new exchange at once, and the listener again.
+                    next.set(self.listener.accept());
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await
     }
 }
