@@ -1,6 +1,15 @@
 //! The MR-token agent (DESIGN.md section 7): the high-level [`Rdma`]
 //! connection built with [`RdmaBuilder`], its agent task that owns the
 //! receive queue, credit-based flow control, and the wire codec.
+//!
+//! When a connection starts, both sides exchange their agent settings over
+//! the TCP side channel (`settings.rs`): pieces are sized for the peer's
+//! receive buffers, the largest message is the smaller maximum, the control
+//! reserve follows the peer's credit batches, and an unworkable pair is
+//! refused on both sides. Cancelled operations keep the books straight: a
+//! send dropped before it was posted gives its credit back, a split message
+//! cut mid-way is aborted at the receiver (`Abort`), and a hand-over dropped
+//! before it was posted revokes its grant. Hand-overs carry a user tag.
 
 mod builder;
 mod error;
