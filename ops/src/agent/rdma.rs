@@ -233,13 +233,25 @@ impl Shared {
     /// because of `e`: the connection goes down with it as the reason, and
     /// if it was already marked `Disconnected` (inferred from a flush of the
     /// receives or the side channel's end, either of which may race ahead of
-    /// this completion), `e` replaces that as the more specific reason.
+    /// this completion) while `e` is the peer's refusal or a local error
+    /// (not a retry or timeout a vanished peer causes), `e` replaces that as
+    /// the more specific reason.
     fn verb_error(&self, e: crate::Error) -> AgentError {
+        use verbio_runtime::provider::WcStatus;
+        let specific = e.status().is_some_and(|s| {
+            !matches!(
+                s,
+                WcStatus::WrFlushErr
+                    | WcStatus::RetryExcErr
+                    | WcStatus::RnrRetryExcErr
+                    | WcStatus::RespTimeoutErr
+            )
+        });
         let current = self.failure();
         match current {
             Some(reason) if e.is_flush() => return AgentError::Closed(reason),
             None => self.fail(CloseReason::Transport(e.to_string())),
-            Some(CloseReason::Disconnected) => {
+            Some(CloseReason::Disconnected) if specific => {
                 tracing::debug!(error = %e, "connection down because of a local verb");
                 *self.failure.borrow_mut() = Some(CloseReason::Transport(e.to_string()));
             }
