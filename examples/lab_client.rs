@@ -117,9 +117,14 @@ async fn client_steps(r: &Rdma) -> Res<()> {
     )?;
 
     println!("client 3: lend memory (send_local_mr) for the server to READ");
-    let token = within("send_local_mr", r.send_local_mr(pattern(MR_LEN, 3))).await?;
+    // Hand-overs carry a tag naming their purpose: here the lab step.
+    let token = within(
+        "send_local_mr",
+        r.send_local_mr_with_tag(pattern(MR_LEN, 3), 3),
+    )
+    .await?;
     check(token.len == MR_LEN as u64, "grant token covers the memory")?;
-    let back = within("receive_local_mr", r.receive_local_mr()).await?;
+    let back = within("receive_local_mr", r.receive_local_mr_with_tag(3)).await?;
     check(back.len() == MR_LEN, "memory came back whole")?;
     check(
         back[..STAMP.len()] == *STAMP,
@@ -145,7 +150,7 @@ async fn client_steps(r: &Rdma) -> Res<()> {
         "READ of the written half matches",
     )?;
     drop(half);
-    within("send_remote_mr", r.send_remote_mr(remote)).await?;
+    within("send_remote_mr", r.send_remote_mr_with_tag(remote, 4)).await?;
 
     println!("client 5: write_with_imm, the immediate marks the boundary");
     let remote = within("request_remote_mr", r.request_remote_mr(MR_LEN)).await?;
@@ -156,6 +161,6 @@ async fn client_steps(r: &Rdma) -> Res<()> {
         r.write_with_imm(local, &remote, BOUNDARY as u32),
     )
     .await?;
-    within("send_remote_mr", r.send_remote_mr(remote)).await?;
+    within("send_remote_mr", r.send_remote_mr_with_tag(remote, 5)).await?;
     Ok(())
 }

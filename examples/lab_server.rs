@@ -4,11 +4,12 @@
 //!
 //! 1. send/receive;
 //! 2. send/receive with an immediate;
-//! 3. RDMA READ of memory the client lent (`send_local_mr`), then a stamp
-//!    written into it and the grant handed back (`send_remote_mr`);
+//! 3. RDMA READ of memory the client lent (`send_local_mr_with_tag`; every
+//!    hand-over's tag names its step), then a stamp written into it and the
+//!    grant handed back (`send_remote_mr_with_tag`);
 //! 4. memory the client requested (`request_remote_mr`), wrote the second
 //!    half of and handed back: the server checks that half
-//!    (`receive_local_mr`);
+//!    (`receive_local_mr_with_tag`);
 //! 5. the same with `write_with_imm`, whose immediate marks where the
 //!    written bytes end (`receive_write_imm`).
 //!

@@ -114,7 +114,8 @@ async fn server_steps(r: &Rdma) -> Res<()> {
     within("send_with_imm", r.send_with_imm(b"imm back", 0x2cd)).await?;
 
     println!("server 3: RDMA READ of memory the client lent (send_local_mr)");
-    let lent = within("receive_remote_mr", r.receive_remote_mr()).await?;
+    // Hand-overs carry a tag naming their purpose: here the lab step.
+    let lent = within("receive_remote_mr", r.receive_remote_mr_with_tag(3)).await?;
     check(
         lent.len() == MR_LEN as u64,
         "lent region has the agreed size",
@@ -135,10 +136,14 @@ async fn server_steps(r: &Rdma) -> Res<()> {
     })
     .await?;
     res?;
-    within("send_remote_mr (hand back)", r.send_remote_mr(lent)).await?;
+    within(
+        "send_remote_mr (hand back)",
+        r.send_remote_mr_with_tag(lent, 3),
+    )
+    .await?;
 
     println!("server 4: the client writes the second half of requested memory");
-    let mem = within("receive_local_mr", r.receive_local_mr()).await?;
+    let mem = within("receive_local_mr", r.receive_local_mr_with_tag(4)).await?;
     check(
         mem.len() == MR_LEN,
         "handed-back region has the requested size",
@@ -156,7 +161,7 @@ async fn server_steps(r: &Rdma) -> Res<()> {
     let imm = within("receive_write_imm", r.receive_write_imm()).await?;
     let boundary = imm as usize;
     check(boundary == BOUNDARY, "immediate is the agreed boundary")?;
-    let mem = within("receive_local_mr", r.receive_local_mr()).await?;
+    let mem = within("receive_local_mr", r.receive_local_mr_with_tag(5)).await?;
     check(
         mem.len() == MR_LEN,
         "handed-back region has the requested size",
