@@ -97,9 +97,13 @@ pub(crate) struct Credits {
     cap: u32,
     avail: Cell<u32>,
     waiters: RefCell<VecDeque<(u64, Waker)>>,
+    /// `waiters.len()` (the hot paths check it without borrowing the queue).
+    queued: Cell<u32>,
     next_ticket: Cell<u64>,
     /// Woken whenever every credit is back (QP close waits on this).
     idle: RefCell<Vec<Waker>>,
+    /// `!idle.is_empty()`.
+    idle_waiting: Cell<bool>,
 }
 
 impl Credits {
@@ -108,8 +112,10 @@ impl Credits {
             cap,
             avail: Cell::new(cap),
             waiters: RefCell::new(VecDeque::with_capacity(8)),
+            queued: Cell::new(0),
             next_ticket: Cell::new(0),
             idle: RefCell::new(Vec::new()),
+            idle_waiting: Cell::new(false),
         }
     }
 
@@ -128,7 +134,7 @@ impl Credits {
     /// Takes `n` credits now if nobody is queued ahead and they are there.
     #[inline]
     pub(crate) fn try_acquire(&self, n: u32) -> bool {
-        if self.waiters.borrow().is_empty() && self.avail.get() >= n {
+        if self.queued.get() == 0 && self.avail.get() >= n {
             self.avail.set(self.avail.get() - n);
             true
         } else {
@@ -152,6 +158,7 @@ impl Credits {
             self.avail.set(self.avail.get() - n);
             if ticket.take().is_some() {
                 waiters.pop_front();
+                self.queued.set(waiters.len() as u32);
                 // The next in line may fit in what is left.
                 let next = waiters.front().map(|(_, w)| w.clone());
                 drop(waiters);
@@ -166,6 +173,7 @@ impl Credits {
                 let t = self.next_ticket.get();
                 self.next_ticket.set(t + 1);
                 waiters.push_back((t, cx.waker().clone()));
+                self.queued.set(waiters.len() as u32);
                 *ticket = Some(t);
             }
             Some(t) => {
@@ -185,6 +193,7 @@ impl Credits {
         let mut waiters = self.waiters.borrow_mut();
         let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
         waiters.retain(|(id, _)| *id != t);
+        self.queued.set(waiters.len() as u32);
         let next = if was_first {
             waiters.front().map(|(_, w)| w.clone())
         } else {
@@ -200,11 +209,20 @@ impl Credits {
     pub(crate) fn release(&self, n: u32) {
         let avail = (self.avail.get() + n).min(self.cap);
         self.avail.set(avail);
+        if self.queued.get() != 0 || (avail == self.cap && self.idle_waiting.get()) {
+            self.wake_after_release(avail);
+        }
+    }
+
+    /// The rare part of [`release`](Self::release): somebody waits.
+    #[cold]
+    fn wake_after_release(&self, avail: u32) {
         let next = self.waiters.borrow().front().map(|(_, w)| w.clone());
         if let Some(w) = next {
             w.wake();
         }
-        if avail == self.cap && !self.idle.borrow().is_empty() {
+        if avail == self.cap && self.idle_waiting.get() {
+            self.idle_waiting.set(false);
             let idle = std::mem::take(&mut *self.idle.borrow_mut());
             for w in idle {
                 w.wake();
@@ -234,6 +252,7 @@ impl Credits {
         if !idle.iter().any(|w| w.will_wake(cx.waker())) {
             idle.push(cx.waker().clone());
         }
+        self.idle_waiting.set(true);
         Poll::Pending
     }
 }
@@ -317,6 +336,11 @@ struct QpInner {
     core: Rc<QpCore>,
     reg_key: usize,
     caps: QpCaps,
+    /// Longest chain a send op may have: the send queue, the send CQ and the
+    /// wr_id index space must all hold it.
+    max_send_chain: usize,
+    /// 1 if a receive fits the receive queue and CQ, else 0.
+    max_recv_chain: usize,
     /// Boxes for the WRs of submissions that wait for credits, recycled so
     /// that backpressure does not allocate per op (and `Submit` stays small).
     /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
@@ -388,12 +412,17 @@ impl QueuePair {
             _device: device,
         });
         let reg_key = handle.driver().register_qp(core.clone());
+        let max_send_chain =
+            (caps.max_send_wr.min(core.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
+        let max_recv_chain = (caps.max_recv_wr.min(core.recv_cq.capacity()) as usize).min(1);
         QueuePair {
             inner: Rc::new(QpInner {
                 handle,
                 core,
                 reg_key,
                 caps,
+                max_send_chain,
+                max_recv_chain,
                 spare_wrs: RefCell::new(Vec::new()),
             }),
         }
@@ -596,48 +625,66 @@ impl QueuePair {
         unsafe { self.submit(data, &mut wrs) }
     }
 
+    /// Validates a chain before it takes credits; returns its length.
+    #[inline]
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
-        let core = &self.inner.core;
-        let caps = &self.inner.caps;
-        if core.closed.get() {
+        let inner = &*self.inner;
+        if inner.core.closed.get() {
             return Err(SubmitError::Closed {
-                qp_num: core.qp_num,
+                qp_num: inner.core.qp_num,
             });
         }
-        let (queue, len, depth, max_sge) = match wrs {
-            Wrs::Send(c) => ("send", c.len(), core.sq.capacity(), caps.max_send_sge),
-            Wrs::Recv(_) => ("receive", 1, core.rq.capacity(), caps.max_recv_sge),
-        };
-        let cq_cap = match wrs {
-            Wrs::Send(_) => core.send_cq.capacity(),
-            Wrs::Recv(_) => core.recv_cq.capacity(),
-        };
-        if len == 0 || len > depth as usize || len > cq_cap as usize || len > wr_id::MAX_CHAIN {
-            return Err(SubmitError::ChainLength {
-                qp_num: core.qp_num,
-                queue,
-                len,
-                depth: depth.min(cq_cap),
-            });
+        match wrs {
+            Wrs::Send(c) => {
+                let len = c.len();
+                if len == 0 || len > inner.max_send_chain {
+                    return Err(self.chain_length("send", len));
+                }
+                let max_sge = inner.caps.max_send_sge as usize;
+                // INLINE WRs are copied at post time: their SGE count is free.
+                for wr in c.iter() {
+                    if wr.sg_list.len() > max_sge && !wr.flags.contains(SendFlags::INLINE) {
+                        return Err(SubmitError::TooManySges {
+                            qp_num: inner.core.qp_num,
+                            queue: "send",
+                            sges: wr.sg_list.len(),
+                            max: inner.caps.max_send_sge,
+                        });
+                    }
+                }
+                Ok(len as u32)
+            }
+            Wrs::Recv(r) => {
+                if inner.max_recv_chain == 0 {
+                    return Err(self.chain_length("receive", 1));
+                }
+                if r.sg_list.len() > inner.caps.max_recv_sge as usize {
+                    return Err(SubmitError::TooManySges {
+                        qp_num: inner.core.qp_num,
+                        queue: "receive",
+                        sges: r.sg_list.len(),
+                        max: inner.caps.max_recv_sge,
+                    });
+                }
+                Ok(1)
+            }
         }
-        let sges = match wrs {
-            Wrs::Send(c) => c
-                .iter()
-                .filter(|wr| !wr.flags.contains(SendFlags::INLINE))
-                .map(|wr| wr.sg_list.len())
-                .max()
-                .unwrap_or(0),
-            Wrs::Recv(r) => r.sg_list.len(),
+    }
+
+    #[cold]
+    fn chain_length(&self, queue: &'static str, len: usize) -> SubmitError {
+        let core = &self.inner.core;
+        let (depth, cq_cap) = if queue == "send" {
+            (core.sq.capacity(), core.send_cq.capacity())
+        } else {
+            (core.rq.capacity(), core.recv_cq.capacity())
         };
-        if sges > max_sge as usize {
-            return Err(SubmitError::TooManySges {
-                qp_num: core.qp_num,
-                queue,
-                sges,
-                max: max_sge,
-            });
+        SubmitError::ChainLength {
+            qp_num: core.qp_num,
+            queue,
+            len,
+            depth: depth.min(cq_cap),
         }
-        Ok(len as u32)
     }
 
     /// # Safety
