@@ -364,6 +364,8 @@ impl Driver {
     fn complete(&self, c: Completion) {
         if c.wr_id & wr_id::RESERVED == 0 {
             self.ops.complete(c);
+        } else if wr_id::is_inline(c.wr_id) {
+            self.complete_inline(&c);
         } else if c.wr_id >= wr_id::AGENT_BASE {
             // Taken out while it runs, so it may replace itself.
             let taken = self.reserved_handler.borrow_mut().take();
@@ -379,6 +381,39 @@ impl Driver {
             }
         } else {
             tracing::trace!(wr_id = c.wr_id, status = %c.status, "untracked completion");
+        }
+    }
+
+    /// A completion of an inline send (or of the WR retiring them): goes to
+    /// its QP, named by the registry key in the wr_id.
+    fn complete_inline(&self, c: &Completion) {
+        let (key, _, _) = wr_id::decode_inline(c.wr_id);
+        let core = self
+            .qps
+            .borrow()
+            .get(key)
+            .filter(|q| q.qp_num == c.qp_num)
+            .cloned();
+        match core {
+            Some(q) => q.inline_completed(c),
+            None => {
+                tracing::debug!(wr_id = c.wr_id, status = %c.status, "inline completion of an unknown QP")
+            }
+        }
+    }
+
+    /// Retires the trailing unsignaled inline sends of every open QP: some
+    /// submission waits for CQ credits they may hold.
+    pub(crate) fn retire_all_unsignaled(&self) {
+        let hoarding: Vec<Rc<QpCore>> = self
+            .qps
+            .borrow()
+            .iter()
+            .filter(|(_, q)| q.unsig.get() > 0 && !q.closed.get())
+            .map(|(_, q)| q.clone())
+            .collect();
+        for q in hoarding {
+            q.retire_unsignaled();
         }
     }
 
