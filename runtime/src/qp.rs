@@ -982,7 +982,7 @@ impl QueuePair {
     unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
         let n = match self.check(wrs) {
             Ok(n) => n,
-            Err(e) => return Submit::ready(data.fail(e)),
+            Err(e) => return refused(data, e),
         };
         let (queue, cq) = self.credits_for(wrs);
         if queue.try_acquire(n) {
@@ -992,17 +992,30 @@ impl QueuePair {
                     state: unsafe { self.post(data, wrs, n) },
                 };
             }
+            return self.wait_for_credits(data, wrs, n, true);
+        }
+        self.wait_for_credits(data, wrs, n, false)
+    }
+
+    /// A submission that must wait for credits (`queue_held`: it already
+    /// holds its queue credits, and waits for the CQ's).
+    #[cold]
+    #[inline(never)]
+    fn wait_for_credits<T: Completable>(
+        &self,
+        data: T,
+        wrs: &mut Wrs,
+        n: u32,
+        queue_held: bool,
+    ) -> Submit<T> {
+        if queue_held {
             // Unsignaled inline sends of any QP may hold CQ credits.
             self.inner.handle.driver().retire_all_unsignaled();
-            return Submit {
-                state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, true)),
-            };
-        }
-        if matches!(wrs, Wrs::Send(_)) {
+        } else if matches!(wrs, Wrs::Send(_)) {
             self.inner.core.retire_unsignaled();
         }
         Submit {
-            state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, false)),
+            state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, queue_held)),
         }
     }
 
@@ -1096,7 +1109,25 @@ impl QueuePair {
         };
         match res {
             Ok(()) => State::InFlight(Op::new(self.inner.handle.clone(), key, first, data)),
-            Err(e) if e.posted == 0 => {
+            Err(e) => self.post_failed(data, key, first, absorbed, e),
+        }
+    }
+
+    /// The provider refused (part of) the chain of op `key`.
+    #[cold]
+    #[inline(never)]
+    fn post_failed<T: Completable>(
+        &self,
+        data: T,
+        key: usize,
+        first: u64,
+        absorbed: u32,
+        e: PostError,
+    ) -> State<T> {
+        let core = &self.inner.core;
+        let ops = self.inner.handle.ops();
+        match e {
+            e if e.posted == 0 => {
                 if let Some(mut credit) = ops.remove_unposted(key) {
                     credit.n -= absorbed;
                     drop(credit);
@@ -1107,7 +1138,7 @@ impl QueuePair {
                     source: e,
                 })))
             }
-            Err(e) => {
+            e => {
                 // Part of the chain is on the queue, unsignaled: flush it so
                 // its buffers come back, and report the post error then.
                 tracing::warn!(qp = core.qp_num, posted = e.posted, error = %e, "partial post: moving QP to ERR");
@@ -1127,6 +1158,13 @@ impl QueuePair {
             }
         }
     }
+}
+
+/// A submission refused before anything was posted.
+#[cold]
+#[inline(never)]
+fn refused<T: Completable>(data: T, e: SubmitError) -> Submit<T> {
+    Submit::ready(data.fail(e))
 }
 
 /// `flags` without SIGNALED.
@@ -1270,8 +1308,22 @@ impl<T: Completable> Submit<T> {
 impl<T: Completable> Future for Submit<T> {
     type Output = T::Output;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
+        // The common case first, in a small frame: posted, in flight.
+        if let State::InFlight(op) = &mut this.state {
+            return Pin::new(op).poll(cx);
+        }
+        this.poll_slow(cx)
+    }
+}
+
+impl<T: Completable> Submit<T> {
+    /// [`Submit::poll`] when not in flight: waiting for credits, or ready.
+    #[inline(never)]
+    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<T::Output> {
+        let this = self;
         loop {
             match &mut this.state {
                 State::InFlight(op) => return Pin::new(op).poll(cx),
