@@ -331,6 +331,11 @@ pub(crate) struct QpCore {
     /// over (they come back with its completion, which by RC ordering
     /// implies the unsignaled WRs' completion).
     pub(crate) unsig: Cell<u32>,
+    /// Send-queue credits held by inline sends (those of `unsig`, and those
+    /// carried by posted signaled inline WRs not completed yet). They lend
+    /// no memory to the device: a QP holding only these is not leaked at
+    /// runtime shutdown.
+    pub(crate) inline_credits: Cell<u32>,
     /// At most `signal_every - 1` inline sends in a row go unsignaled.
     pub(crate) signal_every: Cell<u32>,
     /// The first error completion of an inline send posted without an op.
@@ -375,9 +380,29 @@ impl QpCore {
             }));
         }
         if credits > 0 {
+            self.inline_credits
+                .set(self.inline_credits.get().saturating_sub(credits));
             self.sq.release(credits);
             self.send_cq.release(credits);
         }
+    }
+
+    /// Send WRs outstanding that lend memory to the device (all but inline sends).
+    pub(crate) fn outstanding_with_memory(&self) -> u32 {
+        self.outstanding().saturating_sub(self.inline_credits.get())
+    }
+
+    /// A signaled send post takes over the unsignaled inline sends' credits.
+    fn absorb_unsignaled(&self) -> u32 {
+        let n = self.unsig.replace(0);
+        self.inline_credits.set(self.inline_credits.get() - n);
+        n
+    }
+
+    /// Undoes [`absorb_unsignaled`](Self::absorb_unsignaled) (nothing was posted).
+    fn unabsorb(&self, n: u32) {
+        self.unsig.set(n);
+        self.inline_credits.set(self.inline_credits.get() + n);
     }
 
     /// Posts a signaled zero-length RDMA WRITE (no SGE, no rkey: C9-88, the
@@ -436,7 +461,7 @@ impl QpCore {
                     tracing::debug!(qp = self.qp_num, error = %e, "second modify_to_err");
                 }
             } else {
-                let n = self.unsig.replace(0);
+                let n = self.absorb_unsignaled();
                 self.sq.release(n);
                 self.send_cq.release(n);
             }
@@ -526,6 +551,7 @@ impl QueuePair {
             _device: device,
             reg_key: Cell::new(0),
             unsig: Cell::new(0),
+            inline_credits: Cell::new(0),
             signal_every: Cell::new(
                 DEFAULT_INLINE_SIGNAL_INTERVAL.min((caps.max_send_wr / 2).max(1)),
             ),
@@ -798,6 +824,8 @@ impl QueuePair {
         match unsafe { core.backend.post_send(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 core.unsig.set(if signal { 0 } else { unsig + 1 + reserve });
+                core.inline_credits
+                    .set(core.inline_credits.get() + 1 + reserve);
                 Ok(())
             }
             Err(e) => {
@@ -1066,7 +1094,7 @@ impl QueuePair {
         let recv = matches!(wrs, Wrs::Recv(_));
         // A signaled send takes over the credits of the unsignaled inline
         // sends before it: its completion implies theirs.
-        let absorbed = if recv { 0 } else { core.unsig.replace(0) };
+        let absorbed = if recv { 0 } else { core.absorb_unsignaled() };
         let credit = Credit {
             core: core.clone(),
             recv,
@@ -1077,7 +1105,7 @@ impl QueuePair {
             Ok(k) => k,
             Err(mut credit) => {
                 credit.n -= absorbed;
-                core.unsig.set(absorbed);
+                core.unabsorb(absorbed);
                 drop(credit);
                 return State::Ready(Some(data.fail(SubmitError::SlabFull {
                     limit: wr_id::MAX_OPS,
@@ -1132,7 +1160,7 @@ impl QueuePair {
                     credit.n -= absorbed;
                     drop(credit);
                 }
-                core.unsig.set(absorbed);
+                core.unabsorb(absorbed);
                 State::Ready(Some(data.fail(SubmitError::Post {
                     qp_num: core.qp_num,
                     source: e,

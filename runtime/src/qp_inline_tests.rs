@@ -166,9 +166,13 @@ fn a_signaled_op_retires_the_inline_sends_before_it() {
         post_now(&qp, b"hi").unwrap();
     }
     assert_eq!(qp.outstanding_sends(), 4, "3 WRs + reserve");
+    // Inline sends lend no memory: shutdown need not leak for them.
+    assert_eq!(qp.inner.core.outstanding_with_memory(), 0);
     let mut op = bare_write(&qp);
     assert!(!op.is_queued());
     assert_eq!(qp.outstanding_sends(), 5);
+    // The op took their credits over.
+    assert_eq!(qp.inner.core.outstanding_with_memory(), 5);
     // Retires the 3 unsignaled sends and the op.
     assert!(fake.complete_send(WcStatus::Success, 0).is_some());
     settle(&rt);

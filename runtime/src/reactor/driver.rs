@@ -490,13 +490,14 @@ impl Driver {
         }
     }
 
-    /// Shutdown: leaks QPs that still have outstanding WRs (the device may
-    /// still use their buffers) and drops the others.
+    /// Shutdown: leaks QPs that still have outstanding WRs whose buffers
+    /// the device may still use, and drops the others (inline sends lend
+    /// no memory).
     pub(crate) fn release_qps(&self) -> usize {
         let all: Vec<Rc<QpCore>> = self.qps.borrow_mut().drain().collect();
         let mut leaked = 0;
         for q in all {
-            if q.outstanding() > 0 {
+            if q.outstanding_with_memory() > 0 {
                 leaked += 1;
                 std::mem::forget(q);
             }
