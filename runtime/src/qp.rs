@@ -784,16 +784,24 @@ impl QueuePair {
         let need_reserve = u32::from(unsig == 0);
         // Unsignaled only if that leaves a credit free in both, and the
         // group's reserve (for the WR that may have to retire it) is there.
-        let signal = group + 1 >= core.signal_every.get()
+        let mut signal = group + 1 >= core.signal_every.get()
             || sq.has_waiters()
             || cq.has_waiters()
             || sq.available() < 1 + need_reserve
             || cq.available() < 1 + need_reserve;
-        let reserve = if signal { 0 } else { need_reserve };
-        if reserve > 0 && !(sq.try_acquire(1) && cq.try_acquire(1)) {
-            // Invariant: checked just above (no waiters, enough available),
-            // and nothing ran in between.
-            tracing::error!(qp = core.qp_num, "inline reserve credit vanished");
+        let mut reserve = 0;
+        if !signal && need_reserve > 0 {
+            // Checked just above, so these succeed; if not, signal instead.
+            if sq.try_acquire(1) {
+                if cq.try_acquire(1) {
+                    reserve = 1;
+                } else {
+                    sq.release(1);
+                    signal = true;
+                }
+            } else {
+                signal = true;
+            }
         }
         let credits = if signal { 1 + unsig } else { 0 };
         let mut wr = SendWr {
