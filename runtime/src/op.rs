@@ -16,7 +16,8 @@
 //!   of a chain is signaled; a completion for an earlier index only happens on
 //!   error (or flush) and is remembered until the last one arrives.
 //! * `R` (bit 63): the reserved namespace, see [`wr_id`]. Such completions never
-//!   touch the slab.
+//!   touch the slab. Inside it, [`wr_id::INLINE`] ids belong to inline sends
+//!   posted without an op (they name their QP and the credits they return).
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
