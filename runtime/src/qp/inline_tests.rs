@@ -338,3 +338,57 @@ fn chain_of(qp: &QueuePair, n: usize) -> Submit<Bare> {
         })
     }
 }
+
+#[test]
+fn a_submission_waiting_for_cq_credits_gets_those_unsignaled_sends_hold() {
+    let rt = Runtime::new().unwrap();
+    // Room in the send queue, but a CQ of 8 entries.
+    let (qp, fake) = FakeQp::queue_pair(1, caps(64), 8);
+    qp.set_inline_signal_interval(100);
+    for _ in 0..5 {
+        post_now(&qp, b"u").unwrap();
+    }
+    // 5 WRs + reserve hold 6 of the CQ's 8 credits; a chain of 3 waits for
+    // the CQ, and the runtime retires the unsignaled sends to free them.
+    let mut chain = Box::pin(chain_of(&qp, 3));
+    assert!(chain.as_mut().now_or_never().is_none());
+    assert!(chain.is_queued());
+    let last = fake.posted_sends().last().copied().unwrap();
+    assert_ne!(last.0 & wr_id::INLINE_MARKER, 0, "retiring WR posted");
+    complete_all(&rt, &fake);
+    let r = rt.block_on(async {
+        let mut c = chain;
+        std::future::poll_fn(|cx| {
+            while fake.complete_send(WcStatus::Success, 0).is_some() {}
+            match c.as_mut().poll(cx) {
+                Poll::Ready(r) => Poll::Ready(r),
+                Poll::Pending => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    });
+    assert!(r.unwrap().status.is_success());
+    assert_eq!(qp.outstanding_sends(), 0);
+}
+
+#[test]
+fn dropping_a_waiting_inline_send_gives_its_place_back() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(1, caps(2), 1024);
+    qp.set_inline_signal_interval(1);
+    post_now(&qp, b"a").unwrap();
+    post_now(&qp, b"b").unwrap();
+    assert_eq!(qp.outstanding_sends(), 2);
+    // The queue is full: the third waits, then is dropped unposted.
+    let mut third = Box::pin(qp.post_send_inline(b"c", None));
+    assert!(third.as_mut().now_or_never().is_none());
+    drop(third);
+    assert_eq!(fake.outstanding_sends(), 2);
+    complete_all(&rt, &fake);
+    assert_eq!(qp.outstanding_sends(), 0);
+    // Nobody waits any more: the next one goes at once.
+    post_now(&qp, b"d").unwrap();
+}
