@@ -9,7 +9,9 @@
 //! on the op path (a counting global allocator).
 //!
 //! A last table runs the op path alone on the runtime's fake QP (synthetic
-//! completions, no device): the runtime's own CPU cost per op.
+//! completions, no device): the runtime's own CPU cost per op, for a verb
+//! WRITE, a bare `submit_send`, and an inline send posted without an op
+//! (`Verbs::send_inline`, mostly unsignaled; its depth column is moot).
 //!
 //! Two pairings: the raw loop spinning on `Cq::poll` against the reactor in
 //! busy-poll mode, and the raw loop blocking on the completion channel's fd
@@ -444,6 +446,8 @@ enum FakeOp {
     Verb,
     /// A bare `QueuePair::submit_send` of one WRITE WR (no buffer).
     Bare,
+    /// `qp.send_inline(&[u8; 64])`: posted without an op, mostly unsignaled.
+    Inline,
 }
 
 /// Runs `n` ops of `kind` at `depth` on the fake QP.
@@ -461,7 +465,23 @@ fn fake_run(
     match kind {
         FakeOp::Verb => fake_run_verb(rt, qp, fake, bufs, remote, depth, n),
         FakeOp::Bare => fake_run_bare(rt, qp, fake, remote, depth, n),
+        FakeOp::Inline => fake_run_inline(rt, qp, fake, n),
     }
+}
+
+/// The inline rows' runs (`--toggle-collect='*fake_run_inline*'`): `n`
+/// inline sends in a row; the fake completes whatever is signaled after
+/// each one (the runtime delivers those completions whenever a send has to
+/// wait for credits). No depth: the send returns once posted.
+#[inline(never)]
+fn fake_run_inline(rt: &Runtime, qp: &QueuePair, fake: &FakeQp, n: usize) {
+    let payload = [0x5au8; MSG];
+    rt.block_on(async {
+        for _ in 0..n {
+            qp.send_inline(&payload).await.expect("inline send");
+            while fake.complete_send(WcStatus::Success, 0).is_some() {}
+        }
+    });
 }
 
 /// The verb rows' runs. Not inlined, so that `valgrind --tool=callgrind
@@ -575,7 +595,11 @@ fn main() {
         "runtime path alone (fake QP, synthetic completions, no device), {ops} ops per round:"
     );
     for &depth in &depths {
-        for (name, kind) in [("verb write", FakeOp::Verb), ("bare submit", FakeOp::Bare)] {
+        for (name, kind) in [
+            ("verb write", FakeOp::Verb),
+            ("bare submit", FakeOp::Bare),
+            ("inline send", FakeOp::Inline),
+        ] {
             let f = fake_phase(kind, depth, ops, rounds);
             println!(
                 "depth {:<3} {:<12} {:>10.0} ops/s {:>6} ns CPU per op {:>7.3} allocs/op",

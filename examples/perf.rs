@@ -8,7 +8,12 @@
 //!   as perftest). The server grants the buffer and waits.
 //! - `send_lat`: SEND ping-pong of `--size` bytes, `--iters` round trips; the
 //!   latency of one iteration is half its round trip (as perftest), reported
-//!   as min / max / typical (median) / average / stdev / 99% / 99.9%.
+//!   as min / max / typical (median) / average / stdev / 99% / 99.9%. Like
+//!   perftest, both sides keep a RECV posted ahead and send INLINE without
+//!   waiting for the send's completion (`Verbs::send_inline`: mostly
+//!   unsignaled, one signaled in every few) when the message fits the QP's
+//!   `max_inline_data`; `--signaled` runs the SENDs as ordinary ops instead
+//!   (each waits for its own completion), for comparison.
 //!
 //! Both run on whatever `open_device(None)` picks: `VERBIO_DEVICE` if set
 //! (e.g. `rxe0`, built with `--features ibverbs`), else the first active
@@ -95,10 +100,13 @@ struct Args {
     depth: u32,
     /// `None`: spin on hardware, sleep on the soft device.
     busy_poll: Option<Duration>,
+    /// send_lat: SENDs as signaled ops (each awaits its completion) rather
+    /// than inline sends that return once posted.
+    signaled: bool,
 }
 
 const USAGE: &str = "usage: perf write_bw|send_lat [--server ADDR | --client ADDR] \
-[--size BYTES] [--iters N] [--depth N] [--busy-poll MICROS | --events]";
+[--size BYTES] [--iters N] [--depth N] [--busy-poll MICROS | --events] [--signaled]";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -120,6 +128,7 @@ fn parse_args() -> Result<Args, String> {
         iters,
         depth: 128,
         busy_poll: None,
+        signaled: false,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -135,6 +144,7 @@ fn parse_args() -> Result<Args, String> {
                 args.busy_poll = Some(Duration::from_micros(us));
             }
             "--events" | "-e" => args.busy_poll = Some(Duration::ZERO),
+            "--signaled" => args.signaled = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -194,6 +204,14 @@ fn banner(args: &Args, dev: &Device, mtu: Mtu, busy: Duration) {
     println!(" Number of qps  : 1\t\tConnection type : RC");
     if args.test == Test::WriteBw {
         println!(" TX depth       : {}", args.depth);
+    }
+    if args.test == Test::SendLat {
+        let max_inline = qp_config(args).caps.max_inline_data as usize;
+        if inline_sends(args, args.size, max_inline) {
+            println!(" Sends          : inline, returning once posted (mostly unsignaled)");
+        } else {
+            println!(" Sends          : ops awaiting their own (signaled) completion");
+        }
     }
     println!(" Mtu            : {}[B]", mtu.bytes());
     if busy.is_zero() {
@@ -278,7 +296,7 @@ async fn serve(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<
     };
     match args.test {
         Test::WriteBw => write_bw_server(size, dev, qp, pool).await,
-        Test::SendLat => send_lat_server(size, qp, pool).await,
+        Test::SendLat => send_lat_server(args, size, qp, pool).await,
     }
 }
 
@@ -302,9 +320,16 @@ async fn write_bw_server(size: usize, dev: &Device, qp: &QueuePair, pool: &MrPoo
     Ok(())
 }
 
+/// True if send_lat's SENDs of `size` bytes go as inline sends that return
+/// once posted (else as ops awaiting their completion).
+fn inline_sends(args: &Args, size: usize, max_inline: usize) -> bool {
+    !args.signaled && size <= max_inline
+}
+
 /// Echoes every message until an empty one; each RECV is re-posted before
 /// the reply goes out.
-async fn send_lat_server(size: usize, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+async fn send_lat_server(args: &Args, size: usize, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let inline = inline_sends(args, size, qp.caps().max_inline_data as usize);
     let mut spare = pool.alloc(size)?;
     let mut next = qp.recv(pool.alloc(size)?);
     // The first ping finds its RECV posted: tell the client to start.
@@ -315,9 +340,15 @@ async fn send_lat_server(size: usize, qp: &QueuePair, pool: &MrPool) -> Res<()> 
             return Ok(());
         }
         next = qp.recv(spare);
-        let (res, sent) = qp.send(got).await;
-        res?;
-        spare = sent;
+        if inline {
+            // Copied at post time: `got` is free again at once.
+            qp.send_inline(&got).await?;
+            spare = got;
+        } else {
+            let (res, sent) = qp.send(got).await;
+            res?;
+            spare = sent;
+        }
     }
 }
 
@@ -438,22 +469,45 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     // would be counted in every round trip), converted with a rate measured
     // against the system clock over the whole loop.
     let mut stamps = Vec::with_capacity(args.iters + 1);
+    let inline = inline_sends(args, args.size, qp.caps().max_inline_data as usize);
     let clock = CycleClock::start();
-    for i in 0..args.iters {
-        stamps.push(clock.stamp());
-        // The RECV for the echo goes first, so it never finds the queue empty.
-        let r = qp.recv(reply);
-        let s = qp.send(msg);
-        let ((sres, m), (rres, back)) = futures::join!(s, r);
-        sres.map_err(|e| format!("send {i}: {e}"))?;
-        let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
-        if n != args.size {
-            return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
+    if inline {
+        // perftest's loop: the RECV for the next echo is always posted
+        // ahead; the SEND is copied inline and not waited for.
+        let mut next = qp.recv(reply);
+        for i in 0..args.iters {
+            stamps.push(clock.stamp());
+            qp.send_inline(&payload)
+                .await
+                .map_err(|e| format!("send {i}: {e}"))?;
+            let (rres, back) = next.await;
+            let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
+            if n != args.size {
+                return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
+            }
+            next = qp.recv(back);
         }
-        msg = m;
-        reply = back;
+        stamps.push(clock.stamp());
+        // The last RECV stays posted; dropping it parks its buffer until the
+        // close flushes it.
+        drop(next);
+    } else {
+        for i in 0..args.iters {
+            stamps.push(clock.stamp());
+            // The RECV for the echo goes first, so it never finds the queue empty.
+            let r = qp.recv(reply);
+            let s = qp.send(msg);
+            let ((sres, m), (rres, back)) = futures::join!(s, r);
+            sres.map_err(|e| format!("send {i}: {e}"))?;
+            let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
+            if n != args.size {
+                return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
+            }
+            msg = m;
+            reply = back;
+        }
+        stamps.push(clock.stamp());
     }
-    stamps.push(clock.stamp());
     let us_per_tick = clock.us_per_tick();
     let mut half_rtts: Vec<f64> = stamps
         .windows(2)

@@ -16,7 +16,8 @@
 //!   of a chain is signaled; a completion for an earlier index only happens on
 //!   error (or flush) and is remembered until the last one arrives.
 //! * `R` (bit 63): the reserved namespace, see [`wr_id`]. Such completions never
-//!   touch the slab.
+//!   touch the slab. Inside it, [`wr_id::INLINE`] ids belong to inline sends
+//!   posted without an op (they name their QP and the credits they return).
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -40,6 +41,18 @@ pub mod wr_id {
     /// ([`Handle::set_reserved_handler`](crate::reactor::Handle::set_reserved_handler)),
     /// e.g. for agent-internal receives. Every id in `AGENT_BASE..` goes there.
     pub const AGENT_BASE: u64 = RESERVED | (1 << 32);
+    /// Inline sends posted without an op ([`QueuePair::post_send_inline`](crate::QueuePair::post_send_inline)):
+    /// `INLINE | marker << 30 | credits << 20 | QP registry key`. Their
+    /// completions release `credits` send-queue and CQ credits of that QP
+    /// and record its first error; they never touch the op slab.
+    pub const INLINE: u64 = RESERVED | (1 << 31);
+    /// Bits of the QP registry key in an inline wr_id.
+    pub const INLINE_KEY_BITS: u32 = 20;
+    /// Bits of the credit count in an inline wr_id.
+    pub const INLINE_CREDIT_BITS: u32 = 10;
+    /// Set in the wr_id of the zero-length WR that retires a QP's trailing
+    /// unsignaled inline sends (it carries no data: its errors are not recorded).
+    pub const INLINE_MARKER: u64 = 1 << 30;
     /// Bits of the slab key.
     pub const KEY_BITS: u32 = 24;
     /// Bits of the generation.
@@ -62,6 +75,28 @@ pub mod wr_id {
         (key as u64 & KEY_MASK)
             | ((u64::from(gen) & GEN_MASK) << GEN_SHIFT)
             | ((u64::from(index) & INDEX_MASK) << INDEX_SHIFT)
+    }
+
+    /// True for the wr_ids of [`INLINE`] WRs.
+    pub(crate) fn is_inline(id: u64) -> bool {
+        id & !((1u64 << 31) - 1) == INLINE
+    }
+
+    /// Builds an inline wr_id (`key` < 2^20, `credits` < 2^10).
+    pub(crate) fn encode_inline(key: usize, credits: u32, marker: bool) -> u64 {
+        INLINE
+            | if marker { INLINE_MARKER } else { 0 }
+            | (u64::from(credits) & ((1 << INLINE_CREDIT_BITS) - 1)) << INLINE_KEY_BITS
+            | (key as u64 & ((1 << INLINE_KEY_BITS) - 1))
+    }
+
+    /// Splits an inline wr_id into (QP registry key, credits, marker).
+    pub(crate) fn decode_inline(id: u64) -> (usize, u32, bool) {
+        (
+            (id & ((1 << INLINE_KEY_BITS) - 1)) as usize,
+            ((id >> INLINE_KEY_BITS) & ((1 << INLINE_CREDIT_BITS) - 1)) as u32,
+            id & INLINE_MARKER != 0,
+        )
     }
 
     /// Splits a tracked wr_id into (key, generation, index).
@@ -124,6 +159,20 @@ pub enum SubmitError {
         /// The provider's error.
         #[source]
         source: PostError,
+    },
+    /// An earlier inline send of this QP posted without waiting
+    /// ([`QueuePair::post_send_inline`](crate::QueuePair::post_send_inline))
+    /// completed with an error; the QP is in ERR and refuses new work.
+    #[error("QP {qp_num}: an earlier inline send (wr_id {wr_id:#x}) failed: {status}")]
+    InlineSendFailed {
+        /// QP number.
+        qp_num: u32,
+        /// wr_id of the failed WR.
+        wr_id: u64,
+        /// Its completion status.
+        status: crate::provider::WcStatus,
+        /// Vendor error code.
+        vendor_err: u32,
     },
     /// Too many ops in flight for the wr_id space.
     #[error("too many ops in flight (limit {limit})")]
@@ -522,6 +571,7 @@ impl<T: 'static> Op<T> {
 impl<T: Completable> std::future::Future for Op<T> {
     type Output = T::Output;
 
+    #[inline]
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
         if this.data.is_none() {
@@ -571,5 +621,18 @@ mod tests {
         assert_eq!(decode(id), (0xab_cdef, 0x12_3456, 0x2abc));
         assert_eq!(id & RESERVED, 0);
         assert_ne!(AGENT_BASE & RESERVED, 0);
+    }
+
+    #[test]
+    fn inline_wr_ids_round_trip_below_the_agent_range() {
+        let id = encode_inline(0xf_abcd, 0x3ff, true);
+        assert!(is_inline(id));
+        assert!(id < AGENT_BASE && id & RESERVED != 0);
+        assert_eq!(decode_inline(id), (0xf_abcd, 0x3ff, true));
+        let id = encode_inline(7, 3, false);
+        assert_eq!(decode_inline(id), (7, 3, false));
+        assert!(!is_inline(UNTRACKED));
+        assert!(!is_inline(AGENT_BASE));
+        assert!(!is_inline(encode(1, 1, 0)));
     }
 }

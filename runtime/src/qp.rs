@@ -89,6 +89,13 @@ use crate::provider::{
 };
 use crate::reactor::Handle;
 
+mod inline;
+#[cfg(test)]
+mod inline_tests;
+
+pub(crate) use inline::InlineFault;
+pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
+
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;
 
@@ -97,9 +104,13 @@ pub(crate) struct Credits {
     cap: u32,
     avail: Cell<u32>,
     waiters: RefCell<VecDeque<(u64, Waker)>>,
+    /// `waiters.len()` (the hot paths check it without borrowing the queue).
+    queued: Cell<u32>,
     next_ticket: Cell<u64>,
     /// Woken whenever every credit is back (QP close waits on this).
     idle: RefCell<Vec<Waker>>,
+    /// `!idle.is_empty()`.
+    idle_waiting: Cell<bool>,
 }
 
 impl Credits {
@@ -108,8 +119,10 @@ impl Credits {
             cap,
             avail: Cell::new(cap),
             waiters: RefCell::new(VecDeque::with_capacity(8)),
+            queued: Cell::new(0),
             next_ticket: Cell::new(0),
             idle: RefCell::new(Vec::new()),
+            idle_waiting: Cell::new(false),
         }
     }
 
@@ -125,10 +138,16 @@ impl Credits {
         self.cap - self.avail.get()
     }
 
+    /// Someone waits in the FIFO.
+    #[inline]
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.queued.get() != 0
+    }
+
     /// Takes `n` credits now if nobody is queued ahead and they are there.
     #[inline]
     pub(crate) fn try_acquire(&self, n: u32) -> bool {
-        if self.waiters.borrow().is_empty() && self.avail.get() >= n {
+        if self.queued.get() == 0 && self.avail.get() >= n {
             self.avail.set(self.avail.get() - n);
             true
         } else {
@@ -152,6 +171,7 @@ impl Credits {
             self.avail.set(self.avail.get() - n);
             if ticket.take().is_some() {
                 waiters.pop_front();
+                self.queued.set(waiters.len() as u32);
                 // The next in line may fit in what is left.
                 let next = waiters.front().map(|(_, w)| w.clone());
                 drop(waiters);
@@ -166,6 +186,7 @@ impl Credits {
                 let t = self.next_ticket.get();
                 self.next_ticket.set(t + 1);
                 waiters.push_back((t, cx.waker().clone()));
+                self.queued.set(waiters.len() as u32);
                 *ticket = Some(t);
             }
             Some(t) => {
@@ -185,6 +206,7 @@ impl Credits {
         let mut waiters = self.waiters.borrow_mut();
         let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
         waiters.retain(|(id, _)| *id != t);
+        self.queued.set(waiters.len() as u32);
         let next = if was_first {
             waiters.front().map(|(_, w)| w.clone())
         } else {
@@ -200,11 +222,20 @@ impl Credits {
     pub(crate) fn release(&self, n: u32) {
         let avail = (self.avail.get() + n).min(self.cap);
         self.avail.set(avail);
+        if self.queued.get() != 0 || (avail == self.cap && self.idle_waiting.get()) {
+            self.wake_after_release(avail);
+        }
+    }
+
+    /// The rare part of [`release`](Self::release): somebody waits.
+    #[cold]
+    fn wake_after_release(&self, avail: u32) {
         let next = self.waiters.borrow().front().map(|(_, w)| w.clone());
         if let Some(w) = next {
             w.wake();
         }
-        if avail == self.cap && !self.idle.borrow().is_empty() {
+        if avail == self.cap && self.idle_waiting.get() {
+            self.idle_waiting.set(false);
             let idle = std::mem::take(&mut *self.idle.borrow_mut());
             for w in idle {
                 w.wake();
@@ -234,6 +265,7 @@ impl Credits {
         if !idle.iter().any(|w| w.will_wake(cx.waker())) {
             idle.push(cx.waker().clone());
         }
+        self.idle_waiting.set(true);
         Poll::Pending
     }
 }
@@ -293,6 +325,28 @@ pub(crate) struct QpCore {
     pub(crate) dropped: Cell<bool>,
     /// Keeps the CQ registered while WRs are outstanding.
     pub(crate) _device: Option<Device>,
+    /// This QP's key in the reactor's QP registry (named by inline wr_ids).
+    pub(crate) reg_key: Cell<usize>,
+    /// Send-queue and CQ credits (each) held by the unsignaled inline sends
+    /// posted since the last signaled send WR, plus one reserve credit for
+    /// the WR that retires them; 0 if there are none.
+    ///
+    /// # Invariant
+    ///
+    /// Nonzero only while the last WR posted to the send queue was an
+    /// unsignaled inline send: every signaled send post takes these credits
+    /// over (they come back with its completion, which by RC ordering
+    /// implies the unsignaled WRs' completion).
+    pub(crate) unsig: Cell<u32>,
+    /// Send-queue credits held by inline sends (those of `unsig`, and those
+    /// carried by posted signaled inline WRs not completed yet). They lend
+    /// no memory to the device: a QP holding only these is not leaked at
+    /// runtime shutdown.
+    pub(crate) inline_credits: Cell<u32>,
+    /// At most `signal_every - 1` inline sends in a row go unsignaled.
+    pub(crate) signal_every: Cell<u32>,
+    /// The first error completion of an inline send posted without an op.
+    pub(crate) fault: Cell<Option<InlineFault>>,
 }
 
 impl QpCore {
@@ -302,13 +356,30 @@ impl QpCore {
 
     /// Marks the QP closed, wakes queued submitters and moves it to ERR
     /// (again: rxe flushes receives posted in ERR only on a new transition).
+    ///
+    /// Trailing unsignaled inline sends are retired by a WR posted once the
+    /// QP is in ERR (so it is flushed, never executed), followed by one more
+    /// ERR transition (rxe flushes WRs posted in ERR only then). If that post
+    /// fails, their credits are given back at once.
     pub(crate) fn shut(&self) -> Result<(), ProviderError> {
         self.closed.set(true);
         self.sq.wake_all();
         self.rq.wake_all();
         self.send_cq.wake_all();
         self.recv_cq.wake_all();
-        self.backend.modify_to_err()
+        let res = self.backend.modify_to_err();
+        if self.unsig.get() > 0 {
+            if self.retire_unsignaled() {
+                if let Err(e) = self.backend.modify_to_err() {
+                    tracing::debug!(qp = self.qp_num, error = %e, "second modify_to_err");
+                }
+            } else {
+                let n = self.absorb_unsignaled();
+                self.sq.release(n);
+                self.send_cq.release(n);
+            }
+        }
+        res
     }
 }
 
@@ -317,6 +388,11 @@ struct QpInner {
     core: Rc<QpCore>,
     reg_key: usize,
     caps: QpCaps,
+    /// Longest chain a send op may have: the send queue, the send CQ and the
+    /// wr_id index space must all hold it.
+    max_send_chain: usize,
+    /// 1 if a receive fits the receive queue and CQ, else 0.
+    max_recv_chain: usize,
     /// Boxes for the WRs of submissions that wait for credits, recycled so
     /// that backpressure does not allocate per op (and `Submit` stays small).
     /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
@@ -386,14 +462,27 @@ impl QueuePair {
             closed: Cell::new(false),
             dropped: Cell::new(false),
             _device: device,
+            reg_key: Cell::new(0),
+            unsig: Cell::new(0),
+            inline_credits: Cell::new(0),
+            signal_every: Cell::new(
+                DEFAULT_INLINE_SIGNAL_INTERVAL.min((caps.max_send_wr / 2).max(1)),
+            ),
+            fault: Cell::new(None),
         });
         let reg_key = handle.driver().register_qp(core.clone());
+        core.reg_key.set(reg_key);
+        let max_send_chain =
+            (caps.max_send_wr.min(core.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
+        let max_recv_chain = (caps.max_recv_wr.min(core.recv_cq.capacity()) as usize).min(1);
         QueuePair {
             inner: Rc::new(QpInner {
                 handle,
                 core,
                 reg_key,
                 caps,
+                max_send_chain,
+                max_recv_chain,
                 spare_wrs: RefCell::new(Vec::new()),
             }),
         }
@@ -468,7 +557,13 @@ impl QueuePair {
     /// Resolves once no send WR of this QP is outstanding (every one has
     /// completed or been flushed). Unlike [`close`](Self::close) it does not
     /// move the QP to ERR: sends in flight finish by the transport's rules.
+    ///
+    /// Trailing unsignaled inline sends are retired first (one signaled
+    /// zero-length RDMA WRITE is posted for them).
     pub fn sends_idle(&self) -> impl Future<Output = ()> + '_ {
+        if !self.inner.core.closed.get() {
+            self.inner.core.retire_unsignaled();
+        }
         let sq = &self.inner.core.sq;
         std::future::poll_fn(move |cx| sq.poll_idle(cx))
     }
@@ -479,6 +574,11 @@ impl QueuePair {
     /// device no longer touches any buffer of this QP. Returns the error of
     /// the ERR transition, if any (the wait happens regardless). Wrap it in
     /// [`timeout`](crate::reactor::timeout) to bound it.
+    ///
+    /// An error of an inline send posted without an op
+    /// ([`post_send_inline`](Self::post_send_inline)) is not this call's
+    /// result: it stays readable with [`inline_send_error`](Self::inline_send_error)
+    /// (and is logged here).
     pub fn close(&self) -> impl Future<Output = Result<(), ProviderError>> + '_ {
         let res = self.inner.core.shut();
         if let Err(e) = &res {
@@ -490,6 +590,9 @@ impl QueuePair {
             let sq = core.sq.poll_idle(cx);
             let rq = core.rq.poll_idle(cx);
             if sq.is_ready() && rq.is_ready() {
+                if let Some(e) = core.fault_error() {
+                    tracing::warn!(qp = core.qp_num, error = %e, "closed a QP whose inline send failed");
+                }
                 Poll::Ready(res.take().unwrap_or(Ok(())))
             } else {
                 Poll::Pending
@@ -596,48 +699,69 @@ impl QueuePair {
         unsafe { self.submit(data, &mut wrs) }
     }
 
+    /// Validates a chain before it takes credits; returns its length.
+    #[inline]
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
-        let core = &self.inner.core;
-        let caps = &self.inner.caps;
-        if core.closed.get() {
+        let inner = &*self.inner;
+        if inner.core.closed.get() {
             return Err(SubmitError::Closed {
-                qp_num: core.qp_num,
+                qp_num: inner.core.qp_num,
             });
         }
-        let (queue, len, depth, max_sge) = match wrs {
-            Wrs::Send(c) => ("send", c.len(), core.sq.capacity(), caps.max_send_sge),
-            Wrs::Recv(_) => ("receive", 1, core.rq.capacity(), caps.max_recv_sge),
-        };
-        let cq_cap = match wrs {
-            Wrs::Send(_) => core.send_cq.capacity(),
-            Wrs::Recv(_) => core.recv_cq.capacity(),
-        };
-        if len == 0 || len > depth as usize || len > cq_cap as usize || len > wr_id::MAX_CHAIN {
-            return Err(SubmitError::ChainLength {
-                qp_num: core.qp_num,
-                queue,
-                len,
-                depth: depth.min(cq_cap),
-            });
+        if let Some(e) = inner.core.fault_error() {
+            return Err(e);
         }
-        let sges = match wrs {
-            Wrs::Send(c) => c
-                .iter()
-                .filter(|wr| !wr.flags.contains(SendFlags::INLINE))
-                .map(|wr| wr.sg_list.len())
-                .max()
-                .unwrap_or(0),
-            Wrs::Recv(r) => r.sg_list.len(),
-        };
-        if sges > max_sge as usize {
-            return Err(SubmitError::TooManySges {
-                qp_num: core.qp_num,
-                queue,
-                sges,
-                max: max_sge,
-            });
+        match wrs {
+            Wrs::Send(c) => {
+                let len = c.len();
+                if len == 0 || len > inner.max_send_chain {
+                    return Err(self.chain_length("send", len));
+                }
+                let max_sge = inner.caps.max_send_sge as usize;
+                // INLINE WRs are copied at post time: their SGE count is free.
+                for wr in c.iter() {
+                    if wr.sg_list.len() > max_sge && !wr.flags.contains(SendFlags::INLINE) {
+                        return Err(SubmitError::TooManySges {
+                            qp_num: inner.core.qp_num,
+                            queue: "send",
+                            sges: wr.sg_list.len(),
+                            max: inner.caps.max_send_sge,
+                        });
+                    }
+                }
+                Ok(len as u32)
+            }
+            Wrs::Recv(r) => {
+                if inner.max_recv_chain == 0 {
+                    return Err(self.chain_length("receive", 1));
+                }
+                if r.sg_list.len() > inner.caps.max_recv_sge as usize {
+                    return Err(SubmitError::TooManySges {
+                        qp_num: inner.core.qp_num,
+                        queue: "receive",
+                        sges: r.sg_list.len(),
+                        max: inner.caps.max_recv_sge,
+                    });
+                }
+                Ok(1)
+            }
         }
-        Ok(len as u32)
+    }
+
+    #[cold]
+    fn chain_length(&self, queue: &'static str, len: usize) -> SubmitError {
+        let core = &self.inner.core;
+        let (depth, cq_cap) = if queue == "send" {
+            (core.sq.capacity(), core.send_cq.capacity())
+        } else {
+            (core.rq.capacity(), core.recv_cq.capacity())
+        };
+        SubmitError::ChainLength {
+            qp_num: core.qp_num,
+            queue,
+            len,
+            depth: depth.min(cq_cap),
+        }
     }
 
     /// # Safety
@@ -647,7 +771,7 @@ impl QueuePair {
     unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
         let n = match self.check(wrs) {
             Ok(n) => n,
-            Err(e) => return Submit::ready(data.fail(e)),
+            Err(e) => return refused(data, e),
         };
         let (queue, cq) = self.credits_for(wrs);
         if queue.try_acquire(n) {
@@ -657,12 +781,30 @@ impl QueuePair {
                     state: unsafe { self.post(data, wrs, n) },
                 };
             }
-            return Submit {
-                state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, true)),
-            };
+            return self.wait_for_credits(data, wrs, n, true);
+        }
+        self.wait_for_credits(data, wrs, n, false)
+    }
+
+    /// A submission that must wait for credits (`queue_held`: it already
+    /// holds its queue credits, and waits for the CQ's).
+    #[cold]
+    #[inline(never)]
+    fn wait_for_credits<T: Completable>(
+        &self,
+        data: T,
+        wrs: &mut Wrs,
+        n: u32,
+        queue_held: bool,
+    ) -> Submit<T> {
+        if queue_held {
+            // Unsignaled inline sends of any QP may hold CQ credits.
+            self.inner.handle.driver().retire_all_unsignaled();
+        } else if matches!(wrs, Wrs::Send(_)) {
+            self.inner.core.retire_unsignaled();
         }
         Submit {
-            state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, false)),
+            state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, queue_held)),
         }
     }
 
@@ -710,15 +852,21 @@ impl QueuePair {
     /// completion or flush; so the provider's post contract holds.
     unsafe fn post<T: Completable>(&self, data: T, wrs: &mut Wrs, n: u32) -> State<T> {
         let core = &self.inner.core;
+        let recv = matches!(wrs, Wrs::Recv(_));
+        // A signaled send takes over the credits of the unsignaled inline
+        // sends before it: its completion implies theirs.
+        let absorbed = if recv { 0 } else { core.absorb_unsignaled() };
         let credit = Credit {
             core: core.clone(),
-            recv: matches!(wrs, Wrs::Recv(_)),
-            n,
+            recv,
+            n: n + absorbed,
         };
         let ops = self.inner.handle.ops();
         let (key, gen) = match ops.insert((n - 1) as u16, credit) {
             Ok(k) => k,
-            Err(credit) => {
+            Err(mut credit) => {
+                credit.n -= absorbed;
+                core.unabsorb(absorbed);
                 drop(credit);
                 return State::Ready(Some(data.fail(SubmitError::SlabFull {
                     limit: wr_id::MAX_OPS,
@@ -750,14 +898,36 @@ impl QueuePair {
         };
         match res {
             Ok(()) => State::InFlight(Op::new(self.inner.handle.clone(), key, first, data)),
-            Err(e) if e.posted == 0 => {
-                drop(ops.remove_unposted(key));
+            Err(e) => self.post_failed(data, key, first, absorbed, e),
+        }
+    }
+
+    /// The provider refused (part of) the chain of op `key`.
+    #[cold]
+    #[inline(never)]
+    fn post_failed<T: Completable>(
+        &self,
+        data: T,
+        key: usize,
+        first: u64,
+        absorbed: u32,
+        e: PostError,
+    ) -> State<T> {
+        let core = &self.inner.core;
+        let ops = self.inner.handle.ops();
+        match e {
+            e if e.posted == 0 => {
+                if let Some(mut credit) = ops.remove_unposted(key) {
+                    credit.n -= absorbed;
+                    drop(credit);
+                }
+                core.unabsorb(absorbed);
                 State::Ready(Some(data.fail(SubmitError::Post {
                     qp_num: core.qp_num,
                     source: e,
                 })))
             }
-            Err(e) => {
+            e => {
                 // Part of the chain is on the queue, unsignaled: flush it so
                 // its buffers come back, and report the post error then.
                 tracing::warn!(qp = core.qp_num, posted = e.posted, error = %e, "partial post: moving QP to ERR");
@@ -777,6 +947,13 @@ impl QueuePair {
             }
         }
     }
+}
+
+/// A submission refused before anything was posted.
+#[cold]
+#[inline(never)]
+fn refused<T: Completable>(data: T, e: SubmitError) -> Submit<T> {
+    Submit::ready(data.fail(e))
 }
 
 /// `flags` without SIGNALED.
@@ -877,6 +1054,9 @@ impl<T> Drop for Queued<T> {
     }
 }
 
+// An explicit tag: cheaper to test (and to drop) than a niche nested in
+// the output type.
+#[repr(u8)]
 enum State<T: Completable> {
     /// Waiting for queue or CQ credits.
     Queued(Queued<T>),
@@ -920,8 +1100,22 @@ impl<T: Completable> Submit<T> {
 impl<T: Completable> Future for Submit<T> {
     type Output = T::Output;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
+        // The common case first, in a small frame: posted, in flight.
+        if let State::InFlight(op) = &mut this.state {
+            return Pin::new(op).poll(cx);
+        }
+        this.poll_slow(cx)
+    }
+}
+
+impl<T: Completable> Submit<T> {
+    /// [`Submit::poll`] when not in flight: waiting for credits, or ready.
+    #[inline(never)]
+    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<T::Output> {
+        let this = self;
         loop {
             match &mut this.state {
                 State::InFlight(op) => return Pin::new(op).poll(cx),

@@ -34,6 +34,7 @@ pub mod read;
 pub mod recv;
 mod remote;
 pub mod send;
+pub mod send_inline;
 pub mod send_with_imm;
 pub mod write;
 pub mod write_with_imm;
@@ -45,6 +46,7 @@ pub use read::ReadVerb;
 pub use recv::{Received, RecvEmptyVerb, RecvVerb};
 pub use remote::RemoteBuf;
 pub use send::SendVerb;
+pub use send_inline::SendInlineVerb;
 pub use send_with_imm::SendWithImmVerb;
 pub use write::WriteVerb;
 pub use write_with_imm::WriteWithImmVerb;
@@ -62,6 +64,13 @@ pub trait Verbs {
     fn send<B: RegisteredBuf>(&self, buf: B) -> Submit<SendVerb<B>>;
     /// SEND with 32-bit immediate data; resolves to the number of bytes sent.
     fn send_with_imm<B: RegisteredBuf>(&self, buf: B, imm: u32) -> Submit<SendWithImmVerb<B>>;
+    /// SEND of `data` (at most the QP's `max_inline_data` bytes), copied
+    /// INLINE when posted: resolves once posted, not when complete, and
+    /// mostly unsignaled (see [`QueuePair::post_send_inline`]). An error
+    /// completion of it is reported by the QP's later submissions.
+    fn send_inline<'a>(&'a self, data: &'a [u8]) -> SendInlineVerb<'a>;
+    /// [`send_inline`](Self::send_inline) with 32-bit immediate data.
+    fn send_inline_with_imm<'a>(&'a self, data: &'a [u8], imm: u32) -> SendInlineVerb<'a>;
     /// Posts a RECV over `buf`'s whole capacity; resolves to what arrived.
     fn recv<B: RegisteredBuf + IoBufMut>(&self, buf: B) -> Submit<RecvVerb<B>>;
     /// Posts a RECV without a buffer: for WRITE_WITH_IMM notifications and
@@ -105,6 +114,12 @@ impl Verbs for QueuePair {
     }
     fn send_with_imm<B: RegisteredBuf>(&self, buf: B, imm: u32) -> Submit<SendWithImmVerb<B>> {
         send_with_imm::send_with_imm(self, buf, imm)
+    }
+    fn send_inline<'a>(&'a self, data: &'a [u8]) -> SendInlineVerb<'a> {
+        send_inline::send_inline(self, data)
+    }
+    fn send_inline_with_imm<'a>(&'a self, data: &'a [u8], imm: u32) -> SendInlineVerb<'a> {
+        send_inline::send_inline_with_imm(self, data, imm)
     }
     fn recv<B: RegisteredBuf + IoBufMut>(&self, buf: B) -> Submit<RecvVerb<B>> {
         recv::recv(self, buf)

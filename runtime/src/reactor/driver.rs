@@ -71,7 +71,10 @@ pub(crate) struct Driver {
     io: RefCell<Slab<IoEntry>>,
     qps: RefCell<Slab<Rc<QpCore>>>,
     zombies: Cell<usize>,
-    batch: RefCell<Vec<Completion>>,
+    /// Where CQs are polled into (taken out while completions are handled).
+    batch: Cell<Vec<Completion>>,
+    /// One past the highest CQ key ever registered.
+    cq_bound: Cell<usize>,
     ack_batch: u32,
     pub(crate) reserved_handler: RefCell<Option<ReservedHandler>>,
     #[cfg(any(test, feature = "test-util"))]
@@ -102,7 +105,8 @@ impl Driver {
             io: RefCell::new(Slab::new()),
             qps: RefCell::new(Slab::new()),
             zombies: Cell::new(0),
-            batch: RefCell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
+            batch: Cell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
+            cq_bound: Cell::new(0),
             ack_batch: 16,
             reserved_handler: RefCell::new(None),
             #[cfg(any(test, feature = "test-util"))]
@@ -145,6 +149,7 @@ impl Driver {
             unacked: 0,
             broken: false,
         });
+        self.cq_bound.set(self.cq_bound.get().max(key + 1));
         Ok(key)
     }
 
@@ -310,37 +315,16 @@ impl Driver {
     pub(crate) fn drain_cqs(&self) -> usize {
         let mut total = 0;
         #[cfg(any(test, feature = "test-util"))]
-        loop {
-            let next = self.injected.borrow_mut().pop_front();
-            match next {
-                Some(c) => {
-                    self.complete(c);
-                    total += 1;
-                }
-                None => break,
-            }
+        if !self.injected.borrow().is_empty() {
+            total += self.drain_injected();
         }
         // Completion handling may run user code (wakers, the reserved
         // handler), so no borrow of the CQ table or the batch is held then.
-        let mut batch = std::mem::take(&mut *self.batch.borrow_mut());
+        let mut batch = self.batch.take();
         if !batch.is_empty() {
-            let slots = self.cqs.borrow().capacity();
-            for key in 0..slots {
+            for key in 0..self.cq_bound.get() {
                 loop {
-                    let polled = {
-                        let mut cqs = self.cqs.borrow_mut();
-                        match cqs.get_mut(key) {
-                            Some(e) if !e.broken => match e.cq.poll(&mut batch) {
-                                Ok(n) => n,
-                                Err(err) => {
-                                    tracing::error!(cq = e.cq.handle(), error = %err, "CQ poll failed; CQ abandoned");
-                                    e.broken = true;
-                                    0
-                                }
-                            },
-                            _ => 0,
-                        }
-                    };
+                    let polled = self.poll_cq(key, &mut batch);
                     for c in &batch[..polled] {
                         self.complete(*c);
                     }
@@ -350,7 +334,7 @@ impl Driver {
                     }
                 }
             }
-            *self.batch.borrow_mut() = batch;
+            self.batch.set(batch);
         }
         if total > 0 {
             self.ops.bury();
@@ -361,9 +345,51 @@ impl Driver {
         total
     }
 
+    /// Polls CQ `key` into `batch`; 0 if it is gone or broken.
+    #[inline]
+    fn poll_cq(&self, key: usize, batch: &mut [Completion]) -> usize {
+        let res = match self.cqs.borrow().get(key) {
+            Some(e) if !e.broken => e.cq.poll(batch),
+            _ => return 0,
+        };
+        match res {
+            Ok(n) => n,
+            Err(err) => {
+                self.cq_broken(key, err);
+                0
+            }
+        }
+    }
+
+    #[cold]
+    fn cq_broken(&self, key: usize, err: crate::provider::ProviderError) {
+        if let Some(e) = self.cqs.borrow_mut().get_mut(key) {
+            tracing::error!(cq = e.cq.handle(), error = %err, "CQ poll failed; CQ abandoned");
+            e.broken = true;
+        }
+    }
+
+    #[cfg(any(test, feature = "test-util"))]
+    #[cold]
+    fn drain_injected(&self) -> usize {
+        let mut total = 0;
+        loop {
+            let next = self.injected.borrow_mut().pop_front();
+            match next {
+                Some(c) => {
+                    self.complete(c);
+                    total += 1;
+                }
+                None => return total,
+            }
+        }
+    }
+
     fn complete(&self, c: Completion) {
         if c.wr_id & wr_id::RESERVED == 0 {
             self.ops.complete(c);
+        } else if wr_id::is_inline(c.wr_id) {
+            self.complete_inline(&c);
         } else if c.wr_id >= wr_id::AGENT_BASE {
             // Taken out while it runs, so it may replace itself.
             let taken = self.reserved_handler.borrow_mut().take();
@@ -379,6 +405,39 @@ impl Driver {
             }
         } else {
             tracing::trace!(wr_id = c.wr_id, status = %c.status, "untracked completion");
+        }
+    }
+
+    /// A completion of an inline send (or of the WR retiring them): goes to
+    /// its QP, named by the registry key in the wr_id.
+    fn complete_inline(&self, c: &Completion) {
+        let (key, _, _) = wr_id::decode_inline(c.wr_id);
+        let core = self
+            .qps
+            .borrow()
+            .get(key)
+            .filter(|q| q.qp_num == c.qp_num)
+            .cloned();
+        match core {
+            Some(q) => q.inline_completed(c),
+            None => {
+                tracing::debug!(wr_id = c.wr_id, status = %c.status, "inline completion of an unknown QP")
+            }
+        }
+    }
+
+    /// Retires the trailing unsignaled inline sends of every open QP: some
+    /// submission waits for CQ credits they may hold.
+    pub(crate) fn retire_all_unsignaled(&self) {
+        let hoarding: Vec<Rc<QpCore>> = self
+            .qps
+            .borrow()
+            .iter()
+            .filter(|(_, q)| q.unsig.get() > 0 && !q.closed.get())
+            .map(|(_, q)| q.clone())
+            .collect();
+        for q in hoarding {
+            q.retire_unsignaled();
         }
     }
 
@@ -455,13 +514,14 @@ impl Driver {
         }
     }
 
-    /// Shutdown: leaks QPs that still have outstanding WRs (the device may
-    /// still use their buffers) and drops the others.
+    /// Shutdown: leaks QPs that still have outstanding WRs whose buffers
+    /// the device may still use, and drops the others (inline sends lend
+    /// no memory).
     pub(crate) fn release_qps(&self) -> usize {
         let all: Vec<Rc<QpCore>> = self.qps.borrow_mut().drain().collect();
         let mut leaked = 0;
         for q in all {
-            if q.outstanding() > 0 {
+            if q.outstanding_with_memory() > 0 {
                 leaked += 1;
                 std::mem::forget(q);
             }

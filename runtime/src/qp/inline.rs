@@ -1,0 +1,363 @@
+//! Inline sends posted without an op ([`QueuePair::post_send_inline`]):
+//! mostly unsignaled, their send-queue and CQ credits held by the QP until
+//! a later signaled WR's completion retires them; their errors recorded on
+//! the QP.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::{QpCore, QueuePair};
+use crate::op::{wr_id, SubmitError};
+use crate::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge, WcStatus};
+
+/// An inline send's error completion, kept by its QP.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InlineFault {
+    wr_id: u64,
+    status: WcStatus,
+    vendor_err: u32,
+}
+
+/// Default of [`QueuePair::set_inline_signal_interval`].
+pub const DEFAULT_INLINE_SIGNAL_INTERVAL: u32 = 16;
+/// Largest inline signal interval (the credits a signaled inline WR carries
+/// must fit its wr_id).
+pub const MAX_INLINE_SIGNAL_INTERVAL: u32 = 512;
+
+impl QpCore {
+    pub(crate) fn fault_error(&self) -> Option<SubmitError> {
+        self.fault.get().map(|f| SubmitError::InlineSendFailed {
+            qp_num: self.qp_num,
+            wr_id: f.wr_id,
+            status: f.status,
+            vendor_err: f.vendor_err,
+        })
+    }
+
+    /// A completion of an inline wr_id of this QP (see [`wr_id::INLINE`]):
+    /// gives back the credits it carries, records the first error of a
+    /// data-carrying WR.
+    pub(crate) fn inline_completed(&self, c: &Completion) {
+        let (_, credits, marker) = wr_id::decode_inline(c.wr_id);
+        if !c.status.is_success() && !marker && self.fault.get().is_none() {
+            tracing::warn!(qp = self.qp_num, wr_id = c.wr_id, status = %c.status, "inline send failed");
+            self.fault.set(Some(InlineFault {
+                wr_id: c.wr_id,
+                status: c.status,
+                vendor_err: c.vendor_err,
+            }));
+        }
+        if credits > 0 {
+            self.inline_credits
+                .set(self.inline_credits.get().saturating_sub(credits));
+            self.sq.release(credits);
+            self.send_cq.release(credits);
+        }
+    }
+
+    /// Send WRs outstanding that lend memory to the device (all but inline sends).
+    pub(crate) fn outstanding_with_memory(&self) -> u32 {
+        self.outstanding().saturating_sub(self.inline_credits.get())
+    }
+
+    /// A signaled send post takes over the unsignaled inline sends' credits.
+    pub(super) fn absorb_unsignaled(&self) -> u32 {
+        let n = self.unsig.replace(0);
+        self.inline_credits.set(self.inline_credits.get() - n);
+        n
+    }
+
+    /// Undoes [`absorb_unsignaled`](Self::absorb_unsignaled) (nothing was posted).
+    pub(super) fn unabsorb(&self, n: u32) {
+        self.unsig.set(n);
+        self.inline_credits.set(self.inline_credits.get() + n);
+    }
+
+    /// Posts a signaled zero-length RDMA WRITE (no SGE, no rkey: C9-88, the
+    /// responder validates nothing and touches no memory) that retires the
+    /// trailing unsignaled inline sends; it uses their reserve credit. Called
+    /// only when someone must wait for credits those sends hold, or to close.
+    /// False if the post failed (the credits stay held).
+    pub(crate) fn retire_unsignaled(&self) -> bool {
+        let n = self.unsig.get();
+        if n == 0 {
+            return true;
+        }
+        let wr = SendWr {
+            wr_id: wr_id::encode_inline(self.reg_key.get(), n, true),
+            sg_list: SgList::new(),
+            op: SendOp::Write {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            flags: SendFlags::SIGNALED,
+        };
+        // SAFETY: the WR has no SGE: it names no local memory.
+        match unsafe { self.backend.post_send(std::slice::from_ref(&wr)) } {
+            Ok(()) => {
+                self.unsig.set(0);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(qp = self.qp_num, error = %e, "posting the WR that retires unsignaled inline sends failed");
+                false
+            }
+        }
+    }
+}
+
+impl QueuePair {
+    /// Posts a SEND (with `imm`, a SEND_WITH_IMM) of `data`, copied INLINE
+    /// at post time, without an op: the returned future resolves as soon as
+    /// the WR is posted (at once if the send queue and the CQ have room,
+    /// else once they have, in FIFO order with the other submissions), not
+    /// when it completes. `data` is borrowed only until then.
+    ///
+    /// Like perftest's latency loops, such sends go unsignaled (no
+    /// completion to poll): one in every
+    /// [`inline_signal_interval`](Self::inline_signal_interval) is signaled,
+    /// and so is one that would otherwise leave the send queue or the CQ
+    /// without a free credit; a signaled completion frees the queue slots of
+    /// every unsignaled send before it. When some submission has to wait for
+    /// credits that trailing unsignaled sends hold (and when the QP is
+    /// closed or dropped), the runtime posts one signaled zero-length RDMA
+    /// WRITE (no SGE, no rkey: the responder validates and touches nothing)
+    /// to retire them, so credits never over-commit the device's queues and
+    /// never stay stuck.
+    ///
+    /// Errors: `data` longer than the QP's `max_inline_data`, a closed QP,
+    /// or a post the provider refused. A send that later completes with an
+    /// error (the QP then goes to ERR) is recorded: from then on every
+    /// submission on this QP, inline or not, fails with
+    /// [`SubmitError::InlineSendFailed`], and
+    /// [`inline_send_error`](Self::inline_send_error) returns it.
+    pub fn post_send_inline<'a>(&'a self, data: &'a [u8], imm: Option<u32>) -> SendInline<'a> {
+        SendInline {
+            qp: self,
+            data,
+            imm,
+            sq_ticket: None,
+            cq_ticket: None,
+            sq_held: false,
+            done: false,
+        }
+    }
+
+    /// How often an inline send of [`post_send_inline`](Self::post_send_inline)
+    /// is signaled (1 = always).
+    pub fn inline_signal_interval(&self) -> u32 {
+        self.inner.core.signal_every.get()
+    }
+
+    /// Signals one inline send in every `every` (clamped to
+    /// `1..=`[`MAX_INLINE_SIGNAL_INTERVAL`]; the default is
+    /// [`DEFAULT_INLINE_SIGNAL_INTERVAL`], at most half the send queue).
+    /// Larger intervals take fewer completions but hold send-queue slots
+    /// longer.
+    pub fn set_inline_signal_interval(&self, every: u32) {
+        self.inner
+            .core
+            .signal_every
+            .set(every.clamp(1, MAX_INLINE_SIGNAL_INTERVAL));
+    }
+
+    /// The error completion of an inline send posted without an op, if one
+    /// failed (see [`post_send_inline`](Self::post_send_inline)).
+    pub fn inline_send_error(&self) -> Option<SubmitError> {
+        self.inner.core.fault_error()
+    }
+
+    /// Why an inline send of `len` bytes cannot be posted now, if it can't.
+    fn inline_check(&self, len: usize) -> Result<(), SubmitError> {
+        let core = &self.inner.core;
+        if core.closed.get() {
+            return Err(SubmitError::Closed {
+                qp_num: core.qp_num,
+            });
+        }
+        if let Some(e) = core.fault_error() {
+            return Err(e);
+        }
+        if len > self.inner.caps.max_inline_data as usize {
+            return Err(SubmitError::Invalid {
+                what: format!(
+                    "inline send of {len} bytes on QP {}: max_inline_data is {}",
+                    core.qp_num, self.inner.caps.max_inline_data
+                ),
+            });
+        }
+        if core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS {
+            return Err(SubmitError::SlabFull {
+                limit: 1 << wr_id::INLINE_KEY_BITS,
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts an inline send with one send-queue and one CQ credit held.
+    fn post_inline_now(&self, data: &[u8], imm: Option<u32>) -> Result<(), SubmitError> {
+        let core = &self.inner.core;
+        let (sq, cq) = (&*core.sq, &*core.send_cq);
+        let unsig = core.unsig.get();
+        // Unsignaled WRs in the current group (`unsig` counts a reserve too).
+        let group = unsig.saturating_sub(1);
+        let need_reserve = u32::from(unsig == 0);
+        // Unsignaled only if that leaves a credit free in both, and the
+        // group's reserve (for the WR that may have to retire it) is there.
+        let mut signal = group + 1 >= core.signal_every.get()
+            || sq.has_waiters()
+            || cq.has_waiters()
+            || sq.available() < 1 + need_reserve
+            || cq.available() < 1 + need_reserve;
+        let mut reserve = 0;
+        if !signal && need_reserve > 0 {
+            // Checked just above, so these succeed; if not, signal instead.
+            if sq.try_acquire(1) {
+                if cq.try_acquire(1) {
+                    reserve = 1;
+                } else {
+                    sq.release(1);
+                    signal = true;
+                }
+            } else {
+                signal = true;
+            }
+        }
+        let credits = if signal { 1 + unsig } else { 0 };
+        let mut wr = SendWr {
+            wr_id: wr_id::encode_inline(core.reg_key.get(), credits, false),
+            sg_list: SgList::new(),
+            op: match imm {
+                Some(imm) => SendOp::SendWithImm { imm },
+                None => SendOp::Send,
+            },
+            flags: if signal {
+                SendFlags::INLINE | SendFlags::SIGNALED
+            } else {
+                SendFlags::INLINE
+            },
+        };
+        if !data.is_empty() {
+            wr.sg_list.push(Sge {
+                addr: data.as_ptr() as u64,
+                length: data.len() as u32,
+                lkey: 0,
+            });
+        }
+        // SAFETY: one INLINE WR whose only SGE is `data` (length checked
+        // against max_inline_data, so it fits u32): borrowed shared, so
+        // readable and unwritten for this whole call, during which the
+        // provider copies it (the INLINE part of the `post_send` contract);
+        // its lkey is not used. Nothing is lent beyond the call.
+        match unsafe { core.backend.post_send(std::slice::from_ref(&wr)) } {
+            Ok(()) => {
+                core.unsig.set(if signal { 0 } else { unsig + 1 + reserve });
+                core.inline_credits
+                    .set(core.inline_credits.get() + 1 + reserve);
+                Ok(())
+            }
+            Err(e) => {
+                sq.release(1 + reserve);
+                cq.release(1 + reserve);
+                Err(SubmitError::Post {
+                    qp_num: core.qp_num,
+                    source: e,
+                })
+            }
+        }
+    }
+}
+
+/// The future of [`QueuePair::post_send_inline`]: resolves once the inline
+/// send is posted (not completed). Dropping it before that posts nothing.
+#[must_use = "dropping it before it resolves cancels the send"]
+pub struct SendInline<'a> {
+    qp: &'a QueuePair,
+    data: &'a [u8],
+    imm: Option<u32>,
+    sq_ticket: Option<u64>,
+    cq_ticket: Option<u64>,
+    /// One send-queue credit is held (waiting for the CQ credit).
+    sq_held: bool,
+    done: bool,
+}
+
+impl std::fmt::Debug for SendInline<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendInline")
+            .field("qp_num", &self.qp.qp_num())
+            .field("len", &self.data.len())
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl SendInline<'_> {
+    /// Gives back whatever this waiting send holds.
+    fn abandon(&mut self) {
+        let core = &self.qp.inner.core;
+        core.sq.cancel(&mut self.sq_ticket);
+        core.send_cq.cancel(&mut self.cq_ticket);
+        if std::mem::take(&mut self.sq_held) {
+            core.sq.release(1);
+        }
+    }
+}
+
+impl Future for SendInline<'_> {
+    type Output = Result<(), SubmitError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if this.done {
+            tracing::error!("inline send polled after it resolved");
+            return Poll::Pending;
+        }
+        let qp = this.qp;
+        if let Err(e) = qp.inline_check(this.data.len()) {
+            this.abandon();
+            this.done = true;
+            return Poll::Ready(Err(e));
+        }
+        let core = &qp.inner.core;
+        if !this.sq_held {
+            if this.sq_ticket.is_some() || !core.sq.try_acquire(1) {
+                if this.sq_ticket.is_none() {
+                    core.retire_unsignaled();
+                }
+                if core
+                    .sq
+                    .poll_acquire(1, &mut this.sq_ticket, cx)
+                    .is_pending()
+                {
+                    return Poll::Pending;
+                }
+            }
+            this.sq_held = true;
+        }
+        if this.cq_ticket.is_some() || !core.send_cq.try_acquire(1) {
+            if this.cq_ticket.is_none() {
+                qp.inner.handle.driver().retire_all_unsignaled();
+            }
+            if core
+                .send_cq
+                .poll_acquire(1, &mut this.cq_ticket, cx)
+                .is_pending()
+            {
+                return Poll::Pending;
+            }
+        }
+        this.sq_held = false;
+        this.done = true;
+        Poll::Ready(qp.post_inline_now(this.data, this.imm))
+    }
+}
+
+impl Drop for SendInline<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.abandon();
+        }
+    }
+}
