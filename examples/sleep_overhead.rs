@@ -254,6 +254,9 @@ fn sleep_run_op(rt: &Runtime, qp: &QueuePair, wr: &SendWr, depth: usize, ops: us
     }));
 }
 
+/// One round: (raw sample, raw sleeps per op), (op sample, op sleeps per op).
+type Pair = ((Sample, f64), (Sample, f64));
+
 struct Row {
     raw: Sample,
     op: Sample,
@@ -320,9 +323,7 @@ fn device_phase(depth: usize, ops: usize, rounds: usize, only: &str) -> Row {
             (raw(), o)
         });
     }
-    let m = |f: &dyn Fn(&((Sample, f64), (Sample, f64))) -> f64| {
-        median(pairs.iter().map(f).collect())
-    };
+    let m = |f: &dyn Fn(&Pair) -> f64| median(pairs.iter().map(f).collect());
     Row {
         raw: Sample {
             ops_per_s: m(&|p| p.0 .0.ops_per_s),

@@ -34,6 +34,10 @@ pub(crate) struct Timers {
     heap: RefCell<BinaryHeap<Reverse<(Instant, u64, usize)>>>,
     entries: RefCell<Slab<Entry>>,
     next_seq: Cell<u64>,
+    /// Entries not fired yet (waker still set): while zero, `fire_due` and
+    /// `next_deadline` return at once, touching neither the heap nor the
+    /// clock (the reactor asks them several times per op).
+    armed: Cell<usize>,
 }
 
 impl Timers {
@@ -42,6 +46,7 @@ impl Timers {
             heap: RefCell::new(BinaryHeap::with_capacity(64)),
             entries: RefCell::new(Slab::with_capacity(64)),
             next_seq: Cell::new(0),
+            armed: Cell::new(0),
         }
     }
 
@@ -52,6 +57,7 @@ impl Timers {
             seq,
             waker: Some(waker),
         });
+        self.armed.set(self.armed.get() + 1);
         let mut heap = self.heap.borrow_mut();
         heap.push(Reverse((deadline, seq, key)));
         // Dropped timers leave stale heap entries; compact when they dominate.
@@ -77,7 +83,13 @@ impl Timers {
     fn remove(&self, key: usize, seq: u64) {
         let mut entries = self.entries.borrow_mut();
         if entries.get(key).is_some_and(|e| e.seq == seq) {
-            entries.remove(key);
+            if entries.remove(key).waker.is_some() {
+                self.armed.set(self.armed.get() - 1);
+            }
+            if entries.is_empty() {
+                // Every heap entry is stale now.
+                self.heap.borrow_mut().clear();
+            }
         }
     }
 
@@ -93,6 +105,7 @@ impl Timers {
     /// [`fire`](Self::fire) at the current time; reads no clock when no
     /// live timer is pending (the common case on the op path: the stale
     /// entries dropped timers leave behind are discarded first).
+    #[inline]
     pub(crate) fn fire_due(&self) -> usize {
         if self.next_deadline().is_none() {
             return 0;
@@ -119,6 +132,9 @@ impl Timers {
                     _ => None,
                 }
             };
+            if waker.is_some() {
+                self.armed.set(self.armed.get() - 1);
+            }
             if let Some(w) = waker {
                 fired += 1;
                 w.wake();
@@ -128,7 +144,11 @@ impl Timers {
     }
 
     /// The earliest live deadline.
+    #[inline]
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        if self.armed.get() == 0 {
+            return None;
+        }
         let mut heap = self.heap.borrow_mut();
         let entries = self.entries.borrow();
         while let Some(Reverse((d, seq, key))) = heap.peek().copied() {
@@ -149,6 +169,7 @@ impl Timers {
     }
 
     pub(crate) fn clear(&self) {
+        self.armed.set(0);
         self.heap.borrow_mut().clear();
         let all: Vec<Entry> = self.entries.borrow_mut().drain().collect();
         drop(all);
