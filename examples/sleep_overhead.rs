@@ -12,9 +12,11 @@
 //! loop blocked per op (voluntary context switches). A second table measures a cross-thread wake:
 //! another thread wakes a task of the sleeping runtime (ping-pong through a
 //! `std::sync::mpsc` and a `Waker`), against the same ping-pong between two
-//! threads blocked in `read(2)` on eventfds.
+//! threads blocked in `read(2)` on eventfds. A third, a one-byte TCP
+//! ping-pong on loopback with a thread in blocking socket calls: the
+//! runtime's `TcpStream` against a blocking `std` one.
 //!
-//! Run: `cargo run --release --example sleep_overhead [ops-per-round] [rounds] [depths] [both|raw|op|xwake]`
+//! Run: `cargo run --release --example sleep_overhead [ops-per-round] [rounds] [depths] [both|raw|op|xwake|tcp]`
 //! (`raw` / `op`: only that loop, for `strace -c` or
 //! `valgrind --tool=callgrind --toggle-collect='*sleep_run*'`).
 
@@ -430,6 +432,65 @@ fn xwake_runtime(n: usize) -> Sample {
     s
 }
 
+/// Raw TCP ping-pong on loopback: two threads in blocking `read`/`write`.
+fn tcp_raw(n: usize) -> Sample {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let peer = std::thread::spawn(move || tcp_echo_peer(listener, n));
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    let mut b = [0u8; 1];
+    let sample = measure(n, || {
+        for _ in 0..n {
+            s.write_all(&b).expect("write");
+            s.read_exact(&mut b).expect("read");
+        }
+    });
+    peer.join().expect("peer");
+    sample
+}
+
+/// Echoes `n` one-byte messages on the first connection (blocking).
+fn tcp_echo_peer(listener: std::net::TcpListener, n: usize) {
+    use std::io::{Read, Write};
+    let (mut s, _) = listener.accept().expect("accept");
+    s.set_nodelay(true).expect("nodelay");
+    let mut b = [0u8; 1];
+    for _ in 0..n {
+        s.read_exact(&mut b).expect("read");
+        s.write_all(&b).expect("write");
+    }
+}
+
+/// The same ping-pong with the runtime's `TcpStream` (it sleeps in epoll).
+fn tcp_runtime(n: usize) -> Sample {
+    use futures::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = Runtime::new().expect("runtime");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let peer = std::thread::spawn(move || tcp_echo_peer(listener, n));
+    let sample = rt.block_on(async {
+        let mut s = verbio::runtime::TcpStream::connect(addr)
+            .await
+            .expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        let mut b = [0u8; 1];
+        let c0 = thread_cpu();
+        let t0 = Instant::now();
+        for _ in 0..n {
+            s.write_all(&b).await.expect("write");
+            s.read_exact(&mut b).await.expect("read");
+        }
+        Sample {
+            ops_per_s: n as f64 / t0.elapsed().as_secs_f64(),
+            cpu_ns: (thread_cpu() - c0).as_nanos() as f64 / n as f64,
+        }
+    });
+    peer.join().expect("peer");
+    sample
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
@@ -439,7 +500,7 @@ fn main() {
         .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 32]);
     let only = args.next().unwrap_or_else(|| "both".into());
-    if only != "xwake" {
+    if only != "xwake" && only != "tcp" {
         println!(
             "RDMA WRITE of {MSG} B, soft device, sleeping on the channel fd; {ops} ops per round, medians of {rounds} paired rounds"
         );
@@ -469,6 +530,22 @@ fn main() {
                 r.op_sleeps
             );
         }
+    }
+    if only == "both" || only == "tcp" {
+        let n = ops / 4;
+        let samples: Vec<(Sample, Sample)> =
+            (0..rounds).map(|_| (tcp_raw(n), tcp_runtime(n))).collect();
+        let m = |f: &dyn Fn(&(Sample, Sample)) -> f64| median(samples.iter().map(f).collect());
+        println!();
+        println!("TCP ping-pong on loopback, 1 byte, {n} round trips per round (raw: blocking std sockets)");
+        println!(
+            "raw {:>8.0} trips/s {:>7.0} ns CPU/trip | runtime {:>8.0} trips/s {:>7.0} ns CPU/trip | ratio {:.2}",
+            m(&|s| s.0.ops_per_s),
+            m(&|s| s.0.cpu_ns),
+            m(&|s| s.1.ops_per_s),
+            m(&|s| s.1.cpu_ns),
+            m(&|s| s.1.ops_per_s / s.0.ops_per_s),
+        );
     }
     if only == "both" || only == "xwake" {
         let n = ops / 4;
