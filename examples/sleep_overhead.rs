@@ -5,7 +5,9 @@
 //! fd, take the events, acknowledge them in batches), and (b) by one future
 //! on the runtime in its default mode (it sleeps in epoll on the same fd),
 //! holding `depth` bare `submit_send` ops in a fixed array (no `join_all`,
-//! no buffer pool: little besides the op path and the reactor loop).
+//! no buffer pool: little besides the op path and the reactor loop); the
+//! `+timeout` rows wrap each op in a one-hour `timeout` (a live timer per
+//! op: what the reactor's timer checks and clock reads cost).
 //!
 //! It prints ops/s of both and their ratio, application-thread CPU per op
 //! (`CLOCK_THREAD_CPUTIME_ID`) and the difference, and how many times each
@@ -223,16 +225,34 @@ fn sleep_run_raw(dev: &Device, qp: &QueuePair, wr: &SendWr, depth: usize, ops: u
     cq.ack_events(unacked);
 }
 
-/// (b) The same WRs as ops: one future holding `depth` lanes.
+/// (b) The same WRs as ops: one future holding `depth` lanes; with
+/// `timed`, each op inside a one-hour `timeout` (a live timer per op, as
+/// code guarding its ops with deadlines has).
 #[inline(never)]
-fn sleep_run_op(rt: &Runtime, qp: &QueuePair, wr: &SendWr, depth: usize, ops: usize) {
-    let mut lanes: Vec<Option<Submit<Write>>> = (0..depth).map(|_| None).collect();
+fn sleep_run_op(rt: &Runtime, qp: &QueuePair, wr: &SendWr, depth: usize, ops: usize, timed: bool) {
+    if timed {
+        run_lanes(rt, depth, ops, || {
+            let op = verbio::runtime::timeout(Duration::from_secs(3600), submit(qp, wr));
+            async move { op.await.expect("no timeout") }
+        })
+    } else {
+        run_lanes(rt, depth, ops, || submit(qp, wr))
+    }
+}
+
+/// Keeps `depth` futures made by `start` in flight until `ops` are done.
+fn run_lanes<F, S>(rt: &Runtime, depth: usize, ops: usize, mut start: S)
+where
+    F: Future<Output = Result<Completion, SubmitError>>,
+    S: FnMut() -> F,
+{
+    let mut lanes: Vec<Option<Pin<Box<F>>>> = (0..depth).map(|_| None).collect();
     let (mut started, mut done) = (0usize, 0usize);
     rt.block_on(std::future::poll_fn(|cx| {
         for lane in lanes.iter_mut() {
             loop {
                 if let Some(op) = lane {
-                    match Pin::new(op).poll(cx) {
+                    match op.as_mut().poll(cx) {
                         Poll::Ready(out) => {
                             assert!(out.expect("op").status.is_success());
                             done += 1;
@@ -244,7 +264,7 @@ fn sleep_run_op(rt: &Runtime, qp: &QueuePair, wr: &SendWr, depth: usize, ops: us
                 if started == ops {
                     break;
                 }
-                *lane = Some(submit(qp, wr));
+                *lane = Some(Box::pin(start()));
                 started += 1;
             }
         }
@@ -268,7 +288,7 @@ struct Row {
     op_sleeps: f64,
 }
 
-fn device_phase(depth: usize, ops: usize, rounds: usize, only: &str) -> Row {
+fn device_phase(depth: usize, ops: usize, rounds: usize, only: &str, timed: bool) -> Row {
     let rt = Runtime::new().expect("runtime");
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
@@ -289,7 +309,7 @@ fn device_phase(depth: usize, ops: usize, rounds: usize, only: &str) -> Row {
         (s, (thread_sleeps() - s0) as f64 / ops as f64)
     };
     if do_op {
-        sleep_run_op(&rt, &a, &wr, depth, ops / 10 + depth);
+        sleep_run_op(&rt, &a, &wr, depth, ops / 10 + depth, timed);
     }
     if do_raw {
         sleep_run_raw(&dev, &a, &wr, depth, ops / 10 + depth);
@@ -312,7 +332,7 @@ fn device_phase(depth: usize, ops: usize, rounds: usize, only: &str) -> Row {
         };
         let op = || {
             if do_op {
-                counted(&mut || sleep_run_op(&rt, &a, &wr, depth, ops))
+                counted(&mut || sleep_run_op(&rt, &a, &wr, depth, ops, timed))
             } else {
                 none
             }
@@ -505,7 +525,7 @@ fn main() {
             "RDMA WRITE of {MSG} B, soft device, sleeping on the channel fd; {ops} ops per round, medians of {rounds} paired rounds"
         );
         println!(
-            "{:<6} {:>10} {:>10} {:>7} {:>11} {:>11} {:>9} {:>17}",
+            "{:<12} {:>10} {:>10} {:>7} {:>11} {:>11} {:>9} {:>17}",
             "depth",
             "raw ops/s",
             "op ops/s",
@@ -516,19 +536,22 @@ fn main() {
             "sleeps/op raw/op"
         );
         for &depth in &depths {
-            let r = device_phase(depth, ops, rounds, &only);
-            println!(
-                "{:<6} {:>10.0} {:>10.0} {:>7.2} {:>8.0} ns {:>8.0} ns {:>6.0} ns {:>8.3} / {:<6.3}",
-                depth,
-                r.raw.ops_per_s,
-                r.op.ops_per_s,
-                r.ratio,
-                r.raw.cpu_ns,
-                r.op.cpu_ns,
-                r.overhead_ns,
-                r.raw_sleeps,
-                r.op_sleeps
-            );
+            for timed in [false, true] {
+                let r = device_phase(depth, ops, rounds, &only, timed);
+                let label = format!("{depth}{}", if timed { " +timeout" } else { "" });
+                println!(
+                    "{:<12} {:>10.0} {:>10.0} {:>7.2} {:>8.0} ns {:>8.0} ns {:>6.0} ns {:>8.3} / {:<6.3}",
+                    label,
+                    r.raw.ops_per_s,
+                    r.op.ops_per_s,
+                    r.ratio,
+                    r.raw.cpu_ns,
+                    r.op.cpu_ns,
+                    r.overhead_ns,
+                    r.raw_sleeps,
+                    r.op_sleeps
+                );
+            }
         }
     }
     if only == "both" || only == "tcp" {

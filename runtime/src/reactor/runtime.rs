@@ -236,8 +236,7 @@ impl Runtime {
                     return v;
                 }
             }
-            self.tick();
-            if !inner.executor.has_ready() {
+            if !self.tick() {
                 self.park();
             }
         }
@@ -316,14 +315,22 @@ impl Runtime {
         }
     }
 
-    /// Runs tasks, drains CQs, fires timers; never sleeps.
-    fn tick(&self) {
+    /// Runs tasks and drains the CQs; never sleeps. True if work is ready
+    /// (then it also fires due timers and, every [`IO_EVERY`] busy turns,
+    /// polls the sockets); false if the loop is idle, leaving timers and
+    /// sockets to [`park`](Self::park), which reads the clock once for both
+    /// its timeout and the due check.
+    fn tick(&self) -> bool {
         let inner = &self.handle.inner;
         let polled = inner.executor.run(inner.config.task_budget);
         inner.driver.drain_cqs();
+        let exhausted = polled >= inner.config.task_budget;
+        if !exhausted && !inner.executor.has_ready() {
+            return false;
+        }
         inner.timers.fire_due();
         let c = self.io_countdown.get();
-        if polled >= inner.config.task_budget || c <= 1 {
+        if exhausted || c <= 1 {
             self.io_countdown.set(IO_EVERY);
             if let Err(e) = inner.driver.poll_io(Some(Duration::ZERO)) {
                 tracing::warn!(error = %e, "epoll failed");
@@ -331,9 +338,13 @@ impl Runtime {
         } else {
             self.io_countdown.set(c - 1);
         }
+        true
     }
 
-    /// Nothing is runnable: busy-poll, arm, re-check, sleep.
+    /// Nothing is runnable: busy-poll, fire due timers, arm, re-check,
+    /// sleep; after the wake, take the completions and fire due timers.
+    /// With live timers it reads the clock twice (before and after the
+    /// sleep); without, never.
     fn park(&self) {
         let inner = &self.handle.inner;
         let d = &inner.driver;
@@ -341,14 +352,24 @@ impl Runtime {
         if !inner.config.busy_poll.is_zero() && self.spin_on_cqs() {
             return;
         }
+        // Read before arming: the sleep may then last longer than needed by
+        // the arming's few microseconds, never shorter (a timer never fires
+        // early).
+        let timeout = match inner.timers.next_deadline() {
+            None => None,
+            Some(t) => {
+                let now = Instant::now();
+                if t <= now {
+                    inner.timers.fire(now);
+                    return;
+                }
+                Some(t - now)
+            }
+        };
         d.arm_cqs();
         if d.drain_cqs() > 0 || d.has_injected() {
             return;
         }
-        let timeout = inner
-            .timers
-            .next_deadline()
-            .map(|t| t.saturating_duration_since(Instant::now()));
         let shared = &inner.executor.shared;
         shared.sleeping.store(true, Ordering::SeqCst);
         if inner.executor.has_ready() {
@@ -419,6 +440,7 @@ impl Runtime {
                     return false;
                 }
                 if inner.timers.next_deadline().is_some_and(|t| t <= now) {
+                    inner.timers.fire(now);
                     return true;
                 }
             }

@@ -429,6 +429,33 @@ fn busy_polling_still_sees_sockets() {
 }
 
 #[test]
+fn busy_polling_fires_timers() {
+    let rt = Runtime::builder()
+        .busy_poll(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    // The bound is a cross-thread wake, not a timer: if spinning never
+    // fired timers, a timer could not end the test either.
+    let (tx, watchdog) = futures::channel::oneshot::channel::<()>();
+    let th = std::thread::spawn(move || {
+        std::thread::sleep(LIMIT);
+        let _ = tx.send(());
+    });
+    let t = Instant::now();
+    let fired = rt.block_on(async {
+        let mut s = std::pin::pin!(sleep(Duration::from_millis(5)).fuse());
+        let mut w = watchdog.fuse();
+        futures::select! {
+            () = s => true,
+            _ = w => false,
+        }
+    });
+    assert!(fired, "the timer did not fire while the runtime spun");
+    assert!(t.elapsed() >= Duration::from_millis(5));
+    drop(th);
+}
+
+#[test]
 fn tcp_echo_on_loopback() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
