@@ -363,6 +363,7 @@ impl Runtime {
                     inner.timers.fire(now);
                     return;
                 }
+                inner.timers.saw(now);
                 Some(t - now)
             }
         };

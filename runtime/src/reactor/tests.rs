@@ -287,12 +287,13 @@ fn next_deadline_follows_the_live_timers_through_fires_and_drops() {
         drop(nearer);
         assert_eq!(timers.next_deadline(), Some(near.deadline()));
         // Fired but not polled yet: not a deadline any more either.
-        assert_eq!(timers.fire(t0 + Duration::from_millis(2)), 1);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(timers.fire(Instant::now()), 1);
         assert_eq!(timers.next_deadline(), Some(mid.deadline()));
         assert!(!is_pending(&mut near));
         drop(mid);
         assert_eq!(timers.next_deadline(), Some(far.deadline()));
-        assert_eq!(timers.fire(t0 + Duration::from_secs(61)), 0);
+        assert_eq!(timers.fire(Instant::now()), 0);
         drop(far);
         assert_eq!(timers.next_deadline(), None);
         assert_eq!(timers.heap_len(), 0);
@@ -426,6 +427,31 @@ fn busy_polling_still_sees_sockets() {
         .expect("socket events were not seen while busy-polling");
     assert_eq!(&got, b"ping");
     assert_eq!(client.join().unwrap(), b'k');
+}
+
+#[test]
+fn a_sleep_past_its_deadline_at_first_poll_completes_without_a_clock_read() {
+    let rt = Runtime::new().unwrap();
+    let timers = &rt.handle().inner.timers;
+    rt.block_on(async {
+        // Passed as of the reactor's last reading: ready at once.
+        let before = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        timers.saw(Instant::now());
+        assert!(!is_pending(&mut sleep_until(before)));
+        // Passed, but after the reactor's last reading: registered, and
+        // fired by the next turn of the loop.
+        let t = Instant::now();
+        let mut late = std::pin::pin!(sleep_until(t));
+        assert!(futures::poll!(late.as_mut()).is_pending());
+        assert_eq!(timers.next_deadline(), Some(t));
+        unless_deadline(LIMIT, late).await.unwrap();
+        // Zero-length sleeps and timeouts still elapse.
+        unless_deadline(LIMIT, sleep(Duration::ZERO)).await.unwrap();
+        let r = timeout(Duration::ZERO, std::future::pending::<()>()).await;
+        assert_eq!(r, Err(Elapsed));
+    });
+    assert_eq!(timers.next_deadline(), None);
 }
 
 #[test]

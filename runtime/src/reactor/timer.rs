@@ -38,6 +38,10 @@ pub(crate) struct Timers {
     /// `next_deadline` return at once, touching neither the heap nor the
     /// clock (the reactor asks them several times per op).
     armed: Cell<usize>,
+    /// The latest time the reactor read (a lower bound of the current
+    /// time): a first poll compares its deadline with it instead of
+    /// reading the clock.
+    seen: Cell<Option<Instant>>,
 }
 
 impl Timers {
@@ -47,6 +51,7 @@ impl Timers {
             entries: RefCell::new(Slab::with_capacity(64)),
             next_seq: Cell::new(0),
             armed: Cell::new(0),
+            seen: Cell::new(None),
         }
     }
 
@@ -115,6 +120,7 @@ impl Timers {
 
     /// Wakes every timer whose deadline is at or before `now`, in deadline order.
     pub(crate) fn fire(&self, now: Instant) -> usize {
+        self.saw(now);
         let mut fired = 0;
         loop {
             let waker = {
@@ -141,6 +147,21 @@ impl Timers {
             }
         }
         fired
+    }
+
+    /// Records a clock reading of the reactor's (see `seen`).
+    #[inline]
+    pub(crate) fn saw(&self, now: Instant) {
+        match self.seen.get() {
+            Some(t) if t >= now => {}
+            _ => self.seen.set(Some(now)),
+        }
+    }
+
+    /// True if `deadline` has passed as of the reactor's latest clock
+    /// reading (false says nothing: it may have passed since).
+    fn surely_passed(&self, deadline: Instant) -> bool {
+        self.seen.get().is_some_and(|t| deadline <= t)
     }
 
     /// The earliest live deadline.
@@ -199,11 +220,15 @@ impl Sleep {
 impl Future for Sleep {
     type Output = ();
 
-    /// Reads the clock only on the first poll (and if the runtime dropped
-    /// the entry): once registered, the timer is due exactly when the
-    /// reactor has fired it, so polling it again (say a [`Timeout`] around
-    /// an op, polled at every wake of the op) costs no clock read, which is
-    /// microseconds where the clocksource is emulated.
+    /// Reads no clock: the first poll registers the deadline unless the
+    /// reactor's latest clock reading already passed it (then it is ready
+    /// at once), and from then on the timer is due exactly when the
+    /// reactor has fired it, which it does at its next turn if the
+    /// deadline has passed meanwhile (the reactor reads the clock once
+    /// before it sleeps and once after). So a [`Timeout`] around an op,
+    /// polled at its creation and at every wake of the op, costs no clock
+    /// read but the one that set its deadline: a read costs microseconds
+    /// where the clocksource is emulated.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         let timers = &this.handle.inner.timers;
@@ -221,7 +246,7 @@ impl Future for Sleep {
                 EntryState::Gone => this.entry = None,
             }
         }
-        if Instant::now() >= this.deadline {
+        if timers.surely_passed(this.deadline) {
             return Poll::Ready(());
         }
         this.entry = Some(timers.insert(this.deadline, cx.waker().clone()));
