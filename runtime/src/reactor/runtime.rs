@@ -319,7 +319,7 @@ impl Runtime {
     /// (then it also fires due timers and, every [`IO_EVERY`] busy turns,
     /// polls the sockets); false if the loop is idle, leaving timers and
     /// sockets to [`park`](Self::park), which reads the clock once for both
-    /// its timeout and the due check.
+    /// its due check and its timeout.
     fn tick(&self) -> bool {
         let inner = &self.handle.inner;
         let polled = inner.executor.run(inner.config.task_budget);
@@ -342,9 +342,8 @@ impl Runtime {
     }
 
     /// Nothing is runnable: busy-poll, fire due timers, arm, re-check,
-    /// sleep; after the wake, take the completions and fire due timers.
-    /// With live timers it reads the clock twice (before and after the
-    /// sleep); without, never.
+    /// sleep; after the wake, take the completions. With live timers it
+    /// reads the clock once (before the sleep); without, never.
     fn park(&self) {
         let inner = &self.handle.inner;
         let d = &inner.driver;
@@ -390,7 +389,9 @@ impl Runtime {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "epoll failed"),
         }
-        inner.timers.fire_due();
+        // No timer check here: the loop's next turn makes it, before
+        // anything else waits (a busy turn fires due timers, an idle one
+        // parks again, which fires them first).
     }
 
     /// Spins on the CQs for about the busy-poll time; true if work turned
