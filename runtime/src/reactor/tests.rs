@@ -482,6 +482,42 @@ fn busy_polling_fires_timers() {
 }
 
 #[test]
+fn same_thread_wakes_from_socket_events_cost_no_kick() {
+    use std::io::{Read, Write};
+    let rt = Runtime::new().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    const TRIPS: usize = 50;
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut b = [0u8; 1];
+        for _ in 0..TRIPS {
+            s.read_exact(&mut b).unwrap();
+            // Late enough that the runtime is asleep in epoll when the
+            // echo arrives: its readiness wakes the reader from there.
+            std::thread::sleep(Duration::from_millis(1));
+            s.write_all(&b).unwrap();
+        }
+    });
+    let kicks = &rt.handle().inner.executor.shared.kicks;
+    rt.block_on(unless_deadline(LIMIT, async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let before = kicks.load(std::sync::atomic::Ordering::Relaxed);
+        for i in 0..TRIPS {
+            s.write_all(&[i as u8]).await.unwrap();
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.unwrap();
+            assert_eq!(b[0], i as u8);
+        }
+        // The reader's wakes happen while the reactor dispatches epoll's
+        // events, on its own thread: nothing to kick.
+        assert_eq!(kicks.load(std::sync::atomic::Ordering::Relaxed), before);
+    }))
+    .unwrap();
+    peer.join().unwrap();
+}
+
+#[test]
 fn tcp_echo_on_loopback() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
