@@ -224,8 +224,8 @@ impl Future for Sleep {
     /// reactor's latest clock reading already passed it (then it is ready
     /// at once), and from then on the timer is due exactly when the
     /// reactor has fired it, which it does at its next turn if the
-    /// deadline has passed meanwhile (the reactor reads the clock once
-    /// before it sleeps and once after). So a [`Timeout`] around an op,
+    /// deadline has passed meanwhile (the reactor reads the clock before it
+    /// sleeps, and on busy turns). So a [`Timeout`] around an op,
     /// polled at its creation and at every wake of the op, costs no clock
     /// read but the one that set its deadline: a read costs microseconds
     /// where the clocksource is emulated.
