@@ -379,7 +379,7 @@ fn cross_thread_wakes_racing_the_sleep_are_never_lost() {
             waker.wake();
         }
     });
-    const ROUNDS: usize = 2000;
+    const ROUNDS: usize = 1000;
     rt.block_on(unless_deadline(LIMIT, async {
         for i in 0..ROUNDS {
             let flag = Arc::new(AtomicBool::new(false));
