@@ -331,3 +331,48 @@ fn async_events_reach_the_device() {
     );
     drop((a, b));
 }
+
+#[test]
+fn one_op_at_a_time_never_misses_a_completion() {
+    let Some((rt, dev)) = open() else { return };
+    let (a, _b) = pair(&dev, 4);
+    let pd = dev.pd().clone();
+    let target = reg(&pd, 64, 0);
+    // Each WRITE completes on the engine thread while the reactor polls,
+    // arms, re-polls or sleeps: a completion whose channel event is lost,
+    // or taken without re-arming, would leave an op waiting forever.
+    // Timers (sleeping with a deadline) and cross-thread wakes (leaving
+    // epoll early, the CQ still armed) shuffle the interleavings.
+    let (tx, rx) = std::sync::mpsc::channel::<std::task::Waker>();
+    let peer = std::thread::spawn(move || {
+        for w in rx {
+            w.wake();
+        }
+    });
+    let mut buf = reg(&pd, 64, 7);
+    rt.block_on(async {
+        for i in 0..3000u32 {
+            if i % 3 == 0 {
+                let w = std::future::poll_fn(|cx| std::task::Poll::Ready(cx.waker().clone())).await;
+                tx.send(w).unwrap();
+            }
+            let op = write(&a, buf, 64, &target.mr, 1);
+            let (res, back) = if i % 5 == 0 {
+                timeout(LIMIT, async {
+                    let r = op.await;
+                    verbio_runtime::sleep(Duration::from_micros(50)).await;
+                    r
+                })
+                .await
+            } else {
+                timeout(LIMIT, op).await
+            }
+            .unwrap_or_else(|_| panic!("op {i}: its completion never woke the reactor"));
+            assert_eq!(res.unwrap().status, WcStatus::Success);
+            buf = back;
+        }
+    });
+    drop(tx);
+    peer.join().unwrap();
+    assert_eq!(rt.ops_in_slab(), 0);
+}

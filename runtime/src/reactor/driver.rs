@@ -282,8 +282,17 @@ impl Driver {
         }
     }
 
-    /// Takes every pending event of channel `key` (edge-triggered: until
-    /// empty) and acknowledges them in batches.
+    /// Takes the pending events of channel `key` and acknowledges them in
+    /// batches.
+    ///
+    /// The channel serves one CQ, and an armed CQ raises one event, after
+    /// which it stays disarmed until the next `req_notify`, which the
+    /// reactor calls only once that event is taken. So an event taken for
+    /// an armed CQ is the channel's only one: stop there, sparing the
+    /// `get_event` that would find the channel empty (a failed `read` on a
+    /// verbs channel, per wake). Readiness without an event the reactor was
+    /// waiting for (a stale wake-up, a stray event) takes events until the
+    /// channel is empty (edge-triggered: none may be left behind).
     fn channel_ready(&self, key: usize) {
         let mut cqs = self.cqs.borrow_mut();
         let Some(e) = cqs.get_mut(key) else { return };
@@ -294,11 +303,14 @@ impl Driver {
                         tracing::warn!(handle, "event for an unknown CQ on a channel");
                         continue;
                     }
-                    e.armed = false;
+                    let expected = std::mem::replace(&mut e.armed, false);
                     e.unacked += 1;
                     if e.unacked >= self.ack_batch {
                         e.cq.ack_events(e.unacked);
                         e.unacked = 0;
+                    }
+                    if expected {
+                        break;
                     }
                 }
                 Ok(None) => break,
@@ -608,14 +620,24 @@ impl Driver {
     /// Waits in epoll for up to `timeout` (`None` = forever), then dispatches
     /// the events. Returns the number of events.
     pub(crate) fn poll_io(&self, timeout: Option<Duration>) -> io::Result<usize> {
+        self.poll_io_then(timeout, || {})
+    }
+
+    /// [`poll_io`](Self::poll_io), calling `awake` once epoll has returned
+    /// and before any event is dispatched (the reactor marks itself awake
+    /// there, so the wakes the dispatch makes on this thread kick nothing).
+    pub(crate) fn poll_io_then(
+        &self,
+        timeout: Option<Duration>,
+        awake: impl FnOnce(),
+    ) -> io::Result<usize> {
         let mut events = self.events.borrow_mut();
-        {
-            let mut poll = self.poll.borrow_mut();
-            match poll.poll(&mut events, timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
-                Err(e) => return Err(e),
-            }
+        let polled = self.poll.borrow_mut().poll(&mut events, timeout);
+        awake();
+        match polled {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
+            Err(e) => return Err(e),
         }
         let mut n = 0;
         for ev in events.iter() {

@@ -44,10 +44,16 @@ pub(crate) struct Shared {
     /// The reactor is (about to be) asleep in epoll.
     pub(crate) sleeping: AtomicBool,
     mio_waker: mio::Waker,
+    /// Writes to the waker's eventfd (tests check which wakes need one).
+    #[cfg(test)]
+    pub(crate) kicks: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
+    /// Makes the epoll fd readable (a syscall).
     fn kick(&self) {
+        #[cfg(test)]
+        self.kicks.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.mio_waker.wake() {
             tracing::warn!(error = %e, "waking the reactor failed");
         }
@@ -60,9 +66,7 @@ impl Shared {
             .push(id);
         self.notified.store(true, Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) {
-            if let Err(e) = self.mio_waker.wake() {
-                tracing::warn!(error = %e, "waking the reactor failed");
-            }
+            self.kick();
         }
     }
 }
@@ -132,6 +136,8 @@ impl Executor {
             notified: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             mio_waker,
+            #[cfg(test)]
+            kicks: std::sync::atomic::AtomicUsize::new(0),
         });
         let main = Arc::new(TaskWaker {
             id: MAIN,

@@ -5,12 +5,19 @@
 //!
 //! 1. run ready tasks (up to a budget);
 //! 2. drain the CQs with `poll` in batches, completing slab entries by wr_id;
-//! 3. fire expired timers;
-//! 4. if nothing is runnable: optionally spin on the CQs (busy poll), arm the
-//!    CQs (`req_notify`), poll them once more (a completion may have landed
+//! 3. if work is ready: fire expired timers (and every few turns poll the
+//!    sockets without waiting), then turn again;
+//! 4. if nothing is runnable: optionally spin on the CQs (busy poll; the
+//!    sockets are polled every thousand spins or so), fire expired timers
+//!    (one clock read, none without live timers), arm the CQs
+//!    (`req_notify`), poll them once more (a completion may have landed
 //!    before the arming), then sleep in `mio::Poll` until a completion-channel
-//!    fd, a socket, a cross-thread wake or the next timer. CQ events are
-//!    taken from the channels and acknowledged in batches.
+//!    fd, a socket, a cross-thread wake or the next timer, and on waking
+//!    take the completions at once. A wake needs two syscalls, as for a bare
+//!    verbs loop: `epoll_wait` and the one `get_event` of the channel (an
+//!    armed CQ raises one event); events are acknowledged in batches. Wakes
+//!    made on the runtime's thread (the dispatch of socket events, a
+//!    completion waking its task) write no eventfd.
 
 mod driver;
 mod executor;

@@ -22,6 +22,11 @@ const IO_EVERY: u32 = 16;
 /// Busy-poll spins between two clock reads (see [`Runtime::spin_on_cqs`]).
 const SPINS_PER_CLOCK_READ: u32 = 64;
 
+/// Busy-poll spins between two zero-timeout polls of the sockets, counted
+/// across spin sessions (so that short ones, one per op, still add up to
+/// a poll now and then, but cost no syscall per op).
+const SPINS_PER_IO_POLL: u32 = 1024;
+
 /// Configures a [`Runtime`].
 #[derive(Clone, Debug)]
 pub struct Builder {
@@ -124,6 +129,7 @@ impl Builder {
         Ok(Runtime {
             handle,
             io_countdown: Cell::new(IO_EVERY),
+            spins_to_io: Cell::new(SPINS_PER_IO_POLL),
         })
     }
 }
@@ -162,6 +168,8 @@ impl Turn {
 pub struct Runtime {
     handle: Handle,
     io_countdown: Cell<u32>,
+    /// Busy-poll spins left before the sockets are polled.
+    spins_to_io: Cell<u32>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -228,8 +236,7 @@ impl Runtime {
                     return v;
                 }
             }
-            self.tick();
-            if !inner.executor.has_ready() {
+            if !self.tick() {
                 self.park();
             }
         }
@@ -308,14 +315,22 @@ impl Runtime {
         }
     }
 
-    /// Runs tasks, drains CQs, fires timers; never sleeps.
-    fn tick(&self) {
+    /// Runs tasks and drains the CQs; never sleeps. True if work is ready
+    /// (then it also fires due timers and, every [`IO_EVERY`] busy turns,
+    /// polls the sockets); false if the loop is idle, leaving timers and
+    /// sockets to [`park`](Self::park), which reads the clock once for both
+    /// its due check and its timeout.
+    fn tick(&self) -> bool {
         let inner = &self.handle.inner;
         let polled = inner.executor.run(inner.config.task_budget);
         inner.driver.drain_cqs();
+        let exhausted = polled >= inner.config.task_budget;
+        if !exhausted && !inner.executor.has_ready() {
+            return false;
+        }
         inner.timers.fire_due();
         let c = self.io_countdown.get();
-        if polled >= inner.config.task_budget || c <= 1 {
+        if exhausted || c <= 1 {
             self.io_countdown.set(IO_EVERY);
             if let Err(e) = inner.driver.poll_io(Some(Duration::ZERO)) {
                 tracing::warn!(error = %e, "epoll failed");
@@ -323,9 +338,12 @@ impl Runtime {
         } else {
             self.io_countdown.set(c - 1);
         }
+        true
     }
 
-    /// Nothing is runnable: busy-poll, arm, re-check, sleep.
+    /// Nothing is runnable: busy-poll, fire due timers, arm, re-check,
+    /// sleep; after the wake, take the completions. With live timers it
+    /// reads the clock once (before the sleep); without, never.
     fn park(&self) {
         let inner = &self.handle.inner;
         let d = &inner.driver;
@@ -333,32 +351,62 @@ impl Runtime {
         if !inner.config.busy_poll.is_zero() && self.spin_on_cqs() {
             return;
         }
+        // Read before arming: the sleep may then last longer than needed by
+        // the arming's few microseconds, never shorter (a timer never fires
+        // early).
+        let timeout = match inner.timers.next_deadline() {
+            None => None,
+            Some(t) => {
+                let now = Instant::now();
+                if t <= now {
+                    inner.timers.fire(now);
+                    return;
+                }
+                inner.timers.saw(now);
+                Some(t - now)
+            }
+        };
         d.arm_cqs();
         if d.drain_cqs() > 0 || d.has_injected() {
             return;
         }
-        let timeout = inner
-            .timers
-            .next_deadline()
-            .map(|t| t.saturating_duration_since(Instant::now()));
         let shared = &inner.executor.shared;
         shared.sleeping.store(true, Ordering::SeqCst);
-        if !inner.executor.has_ready() {
-            if let Err(e) = d.poll_io(timeout) {
-                tracing::warn!(error = %e, "epoll failed");
-            }
+        if inner.executor.has_ready() {
+            shared.sleeping.store(false, Ordering::SeqCst);
+            return;
         }
-        shared.sleeping.store(false, Ordering::SeqCst);
-        inner.timers.fire_due();
+        // Awake again as soon as epoll returns: the wakes its events cause
+        // on this thread (sockets) then need no kick of the epoll fd.
+        let events = d.poll_io_then(timeout, || shared.sleeping.store(false, Ordering::SeqCst));
+        match events {
+            // Woken by a channel, a socket or another thread: take the
+            // completions now, so the tasks they wake run in the very next
+            // loop turn instead of one turn later.
+            Ok(n) if n > 0 => {
+                d.drain_cqs();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "epoll failed"),
+        }
+        // No timer check here: the loop's next turn makes it, before
+        // anything else waits (a busy turn fires due timers, an idle one
+        // parks again, which fires them first).
     }
 
     /// Spins on the CQs for about the busy-poll time; true if work turned
-    /// up or a timer came due, false once the time is up.
+    /// up (a completion, a socket event, a wake) or a timer came due, false
+    /// once the time is up.
     ///
     /// The clock is read every [`SPINS_PER_CLOCK_READ`] spins only (one read
     /// costs microseconds where the clocksource is emulated, as in a VM), and
     /// the busy-poll time runs from the first read: it is extended by that
     /// many spins, and a due timer is seen that many spins late at worst.
+    /// Sockets and async events are polled (epoll, zero timeout) every
+    /// [`SPINS_PER_IO_POLL`] spins, counted across spin sessions: a
+    /// busy-polling runtime sees them within about a thousand spins (tens
+    /// of microseconds) rather than only once the spinning ends, at the cost
+    /// of one syscall per that many spins.
     fn spin_on_cqs(&self) -> bool {
         let inner = &self.handle.inner;
         let d = &inner.driver;
@@ -368,6 +416,24 @@ impl Runtime {
             if d.drain_cqs() > 0 || inner.executor.has_ready() {
                 return true;
             }
+            let to_io = self.spins_to_io.get();
+            if to_io > 1 {
+                self.spins_to_io.set(to_io - 1);
+            } else {
+                self.spins_to_io.set(SPINS_PER_IO_POLL);
+                match d.poll_io(Some(Duration::ZERO)) {
+                    // A channel event carries no work of its own (the
+                    // completions are polled above); anything else may
+                    // have woken a task.
+                    Ok(n) if n > 0 => {
+                        if d.drain_cqs() > 0 || inner.executor.has_ready() {
+                            return true;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "epoll failed"),
+                }
+            }
             spins += 1;
             if spins >= SPINS_PER_CLOCK_READ {
                 spins = 0;
@@ -376,6 +442,7 @@ impl Runtime {
                     return false;
                 }
                 if inner.timers.next_deadline().is_some_and(|t| t <= now) {
+                    inner.timers.fire(now);
                     return true;
                 }
             }

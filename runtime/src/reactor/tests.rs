@@ -262,11 +262,47 @@ fn dropped_timers_leave_no_due_check_behind() {
         assert!(is_pending(&mut s));
     });
     let timers = &rt.handle().inner.timers;
-    assert_eq!(timers.heap_len(), 1, "the dropped timer's stale entry");
-    // Nothing live is pending: the stale entry goes, nothing fires (and no
-    // clock is read for it on later loop turns).
-    assert_eq!(timers.fire_due(), 0);
+    // The last timer gone, its stale heap entry went with it: later loop
+    // turns find nothing to check (and read no clock for it).
     assert_eq!(timers.heap_len(), 0);
+    assert_eq!(timers.next_deadline(), None);
+    assert_eq!(timers.fire_due(), 0);
+}
+
+#[test]
+fn next_deadline_follows_the_live_timers_through_fires_and_drops() {
+    let rt = Runtime::new().unwrap();
+    let timers = &rt.handle().inner.timers;
+    rt.block_on(async {
+        let t0 = Instant::now();
+        let mut far = sleep_until(t0 + Duration::from_secs(3600));
+        let mut mid = sleep_until(t0 + Duration::from_secs(60));
+        let mut near = sleep_until(t0 + Duration::from_millis(1));
+        let mut nearer = sleep_until(t0 + Duration::from_micros(500));
+        for s in [&mut far, &mut mid, &mut near, &mut nearer] {
+            assert!(is_pending(s));
+        }
+        assert_eq!(timers.next_deadline(), Some(nearer.deadline()));
+        // Dropped before it fires: no longer the next deadline.
+        drop(nearer);
+        assert_eq!(timers.next_deadline(), Some(near.deadline()));
+        // Fired but not polled yet: not a deadline any more either.
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(timers.fire(Instant::now()), 1);
+        assert_eq!(timers.next_deadline(), Some(mid.deadline()));
+        assert!(!is_pending(&mut near));
+        drop(mid);
+        assert_eq!(timers.next_deadline(), Some(far.deadline()));
+        assert_eq!(timers.fire(Instant::now()), 0);
+        drop(far);
+        assert_eq!(timers.next_deadline(), None);
+        assert_eq!(timers.heap_len(), 0);
+        // Still works afterwards.
+        unless_deadline(LIMIT, sleep(Duration::from_millis(2)))
+            .await
+            .unwrap();
+    });
+    assert_eq!(timers.next_deadline(), None);
 }
 
 #[test]
@@ -304,6 +340,181 @@ fn cross_thread_wake_reaches_a_sleeping_runtime() {
     let v = rt.block_on(unless_deadline(LIMIT, rx)).unwrap().unwrap();
     assert_eq!(v, 9);
     th.join().unwrap();
+}
+
+/// A future that is ready once `flag` is set, handing its waker to `tx`
+/// on its first poll. Spurious polls before the flag is set stay pending,
+/// so only the peer's wake can finish it.
+fn woken_by_peer(
+    flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tx: std::sync::mpsc::Sender<(
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+        std::task::Waker,
+    )>,
+) -> impl Future<Output = ()> {
+    let mut sent = false;
+    std::future::poll_fn(move |cx| {
+        if flag.load(std::sync::atomic::Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        if !sent {
+            sent = true;
+            tx.send((flag.clone(), cx.waker().clone())).unwrap();
+        }
+        Poll::Pending
+    })
+}
+
+#[test]
+fn cross_thread_wakes_racing_the_sleep_are_never_lost() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let rt = Runtime::new().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<(Arc<AtomicBool>, std::task::Waker)>();
+    // Wakes at once: the wake lands while the runtime is on its way to
+    // sleep, in epoll, or just out of it.
+    let peer = std::thread::spawn(move || {
+        for (flag, waker) in rx {
+            flag.store(true, Ordering::Release);
+            waker.wake();
+        }
+    });
+    const ROUNDS: usize = 1000;
+    rt.block_on(unless_deadline(LIMIT, async {
+        for i in 0..ROUNDS {
+            let flag = Arc::new(AtomicBool::new(false));
+            if i % 2 == 0 {
+                // The block_on future's own waker.
+                woken_by_peer(flag, tx.clone()).await;
+            } else {
+                // A task's waker (the cross-thread queue).
+                spawn(woken_by_peer(flag, tx.clone())).await;
+            }
+        }
+    }))
+    .expect("a cross-thread wake was lost");
+    drop(tx);
+    peer.join().unwrap();
+}
+
+#[test]
+fn busy_polling_still_sees_sockets() {
+    use std::io::{Read, Write};
+    // Spins far longer than the test may last: the socket must be seen
+    // while spinning, not once the spinning ends.
+    let rt = Runtime::builder()
+        .busy_poll(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"ping").unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        b[0]
+    });
+    let got = rt
+        .block_on(unless_deadline(LIMIT, async {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).await.unwrap();
+            s.write_all(b"k").await.unwrap();
+            buf
+        }))
+        .expect("socket events were not seen while busy-polling");
+    assert_eq!(&got, b"ping");
+    assert_eq!(client.join().unwrap(), b'k');
+}
+
+#[test]
+fn a_sleep_past_its_deadline_at_first_poll_completes_without_a_clock_read() {
+    let rt = Runtime::new().unwrap();
+    let timers = &rt.handle().inner.timers;
+    rt.block_on(async {
+        // Passed as of the reactor's last reading: ready at once.
+        let before = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        timers.saw(Instant::now());
+        assert!(!is_pending(&mut sleep_until(before)));
+        // Passed, but after the reactor's last reading: registered, and
+        // fired by the next turn of the loop.
+        let t = Instant::now();
+        let mut late = std::pin::pin!(sleep_until(t));
+        assert!(futures::poll!(late.as_mut()).is_pending());
+        assert_eq!(timers.next_deadline(), Some(t));
+        unless_deadline(LIMIT, late).await.unwrap();
+        // Zero-length sleeps and timeouts still elapse.
+        unless_deadline(LIMIT, sleep(Duration::ZERO)).await.unwrap();
+        let r = timeout(Duration::ZERO, std::future::pending::<()>()).await;
+        assert_eq!(r, Err(Elapsed));
+    });
+    assert_eq!(timers.next_deadline(), None);
+}
+
+#[test]
+fn busy_polling_fires_timers() {
+    let rt = Runtime::builder()
+        .busy_poll(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    // The bound is a cross-thread wake, not a timer: if spinning never
+    // fired timers, a timer could not end the test either.
+    let (tx, watchdog) = futures::channel::oneshot::channel::<()>();
+    let th = std::thread::spawn(move || {
+        std::thread::sleep(LIMIT);
+        let _ = tx.send(());
+    });
+    let t = Instant::now();
+    let fired = rt.block_on(async {
+        let mut s = std::pin::pin!(sleep(Duration::from_millis(5)).fuse());
+        let mut w = watchdog.fuse();
+        futures::select! {
+            () = s => true,
+            _ = w => false,
+        }
+    });
+    assert!(fired, "the timer did not fire while the runtime spun");
+    assert!(t.elapsed() >= Duration::from_millis(5));
+    drop(th);
+}
+
+#[test]
+fn same_thread_wakes_from_socket_events_cost_no_kick() {
+    use std::io::{Read, Write};
+    let rt = Runtime::new().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    const TRIPS: usize = 50;
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut b = [0u8; 1];
+        for _ in 0..TRIPS {
+            s.read_exact(&mut b).unwrap();
+            // Late enough that the runtime is asleep in epoll when the
+            // echo arrives: its readiness wakes the reader from there.
+            std::thread::sleep(Duration::from_millis(1));
+            s.write_all(&b).unwrap();
+        }
+    });
+    let kicks = &rt.handle().inner.executor.shared.kicks;
+    rt.block_on(unless_deadline(LIMIT, async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let before = kicks.load(std::sync::atomic::Ordering::Relaxed);
+        for i in 0..TRIPS {
+            s.write_all(&[i as u8]).await.unwrap();
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.unwrap();
+            assert_eq!(b[0], i as u8);
+        }
+        // The reader's wakes happen while the reactor dispatches epoll's
+        // events, on its own thread: nothing to kick.
+        assert_eq!(kicks.load(std::sync::atomic::Ordering::Relaxed), before);
+    }))
+    .unwrap();
+    peer.join().unwrap();
 }
 
 #[test]

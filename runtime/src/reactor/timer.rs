@@ -34,6 +34,14 @@ pub(crate) struct Timers {
     heap: RefCell<BinaryHeap<Reverse<(Instant, u64, usize)>>>,
     entries: RefCell<Slab<Entry>>,
     next_seq: Cell<u64>,
+    /// Entries not fired yet (waker still set): while zero, `fire_due` and
+    /// `next_deadline` return at once, touching neither the heap nor the
+    /// clock (the reactor asks them several times per op).
+    armed: Cell<usize>,
+    /// The latest time the reactor read (a lower bound of the current
+    /// time): a first poll compares its deadline with it instead of
+    /// reading the clock.
+    seen: Cell<Option<Instant>>,
 }
 
 impl Timers {
@@ -42,6 +50,8 @@ impl Timers {
             heap: RefCell::new(BinaryHeap::with_capacity(64)),
             entries: RefCell::new(Slab::with_capacity(64)),
             next_seq: Cell::new(0),
+            armed: Cell::new(0),
+            seen: Cell::new(None),
         }
     }
 
@@ -52,6 +62,7 @@ impl Timers {
             seq,
             waker: Some(waker),
         });
+        self.armed.set(self.armed.get() + 1);
         let mut heap = self.heap.borrow_mut();
         heap.push(Reverse((deadline, seq, key)));
         // Dropped timers leave stale heap entries; compact when they dominate.
@@ -77,7 +88,13 @@ impl Timers {
     fn remove(&self, key: usize, seq: u64) {
         let mut entries = self.entries.borrow_mut();
         if entries.get(key).is_some_and(|e| e.seq == seq) {
-            entries.remove(key);
+            if entries.remove(key).waker.is_some() {
+                self.armed.set(self.armed.get() - 1);
+            }
+            if entries.is_empty() {
+                // Every heap entry is stale now.
+                self.heap.borrow_mut().clear();
+            }
         }
     }
 
@@ -93,6 +110,7 @@ impl Timers {
     /// [`fire`](Self::fire) at the current time; reads no clock when no
     /// live timer is pending (the common case on the op path: the stale
     /// entries dropped timers leave behind are discarded first).
+    #[inline]
     pub(crate) fn fire_due(&self) -> usize {
         if self.next_deadline().is_none() {
             return 0;
@@ -102,6 +120,7 @@ impl Timers {
 
     /// Wakes every timer whose deadline is at or before `now`, in deadline order.
     pub(crate) fn fire(&self, now: Instant) -> usize {
+        self.saw(now);
         let mut fired = 0;
         loop {
             let waker = {
@@ -119,6 +138,9 @@ impl Timers {
                     _ => None,
                 }
             };
+            if waker.is_some() {
+                self.armed.set(self.armed.get() - 1);
+            }
             if let Some(w) = waker {
                 fired += 1;
                 w.wake();
@@ -127,8 +149,27 @@ impl Timers {
         fired
     }
 
+    /// Records a clock reading of the reactor's (see `seen`).
+    #[inline]
+    pub(crate) fn saw(&self, now: Instant) {
+        match self.seen.get() {
+            Some(t) if t >= now => {}
+            _ => self.seen.set(Some(now)),
+        }
+    }
+
+    /// True if `deadline` has passed as of the reactor's latest clock
+    /// reading (false says nothing: it may have passed since).
+    fn surely_passed(&self, deadline: Instant) -> bool {
+        self.seen.get().is_some_and(|t| deadline <= t)
+    }
+
     /// The earliest live deadline.
+    #[inline]
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        if self.armed.get() == 0 {
+            return None;
+        }
         let mut heap = self.heap.borrow_mut();
         let entries = self.entries.borrow();
         while let Some(Reverse((d, seq, key))) = heap.peek().copied() {
@@ -149,6 +190,7 @@ impl Timers {
     }
 
     pub(crate) fn clear(&self) {
+        self.armed.set(0);
         self.heap.borrow_mut().clear();
         let all: Vec<Entry> = self.entries.borrow_mut().drain().collect();
         drop(all);
@@ -178,11 +220,15 @@ impl Sleep {
 impl Future for Sleep {
     type Output = ();
 
-    /// Reads the clock only on the first poll (and if the runtime dropped
-    /// the entry): once registered, the timer is due exactly when the
-    /// reactor has fired it, so polling it again (say a [`Timeout`] around
-    /// an op, polled at every wake of the op) costs no clock read, which is
-    /// microseconds where the clocksource is emulated.
+    /// Reads no clock: the first poll registers the deadline unless the
+    /// reactor's latest clock reading already passed it (then it is ready
+    /// at once), and from then on the timer is due exactly when the
+    /// reactor has fired it, which it does at its next turn if the
+    /// deadline has passed meanwhile (the reactor reads the clock before it
+    /// sleeps, and on busy turns). So a [`Timeout`] around an op,
+    /// polled at its creation and at every wake of the op, costs no clock
+    /// read but the one that set its deadline: a read costs microseconds
+    /// where the clocksource is emulated.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         let timers = &this.handle.inner.timers;
@@ -200,7 +246,7 @@ impl Future for Sleep {
                 EntryState::Gone => this.entry = None,
             }
         }
-        if Instant::now() >= this.deadline {
+        if timers.surely_passed(this.deadline) {
             return Poll::Ready(());
         }
         this.entry = Some(timers.insert(this.deadline, cx.waker().clone()));
