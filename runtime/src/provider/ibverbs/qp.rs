@@ -448,6 +448,12 @@ impl Qp {
     /// registration is gone; INLINE payloads need only be readable during
     /// the call.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        if let [_] = wrs {
+            // The common single WR: a one-entry list, the loop unrolled.
+            let mut raw = MaybeUninit::<sys::ibv_send_wr>::uninit();
+            // SAFETY: room for the one WR; the caller's contract is ours.
+            return unsafe { self.post_send_in(wrs, raw.as_mut_ptr()) };
+        }
         if wrs.len() <= STACK_WRS {
             let mut raw: [MaybeUninit<sys::ibv_send_wr>; STACK_WRS] =
                 [const { MaybeUninit::uninit() }; STACK_WRS];
@@ -560,6 +566,11 @@ impl Qp {
     /// allocated and free of Rust references until the WR's completion has
     /// been polled or its registration is gone.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        if let [_] = wrs {
+            let mut raw = MaybeUninit::<sys::ibv_recv_wr>::uninit();
+            // SAFETY: room for the one WR; the caller's contract is ours.
+            return unsafe { self.post_recv_in(wrs, raw.as_mut_ptr()) };
+        }
         if wrs.len() <= STACK_WRS {
             let mut raw = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_WRS];
             // SAFETY: room for wrs.len() WRs; the caller's contract is ours.
