@@ -266,26 +266,26 @@ impl Cq {
         if self.inner.shared.overrun.load(Ordering::Acquire) {
             return Err(self.overrun_error());
         }
-        match self.poll_into(out) {
-            Ok(got) if got == POLL_BATCH && out.len() > POLL_BATCH => Ok(self.poll_more(out, got)),
-            other => other,
+        let got = match self.poll_into(out) {
+            Ok(got) => got,
+            Err(ret) => return Err(poll_error(ret)),
+        };
+        if got == POLL_BATCH && out.len() > POLL_BATCH {
+            return Ok(self.poll_more(out, got));
         }
+        Ok(got)
     }
 
     /// One `ibv_poll_cq` of up to `min(out.len(), POLL_BATCH)` entries,
-    /// converted into `out`.
+    /// converted into `out`; `Err` carries the failed call's return value.
     #[inline(always)]
-    fn poll_into(&self, out: &mut [Completion]) -> Result<usize> {
+    fn poll_into(&self, out: &mut [Completion]) -> std::result::Result<usize, i32> {
         let want = out.len().min(POLL_BATCH);
         let mut wcs = [MaybeUninit::<sys::ibv_wc>::uninit(); POLL_BATCH];
         // SAFETY: valid CQ; `wcs` has room for want <= POLL_BATCH entries.
         let got = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, wcs.as_mut_ptr().cast()) };
         if got <= 0 {
-            return if got == 0 {
-                Ok(0)
-            } else {
-                Err(poll_error(got))
-            };
+            return if got == 0 { Ok(0) } else { Err(got) };
         }
         let got = (got as usize).min(want);
         for (slot, wc) in out[..got].iter_mut().zip(&wcs[..got]) {
