@@ -821,6 +821,39 @@ mod tests {
     }
 
     #[test]
+    fn inline_len_sums_every_sge() {
+        let sge = |length| Sge {
+            addr: 0,
+            length,
+            lkey: 0,
+        };
+        assert_eq!(inline_len(&[]), 0);
+        assert_eq!(inline_len(&[sge(7)]), 7);
+        assert_eq!(
+            inline_len(&[sge(7), sge(u32::MAX)]),
+            7 + u64::from(u32::MAX)
+        );
+        assert_eq!(inline_len(&[sge(1), sge(2), sge(3), sge(4), sge(5)]), 15);
+    }
+
+    #[test]
+    fn sge_list_is_passed_in_place() {
+        let mut sgl = crate::provider::SgList::new();
+        assert!(sge_ptr(&sgl).is_null());
+        sgl.push(Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: 9,
+        });
+        let p = sge_ptr(&sgl);
+        assert_eq!(p.cast_const().cast::<Sge>(), sgl.as_ptr());
+        // SAFETY: `p` points at the list's one element (same layout, checked
+        // at compile time), alive for this read.
+        let raw = unsafe { *p };
+        assert_eq!((raw.addr, raw.length, raw.lkey), (0x1000, 64, 9));
+    }
+
+    #[test]
     fn psn_is_24_bits() {
         for q in 0..64 {
             assert!(random_psn(q) <= 0x00ff_ffff);
