@@ -22,10 +22,14 @@
 #                    (valgrind's callgrind on the client; the server runs
 #                    natively): perftest `ib_send_lat -e` vs verbio `perf
 #                    send_lat --events`, both sleeping on the completion
-#                    channel (no busy-poll spin, whose count depends on
-#                    timing), each at 100 and 300 iterations: (I300 - I100) / 200
-#                    per round trip, start-up cancelled. The callgrind files stay
-#                    in target/rxe-test/logs (callgrind_annotate for the split)
+#                    channel (no busy-poll spin, whose count is all timing),
+#                    each at 100 and 300 iterations: (I300 - I100) / 200 per
+#                    round trip, start-up cancelled; then the top functions per
+#                    round trip of each (scripts/callgrind-per-rt.py, on the
+#                    host). How often the reactor sleeps still depends on
+#                    timing: totals vary by about 20% between runs, per-call
+#                    costs do not. The callgrind files stay in
+#                    target/rxe-test/logs.
 #   --no-tests       run no test binaries (only --perftest/--callgrind/devinfo)
 #   --no-devinfo     skip `examples/devinfo -d rxe0`
 #
@@ -67,7 +71,7 @@ while [ $# -gt 0 ]; do
             case "$ROUNDS" in ''|*[!0-9]*) echo "rxe-test: --rounds needs a number" >&2; exit 2 ;; esac ;;
         --callgrind) CALLGRIND=1 ;;
         --no-tests) NO_TESTS=1 ;;
-        -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -270,6 +274,15 @@ chmod +x "$GUEST"
 # --------------------------------------------------------------------- run
 "$VM" -- "$GUEST"
 rc=$?
+if [ "$CALLGRIND" = 1 ] && command -v python3 >/dev/null; then
+    for name in perftest verbio; do
+        if [ -s "$LOGS/cg.$name.100.out" ] && [ -s "$LOGS/cg.$name.300.out" ]; then
+            echo; echo "== callgrind: $name, top functions per round trip (self instructions, calls)"
+            python3 "$ROOT/scripts/callgrind-per-rt.py" "$LOGS/cg.$name.100.out" \
+                "$LOGS/cg.$name.300.out" 200 25
+        fi
+    done
+fi
 case $rc in
     0) exit 0 ;;
     124) echo "rxe-test: the VM run timed out (RXE_VM_TIMEOUT)" >&2; exit 1 ;;
