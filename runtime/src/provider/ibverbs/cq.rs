@@ -254,7 +254,7 @@ impl Cq {
     }
 
     /// Polls up to `out.len()` completions (`ibv_poll_cq` into an
-    /// uninitialised stack array of [`POLL_BATCH`], converted in place into
+    /// uninitialised stack array of 32, converted in place into
     /// `out`; a longer `out` takes more calls only while the CQ has more).
     /// An empty poll is one overrun check and one `ibv_poll_cq`.
     ///
