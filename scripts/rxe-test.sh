@@ -3,7 +3,8 @@
 # inside a throw-away QEMU VM, on a host without RDMA.
 #
 # Usage:
-#   scripts/rxe-test.sh [--perftest] [--rounds N] [--no-devinfo] [--provider-only] [TEST_TARGET...]
+#   scripts/rxe-test.sh [--perftest] [--rounds N] [--callgrind] [--no-devinfo] [--provider-only]
+#                       [--no-tests] [TEST_TARGET...]
 #
 #   TEST_TARGET      integration-test targets (of any workspace package) to
 #                    build and run. Default: the provider's own tests
@@ -17,6 +18,19 @@
 #                    equivalents (examples/perf.rs, release build), side by
 #                    side with the ratios verbio/perftest
 #   --rounds N       perftest/verbio rounds, alternating (default 1)
+#   --callgrind      also count user-space instructions per SEND round trip
+#                    (valgrind's callgrind on the client; the server runs
+#                    natively): perftest `ib_send_lat -e` vs verbio `perf
+#                    send_lat --events`, both sleeping on the completion
+#                    channel (no busy-poll spin, whose count is all timing),
+#                    each at 100 and 300 iterations: (I300 - I100) / 200 per
+#                    round trip, start-up cancelled; then the top functions per
+#                    round trip of each (scripts/callgrind-per-rt.py, on the
+#                    host). How often the reactor sleeps still depends on
+#                    timing: totals vary by about 20% between runs, per-call
+#                    costs do not. The callgrind files stay in
+#                    target/rxe-test/logs.
+#   --no-tests       run no test binaries (only --perftest/--callgrind/devinfo)
 #   --no-devinfo     skip `examples/devinfo -d rxe0`
 #
 # Everything is built on the host (`cargo test --features
@@ -45,6 +59,8 @@ PERFTEST=0
 DEVINFO=1
 ROUNDS=1
 PROVIDER_ONLY=0
+CALLGRIND=0
+NO_TESTS=0
 TARGETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -53,7 +69,9 @@ while [ $# -gt 0 ]; do
         --provider-only) PROVIDER_ONLY=1 ;;
         --rounds) shift; ROUNDS=${1:-}
             case "$ROUNDS" in ''|*[!0-9]*) echo "rxe-test: --rounds needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        --callgrind) CALLGRIND=1 ;;
+        --no-tests) NO_TESTS=1 ;;
+        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -73,14 +91,17 @@ skip() { echo "SKIPPED: $*"; exit 0; }
 command -v jq >/dev/null || { echo "rxe-test: needs jq" >&2; exit 2; }
 
 # ------------------------------------------------------------------- build
-TEST_ARGS=()
-for t in "${TARGETS[@]}"; do TEST_ARGS+=(--test "$t"); done
-echo "rxe-test: building ${TARGETS[*]} (features: verbio-runtime/ibverbs)" >&2
-json=$(cargo test -p verbio -p verbio-runtime -p verbio-ops --features verbio-runtime/ibverbs \
-        --no-run --message-format=json "${TEST_ARGS[@]}") || { echo "rxe-test: build failed" >&2; exit 1; }
-mapfile -t BINS < <(printf '%s\n' "$json" |
-    jq -r 'select(.reason=="compiler-artifact" and .profile.test==true and .executable!=null) | .executable')
-[ ${#BINS[@]} -gt 0 ] || { echo "rxe-test: no test binaries found" >&2; exit 1; }
+BINS=()
+if [ "$NO_TESTS" = 0 ]; then
+    TEST_ARGS=()
+    for t in "${TARGETS[@]}"; do TEST_ARGS+=(--test "$t"); done
+    echo "rxe-test: building ${TARGETS[*]} (features: verbio-runtime/ibverbs)" >&2
+    json=$(cargo test -p verbio -p verbio-runtime -p verbio-ops --features verbio-runtime/ibverbs \
+            --no-run --message-format=json "${TEST_ARGS[@]}") || { echo "rxe-test: build failed" >&2; exit 1; }
+    mapfile -t BINS < <(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .profile.test==true and .executable!=null) | .executable')
+    [ ${#BINS[@]} -gt 0 ] || { echo "rxe-test: no test binaries found" >&2; exit 1; }
+fi
 DEVINFO_BIN=
 if [ "$DEVINFO" = 1 ]; then
     json=$(cargo build --example devinfo --features ibverbs --message-format=json) \
@@ -88,8 +109,11 @@ if [ "$DEVINFO" = 1 ]; then
     DEVINFO_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="devinfo" and .executable!=null) | .executable' | tail -1)
 fi
+if [ "$CALLGRIND" = 1 ]; then
+    command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
+fi
 PERF_BIN=
-if [ "$PERFTEST" = 1 ]; then
+if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ]; then
     echo "rxe-test: building examples/perf (release, features: ibverbs)" >&2
     json=$(cargo build --release --example perf --features ibverbs --message-format=json) \
         || { echo "rxe-test: building examples/perf failed" >&2; exit 1; }
@@ -146,7 +170,7 @@ RUN
         echo 'echo; echo "== examples/devinfo -d rxe0"'
         echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; echo 'FAIL  devinfo' >> \"\$LOGS/summary\"; fail=1; }"
     fi
-    if [ -n "$PERF_BIN" ]; then
+    if [ "$PERFTEST" = 1 ]; then
         echo "PERF='$PERF_BIN'"
         cat <<'PERF'
 # pt LOG TOOL ARGS...: perftest server in the background, client on 127.0.0.1.
@@ -193,6 +217,50 @@ while [ $r -le $ROUNDS ]; do
 done
 PERF
     fi
+    if [ "$CALLGRIND" = 1 ]; then
+        echo "PERF='$PERF_BIN'"
+        cat <<'CG'
+# Instructions (user space, callgrind Ir) of a SEND ping-pong client, per
+# round trip: runs at 100 and 300 iterations, the difference over 200.
+# cgrun NAME N CLIENT...: server per NAME, client under callgrind.
+cgrun() {
+    name=$1; n=$2; shift 2
+    out="$LOGS/cg.$name.$n"
+    case $name in
+        perftest) ib_send_lat -d rxe0 -x 1 -s 64 -n "$n" -e >"$out.srv" 2>&1 & port=18515 ;;
+        verbio) VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$PERF" send_lat --events \
+                    --server 127.0.0.1:18517 >"$out.srv" 2>&1 & port=18517 ;;
+    esac
+    srv=$!
+    i=0; while [ $i -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ":$port "; do sleep 0.1; i=$((i+1)); done
+    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" valgrind --tool=callgrind \
+        --callgrind-out-file="$out.out" "$@" >"$out.log" 2>&1 \
+        || { tail -20 "$out.log"; echo "FAILED: callgrind $name client ($n)"; fail=1; }
+    wait $srv || { tail -20 "$out.srv"; echo "FAILED: callgrind $name server ($n)"; fail=1; }
+}
+# Ir collected by a client run (empty if none).
+cgir() { sed -n 's/^==[0-9]*== Collected : \([0-9]*\)$/\1/p' "$LOGS/cg.$1.$2.log" 2>/dev/null | tail -1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { n = "^[0-9]+([.][0-9]+)?$"; if (a !~ n || b !~ n || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
+echo; echo "== callgrind: user instructions per SEND round trip (64 B, completion events)"
+if ! command -v valgrind >/dev/null; then echo "FAILED: valgrind not found in the guest"; fail=1; else
+    for name in perftest verbio; do
+        for n in 100 300; do
+            case $name in
+                perftest) cgrun perftest $n ib_send_lat -d rxe0 -x 1 -s 64 -n $n -e 127.0.0.1 ;;
+                verbio) cgrun verbio $n "$PERF" send_lat --events --client 127.0.0.1:18517 \
+                            --size 64 --iters $n ;;
+            esac
+            ir=$(cgir $name $n)
+            eval "ir_${name}_$n=\${ir:-0}"
+        done
+    done
+    per() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > a) printf "%.0f", (b - a) / 200; else print "n/a" }'; }
+    pt=$(per "$ir_perftest_100" "$ir_perftest_300"); vb=$(per "$ir_verbio_100" "$ir_verbio_300")
+    printf 'callgrind: instructions per round trip: perftest %s verbio %s ratio %s\n' \
+        "$pt" "$vb" "$(ratio "$vb" "$pt")" | tee -a "$LOGS/perf"
+fi
+CG
+    fi
     cat <<'END'
 echo; echo "== summary (device $VERBIO_TEST_DEVICE)"
 cat "$LOGS/summary"
@@ -206,6 +274,15 @@ chmod +x "$GUEST"
 # --------------------------------------------------------------------- run
 "$VM" -- "$GUEST"
 rc=$?
+if [ "$CALLGRIND" = 1 ] && command -v python3 >/dev/null; then
+    for name in perftest verbio; do
+        if [ -s "$LOGS/cg.$name.100.out" ] && [ -s "$LOGS/cg.$name.300.out" ]; then
+            echo; echo "== callgrind: $name, top functions per round trip (self instructions, calls)"
+            python3 "$ROOT/scripts/callgrind-per-rt.py" "$LOGS/cg.$name.100.out" \
+                "$LOGS/cg.$name.300.out" 200 25
+        fi
+    done
+fi
 case $rc in
     0) exit 0 ;;
     124) echo "rxe-test: the VM run timed out (RXE_VM_TIMEOUT)" >&2; exit 1 ;;

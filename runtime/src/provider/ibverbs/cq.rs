@@ -12,8 +12,9 @@ use super::device::{set_nonblocking, Context};
 use super::{errno_err, ret_err};
 use crate::provider::{Completion, ProviderError, Result, WcOpcode, WcStatus};
 
-/// How many `ibv_wc` one `ibv_poll_cq` call fills (a stack array).
-const POLL_BATCH: usize = 16;
+/// How many `ibv_wc` one `ibv_poll_cq` call fills (an uninitialised stack
+/// array; the reactor polls 32 at a time).
+const POLL_BATCH: usize = 32;
 
 struct ChannelInner {
     ch: *mut sys::ibv_comp_channel,
@@ -80,13 +81,15 @@ impl CompChannel {
         // read inside fails with EAGAIN instead of blocking.
         let ret = unsafe { sys::ibv_get_cq_event(self.inner.ch, &mut cq, &mut cq_ctx) };
         if ret != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::WouldBlock {
+            // SAFETY: errno of this thread, just set by the failed call.
+            let code = unsafe { *libc::__errno_location() };
+            if code == libc::EAGAIN || code == libc::EWOULDBLOCK {
+                // Nothing pending: the common case of an edge-triggered drain.
                 return Ok(None);
             }
             return Err(ProviderError::Verbs {
                 call: "ibv_get_cq_event",
-                source: err,
+                source: std::io::Error::from_raw_os_error(code),
             });
         }
         // SAFETY: every CQ this provider creates has a live `CqShared` as its
@@ -250,43 +253,73 @@ impl Cq {
         Ok(())
     }
 
-    /// Polls up to `out.len()` completions (`ibv_poll_cq` into a stack array).
+    /// Polls up to `out.len()` completions (`ibv_poll_cq` into an
+    /// uninitialised stack array of 32, converted in place into
+    /// `out`; a longer `out` takes more calls only while the CQ has more).
+    /// An empty poll is one overrun check and one `ibv_poll_cq`.
     ///
     /// Fails with [`ProviderError::CqOverflow`] once the device reported an
     /// overrun of this CQ (an `IBV_EVENT_CQ_ERR` async event, seen by
     /// [`Context::get_async_event`]).
+    #[inline]
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         if self.inner.shared.overrun.load(Ordering::Acquire) {
-            return Err(ProviderError::CqOverflow {
-                cq: self.inner.shared.handle,
-                capacity: self.inner.capacity,
-            });
+            return Err(self.overrun_error());
         }
+        let got = match self.poll_into(out) {
+            Ok(got) => got,
+            Err(ret) => return Err(poll_error(ret)),
+        };
+        if got == POLL_BATCH && out.len() > POLL_BATCH {
+            return Ok(self.poll_more(out, got));
+        }
+        Ok(got)
+    }
+
+    /// One `ibv_poll_cq` of up to `min(out.len(), POLL_BATCH)` entries,
+    /// converted into `out`; `Err` carries the failed call's return value.
+    #[inline(always)]
+    fn poll_into(&self, out: &mut [Completion]) -> std::result::Result<usize, i32> {
+        let want = out.len().min(POLL_BATCH);
         let mut wcs = [MaybeUninit::<sys::ibv_wc>::uninit(); POLL_BATCH];
-        let mut done = 0;
+        // SAFETY: valid CQ; `wcs` has room for want <= POLL_BATCH entries.
+        let got = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, wcs.as_mut_ptr().cast()) };
+        if got <= 0 {
+            return if got == 0 { Ok(0) } else { Err(got) };
+        }
+        let got = (got as usize).min(want);
+        for (slot, wc) in out[..got].iter_mut().zip(&wcs[..got]) {
+            // SAFETY: the first `got` entries were written by ibv_poll_cq.
+            *slot = convert_wc(unsafe { wc.assume_init_ref() });
+        }
+        Ok(got)
+    }
+
+    /// The rest of a [`Cq::poll`] whose first batch (`done` entries) was full.
+    #[inline(never)]
+    fn poll_more(&self, out: &mut [Completion], mut done: usize) -> usize {
         while done < out.len() {
             let want = (out.len() - done).min(POLL_BATCH);
-            // SAFETY: valid CQ; `wcs` has room for `want` (<= POLL_BATCH) entries.
-            let got =
-                unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, wcs.as_mut_ptr().cast()) };
-            if got < 0 {
-                if done > 0 {
-                    // Hand out what was polled; the error shows on the next call.
-                    break;
+            match self.poll_into(&mut out[done..]) {
+                Ok(got) => {
+                    done += got;
+                    if got < want {
+                        break;
+                    }
                 }
-                return Err(ret_err("ibv_poll_cq", got));
-            }
-            let got = got as usize;
-            for (slot, wc) in out[done..done + got].iter_mut().zip(&wcs[..got]) {
-                // SAFETY: the first `got` entries were written by ibv_poll_cq.
-                *slot = convert_wc(unsafe { wc.assume_init_ref() });
-            }
-            done += got;
-            if got < want {
-                break;
+                // Hand out what was polled; the error shows on the next call.
+                Err(_) => break,
             }
         }
-        Ok(done)
+        done
+    }
+
+    #[cold]
+    fn overrun_error(&self) -> ProviderError {
+        ProviderError::CqOverflow {
+            cq: self.inner.shared.handle,
+            capacity: self.inner.capacity,
+        }
     }
 
     /// Acknowledges `n` events taken for this CQ (`ibv_ack_cq_events`). More
@@ -315,6 +348,13 @@ impl Cq {
     }
 }
 
+#[cold]
+#[inline(never)]
+fn poll_error(ret: i32) -> ProviderError {
+    ret_err("ibv_poll_cq", ret)
+}
+
+#[inline(always)]
 fn convert_wc(wc: &sys::ibv_wc) -> Completion {
     let status = WcStatus::from_raw(wc.status);
     let with_imm = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;

@@ -1,11 +1,13 @@
 //! RC queue pairs: creation, the RESET→INIT→RTR→RTS/ERR state machine, and
-//! posting (work-request lists built on the stack: no allocation per post).
+//! posting (work-request lists built on the stack, one doorbell per list,
+//! SGEs handed to the device in place: no allocation and no copy per post).
 
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::mem::{size_of, MaybeUninit};
-use std::ptr;
+use std::mem::{align_of, offset_of, size_of, MaybeUninit};
+use std::ptr::{self, addr_of_mut};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -19,10 +21,9 @@ use crate::provider::{
     Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge,
 };
 
-/// Work requests per `ibv_post_*` call (longer lists are posted in chunks).
-const WR_CHUNK: usize = 16;
-/// SGEs per `ibv_post_*` call.
-const SGE_CHUNK: usize = 64;
+/// Work requests built on the stack per post; longer lists use a per-thread
+/// scratch list. Either way the whole list goes to the device in one call.
+const STACK_WRS: usize = 16;
 
 struct QpInner {
     qp: *mut sys::ibv_qp,
@@ -393,24 +394,50 @@ impl Qp {
         ret_err(call, ret)
     }
 
-    fn check_send(&self, wr: &SendWr) -> Result<()> {
-        if wr.flags.contains(SendFlags::INLINE) {
-            let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-            if total > u64::from(self.inner.caps.max_inline_data) {
-                return Err(invalid(
-                    "post_send",
-                    format!(
-                        "{total} inline bytes exceed the QP's max_inline_data {}",
-                        self.inner.caps.max_inline_data
-                    ),
-                ));
-            }
-        }
-        Ok(())
+    /// True when the device takes `wr` as far as this QP's caps tell: at
+    /// most `max_send_sge` SGEs, an INLINE payload within
+    /// `max_inline_data`. [`Qp::send_refusal`] says why not.
+    #[inline(always)]
+    fn send_fits(&self, wr: &SendWr, sgl: &[Sge]) -> bool {
+        let caps = &self.inner.caps;
+        sgl.len() <= caps.max_send_sge as usize
+            && (!wr.flags.contains(SendFlags::INLINE)
+                || inline_len(sgl) <= u64::from(caps.max_inline_data))
     }
 
-    /// Posts send WRs (`ibv_post_send`), in chunks of up to 16 WRs / 64 SGEs
-    /// built on the stack. On failure `posted` counts the WRs accepted.
+    /// The error for a send WR [`Qp::send_fits`] refused.
+    #[cold]
+    #[inline(never)]
+    fn send_refusal(&self, wr: &SendWr) -> ProviderError {
+        let caps = &self.inner.caps;
+        let k = wr.sg_list.len();
+        if k > caps.max_send_sge as usize {
+            return too_many_sges("post_send", k, caps.max_send_sge);
+        }
+        invalid(
+            "post_send",
+            format!(
+                "{} inline bytes exceed the QP's max_inline_data {}",
+                inline_len(&wr.sg_list),
+                caps.max_inline_data
+            ),
+        )
+    }
+
+    /// Posts send WRs with one `ibv_post_send` call (one doorbell), whatever
+    /// the list's length: the `ibv_send_wr` list is built on the stack (a
+    /// per-thread scratch list, grown once and reused, for lists longer
+    /// than 16), and each WR's `sg_list` points at its [`SendWr::sg_list`]
+    /// directly ([`Sge`] has `ibv_sge`'s layout): no allocation, no copy of
+    /// the SGEs, no syscall besides the provider's own doorbell. WRs are
+    /// passed as they are: unsignaled WRs stay unsignaled (the QP is created
+    /// with `sq_sig_all = 0`), INLINE WRs are copied by the provider during
+    /// the call.
+    ///
+    /// A WR refused before posting (more SGEs than `max_send_sge`, INLINE
+    /// beyond `max_inline_data`: `InvalidArgument`) ends the list: the WRs
+    /// before it are posted, and `posted` counts them. On a device failure
+    /// `posted` counts the WRs the device accepted.
     ///
     /// # Safety
     ///
@@ -421,80 +448,116 @@ impl Qp {
     /// registration is gone; INLINE payloads need only be readable during
     /// the call.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
-        let mut base = 0;
-        while base < wrs.len() {
-            let mut raw: [MaybeUninit<sys::ibv_send_wr>; WR_CHUNK] =
-                [const { MaybeUninit::uninit() }; WR_CHUNK];
-            let mut sges = [MaybeUninit::<sys::ibv_sge>::uninit(); SGE_CHUNK];
-            let raw_p = raw.as_mut_ptr().cast::<sys::ibv_send_wr>();
-            let sge_p = sges.as_mut_ptr().cast::<sys::ibv_sge>();
-            let (mut n, mut s) = (0, 0);
-            let mut refused = None;
-            while base + n < wrs.len() && n < WR_CHUNK {
-                let wr = &wrs[base + n];
-                let k = wr.sg_list.len();
-                if k > SGE_CHUNK {
-                    refused = Some(invalid("post_send", format!("{k} SGEs in one WR")));
-                    break;
-                }
-                if s + k > SGE_CHUNK {
-                    break;
-                }
-                if let Err(e) = self.check_send(wr) {
-                    refused = Some(e);
-                    break;
-                }
-                // SAFETY: s + k <= SGE_CHUNK and n < WR_CHUNK: in bounds of the
-                // stack arrays; entries are fully written before use.
-                unsafe {
-                    fill_sges(sge_p.add(s), &wr.sg_list);
-                    raw_p.add(n).write(send_wr(
-                        wr,
-                        if k == 0 {
-                            ptr::null_mut()
-                        } else {
-                            sge_p.add(s)
-                        },
-                        raw_p.add(n + 1),
-                    ));
-                }
-                s += k;
-                n += 1;
+        if let [_] = wrs {
+            // The common single WR: a one-entry list, the loop unrolled.
+            let mut raw = MaybeUninit::<sys::ibv_send_wr>::uninit();
+            // SAFETY: room for the one WR; the caller's contract is ours.
+            return unsafe { self.post_send_in(wrs, raw.as_mut_ptr()) };
+        }
+        if wrs.len() <= STACK_WRS {
+            let mut raw: [MaybeUninit<sys::ibv_send_wr>; STACK_WRS] =
+                [const { MaybeUninit::uninit() }; STACK_WRS];
+            // SAFETY: room for wrs.len() WRs; the caller's contract is ours.
+            return unsafe { self.post_send_in(wrs, raw.as_mut_ptr().cast()) };
+        }
+        // SAFETY: the caller's contract is ours.
+        unsafe { self.post_send_long(wrs) }
+    }
+
+    /// [`Qp::post_send`] of a list longer than [`STACK_WRS`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`Qp::post_send`].
+    #[inline(never)]
+    unsafe fn post_send_long(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        SEND_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut list) => {
+                list.clear();
+                list.reserve(wrs.len());
+                // SAFETY: room for wrs.len() WRs (reserved); the caller's
+                // contract is ours.
+                unsafe { self.post_send_in(wrs, list.as_mut_ptr().cast()) }
             }
-            if n > 0 {
-                // SAFETY: entries 0..n are written; terminate the list.
-                unsafe { (*raw_p.add(n - 1)).next = ptr::null_mut() };
-                let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-                // SAFETY: valid QP; a well-formed list of n WRs whose SGE
-                // descriptors live until the call returns (the provider copies
-                // them; inline data is copied too). The memory they name is
-                // lent to the device under this function's contract.
-                let ret = unsafe { sys::ibv_post_send(self.inner.qp, raw_p, &mut bad) };
-                if ret != 0 {
-                    let idx = bad_index(
-                        raw_p as usize,
-                        bad as usize,
-                        size_of::<sys::ibv_send_wr>(),
-                        n,
-                    );
-                    return Err(PostError {
-                        posted: base + idx,
-                        error: self.post_error("ibv_post_send", ret, "send"),
-                    });
-                }
+            // Unreachable (nothing posts from inside a post), but harmless.
+            Err(_) => {
+                let mut list = Vec::<MaybeUninit<sys::ibv_send_wr>>::with_capacity(wrs.len());
+                // SAFETY: as above.
+                unsafe { self.post_send_in(wrs, list.as_mut_ptr().cast()) }
             }
-            if let Some(error) = refused {
-                return Err(PostError {
-                    posted: base + n,
-                    error,
-                });
+        })
+    }
+
+    /// [`Qp::post_send`] with the `ibv_send_wr` list built at `raw`.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is valid for writing `wrs.len()` WRs; the contract of
+    /// [`Qp::post_send`] holds.
+    #[inline(always)]
+    unsafe fn post_send_in(
+        &self,
+        wrs: &[SendWr],
+        raw: *mut sys::ibv_send_wr,
+    ) -> Result<(), PostError> {
+        let mut n = 0;
+        for wr in wrs {
+            let sgl = wr.sg_list.as_slice();
+            if !self.send_fits(wr, sgl) {
+                break;
             }
-            base += n;
+            // SAFETY: n < wrs.len(): in bounds; `next` is one past at most.
+            unsafe { write_send_wr(raw.add(n), wr, sgl, raw.add(n + 1)) };
+            n += 1;
+        }
+        if n > 0 {
+            // SAFETY: entries 0..n are written; terminate the list.
+            unsafe { (*raw.add(n - 1)).next = ptr::null_mut() };
+            let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+            // SAFETY: valid QP; a well-formed list of n WRs; their SGE lists
+            // (the callers' SgLists, borrowed for the call) are only read by
+            // the provider, which copies them (and INLINE data) into its
+            // queue before returning. The memory they name is lent to the
+            // device under this function's contract.
+            let ret = unsafe { sys::ibv_post_send(self.inner.qp, raw, &mut bad) };
+            if ret != 0 {
+                return Err(self.post_failed(
+                    "ibv_post_send",
+                    ret,
+                    "send",
+                    bad_index(raw as usize, bad as usize, size_of::<sys::ibv_send_wr>(), n),
+                ));
+            }
+        }
+        if n < wrs.len() {
+            return Err(PostError {
+                posted: n,
+                error: self.send_refusal(&wrs[n]),
+            });
         }
         Ok(())
     }
 
-    /// Posts receive WRs (`ibv_post_recv`), chunked like [`Qp::post_send`].
+    /// The error of a failed `ibv_post_*` call that took `posted` WRs.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(
+        &self,
+        call: &'static str,
+        ret: i32,
+        queue: &'static str,
+        posted: usize,
+    ) -> PostError {
+        PostError {
+            posted,
+            error: self.post_error(call, ret, queue),
+        }
+    }
+
+    /// Posts receive WRs with one `ibv_post_recv` call, built like
+    /// [`Qp::post_send`]'s list (no allocation, SGEs not copied). A WR with
+    /// more SGEs than the QP's `max_recv_sge` is refused (`InvalidArgument`)
+    /// and ends the list.
     ///
     /// # Safety
     ///
@@ -503,72 +566,148 @@ impl Qp {
     /// allocated and free of Rust references until the WR's completion has
     /// been polled or its registration is gone.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
-        let mut base = 0;
-        while base < wrs.len() {
-            let mut raw = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); WR_CHUNK];
-            let mut sges = [MaybeUninit::<sys::ibv_sge>::uninit(); SGE_CHUNK];
-            let raw_p = raw.as_mut_ptr().cast::<sys::ibv_recv_wr>();
-            let sge_p = sges.as_mut_ptr().cast::<sys::ibv_sge>();
-            let (mut n, mut s) = (0, 0);
-            let mut refused = None;
-            while base + n < wrs.len() && n < WR_CHUNK {
-                let wr = &wrs[base + n];
-                let k = wr.sg_list.len();
-                if k > SGE_CHUNK {
-                    refused = Some(invalid("post_recv", format!("{k} SGEs in one WR")));
-                    break;
-                }
-                if s + k > SGE_CHUNK {
-                    break;
-                }
-                // SAFETY: in bounds as in post_send.
-                unsafe {
-                    fill_sges(sge_p.add(s), &wr.sg_list);
-                    raw_p.add(n).write(sys::ibv_recv_wr {
-                        wr_id: wr.wr_id,
-                        next: raw_p.add(n + 1),
-                        sg_list: if k == 0 {
-                            ptr::null_mut()
-                        } else {
-                            sge_p.add(s)
-                        },
-                        num_sge: k as libc::c_int,
-                    });
-                }
-                s += k;
-                n += 1;
+        if let [_] = wrs {
+            let mut raw = MaybeUninit::<sys::ibv_recv_wr>::uninit();
+            // SAFETY: room for the one WR; the caller's contract is ours.
+            return unsafe { self.post_recv_in(wrs, raw.as_mut_ptr()) };
+        }
+        if wrs.len() <= STACK_WRS {
+            let mut raw = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_WRS];
+            // SAFETY: room for wrs.len() WRs; the caller's contract is ours.
+            return unsafe { self.post_recv_in(wrs, raw.as_mut_ptr().cast()) };
+        }
+        // SAFETY: the caller's contract is ours.
+        unsafe { self.post_recv_long(wrs) }
+    }
+
+    /// [`Qp::post_recv`] of a list longer than [`STACK_WRS`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`Qp::post_recv`].
+    #[inline(never)]
+    unsafe fn post_recv_long(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        RECV_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut list) => {
+                list.clear();
+                list.reserve(wrs.len());
+                // SAFETY: room for wrs.len() WRs (reserved); the caller's
+                // contract is ours.
+                unsafe { self.post_recv_in(wrs, list.as_mut_ptr().cast()) }
             }
-            if n > 0 {
-                // SAFETY: entries 0..n are written; terminate the list.
-                unsafe { (*raw_p.add(n - 1)).next = ptr::null_mut() };
-                let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-                // SAFETY: valid QP; a well-formed list of n WRs. The memory
-                // their SGEs name is lent to the device under this function's
-                // contract.
-                let ret = unsafe { sys::ibv_post_recv(self.inner.qp, raw_p, &mut bad) };
-                if ret != 0 {
-                    let idx = bad_index(
-                        raw_p as usize,
-                        bad as usize,
-                        size_of::<sys::ibv_recv_wr>(),
-                        n,
-                    );
-                    return Err(PostError {
-                        posted: base + idx,
-                        error: self.post_error("ibv_post_recv", ret, "receive"),
-                    });
-                }
+            Err(_) => {
+                let mut list = Vec::<MaybeUninit<sys::ibv_recv_wr>>::with_capacity(wrs.len());
+                // SAFETY: as above.
+                unsafe { self.post_recv_in(wrs, list.as_mut_ptr().cast()) }
             }
-            if let Some(error) = refused {
-                return Err(PostError {
-                    posted: base + n,
-                    error,
-                });
+        })
+    }
+
+    /// [`Qp::post_recv`] with the `ibv_recv_wr` list built at `raw`.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is valid for writing `wrs.len()` WRs; the contract of
+    /// [`Qp::post_recv`] holds.
+    #[inline(always)]
+    unsafe fn post_recv_in(
+        &self,
+        wrs: &[RecvWr],
+        raw: *mut sys::ibv_recv_wr,
+    ) -> Result<(), PostError> {
+        let max_sge = self.inner.caps.max_recv_sge as usize;
+        let mut n = 0;
+        for wr in wrs {
+            let sgl = wr.sg_list.as_slice();
+            if sgl.len() > max_sge {
+                break;
             }
-            base += n;
+            // SAFETY: n < wrs.len(): in bounds; `next` is one past at most.
+            unsafe {
+                raw.add(n).write(sys::ibv_recv_wr {
+                    wr_id: wr.wr_id,
+                    next: raw.add(n + 1),
+                    sg_list: sge_ptr(sgl),
+                    num_sge: sgl.len() as libc::c_int,
+                })
+            };
+            n += 1;
+        }
+        if n > 0 {
+            // SAFETY: entries 0..n are written; terminate the list.
+            unsafe { (*raw.add(n - 1)).next = ptr::null_mut() };
+            let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+            // SAFETY: valid QP; a well-formed list of n WRs whose SGE lists
+            // are only read (copied) by the provider during the call. The
+            // memory they name is lent to the device under this function's
+            // contract.
+            let ret = unsafe { sys::ibv_post_recv(self.inner.qp, raw, &mut bad) };
+            if ret != 0 {
+                return Err(self.post_failed(
+                    "ibv_post_recv",
+                    ret,
+                    "receive",
+                    bad_index(raw as usize, bad as usize, size_of::<sys::ibv_recv_wr>(), n),
+                ));
+            }
+        }
+        if n < wrs.len() {
+            return Err(PostError {
+                posted: n,
+                error: too_many_sges(
+                    "post_recv",
+                    wrs[n].sg_list.len(),
+                    self.inner.caps.max_recv_sge,
+                ),
+            });
         }
         Ok(())
     }
+}
+
+/// Bytes of an SGE list (what an INLINE WR copies).
+#[inline(always)]
+fn inline_len(sgl: &[Sge]) -> u64 {
+    match sgl {
+        [] => 0,
+        [one] => u64::from(one.length),
+        _ => sgl.iter().map(|s| u64::from(s.length)).sum(),
+    }
+}
+
+thread_local! {
+    /// Scratch `ibv_send_wr` list for posts longer than [`STACK_WRS`].
+    static SEND_SCRATCH: RefCell<Vec<MaybeUninit<sys::ibv_send_wr>>> = const { RefCell::new(Vec::new()) };
+    /// Scratch `ibv_recv_wr` list for posts longer than [`STACK_WRS`].
+    static RECV_SCRATCH: RefCell<Vec<MaybeUninit<sys::ibv_recv_wr>>> = const { RefCell::new(Vec::new()) };
+}
+
+// `Sge` and `ibv_sge` have one layout, so a WR's `sg_list` can point at the
+// caller's SGEs (checked at compile time).
+const _: () = {
+    assert!(size_of::<Sge>() == size_of::<sys::ibv_sge>());
+    assert!(align_of::<Sge>() == align_of::<sys::ibv_sge>());
+    assert!(offset_of!(Sge, addr) == offset_of!(sys::ibv_sge, addr));
+    assert!(offset_of!(Sge, length) == offset_of!(sys::ibv_sge, length));
+    assert!(offset_of!(Sge, lkey) == offset_of!(sys::ibv_sge, lkey));
+};
+
+/// The SGE list as `ibv_sge`s (NULL when empty). Providers only read it.
+#[inline(always)]
+fn sge_ptr(sgl: &[Sge]) -> *mut sys::ibv_sge {
+    if sgl.is_empty() {
+        ptr::null_mut()
+    } else {
+        sgl.as_ptr().cast::<sys::ibv_sge>().cast_mut()
+    }
+}
+
+#[cold]
+fn too_many_sges(call: &'static str, k: usize, max: u32) -> ProviderError {
+    invalid(
+        call,
+        format!("{k} SGEs in one WR, the QP takes at most {max}"),
+    )
 }
 
 /// The contract caps READ/atomic depth at the device limit instead of failing.
@@ -595,30 +734,31 @@ fn bad_index(base: usize, bad: usize, size: usize, n: usize) -> usize {
     ((bad - base) / size).min(n)
 }
 
+/// Writes the `ibv_send_wr` of `wr` at `dst`: the fields an RC provider
+/// reads for these opcodes; the XRC/UD, memory-window and TSO fields (used
+/// only by other QP types and opcodes) are left unwritten.
+///
 /// # Safety
 ///
-/// `dst` must be valid for writing `sgl.len()` SGEs.
-unsafe fn fill_sges(dst: *mut sys::ibv_sge, sgl: &[Sge]) {
-    for (j, sge) in sgl.iter().enumerate() {
-        // SAFETY: in bounds per the contract.
-        unsafe {
-            dst.add(j).write(sys::ibv_sge {
-                addr: sge.addr,
-                length: sge.length,
-                lkey: sge.lkey,
-            })
-        };
-    }
-}
-
-fn send_wr(
+/// `dst` is valid for writing one `ibv_send_wr`; `sgl` is `wr.sg_list`.
+#[inline(always)]
+unsafe fn write_send_wr(
+    dst: *mut sys::ibv_send_wr,
     wr: &SendWr,
-    sg_list: *mut sys::ibv_sge,
+    sgl: &[Sge],
     next: *mut sys::ibv_send_wr,
-) -> sys::ibv_send_wr {
+) {
     use sys::ibv_wr_opcode as O;
     let rdma = |remote_addr: u64, rkey: u32| sys::wr_t {
         rdma: sys::rdma_t { remote_addr, rkey },
+    };
+    let atomic = |remote_addr: u64, rkey: u32, compare_add: u64, swap: u64| sys::wr_t {
+        atomic: sys::atomic_t {
+            remote_addr,
+            compare_add,
+            swap,
+            rkey,
+        },
     };
     let (opcode, imm, wr_u) = match wr.op {
         SendOp::Send => (O::IBV_WR_SEND, 0, rdma(0, 0)),
@@ -638,14 +778,7 @@ fn send_wr(
         } => (
             O::IBV_WR_ATOMIC_CMP_AND_SWP,
             0,
-            sys::wr_t {
-                atomic: sys::atomic_t {
-                    remote_addr,
-                    compare_add: compare,
-                    swap,
-                    rkey,
-                },
-            },
+            atomic(remote_addr, rkey, compare, swap),
         ),
         SendOp::FetchAndAdd {
             remote_addr,
@@ -654,37 +787,24 @@ fn send_wr(
         } => (
             O::IBV_WR_ATOMIC_FETCH_AND_ADD,
             0,
-            sys::wr_t {
-                atomic: sys::atomic_t {
-                    remote_addr,
-                    compare_add: add,
-                    swap: 0,
-                    rkey,
-                },
-            },
+            atomic(remote_addr, rkey, add, 0),
         ),
     };
-    sys::ibv_send_wr {
-        wr_id: wr.wr_id,
-        next,
-        sg_list,
-        num_sge: wr.sg_list.len() as libc::c_int,
-        opcode,
-        send_flags: wr.flags.bits(),
-        imm_data_invalidated_rkey_union: sys::imm_data_invalidated_rkey_union_t {
-            imm_data: imm.to_be(),
-        },
-        wr: wr_u,
-        qp_type: sys::qp_type_t {
-            xrc: sys::xrc_t { remote_srqn: 0 },
-        },
-        bind_mw_tso_union: sys::bind_mw_tso_union_t {
-            tso: sys::tso_t {
-                hdr: ptr::null_mut(),
-                hdr_sz: 0,
-                mss: 0,
+    // SAFETY: `dst` is valid for writes (contract); every write goes through
+    // a raw field pointer, never a reference to the uninitialised struct.
+    unsafe {
+        addr_of_mut!((*dst).wr_id).write(wr.wr_id);
+        addr_of_mut!((*dst).next).write(next);
+        addr_of_mut!((*dst).sg_list).write(sge_ptr(sgl));
+        addr_of_mut!((*dst).num_sge).write(sgl.len() as libc::c_int);
+        addr_of_mut!((*dst).opcode).write(opcode);
+        addr_of_mut!((*dst).send_flags).write(wr.flags.bits());
+        addr_of_mut!((*dst).imm_data_invalidated_rkey_union).write(
+            sys::imm_data_invalidated_rkey_union_t {
+                imm_data: imm.to_be(),
             },
-        },
+        );
+        addr_of_mut!((*dst).wr).write(wr_u);
     }
 }
 
@@ -698,6 +818,39 @@ mod tests {
         assert_eq!(bad_index(1000, 1200, 100, 4), 2);
         assert_eq!(bad_index(1000, 9000, 100, 4), 4);
         assert_eq!(bad_index(1000, 0, 100, 4), 0);
+    }
+
+    #[test]
+    fn inline_len_sums_every_sge() {
+        let sge = |length| Sge {
+            addr: 0,
+            length,
+            lkey: 0,
+        };
+        assert_eq!(inline_len(&[]), 0);
+        assert_eq!(inline_len(&[sge(7)]), 7);
+        assert_eq!(
+            inline_len(&[sge(7), sge(u32::MAX)]),
+            7 + u64::from(u32::MAX)
+        );
+        assert_eq!(inline_len(&[sge(1), sge(2), sge(3), sge(4), sge(5)]), 15);
+    }
+
+    #[test]
+    fn sge_list_is_passed_in_place() {
+        let mut sgl = crate::provider::SgList::new();
+        assert!(sge_ptr(&sgl).is_null());
+        sgl.push(Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: 9,
+        });
+        let p = sge_ptr(&sgl);
+        assert_eq!(p.cast_const().cast::<Sge>(), sgl.as_ptr());
+        // SAFETY: `p` points at the list's one element (same layout, checked
+        // at compile time), alive for this read.
+        let raw = unsafe { *p };
+        assert_eq!((raw.addr, raw.length, raw.lkey), (0x1000, 64, 9));
     }
 
     #[test]
