@@ -72,6 +72,10 @@ pub(crate) struct Engine {
     pub ack_delay: Duration,
     dirty_buf: Vec<Arc<QpShared>>,
     fired_buf: Vec<Arc<CqShared>>,
+    /// Spare list swapped with `active` (no allocation per loop turn).
+    active_buf: Vec<usize>,
+    /// Spare list for the QPs `timers` reschedules.
+    resched_buf: Vec<u32>,
 }
 
 /// Engine thread body.
@@ -98,6 +102,8 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
             .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
         dirty_buf: Vec::new(),
         fired_buf: Vec::new(),
+        active_buf: Vec::new(),
+        resched_buf: Vec::new(),
     };
     eng.run();
     tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
@@ -130,9 +136,11 @@ impl Engine {
                 spin_from = Some(now);
             }
             self.timers(now);
-            for cid in std::mem::take(&mut self.held) {
+            let mut held = std::mem::take(&mut self.held);
+            for cid in held.drain(..) {
                 self.activate(cid);
             }
+            self.held = held;
             let busy = self.service_active(false);
             let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
             let mut timeout = if busy {
@@ -619,10 +627,11 @@ impl Engine {
     /// Fills and flushes every active connection. True if some still has
     /// work that can proceed now. `force`: held ACKs go out too.
     fn service_active(&mut self, force: bool) -> bool {
-        let list = std::mem::take(&mut self.active);
+        let mut list = std::mem::take(&mut self.active_buf);
+        std::mem::swap(&mut list, &mut self.active);
         let mut busy = false;
         let now = Instant::now();
-        for cid in list {
+        for cid in list.drain(..) {
             if let Some(c) = self.conns.get_mut(cid) {
                 c.active = false;
                 if !force && c.holding(now) {
@@ -638,6 +647,7 @@ impl Engine {
                 self.activate(cid);
             }
         }
+        self.active_buf = list;
         busy
     }
 
@@ -706,7 +716,7 @@ impl Engine {
     }
 
     fn timers(&mut self, now: Instant) {
-        let mut resched = Vec::new();
+        let mut resched = std::mem::take(&mut self.resched_buf);
         for (qpn, eq) in self.qps.iter_mut() {
             if let Some(t) = eq.rnr_until {
                 if t <= now {
@@ -726,10 +736,11 @@ impl Engine {
                 }
             }
         }
-        for qpn in resched {
+        for qpn in resched.drain(..) {
             self.ensure_conn(qpn);
             self.schedule(qpn);
         }
+        self.resched_buf = resched;
     }
 
     fn next_deadline(&self) -> Option<Instant> {
