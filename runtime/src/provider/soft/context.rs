@@ -30,7 +30,7 @@ pub(crate) const MAX_INLINE: u32 = 1024;
 /// Largest CQ.
 pub(crate) const MAX_CQE: u32 = 1 << 20;
 /// Incoming / outgoing READ+atomic depth advertised.
-const MAX_RD_ATOM: u32 = 16;
+pub(crate) const MAX_RD_ATOM: u32 = 16;
 
 /// State shared by every handle of one context and its engine thread.
 pub(crate) struct Shared {
@@ -50,6 +50,8 @@ pub(crate) struct Shared {
     /// CQs disarmed by a completion this loop turn, whose channel events the
     /// engine raises at the end of the turn (engine thread only).
     pub fired: Mutex<Vec<Arc<CqShared>>>,
+    /// CQs that overflowed: the engine moves their QPs to ERR.
+    pub overflowed: Mutex<Vec<Arc<CqShared>>>,
     /// A posting thread transmitted a WR itself (see `direct.rs`).
     pub direct_seen: AtomicBool,
     /// While `sleeping`: when the engine wakes at the latest
@@ -194,6 +196,7 @@ impl Context {
             sleeping: AtomicBool::new(false),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
+            overflowed: Mutex::new(Vec::new()),
             direct_seen: AtomicBool::new(false),
             wake_by: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),

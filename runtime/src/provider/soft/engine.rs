@@ -22,7 +22,9 @@ use super::packet::{Header, FLAG_FIRST};
 use super::qp::QpShared;
 use super::responder::load_qp;
 use super::wire::Wire;
-use crate::provider::{AccessFlags, QpState, WcStatus};
+use crate::provider::{
+    AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpState, WcStatus,
+};
 
 /// Token of the doorbell waker.
 pub(crate) const WAKER: Token = Token(0);
@@ -156,6 +158,8 @@ impl Engine {
             }
             self.held = held;
             let busy = self.service_active(false);
+            // (Overflows of this turn and of the last turn's events.)
+            self.fail_overflowed();
             self.raise_events();
             let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
             let mut timeout = if busy {
@@ -224,6 +228,39 @@ impl Engine {
             cq.signal();
         }
         self.fired_buf = list;
+    }
+
+    /// Moves every QP of a CQ that overflowed to ERR, with a QP fatal
+    /// async event each (after the CQ's own error event), as RC hardware
+    /// does: the completions of its WRs could not be reported any more.
+    fn fail_overflowed(&mut self) {
+        let list = std::mem::take(&mut *lock(&self.sh.overflowed));
+        for cq in list {
+            let qps: Vec<Arc<QpShared>> = lock(&self.sh.qps)
+                .values()
+                .filter(|q| Arc::ptr_eq(&q.send_cq, &cq) || Arc::ptr_eq(&q.recv_cq, &cq))
+                .cloned()
+                .collect();
+            for qp in qps {
+                if qp.destroyed.load(Ordering::Acquire) || qp.state() == QpState::Err {
+                    continue;
+                }
+                let eq = self
+                    .qps
+                    .entry(qp.qpn)
+                    .or_insert_with(|| EQp::new(qp.clone(), self.sh.clone()));
+                if !Arc::ptr_eq(&eq.sh, &qp) {
+                    *eq = EQp::new(qp.clone(), self.sh.clone());
+                }
+                eq.refresh(&mut lock(&qp.inner));
+                tracing::debug!(qpn = qp.qpn, cq = cq.handle, "soft engine: CQ overflow, QP to ERR");
+                eq.fail(None);
+                self.sh.async_events.push(AsyncEvent {
+                    kind: AsyncEventKind::QpFatal,
+                    element: AsyncElement::Qp(qp.qpn),
+                });
+            }
+        }
     }
 
     /// Services QPs the application touched. True if there were any.

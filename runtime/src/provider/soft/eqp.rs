@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::context::Shared;
-use super::cq::{lock, CqShared};
+use super::cq::{lock, CqShared, Push};
 use super::direct::Direct;
 use super::engine::psn_add;
 use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
@@ -226,8 +226,10 @@ impl EQp {
     /// is raised at the end of the engine's loop turn, once for all of the
     /// turn's completions (like a NIC's interrupt moderation).
     pub fn deliver(&self, cq: &Arc<CqShared>, wc: Completion, solicited: bool) {
-        if cq.push(wc, solicited) {
-            lock(&self.sh_ctx.fired).push(cq.clone());
+        match cq.push(wc, solicited) {
+            Push::Fired => lock(&self.sh_ctx.fired).push(cq.clone()),
+            Push::Overflowed => lock(&self.sh_ctx.overflowed).push(cq.clone()),
+            Push::Queued | Push::Lost => {}
         }
         if wc.status.is_success() {
             self.sh_ctx.completed.store(true, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
-use super::context::{Context, Pd, MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use super::context::{Context, Pd, MAX_INLINE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE};
 use super::cq::{lock, Cq, CqShared};
 use super::direct::{self, Direct, DirectSent};
 use super::packet::MAX_MSG;
@@ -50,6 +50,8 @@ pub(crate) struct QpConfig {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    /// READs and atomics this QP may have outstanding as requester.
+    pub max_rd_atomic: u8,
 }
 
 pub(crate) struct QpInner {
@@ -262,13 +264,18 @@ impl Qp {
     /// RTR → RTS.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
         let a = *attr;
-        if a.retry_cnt > 7 || a.rnr_retry > 7 || a.timeout > 31 {
+        if a.retry_cnt > 7
+            || a.rnr_retry > 7
+            || a.timeout > 31
+            || u32::from(a.max_rd_atomic) > MAX_RD_ATOM
+        {
             return Err(invalid("modify_to_rts", format!("{a:?}")));
         }
         self.transition("modify_to_rts", &[QpState::Rtr], QpState::Rts, |i| {
             i.cfg.timeout = a.timeout;
             i.cfg.retry_cnt = a.retry_cnt;
             i.cfg.rnr_retry = a.rnr_retry;
+            i.cfg.max_rd_atomic = a.max_rd_atomic;
             Ok(())
         })
     }

@@ -101,6 +101,12 @@ fn gen_request(
         if e.w.flags.contains(SendFlags::FENCE) && eq.rd_outstanding > 0 {
             return Gen::Idle;
         }
+        // At most `max_rd_atomic` READs/atomics outstanding (0 is taken as
+        // 1: such a WR must not wait forever); a response resumes sending.
+        let rd_limit = usize::from(eq.cfg.max_rd_atomic.max(1));
+        if e.needs_response() && eq.rd_outstanding >= rd_limit {
+            return Gen::Idle;
+        }
     }
     if eq.send_off == 0 {
         let e = &mut eq.wqes[idx];
