@@ -22,9 +22,7 @@ use super::packet::{Header, FLAG_FIRST};
 use super::qp::QpShared;
 use super::responder::load_qp;
 use super::wire::Wire;
-use crate::provider::{
-    AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpState, WcStatus,
-};
+use crate::provider::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpState, WcStatus};
 
 /// Token of the doorbell waker.
 pub(crate) const WAKER: Token = Token(0);
@@ -253,7 +251,11 @@ impl Engine {
                     *eq = EQp::new(qp.clone(), self.sh.clone());
                 }
                 eq.refresh(&mut lock(&qp.inner));
-                tracing::debug!(qpn = qp.qpn, cq = cq.handle, "soft engine: CQ overflow, QP to ERR");
+                tracing::debug!(
+                    qpn = qp.qpn,
+                    cq = cq.handle,
+                    "soft engine: CQ overflow, QP to ERR"
+                );
                 eq.fail(None);
                 self.sh.async_events.push(AsyncEvent {
                     kind: AsyncEventKind::QpFatal,
