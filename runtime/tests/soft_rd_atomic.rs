@@ -80,8 +80,7 @@ fn outstanding_reads_are_limited(limit: u8) {
         unsafe { a.qp.post_send(&[w]) }.unwrap();
     }
     let (mut s, _) = listener.accept().unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
     let (hello, _) = next_packet(&mut s).expect("HELLO");
     assert_eq!(hello.opcode, Opcode::Hello);
     let mut h = Header::new(Opcode::Hello);
@@ -94,17 +93,18 @@ fn outstanding_reads_are_limited(limit: u8) {
     let mut answered = 0;
     while answered < READS {
         // Exactly `limit` requests (or what is left) arrive, then nothing
-        // until one is answered.
-        while let Some((h, _)) = next_packet(&mut s) {
+        // until one is answered (unlimited, all would have been sent at once).
+        let want = limit.min(READS - answered);
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        while pending.len() < want {
+            let (h, _) = next_packet(&mut s).expect("a READ request");
             assert_eq!(h.opcode, Opcode::ReadReq);
             pending.push(h);
-            assert!(
-                pending.len() <= limit,
-                "{} READs outstanding",
-                pending.len()
-            );
         }
-        assert_eq!(pending.len(), limit.min(READS - answered));
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        if let Some((h, _)) = next_packet(&mut s) {
+            panic!("{want} READs outstanding, and then {h:?}");
+        }
         let req = pending.remove(0);
         let resp = read_response(&req, a.qp.qp_num(), 1000 + answered as u64);
         s.write_all(&resp).unwrap();
