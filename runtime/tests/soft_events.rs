@@ -140,7 +140,7 @@ fn solicited_only_ignores_unsolicited_receives() {
 }
 
 #[test]
-fn cq_overflow_is_reported_on_poll_and_async_fd() {
+fn cq_overflow_is_reported_on_poll_and_async_fd_and_fails_its_qps() {
     let ctx = open_test_context();
     let opts = PairOpts {
         cqe: 4,
@@ -174,6 +174,21 @@ fn cq_overflow_is_reported_on_poll_and_async_fd() {
         a.scq.poll(&mut wc),
         Err(ProviderError::CqOverflow { capacity: 4, .. })
     ));
+    // The QP whose completions were lost is in error (fatal event), its
+    // peer on other CQs is not.
+    wait_state(&a.qp, QpState::Err);
+    assert!(readable(ctx.async_fd(), 5000), "no QP event");
+    let ev = ctx.get_async_event().unwrap().unwrap();
+    assert_eq!(ev.kind, AsyncEventKind::QpFatal);
+    assert_eq!(ev.element, AsyncElement::Qp(a.qp.qp_num()));
+    assert_eq!(b.qp.state(), QpState::Rts);
+    // WRs posted to it now are flushed; a RECV shows it on its receive CQ
+    // (its send CQ is the overflowed one).
+    let r = a.buf(8, LW);
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_recv(&[rwr(9, &[r.sge(0, 8)])]) }.unwrap();
+    let c = poll_one(&a.rcq);
+    assert_eq!((c.wr_id, c.status), (9, WcStatus::WrFlushErr));
 }
 
 #[test]

@@ -4,11 +4,12 @@
 use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::mr::MrTable;
 use super::packet::{encode_hello, Header, Opcode, HEADER_LEN, HELLO_LEN};
+use super::wire::Wire;
 use crate::provider::AccessFlags;
 
 /// Stop generating packets once this many bytes wait to be written.
@@ -110,7 +111,7 @@ pub(crate) struct ReadJob {
 pub(crate) struct Conn {
     /// The socket; `None` for the loopback connection of an engine to itself
     /// (QPs of one device talking to each other, like a NIC's internal loopback).
-    pub stream: Option<mio::net::TcpStream>,
+    pub stream: Option<Arc<Wire>>,
     /// The remote engine's listener address (target of our connect, or from its HELLO).
     pub peer: Option<SocketAddr>,
     /// TCP connect finished.
@@ -152,7 +153,7 @@ pub(crate) enum Flush {
 }
 
 impl Conn {
-    pub fn new(stream: Option<mio::net::TcpStream>, local: SocketAddr, connected: bool) -> Conn {
+    pub fn new(stream: Option<Arc<Wire>>, local: SocketAddr, connected: bool) -> Conn {
         let mut c = Conn {
             stream,
             peer: None,
@@ -192,7 +193,8 @@ impl Conn {
     /// to go out with it (see `ack_hold`); `None` = send it at once.
     pub fn push_ack(&mut self, dst: u32, src: u32, psn: u32, hold_until: Option<Instant>) {
         match hold_until {
-            Some(t) if self.resp.is_empty() => self.ack_hold = Some(t),
+            // (ACKs parked on the wire keep their hold's deadline.)
+            Some(t) if self.resp.is_empty() && self.ack_hold.is_none() => self.ack_hold = Some(t),
             // Keep what is pending: held ACKs stay held, anything else
             // (`ack_hold` is `None` then) goes out at once anyway.
             Some(_) => {}
@@ -237,11 +239,13 @@ impl Conn {
         if !self.connected {
             return Flush::Blocked;
         }
-        let Some(stream) = &self.stream else {
+        let Some(wire) = &self.stream else {
             self.loop_back(mrs);
             return Flush::Done;
         };
-        let fd = stream.as_raw_fd();
+        // What a posting thread could not write goes first.
+        wire.take_spill(&mut self.tx, self.tx_pos);
+        let fd = wire.fd();
         loop {
             let head = self.tx.len() - self.tx_pos;
             let mut iov = [libc::iovec {
@@ -383,6 +387,58 @@ impl Conn {
         self.tx_pos = 0;
     }
 
+    /// Tells posting threads whether they may write to the socket again:
+    /// only once everything the engine has for it is written.
+    pub fn settle(&self) {
+        if let Some(w) = &self.stream {
+            let idle = self.connected
+                && self.tx_pending() == 0
+                && self.tx_mem.is_none()
+                && self.resp.is_empty()
+                && self.senders.is_empty();
+            w.release(idle);
+        }
+    }
+
+    /// While holding: parks the held ACKs on the wire, where a posting
+    /// thread's write takes them along. False once that happened (or for
+    /// the loopback connection, which keeps them queued): the hold is over.
+    pub fn park_acks(&mut self) -> bool {
+        let Some(w) = &self.stream else {
+            return true;
+        };
+        if self.resp.is_empty() {
+            // (What arrived meanwhile produced no output: posters may write.)
+            w.release(true);
+            return !w.held_gone();
+        }
+        if !self.resp.iter().all(|r| matches!(r, Resp::Ack { .. })) {
+            return true;
+        }
+        let mut bytes = [0u8; 4 * HEADER_LEN];
+        let mut n = 0;
+        while let Some(Resp::Ack { dst, src, psn }) = self.resp.front() {
+            if n == bytes.len() {
+                w.hold(&bytes[..n]);
+                n = 0;
+            }
+            let mut h = Header::new(Opcode::Ack);
+            (h.dst_qpn, h.src_qpn, h.psn) = (*dst, *src, *psn);
+            bytes[n..n + HEADER_LEN].copy_from_slice(&h.encode());
+            n += HEADER_LEN;
+            self.resp.pop_front();
+        }
+        w.hold(&bytes[..n]);
+        true
+    }
+
+    /// Engine: about to produce output for this connection.
+    pub fn claim(&self) {
+        if let Some(w) = &self.stream {
+            w.claim();
+        }
+    }
+
     /// True for the engine's connection to itself.
     pub fn is_loopback(&self) -> bool {
         self.stream.is_none()
@@ -396,10 +452,10 @@ impl Conn {
             return Ok((0, false));
         };
         let want = d.remaining;
-        let Some(stream) = &self.stream else {
+        let Some(wire) = &self.stream else {
             return Ok((0, false));
         };
-        let fd = stream.as_raw_fd();
+        let fd = wire.fd();
         if d.qp.state() == crate::provider::QpState::Err {
             d.broken = true;
         }
@@ -460,10 +516,10 @@ impl Conn {
         }
         let end = self.rx_end;
         let space = self.rx.len() - end;
-        let Some(stream) = &mut self.stream else {
+        let Some(wire) = &self.stream else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let n = stream.read(&mut self.rx[end..])?;
+        let n = (&wire.stream).read(&mut self.rx[end..])?;
         self.rx_end += n;
         Ok((n, n == space))
     }

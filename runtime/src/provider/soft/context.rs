@@ -7,9 +7,10 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::cq::{lock, CompChannel, Cq, CqShared, EventQueue};
 use super::engine;
@@ -29,7 +30,7 @@ pub(crate) const MAX_INLINE: u32 = 1024;
 /// Largest CQ.
 pub(crate) const MAX_CQE: u32 = 1 << 20;
 /// Incoming / outgoing READ+atomic depth advertised.
-const MAX_RD_ATOM: u32 = 16;
+pub(crate) const MAX_RD_ATOM: u32 = 16;
 
 /// State shared by every handle of one context and its engine thread.
 pub(crate) struct Shared {
@@ -49,6 +50,15 @@ pub(crate) struct Shared {
     /// CQs disarmed by a completion this loop turn, whose channel events the
     /// engine raises at the end of the turn (engine thread only).
     pub fired: Mutex<Vec<Arc<CqShared>>>,
+    /// CQs that overflowed: the engine moves their QPs to ERR.
+    pub overflowed: Mutex<Vec<Arc<CqShared>>>,
+    /// A posting thread transmitted a WR itself (see `direct.rs`).
+    pub direct_seen: AtomicBool,
+    /// While `sleeping`: when the engine wakes at the latest
+    /// ([`Shared::nanos_at`]; `u64::MAX` = not before it is woken).
+    pub wake_by: AtomicU64,
+    /// Origin of `wake_by`.
+    pub epoch: Instant,
     pub waker: mio::Waker,
     pub stop: AtomicBool,
     pub async_events: Arc<EventQueue<AsyncEvent>>,
@@ -68,6 +78,39 @@ impl Shared {
             lock(&self.dirty).push(qp.clone());
         }
         self.ring();
+    }
+
+    /// Nanoseconds from `epoch` to `t`.
+    pub fn nanos_at(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// After a posting thread transmitted a WR of `qp` itself: the engine
+    /// takes the WR over when it next looks at `qp` (it must do so before the
+    /// WR's ACK timeout, `timeout`) or at once if `now` (it has bytes to
+    /// write). Rings the doorbell only if the engine would not wake in time.
+    pub fn notify_direct(&self, qp: &Arc<QpShared>, now: bool, timeout: Option<Duration>) {
+        if !qp.dirty.swap(true, Ordering::AcqRel) {
+            lock(&self.dirty).push(qp.clone());
+        }
+        self.direct_seen.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if !self.sleeping.load(Ordering::SeqCst) {
+            return;
+        }
+        let late = match timeout {
+            _ if now => true,
+            None => false,
+            Some(t) => {
+                let need = self.nanos_at(Instant::now() + t);
+                self.wake_by.load(Ordering::SeqCst) > need
+            }
+        };
+        if late {
+            if let Err(e) = self.waker.wake() {
+                tracing::error!(error = %e, "soft engine waker failed");
+            }
+        }
     }
 
     /// Wakes the engine, with a syscall only if it sleeps.
@@ -153,6 +196,10 @@ impl Context {
             sleeping: AtomicBool::new(false),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
+            overflowed: Mutex::new(Vec::new()),
+            direct_seen: AtomicBool::new(false),
+            wake_by: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
             waker,
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),
@@ -370,9 +417,12 @@ impl Pd {
                 rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
                 sq_outstanding: 0,
                 rq_outstanding: 0,
+                direct: None,
+                sent: VecDeque::new(),
             }),
             dirty: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
+            direct_hint: AtomicBool::new(false),
         });
         lock(&sh.qps).insert(qpn, shared.clone());
         Ok(Qp(Arc::new(QpHandle {

@@ -106,6 +106,20 @@ impl<T> EventQueue<T> {
     }
 }
 
+/// What [`CqShared::push`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Push {
+    /// Queued.
+    Queued,
+    /// Queued, and it disarmed the CQ: its channel must be signalled.
+    Fired,
+    /// Not queued: the CQ is full and in error from now on (the engine
+    /// moves its QPs to ERR).
+    Overflowed,
+    /// Not queued: the CQ had overflowed before.
+    Lost,
+}
+
 /// The completion channel of the soft device.
 #[derive(Clone)]
 pub struct CompChannel {
@@ -170,10 +184,10 @@ impl CqShared {
     /// [`signal`](Self::signal) its channel (the engine does so once per
     /// loop turn, after all of that turn's completions are in).
     #[must_use]
-    pub fn push(&self, wc: Completion, solicited: bool) -> bool {
+    pub fn push(&self, wc: Completion, solicited: bool) -> Push {
         let mut st = lock(&self.state);
         if st.overflow {
-            return false;
+            return Push::Lost;
         }
         if st.queue.len() >= self.capacity as usize {
             st.overflow = true;
@@ -183,7 +197,7 @@ impl CqShared {
                 kind: AsyncEventKind::CqErr,
                 element: AsyncElement::Cq(self.handle),
             });
-            return false;
+            return Push::Overflowed;
         }
         st.queue.push_back(wc);
         let fire = match st.armed {
@@ -192,8 +206,10 @@ impl CqShared {
         };
         if fire {
             st.armed = None;
+            Push::Fired
+        } else {
+            Push::Queued
         }
-        fire
     }
 
     /// Queues this CQ's event on its channel (after a `push` that fired).

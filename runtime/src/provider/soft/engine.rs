@@ -21,7 +21,8 @@ use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
 use super::packet::{Header, FLAG_FIRST};
 use super::qp::QpShared;
 use super::responder::load_qp;
-use crate::provider::{AccessFlags, QpState, WcStatus};
+use super::wire::Wire;
+use crate::provider::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpState, WcStatus};
 
 /// Token of the doorbell waker.
 pub(crate) const WAKER: Token = Token(0);
@@ -31,6 +32,12 @@ const CONN_BASE: usize = 2;
 const SERVICE_ROUNDS: usize = 8;
 /// WRITE payloads at least this big are received straight into memory.
 const DIRECT_MIN: usize = 16 * 1024;
+
+/// While posting threads transmit requests themselves, the engine wakes at
+/// least this often (to time their WRs out without being rung for each).
+const DIRECT_TICK: Duration = Duration::from_millis(10);
+/// ... for this long after the last such post it learned of.
+const DIRECT_AWAKE: Duration = Duration::from_secs(1);
 
 /// How long the engine keeps polling after delivering a completion before
 /// it sleeps (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
@@ -72,6 +79,13 @@ pub(crate) struct Engine {
     pub ack_delay: Duration,
     dirty_buf: Vec<Arc<QpShared>>,
     fired_buf: Vec<Arc<CqShared>>,
+    /// Spare list swapped with `active` (no allocation per loop turn).
+    active_buf: Vec<usize>,
+    /// Posting threads transmitted recently: until then, sleep at most
+    /// `DIRECT_TICK` at a time.
+    direct_until: Option<Instant>,
+    /// Spare list for the QPs `timers` reschedules.
+    resched_buf: Vec<u32>,
 }
 
 /// Engine thread body.
@@ -98,6 +112,9 @@ pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListen
             .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
         dirty_buf: Vec::new(),
         fired_buf: Vec::new(),
+        active_buf: Vec::new(),
+        direct_until: None,
+        resched_buf: Vec::new(),
     };
     eng.run();
     tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
@@ -129,11 +146,19 @@ impl Engine {
             if self.sh.completed.swap(false, Ordering::Relaxed) {
                 spin_from = Some(now);
             }
+            if self.sh.direct_seen.swap(false, Ordering::Relaxed) {
+                self.direct_until = Some(now + DIRECT_AWAKE);
+            }
             self.timers(now);
-            for cid in std::mem::take(&mut self.held) {
+            let mut held = std::mem::take(&mut self.held);
+            for cid in held.drain(..) {
                 self.activate(cid);
             }
+            self.held = held;
             let busy = self.service_active(false);
+            // (Overflows of this turn and of the last turn's events.)
+            self.fail_overflowed();
+            self.raise_events();
             let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
             let mut timeout = if busy {
                 Some(Duration::ZERO)
@@ -148,11 +173,14 @@ impl Engine {
                 std::thread::yield_now();
                 Some(Duration::ZERO)
             } else {
-                self.next_deadline()
+                self.next_deadline(now)
                     .map(|d| d.saturating_duration_since(now))
             };
-            self.raise_events();
             if timeout != Some(Duration::ZERO) {
+                // Posting threads that transmit themselves ring only if we
+                // would not wake in time to time their WRs out.
+                let wake_by = timeout.map_or(u64::MAX, |t| self.sh.nanos_at(now + t));
+                self.sh.wake_by.store(wake_by, Ordering::SeqCst);
                 self.sh.sleeping.store(true, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
                 if !lock(&self.sh.dirty).is_empty() || self.sh.stop.load(Ordering::SeqCst) {
@@ -183,9 +211,10 @@ impl Engine {
                     }
                 }
             }
-            // What arrived completed WRs: wake their consumers now, once per
-            // CQ, before the answers are written.
-            self.raise_events();
+            // What arrived completed WRs: their consumers are woken at the
+            // next turn's end, once per CQ, after the answers (ACKs) were
+            // written or parked for the consumers' own writes (an answer
+            // posted before that would have to queue behind them).
         }
     }
 
@@ -197,6 +226,43 @@ impl Engine {
             cq.signal();
         }
         self.fired_buf = list;
+    }
+
+    /// Moves every QP of a CQ that overflowed to ERR, with a QP fatal
+    /// async event each (after the CQ's own error event), as RC hardware
+    /// does: the completions of its WRs could not be reported any more.
+    fn fail_overflowed(&mut self) {
+        let list = std::mem::take(&mut *lock(&self.sh.overflowed));
+        for cq in list {
+            let qps: Vec<Arc<QpShared>> = lock(&self.sh.qps)
+                .values()
+                .filter(|q| Arc::ptr_eq(&q.send_cq, &cq) || Arc::ptr_eq(&q.recv_cq, &cq))
+                .cloned()
+                .collect();
+            for qp in qps {
+                if qp.destroyed.load(Ordering::Acquire) || qp.state() == QpState::Err {
+                    continue;
+                }
+                let eq = self
+                    .qps
+                    .entry(qp.qpn)
+                    .or_insert_with(|| EQp::new(qp.clone(), self.sh.clone()));
+                if !Arc::ptr_eq(&eq.sh, &qp) {
+                    *eq = EQp::new(qp.clone(), self.sh.clone());
+                }
+                eq.refresh(&mut lock(&qp.inner));
+                tracing::debug!(
+                    qpn = qp.qpn,
+                    cq = cq.handle,
+                    "soft engine: CQ overflow, QP to ERR"
+                );
+                eq.fail(None);
+                self.sh.async_events.push(AsyncEvent {
+                    kind: AsyncEventKind::QpFatal,
+                    element: AsyncElement::Qp(qp.qpn),
+                });
+            }
+        }
     }
 
     /// Services QPs the application touched. True if there were any.
@@ -231,13 +297,16 @@ impl Engine {
             *eq = EQp::new(qp.clone(), self.sh.clone());
         }
         let mut inner = lock(&qp.inner);
-        let state = eq.refresh(&inner);
+        let state = eq.refresh(&mut inner);
         match state {
             QpState::Err => {
                 eq.flush(&mut inner);
                 return;
             }
             QpState::Rts => {
+                if !inner.sq.is_empty() {
+                    eq.stop_direct(&mut inner);
+                }
                 let cap = inner.sq.len();
                 eq.wqes.extend(inner.sq.drain(..cap).map(|w| EWqe {
                     w,
@@ -269,6 +338,7 @@ impl Engine {
             return;
         };
         eq.scheduled = true;
+        conn.claim();
         conn.senders.push_back(qpn);
         if !conn.active {
             conn.active = true;
@@ -352,7 +422,8 @@ impl Engine {
         if connected {
             let _ = stream.set_nodelay(true);
         }
-        entry.insert(Conn::new(Some(stream), self.sh.addr, connected));
+        let wire = Arc::new(Wire::new(stream));
+        entry.insert(Conn::new(Some(wire), self.sh.addr, connected));
         Ok(cid)
     }
 
@@ -381,9 +452,10 @@ impl Engine {
             return;
         };
         if !conn.connected {
-            let Some(stream) = &conn.stream else {
+            let Some(wire) = &conn.stream else {
                 return;
             };
+            let stream = &wire.stream;
             match stream.take_error() {
                 Ok(Some(e)) | Err(e) => {
                     tracing::debug!(error = %e, "soft engine: connect failed");
@@ -482,6 +554,8 @@ impl Engine {
         let Some(conn) = self.conns.get_mut(cid) else {
             return false;
         };
+        // Responses go out before anything a poster would write now.
+        conn.claim();
         let rx = std::mem::take(&mut conn.rx);
         let (mut start, end) = (conn.rx_start, conn.rx_end);
         let mut ok = true;
@@ -619,14 +693,20 @@ impl Engine {
     /// Fills and flushes every active connection. True if some still has
     /// work that can proceed now. `force`: held ACKs go out too.
     fn service_active(&mut self, force: bool) -> bool {
-        let list = std::mem::take(&mut self.active);
+        let mut list = std::mem::take(&mut self.active_buf);
+        std::mem::swap(&mut list, &mut self.active);
         let mut busy = false;
         let now = Instant::now();
-        for cid in list {
+        for cid in list.drain(..) {
             if let Some(c) = self.conns.get_mut(cid) {
                 c.active = false;
                 if !force && c.holding(now) {
-                    self.held.push(cid);
+                    if c.park_acks() {
+                        self.held.push(cid);
+                    } else {
+                        // A posting thread took the ACKs along.
+                        c.ack_hold = None;
+                    }
                     continue;
                 }
                 c.ack_hold = None;
@@ -638,12 +718,25 @@ impl Engine {
                 self.activate(cid);
             }
         }
+        self.active_buf = list;
         busy
     }
 
     /// Generates and writes packets for one connection. True if it stopped
     /// with work left that does not wait for the socket.
     fn service_conn(&mut self, cid: usize) -> bool {
+        let Some(conn) = self.conns.get(cid) else {
+            return false;
+        };
+        conn.claim();
+        let more = self.service_conn_rounds(cid);
+        if let Some(conn) = self.conns.get(cid) {
+            conn.settle();
+        }
+        more
+    }
+
+    fn service_conn_rounds(&mut self, cid: usize) -> bool {
         for _ in 0..SERVICE_ROUNDS {
             self.fill_tx(cid);
             let Some(conn) = self.conns.get_mut(cid) else {
@@ -688,9 +781,14 @@ impl Engine {
         if !self.conns.contains(cid) {
             return;
         }
-        let mut conn = self.conns.remove(cid);
-        if let Some(stream) = &mut conn.stream {
-            let _ = self.poll.registry().deregister(stream);
+        let conn = self.conns.remove(cid);
+        if let Some(wire) = &conn.stream {
+            let fd = wire.fd();
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut mio::unix::SourceFd(&fd));
+            wire.close();
         }
         self.peers.retain(|_, c| *c != cid);
         tracing::debug!(peer = ?conn.peer, "soft engine: connection closed");
@@ -698,6 +796,7 @@ impl Engine {
             if eq.conn == Some(cid) {
                 eq.conn = None;
                 eq.scheduled = false;
+                eq.stop_direct(&mut lock(&eq.sh.clone().inner));
                 if !eq.wqes.is_empty() && eq.sh.state() == QpState::Rts {
                     eq.fail(Some(WcStatus::RetryExcErr));
                 }
@@ -706,7 +805,7 @@ impl Engine {
     }
 
     fn timers(&mut self, now: Instant) {
-        let mut resched = Vec::new();
+        let mut resched = std::mem::take(&mut self.resched_buf);
         for (qpn, eq) in self.qps.iter_mut() {
             if let Some(t) = eq.rnr_until {
                 if t <= now {
@@ -726,22 +825,30 @@ impl Engine {
                 }
             }
         }
-        for qpn in resched {
+        for qpn in resched.drain(..) {
             self.ensure_conn(qpn);
             self.schedule(qpn);
         }
+        self.resched_buf = resched;
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
+    fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
         let held = self
             .held
             .iter()
             .filter_map(|&cid| self.conns.get(cid).and_then(|c| c.ack_hold));
+        // While posting threads transmit, wake now and then, so that their
+        // posts need not ring the doorbell for the WRs' timeouts.
+        if self.direct_until.is_some_and(|t| t <= now) {
+            self.direct_until = None;
+        }
+        let tick = self.direct_until.map(|_| now + DIRECT_TICK);
         self.qps
             .values()
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
             .flatten()
             .chain(held)
+            .chain(tick)
             .min()
     }
 }

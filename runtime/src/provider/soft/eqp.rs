@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::context::Shared;
-use super::cq::{lock, CqShared};
+use super::cq::{lock, CqShared, Push};
+use super::direct::Direct;
+use super::engine::psn_add;
 use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
+use super::wire::Wire;
 use crate::provider::{
     ack_timeout_duration, Completion, QpState, SendFlags, SendOp, WcOpcode, WcStatus,
 };
@@ -89,7 +92,7 @@ impl EQp {
 
     /// Copies a changed configuration; drops private state after a RESET.
     /// Returns the current state.
-    pub fn refresh(&mut self, inner: &QpInner) -> QpState {
+    pub fn refresh(&mut self, inner: &mut QpInner) -> QpState {
         if inner.epoch != self.epoch {
             self.epoch = inner.epoch;
             self.configured = false;
@@ -112,7 +115,59 @@ impl EQp {
             self.rnr_left = self.cfg.rnr_retry;
             self.retries_left = self.cfg.retry_cnt;
         }
+        self.absorb(inner);
         inner.state
+    }
+
+    /// Takes over the WRs posting threads transmitted (they were sent after
+    /// every WR the engine holds, with consecutive PSNs).
+    pub fn absorb(&mut self, inner: &mut QpInner) {
+        if inner.sent.is_empty() {
+            return;
+        }
+        for s in inner.sent.drain(..) {
+            self.next_psn = psn_add(s.psn, 1);
+            if self.ack_deadline.is_none() {
+                self.ack_deadline = self.ack_timeout().map(|t| s.at + t);
+                self.retries_left = self.cfg.retry_cnt;
+            }
+            self.wqes.push_back(EWqe {
+                w: s.w,
+                first_psn: s.psn,
+                last_psn: s.psn,
+                error: None,
+            });
+            self.send_idx += 1;
+        }
+        self.sh_ctx.direct_seen.store(true, Ordering::Relaxed);
+    }
+
+    /// Takes the permission to transmit back from posting threads (before
+    /// the engine sends, resends or flushes this QP's WRs).
+    pub fn stop_direct(&mut self, inner: &mut QpInner) {
+        self.absorb(inner);
+        if inner.direct.take().is_some() {
+            self.sh.direct_hint.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Lets posting threads transmit on `wire` if the engine has nothing left
+    /// to send for this QP.
+    pub fn allow_direct(&mut self, inner: &mut QpInner, wire: &Arc<Wire>) {
+        let idle = self.send_idx == self.wqes.len()
+            && self.send_off == 0
+            && self.rnr_until.is_none()
+            && self.configured
+            && inner.state == QpState::Rts
+            && inner.sq.is_empty()
+            && inner.sent.is_empty();
+        if idle && inner.direct.is_none() && self.gen == inner.gen {
+            inner.direct = Some(Direct {
+                wire: wire.clone(),
+                next_psn: self.next_psn,
+            });
+            self.sh.direct_hint.store(true, Ordering::Relaxed);
+        }
     }
 
     pub fn ack_timeout(&self) -> Option<Duration> {
@@ -171,8 +226,10 @@ impl EQp {
     /// is raised at the end of the engine's loop turn, once for all of the
     /// turn's completions (like a NIC's interrupt moderation).
     pub fn deliver(&self, cq: &Arc<CqShared>, wc: Completion, solicited: bool) {
-        if cq.push(wc, solicited) {
-            lock(&self.sh_ctx.fired).push(cq.clone());
+        match cq.push(wc, solicited) {
+            Push::Fired => lock(&self.sh_ctx.fired).push(cq.clone()),
+            Push::Overflowed => lock(&self.sh_ctx.overflowed).push(cq.clone()),
+            Push::Queued | Push::Lost => {}
         }
         if wc.status.is_success() {
             self.sh_ctx.completed.store(true, Ordering::Relaxed);
@@ -207,6 +264,7 @@ impl EQp {
     /// Moves the QP to ERR: `first` completes the front send WR, then every
     /// other WR (send and receive) is flushed.
     pub fn fail(&mut self, first: Option<WcStatus>) {
+        self.stop_direct(&mut lock(&self.sh.clone().inner));
         self.unpin();
         if let Some(st) = first {
             if !self.wqes.is_empty() {
@@ -224,6 +282,7 @@ impl EQp {
 
     /// Flushes every WR with `WR_FLUSH_ERR` (QP in ERR).
     pub fn flush(&mut self, inner: &mut QpInner) {
+        self.stop_direct(inner);
         self.unpin();
         let sends: Vec<SendWqe> = self
             .wqes

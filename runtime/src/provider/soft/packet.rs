@@ -398,11 +398,8 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, PacketError> {
     }
     let payload = &buf[HEADER_LEN..total];
     if header.opcode == Opcode::Hello {
-        decode_hello(payload).map_err(|_| PacketError::BadField {
-            opcode: Opcode::Hello,
-            field: "address family",
-            value: u64::from(payload[0]),
-        })?;
+        // Its own error names the bad field (family or IPv4-mapped address).
+        decode_hello(payload)?;
     }
     Ok(Packet { header, payload })
 }
@@ -557,6 +554,26 @@ mod tests {
         let mut a = Header::new(Opcode::FetchAdd);
         a.addr = 3;
         assert!(decode(&packet(a, &[])).is_err());
+    }
+
+    #[test]
+    fn bad_hello_names_the_bad_field() {
+        let mut h = Header::new(Opcode::Hello);
+        h.payload_len = HELLO_LEN as u32;
+        let good = encode_hello("10.1.2.3:99".parse().expect("literal"));
+        let field = |payload: &[u8]| match decode(&packet(h, payload)) {
+            Err(PacketError::BadField { field, .. }) => field,
+            other => panic!("expected a bad field, got {other:?}"),
+        };
+        // Family 4 with an address that is not IPv4-mapped.
+        let mut bad = good;
+        bad[11] = 0;
+        assert_eq!(field(&bad), "ipv4 address");
+        // Unknown family.
+        let mut bad = good;
+        bad[0] = 9;
+        assert_eq!(field(&bad), "address family");
+        assert!(decode(&packet(h, &good)).is_ok());
     }
 
     #[test]

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
-use super::context::{Context, Pd, MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use super::context::{Context, Pd, MAX_INLINE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE};
 use super::cq::{lock, Cq, CqShared};
+use super::direct::{self, Direct, DirectSent};
 use super::packet::MAX_MSG;
 use crate::provider::{
     AccessFlags, Endpoint, InitAttr, Mtu, PostError, ProviderError, ProviderKind, QpCaps, QpState,
@@ -49,6 +50,8 @@ pub(crate) struct QpConfig {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    /// READs and atomics this QP may have outstanding as requester.
+    pub max_rd_atomic: u8,
 }
 
 pub(crate) struct QpInner {
@@ -66,6 +69,11 @@ pub(crate) struct QpInner {
     pub sq_outstanding: u32,
     /// Receive WRs posted and not yet completed.
     pub rq_outstanding: u32,
+    /// Set by the engine while it has nothing left to send for this QP:
+    /// posts may transmit themselves (see `direct.rs`).
+    pub direct: Option<Direct>,
+    /// WRs transmitted by posting threads, not yet taken over by the engine.
+    pub sent: VecDeque<DirectSent>,
 }
 
 /// QP state shared by the handle and the engine.
@@ -83,6 +91,8 @@ pub(crate) struct QpShared {
     pub dirty: AtomicBool,
     /// The last handle was dropped.
     pub destroyed: AtomicBool,
+    /// Mirror of `inner.direct.is_some()` (a hint read without the lock).
+    pub direct_hint: AtomicBool,
 }
 
 pub(crate) fn state_to_u8(s: QpState) -> u8 {
@@ -254,13 +264,18 @@ impl Qp {
     /// RTR → RTS.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
         let a = *attr;
-        if a.retry_cnt > 7 || a.rnr_retry > 7 || a.timeout > 31 {
+        if a.retry_cnt > 7
+            || a.rnr_retry > 7
+            || a.timeout > 31
+            || u32::from(a.max_rd_atomic) > MAX_RD_ATOM
+        {
             return Err(invalid("modify_to_rts", format!("{a:?}")));
         }
         self.transition("modify_to_rts", &[QpState::Rtr], QpState::Rts, |i| {
             i.cfg.timeout = a.timeout;
             i.cfg.retry_cnt = a.retry_cnt;
             i.cfg.rnr_retry = a.rnr_retry;
+            i.cfg.max_rd_atomic = a.max_rd_atomic;
             Ok(())
         })
     }
@@ -288,6 +303,8 @@ impl Qp {
                 i.rq.clear();
                 i.sq_outstanding = 0;
                 i.rq_outstanding = 0;
+                i.sent.clear();
+                i.direct = None;
                 i.epoch = i.epoch.wrapping_add(1);
                 i.cfg = QpConfig::default();
                 Ok(())
@@ -300,7 +317,7 @@ impl Qp {
     /// # Safety
     ///
     /// The contract of [`Qp::post_send`] holds for `wr`.
-    unsafe fn check_send(&self, wr: &SendWr) -> Result<SendWqe> {
+    pub(crate) unsafe fn check_send(&self, wr: &SendWr) -> Result<SendWqe> {
         let caps = self.sh().caps;
         if wr.sg_list.len() > caps.max_send_sge as usize {
             return Err(invalid(
@@ -392,6 +409,14 @@ impl Qp {
     /// registration is gone; INLINE payloads need only be readable during
     /// the call.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        if let [wr] = wrs {
+            if self.sh().direct_hint.load(Ordering::Relaxed) && direct::eligible(wr) {
+                // SAFETY: forwarded contract of this function.
+                if let Some(r) = unsafe { direct::post(self, wr) } {
+                    return r;
+                }
+            }
+        }
         let sh = self.sh();
         let mut inner = lock(&sh.inner);
         match inner.state {
@@ -423,6 +448,11 @@ impl Qp {
             // SAFETY: forwarded contract of this function.
             match unsafe { self.check_send(wr) } {
                 Ok(wqe) => {
+                    // The engine sends it: posts queue behind it from now
+                    // on, until the engine allows direct transmission again.
+                    if inner.direct.take().is_some() {
+                        sh.direct_hint.store(false, Ordering::Relaxed);
+                    }
                     inner.sq.push_back(wqe);
                     inner.sq_outstanding += 1;
                 }

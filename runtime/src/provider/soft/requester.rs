@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use super::conn::{Resp, TxMem};
+use super::cq::lock;
 use super::dma::{check_local, gather, read_raw, scatter};
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
 use super::mr::MrTable;
@@ -43,6 +44,41 @@ fn zc_piece(w: &super::qp::SendWqe, off: u64) -> Option<(u32, u64, u64)> {
     None
 }
 
+/// Fills the opcode-specific fields of a SEND/WRITE segment header: message
+/// bytes `[off, off + chunk)` of `w` (whose op must be a SEND or WRITE).
+pub(crate) fn data_header(h: &mut Header, w: &super::qp::SendWqe, off: u64, chunk: u64) {
+    let last = off + chunk == w.len;
+    h.opcode = match w.op {
+        SendOp::SendWithImm { imm } => {
+            h.imm = imm;
+            Opcode::SendImm
+        }
+        SendOp::Write { remote_addr, rkey } => {
+            h.addr = remote_addr;
+            h.rkey = rkey;
+            Opcode::Write
+        }
+        SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            h.addr = remote_addr;
+            h.rkey = rkey;
+            h.imm = imm;
+            Opcode::WriteImm
+        }
+        _ => Opcode::Send,
+    };
+    h.payload_len = chunk as u32;
+    h.arg0 = w.len;
+    h.arg1 = off;
+    h.flags = if off == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
+    if last && w.flags.contains(SendFlags::SOLICITED) {
+        h.flags |= FLAG_SOLICITED;
+    }
+}
+
 /// Builds the next request packet of `eq` into `tx` (its payload possibly
 /// as a zero-copy reference in `zc`).
 fn gen_request(
@@ -63,6 +99,12 @@ fn gen_request(
             return Gen::Idle;
         }
         if e.w.flags.contains(SendFlags::FENCE) && eq.rd_outstanding > 0 {
+            return Gen::Idle;
+        }
+        // At most `max_rd_atomic` READs/atomics outstanding (0 is taken as
+        // 1: such a WR must not wait forever); a response resumes sending.
+        let rd_limit = usize::from(eq.cfg.max_rd_atomic.max(1));
+        if e.needs_response() && eq.rd_outstanding >= rd_limit {
             return Gen::Idle;
         }
     }
@@ -99,36 +141,7 @@ fn gen_request(
                 None => (e.w.len - off).min(COPY_CHUNK),
             };
             last = off + chunk == e.w.len;
-            h.opcode = match e.w.op {
-                SendOp::Send => Opcode::Send,
-                SendOp::SendWithImm { imm } => {
-                    h.imm = imm;
-                    Opcode::SendImm
-                }
-                SendOp::Write { remote_addr, rkey } => {
-                    h.addr = remote_addr;
-                    h.rkey = rkey;
-                    Opcode::Write
-                }
-                SendOp::WriteWithImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                } => {
-                    h.addr = remote_addr;
-                    h.rkey = rkey;
-                    h.imm = imm;
-                    Opcode::WriteImm
-                }
-                _ => unreachable!("matched above"),
-            };
-            h.payload_len = chunk as u32;
-            h.arg0 = e.w.len;
-            h.arg1 = off;
-            h.flags = if off == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
-            if last && e.w.flags.contains(SendFlags::SOLICITED) {
-                h.flags |= FLAG_SOLICITED;
-            }
+            data_header(&mut h, &e.w, off, chunk);
             data = Some((off, chunk, piece));
         }
         SendOp::Read { remote_addr, rkey } => {
@@ -334,6 +347,10 @@ impl Engine {
                 Gen::Idle => {
                     conn.senders.pop_front();
                     eq.scheduled = false;
+                    if let Some(wire) = &conn.stream {
+                        let qp = eq.sh.clone();
+                        eq.allow_direct(&mut lock(&qp.inner), wire);
+                    }
                 }
             }
         }
@@ -356,6 +373,9 @@ impl Engine {
         if eq.sh.state() != QpState::Rts || hdr.src_qpn != eq.cfg.remote_qpn {
             return;
         }
+        // WRs posting threads transmitted may be the ones answered.
+        let qp = eq.sh.clone();
+        eq.absorb(&mut lock(&qp.inner));
         match hdr.opcode {
             Opcode::Ack => {
                 ack_upto(eq, hdr.psn);
@@ -376,6 +396,7 @@ impl Engine {
                             eq.rnr_left -= 1;
                         }
                         // Go back to the NAKed WR; the responder dropped the rest.
+                        eq.stop_direct(&mut lock(&qp.inner));
                         eq.send_idx = 0;
                         eq.send_off = 0;
                         eq.next_psn = hdr.psn;

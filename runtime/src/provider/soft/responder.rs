@@ -33,8 +33,8 @@ pub(crate) fn load_qp<'a>(
         return None;
     }
     let qp = eq.sh.clone();
-    let inner = lock(&qp.inner);
-    let st = eq.refresh(&inner);
+    let mut inner = lock(&qp.inner);
+    let st = eq.refresh(&mut inner);
     drop(inner);
     Some((eq, st))
 }

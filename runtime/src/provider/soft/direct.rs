@@ -1,0 +1,130 @@
+//! Transmission from the posting thread: while the engine has nothing left
+//! to send for a QP (it says so by setting `QpInner::direct`), `post_send`
+//! of one small SEND or WRITE encodes the request packet and writes it to the
+//! connection's socket itself (see `wire.rs` for how this is ordered with
+//! the engine's own writes), instead of queueing the WR and waking the
+//! engine. The WR then waits in `QpInner::sent` until the engine takes it
+//! over (when it next looks at the QP: a response for it, a tick, a state
+//! change) with its PSN, for completion, RNR retransmission and timeouts.
+//! This removes one thread hand-off from every such request, at the price of
+//! the packet's encoding and `send` syscall on the posting thread.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::cq::lock;
+use super::dma::gather;
+use super::engine::psn_add;
+use super::packet::{Header, Opcode, HEADER_LEN};
+use super::qp::{Qp, SendWqe};
+use super::requester::data_header;
+use super::wire::{DirectWrite, Wire};
+use crate::provider::{ack_timeout_duration, PostError, QpState, SendFlags, SendOp, SendWr};
+
+/// Largest message sent from the posting thread (larger ones go through the
+/// engine, which sends them from registered memory without copying).
+pub(crate) const DIRECT_MAX: u64 = 16 * 1024 - 1;
+
+/// The engine's permission to transmit directly.
+pub(crate) struct Direct {
+    /// The connection to the peer's engine.
+    pub wire: Arc<Wire>,
+    /// PSN of the next request (owned by posting threads while set).
+    pub next_psn: u32,
+}
+
+/// A WR a posting thread transmitted.
+pub(crate) struct DirectSent {
+    pub w: SendWqe,
+    pub psn: u32,
+    /// When it was written (its ACK timeout runs from here).
+    pub at: Instant,
+}
+
+thread_local! {
+    /// Packet being built (reused: no allocation per post).
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// True if `wr` may be transmitted by the posting thread.
+pub(crate) fn eligible(wr: &SendWr) -> bool {
+    matches!(
+        wr.op,
+        SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::Write { .. }
+            | SendOp::WriteWithImm { .. }
+    ) && !wr.flags.contains(SendFlags::FENCE)
+        && wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() <= DIRECT_MAX
+}
+
+/// Transmits `wr` from this thread if the engine allows it now. `None`: not
+/// possible; queue it as usual (which also reports any error).
+///
+/// # Safety
+///
+/// The contract of [`Qp::post_send`] holds for `wr`.
+pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>> {
+    let sh = &qp.0.shared;
+    let ctx = qp.0.ctx.shared();
+    // SAFETY: forwarded contract.
+    // An invalid WR is reported by the queueing path (which checks the
+    // state first).
+    let w = unsafe { qp.check_send(wr) }.ok()?;
+    SCRATCH.with(|scratch| {
+        let mut buf = scratch.try_borrow_mut().ok()?;
+        buf.clear();
+        buf.resize(HEADER_LEN, 0);
+        match &w.inline {
+            Some(bytes) => buf.extend_from_slice(bytes),
+            None => {
+                // Copied before the QP lock is taken (the engine takes the
+                // QP lock under the MR-table lock). An invalid SGE is left
+                // to the engine, which completes the WR with the error.
+                let mrs = ctx.mrs();
+                if !gather(&w.sges, sh.pd, &mrs, 0, w.len, &mut buf) {
+                    return None;
+                }
+            }
+        }
+        let mut inner = lock(&sh.inner);
+        if inner.state != QpState::Rts
+            || !inner.sq.is_empty()
+            || inner.sq_outstanding >= sh.caps.max_send_wr
+        {
+            return None;
+        }
+        let remote_qpn = inner.cfg.remote_qpn;
+        let timeout = ack_timeout_duration(inner.cfg.timeout);
+        let d = inner.direct.as_mut()?;
+        let mut h = Header::new(Opcode::Send);
+        h.dst_qpn = remote_qpn;
+        h.src_qpn = sh.qpn;
+        h.psn = d.next_psn;
+        data_header(&mut h, &w, 0, w.len);
+        buf[..HEADER_LEN].copy_from_slice(&h.encode());
+        let wrote = match d.wire.try_write(&buf) {
+            Some(r) => r,
+            None => {
+                // The engine has output pending: from now on (until it
+                // allows it again) WRs queue behind it, in order.
+                inner.direct = None;
+                sh.direct_hint.store(false, Ordering::Relaxed);
+                return None;
+            }
+        };
+        d.next_psn = psn_add(d.next_psn, 1);
+        let psn = h.psn;
+        inner.sent.push_back(DirectSent {
+            w,
+            psn,
+            at: Instant::now(),
+        });
+        inner.sq_outstanding += 1;
+        drop(inner);
+        ctx.notify_direct(sh, wrote == DirectWrite::Spilled, timeout);
+        Some(Ok(()))
+    })
+}

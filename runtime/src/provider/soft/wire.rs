@@ -1,0 +1,188 @@
+//! The socket of a connection to a remote engine, shared by the engine and
+//! the threads that post work requests.
+//!
+//! A posting thread may write a small request packet to the socket itself
+//! (see `direct.rs`) while the engine has nothing to write on this
+//! connection: `busy` is set by the engine (under the lock) before it
+//! produces any output for the connection and cleared only once all of its
+//! output is written, so the two never interleave and what the engine
+//! writes after a poster's packet was produced after it. Bytes a poster
+//! could not write (socket full) are left in `spill`; the engine writes them
+//! before anything else.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+/// Result of a poster's attempt to write a packet.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum DirectWrite {
+    /// Written completely.
+    Sent,
+    /// Written in part or not at all (the socket is full or failed); the
+    /// rest waits in the spill: the engine must be woken to write it.
+    Spilled,
+}
+
+struct WireState {
+    /// The engine has (or is producing) output for this connection.
+    busy: bool,
+    /// The engine closed the connection.
+    closed: bool,
+    /// Bytes a poster could not write, to be written before anything else.
+    spill: Vec<u8>,
+    /// ACKs the engine holds back for a request to ride with: a poster
+    /// writes them before its packet (one write, one wakeup of the peer).
+    held: Vec<u8>,
+}
+
+/// A connection's socket, shared between the engine and posting threads.
+pub(crate) struct Wire {
+    /// The engine reads from it; writes follow the protocol above.
+    pub stream: mio::net::TcpStream,
+    st: Mutex<WireState>,
+}
+
+impl Wire {
+    /// A new connection: busy until the engine has written its HELLO.
+    pub fn new(stream: mio::net::TcpStream) -> Wire {
+        Wire {
+            stream,
+            st: Mutex::new(WireState {
+                busy: true,
+                closed: false,
+                spill: Vec::new(),
+                held: Vec::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, WireState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Engine: it is about to produce output; posters queue from now on.
+    pub fn claim(&self) {
+        self.state().busy = true;
+    }
+
+    /// Engine: moves bytes a poster could not write to `tx` at `at` (the
+    /// unsent start of the engine's buffer: they go first).
+    pub fn take_spill(&self, tx: &mut Vec<u8>, at: usize) {
+        let mut st = self.state();
+        let st = &mut *st;
+        // At most one of them holds bytes: a poster's write takes the held
+        // ACKs along, and the engine holds ACKs only with nothing spilled.
+        if !st.spill.is_empty() {
+            tx.splice(at..at, st.spill.drain(..));
+        }
+        if !st.held.is_empty() {
+            tx.splice(at..at, st.held.drain(..));
+        }
+    }
+
+    /// Engine: parks encoded ACKs for a poster to take along (see `held`)
+    /// and lets posters write if nothing else is pending.
+    pub fn hold(&self, acks: &[u8]) {
+        let mut st = self.state();
+        st.held.extend_from_slice(acks);
+        if st.spill.is_empty() && !st.closed {
+            st.busy = false;
+        }
+    }
+
+    /// Engine: true once the held ACKs were written.
+    pub fn held_gone(&self) -> bool {
+        self.state().held.is_empty()
+    }
+
+    /// Engine: `idle` = it has nothing left to write; posters may write
+    /// again if no spilled bytes wait either.
+    pub fn release(&self, idle: bool) {
+        let mut st = self.state();
+        if idle && st.spill.is_empty() && !st.closed {
+            st.busy = false;
+        }
+    }
+
+    /// Engine: the connection is gone; posters queue (and the engine fails
+    /// their QPs). The socket is shut down so the peer sees the end at once.
+    pub fn close(&self) {
+        let mut st = self.state();
+        st.closed = true;
+        st.busy = true;
+        st.spill.clear();
+        st.held.clear();
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Poster: writes `pkt` if the engine has nothing pending (`None`
+    /// otherwise, or while the engine holds the lock: queue the WR then).
+    pub fn try_write(&self, pkt: &[u8]) -> Option<DirectWrite> {
+        let mut st = match self.st.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        if st.busy || st.closed {
+            return None;
+        }
+        let st = &mut *st;
+        let held = std::mem::take(&mut st.held);
+        let total = held.len() + pkt.len();
+        let mut done = 0;
+        while done < total {
+            let (a, b) = if done < held.len() {
+                (&held[done..], pkt)
+            } else {
+                (&pkt[done - held.len()..], &[][..])
+            };
+            let mut iov = [
+                libc::iovec {
+                    iov_base: a.as_ptr() as *mut libc::c_void,
+                    iov_len: a.len(),
+                },
+                libc::iovec {
+                    iov_base: b.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                },
+            ];
+            // SAFETY: an all-zero msghdr is valid (no name, no control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = if b.is_empty() { 1 } else { 2 };
+            // SAFETY: `msg` describes live byte slices (only read); the fd
+            // stays open while `self` lives (the Wire owns the stream).
+            let r =
+                unsafe { libc::sendmsg(self.fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            if r > 0 {
+                done += r as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // Full (or failed: the engine finds the error when it writes
+            // the rest, and fails the connection's QPs).
+            break;
+        }
+        // Keep the allocation of the held buffer.
+        st.held = held;
+        if done < st.held.len() {
+            st.spill.extend_from_slice(&st.held[done..]);
+        }
+        let from = done.saturating_sub(st.held.len());
+        st.held.clear();
+        if done == total {
+            return Some(DirectWrite::Sent);
+        }
+        st.spill.extend_from_slice(&pkt[from..]);
+        st.busy = true;
+        Some(DirectWrite::Spilled)
+    }
+}
