@@ -1,26 +1,28 @@
 //! Inline sends without an op (`Verbs::send_inline`, mostly unsignaled) on
-//! the software RDMA device: hundreds in a row past the send-queue depth
+//! the software RDMA device (or rxe0 in the VM, `VERBIO_TEST_DEVICE`): hundreds in a row past the send-queue depth
 //! (no `QueueFull`, delivered in order), mixed with signaled sends, an
 //! error of an unsignaled one reported by the QP afterwards, and close
 //! with unsignaled sends still trailing.
+
+mod common;
 
 use std::time::Duration;
 
 use futures::future::join_all;
 use verbio::ops::verbs::Verbs;
 use verbio::ops::Error;
-use verbio::provider::{Context, InitAttr, Mtu, QpCaps, RtrAttr, RtsAttr, SoftConfig, WcStatus};
+use verbio::provider::{InitAttr, Mtu, QpCaps, RtrAttr, RtsAttr, WcStatus};
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{sleep, timeout, Device, QueuePair, Runtime, SubmitError};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A runtime, a fresh soft device, and two of its QPs connected to each
-/// other (loopback through the device's engine).
+/// A runtime, the test device (a fresh soft device, or the one named by
+/// `VERBIO_TEST_DEVICE`: rxe0 in scripts/rxe-test.sh), and two of its QPs
+/// connected to each other (loopback through the device).
 fn pair(send_depth: u32, recv_depth: u32) -> (Runtime, Device, QueuePair, QueuePair) {
-    let rt = Runtime::new().expect("runtime");
-    let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
-    let dev = Device::open(ctx).expect("device");
+    let (rt, dev) = common::runtime_and_device();
+    let gid_index = dev.context().default_gid_index(1).expect("GID index");
     let caps = QpCaps {
         max_send_wr: send_depth,
         max_recv_wr: recv_depth,
@@ -32,13 +34,15 @@ fn pair(send_depth: u32, recv_depth: u32) -> (Runtime, Device, QueuePair, QueueP
         q.modify_to_init(&InitAttr::default()).expect("init");
     }
     for (x, y) in [(&a, &b), (&b, &a)] {
+        let local = x.endpoint(gid_index).expect("endpoint");
+        let remote = y.endpoint(gid_index).expect("endpoint");
         x.modify_to_rtr(&RtrAttr {
-            remote: y.endpoint(0).expect("endpoint"),
-            path_mtu: Mtu::Mtu4096,
+            remote,
+            path_mtu: local.mtu.min(remote.mtu).min(Mtu::Mtu4096),
             min_rnr_timer: 1,
             max_dest_rd_atomic: 16,
-            sgid_index: 0,
-            hop_limit: 1,
+            sgid_index: gid_index,
+            hop_limit: 64,
         })
         .expect("rtr");
     }
