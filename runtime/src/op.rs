@@ -350,6 +350,10 @@ impl OpTable {
     }
 
     /// Polls op `key`: `Ready` once its completion arrived (the slot is freed).
+    ///
+    /// Inlined into each `Op<T>::poll`: one borrow, the common states in a
+    /// small frame, the impossible ones out of line.
+    #[inline(always)]
     pub(crate) fn poll_op(
         &self,
         key: usize,
@@ -357,10 +361,8 @@ impl OpTable {
     ) -> Poll<(Completion, Option<Box<SubmitError>>)> {
         let mut slab = self.slab.borrow_mut();
         let Some(slot) = slab.get_mut(key) else {
-            // Invariant: an `Op` owns its slot until it returns Ready or is
-            // dropped, so this cannot happen; stay pending rather than panic.
-            tracing::error!(key, "op polled without a slot");
-            return Poll::Pending;
+            drop(slab);
+            return Self::polled_without_slot(key);
         };
         match &mut slot.lifecycle {
             Lifecycle::Completed(c) => {
@@ -380,10 +382,19 @@ impl OpTable {
                 Poll::Pending
             }
             Lifecycle::Ignored(_) => {
-                tracing::error!(key, "op polled after it was dropped");
-                Poll::Pending
+                drop(slab);
+                Self::polled_without_slot(key)
             }
         }
+    }
+
+    /// Invariant violation: an `Op` owns its slot until it returns Ready or
+    /// is dropped, so this cannot happen; stay pending rather than panic.
+    #[cold]
+    #[inline(never)]
+    fn polled_without_slot<R>(key: usize) -> Poll<R> {
+        tracing::error!(key, "op polled without a live slot");
+        Poll::Pending
     }
 
     /// The op future of slot `key` is dropped with its data unclaimed.
@@ -424,7 +435,45 @@ impl OpTable {
 
     /// Routes one completion of a tracked wr_id to its slot. Wakers are woken
     /// and parked data is queued in the graveyard, never dropped in here.
+    ///
+    /// The common case inline: the last WR of a chain without earlier
+    /// errors, for an op still in flight. Everything else (stale, earlier
+    /// WR of a chain, error bookkeeping, parked data, duplicates) goes to
+    /// [`complete_slow`](Self::complete_slow).
+    #[inline]
     pub(crate) fn complete(&self, c: Completion) {
+        let (key, gen, index) = wr_id::decode(c.wr_id);
+        let mut slab = self.slab.borrow_mut();
+        let fast = match slab.get_mut(key) {
+            Some(slot)
+                if slot.gen == gen
+                    && index == slot.last_index
+                    && slot.errors.is_none()
+                    && matches!(slot.lifecycle, Lifecycle::Submitted | Lifecycle::Waiting(_)) =>
+            {
+                Some((
+                    slot.credit.take(),
+                    std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(c)),
+                ))
+            }
+            _ => None,
+        };
+        drop(slab);
+        match fast {
+            Some((credit, old)) => {
+                drop(credit);
+                if let Lifecycle::Waiting(w) = old {
+                    w.wake();
+                }
+            }
+            None => self.complete_slow(c),
+        }
+    }
+
+    /// [`complete`](Self::complete) outside its common case.
+    #[cold]
+    #[inline(never)]
+    fn complete_slow(&self, c: Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
         let mut slab = self.slab.borrow_mut();
         let slot = match slab.get_mut(key) {
