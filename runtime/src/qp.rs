@@ -85,7 +85,7 @@ use crate::device::Device;
 use crate::op::{wr_id, Completable, Credit, Op, SubmitError};
 use crate::provider::{
     Endpoint, InitAttr, PostError, ProviderError, Qp, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr,
-    SendFlags, SendWr, SgList,
+    SendFlags, SendOp, SendWr, SgList,
 };
 use crate::reactor::Handle;
 
@@ -663,6 +663,36 @@ impl QueuePair {
         unsafe { self.submit(data, &mut wrs) }
     }
 
+    /// [`submit_send`](Self::submit_send) for a single WR, the common case:
+    /// `build` fills one WR in place (its `wr_id` and SIGNALED flag are set
+    /// by the runtime), which is posted without a chain around it.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`submit_send`](Self::submit_send), for the WR
+    /// `build` fills.
+    #[inline]
+    pub unsafe fn submit_send_one<T, F>(&self, mut data: T, build: F) -> Submit<T>
+    where
+        T: Completable,
+        F: FnOnce(&mut T, &mut SendWr) -> Result<(), SubmitError>,
+    {
+        let mut wrs = Wrs::One(SendWr {
+            wr_id: 0,
+            sg_list: SgList::new(),
+            op: SendOp::Send,
+            flags: SendFlags::NONE,
+        });
+        if let Wrs::One(wr) = &mut wrs {
+            if let Err(e) = build(&mut data, wr) {
+                return Submit::ready(data.fail(e));
+            }
+        }
+        // SAFETY: the WR was built from `data` under this function's
+        // contract.
+        unsafe { self.submit(data, &mut wrs) }
+    }
+
     /// Submits one receive WR as an op. `build` fills its scatter list from
     /// `data`; the runtime sets the wr_id. Waits for receive-queue and CQ
     /// credits like [`submit_send`](Self::submit_send), and keeps `data`
@@ -730,6 +760,23 @@ impl QueuePair {
                     }
                 }
                 Ok(len as u32)
+            }
+            Wrs::One(wr) => {
+                // A chain of one always fits (the queues hold at least one).
+                if wr.sg_list.len() > inner.caps.max_send_sge as usize
+                    && !wr.flags.contains(SendFlags::INLINE)
+                {
+                    return Err(SubmitError::TooManySges {
+                        qp_num: inner.core.qp_num,
+                        queue: "send",
+                        sges: wr.sg_list.len(),
+                        max: inner.caps.max_send_sge,
+                    });
+                }
+                if inner.max_send_chain == 0 {
+                    return Err(self.chain_length("send", 1));
+                }
+                Ok(1)
             }
             Wrs::Recv(r) => {
                 if inner.max_recv_chain == 0 {
@@ -800,7 +847,7 @@ impl QueuePair {
         if queue_held {
             // Unsignaled inline sends of any QP may hold CQ credits.
             self.inner.handle.driver().retire_all_unsignaled();
-        } else if matches!(wrs, Wrs::Send(_)) {
+        } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
         Submit {
@@ -836,7 +883,7 @@ impl QueuePair {
     fn credits_for(&self, wrs: &Wrs) -> (&Rc<Credits>, &Rc<Credits>) {
         let core = &self.inner.core;
         match wrs {
-            Wrs::Send(_) => (&core.sq, &core.send_cq),
+            Wrs::Send(_) | Wrs::One(_) => (&core.sq, &core.send_cq),
             Wrs::Recv(_) => (&core.rq, &core.recv_cq),
         }
     }
@@ -889,6 +936,12 @@ impl QueuePair {
                 // function's contract), which the `Op` built below holds until
                 // the completion of the last (signaled) WR has been polled.
                 unsafe { core.backend.post_send(chain) }
+            }
+            Wrs::One(wr) => {
+                wr.wr_id = first;
+                wr.flags |= SendFlags::SIGNALED;
+                // SAFETY: as above, for the single WR.
+                unsafe { core.backend.post_send(std::slice::from_ref(wr)) }
             }
             Wrs::Recv(wr) => {
                 wr.wr_id = first;
@@ -972,6 +1025,8 @@ fn unsignaled(flags: SendFlags) -> SendFlags {
 #[allow(clippy::large_enum_variant)]
 enum Wrs {
     Send(SendChain),
+    /// A chain of one ([`QueuePair::submit_send_one`]).
+    One(SendWr),
     Recv(RecvWr),
 }
 
