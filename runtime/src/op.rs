@@ -294,6 +294,7 @@ impl OpTable {
     }
 
     /// Reserves a slot before posting; returns its key and generation.
+    #[inline(always)]
     pub(crate) fn insert(&self, last_index: u16, credit: Credit) -> Result<(usize, u32), Credit> {
         let mut slab = self.slab.borrow_mut();
         if slab.len() >= wr_id::MAX_OPS {
@@ -644,7 +645,20 @@ impl<T: Completable> std::future::Future for Op<T> {
 }
 
 impl<T: 'static> Drop for Op<T> {
+    /// Inline: a completed op (the common case) has nothing to give back.
+    #[inline]
     fn drop(&mut self) {
+        if self.data.is_some() {
+            self.drop_in_flight();
+        }
+    }
+}
+
+impl<T: 'static> Op<T> {
+    /// Dropped before its completion was collected: parks the data.
+    #[cold]
+    #[inline(never)]
+    fn drop_in_flight(&mut self) {
         if let Some(data) = self.data.take() {
             self.handle.ops().drop_op(self.key, data);
         }

@@ -730,7 +730,7 @@ impl QueuePair {
     }
 
     /// Validates a chain before it takes credits; returns its length.
-    #[inline]
+    #[inline(always)]
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
         let inner = &*self.inner;
         if inner.core.closed.get() {
@@ -897,6 +897,7 @@ impl QueuePair {
     /// On success, or on a partial post, `data` goes into the returned
     /// [`Op`], which keeps (parks, or at shutdown leaks) it until the
     /// completion or flush; so the provider's post contract holds.
+    #[inline(always)]
     unsafe fn post<T: Completable>(&self, data: T, wrs: &mut Wrs, n: u32) -> State<T> {
         let core = &self.inner.core;
         let recv = matches!(wrs, Wrs::Recv(_));
