@@ -99,14 +99,18 @@ pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_I
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;
 
+/// A waiter's place in a [`Credits`] FIFO (nonzero: `Option<Ticket>` is
+/// 8 bytes, which keeps a waiting [`Submit`] small).
+pub(crate) type Ticket = std::num::NonZeroU64;
+
 /// A counted resource (queue slots, CQ entries) with a FIFO of waiters.
 pub(crate) struct Credits {
     cap: u32,
     avail: Cell<u32>,
-    waiters: RefCell<VecDeque<(u64, Waker)>>,
+    waiters: RefCell<VecDeque<(Ticket, Waker)>>,
     /// `waiters.len()` (the hot paths check it without borrowing the queue).
     queued: Cell<u32>,
-    next_ticket: Cell<u64>,
+    next_ticket: Cell<Ticket>,
     /// Woken whenever every credit is back (QP close waits on this).
     idle: RefCell<Vec<Waker>>,
     /// `!idle.is_empty()`.
@@ -120,7 +124,7 @@ impl Credits {
             avail: Cell::new(cap),
             waiters: RefCell::new(VecDeque::with_capacity(8)),
             queued: Cell::new(0),
-            next_ticket: Cell::new(0),
+            next_ticket: Cell::new(Ticket::MIN),
             idle: RefCell::new(Vec::new()),
             idle_waiting: Cell::new(false),
         }
@@ -159,7 +163,7 @@ impl Credits {
     pub(crate) fn poll_acquire(
         &self,
         n: u32,
-        ticket: &mut Option<u64>,
+        ticket: &mut Option<Ticket>,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
         let mut waiters = self.waiters.borrow_mut();
@@ -184,7 +188,9 @@ impl Credits {
         match *ticket {
             None => {
                 let t = self.next_ticket.get();
-                self.next_ticket.set(t + 1);
+                // (A u64 count of waits never wraps.)
+                self.next_ticket
+                    .set(t.checked_add(1).unwrap_or(Ticket::MIN));
                 waiters.push_back((t, cx.waker().clone()));
                 self.queued.set(waiters.len() as u32);
                 *ticket = Some(t);
@@ -201,7 +207,7 @@ impl Credits {
     }
 
     /// Leaves the queue (a waiting submission was dropped or failed).
-    pub(crate) fn cancel(&self, ticket: &mut Option<u64>) {
+    pub(crate) fn cancel(&self, ticket: &mut Option<Ticket>) {
         let Some(t) = ticket.take() else { return };
         let mut waiters = self.waiters.borrow_mut();
         let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
@@ -916,9 +922,9 @@ impl QueuePair {
                 credit.n -= absorbed;
                 core.unabsorb(absorbed);
                 drop(credit);
-                return State::Ready(Some(data.fail(SubmitError::SlabFull {
+                return State::Ready(Some(Box::new(data.fail(SubmitError::SlabFull {
                     limit: wr_id::MAX_OPS,
-                })));
+                }))));
             }
         };
         let first = wr_id::encode(key, gen, 0);
@@ -976,10 +982,10 @@ impl QueuePair {
                     drop(credit);
                 }
                 core.unabsorb(absorbed);
-                State::Ready(Some(data.fail(SubmitError::Post {
+                State::Ready(Some(Box::new(data.fail(SubmitError::Post {
                     qp_num: core.qp_num,
                     source: e,
-                })))
+                }))))
             }
             e => {
                 // Part of the chain is on the queue, unsignaled: flush it so
@@ -1040,8 +1046,8 @@ struct Queued<T> {
     recv: bool,
     n: u32,
     queue_held: bool,
-    queue_ticket: Option<u64>,
-    cq_ticket: Option<u64>,
+    queue_ticket: Option<Ticket>,
+    cq_ticket: Option<Ticket>,
 }
 
 impl<T> Queued<T> {
@@ -1117,7 +1123,10 @@ enum State<T: Completable> {
     /// Waiting for queue or CQ credits.
     Queued(Queued<T>),
     InFlight(Op<T>),
-    Ready(Option<T::Output>),
+    /// Boxed: only refusals and failures get here, and the output (which
+    /// holds the op's buffers and an error) would make every `Submit`
+    /// larger and slower to move.
+    Ready(Option<Box<T::Output>>),
 }
 
 /// The future of a submission: waits for queue credits if needed, then for
@@ -1132,10 +1141,12 @@ pub struct Submit<T: Completable> {
 impl<T: Completable> Unpin for Submit<T> {}
 
 impl<T: Completable> Submit<T> {
-    /// A submission that already has its result (validation failed).
+    /// A submission that already has its result (validation failed). The
+    /// output is boxed (an error path: it keeps the common `Submit` small).
+    #[cold]
     pub fn ready(output: T::Output) -> Submit<T> {
         Submit {
-            state: State::Ready(Some(output)),
+            state: State::Ready(Some(Box::new(output))),
         }
     }
 
@@ -1177,7 +1188,7 @@ impl<T: Completable> Submit<T> {
                 State::InFlight(op) => return Pin::new(op).poll(cx),
                 State::Ready(out) => {
                     return match out.take() {
-                        Some(o) => Poll::Ready(o),
+                        Some(o) => Poll::Ready(*o),
                         None => {
                             tracing::error!("submission polled after completion");
                             Poll::Pending
@@ -1199,9 +1210,9 @@ impl<T: Completable> Submit<T> {
                         return Poll::Pending;
                     };
                     let next = if closed {
-                        State::Ready(Some(data.fail(SubmitError::Closed {
+                        State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
                             qp_num: qp.qp_num(),
-                        })))
+                        }))))
                     } else {
                         // SAFETY: a `Queued` is only created by `submit`,
                         // whose caller vouched for `wrs` and `data` under the
