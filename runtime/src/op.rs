@@ -279,6 +279,8 @@ pub(crate) struct OpTable {
     /// Data of ignored ops whose completion arrived, dropped after the drain
     /// loop releases its borrows (user `Drop` code may call back into us).
     graveyard: RefCell<Vec<Box<dyn Any>>>,
+    /// `!graveyard.is_empty()` (checked after every drain without a borrow).
+    has_dead: Cell<bool>,
     stale: Cell<u64>,
 }
 
@@ -289,6 +291,7 @@ impl OpTable {
             next_gen: Cell::new(1),
             shut_down: Cell::new(false),
             graveyard: RefCell::new(Vec::new()),
+            has_dead: Cell::new(false),
             stale: Cell::new(0),
         }
     }
@@ -514,6 +517,7 @@ impl OpTable {
                 let slot = slab.remove(key);
                 drop(slab);
                 self.graveyard.borrow_mut().push(data);
+                self.has_dead.set(true);
                 drop(slot);
                 drop(credit);
                 return;
@@ -531,8 +535,20 @@ impl OpTable {
     }
 
     /// Drops the data of ignored ops whose completion arrived.
+    #[inline]
     pub(crate) fn bury(&self) {
+        if self.has_dead.get() {
+            self.bury_all();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bury_all(&self) {
         loop {
+            // Cleared before each pop; the loop ends only on an empty
+            // graveyard, whatever a `Drop` run here queues meanwhile.
+            self.has_dead.set(false);
             let dead = self.graveyard.borrow_mut().pop();
             match dead {
                 Some(d) => drop(d),
