@@ -92,6 +92,8 @@ use crate::reactor::Handle;
 mod inline;
 #[cfg(test)]
 mod inline_tests;
+#[cfg(test)]
+mod one_tests;
 
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
