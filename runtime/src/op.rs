@@ -455,18 +455,19 @@ impl OpTable {
                     && slot.errors.is_none()
                     && matches!(slot.lifecycle, Lifecycle::Submitted | Lifecycle::Waiting(_)) =>
             {
-                Some((
-                    slot.credit.take(),
-                    std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(c)),
-                ))
+                let waker = match std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(c)) {
+                    Lifecycle::Waiting(w) => Some(w),
+                    _ => None,
+                };
+                Some((slot.credit.take(), waker))
             }
             _ => None,
         };
         drop(slab);
         match fast {
-            Some((credit, old)) => {
+            Some((credit, waker)) => {
                 drop(credit);
-                if let Lifecycle::Waiting(w) = old {
+                if let Some(w) = waker {
                     w.wake();
                 }
             }
