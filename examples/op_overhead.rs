@@ -592,7 +592,9 @@ fn main() {
         println!();
     }
     println!(
-        "runtime path alone (fake QP, synthetic completions, no device), {ops} ops per round:"
+        "runtime path alone (fake QP, synthetic completions, no device), {ops} ops per round \
+         (a verb WRITE's future is {} B):",
+        std::mem::size_of::<Submit<verbio::ops::verbs::WriteVerb<LocalBuf>>>()
     );
     for &depth in &depths {
         for (name, kind) in [

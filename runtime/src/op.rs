@@ -279,6 +279,8 @@ pub(crate) struct OpTable {
     /// Data of ignored ops whose completion arrived, dropped after the drain
     /// loop releases its borrows (user `Drop` code may call back into us).
     graveyard: RefCell<Vec<Box<dyn Any>>>,
+    /// `!graveyard.is_empty()` (checked after every drain without a borrow).
+    has_dead: Cell<bool>,
     stale: Cell<u64>,
 }
 
@@ -289,11 +291,13 @@ impl OpTable {
             next_gen: Cell::new(1),
             shut_down: Cell::new(false),
             graveyard: RefCell::new(Vec::new()),
+            has_dead: Cell::new(false),
             stale: Cell::new(0),
         }
     }
 
     /// Reserves a slot before posting; returns its key and generation.
+    #[inline(always)]
     pub(crate) fn insert(&self, last_index: u16, credit: Credit) -> Result<(usize, u32), Credit> {
         let mut slab = self.slab.borrow_mut();
         if slab.len() >= wr_id::MAX_OPS {
@@ -350,6 +354,10 @@ impl OpTable {
     }
 
     /// Polls op `key`: `Ready` once its completion arrived (the slot is freed).
+    ///
+    /// Inlined into each `Op<T>::poll`: one borrow, the common states in a
+    /// small frame, the impossible ones out of line.
+    #[inline(always)]
     pub(crate) fn poll_op(
         &self,
         key: usize,
@@ -357,10 +365,8 @@ impl OpTable {
     ) -> Poll<(Completion, Option<Box<SubmitError>>)> {
         let mut slab = self.slab.borrow_mut();
         let Some(slot) = slab.get_mut(key) else {
-            // Invariant: an `Op` owns its slot until it returns Ready or is
-            // dropped, so this cannot happen; stay pending rather than panic.
-            tracing::error!(key, "op polled without a slot");
-            return Poll::Pending;
+            drop(slab);
+            return Self::polled_without_slot(key);
         };
         match &mut slot.lifecycle {
             Lifecycle::Completed(c) => {
@@ -380,10 +386,19 @@ impl OpTable {
                 Poll::Pending
             }
             Lifecycle::Ignored(_) => {
-                tracing::error!(key, "op polled after it was dropped");
-                Poll::Pending
+                drop(slab);
+                Self::polled_without_slot(key)
             }
         }
+    }
+
+    /// Invariant violation: an `Op` owns its slot until it returns Ready or
+    /// is dropped, so this cannot happen; stay pending rather than panic.
+    #[cold]
+    #[inline(never)]
+    fn polled_without_slot<R>(key: usize) -> Poll<R> {
+        tracing::error!(key, "op polled without a live slot");
+        Poll::Pending
     }
 
     /// The op future of slot `key` is dropped with its data unclaimed.
@@ -424,7 +439,46 @@ impl OpTable {
 
     /// Routes one completion of a tracked wr_id to its slot. Wakers are woken
     /// and parked data is queued in the graveyard, never dropped in here.
+    ///
+    /// The common case inline: the last WR of a chain without earlier
+    /// errors, for an op still in flight. Everything else (stale, earlier
+    /// WR of a chain, error bookkeeping, parked data, duplicates) goes to
+    /// [`complete_slow`](Self::complete_slow).
+    #[inline]
     pub(crate) fn complete(&self, c: Completion) {
+        let (key, gen, index) = wr_id::decode(c.wr_id);
+        let mut slab = self.slab.borrow_mut();
+        let fast = match slab.get_mut(key) {
+            Some(slot)
+                if slot.gen == gen
+                    && index == slot.last_index
+                    && slot.errors.is_none()
+                    && matches!(slot.lifecycle, Lifecycle::Submitted | Lifecycle::Waiting(_)) =>
+            {
+                let waker = match std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(c)) {
+                    Lifecycle::Waiting(w) => Some(w),
+                    _ => None,
+                };
+                Some((slot.credit.take(), waker))
+            }
+            _ => None,
+        };
+        drop(slab);
+        match fast {
+            Some((credit, waker)) => {
+                drop(credit);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            }
+            None => self.complete_slow(c),
+        }
+    }
+
+    /// [`complete`](Self::complete) outside its common case.
+    #[cold]
+    #[inline(never)]
+    fn complete_slow(&self, c: Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
         let mut slab = self.slab.borrow_mut();
         let slot = match slab.get_mut(key) {
@@ -464,6 +518,7 @@ impl OpTable {
                 let slot = slab.remove(key);
                 drop(slab);
                 self.graveyard.borrow_mut().push(data);
+                self.has_dead.set(true);
                 drop(slot);
                 drop(credit);
                 return;
@@ -481,8 +536,20 @@ impl OpTable {
     }
 
     /// Drops the data of ignored ops whose completion arrived.
+    #[inline]
     pub(crate) fn bury(&self) {
+        if self.has_dead.get() {
+            self.bury_all();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bury_all(&self) {
         loop {
+            // Cleared before each pop; the loop ends only on an empty
+            // graveyard, whatever a `Drop` run here queues meanwhile.
+            self.has_dead.set(false);
             let dead = self.graveyard.borrow_mut().pop();
             match dead {
                 Some(d) => drop(d),
@@ -595,7 +662,20 @@ impl<T: Completable> std::future::Future for Op<T> {
 }
 
 impl<T: 'static> Drop for Op<T> {
+    /// Inline: a completed op (the common case) has nothing to give back.
+    #[inline]
     fn drop(&mut self) {
+        if self.data.is_some() {
+            self.drop_in_flight();
+        }
+    }
+}
+
+impl<T: 'static> Op<T> {
+    /// Dropped before its completion was collected: parks the data.
+    #[cold]
+    #[inline(never)]
+    fn drop_in_flight(&mut self) {
         if let Some(data) = self.data.take() {
             self.handle.ops().drop_op(self.key, data);
         }

@@ -85,13 +85,15 @@ use crate::device::Device;
 use crate::op::{wr_id, Completable, Credit, Op, SubmitError};
 use crate::provider::{
     Endpoint, InitAttr, PostError, ProviderError, Qp, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr,
-    SendFlags, SendWr, SgList,
+    SendFlags, SendOp, SendWr, SgList,
 };
 use crate::reactor::Handle;
 
 mod inline;
 #[cfg(test)]
 mod inline_tests;
+#[cfg(test)]
+mod one_tests;
 
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
@@ -99,14 +101,18 @@ pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_I
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;
 
+/// A waiter's place in a [`Credits`] FIFO (nonzero: `Option<Ticket>` is
+/// 8 bytes, which keeps a waiting [`Submit`] small).
+pub(crate) type Ticket = std::num::NonZeroU64;
+
 /// A counted resource (queue slots, CQ entries) with a FIFO of waiters.
 pub(crate) struct Credits {
     cap: u32,
     avail: Cell<u32>,
-    waiters: RefCell<VecDeque<(u64, Waker)>>,
+    waiters: RefCell<VecDeque<(Ticket, Waker)>>,
     /// `waiters.len()` (the hot paths check it without borrowing the queue).
     queued: Cell<u32>,
-    next_ticket: Cell<u64>,
+    next_ticket: Cell<Ticket>,
     /// Woken whenever every credit is back (QP close waits on this).
     idle: RefCell<Vec<Waker>>,
     /// `!idle.is_empty()`.
@@ -120,7 +126,7 @@ impl Credits {
             avail: Cell::new(cap),
             waiters: RefCell::new(VecDeque::with_capacity(8)),
             queued: Cell::new(0),
-            next_ticket: Cell::new(0),
+            next_ticket: Cell::new(Ticket::MIN),
             idle: RefCell::new(Vec::new()),
             idle_waiting: Cell::new(false),
         }
@@ -159,7 +165,7 @@ impl Credits {
     pub(crate) fn poll_acquire(
         &self,
         n: u32,
-        ticket: &mut Option<u64>,
+        ticket: &mut Option<Ticket>,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
         let mut waiters = self.waiters.borrow_mut();
@@ -184,7 +190,9 @@ impl Credits {
         match *ticket {
             None => {
                 let t = self.next_ticket.get();
-                self.next_ticket.set(t + 1);
+                // (A u64 count of waits never wraps.)
+                self.next_ticket
+                    .set(t.checked_add(1).unwrap_or(Ticket::MIN));
                 waiters.push_back((t, cx.waker().clone()));
                 self.queued.set(waiters.len() as u32);
                 *ticket = Some(t);
@@ -201,7 +209,7 @@ impl Credits {
     }
 
     /// Leaves the queue (a waiting submission was dropped or failed).
-    pub(crate) fn cancel(&self, ticket: &mut Option<u64>) {
+    pub(crate) fn cancel(&self, ticket: &mut Option<Ticket>) {
         let Some(t) = ticket.take() else { return };
         let mut waiters = self.waiters.borrow_mut();
         let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
@@ -663,6 +671,36 @@ impl QueuePair {
         unsafe { self.submit(data, &mut wrs) }
     }
 
+    /// [`submit_send`](Self::submit_send) for a single WR, the common case:
+    /// `build` fills one WR in place (its `wr_id` and SIGNALED flag are set
+    /// by the runtime), which is posted without a chain around it.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`submit_send`](Self::submit_send), for the WR
+    /// `build` fills.
+    #[inline]
+    pub unsafe fn submit_send_one<T, F>(&self, mut data: T, build: F) -> Submit<T>
+    where
+        T: Completable,
+        F: FnOnce(&mut T, &mut SendWr) -> Result<(), SubmitError>,
+    {
+        let mut wrs = Wrs::One(SendWr {
+            wr_id: 0,
+            sg_list: SgList::new(),
+            op: SendOp::Send,
+            flags: SendFlags::NONE,
+        });
+        if let Wrs::One(wr) = &mut wrs {
+            if let Err(e) = build(&mut data, wr) {
+                return Submit::ready(data.fail(e));
+            }
+        }
+        // SAFETY: the WR was built from `data` under this function's
+        // contract.
+        unsafe { self.submit(data, &mut wrs) }
+    }
+
     /// Submits one receive WR as an op. `build` fills its scatter list from
     /// `data`; the runtime sets the wr_id. Waits for receive-queue and CQ
     /// credits like [`submit_send`](Self::submit_send), and keeps `data`
@@ -700,7 +738,7 @@ impl QueuePair {
     }
 
     /// Validates a chain before it takes credits; returns its length.
-    #[inline]
+    #[inline(always)]
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
         let inner = &*self.inner;
         if inner.core.closed.get() {
@@ -730,6 +768,23 @@ impl QueuePair {
                     }
                 }
                 Ok(len as u32)
+            }
+            Wrs::One(wr) => {
+                // A chain of one always fits (the queues hold at least one).
+                if wr.sg_list.len() > inner.caps.max_send_sge as usize
+                    && !wr.flags.contains(SendFlags::INLINE)
+                {
+                    return Err(SubmitError::TooManySges {
+                        qp_num: inner.core.qp_num,
+                        queue: "send",
+                        sges: wr.sg_list.len(),
+                        max: inner.caps.max_send_sge,
+                    });
+                }
+                if inner.max_send_chain == 0 {
+                    return Err(self.chain_length("send", 1));
+                }
+                Ok(1)
             }
             Wrs::Recv(r) => {
                 if inner.max_recv_chain == 0 {
@@ -800,7 +855,7 @@ impl QueuePair {
         if queue_held {
             // Unsignaled inline sends of any QP may hold CQ credits.
             self.inner.handle.driver().retire_all_unsignaled();
-        } else if matches!(wrs, Wrs::Send(_)) {
+        } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
         Submit {
@@ -836,7 +891,7 @@ impl QueuePair {
     fn credits_for(&self, wrs: &Wrs) -> (&Rc<Credits>, &Rc<Credits>) {
         let core = &self.inner.core;
         match wrs {
-            Wrs::Send(_) => (&core.sq, &core.send_cq),
+            Wrs::Send(_) | Wrs::One(_) => (&core.sq, &core.send_cq),
             Wrs::Recv(_) => (&core.rq, &core.recv_cq),
         }
     }
@@ -850,6 +905,7 @@ impl QueuePair {
     /// On success, or on a partial post, `data` goes into the returned
     /// [`Op`], which keeps (parks, or at shutdown leaks) it until the
     /// completion or flush; so the provider's post contract holds.
+    #[inline(always)]
     unsafe fn post<T: Completable>(&self, data: T, wrs: &mut Wrs, n: u32) -> State<T> {
         let core = &self.inner.core;
         let recv = matches!(wrs, Wrs::Recv(_));
@@ -868,9 +924,9 @@ impl QueuePair {
                 credit.n -= absorbed;
                 core.unabsorb(absorbed);
                 drop(credit);
-                return State::Ready(Some(data.fail(SubmitError::SlabFull {
+                return State::Ready(Some(Box::new(data.fail(SubmitError::SlabFull {
                     limit: wr_id::MAX_OPS,
-                })));
+                }))));
             }
         };
         let first = wr_id::encode(key, gen, 0);
@@ -889,6 +945,12 @@ impl QueuePair {
                 // function's contract), which the `Op` built below holds until
                 // the completion of the last (signaled) WR has been polled.
                 unsafe { core.backend.post_send(chain) }
+            }
+            Wrs::One(wr) => {
+                wr.wr_id = first;
+                wr.flags |= SendFlags::SIGNALED;
+                // SAFETY: as above, for the single WR.
+                unsafe { core.backend.post_send(std::slice::from_ref(wr)) }
             }
             Wrs::Recv(wr) => {
                 wr.wr_id = first;
@@ -922,10 +984,10 @@ impl QueuePair {
                     drop(credit);
                 }
                 core.unabsorb(absorbed);
-                State::Ready(Some(data.fail(SubmitError::Post {
+                State::Ready(Some(Box::new(data.fail(SubmitError::Post {
                     qp_num: core.qp_num,
                     source: e,
-                })))
+                }))))
             }
             e => {
                 // Part of the chain is on the queue, unsignaled: flush it so
@@ -972,6 +1034,8 @@ fn unsignaled(flags: SendFlags) -> SendFlags {
 #[allow(clippy::large_enum_variant)]
 enum Wrs {
     Send(SendChain),
+    /// A chain of one ([`QueuePair::submit_send_one`]).
+    One(SendWr),
     Recv(RecvWr),
 }
 
@@ -984,8 +1048,8 @@ struct Queued<T> {
     recv: bool,
     n: u32,
     queue_held: bool,
-    queue_ticket: Option<u64>,
-    cq_ticket: Option<u64>,
+    queue_ticket: Option<Ticket>,
+    cq_ticket: Option<Ticket>,
 }
 
 impl<T> Queued<T> {
@@ -1061,7 +1125,10 @@ enum State<T: Completable> {
     /// Waiting for queue or CQ credits.
     Queued(Queued<T>),
     InFlight(Op<T>),
-    Ready(Option<T::Output>),
+    /// Boxed: only refusals and failures get here, and the output (which
+    /// holds the op's buffers and an error) would make every `Submit`
+    /// larger and slower to move.
+    Ready(Option<Box<T::Output>>),
 }
 
 /// The future of a submission: waits for queue credits if needed, then for
@@ -1076,10 +1143,12 @@ pub struct Submit<T: Completable> {
 impl<T: Completable> Unpin for Submit<T> {}
 
 impl<T: Completable> Submit<T> {
-    /// A submission that already has its result (validation failed).
+    /// A submission that already has its result (validation failed). The
+    /// output is boxed (an error path: it keeps the common `Submit` small).
+    #[cold]
     pub fn ready(output: T::Output) -> Submit<T> {
         Submit {
-            state: State::Ready(Some(output)),
+            state: State::Ready(Some(Box::new(output))),
         }
     }
 
@@ -1121,7 +1190,7 @@ impl<T: Completable> Submit<T> {
                 State::InFlight(op) => return Pin::new(op).poll(cx),
                 State::Ready(out) => {
                     return match out.take() {
-                        Some(o) => Poll::Ready(o),
+                        Some(o) => Poll::Ready(*o),
                         None => {
                             tracing::error!("submission polled after completion");
                             Poll::Pending
@@ -1143,9 +1212,9 @@ impl<T: Completable> Submit<T> {
                         return Poll::Pending;
                     };
                     let next = if closed {
-                        State::Ready(Some(data.fail(SubmitError::Closed {
+                        State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
                             qp_num: qp.qp_num(),
-                        })))
+                        }))))
                     } else {
                         // SAFETY: a `Queued` is only created by `submit`,
                         // whose caller vouched for `wrs` and `data` under the

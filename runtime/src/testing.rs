@@ -36,6 +36,8 @@ pub struct FakeQp {
     doorbells: Cell<usize>,
     max_sends: Cell<usize>,
     fail_next: RefCell<Option<(usize, ProviderError)>>,
+    /// `fail_next.is_some()` (the post path checks it without a borrow).
+    fail_armed: Cell<bool>,
     err_transitions: Cell<usize>,
 }
 
@@ -57,6 +59,7 @@ impl FakeQp {
             doorbells: Cell::new(0),
             max_sends: Cell::new(0),
             fail_next: RefCell::new(None),
+            fail_armed: Cell::new(false),
             err_transitions: Cell::new(0),
         })
     }
@@ -89,13 +92,22 @@ impl FakeQp {
         }
     }
 
+    /// The armed failure of [`fail_next_post`](Self::fail_next_post), if any.
+    #[cold]
+    fn take_failure(&self) -> Option<(usize, ProviderError)> {
+        self.fail_armed.set(false);
+        self.fail_next.borrow_mut().take()
+    }
+
     pub(crate) fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
-        if let Some((posted, error)) = self.fail_next.borrow_mut().take() {
-            let mut q = self.sends.borrow_mut();
-            for wr in wrs.iter().take(posted) {
-                q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+        if self.fail_armed.get() {
+            if let Some((posted, error)) = self.take_failure() {
+                let mut q = self.sends.borrow_mut();
+                for wr in wrs.iter().take(posted) {
+                    q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+                }
+                return Err(PostError { posted, error });
             }
-            return Err(PostError { posted, error });
         }
         self.doorbells.set(self.doorbells.get() + 1);
         let mut q = self.sends.borrow_mut();
@@ -127,8 +139,10 @@ impl FakeQp {
     }
 
     pub(crate) fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
-        if let Some((posted, error)) = self.fail_next.borrow_mut().take() {
-            return Err(PostError { posted, error });
+        if self.fail_armed.get() {
+            if let Some((posted, error)) = self.take_failure() {
+                return Err(PostError { posted, error });
+            }
         }
         self.doorbells.set(self.doorbells.get() + 1);
         let mut q = self.recvs.borrow_mut();
@@ -191,14 +205,21 @@ impl FakeQp {
     pub fn complete_send(&self, status: WcStatus, byte_len: u32) -> Option<u64> {
         let mut q = self.sends.borrow_mut();
         let done = if status.is_success() {
-            let pos = q
-                .iter()
-                .position(|(_, f, _)| f.contains(SendFlags::SIGNALED))?;
-            let mut last = None;
-            for _ in 0..=pos {
-                last = q.pop_front();
+            // Mostly the oldest WR is the signaled one: no scan then.
+            match q.front() {
+                None => return None,
+                Some((_, f, _)) if f.contains(SendFlags::SIGNALED) => q.pop_front()?,
+                Some(_) => {
+                    let pos = q
+                        .iter()
+                        .position(|(_, f, _)| f.contains(SendFlags::SIGNALED))?;
+                    let mut last = None;
+                    for _ in 0..=pos {
+                        last = q.pop_front();
+                    }
+                    last?
+                }
             }
-            last?
         } else {
             q.pop_front()?
         };
@@ -259,5 +280,6 @@ impl FakeQp {
     /// Makes the next post fail after accepting `posted` WRs.
     pub fn fail_next_post(&self, posted: usize, error: ProviderError) {
         *self.fail_next.borrow_mut() = Some((posted, error));
+        self.fail_armed.set(true);
     }
 }

@@ -213,8 +213,8 @@ pub(crate) fn inline_flag(qp: &QueuePair, op: &SendOp, sge: Option<&Sge>) -> Sen
     }
 }
 
-/// Submits a single-WR send-queue op. The WR is built inside the runtime's
-/// chain (only the opcode and the SGE are captured), to keep copies small.
+/// Submits a single-WR send-queue op. The WR is built in place inside the
+/// runtime (only the opcode and the SGE are captured), to keep copies small.
 /// A small gathered payload goes INLINE (see [`inline_flag`]); its buffer
 /// stays in `data` all the same, since a submission that waits for queue
 /// room posts (and so copies) later.
@@ -232,10 +232,12 @@ pub(crate) unsafe fn submit_one<T: Completable>(
     let flags = inline_flag(qp, &op, sge.as_ref());
     // SAFETY: forwarded to our caller: `sge` lies in memory owned by `data`.
     unsafe {
-        qp.submit_send(data, move |_, chain| {
-            let mut wr = one_wr(op, sge);
+        qp.submit_send_one(data, move |_, wr| {
+            if let Some(s) = sge.filter(|s| s.length > 0) {
+                wr.sg_list.push(s);
+            }
+            wr.op = op;
             wr.flags = flags;
-            chain.push(wr);
             Ok(())
         })
     }

@@ -79,6 +79,10 @@ pub(crate) struct Driver {
     pub(crate) reserved_handler: RefCell<Option<ReservedHandler>>,
     #[cfg(any(test, feature = "test-util"))]
     injected: RefCell<VecDeque<Completion>>,
+    /// An empty queue swapped with `injected` to drain it without a borrow
+    /// per completion (keeps its capacity: no allocation per drain).
+    #[cfg(any(test, feature = "test-util"))]
+    injected_spare: Cell<VecDeque<Completion>>,
 }
 
 impl Driver {
@@ -111,6 +115,8 @@ impl Driver {
             reserved_handler: RefCell::new(None),
             #[cfg(any(test, feature = "test-util"))]
             injected: RefCell::new(VecDeque::new()),
+            #[cfg(any(test, feature = "test-util"))]
+            injected_spare: Cell::new(VecDeque::new()),
         })
     }
 
@@ -386,15 +392,33 @@ impl Driver {
     fn drain_injected(&self) -> usize {
         let mut total = 0;
         loop {
-            let next = self.injected.borrow_mut().pop_front();
-            match next {
-                Some(c) => {
-                    self.complete(c);
-                    total += 1;
-                }
-                None => return total,
+            let (next, more) = {
+                let mut q = self.injected.borrow_mut();
+                (q.pop_front(), !q.is_empty())
+            };
+            let Some(c) = next else { return total };
+            self.complete(c);
+            total += 1;
+            if more {
+                total += self.drain_injected_batch();
             }
         }
+    }
+
+    /// More than one completion injected: swapped out whole, so there is no
+    /// borrow per completion. Completions injected meanwhile (flushes, user
+    /// code) land in the other queue and are taken by the caller's loop.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cold]
+    fn drain_injected_batch(&self) -> usize {
+        let mut batch = self.injected_spare.take();
+        std::mem::swap(&mut batch, &mut *self.injected.borrow_mut());
+        let n = batch.len();
+        for c in batch.drain(..) {
+            self.complete(c);
+        }
+        self.injected_spare.set(batch);
+        n
     }
 
     fn complete(&self, c: Completion) {

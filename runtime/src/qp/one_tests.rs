@@ -1,0 +1,213 @@
+//! Unit tests of single-WR submissions ([`QueuePair::submit_send_one`]) on
+//! the fake QP: wr_id and signaling, validation, waiting for credits (FIFO
+//! with chains), and a dropped op parking its data until the flush.
+
+use std::rc::Rc;
+use std::task::Poll;
+
+use futures::FutureExt;
+
+use crate::op::{wr_id, Completable, SubmitError};
+use crate::provider::{Completion, QpCaps, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use crate::qp::{QueuePair, Submit};
+use crate::reactor::Runtime;
+use crate::testing::FakeQp;
+
+fn caps(send: u32, sge: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: send,
+        max_recv_wr: 8,
+        max_send_sge: sge,
+        ..QpCaps::default()
+    }
+}
+
+/// Records what it was given; holds a token to observe when it is dropped.
+struct Probe(#[allow(dead_code)] Rc<()>);
+
+impl Completable for Probe {
+    type Output = Result<Completion, SubmitError>;
+    fn complete(self, c: Completion) -> Self::Output {
+        Ok(c)
+    }
+    fn fail(self, e: SubmitError) -> Self::Output {
+        Err(e)
+    }
+}
+
+/// A WRITE of `sges` fake SGEs (the fake QP never touches memory).
+fn write_one(qp: &QueuePair, token: &Rc<()>, sges: usize, flags: SendFlags) -> Submit<Probe> {
+    // SAFETY: the fake QP never reads or writes the memory SGEs name.
+    unsafe {
+        qp.submit_send_one(Probe(token.clone()), move |_, wr| {
+            for i in 0..sges {
+                wr.sg_list.push(Sge {
+                    addr: 0x1000 + 64 * i as u64,
+                    length: 64,
+                    lkey: 1,
+                });
+            }
+            wr.op = SendOp::Write {
+                remote_addr: 0x2000,
+                rkey: 2,
+            };
+            wr.flags = flags;
+            Ok(())
+        })
+    }
+}
+
+/// A one-WR chain through [`QueuePair::submit_send`].
+fn write_chain(qp: &QueuePair, token: &Rc<()>) -> Submit<Probe> {
+    // SAFETY: no SGE; the fake QP never touches memory.
+    unsafe {
+        qp.submit_send(Probe(token.clone()), |_, chain| {
+            chain.push(SendWr {
+                wr_id: 0,
+                sg_list: Default::default(),
+                op: SendOp::Write {
+                    remote_addr: 0,
+                    rkey: 1,
+                },
+                flags: SendFlags::NONE,
+            });
+            Ok(())
+        })
+    }
+}
+
+/// Lets the reactor deliver injected completions.
+fn settle(rt: &Runtime) {
+    for _ in 0..3 {
+        rt.block_on(async {
+            let mut yielded = false;
+            std::future::poll_fn(|cx| {
+                if yielded {
+                    Poll::Ready(())
+                } else {
+                    yielded = true;
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            })
+            .await
+        });
+    }
+}
+
+#[test]
+fn one_wr_is_posted_signaled_with_the_runtimes_wr_id() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(8, 1), 64);
+    let token = Rc::new(());
+    let mut op = write_one(&qp, &token, 1, SendFlags::FENCE);
+    let id = op.wr_id().expect("posted at once");
+    assert_eq!(id & wr_id::RESERVED, 0);
+    let posted = fake.posted_sends();
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].0, id);
+    assert!(posted[0].1.contains(SendFlags::SIGNALED));
+    assert!(posted[0].1.contains(SendFlags::FENCE));
+    assert_eq!(fake.doorbells(), 1);
+    assert!((&mut op).now_or_never().is_none());
+    assert_eq!(fake.complete_send(WcStatus::Success, 64), Some(id));
+    let c = rt.block_on(op).expect("completion");
+    assert_eq!((c.wr_id, c.status), (id, WcStatus::Success));
+    assert_eq!(qp.outstanding_sends(), 0);
+    assert_eq!(rt.ops_in_slab(), 0);
+    assert_eq!(Rc::strong_count(&token), 1, "data not handed back");
+}
+
+#[test]
+fn one_wr_with_too_many_sges_is_refused_unless_inline() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(8, 1), 64);
+    let token = Rc::new(());
+    let refused = rt.block_on(write_one(&qp, &token, 2, SendFlags::NONE));
+    assert!(
+        matches!(
+            refused,
+            Err(SubmitError::TooManySges {
+                sges: 2,
+                max: 1,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(fake.outstanding_sends(), 0);
+    assert_eq!(qp.outstanding_sends(), 0);
+    // INLINE WRs are copied at post time: their SGE count is free.
+    let op = write_one(&qp, &token, 2, SendFlags::INLINE);
+    assert!(op.wr_id().is_some());
+    fake.complete_send(WcStatus::Success, 128);
+    rt.block_on(op).expect("inline completion");
+    assert_eq!(Rc::strong_count(&token), 1);
+}
+
+#[test]
+fn one_wr_waits_for_send_queue_credits_in_fifo_order_with_chains() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(2, 1), 64);
+    let token = Rc::new(());
+    let mut ops = vec![
+        write_one(&qp, &token, 1, SendFlags::NONE),
+        write_chain(&qp, &token),
+        write_one(&qp, &token, 1, SendFlags::NONE),
+        write_chain(&qp, &token),
+        write_one(&qp, &token, 1, SendFlags::NONE),
+    ];
+    assert_eq!(fake.outstanding_sends(), 2);
+    assert!(ops[2].is_queued() && ops[3].is_queued() && ops[4].is_queued());
+    let results = rt.block_on(async {
+        let mut out: Vec<Option<Result<Completion, SubmitError>>> =
+            ops.iter().map(|_| None).collect();
+        let mut order = Vec::new();
+        for _ in 0..1000 {
+            for (i, op) in ops.iter_mut().enumerate() {
+                if out[i].is_none() {
+                    if let Some(r) = op.now_or_never() {
+                        order.push((i, r.as_ref().map(|c| c.wr_id).unwrap_or(0)));
+                        out[i] = Some(r);
+                    }
+                }
+            }
+            if out.iter().all(Option::is_some) {
+                break;
+            }
+            assert!(fake.max_outstanding_sends() <= 2, "send queue overrun");
+            fake.complete_send(WcStatus::Success, 64);
+            crate::reactor::sleep(std::time::Duration::from_micros(10)).await;
+        }
+        (out, order)
+    });
+    let (out, order) = results;
+    assert!(out.iter().all(|r| matches!(r, Some(Ok(_)))), "{out:?}");
+    // Posted (and so completed) in submission order.
+    let completed: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(completed, vec![0, 1, 2, 3, 4]);
+    assert!(fake.max_outstanding_sends() <= 2);
+    drop(ops);
+    assert_eq!(Rc::strong_count(&token), 1);
+    assert_eq!(rt.ops_in_slab(), 0);
+}
+
+#[test]
+fn dropped_one_wr_op_parks_its_data_until_the_flush() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(8, 1), 64);
+    let token = Rc::new(());
+    let op = write_one(&qp, &token, 1, SendFlags::NONE);
+    assert!(op.wr_id().is_some());
+    drop(op);
+    assert_eq!(Rc::strong_count(&token), 2, "data freed while in flight");
+    rt.block_on(qp.close()).expect("close");
+    settle(&rt);
+    assert_eq!(fake.outstanding_sends(), 0);
+    assert_eq!(
+        Rc::strong_count(&token),
+        1,
+        "parked data not freed after the flush"
+    );
+    assert_eq!(rt.ops_in_slab(), 0);
+}
