@@ -22,7 +22,7 @@ use crate::provider::{
     Completion, PostError, ProviderError, QpCaps, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,
 };
 use crate::qp::{Backend, Credits, QueuePair};
-use crate::reactor::Handle;
+use crate::reactor::{Handle, Runtime};
 
 /// A recording QP; see the module docs.
 pub struct FakeQp {
@@ -281,5 +281,29 @@ impl FakeQp {
     pub fn fail_next_post(&self, posted: usize, error: ProviderError) {
         *self.fail_next.borrow_mut() = Some((posted, error));
         self.fail_armed.set(true);
+    }
+}
+
+/// Yields once, so the runtime's loop turns (runs tasks, drains
+/// completions) before the awaiting future goes on.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Turns `rt`'s loop a few times, so completions injected into a
+/// [`FakeQp`] are delivered to their ops.
+pub fn settle(rt: &Runtime) {
+    for _ in 0..3 {
+        rt.block_on(yield_now());
     }
 }

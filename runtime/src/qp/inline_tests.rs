@@ -11,32 +11,13 @@ use crate::op::{wr_id, Completable, SubmitError};
 use crate::provider::{Completion, QpCaps, SendFlags, SendOp, SendWr, WcStatus};
 use crate::qp::{QueuePair, Submit};
 use crate::reactor::Runtime;
-use crate::testing::FakeQp;
+use crate::testing::{settle, FakeQp};
 
 fn caps(send: u32) -> QpCaps {
     QpCaps {
         max_send_wr: send,
         max_recv_wr: 8,
         ..QpCaps::default()
-    }
-}
-
-/// Lets the reactor deliver injected completions.
-fn settle(rt: &Runtime) {
-    for _ in 0..3 {
-        rt.block_on(async {
-            let mut yielded = false;
-            std::future::poll_fn(|cx| {
-                if yielded {
-                    Poll::Ready(())
-                } else {
-                    yielded = true;
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
-                }
-            })
-            .await
-        });
     }
 }
 

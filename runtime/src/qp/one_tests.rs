@@ -3,7 +3,6 @@
 //! with chains), and a dropped op parking its data until the flush.
 
 use std::rc::Rc;
-use std::task::Poll;
 
 use futures::FutureExt;
 
@@ -11,7 +10,7 @@ use crate::op::{wr_id, Completable, SubmitError};
 use crate::provider::{Completion, QpCaps, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use crate::qp::{QueuePair, Submit};
 use crate::reactor::Runtime;
-use crate::testing::FakeQp;
+use crate::testing::{settle, FakeQp};
 
 fn caps(send: u32, sge: u32) -> QpCaps {
     QpCaps {
@@ -73,25 +72,6 @@ fn write_chain(qp: &QueuePair, token: &Rc<()>) -> Submit<Probe> {
             });
             Ok(())
         })
-    }
-}
-
-/// Lets the reactor deliver injected completions.
-fn settle(rt: &Runtime) {
-    for _ in 0..3 {
-        rt.block_on(async {
-            let mut yielded = false;
-            std::future::poll_fn(|cx| {
-                if yielded {
-                    Poll::Ready(())
-                } else {
-                    yielded = true;
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
-                }
-            })
-            .await
-        });
     }
 }
 

@@ -16,24 +16,9 @@ use crate::provider::{
     Completion, ProviderError, QpCaps, SendFlags, SendOp, SendWr, Sge, WcStatus,
 };
 use crate::qp::{QueuePair, Submit};
-use crate::testing::FakeQp;
+use crate::testing::{settle, yield_now, FakeQp};
 
 const LIMIT: Duration = Duration::from_secs(10);
-
-/// Yields once, so the loop turns (runs tasks, drains completions).
-async fn yield_now() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    })
-    .await
-}
 
 /// Like `timeout`, but the deadline is checked first: a future that is only
 /// ready because the deadline's wake-up polled it again still fails.
@@ -47,12 +32,6 @@ async fn unless_deadline<F: Future>(d: Duration, f: F) -> Result<F::Output, Elap
         f.as_mut().poll(cx).map(Ok)
     })
     .await
-}
-
-fn settle(rt: &Runtime) {
-    for _ in 0..3 {
-        rt.block_on(yield_now());
-    }
 }
 
 fn caps(send: u32, recv: u32) -> QpCaps {
