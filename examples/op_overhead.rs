@@ -34,10 +34,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use verbio::ops::connect::{DeviceQps, QpConfig};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
 use verbio::provider::{
-    AccessFlags, Completion, Context, InitAttr, Mtu, QpCaps, RtrAttr, RtsAttr, SendFlags, SendOp,
-    SendWr, SoftConfig, WcStatus,
+    AccessFlags, Completion, Context, QpCaps, SendFlags, SendOp, SendWr, SoftConfig, WcStatus,
 };
 use verbio::runtime::buf::{LocalBuf, MrPool, RegisteredBuf, RemoteAccessRegion};
 use verbio::runtime::op::wr_id;
@@ -162,26 +162,6 @@ fn measure(ops: usize, f: impl FnOnce()) -> Sample {
         cpu_per_op: cpu / ops as u32,
         allocs_per_op: allocs as f64 / ops as f64,
         engine_allocs_per_op: other as f64 / ops as f64,
-    }
-}
-
-fn connect(a: &QueuePair, b: &QueuePair) {
-    for q in [a, b] {
-        q.modify_to_init(&InitAttr::default()).expect("init");
-    }
-    for (x, y) in [(a, b), (b, a)] {
-        x.modify_to_rtr(&RtrAttr {
-            remote: y.endpoint(0).expect("endpoint"),
-            path_mtu: Mtu::Mtu4096,
-            min_rnr_timer: 1,
-            max_dest_rd_atomic: 16,
-            sgid_index: 0,
-            hop_limit: 1,
-        })
-        .expect("rtr");
-    }
-    for q in [a, b] {
-        q.modify_to_rts(&RtsAttr::default()).expect("rts");
     }
 }
 
@@ -316,13 +296,16 @@ fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) ->
     let rt = Runtime::builder().busy_poll(busy).build().expect("runtime");
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
-    let caps = QpCaps {
-        max_send_wr: 64,
-        ..QpCaps::default()
+    let config = QpConfig {
+        caps: QpCaps {
+            max_send_wr: 64,
+            ..QpCaps::default()
+        },
+        ..QpConfig::default()
     };
-    let a = dev.create_qp(caps).expect("qp");
-    let b = dev.create_qp(caps).expect("qp");
-    connect(&a, &b);
+    let (a, _b) = DeviceQps::new(dev.clone(), config)
+        .connected_pair()
+        .expect("connected QPs");
     let region = RemoteAccessRegion::grant(dev.pd(), vec![0u8; 4096], AccessFlags::REMOTE_WRITE)
         .unwrap_or_else(|r| panic!("grant: {}", r.error));
     let remote = RemoteBuf::from(&region).at(0, MSG as u64).expect("range");

@@ -29,9 +29,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use verbio::ops::connect::{DeviceQps, QpConfig};
 use verbio::provider::{
-    AccessFlags, Completion, Context, InitAttr, Mr, Mtu, QpCaps, RtrAttr, RtsAttr, SendFlags,
-    SendOp, SendWr, Sge, SoftConfig,
+    AccessFlags, Completion, Context, Mr, QpCaps, SendFlags, SendOp, SendWr, Sge, SoftConfig,
 };
 use verbio::runtime::op::wr_id;
 use verbio::runtime::{Completable, Device, QueuePair, Runtime, Submit, SubmitError};
@@ -133,26 +133,6 @@ fn submit(qp: &QueuePair, wr: &SendWr) -> Submit<Write> {
             chain.push(wr);
             Ok(())
         })
-    }
-}
-
-fn connect(a: &QueuePair, b: &QueuePair) {
-    for q in [a, b] {
-        q.modify_to_init(&InitAttr::default()).expect("init");
-    }
-    for (x, y) in [(a, b), (b, a)] {
-        x.modify_to_rtr(&RtrAttr {
-            remote: y.endpoint(0).expect("endpoint"),
-            path_mtu: Mtu::Mtu4096,
-            min_rnr_timer: 1,
-            max_dest_rd_atomic: 16,
-            sgid_index: 0,
-            hop_limit: 1,
-        })
-        .expect("rtr");
-    }
-    for q in [a, b] {
-        q.modify_to_rts(&RtsAttr::default()).expect("rts");
     }
 }
 
@@ -292,13 +272,16 @@ fn device_phase(depth: usize, ops: usize, rounds: usize, only: &str, timed: bool
     let rt = Runtime::new().expect("runtime");
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
-    let caps = QpCaps {
-        max_send_wr: 64,
-        ..QpCaps::default()
+    let config = QpConfig {
+        caps: QpCaps {
+            max_send_wr: 64,
+            ..QpCaps::default()
+        },
+        ..QpConfig::default()
     };
-    let a = dev.create_qp(caps).expect("qp");
-    let b = dev.create_qp(caps).expect("qp");
-    connect(&a, &b);
+    let (a, _b) = DeviceQps::new(dev.clone(), config)
+        .connected_pair()
+        .expect("connected QPs");
     let src = region(&dev, MSG as usize);
     let dst = region(&dev, MSG as usize);
     let wr = write_wr(&src.mr, &dst.mr);

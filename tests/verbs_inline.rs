@@ -9,9 +9,10 @@ mod common;
 use std::time::Duration;
 
 use futures::future::join_all;
+use verbio::ops::connect::{DeviceQps, QpConfig};
 use verbio::ops::verbs::Verbs;
 use verbio::ops::Error;
-use verbio::provider::{InitAttr, Mtu, QpCaps, RtrAttr, RtsAttr, WcStatus};
+use verbio::provider::{QpCaps, WcStatus};
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{sleep, timeout, Device, QueuePair, Runtime, SubmitError};
 
@@ -22,33 +23,17 @@ const WAIT: Duration = Duration::from_secs(20);
 /// connected to each other (loopback through the device).
 fn pair(send_depth: u32, recv_depth: u32) -> (Runtime, Device, QueuePair, QueuePair) {
     let (rt, dev) = common::runtime_and_device();
-    let gid_index = dev.context().default_gid_index(1).expect("GID index");
-    let caps = QpCaps {
-        max_send_wr: send_depth,
-        max_recv_wr: recv_depth,
-        ..QpCaps::default()
+    let config = QpConfig {
+        caps: QpCaps {
+            max_send_wr: send_depth,
+            max_recv_wr: recv_depth,
+            ..QpCaps::default()
+        },
+        ..QpConfig::default()
     };
-    let a = dev.create_qp(caps).expect("qp");
-    let b = dev.create_qp(caps).expect("qp");
-    for q in [&a, &b] {
-        q.modify_to_init(&InitAttr::default()).expect("init");
-    }
-    for (x, y) in [(&a, &b), (&b, &a)] {
-        let local = x.endpoint(gid_index).expect("endpoint");
-        let remote = y.endpoint(gid_index).expect("endpoint");
-        x.modify_to_rtr(&RtrAttr {
-            remote,
-            path_mtu: local.mtu.min(remote.mtu).min(Mtu::Mtu4096),
-            min_rnr_timer: 1,
-            max_dest_rd_atomic: 16,
-            sgid_index: gid_index,
-            hop_limit: 64,
-        })
-        .expect("rtr");
-    }
-    for q in [&a, &b] {
-        q.modify_to_rts(&RtsAttr::default()).expect("rts");
-    }
+    let (a, b) = DeviceQps::new(dev.clone(), config)
+        .connected_pair()
+        .expect("connected QPs");
     (rt, dev, a, b)
 }
 

@@ -94,6 +94,17 @@ impl DeviceQps {
         self.init(qp)
     }
 
+    /// Two QPs of this device connected to each other (loopback through
+    /// the device), with no handshake: for tests and benchmarks on one
+    /// device.
+    pub fn connected_pair(&self) -> Result<(QueuePair, QueuePair), HandshakeError> {
+        let (a, ea) = self.create()?;
+        let (b, eb) = self.create()?;
+        self.connect(&a, &ea, &eb)?;
+        self.connect(&b, &eb, &ea)?;
+        Ok((a, b))
+    }
+
     fn init(&self, qp: QueuePair) -> Result<(QueuePair, Endpoint), HandshakeError> {
         qp.modify_to_init(&self.config.init)
             .map_err(provider_err("moving the QP to INIT"))?;
