@@ -33,6 +33,7 @@ pub(crate) struct Config {
     pub(crate) max_access: AccessFlags,
     pub(crate) token_lifetime: Duration,
     pub(crate) max_granted_bytes: u64,
+    pub(crate) max_unread_bytes: u64,
     pub(crate) request_timeout: Duration,
     /// Limit of the agent settings exchange (the handshake timeout).
     pub(crate) settings_timeout: Duration,
@@ -98,6 +99,7 @@ impl Default for RdmaBuilder {
                     | AccessFlags::REMOTE_ATOMIC,
                 token_lifetime: Duration::from_secs(60),
                 max_granted_bytes: 256 << 20,
+                max_unread_bytes: 64 << 20,
                 request_timeout: Duration::from_secs(5),
                 settings_timeout: Duration::from_secs(10),
             },
@@ -220,6 +222,19 @@ impl RdmaBuilder {
     /// (default 256 MiB).
     pub fn max_granted_bytes(mut self, bytes: u64) -> Self {
         self.config.max_granted_bytes = bytes;
+        self
+    }
+
+    /// Most bytes the peer may have delivered that the application has not
+    /// taken yet (messages, counted by the receive buffer they hold or
+    /// their length if reassembled; handed-over regions by their length;
+    /// immediates and tokens at 64 bytes each), default 64 MiB. Beyond it
+    /// the agent stops returning send credits to the peer, whose senders
+    /// then wait, until the application has taken enough for the backlog to
+    /// fall to half of it. Two applications that each only send and never
+    /// receive stop there, as two TCP peers that never read do.
+    pub fn max_unread_bytes(mut self, bytes: u64) -> Self {
+        self.config.max_unread_bytes = bytes;
         self
     }
 

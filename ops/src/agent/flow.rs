@@ -141,6 +141,52 @@ impl Owed {
     pub(crate) fn unsent(&self, n: u32) {
         self.owed.set(self.owed.get().saturating_add(n));
     }
+
+    /// Everything owed, if it makes at least one batch (the count restarts
+    /// at 0); `None` leaves it for the next [`reposted`](Self::reposted).
+    pub(crate) fn take_batch(&self) -> Option<u32> {
+        let n = self.owed.get();
+        if n >= self.batch {
+            self.owed.set(0);
+            Some(n)
+        } else {
+            None
+        }
+    }
+}
+
+/// The credits this side has given the peer and the peer has not used yet,
+/// as this side counts them: a grant counts from the moment its `Credit`
+/// message is posted (before the peer can have it), so a peer that keeps
+/// to the protocol never sends a credit-bearing message while the count is
+/// 0; one that does is sending without permission.
+#[derive(Debug, Default)]
+pub(crate) struct PeerCredits {
+    left: Cell<u64>,
+}
+
+impl PeerCredits {
+    /// `n` credits are on their way to the peer.
+    pub(crate) fn granted(&self, n: u32) {
+        self.left.set(self.left.get().saturating_add(n.into()));
+    }
+
+    /// A grant of `n` could not be posted after all.
+    pub(crate) fn ungranted(&self, n: u32) {
+        self.left.set(self.left.get().saturating_sub(n.into()));
+    }
+
+    /// A credit-bearing message arrived: false if the peer had no credit
+    /// left to send it with.
+    pub(crate) fn spend(&self) -> bool {
+        match self.left.get() {
+            0 => false,
+            n => {
+                self.left.set(n - 1);
+                true
+            }
+        }
+    }
 }
 
 /// Extra receive buffers (beyond the credits this side announced) for the
@@ -167,6 +213,29 @@ mod tests {
         assert_eq!(o.reposted(), None);
         o.unsent(3); // a Credit message that failed to go out
         assert_eq!(o.reposted(), Some(5), "the unsent credits ride along");
+    }
+
+    #[test]
+    fn peer_credits_catch_overspending() {
+        let p = PeerCredits::default();
+        assert!(!p.spend(), "nothing granted yet");
+        p.granted(2);
+        assert!(p.spend());
+        p.granted(3);
+        p.ungranted(3); // that grant was never posted
+        assert!(p.spend());
+        assert!(!p.spend(), "a third message with two credits");
+    }
+
+    #[test]
+    fn owed_whole_batches_only() {
+        let o = Owed::new(4);
+        o.unsent(3);
+        assert_eq!(o.take_batch(), None, "less than a batch stays owed");
+        assert_eq!(o.reposted(), Some(4));
+        o.unsent(9);
+        assert_eq!(o.take_batch(), Some(9));
+        assert_eq!(o.take_batch(), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use verbio_runtime::buf::{IoBuf, LocalBuf};
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::timeout;
 
+use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::AgentError;
 use super::mr::{bounds, LocalMr, RemoteMr};
 use super::rdma::{posted_spends, Rdma};
@@ -317,7 +318,10 @@ impl Rdma {
 
     async fn next_remote_mr(&self, want: Option<u64>) -> Result<(RemoteMr, u64), AgentError> {
         match self.shared.remote_mrs.recv(want).await {
-            Some((tag, token)) => Ok((RemoteMr::new(token, Rc::downgrade(&self.shared)), tag)),
+            Some((tag, token)) => {
+                self.shared.taken(SMALL_ITEM_CHARGE);
+                Ok((RemoteMr::new(token, Rc::downgrade(&self.shared)), tag))
+            }
             None => Err(self.shared.closed_error()),
         }
     }
@@ -383,7 +387,10 @@ impl Rdma {
 
     async fn next_local_mr(&self, want: Option<u64>) -> Result<(Vec<u8>, u64), AgentError> {
         match self.shared.local_mrs.recv(want).await {
-            Some((tag, mem)) => Ok((mem, tag)),
+            Some((tag, mem)) => {
+                self.shared.taken(local_mr_charge(&mem));
+                Ok((mem, tag))
+            }
             None => Err(self.shared.closed_error()),
         }
     }

@@ -11,6 +11,7 @@
 //! cut mid-way is aborted at the receiver (`Abort`), and a hand-over dropped
 //! before it was posted revokes its grant. Hand-overs carry a user tag.
 
+mod backlog;
 mod builder;
 mod error;
 mod flow;

@@ -23,6 +23,15 @@ pub struct RecvMsg {
 }
 
 impl RecvMsg {
+    /// What this message counts for in the unread backlog: the receive
+    /// buffer it holds (of `recv_buf_size` bytes) or its reassembled length.
+    pub(crate) fn charge(&self, recv_buf_size: usize) -> u64 {
+        match &self.body {
+            Body::Buf(_) => recv_buf_size as u64,
+            Body::Vec(v) => v.len() as u64,
+        }
+    }
+
     /// The immediate of `send_with_imm`.
     pub fn imm(&self) -> Option<u32> {
         self.imm

@@ -21,9 +21,10 @@ use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, Subm
 
 use std::net::SocketAddr;
 
+use super::backlog::{Backlog, SMALL_ITEM_CHARGE};
 use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
-use super::flow::{Credit, Credits, Owed};
+use super::flow::{Credit, Credits, Owed, PeerCredits};
 use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
@@ -65,6 +66,10 @@ pub(crate) struct Shared {
     pub(crate) negotiated: Negotiated,
     pub(crate) credits: Credits,
     pub(crate) owed: Owed,
+    /// The credits the peer holds, as this side counts them.
+    pub(crate) peer_credits: PeerCredits,
+    /// Delivered and not taken by the application.
+    pub(crate) backlog: Backlog,
     failure: RefCell<Option<CloseReason>>,
     pub(crate) inbox_tx: RefCell<Option<mpsc::UnboundedSender<Incoming>>>,
     pub(crate) imm_tx: RefCell<Option<mpsc::UnboundedSender<u32>>>,
@@ -121,6 +126,39 @@ impl Shared {
             }
             if let Err(e) = qp.close().await {
                 tracing::debug!(error = %e, "closing the agent QP");
+            }
+        });
+    }
+
+    /// The application took something of `charge` bytes from an inbox:
+    /// credits withheld while the backlog was over its limit go back to the
+    /// peer once it has fallen to half (by a task; in whole batches, the
+    /// rest rides with the agent's next return).
+    pub(crate) fn taken(self: &Rc<Self>, charge: u64) {
+        let n = self.backlog.remove(charge);
+        if n == 0 {
+            return;
+        }
+        self.owed.unsent(n);
+        let Some(grant) = self.owed.take_batch() else {
+            return;
+        };
+        let Some(handle) = Handle::try_current() else {
+            self.owed.unsent(grant);
+            return;
+        };
+        tracing::debug!(
+            qp = self.qp.qp_num(),
+            grant,
+            "backlog taken: returning withheld credits"
+        );
+        self.peer_credits.granted(grant);
+        let s = self.clone();
+        handle.spawn(async move {
+            if let Err(e) = s.send_message(&Message::Credit { grant }, false).await {
+                s.peer_credits.ungranted(grant);
+                s.owed.unsent(grant);
+                tracing::debug!(error = %e, "returning withheld credits failed");
             }
         });
     }
@@ -329,6 +367,8 @@ impl Rdma {
             pool,
             credits: Credits::new(0), // the peer's first `Credit` tells
             owed: Owed::new(config.credit_batch),
+            peer_credits: PeerCredits::default(),
+            backlog: Backlog::new(config.max_unread_bytes),
             config,
             negotiated,
             failure: RefCell::new(None),
@@ -376,6 +416,18 @@ impl Rdma {
     /// The reason the connection is down, `None` while it works.
     pub fn close_reason(&self) -> Option<CloseReason> {
         self.shared.failure()
+    }
+
+    /// Bytes the peer delivered that the application has not taken yet
+    /// (see [`RdmaBuilder::max_unread_bytes`](super::RdmaBuilder::max_unread_bytes)).
+    pub fn unread_bytes(&self) -> u64 {
+        self.shared.backlog.bytes()
+    }
+
+    /// Send credits withheld from the peer because the unread backlog is
+    /// over its limit (the peer's senders wait for them).
+    pub fn withheld_credits(&self) -> u32 {
+        self.shared.backlog.withheld()
     }
 
     /// The path MTU the QP was connected with.
@@ -500,7 +552,11 @@ impl Rdma {
     pub async fn receive_msg(&self) -> Result<RecvMsg, AgentError> {
         let mut rx = self.inbox.lock().await;
         match rx.next().await {
-            Some(m) => Ok(m),
+            Some(m) => {
+                self.shared
+                    .taken(m.charge(self.shared.config.recv_buf_size));
+                Ok(m)
+            }
             None => Err(self.shared.closed_error()),
         }
     }
@@ -521,7 +577,10 @@ impl Rdma {
     pub async fn receive_write_imm(&self) -> Result<u32, AgentError> {
         let mut rx = self.imm_inbox.lock().await;
         match rx.next().await {
-            Some(imm) => Ok(imm),
+            Some(imm) => {
+                self.shared.taken(SMALL_ITEM_CHARGE);
+                Ok(imm)
+            }
             None => Err(self.shared.closed_error()),
         }
     }

@@ -11,6 +11,7 @@ use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::{sleep_until, spawn, timeout, Submit};
 
+use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
 use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
@@ -77,6 +78,7 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
     let hello = Message::Credit {
         grant: shared.config.recv_buf_count,
     };
+    shared.peer_credits.granted(shared.config.recv_buf_count);
     if let Err(e) = shared.send_message(&hello, false).await {
         tracing::debug!(error = %e, "announcing the receive buffers failed");
         return;
@@ -109,9 +111,12 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
         };
         buf.clear();
         posted.push_back(shared.qp.recv(buf));
-        if credited {
+        // Over the unread limit, the credit stays here (see `Backlog`).
+        if credited && shared.backlog.credit_may_return() {
             if let Some(grant) = shared.owed.reposted() {
+                shared.peer_credits.granted(grant);
                 if let Err(e) = shared.send_message(&Message::Credit { grant }, false).await {
+                    shared.peer_credits.ungranted(grant);
                     // Owed again (a local failure such as an empty pool must
                     // not cost the peer its credits). Keep going: receives
                     // that completed before a connection failure still carry
@@ -129,34 +134,58 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
 async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &LocalBuf) -> Next {
     if rcv.by_write {
         // A WRITE_WITH_IMM: the data is in granted memory, the immediate here.
+        if !shared.peer_credits.spend() {
+            return refuse(shared, CloseReason::Violation(CREDITLESS)).await;
+        }
         if let (Some(imm), Some(tx)) = (rcv.imm, shared.imm_tx.borrow().as_ref()) {
-            let _ = tx.unbounded_send(imm);
+            if tx.unbounded_send(imm).is_ok() {
+                shared.backlog.add(SMALL_ITEM_CHARGE);
+            }
         }
         return Next::Repost(true);
     }
     let frame = &buf[..rcv.len.min(buf.len())];
     let outcome = match decode(frame) {
+        Ok(msg) if msg_is_credited(&msg) && !shared.peer_credits.spend() => {
+            Err(CloseReason::Violation(CREDITLESS))
+        }
         Ok(msg) => route(shared, msg),
         Err(e) => Err(CloseReason::Malformed(e)),
     };
     match outcome {
         Ok(next) => next,
-        Err(reason) => {
-            // Down first (pending calls fail with the reason), then tell the
-            // peer why; the close waits for this last send.
-            shared.fail(reason.clone());
-            if reason.is_protocol() {
-                tracing::warn!(qp = shared.qp.qp_num(), %reason, "peer broke the agent protocol");
-                let text = reason.to_string();
-                let notice = Message::Error {
-                    code: ERROR_CODE_PROTOCOL,
-                    text: shared.error_text(&text),
-                };
-                let _ = timeout(ERROR_NOTICE_LIMIT, shared.send_unchecked(&notice)).await;
-            }
-            Next::Stop
-        }
+        Err(reason) => refuse(shared, reason).await,
     }
+}
+
+/// Why a peer that sends beyond its credits is disconnected.
+const CREDITLESS: &str = "message sent without a send credit";
+
+/// True if the sender spent a credit on `msg` (everything but the
+/// messages that travel in the receiver's reserve buffers).
+fn msg_is_credited(msg: &Message<'_>) -> bool {
+    !matches!(
+        msg,
+        Message::Credit { .. } | Message::Error { .. } | Message::Close | Message::Settings(_)
+    )
+}
+
+/// Closes the connection for `reason`, telling the peer why if it broke
+/// the protocol.
+async fn refuse(shared: &Rc<Shared>, reason: CloseReason) -> Next {
+    // Down first (pending calls fail with the reason), then tell the peer
+    // why; the close waits for this last send.
+    shared.fail(reason.clone());
+    if reason.is_protocol() {
+        tracing::warn!(qp = shared.qp.qp_num(), %reason, "peer broke the agent protocol");
+        let text = reason.to_string();
+        let notice = Message::Error {
+            code: ERROR_CODE_PROTOCOL,
+            text: shared.error_text(&text),
+        };
+        let _ = timeout(ERROR_NOTICE_LIMIT, shared.send_unchecked(&notice)).await;
+    }
+    Next::Stop
 }
 
 /// Acts on a decoded message; `Err` closes the connection with that reason.
@@ -211,6 +240,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             tag,
             token,
         } => {
+            shared.backlog.add(SMALL_ITEM_CHARGE);
             shared.remote_mrs.push(tag, token);
             Ok(Next::Repost(true))
         }
@@ -220,7 +250,10 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             token,
         } => {
             match shared.grants.revoke(token.token_id, Some(&token)) {
-                Some(mem) => shared.local_mrs.push(tag, mem),
+                Some(mem) => {
+                    shared.backlog.add(local_mr_charge(&mem));
+                    shared.local_mrs.push(tag, mem);
+                }
                 None => tracing::warn!(
                     token_id = token.token_id,
                     "hand-back of an unknown, expired or forged grant refused"
@@ -313,10 +346,14 @@ fn reassemble(
     if p.bytes.len() as u64 == total_len {
         if let Some(done) = partial.remove(&msg_id) {
             if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
-                let _ = tx.unbounded_send(RecvMsg {
+                let msg = RecvMsg {
                     body: Body::Vec(done.bytes),
                     imm: done.imm,
-                });
+                };
+                let charge = msg.charge(shared.config.recv_buf_size);
+                if tx.unbounded_send(msg).is_ok() {
+                    shared.backlog.add(charge);
+                }
             }
         }
     }
@@ -394,10 +431,14 @@ fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Op
     match buf.slice(DATA_OVERHEAD..DATA_OVERHEAD + len) {
         Ok(payload) => {
             if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
-                let _ = tx.unbounded_send(RecvMsg {
+                let msg = RecvMsg {
                     body: Body::Buf(payload),
                     imm,
-                });
+                };
+                let charge = msg.charge(shared.config.recv_buf_size);
+                if tx.unbounded_send(msg).is_ok() {
+                    shared.backlog.add(charge);
+                }
             }
         }
         Err(rejected) => {

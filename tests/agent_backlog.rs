@@ -1,0 +1,176 @@
+//! Flow control toward the application (soft device, two runtimes on two
+//! threads): a receiver whose application does not take its messages stops
+//! returning send credits once its unread backlog passes
+//! `max_unread_bytes`, so the sender waits instead of the receiver's memory
+//! growing; once the application catches up, the withheld credits go back
+//! and everything arrives, in order. A peer that sends beyond the credits
+//! it was given is disconnected as a protocol violation.
+
+mod common;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use verbio::ops::agent::wire::{Message, Settings};
+use verbio::ops::connect::Listener;
+use verbio::runtime::{sleep, spawn};
+use verbio::{CloseReason, RdmaBuilder, Verbs};
+
+const MESSAGES: usize = 200;
+const LIMIT: u64 = 16 * 1024;
+const BUF: usize = 4096;
+const BUFS: u32 = 16;
+
+fn message(i: usize) -> Vec<u8> {
+    let mut m = format!("message {i:04} ").into_bytes();
+    m.extend(pattern(100 + i % 50, i as u8));
+    m
+}
+
+#[test]
+fn an_application_that_does_not_read_holds_up_the_sender_not_its_memory() {
+    let (done_tx, done_rx) = mpsc::channel::<usize>();
+    let (addr, server) = serve_rdma(
+        || {
+            RdmaBuilder::new()
+                .recv_buf_size(BUF)
+                .recv_buf_count(BUFS)
+                .max_unread_bytes(LIMIT)
+        },
+        1,
+        move |mut c| async move {
+            let r = c.remove(0);
+            // Not reading: wait until the peer's messages stop coming.
+            let mut last = (0, Instant::now());
+            while last.1.elapsed() < Duration::from_millis(300) {
+                sleep(Duration::from_millis(20)).await;
+                if r.unread_bytes() != last.0 {
+                    last = (r.unread_bytes(), Instant::now());
+                }
+            }
+            let unread = r.unread_bytes();
+            let withheld = r.withheld_credits();
+            // Each unread message holds a 4 KiB receive buffer. Past the
+            // limit no credit returns, so at most the peer's buffers' worth
+            // arrive after it.
+            let most = LIMIT + BUF as u64 * (u64::from(BUFS) + 1);
+            assert!(unread > LIMIT, "the backlog reached the limit: {unread}");
+            assert!(unread <= most, "unread {unread} > {most}");
+            assert!(withheld > 0, "credits withheld");
+            // Now read everything: the sender resumes and all arrive in order.
+            for i in 0..MESSAGES {
+                let got = r.receive().await.expect("receive");
+                assert_eq!(got, message(i), "message {i}");
+            }
+            assert_eq!(r.unread_bytes(), 0);
+            assert_eq!(r.withheld_credits(), 0);
+            r.send(b"all read").await.expect("send");
+            let _ = r.receive().await; // until the client closes
+            (unread, withheld)
+        },
+    );
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = Rc::new(dial_rdma(RdmaBuilder::new(), &dev, addr).await);
+        let sent = Rc::new(Cell::new(0usize));
+        let sender = {
+            let (r, sent) = (r.clone(), sent.clone());
+            spawn(async move {
+                for i in 0..MESSAGES {
+                    r.send(&message(i)).await.expect("send");
+                    sent.set(i + 1);
+                }
+            })
+        };
+        // Held up, not failed, while the server does not read.
+        sleep(Duration::from_millis(200)).await;
+        let stalled_at = sent.get();
+        assert!(stalled_at < MESSAGES, "all {MESSAGES} sent without reads");
+        assert!(r.close_reason().is_none(), "{:?}", r.close_reason());
+        sender.await;
+        assert_eq!(r.receive().await.expect("ack"), b"all read");
+        done_tx.send(stalled_at).unwrap();
+        let r = Rc::try_unwrap(r).expect("the sender task is done");
+        r.close().await.expect("close");
+    });
+    let stalled_at = done_rx.recv_timeout(WAIT).expect("client done");
+    let (unread, withheld) = server.join().expect("server");
+    eprintln!("sender held at {stalled_at} messages; receiver: {unread} unread bytes, {withheld} credits withheld");
+}
+
+#[test]
+fn a_peer_sending_beyond_its_credits_is_disconnected() {
+    // A raw endpoint stands in for a broken agent: it exchanges settings,
+    // then sends more messages than the credits it got (a backlog limit of
+    // 0 makes the client withhold every credit its application has not
+    // taken back by reading).
+    let (tx, rx) = mpsc::channel();
+    let th = std::thread::spawn(move || {
+        let (rt, dev) = runtime_and_device();
+        let l: Listener<_> = listen(&dev);
+        tx.send(l.local_addr().unwrap()).unwrap();
+        block(&rt, async move {
+            use futures::{AsyncReadExt, AsyncWriteExt};
+            let mut conn = l.accept().await.expect("accept");
+            let settings = Message::Settings(Settings {
+                max_message_len: 1 << 20,
+                recv_buf_size: BUF as u32,
+                recv_buf_count: 4,
+                credit_batch: 1,
+                max_recv_wr: conn.qp.caps().max_recv_wr,
+            });
+            let mut frame = vec![0u8; settings.encoded_len()];
+            settings.encode(&mut frame).unwrap();
+            conn.stream.write_all(&frame).await.unwrap();
+            let mut theirs = [0u8; 512];
+            let n = conn.stream.read(&mut theirs).await.unwrap();
+            assert!(n > 0, "the client's settings");
+            let pool = verbio::runtime::buf::MrPool::new(dev.pd());
+            // Room for the client's first credit and its error notice.
+            let recvs: Vec<_> = (0..4).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();
+            // The client announces 16 credits and, its application reading
+            // nothing, returns none: send 20 messages regardless.
+            let mut sends = Vec::new();
+            for i in 0..20u64 {
+                let msg = Message::Data {
+                    msg_id: i,
+                    total_len: 8,
+                    offset: 0,
+                    imm: None,
+                    payload: b"too many",
+                };
+                let mut b = buf(&pool, msg.encoded_len());
+                b.resize(msg.encoded_len(), 0).unwrap();
+                msg.encode(&mut b).unwrap();
+                sends.push(conn.qp.send(b));
+            }
+            let _ = futures::future::join_all(sends).await;
+            // Keep the QP and the side channel until the client has judged.
+            let _ = timeout_ok(futures::future::join_all(recvs)).await;
+        })
+    });
+    let addr = rx.recv_timeout(WAIT).expect("server start");
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new().max_unread_bytes(0), &dev, addr).await;
+        let deadline = Instant::now() + WAIT;
+        while r.close_reason().is_none() && Instant::now() < deadline {
+            sleep(Duration::from_millis(10)).await;
+        }
+        match r.close_reason() {
+            Some(CloseReason::Violation(why)) => assert!(why.contains("credit"), "{why}"),
+            other => panic!("expected a credit violation, got {other:?}"),
+        }
+    });
+    th.join().expect("raw peer");
+}
+
+/// Waits up to two seconds (the raw peer's receives may never complete).
+async fn timeout_ok<F: std::future::Future>(f: F) -> Option<F::Output> {
+    verbio::runtime::timeout(Duration::from_secs(2), f)
+        .await
+        .ok()
+}
