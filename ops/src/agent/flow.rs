@@ -48,7 +48,11 @@ impl Credits {
                     spent: false,
                 }));
             }
-            self.waiters.borrow_mut().push(cx.waker().clone());
+            let mut waiters = self.waiters.borrow_mut();
+            // One entry per waiting sender, however often it is polled.
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                waiters.push(cx.waker().clone());
+            }
             Poll::Pending
         })
         .await

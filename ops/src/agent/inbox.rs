@@ -77,7 +77,11 @@ impl<T> TaggedInbox<T> {
             if s.closed {
                 return Poll::Ready(None);
             }
-            s.waiters.push(cx.waker().clone());
+            // Polled again without a push (a spurious wake, a `select!`
+            // loop): one entry per receiver, not one per poll.
+            if !s.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                s.waiters.push(cx.waker().clone());
+            }
             Poll::Pending
         })
         .await
@@ -94,6 +98,21 @@ impl<T> TaggedInbox<T> {
 mod tests {
     use super::*;
     use futures::executor::block_on;
+    use std::future::Future;
+
+    #[test]
+    fn a_receiver_polled_again_waits_once() {
+        let inbox: TaggedInbox<&str> = TaggedInbox::new();
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut rx = std::pin::pin!(inbox.recv(None));
+        for _ in 0..10 {
+            assert!(rx.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(inbox.state.borrow().waiters.len(), 1);
+        inbox.push(0, "x");
+        assert_eq!(rx.poll(&mut cx), Poll::Ready(Some((0, "x"))));
+    }
 
     #[test]
     fn by_tag_or_in_order_and_closed() {
