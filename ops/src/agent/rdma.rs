@@ -30,7 +30,7 @@ use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
 use super::settings::{exchange, negotiate, Negotiated};
 use super::tokens::GrantTable;
-use super::wire::{Message, MrToken, RefuseCode};
+use super::wire::{Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS};
 use crate::connect::{path_mtu, Connection};
 use crate::verbs::Verbs;
 
@@ -74,6 +74,9 @@ pub(crate) struct Shared {
     pub(crate) inbox_tx: RefCell<Option<mpsc::UnboundedSender<Incoming>>>,
     pub(crate) imm_tx: RefCell<Option<mpsc::UnboundedSender<u32>>>,
     pub(crate) partial: RefCell<HashMap<u64, Partial>>,
+    /// Permits for this side's messages in progress in pieces
+    /// ([`MAX_SPLIT_IN_PROGRESS`]).
+    split_permits: Credits,
     next_msg_id: Cell<u64>,
     pub(crate) grants: GrantTable,
     pub(crate) requests: RefCell<HashMap<u64, oneshot::Sender<Result<MrToken, RefuseCode>>>>,
@@ -375,6 +378,7 @@ impl Rdma {
             inbox_tx: RefCell::new(Some(inbox_tx)),
             imm_tx: RefCell::new(Some(imm_tx)),
             partial: RefCell::new(HashMap::new()),
+            split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
             next_msg_id: Cell::new(0),
             grants: GrantTable::default(),
             requests: RefCell::new(HashMap::new()),
@@ -499,11 +503,22 @@ impl Rdma {
                 max,
             });
         }
-        let msg_id = s.next_msg_id();
         let piece = s.negotiated.piece_len;
+        // A message in several pieces waits for one of the peer's
+        // reassembly slots (taken here, given back by the guard).
+        let split = data.len() > piece;
+        if split {
+            match s.split_permits.acquire().await {
+                Ok(permit) => permit.spend(),
+                Err(_) => return Err(s.closed_error()),
+            }
+        }
+        let msg_id = s.next_msg_id();
         // A message in several pieces, cut before its last one was posted,
-        // leaves the peer a partial message: the guard tells it to discard.
-        let mut abort = (data.len() > piece).then(|| AbortOnDrop {
+        // leaves the peer a partial message: the guard tells it to discard
+        // (and only then frees the slot, so the `Abort` reaches the peer
+        // before a later message's first piece can take the slot).
+        let mut abort = split.then(|| AbortOnDrop {
             shared: s.clone(),
             msg_id,
             armed: true,
@@ -649,16 +664,19 @@ struct AbortOnDrop {
 }
 
 impl Drop for AbortOnDrop {
+    /// Frees the message's reassembly slot at the peer: at once if the
+    /// message went out whole or the connection failed, else once the
+    /// `Abort` is posted.
     fn drop(&mut self) {
-        if !self.armed {
+        let permits = &self.shared.split_permits;
+        if !self.armed || self.shared.failure().is_some() {
+            permits.grant(1);
             return;
         }
         let Some(h) = Handle::try_current() else {
+            permits.grant(1);
             return; // runtime teardown: the connection goes with it
         };
-        if self.shared.failure().is_some() {
-            return;
-        }
         let shared = self.shared.clone();
         let msg_id = self.msg_id;
         tracing::debug!(
@@ -669,6 +687,7 @@ impl Drop for AbortOnDrop {
             if let Err(e) = shared.send_message(&Message::Abort { msg_id }, true).await {
                 tracing::debug!(error = %e, msg_id, "sending an abort failed");
             }
+            shared.split_permits.grant(1);
         });
     }
 }

@@ -15,7 +15,9 @@ use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
 use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
-use super::wire::{decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD};
+use super::wire::{
+    decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
+};
 use crate::verbs::{Received, RecvVerb, Verbs};
 
 /// The posted receives, oldest first.
@@ -322,6 +324,11 @@ fn reassemble(
     let p = if offset == 0 {
         if partial.contains_key(&msg_id) {
             return Err(CloseReason::Violation("message id reused"));
+        }
+        if partial.len() >= MAX_SPLIT_IN_PROGRESS {
+            return Err(CloseReason::Violation(
+                "more messages in pieces at once than the protocol allows",
+            ));
         }
         partial.entry(msg_id).or_insert(Partial {
             total_len,

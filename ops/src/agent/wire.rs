@@ -34,6 +34,11 @@ pub const HEADER_LEN: usize = 12;
 pub const MAX_ERROR_TEXT: usize = 256;
 /// Size of an encoded [`MrToken`].
 pub const TOKEN_LEN: usize = 44;
+/// Most messages a sender may have in progress in pieces at once (the
+/// first piece posted, the last piece or an `Abort` not yet): a receiver
+/// reassembles at most this many, each at most `max_message_len` long, and
+/// disconnects a peer that starts more.
+pub const MAX_SPLIT_IN_PROGRESS: usize = 8;
 
 /// Why a frame could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,10 +1,14 @@
-//! Flow control toward the application (soft device, two runtimes on two
-//! threads): a receiver whose application does not take its messages stops
-//! returning send credits once its unread backlog passes
-//! `max_unread_bytes`, so the sender waits instead of the receiver's memory
-//! growing; once the application catches up, the withheld credits go back
-//! and everything arrives, in order. A peer that sends beyond the credits
-//! it was given is disconnected as a protocol violation.
+//! What a receiver bounds (soft device, two runtimes on two threads):
+//! - a receiver whose application does not take its messages stops
+//!   returning send credits once its unread backlog passes
+//!   `max_unread_bytes`, so the sender waits instead of the receiver's
+//!   memory growing; once the application catches up, the withheld credits
+//!   go back and everything arrives, in order;
+//! - a peer that sends beyond the credits it was given is disconnected as a
+//!   protocol violation;
+//! - many concurrent large sends arrive whole (a sender has at most
+//!   `MAX_SPLIT_IN_PROGRESS` messages in pieces at once), and a peer that
+//!   starts more is disconnected.
 
 mod common;
 
@@ -14,7 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use verbio::ops::agent::wire::{Message, Settings};
+use verbio::ops::agent::wire::{Message, Settings, MAX_SPLIT_IN_PROGRESS};
 use verbio::ops::connect::Listener;
 use verbio::runtime::{sleep, spawn};
 use verbio::{CloseReason, RdmaBuilder, Verbs};
@@ -103,10 +107,70 @@ fn an_application_that_does_not_read_holds_up_the_sender_not_its_memory() {
 
 #[test]
 fn a_peer_sending_beyond_its_credits_is_disconnected() {
-    // A raw endpoint stands in for a broken agent: it exchanges settings,
-    // then sends more messages than the credits it got (a backlog limit of
-    // 0 makes the client withhold every credit its application has not
-    // taken back by reading).
+    // The client announces 16 credits and, its application reading nothing
+    // (a backlog limit of 0), returns none: 20 messages are 4 too many.
+    let msgs: Vec<(u64, u64)> = (0..20).map(|i| (i, 8)).collect();
+    let why = broken_peer(RdmaBuilder::new().max_unread_bytes(0), msgs);
+    assert!(why.contains("credit"), "{why}");
+}
+
+#[test]
+fn a_peer_with_too_many_messages_in_pieces_is_disconnected() {
+    // First pieces of MAX_SPLIT_IN_PROGRESS + 1 messages of 1000 bytes.
+    let msgs: Vec<(u64, u64)> = (0..=MAX_SPLIT_IN_PROGRESS as u64)
+        .map(|i| (i, 1000))
+        .collect();
+    let why = broken_peer(RdmaBuilder::new(), msgs);
+    assert!(why.contains("pieces"), "{why}");
+}
+
+#[test]
+fn many_concurrent_large_sends_arrive_whole() {
+    const SENDS: usize = 3 * MAX_SPLIT_IN_PROGRESS;
+    let big = |i: usize| pattern(5_000 + i * 7, i as u8); // ~20 pieces each
+    let (addr, server) = serve_rdma(
+        || RdmaBuilder::new().recv_buf_size(256),
+        1,
+        move |mut c| async move {
+            let r = c.remove(0);
+            let mut got = Vec::new();
+            for _ in 0..SENDS {
+                got.push(r.receive().await.expect("receive"));
+            }
+            assert!(r.close_reason().is_none(), "{:?}", r.close_reason());
+            r.send(b"done").await.expect("send");
+            let _ = r.receive().await;
+            got
+        },
+    );
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = Rc::new(dial_rdma(RdmaBuilder::new(), &dev, addr).await);
+        let tasks: Vec<_> = (0..SENDS)
+            .map(|i| {
+                let r = r.clone();
+                spawn(async move { r.send(&big(i)).await.expect("send") })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+        assert_eq!(r.receive().await.expect("done"), b"done");
+        let r = Rc::try_unwrap(r).expect("senders done");
+        r.close().await.expect("close");
+    });
+    let mut got = server.join().expect("server");
+    got.sort();
+    let mut want: Vec<_> = (0..SENDS).map(big).collect();
+    want.sort();
+    assert!(got == want, "every message arrived whole");
+}
+
+/// A raw endpoint standing in for a broken agent: it exchanges settings,
+/// then sends first pieces of the messages `(msg_id, total_len)` (whole
+/// messages of 8 bytes when `total_len` is 8) without waiting for credits.
+/// Returns why the client (built by `client`) disconnected.
+fn broken_peer(client: RdmaBuilder, msgs: Vec<(u64, u64)>) -> String {
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let (rt, dev) = runtime_and_device();
@@ -131,16 +195,14 @@ fn a_peer_sending_beyond_its_credits_is_disconnected() {
             let pool = verbio::runtime::buf::MrPool::new(dev.pd());
             // Room for the client's first credit and its error notice.
             let recvs: Vec<_> = (0..4).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();
-            // The client announces 16 credits and, its application reading
-            // nothing, returns none: send 20 messages regardless.
             let mut sends = Vec::new();
-            for i in 0..20u64 {
+            for (msg_id, total_len) in msgs {
                 let msg = Message::Data {
-                    msg_id: i,
-                    total_len: 8,
+                    msg_id,
+                    total_len,
                     offset: 0,
                     imm: None,
-                    payload: b"too many",
+                    payload: b"eight by",
                 };
                 let mut b = buf(&pool, msg.encoded_len());
                 b.resize(msg.encoded_len(), 0).unwrap();
@@ -154,18 +216,19 @@ fn a_peer_sending_beyond_its_credits_is_disconnected() {
     });
     let addr = rx.recv_timeout(WAIT).expect("server start");
     let (rt, dev) = runtime_and_device();
-    block(&rt, async {
-        let r = dial_rdma(RdmaBuilder::new().max_unread_bytes(0), &dev, addr).await;
+    let why = block(&rt, async {
+        let r = dial_rdma(client, &dev, addr).await;
         let deadline = Instant::now() + WAIT;
         while r.close_reason().is_none() && Instant::now() < deadline {
             sleep(Duration::from_millis(10)).await;
         }
         match r.close_reason() {
-            Some(CloseReason::Violation(why)) => assert!(why.contains("credit"), "{why}"),
-            other => panic!("expected a credit violation, got {other:?}"),
+            Some(CloseReason::Violation(why)) => why.to_string(),
+            other => panic!("expected a protocol violation, got {other:?}"),
         }
     });
     th.join().expect("raw peer");
+    why
 }
 
 /// Waits up to two seconds (the raw peer's receives may never complete).
