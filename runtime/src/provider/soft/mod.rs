@@ -65,6 +65,7 @@ mod context;
 mod cq;
 mod direct;
 mod dma;
+mod drive;
 mod engine;
 mod eqp;
 mod mr;

@@ -10,6 +10,7 @@ use super::conn::{ReadJob, Resp};
 use super::context::Shared;
 use super::cq::lock;
 use super::dma::{check_local, scatter, write_raw};
+use super::drive::note_feed;
 use super::engine::{psn_add, EQp, Engine};
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_OP, NAK_RNR,
@@ -67,11 +68,13 @@ impl Engine {
             sh,
             conns,
             ack_delay,
+            cq_feeds,
             ..
         } = self;
         let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
             return;
         };
+        note_feed(cq_feeds, conns, eq, cid);
         if !matches!(st, QpState::Rtr | QpState::Rts) || !eq.configured {
             return;
         }
