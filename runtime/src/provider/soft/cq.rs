@@ -236,6 +236,12 @@ impl CqShared {
         }
     }
 
+    /// Completions waiting (tests: looks without receiving).
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        lock(&self.state).queue.len()
+    }
+
     /// True while armed.
     pub fn armed(&self) -> bool {
         self.armed_flag.load(Ordering::SeqCst)

@@ -63,6 +63,7 @@ impl Engine {
         let until = self.sh.nanos_at(now + self.sh.lease);
         // (The engine's spin after its own deliveries is not for these.)
         let completed = self.sh.completed.load(Ordering::Relaxed);
+        self.in_app = true;
         for cid in cids {
             match self.conns.get(cid) {
                 Some(Conn {
@@ -84,6 +85,7 @@ impl Engine {
         self.fail_overflowed();
         self.raise_events();
         self.sh.completed.store(completed, Ordering::Relaxed);
+        self.in_app = false;
         if busy || std::mem::take(&mut self.kick) {
             // Work left that does not wait for the socket, or a timer the
             // sleeping engine does not know of.
@@ -155,6 +157,10 @@ impl Engine {
         self.muted.retain(|c| *c != cid);
     }
 }
+
+#[cfg(test)]
+#[path = "drive_tests.rs"]
+mod tests;
 
 /// A packet for `eq` arrived on `cid`: its CQs are fed by that connection.
 pub(crate) fn note_feed(

@@ -102,6 +102,10 @@ pub(crate) struct Engine {
     /// An application's receive left the engine a timer it may sleep past
     /// (an RNR wait): it must be woken.
     pub kick: bool,
+    /// An application's receive runs (see `drive.rs`).
+    pub in_app: bool,
+    /// Packets applications' receives handled (for tests and diagnostics).
+    pub app_packets: u64,
 }
 
 impl Engine {
@@ -129,6 +133,8 @@ impl Engine {
             cq_feeds: HashMap::new(),
             muted: Vec::new(),
             kick: false,
+            in_app: false,
+            app_packets: 0,
         })
     }
 }
@@ -731,6 +737,9 @@ impl Engine {
     }
 
     fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
+        if self.in_app {
+            self.app_packets += 1;
+        }
         match hdr.opcode {
             Opcode::Hello => {}
             op if op.is_request() => self.on_request(cid, hdr, payload, None),

@@ -130,6 +130,12 @@ impl Wire {
         }
     }
 
+    /// True while the engine does not watch the socket's input.
+    #[cfg(test)]
+    pub fn is_muted(&self) -> bool {
+        *lock(&self.muted)
+    }
+
     /// The lease's end (0 = none).
     pub fn lease_until(&self) -> u64 {
         self.lease_until.load(Ordering::Relaxed)
