@@ -153,6 +153,9 @@ impl Engine {
             if eq.rx_conn == Some(cid) {
                 eq.rx_conn = None;
             }
+            if eq.resp_conn == Some(cid) {
+                eq.resp_conn = None;
+            }
         }
         self.muted.retain(|c| *c != cid);
     }

@@ -40,6 +40,10 @@ const DIRECT_TICK: Duration = Duration::from_millis(10);
 /// ... for this long after the last such post it learned of.
 const DIRECT_AWAKE: Duration = Duration::from_secs(1);
 
+/// How long a QP waits for its peer's engine (the one with the lower
+/// address) to connect before its own engine connects.
+const CONN_GRACE: Duration = Duration::from_millis(20);
+
 /// How long the engine keeps polling after delivering a completion before
 /// it sleeps (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
 const DEFAULT_SPIN_US: u64 = 50;
@@ -102,6 +106,8 @@ pub(crate) struct Engine {
     /// An application's receive left the engine a timer it may sleep past
     /// (an RNR wait): it must be woken.
     pub kick: bool,
+    /// QPs waiting for their peer's engine to connect, until when.
+    conn_wait: Vec<(u32, Instant)>,
     /// An application's receive runs (see `drive.rs`).
     pub in_app: bool,
     /// Packets applications' receives handled (for tests and diagnostics).
@@ -133,6 +139,7 @@ impl Engine {
             cq_feeds: HashMap::new(),
             muted: Vec::new(),
             kick: false,
+            conn_wait: Vec::new(),
             in_app: false,
             app_packets: 0,
         })
@@ -230,6 +237,7 @@ impl Engine {
             self.direct_until = Some(now + DIRECT_AWAKE);
         }
         self.timers(now);
+        self.retry_conn_waits();
         self.expire_leases(now);
         let mut held = std::mem::take(&mut self.held);
         for cid in held.drain(..) {
@@ -423,9 +431,30 @@ impl Engine {
         let Some(addr) = eq.cfg.remote_addr else {
             return;
         };
+        let waiting = self.conn_wait.iter().position(|(q, _)| *q == qpn);
         if let Some(&c) = self.peers.get(&addr) {
             eq.conn = Some(c);
+            if let Some(i) = waiting {
+                self.conn_wait.swap_remove(i);
+            }
             return;
+        }
+        if addr < self.sh.addr {
+            // One connection per pair of engines (requests, responses and
+            // TCP's own ACKs share it): the engine with the lower address
+            // connects; this one waits for it a little before it connects
+            // itself (the peer may not need a connection now).
+            let now = Instant::now();
+            match waiting {
+                Some(i) if self.conn_wait[i].1 <= now => {
+                    self.conn_wait.swap_remove(i);
+                }
+                Some(_) => return,
+                None => {
+                    self.conn_wait.push((qpn, now + CONN_GRACE));
+                    return;
+                }
+            }
         }
         match self.connect(addr) {
             Ok(c) => {
@@ -859,6 +888,21 @@ impl Engine {
         }
     }
 
+    /// QPs waiting for their peer's connection: bound once it is there
+    /// (or connecting themselves once the wait is over).
+    fn retry_conn_waits(&mut self) {
+        if self.conn_wait.is_empty() {
+            return;
+        }
+        let Engine { conn_wait, qps, .. } = self;
+        conn_wait.retain(|(q, _)| qps.get(q).is_some_and(|eq| eq.conn.is_none()));
+        let list: SmallVec<[u32; 8]> = self.conn_wait.iter().map(|(q, _)| *q).collect();
+        for qpn in list {
+            self.ensure_conn(qpn);
+            self.schedule(qpn);
+        }
+    }
+
     fn timers(&mut self, now: Instant) {
         let mut resched = std::mem::take(&mut self.resched_buf);
         for (qpn, eq) in self.qps.iter_mut() {
@@ -899,6 +943,7 @@ impl Engine {
         }
         let tick = self.direct_until.map(|_| now + DIRECT_TICK);
         let lease = self.lease_deadline();
+        let conn_wait = self.conn_wait.iter().map(|(_, t)| *t).min();
         self.qps
             .values()
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
@@ -906,6 +951,7 @@ impl Engine {
             .chain(held)
             .chain(tick)
             .chain(lease)
+            .chain(conn_wait)
             .min()
     }
 }

@@ -64,6 +64,9 @@ pub(crate) struct EQp {
     pub cur_recv: Option<RecvWqe>,
     /// The connection its last packet arrived on (see `drive::note_feed`).
     pub rx_conn: Option<usize>,
+    /// The connection its responses leave on (once chosen, all of them:
+    /// responses must stay in order).
+    pub resp_conn: Option<usize>,
 }
 
 impl EQp {
@@ -90,6 +93,7 @@ impl EQp {
             epsn: 0,
             cur_recv: None,
             rx_conn: None,
+            resp_conn: None,
         }
     }
 
@@ -106,6 +110,7 @@ impl EQp {
             self.ack_deadline = None;
             self.rd_outstanding = 0;
             self.cur_recv = None;
+            self.resp_conn = None;
         }
         if inner.gen != self.gen {
             self.gen = inner.gen;

@@ -83,7 +83,18 @@ impl Engine {
             // requester goes back to the expected PSN.
             return;
         }
-        let Some(conn) = conns.get_mut(cid) else {
+        // Responses leave on the connection this QP sends its own requests
+        // on (where a held ACK can ride with the next one), chosen once so
+        // that they stay in order.
+        let out = match eq.resp_conn {
+            Some(c) if conns.contains(c) => c,
+            _ => {
+                let c = eq.conn.filter(|c| conns.contains(*c)).unwrap_or(cid);
+                eq.resp_conn = Some(c);
+                c
+            }
+        };
+        let Some(conn) = conns.get_mut(out) else {
             return;
         };
         let outcome = if placed == Some(false) {
@@ -131,7 +142,7 @@ impl Engine {
                 });
             }
         }
-        self.activate(cid);
+        self.activate(out);
     }
 }
 
