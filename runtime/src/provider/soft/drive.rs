@@ -35,7 +35,7 @@ use smallvec::SmallVec;
 use super::conn::Conn;
 use super::context::Context;
 use super::cq::{lock, CqShared};
-use super::engine::{EQp, Engine};
+use super::engine::{EQp, Engine, DIRECT_TICK};
 use std::collections::HashMap;
 
 impl Context {
@@ -64,6 +64,7 @@ impl Engine {
         // (The engine's spin after its own deliveries is not for these.)
         let completed = self.sh.completed.load(Ordering::Relaxed);
         self.in_app = true;
+        let packets = self.app_packets;
         for cid in cids {
             match self.conns.get(cid) {
                 Some(Conn {
@@ -86,11 +87,35 @@ impl Engine {
         self.raise_events();
         self.sh.completed.store(completed, Ordering::Relaxed);
         self.in_app = false;
-        if busy || std::mem::take(&mut self.kick) {
-            // Work left that does not wait for the socket, or a timer the
+        let handled = self.app_packets != packets;
+        if busy || std::mem::take(&mut self.kick) || self.engine_sleeps_too_long(now, handled) {
+            // Work left that does not wait for the socket, or timers the
             // sleeping engine does not know of.
             self.sh.ring();
         }
+    }
+
+    /// True if the sleeping engine would not wake in time for what this
+    /// receive left it (the application may stop polling now): ACKs held
+    /// for a post to ride with (sent once their hold ends, should no post
+    /// come), and, if packets were handled, the timers they may have
+    /// started (ACK timeouts: the engine wakes at least every
+    /// `DIRECT_TICK` once it knows of them).
+    fn engine_sleeps_too_long(&self, now: Instant, handled: bool) -> bool {
+        let held = self
+            .held
+            .iter()
+            .filter_map(|&c| self.conns.get(c)?.ack_hold)
+            .min()
+            .map(|t| t + self.sh.lease);
+        let timers = handled.then(|| now + DIRECT_TICK);
+        let Some(need) = held.into_iter().chain(timers).min() else {
+            return false;
+        };
+        // (`wake_by` is current while the engine sleeps: it set it under
+        // the engine lock, which we hold.)
+        self.sh.sleeping.load(Ordering::SeqCst)
+            && self.sh.wake_by.load(Ordering::SeqCst) > self.sh.nanos_at(need)
     }
 
     /// The engine's poll reported input on `cid`: stop watching it while

@@ -514,3 +514,42 @@ fn an_expired_lease_hands_the_socket_back() {
     assert_eq!((r.wr_id, r.status), (8, WcStatus::Success));
     assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
 }
+
+#[test]
+fn acks_held_by_a_receive_that_stops_polling_still_leave() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    // Let the receiver's engine take its socket back and sleep without a
+    // deadline; then keep what arrives from waking it (as when the
+    // application reads it before the engine's poll looks): the socket's
+    // input is not watched, and the engine does not know.
+    std::thread::sleep(Duration::from_millis(10));
+    let wires: Vec<_> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        let now = Instant::now();
+        let until = eng.sh.nanos_at(now + Duration::from_secs(60));
+        eng.cq_feeds[&b.rcq.handle()]
+            .iter()
+            .filter_map(|&cid| eng.conns[cid].stream.clone())
+            .inspect(|w| {
+                w.renew_lease(until);
+                assert!(w.mute(&eng.sh.registry, eng.sh.nanos_at(now), || false));
+            })
+            .collect()
+    };
+    post_recv(&b.qp, 300, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(30, SendOp::Send, sbuf.sge(0, 8)));
+    // The receiver's poll receives (holding the ACK for an answer that
+    // never comes), then the receiver stops polling.
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status), (300, WcStatus::Success));
+    // The requester's SEND completes (its ACK was sent), not with
+    // RETRY_EXC_ERR after its timeouts.
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (30, WcStatus::Success));
+    for w in wires {
+        w.revoke(&b.ctx.shared().registry);
+    }
+}

@@ -36,7 +36,7 @@ const DIRECT_MIN: usize = 16 * 1024;
 
 /// While posting threads transmit requests themselves, the engine wakes at
 /// least this often (to time their WRs out without being rung for each).
-const DIRECT_TICK: Duration = Duration::from_millis(10);
+pub(crate) const DIRECT_TICK: Duration = Duration::from_millis(10);
 /// ... for this long after the last such post it learned of.
 const DIRECT_AWAKE: Duration = Duration::from_secs(1);
 
