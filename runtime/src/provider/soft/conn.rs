@@ -140,8 +140,9 @@ pub(crate) struct Conn {
     /// receiver's application usually answers at once): one write and one
     /// wakeup of the peer instead of two.
     pub ack_hold: Option<Instant>,
-    /// The CQs its packets complete WRs of (see `drive.rs`).
-    pub cqs: smallvec::SmallVec<[std::sync::Weak<super::cq::CqShared>; 2]>,
+    /// The CQs its packets complete WRs of, with their handles (see
+    /// `drive.rs`).
+    pub cqs: smallvec::SmallVec<[(u32, std::sync::Weak<super::cq::CqShared>); 2]>,
 }
 
 /// Result of trying to write.

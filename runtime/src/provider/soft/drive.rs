@@ -130,7 +130,7 @@ impl Engine {
         let armed = || {
             conn.cqs
                 .iter()
-                .any(|c| c.upgrade().is_some_and(|c| c.armed()))
+                .any(|(_, c)| c.upgrade().is_some_and(|c| c.armed()))
         };
         if w.mute(&self.sh.registry, self.sh.nanos_at(now), armed) {
             self.muted.push(cid);
@@ -170,7 +170,7 @@ impl Engine {
             list.retain(|c| *c != cid);
         }
         if let Some(wire) = &conn.stream {
-            for cq in conn.cqs.iter().filter_map(|c| c.upgrade()) {
+            for cq in conn.cqs.iter().filter_map(|(_, c)| c.upgrade()) {
                 lock(&cq.feeds).retain(|w| !Arc::ptr_eq(w, wire));
             }
         }
@@ -208,13 +208,21 @@ pub(crate) fn note_feed(
     let Some(wire) = conn.stream.clone() else {
         return;
     };
+    // (CQs destroyed meanwhile are forgotten here.)
+    conn.cqs.retain(|(handle, c)| {
+        let alive = c.strong_count() > 0;
+        if !alive {
+            feeds.remove(handle);
+        }
+        alive
+    });
     for cq in [&eq.sh.recv_cq, &eq.sh.send_cq] {
         let list = feeds.entry(cq.handle).or_default();
         if !list.contains(&cid) {
             list.push(cid);
         }
-        if !conn.cqs.iter().any(|c| c.as_ptr() == Arc::as_ptr(cq)) {
-            conn.cqs.push(Arc::downgrade(cq));
+        if !conn.cqs.iter().any(|(_, c)| c.as_ptr() == Arc::as_ptr(cq)) {
+            conn.cqs.push((cq.handle, Arc::downgrade(cq)));
         }
         let mut f = lock(&cq.feeds);
         if !f.iter().any(|w| Arc::ptr_eq(w, &wire)) {

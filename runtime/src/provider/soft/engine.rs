@@ -223,6 +223,8 @@ impl Engine {
             self.raise_events();
             return None;
         }
+        // (The engine is awake: an application's receive need not ring it.)
+        self.kick = false;
         let posted = self.service_dirty();
         let now = Instant::now();
         if posted {
