@@ -340,6 +340,40 @@ mod tests {
     }
 
     #[test]
+    fn only_a_cq_polled_empty_again_without_arming_receives_itself() {
+        let events = Arc::new(EventQueue::new().expect("eventfd"));
+        let cq = CqShared::new(1, 4, None, events);
+        let registry = mio::Poll::new()
+            .expect("epoll")
+            .registry()
+            .try_clone()
+            .expect("registry");
+        let mut out = [Completion::EMPTY; 2];
+        // A sleeping application: drains, arms, polls once more, sleeps.
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
+        cq.req_notify(false, &registry);
+        assert!(cq.armed());
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false), "armed");
+        let wc = Completion {
+            wr_id: 7,
+            ..Completion::EMPTY
+        };
+        assert_eq!(cq.push(wc, false), Push::Fired);
+        assert!(!cq.armed());
+        assert_eq!(cq.poll(&mut out).expect("poll"), (1, false));
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
+        // A busy-polling one: from the second empty poll on, until it arms.
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, true));
+        assert_eq!(cq.push(wc, false), Push::Queued);
+        assert_eq!(cq.poll(&mut out).expect("poll"), (1, false));
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, true));
+        assert_eq!(cq.poll(&mut []).expect("poll"), (0, false), "no room asked");
+        cq.req_notify(true, &registry);
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
+    }
+
+    #[test]
     fn event_fd_is_readable_while_events_wait_and_late_signals_clear() {
         let q = EventQueue::<u32>::new().expect("eventfd");
         assert!(!readable(q.fd()));
