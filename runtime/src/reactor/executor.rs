@@ -1,12 +1,14 @@
 //! The local task queue: `spawn`, wakers and [`JoinHandle`].
 //!
 //! Tasks live in a slab on the runtime's thread. Their wakers are
-//! thread-safe (`std::task::Wake`): waking pushes the task id into a small
-//! mutex-protected queue and, only if the reactor is asleep in epoll, kicks
-//! the `mio::Waker`. Same-thread wakes therefore cost no syscall, and skip
-//! the mutex too: a waker that fires on its runtime's own thread (the op
-//! path: the reactor completes an op and wakes its task) pushes into a
-//! thread-local queue instead.
+//! thread-safe (an `Arc` behind a vtable of our own): waking pushes the task
+//! id into a small mutex-protected queue and, only if the reactor is asleep
+//! in epoll, kicks the `mio::Waker`. Same-thread wakes therefore cost no
+//! syscall, and skip the mutex and atomic read-modify-writes too: a waker
+//! that fires on its runtime's own thread (the op path: the reactor
+//! completes an op and wakes its task) pushes into a thread-local queue
+//! instead. The op table recognizes these wakers ([`is_task_waker`]) and
+//! keeps and wakes them by reference (no refcount traffic per op).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -15,7 +17,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
 use slab::Slab;
 
@@ -77,31 +79,37 @@ struct TaskWaker {
     shared: Arc<Shared>,
 }
 
-impl Wake for TaskWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        if !self.scheduled.swap(true, Ordering::AcqRel) {
-            let shared = Arc::as_ptr(&self.shared);
-            let ours = LOCAL_SHARED
-                .try_with(|l| l.get() == shared)
-                .unwrap_or(false);
-            let local = ours
-                && if self.id == MAIN {
-                    LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
-                } else {
-                    LOCAL_QUEUE
-                        .try_with(|q| match q.try_borrow_mut() {
-                            Ok(mut q) => {
-                                q.push(self.id);
-                                LOCAL_PENDING.set(true);
-                                true
-                            }
-                            Err(_) => false,
-                        })
-                        .unwrap_or(false)
-                };
+impl TaskWaker {
+    /// Queues the task (once until it is polled). On the executor's own
+    /// thread this touches no atomic read-modify-write: the flag is read and
+    /// set with plain loads and stores (only this thread clears it, so a
+    /// plain load sees its latest clear; a cross-thread wake racing the set
+    /// can at worst queue the task twice, a spurious poll). Other threads
+    /// swap the flag and push into the mutex-protected queue.
+    fn wake_ref(&self) {
+        let shared = Arc::as_ptr(&self.shared);
+        let ours = LOCAL_SHARED
+            .try_with(|l| l.get() == shared)
+            .unwrap_or(false);
+        if ours {
+            if self.scheduled.load(Ordering::Acquire) {
+                return;
+            }
+            self.scheduled.store(true, Ordering::Release);
+            let local = if self.id == MAIN {
+                LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
+            } else {
+                LOCAL_QUEUE
+                    .try_with(|q| match q.try_borrow_mut() {
+                        Ok(mut q) => {
+                            q.push(self.id);
+                            LOCAL_PENDING.set(true);
+                            true
+                        }
+                        Err(_) => false,
+                    })
+                    .unwrap_or(false)
+            };
             if !local {
                 self.shared.push(self.id);
             } else if self.shared.sleeping.load(Ordering::SeqCst) {
@@ -109,8 +117,75 @@ impl Wake for TaskWaker {
                 // waits on our epoll fd, so make it readable.
                 self.shared.kick();
             }
+        } else if !self.scheduled.swap(true, Ordering::AcqRel) {
+            self.shared.push(self.id);
         }
     }
+}
+
+/// The wakers of the executor's tasks: an `Arc<TaskWaker>` behind a vtable
+/// of our own, so that [`is_task_waker`] can recognize them.
+static TASK_WAKER_VTABLE: RawWakerVTable = RawWakerVTable::new(
+    task_waker_clone,
+    task_waker_wake,
+    task_waker_wake_by_ref,
+    task_waker_drop,
+);
+
+/// A waker owning one strong count of `flag`.
+fn task_waker(flag: Arc<TaskWaker>) -> Waker {
+    let raw = RawWaker::new(Arc::into_raw(flag).cast::<()>(), &TASK_WAKER_VTABLE);
+    // SAFETY: the data pointer comes from `Arc::into_raw::<TaskWaker>` and
+    // owns one strong count; the vtable's functions treat it as exactly that
+    // (clone adds a count, wake and drop give one back, wake_by_ref only
+    // borrows), and `TaskWaker` is `Send + Sync`, as `Waker` requires.
+    unsafe { Waker::from_raw(raw) }
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a live waker made by [`task_waker`].
+unsafe fn task_waker_clone(p: *const ()) -> RawWaker {
+    // SAFETY: `p` comes from `Arc::into_raw::<TaskWaker>` and the waker
+    // holding it keeps that count alive during this call.
+    unsafe { Arc::increment_strong_count(p.cast::<TaskWaker>()) };
+    RawWaker::new(p, &TASK_WAKER_VTABLE)
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a waker made by [`task_waker`], whose strong
+/// count this call consumes.
+unsafe fn task_waker_wake(p: *const ()) {
+    // SAFETY: the waker being consumed owns this count (caller contract).
+    let flag = unsafe { Arc::from_raw(p.cast::<TaskWaker>()) };
+    flag.wake_ref();
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a live waker made by [`task_waker`].
+unsafe fn task_waker_wake_by_ref(p: *const ()) {
+    // SAFETY: the live waker keeps the `TaskWaker` alive during this call.
+    let flag = unsafe { &*p.cast::<TaskWaker>() };
+    flag.wake_ref();
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a waker made by [`task_waker`], whose strong
+/// count this call consumes.
+unsafe fn task_waker_drop(p: *const ()) {
+    // SAFETY: the waker being dropped owns this count (caller contract).
+    drop(unsafe { Arc::from_raw(p.cast::<TaskWaker>()) });
+}
+
+/// True for the wakers of a verbio executor's tasks (of any runtime). Their
+/// wake runs no foreign code: it only queues the task (or, from another
+/// thread, pushes it into the runtime's shared queue and kicks its epoll).
+#[inline]
+pub(crate) fn is_task_waker(w: &Waker) -> bool {
+    std::ptr::eq(w.vtable(), &TASK_WAKER_VTABLE)
 }
 
 struct Task {
@@ -160,7 +235,7 @@ impl Executor {
             ready: RefCell::new(VecDeque::with_capacity(64)),
             spare: RefCell::new(Vec::with_capacity(64)),
             shared,
-            main_waker: Waker::from(main.clone()),
+            main_waker: task_waker(main.clone()),
             main,
             main_woken: Cell::new(false),
         }
@@ -212,7 +287,7 @@ impl Executor {
             scheduled: AtomicBool::new(false),
             shared: self.shared.clone(),
         });
-        let waker = Waker::from(flag.clone());
+        let waker = task_waker(flag.clone());
         entry.insert(Task {
             future: Some(Box::pin(task)),
             waker: waker.clone(),
@@ -459,5 +534,68 @@ impl<T> std::fmt::Debug for JoinHandle<T> {
         f.debug_struct("JoinHandle")
             .field("finished", &self.is_finished())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use std::task::{Poll, Waker};
+
+    use crate::reactor::Runtime;
+    use crate::testing::settle;
+
+    /// A task that counts its polls and hands out its waker.
+    fn counted(rt: &Runtime) -> (Rc<Cell<u32>>, Rc<RefCell<Option<Waker>>>) {
+        let polls = Rc::new(Cell::new(0));
+        let waker = Rc::new(RefCell::new(None));
+        let (p, w) = (polls.clone(), waker.clone());
+        rt.spawn(std::future::poll_fn(move |cx| {
+            p.set(p.get() + 1);
+            *w.borrow_mut() = Some(cx.waker().clone());
+            Poll::<()>::Pending
+        }));
+        (polls, waker)
+    }
+
+    #[test]
+    fn same_thread_wakes_of_a_queued_task_poll_it_once() {
+        let rt = Runtime::new().unwrap();
+        let (polls, waker) = counted(&rt);
+        settle(&rt);
+        assert_eq!(polls.get(), 1);
+        let w = waker.borrow().clone().unwrap();
+        assert!(super::is_task_waker(&w));
+        w.wake_by_ref();
+        w.wake_by_ref();
+        w.clone().wake();
+        settle(&rt);
+        assert_eq!(polls.get(), 2, "three wakes before the poll: one poll");
+        w.wake();
+        settle(&rt);
+        assert_eq!(polls.get(), 3, "a wake after the poll polls again");
+    }
+
+    #[test]
+    fn cross_thread_wakes_of_a_queued_task_poll_it_once() {
+        let rt = Runtime::new().unwrap();
+        let (polls, waker) = counted(&rt);
+        settle(&rt);
+        let w = waker.borrow().clone().unwrap();
+        let w2 = w.clone();
+        std::thread::spawn(move || {
+            w2.wake_by_ref();
+            w2.wake();
+        })
+        .join()
+        .unwrap();
+        w.wake_by_ref();
+        settle(&rt);
+        assert_eq!(
+            polls.get(),
+            2,
+            "wakes from both threads before the poll: one poll"
+        );
     }
 }
