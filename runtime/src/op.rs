@@ -596,14 +596,35 @@ impl OpTable {
         drop(t);
         drop(credit);
         if let Some(w) = foreign {
-            w.wake();
+            self.wake_foreign(key, w);
         }
+    }
+
+    /// Wakes a waker that is not the runtime's own (taken out of slot `key`
+    /// by [`wake_in_place`](Self::wake_in_place)) with no borrow held, by
+    /// reference, then puts it back as the slot's cached waker: the waiter's
+    /// next op, which mostly gets this same slot, needs no clone, and the
+    /// wake no refcount change. If the wake re-entered the table and the
+    /// slot has a waker again, that one is newer: ours is dropped.
+    #[inline(never)]
+    fn wake_foreign(&self, key: usize, w: Waker) {
+        w.wake_by_ref();
+        let mut t = self.table.borrow_mut();
+        if let Some(slot) = t.slots.get_mut(key) {
+            if slot.waker.is_none() {
+                slot.waker = Some(w);
+                return;
+            }
+        }
+        drop(t);
+        drop(w);
     }
 
     /// Wakes the waiter of a completed slot: the reactor's own task wakers
     /// by reference, in place (their wake only queues the task: it runs no
     /// foreign code, so the table's borrow may be held); any other waker is
-    /// taken out and returned, to be woken once the borrow is released.
+    /// taken out and returned, to be woken once the borrow is released
+    /// ([`wake_foreign`](Self::wake_foreign)).
     #[inline(always)]
     fn wake_in_place(waker: &mut Option<Waker>) -> Option<Waker> {
         match waker {
@@ -663,7 +684,7 @@ impl OpTable {
                 drop(t);
                 drop(credit);
                 if let Some(w) = foreign {
-                    w.wake();
+                    self.wake_foreign(key, w);
                 }
             }
             State::Ignored => {
@@ -753,7 +774,9 @@ impl Drop for OpTable {
 /// is done (see [`Lifecycle::Ignored`]).
 pub struct Op<T: 'static> {
     handle: Handle,
-    key: usize,
+    /// The first WR's wr_id (its slot key in the low bits); 0 while the op
+    /// is being built and not posted yet (tracked wr_ids are never 0: their
+    /// generation is not).
     wr_id: u64,
     data: Option<T>,
 }
@@ -762,13 +785,34 @@ pub struct Op<T: 'static> {
 impl<T: 'static> Unpin for Op<T> {}
 
 impl<T: 'static> Op<T> {
-    pub(crate) fn new(handle: Handle, key: usize, wr_id: u64, data: T) -> Op<T> {
+    /// An op whose WRs are not posted yet: it owns `data` (dropping it just
+    /// drops the data) and has no slot until [`set_posted`](Self::set_posted).
+    #[inline(always)]
+    pub(crate) fn unposted(handle: Handle, data: T) -> Op<T> {
         Op {
             handle,
-            key,
-            wr_id,
+            wr_id: 0,
             data: Some(data),
         }
+    }
+
+    /// The op's WRs were posted (or partly: then the slot reports the post
+    /// error); `first` is the first WR's wr_id.
+    #[inline(always)]
+    pub(crate) fn set_posted(&mut self, first: u64) {
+        self.wr_id = first;
+    }
+
+    /// Takes the data of an op that was never posted.
+    #[inline]
+    pub(crate) fn take_unposted(&mut self) -> Option<T> {
+        debug_assert_eq!(self.wr_id, 0, "taking the data of a posted op");
+        self.data.take()
+    }
+
+    #[inline(always)]
+    fn key(&self) -> usize {
+        (self.wr_id & wr_id::KEY_MASK) as usize
     }
 
     /// The wr_id of the op's first WR (index 0 of its chain).
@@ -792,7 +836,7 @@ impl<T: Completable> std::future::Future for Op<T> {
             tracing::error!(wr_id = this.wr_id, "op polled after completion");
             return Poll::Pending;
         }
-        match this.handle.ops().poll_op(this.key, cx) {
+        match this.handle.ops().poll_op(this.key(), cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready((c, post_error)) => {
                 let Some(data) = this.data.take() else {
@@ -819,12 +863,17 @@ impl<T: 'static> Drop for Op<T> {
 }
 
 impl<T: 'static> Op<T> {
-    /// Dropped before its completion was collected: parks the data.
+    /// Dropped before its completion was collected: parks the data (or
+    /// just drops it, if it was never posted).
     #[cold]
     #[inline(never)]
     fn drop_in_flight(&mut self) {
         if let Some(data) = self.data.take() {
-            self.handle.ops().drop_op(self.key, data);
+            if self.wr_id == 0 {
+                drop(data);
+            } else {
+                self.handle.ops().drop_op(self.key(), data);
+            }
         }
     }
 }
@@ -965,12 +1014,83 @@ mod table_tests {
         settle(&rt);
         assert_eq!(c1.0.load(Ordering::SeqCst), 0, "old waker never woken");
         assert_eq!(c2.0.load(Ordering::SeqCst), 1, "latest waker woken once");
-        assert_eq!(Arc::strong_count(&c2), 2, "a foreign waker is not kept");
+        assert_eq!(Arc::strong_count(&c2), 3, "woken by reference, kept");
         let Poll::Ready(r) = poll(&mut op, &w2) else {
             panic!("completed op still pending")
         };
         assert!(r.unwrap().status.is_success());
         assert_eq!(rt.ops_in_slab(), 0);
+        // The next op of the same waiter reuses the slot and its waker: no
+        // clone; a completion wakes it again, once.
+        let mut next = write(&qp);
+        assert!(poll(&mut next, &w2).is_pending());
+        assert_eq!(Arc::strong_count(&c2), 3, "cached waker reused");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(c2.0.load(Ordering::SeqCst), 2);
+        assert!(poll(&mut next, &w2).is_ready());
+        drop((op, next, qp, fake));
+        drop(rt);
+        assert_eq!(Arc::strong_count(&c2), 2, "released with the runtime");
+        assert_eq!(Arc::strong_count(&c1), 2);
+    }
+
+    /// A foreign waker whose wake polls the op at once (re-entering the
+    /// table, which frees the slot and lets a new op take it).
+    #[test]
+    fn a_foreign_wake_may_reenter_the_table() {
+        struct Reenter {
+            op: std::sync::Mutex<Option<Submit<Bare>>>,
+            qp: std::sync::Mutex<Option<QueuePair>>,
+            next: std::sync::Mutex<Option<Submit<Bare>>>,
+        }
+        struct Shared(Rc<Reenter>);
+        // SAFETY: the waker is only ever used on the test's thread (the
+        // runtime and the fake are single-threaded), so the `Rc` inside is
+        // never touched from two threads.
+        unsafe impl Send for Shared {}
+        // SAFETY: as above.
+        unsafe impl Sync for Shared {}
+        impl Wake for Shared {
+            fn wake(self: Arc<Self>) {
+                self.wake_by_ref();
+            }
+            fn wake_by_ref(self: &Arc<Self>) {
+                let op = self.0.op.lock().unwrap().take();
+                if let Some(mut op) = op {
+                    assert!(poll(&mut op, Waker::noop()).is_ready());
+                    let qp = self.0.qp.lock().unwrap().take().unwrap();
+                    let mut next = write(&qp);
+                    assert!(poll(&mut next, Waker::noop()).is_pending());
+                    *self.0.next.lock().unwrap() = Some(next);
+                }
+            }
+        }
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let r = Rc::new(Reenter {
+            op: std::sync::Mutex::new(None),
+            qp: std::sync::Mutex::new(Some(qp.clone())),
+            next: std::sync::Mutex::new(None),
+        });
+        let shared = Arc::new(Shared(r.clone()));
+        let w = Waker::from(shared.clone());
+        let mut op = write(&qp);
+        let key = op.wr_id().unwrap() & KEY_MASK;
+        assert!(poll(&mut op, &w).is_pending());
+        *r.op.lock().unwrap() = Some(op);
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        let mut next = r.next.lock().unwrap().take().expect("woken and re-entered");
+        assert_eq!(
+            next.wr_id().unwrap() & KEY_MASK,
+            key,
+            "slot reused inside the wake"
+        );
+        assert_eq!(Arc::strong_count(&shared), 2, "the older waker was dropped");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert!(poll(&mut next, Waker::noop()).is_ready());
     }
 
     #[test]
@@ -1019,6 +1139,51 @@ mod table_tests {
         let mut second = second;
         assert!(poll(&mut second, Waker::noop()).is_ready());
         assert!(!task.is_finished());
+    }
+
+    /// Refused submissions (by the checks, or by the provider's post) are
+    /// built as ops of their own before they have a slot: giving their data
+    /// back must not touch any live slot (slot 0 here).
+    #[test]
+    fn refused_submissions_leave_live_slots_alone() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let mut live = write(&qp);
+        assert_eq!(live.wr_id().unwrap() & KEY_MASK, 0);
+        assert!(poll(&mut live, Waker::noop()).is_pending());
+        // SAFETY: no SGE names memory (`Sge::default` has length 0 and
+        // lkey 0), and the QP is a fake.
+        let mut refused = unsafe {
+            qp.submit_send_one(Bare, |_, wr| {
+                for _ in 0..5 {
+                    wr.sg_list.push(crate::provider::Sge::default());
+                }
+                Ok(())
+            })
+        };
+        let Poll::Ready(r) = poll(&mut refused, Waker::noop()) else {
+            panic!("a refused submission is ready at once")
+        };
+        assert!(r.unwrap_err().contains("SGEs"));
+        drop(refused);
+        fake.fail_next_post(
+            0,
+            crate::provider::ProviderError::Unsupported {
+                provider: "fake",
+                what: "test",
+            },
+        );
+        let mut failed = write(&qp);
+        assert!(failed.wr_id().is_none());
+        assert!(poll(&mut failed, Waker::noop()).is_ready());
+        drop(failed);
+        assert_eq!(rt.ops_in_slab(), 1);
+        assert_eq!(qp.outstanding_sends(), 1);
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert!(poll(&mut live, Waker::noop()).is_ready());
+        assert_eq!(rt.ops_in_slab(), 0);
+        assert_eq!(rt.handle().stale_completions(), 0);
     }
 
     #[test]

@@ -391,6 +391,8 @@ impl Executor {
     }
 
     fn poll_task(&self, id: usize) {
+        // The future and the waker are moved out for the poll (no borrow is
+        // held while user code runs) and back in after: no refcount traffic.
         let (mut fut, waker) = {
             let mut tasks = self.tasks.borrow_mut();
             let Some(task) = tasks.get_mut(id) else {
@@ -400,7 +402,10 @@ impl Executor {
                 return;
             };
             task.flag.scheduled.store(false, Ordering::Release);
-            (fut, task.waker.clone())
+            (
+                fut,
+                std::mem::replace(&mut task.waker, Waker::noop().clone()),
+            )
         };
         let mut cx = Context::from_waker(&waker);
         match fut.as_mut().poll(&mut cx) {
@@ -412,6 +417,7 @@ impl Executor {
             Poll::Pending => {
                 if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
                     task.future = Some(fut);
+                    task.waker = waker;
                 }
             }
         }
