@@ -103,7 +103,9 @@ impl TaskWaker {
                     .try_with(|q| match q.try_borrow_mut() {
                         Ok(mut q) => {
                             q.push(self.id);
-                            LOCAL_PENDING.set(true);
+                            // `with`, not `LocalKey::set` (an out-of-line
+                            // initialization check per call).
+                            LOCAL_PENDING.with(|p| p.set(true));
                             true
                         }
                         Err(_) => false,
@@ -260,13 +262,6 @@ impl Executor {
                 if st.aborted.get() {
                     return Poll::Ready(None);
                 }
-                {
-                    let mut t = st.task.borrow_mut();
-                    match &*t {
-                        Some(w) if w.will_wake(cx.waker()) => {}
-                        _ => *t = Some(cx.waker().clone()),
-                    }
-                }
                 fut.as_mut().poll(cx).map(Some)
             })
             .await;
@@ -288,6 +283,9 @@ impl Executor {
             shared: self.shared.clone(),
         });
         let waker = task_waker(flag.clone());
+        // The task is only ever polled with this waker (by `poll_task`):
+        // `abort` wakes it through this copy.
+        *state.task.borrow_mut() = Some(waker.clone());
         entry.insert(Task {
             future: Some(Box::pin(task)),
             waker: waker.clone(),
@@ -348,7 +346,7 @@ impl Executor {
             let Ok(mut q) = q.try_borrow_mut() else {
                 // Not reachable (no user code runs while it is borrowed);
                 // keep the ids for the next collect rather than lose them.
-                LOCAL_PENDING.set(true);
+                LOCAL_PENDING.with(|p| p.set(true));
                 return;
             };
             if q.is_empty() {
