@@ -25,9 +25,11 @@
 //! mostly measure scheduler contention (the spinning thread starves the soft
 //! device's engine thread); the channel rows are the like-for-like figures.
 //! Each figure is the median over many short rounds (default 31 of 5,000
-//! ops) in which the raw loop and the op loop run back to back (alternating
-//! which goes first); the ratio and the CPU difference are medians of the
-//! per-round values. A last table shows the spread of the per-round
+//! ops, spread over three fresh devices: how the engine thread and the app
+//! thread get scheduled is settled per device and moves both sides' CPU per
+//! op a lot) in which the raw loop and the op loop run back to back
+//! (alternating which goes first); the ratio and the CPU difference are
+//! medians of the per-round values. A last table shows the spread of the per-round
 //! overhead (min, quartiles, max) and how many rounds are within the
 //! 100 ns target, so that one run shows whether the target holds rather
 //! than one noisy number. On a loaded machine, compare only figures of the
@@ -367,7 +369,7 @@ fn op_loop(
 }
 
 /// One phase: its own runtime (busy-poll `busy`), device and QP pair; rounds
-/// of raw and op measurements alternate. Returns medians over the rounds.
+/// of raw and op measurements alternate. Returns the paired samples.
 fn phase(
     wait: Wait,
     busy: Duration,
@@ -375,7 +377,7 @@ fn phase(
     ops: usize,
     rounds: usize,
     lanes: Lanes,
-) -> Summary {
+) -> Vec<(Sample, Sample)> {
     let rt = Runtime::builder().busy_poll(busy).build().expect("runtime");
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
@@ -422,7 +424,38 @@ fn phase(
     }
     drop(bufs);
     drop(region);
-    summarize(&pairs)
+    pairs
+}
+
+/// Fresh devices (and runtimes) per configuration: how the app thread and
+/// the soft device's engine thread get scheduled is settled per device and
+/// moves the CPU per op of both sides by up to 2x (batching, sleeps), so
+/// one device's rounds can all sit in one mode. The rounds are split over
+/// this many devices and pooled.
+const DEVICES: usize = 3;
+
+/// `rounds` paired rounds over [`DEVICES`] fresh devices, pooled; also the
+/// median overhead of each device's rounds.
+fn pooled(
+    wait: Wait,
+    busy: Duration,
+    depth: usize,
+    ops: usize,
+    rounds: usize,
+    lanes: Lanes,
+) -> (Summary, Vec<f64>) {
+    let mut all = Vec::with_capacity(rounds);
+    let mut per_device = Vec::new();
+    for d in 0..DEVICES {
+        let n = rounds / DEVICES + usize::from(d < rounds % DEVICES);
+        if n == 0 {
+            continue;
+        }
+        let pairs = phase(wait, busy, depth, ops, n, lanes);
+        per_device.push(summarize(&pairs).overhead_ns);
+        all.extend(pairs);
+    }
+    (summarize(&all), per_device)
 }
 
 /// Keeps `depth` ops in flight on a fake QP until `n` have completed: one
@@ -743,7 +776,7 @@ fn main() {
 /// The soft-device tables: raw loop against ops, per depth and wait mode.
 fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>, lanes: Lanes) {
     println!(
-        "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, medians of {rounds} paired rounds, op loops {}",
+        "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, medians of {rounds} paired rounds on {DEVICES} fresh devices, op loops {}",
         match lanes {
             Lanes::Tasks => "spawned as tasks",
             Lanes::JoinAll => "joined with join_all",
@@ -784,7 +817,7 @@ fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>
             if !wanted {
                 continue;
             }
-            let f = phase(wait, busy, depth, ops, rounds, lanes);
+            let (f, per_device) = pooled(wait, busy, depth, ops, rounds, lanes);
             println!(
                 "{:<6} {:<28} {:>10.0} {:>10.0} {:>7.2} {:>8.0} ns {:>8.0} ns {:>7.0} ns {:>7.3} / {:<5.3} {:>13.3}",
                 depth,
@@ -799,19 +832,30 @@ fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>
                 f.op_allocs,
                 f.engine_allocs,
             );
-            spreads.push((depth, mode, f));
+            spreads.push((depth, mode, f, per_device));
         }
     }
     println!();
     println!(
-        "overhead per op (op cpu/op - raw cpu/op) over the paired rounds: \
-         min / p25 / median / p75 / max, and rounds within {TARGET_NS:.0} ns"
+        "overhead per op (op cpu/op - raw cpu/op) over the paired rounds of {DEVICES} \
+         fresh devices: min / p25 / median / p75 / max, rounds within {TARGET_NS:.0} ns, \
+         and each device's median"
     );
-    for (depth, mode, f) in spreads {
+    for (depth, mode, f, per_device) in spreads {
         let [min, p25, med, p75, max] = f.overhead_spread;
+        let devs: Vec<String> = per_device.iter().map(|m| format!("{m:.0}")).collect();
         println!(
-            "{:<6} {:<28} {:>6.0} / {:>5.0} / {:>5.0} / {:>5.0} / {:>6.0} ns   {:>3} of {}",
-            depth, mode, min, p25, med, p75, max, f.rounds_within, f.rounds
+            "{:<6} {:<28} {:>6.0} / {:>5.0} / {:>5.0} / {:>5.0} / {:>6.0} ns   {:>3} of {:<3}  ({} ns)",
+            depth,
+            mode,
+            min,
+            p25,
+            med,
+            p75,
+            max,
+            f.rounds_within,
+            f.rounds,
+            devs.join(" / ")
         );
     }
 }

@@ -829,7 +829,7 @@ impl<T: 'static> Op<T> {
 impl<T: Completable> std::future::Future for Op<T> {
     type Output = T::Output;
 
-    #[inline]
+    #[inline(always)]
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
         if this.data.is_none() {

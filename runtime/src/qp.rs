@@ -1216,7 +1216,7 @@ impl<T: Completable> Submit<T> {
 impl<T: Completable> Future for Submit<T> {
     type Output = T::Output;
 
-    #[inline]
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
         // The common case first, in a small frame: posted, in flight.
