@@ -573,7 +573,9 @@ mod tests {
         assert!(super::is_task_waker(&w));
         w.wake_by_ref();
         w.wake_by_ref();
-        w.clone().wake();
+        // A clone woken by value (the vtable's clone and wake).
+        let owned = w.clone();
+        owned.wake();
         settle(&rt);
         assert_eq!(polls.get(), 2, "three wakes before the poll: one poll");
         w.wake();
