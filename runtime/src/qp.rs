@@ -825,38 +825,41 @@ impl QueuePair {
     /// `wrs` name memory kept by `data` under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
     ///
-    /// `data` is moved once, into the returned future (built where the
-    /// caller wants it), and posted from there: every outcome (posted,
-    /// refused, waiting for credits) rewrites that one value in place.
+    /// `data` is moved once, into the returned future, and posted from
+    /// there: every outcome (posted, refused, waiting for credits) rewrites
+    /// that one value. No pointer into it leaves this inlined code (the
+    /// out-of-line paths get the data by value), so the compiler may build
+    /// it right in the caller's return slot.
     #[inline(always)]
     unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
         let mut sub = Submit {
             state: State::InFlight(Op::unposted(self.inner.handle.clone(), data)),
         };
-        let State::InFlight(op) = &mut sub.state else {
-            // Not reachable: built just above.
-            return sub;
-        };
-        let n = match self.check(wrs) {
-            Ok(n) => n,
-            Err(e) => {
-                sub.state = State::Ready(refused(op, e));
-                return sub;
-            }
-        };
-        let (queue, cq) = self.credits_for(wrs);
-        if queue.try_acquire(n) {
-            if cq.try_acquire(n) {
+        // One exit (a labeled block, no early returns of `sub`).
+        'done: {
+            let State::InFlight(op) = &mut sub.state else {
+                // Not reachable: built just above.
+                break 'done;
+            };
+            let n = match self.check(wrs) {
+                Ok(n) => n,
+                Err(e) => {
+                    sub.state = State::Ready(refused(op.take_unposted(), e));
+                    break 'done;
+                }
+            };
+            let (queue, cq) = self.credits_for(wrs);
+            if !queue.try_acquire(n) {
+                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, false);
+            } else if !cq.try_acquire(n) {
+                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, true);
+            } else {
                 // SAFETY: forwarded contract of this function.
                 if let Err(out) = unsafe { self.post(op, wrs, n) } {
                     sub.state = State::Ready(out);
                 }
-                return sub;
             }
-            sub.state = self.wait_for_credits(op, wrs, n, true);
-            return sub;
         }
-        sub.state = self.wait_for_credits(op, wrs, n, false);
         sub
     }
 
@@ -866,7 +869,7 @@ impl QueuePair {
     #[inline(never)]
     fn wait_for_credits<T: Completable>(
         &self,
-        op: &mut Op<T>,
+        data: Option<T>,
         wrs: &mut Wrs,
         n: u32,
         queue_held: bool,
@@ -877,7 +880,7 @@ impl QueuePair {
         } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
-        match op.take_unposted() {
+        match data {
             Some(data) => State::Queued(Queued::new(self, data, self.boxed(wrs), n, queue_held)),
             // Not reachable (an unposted op has its data); give back what
             // was taken.
@@ -960,7 +963,7 @@ impl QueuePair {
                 core.unabsorb(absorbed);
                 drop(credit);
                 return Err(refused(
-                    op,
+                    op.take_unposted(),
                     SubmitError::SlabFull {
                         limit: wr_id::MAX_OPS,
                     },
@@ -1002,21 +1005,24 @@ impl QueuePair {
                 op.set_posted(first);
                 Ok(())
             }
-            Err(e) => self.post_failed(op, key, first, absorbed, e),
+            Err(e) => match self.post_failed(key, absorbed, e) {
+                // Part of the chain is on the queue: the op is in flight.
+                None => {
+                    op.set_posted(first);
+                    Ok(())
+                }
+                Some(e) => Err(refused(op.take_unposted(), e)),
+            },
         }
     }
 
-    /// The provider refused (part of) the chain of op `key`.
+    /// The provider refused (part of) the chain of op `key`. If nothing was
+    /// posted, the slot and the credits are given back and the error is
+    /// returned (for the op's data); after a partial post the slot reports
+    /// the error once the posted part has flushed, and `None` is returned.
     #[cold]
     #[inline(never)]
-    fn post_failed<T: Completable>(
-        &self,
-        op: &mut Op<T>,
-        key: usize,
-        first: u64,
-        absorbed: u32,
-        e: PostError,
-    ) -> Result<(), Option<Box<T::Output>>> {
+    fn post_failed(&self, key: usize, absorbed: u32, e: PostError) -> Option<SubmitError> {
         let core = &self.inner.core;
         let ops = self.inner.handle.ops();
         match e {
@@ -1026,13 +1032,10 @@ impl QueuePair {
                     drop(credit);
                 }
                 core.unabsorb(absorbed);
-                Err(refused(
-                    op,
-                    SubmitError::Post {
-                        qp_num: core.qp_num,
-                        source: e,
-                    },
-                ))
+                Some(SubmitError::Post {
+                    qp_num: core.qp_num,
+                    source: e,
+                })
             }
             e => {
                 // Part of the chain is on the queue, unsignaled: flush it so
@@ -1050,19 +1053,18 @@ impl QueuePair {
                 if let Err(err) = core.shut() {
                     tracing::warn!(qp = core.qp_num, error = %err, "modify_to_err after partial post failed");
                 }
-                op.set_posted(first);
-                Ok(())
+                None
             }
         }
     }
 }
 
-/// A submission refused before anything was posted: `op`'s data goes to
+/// A submission refused before anything was posted: its data goes to
 /// [`Completable::fail`], whose output is returned (for `State::Ready`).
 #[cold]
 #[inline(never)]
-fn refused<T: Completable>(op: &mut Op<T>, e: SubmitError) -> Option<Box<T::Output>> {
-    op.take_unposted().map(|data| Box::new(data.fail(e)))
+fn refused<T: Completable>(data: Option<T>, e: SubmitError) -> Option<Box<T::Output>> {
+    data.map(|data| Box::new(data.fail(e)))
 }
 
 /// `flags` without SIGNALED.
