@@ -771,6 +771,10 @@ fn main() {
             );
         }
     }
+    println!(
+        "(the task rows' allocations are their per-round set-up: `depth` spawned tasks, \
+         3 allocations each)"
+    );
 }
 
 /// The soft-device tables: raw loop against ops, per depth and wait mode.
