@@ -680,7 +680,7 @@ impl QueuePair {
     ///
     /// The contract of [`submit_send`](Self::submit_send), for the WR
     /// `build` fills.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn submit_send_one<T, F>(&self, mut data: T, build: F) -> Submit<T>
     where
         T: Completable,
