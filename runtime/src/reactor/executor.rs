@@ -376,6 +376,11 @@ impl Executor {
         while polled < budget {
             let next = self.ready.borrow_mut().pop_front();
             let Some(id) = next else {
+                if polled == 0 {
+                    // Nothing was ready and nothing ran since the collect
+                    // above, so no wake of ours can have come in.
+                    break;
+                }
                 self.collect();
                 if self.ready.borrow().is_empty() {
                     break;
