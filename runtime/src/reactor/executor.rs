@@ -255,24 +255,10 @@ impl Executor {
             aborted: Cell::new(false),
             task: RefCell::new(None),
         });
-        let st = state.clone();
-        let task = async move {
-            let mut fut = std::pin::pin!(fut);
-            let out = std::future::poll_fn(|cx| {
-                if st.aborted.get() {
-                    return Poll::Ready(None);
-                }
-                fut.as_mut().poll(cx).map(Some)
-            })
-            .await;
-            if let Some(v) = out {
-                *st.value.borrow_mut() = Some(v);
-            }
-            st.finished.set(true);
-            let w = st.waker.borrow_mut().take();
-            if let Some(w) = w {
-                w.wake();
-            }
+        let task = TaskFuture {
+            fut,
+            st: state.clone(),
+            done: false,
         };
         let mut tasks = self.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
@@ -489,6 +475,53 @@ impl Drop for Executor {
     }
 }
 
+/// A spawned task's future: polls the user's future until it is done or
+/// the task is aborted, then hands the output to the [`JoinHandle`].
+struct TaskFuture<F: Future> {
+    /// Structurally pinned: polled in place, never moved out, dropped with
+    /// the task (which is removed right after its last poll).
+    fut: F,
+    st: Rc<JoinState<F::Output>>,
+    /// Returned `Ready` already.
+    done: bool,
+}
+
+impl<F: Future> Future for TaskFuture<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: only `fut` needs pinning, and it is never moved: it is
+        // polled through the `Pin::new_unchecked` below and dropped in
+        // place with `self` (`TaskFuture` has no `Drop` impl that could move
+        // it); the other fields are never pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        if this.done {
+            return Poll::Ready(());
+        }
+        let out = if this.st.aborted.get() {
+            None
+        } else {
+            // SAFETY: `fut` lives inside the pinned `self` and is not moved
+            // (see above).
+            match unsafe { Pin::new_unchecked(&mut this.fut) }.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(v) => Some(v),
+            }
+        };
+        this.done = true;
+        let st = &this.st;
+        if let Some(v) = out {
+            *st.value.borrow_mut() = Some(v);
+        }
+        st.finished.set(true);
+        let w = st.waker.borrow_mut().take();
+        if let Some(w) = w {
+            w.wake();
+        }
+        Poll::Ready(())
+    }
+}
+
 struct JoinState<T> {
     value: RefCell<Option<T>>,
     waker: RefCell<Option<Waker>>,
@@ -586,6 +619,41 @@ mod tests {
         w.wake();
         settle(&rt);
         assert_eq!(polls.get(), 3, "a wake after the poll polls again");
+    }
+
+    #[test]
+    fn a_finished_task_hands_over_its_output_and_drops_its_future() {
+        let rt = Runtime::new().unwrap();
+        let held = Rc::new(());
+        let h = held.clone();
+        let gate = Rc::new(Cell::new(false));
+        let g = gate.clone();
+        let join = rt.spawn(async move {
+            let _h = h;
+            std::future::poll_fn(|cx| {
+                if g.get() {
+                    Poll::Ready(())
+                } else {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            })
+            .await;
+            7u32
+        });
+        settle(&rt);
+        assert!(!join.is_finished());
+        assert_eq!(Rc::strong_count(&held), 2, "the running task holds it");
+        gate.set(true);
+        settle(&rt);
+        assert!(join.is_finished());
+        assert_eq!(
+            Rc::strong_count(&held),
+            1,
+            "the finished task's future is dropped"
+        );
+        assert_eq!(rt.block_on(join), 7);
+        assert_eq!(rt.task_count(), 0);
     }
 
     #[test]
