@@ -2,16 +2,21 @@
 //! on the software RDMA device: the same 64-byte RDMA WRITE workload
 //! (a) as a raw synchronous loop on the provider `Qp`/`Cq` (post, spin on
 //! `poll`, repost), and (b) as `verbio_ops` write futures through the reactor
-//! (`qp.write(buf, remote).await` in `depth` concurrent loops), at queue
-//! depth 1 and 32. It prints ops/s of both and their ratio, the application
-//! thread's CPU time per op in both (`CLOCK_THREAD_CPUTIME_ID`; the
-//! difference is the runtime's overhead per op), and heap allocations per op
-//! on the op path (a counting global allocator).
+//! (`qp.write(buf, remote).await` in `depth` concurrent loops joined with
+//! `join_all` in `block_on`, or spawned as tasks), at queue depth 1 and 32.
+//! It prints ops/s of both and their ratio, the application thread's CPU
+//! time per op in both (`CLOCK_THREAD_CPUTIME_ID`; the difference is the
+//! runtime's overhead per op), and heap allocations per op on the op path
+//! (a counting global allocator; the op side's figure includes the
+//! per-round set-up of the loops, a few allocations per loop, spread over
+//! the round's ops).
 //!
 //! A last table runs the op path alone on the runtime's fake QP (synthetic
 //! completions, no device): the runtime's own CPU cost per op, for a verb
-//! WRITE, a bare `submit_send`, and an inline send posted without an op
-//! (`Verbs::send_inline`, mostly unsignaled; its depth column is moot).
+//! WRITE (awaited by one `block_on` future holding `depth` lanes, or by
+//! `depth` spawned tasks), a bare `submit_send`, and an inline send posted
+//! without an op (`Verbs::send_inline`, mostly unsignaled; its depth column
+//! is moot).
 //!
 //! Two pairings: the raw loop spinning on `Cq::poll` against the reactor in
 //! busy-poll mode, and the raw loop blocking on the completion channel's fd
@@ -19,14 +24,22 @@
 //! epoll on the same fd). With fewer than three idle cores the spin rows
 //! mostly measure scheduler contention (the spinning thread starves the soft
 //! device's engine thread); the channel rows are the like-for-like figures.
-//! Each figure is the median over rounds in which the raw loop and the op
-//! loop run back to back (alternating which goes first); the ratio and the
-//! CPU difference are medians of the per-round values. On a loaded machine,
-//! compare only figures of the same run.
+//! Each figure is the median over many short rounds (default 31 of 5,000
+//! ops, spread over three fresh devices: how the engine thread and the app
+//! thread get scheduled is settled per device and moves both sides' CPU per
+//! op a lot) in which the raw loop and the op loop run back to back
+//! (alternating which goes first); the ratio and the CPU difference are
+//! medians of the per-round values. A last table shows the spread of the per-round
+//! overhead (min, quartiles, max) and how many rounds are within the
+//! 100 ns target, so that one run shows whether the target holds rather
+//! than one noisy number. On a loaded machine, compare only figures of the
+//! same run.
 //!
-//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [spin|channel|fake]`
+//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [all|spin|channel|fake] [joinall|tasks]`
 //! (`fake`: only the runtime-only rows, no soft-device traffic; for callgrind,
-//! `--toggle-collect='*fake_run*'` counts just the measured ops)
+//! `--toggle-collect='*fake_run*'` counts just the measured ops. `tasks`:
+//! the op loops are spawned as tasks instead of joined with `join_all`,
+//! which above 30 futures is a `FuturesOrdered` with wakers of its own.)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -117,9 +130,30 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The `q` quantile (0..=1) of `v` (linear between neighbours).
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+/// The overhead target of issue #3: at most this many ns of app-thread CPU
+/// per op more than the raw loop.
+const TARGET_NS: f64 = 100.0;
+
 /// Medians over paired rounds (raw and op measured back to back, in
 /// alternating order, so load drifts on a shared machine cancel out).
 struct Summary {
+    /// Per-round overhead (op CPU - raw CPU per op): min, p25, median,
+    /// p75, max.
+    overhead_spread: [f64; 5],
+    /// Rounds whose overhead is within [`TARGET_NS`].
+    rounds_within: usize,
+    rounds: usize,
     raw_ops: f64,
     op_ops: f64,
     ratio: f64,
@@ -134,7 +168,15 @@ struct Summary {
 fn summarize(pairs: &[(Sample, Sample)]) -> Summary {
     let m = |f: &dyn Fn(&(Sample, Sample)) -> f64| median(pairs.iter().map(f).collect());
     let ns = |d: Duration| d.as_nanos() as f64;
+    let overheads: Vec<f64> = pairs
+        .iter()
+        .map(|(r, o)| ns(o.cpu_per_op) - ns(r.cpu_per_op))
+        .collect();
+    let q = |x: f64| quantile(overheads.clone(), x);
     Summary {
+        overhead_spread: [q(0.0), q(0.25), q(0.5), q(0.75), q(1.0)],
+        rounds_within: overheads.iter().filter(|&&o| o <= TARGET_NS).count(),
+        rounds: pairs.len(),
         raw_ops: m(&|(r, _)| r.ops_per_s),
         op_ops: m(&|(_, o)| o.ops_per_s),
         ratio: m(&|(r, o)| o.ops_per_s / r.ops_per_s),
@@ -268,31 +310,74 @@ fn raw_loop(
     dev.cq().ack_events(unacked);
 }
 
+/// How the op side keeps `depth` ops in flight.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lanes {
+    /// `depth` tasks spawned on the runtime, each a loop of
+    /// `qp.write(buf, remote).await` (the runtime's own tasks and wakers).
+    Tasks,
+    /// The same loops as futures joined with `futures::future::join_all`
+    /// in `block_on` (above 30 futures join_all is a `FuturesOrdered`,
+    /// whose per-future wakers cost atomics of their own on every wake).
+    JoinAll,
+}
+
 /// (b): `depth` concurrent loops of `qp.write(buf, remote).await`.
-fn op_loop(rt: &Runtime, qp: &QueuePair, bufs: &mut Vec<LocalBuf>, remote: RemoteBuf, ops: usize) {
+fn op_loop(
+    rt: &Runtime,
+    qp: &QueuePair,
+    bufs: &mut Vec<LocalBuf>,
+    remote: RemoteBuf,
+    ops: usize,
+    lanes: Lanes,
+) {
     let depth = bufs.len();
-    let lanes: Vec<_> = bufs
-        .drain(..)
-        .enumerate()
-        .map(|(i, mut buf)| {
-            let n = ops / depth + usize::from(i < ops % depth);
-            async move {
-                for _ in 0..n {
-                    let (res, b) = qp.write(buf, remote).await;
-                    res.expect("write op");
-                    buf = b;
-                }
-                buf
+    let lane = |i: usize, mut buf: LocalBuf, qp: QueuePair| {
+        let n = ops / depth + usize::from(i < ops % depth);
+        async move {
+            for _ in 0..n {
+                let (res, b) = qp.write(buf, remote).await;
+                res.expect("write op");
+                buf = b;
             }
-        })
-        .collect();
-    let back = rt.block_on(futures::future::join_all(lanes));
-    bufs.extend(back);
+            buf
+        }
+    };
+    match lanes {
+        Lanes::Tasks => {
+            let handles: Vec<_> = bufs
+                .drain(..)
+                .enumerate()
+                .map(|(i, buf)| rt.spawn(lane(i, buf, qp.clone())))
+                .collect();
+            rt.block_on(async {
+                for h in handles {
+                    bufs.push(h.await);
+                }
+            });
+        }
+        Lanes::JoinAll => {
+            let futs: Vec<_> = bufs
+                .drain(..)
+                .enumerate()
+                .map(|(i, buf)| lane(i, buf, qp.clone()))
+                .collect();
+            let back = rt.block_on(futures::future::join_all(futs));
+            bufs.extend(back);
+        }
+    }
 }
 
 /// One phase: its own runtime (busy-poll `busy`), device and QP pair; rounds
-/// of raw and op measurements alternate. Returns medians over the rounds.
-fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) -> Summary {
+/// of raw and op measurements alternate. Returns the paired samples.
+fn phase(
+    wait: Wait,
+    busy: Duration,
+    depth: usize,
+    ops: usize,
+    rounds: usize,
+    lanes: Lanes,
+) -> Vec<(Sample, Sample)> {
     let rt = Runtime::builder().busy_poll(busy).build().expect("runtime");
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
@@ -316,7 +401,7 @@ fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) ->
     // The raw loop posts the same buffer `depth` times (the device only reads it).
     let raw_buf = pool.alloc_from(&[0xee; MSG]).expect("buffer");
     // Warm-up: slab, pools, engine connection, page faults.
-    op_loop(&rt, &a, &mut bufs, remote, ops / 10 + depth);
+    op_loop(&rt, &a, &mut bufs, remote, ops / 10 + depth, lanes);
     raw_loop(&dev, &a, &raw_buf, remote, depth, ops / 10 + depth, wait);
     let mut pairs = Vec::with_capacity(rounds);
     for round in 0..rounds {
@@ -327,16 +412,50 @@ fn phase(wait: Wait, busy: Duration, depth: usize, ops: usize, rounds: usize) ->
         };
         let pair = if round % 2 == 0 {
             let r = raw();
-            (r, measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops)))
+            (
+                r,
+                measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops, lanes)),
+            )
         } else {
-            let o = measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops));
+            let o = measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops, lanes));
             (raw(), o)
         };
         pairs.push(pair);
     }
     drop(bufs);
     drop(region);
-    summarize(&pairs)
+    pairs
+}
+
+/// Fresh devices (and runtimes) per configuration: how the app thread and
+/// the soft device's engine thread get scheduled is settled per device and
+/// moves the CPU per op of both sides by up to 2x (batching, sleeps), so
+/// one device's rounds can all sit in one mode. The rounds are split over
+/// this many devices and pooled.
+const DEVICES: usize = 3;
+
+/// `rounds` paired rounds over [`DEVICES`] fresh devices, pooled; also the
+/// median overhead of each device's rounds.
+fn pooled(
+    wait: Wait,
+    busy: Duration,
+    depth: usize,
+    ops: usize,
+    rounds: usize,
+    lanes: Lanes,
+) -> (Summary, Vec<f64>) {
+    let mut all = Vec::with_capacity(rounds);
+    let mut per_device = Vec::new();
+    for d in 0..DEVICES {
+        let n = rounds / DEVICES + usize::from(d < rounds % DEVICES);
+        if n == 0 {
+            continue;
+        }
+        let pairs = phase(wait, busy, depth, ops, n, lanes);
+        per_device.push(summarize(&pairs).overhead_ns);
+        all.extend(pairs);
+    }
+    (summarize(&all), per_device)
 }
 
 /// Keeps `depth` ops in flight on a fake QP until `n` have completed: one
@@ -427,6 +546,9 @@ fn bare_write(qp: &QueuePair, remote: RemoteBuf) -> Submit<BareWrite> {
 enum FakeOp {
     /// `verbio_ops` WRITE of a pool buffer (`qp.write(buf, remote)`).
     Verb,
+    /// The same WRITEs awaited by `depth` spawned tasks (adds the
+    /// executor's task path: run queue, task poll).
+    VerbTasks,
     /// A bare `QueuePair::submit_send` of one WRITE WR (no buffer).
     Bare,
     /// `qp.send_inline(&[u8; 64])`: posted without an op, mostly unsignaled.
@@ -447,6 +569,7 @@ fn fake_run(
 ) {
     match kind {
         FakeOp::Verb => fake_run_verb(rt, qp, fake, bufs, remote, depth, n),
+        FakeOp::VerbTasks => fake_run_tasks(rt, qp, fake, bufs, remote, n),
         FakeOp::Bare => fake_run_bare(rt, qp, fake, remote, depth, n),
         FakeOp::Inline => fake_run_inline(rt, qp, fake, n),
     }
@@ -500,6 +623,49 @@ fn fake_run_verb(
             let free = free.into_inner();
             bufs.extend(free.into_iter().flatten());
         }
+    }
+}
+
+/// The task rows' runs (`--toggle-collect='*fake_run_tasks*'`): one task
+/// per buffer, each awaiting its WRITEs in a loop; the `block_on` future
+/// plays the device (completes every posted WR, then yields).
+#[inline(never)]
+fn fake_run_tasks(
+    rt: &Runtime,
+    qp: &QueuePair,
+    fake: &FakeQp,
+    bufs: &mut Vec<LocalBuf>,
+    remote: RemoteBuf,
+    n: usize,
+) {
+    let depth = bufs.len();
+    let handles: Vec<_> = bufs
+        .drain(..)
+        .enumerate()
+        .map(|(i, mut buf)| {
+            let qp = qp.clone();
+            let k = n / depth + usize::from(i < n % depth);
+            rt.spawn(async move {
+                for _ in 0..k {
+                    let (res, b) = qp.write(buf, remote).await;
+                    res.expect("write op");
+                    buf = b;
+                }
+                buf
+            })
+        })
+        .collect();
+    rt.block_on(std::future::poll_fn(|cx| {
+        while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
+        if handles.iter().all(|h| h.is_finished()) {
+            std::task::Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }));
+    for h in handles {
+        bufs.push(rt.block_on(h));
     }
 }
 
@@ -562,16 +728,24 @@ fn fake_phase(kind: FakeOp, depth: usize, ops: usize, rounds: usize) -> Sample {
 fn main() {
     IS_APP.with(|c| c.set(true));
     let mut args = std::env::args().skip(1);
-    let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(7).max(1);
+    let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(5_000);
+    let rounds: usize = args
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(31)
+        .max(1);
     let depths: Vec<usize> = args
         .next()
         .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 32]);
-    let only: Option<String> = args.next();
+    let only: Option<String> = args.next().filter(|m| m != "all");
     let fake_only = only.as_deref() == Some("fake");
+    let lanes = match args.next().as_deref() {
+        Some("tasks") => Lanes::Tasks,
+        _ => Lanes::JoinAll,
+    };
     if !fake_only {
-        device_tables(ops, rounds, &depths, only.as_deref());
+        device_tables(ops, rounds, &depths, only.as_deref(), lanes);
         println!();
     }
     println!(
@@ -582,6 +756,7 @@ fn main() {
     for &depth in &depths {
         for (name, kind) in [
             ("verb write", FakeOp::Verb),
+            ("verb, tasks", FakeOp::VerbTasks),
             ("bare submit", FakeOp::Bare),
             ("inline send", FakeOp::Inline),
         ] {
@@ -596,12 +771,20 @@ fn main() {
             );
         }
     }
+    println!(
+        "(the task rows' allocations are their per-round set-up: `depth` spawned tasks, \
+         3 allocations each)"
+    );
 }
 
 /// The soft-device tables: raw loop against ops, per depth and wait mode.
-fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>) {
+fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>, lanes: Lanes) {
     println!(
-        "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, medians of {rounds} paired rounds"
+        "RDMA WRITE of {MSG} B, soft device (one engine thread), {ops} ops per round, medians of {rounds} paired rounds on {DEVICES} fresh devices, op loops {}",
+        match lanes {
+            Lanes::Tasks => "spawned as tasks",
+            Lanes::JoinAll => "joined with join_all",
+        }
     );
     println!(
         "{:<6} {:<28} {:>10} {:>10} {:>7} {:>11} {:>11} {:>10} {:>15} {:>13}",
@@ -616,6 +799,7 @@ fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>
         "allocs/op raw/op",
         "engine a/op"
     );
+    let mut spreads = Vec::new();
     for &depth in depths {
         for (mode, wait, busy) in [
             (
@@ -637,7 +821,7 @@ fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>
             if !wanted {
                 continue;
             }
-            let f = phase(wait, busy, depth, ops, rounds);
+            let (f, per_device) = pooled(wait, busy, depth, ops, rounds, lanes);
             println!(
                 "{:<6} {:<28} {:>10.0} {:>10.0} {:>7.2} {:>8.0} ns {:>8.0} ns {:>7.0} ns {:>7.3} / {:<5.3} {:>13.3}",
                 depth,
@@ -652,6 +836,30 @@ fn device_tables(ops: usize, rounds: usize, depths: &[usize], only: Option<&str>
                 f.op_allocs,
                 f.engine_allocs,
             );
+            spreads.push((depth, mode, f, per_device));
         }
+    }
+    println!();
+    println!(
+        "overhead per op (op cpu/op - raw cpu/op) over the paired rounds of {DEVICES} \
+         fresh devices: min / p25 / median / p75 / max, rounds within {TARGET_NS:.0} ns, \
+         and each device's median"
+    );
+    for (depth, mode, f, per_device) in spreads {
+        let [min, p25, med, p75, max] = f.overhead_spread;
+        let devs: Vec<String> = per_device.iter().map(|m| format!("{m:.0}")).collect();
+        println!(
+            "{:<6} {:<28} {:>6.0} / {:>5.0} / {:>5.0} / {:>5.0} / {:>6.0} ns   {:>3} of {:<3}  ({} ns)",
+            depth,
+            mode,
+            min,
+            p25,
+            med,
+            p75,
+            max,
+            f.rounds_within,
+            f.rounds,
+            devs.join(" / ")
+        );
     }
 }

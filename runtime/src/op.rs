@@ -24,8 +24,6 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use slab::Slab;
-
 use crate::provider::{Completion, PostError, ProviderError};
 use crate::qp::QpCore;
 use crate::reactor::Handle;
@@ -201,7 +199,8 @@ pub trait Completable: 'static {
     fn fail(self, error: SubmitError) -> Self::Output;
 }
 
-/// The state of one op's slot in the reactor's slab.
+/// The states an op's slot goes through in the reactor's table (a
+/// description: the table keeps them in a compact form, see `OpTable`).
 pub enum Lifecycle {
     /// Posted; nobody polled the op yet.
     Submitted,
@@ -259,20 +258,81 @@ struct SlotErrors {
     post_error: Option<Box<SubmitError>>,
 }
 
-pub(crate) struct Slot {
-    gen: u32,
-    /// Index of the WR whose completion ends the op.
-    last_index: u16,
-    lifecycle: Lifecycle,
-    /// What went wrong besides the last completion: boxed, since it is rare
-    /// and the slot is moved on every insert and removal.
-    errors: Option<Box<SlotErrors>>,
-    credit: Option<Credit>,
+/// Where a slot is in its [`Lifecycle`] (or free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum State {
+    /// Not in use; on the free list.
+    Free,
+    Submitted,
+    /// Polled: `waker` is the waiting task's.
+    Waiting,
+    /// Dropped in flight: `parked` holds the op's data.
+    Ignored,
+    /// `completion` holds the op's result.
+    Completed,
 }
 
-/// The slab of in-flight ops, keyed by wr_id.
+/// One op's place in the table. Slots are never moved in or out whole:
+/// each step of the lifecycle writes the fields it changes, in place.
+struct Slot {
+    gen: u32,
+    state: State,
+    /// Index of the WR whose completion ends the op.
+    last_index: u16,
+    /// Next free slot (while `Free`); [`NO_SLOT`] ends the list.
+    next_free: u32,
+    /// The waker of the task that last polled an op of this slot. Kept
+    /// when the slot is freed and reused: the next op polled by the same
+    /// task (the common case) needs no clone, and the reactor's own task
+    /// wakers are woken by reference, so the op path touches no refcount.
+    /// Only meaningful while `Waiting`.
+    waker: Option<Waker>,
+    /// Valid while `Completed`.
+    completion: Completion,
+    /// Held from the post until the last completion.
+    credit: Option<Credit>,
+    /// What went wrong besides the last completion: boxed, it is rare.
+    errors: Option<Box<SlotErrors>>,
+    /// The data of an op dropped in flight (`Ignored`).
+    parked: Option<Box<dyn Any>>,
+}
+
+/// End of the free list.
+const NO_SLOT: u32 = u32::MAX;
+
+/// The slots and their free list.
+struct Slots {
+    slots: Vec<Slot>,
+    /// First free slot, [`NO_SLOT`] if none.
+    free: u32,
+    /// Slots in use.
+    live: usize,
+}
+
+impl Slots {
+    /// The slot of a live op, `None` for an unknown or free key.
+    #[inline(always)]
+    fn live_mut(&mut self, key: usize) -> Option<&mut Slot> {
+        self.slots.get_mut(key).filter(|s| s.state != State::Free)
+    }
+
+    /// Puts slot `key` on the free list. Its waker stays (see [`Slot::waker`]);
+    /// the caller has taken whatever else it owned.
+    #[inline(always)]
+    fn release(&mut self, key: usize) {
+        let free = self.free;
+        let slot = &mut self.slots[key];
+        slot.state = State::Free;
+        slot.next_free = free;
+        self.free = key as u32;
+        self.live -= 1;
+    }
+}
+
+/// The table of in-flight ops, keyed by wr_id.
 pub(crate) struct OpTable {
-    slab: RefCell<Slab<Slot>>,
+    table: RefCell<Slots>,
     next_gen: Cell<u32>,
     /// Set at runtime shutdown: from then on parked data is leaked, not parked.
     shut_down: Cell<bool>,
@@ -287,7 +347,11 @@ pub(crate) struct OpTable {
 impl OpTable {
     pub(crate) fn with_capacity(n: usize) -> OpTable {
         OpTable {
-            slab: RefCell::new(Slab::with_capacity(n)),
+            table: RefCell::new(Slots {
+                slots: Vec::with_capacity(n.min(wr_id::MAX_OPS)),
+                free: NO_SLOT,
+                live: 0,
+            }),
             next_gen: Cell::new(1),
             shut_down: Cell::new(false),
             graveyard: RefCell::new(Vec::new()),
@@ -299,36 +363,75 @@ impl OpTable {
     /// Reserves a slot before posting; returns its key and generation.
     #[inline(always)]
     pub(crate) fn insert(&self, last_index: u16, credit: Credit) -> Result<(usize, u32), Credit> {
-        let mut slab = self.slab.borrow_mut();
-        if slab.len() >= wr_id::MAX_OPS {
-            return Err(credit);
-        }
+        let mut t = self.table.borrow_mut();
         let gen = self.next_gen.get();
         let mut next = (gen + 1) & wr_id::GEN_MASK as u32;
         if next == 0 {
             next = 1;
         }
-        self.next_gen.set(next);
-        let key = slab.insert(Slot {
+        let key = t.free as usize;
+        if let Some(slot) = t.slots.get_mut(key) {
+            let next_free = slot.next_free;
+            slot.gen = gen;
+            slot.state = State::Submitted;
+            slot.last_index = last_index;
+            slot.credit = Some(credit);
+            t.free = next_free;
+            t.live += 1;
+            self.next_gen.set(next);
+            return Ok((key, gen));
+        }
+        drop(t);
+        self.insert_new(gen, next, last_index, credit)
+    }
+
+    /// [`insert`](Self::insert) with no free slot: the table grows.
+    #[cold]
+    #[inline(never)]
+    fn insert_new(
+        &self,
+        gen: u32,
+        next: u32,
+        last_index: u16,
+        credit: Credit,
+    ) -> Result<(usize, u32), Credit> {
+        let mut t = self.table.borrow_mut();
+        let key = t.slots.len();
+        if key >= wr_id::MAX_OPS {
+            return Err(credit);
+        }
+        t.slots.push(Slot {
             gen,
+            state: State::Submitted,
             last_index,
-            lifecycle: Lifecycle::Submitted,
-            errors: None,
+            next_free: NO_SLOT,
+            waker: None,
+            completion: Completion::EMPTY,
             credit: Some(credit),
+            errors: None,
+            parked: None,
         });
+        t.live += 1;
+        self.next_gen.set(next);
         Ok((key, gen))
     }
 
     /// Frees a slot whose post failed entirely; returns its credit.
     pub(crate) fn remove_unposted(&self, key: usize) -> Option<Credit> {
-        let mut slab = self.slab.borrow_mut();
-        slab.try_remove(key).and_then(|mut s| s.credit.take())
+        let mut t = self.table.borrow_mut();
+        let slot = t.live_mut(key)?;
+        let credit = slot.credit.take();
+        let errors = slot.errors.take();
+        t.release(key);
+        drop(t);
+        drop(errors);
+        credit
     }
 
     /// Only `posted` WRs of the chain reached the queue: the op now ends with
     /// the flush of the last of them and reports `error`.
     pub(crate) fn set_partial(&self, key: usize, posted: usize, error: SubmitError) {
-        if let Some(slot) = self.slab.borrow_mut().get_mut(key) {
+        if let Some(slot) = self.table.borrow_mut().live_mut(key) {
             slot.last_index = (posted - 1) as u16;
             slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
         }
@@ -336,15 +439,16 @@ impl OpTable {
 
     /// Number of slots (in flight, parked or completed-but-uncollected).
     pub(crate) fn len(&self) -> usize {
-        self.slab.borrow().len()
+        self.table.borrow().live
     }
 
     /// Number of slots still waiting for the device.
     pub(crate) fn in_flight(&self) -> usize {
-        self.slab
+        self.table
             .borrow()
+            .slots
             .iter()
-            .filter(|(_, s)| !matches!(s.lifecycle, Lifecycle::Completed(_)))
+            .filter(|s| matches!(s.state, State::Submitted | State::Waiting | State::Ignored))
             .count()
     }
 
@@ -356,40 +460,58 @@ impl OpTable {
     /// Polls op `key`: `Ready` once its completion arrived (the slot is freed).
     ///
     /// Inlined into each `Op<T>::poll`: one borrow, the common states in a
-    /// small frame, the impossible ones out of line.
+    /// small frame, the rare ones out of line.
     #[inline(always)]
     pub(crate) fn poll_op(
         &self,
         key: usize,
         cx: &mut Context<'_>,
     ) -> Poll<(Completion, Option<Box<SubmitError>>)> {
-        let mut slab = self.slab.borrow_mut();
-        let Some(slot) = slab.get_mut(key) else {
-            drop(slab);
+        let mut t = self.table.borrow_mut();
+        let Some(slot) = t.live_mut(key) else {
+            drop(t);
             return Self::polled_without_slot(key);
         };
-        match &mut slot.lifecycle {
-            Lifecycle::Completed(c) => {
-                let c = *c;
-                let slot = slab.remove(key);
-                drop(slab);
-                Poll::Ready((c, slot.errors.and_then(|e| e.post_error)))
-            }
-            Lifecycle::Waiting(w) => {
-                if !w.will_wake(cx.waker()) {
-                    w.clone_from(cx.waker());
+        match slot.state {
+            State::Completed => {
+                let c = slot.completion;
+                if slot.errors.is_some() {
+                    drop(t);
+                    return Poll::Ready((c, self.take_post_error(key)));
                 }
-                Poll::Pending
+                t.release(key);
+                Poll::Ready((c, None))
             }
-            l @ Lifecycle::Submitted => {
-                *l = Lifecycle::Waiting(cx.waker().clone());
-                Poll::Pending
+            State::Submitted | State::Waiting => {
+                slot.state = State::Waiting;
+                match &slot.waker {
+                    Some(w) if w.will_wake(cx.waker()) => Poll::Pending,
+                    _ => {
+                        // The old waker is dropped outside the borrow (a
+                        // foreign waker's drop may run any code).
+                        let old = slot.waker.replace(cx.waker().clone());
+                        drop(t);
+                        drop(old);
+                        Poll::Pending
+                    }
+                }
             }
-            Lifecycle::Ignored(_) => {
-                drop(slab);
+            State::Ignored | State::Free => {
+                drop(t);
                 Self::polled_without_slot(key)
             }
         }
+    }
+
+    /// Frees completed slot `key` that carries errors; returns its post error.
+    #[cold]
+    #[inline(never)]
+    fn take_post_error(&self, key: usize) -> Option<Box<SubmitError>> {
+        let mut t = self.table.borrow_mut();
+        let errors = t.live_mut(key).and_then(|s| s.errors.take());
+        t.release(key);
+        drop(t);
+        errors.and_then(|e| e.post_error)
     }
 
     /// Invariant violation: an `Op` owns its slot until it returns Ready or
@@ -403,20 +525,21 @@ impl OpTable {
 
     /// The op future of slot `key` is dropped with its data unclaimed.
     pub(crate) fn drop_op<T: 'static>(&self, key: usize, data: T) {
-        let mut slab = self.slab.borrow_mut();
-        let Some(slot) = slab.get_mut(key) else {
-            drop(slab);
+        let mut t = self.table.borrow_mut();
+        let Some(slot) = t.live_mut(key) else {
+            drop(t);
             drop(data);
             return;
         };
-        match slot.lifecycle {
-            Lifecycle::Completed(_) => {
-                let slot = slab.remove(key);
-                drop(slab);
-                drop(slot);
+        match slot.state {
+            State::Completed => {
+                let errors = slot.errors.take();
+                t.release(key);
+                drop(t);
+                drop(errors);
                 drop(data);
             }
-            Lifecycle::Submitted | Lifecycle::Waiting(_) => {
+            State::Submitted | State::Waiting => {
                 if self.shut_down.get() {
                     // The runtime is gone: nobody will ever see this op's
                     // completion, and the device may still use the memory.
@@ -427,11 +550,12 @@ impl OpTable {
                     std::mem::forget(data);
                     return;
                 }
-                slot.lifecycle = Lifecycle::Ignored(Box::new(data));
+                slot.state = State::Ignored;
+                slot.parked = Some(Box::new(data));
             }
-            Lifecycle::Ignored(_) => {
+            State::Ignored | State::Free => {
                 tracing::error!(key, "op dropped twice");
-                drop(slab);
+                drop(t);
                 std::mem::forget(data);
             }
         }
@@ -447,31 +571,68 @@ impl OpTable {
     #[inline]
     pub(crate) fn complete(&self, c: Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
-        let mut slab = self.slab.borrow_mut();
-        let fast = match slab.get_mut(key) {
-            Some(slot)
-                if slot.gen == gen
-                    && index == slot.last_index
-                    && slot.errors.is_none()
-                    && matches!(slot.lifecycle, Lifecycle::Submitted | Lifecycle::Waiting(_)) =>
-            {
-                let waker = match std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(c)) {
-                    Lifecycle::Waiting(w) => Some(w),
-                    _ => None,
-                };
-                Some((slot.credit.take(), waker))
-            }
-            _ => None,
+        let mut t = self.table.borrow_mut();
+        let Some(slot) = t.slots.get_mut(key) else {
+            drop(t);
+            return self.complete_slow(c);
         };
-        drop(slab);
-        match fast {
-            Some((credit, waker)) => {
-                drop(credit);
-                if let Some(w) = waker {
-                    w.wake();
-                }
+        let waiting = slot.state == State::Waiting;
+        if slot.gen != gen
+            || index != slot.last_index
+            || slot.errors.is_some()
+            || !(waiting || slot.state == State::Submitted)
+        {
+            drop(t);
+            return self.complete_slow(c);
+        }
+        slot.completion = c;
+        slot.state = State::Completed;
+        let credit = slot.credit.take();
+        let foreign = if waiting {
+            Self::wake_in_place(&mut slot.waker)
+        } else {
+            None
+        };
+        drop(t);
+        drop(credit);
+        if let Some(w) = foreign {
+            self.wake_foreign(key, w);
+        }
+    }
+
+    /// Wakes a waker that is not the runtime's own (taken out of slot `key`
+    /// by [`wake_in_place`](Self::wake_in_place)) with no borrow held, by
+    /// reference, then puts it back as the slot's cached waker: the waiter's
+    /// next op, which mostly gets this same slot, needs no clone, and the
+    /// wake no refcount change. If the wake re-entered the table and the
+    /// slot has a waker again, that one is newer: ours is dropped.
+    #[inline(never)]
+    fn wake_foreign(&self, key: usize, w: Waker) {
+        w.wake_by_ref();
+        let mut t = self.table.borrow_mut();
+        if let Some(slot) = t.slots.get_mut(key) {
+            if slot.waker.is_none() {
+                slot.waker = Some(w);
+                return;
             }
-            None => self.complete_slow(c),
+        }
+        drop(t);
+        drop(w);
+    }
+
+    /// Wakes the waiter of a completed slot: the reactor's own task wakers
+    /// by reference, in place (their wake only queues the task: it runs no
+    /// foreign code, so the table's borrow may be held); any other waker is
+    /// taken out and returned, to be woken once the borrow is released
+    /// ([`wake_foreign`](Self::wake_foreign)).
+    #[inline(always)]
+    fn wake_in_place(waker: &mut Option<Waker>) -> Option<Waker> {
+        match waker {
+            Some(w) if crate::reactor::is_task_waker(w) => {
+                w.wake_by_ref();
+                None
+            }
+            w => w.take(),
         }
     }
 
@@ -480,8 +641,8 @@ impl OpTable {
     #[inline(never)]
     fn complete_slow(&self, c: Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
-        let mut slab = self.slab.borrow_mut();
-        let slot = match slab.get_mut(key) {
+        let mut t = self.table.borrow_mut();
+        let slot = match t.live_mut(key) {
             Some(slot) if slot.gen == gen => slot,
             _ => {
                 self.stale.set(self.stale.get() + 1);
@@ -509,29 +670,39 @@ impl OpTable {
             .as_mut()
             .and_then(|e| e.first_error.take())
             .unwrap_or(c);
-        let credit = slot.credit.take();
-        let mut wake = None;
-        match std::mem::replace(&mut slot.lifecycle, Lifecycle::Completed(effective)) {
-            Lifecycle::Submitted => {}
-            Lifecycle::Waiting(w) => wake = Some(w),
-            Lifecycle::Ignored(data) => {
-                let slot = slab.remove(key);
-                drop(slab);
-                self.graveyard.borrow_mut().push(data);
-                self.has_dead.set(true);
-                drop(slot);
+        match slot.state {
+            State::Submitted | State::Waiting => {
+                let waiting = slot.state == State::Waiting;
+                slot.completion = effective;
+                slot.state = State::Completed;
+                let credit = slot.credit.take();
+                let foreign = if waiting {
+                    Self::wake_in_place(&mut slot.waker)
+                } else {
+                    None
+                };
+                drop(t);
                 drop(credit);
-                return;
+                if let Some(w) = foreign {
+                    self.wake_foreign(key, w);
+                }
             }
-            Lifecycle::Completed(old) => {
-                slot.lifecycle = Lifecycle::Completed(old);
+            State::Ignored => {
+                let credit = slot.credit.take();
+                let data = slot.parked.take();
+                let errors = slot.errors.take();
+                t.release(key);
+                drop(t);
+                if let Some(data) = data {
+                    self.graveyard.borrow_mut().push(data);
+                    self.has_dead.set(true);
+                }
+                drop(errors);
+                drop(credit);
+            }
+            State::Completed | State::Free => {
                 tracing::warn!(wr_id = c.wr_id, "duplicate completion ignored");
             }
-        }
-        drop(slab);
-        drop(credit);
-        if let Some(w) = wake {
-            w.wake();
         }
     }
 
@@ -566,26 +737,23 @@ impl OpTable {
         self.shut_down.get()
     }
 
-    /// Leaks every parked buffer still in the slab (runtime shutdown after the
-    /// drain deadline): the device may still write that memory.
+    /// Leaks every parked buffer still in the table (runtime shutdown after
+    /// the drain deadline): the device may still write that memory.
     pub(crate) fn leak_parked(&self) -> usize {
-        let mut slab = self.slab.borrow_mut();
+        let mut t = self.table.borrow_mut();
         let mut leaked = 0;
-        let keys: Vec<usize> = slab
-            .iter()
-            .filter(|(_, s)| matches!(s.lifecycle, Lifecycle::Ignored(_)))
-            .map(|(k, _)| k)
-            .collect();
-        for key in keys {
-            let mut slot = slab.remove(key);
-            if let Lifecycle::Ignored(data) =
-                std::mem::replace(&mut slot.lifecycle, Lifecycle::Submitted)
-            {
+        for key in 0..t.slots.len() {
+            if t.slots[key].state != State::Ignored {
+                continue;
+            }
+            let slot = &mut t.slots[key];
+            if let Some(data) = slot.parked.take() {
                 std::mem::forget(data);
                 leaked += 1;
             }
             // The credits stay taken: the QP is leaked too.
             std::mem::forget(slot.credit.take());
+            t.release(key);
         }
         leaked
     }
@@ -606,7 +774,9 @@ impl Drop for OpTable {
 /// is done (see [`Lifecycle::Ignored`]).
 pub struct Op<T: 'static> {
     handle: Handle,
-    key: usize,
+    /// The first WR's wr_id (its slot key in the low bits); 0 while the op
+    /// is being built and not posted yet (tracked wr_ids are never 0: their
+    /// generation is not).
     wr_id: u64,
     data: Option<T>,
 }
@@ -615,13 +785,34 @@ pub struct Op<T: 'static> {
 impl<T: 'static> Unpin for Op<T> {}
 
 impl<T: 'static> Op<T> {
-    pub(crate) fn new(handle: Handle, key: usize, wr_id: u64, data: T) -> Op<T> {
+    /// An op whose WRs are not posted yet: it owns `data` (dropping it just
+    /// drops the data) and has no slot until [`set_posted`](Self::set_posted).
+    #[inline(always)]
+    pub(crate) fn unposted(handle: Handle, data: T) -> Op<T> {
         Op {
             handle,
-            key,
-            wr_id,
+            wr_id: 0,
             data: Some(data),
         }
+    }
+
+    /// The op's WRs were posted (or partly: then the slot reports the post
+    /// error); `first` is the first WR's wr_id.
+    #[inline(always)]
+    pub(crate) fn set_posted(&mut self, first: u64) {
+        self.wr_id = first;
+    }
+
+    /// Takes the data of an op that was never posted.
+    #[inline]
+    pub(crate) fn take_unposted(&mut self) -> Option<T> {
+        debug_assert_eq!(self.wr_id, 0, "taking the data of a posted op");
+        self.data.take()
+    }
+
+    #[inline(always)]
+    fn key(&self) -> usize {
+        (self.wr_id & wr_id::KEY_MASK) as usize
     }
 
     /// The wr_id of the op's first WR (index 0 of its chain).
@@ -638,14 +829,14 @@ impl<T: 'static> Op<T> {
 impl<T: Completable> std::future::Future for Op<T> {
     type Output = T::Output;
 
-    #[inline]
+    #[inline(always)]
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
         if this.data.is_none() {
             tracing::error!(wr_id = this.wr_id, "op polled after completion");
             return Poll::Pending;
         }
-        match this.handle.ops().poll_op(this.key, cx) {
+        match this.handle.ops().poll_op(this.key(), cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready((c, post_error)) => {
                 let Some(data) = this.data.take() else {
@@ -672,12 +863,17 @@ impl<T: 'static> Drop for Op<T> {
 }
 
 impl<T: 'static> Op<T> {
-    /// Dropped before its completion was collected: parks the data.
+    /// Dropped before its completion was collected: parks the data (or
+    /// just drops it, if it was never posted).
     #[cold]
     #[inline(never)]
     fn drop_in_flight(&mut self) {
         if let Some(data) = self.data.take() {
-            self.handle.ops().drop_op(self.key, data);
+            if self.wr_id == 0 {
+                drop(data);
+            } else {
+                self.handle.ops().drop_op(self.key(), data);
+            }
         }
     }
 }
@@ -714,5 +910,329 @@ mod tests {
         assert!(!is_inline(UNTRACKED));
         assert!(!is_inline(AGENT_BASE));
         assert!(!is_inline(encode(1, 1, 0)));
+    }
+}
+
+/// The op table's slot reuse and waker handling.
+#[cfg(test)]
+mod table_tests {
+    use std::cell::Cell;
+    use std::future::Future;
+    use std::rc::Rc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use super::wr_id::KEY_MASK;
+    use super::{Completable, SubmitError};
+    use crate::provider::{Completion, QpCaps, SendFlags, SendOp, WcStatus};
+    use crate::qp::{QueuePair, Submit};
+    use crate::reactor::Runtime;
+    use crate::testing::{settle, FakeQp};
+
+    struct Bare;
+
+    impl Completable for Bare {
+        type Output = Result<Completion, String>;
+        fn complete(self, c: Completion) -> Self::Output {
+            Ok(c)
+        }
+        fn fail(self, e: SubmitError) -> Self::Output {
+            Err(e.to_string())
+        }
+    }
+
+    /// A zero-length WRITE (no SGE: it names no memory).
+    fn write(qp: &QueuePair) -> Submit<Bare> {
+        // SAFETY: the WR has no SGE, so it lends no memory to anything (and
+        // the QP is a fake, which never touches memory anyway).
+        unsafe {
+            qp.submit_send_one(Bare, |_, wr| {
+                wr.op = SendOp::Write {
+                    remote_addr: 0x1000,
+                    rkey: 1,
+                };
+                wr.flags = SendFlags::NONE;
+                Ok(())
+            })
+        }
+    }
+
+    fn fake_qp() -> (QueuePair, Rc<FakeQp>) {
+        let caps = QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            ..QpCaps::default()
+        };
+        FakeQp::queue_pair(3, caps, 64)
+    }
+
+    /// A foreign (non-runtime) waker counting its wakes.
+    struct Counter(AtomicUsize);
+
+    impl Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counter() -> (Arc<Counter>, Waker) {
+        let c = Arc::new(Counter(AtomicUsize::new(0)));
+        let w = Waker::from(c.clone());
+        (c, w)
+    }
+
+    fn poll<F: Future + Unpin>(f: &mut F, w: &Waker) -> Poll<F::Output> {
+        std::pin::Pin::new(f).poll(&mut Context::from_waker(w))
+    }
+
+    #[test]
+    fn runtime_wakers_are_recognized_and_foreign_ones_are_not() {
+        let rt = Runtime::new().unwrap();
+        let ours = rt.block_on(std::future::poll_fn(|cx| {
+            Poll::Ready(crate::reactor::is_task_waker(cx.waker()))
+        }));
+        assert!(ours);
+        let (_c, w) = counter();
+        assert!(!crate::reactor::is_task_waker(&w));
+        assert!(!crate::reactor::is_task_waker(Waker::noop()));
+    }
+
+    #[test]
+    fn a_foreign_waker_is_replaced_woken_once_and_released() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let (c1, w1) = counter();
+        let (c2, w2) = counter();
+        let mut op = write(&qp);
+        assert!(poll(&mut op, &w1).is_pending());
+        assert!(poll(&mut op, &w1).is_pending());
+        assert_eq!(Arc::strong_count(&c1), 3, "one clone kept by the slot");
+        assert!(poll(&mut op, &w2).is_pending());
+        assert_eq!(Arc::strong_count(&c1), 2, "replaced waker dropped");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(c1.0.load(Ordering::SeqCst), 0, "old waker never woken");
+        assert_eq!(c2.0.load(Ordering::SeqCst), 1, "latest waker woken once");
+        assert_eq!(Arc::strong_count(&c2), 3, "woken by reference, kept");
+        let Poll::Ready(r) = poll(&mut op, &w2) else {
+            panic!("completed op still pending")
+        };
+        assert!(r.unwrap().status.is_success());
+        assert_eq!(rt.ops_in_slab(), 0);
+        // The next op of the same waiter reuses the slot and its waker: no
+        // clone; a completion wakes it again, once.
+        let mut next = write(&qp);
+        assert!(poll(&mut next, &w2).is_pending());
+        assert_eq!(Arc::strong_count(&c2), 3, "cached waker reused");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(c2.0.load(Ordering::SeqCst), 2);
+        assert!(poll(&mut next, &w2).is_ready());
+        drop((op, next, qp, fake));
+        drop(rt);
+        assert_eq!(Arc::strong_count(&c2), 2, "released with the runtime");
+        assert_eq!(Arc::strong_count(&c1), 2);
+    }
+
+    /// A foreign waker whose wake polls the op at once (re-entering the
+    /// table, which frees the slot and lets a new op take it).
+    #[test]
+    fn a_foreign_wake_may_reenter_the_table() {
+        struct Reenter {
+            op: std::sync::Mutex<Option<Submit<Bare>>>,
+            qp: std::sync::Mutex<Option<QueuePair>>,
+            next: std::sync::Mutex<Option<Submit<Bare>>>,
+        }
+        struct Shared(Rc<Reenter>);
+        // SAFETY: the waker is only ever used on the test's thread (the
+        // runtime and the fake are single-threaded), so the `Rc` inside is
+        // never touched from two threads.
+        unsafe impl Send for Shared {}
+        // SAFETY: as above.
+        unsafe impl Sync for Shared {}
+        impl Wake for Shared {
+            fn wake(self: Arc<Self>) {
+                self.wake_by_ref();
+            }
+            fn wake_by_ref(self: &Arc<Self>) {
+                let op = self.0.op.lock().unwrap().take();
+                if let Some(mut op) = op {
+                    assert!(poll(&mut op, Waker::noop()).is_ready());
+                    let qp = self.0.qp.lock().unwrap().take().unwrap();
+                    let mut next = write(&qp);
+                    assert!(poll(&mut next, Waker::noop()).is_pending());
+                    *self.0.next.lock().unwrap() = Some(next);
+                }
+            }
+        }
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let r = Rc::new(Reenter {
+            op: std::sync::Mutex::new(None),
+            qp: std::sync::Mutex::new(Some(qp.clone())),
+            next: std::sync::Mutex::new(None),
+        });
+        let shared = Arc::new(Shared(r.clone()));
+        let w = Waker::from(shared.clone());
+        let mut op = write(&qp);
+        let key = op.wr_id().unwrap() & KEY_MASK;
+        assert!(poll(&mut op, &w).is_pending());
+        *r.op.lock().unwrap() = Some(op);
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        let mut next = r.next.lock().unwrap().take().expect("woken and re-entered");
+        assert_eq!(
+            next.wr_id().unwrap() & KEY_MASK,
+            key,
+            "slot reused inside the wake"
+        );
+        assert_eq!(Arc::strong_count(&shared), 2, "the older waker was dropped");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert!(poll(&mut next, Waker::noop()).is_ready());
+    }
+
+    #[test]
+    fn a_reused_slot_never_wakes_the_task_of_its_previous_op() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let first = write(&qp);
+        let first_key = first.wr_id().unwrap() & KEY_MASK;
+        let polls = Rc::new(Cell::new(0u32));
+        let gate = Rc::new(Cell::new(false));
+        let (p, g) = (polls.clone(), gate.clone());
+        let task = rt.spawn(async move {
+            first.await.unwrap();
+            // Stays alive (and countable) after its op: polled only if woken.
+            std::future::poll_fn(|_| {
+                p.set(p.get() + 1);
+                if g.get() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+        });
+        settle(&rt);
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(polls.get(), 1, "the task ran past its op");
+        assert_eq!(rt.ops_in_slab(), 0);
+        // The slot still caches the task's waker; a new op in it, never
+        // polled, completes without waking that task.
+        let second = write(&qp);
+        assert_eq!(second.wr_id().unwrap() & KEY_MASK, first_key, "slot reused");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(polls.get(), 1, "the previous op's task was woken");
+        // Polled by another waiter (a foreign waker), it wakes that one.
+        let mut third = write(&qp);
+        let (c, w) = counter();
+        assert!(poll(&mut third, &w).is_pending());
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(c.0.load(Ordering::SeqCst), 1);
+        assert_eq!(polls.get(), 1);
+        assert!(poll(&mut third, &w).is_ready());
+        let mut second = second;
+        assert!(poll(&mut second, Waker::noop()).is_ready());
+        assert!(!task.is_finished());
+    }
+
+    /// Refused submissions (by the checks, or by the provider's post) are
+    /// built as ops of their own before they have a slot: giving their data
+    /// back must not touch any live slot (slot 0 here).
+    #[test]
+    fn refused_submissions_leave_live_slots_alone() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let mut live = write(&qp);
+        assert_eq!(live.wr_id().unwrap() & KEY_MASK, 0);
+        assert!(poll(&mut live, Waker::noop()).is_pending());
+        // SAFETY: no SGE names memory (`Sge::default` has length 0 and
+        // lkey 0), and the QP is a fake.
+        let mut refused = unsafe {
+            qp.submit_send_one(Bare, |_, wr| {
+                for _ in 0..5 {
+                    wr.sg_list.push(crate::provider::Sge::default());
+                }
+                Ok(())
+            })
+        };
+        let Poll::Ready(r) = poll(&mut refused, Waker::noop()) else {
+            panic!("a refused submission is ready at once")
+        };
+        assert!(r.unwrap_err().contains("SGEs"));
+        drop(refused);
+        fake.fail_next_post(
+            0,
+            crate::provider::ProviderError::Unsupported {
+                provider: "fake",
+                what: "test",
+            },
+        );
+        let mut failed = write(&qp);
+        assert!(failed.wr_id().is_none());
+        assert!(poll(&mut failed, Waker::noop()).is_ready());
+        drop(failed);
+        assert_eq!(rt.ops_in_slab(), 1);
+        assert_eq!(qp.outstanding_sends(), 1);
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert!(poll(&mut live, Waker::noop()).is_ready());
+        assert_eq!(rt.ops_in_slab(), 0);
+        assert_eq!(rt.handle().stale_completions(), 0);
+    }
+
+    #[test]
+    fn a_completion_for_a_freed_slot_is_stale() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let mut op = write(&qp);
+        let id = op.wr_id().unwrap();
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert!(poll(&mut op, Waker::noop()).is_ready());
+        assert_eq!(rt.ops_in_slab(), 0);
+        // The slot is free (same generation as the late completion's).
+        rt.handle().inject_completion(Completion {
+            wr_id: id,
+            status: WcStatus::Success,
+            ..Completion::EMPTY
+        });
+        settle(&rt);
+        assert_eq!(rt.handle().stale_completions(), 1);
+        assert_eq!(rt.ops_in_slab(), 0);
+        assert_eq!(qp.outstanding_sends(), 0);
+    }
+
+    #[test]
+    fn ops_of_many_tasks_wake_each_their_own() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let done = Rc::new(Cell::new(0u32));
+        // Rounds of four tasks, each awaiting one op: every round, the
+        // slots (and the wakers they cache) are reused by new tasks.
+        for round in 0..4 {
+            let mut tasks = Vec::new();
+            for _ in 0..4 {
+                let op = write(&qp);
+                let d = done.clone();
+                tasks.push(rt.spawn(async move {
+                    op.await.unwrap();
+                    d.set(d.get() + 1);
+                }));
+            }
+            settle(&rt);
+            for i in 0..4 {
+                fake.complete_send(WcStatus::Success, 0).unwrap();
+                settle(&rt);
+                assert_eq!(done.get(), round * 4 + i + 1);
+            }
+            assert!(tasks.iter().all(|t| t.is_finished()));
+        }
+        assert_eq!(rt.ops_in_slab(), 0);
     }
 }

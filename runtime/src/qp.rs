@@ -290,6 +290,7 @@ impl Backend {
     /// # Safety
     ///
     /// The contract of [`Qp::post_send`].
+    #[inline]
     unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         match self {
             // SAFETY: forwarded contract of this function.
@@ -679,7 +680,7 @@ impl QueuePair {
     ///
     /// The contract of [`submit_send`](Self::submit_send), for the WR
     /// `build` fills.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn submit_send_one<T, F>(&self, mut data: T, build: F) -> Submit<T>
     where
         T: Completable,
@@ -823,22 +824,43 @@ impl QueuePair {
     ///
     /// `wrs` name memory kept by `data` under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
+    ///
+    /// `data` is moved once, into the returned future, and posted from
+    /// there: every outcome (posted, refused, waiting for credits) rewrites
+    /// that one value. No pointer into it leaves this inlined code (the
+    /// out-of-line paths get the data by value), so the compiler may build
+    /// it right in the caller's return slot.
+    #[inline(always)]
     unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
-        let n = match self.check(wrs) {
-            Ok(n) => n,
-            Err(e) => return refused(data, e),
+        let mut sub = Submit {
+            state: State::InFlight(Op::unposted(self.inner.handle.clone(), data)),
         };
-        let (queue, cq) = self.credits_for(wrs);
-        if queue.try_acquire(n) {
-            if cq.try_acquire(n) {
-                return Submit {
-                    // SAFETY: forwarded contract of this function.
-                    state: unsafe { self.post(data, wrs, n) },
-                };
+        // One exit (a labeled block, no early returns of `sub`).
+        'done: {
+            let State::InFlight(op) = &mut sub.state else {
+                // Not reachable: built just above.
+                break 'done;
+            };
+            let n = match self.check(wrs) {
+                Ok(n) => n,
+                Err(e) => {
+                    sub.state = State::Ready(refused(op.take_unposted(), e));
+                    break 'done;
+                }
+            };
+            let (queue, cq) = self.credits_for(wrs);
+            if !queue.try_acquire(n) {
+                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, false);
+            } else if !cq.try_acquire(n) {
+                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, true);
+            } else {
+                // SAFETY: forwarded contract of this function.
+                if let Err(out) = unsafe { self.post(op, wrs, n) } {
+                    sub.state = State::Ready(out);
+                }
             }
-            return self.wait_for_credits(data, wrs, n, true);
         }
-        self.wait_for_credits(data, wrs, n, false)
+        sub
     }
 
     /// A submission that must wait for credits (`queue_held`: it already
@@ -847,19 +869,27 @@ impl QueuePair {
     #[inline(never)]
     fn wait_for_credits<T: Completable>(
         &self,
-        data: T,
+        data: Option<T>,
         wrs: &mut Wrs,
         n: u32,
         queue_held: bool,
-    ) -> Submit<T> {
+    ) -> State<T> {
         if queue_held {
             // Unsignaled inline sends of any QP may hold CQ credits.
             self.inner.handle.driver().retire_all_unsignaled();
         } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
-        Submit {
-            state: State::Queued(Queued::new(self, data, self.boxed(wrs), n, queue_held)),
+        match data {
+            Some(data) => State::Queued(Queued::new(self, data, self.boxed(wrs), n, queue_held)),
+            // Not reachable (an unposted op has its data); give back what
+            // was taken.
+            None => {
+                if queue_held {
+                    self.credits_for(wrs).0.release(n);
+                }
+                State::Ready(None)
+            }
         }
     }
 
@@ -896,17 +926,25 @@ impl QueuePair {
         }
     }
 
-    /// Posts `wrs` with `n` queue and CQ credits already taken.
+    /// Posts `wrs` for the unposted `op` with `n` queue and CQ credits
+    /// already taken. On success (or a partial post) `op` becomes the
+    /// in-flight op of its slot; on failure its data is handed to
+    /// [`Completable::fail`] and the output returned, for `State::Ready`.
     ///
     /// # Safety
     ///
-    /// `wrs` name memory kept by `data` under the contract of
+    /// `wrs` name memory kept by `op`'s data under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
-    /// On success, or on a partial post, `data` goes into the returned
-    /// [`Op`], which keeps (parks, or at shutdown leaks) it until the
-    /// completion or flush; so the provider's post contract holds.
+    /// On success, or on a partial post, that data stays in `op`, which
+    /// keeps (parks, or at shutdown leaks) it until the completion or
+    /// flush; so the provider's post contract holds.
     #[inline(always)]
-    unsafe fn post<T: Completable>(&self, data: T, wrs: &mut Wrs, n: u32) -> State<T> {
+    unsafe fn post<T: Completable>(
+        &self,
+        op: &mut Op<T>,
+        wrs: &mut Wrs,
+        n: u32,
+    ) -> Result<(), Option<Box<T::Output>>> {
         let core = &self.inner.core;
         let recv = matches!(wrs, Wrs::Recv(_));
         // A signaled send takes over the credits of the unsignaled inline
@@ -924,9 +962,12 @@ impl QueuePair {
                 credit.n -= absorbed;
                 core.unabsorb(absorbed);
                 drop(credit);
-                return State::Ready(Some(Box::new(data.fail(SubmitError::SlabFull {
-                    limit: wr_id::MAX_OPS,
-                }))));
+                return Err(refused(
+                    op.take_unposted(),
+                    SubmitError::SlabFull {
+                        limit: wr_id::MAX_OPS,
+                    },
+                ));
             }
         };
         let first = wr_id::encode(key, gen, 0);
@@ -941,9 +982,10 @@ impl QueuePair {
                         wr.flags = unsignaled(wr.flags);
                     }
                 }
-                // SAFETY: the chain's memory is kept by `data` (this
-                // function's contract), which the `Op` built below holds until
-                // the completion of the last (signaled) WR has been polled.
+                // SAFETY: the chain's memory is kept by `op`'s data (this
+                // function's contract), which `op` holds (marked posted
+                // below) until the completion of the last (signaled) WR has
+                // been polled.
                 unsafe { core.backend.post_send(chain) }
             }
             Wrs::One(wr) => {
@@ -959,22 +1001,28 @@ impl QueuePair {
             }
         };
         match res {
-            Ok(()) => State::InFlight(Op::new(self.inner.handle.clone(), key, first, data)),
-            Err(e) => self.post_failed(data, key, first, absorbed, e),
+            Ok(()) => {
+                op.set_posted(first);
+                Ok(())
+            }
+            Err(e) => match self.post_failed(key, absorbed, e) {
+                // Part of the chain is on the queue: the op is in flight.
+                None => {
+                    op.set_posted(first);
+                    Ok(())
+                }
+                Some(e) => Err(refused(op.take_unposted(), e)),
+            },
         }
     }
 
-    /// The provider refused (part of) the chain of op `key`.
+    /// The provider refused (part of) the chain of op `key`. If nothing was
+    /// posted, the slot and the credits are given back and the error is
+    /// returned (for the op's data); after a partial post the slot reports
+    /// the error once the posted part has flushed, and `None` is returned.
     #[cold]
     #[inline(never)]
-    fn post_failed<T: Completable>(
-        &self,
-        data: T,
-        key: usize,
-        first: u64,
-        absorbed: u32,
-        e: PostError,
-    ) -> State<T> {
+    fn post_failed(&self, key: usize, absorbed: u32, e: PostError) -> Option<SubmitError> {
         let core = &self.inner.core;
         let ops = self.inner.handle.ops();
         match e {
@@ -984,10 +1032,10 @@ impl QueuePair {
                     drop(credit);
                 }
                 core.unabsorb(absorbed);
-                State::Ready(Some(Box::new(data.fail(SubmitError::Post {
+                Some(SubmitError::Post {
                     qp_num: core.qp_num,
                     source: e,
-                }))))
+                })
             }
             e => {
                 // Part of the chain is on the queue, unsignaled: flush it so
@@ -1005,17 +1053,18 @@ impl QueuePair {
                 if let Err(err) = core.shut() {
                     tracing::warn!(qp = core.qp_num, error = %err, "modify_to_err after partial post failed");
                 }
-                State::InFlight(Op::new(self.inner.handle.clone(), key, first, data))
+                None
             }
         }
     }
 }
 
-/// A submission refused before anything was posted.
+/// A submission refused before anything was posted: its data goes to
+/// [`Completable::fail`], whose output is returned (for `State::Ready`).
 #[cold]
 #[inline(never)]
-fn refused<T: Completable>(data: T, e: SubmitError) -> Submit<T> {
-    Submit::ready(data.fail(e))
+fn refused<T: Completable>(data: Option<T>, e: SubmitError) -> Option<Box<T::Output>> {
+    data.map(|data| Box::new(data.fail(e)))
 }
 
 /// `flags` without SIGNALED.
@@ -1169,7 +1218,7 @@ impl<T: Completable> Submit<T> {
 impl<T: Completable> Future for Submit<T> {
     type Output = T::Output;
 
-    #[inline]
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
         // The common case first, in a small frame: posted, in flight.
@@ -1211,18 +1260,25 @@ impl<T: Completable> Submit<T> {
                         // Invariant: both are `Some` while the state is Queued.
                         return Poll::Pending;
                     };
-                    let next = if closed {
-                        State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
+                    if closed {
+                        this.state = State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
                             qp_num: qp.qp_num(),
-                        }))))
+                        }))));
                     } else {
-                        // SAFETY: a `Queued` is only created by `submit`,
-                        // whose caller vouched for `wrs` and `data` under the
-                        // `submit_*` contract; both were kept together since.
-                        unsafe { qp.post(data, &mut wrs, n) }
-                    };
+                        this.state = State::InFlight(Op::unposted(qp.inner.handle.clone(), data));
+                        let res = match &mut this.state {
+                            // SAFETY: a `Queued` is only created by `submit`,
+                            // whose caller vouched for `wrs` and `data` under
+                            // the `submit_*` contract; both were kept together
+                            // since (the data just moved into this op).
+                            State::InFlight(op) => unsafe { qp.post(op, &mut wrs, n) },
+                            _ => Ok(()),
+                        };
+                        if let Err(out) = res {
+                            this.state = State::Ready(out);
+                        }
+                    }
                     qp.recycle(wrs);
-                    this.state = next;
                 }
             }
         }

@@ -29,6 +29,7 @@ impl<B: RegisteredBuf + IoBufMut> Completable for CompareAndSwapVerb<B> {
 
 /// If the word at `remote` equals `compare`, stores `swap`; returns the
 /// original value (see [`Verbs::compare_and_swap`](super::Verbs::compare_and_swap)).
+#[inline]
 pub fn compare_and_swap<B: RegisteredBuf + IoBufMut>(
     qp: &QueuePair,
     buf: B,

@@ -29,6 +29,7 @@ impl<B: RegisteredBuf + IoBufMut> Completable for FetchAndAddVerb<B> {
 
 /// Adds `add` (wrapping) to the word at `remote`; returns the original value
 /// (see [`Verbs::fetch_and_add`](super::Verbs::fetch_and_add)).
+#[inline]
 pub fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
     qp: &QueuePair,
     buf: B,

@@ -223,6 +223,7 @@ pub(crate) fn inline_flag(qp: &QueuePair, op: &SendOp, sge: Option<&Sge>) -> Sen
 ///
 /// `sge` must lie in memory owned by `data` at a stable address (the
 /// contract of [`QueuePair::submit_send`], INLINE WRs included).
+#[inline(always)]
 pub(crate) unsafe fn submit_one<T: Completable>(
     qp: &QueuePair,
     data: T,

@@ -33,6 +33,7 @@ impl<B: RegisteredBuf + IoBufMut> Completable for ReadVerb<B> {
 
 /// Reads all of `remote` into the start of `buf`, whose capacity must be at
 /// least `remote.len()` (see [`Verbs::read`](super::Verbs::read)).
+#[inline]
 pub fn read<B: RegisteredBuf + IoBufMut>(
     qp: &QueuePair,
     buf: B,

@@ -53,6 +53,7 @@ impl<B: RegisteredBuf + IoBufMut> Completable for RecvVerb<B> {
 }
 
 /// Posts a RECV over `buf`'s capacity (see [`Verbs::recv`](super::Verbs::recv)).
+#[inline]
 pub fn recv<B: RegisteredBuf + IoBufMut>(qp: &QueuePair, buf: B) -> Submit<RecvVerb<B>> {
     let sge = match buf.sge_total() {
         Ok(s) => s,

@@ -27,6 +27,7 @@ impl<B: RegisteredBuf> Completable for SendVerb<B> {
 }
 
 /// Sends `buf`'s initialized bytes (see [`Verbs::send`](super::Verbs::send)).
+#[inline]
 pub fn send<B: RegisteredBuf>(qp: &QueuePair, buf: B) -> Submit<SendVerb<B>> {
     let sge = match gather_sge(OP, &buf) {
         Ok(s) => s,

@@ -27,6 +27,7 @@ impl<B: RegisteredBuf> Completable for SendWithImmVerb<B> {
 }
 
 /// Sends `buf`'s initialized bytes with `imm` (see [`Verbs::send_with_imm`](super::Verbs::send_with_imm)).
+#[inline]
 pub fn send_with_imm<B: RegisteredBuf>(
     qp: &QueuePair,
     buf: B,

@@ -27,6 +27,7 @@ impl<B: RegisteredBuf> Completable for WriteVerb<B> {
 
 /// Writes `buf`'s initialized bytes to the start of `remote`, which must be
 /// at least that long (see [`Verbs::write`](super::Verbs::write)).
+#[inline]
 pub fn write<B: RegisteredBuf>(qp: &QueuePair, buf: B, remote: RemoteBuf) -> Submit<WriteVerb<B>> {
     let sge = match gather_sge(OP, &buf).and_then(|s| {
         remote.check_fits(OP, s.length as usize)?;

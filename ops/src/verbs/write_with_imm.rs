@@ -28,6 +28,7 @@ impl<B: RegisteredBuf> Completable for WriteWithImmVerb<B> {
 
 /// Writes `buf`'s initialized bytes to the start of `remote` with `imm`
 /// (see [`Verbs::write_with_imm`](super::Verbs::write_with_imm)).
+#[inline]
 pub fn write_with_imm<B: RegisteredBuf>(
     qp: &QueuePair,
     buf: B,

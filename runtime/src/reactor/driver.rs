@@ -421,10 +421,22 @@ impl Driver {
         n
     }
 
+    /// Routes one completion: an op's (inline here, the common case) or a
+    /// reserved wr_id's ([`complete_reserved`](Self::complete_reserved)).
+    #[inline(always)]
     fn complete(&self, c: Completion) {
         if c.wr_id & wr_id::RESERVED == 0 {
             self.ops.complete(c);
-        } else if wr_id::is_inline(c.wr_id) {
+        } else {
+            self.complete_reserved(c);
+        }
+    }
+
+    /// A completion of a reserved wr_id: an inline send's, the agent's, or
+    /// an untracked WR's.
+    #[inline(never)]
+    fn complete_reserved(&self, c: Completion) {
+        if wr_id::is_inline(c.wr_id) {
             self.complete_inline(&c);
         } else if c.wr_id >= wr_id::AGENT_BASE {
             // Taken out while it runs, so it may replace itself.

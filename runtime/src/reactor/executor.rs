@@ -1,12 +1,14 @@
 //! The local task queue: `spawn`, wakers and [`JoinHandle`].
 //!
 //! Tasks live in a slab on the runtime's thread. Their wakers are
-//! thread-safe (`std::task::Wake`): waking pushes the task id into a small
-//! mutex-protected queue and, only if the reactor is asleep in epoll, kicks
-//! the `mio::Waker`. Same-thread wakes therefore cost no syscall, and skip
-//! the mutex too: a waker that fires on its runtime's own thread (the op
-//! path: the reactor completes an op and wakes its task) pushes into a
-//! thread-local queue instead.
+//! thread-safe (an `Arc` behind a vtable of our own): waking pushes the task
+//! id into a small mutex-protected queue and, only if the reactor is asleep
+//! in epoll, kicks the `mio::Waker`. Same-thread wakes therefore cost no
+//! syscall, and skip the mutex and atomic read-modify-writes too: a waker
+//! that fires on its runtime's own thread (the op path: the reactor
+//! completes an op and wakes its task) pushes into a thread-local queue
+//! instead. The op table recognizes these wakers ([`is_task_waker`]) and
+//! keeps and wakes them by reference (no refcount traffic per op).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -15,7 +17,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
 use slab::Slab;
 
@@ -77,31 +79,39 @@ struct TaskWaker {
     shared: Arc<Shared>,
 }
 
-impl Wake for TaskWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        if !self.scheduled.swap(true, Ordering::AcqRel) {
-            let shared = Arc::as_ptr(&self.shared);
-            let ours = LOCAL_SHARED
-                .try_with(|l| l.get() == shared)
-                .unwrap_or(false);
-            let local = ours
-                && if self.id == MAIN {
-                    LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
-                } else {
-                    LOCAL_QUEUE
-                        .try_with(|q| match q.try_borrow_mut() {
-                            Ok(mut q) => {
-                                q.push(self.id);
-                                LOCAL_PENDING.set(true);
-                                true
-                            }
-                            Err(_) => false,
-                        })
-                        .unwrap_or(false)
-                };
+impl TaskWaker {
+    /// Queues the task (once until it is polled). On the executor's own
+    /// thread this touches no atomic read-modify-write: the flag is read and
+    /// set with plain loads and stores (only this thread clears it, so a
+    /// plain load sees its latest clear; a cross-thread wake racing the set
+    /// can at worst queue the task twice, a spurious poll). Other threads
+    /// swap the flag and push into the mutex-protected queue.
+    fn wake_ref(&self) {
+        let shared = Arc::as_ptr(&self.shared);
+        let ours = LOCAL_SHARED
+            .try_with(|l| l.get() == shared)
+            .unwrap_or(false);
+        if ours {
+            if self.scheduled.load(Ordering::Acquire) {
+                return;
+            }
+            self.scheduled.store(true, Ordering::Release);
+            let local = if self.id == MAIN {
+                LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
+            } else {
+                LOCAL_QUEUE
+                    .try_with(|q| match q.try_borrow_mut() {
+                        Ok(mut q) => {
+                            q.push(self.id);
+                            // `with`, not `LocalKey::set` (an out-of-line
+                            // initialization check per call).
+                            LOCAL_PENDING.with(|p| p.set(true));
+                            true
+                        }
+                        Err(_) => false,
+                    })
+                    .unwrap_or(false)
+            };
             if !local {
                 self.shared.push(self.id);
             } else if self.shared.sleeping.load(Ordering::SeqCst) {
@@ -109,8 +119,75 @@ impl Wake for TaskWaker {
                 // waits on our epoll fd, so make it readable.
                 self.shared.kick();
             }
+        } else if !self.scheduled.swap(true, Ordering::AcqRel) {
+            self.shared.push(self.id);
         }
     }
+}
+
+/// The wakers of the executor's tasks: an `Arc<TaskWaker>` behind a vtable
+/// of our own, so that [`is_task_waker`] can recognize them.
+static TASK_WAKER_VTABLE: RawWakerVTable = RawWakerVTable::new(
+    task_waker_clone,
+    task_waker_wake,
+    task_waker_wake_by_ref,
+    task_waker_drop,
+);
+
+/// A waker owning one strong count of `flag`.
+fn task_waker(flag: Arc<TaskWaker>) -> Waker {
+    let raw = RawWaker::new(Arc::into_raw(flag).cast::<()>(), &TASK_WAKER_VTABLE);
+    // SAFETY: the data pointer comes from `Arc::into_raw::<TaskWaker>` and
+    // owns one strong count; the vtable's functions treat it as exactly that
+    // (clone adds a count, wake and drop give one back, wake_by_ref only
+    // borrows), and `TaskWaker` is `Send + Sync`, as `Waker` requires.
+    unsafe { Waker::from_raw(raw) }
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a live waker made by [`task_waker`].
+unsafe fn task_waker_clone(p: *const ()) -> RawWaker {
+    // SAFETY: `p` comes from `Arc::into_raw::<TaskWaker>` and the waker
+    // holding it keeps that count alive during this call.
+    unsafe { Arc::increment_strong_count(p.cast::<TaskWaker>()) };
+    RawWaker::new(p, &TASK_WAKER_VTABLE)
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a waker made by [`task_waker`], whose strong
+/// count this call consumes.
+unsafe fn task_waker_wake(p: *const ()) {
+    // SAFETY: the waker being consumed owns this count (caller contract).
+    let flag = unsafe { Arc::from_raw(p.cast::<TaskWaker>()) };
+    flag.wake_ref();
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a live waker made by [`task_waker`].
+unsafe fn task_waker_wake_by_ref(p: *const ()) {
+    // SAFETY: the live waker keeps the `TaskWaker` alive during this call.
+    let flag = unsafe { &*p.cast::<TaskWaker>() };
+    flag.wake_ref();
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a waker made by [`task_waker`], whose strong
+/// count this call consumes.
+unsafe fn task_waker_drop(p: *const ()) {
+    // SAFETY: the waker being dropped owns this count (caller contract).
+    drop(unsafe { Arc::from_raw(p.cast::<TaskWaker>()) });
+}
+
+/// True for the wakers of a verbio executor's tasks (of any runtime). Their
+/// wake runs no foreign code: it only queues the task (or, from another
+/// thread, pushes it into the runtime's shared queue and kicks its epoll).
+#[inline]
+pub(crate) fn is_task_waker(w: &Waker) -> bool {
+    std::ptr::eq(w.vtable(), &TASK_WAKER_VTABLE)
 }
 
 struct Task {
@@ -160,7 +237,7 @@ impl Executor {
             ready: RefCell::new(VecDeque::with_capacity(64)),
             spare: RefCell::new(Vec::with_capacity(64)),
             shared,
-            main_waker: Waker::from(main.clone()),
+            main_waker: task_waker(main.clone()),
             main,
             main_woken: Cell::new(false),
         }
@@ -178,31 +255,10 @@ impl Executor {
             aborted: Cell::new(false),
             task: RefCell::new(None),
         });
-        let st = state.clone();
-        let task = async move {
-            let mut fut = std::pin::pin!(fut);
-            let out = std::future::poll_fn(|cx| {
-                if st.aborted.get() {
-                    return Poll::Ready(None);
-                }
-                {
-                    let mut t = st.task.borrow_mut();
-                    match &*t {
-                        Some(w) if w.will_wake(cx.waker()) => {}
-                        _ => *t = Some(cx.waker().clone()),
-                    }
-                }
-                fut.as_mut().poll(cx).map(Some)
-            })
-            .await;
-            if let Some(v) = out {
-                *st.value.borrow_mut() = Some(v);
-            }
-            st.finished.set(true);
-            let w = st.waker.borrow_mut().take();
-            if let Some(w) = w {
-                w.wake();
-            }
+        let task = TaskFuture {
+            fut,
+            st: state.clone(),
+            done: false,
         };
         let mut tasks = self.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
@@ -212,7 +268,10 @@ impl Executor {
             scheduled: AtomicBool::new(false),
             shared: self.shared.clone(),
         });
-        let waker = Waker::from(flag.clone());
+        let waker = task_waker(flag.clone());
+        // The task is only ever polled with this waker (by `poll_task`):
+        // `abort` wakes it through this copy.
+        *state.task.borrow_mut() = Some(waker.clone());
         entry.insert(Task {
             future: Some(Box::pin(task)),
             waker: waker.clone(),
@@ -273,7 +332,7 @@ impl Executor {
             let Ok(mut q) = q.try_borrow_mut() else {
                 // Not reachable (no user code runs while it is borrowed);
                 // keep the ids for the next collect rather than lose them.
-                LOCAL_PENDING.set(true);
+                LOCAL_PENDING.with(|p| p.set(true));
                 return;
             };
             if q.is_empty() {
@@ -303,6 +362,11 @@ impl Executor {
         while polled < budget {
             let next = self.ready.borrow_mut().pop_front();
             let Some(id) = next else {
+                if polled == 0 {
+                    // Nothing was ready and nothing ran since the collect
+                    // above, so no wake of ours can have come in.
+                    break;
+                }
                 self.collect();
                 if self.ready.borrow().is_empty() {
                     break;
@@ -316,6 +380,8 @@ impl Executor {
     }
 
     fn poll_task(&self, id: usize) {
+        // The future and the waker are moved out for the poll (no borrow is
+        // held while user code runs) and back in after: no refcount traffic.
         let (mut fut, waker) = {
             let mut tasks = self.tasks.borrow_mut();
             let Some(task) = tasks.get_mut(id) else {
@@ -325,7 +391,10 @@ impl Executor {
                 return;
             };
             task.flag.scheduled.store(false, Ordering::Release);
-            (fut, task.waker.clone())
+            (
+                fut,
+                std::mem::replace(&mut task.waker, Waker::noop().clone()),
+            )
         };
         let mut cx = Context::from_waker(&waker);
         match fut.as_mut().poll(&mut cx) {
@@ -337,6 +406,7 @@ impl Executor {
             Poll::Pending => {
                 if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
                     task.future = Some(fut);
+                    task.waker = waker;
                 }
             }
         }
@@ -405,6 +475,53 @@ impl Drop for Executor {
     }
 }
 
+/// A spawned task's future: polls the user's future until it is done or
+/// the task is aborted, then hands the output to the [`JoinHandle`].
+struct TaskFuture<F: Future> {
+    /// Structurally pinned: polled in place, never moved out, dropped with
+    /// the task (which is removed right after its last poll).
+    fut: F,
+    st: Rc<JoinState<F::Output>>,
+    /// Returned `Ready` already.
+    done: bool,
+}
+
+impl<F: Future> Future for TaskFuture<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: only `fut` needs pinning, and it is never moved: it is
+        // polled through the `Pin::new_unchecked` below and dropped in
+        // place with `self` (`TaskFuture` has no `Drop` impl that could move
+        // it); the other fields are never pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        if this.done {
+            return Poll::Ready(());
+        }
+        let out = if this.st.aborted.get() {
+            None
+        } else {
+            // SAFETY: `fut` lives inside the pinned `self` and is not moved
+            // (see above).
+            match unsafe { Pin::new_unchecked(&mut this.fut) }.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(v) => Some(v),
+            }
+        };
+        this.done = true;
+        let st = &this.st;
+        if let Some(v) = out {
+            *st.value.borrow_mut() = Some(v);
+        }
+        st.finished.set(true);
+        let w = st.waker.borrow_mut().take();
+        if let Some(w) = w {
+            w.wake();
+        }
+        Poll::Ready(())
+    }
+}
+
 struct JoinState<T> {
     value: RefCell<Option<T>>,
     waker: RefCell<Option<Waker>>,
@@ -459,5 +576,105 @@ impl<T> std::fmt::Debug for JoinHandle<T> {
         f.debug_struct("JoinHandle")
             .field("finished", &self.is_finished())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use std::task::{Poll, Waker};
+
+    use crate::reactor::Runtime;
+    use crate::testing::settle;
+
+    /// A task that counts its polls and hands out its waker.
+    fn counted(rt: &Runtime) -> (Rc<Cell<u32>>, Rc<RefCell<Option<Waker>>>) {
+        let polls = Rc::new(Cell::new(0));
+        let waker = Rc::new(RefCell::new(None));
+        let (p, w) = (polls.clone(), waker.clone());
+        rt.spawn(std::future::poll_fn(move |cx| {
+            p.set(p.get() + 1);
+            *w.borrow_mut() = Some(cx.waker().clone());
+            Poll::<()>::Pending
+        }));
+        (polls, waker)
+    }
+
+    #[test]
+    fn same_thread_wakes_of_a_queued_task_poll_it_once() {
+        let rt = Runtime::new().unwrap();
+        let (polls, waker) = counted(&rt);
+        settle(&rt);
+        assert_eq!(polls.get(), 1);
+        let w = waker.borrow().clone().unwrap();
+        assert!(super::is_task_waker(&w));
+        w.wake_by_ref();
+        w.wake_by_ref();
+        // A clone woken by value (the vtable's clone and wake).
+        let owned = w.clone();
+        owned.wake();
+        settle(&rt);
+        assert_eq!(polls.get(), 2, "three wakes before the poll: one poll");
+        w.wake();
+        settle(&rt);
+        assert_eq!(polls.get(), 3, "a wake after the poll polls again");
+    }
+
+    #[test]
+    fn a_finished_task_hands_over_its_output_and_drops_its_future() {
+        let rt = Runtime::new().unwrap();
+        let held = Rc::new(());
+        let h = held.clone();
+        let gate = Rc::new(Cell::new(false));
+        let g = gate.clone();
+        let join = rt.spawn(async move {
+            let _h = h;
+            std::future::poll_fn(|cx| {
+                if g.get() {
+                    Poll::Ready(())
+                } else {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            })
+            .await;
+            7u32
+        });
+        settle(&rt);
+        assert!(!join.is_finished());
+        assert_eq!(Rc::strong_count(&held), 2, "the running task holds it");
+        gate.set(true);
+        settle(&rt);
+        assert!(join.is_finished());
+        assert_eq!(
+            Rc::strong_count(&held),
+            1,
+            "the finished task's future is dropped"
+        );
+        assert_eq!(rt.block_on(join), 7);
+        assert_eq!(rt.task_count(), 0);
+    }
+
+    #[test]
+    fn cross_thread_wakes_of_a_queued_task_poll_it_once() {
+        let rt = Runtime::new().unwrap();
+        let (polls, waker) = counted(&rt);
+        settle(&rt);
+        let w = waker.borrow().clone().unwrap();
+        let w2 = w.clone();
+        std::thread::spawn(move || {
+            w2.wake_by_ref();
+            w2.wake();
+        })
+        .join()
+        .unwrap();
+        w.wake_by_ref();
+        settle(&rt);
+        assert_eq!(
+            polls.get(),
+            2,
+            "wakes from both threads before the poll: one poll"
+        );
     }
 }

@@ -34,6 +34,7 @@ pub use runtime::{Builder, Runtime, Turn};
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
 pub(crate) use driver::Driver;
+pub(crate) use executor::is_task_waker;
 
 use crate::op::OpTable;
 use crate::provider::Completion;
