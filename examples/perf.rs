@@ -121,10 +121,14 @@ struct Args {
     signaled: bool,
     /// send_lat: the loop on the provider's QP and CQ, without the runtime.
     raw: bool,
+    /// send_lat: also stamp after the SEND is posted, after the echo came
+    /// and after the RECV is re-posted, and print each segment's median.
+    breakdown: bool,
 }
 
 const USAGE: &str = "usage: perf write_bw|send_lat [--server ADDR | --client ADDR] \
-[--size BYTES] [--iters N] [--depth N] [--busy-poll MICROS | --events] [--signaled | --raw]";
+[--size BYTES] [--iters N] [--depth N] [--busy-poll MICROS | --events] [--signaled | --raw] \
+[--breakdown]";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -148,6 +152,7 @@ fn parse_args() -> Result<Args, String> {
         busy_poll: None,
         signaled: false,
         raw: false,
+        breakdown: false,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -165,6 +170,7 @@ fn parse_args() -> Result<Args, String> {
             "--events" | "-e" => args.busy_poll = Some(Duration::ZERO),
             "--signaled" => args.signaled = true,
             "--raw" => args.raw = true,
+            "--breakdown" => args.breakdown = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -502,6 +508,7 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     // would be counted in every round trip), converted with a rate measured
     // against the system clock over the whole loop.
     let mut stamps = Vec::with_capacity(args.iters);
+    let mut parts = Breakdown::new(args);
     let inline = inline_sends(args, args.size, qp.caps().max_inline_data as usize);
     let clock = CycleClock::start();
     if inline {
@@ -513,12 +520,15 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
             qp.send_inline(&payload)
                 .await
                 .map_err(|e| format!("send {i}: {e}"))?;
+            parts.mark(0, &clock);
             let (rres, back) = next.await;
+            parts.mark(1, &clock);
             let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
             if n != args.size {
                 return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
             }
             next = qp.recv(back);
+            parts.mark(2, &clock);
         }
         // The last RECV stays posted; dropping it parks its buffer until the
         // close flushes it.
@@ -542,7 +552,58 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     let ticks_per_us = clock.ticks_per_us();
     // An empty message ends the server's echo loop.
     qp.send(pool.alloc(0)?).await.0?;
+    parts.report(&stamps, ticks_per_us);
     report_lat(args, &stamps, ticks_per_us)
+}
+
+/// `--breakdown`: per iteration, the stamps after the SEND was posted, after
+/// the echo came and after the RECV was re-posted; printed as the median of
+/// each segment (the last one runs to the next iteration's stamp).
+struct Breakdown {
+    on: bool,
+    marks: Vec<[u64; 3]>,
+    cur: [u64; 3],
+}
+
+impl Breakdown {
+    fn new(args: &Args) -> Breakdown {
+        let on = args.breakdown;
+        Breakdown {
+            on,
+            marks: Vec::with_capacity(if on { args.iters } else { 0 }),
+            cur: [0; 3],
+        }
+    }
+
+    #[inline]
+    fn mark(&mut self, i: usize, clock: &CycleClock) {
+        if self.on {
+            self.cur[i] = clock.stamp();
+            if i == 2 {
+                self.marks.push(self.cur);
+            }
+        }
+    }
+
+    fn report(&self, stamps: &[u64], ticks_per_us: f64) {
+        if !self.on || self.marks.len() < 2 {
+            return;
+        }
+        let median_us = |mut v: Vec<u64>| {
+            v.sort_unstable();
+            v[v.len() / 2] as f64 / ticks_per_us
+        };
+        let seg = |f: &dyn Fn(usize) -> u64| median_us((0..self.marks.len() - 1).map(f).collect());
+        let m = &self.marks;
+        println!(
+            " breakdown (median us per iteration): post SEND {:.2} | wait for the echo {:.2} | \
+             re-post RECV {:.2} | to the next stamp {:.2}",
+            seg(&|i| m[i][0].wrapping_sub(stamps[i])),
+            seg(&|i| m[i][1].wrapping_sub(m[i][0])),
+            seg(&|i| m[i][2].wrapping_sub(m[i][1])),
+            seg(&|i| stamps[i + 1].wrapping_sub(m[i][2])),
+        );
+    }
 }
 
 /// Prints perftest's latency line for per-SEND stamps.
@@ -736,20 +797,25 @@ async fn raw_client(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) ->
     let len = u32::try_from(args.size)?;
     let mut raw = RawLoop::new(qp, dev, &reply, msg.sge_init()?)?;
     let mut stamps = Vec::with_capacity(args.iters);
+    let mut parts = Breakdown::new(args);
     let clock = CycleClock::start();
     raw.post_recv()?;
     for i in 0..args.iters {
         stamps.push(clock.stamp());
         raw.post_send(len, false)?;
+        parts.mark(0, &clock);
         let n = raw.wait_recv()?;
+        parts.mark(1, &clock);
         if n != len {
             return Err(format!("echo {i}: {n} bytes, expected {len}").into());
         }
         if i + 1 < args.iters {
             raw.post_recv()?;
         }
+        parts.mark(2, &clock);
     }
     let ticks_per_us = clock.ticks_per_us();
+    parts.report(&stamps, ticks_per_us);
     // An empty message ends the server's loop; once it completed, so did
     // every send before it.
     raw.post_send(0, true)?;
