@@ -21,6 +21,11 @@
 //!   directly (verbio's ibverbs layer, no runtime: post, then spin on
 //!   `Cq::poll`), perftest's loop in Rust: what the runtime adds is the
 //!   difference to the default mode, in one run.
+//! - `send_lat --breakdown`: also prints the median time per iteration of
+//!   each segment of the client's loop: posting the SEND (on rxe the doorbell
+//!   `write` runs the whole exchange in the kernel), waiting for the echo
+//!   (the peer's detection and turnaround plus this side's detection and
+//!   wake-up), re-posting the RECV, and the rest up to the next stamp.
 //!
 //! Both run on whatever `open_device(None)` picks: `VERBIO_DEVICE` if set
 //! (e.g. `rxe0`, built with `--features ibverbs`), else the first active
