@@ -21,7 +21,9 @@
 #                    without the runtime: the runtime's share of the gap)
 #   --rounds N       perftest/verbio rounds, alternating (default 1); the
 #                    latency comparison prints each round's ratio and the
-#                    median over the rounds
+#                    median over the rounds; perftest's ib_send_lat runs
+#                    first in odd rounds, verbio's in even ones (use an even
+#                    N: the second run of a pair is slower in this VM)
 #   --lat-only       --perftest without the bandwidth pair (latency rounds only)
 #   --lat-iters N    round trips per latency run, both tools (default 1000,
 #                    perftest's default); e.g. 5000 for steadier medians
@@ -233,8 +235,17 @@ while [ $r -le $ROUNDS ]; do
         rbw=$(ratio "$vbw" "$pbw"); echo "$rbw" >> "$LOGS/ratio.bw"
         line="$line write_bw 64KiB avg MB/s: perftest $pbw verbio $vbw ratio $rbw |"
     fi
-    pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
-    vp "$LOGS/vb_lat.$r" "$PERF" send_lat --size 64 --iters "$LAT_ITERS"
+    # Alternating order (perftest first in odd rounds, verbio first in even
+    # ones): in this VM the run right after another tool's is measurably
+    # slower (≈ 5 µs typical for the same build), which would otherwise
+    # always count against the same side.
+    if [ $((r % 2)) = 1 ]; then
+        pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
+        vp "$LOGS/vb_lat.$r" "$PERF" send_lat --size 64 --iters "$LAT_ITERS"
+    else
+        vp "$LOGS/vb_lat.$r" "$PERF" send_lat --size 64 --iters "$LAT_ITERS"
+        pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
+    fi
     vp "$LOGS/vr_lat.$r" "$PERF" send_lat --raw --size 64 --iters "$LAT_ITERS"
     for v in $VARIANTS; do
         vp "$LOGS/var_${v%%=*}.$r" "${v#*=}" send_lat --size 64 --iters "$LAT_ITERS"
