@@ -13,7 +13,19 @@
 //!   waiting for the send's completion (`Verbs::send_inline`: mostly
 //!   unsignaled, one signaled in every few) when the message fits the QP's
 //!   `max_inline_data`; `--signaled` runs the SENDs as ordinary ops instead
-//!   (each waits for its own completion), for comparison.
+//!   (each waits for its own completion), for comparison. The figures are
+//!   computed as perftest's `print_report_lat` does: one stamp per SEND
+//!   posted, `iters - 1` deltas, sorted, the two largest dropped, typical =
+//!   its median, average over the rest.
+//! - `send_lat --raw`: the same ping-pong on the provider's QP and CQ
+//!   directly (verbio's ibverbs layer, no runtime: post, then spin on
+//!   `Cq::poll`), perftest's loop in Rust: what the runtime adds is the
+//!   difference to the default mode, in one run.
+//! - `send_lat --breakdown`: also prints the median time per iteration of
+//!   each segment of the client's loop: posting the SEND (on rxe the doorbell
+//!   `write` runs the whole exchange in the kernel), waiting for the echo
+//!   (the peer's detection and turnaround plus this side's detection and
+//!   wake-up), re-posting the RECV, and the rest up to the next stamp.
 //!
 //! Both run on whatever `open_device(None)` picks: `VERBIO_DEVICE` if set
 //! (e.g. `rxe0`, built with `--features ibverbs`), else the first active
@@ -54,8 +66,11 @@ use futures::io::AsyncReadExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfig};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
-use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps, RtsAttr};
-use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
+use verbio::provider::{
+    open_device, AccessFlags, Completion, Mtu, ProviderKind, QpCaps, RecvWr, RtsAttr, SendFlags,
+    SendOp, SendWr, SgList, Sge, WcStatus,
+};
+use verbio::runtime::buf::{LocalBuf, MrPool, RegisteredBuf, RemoteAccessRegion};
 use verbio::runtime::{sleep, spawn, timeout, Device, QueuePair, Runtime, TcpStream};
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -74,6 +89,12 @@ const BUSY_POLL: Duration = Duration::from_millis(50);
 const DESCRIPTOR: usize = 20;
 /// Size of the client's hello (magic, test, message size).
 const HELLO: usize = 16;
+/// Fewest iterations (perftest's `MIN_ITER`): the statistics drop the two
+/// largest of `iters - 1` samples.
+const MIN_ITERS: usize = 5;
+
+/// The hello's test field carries this bit for `send_lat --raw`.
+const RAW_BIT: u32 = 1 << 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Test {
@@ -103,10 +124,16 @@ struct Args {
     /// send_lat: SENDs as signaled ops (each awaits its completion) rather
     /// than inline sends that return once posted.
     signaled: bool,
+    /// send_lat: the loop on the provider's QP and CQ, without the runtime.
+    raw: bool,
+    /// send_lat: also stamp after the SEND is posted, after the echo came
+    /// and after the RECV is re-posted, and print each segment's median.
+    breakdown: bool,
 }
 
 const USAGE: &str = "usage: perf write_bw|send_lat [--server ADDR | --client ADDR] \
-[--size BYTES] [--iters N] [--depth N] [--busy-poll MICROS | --events] [--signaled]";
+[--size BYTES] [--iters N] [--depth N] [--busy-poll MICROS | --events] [--signaled | --raw] \
+[--breakdown]";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -129,6 +156,8 @@ fn parse_args() -> Result<Args, String> {
         depth: 128,
         busy_poll: None,
         signaled: false,
+        raw: false,
+        breakdown: false,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -145,12 +174,22 @@ fn parse_args() -> Result<Args, String> {
             }
             "--events" | "-e" => args.busy_poll = Some(Duration::ZERO),
             "--signaled" => args.signaled = true,
+            "--raw" => args.raw = true,
+            "--breakdown" => args.breakdown = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    if args.size == 0 || args.iters == 0 || args.depth == 0 {
-        return Err("--size, --iters and --depth must be at least 1".into());
+    if args.size == 0 || args.depth == 0 {
+        return Err("--size and --depth must be at least 1".into());
+    }
+    if args.iters < MIN_ITERS {
+        return Err(format!(
+            "--iters must be at least {MIN_ITERS} (as perftest)"
+        ));
+    }
+    if args.raw && (args.test != Test::SendLat || args.signaled) {
+        return Err("--raw is a send_lat mode (inline sends), not with --signaled".into());
     }
     if args.server.is_some() && args.client.is_some() {
         return Err("choose --server or --client, not both".into());
@@ -207,7 +246,9 @@ fn banner(args: &Args, dev: &Device, mtu: Mtu, busy: Duration) {
     }
     if args.test == Test::SendLat {
         let max_inline = qp_config(args).caps.max_inline_data as usize;
-        if inline_sends(args, args.size, max_inline) {
+        if args.raw {
+            println!(" Sends          : raw provider loop, no runtime (inline if it fits, 1 in {RAW_SIGNAL_EVERY} signaled)");
+        } else if inline_sends(args, args.size, max_inline) {
             println!(" Sends          : inline, returning once posted (mostly unsignaled)");
         } else {
             println!(" Sends          : ops awaiting their own (signaled) completion");
@@ -267,11 +308,12 @@ fn server(
     })
 }
 
-/// The client's first message: magic, test, message size.
-fn hello(test: Test, size: usize) -> [u8; HELLO] {
+/// The client's first message: magic, test (with [`RAW_BIT`]), message size.
+fn hello(test: Test, raw: bool, size: usize) -> [u8; HELLO] {
     let mut m = [0u8; HELLO];
     m[..4].copy_from_slice(b"PERF");
-    m[4..8].copy_from_slice(&(test as u32).to_le_bytes());
+    let t = test as u32 | if raw { RAW_BIT } else { 0 };
+    m[4..8].copy_from_slice(&t.to_le_bytes());
     m[8..].copy_from_slice(&(size as u64).to_le_bytes());
     m
 }
@@ -290,12 +332,13 @@ fn parse_hello(m: &[u8]) -> Option<(u32, usize)> {
 async fn serve(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
     let (res, m) = qp.recv(pool.alloc(64)?).await;
     res?;
-    let size = match parse_hello(&m) {
-        Some((t, size)) if t == args.test as u32 && size > 0 => size,
+    let (size, raw) = match parse_hello(&m) {
+        Some((t, size)) if t & !RAW_BIT == args.test as u32 && size > 0 => (size, t & RAW_BIT != 0),
         _ => return Err(format!("bad hello from the client: {:?}", &m[..]).into()),
     };
     match args.test {
         Test::WriteBw => write_bw_server(size, dev, qp, pool).await,
+        Test::SendLat if raw => raw_server(size, dev, qp, pool).await,
         Test::SendLat => send_lat_server(args, size, qp, pool).await,
     }
 }
@@ -388,6 +431,7 @@ fn client(args: &Args, addr: SocketAddr) -> Res<()> {
         // Bounded by the watchdog (see `main`), not by a reactor timer.
         let res = match args.test {
             Test::WriteBw => write_bw_client(args, &qp, &pool).await,
+            Test::SendLat if args.raw => raw_client(args, &dev, &qp, &pool).await,
             Test::SendLat => send_lat_client(args, &qp, &pool).await,
         };
         let _ = timeout(Duration::from_secs(5), qp.close()).await;
@@ -398,7 +442,7 @@ fn client(args: &Args, addr: SocketAddr) -> Res<()> {
 /// Sends the hello and returns the server's answer (posted for first).
 async fn greet(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<LocalBuf> {
     let answer = qp.recv(pool.alloc(64)?);
-    qp.send(pool.alloc_from(&hello(args.test, args.size))?)
+    qp.send(pool.alloc_from(&hello(args.test, args.raw, args.size))?)
         .await
         .0?;
     let (res, b) = answer.await;
@@ -462,13 +506,14 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     let payload: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
     let mut msg = pool.alloc_from(&payload)?;
     let mut reply = pool.alloc(args.size)?;
-    // One timestamp per iteration, as perftest: iteration i took
-    // stamps[i + 1] - stamps[i]. Like perftest's `get_cycles`, a stamp is a
-    // cycle counter read where there is one (the system clock costs a
+    // One timestamp per SEND posted, as perftest's `tposted`: iteration i
+    // took stamps[i + 1] - stamps[i]. Like perftest's `get_cycles`, a stamp
+    // is a cycle counter read where there is one (the system clock costs a
     // syscall and µs per read in a VM with an emulated clocksource, which
     // would be counted in every round trip), converted with a rate measured
     // against the system clock over the whole loop.
-    let mut stamps = Vec::with_capacity(args.iters + 1);
+    let mut stamps = Vec::with_capacity(args.iters);
+    let mut parts = Breakdown::new(args);
     let inline = inline_sends(args, args.size, qp.caps().max_inline_data as usize);
     let clock = CycleClock::start();
     if inline {
@@ -480,14 +525,16 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
             qp.send_inline(&payload)
                 .await
                 .map_err(|e| format!("send {i}: {e}"))?;
+            parts.mark(0, &clock);
             let (rres, back) = next.await;
+            parts.mark(1, &clock);
             let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
             if n != args.size {
                 return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
             }
             next = qp.recv(back);
+            parts.mark(2, &clock);
         }
-        stamps.push(clock.stamp());
         // The last RECV stays posted; dropping it parks its buffer until the
         // close flushes it.
         drop(next);
@@ -506,16 +553,67 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
             msg = m;
             reply = back;
         }
-        stamps.push(clock.stamp());
     }
-    let us_per_tick = clock.us_per_tick();
-    let mut half_rtts: Vec<f64> = stamps
-        .windows(2)
-        .map(|w| w[1].wrapping_sub(w[0]) as f64 * us_per_tick / 2.0)
-        .collect();
+    let ticks_per_us = clock.ticks_per_us();
     // An empty message ends the server's echo loop.
     qp.send(pool.alloc(0)?).await.0?;
-    let s = LatStats::of(&mut half_rtts);
+    parts.report(&stamps, ticks_per_us);
+    report_lat(args, &stamps, ticks_per_us)
+}
+
+/// `--breakdown`: per iteration, the stamps after the SEND was posted, after
+/// the echo came and after the RECV was re-posted; printed as the median of
+/// each segment (the last one runs to the next iteration's stamp).
+struct Breakdown {
+    on: bool,
+    marks: Vec<[u64; 3]>,
+    cur: [u64; 3],
+}
+
+impl Breakdown {
+    fn new(args: &Args) -> Breakdown {
+        let on = args.breakdown;
+        Breakdown {
+            on,
+            marks: Vec::with_capacity(if on { args.iters } else { 0 }),
+            cur: [0; 3],
+        }
+    }
+
+    #[inline]
+    fn mark(&mut self, i: usize, clock: &CycleClock) {
+        if self.on {
+            self.cur[i] = clock.stamp();
+            if i == 2 {
+                self.marks.push(self.cur);
+            }
+        }
+    }
+
+    fn report(&self, stamps: &[u64], ticks_per_us: f64) {
+        if !self.on || self.marks.len() < 2 {
+            return;
+        }
+        let median_us = |mut v: Vec<u64>| {
+            v.sort_unstable();
+            v[v.len() / 2] as f64 / ticks_per_us
+        };
+        let seg = |f: &dyn Fn(usize) -> u64| median_us((0..self.marks.len() - 1).map(f).collect());
+        let m = &self.marks;
+        println!(
+            " breakdown (median us per iteration): post SEND {:.2} | wait for the echo {:.2} | \
+             re-post RECV {:.2} | to the next stamp {:.2}",
+            seg(&|i| m[i][0].wrapping_sub(stamps[i])),
+            seg(&|i| m[i][1].wrapping_sub(m[i][0])),
+            seg(&|i| m[i][2].wrapping_sub(m[i][1])),
+            seg(&|i| stamps[i + 1].wrapping_sub(m[i][2])),
+        );
+    }
+}
+
+/// Prints perftest's latency line for per-SEND stamps.
+fn report_lat(args: &Args, stamps: &[u64], ticks_per_us: f64) -> Res<()> {
+    let s = LatStats::of(stamps, ticks_per_us).ok_or("too few iterations for statistics")?;
     println!(
         " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
          t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
@@ -525,6 +623,237 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
         args.size, args.iters, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
     );
     println!("{}", "-".repeat(87));
+    Ok(())
+}
+
+// --------------------------------------------------------------- raw loop
+
+/// `--raw`: one SEND in this many is signaled (its completion frees the send
+/// queue slots of the unsignaled ones before it).
+const RAW_SIGNAL_EVERY: u64 = 32;
+/// wr_ids of the raw loop's WRs. The loop polls every completion of its
+/// WRs itself before the runtime runs again; should one reach the reactor
+/// anyway, the top bit (the runtime's untracked range) makes it ignore it.
+const RAW_RECV: u64 = 1 << 63 | 1;
+const RAW_SEND: u64 = 1 << 63 | 2;
+/// The last WR of a raw loop: all earlier ones are done once it completes.
+const RAW_LAST: u64 = 1 << 63 | 3;
+
+/// perftest's latency loop on the provider's QP and CQ: no ops, no reactor.
+/// The runtime is idle meanwhile (the caller blocks its thread), and nothing
+/// of the runtime's is outstanding on the QP.
+struct RawLoop<'a> {
+    qp: &'a verbio::provider::Qp,
+    cq: &'a verbio::provider::Cq,
+    recv: RecvWr,
+    send: SendWr,
+    inline: bool,
+    sent: u64,
+    wcs: [Completion; 8],
+    last_done: bool,
+}
+
+impl<'a> RawLoop<'a> {
+    /// `recv` receives, `send` is what goes out (both registered by the
+    /// caller, alive and untouched through Rust references while the loop
+    /// runs).
+    fn new(qp: &'a QueuePair, dev: &'a Device, recv: &LocalBuf, send: Sge) -> Res<RawLoop<'a>> {
+        let prov = qp.provider().ok_or("the QP has no provider QP")?;
+        let mut sg = SgList::new();
+        sg.push(recv.sge_total()?);
+        let mut ssg = SgList::new();
+        ssg.push(send);
+        Ok(RawLoop {
+            qp: prov,
+            cq: dev.cq(),
+            recv: RecvWr {
+                wr_id: RAW_RECV,
+                sg_list: sg,
+            },
+            send: SendWr {
+                wr_id: RAW_SEND,
+                sg_list: ssg,
+                op: SendOp::Send,
+                flags: SendFlags::NONE,
+            },
+            inline: send.length <= qp.caps().max_inline_data,
+            sent: 0,
+            wcs: [Completion::EMPTY; 8],
+            last_done: false,
+        })
+    }
+
+    fn post_recv(&self) -> Res<()> {
+        // SAFETY: the SGE names the caller's registered buffer, which stays
+        // allocated and unreferenced until the loop has polled the RECV's
+        // completion (every RECV posted is consumed by a SEND before the
+        // loop ends).
+        unsafe { self.qp.post_recv(std::slice::from_ref(&self.recv)) }
+            .map_err(|e| format!("raw post_recv: {e}").into())
+    }
+
+    /// Posts the SEND (of `len` bytes); `last` signals it as [`RAW_LAST`].
+    fn post_send(&mut self, len: u32, last: bool) -> Res<()> {
+        self.sent += 1;
+        let signaled = last || self.sent.is_multiple_of(RAW_SIGNAL_EVERY);
+        let mut flags = if self.inline {
+            SendFlags::INLINE
+        } else {
+            SendFlags::NONE
+        };
+        if signaled {
+            flags |= SendFlags::SIGNALED;
+        }
+        self.send.flags = flags;
+        self.send.wr_id = if last { RAW_LAST } else { RAW_SEND };
+        self.send.sg_list[0].length = len;
+        // SAFETY: the SGE names registered memory of the caller's that stays
+        // allocated and is only read meanwhile (inline: copied at post time);
+        // the send is waited for (a later signaled WR, or `RAW_LAST`) before
+        // the loop ends.
+        unsafe { self.qp.post_send(std::slice::from_ref(&self.send)) }
+            .map_err(|e| format!("raw post_send: {e}").into())
+    }
+
+    /// Posts one signaled SEND of `sge` (not inline), outside the loop's
+    /// count; its completion is polled (and ignored) by the loop.
+    fn post_one(&self, sge: Sge) -> Res<()> {
+        let mut sg_list = SgList::new();
+        sg_list.push(sge);
+        let wr = SendWr {
+            wr_id: RAW_SEND,
+            sg_list,
+            op: SendOp::Send,
+            flags: SendFlags::SIGNALED,
+        };
+        // SAFETY: the SGE names registered memory of the caller's, kept
+        // alive and unwritten until the loop ended (its last WR completed,
+        // so this one did).
+        unsafe { self.qp.post_send(std::slice::from_ref(&wr)) }
+            .map_err(|e| format!("raw post_send: {e}").into())
+    }
+
+    /// Spins on the CQ until the RECV completes; returns its byte count.
+    fn wait_recv(&mut self) -> Res<u32> {
+        let mut got = None;
+        while got.is_none() {
+            got = self.poll()?;
+        }
+        Ok(got.unwrap_or(0))
+    }
+
+    /// Spins until the [`RAW_LAST`] send completed.
+    fn wait_last(&mut self) -> Res<()> {
+        while !self.last_done {
+            if self.poll()?.is_some() {
+                return Err("raw loop: unexpected message".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// One poll of the CQ: the byte count of a RECV completion if one came.
+    #[inline]
+    fn poll(&mut self) -> Res<Option<u32>> {
+        let n = self.cq.poll(&mut self.wcs)?;
+        let mut got = None;
+        for c in &self.wcs[..n] {
+            if c.status != WcStatus::Success {
+                return Err(format!("raw loop: wr_id {} failed: {}", c.wr_id, c.status).into());
+            }
+            match c.wr_id {
+                RAW_RECV => got = Some(c.byte_len),
+                RAW_LAST => self.last_done = true,
+                _ => {}
+            }
+        }
+        Ok(got)
+    }
+
+    /// The server's end: a signaled zero-length RDMA WRITE (rkey 0, no
+    /// memory touched) as the last WR, so that once it completed every send
+    /// before it did, and the runtime finds the send queue and the CQ
+    /// empty of the loop's WRs.
+    fn retire(&mut self) -> Res<()> {
+        let wr = SendWr {
+            wr_id: RAW_LAST,
+            sg_list: SgList::new(),
+            op: SendOp::Write {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            flags: SendFlags::SIGNALED,
+        };
+        // SAFETY: no SGE: the WR names no local memory.
+        unsafe { self.qp.post_send(std::slice::from_ref(&wr)) }
+            .map_err(|e| format!("raw retire: {e}"))?;
+        self.wait_last()
+    }
+}
+
+/// `send_lat --raw`, client: perftest's loop on the provider directly.
+async fn raw_client(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    if &greet(args, qp, pool).await?[..] != b"ready" {
+        return Err("the server did not answer \"ready\"".into());
+    }
+    let payload: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
+    let msg = pool.alloc_from(&payload)?;
+    let reply = pool.alloc(args.size)?;
+    let len = u32::try_from(args.size)?;
+    let mut raw = RawLoop::new(qp, dev, &reply, msg.sge_init()?)?;
+    let mut stamps = Vec::with_capacity(args.iters);
+    let mut parts = Breakdown::new(args);
+    let clock = CycleClock::start();
+    raw.post_recv()?;
+    for i in 0..args.iters {
+        stamps.push(clock.stamp());
+        raw.post_send(len, false)?;
+        parts.mark(0, &clock);
+        let n = raw.wait_recv()?;
+        parts.mark(1, &clock);
+        if n != len {
+            return Err(format!("echo {i}: {n} bytes, expected {len}").into());
+        }
+        if i + 1 < args.iters {
+            raw.post_recv()?;
+        }
+        parts.mark(2, &clock);
+    }
+    let ticks_per_us = clock.ticks_per_us();
+    parts.report(&stamps, ticks_per_us);
+    // An empty message ends the server's loop; once it completed, so did
+    // every send before it.
+    raw.post_send(0, true)?;
+    raw.wait_last()?;
+    drop((msg, reply));
+    report_lat(args, &stamps, ticks_per_us)
+}
+
+/// `send_lat --raw`, server: echoes every message until an empty one, the
+/// RECV re-posted before the reply goes out.
+async fn raw_server(size: usize, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+    let buf = pool.alloc(size)?;
+    let len = u32::try_from(size)?;
+    // The echo is sent from the receive buffer: inline, it is copied at post
+    // time; otherwise the next message cannot land before the echo left,
+    // since the client waits for the echo before sending it.
+    let mut raw = RawLoop::new(qp, dev, &buf, buf.sge_total()?)?;
+    // "ready" goes out raw too: from here on the runtime must not poll the
+    // CQ, which may hold the loop's completions.
+    let ready = pool.alloc_from(b"ready")?;
+    raw.post_recv()?;
+    raw.post_one(ready.sge_init()?)?;
+    loop {
+        let n = raw.wait_recv()?;
+        if n == 0 {
+            break;
+        }
+        raw.post_recv()?;
+        raw.post_send(len, false)?;
+    }
+    // Once the retiring WRITE completed, so did "ready" and every echo.
+    raw.retire()?;
+    drop((buf, ready));
     Ok(())
 }
 
@@ -559,11 +888,12 @@ impl CycleClock {
         Self::tick(self.start)
     }
 
-    /// Microseconds per tick, measured since `start` (call at the end).
-    fn us_per_tick(&self) -> f64 {
-        let us = self.start.elapsed().as_secs_f64() * 1e6;
+    /// Ticks per microsecond (perftest's `get_cpu_mhz` for the TSC),
+    /// measured since `start` (call at the end).
+    fn ticks_per_us(&self) -> f64 {
+        let us = (self.start.elapsed().as_secs_f64() * 1e6).max(f64::MIN_POSITIVE);
         let ticks = Self::tick(self.start).wrapping_sub(self.start_tick).max(1);
-        us / ticks as f64
+        ticks as f64 / us
     }
 }
 
@@ -578,27 +908,50 @@ struct LatStats {
     p999: f64,
 }
 
+/// Samples perftest drops from the top before its statistics
+/// (`LAT_MEASURE_TAIL`).
+const LAT_MEASURE_TAIL: usize = 2;
+
 impl LatStats {
-    fn of(v: &mut [f64]) -> LatStats {
-        v.sort_by(f64::total_cmp);
-        let n = v.len().max(1) as f64;
-        let avg = v.iter().sum::<f64>() / n;
-        let var = v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n;
-        let at = |p: f64| {
-            let i = ((v.len() as f64 * p).ceil() as usize).saturating_sub(1);
-            v.get(i.min(v.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or(0.0)
+    /// perftest's `print_report_lat` for a SEND ping-pong (`rtt_factor` 2),
+    /// step by step: the `n - 1` deltas of the `n` per-post stamps, sorted;
+    /// the [`LAT_MEASURE_TAIL`] largest dropped, leaving `m`; typical = the
+    /// median of those `m` in whole ticks (the mean of the middle two,
+    /// truncated, when `m` is even); average and stdev over the `m` (stdev
+    /// with perftest's truncations to `int`); max = the first dropped
+    /// sample; 99% / 99.9% = the samples at `ceil(m * p)`. `None` with
+    /// fewer than 5 stamps.
+    fn of(stamps: &[u64], ticks_per_us: f64) -> Option<LatStats> {
+        let mut delta: Vec<u64> = stamps.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        if delta.len() <= LAT_MEASURE_TAIL + 1 {
+            return None;
+        }
+        delta.sort_unstable();
+        let m = delta.len() - LAT_MEASURE_TAIL;
+        let median = if !(m - 1).is_multiple_of(2) {
+            (delta[m / 2] + delta[m / 2 - 1]) / 2
+        } else {
+            delta[m / 2]
         };
-        LatStats {
-            min: v.first().copied().unwrap_or(0.0),
-            max: v.last().copied().unwrap_or(0.0),
-            typical: at(0.5),
+        let q = ticks_per_us * 2.0;
+        let avg = delta[..m].iter().map(|&d| d as f64 / q).sum::<f64>() / m as f64;
+        let var_sum: f64 = delta[..m]
+            .iter()
+            .map(|&d| {
+                let t = (avg - d as f64 / q) as i32;
+                f64::from(t).powi(2) as i32 as f64
+            })
+            .sum();
+        let at = |p: f64| delta[((m as f64 * p).ceil() as usize).min(delta.len() - 1)] as f64 / q;
+        Some(LatStats {
+            min: delta[0] as f64 / q,
+            max: delta[m] as f64 / q,
+            typical: median as f64 / q,
             avg,
-            stdev: var.sqrt(),
+            stdev: (var_sum / m as f64).sqrt(),
             p99: at(0.99),
             p999: at(0.999),
-        }
+        })
     }
 }
 

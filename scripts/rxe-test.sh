@@ -16,8 +16,21 @@
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`) and verbio's
 #                    equivalents (examples/perf.rs, release build), side by
-#                    side with the ratios verbio/perftest
-#   --rounds N       perftest/verbio rounds, alternating (default 1)
+#                    side with the ratios verbio/perftest; also `perf
+#                    send_lat --raw` (the same loop on verbio's provider
+#                    without the runtime: the runtime's share of the gap)
+#   --rounds N       perftest/verbio rounds, alternating (default 1); the
+#                    latency comparison prints each round's ratio and the
+#                    median over the rounds; perftest's ib_send_lat runs
+#                    first in odd rounds, verbio's in even ones (use an even
+#                    N: the second run of a pair is slower in this VM)
+#   --lat-only       --perftest without the bandwidth pair (latency rounds only)
+#   --lat-iters N    round trips per latency run, both tools (default 1000,
+#                    perftest's default); e.g. 5000 for steadier medians
+#   RXE_PERF_VARIANTS="NAME=PATH ..."  (environment) further builds of
+#                    examples/perf (e.g. an experiment's) run send_lat in every
+#                    latency round right after the main build, with their own
+#                    ratios: variants compared in one VM run
 #   --callgrind      also count user-space instructions per SEND round trip
 #                    (valgrind's callgrind on the client; the server runs
 #                    natively): perftest `ib_send_lat -e` vs verbio `perf
@@ -61,6 +74,8 @@ ROUNDS=1
 PROVIDER_ONLY=0
 CALLGRIND=0
 NO_TESTS=0
+LAT_ONLY=0
+LAT_ITERS=1000
 TARGETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -70,8 +85,12 @@ while [ $# -gt 0 ]; do
         --rounds) shift; ROUNDS=${1:-}
             case "$ROUNDS" in ''|*[!0-9]*) echo "rxe-test: --rounds needs a number" >&2; exit 2 ;; esac ;;
         --callgrind) CALLGRIND=1 ;;
+        --lat-only) PERFTEST=1; LAT_ONLY=1 ;;
+        --lat-iters) shift; LAT_ITERS=${1:-}
+            case "$LAT_ITERS" in ''|*[!0-9]*) echo "rxe-test: --lat-iters needs a number" >&2; exit 2 ;; esac
+            [ "$LAT_ITERS" -ge 5 ] || { echo "rxe-test: --lat-iters must be at least 5" >&2; exit 2; } ;;
         --no-tests) NO_TESTS=1 ;;
-        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -171,7 +190,8 @@ RUN
         echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; echo 'FAIL  devinfo' >> \"\$LOGS/summary\"; fail=1; }"
     fi
     if [ "$PERFTEST" = 1 ]; then
-        echo "PERF='$PERF_BIN'"
+        echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS"
+        echo "VARIANTS='${RXE_PERF_VARIANTS:-}'"
         cat <<'PERF'
 # pt LOG TOOL ARGS...: perftest server in the background, client on 127.0.0.1.
 pt() {
@@ -183,38 +203,85 @@ pt() {
     timeout "$TMO" "$@" 127.0.0.1 >"$out" 2>&1 || { cat "$out"; echo "FAILED: $tool client"; fail=1; }
     wait $srv || { cat "$out.srv"; echo "FAILED: $tool server"; fail=1; }
 }
-# vp LOG TEST ARGS...: verbio's examples/perf, server and client processes.
+# vp LOG BIN TEST ARGS...: a build of examples/perf, server and client processes.
 vp() {
-    out=$1; shift; test=$1; shift
-    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$PERF" "$test" --server 127.0.0.1:18516 >"$out.srv" 2>&1 &
+    out=$1; bin=$2; test=$3; shift 3
+    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$bin" "$test" --server 127.0.0.1:18516 >"$out.srv" 2>&1 &
     srv=$!
-    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$PERF" "$test" --client 127.0.0.1:18516 "$@" >"$out" 2>&1 \
-        || { cat "$out"; echo "FAILED: perf $test client"; fail=1; kill $srv 2>/dev/null; }
-    wait $srv || { cat "$out.srv"; echo "FAILED: perf $test server"; fail=1; }
+    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$bin" "$test" --client 127.0.0.1:18516 "$@" >"$out" 2>&1 \
+        || { cat "$out"; echo "FAILED: perf $test client ($bin)"; fail=1; kill $srv 2>/dev/null; }
+    wait $srv || { cat "$out.srv"; echo "FAILED: perf $test server ($bin)"; fail=1; }
 }
 # Fields of the result line (the one starting with the message size).
 field() { awk -v s="$2" -v f="$3" '$1 == s && NF >= 4 { print $f; exit }' "$1"; }
 # a/b, or n/a unless both are plain positive numbers (perftest may print inf).
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { n = "^[0-9]+([.][0-9]+)?$"; if (a !~ n || b !~ n || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
-echo; echo "== perf: perftest vs verbio (examples/perf), $ROUNDS round(s), alternating"
+# The median of the numbers in file $1 (n/a lines ignored), or n/a.
+median() {
+    [ -f "$1" ] || { echo n/a; return; }
+    grep -E '^[0-9]+([.][0-9]+)?$' "$1" | sort -n |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "n/a"; else if (NR % 2) printf "%.2f", v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# list FILE: its lines joined by spaces.
+list() { [ -f "$1" ] && tr '\n' ' ' < "$1" | sed 's/ $//'; }
+echo; echo "== perf: perftest vs verbio (examples/perf), $ROUNDS round(s), alternating; send_lat $LAT_ITERS iterations"
 r=1
 while [ $r -le $ROUNDS ]; do
-    pt "$LOGS/pt_bw.$r" ib_write_bw -d rxe0 -x 1 -s 65536 -n 2000
-    vp "$LOGS/vb_bw.$r" write_bw --size 65536 --iters 2000 --depth 128
-    pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n 1000
-    vp "$LOGS/vb_lat.$r" send_lat --size 64 --iters 1000
-    [ $r = 1 ] && { echo; echo "-- perftest ib_write_bw (round 1):"; cat "$LOGS/pt_bw.1" | tail -4;
-                    echo "-- verbio perf write_bw (round 1):"; cat "$LOGS/vb_bw.1";
-                    echo "-- perftest ib_send_lat (round 1):"; cat "$LOGS/pt_lat.1" | tail -4;
-                    echo "-- verbio perf send_lat (round 1):"; cat "$LOGS/vb_lat.1"; }
-    pbw=$(field "$LOGS/pt_bw.$r" 65536 4); vbw=$(field "$LOGS/vb_bw.$r" 65536 3)
+    line="round $r:"
+    if [ "$LAT_ONLY" = 0 ]; then
+        pt "$LOGS/pt_bw.$r" ib_write_bw -d rxe0 -x 1 -s 65536 -n 2000
+        vp "$LOGS/vb_bw.$r" "$PERF" write_bw --size 65536 --iters 2000 --depth 128
+        pbw=$(field "$LOGS/pt_bw.$r" 65536 4); vbw=$(field "$LOGS/vb_bw.$r" 65536 3)
+        rbw=$(ratio "$vbw" "$pbw"); echo "$rbw" >> "$LOGS/ratio.bw"
+        line="$line write_bw 64KiB avg MB/s: perftest $pbw verbio $vbw ratio $rbw |"
+    fi
+    # Alternating order (perftest first in odd rounds, verbio first in even
+    # ones): in this VM the run right after another tool's is measurably
+    # slower (≈ 5 µs typical for the same build), which would otherwise
+    # always count against the same side.
+    if [ $((r % 2)) = 1 ]; then
+        pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
+        vp "$LOGS/vb_lat.$r" "$PERF" send_lat --size 64 --iters "$LAT_ITERS"
+    else
+        vp "$LOGS/vb_lat.$r" "$PERF" send_lat --size 64 --iters "$LAT_ITERS"
+        pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
+    fi
+    vp "$LOGS/vr_lat.$r" "$PERF" send_lat --raw --size 64 --iters "$LAT_ITERS"
+    for v in $VARIANTS; do
+        vp "$LOGS/var_${v%%=*}.$r" "${v#*=}" send_lat --size 64 --iters "$LAT_ITERS"
+    done
+    if [ $r = 1 ]; then
+        echo
+        [ "$LAT_ONLY" = 0 ] && { echo "-- perftest ib_write_bw (round 1):"; tail -4 "$LOGS/pt_bw.1";
+                                 echo "-- verbio perf write_bw (round 1):"; cat "$LOGS/vb_bw.1"; }
+        echo "-- perftest ib_send_lat (round 1):"; tail -4 "$LOGS/pt_lat.1"
+        echo "-- verbio perf send_lat (round 1):"; cat "$LOGS/vb_lat.1"
+    fi
     ptl=$(field "$LOGS/pt_lat.$r" 64 5); vtl=$(field "$LOGS/vb_lat.$r" 64 5)
     pal=$(field "$LOGS/pt_lat.$r" 64 6); val=$(field "$LOGS/vb_lat.$r" 64 6)
-    printf 'round %s: write_bw 64KiB avg MB/s: perftest %s verbio %s ratio %s | send_lat 64B typical us: perftest %s verbio %s ratio %s | avg us: perftest %s verbio %s ratio %s\n' \
-        "$r" "$pbw" "$vbw" "$(ratio "$vbw" "$pbw")" "$ptl" "$vtl" "$(ratio "$vtl" "$ptl")" \
-        "$pal" "$val" "$(ratio "$val" "$pal")" | tee -a "$LOGS/perf"
+    rtl=$(ratio "$vtl" "$ptl"); ral=$(ratio "$val" "$pal")
+    echo "$rtl" >> "$LOGS/ratio.typ"; echo "$ral" >> "$LOGS/ratio.avg"
+    line="$line send_lat 64B typical us: perftest $ptl verbio $vtl ratio $rtl | avg us: perftest $pal verbio $val ratio $ral"
+    rt=$(field "$LOGS/vr_lat.$r" 64 5); rrt=$(ratio "$rt" "$ptl"); echo "$rrt" >> "$LOGS/ratio.typ.raw"
+    line="$line | raw loop typical $rt ratio $rrt"
+    for v in $VARIANTS; do
+        n=${v%%=*}; t=$(field "$LOGS/var_$n.$r" 64 5); a=$(field "$LOGS/var_$n.$r" 64 6)
+        rt=$(ratio "$t" "$ptl"); echo "$rt" >> "$LOGS/ratio.typ.$n"; echo "$(ratio "$a" "$pal")" >> "$LOGS/ratio.avg.$n"
+        line="$line | $n typical $t ratio $rt avg $a"
+    done
+    echo "$line" | tee -a "$LOGS/perf"
     r=$((r+1))
 done
+{
+    [ "$LAT_ONLY" = 0 ] && echo "write_bw ratio per round: $(list "$LOGS/ratio.bw"); median $(median "$LOGS/ratio.bw")"
+    echo "send_lat typical ratio per round: $(list "$LOGS/ratio.typ"); median $(median "$LOGS/ratio.typ")"
+    echo "send_lat avg ratio per round: $(list "$LOGS/ratio.avg"); median $(median "$LOGS/ratio.avg")"
+    echo "send_lat --raw (provider loop, no runtime) typical ratio per round: $(list "$LOGS/ratio.typ.raw"); median $(median "$LOGS/ratio.typ.raw")"
+    for v in $VARIANTS; do
+        n=${v%%=*}
+        echo "variant $n: typical ratio per round: $(list "$LOGS/ratio.typ.$n"); median $(median "$LOGS/ratio.typ.$n"); avg ratio median $(median "$LOGS/ratio.avg.$n")"
+    done
+} | tee -a "$LOGS/perf"
 PERF
     fi
     if [ "$CALLGRIND" = 1 ]; then

@@ -386,6 +386,7 @@ impl Cq {
     }
     /// Moves up to `out.len()` completions into `out`; returns how many. Never
     /// blocks. Fails with [`ProviderError::CqOverflow`] once completions were lost.
+    #[inline]
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         dispatch!(CqImp, &self.imp, |c| c.poll(out))
     }

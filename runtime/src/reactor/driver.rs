@@ -71,8 +71,9 @@ pub(crate) struct Driver {
     io: RefCell<Slab<IoEntry>>,
     qps: RefCell<Slab<Rc<QpCore>>>,
     zombies: Cell<usize>,
-    /// Where CQs are polled into (taken out while completions are handled).
-    batch: Cell<Vec<Completion>>,
+    /// Where CQs are polled into; borrowed by `drain_cqs` throughout, so a
+    /// nested call (from user code its completions run) polls no CQ.
+    batch: RefCell<Vec<Completion>>,
     /// One past the highest CQ key ever registered.
     cq_bound: Cell<usize>,
     ack_batch: u32,
@@ -109,7 +110,7 @@ impl Driver {
             io: RefCell::new(Slab::new()),
             qps: RefCell::new(Slab::new()),
             zombies: Cell::new(0),
-            batch: Cell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
+            batch: RefCell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
             cq_bound: Cell::new(0),
             ack_batch: 16,
             reserved_handler: RefCell::new(None),
@@ -330,41 +331,74 @@ impl Driver {
 
     /// Polls every CQ until empty, completing ops. Returns the number of
     /// completions handled.
+    ///
+    /// The busy-poll spin calls this once per spin, so the empty case is
+    /// kept short: one borrow of the batch, then per CQ one borrow of the
+    /// table and one provider poll. Completion handling may run user code
+    /// (wakers, the reserved handler): no borrow of the CQ table is held
+    /// then; the batch stays borrowed, so a nested call polls no CQ (its
+    /// caller's loop takes what is left).
+    ///
+    /// Inlined into its callers (the spin loop above all): the empty case
+    /// then costs no call frame; handling completions is out of line.
+    #[inline(always)]
     pub(crate) fn drain_cqs(&self) -> usize {
         let mut total = 0;
         #[cfg(any(test, feature = "test-util"))]
         if !self.injected.borrow().is_empty() {
             total += self.drain_injected();
         }
-        // Completion handling may run user code (wakers, the reserved
-        // handler), so no borrow of the CQ table or the batch is held then.
-        let mut batch = self.batch.take();
-        if !batch.is_empty() {
-            for key in 0..self.cq_bound.get() {
-                loop {
-                    let polled = self.poll_cq(key, &mut batch);
-                    for c in &batch[..polled] {
-                        self.complete(*c);
-                    }
-                    total += polled;
-                    if polled < batch.len() {
-                        break;
-                    }
-                }
+        let Ok(mut batch) = self.batch.try_borrow_mut() else {
+            return total;
+        };
+        let bound = self.cq_bound.get();
+        let mut key = 0;
+        while key < bound {
+            let polled = self.poll_cq(key, &mut batch);
+            if polled > 0 {
+                total += self.complete_batch(key, polled, &mut batch);
             }
-            self.batch.set(batch);
+            key += 1;
         }
+        drop(batch);
         if total > 0 {
-            self.ops.bury();
-            if self.zombies.get() > 0 {
-                self.reap_zombies();
-            }
+            self.completed();
         }
         total
     }
 
+    /// Completes the `polled` completions at the start of `batch`, taken
+    /// from CQ `key`, and whatever else that CQ holds. Returns how many.
+    #[inline(never)]
+    fn complete_batch(&self, key: usize, mut polled: usize, batch: &mut [Completion]) -> usize {
+        let mut total = 0;
+        loop {
+            for c in &batch[..polled] {
+                self.complete(*c);
+            }
+            total += polled;
+            // Only a full batch leaves the CQ possibly holding more.
+            if polled < batch.len() {
+                return total;
+            }
+            polled = self.poll_cq(key, batch);
+            if polled == 0 {
+                return total;
+            }
+        }
+    }
+
+    /// After completions: frees the ops they finished, reaps dropped QPs.
+    #[inline(never)]
+    fn completed(&self) {
+        self.ops.bury();
+        if self.zombies.get() > 0 {
+            self.reap_zombies();
+        }
+    }
+
     /// Polls CQ `key` into `batch`; 0 if it is gone or broken.
-    #[inline]
+    #[inline(always)]
     fn poll_cq(&self, key: usize, batch: &mut [Completion]) -> usize {
         let res = match self.cqs.borrow().get(key) {
             Some(e) if !e.broken => e.cq.poll(batch),

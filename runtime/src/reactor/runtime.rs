@@ -446,7 +446,10 @@ impl Runtime {
                     return true;
                 }
             }
-            std::hint::spin_loop();
+            // No `pause` (`std::hint::spin_loop`) per spin, as in perftest's
+            // loop: under QEMU's TCG it ends the translated block and
+            // returns to the vCPU's main loop (`helper_pause`: "let another
+            // CPU run"), at every spin.
         }
     }
 
