@@ -16,7 +16,8 @@ use super::timer::Timers;
 use super::{Config, Handle, Inner, JoinHandle, RuntimeError};
 
 /// Every this many loop iterations without sleeping, sockets and channels
-/// are polled anyway (zero timeout) so busy tasks cannot starve them.
+/// are polled anyway (zero timeout) and due timers fired, so busy tasks
+/// cannot starve them.
 const IO_EVERY: u32 = 16;
 
 /// Busy-poll spins between two clock reads (see [`Runtime::spin_on_cqs`]).
@@ -316,7 +317,7 @@ impl Runtime {
     }
 
     /// Runs tasks and drains the CQs; never sleeps. True if work is ready
-    /// (then it also fires due timers and, every [`IO_EVERY`] busy turns,
+    /// (then, every [`IO_EVERY`] busy turns, it also fires due timers and
     /// polls the sockets); false if the loop is idle, leaving timers and
     /// sockets to [`park`](Self::park), which reads the clock once for both
     /// its due check and its timeout.
@@ -328,10 +329,15 @@ impl Runtime {
         if !exhausted && !inner.executor.has_ready() {
             return false;
         }
-        inner.timers.fire_due();
         let c = self.io_countdown.get();
         if exhausted || c <= 1 {
             self.io_countdown.set(IO_EVERY);
+            // Timers with the sockets: a clock read per busy turn would
+            // cost every op wrapped in a `timeout` (the clock is read only
+            // while a timer is live) and microseconds per read where the
+            // clocksource is emulated; a timer fires at most `IO_EVERY`
+            // busy turns late (each bounded by the task budget).
+            inner.timers.fire_due();
             if let Err(e) = inner.driver.poll_io(Some(Duration::ZERO)) {
                 tracing::warn!(error = %e, "epoll failed");
             }
