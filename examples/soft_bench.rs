@@ -11,7 +11,9 @@
 //!   threads blocking in `read`), and the ratio, for both ways an
 //!   application waits for its receive completion:
 //!   - "busy-poll": the thread polls its CQ in a loop (`yield_now` between
-//!     polls);
+//!     polls); its polls receive themselves (app-driven receive: no engine
+//!     thread wakes per message), and for comparison the same with the
+//!     engine threads receiving (`VERBIO_SOFT_LEASE_US=0`);
 //!   - "sleep": the thread arms the CQ (`req_notify`), polls once more, then
 //!     sleeps in `poll(2)` on the completion channel's fd (the verbs event
 //!     loop, like the TCP thread sleeping in `read`);
@@ -27,8 +29,10 @@
 //! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after delivering a
 //! completion before sleeping (default 50 µs), `VERBIO_SOFT_ACK_DELAY_US`
 //! how long an ACK may wait for an answer to ride with (default 50 µs, at
-//! most the spin). `SOFT_BENCH_ONLY=busy|sleep|tcp` runs one ping-pong only
-//! (for profiling, e.g. under `perf stat`).
+//! most the spin), `VERBIO_SOFT_LEASE_US` how long a busy-polling
+//! application keeps a connection's input to itself (default 1000, 0 = the
+//! engine always receives). `SOFT_BENCH_ONLY=busy|busy-engine|sleep|tcp`
+//! runs one ping-pong only (for profiling, e.g. under `perf stat`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -229,6 +233,21 @@ enum Wait {
     Sleep,
 }
 
+/// The busy-poll ping-pong with the engine threads receiving (app-driven
+/// receive off for the contexts opened meanwhile).
+fn soft_pingpong_engine_rx(iters: usize) -> f64 {
+    let before = std::env::var_os("VERBIO_SOFT_LEASE_US");
+    // (No other thread reads the environment now: every engine of the
+    // previous runs has stopped.)
+    std::env::set_var("VERBIO_SOFT_LEASE_US", "0");
+    let v = soft_pingpong(iters, false, Wait::BusyPoll);
+    match before {
+        Some(b) => std::env::set_var("VERBIO_SOFT_LEASE_US", b),
+        None => std::env::remove_var("VERBIO_SOFT_LEASE_US"),
+    }
+    v
+}
+
 fn soft_pingpong(iters: usize, same_device: bool, wait: Wait) -> f64 {
     let ca = Context::open_soft(SoftConfig::default()).expect("open");
     let cb = if same_device {
@@ -352,10 +371,11 @@ fn main() {
         let el = Instant::now();
         let v = match only.as_str() {
             "busy" => soft_pingpong(iters, false, Wait::BusyPoll),
+            "busy-engine" => soft_pingpong_engine_rx(iters),
             "sleep" => soft_pingpong(iters, false, Wait::Sleep),
             "tcp" => tcp_pingpong(iters),
             other => {
-                eprintln!("SOFT_BENCH_ONLY={other}: expected busy, sleep or tcp");
+                eprintln!("SOFT_BENCH_ONLY={other}: expected busy, busy-engine, sleep or tcp");
                 std::process::exit(2);
             }
         };
@@ -373,6 +393,7 @@ fn main() {
     // Alternate the configurations so background load hits all alike; report medians.
     let (mut sb, mut tb, mut tl) = (vec![], vec![], vec![]);
     let (mut busy, mut sleep, mut one) = (vec![], vec![], vec![]);
+    let mut busy_eng = vec![];
     for _ in 0..rounds {
         if secs > 0.0 {
             sb.push(soft_write_bw(secs));
@@ -380,6 +401,7 @@ fn main() {
         }
         busy.push(soft_pingpong(iters, false, Wait::BusyPoll));
         tl.push(tcp_pingpong(iters));
+        busy_eng.push(soft_pingpong_engine_rx(iters));
         sleep.push(soft_pingpong(iters, false, Wait::Sleep));
         one.push(soft_pingpong(iters, true, Wait::BusyPoll));
     }
@@ -397,6 +419,7 @@ fn main() {
     };
     line("TCP ping-pong (threads block in read)", tcp);
     line("soft SEND/RECV, apps busy-poll their CQ", median(busy));
+    line("  same, engine threads receive (lease 0)", median(busy_eng));
     line("soft SEND/RECV, apps sleep on comp. channel", median(sleep));
     line("(reference: one soft device, busy-poll)", median(one));
 }

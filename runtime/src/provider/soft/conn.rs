@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::cq::lock;
 use super::mr::MrTable;
 use super::packet::{encode_hello, Header, Opcode, HEADER_LEN, HELLO_LEN};
 use super::wire::Wire;
@@ -20,7 +21,7 @@ const RX_CAP: usize = 64 * 1024;
 
 /// A packet payload sent straight from registered memory (no copy): it
 /// follows the bytes in `tx`, and nothing is queued after it until it is gone.
-/// Shared with the QP (engine thread only), which snapshots the unsent rest
+/// Shared with the QP (under the engine lock only), which snapshots the unsent rest
 /// into `copy` before any completion could tell the application that the
 /// memory is free again.
 pub(crate) struct TxMem {
@@ -36,7 +37,7 @@ pub(crate) struct TxMem {
 }
 
 /// Shared handle to a zero-copy payload.
-pub(crate) type TxMemRef = std::rc::Rc<std::cell::RefCell<TxMem>>;
+pub(crate) type TxMemRef = Arc<std::sync::Mutex<TxMem>>;
 
 impl TxMem {
     /// Copies the unsent rest out of the registered memory (zeros if the
@@ -139,6 +140,9 @@ pub(crate) struct Conn {
     /// receiver's application usually answers at once): one write and one
     /// wakeup of the peer instead of two.
     pub ack_hold: Option<Instant>,
+    /// The CQs its packets complete WRs of, with their handles (see
+    /// `drive.rs`).
+    pub cqs: smallvec::SmallVec<[(u32, std::sync::Weak<super::cq::CqShared>); 2]>,
 }
 
 /// Result of trying to write.
@@ -172,6 +176,7 @@ impl Conn {
             senders: VecDeque::new(),
             active: false,
             ack_hold: None,
+            cqs: smallvec::SmallVec::new(),
         };
         let mut h = Header::new(Opcode::Hello);
         h.payload_len = HELLO_LEN as u32;
@@ -262,7 +267,7 @@ impl Conn {
                 n = 1;
             }
             if let Some(mr) = &self.tx_mem {
-                let m = mr.borrow();
+                let m = lock(mr);
                 let rest = m.len - m.pos;
                 if let Some(copy) = &m.copy {
                     let done = copy.len() - rest;
@@ -299,10 +304,15 @@ impl Conn {
                 self.tx_pos = 0;
                 return Flush::Done;
             }
+            // SAFETY: an all-zero msghdr is valid (no name, no control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = n as _;
             // SAFETY: `iov[..n]` describes the live tx buffer and memory of a
             // registration validated under the MR-table lock the caller holds
-            // for the duration of the call.
-            let r = unsafe { libc::writev(fd, iov.as_ptr(), n as i32) };
+            // for the duration of the call (only read). MSG_NOSIGNAL: a peer
+            // gone away is an error here, not a SIGPIPE for the process.
+            let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 match e.kind() {
@@ -325,7 +335,7 @@ impl Conn {
             self.tx_pos += h;
             k -= h;
             if let Some(mr) = &self.tx_mem {
-                let mut m = mr.borrow_mut();
+                let mut m = lock(mr);
                 m.pos += k;
                 if m.pos == m.len {
                     drop(m);
@@ -343,7 +353,7 @@ impl Conn {
     fn loop_back(&mut self, mrs: &MrTable) {
         let head = self.tx.len() - self.tx_pos;
         let mem = self.tx_mem.as_ref().map_or(0, |m| {
-            let m = m.borrow();
+            let m = lock(m);
             m.len - m.pos
         });
         let n = head + mem;
@@ -365,7 +375,7 @@ impl Conn {
         let at = self.rx_end;
         self.rx[at..at + head].copy_from_slice(&self.tx[self.tx_pos..]);
         if let Some(mr) = self.tx_mem.take() {
-            let mut m = mr.borrow_mut();
+            let mut m = lock(&mr);
             let dst = &mut self.rx[at + head..at + n];
             if let Some(copy) = &m.copy {
                 dst.copy_from_slice(&copy[copy.len() - mem..]);

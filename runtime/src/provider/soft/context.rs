@@ -60,6 +60,13 @@ pub(crate) struct Shared {
     /// Origin of `wake_by`.
     pub epoch: Instant,
     pub waker: mio::Waker,
+    /// The engine's epoll registry (also used by applications handing a
+    /// connection's socket back to the engine, see `drive.rs`).
+    pub registry: mio::Registry,
+    /// How long an application's poll keeps a connection's socket off the
+    /// engine's watch list (`VERBIO_SOFT_LEASE_US`, default 1000; 0 = the
+    /// engine alone receives).
+    pub lease: Duration,
     pub stop: AtomicBool,
     pub async_events: Arc<EventQueue<AsyncEvent>>,
     next_qpn: AtomicU32,
@@ -83,6 +90,11 @@ impl Shared {
     /// Nanoseconds from `epoch` to `t`.
     pub fn nanos_at(&self, t: Instant) -> u64 {
         u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The instant `nanos` after `epoch`.
+    pub fn instant_at(&self, nanos: u64) -> Instant {
+        self.epoch + Duration::from_nanos(nanos)
     }
 
     /// After a posting thread transmitted a WR of `qp` itself: the engine
@@ -126,6 +138,9 @@ impl Shared {
 
 pub(crate) struct CtxInner {
     shared: Arc<Shared>,
+    /// The engine's state: locked by the engine thread while it works (not
+    /// while it sleeps) and by applications driving receives (`drive.rs`).
+    core: Arc<Mutex<engine::Engine>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -163,6 +178,11 @@ impl Context {
         &self.0.shared
     }
 
+    /// The engine's state, for an application that drives receives.
+    pub(crate) fn core(&self) -> &Mutex<engine::Engine> {
+        &self.0.core
+    }
+
     /// True if both handles name the same opened device.
     pub(crate) fn same(&self, other: &Context) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -182,6 +202,10 @@ impl Context {
         let poll = mio::Poll::new().map_err(io_err("soft device: epoll"))?;
         let waker = mio::Waker::new(poll.registry(), engine::WAKER)
             .map_err(io_err("soft device: waker"))?;
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(io_err("soft device: epoll registry"))?;
         let mut h = RandomState::new().build_hasher();
         h.write_u64(u64::from(addr.port()));
         let seed = h.finish() as u32;
@@ -201,20 +225,27 @@ impl Context {
             wake_by: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             waker,
+            registry,
+            lease: engine::env_us("VERBIO_SOFT_LEASE_US", engine::DEFAULT_LEASE_US),
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),
             next_qpn: AtomicU32::new(0x100 + (seed & 0xffff)),
             next_cq: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
         });
-        let eng_shared = shared.clone();
+        let core = Arc::new(Mutex::new(
+            engine::Engine::new(shared.clone(), listener)
+                .map_err(io_err("soft device: register listener"))?,
+        ));
+        let eng_core = core.clone();
         let thread = std::thread::Builder::new()
             .name(format!("verbio-soft-{}", addr.port()))
-            .spawn(move || engine::run(eng_shared, poll, listener))
+            .spawn(move || engine::run(eng_core, poll))
             .map_err(io_err("soft device: spawn engine"))?;
         tracing::debug!(%addr, name = %config.name, "soft device opened");
         Ok(Context(Arc::new(CtxInner {
             shared,
+            core,
             thread: Mutex::new(Some(thread)),
         })))
     }

@@ -9,10 +9,13 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use smallvec::SmallVec;
+
 use super::context::Context;
+use super::wire::Wire;
 use crate::provider::{
     AsyncElement, AsyncEvent, AsyncEventKind, Completion, ProviderError, Result,
 };
@@ -143,6 +146,10 @@ pub(crate) struct CqState {
     /// `Some(solicited_only)` while armed.
     armed: Option<bool>,
     overflow: bool,
+    /// Polls that found the queue empty since the CQ was last armed: from
+    /// the second on, the application busy-polls, and its polls receive
+    /// themselves (see `drive.rs`).
+    idle_polls: u32,
 }
 
 /// CQ state shared by the handle and the engine.
@@ -155,6 +162,12 @@ pub(crate) struct CqShared {
     acked: AtomicU64,
     channel: Option<Arc<EventQueue<u32>>>,
     async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Mirror of `state.armed.is_some()`, read by the engine without the
+    /// CQ's lock.
+    armed_flag: AtomicBool,
+    /// The sockets whose packets complete this CQ's WRs (kept by the
+    /// engine): arming the CQ hands them back to the engine.
+    pub feeds: Mutex<SmallVec<[Arc<Wire>; 2]>>,
 }
 
 impl CqShared {
@@ -171,10 +184,13 @@ impl CqShared {
                 queue: VecDeque::with_capacity(capacity as usize),
                 armed: None,
                 overflow: false,
+                idle_polls: 0,
             }),
             acked: AtomicU64::new(0),
             channel,
             async_events,
+            armed_flag: AtomicBool::new(false),
+            feeds: Mutex::new(SmallVec::new()),
         }
     }
 
@@ -206,6 +222,7 @@ impl CqShared {
         };
         if fire {
             st.armed = None;
+            self.armed_flag.store(false, Ordering::SeqCst);
             Push::Fired
         } else {
             Push::Queued
@@ -219,7 +236,20 @@ impl CqShared {
         }
     }
 
-    fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+    /// Completions waiting (tests: looks without receiving).
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        lock(&self.state).queue.len()
+    }
+
+    /// True while armed.
+    pub fn armed(&self) -> bool {
+        self.armed_flag.load(Ordering::SeqCst)
+    }
+
+    /// Takes completions; also says whether the caller should receive
+    /// itself (nothing there, not armed, and polled empty before).
+    fn poll(&self, out: &mut [Completion]) -> Result<(usize, bool)> {
         let mut st = lock(&self.state);
         if st.overflow {
             return Err(ProviderError::CqOverflow {
@@ -231,7 +261,26 @@ impl CqShared {
         for (slot, wc) in out.iter_mut().zip(st.queue.drain(..n)) {
             *slot = wc;
         }
-        Ok(n)
+        let mut drive = false;
+        if n == 0 && !out.is_empty() && st.armed.is_none() {
+            st.idle_polls = st.idle_polls.saturating_add(1);
+            drive = st.idle_polls >= 2;
+        }
+        Ok((n, drive))
+    }
+
+    /// Arms the CQ; then hands its connections back to the engine (after
+    /// the arming, which keeps the engine from taking them away again).
+    fn req_notify(&self, solicited_only: bool, registry: &mio::Registry) {
+        {
+            let mut st = lock(&self.state);
+            st.armed = Some(solicited_only);
+            st.idle_polls = 0;
+            self.armed_flag.store(true, Ordering::SeqCst);
+        }
+        for w in lock(&self.feeds).iter() {
+            w.revoke(registry);
+        }
     }
 }
 
@@ -254,12 +303,21 @@ impl Cq {
     }
     /// Arms the CQ for one event.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        lock(&self.shared.state).armed = Some(solicited_only);
+        self.shared
+            .req_notify(solicited_only, &self._ctx.shared().registry);
         Ok(())
     }
-    /// Takes up to `out.len()` completions.
+    /// Takes up to `out.len()` completions. An application that polls an
+    /// empty CQ again without arming it busy-polls: then the poll reads
+    /// the CQ's connections itself and runs the engine's receive work
+    /// (`drive.rs`), sparing the engine thread's wakeup.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        self.shared.poll(out)
+        let (n, drive) = self.shared.poll(out)?;
+        if !drive || self._ctx.shared().lease.is_zero() {
+            return Ok(n);
+        }
+        self._ctx.drive(&self.shared);
+        Ok(self.shared.poll(out)?.0)
     }
     /// Acknowledges `n` events.
     pub fn ack_events(&self, n: u32) {
@@ -279,6 +337,40 @@ mod tests {
         };
         // SAFETY: one valid pollfd, no wait.
         unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn only_a_cq_polled_empty_again_without_arming_receives_itself() {
+        let events = Arc::new(EventQueue::new().expect("eventfd"));
+        let cq = CqShared::new(1, 4, None, events);
+        let registry = mio::Poll::new()
+            .expect("epoll")
+            .registry()
+            .try_clone()
+            .expect("registry");
+        let mut out = [Completion::EMPTY; 2];
+        // A sleeping application: drains, arms, polls once more, sleeps.
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
+        cq.req_notify(false, &registry);
+        assert!(cq.armed());
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false), "armed");
+        let wc = Completion {
+            wr_id: 7,
+            ..Completion::EMPTY
+        };
+        assert_eq!(cq.push(wc, false), Push::Fired);
+        assert!(!cq.armed());
+        assert_eq!(cq.poll(&mut out).expect("poll"), (1, false));
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
+        // A busy-polling one: from the second empty poll on, until it arms.
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, true));
+        assert_eq!(cq.push(wc, false), Push::Queued);
+        assert_eq!(cq.poll(&mut out).expect("poll"), (1, false));
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, true));
+        assert_eq!(cq.poll(&mut []).expect("poll"), (0, false), "no room asked");
+        cq.req_notify(true, &registry);
+        assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
     }
 
     #[test]

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
+use smallvec::SmallVec;
 
 use super::conn::{Conn, Flush, RxDirect};
 use super::context::Shared;
@@ -35,9 +36,13 @@ const DIRECT_MIN: usize = 16 * 1024;
 
 /// While posting threads transmit requests themselves, the engine wakes at
 /// least this often (to time their WRs out without being rung for each).
-const DIRECT_TICK: Duration = Duration::from_millis(10);
+pub(crate) const DIRECT_TICK: Duration = Duration::from_millis(10);
 /// ... for this long after the last such post it learned of.
 const DIRECT_AWAKE: Duration = Duration::from_secs(1);
+
+/// How long a QP waits for its peer's engine (the one with the lower
+/// address) to connect before its own engine connects.
+const CONN_GRACE: Duration = Duration::from_millis(20);
 
 /// How long the engine keeps polling after delivering a completion before
 /// it sleeps (`VERBIO_SOFT_SPIN_US` overrides; 0 = sleep at once).
@@ -47,7 +52,11 @@ const DEFAULT_SPIN_US: u64 = 50;
 /// request to share its write (`VERBIO_SOFT_ACK_DELAY_US` overrides; 0 = never).
 const DEFAULT_ACK_DELAY_US: u64 = 50;
 
-fn env_us(name: &str, default: u64) -> Duration {
+/// How long an application's poll keeps a connection's socket off the
+/// engine's watch list (see `drive.rs`).
+pub(crate) const DEFAULT_LEASE_US: u64 = 1000;
+
+pub(crate) fn env_us(name: &str, default: u64) -> Duration {
     let us = std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -66,16 +75,18 @@ pub(crate) fn psn_le(a: u32, b: u32) -> bool {
     (b.wrapping_sub(a) & PSN_MASK) < (1 << 23)
 }
 
+/// The engine's state. The engine thread holds its lock while it works and
+/// releases it while it sleeps; an application polling a CQ may take it
+/// (`try_lock`, never waiting) to receive itself (`drive.rs`).
 pub(crate) struct Engine {
     pub sh: Arc<Shared>,
-    pub poll: Poll,
     pub listener: mio::net::TcpListener,
     pub conns: Slab<Conn>,
     pub peers: HashMap<std::net::SocketAddr, usize>,
     pub qps: HashMap<u32, EQp>,
     pub active: Vec<usize>,
     /// Connections whose only output is held ACKs (see `Conn::ack_hold`).
-    held: Vec<usize>,
+    pub held: Vec<usize>,
     pub ack_delay: Duration,
     dirty_buf: Vec<Arc<QpShared>>,
     fired_buf: Vec<Arc<CqShared>>,
@@ -86,140 +97,193 @@ pub(crate) struct Engine {
     direct_until: Option<Instant>,
     /// Spare list for the QPs `timers` reschedules.
     resched_buf: Vec<u32>,
-}
-
-/// Engine thread body.
-pub(crate) fn run(sh: Arc<Shared>, poll: Poll, mut listener: mio::net::TcpListener) {
-    if let Err(e) = poll
-        .registry()
-        .register(&mut listener, LISTENER, Interest::READABLE)
-    {
-        tracing::error!(error = %e, "soft engine: cannot register listener");
-        return;
-    }
-    let mut eng = Engine {
-        sh,
-        poll,
-        listener,
-        conns: Slab::new(),
-        peers: HashMap::new(),
-        qps: HashMap::new(),
-        active: Vec::new(),
-        held: Vec::new(),
-        // Held ACKs wait only while the engine polls anyway (a sleeping
-        // engine's timer is too coarse for them).
-        ack_delay: env_us("VERBIO_SOFT_ACK_DELAY_US", DEFAULT_ACK_DELAY_US)
-            .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
-        dirty_buf: Vec::new(),
-        fired_buf: Vec::new(),
-        active_buf: Vec::new(),
-        direct_until: None,
-        resched_buf: Vec::new(),
-    };
-    eng.run();
-    tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
+    /// Per CQ handle: the connections whose packets complete its WRs
+    /// (what an application polling it reads, see `drive.rs`).
+    pub cq_feeds: HashMap<u32, SmallVec<[usize; 2]>>,
+    /// Connections whose socket the engine does not watch for input while
+    /// an application's lease on it lasts.
+    pub muted: Vec<usize>,
+    /// An application's receive left the engine a timer it may sleep past
+    /// (an RNR wait): it must be woken.
+    pub kick: bool,
+    /// QPs waiting for their peer's engine to connect, until when.
+    conn_wait: Vec<(u32, Instant)>,
+    /// An application's receive runs (see `drive.rs`).
+    pub in_app: bool,
+    /// Packets applications' receives handled (for tests and diagnostics).
+    pub app_packets: u64,
 }
 
 impl Engine {
-    fn run(&mut self) {
-        let mut events = Events::with_capacity(256);
-        let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
-        // When the last completion was delivered, while no post followed.
-        let mut spin_from: Option<Instant> = None;
-        loop {
-            if self.sh.stop.load(Ordering::SeqCst) {
-                // Best effort: queued responses leave before the sockets close.
-                for cid in std::mem::take(&mut self.held) {
-                    self.activate(cid);
-                }
-                self.service_active(true);
-                self.raise_events();
+    /// The engine of a new context (the listener is registered here).
+    pub fn new(sh: Arc<Shared>, mut listener: mio::net::TcpListener) -> io::Result<Engine> {
+        sh.registry
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        Ok(Engine {
+            // Held ACKs wait only while the engine polls anyway (a sleeping
+            // engine's timer is too coarse for them).
+            ack_delay: env_us("VERBIO_SOFT_ACK_DELAY_US", DEFAULT_ACK_DELAY_US)
+                .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
+            sh,
+            listener,
+            conns: Slab::new(),
+            peers: HashMap::new(),
+            qps: HashMap::new(),
+            active: Vec::new(),
+            held: Vec::new(),
+            dirty_buf: Vec::new(),
+            fired_buf: Vec::new(),
+            active_buf: Vec::new(),
+            direct_until: None,
+            resched_buf: Vec::new(),
+            cq_feeds: HashMap::new(),
+            muted: Vec::new(),
+            kick: false,
+            conn_wait: Vec::new(),
+            in_app: false,
+            app_packets: 0,
+        })
+    }
+}
+
+/// Engine thread body: works under the engine lock, sleeps in `poll`
+/// without it.
+pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
+    let mut events = Events::with_capacity(256);
+    let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
+    // When the last completion was delivered, while no post followed.
+    let mut spin_from: Option<Instant> = None;
+    let mut eng = lock(&core);
+    loop {
+        eng.handle_events(&events);
+        let Some((timeout, yield_first)) = eng.turn(&mut spin_from, spin) else {
+            tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
+            return;
+        };
+        drop(eng);
+        if yield_first {
+            std::thread::yield_now();
+        }
+        let res = poll.poll(&mut events, timeout);
+        eng = lock(&core);
+        eng.sh.sleeping.store(false, Ordering::SeqCst);
+        if let Err(e) = res {
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "soft engine: poll failed");
                 return;
             }
-            let posted = self.service_dirty();
-            let now = Instant::now();
-            if posted {
-                // The post the spin waited for came: what follows is the
-                // network's turn.
-                spin_from = None;
-            }
-            if self.sh.completed.swap(false, Ordering::Relaxed) {
-                spin_from = Some(now);
-            }
-            if self.sh.direct_seen.swap(false, Ordering::Relaxed) {
-                self.direct_until = Some(now + DIRECT_AWAKE);
-            }
-            self.timers(now);
-            let mut held = std::mem::take(&mut self.held);
-            for cid in held.drain(..) {
-                self.activate(cid);
-            }
-            self.held = held;
-            let busy = self.service_active(false);
-            // (Overflows of this turn and of the last turn's events.)
-            self.fail_overflowed();
-            self.raise_events();
-            let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
-            let mut timeout = if busy {
-                Some(Duration::ZERO)
-            } else if awaiting_post || !self.held.is_empty() {
-                // A completion was just delivered and its application has
-                // not posted since: it is likely to post at once, so stay
-                // awake a little (no doorbell syscall and wakeup for that
-                // post; held ACKs wait for it), but let other threads run.
-                // Waiting for the network needs no spinning: data arriving
-                // wakes the poll (and an idle CPU is worth more to the woken
-                // threads on a small machine).
-                std::thread::yield_now();
-                Some(Duration::ZERO)
-            } else {
-                self.next_deadline(now)
-                    .map(|d| d.saturating_duration_since(now))
-            };
-            if timeout != Some(Duration::ZERO) {
-                // Posting threads that transmit themselves ring only if we
-                // would not wake in time to time their WRs out.
-                let wake_by = timeout.map_or(u64::MAX, |t| self.sh.nanos_at(now + t));
-                self.sh.wake_by.store(wake_by, Ordering::SeqCst);
-                self.sh.sleeping.store(true, Ordering::SeqCst);
-                fence(Ordering::SeqCst);
-                if !lock(&self.sh.dirty).is_empty() || self.sh.stop.load(Ordering::SeqCst) {
-                    timeout = Some(Duration::ZERO);
-                }
-            }
-            let res = self.poll.poll(&mut events, timeout);
-            self.sh.sleeping.store(false, Ordering::SeqCst);
-            if let Err(e) = res {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    tracing::error!(error = %e, "soft engine: poll failed");
-                    return;
-                }
-                continue;
-            }
-            for ev in events.iter() {
-                match ev.token() {
-                    WAKER => {}
-                    LISTENER => self.accept_all(),
-                    Token(t) => {
-                        let cid = t - CONN_BASE;
-                        if ev.is_writable() {
-                            self.on_writable(cid);
+            events.clear();
+        }
+    }
+}
+
+impl Engine {
+    /// Handles what the last `poll` reported.
+    fn handle_events(&mut self, events: &Events) {
+        let now = Instant::now();
+        for ev in events.iter() {
+            match ev.token() {
+                WAKER => {}
+                LISTENER => self.accept_all(),
+                Token(t) => {
+                    let cid = t - CONN_BASE;
+                    if ev.is_writable() {
+                        self.on_writable(cid);
+                    }
+                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                        // An application drives this connection: stop
+                        // watching its input until the lease ends.
+                        if ev.is_readable() && !self.sh.lease.is_zero() {
+                            self.mute(cid, now);
                         }
-                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            self.on_readable(cid, ev.is_read_closed() || ev.is_error());
-                        }
+                        self.on_readable(cid, ev.is_read_closed() || ev.is_error());
                     }
                 }
             }
-            // What arrived completed WRs: their consumers are woken at the
-            // next turn's end, once per CQ, after the answers (ACKs) were
-            // written or parked for the consumers' own writes (an answer
-            // posted before that would have to queue behind them).
         }
+        // What arrived completed WRs: their consumers are woken at the
+        // turn's end, once per CQ, after the answers (ACKs) were written
+        // or parked for the consumers' own writes (an answer posted before
+        // that would have to queue behind them).
+    }
+
+    /// One loop turn: the work that does not wait. Returns how long to
+    /// sleep (and whether to yield the CPU first), `None` to stop.
+    fn turn(
+        &mut self,
+        spin_from: &mut Option<Instant>,
+        spin: Duration,
+    ) -> Option<(Option<Duration>, bool)> {
+        if self.sh.stop.load(Ordering::SeqCst) {
+            // Best effort: queued responses leave before the sockets close.
+            for cid in std::mem::take(&mut self.held) {
+                self.activate(cid);
+            }
+            self.service_active(true);
+            self.raise_events();
+            return None;
+        }
+        // (The engine is awake: an application's receive need not ring it.)
+        self.kick = false;
+        let posted = self.service_dirty();
+        let now = Instant::now();
+        if posted {
+            // The post the spin waited for came: what follows is the
+            // network's turn.
+            *spin_from = None;
+        }
+        if self.sh.completed.swap(false, Ordering::Relaxed) {
+            *spin_from = Some(now);
+        }
+        if self.sh.direct_seen.swap(false, Ordering::Relaxed) {
+            self.direct_until = Some(now + DIRECT_AWAKE);
+        }
+        self.timers(now);
+        self.retry_conn_waits();
+        self.expire_leases(now);
+        let mut held = std::mem::take(&mut self.held);
+        for cid in held.drain(..) {
+            self.activate(cid);
+        }
+        self.held = held;
+        let busy = self.service_active(false);
+        // (Overflows of this turn and of the last turn's events.)
+        self.fail_overflowed();
+        self.raise_events();
+        let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
+        let mut yield_first = false;
+        let mut timeout = if busy {
+            Some(Duration::ZERO)
+        } else if awaiting_post || !self.held.is_empty() {
+            // A completion was just delivered and its application has
+            // not posted since: it is likely to post at once, so stay
+            // awake a little (no doorbell syscall and wakeup for that
+            // post; held ACKs wait for it), but let other threads run.
+            // Waiting for the network needs no spinning: data arriving
+            // wakes the poll (and an idle CPU is worth more to the woken
+            // threads on a small machine).
+            yield_first = true;
+            Some(Duration::ZERO)
+        } else {
+            self.next_deadline(now)
+                .map(|d| d.saturating_duration_since(now))
+        };
+        if timeout != Some(Duration::ZERO) {
+            // Posting threads that transmit themselves ring only if we
+            // would not wake in time to time their WRs out.
+            let wake_by = timeout.map_or(u64::MAX, |t| self.sh.nanos_at(now + t));
+            self.sh.wake_by.store(wake_by, Ordering::SeqCst);
+            self.sh.sleeping.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !lock(&self.sh.dirty).is_empty() || self.sh.stop.load(Ordering::SeqCst) {
+                timeout = Some(Duration::ZERO);
+            }
+        }
+        Some((timeout, yield_first))
     }
 
     /// Raises the channel events of the CQs that completions disarmed.
-    fn raise_events(&mut self) {
+    pub(crate) fn raise_events(&mut self) {
         let mut list = std::mem::take(&mut self.fired_buf);
         std::mem::swap(&mut list, &mut *lock(&self.sh.fired));
         for cq in list.drain(..) {
@@ -231,7 +295,7 @@ impl Engine {
     /// Moves every QP of a CQ that overflowed to ERR, with a QP fatal
     /// async event each (after the CQ's own error event), as RC hardware
     /// does: the completions of its WRs could not be reported any more.
-    fn fail_overflowed(&mut self) {
+    pub(crate) fn fail_overflowed(&mut self) {
         let list = std::mem::take(&mut *lock(&self.sh.overflowed));
         for cq in list {
             let qps: Vec<Arc<QpShared>> = lock(&self.sh.qps)
@@ -369,9 +433,30 @@ impl Engine {
         let Some(addr) = eq.cfg.remote_addr else {
             return;
         };
+        let waiting = self.conn_wait.iter().position(|(q, _)| *q == qpn);
         if let Some(&c) = self.peers.get(&addr) {
             eq.conn = Some(c);
+            if let Some(i) = waiting {
+                self.conn_wait.swap_remove(i);
+            }
             return;
+        }
+        if addr < self.sh.addr {
+            // One connection per pair of engines (requests, responses and
+            // TCP's own ACKs share it): the engine with the lower address
+            // connects; this one waits for it a little before it connects
+            // itself (the peer may not need a connection now).
+            let now = Instant::now();
+            match waiting {
+                Some(i) if self.conn_wait[i].1 <= now => {
+                    self.conn_wait.swap_remove(i);
+                }
+                Some(_) => return,
+                None => {
+                    self.conn_wait.push((qpn, now + CONN_GRACE));
+                    return;
+                }
+            }
         }
         match self.connect(addr) {
             Ok(c) => {
@@ -414,7 +499,7 @@ impl Engine {
     ) -> io::Result<usize> {
         let entry = self.conns.vacant_entry();
         let cid = entry.key();
-        self.poll.registry().register(
+        self.sh.registry.register(
             &mut stream,
             Token(cid + CONN_BASE),
             Interest::READABLE | Interest::WRITABLE,
@@ -422,7 +507,7 @@ impl Engine {
         if connected {
             let _ = stream.set_nodelay(true);
         }
-        let wire = Arc::new(Wire::new(stream));
+        let wire = Arc::new(Wire::new(stream, Token(cid + CONN_BASE)));
         entry.insert(Conn::new(Some(wire), self.sh.addr, connected));
         Ok(cid)
     }
@@ -482,7 +567,7 @@ impl Engine {
     /// Reads and handles what arrived. Edge-triggered: a short read means the
     /// socket is drained (new data raises a new event), except when the peer
     /// also closed (`drain`), where we read on until end of stream.
-    fn on_readable(&mut self, cid: usize, drain: bool) {
+    pub(crate) fn on_readable(&mut self, cid: usize, drain: bool) {
         loop {
             let Some(conn) = self.conns.get_mut(cid) else {
                 return;
@@ -683,16 +768,19 @@ impl Engine {
     }
 
     fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
+        if self.in_app {
+            self.app_packets += 1;
+        }
         match hdr.opcode {
             Opcode::Hello => {}
             op if op.is_request() => self.on_request(cid, hdr, payload, None),
-            _ => self.on_response(hdr, payload),
+            _ => self.on_response(cid, hdr, payload),
         }
     }
 
     /// Fills and flushes every active connection. True if some still has
     /// work that can proceed now. `force`: held ACKs go out too.
-    fn service_active(&mut self, force: bool) -> bool {
+    pub(crate) fn service_active(&mut self, force: bool) -> bool {
         let mut list = std::mem::take(&mut self.active_buf);
         std::mem::swap(&mut list, &mut self.active);
         let mut busy = false;
@@ -782,12 +870,10 @@ impl Engine {
             return;
         }
         let conn = self.conns.remove(cid);
+        self.forget_feeds(cid, &conn);
         if let Some(wire) = &conn.stream {
             let fd = wire.fd();
-            let _ = self
-                .poll
-                .registry()
-                .deregister(&mut mio::unix::SourceFd(&fd));
+            let _ = self.sh.registry.deregister(&mut mio::unix::SourceFd(&fd));
             wire.close();
         }
         self.peers.retain(|_, c| *c != cid);
@@ -801,6 +887,21 @@ impl Engine {
                     eq.fail(Some(WcStatus::RetryExcErr));
                 }
             }
+        }
+    }
+
+    /// QPs waiting for their peer's connection: bound once it is there
+    /// (or connecting themselves once the wait is over).
+    fn retry_conn_waits(&mut self) {
+        if self.conn_wait.is_empty() {
+            return;
+        }
+        let Engine { conn_wait, qps, .. } = self;
+        conn_wait.retain(|(q, _)| qps.get(q).is_some_and(|eq| eq.conn.is_none()));
+        let list: SmallVec<[u32; 8]> = self.conn_wait.iter().map(|(q, _)| *q).collect();
+        for qpn in list {
+            self.ensure_conn(qpn);
+            self.schedule(qpn);
         }
     }
 
@@ -843,12 +944,16 @@ impl Engine {
             self.direct_until = None;
         }
         let tick = self.direct_until.map(|_| now + DIRECT_TICK);
+        let lease = self.lease_deadline();
+        let conn_wait = self.conn_wait.iter().map(|(_, t)| *t).min();
         self.qps
             .values()
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
             .flatten()
             .chain(held)
             .chain(tick)
+            .chain(lease)
+            .chain(conn_wait)
             .min()
     }
 }

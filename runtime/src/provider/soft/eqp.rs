@@ -62,6 +62,11 @@ pub(crate) struct EQp {
     // responder
     pub epsn: u32,
     pub cur_recv: Option<RecvWqe>,
+    /// The connection its last packet arrived on (see `drive::note_feed`).
+    pub rx_conn: Option<usize>,
+    /// The connection its responses leave on (once chosen, all of them:
+    /// responses must stay in order).
+    pub resp_conn: Option<usize>,
 }
 
 impl EQp {
@@ -87,6 +92,8 @@ impl EQp {
             zc: None,
             epsn: 0,
             cur_recv: None,
+            rx_conn: None,
+            resp_conn: None,
         }
     }
 
@@ -103,6 +110,7 @@ impl EQp {
             self.ack_deadline = None;
             self.rd_outstanding = 0;
             self.cur_recv = None;
+            self.resp_conn = None;
         }
         if inner.gen != self.gen {
             self.gen = inner.gen;
@@ -254,9 +262,9 @@ impl EQp {
     pub fn unpin(&mut self) {
         if let Some(z) = self.zc.take() {
             // Only the connection and we hold it while it is unsent.
-            if std::rc::Rc::strong_count(&z) > 1 {
+            if Arc::strong_count(&z) > 1 {
                 let shared = self.sh_ctx.clone();
-                z.borrow_mut().snapshot(&shared.mrs());
+                lock(&z).snapshot(&shared.mrs());
             }
         }
     }

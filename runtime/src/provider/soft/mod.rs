@@ -9,7 +9,9 @@
 //! once); waiting for the network it sleeps at once (arriving data wakes it,
 //! and on a small machine an idle CPU serves the woken threads better).
 //! The engine owns a TCP listener and one connection per remote engine
-//! (TCP_NODELAY); QPs of the same device talk through an internal loopback
+//! (TCP_NODELAY; of two engines, the one with the lower address connects,
+//! so requests, responses and TCP's own ACKs of both directions share one
+//! socket); QPs of the same device talk through an internal loopback
 //! connection without sockets.
 //!
 //! One exception to "the engine does all the work": while the engine has
@@ -23,11 +25,23 @@
 //! least every 10 ms). This saves a thread hand-off per request; the price is
 //! the encoding, a copy of the payload and a `sendmsg` on the posting thread.
 //!
+//! The other exception, on the receive side (`drive.rs`): an application
+//! that busy-polls a CQ (polls it empty again without arming it) reads the
+//! sockets of the CQ's connections itself in its poll, under the engine
+//! lock if the engine is not at work, and runs the engine's own receive
+//! code (placement, completions, ACKs and responses). The engine stops
+//! watching such a socket's input while the application's lease on it lasts
+//! (about 1 ms, renewed by every poll), and watches it again when the lease
+//! ends or the application arms a CQ the socket feeds. With both, a
+//! ping-pong between busy-polling applications needs no engine thread at
+//! all: one thread hand-off per message, as with plain TCP.
+//!
 //! Files: `context.rs` (device, PD, limits), `mr.rs` (MR table: the engine
 //! holds its lock while it touches registered memory, so deregistration takes
 //! effect at once), `cq.rs` (CQs, eventfd completion channel, async events),
 //! `qp.rs` (state machine, post path), `direct.rs` and `wire.rs` (the
-//! posting thread's transmission), `engine.rs` (loop, connections,
+//! posting thread's transmission), `drive.rs` (the polling thread's
+//! receive), `engine.rs` (loop, connections,
 //! timers), `eqp.rs` (the engine's per-QP state, completions, flushing),
 //! `requester.rs` / `responder.rs` (the two halves of RC), `conn.rs` (per-peer
 //! buffers), `dma.rs` (copies to and from registered memory), `packet.rs`
@@ -39,7 +53,7 @@
 //!
 //! Data path: SEND/WRITE payloads are cut into segments of up to 1 MiB; a
 //! segment inside one SGE is written to the socket straight from registered
-//! memory (`writev`, no copy), and a WRITE segment still arriving is read
+//! memory (`sendmsg`, no copy), and a WRITE segment still arriving is read
 //! straight into the target MR. Small, inline and multi-SGE payloads and READ
 //! responses are copied (64 KiB segments). Consecutive ACKs of one QP are
 //! coalesced, and the ACK of a message that completed a receive may wait
@@ -65,6 +79,7 @@ mod context;
 mod cq;
 mod direct;
 mod dma;
+mod drive;
 mod engine;
 mod eqp;
 mod mr;

@@ -6,6 +6,7 @@ use std::time::Instant;
 use super::conn::{Resp, TxMem};
 use super::cq::lock;
 use super::dma::{check_local, gather, read_raw, scatter};
+use super::drive::note_feed;
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
 use super::mr::MrTable;
 use super::packet::{
@@ -13,8 +14,7 @@ use super::packet::{
     NAK_REM_INV_REQ, NAK_REM_OP, NAK_RNR,
 };
 use crate::provider::{rnr_timer_duration, AccessFlags, QpState, SendFlags, SendOp, WcStatus};
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 enum Gen {
     Sent,
@@ -184,7 +184,7 @@ fn gen_request(
             (None, Some((lkey, addr, len))) => {
                 let ok = mrs.local(lkey, pd, addr, len, false).is_some();
                 if ok {
-                    let m = Rc::new(RefCell::new(TxMem {
+                    let m = Arc::new(Mutex::new(TxMem {
                         qpn: eq.sh.qpn,
                         lkey,
                         pd,
@@ -363,16 +363,24 @@ impl Engine {
     }
 
     /// Handles an ACK, NAK, READ response or atomic response.
-    pub(crate) fn on_response(&mut self, hdr: &Header, payload: &[u8]) {
+    pub(crate) fn on_response(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
         let now = Instant::now();
         let qpn = hdr.dst_qpn;
-        let Engine { qps, sh, .. } = self;
+        let Engine {
+            qps,
+            sh,
+            conns,
+            cq_feeds,
+            kick,
+            ..
+        } = self;
         let Some(eq) = qps.get_mut(&qpn) else {
             return;
         };
         if eq.sh.state() != QpState::Rts || hdr.src_qpn != eq.cfg.remote_qpn {
             return;
         }
+        note_feed(cq_feeds, conns, eq, cid);
         // WRs posting threads transmitted may be the ones answered.
         let qp = eq.sh.clone();
         eq.absorb(&mut lock(&qp.inner));
@@ -403,6 +411,8 @@ impl Engine {
                         eq.rd_outstanding = 0;
                         eq.ack_deadline = None;
                         eq.rnr_until = Some(now + rnr_timer_duration(hdr.arg0 as u8));
+                        // (An application's receive: the engine must know.)
+                        *kick = true;
                     }
                     NAK_REM_ACCESS => eq.fail(Some(WcStatus::RemAccessErr)),
                     NAK_REM_OP => eq.fail(Some(WcStatus::RemOpErr)),

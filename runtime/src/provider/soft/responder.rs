@@ -10,6 +10,7 @@ use super::conn::{ReadJob, Resp};
 use super::context::Shared;
 use super::cq::lock;
 use super::dma::{check_local, scatter, write_raw};
+use super::drive::note_feed;
 use super::engine::{psn_add, EQp, Engine};
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_OP, NAK_RNR,
@@ -67,11 +68,13 @@ impl Engine {
             sh,
             conns,
             ack_delay,
+            cq_feeds,
             ..
         } = self;
         let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
             return;
         };
+        note_feed(cq_feeds, conns, eq, cid);
         if !matches!(st, QpState::Rtr | QpState::Rts) || !eq.configured {
             return;
         }
@@ -80,7 +83,18 @@ impl Engine {
             // requester goes back to the expected PSN.
             return;
         }
-        let Some(conn) = conns.get_mut(cid) else {
+        // Responses leave on the connection this QP sends its own requests
+        // on (where a held ACK can ride with the next one), chosen once so
+        // that they stay in order.
+        let out = match eq.resp_conn {
+            Some(c) if conns.contains(c) => c,
+            _ => {
+                let c = eq.conn.filter(|c| conns.contains(*c)).unwrap_or(cid);
+                eq.resp_conn = Some(c);
+                c
+            }
+        };
+        let Some(conn) = conns.get_mut(out) else {
             return;
         };
         let outcome = if placed == Some(false) {
@@ -128,7 +142,7 @@ impl Engine {
                 });
             }
         }
-        self.activate(cid);
+        self.activate(out);
     }
 }
 

@@ -12,7 +12,13 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use mio::unix::SourceFd;
+use mio::{Interest, Registry};
+
+use super::cq::lock;
 
 /// Result of a poster's attempt to write a packet.
 #[derive(Debug, PartialEq, Eq)]
@@ -41,13 +47,28 @@ pub(crate) struct Wire {
     /// The engine reads from it; writes follow the protocol above.
     pub stream: mio::net::TcpStream,
     st: Mutex<WireState>,
+    /// Its token in the engine's poll.
+    token: mio::Token,
+    /// While an application drives this connection's receives (see
+    /// `drive.rs`): until when ([`Shared::nanos_at`]; 0 = no lease). Renewed
+    /// by every driving poll.
+    ///
+    /// [`Shared::nanos_at`]: super::context::Shared::nanos_at
+    lease_until: AtomicU64,
+    /// True while the engine does not watch the socket's input (the
+    /// interest is WRITABLE only). Changed, together with the registration,
+    /// only under this lock.
+    muted: Mutex<bool>,
 }
 
 impl Wire {
     /// A new connection: busy until the engine has written its HELLO.
-    pub fn new(stream: mio::net::TcpStream) -> Wire {
+    pub fn new(stream: mio::net::TcpStream, token: mio::Token) -> Wire {
         Wire {
             stream,
+            token,
+            lease_until: AtomicU64::new(0),
+            muted: Mutex::new(false),
             st: Mutex::new(WireState {
                 busy: true,
                 closed: false,
@@ -109,9 +130,94 @@ impl Wire {
         }
     }
 
+    /// True while the engine does not watch the socket's input.
+    #[cfg(test)]
+    pub fn is_muted(&self) -> bool {
+        *lock(&self.muted)
+    }
+
+    /// The lease's end (0 = none).
+    pub fn lease_until(&self) -> u64 {
+        self.lease_until.load(Ordering::Relaxed)
+    }
+
+    /// Application: it drives this connection's receives until `until`
+    /// (see `lease_until`).
+    pub fn renew_lease(&self, until: u64) {
+        self.lease_until.store(until, Ordering::Relaxed);
+    }
+
+    /// Engine: stops watching the socket's input while the lease lasts
+    /// (`now`, like the lease, in [`Shared::nanos_at`] units), unless
+    /// `armed()`: an application sleeps until a CQ fed by this connection
+    /// has a completion, so only the engine would read what arrives. True
+    /// if it muted the socket now.
+    ///
+    /// [`Shared::nanos_at`]: super::context::Shared::nanos_at
+    pub fn mute(&self, registry: &Registry, now: u64, armed: impl FnOnce() -> bool) -> bool {
+        if self.lease_until.load(Ordering::Relaxed) <= now {
+            return false;
+        }
+        let mut muted = lock(&self.muted);
+        // (The lease is read again under the lock: `revoke` ends it there.)
+        if *muted || self.lease_until.load(Ordering::Relaxed) <= now || armed() {
+            return false;
+        }
+        let fd = self.fd();
+        match registry.reregister(&mut SourceFd(&fd), self.token, Interest::WRITABLE) {
+            Ok(()) => {
+                *muted = true;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "soft engine: cannot mute a socket");
+                false
+            }
+        }
+    }
+
+    /// Engine: watches the socket's input again once the lease is over.
+    /// True while it stays muted.
+    pub fn unmute_expired(&self, registry: &Registry, now: u64) -> bool {
+        let mut muted = lock(&self.muted);
+        if !*muted {
+            return false;
+        }
+        if self.lease_until.load(Ordering::Relaxed) > now {
+            return true;
+        }
+        self.unmute(registry, &mut muted);
+        false
+    }
+
+    /// Application, arming a CQ this connection feeds (it is going to sleep
+    /// until the engine delivers): ends the lease and hands the socket's
+    /// input back to the engine at once.
+    pub fn revoke(&self, registry: &Registry) {
+        let mut muted = lock(&self.muted);
+        self.lease_until.store(0, Ordering::Relaxed);
+        if *muted {
+            self.unmute(registry, &mut muted);
+        }
+    }
+
+    /// Registers for input again. Data already waiting makes the engine's
+    /// poll report the socket at once (epoll checks readiness on MOD).
+    fn unmute(&self, registry: &Registry, muted: &mut bool) {
+        *muted = false;
+        let fd = self.fd();
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(e) = registry.reregister(&mut SourceFd(&fd), self.token, interest) {
+            // (The connection was closed meanwhile: nothing to watch.)
+            tracing::debug!(error = %e, "soft engine: cannot unmute a socket");
+        }
+    }
+
     /// Engine: the connection is gone; posters queue (and the engine fails
     /// their QPs). The socket is shut down so the peer sees the end at once.
     pub fn close(&self) {
+        *lock(&self.muted) = false;
+        self.lease_until.store(0, Ordering::Relaxed);
         let mut st = self.state();
         st.closed = true;
         st.busy = true;

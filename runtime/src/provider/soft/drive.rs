@@ -1,0 +1,232 @@
+//! App-driven receive: an application that busy-polls a CQ receives for
+//! it on its own thread, instead of waiting for the engine thread to wake,
+//! read, and deliver (one thread hand-off fewer per message).
+//!
+//! When a poll finds the CQ empty, and the CQ was polled empty before
+//! without being armed (the application busy-polls; a sleeping one arms
+//! the CQ first), the poll takes the engine lock if it is free (never
+//! waiting for it: if the engine works, the engine delivers) and runs the
+//! engine's own receive code on the connections whose packets complete
+//! the CQ's WRs: it reads their sockets (non-blocking), places data,
+//! produces completions, and writes the ACKs and responses (or parks ACKs
+//! for its next post to take along). Then it polls again.
+//!
+//! So that the engine thread does not wake for the packets the application
+//! reads, every driving poll renews a lease on the connection (about 1 ms,
+//! `VERBIO_SOFT_LEASE_US`; 0 turns app-driven receive off), and the engine,
+//! when its poll reports input on a leased connection, stops watching the
+//! socket's input ("mutes" it: the registration keeps WRITABLE only). It
+//! watches it again when the lease runs out (it wakes for that while it has
+//! muted sockets), or at once when an application arms a CQ the connection
+//! feeds: that application is going to sleep until the engine delivers
+//! (arming ends the lease, and a socket is never muted while such a CQ is
+//! armed). Data that arrived meanwhile makes the engine's poll report the
+//! socket as soon as it watches it again. The engine keeps its timers,
+//! connections and everything else; an RNR wait an application's receive
+//! started rings it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, TryLockError};
+use std::time::Instant;
+
+use slab::Slab;
+use smallvec::SmallVec;
+
+use super::conn::Conn;
+use super::context::Context;
+use super::cq::{lock, CqShared};
+use super::engine::{EQp, Engine, DIRECT_TICK};
+use std::collections::HashMap;
+
+impl Context {
+    /// Receives for `cq` on this thread, if the engine is not at work.
+    pub(crate) fn drive(&self, cq: &CqShared) {
+        let mut eng = match self.core().try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        eng.drive(cq);
+    }
+}
+
+impl Engine {
+    /// An application's receive for `cq` (under the engine lock): reads
+    /// the CQ's connections, then does what the engine's loop turn does
+    /// with what arrived.
+    pub(crate) fn drive(&mut self, cq: &CqShared) {
+        let Some(feeds) = self.cq_feeds.get(&cq.handle) else {
+            return;
+        };
+        let cids: SmallVec<[usize; 4]> = feeds.iter().copied().collect();
+        let now = Instant::now();
+        let until = self.sh.nanos_at(now + self.sh.lease);
+        // (The engine's spin after its own deliveries is not for these.)
+        let completed = self.sh.completed.load(Ordering::Relaxed);
+        self.in_app = true;
+        let packets = self.app_packets;
+        for cid in cids {
+            match self.conns.get(cid) {
+                Some(Conn {
+                    stream: Some(w),
+                    connected: true,
+                    ..
+                }) => w.renew_lease(until),
+                _ => continue,
+            }
+            self.on_readable(cid, false);
+        }
+        // ACKs held for a post to ride with go out once due.
+        let mut held = std::mem::take(&mut self.held);
+        for cid in held.drain(..) {
+            self.activate(cid);
+        }
+        self.held = held;
+        let busy = self.service_active(false);
+        self.fail_overflowed();
+        self.raise_events();
+        self.sh.completed.store(completed, Ordering::Relaxed);
+        self.in_app = false;
+        let handled = self.app_packets != packets;
+        if busy || std::mem::take(&mut self.kick) || self.engine_sleeps_too_long(now, handled) {
+            // Work left that does not wait for the socket, or timers the
+            // sleeping engine does not know of.
+            self.sh.ring();
+        }
+    }
+
+    /// True if the sleeping engine would not wake in time for what this
+    /// receive left it (the application may stop polling now): ACKs held
+    /// for a post to ride with (sent once their hold ends, should no post
+    /// come), and, if packets were handled, the timers they may have
+    /// started (ACK timeouts: the engine wakes at least every
+    /// `DIRECT_TICK` once it knows of them).
+    fn engine_sleeps_too_long(&self, now: Instant, handled: bool) -> bool {
+        let held = self
+            .held
+            .iter()
+            .filter_map(|&c| self.conns.get(c)?.ack_hold)
+            .min()
+            .map(|t| t + self.sh.lease);
+        let timers = handled.then(|| now + DIRECT_TICK);
+        let Some(need) = held.into_iter().chain(timers).min() else {
+            return false;
+        };
+        // (`wake_by` is current while the engine sleeps: it set it under
+        // the engine lock, which we hold.)
+        self.sh.sleeping.load(Ordering::SeqCst)
+            && self.sh.wake_by.load(Ordering::SeqCst) > self.sh.nanos_at(need)
+    }
+
+    /// The engine's poll reported input on `cid`: stop watching it while
+    /// an application's lease lasts.
+    pub(crate) fn mute(&mut self, cid: usize, now: Instant) {
+        let Some(conn) = self.conns.get(cid) else {
+            return;
+        };
+        let Some(w) = &conn.stream else {
+            return;
+        };
+        let armed = || {
+            conn.cqs
+                .iter()
+                .any(|(_, c)| c.upgrade().is_some_and(|c| c.armed()))
+        };
+        if w.mute(&self.sh.registry, self.sh.nanos_at(now), armed) {
+            self.muted.push(cid);
+        }
+    }
+
+    /// Watches the input of muted connections again once their lease ended.
+    pub(crate) fn expire_leases(&mut self, now: Instant) {
+        if self.muted.is_empty() {
+            return;
+        }
+        let t = self.sh.nanos_at(now);
+        let Engine {
+            muted, conns, sh, ..
+        } = self;
+        muted.retain(|&cid| {
+            conns
+                .get(cid)
+                .and_then(|c| c.stream.as_ref())
+                .is_some_and(|w| w.unmute_expired(&sh.registry, t))
+        });
+    }
+
+    /// When the first lease of a muted connection ends.
+    pub(crate) fn lease_deadline(&self) -> Option<Instant> {
+        self.muted
+            .iter()
+            .filter_map(|&cid| self.conns.get(cid)?.stream.as_ref())
+            .map(|w| w.lease_until())
+            .min()
+            .map(|n| self.sh.instant_at(n))
+    }
+
+    /// Forgets connection `cid` (being closed) in the CQs it fed.
+    pub(crate) fn forget_feeds(&mut self, cid: usize, conn: &Conn) {
+        for list in self.cq_feeds.values_mut() {
+            list.retain(|c| *c != cid);
+        }
+        if let Some(wire) = &conn.stream {
+            for cq in conn.cqs.iter().filter_map(|(_, c)| c.upgrade()) {
+                lock(&cq.feeds).retain(|w| !Arc::ptr_eq(w, wire));
+            }
+        }
+        for eq in self.qps.values_mut() {
+            if eq.rx_conn == Some(cid) {
+                eq.rx_conn = None;
+            }
+            if eq.resp_conn == Some(cid) {
+                eq.resp_conn = None;
+            }
+        }
+        self.muted.retain(|c| *c != cid);
+    }
+}
+
+#[cfg(test)]
+#[path = "drive_tests.rs"]
+mod tests;
+
+/// A packet for `eq` arrived on `cid`: its CQs are fed by that connection.
+pub(crate) fn note_feed(
+    feeds: &mut HashMap<u32, SmallVec<[usize; 2]>>,
+    conns: &mut Slab<Conn>,
+    eq: &mut EQp,
+    cid: usize,
+) {
+    if eq.rx_conn == Some(cid) {
+        return;
+    }
+    eq.rx_conn = Some(cid);
+    let Some(conn) = conns.get_mut(cid) else {
+        return;
+    };
+    // (The loopback connection has no socket to read.)
+    let Some(wire) = conn.stream.clone() else {
+        return;
+    };
+    // (CQs destroyed meanwhile are forgotten here.)
+    conn.cqs.retain(|(handle, c)| {
+        let alive = c.strong_count() > 0;
+        if !alive {
+            feeds.remove(handle);
+        }
+        alive
+    });
+    for cq in [&eq.sh.recv_cq, &eq.sh.send_cq] {
+        let list = feeds.entry(cq.handle).or_default();
+        if !list.contains(&cid) {
+            list.push(cid);
+        }
+        if !conn.cqs.iter().any(|(_, c)| c.as_ptr() == Arc::as_ptr(cq)) {
+            conn.cqs.push((cq.handle, Arc::downgrade(cq)));
+        }
+        let mut f = lock(&cq.feeds);
+        if !f.iter().any(|w| Arc::ptr_eq(w, &wire)) {
+            f.push(wire.clone());
+        }
+    }
+}

@@ -1,0 +1,555 @@
+//! App-driven receive: what a busy-polling application receives itself is
+//! delivered exactly as the engine would deliver it, and the engine takes
+//! the socket back when the application arms its CQ or its lease ends.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::super::{CompChannel, Context, Cq, Mr, Pd, Qp};
+use crate::provider::{
+    AccessFlags, Completion, InitAttr, Mtu, QpCaps, RecvWr, RtrAttr, RtsAttr, SendFlags, SendOp,
+    SendWr, Sge, SoftConfig, WcOpcode, WcStatus,
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+const SIG: SendFlags = SendFlags::SIGNALED;
+
+/// Registered memory read and written only through raw-pointer copies
+/// (never while a WR that may write it is outstanding, except where noted);
+/// the registration is dropped before the memory.
+struct Mem {
+    mr: Option<Mr>,
+    mem: Box<[u64]>,
+}
+
+impl Mem {
+    fn new(pd: &Pd, len: usize, access: AccessFlags) -> Mem {
+        let mut mem = vec![0u64; len.div_ceil(8)].into_boxed_slice();
+        // SAFETY: the boxed memory outlives the registration (`Drop`
+        // deregisters first) and is never reallocated.
+        let mr = unsafe { pd.reg_mr(mem.as_mut_ptr().cast(), len, access) }.expect("reg_mr");
+        Mem { mr: Some(mr), mem }
+    }
+    fn addr(&self) -> u64 {
+        self.mem.as_ptr() as u64
+    }
+    fn mr(&self) -> &Mr {
+        self.mr.as_ref().expect("registered")
+    }
+    fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr() + off as u64,
+            length: len as u32,
+            lkey: self.mr().lkey(),
+        }
+    }
+    fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.mem.len() * 8);
+        // SAFETY: in bounds (checked); no WR uses these bytes now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (self.mem.as_ptr() as *mut u8).add(off),
+                data.len(),
+            )
+        };
+    }
+    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.mem.len() * 8);
+        let mut v = vec![0u8; len];
+        // SAFETY: in bounds (checked); read through a copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.mem.as_ptr() as *const u8).add(off),
+                v.as_mut_ptr(),
+                len,
+            )
+        };
+        v
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        self.mr = None;
+    }
+}
+
+struct Side {
+    ctx: Context,
+    pd: Pd,
+    scq: Cq,
+    rcq: Cq,
+    ch: CompChannel,
+    qp: Qp,
+}
+
+fn pair_with(rts: RtsAttr) -> (Side, Side) {
+    let side = || {
+        let ctx = Context::open(SoftConfig::default()).expect("open");
+        let pd = ctx.alloc_pd().expect("pd");
+        let ch = ctx.create_comp_channel().expect("channel");
+        let scq = ctx.create_cq(256, None).expect("cq");
+        let rcq = ctx.create_cq(256, Some(&ch)).expect("cq");
+        let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
+        Side {
+            ctx,
+            pd,
+            scq,
+            rcq,
+            ch,
+            qp,
+        }
+    };
+    let (a, b) = (side(), side());
+    let up = |qp: &Qp, remote| {
+        qp.modify_to_init(&InitAttr {
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            ..InitAttr::default()
+        })
+        .expect("init");
+        qp.modify_to_rtr(&RtrAttr {
+            remote,
+            path_mtu: Mtu::Mtu4096,
+            min_rnr_timer: 1,
+            max_dest_rd_atomic: 16,
+            sgid_index: 0,
+            hop_limit: 64,
+        })
+        .expect("rtr");
+        qp.modify_to_rts(&rts).expect("rts");
+    };
+    up(&a.qp, b.qp.endpoint(0).expect("ep"));
+    up(&b.qp, a.qp.endpoint(0).expect("ep"));
+    (a, b)
+}
+
+fn pair() -> (Side, Side) {
+    pair_with(RtsAttr::default())
+}
+
+/// Busy-polls `cq` (as a spinning application does) for one completion.
+fn spin_one(cq: &Cq) -> Completion {
+    let mut wc = [Completion::EMPTY; 1];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            return wc[0];
+        }
+        assert!(Instant::now() < deadline, "no completion");
+        std::thread::yield_now();
+    }
+}
+
+fn send_wr(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
+    SendWr {
+        wr_id,
+        sg_list: [sge].into_iter().collect(),
+        op,
+        flags: SIG,
+    }
+}
+
+fn post_recv(qp: &Qp, wr_id: u64, sge: Sge) {
+    let wr = RecvWr {
+        wr_id,
+        sg_list: [sge].into_iter().collect(),
+    };
+    // SAFETY: the SGE names a `Mem`, read only after this WR completed.
+    unsafe { qp.post_recv(&[wr]) }.expect("post_recv");
+}
+
+fn post_send(qp: &Qp, wr: SendWr) {
+    // SAFETY: the SGE names a `Mem`, not accessed until the WR completed.
+    unsafe { qp.post_send(&[wr]) }.expect("post_send");
+}
+
+fn app_packets(ctx: &Context) -> u64 {
+    super::super::cq::lock(ctx.core()).app_packets
+}
+
+/// Keeps `cq` busy-polled on another thread until dropped.
+struct Spinner {
+    stop: Arc<AtomicBool>,
+    t: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    fn new(cq: &Cq) -> Spinner {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cq, s) = (cq.clone(), stop.clone());
+        let t = std::thread::spawn(move || {
+            let mut wc = [Completion::EMPTY; 4];
+            while !s.load(Ordering::Relaxed) {
+                assert_eq!(cq.poll(&mut wc).expect("poll"), 0, "{wc:?}");
+                std::thread::yield_now();
+            }
+        });
+        Spinner { stop, t: Some(t) }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.t.take() {
+            let r = t.join();
+            if !std::thread::panicking() {
+                r.expect("spinner");
+            }
+        }
+    }
+}
+
+#[test]
+fn busy_polling_app_receives_in_order_with_opcode_len_and_imm() {
+    let (a, b) = pair();
+    let src = Mem::new(&a.pd, 4096, AccessFlags::LOCAL_WRITE);
+    let dst = Mem::new(&b.pd, 4096, AccessFlags::ALL);
+    const N: usize = 60;
+    for i in 0..N {
+        let len = 1 + (i * 37) % 2000;
+        let pattern: Vec<u8> = (0..len).map(|k| (k + i) as u8).collect();
+        src.write(0, &pattern);
+        post_recv(&b.qp, 1000 + i as u64, dst.sge(0, 4096));
+        let (op, opcode, imm) = match i % 3 {
+            0 => (SendOp::Send, WcOpcode::Recv, None),
+            1 => (
+                SendOp::SendWithImm { imm: i as u32 },
+                WcOpcode::Recv,
+                Some(i as u32),
+            ),
+            _ => (
+                SendOp::WriteWithImm {
+                    remote_addr: dst.addr(),
+                    rkey: dst.mr().rkey(),
+                    imm: 7 * i as u32,
+                },
+                WcOpcode::RecvRdmaWithImm,
+                Some(7 * i as u32),
+            ),
+        };
+        post_send(&a.qp, send_wr(i as u64, op, src.sge(0, len)));
+        let r = spin_one(&b.rcq);
+        assert_eq!(
+            (r.wr_id, r.status, r.opcode, r.byte_len, r.imm_data),
+            (1000 + i as u64, WcStatus::Success, opcode, len as u32, imm),
+            "message {i}"
+        );
+        assert_eq!(dst.read(0, len), pattern, "message {i}");
+        let s = spin_one(&a.scq);
+        assert_eq!((s.wr_id, s.status), (i as u64, WcStatus::Success));
+        if i == 0 {
+            // (So that what follows surely reaches the polls, even if this
+            // thread stalls while the engines are awake.)
+            force_mute(&b, &b.rcq);
+            force_mute(&a, &a.scq);
+        }
+    }
+    assert!(
+        app_packets(&b.ctx) > 0,
+        "the receiving application never received"
+    );
+    assert!(
+        app_packets(&a.ctx) > 0,
+        "the requester never received its ACKs"
+    );
+}
+
+#[test]
+fn rnr_waits_and_rnr_exhaustion_fail_as_before() {
+    // Infinite RNR retries: the SEND lands once a RECV is posted.
+    let (a, b) = pair();
+    let src = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let dst = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    src.write(0, b"hello, responder");
+    // Both sides busy-poll first, so that their polls receive.
+    {
+        let _spin = Spinner::new(&b.rcq);
+        post_send(&a.qp, send_wr(1, SendOp::Send, src.sge(0, 16)));
+        let mut wc = [Completion::EMPTY; 1];
+        let until = Instant::now() + Duration::from_millis(30);
+        while Instant::now() < until {
+            assert_eq!(a.scq.poll(&mut wc).expect("poll"), 0, "{wc:?}");
+            std::thread::yield_now();
+        }
+    }
+    post_recv(&b.qp, 9, dst.sge(0, 64));
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 16));
+    assert_eq!(dst.read(0, 16), b"hello, responder");
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (1, WcStatus::Success));
+
+    // No RNR retries: the requester's busy-polling fails the SEND.
+    let (a, b) = pair_with(RtsAttr {
+        rnr_retry: 0,
+        ..RtsAttr::default()
+    });
+    let src = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let _spin = Spinner::new(&b.rcq);
+    post_send(&a.qp, send_wr(2, SendOp::Send, src.sge(0, 8)));
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (2, WcStatus::RnrRetryExcErr));
+}
+
+#[test]
+fn access_errors_fail_both_sides_as_before() {
+    let (a, b) = pair();
+    let src = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let dst = Mem::new(&b.pd, 64, AccessFlags::ALL);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    // A round trip first, so that both polls receive.
+    post_recv(&b.qp, 5, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(1, SendOp::Send, src.sge(0, 8)));
+    assert_eq!(spin_one(&b.rcq).status, WcStatus::Success);
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+    post_recv(&b.qp, 6, rbuf.sge(0, 64));
+    // One byte past the region.
+    let bad = SendOp::Write {
+        remote_addr: dst.addr() + 1,
+        rkey: dst.mr().rkey(),
+    };
+    post_send(&a.qp, send_wr(2, bad, src.sge(0, 64)));
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status), (6, WcStatus::WrFlushErr));
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (2, WcStatus::RemAccessErr));
+    assert_eq!(dst.read(0, 64), vec![0u8; 64], "memory untouched");
+    assert_eq!(b.qp.state(), crate::provider::QpState::Err);
+}
+
+#[test]
+fn read_and_atomic_responses_from_a_polling_responder_are_right() {
+    let (a, b) = pair();
+    let local = Mem::new(&a.pd, 4096, AccessFlags::LOCAL_WRITE);
+    let remote = Mem::new(&b.pd, 4096, AccessFlags::ALL);
+    let pattern: Vec<u8> = (0..4096).map(|k| (k * 7 + 3) as u8).collect();
+    remote.write(0, &pattern);
+    remote.write(0, &100u64.to_ne_bytes());
+    let mut expect = pattern.clone();
+    // The responder's application busy-polls its (idle) receive CQ: its
+    // polls answer the READs and atomics.
+    let mut value = 100u64;
+    let complete = |i: u64| -> Completion {
+        if i == 1 {
+            force_mute(&b, &b.rcq);
+            force_mute(&a, &a.scq);
+        }
+        let mut wc = [Completion::EMPTY; 1];
+        let deadline = Instant::now() + WAIT;
+        loop {
+            assert_eq!(b.rcq.poll(&mut wc).expect("poll"), 0, "{wc:?}");
+            if a.scq.poll(&mut wc).expect("poll") == 1 {
+                return wc[0];
+            }
+            assert!(Instant::now() < deadline, "no completion");
+            std::thread::yield_now();
+        }
+    };
+    for i in 0..40u64 {
+        match i % 3 {
+            0 => {
+                let (off, len) = (8 + (i as usize * 97) % 3000, 1 + (i as usize * 13) % 1000);
+                let op = SendOp::Read {
+                    remote_addr: remote.addr() + off as u64,
+                    rkey: remote.mr().rkey(),
+                };
+                post_send(&a.qp, send_wr(i, op, local.sge(8, len)));
+                let s = complete(i);
+                assert_eq!(
+                    (s.wr_id, s.status, s.opcode, s.byte_len),
+                    (i, WcStatus::Success, WcOpcode::RdmaRead, len as u32)
+                );
+                assert_eq!(local.read(8, len), expect[off..off + len], "READ {i}");
+            }
+            1 => {
+                let op = SendOp::FetchAndAdd {
+                    remote_addr: remote.addr(),
+                    rkey: remote.mr().rkey(),
+                    add: i,
+                };
+                post_send(&a.qp, send_wr(i, op, local.sge(0, 8)));
+                let s = complete(i);
+                assert_eq!(
+                    (s.wr_id, s.status, s.opcode),
+                    (i, WcStatus::Success, WcOpcode::FetchAdd)
+                );
+                assert_eq!(local.read(0, 8), value.to_ne_bytes());
+                value += i;
+            }
+            _ => {
+                let op = SendOp::CompareAndSwap {
+                    remote_addr: remote.addr(),
+                    rkey: remote.mr().rkey(),
+                    compare: value,
+                    swap: value * 2,
+                };
+                post_send(&a.qp, send_wr(i, op, local.sge(0, 8)));
+                let s = complete(i);
+                assert_eq!(
+                    (s.wr_id, s.status, s.opcode),
+                    (i, WcStatus::Success, WcOpcode::CompSwap)
+                );
+                assert_eq!(local.read(0, 8), value.to_ne_bytes());
+                value *= 2;
+            }
+        }
+        expect[..8].copy_from_slice(&value.to_ne_bytes());
+    }
+    assert_eq!(remote.read(0, 8), value.to_ne_bytes());
+    assert!(
+        app_packets(&b.ctx) > 0,
+        "the responder's polls never answered"
+    );
+    assert!(
+        app_packets(&a.ctx) > 0,
+        "the requester's polls never received"
+    );
+}
+
+/// Busy-polls a few ping-pongs so that both sides' polls receive (and the
+/// engines mute the sockets).
+fn warm_up(a: &Side, b: &Side, sbuf: &Mem, rbuf: &Mem) {
+    for i in 0..20 {
+        post_recv(&b.qp, 100 + i, rbuf.sge(0, 64));
+        post_send(&a.qp, send_wr(i, SendOp::Send, sbuf.sge(0, 8)));
+        assert_eq!(spin_one(&b.rcq).status, WcStatus::Success);
+        assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+    }
+}
+
+/// Makes `s`'s engine stop watching the sockets that feed `cq`
+/// (as after its poll reported input during a lease of a polling
+/// application); the engine is rung to learn of it.
+fn force_mute(s: &Side, cq: &Cq) {
+    let mut eng = super::super::cq::lock(s.ctx.core());
+    let now = Instant::now();
+    let until = eng.sh.nanos_at(now + eng.sh.lease);
+    let cids: Vec<usize> = eng.cq_feeds[&cq.handle()].to_vec();
+    assert!(!cids.is_empty());
+    for cid in cids {
+        let w = eng.conns[cid].stream.clone().expect("socket");
+        w.renew_lease(until);
+        eng.mute(cid, now);
+        assert!(w.is_muted());
+    }
+    eng.sh.ring();
+}
+
+fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) == 1 }
+}
+
+#[test]
+fn arming_the_cq_hands_the_socket_back_at_once() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    // The receiver now sleeps on its channel: the engine must deliver.
+    post_recv(&b.qp, 7, rbuf.sge(0, 64));
+    b.rcq.req_notify(false).expect("arm");
+    let mut wc = [Completion::EMPTY; 1];
+    assert_eq!(b.rcq.poll(&mut wc).expect("poll"), 0);
+    {
+        let eng = super::super::cq::lock(b.ctx.core());
+        for (_, c) in eng.conns.iter() {
+            if let Some(w) = &c.stream {
+                assert!(!w.is_muted(), "armed, yet the engine does not watch");
+            }
+        }
+    }
+    let sender = std::thread::spawn({
+        let qp = a.qp.clone();
+        let sge = sbuf.sge(0, 8);
+        move || {
+            std::thread::sleep(Duration::from_millis(5));
+            post_send(&qp, send_wr(99, SendOp::Send, sge));
+        }
+    });
+    assert!(wait_readable(b.ch.fd(), WAIT), "no completion event");
+    assert_eq!(b.ch.get_event().expect("event"), Some(b.rcq.handle()));
+    b.rcq.ack_events(1);
+    assert_eq!(b.rcq.poll(&mut wc).expect("poll"), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
+    sender.join().expect("sender");
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}
+
+#[test]
+fn an_expired_lease_hands_the_socket_back() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    // The receiving engine does not watch the socket now; the application
+    // stops polling without arming.
+    force_mute(&b, &b.rcq);
+    post_recv(&b.qp, 8, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(50, SendOp::Send, sbuf.sge(0, 8)));
+    // Nobody polls B: its engine receives once the lease ended.
+    let deadline = Instant::now() + WAIT;
+    while b.rcq.shared.queued() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the engine never took the socket back"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let eng = super::super::cq::lock(b.ctx.core());
+    assert!(eng.muted.is_empty());
+    drop(eng);
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status), (8, WcStatus::Success));
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}
+
+#[test]
+fn acks_held_by_a_receive_that_stops_polling_still_leave() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    // Let the receiver's engine take its socket back and sleep without a
+    // deadline; then keep what arrives from waking it (as when the
+    // application reads it before the engine's poll looks): the socket's
+    // input is not watched, and the engine does not know.
+    std::thread::sleep(Duration::from_millis(10));
+    let wires: Vec<_> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        let now = Instant::now();
+        let until = eng.sh.nanos_at(now + Duration::from_secs(60));
+        eng.cq_feeds[&b.rcq.handle()]
+            .iter()
+            .filter_map(|&cid| eng.conns[cid].stream.clone())
+            .inspect(|w| {
+                w.renew_lease(until);
+                assert!(w.mute(&eng.sh.registry, eng.sh.nanos_at(now), || false));
+            })
+            .collect()
+    };
+    post_recv(&b.qp, 300, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(30, SendOp::Send, sbuf.sge(0, 8)));
+    // The receiver's poll receives (holding the ACK for an answer that
+    // never comes), then the receiver stops polling.
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status), (300, WcStatus::Success));
+    // The requester's SEND completes (its ACK was sent), not with
+    // RETRY_EXC_ERR after its timeouts.
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (30, WcStatus::Success));
+    for w in wires {
+        w.revoke(&b.ctx.shared().registry);
+    }
+}
