@@ -19,7 +19,11 @@
 //!     loop, like the TCP thread sleeping in `read`);
 //!
 //!   plus, for reference, the busy-poll ping-pong with both QPs on one soft
-//!   device (the engine's internal loopback, no TCP).
+//!   device (the engine's internal loopback, no TCP), and a second TCP
+//!   ping-pong whose threads spin on non-blocking sockets (`yield_now`
+//!   between empty reads): the like-for-like reference for busy-polling
+//!   applications, which never pay a thread wake-up (on a VM whose idle
+//!   vCPUs take 100+ µs to wake, blocking TCP pays one per message).
 //!
 //! Each measurement runs `rounds` times, alternating soft and TCP so that
 //! background load hits both alike; the medians and their ratios are printed.
@@ -31,7 +35,7 @@
 //! how long an ACK may wait for an answer to ride with (default 50 µs, at
 //! most the spin), `VERBIO_SOFT_LEASE_US` how long a busy-polling
 //! application keeps a connection's input to itself (default 1000, 0 = the
-//! engine always receives). `SOFT_BENCH_ONLY=busy|busy-engine|sleep|tcp`
+//! engine always receives). `SOFT_BENCH_ONLY=busy|busy-engine|sleep|tcp|tcp-spin`
 //! runs one ping-pong only (for profiling, e.g. under `perf stat`).
 
 use std::io::{Read, Write};
@@ -344,6 +348,58 @@ fn tcp_pingpong(iters: usize) -> f64 {
     iters as f64 / el.as_secs_f64()
 }
 
+/// The TCP ping-pong with both threads spinning on non-blocking sockets
+/// (`yield_now` between empty reads, as the busy-polling soft threads
+/// yield between empty polls): the like-for-like reference for busy-polling
+/// applications, which never sleep and so never pay a wake-up.
+fn tcp_pingpong_spin(iters: usize) -> f64 {
+    fn spin_read(s: &mut TcpStream, buf: &mut [u8]) {
+        let mut got = 0;
+        while got < buf.len() {
+            match s.read(&mut buf[got..]) {
+                Ok(0) => panic!("peer closed"),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+    fn spin_write(s: &mut TcpStream, buf: &[u8]) {
+        let mut put = 0;
+        while put < buf.len() {
+            match s.write(&buf[put..]) {
+                Ok(n) => put += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+    }
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_nonblocking(true).expect("nonblocking");
+        let mut buf = [0u8; MSG];
+        for _ in 0..iters {
+            spin_read(&mut s, &mut buf);
+            spin_write(&mut s, &buf);
+        }
+    });
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut buf = [1u8; MSG];
+    let start = Instant::now();
+    for _ in 0..iters {
+        spin_write(&mut s, &buf);
+        spin_read(&mut s, &mut buf);
+    }
+    let el = start.elapsed();
+    echo.join().expect("echo");
+    iters as f64 / el.as_secs_f64()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -374,8 +430,11 @@ fn main() {
             "busy-engine" => soft_pingpong_engine_rx(iters),
             "sleep" => soft_pingpong(iters, false, Wait::Sleep),
             "tcp" => tcp_pingpong(iters),
+            "tcp-spin" => tcp_pingpong_spin(iters),
             other => {
-                eprintln!("SOFT_BENCH_ONLY={other}: expected busy, busy-engine, sleep or tcp");
+                eprintln!(
+                    "SOFT_BENCH_ONLY={other}: expected busy, busy-engine, sleep, tcp or tcp-spin"
+                );
                 std::process::exit(2);
             }
         };
@@ -390,8 +449,9 @@ fn main() {
     let _ = soft_pingpong(iters / 10, false, Wait::BusyPoll);
     let _ = soft_pingpong(iters / 10, false, Wait::Sleep);
     let _ = tcp_pingpong(iters / 10);
+    let _ = tcp_pingpong_spin(iters / 10);
     // Alternate the configurations so background load hits all alike; report medians.
-    let (mut sb, mut tb, mut tl) = (vec![], vec![], vec![]);
+    let (mut sb, mut tb, mut tl, mut ts) = (vec![], vec![], vec![], vec![]);
     let (mut busy, mut sleep, mut one) = (vec![], vec![], vec![]);
     let mut busy_eng = vec![];
     for _ in 0..rounds {
@@ -401,6 +461,7 @@ fn main() {
         }
         busy.push(soft_pingpong(iters, false, Wait::BusyPoll));
         tl.push(tcp_pingpong(iters));
+        ts.push(tcp_pingpong_spin(iters));
         busy_eng.push(soft_pingpong_engine_rx(iters));
         sleep.push(soft_pingpong(iters, false, Wait::Sleep));
         one.push(soft_pingpong(iters, true, Wait::BusyPoll));
@@ -408,18 +469,26 @@ fn main() {
     if secs > 0.0 {
         print_bw(median(sb), median(tb), rounds);
     }
-    let tcp = median(tl);
+    let (tcp, tcp_spin) = (median(tl), median(ts));
+    let (busy, sleep) = (median(busy), median(sleep));
     println!("round trips, 64-byte messages ({iters} per run), median of {rounds}:");
     let line = |what: &str, v: f64| {
         println!(
-            "  {what:<44}: {v:7.0} round trips/s ({:6.1} us each), ratio to TCP {:5.2}",
+            "  {what:<44}: {v:7.0} round trips/s ({:6.1} us each), ratio to TCP blocking {:5.2}, spinning {:5.2}",
             1e6 / v,
-            v / tcp
+            v / tcp,
+            v / tcp_spin
         )
     };
     line("TCP ping-pong (threads block in read)", tcp);
-    line("soft SEND/RECV, apps busy-poll their CQ", median(busy));
+    line("TCP ping-pong (threads spin on read)", tcp_spin);
+    line("soft SEND/RECV, apps busy-poll their CQ", busy);
     line("  same, engine threads receive (lease 0)", median(busy_eng));
-    line("soft SEND/RECV, apps sleep on comp. channel", median(sleep));
+    line("soft SEND/RECV, apps sleep on comp. channel", sleep);
     line("(reference: one soft device, busy-poll)", median(one));
+    println!(
+        "  like for like: busy-poll / spinning TCP {:.2}, sleep / blocking TCP {:.2}",
+        busy / tcp_spin,
+        sleep / tcp
+    );
 }
