@@ -155,15 +155,21 @@ impl Shared {
             grant,
             "backlog taken: returning withheld credits"
         );
-        self.peer_credits.granted(grant);
         let s = self.clone();
-        handle.spawn(async move {
-            if let Err(e) = s.send_message(&Message::Credit { grant }, false).await {
-                s.peer_credits.ungranted(grant);
-                s.owed.unsent(grant);
-                tracing::debug!(error = %e, "returning withheld credits failed");
-            }
-        });
+        handle.spawn(async move { s.return_credits(grant).await });
+    }
+
+    /// Sends the peer a `Credit` returning `grant` buffers, counted as the
+    /// peer's from the moment it is posted. If it cannot be sent, they are
+    /// owed again (a local failure such as an empty pool must not cost the
+    /// peer its credits) and go out with the next batch.
+    pub(crate) async fn return_credits(&self, grant: u32) {
+        self.peer_credits.granted(grant);
+        if let Err(e) = self.send_message(&Message::Credit { grant }, false).await {
+            self.peer_credits.ungranted(grant);
+            self.owed.unsent(grant);
+            tracing::debug!(error = %e, grant, "returning credits failed");
+        }
     }
 
     /// The agent task ended: nothing more will be delivered, so pending and

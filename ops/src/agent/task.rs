@@ -116,16 +116,10 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
         // Over the unread limit, the credit stays here (see `Backlog`).
         if credited && shared.backlog.credit_may_return() {
             if let Some(grant) = shared.owed.reposted() {
-                shared.peer_credits.granted(grant);
-                if let Err(e) = shared.send_message(&Message::Credit { grant }, false).await {
-                    shared.peer_credits.ungranted(grant);
-                    // Owed again (a local failure such as an empty pool must
-                    // not cost the peer its credits). Keep going: receives
-                    // that completed before a connection failure still carry
-                    // the peer's last messages; the flush ends this loop.
-                    shared.owed.unsent(grant);
-                    tracing::debug!(error = %e, "returning credits failed");
-                }
+                // Keep going even if it fails: receives that completed
+                // before a connection failure still carry the peer's last
+                // messages; the flush ends this loop.
+                shared.return_credits(grant).await;
             }
         }
     }
