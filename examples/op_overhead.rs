@@ -308,6 +308,11 @@ fn raw_loop(
         }
     }
     dev.cq().ack_events(unacked);
+    // This loop armed the CQ and took channel events behind the reactor,
+    // which may still believe the CQ armed from its last sleep: it must arm
+    // again before it next sleeps, or the op loop's completions raise no
+    // event (the intermittent hang of earlier versions of this benchmark).
+    dev.forget_cq_arming();
 }
 
 /// How the op side keeps `depth` ops in flight.

@@ -100,13 +100,30 @@ impl Device {
     }
 
     /// The shared CQ.
+    ///
+    /// The reactor polls it and owns its arming: it remembers that it armed
+    /// the CQ until it takes the event that arming raises. Code that arms
+    /// this CQ or takes events from [`Device::comp_channel`] itself (a raw
+    /// post/poll loop on the same device) must call
+    /// [`Device::forget_cq_arming`] before the reactor sleeps again.
     pub fn cq(&self) -> &Cq {
         &self.inner.cq
     }
 
-    /// The completion channel the reactor sleeps on.
+    /// The completion channel the reactor sleeps on (see [`Device::cq`]
+    /// for the rule on taking its events elsewhere).
     pub fn comp_channel(&self) -> &CompChannel {
         &self.inner.channel
+    }
+
+    /// Tells the reactor that code outside it armed the CQ or took events
+    /// from the completion channel: the reactor arms the CQ again before it
+    /// next sleeps. Without this, a reactor that armed the CQ, and whose
+    /// event was then taken by someone else, would sleep on a CQ that can no
+    /// longer raise an event (its ops' completions would wait for an
+    /// unrelated wake-up).
+    pub fn forget_cq_arming(&self) {
+        self.inner.handle.driver().forget_arming(self.inner.cq_key);
     }
 
     /// The next asynchronous event of the device (port state, QP or CQ

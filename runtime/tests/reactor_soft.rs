@@ -376,3 +376,68 @@ fn one_op_at_a_time_never_misses_a_completion() {
     peer.join().unwrap();
     assert_eq!(rt.ops_in_slab(), 0);
 }
+
+#[test]
+fn raw_code_that_takes_channel_events_hands_the_arming_back() {
+    let Some((rt, dev)) = open() else { return };
+    let (a, _b) = pair(&dev, 8);
+    let pd = dev.pd().clone();
+    let target = reg(&pd, 64, 0);
+    let src = reg(&pd, 64, 3);
+    // A park with a deadline arms the CQ and wakes on the timer: the
+    // reactor returns believing the CQ armed (it is).
+    rt.block_on(verbio_runtime::sleep(Duration::from_millis(5)));
+    // Raw code on the same device (as benchmarks do) posts a WRITE, sleeps
+    // on the channel itself and takes the event: the CQ is disarmed now,
+    // behind the reactor's back.
+    let mut wr = SendWr {
+        wr_id: verbio_runtime::op::wr_id::UNTRACKED,
+        sg_list: Default::default(),
+        op: SendOp::Write {
+            remote_addr: target.mr.addr(),
+            rkey: target.mr.rkey(),
+        },
+        flags: SendFlags::SIGNALED,
+    };
+    wr.sg_list.push(src.sge(64));
+    // SAFETY: the WRITE only reads `src`, which outlives its completion,
+    // polled below before `src` is touched again.
+    unsafe { a.provider().unwrap().post_send(std::slice::from_ref(&wr)) }.unwrap();
+    let mut pfd = libc::pollfd {
+        fd: dev.comp_channel().fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, bounded wait.
+    assert_eq!(
+        unsafe { libc::poll(&mut pfd, 1, 5000) },
+        1,
+        "no channel event"
+    );
+    assert!(dev.comp_channel().get_event().unwrap().is_some());
+    dev.cq().ack_events(1);
+    let mut wc = [Completion::EMPTY; 4];
+    let deadline = Instant::now() + LIMIT;
+    while dev.cq().poll(&mut wc).unwrap() == 0 {
+        assert!(Instant::now() < deadline, "raw WRITE never completed");
+    }
+    assert_eq!(wc[0].status, WcStatus::Success);
+    // Told so, the reactor arms the CQ again before it sleeps: an op whose
+    // completion raises no event would otherwise sleep until an unrelated
+    // wake-up (here: the timeout's own timer, which then finds it).
+    dev.forget_cq_arming();
+    let started = Instant::now();
+    let (res, _) = rt
+        .block_on(timeout(
+            Duration::from_secs(3),
+            write(&a, src, 64, &target.mr, 1),
+        ))
+        .expect("the op's completion never woke the reactor");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the op's completion did not wake the reactor (found after {:?})",
+        started.elapsed()
+    );
+    assert_eq!(res.unwrap().status, WcStatus::Success);
+    assert_eq!(rt.ops_in_slab(), 0);
+}

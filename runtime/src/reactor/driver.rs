@@ -289,6 +289,14 @@ impl Driver {
         }
     }
 
+    /// Marks CQ `key` unarmed: something outside the reactor armed it or
+    /// took its channel's events, so the next sleep arms it again.
+    pub(crate) fn forget_arming(&self, key: usize) {
+        if let Some(e) = self.cqs.borrow_mut().get_mut(key) {
+            e.armed = false;
+        }
+    }
+
     /// Takes the pending events of channel `key` and acknowledges them in
     /// batches.
     ///
