@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::ops::RangeBounds;
 
 use futures::channel::oneshot;
-use verbio_runtime::buf::{IoBuf, LocalBuf};
+use verbio_runtime::buf::{IoBuf, LocalBuf, Slice};
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::timeout;
 
@@ -158,28 +158,13 @@ impl Rdma {
         range: impl RangeBounds<usize>,
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
-        let (s, e) = match local_range(&local, range, "write_range: local range") {
-            Ok(r) => r,
-            Err(err) => return (Err(err), local),
-        };
-        if let Err(err) = Self::check_fits("write_range", (e - s) as u64, remote.len()) {
-            return (Err(err), local);
-        }
-        let part = match local.buf.slice(s..e) {
+        let part = match range_part(local, range, remote.len(), Direction::ToRemote) {
             Ok(p) => p,
-            Err(rejected) => {
-                return (
-                    Err(AgentError::Buf {
-                        stage: "write_range: slicing the local region",
-                        source: rejected.error,
-                    }),
-                    LocalMr { buf: rejected.buf },
-                )
-            }
+            Err((err, local)) => return (Err(err), local),
         };
         let target = RemoteBuf::new(
             remote.remote_buf().addr(),
-            (e - s) as u64,
+            part.len() as u64,
             remote.remote_buf().rkey(),
         );
         let (r, part) = self.shared.qp.write(part, target).await;
@@ -201,24 +186,9 @@ impl Rdma {
         range: impl RangeBounds<usize>,
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
-        let (s, e) = match local_range(&local, range, "read_range: local range") {
-            Ok(r) => r,
-            Err(err) => return (Err(err), local),
-        };
-        if let Err(err) = Self::check_fits("read_range", remote.len(), (e - s) as u64) {
-            return (Err(err), local);
-        }
-        let part = match local.buf.slice(s..e) {
+        let part = match range_part(local, range, remote.len(), Direction::FromRemote) {
             Ok(p) => p,
-            Err(rejected) => {
-                return (
-                    Err(AgentError::Buf {
-                        stage: "read_range: slicing the local region",
-                        source: rejected.error,
-                    }),
-                    LocalMr { buf: rejected.buf },
-                )
-            }
+            Err((err, local)) => return (Err(err), local),
         };
         let (r, part) = self.shared.qp.read(part, remote.remote_buf()).await;
         (
@@ -412,6 +382,63 @@ impl Rdma {
 }
 
 /// `[start, end)` of `range` within `local`, or an [`AgentError::OutOfBounds`].
+/// Which way a `*_range` transfer moves data, which decides what must fit
+/// in what.
+#[derive(Clone, Copy)]
+enum Direction {
+    /// `write_range`: the local part must fit in the remote region.
+    ToRemote,
+    /// `read_range`: the remote region must fit in the local part.
+    FromRemote,
+}
+
+/// The part `range` of `local` for a `*_range` transfer with a remote
+/// region of `remote_len` bytes, checked before anything is posted; on a
+/// refusal `local` comes back whole with the error.
+// The error hands the caller's region back by value (as `BufResult` does);
+// it is the cold path, so its size costs nothing on success.
+#[allow(clippy::result_large_err)]
+fn range_part(
+    local: LocalMr,
+    range: impl RangeBounds<usize>,
+    remote_len: u64,
+    dir: Direction,
+) -> Result<Slice<LocalBuf>, (AgentError, LocalMr)> {
+    let (op, what, stage) = match dir {
+        Direction::ToRemote => (
+            "write_range",
+            "write_range: local range",
+            "write_range: slicing the local region",
+        ),
+        Direction::FromRemote => (
+            "read_range",
+            "read_range: local range",
+            "read_range: slicing the local region",
+        ),
+    };
+    let (s, e) = match local_range(&local, range, what) {
+        Ok(r) => r,
+        Err(err) => return Err((err, local)),
+    };
+    let part_len = (e - s) as u64;
+    let (need, have) = match dir {
+        Direction::ToRemote => (part_len, remote_len),
+        Direction::FromRemote => (remote_len, part_len),
+    };
+    if let Err(err) = Rdma::check_fits(op, need, have) {
+        return Err((err, local));
+    }
+    local.buf.slice(s..e).map_err(|rejected| {
+        (
+            AgentError::Buf {
+                stage,
+                source: rejected.error,
+            },
+            LocalMr { buf: rejected.buf },
+        )
+    })
+}
+
 fn local_range(
     local: &LocalMr,
     range: impl RangeBounds<usize>,
