@@ -1,0 +1,284 @@
+//! The software device between two "hosts": two network namespaces joined
+//! by a veth pair, each engine bound to its own namespace's address (not
+//! loopback), the peer a second process started inside the other namespace.
+//! Every verb runs across; then the link is cut under a stream of WRITEs
+//! and the pending ops fail with transport errors instead of hanging.
+//!
+//! Needs root and iproute2 (`ip netns`, veth); where either is missing the
+//! test prints `SKIPPED: <reason>` and returns. Soft device only (skipped
+//! when `VERBIO_TEST_DEVICE` names another device).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::stream::{FuturesUnordered, StreamExt};
+use verbio::ops::connect::{connect, Listener};
+use verbio::ops::verbs::{RemoteBuf, Verbs};
+use verbio::provider::{Context, SoftConfig};
+use verbio::runtime::buf::MrPool;
+use verbio::runtime::{sleep, Device, Runtime};
+
+/// Set in the peer process: the address its engine and listener bind to.
+const PEER_ENV: &str = "VERBIO_NETNS_TEST_PEER";
+const ADDR_PREFIX: &str = "VERBIO_PEER_ADDR=";
+
+/// A runtime with a soft device whose engine listens on `ip` (ephemeral port).
+fn soft_on(ip: IpAddr) -> (Runtime, Device) {
+    let rt = Runtime::new().expect("runtime");
+    let ctx = Context::open_soft(SoftConfig {
+        bind: SocketAddr::new(ip, 0),
+        ..SoftConfig::default()
+    })
+    .expect("soft device");
+    (rt, Device::open(ctx).expect("device"))
+}
+
+/// Entry point of the peer process (inside the peer namespace). Run
+/// directly (no env var), it returns at once.
+#[test]
+fn netns_peer_entry() {
+    let Ok(spec) = std::env::var(PEER_ENV) else {
+        return;
+    };
+    let (ip, role) = spec.split_once(',').expect("IP,ROLE");
+    let ip: IpAddr = ip.parse().expect("peer IP");
+    let (rt, dev) = soft_on(ip);
+    let listener = Listener::bind(SocketAddr::new(ip, 0), qps(&dev), HANDSHAKE).expect("listener");
+    println!("{ADDR_PREFIX}{}", listener.local_addr().unwrap());
+    block(&rt, async {
+        let conn = listener.accept().await.expect("accept");
+        let qp = conn.qp;
+        match role {
+            "verbs" => verbs_server(qp, dev.clone()).await.expect("verbs check"),
+            "sink" => {
+                let pool = MrPool::new(dev.pd());
+                let region = grant(&dev, 1 << 16);
+                send_remote(&qp, &pool, RemoteBuf::from(&region)).await;
+                sleep(Duration::from_secs(15)).await;
+            }
+            other => panic!("unknown peer role {other}"),
+        }
+    });
+}
+
+/// A network namespace and the veth pair into it; removed on drop.
+struct Netns {
+    name: String,
+    veth: String,
+    host_ip: Ipv4Addr,
+    peer_ip: Ipv4Addr,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("`ip` not runnable: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Netns {
+    /// Creates namespace `verbio-<pid>-<tag>` with a veth to it:
+    /// 10.233.N.1 here, 10.233.N.2 there.
+    fn create(tag: u8) -> Result<Netns, String> {
+        let pid = std::process::id();
+        let n = ((pid % 120) as u8) * 2 + tag;
+        let ns = Netns {
+            name: format!("verbio-{pid}-{tag}"),
+            veth: format!("vb{}t{tag}", pid % 100_000),
+            host_ip: Ipv4Addr::new(10, 233, n, 1),
+            peer_ip: Ipv4Addr::new(10, 233, n, 2),
+        };
+        let peer_end = format!("{}p", ns.veth);
+        let host_cidr = format!("{}/24", ns.host_ip);
+        let peer_cidr = format!("{}/24", ns.peer_ip);
+        ip(&["netns", "add", &ns.name])?;
+        // `ns` exists already: an early return drops it, removing what was made.
+        ip(&[
+            "link", "add", &ns.veth, "type", "veth", "peer", "name", &peer_end,
+        ])?;
+        ip(&["link", "set", &peer_end, "netns", &ns.name])?;
+        ip(&["addr", "add", &host_cidr, "dev", &ns.veth])?;
+        ip(&["link", "set", &ns.veth, "up"])?;
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &ns.name, "ip"];
+            all.extend_from_slice(args);
+            ip(&all)
+        };
+        inside(&["addr", "add", &peer_cidr, "dev", &peer_end])?;
+        inside(&["link", "set", &peer_end, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Cuts the link (the host end goes down: packets are dropped, no
+    /// reset reaches either side).
+    fn cut(&self) {
+        ip(&["link", "set", &self.veth, "down"]).expect("link down");
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", &self.veth]);
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// The namespace, or `None` after printing why the test is skipped.
+fn netns_or_skip(tag: u8) -> Option<Netns> {
+    if let Some(dev) = test_device() {
+        println!("SKIPPED: soft-device test ({TEST_DEVICE_ENV}={dev})");
+        return None;
+    }
+    match Netns::create(tag) {
+        Ok(ns) => Some(ns),
+        Err(why) => {
+            println!("SKIPPED: no network namespace for a second host: {why}");
+            None
+        }
+    }
+}
+
+/// Kills the peer if the test fails early.
+struct Peer(Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Peer {
+    fn wait_success(mut self) {
+        let deadline = Instant::now() + WAIT;
+        let status = loop {
+            if let Some(s) = self.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "peer did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success(), "peer failed: {status}");
+    }
+}
+
+/// Starts this test binary's [`netns_peer_entry`] inside `ns`.
+fn spawn_peer(ns: &Netns, role: &str) -> (Peer, SocketAddr) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(exe)
+        .args([
+            "--exact",
+            "netns_peer_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(PEER_ENV, format!("{},{role}", ns.peer_ip))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn peer");
+    let stdout = child.stdout.take().unwrap();
+    let peer = Peer(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(pos) = line.find(ADDR_PREFIX) {
+                let _ = tx.send(line[pos + ADDR_PREFIX.len()..].trim().parse::<SocketAddr>());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(WAIT)
+        .expect("peer did not announce its address")
+        .expect("bad address line");
+    (peer, addr)
+}
+
+#[test]
+fn every_verb_between_two_network_namespaces() {
+    let Some(ns) = netns_or_skip(0) else { return };
+    let (peer, addr) = spawn_peer(&ns, "verbs");
+    assert_eq!(addr.ip(), IpAddr::V4(ns.peer_ip));
+    let (rt, dev) = soft_on(IpAddr::V4(ns.host_ip));
+    block(&rt, async {
+        let conn = connect(addr, &qps(&dev), HANDSHAKE)
+            .await
+            .expect("connect across namespaces");
+        // The data plane runs between the two engines' own addresses.
+        let theirs = conn.remote.soft_addr.expect("soft endpoint");
+        assert_eq!(theirs.ip(), IpAddr::V4(ns.peer_ip));
+        let ours = conn.local.soft_addr.expect("soft endpoint");
+        assert_eq!(ours.ip(), IpAddr::V4(ns.host_ip));
+        verbs_client(conn.qp, dev.clone()).await;
+    });
+    peer.wait_success();
+}
+
+#[test]
+fn a_cut_link_fails_pending_ops_instead_of_hanging() {
+    let Some(ns) = netns_or_skip(1) else { return };
+    let (_peer, addr) = spawn_peer(&ns, "sink");
+    let (rt, dev) = soft_on(IpAddr::V4(ns.host_ip));
+    let pool = MrPool::new(dev.pd());
+    block(&rt, async {
+        let qp = connect(addr, &qps(&dev), HANDSHAKE)
+            .await
+            .expect("connect across namespaces")
+            .qp;
+        let remote = recv_remote(&qp, &pool).await;
+        let target = remote.at(0, 4096).expect("range");
+        // The link works: one WRITE goes through.
+        let (res, _) = qp.write(buf_from(&pool, &[1; 4096]), target).await;
+        res.expect("first write");
+        ns.cut();
+        let started = Instant::now();
+        let mut pending: FuturesUnordered<_> = (0..32)
+            .map(|i| qp.write(buf_from(&pool, &[i as u8; 4096]), target))
+            .collect();
+        let (mut failed, mut gave_up) = (0, 0);
+        while let Some((res, buf)) = pending.next().await {
+            assert_eq!(buf.len(), 4096, "a buffer came back short");
+            if let Err(e) = res {
+                // The transport gave up (RETRY_EXC_ERR), and what was
+                // queued behind it was flushed: nothing else.
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("RETRY_EXC_ERR") || msg.contains("WR_FLUSH_ERR"),
+                    "unexpected failure over a cut link: {msg}"
+                );
+                failed += 1;
+                gave_up += usize::from(msg.contains("RETRY_EXC_ERR"));
+            }
+        }
+        assert!(failed > 0, "every write succeeded over a cut link");
+        assert!(
+            gave_up > 0,
+            "no WRITE reported the lost peer (RETRY_EXC_ERR)"
+        );
+        // QpConfig::default(): about 67 ms × 6 retries; allow for load.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "pending ops took {:?} to fail",
+            started.elapsed()
+        );
+    });
+}
