@@ -4,6 +4,7 @@
 #![warn(unsafe_op_in_unsafe_fn)]
 
 pub mod buf;
+pub mod compat;
 pub mod provider;
 
 pub mod device;
