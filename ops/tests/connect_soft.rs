@@ -119,3 +119,41 @@ fn listener_and_client_connect_soft_qps_that_carry_a_send() {
         assert_eq!(&rx[..], b"over a handshaken QP");
     });
 }
+
+#[test]
+fn a_listener_made_elsewhere_serves_handshakes() {
+    let rt = Runtime::new().expect("runtime");
+    let Some(server_dev) = soft_device() else {
+        return;
+    };
+    let Some(client_dev) = soft_device() else {
+        return;
+    };
+    // A plain std socket (as one made with SO_REUSEPORT would be), blocking
+    // as std makes it: `from_std` must switch it to non-blocking, or the
+    // accept below would block the runtime's thread and the client with it.
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("std bind");
+    let addr = std_listener.local_addr().expect("addr");
+    let listener = Listener::from_std(
+        std_listener,
+        DeviceQps::new(server_dev.clone(), QpConfig::default()),
+        LIMIT,
+    )
+    .expect("from_std");
+    assert_eq!(listener.local_addr().expect("addr"), addr);
+    rt.block_on(async {
+        let client_qps = DeviceQps::new(client_dev.clone(), QpConfig::default());
+        let client = spawn(async move { connect(addr, &client_qps, LIMIT).await });
+        let server = timeout(LIMIT, listener.accept())
+            .await
+            .expect("accept in time")
+            .expect("accept");
+        let client = timeout(LIMIT, client)
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        assert_eq!(server.qp.state().expect("state"), QpState::Rts);
+        assert_eq!(server.remote.qpn, client.qp.qp_num());
+        assert_eq!(client.remote.qpn, server.qp.qp_num());
+    });
+}

@@ -114,12 +114,33 @@ impl<F: QpFactory> Listener<F> {
             stage: "binding the listener",
             source,
         })?;
-        Ok(Listener {
+        Ok(Listener::with_tcp(tcp, qps, timeout))
+    }
+
+    /// Serves connections arriving on a listening socket made elsewhere,
+    /// for example one of several bound to one port with `SO_REUSEPORT`:
+    /// a thread-per-core server gives each core's runtime its own socket
+    /// and the kernel spreads the clients over them
+    /// (`examples/thread_per_core.rs`).
+    pub fn from_std(
+        listener: std::net::TcpListener,
+        qps: F,
+        timeout: Duration,
+    ) -> Result<Listener<F>, HandshakeError> {
+        let tcp = TcpListener::from_std(listener).map_err(|source| HandshakeError::Io {
+            stage: "registering the listening socket",
+            source,
+        })?;
+        Ok(Listener::with_tcp(tcp, qps, timeout))
+    }
+
+    fn with_tcp(tcp: TcpListener, qps: F, timeout: Duration) -> Listener<F> {
+        Listener {
             tcp,
             qps: Rc::new(qps),
             timeout,
             in_flight: RefCell::new(FuturesUnordered::new()),
-        })
+        }
     }
 
     /// The bound address.

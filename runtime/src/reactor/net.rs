@@ -68,6 +68,16 @@ impl TcpListener {
         Ok(TcpListener { io, reg })
     }
 
+    /// Takes over a listening socket made elsewhere (e.g. with
+    /// `SO_REUSEPORT`, so that one runtime per core each accepts on the same
+    /// port). It is switched to non-blocking mode.
+    pub fn from_std(listener: std::net::TcpListener) -> io::Result<TcpListener> {
+        listener.set_nonblocking(true)?;
+        let mut io = mio::net::TcpListener::from_std(listener);
+        let reg = Registration::new(&mut io)?;
+        Ok(TcpListener { io, reg })
+    }
+
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.io.local_addr()
