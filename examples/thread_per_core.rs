@@ -66,12 +66,10 @@ fn parse_args() -> Result<Args, String> {
             "--clients" => args.clients = value()?.max(1),
             "--rounds" => args.rounds = value()?,
             "--size" => args.size = value()?.max(1),
-            _ => {
-                return Err(
-                    "usage: thread_per_core [--workers N] [--clients N] [--rounds N] [--size BYTES]"
-                        .into(),
-                )
-            }
+            _ => return Err(
+                "usage: thread_per_core [--workers N] [--clients N] [--rounds N] [--size BYTES]"
+                    .into(),
+            ),
         }
     }
     Ok(args)
@@ -143,14 +141,12 @@ fn worker(
     rt.block_on(async {
         let mut conns = FuturesUnordered::new();
         let mut stop = stop;
-        loop {
-            match select(std::pin::pin!(listener.accept()), &mut stop).await {
-                Either::Left((conn, _)) => {
-                    let qp = conn.map_err(|e| format!("accept: {e}"))?.qp;
-                    conns.push(spawn(echo(qp, pool.clone(), size)));
-                }
-                Either::Right(_) => break,
-            }
+        // Until `stop` fires: accept, and serve each connection in a task.
+        while let Either::Left((conn, _)) =
+            select(std::pin::pin!(listener.accept()), &mut stop).await
+        {
+            let qp = conn.map_err(|e| format!("accept: {e}"))?.qp;
+            conns.push(spawn(echo(qp, pool.clone(), size)));
         }
         let connections = conns.len();
         let mut messages = 0;
