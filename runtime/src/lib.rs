@@ -18,6 +18,6 @@ pub use device::Device;
 pub use op::{Completable, Lifecycle, Op, SubmitError};
 pub use qp::{QueuePair, SendChain, SendInline, Submit};
 pub use reactor::{
-    sleep, sleep_until, spawn, timeout, Builder, Elapsed, Handle, JoinHandle, Runtime,
-    RuntimeError, Sleep, TcpListener, TcpStream, Timeout, Turn,
+    sleep, sleep_until, spawn, timeout, Builder, Elapsed, FallibleJoinHandle, Handle, JoinHandle,
+    Runtime, RuntimeError, Sleep, TcpListener, TcpStream, Timeout, Turn,
 };

@@ -257,7 +257,7 @@ impl Executor {
         });
         let task = TaskFuture {
             fut,
-            st: state.clone(),
+            st: Settle(state.clone()),
             done: false,
         };
         let mut tasks = self.tasks.borrow_mut();
@@ -479,11 +479,31 @@ impl Drop for Executor {
 /// the task is aborted, then hands the output to the [`JoinHandle`].
 struct TaskFuture<F: Future> {
     /// Structurally pinned: polled in place, never moved out, dropped with
-    /// the task (which is removed right after its last poll).
+    /// the task (which is removed right after its last poll). Declared
+    /// first: dropped before `st` tells the handle.
     fut: F,
-    st: Rc<JoinState<F::Output>>,
+    st: Settle<F::Output>,
     /// Returned `Ready` already.
     done: bool,
+}
+
+/// The task's side of its [`JoinState`]. Dropped with the task: if the
+/// task never finished (the runtime shut down with it pending), it marks
+/// the state finished without a value and wakes the handle's waiter, which
+/// would otherwise wait forever (e.g. a task of another executor awaiting
+/// the handle).
+struct Settle<T>(Rc<JoinState<T>>);
+
+impl<T> Drop for Settle<T> {
+    fn drop(&mut self) {
+        if self.0.finished.replace(true) {
+            return;
+        }
+        let w = self.0.waker.borrow_mut().take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
 }
 
 impl<F: Future> Future for TaskFuture<F> {
@@ -498,7 +518,7 @@ impl<F: Future> Future for TaskFuture<F> {
         if this.done {
             return Poll::Ready(());
         }
-        let out = if this.st.aborted.get() {
+        let out = if this.st.0.aborted.get() {
             None
         } else {
             // SAFETY: `fut` lives inside the pinned `self` and is not moved
@@ -509,7 +529,7 @@ impl<F: Future> Future for TaskFuture<F> {
             }
         };
         this.done = true;
-        let st = &this.st;
+        let st = &this.st.0;
         if let Some(v) = out {
             *st.value.borrow_mut() = Some(v);
         }
@@ -532,16 +552,52 @@ struct JoinState<T> {
 }
 
 /// A spawned task's output, as a future. Dropping it detaches the task (it
-/// keeps running). If the runtime is dropped before the task finishes, the
-/// task is dropped and this future never resolves.
+/// keeps running).
+///
+/// If the runtime is dropped before the task finishes, the task is dropped
+/// with it and a waiter on this handle is woken: awaiting the handle then
+/// panics (the task has no output to give), as awaiting a cancelled
+/// `async_task::Task` does; [`JoinHandle::fallible`] resolves to `None`
+/// instead.
 pub struct JoinHandle<T> {
     state: Rc<JoinState<T>>,
+}
+
+/// A [`JoinHandle`] that resolves to `None` if its task was dropped
+/// unfinished (its runtime shut down), instead of panicking.
+pub struct FallibleJoinHandle<T> {
+    state: Rc<JoinState<T>>,
+}
+
+impl<T> JoinState<T> {
+    /// The output once the task is done; `Ready(None)` if it ended without
+    /// one (dropped unfinished, or the output was taken already).
+    fn poll_output(&self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if let Some(v) = self.value.borrow_mut().take() {
+            return Poll::Ready(Some(v));
+        }
+        if self.finished.get() {
+            return Poll::Ready(None);
+        }
+        let mut w = self.waker.borrow_mut();
+        match &*w {
+            Some(old) if old.will_wake(cx.waker()) => {}
+            _ => *w = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
 }
 
 impl<T> JoinHandle<T> {
     /// True once the task has finished (or was aborted and dropped).
     pub fn is_finished(&self) -> bool {
         self.state.finished.get()
+    }
+
+    /// This handle as a future of `Option<T>`: `None` if the task was
+    /// dropped unfinished because its runtime shut down.
+    pub fn fallible(self) -> FallibleJoinHandle<T> {
+        FallibleJoinHandle { state: self.state }
     }
 
     /// Cancels the task: its future is dropped at the loop's next turn
@@ -558,16 +614,36 @@ impl<T> JoinHandle<T> {
 impl<T> Future for JoinHandle<T> {
     type Output = T;
 
+    /// # Panics
+    ///
+    /// If the task was dropped unfinished (its runtime shut down), or when
+    /// polled again after it returned the output.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        if let Some(v) = self.state.value.borrow_mut().take() {
-            return Poll::Ready(v);
+        match self.state.poll_output(cx) {
+            Poll::Ready(Some(v)) => Poll::Ready(v),
+            Poll::Ready(None) => panic!(
+                "JoinHandle polled after its task ended without an output \
+                 (dropped by runtime shutdown, or the output was taken); \
+                 use JoinHandle::fallible to get None instead"
+            ),
+            Poll::Pending => Poll::Pending,
         }
-        let mut w = self.state.waker.borrow_mut();
-        match &*w {
-            Some(old) if old.will_wake(cx.waker()) => {}
-            _ => *w = Some(cx.waker().clone()),
-        }
-        Poll::Pending
+    }
+}
+
+impl<T> Future for FallibleJoinHandle<T> {
+    type Output = Option<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.state.poll_output(cx)
+    }
+}
+
+impl<T> std::fmt::Debug for FallibleJoinHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FallibleJoinHandle")
+            .field("finished", &self.state.finished.get())
+            .finish()
     }
 }
 

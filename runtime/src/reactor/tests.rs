@@ -1266,3 +1266,39 @@ fn same_thread_wake_between_turns_makes_the_fd_readable() {
     while rt.turn().ready {}
     assert_eq!(polls.get(), before + 1);
 }
+
+#[test]
+fn shutdown_wakes_and_settles_handles_of_unfinished_tasks() {
+    let rt = Runtime::new().unwrap();
+    let pending = rt.spawn(std::future::pending::<u32>());
+    let done = rt.spawn(async { 7u32 });
+    let panicking = rt.spawn(std::future::pending::<u32>());
+    settle(&rt);
+    assert!(done.is_finished());
+    assert!(!pending.is_finished());
+    // Another executor awaits the pending task's handle.
+    let mut pool = futures::executor::LocalPool::new();
+    let got = Rc::new(RefCell::new(None));
+    let g2 = got.clone();
+    let fallible = pending.fallible();
+    use futures::task::LocalSpawnExt;
+    pool.spawner()
+        .spawn_local(async move {
+            *g2.borrow_mut() = Some(fallible.await);
+        })
+        .unwrap();
+    pool.run_until_stalled();
+    assert!(got.borrow().is_none(), "resolved while the task was alive");
+    drop(rt);
+    // Dropping the runtime dropped the task and woke the waiter.
+    pool.run_until_stalled();
+    assert_eq!(*got.borrow(), Some(None));
+    // A finished task's output survives the runtime.
+    assert_eq!(futures::executor::block_on(done.fallible()), Some(7));
+    // A plain handle of a dropped task panics rather than hanging.
+    assert!(panicking.is_finished());
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        futures::executor::block_on(panicking)
+    }));
+    assert!(caught.is_err(), "awaiting a dropped task's handle must panic");
+}
