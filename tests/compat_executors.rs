@@ -228,3 +228,51 @@ fn an_idle_tokio_driver_sleeps_until_the_completion() {
     println!("{} polls of the waiting task in {waited:?}", polls.get());
     assert!(polls.get() < 50, "{} polls while idle", polls.get());
 }
+
+#[test]
+fn the_rdma_agent_works_under_tokio() {
+    let Some((rt, dev)) = soft_device() else {
+        return;
+    };
+    // An async-rdma-style server on a plain verbio thread: echoes messages
+    // and lends memory.
+    let (addr, server) = serve_rdma(verbio::RdmaBuilder::new, 1, |mut conns| async move {
+        let rdma = conns.pop().expect("one connection");
+        for _ in 0..50 {
+            let m = rdma.receive().await.expect("server receive");
+            rdma.send(&m).await.expect("server send");
+        }
+        let lent = rdma.receive_remote_mr().await.expect("lent memory");
+        let back = rdma.alloc_local_mr(lent.len() as usize).expect("local mr");
+        let (res, back) = rdma.read(back, &lent).await;
+        res.expect("server read");
+        rdma.send(&back[..]).await.expect("server send read bytes");
+        rdma.send_remote_mr(lent).await.expect("hand back");
+    });
+    let host = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local
+        .block_on(
+            &host,
+            tokio_bounded(compat::tokio::run_until(&rt, async {
+                let rdma = dial_rdma(verbio::RdmaBuilder::new(), &dev, addr).await;
+                for i in 0..50u32 {
+                    let msg = pattern(100 + i as usize * 37, i as u8);
+                    rdma.send(&msg).await.expect("send");
+                    // A tokio timer between the verbio futures.
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    assert_eq!(rdma.receive().await.expect("receive"), msg);
+                }
+                rdma.send_local_mr(pattern(4096, 9)).await.expect("lend");
+                let read = rdma.receive().await.expect("read bytes");
+                assert_eq!(read, pattern(4096, 9));
+                let mem = rdma.receive_local_mr().await.expect("handed back");
+                assert_eq!(mem, pattern(4096, 9));
+            })),
+        )
+        .expect("tokio adapter");
+    server.join().expect("server");
+}

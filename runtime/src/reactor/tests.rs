@@ -1300,5 +1300,8 @@ fn shutdown_wakes_and_settles_handles_of_unfinished_tasks() {
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         futures::executor::block_on(panicking)
     }));
-    assert!(caught.is_err(), "awaiting a dropped task's handle must panic");
+    assert!(
+        caught.is_err(),
+        "awaiting a dropped task's handle must panic"
+    );
 }
