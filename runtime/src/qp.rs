@@ -406,7 +406,7 @@ struct QpInner {
     /// that backpressure does not allocate per op (and `Submit` stays small).
     /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
     #[allow(clippy::vec_box)]
-    spare_wrs: RefCell<Vec<Box<Wrs>>>,
+    spare_wrs: RefCell<Vec<Box<Waiting>>>,
 }
 
 /// Most recycled WR boxes a QP keeps.
@@ -881,7 +881,11 @@ impl QueuePair {
             self.inner.core.retire_unsignaled();
         }
         match data {
-            Some(data) => State::Queued(Queued::new(self, data, self.boxed(wrs), n, queue_held)),
+            Some(data) => State::Queued(Queued {
+                qp: self.clone(),
+                data: Some(data),
+                wait: Some(self.boxed(wrs, n, queue_held)),
+            }),
             // Not reachable (an unposted op has its data); give back what
             // was taken.
             None => {
@@ -893,22 +897,35 @@ impl QueuePair {
         }
     }
 
-    /// Moves `wrs` into a (recycled) box, for a submission that must wait.
-    fn boxed(&self, wrs: &mut Wrs) -> Box<Wrs> {
+    /// Moves `wrs` into a (recycled) box with the rest of a waiting
+    /// submission's state, for a submission that must wait.
+    fn boxed(&self, wrs: &mut Wrs, n: u32, queue_held: bool) -> Box<Waiting> {
         let spare = self.inner.spare_wrs.borrow_mut().pop();
         let mut b = spare.unwrap_or_else(|| {
-            Box::new(Wrs::Recv(RecvWr {
-                wr_id: 0,
-                sg_list: SgList::new(),
-            }))
+            Box::new(Waiting {
+                wrs: Wrs::Recv(RecvWr {
+                    wr_id: 0,
+                    sg_list: SgList::new(),
+                }),
+                recv: false,
+                n: 0,
+                queue_held: false,
+                queue_ticket: None,
+                cq_ticket: None,
+            })
         });
-        std::mem::swap(&mut *b, wrs);
+        std::mem::swap(&mut b.wrs, wrs);
+        b.recv = matches!(b.wrs, Wrs::Recv(_));
+        b.n = n;
+        b.queue_held = queue_held;
+        b.queue_ticket = None;
+        b.cq_ticket = None;
         b
     }
 
     /// Gives a WR box back for reuse (its old contents are dropped later,
     /// when it is reused, or now if the pool is full).
-    fn recycle(&self, b: Box<Wrs>) {
+    fn recycle(&self, b: Box<Waiting>) {
         let mut spare = self.inner.spare_wrs.borrow_mut();
         if spare.len() < SPARE_WRS {
             spare.push(b);
@@ -1088,12 +1105,11 @@ enum Wrs {
     Recv(RecvWr),
 }
 
-struct Queued<T> {
-    qp: QueuePair,
-    /// `Some` until posted or failed.
-    data: Option<T>,
-    /// `Some` until posted or failed; given back to the QP's spare list.
-    wrs: Option<Box<Wrs>>,
+/// What a submission waiting for credits keeps besides its data: boxed
+/// (and the box recycled), so that a `Queued` is no larger than an
+/// in-flight `Op` and every `Submit` stays small.
+struct Waiting {
+    wrs: Wrs,
     recv: bool,
     n: u32,
     queue_held: bool,
@@ -1101,22 +1117,9 @@ struct Queued<T> {
     cq_ticket: Option<Ticket>,
 }
 
-impl<T> Queued<T> {
-    fn new(qp: &QueuePair, data: T, wrs: Box<Wrs>, n: u32, queue_held: bool) -> Queued<T> {
-        Queued {
-            qp: qp.clone(),
-            data: Some(data),
-            recv: matches!(*wrs, Wrs::Recv(_)),
-            wrs: Some(wrs),
-            n,
-            queue_held,
-            queue_ticket: None,
-            cq_ticket: None,
-        }
-    }
-
-    fn credits(&self) -> (Rc<Credits>, Rc<Credits>) {
-        let core = &self.qp.inner.core;
+impl Waiting {
+    fn credits(&self, qp: &QueuePair) -> (Rc<Credits>, Rc<Credits>) {
+        let core = &qp.inner.core;
         if self.recv {
             (core.rq.clone(), core.recv_cq.clone())
         } else {
@@ -1125,8 +1128,8 @@ impl<T> Queued<T> {
     }
 
     /// Gives back whatever this waiting submission holds.
-    fn abandon(&mut self) {
-        let (queue, cq) = self.credits();
+    fn abandon(&mut self, qp: &QueuePair) {
+        let (queue, cq) = self.credits(qp);
         queue.cancel(&mut self.queue_ticket);
         cq.cancel(&mut self.cq_ticket);
         if self.queue_held {
@@ -1135,8 +1138,8 @@ impl<T> Queued<T> {
         }
     }
 
-    fn poll_credits(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let (queue, cq) = self.credits();
+    fn poll_credits(&mut self, qp: &QueuePair, cx: &mut Context<'_>) -> Poll<()> {
+        let (queue, cq) = self.credits(qp);
         if !self.queue_held {
             if queue
                 .poll_acquire(self.n, &mut self.queue_ticket, cx)
@@ -1158,10 +1161,20 @@ impl<T> Queued<T> {
     }
 }
 
+struct Queued<T> {
+    qp: QueuePair,
+    /// `Some` until posted or failed.
+    data: Option<T>,
+    /// `Some` until posted or failed; given back to the QP's spare list.
+    /// (Once taken, nothing is held: the credits passed to the post, or
+    /// were given back.)
+    wait: Option<Box<Waiting>>,
+}
+
 impl<T> Drop for Queued<T> {
     fn drop(&mut self) {
-        self.abandon();
-        if let Some(b) = self.wrs.take() {
+        if let Some(mut b) = self.wait.take() {
+            b.abandon(&self.qp);
             self.qp.recycle(b);
         }
     }
@@ -1249,14 +1262,18 @@ impl<T: Completable> Submit<T> {
                 State::Queued(q) => {
                     let qp = q.qp.clone();
                     let closed = qp.inner.core.closed.get();
-                    if !closed && q.poll_credits(cx).is_pending() {
+                    let Some(w) = q.wait.as_deref_mut() else {
+                        // Invariant: `Some` while the state is Queued.
+                        return Poll::Pending;
+                    };
+                    if !closed && w.poll_credits(&qp, cx).is_pending() {
                         return Poll::Pending;
                     }
                     if closed {
-                        q.abandon();
+                        w.abandon(&qp);
                     }
-                    let n = q.n;
-                    let (Some(data), Some(mut wrs)) = (q.data.take(), q.wrs.take()) else {
+                    let n = w.n;
+                    let (Some(data), Some(mut w)) = (q.data.take(), q.wait.take()) else {
                         // Invariant: both are `Some` while the state is Queued.
                         return Poll::Pending;
                     };
@@ -1271,14 +1288,14 @@ impl<T: Completable> Submit<T> {
                             // whose caller vouched for `wrs` and `data` under
                             // the `submit_*` contract; both were kept together
                             // since (the data just moved into this op).
-                            State::InFlight(op) => unsafe { qp.post(op, &mut wrs, n) },
+                            State::InFlight(op) => unsafe { qp.post(op, &mut w.wrs, n) },
                             _ => Ok(()),
                         };
                         if let Err(out) = res {
                             this.state = State::Ready(out);
                         }
                     }
-                    qp.recycle(wrs);
+                    qp.recycle(w);
                 }
             }
         }

@@ -191,3 +191,22 @@ fn dropped_one_wr_op_parks_its_data_until_the_flush() {
     );
     assert_eq!(rt.ops_in_slab(), 0);
 }
+
+/// A submission waiting for credits keeps its WRs and tickets in a boxed
+/// `Waiting`: the `Submit` is as small as an in-flight op plus its tag
+/// (every op's future is moved a few times on its way to the caller).
+#[test]
+fn a_submit_is_an_op_and_a_tag() {
+    struct Big(#[allow(dead_code)] [u64; 6]);
+    impl Completable for Big {
+        type Output = ();
+        fn complete(self, _: Completion) {}
+        fn fail(self, _: SubmitError) {}
+    }
+    let op = std::mem::size_of::<crate::op::Op<Big>>();
+    assert_eq!(std::mem::size_of::<Submit<Big>>(), op + 8);
+    assert_eq!(
+        std::mem::size_of::<Submit<Probe>>(),
+        std::mem::size_of::<crate::op::Op<Probe>>() + 8
+    );
+}
