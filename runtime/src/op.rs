@@ -774,9 +774,8 @@ impl Drop for OpTable {
 /// is done (see [`Lifecycle::Ignored`]).
 pub struct Op<T: 'static> {
     handle: Handle,
-    /// The first WR's wr_id (its slot key in the low bits); 0 while the op
-    /// is being built and not posted yet (tracked wr_ids are never 0: their
-    /// generation is not).
+    /// The first WR's wr_id (its slot key in the low bits). An `Op` exists
+    /// only once its WRs are posted (the data waits in the `Submit` before).
     wr_id: u64,
     data: Option<T>,
 }
@@ -785,29 +784,15 @@ pub struct Op<T: 'static> {
 impl<T: 'static> Unpin for Op<T> {}
 
 impl<T: 'static> Op<T> {
-    /// An op whose WRs are not posted yet: it owns `data` (dropping it just
-    /// drops the data) and has no slot until [`set_posted`](Self::set_posted).
+    /// The op of WRs just posted: `first` is the first WR's wr_id, `data`
+    /// what they lend to the device (kept until the completion, or parked).
     #[inline(always)]
-    pub(crate) fn unposted(handle: Handle, data: T) -> Op<T> {
+    pub(crate) fn posted(handle: Handle, first: u64, data: T) -> Op<T> {
         Op {
             handle,
-            wr_id: 0,
+            wr_id: first,
             data: Some(data),
         }
-    }
-
-    /// The op's WRs were posted (or partly: then the slot reports the post
-    /// error); `first` is the first WR's wr_id.
-    #[inline(always)]
-    pub(crate) fn set_posted(&mut self, first: u64) {
-        self.wr_id = first;
-    }
-
-    /// Takes the data of an op that was never posted.
-    #[inline]
-    pub(crate) fn take_unposted(&mut self) -> Option<T> {
-        debug_assert_eq!(self.wr_id, 0, "taking the data of a posted op");
-        self.data.take()
     }
 
     #[inline(always)]
@@ -863,17 +848,12 @@ impl<T: 'static> Drop for Op<T> {
 }
 
 impl<T: 'static> Op<T> {
-    /// Dropped before its completion was collected: parks the data (or
-    /// just drops it, if it was never posted).
+    /// Dropped before its completion was collected: parks the data.
     #[cold]
     #[inline(never)]
     fn drop_in_flight(&mut self) {
         if let Some(data) = self.data.take() {
-            if self.wr_id == 0 {
-                drop(data);
-            } else {
-                self.handle.ops().drop_op(self.key(), data);
-            }
+            self.handle.ops().drop_op(self.key(), data);
         }
     }
 }

@@ -825,42 +825,44 @@ impl QueuePair {
     /// `wrs` name memory kept by `data` under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
     ///
-    /// `data` is moved once, into the returned future, and posted from
-    /// there: every outcome (posted, refused, waiting for credits) rewrites
-    /// that one value. No pointer into it leaves this inlined code (the
-    /// out-of-line paths get the data by value), so the compiler may build
-    /// it right in the caller's return slot.
+    /// `data` is moved once, into the returned future: each outcome
+    /// (posted, refused, waiting for credits) builds its `Submit` in one
+    /// expression, which the compiler builds right in the caller's return
+    /// slot (no `Submit` is built first and copied out). The post itself
+    /// ([`post`](Self::post)) never touches `data`; it is moved into its
+    /// op right after a successful post, with no code that can unwind in
+    /// between, so it is owned by the op while the device may use it.
     #[inline(always)]
     unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
-        let mut sub = Submit {
-            state: State::InFlight(Op::unposted(self.inner.handle.clone(), data)),
-        };
-        // One exit (a labeled block, no early returns of `sub`).
-        'done: {
-            let State::InFlight(op) = &mut sub.state else {
-                // Not reachable: built just above.
-                break 'done;
-            };
-            let n = match self.check(wrs) {
-                Ok(n) => n,
-                Err(e) => {
-                    sub.state = State::Ready(refused(op.take_unposted(), e));
-                    break 'done;
-                }
-            };
-            let (queue, cq) = self.credits_for(wrs);
-            if !queue.try_acquire(n) {
-                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, false);
-            } else if !cq.try_acquire(n) {
-                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, true);
-            } else {
-                // SAFETY: forwarded contract of this function.
-                if let Err(out) = unsafe { self.post(op, wrs, n) } {
-                    sub.state = State::Ready(out);
+        let n = match self.check(wrs) {
+            Ok(n) => n,
+            Err(e) => {
+                return Submit {
+                    state: State::Ready(refused(Some(data), e)),
                 }
             }
+        };
+        let (queue, cq) = self.credits_for(wrs);
+        if !queue.try_acquire(n) {
+            return Submit {
+                state: self.wait_for_credits(Some(data), wrs, n, false),
+            };
         }
-        sub
+        if !cq.try_acquire(n) {
+            return Submit {
+                state: self.wait_for_credits(Some(data), wrs, n, true),
+            };
+        }
+        // SAFETY: forwarded contract of this function; on success `data`
+        // moves into the op at once (below).
+        match unsafe { self.post(wrs, n) } {
+            Ok(first) => Submit {
+                state: State::InFlight(Op::posted(self.inner.handle.clone(), first, data)),
+            },
+            Err(e) => Submit {
+                state: State::Ready(refused(Some(data), e)),
+            },
+        }
     }
 
     /// A submission that must wait for credits (`queue_held`: it already
@@ -943,25 +945,23 @@ impl QueuePair {
         }
     }
 
-    /// Posts `wrs` for the unposted `op` with `n` queue and CQ credits
-    /// already taken. On success (or a partial post) `op` becomes the
-    /// in-flight op of its slot; on failure its data is handed to
-    /// [`Completable::fail`] and the output returned, for `State::Ready`.
+    /// Posts `wrs` with `n` queue and CQ credits already taken, in a new
+    /// slot of the op table that takes the credits over. Returns the first
+    /// WR's wr_id on success or on a partial post (the slot then reports
+    /// the post error once the posted part has flushed): the op is in
+    /// flight. On failure nothing was posted and the slot and credits are
+    /// given back.
     ///
     /// # Safety
     ///
-    /// `wrs` name memory kept by `op`'s data under the contract of
+    /// `wrs` name memory kept by some op data under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
-    /// On success, or on a partial post, that data stays in `op`, which
-    /// keeps (parks, or at shutdown leaks) it until the completion or
-    /// flush; so the provider's post contract holds.
+    /// On `Ok`, the caller moves that data into an [`Op`] of the returned
+    /// wr_id before anything that can unwind, which keeps (parks, or at
+    /// shutdown leaks) it until the completion or flush; so the provider's
+    /// post contract holds.
     #[inline(always)]
-    unsafe fn post<T: Completable>(
-        &self,
-        op: &mut Op<T>,
-        wrs: &mut Wrs,
-        n: u32,
-    ) -> Result<(), Option<Box<T::Output>>> {
+    unsafe fn post(&self, wrs: &mut Wrs, n: u32) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
         let recv = matches!(wrs, Wrs::Recv(_));
         // A signaled send takes over the credits of the unsignaled inline
@@ -979,12 +979,9 @@ impl QueuePair {
                 credit.n -= absorbed;
                 core.unabsorb(absorbed);
                 drop(credit);
-                return Err(refused(
-                    op.take_unposted(),
-                    SubmitError::SlabFull {
-                        limit: wr_id::MAX_OPS,
-                    },
-                ));
+                return Err(SubmitError::SlabFull {
+                    limit: wr_id::MAX_OPS,
+                });
             }
         };
         let first = wr_id::encode(key, gen, 0);
@@ -999,10 +996,10 @@ impl QueuePair {
                         wr.flags = unsignaled(wr.flags);
                     }
                 }
-                // SAFETY: the chain's memory is kept by `op`'s data (this
-                // function's contract), which `op` holds (marked posted
-                // below) until the completion of the last (signaled) WR has
-                // been polled.
+                // SAFETY: the chain's memory is kept by op data that the
+                // caller moves into the op of this wr_id on success (this
+                // function's contract), which holds it until the completion
+                // of the last (signaled) WR has been polled.
                 unsafe { core.backend.post_send(chain) }
             }
             Wrs::One(wr) => {
@@ -1018,17 +1015,11 @@ impl QueuePair {
             }
         };
         match res {
-            Ok(()) => {
-                op.set_posted(first);
-                Ok(())
-            }
+            Ok(()) => Ok(first),
             Err(e) => match self.post_failed(key, absorbed, e) {
                 // Part of the chain is on the queue: the op is in flight.
-                None => {
-                    op.set_posted(first);
-                    Ok(())
-                }
-                Some(e) => Err(refused(op.take_unposted(), e)),
+                None => Ok(first),
+                Some(e) => Err(e),
             },
         }
     }
@@ -1282,18 +1273,17 @@ impl<T: Completable> Submit<T> {
                             qp_num: qp.qp_num(),
                         }))));
                     } else {
-                        this.state = State::InFlight(Op::unposted(qp.inner.handle.clone(), data));
-                        let res = match &mut this.state {
-                            // SAFETY: a `Queued` is only created by `submit`,
-                            // whose caller vouched for `wrs` and `data` under
-                            // the `submit_*` contract; both were kept together
-                            // since (the data just moved into this op).
-                            State::InFlight(op) => unsafe { qp.post(op, &mut w.wrs, n) },
-                            _ => Ok(()),
+                        // SAFETY: a `Queued` is only created by `submit`,
+                        // whose caller vouched for the WRs and `data` under
+                        // the `submit_*` contract; both were kept together
+                        // since, and on success `data` moves into the op at
+                        // once.
+                        this.state = match unsafe { qp.post(&mut w.wrs, n) } {
+                            Ok(first) => {
+                                State::InFlight(Op::posted(qp.inner.handle.clone(), first, data))
+                            }
+                            Err(e) => State::Ready(refused(Some(data), e)),
                         };
-                        if let Err(out) = res {
-                            this.state = State::Ready(out);
-                        }
                     }
                     qp.recycle(w);
                 }
