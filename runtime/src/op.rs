@@ -628,10 +628,7 @@ impl OpTable {
     #[inline(always)]
     fn wake_in_place(waker: &mut Option<Waker>) -> Option<Waker> {
         match waker {
-            Some(w) if crate::reactor::is_task_waker(w) => {
-                w.wake_by_ref();
-                None
-            }
+            Some(w) if crate::reactor::wake_if_task(w) => None,
             w => w.take(),
         }
     }
@@ -1071,6 +1068,51 @@ mod table_tests {
         fake.complete_send(WcStatus::Success, 0).unwrap();
         settle(&rt);
         assert!(poll(&mut next, Waker::noop()).is_ready());
+    }
+
+    /// Completions of ops whose task is already queued skip its waker (one
+    /// flag load): the task is still polled once, and sees every result.
+    #[test]
+    fn completions_for_an_already_queued_task_wake_it_once() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let polls = Rc::new(Cell::new(0u32));
+        let done = Rc::new(Cell::new(0u32));
+        let (p, d) = (polls.clone(), done.clone());
+        let mut ops: Vec<Submit<Bare>> = (0..3).map(|_| write(&qp)).collect();
+        let task = rt.spawn(async move {
+            std::future::poll_fn(|cx| {
+                p.set(p.get() + 1);
+                ops.retain_mut(|op| match std::pin::Pin::new(op).poll(cx) {
+                    Poll::Ready(out) => {
+                        assert!(out.unwrap().status.is_success());
+                        d.set(d.get() + 1);
+                        false
+                    }
+                    Poll::Pending => true,
+                });
+                if ops.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+        });
+        settle(&rt);
+        assert_eq!(polls.get(), 1);
+        for _ in 0..3 {
+            fake.complete_send(WcStatus::Success, 0).unwrap();
+        }
+        settle(&rt);
+        assert_eq!(done.get(), 3, "every completion reached the task");
+        assert_eq!(polls.get(), 2, "woken once for the three completions");
+        assert!(task.is_finished());
+        let (_c, w) = counter();
+        assert!(
+            !crate::reactor::wake_if_task(&w),
+            "a foreign waker is left alone"
+        );
     }
 
     #[test]
