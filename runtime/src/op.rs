@@ -568,7 +568,7 @@ impl OpTable {
     /// errors, for an op still in flight. Everything else (stale, earlier
     /// WR of a chain, error bookkeeping, parked data, duplicates) goes to
     /// [`complete_slow`](Self::complete_slow).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn complete(&self, c: Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
         let mut t = self.table.borrow_mut();
