@@ -457,16 +457,21 @@ impl OpTable {
         self.stale.get()
     }
 
-    /// Polls op `key`: `Ready` once its completion arrived (the slot is freed).
+    /// Polls op `key`: once its completion arrived, frees the slot and
+    /// returns `Ready` with what `done` makes of the completion (and of the
+    /// post error of a partial post), called after the table's borrow is
+    /// released (it may run user code).
     ///
     /// Inlined into each `Op<T>::poll`: one borrow, the common states in a
-    /// small frame, the rare ones out of line.
+    /// small frame, the rare ones out of line. `done` builds the output in
+    /// place: the completion is not passed through an intermediate `Poll`.
     #[inline(always)]
-    pub(crate) fn poll_op(
+    pub(crate) fn poll_op<R>(
         &self,
         key: usize,
         cx: &mut Context<'_>,
-    ) -> Poll<(Completion, Option<Box<SubmitError>>)> {
+        done: impl FnOnce(Completion, Option<Box<SubmitError>>) -> R,
+    ) -> Poll<R> {
         let mut t = self.table.borrow_mut();
         let Some(slot) = t.live_mut(key) else {
             drop(t);
@@ -477,10 +482,11 @@ impl OpTable {
                 let c = slot.completion;
                 if slot.errors.is_some() {
                     drop(t);
-                    return Poll::Ready((c, self.take_post_error(key)));
+                    return Poll::Ready(done(c, self.take_post_error(key)));
                 }
                 t.release(key);
-                Poll::Ready((c, None))
+                drop(t);
+                Poll::Ready(done(c, None))
             }
             State::Submitted | State::Waiting => {
                 slot.state = State::Waiting;
@@ -818,19 +824,17 @@ impl<T: Completable> std::future::Future for Op<T> {
             tracing::error!(wr_id = this.wr_id, "op polled after completion");
             return Poll::Pending;
         }
-        match this.handle.ops().poll_op(this.key(), cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready((c, post_error)) => {
-                let Some(data) = this.data.take() else {
-                    // Invariant: checked at the top of this function.
-                    return Poll::Pending;
-                };
-                Poll::Ready(match post_error {
-                    Some(e) => data.fail(*e),
-                    None => data.complete(c),
-                })
+        let key = this.key();
+        let data = &mut this.data;
+        this.handle.ops().poll_op(key, cx, |c, post_error| {
+            // Invariant: `data` is `Some` (checked at the top of this
+            // function, and nothing took it since).
+            let data = data.take().expect("op data present until Ready");
+            match post_error {
+                Some(e) => data.fail(*e),
+                None => data.complete(c),
             }
-        }
+        })
     }
 }
 
