@@ -117,6 +117,9 @@ pub(crate) struct Credits {
     idle: RefCell<Vec<Waker>>,
     /// `!idle.is_empty()`.
     idle_waiting: Cell<bool>,
+    /// `queued != 0 || idle_waiting`: a release must look at the waiters
+    /// (one flag for [`release`](Self::release)'s fast path to test).
+    attention: Cell<bool>,
 }
 
 impl Credits {
@@ -129,7 +132,20 @@ impl Credits {
             next_ticket: Cell::new(Ticket::MIN),
             idle: RefCell::new(Vec::new()),
             idle_waiting: Cell::new(false),
+            attention: Cell::new(false),
         }
+    }
+
+    /// Sets the FIFO's length and the flag derived from it.
+    fn set_queued(&self, n: usize) {
+        self.queued.set(n as u32);
+        self.attention.set(n != 0 || self.idle_waiting.get());
+    }
+
+    /// Sets `idle_waiting` and the flag derived from it.
+    fn set_idle_waiting(&self, w: bool) {
+        self.idle_waiting.set(w);
+        self.attention.set(w || self.queued.get() != 0);
     }
 
     pub(crate) fn capacity(&self) -> u32 {
@@ -177,7 +193,7 @@ impl Credits {
             self.avail.set(self.avail.get() - n);
             if ticket.take().is_some() {
                 waiters.pop_front();
-                self.queued.set(waiters.len() as u32);
+                self.set_queued(waiters.len());
                 // The next in line may fit in what is left.
                 let next = waiters.front().map(|(_, w)| w.clone());
                 drop(waiters);
@@ -194,7 +210,7 @@ impl Credits {
                 self.next_ticket
                     .set(t.checked_add(1).unwrap_or(Ticket::MIN));
                 waiters.push_back((t, cx.waker().clone()));
-                self.queued.set(waiters.len() as u32);
+                self.set_queued(waiters.len());
                 *ticket = Some(t);
             }
             Some(t) => {
@@ -214,7 +230,7 @@ impl Credits {
         let mut waiters = self.waiters.borrow_mut();
         let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
         waiters.retain(|(id, _)| *id != t);
-        self.queued.set(waiters.len() as u32);
+        self.set_queued(waiters.len());
         let next = if was_first {
             waiters.front().map(|(_, w)| w.clone())
         } else {
@@ -226,24 +242,40 @@ impl Credits {
         }
     }
 
+    /// Gives `n` credits back. The common case is one test: nobody waits
+    /// (in the FIFO or for idleness) and the count stays within capacity.
     #[inline]
     pub(crate) fn release(&self, n: u32) {
-        let avail = (self.avail.get() + n).min(self.cap);
+        // No overflow: `avail <= cap`, and `n` was taken from this pool.
+        let avail = self.avail.get() + n;
+        if avail <= self.cap && !self.attention.get() {
+            self.avail.set(avail);
+        } else {
+            self.release_slow(avail);
+        }
+    }
+
+    /// The rare part of [`release`](Self::release): somebody waits (or more
+    /// came back than was taken, which is clamped).
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self, avail: u32) {
+        let avail = avail.min(self.cap);
         self.avail.set(avail);
         if self.queued.get() != 0 || (avail == self.cap && self.idle_waiting.get()) {
             self.wake_after_release(avail);
         }
     }
 
-    /// The rare part of [`release`](Self::release): somebody waits.
-    #[cold]
+    /// Wakes who may proceed after a release: the first in the FIFO, and
+    /// the idle waiters once every credit is back.
     fn wake_after_release(&self, avail: u32) {
         let next = self.waiters.borrow().front().map(|(_, w)| w.clone());
         if let Some(w) = next {
             w.wake();
         }
         if avail == self.cap && self.idle_waiting.get() {
-            self.idle_waiting.set(false);
+            self.set_idle_waiting(false);
             let idle = std::mem::take(&mut *self.idle.borrow_mut());
             for w in idle {
                 w.wake();
@@ -273,7 +305,7 @@ impl Credits {
         if !idle.iter().any(|w| w.will_wake(cx.waker())) {
             idle.push(cx.waker().clone());
         }
-        self.idle_waiting.set(true);
+        self.set_idle_waiting(true);
         Poll::Pending
     }
 }

@@ -210,3 +210,53 @@ fn a_submit_is_an_op_and_a_tag() {
         std::mem::size_of::<crate::op::Op<Probe>>() + 8
     );
 }
+
+/// `Credits::release`'s fast path tests one flag: it must still wake the
+/// first waiter of the FIFO and the idle watchers, and clamp an excess.
+#[test]
+fn credit_releases_wake_waiters_and_idle_watchers() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    use crate::qp::Credits;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let (fifo, idle) = (
+        Arc::new(Count(AtomicUsize::new(0))),
+        Arc::new(Count(AtomicUsize::new(0))),
+    );
+    let (wf, wi) = (Waker::from(fifo.clone()), Waker::from(idle.clone()));
+    let c = Credits::new(2);
+    assert!(c.try_acquire(2));
+    // A waiter in the FIFO: a release wakes it, and it then gets its credit.
+    let mut ticket = None;
+    assert!(c
+        .poll_acquire(1, &mut ticket, &mut Context::from_waker(&wf))
+        .is_pending());
+    assert!(!c.try_acquire(1), "nobody jumps the queue");
+    c.release(1);
+    assert_eq!(fifo.0.load(Ordering::SeqCst), 1);
+    assert!(c
+        .poll_acquire(1, &mut ticket, &mut Context::from_waker(&wf))
+        .is_ready());
+    assert!(!c.has_waiters());
+    // An idle watcher: woken only once every credit is back.
+    assert!(c.poll_idle(&mut Context::from_waker(&wi)).is_pending());
+    c.release(1);
+    assert_eq!(idle.0.load(Ordering::SeqCst), 0);
+    c.release(1);
+    assert_eq!(idle.0.load(Ordering::SeqCst), 1);
+    assert_eq!(c.available(), 2);
+    // Nobody waits any more: the fast path; an excess is clamped.
+    assert!(c.try_acquire(1));
+    c.release(5);
+    assert_eq!(c.available(), 2);
+    assert_eq!(fifo.0.load(Ordering::SeqCst), 1);
+    assert_eq!(idle.0.load(Ordering::SeqCst), 1);
+}
