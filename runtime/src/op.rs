@@ -798,6 +798,30 @@ impl<T: 'static> Op<T> {
         }
     }
 
+    /// True once the op has handed its data to its output (polled `Ready`).
+    #[inline(always)]
+    pub(crate) fn is_done(&self) -> bool {
+        self.data.is_none()
+    }
+
+    /// Drops a done op's fields in place, without running `Drop` for it
+    /// (which does nothing for a done op): only its runtime handle owns
+    /// anything. Inlined where an op's future is dropped after its output
+    /// was taken (the common case), in place of the drop glue's call.
+    ///
+    /// # Safety
+    ///
+    /// The op is done ([`is_done`](Self::is_done)) and is never used nor
+    /// dropped again (its owner is being dropped, without drop glue for it).
+    #[inline(always)]
+    pub(crate) unsafe fn drop_done(&mut self) {
+        debug_assert!(self.is_done());
+        // SAFETY: the caller guarantees the op is not used nor dropped
+        // again, so its handle is dropped exactly once; `data` is `None`
+        // and `wr_id` a plain value: nothing else to drop.
+        unsafe { std::ptr::drop_in_place(&mut self.handle) }
+    }
+
     #[inline(always)]
     fn key(&self) -> usize {
         (self.wr_id & wr_id::KEY_MASK) as usize

@@ -75,6 +75,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -868,32 +869,24 @@ impl QueuePair {
     unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
         let n = match self.check(wrs) {
             Ok(n) => n,
-            Err(e) => {
-                return Submit {
-                    state: State::Ready(refused(Some(data), e)),
-                }
-            }
+            Err(e) => return Submit::from_state(State::Ready(refused(Some(data), e))),
         };
         let (queue, cq) = self.credits_for(wrs);
         if !queue.try_acquire(n) {
-            return Submit {
-                state: self.wait_for_credits(Some(data), wrs, n, false),
-            };
+            return Submit::from_state(self.wait_for_credits(Some(data), wrs, n, false));
         }
         if !cq.try_acquire(n) {
-            return Submit {
-                state: self.wait_for_credits(Some(data), wrs, n, true),
-            };
+            return Submit::from_state(self.wait_for_credits(Some(data), wrs, n, true));
         }
         // SAFETY: forwarded contract of this function; on success `data`
         // moves into the op at once (below).
         match unsafe { self.post(wrs, n) } {
-            Ok(first) => Submit {
-                state: State::InFlight(Op::posted(self.inner.handle.clone(), first, data)),
-            },
-            Err(e) => Submit {
-                state: State::Ready(refused(Some(data), e)),
-            },
+            Ok(first) => Submit::from_state(State::InFlight(Op::posted(
+                self.inner.handle.clone(),
+                first,
+                data,
+            ))),
+            Err(e) => Submit::from_state(State::Ready(refused(Some(data), e))),
         }
     }
 
@@ -1221,7 +1214,43 @@ enum State<T: Completable> {
 /// dropping it after parks `T` until the device is done.
 #[must_use = "dropping a submission before it is posted cancels it"]
 pub struct Submit<T: Completable> {
-    state: State<T>,
+    /// Dropped by hand ([`Drop`] below): the future of a completed op, the
+    /// common case, then only drops its runtime handle, inline (the
+    /// state's drop glue is an out-of-line call). Assign through `*` (which
+    /// drops the old state), never replace the `ManuallyDrop` itself.
+    state: ManuallyDrop<State<T>>,
+}
+
+impl<T: Completable> Submit<T> {
+    #[inline(always)]
+    fn from_state(state: State<T>) -> Submit<T> {
+        Submit {
+            state: ManuallyDrop::new(state),
+        }
+    }
+
+    /// Drops a state that is not a completed op (waiting for credits,
+    /// in flight: parks the data, ready: an unclaimed output).
+    #[inline(never)]
+    fn drop_state(&mut self) {
+        // SAFETY: called once, from `drop`: the state is never used again.
+        unsafe { ManuallyDrop::drop(&mut self.state) }
+    }
+}
+
+impl<T: Completable> Drop for Submit<T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let State::InFlight(op) = &mut *self.state {
+            if op.is_done() {
+                // SAFETY: we are dropping `self`: the state is never used
+                // again, and the op's data was taken (`is_done`).
+                unsafe { op.drop_done() };
+                return;
+            }
+        }
+        self.drop_state();
+    }
 }
 
 // `Submit` never pins its contents: `T` is plain owned state.
@@ -1232,19 +1261,17 @@ impl<T: Completable> Submit<T> {
     /// output is boxed (an error path: it keeps the common `Submit` small).
     #[cold]
     pub fn ready(output: T::Output) -> Submit<T> {
-        Submit {
-            state: State::Ready(Some(Box::new(output))),
-        }
+        Submit::from_state(State::Ready(Some(Box::new(output))))
     }
 
     /// True while waiting for queue or CQ credits (not posted yet).
     pub fn is_queued(&self) -> bool {
-        matches!(self.state, State::Queued(_))
+        matches!(*self.state, State::Queued(_))
     }
 
     /// The wr_id of the first WR, once posted.
     pub fn wr_id(&self) -> Option<u64> {
-        match &self.state {
+        match &*self.state {
             State::InFlight(op) => Some(op.wr_id()),
             _ => None,
         }
@@ -1258,7 +1285,7 @@ impl<T: Completable> Future for Submit<T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
         // The common case first, in a small frame: posted, in flight.
-        if let State::InFlight(op) = &mut this.state {
+        if let State::InFlight(op) = &mut *this.state {
             return Pin::new(op).poll(cx);
         }
         this.poll_slow(cx)
@@ -1271,7 +1298,7 @@ impl<T: Completable> Submit<T> {
     fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = self;
         loop {
-            match &mut this.state {
+            match &mut *this.state {
                 State::InFlight(op) => return Pin::new(op).poll(cx),
                 State::Ready(out) => {
                     return match out.take() {
@@ -1301,16 +1328,17 @@ impl<T: Completable> Submit<T> {
                         return Poll::Pending;
                     };
                     if closed {
-                        this.state = State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
-                            qp_num: qp.qp_num(),
-                        }))));
+                        *this.state =
+                            State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
+                                qp_num: qp.qp_num(),
+                            }))));
                     } else {
                         // SAFETY: a `Queued` is only created by `submit`,
                         // whose caller vouched for the WRs and `data` under
                         // the `submit_*` contract; both were kept together
                         // since, and on success `data` moves into the op at
                         // once.
-                        this.state = match unsafe { qp.post(&mut w.wrs, n) } {
+                        *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
                             Ok(first) => {
                                 State::InFlight(Op::posted(qp.inner.handle.clone(), first, data))
                             }

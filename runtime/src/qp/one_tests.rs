@@ -260,3 +260,41 @@ fn credit_releases_wake_waiters_and_idle_watchers() {
     assert_eq!(fifo.0.load(Ordering::SeqCst), 1);
     assert_eq!(idle.0.load(Ordering::SeqCst), 1);
 }
+
+/// A `Submit` is dropped by hand: a completed op's future drops only its
+/// runtime handle (inline); one dropped while waiting or in flight drops
+/// its whole state (the data is parked until the flush, or freed if it was
+/// never posted). Each path gives the handle back exactly once.
+#[test]
+fn dropping_a_submission_gives_its_runtime_handle_back_once() {
+    let rt = Runtime::new().unwrap();
+    let handles = || Rc::strong_count(&rt.handle().inner);
+    let (qp, fake) = FakeQp::queue_pair(1, caps(1, 1), 64);
+    let base = handles();
+    let token = Rc::new(());
+    // Completed, output taken: the inline path.
+    let mut done = write_one(&qp, &token, 1, SendFlags::NONE);
+    assert_eq!(handles(), base + 1);
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert!((&mut done).now_or_never().expect("complete").is_ok());
+    drop(done);
+    assert_eq!(handles(), base);
+    // In flight (parks its data), then one waiting for the only credit.
+    let flying = write_one(&qp, &token, 1, SendFlags::NONE);
+    let waiting = write_one(&qp, &token, 1, SendFlags::NONE);
+    assert!(waiting.is_queued());
+    assert_eq!(Rc::strong_count(&token), 3);
+    drop(waiting);
+    assert_eq!(Rc::strong_count(&token), 2, "unposted data freed at once");
+    drop(flying);
+    assert_eq!(Rc::strong_count(&token), 2, "posted data parked");
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert_eq!(
+        Rc::strong_count(&token),
+        1,
+        "parked data freed after the completion"
+    );
+    assert_eq!(handles(), base);
+}
