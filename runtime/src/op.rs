@@ -612,7 +612,7 @@ impl OpTable {
     /// next op, which mostly gets this same slot, needs no clone, and the
     /// wake no refcount change. If the wake re-entered the table and the
     /// slot has a waker again, that one is newer: ours is dropped.
-    #[inline(never)]
+    #[inline(always)]
     fn wake_foreign(&self, key: usize, w: Waker) {
         w.wake_by_ref();
         let mut t = self.table.borrow_mut();
