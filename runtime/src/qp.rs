@@ -873,10 +873,10 @@ impl QueuePair {
         };
         let (queue, cq) = self.credits_for(wrs);
         if !queue.try_acquire(n) {
-            return Submit::from_state(self.wait_for_credits(Some(data), wrs, n, false));
+            return Submit::from_state(self.wait_for_credits(data, wrs, n, false));
         }
         if !cq.try_acquire(n) {
-            return Submit::from_state(self.wait_for_credits(Some(data), wrs, n, true));
+            return Submit::from_state(self.wait_for_credits(data, wrs, n, true));
         }
         // SAFETY: forwarded contract of this function; on success `data`
         // moves into the op at once (below).
@@ -896,7 +896,7 @@ impl QueuePair {
     #[inline(never)]
     fn wait_for_credits<T: Completable>(
         &self,
-        data: Option<T>,
+        data: T,
         wrs: &mut Wrs,
         n: u32,
         queue_held: bool,
@@ -907,21 +907,11 @@ impl QueuePair {
         } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
-        match data {
-            Some(data) => State::Queued(Queued {
-                qp: self.clone(),
-                data: Some(data),
-                wait: Some(self.boxed(wrs, n, queue_held)),
-            }),
-            // Not reachable (an unposted op has its data); give back what
-            // was taken.
-            None => {
-                if queue_held {
-                    self.credits_for(wrs).0.release(n);
-                }
-                State::Ready(None)
-            }
-        }
+        State::Queued(Queued {
+            qp: self.clone(),
+            data: Some(data),
+            wait: Some(self.boxed(wrs, n, queue_held)),
+        })
     }
 
     /// Moves `wrs` into a (recycled) box with the rest of a waiting
