@@ -75,6 +75,17 @@ pub mod wr_id {
             | ((u64::from(index) & INDEX_MASK) << INDEX_SHIFT)
     }
 
+    /// The generation after `gen`: they run `1..=GEN_MASK` and wrap to 1
+    /// (never 0, so a tracked wr_id is never 0).
+    #[inline(always)]
+    pub(crate) fn next_gen(gen: u32) -> u32 {
+        if gen >= GEN_MASK as u32 {
+            1
+        } else {
+            gen + 1
+        }
+    }
+
     /// True for the wr_ids of [`INLINE`] WRs.
     pub(crate) fn is_inline(id: u64) -> bool {
         id & !((1u64 << 31) - 1) == INLINE
@@ -365,10 +376,7 @@ impl OpTable {
     pub(crate) fn insert(&self, last_index: u16, credit: Credit) -> Result<(usize, u32), Credit> {
         let mut t = self.table.borrow_mut();
         let gen = self.next_gen.get();
-        let mut next = (gen + 1) & wr_id::GEN_MASK as u32;
-        if next == 0 {
-            next = 1;
-        }
+        let next = wr_id::next_gen(gen);
         let key = t.free as usize;
         if let Some(slot) = t.slots.get_mut(key) {
             let next_free = slot.next_free;
@@ -902,6 +910,13 @@ mod tests {
         assert_eq!(decode(id), (0xab_cdef, 0x12_3456, 0x2abc));
         assert_eq!(id & RESERVED, 0);
         assert_ne!(AGENT_BASE & RESERVED, 0);
+    }
+
+    #[test]
+    fn generations_skip_zero_when_they_wrap() {
+        assert_eq!(next_gen(1), 2);
+        assert_eq!(next_gen(GEN_MASK as u32 - 1), GEN_MASK as u32);
+        assert_eq!(next_gen(GEN_MASK as u32), 1);
     }
 
     #[test]
