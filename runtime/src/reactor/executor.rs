@@ -460,6 +460,7 @@ impl Executor {
     }
 
     /// Takes the "main future was woken" flag.
+    #[inline]
     pub(crate) fn take_main_woken(&self) -> bool {
         self.collect();
         let woken = self.main_woken.replace(false);
