@@ -1113,6 +1113,46 @@ mod table_tests {
         assert!(poll(&mut next, Waker::noop()).is_ready());
     }
 
+    /// `Completable::complete` is user code: it runs once the table's borrow
+    /// is released, so it may submit (re-enter the table) right away.
+    #[test]
+    fn complete_may_submit_another_op() {
+        struct Chain(QueuePair, Rc<std::cell::RefCell<Option<Submit<Bare>>>>);
+        impl Completable for Chain {
+            type Output = bool;
+            fn complete(self, c: Completion) -> bool {
+                *self.1.borrow_mut() = Some(write(&self.0));
+                c.status.is_success()
+            }
+            fn fail(self, _: SubmitError) -> bool {
+                false
+            }
+        }
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let next = Rc::new(std::cell::RefCell::new(None));
+        // SAFETY: no SGE: the WR lends no memory (and the fake touches none).
+        let mut op = unsafe {
+            qp.submit_send_one(Chain(qp.clone(), next.clone()), |_, wr| {
+                wr.op = SendOp::Write {
+                    remote_addr: 0x1000,
+                    rkey: 1,
+                };
+                Ok(())
+            })
+        };
+        assert!(poll(&mut op, Waker::noop()).is_pending());
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(poll(&mut op, Waker::noop()), Poll::Ready(true));
+        let mut second = next.borrow_mut().take().expect("submitted from complete");
+        assert!(second.wr_id().is_some(), "posted at once");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert!(poll(&mut second, Waker::noop()).is_ready());
+        assert_eq!(rt.ops_in_slab(), 0);
+    }
+
     /// Completions of ops whose task is already queued skip its waker (one
     /// flag load): the task is still polled once, and sees every result.
     #[test]
