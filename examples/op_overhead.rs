@@ -554,6 +554,10 @@ enum FakeOp {
     /// The same WRITEs awaited by `depth` spawned tasks (adds the
     /// executor's task path: run queue, task poll).
     VerbTasks,
+    /// The same WRITEs awaited by `depth` async loops joined with
+    /// `join_all`, as the soft-device rows' op side (above 30 futures a
+    /// `FuturesOrdered`: the ops see its wakers, not the runtime's).
+    VerbJoinAll,
     /// A bare `QueuePair::submit_send` of one WRITE WR (no buffer).
     Bare,
     /// `qp.send_inline(&[u8; 64])`: posted without an op, mostly unsignaled.
@@ -575,6 +579,7 @@ fn fake_run(
     match kind {
         FakeOp::Verb => fake_run_verb(rt, qp, fake, bufs, remote, depth, n),
         FakeOp::VerbTasks => fake_run_tasks(rt, qp, fake, bufs, remote, n),
+        FakeOp::VerbJoinAll => fake_run_join_all(rt, qp, fake, bufs, remote, n),
         FakeOp::Bare => fake_run_bare(rt, qp, fake, remote, depth, n),
         FakeOp::Inline => fake_run_inline(rt, qp, fake, n),
     }
@@ -674,6 +679,47 @@ fn fake_run_tasks(
     }
 }
 
+/// The join_all rows' runs (`--toggle-collect='*fake_run_join_all*'`):
+/// the soft-device rows' op loops (`op_loop`, `Lanes::JoinAll`) on the fake
+/// QP; the `block_on` future polls them, then plays the device (completes
+/// every posted WR; the reactor's next turn delivers them).
+#[inline(never)]
+fn fake_run_join_all(
+    rt: &Runtime,
+    qp: &QueuePair,
+    fake: &FakeQp,
+    bufs: &mut Vec<LocalBuf>,
+    remote: RemoteBuf,
+    n: usize,
+) {
+    let depth = bufs.len();
+    let futs: Vec<_> = bufs
+        .drain(..)
+        .enumerate()
+        .map(|(i, mut buf)| {
+            let qp = qp.clone();
+            let k = n / depth + usize::from(i < n % depth);
+            async move {
+                for _ in 0..k {
+                    let (res, b) = qp.write(buf, remote).await;
+                    res.expect("write op");
+                    buf = b;
+                }
+                buf
+            }
+        })
+        .collect();
+    let mut all = std::pin::pin!(futures::future::join_all(futs));
+    let back = rt.block_on(std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(v) = all.as_mut().poll(cx) {
+            return std::task::Poll::Ready(v);
+        }
+        while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
+        std::task::Poll::Pending
+    }));
+    bufs.extend(back);
+}
+
 /// The bare rows' runs (`--toggle-collect='*fake_run_bare*'`).
 #[inline(never)]
 fn fake_run_bare(
@@ -762,6 +808,7 @@ fn main() {
         for (name, kind) in [
             ("verb write", FakeOp::Verb),
             ("verb, tasks", FakeOp::VerbTasks),
+            ("verb, joinall", FakeOp::VerbJoinAll),
             ("bare submit", FakeOp::Bare),
             ("inline send", FakeOp::Inline),
         ] {

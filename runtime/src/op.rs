@@ -75,6 +75,17 @@ pub mod wr_id {
             | ((u64::from(index) & INDEX_MASK) << INDEX_SHIFT)
     }
 
+    /// The generation after `gen`: they run `1..=GEN_MASK` and wrap to 1
+    /// (never 0, so a tracked wr_id is never 0).
+    #[inline(always)]
+    pub(crate) fn next_gen(gen: u32) -> u32 {
+        if gen >= GEN_MASK as u32 {
+            1
+        } else {
+            gen + 1
+        }
+    }
+
     /// True for the wr_ids of [`INLINE`] WRs.
     pub(crate) fn is_inline(id: u64) -> bool {
         id & !((1u64 << 31) - 1) == INLINE
@@ -365,10 +376,7 @@ impl OpTable {
     pub(crate) fn insert(&self, last_index: u16, credit: Credit) -> Result<(usize, u32), Credit> {
         let mut t = self.table.borrow_mut();
         let gen = self.next_gen.get();
-        let mut next = (gen + 1) & wr_id::GEN_MASK as u32;
-        if next == 0 {
-            next = 1;
-        }
+        let next = wr_id::next_gen(gen);
         let key = t.free as usize;
         if let Some(slot) = t.slots.get_mut(key) {
             let next_free = slot.next_free;
@@ -457,16 +465,21 @@ impl OpTable {
         self.stale.get()
     }
 
-    /// Polls op `key`: `Ready` once its completion arrived (the slot is freed).
+    /// Polls op `key`: once its completion arrived, frees the slot and
+    /// returns `Ready` with what `done` makes of the completion (and of the
+    /// post error of a partial post), called after the table's borrow is
+    /// released (it may run user code).
     ///
     /// Inlined into each `Op<T>::poll`: one borrow, the common states in a
-    /// small frame, the rare ones out of line.
+    /// small frame, the rare ones out of line. `done` builds the output in
+    /// place: the completion is not passed through an intermediate `Poll`.
     #[inline(always)]
-    pub(crate) fn poll_op(
+    pub(crate) fn poll_op<R>(
         &self,
         key: usize,
         cx: &mut Context<'_>,
-    ) -> Poll<(Completion, Option<Box<SubmitError>>)> {
+        done: impl FnOnce(Completion, Option<Box<SubmitError>>) -> R,
+    ) -> Poll<R> {
         let mut t = self.table.borrow_mut();
         let Some(slot) = t.live_mut(key) else {
             drop(t);
@@ -477,10 +490,11 @@ impl OpTable {
                 let c = slot.completion;
                 if slot.errors.is_some() {
                     drop(t);
-                    return Poll::Ready((c, self.take_post_error(key)));
+                    return Poll::Ready(done(c, self.take_post_error(key)));
                 }
                 t.release(key);
-                Poll::Ready((c, None))
+                drop(t);
+                Poll::Ready(done(c, None))
             }
             State::Submitted | State::Waiting => {
                 slot.state = State::Waiting;
@@ -568,7 +582,7 @@ impl OpTable {
     /// errors, for an op still in flight. Everything else (stale, earlier
     /// WR of a chain, error bookkeeping, parked data, duplicates) goes to
     /// [`complete_slow`](Self::complete_slow).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn complete(&self, c: Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
         let mut t = self.table.borrow_mut();
@@ -606,7 +620,7 @@ impl OpTable {
     /// next op, which mostly gets this same slot, needs no clone, and the
     /// wake no refcount change. If the wake re-entered the table and the
     /// slot has a waker again, that one is newer: ours is dropped.
-    #[inline(never)]
+    #[inline(always)]
     fn wake_foreign(&self, key: usize, w: Waker) {
         w.wake_by_ref();
         let mut t = self.table.borrow_mut();
@@ -628,10 +642,7 @@ impl OpTable {
     #[inline(always)]
     fn wake_in_place(waker: &mut Option<Waker>) -> Option<Waker> {
         match waker {
-            Some(w) if crate::reactor::is_task_waker(w) => {
-                w.wake_by_ref();
-                None
-            }
+            Some(w) if crate::reactor::wake_if_task(w) => None,
             w => w.take(),
         }
     }
@@ -774,9 +785,8 @@ impl Drop for OpTable {
 /// is done (see [`Lifecycle::Ignored`]).
 pub struct Op<T: 'static> {
     handle: Handle,
-    /// The first WR's wr_id (its slot key in the low bits); 0 while the op
-    /// is being built and not posted yet (tracked wr_ids are never 0: their
-    /// generation is not).
+    /// The first WR's wr_id (its slot key in the low bits). An `Op` exists
+    /// only once its WRs are posted (the data waits in the `Submit` before).
     wr_id: u64,
     data: Option<T>,
 }
@@ -785,29 +795,39 @@ pub struct Op<T: 'static> {
 impl<T: 'static> Unpin for Op<T> {}
 
 impl<T: 'static> Op<T> {
-    /// An op whose WRs are not posted yet: it owns `data` (dropping it just
-    /// drops the data) and has no slot until [`set_posted`](Self::set_posted).
+    /// The op of WRs just posted: `first` is the first WR's wr_id, `data`
+    /// what they lend to the device (kept until the completion, or parked).
     #[inline(always)]
-    pub(crate) fn unposted(handle: Handle, data: T) -> Op<T> {
+    pub(crate) fn posted(handle: Handle, first: u64, data: T) -> Op<T> {
         Op {
             handle,
-            wr_id: 0,
+            wr_id: first,
             data: Some(data),
         }
     }
 
-    /// The op's WRs were posted (or partly: then the slot reports the post
-    /// error); `first` is the first WR's wr_id.
+    /// True once the op has handed its data to its output (polled `Ready`).
     #[inline(always)]
-    pub(crate) fn set_posted(&mut self, first: u64) {
-        self.wr_id = first;
+    pub(crate) fn is_done(&self) -> bool {
+        self.data.is_none()
     }
 
-    /// Takes the data of an op that was never posted.
-    #[inline]
-    pub(crate) fn take_unposted(&mut self) -> Option<T> {
-        debug_assert_eq!(self.wr_id, 0, "taking the data of a posted op");
-        self.data.take()
+    /// Drops a done op's fields in place, without running `Drop` for it
+    /// (which does nothing for a done op): only its runtime handle owns
+    /// anything. Inlined where an op's future is dropped after its output
+    /// was taken (the common case), in place of the drop glue's call.
+    ///
+    /// # Safety
+    ///
+    /// The op is done ([`is_done`](Self::is_done)) and is never used nor
+    /// dropped again (its owner is being dropped, without drop glue for it).
+    #[inline(always)]
+    pub(crate) unsafe fn drop_done(&mut self) {
+        debug_assert!(self.is_done());
+        // SAFETY: the caller guarantees the op is not used nor dropped
+        // again, so its handle is dropped exactly once; `data` is `None`
+        // and `wr_id` a plain value: nothing else to drop.
+        unsafe { std::ptr::drop_in_place(&mut self.handle) }
     }
 
     #[inline(always)]
@@ -836,19 +856,17 @@ impl<T: Completable> std::future::Future for Op<T> {
             tracing::error!(wr_id = this.wr_id, "op polled after completion");
             return Poll::Pending;
         }
-        match this.handle.ops().poll_op(this.key(), cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready((c, post_error)) => {
-                let Some(data) = this.data.take() else {
-                    // Invariant: checked at the top of this function.
-                    return Poll::Pending;
-                };
-                Poll::Ready(match post_error {
-                    Some(e) => data.fail(*e),
-                    None => data.complete(c),
-                })
+        let key = this.key();
+        let data = &mut this.data;
+        this.handle.ops().poll_op(key, cx, |c, post_error| {
+            // Invariant: `data` is `Some` (checked at the top of this
+            // function, and nothing took it since).
+            let data = data.take().expect("op data present until Ready");
+            match post_error {
+                Some(e) => data.fail(*e),
+                None => data.complete(c),
             }
-        }
+        })
     }
 }
 
@@ -863,17 +881,12 @@ impl<T: 'static> Drop for Op<T> {
 }
 
 impl<T: 'static> Op<T> {
-    /// Dropped before its completion was collected: parks the data (or
-    /// just drops it, if it was never posted).
+    /// Dropped before its completion was collected: parks the data.
     #[cold]
     #[inline(never)]
     fn drop_in_flight(&mut self) {
         if let Some(data) = self.data.take() {
-            if self.wr_id == 0 {
-                drop(data);
-            } else {
-                self.handle.ops().drop_op(self.key(), data);
-            }
+            self.handle.ops().drop_op(self.key(), data);
         }
     }
 }
@@ -897,6 +910,13 @@ mod tests {
         assert_eq!(decode(id), (0xab_cdef, 0x12_3456, 0x2abc));
         assert_eq!(id & RESERVED, 0);
         assert_ne!(AGENT_BASE & RESERVED, 0);
+    }
+
+    #[test]
+    fn generations_skip_zero_when_they_wrap() {
+        assert_eq!(next_gen(1), 2);
+        assert_eq!(next_gen(GEN_MASK as u32 - 1), GEN_MASK as u32);
+        assert_eq!(next_gen(GEN_MASK as u32), 1);
     }
 
     #[test]
@@ -1091,6 +1111,91 @@ mod table_tests {
         fake.complete_send(WcStatus::Success, 0).unwrap();
         settle(&rt);
         assert!(poll(&mut next, Waker::noop()).is_ready());
+    }
+
+    /// `Completable::complete` is user code: it runs once the table's borrow
+    /// is released, so it may submit (re-enter the table) right away.
+    #[test]
+    fn complete_may_submit_another_op() {
+        struct Chain(QueuePair, Rc<std::cell::RefCell<Option<Submit<Bare>>>>);
+        impl Completable for Chain {
+            type Output = bool;
+            fn complete(self, c: Completion) -> bool {
+                *self.1.borrow_mut() = Some(write(&self.0));
+                c.status.is_success()
+            }
+            fn fail(self, _: SubmitError) -> bool {
+                false
+            }
+        }
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let next = Rc::new(std::cell::RefCell::new(None));
+        // SAFETY: no SGE: the WR lends no memory (and the fake touches none).
+        let mut op = unsafe {
+            qp.submit_send_one(Chain(qp.clone(), next.clone()), |_, wr| {
+                wr.op = SendOp::Write {
+                    remote_addr: 0x1000,
+                    rkey: 1,
+                };
+                Ok(())
+            })
+        };
+        assert!(poll(&mut op, Waker::noop()).is_pending());
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert_eq!(poll(&mut op, Waker::noop()), Poll::Ready(true));
+        let mut second = next.borrow_mut().take().expect("submitted from complete");
+        assert!(second.wr_id().is_some(), "posted at once");
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        settle(&rt);
+        assert!(poll(&mut second, Waker::noop()).is_ready());
+        assert_eq!(rt.ops_in_slab(), 0);
+    }
+
+    /// Completions of ops whose task is already queued skip its waker (one
+    /// flag load): the task is still polled once, and sees every result.
+    #[test]
+    fn completions_for_an_already_queued_task_wake_it_once() {
+        let rt = Runtime::new().unwrap();
+        let (qp, fake) = fake_qp();
+        let polls = Rc::new(Cell::new(0u32));
+        let done = Rc::new(Cell::new(0u32));
+        let (p, d) = (polls.clone(), done.clone());
+        let mut ops: Vec<Submit<Bare>> = (0..3).map(|_| write(&qp)).collect();
+        let task = rt.spawn(async move {
+            std::future::poll_fn(|cx| {
+                p.set(p.get() + 1);
+                ops.retain_mut(|op| match std::pin::Pin::new(op).poll(cx) {
+                    Poll::Ready(out) => {
+                        assert!(out.unwrap().status.is_success());
+                        d.set(d.get() + 1);
+                        false
+                    }
+                    Poll::Pending => true,
+                });
+                if ops.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+        });
+        settle(&rt);
+        assert_eq!(polls.get(), 1);
+        for _ in 0..3 {
+            fake.complete_send(WcStatus::Success, 0).unwrap();
+        }
+        settle(&rt);
+        assert_eq!(done.get(), 3, "every completion reached the task");
+        assert_eq!(polls.get(), 2, "woken once for the three completions");
+        assert!(task.is_finished());
+        let (_c, w) = counter();
+        assert!(
+            !crate::reactor::wake_if_task(&w),
+            "a foreign waker is left alone"
+        );
     }
 
     #[test]

@@ -75,6 +75,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -117,6 +118,9 @@ pub(crate) struct Credits {
     idle: RefCell<Vec<Waker>>,
     /// `!idle.is_empty()`.
     idle_waiting: Cell<bool>,
+    /// `queued != 0 || idle_waiting`: a release must look at the waiters
+    /// (one flag for [`release`](Self::release)'s fast path to test).
+    attention: Cell<bool>,
 }
 
 impl Credits {
@@ -129,7 +133,20 @@ impl Credits {
             next_ticket: Cell::new(Ticket::MIN),
             idle: RefCell::new(Vec::new()),
             idle_waiting: Cell::new(false),
+            attention: Cell::new(false),
         }
+    }
+
+    /// Sets the FIFO's length and the flag derived from it.
+    fn set_queued(&self, n: usize) {
+        self.queued.set(n as u32);
+        self.attention.set(n != 0 || self.idle_waiting.get());
+    }
+
+    /// Sets `idle_waiting` and the flag derived from it.
+    fn set_idle_waiting(&self, w: bool) {
+        self.idle_waiting.set(w);
+        self.attention.set(w || self.queued.get() != 0);
     }
 
     pub(crate) fn capacity(&self) -> u32 {
@@ -177,7 +194,7 @@ impl Credits {
             self.avail.set(self.avail.get() - n);
             if ticket.take().is_some() {
                 waiters.pop_front();
-                self.queued.set(waiters.len() as u32);
+                self.set_queued(waiters.len());
                 // The next in line may fit in what is left.
                 let next = waiters.front().map(|(_, w)| w.clone());
                 drop(waiters);
@@ -194,7 +211,7 @@ impl Credits {
                 self.next_ticket
                     .set(t.checked_add(1).unwrap_or(Ticket::MIN));
                 waiters.push_back((t, cx.waker().clone()));
-                self.queued.set(waiters.len() as u32);
+                self.set_queued(waiters.len());
                 *ticket = Some(t);
             }
             Some(t) => {
@@ -214,7 +231,7 @@ impl Credits {
         let mut waiters = self.waiters.borrow_mut();
         let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
         waiters.retain(|(id, _)| *id != t);
-        self.queued.set(waiters.len() as u32);
+        self.set_queued(waiters.len());
         let next = if was_first {
             waiters.front().map(|(_, w)| w.clone())
         } else {
@@ -226,24 +243,40 @@ impl Credits {
         }
     }
 
+    /// Gives `n` credits back. The common case is one test: nobody waits
+    /// (in the FIFO or for idleness) and the count stays within capacity.
     #[inline]
     pub(crate) fn release(&self, n: u32) {
-        let avail = (self.avail.get() + n).min(self.cap);
+        // No overflow: `avail <= cap`, and `n` was taken from this pool.
+        let avail = self.avail.get() + n;
+        if avail <= self.cap && !self.attention.get() {
+            self.avail.set(avail);
+        } else {
+            self.release_slow(avail);
+        }
+    }
+
+    /// The rare part of [`release`](Self::release): somebody waits (or more
+    /// came back than was taken, which is clamped).
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self, avail: u32) {
+        let avail = avail.min(self.cap);
         self.avail.set(avail);
         if self.queued.get() != 0 || (avail == self.cap && self.idle_waiting.get()) {
             self.wake_after_release(avail);
         }
     }
 
-    /// The rare part of [`release`](Self::release): somebody waits.
-    #[cold]
+    /// Wakes who may proceed after a release: the first in the FIFO, and
+    /// the idle waiters once every credit is back.
     fn wake_after_release(&self, avail: u32) {
         let next = self.waiters.borrow().front().map(|(_, w)| w.clone());
         if let Some(w) = next {
             w.wake();
         }
         if avail == self.cap && self.idle_waiting.get() {
-            self.idle_waiting.set(false);
+            self.set_idle_waiting(false);
             let idle = std::mem::take(&mut *self.idle.borrow_mut());
             for w in idle {
                 w.wake();
@@ -273,7 +306,7 @@ impl Credits {
         if !idle.iter().any(|w| w.will_wake(cx.waker())) {
             idle.push(cx.waker().clone());
         }
-        self.idle_waiting.set(true);
+        self.set_idle_waiting(true);
         Poll::Pending
     }
 }
@@ -406,7 +439,7 @@ struct QpInner {
     /// that backpressure does not allocate per op (and `Submit` stays small).
     /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
     #[allow(clippy::vec_box)]
-    spare_wrs: RefCell<Vec<Box<Wrs>>>,
+    spare_wrs: RefCell<Vec<Box<Waiting>>>,
 }
 
 /// Most recycled WR boxes a QP keeps.
@@ -825,42 +858,36 @@ impl QueuePair {
     /// `wrs` name memory kept by `data` under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
     ///
-    /// `data` is moved once, into the returned future, and posted from
-    /// there: every outcome (posted, refused, waiting for credits) rewrites
-    /// that one value. No pointer into it leaves this inlined code (the
-    /// out-of-line paths get the data by value), so the compiler may build
-    /// it right in the caller's return slot.
+    /// `data` is moved once, into the returned future: each outcome
+    /// (posted, refused, waiting for credits) builds its `Submit` in one
+    /// expression, which the compiler builds right in the caller's return
+    /// slot (no `Submit` is built first and copied out). The post itself
+    /// ([`post`](Self::post)) never touches `data`; it is moved into its
+    /// op right after a successful post, with no code that can unwind in
+    /// between, so it is owned by the op while the device may use it.
     #[inline(always)]
     unsafe fn submit<T: Completable>(&self, data: T, wrs: &mut Wrs) -> Submit<T> {
-        let mut sub = Submit {
-            state: State::InFlight(Op::unposted(self.inner.handle.clone(), data)),
+        let n = match self.check(wrs) {
+            Ok(n) => n,
+            Err(e) => return Submit::from_state(State::Ready(refused(Some(data), e))),
         };
-        // One exit (a labeled block, no early returns of `sub`).
-        'done: {
-            let State::InFlight(op) = &mut sub.state else {
-                // Not reachable: built just above.
-                break 'done;
-            };
-            let n = match self.check(wrs) {
-                Ok(n) => n,
-                Err(e) => {
-                    sub.state = State::Ready(refused(op.take_unposted(), e));
-                    break 'done;
-                }
-            };
-            let (queue, cq) = self.credits_for(wrs);
-            if !queue.try_acquire(n) {
-                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, false);
-            } else if !cq.try_acquire(n) {
-                sub.state = self.wait_for_credits(op.take_unposted(), wrs, n, true);
-            } else {
-                // SAFETY: forwarded contract of this function.
-                if let Err(out) = unsafe { self.post(op, wrs, n) } {
-                    sub.state = State::Ready(out);
-                }
-            }
+        let (queue, cq) = self.credits_for(wrs);
+        if !queue.try_acquire(n) {
+            return Submit::from_state(self.wait_for_credits(data, wrs, n, false));
         }
-        sub
+        if !cq.try_acquire(n) {
+            return Submit::from_state(self.wait_for_credits(data, wrs, n, true));
+        }
+        // SAFETY: forwarded contract of this function; on success `data`
+        // moves into the op at once (below).
+        match unsafe { self.post(wrs, n) } {
+            Ok(first) => Submit::from_state(State::InFlight(Op::posted(
+                self.inner.handle.clone(),
+                first,
+                data,
+            ))),
+            Err(e) => Submit::from_state(State::Ready(refused(Some(data), e))),
+        }
     }
 
     /// A submission that must wait for credits (`queue_held`: it already
@@ -869,7 +896,7 @@ impl QueuePair {
     #[inline(never)]
     fn wait_for_credits<T: Completable>(
         &self,
-        data: Option<T>,
+        data: T,
         wrs: &mut Wrs,
         n: u32,
         queue_held: bool,
@@ -880,35 +907,42 @@ impl QueuePair {
         } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
-        match data {
-            Some(data) => State::Queued(Queued::new(self, data, self.boxed(wrs), n, queue_held)),
-            // Not reachable (an unposted op has its data); give back what
-            // was taken.
-            None => {
-                if queue_held {
-                    self.credits_for(wrs).0.release(n);
-                }
-                State::Ready(None)
-            }
-        }
+        State::Queued(Queued {
+            qp: self.clone(),
+            data: Some(data),
+            wait: Some(self.boxed(wrs, n, queue_held)),
+        })
     }
 
-    /// Moves `wrs` into a (recycled) box, for a submission that must wait.
-    fn boxed(&self, wrs: &mut Wrs) -> Box<Wrs> {
+    /// Moves `wrs` into a (recycled) box with the rest of a waiting
+    /// submission's state, for a submission that must wait.
+    fn boxed(&self, wrs: &mut Wrs, n: u32, queue_held: bool) -> Box<Waiting> {
         let spare = self.inner.spare_wrs.borrow_mut().pop();
         let mut b = spare.unwrap_or_else(|| {
-            Box::new(Wrs::Recv(RecvWr {
-                wr_id: 0,
-                sg_list: SgList::new(),
-            }))
+            Box::new(Waiting {
+                wrs: Wrs::Recv(RecvWr {
+                    wr_id: 0,
+                    sg_list: SgList::new(),
+                }),
+                recv: false,
+                n: 0,
+                queue_held: false,
+                queue_ticket: None,
+                cq_ticket: None,
+            })
         });
-        std::mem::swap(&mut *b, wrs);
+        std::mem::swap(&mut b.wrs, wrs);
+        b.recv = matches!(b.wrs, Wrs::Recv(_));
+        b.n = n;
+        b.queue_held = queue_held;
+        b.queue_ticket = None;
+        b.cq_ticket = None;
         b
     }
 
     /// Gives a WR box back for reuse (its old contents are dropped later,
     /// when it is reused, or now if the pool is full).
-    fn recycle(&self, b: Box<Wrs>) {
+    fn recycle(&self, b: Box<Waiting>) {
         let mut spare = self.inner.spare_wrs.borrow_mut();
         if spare.len() < SPARE_WRS {
             spare.push(b);
@@ -926,25 +960,23 @@ impl QueuePair {
         }
     }
 
-    /// Posts `wrs` for the unposted `op` with `n` queue and CQ credits
-    /// already taken. On success (or a partial post) `op` becomes the
-    /// in-flight op of its slot; on failure its data is handed to
-    /// [`Completable::fail`] and the output returned, for `State::Ready`.
+    /// Posts `wrs` with `n` queue and CQ credits already taken, in a new
+    /// slot of the op table that takes the credits over. Returns the first
+    /// WR's wr_id on success or on a partial post (the slot then reports
+    /// the post error once the posted part has flushed): the op is in
+    /// flight. On failure nothing was posted and the slot and credits are
+    /// given back.
     ///
     /// # Safety
     ///
-    /// `wrs` name memory kept by `op`'s data under the contract of
+    /// `wrs` name memory kept by some op data under the contract of
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
-    /// On success, or on a partial post, that data stays in `op`, which
-    /// keeps (parks, or at shutdown leaks) it until the completion or
-    /// flush; so the provider's post contract holds.
+    /// On `Ok`, the caller moves that data into an [`Op`] of the returned
+    /// wr_id before anything that can unwind, which keeps (parks, or at
+    /// shutdown leaks) it until the completion or flush; so the provider's
+    /// post contract holds.
     #[inline(always)]
-    unsafe fn post<T: Completable>(
-        &self,
-        op: &mut Op<T>,
-        wrs: &mut Wrs,
-        n: u32,
-    ) -> Result<(), Option<Box<T::Output>>> {
+    unsafe fn post(&self, wrs: &mut Wrs, n: u32) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
         let recv = matches!(wrs, Wrs::Recv(_));
         // A signaled send takes over the credits of the unsignaled inline
@@ -962,12 +994,9 @@ impl QueuePair {
                 credit.n -= absorbed;
                 core.unabsorb(absorbed);
                 drop(credit);
-                return Err(refused(
-                    op.take_unposted(),
-                    SubmitError::SlabFull {
-                        limit: wr_id::MAX_OPS,
-                    },
-                ));
+                return Err(SubmitError::SlabFull {
+                    limit: wr_id::MAX_OPS,
+                });
             }
         };
         let first = wr_id::encode(key, gen, 0);
@@ -982,10 +1011,10 @@ impl QueuePair {
                         wr.flags = unsignaled(wr.flags);
                     }
                 }
-                // SAFETY: the chain's memory is kept by `op`'s data (this
-                // function's contract), which `op` holds (marked posted
-                // below) until the completion of the last (signaled) WR has
-                // been polled.
+                // SAFETY: the chain's memory is kept by op data that the
+                // caller moves into the op of this wr_id on success (this
+                // function's contract), which holds it until the completion
+                // of the last (signaled) WR has been polled.
                 unsafe { core.backend.post_send(chain) }
             }
             Wrs::One(wr) => {
@@ -1001,17 +1030,11 @@ impl QueuePair {
             }
         };
         match res {
-            Ok(()) => {
-                op.set_posted(first);
-                Ok(())
-            }
+            Ok(()) => Ok(first),
             Err(e) => match self.post_failed(key, absorbed, e) {
                 // Part of the chain is on the queue: the op is in flight.
-                None => {
-                    op.set_posted(first);
-                    Ok(())
-                }
-                Some(e) => Err(refused(op.take_unposted(), e)),
+                None => Ok(first),
+                Some(e) => Err(e),
             },
         }
     }
@@ -1088,12 +1111,11 @@ enum Wrs {
     Recv(RecvWr),
 }
 
-struct Queued<T> {
-    qp: QueuePair,
-    /// `Some` until posted or failed.
-    data: Option<T>,
-    /// `Some` until posted or failed; given back to the QP's spare list.
-    wrs: Option<Box<Wrs>>,
+/// What a submission waiting for credits keeps besides its data: boxed
+/// (and the box recycled), so that a `Queued` is no larger than an
+/// in-flight `Op` and every `Submit` stays small.
+struct Waiting {
+    wrs: Wrs,
     recv: bool,
     n: u32,
     queue_held: bool,
@@ -1101,22 +1123,9 @@ struct Queued<T> {
     cq_ticket: Option<Ticket>,
 }
 
-impl<T> Queued<T> {
-    fn new(qp: &QueuePair, data: T, wrs: Box<Wrs>, n: u32, queue_held: bool) -> Queued<T> {
-        Queued {
-            qp: qp.clone(),
-            data: Some(data),
-            recv: matches!(*wrs, Wrs::Recv(_)),
-            wrs: Some(wrs),
-            n,
-            queue_held,
-            queue_ticket: None,
-            cq_ticket: None,
-        }
-    }
-
-    fn credits(&self) -> (Rc<Credits>, Rc<Credits>) {
-        let core = &self.qp.inner.core;
+impl Waiting {
+    fn credits(&self, qp: &QueuePair) -> (Rc<Credits>, Rc<Credits>) {
+        let core = &qp.inner.core;
         if self.recv {
             (core.rq.clone(), core.recv_cq.clone())
         } else {
@@ -1125,8 +1134,8 @@ impl<T> Queued<T> {
     }
 
     /// Gives back whatever this waiting submission holds.
-    fn abandon(&mut self) {
-        let (queue, cq) = self.credits();
+    fn abandon(&mut self, qp: &QueuePair) {
+        let (queue, cq) = self.credits(qp);
         queue.cancel(&mut self.queue_ticket);
         cq.cancel(&mut self.cq_ticket);
         if self.queue_held {
@@ -1135,8 +1144,8 @@ impl<T> Queued<T> {
         }
     }
 
-    fn poll_credits(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let (queue, cq) = self.credits();
+    fn poll_credits(&mut self, qp: &QueuePair, cx: &mut Context<'_>) -> Poll<()> {
+        let (queue, cq) = self.credits(qp);
         if !self.queue_held {
             if queue
                 .poll_acquire(self.n, &mut self.queue_ticket, cx)
@@ -1158,10 +1167,20 @@ impl<T> Queued<T> {
     }
 }
 
+struct Queued<T> {
+    qp: QueuePair,
+    /// `Some` until posted or failed.
+    data: Option<T>,
+    /// `Some` until posted or failed; given back to the QP's spare list.
+    /// (Once taken, nothing is held: the credits passed to the post, or
+    /// were given back.)
+    wait: Option<Box<Waiting>>,
+}
+
 impl<T> Drop for Queued<T> {
     fn drop(&mut self) {
-        self.abandon();
-        if let Some(b) = self.wrs.take() {
+        if let Some(mut b) = self.wait.take() {
+            b.abandon(&self.qp);
             self.qp.recycle(b);
         }
     }
@@ -1185,7 +1204,43 @@ enum State<T: Completable> {
 /// dropping it after parks `T` until the device is done.
 #[must_use = "dropping a submission before it is posted cancels it"]
 pub struct Submit<T: Completable> {
-    state: State<T>,
+    /// Dropped by hand ([`Drop`] below): the future of a completed op, the
+    /// common case, then only drops its runtime handle, inline (the
+    /// state's drop glue is an out-of-line call). Assign through `*` (which
+    /// drops the old state), never replace the `ManuallyDrop` itself.
+    state: ManuallyDrop<State<T>>,
+}
+
+impl<T: Completable> Submit<T> {
+    #[inline(always)]
+    fn from_state(state: State<T>) -> Submit<T> {
+        Submit {
+            state: ManuallyDrop::new(state),
+        }
+    }
+
+    /// Drops a state that is not a completed op (waiting for credits,
+    /// in flight: parks the data, ready: an unclaimed output).
+    #[inline(never)]
+    fn drop_state(&mut self) {
+        // SAFETY: called once, from `drop`: the state is never used again.
+        unsafe { ManuallyDrop::drop(&mut self.state) }
+    }
+}
+
+impl<T: Completable> Drop for Submit<T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let State::InFlight(op) = &mut *self.state {
+            if op.is_done() {
+                // SAFETY: we are dropping `self`: the state is never used
+                // again, and the op's data was taken (`is_done`).
+                unsafe { op.drop_done() };
+                return;
+            }
+        }
+        self.drop_state();
+    }
 }
 
 // `Submit` never pins its contents: `T` is plain owned state.
@@ -1196,19 +1251,17 @@ impl<T: Completable> Submit<T> {
     /// output is boxed (an error path: it keeps the common `Submit` small).
     #[cold]
     pub fn ready(output: T::Output) -> Submit<T> {
-        Submit {
-            state: State::Ready(Some(Box::new(output))),
-        }
+        Submit::from_state(State::Ready(Some(Box::new(output))))
     }
 
     /// True while waiting for queue or CQ credits (not posted yet).
     pub fn is_queued(&self) -> bool {
-        matches!(self.state, State::Queued(_))
+        matches!(*self.state, State::Queued(_))
     }
 
     /// The wr_id of the first WR, once posted.
     pub fn wr_id(&self) -> Option<u64> {
-        match &self.state {
+        match &*self.state {
             State::InFlight(op) => Some(op.wr_id()),
             _ => None,
         }
@@ -1222,7 +1275,7 @@ impl<T: Completable> Future for Submit<T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = &mut *self;
         // The common case first, in a small frame: posted, in flight.
-        if let State::InFlight(op) = &mut this.state {
+        if let State::InFlight(op) = &mut *this.state {
             return Pin::new(op).poll(cx);
         }
         this.poll_slow(cx)
@@ -1235,7 +1288,7 @@ impl<T: Completable> Submit<T> {
     fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = self;
         loop {
-            match &mut this.state {
+            match &mut *this.state {
                 State::InFlight(op) => return Pin::new(op).poll(cx),
                 State::Ready(out) => {
                     return match out.take() {
@@ -1249,36 +1302,40 @@ impl<T: Completable> Submit<T> {
                 State::Queued(q) => {
                     let qp = q.qp.clone();
                     let closed = qp.inner.core.closed.get();
-                    if !closed && q.poll_credits(cx).is_pending() {
+                    let Some(w) = q.wait.as_deref_mut() else {
+                        // Invariant: `Some` while the state is Queued.
+                        return Poll::Pending;
+                    };
+                    if !closed && w.poll_credits(&qp, cx).is_pending() {
                         return Poll::Pending;
                     }
                     if closed {
-                        q.abandon();
+                        w.abandon(&qp);
                     }
-                    let n = q.n;
-                    let (Some(data), Some(mut wrs)) = (q.data.take(), q.wrs.take()) else {
+                    let n = w.n;
+                    let (Some(data), Some(mut w)) = (q.data.take(), q.wait.take()) else {
                         // Invariant: both are `Some` while the state is Queued.
                         return Poll::Pending;
                     };
                     if closed {
-                        this.state = State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
-                            qp_num: qp.qp_num(),
-                        }))));
+                        *this.state =
+                            State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
+                                qp_num: qp.qp_num(),
+                            }))));
                     } else {
-                        this.state = State::InFlight(Op::unposted(qp.inner.handle.clone(), data));
-                        let res = match &mut this.state {
-                            // SAFETY: a `Queued` is only created by `submit`,
-                            // whose caller vouched for `wrs` and `data` under
-                            // the `submit_*` contract; both were kept together
-                            // since (the data just moved into this op).
-                            State::InFlight(op) => unsafe { qp.post(op, &mut wrs, n) },
-                            _ => Ok(()),
+                        // SAFETY: a `Queued` is only created by `submit`,
+                        // whose caller vouched for the WRs and `data` under
+                        // the `submit_*` contract; both were kept together
+                        // since, and on success `data` moves into the op at
+                        // once.
+                        *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
+                            Ok(first) => {
+                                State::InFlight(Op::posted(qp.inner.handle.clone(), first, data))
+                            }
+                            Err(e) => State::Ready(refused(Some(data), e)),
                         };
-                        if let Err(out) = res {
-                            this.state = State::Ready(out);
-                        }
                     }
-                    qp.recycle(wrs);
+                    qp.recycle(w);
                 }
             }
         }

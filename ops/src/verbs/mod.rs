@@ -109,27 +109,35 @@ pub trait Verbs {
 }
 
 impl Verbs for QueuePair {
+    #[inline]
     fn send<B: RegisteredBuf>(&self, buf: B) -> Submit<SendVerb<B>> {
         send::send(self, buf)
     }
+    #[inline]
     fn send_with_imm<B: RegisteredBuf>(&self, buf: B, imm: u32) -> Submit<SendWithImmVerb<B>> {
         send_with_imm::send_with_imm(self, buf, imm)
     }
+    #[inline]
     fn send_inline<'a>(&'a self, data: &'a [u8]) -> SendInlineVerb<'a> {
         send_inline::send_inline(self, data)
     }
+    #[inline]
     fn send_inline_with_imm<'a>(&'a self, data: &'a [u8], imm: u32) -> SendInlineVerb<'a> {
         send_inline::send_inline_with_imm(self, data, imm)
     }
+    #[inline]
     fn recv<B: RegisteredBuf + IoBufMut>(&self, buf: B) -> Submit<RecvVerb<B>> {
         recv::recv(self, buf)
     }
+    #[inline]
     fn recv_empty(&self) -> Submit<RecvEmptyVerb> {
         recv::recv_empty(self)
     }
+    #[inline]
     fn write<B: RegisteredBuf>(&self, buf: B, remote: RemoteBuf) -> Submit<WriteVerb<B>> {
         write::write(self, buf, remote)
     }
+    #[inline]
     fn write_with_imm<B: RegisteredBuf>(
         &self,
         buf: B,
@@ -138,9 +146,11 @@ impl Verbs for QueuePair {
     ) -> Submit<WriteWithImmVerb<B>> {
         write_with_imm::write_with_imm(self, buf, remote, imm)
     }
+    #[inline]
     fn read<B: RegisteredBuf + IoBufMut>(&self, buf: B, remote: RemoteBuf) -> Submit<ReadVerb<B>> {
         read::read(self, buf, remote)
     }
+    #[inline]
     fn compare_and_swap<B: RegisteredBuf + IoBufMut>(
         &self,
         buf: B,
@@ -150,6 +160,7 @@ impl Verbs for QueuePair {
     ) -> Submit<CompareAndSwapVerb<B>> {
         compare_and_swap::compare_and_swap(self, buf, remote, compare, swap)
     }
+    #[inline]
     fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
         &self,
         buf: B,
@@ -158,6 +169,7 @@ impl Verbs for QueuePair {
     ) -> Submit<FetchAndAddVerb<B>> {
         fetch_and_add::fetch_and_add(self, buf, remote, add)
     }
+    #[inline]
     fn post_batch<B: RegisteredBuf>(&self, batch: Batch<B>) -> Submit<BatchVerb<B>> {
         batch.post(self)
     }

@@ -62,9 +62,13 @@ impl QpCore {
     }
 
     /// A signaled send post takes over the unsignaled inline sends' credits.
+    #[inline(always)]
     pub(super) fn absorb_unsignaled(&self) -> u32 {
-        let n = self.unsig.replace(0);
-        self.inline_credits.set(self.inline_credits.get() - n);
+        let n = self.unsig.get();
+        if n != 0 {
+            self.unsig.set(0);
+            self.inline_credits.set(self.inline_credits.get() - n);
+        }
         n
     }
 

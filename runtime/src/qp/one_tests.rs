@@ -191,3 +191,110 @@ fn dropped_one_wr_op_parks_its_data_until_the_flush() {
     );
     assert_eq!(rt.ops_in_slab(), 0);
 }
+
+/// A submission waiting for credits keeps its WRs and tickets in a boxed
+/// `Waiting`: the `Submit` is as small as an in-flight op plus its tag
+/// (every op's future is moved a few times on its way to the caller).
+#[test]
+fn a_submit_is_an_op_and_a_tag() {
+    struct Big(#[allow(dead_code)] [u64; 6]);
+    impl Completable for Big {
+        type Output = ();
+        fn complete(self, _: Completion) {}
+        fn fail(self, _: SubmitError) {}
+    }
+    let op = std::mem::size_of::<crate::op::Op<Big>>();
+    assert_eq!(std::mem::size_of::<Submit<Big>>(), op + 8);
+    assert_eq!(
+        std::mem::size_of::<Submit<Probe>>(),
+        std::mem::size_of::<crate::op::Op<Probe>>() + 8
+    );
+}
+
+/// `Credits::release`'s fast path tests one flag: it must still wake the
+/// first waiter of the FIFO and the idle watchers, and clamp an excess.
+#[test]
+fn credit_releases_wake_waiters_and_idle_watchers() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    use crate::qp::Credits;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let (fifo, idle) = (
+        Arc::new(Count(AtomicUsize::new(0))),
+        Arc::new(Count(AtomicUsize::new(0))),
+    );
+    let (wf, wi) = (Waker::from(fifo.clone()), Waker::from(idle.clone()));
+    let c = Credits::new(2);
+    assert!(c.try_acquire(2));
+    // A waiter in the FIFO: a release wakes it, and it then gets its credit.
+    let mut ticket = None;
+    assert!(c
+        .poll_acquire(1, &mut ticket, &mut Context::from_waker(&wf))
+        .is_pending());
+    assert!(!c.try_acquire(1), "nobody jumps the queue");
+    c.release(1);
+    assert_eq!(fifo.0.load(Ordering::SeqCst), 1);
+    assert!(c
+        .poll_acquire(1, &mut ticket, &mut Context::from_waker(&wf))
+        .is_ready());
+    assert!(!c.has_waiters());
+    // An idle watcher: woken only once every credit is back.
+    assert!(c.poll_idle(&mut Context::from_waker(&wi)).is_pending());
+    c.release(1);
+    assert_eq!(idle.0.load(Ordering::SeqCst), 0);
+    c.release(1);
+    assert_eq!(idle.0.load(Ordering::SeqCst), 1);
+    assert_eq!(c.available(), 2);
+    // Nobody waits any more: the fast path; an excess is clamped.
+    assert!(c.try_acquire(1));
+    c.release(5);
+    assert_eq!(c.available(), 2);
+    assert_eq!(fifo.0.load(Ordering::SeqCst), 1);
+    assert_eq!(idle.0.load(Ordering::SeqCst), 1);
+}
+
+/// A `Submit` is dropped by hand: a completed op's future drops only its
+/// runtime handle (inline); one dropped while waiting or in flight drops
+/// its whole state (the data is parked until the flush, or freed if it was
+/// never posted). Each path gives the handle back exactly once.
+#[test]
+fn dropping_a_submission_gives_its_runtime_handle_back_once() {
+    let rt = Runtime::new().unwrap();
+    let handles = || Rc::strong_count(&rt.handle().inner);
+    let (qp, fake) = FakeQp::queue_pair(1, caps(1, 1), 64);
+    let base = handles();
+    let token = Rc::new(());
+    // Completed, output taken: the inline path.
+    let mut done = write_one(&qp, &token, 1, SendFlags::NONE);
+    assert_eq!(handles(), base + 1);
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert!((&mut done).now_or_never().expect("complete").is_ok());
+    drop(done);
+    assert_eq!(handles(), base);
+    // In flight (parks its data), then one waiting for the only credit.
+    let flying = write_one(&qp, &token, 1, SendFlags::NONE);
+    let waiting = write_one(&qp, &token, 1, SendFlags::NONE);
+    assert!(waiting.is_queued());
+    assert_eq!(Rc::strong_count(&token), 3);
+    drop(waiting);
+    assert_eq!(Rc::strong_count(&token), 2, "unposted data freed at once");
+    drop(flying);
+    assert_eq!(Rc::strong_count(&token), 2, "posted data parked");
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert_eq!(
+        Rc::strong_count(&token),
+        1,
+        "parked data freed after the completion"
+    );
+    assert_eq!(handles(), base);
+}
