@@ -248,6 +248,9 @@ fn the_rdma_agent_works_under_tokio() {
         res.expect("server read");
         rdma.send(&back[..]).await.expect("server send read bytes");
         rdma.send_remote_mr(lent).await.expect("hand back");
+        // Stay connected until the client has it: a send resolves once
+        // posted, and a device torn down with it in flight loses it.
+        assert_eq!(rdma.receive().await.expect("client done"), b"done");
     });
     let host = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -271,6 +274,7 @@ fn the_rdma_agent_works_under_tokio() {
                 assert_eq!(read, pattern(4096, 9));
                 let mem = rdma.receive_local_mr().await.expect("handed back");
                 assert_eq!(mem, pattern(4096, 9));
+                rdma.send(b"done").await.expect("send done");
             })),
         )
         .expect("tokio adapter");
