@@ -585,3 +585,28 @@ fn memory_requests_beyond_the_owners_budget_are_refused() {
     });
     server.join().expect("server");
 }
+
+/// A peer that hands lent memory back and leaves at once: the hand-back
+/// completed before the departure, so the owner gets its memory even when
+/// it notices the departure (the side channel's end) first.
+#[test]
+fn a_hand_back_just_before_the_peer_leaves_still_returns_the_memory() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let lent = r.receive_remote_mr().await.unwrap();
+        r.send_remote_mr(lent).await.unwrap();
+        // Returns: the connection, the runtime and the device go away.
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        r.send_local_mr(pattern(512, 4)).await.unwrap();
+        // Busy elsewhere while the peer hands back and leaves: both the
+        // hand-back and the side channel's end are pending when this
+        // thread's reactor looks again.
+        std::thread::sleep(Duration::from_millis(300));
+        let back = r.receive_local_mr().await.expect("the handed-back memory");
+        assert_eq!(back, pattern(512, 4));
+    });
+    server.join().unwrap();
+}

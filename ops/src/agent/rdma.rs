@@ -107,7 +107,8 @@ impl Shared {
         self.credits.close(reason);
         // The inboxes stay open until the agent stops (`agent_stopped`): it
         // still delivers what completed before the failure (a departing
-        // peer's last messages); the QP's flush then ends it.
+        // peer's last messages, a hand-back among them: the grants are
+        // revoked now, their memory kept for it); the QP's flush then ends it.
         self.requests.borrow_mut().clear();
         self.grants.clear();
         let Some(handle) = Handle::try_current() else {
@@ -180,6 +181,7 @@ impl Shared {
         self.partial.borrow_mut().clear();
         self.remote_mrs.close();
         self.local_mrs.close();
+        self.grants.forget_revoked();
     }
 
     fn drop_stream(&self) {

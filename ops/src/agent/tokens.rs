@@ -19,11 +19,24 @@ struct Grant {
     deadline: Instant,
 }
 
+/// A grant revoked because the connection went down, its memory kept for
+/// a hand-back the peer sent before that (still to be delivered, in order,
+/// by the agent).
+#[derive(Debug)]
+struct Revoked {
+    addr: u64,
+    len: u64,
+    rkey: u32,
+    mem: Vec<u8>,
+}
+
 /// The grants of one connection.
 #[derive(Debug, Default)]
 pub(crate) struct GrantTable {
     next_id: Cell<u64>,
     grants: RefCell<HashMap<u64, Grant>>,
+    /// Grants revoked by [`GrantTable::clear`], until the agent stops.
+    revoked: RefCell<HashMap<u64, Revoked>>,
 }
 
 /// Milliseconds since the Unix epoch of `deadline` (for the token).
@@ -69,9 +82,21 @@ impl GrantTable {
 
     /// Revokes grant `id` if `token` (when given) matches it; the memory
     /// comes back. `None` for an unknown, released or expired id.
+    /// A grant already revoked by [`GrantTable::clear`] (the connection
+    /// is down) still gives its memory back to a matching hand-back: one
+    /// the peer sent before it left, which the agent delivers in order.
     pub(crate) fn revoke(&self, id: u64, token: Option<&MrToken>) -> Option<Vec<u8>> {
         let mut grants = self.grants.borrow_mut();
-        let g = grants.get(&id)?;
+        let Some(g) = grants.get(&id) else {
+            drop(grants);
+            let token = token?;
+            let mut revoked = self.revoked.borrow_mut();
+            let r = revoked.get(&id)?;
+            if token.addr != r.addr || token.len != r.len || token.rkey != r.rkey {
+                return None;
+            }
+            return revoked.remove(&id).map(|r| r.mem);
+        };
         if let Some(t) = token {
             if t.addr != g.region.addr()
                 || t.len != g.region.len() as u64
@@ -111,12 +136,31 @@ impl GrantTable {
             .sum()
     }
 
-    /// Revokes everything (connection down).
+    /// Revokes everything (connection down): every rkey fails from now on.
+    /// The memory is kept until [`GrantTable::forget_revoked`], for the
+    /// hand-backs the peer sent before it left.
     pub(crate) fn clear(&self) {
-        let all: Vec<Grant> = self.grants.borrow_mut().drain().map(|(_, g)| g).collect();
-        for g in all {
-            drop(g.region.revoke());
+        let all: Vec<(u64, Grant)> = self.grants.borrow_mut().drain().collect();
+        for (id, g) in all {
+            let (addr, len, rkey) = (g.region.addr(), g.region.len() as u64, g.region.rkey());
+            let mem = g.region.revoke();
+            self.revoked.borrow_mut().insert(
+                id,
+                Revoked {
+                    addr,
+                    len,
+                    rkey,
+                    mem,
+                },
+            );
         }
+    }
+
+    /// Drops the memory of the grants [`GrantTable::clear`] revoked (the
+    /// agent stopped: no hand-back can come any more).
+    pub(crate) fn forget_revoked(&self) {
+        let all: Vec<Revoked> = self.revoked.borrow_mut().drain().map(|(_, r)| r).collect();
+        drop(all);
     }
 }
 
@@ -178,5 +222,40 @@ mod tests {
         assert_ne!(tok2.token_id, tok.token_id, "ids are never reused");
         t.clear();
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn a_hand_back_sent_before_the_connection_went_down_still_returns_the_memory() {
+        let (t, pd) = table();
+        let grant = |fill| {
+            t.grant(
+                &pd,
+                vec![fill; 16],
+                AccessFlags::REMOTE_WRITE,
+                Duration::from_secs(60),
+            )
+            .unwrap()
+            .0
+        };
+        let (a, b, c) = (grant(1), grant(2), grant(3));
+        t.clear();
+        assert_eq!(t.len(), 0, "no grant is live once the connection is down");
+        assert_eq!(t.bytes(), 0);
+        // The peer's hand-back of `a`, delivered after the failure.
+        assert_eq!(t.revoke(a.token_id, Some(&a)), Some(vec![1; 16]));
+        assert!(t.revoke(a.token_id, Some(&a)).is_none(), "given back once");
+        let forged = MrToken {
+            addr: b.addr + 1,
+            ..b
+        };
+        assert!(t.revoke(b.token_id, Some(&forged)).is_none(), "forged");
+        assert!(
+            t.revoke(b.token_id, None).is_none(),
+            "a release gives nothing back"
+        );
+        assert_eq!(t.revoke(b.token_id, Some(&b)), Some(vec![2; 16]));
+        // The agent stopped: what was not handed back is gone.
+        t.forget_revoked();
+        assert!(t.revoke(c.token_id, Some(&c)).is_none());
     }
 }
