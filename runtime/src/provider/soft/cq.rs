@@ -10,7 +10,9 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use std::time::Instant;
 
 use smallvec::SmallVec;
 
@@ -126,18 +128,168 @@ pub(crate) enum Push {
 /// The completion channel of the soft device.
 #[derive(Clone)]
 pub struct CompChannel {
-    pub(crate) events: Arc<EventQueue<u32>>,
+    pub(crate) shared: Arc<Channel>,
     pub(crate) _ctx: Context,
 }
 
 impl CompChannel {
-    /// The eventfd to register with a poller.
+    /// The fd to register with a poller (an epoll fd, see [`Channel`]).
     pub fn fd(&self) -> RawFd {
-        self.events.fd()
+        self.shared.ep.as_raw_fd()
     }
-    /// Takes one pending CQ event (the CQ handle), if any.
+    /// Takes one pending CQ event (the CQ handle), if any. First receives
+    /// what waits on the sockets in the channel's set (see [`Channel`]).
     pub fn get_event(&self) -> Result<Option<u32>> {
-        Ok(self.events.pop())
+        if !self._ctx.shared().lease.is_zero() {
+            self.receive();
+        }
+        Ok(self.shared.events.pop())
+    }
+
+    /// Receives on this thread what waits on the channel's sockets, if the
+    /// engine is not at work; if it is, hands the sockets back to it.
+    fn receive(&self) {
+        let ready = self.shared.ready();
+        if ready.is_empty() {
+            return;
+        }
+        let cids: SmallVec<[usize; 4]> = ready.iter().map(|w| w.cid()).collect();
+        if !self._ctx.drive_conns(&cids) {
+            // (The engine delivers, and signals the channel if that fires
+            // an armed CQ.)
+            for w in &ready {
+                w.revoke(&self._ctx.shared().registry);
+            }
+        }
+    }
+}
+
+/// A completion channel's state. Its pollable fd is an epoll fd whose set
+/// holds the eventfd of its event queue and, once a CQ on the channel was
+/// armed, the sockets feeding that CQ (`drive.rs`): an application that
+/// sleeps on the channel wakes when a packet arrives, and its `get_event`
+/// receives it on its own thread (which raises the event if that completed
+/// an armed CQ), instead of waiting for the engine thread to wake, receive
+/// and signal. The sockets are registered level-triggered: a socket stays
+/// in the set until its connection closes, and the fd is readable while
+/// one of them holds data, which the next `get_event` reads.
+pub(crate) struct Channel {
+    pub events: EventQueue<u32>,
+    ep: OwnedFd,
+    /// The sockets in the set (epoll data: the `Wire`'s address, which the
+    /// weak reference keeps from being reused).
+    members: Mutex<SmallVec<[Weak<Wire>; 2]>>,
+    /// Mirror of `!members.is_empty()`.
+    has_members: AtomicBool,
+}
+
+/// Epoll data of the event queue's eventfd.
+const EVENTS_KEY: u64 = u64::MAX;
+
+impl Channel {
+    pub fn new() -> Result<Channel> {
+        let events = EventQueue::new()?;
+        // SAFETY: epoll_create1 has no memory-safety preconditions.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(ProviderError::Io {
+                context: "epoll_create1",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `raw` is a fresh fd we own.
+        let ep = unsafe { OwnedFd::from_raw_fd(raw) };
+        let ch = Channel {
+            events,
+            ep,
+            members: Mutex::new(SmallVec::new()),
+            has_members: AtomicBool::new(false),
+        };
+        ch.ctl(libc::EPOLL_CTL_ADD, ch.events.fd(), EVENTS_KEY)
+            .map_err(|source| ProviderError::Io {
+                context: "epoll_ctl",
+                source,
+            })?;
+        Ok(ch)
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, key: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: key,
+        };
+        // SAFETY: `ev` is a live epoll_event; both fds are open (the caller
+        // owns `fd` or holds what owns it).
+        if unsafe { libc::epoll_ctl(self.ep.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// True if `wire` is in the set.
+    pub fn holds(&self, wire: &Wire) -> bool {
+        lock(&self.members)
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), wire))
+    }
+
+    /// Puts `wire` in the set (if it is not there yet). True if it is there.
+    pub fn join(&self, wire: &Arc<Wire>) -> bool {
+        let mut m = lock(&self.members);
+        if m.iter().any(|w| w.as_ptr() == Arc::as_ptr(wire)) {
+            return true;
+        }
+        if wire.is_closed() {
+            return false;
+        }
+        match self.ctl(libc::EPOLL_CTL_ADD, wire.fd(), Arc::as_ptr(wire) as u64) {
+            Ok(()) => {
+                m.push(Arc::downgrade(wire));
+                self.has_members.store(true, Ordering::SeqCst);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "soft channel: cannot watch a socket");
+                false
+            }
+        }
+    }
+
+    /// The sockets in the set that hold data now (closed ones leave the
+    /// set: they would stay readable).
+    fn ready(&self) -> SmallVec<[Arc<Wire>; 2]> {
+        let mut out = SmallVec::new();
+        if !self.has_members.load(Ordering::SeqCst) {
+            return out;
+        }
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: `evs` is a live array of 8 epoll_events; no wait.
+        let n = unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 8, 0) };
+        if n <= 0 {
+            return out;
+        }
+        let mut m = lock(&self.members);
+        for ev in &evs[..n as usize] {
+            let key = ev.u64;
+            if key == EVENTS_KEY {
+                continue;
+            }
+            let Some(i) = m.iter().position(|w| w.as_ptr() as u64 == key) else {
+                continue;
+            };
+            match m[i].upgrade() {
+                Some(w) if !w.is_closed() => out.push(w),
+                w => {
+                    if let Some(w) = w {
+                        let _ = self.ctl(libc::EPOLL_CTL_DEL, w.fd(), key);
+                    }
+                    // (A dropped socket's fd was closed: it left the set.)
+                    m.swap_remove(i);
+                }
+            }
+        }
+        self.has_members.store(!m.is_empty(), Ordering::SeqCst);
+        out
     }
 }
 
@@ -160,7 +312,7 @@ pub(crate) struct CqShared {
     /// Events acknowledged (outside `state`: the application acks while
     /// the engine pushes).
     acked: AtomicU64,
-    channel: Option<Arc<EventQueue<u32>>>,
+    channel: Option<Arc<Channel>>,
     async_events: Arc<EventQueue<AsyncEvent>>,
     /// Mirror of `state.armed.is_some()`, read by the engine without the
     /// CQ's lock.
@@ -174,7 +326,7 @@ impl CqShared {
     pub fn new(
         handle: u32,
         capacity: u32,
-        channel: Option<Arc<EventQueue<u32>>>,
+        channel: Option<Arc<Channel>>,
         async_events: Arc<EventQueue<AsyncEvent>>,
     ) -> CqShared {
         CqShared {
@@ -232,7 +384,7 @@ impl CqShared {
     /// Queues this CQ's event on its channel (after a `push` that fired).
     pub fn signal(&self) {
         if let Some(ch) = &self.channel {
-            ch.push(self.handle);
+            ch.events.push(self.handle);
         }
     }
 
@@ -269,9 +421,13 @@ impl CqShared {
         Ok((n, drive))
     }
 
-    /// Arms the CQ; then hands its connections back to the engine (after
-    /// the arming, which keeps the engine from taking them away again).
-    fn req_notify(&self, solicited_only: bool, registry: &mio::Registry) {
+    /// Arms the CQ. Its sockets join its channel's set (the application
+    /// is going to sleep on the channel, and its `get_event` receives what
+    /// wakes it), and the lease on them is renewed to `lease_until`; a
+    /// socket that cannot join (or with app-driven receive off, `None`) is
+    /// handed back to the engine at once (after the arming, which keeps
+    /// the engine from taking it away again).
+    fn req_notify(&self, solicited_only: bool, registry: &mio::Registry, lease_until: Option<u64>) {
         {
             let mut st = lock(&self.state);
             st.armed = Some(solicited_only);
@@ -279,8 +435,17 @@ impl CqShared {
             self.armed_flag.store(true, Ordering::SeqCst);
         }
         for w in lock(&self.feeds).iter() {
-            w.revoke(registry);
+            match (&self.channel, lease_until) {
+                (Some(ch), Some(until)) if ch.join(w) => w.renew_lease(until),
+                _ => w.revoke(registry),
+            }
         }
+    }
+
+    /// True if an application sleeping on this CQ's channel wakes when
+    /// `wire` receives (it is in the channel's set).
+    pub fn app_wakes(&self, wire: &Wire) -> bool {
+        self.channel.as_ref().is_some_and(|ch| ch.holds(wire))
     }
 }
 
@@ -303,8 +468,9 @@ impl Cq {
     }
     /// Arms the CQ for one event.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        self.shared
-            .req_notify(solicited_only, &self._ctx.shared().registry);
+        let sh = self._ctx.shared();
+        let until = (!sh.lease.is_zero()).then(|| sh.nanos_at(Instant::now() + sh.lease));
+        self.shared.req_notify(solicited_only, &sh.registry, until);
         Ok(())
     }
     /// Takes up to `out.len()` completions. An application that polls an
@@ -351,7 +517,7 @@ mod tests {
         let mut out = [Completion::EMPTY; 2];
         // A sleeping application: drains, arms, polls once more, sleeps.
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
-        cq.req_notify(false, &registry);
+        cq.req_notify(false, &registry, None);
         assert!(cq.armed());
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false), "armed");
@@ -369,7 +535,7 @@ mod tests {
         assert_eq!(cq.poll(&mut out).expect("poll"), (1, false));
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, true));
         assert_eq!(cq.poll(&mut []).expect("poll"), (0, false), "no room asked");
-        cq.req_notify(true, &registry);
+        cq.req_notify(true, &registry, None);
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
     }
 

@@ -48,6 +48,18 @@ impl Context {
         };
         eng.drive(cq);
     }
+
+    /// Receives on connections `cids` on this thread, if the engine is not
+    /// at work (false if it is).
+    pub(crate) fn drive_conns(&self, cids: &[usize]) -> bool {
+        let mut eng = match self.core().try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return false,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        eng.drive_conns(cids);
+        true
+    }
 }
 
 impl Engine {
@@ -59,13 +71,19 @@ impl Engine {
             return;
         };
         let cids: SmallVec<[usize; 4]> = feeds.iter().copied().collect();
+        self.drive_conns(&cids);
+    }
+
+    /// An application's receive on connections `cids` (under the engine
+    /// lock), as [`drive`](Self::drive).
+    pub(crate) fn drive_conns(&mut self, cids: &[usize]) {
         let now = Instant::now();
         let until = self.sh.nanos_at(now + self.sh.lease);
         // (The engine's spin after its own deliveries is not for these.)
         let completed = self.sh.completed.load(Ordering::Relaxed);
         self.in_app = true;
         let packets = self.app_packets;
-        for cid in cids {
+        for &cid in cids {
             match self.conns.get(cid) {
                 Some(Conn {
                     stream: Some(w),
@@ -127,10 +145,12 @@ impl Engine {
         let Some(w) = &conn.stream else {
             return;
         };
+        // (An application sleeping on an armed CQ's channel wakes when the
+        // socket receives, if the socket is in the channel's set.)
         let armed = || {
             conn.cqs
                 .iter()
-                .any(|(_, c)| c.upgrade().is_some_and(|c| c.armed()))
+                .any(|(_, c)| c.upgrade().is_some_and(|c| c.armed() && !c.app_wakes(w)))
         };
         if w.mute(&self.sh.registry, self.sh.nanos_at(now), armed) {
             self.muted.push(cid);

@@ -28,7 +28,7 @@ use crate::provider::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpS
 /// Token of the doorbell waker.
 pub(crate) const WAKER: Token = Token(0);
 const LISTENER: Token = Token(1);
-const CONN_BASE: usize = 2;
+pub(crate) const CONN_BASE: usize = 2;
 /// Rounds of fill+flush per connection before looking at other events.
 const SERVICE_ROUNDS: usize = 8;
 /// WRITE payloads at least this big are received straight into memory.
