@@ -34,7 +34,7 @@ use smallvec::SmallVec;
 
 use super::conn::Conn;
 use super::context::Context;
-use super::cq::{lock, CqShared};
+use super::cq::{lock, Channel, CqShared};
 use super::engine::{EQp, Engine, DIRECT_TICK};
 use std::collections::HashMap;
 
@@ -51,13 +51,17 @@ impl Context {
 
     /// Receives on connections `cids` on this thread, if the engine is not
     /// at work (false if it is).
-    pub(crate) fn drive_conns(&self, cids: &[usize]) -> bool {
+    /// `quiet`: the channel whose `get_event` receives (its events are
+    /// queued without a signal: the caller takes them).
+    pub(crate) fn drive_conns(&self, cids: &[usize], quiet: Option<&Arc<Channel>>) -> bool {
         let mut eng = match self.core().try_lock() {
             Ok(g) => g,
             Err(TryLockError::WouldBlock) => return false,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
         };
+        eng.quiet = quiet.cloned();
         eng.drive_conns(cids);
+        eng.quiet = None;
         true
     }
 }

@@ -680,3 +680,36 @@ fn acks_held_by_a_receive_that_stops_polling_still_leave() {
         w.revoke(&b.ctx.shared().registry);
     }
 }
+
+#[test]
+fn arming_while_the_engine_writes_to_the_connection_leaves_it_to_the_engine() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    // The engine has output for the connection (as in a bulk transfer)
+    // when the application arms: the engine receives, and the socket does
+    // not wake the application's channel.
+    let eng = super::super::cq::lock(b.ctx.core());
+    let wires: Vec<_> = eng
+        .conns
+        .iter()
+        .filter_map(|(_, c)| c.stream.clone())
+        .collect();
+    for w in &wires {
+        w.claim();
+    }
+    b.rcq.req_notify(false).expect("arm");
+    for w in &wires {
+        assert!(!w.is_muted(), "the engine does not watch");
+        assert!(!b.ch.shared.holds(w), "the channel wakes for it");
+        w.release(true);
+    }
+    drop(eng);
+    post_recv(&b.qp, 9, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(9, SendOp::Send, sbuf.sge(0, 8)));
+    let (r, _) = sleep_one(&b.rcq, &b.ch);
+    assert_eq!((r.wr_id, r.status), (9, WcStatus::Success));
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}

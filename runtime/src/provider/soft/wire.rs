@@ -91,6 +91,12 @@ impl Wire {
         self.token.0 - super::engine::CONN_BASE
     }
 
+    /// True while the engine has output for this connection not yet
+    /// written (or closed it).
+    pub fn engine_busy(&self) -> bool {
+        self.state().busy
+    }
+
     /// True once the engine closed the connection.
     pub fn is_closed(&self) -> bool {
         self.state().closed
