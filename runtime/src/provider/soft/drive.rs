@@ -18,16 +18,20 @@
 //! socket's input ("mutes" it: the registration keeps WRITABLE only). It
 //! watches it again when the lease runs out (it wakes for that while it has
 //! muted sockets), or at once when an application arms a CQ the connection
-//! feeds: that application is going to sleep until the engine delivers
-//! (arming ends the lease, and a socket is never muted while such a CQ is
-//! armed). Data that arrived meanwhile makes the engine's poll report the
-//! socket as soon as it watches it again. The engine keeps its timers,
-//! connections and everything else; an RNR wait an application's receive
-//! started rings it.
+//! feeds that has no completion channel to wake it (arming such a CQ ends
+//! the lease, and a socket is never muted while one is armed). Arming a CQ
+//! with a channel puts the connection's socket in the channel's set and
+//! renews the lease: the sleeping application wakes on the packet and its
+//! `get_event` receives (`cq.rs`, `Channel`); if the engine keeps its lock
+//! (over `DRIVE_WAIT`), or writes to the connection, the socket goes to the
+//! engine at once. Data that arrived meanwhile makes the engine's poll
+//! report the socket as soon as it watches it again. The engine keeps its
+//! timers, connections and everything else; an RNR wait an application's
+//! receive started rings it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, TryLockError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use slab::Slab;
 use smallvec::SmallVec;
@@ -37,6 +41,10 @@ use super::context::Context;
 use super::cq::{lock, Channel, CqShared};
 use super::engine::{EQp, Engine, DIRECT_TICK};
 use std::collections::HashMap;
+
+/// How long a sleeping application woken by a packet waits for the engine
+/// lock before it leaves the receive to the engine.
+const DRIVE_WAIT: Duration = Duration::from_micros(20);
 
 impl Context {
     /// Receives for `cq` on this thread, if the engine is not at work.
@@ -53,11 +61,25 @@ impl Context {
     /// at work (false if it is).
     /// `quiet`: the channel whose `get_event` receives (its events are
     /// queued without a signal: the caller takes them).
+    ///
+    /// The engine holds its lock only for a loop turn (it sleeps without
+    /// it), so this waits up to `DRIVE_WAIT` for it: an engine awake for
+    /// something else (a timer, its spin after a delivery) must not take
+    /// the receive over, which would keep it awake for the next one.
     pub(crate) fn drive_conns(&self, cids: &[usize], quiet: Option<&Arc<Channel>>) -> bool {
-        let mut eng = match self.core().try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::WouldBlock) => return false,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        let mut until = None;
+        let mut eng = loop {
+            match self.core().try_lock() {
+                Ok(g) => break g,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    let now = Instant::now();
+                    if *until.get_or_insert(now + DRIVE_WAIT) <= now {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+            }
         };
         eng.quiet = quiet.cloned();
         eng.drive_conns(cids);
