@@ -94,7 +94,7 @@ impl<T> EventQueue<T> {
     }
 
     /// Queues an event without making the eventfd readable: for a
-    /// consumer that takes it at once (see [`Channel::quiet`]); what it
+    /// consumer that takes it at once (see `Engine::quiet`); what it
     /// leaves behind is signalled by [`pop_quiet`](Self::pop_quiet).
     fn enqueue_quiet(&self, ev: T) {
         lock(&self.inner).queue.push_back(ev);
@@ -174,7 +174,7 @@ impl CompChannel {
     /// Receives on this thread what waits on the channel's sockets, if the
     /// engine is not at work; if it is, hands the sockets back to it. True
     /// if it received (events it raised on this channel may be queued
-    /// without a signal: see [`Channel::quiet`]).
+    /// without a signal: see `Engine::quiet`).
     fn receive(&self) -> bool {
         let mut ready = self.shared.ready();
         let registry = &self._ctx.shared().registry;
