@@ -504,14 +504,24 @@ impl CqShared {
     /// socket that cannot join (the engine is writing to it, or with
     /// app-driven receive off, `None`) is handed back to the engine at once
     /// (after the arming, which keeps the engine from taking it away again).
-    fn req_notify(&self, solicited_only: bool, registry: &mio::Registry, lease_until: Option<u64>) {
+    fn req_notify(
+        &self,
+        solicited_only: bool,
+        registry: &mio::Registry,
+        lease_until: impl FnOnce() -> Option<u64>,
+    ) {
         {
             let mut st = lock(&self.state);
             st.armed = Some(solicited_only);
             st.idle_polls = 0;
             self.armed_flag.store(true, Ordering::SeqCst);
         }
-        for w in lock(&self.feeds).iter() {
+        let feeds = lock(&self.feeds);
+        if feeds.is_empty() {
+            return;
+        }
+        let lease_until = lease_until();
+        for w in feeds.iter() {
             match (&self.channel, lease_until) {
                 // (A connection the engine is writing to stays the
                 // engine's: see `CompChannel::receive`.)
@@ -549,7 +559,7 @@ impl Cq {
     /// Arms the CQ for one event.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let sh = self._ctx.shared();
-        let until = (!sh.lease.is_zero()).then(|| sh.nanos_at(Instant::now() + sh.lease));
+        let until = || (!sh.lease.is_zero()).then(|| sh.nanos_at(Instant::now() + sh.lease));
         self.shared.req_notify(solicited_only, &sh.registry, until);
         Ok(())
     }
@@ -597,7 +607,7 @@ mod tests {
         let mut out = [Completion::EMPTY; 2];
         // A sleeping application: drains, arms, polls once more, sleeps.
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
-        cq.req_notify(false, &registry, None);
+        cq.req_notify(false, &registry, || None);
         assert!(cq.armed());
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false), "armed");
@@ -615,7 +625,7 @@ mod tests {
         assert_eq!(cq.poll(&mut out).expect("poll"), (1, false));
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, true));
         assert_eq!(cq.poll(&mut []).expect("poll"), (0, false), "no room asked");
-        cq.req_notify(true, &registry, None);
+        cq.req_notify(true, &registry, || None);
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
     }
 
