@@ -16,7 +16,8 @@
 //!     engine threads receiving (`VERBIO_SOFT_LEASE_US=0`);
 //!   - "sleep": the thread arms the CQ (`req_notify`), polls once more, then
 //!     sleeps in `poll(2)` on the completion channel's fd (the verbs event
-//!     loop, like the TCP thread sleeping in `read`);
+//!     loop, like the TCP thread sleeping in `read`); the packet wakes it
+//!     and its `get_event` receives (no engine thread wakes per message);
 //!
 //!   plus, for reference, the busy-poll ping-pong with both QPs on one soft
 //!   device (the engine's internal loopback, no TCP), and a second TCP

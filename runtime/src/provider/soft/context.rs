@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::cq::{lock, CompChannel, Cq, CqShared, EventQueue};
+use super::cq::{lock, Channel, CompChannel, Cq, CqShared, EventQueue};
 use super::engine;
 use super::mr::{Mr, MrEntry, MrInner, MrTable};
 use super::qp::{check_caps, state_to_u8, Qp, QpHandle, QpInner, QpShared};
@@ -318,7 +318,7 @@ impl Context {
     /// Creates a completion channel (an eventfd).
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         Ok(CompChannel {
-            events: Arc::new(EventQueue::new()?),
+            shared: Arc::new(Channel::new()?),
             _ctx: self.clone(),
         })
     }
@@ -342,7 +342,7 @@ impl Context {
             shared: Arc::new(CqShared::new(
                 handle,
                 cqe,
-                channel.map(|c| c.events.clone()),
+                channel.map(|c| c.shared.clone()),
                 self.shared().async_events.clone(),
             )),
             _channel: channel.cloned(),

@@ -18,25 +18,33 @@
 //! socket's input ("mutes" it: the registration keeps WRITABLE only). It
 //! watches it again when the lease runs out (it wakes for that while it has
 //! muted sockets), or at once when an application arms a CQ the connection
-//! feeds: that application is going to sleep until the engine delivers
-//! (arming ends the lease, and a socket is never muted while such a CQ is
-//! armed). Data that arrived meanwhile makes the engine's poll report the
-//! socket as soon as it watches it again. The engine keeps its timers,
-//! connections and everything else; an RNR wait an application's receive
-//! started rings it.
+//! feeds that has no completion channel to wake it (arming such a CQ ends
+//! the lease, and a socket is never muted while one is armed). Arming a CQ
+//! with a channel puts the connection's socket in the channel's set and
+//! renews the lease: the sleeping application wakes on the packet and its
+//! `get_event` receives (`cq.rs`, `Channel`); if the engine keeps its lock
+//! (over `DRIVE_WAIT`), or writes to the connection, the socket goes to the
+//! engine at once. Data that arrived meanwhile makes the engine's poll
+//! report the socket as soon as it watches it again. The engine keeps its
+//! timers, connections and everything else; an RNR wait an application's
+//! receive started rings it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, TryLockError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use slab::Slab;
 use smallvec::SmallVec;
 
 use super::conn::Conn;
 use super::context::Context;
-use super::cq::{lock, CqShared};
+use super::cq::{lock, Channel, CqShared};
 use super::engine::{EQp, Engine, DIRECT_TICK};
 use std::collections::HashMap;
+
+/// How long a sleeping application woken by a packet waits for the engine
+/// lock before it leaves the receive to the engine.
+const DRIVE_WAIT: Duration = Duration::from_micros(20);
 
 impl Context {
     /// Receives for `cq` on this thread, if the engine is not at work.
@@ -47,6 +55,36 @@ impl Context {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
         };
         eng.drive(cq);
+    }
+
+    /// Receives on connections `cids` on this thread, if the engine is not
+    /// at work (false if it is).
+    /// `quiet`: the channel whose `get_event` receives (its events are
+    /// queued without a signal: the caller takes them).
+    ///
+    /// The engine holds its lock only for a loop turn (it sleeps without
+    /// it), so this waits up to `DRIVE_WAIT` for it: an engine awake for
+    /// something else (a timer, its spin after a delivery) must not take
+    /// the receive over, which would keep it awake for the next one.
+    pub(crate) fn drive_conns(&self, cids: &[usize], quiet: Option<&Arc<Channel>>) -> bool {
+        let mut until = None;
+        let mut eng = loop {
+            match self.core().try_lock() {
+                Ok(g) => break g,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    let now = Instant::now();
+                    if *until.get_or_insert(now + DRIVE_WAIT) <= now {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        };
+        eng.quiet = quiet.cloned();
+        eng.drive_conns(cids);
+        eng.quiet = None;
+        true
     }
 }
 
@@ -59,13 +97,19 @@ impl Engine {
             return;
         };
         let cids: SmallVec<[usize; 4]> = feeds.iter().copied().collect();
+        self.drive_conns(&cids);
+    }
+
+    /// An application's receive on connections `cids` (under the engine
+    /// lock), as [`drive`](Self::drive).
+    pub(crate) fn drive_conns(&mut self, cids: &[usize]) {
         let now = Instant::now();
         let until = self.sh.nanos_at(now + self.sh.lease);
         // (The engine's spin after its own deliveries is not for these.)
         let completed = self.sh.completed.load(Ordering::Relaxed);
         self.in_app = true;
         let packets = self.app_packets;
-        for cid in cids {
+        for &cid in cids {
             match self.conns.get(cid) {
                 Some(Conn {
                     stream: Some(w),
@@ -127,10 +171,12 @@ impl Engine {
         let Some(w) = &conn.stream else {
             return;
         };
+        // (An application sleeping on an armed CQ's channel wakes when the
+        // socket receives, if the socket is in the channel's set.)
         let armed = || {
             conn.cqs
                 .iter()
-                .any(|(_, c)| c.upgrade().is_some_and(|c| c.armed()))
+                .any(|(_, c)| c.upgrade().is_some_and(|c| c.armed() && !c.app_wakes(w)))
         };
         if w.mute(&self.sh.registry, self.sh.nanos_at(now), armed) {
             self.muted.push(cid);

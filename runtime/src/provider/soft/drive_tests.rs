@@ -450,26 +450,32 @@ fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> bool {
     unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) == 1 }
 }
 
+fn muted(s: &Side) -> Vec<bool> {
+    let eng = super::super::cq::lock(s.ctx.core());
+    eng.conns
+        .iter()
+        .filter_map(|(_, c)| Some(c.stream.as_ref()?.is_muted()))
+        .collect()
+}
+
 #[test]
-fn arming_the_cq_hands_the_socket_back_at_once() {
+fn arming_a_cq_without_channel_hands_the_socket_back_at_once() {
     let (a, b) = pair();
     let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
     let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
     warm_up(&a, &b, &sbuf, &rbuf);
     force_mute(&b, &b.rcq);
-    // The receiver now sleeps on its channel: the engine must deliver.
+    // The receiver now sleeps on its channel; a CQ of the connection with
+    // no channel to wake anyone is armed too: the engine must deliver.
     post_recv(&b.qp, 7, rbuf.sge(0, 64));
     b.rcq.req_notify(false).expect("arm");
+    b.scq.req_notify(false).expect("arm");
     let mut wc = [Completion::EMPTY; 1];
     assert_eq!(b.rcq.poll(&mut wc).expect("poll"), 0);
-    {
-        let eng = super::super::cq::lock(b.ctx.core());
-        for (_, c) in eng.conns.iter() {
-            if let Some(w) = &c.stream {
-                assert!(!w.is_muted(), "armed, yet the engine does not watch");
-            }
-        }
-    }
+    assert!(
+        muted(&b).iter().all(|m| !m),
+        "armed, yet the engine does not watch"
+    );
     let sender = std::thread::spawn({
         let qp = a.qp.clone();
         let sge = sbuf.sge(0, 8);
@@ -479,11 +485,132 @@ fn arming_the_cq_hands_the_socket_back_at_once() {
         }
     });
     assert!(wait_readable(b.ch.fd(), WAIT), "no completion event");
-    assert_eq!(b.ch.get_event().expect("event"), Some(b.rcq.handle()));
+    let deadline = Instant::now() + WAIT;
+    while b.ch.get_event().expect("event") != Some(b.rcq.handle()) {
+        assert!(Instant::now() < deadline, "no completion event");
+        wait_readable(b.ch.fd(), Duration::from_millis(10));
+    }
     b.rcq.ack_events(1);
     assert_eq!(b.rcq.poll(&mut wc).expect("poll"), 1);
     assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
     sender.join().expect("sender");
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}
+
+/// Waits for one completion of `cq` as a sleeping application does:
+/// arms, polls once more, sleeps on the channel, takes the events.
+/// Returns the completion and the events taken.
+fn sleep_one(cq: &Cq, ch: &CompChannel) -> (Completion, u32) {
+    let mut wc = [Completion::EMPTY; 1];
+    let mut events = 0;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            return (wc[0], events);
+        }
+        cq.req_notify(false).expect("arm");
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            return (wc[0], events);
+        }
+        assert!(Instant::now() < deadline, "no completion");
+        wait_readable(ch.fd(), Duration::from_millis(100));
+        while let Some(h) = ch.get_event().expect("event") {
+            assert_eq!(h, cq.handle());
+            cq.ack_events(1);
+            events += 1;
+        }
+    }
+}
+
+#[test]
+fn a_sleeping_app_receives_itself_when_its_channel_wakes_it() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    // One message so that the connection feeds B's CQs.
+    post_recv(&b.qp, 100, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(0, SendOp::Send, sbuf.sge(0, 8)));
+    assert_eq!(sleep_one(&b.rcq, &b.ch).0.status, WcStatus::Success);
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+    let before = app_packets(&b.ctx);
+    let mut events = 0;
+    for i in 1..40u64 {
+        post_recv(&b.qp, 100 + i, rbuf.sge(0, 64));
+        if i == 1 {
+            // (So that what follows surely wakes the application, even if
+            // this thread stalls while the engine is awake: arming keeps
+            // the socket muted.)
+            force_mute(&b, &b.rcq);
+        }
+        sbuf.write(0, &i.to_ne_bytes());
+        post_send(&a.qp, send_wr(i, SendOp::Send, sbuf.sge(0, 8)));
+        let (r, ev) = sleep_one(&b.rcq, &b.ch);
+        events += ev;
+        assert_eq!(
+            (r.wr_id, r.status, r.byte_len),
+            (100 + i, WcStatus::Success, 8),
+            "message {i}"
+        );
+        assert_eq!(rbuf.read(0, 8), i.to_ne_bytes(), "message {i}");
+        assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+    }
+    assert!(events > 0, "no completion event");
+    assert!(
+        app_packets(&b.ctx) > before,
+        "the sleeping application never received"
+    );
+    // An unarmed CQ raises no event, whoever receives.
+    post_recv(&b.qp, 500, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(50, SendOp::Send, sbuf.sge(0, 8)));
+    let deadline = Instant::now() + WAIT;
+    while b.rcq.shared.queued() == 0 {
+        assert!(Instant::now() < deadline, "not delivered");
+        wait_readable(b.ch.fd(), Duration::from_millis(1));
+        assert_eq!(b.ch.get_event().expect("event"), None, "unarmed");
+    }
+    assert_eq!(spin_one(&b.rcq).wr_id, 500);
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}
+
+#[test]
+fn a_channel_that_finds_the_engine_at_work_hands_the_socket_back() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    post_recv(&b.qp, 7, rbuf.sge(0, 64));
+    force_mute(&b, &b.rcq);
+    b.rcq.req_notify(false).expect("arm");
+    assert!(
+        muted(&b).iter().any(|&m| m),
+        "armed: the application receives"
+    );
+    // The engine is at work (its lock is held) when the packet wakes the
+    // application.
+    let eng = super::super::cq::lock(b.ctx.core());
+    post_send(&a.qp, send_wr(1, SendOp::Send, sbuf.sge(0, 8)));
+    assert!(wait_readable(b.ch.fd(), WAIT), "the packet did not wake");
+    assert_eq!(b.ch.get_event().expect("event"), None);
+    let wires: Vec<_> = eng
+        .conns
+        .iter()
+        .filter_map(|(_, c)| c.stream.clone())
+        .collect();
+    drop(eng);
+    assert!(
+        wires.iter().all(|w| !w.is_muted()),
+        "the engine was not handed the socket"
+    );
+    // The engine delivers, with the event of the armed CQ.
+    let deadline = Instant::now() + WAIT;
+    while b.rcq.shared.queued() == 0 {
+        assert!(Instant::now() < deadline, "the engine never delivered");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(wait_readable(b.ch.fd(), WAIT), "no completion event");
+    assert_eq!(b.ch.get_event().expect("event"), Some(b.rcq.handle()));
+    b.rcq.ack_events(1);
+    assert_eq!(spin_one(&b.rcq).wr_id, 7);
     assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
 }
 
@@ -552,4 +679,37 @@ fn acks_held_by_a_receive_that_stops_polling_still_leave() {
     for w in wires {
         w.revoke(&b.ctx.shared().registry);
     }
+}
+
+#[test]
+fn arming_while_the_engine_writes_to_the_connection_leaves_it_to_the_engine() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    // The engine has output for the connection (as in a bulk transfer)
+    // when the application arms: the engine receives, and the socket does
+    // not wake the application's channel.
+    let eng = super::super::cq::lock(b.ctx.core());
+    let wires: Vec<_> = eng
+        .conns
+        .iter()
+        .filter_map(|(_, c)| c.stream.clone())
+        .collect();
+    for w in &wires {
+        w.claim();
+    }
+    b.rcq.req_notify(false).expect("arm");
+    for w in &wires {
+        assert!(!w.is_muted(), "the engine does not watch");
+        assert!(!b.ch.shared.holds(w), "the channel wakes for it");
+        w.release(true);
+    }
+    drop(eng);
+    post_recv(&b.qp, 9, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(9, SendOp::Send, sbuf.sge(0, 8)));
+    let (r, _) = sleep_one(&b.rcq, &b.ch);
+    assert_eq!((r.wr_id, r.status), (9, WcStatus::Success));
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
 }

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use super::conn::{Conn, Flush, RxDirect};
 use super::context::Shared;
-use super::cq::{lock, CqShared};
+use super::cq::{lock, Channel, CqShared};
 use super::dma::write_raw;
 pub(crate) use super::eqp::{EQp, EWqe};
 use super::packet::{decode_header, decode_hello, Opcode, HEADER_LEN};
@@ -28,7 +28,7 @@ use crate::provider::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpS
 /// Token of the doorbell waker.
 pub(crate) const WAKER: Token = Token(0);
 const LISTENER: Token = Token(1);
-const CONN_BASE: usize = 2;
+pub(crate) const CONN_BASE: usize = 2;
 /// Rounds of fill+flush per connection before looking at other events.
 const SERVICE_ROUNDS: usize = 8;
 /// WRITE payloads at least this big are received straight into memory.
@@ -106,6 +106,9 @@ pub(crate) struct Engine {
     /// An application's receive left the engine a timer it may sleep past
     /// (an RNR wait): it must be woken.
     pub kick: bool,
+    /// While a channel's `get_event` receives: that channel (its events
+    /// are queued without a signal, see `CqShared::signal`).
+    pub quiet: Option<Arc<Channel>>,
     /// QPs waiting for their peer's engine to connect, until when.
     conn_wait: Vec<(u32, Instant)>,
     /// An application's receive runs (see `drive.rs`).
@@ -139,6 +142,7 @@ impl Engine {
             cq_feeds: HashMap::new(),
             muted: Vec::new(),
             kick: false,
+            quiet: None,
             conn_wait: Vec::new(),
             in_app: false,
             app_packets: 0,
@@ -287,7 +291,7 @@ impl Engine {
         let mut list = std::mem::take(&mut self.fired_buf);
         std::mem::swap(&mut list, &mut *lock(&self.sh.fired));
         for cq in list.drain(..) {
-            cq.signal();
+            cq.signal(self.quiet.as_deref());
         }
         self.fired_buf = list;
     }

@@ -32,13 +32,22 @@
 //! code (placement, completions, ACKs and responses). The engine stops
 //! watching such a socket's input while the application's lease on it lasts
 //! (about 1 ms, renewed by every poll), and watches it again when the lease
-//! ends or the application arms a CQ the socket feeds. With both, a
-//! ping-pong between busy-polling applications needs no engine thread at
-//! all: one thread hand-off per message, as with plain TCP.
+//! ends or the application arms a CQ without a completion channel. With
+//! both, a ping-pong between busy-polling applications needs no engine
+//! thread at all: one thread hand-off per message, as with plain TCP.
+//!
+//! A sleeping application receives itself too (`cq.rs`, `Channel`): the
+//! completion channel's fd is an epoll fd over the channel's eventfd and,
+//! from the arming of a CQ on it, the sockets feeding that CQ; arming
+//! renews the lease on them. The packet wakes the application, and its
+//! `get_event` runs the same receive (try-lock on the engine) and returns
+//! the event if that completed the armed CQ. If the engine is at work, or
+//! writes to the connection (a bulk transfer), the socket goes back to the
+//! engine and leaves the channel's set; an expired lease hands it back too.
 //!
 //! Files: `context.rs` (device, PD, limits), `mr.rs` (MR table: the engine
 //! holds its lock while it touches registered memory, so deregistration takes
-//! effect at once), `cq.rs` (CQs, eventfd completion channel, async events),
+//! effect at once), `cq.rs` (CQs, completion channel, async events),
 //! `qp.rs` (state machine, post path), `direct.rs` and `wire.rs` (the
 //! posting thread's transmission), `drive.rs` (the polling thread's
 //! receive), `engine.rs` (loop, connections,

@@ -86,6 +86,22 @@ impl Wire {
         self.stream.as_raw_fd()
     }
 
+    /// The engine's id of the connection.
+    pub fn cid(&self) -> usize {
+        self.token.0 - super::engine::CONN_BASE
+    }
+
+    /// True while the engine has output for this connection not yet
+    /// written (or closed it).
+    pub fn engine_busy(&self) -> bool {
+        self.state().busy
+    }
+
+    /// True once the engine closed the connection.
+    pub fn is_closed(&self) -> bool {
+        self.state().closed
+    }
+
     /// Engine: it is about to produce output; posters queue from now on.
     pub fn claim(&self) {
         self.state().busy = true;
