@@ -409,11 +409,8 @@ fn raw_code_that_takes_channel_events_hands_the_arming_back() {
         revents: 0,
     };
     // SAFETY: one valid pollfd, bounded wait.
-    assert_eq!(
-        unsafe { libc::poll(&mut pfd, 1, 5000) },
-        1,
-        "no channel event"
-    );
+    let ready = unsafe { libc::poll(&mut pfd, 1, 5000) };
+    assert_eq!(ready, 1, "no channel event");
     assert!(dev.comp_channel().get_event().unwrap().is_some());
     dev.cq().ack_events(1);
     let mut wc = [Completion::EMPTY; 4];
