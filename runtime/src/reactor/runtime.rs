@@ -487,7 +487,7 @@ impl Drop for Runtime {
         let deadline = Instant::now() + inner.config.drain_timeout;
         loop {
             d.drain_cqs();
-            if d.ops.in_flight() == 0 {
+            if d.ops.in_flight() == 0 && d.ring_buffers_posted() == 0 {
                 break;
             }
             let now = Instant::now();
@@ -507,10 +507,12 @@ impl Drop for Runtime {
         d.ops.shut_down();
         let leaked_ops = d.ops.leak_parked();
         let leaked_qps = d.release_qps();
-        if leaked_ops + leaked_qps > 0 {
+        let leaked_rings = d.release_rings();
+        if leaked_ops + leaked_qps + leaked_rings > 0 {
             tracing::warn!(
                 leaked_ops,
                 leaked_qps,
+                leaked_rings,
                 "runtime dropped with work requests still in flight: their buffers are leaked"
             );
         }
