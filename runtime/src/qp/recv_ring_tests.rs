@@ -260,7 +260,8 @@ fn stream_yields_messages() {
     use futures::StreamExt;
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
-    rt.block_on(async {
+    let limit = std::time::Duration::from_secs(10);
+    rt.block_on(crate::reactor::timeout(limit, async {
         let mut r = ring(&qp, 2, 1);
         fake.complete_recv(WcStatus::Success, 7).unwrap();
         let m = r.next().await.unwrap().unwrap();
@@ -274,5 +275,6 @@ fn stream_yields_messages() {
         fake.complete_recv(WcStatus::Success, 8).unwrap();
         let m = StreamExt::next(&mut s).await.unwrap().unwrap();
         assert_eq!(m.len(), 8);
-    });
+    }))
+    .expect("timed out");
 }

@@ -570,7 +570,6 @@ impl Driver {
     }
 
     /// Rings the reactor keeps (live or draining).
-    #[cfg(test)]
     pub(crate) fn ring_count(&self) -> usize {
         self.rings.borrow().len()
     }

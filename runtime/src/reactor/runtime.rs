@@ -464,6 +464,12 @@ impl Runtime {
         self.handle.ops().len()
     }
 
+    /// Receive rings the reactor keeps: live ones, and dropped ones whose
+    /// buffers are still posted (their memory is freed after the flush).
+    pub fn receive_rings(&self) -> usize {
+        self.handle.driver().ring_count()
+    }
+
     /// Live tasks.
     pub fn task_count(&self) -> usize {
         self.handle.inner.executor.task_count()
