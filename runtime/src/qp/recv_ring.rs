@@ -170,10 +170,21 @@ enum Slot {
     Idle,
 }
 
+/// A completion waiting in the ring for `next` (what the guard or the error
+/// needs of it).
+#[derive(Clone, Copy)]
+struct Ready {
+    slot: u32,
+    byte_len: u32,
+    imm: Option<u32>,
+    status: WcStatus,
+    vendor_err: u32,
+}
+
 struct State {
     slots: Box<[Slot]>,
     /// Completions of this ring not yet taken by `next`, in order.
-    ready: VecDeque<Completion>,
+    ready: VecDeque<Ready>,
     /// Slots released by their guards, not yet reposted.
     pending: Vec<u32>,
     /// Buffers posted (owned by the device).
@@ -192,7 +203,7 @@ struct State {
     /// Credits (each: receive queue and CQ) acquired for pending slots.
     held_rq: u32,
     held_cq: u32,
-    /// Reused list for post_recv.
+    /// Reused list for batched reposts.
     wrs: Vec<RecvWr>,
 }
 
@@ -205,7 +216,8 @@ pub(crate) struct RingCore {
     depth: u32,
     buf_size: usize,
     batch: u32,
-    lkey: u32,
+    /// One prebuilt receive WR per slot (its wr_id and its buffer's SGE).
+    slot_wrs: Box<[RecvWr]>,
     /// Declared before the memory: deregistered first (`None` in tests
     /// without a device).
     _mr: Option<Mr>,
@@ -229,14 +241,6 @@ impl Drop for RingCore {
 }
 
 impl RingCore {
-    fn sge(&self, slot: u32) -> Sge {
-        Sge {
-            addr: self.mem.as_ptr() as u64 + u64::from(slot) * self.buf_size as u64,
-            length: self.buf_size as u32,
-            lkey: self.lkey,
-        }
-    }
-
     /// Buffers posted (for the reactor's shutdown drain).
     pub(crate) fn posted(&self) -> u32 {
         self.state.borrow().posted
@@ -270,7 +274,13 @@ impl RingCore {
                 (None, st.posted == 0)
             } else {
                 st.slots[slot as usize] = Slot::Taken;
-                st.ready.push_back(*c);
+                st.ready.push_back(Ready {
+                    slot,
+                    byte_len: c.byte_len,
+                    imm: c.imm_data,
+                    status: c.status,
+                    vendor_err: c.vendor_err,
+                });
                 (st.waker.take(), false)
             }
         };
@@ -293,21 +303,14 @@ impl RingCore {
         }
         let mut wrs = std::mem::take(&mut st.wrs);
         wrs.clear();
-        for &s in slots {
-            let mut sg_list = SgList::new();
-            sg_list.push(self.sge(s));
-            wrs.push(RecvWr {
-                wr_id: wr_id::encode_ring(self.key, s),
-                sg_list,
-            });
-        }
+        wrs.extend(slots.iter().map(|&s| self.slot_wrs[s as usize].clone()));
         // Marked posted first: the device may complete them inside the post.
         for &s in slots {
             st.slots[s as usize] = Slot::Posted;
         }
         st.posted += slots.len() as u32;
         // SAFETY: each SGE names one buffer of this ring's allocation
-        // (`sge`), registered by `_mr`; the core (memory and registration)
+        // (`slot_wrs`), registered by `_mr`; the core (memory and registration)
         // is kept alive, by the reactor's registry when nothing else holds
         // it, until the buffer's completion has been polled (`completed`),
         // and no reference to a posted buffer exists (slots are lent to
@@ -316,22 +319,51 @@ impl RingCore {
         st.wrs = wrs;
         match res {
             Ok(()) => Ok(()),
-            Err(e) => {
-                let unposted = &slots[e.posted.min(slots.len())..];
-                for &s in unposted {
-                    st.slots[s as usize] = Slot::Idle;
-                }
-                let n = unposted.len() as u32;
-                st.posted -= n;
-                st.stopped = true;
-                self.qp.rq.release(n);
-                self.qp.recv_cq.release(n);
-                Err(RecvRingError::Post {
-                    qp_num: self.qp.qp_num,
-                    count: unposted.len(),
-                    source: e,
-                })
-            }
+            Err(e) => Err(self.post_failed(st, slots, e)),
+        }
+    }
+
+    /// Posts one slot (credits held) with its prebuilt WR: the repost
+    /// fast path.
+    #[inline]
+    fn post_one(&self, st: &mut State, slot: u32) {
+        st.slots[slot as usize] = Slot::Posted;
+        st.posted += 1;
+        // SAFETY: as in `post`: the slot's buffer belongs to this ring's
+        // allocation, kept (with its registration) until its completion
+        // has been polled, and no reference to it exists while posted (its
+        // guard is being dropped).
+        let res = unsafe {
+            self.qp
+                .backend
+                .post_recv(std::slice::from_ref(&self.slot_wrs[slot as usize]))
+        };
+        if let Err(e) = res {
+            let e = self.post_failed(st, &[slot], e);
+            tracing::warn!(error = %e, "receive ring repost failed");
+            st.post_error.get_or_insert(e);
+            self.release_pending(st);
+        }
+    }
+
+    /// The provider refused `slots[e.posted..]`: they go idle, their
+    /// credits are given back, the ring stops.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&self, st: &mut State, slots: &[u32], e: PostError) -> RecvRingError {
+        let unposted = &slots[e.posted.min(slots.len())..];
+        for &s in unposted {
+            st.slots[s as usize] = Slot::Idle;
+        }
+        let n = unposted.len() as u32;
+        st.posted -= n;
+        st.stopped = true;
+        self.qp.rq.release(n);
+        self.qp.recv_cq.release(n);
+        RecvRingError::Post {
+            qp_num: self.qp.qp_num,
+            count: unposted.len(),
+            source: e,
         }
     }
 
@@ -388,10 +420,11 @@ impl RingCore {
 
     /// Gives up the pending slots (and the credits held for them).
     fn release_pending(&self, st: &mut State) {
-        for s in std::mem::take(&mut st.pending) {
-            st.slots[s as usize] = Slot::Idle;
+        for i in 0..st.pending.len() {
+            let s = st.pending[i] as usize;
+            st.slots[s] = Slot::Idle;
         }
-        st.pending = Vec::with_capacity(self.depth as usize);
+        st.pending.clear();
         self.qp.rq.cancel(&mut st.rq_ticket);
         self.qp.recv_cq.cancel(&mut st.cq_ticket);
         self.qp.rq.release(st.held_rq);
@@ -401,16 +434,32 @@ impl RingCore {
     }
 
     /// A guard gave its slot back.
+    #[inline]
     fn release(&self, slot: u32) {
         let mut st = self.state.borrow_mut();
         if st.dropped || st.stopped || self.qp.closed.get() {
             st.slots[slot as usize] = Slot::Idle;
             return;
         }
+        // Unbatched, nothing pending, credits at hand: post it now.
+        if self.batch == 1 && st.pending.is_empty() && self.qp.rq.try_acquire(1) {
+            if self.qp.recv_cq.try_acquire(1) {
+                self.post_one(&mut st, slot);
+                return;
+            }
+            self.qp.rq.release(1);
+        }
+        self.release_slow(&mut st, slot);
+    }
+
+    /// [`release`](Self::release) into the pending list (batching, or
+    /// waiting for credits).
+    #[inline(never)]
+    fn release_slow(&self, st: &mut State, slot: u32) {
         st.slots[slot as usize] = Slot::Pending;
         st.pending.push(slot);
         if st.pending.len() as u32 >= self.batch {
-            self.flush_pending(&mut st, None);
+            self.flush_pending(st, None);
         }
     }
 }
@@ -539,6 +588,11 @@ impl RecvRing {
             None => None,
         };
         let lkey = mr.as_ref().map_or(0, Mr::lkey);
+        let slot_sge = |slot: u32| Sge {
+            addr: mem.as_ptr() as u64 + u64::from(slot) * buf_size as u64,
+            length: buf_size as u32,
+            lkey,
+        };
         let handle = qp.inner.handle.clone();
         let state = State {
             slots: vec![Slot::Idle; depth as usize].into_boxed_slice(),
@@ -566,7 +620,16 @@ impl RecvRing {
                 depth,
                 buf_size,
                 batch: repost_batch.clamp(1, depth),
-                lkey,
+                slot_wrs: (0..depth)
+                    .map(|slot| {
+                        let mut sg_list = SgList::new();
+                        sg_list.push(slot_sge(slot));
+                        RecvWr {
+                            wr_id: wr_id::encode_ring(key, slot),
+                            sg_list,
+                        }
+                    })
+                    .collect(),
                 _mr: mr.take().flatten(),
                 mem,
                 layout,
@@ -644,9 +707,9 @@ impl RecvRing {
                 drop(st);
                 return Poll::Ready(Some(Ok(RecvMsg {
                     core: core.clone(),
-                    slot: (c.wr_id & wr_id::RING_SLOT_MASK) as u32,
+                    slot: c.slot,
                     len: c.byte_len,
-                    imm: c.imm_data,
+                    imm: c.imm,
                 })));
             }
             if let Some(e) = self.failed(&mut st, c) {
@@ -686,8 +749,8 @@ impl RecvRing {
     /// drain).
     #[cold]
     #[inline(never)]
-    fn failed(&self, st: &mut State, c: Completion) -> Option<RecvRingError> {
-        let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
+    fn failed(&self, st: &mut State, c: Ready) -> Option<RecvRingError> {
+        let slot = c.slot;
         let qp_num = self.core.qp.qp_num;
         st.slots[slot as usize] = Slot::Idle;
         st.stopped = true;
@@ -708,7 +771,7 @@ impl RecvRing {
         Some(RecvRingError::Completion {
             qp_num,
             slot,
-            wr_id: c.wr_id,
+            wr_id: wr_id::encode_ring(self.core.key, slot),
             status: c.status,
             vendor_err: c.vendor_err,
         })
@@ -723,8 +786,7 @@ impl Drop for RecvRing {
             st.waker = None;
             // Completed, unread messages: their buffers go idle.
             while let Some(c) = st.ready.pop_front() {
-                let s = (c.wr_id & wr_id::RING_SLOT_MASK) as usize;
-                st.slots[s] = Slot::Idle;
+                st.slots[c.slot as usize] = Slot::Idle;
             }
             self.core.release_pending(&mut st);
             st.posted == 0

@@ -278,3 +278,115 @@ fn stream_yields_messages() {
     }))
     .expect("timed out");
 }
+
+struct Bare;
+
+impl crate::op::Completable for Bare {
+    type Output = Result<crate::provider::Completion, crate::op::SubmitError>;
+    fn complete(self, c: crate::provider::Completion) -> Self::Output {
+        Ok(c)
+    }
+    fn fail(self, e: crate::op::SubmitError) -> Self::Output {
+        Err(e)
+    }
+}
+
+/// A signaled zero-length WRITE op (no SGE): holds one send and one CQ credit.
+fn bare_write(qp: &QueuePair) -> crate::qp::Submit<Bare> {
+    use crate::provider::{SendFlags, SendOp, SendWr};
+    // SAFETY: no SGE: the WR names no local memory.
+    unsafe {
+        qp.submit_send(Bare, |_, chain| {
+            chain.push(SendWr {
+                wr_id: 0,
+                sg_list: Default::default(),
+                op: SendOp::Write {
+                    remote_addr: 0,
+                    rkey: 1,
+                },
+                flags: SendFlags::NONE,
+            });
+            Ok(())
+        })
+    }
+}
+
+#[test]
+// The ops are submitted inside the runtime, awaited later.
+#[allow(clippy::async_yields_async)]
+fn a_repost_without_cq_credits_waits_for_them_then_posts() {
+    let rt = Runtime::new().unwrap();
+    // One CQ for sends and receives, 5 entries: the ring takes 4.
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 5);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    let w1 = rt.block_on(async { bare_write(&qp) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    // The freed CQ entry goes to another send before the guard is dropped.
+    let w2 = rt.block_on(async { bare_write(&qp) });
+    drop(m);
+    assert_eq!(
+        fake.outstanding_recvs(),
+        3,
+        "no CQ credit: not reposted yet"
+    );
+    // A task waits for the next message (and so for the repost's credits).
+    let waiter = crate::reactor::spawn(async move {
+        let got = r.next().await.map(|m| m.map(|m| m.len()).ok());
+        (r, got)
+    });
+    settle(&rt);
+    assert_eq!(fake.outstanding_recvs(), 3);
+    // A send completes: its CQ credit goes to the waiting repost, which
+    // wakes the task.
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert!(rt.block_on(w1).is_ok());
+    assert_eq!(
+        fake.outstanding_recvs(),
+        4,
+        "reposted once the credit came back"
+    );
+    fake.complete_recv(WcStatus::Success, 9).unwrap();
+    let (r, got) = rt.block_on(waiter);
+    assert_eq!(got, Some(Some(9)));
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert!(rt.block_on(w2).is_ok());
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn a_failed_repost_is_reported_by_next_and_gives_its_credits_back() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 2, 1) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    fake.fail_next_post(
+        0,
+        crate::provider::ProviderError::Unsupported {
+            provider: "fake",
+            what: "post_recv",
+        },
+    );
+    drop(m);
+    assert_eq!(
+        qp.outstanding_recvs(),
+        1,
+        "the failed repost's credits came back"
+    );
+    match next_now(&mut r) {
+        Some(Some(Err(RecvRingError::Post {
+            qp_num: 3,
+            count: 1,
+            ..
+        }))) => {}
+        other => panic!("expected the post error, got {other:?}"),
+    }
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
