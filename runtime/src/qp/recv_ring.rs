@@ -439,6 +439,14 @@ impl RingCore {
         let mut st = self.state.borrow_mut();
         if st.dropped || st.stopped || self.qp.closed.get() {
             st.slots[slot as usize] = Slot::Idle;
+            // The last buffer: a waiting `next` can end the stream now.
+            if st.posted == 0 {
+                let waker = st.waker.take();
+                drop(st);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            }
             return;
         }
         // Unbatched, nothing pending, credits at hand: post it now.
@@ -449,17 +457,29 @@ impl RingCore {
             }
             self.qp.rq.release(1);
         }
-        self.release_slow(&mut st, slot);
+        let waker = self.release_slow(&mut st, slot);
+        drop(st);
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 
     /// [`release`](Self::release) into the pending list (batching, or
-    /// waiting for credits).
+    /// waiting for credits). Returns the waiting `next`'s waker if the slot
+    /// stays pending: the wait reposts what is pending (a guard dropped on
+    /// another task must not leave its buffer unposted while `next`
+    /// sleeps).
     #[inline(never)]
-    fn release_slow(&self, st: &mut State, slot: u32) {
+    fn release_slow(&self, st: &mut State, slot: u32) -> Option<Waker> {
         st.slots[slot as usize] = Slot::Pending;
         st.pending.push(slot);
         if st.pending.len() as u32 >= self.batch {
             self.flush_pending(st, None);
+        }
+        if st.pending.is_empty() {
+            None
+        } else {
+            st.waker.take()
         }
     }
 }
@@ -693,8 +713,8 @@ impl RecvRing {
     /// completed.
     // An async `next`, as on tokio's and futures' streams (not Iterator's).
     #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> Next<'_> {
-        Next { ring: self }
+    pub fn next(&mut self) -> NextMsg<'_> {
+        NextMsg { ring: self }
     }
 
     /// Polls for the next message (see [`next`](Self::next)). Released
@@ -810,11 +830,11 @@ impl futures::Stream for RecvRing {
 
 /// The future of [`RecvRing::next`].
 #[must_use = "futures do nothing unless polled"]
-pub struct Next<'a> {
+pub struct NextMsg<'a> {
     ring: &'a mut RecvRing,
 }
 
-impl Future for Next<'_> {
+impl Future for NextMsg<'_> {
     type Output = Option<Result<RecvMsg, RecvRingError>>;
 
     #[inline]

@@ -390,3 +390,50 @@ fn a_failed_repost_is_reported_by_next_and_gives_its_credits_back() {
     drop(r);
     rt.block_on(async { qp.close().await.unwrap() });
 }
+
+#[test]
+fn a_guard_dropped_elsewhere_is_reposted_while_next_waits_below_the_batch() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 4) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    let waiter = crate::reactor::spawn(async move {
+        let got = r.next().await.map(|m| m.map(|m| m.len()).ok());
+        (r, got)
+    });
+    settle(&rt);
+    assert_eq!(fake.outstanding_recvs(), 3);
+    // One buffer back, below the batch of 4: the waiting `next` posts it.
+    drop(m);
+    settle(&rt);
+    assert_eq!(fake.outstanding_recvs(), 4, "reposted by the waiting next");
+    fake.complete_recv(WcStatus::Success, 2).unwrap();
+    let (r, got) = rt.block_on(waiter);
+    assert_eq!(got, Some(Some(2)));
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn the_last_guard_dropped_after_close_ends_a_waiting_stream() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 1, 1) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    let waiter = crate::reactor::spawn(async move { r.next().await.is_none() });
+    settle(&rt);
+    rt.block_on(async { qp.close().await.unwrap() });
+    settle(&rt);
+    drop(m);
+    let limit = std::time::Duration::from_secs(5);
+    let ended = rt.block_on(crate::reactor::timeout(limit, waiter));
+    assert_eq!(
+        ended.ok(),
+        Some(true),
+        "the stream ends once the last buffer is back"
+    );
+}
