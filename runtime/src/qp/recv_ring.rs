@@ -27,7 +27,7 @@
 //! overflow, and [`QueuePair::close`] waits for the ring's flushes.
 
 use std::alloc::Layout;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -189,7 +189,6 @@ struct State {
     pending: Vec<u32>,
     /// Buffers posted (owned by the device).
     posted: u32,
-    waker: Option<Waker>,
     /// The `RecvRing` handle is gone.
     dropped: bool,
     /// A buffer failed (or the QP closed): nothing is reposted any more.
@@ -228,6 +227,10 @@ pub(crate) struct RingCore {
     mem: NonNull<u8>,
     layout: Layout,
     state: RefCell<State>,
+    /// The task waiting in `next`. Kept after a wake-up (woken by
+    /// reference: no clone and drop per message), replaced when another
+    /// task waits, cleared when the ring is dropped.
+    waker: Cell<Option<Waker>>,
 }
 
 impl Drop for RingCore {
@@ -249,7 +252,7 @@ impl RingCore {
     /// A completion of one of this ring's buffers, routed by the reactor.
     pub(crate) fn completed(&self, c: &Completion) {
         let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
-        let (waker, unregister) = {
+        let (wake, unregister) = {
             let mut st = self.state.borrow_mut();
             if c.qp_num != self.qp.qp_num
                 || slot >= self.depth
@@ -271,7 +274,7 @@ impl RingCore {
                 if !c.status.is_success() {
                     tracing::debug!(qp = c.qp_num, status = %c.status, "dropped receive ring: buffer completed");
                 }
-                (None, st.posted == 0)
+                (false, st.posted == 0)
             } else {
                 st.slots[slot as usize] = Slot::Taken;
                 st.ready.push_back(Ready {
@@ -281,7 +284,7 @@ impl RingCore {
                     status: c.status,
                     vendor_err: c.vendor_err,
                 });
-                (st.waker.take(), false)
+                (true, false)
             }
         };
         self.qp.rq.release(1);
@@ -289,7 +292,25 @@ impl RingCore {
         if unregister {
             self.handle.driver().unregister_ring(self.key, self);
         }
-        if let Some(w) = waker {
+        if wake {
+            self.wake_by_ref();
+        }
+    }
+
+    /// Wakes the waiting task, keeping its waker registered (unless a new
+    /// one was registered meanwhile).
+    #[inline]
+    fn wake_by_ref(&self) {
+        if let Some(w) = self.waker.take() {
+            w.wake_by_ref();
+            let newer = self.waker.take();
+            self.waker.set(newer.or(Some(w)));
+        }
+    }
+
+    /// Wakes the waiting task and forgets its waker.
+    fn wake(&self) {
+        if let Some(w) = self.waker.take() {
             w.wake();
         }
     }
@@ -441,11 +462,8 @@ impl RingCore {
             st.slots[slot as usize] = Slot::Idle;
             // The last buffer: a waiting `next` can end the stream now.
             if st.posted == 0 {
-                let waker = st.waker.take();
                 drop(st);
-                if let Some(w) = waker {
-                    w.wake();
-                }
+                self.wake();
             }
             return;
         }
@@ -457,30 +475,26 @@ impl RingCore {
             }
             self.qp.rq.release(1);
         }
-        let waker = self.release_slow(&mut st, slot);
+        let wake = self.release_slow(&mut st, slot);
         drop(st);
-        if let Some(w) = waker {
-            w.wake();
+        if wake {
+            self.wake();
         }
     }
 
     /// [`release`](Self::release) into the pending list (batching, or
-    /// waiting for credits). Returns the waiting `next`'s waker if the slot
-    /// stays pending: the wait reposts what is pending (a guard dropped on
-    /// another task must not leave its buffer unposted while `next`
-    /// sleeps).
+    /// waiting for credits). Returns true if the slot stays pending: the
+    /// waiting `next` is to be woken, as it reposts what is pending (a
+    /// guard dropped on another task must not leave its buffer unposted
+    /// while `next` sleeps).
     #[inline(never)]
-    fn release_slow(&self, st: &mut State, slot: u32) -> Option<Waker> {
+    fn release_slow(&self, st: &mut State, slot: u32) -> bool {
         st.slots[slot as usize] = Slot::Pending;
         st.pending.push(slot);
         if st.pending.len() as u32 >= self.batch {
             self.flush_pending(st, None);
         }
-        if st.pending.is_empty() {
-            None
-        } else {
-            st.waker.take()
-        }
+        !st.pending.is_empty()
     }
 }
 
@@ -619,7 +633,6 @@ impl RecvRing {
             ready: VecDeque::with_capacity(depth as usize),
             pending: Vec::with_capacity(depth as usize),
             posted: 0,
-            waker: None,
             dropped: false,
             stopped: false,
             reported_flush: false,
@@ -654,6 +667,7 @@ impl RecvRing {
                 mem,
                 layout,
                 state: RefCell::new(state.take().unwrap_or_else(|| unreachable!())),
+                waker: Cell::new(None),
             })
         });
         let Some(ring) = registered else {
@@ -756,10 +770,11 @@ impl RecvRing {
         if st.posted == 0 && (st.stopped || self.core.qp.closed.get()) {
             return Poll::Ready(None);
         }
-        match &st.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => st.waker = Some(cx.waker().clone()),
-        }
+        let w = match self.core.waker.take() {
+            Some(w) if w.will_wake(cx.waker()) => w,
+            _ => cx.waker().clone(),
+        };
+        self.core.waker.set(Some(w));
         Poll::Pending
     }
 
@@ -803,7 +818,7 @@ impl Drop for RecvRing {
         let unregister = {
             let mut st = self.core.state.borrow_mut();
             st.dropped = true;
-            st.waker = None;
+            drop(self.core.waker.take());
             // Completed, unread messages: their buffers go idle.
             while let Some(c) = st.ready.pop_front() {
                 st.slots[c.slot as usize] = Slot::Idle;
