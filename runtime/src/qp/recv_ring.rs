@@ -27,7 +27,7 @@
 //! overflow, and [`QueuePair::close`] waits for the ring's flushes.
 
 use std::alloc::Layout;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -189,6 +189,7 @@ struct State {
     pending: Vec<u32>,
     /// Buffers posted (owned by the device).
     posted: u32,
+    waker: Option<Waker>,
     /// The `RecvRing` handle is gone.
     dropped: bool,
     /// A buffer failed (or the QP closed): nothing is reposted any more.
@@ -227,10 +228,6 @@ pub(crate) struct RingCore {
     mem: NonNull<u8>,
     layout: Layout,
     state: RefCell<State>,
-    /// The task waiting in `next`. Kept after a wake-up (woken by
-    /// reference: no clone and drop per message), replaced when another
-    /// task waits, cleared when the ring is dropped.
-    waker: Cell<Option<Waker>>,
 }
 
 impl Drop for RingCore {
@@ -252,7 +249,7 @@ impl RingCore {
     /// A completion of one of this ring's buffers, routed by the reactor.
     pub(crate) fn completed(&self, c: &Completion) {
         let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
-        let (wake, unregister) = {
+        let (waker, unregister) = {
             let mut st = self.state.borrow_mut();
             if c.qp_num != self.qp.qp_num
                 || slot >= self.depth
@@ -274,7 +271,7 @@ impl RingCore {
                 if !c.status.is_success() {
                     tracing::debug!(qp = c.qp_num, status = %c.status, "dropped receive ring: buffer completed");
                 }
-                (false, st.posted == 0)
+                (None, st.posted == 0)
             } else {
                 st.slots[slot as usize] = Slot::Taken;
                 st.ready.push_back(Ready {
@@ -284,7 +281,7 @@ impl RingCore {
                     status: c.status,
                     vendor_err: c.vendor_err,
                 });
-                (true, false)
+                (st.waker.take(), false)
             }
         };
         self.qp.rq.release(1);
@@ -292,25 +289,7 @@ impl RingCore {
         if unregister {
             self.handle.driver().unregister_ring(self.key, self);
         }
-        if wake {
-            self.wake_by_ref();
-        }
-    }
-
-    /// Wakes the waiting task, keeping its waker registered (unless a new
-    /// one was registered meanwhile).
-    #[inline]
-    fn wake_by_ref(&self) {
-        if let Some(w) = self.waker.take() {
-            w.wake_by_ref();
-            let newer = self.waker.take();
-            self.waker.set(newer.or(Some(w)));
-        }
-    }
-
-    /// Wakes the waiting task and forgets its waker.
-    fn wake(&self) {
-        if let Some(w) = self.waker.take() {
+        if let Some(w) = waker {
             w.wake();
         }
     }
@@ -462,8 +441,11 @@ impl RingCore {
             st.slots[slot as usize] = Slot::Idle;
             // The last buffer: a waiting `next` can end the stream now.
             if st.posted == 0 {
+                let waker = st.waker.take();
                 drop(st);
-                self.wake();
+                if let Some(w) = waker {
+                    w.wake();
+                }
             }
             return;
         }
@@ -475,26 +457,30 @@ impl RingCore {
             }
             self.qp.rq.release(1);
         }
-        let wake = self.release_slow(&mut st, slot);
+        let waker = self.release_slow(&mut st, slot);
         drop(st);
-        if wake {
-            self.wake();
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 
     /// [`release`](Self::release) into the pending list (batching, or
-    /// waiting for credits). Returns true if the slot stays pending: the
-    /// waiting `next` is to be woken, as it reposts what is pending (a
-    /// guard dropped on another task must not leave its buffer unposted
-    /// while `next` sleeps).
+    /// waiting for credits). Returns the waiting `next`'s waker if the slot
+    /// stays pending: the wait reposts what is pending (a guard dropped on
+    /// another task must not leave its buffer unposted while `next`
+    /// sleeps).
     #[inline(never)]
-    fn release_slow(&self, st: &mut State, slot: u32) -> bool {
+    fn release_slow(&self, st: &mut State, slot: u32) -> Option<Waker> {
         st.slots[slot as usize] = Slot::Pending;
         st.pending.push(slot);
         if st.pending.len() as u32 >= self.batch {
             self.flush_pending(st, None);
         }
-        !st.pending.is_empty()
+        if st.pending.is_empty() {
+            None
+        } else {
+            st.waker.take()
+        }
     }
 }
 
@@ -582,7 +568,7 @@ impl RecvRing {
             return Err(RecvRingError::Credits {
                 qp_num,
                 depth,
-                rq_available: core.rq.available() - depth.min(core.rq.available()),
+                rq_available: core.rq.available(),
                 cq_available: core.recv_cq.available(),
             });
         }
@@ -633,6 +619,7 @@ impl RecvRing {
             ready: VecDeque::with_capacity(depth as usize),
             pending: Vec::with_capacity(depth as usize),
             posted: 0,
+            waker: None,
             dropped: false,
             stopped: false,
             reported_flush: false,
@@ -667,7 +654,6 @@ impl RecvRing {
                 mem,
                 layout,
                 state: RefCell::new(state.take().unwrap_or_else(|| unreachable!())),
-                waker: Cell::new(None),
             })
         });
         let Some(ring) = registered else {
@@ -770,11 +756,10 @@ impl RecvRing {
         if st.posted == 0 && (st.stopped || self.core.qp.closed.get()) {
             return Poll::Ready(None);
         }
-        let w = match self.core.waker.take() {
-            Some(w) if w.will_wake(cx.waker()) => w,
-            _ => cx.waker().clone(),
-        };
-        self.core.waker.set(Some(w));
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
         Poll::Pending
     }
 
@@ -818,7 +803,7 @@ impl Drop for RecvRing {
         let unregister = {
             let mut st = self.core.state.borrow_mut();
             st.dropped = true;
-            drop(self.core.waker.take());
+            st.waker = None;
             // Completed, unread messages: their buffers go idle.
             while let Some(c) = st.ready.pop_front() {
                 st.slots[c.slot as usize] = Slot::Idle;
