@@ -10,7 +10,7 @@
 //!   latency of one iteration is half its round trip (as perftest), reported
 //!   as min / max / typical (median) / average / stdev / 99% / 99.9%. Like
 //!   perftest, both sides keep RECVs posted ahead (a `RecvRing` of
-//!   [`RING_DEPTH`] buffers, each reposted when its message has been
+//!   `RING_DEPTH` buffers, each reposted when its message has been
 //!   handled) and send INLINE without
 //!   waiting for the send's completion (`Verbs::send_inline`: mostly
 //!   unsignaled, one signaled in every few) when the message fits the QP's
