@@ -9,7 +9,9 @@
 //! - `send_lat`: SEND ping-pong of `--size` bytes, `--iters` round trips; the
 //!   latency of one iteration is half its round trip (as perftest), reported
 //!   as min / max / typical (median) / average / stdev / 99% / 99.9%. Like
-//!   perftest, both sides keep a RECV posted ahead and send INLINE without
+//!   perftest, both sides keep RECVs posted ahead (a `RecvRing` of
+//!   `RING_DEPTH` buffers, each reposted when its message has been
+//!   handled) and send INLINE without
 //!   waiting for the send's completion (`Verbs::send_inline`: mostly
 //!   unsignaled, one signaled in every few) when the message fits the QP's
 //!   `max_inline_data`; `--signaled` runs the SENDs as ordinary ops instead
@@ -71,7 +73,9 @@ use verbio::provider::{
     SendOp, SendWr, SgList, Sge, WcStatus,
 };
 use verbio::runtime::buf::{LocalBuf, MrPool, RegisteredBuf, RemoteAccessRegion};
-use verbio::runtime::{sleep, spawn, timeout, Device, QueuePair, Runtime, TcpStream};
+use verbio::runtime::{
+    sleep, spawn, timeout, Device, QueuePair, RecvRing, RecvRingConfig, Runtime, TcpStream,
+};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -339,7 +343,7 @@ async fn serve(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<
     match args.test {
         Test::WriteBw => write_bw_server(size, dev, qp, pool).await,
         Test::SendLat if raw => raw_server(size, dev, qp, pool).await,
-        Test::SendLat => send_lat_server(args, size, qp, pool).await,
+        Test::SendLat => send_lat_server(args, size, dev, qp, pool).await,
     }
 }
 
@@ -369,26 +373,47 @@ fn inline_sends(args: &Args, size: usize, max_inline: usize) -> bool {
     !args.signaled && size <= max_inline
 }
 
-/// Echoes every message until an empty one; each RECV is re-posted before
-/// the reply goes out.
-async fn send_lat_server(args: &Args, size: usize, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+/// send_lat's receive ring: buffers posted ahead on each side.
+const RING_DEPTH: u32 = 8;
+
+/// The receive ring of send_lat's `size`-byte messages on `qp`.
+fn lat_ring(dev: &Device, qp: &QueuePair, size: usize) -> Res<RecvRing> {
+    let depth = RING_DEPTH.min(qp.caps().max_recv_wr);
+    Ok(RecvRing::new(
+        qp,
+        dev.pd(),
+        RecvRingConfig::new(depth, size.max(1)),
+    )?)
+}
+
+/// Echoes every message until an empty one. The receives come from a ring
+/// posted ahead; each buffer is reposted once its echo is posted (inline:
+/// copied at post time) or copied out (signaled sends).
+async fn send_lat_server(
+    args: &Args,
+    size: usize,
+    dev: &Device,
+    qp: &QueuePair,
+    pool: &MrPool,
+) -> Res<()> {
     let inline = inline_sends(args, size, qp.caps().max_inline_data as usize);
     let mut spare = pool.alloc(size)?;
-    let mut next = qp.recv(pool.alloc(size)?);
-    // The first ping finds its RECV posted: tell the client to start.
+    let mut ring = lat_ring(dev, qp, size)?;
+    // The first ping finds the ring posted: tell the client to start.
     qp.send(pool.alloc_from(b"ready")?).await.0?;
     loop {
-        let (res, got) = next.await;
-        if res?.len == 0 {
+        let got = ring.next().await.ok_or("the receive ring ended")??;
+        if got.is_empty() {
             return Ok(());
         }
-        next = qp.recv(spare);
         if inline {
-            // Copied at post time: `got` is free again at once.
             qp.send_inline(&got).await?;
-            spare = got;
+            drop(got);
         } else {
-            let (res, sent) = qp.send(got).await;
+            spare.clear();
+            spare.extend_from_slice(&got)?;
+            drop(got);
+            let (res, sent) = qp.send(spare).await;
             res?;
             spare = sent;
         }
@@ -432,7 +457,7 @@ fn client(args: &Args, addr: SocketAddr) -> Res<()> {
         let res = match args.test {
             Test::WriteBw => write_bw_client(args, &qp, &pool).await,
             Test::SendLat if args.raw => raw_client(args, &dev, &qp, &pool).await,
-            Test::SendLat => send_lat_client(args, &qp, &pool).await,
+            Test::SendLat => send_lat_client(args, &dev, &qp, &pool).await,
         };
         let _ = timeout(Duration::from_secs(5), qp.close()).await;
         res
@@ -499,13 +524,14 @@ async fn write_bw_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     Ok(())
 }
 
-async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> {
+async fn send_lat_client(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<()> {
     if &greet(args, qp, pool).await?[..] != b"ready" {
         return Err("the server did not answer \"ready\"".into());
     }
     let payload: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
     let mut msg = pool.alloc_from(&payload)?;
-    let mut reply = pool.alloc(args.size)?;
+    // Posted before the first ping goes out.
+    let mut ring = lat_ring(dev, qp, args.size)?;
     // One timestamp per SEND posted, as perftest's `tposted`: iteration i
     // took stamps[i + 1] - stamps[i]. Like perftest's `get_cycles`, a stamp
     // is a cycle counter read where there is one (the system clock costs a
@@ -517,43 +543,50 @@ async fn send_lat_client(args: &Args, qp: &QueuePair, pool: &MrPool) -> Res<()> 
     let inline = inline_sends(args, args.size, qp.caps().max_inline_data as usize);
     let clock = CycleClock::start();
     if inline {
-        // perftest's loop: the RECV for the next echo is always posted
+        // perftest's loop: RECVs for the next echoes are always posted
         // ahead; the SEND is copied inline and not waited for.
-        let mut next = qp.recv(reply);
         for i in 0..args.iters {
             stamps.push(clock.stamp());
             qp.send_inline(&payload)
                 .await
                 .map_err(|e| format!("send {i}: {e}"))?;
             parts.mark(0, &clock);
-            let (rres, back) = next.await;
+            let back = ring
+                .next()
+                .await
+                .ok_or("the receive ring ended")?
+                .map_err(|e| format!("recv {i}: {e}"))?;
             parts.mark(1, &clock);
-            let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
-            if n != args.size {
-                return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
+            if back.len() != args.size {
+                return Err(
+                    format!("echo {i}: {} bytes, expected {}", back.len(), args.size).into(),
+                );
             }
-            next = qp.recv(back);
+            // Reposts the buffer.
+            drop(back);
             parts.mark(2, &clock);
         }
-        // The last RECV stays posted; dropping it parks its buffer until the
-        // close flushes it.
-        drop(next);
     } else {
         for i in 0..args.iters {
             stamps.push(clock.stamp());
-            // The RECV for the echo goes first, so it never finds the queue empty.
-            let r = qp.recv(reply);
             let s = qp.send(msg);
-            let ((sres, m), (rres, back)) = futures::join!(s, r);
+            let r = ring.next();
+            let ((sres, m), back) = futures::join!(s, r);
             sres.map_err(|e| format!("send {i}: {e}"))?;
-            let n = rres.map_err(|e| format!("recv {i}: {e}"))?.len;
-            if n != args.size {
-                return Err(format!("echo {i}: {n} bytes, expected {}", args.size).into());
+            let back = back
+                .ok_or("the receive ring ended")?
+                .map_err(|e| format!("recv {i}: {e}"))?;
+            if back.len() != args.size {
+                return Err(
+                    format!("echo {i}: {} bytes, expected {}", back.len(), args.size).into(),
+                );
             }
             msg = m;
-            reply = back;
         }
     }
+    // The ring's buffers stay posted; the close flushes them before their
+    // memory is freed.
+    drop(ring);
     let ticks_per_us = clock.ticks_per_us();
     // An empty message ends the server's echo loop.
     qp.send(pool.alloc(0)?).await.0?;

@@ -11,7 +11,7 @@
 #                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
-#                    verbs_inline (verbio)
+#                    verbs_inline recv_ring (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`) and verbio's
@@ -36,6 +36,7 @@
 #                    natively): perftest `ib_send_lat -e` vs verbio `perf
 #                    send_lat --events`, both sleeping on the completion
 #                    channel (no busy-poll spin, whose count is all timing),
+#                    (and each RXE_PERF_VARIANTS build the same way),
 #                    each at 100 and 300 iterations: (I300 - I100) / 200 per
 #                    round trip, start-up cancelled; then the top functions per
 #                    round trip of each (scripts/callgrind-per-rt.py, on the
@@ -66,7 +67,7 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline recv_ring"
 
 PERFTEST=0
 DEVINFO=1
@@ -286,16 +287,18 @@ PERF
     fi
     if [ "$CALLGRIND" = 1 ]; then
         echo "PERF='$PERF_BIN'"
+        echo "CG_VARIANTS='${RXE_PERF_VARIANTS:-}'"
         cat <<'CG'
 # Instructions (user space, callgrind Ir) of a SEND ping-pong client, per
 # round trip: runs at 100 and 300 iterations, the difference over 200.
-# cgrun NAME N CLIENT...: server per NAME, client under callgrind.
+# cgrun NAME N CLIENT...: server per NAME, client under callgrind. Any
+# NAME but perftest runs the server of the perf build $CGBIN.
 cgrun() {
     name=$1; n=$2; shift 2
     out="$LOGS/cg.$name.$n"
     case $name in
         perftest) ib_send_lat -d rxe0 -x 1 -s 64 -n "$n" -e >"$out.srv" 2>&1 & port=18515 ;;
-        verbio) VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$PERF" send_lat --events \
+        *) VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$CGBIN" send_lat --events \
                     --server 127.0.0.1:18517 >"$out.srv" 2>&1 & port=18517 ;;
     esac
     srv=$!
@@ -310,6 +313,7 @@ cgir() { sed -n 's/^==[0-9]*== Collected : \([0-9]*\)$/\1/p' "$LOGS/cg.$1.$2.log
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { n = "^[0-9]+([.][0-9]+)?$"; if (a !~ n || b !~ n || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
 echo; echo "== callgrind: user instructions per SEND round trip (64 B, completion events)"
 if ! command -v valgrind >/dev/null; then echo "FAILED: valgrind not found in the guest"; fail=1; else
+    CGBIN=$PERF
     for name in perftest verbio; do
         for n in 100 300; do
             case $name in
@@ -325,6 +329,19 @@ if ! command -v valgrind >/dev/null; then echo "FAILED: valgrind not found in th
     pt=$(per "$ir_perftest_100" "$ir_perftest_300"); vb=$(per "$ir_verbio_100" "$ir_verbio_300")
     printf 'callgrind: instructions per round trip: perftest %s verbio %s ratio %s\n' \
         "$pt" "$vb" "$(ratio "$vb" "$pt")" | tee -a "$LOGS/perf"
+    # The RXE_PERF_VARIANTS builds, counted the same way in the same VM.
+    for v in $CG_VARIANTS; do
+        vn=${v%%=*}; CGBIN=${v#*=}
+        for n in 100 300; do
+            cgrun "variant_$vn" $n "$CGBIN" send_lat --events --client 127.0.0.1:18517 \
+                --size 64 --iters $n
+            ir=$(cgir "variant_$vn" $n)
+            eval "ir_v_$n=\${ir:-0}"
+        done
+        vv=$(per "$ir_v_100" "$ir_v_300")
+        printf 'callgrind: variant %s: instructions per round trip %s ratio %s\n' \
+            "$vn" "$vv" "$(ratio "$vv" "$pt")" | tee -a "$LOGS/perf"
+    done
 fi
 CG
     fi

@@ -16,7 +16,9 @@ pub mod testing;
 
 pub use device::Device;
 pub use op::{Completable, Lifecycle, Op, SubmitError};
-pub use qp::{QueuePair, SendChain, SendInline, Submit};
+pub use qp::{
+    QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError, SendChain, SendInline, Submit,
+};
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, Builder, Elapsed, FallibleJoinHandle, Handle, JoinHandle,
     Runtime, RuntimeError, Sleep, TcpListener, TcpStream, Timeout, Turn,

@@ -51,6 +51,36 @@ pub mod wr_id {
     /// Set in the wr_id of the zero-length WR that retires a QP's trailing
     /// unsignaled inline sends (it carries no data: its errors are not recorded).
     pub const INLINE_MARKER: u64 = 1 << 30;
+    /// Receives of a [`RecvRing`](crate::qp::RecvRing):
+    /// `RING | ring key << RING_SLOT_BITS | slot`. Their completions go to
+    /// the ring (named by its key in the reactor's ring registry); they
+    /// never touch the op slab.
+    pub const RING: u64 = RESERVED | (1 << 30);
+    /// Bits of the slot (buffer index) in a ring wr_id.
+    pub const RING_SLOT_BITS: u32 = 16;
+    /// Bits of the ring key in a ring wr_id.
+    pub const RING_KEY_BITS: u32 = 14;
+    pub(crate) const RING_SLOT_MASK: u64 = (1 << RING_SLOT_BITS) - 1;
+    pub(crate) const RING_KEY_MASK: u64 = (1 << RING_KEY_BITS) - 1;
+
+    /// True for the wr_ids of [`RING`] WRs.
+    #[inline]
+    pub(crate) fn is_ring(id: u64) -> bool {
+        id & !((1u64 << 30) - 1) == RING
+    }
+
+    /// Builds a ring wr_id (`key` < 2^14, `slot` < 2^16).
+    #[inline]
+    pub(crate) fn encode_ring(key: usize, slot: u32) -> u64 {
+        RING | (key as u64 & RING_KEY_MASK) << RING_SLOT_BITS | (u64::from(slot) & RING_SLOT_MASK)
+    }
+
+    /// The ring key of a ring wr_id.
+    #[inline]
+    pub(crate) fn ring_key(id: u64) -> usize {
+        ((id >> RING_SLOT_BITS) & RING_KEY_MASK) as usize
+    }
+
     /// Bits of the slab key.
     pub const KEY_BITS: u32 = 24;
     /// Bits of the generation.
@@ -930,6 +960,23 @@ mod tests {
         assert!(!is_inline(UNTRACKED));
         assert!(!is_inline(AGENT_BASE));
         assert!(!is_inline(encode(1, 1, 0)));
+    }
+
+    #[test]
+    fn ring_wr_ids_are_neither_inline_nor_agent_nor_slab() {
+        for (key, slot) in [(0, 0), (0x3fff, 0xffff), (5, 77)] {
+            let id = encode_ring(key, slot);
+            assert!(is_ring(id));
+            assert!(!is_inline(id));
+            assert!(id < AGENT_BASE && id & RESERVED != 0);
+            assert_eq!(ring_key(id), key);
+            assert_eq!(id & RING_SLOT_MASK, u64::from(slot));
+        }
+        assert!(!is_ring(UNTRACKED));
+        assert!(!is_ring(AGENT_BASE));
+        assert!(!is_ring(encode_inline(7, 3, true)));
+        assert!(!is_ring(encode_inline(0xf_ffff, 0x3ff, false)));
+        assert!(!is_ring(encode(1, 1, 0)));
     }
 }
 

@@ -95,9 +95,14 @@ mod inline;
 mod inline_tests;
 #[cfg(test)]
 mod one_tests;
+mod recv_ring;
+#[cfg(test)]
+mod recv_ring_tests;
 
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
+pub(crate) use recv_ring::RingCore;
+pub use recv_ring::{NextMsg, RecvMsg, RecvRing, RecvRingConfig, RecvRingError};
 
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;

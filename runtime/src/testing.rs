@@ -237,6 +237,16 @@ impl FakeQp {
         Some(id)
     }
 
+    /// Completes the oldest posted receive successfully with `byte_len`
+    /// bytes and immediate data `imm`.
+    pub fn complete_recv_imm(&self, byte_len: u32, imm: u32) -> Option<u64> {
+        let id = self.recvs.borrow_mut().pop_front()?;
+        let mut c = self.completion(id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, byte_len);
+        c.imm_data = Some(imm);
+        self.handle.inject_completion(c);
+        Some(id)
+    }
+
     /// Send WRs on the queue (posted, not retired).
     pub fn outstanding_sends(&self) -> usize {
         self.sends.borrow().len()

@@ -15,7 +15,7 @@ use slab::Slab;
 use super::RuntimeError;
 use crate::op::{wr_id, OpTable};
 use crate::provider::{AsyncEvent, AsyncEventKind, CompChannel, Completion, Cq};
-use crate::qp::QpCore;
+use crate::qp::{QpCore, RingCore};
 
 /// Token of the cross-thread waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
@@ -70,6 +70,8 @@ pub(crate) struct Driver {
     asyncs: RefCell<Slab<AsyncEntry>>,
     io: RefCell<Slab<IoEntry>>,
     qps: RefCell<Slab<Rc<QpCore>>>,
+    /// Receive rings, named by ring wr_ids; kept until dropped and drained.
+    rings: RefCell<Slab<Rc<RingCore>>>,
     zombies: Cell<usize>,
     /// Where CQs are polled into; borrowed by `drain_cqs` throughout, so a
     /// nested call (from user code its completions run) polls no CQ.
@@ -109,6 +111,7 @@ impl Driver {
             asyncs: RefCell::new(Slab::new()),
             io: RefCell::new(Slab::new()),
             qps: RefCell::new(Slab::new()),
+            rings: RefCell::new(Slab::new()),
             zombies: Cell::new(0),
             batch: RefCell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
             cq_bound: Cell::new(0),
@@ -481,6 +484,8 @@ impl Driver {
     fn complete_reserved(&self, c: Completion) {
         if wr_id::is_inline(c.wr_id) {
             self.complete_inline(&c);
+        } else if wr_id::is_ring(c.wr_id) {
+            self.complete_ring(&c);
         } else if c.wr_id >= wr_id::AGENT_BASE {
             // Taken out while it runs, so it may replace itself.
             let taken = self.reserved_handler.borrow_mut().take();
@@ -515,6 +520,73 @@ impl Driver {
                 tracing::debug!(wr_id = c.wr_id, status = %c.status, "inline completion of an unknown QP")
             }
         }
+    }
+
+    // ---- receive rings (runtime/src/qp/recv_ring.rs) ----------------------
+
+    /// A completion of a ring's buffer: goes to the ring its wr_id names.
+    fn complete_ring(&self, c: &Completion) {
+        let ring = self.rings.borrow().get(wr_id::ring_key(c.wr_id)).cloned();
+        match ring {
+            Some(r) => r.completed(c),
+            None => {
+                tracing::debug!(wr_id = c.wr_id, status = %c.status, "completion of an unknown receive ring")
+            }
+        }
+    }
+
+    /// Registers the ring `make` builds with its key; `None` if the ring
+    /// key space is full.
+    pub(crate) fn register_ring(
+        &self,
+        make: impl FnOnce(usize) -> Rc<RingCore>,
+    ) -> Option<Rc<RingCore>> {
+        let mut rings = self.rings.borrow_mut();
+        let entry = rings.vacant_entry();
+        if entry.key() as u64 > wr_id::RING_KEY_MASK {
+            return None;
+        }
+        let ring = make(entry.key());
+        entry.insert(ring.clone());
+        Some(ring)
+    }
+
+    /// Forgets `ring` (dropped, nothing posted any more), registered under
+    /// `key`, if it is still there.
+    pub(crate) fn unregister_ring(&self, key: usize, ring: &RingCore) {
+        let removed = {
+            let mut rings = self.rings.borrow_mut();
+            match rings.get(key) {
+                Some(r) if std::ptr::eq(Rc::as_ptr(r), ring) => rings.try_remove(key),
+                _ => None,
+            }
+        };
+        drop(removed);
+    }
+
+    /// Buffers posted by every registered ring (the shutdown drain waits
+    /// for them).
+    pub(crate) fn ring_buffers_posted(&self) -> u32 {
+        self.rings.borrow().iter().map(|(_, r)| r.posted()).sum()
+    }
+
+    /// Rings the reactor keeps (live or draining).
+    pub(crate) fn ring_count(&self) -> usize {
+        self.rings.borrow().len()
+    }
+
+    /// Shutdown: leaks the rings whose buffers are still posted (the device
+    /// may still write them), drops the others. Returns how many leaked.
+    pub(crate) fn release_rings(&self) -> usize {
+        let all: Vec<Rc<RingCore>> = self.rings.borrow_mut().drain().collect();
+        let mut leaked = 0;
+        for r in all {
+            if r.posted() > 0 {
+                leaked += 1;
+                std::mem::forget(r);
+            }
+        }
+        leaked
     }
 
     /// Retires the trailing unsignaled inline sends of every open QP: some

@@ -464,6 +464,12 @@ impl Runtime {
         self.handle.ops().len()
     }
 
+    /// Receive rings the reactor keeps: live ones, and dropped ones whose
+    /// buffers are still posted (their memory is freed after the flush).
+    pub fn receive_rings(&self) -> usize {
+        self.handle.driver().ring_count()
+    }
+
     /// Live tasks.
     pub fn task_count(&self) -> usize {
         self.handle.inner.executor.task_count()
@@ -487,7 +493,7 @@ impl Drop for Runtime {
         let deadline = Instant::now() + inner.config.drain_timeout;
         loop {
             d.drain_cqs();
-            if d.ops.in_flight() == 0 {
+            if d.ops.in_flight() == 0 && d.ring_buffers_posted() == 0 {
                 break;
             }
             let now = Instant::now();
@@ -507,10 +513,12 @@ impl Drop for Runtime {
         d.ops.shut_down();
         let leaked_ops = d.ops.leak_parked();
         let leaked_qps = d.release_qps();
-        if leaked_ops + leaked_qps > 0 {
+        let leaked_rings = d.release_rings();
+        if leaked_ops + leaked_qps + leaked_rings > 0 {
             tracing::warn!(
                 leaked_ops,
                 leaked_qps,
+                leaked_rings,
                 "runtime dropped with work requests still in flight: their buffers are leaked"
             );
         }

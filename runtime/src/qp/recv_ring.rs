@@ -1,0 +1,929 @@
+//! [`RecvRing`]: a pre-posted receive ring, what perftest and RDMA servers
+//! use. `depth` buffers of `buf_size` bytes (one registered allocation) are
+//! all posted up front with reserved wr_ids ([`wr_id::RING`]); the reactor
+//! routes their completions straight to the ring (no op slot, no `Submit`,
+//! no allocation per message), and [`RecvRing::next`] (or the
+//! [`Stream`](futures::Stream) impl) yields each received message as a
+//! [`RecvMsg`] guard. Dropping the guard reposts its buffer (reposts are
+//! batched into one `post_recv` list when `repost_batch > 1`).
+//!
+//! # Memory safety
+//!
+//! The ring's memory is owned by a core shared (`Rc`) by the ring, its
+//! guards and the reactor's ring registry. A buffer is handed out as `&[u8]`
+//! only between its completion and its repost (the guard's life), never
+//! while posted. Dropping the ring with buffers posted leaves the core
+//! registered with the reactor: the posted buffers stay the device's until
+//! their completions (success, discarded, or `WR_FLUSH_ERR` once the QP is
+//! closed or dropped) have been polled; only then is the memory freed. At
+//! runtime shutdown a ring still holding posted buffers is leaked, like the
+//! runtime's parked ops.
+//!
+//! # Credits
+//!
+//! Each posted buffer holds one receive-queue credit and one receive-CQ
+//! credit of its QP, taken when it is posted and given back when its
+//! completion is polled, exactly like a `submit_recv` op: the CQ can never
+//! overflow, and [`QueuePair::close`] waits for the ring's flushes.
+
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use super::{QpCore, QueuePair, Ticket};
+use crate::op::wr_id;
+use crate::provider::{
+    AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcStatus,
+};
+use crate::reactor::Handle;
+
+/// Why a [`RecvRing`] could not be created, or what its stream reports.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecvRingError {
+    /// The configuration cannot work (zero depth or size, too large, ...).
+    #[error("receive ring on QP {qp_num}: {what}")]
+    Config {
+        /// QP number.
+        qp_num: u32,
+        /// What is wrong.
+        what: String,
+    },
+    /// The QP's receive queue or its CQ has not room for `depth` buffers.
+    #[error(
+        "receive ring on QP {qp_num}: {depth} buffers do not fit: {rq_available} receive-queue \
+         and {cq_available} CQ credits available"
+    )]
+    Credits {
+        /// QP number.
+        qp_num: u32,
+        /// Buffers asked for.
+        depth: u32,
+        /// Free receive-queue slots.
+        rq_available: u32,
+        /// Free CQ entries.
+        cq_available: u32,
+    },
+    /// The QP is closed.
+    #[error("receive ring on QP {qp_num}: the QP is closed")]
+    Closed {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// Allocating or registering the ring's memory failed.
+    #[error("receive ring on QP {qp_num}: {what} ({len} bytes) failed")]
+    Memory {
+        /// QP number.
+        qp_num: u32,
+        /// `"allocating"` or `"registering"`.
+        what: &'static str,
+        /// Bytes.
+        len: usize,
+        /// The provider's error, if any.
+        #[source]
+        source: Option<ProviderError>,
+    },
+    /// Posting (reposting) buffers failed; they are no longer posted.
+    #[error("receive ring on QP {qp_num}: posting {count} buffers failed")]
+    Post {
+        /// QP number.
+        qp_num: u32,
+        /// Buffers not posted.
+        count: usize,
+        /// The provider's error.
+        #[source]
+        source: PostError,
+    },
+    /// A buffer completed with an error status (a length error, a flush
+    /// after the QP went to ERR, ...). The ring stops reposting after the
+    /// first error: RC moves the QP to ERR on any receive error.
+    #[error("receive ring on QP {qp_num}: buffer {slot} (wr_id {wr_id:#x}) completed with {status} (vendor error {vendor_err:#x})")]
+    Completion {
+        /// QP number.
+        qp_num: u32,
+        /// The buffer's index in the ring.
+        slot: u32,
+        /// The WR.
+        wr_id: u64,
+        /// The failure status.
+        status: WcStatus,
+        /// Vendor syndrome.
+        vendor_err: u32,
+    },
+    /// The device reported more bytes than the buffer holds.
+    #[error("receive ring on QP {qp_num}: buffer {slot} completed with {byte_len} bytes, larger than its {buf_size}")]
+    Length {
+        /// QP number.
+        qp_num: u32,
+        /// The buffer's index in the ring.
+        slot: u32,
+        /// Reported length.
+        byte_len: u32,
+        /// Buffer size.
+        buf_size: usize,
+    },
+}
+
+/// Settings of a [`RecvRing`].
+#[derive(Clone, Copy, Debug)]
+pub struct RecvRingConfig {
+    depth: u32,
+    buf_size: usize,
+    repost_batch: u32,
+}
+
+impl RecvRingConfig {
+    /// `depth` buffers of `buf_size` bytes each; reposted one by one.
+    pub fn new(depth: u32, buf_size: usize) -> RecvRingConfig {
+        RecvRingConfig {
+            depth,
+            buf_size,
+            repost_batch: 1,
+        }
+    }
+
+    /// Reposts released buffers in lists of `n` (one doorbell each); fewer
+    /// are posted whenever the ring would otherwise wait for a message.
+    /// Clamped to `1..=depth`.
+    pub fn repost_batch(mut self, n: u32) -> RecvRingConfig {
+        self.repost_batch = n;
+        self
+    }
+}
+
+/// Where a buffer of the ring is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// Owned by the device (posted).
+    Posted,
+    /// Completed: in the ready queue, or lent to a [`RecvMsg`].
+    Taken,
+    /// Waiting to be reposted (in `pending`).
+    Pending,
+    /// Not posted and never again (error, closed QP, dropped ring).
+    Idle,
+}
+
+/// A completion waiting in the ring for `next` (what the guard or the error
+/// needs of it).
+#[derive(Clone, Copy)]
+struct Ready {
+    slot: u32,
+    byte_len: u32,
+    imm: Option<u32>,
+    status: WcStatus,
+    vendor_err: u32,
+}
+
+struct State {
+    slots: Box<[Slot]>,
+    /// Completions of this ring not yet taken by `next`, in order.
+    ready: VecDeque<Ready>,
+    /// Slots released by their guards, not yet reposted.
+    pending: Vec<u32>,
+    /// Buffers posted (owned by the device).
+    posted: u32,
+    waker: Option<Waker>,
+    /// The `RecvRing` handle is gone.
+    dropped: bool,
+    /// A buffer failed (or the QP closed): nothing is reposted any more.
+    stopped: bool,
+    /// Flush completions absorbed after the first error was reported.
+    reported_flush: bool,
+    /// A repost failed; reported by the next `next`.
+    post_error: Option<RecvRingError>,
+    rq_ticket: Option<Ticket>,
+    cq_ticket: Option<Ticket>,
+    /// Credits (each: receive queue and CQ) acquired for pending slots.
+    held_rq: u32,
+    held_cq: u32,
+    /// Reused list for batched reposts.
+    wrs: Vec<RecvWr>,
+}
+
+/// The shared part of a ring: memory, registration and state. Kept by the
+/// ring, its guards, and the reactor's registry while buffers are posted.
+pub(crate) struct RingCore {
+    qp: Rc<QpCore>,
+    handle: Handle,
+    key: usize,
+    depth: u32,
+    buf_size: usize,
+    batch: u32,
+    /// One prebuilt receive WR per slot (its wr_id and its buffer's SGE).
+    slot_wrs: Box<[RecvWr]>,
+    /// Declared before the memory: deregistered first (`None` in tests
+    /// without a device).
+    _mr: Option<Mr>,
+    /// # Invariant
+    /// `depth * buf_size` bytes from `alloc(layout)`, freed only on drop.
+    /// Never referenced as a whole: only the bytes of a completed,
+    /// not-yet-reposted slot are ever borrowed.
+    mem: NonNull<u8>,
+    layout: Layout,
+    state: RefCell<State>,
+}
+
+impl Drop for RingCore {
+    fn drop(&mut self) {
+        // SAFETY: `mem` came from `alloc_zeroed(layout)` and is freed only
+        // here. The core is dropped only when no guard (slice) exists and
+        // the reactor no longer keeps it, i.e. no buffer is posted (at
+        // shutdown a core with posted buffers is leaked instead).
+        unsafe { std::alloc::dealloc(self.mem.as_ptr(), self.layout) };
+    }
+}
+
+impl RingCore {
+    /// Buffers posted (for the reactor's shutdown drain).
+    pub(crate) fn posted(&self) -> u32 {
+        self.state.borrow().posted
+    }
+
+    /// A completion of one of this ring's buffers, routed by the reactor.
+    pub(crate) fn completed(&self, c: &Completion) {
+        let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
+        let (waker, unregister) = {
+            let mut st = self.state.borrow_mut();
+            if c.qp_num != self.qp.qp_num
+                || slot >= self.depth
+                || st.slots[slot as usize] != Slot::Posted
+            {
+                tracing::debug!(
+                    wr_id = c.wr_id,
+                    qp = c.qp_num,
+                    "stray receive-ring completion"
+                );
+                return;
+            }
+            st.posted -= 1;
+            if !c.status.is_success() {
+                st.stopped = true;
+            }
+            if st.dropped {
+                st.slots[slot as usize] = Slot::Idle;
+                if !c.status.is_success() {
+                    tracing::debug!(qp = c.qp_num, status = %c.status, "dropped receive ring: buffer completed");
+                }
+                (None, st.posted == 0)
+            } else {
+                st.slots[slot as usize] = Slot::Taken;
+                st.ready.push_back(Ready {
+                    slot,
+                    byte_len: c.byte_len,
+                    imm: c.imm_data,
+                    status: c.status,
+                    vendor_err: c.vendor_err,
+                });
+                (st.waker.take(), false)
+            }
+        };
+        self.qp.rq.release(1);
+        self.qp.recv_cq.release(1);
+        if unregister {
+            self.handle.driver().unregister_ring(self.key, self);
+        }
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Posts `slots` (credits already held for each). On failure the
+    /// unposted slots go idle, their credits are given back, and the error
+    /// is returned.
+    fn post(&self, st: &mut State, slots: &[u32]) -> Result<(), RecvRingError> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let mut wrs = std::mem::take(&mut st.wrs);
+        wrs.clear();
+        wrs.extend(slots.iter().map(|&s| self.slot_wrs[s as usize].clone()));
+        // Marked posted first: the device may complete them inside the post.
+        for &s in slots {
+            st.slots[s as usize] = Slot::Posted;
+        }
+        st.posted += slots.len() as u32;
+        // SAFETY: each SGE names one buffer of this ring's allocation
+        // (`slot_wrs`), registered by `_mr`; the core (memory and registration)
+        // is kept alive, by the reactor's registry when nothing else holds
+        // it, until the buffer's completion has been polled (`completed`),
+        // and no reference to a posted buffer exists (slots are lent to
+        // guards only between completion and repost).
+        let res = unsafe { self.qp.backend.post_recv(&wrs) };
+        st.wrs = wrs;
+        match res {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.post_failed(st, slots, e)),
+        }
+    }
+
+    /// Posts one slot (credits held) with its prebuilt WR: the repost
+    /// fast path.
+    #[inline]
+    fn post_one(&self, st: &mut State, slot: u32) {
+        st.slots[slot as usize] = Slot::Posted;
+        st.posted += 1;
+        // SAFETY: as in `post`: the slot's buffer belongs to this ring's
+        // allocation, kept (with its registration) until its completion
+        // has been polled, and no reference to it exists while posted (its
+        // guard is being dropped).
+        let res = unsafe {
+            self.qp
+                .backend
+                .post_recv(std::slice::from_ref(&self.slot_wrs[slot as usize]))
+        };
+        if let Err(e) = res {
+            let e = self.post_failed(st, &[slot], e);
+            tracing::warn!(error = %e, "receive ring repost failed");
+            st.post_error.get_or_insert(e);
+            self.release_pending(st);
+        }
+    }
+
+    /// The provider refused `slots[e.posted..]`: they go idle, their
+    /// credits are given back, the ring stops.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&self, st: &mut State, slots: &[u32], e: PostError) -> RecvRingError {
+        let unposted = &slots[e.posted.min(slots.len())..];
+        for &s in unposted {
+            st.slots[s as usize] = Slot::Idle;
+        }
+        let n = unposted.len() as u32;
+        st.posted -= n;
+        st.stopped = true;
+        self.qp.rq.release(n);
+        self.qp.recv_cq.release(n);
+        RecvRingError::Post {
+            qp_num: self.qp.qp_num,
+            count: unposted.len(),
+            source: e,
+        }
+    }
+
+    /// Reposts the pending slots for which credits can be had (waiting for
+    /// the rest with `cx`, if given). Nothing is reposted once stopped.
+    fn flush_pending(&self, st: &mut State, mut cx: Option<&mut Context<'_>>) {
+        if st.stopped || self.qp.closed.get() {
+            st.stopped = true;
+            self.release_pending(st);
+            return;
+        }
+        let want = st.pending.len() as u32;
+        while st.held_rq < want {
+            let got = match cx.as_deref_mut() {
+                None => self.qp.rq.try_acquire(1),
+                Some(cx) => self.qp.rq.poll_acquire(1, &mut st.rq_ticket, cx).is_ready(),
+            };
+            if !got {
+                break;
+            }
+            st.held_rq += 1;
+        }
+        while st.held_cq < st.held_rq {
+            let got = match cx.as_deref_mut() {
+                None => self.qp.recv_cq.try_acquire(1),
+                Some(cx) => self
+                    .qp
+                    .recv_cq
+                    .poll_acquire(1, &mut st.cq_ticket, cx)
+                    .is_ready(),
+            };
+            if !got {
+                break;
+            }
+            st.held_cq += 1;
+        }
+        let n = st.held_cq as usize;
+        if n == 0 {
+            return;
+        }
+        st.held_rq -= n as u32;
+        st.held_cq = 0;
+        let pending = std::mem::take(&mut st.pending);
+        let res = self.post(st, &pending[..n]);
+        let mut pending = pending;
+        pending.drain(..n);
+        st.pending = pending;
+        if let Err(e) = res {
+            tracing::warn!(error = %e, "receive ring repost failed");
+            st.post_error.get_or_insert(e);
+            self.release_pending(st);
+        }
+    }
+
+    /// Gives up the pending slots (and the credits held for them).
+    fn release_pending(&self, st: &mut State) {
+        for i in 0..st.pending.len() {
+            let s = st.pending[i] as usize;
+            st.slots[s] = Slot::Idle;
+        }
+        st.pending.clear();
+        self.qp.rq.cancel(&mut st.rq_ticket);
+        self.qp.recv_cq.cancel(&mut st.cq_ticket);
+        self.qp.rq.release(st.held_rq);
+        self.qp.recv_cq.release(st.held_cq);
+        st.held_rq = 0;
+        st.held_cq = 0;
+    }
+
+    /// A guard gave its slot back.
+    #[inline]
+    fn release(&self, slot: u32) {
+        let mut st = self.state.borrow_mut();
+        if st.dropped || st.stopped || self.qp.closed.get() {
+            st.slots[slot as usize] = Slot::Idle;
+            // The last buffer: a waiting `next` can end the stream now.
+            if st.posted == 0 {
+                let waker = st.waker.take();
+                drop(st);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            }
+            return;
+        }
+        // Unbatched, nothing pending, credits at hand: post it now.
+        if self.batch == 1 && st.pending.is_empty() && self.qp.rq.try_acquire(1) {
+            if self.qp.recv_cq.try_acquire(1) {
+                self.post_one(&mut st, slot);
+                return;
+            }
+            self.qp.rq.release(1);
+        }
+        let waker = self.release_slow(&mut st, slot);
+        drop(st);
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// [`release`](Self::release) into the pending list (batching, or
+    /// waiting for credits). Returns the waiting `next`'s waker if the slot
+    /// stays pending: the wait reposts what is pending (a guard dropped on
+    /// another task must not leave its buffer unposted while `next`
+    /// sleeps).
+    #[inline(never)]
+    fn release_slow(&self, st: &mut State, slot: u32) -> Option<Waker> {
+        st.slots[slot as usize] = Slot::Pending;
+        st.pending.push(slot);
+        if st.pending.len() as u32 >= self.batch {
+            self.flush_pending(st, None);
+        }
+        if st.pending.is_empty() {
+            None
+        } else {
+            st.waker.take()
+        }
+    }
+}
+
+/// A pre-posted receive ring on a [`QueuePair`]; see the module docs.
+///
+/// Every message received on the QP while the ring's buffers are the
+/// oldest posted receives lands in the ring (RC consumes receives in
+/// posting order). Dropping the ring does not close the QP: its posted
+/// buffers stay posted (messages landing there are discarded) until the QP
+/// is closed or dropped, and their memory is freed after their flush.
+pub struct RecvRing {
+    pub(super) core: Rc<RingCore>,
+    qp: QueuePair,
+}
+
+impl fmt::Debug for RecvRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.core.state.borrow();
+        f.debug_struct("RecvRing")
+            .field("qp_num", &self.core.qp.qp_num)
+            .field("depth", &self.core.depth)
+            .field("buf_size", &self.core.buf_size)
+            .field("posted", &st.posted)
+            .field("ready", &st.ready.len())
+            .finish()
+    }
+}
+
+impl RecvRing {
+    /// Allocates `config.depth` buffers of `config.buf_size` bytes in one
+    /// allocation, registers it with `pd` (which must be the QP's protection
+    /// domain, else every receive fails), and posts them all. Takes one
+    /// receive-queue and one CQ credit per buffer; fails if they are not
+    /// all available at once.
+    pub fn new(qp: &QueuePair, pd: &Pd, config: RecvRingConfig) -> Result<RecvRing, RecvRingError> {
+        Self::create(qp, Some(pd), config)
+    }
+
+    /// `pd == None` (tests on a fake QP): the memory is not registered.
+    pub(crate) fn create(
+        qp: &QueuePair,
+        pd: Option<&Pd>,
+        config: RecvRingConfig,
+    ) -> Result<RecvRing, RecvRingError> {
+        let core = &qp.inner.core;
+        let qp_num = core.qp_num;
+        let config_err = |what: String| RecvRingError::Config { qp_num, what };
+        let RecvRingConfig {
+            depth,
+            buf_size,
+            repost_batch,
+        } = config;
+        if depth == 0 || buf_size == 0 {
+            return Err(config_err(format!(
+                "depth {depth} and buffer size {buf_size} must be nonzero"
+            )));
+        }
+        if depth as u64 > wr_id::RING_SLOT_MASK + 1 {
+            return Err(config_err(format!(
+                "depth {depth} exceeds {}",
+                wr_id::RING_SLOT_MASK + 1
+            )));
+        }
+        if buf_size > u32::MAX as usize {
+            return Err(config_err(format!("buffer size {buf_size} exceeds u32")));
+        }
+        let len = (depth as usize)
+            .checked_mul(buf_size)
+            .ok_or_else(|| config_err(format!("{depth} × {buf_size} bytes overflow")))?;
+        let layout = Layout::from_size_align(len, 64)
+            .map_err(|e| config_err(format!("{len} bytes: {e}")))?;
+        if core.closed.get() {
+            return Err(RecvRingError::Closed { qp_num });
+        }
+        if !core.rq.try_acquire(depth) {
+            return Err(RecvRingError::Credits {
+                qp_num,
+                depth,
+                rq_available: core.rq.available(),
+                cq_available: core.recv_cq.available(),
+            });
+        }
+        if !core.recv_cq.try_acquire(depth) {
+            core.rq.release(depth);
+            return Err(RecvRingError::Credits {
+                qp_num,
+                depth,
+                rq_available: core.rq.available(),
+                cq_available: core.recv_cq.available(),
+            });
+        }
+        let give_back = || {
+            core.rq.release(depth);
+            core.recv_cq.release(depth);
+        };
+        // SAFETY: `layout` has a nonzero size (depth, buf_size > 0).
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(mem) = NonNull::new(raw) else {
+            give_back();
+            return Err(RecvRingError::Memory {
+                qp_num,
+                what: "allocating",
+                len,
+                source: None,
+            });
+        };
+        let mr = match pd {
+            // SAFETY: `mem` is `len` bytes owned by the ring core built
+            // below, which drops the registration (field order) before
+            // freeing the memory.
+            Some(pd) => match unsafe { pd.reg_mr(mem.as_ptr(), len, AccessFlags::LOCAL_WRITE) } {
+                Ok(mr) => Some(mr),
+                Err(e) => {
+                    // SAFETY: allocated above with `layout`, never shared.
+                    unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
+                    give_back();
+                    return Err(RecvRingError::Memory {
+                        qp_num,
+                        what: "registering",
+                        len,
+                        source: Some(e),
+                    });
+                }
+            },
+            None => None,
+        };
+        let lkey = mr.as_ref().map_or(0, Mr::lkey);
+        let slot_sge = |slot: u32| Sge {
+            addr: mem.as_ptr() as u64 + u64::from(slot) * buf_size as u64,
+            length: buf_size as u32,
+            lkey,
+        };
+        let handle = qp.inner.handle.clone();
+        let state = State {
+            slots: vec![Slot::Idle; depth as usize].into_boxed_slice(),
+            ready: VecDeque::with_capacity(depth as usize),
+            pending: Vec::with_capacity(depth as usize),
+            posted: 0,
+            waker: None,
+            dropped: false,
+            stopped: false,
+            reported_flush: false,
+            post_error: None,
+            rq_ticket: None,
+            cq_ticket: None,
+            held_rq: 0,
+            held_cq: 0,
+            wrs: Vec::with_capacity(depth as usize),
+        };
+        let mut state = Some(state);
+        let mut mr = Some(mr);
+        let registered = handle.driver().register_ring(|key| {
+            Rc::new(RingCore {
+                qp: core.clone(),
+                handle: handle.clone(),
+                key,
+                depth,
+                buf_size,
+                batch: repost_batch.clamp(1, depth),
+                slot_wrs: (0..depth)
+                    .map(|slot| {
+                        let mut sg_list = SgList::new();
+                        sg_list.push(slot_sge(slot));
+                        RecvWr {
+                            wr_id: wr_id::encode_ring(key, slot),
+                            sg_list,
+                        }
+                    })
+                    .collect(),
+                _mr: mr.take().flatten(),
+                mem,
+                layout,
+                state: RefCell::new(state.take().unwrap_or_else(|| unreachable!())),
+            })
+        });
+        let Some(ring) = registered else {
+            drop(mr);
+            // SAFETY: allocated above, never posted (the core was not built).
+            unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
+            give_back();
+            return Err(config_err(format!(
+                "more than {} receive rings at once",
+                wr_id::RING_KEY_MASK + 1
+            )));
+        };
+        let all: Vec<u32> = (0..depth).collect();
+        let res = {
+            let mut st = ring.state.borrow_mut();
+            ring.post(&mut st, &all)
+        };
+        let ring = RecvRing {
+            core: ring,
+            qp: qp.clone(),
+        };
+        match res {
+            Ok(()) => Ok(ring),
+            // Dropping `ring` keeps whatever was posted until its flush.
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The QP the ring receives on.
+    pub fn queue_pair(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// Number of buffers.
+    pub fn depth(&self) -> u32 {
+        self.core.depth
+    }
+
+    /// Size of each buffer.
+    pub fn buf_size(&self) -> usize {
+        self.core.buf_size
+    }
+
+    /// Buffers currently posted (owned by the device).
+    pub fn posted(&self) -> u32 {
+        self.core.posted()
+    }
+
+    /// Reposts every released buffer now (those waiting for a full batch).
+    pub fn flush_reposts(&self) {
+        let mut st = self.core.state.borrow_mut();
+        self.core.flush_pending(&mut st, None);
+    }
+
+    /// The next message, in arrival order. `None` once the ring has
+    /// stopped (after an error or the QP's close) and every buffer has
+    /// completed.
+    // An async `next`, as on tokio's and futures' streams (not Iterator's).
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> NextMsg<'_> {
+        NextMsg { ring: self }
+    }
+
+    /// Polls for the next message (see [`next`](Self::next)). Released
+    /// buffers still waiting for their batch are reposted before waiting.
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RecvMsg, RecvRingError>>> {
+        let core = &self.core;
+        let mut st = core.state.borrow_mut();
+        while let Some(c) = st.ready.pop_front() {
+            if c.status.is_success() && c.byte_len as usize <= core.buf_size {
+                drop(st);
+                return Poll::Ready(Some(Ok(RecvMsg {
+                    core: core.clone(),
+                    slot: c.slot,
+                    len: c.byte_len,
+                    imm: c.imm,
+                })));
+            }
+            if let Some(e) = self.failed(&mut st, c) {
+                return Poll::Ready(Some(Err(e)));
+            }
+        }
+        self.poll_empty(&mut st, cx)
+    }
+
+    /// Nothing ready: reposts what is pending, reports a repost failure,
+    /// ends the stream or registers the waker.
+    #[inline(never)]
+    fn poll_empty(
+        &self,
+        st: &mut State,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<RecvMsg, RecvRingError>>> {
+        if !st.pending.is_empty() {
+            self.core.flush_pending(st, Some(cx));
+        }
+        if let Some(e) = st.post_error.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        if st.posted == 0 && (st.stopped || self.core.qp.closed.get()) {
+            return Poll::Ready(None);
+        }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// A completion that is not a message: its buffer goes idle (the QP is
+    /// in ERR: nothing is reposted any more) and its error is returned,
+    /// except for flushes after the first one reported (`None`: they only
+    /// drain).
+    #[cold]
+    #[inline(never)]
+    fn failed(&self, st: &mut State, c: Ready) -> Option<RecvRingError> {
+        let slot = c.slot;
+        let qp_num = self.core.qp.qp_num;
+        st.slots[slot as usize] = Slot::Idle;
+        st.stopped = true;
+        if c.status.is_success() {
+            return Some(RecvRingError::Length {
+                qp_num,
+                slot,
+                byte_len: c.byte_len,
+                buf_size: self.core.buf_size,
+            });
+        }
+        if c.status == WcStatus::WrFlushErr {
+            if st.reported_flush {
+                return None;
+            }
+            st.reported_flush = true;
+        }
+        Some(RecvRingError::Completion {
+            qp_num,
+            slot,
+            wr_id: wr_id::encode_ring(self.core.key, slot),
+            status: c.status,
+            vendor_err: c.vendor_err,
+        })
+    }
+}
+
+impl Drop for RecvRing {
+    fn drop(&mut self) {
+        let unregister = {
+            let mut st = self.core.state.borrow_mut();
+            st.dropped = true;
+            st.waker = None;
+            // Completed, unread messages: their buffers go idle.
+            while let Some(c) = st.ready.pop_front() {
+                st.slots[c.slot as usize] = Slot::Idle;
+            }
+            self.core.release_pending(&mut st);
+            st.posted == 0
+        };
+        if unregister {
+            self.core
+                .handle
+                .driver()
+                .unregister_ring(self.core.key, &self.core);
+        }
+    }
+}
+
+impl futures::Stream for RecvRing {
+    type Item = Result<RecvMsg, RecvRingError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        RecvRing::poll_next(&self, cx)
+    }
+}
+
+/// The future of [`RecvRing::next`].
+#[must_use = "futures do nothing unless polled"]
+pub struct NextMsg<'a> {
+    ring: &'a mut RecvRing,
+}
+
+impl Future for NextMsg<'_> {
+    type Output = Option<Result<RecvMsg, RecvRingError>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.ring.poll_next(cx)
+    }
+}
+
+/// A received message: a buffer of a [`RecvRing`] lent out between its
+/// completion and its repost. Dereferences to the received bytes; dropping
+/// it reposts the buffer.
+pub struct RecvMsg {
+    core: Rc<RingCore>,
+    slot: u32,
+    len: u32,
+    imm: Option<u32>,
+}
+
+impl RecvMsg {
+    /// The received bytes.
+    #[inline]
+    pub fn as_slice(&self) -> &[u8] {
+        let off = self.slot as usize * self.core.buf_size;
+        // SAFETY: slot < depth and len <= buf_size (checked when the guard
+        // was made), so the range lies in the ring's allocation. The slot
+        // is not posted while this guard lives (it is reposted only by the
+        // guard's drop), so the device does not write it, and no other
+        // reference to it exists (one guard per completed slot).
+        unsafe { std::slice::from_raw_parts(self.core.mem.as_ptr().add(off), self.len as usize) }
+    }
+
+    /// Bytes received.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True for an empty message.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Immediate data, if the message carried some (host byte order).
+    pub fn imm(&self) -> Option<u32> {
+        self.imm
+    }
+
+    /// The buffer's index in the ring.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Reposts the buffer now (same as dropping the guard).
+    pub fn repost(self) {}
+}
+
+impl std::ops::Deref for RecvMsg {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl fmt::Debug for RecvMsg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvMsg")
+            .field("slot", &self.slot)
+            .field("len", &self.len)
+            .field("imm", &self.imm)
+            .finish()
+    }
+}
+
+impl Drop for RecvMsg {
+    #[inline]
+    fn drop(&mut self) {
+        self.core.release(self.slot);
+    }
+}
+
+impl QueuePair {
+    /// A [`RecvRing`] of `depth` buffers of `buf_size` bytes on this QP,
+    /// registered with `pd` (the QP's protection domain); see
+    /// [`RecvRing::new`].
+    pub fn recv_ring(
+        &self,
+        pd: &Pd,
+        depth: u32,
+        buf_size: usize,
+    ) -> Result<RecvRing, RecvRingError> {
+        RecvRing::new(self, pd, RecvRingConfig::new(depth, buf_size))
+    }
+}

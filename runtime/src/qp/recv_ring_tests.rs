@@ -1,0 +1,439 @@
+//! Unit tests of [`RecvRing`] on the fake QP with synthetic completions:
+//! posting, routing by ring wr_id, reposting, credits, errors, drop.
+
+use std::rc::Rc;
+use std::task::Poll;
+
+use futures::FutureExt;
+
+use crate::op::wr_id;
+use crate::provider::{QpCaps, WcStatus};
+use crate::qp::{QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError};
+use crate::reactor::Runtime;
+use crate::testing::{settle, FakeQp};
+
+fn caps(recv: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: recv,
+        ..QpCaps::default()
+    }
+}
+
+fn ring(qp: &QueuePair, depth: u32, batch: u32) -> RecvRing {
+    RecvRing::create(qp, None, RecvRingConfig::new(depth, 64).repost_batch(batch)).unwrap()
+}
+
+/// The next item if one is ready now.
+fn next_now(r: &mut RecvRing) -> Option<Option<Result<RecvMsg, RecvRingError>>> {
+    r.next().now_or_never()
+}
+
+#[test]
+fn posts_every_buffer_up_front_with_ring_wr_ids_and_no_ops() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    rt.block_on(async {
+        let r = ring(&qp, 8, 1);
+        assert_eq!(fake.outstanding_recvs(), 8);
+        assert_eq!(fake.doorbells(), 1, "one post list for the whole ring");
+        assert_eq!(qp.outstanding_recvs(), 8);
+        assert_eq!(r.posted(), 8);
+        assert_eq!(rt.ops_in_slab(), 0);
+        let id = fake.complete_recv(WcStatus::Success, 5).unwrap();
+        assert!(wr_id::is_ring(id));
+        drop(r);
+    });
+}
+
+#[test]
+fn messages_come_in_order_with_len_and_imm_and_are_reposted_on_drop() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    assert!(next_now(&mut r).is_none(), "nothing received yet");
+    // Three messages: the fake completes the oldest posted receives.
+    let ids: Vec<u64> = (0..3)
+        .map(|i| fake.complete_recv(WcStatus::Success, 10 + i).unwrap())
+        .collect();
+    settle(&rt);
+    assert_eq!(
+        qp.outstanding_recvs(),
+        1,
+        "completed buffers give their credits back"
+    );
+    let mut held = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let m = next_now(&mut r).unwrap().unwrap().unwrap();
+        assert_eq!(m.len(), 10 + i);
+        assert_eq!(m.imm(), None);
+        assert_eq!(u64::from(m.slot()), id & wr_id::RING_SLOT_MASK);
+        held.push(m);
+    }
+    assert!(next_now(&mut r).is_none());
+    assert_eq!(fake.outstanding_recvs(), 1);
+    let bells = fake.doorbells();
+    drop(held);
+    assert_eq!(fake.outstanding_recvs(), 4, "dropping the guards reposts");
+    assert_eq!(qp.outstanding_recvs(), 4);
+    assert_eq!(fake.doorbells(), bells + 3);
+    // Immediate data comes through.
+    fake.complete_recv_imm(0, 0xabcd).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    assert_eq!(m.imm(), Some(0xabcd));
+    assert!(m.is_empty());
+    drop(m);
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+    assert_eq!(rt.ops_in_slab(), 0);
+}
+
+#[test]
+fn reposts_are_batched_into_one_post_list() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 8, 4) });
+    for _ in 0..5 {
+        fake.complete_recv(WcStatus::Success, 1).unwrap();
+    }
+    settle(&rt);
+    let bells = fake.doorbells();
+    for _ in 0..5 {
+        drop(next_now(&mut r).unwrap().unwrap().unwrap());
+    }
+    assert_eq!(fake.doorbells(), bells + 1, "4 reposts in one doorbell");
+    assert_eq!(fake.outstanding_recvs(), 3 + 4);
+    // Waiting for a message posts the rest of the batch first.
+    assert!(next_now(&mut r).is_none());
+    assert_eq!(fake.outstanding_recvs(), 8);
+    assert_eq!(fake.doorbells(), bells + 2);
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn creation_needs_every_credit_at_once() {
+    let rt = Runtime::new().unwrap();
+    let (qp, _fake) = FakeQp::queue_pair(3, caps(4), 64);
+    rt.block_on(async {
+        let e = RecvRing::create(&qp, None, RecvRingConfig::new(5, 64)).unwrap_err();
+        assert!(matches!(e, RecvRingError::Credits { depth: 5, .. }), "{e}");
+        assert_eq!(qp.outstanding_recvs(), 0, "credits given back");
+        let e = RecvRing::create(&qp, None, RecvRingConfig::new(0, 64)).unwrap_err();
+        assert!(matches!(e, RecvRingError::Config { .. }), "{e}");
+    });
+    // The CQ bounds it too.
+    let (qp, _fake) = FakeQp::queue_pair(4, caps(64), 16);
+    rt.block_on(async {
+        let e = RecvRing::create(&qp, None, RecvRingConfig::new(32, 64)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RecvRingError::Credits {
+                    cq_available: 16,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(qp.outstanding_recvs(), 0);
+        let r = ring(&qp, 16, 1);
+        // No CQ credit left: a receive op must wait.
+        let e = RecvRing::create(&qp, None, RecvRingConfig::new(1, 64)).unwrap_err();
+        assert!(matches!(e, RecvRingError::Credits { .. }), "{e}");
+        drop(r);
+        qp.close().await.unwrap();
+    });
+}
+
+#[test]
+fn close_flushes_report_one_error_then_end() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(9, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    fake.complete_recv(WcStatus::Success, 3).unwrap();
+    settle(&rt);
+    let held = next_now(&mut r).unwrap().unwrap().unwrap();
+    rt.block_on(async {
+        qp.close().await.unwrap();
+    });
+    match next_now(&mut r) {
+        Some(Some(Err(RecvRingError::Completion {
+            qp_num: 9,
+            status: WcStatus::WrFlushErr,
+            ..
+        }))) => {}
+        other => panic!("expected one flush error, got {other:?}"),
+    }
+    assert!(matches!(next_now(&mut r), Some(None)), "then the end");
+    // The held buffer is not reposted on a closed QP.
+    drop(held);
+    assert_eq!(fake.outstanding_recvs(), 0);
+    assert_eq!(qp.outstanding_recvs(), 0);
+}
+
+#[test]
+fn error_completion_is_typed_and_stops_reposting() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(9, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    fake.complete_recv(WcStatus::Success, 3).unwrap();
+    fake.complete_recv(WcStatus::LocLenErr, 0).unwrap();
+    settle(&rt);
+    let held = next_now(&mut r).unwrap().unwrap().unwrap();
+    let e = next_now(&mut r).unwrap().unwrap().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RecvRingError::Completion {
+                qp_num: 9,
+                status: WcStatus::LocLenErr,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("QP 9"), "{e}");
+    drop(held);
+    assert_eq!(fake.outstanding_recvs(), 2, "not reposted after an error");
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn dropped_ring_keeps_its_memory_until_the_flush() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(9, caps(16), 64);
+    fake.set_flush_on_err(false);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    fake.complete_recv(WcStatus::Success, 3).unwrap();
+    settle(&rt);
+    let held = next_now(&mut r).unwrap().unwrap().unwrap();
+    let core = Rc::downgrade(&r.core);
+    assert_eq!(rt.handle().driver().ring_count(), 1);
+    drop(r);
+    assert!(core.upgrade().is_some(), "3 buffers still posted");
+    assert_eq!(rt.handle().driver().ring_count(), 1);
+    // Messages landing in a dropped ring are discarded, not reposted.
+    fake.complete_recv(WcStatus::Success, 3).unwrap();
+    settle(&rt);
+    assert_eq!(fake.outstanding_recvs(), 2);
+    drop(qp);
+    settle(&rt);
+    assert!(core.upgrade().is_some(), "not flushed yet");
+    fake.set_flush_on_err(true);
+    fake.modify_to_err().unwrap();
+    settle(&rt);
+    assert_eq!(
+        rt.handle().driver().ring_count(),
+        0,
+        "drained: unregistered"
+    );
+    assert!(core.upgrade().is_some(), "the guard still holds it");
+    assert_eq!(held.len(), 3);
+    drop(held);
+    assert!(
+        core.upgrade().is_none(),
+        "freed after the flush and the guard"
+    );
+    assert_eq!(rt.handle().driver().qp_count(), 0, "zombie QP reaped");
+}
+
+#[test]
+fn runtime_shutdown_leaks_a_ring_whose_buffers_never_flush() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(9, caps(16), 64);
+    fake.set_flush_on_err(false);
+    let r = rt.block_on(async { ring(&qp, 2, 1) });
+    let core = Rc::downgrade(&r.core);
+    drop(r);
+    drop(qp);
+    drop(rt);
+    assert!(
+        core.upgrade().is_some(),
+        "leaked, never freed under the device"
+    );
+}
+
+#[test]
+fn stream_yields_messages() {
+    use futures::StreamExt;
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let limit = std::time::Duration::from_secs(10);
+    rt.block_on(crate::reactor::timeout(limit, async {
+        let mut r = ring(&qp, 2, 1);
+        fake.complete_recv(WcStatus::Success, 7).unwrap();
+        let m = r.next().await.unwrap().unwrap();
+        assert_eq!(m.len(), 7);
+        drop(m);
+        let mut s = std::pin::pin!(r);
+        assert!(matches!(
+            futures::poll!(StreamExt::next(&mut s)),
+            Poll::Pending
+        ));
+        fake.complete_recv(WcStatus::Success, 8).unwrap();
+        let m = StreamExt::next(&mut s).await.unwrap().unwrap();
+        assert_eq!(m.len(), 8);
+    }))
+    .expect("timed out");
+}
+
+struct Bare;
+
+impl crate::op::Completable for Bare {
+    type Output = Result<crate::provider::Completion, crate::op::SubmitError>;
+    fn complete(self, c: crate::provider::Completion) -> Self::Output {
+        Ok(c)
+    }
+    fn fail(self, e: crate::op::SubmitError) -> Self::Output {
+        Err(e)
+    }
+}
+
+/// A signaled zero-length WRITE op (no SGE): holds one send and one CQ credit.
+fn bare_write(qp: &QueuePair) -> crate::qp::Submit<Bare> {
+    use crate::provider::{SendFlags, SendOp, SendWr};
+    // SAFETY: no SGE: the WR names no local memory.
+    unsafe {
+        qp.submit_send(Bare, |_, chain| {
+            chain.push(SendWr {
+                wr_id: 0,
+                sg_list: Default::default(),
+                op: SendOp::Write {
+                    remote_addr: 0,
+                    rkey: 1,
+                },
+                flags: SendFlags::NONE,
+            });
+            Ok(())
+        })
+    }
+}
+
+#[test]
+// The ops are submitted inside the runtime, awaited later.
+#[allow(clippy::async_yields_async)]
+fn a_repost_without_cq_credits_waits_for_them_then_posts() {
+    let rt = Runtime::new().unwrap();
+    // One CQ for sends and receives, 5 entries: the ring takes 4.
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 5);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    let w1 = rt.block_on(async { bare_write(&qp) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    // The freed CQ entry goes to another send before the guard is dropped.
+    let w2 = rt.block_on(async { bare_write(&qp) });
+    drop(m);
+    assert_eq!(
+        fake.outstanding_recvs(),
+        3,
+        "no CQ credit: not reposted yet"
+    );
+    // A task waits for the next message (and so for the repost's credits).
+    let waiter = crate::reactor::spawn(async move {
+        let got = r.next().await.map(|m| m.map(|m| m.len()).ok());
+        (r, got)
+    });
+    settle(&rt);
+    assert_eq!(fake.outstanding_recvs(), 3);
+    // A send completes: its CQ credit goes to the waiting repost, which
+    // wakes the task.
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert!(rt.block_on(w1).is_ok());
+    assert_eq!(
+        fake.outstanding_recvs(),
+        4,
+        "reposted once the credit came back"
+    );
+    fake.complete_recv(WcStatus::Success, 9).unwrap();
+    let (r, got) = rt.block_on(waiter);
+    assert_eq!(got, Some(Some(9)));
+    fake.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert!(rt.block_on(w2).is_ok());
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn a_failed_repost_is_reported_by_next_and_gives_its_credits_back() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 2, 1) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    fake.fail_next_post(
+        0,
+        crate::provider::ProviderError::Unsupported {
+            provider: "fake",
+            what: "post_recv",
+        },
+    );
+    drop(m);
+    assert_eq!(
+        qp.outstanding_recvs(),
+        1,
+        "the failed repost's credits came back"
+    );
+    match next_now(&mut r) {
+        Some(Some(Err(RecvRingError::Post {
+            qp_num: 3,
+            count: 1,
+            ..
+        }))) => {}
+        other => panic!("expected the post error, got {other:?}"),
+    }
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn a_guard_dropped_elsewhere_is_reposted_while_next_waits_below_the_batch() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 4) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    let waiter = crate::reactor::spawn(async move {
+        let got = r.next().await.map(|m| m.map(|m| m.len()).ok());
+        (r, got)
+    });
+    settle(&rt);
+    assert_eq!(fake.outstanding_recvs(), 3);
+    // One buffer back, below the batch of 4: the waiting `next` posts it.
+    drop(m);
+    settle(&rt);
+    assert_eq!(fake.outstanding_recvs(), 4, "reposted by the waiting next");
+    fake.complete_recv(WcStatus::Success, 2).unwrap();
+    let (r, got) = rt.block_on(waiter);
+    assert_eq!(got, Some(Some(2)));
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn the_last_guard_dropped_after_close_ends_a_waiting_stream() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 1, 1) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    let waiter = crate::reactor::spawn(async move { r.next().await.is_none() });
+    settle(&rt);
+    rt.block_on(async { qp.close().await.unwrap() });
+    settle(&rt);
+    drop(m);
+    let limit = std::time::Duration::from_secs(5);
+    let ended = rt.block_on(crate::reactor::timeout(limit, waiter));
+    assert_eq!(
+        ended.ok(),
+        Some(true),
+        "the stream ends once the last buffer is back"
+    );
+}
