@@ -148,7 +148,11 @@ fn wait_one_blocking(cq: &Cq, ch: &CompChannel) -> Completion {
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut p, 1, 10_000) };
         assert!(n == 1, "no completion event");
-        while ch.get_event().expect("event").is_some() {
+        // One event per wake, as `ibv_get_cq_event` takes (and as the
+        // reactor does): the CQ was armed once, so it raised at most one.
+        // A spurious wake finds none; poll(2) is level-triggered, so
+        // nothing left pending can be missed.
+        if ch.get_event().expect("event").is_some() {
             cq.ack_events(1);
         }
     }
