@@ -158,12 +158,14 @@ pub struct CompChannel {
 }
 
 impl CompChannel {
-    /// The fd to register with a poller (an epoll fd, see [`Channel`]).
+    /// The fd to register with a poller: an epoll fd holding the channel's
+    /// eventfd and, once a CQ on it is armed, the sockets feeding that CQ.
     pub fn fd(&self) -> RawFd {
         self.shared.ep.as_raw_fd()
     }
     /// Takes one pending CQ event (the CQ handle), if any. First receives
-    /// what waits on the sockets in the channel's set (see [`Channel`]).
+    /// what waits on the sockets in the channel's set: an application
+    /// sleeping on the channel receives on its own thread.
     pub fn get_event(&self) -> Result<Option<u32>> {
         if !self._ctx.shared().lease.is_zero() && self.receive() {
             return Ok(self.shared.events.pop_quiet());
