@@ -10,12 +10,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::peer::{spawn_announcing, Peer, ADDR_PREFIX};
 use common::*;
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::ops::connect::{connect, Listener};
@@ -26,7 +25,6 @@ use verbio::runtime::{sleep, Device, Runtime};
 
 /// Set in the peer process: the address its engine and listener bind to.
 const PEER_ENV: &str = "VERBIO_NETNS_TEST_PEER";
-const ADDR_PREFIX: &str = "VERBIO_PEER_ADDR=";
 
 /// A runtime with a soft device whose engine listens on `ip` (ephemeral port).
 fn soft_on(ip: IpAddr) -> (Runtime, Device) {
@@ -154,63 +152,13 @@ fn netns_or_skip(tag: u8) -> Option<Netns> {
     }
 }
 
-/// Kills the peer if the test fails early.
-struct Peer(Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Peer {
-    fn wait_success(mut self) {
-        let deadline = Instant::now() + WAIT;
-        let status = loop {
-            if let Some(s) = self.0.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "peer did not exit");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert!(status.success(), "peer failed: {status}");
-    }
-}
-
 /// Starts this test binary's [`netns_peer_entry`] inside `ns`.
 fn spawn_peer(ns: &Netns, role: &str) -> (Peer, SocketAddr) {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .arg(exe)
-        .args([
-            "--exact",
-            "netns_peer_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(PEER_ENV, format!("{},{role}", ns.peer_ip))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn peer");
-    let stdout = child.stdout.take().unwrap();
-    let peer = Peer(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(pos) = line.find(ADDR_PREFIX) {
-                let _ = tx.send(line[pos + ADDR_PREFIX.len()..].trim().parse::<SocketAddr>());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(WAIT)
-        .expect("peer did not announce its address")
-        .expect("bad address line");
-    (peer, addr)
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name])
+        .arg(std::env::current_exe().unwrap());
+    let spec = format!("{},{role}", ns.peer_ip);
+    spawn_announcing(cmd, "netns_peer_entry", (PEER_ENV, &spec))
 }
 
 #[test]

@@ -8,12 +8,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::peer::{spawn_announcing, Peer, ADDR_PREFIX};
 use common::*;
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::ops::verbs::{RemoteBuf, Verbs};
@@ -22,7 +21,6 @@ use verbio::runtime::buf::MrPool;
 use verbio::runtime::{sleep, timeout};
 
 const PEER_ENV: &str = "VERBIO_VERBS_TEST_PEER";
-const ADDR_PREFIX: &str = "VERBIO_PEER_ADDR=";
 
 /// Entry point of the peer process. Run directly (no env var), it checks
 /// that the peer roles exist and returns.
@@ -51,47 +49,9 @@ fn peer_process_entry() {
     });
 }
 
-/// Kills the peer if the test fails early.
-struct Peer(Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn spawn_peer(role: &str) -> (Peer, SocketAddr) {
     let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args([
-            "--exact",
-            "peer_process_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(PEER_ENV, role)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn peer");
-    let stdout = child.stdout.take().unwrap();
-    let peer = Peer(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            // libtest may print "test NAME ... " before it on the same line.
-            if let Some(pos) = line.find(ADDR_PREFIX) {
-                let _ = tx.send(line[pos + ADDR_PREFIX.len()..].trim().parse::<SocketAddr>());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(WAIT)
-        .expect("peer did not announce its address")
-        .expect("bad address line");
-    (peer, addr)
+    spawn_announcing(Command::new(exe), "peer_process_entry", (PEER_ENV, role))
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! every-verb script (used across threads and processes).
 #![allow(dead_code)]
 
+pub mod peer;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::mpsc;
