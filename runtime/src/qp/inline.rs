@@ -200,6 +200,7 @@ impl QueuePair {
     }
 
     /// Posts an inline send with one send-queue and one CQ credit held.
+    #[inline]
     fn post_inline_now(&self, data: &[u8], imm: Option<u32>) -> Result<(), SubmitError> {
         let core = &self.inner.core;
         let (sq, cq) = (&*core.sq, &*core.send_cq);
@@ -261,14 +262,20 @@ impl QueuePair {
                     .set(core.inline_credits.get() + 1 + reserve);
                 Ok(())
             }
-            Err(e) => {
-                sq.release(1 + reserve);
-                cq.release(1 + reserve);
-                Err(SubmitError::Post {
-                    qp_num: core.qp_num,
-                    source: e,
-                })
-            }
+            Err(e) => Err(self.inline_post_failed(1 + reserve, e)),
+        }
+    }
+
+    /// The provider refused an inline send: its `n` credits (each) back.
+    #[cold]
+    #[inline(never)]
+    fn inline_post_failed(&self, n: u32, e: crate::provider::PostError) -> SubmitError {
+        let core = &self.inner.core;
+        core.sq.release(n);
+        core.send_cq.release(n);
+        SubmitError::Post {
+            qp_num: core.qp_num,
+            source: e,
         }
     }
 }
