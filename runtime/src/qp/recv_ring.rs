@@ -254,6 +254,12 @@ impl RingCore {
         self.state.borrow().posted
     }
 
+    /// The waker of the task waiting in `next` (tests).
+    #[cfg(test)]
+    pub(crate) fn registered_waker(&self) -> Option<Waker> {
+        self.state.borrow().waker.clone()
+    }
+
     /// A completion of one of this ring's buffers, routed by the reactor.
     pub(crate) fn completed(&self, c: &Completion) {
         let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
@@ -296,7 +302,14 @@ impl RingCore {
                     status: c.status,
                     vendor_err: c.vendor_err,
                 });
-                (st.waker.take(), false, keep)
+                let waker = match &st.waker {
+                    // A verbio task's waker only queues its task (no
+                    // foreign code runs under the borrow): woken in place
+                    // and kept, so the task's next wait needs no clone.
+                    Some(w) if crate::reactor::wake_if_task(w) => None,
+                    _ => st.waker.take(),
+                };
+                (waker, false, keep)
             }
         };
         if !kept {
@@ -794,6 +807,15 @@ impl RecvRing {
             if let Some(e) = self.failed(&mut st, c) {
                 return Poll::Ready(Some(Err(e)));
             }
+        }
+        // The common wait: buffers posted, nothing to repost or report,
+        // and this task's waker already registered (kept by `completed`).
+        if st.posted != 0
+            && st.pending.is_empty()
+            && st.post_error.is_none()
+            && st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
         }
         self.poll_empty(&mut st, cx)
     }

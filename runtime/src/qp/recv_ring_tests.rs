@@ -466,3 +466,30 @@ fn the_last_guard_dropped_after_close_ends_a_waiting_stream() {
         "the stream ends once the last buffer is back"
     );
 }
+
+#[test]
+fn a_waiting_task_is_woken_in_place_and_its_waker_kept_for_the_next_wait() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    let core = r.core.clone();
+    let task = crate::reactor::spawn(async move {
+        let got = r.next().await.map(|m| m.map(|m| m.len()).ok());
+        (r, got)
+    });
+    settle(&rt);
+    assert!(core.registered_waker().is_some(), "the task waits");
+    fake.complete_recv(WcStatus::Success, 7).unwrap();
+    // The completion only (the task is not run yet).
+    assert_eq!(rt.handle().driver().drain_cqs(), 1);
+    let kept = core
+        .registered_waker()
+        .expect("the task's waker stays registered");
+    assert!(crate::reactor::is_task_waker(&kept));
+    drop(kept);
+    let (r, got) = rt.block_on(task);
+    assert_eq!(got, Some(Some(7)));
+    drop(r);
+    drop(core);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
