@@ -495,7 +495,7 @@ impl std::fmt::Debug for QueuePair {
         f.debug_struct("QueuePair")
             .field("qp_num", &self.inner.core.qp_num)
             .field("outstanding_sends", &self.inner.core.sq.outstanding())
-            .field("outstanding_recvs", &self.inner.core.rq.outstanding())
+            .field("outstanding_recvs", &self.outstanding_recvs())
             .field("closed", &self.inner.core.closed.get())
             .finish()
     }
