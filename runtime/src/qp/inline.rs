@@ -407,6 +407,7 @@ impl Future for SendInline<'_> {
 }
 
 impl Drop for SendInline<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.done {
             self.abandon();
