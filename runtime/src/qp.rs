@@ -394,6 +394,11 @@ pub(crate) struct QpCore {
     pub(crate) signal_every: Cell<u32>,
     /// The first error completion of an inline send posted without an op.
     pub(crate) fault: Cell<Option<InlineFault>>,
+    /// Receive-queue and receive-CQ credits (each) that this QP's receive
+    /// rings keep between a buffer's completion and its repost (so the
+    /// repost needs no acquire). Given back by [`shut`](Self::shut): a
+    /// closing QP waits only for its posted receives.
+    pub(crate) ring_kept: Cell<u32>,
 }
 
 impl QpCore {
@@ -410,6 +415,13 @@ impl QpCore {
     /// fails, their credits are given back at once.
     pub(crate) fn shut(&self) -> Result<(), ProviderError> {
         self.closed.set(true);
+        // The receive rings repost nothing once closed: their kept credits
+        // come back now (they check `closed` before using them).
+        let kept = self.ring_kept.replace(0);
+        if kept > 0 {
+            self.rq.release(kept);
+            self.recv_cq.release(kept);
+        }
         self.sq.wake_all();
         self.rq.wake_all();
         self.send_cq.wake_all();
@@ -483,7 +495,7 @@ impl std::fmt::Debug for QueuePair {
         f.debug_struct("QueuePair")
             .field("qp_num", &self.inner.core.qp_num)
             .field("outstanding_sends", &self.inner.core.sq.outstanding())
-            .field("outstanding_recvs", &self.inner.core.rq.outstanding())
+            .field("outstanding_recvs", &self.outstanding_recvs())
             .field("closed", &self.inner.core.closed.get())
             .finish()
     }
@@ -516,6 +528,7 @@ impl QueuePair {
                 DEFAULT_INLINE_SIGNAL_INTERVAL.min((caps.max_send_wr / 2).max(1)),
             ),
             fault: Cell::new(None),
+            ring_kept: Cell::new(0),
         });
         let reg_key = handle.driver().register_qp(core.clone());
         core.reg_key.set(reg_key);
@@ -593,7 +606,8 @@ impl QueuePair {
 
     /// Receive WRs posted and not yet completed.
     pub fn outstanding_recvs(&self) -> u32 {
-        self.inner.core.rq.outstanding()
+        let core = &self.inner.core;
+        core.rq.outstanding().saturating_sub(core.ring_kept.get())
     }
 
     /// True once [`close`](Self::close) was called (or the runtime shut down).

@@ -24,6 +24,7 @@ pub struct SendInlineVerb<'a> {
 
 impl Future for SendInlineVerb<'_> {
     type Output = Result<(), Error>;
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let op = self.op;
         Pin::new(&mut self.inner)

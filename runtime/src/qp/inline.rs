@@ -200,6 +200,7 @@ impl QueuePair {
     }
 
     /// Posts an inline send with one send-queue and one CQ credit held.
+    #[inline]
     fn post_inline_now(&self, data: &[u8], imm: Option<u32>) -> Result<(), SubmitError> {
         let core = &self.inner.core;
         let (sq, cq) = (&*core.sq, &*core.send_cq);
@@ -261,14 +262,20 @@ impl QueuePair {
                     .set(core.inline_credits.get() + 1 + reserve);
                 Ok(())
             }
-            Err(e) => {
-                sq.release(1 + reserve);
-                cq.release(1 + reserve);
-                Err(SubmitError::Post {
-                    qp_num: core.qp_num,
-                    source: e,
-                })
-            }
+            Err(e) => Err(self.inline_post_failed(1 + reserve, e)),
+        }
+    }
+
+    /// The provider refused an inline send: its `n` credits (each) back.
+    #[cold]
+    #[inline(never)]
+    fn inline_post_failed(&self, n: u32, e: crate::provider::PostError) -> SubmitError {
+        let core = &self.inner.core;
+        core.sq.release(n);
+        core.send_cq.release(n);
+        SubmitError::Post {
+            qp_num: core.qp_num,
+            source: e,
         }
     }
 }
@@ -309,11 +316,40 @@ impl SendInline<'_> {
     }
 }
 
-impl Future for SendInline<'_> {
-    type Output = Result<(), SubmitError>;
+impl SendInline<'_> {
+    /// The first poll's fast path: nothing to report, nobody queued ahead
+    /// and both credits at hand. Posts and returns `Some`; else `None`
+    /// (holding the send-queue credit if it got only that one), leaving
+    /// everything to [`poll_slow`](Self::poll_slow).
+    #[inline(always)]
+    fn try_post_now(&mut self) -> Option<Result<(), SubmitError>> {
+        if self.done || self.sq_held || self.sq_ticket.is_some() || self.cq_ticket.is_some() {
+            return None;
+        }
+        let qp = self.qp;
+        let core = &qp.inner.core;
+        // What `inline_check` tests, without building its errors.
+        if core.closed.get()
+            || core.fault.get().is_some()
+            || self.data.len() > qp.inner.caps.max_inline_data as usize
+            || core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS
+            || !core.sq.try_acquire(1)
+        {
+            return None;
+        }
+        if !core.send_cq.try_acquire(1) {
+            self.sq_held = true;
+            return None;
+        }
+        self.done = true;
+        Some(qp.post_inline_now(self.data, self.imm))
+    }
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
+    /// Everything but [`try_post_now`](Self::try_post_now): errors, waits
+    /// for credits, later polls.
+    #[inline(never)]
+    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SubmitError>> {
+        let this = self;
         if this.done {
             tracing::error!("inline send polled after it resolved");
             return Poll::Pending;
@@ -358,7 +394,20 @@ impl Future for SendInline<'_> {
     }
 }
 
+impl Future for SendInline<'_> {
+    type Output = Result<(), SubmitError>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.try_post_now() {
+            Some(res) => Poll::Ready(res),
+            None => self.poll_slow(cx),
+        }
+    }
+}
+
 impl Drop for SendInline<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.done {
             self.abandon();

@@ -22,9 +22,13 @@
 //! # Credits
 //!
 //! Each posted buffer holds one receive-queue credit and one receive-CQ
-//! credit of its QP, taken when it is posted and given back when its
-//! completion is polled, exactly like a `submit_recv` op: the CQ can never
-//! overflow, and [`QueuePair::close`] waits for the ring's flushes.
+//! credit of its QP, taken when it is posted, like a `submit_recv` op: the
+//! CQ can never overflow, and [`QueuePair::close`] waits for the ring's
+//! flushes. A buffer that completes successfully keeps its credits until
+//! its repost (no give-back and re-acquire per message); they are given
+//! back at once if the ring stops, is dropped, or the QP is closed
+//! (`QpCore::shut` returns every ring's kept credits, so a close never
+//! waits for buffers lent to guards or unread).
 
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -205,6 +209,10 @@ struct State {
     held_cq: u32,
     /// Reused list for batched reposts.
     wrs: Vec<RecvWr>,
+    /// Credits (each: receive queue and CQ) kept from successful
+    /// completions for reposts, also counted in the QP's `ring_kept`
+    /// unless the QP is closed (then `shut` gave them back already).
+    kept: u32,
 }
 
 /// The shared part of a ring: memory, registration and state. Kept by the
@@ -246,10 +254,16 @@ impl RingCore {
         self.state.borrow().posted
     }
 
+    /// The waker of the task waiting in `next` (tests).
+    #[cfg(test)]
+    pub(crate) fn registered_waker(&self) -> Option<Waker> {
+        self.state.borrow().waker.clone()
+    }
+
     /// A completion of one of this ring's buffers, routed by the reactor.
     pub(crate) fn completed(&self, c: &Completion) {
         let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
-        let (waker, unregister) = {
+        let (waker, unregister, kept) = {
             let mut st = self.state.borrow_mut();
             if c.qp_num != self.qp.qp_num
                 || slot >= self.depth
@@ -265,15 +279,22 @@ impl RingCore {
             st.posted -= 1;
             if !c.status.is_success() {
                 st.stopped = true;
+                self.give_back_kept(&mut st);
             }
             if st.dropped {
                 st.slots[slot as usize] = Slot::Idle;
                 if !c.status.is_success() {
                     tracing::debug!(qp = c.qp_num, status = %c.status, "dropped receive ring: buffer completed");
                 }
-                (None, st.posted == 0)
+                (None, st.posted == 0, false)
             } else {
                 st.slots[slot as usize] = Slot::Taken;
+                // A message: its credits stay for its repost.
+                let keep = c.status.is_success() && !st.stopped && !self.qp.closed.get();
+                if keep {
+                    st.kept += 1;
+                    self.qp.ring_kept.set(self.qp.ring_kept.get() + 1);
+                }
                 st.ready.push_back(Ready {
                     slot,
                     byte_len: c.byte_len,
@@ -281,11 +302,20 @@ impl RingCore {
                     status: c.status,
                     vendor_err: c.vendor_err,
                 });
-                (st.waker.take(), false)
+                let waker = match &st.waker {
+                    // A verbio task's waker only queues its task (no
+                    // foreign code runs under the borrow): woken in place
+                    // and kept, so the task's next wait needs no clone.
+                    Some(w) if crate::reactor::wake_if_task(w) => None,
+                    _ => st.waker.take(),
+                };
+                (waker, false, keep)
             }
         };
-        self.qp.rq.release(1);
-        self.qp.recv_cq.release(1);
+        if !kept {
+            self.qp.rq.release(1);
+            self.qp.recv_cq.release(1);
+        }
         if unregister {
             self.handle.driver().unregister_ring(self.key, self);
         }
@@ -324,8 +354,8 @@ impl RingCore {
     }
 
     /// Posts one slot (credits held) with its prebuilt WR: the repost
-    /// fast path.
-    #[inline]
+    /// fast path (inlined into `release`, one call frame less).
+    #[inline(always)]
     fn post_one(&self, st: &mut State, slot: u32) {
         st.slots[slot as usize] = Slot::Posted;
         st.posted += 1;
@@ -358,6 +388,7 @@ impl RingCore {
         let n = unposted.len() as u32;
         st.posted -= n;
         st.stopped = true;
+        self.give_back_kept(st);
         self.qp.rq.release(n);
         self.qp.recv_cq.release(n);
         RecvRingError::Post {
@@ -431,6 +462,33 @@ impl RingCore {
         self.qp.recv_cq.release(st.held_cq);
         st.held_rq = 0;
         st.held_cq = 0;
+        self.give_back_kept(st);
+    }
+
+    /// Takes one kept credit pair for a repost, if there is one. Only while
+    /// the QP is open (a closed QP's `shut` took the kept credits back).
+    #[inline]
+    fn take_kept(&self, st: &mut State) -> bool {
+        if st.kept == 0 {
+            return false;
+        }
+        st.kept -= 1;
+        let all = &self.qp.ring_kept;
+        all.set(all.get().saturating_sub(1));
+        true
+    }
+
+    /// Gives every kept credit back (nothing will be reposted). If the QP
+    /// is closed, `QpCore::shut` has already done so.
+    fn give_back_kept(&self, st: &mut State) {
+        let n = std::mem::take(&mut st.kept);
+        if n == 0 || self.qp.closed.get() {
+            return;
+        }
+        let all = &self.qp.ring_kept;
+        all.set(all.get().saturating_sub(n));
+        self.qp.rq.release(n);
+        self.qp.recv_cq.release(n);
     }
 
     /// A guard gave its slot back.
@@ -439,6 +497,7 @@ impl RingCore {
         let mut st = self.state.borrow_mut();
         if st.dropped || st.stopped || self.qp.closed.get() {
             st.slots[slot as usize] = Slot::Idle;
+            self.give_back_kept(&mut st);
             // The last buffer: a waiting `next` can end the stream now.
             if st.posted == 0 {
                 let waker = st.waker.take();
@@ -449,13 +508,20 @@ impl RingCore {
             }
             return;
         }
-        // Unbatched, nothing pending, credits at hand: post it now.
-        if self.batch == 1 && st.pending.is_empty() && self.qp.rq.try_acquire(1) {
-            if self.qp.recv_cq.try_acquire(1) {
+        // Unbatched, nothing pending, credits at hand (kept from the
+        // completion, else new): post it now.
+        if self.batch == 1 && st.pending.is_empty() {
+            if self.take_kept(&mut st) {
                 self.post_one(&mut st, slot);
                 return;
             }
-            self.qp.rq.release(1);
+            if self.qp.rq.try_acquire(1) {
+                if self.qp.recv_cq.try_acquire(1) {
+                    self.post_one(&mut st, slot);
+                    return;
+                }
+                self.qp.rq.release(1);
+            }
         }
         let waker = self.release_slow(&mut st, slot);
         drop(st);
@@ -473,6 +539,11 @@ impl RingCore {
     fn release_slow(&self, st: &mut State, slot: u32) -> Option<Waker> {
         st.slots[slot as usize] = Slot::Pending;
         st.pending.push(slot);
+        // Its kept credits go with it.
+        if self.take_kept(st) {
+            st.held_rq += 1;
+            st.held_cq += 1;
+        }
         if st.pending.len() as u32 >= self.batch {
             self.flush_pending(st, None);
         }
@@ -629,6 +700,7 @@ impl RecvRing {
             held_rq: 0,
             held_cq: 0,
             wrs: Vec::with_capacity(depth as usize),
+            kept: 0,
         };
         let mut state = Some(state);
         let mut mr = Some(mr);
@@ -736,6 +808,15 @@ impl RecvRing {
                 return Poll::Ready(Some(Err(e)));
             }
         }
+        // The common wait: buffers posted, nothing to repost or report,
+        // and this task's waker already registered (kept by `completed`).
+        if st.posted != 0
+            && st.pending.is_empty()
+            && st.post_error.is_none()
+            && st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
         self.poll_empty(&mut st, cx)
     }
 
@@ -774,6 +855,7 @@ impl RecvRing {
         let qp_num = self.core.qp.qp_num;
         st.slots[slot as usize] = Slot::Idle;
         st.stopped = true;
+        self.core.give_back_kept(st);
         if c.status.is_success() {
             return Some(RecvRingError::Length {
                 qp_num,

@@ -314,7 +314,7 @@ fn bare_write(qp: &QueuePair) -> crate::qp::Submit<Bare> {
 #[test]
 // The ops are submitted inside the runtime, awaited later.
 #[allow(clippy::async_yields_async)]
-fn a_repost_without_cq_credits_waits_for_them_then_posts() {
+fn a_completed_buffer_keeps_its_credits_for_its_repost() {
     let rt = Runtime::new().unwrap();
     // One CQ for sends and receives, 5 entries: the ring takes 4.
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 5);
@@ -323,38 +323,67 @@ fn a_repost_without_cq_credits_waits_for_them_then_posts() {
     fake.complete_recv(WcStatus::Success, 1).unwrap();
     settle(&rt);
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
-    // The freed CQ entry goes to another send before the guard is dropped.
+    assert_eq!(qp.outstanding_recvs(), 3, "3 receives posted");
+    assert_eq!(qp.inner.core.rq.outstanding(), 4, "the 4th credit is kept");
+    // The completed buffer's CQ entry stays the ring's: another send waits.
     let w2 = rt.block_on(async { bare_write(&qp) });
+    assert!(w2.is_queued(), "no CQ credit for the send");
+    // So the repost needs no credit: posted at once.
     drop(m);
-    assert_eq!(
-        fake.outstanding_recvs(),
-        3,
-        "no CQ credit: not reposted yet"
-    );
-    // A task waits for the next message (and so for the repost's credits).
-    let waiter = crate::reactor::spawn(async move {
-        let got = r.next().await.map(|m| m.map(|m| m.len()).ok());
-        (r, got)
-    });
-    settle(&rt);
-    assert_eq!(fake.outstanding_recvs(), 3);
-    // A send completes: its CQ credit goes to the waiting repost, which
-    // wakes the task.
+    assert_eq!(fake.outstanding_recvs(), 4, "reposted at once");
+    assert_eq!(qp.outstanding_recvs(), 4);
     fake.complete_send(WcStatus::Success, 0).unwrap();
     settle(&rt);
     assert!(rt.block_on(w1).is_ok());
-    assert_eq!(
-        fake.outstanding_recvs(),
-        4,
-        "reposted once the credit came back"
-    );
-    fake.complete_recv(WcStatus::Success, 9).unwrap();
-    let (r, got) = rt.block_on(waiter);
-    assert_eq!(got, Some(Some(9)));
-    fake.complete_send(WcStatus::Success, 0).unwrap();
-    settle(&rt);
-    assert!(rt.block_on(w2).is_ok());
+    // Dropped while queued: posts nothing.
+    drop(w2);
     drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn close_gives_back_the_credits_of_held_and_unread_messages() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    fake.complete_recv(WcStatus::Success, 2).unwrap();
+    settle(&rt);
+    // One message held by its guard, one unread.
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    assert_eq!(qp.inner.core.rq.outstanding(), 4);
+    rt.block_on(async {
+        crate::reactor::timeout(std::time::Duration::from_secs(5), qp.close())
+            .await
+            .expect("close waits only for posted receives")
+            .unwrap()
+    });
+    assert_eq!(qp.inner.core.rq.outstanding(), 0);
+    assert_eq!(qp.inner.core.recv_cq.outstanding(), 0);
+    // The guard's drop after the close reposts nothing, gives nothing twice.
+    let bells = fake.doorbells();
+    drop(m);
+    assert_eq!(fake.doorbells(), bells);
+    assert_eq!(qp.inner.core.rq.outstanding(), 0);
+    drop(r);
+    assert_eq!(qp.inner.core.ring_kept.get(), 0);
+}
+
+#[test]
+fn a_dropped_ring_gives_back_the_credits_its_guards_kept() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 2, 1) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    assert_eq!(qp.inner.core.rq.outstanding(), 2);
+    drop(r);
+    assert_eq!(qp.inner.core.rq.outstanding(), 1, "only the posted buffer");
+    assert_eq!(qp.inner.core.ring_kept.get(), 0);
+    drop(m);
+    assert_eq!(qp.inner.core.rq.outstanding(), 1);
+    assert_eq!(qp.inner.core.recv_cq.outstanding(), 1);
     rt.block_on(async { qp.close().await.unwrap() });
 }
 
@@ -436,4 +465,31 @@ fn the_last_guard_dropped_after_close_ends_a_waiting_stream() {
         Some(true),
         "the stream ends once the last buffer is back"
     );
+}
+
+#[test]
+fn a_waiting_task_is_woken_in_place_and_its_waker_kept_for_the_next_wait() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    let core = r.core.clone();
+    let task = crate::reactor::spawn(async move {
+        let got = r.next().await.map(|m| m.map(|m| m.len()).ok());
+        (r, got)
+    });
+    settle(&rt);
+    assert!(core.registered_waker().is_some(), "the task waits");
+    fake.complete_recv(WcStatus::Success, 7).unwrap();
+    // The completion only (the task is not run yet).
+    assert_eq!(rt.handle().driver().drain_cqs(), 1);
+    let kept = core
+        .registered_waker()
+        .expect("the task's waker stays registered");
+    assert!(crate::reactor::is_task_waker(&kept));
+    drop(kept);
+    let (r, got) = rt.block_on(task);
+    assert_eq!(got, Some(Some(7)));
+    drop(r);
+    drop(core);
+    rt.block_on(async { qp.close().await.unwrap() });
 }

@@ -474,24 +474,25 @@ impl Driver {
         if c.wr_id & wr_id::RESERVED == 0 {
             self.ops.complete(c);
         } else {
-            self.complete_reserved(c);
+            self.complete_reserved(&c);
         }
     }
 
     /// A completion of a reserved wr_id: an inline send's, the agent's, or
     /// an untracked WR's.
     #[inline(never)]
-    fn complete_reserved(&self, c: Completion) {
-        if wr_id::is_inline(c.wr_id) {
-            self.complete_inline(&c);
-        } else if wr_id::is_ring(c.wr_id) {
-            self.complete_ring(&c);
+    fn complete_reserved(&self, c: &Completion) {
+        // Ring receives first: one per message on a ring's QP.
+        if wr_id::is_ring(c.wr_id) {
+            self.complete_ring(c);
+        } else if wr_id::is_inline(c.wr_id) {
+            self.complete_inline(c);
         } else if c.wr_id >= wr_id::AGENT_BASE {
             // Taken out while it runs, so it may replace itself.
             let taken = self.reserved_handler.borrow_mut().take();
             match taken {
                 Some(mut f) => {
-                    f(c);
+                    f(*c);
                     let mut slot = self.reserved_handler.borrow_mut();
                     if slot.is_none() {
                         *slot = Some(f);
