@@ -36,6 +36,9 @@
 //! same run.
 //!
 //! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [all|spin|channel|fake] [joinall|tasks]`
+//! (`OP_OVERHEAD_ONLY=raw` or `=op` in the environment runs one side of
+//! the device rows only, the other side's figures being zero: to count one
+//! loop's syscalls and sleeps, e.g. under `strace -c -f` or `perf stat`.)
 //! (`fake`: only the runtime-only rows, no soft-device traffic; for callgrind,
 //! `--toggle-collect='*fake_run*'` counts just the measured ops. `tasks`:
 //! the op loops are spawned as tasks instead of joined with `join_all`,
@@ -405,24 +408,39 @@ fn phase(
         .collect();
     // The raw loop posts the same buffer `depth` times (the device only reads it).
     let raw_buf = pool.alloc_from(&[0xee; MSG]).expect("buffer");
+    // `OP_OVERHEAD_ONLY=raw|op` runs one side only (the other's samples
+    // are zero): for counting one loop's syscalls (`strace -c -f`).
+    let only = std::env::var("OP_OVERHEAD_ONLY").ok();
+    let run_raw = only.as_deref() != Some("op");
+    let run_op = only.as_deref() != Some("raw");
     // Warm-up: slab, pools, engine connection, page faults.
-    op_loop(&rt, &a, &mut bufs, remote, ops / 10 + depth, lanes);
-    raw_loop(&dev, &a, &raw_buf, remote, depth, ops / 10 + depth, wait);
+    if run_op {
+        op_loop(&rt, &a, &mut bufs, remote, ops / 10 + depth, lanes);
+    }
+    if run_raw {
+        raw_loop(&dev, &a, &raw_buf, remote, depth, ops / 10 + depth, wait);
+    }
     let mut pairs = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let raw = || {
+            if !run_raw {
+                return Sample::default();
+            }
             measure(ops, || {
                 raw_loop(&dev, &a, &raw_buf, remote, depth, ops, wait)
             })
         };
+        let mut op = || {
+            if !run_op {
+                return Sample::default();
+            }
+            measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops, lanes))
+        };
         let pair = if round % 2 == 0 {
             let r = raw();
-            (
-                r,
-                measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops, lanes)),
-            )
+            (r, op())
         } else {
-            let o = measure(ops, || op_loop(&rt, &a, &mut bufs, remote, ops, lanes));
+            let o = op();
             (raw(), o)
         };
         pairs.push(pair);
