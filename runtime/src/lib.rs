@@ -20,6 +20,6 @@ pub use qp::{
     QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError, SendChain, SendInline, Submit,
 };
 pub use reactor::{
-    sleep, sleep_until, spawn, timeout, Builder, Elapsed, FallibleJoinHandle, Handle, JoinHandle,
-    Runtime, RuntimeError, Sleep, TcpListener, TcpStream, Timeout, Turn,
+    sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,
+    JoinHandle, Runtime, RuntimeError, Sleep, TcpListener, TcpStream, Timeout, Turn,
 };

@@ -294,21 +294,7 @@ impl FakeQp {
     }
 }
 
-/// Yields once, so the runtime's loop turns (runs tasks, drains
-/// completions) before the awaiting future goes on.
-pub async fn yield_now() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            std::task::Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    })
-    .await
-}
+pub use crate::reactor::yield_now;
 
 /// Turns `rt`'s loop a few times, so completions injected into a
 /// [`FakeQp`] are delivered to their ops.

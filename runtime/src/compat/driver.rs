@@ -3,8 +3,7 @@
 
 use std::future::Future;
 use std::io;
-use std::pin::{pin, Pin};
-use std::task::{Context, Poll};
+use std::pin::pin;
 use std::time::Duration;
 
 use futures::future::{select, Either};
@@ -23,7 +22,7 @@ where
         let t = rt.turn();
         if t.ready {
             // Let the host's other tasks run between busy turns.
-            YieldNow(false).await;
+            crate::reactor::yield_now().await;
             continue;
         }
         if let Err(e) = wait(t.wait_for()).await {
@@ -44,23 +43,6 @@ where
     match select(pin!(fut), pin!(drive)).await {
         Either::Left((out, _)) => Ok(out),
         Either::Right((err, _)) => Err(err),
-    }
-}
-
-/// Returns `Pending` once (waking itself), then `Ready`: gives the host
-/// executor's other tasks a turn.
-struct YieldNow(bool);
-
-impl Future for YieldNow {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            return Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }
 

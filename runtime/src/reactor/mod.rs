@@ -156,6 +156,24 @@ impl Handle {
     }
 }
 
+/// Yields once: the awaiting task returns `Pending` (waking itself) and
+/// goes on at the executor's next turn, after the other ready tasks (and,
+/// on a verbio runtime, after the loop drains completions). Works on any
+/// executor.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Spawns a local task on the current thread's runtime.
 ///
 /// # Panics
