@@ -450,7 +450,7 @@ fn client(args: &Args, addr: SocketAddr) -> Res<()> {
     let (rt, dev, busy) = open(args, true)?;
     let pool = MrPool::new(dev.pd());
     rt.block_on(async {
-        let (qp, _stream) = timeout(LIMIT, dial(args, &dev, addr, busy))
+        let (qp, mut stream) = timeout(LIMIT, dial(args, &dev, addr, busy))
             .await
             .map_err(|_| "connect timed out")??;
         // Bounded by the watchdog (see `main`), not by a reactor timer.
@@ -459,6 +459,13 @@ fn client(args: &Args, addr: SocketAddr) -> Res<()> {
             Test::SendLat if args.raw => raw_client(args, &dev, &qp, &pool).await,
             Test::SendLat => send_lat_client(args, &dev, &qp, &pool).await,
         };
+        if res.is_ok() {
+            // The server's last WRs (the raw loop's retiring WRITE) need
+            // this QP alive to be acknowledged: close it only once the
+            // server is done (it closes the TCP connection when it ends).
+            let mut byte = [0u8; 1];
+            let _ = timeout(Duration::from_secs(10), stream.read(&mut byte)).await;
+        }
         let _ = timeout(Duration::from_secs(5), qp.close()).await;
         res
     })
