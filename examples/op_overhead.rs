@@ -2,8 +2,9 @@
 //! on the software RDMA device: the same 64-byte RDMA WRITE workload
 //! (a) as a raw synchronous loop on the provider `Qp`/`Cq` (post, spin on
 //! `poll`, repost), and (b) as `verbio_ops` write futures through the reactor
-//! (`qp.write(buf, remote).await` in `depth` concurrent loops joined with
-//! `join_all` in `block_on`, or spawned as tasks), at queue depth 1 and 32.
+//! (`qp.write(buf, remote).await` in `depth` concurrent loops, each a task
+//! spawned on the runtime, or with `joinall` all joined with `join_all` in
+//! `block_on`), at queue depth 1 and 32.
 //! It prints ops/s of both and their ratio, the application thread's CPU
 //! time per op in both (`CLOCK_THREAD_CPUTIME_ID`; the difference is the
 //! runtime's overhead per op), and heap allocations per op on the op path
@@ -35,14 +36,21 @@
 //! than one noisy number. On a loaded machine, compare only figures of the
 //! same run.
 //!
-//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [all|spin|channel|fake] [joinall|tasks]`
+//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [all|spin|channel|fake] [tasks|joinall]`
 //! (`OP_OVERHEAD_ONLY=raw` or `=op` in the environment runs one side of
 //! the device rows only, the other side's figures being zero: to count one
 //! loop's syscalls and sleeps, e.g. under `strace -c -f` or `perf stat`.)
 //! (`fake`: only the runtime-only rows, no soft-device traffic; for callgrind,
-//! `--toggle-collect='*fake_run*'` counts just the measured ops. `tasks`:
-//! the op loops are spawned as tasks instead of joined with `join_all`,
-//! which above 30 futures is a `FuturesOrdered` with wakers of its own.)
+//! `--toggle-collect='*fake_run*'` counts just the measured ops.)
+//!
+//! Lanes: by default each of the `depth` op loops is a task spawned on the
+//! runtime, the way a verbio application runs concurrent work, so the op
+//! side measures verbio's own machinery (its tasks, wakers and ops).
+//! `joinall` joins the loops with `futures::future::join_all` in `block_on`
+//! instead: above 30 futures that is a `FuturesOrdered`, whose own
+//! per-future `Arc` wakers and ready queue cost about 40 ns per op more
+//! (the fake-QP rows show both: "verb, tasks" and "verb, joinall"), which
+//! is futures-util's cost, not the runtime's.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -810,8 +818,8 @@ fn main() {
     let only: Option<String> = args.next().filter(|m| m != "all");
     let fake_only = only.as_deref() == Some("fake");
     let lanes = match args.next().as_deref() {
-        Some("tasks") => Lanes::Tasks,
-        _ => Lanes::JoinAll,
+        Some("joinall") => Lanes::JoinAll,
+        _ => Lanes::Tasks,
     };
     if !fake_only {
         device_tables(ops, rounds, &depths, only.as_deref(), lanes);
