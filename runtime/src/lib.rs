@@ -21,5 +21,6 @@ pub use qp::{
 };
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,
-    JoinHandle, Runtime, RuntimeError, Sleep, TcpListener, TcpStream, Timeout, Turn,
+    JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, Sleep, TcpListener, TcpStream,
+    Timeout, Turn,
 };

@@ -9,10 +9,20 @@
 //! completes an op and wakes its task) pushes into a thread-local queue
 //! instead. The op table recognizes these wakers ([`is_task_waker`]) and
 //! keeps and wakes them by reference (no refcount traffic per op).
+//!
+//! A panic in a spawned task ends that task only: it is caught where the
+//! task is polled, the task's future is dropped (its in-flight ops park
+//! their buffers as usual), the panic is logged, and its payload goes to
+//! the [`JoinHandle`], whose `await` resumes it in the awaiting task
+//! ([`JoinHandle::result`] returns it as a [`JoinError`] instead). The
+//! other tasks and the loop go on, as in tokio. A panic of the future given
+//! to `block_on` itself propagates to its caller.
 
+use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -272,6 +282,7 @@ impl Executor {
     {
         let state = Rc::new(JoinState {
             value: RefCell::new(None),
+            panic: RefCell::new(None),
             waker: RefCell::new(None),
             finished: Cell::new(false),
             aborted: Cell::new(false),
@@ -558,16 +569,29 @@ impl<F: Future> Future for TaskFuture<F> {
             None
         } else {
             // SAFETY: `fut` lives inside the pinned `self` and is not moved
-            // (see above).
-            match unsafe { Pin::new_unchecked(&mut this.fut) }.poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(v) => Some(v),
+            // (see above); after a panic it is never polled again (`done`).
+            let fut = unsafe { Pin::new_unchecked(&mut this.fut) };
+            // Unwind safety: after a panic the future is only dropped (with
+            // the task, right after this poll), never polled again, and the
+            // runtime holds no borrow while a task runs.
+            match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+                Ok(Poll::Pending) => return Poll::Pending,
+                Ok(Poll::Ready(v)) => Some(Ok(v)),
+                Err(payload) => Some(Err(payload)),
             }
         };
         this.done = true;
         let st = &this.st.0;
-        if let Some(v) = out {
-            *st.value.borrow_mut() = Some(v);
+        match out {
+            Some(Ok(v)) => *st.value.borrow_mut() = Some(v),
+            Some(Err(payload)) => {
+                tracing::error!(
+                    panic = panic_message(&*payload),
+                    "a spawned task panicked; the task ended, the runtime goes on"
+                );
+                *st.panic.borrow_mut() = Some(payload);
+            }
+            None => {}
         }
         st.finished.set(true);
         let w = st.waker.borrow_mut().take();
@@ -578,8 +602,19 @@ impl<F: Future> Future for TaskFuture<F> {
     }
 }
 
+/// The text of a panic payload (`&str` or `String`), else a placeholder.
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a non-string panic payload)")
+}
+
 struct JoinState<T> {
     value: RefCell<Option<T>>,
+    /// The payload of the task's panic, until the handle takes it.
+    panic: RefCell<Option<Box<dyn Any + Send>>>,
     waker: RefCell<Option<Waker>>,
     finished: Cell<bool>,
     aborted: Cell<bool>,
@@ -590,30 +625,81 @@ struct JoinState<T> {
 /// A spawned task's output, as a future. Dropping it detaches the task (it
 /// keeps running).
 ///
+/// If the task panics, awaiting the handle resumes the panic in the
+/// awaiting task (as `std::thread::JoinHandle::join(..).unwrap()` would);
+/// [`JoinHandle::result`] returns it as [`JoinError::Panicked`] instead.
+///
 /// If the runtime is dropped before the task finishes, the task is dropped
 /// with it and a waiter on this handle is woken: awaiting the handle then
 /// panics (the task has no output to give), as awaiting a cancelled
 /// `async_task::Task` does; [`JoinHandle::fallible`] resolves to `None`
-/// instead.
+/// and [`JoinHandle::result`] to [`JoinError::Cancelled`] instead.
 pub struct JoinHandle<T> {
     state: Rc<JoinState<T>>,
 }
 
-/// A [`JoinHandle`] that resolves to `None` if its task was dropped
-/// unfinished (its runtime shut down), instead of panicking.
+/// A [`JoinHandle`] that resolves to `None` if its task ended without an
+/// output (dropped unfinished because its runtime shut down, or panicked),
+/// instead of panicking.
 pub struct FallibleJoinHandle<T> {
     state: Rc<JoinState<T>>,
 }
 
+/// A [`JoinHandle`] that resolves to the task's output or to why there is
+/// none ([`JoinHandle::result`]).
+pub struct JoinResult<T> {
+    state: Rc<JoinState<T>>,
+}
+
+/// Why a spawned task gave no output.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JoinError {
+    /// The task was dropped unfinished: its runtime shut down first (or the
+    /// output was taken already).
+    #[error("the task was dropped unfinished (its runtime shut down)")]
+    Cancelled,
+    /// The task panicked.
+    #[error("the task panicked: {message}")]
+    Panicked {
+        /// The panic's message (a placeholder for non-string payloads).
+        message: String,
+        /// The panic payload, for [`std::panic::resume_unwind`].
+        payload: Box<dyn Any + Send>,
+    },
+}
+
+impl JoinError {
+    /// True if the task panicked.
+    pub fn is_panic(&self) -> bool {
+        matches!(self, JoinError::Panicked { .. })
+    }
+
+    /// The panic payload, if the task panicked.
+    pub fn into_panic(self) -> Option<Box<dyn Any + Send>> {
+        match self {
+            JoinError::Panicked { payload, .. } => Some(payload),
+            JoinError::Cancelled => None,
+        }
+    }
+}
+
 impl<T> JoinState<T> {
-    /// The output once the task is done; `Ready(None)` if it ended without
-    /// one (dropped unfinished, or the output was taken already).
-    fn poll_output(&self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    /// The output once the task is done, or why there is none (dropped
+    /// unfinished, panicked, or the output was taken already).
+    fn poll_output(&self, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>> {
         if let Some(v) = self.value.borrow_mut().take() {
-            return Poll::Ready(Some(v));
+            return Poll::Ready(Ok(v));
         }
         if self.finished.get() {
-            return Poll::Ready(None);
+            let payload = self.panic.borrow_mut().take();
+            return Poll::Ready(Err(match payload {
+                Some(payload) => JoinError::Panicked {
+                    message: panic_message(&*payload).to_owned(),
+                    payload,
+                },
+                None => JoinError::Cancelled,
+            }));
         }
         let mut w = self.waker.borrow_mut();
         match &*w {
@@ -630,10 +716,18 @@ impl<T> JoinHandle<T> {
         self.state.finished.get()
     }
 
-    /// This handle as a future of `Option<T>`: `None` if the task was
-    /// dropped unfinished because its runtime shut down.
+    /// This handle as a future of `Option<T>`: `None` if the task ended
+    /// without an output (dropped unfinished because its runtime shut
+    /// down, or panicked).
     pub fn fallible(self) -> FallibleJoinHandle<T> {
         FallibleJoinHandle { state: self.state }
+    }
+
+    /// This handle as a future of `Result<T, JoinError>`: the output, or
+    /// [`JoinError::Panicked`] with the panic's payload, or
+    /// [`JoinError::Cancelled`] if the task was dropped unfinished.
+    pub fn result(self) -> JoinResult<T> {
+        JoinResult { state: self.state }
     }
 
     /// Cancels the task: its future is dropped at the loop's next turn
@@ -652,15 +746,17 @@ impl<T> Future for JoinHandle<T> {
 
     /// # Panics
     ///
-    /// If the task was dropped unfinished (its runtime shut down), or when
-    /// polled again after it returned the output.
+    /// With the task's own panic payload if the task panicked; if the task
+    /// was dropped unfinished (its runtime shut down), or when polled again
+    /// after it returned the output.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match self.state.poll_output(cx) {
-            Poll::Ready(Some(v)) => Poll::Ready(v),
-            Poll::Ready(None) => panic!(
+            Poll::Ready(Ok(v)) => Poll::Ready(v),
+            Poll::Ready(Err(JoinError::Panicked { payload, .. })) => resume_unwind(payload),
+            Poll::Ready(Err(JoinError::Cancelled)) => panic!(
                 "JoinHandle polled after its task ended without an output \
                  (dropped by runtime shutdown, or the output was taken); \
-                 use JoinHandle::fallible to get None instead"
+                 use JoinHandle::fallible or JoinHandle::result instead"
             ),
             Poll::Pending => Poll::Pending,
         }
@@ -671,7 +767,23 @@ impl<T> Future for FallibleJoinHandle<T> {
     type Output = Option<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.state.poll_output(cx).map(Result::ok)
+    }
+}
+
+impl<T> Future for JoinResult<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>> {
         self.state.poll_output(cx)
+    }
+}
+
+impl<T> std::fmt::Debug for JoinResult<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinResult")
+            .field("finished", &self.state.finished.get())
+            .finish()
     }
 }
 

@@ -28,7 +28,7 @@ mod timer;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-pub use executor::{FallibleJoinHandle, JoinHandle};
+pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 pub use net::{TcpListener, TcpStream};
 pub use runtime::{Builder, Runtime, Turn};
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};

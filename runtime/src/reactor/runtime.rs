@@ -212,8 +212,10 @@ impl Runtime {
     ///
     /// # Panics
     ///
-    /// If called from inside `block_on` (nested), or if a task panics (the
-    /// panic propagates).
+    /// If called from inside `block_on` (nested), or if `fut` panics (the
+    /// panic propagates). A spawned task's panic ends that task only (see
+    /// [`JoinHandle`](super::JoinHandle)); `fut` sees it if it awaits the
+    /// task's handle.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
         let inner = &self.handle.inner;
         assert!(

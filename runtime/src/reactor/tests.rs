@@ -1305,3 +1305,79 @@ fn shutdown_wakes_and_settles_handles_of_unfinished_tasks() {
         "awaiting a dropped task's handle must panic"
     );
 }
+
+// ---- task panics -----------------------------------------------------------
+
+/// A task that panics with `msg` before it yields an output.
+async fn panics_with(msg: &'static str) -> u32 {
+    panic_now(msg);
+    0
+}
+
+#[test]
+fn a_panicking_task_ends_alone_and_its_handle_reports_the_panic() {
+    let rt = Runtime::new().unwrap();
+    let out = rt.block_on(async {
+        let bad = spawn(panics_with("boom in a task"));
+        let good = spawn(async {
+            yield_now().await;
+            5u32
+        });
+        let err = bad.result().await.unwrap_err();
+        assert!(err.is_panic(), "{err}");
+        assert!(err.to_string().contains("boom in a task"), "{err}");
+        let payload = err.into_panic().expect("payload");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"boom in a task"));
+        // Without an output, `fallible` gives None.
+        assert_eq!(spawn(panics_with("again")).fallible().await, None);
+        good.await
+    });
+    assert_eq!(out, 5, "the other task and block_on went on");
+    assert_eq!(rt.task_count(), 0, "the panicked tasks are gone");
+    // The runtime still runs tasks afterwards.
+    assert_eq!(rt.block_on(async { spawn(async { 9u32 }).await }), 9);
+}
+
+#[test]
+fn awaiting_a_panicked_tasks_handle_resumes_its_panic() {
+    let rt = Runtime::new().unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(async { spawn(panics_with("resumed")).await })
+    }));
+    let payload = caught.expect_err("the awaiting future panics");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"resumed"));
+    // block_on is usable again after its future panicked.
+    assert_eq!(rt.block_on(async { 3 }), 3);
+}
+
+#[test]
+fn a_task_panicking_with_an_op_in_flight_parks_its_buffer() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
+    let buf = buffer();
+    let op = write_chain(&qp, &buf, 1);
+    let h = rt.spawn(async move {
+        let mut op = op;
+        // Polled once (posted, waiting), then the task panics holding it.
+        assert!(is_pending(&mut op));
+        panic_now("panic with an op in flight");
+        drop(op);
+    });
+    settle(&rt);
+    assert!(h.is_finished(), "the panic ended the task");
+    assert_eq!(rt.task_count(), 0);
+    assert_eq!(fake.outstanding_sends(), 1, "the WR is still the device's");
+    assert_eq!(Rc::strong_count(&buf), 2, "its buffer is parked, not freed");
+    assert_eq!(rt.ops_in_slab(), 1);
+    fake.complete_send(WcStatus::Success, 64)
+        .expect("a WR to complete");
+    settle(&rt);
+    assert_eq!(Rc::strong_count(&buf), 1, "freed once it completed");
+    assert_eq!(rt.ops_in_slab(), 0);
+}
+
+/// Panics with `msg` (a plain function: the code after a call stays
+/// reachable for the compiler).
+fn panic_now(msg: &'static str) {
+    std::panic::panic_any(msg)
+}
