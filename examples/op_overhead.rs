@@ -491,9 +491,10 @@ fn pooled(
 
 /// Keeps `depth` ops in flight on a fake QP until `n` have completed: one
 /// future holding a fixed array of lanes (no per-op allocation, no
-/// `join_all`), which plays the device too: after each pass it completes
-/// every posted WR with a synthetic completion, so the next reactor turn
-/// delivers them. What the CPU per op measures is the runtime's own cost
+/// `join_all`), which plays the device too: each pass first completes every
+/// WR posted so far with a synthetic completion (the ops the previous pass
+/// submitted were posted when its poll phase ended: doorbell batching), so
+/// the next reactor turn delivers them, and wakes itself for the next pass. What the CPU per op measures is the runtime's own cost
 /// (submit, post to the fake, drain, complete, wake, poll), plus the fake's
 /// bookkeeping.
 fn drive_fake<T, S, F>(
@@ -511,6 +512,7 @@ fn drive_fake<T, S, F>(
     let mut lanes: Vec<Option<Submit<T>>> = (0..depth).map(|_| None).collect();
     let (mut started, mut done) = (0usize, 0usize);
     rt.block_on(std::future::poll_fn(|cx| {
+        while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
         for (i, lane) in lanes.iter_mut().enumerate() {
             loop {
                 if let Some(op) = lane {
@@ -530,10 +532,10 @@ fn drive_fake<T, S, F>(
                 started += 1;
             }
         }
-        while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
         if done == n {
             std::task::Poll::Ready(())
         } else {
+            cx.waker().wake_by_ref();
             std::task::Poll::Pending
         }
     }));
@@ -707,8 +709,8 @@ fn fake_run_tasks(
 
 /// The join_all rows' runs (`--toggle-collect='*fake_run_join_all*'`):
 /// the soft-device rows' op loops (`op_loop`, `Lanes::JoinAll`) on the fake
-/// QP; the `block_on` future polls them, then plays the device (completes
-/// every posted WR; the reactor's next turn delivers them).
+/// QP; the `block_on` future plays the device (completes every WR posted
+/// so far; the reactor's next turn delivers them), then polls them.
 #[inline(never)]
 fn fake_run_join_all(
     rt: &Runtime,
@@ -737,10 +739,12 @@ fn fake_run_join_all(
         .collect();
     let mut all = std::pin::pin!(futures::future::join_all(futs));
     let back = rt.block_on(std::future::poll_fn(|cx| {
+        // What the previous pass submitted was posted when it ended.
+        while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
         if let std::task::Poll::Ready(v) = all.as_mut().poll(cx) {
             return std::task::Poll::Ready(v);
         }
-        while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
+        cx.waker().wake_by_ref();
         std::task::Poll::Pending
     }));
     bufs.extend(back);

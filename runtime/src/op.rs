@@ -213,6 +213,18 @@ pub enum SubmitError {
         /// Vendor error code.
         vendor_err: u32,
     },
+    /// The op's WR waited for the end of the poll phase to be posted with
+    /// others in one list (see `QueuePair::submit_send`), and the provider
+    /// refused an earlier WR of that list: this one was not posted.
+    #[error("QP {qp_num}: work request {wr_id:#x} not posted: an earlier one of its post list was refused ({reason})")]
+    PostBatchAborted {
+        /// QP number.
+        qp_num: u32,
+        /// This op's WR.
+        wr_id: u64,
+        /// The refusal of the earlier WR.
+        reason: String,
+    },
     /// Too many ops in flight for the wr_id space.
     #[error("too many ops in flight (limit {limit})")]
     SlabFull {
@@ -464,6 +476,53 @@ impl OpTable {
         drop(t);
         drop(errors);
         credit
+    }
+
+    /// The deferred post of op `key` (generation `gen`) was refused: none
+    /// of its WRs reached the queue. Its credits go back, except `absorbed`
+    /// of them (inline sends' credits it took over, which the QP holds
+    /// again), and the op ends with `error`: its future resolves with it,
+    /// or, if it was dropped, its parked data is freed.
+    pub(crate) fn fail_unposted(&self, key: usize, gen: u32, absorbed: u32, error: SubmitError) {
+        let mut t = self.table.borrow_mut();
+        let Some(slot) = t.live_mut(key).filter(|s| s.gen == gen) else {
+            tracing::error!(key, "refused deferred post of an unknown op");
+            return;
+        };
+        let mut credit = slot.credit.take();
+        if let Some(c) = &mut credit {
+            c.n -= absorbed.min(c.n);
+        }
+        match slot.state {
+            State::Submitted | State::Waiting => {
+                let waiting = slot.state == State::Waiting;
+                slot.state = State::Completed;
+                slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
+                let foreign = if waiting {
+                    Self::wake_in_place(&mut slot.waker)
+                } else {
+                    None
+                };
+                drop(t);
+                drop(credit);
+                if let Some(w) = foreign {
+                    self.wake_foreign(key, w);
+                }
+            }
+            State::Ignored => {
+                let data = slot.parked.take();
+                let errors = slot.errors.take();
+                t.release(key);
+                drop(t);
+                if let Some(data) = data {
+                    self.graveyard.borrow_mut().push(data);
+                    self.has_dead.set(true);
+                }
+                drop(errors);
+                drop(credit);
+            }
+            State::Completed | State::Free => {}
+        }
     }
 
     /// Only `posted` WRs of the chain reached the queue: the op now ends with

@@ -90,6 +90,9 @@ use crate::provider::{
 };
 use crate::reactor::Handle;
 
+mod deferred;
+#[cfg(test)]
+mod deferred_tests;
 mod inline;
 #[cfg(test)]
 mod inline_tests;
@@ -399,6 +402,9 @@ pub(crate) struct QpCore {
     /// repost needs no acquire). Given back by [`shut`](Self::shut): a
     /// closing QP waits only for its posted receives.
     pub(crate) ring_kept: Cell<u32>,
+    /// Single send WRs submitted during the current poll phase, posted as
+    /// one list when it ends (`deferred.rs`).
+    pub(crate) deferred: RefCell<deferred::Deferred>,
 }
 
 impl QpCore {
@@ -413,7 +419,10 @@ impl QpCore {
     /// QP is in ERR (so it is flushed, never executed), followed by one more
     /// ERR transition (rxe flushes WRs posted in ERR only then). If that post
     /// fails, their credits are given back at once.
-    pub(crate) fn shut(&self) -> Result<(), ProviderError> {
+    pub(crate) fn shut(&self, ops: &crate::op::OpTable) -> Result<(), ProviderError> {
+        // Deferred WRs go out first: the ERR transition flushes them with
+        // the rest, so their ops end as every posted WR of a closed QP does.
+        self.flush_deferred(ops);
         self.closed.set(true);
         // The receive rings repost nothing once closed: their kept credits
         // come back now (they check `closed` before using them).
@@ -467,7 +476,7 @@ impl Drop for QpInner {
         self.core.dropped.set(true);
         if self.core.outstanding() > 0 {
             if !self.core.closed.get() {
-                if let Err(e) = self.core.shut() {
+                if let Err(e) = self.core.shut(self.handle.ops()) {
                     tracing::warn!(qp = self.core.qp_num, error = %e, "moving a dropped QP to ERR failed");
                 }
             }
@@ -529,6 +538,7 @@ impl QueuePair {
             ),
             fault: Cell::new(None),
             ring_kept: Cell::new(0),
+            deferred: RefCell::new(deferred::Deferred::default()),
         });
         let reg_key = handle.driver().register_qp(core.clone());
         core.reg_key.set(reg_key);
@@ -641,7 +651,7 @@ impl QueuePair {
     /// result: it stays readable with [`inline_send_error`](Self::inline_send_error)
     /// (and is logged here).
     pub fn close(&self) -> impl Future<Output = Result<(), ProviderError>> + '_ {
-        let res = self.inner.core.shut();
+        let res = self.inner.core.shut(self.inner.handle.ops());
         if let Err(e) = &res {
             tracing::warn!(qp = self.qp_num(), error = %e, "modify_to_err on close failed");
         }
@@ -668,7 +678,11 @@ impl QueuePair {
     /// runtime then overwrites each WR's `wr_id` and makes only the last WR
     /// signaled. If the send queue or the CQ lacks room, the returned future
     /// waits (FIFO) and posts when room frees up; otherwise the chain is
-    /// posted before this function returns. The future resolves with
+    /// posted before this function returns (a single WR submitted through
+    /// [`submit_send_one`](Self::submit_send_one) while the runtime polls
+    /// a task or the `block_on` future is posted when that poll phase ends,
+    /// in one post list with the phase's other such WRs: see
+    /// [`submit_send_one`](Self::submit_send_one)). The future resolves with
     /// [`Completable::complete`] (or [`Completable::fail`]).
     ///
     /// The runtime keeps `data` from this call until the chain's completion
@@ -727,6 +741,19 @@ impl QueuePair {
     /// [`submit_send`](Self::submit_send) for a single WR, the common case:
     /// `build` fills one WR in place (its `wr_id` and SIGNALED flag are set
     /// by the runtime), which is posted without a chain around it.
+    ///
+    /// Doorbell batching: called while the runtime polls its tasks or the
+    /// `block_on` future (a poll phase), the WR is not posted at once but
+    /// when the phase ends (before the reactor polls its CQs or sleeps),
+    /// with every other single WR of the phase for the same QP in one post
+    /// list: one `ibv_post_send` and one doorbell for all the ops the
+    /// tasks of one reactor turn submitted. The op is in flight from this
+    /// call on (data owned, credits taken); send-queue order is kept (any
+    /// other post to the QP posts the waiting WRs first). If the provider
+    /// refuses the list, the refused WR's op fails with
+    /// [`SubmitError::Post`] and the ops after it with
+    /// [`SubmitError::PostBatchAborted`]. Outside a poll phase (a future
+    /// polled by another executor) the WR is posted before this returns.
     ///
     /// # Safety
     ///
@@ -1021,6 +1048,8 @@ impl QueuePair {
         let first = wr_id::encode(key, gen, 0);
         let res = match wrs {
             Wrs::Send(chain) => {
+                // Send-queue order: what waits for the doorbell goes first.
+                core.flush_deferred(ops);
                 let last = chain.len() - 1;
                 for (i, wr) in chain.iter_mut().enumerate() {
                     wr.wr_id = wr_id::encode(key, gen, i as u16);
@@ -1039,6 +1068,16 @@ impl QueuePair {
             Wrs::One(wr) => {
                 wr.wr_id = first;
                 wr.flags |= SendFlags::SIGNALED;
+                let driver = self.inner.handle.driver();
+                if driver.batching() {
+                    // Posted with the poll phase's other WRs (deferred.rs);
+                    // the op is in flight from now on, as after a post.
+                    if core.defer(wr, absorbed) {
+                        driver.note_deferred(core);
+                    }
+                    return Ok(first);
+                }
+                core.flush_deferred(ops);
                 // SAFETY: as above, for the single WR.
                 unsafe { core.backend.post_send(std::slice::from_ref(wr)) }
             }
@@ -1092,7 +1131,7 @@ impl QueuePair {
                         source: e,
                     },
                 );
-                if let Err(err) = core.shut() {
+                if let Err(err) = core.shut(ops) {
                     tracing::warn!(qp = core.qp_num, error = %err, "modify_to_err after partial post failed");
                 }
                 None

@@ -58,7 +58,11 @@ use verbio_runtime::{Completable, QueuePair, Submit};
 use crate::error::Error;
 
 /// The verbs as methods of [`QueuePair`]. Every method returns at once with
-/// a future; the WR is posted before it returns when the queues have room.
+/// a future; the WR is posted before it returns when the queues have room,
+/// or, for the single-WR verbs called from a task (or the `block_on`
+/// future), at the end of the runtime's poll phase, with the other WRs the
+/// phase's tasks submitted in one post list (see
+/// [`QueuePair::submit_send_one`]).
 pub trait Verbs {
     /// SEND of `buf`'s initialized bytes; resolves to the number of bytes sent.
     fn send<B: RegisteredBuf>(&self, buf: B) -> Submit<SendVerb<B>>;

@@ -203,6 +203,8 @@ impl QueuePair {
     #[inline]
     fn post_inline_now(&self, data: &[u8], imm: Option<u32>) -> Result<(), SubmitError> {
         let core = &self.inner.core;
+        // Send-queue order: WRs waiting for the poll phase's doorbell first.
+        core.flush_deferred(self.inner.handle.ops());
         let (sq, cq) = (&*core.sq, &*core.send_cq);
         let unsig = core.unsig.get();
         // Unsignaled WRs in the current group (`unsig` counts a reserve too).

@@ -73,6 +73,11 @@ pub(crate) struct Driver {
     /// Receive rings, named by ring wr_ids; kept until dropped and drained.
     rings: RefCell<Slab<Rc<RingCore>>>,
     zombies: Cell<usize>,
+    /// A poll phase is running: single send WRs wait for its end
+    /// (`qp/deferred.rs`).
+    batching: Cell<bool>,
+    /// QPs with deferred WRs.
+    deferred_qps: RefCell<Vec<Rc<QpCore>>>,
     /// Where CQs are polled into; borrowed by `drain_cqs` throughout, so a
     /// nested call (from user code its completions run) polls no CQ.
     batch: RefCell<Vec<Completion>>,
@@ -113,6 +118,8 @@ impl Driver {
             qps: RefCell::new(Slab::new()),
             rings: RefCell::new(Slab::new()),
             zombies: Cell::new(0),
+            batching: Cell::new(false),
+            deferred_qps: RefCell::new(Vec::new()),
             batch: RefCell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
             cq_bound: Cell::new(0),
             ack_batch: 16,
@@ -668,11 +675,55 @@ impl Driver {
         drop(dead);
     }
 
+    /// True while a poll phase runs (single send posts wait for its end).
+    #[inline(always)]
+    pub(crate) fn batching(&self) -> bool {
+        self.batching.get()
+    }
+
+    /// Starts a poll phase: single send WRs submitted from now on wait for
+    /// [`end_batch`](Self::end_batch).
+    #[inline(always)]
+    pub(crate) fn begin_batch(&self) {
+        self.batching.set(true);
+    }
+
+    /// Ends the poll phase: posts every QP's deferred WRs, one list each.
+    #[inline(always)]
+    pub(crate) fn end_batch(&self) {
+        self.batching.set(false);
+        if !self.deferred_qps.borrow().is_empty() {
+            self.post_deferred();
+        }
+    }
+
+    /// `core` has its first deferred WR.
+    pub(crate) fn note_deferred(&self, core: &Rc<QpCore>) {
+        self.deferred_qps.borrow_mut().push(core.clone());
+    }
+
+    #[inline(never)]
+    fn post_deferred(&self) {
+        // Taken out: failing an op may wake foreign code that submits.
+        let mut list = std::mem::take(&mut *self.deferred_qps.borrow_mut());
+        for q in list.drain(..) {
+            q.flush_deferred(&self.ops);
+        }
+        // The parked data of dropped ops whose post was refused.
+        self.ops.bury();
+        let mut cur = self.deferred_qps.borrow_mut();
+        if cur.is_empty() {
+            // Keep the allocation.
+            *cur = list;
+        }
+    }
+
     /// Shutdown: closes every QP still registered (moves it to ERR).
     pub(crate) fn close_all_qps(&self) {
+        self.end_batch();
         let all: Vec<Rc<QpCore>> = self.qps.borrow().iter().map(|(_, q)| q.clone()).collect();
         for q in all {
-            if let Err(e) = q.shut() {
+            if let Err(e) = q.shut(&self.ops) {
                 tracing::debug!(qp = q.qp_num, error = %e, "modify_to_err at shutdown");
             }
         }

@@ -222,20 +222,25 @@ impl Runtime {
             !inner.in_block_on.replace(true),
             "Runtime::block_on called from inside block_on"
         );
-        struct Exit<'a>(&'a Cell<bool>);
+        struct Exit<'a>(&'a Cell<bool>, &'a super::driver::Driver);
         impl Drop for Exit<'_> {
             fn drop(&mut self) {
                 self.0.set(false);
+                // (After a panic of the future: what it submitted is posted.)
+                self.1.end_batch();
             }
         }
-        let _exit = Exit(&inner.in_block_on);
+        let _exit = Exit(&inner.in_block_on, &inner.driver);
         let mut fut = pin!(fut);
         let waker = inner.executor.main_waker().clone();
         let mut cx = Context::from_waker(&waker);
         inner.executor.wake_main();
         loop {
             if inner.executor.take_main_woken() {
-                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                inner.driver.begin_batch();
+                let res = fut.as_mut().poll(&mut cx);
+                inner.driver.end_batch();
+                if let Poll::Ready(v) = res {
                     return v;
                 }
             }
@@ -325,7 +330,9 @@ impl Runtime {
     /// its due check and its timeout.
     fn tick(&self) -> bool {
         let inner = &self.handle.inner;
+        inner.driver.begin_batch();
         let polled = inner.executor.run(inner.config.task_budget);
+        inner.driver.end_batch();
         inner.driver.drain_cqs();
         let exhausted = polled >= inner.config.task_budget;
         if !exhausted && !inner.executor.has_ready() {

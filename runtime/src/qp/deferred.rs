@@ -1,0 +1,138 @@
+//! Doorbell batching: single-WR send ops submitted while the runtime polls
+//! its tasks (or the `block_on` future) are not posted one by one. Their
+//! WRs wait in their QP's deferred list and go out as one post list (one
+//! `ibv_post_send`, one doorbell; on the soft device one lock of the QP and
+//! one wake of the engine) when the poll phase ends, before the reactor
+//! polls its CQs or sleeps. This is io_uring's submission batching applied
+//! to verbs.
+//!
+//! The op is in flight from its submission: its data is in its op slot
+//! (parked if the future is dropped), its credits are taken, so nothing
+//! changes for its owner but the moment of the doorbell. Send-queue order
+//! is kept: any other post to the same send queue (a chain, an inline send,
+//! a single op outside a poll phase, the close) posts the deferred WRs
+//! first. If the provider refuses the list, the refused WR's op fails with
+//! its `PostError`, the ops after it with [`SubmitError::PostBatchAborted`]
+//! (their WRs were never looked at), and their credits come back; the WRs
+//! before it are posted.
+
+use super::QpCore;
+use crate::op::{wr_id, OpTable, SubmitError};
+use crate::provider::{PostError, SendFlags, SendOp, SendWr, SgList};
+
+/// A QP's send WRs waiting for the end of the poll phase.
+#[derive(Default)]
+pub(crate) struct Deferred {
+    pub(crate) wrs: Vec<SendWr>,
+    /// Inline-send credits the first WR took over (see
+    /// `QpCore::absorb_unsignaled`). Only the first can have any: an inline
+    /// send posts the deferred WRs before itself, so after the first
+    /// deferred WR took them no unsignaled sends are pending until the list
+    /// is posted.
+    pub(crate) absorbed: u32,
+}
+
+impl QpCore {
+    /// Queues `wr` (built for an op already in the table, its credits held)
+    /// to be posted at the end of the poll phase; `wr` is left empty (moved
+    /// out, not cloned). True if it is the QP's first deferred WR (the
+    /// caller lists the QP for the flush).
+    #[inline(always)]
+    pub(crate) fn defer(&self, wr: &mut SendWr, absorbed: u32) -> bool {
+        let mut d = self.deferred.borrow_mut();
+        let first = d.wrs.is_empty();
+        if first {
+            d.absorbed = absorbed;
+        }
+        d.wrs.push(std::mem::replace(
+            wr,
+            SendWr {
+                wr_id: 0,
+                sg_list: SgList::new(),
+                op: SendOp::Send,
+                flags: SendFlags::NONE,
+            },
+        ));
+        first
+    }
+
+    /// True if WRs wait in the deferred list.
+    #[inline(always)]
+    pub(crate) fn has_deferred(&self) -> bool {
+        !self.deferred.borrow().wrs.is_empty()
+    }
+
+    /// Posts the deferred WRs, if any, as one list; fails the ops of those
+    /// the provider refused (see the module docs).
+    #[inline]
+    pub(crate) fn flush_deferred(&self, ops: &OpTable) {
+        if self.has_deferred() {
+            self.post_deferred(ops);
+        }
+    }
+
+    #[inline(never)]
+    fn post_deferred(&self, ops: &OpTable) {
+        let mut d = self.deferred.borrow_mut();
+        // SAFETY: every deferred WR was built by `QueuePair::submit` under
+        // the contract of `submit_send` for the data of an op already in
+        // the op table (in flight, or parked if its future was dropped),
+        // which keeps that memory until the WR's completion or flush has
+        // been polled; the provider's post contract holds for each.
+        let res = unsafe { self.backend.post_send(&d.wrs) };
+        let absorbed = std::mem::take(&mut d.absorbed);
+        match res {
+            Ok(()) => d.wrs.clear(),
+            Err(e) => {
+                let wrs = std::mem::take(&mut d.wrs);
+                // No borrow while ops are failed: their wakers may run
+                // foreign code that submits again on this QP.
+                drop(d);
+                self.deferred_post_failed(ops, &wrs, absorbed, e);
+                let mut d = self.deferred.borrow_mut();
+                if d.wrs.is_empty() {
+                    // Keep the allocation.
+                    let mut wrs = wrs;
+                    wrs.clear();
+                    d.wrs = wrs;
+                }
+            }
+        }
+    }
+
+    /// The provider took only `e.posted` WRs of the deferred list.
+    #[cold]
+    #[inline(never)]
+    fn deferred_post_failed(&self, ops: &OpTable, wrs: &[SendWr], absorbed: u32, e: PostError) {
+        let posted = e.posted.min(wrs.len());
+        tracing::warn!(
+            qp = self.qp_num,
+            posted,
+            refused = wrs.len() - posted,
+            error = %e,
+            "deferred post list refused"
+        );
+        let reason = e.to_string();
+        let mut first = Some(e);
+        for (i, wr) in wrs.iter().enumerate().skip(posted) {
+            let (key, gen, _) = wr_id::decode(wr.wr_id);
+            let error = match first.take() {
+                Some(source) => SubmitError::Post {
+                    qp_num: self.qp_num,
+                    source,
+                },
+                None => SubmitError::PostBatchAborted {
+                    qp_num: self.qp_num,
+                    wr_id: wr.wr_id,
+                    reason: reason.clone(),
+                },
+            };
+            let taken = if i == 0 { absorbed } else { 0 };
+            ops.fail_unposted(key, gen, taken, error);
+            if taken > 0 {
+                // The inline sends' credits stay held, by the QP again.
+                self.unabsorb(taken);
+            }
+        }
+    }
+}
