@@ -28,9 +28,10 @@
 #   --lat-iters N    round trips per latency run, both tools (default 1000,
 #                    perftest's default); e.g. 5000 for steadier medians
 #   RXE_PERF_VARIANTS="NAME=PATH ..."  (environment) further builds of
-#                    examples/perf (e.g. an experiment's) run send_lat in every
-#                    latency round right after the main build, with their own
-#                    ratios: variants compared in one VM run
+#                    examples/perf (e.g. an experiment's) run send_lat (and,
+#                    without --lat-only, write_bw) in every round right after
+#                    the main build, with their own ratios: variants compared
+#                    in one VM run
 #   --callgrind      also count user-space instructions per SEND round trip
 #                    (valgrind's callgrind on the client; the server runs
 #                    natively): perftest `ib_send_lat -e` vs verbio `perf
@@ -250,6 +251,9 @@ while [ $r -le $ROUNDS ]; do
     vp "$LOGS/vr_lat.$r" "$PERF" send_lat --raw --size 64 --iters "$LAT_ITERS"
     for v in $VARIANTS; do
         vp "$LOGS/var_${v%%=*}.$r" "${v#*=}" send_lat --size 64 --iters "$LAT_ITERS"
+        if [ "$LAT_ONLY" = 0 ]; then
+            vp "$LOGS/varbw_${v%%=*}.$r" "${v#*=}" write_bw --size 65536 --iters 2000 --depth 128
+        fi
     done
     if [ $r = 1 ]; then
         echo
@@ -269,6 +273,10 @@ while [ $r -le $ROUNDS ]; do
         n=${v%%=*}; t=$(field "$LOGS/var_$n.$r" 64 5); a=$(field "$LOGS/var_$n.$r" 64 6)
         rt=$(ratio "$t" "$ptl"); echo "$rt" >> "$LOGS/ratio.typ.$n"; echo "$(ratio "$a" "$pal")" >> "$LOGS/ratio.avg.$n"
         line="$line | $n typical $t ratio $rt avg $a"
+        if [ "$LAT_ONLY" = 0 ]; then
+            b=$(field "$LOGS/varbw_$n.$r" 65536 3); rb=$(ratio "$b" "$pbw"); echo "$rb" >> "$LOGS/ratio.bw.$n"
+            line="$line bw $b ratio $rb"
+        fi
     done
     echo "$line" | tee -a "$LOGS/perf"
     r=$((r+1))
@@ -281,6 +289,7 @@ done
     for v in $VARIANTS; do
         n=${v%%=*}
         echo "variant $n: typical ratio per round: $(list "$LOGS/ratio.typ.$n"); median $(median "$LOGS/ratio.typ.$n"); avg ratio median $(median "$LOGS/ratio.avg.$n")"
+        [ "$LAT_ONLY" = 0 ] && echo "variant $n: write_bw ratio per round: $(list "$LOGS/ratio.bw.$n"); median $(median "$LOGS/ratio.bw.$n")"
     done
 } | tee -a "$LOGS/perf"
 PERF

@@ -409,6 +409,17 @@ pub struct Qp {
     imp: QpImp,
 }
 
+impl Qp {
+    /// Which provider drives this QP.
+    pub fn kind(&self) -> ProviderKind {
+        match &self.imp {
+            QpImp::Soft(_) => ProviderKind::Soft,
+            #[cfg(feature = "ibverbs")]
+            QpImp::Ibverbs(_) => ProviderKind::Ibverbs,
+        }
+    }
+}
+
 impl std::fmt::Debug for Qp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Qp")

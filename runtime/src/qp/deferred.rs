@@ -4,7 +4,8 @@
 //! `ibv_post_send`, one doorbell; on the soft device one lock of the QP and
 //! one wake of the engine) when the poll phase ends, before the reactor
 //! polls its CQs or sleeps. This is io_uring's submission batching applied
-//! to verbs.
+//! to verbs. It is a per-QP setting (`QueuePair::set_doorbell_batching`),
+//! on by default on the software device only (see `batching_by_default`).
 //!
 //! The op is in flight from its submission: its data is in its op slot
 //! (parked if the future is dropped), its credits are taken, so nothing

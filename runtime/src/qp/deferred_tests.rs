@@ -226,3 +226,16 @@ fn closing_a_qp_posts_its_deferred_wrs_and_flushes_them() {
     assert_eq!(Rc::strong_count(&token), 1);
     assert_eq!(qp.outstanding_sends(), 0);
 }
+
+#[test]
+fn with_batching_off_each_op_rings_its_own_doorbell() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(16), 64);
+    assert!(qp.doorbell_batching(), "on by default on the fake");
+    qp.set_doorbell_batching(false);
+    let token = Rc::new(());
+    let _results = spawn_writers(&rt, &qp, &token, 4);
+    settle(&rt);
+    assert_eq!(fake.outstanding_sends(), 4);
+    assert_eq!(fake.doorbells(), 4);
+}
