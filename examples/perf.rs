@@ -23,6 +23,9 @@
 //!   directly (verbio's ibverbs layer, no runtime: post, then spin on
 //!   `Cq::poll`), perftest's loop in Rust: what the runtime adds is the
 //!   difference to the default mode, in one run.
+//! - `PERF_SERVER_LOOP=raw|ops` (environment, send_lat server): the server
+//!   runs that echo loop whatever the client runs (they are compatible), to
+//!   tell which side a latency difference comes from.
 //! - `send_lat --breakdown`: also prints the median time per iteration of
 //!   each segment of the client's loop: posting the SEND (on rxe the doorbell
 //!   `write` runs the whole exchange in the kernel), waiting for the echo
@@ -339,6 +342,14 @@ async fn serve(args: &Args, dev: &Device, qp: &QueuePair, pool: &MrPool) -> Res<
     let (size, raw) = match parse_hello(&m) {
         Some((t, size)) if t & !RAW_BIT == args.test as u32 && size > 0 => (size, t & RAW_BIT != 0),
         _ => return Err(format!("bad hello from the client: {:?}", &m[..]).into()),
+    };
+    // `PERF_SERVER_LOOP=raw|ops` overrides the client's choice of send_lat
+    // server loop (both echo the same way): to see which side's loop a
+    // latency difference comes from.
+    let raw = match std::env::var("PERF_SERVER_LOOP").as_deref() {
+        Ok("raw") => true,
+        Ok("ops") => false,
+        _ => raw,
     };
     match args.test {
         Test::WriteBw => write_bw_server(size, dev, qp, pool).await,
