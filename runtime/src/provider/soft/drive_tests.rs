@@ -713,3 +713,62 @@ fn arming_while_the_engine_writes_to_the_connection_leaves_it_to_the_engine() {
     assert_eq!((r.wr_id, r.status), (9, WcStatus::Success));
     assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
 }
+
+#[test]
+fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    let abuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let bbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    // B's application drives its socket (a long lease, so that the test
+    // decides when it ends), and the ACK of what it receives waits long
+    // for its answer.
+    let wires: Vec<_> = {
+        let mut eng = super::super::cq::lock(b.ctx.core());
+        eng.ack_delay = Duration::from_secs(60);
+        let now = Instant::now();
+        let until = eng.sh.nanos_at(now + Duration::from_secs(60));
+        let cids: Vec<usize> = eng.cq_feeds[&b.rcq.handle()].to_vec();
+        cids.into_iter()
+            .map(|cid| {
+                let w = eng.conns[cid].stream.clone().expect("socket");
+                w.renew_lease(until);
+                eng.mute(cid, now);
+                w
+            })
+            .collect()
+    };
+    post_recv(&b.qp, 7, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(7, SendOp::Send, sbuf.sge(0, 8)));
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status), (7, WcStatus::Success));
+    {
+        let eng = super::super::cq::lock(b.ctx.core());
+        assert!(!eng.held.is_empty(), "the receive holds the ACK");
+        assert!(
+            !eng.awaits_post_for_held(Instant::now()),
+            "the engine stays awake for the application's post"
+        );
+        // Once the lease ended, held ACKs are the engine's to wait for.
+        for w in &wires {
+            w.renew_lease(0);
+        }
+        assert!(eng.awaits_post_for_held(Instant::now()));
+        let until = eng.sh.nanos_at(Instant::now() + Duration::from_secs(60));
+        for w in &wires {
+            w.renew_lease(until);
+        }
+    }
+    // B's answer takes the ACK along.
+    post_recv(&a.qp, 8, abuf.sge(0, 64));
+    post_send(&b.qp, send_wr(8, SendOp::Send, bbuf.sge(0, 8)));
+    assert_eq!(spin_one(&a.rcq).status, WcStatus::Success);
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (7, WcStatus::Success));
+    assert_eq!(spin_one(&b.scq).status, WcStatus::Success);
+    for w in wires {
+        w.revoke(&b.ctx.shared().registry);
+    }
+}

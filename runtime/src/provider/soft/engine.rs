@@ -258,7 +258,7 @@ impl Engine {
         let mut yield_first = false;
         let mut timeout = if busy {
             Some(Duration::ZERO)
-        } else if awaiting_post || !self.held.is_empty() {
+        } else if awaiting_post || self.awaits_post_for_held(now) {
             // A completion was just delivered and its application has
             // not posted since: it is likely to post at once, so stay
             // awake a little (no doorbell syscall and wakeup for that
@@ -284,6 +284,23 @@ impl Engine {
             }
         }
         Some((timeout, yield_first))
+    }
+
+    /// True if ACKs the engine holds wait for a post it should stay awake
+    /// for: ACKs held by its own receive. Those an application's receive
+    /// held (on a connection it drives, see `drive.rs`) wait for that
+    /// application's post, which takes them along without the engine; the
+    /// engine sleeps until their hold ends (the receive rang it if it would
+    /// sleep much longer), and does not keep its lock busy meanwhile, which
+    /// would make the application's next receive wait for it.
+    pub(crate) fn awaits_post_for_held(&self, now: Instant) -> bool {
+        let t = self.sh.nanos_at(now);
+        self.held.iter().any(|&cid| {
+            self.conns.get(cid).is_some_and(|c| match &c.stream {
+                Some(w) => w.lease_until() <= t,
+                None => true,
+            })
+        })
     }
 
     /// Raises the channel events of the CQs that completions disarmed.
