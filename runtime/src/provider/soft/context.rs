@@ -67,6 +67,11 @@ pub(crate) struct Shared {
     /// engine's watch list (`VERBIO_SOFT_LEASE_US`, default 1000; 0 = the
     /// engine alone receives).
     pub lease: Duration,
+    /// Connections whose socket input an application stopped the engine
+    /// from watching when it armed a CQ they feed (their socket joined the
+    /// CQ's channel): the engine adds them to its muted list, to watch
+    /// them again once the lease ends (see `Cq::req_notify`).
+    pub app_muted: Mutex<Vec<usize>>,
     pub stop: AtomicBool,
     pub async_events: Arc<EventQueue<AsyncEvent>>,
     next_qpn: AtomicU32,
@@ -119,6 +124,21 @@ impl Shared {
             }
         };
         if late {
+            if let Err(e) = self.waker.wake() {
+                tracing::error!(error = %e, "soft engine waker failed");
+            }
+        }
+    }
+
+    /// An application stopped the engine from watching connection `cid`'s
+    /// input until `lease_until` (its socket joined a channel's set): the
+    /// engine must learn of it, and wake by then to watch it again should
+    /// the lease end (it is rung if it sleeps longer).
+    pub fn app_muted(&self, cid: usize, lease_until: u64) {
+        lock(&self.app_muted).push(cid);
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) && self.wake_by.load(Ordering::SeqCst) > lease_until
+        {
             if let Err(e) = self.waker.wake() {
                 tracing::error!(error = %e, "soft engine waker failed");
             }
@@ -227,6 +247,7 @@ impl Context {
             waker,
             registry,
             lease: engine::env_us("VERBIO_SOFT_LEASE_US", engine::DEFAULT_LEASE_US),
+            app_muted: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),
             next_qpn: AtomicU32::new(0x100 + (seed & 0xffff)),

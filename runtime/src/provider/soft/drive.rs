@@ -19,9 +19,11 @@
 //! watches it again when the lease runs out (it wakes for that while it has
 //! muted sockets), or at once when an application arms a CQ the connection
 //! feeds that has no completion channel to wake it (arming such a CQ ends
-//! the lease, and a socket is never muted while one is armed). Arming a CQ
-//! with a channel puts the connection's socket in the channel's set and
-//! renews the lease: the sleeping application wakes on the packet and its
+//! the lease, and the engine never mutes a socket while one is armed).
+//! Arming a CQ with a channel puts the connection's socket in the channel's
+//! set, renews the lease and mutes the socket (the engine adopts it into its
+//! list of muted ones, for the lease's end): the sleeping application
+//! wakes on the packet, the engine does not, and the application's
 //! `get_event` receives (`cq.rs`, `Channel`); if the engine keeps its lock
 //! (over `DRIVE_WAIT`), or writes to the connection, the socket goes to the
 //! engine at once. Data that arrived meanwhile makes the engine's poll
@@ -180,6 +182,18 @@ impl Engine {
         };
         if w.mute(&self.sh.registry, self.sh.nanos_at(now), armed) {
             self.muted.push(cid);
+        }
+    }
+
+    /// Takes over the connections applications muted (see
+    /// [`Shared::app_muted`](super::context::Shared::app_muted)): their
+    /// leases expire as those of the ones the engine muted.
+    pub(crate) fn adopt_app_muted(&mut self) {
+        let list = std::mem::take(&mut *lock(&self.sh.app_muted));
+        for cid in list {
+            if !self.muted.contains(&cid) {
+                self.muted.push(cid);
+            }
         }
     }
 

@@ -772,3 +772,54 @@ fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
         w.revoke(&b.ctx.shared().registry);
     }
 }
+
+#[test]
+fn arming_takes_the_socket_from_the_engine_until_the_lease_ends() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    let wires: Vec<_> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        eng.conns
+            .iter()
+            .filter_map(|(_, c)| c.stream.clone())
+            .collect()
+    };
+    // The engine watches the socket (as after a hand-back, or an ended
+    // lease).
+    for w in &wires {
+        w.revoke(&b.ctx.shared().registry);
+        assert!(!w.is_muted());
+    }
+    // Arming puts it in the channel's set: the application wakes for what
+    // arrives, and the engine need not.
+    post_recv(&b.qp, 7, rbuf.sge(0, 64));
+    b.rcq.req_notify(false).expect("arm");
+    assert!(b
+        .rcq
+        .shared
+        .feeds
+        .lock()
+        .expect("feeds")
+        .iter()
+        .all(|w| b.ch.shared.holds(w)));
+    assert!(
+        wires.iter().all(|w| w.is_muted()),
+        "both the engine and the application wake for the next packet"
+    );
+    post_send(&a.qp, send_wr(7, SendOp::Send, sbuf.sge(0, 8)));
+    let (r, _) = sleep_one(&b.rcq, &b.ch);
+    assert_eq!((r.wr_id, r.status), (7, WcStatus::Success));
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+    // Nobody arms or polls any more: the engine watches the socket again
+    // once the lease ended.
+    let deadline = Instant::now() + WAIT;
+    while wires.iter().any(|w| w.is_muted()) {
+        assert!(
+            Instant::now() < deadline,
+            "the engine never took the socket back"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

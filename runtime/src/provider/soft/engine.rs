@@ -244,6 +244,7 @@ impl Engine {
         }
         self.timers(now);
         self.retry_conn_waits();
+        self.adopt_app_muted();
         self.expire_leases(now);
         let mut held = std::mem::take(&mut self.held);
         for cid in held.drain(..) {

@@ -39,7 +39,8 @@
 //! A sleeping application receives itself too (`cq.rs`, `Channel`): the
 //! completion channel's fd is an epoll fd over the channel's eventfd and,
 //! from the arming of a CQ on it, the sockets feeding that CQ; arming
-//! renews the lease on them. The packet wakes the application, and its
+//! renews the lease on them, and the engine stops watching their input.
+//! The packet wakes the application (only), and its
 //! `get_event` runs the same receive (try-lock on the engine) and returns
 //! the event if that completed the armed CQ. If the engine is at work, or
 //! writes to the connection (a bulk transfer), the socket goes back to the

@@ -163,7 +163,8 @@ impl Wire {
         self.lease_until.store(until, Ordering::Relaxed);
     }
 
-    /// Engine: stops watching the socket's input while the lease lasts
+    /// Engine (or an application arming a CQ whose channel now wakes for
+    /// the socket): stops watching the socket's input while the lease lasts
     /// (`now`, like the lease, in [`Shared::nanos_at`] units), unless
     /// `armed()`: an application sleeps until a CQ fed by this connection
     /// has a completion, so only the engine would read what arrives. True
