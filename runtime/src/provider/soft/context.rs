@@ -106,7 +106,14 @@ impl Shared {
     /// takes the WR over when it next looks at `qp` (it must do so before the
     /// WR's ACK timeout, `timeout`) or at once if `now` (it has bytes to
     /// write). Rings the doorbell only if the engine would not wake in time.
-    pub fn notify_direct(&self, qp: &Arc<QpShared>, now: bool, timeout: Option<Duration>) {
+    /// `at`: when the WR was written.
+    pub fn notify_direct(
+        &self,
+        qp: &Arc<QpShared>,
+        now: bool,
+        timeout: Option<Duration>,
+        at: Instant,
+    ) {
         if !qp.dirty.swap(true, Ordering::AcqRel) {
             lock(&self.dirty).push(qp.clone());
         }
@@ -119,7 +126,7 @@ impl Shared {
             _ if now => true,
             None => false,
             Some(t) => {
-                let need = self.nanos_at(Instant::now() + t);
+                let need = self.nanos_at(at + t);
                 self.wake_by.load(Ordering::SeqCst) > need
             }
         };

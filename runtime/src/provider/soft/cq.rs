@@ -103,15 +103,17 @@ impl<T> EventQueue<T> {
     /// Pops after quiet enqueues: signals the events left behind, which
     /// other consumers must see.
     fn pop_quiet(&self) -> Option<T> {
-        let ev = self.pop();
-        let left = {
-            let mut g = lock(&self.inner);
-            let left = !g.queue.is_empty() && g.unread == 0;
-            if left {
-                g.unread += 1;
-            }
-            left
-        };
+        let mut g = lock(&self.inner);
+        let ev = g.queue.pop_front();
+        if g.queue.is_empty() {
+            self.clear(&mut g);
+            return ev;
+        }
+        let left = g.unread == 0;
+        if left {
+            g.unread += 1;
+        }
+        drop(g);
         if left {
             self.signal();
         }
@@ -121,10 +123,17 @@ impl<T> EventQueue<T> {
     pub fn pop(&self) -> Option<T> {
         let mut g = lock(&self.inner);
         let ev = g.queue.pop_front();
-        // Clear readiness once empty. A signal that lands after its event
-        // was taken stays counted in `unread` and is cleared by the next
-        // pop; with nothing unread, no syscall.
-        if g.queue.is_empty() && g.unread > 0 {
+        if g.queue.is_empty() {
+            self.clear(&mut g);
+        }
+        ev
+    }
+
+    /// With the queue empty: clears the eventfd's readiness. A signal that
+    /// lands after its event was taken stays counted in `unread` and is
+    /// cleared by the next pop; with nothing unread, no syscall.
+    fn clear(&self, g: &mut Events<T>) {
+        if g.unread > 0 {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
             let n = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
@@ -132,7 +141,6 @@ impl<T> EventQueue<T> {
                 g.unread = g.unread.saturating_sub(v);
             }
         }
-        ev
     }
 }
 

@@ -42,7 +42,7 @@ use super::conn::Conn;
 use super::context::Context;
 use super::cq::{lock, Channel, CqShared};
 use super::engine::{EQp, Engine, DIRECT_TICK};
-use std::collections::HashMap;
+use super::IdMap;
 
 /// How long a sleeping application woken by a packet waits for the engine
 /// lock before it leaves the receive to the engine.
@@ -106,6 +106,7 @@ impl Engine {
     /// lock), as [`drive`](Self::drive).
     pub(crate) fn drive_conns(&mut self, cids: &[usize]) {
         let now = Instant::now();
+        self.clock = Some(now);
         let until = self.sh.nanos_at(now + self.sh.lease);
         // (The engine's spin after its own deliveries is not for these.)
         let completed = self.sh.completed.load(Ordering::Relaxed);
@@ -133,6 +134,7 @@ impl Engine {
         self.raise_events();
         self.sh.completed.store(completed, Ordering::Relaxed);
         self.in_app = false;
+        self.clock = None;
         let handled = self.app_packets != packets;
         if busy || std::mem::take(&mut self.kick) || self.engine_sleeps_too_long(now, handled) {
             // Work left that does not wait for the socket, or timers the
@@ -252,7 +254,7 @@ mod tests;
 
 /// A packet for `eq` arrived on `cid`: its CQs are fed by that connection.
 pub(crate) fn note_feed(
-    feeds: &mut HashMap<u32, SmallVec<[usize; 2]>>,
+    feeds: &mut IdMap<SmallVec<[usize; 2]>>,
     conns: &mut Slab<Conn>,
     eq: &mut EQp,
     cid: usize,

@@ -23,6 +23,7 @@ use super::packet::{Header, FLAG_FIRST};
 use super::qp::QpShared;
 use super::responder::load_qp;
 use super::wire::Wire;
+use super::IdMap;
 use crate::provider::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpState, WcStatus};
 
 /// Token of the doorbell waker.
@@ -83,7 +84,7 @@ pub(crate) struct Engine {
     pub listener: mio::net::TcpListener,
     pub conns: Slab<Conn>,
     pub peers: HashMap<std::net::SocketAddr, usize>,
-    pub qps: HashMap<u32, EQp>,
+    pub qps: IdMap<EQp>,
     pub active: Vec<usize>,
     /// Connections whose only output is held ACKs (see `Conn::ack_hold`).
     pub held: Vec<usize>,
@@ -99,7 +100,7 @@ pub(crate) struct Engine {
     resched_buf: Vec<u32>,
     /// Per CQ handle: the connections whose packets complete its WRs
     /// (what an application polling it reads, see `drive.rs`).
-    pub cq_feeds: HashMap<u32, SmallVec<[usize; 2]>>,
+    pub cq_feeds: IdMap<SmallVec<[usize; 2]>>,
     /// Connections whose socket the engine does not watch for input while
     /// an application's lease on it lasts.
     pub muted: Vec<usize>,
@@ -115,6 +116,10 @@ pub(crate) struct Engine {
     pub in_app: bool,
     /// Packets applications' receives handled (for tests and diagnostics).
     pub app_packets: u64,
+    /// While an application's receive runs: when it started, the time its
+    /// packets are handled at (a few µs at most off; one clock read per
+    /// receive instead of one per packet and step).
+    pub clock: Option<Instant>,
 }
 
 impl Engine {
@@ -131,7 +136,7 @@ impl Engine {
             listener,
             conns: Slab::new(),
             peers: HashMap::new(),
-            qps: HashMap::new(),
+            qps: IdMap::default(),
             active: Vec::new(),
             held: Vec::new(),
             dirty_buf: Vec::new(),
@@ -139,13 +144,14 @@ impl Engine {
             active_buf: Vec::new(),
             direct_until: None,
             resched_buf: Vec::new(),
-            cq_feeds: HashMap::new(),
+            cq_feeds: IdMap::default(),
             muted: Vec::new(),
             kick: false,
             quiet: None,
             conn_wait: Vec::new(),
             in_app: false,
             app_packets: 0,
+            clock: None,
         })
     }
 }
@@ -302,6 +308,11 @@ impl Engine {
                 None => true,
             })
         })
+    }
+
+    /// The time (see `clock`).
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.unwrap_or_else(Instant::now)
     }
 
     /// Raises the channel events of the CQs that completions disarmed.
@@ -806,7 +817,7 @@ impl Engine {
         let mut list = std::mem::take(&mut self.active_buf);
         std::mem::swap(&mut list, &mut self.active);
         let mut busy = false;
-        let now = Instant::now();
+        let now = self.now();
         for cid in list.drain(..) {
             if let Some(c) = self.conns.get_mut(cid) {
                 c.active = false;

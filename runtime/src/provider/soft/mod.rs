@@ -104,12 +104,63 @@ pub use cq::{CompChannel, Cq};
 pub use mr::Mr;
 pub use qp::Qp;
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
 use super::{DeviceInfo, ProviderKind};
+
+/// A hash map keyed by one of the device's own 32-bit numbers (QPNs, CQ
+/// handles, memory keys), looked up for every packet: hashed with one
+/// multiplication instead of SipHash. The keys are allocated locally (a peer
+/// can look keys up, not add them), so there is no flooding to defend
+/// against.
+pub(crate) type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`].
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(ID_MUL);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(ID_MUL);
+    }
+
+    fn finish(&self) -> u64 {
+        // (The table indexes by the low bits: fold the well-mixed high
+        // ones in.)
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+const ID_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 
 pub(crate) fn device_info() -> DeviceInfo {
     DeviceInfo {
         name: "soft0".into(),
         kind: ProviderKind::Soft,
         guid: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_maps_keep_distinct_keys_apart() {
+        let mut m = IdMap::default();
+        for k in (0..4096u32).map(|i| i.wrapping_mul(0x0101_0101) ^ 0x100) {
+            m.insert(k, k);
+        }
+        assert_eq!(m.len(), 4096);
+        assert!(m.iter().all(|(k, v)| k == v));
+        assert_eq!(m.get(&0x100), Some(&0x100));
+        assert_eq!(m.get(&7), None);
     }
 }

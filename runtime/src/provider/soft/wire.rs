@@ -12,7 +12,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use mio::unix::SourceFd;
@@ -59,6 +59,8 @@ pub(crate) struct Wire {
     /// interest is WRITABLE only). Changed, together with the registration,
     /// only under this lock.
     muted: Mutex<bool>,
+    /// Mirror of `muted`, read without the lock (a hint: the lock decides).
+    muted_hint: AtomicBool,
 }
 
 impl Wire {
@@ -69,6 +71,7 @@ impl Wire {
             token,
             lease_until: AtomicU64::new(0),
             muted: Mutex::new(false),
+            muted_hint: AtomicBool::new(false),
             st: Mutex::new(WireState {
                 busy: true,
                 closed: false,
@@ -172,7 +175,9 @@ impl Wire {
     ///
     /// [`Shared::nanos_at`]: super::context::Shared::nanos_at
     pub fn mute(&self, registry: &Registry, now: u64, armed: impl FnOnce() -> bool) -> bool {
-        if self.lease_until.load(Ordering::Relaxed) <= now {
+        if self.lease_until.load(Ordering::Relaxed) <= now
+            || self.muted_hint.load(Ordering::Relaxed)
+        {
             return false;
         }
         let mut muted = lock(&self.muted);
@@ -184,6 +189,7 @@ impl Wire {
         match registry.reregister(&mut SourceFd(&fd), self.token, Interest::WRITABLE) {
             Ok(()) => {
                 *muted = true;
+                self.muted_hint.store(true, Ordering::Relaxed);
                 true
             }
             Err(e) => {
@@ -222,6 +228,7 @@ impl Wire {
     /// poll report the socket at once (epoll checks readiness on MOD).
     fn unmute(&self, registry: &Registry, muted: &mut bool) {
         *muted = false;
+        self.muted_hint.store(false, Ordering::Relaxed);
         let fd = self.fd();
         let interest = Interest::READABLE | Interest::WRITABLE;
         if let Err(e) = registry.reregister(&mut SourceFd(&fd), self.token, interest) {
@@ -234,6 +241,7 @@ impl Wire {
     /// their QPs). The socket is shut down so the peer sees the end at once.
     pub fn close(&self) {
         *lock(&self.muted) = false;
+        self.muted_hint.store(false, Ordering::Relaxed);
         self.lease_until.store(0, Ordering::Relaxed);
         let mut st = self.state();
         st.closed = true;
