@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub fired: Mutex<Vec<Arc<CqShared>>>,
     /// CQs that overflowed: the engine moves their QPs to ERR.
     pub overflowed: Mutex<Vec<Arc<CqShared>>>,
+    /// `overflowed` is not empty (both changed under the engine lock).
+    pub any_overflowed: AtomicBool,
     /// A posting thread transmitted a WR itself (see `direct.rs`).
     pub direct_seen: AtomicBool,
     /// While `sleeping`: when the engine wakes at the latest
@@ -248,6 +250,7 @@ impl Context {
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),
+            any_overflowed: AtomicBool::new(false),
             direct_seen: AtomicBool::new(false),
             wake_by: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),

@@ -329,6 +329,10 @@ impl Engine {
     /// async event each (after the CQ's own error event), as RC hardware
     /// does: the completions of its WRs could not be reported any more.
     pub(crate) fn fail_overflowed(&mut self) {
+        // (Pushed to under the engine lock, which we hold.)
+        if !self.sh.any_overflowed.swap(false, Ordering::Relaxed) {
+            return;
+        }
         let list = std::mem::take(&mut *lock(&self.sh.overflowed));
         for cq in list {
             let qps: Vec<Arc<QpShared>> = lock(&self.sh.qps)
