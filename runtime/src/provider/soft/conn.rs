@@ -217,7 +217,8 @@ impl Conn {
     /// along, or none were parked).
     fn parked_gone(&self) -> bool {
         match &self.stream {
-            Some(w) => w.held_gone(),
+            // (Only the hold's deadline depends on it.)
+            Some(w) => w.held_gone_hint(),
             None => true,
         }
     }

@@ -823,3 +823,61 @@ fn arming_takes_the_socket_from_the_engine_until_the_lease_ends() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[test]
+fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    let sh = b.ctx.shared();
+    let wires: Vec<_> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        eng.cq_feeds[&b.rcq.handle()]
+            .iter()
+            .filter_map(|&cid| eng.conns[cid].stream.clone())
+            .collect()
+    };
+    let renew = || {
+        let until = sh.nanos_at(Instant::now() + sh.lease);
+        for w in &wires {
+            w.renew_lease(until);
+        }
+    };
+    // An application keeps renewing the lease; the engine sleeps until the
+    // lease's end (its first deadline: the next one is far later).
+    let deadline = Instant::now() + WAIT;
+    let (eng, until) = loop {
+        assert!(Instant::now() < deadline, "the engine never slept");
+        renew();
+        let eng = super::super::cq::lock(b.ctx.core());
+        let until = sh.wake_by.load(Ordering::SeqCst);
+        let soon = sh.nanos_at(Instant::now() + 2 * sh.lease);
+        if sh.sleeping.load(Ordering::SeqCst) && until <= soon && wires.iter().all(|w| w.is_muted())
+        {
+            break (eng, until);
+        }
+        drop(eng);
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    // The application receives (holds the engine lock) and renews the
+    // lease meanwhile: once the old end passed, the engine sleeps on (a
+    // later `wake_by`) instead of waiting for the lock.
+    let deadline = Instant::now() + WAIT;
+    while sh.wake_by.load(Ordering::SeqCst) == until {
+        assert!(
+            Instant::now() < deadline,
+            "the engine waits for the application's lock"
+        );
+        renew();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(sh.sleeping.load(Ordering::SeqCst));
+    drop(eng);
+    // Everything works on.
+    post_recv(&b.qp, 9, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(9, SendOp::Send, sbuf.sge(0, 8)));
+    assert_eq!(spin_one(&b.rcq).wr_id, 9);
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
@@ -156,8 +156,23 @@ impl Engine {
     }
 }
 
+/// How the engine sleeps after a loop turn.
+struct Sleep {
+    /// How long (`None`: until woken).
+    timeout: Option<Duration>,
+    /// Yield the CPU first.
+    yield_first: bool,
+    /// Only to see whether leases ended (see `run`).
+    lease_wake: bool,
+}
+
 /// Engine thread body: works under the engine lock, sleeps in `poll`
 /// without it.
+///
+/// Woken only to see whether leases ended, the engine does not wait for
+/// its lock if an application holds it: that application is receiving,
+/// and renewing its leases; the engine sleeps another lease instead (it
+/// is rung for anything else, or wakes within a lease anyway).
 pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     let mut events = Events::with_capacity(256);
     let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
@@ -166,16 +181,40 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     let mut eng = lock(&core);
     loop {
         eng.handle_events(&events);
-        let Some((timeout, yield_first)) = eng.turn(&mut spin_from, spin) else {
+        let Some(Sleep {
+            mut timeout,
+            yield_first,
+            lease_wake,
+        }) = eng.turn(&mut spin_from, spin)
+        else {
             tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
             return;
         };
+        let sh = eng.sh.clone();
         drop(eng);
         if yield_first {
             std::thread::yield_now();
         }
-        let res = poll.poll(&mut events, timeout);
-        eng = lock(&core);
+        let (res, guard) = loop {
+            let res = poll.poll(&mut events, timeout);
+            if !(lease_wake && res.is_ok() && events.is_empty()) {
+                break (res, lock(&core));
+            }
+            match core.try_lock() {
+                Err(TryLockError::WouldBlock) => {
+                    // Posting threads ring if they need us earlier (those
+                    // that did not, as we were to wake by now, wait at most
+                    // a lease more: their WRs' timeouts are detected that
+                    // much later at worst). Everything else rings anyway.
+                    timeout = Some(sh.lease);
+                    let wake_by = sh.nanos_at(Instant::now() + sh.lease);
+                    sh.wake_by.store(wake_by, Ordering::SeqCst);
+                }
+                Ok(g) => break (res, g),
+                Err(TryLockError::Poisoned(p)) => break (res, p.into_inner()),
+            }
+        };
+        eng = guard;
         eng.sh.sleeping.store(false, Ordering::SeqCst);
         if let Err(e) = res {
             if e.kind() != io::ErrorKind::Interrupted {
@@ -217,13 +256,9 @@ impl Engine {
         // that would have to queue behind them).
     }
 
-    /// One loop turn: the work that does not wait. Returns how long to
-    /// sleep (and whether to yield the CPU first), `None` to stop.
-    fn turn(
-        &mut self,
-        spin_from: &mut Option<Instant>,
-        spin: Duration,
-    ) -> Option<(Option<Duration>, bool)> {
+    /// One loop turn: the work that does not wait. Returns how to sleep,
+    /// `None` to stop.
+    fn turn(&mut self, spin_from: &mut Option<Instant>, spin: Duration) -> Option<Sleep> {
         if self.sh.stop.load(Ordering::SeqCst) {
             // Best effort: queued responses leave before the sockets close.
             for cid in std::mem::take(&mut self.held) {
@@ -263,6 +298,7 @@ impl Engine {
         self.raise_events();
         let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
         let mut yield_first = false;
+        let mut lease_wake = false;
         let mut timeout = if busy {
             Some(Duration::ZERO)
         } else if awaiting_post || self.awaits_post_for_held(now) {
@@ -276,8 +312,9 @@ impl Engine {
             yield_first = true;
             Some(Duration::ZERO)
         } else {
-            self.next_deadline(now)
-                .map(|d| d.saturating_duration_since(now))
+            let (deadline, lease_only) = self.next_deadline(now);
+            lease_wake = lease_only;
+            deadline.map(|d| d.saturating_duration_since(now))
         };
         if timeout != Some(Duration::ZERO) {
             // Posting threads that transmit themselves ring only if we
@@ -290,7 +327,11 @@ impl Engine {
                 timeout = Some(Duration::ZERO);
             }
         }
-        Some((timeout, yield_first))
+        Some(Sleep {
+            timeout,
+            yield_first,
+            lease_wake,
+        })
     }
 
     /// True if ACKs the engine holds wait for a post it should stay awake
@@ -970,7 +1011,9 @@ impl Engine {
         self.resched_buf = resched;
     }
 
-    fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
+    /// When the engine must wake next, and whether only to see if leases
+    /// ended (the first deadline is a lease's, before every other one).
+    fn next_deadline(&mut self, now: Instant) -> (Option<Instant>, bool) {
         let held = self
             .held
             .iter()
@@ -983,15 +1026,20 @@ impl Engine {
         let tick = self.direct_until.map(|_| now + DIRECT_TICK);
         let lease = self.lease_deadline();
         let conn_wait = self.conn_wait.iter().map(|(_, t)| *t).min();
-        self.qps
+        let other = self
+            .qps
             .values()
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
             .flatten()
             .chain(held)
             .chain(tick)
-            .chain(lease)
             .chain(conn_wait)
-            .min()
+            .min();
+        match (lease, other) {
+            (Some(l), Some(o)) if l < o => (Some(l), true),
+            (Some(l), None) => (Some(l), true),
+            (l, o) => (l.into_iter().chain(o).min(), false),
+        }
     }
 }
 

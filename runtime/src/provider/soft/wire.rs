@@ -61,6 +61,8 @@ pub(crate) struct Wire {
     muted: Mutex<bool>,
     /// Mirror of `muted`, read without the lock (a hint: the lock decides).
     muted_hint: AtomicBool,
+    /// Mirror of `!st.held.is_empty()`, read without the lock (a hint).
+    held_hint: AtomicBool,
 }
 
 impl Wire {
@@ -72,6 +74,7 @@ impl Wire {
             lease_until: AtomicU64::new(0),
             muted: Mutex::new(false),
             muted_hint: AtomicBool::new(false),
+            held_hint: AtomicBool::new(false),
             st: Mutex::new(WireState {
                 busy: true,
                 closed: false,
@@ -122,6 +125,7 @@ impl Wire {
         }
         if !st.held.is_empty() {
             tx.splice(at..at, st.held.drain(..));
+            self.held_hint.store(false, Ordering::Relaxed);
         }
     }
 
@@ -130,6 +134,7 @@ impl Wire {
     pub fn hold(&self, acks: &[u8]) {
         let mut st = self.state();
         st.held.extend_from_slice(acks);
+        self.held_hint.store(true, Ordering::Relaxed);
         if st.spill.is_empty() && !st.closed {
             st.busy = false;
         }
@@ -138,6 +143,12 @@ impl Wire {
     /// Engine: true once the held ACKs were written.
     pub fn held_gone(&self) -> bool {
         self.state().held.is_empty()
+    }
+
+    /// Like [`held_gone`](Self::held_gone), without the lock: a hint (for
+    /// what only guides a heuristic).
+    pub fn held_gone_hint(&self) -> bool {
+        !self.held_hint.load(Ordering::Relaxed)
     }
 
     /// Engine: `idle` = it has nothing left to write; posters may write
@@ -248,6 +259,7 @@ impl Wire {
         st.busy = true;
         st.spill.clear();
         st.held.clear();
+        self.held_hint.store(false, Ordering::Relaxed);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
@@ -264,6 +276,9 @@ impl Wire {
         }
         let st = &mut *st;
         let held = std::mem::take(&mut st.held);
+        if !held.is_empty() {
+            self.held_hint.store(false, Ordering::Relaxed);
+        }
         let total = held.len() + pkt.len();
         let mut done = 0;
         while done < total {
