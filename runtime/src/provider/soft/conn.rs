@@ -2,7 +2,7 @@
 //! ordered queue of responses to send, and the requester QPs that send on it.
 
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -544,7 +544,26 @@ impl Conn {
         let Some(wire) = &self.stream else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let n = (&wire.stream).read(&mut self.rx[end..])?;
+        let buf = &mut self.rx[end..];
+        // SAFETY: reads into a live, writable byte slice; the fd stays open
+        // while `wire` lives. A plain system call (the socket is
+        // non-blocking; `recv` is not a cancellation point here: no thread
+        // is cancelled, so libc's wrapper would only add work).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_recvfrom,
+                wire.fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                0,
+                std::ptr::null_mut::<libc::sockaddr>(),
+                std::ptr::null_mut::<libc::socklen_t>(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = r as usize;
         self.rx_end += n;
         Ok((n, n == space))
     }
