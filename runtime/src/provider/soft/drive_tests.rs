@@ -874,6 +874,23 @@ fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
         std::thread::sleep(Duration::from_micros(200));
     }
     assert!(sh.sleeping.load(Ordering::SeqCst));
+    // ... but not forever: after a few leases it waits for its lock (its
+    // timers must run).
+    let mut seen = vec![until, sh.wake_by.load(Ordering::SeqCst)];
+    let end = Instant::now() + 20 * sh.lease;
+    while Instant::now() < end {
+        renew();
+        let w = sh.wake_by.load(Ordering::SeqCst);
+        if seen.last() != Some(&w) {
+            seen.push(w);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(
+        seen.len() - 1 <= super::super::engine::LEASE_SKIPS as usize,
+        "the engine skipped its turn {} times",
+        seen.len() - 1
+    );
     drop(eng);
     // Everything works on.
     post_recv(&b.qp, 9, rbuf.sge(0, 64));

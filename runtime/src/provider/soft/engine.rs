@@ -156,6 +156,11 @@ impl Engine {
     }
 }
 
+/// How many leases in a row a sleeping engine lets pass without its loop
+/// turn while applications hold its lock (then it waits for the lock: its
+/// timers must run).
+pub(crate) const LEASE_SKIPS: u32 = 4;
+
 /// How the engine sleeps after a loop turn.
 struct Sleep {
     /// How long (`None`: until woken).
@@ -172,7 +177,8 @@ struct Sleep {
 /// Woken only to see whether leases ended, the engine does not wait for
 /// its lock if an application holds it: that application is receiving,
 /// and renewing its leases; the engine sleeps another lease instead (it
-/// is rung for anything else, or wakes within a lease anyway).
+/// is rung for anything else, or wakes within a lease anyway), up to
+/// `LEASE_SKIPS` times in a row.
 pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     let mut events = Events::with_capacity(256);
     let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
@@ -195,11 +201,13 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
         if yield_first {
             std::thread::yield_now();
         }
+        let mut skips = 0;
         let (res, guard) = loop {
             let res = poll.poll(&mut events, timeout);
-            if !(lease_wake && res.is_ok() && events.is_empty()) {
+            if !(lease_wake && res.is_ok() && events.is_empty()) || skips == LEASE_SKIPS {
                 break (res, lock(&core));
             }
+            skips += 1;
             match core.try_lock() {
                 Err(TryLockError::WouldBlock) => {
                     // Posting threads ring if they need us earlier (those
