@@ -17,9 +17,12 @@
 //! when its poll reports input on a leased connection, stops watching the
 //! socket's input ("mutes" it: the registration keeps WRITABLE only). It
 //! watches it again when the lease runs out (it wakes for that while it has
-//! muted sockets), or at once when an application arms a CQ the connection
-//! feeds that has no completion channel to wake it (arming such a CQ ends
-//! the lease, and the engine never mutes a socket while one is armed).
+//! muted sockets; finding its lock held by an application, which is
+//! receiving and so renewing leases, it sleeps on, for up to
+//! `LEASE_SKIPS` leases), or at once when an application arms a CQ the
+//! connection feeds that has no completion channel to wake it (arming such
+//! a CQ ends the lease, and the engine never mutes a socket while one is
+//! armed).
 //! Arming a CQ with a channel puts the connection's socket in the channel's
 //! set, renews the lease and mutes the socket (the engine adopts it into its
 //! list of muted ones, for the lease's end): the sleeping application
