@@ -23,7 +23,7 @@
 //! when it next looks at the QP, and is rung only if it would not wake in
 //! time for the WR's ACK timeout (while posting threads transmit, it wakes at
 //! least every 10 ms). This saves a thread hand-off per request; the price is
-//! the encoding, a copy of the payload and a `sendmsg` on the posting thread.
+//! the encoding, a copy of the payload and a `send` on the posting thread.
 //!
 //! The other exception, on the receive side (`drive.rs`): an application
 //! that busy-polls a CQ (polls it empty again without arming it) reads the
