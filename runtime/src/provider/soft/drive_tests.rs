@@ -832,10 +832,13 @@ fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
     warm_up(&a, &b, &sbuf, &rbuf);
     force_mute(&b, &b.rcq);
     let sh = b.ctx.shared();
+    let cids: Vec<usize> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        eng.cq_feeds[&b.rcq.handle()].to_vec()
+    };
     let wires: Vec<_> = {
         let eng = super::super::cq::lock(b.ctx.core());
-        eng.cq_feeds[&b.rcq.handle()]
-            .iter()
+        cids.iter()
             .filter_map(|&cid| eng.conns[cid].stream.clone())
             .collect()
     };
@@ -851,7 +854,17 @@ fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
     let (eng, until) = loop {
         assert!(Instant::now() < deadline, "the engine never slept");
         renew();
-        let eng = super::super::cq::lock(b.ctx.core());
+        let mut eng = super::super::cq::lock(b.ctx.core());
+        if !wires.iter().all(|w| w.is_muted()) {
+            // (This thread was too slow: the lease had ended.)
+            let now = Instant::now();
+            for &cid in &cids {
+                eng.mute(cid, now);
+            }
+            sh.ring();
+            drop(eng);
+            continue;
+        }
         let until = sh.wake_by.load(Ordering::SeqCst);
         let soon = sh.nanos_at(Instant::now() + 2 * sh.lease);
         if sh.sleeping.load(Ordering::SeqCst) && until <= soon && wires.iter().all(|w| w.is_muted())
