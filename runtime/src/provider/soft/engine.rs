@@ -331,7 +331,11 @@ impl Engine {
             self.sh.wake_by.store(wake_by, Ordering::SeqCst);
             self.sh.sleeping.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if !lock(&self.sh.dirty).is_empty() || self.sh.stop.load(Ordering::SeqCst) {
+            // (Work queued before `sleeping` was seen: no one rang for it.)
+            if !lock(&self.sh.dirty).is_empty()
+                || !lock(&self.sh.app_muted).is_empty()
+                || self.sh.stop.load(Ordering::SeqCst)
+            {
                 timeout = Some(Duration::ZERO);
             }
         }
