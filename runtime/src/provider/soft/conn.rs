@@ -2,7 +2,7 @@
 //! ordered queue of responses to send, and the requester QPs that send on it.
 
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -135,8 +135,9 @@ pub(crate) struct Conn {
     pub senders: VecDeque<u32>,
     /// Listed in the engine's active list.
     pub active: bool,
-    /// While only ACKs of messages that completed a receive are pending,
-    /// they may wait until then for a request to ride with them (the
+    /// While only ACKs of messages that completed a receive are pending
+    /// (queued, or parked on the wire), they may wait until then (the
+    /// oldest one's deadline) for a request to ride with them (the
     /// receiver's application usually answers at once): one write and one
     /// wakeup of the peer instead of two.
     pub ack_hold: Option<Instant>,
@@ -198,14 +199,28 @@ impl Conn {
     /// to go out with it (see `ack_hold`); `None` = send it at once.
     pub fn push_ack(&mut self, dst: u32, src: u32, psn: u32, hold_until: Option<Instant>) {
         match hold_until {
-            // (ACKs parked on the wire keep their hold's deadline.)
-            Some(t) if self.resp.is_empty() && self.ack_hold.is_none() => self.ack_hold = Some(t),
+            // (ACKs parked on the wire keep their hold's deadline; once a
+            // poster took them along, the deadline was theirs, not this
+            // ACK's: a new hold starts.)
+            Some(t) if self.resp.is_empty() && (self.ack_hold.is_none() || self.parked_gone()) => {
+                self.ack_hold = Some(t)
+            }
             // Keep what is pending: held ACKs stay held, anything else
             // (`ack_hold` is `None` then) goes out at once anyway.
             Some(_) => {}
             None => self.ack_hold = None,
         }
         self.push_resp(Resp::Ack { dst, src, psn });
+    }
+
+    /// True if no ACKs wait parked on the wire (a posting thread took them
+    /// along, or none were parked).
+    fn parked_gone(&self) -> bool {
+        match &self.stream {
+            // (Only the hold's deadline depends on it.)
+            Some(w) => w.held_gone_hint(),
+            None => true,
+        }
     }
 
     /// True while the pending output is only held ACKs, not yet due.
@@ -529,7 +544,26 @@ impl Conn {
         let Some(wire) = &self.stream else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let n = (&wire.stream).read(&mut self.rx[end..])?;
+        let buf = &mut self.rx[end..];
+        // SAFETY: reads into a live, writable byte slice; the fd stays open
+        // while `wire` lives. A plain system call (the socket is
+        // non-blocking; `recv` is not a cancellation point here: no thread
+        // is cancelled, so libc's wrapper would only add work).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_recvfrom,
+                wire.fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                0,
+                std::ptr::null_mut::<libc::sockaddr>(),
+                std::ptr::null_mut::<libc::socklen_t>(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = r as usize;
         self.rx_end += n;
         Ok((n, n == space))
     }
@@ -544,6 +578,44 @@ mod tests {
         let mut c = Conn::new(None, "127.0.0.1:1".parse().expect("addr"), true);
         c.tx.clear(); // the HELLO
         c
+    }
+
+    #[test]
+    fn an_ack_after_parked_acks_were_taken_along_gets_its_own_hold() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let local = l.local_addr().expect("addr");
+        let _peer = std::net::TcpStream::connect(local).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        s.set_nonblocking(true).expect("nonblocking");
+        let wire = Arc::new(Wire::new(
+            mio::net::TcpStream::from_std(s),
+            mio::Token(super::super::engine::CONN_BASE),
+        ));
+        let mut c = Conn::new(Some(wire.clone()), local, true);
+        c.tx.clear(); // the HELLO
+        let now = Instant::now();
+        let first = now + Duration::from_micros(50);
+        c.push_ack(1, 2, 3, Some(first));
+        assert!(c.park_acks(), "parked on the wire");
+        assert!(c.resp.is_empty() && !wire.held_gone());
+        // Another ACK while the first still waits parked: the hold keeps
+        // the first one's deadline.
+        c.push_ack(1, 2, 4, Some(first + Duration::from_micros(30)));
+        assert!(!c.holding(first));
+        assert!(c.park_acks());
+        // A poster's request takes them along.
+        let mut h = Header::new(Opcode::Send);
+        h.payload_len = 0;
+        assert_eq!(
+            wire.try_write(&h.encode()),
+            Some(super::super::wire::DirectWrite::Sent)
+        );
+        assert!(wire.held_gone());
+        // The next message's ACK may wait its own full delay.
+        let second = first + Duration::from_micros(100);
+        c.push_ack(1, 2, 5, Some(second));
+        assert!(c.holding(first), "held until its own deadline");
+        assert!(!c.holding(second));
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub fired: Mutex<Vec<Arc<CqShared>>>,
     /// CQs that overflowed: the engine moves their QPs to ERR.
     pub overflowed: Mutex<Vec<Arc<CqShared>>>,
+    /// `overflowed` is not empty (both changed under the engine lock).
+    pub any_overflowed: AtomicBool,
     /// A posting thread transmitted a WR itself (see `direct.rs`).
     pub direct_seen: AtomicBool,
     /// While `sleeping`: when the engine wakes at the latest
@@ -67,6 +69,11 @@ pub(crate) struct Shared {
     /// engine's watch list (`VERBIO_SOFT_LEASE_US`, default 1000; 0 = the
     /// engine alone receives).
     pub lease: Duration,
+    /// Connections whose socket input an application stopped the engine
+    /// from watching when it armed a CQ they feed (their socket joined the
+    /// CQ's channel): the engine adds them to its muted list, to watch
+    /// them again once the lease ends (see `Cq::req_notify`).
+    pub app_muted: Mutex<Vec<usize>>,
     pub stop: AtomicBool,
     pub async_events: Arc<EventQueue<AsyncEvent>>,
     next_qpn: AtomicU32,
@@ -101,7 +108,14 @@ impl Shared {
     /// takes the WR over when it next looks at `qp` (it must do so before the
     /// WR's ACK timeout, `timeout`) or at once if `now` (it has bytes to
     /// write). Rings the doorbell only if the engine would not wake in time.
-    pub fn notify_direct(&self, qp: &Arc<QpShared>, now: bool, timeout: Option<Duration>) {
+    /// `at`: when the WR was written.
+    pub fn notify_direct(
+        &self,
+        qp: &Arc<QpShared>,
+        now: bool,
+        timeout: Option<Duration>,
+        at: Instant,
+    ) {
         if !qp.dirty.swap(true, Ordering::AcqRel) {
             lock(&self.dirty).push(qp.clone());
         }
@@ -114,11 +128,26 @@ impl Shared {
             _ if now => true,
             None => false,
             Some(t) => {
-                let need = self.nanos_at(Instant::now() + t);
+                let need = self.nanos_at(at + t);
                 self.wake_by.load(Ordering::SeqCst) > need
             }
         };
         if late {
+            if let Err(e) = self.waker.wake() {
+                tracing::error!(error = %e, "soft engine waker failed");
+            }
+        }
+    }
+
+    /// An application stopped the engine from watching connection `cid`'s
+    /// input until `lease_until` (its socket joined a channel's set): the
+    /// engine must learn of it, and wake by then to watch it again should
+    /// the lease end (it is rung if it sleeps longer).
+    pub fn app_muted(&self, cid: usize, lease_until: u64) {
+        lock(&self.app_muted).push(cid);
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) && self.wake_by.load(Ordering::SeqCst) > lease_until
+        {
             if let Err(e) = self.waker.wake() {
                 tracing::error!(error = %e, "soft engine waker failed");
             }
@@ -221,12 +250,14 @@ impl Context {
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),
+            any_overflowed: AtomicBool::new(false),
             direct_seen: AtomicBool::new(false),
             wake_by: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             waker,
             registry,
             lease: engine::env_us("VERBIO_SOFT_LEASE_US", engine::DEFAULT_LEASE_US),
+            app_muted: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),
             next_qpn: AtomicU32::new(0x100 + (seed & 0xffff)),

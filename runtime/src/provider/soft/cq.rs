@@ -103,15 +103,17 @@ impl<T> EventQueue<T> {
     /// Pops after quiet enqueues: signals the events left behind, which
     /// other consumers must see.
     fn pop_quiet(&self) -> Option<T> {
-        let ev = self.pop();
-        let left = {
-            let mut g = lock(&self.inner);
-            let left = !g.queue.is_empty() && g.unread == 0;
-            if left {
-                g.unread += 1;
-            }
-            left
-        };
+        let mut g = lock(&self.inner);
+        let ev = g.queue.pop_front();
+        if g.queue.is_empty() {
+            self.clear(&mut g);
+            return ev;
+        }
+        let left = g.unread == 0;
+        if left {
+            g.unread += 1;
+        }
+        drop(g);
         if left {
             self.signal();
         }
@@ -121,10 +123,17 @@ impl<T> EventQueue<T> {
     pub fn pop(&self) -> Option<T> {
         let mut g = lock(&self.inner);
         let ev = g.queue.pop_front();
-        // Clear readiness once empty. A signal that lands after its event
-        // was taken stays counted in `unread` and is cleared by the next
-        // pop; with nothing unread, no syscall.
-        if g.queue.is_empty() && g.unread > 0 {
+        if g.queue.is_empty() {
+            self.clear(&mut g);
+        }
+        ev
+    }
+
+    /// With the queue empty: clears the eventfd's readiness. A signal that
+    /// lands after its event was taken stays counted in `unread` and is
+    /// cleared by the next pop; with nothing unread, no syscall.
+    fn clear(&self, g: &mut Events<T>) {
+        if g.unread > 0 {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
             let n = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
@@ -132,7 +141,6 @@ impl<T> EventQueue<T> {
                 g.unread = g.unread.saturating_sub(v);
             }
         }
-        ev
     }
 }
 
@@ -214,8 +222,9 @@ impl CompChannel {
 /// `get_event` receives it on its own thread (which raises the event if
 /// that completed an armed CQ), instead of waiting for the engine thread
 /// to wake, receive and signal. Arming renews the application's lease on
-/// the sockets, so the engine does not watch their input meanwhile (as
-/// for a busy-polling application; an expired lease hands them back).
+/// the sockets and stops the engine from watching their input meanwhile
+/// (as for a busy-polling application; an expired lease hands them back),
+/// so that a packet wakes the application only, not the engine too.
 ///
 /// The sockets are registered level-triggered: the fd is readable while
 /// one of them holds data, which the next `get_event` reads. A socket
@@ -502,7 +511,9 @@ impl CqShared {
 
     /// Arms the CQ. Its sockets join its channel's set (the application
     /// is going to sleep on the channel, and its `get_event` receives what
-    /// wakes it), and the lease on them is renewed to `lease_until`; a
+    /// wakes it), the lease on them is renewed to `lease_until`, and the
+    /// engine stops watching their input (`muted` is told of each socket
+    /// muted now: the engine must learn of it); a
     /// socket that cannot join (the engine is writing to it, or with
     /// app-driven receive off, `None`) is handed back to the engine at once
     /// (after the arming, which keeps the engine from taking it away again).
@@ -511,6 +522,7 @@ impl CqShared {
         solicited_only: bool,
         registry: &mio::Registry,
         lease_until: impl FnOnce() -> Option<u64>,
+        mut muted: impl FnMut(&Wire, u64),
     ) {
         {
             let mut st = lock(&self.state);
@@ -527,7 +539,16 @@ impl CqShared {
             match (&self.channel, lease_until) {
                 // (A connection the engine is writing to stays the
                 // engine's: see `CompChannel::receive`.)
-                (Some(ch), Some(until)) if !w.engine_busy() && ch.join(w) => w.renew_lease(until),
+                (Some(ch), Some(until)) if !w.engine_busy() && ch.join(w) => {
+                    w.renew_lease(until);
+                    // The engine need not wake for what arrives now: the
+                    // application does (usually the socket is muted already;
+                    // after a hand-back it is not). (The lease was just
+                    // renewed: it lasts beyond `until - 1`.)
+                    if w.mute(registry, until.saturating_sub(1), || false) {
+                        muted(w, until);
+                    }
+                }
                 (Some(ch), _) => ch.hand_back(w, registry),
                 (None, _) => w.revoke(registry),
             }
@@ -562,7 +583,9 @@ impl Cq {
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let sh = self._ctx.shared();
         let until = || (!sh.lease.is_zero()).then(|| sh.nanos_at(Instant::now() + sh.lease));
-        self.shared.req_notify(solicited_only, &sh.registry, until);
+        let muted = |w: &Wire, until| sh.app_muted(w.cid(), until);
+        self.shared
+            .req_notify(solicited_only, &sh.registry, until, muted);
         Ok(())
     }
     /// Takes up to `out.len()` completions. An application that polls an
@@ -609,7 +632,7 @@ mod tests {
         let mut out = [Completion::EMPTY; 2];
         // A sleeping application: drains, arms, polls once more, sleeps.
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
-        cq.req_notify(false, &registry, || None);
+        cq.req_notify(false, &registry, || None, |_, _| {});
         assert!(cq.armed());
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false), "armed");
@@ -627,7 +650,7 @@ mod tests {
         assert_eq!(cq.poll(&mut out).expect("poll"), (1, false));
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, true));
         assert_eq!(cq.poll(&mut []).expect("poll"), (0, false), "no room asked");
-        cq.req_notify(true, &registry, || None);
+        cq.req_notify(true, &registry, || None, |_, _| {});
         assert_eq!(cq.poll(&mut out).expect("poll"), (0, false));
     }
 

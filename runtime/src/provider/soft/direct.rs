@@ -117,14 +117,11 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         };
         d.next_psn = psn_add(d.next_psn, 1);
         let psn = h.psn;
-        inner.sent.push_back(DirectSent {
-            w,
-            psn,
-            at: Instant::now(),
-        });
+        let at = Instant::now();
+        inner.sent.push_back(DirectSent { w, psn, at });
         inner.sq_outstanding += 1;
         drop(inner);
-        ctx.notify_direct(sh, wrote == DirectWrite::Spilled, timeout);
+        ctx.notify_direct(sh, wrote == DirectWrite::Spilled, timeout, at);
         Some(Ok(()))
     })
 }

@@ -17,11 +17,16 @@
 //! when its poll reports input on a leased connection, stops watching the
 //! socket's input ("mutes" it: the registration keeps WRITABLE only). It
 //! watches it again when the lease runs out (it wakes for that while it has
-//! muted sockets), or at once when an application arms a CQ the connection
-//! feeds that has no completion channel to wake it (arming such a CQ ends
-//! the lease, and a socket is never muted while one is armed). Arming a CQ
-//! with a channel puts the connection's socket in the channel's set and
-//! renews the lease: the sleeping application wakes on the packet and its
+//! muted sockets; finding its lock held by an application, which is
+//! receiving and so renewing leases, it sleeps on, for up to
+//! `LEASE_SKIPS` leases), or at once when an application arms a CQ the
+//! connection feeds that has no completion channel to wake it (arming such
+//! a CQ ends the lease, and the engine never mutes a socket while one is
+//! armed).
+//! Arming a CQ with a channel puts the connection's socket in the channel's
+//! set, renews the lease and mutes the socket (the engine adopts it into its
+//! list of muted ones, for the lease's end): the sleeping application
+//! wakes on the packet, the engine does not, and the application's
 //! `get_event` receives (`cq.rs`, `Channel`); if the engine keeps its lock
 //! (over `DRIVE_WAIT`), or writes to the connection, the socket goes to the
 //! engine at once. Data that arrived meanwhile makes the engine's poll
@@ -40,7 +45,7 @@ use super::conn::Conn;
 use super::context::Context;
 use super::cq::{lock, Channel, CqShared};
 use super::engine::{EQp, Engine, DIRECT_TICK};
-use std::collections::HashMap;
+use super::IdMap;
 
 /// How long a sleeping application woken by a packet waits for the engine
 /// lock before it leaves the receive to the engine.
@@ -104,6 +109,7 @@ impl Engine {
     /// lock), as [`drive`](Self::drive).
     pub(crate) fn drive_conns(&mut self, cids: &[usize]) {
         let now = Instant::now();
+        self.clock = Some(now);
         let until = self.sh.nanos_at(now + self.sh.lease);
         // (The engine's spin after its own deliveries is not for these.)
         let completed = self.sh.completed.load(Ordering::Relaxed);
@@ -131,6 +137,7 @@ impl Engine {
         self.raise_events();
         self.sh.completed.store(completed, Ordering::Relaxed);
         self.in_app = false;
+        self.clock = None;
         let handled = self.app_packets != packets;
         if busy || std::mem::take(&mut self.kick) || self.engine_sleeps_too_long(now, handled) {
             // Work left that does not wait for the socket, or timers the
@@ -180,6 +187,18 @@ impl Engine {
         };
         if w.mute(&self.sh.registry, self.sh.nanos_at(now), armed) {
             self.muted.push(cid);
+        }
+    }
+
+    /// Takes over the connections applications muted (see
+    /// [`Shared::app_muted`](super::context::Shared::app_muted)): their
+    /// leases expire as those of the ones the engine muted.
+    pub(crate) fn adopt_app_muted(&mut self) {
+        let list = std::mem::take(&mut *lock(&self.sh.app_muted));
+        for cid in list {
+            if !self.muted.contains(&cid) {
+                self.muted.push(cid);
+            }
         }
     }
 
@@ -238,7 +257,7 @@ mod tests;
 
 /// A packet for `eq` arrived on `cid`: its CQs are fed by that connection.
 pub(crate) fn note_feed(
-    feeds: &mut HashMap<u32, SmallVec<[usize; 2]>>,
+    feeds: &mut IdMap<SmallVec<[usize; 2]>>,
     conns: &mut Slab<Conn>,
     eq: &mut EQp,
     cid: usize,

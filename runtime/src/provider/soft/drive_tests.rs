@@ -713,3 +713,201 @@ fn arming_while_the_engine_writes_to_the_connection_leaves_it_to_the_engine() {
     assert_eq!((r.wr_id, r.status), (9, WcStatus::Success));
     assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
 }
+
+#[test]
+fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    let abuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let bbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    // B's application drives its socket (a long lease, so that the test
+    // decides when it ends), and the ACK of what it receives waits long
+    // for its answer.
+    let wires: Vec<_> = {
+        let mut eng = super::super::cq::lock(b.ctx.core());
+        eng.ack_delay = Duration::from_secs(60);
+        let now = Instant::now();
+        let until = eng.sh.nanos_at(now + Duration::from_secs(60));
+        let cids: Vec<usize> = eng.cq_feeds[&b.rcq.handle()].to_vec();
+        cids.into_iter()
+            .map(|cid| {
+                let w = eng.conns[cid].stream.clone().expect("socket");
+                w.renew_lease(until);
+                eng.mute(cid, now);
+                w
+            })
+            .collect()
+    };
+    post_recv(&b.qp, 7, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(7, SendOp::Send, sbuf.sge(0, 8)));
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status), (7, WcStatus::Success));
+    {
+        let eng = super::super::cq::lock(b.ctx.core());
+        assert!(!eng.held.is_empty(), "the receive holds the ACK");
+        assert!(
+            !eng.awaits_post_for_held(Instant::now()),
+            "the engine stays awake for the application's post"
+        );
+        // Once the lease ended, held ACKs are the engine's to wait for.
+        for w in &wires {
+            w.renew_lease(0);
+        }
+        assert!(eng.awaits_post_for_held(Instant::now()));
+        let until = eng.sh.nanos_at(Instant::now() + Duration::from_secs(60));
+        for w in &wires {
+            w.renew_lease(until);
+        }
+    }
+    // B's answer takes the ACK along.
+    post_recv(&a.qp, 8, abuf.sge(0, 64));
+    post_send(&b.qp, send_wr(8, SendOp::Send, bbuf.sge(0, 8)));
+    assert_eq!(spin_one(&a.rcq).status, WcStatus::Success);
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (7, WcStatus::Success));
+    assert_eq!(spin_one(&b.scq).status, WcStatus::Success);
+    for w in wires {
+        w.revoke(&b.ctx.shared().registry);
+    }
+}
+
+#[test]
+fn arming_takes_the_socket_from_the_engine_until_the_lease_ends() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    let wires: Vec<_> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        eng.conns
+            .iter()
+            .filter_map(|(_, c)| c.stream.clone())
+            .collect()
+    };
+    // The engine watches the socket (as after a hand-back, or an ended
+    // lease).
+    for w in &wires {
+        w.revoke(&b.ctx.shared().registry);
+        assert!(!w.is_muted());
+    }
+    // Arming puts it in the channel's set: the application wakes for what
+    // arrives, and the engine need not.
+    post_recv(&b.qp, 7, rbuf.sge(0, 64));
+    b.rcq.req_notify(false).expect("arm");
+    assert!(b
+        .rcq
+        .shared
+        .feeds
+        .lock()
+        .expect("feeds")
+        .iter()
+        .all(|w| b.ch.shared.holds(w)));
+    assert!(
+        wires.iter().all(|w| w.is_muted()),
+        "both the engine and the application wake for the next packet"
+    );
+    post_send(&a.qp, send_wr(7, SendOp::Send, sbuf.sge(0, 8)));
+    let (r, _) = sleep_one(&b.rcq, &b.ch);
+    assert_eq!((r.wr_id, r.status), (7, WcStatus::Success));
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+    // Nobody arms or polls any more: the engine watches the socket again
+    // once the lease ended.
+    let deadline = Instant::now() + WAIT;
+    while wires.iter().any(|w| w.is_muted()) {
+        assert!(
+            Instant::now() < deadline,
+            "the engine never took the socket back"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    let sh = b.ctx.shared();
+    let cids: Vec<usize> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        eng.cq_feeds[&b.rcq.handle()].to_vec()
+    };
+    let wires: Vec<_> = {
+        let eng = super::super::cq::lock(b.ctx.core());
+        cids.iter()
+            .filter_map(|&cid| eng.conns[cid].stream.clone())
+            .collect()
+    };
+    let renew = || {
+        let until = sh.nanos_at(Instant::now() + sh.lease);
+        for w in &wires {
+            w.renew_lease(until);
+        }
+    };
+    // An application keeps renewing the lease; the engine sleeps until the
+    // lease's end (its first deadline: the next one is far later).
+    let deadline = Instant::now() + WAIT;
+    let (eng, until) = loop {
+        assert!(Instant::now() < deadline, "the engine never slept");
+        renew();
+        let mut eng = super::super::cq::lock(b.ctx.core());
+        if !wires.iter().all(|w| w.is_muted()) {
+            // (This thread was too slow: the lease had ended.)
+            let now = Instant::now();
+            for &cid in &cids {
+                eng.mute(cid, now);
+            }
+            sh.ring();
+            drop(eng);
+            continue;
+        }
+        let until = sh.wake_by.load(Ordering::SeqCst);
+        let soon = sh.nanos_at(Instant::now() + 2 * sh.lease);
+        if sh.sleeping.load(Ordering::SeqCst) && until <= soon && wires.iter().all(|w| w.is_muted())
+        {
+            break (eng, until);
+        }
+        drop(eng);
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    // The application receives (holds the engine lock) and renews the
+    // lease meanwhile: once the old end passed, the engine sleeps on (a
+    // later `wake_by`) instead of waiting for the lock.
+    let deadline = Instant::now() + WAIT;
+    while sh.wake_by.load(Ordering::SeqCst) == until {
+        assert!(
+            Instant::now() < deadline,
+            "the engine waits for the application's lock"
+        );
+        renew();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(sh.sleeping.load(Ordering::SeqCst));
+    // ... but not forever: after a few leases it waits for its lock (its
+    // timers must run).
+    let mut seen = vec![until, sh.wake_by.load(Ordering::SeqCst)];
+    let end = Instant::now() + 20 * sh.lease;
+    while Instant::now() < end {
+        renew();
+        let w = sh.wake_by.load(Ordering::SeqCst);
+        if seen.last() != Some(&w) {
+            seen.push(w);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(
+        seen.len() - 1 <= super::super::engine::LEASE_SKIPS as usize,
+        "the engine skipped its turn {} times",
+        seen.len() - 1
+    );
+    drop(eng);
+    // Everything works on.
+    post_recv(&b.qp, 9, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(9, SendOp::Send, sbuf.sge(0, 8)));
+    assert_eq!(spin_one(&b.rcq).wr_id, 9);
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}

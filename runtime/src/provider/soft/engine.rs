@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
@@ -23,6 +23,7 @@ use super::packet::{Header, FLAG_FIRST};
 use super::qp::QpShared;
 use super::responder::load_qp;
 use super::wire::Wire;
+use super::IdMap;
 use crate::provider::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventKind, QpState, WcStatus};
 
 /// Token of the doorbell waker.
@@ -83,7 +84,7 @@ pub(crate) struct Engine {
     pub listener: mio::net::TcpListener,
     pub conns: Slab<Conn>,
     pub peers: HashMap<std::net::SocketAddr, usize>,
-    pub qps: HashMap<u32, EQp>,
+    pub qps: IdMap<EQp>,
     pub active: Vec<usize>,
     /// Connections whose only output is held ACKs (see `Conn::ack_hold`).
     pub held: Vec<usize>,
@@ -99,7 +100,7 @@ pub(crate) struct Engine {
     resched_buf: Vec<u32>,
     /// Per CQ handle: the connections whose packets complete its WRs
     /// (what an application polling it reads, see `drive.rs`).
-    pub cq_feeds: HashMap<u32, SmallVec<[usize; 2]>>,
+    pub cq_feeds: IdMap<SmallVec<[usize; 2]>>,
     /// Connections whose socket the engine does not watch for input while
     /// an application's lease on it lasts.
     pub muted: Vec<usize>,
@@ -115,6 +116,10 @@ pub(crate) struct Engine {
     pub in_app: bool,
     /// Packets applications' receives handled (for tests and diagnostics).
     pub app_packets: u64,
+    /// While an application's receive runs: when it started, the time its
+    /// packets are handled at (a few µs at most off; one clock read per
+    /// receive instead of one per packet and step).
+    pub clock: Option<Instant>,
 }
 
 impl Engine {
@@ -131,7 +136,7 @@ impl Engine {
             listener,
             conns: Slab::new(),
             peers: HashMap::new(),
-            qps: HashMap::new(),
+            qps: IdMap::default(),
             active: Vec::new(),
             held: Vec::new(),
             dirty_buf: Vec::new(),
@@ -139,19 +144,41 @@ impl Engine {
             active_buf: Vec::new(),
             direct_until: None,
             resched_buf: Vec::new(),
-            cq_feeds: HashMap::new(),
+            cq_feeds: IdMap::default(),
             muted: Vec::new(),
             kick: false,
             quiet: None,
             conn_wait: Vec::new(),
             in_app: false,
             app_packets: 0,
+            clock: None,
         })
     }
 }
 
+/// How many leases in a row a sleeping engine lets pass without its loop
+/// turn while applications hold its lock (then it waits for the lock: its
+/// timers must run).
+pub(crate) const LEASE_SKIPS: u32 = 4;
+
+/// How the engine sleeps after a loop turn.
+struct Sleep {
+    /// How long (`None`: until woken).
+    timeout: Option<Duration>,
+    /// Yield the CPU first.
+    yield_first: bool,
+    /// Only to see whether leases ended (see `run`).
+    lease_wake: bool,
+}
+
 /// Engine thread body: works under the engine lock, sleeps in `poll`
 /// without it.
+///
+/// Woken only to see whether leases ended, the engine does not wait for
+/// its lock if an application holds it: that application is receiving,
+/// and renewing its leases; the engine sleeps another lease instead (it
+/// is rung for anything else, or wakes within a lease anyway), up to
+/// `LEASE_SKIPS` times in a row.
 pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     let mut events = Events::with_capacity(256);
     let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
@@ -160,16 +187,42 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     let mut eng = lock(&core);
     loop {
         eng.handle_events(&events);
-        let Some((timeout, yield_first)) = eng.turn(&mut spin_from, spin) else {
+        let Some(Sleep {
+            mut timeout,
+            yield_first,
+            lease_wake,
+        }) = eng.turn(&mut spin_from, spin)
+        else {
             tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
             return;
         };
+        let sh = eng.sh.clone();
         drop(eng);
         if yield_first {
             std::thread::yield_now();
         }
-        let res = poll.poll(&mut events, timeout);
-        eng = lock(&core);
+        let mut skips = 0;
+        let (res, guard) = loop {
+            let res = poll.poll(&mut events, timeout);
+            if !(lease_wake && res.is_ok() && events.is_empty()) || skips == LEASE_SKIPS {
+                break (res, lock(&core));
+            }
+            skips += 1;
+            match core.try_lock() {
+                Err(TryLockError::WouldBlock) => {
+                    // Posting threads ring if they need us earlier (those
+                    // that did not, as we were to wake by now, wait at most
+                    // a lease more: their WRs' timeouts are detected that
+                    // much later at worst). Everything else rings anyway.
+                    timeout = Some(sh.lease);
+                    let wake_by = sh.nanos_at(Instant::now() + sh.lease);
+                    sh.wake_by.store(wake_by, Ordering::SeqCst);
+                }
+                Ok(g) => break (res, g),
+                Err(TryLockError::Poisoned(p)) => break (res, p.into_inner()),
+            }
+        };
+        eng = guard;
         eng.sh.sleeping.store(false, Ordering::SeqCst);
         if let Err(e) = res {
             if e.kind() != io::ErrorKind::Interrupted {
@@ -211,13 +264,9 @@ impl Engine {
         // that would have to queue behind them).
     }
 
-    /// One loop turn: the work that does not wait. Returns how long to
-    /// sleep (and whether to yield the CPU first), `None` to stop.
-    fn turn(
-        &mut self,
-        spin_from: &mut Option<Instant>,
-        spin: Duration,
-    ) -> Option<(Option<Duration>, bool)> {
+    /// One loop turn: the work that does not wait. Returns how to sleep,
+    /// `None` to stop.
+    fn turn(&mut self, spin_from: &mut Option<Instant>, spin: Duration) -> Option<Sleep> {
         if self.sh.stop.load(Ordering::SeqCst) {
             // Best effort: queued responses leave before the sockets close.
             for cid in std::mem::take(&mut self.held) {
@@ -244,6 +293,7 @@ impl Engine {
         }
         self.timers(now);
         self.retry_conn_waits();
+        self.adopt_app_muted();
         self.expire_leases(now);
         let mut held = std::mem::take(&mut self.held);
         for cid in held.drain(..) {
@@ -256,9 +306,10 @@ impl Engine {
         self.raise_events();
         let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
         let mut yield_first = false;
+        let mut lease_wake = false;
         let mut timeout = if busy {
             Some(Duration::ZERO)
-        } else if awaiting_post || !self.held.is_empty() {
+        } else if awaiting_post || self.awaits_post_for_held(now) {
             // A completion was just delivered and its application has
             // not posted since: it is likely to post at once, so stay
             // awake a little (no doorbell syscall and wakeup for that
@@ -269,8 +320,9 @@ impl Engine {
             yield_first = true;
             Some(Duration::ZERO)
         } else {
-            self.next_deadline(now)
-                .map(|d| d.saturating_duration_since(now))
+            let (deadline, lease_only) = self.next_deadline(now);
+            lease_wake = lease_only;
+            deadline.map(|d| d.saturating_duration_since(now))
         };
         if timeout != Some(Duration::ZERO) {
             // Posting threads that transmit themselves ring only if we
@@ -279,11 +331,41 @@ impl Engine {
             self.sh.wake_by.store(wake_by, Ordering::SeqCst);
             self.sh.sleeping.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if !lock(&self.sh.dirty).is_empty() || self.sh.stop.load(Ordering::SeqCst) {
+            // (Work queued before `sleeping` was seen: no one rang for it.)
+            if !lock(&self.sh.dirty).is_empty()
+                || !lock(&self.sh.app_muted).is_empty()
+                || self.sh.stop.load(Ordering::SeqCst)
+            {
                 timeout = Some(Duration::ZERO);
             }
         }
-        Some((timeout, yield_first))
+        Some(Sleep {
+            timeout,
+            yield_first,
+            lease_wake,
+        })
+    }
+
+    /// True if ACKs the engine holds wait for a post it should stay awake
+    /// for: ACKs held by its own receive. Those an application's receive
+    /// held (on a connection it drives, see `drive.rs`) wait for that
+    /// application's post, which takes them along without the engine; the
+    /// engine sleeps until their hold ends (the receive rang it if it would
+    /// sleep much longer), and does not keep its lock busy meanwhile, which
+    /// would make the application's next receive wait for it.
+    pub(crate) fn awaits_post_for_held(&self, now: Instant) -> bool {
+        let t = self.sh.nanos_at(now);
+        self.held.iter().any(|&cid| {
+            self.conns.get(cid).is_some_and(|c| match &c.stream {
+                Some(w) => w.lease_until() <= t,
+                None => true,
+            })
+        })
+    }
+
+    /// The time (see `clock`).
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.unwrap_or_else(Instant::now)
     }
 
     /// Raises the channel events of the CQs that completions disarmed.
@@ -300,6 +382,10 @@ impl Engine {
     /// async event each (after the CQ's own error event), as RC hardware
     /// does: the completions of its WRs could not be reported any more.
     pub(crate) fn fail_overflowed(&mut self) {
+        // (Pushed to under the engine lock, which we hold.)
+        if !self.sh.any_overflowed.swap(false, Ordering::Relaxed) {
+            return;
+        }
         let list = std::mem::take(&mut *lock(&self.sh.overflowed));
         for cq in list {
             let qps: Vec<Arc<QpShared>> = lock(&self.sh.qps)
@@ -788,7 +874,7 @@ impl Engine {
         let mut list = std::mem::take(&mut self.active_buf);
         std::mem::swap(&mut list, &mut self.active);
         let mut busy = false;
-        let now = Instant::now();
+        let now = self.now();
         for cid in list.drain(..) {
             if let Some(c) = self.conns.get_mut(cid) {
                 c.active = false;
@@ -937,7 +1023,9 @@ impl Engine {
         self.resched_buf = resched;
     }
 
-    fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
+    /// When the engine must wake next, and whether only to see if leases
+    /// ended (the first deadline is a lease's, before every other one).
+    fn next_deadline(&mut self, now: Instant) -> (Option<Instant>, bool) {
         let held = self
             .held
             .iter()
@@ -950,15 +1038,20 @@ impl Engine {
         let tick = self.direct_until.map(|_| now + DIRECT_TICK);
         let lease = self.lease_deadline();
         let conn_wait = self.conn_wait.iter().map(|(_, t)| *t).min();
-        self.qps
+        let other = self
+            .qps
             .values()
             .flat_map(|eq| [eq.rnr_until, eq.ack_deadline])
             .flatten()
             .chain(held)
             .chain(tick)
-            .chain(lease)
             .chain(conn_wait)
-            .min()
+            .min();
+        match (lease, other) {
+            (Some(l), Some(o)) if l < o => (Some(l), true),
+            (Some(l), None) => (Some(l), true),
+            (l, o) => (l.into_iter().chain(o).min(), false),
+        }
     }
 }
 

@@ -236,7 +236,10 @@ impl EQp {
     pub fn deliver(&self, cq: &Arc<CqShared>, wc: Completion, solicited: bool) {
         match cq.push(wc, solicited) {
             Push::Fired => lock(&self.sh_ctx.fired).push(cq.clone()),
-            Push::Overflowed => lock(&self.sh_ctx.overflowed).push(cq.clone()),
+            Push::Overflowed => {
+                lock(&self.sh_ctx.overflowed).push(cq.clone());
+                self.sh_ctx.any_overflowed.store(true, Ordering::Relaxed);
+            }
             Push::Queued | Push::Lost => {}
         }
         if wc.status.is_success() {

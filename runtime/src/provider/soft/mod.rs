@@ -23,7 +23,7 @@
 //! when it next looks at the QP, and is rung only if it would not wake in
 //! time for the WR's ACK timeout (while posting threads transmit, it wakes at
 //! least every 10 ms). This saves a thread hand-off per request; the price is
-//! the encoding, a copy of the payload and a `sendmsg` on the posting thread.
+//! the encoding, a copy of the payload and a `send` on the posting thread.
 //!
 //! The other exception, on the receive side (`drive.rs`): an application
 //! that busy-polls a CQ (polls it empty again without arming it) reads the
@@ -39,7 +39,8 @@
 //! A sleeping application receives itself too (`cq.rs`, `Channel`): the
 //! completion channel's fd is an epoll fd over the channel's eventfd and,
 //! from the arming of a CQ on it, the sockets feeding that CQ; arming
-//! renews the lease on them. The packet wakes the application, and its
+//! renews the lease on them, and the engine stops watching their input.
+//! The packet wakes the application (only), and its
 //! `get_event` runs the same receive (try-lock on the engine) and returns
 //! the event if that completed the armed CQ. If the engine is at work, or
 //! writes to the connection (a bulk transfer), the socket goes back to the
@@ -103,12 +104,63 @@ pub use cq::{CompChannel, Cq};
 pub use mr::Mr;
 pub use qp::Qp;
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
 use super::{DeviceInfo, ProviderKind};
+
+/// A hash map keyed by one of the device's own 32-bit numbers (QPNs, CQ
+/// handles, memory keys), looked up for every packet: hashed with one
+/// multiplication instead of SipHash. The keys are allocated locally (a peer
+/// can look keys up, not add them), so there is no flooding to defend
+/// against.
+pub(crate) type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`].
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(ID_MUL);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(ID_MUL);
+    }
+
+    fn finish(&self) -> u64 {
+        // (The table indexes by the low bits: fold the well-mixed high
+        // ones in.)
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+const ID_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 
 pub(crate) fn device_info() -> DeviceInfo {
     DeviceInfo {
         name: "soft0".into(),
         kind: ProviderKind::Soft,
         guid: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_maps_keep_distinct_keys_apart() {
+        let mut m = IdMap::default();
+        for k in (0..4096u32).map(|i| i.wrapping_mul(0x0101_0101) ^ 0x100) {
+            m.insert(k, k);
+        }
+        assert_eq!(m.len(), 4096);
+        assert!(m.iter().all(|(k, v)| k == v));
+        assert_eq!(m.get(&0x100), Some(&0x100));
+        assert_eq!(m.get(&7), None);
     }
 }

@@ -2,10 +2,10 @@
 //! its lock) every time it touches registered memory, and the [`Mr`] handle
 //! whose last drop removes the entry at once.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::context::Context;
+use super::IdMap;
 use crate::provider::AccessFlags;
 
 /// One registration, as the engine sees it.
@@ -45,8 +45,8 @@ pub(crate) enum AccessError {
 /// lock before the owner may free the memory.
 #[derive(Default)]
 pub(crate) struct MrTable {
-    by_lkey: HashMap<u32, MrEntry>,
-    by_rkey: HashMap<u32, MrEntry>,
+    by_lkey: IdMap<MrEntry>,
+    by_rkey: IdMap<MrEntry>,
     counter: u32,
 }
 

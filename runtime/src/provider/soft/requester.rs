@@ -300,7 +300,7 @@ impl Engine {
     /// Fills the connection's transmit buffer: responses first, then
     /// requests of its sender QPs, round-robin.
     pub(crate) fn fill_tx(&mut self, cid: usize) {
-        let now = Instant::now();
+        let now = self.now();
         let Engine { conns, qps, sh, .. } = self;
         let Some(conn) = conns.get_mut(cid) else {
             return;
@@ -364,7 +364,7 @@ impl Engine {
 
     /// Handles an ACK, NAK, READ response or atomic response.
     pub(crate) fn on_response(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
-        let now = Instant::now();
+        let now = self.now();
         let qpn = hdr.dst_qpn;
         let Engine {
             qps,

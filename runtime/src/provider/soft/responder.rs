@@ -1,7 +1,7 @@
 //! Responder side of the engine: executes incoming requests against local
 //! memory and receive WRs, in PSN order, and queues ACKs/NAKs/responses.
 
-use std::collections::HashMap;
+use super::IdMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +19,7 @@ use crate::provider::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
 
 /// Loads (or refreshes) the engine view of the QP a packet names.
 pub(crate) fn load_qp<'a>(
-    qps: &'a mut HashMap<u32, EQp>,
+    qps: &'a mut IdMap<EQp>,
     sh: &Arc<Shared>,
     qpn: u32,
 ) -> Option<(&'a mut EQp, QpState)> {
@@ -63,6 +63,7 @@ impl Engine {
         payload: &[u8],
         placed: Option<bool>,
     ) {
+        let clock = self.clock;
         let Engine {
             qps,
             sh,
@@ -114,8 +115,8 @@ impl Engine {
                         hdr.opcode,
                         Opcode::Send | Opcode::SendImm | Opcode::WriteImm
                     );
-                let hold =
-                    (completes_recv && !ack_delay.is_zero()).then(|| Instant::now() + *ack_delay);
+                let hold = (completes_recv && !ack_delay.is_zero())
+                    .then(|| clock.unwrap_or_else(Instant::now) + *ack_delay);
                 conn.push_ack(dst, src, psn, hold);
             }
             Outcome::Responded => eq.epsn = psn_add(eq.epsn, 1),
