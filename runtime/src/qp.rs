@@ -408,6 +408,8 @@ pub(crate) struct QpCore {
     /// Doorbell batching is on for this QP (see
     /// [`QueuePair::set_doorbell_batching`]).
     pub(crate) batch_posts: Cell<bool>,
+    /// Listed for the end of the current poll phase (`deferred.rs`).
+    pub(crate) listed_in_phase: Cell<bool>,
 }
 
 impl QpCore {
@@ -544,6 +546,7 @@ impl QueuePair {
             ring_kept: Cell::new(0),
             deferred: RefCell::new(deferred::Deferred::default()),
             batch_posts: Cell::new(batch_posts),
+            listed_in_phase: Cell::new(false),
         });
         let reg_key = handle.driver().register_qp(core.clone());
         core.reg_key.set(reg_key);
@@ -1096,10 +1099,14 @@ impl QueuePair {
                 wr.flags |= SendFlags::SIGNALED;
                 let driver = self.inner.handle.driver();
                 if driver.batching() && core.batch_posts.get() {
-                    // Posted with the poll phase's other WRs (deferred.rs);
-                    // the op is in flight from now on, as after a post.
-                    if core.defer(wr, absorbed) {
+                    // Posted with the poll phase's other WRs (deferred.rs),
+                    // or with the previous ones once DEFER_MAX wait; the op
+                    // is in flight from now on, as after a post.
+                    if !core.listed_in_phase.replace(true) {
                         driver.note_deferred(core);
+                    }
+                    if core.defer(wr, absorbed) {
+                        core.flush_deferred(ops);
                     }
                     return Ok(first);
                 }

@@ -239,3 +239,19 @@ fn with_batching_off_each_op_rings_its_own_doorbell() {
     assert_eq!(fake.outstanding_sends(), 4);
     assert_eq!(fake.doorbells(), 4);
 }
+
+#[test]
+fn a_long_phase_rings_once_per_defer_max_wrs() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(32), 64);
+    let token = Rc::new(());
+    let n = 2 * super::deferred::DEFER_MAX + 3;
+    let _results = spawn_writers(&rt, &qp, &token, n);
+    settle(&rt);
+    assert_eq!(fake.outstanding_sends(), n);
+    assert_eq!(
+        fake.doorbells(),
+        3,
+        "two full lists while the phase ran, the rest at its end"
+    );
+}

@@ -697,7 +697,7 @@ impl Driver {
         }
     }
 
-    /// `core` has its first deferred WR.
+    /// `core` deferred its first WR of the poll phase.
     pub(crate) fn note_deferred(&self, core: &Rc<QpCore>) {
         self.deferred_qps.borrow_mut().push(core.clone());
     }
@@ -708,6 +708,7 @@ impl Driver {
         let mut list = std::mem::take(&mut *self.deferred_qps.borrow_mut());
         for q in list.drain(..) {
             q.flush_deferred(&self.ops);
+            q.listed_in_phase.set(false);
         }
         // The parked data of dropped ops whose post was refused.
         self.ops.bury();
