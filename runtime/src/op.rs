@@ -498,29 +498,9 @@ impl OpTable {
                 let waiting = slot.state == State::Waiting;
                 slot.state = State::Completed;
                 slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
-                let foreign = if waiting {
-                    Self::wake_in_place(&mut slot.waker)
-                } else {
-                    None
-                };
-                drop(t);
-                drop(credit);
-                if let Some(w) = foreign {
-                    self.wake_foreign(key, w);
-                }
+                self.wake_completed(t, key, waiting, credit);
             }
-            State::Ignored => {
-                let data = slot.parked.take();
-                let errors = slot.errors.take();
-                t.release(key);
-                drop(t);
-                if let Some(data) = data {
-                    self.graveyard.borrow_mut().push(data);
-                    self.has_dead.set(true);
-                }
-                drop(errors);
-                drop(credit);
-            }
+            State::Ignored => self.free_ignored(t, key, credit),
             State::Completed | State::Free => {}
         }
     }
@@ -776,34 +756,60 @@ impl OpTable {
                 slot.completion = effective;
                 slot.state = State::Completed;
                 let credit = slot.credit.take();
-                let foreign = if waiting {
-                    Self::wake_in_place(&mut slot.waker)
-                } else {
-                    None
-                };
-                drop(t);
-                drop(credit);
-                if let Some(w) = foreign {
-                    self.wake_foreign(key, w);
-                }
+                self.wake_completed(t, key, waiting, credit);
             }
             State::Ignored => {
                 let credit = slot.credit.take();
-                let data = slot.parked.take();
-                let errors = slot.errors.take();
-                t.release(key);
-                drop(t);
-                if let Some(data) = data {
-                    self.graveyard.borrow_mut().push(data);
-                    self.has_dead.set(true);
-                }
-                drop(errors);
-                drop(credit);
+                self.free_ignored(t, key, credit);
             }
             State::Completed | State::Free => {
                 tracing::warn!(wr_id = c.wr_id, "duplicate completion ignored");
             }
         }
+    }
+
+    /// Slot `key` just became `Completed`: wakes its waiter if it was
+    /// `waiting` (a foreign waker once the borrow `t` is released), then
+    /// gives `credit` back.
+    fn wake_completed(
+        &self,
+        mut t: std::cell::RefMut<'_, Slots>,
+        key: usize,
+        waiting: bool,
+        credit: Option<Credit>,
+    ) {
+        let foreign = if waiting {
+            Self::wake_in_place(&mut t.slots[key].waker)
+        } else {
+            None
+        };
+        drop(t);
+        drop(credit);
+        if let Some(w) = foreign {
+            self.wake_foreign(key, w);
+        }
+    }
+
+    /// Frees slot `key` of an op dropped in flight (`Ignored`) that the
+    /// device is done with: its parked data goes to the graveyard (dropped
+    /// after the drain, outside every borrow), `credit` back.
+    fn free_ignored(
+        &self,
+        mut t: std::cell::RefMut<'_, Slots>,
+        key: usize,
+        credit: Option<Credit>,
+    ) {
+        let slot = &mut t.slots[key];
+        let data = slot.parked.take();
+        let errors = slot.errors.take();
+        t.release(key);
+        drop(t);
+        if let Some(data) = data {
+            self.graveyard.borrow_mut().push(data);
+            self.has_dead.set(true);
+        }
+        drop(errors);
+        drop(credit);
     }
 
     /// Drops the data of ignored ops whose completion arrived.
