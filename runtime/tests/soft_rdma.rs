@@ -139,6 +139,63 @@ fn large_write_and_read_across_devices() {
     assert!(back.read() == data);
 }
 
+/// Large WRITE payloads raise the receiving socket's `SO_RCVLOWAT` while
+/// much of them is still to come (the engine then wakes for large reads);
+/// every size around its thresholds (128 KiB and 256 KiB) must still arrive
+/// whole, back to back and alone: a watermark above what is still to come
+/// would strand the tail of a payload until the WR times out.
+#[test]
+fn writes_of_every_size_around_the_receive_watermark_arrive_whole() {
+    let (a, b) = pair();
+    const K: usize = 1024;
+    let sizes = [
+        128 * K - 1,
+        128 * K,
+        128 * K + 1,
+        256 * K - 1,
+        256 * K,
+        256 * K + 1,
+        300_001,
+        1024 * K + 7,
+        64 * K,
+    ];
+    let total: usize = sizes.iter().sum();
+    let src = a.buf(total, LW);
+    let data = src.fill_pattern(9);
+    let dst = b.buf(total, all());
+    // All in flight at once, then each alone (the last payload's tail has
+    // nothing after it to wake the receiver).
+    for together in [true, false] {
+        let mut off = 0;
+        for (i, &len) in sizes.iter().enumerate() {
+            // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+            unsafe {
+                a.qp.post_send(&[wr(
+                    i as u64,
+                    SendOp::Write {
+                        remote_addr: dst.addr() + off as u64,
+                        rkey: dst.rkey(),
+                    },
+                    &[src.sge(off, len)],
+                    SIG,
+                )])
+            }
+            .unwrap();
+            off += len;
+            if !together {
+                let c = poll_one(&a.scq);
+                assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success));
+            }
+        }
+        if together {
+            for (i, c) in poll_n(&a.scq, sizes.len()).iter().enumerate() {
+                assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success));
+            }
+        }
+        assert!(dst.read() == data, "together: {together}");
+    }
+}
+
 #[test]
 fn compare_and_swap_and_fetch_and_add() {
     let (a, b) = pair();

@@ -109,6 +109,12 @@ pub(crate) struct ReadJob {
     pub off: u64,
 }
 
+/// A direct WRITE payload at least this large still to come raises the
+/// socket's `SO_RCVLOWAT` (see `Conn::read_direct`).
+const LOWAT_MIN: usize = 128 * 1024;
+/// The highest `SO_RCVLOWAT` used.
+const LOWAT_MAX: usize = 256 * 1024;
+
 pub(crate) struct Conn {
     /// The socket; `None` for the loopback connection of an engine to itself
     /// (QPs of one device talking to each other, like a NIC's internal loopback).
@@ -130,6 +136,8 @@ pub(crate) struct Conn {
     /// Bytes the packet at `rx_start` needs in the buffer.
     pub rx_need: usize,
     pub rx_direct: Option<RxDirect>,
+    /// The socket's `SO_RCVLOWAT` (see [`read_direct`](Self::read_direct)).
+    rcvlowat: usize,
     pub resp: VecDeque<Resp>,
     /// Requester QPs with packets to send on this connection.
     pub senders: VecDeque<u32>,
@@ -173,6 +181,7 @@ impl Conn {
             broken: Vec::new(),
             rx_need: 0,
             rx_direct: None,
+            rcvlowat: 1,
             resp: VecDeque::new(),
             senders: VecDeque::new(),
             active: false,
@@ -513,7 +522,42 @@ impl Conn {
         let r = r as usize;
         d.addr += r as u64;
         d.remaining -= r;
+        // While much of a payload is still to come, the socket reports
+        // input only once a large part of it is there: fewer wake-ups and
+        // larger reads, as a blocking reader gets. Never more than what is
+        // still to come (the last part must wake us), and back to 1 byte
+        // once the payload is in (packet headers).
+        let lowat = if d.remaining >= LOWAT_MIN {
+            d.remaining.min(LOWAT_MAX)
+        } else {
+            1
+        };
+        if r > 0 && lowat != self.rcvlowat {
+            self.set_rcvlowat(fd, lowat);
+        }
         Ok((r, r == want))
+    }
+
+    /// Sets the socket's `SO_RCVLOWAT` (Linux re-checks readiness at once,
+    /// so lowering it never strands data already there).
+    fn set_rcvlowat(&mut self, fd: std::os::fd::RawFd, n: usize) {
+        let v = n.min(i32::MAX as usize) as libc::c_int;
+        // SAFETY: `v` is a live c_int of the size passed; `fd` is the open
+        // socket of this connection.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            self.rcvlowat = n;
+        } else {
+            tracing::debug!(error = %io::Error::last_os_error(), "soft engine: SO_RCVLOWAT");
+        }
     }
 
     fn compact_tx(&mut self) {
