@@ -775,8 +775,9 @@ impl QueuePair {
     /// `block_on` future (a poll phase), the WR is not posted at once but
     /// when the phase ends (before the reactor polls its CQs or sleeps),
     /// with every other single WR of the phase for the same QP in one post
-    /// list: one `ibv_post_send` and one doorbell for all the ops the
-    /// tasks of one reactor turn submitted. The op is in flight from this
+    /// list: one `ibv_post_send` and one doorbell for the ops the tasks of
+    /// one reactor turn submitted (a list goes out early once 8 WRs wait,
+    /// so the device is not left idle through a long phase). The op is in flight from this
     /// call on (data owned, credits taken); send-queue order is kept (any
     /// other post to the QP posts the waiting WRs first). If the provider
     /// refuses the list, the refused WR's op fails with
