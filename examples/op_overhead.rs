@@ -338,6 +338,32 @@ enum Lanes {
     JoinAll,
 }
 
+/// The op loops: one per buffer of `bufs` (drained), each a loop of
+/// `qp.write(buf, remote).await` returning its buffer, `ops` WRITEs in all.
+fn write_lanes(
+    qp: &QueuePair,
+    bufs: &mut Vec<LocalBuf>,
+    remote: RemoteBuf,
+    ops: usize,
+) -> Vec<impl Future<Output = LocalBuf> + 'static> {
+    let depth = bufs.len();
+    bufs.drain(..)
+        .enumerate()
+        .map(|(i, mut buf)| {
+            let qp = qp.clone();
+            let n = ops / depth + usize::from(i < ops % depth);
+            async move {
+                for _ in 0..n {
+                    let (res, b) = qp.write(buf, remote).await;
+                    res.expect("write op");
+                    buf = b;
+                }
+                buf
+            }
+        })
+        .collect()
+}
+
 /// (b): `depth` concurrent loops of `qp.write(buf, remote).await`.
 fn op_loop(
     rt: &Runtime,
@@ -347,25 +373,10 @@ fn op_loop(
     ops: usize,
     lanes: Lanes,
 ) {
-    let depth = bufs.len();
-    let lane = |i: usize, mut buf: LocalBuf, qp: QueuePair| {
-        let n = ops / depth + usize::from(i < ops % depth);
-        async move {
-            for _ in 0..n {
-                let (res, b) = qp.write(buf, remote).await;
-                res.expect("write op");
-                buf = b;
-            }
-            buf
-        }
-    };
+    let loops = write_lanes(qp, bufs, remote, ops);
     match lanes {
         Lanes::Tasks => {
-            let handles: Vec<_> = bufs
-                .drain(..)
-                .enumerate()
-                .map(|(i, buf)| rt.spawn(lane(i, buf, qp.clone())))
-                .collect();
+            let handles: Vec<_> = loops.into_iter().map(|f| rt.spawn(f)).collect();
             rt.block_on(async {
                 for h in handles {
                     bufs.push(h.await);
@@ -373,12 +384,7 @@ fn op_loop(
             });
         }
         Lanes::JoinAll => {
-            let futs: Vec<_> = bufs
-                .drain(..)
-                .enumerate()
-                .map(|(i, buf)| lane(i, buf, qp.clone()))
-                .collect();
-            let back = rt.block_on(futures::future::join_all(futs));
+            let back = rt.block_on(futures::future::join_all(loops));
             bufs.extend(back);
         }
     }
@@ -676,22 +682,9 @@ fn fake_run_tasks(
     remote: RemoteBuf,
     n: usize,
 ) {
-    let depth = bufs.len();
-    let handles: Vec<_> = bufs
-        .drain(..)
-        .enumerate()
-        .map(|(i, mut buf)| {
-            let qp = qp.clone();
-            let k = n / depth + usize::from(i < n % depth);
-            rt.spawn(async move {
-                for _ in 0..k {
-                    let (res, b) = qp.write(buf, remote).await;
-                    res.expect("write op");
-                    buf = b;
-                }
-                buf
-            })
-        })
+    let handles: Vec<_> = write_lanes(qp, bufs, remote, n)
+        .into_iter()
+        .map(|f| rt.spawn(f))
         .collect();
     rt.block_on(std::future::poll_fn(|cx| {
         while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
@@ -720,24 +713,7 @@ fn fake_run_join_all(
     remote: RemoteBuf,
     n: usize,
 ) {
-    let depth = bufs.len();
-    let futs: Vec<_> = bufs
-        .drain(..)
-        .enumerate()
-        .map(|(i, mut buf)| {
-            let qp = qp.clone();
-            let k = n / depth + usize::from(i < n % depth);
-            async move {
-                for _ in 0..k {
-                    let (res, b) = qp.write(buf, remote).await;
-                    res.expect("write op");
-                    buf = b;
-                }
-                buf
-            }
-        })
-        .collect();
-    let mut all = std::pin::pin!(futures::future::join_all(futs));
+    let mut all = std::pin::pin!(futures::future::join_all(write_lanes(qp, bufs, remote, n)));
     let back = rt.block_on(std::future::poll_fn(|cx| {
         // What the previous pass submitted was posted when it ended.
         while fake.complete_send(WcStatus::Success, MSG as u32).is_some() {}
