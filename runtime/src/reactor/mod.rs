@@ -23,6 +23,7 @@ mod driver;
 mod executor;
 mod net;
 mod runtime;
+mod spin;
 mod timer;
 
 use std::cell::{Cell, RefCell};

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::driver::{Driver, WAKER_TOKEN};
 use super::executor::Executor;
+use super::spin::SpinPacer;
 use super::timer::Timers;
 use super::{Config, Handle, Inner, JoinHandle, RuntimeError};
 
@@ -19,9 +20,6 @@ use super::{Config, Handle, Inner, JoinHandle, RuntimeError};
 /// are polled anyway (zero timeout) and due timers fired, so busy tasks
 /// cannot starve them.
 const IO_EVERY: u32 = 16;
-
-/// Busy-poll spins between two clock reads (see [`Runtime::spin_on_cqs`]).
-const SPINS_PER_CLOCK_READ: u32 = 64;
 
 /// Busy-poll spins between two zero-timeout polls of the sockets, counted
 /// across spin sessions (so that short ones, one per op, still add up to
@@ -56,10 +54,12 @@ impl Builder {
     /// Spin on the CQs for up to `d` before sleeping (latency mode, like
     /// perftest's busy polling). Default: zero (sleep at once).
     ///
-    /// The spinning reads the clock only every few dozen polls of the CQs
-    /// (a read costs microseconds where the clocksource is emulated), so the
-    /// spin lasts a little longer than `d`, and a timer due meanwhile fires
-    /// that much late at worst.
+    /// The spinning reads the clock only every so many polls of the CQs,
+    /// about every 50 µs (or every quarter of `d` if that is shorter), as
+    /// measured while spinning: a read costs close to a microsecond where
+    /// the clocksource is emulated, as in many VMs. So the spin lasts up to
+    /// that much longer than `d`, and a timer due meanwhile fires up to
+    /// that much late; a wait that ends within that time reads no clock.
     pub fn busy_poll(mut self, d: Duration) -> Self {
         self.busy_poll = d;
         self
@@ -131,6 +131,7 @@ impl Builder {
             handle,
             io_countdown: Cell::new(IO_EVERY),
             spins_to_io: Cell::new(SPINS_PER_IO_POLL),
+            spin: SpinPacer::new(self.busy_poll),
         })
     }
 }
@@ -171,6 +172,8 @@ pub struct Runtime {
     io_countdown: Cell<u32>,
     /// Busy-poll spins left before the sockets are polled.
     spins_to_io: Cell<u32>,
+    /// Which busy-poll spins read the clock.
+    spin: SpinPacer,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -413,10 +416,10 @@ impl Runtime {
     /// up (a completion, a socket event, a wake) or a timer came due, false
     /// once the time is up.
     ///
-    /// The clock is read every [`SPINS_PER_CLOCK_READ`] spins only (one read
-    /// costs microseconds where the clocksource is emulated, as in a VM), and
-    /// the busy-poll time runs from the first read: it is extended by that
-    /// many spins, and a due timer is seen that many spins late at worst.
+    /// The clock is read only every so many spins (about every 50 µs, as
+    /// measured; see [`super::spin`]), and the busy-poll time runs
+    /// from the first read: it is extended by that many spins, and a due
+    /// timer is seen that many spins late at worst.
     /// Sockets and async events are polled (epoll, zero timeout) every
     /// [`SPINS_PER_IO_POLL`] spins, counted across spin sessions: a
     /// busy-polling runtime sees them within about a thousand spins (tens
@@ -426,7 +429,7 @@ impl Runtime {
         let inner = &self.handle.inner;
         let d = &inner.driver;
         let mut end = None;
-        let mut spins = 0u32;
+        let mut session = self.spin.session();
         loop {
             if d.drain_cqs() > 0 || inner.executor.has_ready() {
                 return true;
@@ -449,10 +452,7 @@ impl Runtime {
                     Err(e) => tracing::warn!(error = %e, "epoll failed"),
                 }
             }
-            spins += 1;
-            if spins >= SPINS_PER_CLOCK_READ {
-                spins = 0;
-                let now = Instant::now();
+            if let Some(now) = session.spin() {
                 if now >= *end.get_or_insert(now + inner.config.busy_poll) {
                     return false;
                 }
