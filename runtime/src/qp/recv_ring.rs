@@ -354,9 +354,10 @@ impl RingCore {
     }
 
     /// Posts one slot (credits held) with its prebuilt WR: the repost
-    /// fast path (inlined into `release`, one call frame less).
+    /// fast path (inlined into `release`, one call frame less). False if
+    /// the post failed (then recorded for the next `next`).
     #[inline(always)]
-    fn post_one(&self, st: &mut State, slot: u32) {
+    fn post_one(&self, st: &mut State, slot: u32) -> bool {
         st.slots[slot as usize] = Slot::Posted;
         st.posted += 1;
         // SAFETY: as in `post`: the slot's buffer belongs to this ring's
@@ -373,7 +374,9 @@ impl RingCore {
             tracing::warn!(error = %e, "receive ring repost failed");
             st.post_error.get_or_insert(e);
             self.release_pending(st);
+            return false;
         }
+        true
     }
 
     /// The provider refused `slots[e.posted..]`: they go idle, their
@@ -511,16 +514,18 @@ impl RingCore {
         // Unbatched, nothing pending, credits at hand (kept from the
         // completion, else new): post it now.
         if self.batch == 1 && st.pending.is_empty() {
-            if self.take_kept(&mut st) {
-                self.post_one(&mut st, slot);
-                return;
-            }
-            if self.qp.rq.try_acquire(1) {
-                if self.qp.recv_cq.try_acquire(1) {
-                    self.post_one(&mut st, slot);
-                    return;
+            let credited = self.take_kept(&mut st) || self.acquire_pair();
+            if credited {
+                if !self.post_one(&mut st, slot) {
+                    // A task waiting in `next` (the guard may have been
+                    // dropped on another one) must hear of the failure.
+                    let waker = st.waker.take();
+                    drop(st);
+                    if let Some(w) = waker {
+                        w.wake();
+                    }
                 }
-                self.qp.rq.release(1);
+                return;
             }
         }
         let waker = self.release_slow(&mut st, slot);
@@ -528,6 +533,18 @@ impl RingCore {
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// One receive-queue and one CQ credit, if both are free.
+    #[inline]
+    fn acquire_pair(&self) -> bool {
+        if self.qp.rq.try_acquire(1) {
+            if self.qp.recv_cq.try_acquire(1) {
+                return true;
+            }
+            self.qp.rq.release(1);
+        }
+        false
     }
 
     /// [`release`](Self::release) into the pending list (batching, or

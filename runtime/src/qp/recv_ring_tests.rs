@@ -493,3 +493,46 @@ fn a_waiting_task_is_woken_in_place_and_its_waker_kept_for_the_next_wait() {
     drop(core);
     rt.block_on(async { qp.close().await.unwrap() });
 }
+
+#[test]
+fn a_repost_that_fails_wakes_the_next_waiting_on_another_task() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    fake.complete_recv(WcStatus::Success, 1).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    // One task waits in `next`...
+    let waiter = crate::reactor::spawn(async move {
+        let got = r.next().await;
+        (r, got)
+    });
+    settle(&rt);
+    fake.fail_next_post(
+        0,
+        crate::provider::ProviderError::Unsupported {
+            provider: "fake",
+            what: "post_recv",
+        },
+    );
+    // ...another drops a guard: its repost fails, and the waiting `next`
+    // must hear of it (not sleep until some message comes).
+    rt.block_on(crate::reactor::spawn(async move { drop(m) }));
+    let (r, got) = rt
+        .block_on(crate::reactor::timeout(
+            std::time::Duration::from_secs(5),
+            waiter,
+        ))
+        .expect("the waiting next was not woken");
+    match got {
+        Some(Err(RecvRingError::Post {
+            qp_num: 3,
+            count: 1,
+            ..
+        })) => {}
+        other => panic!("expected the post error, got {other:?}"),
+    }
+    assert_eq!(qp.outstanding_recvs(), 3, "its credits came back");
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
