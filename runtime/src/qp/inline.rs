@@ -200,7 +200,7 @@ impl QueuePair {
     }
 
     /// Posts an inline send with one send-queue and one CQ credit held.
-    #[inline]
+    #[inline(always)]
     fn post_inline_now(&self, data: &[u8], imm: Option<u32>) -> Result<(), SubmitError> {
         let core = &self.inner.core;
         // Send-queue order: WRs waiting for the poll phase's doorbell first.

@@ -261,6 +261,7 @@ impl RingCore {
     }
 
     /// A completion of one of this ring's buffers, routed by the reactor.
+    #[inline]
     pub(crate) fn completed(&self, c: &Completion) {
         let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
         let (waker, unregister, kept) = {
@@ -808,6 +809,7 @@ impl RecvRing {
 
     /// Polls for the next message (see [`next`](Self::next)). Released
     /// buffers still waiting for their batch are reposted before waiting.
+    #[inline]
     pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RecvMsg, RecvRingError>>> {
         let core = &self.core;
         let mut st = core.state.borrow_mut();
