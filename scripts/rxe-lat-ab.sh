@@ -1,0 +1,128 @@
+#!/bin/bash
+# rxe-lat-ab.sh -- send_lat of several builds of examples/perf side by side
+# in one rxe VM, against perftest's ib_send_lat, for A/B comparisons of
+# small latency changes.
+#
+#   scripts/rxe-lat-ab.sh [--rounds N] [--iters N] NAME=BINARY[:FLAGS] ...
+#
+# Each BINARY is a build of `examples/perf` with `--features ibverbs`, under
+# this checkout (the guest sees only it and the host's root file system
+# read-only); FLAGS are extra client arguments, comma-separated (e.g.
+# `raw=target/release/examples/perf:--raw`). Every round runs perftest and
+# each build once (server and client processes on rxe0), the order rotated
+# round by round: in this VM a run right after another binary's is often
+# slower, and the rotation spreads that over all. Prints each run's typical
+# (median) latency, then per build the median over the rounds and the median
+# and quartiles of its per-round ratio to perftest.
+#
+# Defaults: 16 rounds of 3000 iterations (about a minute for two builds).
+# The VM and its knobs: ../shared/tools/rxe-vm (override with RXE_VM_SCRIPT).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROUNDS=16
+ITERS=3000
+BUILDS=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rounds) ROUNDS=$2; shift ;;
+        --iters) ITERS=$2; shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -*) echo "rxe-lat-ab: unknown option $1" >&2; exit 2 ;;
+        *=*) BUILDS+=("$1") ;;
+        *) echo "rxe-lat-ab: expected NAME=BINARY[:FLAGS], got $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ ${#BUILDS[@]} -gt 0 ] || { sed -n '2,20p' "$0"; exit 2; }
+for b in "${BUILDS[@]}"; do
+    rest=${b#*=}; bin=${rest%%:*}
+    case $(realpath -m "$bin") in
+        "$ROOT"/*) [ -x "$bin" ] || { echo "rxe-lat-ab: $bin is not executable" >&2; exit 2; } ;;
+        *) echo "rxe-lat-ab: $bin must be under $ROOT (the guest sees only it)" >&2; exit 2 ;;
+    esac
+done
+VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
+[ -x "$VM" ] || VM=/work/shared/tools/rxe-vm/run-in-rxe-vm.sh
+[ -x "$VM" ] || { echo "SKIPPED: rxe VM script not found ($VM)"; exit 0; }
+
+DIR=$ROOT/target/rxe-lat-ab
+mkdir -p "$DIR"
+GUEST=$DIR/guest.sh
+OUT=$DIR/runs.txt
+{
+    echo '#!/bin/sh'
+    echo "R=$ROUNDS N=$ITERS"
+    printf 'set --'; printf " '%s'" perftest=- "${BUILDS[@]}"; echo
+    cat <<'GUEST'
+cd "$(dirname "$0")/../.." || exit 1
+# run NAME BIN FLAGS: one send_lat between two processes; prints NAME typical.
+run() {
+    VERBIO_DEVICE=rxe0 timeout 120 "$2" send_lat --server 127.0.0.1:18516 >/dev/null 2>&1 &
+    srv=$!
+    sleep 0.3
+    t=$(VERBIO_DEVICE=rxe0 timeout 120 "$2" send_lat --client 127.0.0.1:18516 --iters "$N" $3 2>&1 |
+        awk '$1 == 64 { print $5 }')
+    wait $srv
+    echo "$1 ${t:-n/a}"
+}
+pt() {
+    ib_send_lat -d rxe0 -x 1 -s 64 -n "$N" >/dev/null 2>&1 &
+    srv=$!
+    w=0; while [ $w -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; w=$((w+1)); done
+    t=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s 64 -n "$N" 127.0.0.1 2>&1 | awk '$1 == 64 { print $5 }')
+    wait $srv
+    echo "perftest ${t:-n/a}"
+}
+n=$#
+r=1
+while [ $r -le "$R" ]; do
+    i=0
+    while [ $i -lt $n ]; do
+        k=$(( (i + r) % n + 1 ))
+        eval "v=\${$k}"
+        name=${v%%=*}; rest=${v#*=}; bin=${rest%%:*}; flags=
+        case $rest in *:*) flags=$(echo "${rest#*:}" | tr ',' ' ') ;; esac
+        if [ "$name" = perftest ]; then pt; else run "$name" "$bin" "$flags"; fi
+        i=$((i+1))
+    done
+    r=$((r+1))
+done
+GUEST
+} > "$GUEST"
+chmod +x "$GUEST"
+
+"$VM" -- "$GUEST" | tee "$OUT"
+rc=${PIPESTATUS[0]}
+[ "$rc" = 0 ] || { echo "rxe-lat-ab: the VM run failed (exit $rc)"; exit "$rc"; }
+python3 - "$OUT" "$(( ${#BUILDS[@]} + 1 ))" <<'PY'
+import statistics, sys
+path, k = sys.argv[1], int(sys.argv[2])
+runs = []
+for line in open(path):
+    p = line.split()
+    if len(p) == 2:
+        try:
+            runs.append((p[0], float(p[1])))
+        except ValueError:
+            runs.append((p[0], None))
+rounds = [runs[i:i + k] for i in range(0, len(runs) - k + 1, k)]
+names = [n for n, _ in rounds[0]] if rounds else []
+print("\nbuild       rounds  median us  ratio to perftest per round: median (q1-q3)")
+for name in sorted(names, key=lambda n: n != "perftest"):
+    vals, ratios = [], []
+    for rd in rounds:
+        m = dict(rd)
+        v, p = m.get(name), m.get("perftest")
+        if v is not None:
+            vals.append(v)
+            if p:
+                ratios.append(v / p)
+    if not vals:
+        print(f"{name:10s}  no result")
+        continue
+    line = f"{name:10s}  {len(vals):6d}  {statistics.median(vals):9.2f}"
+    if ratios and name != "perftest":
+        r = sorted(ratios)
+        line += f"  {statistics.median(r):.3f} ({r[len(r) // 4]:.3f}-{r[3 * len(r) // 4]:.3f})"
+    print(line)
+PY
