@@ -671,16 +671,7 @@ impl OpTable {
         slot.completion = c;
         slot.state = State::Completed;
         let credit = slot.credit.take();
-        let foreign = if waiting {
-            Self::wake_in_place(&mut slot.waker)
-        } else {
-            None
-        };
-        drop(t);
-        drop(credit);
-        if let Some(w) = foreign {
-            self.wake_foreign(key, w);
-        }
+        self.wake_completed(t, key, waiting, credit);
     }
 
     /// Wakes a waker that is not the runtime's own (taken out of slot `key`
@@ -770,7 +761,8 @@ impl OpTable {
 
     /// Slot `key` just became `Completed`: wakes its waiter if it was
     /// `waiting` (a foreign waker once the borrow `t` is released), then
-    /// gives `credit` back.
+    /// gives `credit` back. Inline: `complete`'s fast path ends here.
+    #[inline(always)]
     fn wake_completed(
         &self,
         mut t: std::cell::RefMut<'_, Slots>,

@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 /// The clock is read about this often while spinning: the busy-poll time
 /// is overrun, and a due timer fired late, by about that much at worst.
-pub(crate) const READ_INTERVAL: Duration = Duration::from_micros(50);
+const READ_INTERVAL: Duration = Duration::from_micros(50);
 /// Spins between two reads at first (and at least): accurate, even where
 /// a spin costs a microsecond.
-pub(crate) const MIN_SPINS_PER_READ: u32 = 64;
+const MIN_SPINS_PER_READ: u32 = 64;
 /// Spins between two reads at most.
-pub(crate) const MAX_SPINS_PER_READ: u32 = 1 << 20;
+const MAX_SPINS_PER_READ: u32 = 1 << 20;
 
 /// The spins between two clock reads, kept across spin sessions.
 #[derive(Debug)]
@@ -84,7 +84,7 @@ impl SpinPacer {
 /// The spins per read that would have taken `interval`, given that `spins`
 /// took `elapsed`; within a factor of 2 of `spins` and within
 /// [`MIN_SPINS_PER_READ`]`..=`[`MAX_SPINS_PER_READ`].
-pub(crate) fn next_spins_per_read(spins: u32, elapsed: Duration, interval: Duration) -> u32 {
+fn next_spins_per_read(spins: u32, elapsed: Duration, interval: Duration) -> u32 {
     spins_per_interval(spins, elapsed, interval).clamp(
         (spins / 2).max(MIN_SPINS_PER_READ),
         spins
