@@ -45,7 +45,7 @@ pub enum Error {
         status: WcStatus,
     },
     /// The runtime could not post the op (QP closed, queue refused, ...).
-    #[error("{op}: could not post: {source}")]
+    #[error("{op}: could not post")]
     Submit {
         /// The verb.
         op: &'static str,
@@ -54,7 +54,7 @@ pub enum Error {
         source: SubmitError,
     },
     /// A local buffer cannot describe the request (too large for an SGE, ...).
-    #[error("{op}: {source}")]
+    #[error("{op}: buffer refused")]
     Buf {
         /// The verb.
         op: &'static str,
@@ -103,7 +103,7 @@ pub enum Error {
         what: &'static str,
     },
     /// Connection setup failed (for callers that mix `connect` and verbs with `?`).
-    #[error("connection setup failed: {0}")]
+    #[error("connection setup failed")]
     Handshake(#[from] HandshakeError),
 }
 
@@ -134,5 +134,24 @@ impl Error {
                 ..
             }
         )
+    }
+}
+
+/// Displays an error and every error in its `source()` chain, joined by
+/// `": "` (`top: cause: root cause`). The errors of this crate (and of
+/// `verbio-runtime`'s provider and buffer modules) keep their sources out of
+/// their own `Display`, so each message appears once in the report.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
     }
 }

@@ -9,5 +9,5 @@ pub mod fuzz_checks;
 pub mod verbs;
 
 pub use agent::{AgentError, CloseReason, LocalMr, Rdma, RdmaBuilder, RdmaListener, RemoteMr};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorChain, Result};
 pub use verbs::{Batch, Received, RemoteBuf, Verbs};

@@ -13,7 +13,7 @@ use crate::connect::HandshakeError;
 #[non_exhaustive]
 pub enum CloseReason {
     /// The peer sent a frame the codec refuses.
-    #[error("protocol error: {0}")]
+    #[error("protocol error")]
     Malformed(#[from] WireError),
     /// The peer sent a well-formed message that breaks the protocol.
     #[error("protocol violation: {0}")]
@@ -49,13 +49,13 @@ impl CloseReason {
 #[non_exhaustive]
 pub enum AgentError {
     /// The connection is down (see the reason).
-    #[error("connection down: {0}")]
+    #[error("connection down")]
     Closed(#[from] CloseReason),
     /// Setting up the connection failed.
-    #[error("connection setup: {0}")]
+    #[error("connection setup")]
     Handshake(#[from] HandshakeError),
     /// The device could not be opened or configured.
-    #[error("{stage}: {source}")]
+    #[error("{stage}")]
     Device {
         /// What was being done.
         stage: &'static str,
@@ -64,7 +64,7 @@ pub enum AgentError {
         source: ProviderError,
     },
     /// The runtime refused the device.
-    #[error("{stage}: {source}")]
+    #[error("{stage}")]
     Runtime {
         /// What was being done.
         stage: &'static str,
@@ -76,7 +76,7 @@ pub enum AgentError {
     #[error(transparent)]
     Verb(#[from] crate::Error),
     /// A registered buffer could not be allocated.
-    #[error("{stage}: {source}")]
+    #[error("{stage}")]
     Buf {
         /// What was being done.
         stage: &'static str,
@@ -132,7 +132,7 @@ pub enum AgentError {
         reason: &'static str,
     },
     /// The agent settings exchange on the TCP side channel failed.
-    #[error("agent settings exchange: {stage}: {source}")]
+    #[error("agent settings exchange: {stage}")]
     SettingsExchange {
         /// What was being done.
         stage: &'static str,

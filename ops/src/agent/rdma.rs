@@ -102,7 +102,7 @@ impl Shared {
         if self.failure.borrow().is_some() {
             return;
         }
-        tracing::debug!(qp = self.qp.qp_num(), %reason, "agent connection down");
+        tracing::debug!(qp = self.qp.qp_num(), reason = %crate::error::ErrorChain(&reason), "agent connection down");
         *self.failure.borrow_mut() = Some(reason.clone());
         self.credits.close(reason);
         // The inboxes stay open until the agent stops (`agent_stopped`): it
@@ -129,7 +129,7 @@ impl Shared {
                 w.wake();
             }
             if let Err(e) = qp.close().await {
-                tracing::debug!(error = %e, "closing the agent QP");
+                tracing::debug!(error = %crate::error::ErrorChain(&e), "closing the agent QP");
             }
         });
     }
@@ -169,7 +169,7 @@ impl Shared {
         if let Err(e) = self.send_message(&Message::Credit { grant }, false).await {
             self.peer_credits.ungranted(grant);
             self.owed.unsent(grant);
-            tracing::debug!(error = %e, grant, "returning credits failed");
+            tracing::debug!(error = %crate::error::ErrorChain(&e), grant, "returning credits failed");
         }
     }
 
@@ -299,10 +299,14 @@ impl Shared {
         let current = self.failure();
         match current {
             Some(reason) if e.is_flush() => return AgentError::Closed(reason),
-            None => self.fail(CloseReason::Transport(e.to_string())),
+            None => self.fail(CloseReason::Transport(
+                crate::error::ErrorChain(&e).to_string(),
+            )),
             Some(CloseReason::Disconnected) if specific => {
-                tracing::debug!(error = %e, "connection down because of a local verb");
-                *self.failure.borrow_mut() = Some(CloseReason::Transport(e.to_string()));
+                tracing::debug!(error = %crate::error::ErrorChain(&e), "connection down because of a local verb");
+                *self.failure.borrow_mut() = Some(CloseReason::Transport(
+                    crate::error::ErrorChain(&e).to_string(),
+                ));
             }
             Some(_) => {}
         }
@@ -364,7 +368,7 @@ impl Rdma {
         let own = config.settings(qp.caps().max_recv_wr);
         let peer = exchange(&mut stream, &own, config.settings_timeout).await?;
         let negotiated = negotiate(&own, &peer).inspect_err(|e| {
-            tracing::warn!(qp = qp.qp_num(), error = %e, "agent settings refused");
+            tracing::warn!(qp = qp.qp_num(), error = %crate::error::ErrorChain(e), "agent settings refused");
         })?;
         tracing::debug!(qp = qp.qp_num(), ?own, ?peer, ?negotiated, "agent settings");
         let (inbox_tx, inbox) = mpsc::unbounded();
@@ -693,7 +697,7 @@ impl Drop for AbortOnDrop {
         );
         h.spawn(async move {
             if let Err(e) = shared.send_message(&Message::Abort { msg_id }, true).await {
-                tracing::debug!(error = %e, msg_id, "sending an abort failed");
+                tracing::debug!(error = %crate::error::ErrorChain(&e), msg_id, "sending an abort failed");
             }
             shared.split_permits.grant(1);
         });

@@ -82,7 +82,7 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
     };
     shared.peer_credits.granted(shared.config.recv_buf_count);
     if let Err(e) = shared.send_message(&hello, false).await {
-        tracing::debug!(error = %e, "announcing the receive buffers failed");
+        tracing::debug!(error = %crate::error::ErrorChain(&e), "announcing the receive buffers failed");
         return;
     }
     while let Some(recv) = posted.pop_front() {
@@ -94,7 +94,7 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
                     shared.fail(if e.is_flush() {
                         CloseReason::Disconnected
                     } else {
-                        CloseReason::Transport(e.to_string())
+                        CloseReason::Transport(crate::error::ErrorChain(&e).to_string())
                     });
                 }
                 Next::Stop
@@ -173,8 +173,8 @@ async fn refuse(shared: &Rc<Shared>, reason: CloseReason) -> Next {
     // why; the close waits for this last send.
     shared.fail(reason.clone());
     if reason.is_protocol() {
-        tracing::warn!(qp = shared.qp.qp_num(), %reason, "peer broke the agent protocol");
-        let text = reason.to_string();
+        tracing::warn!(qp = shared.qp.qp_num(), reason = %crate::error::ErrorChain(&reason), "peer broke the agent protocol");
+        let text = crate::error::ErrorChain(&reason).to_string();
         let notice = Message::Error {
             code: ERROR_CODE_PROTOCOL,
             text: shared.error_text(&text),
@@ -204,7 +204,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
                     result: answer,
                 };
                 if let Err(e) = s.send_message(&msg, true).await {
-                    tracing::debug!(error = %e, "answering a memory request failed");
+                    tracing::debug!(error = %crate::error::ErrorChain(&e), "answering a memory request failed");
                 }
             });
             Ok(Next::Repost(true))
@@ -424,7 +424,8 @@ fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Op
         Ok(b) => b,
         Err(e) => {
             shared.fail(CloseReason::Transport(format!(
-                "no receive buffer to repost: {e}"
+                "no receive buffer to repost: {}",
+                crate::error::ErrorChain(&e)
             )));
             return None;
         }

@@ -76,7 +76,7 @@ pub enum HandshakeError {
         after: Duration,
     },
     /// A socket operation failed.
-    #[error("I/O error while {stage}: {source}")]
+    #[error("I/O error while {stage}")]
     Io {
         /// What was being done.
         stage: &'static str,
@@ -85,7 +85,7 @@ pub enum HandshakeError {
         source: io::Error,
     },
     /// Setting up the local queue pair failed.
-    #[error("queue-pair setup failed while {stage}: {source}")]
+    #[error("queue-pair setup failed while {stage}")]
     Provider {
         /// What was being done.
         stage: &'static str,

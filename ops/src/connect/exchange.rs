@@ -183,13 +183,13 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, e: HandshakeError)
         e,
         HandshakeError::RejectedByPeer { .. } | HandshakeError::Io { .. }
     ) {
-        let frame = encode_reject(&e.to_string());
+        let frame = encode_reject(&crate::error::ErrorChain(&e).to_string());
         let _ = s.write_all(&frame).await;
         let _ = s.flush().await;
         let _ = s.close().await;
     }
     drain_ready(s);
-    tracing::debug!(error = %e, "handshake refused");
+    tracing::debug!(error = %crate::error::ErrorChain(&e), "handshake refused");
     e
 }
 

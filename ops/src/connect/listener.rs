@@ -160,7 +160,7 @@ impl<F: QpFactory> Listener<F> {
                 Ok(c) => return Ok(c),
                 Err(Failure::Listener(e)) => return Err(e),
                 Err(Failure::Client(peer, e)) => {
-                    tracing::warn!(%peer, error = %e, "handshake failed; still listening");
+                    tracing::warn!(%peer, error = %crate::error::ErrorChain(&e), "handshake failed; still listening");
                 }
             }
         }
@@ -196,7 +196,7 @@ impl<F: QpFactory> Listener<F> {
                         }));
                     }
                     Poll::Ready(Err(e)) if is_transient(&e) => {
-                        tracing::debug!(error = %e, "transient accept error");
+                        tracing::debug!(error = %crate::error::ErrorChain(&e), "transient accept error");
                     }
                     Poll::Ready(Err(source)) => {
                         return Poll::Ready(Err(Failure::Listener(HandshakeError::Io {

@@ -71,7 +71,7 @@ pub enum BufError {
         len: usize,
     },
     /// Registering memory with the device failed.
-    #[error("{what}: registering {len} bytes failed: {source}")]
+    #[error("{what}: registering {len} bytes failed")]
     Register {
         /// The operation.
         what: &'static str,
@@ -110,15 +110,18 @@ impl<B> fmt::Debug for Rejected<B> {
     }
 }
 
+/// Reads as the error it carries (the buffer adds nothing to report).
 impl<B> fmt::Display for Rejected<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.error, f)
     }
 }
 
+/// Transparent: the carried error's own source, so a chain report does not
+/// print the error twice.
 impl<B> std::error::Error for Rejected<B> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
+        std::error::Error::source(&self.error)
     }
 }
 

@@ -24,7 +24,7 @@ pub enum ProviderError {
         name: String,
     },
     /// A verbs call failed.
-    #[error("{call} failed: {source}")]
+    #[error("{call} failed")]
     Verbs {
         /// The libibverbs function, e.g. `"ibv_reg_mr"`.
         call: &'static str,
@@ -77,7 +77,7 @@ pub enum ProviderError {
         reason: String,
     },
     /// An operating-system call failed.
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         /// What was being done.
         context: &'static str,
@@ -98,7 +98,7 @@ pub enum ProviderError {
 /// A failed post list: the first `posted` WRs were accepted, the one at index
 /// `posted` failed with `error`, the rest were not looked at (verbs `bad_wr`).
 #[derive(Debug, thiserror::Error)]
-#[error("post failed at work request {posted}: {error}")]
+#[error("post failed at work request {posted}")]
 pub struct PostError {
     /// How many WRs of the list were posted.
     pub posted: usize,
