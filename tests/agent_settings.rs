@@ -169,7 +169,8 @@ fn a_peer_speaking_another_agent_version_is_refused() {
             ),
             "{e}"
         );
-        assert!(e.to_string().contains("version"), "{e}");
+        let report = verbio::ops::ErrorChain(&e).to_string();
+        assert!(report.contains("version"), "{report}");
     });
     assert_eq!(
         th.join().expect("server"),

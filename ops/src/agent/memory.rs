@@ -7,6 +7,7 @@ use std::cell::Cell;
 use std::ops::RangeBounds;
 
 use futures::channel::oneshot;
+use std::time::Duration;
 use verbio_runtime::buf::{IoBuf, LocalBuf, Slice};
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::timeout;
@@ -19,8 +20,21 @@ use super::wire::{HandOverKind, Message, MrToken};
 use crate::verbs::{RemoteBuf, Verbs};
 
 impl Rdma {
-    /// Registered memory of `len` zeroed bytes for local use.
+    /// Registered memory of `len` zeroed bytes for local use; handed over
+    /// with [`Rdma::send_local_mr`], the peer gets the builder's
+    /// `max_access`.
     pub fn alloc_local_mr(&self, len: usize) -> Result<LocalMr, AgentError> {
+        self.alloc_local_mr_with_access(len, self.shared.config.max_access)
+    }
+
+    /// [`Rdma::alloc_local_mr`] with the remote access a peer gets if the
+    /// region is handed over with [`Rdma::send_local_mr`] (capped by the
+    /// builder's `max_access`). Local use is the same whatever `access`.
+    pub fn alloc_local_mr_with_access(
+        &self,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<LocalMr, AgentError> {
         let buf = self
             .shared
             .pool
@@ -29,7 +43,35 @@ impl Rdma {
                 stage: "allocating a local memory region",
                 source,
             })?;
-        Ok(LocalMr { buf })
+        Ok(LocalMr { buf, access })
+    }
+
+    /// Registered memory of `len` bytes whose contents are unspecified: the
+    /// bytes are not zeroed, so they may hold what the pool block held
+    /// before (earlier messages of this process). Never uninitialized
+    /// memory (pool chunks are zeroed when registered), so unlike
+    /// async-rdma's this is a safe fn. Use it when every byte is written
+    /// before it is read or sent.
+    pub fn alloc_local_mr_uninit(&self, len: usize) -> Result<LocalMr, AgentError> {
+        self.alloc_local_mr_uninit_with_access(len, self.shared.config.max_access)
+    }
+
+    /// [`Rdma::alloc_local_mr_uninit`] with the access a peer gets on a
+    /// hand-over (see [`Rdma::alloc_local_mr_with_access`]).
+    pub fn alloc_local_mr_uninit_with_access(
+        &self,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<LocalMr, AgentError> {
+        let stage = "allocating a local memory region";
+        let mut buf = self
+            .shared
+            .pool
+            .alloc(len)
+            .map_err(|source| AgentError::Buf { stage, source })?;
+        buf.set_len(len)
+            .map_err(|source| AgentError::Buf { stage, source })?;
+        Ok(LocalMr { buf, access })
     }
 
     /// Asks the peer for `len` bytes it grants with read, write and atomic
@@ -48,6 +90,46 @@ impl Rdma {
         len: usize,
         access: AccessFlags,
     ) -> Result<RemoteMr, AgentError> {
+        self.request(len, access, None).await
+    }
+
+    /// [`Rdma::request_remote_mr`] whose grant lives `timeout` (async-rdma's
+    /// name: its timeout is the region's lifetime). The peer revokes the
+    /// grant at its deadline (sooner if its own `token_lifetime` is
+    /// shorter): after it, RDMA on the region fails (and, as any remote
+    /// access error, takes the connection down) and a hand-back is refused.
+    /// The answer itself must come within the builder's `request_timeout`.
+    pub async fn request_remote_mr_with_timeout(
+        &self,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<RemoteMr, AgentError> {
+        self.request_remote_mr_with_lifetime(
+            len,
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+            timeout,
+        )
+        .await
+    }
+
+    /// [`Rdma::request_remote_mr_with`] whose grant lives `lifetime` (see
+    /// [`Rdma::request_remote_mr_with_timeout`]); a lifetime below 1 ms is
+    /// asked as 1 ms, one beyond `u32::MAX` ms as that.
+    pub async fn request_remote_mr_with_lifetime(
+        &self,
+        len: usize,
+        access: AccessFlags,
+        lifetime: Duration,
+    ) -> Result<RemoteMr, AgentError> {
+        self.request(len, access, Some(lifetime)).await
+    }
+
+    async fn request(
+        &self,
+        len: usize,
+        access: AccessFlags,
+        lifetime: Option<Duration>,
+    ) -> Result<RemoteMr, AgentError> {
         let s = &self.shared;
         let req_id = s.next_req_id.get() + 1;
         s.next_req_id.set(req_id);
@@ -58,7 +140,7 @@ impl Rdma {
             len: len as u64,
             align: 8,
             access: access.bits(),
-            lifetime_ms: 0,
+            lifetime_ms: lifetime.map_or(0, lifetime_ms),
         };
         let limit = s.config.request_timeout;
         let asked = async {
@@ -103,8 +185,9 @@ impl Rdma {
             local.len() as u64,
             remote.remote_buf().rkey(),
         );
+        let access = local.access;
         let (r, buf) = self.shared.qp.write(local.buf, target).await;
-        (self.shared.verb_result(r), LocalMr { buf })
+        (self.shared.verb_result(r), LocalMr { buf, access })
     }
 
     /// RDMA WRITE with immediate: the peer's [`Rdma::receive_write_imm`]
@@ -129,9 +212,10 @@ impl Rdma {
         );
         // The credit is spent once the WRITE is posted; dropped before, it
         // goes back (the peer never sees the immediate).
+        let access = local.access;
         let sub = self.shared.qp.write_with_imm(local.buf, target, imm);
         let (r, buf) = posted_spends(sub, Some(credit), &Cell::new(false)).await;
-        (self.shared.verb_result(r), LocalMr { buf })
+        (self.shared.verb_result(r), LocalMr { buf, access })
     }
 
     /// RDMA READ of all of `remote` into the start of `local`.
@@ -143,8 +227,9 @@ impl Rdma {
         if let Err(e) = Self::check_fits("read", remote.len(), local.len() as u64) {
             return (Err(e), local);
         }
+        let access = local.access;
         let (r, buf) = self.shared.qp.read(local.buf, remote.remote_buf()).await;
-        (self.shared.verb_result(r), LocalMr { buf })
+        (self.shared.verb_result(r), LocalMr { buf, access })
     }
 
     /// RDMA WRITE of `local[range]` to the start of `remote` (a view made
@@ -158,6 +243,7 @@ impl Rdma {
         range: impl RangeBounds<usize>,
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
+        let access = local.access;
         let part = match range_part(local, range, remote.len(), Direction::ToRemote) {
             Ok(p) => p,
             Err((err, local)) => return (Err(err), local),
@@ -172,6 +258,7 @@ impl Rdma {
             self.shared.verb_result(r),
             LocalMr {
                 buf: part.into_inner(),
+                access,
             },
         )
     }
@@ -186,6 +273,7 @@ impl Rdma {
         range: impl RangeBounds<usize>,
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
+        let access = local.access;
         let part = match range_part(local, range, remote.len(), Direction::FromRemote) {
             Ok(p) => p,
             Err((err, local)) => return (Err(err), local),
@@ -195,6 +283,7 @@ impl Rdma {
             self.shared.verb_result(r),
             LocalMr {
                 buf: part.into_inner(),
+                access,
             },
         )
     }
@@ -296,11 +385,29 @@ impl Rdma {
         }
     }
 
-    /// Grants the peer access to `mem` (its own registration, this side's
-    /// maximum access, the token lifetime); the peer gets it with
-    /// [`Rdma::receive_remote_mr`] (tag 0). Returns the token.
-    pub async fn send_local_mr(&self, mem: Vec<u8>) -> Result<MrToken, AgentError> {
+    /// Grants the peer access to `mem` (a `Vec<u8>` or a [`LocalMr`]) in
+    /// a registration of its own, for the builder's token lifetime; the
+    /// peer gets it with [`Rdma::receive_remote_mr`] (tag 0). Returns the
+    /// token. A `Vec<u8>` is granted the builder's `max_access`; a
+    /// [`LocalMr`] its [`access`](LocalMr::access) capped by that. A
+    /// `LocalMr`'s bytes are copied into the grant (its pool buffer is
+    /// registered for local access only) and the buffer goes back to the
+    /// pool; the peer's hand-back returns the grant's memory as a
+    /// `Vec<u8>` ([`Rdma::receive_local_mr`]).
+    pub async fn send_local_mr(&self, mem: impl GrantMem) -> Result<MrToken, AgentError> {
         self.send_local_mr_with_tag(mem, 0).await
+    }
+
+    /// [`Rdma::send_local_mr`] whose grant lives `timeout` (async-rdma's
+    /// name: its timeout is the region's lifetime) instead of the builder's
+    /// token lifetime. This side revokes the grant at that deadline: the
+    /// peer's RDMA on it fails after it, and its hand-back is refused.
+    pub async fn send_local_mr_with_timeout(
+        &self,
+        mem: impl GrantMem,
+        timeout: Duration,
+    ) -> Result<MrToken, AgentError> {
+        self.hand_over_local(mem, 0, timeout).await
     }
 
     /// [`Rdma::send_local_mr`] with a user `tag` that travels with the
@@ -308,13 +415,31 @@ impl Rdma {
     /// or reads it with [`Rdma::receive_remote_mr_tagged`].
     pub async fn send_local_mr_with_tag(
         &self,
-        mem: Vec<u8>,
+        mem: impl GrantMem,
         tag: u64,
     ) -> Result<MrToken, AgentError> {
+        self.hand_over_local(mem, tag, self.shared.config.token_lifetime)
+            .await
+    }
+
+    async fn hand_over_local(
+        &self,
+        mem: impl GrantMem,
+        tag: u64,
+        lifetime: Duration,
+    ) -> Result<MrToken, AgentError> {
         let s = &self.shared;
+        let (mem, access) = mem.into_grant();
+        let access = access.unwrap_or(s.config.max_access) & s.config.max_access & REMOTE_ACCESS;
+        if access.is_empty() {
+            return Err(AgentError::Refused {
+                what: "granting memory",
+                code: super::wire::RefuseCode::AccessDenied,
+            });
+        }
         let (token, deadline) = s
             .grants
-            .grant(&s.pd.0, mem, s.config.max_access, s.config.token_lifetime)
+            .grant(&s.pd.0, mem, access, lifetime)
             .map_err(|code| AgentError::Refused {
                 what: "granting memory",
                 code,
@@ -381,7 +506,46 @@ impl Rdma {
     }
 }
 
-/// `[start, end)` of `range` within `local`, or an [`AgentError::OutOfBounds`].
+/// Every remote access bit.
+const REMOTE_ACCESS: AccessFlags = AccessFlags::from_bits_truncate(
+    AccessFlags::REMOTE_READ.bits()
+        | AccessFlags::REMOTE_WRITE.bits()
+        | AccessFlags::REMOTE_ATOMIC.bits(),
+);
+
+/// A requested grant lifetime in whole milliseconds for the wire (0 means
+/// "the owner's default", so at least 1).
+fn lifetime_ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+}
+
+/// Memory [`Rdma::send_local_mr`] can grant to the peer: a `Vec<u8>` or a
+/// [`LocalMr`]. Sealed.
+pub trait GrantMem: sealed::Sealed {
+    /// The bytes to register for the grant, and the access to grant
+    /// (`None`: the builder's `max_access`).
+    #[doc(hidden)]
+    fn into_grant(self) -> (Vec<u8>, Option<AccessFlags>);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for Vec<u8> {}
+    impl Sealed for super::LocalMr {}
+}
+
+impl GrantMem for Vec<u8> {
+    fn into_grant(self) -> (Vec<u8>, Option<AccessFlags>) {
+        (self, None)
+    }
+}
+
+impl GrantMem for LocalMr {
+    fn into_grant(self) -> (Vec<u8>, Option<AccessFlags>) {
+        (self.buf.to_vec(), Some(self.access))
+    }
+}
+
 /// Which way a `*_range` transfer moves data, which decides what must fit
 /// in what.
 #[derive(Clone, Copy)]
@@ -428,13 +592,17 @@ fn range_part(
     if let Err(err) = Rdma::check_fits(op, need, have) {
         return Err((err, local));
     }
+    let access = local.access;
     local.buf.slice(s..e).map_err(|rejected| {
         (
             AgentError::Buf {
                 stage,
                 source: rejected.error,
             },
-            LocalMr { buf: rejected.buf },
+            LocalMr {
+                buf: rejected.buf,
+                access,
+            },
         )
     })
 }

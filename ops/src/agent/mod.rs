@@ -16,6 +16,7 @@ mod builder;
 mod error;
 mod flow;
 mod inbox;
+mod io_error;
 mod memory;
 mod mr;
 mod msg;
@@ -28,6 +29,7 @@ pub mod wire;
 
 pub use builder::{RdmaBuilder, RdmaListener};
 pub use error::{AgentError, CloseReason};
+pub use memory::GrantMem;
 pub use mr::{LocalMr, RemoteMr};
 pub use msg::RecvMsg;
 pub use rdma::Rdma;

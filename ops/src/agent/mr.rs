@@ -12,14 +12,26 @@ use super::rdma::Shared;
 use super::wire::{Message, MrToken};
 use crate::verbs::RemoteBuf;
 
-/// Own registered memory for local use (RDMA READ/WRITE source and target);
-/// never accessible to a peer. Owned by value through every operation.
+/// Own registered memory for local use (RDMA READ/WRITE source and target,
+/// SEND payload); never accessible to a peer while it is a `LocalMr`. Owned
+/// by value through every operation.
+///
+/// Its [`access`](LocalMr::access) is what a peer gets when the region is
+/// handed over with [`Rdma::send_local_mr`](super::Rdma::send_local_mr)
+/// (the grant is registered with exactly that access, capped by the
+/// builder's `max_access`).
 #[derive(Debug)]
 pub struct LocalMr {
     pub(crate) buf: LocalBuf,
+    pub(crate) access: AccessFlags,
 }
 
 impl LocalMr {
+    /// The remote access a peer gets if this region is handed over.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.buf.len()

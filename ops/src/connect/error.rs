@@ -1,6 +1,7 @@
 //! Errors of connection setup.
 
 use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use verbio_runtime::provider::{ProviderError, ProviderKind};
@@ -66,6 +67,21 @@ pub enum HandshakeError {
     RejectedByPeer {
         /// The peer's reason (lossy UTF-8, bounded).
         reason: String,
+    },
+    /// A software-device engine bound to a loopback address on one host, and
+    /// the other side on another host: the QPs could never reach each
+    /// other. Refused at the handshake on both sides (the side that finds it
+    /// sends the text as its `reject`).
+    #[error(
+        "the software-device engine of the host at {host} listens on {engine}, a loopback \
+         address the other host cannot reach: bind that host's soft device to a routable \
+         address (SoftConfig::bind)"
+    )]
+    UnreachableEngine {
+        /// The loopback engine address announced in the hello.
+        engine: SocketAddr,
+        /// The address of the host that announced it, as the other side sees it.
+        host: IpAddr,
     },
     /// The handshake did not finish in time.
     #[error("handshake timed out after {after:?} while {stage}")]

@@ -15,6 +15,7 @@ use verbio_runtime::{sleep_until, TcpListener, TcpStream};
 
 use super::error::HandshakeError;
 use super::exchange::{accept_exchange, connect_exchange, Deadline};
+use super::reach::check_engine_reachable;
 use super::setup::QpFactory;
 
 /// Default limit for one handshake (TCP connect included on the client).
@@ -60,10 +61,17 @@ pub async fn connect<F: QpFactory>(
         }
     };
     let _ = stream.set_nodelay(true);
+    let local_tcp = stream.local_addr().map_err(|source| HandshakeError::Io {
+        stage: "reading the local TCP address",
+        source,
+    })?;
     let remote = connect_exchange(
         &mut stream,
         &local,
-        |remote| qps.connect(&qp, &local, remote),
+        |remote| {
+            check_engine_reachable(remote, addr, local_tcp)?;
+            qps.connect(&qp, &local, remote)
+        },
         Deadline {
             timer: sleep_until(deadline),
             after: timeout,
@@ -237,6 +245,10 @@ async fn handshake<F: QpFactory>(
     timeout: Duration,
 ) -> Result<Connection<F::Qp>, HandshakeError> {
     let _ = stream.set_nodelay(true);
+    let local_tcp = stream.local_addr().map_err(|source| HandshakeError::Io {
+        stage: "reading the local TCP address",
+        source,
+    })?;
     let deadline = Deadline {
         timer: sleep_until(Instant::now() + timeout),
         after: timeout,
@@ -245,6 +257,7 @@ async fn handshake<F: QpFactory>(
         &mut stream,
         qps.provider(),
         |remote| {
+            check_engine_reachable(remote, peer, local_tcp)?;
             let (qp, local) = qps.create()?;
             qps.connect(&qp, &local, remote)?;
             Ok((local, (qp, local)))

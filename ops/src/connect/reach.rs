@@ -1,0 +1,92 @@
+//! The loopback check of the handshake: a software-device peer whose engine
+//! listens on a loopback address can only be reached from its own host.
+
+use std::net::{IpAddr, SocketAddr};
+
+use verbio_runtime::provider::Endpoint;
+
+use super::error::HandshakeError;
+
+/// True if `peer` (the other side of a TCP connection whose local end is
+/// `local`) is on this host: a loopback address, or this host's own address.
+pub fn peer_is_local(peer: IpAddr, local: IpAddr) -> bool {
+    let canonical = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    let (peer, local) = (canonical(peer), canonical(local));
+    peer.is_loopback() || peer == local
+}
+
+/// Refuses `remote` (announced by the peer at `peer` over a TCP connection
+/// whose local end is `local`) if it is a software-device endpoint on a
+/// loopback address while the peer is on another host.
+pub fn check_engine_reachable(
+    remote: &Endpoint,
+    peer: SocketAddr,
+    local: SocketAddr,
+) -> Result<(), HandshakeError> {
+    match remote.soft_addr {
+        Some(engine) if engine.ip().is_loopback() && !peer_is_local(peer.ip(), local.ip()) => {
+            tracing::warn!(%engine, %peer, "soft peer announced a loopback engine from another host");
+            Err(HandshakeError::UnreachableEngine {
+                engine,
+                host: peer.ip(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use verbio_runtime::provider::{Gid, Mtu, ProviderKind};
+
+    fn soft(engine: &str) -> Endpoint {
+        Endpoint {
+            provider: ProviderKind::Soft,
+            qpn: 5,
+            psn: 1,
+            lid: 0,
+            gid: Gid([0; 16]),
+            mtu: Mtu::Mtu1024,
+            soft_addr: Some(engine.parse().unwrap()),
+        }
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_loopback_engine_is_refused_only_from_another_host() {
+        let lo = soft("127.0.0.1:4791");
+        let here = addr("10.0.0.1:7000");
+        let e = check_engine_reachable(&lo, addr("10.0.0.2:5000"), here).unwrap_err();
+        assert!(
+            matches!(e, HandshakeError::UnreachableEngine { host, .. } if host == addr("10.0.0.2:1").ip()),
+            "{e}"
+        );
+        assert!(e.to_string().contains("127.0.0.1:4791"), "{e}");
+        // Same host: over loopback, or over this host's own address.
+        check_engine_reachable(&lo, addr("127.0.0.1:5000"), addr("127.0.0.1:7000")).unwrap();
+        check_engine_reachable(&lo, addr("10.0.0.1:5000"), here).unwrap();
+        check_engine_reachable(&lo, addr("[::ffff:10.0.0.1]:5000"), here).unwrap();
+        check_engine_reachable(&soft("[::1]:4791"), addr("[::1]:5000"), addr("[::1]:1")).unwrap();
+        assert!(check_engine_reachable(
+            &soft("[::1]:4791"),
+            addr("[fe80::2]:5000"),
+            addr("[fe80::1]:1")
+        )
+        .is_err());
+        // A routable engine, or a hardware endpoint, is never refused here.
+        check_engine_reachable(&soft("10.0.0.2:4791"), addr("10.0.0.2:5000"), here).unwrap();
+        let hw = Endpoint {
+            provider: ProviderKind::Ibverbs,
+            soft_addr: None,
+            ..lo
+        };
+        check_engine_reachable(&hw, addr("10.0.0.2:5000"), here).unwrap();
+    }
+}
