@@ -6,7 +6,8 @@
 
 pub use verbio_ops as ops;
 pub use verbio_ops::agent::{
-    AgentError, CloseReason, LocalMr, Rdma, RdmaBuilder, RdmaListener, RecvMsg, RemoteMr,
+    AgentError, CloseReason, LocalMr, MessageSink, MessageStream, Rdma, RdmaBuilder, RdmaListener,
+    RdmaStream, RecvMsg, RemoteMr,
 };
 pub use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
 pub use verbio_ops::verbs::{Batch, Received, RemoteBuf, Verbs};

@@ -8,6 +8,9 @@ pub mod error;
 pub mod fuzz_checks;
 pub mod verbs;
 
-pub use agent::{AgentError, CloseReason, LocalMr, Rdma, RdmaBuilder, RdmaListener, RemoteMr};
+pub use agent::{
+    AgentError, CloseReason, LocalMr, MessageSink, MessageStream, Rdma, RdmaBuilder, RdmaListener,
+    RdmaStream, RemoteMr,
+};
 pub use error::{Error, ErrorChain, Result};
 pub use verbs::{Batch, Received, RemoteBuf, Verbs};

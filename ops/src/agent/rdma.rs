@@ -614,6 +614,15 @@ impl Rdma {
 
     /// Closes the connection: tells the peer, then stops the agent.
     pub async fn close(self) -> Result<(), AgentError> {
+        self.shutdown().await
+    }
+
+    /// [`Rdma::close`] through a shared reference (the connection is in an
+    /// `Rc`, a [`MessageSink`](super::MessageSink) closes it): tells the
+    /// peer, whose calls then fail with [`CloseReason::Disconnected`], and
+    /// stops the agent; later calls here fail with [`CloseReason::Local`].
+    /// A connection already down returns its reason.
+    pub async fn shutdown(&self) -> Result<(), AgentError> {
         let r = self.shared.send_message(&Message::Close, false).await;
         self.shared.fail(CloseReason::Local);
         r
