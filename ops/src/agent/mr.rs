@@ -3,6 +3,7 @@
 
 use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 use std::rc::{Rc, Weak};
+use tracing::Instrument;
 
 use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::provider::AccessFlags;
@@ -110,11 +111,15 @@ impl Drop for Held {
             return;
         }
         let id = self.token.token_id;
-        h.spawn(async move {
-            let _ = shared
-                .send_message(&Message::Release { token_id: id }, true)
-                .await;
-        });
+        let span = shared.span.clone();
+        h.spawn(
+            async move {
+                let _ = shared
+                    .send_message(&Message::Release { token_id: id }, true)
+                    .await;
+            }
+            .instrument(span),
+        );
     }
 }
 

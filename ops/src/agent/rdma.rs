@@ -8,6 +8,7 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
+use tracing::Instrument;
 
 use futures::channel::{mpsc, oneshot};
 use futures::io::AsyncRead;
@@ -87,6 +88,10 @@ pub(crate) struct Shared {
     pub(crate) local_mrs: TaggedInbox<Vec<u8>>,
     stream: RefCell<Option<TcpStream>>,
     watch_waker: RefCell<Option<Waker>>,
+    /// The connection's span (peer address, local and remote QPN): the
+    /// agent task, the watcher and every task spawned for the connection
+    /// run in it.
+    pub(crate) span: tracing::Span,
 }
 
 impl Shared {
@@ -102,6 +107,7 @@ impl Shared {
         if self.failure.borrow().is_some() {
             return;
         }
+        let _in_span = self.span.enter();
         tracing::debug!(qp = self.qp.qp_num(), reason = %crate::error::ErrorChain(&reason), "agent connection down");
         *self.failure.borrow_mut() = Some(reason.clone());
         self.credits.close(reason);
@@ -119,19 +125,22 @@ impl Shared {
         let qp = self.qp.clone();
         let stream = self.stream.borrow_mut().take();
         let waker = self.watch_waker.borrow_mut().take();
-        handle.spawn(async move {
-            // Sends already on the wire (a last `Error` notice included)
-            // finish by the transport's rules (ACK or retry limit); then the
-            // side channel closes and the flush ends the posted receives.
-            let _ = timeout(DRAIN_LIMIT, qp.sends_idle()).await;
-            drop(stream);
-            if let Some(w) = waker {
-                w.wake();
+        handle.spawn(
+            async move {
+                // Sends already on the wire (a last `Error` notice included)
+                // finish by the transport's rules (ACK or retry limit); then the
+                // side channel closes and the flush ends the posted receives.
+                let _ = timeout(DRAIN_LIMIT, qp.sends_idle()).await;
+                drop(stream);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+                if let Err(e) = qp.close().await {
+                    tracing::debug!(error = %crate::error::ErrorChain(&e), "closing the agent QP");
+                }
             }
-            if let Err(e) = qp.close().await {
-                tracing::debug!(error = %crate::error::ErrorChain(&e), "closing the agent QP");
-            }
-        });
+            .instrument(self.span.clone()),
+        );
     }
 
     /// The application took something of `charge` bytes from an inbox:
@@ -157,7 +166,7 @@ impl Shared {
             "backlog taken: returning withheld credits"
         );
         let s = self.clone();
-        handle.spawn(async move { s.return_credits(grant).await });
+        handle.spawn(async move { s.return_credits(grant).await }.instrument(self.span.clone()));
     }
 
     /// Sends the peer a `Credit` returning `grant` buffers, counted as the
@@ -362,6 +371,24 @@ impl Rdma {
         config: Rc<Config>,
         mtu_cap: Option<Mtu>,
     ) -> Result<Rdma, AgentError> {
+        let span = tracing::info_span!(
+            "rdma",
+            peer = %conn.peer_addr,
+            local_qpn = conn.local.qpn,
+            remote_qpn = conn.remote.qpn,
+        );
+        Rdma::start_in(conn, device, config, mtu_cap, span.clone())
+            .instrument(span)
+            .await
+    }
+
+    async fn start_in(
+        conn: Connection<ConnQp>,
+        device: Device,
+        config: Rc<Config>,
+        mtu_cap: Option<Mtu>,
+        span: tracing::Span,
+    ) -> Result<Rdma, AgentError> {
         let path_mtu = path_mtu(&conn.local, &conn.remote, mtu_cap);
         let ConnQp { qp, pd } = conn.qp;
         let mut stream = conn.stream;
@@ -399,10 +426,12 @@ impl Rdma {
             local_mrs: TaggedInbox::new(),
             stream: RefCell::new(Some(stream)),
             watch_waker: RefCell::new(None),
+            span,
         });
         let receives = super::task::post_receives(&shared)?;
-        let agent = spawn(super::task::run(shared.clone(), receives));
-        let watcher = spawn(watch(Rc::downgrade(&shared)));
+        let agent =
+            spawn(super::task::run(shared.clone(), receives).instrument(shared.span.clone()));
+        let watcher = spawn(watch(Rc::downgrade(&shared)).instrument(shared.span.clone()));
         Ok(Rdma {
             shared,
             inbox: Mutex::new(inbox),
@@ -444,6 +473,13 @@ impl Rdma {
     /// over its limit (the peer's senders wait for them).
     pub fn withheld_credits(&self) -> u32 {
         self.shared.backlog.withheld()
+    }
+
+    /// The connection's tracing span (`rdma`, with the peer address and
+    /// the local and remote QPN): its agent task runs in it; enter it to
+    /// tie the application's own events to the connection.
+    pub fn span(&self) -> &tracing::Span {
+        &self.shared.span
     }
 
     /// The path MTU the QP was connected with.
@@ -638,10 +674,14 @@ impl Drop for Rdma {
         match Handle::try_current() {
             Some(h) if self.shared.failure().is_none() => {
                 let shared = self.shared.clone();
-                h.spawn(async move {
-                    let _ = timeout(CLOSE_LIMIT, shared.send_message(&Message::Close, false)).await;
-                    shared.fail(CloseReason::Local);
-                });
+                h.spawn(
+                    async move {
+                        let _ =
+                            timeout(CLOSE_LIMIT, shared.send_message(&Message::Close, false)).await;
+                        shared.fail(CloseReason::Local);
+                    }
+                    .instrument(self.shared.span.clone()),
+                );
             }
             _ => self.shared.drop_stream(),
         }
@@ -709,7 +749,7 @@ impl Drop for AbortOnDrop {
                 tracing::debug!(error = %crate::error::ErrorChain(&e), msg_id, "sending an abort failed");
             }
             shared.split_permits.grant(1);
-        });
+        }.instrument(self.shared.span.clone()));
     }
 }
 

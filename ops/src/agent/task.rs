@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use verbio_runtime::buf::IoBuf;
 use verbio_runtime::buf::LocalBuf;
@@ -75,6 +76,7 @@ pub(crate) async fn run(shared: Rc<Shared>, posted: Receives) {
 /// Handles receive completions in order until the connection is down and
 /// its receives have drained.
 async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
+    tracing::debug!(posted = posted.len(), "agent started");
     // The peer starts without credits: announce this side's buffers (they
     // are posted already).
     let hello = Message::Credit {
@@ -206,7 +208,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
                 if let Err(e) = s.send_message(&msg, true).await {
                     tracing::debug!(error = %crate::error::ErrorChain(&e), "answering a memory request failed");
                 }
-            });
+            }.instrument(shared.span.clone()));
             Ok(Next::Repost(true))
         }
         Message::AllocResponse { req_id, result } => {
@@ -398,22 +400,28 @@ fn allocate(
 /// Revokes grant `id` at `deadline` unless it is gone by then.
 pub(crate) fn expire_at(shared: &Rc<Shared>, id: u64, deadline: std::time::Instant) {
     let weak = Rc::downgrade(shared);
-    spawn(async move {
-        sleep_until(deadline).await;
-        if let Some(s) = weak.upgrade() {
-            if s.grants.expire(id) {
-                tracing::debug!(token_id = id, "grant expired and revoked");
+    spawn(
+        async move {
+            sleep_until(deadline).await;
+            if let Some(s) = weak.upgrade() {
+                if s.grants.expire(id) {
+                    tracing::debug!(token_id = id, "grant expired and revoked");
+                }
             }
         }
-    });
+        .instrument(shared.span.clone()),
+    );
 }
 
 /// Tells the peer to revoke a grant this side does not want.
 fn release_later(shared: &Rc<Shared>, token_id: u64) {
     let s = shared.clone();
-    spawn(async move {
-        let _ = s.send_message(&Message::Release { token_id }, true).await;
-    });
+    spawn(
+        async move {
+            let _ = s.send_message(&Message::Release { token_id }, true).await;
+        }
+        .instrument(shared.span.clone()),
+    );
 }
 
 /// Hands a receive buffer holding one whole message to the user (zero

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::LocalBoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
+use tracing::Instrument;
 use verbio_runtime::provider::Endpoint;
 use verbio_runtime::{sleep_until, TcpListener, TcpStream};
 
@@ -45,8 +46,33 @@ pub async fn connect<F: QpFactory>(
     qps: &F,
     timeout: Duration,
 ) -> Result<Connection<F::Qp>, HandshakeError> {
+    let span = setup_span("connect", addr);
+    connect_in(addr, qps, timeout, &span)
+        .instrument(span.clone())
+        .await
+}
+
+/// The span of one connection's setup: the peer's address, and both QP
+/// numbers once known.
+fn setup_span(role: &'static str, peer: SocketAddr) -> tracing::Span {
+    tracing::info_span!(
+        "conn_setup",
+        role,
+        %peer,
+        local_qpn = tracing::field::Empty,
+        remote_qpn = tracing::field::Empty,
+    )
+}
+
+async fn connect_in<F: QpFactory>(
+    addr: SocketAddr,
+    qps: &F,
+    timeout: Duration,
+    span: &tracing::Span,
+) -> Result<Connection<F::Qp>, HandshakeError> {
     let deadline = Instant::now() + timeout;
     let (qp, local) = qps.create()?;
+    span.record("local_qpn", local.qpn);
     let connecting = pin!(TcpStream::connect(addr));
     let mut stream = match futures::future::select(connecting, pin!(sleep_until(deadline))).await {
         futures::future::Either::Left((r, _)) => r.map_err(|source| HandshakeError::Io {
@@ -78,7 +104,8 @@ pub async fn connect<F: QpFactory>(
         },
     )
     .await?;
-    tracing::debug!(%addr, local_qpn = local.qpn, remote_qpn = remote.qpn, "connected");
+    span.record("remote_qpn", remote.qpn);
+    tracing::debug!("connected");
     Ok(Connection {
         qp,
         local,
@@ -198,7 +225,10 @@ impl<F: QpFactory> Listener<F> {
                 let accepting = pin!(self.tcp.accept());
                 match accepting.poll(cx) {
                     Poll::Ready(Ok((stream, peer))) => {
-                        let attempt = handshake(stream, peer, self.qps.clone(), self.timeout);
+                        let span = setup_span("accept", peer);
+                        let attempt =
+                            handshake(stream, peer, self.qps.clone(), self.timeout, span.clone())
+                                .instrument(span);
                         self.in_flight.borrow_mut().push(Box::pin(async move {
                             attempt.await.map_err(|e| (peer, e))
                         }));
@@ -243,6 +273,7 @@ async fn handshake<F: QpFactory>(
     peer: SocketAddr,
     qps: Rc<F>,
     timeout: Duration,
+    span: tracing::Span,
 ) -> Result<Connection<F::Qp>, HandshakeError> {
     let _ = stream.set_nodelay(true);
     let local_tcp = stream.local_addr().map_err(|source| HandshakeError::Io {
@@ -257,15 +288,17 @@ async fn handshake<F: QpFactory>(
         &mut stream,
         qps.provider(),
         |remote| {
+            span.record("remote_qpn", remote.qpn);
             check_engine_reachable(remote, peer, local_tcp)?;
             let (qp, local) = qps.create()?;
+            span.record("local_qpn", local.qpn);
             qps.connect(&qp, &local, remote)?;
             Ok((local, (qp, local)))
         },
         deadline,
     )
     .await?;
-    tracing::debug!(%peer, local_qpn = local.qpn, remote_qpn = remote.qpn, "accepted");
+    tracing::debug!("accepted");
     Ok(Connection {
         qp,
         local,
