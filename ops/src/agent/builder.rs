@@ -12,7 +12,9 @@ use std::time::Duration;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 
-use verbio_runtime::provider::{open_device, AccessFlags, InitAttr, Mtu, QpCaps, RtsAttr};
+use verbio_runtime::provider::{
+    open_device, open_hardware_device, AccessFlags, InitAttr, Mtu, ProviderKind, QpCaps, RtsAttr,
+};
 use verbio_runtime::Device;
 
 use super::error::AgentError;
@@ -72,6 +74,7 @@ impl Config {
 #[derive(Debug, Clone)]
 pub struct RdmaBuilder {
     device_name: Option<String>,
+    require_hardware: bool,
     device: Option<Device>,
     cq_size: Option<u32>,
     qp: QpConfig,
@@ -84,6 +87,7 @@ impl Default for RdmaBuilder {
     fn default() -> Self {
         RdmaBuilder {
             device_name: None,
+            require_hardware: false,
             device: None,
             cq_size: None,
             qp: QpConfig::default(),
@@ -117,6 +121,16 @@ impl RdmaBuilder {
     /// the first active ibverbs device, else the software device.
     pub fn device_name(mut self, name: impl Into<String>) -> Self {
         self.device_name = Some(name.into());
+        self
+    }
+
+    /// Refuse the software device: the builder opens a hardware (ibverbs)
+    /// device (the one named, or the first with an active port) or fails
+    /// with [`AgentError::Device`] saying why, instead of falling back to
+    /// `soft0`; a device passed with [`RdmaBuilder::device`] must be
+    /// hardware too.
+    pub fn require_hardware(mut self, yes: bool) -> Self {
+        self.require_hardware = yes;
         self
     }
 
@@ -300,13 +314,24 @@ impl RdmaBuilder {
 
     fn open(&self) -> Result<Device, AgentError> {
         if let Some(d) = &self.device {
+            if self.require_hardware && d.context().kind() == ProviderKind::Soft {
+                return Err(AgentError::Config {
+                    setting: "require_hardware",
+                    reason: "the device given to the builder is the software device",
+                });
+            }
             return Ok(d.clone());
         }
-        let ctx =
-            open_device(self.device_name.as_deref()).map_err(|source| AgentError::Device {
-                stage: "opening the device",
-                source,
-            })?;
+        let name = self.device_name.as_deref();
+        let opened = if self.require_hardware {
+            open_hardware_device(name)
+        } else {
+            open_device(name)
+        };
+        let ctx = opened.map_err(|source| AgentError::Device {
+            stage: "opening the device",
+            source,
+        })?;
         let dev = match self.cq_size {
             Some(cqe) => Device::with_cq_size(ctx, cqe),
             None => Device::open(ctx),

@@ -20,7 +20,7 @@ pub mod ibverbs;
 use std::os::fd::RawFd;
 
 pub use error::{CompletionError, PostError, ProviderError, Result};
-pub use select::{open_device, DEVICE_ENV};
+pub use select::{open_device, open_hardware_device, DEVICE_ENV, SYSFS_INFINIBAND};
 pub use types::*;
 
 /// Calls the same method on whichever provider implements `$val`.

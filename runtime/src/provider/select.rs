@@ -1,11 +1,16 @@
 //! Device selection: by name, by the `VERBIO_DEVICE` environment variable, or
 //! automatically (the first ibverbs device with an active port, else the
-//! software device).
+//! software device). [`open_hardware_device`] never falls back.
 
-use super::{Context, Result, SoftConfig};
+use std::path::Path;
+
+use super::{Context, ProviderError, Result, SoftConfig};
 
 /// Environment variable naming the device [`open_device`] opens when no name is given.
 pub const DEVICE_ENV: &str = "VERBIO_DEVICE";
+
+/// Where the kernel lists this host's RDMA devices.
+pub const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
 
 /// True for names of the software device (`soft0`, `soft1`, ...).
 fn is_soft_name(name: &str) -> bool {
@@ -19,7 +24,11 @@ fn is_soft_name(name: &str) -> bool {
 ///   ([`ProviderError::DeviceNotFound`](super::ProviderError::DeviceNotFound) / [`ProviderError::NoDevice`](super::ProviderError::NoDevice) if absent).
 /// - `None`: the device named by `VERBIO_DEVICE` if set and non-empty, else the
 ///   first ibverbs device that has an active port, else the software device
-///   `soft0`. A `tracing` info line says which was chosen and why.
+///   `soft0`. A `tracing` info line says which was chosen and why; falling
+///   back to `soft0` on a host whose `/sys/class/infiniband` lists devices
+///   is a warning (a build without the `ibverbs` feature, or an HCA whose
+///   port is down, silently running on the software device is rarely
+///   meant). Use [`open_hardware_device`] to refuse the fallback.
 pub fn open_device(name: Option<&str>) -> Result<Context> {
     if let Some(name) = name {
         return open_named(name);
@@ -35,8 +44,74 @@ pub fn open_device(name: Option<&str>) -> Result<Context> {
         Ok(ctx) => return Ok(ctx),
         Err(why) => why,
     };
-    tracing::info!(reason = %why, "no usable ibverbs device; using the software device soft0");
+    match fallback_warning(&sysfs_devices(Path::new(SYSFS_INFINIBAND)), &why) {
+        Some(warning) => tracing::warn!("{warning}"),
+        None => tracing::info!(
+            reason = %why,
+            "no usable ibverbs device; using the software device soft0"
+        ),
+    }
     Context::open_soft(SoftConfig::default())
+}
+
+/// Opens a hardware (ibverbs) device, never the software device: `name`, or
+/// the one `VERBIO_DEVICE` names, or the first ibverbs device with an active
+/// port. Fails with [`ProviderError::NoDevice`] saying why when there is
+/// none (no device, no active port, a build without the `ibverbs`
+/// feature), and with [`ProviderError::InvalidArgument`] for a `soft*` name.
+pub fn open_hardware_device(name: Option<&str>) -> Result<Context> {
+    let env = std::env::var(DEVICE_ENV).ok();
+    let named = name.or_else(|| env.as_deref().map(str::trim).filter(|n| !n.is_empty()));
+    if let Some(name) = named {
+        if is_soft_name(name) {
+            return Err(ProviderError::InvalidArgument {
+                call: "open_hardware_device",
+                what: format!("{name:?} names the software device, and hardware is required"),
+            });
+        }
+        return open_named(name);
+    }
+    first_active_ibverbs().map_err(|why| ProviderError::NoDevice {
+        reason: format!(
+            "hardware required, and no ibverbs device with an active port: {why}{}",
+            listed_hint(&sysfs_devices(Path::new(SYSFS_INFINIBAND)))
+        ),
+    })
+}
+
+/// The entries of a sysfs RDMA class directory (empty if it is absent).
+pub(crate) fn sysfs_devices(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn listed_hint(listed: &[String]) -> String {
+    if listed.is_empty() {
+        String::new()
+    } else {
+        format!(" (the kernel lists {})", listed.join(", "))
+    }
+}
+
+/// The warning for falling back to `soft0` while the kernel lists RDMA
+/// devices (`None` if it lists none: the fallback is expected then).
+pub(crate) fn fallback_warning(listed: &[String], why: &str) -> Option<String> {
+    if listed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "falling back to the software device soft0 although this host has RDMA devices ({}): \
+         {why}; open one by name (VERBIO_DEVICE or the device name), or use \
+         open_hardware_device / RdmaBuilder::require_hardware to refuse the fallback",
+        listed.join(", ")
+    ))
 }
 
 fn open_named(name: &str) -> Result<Context> {
@@ -119,6 +194,50 @@ mod tests {
         assert!(is_soft_name("soft7"));
         assert!(!is_soft_name("rxe0"));
         assert!(!is_soft_name("mlx5_0"));
+    }
+
+    #[test]
+    fn the_fallback_warns_only_when_the_kernel_lists_devices() {
+        let dir = std::env::temp_dir().join(format!("verbio-sysfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(sysfs_devices(&dir).is_empty(), "absent directory");
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(sysfs_devices(&dir).is_empty());
+        assert_eq!(fallback_warning(&sysfs_devices(&dir), "no ibverbs"), None);
+        std::fs::create_dir(dir.join("mlx5_1")).unwrap();
+        std::fs::create_dir(dir.join("mlx5_0")).unwrap();
+        let listed = sysfs_devices(&dir);
+        assert_eq!(listed, ["mlx5_0", "mlx5_1"]);
+        let w = fallback_warning(&listed, "built without the `ibverbs` feature").unwrap();
+        assert!(w.contains("mlx5_0, mlx5_1"), "{w}");
+        assert!(w.contains("built without the `ibverbs` feature"), "{w}");
+        assert!(w.contains("open_hardware_device"), "{w}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn requiring_hardware_refuses_the_software_device() {
+        match open_hardware_device(Some("soft0")) {
+            Err(ProviderError::InvalidArgument { what, .. }) => {
+                assert!(what.contains("hardware is required"), "{what}")
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        // Without a name: this host's hardware, or a clear refusal (the
+        // test hosts have no HCA; a build without ibverbs never has one).
+        match open_hardware_device(None) {
+            Ok(ctx) => assert_ne!(ctx.kind(), crate::provider::ProviderKind::Soft),
+            Err(ProviderError::NoDevice { reason }) => {
+                assert!(reason.contains("hardware required"), "{reason}")
+            }
+            // VERBIO_DEVICE names a soft device in this environment.
+            Err(ProviderError::InvalidArgument { what, .. })
+                if std::env::var(DEVICE_ENV).is_ok_and(|n| is_soft_name(n.trim())) =>
+            {
+                assert!(what.contains("hardware is required"), "{what}")
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
     }
 
     #[test]
