@@ -75,6 +75,7 @@ fn provider_kind(p: &ProviderError) -> ErrorKind {
             ErrorKind::NotFound
         }
         ProviderError::Verbs { source, .. } | ProviderError::Io { source, .. } => source.kind(),
+        ProviderError::MemlockLimit { .. } => ErrorKind::OutOfMemory,
         ProviderError::InvalidArgument { .. } => ErrorKind::InvalidInput,
         ProviderError::QueueFull { .. } => ErrorKind::WouldBlock,
         ProviderError::Unsupported { .. } => ErrorKind::Unsupported,

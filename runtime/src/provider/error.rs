@@ -76,6 +76,22 @@ pub enum ProviderError {
         /// Why.
         reason: String,
     },
+    /// Registering memory failed with `ENOMEM`, which on Linux almost
+    /// always means the locked-memory limit (`RLIMIT_MEMLOCK`, `ulimit -l`)
+    /// is too low for the registration. The message names the limit and
+    /// how to raise it ([`memlock_hint`]).
+    #[error("{call} of {len} bytes failed: {hint}")]
+    MemlockLimit {
+        /// The verbs call (`"ibv_reg_mr"`).
+        call: &'static str,
+        /// Bytes being registered.
+        len: usize,
+        /// The current limit and what to do (see [`memlock_hint`]).
+        hint: String,
+        /// The `ENOMEM` error.
+        #[source]
+        source: io::Error,
+    },
     /// An operating-system call failed.
     #[error("{context}")]
     Io {
@@ -117,4 +133,118 @@ pub struct CompletionError {
     pub qp_num: u32,
     /// The failure status.
     pub status: WcStatus,
+}
+
+/// Formats an `RLIMIT_MEMLOCK` value in bytes (`RLIM_INFINITY` as
+/// "unlimited").
+fn fmt_limit(v: u64) -> String {
+    if v == libc::RLIM_INFINITY as u64 {
+        "unlimited".to_string()
+    } else if v >= 1 << 20 && v % 1024 == 0 {
+        format!("{} KiB ({} MiB)", v / 1024, v >> 20)
+    } else if v % 1024 == 0 {
+        format!("{} KiB", v / 1024)
+    } else {
+        format!("{v} bytes")
+    }
+}
+
+/// The hint for `ENOMEM` from memory registration, given the current soft
+/// and hard `RLIMIT_MEMLOCK` (`None` if unknown): the limit, and to raise
+/// `ulimit -l` (or the systemd / container / limits.conf setting behind it).
+pub fn memlock_hint(soft: Option<u64>, hard: Option<u64>) -> String {
+    let limit = match (soft, hard) {
+        (Some(s), Some(h)) => format!("{} (hard limit {})", fmt_limit(s), fmt_limit(h)),
+        (Some(s), None) => fmt_limit(s),
+        _ => "unknown (getrlimit failed)".to_string(),
+    };
+    let unlimited = soft == Some(libc::RLIM_INFINITY as u64);
+    let advice = if unlimited {
+        "the limit is not the cause: the device or the host is out of memory"
+    } else {
+        "raise it with `ulimit -l unlimited` (or LimitMEMLOCK=infinity for a systemd \
+         service, --ulimit memlock=-1 for a container, memlock in \
+         /etc/security/limits.conf)"
+    };
+    format!(
+        "out of memory; the locked-memory limit (RLIMIT_MEMLOCK, ulimit -l) is {limit}: {advice}"
+    )
+}
+
+/// The current soft and hard `RLIMIT_MEMLOCK`, `None` if unreadable.
+fn memlock_limits() -> Option<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid, writable rlimit for the call to fill.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
+    (rc == 0).then_some((r.rlim_cur as u64, r.rlim_max as u64))
+}
+
+impl ProviderError {
+    /// The error for a failed memory registration (`call` of `len` bytes)
+    /// with OS error `source`: [`ProviderError::MemlockLimit`] with the
+    /// current limit for `ENOMEM`, [`ProviderError::Verbs`] otherwise.
+    pub fn registration(call: &'static str, len: usize, source: io::Error) -> ProviderError {
+        if source.raw_os_error() != Some(libc::ENOMEM) {
+            return ProviderError::Verbs { call, source };
+        }
+        let limits = memlock_limits();
+        ProviderError::MemlockLimit {
+            call,
+            len,
+            hint: memlock_hint(limits.map(|l| l.0), limits.map(|l| l.1)),
+            source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memlock_hint_names_the_limit_and_the_fix() {
+        let h = memlock_hint(Some(64 << 10), Some(64 << 10));
+        assert!(h.contains("64 KiB (hard limit 64 KiB)"), "{h}");
+        assert!(h.contains("ulimit -l"), "{h}");
+        let h = memlock_hint(Some(8 << 20), Some(libc::RLIM_INFINITY as u64));
+        assert!(h.contains("8192 KiB (8 MiB) (hard limit unlimited)"), "{h}");
+        let h = memlock_hint(
+            Some(libc::RLIM_INFINITY as u64),
+            Some(libc::RLIM_INFINITY as u64),
+        );
+        assert!(h.contains("not the cause"), "{h}");
+        assert!(memlock_hint(None, None).contains("unknown"));
+        assert_eq!(fmt_limit(1000), "1000 bytes");
+    }
+
+    #[test]
+    fn enomem_from_registration_says_to_raise_the_limit() {
+        let e = ProviderError::registration(
+            "ibv_reg_mr",
+            1 << 20,
+            io::Error::from_raw_os_error(libc::ENOMEM),
+        );
+        let text = e.to_string();
+        assert!(
+            matches!(e, ProviderError::MemlockLimit { len: 1048576, .. }),
+            "{text}"
+        );
+        assert!(
+            text.starts_with("ibv_reg_mr of 1048576 bytes failed: out of memory"),
+            "{text}"
+        );
+        assert!(text.contains("RLIMIT_MEMLOCK"), "{text}");
+        // This process's real limit is in the message.
+        let (soft, _) = memlock_limits().expect("getrlimit");
+        assert!(text.contains(&fmt_limit(soft)), "{text}");
+        let other = ProviderError::registration(
+            "ibv_reg_mr",
+            4096,
+            io::Error::from_raw_os_error(libc::EINVAL),
+        );
+        assert!(matches!(other, ProviderError::Verbs { .. }));
+    }
 }

@@ -10,7 +10,7 @@ use super::errno_err;
 use super::qp::Qp;
 use super::ret_err;
 use super::Cq;
-use crate::provider::{AccessFlags, QpCaps, Result};
+use crate::provider::{AccessFlags, ProviderError, QpCaps, Result};
 
 pub(crate) struct PdInner {
     pub(crate) pd: *mut sys::ibv_pd,
@@ -87,7 +87,14 @@ impl Pd {
             )
         };
         if mr.is_null() {
-            return Err(errno_err("ibv_reg_mr"));
+            // ENOMEM here is the locked-memory limit in nearly every case:
+            // the error names the limit and how to raise it.
+            return Err(match errno_err("ibv_reg_mr") {
+                ProviderError::Verbs { call, source } => {
+                    ProviderError::registration(call, len, source)
+                }
+                other => other,
+            });
         }
         // SAFETY: a valid MR just returned.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
