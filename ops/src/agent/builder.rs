@@ -190,6 +190,30 @@ impl RdmaBuilder {
         self
     }
 
+    /// RNR NAK timer this side advertises (verbs encoding, 0..=31).
+    pub fn min_rnr_timer(mut self, timer: u8) -> Self {
+        self.qp.min_rnr_timer = timer;
+        self
+    }
+
+    /// Incoming RDMA READ / atomic requests this side serves at once.
+    pub fn max_dest_rd_atomic(mut self, n: u8) -> Self {
+        self.qp.max_dest_rd_atomic = n;
+        self
+    }
+
+    /// Hop limit of the GRH (RoCE, routed InfiniBand).
+    pub fn hop_limit(mut self, hops: u8) -> Self {
+        self.qp.hop_limit = hops;
+        self
+    }
+
+    /// Partition-key index of the QP.
+    pub fn pkey_index(mut self, index: u16) -> Self {
+        self.qp.init.pkey_index = index;
+        self
+    }
+
     /// Remote access this side's QP allows at all.
     pub fn qp_access(mut self, access: AccessFlags) -> Self {
         self.qp.init = InitAttr {
