@@ -238,29 +238,21 @@ impl AsyncWrite for RdmaStream {
     }
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        loop {
-            match self.write {
-                WriteState::Closed => return Poll::Ready(Ok(())),
-                WriteState::Open => {
-                    ready!(self.as_mut().poll_flush(cx))?;
-                    let this = self.as_mut().get_mut();
-                    this.write = WriteState::Ending;
-                    // `out` is empty: this sends the end marker.
-                    match this.start_send(cx) {
-                        Poll::Ready(r) => {
-                            this.write = WriteState::Closed;
-                            return Poll::Ready(r);
-                        }
-                        Poll::Pending => return Poll::Pending,
-                    }
-                }
-                WriteState::Ending => {
-                    let this = self.as_mut().get_mut();
-                    let r = ready!(this.poll_sending(cx));
-                    this.write = WriteState::Closed;
-                    return Poll::Ready(r);
-                }
-            }
+        if self.write == WriteState::Open {
+            ready!(self.as_mut().poll_flush(cx))?;
+            let this = self.as_mut().get_mut();
+            this.write = WriteState::Ending;
+            // `out` is empty: this sends the end marker.
+            let r = ready!(this.start_send(cx));
+            this.write = WriteState::Closed;
+            return Poll::Ready(r);
         }
+        let this = self.as_mut().get_mut();
+        if this.write == WriteState::Ending {
+            let r = ready!(this.poll_sending(cx));
+            this.write = WriteState::Closed;
+            return Poll::Ready(r);
+        }
+        Poll::Ready(Ok(()))
     }
 }

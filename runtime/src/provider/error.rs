@@ -79,14 +79,14 @@ pub enum ProviderError {
     /// Registering memory failed with `ENOMEM`, which on Linux almost
     /// always means the locked-memory limit (`RLIMIT_MEMLOCK`, `ulimit -l`)
     /// is too low for the registration. The message names the limit and
-    /// how to raise it ([`memlock_hint`]).
+    /// how to raise it.
     #[error("{call} of {len} bytes failed: {hint}")]
     MemlockLimit {
         /// The verbs call (`"ibv_reg_mr"`).
         call: &'static str,
         /// Bytes being registered.
         len: usize,
-        /// The current limit and what to do (see [`memlock_hint`]).
+        /// The current limit and what to do.
         hint: String,
         /// The `ENOMEM` error.
         #[source]
@@ -135,14 +135,20 @@ pub struct CompletionError {
     pub status: WcStatus,
 }
 
+/// An `rlim_t` as `u64` (`rlim_t` is 32 bits on some targets).
+#[allow(clippy::unnecessary_cast)]
+fn rlim(v: libc::rlim_t) -> u64 {
+    v as u64
+}
+
 /// Formats an `RLIMIT_MEMLOCK` value in bytes (`RLIM_INFINITY` as
 /// "unlimited").
 fn fmt_limit(v: u64) -> String {
-    if v == libc::RLIM_INFINITY as u64 {
+    if v == rlim(libc::RLIM_INFINITY) {
         "unlimited".to_string()
-    } else if v >= 1 << 20 && v % 1024 == 0 {
+    } else if v >= 1 << 20 && v & 1023 == 0 {
         format!("{} KiB ({} MiB)", v / 1024, v >> 20)
-    } else if v % 1024 == 0 {
+    } else if v & 1023 == 0 {
         format!("{} KiB", v / 1024)
     } else {
         format!("{v} bytes")
@@ -152,13 +158,13 @@ fn fmt_limit(v: u64) -> String {
 /// The hint for `ENOMEM` from memory registration, given the current soft
 /// and hard `RLIMIT_MEMLOCK` (`None` if unknown): the limit, and to raise
 /// `ulimit -l` (or the systemd / container / limits.conf setting behind it).
-pub fn memlock_hint(soft: Option<u64>, hard: Option<u64>) -> String {
+pub(crate) fn memlock_hint(soft: Option<u64>, hard: Option<u64>) -> String {
     let limit = match (soft, hard) {
         (Some(s), Some(h)) => format!("{} (hard limit {})", fmt_limit(s), fmt_limit(h)),
         (Some(s), None) => fmt_limit(s),
         _ => "unknown (getrlimit failed)".to_string(),
     };
-    let unlimited = soft == Some(libc::RLIM_INFINITY as u64);
+    let unlimited = soft == Some(rlim(libc::RLIM_INFINITY));
     let advice = if unlimited {
         "the limit is not the cause: the device or the host is out of memory"
     } else {
@@ -179,7 +185,7 @@ fn memlock_limits() -> Option<(u64, u64)> {
     };
     // SAFETY: `r` is a valid, writable rlimit for the call to fill.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
-    (rc == 0).then_some((r.rlim_cur as u64, r.rlim_max as u64))
+    (rc == 0).then_some((rlim(r.rlim_cur), rlim(r.rlim_max)))
 }
 
 impl ProviderError {
@@ -209,11 +215,11 @@ mod tests {
         let h = memlock_hint(Some(64 << 10), Some(64 << 10));
         assert!(h.contains("64 KiB (hard limit 64 KiB)"), "{h}");
         assert!(h.contains("ulimit -l"), "{h}");
-        let h = memlock_hint(Some(8 << 20), Some(libc::RLIM_INFINITY as u64));
+        let h = memlock_hint(Some(8 << 20), Some(rlim(libc::RLIM_INFINITY)));
         assert!(h.contains("8192 KiB (8 MiB) (hard limit unlimited)"), "{h}");
         let h = memlock_hint(
-            Some(libc::RLIM_INFINITY as u64),
-            Some(libc::RLIM_INFINITY as u64),
+            Some(rlim(libc::RLIM_INFINITY)),
+            Some(rlim(libc::RLIM_INFINITY)),
         );
         assert!(h.contains("not the cause"), "{h}");
         assert!(memlock_hint(None, None).contains("unknown"));
