@@ -10,7 +10,7 @@ use std::time::Duration;
 use asynchronous_codec::{Bytes, Framed, LengthCodec};
 use common::*;
 use futures::future::{select, Either};
-use futures::io::{AsyncReadExt, AsyncWriteExt};
+use futures::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use futures::{SinkExt, StreamExt};
 use verbio::runtime::sleep;
 use verbio::{MessageStream, RdmaBuilder, RdmaStream};
@@ -63,7 +63,10 @@ fn close_is_an_orderly_end_and_a_vanished_peer_is_a_reset() {
     let expect = data.clone();
     let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
         let mut s = RdmaStream::from(c.remove(0));
+        // The first line through AsyncBufRead, the rest through AsyncRead.
         let mut got = Vec::new();
+        let n = s.read_until(0x0a, &mut got).await.expect("read_until");
+        assert_eq!(n, got.len());
         s.read_to_end(&mut got).await.expect("read to EOF");
         // EOF stays EOF.
         assert_eq!(s.read(&mut [0u8; 8]).await.unwrap(), 0);

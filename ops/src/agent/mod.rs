@@ -10,6 +10,12 @@
 //! send dropped before it was posted gives its credit back, a split message
 //! cut mid-way is aborted at the receiver (`Abort`), and a hand-over dropped
 //! before it was posted revokes its grant. Hand-overs carry a user tag.
+//!
+//! Adapters on the public send / receive path: [`RdmaStream`] (a
+//! `futures::io` byte stream for codecs and framed protocols),
+//! [`MessageStream`] / [`MessageSink`] (`futures::Stream` / `Sink` of
+//! messages), and `From<AgentError> for std::io::Error`. Every connection
+//! runs in a tracing span named `rdma` (peer address, local and remote QPN).
 
 mod backlog;
 mod builder;

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 
 use futures::future::LocalBoxFuture;
-use futures::io::{AsyncRead, AsyncWrite};
+use futures::io::{AsyncBufRead, AsyncRead, AsyncWrite};
 
 use super::error::AgentError;
 use super::msg::RecvMsg;
@@ -22,8 +22,9 @@ pub const DEFAULT_STREAM_CHUNK: usize = 64 << 10;
 type Receiving = LocalBoxFuture<'static, Result<RecvMsg, AgentError>>;
 type Sending = LocalBoxFuture<'static, (Result<(), AgentError>, Vec<u8>)>;
 
-/// A byte stream over an [`Rdma`] connection (`AsyncRead` + `AsyncWrite`
-/// of `futures::io`; `AsyncReadExt::split` gives two halves).
+/// A byte stream over an [`Rdma`] connection (`AsyncRead`, `AsyncBufRead`
+/// and `AsyncWrite` of `futures::io`; `AsyncReadExt::split` gives two
+/// halves).
 ///
 /// Writes are copied into a buffer of up to `chunk` bytes; one message is in
 /// flight at a time and the next one gathers the writes made meanwhile, so
@@ -180,6 +181,44 @@ impl AsyncRead for RdmaStream {
                 this.read_eof = true;
             } else {
                 this.current = Some(msg);
+                this.pos = 0;
+            }
+        }
+    }
+}
+
+/// Reads without a copy out of the received message (`fill_buf` gives the
+/// rest of the current message).
+impl AsyncBufRead for RdmaStream {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        while this.current.is_none() && !this.read_eof {
+            let rdma = this.rdma.clone();
+            let f = this
+                .receiving
+                .get_or_insert_with(|| Box::pin(async move { rdma.receive_msg().await }));
+            let res = ready!(f.as_mut().poll(cx));
+            this.receiving = None;
+            let msg = res?;
+            if msg.is_empty() {
+                this.read_eof = true;
+            } else {
+                this.current = Some(msg);
+                this.pos = 0;
+            }
+        }
+        match &this.current {
+            Some(m) => Poll::Ready(Ok(&m[this.pos..])),
+            None => Poll::Ready(Ok(&[])),
+        }
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        if let Some(m) = &this.current {
+            this.pos = (this.pos + amt).min(m.len());
+            if this.pos == m.len() {
+                this.current = None;
                 this.pos = 0;
             }
         }
