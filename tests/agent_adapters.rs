@@ -214,3 +214,31 @@ fn agent_errors_convert_into_io_errors() {
     });
     server.join().expect("server");
 }
+
+#[test]
+fn a_hand_back_after_the_requested_lifetime_is_refused() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        // The requester hands the grant back after its deadline: the owner
+        // revoked it then, so nothing comes back and the connection stays up.
+        let back = timeout(Duration::from_millis(600), r.receive_local_mr()).await;
+        let note = r.receive().await.expect("note after the hand-back");
+        (back.is_err(), note, r.live_grants())
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let remote = r
+            .request_remote_mr_with_timeout(32, Duration::from_millis(150))
+            .await
+            .expect("grant");
+        sleep(Duration::from_millis(350)).await;
+        r.send_remote_mr(remote).await.expect("hand-back sent");
+        sleep(Duration::from_millis(700)).await;
+        r.send(b"still up").await.expect("connection up");
+    });
+    let (refused, note, live) = server.join().expect("server");
+    assert!(refused, "an expired grant's memory came back");
+    assert_eq!(note, b"still up");
+    assert_eq!(live, 0);
+}
