@@ -6,7 +6,8 @@
 use std::rc::Rc;
 
 use crate::provider::{AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, QpCaps};
-use crate::qp::{Backend, Credits, QueuePair};
+use crate::op::Credits;
+use crate::qp::{Backend, QueuePair};
 use crate::reactor::{Handle, RuntimeError};
 
 /// Default number of CQ entries of a [`Device`]'s shared CQ.

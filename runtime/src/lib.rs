@@ -11,11 +11,12 @@ pub mod device;
 pub mod op;
 pub mod qp;
 pub mod reactor;
+mod wake;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 
 pub use device::Device;
-pub use op::{Completable, Lifecycle, Op, SubmitError};
+pub use op::{Completable, Op, SubmitError};
 pub use qp::{
     QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError, SendChain, SendInline, Submit,
 };

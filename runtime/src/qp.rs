@@ -73,17 +73,16 @@
 //! ```
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
 use crate::device::Device;
-use crate::op::{wr_id, Completable, Credit, Op, SubmitError};
+use crate::op::{wr_id, Completable, Credit, Credits, Op, QpCredits, SubmitError, Ticket};
 use crate::provider::{
     Endpoint, InitAttr, PostError, ProviderError, Qp, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr,
     SendFlags, SendOp, SendWr, SgList,
@@ -109,215 +108,6 @@ pub use recv_ring::{NextMsg, RecvMsg, RecvRing, RecvRingConfig, RecvRingError};
 
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;
-
-/// A waiter's place in a [`Credits`] FIFO (nonzero: `Option<Ticket>` is
-/// 8 bytes, which keeps a waiting [`Submit`] small).
-pub(crate) type Ticket = std::num::NonZeroU64;
-
-/// A counted resource (queue slots, CQ entries) with a FIFO of waiters.
-pub(crate) struct Credits {
-    cap: u32,
-    avail: Cell<u32>,
-    waiters: RefCell<VecDeque<(Ticket, Waker)>>,
-    /// `waiters.len()` (the hot paths check it without borrowing the queue).
-    queued: Cell<u32>,
-    next_ticket: Cell<Ticket>,
-    /// Woken whenever every credit is back (QP close waits on this).
-    idle: RefCell<Vec<Waker>>,
-    /// `!idle.is_empty()`.
-    idle_waiting: Cell<bool>,
-    /// `queued != 0 || idle_waiting`: a release must look at the waiters
-    /// (one flag for [`release`](Self::release)'s fast path to test).
-    attention: Cell<bool>,
-}
-
-impl Credits {
-    pub(crate) fn new(cap: u32) -> Credits {
-        Credits {
-            cap,
-            avail: Cell::new(cap),
-            waiters: RefCell::new(VecDeque::with_capacity(8)),
-            queued: Cell::new(0),
-            next_ticket: Cell::new(Ticket::MIN),
-            idle: RefCell::new(Vec::new()),
-            idle_waiting: Cell::new(false),
-            attention: Cell::new(false),
-        }
-    }
-
-    /// Sets the FIFO's length and the flag derived from it.
-    fn set_queued(&self, n: usize) {
-        self.queued.set(n as u32);
-        self.attention.set(n != 0 || self.idle_waiting.get());
-    }
-
-    /// Sets `idle_waiting` and the flag derived from it.
-    fn set_idle_waiting(&self, w: bool) {
-        self.idle_waiting.set(w);
-        self.attention.set(w || self.queued.get() != 0);
-    }
-
-    pub(crate) fn capacity(&self) -> u32 {
-        self.cap
-    }
-
-    pub(crate) fn available(&self) -> u32 {
-        self.avail.get()
-    }
-
-    pub(crate) fn outstanding(&self) -> u32 {
-        self.cap - self.avail.get()
-    }
-
-    /// Someone waits in the FIFO.
-    #[inline]
-    pub(crate) fn has_waiters(&self) -> bool {
-        self.queued.get() != 0
-    }
-
-    /// Takes `n` credits now if nobody is queued ahead and they are there.
-    #[inline]
-    pub(crate) fn try_acquire(&self, n: u32) -> bool {
-        if self.queued.get() == 0 && self.avail.get() >= n {
-            self.avail.set(self.avail.get() - n);
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Waits in FIFO order for `n` credits; `ticket` is the caller's place.
-    pub(crate) fn poll_acquire(
-        &self,
-        n: u32,
-        ticket: &mut Option<Ticket>,
-        cx: &mut Context<'_>,
-    ) -> Poll<()> {
-        let mut waiters = self.waiters.borrow_mut();
-        let first = match *ticket {
-            None => waiters.is_empty(),
-            Some(t) => waiters.front().map(|(id, _)| *id) == Some(t),
-        };
-        if first && self.avail.get() >= n {
-            self.avail.set(self.avail.get() - n);
-            if ticket.take().is_some() {
-                waiters.pop_front();
-                self.set_queued(waiters.len());
-                // The next in line may fit in what is left.
-                let next = waiters.front().map(|(_, w)| w.clone());
-                drop(waiters);
-                if let Some(w) = next {
-                    w.wake();
-                }
-            }
-            return Poll::Ready(());
-        }
-        match *ticket {
-            None => {
-                let t = self.next_ticket.get();
-                // (A u64 count of waits never wraps.)
-                self.next_ticket
-                    .set(t.checked_add(1).unwrap_or(Ticket::MIN));
-                waiters.push_back((t, cx.waker().clone()));
-                self.set_queued(waiters.len());
-                *ticket = Some(t);
-            }
-            Some(t) => {
-                if let Some((_, w)) = waiters.iter_mut().find(|(id, _)| *id == t) {
-                    if !w.will_wake(cx.waker()) {
-                        w.clone_from(cx.waker());
-                    }
-                }
-            }
-        }
-        Poll::Pending
-    }
-
-    /// Leaves the queue (a waiting submission was dropped or failed).
-    pub(crate) fn cancel(&self, ticket: &mut Option<Ticket>) {
-        let Some(t) = ticket.take() else { return };
-        let mut waiters = self.waiters.borrow_mut();
-        let was_first = waiters.front().map(|(id, _)| *id) == Some(t);
-        waiters.retain(|(id, _)| *id != t);
-        self.set_queued(waiters.len());
-        let next = if was_first {
-            waiters.front().map(|(_, w)| w.clone())
-        } else {
-            None
-        };
-        drop(waiters);
-        if let Some(w) = next {
-            w.wake();
-        }
-    }
-
-    /// Gives `n` credits back. The common case is one test: nobody waits
-    /// (in the FIFO or for idleness) and the count stays within capacity.
-    #[inline]
-    pub(crate) fn release(&self, n: u32) {
-        // No overflow: `avail <= cap`, and `n` was taken from this pool.
-        let avail = self.avail.get() + n;
-        if avail <= self.cap && !self.attention.get() {
-            self.avail.set(avail);
-        } else {
-            self.release_slow(avail);
-        }
-    }
-
-    /// The rare part of [`release`](Self::release): somebody waits (or more
-    /// came back than was taken, which is clamped).
-    #[cold]
-    #[inline(never)]
-    fn release_slow(&self, avail: u32) {
-        let avail = avail.min(self.cap);
-        self.avail.set(avail);
-        if self.queued.get() != 0 || (avail == self.cap && self.idle_waiting.get()) {
-            self.wake_after_release(avail);
-        }
-    }
-
-    /// Wakes who may proceed after a release: the first in the FIFO, and
-    /// the idle waiters once every credit is back.
-    fn wake_after_release(&self, avail: u32) {
-        let next = self.waiters.borrow().front().map(|(_, w)| w.clone());
-        if let Some(w) = next {
-            w.wake();
-        }
-        if avail == self.cap && self.idle_waiting.get() {
-            self.set_idle_waiting(false);
-            let idle = std::mem::take(&mut *self.idle.borrow_mut());
-            for w in idle {
-                w.wake();
-            }
-        }
-    }
-
-    /// Wakes every waiter (they re-check, e.g. to notice a closed QP).
-    pub(crate) fn wake_all(&self) {
-        let all: Vec<Waker> = self
-            .waiters
-            .borrow()
-            .iter()
-            .map(|(_, w)| w.clone())
-            .collect();
-        for w in all {
-            w.wake();
-        }
-    }
-
-    /// `Ready` once every credit is back.
-    pub(crate) fn poll_idle(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.avail.get() == self.cap {
-            return Poll::Ready(());
-        }
-        let mut idle = self.idle.borrow_mut();
-        if !idle.iter().any(|w| w.will_wake(cx.waker())) {
-            idle.push(cx.waker().clone());
-        }
-        self.set_idle_waiting(true);
-        Poll::Pending
-    }
-}
 
 /// What the runtime posts to: a provider QP, or (in tests) a recording fake.
 #[derive(Clone)]
@@ -366,10 +156,8 @@ impl Backend {
 pub(crate) struct QpCore {
     pub(crate) backend: Backend,
     pub(crate) qp_num: u32,
-    pub(crate) sq: Rc<Credits>,
-    pub(crate) rq: Rc<Credits>,
-    pub(crate) send_cq: Rc<Credits>,
-    pub(crate) recv_cq: Rc<Credits>,
+    /// Its queues' and CQs' credit pools (shared with its ops' credits).
+    pub(crate) credits: Rc<QpCredits>,
     pub(crate) closed: Cell<bool>,
     /// The last `QueuePair` handle is gone.
     pub(crate) dropped: Cell<bool>,
@@ -414,7 +202,7 @@ pub(crate) struct QpCore {
 
 impl QpCore {
     pub(crate) fn outstanding(&self) -> u32 {
-        self.sq.outstanding() + self.rq.outstanding()
+        self.credits.outstanding()
     }
 
     /// Marks the QP closed, wakes queued submitters and moves it to ERR
@@ -433,13 +221,13 @@ impl QpCore {
         // come back now (they check `closed` before using them).
         let kept = self.ring_kept.replace(0);
         if kept > 0 {
-            self.rq.release(kept);
-            self.recv_cq.release(kept);
+            self.credits.rq.release(kept);
+            self.credits.recv_cq.release(kept);
         }
-        self.sq.wake_all();
-        self.rq.wake_all();
-        self.send_cq.wake_all();
-        self.recv_cq.wake_all();
+        self.credits.sq.wake_all();
+        self.credits.rq.wake_all();
+        self.credits.send_cq.wake_all();
+        self.credits.recv_cq.wake_all();
         let res = self.backend.modify_to_err();
         if self.unsig.get() > 0 {
             if self.retire_unsignaled() {
@@ -448,8 +236,8 @@ impl QpCore {
                 }
             } else {
                 let n = self.absorb_unsignaled();
-                self.sq.release(n);
-                self.send_cq.release(n);
+                self.credits.sq.release(n);
+                self.credits.send_cq.release(n);
             }
         }
         res
@@ -508,7 +296,7 @@ impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
             .field("qp_num", &self.inner.core.qp_num)
-            .field("outstanding_sends", &self.inner.core.sq.outstanding())
+            .field("outstanding_sends", &self.inner.core.credits.sq.outstanding())
             .field("outstanding_recvs", &self.outstanding_recvs())
             .field("closed", &self.inner.core.closed.get())
             .finish()
@@ -529,10 +317,12 @@ impl QueuePair {
         let core = Rc::new(QpCore {
             backend,
             qp_num,
-            sq: Rc::new(Credits::new(caps.max_send_wr)),
-            rq: Rc::new(Credits::new(caps.max_recv_wr)),
-            send_cq,
-            recv_cq,
+            credits: Rc::new(QpCredits {
+                sq: Credits::new(caps.max_send_wr),
+                rq: Credits::new(caps.max_recv_wr),
+                send_cq,
+                recv_cq,
+            }),
             closed: Cell::new(false),
             dropped: Cell::new(false),
             _device: device,
@@ -551,8 +341,8 @@ impl QueuePair {
         let reg_key = handle.driver().register_qp(core.clone());
         core.reg_key.set(reg_key);
         let max_send_chain =
-            (caps.max_send_wr.min(core.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
-        let max_recv_chain = (caps.max_recv_wr.min(core.recv_cq.capacity()) as usize).min(1);
+            (caps.max_send_wr.min(core.credits.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
+        let max_recv_chain = (caps.max_recv_wr.min(core.credits.recv_cq.capacity()) as usize).min(1);
         QueuePair {
             inner: Rc::new(QpInner {
                 handle,
@@ -619,13 +409,13 @@ impl QueuePair {
 
     /// Send WRs posted and not yet completed (credits in use).
     pub fn outstanding_sends(&self) -> u32 {
-        self.inner.core.sq.outstanding()
+        self.inner.core.credits.sq.outstanding()
     }
 
     /// Receive WRs posted and not yet completed.
     pub fn outstanding_recvs(&self) -> u32 {
         let core = &self.inner.core;
-        core.rq.outstanding().saturating_sub(core.ring_kept.get())
+        core.credits.rq.outstanding().saturating_sub(core.ring_kept.get())
     }
 
     /// True once [`close`](Self::close) was called (or the runtime shut down).
@@ -643,7 +433,7 @@ impl QueuePair {
         if !self.inner.core.closed.get() {
             self.inner.core.retire_unsignaled();
         }
-        let sq = &self.inner.core.sq;
+        let sq = &self.inner.core.credits.sq;
         std::future::poll_fn(move |cx| sq.poll_idle(cx))
     }
 
@@ -666,8 +456,8 @@ impl QueuePair {
         let core = &self.inner.core;
         let mut res = Some(res);
         std::future::poll_fn(move |cx| {
-            let sq = core.sq.poll_idle(cx);
-            let rq = core.rq.poll_idle(cx);
+            let sq = core.credits.sq.poll_idle(cx);
+            let rq = core.credits.rq.poll_idle(cx);
             if sq.is_ready() && rq.is_ready() {
                 if let Some(e) = core.fault_error() {
                     tracing::warn!(qp = core.qp_num, error = %e, "closed a QP whose inline send failed");
@@ -917,9 +707,9 @@ impl QueuePair {
     fn chain_length(&self, queue: &'static str, len: usize) -> SubmitError {
         let core = &self.inner.core;
         let (depth, cq_cap) = if queue == "send" {
-            (core.sq.capacity(), core.send_cq.capacity())
+            (core.credits.sq.capacity(), core.credits.send_cq.capacity())
         } else {
-            (core.rq.capacity(), core.recv_cq.capacity())
+            (core.credits.rq.capacity(), core.credits.recv_cq.capacity())
         };
         SubmitError::ChainLength {
             qp_num: core.qp_num,
@@ -958,7 +748,7 @@ impl QueuePair {
         // moves into the op at once (below).
         match unsafe { self.post(wrs, n) } {
             Ok(first) => Submit::from_state(State::InFlight(Op::posted(
-                self.inner.handle.clone(),
+                self.inner.handle.driver().ops.clone(),
                 first,
                 data,
             ))),
@@ -1028,12 +818,12 @@ impl QueuePair {
         }
     }
 
-    fn credits_for(&self, wrs: &Wrs) -> (&Rc<Credits>, &Rc<Credits>) {
-        let core = &self.inner.core;
-        match wrs {
-            Wrs::Send(_) | Wrs::One(_) => (&core.sq, &core.send_cq),
-            Wrs::Recv(_) => (&core.rq, &core.recv_cq),
-        }
+    #[inline(always)]
+    fn credits_for(&self, wrs: &Wrs) -> (&Credits, &Credits) {
+        self.inner
+            .core
+            .credits
+            .pools(matches!(wrs, Wrs::Recv(_)))
     }
 
     /// Posts `wrs` with `n` queue and CQ credits already taken, in a new
@@ -1059,7 +849,7 @@ impl QueuePair {
         // sends before it: its completion implies theirs.
         let absorbed = if recv { 0 } else { core.absorb_unsignaled() };
         let credit = Credit {
-            core: core.clone(),
+            pools: core.credits.clone(),
             recv,
             n: n + absorbed,
         };
@@ -1232,18 +1022,14 @@ struct Waiting {
 }
 
 impl Waiting {
-    fn credits(&self, qp: &QueuePair) -> (Rc<Credits>, Rc<Credits>) {
-        let core = &qp.inner.core;
-        if self.recv {
-            (core.rq.clone(), core.recv_cq.clone())
-        } else {
-            (core.sq.clone(), core.send_cq.clone())
-        }
+    fn credits(&self, qp: &QueuePair) -> Rc<QpCredits> {
+        qp.inner.core.credits.clone()
     }
 
     /// Gives back whatever this waiting submission holds.
     fn abandon(&mut self, qp: &QueuePair) {
-        let (queue, cq) = self.credits(qp);
+        let pools = self.credits(qp);
+        let (queue, cq) = pools.pools(self.recv);
         queue.cancel(&mut self.queue_ticket);
         cq.cancel(&mut self.cq_ticket);
         if self.queue_held {
@@ -1253,7 +1039,8 @@ impl Waiting {
     }
 
     fn poll_credits(&mut self, qp: &QueuePair, cx: &mut Context<'_>) -> Poll<()> {
-        let (queue, cq) = self.credits(qp);
+        let pools = self.credits(qp);
+        let (queue, cq) = pools.pools(self.recv);
         if !self.queue_held {
             if queue
                 .poll_acquire(self.n, &mut self.queue_ticket, cx)
@@ -1438,7 +1225,7 @@ impl<T: Completable> Submit<T> {
                         // once.
                         *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
                             Ok(first) => {
-                                State::InFlight(Op::posted(qp.inner.handle.clone(), first, data))
+                                State::InFlight(Op::posted(qp.inner.handle.driver().ops.clone(), first, data))
                             }
                             Err(e) => State::Ready(refused(Some(data), e)),
                         };

@@ -21,7 +21,8 @@ use std::rc::Rc;
 use crate::provider::{
     Completion, PostError, ProviderError, QpCaps, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,
 };
-use crate::qp::{Backend, Credits, QueuePair};
+use crate::op::Credits;
+use crate::qp::{Backend, QueuePair};
 use crate::reactor::{Handle, Runtime};
 
 /// A recording QP; see the module docs.

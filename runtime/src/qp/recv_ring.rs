@@ -307,15 +307,15 @@ impl RingCore {
                     // A verbio task's waker only queues its task (no
                     // foreign code runs under the borrow): woken in place
                     // and kept, so the task's next wait needs no clone.
-                    Some(w) if crate::reactor::wake_if_task(w) => None,
+                    Some(w) if crate::wake::wake_if_task(w) => None,
                     _ => st.waker.take(),
                 };
                 (waker, false, keep)
             }
         };
         if !kept {
-            self.qp.rq.release(1);
-            self.qp.recv_cq.release(1);
+            self.qp.credits.rq.release(1);
+            self.qp.credits.recv_cq.release(1);
         }
         if unregister {
             self.handle.driver().unregister_ring(self.key, self);
@@ -393,8 +393,8 @@ impl RingCore {
         st.posted -= n;
         st.stopped = true;
         self.give_back_kept(st);
-        self.qp.rq.release(n);
-        self.qp.recv_cq.release(n);
+        self.qp.credits.rq.release(n);
+        self.qp.credits.recv_cq.release(n);
         RecvRingError::Post {
             qp_num: self.qp.qp_num,
             count: unposted.len(),
@@ -413,8 +413,8 @@ impl RingCore {
         let want = st.pending.len() as u32;
         while st.held_rq < want {
             let got = match cx.as_deref_mut() {
-                None => self.qp.rq.try_acquire(1),
-                Some(cx) => self.qp.rq.poll_acquire(1, &mut st.rq_ticket, cx).is_ready(),
+                None => self.qp.credits.rq.try_acquire(1),
+                Some(cx) => self.qp.credits.rq.poll_acquire(1, &mut st.rq_ticket, cx).is_ready(),
             };
             if !got {
                 break;
@@ -423,10 +423,10 @@ impl RingCore {
         }
         while st.held_cq < st.held_rq {
             let got = match cx.as_deref_mut() {
-                None => self.qp.recv_cq.try_acquire(1),
+                None => self.qp.credits.recv_cq.try_acquire(1),
                 Some(cx) => self
                     .qp
-                    .recv_cq
+                    .credits.recv_cq
                     .poll_acquire(1, &mut st.cq_ticket, cx)
                     .is_ready(),
             };
@@ -460,10 +460,10 @@ impl RingCore {
             st.slots[s] = Slot::Idle;
         }
         st.pending.clear();
-        self.qp.rq.cancel(&mut st.rq_ticket);
-        self.qp.recv_cq.cancel(&mut st.cq_ticket);
-        self.qp.rq.release(st.held_rq);
-        self.qp.recv_cq.release(st.held_cq);
+        self.qp.credits.rq.cancel(&mut st.rq_ticket);
+        self.qp.credits.recv_cq.cancel(&mut st.cq_ticket);
+        self.qp.credits.rq.release(st.held_rq);
+        self.qp.credits.recv_cq.release(st.held_cq);
         st.held_rq = 0;
         st.held_cq = 0;
         self.give_back_kept(st);
@@ -491,8 +491,8 @@ impl RingCore {
         }
         let all = &self.qp.ring_kept;
         all.set(all.get().saturating_sub(n));
-        self.qp.rq.release(n);
-        self.qp.recv_cq.release(n);
+        self.qp.credits.rq.release(n);
+        self.qp.credits.recv_cq.release(n);
     }
 
     /// A guard gave its slot back.
@@ -539,11 +539,11 @@ impl RingCore {
     /// One receive-queue and one CQ credit, if both are free.
     #[inline]
     fn acquire_pair(&self) -> bool {
-        if self.qp.rq.try_acquire(1) {
-            if self.qp.recv_cq.try_acquire(1) {
+        if self.qp.credits.rq.try_acquire(1) {
+            if self.qp.credits.recv_cq.try_acquire(1) {
                 return true;
             }
-            self.qp.rq.release(1);
+            self.qp.credits.rq.release(1);
         }
         false
     }
@@ -644,26 +644,26 @@ impl RecvRing {
         if core.closed.get() {
             return Err(RecvRingError::Closed { qp_num });
         }
-        if !core.rq.try_acquire(depth) {
+        if !core.credits.rq.try_acquire(depth) {
             return Err(RecvRingError::Credits {
                 qp_num,
                 depth,
-                rq_available: core.rq.available(),
-                cq_available: core.recv_cq.available(),
+                rq_available: core.credits.rq.available(),
+                cq_available: core.credits.recv_cq.available(),
             });
         }
-        if !core.recv_cq.try_acquire(depth) {
-            core.rq.release(depth);
+        if !core.credits.recv_cq.try_acquire(depth) {
+            core.credits.rq.release(depth);
             return Err(RecvRingError::Credits {
                 qp_num,
                 depth,
-                rq_available: core.rq.available(),
-                cq_available: core.recv_cq.available(),
+                rq_available: core.credits.rq.available(),
+                cq_available: core.credits.recv_cq.available(),
             });
         }
         let give_back = || {
-            core.rq.release(depth);
-            core.recv_cq.release(depth);
+            core.credits.rq.release(depth);
+            core.credits.recv_cq.release(depth);
         };
         // SAFETY: `layout` has a nonzero size (depth, buf_size > 0).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };

@@ -35,9 +35,6 @@ pub use runtime::{Builder, Runtime, Turn};
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
 pub(crate) use driver::Driver;
-#[cfg(test)]
-pub(crate) use executor::is_task_waker;
-pub(crate) use executor::wake_if_task;
 
 use crate::op::OpTable;
 use crate::provider::Completion;
