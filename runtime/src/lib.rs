@@ -11,9 +11,9 @@ pub mod device;
 pub mod op;
 pub mod qp;
 pub mod reactor;
-mod wake;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+mod wake;
 
 pub use device::Device;
 pub use op::{Completable, Op, SubmitError};

@@ -81,13 +81,12 @@ use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
-use crate::device::Device;
-use crate::op::{wr_id, Completable, Credit, Credits, Op, QpCredits, SubmitError, Ticket};
+use crate::op::{wr_id, Completable, Credit, Credits, Op, OpTable, QpCredits, SubmitError, Ticket};
 use crate::provider::{
-    Endpoint, InitAttr, PostError, ProviderError, Qp, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr,
-    SendFlags, SendOp, SendWr, SgList,
+    Completion, Endpoint, InitAttr, PostError, ProviderError, Qp, QpCaps, QpState, RecvWr, RtrAttr,
+    RtsAttr, SendFlags, SendOp, SendWr, SgList,
 };
-use crate::reactor::Handle;
+use crate::reactor::{CqRegistration, Handle, WorkQueue};
 
 mod deferred;
 #[cfg(test)]
@@ -103,7 +102,6 @@ mod recv_ring_tests;
 
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
-pub(crate) use recv_ring::RingCore;
 pub use recv_ring::{NextMsg, RecvMsg, RecvRing, RecvRingConfig, RecvRingError};
 
 /// The WRs of one send op; up to four live inline (no allocation).
@@ -162,7 +160,7 @@ pub(crate) struct QpCore {
     /// The last `QueuePair` handle is gone.
     pub(crate) dropped: Cell<bool>,
     /// Keeps the CQ registered while WRs are outstanding.
-    pub(crate) _device: Option<Device>,
+    pub(crate) _cq: Option<Rc<CqRegistration>>,
     /// This QP's key in the reactor's QP registry (named by inline wr_ids).
     pub(crate) reg_key: Cell<usize>,
     /// Send-queue and CQ credits (each) held by the unsignaled inline sends
@@ -244,6 +242,49 @@ impl QpCore {
     }
 }
 
+impl WorkQueue for QpCore {
+    /// An inline send's completion (or that of the WR retiring them).
+    fn complete_reserved(&self, c: &Completion) {
+        if c.qp_num == self.qp_num {
+            self.inline_completed(c);
+        } else {
+            tracing::debug!(
+                wr_id = c.wr_id,
+                qp = c.qp_num,
+                "inline completion of another QP"
+            );
+        }
+    }
+
+    /// Posts the single WRs deferred during the phase, in one list.
+    fn phase_ended(&self, ops: &OpTable) {
+        self.flush_deferred(ops);
+        self.listed_in_phase.set(false);
+    }
+
+    /// Retires trailing unsignaled inline sends, which hold CQ credits.
+    fn release_hoarded(&self) {
+        if self.unsig.get() > 0 && !self.closed.get() {
+            self.retire_unsignaled();
+        }
+    }
+
+    fn shut_down(&self, ops: &OpTable) {
+        if let Err(e) = self.shut(ops) {
+            tracing::debug!(qp = self.qp_num, error = %e, "modify_to_err at shutdown");
+        }
+    }
+
+    /// Inline sends lend no memory.
+    fn lent(&self) -> u32 {
+        self.outstanding_with_memory()
+    }
+
+    fn finished(&self) -> bool {
+        self.dropped.get() && self.outstanding() == 0
+    }
+}
+
 struct QpInner {
     handle: Handle,
     core: Rc<QpCore>,
@@ -274,9 +315,11 @@ impl Drop for QpInner {
                 }
             }
             // The reactor keeps the core until its flushes have drained.
-            self.handle.driver().note_zombie();
+            self.handle.driver().note_draining();
         } else {
-            self.handle.driver().unregister_qp(self.reg_key, &self.core);
+            self.handle
+                .driver()
+                .unregister_qp(self.reg_key, &*self.core);
         }
     }
 }
@@ -296,7 +339,10 @@ impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
             .field("qp_num", &self.inner.core.qp_num)
-            .field("outstanding_sends", &self.inner.core.credits.sq.outstanding())
+            .field(
+                "outstanding_sends",
+                &self.inner.core.credits.sq.outstanding(),
+            )
             .field("outstanding_recvs", &self.outstanding_recvs())
             .field("closed", &self.inner.core.closed.get())
             .finish()
@@ -311,7 +357,7 @@ impl QueuePair {
         caps: QpCaps,
         send_cq: Rc<Credits>,
         recv_cq: Rc<Credits>,
-        device: Option<Device>,
+        cq: Option<Rc<CqRegistration>>,
     ) -> QueuePair {
         let batch_posts = batching_by_default(&backend);
         let core = Rc::new(QpCore {
@@ -325,7 +371,7 @@ impl QueuePair {
             }),
             closed: Cell::new(false),
             dropped: Cell::new(false),
-            _device: device,
+            _cq: cq,
             reg_key: Cell::new(0),
             unsig: Cell::new(0),
             inline_credits: Cell::new(0),
@@ -338,11 +384,15 @@ impl QueuePair {
             batch_posts: Cell::new(batch_posts),
             listed_in_phase: Cell::new(false),
         });
-        let reg_key = handle.driver().register_qp(core.clone());
-        core.reg_key.set(reg_key);
+        handle.driver().register_qp(|key| {
+            core.reg_key.set(key);
+            core.clone()
+        });
+        let reg_key = core.reg_key.get();
         let max_send_chain =
             (caps.max_send_wr.min(core.credits.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
-        let max_recv_chain = (caps.max_recv_wr.min(core.credits.recv_cq.capacity()) as usize).min(1);
+        let max_recv_chain =
+            (caps.max_recv_wr.min(core.credits.recv_cq.capacity()) as usize).min(1);
         QueuePair {
             inner: Rc::new(QpInner {
                 handle,
@@ -415,7 +465,10 @@ impl QueuePair {
     /// Receive WRs posted and not yet completed.
     pub fn outstanding_recvs(&self) -> u32 {
         let core = &self.inner.core;
-        core.credits.rq.outstanding().saturating_sub(core.ring_kept.get())
+        core.credits
+            .rq
+            .outstanding()
+            .saturating_sub(core.ring_kept.get())
     }
 
     /// True once [`close`](Self::close) was called (or the runtime shut down).
@@ -769,7 +822,7 @@ impl QueuePair {
     ) -> State<T> {
         if queue_held {
             // Unsignaled inline sends of any QP may hold CQ credits.
-            self.inner.handle.driver().retire_all_unsignaled();
+            self.inner.handle.driver().release_hoarded_credits();
         } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
@@ -820,10 +873,7 @@ impl QueuePair {
 
     #[inline(always)]
     fn credits_for(&self, wrs: &Wrs) -> (&Credits, &Credits) {
-        self.inner
-            .core
-            .credits
-            .pools(matches!(wrs, Wrs::Recv(_)))
+        self.inner.core.credits.pools(matches!(wrs, Wrs::Recv(_)))
     }
 
     /// Posts `wrs` with `n` queue and CQ credits already taken, in a new
@@ -894,7 +944,7 @@ impl QueuePair {
                     // or with the previous ones once DEFER_MAX wait; the op
                     // is in flight from now on, as after a post.
                     if !core.listed_in_phase.replace(true) {
-                        driver.note_deferred(core);
+                        driver.note_phase_end(core.clone());
                     }
                     if core.defer(wr, absorbed) {
                         core.flush_deferred(ops);
@@ -1224,9 +1274,11 @@ impl<T: Completable> Submit<T> {
                         // since, and on success `data` moves into the op at
                         // once.
                         *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
-                            Ok(first) => {
-                                State::InFlight(Op::posted(qp.inner.handle.driver().ops.clone(), first, data))
-                            }
+                            Ok(first) => State::InFlight(Op::posted(
+                                qp.inner.handle.driver().ops.clone(),
+                                first,
+                                data,
+                            )),
                             Err(e) => State::Ready(refused(Some(data), e)),
                         };
                     }

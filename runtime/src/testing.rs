@@ -18,10 +18,10 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
+use crate::op::Credits;
 use crate::provider::{
     Completion, PostError, ProviderError, QpCaps, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,
 };
-use crate::op::Credits;
 use crate::qp::{Backend, QueuePair};
 use crate::reactor::{Handle, Runtime};
 

@@ -217,7 +217,6 @@ impl Credits {
     }
 }
 
-
 /// The credit pools of one queue pair: its send and receive queues, and the
 /// CQs (shared with other QPs) their completions land on.
 pub(crate) struct QpCredits {

@@ -369,7 +369,8 @@ impl SendInline<'_> {
                     core.retire_unsignaled();
                 }
                 if core
-                    .credits.sq
+                    .credits
+                    .sq
                     .poll_acquire(1, &mut this.sq_ticket, cx)
                     .is_pending()
                 {
@@ -380,10 +381,11 @@ impl SendInline<'_> {
         }
         if this.cq_ticket.is_some() || !core.credits.send_cq.try_acquire(1) {
             if this.cq_ticket.is_none() {
-                qp.inner.handle.driver().retire_all_unsignaled();
+                qp.inner.handle.driver().release_hoarded_credits();
             }
             if core
-                .credits.send_cq
+                .credits
+                .send_cq
                 .poll_acquire(1, &mut this.cq_ticket, cx)
                 .is_pending()
             {

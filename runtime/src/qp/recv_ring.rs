@@ -42,10 +42,11 @@ use std::task::{Context, Poll, Waker};
 
 use super::{QpCore, QueuePair, Ticket};
 use crate::op::wr_id;
+use crate::op::OpTable;
 use crate::provider::{
     AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcStatus,
 };
-use crate::reactor::Handle;
+use crate::reactor::{Handle, WorkQueue};
 
 /// Why a [`RecvRing`] could not be created, or what its stream reports.
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +249,28 @@ impl Drop for RingCore {
     }
 }
 
+impl WorkQueue for RingCore {
+    /// A completion of one of the ring's buffers.
+    fn complete_reserved(&self, c: &Completion) {
+        self.completed(c);
+    }
+
+    fn phase_ended(&self, _ops: &OpTable) {}
+
+    /// The ring's QP is shut down with the other QPs: its flushes drain the
+    /// ring.
+    fn shut_down(&self, _ops: &OpTable) {}
+
+    fn lent(&self) -> u32 {
+        self.posted()
+    }
+
+    /// A ring unregisters itself once dropped and drained.
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
 impl RingCore {
     /// Buffers posted (for the reactor's shutdown drain).
     pub(crate) fn posted(&self) -> u32 {
@@ -318,7 +341,9 @@ impl RingCore {
             self.qp.credits.recv_cq.release(1);
         }
         if unregister {
-            self.handle.driver().unregister_ring(self.key, self);
+            self.handle
+                .driver()
+                .unregister_ring(self.key, self as &dyn WorkQueue);
         }
         if let Some(w) = waker {
             w.wake();
@@ -414,7 +439,12 @@ impl RingCore {
         while st.held_rq < want {
             let got = match cx.as_deref_mut() {
                 None => self.qp.credits.rq.try_acquire(1),
-                Some(cx) => self.qp.credits.rq.poll_acquire(1, &mut st.rq_ticket, cx).is_ready(),
+                Some(cx) => self
+                    .qp
+                    .credits
+                    .rq
+                    .poll_acquire(1, &mut st.rq_ticket, cx)
+                    .is_ready(),
             };
             if !got {
                 break;
@@ -426,7 +456,8 @@ impl RingCore {
                 None => self.qp.credits.recv_cq.try_acquire(1),
                 Some(cx) => self
                     .qp
-                    .credits.recv_cq
+                    .credits
+                    .recv_cq
                     .poll_acquire(1, &mut st.cq_ticket, cx)
                     .is_ready(),
             };
@@ -916,7 +947,7 @@ impl Drop for RecvRing {
             self.core
                 .handle
                 .driver()
-                .unregister_ring(self.core.key, &self.core);
+                .unregister_ring(self.core.key, &*self.core);
         }
     }
 }

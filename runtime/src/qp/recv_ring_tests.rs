@@ -324,7 +324,11 @@ fn a_completed_buffer_keeps_its_credits_for_its_repost() {
     settle(&rt);
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
     assert_eq!(qp.outstanding_recvs(), 3, "3 receives posted");
-    assert_eq!(qp.inner.core.credits.rq.outstanding(), 4, "the 4th credit is kept");
+    assert_eq!(
+        qp.inner.core.credits.rq.outstanding(),
+        4,
+        "the 4th credit is kept"
+    );
     // The completed buffer's CQ entry stays the ring's: another send waits.
     let w2 = rt.block_on(async { bare_write(&qp) });
     assert!(w2.is_queued(), "no CQ credit for the send");
@@ -379,7 +383,11 @@ fn a_dropped_ring_gives_back_the_credits_its_guards_kept() {
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
     assert_eq!(qp.inner.core.credits.rq.outstanding(), 2);
     drop(r);
-    assert_eq!(qp.inner.core.credits.rq.outstanding(), 1, "only the posted buffer");
+    assert_eq!(
+        qp.inner.core.credits.rq.outstanding(),
+        1,
+        "only the posted buffer"
+    );
     assert_eq!(qp.inner.core.ring_kept.get(), 0);
     drop(m);
     assert_eq!(qp.inner.core.credits.rq.outstanding(), 1);

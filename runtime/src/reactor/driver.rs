@@ -12,10 +12,10 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Registry, Token};
 use slab::Slab;
 
+use super::work_queue::WorkQueue;
 use super::RuntimeError;
 use crate::op::{wr_id, OpTable};
 use crate::provider::{AsyncEvent, AsyncEventKind, CompChannel, Completion, Cq};
-use crate::qp::{QpCore, RingCore};
 
 /// Token of the cross-thread waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
@@ -69,15 +69,18 @@ pub(crate) struct Driver {
     cqs: RefCell<Slab<CqEntry>>,
     asyncs: RefCell<Slab<AsyncEntry>>,
     io: RefCell<Slab<IoEntry>>,
-    qps: RefCell<Slab<Rc<QpCore>>>,
+    /// Queue pairs, named by the key in inline wr_ids; kept until dropped
+    /// and drained.
+    qps: RefCell<Slab<Rc<dyn WorkQueue>>>,
     /// Receive rings, named by ring wr_ids; kept until dropped and drained.
-    rings: RefCell<Slab<Rc<RingCore>>>,
-    zombies: Cell<usize>,
+    rings: RefCell<Slab<Rc<dyn WorkQueue>>>,
+    /// Queue pairs dropped by their owner and still draining.
+    draining: Cell<usize>,
     /// A poll phase is running: single send WRs wait for its end
     /// (`qp/deferred.rs`).
     batching: Cell<bool>,
-    /// QPs with deferred WRs.
-    deferred_qps: RefCell<Vec<Rc<QpCore>>>,
+    /// Queues to tell when the poll phase ends.
+    phase_waiters: RefCell<Vec<Rc<dyn WorkQueue>>>,
     /// Where CQs are polled into; borrowed by `drain_cqs` throughout, so a
     /// nested call (from user code its completions run) polls no CQ.
     batch: RefCell<Vec<Completion>>,
@@ -117,9 +120,9 @@ impl Driver {
             io: RefCell::new(Slab::new()),
             qps: RefCell::new(Slab::new()),
             rings: RefCell::new(Slab::new()),
-            zombies: Cell::new(0),
+            draining: Cell::new(0),
             batching: Cell::new(false),
-            deferred_qps: RefCell::new(Vec::new()),
+            phase_waiters: RefCell::new(Vec::new()),
             batch: RefCell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
             cq_bound: Cell::new(0),
             ack_batch: 16,
@@ -407,12 +410,13 @@ impl Driver {
     }
 
     /// After completions: frees the data of dropped ops they finished,
-    /// reaps dropped QPs. Two flag tests inline; the work out of line.
+    /// forgets the dropped queues that drained. Two flag tests inline; the
+    /// work out of line.
     #[inline(always)]
     fn completed(&self) {
         self.ops.bury();
-        if self.zombies.get() > 0 {
-            self.reap_zombies();
+        if self.draining.get() > 0 {
+            self.forget_drained();
         }
     }
 
@@ -516,14 +520,9 @@ impl Driver {
     /// its QP, named by the registry key in the wr_id.
     fn complete_inline(&self, c: &Completion) {
         let (key, _, _) = wr_id::decode_inline(c.wr_id);
-        let core = self
-            .qps
-            .borrow()
-            .get(key)
-            .filter(|q| q.qp_num == c.qp_num)
-            .cloned();
-        match core {
-            Some(q) => q.inline_completed(c),
+        let qp = self.qps.borrow().get(key).cloned();
+        match qp {
+            Some(q) => q.complete_reserved(c),
             None => {
                 tracing::debug!(wr_id = c.wr_id, status = %c.status, "inline completion of an unknown QP")
             }
@@ -536,7 +535,7 @@ impl Driver {
     fn complete_ring(&self, c: &Completion) {
         let ring = self.rings.borrow().get(wr_id::ring_key(c.wr_id)).cloned();
         match ring {
-            Some(r) => r.completed(c),
+            Some(r) => r.complete_reserved(c),
             None => {
                 tracing::debug!(wr_id = c.wr_id, status = %c.status, "completion of an unknown receive ring")
             }
@@ -545,10 +544,10 @@ impl Driver {
 
     /// Registers the ring `make` builds with its key; `None` if the ring
     /// key space is full.
-    pub(crate) fn register_ring(
+    pub(crate) fn register_ring<R: WorkQueue + 'static>(
         &self,
-        make: impl FnOnce(usize) -> Rc<RingCore>,
-    ) -> Option<Rc<RingCore>> {
+        make: impl FnOnce(usize) -> Rc<R>,
+    ) -> Option<Rc<R>> {
         let mut rings = self.rings.borrow_mut();
         let entry = rings.vacant_entry();
         if entry.key() as u64 > wr_id::RING_KEY_MASK {
@@ -561,11 +560,11 @@ impl Driver {
 
     /// Forgets `ring` (dropped, nothing posted any more), registered under
     /// `key`, if it is still there.
-    pub(crate) fn unregister_ring(&self, key: usize, ring: &RingCore) {
+    pub(crate) fn unregister_ring(&self, key: usize, ring: &dyn WorkQueue) {
         let removed = {
             let mut rings = self.rings.borrow_mut();
             match rings.get(key) {
-                Some(r) if std::ptr::eq(Rc::as_ptr(r), ring) => rings.try_remove(key),
+                Some(r) if std::ptr::addr_eq(Rc::as_ptr(r), ring) => rings.try_remove(key),
                 _ => None,
             }
         };
@@ -575,7 +574,7 @@ impl Driver {
     /// Buffers posted by every registered ring (the shutdown drain waits
     /// for them).
     pub(crate) fn ring_buffers_posted(&self) -> u32 {
-        self.rings.borrow().iter().map(|(_, r)| r.posted()).sum()
+        self.rings.borrow().iter().map(|(_, r)| r.lent()).sum()
     }
 
     /// Rings the reactor keeps (live or draining).
@@ -586,10 +585,10 @@ impl Driver {
     /// Shutdown: leaks the rings whose buffers are still posted (the device
     /// may still write them), drops the others. Returns how many leaked.
     pub(crate) fn release_rings(&self) -> usize {
-        let all: Vec<Rc<RingCore>> = self.rings.borrow_mut().drain().collect();
+        let all: Vec<Rc<dyn WorkQueue>> = self.rings.borrow_mut().drain().collect();
         let mut leaked = 0;
         for r in all {
-            if r.posted() > 0 {
+            if r.lent() > 0 {
                 leaked += 1;
                 std::mem::forget(r);
             }
@@ -597,18 +596,13 @@ impl Driver {
         leaked
     }
 
-    /// Retires the trailing unsignaled inline sends of every open QP: some
-    /// submission waits for CQ credits they may hold.
-    pub(crate) fn retire_all_unsignaled(&self) {
-        let hoarding: Vec<Rc<QpCore>> = self
-            .qps
-            .borrow()
-            .iter()
-            .filter(|(_, q)| q.unsig.get() > 0 && !q.closed.get())
-            .map(|(_, q)| q.clone())
-            .collect();
-        for q in hoarding {
-            q.retire_unsignaled();
+    /// Some submission waits for CQ credits: every QP gives back those it
+    /// holds without need ([`WorkQueue::release_hoarded`]).
+    pub(crate) fn release_hoarded_credits(&self) {
+        let all: Vec<Rc<dyn WorkQueue>> =
+            self.qps.borrow().iter().map(|(_, q)| q.clone()).collect();
+        for q in all {
+            q.release_hoarded();
         }
     }
 
@@ -630,16 +624,25 @@ impl Driver {
 
     // ---- QPs -------------------------------------------------------------
 
-    pub(crate) fn register_qp(&self, core: Rc<QpCore>) -> usize {
-        self.qps.borrow_mut().insert(core)
+    /// Registers the QP `make` builds with its key (the key inline wr_ids
+    /// name it by).
+    pub(crate) fn register_qp<Q: WorkQueue + 'static>(
+        &self,
+        make: impl FnOnce(usize) -> Rc<Q>,
+    ) -> Rc<Q> {
+        let mut qps = self.qps.borrow_mut();
+        let entry = qps.vacant_entry();
+        let qp = make(entry.key());
+        entry.insert(qp.clone());
+        qp
     }
 
-    /// Forgets `core` (registered under `key`) if it is still there.
-    pub(crate) fn unregister_qp(&self, key: usize, core: &Rc<QpCore>) {
+    /// Forgets `qp` (registered under `key`) if it is still there.
+    pub(crate) fn unregister_qp(&self, key: usize, qp: &dyn WorkQueue) {
         let removed = {
             let mut qps = self.qps.borrow_mut();
             match qps.get(key) {
-                Some(q) if Rc::ptr_eq(q, core) => qps.try_remove(key),
+                Some(q) if std::ptr::addr_eq(Rc::as_ptr(q), qp) => qps.try_remove(key),
                 _ => None,
             }
         };
@@ -652,26 +655,28 @@ impl Driver {
         self.qps.borrow().len()
     }
 
-    pub(crate) fn note_zombie(&self) {
-        self.zombies.set(self.zombies.get() + 1);
+    /// A QP's owner dropped it with work outstanding: the reactor keeps it
+    /// until it is [`finished`](WorkQueue::finished).
+    pub(crate) fn note_draining(&self) {
+        self.draining.set(self.draining.get() + 1);
     }
 
-    /// Drops dropped QPs whose WRs have all completed.
-    fn reap_zombies(&self) {
+    /// Forgets the dropped QPs whose work requests have all completed.
+    fn forget_drained(&self) {
         let mut dead = Vec::new();
         {
             let mut qps = self.qps.borrow_mut();
             let keys: Vec<usize> = qps
                 .iter()
-                .filter(|(_, q)| q.dropped.get() && q.outstanding() == 0)
+                .filter(|(_, q)| q.finished())
                 .map(|(k, _)| k)
                 .collect();
             for k in keys {
                 dead.push(qps.remove(k));
             }
         }
-        self.zombies
-            .set(self.zombies.get().saturating_sub(dead.len()));
+        self.draining
+            .set(self.draining.get().saturating_sub(dead.len()));
         drop(dead);
     }
 
@@ -692,27 +697,27 @@ impl Driver {
     #[inline(always)]
     pub(crate) fn end_batch(&self) {
         self.batching.set(false);
-        if !self.deferred_qps.borrow().is_empty() {
-            self.post_deferred();
+        if !self.phase_waiters.borrow().is_empty() {
+            self.phase_end();
         }
     }
 
-    /// `core` deferred its first WR of the poll phase.
-    pub(crate) fn note_deferred(&self, core: &Rc<QpCore>) {
-        self.deferred_qps.borrow_mut().push(core.clone());
+    /// `queue` is told when the current poll phase ends
+    /// ([`WorkQueue::phase_ended`]), once per call.
+    pub(crate) fn note_phase_end(&self, queue: Rc<dyn WorkQueue>) {
+        self.phase_waiters.borrow_mut().push(queue);
     }
 
     #[inline(never)]
-    fn post_deferred(&self) {
+    fn phase_end(&self) {
         // Taken out: failing an op may wake foreign code that submits.
-        let mut list = std::mem::take(&mut *self.deferred_qps.borrow_mut());
+        let mut list = std::mem::take(&mut *self.phase_waiters.borrow_mut());
         for q in list.drain(..) {
-            q.flush_deferred(&self.ops);
-            q.listed_in_phase.set(false);
+            q.phase_ended(&self.ops);
         }
         // The parked data of dropped ops whose post was refused.
         self.ops.bury();
-        let mut cur = self.deferred_qps.borrow_mut();
+        let mut cur = self.phase_waiters.borrow_mut();
         if cur.is_empty() {
             // Keep the allocation.
             *cur = list;
@@ -722,11 +727,10 @@ impl Driver {
     /// Shutdown: closes every QP still registered (moves it to ERR).
     pub(crate) fn close_all_qps(&self) {
         self.end_batch();
-        let all: Vec<Rc<QpCore>> = self.qps.borrow().iter().map(|(_, q)| q.clone()).collect();
+        let all: Vec<Rc<dyn WorkQueue>> =
+            self.qps.borrow().iter().map(|(_, q)| q.clone()).collect();
         for q in all {
-            if let Err(e) = q.shut(&self.ops) {
-                tracing::debug!(qp = q.qp_num, error = %e, "modify_to_err at shutdown");
-            }
+            q.shut_down(&self.ops);
         }
     }
 
@@ -734,10 +738,10 @@ impl Driver {
     /// the device may still use, and drops the others (inline sends lend
     /// no memory).
     pub(crate) fn release_qps(&self) -> usize {
-        let all: Vec<Rc<QpCore>> = self.qps.borrow_mut().drain().collect();
+        let all: Vec<Rc<dyn WorkQueue>> = self.qps.borrow_mut().drain().collect();
         let mut leaked = 0;
         for q in all {
-            if q.outstanding_with_memory() > 0 {
+            if q.lent() > 0 {
                 leaked += 1;
                 std::mem::forget(q);
             }

@@ -19,12 +19,14 @@
 //!    made on the runtime's thread (the dispatch of socket events, a
 //!    completion waking its task) write no eventfd.
 
+mod cq_registration;
 mod driver;
 mod executor;
 mod net;
 mod runtime;
 mod spin;
 mod timer;
+mod work_queue;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -34,7 +36,9 @@ pub use net::{TcpListener, TcpStream};
 pub use runtime::{Builder, Runtime, Turn};
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
+pub(crate) use cq_registration::CqRegistration;
 pub(crate) use driver::Driver;
+pub(crate) use work_queue::WorkQueue;
 
 use crate::op::OpTable;
 use crate::provider::Completion;
@@ -44,7 +48,7 @@ use crate::provider::Completion;
 #[non_exhaustive]
 pub enum RuntimeError {
     /// An OS call (epoll, eventfd, registration) failed.
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         /// What was being done.
         context: &'static str,
@@ -58,6 +62,12 @@ pub enum RuntimeError {
     /// A provider call failed.
     #[error(transparent)]
     Provider(#[from] crate::provider::ProviderError),
+    /// The call needs a verbio runtime on this thread and there is none.
+    #[error("no verbio runtime on this thread: {what} needs one (create a verbio::Runtime first)")]
+    NoRuntime {
+        /// What was being done.
+        what: &'static str,
+    },
 }
 
 pub(crate) struct Config {

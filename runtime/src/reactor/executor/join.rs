@@ -202,4 +202,3 @@ impl<T> std::fmt::Debug for JoinHandle<T> {
             .finish()
     }
 }
-

@@ -32,13 +32,12 @@ use std::task::{Context, Poll, Waker};
 
 use slab::Slab;
 
-pub use join::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
-use join::JoinState;
-use task::{Settle, TaskFuture};
 use crate::wake::{
     task_waker, Shared, TaskWaker, LOCAL_MAIN, LOCAL_PENDING, LOCAL_QUEUE, LOCAL_SHARED, MAIN,
 };
-
+use join::JoinState;
+pub use join::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
+use task::{Settle, TaskFuture};
 
 struct Task {
     future: Option<Pin<Box<dyn Future<Output = ()>>>>,
