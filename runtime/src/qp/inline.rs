@@ -289,8 +289,8 @@ pub struct SendInline<'a> {
     qp: &'a QueuePair,
     data: &'a [u8],
     imm: Option<u32>,
-    sq_ticket: Option<super::Ticket>,
-    cq_ticket: Option<super::Ticket>,
+    sq_ticket: Option<crate::op::Ticket>,
+    cq_ticket: Option<crate::op::Ticket>,
     /// One send-queue credit is held (waiting for the CQ credit).
     sq_held: bool,
     done: bool,

@@ -219,7 +219,7 @@ fn credit_releases_wake_waiters_and_idle_watchers() {
     use std::sync::Arc;
     use std::task::{Context, Wake, Waker};
 
-    use crate::qp::Credits;
+    use crate::op::Credits;
 
     struct Count(AtomicUsize);
     impl Wake for Count {

@@ -40,9 +40,10 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use super::{QpCore, QueuePair, Ticket};
+use super::{QpCore, QueuePair};
 use crate::op::wr_id;
 use crate::op::OpTable;
+use crate::op::Ticket;
 use crate::provider::{
     AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcStatus,
 };
