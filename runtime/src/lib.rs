@@ -18,7 +18,7 @@ mod wake;
 pub use device::Device;
 pub use op::{Completable, Op, SubmitError};
 pub use qp::{
-    QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError, SendChain, SendInline, Submit,
+    QueuePair, RingMsg, RecvRing, RecvRingConfig, RecvRingError, SendChain, SendInline, Submit,
 };
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,

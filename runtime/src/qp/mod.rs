@@ -99,7 +99,7 @@ pub use fake::FakeQp;
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
 pub use queue_pair::QueuePair;
-pub use recv_ring::{NextMsg, RecvMsg, RecvRing, RecvRingConfig, RecvRingError};
+pub use recv_ring::{NextMsg, RingMsg, RecvRing, RecvRingConfig, RecvRingError};
 pub use submit::Submit;
 
 /// The WRs of one send op; up to four live inline (no allocation).

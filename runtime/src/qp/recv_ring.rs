@@ -4,7 +4,7 @@
 //! routes their completions straight to the ring (no op slot, no `Submit`,
 //! no allocation per message), and [`RecvRing::next`] (or the
 //! [`Stream`](futures::Stream) impl) yields each received message as a
-//! [`RecvMsg`] guard. Dropping the guard reposts its buffer (reposts are
+//! [`RingMsg`] guard. Dropping the guard reposts its buffer (reposts are
 //! batched into one `post_recv` list when `repost_batch > 1`).
 //!
 //! # Memory safety
@@ -168,7 +168,7 @@ impl RecvRingConfig {
 enum Slot {
     /// Owned by the device (posted).
     Posted,
-    /// Completed: in the ready queue, or lent to a [`RecvMsg`].
+    /// Completed: in the ready queue, or lent to a [`RingMsg`].
     Taken,
     /// Waiting to be reposted (in `pending`).
     Pending,
@@ -842,13 +842,13 @@ impl RecvRing {
     /// Polls for the next message (see [`next`](Self::next)). Released
     /// buffers still waiting for their batch are reposted before waiting.
     #[inline]
-    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RecvMsg, RecvRingError>>> {
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         let core = &self.core;
         let mut st = core.state.borrow_mut();
         while let Some(c) = st.ready.pop_front() {
             if c.status.is_success() && c.byte_len as usize <= core.buf_size {
                 drop(st);
-                return Poll::Ready(Some(Ok(RecvMsg {
+                return Poll::Ready(Some(Ok(RingMsg {
                     core: core.clone(),
                     slot: c.slot,
                     len: c.byte_len,
@@ -878,7 +878,7 @@ impl RecvRing {
         &self,
         st: &mut State,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<RecvMsg, RecvRingError>>> {
+    ) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         if !st.pending.is_empty() {
             self.core.flush_pending(st, Some(cx));
         }
@@ -954,7 +954,7 @@ impl Drop for RecvRing {
 }
 
 impl futures::Stream for RecvRing {
-    type Item = Result<RecvMsg, RecvRingError>;
+    type Item = Result<RingMsg, RecvRingError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         RecvRing::poll_next(&self, cx)
@@ -968,7 +968,7 @@ pub struct NextMsg<'a> {
 }
 
 impl Future for NextMsg<'_> {
-    type Output = Option<Result<RecvMsg, RecvRingError>>;
+    type Output = Option<Result<RingMsg, RecvRingError>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -979,14 +979,14 @@ impl Future for NextMsg<'_> {
 /// A received message: a buffer of a [`RecvRing`] lent out between its
 /// completion and its repost. Dereferences to the received bytes; dropping
 /// it reposts the buffer.
-pub struct RecvMsg {
+pub struct RingMsg {
     core: Rc<RingCore>,
     slot: u32,
     len: u32,
     imm: Option<u32>,
 }
 
-impl RecvMsg {
+impl RingMsg {
     /// The received bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
@@ -1023,16 +1023,16 @@ impl RecvMsg {
     pub fn repost(self) {}
 }
 
-impl std::ops::Deref for RecvMsg {
+impl std::ops::Deref for RingMsg {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         self.as_slice()
     }
 }
 
-impl fmt::Debug for RecvMsg {
+impl fmt::Debug for RingMsg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RecvMsg")
+        f.debug_struct("RingMsg")
             .field("slot", &self.slot)
             .field("len", &self.len)
             .field("imm", &self.imm)
@@ -1040,7 +1040,7 @@ impl fmt::Debug for RecvMsg {
     }
 }
 
-impl Drop for RecvMsg {
+impl Drop for RingMsg {
     #[inline]
     fn drop(&mut self) {
         self.core.release(self.slot);

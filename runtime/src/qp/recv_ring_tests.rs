@@ -8,7 +8,7 @@ use futures::FutureExt;
 
 use crate::op::wr_id;
 use crate::provider::{QpCaps, WcStatus};
-use crate::qp::{QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError};
+use crate::qp::{QueuePair, RingMsg, RecvRing, RecvRingConfig, RecvRingError};
 use crate::reactor::Runtime;
 use crate::testing::{settle, FakeQp};
 
@@ -25,7 +25,7 @@ fn ring(qp: &QueuePair, depth: u32, batch: u32) -> RecvRing {
 }
 
 /// The next item if one is ready now.
-fn next_now(r: &mut RecvRing) -> Option<Option<Result<RecvMsg, RecvRingError>>> {
+fn next_now(r: &mut RecvRing) -> Option<Option<Result<RingMsg, RecvRingError>>> {
     r.next().now_or_never()
 }
 
