@@ -18,7 +18,8 @@ mod wake;
 pub use device::Device;
 pub use op::{Completable, Op, SubmitError};
 pub use qp::{
-    QueuePair, RingMsg, RecvRing, RecvRingConfig, RecvRingError, SendChain, SendInline, Submit,
+    GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig, RecvRingError, RingMsg,
+    ScatterVerb, SendChain, SendInline, Submit,
 };
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,

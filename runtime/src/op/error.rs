@@ -85,6 +85,9 @@ pub enum SubmitError {
         /// The limit.
         limit: usize,
     },
+    /// A buffer could not name the memory for its work request.
+    #[error("buffer refused: {0}")]
+    Buf(#[from] crate::buf::BufError),
     /// A provider call around the post failed.
     #[error(transparent)]
     Provider(#[from] ProviderError),

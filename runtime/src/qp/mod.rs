@@ -81,6 +81,9 @@ mod fake;
 mod inline;
 #[cfg(test)]
 mod inline_tests;
+mod lend;
+#[cfg(test)]
+mod lend_tests;
 #[cfg(test)]
 mod one_tests;
 mod queue_pair;
@@ -98,8 +101,9 @@ pub(crate) use self::core::{Backend, QpCore};
 pub use fake::FakeQp;
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
+pub use lend::{GatherChainVerb, GatherVerb, ScatterVerb};
 pub use queue_pair::QueuePair;
-pub use recv_ring::{NextMsg, RingMsg, RecvRing, RecvRingConfig, RecvRingError};
+pub use recv_ring::{NextMsg, RecvRing, RecvRingConfig, RecvRingError, RingMsg};
 pub use submit::Submit;
 
 /// The WRs of one send op; up to four live inline (no allocation).

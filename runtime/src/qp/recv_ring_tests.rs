@@ -8,7 +8,7 @@ use futures::FutureExt;
 
 use crate::op::wr_id;
 use crate::provider::{QpCaps, WcStatus};
-use crate::qp::{QueuePair, RingMsg, RecvRing, RecvRingConfig, RecvRingError};
+use crate::qp::{QueuePair, RecvRing, RecvRingConfig, RecvRingError, RingMsg};
 use crate::reactor::Runtime;
 use crate::testing::{settle, FakeQp};
 
