@@ -3,7 +3,7 @@
 use crate::provider::{PostError, ProviderError};
 
 /// Why an op could not be (fully) posted. The op's data comes back through
-/// [`Completable::fail`].
+/// [`Completable::fail`](crate::op::Completable::fail).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubmitError {

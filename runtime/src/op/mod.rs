@@ -1,7 +1,7 @@
 //! The op layer: `Op<T>`, an in-flight chain of work requests tracked by
-//! wr_id in a preallocated slab ([`OpTable`]), the credits it holds on its
+//! wr_id in a preallocated slab (`OpTable`), the credits it holds on its
 //! queues, and the wr_id codec. It knows nothing of queue pairs or of the
-//! reactor: the reactor feeds [`OpTable::complete`] with completions, and the
+//! reactor: the reactor feeds `OpTable::complete` with completions, and the
 //! QP layer inserts ops and hands them their credits.
 //!
 //! # wr_id layout
@@ -23,7 +23,7 @@
 //!   posted without an op (they name their QP and the credits they return).
 //!
 //! Files: `wr_id.rs` (the codec), `error.rs` ([`SubmitError`]), `credit.rs`
-//! (credit pools and the [`Credit`] an op holds), `table.rs` ([`OpTable`]),
+//! (credit pools and the `Credit` an op holds), `table.rs` (`OpTable`),
 //! `future.rs` ([`Op`]).
 
 mod credit;

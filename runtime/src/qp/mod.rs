@@ -1,12 +1,12 @@
 //! [`QueuePair`]: a runtime-level RC queue pair. It accounts for send-queue,
 //! receive-queue and CQ capacity as credits, so a submission waits (a future)
 //! when a queue is full instead of failing or overrunning it, and turns each
-//! posted chain of work requests into an [`Op`] tracked by wr_id.
+//! posted chain of work requests into an [`Op`](crate::op::Op) tracked by wr_id.
 //!
 //! # Writing a verb
 //!
 //! A verb is a type that owns what the device touches and implements
-//! [`Completable`], plus a function that calls [`QueuePair::submit_send`]
+//! [`Completable`](crate::op::Completable), plus a function that calls [`QueuePair::submit_send`]
 //! (or [`QueuePair::submit_recv`]) and returns the [`Submit`] future:
 //!
 //! ```no_run

@@ -219,7 +219,7 @@ impl QueuePair {
         std::future::poll_fn(move |cx| sq.poll_idle(cx))
     }
 
-    /// Closes the QP: later submissions fail with [`SubmitError::Closed`], the
+    /// Closes the QP: later submissions fail with [`SubmitError::Closed`](crate::op::SubmitError::Closed), the
     /// QP moves to ERR (re-issued even if already there), and this resolves
     /// once every outstanding WR has completed or been flushed, i.e. once the
     /// device no longer touches any buffer of this QP. Returns the error of

@@ -36,7 +36,7 @@ impl QueuePair {
     ///
     /// # Safety
     ///
-    /// The WRs are posted under the contract of [`Qp::post_send`], and the
+    /// The WRs are posted under the contract of [`Qp::post_send`](crate::provider::Qp::post_send), and the
     /// device is done with them by the time the runtime hands `data` back
     /// (to [`Completable::complete`] or [`Completable::fail`]) or drops it
     /// (a parked op's data is dropped once its completion or flush has been
@@ -53,7 +53,7 @@ impl QueuePair {
     /// that does not change when `data` moves, never in a field stored
     /// inline in `data`.
     ///
-    /// As for [`Qp::post_send`], the obligation ends early once the
+    /// As for [`Qp::post_send`](crate::provider::Qp::post_send), the obligation ends early once the
     /// registration the SGE's lkey names is deregistered, and an SGE whose
     /// lkey names no live registration containing its range is exempt (the
     /// device fails the WR without touching memory).
@@ -136,7 +136,7 @@ impl QueuePair {
     /// # Safety
     ///
     /// As for [`submit_send`](Self::submit_send), under the contract of
-    /// [`Qp::post_recv`]: every SGE (address range and lkey) `build` pushes
+    /// [`Qp::post_recv`](crate::provider::Qp::post_recv): every SGE (address range and lkey) `build` pushes
     /// must name memory that, from this call until the runtime hands `data`
     /// back (to [`Completable::complete`] or [`Completable::fail`]) or drops
     /// it, stays allocated and is not accessed through Rust references at
