@@ -253,7 +253,7 @@ pub(crate) struct Credit {
 }
 
 impl Drop for Credit {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         let (queue, cq) = self.pools.pools(self.recv);
         queue.release(self.n);

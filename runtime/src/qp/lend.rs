@@ -41,6 +41,7 @@ pub trait GatherChainVerb: Completable {
 }
 
 /// Opcodes whose SGEs the device only reads.
+#[inline(always)]
 fn gathers(op: &SendOp) -> bool {
     matches!(
         op,
@@ -53,14 +54,9 @@ fn gathers(op: &SendOp) -> bool {
 
 /// `flags` a verb may choose: INLINE, FENCE, SOLICITED (SIGNALED is the
 /// runtime's).
+#[inline(always)]
 fn verb_flags(flags: SendFlags) -> SendFlags {
-    let mut out = SendFlags::NONE;
-    for f in [SendFlags::INLINE, SendFlags::FENCE, SendFlags::SOLICITED] {
-        if flags.contains(f) {
-            out |= f;
-        }
-    }
-    out
+    flags.intersection(SendFlags::INLINE | SendFlags::FENCE | SendFlags::SOLICITED)
 }
 
 #[cold]

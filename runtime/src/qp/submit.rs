@@ -497,14 +497,9 @@ fn refused<T: Completable>(data: Option<T>, e: SubmitError) -> Option<Box<T::Out
 }
 
 /// `flags` without SIGNALED.
+#[inline(always)]
 fn unsignaled(flags: SendFlags) -> SendFlags {
-    let mut out = SendFlags::NONE;
-    for f in [SendFlags::FENCE, SendFlags::SOLICITED, SendFlags::INLINE] {
-        if flags.contains(f) {
-            out |= f;
-        }
-    }
-    out
+    flags.intersection(SendFlags::FENCE | SendFlags::SOLICITED | SendFlags::INLINE)
 }
 
 // The chain is built and posted in place; a waiting submission keeps it in
