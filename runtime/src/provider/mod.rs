@@ -262,14 +262,16 @@ impl Pd {
     pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
         Ok(Mr {
             imp: match &self.imp {
-                // SAFETY: forwarded contract of this function.
                 PdImp::Soft(p) => {
-                    MrImp::Soft(unsafe { ProtectionDomain::reg_mr(p, addr, len, access)? })
+                    // SAFETY: forwarded contract of this function.
+                    let mr = unsafe { ProtectionDomain::reg_mr(p, addr, len, access)? };
+                    MrImp::Soft(mr)
                 }
                 #[cfg(feature = "ibverbs")]
-                // SAFETY: forwarded contract of this function.
                 PdImp::Ibverbs(p) => {
-                    MrImp::Ibverbs(unsafe { ProtectionDomain::reg_mr(p, addr, len, access)? })
+                    // SAFETY: forwarded contract of this function.
+                    let mr = unsafe { ProtectionDomain::reg_mr(p, addr, len, access)? };
+                    MrImp::Ibverbs(mr)
                 }
             },
         })
