@@ -23,6 +23,6 @@ pub use qp::{
 };
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,
-    JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, Sleep, TcpListener, TcpStream,
-    Timeout, Turn,
+    JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, RuntimeStats, Sleep, TcpListener,
+    TcpStream, Timeout, Turn,
 };

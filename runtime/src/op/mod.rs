@@ -26,12 +26,14 @@
 //! (credit pools and the `Credit` an op holds), `table.rs` (`OpTable`),
 //! `future.rs` ([`Op`]).
 
+mod counters;
 mod credit;
 mod error;
 mod future;
 mod table;
 pub mod wr_id;
 
+pub(crate) use counters::Counters;
 pub(crate) use credit::{Credit, Credits, QpCredits, Ticket};
 pub use error::SubmitError;
 pub use future::Op;

@@ -2,8 +2,10 @@
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
+use super::counters::Counters;
 use super::credit::Credit;
 use super::{wr_id, SubmitError};
 use crate::provider::Completion;
@@ -106,6 +108,8 @@ pub(crate) struct OpTable {
     /// `!graveyard.is_empty()` (checked after every drain without a borrow).
     has_dead: Cell<bool>,
     stale: Cell<u64>,
+    /// Shared with the reactor and the QPs (see [`Counters`]).
+    pub(crate) counters: Rc<Counters>,
 }
 
 impl OpTable {
@@ -121,6 +125,7 @@ impl OpTable {
             graveyard: RefCell::new(Vec::new()),
             has_dead: Cell::new(false),
             stale: Cell::new(0),
+            counters: Rc::new(Counters::default()),
         }
     }
 
@@ -140,6 +145,7 @@ impl OpTable {
             t.free = next_free;
             t.live += 1;
             self.next_gen.set(next);
+            Counters::bump(&self.counters.ops_submitted);
             return Ok((key, gen));
         }
         drop(t);
@@ -174,6 +180,7 @@ impl OpTable {
         });
         t.live += 1;
         self.next_gen.set(next);
+        Counters::bump(&self.counters.ops_submitted);
         Ok((key, gen))
     }
 
@@ -186,6 +193,7 @@ impl OpTable {
         t.release(key);
         drop(t);
         drop(errors);
+        Counters::bump(&self.counters.ops_failed);
         credit
     }
 
@@ -204,6 +212,7 @@ impl OpTable {
         if let Some(c) = &mut credit {
             c.n -= absorbed.min(c.n);
         }
+        Counters::bump(&self.counters.ops_failed);
         match slot.state {
             State::Submitted | State::Waiting => {
                 let waiting = slot.state == State::Waiting;
@@ -382,7 +391,17 @@ impl OpTable {
         slot.completion = c;
         slot.state = State::Completed;
         let credit = slot.credit.take();
+        self.count_completion(&c);
         self.wake_completed(t, key, waiting, credit);
+    }
+
+    /// Counts an op's completion (and its failure).
+    #[inline(always)]
+    fn count_completion(&self, c: &Completion) {
+        Counters::bump(&self.counters.ops_completed);
+        if !c.status.is_success() {
+            Counters::bump(&self.counters.ops_failed);
+        }
     }
 
     /// Wakes a waker that is not the runtime's own (taken out of slot `key`
@@ -452,6 +471,12 @@ impl OpTable {
             .as_mut()
             .and_then(|e| e.first_error.take())
             .unwrap_or(c);
+        if matches!(
+            slot.state,
+            State::Submitted | State::Waiting | State::Ignored
+        ) {
+            self.count_completion(&effective);
+        }
         match slot.state {
             State::Submitted | State::Waiting => {
                 let waiting = slot.state == State::Waiting;

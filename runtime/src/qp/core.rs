@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::{deferred, InlineFault};
-use crate::op::{OpTable, QpCredits};
+use crate::op::{Counters, OpTable, QpCredits};
 use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendWr};
 use crate::reactor::{CqRegistration, WorkQueue};
 
@@ -58,6 +58,8 @@ pub(crate) struct QpCore {
     pub(crate) qp_num: u32,
     /// Its queues' and CQs' credit pools (shared with its ops' credits).
     pub(crate) credits: Rc<QpCredits>,
+    /// The runtime's counters (doorbells and post lists are counted here).
+    pub(crate) counters: Rc<Counters>,
     pub(crate) closed: Cell<bool>,
     /// The last `QueuePair` handle is gone.
     pub(crate) dropped: Cell<bool>,
@@ -101,6 +103,30 @@ pub(crate) struct QpCore {
 }
 
 impl QpCore {
+    /// Posts `wrs` to the send queue: one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_send`].
+    #[inline(always)]
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        self.counters.posted(wrs.len());
+        // SAFETY: forwarded contract of this function.
+        unsafe { self.backend.post_send(wrs) }
+    }
+
+    /// Posts `wrs` to the receive queue: one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_recv`].
+    #[inline(always)]
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        self.counters.posted(wrs.len());
+        // SAFETY: forwarded contract of this function.
+        unsafe { self.backend.post_recv(wrs) }
+    }
+
     pub(crate) fn outstanding(&self) -> u32 {
         self.credits.outstanding()
     }

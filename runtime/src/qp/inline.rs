@@ -98,7 +98,7 @@ impl QpCore {
             flags: SendFlags::SIGNALED,
         };
         // SAFETY: the WR has no SGE: it names no local memory.
-        match unsafe { self.backend.post_send(std::slice::from_ref(&wr)) } {
+        match unsafe { self.post_send(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 self.unsig.set(0);
                 true
@@ -257,7 +257,7 @@ impl QueuePair {
         // readable and unwritten for this whole call, during which the
         // provider copies it (the INLINE part of the `post_send` contract);
         // its lkey is not used. Nothing is lent beyond the call.
-        match unsafe { core.backend.post_send(std::slice::from_ref(&wr)) } {
+        match unsafe { core.post_send(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 core.unsig.set(if signal { 0 } else { unsig + 1 + reserve });
                 core.inline_credits

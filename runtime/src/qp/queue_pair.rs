@@ -92,6 +92,7 @@ impl QueuePair {
         let core = Rc::new(QpCore {
             backend,
             qp_num,
+            counters: handle.driver().ops.counters.clone(),
             credits: Rc::new(QpCredits {
                 sq: Credits::new(caps.max_send_wr),
                 rq: Credits::new(caps.max_recv_wr),

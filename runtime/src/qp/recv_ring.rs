@@ -372,7 +372,7 @@ impl RingCore {
         // it, until the buffer's completion has been polled (`completed`),
         // and no reference to a posted buffer exists (slots are lent to
         // guards only between completion and repost).
-        let res = unsafe { self.qp.backend.post_recv(&wrs) };
+        let res = unsafe { self.qp.post_recv(&wrs) };
         st.wrs = wrs;
         match res {
             Ok(()) => Ok(()),

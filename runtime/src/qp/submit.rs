@@ -407,7 +407,7 @@ impl QueuePair {
                 // caller moves into the op of this wr_id on success (this
                 // function's contract), which holds it until the completion
                 // of the last (signaled) WR has been polled.
-                unsafe { core.backend.post_send(chain) }
+                unsafe { core.post_send(chain) }
             }
             Wrs::One(wr) => {
                 wr.wr_id = first;
@@ -427,12 +427,12 @@ impl QueuePair {
                 }
                 core.flush_deferred(ops);
                 // SAFETY: as above, for the single WR.
-                unsafe { core.backend.post_send(std::slice::from_ref(wr)) }
+                unsafe { core.post_send(std::slice::from_ref(wr)) }
             }
             Wrs::Recv(wr) => {
                 wr.wr_id = first;
                 // SAFETY: as above, for the receive WR's scatter list.
-                unsafe { core.backend.post_recv(std::slice::from_ref(wr)) }
+                unsafe { core.post_recv(std::slice::from_ref(wr)) }
             }
         };
         match res {

@@ -25,6 +25,7 @@ mod executor;
 mod net;
 mod runtime;
 mod spin;
+mod stats;
 mod timer;
 mod work_queue;
 
@@ -34,6 +35,7 @@ use std::rc::Rc;
 pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 pub use net::{TcpListener, TcpStream};
 pub use runtime::{Builder, Runtime, Turn};
+pub use stats::RuntimeStats;
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
 pub(crate) use cq_registration::CqRegistration;
@@ -197,3 +199,5 @@ where
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod stats_tests;
