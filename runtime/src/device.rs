@@ -5,9 +5,10 @@
 
 use std::rc::Rc;
 
+use crate::op::Credits;
 use crate::provider::{AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, QpCaps};
-use crate::qp::{Backend, Credits, QueuePair};
-use crate::reactor::{Handle, RuntimeError};
+use crate::qp::{Backend, QueuePair};
+use crate::reactor::{CqRegistration, Handle, RuntimeError};
 
 /// Default number of CQ entries of a [`Device`]'s shared CQ.
 pub const DEFAULT_CQ_SIZE: u32 = 4096;
@@ -19,13 +20,14 @@ struct DeviceInner {
     channel: CompChannel,
     cq: Cq,
     cq_credits: Rc<Credits>,
-    cq_key: usize,
+    /// Shared with every QP on the CQ: the CQ stays registered while any
+    /// of them lives.
+    cq_registration: Rc<CqRegistration>,
     async_key: Option<usize>,
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        self.handle.driver().deregister_cq(self.cq_key);
         if let Some(k) = self.async_key {
             self.handle.driver().deregister_async(k);
         }
@@ -55,24 +57,28 @@ impl std::fmt::Debug for Device {
 impl Device {
     /// Binds `ctx` to the current runtime with a CQ of [`DEFAULT_CQ_SIZE`].
     ///
-    /// # Panics
-    ///
-    /// If no runtime exists on this thread.
+    /// Fails with [`RuntimeError::NoRuntime`] if no runtime exists on this
+    /// thread.
     pub fn open(ctx: Context) -> Result<Device, RuntimeError> {
         Device::with_cq_size(ctx, DEFAULT_CQ_SIZE)
     }
 
     /// Binds `ctx` to the current runtime with a CQ of at least `cqe` entries.
     ///
-    /// # Panics
-    ///
-    /// If no runtime exists on this thread.
+    /// Fails with [`RuntimeError::NoRuntime`] if no runtime exists on this
+    /// thread.
     pub fn with_cq_size(ctx: Context, cqe: u32) -> Result<Device, RuntimeError> {
-        let handle = Handle::current();
+        let handle = Handle::try_current().ok_or(RuntimeError::NoRuntime {
+            what: "opening a Device",
+        })?;
         let pd = ctx.alloc_pd()?;
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cqe, Some(&channel))?;
-        let cq_key = handle.driver().register_cq(cq.clone(), channel.clone())?;
+        let cq_registration = Rc::new(CqRegistration::new(
+            handle.clone(),
+            cq.clone(),
+            channel.clone(),
+        )?);
         let cq_credits = Rc::new(Credits::new(cq.capacity()));
         let async_key = handle.driver().register_async(ctx.clone());
         Ok(Device {
@@ -83,7 +89,7 @@ impl Device {
                 channel,
                 cq,
                 cq_credits,
-                cq_key,
+                cq_registration,
                 async_key,
             }),
         })
@@ -123,7 +129,7 @@ impl Device {
     /// longer raise an event (its ops' completions would wait for an
     /// unrelated wake-up).
     pub fn forget_cq_arming(&self) {
-        self.inner.handle.driver().forget_arming(self.inner.cq_key);
+        self.inner.cq_registration.forget_arming();
     }
 
     /// The next asynchronous event of the device (port state, QP or CQ
@@ -172,7 +178,7 @@ impl Device {
             actual,
             self.inner.cq_credits.clone(),
             self.inner.cq_credits.clone(),
-            Some(self.clone()),
+            Some(self.inner.cq_registration.clone()),
         ))
     }
 }

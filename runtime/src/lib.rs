@@ -13,14 +13,16 @@ pub mod qp;
 pub mod reactor;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+mod wake;
 
 pub use device::Device;
-pub use op::{Completable, Lifecycle, Op, SubmitError};
+pub use op::{Completable, Op, SubmitError};
 pub use qp::{
-    QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError, SendChain, SendInline, Submit,
+    GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig, RecvRingError, RingMsg,
+    ScatterVerb, SendChain, SendInline, Submit,
 };
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,
-    JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, Sleep, TcpListener, TcpStream,
-    Timeout, Turn,
+    JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, RuntimeStats, Sleep, TcpListener,
+    TcpStream, Timeout, Turn,
 };

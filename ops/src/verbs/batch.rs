@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::op::wr_id;
 use verbio_runtime::provider::{Completion, SendOp, Sge};
-use verbio_runtime::{Completable, QueuePair, SendChain, Submit, SubmitError};
+use verbio_runtime::{Completable, GatherChainVerb, QueuePair, SendChain, Submit, SubmitError};
 
 use super::{gather_sge, inline_flag, one_wr, RemoteBuf};
 use crate::error::Error;
@@ -133,15 +133,9 @@ impl<B: RegisteredBuf> Batch<B> {
         for wr in wrs.iter_mut() {
             wr.flags |= inline_flag(qp, &wr.op, wr.sg_list.first());
         }
-        // SAFETY: every WR's SGE was taken from one of `bufs` when it was pushed
-        // (`Batch::push`), and `bufs` moves into the op's data: the runtime keeps
-        // those buffers (heap memory at stable addresses) until the completion.
-        unsafe {
-            qp.submit_send(BatchVerb { bufs, kinds }, move |_, chain| {
-                *chain = wrs;
-                Ok(())
-            })
-        }
+        // The runtime takes each WR's SGE again from the buffer of the same
+        // index once it owns `bufs`.
+        qp.send_gather_chain(BatchVerb { bufs, kinds }, wrs)
     }
 }
 
@@ -156,6 +150,13 @@ pub struct BatchVerb<B> {
 /// Position of a completion's WR in its op's chain (see `verbio_runtime::op`).
 fn chain_index(id: u64) -> usize {
     ((id >> (wr_id::KEY_BITS + wr_id::GEN_BITS)) & ((1 << wr_id::INDEX_BITS) - 1)) as usize
+}
+
+impl<B: RegisteredBuf> GatherChainVerb for BatchVerb<B> {
+    type Buf = B;
+    fn gather_bufs(&self) -> &[B] {
+        &self.bufs
+    }
 }
 
 impl<B: RegisteredBuf> Completable for BatchVerb<B> {

@@ -2,9 +2,9 @@
 
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
-use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
+use verbio_runtime::{Completable, QueuePair, ScatterVerb, Submit, SubmitError};
 
-use super::{atomic_result, atomic_target, check, refuse, scatter_sge, submit_one, RemoteBuf};
+use super::{atomic_result, atomic_target, check, refuse, scatter_sge, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "fetch_and_add";
@@ -14,6 +14,16 @@ const OP: &str = "fetch_and_add";
 #[derive(Debug)]
 pub struct FetchAndAddVerb<B> {
     buf: B,
+}
+
+impl<B: RegisteredBuf + IoBufMut> ScatterVerb for FetchAndAddVerb<B> {
+    type Buf = B;
+    fn scatter_buf(&mut self) -> &mut B {
+        &mut self.buf
+    }
+    fn scatter_len(&self) -> usize {
+        8
+    }
 }
 
 impl<B: RegisteredBuf + IoBufMut> Completable for FetchAndAddVerb<B> {
@@ -45,8 +55,6 @@ pub fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
         rkey: remote.rkey(),
         add,
     };
-    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
-    // runtime keeps it (heap memory at a stable address, never lent out) until
-    // the completion or flush, so only the device touches it meanwhile.
-    unsafe { submit_one(qp, FetchAndAddVerb { buf }, op, Some(sge)) }
+    let _ = sge;
+    qp.send_scatter(FetchAndAddVerb { buf }, op)
 }

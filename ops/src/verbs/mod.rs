@@ -53,7 +53,7 @@ pub use write_with_imm::WriteWithImmVerb;
 
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge};
-use verbio_runtime::{Completable, QueuePair, Submit};
+use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit};
 
 use crate::error::Error;
 
@@ -229,35 +229,19 @@ pub(crate) fn inline_flag(qp: &QueuePair, op: &SendOp, sge: Option<&Sge>) -> Sen
     }
 }
 
-/// Submits a single-WR send-queue op. The WR is built in place inside the
-/// runtime (only the opcode and the SGE are captured), to keep copies small.
-/// A small gathered payload goes INLINE (see [`inline_flag`]); its buffer
-/// stays in `data` all the same, since a submission that waits for queue
-/// room posts (and so copies) later.
-///
-/// # Safety
-///
-/// `sge` must lie in memory owned by `data` at a stable address (the
-/// contract of [`QueuePair::submit_send`], INLINE WRs included).
+/// Submits a single-WR gathering op (SEND, WRITE) whose data owns the
+/// buffer `sge` was validated from; the runtime takes the SGE from that
+/// buffer again once it owns the data. A small payload goes INLINE (see
+/// [`inline_flag`]).
 #[inline(always)]
-pub(crate) unsafe fn submit_one<T: Completable>(
+pub(crate) fn submit_gather<T: GatherVerb>(
     qp: &QueuePair,
     data: T,
     op: SendOp,
-    sge: Option<Sge>,
+    sge: &Sge,
 ) -> Submit<T> {
-    let flags = inline_flag(qp, &op, sge.as_ref());
-    // SAFETY: forwarded to our caller: `sge` lies in memory owned by `data`.
-    unsafe {
-        qp.submit_send_one(data, move |_, wr| {
-            if let Some(s) = sge.filter(|s| s.length > 0) {
-                wr.sg_list.push(s);
-            }
-            wr.op = op;
-            wr.flags = flags;
-            Ok(())
-        })
-    }
+    let flags = inline_flag(qp, &op, Some(sge));
+    qp.send_gather(data, op, flags)
 }
 
 /// A submission that failed validation: the buffer comes back at once.

@@ -2,9 +2,9 @@
 
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
-use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
+use verbio_runtime::{Completable, QueuePair, ScatterVerb, Submit, SubmitError};
 
-use super::{check, mark_written, refuse, scatter_sge, submit_one, RemoteBuf};
+use super::{check, mark_written, refuse, scatter_sge, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "read";
@@ -15,6 +15,16 @@ const OP: &str = "read";
 pub struct ReadVerb<B> {
     buf: B,
     len: usize,
+}
+
+impl<B: RegisteredBuf + IoBufMut> ScatterVerb for ReadVerb<B> {
+    type Buf = B;
+    fn scatter_buf(&mut self) -> &mut B {
+        &mut self.buf
+    }
+    fn scatter_len(&self) -> usize {
+        self.len
+    }
 }
 
 impl<B: RegisteredBuf + IoBufMut> Completable for ReadVerb<B> {
@@ -61,8 +71,6 @@ pub fn read<B: RegisteredBuf + IoBufMut>(
         remote_addr: remote.addr(),
         rkey: remote.rkey(),
     };
-    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
-    // runtime keeps it (heap memory at a stable address, never lent out) until
-    // the completion or flush, so only the device touches it meanwhile.
-    unsafe { submit_one(qp, ReadVerb { buf, len }, op, Some(sge)) }
+    let _ = sge;
+    qp.send_scatter(ReadVerb { buf, len }, op)
 }

@@ -3,7 +3,7 @@
 
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, WcOpcode};
-use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
+use verbio_runtime::{Completable, QueuePair, ScatterVerb, Submit, SubmitError};
 
 use super::{check, mark_written, refuse};
 use crate::error::Error;
@@ -36,6 +36,16 @@ pub struct RecvVerb<B> {
     buf: B,
 }
 
+impl<B: RegisteredBuf + IoBufMut> ScatterVerb for RecvVerb<B> {
+    type Buf = B;
+    fn scatter_buf(&mut self) -> &mut B {
+        &mut self.buf
+    }
+    fn scatter_len(&self) -> usize {
+        self.buf.bytes_total()
+    }
+}
+
 impl<B: RegisteredBuf + IoBufMut> Completable for RecvVerb<B> {
     type Output = BufResult<Received, B, Error>;
     fn complete(mut self, c: Completion) -> Self::Output {
@@ -55,21 +65,10 @@ impl<B: RegisteredBuf + IoBufMut> Completable for RecvVerb<B> {
 /// Posts a RECV over `buf`'s capacity (see [`Verbs::recv`](super::Verbs::recv)).
 #[inline]
 pub fn recv<B: RegisteredBuf + IoBufMut>(qp: &QueuePair, buf: B) -> Submit<RecvVerb<B>> {
-    let sge = match buf.sge_total() {
-        Ok(s) => s,
-        Err(source) => return refuse(Error::Buf { op: OP, source }, buf),
-    };
-    // SAFETY: the SGE covers `buf`, which moves into the op's data: the runtime
-    // keeps it (heap memory at a stable address, never lent out) until the
-    // completion or flush, so only the device writes it meanwhile.
-    unsafe {
-        qp.submit_recv(RecvVerb { buf }, move |_, sg_list| {
-            if sge.length > 0 {
-                sg_list.push(sge);
-            }
-            Ok(())
-        })
+    if let Err(source) = buf.sge_total() {
+        return refuse(Error::Buf { op: OP, source }, buf);
     }
+    qp.recv_scatter(RecvVerb { buf })
 }
 
 /// The in-flight buffer-less RECV; resolves to [`Received`].
@@ -91,6 +90,5 @@ impl Completable for RecvEmptyVerb {
 
 /// Posts a RECV with no scatter list (see [`Verbs::recv_empty`](super::Verbs::recv_empty)).
 pub fn recv_empty(qp: &QueuePair) -> Submit<RecvEmptyVerb> {
-    // SAFETY: the RECV has no scatter list: the device touches no local memory.
-    unsafe { qp.submit_recv(RecvEmptyVerb, |_, _| Ok(())) }
+    qp.recv_without_memory(RecvEmptyVerb)
 }

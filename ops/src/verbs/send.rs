@@ -2,9 +2,9 @@
 
 use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
-use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
+use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit, SubmitError};
 
-use super::{check, gather_sge, refuse, submit_one};
+use super::{check, gather_sge, refuse, submit_gather};
 use crate::error::Error;
 
 const OP: &str = "send";
@@ -14,6 +14,13 @@ const OP: &str = "send";
 pub struct SendVerb<B> {
     buf: B,
     len: usize,
+}
+
+impl<B: RegisteredBuf> GatherVerb for SendVerb<B> {
+    type Buf = B;
+    fn gather_buf(&self) -> &B {
+        &self.buf
+    }
 }
 
 impl<B: RegisteredBuf> Completable for SendVerb<B> {
@@ -34,8 +41,5 @@ pub fn send<B: RegisteredBuf>(qp: &QueuePair, buf: B) -> Submit<SendVerb<B>> {
         Err(e) => return refuse(e, buf),
     };
     let len = sge.length as usize;
-    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
-    // runtime keeps it (heap memory at a stable address, never lent out) until
-    // the completion or flush, so only the device touches it meanwhile.
-    unsafe { submit_one(qp, SendVerb { buf, len }, SendOp::Send, Some(sge)) }
+    submit_gather(qp, SendVerb { buf, len }, SendOp::Send, &sge)
 }

@@ -2,9 +2,9 @@
 
 use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
-use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
+use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit, SubmitError};
 
-use super::{check, gather_sge, refuse, submit_one, RemoteBuf};
+use super::{check, gather_sge, refuse, submit_gather, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "write";
@@ -13,6 +13,13 @@ const OP: &str = "write";
 #[derive(Debug)]
 pub struct WriteVerb<B> {
     buf: B,
+}
+
+impl<B: RegisteredBuf> GatherVerb for WriteVerb<B> {
+    type Buf = B;
+    fn gather_buf(&self) -> &B {
+        &self.buf
+    }
 }
 
 impl<B: RegisteredBuf> Completable for WriteVerb<B> {
@@ -40,8 +47,5 @@ pub fn write<B: RegisteredBuf>(qp: &QueuePair, buf: B, remote: RemoteBuf) -> Sub
         remote_addr: remote.addr(),
         rkey: remote.rkey(),
     };
-    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
-    // runtime keeps it (heap memory at a stable address, never lent out) until
-    // the completion or flush, so only the device touches it meanwhile.
-    unsafe { submit_one(qp, WriteVerb { buf }, op, Some(sge)) }
+    submit_gather(qp, WriteVerb { buf }, op, &sge)
 }

@@ -3,9 +3,9 @@
 
 use verbio_runtime::buf::{BufResult, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
-use verbio_runtime::{Completable, QueuePair, Submit, SubmitError};
+use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit, SubmitError};
 
-use super::{check, gather_sge, refuse, submit_one, RemoteBuf};
+use super::{check, gather_sge, refuse, submit_gather, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "write_with_imm";
@@ -14,6 +14,13 @@ const OP: &str = "write_with_imm";
 #[derive(Debug)]
 pub struct WriteWithImmVerb<B> {
     buf: B,
+}
+
+impl<B: RegisteredBuf> GatherVerb for WriteWithImmVerb<B> {
+    type Buf = B;
+    fn gather_buf(&self) -> &B {
+        &self.buf
+    }
 }
 
 impl<B: RegisteredBuf> Completable for WriteWithImmVerb<B> {
@@ -47,8 +54,5 @@ pub fn write_with_imm<B: RegisteredBuf>(
         rkey: remote.rkey(),
         imm,
     };
-    // SAFETY: the SGE was taken from `buf`, which moves into the op's data: the
-    // runtime keeps it (heap memory at a stable address, never lent out) until
-    // the completion or flush, so only the device touches it meanwhile.
-    unsafe { submit_one(qp, WriteWithImmVerb { buf }, op, Some(sge)) }
+    submit_gather(qp, WriteWithImmVerb { buf }, op, &sge)
 }

@@ -21,7 +21,7 @@ use ::async_io::{Async, Timer};
 use futures::future::{select, Either};
 
 use super::{drive_with, run_until_with, LentFd};
-use crate::Runtime;
+use crate::reactor::Runtime;
 
 /// Turns `rt` until the returned future is dropped; resolves only with an
 /// error of async-io's fd registration. Await it on `rt`'s thread (e.g.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::{select, Either};
 
-use crate::Runtime;
+use crate::reactor::Runtime;
 
 /// Turns `rt` forever: after each idle turn, `wait(timeout)` waits until the
 /// runtime's fd is readable or `timeout` passes (`None`: no timer is due).

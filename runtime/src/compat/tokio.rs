@@ -25,7 +25,7 @@ use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
 
 use super::{drive_with, run_until_with, LentFd};
-use crate::Runtime;
+use crate::reactor::Runtime;
 
 /// Turns `rt` until the returned future is dropped; resolves only with an
 /// error of tokio's fd registration. Await it (or `select!` it) in a task

@@ -9,6 +9,7 @@
 //! Dispatch is an enum per object ([`ProviderKind`] tells which); the
 //! providers' own types have the same method names and signatures.
 
+mod contract;
 mod error;
 mod select;
 pub mod soft;
@@ -22,6 +23,10 @@ use std::os::fd::RawFd;
 pub use error::{CompletionError, PostError, ProviderError, Result};
 pub use select::{open_device, open_hardware_device, DEVICE_ENV, SYSFS_INFINIBAND};
 pub use types::*;
+
+use contract::{
+    CompletionChannel, CompletionQueue, DeviceContext, MemoryRegion, ProtectionDomain, QueuePairOps,
+};
 
 /// Calls the same method on whichever provider implements `$val`.
 macro_rules! dispatch {
@@ -108,31 +113,35 @@ impl Context {
 
     /// Device name.
     pub fn name(&self) -> &str {
-        dispatch!(ContextImp, &self.imp, |c| c.name())
+        dispatch!(ContextImp, &self.imp, |c| DeviceContext::name(c))
     }
 
     /// Device attributes (`ibv_query_device`).
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        dispatch!(ContextImp, &self.imp, |c| c.query_device())
+        dispatch!(ContextImp, &self.imp, |c| DeviceContext::query_device(c))
     }
 
     /// Port attributes (`ibv_query_port`), `port` is 1-based.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
-        dispatch!(ContextImp, &self.imp, |c| c.query_port(port))
+        dispatch!(ContextImp, &self.imp, |c| DeviceContext::query_port(
+            c, port
+        ))
     }
 
     /// One GID table entry (`ibv_query_gid`).
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
-        dispatch!(ContextImp, &self.imp, |c| c.query_gid(port, index))
+        dispatch!(ContextImp, &self.imp, |c| DeviceContext::query_gid(
+            c, port, index
+        ))
     }
 
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<Pd> {
         Ok(Pd {
             imp: match &self.imp {
-                ContextImp::Soft(c) => PdImp::Soft(c.alloc_pd()?),
+                ContextImp::Soft(c) => PdImp::Soft(DeviceContext::alloc_pd(c)?),
                 #[cfg(feature = "ibverbs")]
-                ContextImp::Ibverbs(c) => PdImp::Ibverbs(c.alloc_pd()?),
+                ContextImp::Ibverbs(c) => PdImp::Ibverbs(DeviceContext::alloc_pd(c)?),
             },
         })
     }
@@ -141,9 +150,11 @@ impl Context {
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         Ok(CompChannel {
             imp: match &self.imp {
-                ContextImp::Soft(c) => CompChannelImp::Soft(c.create_comp_channel()?),
+                ContextImp::Soft(c) => CompChannelImp::Soft(DeviceContext::create_comp_channel(c)?),
                 #[cfg(feature = "ibverbs")]
-                ContextImp::Ibverbs(c) => CompChannelImp::Ibverbs(c.create_comp_channel()?),
+                ContextImp::Ibverbs(c) => {
+                    CompChannelImp::Ibverbs(DeviceContext::create_comp_channel(c)?)
+                }
             },
         })
     }
@@ -159,7 +170,7 @@ impl Context {
                     #[cfg(feature = "ibverbs")]
                     Some(_) => return Err(mismatch("create_cq")),
                 };
-                CqImp::Soft(c.create_cq(cqe, ch)?)
+                CqImp::Soft(DeviceContext::create_cq(c, cqe, ch)?)
             }
             #[cfg(feature = "ibverbs")]
             ContextImp::Ibverbs(c) => {
@@ -168,7 +179,7 @@ impl Context {
                     Some(CompChannelImp::Ibverbs(ch)) => Some(ch),
                     Some(_) => return Err(mismatch("create_cq")),
                 };
-                CqImp::Ibverbs(c.create_cq(cqe, ch)?)
+                CqImp::Ibverbs(DeviceContext::create_cq(c, cqe, ch)?)
             }
         };
         Ok(Cq { imp })
@@ -176,12 +187,12 @@ impl Context {
 
     /// The asynchronous-event fd (non-blocking; readable = an event is pending).
     pub fn async_fd(&self) -> RawFd {
-        dispatch!(ContextImp, &self.imp, |c| c.async_fd())
+        dispatch!(ContextImp, &self.imp, |c| DeviceContext::async_fd(c))
     }
 
     /// Takes (and acknowledges) the next asynchronous event, if any. Never blocks.
     pub fn get_async_event(&self) -> Result<Option<AsyncEvent>> {
-        dispatch!(ContextImp, &self.imp, |c| c.get_async_event())
+        dispatch!(ContextImp, &self.imp, |c| DeviceContext::get_async_event(c))
     }
 
     /// The GID index to use on `port` by default: 0 for the soft device; for
@@ -251,11 +262,17 @@ impl Pd {
     pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
         Ok(Mr {
             imp: match &self.imp {
-                // SAFETY: forwarded contract of this function.
-                PdImp::Soft(p) => MrImp::Soft(unsafe { p.reg_mr(addr, len, access)? }),
+                PdImp::Soft(p) => {
+                    // SAFETY: forwarded contract of this function.
+                    let mr = unsafe { ProtectionDomain::reg_mr(p, addr, len, access)? };
+                    MrImp::Soft(mr)
+                }
                 #[cfg(feature = "ibverbs")]
-                // SAFETY: forwarded contract of this function.
-                PdImp::Ibverbs(p) => MrImp::Ibverbs(unsafe { p.reg_mr(addr, len, access)? }),
+                PdImp::Ibverbs(p) => {
+                    // SAFETY: forwarded contract of this function.
+                    let mr = unsafe { ProtectionDomain::reg_mr(p, addr, len, access)? };
+                    MrImp::Ibverbs(mr)
+                }
             },
         })
     }
@@ -264,11 +281,11 @@ impl Pd {
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
         let imp = match (&self.imp, &send_cq.imp, &recv_cq.imp) {
             (PdImp::Soft(p), CqImp::Soft(s), CqImp::Soft(r)) => {
-                QpImp::Soft(p.create_qp(s, r, caps)?)
+                QpImp::Soft(ProtectionDomain::create_qp(p, s, r, caps)?)
             }
             #[cfg(feature = "ibverbs")]
             (PdImp::Ibverbs(p), CqImp::Ibverbs(s), CqImp::Ibverbs(r)) => {
-                QpImp::Ibverbs(p.create_qp(s, r, caps)?)
+                QpImp::Ibverbs(ProtectionDomain::create_qp(p, s, r, caps)?)
             }
             #[cfg(feature = "ibverbs")]
             _ => return Err(mismatch("create_qp")),
@@ -306,19 +323,19 @@ impl std::fmt::Debug for Mr {
 impl Mr {
     /// Local key, for SGEs.
     pub fn lkey(&self) -> u32 {
-        dispatch!(MrImp, &self.imp, |m| m.lkey())
+        dispatch!(MrImp, &self.imp, |m| MemoryRegion::lkey(m))
     }
     /// Remote key, for peers.
     pub fn rkey(&self) -> u32 {
-        dispatch!(MrImp, &self.imp, |m| m.rkey())
+        dispatch!(MrImp, &self.imp, |m| MemoryRegion::rkey(m))
     }
     /// Start address.
     pub fn addr(&self) -> u64 {
-        dispatch!(MrImp, &self.imp, |m| m.addr())
+        dispatch!(MrImp, &self.imp, |m| MemoryRegion::addr(m))
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        dispatch!(MrImp, &self.imp, |m| m.len())
+        dispatch!(MrImp, &self.imp, |m| MemoryRegion::len(m))
     }
     /// True for a zero-length region.
     pub fn is_empty(&self) -> bool {
@@ -326,7 +343,7 @@ impl Mr {
     }
     /// Access flags it was registered with.
     pub fn access(&self) -> AccessFlags {
-        dispatch!(MrImp, &self.imp, |m| m.access())
+        dispatch!(MrImp, &self.imp, |m| MemoryRegion::access(m))
     }
 }
 
@@ -347,13 +364,15 @@ pub struct CompChannel {
 impl CompChannel {
     /// The non-blocking fd to register with a poller.
     pub fn fd(&self) -> RawFd {
-        dispatch!(CompChannelImp, &self.imp, |c| c.fd())
+        dispatch!(CompChannelImp, &self.imp, |c| CompletionChannel::fd(c))
     }
     /// Takes one pending CQ event: the handle of the CQ that fired, or `None`
     /// if nothing is pending. Never blocks. Each event must later be
     /// acknowledged with [`Cq::ack_events`] (in batches).
     pub fn get_event(&self) -> Result<Option<u32>> {
-        dispatch!(CompChannelImp, &self.imp, |c| c.get_event())
+        dispatch!(CompChannelImp, &self.imp, |c| CompletionChannel::get_event(
+            c
+        ))
     }
 }
 
@@ -373,26 +392,29 @@ pub struct Cq {
 impl Cq {
     /// A handle unique within the context; what [`CompChannel::get_event`] returns.
     pub fn handle(&self) -> u32 {
-        dispatch!(CqImp, &self.imp, |c| c.handle())
+        dispatch!(CqImp, &self.imp, |c| CompletionQueue::handle(c))
     }
     /// Number of entries the CQ holds.
     pub fn capacity(&self) -> u32 {
-        dispatch!(CqImp, &self.imp, |c| c.capacity())
+        dispatch!(CqImp, &self.imp, |c| CompletionQueue::capacity(c))
     }
     /// Arms the CQ: the next completion (the next solicited one if
     /// `solicited_only`) signals the channel once.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        dispatch!(CqImp, &self.imp, |c| c.req_notify(solicited_only))
+        dispatch!(CqImp, &self.imp, |c| CompletionQueue::req_notify(
+            c,
+            solicited_only
+        ))
     }
     /// Moves up to `out.len()` completions into `out`; returns how many. Never
     /// blocks. Fails with [`ProviderError::CqOverflow`] once completions were lost.
     #[inline]
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        dispatch!(CqImp, &self.imp, |c| c.poll(out))
+        dispatch!(CqImp, &self.imp, |c| CompletionQueue::poll(c, out))
     }
     /// Acknowledges `n` events taken from the channel for this CQ.
     pub fn ack_events(&self, n: u32) {
-        dispatch!(CqImp, &self.imp, |c| c.ack_events(n))
+        dispatch!(CqImp, &self.imp, |c| CompletionQueue::ack_events(c, n))
     }
 }
 
@@ -432,39 +454,39 @@ impl std::fmt::Debug for Qp {
 impl Qp {
     /// QP number.
     pub fn qp_num(&self) -> u32 {
-        dispatch!(QpImp, &self.imp, |q| q.qp_num())
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::qp_num(q))
     }
     /// Current state (ERR once an error completion was generated).
     pub fn state(&self) -> QpState {
-        dispatch!(QpImp, &self.imp, |q| q.state())
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::state(q))
     }
     /// Actual queue sizes (at least those requested).
     pub fn caps(&self) -> QpCaps {
-        dispatch!(QpImp, &self.imp, |q| q.caps())
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::caps(q))
     }
     /// What the peer needs to connect to this QP (port 1, GID index `gid_index`).
     pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
-        dispatch!(QpImp, &self.imp, |q| q.endpoint(gid_index))
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::endpoint(q, gid_index))
     }
     /// RESET → INIT.
     pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| q.modify_to_init(attr))
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_init(q, attr))
     }
     /// INIT → RTR: connects to the peer's endpoint.
     pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| q.modify_to_rtr(attr))
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_rtr(q, attr))
     }
     /// RTR → RTS.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| q.modify_to_rts(attr))
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_rts(q, attr))
     }
     /// Any state → ERR: every outstanding and later-posted WR completes with `WR_FLUSH_ERR`.
     pub fn modify_to_err(&self) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| q.modify_to_err())
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_err(q))
     }
     /// Any state → RESET (queues emptied without completions).
     pub fn modify_to_reset(&self) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| q.modify_to_reset())
+        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_reset(q))
     }
     /// Posts a list of send WRs with one doorbell.
     ///
@@ -502,7 +524,9 @@ impl Qp {
     /// responder checks them against its own registrations.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         // SAFETY: forwarded contract of this function.
-        dispatch!(QpImp, &self.imp, |q| unsafe { q.post_send(wrs) })
+        dispatch!(QpImp, &self.imp, |q| unsafe {
+            QueuePairOps::post_send(q, wrs)
+        })
     }
 
     /// Posts a list of receive WRs with one doorbell.
@@ -529,6 +553,8 @@ impl Qp {
     /// any other SGE makes a message landing in that WR fail, unaccessed.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         // SAFETY: forwarded contract of this function.
-        dispatch!(QpImp, &self.imp, |q| unsafe { q.post_recv(wrs) })
+        dispatch!(QpImp, &self.imp, |q| unsafe {
+            QueuePairOps::post_recv(q, wrs)
+        })
     }
 }

@@ -130,6 +130,10 @@ impl SendFlags {
     pub const fn contains(self, other: SendFlags) -> bool {
         self.0 & other.0 == other.0
     }
+    /// The flags set in both `self` and `other`.
+    pub const fn intersection(self, other: SendFlags) -> SendFlags {
+        SendFlags(self.0 & other.0)
+    }
 }
 
 impl std::ops::BitOr for SendFlags {

@@ -91,7 +91,7 @@ impl QpCore {
         // the op table (in flight, or parked if its future was dropped),
         // which keeps that memory until the WR's completion or flush has
         // been polled; the provider's post contract holds for each.
-        let res = unsafe { self.backend.post_send(&d.wrs) };
+        let res = unsafe { self.post_send(&d.wrs) };
         let absorbed = std::mem::take(&mut d.absorbed);
         match res {
             Ok(()) => d.wrs.clear(),

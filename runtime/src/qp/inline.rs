@@ -51,8 +51,8 @@ impl QpCore {
         if credits > 0 {
             self.inline_credits
                 .set(self.inline_credits.get().saturating_sub(credits));
-            self.sq.release(credits);
-            self.send_cq.release(credits);
+            self.credits.sq.release(credits);
+            self.credits.send_cq.release(credits);
         }
     }
 
@@ -98,7 +98,7 @@ impl QpCore {
             flags: SendFlags::SIGNALED,
         };
         // SAFETY: the WR has no SGE: it names no local memory.
-        match unsafe { self.backend.post_send(std::slice::from_ref(&wr)) } {
+        match unsafe { self.post_send(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 self.unsig.set(0);
                 true
@@ -205,7 +205,7 @@ impl QueuePair {
         let core = &self.inner.core;
         // Send-queue order: WRs waiting for the poll phase's doorbell first.
         core.flush_deferred(self.inner.handle.ops());
-        let (sq, cq) = (&*core.sq, &*core.send_cq);
+        let (sq, cq) = (&core.credits.sq, &*core.credits.send_cq);
         let unsig = core.unsig.get();
         // Unsignaled WRs in the current group (`unsig` counts a reserve too).
         let group = unsig.saturating_sub(1);
@@ -257,7 +257,7 @@ impl QueuePair {
         // readable and unwritten for this whole call, during which the
         // provider copies it (the INLINE part of the `post_send` contract);
         // its lkey is not used. Nothing is lent beyond the call.
-        match unsafe { core.backend.post_send(std::slice::from_ref(&wr)) } {
+        match unsafe { core.post_send(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 core.unsig.set(if signal { 0 } else { unsig + 1 + reserve });
                 core.inline_credits
@@ -273,8 +273,8 @@ impl QueuePair {
     #[inline(never)]
     fn inline_post_failed(&self, n: u32, e: crate::provider::PostError) -> SubmitError {
         let core = &self.inner.core;
-        core.sq.release(n);
-        core.send_cq.release(n);
+        core.credits.sq.release(n);
+        core.credits.send_cq.release(n);
         SubmitError::Post {
             qp_num: core.qp_num,
             source: e,
@@ -289,8 +289,8 @@ pub struct SendInline<'a> {
     qp: &'a QueuePair,
     data: &'a [u8],
     imm: Option<u32>,
-    sq_ticket: Option<super::Ticket>,
-    cq_ticket: Option<super::Ticket>,
+    sq_ticket: Option<crate::op::Ticket>,
+    cq_ticket: Option<crate::op::Ticket>,
     /// One send-queue credit is held (waiting for the CQ credit).
     sq_held: bool,
     done: bool,
@@ -310,10 +310,10 @@ impl SendInline<'_> {
     /// Gives back whatever this waiting send holds.
     fn abandon(&mut self) {
         let core = &self.qp.inner.core;
-        core.sq.cancel(&mut self.sq_ticket);
-        core.send_cq.cancel(&mut self.cq_ticket);
+        core.credits.sq.cancel(&mut self.sq_ticket);
+        core.credits.send_cq.cancel(&mut self.cq_ticket);
         if std::mem::take(&mut self.sq_held) {
-            core.sq.release(1);
+            core.credits.sq.release(1);
         }
     }
 }
@@ -335,11 +335,11 @@ impl SendInline<'_> {
             || core.fault.get().is_some()
             || self.data.len() > qp.inner.caps.max_inline_data as usize
             || core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS
-            || !core.sq.try_acquire(1)
+            || !core.credits.sq.try_acquire(1)
         {
             return None;
         }
-        if !core.send_cq.try_acquire(1) {
+        if !core.credits.send_cq.try_acquire(1) {
             self.sq_held = true;
             return None;
         }
@@ -364,11 +364,12 @@ impl SendInline<'_> {
         }
         let core = &qp.inner.core;
         if !this.sq_held {
-            if this.sq_ticket.is_some() || !core.sq.try_acquire(1) {
+            if this.sq_ticket.is_some() || !core.credits.sq.try_acquire(1) {
                 if this.sq_ticket.is_none() {
                     core.retire_unsignaled();
                 }
                 if core
+                    .credits
                     .sq
                     .poll_acquire(1, &mut this.sq_ticket, cx)
                     .is_pending()
@@ -378,11 +379,12 @@ impl SendInline<'_> {
             }
             this.sq_held = true;
         }
-        if this.cq_ticket.is_some() || !core.send_cq.try_acquire(1) {
+        if this.cq_ticket.is_some() || !core.credits.send_cq.try_acquire(1) {
             if this.cq_ticket.is_none() {
-                qp.inner.handle.driver().retire_all_unsignaled();
+                qp.inner.handle.driver().release_hoarded_credits();
             }
             if core
+                .credits
                 .send_cq
                 .poll_acquire(1, &mut this.cq_ticket, cx)
                 .is_pending()

@@ -219,7 +219,7 @@ fn credit_releases_wake_waiters_and_idle_watchers() {
     use std::sync::Arc;
     use std::task::{Context, Wake, Waker};
 
-    use crate::qp::Credits;
+    use crate::op::Credits;
 
     struct Count(AtomicUsize);
     impl Wake for Count {
@@ -262,13 +262,13 @@ fn credit_releases_wake_waiters_and_idle_watchers() {
 }
 
 /// A `Submit` is dropped by hand: a completed op's future drops only its
-/// runtime handle (inline); one dropped while waiting or in flight drops
+/// op-table handle (inline); one dropped while waiting or in flight drops
 /// its whole state (the data is parked until the flush, or freed if it was
 /// never posted). Each path gives the handle back exactly once.
 #[test]
-fn dropping_a_submission_gives_its_runtime_handle_back_once() {
+fn dropping_a_submission_gives_its_table_handle_back_once() {
     let rt = Runtime::new().unwrap();
-    let handles = || Rc::strong_count(&rt.handle().inner);
+    let handles = || Rc::strong_count(&rt.handle().inner.driver.ops);
     let (qp, fake) = FakeQp::queue_pair(1, caps(1, 1), 64);
     let base = handles();
     let token = Rc::new(());

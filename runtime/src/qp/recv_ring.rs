@@ -4,7 +4,7 @@
 //! routes their completions straight to the ring (no op slot, no `Submit`,
 //! no allocation per message), and [`RecvRing::next`] (or the
 //! [`Stream`](futures::Stream) impl) yields each received message as a
-//! [`RecvMsg`] guard. Dropping the guard reposts its buffer (reposts are
+//! [`RingMsg`] guard. Dropping the guard reposts its buffer (reposts are
 //! batched into one `post_recv` list when `repost_batch > 1`).
 //!
 //! # Memory safety
@@ -40,12 +40,14 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use super::{QpCore, QueuePair, Ticket};
+use super::{QpCore, QueuePair};
 use crate::op::wr_id;
+use crate::op::OpTable;
+use crate::op::Ticket;
 use crate::provider::{
     AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcStatus,
 };
-use crate::reactor::Handle;
+use crate::reactor::{Handle, WorkQueue};
 
 /// Why a [`RecvRing`] could not be created, or what its stream reports.
 #[derive(Debug, thiserror::Error)]
@@ -166,7 +168,7 @@ impl RecvRingConfig {
 enum Slot {
     /// Owned by the device (posted).
     Posted,
-    /// Completed: in the ready queue, or lent to a [`RecvMsg`].
+    /// Completed: in the ready queue, or lent to a [`RingMsg`].
     Taken,
     /// Waiting to be reposted (in `pending`).
     Pending,
@@ -248,6 +250,28 @@ impl Drop for RingCore {
     }
 }
 
+impl WorkQueue for RingCore {
+    /// A completion of one of the ring's buffers.
+    fn complete_reserved(&self, c: &Completion) {
+        self.completed(c);
+    }
+
+    fn phase_ended(&self, _ops: &OpTable) {}
+
+    /// The ring's QP is shut down with the other QPs: its flushes drain the
+    /// ring.
+    fn shut_down(&self, _ops: &OpTable) {}
+
+    fn lent(&self) -> u32 {
+        self.posted()
+    }
+
+    /// A ring unregisters itself once dropped and drained.
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
 impl RingCore {
     /// Buffers posted (for the reactor's shutdown drain).
     pub(crate) fn posted(&self) -> u32 {
@@ -307,18 +331,20 @@ impl RingCore {
                     // A verbio task's waker only queues its task (no
                     // foreign code runs under the borrow): woken in place
                     // and kept, so the task's next wait needs no clone.
-                    Some(w) if crate::reactor::wake_if_task(w) => None,
+                    Some(w) if crate::wake::wake_if_task(w) => None,
                     _ => st.waker.take(),
                 };
                 (waker, false, keep)
             }
         };
         if !kept {
-            self.qp.rq.release(1);
-            self.qp.recv_cq.release(1);
+            self.qp.credits.rq.release(1);
+            self.qp.credits.recv_cq.release(1);
         }
         if unregister {
-            self.handle.driver().unregister_ring(self.key, self);
+            self.handle
+                .driver()
+                .unregister_ring(self.key, self as &dyn WorkQueue);
         }
         if let Some(w) = waker {
             w.wake();
@@ -346,7 +372,7 @@ impl RingCore {
         // it, until the buffer's completion has been polled (`completed`),
         // and no reference to a posted buffer exists (slots are lent to
         // guards only between completion and repost).
-        let res = unsafe { self.qp.backend.post_recv(&wrs) };
+        let res = unsafe { self.qp.post_recv(&wrs) };
         st.wrs = wrs;
         match res {
             Ok(()) => Ok(()),
@@ -393,8 +419,8 @@ impl RingCore {
         st.posted -= n;
         st.stopped = true;
         self.give_back_kept(st);
-        self.qp.rq.release(n);
-        self.qp.recv_cq.release(n);
+        self.qp.credits.rq.release(n);
+        self.qp.credits.recv_cq.release(n);
         RecvRingError::Post {
             qp_num: self.qp.qp_num,
             count: unposted.len(),
@@ -413,8 +439,13 @@ impl RingCore {
         let want = st.pending.len() as u32;
         while st.held_rq < want {
             let got = match cx.as_deref_mut() {
-                None => self.qp.rq.try_acquire(1),
-                Some(cx) => self.qp.rq.poll_acquire(1, &mut st.rq_ticket, cx).is_ready(),
+                None => self.qp.credits.rq.try_acquire(1),
+                Some(cx) => self
+                    .qp
+                    .credits
+                    .rq
+                    .poll_acquire(1, &mut st.rq_ticket, cx)
+                    .is_ready(),
             };
             if !got {
                 break;
@@ -423,9 +454,10 @@ impl RingCore {
         }
         while st.held_cq < st.held_rq {
             let got = match cx.as_deref_mut() {
-                None => self.qp.recv_cq.try_acquire(1),
+                None => self.qp.credits.recv_cq.try_acquire(1),
                 Some(cx) => self
                     .qp
+                    .credits
                     .recv_cq
                     .poll_acquire(1, &mut st.cq_ticket, cx)
                     .is_ready(),
@@ -460,10 +492,10 @@ impl RingCore {
             st.slots[s] = Slot::Idle;
         }
         st.pending.clear();
-        self.qp.rq.cancel(&mut st.rq_ticket);
-        self.qp.recv_cq.cancel(&mut st.cq_ticket);
-        self.qp.rq.release(st.held_rq);
-        self.qp.recv_cq.release(st.held_cq);
+        self.qp.credits.rq.cancel(&mut st.rq_ticket);
+        self.qp.credits.recv_cq.cancel(&mut st.cq_ticket);
+        self.qp.credits.rq.release(st.held_rq);
+        self.qp.credits.recv_cq.release(st.held_cq);
         st.held_rq = 0;
         st.held_cq = 0;
         self.give_back_kept(st);
@@ -491,8 +523,8 @@ impl RingCore {
         }
         let all = &self.qp.ring_kept;
         all.set(all.get().saturating_sub(n));
-        self.qp.rq.release(n);
-        self.qp.recv_cq.release(n);
+        self.qp.credits.rq.release(n);
+        self.qp.credits.recv_cq.release(n);
     }
 
     /// A guard gave its slot back.
@@ -539,11 +571,11 @@ impl RingCore {
     /// One receive-queue and one CQ credit, if both are free.
     #[inline]
     fn acquire_pair(&self) -> bool {
-        if self.qp.rq.try_acquire(1) {
-            if self.qp.recv_cq.try_acquire(1) {
+        if self.qp.credits.rq.try_acquire(1) {
+            if self.qp.credits.recv_cq.try_acquire(1) {
                 return true;
             }
-            self.qp.rq.release(1);
+            self.qp.credits.rq.release(1);
         }
         false
     }
@@ -644,26 +676,26 @@ impl RecvRing {
         if core.closed.get() {
             return Err(RecvRingError::Closed { qp_num });
         }
-        if !core.rq.try_acquire(depth) {
+        if !core.credits.rq.try_acquire(depth) {
             return Err(RecvRingError::Credits {
                 qp_num,
                 depth,
-                rq_available: core.rq.available(),
-                cq_available: core.recv_cq.available(),
+                rq_available: core.credits.rq.available(),
+                cq_available: core.credits.recv_cq.available(),
             });
         }
-        if !core.recv_cq.try_acquire(depth) {
-            core.rq.release(depth);
+        if !core.credits.recv_cq.try_acquire(depth) {
+            core.credits.rq.release(depth);
             return Err(RecvRingError::Credits {
                 qp_num,
                 depth,
-                rq_available: core.rq.available(),
-                cq_available: core.recv_cq.available(),
+                rq_available: core.credits.rq.available(),
+                cq_available: core.credits.recv_cq.available(),
             });
         }
         let give_back = || {
-            core.rq.release(depth);
-            core.recv_cq.release(depth);
+            core.credits.rq.release(depth);
+            core.credits.recv_cq.release(depth);
         };
         // SAFETY: `layout` has a nonzero size (depth, buf_size > 0).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -810,13 +842,13 @@ impl RecvRing {
     /// Polls for the next message (see [`next`](Self::next)). Released
     /// buffers still waiting for their batch are reposted before waiting.
     #[inline]
-    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RecvMsg, RecvRingError>>> {
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         let core = &self.core;
         let mut st = core.state.borrow_mut();
         while let Some(c) = st.ready.pop_front() {
             if c.status.is_success() && c.byte_len as usize <= core.buf_size {
                 drop(st);
-                return Poll::Ready(Some(Ok(RecvMsg {
+                return Poll::Ready(Some(Ok(RingMsg {
                     core: core.clone(),
                     slot: c.slot,
                     len: c.byte_len,
@@ -846,7 +878,7 @@ impl RecvRing {
         &self,
         st: &mut State,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<RecvMsg, RecvRingError>>> {
+    ) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         if !st.pending.is_empty() {
             self.core.flush_pending(st, Some(cx));
         }
@@ -916,13 +948,13 @@ impl Drop for RecvRing {
             self.core
                 .handle
                 .driver()
-                .unregister_ring(self.core.key, &self.core);
+                .unregister_ring(self.core.key, &*self.core);
         }
     }
 }
 
 impl futures::Stream for RecvRing {
-    type Item = Result<RecvMsg, RecvRingError>;
+    type Item = Result<RingMsg, RecvRingError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         RecvRing::poll_next(&self, cx)
@@ -936,7 +968,7 @@ pub struct NextMsg<'a> {
 }
 
 impl Future for NextMsg<'_> {
-    type Output = Option<Result<RecvMsg, RecvRingError>>;
+    type Output = Option<Result<RingMsg, RecvRingError>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -947,14 +979,14 @@ impl Future for NextMsg<'_> {
 /// A received message: a buffer of a [`RecvRing`] lent out between its
 /// completion and its repost. Dereferences to the received bytes; dropping
 /// it reposts the buffer.
-pub struct RecvMsg {
+pub struct RingMsg {
     core: Rc<RingCore>,
     slot: u32,
     len: u32,
     imm: Option<u32>,
 }
 
-impl RecvMsg {
+impl RingMsg {
     /// The received bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
@@ -991,16 +1023,16 @@ impl RecvMsg {
     pub fn repost(self) {}
 }
 
-impl std::ops::Deref for RecvMsg {
+impl std::ops::Deref for RingMsg {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         self.as_slice()
     }
 }
 
-impl fmt::Debug for RecvMsg {
+impl fmt::Debug for RingMsg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RecvMsg")
+        f.debug_struct("RingMsg")
             .field("slot", &self.slot)
             .field("len", &self.len)
             .field("imm", &self.imm)
@@ -1008,7 +1040,7 @@ impl fmt::Debug for RecvMsg {
     }
 }
 
-impl Drop for RecvMsg {
+impl Drop for RingMsg {
     #[inline]
     fn drop(&mut self) {
         self.core.release(self.slot);

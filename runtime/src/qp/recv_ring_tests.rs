@@ -8,7 +8,7 @@ use futures::FutureExt;
 
 use crate::op::wr_id;
 use crate::provider::{QpCaps, WcStatus};
-use crate::qp::{QueuePair, RecvMsg, RecvRing, RecvRingConfig, RecvRingError};
+use crate::qp::{QueuePair, RecvRing, RecvRingConfig, RecvRingError, RingMsg};
 use crate::reactor::Runtime;
 use crate::testing::{settle, FakeQp};
 
@@ -25,7 +25,7 @@ fn ring(qp: &QueuePair, depth: u32, batch: u32) -> RecvRing {
 }
 
 /// The next item if one is ready now.
-fn next_now(r: &mut RecvRing) -> Option<Option<Result<RecvMsg, RecvRingError>>> {
+fn next_now(r: &mut RecvRing) -> Option<Option<Result<RingMsg, RecvRingError>>> {
     r.next().now_or_never()
 }
 
@@ -324,7 +324,11 @@ fn a_completed_buffer_keeps_its_credits_for_its_repost() {
     settle(&rt);
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
     assert_eq!(qp.outstanding_recvs(), 3, "3 receives posted");
-    assert_eq!(qp.inner.core.rq.outstanding(), 4, "the 4th credit is kept");
+    assert_eq!(
+        qp.inner.core.credits.rq.outstanding(),
+        4,
+        "the 4th credit is kept"
+    );
     // The completed buffer's CQ entry stays the ring's: another send waits.
     let w2 = rt.block_on(async { bare_write(&qp) });
     assert!(w2.is_queued(), "no CQ credit for the send");
@@ -351,20 +355,20 @@ fn close_gives_back_the_credits_of_held_and_unread_messages() {
     settle(&rt);
     // One message held by its guard, one unread.
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
-    assert_eq!(qp.inner.core.rq.outstanding(), 4);
+    assert_eq!(qp.inner.core.credits.rq.outstanding(), 4);
     rt.block_on(async {
         crate::reactor::timeout(std::time::Duration::from_secs(5), qp.close())
             .await
             .expect("close waits only for posted receives")
             .unwrap()
     });
-    assert_eq!(qp.inner.core.rq.outstanding(), 0);
-    assert_eq!(qp.inner.core.recv_cq.outstanding(), 0);
+    assert_eq!(qp.inner.core.credits.rq.outstanding(), 0);
+    assert_eq!(qp.inner.core.credits.recv_cq.outstanding(), 0);
     // The guard's drop after the close reposts nothing, gives nothing twice.
     let bells = fake.doorbells();
     drop(m);
     assert_eq!(fake.doorbells(), bells);
-    assert_eq!(qp.inner.core.rq.outstanding(), 0);
+    assert_eq!(qp.inner.core.credits.rq.outstanding(), 0);
     drop(r);
     assert_eq!(qp.inner.core.ring_kept.get(), 0);
 }
@@ -377,13 +381,17 @@ fn a_dropped_ring_gives_back_the_credits_its_guards_kept() {
     fake.complete_recv(WcStatus::Success, 1).unwrap();
     settle(&rt);
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
-    assert_eq!(qp.inner.core.rq.outstanding(), 2);
+    assert_eq!(qp.inner.core.credits.rq.outstanding(), 2);
     drop(r);
-    assert_eq!(qp.inner.core.rq.outstanding(), 1, "only the posted buffer");
+    assert_eq!(
+        qp.inner.core.credits.rq.outstanding(),
+        1,
+        "only the posted buffer"
+    );
     assert_eq!(qp.inner.core.ring_kept.get(), 0);
     drop(m);
-    assert_eq!(qp.inner.core.rq.outstanding(), 1);
-    assert_eq!(qp.inner.core.recv_cq.outstanding(), 1);
+    assert_eq!(qp.inner.core.credits.rq.outstanding(), 1);
+    assert_eq!(qp.inner.core.credits.recv_cq.outstanding(), 1);
     rt.block_on(async { qp.close().await.unwrap() });
 }
 
@@ -485,7 +493,7 @@ fn a_waiting_task_is_woken_in_place_and_its_waker_kept_for_the_next_wait() {
     let kept = core
         .registered_waker()
         .expect("the task's waker stays registered");
-    assert!(crate::reactor::is_task_waker(&kept));
+    assert!(crate::wake::is_task_waker(&kept));
     drop(kept);
     let (r, got) = rt.block_on(task);
     assert_eq!(got, Some(Some(7)));

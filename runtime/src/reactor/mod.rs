@@ -19,12 +19,15 @@
 //!    made on the runtime's thread (the dispatch of socket events, a
 //!    completion waking its task) write no eventfd.
 
+mod cq_registration;
 mod driver;
 mod executor;
 mod net;
 mod runtime;
 mod spin;
+mod stats;
 mod timer;
+mod work_queue;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -32,12 +35,12 @@ use std::rc::Rc;
 pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 pub use net::{TcpListener, TcpStream};
 pub use runtime::{Builder, Runtime, Turn};
+pub use stats::RuntimeStats;
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
+pub(crate) use cq_registration::CqRegistration;
 pub(crate) use driver::Driver;
-#[cfg(test)]
-pub(crate) use executor::is_task_waker;
-pub(crate) use executor::wake_if_task;
+pub(crate) use work_queue::WorkQueue;
 
 use crate::op::OpTable;
 use crate::provider::Completion;
@@ -47,7 +50,7 @@ use crate::provider::Completion;
 #[non_exhaustive]
 pub enum RuntimeError {
     /// An OS call (epoll, eventfd, registration) failed.
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         /// What was being done.
         context: &'static str,
@@ -61,6 +64,12 @@ pub enum RuntimeError {
     /// A provider call failed.
     #[error(transparent)]
     Provider(#[from] crate::provider::ProviderError),
+    /// The call needs a verbio runtime on this thread and there is none.
+    #[error("no verbio runtime on this thread: {what} needs one (create a verbio::Runtime first)")]
+    NoRuntime {
+        /// What was being done.
+        what: &'static str,
+    },
 }
 
 pub(crate) struct Config {
@@ -190,3 +199,5 @@ where
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod stats_tests;

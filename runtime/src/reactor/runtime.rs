@@ -14,7 +14,8 @@ use super::driver::{Driver, WAKER_TOKEN};
 use super::executor::Executor;
 use super::spin::SpinPacer;
 use super::timer::Timers;
-use super::{Config, Handle, Inner, JoinHandle, RuntimeError};
+use super::{Config, Handle, Inner, JoinHandle, RuntimeError, RuntimeStats};
+use crate::op::Counters;
 
 /// Every this many loop iterations without sleeping, sockets and channels
 /// are polled anyway (zero timeout) and due timers fired, so busy tasks
@@ -396,7 +397,11 @@ impl Runtime {
         }
         // Awake again as soon as epoll returns: the wakes its events cause
         // on this thread (sockets) then need no kick of the epoll fd.
+        Counters::bump(&d.ops.counters.parks);
         let events = d.poll_io_then(timeout, || shared.sleeping.store(false, Ordering::SeqCst));
+        if matches!(events, Ok(n) if n > 0) {
+            Counters::bump(&d.ops.counters.wakeups);
+        }
         match events {
             // Woken by a channel, a socket or another thread: take the
             // completions now, so the tasks they wake run in the very next
@@ -466,6 +471,11 @@ impl Runtime {
             // returns to the vCPU's main loop (`helper_pause`: "let another
             // CPU run"), at every spin.
         }
+    }
+
+    /// A snapshot of the runtime's counters ([`Handle::stats`]).
+    pub fn stats(&self) -> RuntimeStats {
+        self.handle.stats()
     }
 
     /// Ops in the slab (in flight, parked, or completed but uncollected).

@@ -1,0 +1,230 @@
+//! [`QpCore`]: the part of a queue pair the reactor keeps until every work
+//! request of it has completed, and its policy as a [`WorkQueue`].
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use super::{deferred, InlineFault};
+use crate::op::{Counters, OpTable, QpCredits};
+use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendWr};
+use crate::reactor::{CqRegistration, WorkQueue};
+
+/// What the runtime posts to: a provider QP, or (in tests) a recording fake.
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Provider(Qp),
+    #[cfg(any(test, feature = "test-util"))]
+    Fake(Rc<super::FakeQp>),
+}
+
+impl Backend {
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_send`].
+    #[inline]
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        match self {
+            // SAFETY: forwarded contract of this function.
+            Backend::Provider(qp) => unsafe { qp.post_send(wrs) },
+            #[cfg(any(test, feature = "test-util"))]
+            Backend::Fake(f) => f.post_send(wrs),
+        }
+    }
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_recv`].
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        match self {
+            // SAFETY: forwarded contract of this function.
+            Backend::Provider(qp) => unsafe { qp.post_recv(wrs) },
+            #[cfg(any(test, feature = "test-util"))]
+            Backend::Fake(f) => f.post_recv(wrs),
+        }
+    }
+    pub(crate) fn modify_to_err(&self) -> Result<(), ProviderError> {
+        match self {
+            Backend::Provider(qp) => qp.modify_to_err(),
+            #[cfg(any(test, feature = "test-util"))]
+            Backend::Fake(f) => f.modify_to_err(),
+        }
+    }
+}
+
+/// The part of a QP the reactor keeps until every WR of it has completed,
+/// even after the last `QueuePair` handle is gone (then it is a zombie: in
+/// ERR, waiting for its flushes).
+pub(crate) struct QpCore {
+    pub(crate) backend: Backend,
+    pub(crate) qp_num: u32,
+    /// Its queues' and CQs' credit pools (shared with its ops' credits).
+    pub(crate) credits: Rc<QpCredits>,
+    /// The runtime's counters (doorbells and post lists are counted here).
+    pub(crate) counters: Rc<Counters>,
+    pub(crate) closed: Cell<bool>,
+    /// The last `QueuePair` handle is gone.
+    pub(crate) dropped: Cell<bool>,
+    /// Keeps the CQ registered while WRs are outstanding.
+    pub(crate) _cq: Option<Rc<CqRegistration>>,
+    /// This QP's key in the reactor's QP registry (named by inline wr_ids).
+    pub(crate) reg_key: Cell<usize>,
+    /// Send-queue and CQ credits (each) held by the unsignaled inline sends
+    /// posted since the last signaled send WR, plus one reserve credit for
+    /// the WR that retires them; 0 if there are none.
+    ///
+    /// # Invariant
+    ///
+    /// Nonzero only while the last WR posted to the send queue was an
+    /// unsignaled inline send: every signaled send post takes these credits
+    /// over (they come back with its completion, which by RC ordering
+    /// implies the unsignaled WRs' completion).
+    pub(crate) unsig: Cell<u32>,
+    /// Send-queue credits held by inline sends (those of `unsig`, and those
+    /// carried by posted signaled inline WRs not completed yet). They lend
+    /// no memory to the device: a QP holding only these is not leaked at
+    /// runtime shutdown.
+    pub(crate) inline_credits: Cell<u32>,
+    /// At most `signal_every - 1` inline sends in a row go unsignaled.
+    pub(crate) signal_every: Cell<u32>,
+    /// The first error completion of an inline send posted without an op.
+    pub(crate) fault: Cell<Option<InlineFault>>,
+    /// Receive-queue and receive-CQ credits (each) that this QP's receive
+    /// rings keep between a buffer's completion and its repost (so the
+    /// repost needs no acquire). Given back by [`shut`](Self::shut): a
+    /// closing QP waits only for its posted receives.
+    pub(crate) ring_kept: Cell<u32>,
+    /// Single send WRs submitted during the current poll phase, posted as
+    /// one list when it ends (`deferred.rs`).
+    pub(crate) deferred: RefCell<deferred::Deferred>,
+    /// Doorbell batching is on for this QP (see
+    /// [`QueuePair::set_doorbell_batching`]).
+    pub(crate) batch_posts: Cell<bool>,
+    /// Listed for the end of the current poll phase (`deferred.rs`).
+    pub(crate) listed_in_phase: Cell<bool>,
+}
+
+impl QpCore {
+    /// Posts `wrs` to the send queue: one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_send`].
+    #[inline(always)]
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        self.counters.posted(wrs.len());
+        // SAFETY: forwarded contract of this function.
+        unsafe { self.backend.post_send(wrs) }
+    }
+
+    /// Posts `wrs` to the receive queue: one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_recv`].
+    #[inline(always)]
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        self.counters.posted(wrs.len());
+        // SAFETY: forwarded contract of this function.
+        unsafe { self.backend.post_recv(wrs) }
+    }
+
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.credits.outstanding()
+    }
+
+    /// Marks the QP closed, wakes queued submitters and moves it to ERR
+    /// (again: rxe flushes receives posted in ERR only on a new transition).
+    ///
+    /// Trailing unsignaled inline sends are retired by a WR posted once the
+    /// QP is in ERR (so it is flushed, never executed), followed by one more
+    /// ERR transition (rxe flushes WRs posted in ERR only then). If that post
+    /// fails, their credits are given back at once.
+    pub(crate) fn shut(&self, ops: &crate::op::OpTable) -> Result<(), ProviderError> {
+        // Deferred WRs go out first: the ERR transition flushes them with
+        // the rest, so their ops end as every posted WR of a closed QP does.
+        self.flush_deferred(ops);
+        self.closed.set(true);
+        // The receive rings repost nothing once closed: their kept credits
+        // come back now (they check `closed` before using them).
+        let kept = self.ring_kept.replace(0);
+        if kept > 0 {
+            self.credits.rq.release(kept);
+            self.credits.recv_cq.release(kept);
+        }
+        self.credits.sq.wake_all();
+        self.credits.rq.wake_all();
+        self.credits.send_cq.wake_all();
+        self.credits.recv_cq.wake_all();
+        let res = self.backend.modify_to_err();
+        if self.unsig.get() > 0 {
+            if self.retire_unsignaled() {
+                if let Err(e) = self.backend.modify_to_err() {
+                    tracing::debug!(qp = self.qp_num, error = %e, "second modify_to_err");
+                }
+            } else {
+                let n = self.absorb_unsignaled();
+                self.credits.sq.release(n);
+                self.credits.send_cq.release(n);
+            }
+        }
+        res
+    }
+}
+
+impl WorkQueue for QpCore {
+    /// An inline send's completion (or that of the WR retiring them).
+    fn complete_reserved(&self, c: &Completion) {
+        if c.qp_num == self.qp_num {
+            self.inline_completed(c);
+        } else {
+            tracing::debug!(
+                wr_id = c.wr_id,
+                qp = c.qp_num,
+                "inline completion of another QP"
+            );
+        }
+    }
+
+    /// Posts the single WRs deferred during the phase, in one list.
+    fn phase_ended(&self, ops: &OpTable) {
+        self.flush_deferred(ops);
+        self.listed_in_phase.set(false);
+    }
+
+    /// Retires trailing unsignaled inline sends, which hold CQ credits.
+    fn release_hoarded(&self) {
+        if self.unsig.get() > 0 && !self.closed.get() {
+            self.retire_unsignaled();
+        }
+    }
+
+    fn shut_down(&self, ops: &OpTable) {
+        if let Err(e) = self.shut(ops) {
+            tracing::debug!(qp = self.qp_num, error = %e, "modify_to_err at shutdown");
+        }
+    }
+
+    /// Inline sends lend no memory.
+    fn lent(&self) -> u32 {
+        self.outstanding_with_memory()
+    }
+
+    fn finished(&self) -> bool {
+        self.dropped.get() && self.outstanding() == 0
+    }
+}
+
+/// Whether a new QP batches its single-WR posts (see
+/// [`QueuePair::set_doorbell_batching`]): on the software device, where one
+/// post list takes the QP's lock and wakes the engine once for all its WRs
+/// (measured: about 20 ns less CPU per op at depth 32, `op_overhead`), and
+/// on the test fake; not on libibverbs devices: on rxe, whose doorbell
+/// `write` runs the requester in the posting thread, one doorbell per WR
+/// keeps it pumping and batching halved `perf write_bw` (measured side by
+/// side in the rxe VM), and on hardware it is unmeasured.
+pub(super) fn batching_by_default(backend: &Backend) -> bool {
+    match backend {
+        Backend::Provider(qp) => qp.kind() == crate::provider::ProviderKind::Soft,
+        #[cfg(any(test, feature = "test-util"))]
+        Backend::Fake(_) => true,
+    }
+}

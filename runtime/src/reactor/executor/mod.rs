@@ -1,0 +1,343 @@
+//! The local task queue: `spawn`, wakers and [`JoinHandle`].
+//!
+//! Tasks live in a slab on the runtime's thread. Their wakers are
+//! thread-safe (an `Arc` behind a vtable of our own): waking pushes the task
+//! id into a small mutex-protected queue and, only if the reactor is asleep
+//! in epoll, kicks the `mio::Waker`. Same-thread wakes therefore cost no
+//! syscall, and skip the mutex and atomic read-modify-writes too: a waker
+//! that fires on its runtime's own thread (the op path: the reactor
+//! completes an op and wakes its task) pushes into a thread-local queue
+//! instead. The op table recognizes these wakers (`crate::wake::is_task_waker`) and
+//! keeps and wakes them by reference (no refcount traffic per op).
+//!
+//! A panic in a spawned task ends that task only: it is caught where the
+//! task is polled, the task's future is dropped (its in-flight ops park
+//! their buffers as usual), the panic is logged, and its payload goes to
+//! the [`JoinHandle`], whose `await` resumes it in the awaiting task
+//! ([`JoinHandle::result`] returns it as a [`JoinError`] instead). The
+//! other tasks and the loop go on, as in tokio. A panic of the future given
+//! to `block_on` itself propagates to its caller.
+
+mod join;
+mod task;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use slab::Slab;
+
+use crate::wake::{
+    task_waker, Shared, TaskWaker, LOCAL_MAIN, LOCAL_PENDING, LOCAL_QUEUE, LOCAL_SHARED, MAIN,
+};
+use join::JoinState;
+pub use join::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
+use task::{Settle, TaskFuture};
+
+struct Task {
+    future: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    waker: Waker,
+    flag: Arc<TaskWaker>,
+}
+
+pub(crate) struct Executor {
+    tasks: RefCell<Slab<Task>>,
+    ready: RefCell<VecDeque<usize>>,
+    spare: RefCell<Vec<usize>>,
+    pub(crate) shared: Arc<Shared>,
+    main: Arc<TaskWaker>,
+    main_waker: Waker,
+    main_woken: Cell<bool>,
+}
+
+impl Executor {
+    pub(crate) fn new(mio_waker: mio::Waker) -> Executor {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Vec::with_capacity(64)),
+            notified: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            mio_waker,
+            #[cfg(test)]
+            kicks: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let main = Arc::new(TaskWaker {
+            id: MAIN,
+            scheduled: AtomicBool::new(false),
+            shared: shared.clone(),
+        });
+        // `try_with`: during thread-local teardown wakes just take the
+        // cross-thread path.
+        let _ = LOCAL_SHARED.try_with(|l| l.set(Arc::as_ptr(&shared)));
+        let _ = LOCAL_QUEUE.try_with(|q| {
+            if let Ok(mut q) = q.try_borrow_mut() {
+                q.clear();
+                q.reserve(64);
+            }
+        });
+        let _ = LOCAL_PENDING.try_with(|p| p.set(false));
+        let _ = LOCAL_MAIN.try_with(|m| m.set(false));
+        Executor {
+            tasks: RefCell::new(Slab::with_capacity(64)),
+            ready: RefCell::new(VecDeque::with_capacity(64)),
+            spare: RefCell::new(Vec::with_capacity(64)),
+            shared,
+            main_waker: task_waker(main.clone()),
+            main,
+            main_woken: Cell::new(false),
+        }
+    }
+
+    pub(crate) fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        let state = Rc::new(JoinState {
+            value: RefCell::new(None),
+            panic: RefCell::new(None),
+            waker: RefCell::new(None),
+            finished: Cell::new(false),
+            aborted: Cell::new(false),
+            task: RefCell::new(None),
+        });
+        let task = TaskFuture {
+            fut,
+            st: Settle(state.clone()),
+            done: false,
+        };
+        let mut tasks = self.tasks.borrow_mut();
+        let entry = tasks.vacant_entry();
+        let id = entry.key();
+        let flag = Arc::new(TaskWaker {
+            id,
+            scheduled: AtomicBool::new(false),
+            shared: self.shared.clone(),
+        });
+        let waker = task_waker(flag.clone());
+        // The task is only ever polled with this waker (by `poll_task`):
+        // `abort` wakes it through this copy.
+        *state.task.borrow_mut() = Some(waker.clone());
+        entry.insert(Task {
+            future: Some(Box::pin(task)),
+            waker: waker.clone(),
+            flag,
+        });
+        drop(tasks);
+        // Scheduled like any wake, so a runtime driven from outside (asleep
+        // between turns) sees its epoll fd become readable.
+        waker.wake();
+        JoinHandle { state }
+    }
+
+    /// Moves cross-thread and same-thread wakes into the local ready queue.
+    #[inline]
+    pub(crate) fn collect(&self) {
+        if LOCAL_MAIN.try_with(|m| m.replace(false)).unwrap_or(false) {
+            self.main_woken.set(true);
+        }
+        if LOCAL_PENDING
+            .try_with(|p| p.replace(false))
+            .unwrap_or(false)
+        {
+            self.collect_local();
+        }
+        // A plain load first: the locked swap only when something came in.
+        if self.shared.notified.load(Ordering::SeqCst) {
+            self.collect_shared();
+        }
+    }
+
+    /// Moves the cross-thread wakes into the ready queue.
+    fn collect_shared(&self) {
+        if !self.shared.notified.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let mut spare = self.spare.borrow_mut();
+        {
+            let mut q = self
+                .shared
+                .queue
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            std::mem::swap(&mut *q, &mut *spare);
+        }
+        let mut ready = self.ready.borrow_mut();
+        for id in spare.drain(..) {
+            if id == MAIN {
+                self.main_woken.set(true);
+            } else {
+                ready.push_back(id);
+            }
+        }
+    }
+
+    /// Moves the same-thread wakes (see `LOCAL_QUEUE`) into the ready queue.
+    fn collect_local(&self) {
+        let _ = LOCAL_QUEUE.try_with(|q| {
+            let Ok(mut q) = q.try_borrow_mut() else {
+                // Not reachable (no user code runs while it is borrowed);
+                // keep the ids for the next collect rather than lose them.
+                LOCAL_PENDING.with(|p| p.set(true));
+                return;
+            };
+            if q.is_empty() {
+                return;
+            }
+            let mut ready = self.ready.borrow_mut();
+            for id in q.drain(..) {
+                if id == MAIN {
+                    self.main_woken.set(true);
+                } else {
+                    ready.push_back(id);
+                }
+            }
+        });
+    }
+
+    /// Same-thread wakes not collected yet.
+    fn has_local(&self) -> bool {
+        LOCAL_PENDING.try_with(Cell::get).unwrap_or(false)
+            || LOCAL_MAIN.try_with(Cell::get).unwrap_or(false)
+    }
+
+    /// Polls up to `budget` ready tasks; returns how many were polled.
+    ///
+    /// Inline up to the common idle check (every reactor turn makes it):
+    /// with no task ready it costs the collect and one test, no call.
+    #[inline(always)]
+    pub(crate) fn run(&self, budget: usize) -> usize {
+        self.collect();
+        if budget == 0 || self.ready.borrow().is_empty() {
+            return 0;
+        }
+        self.run_ready(budget)
+    }
+
+    /// [`run`](Self::run) with tasks ready (just collected).
+    #[inline(never)]
+    fn run_ready(&self, budget: usize) -> usize {
+        let mut polled = 0;
+        while polled < budget {
+            let next = self.ready.borrow_mut().pop_front();
+            let Some(id) = next else {
+                if polled == 0 {
+                    // Nothing was ready and nothing ran since the collect
+                    // above, so no wake of ours can have come in.
+                    break;
+                }
+                self.collect();
+                if self.ready.borrow().is_empty() {
+                    break;
+                }
+                continue;
+            };
+            self.poll_task(id);
+            polled += 1;
+        }
+        polled
+    }
+
+    fn poll_task(&self, id: usize) {
+        // The future and the waker are moved out for the poll (no borrow is
+        // held while user code runs) and back in after: no refcount traffic.
+        let (mut fut, waker) = {
+            let mut tasks = self.tasks.borrow_mut();
+            let Some(task) = tasks.get_mut(id) else {
+                return;
+            };
+            let Some(fut) = task.future.take() else {
+                return;
+            };
+            task.flag.scheduled.store(false, Ordering::Release);
+            (
+                fut,
+                std::mem::replace(&mut task.waker, Waker::noop().clone()),
+            )
+        };
+        let mut cx = Context::from_waker(&waker);
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(()) => {
+                let task = self.tasks.borrow_mut().try_remove(id);
+                drop(task);
+                drop(fut);
+            }
+            Poll::Pending => {
+                if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
+                    task.future = Some(fut);
+                    task.waker = waker;
+                }
+            }
+        }
+    }
+
+    /// True if a task or the main future can make progress right now.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.ready.borrow().is_empty()
+            || self.main_woken.get()
+            || self.has_local()
+            || self.shared.notified.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn main_waker(&self) -> &Waker {
+        &self.main_waker
+    }
+
+    /// Takes the "main future was woken" flag.
+    #[inline]
+    pub(crate) fn take_main_woken(&self) -> bool {
+        self.collect();
+        let woken = self.main_woken.replace(false);
+        if woken {
+            self.main.scheduled.store(false, Ordering::Release);
+        }
+        woken
+    }
+
+    pub(crate) fn wake_main(&self) {
+        self.main_woken.set(true);
+    }
+
+    pub(crate) fn task_count(&self) -> usize {
+        self.tasks.borrow().len()
+    }
+
+    /// Drops every task (runtime shutdown). Task destructors may spawn or
+    /// drop ops; nothing is borrowed while they run.
+    pub(crate) fn drop_all(&self) {
+        loop {
+            let all: Vec<Task> = self.tasks.borrow_mut().drain().collect();
+            if all.is_empty() {
+                break;
+            }
+            drop(all);
+        }
+        self.ready.borrow_mut().clear();
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let ours = Arc::as_ptr(&self.shared);
+        let _ = LOCAL_SHARED.try_with(|l| {
+            if l.get() == ours {
+                l.set(std::ptr::null());
+                // Ids of our tasks must not reach a later runtime's queue.
+                let _ = LOCAL_QUEUE.try_with(|q| {
+                    if let Ok(mut q) = q.try_borrow_mut() {
+                        q.clear();
+                    }
+                    let _ = LOCAL_PENDING.try_with(|p| p.set(false));
+                    let _ = LOCAL_MAIN.try_with(|m| m.set(false));
+                });
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,100 @@
+//! A spawned task's future: the user's future, the catch of its panic, and
+//! the hand-over of its output to the [`JoinHandle`].
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use pin_project::pin_project;
+
+use super::join::JoinState;
+#[allow(unused_imports)]
+use super::JoinHandle;
+
+/// A spawned task's future: polls the user's future until it is done or
+/// the task is aborted, then hands the output to the [`JoinHandle`].
+#[pin_project]
+pub(super) struct TaskFuture<F: Future> {
+    /// Polled in place, dropped with the task (which is removed right after
+    /// its last poll). Declared first: dropped before `st` tells the handle.
+    #[pin]
+    pub(super) fut: F,
+    pub(super) st: Settle<F::Output>,
+    /// Returned `Ready` already.
+    pub(super) done: bool,
+}
+
+/// The task's side of its [`JoinState`]. Dropped with the task: if the
+/// task never finished (the runtime shut down with it pending), it marks
+/// the state finished without a value and wakes the handle's waiter, which
+/// would otherwise wait forever (e.g. a task of another executor awaiting
+/// the handle).
+pub(super) struct Settle<T>(pub(super) Rc<JoinState<T>>);
+
+impl<T> Drop for Settle<T> {
+    fn drop(&mut self) {
+        if self.0.finished.replace(true) {
+            return;
+        }
+        let w = self.0.waker.borrow_mut().take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+impl<F: Future> Future for TaskFuture<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        if *this.done {
+            return Poll::Ready(());
+        }
+        let out = if this.st.0.aborted.get() {
+            None
+        } else {
+            let fut = this.fut;
+            // After a panic the future is never polled again (`done`).
+            // Unwind safety: after a panic the future is only dropped (with
+            // the task, right after this poll), never polled again, and the
+            // runtime holds no borrow while a task runs.
+            match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+                Ok(Poll::Pending) => return Poll::Pending,
+                Ok(Poll::Ready(v)) => Some(Ok(v)),
+                Err(payload) => Some(Err(payload)),
+            }
+        };
+        *this.done = true;
+        let st = &this.st.0;
+        match out {
+            Some(Ok(v)) => *st.value.borrow_mut() = Some(v),
+            Some(Err(payload)) => {
+                tracing::error!(
+                    panic = panic_message(&*payload),
+                    "a spawned task panicked; the task ended, the runtime goes on"
+                );
+                *st.panic.borrow_mut() = Some(payload);
+            }
+            None => {}
+        }
+        st.finished.set(true);
+        let w = st.waker.borrow_mut().take();
+        if let Some(w) = w {
+            w.wake();
+        }
+        Poll::Ready(())
+    }
+}
+
+/// The text of a panic payload (`&str` or `String`), else a placeholder.
+pub(super) fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a non-string panic payload)")
+}

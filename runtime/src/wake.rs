@@ -1,0 +1,206 @@
+//! The wakers of the runtime's tasks: an `Arc<TaskWaker>` behind a vtable
+//! of our own. Waking pushes the task id into a thread-local queue when it
+//! happens on the runtime's own thread (no mutex, no atomic read-modify-write,
+//! no syscall), else into the runtime's mutex-protected [`Shared`] queue,
+//! kicking the reactor's `mio::Waker` only if it sleeps in epoll.
+//!
+//! The op table recognizes these wakers ([`is_task_waker`]) and keeps and
+//! wakes them by reference ([`wake_if_task`]): no refcount traffic per op.
+//! This module sits below the op layer; the executor
+//! (`reactor/executor.rs`) creates the wakers and drains the queues.
+
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{RawWaker, RawWakerVTable, Waker};
+
+/// Id of the future passed to `block_on` (it is not in the slab).
+pub(crate) const MAIN: usize = usize::MAX;
+
+thread_local! {
+    /// The `Shared` of the runtime living on this thread (null if none).
+    /// Compared by address: a waker holds its `Arc<Shared>`, so while it
+    /// exists no other `Shared` can get that address.
+    pub(crate) static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+    /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime.
+    pub(crate) static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
+    /// lazy-registration check on access).
+    pub(crate) static LOCAL_PENDING: Cell<bool> = const { Cell::new(false) };
+    /// The `block_on` future was woken on this thread (kept out of the
+    /// queue: it is the common wake of the op path).
+    pub(crate) static LOCAL_MAIN: Cell<bool> = const { Cell::new(false) };
+}
+
+pub(crate) struct Shared {
+    pub(crate) queue: Mutex<Vec<usize>>,
+    /// Something was pushed since the last collect.
+    pub(crate) notified: AtomicBool,
+    /// The reactor is (about to be) asleep in epoll.
+    pub(crate) sleeping: AtomicBool,
+    pub(crate) mio_waker: mio::Waker,
+    /// Writes to the waker's eventfd (tests check which wakes need one).
+    #[cfg(test)]
+    pub(crate) kicks: std::sync::atomic::AtomicUsize,
+}
+
+impl Shared {
+    /// Makes the epoll fd readable (a syscall).
+    pub(crate) fn kick(&self) {
+        #[cfg(test)]
+        self.kicks.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.mio_waker.wake() {
+            tracing::warn!(error = %e, "waking the reactor failed");
+        }
+    }
+
+    pub(crate) fn push(&self, id: usize) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(id);
+        self.notified.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.kick();
+        }
+    }
+}
+
+pub(crate) struct TaskWaker {
+    pub(crate) id: usize,
+    pub(crate) scheduled: AtomicBool,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl TaskWaker {
+    /// Queues the task (once until it is polled). On the executor's own
+    /// thread this touches no atomic read-modify-write: the flag is read and
+    /// set with plain loads and stores (only this thread clears it, so a
+    /// plain load sees its latest clear; a cross-thread wake racing the set
+    /// can at worst queue the task twice, a spurious poll). Other threads
+    /// swap the flag and push into the mutex-protected queue.
+    pub(crate) fn wake_ref(&self) {
+        let shared = Arc::as_ptr(&self.shared);
+        let ours = LOCAL_SHARED
+            .try_with(|l| l.get() == shared)
+            .unwrap_or(false);
+        if ours {
+            if self.scheduled.load(Ordering::Acquire) {
+                return;
+            }
+            self.scheduled.store(true, Ordering::Release);
+            let local = if self.id == MAIN {
+                LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
+            } else {
+                LOCAL_QUEUE
+                    .try_with(|q| match q.try_borrow_mut() {
+                        Ok(mut q) => {
+                            q.push(self.id);
+                            // `with`, not `LocalKey::set` (an out-of-line
+                            // initialization check per call).
+                            LOCAL_PENDING.with(|p| p.set(true));
+                            true
+                        }
+                        Err(_) => false,
+                    })
+                    .unwrap_or(false)
+            };
+            if !local {
+                self.shared.push(self.id);
+            } else if self.shared.sleeping.load(Ordering::SeqCst) {
+                // Driven from outside (between turns): the outer poller
+                // waits on our epoll fd, so make it readable.
+                self.shared.kick();
+            }
+        } else if !self.scheduled.swap(true, Ordering::AcqRel) {
+            self.shared.push(self.id);
+        }
+    }
+}
+
+/// The wakers of the executor's tasks: an `Arc<TaskWaker>` behind a vtable
+/// of our own, so that [`is_task_waker`] can recognize them.
+static TASK_WAKER_VTABLE: RawWakerVTable = RawWakerVTable::new(
+    task_waker_clone,
+    task_waker_wake,
+    task_waker_wake_by_ref,
+    task_waker_drop,
+);
+
+/// A waker owning one strong count of `flag`.
+pub(crate) fn task_waker(flag: Arc<TaskWaker>) -> Waker {
+    let raw = RawWaker::new(Arc::into_raw(flag).cast::<()>(), &TASK_WAKER_VTABLE);
+    // SAFETY: the data pointer comes from `Arc::into_raw::<TaskWaker>` and
+    // owns one strong count; the vtable's functions treat it as exactly that
+    // (clone adds a count, wake and drop give one back, wake_by_ref only
+    // borrows), and `TaskWaker` is `Send + Sync`, as `Waker` requires.
+    unsafe { Waker::from_raw(raw) }
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a live waker made by [`task_waker`].
+unsafe fn task_waker_clone(p: *const ()) -> RawWaker {
+    // SAFETY: `p` comes from `Arc::into_raw::<TaskWaker>` and the waker
+    // holding it keeps that count alive during this call.
+    unsafe { Arc::increment_strong_count(p.cast::<TaskWaker>()) };
+    RawWaker::new(p, &TASK_WAKER_VTABLE)
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a waker made by [`task_waker`], whose strong
+/// count this call consumes.
+unsafe fn task_waker_wake(p: *const ()) {
+    // SAFETY: the waker being consumed owns this count (caller contract).
+    let flag = unsafe { Arc::from_raw(p.cast::<TaskWaker>()) };
+    flag.wake_ref();
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a live waker made by [`task_waker`].
+unsafe fn task_waker_wake_by_ref(p: *const ()) {
+    // SAFETY: the live waker keeps the `TaskWaker` alive during this call.
+    let flag = unsafe { &*p.cast::<TaskWaker>() };
+    flag.wake_ref();
+}
+
+/// # Safety
+///
+/// `p` is the data pointer of a waker made by [`task_waker`], whose strong
+/// count this call consumes.
+unsafe fn task_waker_drop(p: *const ()) {
+    // SAFETY: the waker being dropped owns this count (caller contract).
+    drop(unsafe { Arc::from_raw(p.cast::<TaskWaker>()) });
+}
+
+/// True for the wakers of a verbio executor's tasks (of any runtime). Their
+/// wake runs no foreign code: it only queues the task (or, from another
+/// thread, pushes it into the runtime's shared queue and kicks its epoll).
+#[inline]
+pub(crate) fn is_task_waker(w: &Waker) -> bool {
+    std::ptr::eq(w.vtable(), &TASK_WAKER_VTABLE)
+}
+
+/// Wakes `w` by reference if it is a verbio task waker ([`is_task_waker`])
+/// and returns true; false (nothing done) for any other waker. A task that
+/// is already queued (the common case when many ops of one task complete
+/// in one drain) costs one load here: no call through the vtable, no
+/// thread-local lookup.
+#[inline(always)]
+pub(crate) fn wake_if_task(w: &Waker) -> bool {
+    if !is_task_waker(w) {
+        return false;
+    }
+    // SAFETY: `w`'s vtable is `TASK_WAKER_VTABLE`, so its data pointer comes
+    // from `Arc::into_raw::<TaskWaker>` (see `task_waker`), and the live
+    // waker keeps that `TaskWaker` alive while we borrow it.
+    let flag = unsafe { &*w.data().cast::<TaskWaker>() };
+    // Already queued: it will be polled (the flag is cleared right before
+    // the poll), exactly the early return `wake_ref` itself would take.
+    if !flag.scheduled.load(Ordering::Acquire) {
+        flag.wake_ref();
+    }
+    true
+}
