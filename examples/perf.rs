@@ -757,7 +757,7 @@ impl<'a> RawLoop<'a> {
     /// Posts the SEND (of `len` bytes); `last` signals it as [`RAW_LAST`].
     fn post_send(&mut self, len: u32, last: bool) -> Res<()> {
         self.sent += 1;
-        let signaled = last || self.sent.is_multiple_of(RAW_SIGNAL_EVERY);
+        let signaled = last || self.sent % RAW_SIGNAL_EVERY == 0;
         let mut flags = if self.inline {
             SendFlags::INLINE
         } else {
@@ -990,7 +990,7 @@ impl LatStats {
         }
         delta.sort_unstable();
         let m = delta.len() - LAT_MEASURE_TAIL;
-        let median = if !(m - 1).is_multiple_of(2) {
+        let median = if (m - 1) % 2 != 0 {
             (delta[m / 2] + delta[m / 2 - 1]) / 2
         } else {
             delta[m / 2]

@@ -46,7 +46,7 @@ fn messages_arrive_in_order_with_bytes_and_imm_across_reposts() {
                 let n = round * DEPTH + i;
                 let data = common::pattern(1 + (n as usize % 60), n as u8);
                 let buf = common::buf_from(&pool, &data);
-                let (res, _) = if n.is_multiple_of(2) {
+                let (res, _) = if n % 2 == 0 {
                     a.send(buf).await
                 } else {
                     a.send_with_imm(buf, 0x1000 + n).await
@@ -61,11 +61,7 @@ fn messages_arrive_in_order_with_bytes_and_imm_across_reposts() {
                     .expect("stream ended")
                     .unwrap_or_else(|e| panic!("message {n}: {e}"));
                 assert_eq!(&m[..], &common::pattern(1 + (n as usize % 60), n as u8)[..]);
-                let want_imm = if n.is_multiple_of(2) {
-                    None
-                } else {
-                    Some(0x1000 + n)
-                };
+                let want_imm = if n % 2 == 0 { None } else { Some(0x1000 + n) };
                 assert_eq!(m.imm(), want_imm, "message {n}");
                 slots.insert(m.slot());
                 // Dropped here: reposted.

@@ -1,10 +1,12 @@
 //! verbio-ops: every verb as an owned-buffer `Op` future, connection setup over
 //! TCP, and the MR-token agent.
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 pub mod agent;
 pub mod connect;
 pub mod error;
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzz_checks;
 pub mod verbs;
 

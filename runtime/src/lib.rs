@@ -2,6 +2,10 @@
 //! buffers, and the RDMA providers (the software device and libibverbs).
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(not(target_os = "linux"))]
+compile_error!("verbio supports Linux only: it needs epoll, eventfd and (for hardware) libibverbs");
 
 pub mod buf;
 pub mod compat;
@@ -12,6 +16,7 @@ pub mod op;
 pub mod qp;
 pub mod reactor;
 #[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
 mod wake;
 

@@ -876,7 +876,7 @@ mod tests {
             } else {
                 let len = (rng.next() % 96) as usize;
                 let mut v: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-                if len >= 6 && rng.next().is_multiple_of(2) {
+                if len >= 6 && rng.next() % 2 == 0 {
                     v[..4].copy_from_slice(&MAGIC);
                     v[4] = VERSION;
                     v[5] = (rng.next() % 12) as u8;
@@ -891,7 +891,7 @@ mod tests {
                 let at = (rng.next() as usize) % input.len();
                 input[at] = rng.next() as u8;
             }
-            if rng.next().is_multiple_of(8) && !input.is_empty() {
+            if rng.next() % 8 == 0 && !input.is_empty() {
                 let keep = (rng.next() as usize) % input.len();
                 input.truncate(keep);
             }

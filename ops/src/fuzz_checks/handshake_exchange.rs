@@ -71,7 +71,7 @@ impl AsyncRead for Peer<'_> {
         const CHUNKS: [usize; 5] = [1, 11, 3, 64, 1024];
         let this = self.get_mut();
         this.reads += 1;
-        if this.faults.interrupt && this.reads.is_multiple_of(4) {
+        if this.faults.interrupt && this.reads % 4 == 0 {
             return Poll::Ready(Err(io::ErrorKind::Interrupted.into()));
         }
         if this.faults.reset_at_eof && this.input.is_empty() && !buf.is_empty() {

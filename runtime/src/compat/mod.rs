@@ -19,8 +19,10 @@
 //! wakers are the host's), and nothing spins while idle.
 
 #[cfg(feature = "async-io")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async-io")))]
 pub mod async_io;
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub mod tokio;
 
 #[cfg(any(feature = "tokio", feature = "async-io"))]

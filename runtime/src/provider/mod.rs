@@ -16,6 +16,7 @@ pub mod soft;
 mod types;
 
 #[cfg(feature = "ibverbs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ibverbs")))]
 pub mod ibverbs;
 
 use std::os::fd::RawFd;
