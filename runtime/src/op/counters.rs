@@ -8,7 +8,7 @@ use std::cell::Cell;
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) ops_submitted: Cell<u64>,
-    pub(crate) ops_completed: Cell<u64>,
+    pub(crate) completions: Cell<u64>,
     pub(crate) ops_failed: Cell<u64>,
     pub(crate) doorbells: Cell<u64>,
     pub(crate) wrs_posted: Cell<u64>,

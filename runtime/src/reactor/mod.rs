@@ -198,6 +198,6 @@ where
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod stats_tests;
+#[cfg(test)]
+mod tests;

@@ -10,8 +10,9 @@ use super::Handle;
 pub struct RuntimeStats {
     /// Ops given a slot (posted, or deferred to the end of the poll phase).
     pub ops_submitted: u64,
-    /// Ops whose completion (or flush) arrived.
-    pub ops_completed: u64,
+    /// Completions the reactor handled: those of ops (flushes included)
+    /// and of reserved wr_ids (receive rings, inline sends, the agent).
+    pub completions: u64,
     /// Ops that ended in error: an error completion (flushes included) or
     /// a post the provider refused.
     pub ops_failed: u64,
@@ -39,7 +40,7 @@ impl Handle {
         let c = &ops.counters;
         RuntimeStats {
             ops_submitted: c.ops_submitted.get(),
-            ops_completed: c.ops_completed.get(),
+            completions: c.completions.get(),
             ops_failed: c.ops_failed.get(),
             doorbells: c.doorbells.get(),
             wrs_posted: c.wrs_posted.get(),

@@ -45,7 +45,11 @@ fn ops_doorbells_and_post_lists_are_counted() {
     });
     let s = rt.stats();
     assert_eq!(s.ops_submitted - before.ops_submitted, 3);
-    assert_eq!(s.doorbells - before.doorbells, 1, "one doorbell for the phase");
+    assert_eq!(
+        s.doorbells - before.doorbells,
+        1,
+        "one doorbell for the phase"
+    );
     assert_eq!(s.wrs_posted - before.wrs_posted, 3);
     assert_eq!(fake.doorbells(), 1);
     fake.complete_send(WcStatus::Success, 0).unwrap();
@@ -58,7 +62,7 @@ fn ops_doorbells_and_post_lists_are_counted() {
         .collect();
     assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
     let s = rt.stats();
-    assert_eq!(s.ops_completed - before.ops_completed, 3);
+    assert_eq!(s.completions - before.completions, 3);
     assert_eq!(s.ops_failed - before.ops_failed, 1, "the error completion");
     assert_eq!(s.ops_in_slab, 0);
 }

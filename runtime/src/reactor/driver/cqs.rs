@@ -164,7 +164,7 @@ impl Driver {
         }
         drop(batch);
         if total > 0 {
-            self.completed();
+            self.completed(total);
         }
         total
     }
@@ -190,11 +190,13 @@ impl Driver {
         }
     }
 
-    /// After completions: frees the data of dropped ops they finished,
-    /// forgets the dropped queues that drained. Two flag tests inline; the
-    /// work out of line.
+    /// After `n` completions: counts them, frees the data of dropped ops
+    /// they finished, forgets the dropped queues that drained. Two flag
+    /// tests inline; the work out of line.
     #[inline(always)]
-    fn completed(&self) {
+    fn completed(&self, n: usize) {
+        let c = &self.ops.counters.completions;
+        c.set(c.get() + n as u64);
         self.ops.bury();
         if self.draining.get() > 0 {
             self.forget_drained();
