@@ -276,7 +276,10 @@ impl RdmaBuilder {
         self
     }
 
-    /// Lifetime of the memory tokens this side grants.
+    /// Lifetime of the memory tokens this side grants (default 60 s). A
+    /// peer's request may ask for a shorter one
+    /// ([`Rdma::request_remote_mr_with_timeout`]), never a longer one;
+    /// [`Rdma::send_local_mr_with_timeout`] sets it per hand-over.
     pub fn token_lifetime(mut self, d: Duration) -> Self {
         self.config.token_lifetime = d;
         self

@@ -48,7 +48,7 @@ impl Rdma {
 
     /// Registered memory of `len` bytes whose contents are unspecified: the
     /// bytes are not zeroed, so they may hold what the pool block held
-    /// before (earlier messages of this process). Never uninitialized
+    /// before (earlier data of this connection's pool). Never uninitialized
     /// memory (pool chunks are zeroed when registered), so unlike
     /// async-rdma's this is a safe fn. Use it when every byte is written
     /// before it is read or sent.
