@@ -1,6 +1,6 @@
 //! The software RDMA device: a faithful RC "NIC" in pure Rust.
 //!
-//! Each opened [`Context`] runs one engine thread (`engine.rs`) that plays the
+//! Each opened [`Context`] runs one engine thread (`engine/`) that plays the
 //! NIC. It sleeps in its own mio poll when idle; the post path only queues
 //! WRs on the QP and rings a doorbell (a `mio::Waker`), with a syscall only
 //! when the engine sleeps. After delivering a completion (its application
@@ -51,8 +51,8 @@
 //! effect at once), `cq.rs` (CQs, completion channel, async events),
 //! `qp.rs` (state machine, post path), `direct.rs` and `wire.rs` (the
 //! posting thread's transmission), `drive.rs` (the polling thread's
-//! receive), `engine.rs` (loop, connections,
-//! timers), `eqp.rs` (the engine's per-QP state, completions, flushing),
+//! receive), `engine/` (loop, QP intake, connections, rx, tx, timers),
+//! `eqp.rs` (the engine's per-QP state, completions, flushing),
 //! `requester.rs` / `responder.rs` (the two halves of RC), `conn.rs` (per-peer
 //! buffers), `dma.rs` (copies to and from registered memory), `packet.rs`
 //! (the versioned wire format; [`packet::decode`] never panics).
