@@ -55,7 +55,8 @@
 //! `eqp.rs` (the engine's per-QP state, completions, flushing),
 //! `requester.rs` / `responder.rs` (the two halves of RC), `conn.rs` (per-peer
 //! buffers), `dma.rs` (copies to and from registered memory), `packet.rs`
-//! (the versioned wire format; [`packet::decode`] never panics).
+//! (the versioned wire format; `packet::decode` never panics), `fuzz_check.rs`
+//! (its property check, for the fuzz target; feature `fuzzing`).
 //!
 //! Completion-channel events are raised once per engine loop turn, after
 //! all of that turn's completions are queued (like a NIC's interrupt
@@ -92,8 +93,12 @@ mod dma;
 mod drive;
 mod engine;
 mod eqp;
+#[cfg(test)]
+mod fake_peer_tests;
+#[cfg(feature = "fuzzing")]
+mod fuzz_check;
 mod mr;
-pub mod packet;
+mod packet;
 mod qp;
 mod requester;
 mod responder;
@@ -103,6 +108,11 @@ pub use context::{Context, Pd};
 pub use cq::{CompChannel, Cq};
 pub use mr::Mr;
 pub use qp::Qp;
+
+#[cfg(feature = "fuzzing")]
+pub use fuzz_check::{
+    check_soft_packet, soft_packet_seeds, SOFT_PACKET_HEADER_LEN, SOFT_PACKET_LEN_OFFSET,
+};
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
