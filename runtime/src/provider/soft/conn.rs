@@ -49,10 +49,8 @@ impl TxMem {
         let rest = self.len - self.pos;
         let mut v = vec![0u8; rest];
         let at = self.addr + self.pos as u64;
-        if let Some(p) = mrs.local(self.lkey, self.pd, at, rest as u64, false) {
-            // SAFETY: validated for `rest` readable bytes under the MR-table
-            // lock held through `mrs`; `v` has `rest` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(p, v.as_mut_ptr(), rest) };
+        if let Some(span) = mrs.local(self.lkey, self.pd, at, rest as u64, false) {
+            span.read_into(&mut v);
         }
         // Positions now index into the copy.
         self.copy = Some(v);
@@ -305,8 +303,9 @@ impl Conn {
                     let at = m.addr + m.pos as u64;
                     match mrs.local(m.lkey, m.pd, at, rest as u64, false) {
                         Some(p) => {
+                            // (Sent below, while `mrs` is still borrowed.)
                             iov[n] = libc::iovec {
-                                iov_base: p.cast(),
+                                iov_base: p.as_ptr().cast(),
                                 iov_len: rest,
                             };
                             n += 1;
@@ -405,9 +404,7 @@ impl Conn {
                 dst.copy_from_slice(&copy[copy.len() - mem..]);
             } else {
                 match mrs.local(m.lkey, m.pd, m.addr + m.pos as u64, mem as u64, false) {
-                    // SAFETY: validated for `mem` readable bytes under the
-                    // MR-table lock the caller holds; `dst` has `mem` bytes.
-                    Some(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), mem) },
+                    Some(span) => span.read_into(dst),
                     None => {
                         dst.fill(0);
                         self.broken.push(m.qpn);
@@ -506,9 +503,9 @@ impl Conn {
             .ok()
         };
         let r = match target {
-            // SAFETY: `p` points to `want` writable bytes of a registration
-            // validated under the MR-table lock the caller holds.
-            Some(p) => unsafe { libc::read(fd, p.cast(), want) },
+            // SAFETY: `p` is `want` bytes of registered memory, under the
+            // MR-table lock (`Span`'s invariant).
+            Some(p) => unsafe { libc::read(fd, p.as_ptr().cast(), want) },
             None => {
                 d.broken = true;
                 let n = want.min(self.rx.len());

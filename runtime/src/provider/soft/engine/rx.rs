@@ -5,7 +5,6 @@ use std::io;
 
 use super::super::conn::RxDirect;
 use super::super::cq::lock;
-use super::super::dma::write_raw;
 use super::super::packet::{decode_header, decode_hello, Header, Opcode, FLAG_FIRST, HEADER_LEN};
 use super::super::responder::load_qp;
 use super::Engine;
@@ -124,9 +123,7 @@ impl Engine {
                         have.len() as u64,
                         AccessFlags::REMOTE_WRITE,
                     ) {
-                        // SAFETY: validated for `have.len()` writable bytes
-                        // under the MR-table lock we hold.
-                        Ok(p) => unsafe { write_raw(p, have) },
+                        Ok(span) => span.write(have),
                         Err(_) => d.broken = true,
                     }
                     d.addr += have.len() as u64;
