@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::cq::lock;
+use super::lock;
 use super::mr::MrTable;
 use super::packet::{encode_hello, Header, Opcode, HEADER_LEN, HELLO_LEN};
 use super::wire::Wire;

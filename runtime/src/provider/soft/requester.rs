@@ -4,10 +4,10 @@
 use std::time::Instant;
 
 use super::conn::{Resp, TxMem};
-use super::cq::lock;
 use super::dma::{check_local, gather, scatter};
 use super::drive::note_feed;
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
+use super::lock;
 use super::mr::MrTable;
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, MAX_PAYLOAD, NAK_REM_ACCESS,

@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use super::conn::{ReadJob, Resp};
 use super::context::Shared;
-use super::cq::lock;
 use super::dma::{check_local, scatter, Span};
 use super::drive::note_feed;
 use super::engine::{psn_add, EQp, Engine};
+use super::lock;
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_OP, NAK_RNR,
 };

@@ -9,7 +9,7 @@ use mio::{Interest, Token};
 use smallvec::SmallVec;
 
 use super::super::conn::Conn;
-use super::super::cq::lock;
+use super::super::lock;
 use super::super::wire::Wire;
 use super::{Engine, CONN_BASE};
 use crate::provider::{QpState, WcStatus};

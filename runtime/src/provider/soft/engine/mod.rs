@@ -2,6 +2,15 @@
 //! mio poll when idle, takes posted WRs from dirty QPs, turns them into
 //! packets on the per-peer TCP connections, answers incoming requests
 //! (responder) and completes WRs from incoming responses (requester).
+//!
+//! This file holds the engine's state; the work is split by job: `run.rs`
+//! (the thread's loop and sleep), `qps.rs` (what applications post and
+//! change on their QPs), `conns.rs` (connections to other engines), `rx.rs`
+//! (reading and cutting packets), `tx.rs` (filling and flushing
+//! connections), `timers.rs` (RNR waits, ACK timeouts, next wake-up) and
+//! `psn.rs` (sequence-number arithmetic). The RC protocol itself lives in
+//! `../requester.rs` and `../responder.rs`, the application-driven receive
+//! in `../drive.rs`.
 
 mod conns;
 mod psn;
@@ -20,9 +29,9 @@ use mio::{Interest, Token};
 use slab::Slab;
 use smallvec::SmallVec;
 
+use super::channel::Channel;
 use super::conn::Conn;
 use super::context::Shared;
-use super::cq::Channel;
 use super::cq::CqShared;
 pub(crate) use super::eqp::{EQp, EWqe};
 use super::qp::QpShared;

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::super::cq::lock;
+use super::super::lock;
 use super::super::qp::QpShared;
 use super::{EQp, EWqe, Engine};
 use crate::provider::{AsyncElement, AsyncEvent, AsyncEventKind, QpState};

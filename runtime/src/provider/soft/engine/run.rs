@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token};
 
-use super::super::cq::lock;
+use super::super::lock;
 use super::timers::DIRECT_AWAKE;
 use super::{env_us, Engine, CONN_BASE, DEFAULT_SPIN_US, LISTENER, WAKER};
 

@@ -4,7 +4,7 @@
 use std::io;
 
 use super::super::conn::RxDirect;
-use super::super::cq::lock;
+use super::super::lock;
 use super::super::packet::{decode_header, decode_hello, Header, Opcode, FLAG_FIRST, HEADER_LEN};
 use super::super::responder::load_qp;
 use super::Engine;
