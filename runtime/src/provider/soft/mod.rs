@@ -54,7 +54,7 @@
 //! posting thread's transmission), `drive.rs` (the polling thread's
 //! receive), `engine/` (loop, QP intake, connections, rx, tx, timers),
 //! `eqp.rs` (the engine's per-QP state, completions, flushing),
-//! `requester.rs` / `responder.rs` (the two halves of RC), `conn.rs` (per-peer
+//! `requester.rs` / `responder.rs` (the two halves of RC), `conn/` (per-peer
 //! buffers), `dma.rs` (every device access to registered memory, and why
 //! none races the application's), `packet.rs`
 //! (the versioned wire format; `packet::decode` never panics), `fuzz_check.rs`
