@@ -99,8 +99,7 @@ impl<'t> Span<'t> {
         if self.len < 8 || (self.ptr as usize) & 7 != 0 {
             return None;
         }
-        // SAFETY: `Span`'s invariant; aligned, 8 bytes, and the registration
-        // outlives `'t`.
+        // SAFETY: `Span`'s invariant (valid for `'t`); aligned, 8 bytes (checked).
         Some(unsafe { AtomicU64::from_ptr(self.ptr.cast()) })
     }
 }

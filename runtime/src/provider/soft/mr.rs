@@ -38,9 +38,10 @@ pub(crate) enum AccessError {
 /// All registrations of a context, by lkey and by rkey.
 ///
 /// # Invariant
-/// While the engine holds the table's lock and has found an entry, the memory
-/// of that entry is valid: deregistration removes the entry under the same
-/// lock before the owner may free the memory.
+/// While the table's lock is held and an entry is found, the memory of that
+/// entry is valid: deregistration removes the entry under the same lock
+/// before the owner may free the memory. The table hands out that memory
+/// only as [`Span`]s borrowing it (so used under the lock; see `dma.rs`).
 #[derive(Default)]
 pub(crate) struct MrTable {
     by_lkey: IdMap<MrEntry>,

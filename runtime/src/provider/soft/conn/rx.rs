@@ -56,8 +56,7 @@ impl Conn {
             .ok()
         };
         let r = match target {
-            // SAFETY: `p` is `want` bytes of registered memory, under the
-            // MR-table lock (`Span`'s invariant).
+            // SAFETY: `p` spans `want` bytes; `Span`'s invariant.
             Some(p) => unsafe { libc::read(fd, p.as_ptr().cast(), want) },
             None => {
                 d.broken = true;
