@@ -88,9 +88,13 @@ impl<'t> Span<'t> {
 
     /// Appends the whole span to `out`.
     pub(crate) fn append_to(&self, out: &mut Vec<u8>) {
+        out.reserve(self.len);
         let at = out.len();
-        out.resize(at + self.len, 0);
-        self.read_into(&mut out[at..]);
+        // SAFETY: `Span`'s invariant; `out` has `len` spare bytes (reserved), now initialized.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr().add(at), self.len);
+            out.set_len(at + self.len);
+        }
     }
 
     /// The span's first 8 bytes as an atomic word (`None` unless 8-byte
