@@ -1,6 +1,6 @@
-//! Fuzzes the soft RDMA device's packet decoder
-//! (`verbio_runtime::provider::soft::packet`): no panic, and every packet that
-//! decodes re-encodes to the same bytes (see `verbio_ops::fuzz_checks::soft_packet`).
+//! Fuzzes the soft RDMA device's packet decoder (private to
+//! `verbio_runtime::provider::soft`): no panic, and every packet that decodes
+//! re-encodes to the same bytes (see `verbio_ops::fuzz_checks::soft_packet`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

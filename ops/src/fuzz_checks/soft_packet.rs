@@ -1,159 +1,36 @@
-//! Checks for the soft RDMA device's packet codec
-//! ([`verbio_runtime::provider::soft::packet`]).
+//! Checks for the soft RDMA device's packet codec, which is private to the
+//! device: the property check and the seeds live in
+//! `verbio_runtime::provider::soft` (its `fuzzing` feature).
 
-use verbio_runtime::provider::soft::packet::{
-    self, Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, HEADER_LEN, HELLO_LEN, NAK_RNR,
+use verbio_runtime::provider::soft::{
+    check_soft_packet, soft_packet_seeds, SOFT_PACKET_HEADER_LEN, SOFT_PACKET_LEN_OFFSET,
 };
 
-use super::{display, LenField, Seed};
+use super::{LenField, Seed};
 
 /// The packet header's payload length: `u32` at offset 4, counting what
 /// follows the 56-byte header.
 pub const LEN_FIELD: LenField = LenField {
-    offset: 4,
+    offset: SOFT_PACKET_LEN_OFFSET,
     width: 4,
-    counted_from: HEADER_LEN,
+    counted_from: SOFT_PACKET_HEADER_LEN,
 };
 
-/// Decodes `data` with `decode_header`, `decode` and `decode_hello` and
-/// requires them to agree; whatever decodes must re-encode to the very same
-/// bytes (the format has one encoding per packet). Returns whether `data`
-/// decoded as a whole packet.
+/// Decodes `data` with every entry point of the codec and requires them to
+/// agree; whatever decodes must re-encode to the very same bytes. Returns
+/// whether `data` decoded as a whole packet.
 ///
 /// # Panics
 ///
 /// On any violated property (that is the point).
 pub fn check(data: &[u8]) -> bool {
-    if let Ok(addr) = packet::decode_hello(data) {
-        assert_eq!(
-            packet::encode_hello(addr).as_slice(),
-            data,
-            "hello payload is not canonical: {addr}"
-        );
-    }
-    let header = packet::decode_header(data);
-    match &header {
-        Ok(h) => {
-            let bytes = h.encode();
-            assert_eq!(
-                bytes.as_slice(),
-                &data[..HEADER_LEN],
-                "header re-encodes differently: {h:?}"
-            );
-            assert_eq!(packet::decode_header(&bytes).as_ref(), Ok(h));
-        }
-        Err(e) => display(e),
-    }
-    let p = match packet::decode(data) {
-        Ok(p) => p,
-        Err(e) => {
-            display(&e);
-            return false;
-        }
-    };
-    assert_eq!(header, Ok(p.header), "decode and decode_header disagree");
-    assert_eq!(
-        p.payload.len(),
-        p.header.payload_len as usize,
-        "payload length: {:?}",
-        p.header
-    );
-    let mut again = Vec::with_capacity(data.len());
-    again.extend_from_slice(&p.header.encode());
-    again.extend_from_slice(p.payload);
-    assert_eq!(again, data, "packet re-encodes differently: {:?}", p.header);
-    if p.header.opcode == Opcode::Hello {
-        match packet::decode_hello(p.payload) {
-            Ok(addr) => assert_eq!(packet::encode_hello(addr).as_slice(), p.payload),
-            Err(e) => panic!("decode accepted a hello that decode_hello refuses: {e}"),
-        }
-    }
-    true
-}
-
-fn packet(name: &'static str, h: Header, payload: &[u8]) -> Seed {
-    let mut h = h;
-    h.payload_len = payload.len() as u32;
-    let mut bytes = h.encode().to_vec();
-    bytes.extend_from_slice(payload);
-    Seed::new(name, bytes)
-}
-
-/// A segment of a message of `total` bytes at `offset`, flags set to match.
-fn segment(opcode: Opcode, total: u64, offset: u64, len: u64) -> Header {
-    let mut h = Header::new(opcode);
-    h.dst_qpn = 0x00_0101;
-    h.src_qpn = 0x00_0202;
-    h.psn = 0xff_fffe;
-    h.arg0 = total;
-    h.arg1 = offset;
-    if offset == 0 {
-        h.flags |= FLAG_FIRST;
-    }
-    if offset + len == total {
-        h.flags |= FLAG_LAST;
-    }
-    h
+    check_soft_packet(data)
 }
 
 /// One valid packet of every opcode (and first/middle/last segments).
 pub fn seeds() -> Vec<Seed> {
-    let payload: Vec<u8> = (0..64u8).collect();
-    let mut send_imm = segment(Opcode::SendImm, 64, 0, 64);
-    send_imm.imm = 0xcafe_babe;
-    send_imm.flags |= FLAG_SOLICITED;
-    let mut write = segment(Opcode::Write, 192, 64, 64);
-    write.addr = 0x7f00_0000_0000;
-    write.rkey = 0x4242;
-    let mut write_imm = segment(Opcode::WriteImm, 128, 64, 64);
-    write_imm.addr = 0x1000;
-    write_imm.rkey = 7;
-    write_imm.imm = 99;
-    let mut read_req = Header::new(Opcode::ReadReq);
-    read_req.addr = 0x2000;
-    read_req.rkey = 9;
-    read_req.arg0 = 1 << 20;
-    let mut cmp_swap = Header::new(Opcode::CmpSwap);
-    cmp_swap.addr = 0x3008;
-    cmp_swap.rkey = 3;
-    cmp_swap.arg0 = 1;
-    cmp_swap.arg1 = 2;
-    let mut fetch_add = Header::new(Opcode::FetchAdd);
-    fetch_add.addr = 0x3010;
-    fetch_add.arg0 = 5;
-    let mut ack = Header::new(Opcode::Ack);
-    ack.psn = 0x12_3456;
-    let mut nak = Header::new(Opcode::Nak);
-    nak.syndrome = NAK_RNR;
-    nak.arg0 = 14;
-    let mut atomic_resp = Header::new(Opcode::AtomicResp);
-    atomic_resp.arg0 = u64::MAX;
-    let hello4 = packet::encode_hello("127.0.0.1:4791".parse().expect("literal"));
-    let hello6 = packet::encode_hello("[fe80::7]:4791".parse().expect("literal"));
-    debug_assert_eq!(hello4.len(), HELLO_LEN);
-    vec![
-        packet("hello-v4", Header::new(Opcode::Hello), &hello4),
-        packet("hello-v6", Header::new(Opcode::Hello), &hello6),
-        packet(
-            "send-only",
-            segment(Opcode::Send, 16, 0, 16),
-            &payload[..16],
-        ),
-        packet("send-empty", segment(Opcode::Send, 0, 0, 0), &[]),
-        packet("send-imm", send_imm, &payload),
-        packet("send-middle", segment(Opcode::Send, 256, 64, 64), &payload),
-        packet("write-middle", write, &payload),
-        packet("write-imm-last", write_imm, &payload),
-        packet("read-req", read_req, &[]),
-        packet(
-            "read-resp-first",
-            segment(Opcode::ReadResp, 96, 0, 64),
-            &payload,
-        ),
-        packet("cmp-swap", cmp_swap, &[]),
-        packet("fetch-add", fetch_add, &[]),
-        packet("ack", ack, &[]),
-        packet("nak-rnr", nak, &[]),
-        packet("atomic-resp", atomic_resp, &[]),
-    ]
+    soft_packet_seeds()
+        .into_iter()
+        .map(|(name, bytes)| Seed::new(name, bytes))
+        .collect()
 }

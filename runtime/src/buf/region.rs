@@ -9,21 +9,29 @@ use super::io_buf::IoBufMut;
 use super::registrar::{Registrar, Registration};
 use crate::provider::{AccessFlags, Pd};
 
+/// How many bytes an accessor copies per hold of the device's lock (so a
+/// large copy never holds the device up long).
+const COPY_CHUNK: usize = 64 * 1024;
+
 /// A buffer granted to a peer: registered on its own, with exactly its bounds
 /// and the minimal access flags, so its rkey never exposes more than the grant.
 ///
 /// # Why this is sound (DESIGN section 5)
 ///
 /// While the region is live a peer may write (or run atomics on) the memory at
-/// any moment, from outside the Rust abstract machine (a NIC) or from the soft
-/// device's engine thread through raw pointers. So the region never hands out
-/// `&[u8]`/`&mut [u8]` or the inner buffer by reference: a reference would
-/// promise unchanging (or exclusive) contents. Local code reads and writes only
-/// through [`read_into`](Self::read_into) and [`write_from`](Self::write_from),
-/// which copy through raw pointers; a copy racing a peer's write may see a mix
-/// of old and new bytes (exactly what a NIC gives), but no Rust reference
-/// observes a change. It is not [`IoBuf`](super::IoBuf) either, for the same
-/// reason (`Slice` would hand out slices).
+/// any moment, from outside the Rust abstract machine (a NIC) or from a Rust
+/// thread of the soft device. So the region never hands out `&[u8]`/`&mut [u8]`
+/// or the inner buffer by reference: a reference would promise unchanging (or
+/// exclusive) contents. Local code reads and writes only through
+/// [`read_into`](Self::read_into), [`write_from`](Self::write_from) and
+/// [`load_u64`](Self::load_u64), which copy through raw pointers while the
+/// device's Rust threads stay off the memory (the soft device's MR-table lock,
+/// which all its accesses to registered memory hold): two Rust threads never
+/// access the bytes unordered, so there is no data race. A copy overlapping a
+/// peer's write may still see a mix of old and new bytes (exactly what a NIC
+/// gives); copies larger than 64 KiB take the lock once per 64 KiB. It is not
+/// [`IoBuf`](super::IoBuf) either, for the same reason (`Slice` would hand out
+/// slices).
 ///
 /// [`revoke`](Self::revoke) drops the registration first; per the provider
 /// contract the rkey fails at once and the device never touches the memory
@@ -34,9 +42,11 @@ pub struct RemoteAccessRegion<B> {
     /// Declared first: dropped (deregistered) before `buf`.
     reg: Registration,
     /// # Invariant
-    /// No reference into the buffer's memory is handed out while `reg` lives;
-    /// the cell is only used to re-derive the raw pointer for one copy, on one
-    /// thread (the type is `!Sync`).
+    /// While `reg` lives, the registered bytes `[addr, addr + len)` (valid and
+    /// initialized) are accessed only through raw pointers inside
+    /// `reg.with_memory`, so never unordered with the device's Rust threads,
+    /// and no reference into them is handed out; the cell only re-derives the
+    /// raw pointer, on one thread (the type is `!Sync`).
     buf: UnsafeCell<B>,
     len: usize,
     addr: u64,
@@ -150,18 +160,26 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
     /// A peer writing at the same time may leave a mix of old and new bytes.
     pub fn read_into(&self, off: usize, dst: &mut [u8]) -> Result<(), BufError> {
         check_span("RemoteAccessRegion::read_into", off, dst.len(), self.len)?;
-        // SAFETY: `off + dst.len() <= len`: the source is inside the region,
-        // which is valid and initialized; no reference to it exists. `copy`
-        // allows any overlap.
-        unsafe { std::ptr::copy(self.ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        let base = self.ptr();
+        for (i, part) in dst.chunks_mut(COPY_CHUNK).enumerate() {
+            let at = off + i * COPY_CHUNK;
+            // SAFETY: inside the region (checked above); `buf`'s invariant.
+            let copy = || unsafe { std::ptr::copy(base.add(at), part.as_mut_ptr(), part.len()) };
+            self.reg.with_memory(copy);
+        }
         Ok(())
     }
 
     /// Copies `src` to offset `off` of the region.
     pub fn write_from(&self, off: usize, src: &[u8]) -> Result<(), BufError> {
         check_span("RemoteAccessRegion::write_from", off, src.len(), self.len)?;
-        // SAFETY: as in `read_into`, the destination is inside the region.
-        unsafe { std::ptr::copy(src.as_ptr(), self.ptr().add(off), src.len()) };
+        let base = self.ptr();
+        for (i, part) in src.chunks(COPY_CHUNK).enumerate() {
+            let at = off + i * COPY_CHUNK;
+            // SAFETY: inside the region (checked above); `buf`'s invariant.
+            let copy = || unsafe { std::ptr::copy(part.as_ptr(), base.add(at), part.len()) };
+            self.reg.with_memory(copy);
+        }
         Ok(())
     }
 
@@ -179,11 +197,11 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
                 align: 8,
             });
         }
-        // SAFETY: 8 bytes at `off` are inside the region, initialized and
-        // 8-byte aligned; they are only ever accessed through raw pointers or
-        // atomics, never through a Rust reference that assumes stability.
-        let atomic = unsafe { AtomicU64::from_ptr(self.ptr().add(off).cast::<u64>()) };
-        Ok(atomic.load(Ordering::Acquire))
+        let p = self.ptr();
+        // SAFETY: aligned, inside the region (checked above); `buf`'s invariant.
+        let load =
+            || unsafe { AtomicU64::from_ptr(p.add(off).cast::<u64>()) }.load(Ordering::Acquire);
+        Ok(self.reg.with_memory(load))
     }
 
     /// Copies the whole region into a new `Vec`.
@@ -336,5 +354,61 @@ mod tests {
         assert_eq!(fake.0.live.get(), 1);
         assert_eq!(b.stable_ptr(), p);
         assert_eq!(&b[..], b"grant me");
+    }
+
+    /// The accessors are ordered with the soft device's accesses: while a
+    /// device thread holds the MR-table lock (as the engine does for every
+    /// copy to or from registered memory), a copy waits for it. (A plain
+    /// copy would run at once, racing the device's.)
+    #[test]
+    fn accessors_wait_while_the_soft_device_touches_memory() {
+        use std::sync::mpsc;
+        use std::time::{Duration, Instant};
+
+        const HOLD: Duration = Duration::from_millis(200);
+        let ctx = crate::provider::Context::open_soft(Default::default()).expect("soft device");
+        let pd = ctx.alloc_pd().expect("pd");
+        let r = RemoteAccessRegion::grant(&pd, vec![7u8; 100], AccessFlags::REMOTE_WRITE).unwrap();
+        // Another registration of the same device: its `with_memory` holds
+        // the device-wide lock the engine copies under.
+        let mut other = vec![0u8; 8];
+        // SAFETY: `other` outlives `mr` (dropped first, below); no WR uses it.
+        let mr = unsafe { pd.reg_mr(other.as_mut_ptr(), 8, AccessFlags::LOCAL_WRITE) }.unwrap();
+        // Runs `access` on this thread while another holds the device's lock
+        // for `HOLD`; returns how long `access` took.
+        let timed_under_hold = |access: &dyn Fn()| {
+            let (held, wait) = mpsc::channel();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    mr.with_memory(|| {
+                        held.send(()).unwrap();
+                        std::thread::sleep(HOLD);
+                    })
+                });
+                wait.recv().unwrap();
+                let t = Instant::now();
+                access();
+                t.elapsed()
+            })
+        };
+        let out = std::cell::Cell::new([0u8; 3]);
+        let took = timed_under_hold(&|| {
+            let mut b = [0u8; 3];
+            r.read_into(97, &mut b).unwrap();
+            out.set(b);
+        });
+        assert!(
+            took >= HOLD / 2,
+            "read_into ran while the device held its lock"
+        );
+        assert_eq!(out.get(), [7; 3]);
+        let took = timed_under_hold(&|| r.write_from(0, b"abc").unwrap());
+        assert!(
+            took >= HOLD / 2,
+            "write_from ran while the device held its lock"
+        );
+        drop(mr);
+        drop(other);
+        assert_eq!(&r.revoke()[..4], b"abc\x07");
     }
 }

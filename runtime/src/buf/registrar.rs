@@ -14,7 +14,7 @@ pub(crate) const ALIGN: usize = 4096;
 pub(crate) struct Registration {
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
-    /// Held only for its `Drop` (deregistration).
+    /// Held for its `Drop` (deregistration) and for `with_memory`.
     _handle: Handle,
 }
 
@@ -24,10 +24,20 @@ impl Registration {
     pub(crate) fn deregister(self) {
         // `self` (and with it the provider's `Mr`) is dropped here.
     }
+
+    /// Runs `f` ordered with the device's Rust-thread accesses to the
+    /// registered memory ([`Mr::with_memory`]).
+    pub(crate) fn with_memory<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self._handle {
+            Handle::Mr(mr) => mr.with_memory(f),
+            #[cfg(test)]
+            Handle::Fake(_) => f(),
+        }
+    }
 }
 
 enum Handle {
-    Mr(#[allow(dead_code)] Mr),
+    Mr(Mr),
     #[cfg(test)]
     Fake(#[allow(dead_code)] fake::Token),
 }

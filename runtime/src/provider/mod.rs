@@ -346,6 +346,15 @@ impl Mr {
     pub fn access(&self) -> AccessFlags {
         dispatch!(MrImp, &self.imp, |m| MemoryRegion::access(m))
     }
+    /// Runs `f` ordered with the device's own Rust threads' accesses to the
+    /// memory (the soft device's lock; hardware has no such threads).
+    pub(crate) fn with_memory<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.imp {
+            MrImp::Soft(m) => m.with_memory(f),
+            #[cfg(feature = "ibverbs")]
+            MrImp::Ibverbs(_) => f(),
+        }
+    }
 }
 
 #[derive(Clone)]

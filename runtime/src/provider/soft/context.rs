@@ -12,8 +12,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::cq::{lock, Channel, CompChannel, Cq, CqShared, EventQueue};
+use super::channel::Channel;
+use super::channel::CompChannel;
+use super::cq::{Cq, CqShared};
 use super::engine;
+use super::events::EventQueue;
+use super::lock;
 use super::mr::{Mr, MrEntry, MrInner, MrTable};
 use super::qp::{check_caps, state_to_u8, Qp, QpHandle, QpInner, QpShared};
 use crate::provider::{

@@ -14,9 +14,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::cq::lock;
 use super::dma::gather;
 use super::engine::psn_add;
+use super::lock;
 use super::packet::{Header, Opcode, HEADER_LEN};
 use super::qp::{Qp, SendWqe};
 use super::requester::data_header;

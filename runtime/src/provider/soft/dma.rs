@@ -1,8 +1,112 @@
-//! The engine's "DMA": copies between registered memory and packets, through
-//! raw pointers validated against the MR table (whose lock the caller holds).
+//! The engine's "DMA": copies between registered memory and packets.
+//!
+//! # Why the copies are race-free
+//!
+//! Registered memory is shared between the device and the application, and
+//! the device's copies run on Rust threads (the engine, a polling
+//! application's receive, a posting thread's transmission). Rust's memory
+//! model makes two unsynchronized plain accesses to the same bytes, one a
+//! write, undefined behaviour even where the protocol tolerates torn data,
+//! so the device must be ordered with every other Rust access:
+//!
+//! - Every device access goes through a [`Span`], which only the MR table
+//!   hands out ([`MrTable::local`], [`MrTable::remote`]) and which borrows
+//!   the table: it can only be used while the table's lock is held. So the
+//!   device's own accesses are serialized by that mutex (including the
+//!   system calls that read or write a span's memory, and the remote
+//!   atomics).
+//! - Memory the application owns (its buffers, posted in a WR) is accessed
+//!   by the application only before it posts and after it polled the
+//!   completion; the post and the completion pass through mutexes (the QP's
+//!   queue, the CQ), so those accesses happen before or after the device's:
+//!   no race.
+//! - Memory a peer may access at any moment (`RemoteAccessRegion`) is read
+//!   and written by the application only inside `Mr::with_memory`, which
+//!   takes the same MR-table lock: every pair of accesses is ordered by the
+//!   mutex, whatever their sizes and alignments. (Large copies take the lock
+//!   once per chunk, so the device is never held up long; a peer's data
+//!   arriving meanwhile still shows as a mix of old and new bytes, as with a
+//!   NIC: the lock removes the undefined behaviour, not the torn view.)
+//!
+//! The kernel writing or reading registered memory in a system call is not a
+//! Rust access; those calls run under the lock too, through a span.
+
+use std::marker::PhantomData;
+use std::sync::atomic::AtomicU64;
 
 use super::mr::MrTable;
 use crate::provider::Sge;
+
+/// `len` bytes of registered memory found in the MR table.
+///
+/// # Invariant
+///
+/// `ptr..ptr + len` lies inside a registration of the [`MrTable`] borrowed
+/// for `'t`, so while the span lives the table's lock is held: the memory is
+/// valid (deregistration waits for the lock) and no other Rust thread
+/// accesses it (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span<'t> {
+    ptr: *mut u8,
+    len: usize,
+    _table: PhantomData<&'t MrTable>,
+}
+
+impl<'t> Span<'t> {
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` lies inside a registration of the table borrowed for
+    /// `'t` (which holds the table's lock).
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> Span<'t> {
+        Span {
+            ptr,
+            len,
+            _table: PhantomData,
+        }
+    }
+
+    /// The first byte, for system calls made while the span lives.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Copies `data` to the start of the span (at most `len` bytes).
+    pub(crate) fn write(&self, data: &[u8]) {
+        debug_assert!(data.len() <= self.len);
+        let n = data.len().min(self.len);
+        // SAFETY: `Span`'s invariant; `n` fits both.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr, n) }
+    }
+
+    /// Copies the start of the span into `dst` (at most `len` bytes).
+    pub(crate) fn read_into(&self, dst: &mut [u8]) {
+        debug_assert!(dst.len() <= self.len);
+        let n = dst.len().min(self.len);
+        // SAFETY: `Span`'s invariant; `n` fits both.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, dst.as_mut_ptr(), n) }
+    }
+
+    /// Appends the whole span to `out`.
+    pub(crate) fn append_to(&self, out: &mut Vec<u8>) {
+        out.reserve(self.len);
+        let at = out.len();
+        // SAFETY: `Span`'s invariant; `out` has `len` spare bytes (reserved), now initialized.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr().add(at), self.len);
+            out.set_len(at + self.len);
+        }
+    }
+
+    /// The span's first 8 bytes as an atomic word (`None` unless 8-byte
+    /// aligned and at least 8 bytes long), for remote atomics.
+    pub(crate) fn atomic_u64(&self) -> Option<&'t AtomicU64> {
+        if self.len < 8 || (self.ptr as usize) & 7 != 0 {
+            return None;
+        }
+        // SAFETY: `Span`'s invariant (valid for `'t`); aligned, 8 bytes (checked).
+        Some(unsafe { AtomicU64::from_ptr(self.ptr.cast()) })
+    }
+}
 
 /// The part of `sges` covering message bytes `[off, off + len)`, as
 /// `(sge, address, length)` pieces.
@@ -46,18 +150,11 @@ pub(crate) fn gather(
     let start = out.len();
     out.reserve(len as usize);
     for (s, addr, n, _) in pieces(sges, off, len) {
-        let Some(p) = mrs.local(s.lkey, pd, addr, n, false) else {
+        let Some(span) = mrs.local(s.lkey, pd, addr, n, false) else {
             out.truncate(start);
             return false;
         };
-        let at = out.len();
-        // SAFETY: `p..p+n` lies in a registration found under the MR-table
-        // lock the caller holds, so the memory is valid (reg_mr contract);
-        // `out` has at least `n` spare bytes reserved above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(p, out.as_mut_ptr().add(at), n as usize);
-            out.set_len(at + n as usize);
-        }
+        span.append_to(out);
     }
     true
 }
@@ -78,39 +175,68 @@ pub(crate) fn scatter(sges: &[Sge], pd: u32, mrs: &MrTable, off: u64, data: &[u8
         return false;
     }
     for (s, addr, n, at) in pieces(sges, off, len) {
-        if let Some(p) = mrs.local(s.lkey, pd, addr, n, true) {
-            // SAFETY: validated registration under the caller's MR-table lock
-            // (memory valid and writable per reg_mr); `data[at..at+n]` is in
-            // bounds because the pieces partition `[0, len)`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(data.as_ptr().add(at as usize), p, n as usize);
-            }
+        if let Some(span) = mrs.local(s.lkey, pd, addr, n, true) {
+            // (The pieces partition `[0, len)`.)
+            span.write(&data[at as usize..(at + n) as usize]);
         }
     }
     true
 }
 
-/// Copies `data` to a validated remote-access pointer.
-///
-/// # Safety
-/// `p` must point to `data.len()` writable bytes of a registration found
-/// under the MR-table lock, which the caller still holds.
-pub(crate) unsafe fn write_raw(p: *mut u8, data: &[u8]) {
-    // SAFETY: per this function's contract.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
-}
+#[cfg(test)]
+mod tests {
+    use super::super::mr::MrEntry;
+    use super::*;
+    use crate::provider::AccessFlags;
 
-/// Appends `len` bytes read from a validated pointer to `out`.
-///
-/// # Safety
-/// `p` must point to `len` readable bytes of a registration found under the
-/// MR-table lock, which the caller still holds.
-pub(crate) unsafe fn read_raw(p: *const u8, len: usize, out: &mut Vec<u8>) {
-    out.reserve(len);
-    let at = out.len();
-    // SAFETY: per this function's contract; `out` has `len` spare bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(p, out.as_mut_ptr().add(at), len);
-        out.set_len(at + len);
+    /// Spans of every offset and length up to 65 bytes (aligned and not,
+    /// touching both ends of the registration) copy exactly their bytes.
+    #[test]
+    fn spans_copy_exactly_their_bytes() {
+        let mut mem: Vec<u8> = (0..80u8).collect();
+        let base = mem.as_mut_ptr() as u64;
+        let mut table = MrTable::default();
+        let entry = MrEntry {
+            pd: 1,
+            addr: base,
+            len: 80,
+            access: AccessFlags::LOCAL_WRITE,
+        };
+        let (lkey, _) = table.insert(entry, 7);
+        for off in 0..=15u64 {
+            for len in 0..=65u64 {
+                let span = table.local(lkey, 1, base + off, len, true).unwrap();
+                let mut got = vec![0xee];
+                span.append_to(&mut got);
+                let want: Vec<u8> = (off as u8..(off + len) as u8).collect();
+                assert_eq!(got[1..], want[..], "off {off} len {len}");
+                let fill: Vec<u8> = (0..len as u8).map(|b| b ^ 0x80).collect();
+                span.write(&fill);
+                let mut back = vec![0; len as usize];
+                span.read_into(&mut back);
+                assert_eq!(back, fill);
+                span.write(&want);
+            }
+        }
+        assert!(
+            table.local(lkey, 1, base + 16, 65, true).is_none(),
+            "past the end"
+        );
+        assert!(
+            table.local(lkey, 1, base - 1, 2, true).is_none(),
+            "before the start"
+        );
+        assert!(table.local(lkey, 2, base, 1, true).is_none(), "other PD");
+        let aligned = (base + 7) & !7;
+        let word = table.local(lkey, 1, aligned, 8, true).unwrap();
+        let a = word.atomic_u64().expect("aligned");
+        a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let short = table.local(lkey, 1, aligned, 7, true).unwrap();
+        assert!(short.atomic_u64().is_none(), "shorter than a word");
+        let skew = table.local(lkey, 1, aligned + 1, 8, true).unwrap();
+        assert!(skew.atomic_u64().is_none(), "misaligned");
+        drop(table);
+        let at = (aligned - base) as usize;
+        assert_eq!(mem[at], at as u8 + 1);
     }
 }

@@ -27,7 +27,7 @@
 //! set, renews the lease and mutes the socket (the engine adopts it into its
 //! list of muted ones, for the lease's end): the sleeping application
 //! wakes on the packet, the engine does not, and the application's
-//! `get_event` receives (`cq.rs`, `Channel`); if the engine keeps its lock
+//! `get_event` receives (`channel.rs`); if the engine keeps its lock
 //! (over `DRIVE_WAIT`), or writes to the connection, the socket goes to the
 //! engine at once. Data that arrived meanwhile makes the engine's poll
 //! report the socket as soon as it watches it again. The engine keeps its
@@ -41,10 +41,12 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use smallvec::SmallVec;
 
+use super::channel::Channel;
 use super::conn::Conn;
 use super::context::Context;
-use super::cq::{lock, Channel, CqShared};
+use super::cq::CqShared;
 use super::engine::{EQp, Engine, DIRECT_TICK};
+use super::lock;
 use super::IdMap;
 
 /// How long a sleeping application woken by a packet waits for the engine

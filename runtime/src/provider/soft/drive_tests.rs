@@ -168,7 +168,7 @@ fn post_send(qp: &Qp, wr: SendWr) {
 }
 
 fn app_packets(ctx: &Context) -> u64 {
-    super::super::cq::lock(ctx.core()).app_packets
+    super::super::lock(ctx.core()).app_packets
 }
 
 /// Keeps `cq` busy-polled on another thread until dropped.
@@ -426,7 +426,7 @@ fn warm_up(a: &Side, b: &Side, sbuf: &Mem, rbuf: &Mem) {
 /// (as after its poll reported input during a lease of a polling
 /// application); the engine is rung to learn of it.
 fn force_mute(s: &Side, cq: &Cq) {
-    let mut eng = super::super::cq::lock(s.ctx.core());
+    let mut eng = super::super::lock(s.ctx.core());
     let now = Instant::now();
     let until = eng.sh.nanos_at(now + eng.sh.lease);
     let cids: Vec<usize> = eng.cq_feeds[&cq.handle()].to_vec();
@@ -451,7 +451,7 @@ fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> bool {
 }
 
 fn muted(s: &Side) -> Vec<bool> {
-    let eng = super::super::cq::lock(s.ctx.core());
+    let eng = super::super::lock(s.ctx.core());
     eng.conns
         .iter()
         .filter_map(|(_, c)| Some(c.stream.as_ref()?.is_muted()))
@@ -587,7 +587,7 @@ fn a_channel_that_finds_the_engine_at_work_hands_the_socket_back() {
     );
     // The engine is at work (its lock is held) when the packet wakes the
     // application.
-    let eng = super::super::cq::lock(b.ctx.core());
+    let eng = super::super::lock(b.ctx.core());
     post_send(&a.qp, send_wr(1, SendOp::Send, sbuf.sge(0, 8)));
     assert!(wait_readable(b.ch.fd(), WAIT), "the packet did not wake");
     assert_eq!(b.ch.get_event().expect("event"), None);
@@ -634,7 +634,7 @@ fn an_expired_lease_hands_the_socket_back() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    let eng = super::super::cq::lock(b.ctx.core());
+    let eng = super::super::lock(b.ctx.core());
     assert!(eng.muted.is_empty());
     drop(eng);
     let r = spin_one(&b.rcq);
@@ -654,7 +654,7 @@ fn acks_held_by_a_receive_that_stops_polling_still_leave() {
     // input is not watched, and the engine does not know.
     std::thread::sleep(Duration::from_millis(10));
     let wires: Vec<_> = {
-        let eng = super::super::cq::lock(b.ctx.core());
+        let eng = super::super::lock(b.ctx.core());
         let now = Instant::now();
         let until = eng.sh.nanos_at(now + Duration::from_secs(60));
         eng.cq_feeds[&b.rcq.handle()]
@@ -691,7 +691,7 @@ fn arming_while_the_engine_writes_to_the_connection_leaves_it_to_the_engine() {
     // The engine has output for the connection (as in a bulk transfer)
     // when the application arms: the engine receives, and the socket does
     // not wake the application's channel.
-    let eng = super::super::cq::lock(b.ctx.core());
+    let eng = super::super::lock(b.ctx.core());
     let wires: Vec<_> = eng
         .conns
         .iter()
@@ -726,7 +726,7 @@ fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
     // decides when it ends), and the ACK of what it receives waits long
     // for its answer.
     let wires: Vec<_> = {
-        let mut eng = super::super::cq::lock(b.ctx.core());
+        let mut eng = super::super::lock(b.ctx.core());
         eng.ack_delay = Duration::from_secs(60);
         let now = Instant::now();
         let until = eng.sh.nanos_at(now + Duration::from_secs(60));
@@ -745,7 +745,7 @@ fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
     let r = spin_one(&b.rcq);
     assert_eq!((r.wr_id, r.status), (7, WcStatus::Success));
     {
-        let eng = super::super::cq::lock(b.ctx.core());
+        let eng = super::super::lock(b.ctx.core());
         assert!(!eng.held.is_empty(), "the receive holds the ACK");
         assert!(
             !eng.awaits_post_for_held(Instant::now()),
@@ -780,7 +780,7 @@ fn arming_takes_the_socket_from_the_engine_until_the_lease_ends() {
     let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
     warm_up(&a, &b, &sbuf, &rbuf);
     let wires: Vec<_> = {
-        let eng = super::super::cq::lock(b.ctx.core());
+        let eng = super::super::lock(b.ctx.core());
         eng.conns
             .iter()
             .filter_map(|(_, c)| c.stream.clone())
@@ -833,11 +833,11 @@ fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
     force_mute(&b, &b.rcq);
     let sh = b.ctx.shared();
     let cids: Vec<usize> = {
-        let eng = super::super::cq::lock(b.ctx.core());
+        let eng = super::super::lock(b.ctx.core());
         eng.cq_feeds[&b.rcq.handle()].to_vec()
     };
     let wires: Vec<_> = {
-        let eng = super::super::cq::lock(b.ctx.core());
+        let eng = super::super::lock(b.ctx.core());
         cids.iter()
             .filter_map(|&cid| eng.conns[cid].stream.clone())
             .collect()
@@ -854,7 +854,7 @@ fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
     let (eng, until) = loop {
         assert!(Instant::now() < deadline, "the engine never slept");
         renew();
-        let mut eng = super::super::cq::lock(b.ctx.core());
+        let mut eng = super::super::lock(b.ctx.core());
         if !wires.iter().all(|w| w.is_muted()) {
             // (This thread was too slow: the lease had ended.)
             let now = Instant::now();

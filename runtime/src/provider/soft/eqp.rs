@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::context::Shared;
-use super::cq::{lock, CqShared, Push};
+use super::cq::{CqShared, Push};
 use super::direct::Direct;
 use super::engine::psn_add;
+use super::lock;
 use super::qp::{QpConfig, QpInner, QpShared, RecvWqe, SendWqe};
 use super::wire::Wire;
 use crate::provider::{

@@ -1,6 +1,6 @@
 //! The software RDMA device: a faithful RC "NIC" in pure Rust.
 //!
-//! Each opened [`Context`] runs one engine thread (`engine.rs`) that plays the
+//! Each opened [`Context`] runs one engine thread (`engine/`) that plays the
 //! NIC. It sleeps in its own mio poll when idle; the post path only queues
 //! WRs on the QP and rings a doorbell (a `mio::Waker`), with a syscall only
 //! when the engine sleeps. After delivering a completion (its application
@@ -36,7 +36,7 @@
 //! both, a ping-pong between busy-polling applications needs no engine
 //! thread at all: one thread hand-off per message, as with plain TCP.
 //!
-//! A sleeping application receives itself too (`cq.rs`, `Channel`): the
+//! A sleeping application receives itself too (`channel.rs`): the
 //! completion channel's fd is an epoll fd over the channel's eventfd and,
 //! from the arming of a CQ on it, the sockets feeding that CQ; arming
 //! renews the lease on them, and the engine stops watching their input.
@@ -48,14 +48,17 @@
 //!
 //! Files: `context.rs` (device, PD, limits), `mr.rs` (MR table: the engine
 //! holds its lock while it touches registered memory, so deregistration takes
-//! effect at once), `cq.rs` (CQs, completion channel, async events),
+//! effect at once), `cq.rs` (CQs), `channel.rs` (the completion channel),
+//! `events.rs` (eventfd-backed event queues: CQ and async events),
 //! `qp.rs` (state machine, post path), `direct.rs` and `wire.rs` (the
 //! posting thread's transmission), `drive.rs` (the polling thread's
-//! receive), `engine.rs` (loop, connections,
-//! timers), `eqp.rs` (the engine's per-QP state, completions, flushing),
-//! `requester.rs` / `responder.rs` (the two halves of RC), `conn.rs` (per-peer
-//! buffers), `dma.rs` (copies to and from registered memory), `packet.rs`
-//! (the versioned wire format; [`packet::decode`] never panics).
+//! receive), `engine/` (loop, QP intake, connections, rx, tx, timers),
+//! `eqp.rs` (the engine's per-QP state, completions, flushing),
+//! `requester.rs` / `responder.rs` (the two halves of RC), `conn/` (per-peer
+//! buffers), `dma.rs` (every device access to registered memory, and why
+//! none races the application's), `packet.rs`
+//! (the versioned wire format; `packet::decode` never panics), `fuzz_check.rs`
+//! (its property check, for the fuzz target; feature `fuzzing`).
 //!
 //! Completion-channel events are raised once per engine loop turn, after
 //! all of that turn's completions are queued (like a NIC's interrupt
@@ -84,6 +87,7 @@
 //! requester go back to the NAKed PSN after the responder's `min_rnr_timer`.
 //! Unsignaled WRs free their send-queue slot when acknowledged.
 
+mod channel;
 mod conn;
 mod context;
 mod cq;
@@ -92,20 +96,32 @@ mod dma;
 mod drive;
 mod engine;
 mod eqp;
+mod events;
+#[cfg(test)]
+mod fake_peer_tests;
+#[cfg(feature = "fuzzing")]
+mod fuzz_check;
 mod mr;
-pub mod packet;
+mod packet;
 mod qp;
 mod requester;
 mod responder;
 mod wire;
 
+pub use channel::CompChannel;
 pub use context::{Context, Pd};
-pub use cq::{CompChannel, Cq};
+pub use cq::Cq;
 pub use mr::Mr;
 pub use qp::Qp;
 
+#[cfg(feature = "fuzzing")]
+pub use fuzz_check::{
+    check_soft_packet, soft_packet_seeds, SOFT_PACKET_HEADER_LEN, SOFT_PACKET_LEN_OFFSET,
+};
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Mutex, MutexGuard};
 
 use super::{DeviceInfo, ProviderKind};
 
@@ -139,6 +155,12 @@ impl Hasher for IdHasher {
 }
 
 const ID_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Locks a mutex, recovering from poisoning (the data stays consistent:
+/// every critical section leaves it valid before anything can panic).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 pub(crate) fn device_info() -> DeviceInfo {
     DeviceInfo {

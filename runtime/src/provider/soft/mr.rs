@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::context::Context;
+use super::dma::Span;
 use super::IdMap;
 use crate::provider::AccessFlags;
 
@@ -18,14 +19,11 @@ pub(crate) struct MrEntry {
 }
 
 impl MrEntry {
-    /// Pointer to `[addr, addr + len)` if it lies inside the registration.
-    fn range(&self, addr: u64, len: u64) -> Option<*mut u8> {
-        let end = addr.checked_add(len)?;
-        let mr_end = self.addr.checked_add(self.len)?;
-        if addr >= self.addr && end <= mr_end {
-            Some(addr as usize as *mut u8)
-        } else {
-            None
+    /// Whether `[addr, addr + len)` lies inside the registration.
+    fn contains(&self, addr: u64, len: u64) -> bool {
+        match (addr.checked_add(len), self.addr.checked_add(self.len)) {
+            (Some(end), Some(mr_end)) => addr >= self.addr && end <= mr_end,
+            _ => false,
         }
     }
 }
@@ -40,9 +38,10 @@ pub(crate) enum AccessError {
 /// All registrations of a context, by lkey and by rkey.
 ///
 /// # Invariant
-/// While the engine holds the table's lock and has found an entry, the memory
-/// of that entry is valid: deregistration removes the entry under the same
-/// lock before the owner may free the memory.
+/// While the table's lock is held and an entry is found, the memory of that
+/// entry is valid: deregistration removes the entry under the same lock
+/// before the owner may free the memory. The table hands out that memory
+/// only as [`Span`]s borrowing it (so used under the lock; see `dma.rs`).
 #[derive(Default)]
 pub(crate) struct MrTable {
     by_lkey: IdMap<MrEntry>,
@@ -82,12 +81,12 @@ impl MrTable {
 
     /// Validates a local SGE: key known, same PD, in bounds, and LOCAL_WRITE
     /// when the device must write it.
-    pub fn local(&self, lkey: u32, pd: u32, addr: u64, len: u64, write: bool) -> Option<*mut u8> {
+    pub fn local(&self, lkey: u32, pd: u32, addr: u64, len: u64, write: bool) -> Option<Span<'_>> {
         let e = self.by_lkey.get(&lkey)?;
         if e.pd != pd || (write && !e.access.contains(AccessFlags::LOCAL_WRITE)) {
             return None;
         }
-        e.range(addr, len)
+        self.span(e, addr, len)
     }
 
     /// Validates a remote access: rkey known, same PD, in bounds, and the MR
@@ -99,12 +98,22 @@ impl MrTable {
         addr: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<*mut u8, AccessError> {
+    ) -> Result<Span<'_>, AccessError> {
         let e = self.by_rkey.get(&rkey).ok_or(AccessError::Denied)?;
         if e.pd != pd || !e.access.contains(need) {
             return Err(AccessError::Denied);
         }
-        e.range(addr, len).ok_or(AccessError::Denied)
+        self.span(e, addr, len).ok_or(AccessError::Denied)
+    }
+
+    /// `[addr, addr + len)` of `e` (an entry of this table), if inside it.
+    fn span(&self, e: &MrEntry, addr: u64, len: u64) -> Option<Span<'_>> {
+        let n = usize::try_from(len).ok()?;
+        if !e.contains(addr, len) {
+            return None;
+        }
+        // SAFETY: inside a registration of this table, borrowed for the span.
+        Some(unsafe { Span::new(addr as usize as *mut u8, n) })
     }
 }
 
@@ -151,5 +160,12 @@ impl Mr {
     /// Access flags.
     pub fn access(&self) -> AccessFlags {
         self.0.entry.access
+    }
+    /// Runs `f` under the MR-table lock, which every device access to
+    /// registered memory holds (see `dma.rs`): what `f` does to the memory
+    /// is ordered with the device's accesses.
+    pub(crate) fn with_memory<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _table = self.0.ctx.shared().mrs();
+        f()
     }
 }

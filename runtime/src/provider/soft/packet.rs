@@ -1,6 +1,6 @@
 //! The soft device's wire format: one fixed 56-byte header followed by
 //! `payload_len` bytes. Everything is explicit little-endian; the header starts
-//! with a magic and a version, and [`decode`] / [`decode_header`] validate
+//! with a magic and a version, and `decode` / `decode_header` validate
 //! every field, so no input can make them panic (they are fuzz targets).
 //!
 //! Header layout (byte offsets):
@@ -203,7 +203,9 @@ impl Header {
     }
 }
 
-/// A decoded packet: header plus borrowed payload.
+/// A decoded packet: header plus borrowed payload (the fuzz check's view; the
+/// engine cuts packets out of its stream with `decode_header`).
+#[cfg(any(test, feature = "fuzzing"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Packet<'a> {
     /// The header.
@@ -225,6 +227,7 @@ pub enum PacketError {
         have: usize,
     },
     /// Bytes after the announced payload.
+    #[cfg(any(test, feature = "fuzzing"))]
     #[error("{extra} trailing bytes after the packet")]
     Trailing {
         /// How many.
@@ -382,6 +385,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, PacketError> {
 
 /// Decodes exactly one packet: header plus payload, nothing after it.
 /// Never panics, whatever the input.
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn decode(buf: &[u8]) -> Result<Packet<'_>, PacketError> {
     let header = decode_header(buf)?;
     let total = HEADER_LEN + header.payload_len as usize;

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use super::context::{Context, Pd, MAX_INLINE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE};
-use super::cq::{lock, Cq, CqShared};
+use super::cq::{Cq, CqShared};
 use super::direct::{self, Direct, DirectSent};
+use super::lock;
 use super::packet::MAX_MSG;
 use crate::provider::{
     AccessFlags, Endpoint, InitAttr, Mtu, PostError, ProviderError, ProviderKind, QpCaps, QpState,

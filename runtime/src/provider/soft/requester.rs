@@ -4,10 +4,10 @@
 use std::time::Instant;
 
 use super::conn::{Resp, TxMem};
-use super::cq::lock;
-use super::dma::{check_local, gather, read_raw, scatter};
+use super::dma::{check_local, gather, scatter};
 use super::drive::note_feed;
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
+use super::lock;
 use super::mr::MrTable;
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, MAX_PAYLOAD, NAK_REM_ACCESS,
@@ -261,8 +261,8 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
         }
         Resp::Read(job) => {
             let chunk = (job.len - job.off).min(COPY_CHUNK);
-            let p = if chunk == 0 {
-                std::ptr::null_mut()
+            let span = if chunk == 0 {
+                None
             } else {
                 match mrs.remote(
                     job.rkey,
@@ -271,7 +271,7 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
                     chunk,
                     AccessFlags::REMOTE_READ,
                 ) {
-                    Ok(p) => p,
+                    Ok(span) => Some(span),
                     Err(_) => return Err((job.dst, job.src, job.psn)),
                 }
             };
@@ -283,10 +283,8 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
             let last = job.off + chunk == job.len;
             h.flags = if job.off == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
             tx.extend_from_slice(&h.encode());
-            if chunk > 0 {
-                // SAFETY: `p` was validated for `chunk` readable bytes under
-                // the MR-table lock held through `mrs`.
-                unsafe { read_raw(p, chunk as usize, tx) };
+            if let Some(span) = span {
+                span.append_to(tx);
             }
             job.off += chunk;
             return Ok(last);

@@ -2,16 +2,16 @@
 //! memory and receive WRs, in PSN order, and queues ACKs/NAKs/responses.
 
 use super::IdMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::conn::{ReadJob, Resp};
 use super::context::Shared;
-use super::cq::lock;
-use super::dma::{check_local, scatter, write_raw};
+use super::dma::{check_local, scatter, Span};
 use super::drive::note_feed;
 use super::engine::{psn_add, EQp, Engine};
+use super::lock;
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_OP, NAK_RNR,
 };
@@ -153,14 +153,14 @@ fn recv_done(eq: &EQp) {
 }
 
 /// Checks a remote access against the QP's and the MR's access flags.
-fn remote_ptr(
+fn remote_ptr<'t>(
     eq: &EQp,
-    mrs: &super::mr::MrTable,
+    mrs: &'t super::mr::MrTable,
     rkey: u32,
     addr: u64,
     len: u64,
     need: AccessFlags,
-) -> Option<*mut u8> {
+) -> Option<Span<'t>> {
     if !eq.cfg.access.contains(need) {
         return None;
     }
@@ -242,9 +242,7 @@ fn execute(
                 ) else {
                     return Outcome::Fatal(NAK_REM_ACCESS, None);
                 };
-                // SAFETY: `p` was validated for `payload.len()` writable bytes
-                // under the MR-table lock held through `mrs`.
-                unsafe { write_raw(p, payload) };
+                p.write(payload);
             }
             if last && hdr.opcode == Opcode::WriteImm {
                 complete_recv(eq, WcOpcode::RecvRdmaWithImm, hdr, Some(hdr.imm));
@@ -282,14 +280,9 @@ fn execute(
             else {
                 return Outcome::Fatal(NAK_REM_ACCESS, None);
             };
-            if (p as usize) & 7 != 0 {
+            let Some(a) = p.atomic_u64() else {
                 return Outcome::Fatal(super::packet::NAK_REM_INV_REQ, None);
-            }
-            // SAFETY: `p` is 8-byte aligned and points to 8 bytes of a live
-            // registration with REMOTE_ATOMIC (validated under the MR-table
-            // lock we hold). Like a NIC, the device accesses it atomically;
-            // the reg_mr contract makes the owner accept concurrent device access.
-            let a = unsafe { &*(p as *const AtomicU64) };
+            };
             let orig = if hdr.opcode == Opcode::CmpSwap {
                 match a.compare_exchange(hdr.arg0, hdr.arg1, Ordering::SeqCst, Ordering::SeqCst) {
                     Ok(v) | Err(v) => v,

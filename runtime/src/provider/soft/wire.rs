@@ -18,7 +18,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry};
 
-use super::cq::lock;
+use super::lock;
 
 /// Result of a poster's attempt to write a packet.
 #[derive(Debug, PartialEq, Eq)]

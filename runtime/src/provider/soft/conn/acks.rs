@@ -1,0 +1,188 @@
+//! ACKs: coalescing consecutive ones of a QP, and holding those of a
+//! message that completed a receive for a request to ride with.
+
+use std::time::Instant;
+
+use super::super::packet::{Header, Opcode, HEADER_LEN};
+use super::{Conn, Resp};
+
+impl Conn {
+    /// Queues an ACK. `hold_until`: it may wait until then for a request
+    /// to go out with it (see `ack_hold`); `None` = send it at once.
+    pub fn push_ack(&mut self, dst: u32, src: u32, psn: u32, hold_until: Option<Instant>) {
+        match hold_until {
+            // (ACKs parked on the wire keep their hold's deadline; once a
+            // poster took them along, the deadline was theirs, not this
+            // ACK's: a new hold starts.)
+            Some(t) if self.resp.is_empty() && (self.ack_hold.is_none() || self.parked_gone()) => {
+                self.ack_hold = Some(t)
+            }
+            // Keep what is pending: held ACKs stay held, anything else
+            // (`ack_hold` is `None` then) goes out at once anyway.
+            Some(_) => {}
+            None => self.ack_hold = None,
+        }
+        self.push_resp(Resp::Ack { dst, src, psn });
+    }
+
+    /// True if no ACKs wait parked on the wire (a posting thread took them
+    /// along, or none were parked).
+    fn parked_gone(&self) -> bool {
+        match &self.stream {
+            // (Only the hold's deadline depends on it.)
+            Some(w) => w.held_gone_hint(),
+            None => true,
+        }
+    }
+
+    /// True while the pending output is only held ACKs, not yet due.
+    pub fn holding(&self, now: Instant) -> bool {
+        self.ack_hold.is_some_and(|t| now < t)
+            && self.senders.is_empty()
+            && self.tx_pending() == 0
+            && self.tx_mem.is_none()
+    }
+
+    /// Queues a response, coalescing consecutive ACKs of one QP.
+    pub fn push_resp(&mut self, r: Resp) {
+        if !matches!(r, Resp::Ack { .. }) {
+            self.ack_hold = None;
+        }
+        if let Resp::Ack { dst, src, psn } = r {
+            if let Some(Resp::Ack {
+                dst: d,
+                src: s,
+                psn: p,
+            }) = self.resp.back_mut()
+            {
+                if *d == dst && *s == src {
+                    *p = psn;
+                    return;
+                }
+            }
+        }
+        self.resp.push_back(r);
+    }
+
+    /// While holding: parks the held ACKs on the wire, where a posting
+    /// thread's write takes them along. False once that happened (or for
+    /// the loopback connection, which keeps them queued): the hold is over.
+    pub fn park_acks(&mut self) -> bool {
+        let Some(w) = &self.stream else {
+            return true;
+        };
+        if self.resp.is_empty() {
+            // (What arrived meanwhile produced no output: posters may write.)
+            w.release(true);
+            return !w.held_gone();
+        }
+        if !self.resp.iter().all(|r| matches!(r, Resp::Ack { .. })) {
+            return true;
+        }
+        let mut bytes = [0u8; 4 * HEADER_LEN];
+        let mut n = 0;
+        while let Some(Resp::Ack { dst, src, psn }) = self.resp.front() {
+            if n == bytes.len() {
+                w.hold(&bytes[..n]);
+                n = 0;
+            }
+            let mut h = Header::new(Opcode::Ack);
+            (h.dst_qpn, h.src_qpn, h.psn) = (*dst, *src, *psn);
+            bytes[n..n + HEADER_LEN].copy_from_slice(&h.encode());
+            n += HEADER_LEN;
+            self.resp.pop_front();
+        }
+        w.hold(&bytes[..n]);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::wire::Wire;
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn conn() -> Conn {
+        let mut c = Conn::new(None, "127.0.0.1:1".parse().expect("addr"), true);
+        c.tx.clear(); // the HELLO
+        c
+    }
+
+    #[test]
+    fn an_ack_after_parked_acks_were_taken_along_gets_its_own_hold() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let local = l.local_addr().expect("addr");
+        let _peer = std::net::TcpStream::connect(local).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        s.set_nonblocking(true).expect("nonblocking");
+        let wire = Arc::new(Wire::new(
+            mio::net::TcpStream::from_std(s),
+            mio::Token(super::super::super::engine::CONN_BASE),
+        ));
+        let mut c = Conn::new(Some(wire.clone()), local, true);
+        c.tx.clear(); // the HELLO
+        let now = Instant::now();
+        let first = now + Duration::from_micros(50);
+        c.push_ack(1, 2, 3, Some(first));
+        assert!(c.park_acks(), "parked on the wire");
+        assert!(c.resp.is_empty() && !wire.held_gone());
+        // Another ACK while the first still waits parked: the hold keeps
+        // the first one's deadline.
+        c.push_ack(1, 2, 4, Some(first + Duration::from_micros(30)));
+        assert!(!c.holding(first));
+        assert!(c.park_acks());
+        // A poster's request takes them along.
+        let mut h = Header::new(Opcode::Send);
+        h.payload_len = 0;
+        assert_eq!(
+            wire.try_write(&h.encode()),
+            Some(super::super::super::wire::DirectWrite::Sent)
+        );
+        assert!(wire.held_gone());
+        // The next message's ACK may wait its own full delay.
+        let second = first + Duration::from_micros(100);
+        c.push_ack(1, 2, 5, Some(second));
+        assert!(c.holding(first), "held until its own deadline");
+        assert!(!c.holding(second));
+    }
+
+    #[test]
+    fn held_acks_wait_only_while_nothing_else_is_pending() {
+        let now = Instant::now();
+        let until = now + Duration::from_millis(10);
+        let mut c = conn();
+        assert!(!c.holding(now));
+        c.push_ack(1, 2, 3, Some(until));
+        c.push_ack(1, 2, 4, Some(until + Duration::from_millis(5)));
+        assert_eq!(c.resp.len(), 1, "consecutive ACKs coalesce");
+        assert!(c.holding(now));
+        assert!(!c.holding(until), "due at the first hold's deadline");
+        // A request to send ends the hold: the ACK rides with it.
+        c.senders.push_back(9);
+        assert!(!c.holding(now));
+        c.senders.clear();
+        // Bytes waiting in the transmit buffer end it too.
+        c.tx.push(0);
+        assert!(!c.holding(now));
+        c.tx.clear();
+        // An ACK that must go at once ends it, and a later delayable ACK
+        // does not start a new hold behind it.
+        c.push_ack(5, 6, 1, None);
+        assert!(!c.holding(now));
+        c.push_ack(1, 2, 5, Some(until));
+        assert!(!c.holding(now));
+        // Any other response ends a hold.
+        let mut c = conn();
+        c.push_ack(1, 2, 3, Some(until));
+        c.push_resp(Resp::Nak {
+            dst: 1,
+            src: 2,
+            psn: 4,
+            syndrome: 0,
+            timer: 0,
+        });
+        assert!(!c.holding(now));
+    }
+}

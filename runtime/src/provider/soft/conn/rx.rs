@@ -1,0 +1,156 @@
+//! Reception: reading into the receive buffer, or a large WRITE payload
+//! straight into its target memory.
+
+use std::io;
+
+use super::super::mr::MrTable;
+use super::super::packet::{Header, HEADER_LEN};
+use super::Conn;
+use crate::provider::AccessFlags;
+
+/// A WRITE payload being received straight into registered memory.
+pub(crate) struct RxDirect {
+    /// The responder QP: once it is in ERR, the rest is discarded.
+    pub qp: std::sync::Arc<super::super::qp::QpShared>,
+    pub hdr: Header,
+    pub pd: u32,
+    /// Where the next byte goes.
+    pub addr: u64,
+    pub remaining: usize,
+    /// The region went away: the rest is discarded and the request fails.
+    pub broken: bool,
+}
+
+/// A direct WRITE payload at least this large still to come raises the
+/// socket's `SO_RCVLOWAT` (see `Conn::read_direct`).
+const LOWAT_MIN: usize = 128 * 1024;
+/// The highest `SO_RCVLOWAT` used.
+const LOWAT_MAX: usize = 256 * 1024;
+
+impl Conn {
+    /// Reads the rest of a direct WRITE payload straight into registered
+    /// memory (or into the buffer, discarded, if the region went away).
+    /// Returns bytes read (0 = end of stream) and whether the read was full.
+    pub fn read_direct(&mut self, mrs: &MrTable) -> io::Result<(usize, bool)> {
+        let Some(d) = &mut self.rx_direct else {
+            return Ok((0, false));
+        };
+        let want = d.remaining;
+        let Some(wire) = &self.stream else {
+            return Ok((0, false));
+        };
+        let fd = wire.fd();
+        if d.qp.state() == crate::provider::QpState::Err {
+            d.broken = true;
+        }
+        let target = if d.broken {
+            None
+        } else {
+            mrs.remote(
+                d.hdr.rkey,
+                d.pd,
+                d.addr,
+                want as u64,
+                AccessFlags::REMOTE_WRITE,
+            )
+            .ok()
+        };
+        let r = match target {
+            // SAFETY: `p` spans `want` bytes; `Span`'s invariant.
+            Some(p) => unsafe { libc::read(fd, p.as_ptr().cast(), want) },
+            None => {
+                d.broken = true;
+                let n = want.min(self.rx.len());
+                // SAFETY: the buffer holds at least `n` bytes.
+                unsafe { libc::read(fd, self.rx.as_mut_ptr().cast(), n) }
+            }
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let r = r as usize;
+        d.addr += r as u64;
+        d.remaining -= r;
+        // While much of a payload is still to come, the socket reports
+        // input only once a large part of it is there: fewer wake-ups and
+        // larger reads, as a blocking reader gets. Never more than what is
+        // still to come (the last part must wake us), and back to 1 byte
+        // once the payload is in (packet headers).
+        let lowat = if d.remaining >= LOWAT_MIN {
+            d.remaining.min(LOWAT_MAX)
+        } else {
+            1
+        };
+        if r > 0 && lowat != self.rcvlowat {
+            self.set_rcvlowat(fd, lowat);
+        }
+        Ok((r, r == want))
+    }
+
+    /// Sets the socket's `SO_RCVLOWAT` (Linux re-checks readiness at once,
+    /// so lowering it never strands data already there).
+    fn set_rcvlowat(&mut self, fd: std::os::fd::RawFd, n: usize) {
+        let v = n.min(i32::MAX as usize) as libc::c_int;
+        // SAFETY: `v` is a live c_int of the size passed; `fd` is the open
+        // socket of this connection.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            self.rcvlowat = n;
+        } else {
+            tracing::debug!(error = %io::Error::last_os_error(), "soft engine: SO_RCVLOWAT");
+        }
+    }
+
+    /// Reads once into the receive buffer: bytes read (0 = end of stream)
+    /// and whether the read filled all the space offered.
+    pub fn read_some(&mut self) -> io::Result<(usize, bool)> {
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        } else if self.rx.len() - self.rx_start < self.rx_need.max(HEADER_LEN)
+            || self.rx_end == self.rx.len()
+        {
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
+            self.rx_start = 0;
+        }
+        if self.rx.len() < self.rx_need {
+            self.rx.resize(self.rx_need, 0);
+        }
+        let end = self.rx_end;
+        let space = self.rx.len() - end;
+        let Some(wire) = &self.stream else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let buf = &mut self.rx[end..];
+        // SAFETY: reads into a live, writable byte slice; the fd stays open
+        // while `wire` lives. A plain system call (the socket is
+        // non-blocking; `recv` is not a cancellation point here: no thread
+        // is cancelled, so libc's wrapper would only add work).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_recvfrom,
+                wire.fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                0,
+                std::ptr::null_mut::<libc::sockaddr>(),
+                std::ptr::null_mut::<libc::socklen_t>(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = r as usize;
+        self.rx_end += n;
+        Ok((n, n == space))
+    }
+}

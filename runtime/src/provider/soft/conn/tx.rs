@@ -1,0 +1,216 @@
+//! Transmission: writing the transmit buffer and a zero-copy payload
+//! from registered memory to the socket (or, for the loopback connection,
+//! into its own receive buffer).
+
+use std::io;
+use std::sync::Arc;
+
+use super::super::lock;
+use super::super::mr::MrTable;
+use super::{Conn, Flush, TX_HIGH};
+
+/// A packet payload sent straight from registered memory (no copy): it
+/// follows the bytes in `tx`, and nothing is queued after it until it is gone.
+/// Shared with the QP (under the engine lock only), which snapshots the unsent rest
+/// into `copy` before any completion could tell the application that the
+/// memory is free again.
+pub(crate) struct TxMem {
+    /// The requester QP whose WR this is.
+    pub qpn: u32,
+    pub lkey: u32,
+    pub pd: u32,
+    pub addr: u64,
+    pub len: usize,
+    pub pos: usize,
+    /// Bytes `[pos..len]` copied out of the memory, once the QP failed.
+    pub copy: Option<Vec<u8>>,
+}
+
+/// Shared handle to a zero-copy payload.
+pub(crate) type TxMemRef = Arc<std::sync::Mutex<TxMem>>;
+
+impl TxMem {
+    /// Copies the unsent rest out of the registered memory (zeros if the
+    /// registration is gone), so the memory is no longer needed.
+    pub fn snapshot(&mut self, mrs: &MrTable) {
+        if self.copy.is_some() || self.pos == self.len {
+            return;
+        }
+        let rest = self.len - self.pos;
+        let mut v = vec![0u8; rest];
+        let at = self.addr + self.pos as u64;
+        if let Some(span) = mrs.local(self.lkey, self.pd, at, rest as u64, false) {
+            span.read_into(&mut v);
+        }
+        // Positions now index into the copy.
+        self.copy = Some(v);
+    }
+}
+
+impl Conn {
+    /// Writes as much of the transmit buffer (and the zero-copy payload
+    /// after it) as the socket takes. `mrs` is the locked MR table: the
+    /// payload's registration is checked before every write.
+    pub fn flush(&mut self, mrs: &MrTable) -> Flush {
+        if !self.connected {
+            return Flush::Blocked;
+        }
+        let Some(wire) = &self.stream else {
+            self.loop_back(mrs);
+            return Flush::Done;
+        };
+        // What a posting thread could not write goes first.
+        wire.take_spill(&mut self.tx, self.tx_pos);
+        let fd = wire.fd();
+        loop {
+            let head = self.tx.len() - self.tx_pos;
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2];
+            let mut n = 0;
+            if head > 0 {
+                iov[0] = libc::iovec {
+                    // SAFETY: `tx_pos < tx.len()`, so the pointer is in bounds.
+                    iov_base: unsafe { self.tx.as_mut_ptr().add(self.tx_pos) }.cast(),
+                    iov_len: head,
+                };
+                n = 1;
+            }
+            if let Some(mr) = &self.tx_mem {
+                let m = lock(mr);
+                let rest = m.len - m.pos;
+                if let Some(copy) = &m.copy {
+                    let done = copy.len() - rest;
+                    iov[n] = libc::iovec {
+                        // SAFETY: `done <= copy.len()`.
+                        iov_base: unsafe { copy.as_ptr().add(done) } as *mut libc::c_void,
+                        iov_len: rest,
+                    };
+                    n += 1;
+                } else {
+                    let at = m.addr + m.pos as u64;
+                    match mrs.local(m.lkey, m.pd, at, rest as u64, false) {
+                        Some(p) => {
+                            // (Sent below, while `mrs` is still borrowed.)
+                            iov[n] = libc::iovec {
+                                iov_base: p.as_ptr().cast(),
+                                iov_len: rest,
+                            };
+                            n += 1;
+                        }
+                        None => {
+                            // Deregistered under an outstanding WR: keep the
+                            // framing with zeros and fail the QP.
+                            self.broken.push(m.qpn);
+                            drop(m);
+                            self.tx.resize(self.tx.len() + rest, 0);
+                            self.tx_mem = None;
+                            continue;
+                        }
+                    }
+                }
+            }
+            if n == 0 {
+                self.tx.clear();
+                self.tx_pos = 0;
+                return Flush::Done;
+            }
+            // SAFETY: an all-zero msghdr is valid (no name, no control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = n as _;
+            // SAFETY: `iov[..n]` describes the live tx buffer and memory of a
+            // registration validated under the MR-table lock the caller holds
+            // for the duration of the call (only read). MSG_NOSIGNAL: a peer
+            // gone away is an error here, not a SIGPIPE for the process.
+            let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => {
+                        self.compact_tx();
+                        return Flush::Blocked;
+                    }
+                    io::ErrorKind::Interrupted => continue,
+                    _ => {
+                        tracing::debug!(error = %e, "soft engine: write failed");
+                        return Flush::Closed;
+                    }
+                }
+            }
+            if r == 0 {
+                return Flush::Closed;
+            }
+            let mut k = r as usize;
+            let h = head.min(k);
+            self.tx_pos += h;
+            k -= h;
+            if let Some(mr) = &self.tx_mem {
+                let mut m = lock(mr);
+                m.pos += k;
+                if m.pos == m.len {
+                    drop(m);
+                    self.tx_mem = None;
+                }
+            }
+            if self.tx_pos == self.tx.len() {
+                self.tx.clear();
+                self.tx_pos = 0;
+            }
+        }
+    }
+
+    /// Loopback: moves everything queued for sending into the receive buffer.
+    fn loop_back(&mut self, mrs: &MrTable) {
+        let head = self.tx.len() - self.tx_pos;
+        let mem = self.tx_mem.as_ref().map_or(0, |m| {
+            let m = lock(m);
+            m.len - m.pos
+        });
+        let n = head + mem;
+        if n == 0 {
+            return;
+        }
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        }
+        if self.rx.len() - self.rx_end < n {
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
+            self.rx_start = 0;
+            if self.rx.len() - self.rx_end < n {
+                self.rx.resize(self.rx_end + n, 0);
+            }
+        }
+        let at = self.rx_end;
+        self.rx[at..at + head].copy_from_slice(&self.tx[self.tx_pos..]);
+        if let Some(mr) = self.tx_mem.take() {
+            let mut m = lock(&mr);
+            let dst = &mut self.rx[at + head..at + n];
+            if let Some(copy) = &m.copy {
+                dst.copy_from_slice(&copy[copy.len() - mem..]);
+            } else {
+                match mrs.local(m.lkey, m.pd, m.addr + m.pos as u64, mem as u64, false) {
+                    Some(span) => span.read_into(dst),
+                    None => {
+                        dst.fill(0);
+                        self.broken.push(m.qpn);
+                    }
+                }
+            }
+            m.pos = m.len;
+        }
+        self.rx_end += n;
+        self.tx.clear();
+        self.tx_pos = 0;
+    }
+
+    fn compact_tx(&mut self) {
+        if self.tx_pos > TX_HIGH / 2 {
+            self.tx.drain(..self.tx_pos);
+            self.tx_pos = 0;
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Connections to other engines: connecting (one per pair of engines),
+//! accepting, binding QPs to them, and closing them.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Interest, Token};
+use smallvec::SmallVec;
+
+use super::super::conn::Conn;
+use super::super::lock;
+use super::super::wire::Wire;
+use super::{Engine, CONN_BASE};
+use crate::provider::{QpState, WcStatus};
+
+/// How long a QP waits for its peer's engine (the one with the lower
+/// address) to connect before its own engine connects.
+const CONN_GRACE: Duration = Duration::from_millis(20);
+
+impl Engine {
+    /// Binds the QP to the connection to its peer's engine, connecting if needed.
+    pub(super) fn ensure_conn(&mut self, qpn: u32) {
+        let Some(eq) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if let Some(c) = eq.conn {
+            if self.conns.contains(c) {
+                return;
+            }
+            eq.conn = None;
+        }
+        let Some(addr) = eq.cfg.remote_addr else {
+            return;
+        };
+        let waiting = self.conn_wait.iter().position(|(q, _)| *q == qpn);
+        if let Some(&c) = self.peers.get(&addr) {
+            eq.conn = Some(c);
+            if let Some(i) = waiting {
+                self.conn_wait.swap_remove(i);
+            }
+            return;
+        }
+        if addr < self.sh.addr {
+            // One connection per pair of engines (requests, responses and
+            // TCP's own ACKs share it): the engine with the lower address
+            // connects; this one waits for it a little before it connects
+            // itself (the peer may not need a connection now).
+            let now = Instant::now();
+            match waiting {
+                Some(i) if self.conn_wait[i].1 <= now => {
+                    self.conn_wait.swap_remove(i);
+                }
+                Some(_) => return,
+                None => {
+                    self.conn_wait.push((qpn, now + CONN_GRACE));
+                    return;
+                }
+            }
+        }
+        match self.connect(addr) {
+            Ok(c) => {
+                if let Some(eq) = self.qps.get_mut(&qpn) {
+                    eq.conn = Some(c);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(%addr, error = %e, "soft engine: connect failed");
+                if let Some(eq) = self.qps.get_mut(&qpn) {
+                    if !eq.wqes.is_empty() {
+                        eq.fail(Some(WcStatus::RetryExcErr));
+                    }
+                }
+            }
+        }
+    }
+
+    fn connect(&mut self, addr: std::net::SocketAddr) -> io::Result<usize> {
+        let cid = if addr == self.sh.addr {
+            let entry = self.conns.vacant_entry();
+            let cid = entry.key();
+            entry.insert(Conn::new(None, self.sh.addr, true));
+            cid
+        } else {
+            let stream = mio::net::TcpStream::connect(addr)?;
+            self.insert_conn(stream, false)?
+        };
+        if let Some(c) = self.conns.get_mut(cid) {
+            c.peer = Some(addr);
+        }
+        self.peers.insert(addr, cid);
+        Ok(cid)
+    }
+
+    fn insert_conn(
+        &mut self,
+        mut stream: mio::net::TcpStream,
+        connected: bool,
+    ) -> io::Result<usize> {
+        let entry = self.conns.vacant_entry();
+        let cid = entry.key();
+        self.sh.registry.register(
+            &mut stream,
+            Token(cid + CONN_BASE),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        if connected {
+            let _ = stream.set_nodelay(true);
+        }
+        let wire = Arc::new(Wire::new(stream, Token(cid + CONN_BASE)));
+        entry.insert(Conn::new(Some(wire), self.sh.addr, connected));
+        Ok(cid)
+    }
+
+    pub(super) fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, from)) => {
+                    tracing::trace!(%from, "soft engine: accepted");
+                    match self.insert_conn(stream, true) {
+                        Ok(cid) => self.activate(cid),
+                        Err(e) => tracing::warn!(error = %e, "soft engine: register failed"),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "soft engine: accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_writable(&mut self, cid: usize) {
+        let Some(conn) = self.conns.get_mut(cid) else {
+            return;
+        };
+        if !conn.connected {
+            let Some(wire) = &conn.stream else {
+                return;
+            };
+            let stream = &wire.stream;
+            match stream.take_error() {
+                Ok(Some(e)) | Err(e) => {
+                    tracing::debug!(error = %e, "soft engine: connect failed");
+                    self.close(cid);
+                    return;
+                }
+                Ok(None) => {}
+            }
+            match stream.peer_addr() {
+                Ok(_) => {
+                    let _ = stream.set_nodelay(true);
+                    conn.connected = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                Err(_) => {
+                    self.close(cid);
+                    return;
+                }
+            }
+        }
+        self.activate(cid);
+    }
+
+    /// Closes a connection: requester QPs bound to it fail with RETRY_EXC_ERR.
+    pub fn close(&mut self, cid: usize) {
+        if !self.conns.contains(cid) {
+            return;
+        }
+        let conn = self.conns.remove(cid);
+        self.forget_feeds(cid, &conn);
+        if let Some(wire) = &conn.stream {
+            let fd = wire.fd();
+            let _ = self.sh.registry.deregister(&mut mio::unix::SourceFd(&fd));
+            wire.close();
+        }
+        self.peers.retain(|_, c| *c != cid);
+        tracing::debug!(peer = ?conn.peer, "soft engine: connection closed");
+        for eq in self.qps.values_mut() {
+            if eq.conn == Some(cid) {
+                eq.conn = None;
+                eq.scheduled = false;
+                eq.stop_direct(&mut lock(&eq.sh.clone().inner));
+                if !eq.wqes.is_empty() && eq.sh.state() == QpState::Rts {
+                    eq.fail(Some(WcStatus::RetryExcErr));
+                }
+            }
+        }
+    }
+
+    /// QPs waiting for their peer's connection: bound once it is there
+    /// (or connecting themselves once the wait is over).
+    pub(super) fn retry_conn_waits(&mut self) {
+        if self.conn_wait.is_empty() {
+            return;
+        }
+        let Engine { conn_wait, qps, .. } = self;
+        conn_wait.retain(|(q, _)| qps.get(q).is_some_and(|eq| eq.conn.is_none()));
+        let list: SmallVec<[u32; 8]> = self.conn_wait.iter().map(|(q, _)| *q).collect();
+        for qpn in list {
+            self.ensure_conn(qpn);
+            self.schedule(qpn);
+        }
+    }
+}

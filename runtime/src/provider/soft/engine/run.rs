@@ -1,0 +1,236 @@
+//! The engine thread's loop: handle what `poll` reported, do the work that
+//! does not wait, decide how long to sleep, sleep without the engine lock.
+
+use std::io;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll, Token};
+
+use super::super::lock;
+use super::timers::DIRECT_AWAKE;
+use super::{env_us, Engine, CONN_BASE, DEFAULT_SPIN_US, LISTENER, WAKER};
+
+/// How many leases in a row a sleeping engine lets pass without its loop
+/// turn while applications hold its lock (then it waits for the lock: its
+/// timers must run).
+pub(crate) const LEASE_SKIPS: u32 = 4;
+
+/// How the engine sleeps after a loop turn.
+struct Sleep {
+    /// How long (`None`: until woken).
+    timeout: Option<Duration>,
+    /// Yield the CPU first.
+    yield_first: bool,
+    /// Only to see whether leases ended (see `run`).
+    lease_wake: bool,
+}
+
+/// Engine thread body: works under the engine lock, sleeps in `poll`
+/// without it.
+///
+/// Woken only to see whether leases ended, the engine does not wait for
+/// its lock if an application holds it: that application is receiving,
+/// and renewing its leases; the engine sleeps another lease instead (it
+/// is rung for anything else, or wakes within a lease anyway), up to
+/// `LEASE_SKIPS` times in a row.
+pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
+    let mut events = Events::with_capacity(256);
+    let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
+    // When the last completion was delivered, while no post followed.
+    let mut spin_from: Option<Instant> = None;
+    let mut eng = lock(&core);
+    loop {
+        eng.handle_events(&events);
+        let Some(Sleep {
+            mut timeout,
+            yield_first,
+            lease_wake,
+        }) = eng.turn(&mut spin_from, spin)
+        else {
+            tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
+            return;
+        };
+        let sh = eng.sh.clone();
+        drop(eng);
+        if yield_first {
+            std::thread::yield_now();
+        }
+        let mut skips = 0;
+        let (res, guard) = loop {
+            let res = poll.poll(&mut events, timeout);
+            if !(lease_wake && res.is_ok() && events.is_empty()) || skips == LEASE_SKIPS {
+                break (res, lock(&core));
+            }
+            skips += 1;
+            match core.try_lock() {
+                Err(TryLockError::WouldBlock) => {
+                    // Posting threads ring if they need us earlier (those
+                    // that did not, as we were to wake by now, wait at most
+                    // a lease more: their WRs' timeouts are detected that
+                    // much later at worst). Everything else rings anyway.
+                    timeout = Some(sh.lease);
+                    let wake_by = sh.nanos_at(Instant::now() + sh.lease);
+                    sh.wake_by.store(wake_by, Ordering::SeqCst);
+                }
+                Ok(g) => break (res, g),
+                Err(TryLockError::Poisoned(p)) => break (res, p.into_inner()),
+            }
+        };
+        eng = guard;
+        eng.sh.sleeping.store(false, Ordering::SeqCst);
+        if let Err(e) = res {
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "soft engine: poll failed");
+                return;
+            }
+            events.clear();
+        }
+    }
+}
+
+impl Engine {
+    /// Handles what the last `poll` reported.
+    fn handle_events(&mut self, events: &Events) {
+        let now = Instant::now();
+        for ev in events.iter() {
+            match ev.token() {
+                WAKER => {}
+                LISTENER => self.accept_all(),
+                Token(t) => {
+                    let cid = t - CONN_BASE;
+                    if ev.is_writable() {
+                        self.on_writable(cid);
+                    }
+                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                        // An application drives this connection: stop
+                        // watching its input until the lease ends.
+                        if ev.is_readable() && !self.sh.lease.is_zero() {
+                            self.mute(cid, now);
+                        }
+                        self.on_readable(cid, ev.is_read_closed() || ev.is_error());
+                    }
+                }
+            }
+        }
+        // What arrived completed WRs: their consumers are woken at the
+        // turn's end, once per CQ, after the answers (ACKs) were written
+        // or parked for the consumers' own writes (an answer posted before
+        // that would have to queue behind them).
+    }
+
+    /// One loop turn: the work that does not wait. Returns how to sleep,
+    /// `None` to stop.
+    fn turn(&mut self, spin_from: &mut Option<Instant>, spin: Duration) -> Option<Sleep> {
+        if self.sh.stop.load(Ordering::SeqCst) {
+            // Best effort: queued responses leave before the sockets close.
+            for cid in std::mem::take(&mut self.held) {
+                self.activate(cid);
+            }
+            self.service_active(true);
+            self.raise_events();
+            return None;
+        }
+        // (The engine is awake: an application's receive need not ring it.)
+        self.kick = false;
+        let posted = self.service_dirty();
+        let now = Instant::now();
+        if posted {
+            // The post the spin waited for came: what follows is the
+            // network's turn.
+            *spin_from = None;
+        }
+        if self.sh.completed.swap(false, Ordering::Relaxed) {
+            *spin_from = Some(now);
+        }
+        if self.sh.direct_seen.swap(false, Ordering::Relaxed) {
+            self.direct_until = Some(now + DIRECT_AWAKE);
+        }
+        self.timers(now);
+        self.retry_conn_waits();
+        self.adopt_app_muted();
+        self.expire_leases(now);
+        let mut held = std::mem::take(&mut self.held);
+        for cid in held.drain(..) {
+            self.activate(cid);
+        }
+        self.held = held;
+        let busy = self.service_active(false);
+        // (Overflows of this turn and of the last turn's events.)
+        self.fail_overflowed();
+        self.raise_events();
+        let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
+        let mut yield_first = false;
+        let mut lease_wake = false;
+        let mut timeout = if busy {
+            Some(Duration::ZERO)
+        } else if awaiting_post || self.awaits_post_for_held(now) {
+            // A completion was just delivered and its application has
+            // not posted since: it is likely to post at once, so stay
+            // awake a little (no doorbell syscall and wakeup for that
+            // post; held ACKs wait for it), but let other threads run.
+            // Waiting for the network needs no spinning: data arriving
+            // wakes the poll (and an idle CPU is worth more to the woken
+            // threads on a small machine).
+            yield_first = true;
+            Some(Duration::ZERO)
+        } else {
+            let (deadline, lease_only) = self.next_deadline(now);
+            lease_wake = lease_only;
+            deadline.map(|d| d.saturating_duration_since(now))
+        };
+        if timeout != Some(Duration::ZERO) {
+            // Posting threads that transmit themselves ring only if we
+            // would not wake in time to time their WRs out.
+            let wake_by = timeout.map_or(u64::MAX, |t| self.sh.nanos_at(now + t));
+            self.sh.wake_by.store(wake_by, Ordering::SeqCst);
+            self.sh.sleeping.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            // (Work queued before `sleeping` was seen: no one rang for it.)
+            if !lock(&self.sh.dirty).is_empty()
+                || !lock(&self.sh.app_muted).is_empty()
+                || self.sh.stop.load(Ordering::SeqCst)
+            {
+                timeout = Some(Duration::ZERO);
+            }
+        }
+        Some(Sleep {
+            timeout,
+            yield_first,
+            lease_wake,
+        })
+    }
+
+    /// True if ACKs the engine holds wait for a post it should stay awake
+    /// for: ACKs held by its own receive. Those an application's receive
+    /// held (on a connection it drives, see `drive.rs`) wait for that
+    /// application's post, which takes them along without the engine; the
+    /// engine sleeps until their hold ends (the receive rang it if it would
+    /// sleep much longer), and does not keep its lock busy meanwhile, which
+    /// would make the application's next receive wait for it.
+    pub(crate) fn awaits_post_for_held(&self, now: Instant) -> bool {
+        let t = self.sh.nanos_at(now);
+        self.held.iter().any(|&cid| {
+            self.conns.get(cid).is_some_and(|c| match &c.stream {
+                Some(w) => w.lease_until() <= t,
+                None => true,
+            })
+        })
+    }
+
+    /// The time (see `clock`).
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.unwrap_or_else(Instant::now)
+    }
+
+    /// Raises the channel events of the CQs that completions disarmed.
+    pub(crate) fn raise_events(&mut self) {
+        let mut list = std::mem::take(&mut self.fired_buf);
+        std::mem::swap(&mut list, &mut *lock(&self.sh.fired));
+        for cq in list.drain(..) {
+            cq.signal(self.quiet.as_deref());
+        }
+        self.fired_buf = list;
+    }
+}

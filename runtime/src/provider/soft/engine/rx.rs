@@ -1,0 +1,228 @@
+//! The receive side: reading a connection, cutting its bytes into packets,
+//! and WRITE payloads received straight into their target memory.
+
+use std::io;
+
+use super::super::conn::RxDirect;
+use super::super::lock;
+use super::super::packet::{decode_header, decode_hello, Header, Opcode, FLAG_FIRST, HEADER_LEN};
+use super::super::responder::load_qp;
+use super::Engine;
+use crate::provider::{AccessFlags, QpState};
+
+/// WRITE payloads at least this big are received straight into memory.
+const DIRECT_MIN: usize = 16 * 1024;
+
+impl Engine {
+    /// Reads and handles what arrived. Edge-triggered: a short read means the
+    /// socket is drained (new data raises a new event), except when the peer
+    /// also closed (`drain`), where we read on until end of stream.
+    pub(crate) fn on_readable(&mut self, cid: usize, drain: bool) {
+        loop {
+            let Some(conn) = self.conns.get_mut(cid) else {
+                return;
+            };
+            if conn.rx_direct.is_some() {
+                let res = {
+                    let mrs = self.sh.mrs();
+                    conn.read_direct(&mrs)
+                };
+                match res {
+                    Ok((0, _)) => {
+                        self.close(cid);
+                        return;
+                    }
+                    Ok((_, full)) => {
+                        let done = conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0);
+                        if done {
+                            if let Some(d) = conn.rx_direct.take() {
+                                self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                            }
+                            self.activate(cid);
+                            continue;
+                        }
+                        if !full && !drain {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "soft engine: read failed");
+                        self.close(cid);
+                        return;
+                    }
+                }
+            }
+            match conn.read_some() {
+                Ok((0, _)) => {
+                    self.close(cid);
+                    return;
+                }
+                Ok((_, full)) => {
+                    if !self.process_rx(cid) {
+                        self.close(cid);
+                        return;
+                    }
+                    // What the packets produced (ACKs, data) goes out in
+                    // this loop turn.
+                    self.activate(cid);
+                    if !full && !drain {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "soft engine: read failed");
+                    self.close(cid);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handles every complete packet in the receive buffer. False = protocol
+    /// violation, drop the connection.
+    pub(super) fn process_rx(&mut self, cid: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(cid) else {
+            return false;
+        };
+        // Responses go out before anything a poster would write now.
+        conn.claim();
+        let rx = std::mem::take(&mut conn.rx);
+        let (mut start, end) = (conn.rx_start, conn.rx_end);
+        let mut ok = true;
+        let mut need = 0;
+        let mut direct = None;
+        while end - start >= HEADER_LEN {
+            let hdr = match decode_header(&rx[start..end]) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "soft engine: bad packet, closing connection");
+                    ok = false;
+                    break;
+                }
+            };
+            let total = HEADER_LEN + hdr.payload_len as usize;
+            if end - start < total {
+                let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
+                if got_hello && hdr.payload_len as usize >= DIRECT_MIN {
+                    direct = self.direct_target(&hdr);
+                }
+                if let Some(d) = &mut direct {
+                    // Place the bytes already here; read the rest straight
+                    // into the registered memory.
+                    let have = &rx[start + HEADER_LEN..end];
+                    let mrs = self.sh.mrs();
+                    match mrs.remote(
+                        hdr.rkey,
+                        d.pd,
+                        d.addr,
+                        have.len() as u64,
+                        AccessFlags::REMOTE_WRITE,
+                    ) {
+                        Ok(span) => span.write(have),
+                        Err(_) => d.broken = true,
+                    }
+                    d.addr += have.len() as u64;
+                    d.remaining -= have.len();
+                    start = end;
+                } else {
+                    need = total;
+                }
+                break;
+            }
+            let payload = &rx[start + HEADER_LEN..start + total];
+            start += total;
+            let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
+            if !got_hello {
+                if hdr.opcode != Opcode::Hello {
+                    tracing::warn!("soft engine: connection did not start with HELLO");
+                    ok = false;
+                    break;
+                }
+                match decode_hello(payload) {
+                    Ok(addr) => {
+                        if let Some(c) = self.conns.get_mut(cid) {
+                            c.got_hello = true;
+                            if c.peer.is_none() {
+                                c.peer = Some(addr);
+                            }
+                        }
+                        self.peers.entry(addr).or_insert(cid);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "soft engine: bad HELLO");
+                        ok = false;
+                        break;
+                    }
+                }
+                continue;
+            }
+            self.handle_packet(cid, &hdr, payload);
+        }
+        if let Some(conn) = self.conns.get_mut(cid) {
+            if start == end {
+                start = 0;
+                conn.rx_end = 0;
+            }
+            conn.rx = rx;
+            conn.rx_start = start;
+            conn.rx_need = need;
+            conn.rx_direct = direct;
+        }
+        ok
+    }
+
+    /// Checks whether a WRITE segment whose payload is still arriving can be
+    /// received straight into its target (the request will succeed).
+    fn direct_target(&mut self, hdr: &Header) -> Option<RxDirect> {
+        if !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
+            return None;
+        }
+        let (eq, st) = load_qp(&mut self.qps, &self.sh, hdr.dst_qpn)?;
+        if !matches!(st, QpState::Rtr | QpState::Rts)
+            || !eq.configured
+            || hdr.src_qpn != eq.cfg.remote_qpn
+            || hdr.psn != eq.epsn
+            || !eq.cfg.access.contains(AccessFlags::REMOTE_WRITE)
+        {
+            return None;
+        }
+        let first = hdr.flags & FLAG_FIRST != 0;
+        if first && hdr.opcode == Opcode::WriteImm && lock(&eq.sh.inner).rq.is_empty() {
+            return None;
+        }
+        let pd = eq.sh.pd;
+        let (from, len) = if first {
+            (hdr.addr, hdr.arg0)
+        } else {
+            (hdr.addr + hdr.arg1, u64::from(hdr.payload_len))
+        };
+        self.sh
+            .mrs()
+            .remote(hdr.rkey, pd, from, len, AccessFlags::REMOTE_WRITE)
+            .ok()?;
+        Some(RxDirect {
+            qp: eq.sh.clone(),
+            hdr: *hdr,
+            pd,
+            addr: hdr.addr + hdr.arg1,
+            remaining: hdr.payload_len as usize,
+            broken: false,
+        })
+    }
+
+    fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
+        if self.in_app {
+            self.app_packets += 1;
+        }
+        match hdr.opcode {
+            Opcode::Hello => {}
+            op if op.is_request() => self.on_request(cid, hdr, payload, None),
+            _ => self.on_response(cid, hdr, payload),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The transmit side: which QPs and connections have output, and the
+//! fill+flush rounds that turn WRs and responses into bytes on the wire.
+
+use super::super::conn::Flush;
+use super::Engine;
+use crate::provider::WcStatus;
+
+/// Rounds of fill+flush per connection before looking at other events.
+const SERVICE_ROUNDS: usize = 8;
+
+impl Engine {
+    /// Puts a requester QP on its connection's sender list.
+    pub fn schedule(&mut self, qpn: u32) {
+        let Some(eq) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if eq.scheduled || eq.send_idx >= eq.wqes.len() {
+            return;
+        }
+        let Some(cid) = eq.conn else {
+            return;
+        };
+        let Some(conn) = self.conns.get_mut(cid) else {
+            return;
+        };
+        eq.scheduled = true;
+        conn.claim();
+        conn.senders.push_back(qpn);
+        if !conn.active {
+            conn.active = true;
+            self.active.push(cid);
+        }
+    }
+
+    pub fn activate(&mut self, cid: usize) {
+        if let Some(conn) = self.conns.get_mut(cid) {
+            if !conn.active {
+                conn.active = true;
+                self.active.push(cid);
+            }
+        }
+    }
+
+    /// Fills and flushes every active connection. True if some still has
+    /// work that can proceed now. `force`: held ACKs go out too.
+    pub(crate) fn service_active(&mut self, force: bool) -> bool {
+        let mut list = std::mem::take(&mut self.active_buf);
+        std::mem::swap(&mut list, &mut self.active);
+        let mut busy = false;
+        let now = self.now();
+        for cid in list.drain(..) {
+            if let Some(c) = self.conns.get_mut(cid) {
+                c.active = false;
+                if !force && c.holding(now) {
+                    if c.park_acks() {
+                        self.held.push(cid);
+                    } else {
+                        // A posting thread took the ACKs along.
+                        c.ack_hold = None;
+                    }
+                    continue;
+                }
+                c.ack_hold = None;
+            } else {
+                continue;
+            }
+            if self.service_conn(cid) {
+                busy = true;
+                self.activate(cid);
+            }
+        }
+        self.active_buf = list;
+        busy
+    }
+
+    /// Generates and writes packets for one connection. True if it stopped
+    /// with work left that does not wait for the socket.
+    fn service_conn(&mut self, cid: usize) -> bool {
+        let Some(conn) = self.conns.get(cid) else {
+            return false;
+        };
+        conn.claim();
+        let more = self.service_conn_rounds(cid);
+        if let Some(conn) = self.conns.get(cid) {
+            conn.settle();
+        }
+        more
+    }
+
+    fn service_conn_rounds(&mut self, cid: usize) -> bool {
+        for _ in 0..SERVICE_ROUNDS {
+            self.fill_tx(cid);
+            let Some(conn) = self.conns.get_mut(cid) else {
+                return false;
+            };
+            let res = {
+                let mrs = self.sh.mrs();
+                conn.flush(&mrs)
+            };
+            if !conn.broken.is_empty() {
+                let broken = std::mem::take(&mut conn.broken);
+                for qpn in broken {
+                    if let Some(eq) = self.qps.get_mut(&qpn) {
+                        eq.fail(Some(WcStatus::LocProtErr));
+                    }
+                }
+            }
+            match res {
+                Flush::Closed => {
+                    self.close(cid);
+                    return false;
+                }
+                Flush::Blocked => return false,
+                Flush::Done => {}
+            }
+            let lo = self.conns.get(cid).is_some_and(|c| c.is_loopback());
+            if lo && !self.process_rx(cid) {
+                tracing::error!("soft engine: loopback produced an invalid packet");
+                self.close(cid);
+                return false;
+            }
+            let conn = &self.conns[cid];
+            if conn.resp.is_empty() && conn.senders.is_empty() {
+                return false;
+            }
+        }
+        true
+    }
+}

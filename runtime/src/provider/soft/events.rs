@@ -1,0 +1,171 @@
+//! The device's event queues (CQ events of a completion channel, async
+//! events): a queue with a non-blocking eventfd that is readable while the
+//! queue holds an event. The producer writes the eventfd after releasing
+//! the queue lock (a consumer woken by the write must not find the lock
+//! still held and go back to sleep on it), so readiness can lag a push by a
+//! moment, and can outlive the event it announced until the next pop
+//! (which then returns `None` and clears it).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+use super::lock;
+use crate::provider::{ProviderError, Result};
+
+/// A queue of events with an eventfd that is readable while it is not empty.
+pub(crate) struct EventQueue<T> {
+    fd: OwnedFd,
+    inner: Mutex<Events<T>>,
+}
+
+struct Events<T> {
+    queue: VecDeque<T>,
+    /// Signals written (or about to be) to the eventfd and not read back.
+    unread: u64,
+}
+
+impl<T> EventQueue<T> {
+    pub fn new() -> Result<Self> {
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(ProviderError::Io {
+                context: "eventfd",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `raw` is a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(EventQueue {
+            fd,
+            inner: Mutex::new(Events {
+                queue: VecDeque::new(),
+                unread: 0,
+            }),
+        })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn push(&self, ev: T) {
+        if self.enqueue(ev) {
+            self.signal();
+        }
+    }
+
+    /// Queues an event; true if the caller must then `signal` (the queue
+    /// was empty). The signal is sent after the lock is released, so a
+    /// consumer it wakes does not find the lock still held.
+    pub(super) fn enqueue(&self, ev: T) -> bool {
+        let mut g = lock(&self.inner);
+        let was_empty = g.queue.is_empty();
+        g.queue.push_back(ev);
+        if was_empty {
+            g.unread += 1;
+        }
+        was_empty
+    }
+
+    /// Makes the eventfd readable. It is cleared only under the lock with
+    /// the queue empty, so a signal sent after its event went in cannot be
+    /// lost: the fd is readable while the event waits.
+    pub(super) fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        let _ = unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Queues an event without making the eventfd readable: for a
+    /// consumer that takes it at once (see `Engine::quiet`); what it
+    /// leaves behind is signalled by [`pop_quiet`](Self::pop_quiet).
+    pub(super) fn enqueue_quiet(&self, ev: T) {
+        lock(&self.inner).queue.push_back(ev);
+    }
+
+    /// Pops after quiet enqueues: signals the events left behind, which
+    /// other consumers must see.
+    pub(super) fn pop_quiet(&self) -> Option<T> {
+        let mut g = lock(&self.inner);
+        let ev = g.queue.pop_front();
+        if g.queue.is_empty() {
+            self.clear(&mut g);
+            return ev;
+        }
+        let left = g.unread == 0;
+        if left {
+            g.unread += 1;
+        }
+        drop(g);
+        if left {
+            self.signal();
+        }
+        ev
+    }
+
+    pub fn pop(&self) -> Option<T> {
+        let mut g = lock(&self.inner);
+        let ev = g.queue.pop_front();
+        if g.queue.is_empty() {
+            self.clear(&mut g);
+        }
+        ev
+    }
+
+    /// With the queue empty: clears the eventfd's readiness. A signal that
+    /// lands after its event was taken stays counted in `unread` and is
+    /// cleared by the next pop; with nothing unread, no syscall.
+    fn clear(&self, g: &mut Events<T>) {
+        if g.unread > 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+            let n = unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+            if n == 8 {
+                g.unread = g.unread.saturating_sub(v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn event_fd_is_readable_while_events_wait_and_late_signals_clear() {
+        let q = EventQueue::<u32>::new().expect("eventfd");
+        assert!(!readable(q.fd()));
+        q.push(1);
+        q.push(2);
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), Some(1));
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), Some(2));
+        assert!(!readable(q.fd()));
+        // A producer's signal landing after its event was taken (it signals
+        // after unlocking) leaves the fd readable with nothing queued: the
+        // next pop finds nothing and clears it.
+        assert!(q.enqueue(3));
+        assert_eq!(q.pop(), Some(3));
+        assert!(!readable(q.fd()));
+        q.signal();
+        assert!(readable(q.fd()));
+        assert_eq!(q.pop(), None);
+        assert!(!readable(q.fd()));
+        assert_eq!(q.pop(), None);
+        assert!(!readable(q.fd()));
+    }
+}
