@@ -144,6 +144,29 @@ impl<B: AsRef<[u8]> + 'static> Sink<B> for MessageSink<B> {
 impl Rdma {
     /// The connection as a `Sink` of outgoing messages and a `Stream` of
     /// received ones (see [`MessageSink`], [`MessageStream`]).
+    ///
+    /// ```
+    /// use futures::{SinkExt, StreamExt};
+    /// use verbio_ops::agent::RdmaBuilder;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rt = verbio_runtime::Runtime::new()?;
+    /// rt.block_on(async {
+    ///     let builder = RdmaBuilder::new().device_name("soft0");
+    ///     let listener = builder.listen("127.0.0.1:0".parse()?)?;
+    ///     let addr = listener.local_addr()?;
+    ///     let (server, client) = futures::join!(listener.accept(), builder.connect(addr));
+    ///     let (_, mut incoming) = server?.into_split::<Vec<u8>>();
+    ///     let (mut outgoing, _) = client?.into_split();
+    ///     outgoing.send(b"one".to_vec()).await?;
+    ///     outgoing.send(b"two".to_vec()).await?;
+    ///     outgoing.close().await?; // closes the connection: the stream ends
+    ///     let got: Vec<Vec<u8>> = incoming.map(|m| m.unwrap().into_vec()).collect().await;
+    ///     assert_eq!(got, [b"one".to_vec(), b"two".to_vec()]);
+    ///     Ok(())
+    /// })
+    /// # }
+    /// ```
     pub fn into_split<B>(self) -> (MessageSink<B>, MessageStream) {
         let rdma = Rc::new(self);
         (MessageSink::new(rdma.clone()), MessageStream::new(rdma))

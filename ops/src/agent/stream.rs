@@ -40,6 +40,29 @@ type Sending = LocalBoxFuture<'static, (Result<(), AgentError>, Vec<u8>)>;
 /// `receive` on the same connection while the stream is in use. Reading
 /// after the peer went away without closing fails with
 /// `ConnectionReset` (see `From<AgentError> for io::Error`).
+///
+/// ```
+/// use futures::io::{AsyncReadExt, AsyncWriteExt};
+/// use verbio_ops::agent::{RdmaBuilder, RdmaStream};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = verbio_runtime::Runtime::new()?;
+/// rt.block_on(async {
+///     // Both ends in one runtime, on the software device over loopback.
+///     let builder = RdmaBuilder::new().device_name("soft0");
+///     let listener = builder.listen("127.0.0.1:0".parse()?)?;
+///     let addr = listener.local_addr()?;
+///     let (server, client) = futures::join!(listener.accept(), builder.connect(addr));
+///     let (mut server, mut client) = (RdmaStream::from(server?), RdmaStream::from(client?));
+///     client.write_all(b"hello over RDMA").await?;
+///     client.close().await?; // the server reads EOF after the last byte
+///     let mut got = String::new();
+///     server.read_to_string(&mut got).await?;
+///     assert_eq!(got, "hello over RDMA");
+///     Ok(())
+/// })
+/// # }
+/// ```
 pub struct RdmaStream {
     rdma: Rc<Rdma>,
     chunk: usize,
