@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use crate::op::Credits;
 use crate::provider::{AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, QpCaps};
-use crate::qp::{Backend, QueuePair};
+use crate::qp::QueuePair;
 use crate::reactor::{CqRegistration, Handle, RuntimeError};
 
 /// Default number of CQ entries of a [`Device`]'s shared CQ.
@@ -171,9 +171,9 @@ impl Device {
         let qp = pd.create_qp(&self.inner.cq, &self.inner.cq, caps)?;
         let actual = qp.caps();
         let qp_num = qp.qp_num();
-        Ok(QueuePair::from_backend(
+        Ok(QueuePair::from_provider(
             self.inner.handle.clone(),
-            Backend::Provider(qp),
+            qp,
             qp_num,
             actual,
             self.inner.cq_credits.clone(),

@@ -1,6 +1,8 @@
 //! Test doubles (feature `test-util`): a fake queue pair that records what
 //! is posted and produces synthetic completions, so ops and verbs can be
-//! unit-tested without any device.
+//! unit-tested without any device. The fake is a test-only provider
+//! (`provider/fake.rs`): its QP and CQ are provider objects the runtime
+//! posts to and polls like any other.
 //!
 //! The fake follows the verbs rules the runtime relies on: it refuses a post
 //! that would overrun its queues (`QueueFull`), a successful completion of a
@@ -14,10 +16,45 @@
 //! [`QueuePair::submit_send`]/[`QueuePair::submit_recv`] has nothing to
 //! protect there.
 
-pub use crate::qp::FakeQp;
-use crate::reactor::Runtime;
+use std::rc::Rc;
+
+use crate::op::Credits;
+pub use crate::provider::fake::FakeQp;
+use crate::provider::{fake, CompChannel, Cq, Qp, QpCaps};
+use crate::qp::QueuePair;
+use crate::reactor::{CqRegistration, Handle, Runtime};
 
 pub use crate::reactor::yield_now;
+
+impl FakeQp {
+    /// A [`QueuePair`] over a new fake QP number `qp_num` with queue sizes
+    /// `caps`, on its own fake CQ of `cq_capacity` entries registered with
+    /// the current runtime.
+    ///
+    /// # Panics
+    ///
+    /// If no runtime exists on this thread, or the fake CQ's channel (an
+    /// eventfd) cannot be created.
+    pub fn queue_pair(qp_num: u32, caps: QpCaps, cq_capacity: u32) -> (QueuePair, Rc<FakeQp>) {
+        let handle = Handle::current();
+        let (qp, cq, channel, fake) =
+            fake::create(qp_num, caps, cq_capacity).expect("creating a fake CQ's eventfd");
+        let registration =
+            CqRegistration::new(handle.clone(), Cq::fake(cq), CompChannel::fake(channel))
+                .expect("registering a fake CQ with the runtime");
+        let credits = Rc::new(Credits::new(cq_capacity));
+        let qp = QueuePair::from_provider(
+            handle,
+            Qp::fake(qp),
+            qp_num,
+            caps,
+            credits.clone(),
+            credits,
+            Some(Rc::new(registration)),
+        );
+        (qp, fake)
+    }
+}
 
 /// Turns `rt`'s loop a few times, so completions injected into a
 /// [`FakeQp`] are delivered to their ops.

@@ -8,7 +8,6 @@ use std::time::Duration;
 use futures::FutureExt;
 use verbio_runtime::buf::{IoBuf, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, QpCaps, SendFlags, WcOpcode, WcStatus};
-use verbio_runtime::reactor::Handle;
 use verbio_runtime::testing::FakeQp;
 use verbio_runtime::{timeout, Runtime};
 
@@ -79,8 +78,15 @@ fn run<F: Future>(rt: &Runtime, f: F) -> F::Output {
         .expect("op did not finish in time")
 }
 
-fn inject(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32, imm: Option<u32>) {
-    Handle::current().inject_completion(Completion {
+fn inject(
+    fake: &FakeQp,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<u32>,
+) {
+    fake.inject(Completion {
         wr_id,
         status,
         opcode,
@@ -158,10 +164,17 @@ fn recv_reports_length_and_marks_bytes_initialized() {
 #[test]
 fn recv_reports_the_immediate_of_a_send_and_of_a_write() {
     let rt = Runtime::new().unwrap();
-    let (qp, _fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
+    let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
     let op = qp.recv(TestBuf::new(b"", 32));
     let id = op.wr_id().unwrap();
-    inject(id, WcStatus::Success, WcOpcode::Recv, 3, Some(0xdead));
+    inject(
+        &fake,
+        id,
+        WcStatus::Success,
+        WcOpcode::Recv,
+        3,
+        Some(0xdead),
+    );
     let (res, buf) = run(&rt, op);
     let r = res.unwrap();
     assert_eq!((r.len, r.imm, r.by_write), (3, Some(0xdead), false));
@@ -171,6 +184,7 @@ fn recv_reports_the_immediate_of_a_send_and_of_a_write() {
     let op = qp.recv(TestBuf::new(b"", 32));
     let id = op.wr_id().unwrap();
     inject(
+        &fake,
         id,
         WcStatus::Success,
         WcOpcode::RecvRdmaWithImm,
@@ -184,7 +198,14 @@ fn recv_reports_the_immediate_of_a_send_and_of_a_write() {
 
     let op = qp.recv_empty();
     let id = op.wr_id().unwrap();
-    inject(id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 8, Some(6));
+    inject(
+        &fake,
+        id,
+        WcStatus::Success,
+        WcOpcode::RecvRdmaWithImm,
+        8,
+        Some(6),
+    );
     let r = run(&rt, op).unwrap();
     assert_eq!((r.len, r.imm, r.by_write), (8, Some(6), true));
 }
@@ -351,7 +372,14 @@ fn batch_error_names_the_failing_wr() {
         .post(&qp);
     let ids: Vec<u64> = fake.posted_sends().iter().map(|(id, _)| *id).collect();
     // WR 1 fails; the QP goes to ERR and the rest flushes.
-    inject(ids[1], WcStatus::RemAccessErr, WcOpcode::RdmaWrite, 0, None);
+    inject(
+        &fake,
+        ids[1],
+        WcStatus::RemAccessErr,
+        WcOpcode::RdmaWrite,
+        0,
+        None,
+    );
     let (res, bufs) = run(&rt, async {
         let close = qp.close();
         let (r, _) = futures::join!(op, close);

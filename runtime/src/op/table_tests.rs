@@ -366,7 +366,7 @@ fn a_completion_for_a_freed_slot_is_stale() {
     assert!(poll(&mut op, Waker::noop()).is_ready());
     assert_eq!(rt.ops_in_slab(), 0);
     // The slot is free (same generation as the late completion's).
-    rt.handle().inject_completion(Completion {
+    fake.inject(Completion {
         wr_id: id,
         status: WcStatus::Success,
         ..Completion::EMPTY

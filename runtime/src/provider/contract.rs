@@ -291,3 +291,78 @@ macro_rules! implement_contract {
 implement_contract!(soft);
 #[cfg(feature = "ibverbs")]
 implement_contract!(ibverbs);
+
+/// The test-only fake provider has the objects a queue pair needs: a
+/// completion channel, a CQ and the QP itself.
+#[cfg(any(test, feature = "test-util"))]
+mod fake_contract {
+    use super::*;
+    use crate::provider::fake;
+
+    impl CompletionChannel for fake::CompChannel {
+        fn fd(&self) -> RawFd {
+            fake::CompChannel::fd(self)
+        }
+        fn get_event(&self) -> Result<Option<u32>> {
+            fake::CompChannel::get_event(self)
+        }
+    }
+
+    impl CompletionQueue for fake::Cq {
+        fn handle(&self) -> u32 {
+            fake::Cq::handle(self)
+        }
+        fn capacity(&self) -> u32 {
+            fake::Cq::capacity(self)
+        }
+        fn req_notify(&self, solicited_only: bool) -> Result<()> {
+            fake::Cq::req_notify(self, solicited_only)
+        }
+        #[inline(always)]
+        fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+            fake::Cq::poll(self, out)
+        }
+        fn ack_events(&self, n: u32) {
+            fake::Cq::ack_events(self, n)
+        }
+    }
+
+    impl QueuePairOps for fake::Qp {
+        fn qp_num(&self) -> u32 {
+            fake::Qp::qp_num(self)
+        }
+        fn state(&self) -> QpState {
+            fake::Qp::state(self)
+        }
+        fn caps(&self) -> QpCaps {
+            fake::Qp::caps(self)
+        }
+        fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
+            fake::Qp::endpoint(self, gid_index)
+        }
+        fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+            fake::Qp::modify_to_init(self, attr)
+        }
+        fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+            fake::Qp::modify_to_rtr(self, attr)
+        }
+        fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
+            fake::Qp::modify_to_rts(self, attr)
+        }
+        fn modify_to_err(&self) -> Result<()> {
+            fake::Qp::modify_to_err(self)
+        }
+        fn modify_to_reset(&self) -> Result<()> {
+            fake::Qp::modify_to_reset(self)
+        }
+        #[inline(always)]
+        unsafe fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
+            // SAFETY: forwarded contract of this function.
+            unsafe { fake::Qp::post_send(self, wrs) }
+        }
+        unsafe fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+            // SAFETY: forwarded contract of this function.
+            unsafe { fake::Qp::post_recv(self, wrs) }
+        }
+    }
+}

@@ -11,6 +11,8 @@
 
 mod contract;
 mod error;
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) mod fake;
 mod select;
 pub mod soft;
 mod types;
@@ -36,6 +38,20 @@ macro_rules! dispatch {
             $imp::Soft($x) => $body,
             #[cfg(feature = "ibverbs")]
             $imp::Ibverbs($x) => $body,
+        }
+    };
+}
+
+/// [`dispatch!`] for the objects the test-only fake provider also has
+/// (completion channels, CQs, QPs).
+macro_rules! dispatch_q {
+    ($imp:ident, $val:expr, |$x:ident| $body:expr) => {
+        match $val {
+            $imp::Soft($x) => $body,
+            #[cfg(feature = "ibverbs")]
+            $imp::Ibverbs($x) => $body,
+            #[cfg(any(test, feature = "test-util"))]
+            $imp::Fake($x) => $body,
         }
     };
 }
@@ -168,7 +184,7 @@ impl Context {
                 let ch = match channel.map(|ch| &ch.imp) {
                     None => None,
                     Some(CompChannelImp::Soft(ch)) => Some(ch),
-                    #[cfg(feature = "ibverbs")]
+                    #[cfg(any(feature = "ibverbs", test, feature = "test-util"))]
                     Some(_) => return Err(mismatch("create_cq")),
                 };
                 CqImp::Soft(DeviceContext::create_cq(c, cqe, ch)?)
@@ -229,7 +245,7 @@ impl Context {
     }
 }
 
-#[cfg(feature = "ibverbs")]
+#[cfg(any(feature = "ibverbs", test, feature = "test-util"))]
 fn mismatch(call: &'static str) -> ProviderError {
     ProviderError::InvalidArgument {
         call,
@@ -288,7 +304,7 @@ impl Pd {
             (PdImp::Ibverbs(p), CqImp::Ibverbs(s), CqImp::Ibverbs(r)) => {
                 QpImp::Ibverbs(ProtectionDomain::create_qp(p, s, r, caps)?)
             }
-            #[cfg(feature = "ibverbs")]
+            #[cfg(any(feature = "ibverbs", test, feature = "test-util"))]
             _ => return Err(mismatch("create_qp")),
         };
         Ok(Qp { imp })
@@ -362,6 +378,8 @@ enum CompChannelImp {
     Soft(soft::CompChannel),
     #[cfg(feature = "ibverbs")]
     Ibverbs(ibverbs::CompChannel),
+    #[cfg(any(test, feature = "test-util"))]
+    Fake(fake::CompChannel),
 }
 
 /// A completion channel (`ibv_comp_channel`): its fd becomes readable when an
@@ -374,13 +392,13 @@ pub struct CompChannel {
 impl CompChannel {
     /// The non-blocking fd to register with a poller.
     pub fn fd(&self) -> RawFd {
-        dispatch!(CompChannelImp, &self.imp, |c| CompletionChannel::fd(c))
+        dispatch_q!(CompChannelImp, &self.imp, |c| CompletionChannel::fd(c))
     }
     /// Takes one pending CQ event: the handle of the CQ that fired, or `None`
     /// if nothing is pending. Never blocks. Each event must later be
     /// acknowledged with [`Cq::ack_events`] (in batches).
     pub fn get_event(&self) -> Result<Option<u32>> {
-        dispatch!(CompChannelImp, &self.imp, |c| CompletionChannel::get_event(
+        dispatch_q!(CompChannelImp, &self.imp, |c| CompletionChannel::get_event(
             c
         ))
     }
@@ -391,6 +409,8 @@ enum CqImp {
     Soft(soft::Cq),
     #[cfg(feature = "ibverbs")]
     Ibverbs(ibverbs::Cq),
+    #[cfg(any(test, feature = "test-util"))]
+    Fake(fake::Cq),
 }
 
 /// A completion queue.
@@ -402,16 +422,16 @@ pub struct Cq {
 impl Cq {
     /// A handle unique within the context; what [`CompChannel::get_event`] returns.
     pub fn handle(&self) -> u32 {
-        dispatch!(CqImp, &self.imp, |c| CompletionQueue::handle(c))
+        dispatch_q!(CqImp, &self.imp, |c| CompletionQueue::handle(c))
     }
     /// Number of entries the CQ holds.
     pub fn capacity(&self) -> u32 {
-        dispatch!(CqImp, &self.imp, |c| CompletionQueue::capacity(c))
+        dispatch_q!(CqImp, &self.imp, |c| CompletionQueue::capacity(c))
     }
     /// Arms the CQ: the next completion (the next solicited one if
     /// `solicited_only`) signals the channel once.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        dispatch!(CqImp, &self.imp, |c| CompletionQueue::req_notify(
+        dispatch_q!(CqImp, &self.imp, |c| CompletionQueue::req_notify(
             c,
             solicited_only
         ))
@@ -420,11 +440,11 @@ impl Cq {
     /// blocks. Fails with [`ProviderError::CqOverflow`] once completions were lost.
     #[inline]
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        dispatch!(CqImp, &self.imp, |c| CompletionQueue::poll(c, out))
+        dispatch_q!(CqImp, &self.imp, |c| CompletionQueue::poll(c, out))
     }
     /// Acknowledges `n` events taken from the channel for this CQ.
     pub fn ack_events(&self, n: u32) {
-        dispatch!(CqImp, &self.imp, |c| CompletionQueue::ack_events(c, n))
+        dispatch_q!(CqImp, &self.imp, |c| CompletionQueue::ack_events(c, n))
     }
 }
 
@@ -433,6 +453,8 @@ enum QpImp {
     Soft(soft::Qp),
     #[cfg(feature = "ibverbs")]
     Ibverbs(ibverbs::Qp),
+    #[cfg(any(test, feature = "test-util"))]
+    Fake(fake::Qp),
 }
 
 /// A reliable-connected queue pair.
@@ -443,11 +465,49 @@ pub struct Qp {
 
 impl Qp {
     /// Which provider drives this QP.
+    ///
+    /// The test-only fake (feature `test-util`) reports the software
+    /// device's kind: it stands in for it in unit tests.
     pub fn kind(&self) -> ProviderKind {
         match &self.imp {
             QpImp::Soft(_) => ProviderKind::Soft,
             #[cfg(feature = "ibverbs")]
             QpImp::Ibverbs(_) => ProviderKind::Ibverbs,
+            #[cfg(any(test, feature = "test-util"))]
+            QpImp::Fake(_) => ProviderKind::Soft,
+        }
+    }
+}
+
+/// The test-only fake provider's objects as provider handles.
+#[cfg(any(test, feature = "test-util"))]
+impl Qp {
+    pub(crate) fn fake(qp: fake::Qp) -> Qp {
+        Qp {
+            imp: QpImp::Fake(qp),
+        }
+    }
+
+    /// True for a QP of the test-only fake provider.
+    pub fn is_fake(&self) -> bool {
+        matches!(self.imp, QpImp::Fake(_))
+    }
+}
+
+#[cfg(any(test, feature = "test-util"))]
+impl Cq {
+    pub(crate) fn fake(cq: fake::Cq) -> Cq {
+        Cq {
+            imp: CqImp::Fake(cq),
+        }
+    }
+}
+
+#[cfg(any(test, feature = "test-util"))]
+impl CompChannel {
+    pub(crate) fn fake(ch: fake::CompChannel) -> CompChannel {
+        CompChannel {
+            imp: CompChannelImp::Fake(ch),
         }
     }
 }
@@ -464,39 +524,39 @@ impl std::fmt::Debug for Qp {
 impl Qp {
     /// QP number.
     pub fn qp_num(&self) -> u32 {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::qp_num(q))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::qp_num(q))
     }
     /// Current state (ERR once an error completion was generated).
     pub fn state(&self) -> QpState {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::state(q))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::state(q))
     }
     /// Actual queue sizes (at least those requested).
     pub fn caps(&self) -> QpCaps {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::caps(q))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::caps(q))
     }
     /// What the peer needs to connect to this QP (port 1, GID index `gid_index`).
     pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::endpoint(q, gid_index))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::endpoint(q, gid_index))
     }
     /// RESET → INIT.
     pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_init(q, attr))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::modify_to_init(q, attr))
     }
     /// INIT → RTR: connects to the peer's endpoint.
     pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_rtr(q, attr))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::modify_to_rtr(q, attr))
     }
     /// RTR → RTS.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_rts(q, attr))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::modify_to_rts(q, attr))
     }
     /// Any state → ERR: every outstanding and later-posted WR completes with `WR_FLUSH_ERR`.
     pub fn modify_to_err(&self) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_err(q))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::modify_to_err(q))
     }
     /// Any state → RESET (queues emptied without completions).
     pub fn modify_to_reset(&self) -> Result<()> {
-        dispatch!(QpImp, &self.imp, |q| QueuePairOps::modify_to_reset(q))
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::modify_to_reset(q))
     }
     /// Posts a list of send WRs with one doorbell.
     ///
@@ -534,7 +594,7 @@ impl Qp {
     /// responder checks them against its own registrations.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         // SAFETY: forwarded contract of this function.
-        dispatch!(QpImp, &self.imp, |q| unsafe {
+        dispatch_q!(QpImp, &self.imp, |q| unsafe {
             QueuePairOps::post_send(q, wrs)
         })
     }
@@ -563,7 +623,7 @@ impl Qp {
     /// any other SGE makes a message landing in that WR fail, unaccessed.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         // SAFETY: forwarded contract of this function.
-        dispatch!(QpImp, &self.imp, |q| unsafe {
+        dispatch_q!(QpImp, &self.imp, |q| unsafe {
             QueuePairOps::post_recv(q, wrs)
         })
     }

@@ -9,52 +9,12 @@ use crate::op::{Counters, OpTable, QpCredits};
 use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendWr};
 use crate::reactor::{CqRegistration, WorkQueue};
 
-/// What the runtime posts to: a provider QP, or (in tests) a recording fake.
-#[derive(Clone)]
-pub(crate) enum Backend {
-    Provider(Qp),
-    #[cfg(any(test, feature = "test-util"))]
-    Fake(Rc<super::FakeQp>),
-}
-
-impl Backend {
-    /// # Safety
-    ///
-    /// The contract of [`Qp::post_send`].
-    #[inline]
-    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
-        match self {
-            // SAFETY: forwarded contract of this function.
-            Backend::Provider(qp) => unsafe { qp.post_send(wrs) },
-            #[cfg(any(test, feature = "test-util"))]
-            Backend::Fake(f) => f.post_send(wrs),
-        }
-    }
-    /// # Safety
-    ///
-    /// The contract of [`Qp::post_recv`].
-    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
-        match self {
-            // SAFETY: forwarded contract of this function.
-            Backend::Provider(qp) => unsafe { qp.post_recv(wrs) },
-            #[cfg(any(test, feature = "test-util"))]
-            Backend::Fake(f) => f.post_recv(wrs),
-        }
-    }
-    pub(crate) fn modify_to_err(&self) -> Result<(), ProviderError> {
-        match self {
-            Backend::Provider(qp) => qp.modify_to_err(),
-            #[cfg(any(test, feature = "test-util"))]
-            Backend::Fake(f) => f.modify_to_err(),
-        }
-    }
-}
-
 /// The part of a QP the reactor keeps until every WR of it has completed,
 /// even after the last `QueuePair` handle is gone (then it is a zombie: in
 /// ERR, waiting for its flushes).
 pub(crate) struct QpCore {
-    pub(crate) backend: Backend,
+    /// The provider QP work is posted to.
+    pub(crate) qp: Qp,
     pub(crate) qp_num: u32,
     /// Its queues' and CQs' credit pools (shared with its ops' credits).
     pub(crate) credits: Rc<QpCredits>,
@@ -112,7 +72,7 @@ impl QpCore {
     pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         self.counters.posted(wrs.len());
         // SAFETY: forwarded contract of this function.
-        unsafe { self.backend.post_send(wrs) }
+        unsafe { self.qp.post_send(wrs) }
     }
 
     /// Posts `wrs` to the receive queue: one doorbell.
@@ -124,7 +84,7 @@ impl QpCore {
     pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         self.counters.posted(wrs.len());
         // SAFETY: forwarded contract of this function.
-        unsafe { self.backend.post_recv(wrs) }
+        unsafe { self.qp.post_recv(wrs) }
     }
 
     pub(crate) fn outstanding(&self) -> u32 {
@@ -154,10 +114,10 @@ impl QpCore {
         self.credits.rq.wake_all();
         self.credits.send_cq.wake_all();
         self.credits.recv_cq.wake_all();
-        let res = self.backend.modify_to_err();
+        let res = self.qp.modify_to_err();
         if self.unsig.get() > 0 {
             if self.retire_unsignaled() {
-                if let Err(e) = self.backend.modify_to_err() {
+                if let Err(e) = self.qp.modify_to_err() {
                     tracing::debug!(qp = self.qp_num, error = %e, "second modify_to_err");
                 }
             } else {
@@ -214,17 +174,11 @@ impl WorkQueue for QpCore {
 }
 
 /// Whether a new QP batches its single-WR posts (see
-/// [`QueuePair::set_doorbell_batching`]): on the software device, where one
-/// post list takes the QP's lock and wakes the engine once for all its WRs
-/// (measured: about 20 ns less CPU per op at depth 32, `op_overhead`), and
-/// on the test fake; not on libibverbs devices: on rxe, whose doorbell
-/// `write` runs the requester in the posting thread, one doorbell per WR
-/// keeps it pumping and batching halved `perf write_bw` (measured side by
-/// side in the rxe VM), and on hardware it is unmeasured.
-pub(super) fn batching_by_default(backend: &Backend) -> bool {
-    match backend {
-        Backend::Provider(qp) => qp.kind() == crate::provider::ProviderKind::Soft,
-        #[cfg(any(test, feature = "test-util"))]
-        Backend::Fake(_) => true,
-    }
+/// `QueuePair::set_doorbell_batching`): on the software device (and the test
+/// fake that stands in for it), where one post list takes the QP's lock and
+/// wakes the engine once for all its WRs; not on libibverbs devices, where
+/// rxe's doorbell runs the requester in the posting thread and one doorbell
+/// per WR keeps it busy (see `docs/benchmarks.md`).
+pub(super) fn batching_by_default(qp: &Qp) -> bool {
+    qp.kind() == crate::provider::ProviderKind::Soft
 }

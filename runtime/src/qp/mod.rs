@@ -76,8 +76,6 @@ mod core;
 mod deferred;
 #[cfg(test)]
 mod deferred_tests;
-#[cfg(any(test, feature = "test-util"))]
-mod fake;
 mod inline;
 #[cfg(test)]
 mod inline_tests;
@@ -96,9 +94,7 @@ use smallvec::SmallVec;
 
 use crate::provider::SendWr;
 
-pub(crate) use self::core::{Backend, QpCore};
-#[cfg(any(test, feature = "test-util"))]
-pub use fake::FakeQp;
+pub(crate) use self::core::QpCore;
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
 pub use lend::{GatherChainVerb, GatherVerb, ScatterVerb};

@@ -9,7 +9,7 @@ use std::task::Poll;
 
 use super::core::batching_by_default;
 use super::submit::Waiting;
-use super::{deferred, Backend, QpCore, DEFAULT_INLINE_SIGNAL_INTERVAL};
+use super::{deferred, QpCore, DEFAULT_INLINE_SIGNAL_INTERVAL};
 use crate::op::{wr_id, Credits, QpCredits};
 use crate::provider::{Endpoint, InitAttr, ProviderError, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
 use crate::reactor::{CqRegistration, Handle};
@@ -79,18 +79,18 @@ impl std::fmt::Debug for QueuePair {
 }
 
 impl QueuePair {
-    pub(crate) fn from_backend(
+    pub(crate) fn from_provider(
         handle: Handle,
-        backend: Backend,
+        qp: Qp,
         qp_num: u32,
         caps: QpCaps,
         send_cq: Rc<Credits>,
         recv_cq: Rc<Credits>,
         cq: Option<Rc<CqRegistration>>,
     ) -> QueuePair {
-        let batch_posts = batching_by_default(&backend);
+        let batch_posts = batching_by_default(&qp);
         let core = Rc::new(QpCore {
-            backend,
+            qp,
             qp_num,
             counters: handle.driver().ops.counters.clone(),
             credits: Rc::new(QpCredits {
@@ -136,20 +136,14 @@ impl QueuePair {
         }
     }
 
-    /// The provider QP (for connection setup and queries); `None` for a test fake.
+    /// The provider QP (for connection setup and queries). Always `Some`;
+    /// the `Option` is kept for compatibility.
     pub fn provider(&self) -> Option<&Qp> {
-        match &self.inner.core.backend {
-            Backend::Provider(qp) => Some(qp),
-            #[cfg(any(test, feature = "test-util"))]
-            Backend::Fake(_) => None,
-        }
+        Some(&self.inner.core.qp)
     }
 
-    fn provider_or_err(&self, call: &'static str) -> Result<&Qp, ProviderError> {
-        self.provider().ok_or(ProviderError::Unsupported {
-            provider: "fake",
-            what: call,
-        })
+    fn provider_or_err(&self, _call: &'static str) -> Result<&Qp, ProviderError> {
+        Ok(&self.inner.core.qp)
     }
 
     /// QP number.
@@ -162,7 +156,7 @@ impl QueuePair {
         self.inner.caps
     }
 
-    /// Current provider state (`Err` for a fake backend).
+    /// Current provider state.
     pub fn state(&self) -> Result<QpState, ProviderError> {
         Ok(self.provider_or_err("state")?.state())
     }

@@ -393,7 +393,6 @@ impl RingCore {
         // guard is being dropped).
         let res = unsafe {
             self.qp
-                .backend
                 .post_recv(std::slice::from_ref(&self.slot_wrs[slot as usize]))
         };
         if let Err(e) = res {

@@ -158,12 +158,6 @@ impl Handle {
     pub fn set_reserved_handler(&self, handler: Option<Box<dyn FnMut(Completion)>>) {
         *self.inner.driver.reserved_handler.borrow_mut() = handler;
     }
-
-    /// Test hook: delivers `c` as if a CQ had produced it, at the next drain.
-    #[cfg(any(test, feature = "test-util"))]
-    pub fn inject_completion(&self, c: Completion) {
-        self.inner.driver.inject(c);
-    }
 }
 
 /// Yields once: the awaiting task returns `Pending` (waking itself) and

@@ -386,7 +386,7 @@ impl Runtime {
             }
         };
         d.arm_cqs();
-        if d.drain_cqs() > 0 || d.has_injected() {
+        if d.drain_cqs() > 0 {
             return;
         }
         let shared = &inner.executor.shared;

@@ -69,7 +69,10 @@ fn buffer() -> Rc<Vec<u8>> {
 /// memory, so the shared `Rc` buffer the test may still read is never lent
 /// to a device.
 fn write_chain(qp: &QueuePair, buf: &Rc<Vec<u8>>, n: usize) -> Submit<TestOp> {
-    assert!(qp.provider().is_none(), "write_chain is for fake QPs only");
+    assert!(
+        qp.provider().is_some_and(|p| p.is_fake()),
+        "write_chain is for fake QPs only"
+    );
     // SAFETY: `qp` is a FakeQp (asserted above), which records wr_ids and
     // flags and never reads or writes the memory the SGEs name.
     unsafe {
@@ -99,7 +102,10 @@ fn write_chain(qp: &QueuePair, buf: &Rc<Vec<u8>>, n: usize) -> Submit<TestOp> {
 
 /// Submits a RECV into `buf`; like [`write_chain`], for fake QPs only.
 fn recv(qp: &QueuePair, buf: &Rc<Vec<u8>>) -> Submit<TestOp> {
-    assert!(qp.provider().is_none(), "recv is for fake QPs only");
+    assert!(
+        qp.provider().is_some_and(|p| p.is_fake()),
+        "recv is for fake QPs only"
+    );
     // SAFETY: `qp` is a FakeQp (asserted above), which never reads or writes
     // the memory the SGE names.
     unsafe {
@@ -672,7 +678,7 @@ fn stale_generation_never_wakes_a_reused_slot() {
     );
     assert_ne!(a_id, b_id, "generation differs");
     // A duplicate/late completion carrying A's wr_id.
-    rt.handle().inject_completion(Completion {
+    fake.inject(Completion {
         wr_id: a_id,
         status: WcStatus::Success,
         ..Completion::EMPTY
@@ -938,11 +944,12 @@ fn reserved_wr_ids_go_to_the_handler() {
     rt.handle()
         .set_reserved_handler(Some(Box::new(move |c| s2.borrow_mut().push(c.wr_id))));
     let h = rt.handle();
+    let (_qp, fake) = FakeQp::queue_pair(1, QpCaps::default(), 16);
     for id in [
         crate::op::wr_id::UNTRACKED,
         crate::op::wr_id::AGENT_BASE + 5,
     ] {
-        h.inject_completion(Completion {
+        fake.inject(Completion {
             wr_id: id,
             ..Completion::EMPTY
         });

@@ -146,10 +146,6 @@ impl Driver {
     #[inline(always)]
     pub(crate) fn drain_cqs(&self) -> usize {
         let mut total = 0;
-        #[cfg(any(test, feature = "test-util"))]
-        if !self.injected.borrow().is_empty() {
-            total += self.drain_injected();
-        }
         let Ok(mut batch) = self.batch.try_borrow_mut() else {
             return total;
         };
@@ -224,56 +220,6 @@ impl Driver {
         if let Some(e) = self.cqs.borrow_mut().get_mut(key) {
             tracing::error!(cq = e.cq.handle(), error = %err, "CQ poll failed; CQ abandoned");
             e.broken = true;
-        }
-    }
-
-    #[cfg(any(test, feature = "test-util"))]
-    #[cold]
-    fn drain_injected(&self) -> usize {
-        let mut total = 0;
-        loop {
-            let (next, more) = {
-                let mut q = self.injected.borrow_mut();
-                (q.pop_front(), !q.is_empty())
-            };
-            let Some(c) = next else { return total };
-            self.complete(c);
-            total += 1;
-            if more {
-                total += self.drain_injected_batch();
-            }
-        }
-    }
-
-    /// More than one completion injected: swapped out whole, so there is no
-    /// borrow per completion. Completions injected meanwhile (flushes, user
-    /// code) land in the other queue and are taken by the caller's loop.
-    #[cfg(any(test, feature = "test-util"))]
-    #[cold]
-    fn drain_injected_batch(&self) -> usize {
-        let mut batch = self.injected_spare.take();
-        std::mem::swap(&mut batch, &mut *self.injected.borrow_mut());
-        let n = batch.len();
-        for c in batch.drain(..) {
-            self.complete(c);
-        }
-        self.injected_spare.set(batch);
-        n
-    }
-
-    #[cfg(any(test, feature = "test-util"))]
-    pub(crate) fn inject(&self, c: Completion) {
-        self.injected.borrow_mut().push_back(c);
-    }
-
-    pub(crate) fn has_injected(&self) -> bool {
-        #[cfg(any(test, feature = "test-util"))]
-        {
-            !self.injected.borrow().is_empty()
-        }
-        #[cfg(not(any(test, feature = "test-util")))]
-        {
-            false
         }
     }
 }

@@ -11,8 +11,6 @@ mod io;
 mod queues;
 
 use std::cell::{Cell, RefCell};
-#[cfg(any(test, feature = "test-util"))]
-use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -67,12 +65,6 @@ pub(crate) struct Driver {
     cq_bound: Cell<usize>,
     ack_batch: u32,
     pub(crate) reserved_handler: RefCell<Option<ReservedHandler>>,
-    #[cfg(any(test, feature = "test-util"))]
-    injected: RefCell<VecDeque<Completion>>,
-    /// An empty queue swapped with `injected` to drain it without a borrow
-    /// per completion (keeps its capacity: no allocation per drain).
-    #[cfg(any(test, feature = "test-util"))]
-    injected_spare: Cell<VecDeque<Completion>>,
 }
 
 impl Driver {
@@ -106,10 +98,6 @@ impl Driver {
             cq_bound: Cell::new(0),
             ack_batch: 16,
             reserved_handler: RefCell::new(None),
-            #[cfg(any(test, feature = "test-util"))]
-            injected: RefCell::new(VecDeque::new()),
-            #[cfg(any(test, feature = "test-util"))]
-            injected_spare: Cell::new(VecDeque::new()),
         })
     }
 

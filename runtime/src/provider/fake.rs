@@ -1,0 +1,546 @@
+//! A test-only provider (feature `test-util`), the way mio's `sys/shell`
+//! is a backend: a queue pair that records what is posted and a CQ that
+//! delivers the completions the test produces, so ops, verbs and the
+//! reactor can be unit-tested without any device. The runtime uses it like
+//! any provider: `provider::Qp` and `provider::Cq` have a fake variant only
+//! when the feature is on, and the reactor polls the fake CQ as it polls a
+//! real one.
+//!
+//! The fake follows the verbs rules the runtime relies on: it refuses a post
+//! that would overrun its queues (`QueueFull`), a successful completion of a
+//! signaled send retires every earlier unsignaled WR, and moving to ERR
+//! flushes every outstanding WR (signaled or not) with `WR_FLUSH_ERR`, as
+//! does any post made while in ERR. It never reads or writes the memory the
+//! posted SGEs name (it keeps only wr_ids, flags and opcodes).
+//!
+//! Provider objects are `Send + Sync`; the fake's state is not (it is as
+//! cheap as the runtime it measures). So the provider handles ([`Qp`],
+//! [`Cq`]) are keys into a registry of the thread that made them, and used
+//! from another thread they fail (`Unsupported`). A fake's state lives until
+//! its thread ends.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::provider::{
+    Completion, Endpoint, InitAttr, PostError, ProviderError, QpCaps, QpState, RecvWr, RtrAttr,
+    RtsAttr, SendFlags, SendWr, WcOpcode, WcStatus,
+};
+
+/// A recording QP; see the module docs.
+pub struct FakeQp {
+    /// Where its completions go.
+    cq: Rc<FakeCq>,
+    qp_num: u32,
+    caps: QpCaps,
+    sends: RefCell<VecDeque<(u64, SendFlags, WcOpcode)>>,
+    recvs: RefCell<VecDeque<u64>>,
+    in_err: Cell<bool>,
+    flush_on_err: Cell<bool>,
+    doorbells: Cell<usize>,
+    max_sends: Cell<usize>,
+    fail_next: RefCell<Option<(usize, ProviderError)>>,
+    /// `fail_next.is_some()` (the post path checks it without a borrow).
+    fail_armed: Cell<bool>,
+    err_transitions: Cell<usize>,
+}
+
+impl FakeQp {
+    /// A fake QP number `qp_num` with queue sizes `caps`, completing on `cq`.
+    pub(crate) fn new(qp_num: u32, caps: QpCaps, cq: Rc<FakeCq>) -> Rc<FakeQp> {
+        Rc::new(FakeQp {
+            cq,
+            qp_num,
+            caps,
+            sends: RefCell::new(VecDeque::new()),
+            recvs: RefCell::new(VecDeque::new()),
+            in_err: Cell::new(false),
+            flush_on_err: Cell::new(true),
+            doorbells: Cell::new(0),
+            max_sends: Cell::new(0),
+            fail_next: RefCell::new(None),
+            fail_armed: Cell::new(false),
+            err_transitions: Cell::new(0),
+        })
+    }
+
+    fn completion(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode, len: u32) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: if status.is_success() { len } else { 0 },
+            imm_data: None,
+            qp_num: self.qp_num,
+            vendor_err: 0,
+        }
+    }
+
+    /// The armed failure of [`fail_next_post`](Self::fail_next_post), if any.
+    #[cold]
+    fn take_failure(&self) -> Option<(usize, ProviderError)> {
+        self.fail_armed.set(false);
+        self.fail_next.borrow_mut().take()
+    }
+
+    /// `ibv_post_send`: records the WRs (no memory is touched).
+    pub(crate) fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        if self.fail_armed.get() {
+            if let Some((posted, error)) = self.take_failure() {
+                let mut q = self.sends.borrow_mut();
+                for wr in wrs.iter().take(posted) {
+                    q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+                }
+                return Err(PostError { posted, error });
+            }
+        }
+        self.doorbells.set(self.doorbells.get() + 1);
+        let mut q = self.sends.borrow_mut();
+        for (i, wr) in wrs.iter().enumerate() {
+            if q.len() >= self.caps.max_send_wr as usize {
+                return Err(PostError {
+                    posted: i,
+                    error: ProviderError::QueueFull {
+                        qp_num: self.qp_num,
+                        queue: "send",
+                        depth: self.caps.max_send_wr,
+                    },
+                });
+            }
+            if self.in_err.get() {
+                let op = wr.op.completion_opcode();
+                self.cq
+                    .push(self.completion(wr.wr_id, WcStatus::WrFlushErr, op, 0));
+            } else {
+                q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+            }
+        }
+        self.max_sends.set(self.max_sends.get().max(q.len()));
+        Ok(())
+    }
+
+    /// `ibv_post_recv`: records the WRs.
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        if self.fail_armed.get() {
+            if let Some((posted, error)) = self.take_failure() {
+                return Err(PostError { posted, error });
+            }
+        }
+        self.doorbells.set(self.doorbells.get() + 1);
+        let mut q = self.recvs.borrow_mut();
+        for (i, wr) in wrs.iter().enumerate() {
+            if q.len() >= self.caps.max_recv_wr as usize {
+                return Err(PostError {
+                    posted: i,
+                    error: ProviderError::QueueFull {
+                        qp_num: self.qp_num,
+                        queue: "receive",
+                        depth: self.caps.max_recv_wr,
+                    },
+                });
+            }
+            if self.in_err.get() {
+                self.cq
+                    .push(self.completion(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+            } else {
+                q.push_back(wr.wr_id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the fake to ERR (what the device does after an error
+    /// completion): every outstanding WR is flushed with `WR_FLUSH_ERR`
+    /// (unless [`set_flush_on_err(false)`](Self::set_flush_on_err)), and so is
+    /// every later post.
+    pub fn modify_to_err(&self) -> Result<(), ProviderError> {
+        self.in_err.set(true);
+        self.err_transitions.set(self.err_transitions.get() + 1);
+        if !self.flush_on_err.get() {
+            return Ok(());
+        }
+        let sends: Vec<_> = self.sends.borrow_mut().drain(..).collect();
+        for (id, _, op) in sends {
+            self.cq
+                .push(self.completion(id, WcStatus::WrFlushErr, op, 0));
+        }
+        let recvs: Vec<_> = self.recvs.borrow_mut().drain(..).collect();
+        for id in recvs {
+            self.cq
+                .push(self.completion(id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+        }
+        Ok(())
+    }
+
+    /// Completes the oldest outstanding send. With `Success`, every WR up to
+    /// and including the next signaled one retires and one completion (of the
+    /// signaled WR) is produced; with an error status only the oldest WR
+    /// completes (with that status). Returns the completed wr_id.
+    pub fn complete_send(&self, status: WcStatus, byte_len: u32) -> Option<u64> {
+        let mut q = self.sends.borrow_mut();
+        let done = if status.is_success() {
+            // Mostly the oldest WR is the signaled one: no scan then.
+            match q.front() {
+                None => return None,
+                Some((_, f, _)) if f.contains(SendFlags::SIGNALED) => q.pop_front()?,
+                Some(_) => {
+                    let pos = q
+                        .iter()
+                        .position(|(_, f, _)| f.contains(SendFlags::SIGNALED))?;
+                    let mut last = None;
+                    for _ in 0..=pos {
+                        last = q.pop_front();
+                    }
+                    last?
+                }
+            }
+        } else {
+            q.pop_front()?
+        };
+        drop(q);
+        self.cq
+            .push(self.completion(done.0, status, done.2, byte_len));
+        Some(done.0)
+    }
+
+    /// Completes the oldest posted receive with `status` and `byte_len`.
+    pub fn complete_recv(&self, status: WcStatus, byte_len: u32) -> Option<u64> {
+        let id = self.recvs.borrow_mut().pop_front()?;
+        self.cq
+            .push(self.completion(id, status, WcOpcode::Recv, byte_len));
+        Some(id)
+    }
+
+    /// Completes the oldest posted receive successfully with `byte_len`
+    /// bytes and immediate data `imm`.
+    pub fn complete_recv_imm(&self, byte_len: u32, imm: u32) -> Option<u64> {
+        let id = self.recvs.borrow_mut().pop_front()?;
+        let mut c = self.completion(id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, byte_len);
+        c.imm_data = Some(imm);
+        self.cq.push(c);
+        Some(id)
+    }
+
+    /// Send WRs on the queue (posted, not retired).
+    pub fn outstanding_sends(&self) -> usize {
+        self.sends.borrow().len()
+    }
+
+    /// Receive WRs on the queue.
+    pub fn outstanding_recvs(&self) -> usize {
+        self.recvs.borrow().len()
+    }
+
+    /// The (wr_id, flags) of the outstanding sends, oldest first.
+    pub fn posted_sends(&self) -> Vec<(u64, SendFlags)> {
+        self.sends
+            .borrow()
+            .iter()
+            .map(|(i, f, _)| (*i, *f))
+            .collect()
+    }
+
+    /// Highest number of sends ever outstanding at once.
+    pub fn max_outstanding_sends(&self) -> usize {
+        self.max_sends.get()
+    }
+
+    /// Successful post calls (doorbells).
+    pub fn doorbells(&self) -> usize {
+        self.doorbells.get()
+    }
+
+    /// How many times the QP was moved to ERR.
+    pub fn err_transitions(&self) -> usize {
+        self.err_transitions.get()
+    }
+
+    /// With `false`, moving to ERR flushes nothing (a device that never
+    /// answers: to test the runtime's bounded shutdown).
+    pub fn set_flush_on_err(&self, on: bool) {
+        self.flush_on_err.set(on);
+    }
+
+    /// Delivers `c` as if the fake's CQ had produced it (any wr_id, any QP
+    /// number: e.g. a reserved wr_id, or a stale one).
+    pub fn inject(&self, c: Completion) {
+        self.cq.push(c);
+    }
+
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// Queue sizes.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// True once moved to ERR.
+    pub fn in_err(&self) -> bool {
+        self.in_err.get()
+    }
+
+    /// Makes the next post fail after accepting `posted` WRs.
+    pub fn fail_next_post(&self, posted: usize, error: ProviderError) {
+        *self.fail_next.borrow_mut() = Some((posted, error));
+        self.fail_armed.set(true);
+    }
+}
+
+/// The fake's completion queue: what the test produced, in order.
+pub(crate) struct FakeCq {
+    queue: RefCell<VecDeque<Completion>>,
+}
+
+impl FakeCq {
+    fn push(&self, c: Completion) {
+        self.queue.borrow_mut().push_back(c);
+    }
+}
+
+/// The fakes of one thread, named by the keys of the provider handles.
+struct Registry {
+    /// This thread's number (0 until first used): handles check it.
+    thread: Cell<u64>,
+    qps: RefCell<Vec<Rc<FakeQp>>>,
+    cqs: RefCell<Vec<Rc<FakeCq>>>,
+}
+
+impl Registry {
+    /// This thread's number, unique in the process.
+    #[inline(always)]
+    fn thread(&self) -> u64 {
+        match self.thread.get() {
+            0 => {
+                static NEXT: AtomicU64 = AtomicU64::new(1);
+                let id = NEXT.fetch_add(1, Ordering::Relaxed);
+                self.thread.set(id);
+                id
+            }
+            id => id,
+        }
+    }
+}
+
+thread_local! {
+    static FAKES: Registry = const {
+        Registry {
+            thread: Cell::new(0),
+            qps: RefCell::new(Vec::new()),
+            cqs: RefCell::new(Vec::new()),
+        }
+    };
+}
+
+#[cold]
+fn off_thread(what: &'static str) -> ProviderError {
+    ProviderError::Unsupported {
+        provider: "fake",
+        what,
+    }
+}
+
+/// The provider handle of a fake QP (see the module docs).
+#[derive(Clone, Debug)]
+pub struct Qp {
+    key: usize,
+    thread: u64,
+    qp_num: u32,
+    caps: QpCaps,
+}
+
+/// The provider handle of a fake CQ.
+#[derive(Clone, Debug)]
+pub struct Cq {
+    key: usize,
+    thread: u64,
+    handle: u32,
+    capacity: u32,
+}
+
+/// A fake completion channel: an eventfd that never becomes readable. The
+/// fake's completions are produced on the runtime's own thread, which polls
+/// its CQs once more after arming them, so no wake-up is ever needed.
+#[derive(Clone, Debug)]
+pub struct CompChannel {
+    fd: Arc<OwnedFd>,
+}
+
+/// Creates a fake QP number `qp_num` with queue sizes `caps` and a fake CQ
+/// of `cq_capacity` entries that its completions go to, registered on this
+/// thread. Returns the provider handles and the fake.
+pub(crate) fn create(
+    qp_num: u32,
+    caps: QpCaps,
+    cq_capacity: u32,
+) -> std::io::Result<(Qp, Cq, CompChannel, Rc<FakeQp>)> {
+    let cq = Rc::new(FakeCq {
+        queue: RefCell::new(VecDeque::new()),
+    });
+    let fake = FakeQp::new(qp_num, caps, cq.clone());
+    let (thread, cq_key, key) = FAKES.with(|r| {
+        let mut cqs = r.cqs.borrow_mut();
+        let mut qps = r.qps.borrow_mut();
+        cqs.push(cq);
+        qps.push(fake.clone());
+        (r.thread(), cqs.len() - 1, qps.len() - 1)
+    });
+    // SAFETY: eventfd has no memory preconditions; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok((
+        Qp {
+            key,
+            thread,
+            qp_num,
+            caps,
+        },
+        Cq {
+            key: cq_key,
+            thread,
+            handle: cq_key as u32,
+            capacity: cq_capacity,
+        },
+        CompChannel { fd: Arc::new(fd) },
+        fake,
+    ))
+}
+
+impl Qp {
+    /// Runs `f` on the fake, if this is its thread.
+    #[inline(always)]
+    fn with<R>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&FakeQp) -> R,
+    ) -> Result<R, ProviderError> {
+        FAKES.with(|r| {
+            if r.thread() != self.thread {
+                return Err(off_thread(what));
+            }
+            match r.qps.borrow().get(self.key) {
+                Some(fake) => Ok(f(fake)),
+                None => Err(off_thread(what)),
+            }
+        })
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    pub(crate) fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        match self.with("state", FakeQp::in_err) {
+            Ok(false) => QpState::Rts,
+            _ => QpState::Err,
+        }
+    }
+
+    pub(crate) fn endpoint(&self, _gid_index: u8) -> Result<Endpoint, ProviderError> {
+        Err(off_thread("endpoint (a fake QP has no address)"))
+    }
+
+    pub(crate) fn modify_to_init(&self, _attr: &InitAttr) -> Result<(), ProviderError> {
+        Err(off_thread("modify_to_init (a fake QP is always ready)"))
+    }
+
+    pub(crate) fn modify_to_rtr(&self, _attr: &RtrAttr) -> Result<(), ProviderError> {
+        Err(off_thread("modify_to_rtr (a fake QP is always ready)"))
+    }
+
+    pub(crate) fn modify_to_rts(&self, _attr: &RtsAttr) -> Result<(), ProviderError> {
+        Err(off_thread("modify_to_rts (a fake QP is always ready)"))
+    }
+
+    pub(crate) fn modify_to_err(&self) -> Result<(), ProviderError> {
+        self.with("modify_to_err", FakeQp::modify_to_err)?
+    }
+
+    pub(crate) fn modify_to_reset(&self) -> Result<(), ProviderError> {
+        Err(off_thread("modify_to_reset"))
+    }
+
+    /// # Safety
+    ///
+    /// None needed: the fake touches no memory. `unsafe` to match the
+    /// contract's signature.
+    #[inline(always)]
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        match self.with("post_send", |f| f.post_send(wrs)) {
+            Ok(r) => r,
+            Err(error) => Err(PostError { posted: 0, error }),
+        }
+    }
+
+    /// # Safety
+    ///
+    /// None needed: the fake touches no memory.
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        match self.with("post_recv", |f| f.post_recv(wrs)) {
+            Ok(r) => r,
+            Err(error) => Err(PostError { posted: 0, error }),
+        }
+    }
+}
+
+impl Cq {
+    pub(crate) fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Nothing to arm: see [`CompChannel`].
+    pub(crate) fn req_notify(&self, _solicited_only: bool) -> Result<(), ProviderError> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    pub(crate) fn poll(&self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        FAKES.with(|r| {
+            if r.thread() != self.thread {
+                return Err(off_thread("poll"));
+            }
+            let cqs = r.cqs.borrow();
+            let Some(cq) = cqs.get(self.key) else {
+                return Err(off_thread("poll"));
+            };
+            let mut q = cq.queue.borrow_mut();
+            let n = q.len().min(out.len());
+            let (front, back) = q.as_slices();
+            let k = front.len().min(n);
+            out[..k].copy_from_slice(&front[..k]);
+            out[k..n].copy_from_slice(&back[..n - k]);
+            q.drain(..n);
+            Ok(n)
+        })
+    }
+
+    pub(crate) fn ack_events(&self, _n: u32) {}
+}
+
+impl CompChannel {
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub(crate) fn get_event(&self) -> Result<Option<u32>, ProviderError> {
+        Ok(None)
+    }
+}
