@@ -138,20 +138,6 @@ impl Error {
 }
 
 /// Displays an error and every error in its `source()` chain, joined by
-/// `": "` (`top: cause: root cause`). The errors of this crate (and of
-/// `verbio-runtime`'s provider and buffer modules) keep their sources out of
-/// their own `Display`, so each message appears once in the report.
-#[derive(Debug, Clone, Copy)]
-pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut next = self.0.source();
-        while let Some(e) = next {
-            write!(f, ": {e}")?;
-            next = e.source();
-        }
-        Ok(())
-    }
-}
+/// `": "`: the errors of this crate and of `verbio-runtime` keep their
+/// sources out of their own `Display`, so each message appears once.
+pub use verbio_runtime::ErrorChain;

@@ -15,6 +15,7 @@ pub mod device;
 pub mod op;
 pub mod qp;
 pub mod reactor;
+mod report;
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
@@ -31,3 +32,4 @@ pub use reactor::{
     JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, RuntimeStats, Sleep, TcpListener,
     TcpStream, Timeout, Turn,
 };
+pub use report::ErrorChain;

@@ -50,7 +50,7 @@ impl Shared {
         #[cfg(test)]
         self.kicks.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.mio_waker.wake() {
-            tracing::warn!(error = %e, "waking the reactor failed");
+            tracing::warn!(error = %crate::report::ErrorChain(&e), "waking the reactor failed");
         }
     }
 

@@ -64,7 +64,7 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     #[cfg(feature = "ibverbs")]
     match ibverbs::devices() {
         Ok(found) => list.extend(found),
-        Err(e) => tracing::debug!(error = %e, "no ibverbs devices"),
+        Err(e) => tracing::debug!(error = %crate::report::ErrorChain(&e), "no ibverbs devices"),
     }
     Ok(list)
 }

@@ -118,7 +118,7 @@ impl QpCore {
         if self.unsig.get() > 0 {
             if self.retire_unsignaled() {
                 if let Err(e) = self.qp.modify_to_err() {
-                    tracing::debug!(qp = self.qp_num, error = %e, "second modify_to_err");
+                    tracing::debug!(qp = self.qp_num, error = %crate::report::ErrorChain(&e), "second modify_to_err");
                 }
             } else {
                 let n = self.absorb_unsignaled();
@@ -159,7 +159,7 @@ impl WorkQueue for QpCore {
 
     fn shut_down(&self, ops: &OpTable) {
         if let Err(e) = self.shut(ops) {
-            tracing::debug!(qp = self.qp_num, error = %e, "modify_to_err at shutdown");
+            tracing::debug!(qp = self.qp_num, error = %crate::report::ErrorChain(&e), "modify_to_err at shutdown");
         }
     }
 

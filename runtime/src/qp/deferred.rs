@@ -121,7 +121,7 @@ impl QpCore {
             qp = self.qp_num,
             posted,
             refused = wrs.len() - posted,
-            error = %e,
+            error = %crate::report::ErrorChain(&e),
             "deferred post list refused"
         );
         let reason = e.to_string();

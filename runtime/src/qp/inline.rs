@@ -104,7 +104,7 @@ impl QpCore {
                 true
             }
             Err(e) => {
-                tracing::warn!(qp = self.qp_num, error = %e, "posting the WR that retires unsignaled inline sends failed");
+                tracing::warn!(qp = self.qp_num, error = %crate::report::ErrorChain(&e), "posting the WR that retires unsignaled inline sends failed");
                 false
             }
         }

@@ -40,7 +40,7 @@ impl Drop for QpInner {
         if self.core.outstanding() > 0 {
             if !self.core.closed.get() {
                 if let Err(e) = self.core.shut(self.handle.ops()) {
-                    tracing::warn!(qp = self.core.qp_num, error = %e, "moving a dropped QP to ERR failed");
+                    tracing::warn!(qp = self.core.qp_num, error = %crate::report::ErrorChain(&e), "moving a dropped QP to ERR failed");
                 }
             }
             // The reactor keeps the core until its flushes have drained.
@@ -228,7 +228,7 @@ impl QueuePair {
     pub fn close(&self) -> impl Future<Output = Result<(), ProviderError>> + '_ {
         let res = self.inner.core.shut(self.inner.handle.ops());
         if let Err(e) = &res {
-            tracing::warn!(qp = self.qp_num(), error = %e, "modify_to_err on close failed");
+            tracing::warn!(qp = self.qp_num(), error = %crate::report::ErrorChain(e), "modify_to_err on close failed");
         }
         let core = &self.inner.core;
         let mut res = Some(res);
@@ -237,7 +237,7 @@ impl QueuePair {
             let rq = core.credits.rq.poll_idle(cx);
             if sq.is_ready() && rq.is_ready() {
                 if let Some(e) = core.fault_error() {
-                    tracing::warn!(qp = core.qp_num, error = %e, "closed a QP whose inline send failed");
+                    tracing::warn!(qp = core.qp_num, error = %crate::report::ErrorChain(&e), "closed a QP whose inline send failed");
                 }
                 Poll::Ready(res.take().unwrap_or(Ok(())))
             } else {

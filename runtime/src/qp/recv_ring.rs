@@ -397,7 +397,7 @@ impl RingCore {
         };
         if let Err(e) = res {
             let e = self.post_failed(st, &[slot], e);
-            tracing::warn!(error = %e, "receive ring repost failed");
+            tracing::warn!(error = %crate::report::ErrorChain(&e), "receive ring repost failed");
             st.post_error.get_or_insert(e);
             self.release_pending(st);
             return false;
@@ -478,7 +478,7 @@ impl RingCore {
         pending.drain(..n);
         st.pending = pending;
         if let Err(e) = res {
-            tracing::warn!(error = %e, "receive ring repost failed");
+            tracing::warn!(error = %crate::report::ErrorChain(&e), "receive ring repost failed");
             st.post_error.get_or_insert(e);
             self.release_pending(st);
         }

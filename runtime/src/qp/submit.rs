@@ -469,7 +469,7 @@ impl QueuePair {
             e => {
                 // Part of the chain is on the queue, unsignaled: flush it so
                 // its buffers come back, and report the post error then.
-                tracing::warn!(qp = core.qp_num, posted = e.posted, error = %e, "partial post: moving QP to ERR");
+                tracing::warn!(qp = core.qp_num, posted = e.posted, error = %crate::report::ErrorChain(&e), "partial post: moving QP to ERR");
                 let posted = e.posted;
                 ops.set_partial(
                     key,
@@ -480,7 +480,7 @@ impl QueuePair {
                     },
                 );
                 if let Err(err) = core.shut(ops) {
-                    tracing::warn!(qp = core.qp_num, error = %err, "modify_to_err after partial post failed");
+                    tracing::warn!(qp = core.qp_num, error = %crate::report::ErrorChain(&err), "modify_to_err after partial post failed");
                 }
                 None
             }

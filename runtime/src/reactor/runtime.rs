@@ -298,7 +298,7 @@ impl Runtime {
         let saturated = match d.poll_io(Some(Duration::ZERO)) {
             Ok(n) => n >= d.event_capacity(),
             Err(e) => {
-                tracing::warn!(error = %e, "epoll failed");
+                tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed");
                 false
             }
         };
@@ -352,7 +352,7 @@ impl Runtime {
             // busy turns late (each bounded by the task budget).
             inner.timers.fire_due();
             if let Err(e) = inner.driver.poll_io(Some(Duration::ZERO)) {
-                tracing::warn!(error = %e, "epoll failed");
+                tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed");
             }
         } else {
             self.io_countdown.set(c - 1);
@@ -410,7 +410,7 @@ impl Runtime {
                 d.drain_cqs();
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "epoll failed"),
+            Err(e) => tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed"),
         }
         // No timer check here: the loop's next turn makes it, before
         // anything else waits (a busy turn fires due timers, an idle one
@@ -454,7 +454,9 @@ impl Runtime {
                         }
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "epoll failed"),
+                    Err(e) => {
+                        tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed")
+                    }
                 }
             }
             if let Some(now) = session.spin() {
@@ -525,7 +527,7 @@ impl Drop for Runtime {
             }
             let wait = (deadline - now).min(Duration::from_millis(10));
             if let Err(e) = d.poll_io(Some(wait)) {
-                tracing::warn!(error = %e, "epoll failed during shutdown");
+                tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed during shutdown");
                 break;
             }
         }

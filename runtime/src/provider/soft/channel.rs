@@ -164,7 +164,7 @@ impl Channel {
                 true
             }
             Err(e) => {
-                tracing::debug!(error = %e, "soft channel: cannot watch a socket");
+                tracing::debug!(error = %crate::report::ErrorChain(&e), "soft channel: cannot watch a socket");
                 false
             }
         }

@@ -138,7 +138,7 @@ impl Shared {
         };
         if late {
             if let Err(e) = self.waker.wake() {
-                tracing::error!(error = %e, "soft engine waker failed");
+                tracing::error!(error = %crate::report::ErrorChain(&e), "soft engine waker failed");
             }
         }
     }
@@ -153,7 +153,7 @@ impl Shared {
         if self.sleeping.load(Ordering::SeqCst) && self.wake_by.load(Ordering::SeqCst) > lease_until
         {
             if let Err(e) = self.waker.wake() {
-                tracing::error!(error = %e, "soft engine waker failed");
+                tracing::error!(error = %crate::report::ErrorChain(&e), "soft engine waker failed");
             }
         }
     }
@@ -163,7 +163,7 @@ impl Shared {
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) {
             if let Err(e) = self.waker.wake() {
-                tracing::error!(error = %e, "soft engine waker failed");
+                tracing::error!(error = %crate::report::ErrorChain(&e), "soft engine waker failed");
             }
         }
     }
@@ -181,7 +181,7 @@ impl Drop for CtxInner {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         if let Err(e) = self.shared.waker.wake() {
-            tracing::error!(error = %e, "cannot wake the soft engine to stop it");
+            tracing::error!(error = %crate::report::ErrorChain(&e), "cannot wake the soft engine to stop it");
         }
         if let Some(t) = lock(&self.thread).take() {
             if t.join().is_err() {

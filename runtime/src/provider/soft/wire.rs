@@ -204,7 +204,7 @@ impl Wire {
                 true
             }
             Err(e) => {
-                tracing::debug!(error = %e, "soft engine: cannot mute a socket");
+                tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: cannot mute a socket");
                 false
             }
         }
@@ -244,7 +244,7 @@ impl Wire {
         let interest = Interest::READABLE | Interest::WRITABLE;
         if let Err(e) = registry.reregister(&mut SourceFd(&fd), self.token, interest) {
             // (The connection was closed meanwhile: nothing to watch.)
-            tracing::debug!(error = %e, "soft engine: cannot unmute a socket");
+            tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: cannot unmute a socket");
         }
     }
 

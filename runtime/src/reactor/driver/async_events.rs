@@ -41,7 +41,7 @@ impl Driver {
                 Some(key)
             }
             Err(e) => {
-                tracing::debug!(error = %e, "async-event fd not watched");
+                tracing::debug!(error = %crate::report::ErrorChain(&e), "async-event fd not watched");
                 None
             }
         }
@@ -53,7 +53,7 @@ impl Driver {
         };
         let fd = entry.ctx.async_fd();
         if let Err(e) = self.registry.deregister(&mut SourceFd(&fd)) {
-            tracing::debug!(error = %e, "deregistering an async-event fd");
+            tracing::debug!(error = %crate::report::ErrorChain(&e), "deregistering an async-event fd");
         }
     }
 
@@ -82,7 +82,7 @@ impl Driver {
                     }
                     Ok(None) => break,
                     Err(err) => {
-                        tracing::warn!(error = %err, "get_async_event failed");
+                        tracing::warn!(error = %crate::report::ErrorChain(&err), "get_async_event failed");
                         break;
                     }
                 }

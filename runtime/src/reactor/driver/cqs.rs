@@ -65,7 +65,7 @@ impl Driver {
         }
         let fd = entry.channel.fd();
         if let Err(e) = self.registry.deregister(&mut SourceFd(&fd)) {
-            tracing::debug!(error = %e, "deregistering a completion channel");
+            tracing::debug!(error = %crate::report::ErrorChain(&e), "deregistering a completion channel");
         }
     }
 
@@ -76,7 +76,7 @@ impl Driver {
                 match e.cq.req_notify(false) {
                     Ok(()) => e.armed = true,
                     Err(err) => {
-                        tracing::warn!(cq = e.cq.handle(), error = %err, "req_notify failed")
+                        tracing::warn!(cq = e.cq.handle(), error = %crate::report::ErrorChain(&err), "req_notify failed")
                     }
                 }
             }
@@ -124,7 +124,7 @@ impl Driver {
                 }
                 Ok(None) => break,
                 Err(err) => {
-                    tracing::warn!(error = %err, "get_event failed");
+                    tracing::warn!(error = %crate::report::ErrorChain(&err), "get_event failed");
                     break;
                 }
             }
@@ -218,7 +218,7 @@ impl Driver {
     #[cold]
     fn cq_broken(&self, key: usize, err: crate::provider::ProviderError) {
         if let Some(e) = self.cqs.borrow_mut().get_mut(key) {
-            tracing::error!(cq = e.cq.handle(), error = %err, "CQ poll failed; CQ abandoned");
+            tracing::error!(cq = e.cq.handle(), error = %crate::report::ErrorChain(&err), "CQ poll failed; CQ abandoned");
             e.broken = true;
         }
     }

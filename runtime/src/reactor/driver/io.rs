@@ -40,7 +40,7 @@ impl Driver {
 
     pub(crate) fn deregister_io(&self, source: &mut impl mio::event::Source, key: usize) {
         if let Err(e) = self.registry.deregister(source) {
-            tracing::debug!(error = %e, "deregistering a socket");
+            tracing::debug!(error = %crate::report::ErrorChain(&e), "deregistering a socket");
         }
         let entry = self.io.borrow_mut().try_remove(key);
         drop(entry);

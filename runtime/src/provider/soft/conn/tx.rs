@@ -134,7 +134,7 @@ impl Conn {
                     }
                     io::ErrorKind::Interrupted => continue,
                     _ => {
-                        tracing::debug!(error = %e, "soft engine: write failed");
+                        tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: write failed");
                         return Flush::Closed;
                     }
                 }

@@ -65,7 +65,7 @@ impl Engine {
                 }
             }
             Err(e) => {
-                tracing::debug!(%addr, error = %e, "soft engine: connect failed");
+                tracing::debug!(%addr, error = %crate::report::ErrorChain(&e), "soft engine: connect failed");
                 if let Some(eq) = self.qps.get_mut(&qpn) {
                     if !eq.wqes.is_empty() {
                         eq.fail(Some(WcStatus::RetryExcErr));
@@ -119,13 +119,15 @@ impl Engine {
                     tracing::trace!(%from, "soft engine: accepted");
                     match self.insert_conn(stream, true) {
                         Ok(cid) => self.activate(cid),
-                        Err(e) => tracing::warn!(error = %e, "soft engine: register failed"),
+                        Err(e) => {
+                            tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: register failed")
+                        }
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "soft engine: accept failed");
+                    tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: accept failed");
                     return;
                 }
             }
@@ -143,7 +145,7 @@ impl Engine {
             let stream = &wire.stream;
             match stream.take_error() {
                 Ok(Some(e)) | Err(e) => {
-                    tracing::debug!(error = %e, "soft engine: connect failed");
+                    tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: connect failed");
                     self.close(cid);
                     return;
                 }

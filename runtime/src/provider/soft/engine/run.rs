@@ -82,7 +82,7 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
         eng.sh.sleeping.store(false, Ordering::SeqCst);
         if let Err(e) = res {
             if e.kind() != io::ErrorKind::Interrupted {
-                tracing::error!(error = %e, "soft engine: poll failed");
+                tracing::error!(error = %crate::report::ErrorChain(&e), "soft engine: poll failed");
                 return;
             }
             events.clear();

@@ -49,7 +49,7 @@ impl Engine {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        tracing::debug!(error = %e, "soft engine: read failed");
+                        tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: read failed");
                         self.close(cid);
                         return;
                     }
@@ -75,7 +75,7 @@ impl Engine {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    tracing::debug!(error = %e, "soft engine: read failed");
+                    tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: read failed");
                     self.close(cid);
                     return;
                 }
@@ -100,7 +100,7 @@ impl Engine {
             let hdr = match decode_header(&rx[start..end]) {
                 Ok(h) => h,
                 Err(e) => {
-                    tracing::warn!(error = %e, "soft engine: bad packet, closing connection");
+                    tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: bad packet, closing connection");
                     ok = false;
                     break;
                 }
@@ -154,7 +154,7 @@ impl Engine {
                         self.peers.entry(addr).or_insert(cid);
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "soft engine: bad HELLO");
+                        tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: bad HELLO");
                         ok = false;
                         break;
                     }
