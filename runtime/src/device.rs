@@ -182,3 +182,19 @@ impl Device {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Device;
+    use crate::provider::{Context, SoftConfig};
+    use crate::reactor::RuntimeError;
+
+    #[test]
+    fn opening_a_device_off_runtime_is_an_error_not_a_panic() {
+        let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+        match Device::open(ctx) {
+            Err(RuntimeError::NoRuntime { what }) => assert_eq!(what, "opening a Device"),
+            other => panic!("expected NoRuntime, got {other:?}"),
+        }
+    }
+}
