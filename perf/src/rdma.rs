@@ -164,14 +164,18 @@ async fn step(
     let view = view.as_ref();
     let need = || view.ok_or_else(|| msg("no remote memory"));
     let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
-    let mrs = |n: u32| -> Result<Vec<LocalMr>> {
+    let slots = match budget.wire_iters() {
+        0 => cfg.tx_depth as usize,
+        n => n.min(u64::from(cfg.tx_depth)) as usize,
+    };
+    let mrs = |n: usize| -> Result<Vec<LocalMr>> {
         (0..n)
             .map(|_| rdma.alloc_local_mr(size).ctx("allocating local memory"))
             .collect()
     };
     match cfg.test {
         Test::SendBw => {
-            let items = vec![(); cfg.tx_depth as usize];
+            let items = vec![(); slots];
             pipeline(items, budget, |()| async {
                 (rdma.send(&payload).await, ())
             })
@@ -179,15 +183,15 @@ async fn step(
         }
         Test::WriteBw => {
             let v = need()?;
-            pipeline(mrs(cfg.tx_depth)?, budget, |mr| rdma.write(mr, v)).await
+            pipeline(mrs(slots)?, budget, |mr| rdma.write(mr, v)).await
         }
         Test::ReadBw => {
             let v = need()?;
-            pipeline(mrs(cfg.tx_depth)?, budget, |mr| rdma.read(mr, v)).await
+            pipeline(mrs(slots)?, budget, |mr| rdma.read(mr, v)).await
         }
         Test::AtomicBw => {
             let v = need()?;
-            let items = vec![(); cfg.tx_depth as usize];
+            let items = vec![(); slots];
             pipeline(items, budget, |()| async {
                 (rdma.fetch_and_add(v, 1).await.map(drop), ())
             })

@@ -65,7 +65,7 @@ impl State {
             .ctx("the peer's memory is smaller than the message")?;
         match cfg.test {
             Test::WriteBw => {
-                let bufs = self.bufs(conn, cfg.tx_depth, size)?;
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
                 pipeline(bufs, budget, |i, b| {
                     let qp = &conn.qps[i];
                     async move {
@@ -76,7 +76,7 @@ impl State {
                 .await
             }
             Test::ReadBw => {
-                let bufs = self.bufs(conn, cfg.tx_depth, size)?;
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
                 pipeline(bufs, budget, |i, b| {
                     let qp = &conn.qps[i];
                     async move {
@@ -88,7 +88,7 @@ impl State {
             }
             Test::AtomicBw => {
                 let word = conn.remote.word(0).ctx("the peer's atomic word")?;
-                let bufs = self.bufs(conn, cfg.tx_depth, size)?;
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
                 pipeline(bufs, budget, |i, b| {
                     let qp = &conn.qps[i];
                     async move {
@@ -99,7 +99,7 @@ impl State {
                 .await
             }
             Test::SendBw => {
-                let bufs = self.bufs(conn, cfg.tx_depth, size)?;
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
                 let m = pipeline(bufs, budget, |i, b| {
                     let qp = &conn.qps[i];
                     async move {
@@ -143,10 +143,30 @@ impl State {
 
     /// `depth` buffers of `size` bytes per QP, registered before the clock
     /// starts; each is reused by its QP's next op once its op completed.
-    fn bufs(&self, conn: &Conn, depth: u32, size: usize) -> Result<Vec<Vec<LocalBuf>>> {
+    /// No more than the iterations need.
+    fn bufs(
+        &self,
+        conn: &Conn,
+        depth: u32,
+        size: usize,
+        budget: &Budget,
+    ) -> Result<Vec<Vec<LocalBuf>>> {
+        let n = match budget.wire_iters() {
+            0 => u64::from(depth),
+            iters => iters.min(u64::from(depth)),
+        };
+        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
         conn.qps
             .iter()
-            .map(|_| (0..depth).map(|_| self.alloc(size)).collect())
+            .map(|_| {
+                (0..n)
+                    .map(|_| {
+                        self.pool
+                            .alloc_from(&data)
+                            .ctx(format!("allocating a {size}-byte buffer"))
+                    })
+                    .collect()
+            })
             .collect()
     }
 
