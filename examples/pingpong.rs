@@ -50,20 +50,12 @@ struct Args {
     #[arg(long, default_value_t = 10_000)]
     iters: usize,
     /// Message size in bytes.
-    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 64, value_parser = cli::at_least_one)]
     size: usize,
     /// RDMA device (e.g. rxe0; default: a software device bound to the
     /// address's IP).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
-}
-
-fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// Opens the device for one side: `device` if given, else a soft device
@@ -210,8 +202,7 @@ fn main() -> ExitCode {
             let device = args.device.clone();
             let srv = std::thread::spawn(move || {
                 let addr = "127.0.0.1:0".parse().expect("valid");
-                server(device.as_deref(), addr, size, true, Some(tx))
-                    .map_err(|e| e.to_string())
+                server(device.as_deref(), addr, size, true, Some(tx)).map_err(|e| e.to_string())
             });
             match rx.recv_timeout(LIMIT) {
                 Ok(addr) => {

@@ -1,5 +1,7 @@
 //! What every example's command line shares: the device flag and the log
-//! subscriber (so that which device was opened is visible).
+//! subscriber (so that which device was opened is visible). Each example
+//! uses the parts it needs.
+#![allow(dead_code)]
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -31,4 +33,13 @@ pub fn open_device_or_soft(
     };
     tracing::info!(device = ctx.name(), kind = %ctx.kind(), "opened the RDMA device");
     Ok(ctx)
+}
+
+/// Parses a count or size that must be at least 1.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
