@@ -4,7 +4,7 @@
 #
 # Usage:
 #   scripts/rxe-test.sh [--perftest] [--rounds N] [--callgrind] [--no-devinfo] [--provider-only]
-#                       [--no-tests] [TEST_TARGET...]
+#                       [--sweep [--sweep-iters N]] [--no-tests] [TEST_TARGET...]
 #
 #   TEST_TARGET      integration-test targets (of any workspace package) to
 #                    build and run. Default: the provider's own tests
@@ -27,6 +27,11 @@
 #                    first in odd rounds, verbio's in even ones (use an even
 #                    N: the second run of a pair is slower in this VM)
 #   --lat-only       --perftest without the bandwidth pair (latency rounds only)
+#   --sweep          also size sweeps (-a, 2 B .. 8 MiB, --sweep-iters each,
+#                    default 20) of perftest ib_write_bw / ib_send_lat and
+#                    verbio-perf write_bw / send_lat in the same VM, plotted
+#                    on the host into docs/img/rxe-vs-perftest.png
+#                    (scripts/plot-perf.sh); implies --perftest
 #   --lat-iters N    round trips per latency run, both tools (default 1000,
 #                    perftest's default); e.g. 5000 for steadier medians
 #   RXE_PERF_VARIANTS="NAME=PATH ..."  (environment) further builds of
@@ -80,6 +85,8 @@ CALLGRIND=0
 NO_TESTS=0
 LAT_ONLY=0
 LAT_ITERS=1000
+SWEEP=0
+SWEEP_ITERS=20
 TARGETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -94,7 +101,10 @@ while [ $# -gt 0 ]; do
             case "$LAT_ITERS" in ''|*[!0-9]*) echo "rxe-test: --lat-iters needs a number" >&2; exit 2 ;; esac
             [ "$LAT_ITERS" -ge 5 ] || { echo "rxe-test: --lat-iters must be at least 5" >&2; exit 2; } ;;
         --no-tests) NO_TESTS=1 ;;
-        -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
+        --sweep) PERFTEST=1; SWEEP=1 ;;
+        --sweep-iters) shift; SWEEP_ITERS=${1:-}
+            case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
+        -h|--help) sed -n '2,67p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -200,7 +210,7 @@ RUN
         echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; echo 'FAIL  devinfo' >> \"\$LOGS/summary\"; fail=1; }"
     fi
     if [ "$PERFTEST" = 1 ]; then
-        echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS"
+        echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS SWEEP=$SWEEP SWEEP_ITERS=$SWEEP_ITERS"
         echo "VARIANTS='${RXE_PERF_VARIANTS:-}'"
         cat <<'PERF'
 # pt LOG TOOL ARGS...: perftest server in the background, client on 127.0.0.1.
@@ -302,6 +312,16 @@ done
         [ "$LAT_ONLY" = 0 ] && echo "variant $n: write_bw ratio per round: $(list "$LOGS/ratio.bw.$n"); median $(median "$LOGS/ratio.bw.$n")"
     done
 } | tee -a "$LOGS/perf"
+if [ "$SWEEP" = 1 ]; then
+    echo; echo "== size sweeps (-a, $SWEEP_ITERS iterations per size): perftest vs verbio-perf"
+    pt "$LOGS/sweep_pt_bw" ib_write_bw -d rxe0 -x 1 -a -n "$SWEEP_ITERS"
+    vp "$LOGS/sweep_vb_bw" "$PERF" write_bw -a -n "$SWEEP_ITERS"
+    pt "$LOGS/sweep_pt_lat" ib_send_lat -d rxe0 -x 1 -a -n "$SWEEP_ITERS"
+    vp "$LOGS/sweep_vb_lat" "$PERF" send_lat -a -n "$SWEEP_ITERS"
+    for f in sweep_pt_bw sweep_vb_bw sweep_pt_lat sweep_vb_lat; do
+        echo "-- $f:"; grep -E '^ *[0-9]+ +[0-9]+ ' "$LOGS/$f" || true
+    done
+fi
 PERF
     fi
     if [ "$CALLGRIND" = 1 ]; then
@@ -377,6 +397,12 @@ chmod +x "$GUEST"
 # --------------------------------------------------------------------- run
 "$VM" -- "$GUEST"
 rc=$?
+if [ "$SWEEP" = 1 ] && [ -s "$LOGS/sweep_pt_bw" ] && [ -s "$LOGS/sweep_vb_bw" ]; then
+    "$ROOT/scripts/plot-perf.sh" -o "$ROOT/docs/img/rxe-vs-perftest.png" \
+        --title "rxe (soft-RoCE under QEMU TCG): perftest vs verbio-perf, -a -n $SWEEP_ITERS, $(date -u +%F)" \
+        "perftest=$LOGS/sweep_pt_bw,$LOGS/sweep_pt_lat" "verbio-perf=$LOGS/sweep_vb_bw,$LOGS/sweep_vb_lat" \
+        || echo "rxe-test: plotting the sweeps failed" >&2
+fi
 if [ "$CALLGRIND" = 1 ] && command -v python3 >/dev/null; then
     for name in perftest verbio; do
         if [ -s "$LOGS/cg.$name.100.out" ] && [ -s "$LOGS/cg.$name.300.out" ]; then
