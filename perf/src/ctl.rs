@@ -48,6 +48,13 @@ pub enum Frame {
     Bye,
     /// Server → client: ready for the step's traffic.
     Go,
+    /// Server → client (verbs and raw APIs): ready for the step's traffic,
+    /// once the client has sent `drain` empty messages on each QP (they
+    /// consume the receives the previous step left posted).
+    GoDrain {
+        /// Empty messages to send first, per QP.
+        drain: u64,
+    },
     /// Server → client: the step's traffic has all arrived.
     Done,
     /// Client → server (Rdma API): the step's messages have all been sent.
@@ -99,6 +106,7 @@ impl Frame {
             Frame::Go => (5, 0, 0, 0),
             Frame::Done => (6, 0, 0, 0),
             Frame::Stop => (7, 0, 0, 0),
+            Frame::GoDrain { drain } => (8, 0, drain, 0),
         };
         b[0] = kind;
         b[4..8].copy_from_slice(&x.to_le_bytes());
@@ -137,6 +145,7 @@ impl Frame {
             5 => Frame::Go,
             6 => Frame::Done,
             7 => Frame::Stop,
+            8 => Frame::GoDrain { drain: y },
             _ => return Err(bad()),
         })
     }
@@ -228,6 +237,7 @@ mod tests {
             Frame::Go,
             Frame::Done,
             Frame::Stop,
+            Frame::GoDrain { drain: 37 },
         ] {
             assert_eq!(Frame::decode(&f.encode()).expect("decodes"), f);
         }

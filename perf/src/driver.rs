@@ -34,10 +34,24 @@ impl Loops {
         conn: &Conn,
         size: usize,
         budget: &Budget,
+        drain: u64,
     ) -> Result<Measured> {
         match self {
-            Loops::Verbs(v) => v.client_step(cfg, conn, size, budget).await,
+            Loops::Verbs(v) => v.client_step(cfg, conn, size, budget, drain).await,
             Loops::Raw(r) => r.client_step(cfg, dev, conn, size, budget),
+        }
+    }
+
+    fn prepare_step(
+        &mut self,
+        cfg: &Config,
+        dev: &Device,
+        conn: &Conn,
+        size: usize,
+    ) -> Result<u64> {
+        match self {
+            Loops::Verbs(v) => v.prepare_step(cfg, dev, conn, size),
+            Loops::Raw(_) => Ok(0),
         }
     }
 
@@ -103,11 +117,14 @@ fn run_client(
                 )
                 .await
                 .ctx("starting a step")?;
-                ctl::expect(&mut conn.ctl, Frame::Go, "the server's go")
-                    .await
-                    .ctx("starting a step")?;
+                let drain = match ctl::recv(&mut conn.ctl).await.ctx("starting a step")? {
+                    Frame::GoDrain { drain } => drain,
+                    got => return Err(msg(format!("expected the server's go, got {got:?}"))),
+                };
                 let budget = Budget::new(cfg.iters, cfg.duration);
-                let m = loops.client_step(cfg, dev, &conn, size, &budget).await?;
+                let m = loops
+                    .client_step(cfg, dev, &conn, size, &budget, drain)
+                    .await?;
                 if server_active(cfg.test) {
                     ctl::expect(&mut conn.ctl, Frame::Done, "the server's done")
                         .await
@@ -154,7 +171,8 @@ pub fn server(cfg: &Config) -> Result<()> {
                                 .write_from(0, &vec![0u8; size])
                                 .ctx("clearing this side's memory")?;
                         }
-                        ctl::send(&mut conn.ctl, Frame::Go)
+                        let drain = loops.prepare_step(cfg, &dev, &conn, size)?;
+                        ctl::send(&mut conn.ctl, Frame::GoDrain { drain })
                             .await
                             .ctx("sending go")?;
                         loops.serve_step(cfg, &dev, &conn, size).await?;

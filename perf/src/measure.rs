@@ -116,6 +116,10 @@ pub fn lat_value(i: u64) -> u8 {
 /// The last byte of write_lat's closing message: the client is done.
 pub const LAT_STOP: u8 = 0xff;
 
+/// The immediate of send_bw's stop message: the client's messages on this
+/// QP are all sent.
+pub const STOP_IMM: u32 = 0x5354_4f50;
+
 /// Spins until the byte at `off` of `region` (written by the peer's RDMA
 /// WRITE) satisfies `ok`; returns it.
 #[inline]

@@ -17,8 +17,8 @@ use verbio::runtime::Device;
 use crate::args::{Config, Test, Verb};
 use crate::clock::CycleClock;
 use crate::error::{msg, Context, Result};
-use crate::measure::{lat_value, LatLoop, Measured, LAT_STOP};
-use crate::session::{rx_depth, Budget, Conn};
+use crate::measure::{lat_value, LatLoop, Measured, LAT_STOP, STOP_IMM};
+use crate::session::{Budget, Conn, LAT_RX_DEPTH, RX_DEPTH};
 use crate::stats::BwSamples;
 
 /// perftest's `CQ_MODERATION`: one signaled WR in this many (bandwidth).
@@ -176,7 +176,12 @@ impl State {
                 .ctx("allocating the receive buffer")?;
             let sge = buf.sge_total().ctx("the receive buffer's SGE")?;
             let raw = Raw::new(dev, conn)?;
-            let depth = rx_depth(conn.max_size, cfg.test.is_lat());
+            // All receives share one buffer: only the queue bounds them.
+            let depth = if cfg.test.is_lat() {
+                LAT_RX_DEPTH
+            } else {
+                RX_DEPTH
+            };
             for (i, qp) in conn.qps.iter().enumerate() {
                 for _ in 0..depth.min(qp.caps().max_recv_wr) {
                     raw.post_recv(i, sge)?;
@@ -254,7 +259,7 @@ impl State {
                         let wr = SendWr {
                             wr_id: wr_id(LAST, i, 0),
                             sg_list: SgList::new(),
-                            op: SendOp::Send,
+                            op: SendOp::SendWithImm { imm: STOP_IMM },
                             flags: SendFlags::SIGNALED,
                         };
                         raw.post_send(i, &wr)?;
@@ -375,7 +380,7 @@ impl State {
                         let (kind, i, _) = decode(c.wr_id);
                         if kind == RECV {
                             raw.post_recv(i, rx)?;
-                            if c.byte_len == 0 {
+                            if c.imm_data == Some(STOP_IMM) {
                                 stops += 1;
                             }
                         }

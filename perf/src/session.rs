@@ -27,8 +27,10 @@ const BUSY_POLL: Duration = Duration::from_millis(50);
 pub const RX_DEPTH: u32 = 256;
 /// Receives posted per QP for the latency ping-pong.
 pub const LAT_RX_DEPTH: u32 = 8;
+/// Completion queue entries: room for every QP's posted sends and receives.
+const CQ_SIZE: u32 = 16384;
 /// Bound of the memory posted for receives per QP.
-const RX_MEMORY: usize = 64 << 20;
+const RX_MEMORY: usize = 128 << 20;
 
 /// Receive buffers to post per QP for messages up to `max_size` bytes.
 pub fn rx_depth(max_size: usize, lat: bool) -> u32 {
@@ -56,7 +58,7 @@ pub fn open(cfg: &Config, spin: bool) -> Result<(Runtime, Device, Duration)> {
         .busy_poll(busy)
         .build()
         .ctx("starting the runtime")?;
-    let dev = Device::open(ctx).ctx("binding the device to the runtime")?;
+    let dev = Device::with_cq_size(ctx, CQ_SIZE).ctx("binding the device to the runtime")?;
     Ok((rt, dev, busy))
 }
 
@@ -67,7 +69,8 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
         caps: QpCaps {
             // Room for the stop marker and the raw loops' closing WR too.
             max_send_wr: cfg.tx_depth.max(16) + 2,
-            max_recv_wr: RX_DEPTH,
+            // A step's receive rings, and what the previous step's left.
+            max_recv_wr: 2 * RX_DEPTH,
             max_inline_data: cfg.inline,
             ..QpCaps::default()
         },
@@ -76,6 +79,9 @@ pub fn qp_config(cfg: &Config) -> QpConfig {
             ..default.init
         },
         gid_index: cfg.gid_index,
+        // A sender that finds no receive posted (the receive rings of large
+        // sizes are shallow) retries after 10 µs instead of 640 µs.
+        min_rnr_timer: 1,
         // About 1 s per transport retry: an emulated VM on a loaded host can
         // leave a responder unscheduled longer than the default 67 ms × 6.
         rts: RtsAttr {
@@ -325,7 +331,7 @@ mod tests {
     fn receive_depth_bounds_memory() {
         assert_eq!(rx_depth(64, false), RX_DEPTH);
         assert_eq!(rx_depth(64, true), LAT_RX_DEPTH);
-        assert_eq!(rx_depth(1 << 23, false), 8);
+        assert_eq!(rx_depth(1 << 23, false), 16);
         assert_eq!(rx_depth(1 << 30, false), 2);
     }
 

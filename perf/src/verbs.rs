@@ -10,38 +10,55 @@ use verbio::ops::verbs::{RemoteBuf, Verbs};
 use verbio::runtime::buf::{LocalBuf, MrPool};
 use verbio::runtime::{Device, QueuePair, RecvRing, RecvRingConfig};
 
-use crate::args::{Config, Test, Verb};
+use crate::args::{Config, Test};
 use crate::clock::CycleClock;
 use crate::error::{msg, Context, Result};
-use crate::measure::{lat_value, wait_byte, LatLoop, Measured, LAT_STOP};
+use crate::measure::{lat_value, wait_byte, LatLoop, Measured, LAT_STOP, STOP_IMM};
 use crate::session::{rx_depth, Budget, Conn};
 use crate::stats::BwSamples;
 
-/// The memory of the verbs loops: a buffer pool and, for the send tests,
-/// receive rings posted for the whole run (sized for its largest message).
+/// The memory of the verbs loops: a buffer pool and the receive rings:
+/// send_lat's posted for the whole run (sized for its largest message),
+/// send_bw's server's posted for one size at a time.
 pub struct State {
     pool: MrPool,
     rings: Vec<RecvRing>,
+    /// Receives the last send_bw step left posted (per QP, at most).
+    drain: u64,
 }
 
 impl State {
-    /// Posts the receive rings the test needs on this side: every QP of a
-    /// send test's server, the client's QP of send_lat.
-    pub fn new(cfg: &Config, dev: &Device, conn: &Conn, server: bool) -> Result<State> {
+    /// Posts send_lat's receive rings (both sides).
+    pub fn new(cfg: &Config, dev: &Device, conn: &Conn, _server: bool) -> Result<State> {
         let pool = MrPool::new(dev.pd());
-        let mut rings = Vec::new();
-        let wanted = cfg.test.verb() == Verb::Send && (server || cfg.test == Test::SendLat);
-        if wanted {
-            let depth = rx_depth(conn.max_size, cfg.test.is_lat());
-            for qp in &conn.qps {
-                let d = depth.min(qp.caps().max_recv_wr);
-                rings.push(
-                    RecvRing::new(qp, dev.pd(), RecvRingConfig::new(d, conn.max_size))
-                        .ctx("posting the receive ring")?,
-                );
-            }
+        let rings = if cfg.test == Test::SendLat {
+            post_rings(dev, conn, conn.max_size, true)?
+        } else {
+            Vec::new()
+        };
+        Ok(State {
+            pool,
+            rings,
+            drain: 0,
+        })
+    }
+
+    /// Server, before a step's go: posts send_bw's receive rings for
+    /// `size`-byte messages. Returns how many empty messages the client
+    /// sends first on each QP: the receives the previous step's rings left
+    /// posted consume them (RC takes receives in posting order); any more
+    /// land in the new rings, which skip them.
+    pub fn prepare_step(
+        &mut self,
+        cfg: &Config,
+        dev: &Device,
+        conn: &Conn,
+        size: usize,
+    ) -> Result<u64> {
+        if cfg.test == Test::SendBw {
+            self.rings = post_rings(dev, conn, size, false)?;
         }
-        Ok(State { pool, rings })
+        Ok(std::mem::take(&mut self.drain))
     }
 
     fn alloc(&self, size: usize) -> Result<LocalBuf> {
@@ -58,6 +75,7 @@ impl State {
         conn: &Conn,
         size: usize,
         budget: &Budget,
+        drain: u64,
     ) -> Result<Measured> {
         let remote = conn
             .remote
@@ -99,6 +117,12 @@ impl State {
                 .await
             }
             Test::SendBw => {
+                for qp in &conn.qps {
+                    for _ in 0..drain {
+                        let empty = self.pool.alloc(0).ctx("allocating a drain message")?;
+                        qp.send(empty).await.0.ctx("sending a drain message")?;
+                    }
+                }
                 let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
                 let m = pipeline(bufs, budget, |i, b| {
                     let qp = &conn.qps[i];
@@ -109,7 +133,11 @@ impl State {
                 })
                 .await?;
                 for qp in &conn.qps {
-                    self.stop_marker(qp).await?;
+                    let empty = self.pool.alloc(0).ctx("allocating the stop marker")?;
+                    qp.send_with_imm(empty, STOP_IMM)
+                        .await
+                        .0
+                        .ctx("sending the stop marker")?;
                 }
                 Ok(m)
             }
@@ -262,12 +290,21 @@ impl State {
                             .await
                             .ok_or_else(|| msg("the receive ring ended"))?
                             .ctx("receiving")?;
-                        if m.is_empty() {
+                        if m.imm() == Some(STOP_IMM) {
                             return Ok::<(), crate::error::Error>(());
                         }
                     }
                 });
                 futures::future::try_join_all(sinks).await?;
+                // The rings' receives stay posted until the next step's
+                // drain messages consume them.
+                self.drain = self
+                    .rings
+                    .iter()
+                    .map(|r| u64::from(r.posted()))
+                    .max()
+                    .unwrap_or(0);
+                self.rings.clear();
                 Ok(())
             }
             Test::SendLat => self.echo_sends(conn, size).await,
@@ -328,6 +365,20 @@ impl State {
             }
         }
     }
+}
+
+/// A receive ring of `size`-byte buffers on every QP (at most half the
+/// receive queue: the previous step's may still be posted).
+fn post_rings(dev: &Device, conn: &Conn, size: usize, lat: bool) -> Result<Vec<RecvRing>> {
+    let depth = rx_depth(size, lat);
+    conn.qps
+        .iter()
+        .map(|qp| {
+            let d = depth.min(qp.caps().max_recv_wr / 2).max(1);
+            RecvRing::new(qp, dev.pd(), RecvRingConfig::new(d, size))
+                .ctx("posting the receive ring")
+        })
+        .collect()
 }
 
 fn check_len(i: u64, got: usize, want: usize) -> Result<()> {
