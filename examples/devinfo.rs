@@ -13,6 +13,8 @@
 //! On a machine without RDMA, see `scripts/rxe-test.sh` (it runs this example
 //! inside the rxe VM).
 
+mod cli;
+
 use std::process::ExitCode;
 
 use verbio::provider::{self, Context, DeviceInfo, LinkLayer, Mtu, PortState, ProviderKind};
@@ -112,16 +114,17 @@ fn print_device(info: &DeviceInfo) -> Result<(), provider::ProviderError> {
     Ok(())
 }
 
+/// Lists the RDMA devices and their ports, as `ibv_devinfo -v`.
+#[derive(clap::Parser)]
+struct Args {
+    /// Show only this device.
+    #[arg(short, long)]
+    device: Option<String>,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let only = match args.as_slice() {
-        [] => None,
-        [flag, name] if flag == "-d" => Some(name.clone()),
-        _ => {
-            eprintln!("usage: devinfo [-d DEVICE]");
-            return ExitCode::from(2);
-        }
-    };
+    let only = <Args as clap::Parser>::parse().device;
+    cli::init_tracing();
     let mut list = match provider::devices() {
         Ok(l) => l,
         Err(e) => {

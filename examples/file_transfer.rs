@@ -5,9 +5,11 @@
 //! chunk into it with `write_with_imm` (the immediate is the chunk's index,
 //! the server's notification), and hands the region back (`send_remote_mr`);
 //! the server takes the bytes (`receive_local_mr`) and appends them to the
-//! output file. Both sides print an FNV-1a 64 checksum of the bytes; the
-//! server compares it with the client's and either side exits non-zero on a
-//! mismatch, an error or an expired wait.
+//! output file. The client streams the input (one chunk in memory at a
+//! time). Integrity is checked outside the timed transfer: the client
+//! computes the CRC-32 of the input before it starts, the server that of
+//! the output file once it is written, and compares them; either side
+//! exits non-zero on a mismatch, an error or an expired wait.
 //!
 //! ```text
 //! cargo run --release --example file_transfer -- --server ADDR OUT [--chunk BYTES]
@@ -16,22 +18,25 @@
 //! ```
 //!
 //! The server handles one transfer and exits. Chunks default to 1 MiB (at
-//! most 64 MiB, the server's largest grant). Set `VERBIO_DEVICE` to use a
-//! named device instead of a soft one.
+//! most 64 MiB, the server's largest grant). `-d DEVICE` uses a named
+//! device instead of a soft one.
 
 use std::error::Error;
 use std::fs::File;
 use std::future::Future;
-use std::io::{BufWriter, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use verbio::provider::{open_device, Context, SoftConfig};
+use clap::Parser;
 use verbio::runtime::{timeout, Device, Runtime};
 use verbio::{Rdma, RdmaBuilder};
+
+mod cli;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -41,21 +46,24 @@ const STEP: Duration = Duration::from_secs(30);
 /// Largest chunk: the server's default `max_message_len`, its grant limit.
 const MAX_CHUNK: usize = 64 << 20;
 
-/// FNV-1a, 64 bits, fed incrementally.
-#[derive(Clone, Copy)]
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+/// Moves a file over RDMA WRITEs into memory requested from the server.
+#[derive(Parser)]
+struct Args {
+    /// Receive into the file as the server, listening on ADDR.
+    #[arg(long, value_name = "ADDR", conflicts_with = "client")]
+    server: Option<SocketAddr>,
+    /// Send the file to the server at ADDR.
+    #[arg(long, value_name = "ADDR")]
+    client: Option<SocketAddr>,
+    /// IN OUT (both sides in this process), OUT (--server) or IN (--client).
+    #[arg(required = true, num_args = 1..=2, value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// Chunk size in bytes (1..=64 MiB).
+    #[arg(long, default_value_t = 1 << 20)]
+    chunk: usize,
+    /// RDMA device (default: a software device bound to the address's IP).
+    #[arg(short, long, env = "VERBIO_DEVICE")]
+    device: Option<String>,
 }
 
 enum Mode {
@@ -64,30 +72,32 @@ enum Mode {
     Both(PathBuf, PathBuf),
 }
 
-const USAGE: &str =
-    "usage: file_transfer (--server ADDR OUT | --client ADDR IN | IN OUT) [--chunk BYTES]";
-
-fn parse_args() -> Res<(Mode, usize)> {
-    let mut chunk = 1 << 20;
-    let mut pos = Vec::new();
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--chunk" => chunk = it.next().ok_or("--chunk needs a value")?.parse()?,
-            "-h" | "--help" => return Err(USAGE.into()),
-            _ => pos.push(a),
-        }
-    }
-    if chunk == 0 || chunk > MAX_CHUNK {
+fn mode(args: &Args) -> Res<Mode> {
+    if args.chunk == 0 || args.chunk > MAX_CHUNK {
         return Err(format!("--chunk must be 1..={MAX_CHUNK}").into());
     }
-    let mode = match pos.as_slice() {
-        [flag, addr, out] if flag == "--server" => Mode::Server(addr.parse()?, out.into()),
-        [flag, addr, inp] if flag == "--client" => Mode::Client(addr.parse()?, inp.into()),
-        [inp, out] if !inp.starts_with("--") => Mode::Both(inp.into(), out.into()),
-        _ => return Err(USAGE.into()),
-    };
-    Ok((mode, chunk))
+    Ok(match (args.server, args.client, args.files.as_slice()) {
+        (Some(addr), None, [out]) => Mode::Server(addr, out.clone()),
+        (None, Some(addr), [inp]) => Mode::Client(addr, inp.clone()),
+        (None, None, [inp, out]) => Mode::Both(inp.clone(), out.clone()),
+        _ => return Err("give IN OUT, --server ADDR OUT or --client ADDR IN".into()),
+    })
+}
+
+/// The CRC-32 and length of a file, read in 1 MiB pieces.
+fn crc_of(path: &Path) -> Res<(u32, u64)> {
+    let mut f = File::open(path).map_err(|e| format!("{path:?}: {e}"))?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| format!("{path:?}: {e}"))?;
+        if n == 0 {
+            return Ok((h.finalize(), len));
+        }
+        h.update(&buf[..n]);
+        len += n as u64;
+    }
 }
 
 /// Awaits `f`, failing after [`STEP`].
@@ -101,17 +111,10 @@ async fn within<T, E: Into<Box<dyn Error>>>(
     }
 }
 
-/// The device of one side: `VERBIO_DEVICE` if set, else a soft device whose
+/// The device of one side: `device` if given, else a soft device whose
 /// engine listens on `ip`.
-fn open(ip: IpAddr) -> Res<Device> {
-    let ctx = match std::env::var("VERBIO_DEVICE") {
-        Ok(name) if !name.trim().is_empty() => open_device(Some(name.trim()))?,
-        _ => Context::open_soft(SoftConfig {
-            bind: SocketAddr::new(ip, 0),
-            ..SoftConfig::default()
-        })?,
-    };
-    Ok(Device::open(ctx)?)
+fn open(device: Option<&str>, ip: IpAddr) -> Res<Device> {
+    Ok(Device::open(cli::open_device_or_soft(device, ip)?)?)
 }
 
 fn u64_at(msg: &[u8], at: usize) -> Res<u64> {
@@ -123,9 +126,14 @@ fn u64_at(msg: &[u8], at: usize) -> Res<u64> {
 
 /// Receives one file into `out`; reports the bound address on `ready` or
 /// prints it.
-fn server(addr: SocketAddr, out: PathBuf, ready: Option<mpsc::Sender<SocketAddr>>) -> Res<()> {
+fn server(
+    device: Option<&str>,
+    addr: SocketAddr,
+    out: PathBuf,
+    ready: Option<mpsc::Sender<SocketAddr>>,
+) -> Res<()> {
     let rt = Runtime::new()?;
-    let dev = open(addr.ip())?;
+    let dev = open(device, addr.ip())?;
     rt.block_on(async {
         let listener = RdmaBuilder::new().device(dev).listen(addr)?;
         let local = listener.local_addr()?;
@@ -136,7 +144,7 @@ fn server(addr: SocketAddr, out: PathBuf, ready: Option<mpsc::Sender<SocketAddr>
         let r = within("accept", listener.accept()).await?;
         let verdict = receive_file(&r, &out).await;
         let answer = match &verdict {
-            Ok(sum) => format!("ok {sum:016x}"),
+            Ok(sum) => format!("ok {sum:08x}"),
             Err(e) => format!("failed: {e}"),
         };
         let _ = within("answer", r.send(answer.as_bytes())).await;
@@ -146,7 +154,10 @@ fn server(addr: SocketAddr, out: PathBuf, ready: Option<mpsc::Sender<SocketAddr>
     })
 }
 
-async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u64> {
+/// Receives the file into `out`; returns its CRC-32, read back from the
+/// written file once the transfer is done, after comparing it with the
+/// client's.
+async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u32> {
     let header = within("header", r.receive()).await?;
     let size = u64_at(&header, 0)?;
     let chunk = u64_at(&header, 8)?;
@@ -156,7 +167,6 @@ async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u64> {
     let chunks = size.div_ceil(chunk);
     println!("server: receiving {size} bytes in {chunks} chunks of {chunk} into {out:?}");
     let mut file = BufWriter::new(File::create(out)?);
-    let mut sum = Fnv::new();
     let mut got = 0u64;
     for i in 0..chunks {
         let imm = within("receive_write_imm", r.receive_write_imm()).await?;
@@ -168,88 +178,98 @@ async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u64> {
         if mem.len() as u64 != want {
             return Err(format!("chunk {i}: {} bytes, expected {want}", mem.len()).into());
         }
-        sum.update(&mem);
         file.write_all(&mem)?;
         got += want;
     }
-    file.flush()?;
+    file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     let theirs = u64_at(&within("checksum", r.receive()).await?, 0)?;
-    println!("server: wrote {got} bytes, checksum {:016x}", sum.0);
-    if theirs != sum.0 {
+    let (crc, len) = crc_of(out)?;
+    println!("server: wrote {len} bytes, CRC-32 {crc:08x}");
+    if theirs != u64::from(crc) || len != size {
         return Err(format!(
-            "checksum mismatch: client {theirs:016x}, server {:016x}",
-            sum.0
+            "integrity check failed: client sent {size} bytes with CRC-32 {theirs:08x}, \
+             the output has {len} bytes with {crc:08x}"
         )
         .into());
     }
-    println!("server: checksum matches the client's");
-    Ok(sum.0)
+    println!("server: CRC-32 matches the client's");
+    Ok(crc)
 }
 
-/// Reads the input file.
-fn read_input(inp: &PathBuf) -> Res<Vec<u8>> {
-    Ok(std::fs::read(inp).map_err(|e| format!("{inp:?}: {e}"))?)
-}
-
-/// Sends `data` to the server at `addr`.
-fn client(addr: SocketAddr, data: Vec<u8>, chunk: usize) -> Res<()> {
+/// Streams the file at `inp` to the server at `addr`, one chunk in memory
+/// at a time.
+fn client(device: Option<&str>, addr: SocketAddr, inp: &Path, chunk: usize) -> Res<()> {
+    // Outside the timed transfer: the checksum of what is sent.
+    let (crc, size) = crc_of(inp)?;
+    let mut file = BufReader::new(File::open(inp).map_err(|e| format!("{inp:?}: {e}"))?);
     let rt = Runtime::new()?;
-    let dev = open(addr.ip())?;
+    let local_ip = if addr.ip().is_loopback() {
+        addr.ip()
+    } else {
+        IpAddr::from([0, 0, 0, 0])
+    };
+    let dev = open(device, local_ip)?;
     rt.block_on(async {
         let r = within("connect", RdmaBuilder::new().device(dev).connect(addr)).await?;
         let mut header = Vec::with_capacity(16);
-        header.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        header.extend_from_slice(&size.to_le_bytes());
         header.extend_from_slice(&(chunk as u64).to_le_bytes());
         within("header", r.send(&header)).await?;
         let start = Instant::now();
-        let mut sum = Fnv::new();
-        let mut buf = r.alloc_local_mr(chunk.min(data.len()).max(1))?;
-        for (i, piece) in data.chunks(chunk).enumerate() {
-            if buf.len() != piece.len() {
-                buf = r.alloc_local_mr(piece.len())?; // the last, shorter chunk
+        let first = usize::try_from(size)
+            .unwrap_or(usize::MAX)
+            .min(chunk)
+            .max(1);
+        let mut buf = r.alloc_local_mr(first)?;
+        let mut sent = 0u64;
+        let mut i = 0u32;
+        while sent < size {
+            let len = (size - sent).min(chunk as u64) as usize;
+            if buf.len() != len {
+                buf = r.alloc_local_mr(len)?; // the last, shorter chunk
             }
-            buf.copy_from_slice(piece);
-            sum.update(piece);
-            let remote = within("request_remote_mr", r.request_remote_mr(piece.len())).await?;
-            let imm = u32::try_from(i).map_err(|_| "too many chunks")?;
+            file.read_exact(&mut buf)
+                .map_err(|e| format!("{inp:?} at byte {sent}: {e}"))?;
+            let remote = within("request_remote_mr", r.request_remote_mr(len)).await?;
             let (res, back) = within("write_with_imm", async {
-                Ok::<_, Box<dyn Error>>(r.write_with_imm(buf, &remote, imm).await)
+                Ok::<_, Box<dyn Error>>(r.write_with_imm(buf, &remote, i).await)
             })
             .await?;
             res.map_err(|e| format!("chunk {i}: write_with_imm: {e}"))?;
             buf = back;
             within("send_remote_mr", r.send_remote_mr(remote)).await?;
+            sent += len as u64;
+            i = i.checked_add(1).ok_or("too many chunks")?;
         }
-        within("checksum", r.send(&sum.0.to_le_bytes())).await?;
+        within("checksum", r.send(&u64::from(crc).to_le_bytes())).await?;
         let answer = within("answer", r.receive()).await?;
         let secs = start.elapsed().as_secs_f64();
         let answer = String::from_utf8_lossy(&answer).into_owned();
         println!(
-            "client: sent {} bytes in {secs:.3} s ({:.1} MB/s), checksum {:016x}",
-            data.len(),
-            data.len() as f64 / secs / 1e6,
-            sum.0
+            "client: sent {size} bytes in {secs:.3} s ({:.1} MB/s), CRC-32 {crc:08x}",
+            size as f64 / secs / 1e6,
         );
         let _ = within("close", r.close()).await;
-        if answer != format!("ok {:016x}", sum.0) {
+        if answer != format!("ok {crc:08x}") {
             return Err(format!("server answered {answer:?}").into());
         }
-        println!("client: server confirmed the checksum");
+        println!("client: server confirmed the CRC-32");
         Ok(())
     })
 }
 
-fn run() -> Res<()> {
-    let (mode, chunk) = parse_args()?;
-    match mode {
-        Mode::Server(addr, out) => server(addr, out, None),
-        Mode::Client(addr, inp) => client(addr, read_input(&inp)?, chunk),
+fn run(args: &Args) -> Res<()> {
+    let chunk = args.chunk;
+    let device = args.device.as_deref();
+    match mode(args)? {
+        Mode::Server(addr, out) => server(device, addr, out, None),
+        Mode::Client(addr, inp) => client(device, addr, &inp, chunk),
         Mode::Both(inp, out) => {
-            let data = read_input(&inp)?;
             let (tx, rx) = mpsc::channel();
+            let dev_name = args.device.clone();
             let th = std::thread::spawn(move || {
-                server(SocketAddr::from(([127, 0, 0, 1], 0)), out, Some(tx))
-                    .map_err(|e| e.to_string())
+                let any = SocketAddr::from(([127, 0, 0, 1], 0));
+                server(dev_name.as_deref(), any, out, Some(tx)).map_err(|e| e.to_string())
             });
             let addr = match rx.recv_timeout(STEP) {
                 Ok(a) => a,
@@ -260,7 +280,7 @@ fn run() -> Res<()> {
                     })
                 }
             };
-            let sent = client(addr, data, chunk);
+            let sent = client(device, addr, &inp, chunk);
             let served = th.join().map_err(|_| "server thread panicked")?;
             sent?;
             served.map_err(|e| format!("server: {e}").into())
@@ -269,7 +289,9 @@ fn run() -> Res<()> {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let args = Args::parse();
+    cli::init_tracing();
+    match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("file_transfer: {e}");

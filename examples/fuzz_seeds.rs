@@ -13,7 +13,12 @@ use std::path::Path;
 
 use verbio_ops::fuzz_checks::TARGETS;
 
+/// Writes the fuzz targets' seed corpora under fuzz/corpus.
+#[derive(clap::Parser)]
+struct Args {}
+
 fn main() -> std::io::Result<()> {
+    <Args as clap::Parser>::parse();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fuzz")
         .join("corpus");

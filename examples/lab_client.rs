@@ -12,6 +12,7 @@
 //! runtime and soft device) on 127.0.0.1:0, so one command demonstrates
 //! and checks everything.
 
+mod cli;
 mod lab_common;
 
 use std::error::Error;
@@ -19,24 +20,32 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::mpsc;
 
+use clap::Parser;
 use lab_common::{check, open, pattern, within, Res, BOUNDARY, MR_LEN, STAMP, STEP};
 use verbio::runtime::Runtime;
 use verbio::{Rdma, RdmaBuilder};
 
+/// The client of the RDMA lab; without ADDR the server runs in this process too.
+#[derive(Parser)]
+struct Args {
+    /// The lab_server's address.
+    addr: Option<SocketAddr>,
+    /// RDMA device (default: a software device bound to the address's IP).
+    #[arg(short, long, env = "VERBIO_DEVICE")]
+    device: Option<String>,
+}
+
 fn main() -> ExitCode {
-    let (addr, server) = match std::env::args().nth(1) {
-        Some(a) => match a.parse::<SocketAddr>() {
-            Ok(addr) => (addr, None),
-            Err(e) => {
-                eprintln!("usage: lab_client [ADDR]: {a:?}: {e}");
-                return ExitCode::from(2);
-            }
-        },
+    let args = Args::parse();
+    cli::init_tracing();
+    let (addr, server) = match args.addr {
+        Some(addr) => (addr, None),
         None => {
             let (tx, rx) = mpsc::channel();
+            let device = args.device.clone();
             let th = std::thread::spawn(move || {
                 let any = SocketAddr::from(([127, 0, 0, 1], 0));
-                lab_common::run_server(any, Some(tx)).map_err(|e| e.to_string())
+                lab_common::run_server(device.as_deref(), any, Some(tx)).map_err(|e| e.to_string())
             });
             match rx.recv_timeout(STEP) {
                 Ok(addr) => (addr, Some(th)),
@@ -51,7 +60,7 @@ fn main() -> ExitCode {
             }
         }
     };
-    let client = run_client(addr);
+    let client = run_client(args.device.as_deref(), addr);
     let server = server.map(|th| match th.join() {
         Ok(r) => r,
         Err(_) => Err("server thread panicked".into()),
@@ -79,9 +88,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_client(addr: SocketAddr) -> Res<()> {
+fn run_client(device: Option<&str>, addr: SocketAddr) -> Res<()> {
     let rt = Runtime::new()?;
-    let dev = open(addr.ip())?;
+    let dev = open(device, addr.ip())?;
     rt.block_on(async {
         let r = within("connect", RdmaBuilder::new().device(dev).connect(addr)).await?;
         client_steps(&r).await?;

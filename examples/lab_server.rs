@@ -19,25 +19,31 @@
 //! ```
 //!
 //! `cargo run --example lab_client` alone runs both sides in one process.
-//! Set `VERBIO_DEVICE` to use a named device instead of a soft one.
+//! `-d DEVICE` uses a named device instead of a soft one.
 
+mod cli;
 mod lab_common;
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
-/// Default listen address.
-const DEFAULT_ADDR: &str = "127.0.0.1:18520";
+use clap::Parser;
+
+/// The server of the RDMA lab: serves one lab_client through five checked steps.
+#[derive(Parser)]
+struct Args {
+    /// Address to listen on.
+    #[arg(default_value = "127.0.0.1:18520")]
+    addr: SocketAddr,
+    /// RDMA device (default: a software device bound to ADDR's IP).
+    #[arg(short, long, env = "VERBIO_DEVICE")]
+    device: Option<String>,
+}
 
 fn main() -> ExitCode {
-    let arg = std::env::args().nth(1);
-    let addr = match arg.as_deref().unwrap_or(DEFAULT_ADDR).parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("usage: lab_server [ADDR]: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match lab_common::run_server(addr, None) {
+    let args = Args::parse();
+    cli::init_tracing();
+    match lab_common::run_server(args.device.as_deref(), args.addr, None) {
         Ok(()) => {
             println!("lab server: all checks passed");
             ExitCode::SUCCESS

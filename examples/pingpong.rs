@@ -20,70 +20,48 @@
 //! (For the soft device across hosts the engine listens on loopback by
 //! default; this example binds it to the same IP as `--server`/`--client`.)
 
+mod cli;
+
 use std::net::SocketAddr;
+
+use clap::Parser;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::Verbs;
-use verbio::provider::{open_device, Context, ProviderKind, SoftConfig};
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
+/// Ping-pong over RC SEND/RECV; without --server/--client both sides run
+/// in this process.
+#[derive(Parser)]
 struct Args {
+    /// Serve on ADDR (the two-process mode's server).
+    #[arg(long, value_name = "ADDR", conflicts_with = "client")]
     server: Option<SocketAddr>,
+    /// Connect to the server at ADDR.
+    #[arg(long, value_name = "ADDR")]
     client: Option<SocketAddr>,
+    /// Round trips.
+    #[arg(long, default_value_t = 10_000)]
     iters: usize,
+    /// Message size in bytes.
+    #[arg(long, default_value_t = 64, value_parser = cli::at_least_one)]
     size: usize,
+    /// RDMA device (e.g. rxe0; default: a software device bound to the
+    /// address's IP).
+    #[arg(short, long, env = "VERBIO_DEVICE")]
+    device: Option<String>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        server: None,
-        client: None,
-        iters: 10_000,
-        size: 64,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--server" => args.server = Some(value()?.parse().map_err(|e| format!("{e}"))?),
-            "--client" => args.client = Some(value()?.parse().map_err(|e| format!("{e}"))?),
-            "--iters" => args.iters = value()?.parse().map_err(|e| format!("{e}"))?,
-            "--size" => args.size = value()?.parse().map_err(|e| format!("{e}"))?,
-            "-h" | "--help" => {
-                return Err(
-                    "usage: pingpong [--server ADDR | --client ADDR] [--iters N] [--size BYTES]"
-                        .into(),
-                )
-            }
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
-        }
-    }
-    if args.size == 0 {
-        return Err("--size must be at least 1".into());
-    }
-    Ok(args)
-}
-
-/// Opens the device for one side: hardware if selected, else a soft device
+/// Opens the device for one side: `device` if given, else a soft device
 /// whose engine listens on `ip`.
-fn open(ip: std::net::IpAddr) -> Result<Device, Box<dyn std::error::Error>> {
-    let ctx = match std::env::var("VERBIO_DEVICE") {
-        Ok(name) => open_device(Some(&name))?,
-        Err(_) => Context::open_soft(SoftConfig {
-            bind: SocketAddr::new(ip, 0),
-            ..SoftConfig::default()
-        })?,
-    };
-    if ctx.kind() != ProviderKind::Soft {
-        println!("device {} ({})", ctx.name(), ctx.kind());
-    }
-    Ok(Device::open(ctx)?)
+fn open(device: Option<&str>, ip: std::net::IpAddr) -> Result<Device, Box<dyn std::error::Error>> {
+    Ok(Device::open(cli::open_device_or_soft(device, ip)?)?)
 }
 
 /// Echoes every message back until an empty one arrives.
@@ -108,13 +86,14 @@ async fn echo(
 }
 
 fn server(
+    device: Option<&str>,
     addr: SocketAddr,
     size: usize,
     once: bool,
     ready: Option<std::sync::mpsc::Sender<SocketAddr>>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::new()?;
-    let dev = open(addr.ip())?;
+    let dev = open(device, addr.ip())?;
     let listener = Listener::bind(
         addr,
         DeviceQps::new(dev.clone(), QpConfig::default()),
@@ -147,14 +126,19 @@ fn server(
     })
 }
 
-fn client(addr: SocketAddr, iters: usize, size: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn client(
+    device: Option<&str>,
+    addr: SocketAddr,
+    iters: usize,
+    size: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::new()?;
     let local_ip = if addr.ip().is_loopback() {
         addr.ip()
     } else {
         std::net::IpAddr::from([0, 0, 0, 0])
     };
-    let dev = open(local_ip)?;
+    let dev = open(device, local_ip)?;
     let pool = MrPool::new(dev.pd());
     pool.reserve(size, 4)?;
     rt.block_on(timeout(LIMIT, async {
@@ -207,26 +191,22 @@ fn client(addr: SocketAddr, iters: usize, size: usize) -> Result<(), Box<dyn std
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
+    cli::init_tracing();
     let res = match (args.server, args.client) {
-        (Some(addr), None) => server(addr, args.size, false, None),
-        (None, Some(addr)) => client(addr, args.iters, args.size),
+        (Some(addr), None) => server(args.device.as_deref(), addr, args.size, false, None),
+        (None, Some(addr)) => client(args.device.as_deref(), addr, args.iters, args.size),
         (None, None) => {
             let (tx, rx) = std::sync::mpsc::channel();
             let size = args.size;
+            let device = args.device.clone();
             let srv = std::thread::spawn(move || {
-                server("127.0.0.1:0".parse().expect("valid"), size, true, Some(tx))
-                    .map_err(|e| e.to_string())
+                let addr = "127.0.0.1:0".parse().expect("valid");
+                server(device.as_deref(), addr, size, true, Some(tx)).map_err(|e| e.to_string())
             });
             match rx.recv_timeout(LIMIT) {
                 Ok(addr) => {
-                    let r = client(addr, args.iters, size);
+                    let r = client(args.device.as_deref(), addr, args.iters, size);
                     match srv.join() {
                         Ok(Ok(())) => r,
                         Ok(Err(e)) => Err(format!("server: {e}").into()),

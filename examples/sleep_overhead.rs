@@ -18,9 +18,11 @@
 //! ping-pong on loopback with a thread in blocking socket calls: the
 //! runtime's `TcpStream` against a blocking `std` one.
 //!
-//! Run: `cargo run --release --example sleep_overhead [ops-per-round] [rounds] [depths] [both|raw|op|xwake|tcp]`
+//! Run: `cargo run --release --example sleep_overhead -- [ops-per-round] [rounds] [depths] [both|raw|op|xwake|tcp]`
 //! (`raw` / `op`: only that loop, for `strace -c` or
 //! `valgrind --tool=callgrind --toggle-collect='*sleep_run*'`).
+
+mod cli;
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -494,15 +496,39 @@ fn tcp_runtime(n: usize) -> Sample {
     sample
 }
 
+/// What the reactor's sleep/wake cycle costs against a raw loop, on the soft device.
+#[derive(clap::Parser)]
+struct Args {
+    /// Ops per round.
+    #[arg(default_value_t = 20_000)]
+    ops: usize,
+    /// Paired rounds (medians are printed).
+    #[arg(default_value_t = 7, value_parser = cli::at_least_one)]
+    rounds: usize,
+    /// WRs in flight, comma-separated.
+    #[arg(default_value = "1,32", value_parser = depth_list)]
+    depths: Depths,
+    /// What to run: both device loops and the other tables, one device loop
+    /// only (raw, op: for `strace -c` or callgrind), or one other table.
+    #[arg(default_value = "both", value_parser = ["both", "raw", "op", "xwake", "tcp"])]
+    only: String,
+}
+
+/// The depths of a run.
+#[derive(Clone)]
+struct Depths(Vec<usize>);
+
+fn depth_list(s: &str) -> Result<Depths, String> {
+    s.split(',')
+        .map(cli::at_least_one)
+        .collect::<Result<_, _>>()
+        .map(Depths)
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(7).max(1);
-    let depths: Vec<usize> = args
-        .next()
-        .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 32]);
-    let only = args.next().unwrap_or_else(|| "both".into());
+    let args = <Args as clap::Parser>::parse();
+    cli::init_tracing();
+    let (ops, rounds, depths, only) = (args.ops, args.rounds, args.depths.0, args.only);
     if only != "xwake" && only != "tcp" {
         println!(
             "RDMA WRITE of {MSG} B, soft device, sleeping on the channel fd; {ops} ops per round, medians of {rounds} paired rounds"

@@ -30,14 +30,17 @@
 //! background load hits both alike; the medians and their ratios are printed.
 //!
 //! Run: `cargo run --release --example soft_bench` (optional arguments:
-//! seconds per bandwidth run (0 = skip), round trips per latency run, rounds).
+//! seconds per bandwidth run (0 = skip), round trips per latency run, rounds;
+//! `--help` lists them).
 //! `VERBIO_SOFT_SPIN_US` sets how long the engine polls after delivering a
 //! completion before sleeping (default 50 µs), `VERBIO_SOFT_ACK_DELAY_US`
 //! how long an ACK may wait for an answer to ride with (default 50 µs, at
 //! most the spin), `VERBIO_SOFT_LEASE_US` how long a busy-polling
 //! application keeps a connection's input to itself (default 1000, 0 = the
-//! engine always receives). `SOFT_BENCH_ONLY=busy|busy-engine|sleep|tcp|tcp-spin`
+//! engine always receives). `--only busy|busy-engine|sleep|tcp|tcp-spin`
 //! runs one ping-pong only (for profiling, e.g. under `perf stat`).
+
+mod cli;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -419,31 +422,56 @@ fn print_bw(soft: f64, tcp: f64, rounds: usize) {
     println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
 }
 
-fn main() {
-    let mut args = std::env::args().skip(1);
-    let secs: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1.0);
-    let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
-    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
+/// One ping-pong of `--only`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Only {
+    /// Soft SEND/RECV, the applications busy-poll their CQ.
+    Busy,
+    /// The same, the engine threads receiving (lease 0).
+    BusyEngine,
+    /// Soft SEND/RECV, the applications sleep on the completion channel.
+    Sleep,
+    /// TCP, threads blocking in read.
+    Tcp,
+    /// TCP, threads spinning on read.
+    TcpSpin,
+}
 
-    // Profiling aid: `SOFT_BENCH_ONLY=busy|sleep|tcp` runs just that
-    // ping-pong once (no warm-up), e.g. under `perf stat`.
-    let only = std::env::var("SOFT_BENCH_ONLY").unwrap_or_default();
-    if !only.is_empty() {
+/// The software device against TCP on loopback: bandwidth and ping-pong
+/// round trips, medians of alternating rounds.
+#[derive(clap::Parser)]
+struct Args {
+    /// Seconds per bandwidth run (0: skip the bandwidth runs).
+    #[arg(default_value_t = 1.0)]
+    secs: f64,
+    /// Round trips per latency run.
+    #[arg(default_value_t = 10_000)]
+    iters: usize,
+    /// Rounds.
+    #[arg(default_value_t = 5, value_parser = cli::at_least_one)]
+    rounds: usize,
+    /// Run just this ping-pong once, without warm-up (for profiling).
+    #[arg(long, value_enum)]
+    only: Option<Only>,
+}
+
+fn main() {
+    let args = <Args as clap::Parser>::parse();
+    cli::init_tracing();
+    let (secs, iters, rounds) = (args.secs, args.iters, args.rounds);
+    if let Some(only) = args.only {
         let el = Instant::now();
-        let v = match only.as_str() {
-            "busy" => soft_pingpong(iters, false, Wait::BusyPoll),
-            "busy-engine" => soft_pingpong_engine_rx(iters),
-            "sleep" => soft_pingpong(iters, false, Wait::Sleep),
-            "tcp" => tcp_pingpong(iters),
-            "tcp-spin" => tcp_pingpong_spin(iters),
-            other => {
-                eprintln!(
-                    "SOFT_BENCH_ONLY={other}: expected busy, busy-engine, sleep, tcp or tcp-spin"
-                );
-                std::process::exit(2);
-            }
+        let v = match only {
+            Only::Busy => soft_pingpong(iters, false, Wait::BusyPoll),
+            Only::BusyEngine => soft_pingpong_engine_rx(iters),
+            Only::Sleep => soft_pingpong(iters, false, Wait::Sleep),
+            Only::Tcp => tcp_pingpong(iters),
+            Only::TcpSpin => tcp_pingpong_spin(iters),
         };
-        println!("{only}: {v:.0} round trips/s ({:?} in all)", el.elapsed());
+        let name = clap::ValueEnum::to_possible_value(&only)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        println!("{name}: {v:.0} round trips/s ({:?} in all)", el.elapsed());
         return;
     }
     // Warm up both paths briefly.

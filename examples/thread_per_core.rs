@@ -17,15 +17,18 @@
 //!
 //! On the soft device every `Device` has its own engine thread (playing its
 //! NIC), so this runs twice as many threads as workers and clients; on
-//! hardware (`--features ibverbs`, `VERBIO_DEVICE`) every worker opens the
+//! hardware (`--features ibverbs`, `-d DEVICE`) every worker opens the
 //! same RNIC.
+
+mod cli;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use futures::future::{select, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 use socket2::{Domain, Socket, Type};
@@ -39,41 +42,29 @@ use verbio::runtime::{spawn, Device, QueuePair, Runtime};
 const LIMIT: Duration = Duration::from_secs(120);
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
+/// A thread-per-core RDMA echo server and its clients, in one process.
+#[derive(Parser)]
 struct Args {
+    /// Server worker threads (one runtime and device each).
+    #[arg(long, default_value_t = 2, value_parser = cli::at_least_one)]
     workers: usize,
+    /// Client threads (one connection each).
+    #[arg(long, default_value_t = 4, value_parser = cli::at_least_one)]
     clients: usize,
+    /// Ping-pongs per client.
+    #[arg(long, default_value_t = 2000)]
     rounds: usize,
+    /// Message size in bytes.
+    #[arg(long, default_value_t = 64, value_parser = cli::at_least_one)]
     size: usize,
+    /// RDMA device every thread opens (default: the first active RNIC, else
+    /// a software device per thread).
+    #[arg(short, long, env = "VERBIO_DEVICE")]
+    device: Option<String>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        workers: 2,
-        clients: 4,
-        rounds: 2000,
-        size: 64,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || -> Result<usize, String> {
-            it.next()
-                .ok_or(format!("{flag} needs a value"))?
-                .parse()
-                .map_err(|e| format!("{flag}: {e}"))
-        };
-        match flag.as_str() {
-            "--workers" => args.workers = value()?.max(1),
-            "--clients" => args.clients = value()?.max(1),
-            "--rounds" => args.rounds = value()?,
-            "--size" => args.size = value()?.max(1),
-            _ => return Err(
-                "usage: thread_per_core [--workers N] [--clients N] [--rounds N] [--size BYTES]"
-                    .into(),
-            ),
-        }
-    }
-    Ok(args)
-}
+/// The `--device` of the run, for every thread's [`runtime_and_device`].
+static DEVICE: OnceLock<Option<String>> = OnceLock::new();
 
 /// A listening socket on `addr` that other sockets may share
 /// (`SO_REUSEPORT`): each worker binds its own to the same port.
@@ -86,11 +77,13 @@ fn shared_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// A runtime and a device on the current thread: `VERBIO_DEVICE`, the first
+/// A runtime and a device on the current thread: `--device`, else the first
 /// active RNIC, else a fresh soft device.
 fn runtime_and_device() -> Result<(Runtime, Device), String> {
     let rt = Runtime::new().map_err(|e| format!("runtime: {e}"))?;
-    let ctx = open_device(None).map_err(|e| format!("device: {e}"))?;
+    let name = DEVICE.get().and_then(|d| d.as_deref());
+    let ctx = open_device(name).map_err(|e| format!("device: {e}"))?;
+    tracing::info!(device = ctx.name(), kind = %ctx.kind(), "opened the RDMA device");
     let dev = Device::open(ctx).map_err(|e| format!("device: {e}"))?;
     Ok((rt, dev))
 }
@@ -266,13 +259,9 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
+    cli::init_tracing();
+    let _ = DEVICE.set(args.device.clone());
     // The whole run is bounded: a lost completion fails instead of hanging.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

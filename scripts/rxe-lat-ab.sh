@@ -1,14 +1,14 @@
 #!/bin/bash
-# rxe-lat-ab.sh -- send_lat of several builds of examples/perf side by side
+# rxe-lat-ab.sh -- send_lat of several builds of verbio-perf side by side
 # in one rxe VM, against perftest's ib_send_lat, for A/B comparisons of
 # small latency changes.
 #
 #   scripts/rxe-lat-ab.sh [--rounds N] [--iters N] NAME=BINARY[:FLAGS] ...
 #
-# Each BINARY is a build of `examples/perf` with `--features ibverbs`, under
+# Each BINARY is a build of `verbio-perf` with `--features ibverbs`, under
 # this checkout (the guest sees only it and the host's root file system
 # read-only); FLAGS are extra client arguments, comma-separated (e.g.
-# `raw=target/release/examples/perf:--raw`). Every round runs perftest and
+# `raw=target/release/verbio-perf:--api,raw`). Every round runs perftest and
 # each build once (server and client processes on rxe0), the order rotated
 # round by round: in this VM a run right after another binary's is often
 # slower, and the rotation spreads that over all. Prints each run's typical
@@ -55,12 +55,12 @@ OUT=$DIR/runs.txt
     printf 'set --'; printf " '%s'" perftest=- "${BUILDS[@]}"; echo
     cat <<'GUEST'
 cd "$(dirname "$0")/../.." || exit 1
-# run NAME BIN FLAGS: one send_lat between two processes; prints NAME typical.
+# run NAME BIN FLAGS: one send_lat between two processes (both given FLAGS,
+# as perftest's sides take the same flags); prints NAME typical.
 run() {
-    VERBIO_DEVICE=rxe0 timeout 120 "$2" send_lat --server 127.0.0.1:18516 >/dev/null 2>&1 &
+    timeout 120 "$2" send_lat -d rxe0 -x 1 -p 18516 -s 64 -n "$N" $3 >/dev/null 2>&1 &
     srv=$!
-    sleep 0.3
-    t=$(VERBIO_DEVICE=rxe0 timeout 120 "$2" send_lat --client 127.0.0.1:18516 --iters "$N" $3 2>&1 |
+    t=$(timeout 120 "$2" send_lat 127.0.0.1 -d rxe0 -x 1 -p 18516 -s 64 -n "$N" $3 2>&1 |
         awk '$1 == 64 { print $5 }')
     wait $srv
     echo "$1 ${t:-n/a}"

@@ -4,7 +4,7 @@
 #
 # Usage:
 #   scripts/rxe-test.sh [--perftest] [--rounds N] [--callgrind] [--no-devinfo] [--provider-only]
-#                       [--no-tests] [TEST_TARGET...]
+#                       [--sweep [--sweep-iters N]] [--no-tests] [TEST_TARGET...]
 #
 #   TEST_TARGET      integration-test targets (of any workspace package) to
 #                    build and run. Default: the provider's own tests
@@ -14,28 +14,35 @@
 #                    verbs_inline recv_ring (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
-#                    ib_send_lat (Debian package `perftest`) and verbio's
-#                    equivalents (examples/perf.rs, release build), side by
-#                    side with the ratios verbio/perftest; also `perf
-#                    send_lat --raw` (the same loop on verbio's provider
-#                    without the runtime: the runtime's share of the gap)
+#                    ib_send_lat (Debian package `perftest`, installed on
+#                    the host when missing: the guest runs the host's
+#                    userland) and verbio's equivalents (the verbio-perf
+#                    binary, release build), side by side with the ratios
+#                    verbio/perftest; also `verbio-perf send_lat --api raw`
+#                    (the same loop on verbio's provider without the
+#                    runtime: the runtime's share of the gap)
 #   --rounds N       perftest/verbio rounds, alternating (default 1); the
 #                    latency comparison prints each round's ratio and the
 #                    median over the rounds; perftest's ib_send_lat runs
 #                    first in odd rounds, verbio's in even ones (use an even
 #                    N: the second run of a pair is slower in this VM)
 #   --lat-only       --perftest without the bandwidth pair (latency rounds only)
+#   --sweep          also size sweeps (-a, 2 B .. 8 MiB, --sweep-iters each,
+#                    default 20) of perftest ib_write_bw / ib_send_lat and
+#                    verbio-perf write_bw / send_lat in the same VM, plotted
+#                    on the host into docs/img/rxe-vs-perftest.png
+#                    (scripts/plot-perf.sh); implies --perftest
 #   --lat-iters N    round trips per latency run, both tools (default 1000,
 #                    perftest's default); e.g. 5000 for steadier medians
 #   RXE_PERF_VARIANTS="NAME=PATH ..."  (environment) further builds of
-#                    examples/perf (e.g. an experiment's) run send_lat (and,
+#                    verbio-perf (e.g. an experiment's) run send_lat (and,
 #                    without --lat-only, write_bw) in every round right after
 #                    the main build, with their own ratios: variants compared
 #                    in one VM run
 #   --callgrind      also count user-space instructions per SEND round trip
 #                    (valgrind's callgrind on the client; the server runs
-#                    natively): perftest `ib_send_lat -e` vs verbio `perf
-#                    send_lat --events`, both sleeping on the completion
+#                    natively): perftest `ib_send_lat -e` vs `verbio-perf
+#                    send_lat -e`, both sleeping on the completion
 #                    channel (no busy-poll spin, whose count is all timing),
 #                    (and each RXE_PERF_VARIANTS build the same way),
 #                    each at 100 and 300 iterations: (I300 - I100) / 200 per
@@ -78,6 +85,8 @@ CALLGRIND=0
 NO_TESTS=0
 LAT_ONLY=0
 LAT_ITERS=1000
+SWEEP=0
+SWEEP_ITERS=20
 TARGETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -92,7 +101,10 @@ while [ $# -gt 0 ]; do
             case "$LAT_ITERS" in ''|*[!0-9]*) echo "rxe-test: --lat-iters needs a number" >&2; exit 2 ;; esac
             [ "$LAT_ITERS" -ge 5 ] || { echo "rxe-test: --lat-iters must be at least 5" >&2; exit 2; } ;;
         --no-tests) NO_TESTS=1 ;;
-        -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
+        --sweep) PERFTEST=1; SWEEP=1 ;;
+        --sweep-iters) shift; SWEEP_ITERS=${1:-}
+            case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
+        -h|--help) sed -n '2,67p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -135,12 +147,18 @@ if [ "$CALLGRIND" = 1 ]; then
 fi
 PERF_BIN=
 if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ]; then
-    echo "rxe-test: building examples/perf (release, features: ibverbs)" >&2
-    json=$(cargo build --release --example perf --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/perf failed" >&2; exit 1; }
+    echo "rxe-test: building verbio-perf (release, features: ibverbs)" >&2
+    json=$(cargo build --release -p verbio-perf --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building verbio-perf failed" >&2; exit 1; }
     PERF_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="perf" and .executable!=null) | .executable' | tail -1)
-    [ -n "$PERF_BIN" ] || { echo "rxe-test: examples/perf not built" >&2; exit 1; }
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="verbio-perf" and .executable!=null) | .executable' | tail -1)
+    [ -n "$PERF_BIN" ] || { echo "rxe-test: verbio-perf not built" >&2; exit 1; }
+    # perftest on the host: the guest runs the host's userland.
+    if ! command -v ib_send_lat >/dev/null; then
+        echo "rxe-test: installing the Debian package perftest on the host" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq perftest; } >&2 \
+            || echo "rxe-test: could not install perftest; its runs will fail" >&2
+    fi
 fi
 
 # --------------------------------------------------------- VM availability
@@ -192,7 +210,7 @@ RUN
         echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; echo 'FAIL  devinfo' >> \"\$LOGS/summary\"; fail=1; }"
     fi
     if [ "$PERFTEST" = 1 ]; then
-        echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS"
+        echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS SWEEP=$SWEEP SWEEP_ITERS=$SWEEP_ITERS"
         echo "VARIANTS='${RXE_PERF_VARIANTS:-}'"
         cat <<'PERF'
 # pt LOG TOOL ARGS...: perftest server in the background, client on 127.0.0.1.
@@ -205,12 +223,14 @@ pt() {
     timeout "$TMO" "$@" 127.0.0.1 >"$out" 2>&1 || { cat "$out"; echo "FAILED: $tool client"; fail=1; }
     wait $srv || { cat "$out.srv"; echo "FAILED: $tool server"; fail=1; }
 }
-# vp LOG BIN TEST ARGS...: a build of examples/perf, server and client processes.
+# vp LOG BIN TEST ARGS...: a build of verbio-perf, server and client processes
+# (both given ARGS, as perftest's sides take the same flags).
 vp() {
     out=$1; bin=$2; test=$3; shift 3
-    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$bin" "$test" --server 127.0.0.1:18516 >"$out.srv" 2>&1 &
+    dev="-d $VERBIO_TEST_DEVICE -x $VERBIO_GID_INDEX -p 18516"
+    timeout "$TMO" "$bin" "$test" $dev "$@" >"$out.srv" 2>&1 &
     srv=$!
-    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$bin" "$test" --client 127.0.0.1:18516 "$@" >"$out" 2>&1 \
+    timeout "$TMO" "$bin" "$test" 127.0.0.1 $dev "$@" >"$out" 2>&1 \
         || { cat "$out"; echo "FAILED: perf $test client ($bin)"; fail=1; kill $srv 2>/dev/null; }
     wait $srv || { cat "$out.srv"; echo "FAILED: perf $test server ($bin)"; fail=1; }
 }
@@ -226,14 +246,14 @@ median() {
 }
 # list FILE: its lines joined by spaces.
 list() { [ -f "$1" ] && tr '\n' ' ' < "$1" | sed 's/ $//'; }
-echo; echo "== perf: perftest vs verbio (examples/perf), $ROUNDS round(s), alternating; send_lat $LAT_ITERS iterations"
+echo; echo "== perf: perftest vs verbio (verbio-perf), $ROUNDS round(s), alternating; send_lat $LAT_ITERS iterations"
 r=1
 while [ $r -le $ROUNDS ]; do
     line="round $r:"
     if [ "$LAT_ONLY" = 0 ]; then
         pt "$LOGS/pt_bw.$r" ib_write_bw -d rxe0 -x 1 -s 65536 -n 2000
-        vp "$LOGS/vb_bw.$r" "$PERF" write_bw --size 65536 --iters 2000 --depth 128
-        pbw=$(field "$LOGS/pt_bw.$r" 65536 4); vbw=$(field "$LOGS/vb_bw.$r" 65536 3)
+        vp "$LOGS/vb_bw.$r" "$PERF" write_bw -s 65536 -n 2000 -t 128
+        pbw=$(field "$LOGS/pt_bw.$r" 65536 4); vbw=$(field "$LOGS/vb_bw.$r" 65536 4)
         rbw=$(ratio "$vbw" "$pbw"); echo "$rbw" >> "$LOGS/ratio.bw"
         line="$line write_bw 64KiB avg MB/s: perftest $pbw verbio $vbw ratio $rbw |"
     fi
@@ -243,24 +263,24 @@ while [ $r -le $ROUNDS ]; do
     # always count against the same side.
     if [ $((r % 2)) = 1 ]; then
         pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
-        vp "$LOGS/vb_lat.$r" "$PERF" send_lat --size 64 --iters "$LAT_ITERS"
+        vp "$LOGS/vb_lat.$r" "$PERF" send_lat -s 64 -n "$LAT_ITERS"
     else
-        vp "$LOGS/vb_lat.$r" "$PERF" send_lat --size 64 --iters "$LAT_ITERS"
+        vp "$LOGS/vb_lat.$r" "$PERF" send_lat -s 64 -n "$LAT_ITERS"
         pt "$LOGS/pt_lat.$r" ib_send_lat -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
     fi
-    vp "$LOGS/vr_lat.$r" "$PERF" send_lat --raw --size 64 --iters "$LAT_ITERS"
+    vp "$LOGS/vr_lat.$r" "$PERF" send_lat --api raw -s 64 -n "$LAT_ITERS"
     for v in $VARIANTS; do
-        vp "$LOGS/var_${v%%=*}.$r" "${v#*=}" send_lat --size 64 --iters "$LAT_ITERS"
+        vp "$LOGS/var_${v%%=*}.$r" "${v#*=}" send_lat -s 64 -n "$LAT_ITERS"
         if [ "$LAT_ONLY" = 0 ]; then
-            vp "$LOGS/varbw_${v%%=*}.$r" "${v#*=}" write_bw --size 65536 --iters 2000 --depth 128
+            vp "$LOGS/varbw_${v%%=*}.$r" "${v#*=}" write_bw -s 65536 -n 2000 -t 128
         fi
     done
     if [ $r = 1 ]; then
         echo
         [ "$LAT_ONLY" = 0 ] && { echo "-- perftest ib_write_bw (round 1):"; tail -4 "$LOGS/pt_bw.1";
-                                 echo "-- verbio perf write_bw (round 1):"; cat "$LOGS/vb_bw.1"; }
+                                 echo "-- verbio-perf write_bw (round 1):"; cat "$LOGS/vb_bw.1"; }
         echo "-- perftest ib_send_lat (round 1):"; tail -4 "$LOGS/pt_lat.1"
-        echo "-- verbio perf send_lat (round 1):"; cat "$LOGS/vb_lat.1"
+        echo "-- verbio-perf send_lat (round 1):"; cat "$LOGS/vb_lat.1"
     fi
     ptl=$(field "$LOGS/pt_lat.$r" 64 5); vtl=$(field "$LOGS/vb_lat.$r" 64 5)
     pal=$(field "$LOGS/pt_lat.$r" 64 6); val=$(field "$LOGS/vb_lat.$r" 64 6)
@@ -274,7 +294,7 @@ while [ $r -le $ROUNDS ]; do
         rt=$(ratio "$t" "$ptl"); echo "$rt" >> "$LOGS/ratio.typ.$n"; echo "$(ratio "$a" "$pal")" >> "$LOGS/ratio.avg.$n"
         line="$line | $n typical $t ratio $rt avg $a"
         if [ "$LAT_ONLY" = 0 ]; then
-            b=$(field "$LOGS/varbw_$n.$r" 65536 3); rb=$(ratio "$b" "$pbw"); echo "$rb" >> "$LOGS/ratio.bw.$n"
+            b=$(field "$LOGS/varbw_$n.$r" 65536 4); rb=$(ratio "$b" "$pbw"); echo "$rb" >> "$LOGS/ratio.bw.$n"
             line="$line bw $b ratio $rb"
         fi
     done
@@ -285,13 +305,23 @@ done
     [ "$LAT_ONLY" = 0 ] && echo "write_bw ratio per round: $(list "$LOGS/ratio.bw"); median $(median "$LOGS/ratio.bw")"
     echo "send_lat typical ratio per round: $(list "$LOGS/ratio.typ"); median $(median "$LOGS/ratio.typ")"
     echo "send_lat avg ratio per round: $(list "$LOGS/ratio.avg"); median $(median "$LOGS/ratio.avg")"
-    echo "send_lat --raw (provider loop, no runtime) typical ratio per round: $(list "$LOGS/ratio.typ.raw"); median $(median "$LOGS/ratio.typ.raw")"
+    echo "send_lat --api raw (provider loop, no runtime) typical ratio per round: $(list "$LOGS/ratio.typ.raw"); median $(median "$LOGS/ratio.typ.raw")"
     for v in $VARIANTS; do
         n=${v%%=*}
         echo "variant $n: typical ratio per round: $(list "$LOGS/ratio.typ.$n"); median $(median "$LOGS/ratio.typ.$n"); avg ratio median $(median "$LOGS/ratio.avg.$n")"
         [ "$LAT_ONLY" = 0 ] && echo "variant $n: write_bw ratio per round: $(list "$LOGS/ratio.bw.$n"); median $(median "$LOGS/ratio.bw.$n")"
     done
 } | tee -a "$LOGS/perf"
+if [ "$SWEEP" = 1 ]; then
+    echo; echo "== size sweeps (-a, $SWEEP_ITERS iterations per size): perftest vs verbio-perf"
+    pt "$LOGS/sweep_pt_bw" ib_write_bw -d rxe0 -x 1 -a -n "$SWEEP_ITERS"
+    vp "$LOGS/sweep_vb_bw" "$PERF" write_bw -a -n "$SWEEP_ITERS"
+    pt "$LOGS/sweep_pt_lat" ib_send_lat -d rxe0 -x 1 -a -n "$SWEEP_ITERS"
+    vp "$LOGS/sweep_vb_lat" "$PERF" send_lat -a -n "$SWEEP_ITERS"
+    for f in sweep_pt_bw sweep_vb_bw sweep_pt_lat sweep_vb_lat; do
+        echo "-- $f:"; grep -E '^ *[0-9]+ +[0-9]+ ' "$LOGS/$f" || true
+    done
+fi
 PERF
     fi
     if [ "$CALLGRIND" = 1 ]; then
@@ -301,18 +331,18 @@ PERF
 # Instructions (user space, callgrind Ir) of a SEND ping-pong client, per
 # round trip: runs at 100 and 300 iterations, the difference over 200.
 # cgrun NAME N CLIENT...: server per NAME, client under callgrind. Any
-# NAME but perftest runs the server of the perf build $CGBIN.
+# NAME but perftest runs the server of the verbio-perf build $CGBIN.
 cgrun() {
     name=$1; n=$2; shift 2
     out="$LOGS/cg.$name.$n"
     case $name in
         perftest) ib_send_lat -d rxe0 -x 1 -s 64 -n "$n" -e >"$out.srv" 2>&1 & port=18515 ;;
-        *) VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" "$CGBIN" send_lat --events \
-                    --server 127.0.0.1:18517 >"$out.srv" 2>&1 & port=18517 ;;
+        *) timeout "$TMO" "$CGBIN" send_lat -e -d "$VERBIO_TEST_DEVICE" -x "$VERBIO_GID_INDEX" \
+                    -s 64 -n "$n" -p 18517 >"$out.srv" 2>&1 & port=18517 ;;
     esac
     srv=$!
     i=0; while [ $i -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ":$port "; do sleep 0.1; i=$((i+1)); done
-    VERBIO_DEVICE=$VERBIO_TEST_DEVICE timeout "$TMO" valgrind --tool=callgrind \
+    timeout "$TMO" valgrind --tool=callgrind \
         --callgrind-out-file="$out.out" "$@" >"$out.log" 2>&1 \
         || { tail -20 "$out.log"; echo "FAILED: callgrind $name client ($n)"; fail=1; }
     wait $srv || { tail -20 "$out.srv"; echo "FAILED: callgrind $name server ($n)"; fail=1; }
@@ -327,8 +357,8 @@ if ! command -v valgrind >/dev/null; then echo "FAILED: valgrind not found in th
         for n in 100 300; do
             case $name in
                 perftest) cgrun perftest $n ib_send_lat -d rxe0 -x 1 -s 64 -n $n -e 127.0.0.1 ;;
-                verbio) cgrun verbio $n "$PERF" send_lat --events --client 127.0.0.1:18517 \
-                            --size 64 --iters $n ;;
+                verbio) cgrun verbio $n "$PERF" send_lat -e 127.0.0.1 -p 18517 \
+                            -d "$VERBIO_TEST_DEVICE" -x "$VERBIO_GID_INDEX" -s 64 -n $n ;;
             esac
             ir=$(cgir $name $n)
             eval "ir_${name}_$n=\${ir:-0}"
@@ -342,8 +372,8 @@ if ! command -v valgrind >/dev/null; then echo "FAILED: valgrind not found in th
     for v in $CG_VARIANTS; do
         vn=${v%%=*}; CGBIN=${v#*=}
         for n in 100 300; do
-            cgrun "variant_$vn" $n "$CGBIN" send_lat --events --client 127.0.0.1:18517 \
-                --size 64 --iters $n
+            cgrun "variant_$vn" $n "$CGBIN" send_lat -e 127.0.0.1 -p 18517 \
+                -d "$VERBIO_TEST_DEVICE" -x "$VERBIO_GID_INDEX" -s 64 -n $n
             ir=$(cgir "variant_$vn" $n)
             eval "ir_v_$n=\${ir:-0}"
         done
@@ -367,6 +397,12 @@ chmod +x "$GUEST"
 # --------------------------------------------------------------------- run
 "$VM" -- "$GUEST"
 rc=$?
+if [ "$SWEEP" = 1 ] && [ -s "$LOGS/sweep_pt_bw" ] && [ -s "$LOGS/sweep_vb_bw" ]; then
+    "$ROOT/scripts/plot-perf.sh" -o "$ROOT/docs/img/rxe-vs-perftest.png" \
+        --title "rxe (soft-RoCE under QEMU TCG): perftest vs verbio-perf, -a -n $SWEEP_ITERS, $(date -u +%F)" \
+        "perftest=$LOGS/sweep_pt_bw,$LOGS/sweep_pt_lat" "verbio-perf=$LOGS/sweep_vb_bw,$LOGS/sweep_vb_lat" \
+        || echo "rxe-test: plotting the sweeps failed" >&2
+fi
 if [ "$CALLGRIND" = 1 ] && command -v python3 >/dev/null; then
     for name in perftest verbio; do
         if [ -s "$LOGS/cg.$name.100.out" ] && [ -s "$LOGS/cg.$name.300.out" ]; then

@@ -7,7 +7,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use verbio::provider::{open_device, Context, SoftConfig};
 use verbio::runtime::{timeout, Device, Runtime};
 use verbio::{Rdma, RdmaBuilder};
 
@@ -54,24 +53,21 @@ pub async fn within<T, E: Into<Box<dyn Error>>>(
     }
 }
 
-/// The device of one side: `VERBIO_DEVICE` if set, else a soft device whose
+/// The device of one side: `device` if given, else a soft device whose
 /// engine listens on `ip` (so two hosts can reach each other).
-pub fn open(ip: IpAddr) -> Res<Device> {
-    let ctx = match std::env::var("VERBIO_DEVICE") {
-        Ok(name) if !name.trim().is_empty() => open_device(Some(name.trim()))?,
-        _ => Context::open_soft(SoftConfig {
-            bind: SocketAddr::new(ip, 0),
-            ..SoftConfig::default()
-        })?,
-    };
-    Ok(Device::open(ctx)?)
+pub fn open(device: Option<&str>, ip: IpAddr) -> Res<Device> {
+    Ok(Device::open(crate::cli::open_device_or_soft(device, ip)?)?)
 }
 
 /// Runs the server: listens on `addr`, reports the bound address on `ready`
 /// (or prints it), serves one client through the lab and returns its verdict.
-pub fn run_server(addr: SocketAddr, ready: Option<mpsc::Sender<SocketAddr>>) -> Res<()> {
+pub fn run_server(
+    device: Option<&str>,
+    addr: SocketAddr,
+    ready: Option<mpsc::Sender<SocketAddr>>,
+) -> Res<()> {
     let rt = Runtime::new()?;
-    let dev = open(addr.ip())?;
+    let dev = open(device, addr.ip())?;
     rt.block_on(async {
         let listener = RdmaBuilder::new().device(dev).listen(addr)?;
         let local = listener.local_addr()?;

@@ -22,7 +22,24 @@ fn per_op(n: u32, mut f: impl FnMut()) -> f64 {
     start.elapsed().as_nanos() as f64 / f64::from(n)
 }
 
+/// What the MR pool saves per registered 4 KiB buffer, on the soft device.
+#[derive(clap::Parser)]
+struct Cli {}
+
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    <Cli as clap::Parser>::parse();
+    init_tracing();
     const SIZE: usize = 4096;
     let Ok(ctx) = std::panic::catch_unwind(|| Context::open_soft(SoftConfig::default())) else {
         println!("SKIPPED: the soft RDMA device is not implemented in this build");

@@ -184,11 +184,28 @@ fn phase(busy: Duration, iters: u32) -> Figures {
     Figures { raw, op, pipelined }
 }
 
+/// The reactor's cost per op against a bare provider loop, on the soft device.
+#[derive(clap::Parser)]
+struct Cli {
+    /// RDMA WRITEs per mode.
+    #[arg(default_value_t = 20_000)]
+    iterations: u32,
+}
+
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 fn main() {
-    let iters: u32 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20_000);
+    let iters = <Cli as clap::Parser>::parse().iterations;
+    init_tracing();
     let opened = std::panic::catch_unwind(|| Context::open_soft(SoftConfig::default()));
     if !matches!(opened, Ok(Ok(_))) {
         println!("SKIPPED: the soft RDMA device is not available in this build");

@@ -58,16 +58,45 @@ fn per_iter(rt: &Runtime, iters: u32, with_timeout: bool) -> f64 {
     })
 }
 
+/// Which loop `ONLY` runs.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Only {
+    /// Awaits without a timeout.
+    Bare,
+    /// Awaits wrapped in a timeout.
+    Timed,
+}
+
+/// What a reactor timer costs per await.
+#[derive(clap::Parser)]
+struct Cli {
+    /// Awaits per round.
+    #[arg(default_value_t = 200_000)]
+    iterations: u32,
+    /// Run one loop only, once (for instruction counts under callgrind: run
+    /// both and divide the difference by the iterations).
+    #[arg(value_enum)]
+    only: Option<Only>,
+}
+
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 fn main() {
-    let iters: u32 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200_000);
-    // `bare` or `timed`: one loop only, once (for instruction counts under
-    // callgrind: run both and divide the difference by the iterations).
-    if let Some(only) = std::env::args().nth(2) {
+    let cli = <Cli as clap::Parser>::parse();
+    init_tracing();
+    let iters = cli.iterations;
+    if let Some(only) = cli.only {
         let rt = Runtime::new().expect("runtime");
-        per_iter(&rt, iters, only == "timed");
+        per_iter(&rt, iters, only == Only::Timed);
         return;
     }
     const ROUNDS: usize = 7;

@@ -1,0 +1,45 @@
+//! What every example's command line shares: the device flag and the log
+//! subscriber (so that which device was opened is visible). Each example
+//! uses the parts it needs.
+#![allow(dead_code)]
+
+use std::net::{IpAddr, SocketAddr};
+
+use verbio::provider::{open_device, Context, SoftConfig};
+
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Opens `name` if given, else a software device whose engine listens on
+/// `ip` (so a peer on another host can reach it); logs which.
+pub fn open_device_or_soft(
+    name: Option<&str>,
+    ip: IpAddr,
+) -> Result<Context, verbio::provider::ProviderError> {
+    let ctx = match name {
+        Some(n) => open_device(Some(n))?,
+        None => Context::open_soft(SoftConfig {
+            bind: SocketAddr::new(ip, 0),
+            ..SoftConfig::default()
+        })?,
+    };
+    tracing::info!(device = ctx.name(), kind = %ctx.kind(), "opened the RDMA device");
+    Ok(ctx)
+}
+
+/// Parses a count or size that must be at least 1.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}

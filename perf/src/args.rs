@@ -1,0 +1,536 @@
+//! Command-line flags, named as perftest's, and what they resolve to.
+
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Smallest message of the `-a` sweep.
+pub const SWEEP_MIN: usize = 2;
+/// Largest message of the `-a` sweep (2^23 bytes, as perftest).
+pub const SWEEP_MAX: usize = 1 << 23;
+/// Fewest iterations (perftest's `MIN_ITER`): the latency statistics drop
+/// the two largest of `iters - 1` samples.
+pub const MIN_ITERS: u64 = 5;
+/// Size of the word an atomic works on.
+pub const ATOMIC_SIZE: usize = 8;
+
+/// The benchmark to run (perftest's `ib_<test>` binaries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[value(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum Test {
+    /// RDMA WRITE bandwidth.
+    WriteBw,
+    /// RDMA WRITE ping-pong latency (each side polls its memory).
+    WriteLat,
+    /// RDMA READ bandwidth.
+    ReadBw,
+    /// RDMA READ latency (one READ at a time).
+    ReadLat,
+    /// SEND bandwidth.
+    SendBw,
+    /// SEND ping-pong latency.
+    SendLat,
+    /// Atomic fetch-and-add bandwidth.
+    AtomicBw,
+    /// Atomic fetch-and-add latency.
+    AtomicLat,
+}
+
+/// The operation family of a test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+    /// SEND / RECV.
+    Send,
+    /// Fetch-and-add.
+    Atomic,
+}
+
+impl Test {
+    /// All tests, in their wire order.
+    pub const ALL: [Test; 8] = [
+        Test::WriteBw,
+        Test::WriteLat,
+        Test::ReadBw,
+        Test::ReadLat,
+        Test::SendBw,
+        Test::SendLat,
+        Test::AtomicBw,
+        Test::AtomicLat,
+    ];
+
+    /// The operation the test measures.
+    pub fn verb(self) -> Verb {
+        match self {
+            Test::WriteBw | Test::WriteLat => Verb::Write,
+            Test::ReadBw | Test::ReadLat => Verb::Read,
+            Test::SendBw | Test::SendLat => Verb::Send,
+            Test::AtomicBw | Test::AtomicLat => Verb::Atomic,
+        }
+    }
+
+    /// True for the latency tests.
+    pub fn is_lat(self) -> bool {
+        matches!(
+            self,
+            Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat
+        )
+    }
+
+    /// perftest's `rtt_factor`: ping-pongs report half the round trip.
+    pub fn rtt_factor(self) -> f64 {
+        match self {
+            Test::WriteLat | Test::SendLat => 2.0,
+            _ => 1.0,
+        }
+    }
+
+    /// The test's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write_bw",
+            Test::WriteLat => "write_lat",
+            Test::ReadBw => "read_bw",
+            Test::ReadLat => "read_lat",
+            Test::SendBw => "send_bw",
+            Test::SendLat => "send_lat",
+            Test::AtomicBw => "atomic_bw",
+            Test::AtomicLat => "atomic_lat",
+        }
+    }
+
+    /// perftest's banner title.
+    pub fn title(self) -> &'static str {
+        match self {
+            Test::WriteBw => "RDMA_Write BW Test",
+            Test::WriteLat => "RDMA_Write Latency Test",
+            Test::ReadBw => "RDMA_Read BW Test",
+            Test::ReadLat => "RDMA_Read Latency Test",
+            Test::SendBw => "Send BW Test",
+            Test::SendLat => "Send Latency Test",
+            Test::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
+            Test::AtomicLat => "Atomic FETCH_AND_ADD Latency Test",
+        }
+    }
+
+    /// The test's code on the wire.
+    pub fn code(self) -> u8 {
+        Test::ALL.iter().position(|&t| t == self).unwrap_or(0) as u8 + 1
+    }
+
+    /// Decodes [`Test::code`].
+    pub fn from_code(code: u8) -> Option<Test> {
+        Test::ALL.get(usize::from(code).checked_sub(1)?).copied()
+    }
+}
+
+/// Which verbio API runs the measured loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// The runtime's owned-buffer op futures (`verbio::Verbs` on a `QueuePair`).
+    Verbs,
+    /// A bare post/poll loop on the provider's QP and CQ (perftest's loop).
+    Raw,
+    /// The high-level `Rdma` agent connection.
+    Rdma,
+}
+
+impl Api {
+    /// The API's code on the wire.
+    pub fn code(self) -> u8 {
+        match self {
+            Api::Verbs => 1,
+            Api::Raw => 2,
+            Api::Rdma => 3,
+        }
+    }
+}
+
+/// What carries the messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// RDMA verbs on the chosen device.
+    Rdma,
+    /// Plain kernel TCP sockets (a baseline for send_bw and send_lat).
+    Tcp,
+}
+
+/// perftest-style RDMA benchmarks on verbio. Without HOST this is the
+/// server; with HOST, the client that connects to it and prints the results.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "verbio-perf", version, about, long_about = None)]
+pub struct Cli {
+    /// The test to run (the same on both sides).
+    #[arg(value_enum)]
+    pub test: Test,
+    /// The server to connect to; none: be the server.
+    pub host: Option<String>,
+    /// Message size in bytes (default: 65536 for bandwidth tests, 2 for
+    /// latency tests, 8 for atomics).
+    #[arg(short = 's', long = "size")]
+    pub size: Option<usize>,
+    /// Run all sizes from 2 to 2^23 bytes, doubling.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Iterations per size (per QP for bandwidth tests; default 5000 for
+    /// bandwidth, 1000 for latency).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Run each size for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long = "duration")]
+    pub duration: Option<u64>,
+    /// Number of QPs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+    /// Operations in flight per QP (bandwidth tests; default 128).
+    #[arg(short = 't', long = "tx-depth")]
+    pub tx_depth: Option<u32>,
+    /// Largest payload sent INLINE (copied at post time; default 64 for
+    /// latency tests, 0 for bandwidth tests).
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline: Option<u32>,
+    /// Sleep on the completion channel instead of busy-polling the CQ.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+    /// RDMA device (e.g. soft0, rxe0, mlx5_0); default: VERBIO_DEVICE, else
+    /// the first active ibverbs device, else the software device soft0.
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// GID index (RoCE).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u8>,
+    /// Physical port of the device.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// TCP port of the connection setup (0: any, the server prints it).
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+    /// Report bandwidth in Gbit/s instead of MB/s (2^20 bytes).
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// The verbio API that runs the loop (the same on both sides).
+    #[arg(long, value_enum, default_value_t = Api::Verbs)]
+    pub api: Api,
+    /// RDMA, or kernel TCP as a baseline (send_bw and send_lat only).
+    #[arg(long, value_enum, default_value_t = Transport::Rdma)]
+    pub transport: Transport,
+    /// Print the results as one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Busy-poll time in microseconds before the runtime sleeps (default:
+    /// 50000 on hardware, 0 on the software device, whose engine threads
+    /// need the CPU).
+    #[arg(long = "busy-poll")]
+    pub busy_poll_us: Option<u64>,
+}
+
+/// The flags resolved against the test's defaults and checked.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The test.
+    pub test: Test,
+    /// Client: the server's address; server: none.
+    pub host: Option<String>,
+    /// Message sizes, in the order they run.
+    pub sizes: Vec<usize>,
+    /// Iterations per size (per QP), or none with a duration.
+    pub iters: Option<u64>,
+    /// Run time per size, if set.
+    pub duration: Option<Duration>,
+    /// QP count.
+    pub qps: u32,
+    /// Operations in flight per QP.
+    pub tx_depth: u32,
+    /// Largest INLINE payload.
+    pub inline: u32,
+    /// Sleep on the completion channel.
+    pub events: bool,
+    /// Device name.
+    pub device: Option<String>,
+    /// GID index.
+    pub gid_index: Option<u8>,
+    /// Device port.
+    pub ib_port: u8,
+    /// TCP port.
+    pub port: u16,
+    /// Gbit/s instead of MB/s.
+    pub gbits: bool,
+    /// The API.
+    pub api: Api,
+    /// The transport.
+    pub transport: Transport,
+    /// JSON output.
+    pub json: bool,
+    /// Explicit busy-poll time.
+    pub busy_poll: Option<Duration>,
+}
+
+/// A flag combination that cannot run, with what to do instead.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct ArgError(pub String);
+
+fn bad(msg: impl Into<String>) -> ArgError {
+    ArgError(msg.into())
+}
+
+/// The sizes of the `-a` sweep: powers of two from [`SWEEP_MIN`] to
+/// [`SWEEP_MAX`].
+pub fn sweep_sizes() -> Vec<usize> {
+    std::iter::successors(Some(SWEEP_MIN), |&s| Some(s * 2))
+        .take_while(|&s| s <= SWEEP_MAX)
+        .collect()
+}
+
+impl Cli {
+    /// Resolves the defaults and refuses unsupported combinations.
+    pub fn resolve(self) -> Result<Config, ArgError> {
+        let test = self.test;
+        let sizes = if test.verb() == Verb::Atomic {
+            match self.size {
+                Some(s) if s != ATOMIC_SIZE => {
+                    return Err(bad(format!(
+                        "{}: atomics work on {ATOMIC_SIZE}-byte words (-s {s} given)",
+                        test.name()
+                    )))
+                }
+                _ => vec![ATOMIC_SIZE],
+            }
+        } else if self.all {
+            if self.size.is_some() {
+                return Err(bad("choose -s or -a, not both"));
+            }
+            sweep_sizes()
+        } else {
+            let s = self.size.unwrap_or(if test.is_lat() { 2 } else { 65536 });
+            if s == 0 {
+                return Err(bad("-s must be at least 1"));
+            }
+            vec![s]
+        };
+        if self.duration.is_some() && self.iters.is_some() {
+            return Err(bad("choose -n or -D, not both"));
+        }
+        let iters = match (self.duration, self.iters) {
+            (Some(_), _) => None,
+            (None, Some(n)) => Some(n),
+            (None, None) => Some(if test.is_lat() { 1000 } else { 5000 }),
+        };
+        if let Some(n) = iters {
+            if n < MIN_ITERS {
+                return Err(bad(format!(
+                    "-n must be at least {MIN_ITERS} (as perftest)"
+                )));
+            }
+        }
+        if self.duration == Some(0) {
+            return Err(bad("-D must be at least 1 second"));
+        }
+        if self.qps == 0 {
+            return Err(bad("-q must be at least 1"));
+        }
+        if test.is_lat() && self.qps != 1 {
+            return Err(bad("latency tests run on one QP (-q 1), as perftest"));
+        }
+        let tx_depth = self.tx_depth.unwrap_or(if test.is_lat() { 1 } else { 128 });
+        if tx_depth == 0 {
+            return Err(bad("-t must be at least 1"));
+        }
+        if self.transport == Transport::Tcp {
+            if !matches!(test, Test::SendBw | Test::SendLat) {
+                return Err(bad(format!(
+                    "--transport tcp runs send_bw and send_lat only, not {}",
+                    test.name()
+                )));
+            }
+            if self.api != Api::Verbs {
+                return Err(bad("--api applies to --transport rdma only"));
+            }
+            if self.qps != 1 {
+                return Err(bad("--transport tcp uses one connection (-q 1)"));
+            }
+        }
+        if self.api == Api::Rdma {
+            if test == Test::WriteLat {
+                return Err(bad(
+                    "write_lat is not supported with --api rdma: each side polls its own \
+                     memory for the peer's WRITE, and the Rdma API gives no local view of the \
+                     memory it grants to the peer (use --api verbs or raw)",
+                ));
+            }
+            if self.qps != 1 {
+                return Err(bad(
+                    "--api rdma runs one connection (-q 1): one Rdma agent per QP is not \
+                     a perftest multi-QP run",
+                ));
+            }
+            if self.inline.is_some() {
+                return Err(bad(
+                    "-I is not supported with --api rdma: the Rdma builder has no inline \
+                     setting (the agent chooses)",
+                ));
+            }
+        }
+        if self.api == Api::Raw && self.events {
+            return Err(bad(
+                "-e is not supported with --api raw: the raw loop busy-polls the CQ as \
+                 perftest's default (use --api verbs -e to sleep on the completion channel)",
+            ));
+        }
+        let inline = self.inline.unwrap_or(if test.is_lat() { 64 } else { 0 });
+        Ok(Config {
+            test,
+            host: self.host,
+            sizes,
+            iters,
+            duration: self.duration.map(Duration::from_secs),
+            qps: self.qps,
+            tx_depth,
+            inline,
+            events: self.events,
+            device: self.device,
+            gid_index: self.gid_index,
+            ib_port: self.ib_port,
+            port: self.port,
+            gbits: self.report_gbits,
+            api: self.api,
+            transport: self.transport,
+            json: self.json,
+            busy_poll: self.busy_poll_us.map(Duration::from_micros),
+        })
+    }
+}
+
+impl Config {
+    /// The largest message size of the run.
+    pub fn max_size(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(1)
+    }
+
+    /// Ops in flight at a time over all QPs.
+    pub fn in_flight(&self) -> u64 {
+        u64::from(self.tx_depth) * u64::from(self.qps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let cli = Cli::try_parse_from(std::iter::once("verbio-perf").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.resolve().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn perftest_flag_names_parse() {
+        let c = parse(&[
+            "write_bw",
+            "10.0.0.2",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+            "-q",
+            "2",
+            "-t",
+            "64",
+            "-I",
+            "0",
+            "-e",
+            "-d",
+            "rxe0",
+            "-x",
+            "1",
+            "-p",
+            "19000",
+            "--report_gbits",
+            "--json",
+        ])
+        .expect("valid");
+        assert_eq!(c.test, Test::WriteBw);
+        assert_eq!(c.host.as_deref(), Some("10.0.0.2"));
+        assert_eq!(c.sizes, vec![4096]);
+        assert_eq!(c.iters, Some(100));
+        assert_eq!((c.qps, c.tx_depth, c.inline), (2, 64, 0));
+        assert!(c.events && c.gbits && c.json);
+        assert_eq!(c.device.as_deref(), Some("rxe0"));
+        assert_eq!((c.gid_index, c.port), (Some(1), 19000));
+    }
+
+    #[test]
+    fn defaults_follow_the_test() {
+        let bw = parse(&["send_bw"]).expect("valid");
+        assert_eq!(
+            (bw.sizes[0], bw.iters, bw.tx_depth),
+            (65536, Some(5000), 128)
+        );
+        assert!(bw.host.is_none());
+        let lat = parse(&["send_lat", "h"]).expect("valid");
+        assert_eq!((lat.sizes[0], lat.iters, lat.tx_depth), (2, Some(1000), 1));
+        assert_eq!(parse(&["atomic_bw"]).expect("valid").sizes, vec![8]);
+    }
+
+    #[test]
+    fn sweep_is_powers_of_two_from_2_to_8_mib() {
+        let s = sweep_sizes();
+        assert_eq!(s.len(), 23);
+        assert_eq!((s[0], s[22]), (2, 1 << 23));
+        assert!(s.windows(2).all(|w| w[1] == 2 * w[0]));
+        assert_eq!(parse(&["read_bw", "-a"]).expect("valid").sizes, s);
+        assert_eq!(parse(&["atomic_lat", "-a"]).expect("valid").sizes, vec![8]);
+    }
+
+    #[test]
+    fn duration_replaces_iterations() {
+        let c = parse(&["write_bw", "-D", "3"]).expect("valid");
+        assert_eq!((c.iters, c.duration), (None, Some(Duration::from_secs(3))));
+        assert!(parse(&["write_bw", "-D", "3", "-n", "10"]).is_err());
+    }
+
+    #[test]
+    fn unsupported_combinations_are_refused_with_a_reason() {
+        for (args, needle) in [
+            (
+                &["write_lat", "--api", "rdma"][..],
+                "not supported with --api rdma",
+            ),
+            (&["send_lat", "-q", "2"][..], "one QP"),
+            (
+                &["write_bw", "--transport", "tcp"][..],
+                "send_bw and send_lat only",
+            ),
+            (
+                &["send_bw", "--api", "raw", "-e"][..],
+                "-e is not supported",
+            ),
+            (&["send_bw", "-n", "2"][..], "at least 5"),
+            (&["atomic_bw", "-s", "64"][..], "8-byte words"),
+            (&["send_bw", "-a", "-s", "8"][..], "-s or -a"),
+            (
+                &["send_bw", "--api", "rdma", "-q", "2"][..],
+                "one connection",
+            ),
+        ] {
+            let e = parse(args).expect_err("refused");
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+        assert!(parse(&["bogus_test"]).is_err());
+    }
+
+    #[test]
+    fn test_codes_round_trip() {
+        for t in Test::ALL {
+            assert_eq!(Test::from_code(t.code()), Some(t));
+        }
+        assert_eq!(Test::from_code(0), None);
+        assert_eq!(Test::from_code(9), None);
+    }
+}

@@ -1,0 +1,267 @@
+//! The control messages between client and server: what to run, the
+//! memory each side grants, and the step-by-step sync around each size.
+//! Fixed 24-byte frames, over the setup's TCP connection (verbs and raw
+//! APIs) or as tagged messages on the `Rdma` connection.
+
+use futures::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::args::{Api, Test};
+
+/// Size of every frame.
+pub const FRAME: usize = 24;
+/// Protocol version: both sides must run the same one.
+const VERSION: u8 = 1;
+
+/// One control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Client → server, first: the test, API, QP count and largest size.
+    Hello {
+        /// The test.
+        test: Test,
+        /// The API's wire code.
+        api: u8,
+        /// QP count.
+        qps: u16,
+        /// Largest message size of the run.
+        max_size: u64,
+    },
+    /// Both ways after the hello: memory the peer may read, write and use
+    /// atomics on.
+    Region {
+        /// Virtual address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// Client → server: the next size; `iters` 0 runs until the client's
+    /// stop marker.
+    Step {
+        /// Message size.
+        size: u64,
+        /// Iterations, or 0.
+        iters: u64,
+    },
+    /// Client → server: the end of the run.
+    Bye,
+    /// Server → client: ready for the step's traffic.
+    Go,
+    /// Server → client (verbs and raw APIs): ready for the step's traffic,
+    /// once the client has sent `drain` empty messages on each QP (they
+    /// consume the receives the previous step left posted).
+    GoDrain {
+        /// Empty messages to send first, per QP.
+        drain: u64,
+    },
+    /// Server → client: the step's traffic has all arrived.
+    Done,
+    /// Client → server (Rdma API): the step's messages have all been sent.
+    Stop,
+}
+
+/// A malformed or unexpected control message.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// The connection failed or closed.
+    #[error("control connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// Bytes that are no frame of this protocol.
+    #[error("bad control frame {0:02x?} (is the peer a verbio-perf of the same version?)")]
+    Bad(Vec<u8>),
+    /// A valid frame where another was due.
+    #[error("expected {expected} from the peer, got {got:?}")]
+    Unexpected {
+        /// What was due.
+        expected: &'static str,
+        /// What came.
+        got: Frame,
+    },
+    /// The two sides were started differently.
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+impl Frame {
+    /// The frame's bytes.
+    pub fn encode(&self) -> [u8; FRAME] {
+        let mut b = [0u8; FRAME];
+        b[1] = VERSION;
+        let (kind, x, y, z) = match *self {
+            Frame::Hello {
+                test,
+                api,
+                qps,
+                max_size,
+            } => (
+                1,
+                u32::from(test.code()) | u32::from(api) << 8 | u32::from(qps) << 16,
+                max_size,
+                0,
+            ),
+            Frame::Region { addr, len, rkey } => (2, rkey, addr, len),
+            Frame::Step { size, iters } => (3, 0, size, iters),
+            Frame::Bye => (4, 0, 0, 0),
+            Frame::Go => (5, 0, 0, 0),
+            Frame::Done => (6, 0, 0, 0),
+            Frame::Stop => (7, 0, 0, 0),
+            Frame::GoDrain { drain } => (8, 0, drain, 0),
+        };
+        b[0] = kind;
+        b[4..8].copy_from_slice(&x.to_le_bytes());
+        b[8..16].copy_from_slice(&y.to_le_bytes());
+        b[16..24].copy_from_slice(&z.to_le_bytes());
+        b
+    }
+
+    /// Decodes [`Frame::encode`].
+    pub fn decode(b: &[u8]) -> Result<Frame, CtlError> {
+        let bad = || CtlError::Bad(b.to_vec());
+        if b.len() != FRAME || b[1] != VERSION {
+            return Err(bad());
+        }
+        let x = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let (y, z) = (word(8), word(16));
+        Ok(match b[0] {
+            1 => Frame::Hello {
+                test: Test::from_code(x as u8).ok_or_else(bad)?,
+                api: (x >> 8) as u8,
+                qps: (x >> 16) as u16,
+                max_size: y,
+            },
+            2 => Frame::Region {
+                addr: y,
+                len: z,
+                rkey: x,
+            },
+            3 => Frame::Step { size: y, iters: z },
+            4 => Frame::Bye,
+            5 => Frame::Go,
+            6 => Frame::Done,
+            7 => Frame::Stop,
+            8 => Frame::GoDrain { drain: y },
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// Checks a client's hello against this server's settings; returns the
+/// client's QP count and largest size.
+pub fn check_hello(f: Frame, test: Test, api: Api) -> Result<(u32, usize), CtlError> {
+    match f {
+        Frame::Hello {
+            test: t,
+            api: a,
+            qps,
+            max_size,
+        } => {
+            if t != test || a != api.code() {
+                return Err(CtlError::Mismatch(format!(
+                    "the client runs {} with API code {a}, this server {} with {api:?} \
+                     (start both sides with the same test and --api)",
+                    t.name(),
+                    test.name()
+                )));
+            }
+            let size = usize::try_from(max_size)
+                .ok()
+                .filter(|&s| s > 0 && s <= crate::args::SWEEP_MAX.max(1 << 30))
+                .ok_or_else(|| CtlError::Mismatch(format!("bad message size {max_size}")))?;
+            if qps == 0 || qps > 1024 {
+                return Err(CtlError::Mismatch(format!("bad QP count {qps}")));
+            }
+            Ok((u32::from(qps), size))
+        }
+        got => Err(CtlError::Unexpected {
+            expected: "the client's hello",
+            got,
+        }),
+    }
+}
+
+/// Writes one frame.
+pub async fn send<S: AsyncWrite + Unpin>(s: &mut S, f: Frame) -> Result<(), CtlError> {
+    s.write_all(&f.encode()).await?;
+    s.flush().await?;
+    Ok(())
+}
+
+/// Reads one frame.
+pub async fn recv<S: AsyncRead + Unpin>(s: &mut S) -> Result<Frame, CtlError> {
+    let mut b = [0u8; FRAME];
+    s.read_exact(&mut b).await?;
+    Frame::decode(&b)
+}
+
+/// Reads one frame and checks it is `want`.
+pub async fn expect<S: AsyncRead + Unpin>(
+    s: &mut S,
+    want: Frame,
+    what: &'static str,
+) -> Result<(), CtlError> {
+    match recv(s).await? {
+        f if f == want => Ok(()),
+        got => Err(CtlError::Unexpected {
+            expected: what,
+            got,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        for f in [
+            Frame::Hello {
+                test: Test::AtomicLat,
+                api: Api::Raw.code(),
+                qps: 7,
+                max_size: 1 << 23,
+            },
+            Frame::Region {
+                addr: 0xdead_beef_0000,
+                len: 4096,
+                rkey: 0x1234_5678,
+            },
+            Frame::Step { size: 64, iters: 0 },
+            Frame::Bye,
+            Frame::Go,
+            Frame::Done,
+            Frame::Stop,
+            Frame::GoDrain { drain: 37 },
+        ] {
+            assert_eq!(Frame::decode(&f.encode()).expect("decodes"), f);
+        }
+    }
+
+    #[test]
+    fn garbage_and_mismatches_are_errors() {
+        assert!(Frame::decode(&[0u8; FRAME]).is_err());
+        assert!(Frame::decode(&[1u8; 5]).is_err());
+        let mut b = Frame::Go.encode();
+        b[0] = 99;
+        assert!(Frame::decode(&b).is_err());
+        let hello = Frame::Hello {
+            test: Test::SendBw,
+            api: Api::Verbs.code(),
+            qps: 2,
+            max_size: 65536,
+        };
+        assert_eq!(
+            check_hello(hello, Test::SendBw, Api::Verbs).expect("matches"),
+            (2, 65536)
+        );
+        assert!(check_hello(hello, Test::SendLat, Api::Verbs).is_err());
+        assert!(check_hello(hello, Test::SendBw, Api::Raw).is_err());
+        assert!(check_hello(Frame::Go, Test::SendBw, Api::Verbs).is_err());
+    }
+}

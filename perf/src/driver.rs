@@ -1,0 +1,195 @@
+//! The client's and the server's run for the verbs and raw APIs: connect,
+//! then one step per message size, synchronized over the control stream.
+
+use verbio::runtime::{Device, Runtime};
+
+use crate::args::{Api, Config, Test};
+use crate::ctl::{self, Frame};
+use crate::error::{msg, Context, Result};
+use crate::measure::Measured;
+use crate::progress::Progress;
+use crate::raw;
+use crate::report::Printer;
+use crate::session::{self, Budget, Conn};
+use crate::verbs;
+
+/// The loops of the chosen API and their memory.
+enum Loops {
+    Verbs(verbs::State),
+    Raw(raw::State),
+}
+
+impl Loops {
+    fn new(cfg: &Config, dev: &Device, conn: &Conn, server: bool) -> Result<Loops> {
+        Ok(match cfg.api {
+            Api::Raw => Loops::Raw(raw::State::new(cfg, dev, conn, server)?),
+            _ => Loops::Verbs(verbs::State::new(cfg, dev, conn, server)?),
+        })
+    }
+
+    async fn client_step(
+        &mut self,
+        cfg: &Config,
+        dev: &Device,
+        conn: &Conn,
+        size: usize,
+        budget: &Budget,
+        drain: u64,
+    ) -> Result<Measured> {
+        match self {
+            Loops::Verbs(v) => v.client_step(cfg, conn, size, budget, drain).await,
+            Loops::Raw(r) => r.client_step(cfg, dev, conn, size, budget),
+        }
+    }
+
+    fn prepare_step(
+        &mut self,
+        cfg: &Config,
+        dev: &Device,
+        conn: &Conn,
+        size: usize,
+    ) -> Result<u64> {
+        match self {
+            Loops::Verbs(v) => v.prepare_step(cfg, dev, conn, size),
+            Loops::Raw(_) => Ok(0),
+        }
+    }
+
+    async fn serve_step(
+        &mut self,
+        cfg: &Config,
+        dev: &Device,
+        conn: &Conn,
+        size: usize,
+    ) -> Result<()> {
+        match self {
+            Loops::Verbs(v) => v.serve_step(cfg, conn, size).await,
+            Loops::Raw(r) => r.serve_step(cfg, dev, conn, size),
+        }
+    }
+}
+
+/// Whether the server takes part in the test's traffic (and so reports
+/// the end of each step).
+pub fn server_active(test: Test) -> bool {
+    matches!(test, Test::SendBw | Test::SendLat | Test::WriteLat)
+}
+
+/// Whether the server's loop spins (busy-polls) on hardware.
+fn server_spins(test: Test) -> bool {
+    matches!(test, Test::SendLat | Test::WriteLat)
+}
+
+/// The client: connects to `host`, runs every size, prints the results.
+pub fn client(cfg: &Config, host: &str) -> Result<()> {
+    let addr = session::resolve(host, cfg.port)?;
+    let (rt, dev, busy) = session::open(cfg, true)?;
+    run_client(cfg, &rt, &dev, addr, busy)
+}
+
+fn run_client(
+    cfg: &Config,
+    rt: &Runtime,
+    dev: &Device,
+    addr: std::net::SocketAddr,
+    busy: std::time::Duration,
+) -> Result<()> {
+    rt.block_on(async {
+        let mut conn = session::dial(cfg, dev, addr).await?;
+        let mut loops = Loops::new(cfg, dev, &conn, false)?;
+        let mut printer = Printer::new(cfg, session::run_info(cfg, dev, &conn, busy));
+        let mut progress = Progress::new(cfg);
+        let res = async {
+            for &size in &cfg.sizes {
+                progress.start(size);
+                if cfg.test == Test::WriteLat {
+                    conn.region
+                        .write_from(0, &vec![0u8; size])
+                        .ctx("clearing this side's memory")?;
+                }
+                let wire = Budget::new(cfg.iters, cfg.duration).wire_iters();
+                ctl::send(
+                    &mut conn.ctl,
+                    Frame::Step {
+                        size: size as u64,
+                        iters: wire,
+                    },
+                )
+                .await
+                .ctx("starting a step")?;
+                let drain = match ctl::recv(&mut conn.ctl).await.ctx("starting a step")? {
+                    Frame::GoDrain { drain } => drain,
+                    got => return Err(msg(format!("expected the server's go, got {got:?}"))),
+                };
+                let budget = Budget::new(cfg.iters, cfg.duration);
+                let m = loops
+                    .client_step(cfg, dev, &conn, size, &budget, drain)
+                    .await?;
+                if server_active(cfg.test) {
+                    ctl::expect(&mut conn.ctl, Frame::Done, "the server's done")
+                        .await
+                        .ctx("ending a step")?;
+                }
+                let row = m.row(cfg.test, size, cfg.in_flight())?;
+                progress.done(&row);
+                printer.row(row);
+            }
+            ctl::send(&mut conn.ctl, Frame::Bye)
+                .await
+                .ctx("saying bye")?;
+            Ok::<(), crate::error::Error>(())
+        }
+        .await;
+        // Closing flushes the receives the loops posted; their memory goes after.
+        session::close(&conn.qps).await;
+        drop(loops);
+        res?;
+        printer.finish().ctx("printing the results")
+    })
+}
+
+/// The server: serves one client, then returns.
+pub fn server(cfg: &Config) -> Result<()> {
+    let (rt, dev, _) = session::open(cfg, server_spins(cfg.test))?;
+    let listener = session::bind(cfg, &dev)?;
+    rt.block_on(async {
+        let mut conn = session::accept(cfg, &dev, &listener).await?;
+        let mut loops = Loops::new(cfg, &dev, &conn, true)?;
+        let res = async {
+            loop {
+                match ctl::recv(&mut conn.ctl)
+                    .await
+                    .ctx("waiting for the client")?
+                {
+                    Frame::Step { size, .. } => {
+                        let size = usize::try_from(size)
+                            .ok()
+                            .filter(|&s| s > 0 && s <= conn.max_size)
+                            .ok_or_else(|| msg(format!("the client asked for {size} bytes")))?;
+                        if cfg.test == Test::WriteLat {
+                            conn.region
+                                .write_from(0, &vec![0u8; size])
+                                .ctx("clearing this side's memory")?;
+                        }
+                        let drain = loops.prepare_step(cfg, &dev, &conn, size)?;
+                        ctl::send(&mut conn.ctl, Frame::GoDrain { drain })
+                            .await
+                            .ctx("sending go")?;
+                        loops.serve_step(cfg, &dev, &conn, size).await?;
+                        if server_active(cfg.test) {
+                            ctl::send(&mut conn.ctl, Frame::Done)
+                                .await
+                                .ctx("sending done")?;
+                        }
+                    }
+                    Frame::Bye => return Ok(()),
+                    got => return Err(msg(format!("unexpected {got:?} from the client"))),
+                }
+            }
+        }
+        .await;
+        session::close(&conn.qps).await;
+        drop(loops);
+        res
+    })
+}

@@ -1,0 +1,322 @@
+//! `--api rdma`: the tests on the high-level `Rdma` agent connection.
+//! send_bw / send_lat use `Rdma::send` and `Rdma::receive`; write_bw,
+//! read_bw and read_lat use `Rdma::write` / `Rdma::read` on memory the
+//! client requests from the server (`request_remote_mr`); the atomics use
+//! `Rdma::fetch_and_add` on it. write_lat is refused at argument parsing
+//! (see `args`). Control frames travel on the same connection as messages
+//! with the immediate [`CTL_IMM`]; data messages carry none.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use verbio::ops::agent::{AgentError, LocalMr, Rdma, RdmaBuilder, RemoteMr};
+use verbio::runtime::sleep;
+
+use crate::args::{Config, Test, Verb, SWEEP_MAX};
+use crate::clock::CycleClock;
+use crate::ctl::{self, Frame};
+use crate::error::{msg, Context, Result};
+use crate::measure::{LatLoop, Measured};
+use crate::progress::Progress;
+use crate::report::{Printer, RunInfo};
+use crate::session::{self, Budget};
+use crate::stats::BwSamples;
+
+/// The immediate that marks a control frame.
+const CTL_IMM: u32 = 0x5646_5031;
+/// How long a client retries connecting to a server that is not up yet.
+const CONNECT_RETRY: Duration = Duration::from_secs(10);
+
+fn builder(cfg: &Config, dev: verbio::runtime::Device) -> RdmaBuilder {
+    let mut b = RdmaBuilder::new()
+        .device(dev)
+        .port(cfg.ib_port)
+        .max_send_wr(cfg.tx_depth.max(16) + 2)
+        .max_message_len(SWEEP_MAX.max(cfg.max_size()));
+    if let Some(x) = cfg.gid_index {
+        b = b.gid_index(x);
+    }
+    b
+}
+
+async fn send_ctl(rdma: &Rdma, f: Frame) -> Result<()> {
+    rdma.send_with_imm(&f.encode(), CTL_IMM)
+        .await
+        .ctx("sending a control frame")
+}
+
+async fn recv_ctl(rdma: &Rdma) -> Result<Frame> {
+    let (data, imm) = rdma
+        .receive_with_imm()
+        .await
+        .ctx("receiving a control frame")?;
+    if imm != Some(CTL_IMM) {
+        return Err(msg(format!(
+            "expected a control frame, got a {}-byte message",
+            data.len()
+        )));
+    }
+    ctl::Frame::decode(&data).ctx("decoding a control frame")
+}
+
+async fn expect_ctl(rdma: &Rdma, want: Frame) -> Result<()> {
+    match recv_ctl(rdma).await? {
+        f if f == want => Ok(()),
+        got => Err(msg(format!("expected {want:?} from the peer, got {got:?}"))),
+    }
+}
+
+/// The client.
+pub fn client(cfg: &Config, host: &str) -> Result<()> {
+    let addr = session::resolve(host, cfg.port)?;
+    let (rt, dev, busy) = session::open(cfg, true)?;
+    let b = builder(cfg, dev.clone());
+    rt.block_on(async {
+        let deadline = Instant::now() + CONNECT_RETRY;
+        let rdma = loop {
+            match b.connect(addr).await {
+                Ok(r) => break r,
+                Err(AgentError::Handshake(_)) if Instant::now() < deadline => {
+                    sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => return Err(e).ctx(format!("connecting to {addr}")),
+            }
+        };
+        send_ctl(
+            &rdma,
+            Frame::Hello {
+                test: cfg.test,
+                api: cfg.api.code(),
+                qps: 1,
+                max_size: cfg.max_size() as u64,
+            },
+        )
+        .await?;
+        expect_ctl(&rdma, Frame::Go).await?;
+        let remote = if cfg.test.verb() != Verb::Send {
+            Some(
+                rdma.request_remote_mr(cfg.max_size().max(8))
+                    .await
+                    .ctx("requesting the server's memory")?,
+            )
+        } else {
+            None
+        };
+        let info = RunInfo {
+            test: cfg.test,
+            api: cfg.api,
+            transport: cfg.transport,
+            device: dev.context().name().to_string(),
+            provider: dev.context().kind().to_string(),
+            qps: 1,
+            tx_depth: cfg.tx_depth,
+            inline_size: rdma.qp().caps().max_inline_data,
+            mtu: rdma.path_mtu().bytes(),
+            completions: session::completions(cfg.api, busy),
+            bw_units: if cfg.gbits { "Gb/sec" } else { "MB/sec" }.into(),
+        };
+        let mut printer = Printer::new(cfg, info);
+        let mut progress = Progress::new(cfg);
+        for &size in &cfg.sizes {
+            progress.start(size);
+            let wire = Budget::new(cfg.iters, cfg.duration).wire_iters();
+            send_ctl(
+                &rdma,
+                Frame::Step {
+                    size: size as u64,
+                    iters: wire,
+                },
+            )
+            .await?;
+            expect_ctl(&rdma, Frame::Go).await?;
+            let budget = Budget::new(cfg.iters, cfg.duration);
+            let m = step(cfg, &rdma, remote.as_ref(), size, &budget).await?;
+            if cfg.test.verb() == Verb::Send {
+                send_ctl(&rdma, Frame::Stop).await?;
+                expect_ctl(&rdma, Frame::Done).await?;
+            }
+            let row = m.row(cfg.test, size, cfg.in_flight())?;
+            progress.done(&row);
+            printer.row(row);
+        }
+        send_ctl(&rdma, Frame::Bye).await?;
+        drop(remote);
+        let _ = verbio::runtime::timeout(Duration::from_secs(5), rdma.close()).await;
+        printer.finish().ctx("printing the results")
+    })
+}
+
+async fn step(
+    cfg: &Config,
+    rdma: &Rdma,
+    remote: Option<&RemoteMr>,
+    size: usize,
+    budget: &Budget,
+) -> Result<Measured> {
+    let view = match remote {
+        Some(r) => Some(
+            r.get(0..size)
+                .ok_or_else(|| msg("the server's memory is smaller than the message"))?,
+        ),
+        None => None,
+    };
+    let view = view.as_ref();
+    let need = || view.ok_or_else(|| msg("no remote memory"));
+    let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let slots = match budget.wire_iters() {
+        0 => cfg.tx_depth as usize,
+        n => n.min(u64::from(cfg.tx_depth)) as usize,
+    };
+    let mrs = |n: usize| -> Result<Vec<LocalMr>> {
+        (0..n)
+            .map(|_| rdma.alloc_local_mr(size).ctx("allocating local memory"))
+            .collect()
+    };
+    match cfg.test {
+        Test::SendBw => {
+            let items = vec![(); slots];
+            pipeline(items, budget, |()| async {
+                (rdma.send(&payload).await, ())
+            })
+            .await
+        }
+        Test::WriteBw => {
+            let v = need()?;
+            pipeline(mrs(slots)?, budget, |mr| rdma.write(mr, v)).await
+        }
+        Test::ReadBw => {
+            let v = need()?;
+            pipeline(mrs(slots)?, budget, |mr| rdma.read(mr, v)).await
+        }
+        Test::AtomicBw => {
+            let v = need()?;
+            let items = vec![(); slots];
+            pipeline(items, budget, |()| async {
+                (rdma.fetch_and_add(v, 1).await.map(drop), ())
+            })
+            .await
+        }
+        Test::SendLat => {
+            let mut lat = LatLoop::start(budget);
+            while lat.next() {
+                rdma.send(&payload).await.ctx(format!("send {}", lat.i))?;
+                let back = rdma.receive().await.ctx(format!("receive {}", lat.i))?;
+                if back.len() != size {
+                    return Err(msg(format!(
+                        "echo of {} bytes, expected {size}",
+                        back.len()
+                    )));
+                }
+            }
+            Ok(lat.finish())
+        }
+        Test::ReadLat => {
+            let v = need()?;
+            let mut mr = rdma.alloc_local_mr(size).ctx("allocating local memory")?;
+            let mut lat = LatLoop::start(budget);
+            while lat.next() {
+                let (r, back) = rdma.read(mr, v).await;
+                r.ctx(format!("read {}", lat.i))?;
+                mr = back;
+            }
+            Ok(lat.finish())
+        }
+        Test::AtomicLat => {
+            let v = need()?;
+            let mut lat = LatLoop::start(budget);
+            while lat.next() {
+                rdma.fetch_and_add(v, 1)
+                    .await
+                    .ctx(format!("fetch_and_add {}", lat.i))?;
+            }
+            Ok(lat.finish())
+        }
+        Test::WriteLat => Err(msg("write_lat is not supported with --api rdma")),
+    }
+}
+
+/// Keeps one op per item in flight until the budget is spent, stamping
+/// every completion.
+async fn pipeline<T, F, Fut>(items: Vec<T>, budget: &Budget, mut op: F) -> Result<Measured>
+where
+    F: FnMut(T) -> Fut,
+    Fut: Future<Output = (std::result::Result<(), AgentError>, T)>,
+{
+    let mut samples = BwSamples::with_capacity(budget.wire_iters() as usize + 1);
+    let mut in_flight = FuturesUnordered::new();
+    let clock = CycleClock::start();
+    samples.push(clock.stamp(), 0);
+    let mut posted = 0u64;
+    for it in items {
+        if budget.more(posted) {
+            posted += 1;
+            in_flight.push(op(it));
+        }
+    }
+    let mut done = 0u64;
+    while let Some((r, it)) = in_flight.next().await {
+        r.ctx(format!("op {done}"))?;
+        done += 1;
+        samples.push(clock.stamp(), done);
+        if budget.more(posted) {
+            posted += 1;
+            in_flight.push(op(it));
+        }
+    }
+    Ok(Measured::Bw {
+        samples,
+        ticks_per_us: clock.ticks_per_us(),
+    })
+}
+
+/// The server: serves one client, then returns.
+pub fn server(cfg: &Config) -> Result<()> {
+    let spin = cfg.test == Test::SendLat;
+    let (rt, dev, _) = session::open(cfg, spin)?;
+    let b = builder(cfg, dev);
+    rt.block_on(async {
+        let listener = b
+            .listen(session::listen_addr(cfg.port))
+            .ctx(format!("listening on TCP port {}", cfg.port))?;
+        let local = listener.local_addr().ctx("reading the listening address")?;
+        eprintln!(
+            "verbio-perf: {} server listening on {local}",
+            cfg.test.name()
+        );
+        let rdma = listener.accept().await.ctx("accepting the client")?;
+        let hello = recv_ctl(&rdma).await?;
+        ctl::check_hello(hello, cfg.test, cfg.api).ctx("the client's hello")?;
+        send_ctl(&rdma, Frame::Go).await?;
+        let res = serve(cfg, &rdma).await;
+        let _ = verbio::runtime::timeout(Duration::from_secs(5), rdma.close()).await;
+        res
+    })
+}
+
+async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
+    loop {
+        match recv_ctl(rdma).await? {
+            Frame::Step { .. } => {
+                send_ctl(rdma, Frame::Go).await?;
+                if cfg.test.verb() == Verb::Send {
+                    loop {
+                        let (data, imm) = rdma.receive_with_imm().await.ctx("receiving")?;
+                        if imm == Some(CTL_IMM) {
+                            match ctl::Frame::decode(&data).ctx("decoding a control frame")? {
+                                Frame::Stop => break,
+                                got => return Err(msg(format!("unexpected {got:?} in a step"))),
+                            }
+                        }
+                        if cfg.test == Test::SendLat {
+                            rdma.send(&data).await.ctx("echoing")?;
+                        }
+                    }
+                    send_ctl(rdma, Frame::Done).await?;
+                }
+            }
+            Frame::Bye => return Ok(()),
+            got => return Err(msg(format!("unexpected {got:?} from the client"))),
+        }
+    }
+}

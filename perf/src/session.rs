@@ -1,0 +1,349 @@
+//! Setup shared by the verbs and raw APIs: the runtime and device, the QP
+//! connections, the memory each side grants, and the run budget.
+
+use std::cell::Cell;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfig};
+use verbio::ops::verbs::RemoteBuf;
+use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps, RtsAttr};
+use verbio::runtime::buf::RemoteAccessRegion;
+use verbio::runtime::{sleep, Device, QueuePair, Runtime, TcpStream};
+
+use crate::args::{Api, Config};
+use crate::ctl::{self, Frame};
+use crate::error::{msg, Context, Result};
+use crate::report::RunInfo;
+
+/// Bound of one connection handshake.
+pub const HANDSHAKE: Duration = Duration::from_secs(10);
+/// How long a client retries connecting to a server that is not up yet.
+const CONNECT_RETRY: Duration = Duration::from_secs(10);
+/// Busy-poll time on hardware: longer than any gap between two completions
+/// of a run, so the reactor spins throughout (as perftest).
+const BUSY_POLL: Duration = Duration::from_millis(50);
+/// Receives posted per QP at most (send tests).
+pub const RX_DEPTH: u32 = 256;
+/// Receives posted per QP for the latency ping-pong.
+pub const LAT_RX_DEPTH: u32 = 8;
+/// Completion queue entries: room for every QP's posted sends and receives.
+const CQ_SIZE: u32 = 16384;
+/// Bound of the memory posted for receives per QP.
+const RX_MEMORY: usize = 128 << 20;
+
+/// Receive buffers to post per QP for messages up to `max_size` bytes.
+pub fn rx_depth(max_size: usize, lat: bool) -> u32 {
+    let fit = (RX_MEMORY / max_size.max(1)).clamp(2, RX_DEPTH as usize) as u32;
+    if lat {
+        fit.min(LAT_RX_DEPTH)
+    } else {
+        fit
+    }
+}
+
+/// Opens the device and a runtime for it. `spin`: busy-poll before
+/// sleeping unless `-e` or the software device (or `--busy-poll` says).
+/// Returns the busy-poll time used.
+pub fn open(cfg: &Config, spin: bool) -> Result<(Runtime, Device, Duration)> {
+    let ctx = open_device(cfg.device.as_deref()).ctx("opening the RDMA device")?;
+    let busy = match cfg.busy_poll {
+        _ if !spin || cfg.events => Duration::ZERO,
+        Some(d) => d,
+        None if ctx.kind() == ProviderKind::Soft => Duration::ZERO,
+        None => BUSY_POLL,
+    };
+    tracing::info!(device = ctx.name(), kind = %ctx.kind(), ?busy, "opened the device");
+    let rt = Runtime::builder()
+        .busy_poll(busy)
+        .build()
+        .ctx("starting the runtime")?;
+    let dev = Device::with_cq_size(ctx, CQ_SIZE).ctx("binding the device to the runtime")?;
+    Ok((rt, dev, busy))
+}
+
+/// The QP attributes of a run.
+pub fn qp_config(cfg: &Config) -> QpConfig {
+    let default = QpConfig::default();
+    QpConfig {
+        caps: QpCaps {
+            // Room for the stop marker and the raw loops' closing WR too.
+            max_send_wr: cfg.tx_depth.max(16) + 2,
+            // A step's receive rings, and what the previous step's left.
+            max_recv_wr: 2 * RX_DEPTH,
+            max_inline_data: cfg.inline,
+            ..QpCaps::default()
+        },
+        init: verbio::provider::InitAttr {
+            port: cfg.ib_port,
+            ..default.init
+        },
+        gid_index: cfg.gid_index,
+        // A sender that finds no receive posted (the receive rings of large
+        // sizes are shallow) retries after 10 µs instead of 640 µs.
+        min_rnr_timer: 1,
+        // About 1 s per transport retry: an emulated VM on a loaded host can
+        // leave a responder unscheduled longer than the default 67 ms × 6.
+        rts: RtsAttr {
+            timeout: 18,
+            ..default.rts
+        },
+        ..default
+    }
+}
+
+/// The server's listening address for `port`.
+pub fn listen_addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], port))
+}
+
+/// Resolves the client's `host` with the run's port.
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()
+        .ctx(format!("resolving {host}"))?
+        .next()
+        .ok_or_else(|| msg(format!("{host} resolves to no address")))
+}
+
+/// Counts the run's iterations, or its time.
+#[derive(Debug)]
+pub struct Budget {
+    iters: Option<u64>,
+    deadline: Option<Instant>,
+    expired: Cell<bool>,
+}
+
+impl Budget {
+    /// `iters` iterations, or (without) until `duration` from now.
+    pub fn new(iters: Option<u64>, duration: Option<Duration>) -> Budget {
+        Budget {
+            iters,
+            deadline: duration.map(|d| Instant::now() + d),
+            expired: Cell::new(false),
+        }
+    }
+
+    /// Whether iteration `n` (0-based) runs. With a duration, the clock is
+    /// read every 64 iterations.
+    #[inline]
+    pub fn more(&self, n: u64) -> bool {
+        if let Some(max) = self.iters {
+            return n < max;
+        }
+        if n % 64 == 0 && !self.expired.get() {
+            let over = self.deadline.map_or(true, |d| Instant::now() >= d);
+            self.expired.set(over);
+        }
+        !self.expired.get()
+    }
+
+    /// The step's iteration count on the wire (0: until the stop marker).
+    pub fn wire_iters(&self) -> u64 {
+        self.iters.unwrap_or(0)
+    }
+}
+
+/// One side's connected QPs, control stream and memory.
+pub struct Conn {
+    /// The QPs, connected.
+    pub qps: Vec<QueuePair>,
+    /// The control stream (the first QP's setup connection).
+    pub ctl: TcpStream,
+    /// The path MTU.
+    pub mtu: Mtu,
+    /// Memory this side grants to the peer (the run's largest size, at
+    /// least one 8-byte word).
+    pub region: RemoteAccessRegion<Vec<u8>>,
+    /// The peer's granted memory.
+    pub remote: RemoteBuf,
+    /// The run's largest message.
+    pub max_size: usize,
+}
+
+/// Grants `len` bytes (at least 8, 8-byte aligned) with remote read, write
+/// and atomic access.
+fn grant(dev: &Device, len: usize) -> Result<RemoteAccessRegion<Vec<u8>>> {
+    let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let region = RemoteAccessRegion::grant(dev.pd(), vec![0u8; len.max(8)], access)
+        .map_err(|r| r.error)
+        .ctx(format!("registering {len} bytes for the peer"))?;
+    if region.addr() % 8 != 0 {
+        return Err(msg(
+            "the granted memory is not 8-byte aligned (atomics need it)",
+        ));
+    }
+    Ok(region)
+}
+
+fn region_frame(r: &RemoteAccessRegion<Vec<u8>>) -> Frame {
+    Frame::Region {
+        addr: r.addr(),
+        len: r.len() as u64,
+        rkey: r.rkey(),
+    }
+}
+
+async fn peer_region(ctl: &mut TcpStream) -> Result<RemoteBuf> {
+    match ctl::recv(ctl).await.ctx("reading the peer's memory")? {
+        Frame::Region { addr, len, rkey } => Ok(RemoteBuf::new(addr, len, rkey)),
+        got => Err(msg(format!("expected the peer's memory, got {got:?}"))),
+    }
+}
+
+/// Client: connects `cfg.qps` QPs to the server, announces the run and
+/// swaps memory grants.
+pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> {
+    let qps = DeviceQps::new(dev.clone(), qp_config(cfg));
+    let max_size = cfg.max_size();
+    let mut conns = Vec::new();
+    let deadline = Instant::now() + CONNECT_RETRY;
+    let mut ctl_stream = None;
+    let mut mtu = Mtu::Mtu4096;
+    while conns.len() < cfg.qps as usize {
+        match connect(addr, &qps, HANDSHAKE).await {
+            Ok(c) => {
+                mtu = mtu.min(c.local.mtu.min(c.remote.mtu));
+                if ctl_stream.is_none() {
+                    let mut s = c.stream;
+                    ctl::send(
+                        &mut s,
+                        Frame::Hello {
+                            test: cfg.test,
+                            api: cfg.api.code(),
+                            qps: u16::try_from(cfg.qps).map_err(|_| msg("-q is too large"))?,
+                            max_size: max_size as u64,
+                        },
+                    )
+                    .await
+                    .ctx("sending the hello")?;
+                    ctl_stream = Some(s);
+                }
+                conns.push(c.qp);
+            }
+            Err(HandshakeError::Io { .. }) if conns.is_empty() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => return Err(e).ctx(format!("connecting to {addr}")),
+        }
+    }
+    let mut ctl = ctl_stream.ok_or_else(|| msg("no connection"))?;
+    let region = grant(dev, max_size)?;
+    ctl::send(&mut ctl, region_frame(&region))
+        .await
+        .ctx("sending this side's memory")?;
+    let remote = peer_region(&mut ctl).await?;
+    Ok(Conn {
+        qps: conns,
+        ctl,
+        mtu,
+        region,
+        remote,
+        max_size,
+    })
+}
+
+/// Server: binds the listener (printing its address on stderr).
+pub fn bind(cfg: &Config, dev: &Device) -> Result<Listener<DeviceQps>> {
+    let l = Listener::bind(
+        listen_addr(cfg.port),
+        DeviceQps::new(dev.clone(), qp_config(cfg)),
+        HANDSHAKE,
+    )
+    .ctx(format!("listening on TCP port {}", cfg.port))?;
+    let local = l.local_addr().ctx("reading the listening address")?;
+    eprintln!(
+        "verbio-perf: {} server listening on {local}",
+        cfg.test.name()
+    );
+    Ok(l)
+}
+
+/// Server: accepts one client's QPs, checks its hello and swaps memory
+/// grants.
+pub async fn accept(cfg: &Config, dev: &Device, l: &Listener<DeviceQps>) -> Result<Conn> {
+    let first = l.accept().await.ctx("accepting the client")?;
+    let mut ctl = first.stream;
+    let mut mtu = first.local.mtu.min(first.remote.mtu);
+    let hello = ctl::recv(&mut ctl)
+        .await
+        .ctx("reading the client's hello")?;
+    let (n, max_size) = ctl::check_hello(hello, cfg.test, cfg.api).ctx("the client's hello")?;
+    let mut qps = vec![first.qp];
+    while qps.len() < n as usize {
+        let c = l.accept().await.ctx("accepting the client's next QP")?;
+        mtu = mtu.min(c.local.mtu.min(c.remote.mtu));
+        qps.push(c.qp);
+    }
+    let remote = peer_region(&mut ctl).await?;
+    let region = grant(dev, max_size)?;
+    ctl::send(&mut ctl, region_frame(&region))
+        .await
+        .ctx("sending this side's memory")?;
+    Ok(Conn {
+        qps,
+        ctl,
+        mtu,
+        region,
+        remote,
+        max_size,
+    })
+}
+
+/// The banner's facts about a verbs or raw run.
+pub fn run_info(cfg: &Config, dev: &Device, conn: &Conn, busy: Duration) -> RunInfo {
+    RunInfo {
+        test: cfg.test,
+        api: cfg.api,
+        transport: cfg.transport,
+        device: dev.context().name().to_string(),
+        provider: dev.context().kind().to_string(),
+        qps: conn.qps.len() as u32,
+        tx_depth: cfg.tx_depth,
+        inline_size: conn.qps.first().map_or(0, |q| q.caps().max_inline_data),
+        mtu: conn.mtu.bytes(),
+        completions: completions(cfg.api, busy),
+        bw_units: if cfg.gbits { "Gb/sec" } else { "MB/sec" }.into(),
+    }
+}
+
+/// How completions are waited for, for the banner.
+pub fn completions(api: Api, busy: Duration) -> String {
+    match api {
+        Api::Raw => "busy poll of the CQ (raw loop)".into(),
+        _ if busy.is_zero() => "events (sleeps on the completion channel)".into(),
+        _ => format!("busy poll ({busy:?} before sleeping)"),
+    }
+}
+
+/// Closes the QPs (bounded).
+pub async fn close(qps: &[QueuePair]) {
+    for qp in qps {
+        let _ = verbio::runtime::timeout(Duration::from_secs(5), qp.close()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receive_depth_bounds_memory() {
+        assert_eq!(rx_depth(64, false), RX_DEPTH);
+        assert_eq!(rx_depth(64, true), LAT_RX_DEPTH);
+        assert_eq!(rx_depth(1 << 23, false), 16);
+        assert_eq!(rx_depth(1 << 30, false), 2);
+    }
+
+    #[test]
+    fn budget_counts_iterations_or_time() {
+        let b = Budget::new(Some(3), None);
+        assert!(b.more(2) && !b.more(3));
+        assert_eq!(b.wire_iters(), 3);
+        let t = Budget::new(None, Some(Duration::ZERO));
+        assert!(!t.more(0));
+        assert_eq!(t.wire_iters(), 0);
+        let long = Budget::new(None, Some(Duration::from_secs(60)));
+        assert!(long.more(0) && long.more(1000));
+    }
+}

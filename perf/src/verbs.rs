@@ -1,0 +1,431 @@
+//! `--api verbs`: the measured loops on the runtime's owned-buffer op
+//! futures (`verbio::Verbs` on a `QueuePair`), the runtime's reactor
+//! waiting for the completions.
+
+use std::future::Future;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
+use verbio::ops::verbs::{RemoteBuf, Verbs};
+use verbio::runtime::buf::{LocalBuf, MrPool};
+use verbio::runtime::{Device, QueuePair, RecvRing, RecvRingConfig};
+
+use crate::args::{Config, Test};
+use crate::clock::CycleClock;
+use crate::error::{msg, Context, Result};
+use crate::measure::{lat_value, wait_byte, LatLoop, Measured, LAT_STOP, STOP_IMM};
+use crate::session::{rx_depth, Budget, Conn};
+use crate::stats::BwSamples;
+
+/// The memory of the verbs loops: a buffer pool and the receive rings:
+/// send_lat's posted for the whole run (sized for its largest message),
+/// send_bw's server's posted for one size at a time.
+pub struct State {
+    pool: MrPool,
+    rings: Vec<RecvRing>,
+    /// Receives the last send_bw step left posted (per QP, at most).
+    drain: u64,
+}
+
+impl State {
+    /// Posts send_lat's receive rings (both sides).
+    pub fn new(cfg: &Config, dev: &Device, conn: &Conn, _server: bool) -> Result<State> {
+        let pool = MrPool::new(dev.pd());
+        let rings = if cfg.test == Test::SendLat {
+            post_rings(dev, conn, conn.max_size, true)?
+        } else {
+            Vec::new()
+        };
+        Ok(State {
+            pool,
+            rings,
+            drain: 0,
+        })
+    }
+
+    /// Server, before a step's go: posts send_bw's receive rings for
+    /// `size`-byte messages. Returns how many empty messages the client
+    /// sends first on each QP: the receives the previous step's rings left
+    /// posted consume them (RC takes receives in posting order); any more
+    /// land in the new rings, which skip them.
+    pub fn prepare_step(
+        &mut self,
+        cfg: &Config,
+        dev: &Device,
+        conn: &Conn,
+        size: usize,
+    ) -> Result<u64> {
+        if cfg.test == Test::SendBw {
+            self.rings = post_rings(dev, conn, size, false)?;
+        }
+        Ok(std::mem::take(&mut self.drain))
+    }
+
+    fn alloc(&self, size: usize) -> Result<LocalBuf> {
+        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        self.pool
+            .alloc_from(&data)
+            .ctx(format!("allocating a {size}-byte buffer"))
+    }
+
+    /// Client: runs one size.
+    pub async fn client_step(
+        &mut self,
+        cfg: &Config,
+        conn: &Conn,
+        size: usize,
+        budget: &Budget,
+        drain: u64,
+    ) -> Result<Measured> {
+        let remote = conn
+            .remote
+            .at(0, size as u64)
+            .ctx("the peer's memory is smaller than the message")?;
+        match cfg.test {
+            Test::WriteBw => {
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
+                pipeline(bufs, budget, |i, b| {
+                    let qp = &conn.qps[i];
+                    async move {
+                        let (r, b) = qp.write(b, remote).await;
+                        (r.map(drop), b)
+                    }
+                })
+                .await
+            }
+            Test::ReadBw => {
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
+                pipeline(bufs, budget, |i, b| {
+                    let qp = &conn.qps[i];
+                    async move {
+                        let (r, b) = qp.read(b, remote).await;
+                        (r.map(drop), b)
+                    }
+                })
+                .await
+            }
+            Test::AtomicBw => {
+                let word = conn.remote.word(0).ctx("the peer's atomic word")?;
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
+                pipeline(bufs, budget, |i, b| {
+                    let qp = &conn.qps[i];
+                    async move {
+                        let (r, b) = qp.fetch_and_add(b, word, 1).await;
+                        (r.map(drop), b)
+                    }
+                })
+                .await
+            }
+            Test::SendBw => {
+                for qp in &conn.qps {
+                    for _ in 0..drain {
+                        let empty = self.pool.alloc(0).ctx("allocating a drain message")?;
+                        qp.send(empty).await.0.ctx("sending a drain message")?;
+                    }
+                }
+                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
+                let m = pipeline(bufs, budget, |i, b| {
+                    let qp = &conn.qps[i];
+                    async move {
+                        let (r, b) = qp.send(b).await;
+                        (r.map(drop), b)
+                    }
+                })
+                .await?;
+                for qp in &conn.qps {
+                    let empty = self.pool.alloc(0).ctx("allocating the stop marker")?;
+                    qp.send_with_imm(empty, STOP_IMM)
+                        .await
+                        .0
+                        .ctx("sending the stop marker")?;
+                }
+                Ok(m)
+            }
+            Test::SendLat => self.send_lat(conn, size, budget).await,
+            Test::WriteLat => self.write_lat(conn, remote, size, budget).await,
+            Test::ReadLat => {
+                let qp = &conn.qps[0];
+                let mut buf = self.alloc(size)?;
+                let mut lat = LatLoop::start(budget);
+                while lat.next() {
+                    let (r, b) = qp.read(buf, remote).await;
+                    r.ctx(format!("read {}", lat.i))?;
+                    buf = b;
+                }
+                Ok(lat.finish())
+            }
+            Test::AtomicLat => {
+                let qp = &conn.qps[0];
+                let word = conn.remote.word(0).ctx("the peer's atomic word")?;
+                let mut buf = self.alloc(8)?;
+                let mut lat = LatLoop::start(budget);
+                while lat.next() {
+                    let (r, b) = qp.fetch_and_add(buf, word, 1).await;
+                    r.ctx(format!("fetch_and_add {}", lat.i))?;
+                    buf = b;
+                }
+                Ok(lat.finish())
+            }
+        }
+    }
+
+    /// `depth` buffers of `size` bytes per QP, registered before the clock
+    /// starts; each is reused by its QP's next op once its op completed.
+    /// No more than the iterations need.
+    fn bufs(
+        &self,
+        conn: &Conn,
+        depth: u32,
+        size: usize,
+        budget: &Budget,
+    ) -> Result<Vec<Vec<LocalBuf>>> {
+        let n = match budget.wire_iters() {
+            0 => u64::from(depth),
+            iters => iters.min(u64::from(depth)),
+        };
+        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        conn.qps
+            .iter()
+            .map(|_| {
+                (0..n)
+                    .map(|_| {
+                        self.pool
+                            .alloc_from(&data)
+                            .ctx(format!("allocating a {size}-byte buffer"))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// An empty SEND: the end of a send test's messages on `qp`.
+    async fn stop_marker(&self, qp: &QueuePair) -> Result<()> {
+        let empty = self.pool.alloc(0).ctx("allocating the stop marker")?;
+        qp.send(empty).await.0.ctx("sending the stop marker")?;
+        Ok(())
+    }
+
+    /// SEND ping-pong, perftest's loop: receives always posted ahead (the
+    /// ring), small messages sent INLINE without waiting for their
+    /// completion; each echo's buffer is reposted once the next ping is out.
+    async fn send_lat(&mut self, conn: &Conn, size: usize, budget: &Budget) -> Result<Measured> {
+        let qp = &conn.qps[0];
+        let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let mut msg_buf = self.alloc(size)?;
+        let inline = size <= qp.caps().max_inline_data as usize;
+        let ring = self
+            .rings
+            .first_mut()
+            .ok_or_else(|| msg("no receive ring"))?;
+        let mut last_echo = None;
+        let mut lat = LatLoop::start(budget);
+        while lat.next() {
+            let i = lat.i;
+            if inline {
+                qp.send_inline(&payload).await.ctx(format!("send {i}"))?;
+                drop(last_echo.take());
+                let back = ring
+                    .next()
+                    .await
+                    .ok_or_else(|| msg("the receive ring ended"))?
+                    .ctx(format!("recv {i}"))?;
+                check_len(i, back.len(), size)?;
+                last_echo = Some(back);
+            } else {
+                let (sent, back) = futures::join!(qp.send(msg_buf), ring.next());
+                let (r, b) = sent;
+                r.ctx(format!("send {i}"))?;
+                msg_buf = b;
+                let back = back
+                    .ok_or_else(|| msg("the receive ring ended"))?
+                    .ctx(format!("recv {i}"))?;
+                check_len(i, back.len(), size)?;
+            }
+        }
+        drop(last_echo);
+        let m = lat.finish();
+        self.stop_marker(qp).await?;
+        Ok(m)
+    }
+
+    /// WRITE ping-pong: write the message (its last byte the iteration's
+    /// value), then poll this side's memory for the peer's answer.
+    async fn write_lat(
+        &mut self,
+        conn: &Conn,
+        remote: RemoteBuf,
+        size: usize,
+        budget: &Budget,
+    ) -> Result<Measured> {
+        let qp = &conn.qps[0];
+        let mut buf = self.alloc(size)?;
+        let mut lat = LatLoop::start(budget);
+        while lat.next() {
+            let i = lat.i;
+            let v = lat_value(i);
+            buf[size - 1] = v;
+            let (r, b) = qp.write(buf, remote).await;
+            r.ctx(format!("write {i}"))?;
+            buf = b;
+            wait_byte(&conn.region, size - 1, |x| x == v);
+        }
+        let m = lat.finish();
+        buf[size - 1] = LAT_STOP;
+        qp.write(buf, remote)
+            .await
+            .0
+            .ctx("writing the stop value")?;
+        Ok(m)
+    }
+
+    /// Server: the traffic of one size (the send tests and write_lat;
+    /// the other tests need nothing of the server).
+    pub async fn serve_step(&mut self, cfg: &Config, conn: &Conn, size: usize) -> Result<()> {
+        match cfg.test {
+            Test::SendBw => {
+                let sinks = self.rings.iter_mut().map(|ring| async move {
+                    loop {
+                        let m = ring
+                            .next()
+                            .await
+                            .ok_or_else(|| msg("the receive ring ended"))?
+                            .ctx("receiving")?;
+                        if m.imm() == Some(STOP_IMM) {
+                            return Ok::<(), crate::error::Error>(());
+                        }
+                    }
+                });
+                futures::future::try_join_all(sinks).await?;
+                // The rings' receives stay posted until the next step's
+                // drain messages consume them.
+                self.drain = self
+                    .rings
+                    .iter()
+                    .map(|r| u64::from(r.posted()))
+                    .max()
+                    .unwrap_or(0);
+                self.rings.clear();
+                Ok(())
+            }
+            Test::SendLat => self.echo_sends(conn, size).await,
+            Test::WriteLat => {
+                let qp = &conn.qps[0];
+                let remote = conn
+                    .remote
+                    .at(0, size as u64)
+                    .ctx("the client's memory is smaller than the message")?;
+                let mut buf = self.alloc(size)?;
+                let mut i = 0u64;
+                loop {
+                    let v = lat_value(i);
+                    let got = wait_byte(&conn.region, size - 1, |x| x == v || x == LAT_STOP);
+                    if got == LAT_STOP {
+                        return Ok(());
+                    }
+                    buf[size - 1] = v;
+                    let (r, b) = qp.write(buf, remote).await;
+                    r.ctx(format!("write {i}"))?;
+                    buf = b;
+                    i += 1;
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Echoes every message until an empty one; each receive buffer is
+    /// reposted once its echo is posted (INLINE: copied at post time) or
+    /// copied out.
+    async fn echo_sends(&mut self, conn: &Conn, size: usize) -> Result<()> {
+        let qp = &conn.qps[0];
+        let inline = size <= qp.caps().max_inline_data as usize;
+        let mut spare = self.pool.alloc(size).ctx("allocating the echo buffer")?;
+        let ring = self
+            .rings
+            .first_mut()
+            .ok_or_else(|| msg("no receive ring"))?;
+        loop {
+            let got = ring
+                .next()
+                .await
+                .ok_or_else(|| msg("the receive ring ended"))?
+                .ctx("receiving")?;
+            if got.is_empty() {
+                return Ok(());
+            }
+            if inline {
+                qp.send_inline(&got).await.ctx("echoing")?;
+            } else {
+                spare.clear();
+                spare.extend_from_slice(&got).ctx("copying the echo")?;
+                drop(got);
+                let (r, b) = qp.send(spare).await;
+                r.ctx("echoing")?;
+                spare = b;
+            }
+        }
+    }
+}
+
+/// A receive ring of `size`-byte buffers on every QP (at most half the
+/// receive queue: the previous step's may still be posted).
+fn post_rings(dev: &Device, conn: &Conn, size: usize, lat: bool) -> Result<Vec<RecvRing>> {
+    let depth = rx_depth(size, lat);
+    conn.qps
+        .iter()
+        .map(|qp| {
+            let d = depth.min(qp.caps().max_recv_wr / 2).max(1);
+            RecvRing::new(qp, dev.pd(), RecvRingConfig::new(d, size))
+                .ctx("posting the receive ring")
+        })
+        .collect()
+}
+
+fn check_len(i: u64, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(msg(format!("echo {i}: {got} bytes, expected {want}")));
+    }
+    Ok(())
+}
+
+/// Pairs an op's output with its QP index (one closure type for every push).
+fn tag<T>(i: usize) -> impl FnOnce(T) -> (usize, T) {
+    move |r| (i, r)
+}
+
+/// Keeps every buffer of `bufs[qp]` in flight on its QP through `op`,
+/// reposting each as its op completes, until the budget is spent; stamps
+/// every completion.
+async fn pipeline<F, Fut>(bufs: Vec<Vec<LocalBuf>>, budget: &Budget, mut op: F) -> Result<Measured>
+where
+    F: FnMut(usize, LocalBuf) -> Fut,
+    Fut: Future<Output = (verbio::ops::Result<()>, LocalBuf)>,
+{
+    let mut samples = BwSamples::with_capacity(budget.wire_iters() as usize * bufs.len() + 1);
+    let mut posted = vec![0u64; bufs.len()];
+    let mut in_flight = FuturesUnordered::new();
+    let clock = CycleClock::start();
+    samples.push(clock.stamp(), 0);
+    for (i, list) in bufs.into_iter().enumerate() {
+        for b in list {
+            if budget.more(posted[i]) {
+                posted[i] += 1;
+                in_flight.push(op(i, b).map(tag(i)));
+            }
+        }
+    }
+    let mut done = 0u64;
+    while let Some((i, (r, b))) = in_flight.next().await {
+        r.ctx(format!("op {done} on QP {i}"))?;
+        done += 1;
+        samples.push(clock.stamp(), done);
+        if budget.more(posted[i]) {
+            posted[i] += 1;
+            in_flight.push(op(i, b).map(tag(i)));
+        }
+    }
+    Ok(Measured::Bw {
+        samples,
+        ticks_per_us: clock.ticks_per_us(),
+    })
+}

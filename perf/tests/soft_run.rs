@@ -1,0 +1,152 @@
+//! Runs verbio-perf's server and client as two processes on the software
+//! device, for every test and API, and checks the JSON they print.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_verbio-perf");
+
+/// Starts `verbio-perf ARGS -p 0` as the server; returns it and its port.
+fn server(args: &[&str]) -> (std::process::Child, u16) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["-p", "0", "-d", "soft0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the server");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let port = loop {
+        let line = lines
+            .next()
+            .expect("the server printed its address")
+            .expect("readable stderr");
+        if let Some(addr) = line.split("listening on ").nth(1) {
+            let port = addr
+                .split_whitespace()
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+                .expect("a port");
+            break port;
+        }
+    };
+    // Keep draining the server's stderr so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, port)
+}
+
+/// Runs one client against a fresh server; returns the client's JSON.
+fn run(server_args: &[&str], client_args: &[&str]) -> serde_json::Value {
+    let (mut srv, port) = server(server_args);
+    let port = port.to_string();
+    let out = Command::new(BIN)
+        .args(client_args)
+        .args(["127.0.0.1", "-p", &port, "-d", "soft0", "--json"])
+        .output()
+        .expect("run the client");
+    let status = srv.wait().expect("the server ends");
+    assert!(
+        out.status.success(),
+        "client {client_args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(status.success(), "server {server_args:?} failed");
+    serde_json::from_slice(&out.stdout).expect("the client prints JSON")
+}
+
+fn check(v: &serde_json::Value, test: &str, sizes: &[u64]) {
+    assert_eq!(v["test"], test);
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), sizes.len(), "{v}");
+    for (row, &size) in rows.iter().zip(sizes) {
+        assert_eq!(row["bytes"], size, "{v}");
+        assert!(row["iterations"].as_u64().expect("iterations") >= 5, "{v}");
+        let figure = if test.ends_with("_lat") {
+            row["t_typical"].as_f64()
+        } else {
+            row["bw_avg_mbps"].as_f64()
+        };
+        assert!(figure.expect("a figure") > 0.0, "{v}");
+    }
+}
+
+#[test]
+fn every_test_on_every_api() {
+    let tests = [
+        "write_bw",
+        "read_bw",
+        "send_bw",
+        "atomic_bw",
+        "write_lat",
+        "read_lat",
+        "send_lat",
+        "atomic_lat",
+    ];
+    for api in ["verbs", "raw", "rdma"] {
+        for test in tests {
+            if api == "rdma" && test == "write_lat" {
+                continue;
+            }
+            let atomic = test.starts_with("atomic");
+            let mut client = vec![test, "--api", api, "-n", "10", "-t", "4"];
+            if !atomic {
+                client.extend(["-s", "100"]);
+            }
+            let v = run(&[test, "--api", api], &client);
+            check(&v, test, &[if atomic { 8 } else { 100 }]);
+            assert_eq!(v["api"], api);
+        }
+    }
+}
+
+#[test]
+fn several_qps_a_duration_and_tcp() {
+    let v = run(
+        &["write_bw"],
+        &["write_bw", "-q", "2", "-t", "4", "-s", "256", "-n", "10"],
+    );
+    check(&v, "write_bw", &[256]);
+    assert_eq!(v["qps"], 2);
+    assert_eq!(v["results"][0]["iterations"], 20);
+    let v = run(
+        &["send_bw", "--api", "raw"],
+        &["send_bw", "--api", "raw", "-D", "1", "-s", "64"],
+    );
+    check(&v, "send_bw", &[64]);
+    let v = run(
+        &["send_lat", "--transport", "tcp"],
+        &["send_lat", "--transport", "tcp", "-n", "10"],
+    );
+    check(&v, "send_lat", &[2]);
+    assert_eq!(v["transport"], "tcp");
+}
+
+#[test]
+fn mismatched_sides_fail_with_a_reason() {
+    let (mut srv, port) = server(&["send_bw", "--api", "raw"]);
+    let out = Command::new(BIN)
+        .args([
+            "send_lat",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-d",
+            "soft0",
+        ])
+        .output()
+        .expect("run the client");
+    let _ = srv.wait();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn unsupported_combinations_exit_with_usage_errors() {
+    let out = Command::new(BIN)
+        .args(["write_lat", "--api", "rdma"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported with --api rdma"));
+}
