@@ -36,10 +36,11 @@
 //! than one noisy number. On a loaded machine, compare only figures of the
 //! same run.
 //!
-//! Run: `cargo run --release --example op_overhead [ops-per-round] [rounds] [depths, e.g. 1,32] [all|spin|channel|fake] [tasks|joinall]`
-//! (`OP_OVERHEAD_ONLY=raw` or `=op` in the environment runs one side of
-//! the device rows only, the other side's figures being zero: to count one
-//! loop's syscalls and sleeps, e.g. under `strace -c -f` or `perf stat`.)
+//! Run: `cargo run --release --example op_overhead --features test-util --
+//! [ops-per-round] [rounds] [depths, e.g. 1,32] [all|spin|channel|fake] [tasks|joinall]`
+//! (`--only raw` or `--only op` runs one side of the device rows only, the
+//! other side's figures being zero: to count one loop's syscalls and
+//! sleeps, e.g. under `strace -c -f` or `perf stat`; `--help` lists it all.)
 //! (`fake`: only the runtime-only rows, no soft-device traffic; for callgrind,
 //! `--toggle-collect='*fake_run*'` counts just the measured ops.)
 //!
@@ -422,11 +423,11 @@ fn phase(
         .collect();
     // The raw loop posts the same buffer `depth` times (the device only reads it).
     let raw_buf = pool.alloc_from(&[0xee; MSG]).expect("buffer");
-    // `OP_OVERHEAD_ONLY=raw|op` runs one side only (the other's samples
-    // are zero): for counting one loop's syscalls (`strace -c -f`).
-    let only = std::env::var("OP_OVERHEAD_ONLY").ok();
-    let run_raw = only.as_deref() != Some("op");
-    let run_op = only.as_deref() != Some("raw");
+    // `--only raw|op` runs one side only (the other's samples are zero):
+    // for counting one loop's syscalls (`strace -c -f`).
+    let only = ONLY_SIDE.get().copied().flatten();
+    let run_raw = only != Some(Side::Op);
+    let run_op = only != Some(Side::Raw);
     // Warm-up: slab, pools, engine connection, page faults.
     if run_op {
         op_loop(&rt, &a, &mut bufs, remote, ops / 10 + depth, lanes);
@@ -782,27 +783,101 @@ fn fake_phase(kind: FakeOp, depth: usize, ops: usize, rounds: usize) -> Sample {
     }
 }
 
+/// Which tables to print.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Tables {
+    /// Every table.
+    All,
+    /// The device rows with the reactor busy-polling (and the fake rows).
+    Spin,
+    /// The device rows with the reactor sleeping on the channel (and the fake rows).
+    Channel,
+    /// Only the runtime-alone rows on the fake QP.
+    Fake,
+}
+
+/// How the op loops run.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LanesArg {
+    /// Each loop a spawned task.
+    Tasks,
+    /// All loops joined with `join_all` in `block_on`.
+    Joinall,
+}
+
+/// One side of the device rows.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+enum Side {
+    /// The raw post/poll loop only.
+    Raw,
+    /// The op loops only.
+    Op,
+}
+
+/// Comma-separated queue depths, each at least 1.
+#[derive(Clone)]
+struct Depths(Vec<usize>);
+
+impl std::str::FromStr for Depths {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Depths, String> {
+        let v = s
+            .split(',')
+            .map(|d| match d.trim().parse::<usize>() {
+                Ok(0) => Err("a depth must be at least 1".to_string()),
+                Ok(n) => Ok(n),
+                Err(e) => Err(format!("depth {d:?}: {e}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Depths(v))
+    }
+}
+
+/// `--only`, read by every phase.
+static ONLY_SIDE: std::sync::OnceLock<Option<Side>> = std::sync::OnceLock::new();
+
+/// What an op costs on top of bare verbs, side by side in one run.
+#[derive(clap::Parser)]
+#[command(about = "Ops as futures against a raw post/poll loop on the soft device, and the runtime alone on the fake QP", long_about = None)]
+struct Args {
+    /// Ops per round.
+    #[arg(default_value_t = 5_000)]
+    ops: usize,
+    /// Rounds (figures are medians over them).
+    #[arg(default_value_t = 31, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// Queue depths, comma-separated.
+    #[arg(default_value = "1,32")]
+    depths: Depths,
+    /// Which tables to print.
+    #[arg(value_enum, default_value = "all")]
+    tables: Tables,
+    /// How the op loops run.
+    #[arg(value_enum, default_value = "tasks")]
+    lanes: LanesArg,
+    /// Run one side of the device rows only (the other's figures are zero).
+    #[arg(long, value_enum)]
+    only: Option<Side>,
+}
+
 fn main() {
     IS_APP.with(|c| c.set(true));
-    let mut args = std::env::args().skip(1);
-    let ops: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(5_000);
-    let rounds: usize = args
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(31)
-        .max(1);
-    let depths: Vec<usize> = args
-        .next()
-        .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 32]);
-    let only: Option<String> = args.next().filter(|m| m != "all");
-    let fake_only = only.as_deref() == Some("fake");
-    let lanes = match args.next().as_deref() {
-        Some("joinall") => Lanes::JoinAll,
-        _ => Lanes::Tasks,
+    let args = <Args as clap::Parser>::parse();
+    let _ = ONLY_SIDE.set(args.only);
+    let (ops, rounds, depths) = (args.ops, args.rounds as usize, args.depths.0);
+    let only = match args.tables {
+        Tables::All => None,
+        Tables::Spin => Some("spin"),
+        Tables::Channel => Some("channel"),
+        Tables::Fake => Some("fake"),
+    };
+    let fake_only = args.tables == Tables::Fake;
+    let lanes = match args.lanes {
+        LanesArg::Joinall => Lanes::JoinAll,
+        LanesArg::Tasks => Lanes::Tasks,
     };
     if !fake_only {
-        device_tables(ops, rounds, &depths, only.as_deref(), lanes);
+        device_tables(ops, rounds, &depths, only, lanes);
         println!();
     }
     println!(

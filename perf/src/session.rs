@@ -132,7 +132,7 @@ impl Budget {
             return n < max;
         }
         if n % 64 == 0 && !self.expired.get() {
-            let over = self.deadline.map_or(true, |d| Instant::now() >= d);
+            let over = self.deadline.is_none_or(|d| Instant::now() >= d);
             self.expired.set(over);
         }
         !self.expired.get()
