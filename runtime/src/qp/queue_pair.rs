@@ -142,10 +142,6 @@ impl QueuePair {
         Some(&self.inner.core.qp)
     }
 
-    fn provider_or_err(&self, _call: &'static str) -> Result<&Qp, ProviderError> {
-        Ok(&self.inner.core.qp)
-    }
-
     /// QP number.
     pub fn qp_num(&self) -> u32 {
         self.inner.core.qp_num
@@ -158,27 +154,27 @@ impl QueuePair {
 
     /// Current provider state.
     pub fn state(&self) -> Result<QpState, ProviderError> {
-        Ok(self.provider_or_err("state")?.state())
+        Ok(self.inner.core.qp.state())
     }
 
     /// What the peer needs to connect to this QP.
     pub fn endpoint(&self, gid_index: u8) -> Result<Endpoint, ProviderError> {
-        self.provider_or_err("endpoint")?.endpoint(gid_index)
+        self.inner.core.qp.endpoint(gid_index)
     }
 
     /// RESET → INIT.
     pub fn modify_to_init(&self, attr: &InitAttr) -> Result<(), ProviderError> {
-        self.provider_or_err("modify_to_init")?.modify_to_init(attr)
+        self.inner.core.qp.modify_to_init(attr)
     }
 
     /// INIT → RTR.
     pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<(), ProviderError> {
-        self.provider_or_err("modify_to_rtr")?.modify_to_rtr(attr)
+        self.inner.core.qp.modify_to_rtr(attr)
     }
 
     /// RTR → RTS.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<(), ProviderError> {
-        self.provider_or_err("modify_to_rts")?.modify_to_rts(attr)
+        self.inner.core.qp.modify_to_rts(attr)
     }
 
     /// Send WRs posted and not yet completed (credits in use).
