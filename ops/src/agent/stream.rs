@@ -170,6 +170,27 @@ impl RdmaStream {
     }
 }
 
+impl RdmaStream {
+    /// Receives the next message into `current`, or notes the orderly end
+    /// (an empty message) in `read_eof`.
+    fn poll_next_message(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let rdma = self.rdma.clone();
+        let f = self
+            .receiving
+            .get_or_insert_with(|| Box::pin(async move { rdma.receive_msg().await }));
+        let res = ready!(f.as_mut().poll(cx));
+        self.receiving = None;
+        let msg = res?;
+        if msg.is_empty() {
+            self.read_eof = true;
+        } else {
+            self.current = Some(msg);
+            self.pos = 0;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl From<Rdma> for RdmaStream {
     fn from(rdma: Rdma) -> RdmaStream {
         RdmaStream::new(Rc::new(rdma))
@@ -193,19 +214,7 @@ impl AsyncRead for RdmaStream {
             if this.read_eof {
                 return Poll::Ready(Ok(0));
             }
-            let rdma = this.rdma.clone();
-            let f = this
-                .receiving
-                .get_or_insert_with(|| Box::pin(async move { rdma.receive_msg().await }));
-            let res = ready!(f.as_mut().poll(cx));
-            this.receiving = None;
-            let msg = res?;
-            if msg.is_empty() {
-                this.read_eof = true;
-            } else {
-                this.current = Some(msg);
-                this.pos = 0;
-            }
+            ready!(this.poll_next_message(cx))?;
         }
     }
 }
@@ -216,19 +225,7 @@ impl AsyncBufRead for RdmaStream {
     fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
         let this = self.get_mut();
         while this.current.is_none() && !this.read_eof {
-            let rdma = this.rdma.clone();
-            let f = this
-                .receiving
-                .get_or_insert_with(|| Box::pin(async move { rdma.receive_msg().await }));
-            let res = ready!(f.as_mut().poll(cx));
-            this.receiving = None;
-            let msg = res?;
-            if msg.is_empty() {
-                this.read_eof = true;
-            } else {
-                this.current = Some(msg);
-                this.pos = 0;
-            }
+            ready!(this.poll_next_message(cx))?;
         }
         match &this.current {
             Some(m) => Poll::Ready(Ok(&m[this.pos..])),
