@@ -4,6 +4,8 @@
 //!
 //! Run: `cargo run --release -p verbio-runtime --example buf_pool_bench`
 
+mod common;
+
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -26,20 +28,9 @@ fn per_op(n: u32, mut f: impl FnMut()) -> f64 {
 #[derive(clap::Parser)]
 struct Cli {}
 
-/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
-fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     <Cli as clap::Parser>::parse();
-    init_tracing();
+    common::init_tracing();
     const SIZE: usize = 4096;
     let Ok(ctx) = std::panic::catch_unwind(|| Context::open_soft(SoftConfig::default())) else {
         println!("SKIPPED: the soft RDMA device is not implemented in this build");

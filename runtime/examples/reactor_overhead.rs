@@ -9,6 +9,8 @@
 //!
 //! Run: `cargo run --release -p verbio-runtime --example reactor_overhead [iterations]`
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use verbio_runtime::provider::{
@@ -192,20 +194,9 @@ struct Cli {
     iterations: u32,
 }
 
-/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
-fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 fn main() {
     let iters = <Cli as clap::Parser>::parse().iterations;
-    init_tracing();
+    common::init_tracing();
     let opened = std::panic::catch_unwind(|| Context::open_soft(SoftConfig::default()));
     if !matches!(opened, Ok(Ok(_))) {
         println!("SKIPPED: the soft RDMA device is not available in this build");

@@ -9,6 +9,8 @@
 //!
 //! Run: `cargo run --release -p verbio-runtime --example timer_overhead [iterations [bare|timed]]`
 
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -79,20 +81,9 @@ struct Cli {
     only: Option<Only>,
 }
 
-/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
-fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 fn main() {
     let cli = <Cli as clap::Parser>::parse();
-    init_tracing();
+    common::init_tracing();
     let iters = cli.iterations;
     if let Some(only) = cli.only {
         let rt = Runtime::new().expect("runtime");

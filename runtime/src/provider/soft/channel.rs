@@ -234,16 +234,7 @@ impl Channel {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn readable(fd: RawFd) -> bool {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no wait.
-        unsafe { libc::poll(&mut p, 1, 0) == 1 }
-    }
+    use crate::provider::soft::fd_readable as readable;
 
     #[test]
     fn channel_fd_is_readable_while_a_member_holds_data_until_handed_back_or_closed() {

@@ -133,16 +133,7 @@ impl<T> EventQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn readable(fd: RawFd) -> bool {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no wait.
-        unsafe { libc::poll(&mut p, 1, 0) == 1 }
-    }
+    use crate::provider::soft::fd_readable as readable;
 
     #[test]
     fn event_fd_is_readable_while_events_wait_and_late_signals_clear() {

@@ -170,6 +170,19 @@ pub(crate) fn device_info() -> DeviceInfo {
     }
 }
 
+/// True if `fd` is readable now (a zero-timeout `poll`): the tests of the
+/// device's pollable fds use it.
+#[cfg(test)]
+pub(crate) fn fd_readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
