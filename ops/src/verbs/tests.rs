@@ -94,6 +94,7 @@ fn inject(
         imm_data: imm,
         qp_num: 7,
         vendor_err: 0,
+        ..Completion::EMPTY
     });
 }
 

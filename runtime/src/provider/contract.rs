@@ -8,11 +8,12 @@
 //! | object | provider types | required methods |
 //! |---|---|---|
 //! | [`DeviceContext`] | `soft::Context`, `ibverbs::Context` | `name`, `query_device`, `query_port`, `query_gid`, `alloc_pd`, `create_comp_channel`, `create_cq`, `async_fd`, `get_async_event` |
-//! | [`ProtectionDomain`] | `soft::Pd`, `ibverbs::Pd` | `reg_mr` (unsafe), `create_qp` |
+//! | [`ProtectionDomain`] | `soft::Pd`, `ibverbs::Pd` | `reg_mr` (unsafe), `create_qp`, `create_ud_qp`, `create_ah` |
+//! | [`AddressHandleOps`] | `soft::Ah`, `ibverbs::Ah` | `raw` |
 //! | [`MemoryRegion`] | `soft::Mr`, `ibverbs::Mr` | `lkey`, `rkey`, `addr`, `len`, `access` |
 //! | [`CompletionChannel`] | `soft::CompChannel`, `ibverbs::CompChannel` | `fd`, `get_event` |
 //! | [`CompletionQueue`] | `soft::Cq`, `ibverbs::Cq` | `handle`, `capacity`, `req_notify`, `poll`, `ack_events` |
-//! | [`QueuePairOps`] | `soft::Qp`, `ibverbs::Qp` | `qp_num`, `state`, `caps`, `endpoint`, `modify_to_{init,rtr,rts,err,reset}`, `post_send` and `post_recv` (unsafe) |
+//! | [`QueuePairOps`] | `soft::Qp`, `ibverbs::Qp` | `qp_num`, `qp_type`, `state`, `caps`, `endpoint`, `modify_to_{init,rtr,rts,err,reset}`, `modify_ud_to_rts`, `post_send` and `post_recv` (unsafe) |
 //!
 //! Every object is `Clone + Send + Sync` and keeps its parents alive.
 //! The implementations forward to each provider's inherent methods.
@@ -20,8 +21,8 @@
 use std::os::fd::RawFd;
 
 use super::{
-    AccessFlags, AsyncEvent, Completion, DeviceAttr, Endpoint, Gid, InitAttr, PortAttr, PostError,
-    QpCaps, QpState, RecvWr, Result, RtrAttr, RtsAttr, SendWr,
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, Completion, DeviceAttr, Endpoint, Gid, InitAttr,
+    PortAttr, PostError, QpCaps, QpState, QpType, RecvWr, Result, RtrAttr, RtsAttr, SendWr, UdAttr,
 };
 
 /// An opened device (`ibv_context`).
@@ -60,6 +61,8 @@ pub(crate) trait ProtectionDomain: Clone + Send + Sync {
     type Cq: CompletionQueue;
     /// Its queue pairs.
     type Qp: QueuePairOps;
+    /// Its address handles.
+    type Ah: AddressHandleOps;
     /// `ibv_reg_mr`.
     ///
     /// # Safety
@@ -68,6 +71,22 @@ pub(crate) trait ProtectionDomain: Clone + Send + Sync {
     unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Self::Mr>;
     /// `ibv_create_qp` (RC, in RESET).
     fn create_qp(&self, send_cq: &Self::Cq, recv_cq: &Self::Cq, caps: QpCaps) -> Result<Self::Qp>;
+    /// `ibv_create_qp` (UD, in RESET).
+    fn create_ud_qp(
+        &self,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        caps: QpCaps,
+    ) -> Result<Self::Qp>;
+    /// `ibv_create_ah`.
+    fn create_ah(&self, attr: &AhAttr) -> Result<Self::Ah>;
+}
+
+/// An address handle (`ibv_ah`): the route to one remote port, named by
+/// UD work requests.
+pub(crate) trait AddressHandleOps: Clone + Send + Sync {
+    /// The handle UD work requests carry while this one lives.
+    fn raw(&self) -> AhHandle;
 }
 
 /// A memory registration (`ibv_mr`).
@@ -110,6 +129,8 @@ pub(crate) trait CompletionQueue: Clone + Send + Sync {
 pub(crate) trait QueuePairOps: Clone + Send + Sync {
     /// QP number.
     fn qp_num(&self) -> u32;
+    /// RC or UD.
+    fn qp_type(&self) -> QpType;
     /// Current state.
     fn state(&self) -> QpState;
     /// Queue sizes granted.
@@ -126,6 +147,8 @@ pub(crate) trait QueuePairOps: Clone + Send + Sync {
     fn modify_to_err(&self) -> Result<()>;
     /// Any state -> RESET.
     fn modify_to_reset(&self) -> Result<()>;
+    /// UD only: RESET -> INIT -> RTR -> RTS.
+    fn modify_ud_to_rts(&self, attr: &UdAttr) -> Result<()>;
     /// `ibv_post_send`.
     ///
     /// # Safety
@@ -181,6 +204,7 @@ macro_rules! implement_contract {
             type Mr = super::$p::Mr;
             type Cq = super::$p::Cq;
             type Qp = super::$p::Qp;
+            type Ah = super::$p::Ah;
             unsafe fn reg_mr(
                 &self,
                 addr: *mut u8,
@@ -197,6 +221,23 @@ macro_rules! implement_contract {
                 caps: QpCaps,
             ) -> Result<Self::Qp> {
                 super::$p::Pd::create_qp(self, send_cq, recv_cq, caps)
+            }
+            fn create_ud_qp(
+                &self,
+                send_cq: &Self::Cq,
+                recv_cq: &Self::Cq,
+                caps: QpCaps,
+            ) -> Result<Self::Qp> {
+                super::$p::Pd::create_ud_qp(self, send_cq, recv_cq, caps)
+            }
+            fn create_ah(&self, attr: &AhAttr) -> Result<Self::Ah> {
+                super::$p::Pd::create_ah(self, attr)
+            }
+        }
+
+        impl AddressHandleOps for super::$p::Ah {
+            fn raw(&self) -> AhHandle {
+                super::$p::Ah::raw(self)
             }
         }
 
@@ -250,6 +291,9 @@ macro_rules! implement_contract {
             fn qp_num(&self) -> u32 {
                 super::$p::Qp::qp_num(self)
             }
+            fn qp_type(&self) -> QpType {
+                super::$p::Qp::qp_type(self)
+            }
             fn state(&self) -> QpState {
                 super::$p::Qp::state(self)
             }
@@ -273,6 +317,9 @@ macro_rules! implement_contract {
             }
             fn modify_to_reset(&self) -> Result<()> {
                 super::$p::Qp::modify_to_reset(self)
+            }
+            fn modify_ud_to_rts(&self, attr: &UdAttr) -> Result<()> {
+                super::$p::Qp::modify_ud_to_rts(self, attr)
             }
             #[inline(always)]
             unsafe fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
@@ -331,6 +378,9 @@ mod fake_contract {
         fn qp_num(&self) -> u32 {
             fake::Qp::qp_num(self)
         }
+        fn qp_type(&self) -> QpType {
+            fake::Qp::qp_type(self)
+        }
         fn state(&self) -> QpState {
             fake::Qp::state(self)
         }
@@ -354,6 +404,9 @@ mod fake_contract {
         }
         fn modify_to_reset(&self) -> Result<()> {
             fake::Qp::modify_to_reset(self)
+        }
+        fn modify_ud_to_rts(&self, attr: &UdAttr) -> Result<()> {
+            fake::Qp::modify_ud_to_rts(self, attr)
         }
         #[inline(always)]
         unsafe fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {

@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::provider::{
-    Completion, Endpoint, InitAttr, PostError, ProviderError, QpCaps, QpState, RecvWr, RtrAttr,
-    RtsAttr, SendFlags, SendWr, WcOpcode, WcStatus,
+    Completion, Endpoint, InitAttr, PostError, ProviderError, QpCaps, QpState, QpType, RecvWr,
+    RtrAttr, RtsAttr, SendFlags, SendWr, UdAttr, WcOpcode, WcStatus,
 };
 
 /// A recording QP; see the module docs.
@@ -76,7 +76,7 @@ impl FakeQp {
             byte_len: if status.is_success() { len } else { 0 },
             imm_data: None,
             qp_num: self.qp_num,
-            vendor_err: 0,
+            ..Completion::EMPTY
         }
     }
 
@@ -472,6 +472,17 @@ impl Qp {
 
     pub(crate) fn modify_to_reset(&self) -> Result<(), ProviderError> {
         Err(off_thread("modify_to_reset"))
+    }
+
+    pub(crate) fn qp_type(&self) -> QpType {
+        QpType::Rc
+    }
+
+    pub(crate) fn modify_ud_to_rts(&self, _attr: &UdAttr) -> Result<(), ProviderError> {
+        Err(ProviderError::Unsupported {
+            provider: "fake",
+            what: "UD queue pairs",
+        })
     }
 
     /// # Safety

@@ -28,7 +28,8 @@ pub use select::{open_device, open_hardware_device, DEVICE_ENV, SYSFS_INFINIBAND
 pub use types::*;
 
 use contract::{
-    CompletionChannel, CompletionQueue, DeviceContext, MemoryRegion, ProtectionDomain, QueuePairOps,
+    AddressHandleOps, CompletionChannel, CompletionQueue, DeviceContext, MemoryRegion,
+    ProtectionDomain, QueuePairOps,
 };
 
 /// Calls the same method on whichever provider implements `$val`.
@@ -309,6 +310,62 @@ impl Pd {
         };
         Ok(Qp { imp })
     }
+
+    /// Creates a UD queue pair in RESET state; bring it up with
+    /// [`Qp::modify_ud_to_rts`].
+    pub fn create_ud_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        let imp = match (&self.imp, &send_cq.imp, &recv_cq.imp) {
+            (PdImp::Soft(p), CqImp::Soft(s), CqImp::Soft(r)) => {
+                QpImp::Soft(ProtectionDomain::create_ud_qp(p, s, r, caps)?)
+            }
+            #[cfg(feature = "ibverbs")]
+            (PdImp::Ibverbs(p), CqImp::Ibverbs(s), CqImp::Ibverbs(r)) => {
+                QpImp::Ibverbs(ProtectionDomain::create_ud_qp(p, s, r, caps)?)
+            }
+            #[cfg(any(feature = "ibverbs", test, feature = "test-util"))]
+            _ => return Err(mismatch("create_ud_qp")),
+        };
+        Ok(Qp { imp })
+    }
+
+    /// Creates an address handle: the route UD datagrams take to the port
+    /// `attr` names.
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
+        let imp = match &self.imp {
+            PdImp::Soft(p) => AhImp::Soft(ProtectionDomain::create_ah(p, attr)?),
+            #[cfg(feature = "ibverbs")]
+            PdImp::Ibverbs(p) => AhImp::Ibverbs(ProtectionDomain::create_ah(p, attr)?),
+        };
+        Ok(AddressHandle { imp })
+    }
+}
+
+#[derive(Clone)]
+enum AhImp {
+    Soft(soft::Ah),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Ah),
+}
+
+/// An address handle (`ibv_ah`). UD work requests name it by its
+/// [`raw`](Self::raw) handle, which is valid while any clone of this lives;
+/// dropping the last clone destroys it.
+#[derive(Clone)]
+pub struct AddressHandle {
+    imp: AhImp,
+}
+
+impl AddressHandle {
+    /// The handle a [`UdDest`] carries.
+    pub fn raw(&self) -> AhHandle {
+        dispatch!(AhImp, &self.imp, |a| AddressHandleOps::raw(a))
+    }
+}
+
+impl std::fmt::Debug for AddressHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AddressHandle").field(&self.raw()).finish()
+    }
 }
 
 #[derive(Clone)]
@@ -457,7 +514,8 @@ enum QpImp {
     Fake(fake::Qp),
 }
 
-/// A reliable-connected queue pair.
+/// A queue pair: reliable connected ([`Pd::create_qp`]) or unreliable
+/// datagram ([`Pd::create_ud_qp`]).
 #[derive(Clone)]
 pub struct Qp {
     imp: QpImp,
@@ -526,6 +584,10 @@ impl Qp {
     pub fn qp_num(&self) -> u32 {
         dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::qp_num(q))
     }
+    /// RC or UD.
+    pub fn qp_type(&self) -> QpType {
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::qp_type(q))
+    }
     /// Current state (ERR once an error completion was generated).
     pub fn state(&self) -> QpState {
         dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::state(q))
@@ -557,6 +619,13 @@ impl Qp {
     /// Any state → RESET (queues emptied without completions).
     pub fn modify_to_reset(&self) -> Result<()> {
         dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::modify_to_reset(q))
+    }
+    /// UD only: RESET → INIT → RTR → RTS, ready to send and receive
+    /// datagrams carrying `attr.qkey`.
+    pub fn modify_ud_to_rts(&self, attr: &UdAttr) -> Result<()> {
+        dispatch_q!(QpImp, &self.imp, |q| QueuePairOps::modify_ud_to_rts(
+            q, attr
+        ))
     }
     /// Posts a list of send WRs with one doorbell.
     ///

@@ -216,13 +216,22 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// A UD datagram (SEND, or SEND with immediate when `imm` is set) to
+    /// one remote QP. Only UD QPs accept it; the payload must fit the path
+    /// MTU.
+    SendTo {
+        /// Where it goes.
+        dest: UdDest,
+        /// Immediate data, delivered in the receive completion.
+        imm: Option<u32>,
+    },
 }
 
 impl SendOp {
     /// The opcode a successful completion of this WR reports.
     pub fn completion_opcode(&self) -> WcOpcode {
         match self {
-            SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendTo { .. } => WcOpcode::Send,
             SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareAndSwap { .. } => WcOpcode::CompSwap,
@@ -418,6 +427,14 @@ pub struct Completion {
     pub qp_num: u32,
     /// Vendor-specific error syndrome (0 when none).
     pub vendor_err: u32,
+    /// UD receives: the sender's QP number (0 otherwise).
+    pub src_qp: u32,
+    /// UD receives: the sender's LID (InfiniBand; 0 on RoCE and the soft device).
+    pub slid: u16,
+    /// UD receives: `IBV_WC_GRH`, the first [`GRH_LEN`] bytes of the
+    /// receive buffer hold the packet's global route header (always on
+    /// RoCE and the soft device); read its source with [`Grh::parse`].
+    pub grh: bool,
 }
 
 impl Completion {
@@ -430,6 +447,9 @@ impl Completion {
         imm_data: None,
         qp_num: 0,
         vendor_err: 0,
+        src_qp: 0,
+        slid: 0,
+        grh: false,
     };
 }
 
@@ -535,6 +555,144 @@ impl Default for QpCaps {
             max_recv_sge: 4,
             max_inline_data: 64,
         }
+    }
+}
+
+/// Transport service of a queue pair (`ibv_qp_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QpType {
+    /// Reliable connected: one peer, every verb, delivery acknowledged.
+    Rc,
+    /// Unreliable datagram: SENDs of at most one MTU to any UD QP named by
+    /// an address handle; lost datagrams are not retried.
+    Ud,
+}
+
+/// The Q_Key rdma-core's `ibv_ud_pingpong` uses; any value works if both
+/// sides agree.
+pub const DEFAULT_QKEY: u32 = 0x1111_1111;
+
+/// Attributes that bring a UD QP from RESET to RTS (INIT with port, P_Key
+/// index and Q_Key; RTR; RTS with the send PSN), as `ibv_ud_pingpong` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdAttr {
+    /// Physical port (1-based).
+    pub port: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// The Q_Key datagrams to this QP must carry.
+    pub qkey: u32,
+    /// First send PSN (24 bits).
+    pub sq_psn: u32,
+}
+
+impl Default for UdAttr {
+    fn default() -> Self {
+        UdAttr {
+            port: 1,
+            pkey_index: 0,
+            qkey: DEFAULT_QKEY,
+            sq_psn: 0,
+        }
+    }
+}
+
+/// Where an address handle points (`ibv_ah_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AhAttr {
+    /// Destination LID (InfiniBand; 0 on RoCE).
+    pub dlid: u16,
+    /// Destination GID; all zeros means no GRH (InfiniBand local subnet).
+    pub dgid: Gid,
+    /// Local GID index the GRH is sent from.
+    pub sgid_index: u8,
+    /// Hop limit of the GRH.
+    pub hop_limit: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Local physical port (1-based).
+    pub port: u8,
+    /// Soft device only: the data-plane address of the destination's engine.
+    pub soft_addr: Option<SocketAddr>,
+}
+
+impl AhAttr {
+    /// An address handle's attributes for the QP `remote` describes, sent
+    /// from port 1 and local GID index `sgid_index`.
+    pub fn to_endpoint(remote: &Endpoint, sgid_index: u8) -> AhAttr {
+        AhAttr {
+            dlid: remote.lid,
+            dgid: remote.gid,
+            sgid_index,
+            hop_limit: 1,
+            sl: 0,
+            port: 1,
+            soft_addr: remote.soft_addr,
+        }
+    }
+}
+
+/// A provider's raw name for a live address handle, as UD work requests
+/// carry it. Only [`AddressHandle::raw`](super::AddressHandle::raw) makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AhHandle(pub(crate) u64);
+
+/// The destination of a UD datagram (`ibv_send_wr.wr.ud`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdDest {
+    /// The address handle of the destination port.
+    pub ah: AhHandle,
+    /// The destination QP number.
+    pub remote_qpn: u32,
+    /// The Q_Key the destination QP expects.
+    pub remote_qkey: u32,
+}
+
+/// Bytes of the global route header at the start of every UD receive buffer.
+pub const GRH_LEN: usize = 40;
+
+/// The parts of a received datagram's global route header that say who
+/// sent it.
+///
+/// On RoCE v2 over IPv4 (rxe, and the soft device) the 40 bytes hold 20
+/// zero bytes and then the packet's IPv4 header; otherwise they are an
+/// InfiniBand/IPv6 GRH. `parse` reads both, as rdma-core's
+/// `ibv_init_ah_from_wc` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grh {
+    /// The sender's GID (IPv4-mapped for RoCE v2 over IPv4).
+    pub sgid: Gid,
+    /// The GID the datagram was sent to.
+    pub dgid: Gid,
+}
+
+impl Grh {
+    /// Reads the GRH area of a receive buffer; `None` if it holds neither
+    /// an IPv6-format GRH nor an IPv4 header.
+    pub fn parse(area: &[u8]) -> Option<Grh> {
+        let area: &[u8; GRH_LEN] = area.get(..GRH_LEN)?.try_into().ok()?;
+        if area[20] >> 4 == 4 && area[..20].iter().all(|&b| b == 0) {
+            let mapped = |ip: &[u8]| {
+                let mut g = [0u8; 16];
+                g[10] = 0xff;
+                g[11] = 0xff;
+                g[12..].copy_from_slice(ip);
+                Gid(g)
+            };
+            return Some(Grh {
+                sgid: mapped(&area[32..36]),
+                dgid: mapped(&area[36..40]),
+            });
+        }
+        if area[0] >> 4 == 6 {
+            let gid = |b: &[u8]| Gid(b.try_into().expect("16 bytes"));
+            return Some(Grh {
+                sgid: gid(&area[8..24]),
+                dgid: gid(&area[24..40]),
+            });
+        }
+        None
     }
 }
 
@@ -816,6 +974,32 @@ mod tests {
         );
         assert_eq!(Mtu::Mtu1024.bytes(), 1024);
         assert_eq!(Mtu::Mtu4096.bytes(), 4096);
+    }
+
+    #[test]
+    fn grh_parses_roce_v2_ipv4_and_ipv6_forms() {
+        let mut v4 = [0u8; GRH_LEN];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[10, 0, 0, 1]);
+        v4[36..40].copy_from_slice(&[10, 0, 0, 2]);
+        let g = Grh::parse(&v4).expect("ipv4 form");
+        assert_eq!(
+            g.sgid.to_string(),
+            "0000:0000:0000:0000:0000:ffff:0a00:0001"
+        );
+        assert_eq!(g.dgid.0[12..], [10, 0, 0, 2]);
+
+        let mut v6 = [0u8; GRH_LEN];
+        v6[0] = 0x60;
+        v6[8] = 0xfe;
+        v6[9] = 0x80;
+        v6[39] = 7;
+        let g = Grh::parse(&v6).expect("ipv6 form");
+        assert_eq!(g.sgid.0[..2], [0xfe, 0x80]);
+        assert_eq!(g.dgid.0[15], 7);
+
+        assert_eq!(Grh::parse(&[0u8; GRH_LEN]), None);
+        assert_eq!(Grh::parse(&v6[..39]), None);
     }
 
     #[test]

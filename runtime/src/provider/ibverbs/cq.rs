@@ -369,5 +369,8 @@ fn convert_wc(wc: &sys::ibv_wc) -> Completion {
             .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
         qp_num: wc.qp_num,
         vendor_err: wc.vendor_err,
+        src_qp: wc.src_qp,
+        slid: wc.slid,
+        grh: wc.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH.0 != 0,
     }
 }

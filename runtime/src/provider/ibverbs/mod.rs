@@ -33,6 +33,7 @@
 //! support: `ibv_get_device_list` fails with `ENOSYS`), [`devices`] and
 //! [`Context::open`] return [`ProviderError::NoDevice`] with the reason.
 
+mod ah;
 mod cq;
 mod device;
 mod pd_mr;
@@ -40,6 +41,7 @@ mod qp;
 
 use std::io;
 
+pub use ah::Ah;
 pub use cq::{CompChannel, Cq};
 pub use device::{devices, Context, GidEntry, GidType};
 pub use pd_mr::{Mr, Pd};

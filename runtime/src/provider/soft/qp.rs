@@ -292,6 +292,19 @@ impl Qp {
         )
     }
 
+    /// RC or UD.
+    pub fn qp_type(&self) -> crate::provider::QpType {
+        crate::provider::QpType::Rc
+    }
+
+    /// UD only: RESET → INIT → RTR → RTS.
+    pub fn modify_ud_to_rts(&self, _attr: &crate::provider::UdAttr) -> Result<()> {
+        Err(crate::provider::ProviderError::Unsupported {
+            provider: "soft",
+            what: "UD queue pairs",
+        })
+    }
+
     /// Any state → RESET: queues emptied without completions.
     pub fn modify_to_reset(&self) -> Result<()> {
         use QpState::*;

@@ -133,6 +133,7 @@ fn gen_request(
     match e.w.op {
         SendOp::Send
         | SendOp::SendWithImm { .. }
+        | SendOp::SendTo { .. }
         | SendOp::Write { .. }
         | SendOp::WriteWithImm { .. } => {
             let piece = zc_piece(&e.w, off);

@@ -314,6 +314,7 @@ fn complete_recv(eq: &mut EQp, opcode: WcOpcode, hdr: &Header, imm: Option<u32>)
         imm_data: imm,
         qp_num: eq.sh.qpn,
         vendor_err: 0,
+        ..Completion::EMPTY
     };
     // Free the receive-queue slot before the CQE is visible.
     recv_done(eq);
