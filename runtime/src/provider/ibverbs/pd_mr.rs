@@ -9,8 +9,8 @@ use super::device::Context;
 use super::errno_err;
 use super::qp::Qp;
 use super::ret_err;
-use super::Cq;
-use crate::provider::{AccessFlags, ProviderError, QpCaps, Result};
+use super::{Ah, Cq};
+use crate::provider::{AccessFlags, AhAttr, ProviderError, QpCaps, QpType, Result};
 
 pub(crate) struct PdInner {
     pub(crate) pd: *mut sys::ibv_pd,
@@ -113,20 +113,18 @@ impl Pd {
 
     /// Creates an RC QP in RESET state.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
-        Qp::create(self, send_cq, recv_cq, caps)
+        Qp::create(self, send_cq, recv_cq, caps, QpType::Rc)
     }
 
-    /// Creates a UD QP in RESET state.
-    pub fn create_ud_qp(&self, _send_cq: &Cq, _recv_cq: &Cq, _caps: QpCaps) -> Result<Qp> {
-        Err(crate::provider::ProviderError::Unsupported {
-            provider: "ibverbs",
-            what: "UD queue pairs",
-        })
+    /// Creates a UD QP in RESET state; [`Qp::modify_ud_to_rts`] makes it
+    /// ready.
+    pub fn create_ud_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        Qp::create(self, send_cq, recv_cq, caps, QpType::Ud)
     }
 
-    /// Creates an address handle.
-    pub fn create_ah(&self, attr: &crate::provider::AhAttr) -> Result<super::Ah> {
-        super::Ah::create(self, attr)
+    /// Creates an address handle (`ibv_create_ah`).
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
+        Ah::create(self, attr)
     }
 }
 

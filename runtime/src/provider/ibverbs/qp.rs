@@ -1,5 +1,5 @@
-//! RC queue pairs: creation, the RESET→INIT→RTR→RTS/ERR state machine, and
-//! posting (work-request lists built on the stack, one doorbell per list,
+//! RC and UD queue pairs: creation, the RESET→INIT→RTR→RTS/ERR state
+//! machines (RC's step by step, UD's in one call), and posting (work-request lists built on the stack, one doorbell per list,
 //! SGEs handed to the device in place: no allocation and no copy per post).
 
 use std::cell::RefCell;
@@ -8,7 +8,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::mem::{align_of, offset_of, size_of, MaybeUninit};
 use std::ptr::{self, addr_of_mut};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use rdma_mummy_sys as sys;
@@ -17,8 +17,8 @@ use sys::ibv_qp_attr_mask as M;
 use super::pd_mr::Pd;
 use super::{errno_err, ret_err, Cq};
 use crate::provider::{
-    Endpoint, InitAttr, LinkLayer, PostError, ProviderError, ProviderKind, QpCaps, QpState, RecvWr,
-    Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge,
+    Endpoint, InitAttr, LinkLayer, PostError, ProviderError, ProviderKind, QpCaps, QpState, QpType,
+    RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge, UdAttr,
 };
 
 /// Work requests built on the stack per post; longer lists use a per-thread
@@ -28,8 +28,10 @@ const STACK_WRS: usize = 16;
 struct QpInner {
     qp: *mut sys::ibv_qp,
     qp_num: u32,
+    qp_type: QpType,
     caps: QpCaps,
-    psn: u32,
+    /// The send PSN: random for RC; UD's is set by `modify_ud_to_rts`.
+    psn: AtomicU32,
     port: AtomicU8,
     // Dropped after the QP is destroyed in Drop.
     pd: Pd,
@@ -53,7 +55,7 @@ impl Drop for QpInner {
     }
 }
 
-/// A reliable-connected queue pair.
+/// A reliable-connected or unreliable-datagram queue pair.
 #[derive(Clone)]
 pub struct Qp {
     inner: Arc<QpInner>,
@@ -63,6 +65,7 @@ impl fmt::Debug for Qp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ibverbs::Qp")
             .field("qp_num", &self.inner.qp_num)
+            .field("qp_type", &self.inner.qp_type)
             .finish()
     }
 }
@@ -96,7 +99,15 @@ fn invalid(call: &'static str, what: String) -> ProviderError {
 }
 
 impl Qp {
-    pub(crate) fn create(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+    /// Creates a QP of `qp_type` in RESET state (`ibv_create_qp`, never
+    /// signaling all sends).
+    pub(crate) fn create(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        qp_type: QpType,
+    ) -> Result<Qp> {
         let ctx = &pd.inner.ctx.inner;
         if !Arc::ptr_eq(ctx, &send_cq.context().inner)
             || !Arc::ptr_eq(ctx, &recv_cq.context().inner)
@@ -111,7 +122,10 @@ impl Qp {
             unsafe { MaybeUninit::<sys::ibv_qp_init_attr>::zeroed().assume_init() };
         init.send_cq = send_cq.raw();
         init.recv_cq = recv_cq.raw();
-        init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        init.qp_type = match qp_type {
+            QpType::Rc => sys::ibv_qp_type::IBV_QPT_RC,
+            QpType::Ud => sys::ibv_qp_type::IBV_QPT_UD,
+        };
         init.sq_sig_all = 0;
         init.cap = sys::ibv_qp_cap {
             max_send_wr: caps.max_send_wr,
@@ -135,13 +149,14 @@ impl Qp {
             max_recv_sge: init.cap.max_recv_sge,
             max_inline_data: init.cap.max_inline_data,
         };
-        tracing::debug!(qp_num, ?actual, "created RC QP");
+        tracing::debug!(qp_num, ?qp_type, ?actual, "created QP");
         Ok(Qp {
             inner: Arc::new(QpInner {
                 qp,
                 qp_num,
+                qp_type,
                 caps: actual,
-                psn: random_psn(qp_num),
+                psn: AtomicU32::new(random_psn(qp_num)),
                 port: AtomicU8::new(1),
                 pd: pd.clone(),
                 _send_cq: send_cq.clone(),
@@ -197,7 +212,7 @@ impl Qp {
         Ok(Endpoint {
             provider: ProviderKind::Ibverbs,
             qpn: self.inner.qp_num,
-            psn: self.inner.psn,
+            psn: self.inner.psn.load(Ordering::Relaxed),
             lid: attr.lid,
             gid,
             mtu: attr.active_mtu,
@@ -231,8 +246,24 @@ impl Qp {
         Err(err)
     }
 
+    /// Refuses the step-by-step RC transitions on a UD QP (and
+    /// `modify_ud_to_rts` on an RC QP) before the device sees them.
+    fn expect_type(&self, want: QpType, call: &'static str) -> Result<()> {
+        if self.inner.qp_type == want {
+            return Ok(());
+        }
+        Err(invalid(
+            call,
+            format!(
+                "QP {} is {:?}; this transition is for {:?} QPs",
+                self.inner.qp_num, self.inner.qp_type, want
+            ),
+        ))
+    }
+
     /// RESET → INIT.
     pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        self.expect_type(QpType::Rc, "modify_to_init")?;
         let mut a = zeroed_attr();
         a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
         a.pkey_index = attr.pkey_index;
@@ -252,6 +283,7 @@ impl Qp {
     /// non-zero, as RoCE requires), path MTU = min of both sides.
     pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
         const CALL: &str = "modify_to_rtr";
+        self.expect_type(QpType::Rc, CALL)?;
         let remote = &attr.remote;
         if remote.provider != ProviderKind::Ibverbs {
             return Err(invalid(
@@ -314,6 +346,7 @@ impl Qp {
     /// RTR → RTS with the ACK timeout and retry counts of `attr`.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
         const CALL: &str = "modify_to_rts";
+        self.expect_type(QpType::Rc, CALL)?;
         if attr.timeout > 31 || attr.retry_cnt > 7 || attr.rnr_retry > 7 {
             return Err(invalid(
                 CALL,
@@ -329,7 +362,7 @@ impl Qp {
         a.timeout = attr.timeout;
         a.retry_cnt = attr.retry_cnt;
         a.rnr_retry = attr.rnr_retry;
-        a.sq_psn = self.inner.psn;
+        a.sq_psn = self.inner.psn.load(Ordering::Relaxed);
         a.max_rd_atomic = clamp_rd_atomic(attr.max_rd_atomic, dev.max_qp_init_rd_atom);
         self.modify(
             &mut a,
@@ -352,16 +385,46 @@ impl Qp {
     }
 
     /// RC or UD.
-    pub fn qp_type(&self) -> crate::provider::QpType {
-        crate::provider::QpType::Rc
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
     }
 
-    /// UD only: RESET → INIT → RTR → RTS.
-    pub fn modify_ud_to_rts(&self, _attr: &crate::provider::UdAttr) -> Result<()> {
-        Err(crate::provider::ProviderError::Unsupported {
-            provider: "ibverbs",
-            what: "UD queue pairs",
-        })
+    /// UD only: RESET → INIT (port, P_Key index, Q_Key) → RTR → RTS (send
+    /// PSN), the three `ibv_modify_qp` calls of rdma-core's `ibv_ud_pingpong`.
+    pub fn modify_ud_to_rts(&self, attr: &UdAttr) -> Result<()> {
+        const CALL: &str = "modify_ud_to_rts";
+        self.expect_type(QpType::Ud, CALL)?;
+        if attr.port == 0 {
+            return Err(invalid(CALL, "port 0 (ports are numbered from 1)".into()));
+        }
+        let sq_psn = attr.sq_psn & 0x00ff_ffff;
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = attr.pkey_index;
+        a.port_num = attr.port;
+        a.qkey = attr.qkey;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_QKEY,
+            CALL,
+            &[QpState::Reset],
+        )?;
+        self.inner.port.store(attr.port, Ordering::Relaxed);
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        self.modify(&mut a, M::IBV_QP_STATE, CALL, &[QpState::Init])?;
+        let mut a = zeroed_attr();
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = sq_psn;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_SQ_PSN,
+            CALL,
+            &[QpState::Rtr],
+        )?;
+        self.inner.psn.store(sq_psn, Ordering::Relaxed);
+        tracing::debug!(qp_num = self.inner.qp_num, qkey = attr.qkey, "UD QP in RTS");
+        Ok(())
     }
 
     /// Any state → RESET.
