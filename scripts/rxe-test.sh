@@ -4,7 +4,8 @@
 #
 # Usage:
 #   scripts/rxe-test.sh [--perftest] [--rounds N] [--callgrind] [--no-devinfo] [--provider-only]
-#                       [--sweep [--sweep-iters N]] [--no-tests] [TEST_TARGET...]
+#                       [--sweep [--sweep-iters N]] [--no-tests] [--no-interop]
+#                       [--interop-iters N] [TEST_TARGET...]
 #
 #   TEST_TARGET      integration-test targets (of any workspace package) to
 #                    build and run. Default: the provider's own tests
@@ -54,6 +55,12 @@
 #                    target/rxe-test/logs.
 #   --no-tests       run no test binaries (only --perftest/--callgrind/devinfo)
 #   --no-devinfo     skip `examples/devinfo -d rxe0`
+#   --no-interop     skip the interop runs: verbio's examples/ud_pingpong
+#                    against rdma-core's ibv_ud_pingpong, both pairings
+#                    (verbio client / rdma-core server, then the reverse),
+#                    each reported as "interop ud_pingpong client: PASS"
+#                    (resp. server) in the summary
+#   --interop-iters N  round trips of each interop pairing (default 300)
 #
 # Everything is built on the host (`cargo test --features
 # verbio-runtime/ibverbs --no-run`), then run in one VM boot via
@@ -79,6 +86,8 @@ SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_in
 
 PERFTEST=0
 DEVINFO=1
+INTEROP=1
+INTEROP_ITERS=300
 ROUNDS=1
 PROVIDER_ONLY=0
 CALLGRIND=0
@@ -92,6 +101,9 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --perftest) PERFTEST=1 ;;
         --no-devinfo) DEVINFO=0 ;;
+        --no-interop) INTEROP=0 ;;
+        --interop-iters) shift; INTEROP_ITERS=${1:-}
+            case "$INTEROP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --interop-iters needs a number" >&2; exit 2 ;; esac ;;
         --provider-only) PROVIDER_ONLY=1 ;;
         --rounds) shift; ROUNDS=${1:-}
             case "$ROUNDS" in ''|*[!0-9]*) echo "rxe-test: --rounds needs a number" >&2; exit 2 ;; esac ;;
@@ -104,7 +116,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,67p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,75p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -141,6 +153,13 @@ if [ "$DEVINFO" = 1 ]; then
         || { echo "rxe-test: building examples/devinfo failed" >&2; exit 1; }
     DEVINFO_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="devinfo" and .executable!=null) | .executable' | tail -1)
+fi
+UDPP_BIN=
+if [ "$INTEROP" = 1 ]; then
+    json=$(cargo build --example ud_pingpong --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/ud_pingpong failed" >&2; exit 1; }
+    UDPP_BIN=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="ud_pingpong" and .executable!=null) | .executable' | tail -1)
 fi
 if [ "$CALLGRIND" = 1 ]; then
     command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
@@ -208,6 +227,37 @@ RUN
     if [ -n "$DEVINFO_BIN" ]; then
         echo 'echo; echo "== examples/devinfo -d rxe0"'
         echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; echo 'FAIL  devinfo' >> \"\$LOGS/summary\"; fail=1; }"
+    fi
+    if [ -n "$UDPP_BIN" ]; then
+        echo "UDPP='$UDPP_BIN' UDPP_ITERS=$INTEROP_ITERS"
+        cat <<'INTEROP'
+# udpp ROLE: verbio's ud_pingpong as ROLE (client or server) against
+# rdma-core's ibv_ud_pingpong on rxe0, 1024-byte datagrams; the rdma-core
+# client runs with -c (it checks the echoed data and prints "invalid data"
+# otherwise).
+udpp() {
+    role=$1; out="$LOGS/interop_$role"
+    v="$UDPP -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024 --timeout 20"
+    r="ibv_ud_pingpong -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024"
+    echo; echo "== interop: verbio ud_pingpong $role vs rdma-core ibv_ud_pingpong, $UDPP_ITERS round trips"
+    ok=1
+    if ! command -v ibv_ud_pingpong >/dev/null; then echo "ibv_ud_pingpong not installed"; ok=0
+    else
+        if [ "$role" = client ]; then srv="$r"; cli="$v 127.0.0.1"; else srv="$v"; cli="$r -c 127.0.0.1"; fi
+        timeout "$TMO" $srv >"$out.srv" 2>&1 &
+        pid=$!
+        i=0; while [ $i -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done
+        timeout "$TMO" $cli >"$out.cli" 2>&1 || ok=0
+        wait $pid || ok=0
+        grep -q 'invalid data' "$out.cli" && ok=0
+        echo "-- server:"; cat "$out.srv"; echo "-- client:"; cat "$out.cli"
+    fi
+    if [ $ok = 1 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
+    echo "interop ud_pingpong $role: $verdict" | tee -a "$LOGS/summary"
+}
+udpp client
+udpp server
+INTEROP
     fi
     if [ "$PERFTEST" = 1 ]; then
         echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS SWEEP=$SWEEP SWEEP_ITERS=$SWEEP_ITERS"
