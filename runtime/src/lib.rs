@@ -24,8 +24,8 @@ mod wake;
 pub use device::Device;
 pub use op::{Completable, Op, SubmitError};
 pub use qp::{
-    GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig, RecvRingError, RingMsg,
-    ScatterVerb, SendChain, SendInline, Submit,
+    DatagramSource, GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig,
+    RecvRingError, RingMsg, ScatterVerb, SendChain, SendInline, Submit, UdEndpoint, UdPeer,
 };
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,
