@@ -25,6 +25,16 @@
 //! ibv_ud_pingpong -d rxe0 -g 1 127.0.0.1  # rdma-core client
 //! ```
 //!
+//! On verbio's side it is the runtime's UD queue pair
+//! ([`Device::create_ud_qp`]): receives through a [`RecvRing`] (its slots
+//! leave room for the GRH; [`RingMsg::source`] says who sent a datagram),
+//! sends with [`QueuePair::post_send_inline_to`] when the payload fits the
+//! QP's inline data, else [`Verbs::send_to`] from a registered buffer, to
+//! the [`UdPeer`] made from the peer's address.
+//!
+//! [`RecvRing`]: verbio::runtime::RecvRing
+//! [`RingMsg::source`]: verbio::runtime::RingMsg::source
+//!
 //! The device is `-d`, else `VERBIO_DEVICE`, else the first ibverbs device
 //! with an active port, else the software device (both sides verbio: the
 //! soft device's engine address follows each side's 52-byte address).
@@ -33,8 +43,6 @@
 
 mod cli;
 
-use std::cell::UnsafeCell;
-use std::collections::VecDeque;
 use std::error::Error;
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -43,11 +51,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use verbio::provider::{
-    open_device, AccessFlags, AddressHandle, AhAttr, Completion, Context, Cq, Endpoint, Gid, Grh,
-    Mr, Pd, ProviderKind, Qp, QpCaps, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdAttr,
-    UdDest, WcOpcode, WcStatus, DEFAULT_QKEY, GRH_LEN,
-};
+use verbio::ops::verbs::Verbs;
+use verbio::provider::{open_device, Endpoint, Gid, ProviderKind, QpCaps, UdAttr, DEFAULT_QKEY};
+use verbio::runtime::buf::{LocalBuf, MrPool};
+use verbio::runtime::{timeout, Device, QueuePair, RingMsg, Runtime, UdEndpoint, UdPeer};
 
 /// UD ping-pong, wire-compatible with rdma-core's `ibv_ud_pingpong`.
 #[derive(Parser)]
@@ -88,8 +95,6 @@ struct Args {
 const MSG_LEN: usize = "0000:000000:000000:00000000000000000000000000000000".len() + 1;
 /// Bytes of the soft device's engine address frame (NUL-padded text).
 const SOFT_ADDR_LEN: usize = 64;
-/// The work-request id of sends (receives use their slot index).
-const SEND_ID: u64 = u64::MAX;
 
 /// One side's address, as exchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,230 +234,6 @@ fn pattern(i: usize, out: &mut [u8]) {
     }
 }
 
-/// A UD QP with its CQ, registered buffers (a GRH + payload slot per
-/// receive, one payload area for sends) and the peer's address handle.
-struct Side {
-    ctx: Context,
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
-    // Deregistered before `mem` is freed (field order).
-    mr: Mr,
-    /// The device writes receive slots while others are read: the bytes
-    /// are only reached through raw pointers into these cells.
-    mem: Box<[UnsafeCell<u8>]>,
-    slot: usize,
-    slots: usize,
-    size: usize,
-    inline: bool,
-    recvs: VecDeque<Completion>,
-    sends_done: usize,
-    limit: Duration,
-}
-
-impl Side {
-    fn new(ctx: Context, args: &Args) -> Result<Side, Box<dyn Error>> {
-        let port = ctx.query_port(args.ib_port)?;
-        let mtu = port.active_mtu.bytes() as usize;
-        if args.size > mtu {
-            return Err(format!("size {} is larger than the port's MTU {mtu}", args.size).into());
-        }
-        let slots = args.rx_depth.max(1) as usize;
-        let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(args.rx_depth + 2, None)?;
-        let qp = pd.create_ud_qp(
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: 2,
-                max_recv_wr: args.rx_depth.max(1),
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-        )?;
-        qp.modify_ud_to_rts(&UdAttr {
-            port: args.ib_port,
-            sq_psn: random_psn(),
-            ..UdAttr::default()
-        })?;
-        let slot = GRH_LEN + args.size;
-        let mem: Box<[UnsafeCell<u8>]> = (0..slot * slots + args.size)
-            .map(|_| UnsafeCell::new(0x7b))
-            .collect();
-        // SAFETY: the boxed slice's heap memory does not move and outlives
-        // `mr` (dropped first, field order); the device writes it only
-        // through posted receives, whose slots are read after their
-        // completions, and reads the send area only while a send is
-        // outstanding, during which it is not written.
-        let mr = unsafe {
-            pd.reg_mr(
-                UnsafeCell::raw_get(mem.as_ptr()),
-                mem.len(),
-                AccessFlags::LOCAL_WRITE,
-            )
-        }?;
-        let inline = qp.caps().max_inline_data as usize >= args.size;
-        let side = Side {
-            ctx,
-            pd,
-            cq,
-            qp,
-            mr,
-            mem,
-            slot,
-            slots,
-            size: args.size,
-            inline,
-            recvs: VecDeque::new(),
-            sends_done: 0,
-            limit: Duration::from_secs(args.timeout),
-        };
-        for s in 0..slots {
-            side.post_recv(s)?;
-        }
-        Ok(side)
-    }
-
-    fn post_recv(&self, s: usize) -> Result<(), Box<dyn Error>> {
-        let mut sg_list = SgList::new();
-        sg_list.push(Sge {
-            addr: self.base() as u64 + (s * self.slot) as u64,
-            length: self.slot as u32,
-            lkey: self.mr.lkey(),
-        });
-        // SAFETY: slot `s` lies in `mem`, registered by `mr`; nothing reads
-        // or writes it until its completion is polled (see `Side::new`).
-        unsafe {
-            self.qp.post_recv(&[RecvWr {
-                wr_id: s as u64,
-                sg_list,
-            }])
-        }?;
-        Ok(())
-    }
-
-    /// Start of the registered memory.
-    fn base(&self) -> *mut u8 {
-        UnsafeCell::raw_get(self.mem.as_ptr())
-    }
-
-    /// The send area (payload of the next send); only between sends.
-    fn send_area(&mut self) -> &mut [u8] {
-        let start = self.slots * self.slot;
-        // SAFETY: in bounds of `mem`; `&mut self` and the loop's order (the
-        // previous send's completion is polled before the next payload is
-        // written) leave no other access to these bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.base().add(start), self.size) }
-    }
-
-    /// Receive slot `s` (GRH area, then payload); only after its completion
-    /// and before it is reposted.
-    fn slot(&self, s: usize) -> &[u8] {
-        assert!(s < self.slots);
-        // SAFETY: in bounds of `mem`; the device is done with slot `s`
-        // (its completion was polled) and nothing writes it until
-        // `post_recv(s)`, which callers do after the last read.
-        unsafe { std::slice::from_raw_parts(self.base().add(s * self.slot), self.slot) }
-    }
-
-    /// Copies the payload of slot `s` into the send area.
-    fn echo(&mut self, s: usize) {
-        let payload = self.slot(s)[GRH_LEN..].as_ptr();
-        let dst = self.send_area().as_mut_ptr();
-        // SAFETY: both ranges are `size` bytes inside `mem`, disjoint (the
-        // send area follows the slots), and accessible as `slot` and
-        // `send_area` say.
-        unsafe { std::ptr::copy_nonoverlapping(payload, dst, self.size) };
-    }
-
-    fn post_send(&self, dest: UdDest) -> Result<(), Box<dyn Error>> {
-        let start = self.slots * self.slot;
-        let mut sg_list = SgList::new();
-        sg_list.push(Sge {
-            addr: self.base() as u64 + start as u64,
-            length: self.size as u32,
-            lkey: self.mr.lkey(),
-        });
-        let mut flags = SendFlags::SIGNALED;
-        if self.inline {
-            flags |= SendFlags::INLINE;
-        }
-        // SAFETY: the send area lies in `mem`, registered by `mr`; it is not
-        // written until this send's completion is polled.
-        unsafe {
-            self.qp.post_send(&[SendWr {
-                wr_id: SEND_ID,
-                sg_list,
-                op: SendOp::SendTo { dest, imm: None },
-                flags,
-            }])
-        }?;
-        Ok(())
-    }
-
-    /// Polls until `ready` holds; every completion must be a success.
-    fn poll_until(&mut self, ready: impl Fn(&Side) -> bool) -> Result<(), Box<dyn Error>> {
-        let deadline = Instant::now() + self.limit;
-        let mut wcs = [Completion::EMPTY; 16];
-        while !ready(self) {
-            let n = self.cq.poll(&mut wcs)?;
-            for c in &wcs[..n] {
-                if c.status != WcStatus::Success {
-                    return Err(format!("completion failed: {c:?}").into());
-                }
-                match c.opcode {
-                    WcOpcode::Recv => self.recvs.push_back(*c),
-                    _ => self.sends_done += 1,
-                }
-            }
-            if n == 0 && Instant::now() > deadline {
-                return Err(format!(
-                    "no completion for {:?} (a datagram lost, or the peer gone)",
-                    self.limit
-                )
-                .into());
-            }
-        }
-        Ok(())
-    }
-
-    /// The next received datagram, checked against the peer; returns its
-    /// slot (not yet reposted).
-    fn next_datagram(&mut self, peer: &Endpoint) -> Result<usize, Box<dyn Error>> {
-        self.poll_until(|s| !s.recvs.is_empty())?;
-        let c = self.recvs.pop_front().expect("a receive completion");
-        let s = usize::try_from(c.wr_id)
-            .ok()
-            .filter(|&s| s < self.slots)
-            .ok_or_else(|| format!("receive completion for unknown slot {}", c.wr_id))?;
-        if c.byte_len as usize != self.slot {
-            return Err(format!(
-                "received {} bytes, expected {} (40 of GRH + {})",
-                c.byte_len, self.slot, self.size
-            )
-            .into());
-        }
-        if c.src_qp != peer.qpn {
-            return Err(format!(
-                "datagram from QP {:#x}, not the peer's {:#x}",
-                c.src_qp, peer.qpn
-            )
-            .into());
-        }
-        if !peer.gid.is_zero() {
-            let grh = Grh::parse(&self.slot(s)[..GRH_LEN]).filter(|_| c.grh);
-            match grh {
-                Some(g) if g.sgid == peer.gid => {}
-                other => {
-                    return Err(format!("GRH {other:?}: expected source GID {}", peer.gid).into())
-                }
-            }
-        }
-        Ok(s)
-    }
-}
-
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -469,14 +250,99 @@ enum ClientKind {
     Echo,
 }
 
+/// Checks a received datagram's length and sender; returns its payload.
+fn check_source<'m>(msg: &'m RingMsg, size: usize, peer: &UdPeer) -> Result<&'m [u8], String> {
+    if msg.len() != size {
+        return Err(format!("received {} bytes, expected {size}", msg.len()));
+    }
+    let src = msg.source().ok_or("a UD ring message without a source")?;
+    if src.qpn != peer.qpn() {
+        return Err(format!(
+            "datagram from QP {:#x}, not the peer's {:#x}",
+            src.qpn,
+            peer.qpn()
+        ));
+    }
+    let gid = peer.endpoint().endpoint.gid;
+    if !gid.is_zero() && src.gid != Some(gid) {
+        return Err(format!(
+            "datagram from GID {:?}, not the peer's {gid}",
+            src.gid
+        ));
+    }
+    Ok(msg.as_slice())
+}
+
+/// Sends `size`-byte datagrams: inline (copied at post time) when the QP
+/// takes that much inline data, as `ibv_ud_pingpong` does, else from a
+/// registered buffer.
+struct Sender {
+    qp: QueuePair,
+    peer: UdPeer,
+    buf: Option<LocalBuf>,
+}
+
+impl Sender {
+    async fn send(&mut self, payload: &[u8]) -> Result<(), Box<dyn Error>> {
+        let Some(mut buf) = self.buf.take() else {
+            self.qp
+                .post_send_inline_to(&self.peer, payload, None)
+                .await?;
+            return Ok(());
+        };
+        buf.copy_from_slice(payload);
+        let (res, buf) = self.qp.send_to(&self.peer, buf).await;
+        self.buf = Some(buf);
+        res?;
+        Ok(())
+    }
+}
+
 fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let ctx = open_device(args.device.as_deref())?;
     tracing::info!(device = ctx.name(), kind = %ctx.kind(), "opened the RDMA device");
+    let mtu = ctx.query_port(args.ib_port)?.active_mtu.bytes() as usize;
+    if args.size > mtu {
+        return Err(format!("size {} is larger than the port's MTU {mtu}", args.size).into());
+    }
     let soft = ctx.kind() == ProviderKind::Soft;
-    let mut side = Side::new(ctx, args)?;
     // The soft device has one GID (index 0), which it always sends.
     let gid_index = args.gid_idx.or(soft.then_some(0));
-    let local = side.qp.endpoint(gid_index.unwrap_or(0))?;
+    let sgid_index = ctx.default_gid_index(args.ib_port)?;
+    if gid_index.is_some_and(|g| g != sgid_index) {
+        tracing::warn!(
+            gid_index,
+            sgid_index,
+            "datagrams are sent from the device's default GID index (VERBIO_GID_INDEX), not -g"
+        );
+    }
+    let rt = Runtime::new()?;
+    let rx_depth = args.rx_depth.max(1);
+    let dev = Device::with_cq_size(ctx, rx_depth + 64)?;
+    let attr = UdAttr {
+        port: args.ib_port,
+        sq_psn: random_psn(),
+        ..UdAttr::default()
+    };
+    let caps = |max_inline_data| QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data,
+    };
+    // Inline sends of the whole payload if the device takes that much
+    // inline data (devices refuse a QP asking for more than they have).
+    let qp = match dev.create_ud_qp(caps(args.size as u32), &attr) {
+        Ok(qp) => qp,
+        Err(e) => {
+            tracing::info!(error = %e, size = args.size, "no QP with that much inline data; sending from a registered buffer");
+            dev.create_ud_qp(caps(0), &attr)?
+        }
+    };
+    // Posted now: a datagram that finds no receive is dropped.
+    let mut ring = qp.recv_ring(dev.pd(), rx_depth, args.size)?;
+    let local = qp.ud_endpoint(gid_index.unwrap_or(sgid_index))?.endpoint;
     let ours = WireDest {
         lid: local.lid,
         qpn: local.qpn,
@@ -502,67 +368,78 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         theirs.psn,
         Ipv6Addr::from(theirs.gid.0)
     );
-    let peer = Endpoint {
-        provider: side.ctx.kind(),
-        qpn: theirs.qpn,
-        psn: theirs.psn,
-        lid: theirs.lid,
-        gid: theirs.gid,
-        mtu: local.mtu,
-        soft_addr: their_soft,
-    };
-    let ah: AddressHandle = side.pd.create_ah(&AhAttr {
-        hop_limit: 64,
-        sl: args.sl,
-        port: args.ib_port,
-        ..AhAttr::to_endpoint(&peer, gid_index.unwrap_or(0))
+    let peer = qp.ud_peer(&UdEndpoint {
+        endpoint: Endpoint {
+            qpn: theirs.qpn,
+            psn: theirs.psn,
+            lid: theirs.lid,
+            gid: theirs.gid,
+            soft_addr: their_soft,
+            ..local
+        },
+        qkey: DEFAULT_QKEY,
     })?;
-    let dest = UdDest {
-        ah: ah.raw(),
-        remote_qpn: peer.qpn,
-        remote_qkey: DEFAULT_QKEY,
+    let inline = qp.caps().max_inline_data as usize >= args.size;
+    let buf = if inline {
+        None
+    } else {
+        Some(MrPool::new(dev.pd()).alloc_from(&vec![0u8; args.size])?)
+    };
+    let mut sender = Sender {
+        qp: qp.clone(),
+        peer: peer.clone(),
+        buf,
     };
     let client = args.server.is_some();
     let size = args.size;
-    let mut expect = vec![0u8; size];
-    let mut kind = None;
-    let start = Instant::now();
-    for i in 0..args.iters {
-        if client {
-            pattern(i, side.send_area());
-            side.post_send(dest)?;
-            let s = side.next_datagram(&peer)?;
-            pattern(i, &mut expect);
-            if side.slot(s)[GRH_LEN..] != expect[..] {
-                return Err(format!("round trip {i}: the reply is not the message sent").into());
+    let limit = Duration::from_secs(args.timeout);
+    let (iters, kind) = rt.block_on(async {
+        let mut payload = vec![0u8; size];
+        let mut kind = None;
+        let start = Instant::now();
+        for i in 0..args.iters {
+            if client {
+                pattern(i, &mut payload);
+                sender.send(&payload).await?;
             }
-            side.post_recv(s)?;
-            side.poll_until(|s| s.sends_done > i)?;
-        } else {
-            let s = side.next_datagram(&peer)?;
-            let got = &side.slot(s)[GRH_LEN..];
+            let msg = match timeout(limit, ring.next()).await {
+                Ok(Some(m)) => m?,
+                Ok(None) => return Err("the receive ring ended".into()),
+                Err(_) => {
+                    return Err(format!(
+                        "round trip {i}: nothing received in {limit:?} (a datagram lost, or the peer gone)"
+                    )
+                    .into())
+                }
+            };
+            let got = check_source(&msg, size, &peer).map_err(|e| format!("round trip {i}: {e}"))?;
+            if client {
+                if got != &payload[..] {
+                    return Err(format!("round trip {i}: the reply is not the message sent").into());
+                }
+                continue;
+            }
             let k = *kind.get_or_insert_with(|| {
-                pattern(0, &mut expect);
-                if got == &expect[..] {
+                pattern(0, &mut payload);
+                if got == &payload[..] {
                     ClientKind::Patterns
                 } else {
-                    expect.copy_from_slice(got);
+                    payload.copy_from_slice(got);
                     ClientKind::Echo
                 }
             });
             if k == ClientKind::Patterns {
-                pattern(i, &mut expect);
+                pattern(i, &mut payload);
             }
-            if got != &expect[..] {
+            if got != &payload[..] {
                 return Err(format!("round trip {i}: unexpected data from the client").into());
             }
-            side.echo(s);
-            side.post_recv(s)?;
-            side.post_send(dest)?;
-            side.poll_until(|s| s.sends_done > i)?;
+            drop(msg);
+            sender.send(&payload).await?;
         }
-    }
-    let secs = start.elapsed().as_secs_f64();
+        Ok::<_, Box<dyn Error>>((start.elapsed(), kind))
+    })?;
+    let secs = iters.as_secs_f64();
     let bytes = (size * args.iters * 2) as f64;
     println!(
         "{} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
@@ -575,8 +452,9 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         secs * 1e6 / args.iters as f64
     );
     println!(
-        "ud_pingpong: {} round trips of {size} B, data checked{}",
+        "ud_pingpong: {} round trips of {size} B{}, data checked{}",
         args.iters,
+        if inline { " (inline)" } else { "" },
         match kind {
             Some(ClientKind::Echo) => " (the client echoes)",
             _ => "",
@@ -591,7 +469,13 @@ fn main() -> ExitCode {
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ud_pingpong: {e}");
+            let mut msg = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("ud_pingpong: {msg}");
             ExitCode::FAILURE
         }
     }

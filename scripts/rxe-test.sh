@@ -232,7 +232,8 @@ RUN
         echo "UDPP='$UDPP_BIN' UDPP_ITERS=$INTEROP_ITERS"
         cat <<'INTEROP'
 # udpp ROLE: verbio's ud_pingpong as ROLE (client or server) against
-# rdma-core's ibv_ud_pingpong on rxe0, 1024-byte datagrams; the rdma-core
+# rdma-core's ibv_ud_pingpong on rxe0, 1024-byte datagrams, each side
+# bounded by 60 s (the server is killed when the client fails); the rdma-core
 # client runs with -c (it checks the echoed data and prints "invalid data"
 # otherwise).
 udpp() {
@@ -244,10 +245,10 @@ udpp() {
     if ! command -v ibv_ud_pingpong >/dev/null; then echo "ibv_ud_pingpong not installed"; ok=0
     else
         if [ "$role" = client ]; then srv="$r"; cli="$v 127.0.0.1"; else srv="$v"; cli="$r -c 127.0.0.1"; fi
-        timeout "$TMO" $srv >"$out.srv" 2>&1 &
+        timeout 60 $srv >"$out.srv" 2>&1 &
         pid=$!
         i=0; while [ $i -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done
-        timeout "$TMO" $cli >"$out.cli" 2>&1 || ok=0
+        timeout 60 $cli >"$out.cli" 2>&1 || { ok=0; kill $pid 2>/dev/null; }
         wait $pid || ok=0
         grep -q 'invalid data' "$out.cli" && ok=0
         echo "-- server:"; cat "$out.srv"; echo "-- client:"; cat "$out.cli"

@@ -137,7 +137,22 @@ impl Qp {
         // SAFETY: valid PD and CQs of the same context; `init` is fully set.
         let qp = unsafe { sys::ibv_create_qp(pd.inner.pd, &mut init) };
         if qp.is_null() {
-            return Err(errno_err("ibv_create_qp"));
+            return Err(match errno_err("ibv_create_qp") {
+                // EINVAL: caps beyond the device's (often max_inline_data,
+                // which no query reports): say which were asked.
+                ProviderError::Verbs { call, source }
+                    if source.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    invalid(
+                        call,
+                        format!(
+                            "{qp_type:?} QP with {caps:?} refused by {}: {source}",
+                            pd.context().name()
+                        ),
+                    )
+                }
+                other => other,
+            });
         }
         // SAFETY: valid QP just created.
         let qp_num = unsafe { (*qp).qp_num };
