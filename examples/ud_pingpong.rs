@@ -43,6 +43,7 @@
 
 mod cli;
 
+use std::cell::Cell;
 use std::error::Error;
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -54,7 +55,7 @@ use clap::Parser;
 use verbio::ops::verbs::Verbs;
 use verbio::provider::{open_device, Endpoint, Gid, ProviderKind, QpCaps, UdAttr, DEFAULT_QKEY};
 use verbio::runtime::buf::{LocalBuf, MrPool};
-use verbio::runtime::{timeout, Device, QueuePair, RingMsg, Runtime, UdEndpoint, UdPeer};
+use verbio::runtime::{timeout, Device, QueuePair, RecvRing, RingMsg, Runtime, UdEndpoint, UdPeer};
 
 /// UD ping-pong, wire-compatible with rdma-core's `ibv_ud_pingpong`.
 #[derive(Parser)]
@@ -86,11 +87,17 @@ struct Args {
     /// GRH (InfiniBand only: RoCE needs one).
     #[arg(short = 'g', long = "gid-idx")]
     gid_idx: Option<u8>,
-    /// Seconds to wait for any one completion or the address exchange.
-    #[arg(long, default_value_t = 10)]
+    /// Sleep on completion events instead of busy-polling (the default on
+    /// hardware, as `ibv_ud_pingpong` polls).
+    #[arg(short = 'e', long = "events")]
+    events: bool,
+    /// Seconds the address exchange, and then the round trips, may take.
+    #[arg(long, default_value_t = 60)]
     timeout: u64,
 }
 
+/// How long the runtime spins on the CQ before sleeping, unless `-e`.
+const BUSY_POLL: Duration = Duration::from_millis(50);
 /// Bytes of the address message, as `ibv_ud_pingpong` sizes it.
 const MSG_LEN: usize = "0000:000000:000000:00000000000000000000000000000000".len() + 1;
 /// Bytes of the soft device's engine address frame (NUL-padded text).
@@ -298,6 +305,78 @@ impl Sender {
     }
 }
 
+/// What a run of round trips measured.
+struct Run {
+    elapsed: Duration,
+    kind: Option<ClientKind>,
+    /// The client's round trips.
+    rtts: Vec<Duration>,
+}
+
+/// The round trips: the client sends and checks the echo; the server
+/// checks what arrives and answers with it. `progress` counts the round
+/// trips done.
+async fn ping_pong(
+    args: &Args,
+    client: bool,
+    ring: &mut RecvRing,
+    sender: &mut Sender,
+    progress: &Cell<usize>,
+) -> Result<Run, Box<dyn Error>> {
+    let size = args.size;
+    let peer = sender.peer.clone();
+    let mut payload = vec![0u8; size];
+    let mut kind = None;
+    let mut rtts = Vec::with_capacity(if client { args.iters } else { 0 });
+    let start = Instant::now();
+    // One clock read per round trip (a read costs about a microsecond where
+    // the clocksource is emulated): each ends where the previous did.
+    let mut t = start;
+    for i in 0..args.iters {
+        progress.set(i);
+        if client {
+            pattern(i, &mut payload);
+            sender.send(&payload).await?;
+        }
+        let msg = match ring.next().await {
+            Some(m) => m?,
+            None => return Err("the receive ring ended".into()),
+        };
+        let got = check_source(&msg, size, &peer).map_err(|e| format!("round trip {i}: {e}"))?;
+        if client {
+            if got != &payload[..] {
+                return Err(format!("round trip {i}: the reply is not the message sent").into());
+            }
+            let now = Instant::now();
+            rtts.push(now - t);
+            t = now;
+            continue;
+        }
+        let k = *kind.get_or_insert_with(|| {
+            pattern(0, &mut payload);
+            if got == &payload[..] {
+                ClientKind::Patterns
+            } else {
+                payload.copy_from_slice(got);
+                ClientKind::Echo
+            }
+        });
+        if k == ClientKind::Patterns {
+            pattern(i, &mut payload);
+        }
+        if got != &payload[..] {
+            return Err(format!("round trip {i}: unexpected data from the client").into());
+        }
+        drop(msg);
+        sender.send(&payload).await?;
+    }
+    Ok(Run {
+        elapsed: start.elapsed(),
+        kind,
+        rtts,
+    })
+}
+
 fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let ctx = open_device(args.device.as_deref())?;
     tracing::info!(device = ctx.name(), kind = %ctx.kind(), "opened the RDMA device");
@@ -316,7 +395,13 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             "datagrams are sent from the device's default GID index (VERBIO_GID_INDEX), not -g"
         );
     }
-    let rt = Runtime::new()?;
+    // Busy-polling spins on the CQ this long before sleeping.
+    let busy = if args.events || soft {
+        Duration::ZERO
+    } else {
+        BUSY_POLL
+    };
+    let rt = Runtime::builder().busy_poll(busy).build()?;
     let rx_depth = args.rx_depth.max(1);
     let dev = Device::with_cq_size(ctx, rx_depth + 64)?;
     let attr = UdAttr {
@@ -387,59 +472,29 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     };
     let mut sender = Sender {
         qp: qp.clone(),
-        peer: peer.clone(),
+        peer,
         buf,
     };
     let client = args.server.is_some();
     let size = args.size;
     let limit = Duration::from_secs(args.timeout);
-    let (iters, kind) = rt.block_on(async {
-        let mut payload = vec![0u8; size];
-        let mut kind = None;
-        let start = Instant::now();
-        for i in 0..args.iters {
-            if client {
-                pattern(i, &mut payload);
-                sender.send(&payload).await?;
-            }
-            let msg = match timeout(limit, ring.next()).await {
-                Ok(Some(m)) => m?,
-                Ok(None) => return Err("the receive ring ended".into()),
-                Err(_) => {
-                    return Err(format!(
-                        "round trip {i}: nothing received in {limit:?} (a datagram lost, or the peer gone)"
-                    )
-                    .into())
-                }
-            };
-            let got = check_source(&msg, size, &peer).map_err(|e| format!("round trip {i}: {e}"))?;
-            if client {
-                if got != &payload[..] {
-                    return Err(format!("round trip {i}: the reply is not the message sent").into());
-                }
-                continue;
-            }
-            let k = *kind.get_or_insert_with(|| {
-                pattern(0, &mut payload);
-                if got == &payload[..] {
-                    ClientKind::Patterns
-                } else {
-                    payload.copy_from_slice(got);
-                    ClientKind::Echo
-                }
-            });
-            if k == ClientKind::Patterns {
-                pattern(i, &mut payload);
-            }
-            if got != &payload[..] {
-                return Err(format!("round trip {i}: unexpected data from the client").into());
-            }
-            drop(msg);
-            sender.send(&payload).await?;
+    let progress = Cell::new(0);
+    let run = ping_pong(args, client, &mut ring, &mut sender, &progress);
+    let Run {
+        elapsed,
+        kind,
+        mut rtts,
+    } = match rt.block_on(timeout(limit, run)) {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(format!(
+                "timed out after {limit:?} in round trip {} (a datagram lost, or the peer gone)",
+                progress.get()
+            )
+            .into())
         }
-        Ok::<_, Box<dyn Error>>((start.elapsed(), kind))
-    })?;
-    let secs = iters.as_secs_f64();
+    };
+    let secs = elapsed.as_secs_f64();
     let bytes = (size * args.iters * 2) as f64;
     println!(
         "{} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
@@ -451,6 +506,24 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         args.iters,
         secs * 1e6 / args.iters as f64
     );
+    if !rtts.is_empty() {
+        // Half a round trip, as perftest's ib_send_lat reports latency.
+        rtts.sort();
+        let half_us = |d: Duration| d.as_secs_f64() * 1e6 / 2.0;
+        let pct = |p: usize| half_us(rtts[(rtts.len() * p / 100).min(rtts.len() - 1)]);
+        println!(
+            "latency (half round trip, usec): typical {:.2} avg {:.2}",
+            pct(50),
+            secs * 1e6 / args.iters as f64 / 2.0
+        );
+        println!(
+            "latency (half round trip, usec): min {:.2} p90 {:.2} p99 {:.2} max {:.2}",
+            half_us(rtts[0]),
+            pct(90),
+            pct(99),
+            half_us(rtts[rtts.len() - 1])
+        );
+    }
     println!(
         "ud_pingpong: {} round trips of {size} B{}, data checked{}",
         args.iters,

@@ -61,6 +61,12 @@
 #                    each reported as "interop ud_pingpong client: PASS"
 #                    (resp. server) in the summary
 #   --interop-iters N  round trips of each interop pairing (default 300)
+#   --ud-lat         UD latency in the same VM: perftest's `ib_send_lat -c UD`
+#                    against verbio's examples/ud_pingpong (release build;
+#                    runtime UD QueuePair, inline sends, RecvRing), 64 B,
+#                    --lat-iters round trips, --rounds rounds alternating
+#                    which runs first, both reporting half round trips;
+#                    prints each round's ratio verbio/perftest and the median
 #
 # Everything is built on the host (`cargo test --features
 # verbio-runtime/ibverbs --no-run`), then run in one VM boot via
@@ -87,6 +93,7 @@ SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_in
 PERFTEST=0
 DEVINFO=1
 INTEROP=1
+UDLAT=0
 INTEROP_ITERS=300
 ROUNDS=1
 PROVIDER_ONLY=0
@@ -102,6 +109,7 @@ while [ $# -gt 0 ]; do
         --perftest) PERFTEST=1 ;;
         --no-devinfo) DEVINFO=0 ;;
         --no-interop) INTEROP=0 ;;
+        --ud-lat) UDLAT=1 ;;
         --interop-iters) shift; INTEROP_ITERS=${1:-}
             case "$INTEROP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --interop-iters needs a number" >&2; exit 2 ;; esac ;;
         --provider-only) PROVIDER_ONLY=1 ;;
@@ -116,7 +124,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,75p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,81p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -164,6 +172,14 @@ fi
 if [ "$CALLGRIND" = 1 ]; then
     command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
 fi
+UDPP_REL=
+if [ "$UDLAT" = 1 ]; then
+    echo "rxe-test: building examples/ud_pingpong (release, features: ibverbs)" >&2
+    json=$(cargo build --release --example ud_pingpong --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/ud_pingpong (release) failed" >&2; exit 1; }
+    UDPP_REL=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="ud_pingpong" and .executable!=null) | .executable' | tail -1)
+fi
 PERF_BIN=
 if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ]; then
     echo "rxe-test: building verbio-perf (release, features: ibverbs)" >&2
@@ -172,6 +188,8 @@ if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ]; then
     PERF_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="verbio-perf" and .executable!=null) | .executable' | tail -1)
     [ -n "$PERF_BIN" ] || { echo "rxe-test: verbio-perf not built" >&2; exit 1; }
+fi
+if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ] || [ "$UDLAT" = 1 ]; then
     # perftest on the host: the guest runs the host's userland.
     if ! command -v ib_send_lat >/dev/null; then
         echo "rxe-test: installing the Debian package perftest on the host" >&2
@@ -238,7 +256,7 @@ RUN
 # otherwise).
 udpp() {
     role=$1; out="$LOGS/interop_$role"
-    v="$UDPP -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024 --timeout 20"
+    v="$UDPP -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024 --timeout 50"
     r="ibv_ud_pingpong -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024"
     echo; echo "== interop: verbio ud_pingpong $role vs rdma-core ibv_ud_pingpong, $UDPP_ITERS round trips"
     ok=1
@@ -260,10 +278,9 @@ udpp client
 udpp server
 INTEROP
     fi
-    if [ "$PERFTEST" = 1 ]; then
-        echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS SWEEP=$SWEEP SWEEP_ITERS=$SWEEP_ITERS"
-        echo "VARIANTS='${RXE_PERF_VARIANTS:-}'"
-        cat <<'PERF'
+    if [ "$PERFTEST" = 1 ] || [ "$UDLAT" = 1 ]; then
+        echo "LAT_ITERS=$LAT_ITERS"
+        cat <<'PERFHELP'
 # pt LOG TOOL ARGS...: perftest server in the background, client on 127.0.0.1.
 pt() {
     out=$1; shift; tool=$1
@@ -297,6 +314,12 @@ median() {
 }
 # list FILE: its lines joined by spaces.
 list() { [ -f "$1" ] && tr '\n' ' ' < "$1" | sed 's/ $//'; }
+PERFHELP
+    fi
+    if [ "$PERFTEST" = 1 ]; then
+        echo "PERF='$PERF_BIN' LAT_ONLY=$LAT_ONLY LAT_ITERS=$LAT_ITERS SWEEP=$SWEEP SWEEP_ITERS=$SWEEP_ITERS"
+        echo "VARIANTS='${RXE_PERF_VARIANTS:-}'"
+        cat <<'PERF'
 echo; echo "== perf: perftest vs verbio (verbio-perf), $ROUNDS round(s), alternating; send_lat $LAT_ITERS iterations"
 r=1
 while [ $r -le $ROUNDS ]; do
@@ -374,6 +397,49 @@ if [ "$SWEEP" = 1 ]; then
     done
 fi
 PERF
+    fi
+    if [ "$UDLAT" = 1 ]; then
+        echo "UDPP_REL='$UDPP_REL'"
+        cat <<'UDLAT'
+# udv LOG: verbio's ud_pingpong (release) server and client, 64 B.
+udv() {
+    out=$1
+    args="-d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -s 64 -n $LAT_ITERS -r 64 -p 18519 --timeout 100"
+    timeout "$TMO" "$UDPP_REL" $args >"$out.srv" 2>&1 &
+    srv=$!
+    i=0; while [ $i -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18519 '; do sleep 0.1; i=$((i+1)); done
+    timeout "$TMO" "$UDPP_REL" $args 127.0.0.1 >"$out" 2>&1 \
+        || { cat "$out"; echo "FAILED: ud_pingpong client"; fail=1; kill $srv 2>/dev/null; }
+    wait $srv || { cat "$out.srv"; echo "FAILED: ud_pingpong server"; fail=1; }
+}
+# udfield LOG N: typical (1) or avg (2) half round trip of a udv log.
+udfield() { sed -n 's/^latency (half round trip, usec): typical \([0-9.]*\) avg \([0-9.]*\)$/\1 \2/p' "$1" | awk -v f="$2" '{ print $f }'; }
+echo; echo "== UD latency: perftest ib_send_lat -c UD vs verbio examples/ud_pingpong, 64 B, $ROUNDS round(s), $LAT_ITERS iterations"
+r=1
+while [ $r -le $ROUNDS ]; do
+    if [ $((r % 2)) = 1 ]; then
+        pt "$LOGS/pt_udlat.$r" ib_send_lat -c UD -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
+        udv "$LOGS/vb_udlat.$r"
+    else
+        udv "$LOGS/vb_udlat.$r"
+        pt "$LOGS/pt_udlat.$r" ib_send_lat -c UD -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
+    fi
+    if [ $r = 1 ]; then
+        echo "-- perftest ib_send_lat -c UD (round 1):"; tail -4 "$LOGS/pt_udlat.1"
+        echo "-- verbio ud_pingpong (round 1):"; cat "$LOGS/vb_udlat.1"
+    fi
+    ptl=$(field "$LOGS/pt_udlat.$r" 64 5); pal=$(field "$LOGS/pt_udlat.$r" 64 6)
+    vtl=$(udfield "$LOGS/vb_udlat.$r" 1); val=$(udfield "$LOGS/vb_udlat.$r" 2)
+    rtl=$(ratio "$vtl" "$ptl"); ral=$(ratio "$val" "$pal")
+    echo "$rtl" >> "$LOGS/ratio.udtyp"; echo "$ral" >> "$LOGS/ratio.udavg"
+    echo "round $r: UD send_lat 64B typical us: perftest $ptl verbio $vtl ratio $rtl | avg us: perftest $pal verbio $val ratio $ral" | tee -a "$LOGS/perf"
+    r=$((r+1))
+done
+{
+    echo "UD send_lat typical ratio per round: $(list "$LOGS/ratio.udtyp"); median $(median "$LOGS/ratio.udtyp")"
+    echo "UD send_lat avg ratio per round: $(list "$LOGS/ratio.udavg"); median $(median "$LOGS/ratio.udavg")"
+} | tee -a "$LOGS/perf"
+UDLAT
     fi
     if [ "$CALLGRIND" = 1 ]; then
         echo "PERF='$PERF_BIN'"
