@@ -11,17 +11,19 @@
 //! 0x11111111 and every receive buffer has 40 bytes of room for the GRH
 //! before the payload.
 //!
-//! Checked on every datagram: the status, the length, the sender's QP
-//! number and (with a GID) the sender's GID in the GRH, and the data:
-//! verbio's client sends a different pattern each round trip and expects
-//! it back; verbio's server answers with what it received and expects
-//! either verbio's patterns or, from `ibv_ud_pingpong` (which answers with
-//! the payload it last received), the same bytes every time.
+//! Checked on every datagram: its status and length. With `-c` (as
+//! `ibv_ud_pingpong -c`) also the sender's QP number, (with a GID) the
+//! sender's GID in the GRH, and the data: verbio's client sends a
+//! different pattern each round trip and expects it back; verbio's server
+//! answers with what it received and expects either verbio's patterns or,
+//! from `ibv_ud_pingpong` (which answers with the payload it last
+//! received), the same bytes every time. Without `-c` the loop is what
+//! perftest's `ib_send_lat` measures (which checks no data either).
 //!
 //! ```text
 //! ibv_ud_pingpong -d rxe0 -g 1 &          # rdma-core server
-//! cargo run --example ud_pingpong --features ibverbs -- -d rxe0 -g 1 127.0.0.1
-//! cargo run --example ud_pingpong --features ibverbs -- -d rxe0 -g 1 &
+//! cargo run --example ud_pingpong --features ibverbs -- -d rxe0 -g 1 -c 127.0.0.1
+//! cargo run --example ud_pingpong --features ibverbs -- -d rxe0 -g 1 -c &
 //! ibv_ud_pingpong -d rxe0 -g 1 127.0.0.1  # rdma-core client
 //! ```
 //!
@@ -87,6 +89,9 @@ struct Args {
     /// GRH (InfiniBand only: RoCE needs one).
     #[arg(short = 'g', long = "gid-idx")]
     gid_idx: Option<u8>,
+    /// Check each datagram's sender and data, not only its length.
+    #[arg(short = 'c', long = "chk")]
+    chk: bool,
     /// Sleep on completion events instead of busy-polling (the default on
     /// hardware, as `ibv_ud_pingpong` polls).
     #[arg(short = 'e', long = "events")]
@@ -258,9 +263,17 @@ enum ClientKind {
 }
 
 /// Checks a received datagram's length and sender; returns its payload.
-fn check_source<'m>(msg: &'m RingMsg, size: usize, peer: &UdPeer) -> Result<&'m [u8], String> {
+fn check_source<'m>(
+    msg: &'m RingMsg,
+    size: usize,
+    peer: &UdPeer,
+    chk: bool,
+) -> Result<&'m [u8], String> {
     if msg.len() != size {
         return Err(format!("received {} bytes, expected {size}", msg.len()));
+    }
+    if !chk {
+        return Ok(msg.as_slice());
     }
     let src = msg.source().ok_or("a UD ring message without a source")?;
     if src.qpn != peer.qpn() {
@@ -328,28 +341,41 @@ async fn ping_pong(
     let mut payload = vec![0u8; size];
     let mut kind = None;
     let mut rtts = Vec::with_capacity(if client { args.iters } else { 0 });
-    let start = Instant::now();
-    // One clock read per round trip (a read costs about a microsecond where
-    // the clocksource is emulated): each ends where the previous did.
-    let mut t = start;
+    let clock = Ticks::start();
+    // One tick read per round trip: each ends where the previous did.
+    let mut t = clock.now();
+    // Each received buffer goes back to the ring once the next datagram is
+    // out, off the round trip's path (as perftest reposts).
+    let mut last: Option<RingMsg> = None;
     for i in 0..args.iters {
         progress.set(i);
         if client {
-            pattern(i, &mut payload);
+            if args.chk {
+                pattern(i, &mut payload);
+            }
             sender.send(&payload).await?;
+            drop(last.take());
         }
         let msg = match ring.next().await {
             Some(m) => m?,
             None => return Err("the receive ring ended".into()),
         };
-        let got = check_source(&msg, size, &peer).map_err(|e| format!("round trip {i}: {e}"))?;
+        let got = check_source(&msg, size, &peer, args.chk)
+            .map_err(|e| format!("round trip {i}: {e}"))?;
         if client {
-            if got != &payload[..] {
+            if args.chk && got != &payload[..] {
                 return Err(format!("round trip {i}: the reply is not the message sent").into());
             }
-            let now = Instant::now();
-            rtts.push(now - t);
+            let now = clock.now();
+            rtts.push(now.wrapping_sub(t));
             t = now;
+            last = Some(msg);
+            continue;
+        }
+        if !args.chk {
+            payload.copy_from_slice(got);
+            sender.send(&payload).await?;
+            drop(msg);
             continue;
         }
         let k = *kind.get_or_insert_with(|| {
@@ -367,14 +393,61 @@ async fn ping_pong(
         if got != &payload[..] {
             return Err(format!("round trip {i}: unexpected data from the client").into());
         }
-        drop(msg);
+        // `payload` now equals the datagram: answer with it.
         sender.send(&payload).await?;
+        drop(msg);
     }
+    drop(last);
+    let per_us = clock.per_us();
     Ok(Run {
-        elapsed: start.elapsed(),
+        elapsed: clock.start.elapsed(),
         kind,
-        rtts,
+        rtts: rtts
+            .into_iter()
+            .map(|d| Duration::from_secs_f64(d as f64 / per_us / 1e6))
+            .collect(),
     })
+}
+
+/// Cheap timestamps for the round trips: the CPU's time-stamp counter on
+/// x86-64 (as perftest's `get_cycles`), else the monotonic clock; reading
+/// the system clock costs a system call where the clocksource is emulated.
+struct Ticks {
+    start: Instant,
+    start_tick: u64,
+}
+
+impl Ticks {
+    fn start() -> Ticks {
+        let start = Instant::now();
+        Ticks {
+            start,
+            start_tick: Self::tick(start),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn tick(_: Instant) -> u64 {
+        // SAFETY: RDTSC exists on every x86-64 CPU and only reads a counter.
+        unsafe { std::arch::x86_64::_rdtsc() }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn tick(start: Instant) -> u64 {
+        start.elapsed().as_nanos() as u64
+    }
+
+    fn now(&self) -> u64 {
+        Self::tick(self.start)
+    }
+
+    /// Ticks per microsecond, measured against the system clock since
+    /// [`Ticks::start`] (call at the end).
+    fn per_us(&self) -> f64 {
+        let us = (self.start.elapsed().as_secs_f64() * 1e6).max(f64::MIN_POSITIVE);
+        let ticks = self.now().wrapping_sub(self.start_tick).max(1);
+        ticks as f64 / us
+    }
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn Error>> {
@@ -525,9 +598,14 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         );
     }
     println!(
-        "ud_pingpong: {} round trips of {size} B{}, data checked{}",
+        "ud_pingpong: {} round trips of {size} B{}{}{}",
         args.iters,
         if inline { " (inline)" } else { "" },
+        if args.chk {
+            ", senders and data checked"
+        } else {
+            ", lengths checked"
+        },
         match kind {
             Some(ClientKind::Echo) => " (the client echoes)",
             _ => "",

@@ -63,7 +63,8 @@
 #   --interop-iters N  round trips of each interop pairing (default 300)
 #   --ud-lat         UD latency in the same VM: perftest's `ib_send_lat -c UD`
 #                    against verbio's examples/ud_pingpong (release build;
-#                    runtime UD QueuePair, inline sends, RecvRing), 64 B,
+#                    runtime UD QueuePair, inline sends, RecvRing; without
+#                    -c: lengths checked, as perftest checks nothing), 64 B,
 #                    --lat-iters round trips, --rounds rounds alternating
 #                    which runs first, both reporting half round trips;
 #                    prints each round's ratio verbio/perftest and the median
@@ -250,13 +251,14 @@ RUN
         echo "UDPP='$UDPP_BIN' UDPP_ITERS=$INTEROP_ITERS"
         cat <<'INTEROP'
 # udpp ROLE: verbio's ud_pingpong as ROLE (client or server) against
-# rdma-core's ibv_ud_pingpong on rxe0, 1024-byte datagrams, each side
+# rdma-core's ibv_ud_pingpong on rxe0, 1024-byte datagrams, verbio with -c
+# (senders and data checked), each side
 # bounded by 60 s (the server is killed when the client fails); the rdma-core
 # client runs with -c (it checks the echoed data and prints "invalid data"
 # otherwise).
 udpp() {
     role=$1; out="$LOGS/interop_$role"
-    v="$UDPP -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024 --timeout 50"
+    v="$UDPP -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024 -c --timeout 50"
     r="ibv_ud_pingpong -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $UDPP_ITERS -s 1024"
     echo; echo "== interop: verbio ud_pingpong $role vs rdma-core ibv_ud_pingpong, $UDPP_ITERS round trips"
     ok=1
@@ -269,6 +271,8 @@ udpp() {
         timeout 60 $cli >"$out.cli" 2>&1 || { ok=0; kill $pid 2>/dev/null; }
         wait $pid || ok=0
         grep -q 'invalid data' "$out.cli" && ok=0
+        if [ "$role" = client ]; then vout="$out.cli"; else vout="$out.srv"; fi
+        grep -q "$UDPP_ITERS round trips of 1024 B, senders and data checked" "$vout" || ok=0
         echo "-- server:"; cat "$out.srv"; echo "-- client:"; cat "$out.cli"
     fi
     if [ $ok = 1 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
