@@ -88,6 +88,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             Frame::Hello {
                 test: cfg.test,
                 api: cfg.api.code(),
+                connection: cfg.connection.code(),
                 qps: 1,
                 max_size: cfg.max_size() as u64,
             },
@@ -107,6 +108,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             test: cfg.test,
             api: cfg.api,
             transport: cfg.transport,
+            connection: cfg.connection,
             device: dev.context().name().to_string(),
             provider: dev.context().kind().to_string(),
             qps: 1,
@@ -200,8 +202,13 @@ async fn step(
         Test::SendLat => {
             let mut lat = LatLoop::start(budget);
             while lat.next() {
-                rdma.send(&payload).await.ctx(format!("send {}", lat.i))?;
-                let back = rdma.receive().await.ctx(format!("receive {}", lat.i))?;
+                rdma.send(&payload)
+                    .await
+                    .ctx_with(|| format!("send {}", lat.i))?;
+                let back = rdma
+                    .receive()
+                    .await
+                    .ctx_with(|| format!("receive {}", lat.i))?;
                 if back.len() != size {
                     return Err(msg(format!(
                         "echo of {} bytes, expected {size}",
@@ -217,7 +224,7 @@ async fn step(
             let mut lat = LatLoop::start(budget);
             while lat.next() {
                 let (r, back) = rdma.read(mr, v).await;
-                r.ctx(format!("read {}", lat.i))?;
+                r.ctx_with(|| format!("read {}", lat.i))?;
                 mr = back;
             }
             Ok(lat.finish())
@@ -228,7 +235,7 @@ async fn step(
             while lat.next() {
                 rdma.fetch_and_add(v, 1)
                     .await
-                    .ctx(format!("fetch_and_add {}", lat.i))?;
+                    .ctx_with(|| format!("fetch_and_add {}", lat.i))?;
             }
             Ok(lat.finish())
         }
@@ -256,7 +263,7 @@ where
     }
     let mut done = 0u64;
     while let Some((r, it)) = in_flight.next().await {
-        r.ctx(format!("op {done}"))?;
+        r.ctx_with(|| format!("op {done}"))?;
         done += 1;
         samples.push(clock.stamp(), done);
         if budget.more(posted) {
@@ -286,7 +293,7 @@ pub fn server(cfg: &Config) -> Result<()> {
         );
         let rdma = listener.accept().await.ctx("accepting the client")?;
         let hello = recv_ctl(&rdma).await?;
-        ctl::check_hello(hello, cfg.test, cfg.api).ctx("the client's hello")?;
+        ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
         send_ctl(&rdma, Frame::Go).await?;
         let res = serve(cfg, &rdma).await;
         let _ = verbio::runtime::timeout(Duration::from_secs(5), rdma.close()).await;

@@ -64,6 +64,8 @@ pub(crate) struct QpCore {
     /// sends (`inline.rs`): an RDMA WRITE on RC, a refused datagram to
     /// itself on UD (`ud.rs`); `None` while a UD QP has none yet.
     pub(crate) retire_op: Cell<Option<SendOp>>,
+    /// The WR list of an inline burst (`inline_burst.rs`), kept for reuse.
+    pub(crate) burst_wrs: Cell<Vec<SendWr>>,
 }
 
 impl QpCore {

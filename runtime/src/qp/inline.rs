@@ -203,12 +203,8 @@ impl QueuePair {
     /// Why an inline send of `len` bytes (to `dest` on UD) cannot be
     /// posted now, if it can't.
     fn inline_check(&self, len: usize, dest: Option<&UdDest>) -> Result<(), SubmitError> {
+        self.inline_state_check()?;
         let core = &self.inner.core;
-        if core.closed.get() {
-            return Err(SubmitError::Closed {
-                qp_num: core.qp_num,
-            });
-        }
         let ud = self.inner.ud.is_some();
         if ud != dest.is_some() {
             return Err(SubmitError::Invalid {
@@ -223,9 +219,6 @@ impl QueuePair {
                 ),
             });
         }
-        if let Some(e) = core.fault_error() {
-            return Err(e);
-        }
         if len > self.inner.caps.max_inline_data as usize {
             return Err(SubmitError::Invalid {
                 what: format!(
@@ -233,6 +226,21 @@ impl QueuePair {
                     core.qp_num, self.inner.caps.max_inline_data
                 ),
             });
+        }
+        self.check_datagram_len(len)
+    }
+
+    /// Why the QP takes no inline send now (closed, failed, or too many
+    /// QPs for an inline wr_id to name it), if so.
+    pub(super) fn inline_state_check(&self) -> Result<(), SubmitError> {
+        let core = &self.inner.core;
+        if core.closed.get() {
+            return Err(SubmitError::Closed {
+                qp_num: core.qp_num,
+            });
+        }
+        if let Some(e) = core.fault_error() {
+            return Err(e);
         }
         if core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS {
             return Err(SubmitError::SlabFull {
@@ -386,6 +394,11 @@ impl SendInline<'_> {
             || core.fault.get().is_some()
             || self.data.len() > qp.inner.caps.max_inline_data as usize
             || qp.inner.ud.is_some() != self.dest.is_some()
+            || qp
+                .inner
+                .ud
+                .as_ref()
+                .is_some_and(|u| self.data.len() > u.mtu as usize)
             || core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS
             || !core.credits.sq.try_acquire(1)
         {

@@ -78,6 +78,7 @@ mod deferred;
 #[cfg(test)]
 mod deferred_tests;
 mod inline;
+mod inline_burst;
 #[cfg(test)]
 mod inline_tests;
 mod lend;
@@ -102,6 +103,7 @@ pub(crate) use self::core::QpCore;
 pub use datagram::DatagramSource;
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
+pub use inline_burst::{Datagram, SendInlineBurst, MAX_INLINE_BURST};
 pub use lend::{GatherChainVerb, GatherVerb, ScatterVerb};
 pub use queue_pair::QueuePair;
 pub use recv_ring::{NextMsg, RecvRing, RecvRingConfig, RecvRingError, RingMsg};

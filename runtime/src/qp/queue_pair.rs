@@ -131,6 +131,7 @@ impl QueuePair {
             batch_posts: Cell::new(batch_posts),
             listed_in_phase: Cell::new(false),
             retire_op: Cell::new(retire_op),
+            burst_wrs: Cell::new(Vec::new()),
         });
         handle.driver().register_qp(|key| {
             core.reg_key.set(key);
