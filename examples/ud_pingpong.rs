@@ -181,8 +181,20 @@ fn exchange(
             let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), args.port))?
                 .next()
                 .ok_or_else(|| format!("{host}: no address"))?;
-            TcpStream::connect_timeout(&addr, limit)
-                .map_err(|e| format!("connecting to {addr}: {e}"))?
+            // The server may not listen yet: retry until the limit.
+            let deadline = Instant::now() + limit;
+            loop {
+                match TcpStream::connect_timeout(&addr, limit) {
+                    Ok(s) => break s,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::ConnectionRefused
+                            && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(e) => return Err(format!("connecting to {addr}: {e}").into()),
+                }
+            }
         }
         None => {
             let listener = TcpListener::bind(("0.0.0.0", args.port))
@@ -635,6 +647,23 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both sides verbio on software devices, in two threads.
+    #[test]
+    fn soft_devices_ping_pong_with_checks() {
+        let port = 20_000 + (std::process::id() % 20_000) as u16;
+        fn args(port: u16, server: Option<&str>) -> Args {
+            let port = port.to_string();
+            let mut a = vec!["ud_pingpong", "-d", "soft0", "-s", "512", "-n", "50"];
+            a.extend(["-r", "8", "-c", "-p", &port, "--timeout", "20"]);
+            a.extend(server);
+            Args::parse_from(a)
+        }
+        let server = std::thread::spawn(move || run(&args(port, None)).map_err(|e| e.to_string()));
+        let client = run(&args(port, Some("127.0.0.1"))).map_err(|e| e.to_string());
+        let server = server.join().expect("server thread");
+        assert_eq!((client, server), (Ok(()), Ok(())));
+    }
 
     #[test]
     fn address_message_matches_ud_pingpong() {
