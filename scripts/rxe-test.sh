@@ -66,8 +66,9 @@
 #                    runtime UD QueuePair, inline sends, RecvRing; without
 #                    -c: lengths checked, as perftest checks nothing), 64 B,
 #                    --lat-iters round trips, --rounds rounds alternating
-#                    which runs first, both reporting half round trips;
-#                    prints each round's ratio verbio/perftest and the median
+#                    which runs first, all reporting half round trips;
+#                    also `verbio-perf send_lat -c UD` (its UD loop);
+#                    prints each round's ratios verbio/perftest and medians
 #
 # Everything is built on the host (`cargo test --features
 # verbio-runtime/ibverbs --no-run`), then run in one VM boot via
@@ -182,7 +183,7 @@ if [ "$UDLAT" = 1 ]; then
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="ud_pingpong" and .executable!=null) | .executable' | tail -1)
 fi
 PERF_BIN=
-if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ]; then
+if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ] || [ "$UDLAT" = 1 ]; then
     echo "rxe-test: building verbio-perf (release, features: ibverbs)" >&2
     json=$(cargo build --release -p verbio-perf --features ibverbs --message-format=json) \
         || { echo "rxe-test: building verbio-perf failed" >&2; exit 1; }
@@ -403,7 +404,7 @@ fi
 PERF
     fi
     if [ "$UDLAT" = 1 ]; then
-        echo "UDPP_REL='$UDPP_REL'"
+        echo "UDPP_REL='$UDPP_REL' PERF='$PERF_BIN'"
         cat <<'UDLAT'
 # udv LOG: verbio's ud_pingpong (release) server and client, 64 B.
 udv() {
@@ -428,20 +429,24 @@ while [ $r -le $ROUNDS ]; do
         udv "$LOGS/vb_udlat.$r"
         pt "$LOGS/pt_udlat.$r" ib_send_lat -c UD -d rxe0 -x 1 -s 64 -n "$LAT_ITERS"
     fi
+    vp "$LOGS/vp_udlat.$r" "$PERF" send_lat -c UD -s 64 -n "$LAT_ITERS"
     if [ $r = 1 ]; then
         echo "-- perftest ib_send_lat -c UD (round 1):"; tail -4 "$LOGS/pt_udlat.1"
         echo "-- verbio ud_pingpong (round 1):"; cat "$LOGS/vb_udlat.1"
+        echo "-- verbio-perf send_lat -c UD (round 1):"; cat "$LOGS/vp_udlat.1"
     fi
     ptl=$(field "$LOGS/pt_udlat.$r" 64 5); pal=$(field "$LOGS/pt_udlat.$r" 64 6)
     vtl=$(udfield "$LOGS/vb_udlat.$r" 1); val=$(udfield "$LOGS/vb_udlat.$r" 2)
     rtl=$(ratio "$vtl" "$ptl"); ral=$(ratio "$val" "$pal")
     echo "$rtl" >> "$LOGS/ratio.udtyp"; echo "$ral" >> "$LOGS/ratio.udavg"
-    echo "round $r: UD send_lat 64B typical us: perftest $ptl verbio $vtl ratio $rtl | avg us: perftest $pal verbio $val ratio $ral" | tee -a "$LOGS/perf"
+    ptp=$(field "$LOGS/vp_udlat.$r" 64 5); rtp=$(ratio "$ptp" "$ptl"); echo "$rtp" >> "$LOGS/ratio.udtyp.perf"
+    echo "round $r: UD send_lat 64B typical us: perftest $ptl verbio $vtl ratio $rtl | avg us: perftest $pal verbio $val ratio $ral | verbio-perf -c UD typical $ptp ratio $rtp" | tee -a "$LOGS/perf"
     r=$((r+1))
 done
 {
     echo "UD send_lat typical ratio per round: $(list "$LOGS/ratio.udtyp"); median $(median "$LOGS/ratio.udtyp")"
     echo "UD send_lat avg ratio per round: $(list "$LOGS/ratio.udavg"); median $(median "$LOGS/ratio.udavg")"
+    echo "UD verbio-perf send_lat -c UD typical ratio per round: $(list "$LOGS/ratio.udtyp.perf"); median $(median "$LOGS/ratio.udtyp.perf")"
 } | tee -a "$LOGS/perf"
 UDLAT
     fi
