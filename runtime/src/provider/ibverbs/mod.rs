@@ -2,9 +2,10 @@
 //! `rdma-mummy-sys` (which `dlopen`s `libibverbs.so.1` at run time).
 //!
 //! Same object model and method names as the software device: every object is
-//! an `Arc`-backed handle that keeps its parents alive (an [`Mr`] keeps its
-//! [`Pd`], a [`Qp`] its [`Pd`] and [`Cq`]s, everything its [`Context`]), and the
-//! verbs object is destroyed when the last handle goes, children first.
+//! an `Arc`-backed handle that keeps its parents alive (an [`Mr`] and an
+//! [`Ah`] keep their [`Pd`], a [`Qp`] (RC or UD) its [`Pd`] and [`Cq`]s,
+//! everything its [`Context`]), and the verbs object is destroyed when the
+//! last handle goes, children first.
 //!
 //! All libibverbs objects are documented as thread-safe ("all verbs are thread
 //! safe", rdma-core `libibverbs/man/ibv_*`), which is what the `Send`/`Sync`

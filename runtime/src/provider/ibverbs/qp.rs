@@ -1,6 +1,7 @@
 //! RC and UD queue pairs: creation, the RESET→INIT→RTR→RTS/ERR state
-//! machines (RC's step by step, UD's in one call), and posting (work-request lists built on the stack, one doorbell per list,
-//! SGEs handed to the device in place: no allocation and no copy per post).
+//! machines (RC's step by step, UD's in one call), and posting
+//! (work-request lists built on the stack, one doorbell per list, SGEs
+//! handed to the device in place: no allocation and no copy per post).
 
 use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
@@ -825,9 +826,10 @@ fn bad_index(base: usize, bad: usize, size: usize, n: usize) -> usize {
     ((bad - base) / size).min(n)
 }
 
-/// Writes the `ibv_send_wr` of `wr` at `dst`: the fields an RC provider
-/// reads for these opcodes; the XRC/UD, memory-window and TSO fields (used
-/// only by other QP types and opcodes) are left unwritten.
+/// Writes the `ibv_send_wr` of `wr` at `dst`: the fields a provider reads
+/// for these opcodes (`wr.rdma` / `wr.atomic` on RC, `wr.ud` for a UD
+/// `SendTo`); the XRC, memory-window and TSO fields (used only by other QP
+/// types and opcodes) are left unwritten.
 ///
 /// # Safety
 ///
