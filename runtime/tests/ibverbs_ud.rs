@@ -405,3 +405,60 @@ fn ud_larger_than_mtu_is_not_sent() {
     let rc = wait(&p.cq_b, 1);
     check_datagram(&rc[0], &dst, &src.bytes()[..mtu], &p.ea, &p.eb);
 }
+
+/// A UD provider reads `wr.ud.ah` as an address handle whatever the
+/// opcode (rxe dereferences it: an RDMA WRITE's remote address would be
+/// taken for one), so the provider refuses every opcode but a datagram on
+/// UD, and datagrams on RC, before the device sees them.
+#[test]
+fn ud_qps_post_only_datagrams() {
+    let Some(ctx) = device("ud_qps_post_only_datagrams") else {
+        return;
+    };
+    let p = ud_pair(ctx);
+    let src = Buf::new(&p.pd, 64, AccessFlags::LOCAL_WRITE);
+    let dst = Buf::new(&p.pd, GRH_LEN + 64, AccessFlags::LOCAL_WRITE);
+    post_recv(&p.b, 1, &dst, (GRH_LEN + 64) as u32);
+    let write = SendWr {
+        wr_id: 9,
+        sg_list: src.sge(0, 8),
+        op: SendOp::Write {
+            remote_addr: 0x1000,
+            rkey: 1,
+        },
+        flags: SendFlags::SIGNALED,
+    };
+    let good = send_to(8, src.sge(0, 16), dest(&p.ah_ab, &p.b, DEFAULT_QKEY), None);
+    // SAFETY: SGEs of Bufs (see Buf); the WRITE is refused before posting.
+    let err = unsafe { p.a.post_send(&[good, write.clone()]) }.expect_err("WRITE on UD");
+    assert_eq!(err.posted, 1, "the datagram before it was posted");
+    assert!(
+        matches!(err.error, ProviderError::InvalidArgument { .. }),
+        "{err:?}"
+    );
+    assert_eq!(wait(&p.cq_a, 1)[0].wr_id, 8);
+    let rc = wait(&p.cq_b, 1);
+    check_datagram(&rc[0], &dst, &src.bytes()[..16], &p.ea, &p.eb);
+    assert_eq!(p.a.state(), QpState::Rts);
+
+    // A datagram on an RC QP is refused the same way.
+    let rc_qp =
+        p.pd.create_qp(&p.cq_a, &p.cq_a, QpCaps::default())
+            .expect("create_qp");
+    // SAFETY: as above; refused before posting.
+    let err = unsafe {
+        rc_qp.post_send(&[send_to(
+            7,
+            src.sge(0, 8),
+            dest(&p.ah_ab, &p.b, DEFAULT_QKEY),
+            None,
+        )])
+    }
+    .expect_err("datagram on RC");
+    assert_eq!(err.posted, 0);
+    assert!(
+        matches!(err.error, ProviderError::InvalidArgument { .. }),
+        "{err:?}"
+    );
+    assert!(quiet_for(&p.cq_a, Duration::from_millis(50)).is_ok());
+}

@@ -486,13 +486,17 @@ impl Qp {
         ret_err(call, ret)
     }
 
-    /// True when the device takes `wr` as far as this QP's caps tell: at
-    /// most `max_send_sge` SGEs, an INLINE payload within
-    /// `max_inline_data`. [`Qp::send_refusal`] says why not.
+    /// True when the device takes `wr` as far as this QP's type and caps
+    /// tell: a datagram (`SendTo`) on a UD QP and any other opcode on RC
+    /// (a UD provider reads `wr.ud.ah` as an address handle whatever the
+    /// opcode: rxe dereferences it), at most `max_send_sge` SGEs, an
+    /// INLINE payload within `max_inline_data`. [`Qp::send_refusal`] says
+    /// why not.
     #[inline(always)]
     fn send_fits(&self, wr: &SendWr, sgl: &[Sge]) -> bool {
         let caps = &self.inner.caps;
-        sgl.len() <= caps.max_send_sge as usize
+        matches!(wr.op, SendOp::SendTo { .. }) == (self.inner.qp_type == QpType::Ud)
+            && sgl.len() <= caps.max_send_sge as usize
             && (!wr.flags.contains(SendFlags::INLINE)
                 || inline_len(sgl) <= u64::from(caps.max_inline_data))
     }
@@ -502,6 +506,18 @@ impl Qp {
     #[inline(never)]
     fn send_refusal(&self, wr: &SendWr) -> ProviderError {
         let caps = &self.inner.caps;
+        let datagram = matches!(wr.op, SendOp::SendTo { .. });
+        if datagram != (self.inner.qp_type == QpType::Ud) {
+            return invalid(
+                "post_send",
+                format!(
+                    "{} on {:?} QP {}: UD QPs post only datagrams (SendTo), and only they do",
+                    op_name(&wr.op),
+                    self.inner.qp_type,
+                    self.inner.qp_num
+                ),
+            );
+        }
         let k = wr.sg_list.len();
         if k > caps.max_send_sge as usize {
             return too_many_sges("post_send", k, caps.max_send_sge);
@@ -754,6 +770,20 @@ impl Qp {
             });
         }
         Ok(())
+    }
+}
+
+/// The verb a send WR names, for errors.
+fn op_name(op: &SendOp) -> &'static str {
+    match op {
+        SendOp::Send => "SEND",
+        SendOp::SendWithImm { .. } => "SEND_WITH_IMM",
+        SendOp::Write { .. } => "RDMA WRITE",
+        SendOp::WriteWithImm { .. } => "RDMA WRITE_WITH_IMM",
+        SendOp::Read { .. } => "RDMA READ",
+        SendOp::CompareAndSwap { .. } => "ATOMIC CMP_AND_SWP",
+        SendOp::FetchAndAdd { .. } => "ATOMIC FETCH_AND_ADD",
+        SendOp::SendTo { .. } => "a datagram (SendTo)",
     }
 }
 
