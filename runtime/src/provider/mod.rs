@@ -670,6 +670,10 @@ impl Qp {
     /// call: its SGEs need only be readable (allocated, not written by
     /// anyone) until the call returns; their lkeys are not used.
     ///
+    /// A [`SendOp::SendTo`] WR's `dest.ah` must name a live
+    /// [`AddressHandle`] (a clone of it alive) until the WR is done: the
+    /// ibverbs provider hands the handle's pointer to the device.
+    ///
     /// Remote addresses and rkeys are not part of this contract: the peer's
     /// responder checks them against its own registrations.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
