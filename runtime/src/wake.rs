@@ -22,7 +22,8 @@ thread_local! {
     /// Compared by address: a waker holds its `Arc<Shared>`, so while it
     /// exists no other `Shared` can get that address.
     pub(crate) static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
-    /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime.
+    /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime
+    /// (never `MAIN`: see `LOCAL_MAIN`).
     pub(crate) static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
     /// lazy-registration check on access).

@@ -100,27 +100,42 @@ impl FakeQp {
         }
         self.doorbells.set(self.doorbells.get() + 1);
         let mut q = self.sends.borrow_mut();
-        for (i, wr) in wrs.iter().enumerate() {
-            if q.len() >= self.caps.max_send_wr as usize {
-                return Err(PostError {
-                    posted: i,
-                    error: ProviderError::QueueFull {
-                        qp_num: self.qp_num,
-                        queue: "send",
-                        depth: self.caps.max_send_wr,
-                    },
-                });
-            }
-            if self.in_err.get() {
-                let op = wr.op.completion_opcode();
-                self.cq
-                    .push(self.completion(wr.wr_id, WcStatus::WrFlushErr, op, 0));
-            } else {
-                q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+        let room = (self.caps.max_send_wr as usize).saturating_sub(q.len());
+        if wrs.len() <= room && !self.in_err.get() {
+            // The common case: the whole list fits, nothing is flushed.
+            q.extend(
+                wrs.iter()
+                    .map(|wr| (wr.wr_id, wr.flags, wr.op.completion_opcode())),
+            );
+        } else {
+            for (i, wr) in wrs.iter().enumerate() {
+                if q.len() >= self.caps.max_send_wr as usize {
+                    return Err(self.send_queue_full(i));
+                }
+                if self.in_err.get() {
+                    let op = wr.op.completion_opcode();
+                    self.cq
+                        .push(self.completion(wr.wr_id, WcStatus::WrFlushErr, op, 0));
+                } else {
+                    q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+                }
             }
         }
         self.max_sends.set(self.max_sends.get().max(q.len()));
         Ok(())
+    }
+
+    /// The send queue overflowed after `posted` WRs of a list.
+    #[cold]
+    fn send_queue_full(&self, posted: usize) -> PostError {
+        PostError {
+            posted,
+            error: ProviderError::QueueFull {
+                qp_num: self.qp_num,
+                queue: "send",
+                depth: self.caps.max_send_wr,
+            },
+        }
     }
 
     /// `ibv_post_recv`: records the WRs.
@@ -205,6 +220,38 @@ impl FakeQp {
         self.cq
             .push(self.completion(done.0, status, done.2, byte_len));
         Some(done.0)
+    }
+
+    /// Completes every outstanding send that [`complete_send`](Self::complete_send)
+    /// would complete if called until it returns `None` (with `Success`,
+    /// trailing unsignaled WRs stay on the queue), in one call; returns how
+    /// many completions it produced.
+    pub fn complete_sends(&self, status: WcStatus, byte_len: u32) -> usize {
+        let mut q = self.sends.borrow_mut();
+        let mut cq = self.cq.queue.borrow_mut();
+        let before = cq.len();
+        if !status.is_success() {
+            for (id, _, op) in q.drain(..) {
+                cq.push_back(self.completion(id, status, op, byte_len));
+            }
+            return cq.len() - before;
+        }
+        while let Some(&(id, flags, op)) = q.front() {
+            if !flags.contains(SendFlags::SIGNALED) {
+                // Unsignaled WRs retire with the next signaled one.
+                match q
+                    .iter()
+                    .position(|(_, f, _)| f.contains(SendFlags::SIGNALED))
+                {
+                    Some(pos) => drop(q.drain(..pos)),
+                    None => break,
+                }
+                continue;
+            }
+            q.pop_front();
+            cq.push_back(self.completion(id, status, op, byte_len));
+        }
+        cq.len() - before
     }
 
     /// Completes the oldest posted receive with `status` and `byte_len`.
@@ -553,5 +600,85 @@ impl CompChannel {
 
     pub(crate) fn get_event(&self) -> Result<Option<u32>, ProviderError> {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{SendOp, SgList};
+
+    fn fake() -> Rc<FakeQp> {
+        let cq = Rc::new(FakeCq {
+            queue: RefCell::new(VecDeque::new()),
+        });
+        let caps = QpCaps {
+            max_send_wr: 16,
+            ..QpCaps::default()
+        };
+        FakeQp::new(7, caps, cq)
+    }
+
+    fn wr(wr_id: u64, signaled: bool) -> SendWr {
+        SendWr {
+            wr_id,
+            sg_list: SgList::new(),
+            op: SendOp::Send,
+            flags: if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::NONE
+            },
+        }
+    }
+
+    fn drained(f: &FakeQp) -> Vec<(u64, WcStatus)> {
+        f.cq.queue
+            .borrow_mut()
+            .drain(..)
+            .map(|c| (c.wr_id, c.status))
+            .collect()
+    }
+
+    /// `complete_sends` does what `complete_send` called until `None` does:
+    /// unsignaled WRs retire with the next signaled one, trailing ones stay;
+    /// an error status completes every WR.
+    #[test]
+    fn complete_sends_matches_complete_send_in_a_loop() {
+        let signaled = [false, true, true, false, false, true, false];
+        for status in [WcStatus::Success, WcStatus::RemAccessErr] {
+            let (one, all) = (fake(), fake());
+            let wrs: Vec<SendWr> = (0..signaled.len())
+                .map(|i| wr(i as u64, signaled[i]))
+                .collect();
+            one.post_send(&wrs).expect("post");
+            all.post_send(&wrs).expect("post");
+            let mut looped = 0;
+            while one.complete_send(status, 64).is_some() {
+                looped += 1;
+            }
+            assert_eq!(all.complete_sends(status, 64), looped);
+            assert_eq!(drained(&all), drained(&one));
+            assert_eq!(all.posted_sends(), one.posted_sends());
+        }
+        // The success case left the trailing unsignaled WR, the error case nothing.
+        let f = fake();
+        f.post_send(&[wr(1, true), wr(2, false)]).expect("post");
+        assert_eq!(f.complete_sends(WcStatus::Success, 0), 1);
+        assert_eq!(f.outstanding_sends(), 1);
+    }
+
+    /// A list that overflows the send queue posts what fits and reports it.
+    #[test]
+    fn post_send_past_the_queue_depth_posts_what_fits() {
+        let f = fake();
+        let wrs: Vec<SendWr> = (0..20).map(|i| wr(i, true)).collect();
+        let e = f.post_send(&wrs).expect_err("overflow");
+        assert_eq!(e.posted, 16);
+        assert!(matches!(
+            e.error,
+            ProviderError::QueueFull { depth: 16, .. }
+        ));
+        assert_eq!(f.outstanding_sends(), 16);
     }
 }

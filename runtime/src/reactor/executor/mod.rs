@@ -41,7 +41,8 @@ use task::{Settle, TaskFuture};
 
 struct Task {
     future: Option<Pin<Box<dyn Future<Output = ()>>>>,
-    waker: Waker,
+    /// `None` only while the task is polled (see `poll_task`).
+    waker: Option<Waker>,
     flag: Arc<TaskWaker>,
 }
 
@@ -124,7 +125,7 @@ impl Executor {
         *state.task.borrow_mut() = Some(waker.clone());
         entry.insert(Task {
             future: Some(Box::pin(task)),
-            waker: waker.clone(),
+            waker: Some(waker.clone()),
             flag,
         });
         drop(tasks);
@@ -188,14 +189,10 @@ impl Executor {
             if q.is_empty() {
                 return;
             }
-            let mut ready = self.ready.borrow_mut();
-            for id in q.drain(..) {
-                if id == MAIN {
-                    self.main_woken.set(true);
-                } else {
-                    ready.push_back(id);
-                }
-            }
+            // `wake_ref` never queues `MAIN` here (it has `LOCAL_MAIN`):
+            // the ids move over in one copy.
+            debug_assert!(!q.contains(&MAIN));
+            self.ready.borrow_mut().extend(q.drain(..));
         });
     }
 
@@ -250,14 +247,16 @@ impl Executor {
             let Some(task) = tasks.get_mut(id) else {
                 return;
             };
-            let Some(fut) = task.future.take() else {
+            // Both are `Some` unless the task is being polled (then both
+            // are `None`).
+            if task.future.is_none() || task.waker.is_none() {
+                return;
+            }
+            let (Some(fut), Some(waker)) = (task.future.take(), task.waker.take()) else {
                 return;
             };
             task.flag.scheduled.store(false, Ordering::Release);
-            (
-                fut,
-                std::mem::replace(&mut task.waker, Waker::noop().clone()),
-            )
+            (fut, waker)
         };
         let mut cx = Context::from_waker(&waker);
         match fut.as_mut().poll(&mut cx) {
@@ -269,7 +268,7 @@ impl Executor {
             Poll::Pending => {
                 if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
                     task.future = Some(fut);
-                    task.waker = waker;
+                    task.waker = Some(waker);
                 }
             }
         }
