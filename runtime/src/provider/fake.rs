@@ -228,29 +228,26 @@ impl FakeQp {
     /// many completions it produced.
     pub fn complete_sends(&self, status: WcStatus, byte_len: u32) -> usize {
         let mut q = self.sends.borrow_mut();
+        let success = status.is_success();
+        let signaled = |f: &SendFlags| f.contains(SendFlags::SIGNALED);
+        // With success, unsignaled WRs retire with the next signaled one:
+        // everything up to the last signaled WR goes.
+        let end = if success {
+            q.iter()
+                .rposition(|(_, f, _)| signaled(f))
+                .map_or(0, |i| i + 1)
+        } else {
+            q.len()
+        };
         let mut cq = self.cq.queue.borrow_mut();
         let before = cq.len();
-        if !status.is_success() {
-            for (id, _, op) in q.drain(..) {
+        cq.reserve(end);
+        for &(id, f, op) in q.range(..end) {
+            if !success || signaled(&f) {
                 cq.push_back(self.completion(id, status, op, byte_len));
             }
-            return cq.len() - before;
         }
-        while let Some(&(id, flags, op)) = q.front() {
-            if !flags.contains(SendFlags::SIGNALED) {
-                // Unsignaled WRs retire with the next signaled one.
-                match q
-                    .iter()
-                    .position(|(_, f, _)| f.contains(SendFlags::SIGNALED))
-                {
-                    Some(pos) => drop(q.drain(..pos)),
-                    None => break,
-                }
-                continue;
-            }
-            q.pop_front();
-            cq.push_back(self.completion(id, status, op, byte_len));
-        }
+        q.drain(..end);
         cq.len() - before
     }
 
