@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 
 use slab::Slab;
 
@@ -39,15 +39,18 @@ use join::JoinState;
 pub use join::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 use task::{Settle, TaskFuture};
 
+/// A spawned task, shared by the slab and, while it is polled, by
+/// `poll_task` (so no borrow of the slab is held while user code runs).
 struct Task {
-    future: Option<Pin<Box<dyn Future<Output = ()>>>>,
-    /// `None` only while the task is polled (see `poll_task`).
-    waker: Option<Waker>,
+    /// Borrowed only while the task is polled; `None` once it finished.
+    future: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
+    /// The waker the task is always polled with.
+    waker: Waker,
     flag: Arc<TaskWaker>,
 }
 
 pub(crate) struct Executor {
-    tasks: RefCell<Slab<Task>>,
+    tasks: RefCell<Slab<Rc<Task>>>,
     ready: RefCell<VecDeque<usize>>,
     spare: RefCell<Vec<usize>>,
     pub(crate) shared: Arc<Shared>,
@@ -123,11 +126,11 @@ impl Executor {
         // The task is only ever polled with this waker (by `poll_task`):
         // `abort` wakes it through this copy.
         *state.task.borrow_mut() = Some(waker.clone());
-        entry.insert(Task {
-            future: Some(Box::pin(task)),
-            waker: Some(waker.clone()),
+        entry.insert(Rc::new(Task {
+            future: RefCell::new(Some(Box::pin(task))),
+            waker: waker.clone(),
             flag,
-        });
+        }));
         drop(tasks);
         // Scheduled like any wake, so a runtime driven from outside (asleep
         // between turns) sees its epoll fd become readable.
@@ -240,37 +243,27 @@ impl Executor {
     }
 
     fn poll_task(&self, id: usize) {
-        // The future and the waker are moved out for the poll (no borrow is
-        // held while user code runs) and back in after: no refcount traffic.
-        let (mut fut, waker) = {
-            let mut tasks = self.tasks.borrow_mut();
-            let Some(task) = tasks.get_mut(id) else {
-                return;
-            };
-            // Both are `Some` unless the task is being polled (then both
-            // are `None`).
-            if task.future.is_none() || task.waker.is_none() {
-                return;
-            }
-            let (Some(fut), Some(waker)) = (task.future.take(), task.waker.take()) else {
-                return;
-            };
-            task.flag.scheduled.store(false, Ordering::Release);
-            (fut, waker)
+        // The task is shared for the poll (no borrow of the slab is held
+        // while user code runs); its future is polled in place.
+        let Some(task) = self.tasks.borrow().get(id).cloned() else {
+            return;
         };
-        let mut cx = Context::from_waker(&waker);
-        match fut.as_mut().poll(&mut cx) {
-            Poll::Ready(()) => {
-                let task = self.tasks.borrow_mut().try_remove(id);
-                drop(task);
-                drop(fut);
-            }
-            Poll::Pending => {
-                if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
-                    task.future = Some(fut);
-                    task.waker = Some(waker);
-                }
-            }
+        // Not borrowed unless the task is being polled already (a nested
+        // turn of the loop inside the task): skip it then.
+        let Ok(mut future) = task.future.try_borrow_mut() else {
+            return;
+        };
+        let Some(fut) = future.as_mut() else {
+            return;
+        };
+        task.flag.scheduled.store(false, Ordering::Release);
+        let mut cx = Context::from_waker(&task.waker);
+        if fut.as_mut().poll(&mut cx).is_ready() {
+            let fut = future.take();
+            drop(future);
+            let removed = self.tasks.borrow_mut().try_remove(id);
+            drop(removed);
+            drop(fut);
         }
     }
 
@@ -309,7 +302,7 @@ impl Executor {
     /// drop ops; nothing is borrowed while they run.
     pub(crate) fn drop_all(&self) {
         loop {
-            let all: Vec<Task> = self.tasks.borrow_mut().drain().collect();
+            let all: Vec<Rc<Task>> = self.tasks.borrow_mut().drain().collect();
             if all.is_empty() {
                 break;
             }
