@@ -26,6 +26,10 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod send_queue;
+
+use send_queue::SendQueue;
+
 use crate::provider::{
     Completion, Endpoint, InitAttr, PostError, ProviderError, QpCaps, QpState, QpType, RecvWr,
     RtrAttr, RtsAttr, SendFlags, SendWr, UdAttr, WcOpcode, WcStatus,
@@ -37,7 +41,7 @@ pub struct FakeQp {
     cq: Rc<FakeCq>,
     qp_num: u32,
     caps: QpCaps,
-    sends: RefCell<VecDeque<(u64, SendFlags, WcOpcode)>>,
+    sends: RefCell<SendQueue>,
     recvs: RefCell<VecDeque<u64>>,
     in_err: Cell<bool>,
     flush_on_err: Cell<bool>,
@@ -56,7 +60,7 @@ impl FakeQp {
             cq,
             qp_num,
             caps,
-            sends: RefCell::new(VecDeque::new()),
+            sends: RefCell::new(SendQueue::default()),
             recvs: RefCell::new(VecDeque::new()),
             in_err: Cell::new(false),
             flush_on_err: Cell::new(true),
@@ -91,10 +95,9 @@ impl FakeQp {
     pub(crate) fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         if self.fail_armed.get() {
             if let Some((posted, error)) = self.take_failure() {
-                let mut q = self.sends.borrow_mut();
-                for wr in wrs.iter().take(posted) {
-                    q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
-                }
+                self.sends
+                    .borrow_mut()
+                    .extend(&wrs[..posted.min(wrs.len())]);
                 return Err(PostError { posted, error });
             }
         }
@@ -103,10 +106,7 @@ impl FakeQp {
         let room = (self.caps.max_send_wr as usize).saturating_sub(q.len());
         if wrs.len() <= room && !self.in_err.get() {
             // The common case: the whole list fits, nothing is flushed.
-            q.extend(
-                wrs.iter()
-                    .map(|wr| (wr.wr_id, wr.flags, wr.op.completion_opcode())),
-            );
+            q.extend(wrs);
         } else {
             for (i, wr) in wrs.iter().enumerate() {
                 if q.len() >= self.caps.max_send_wr as usize {
@@ -117,7 +117,7 @@ impl FakeQp {
                     self.cq
                         .push(self.completion(wr.wr_id, WcStatus::WrFlushErr, op, 0));
                 } else {
-                    q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+                    q.extend(std::slice::from_ref(wr));
                 }
             }
         }
@@ -178,7 +178,7 @@ impl FakeQp {
         if !self.flush_on_err.get() {
             return Ok(());
         }
-        let sends: Vec<_> = self.sends.borrow_mut().drain(..).collect();
+        let sends = self.sends.borrow_mut().take_all();
         for (id, _, op) in sends {
             self.cq
                 .push(self.completion(id, WcStatus::WrFlushErr, op, 0));
@@ -198,21 +198,7 @@ impl FakeQp {
     pub fn complete_send(&self, status: WcStatus, byte_len: u32) -> Option<u64> {
         let mut q = self.sends.borrow_mut();
         let done = if status.is_success() {
-            // Mostly the oldest WR is the signaled one: no scan then.
-            match q.front() {
-                None => return None,
-                Some((_, f, _)) if f.contains(SendFlags::SIGNALED) => q.pop_front()?,
-                Some(_) => {
-                    let pos = q
-                        .iter()
-                        .position(|(_, f, _)| f.contains(SendFlags::SIGNALED))?;
-                    let mut last = None;
-                    for _ in 0..=pos {
-                        last = q.pop_front();
-                    }
-                    last?
-                }
-            }
+            q.retire_to_signaled()?
         } else {
             q.pop_front()?
         };
@@ -229,25 +215,22 @@ impl FakeQp {
     pub fn complete_sends(&self, status: WcStatus, byte_len: u32) -> usize {
         let mut q = self.sends.borrow_mut();
         let success = status.is_success();
-        let signaled = |f: &SendFlags| f.contains(SendFlags::SIGNALED);
         // With success, unsignaled WRs retire with the next signaled one:
-        // everything up to the last signaled WR goes.
+        // everything up to the newest signaled WR goes.
         let end = if success {
-            q.iter()
-                .rposition(|(_, f, _)| signaled(f))
-                .map_or(0, |i| i + 1)
+            q.through_last_signaled()
         } else {
             q.len()
         };
         let mut cq = self.cq.queue.borrow_mut();
         let before = cq.len();
         cq.reserve(end);
-        for &(id, f, op) in q.range(..end) {
-            if !success || signaled(&f) {
+        for &(id, f, op) in q.front(end) {
+            if !success || f.contains(SendFlags::SIGNALED) {
                 cq.push_back(self.completion(id, status, op, byte_len));
             }
         }
-        q.drain(..end);
+        q.retire_front(end);
         cq.len() - before
     }
 
@@ -663,6 +646,23 @@ mod tests {
         f.post_send(&[wr(1, true), wr(2, false)]).expect("post");
         assert_eq!(f.complete_sends(WcStatus::Success, 0), 1);
         assert_eq!(f.outstanding_sends(), 1);
+    }
+
+    /// After a flush, only WRs posted since count: unsignaled ones alone
+    /// complete nothing, a signaled one retires them.
+    #[test]
+    fn completes_only_what_a_signaled_wr_posted_since_the_flush_retires() {
+        let f = fake();
+        f.post_send(&[wr(1, true)]).expect("post");
+        f.modify_to_err().expect("to ERR");
+        assert_eq!(drained(&f), vec![(1, WcStatus::WrFlushErr)]);
+        f.in_err.set(false);
+        f.post_send(&[wr(2, false), wr(3, false)]).expect("post");
+        assert_eq!(f.complete_sends(WcStatus::Success, 0), 0);
+        assert_eq!(f.complete_send(WcStatus::Success, 0), None);
+        f.post_send(&[wr(4, true)]).expect("post");
+        assert_eq!(f.complete_send(WcStatus::Success, 0), Some(4));
+        assert_eq!(f.outstanding_sends(), 0);
     }
 
     /// A list that overflows the send queue posts what fits and reports it.
