@@ -222,6 +222,9 @@ impl FakeQp {
         } else {
             q.len()
         };
+        if end == 0 {
+            return 0;
+        }
         let mut cq = self.cq.queue.borrow_mut();
         let before = cq.len();
         cq.reserve(end);
