@@ -907,7 +907,7 @@ fn main() {
     }
     println!(
         "(the task rows' allocations are their per-round set-up: `depth` spawned tasks, \
-         4 allocations each)"
+         3 allocations each)"
     );
 }
 

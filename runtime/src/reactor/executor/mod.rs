@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Waker};
+use std::task::Waker;
 
 use slab::Slab;
 
@@ -37,20 +37,18 @@ use crate::wake::{
 };
 use join::JoinState;
 pub use join::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
-use task::{Settle, TaskFuture};
+use task::{Run, Settle, TaskFuture};
 
-/// A spawned task, shared by the slab and, while it is polled, by
-/// `poll_task` (so no borrow of the slab is held while user code runs).
+/// A spawned task: its future (which holds the waker it is polled with)
+/// and its wake flag.
 struct Task {
-    /// Borrowed only while the task is polled; `None` once it finished.
-    future: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
-    /// The waker the task is always polled with.
-    waker: Waker,
+    /// `None` only while the task is polled (see `poll_task`).
+    future: Option<Pin<Box<dyn Run>>>,
     flag: Arc<TaskWaker>,
 }
 
 pub(crate) struct Executor {
-    tasks: RefCell<Slab<Rc<Task>>>,
+    tasks: RefCell<Slab<Task>>,
     ready: RefCell<VecDeque<usize>>,
     spare: RefCell<Vec<usize>>,
     pub(crate) shared: Arc<Shared>,
@@ -109,11 +107,6 @@ impl Executor {
             aborted: Cell::new(false),
             task: RefCell::new(None),
         });
-        let task = TaskFuture {
-            fut,
-            st: Settle(state.clone()),
-            done: false,
-        };
         let mut tasks = self.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
         let id = entry.key();
@@ -126,11 +119,16 @@ impl Executor {
         // The task is only ever polled with this waker (by `poll_task`):
         // `abort` wakes it through this copy.
         *state.task.borrow_mut() = Some(waker.clone());
-        entry.insert(Rc::new(Task {
-            future: RefCell::new(Some(Box::pin(task))),
+        let task = TaskFuture {
+            fut,
+            st: Settle(state.clone()),
+            done: false,
             waker: waker.clone(),
+        };
+        entry.insert(Task {
+            future: Some(Box::pin(task)),
             flag,
-        }));
+        });
         drop(tasks);
         // Scheduled like any wake, so a runtime driven from outside (asleep
         // between turns) sees its epoll fd become readable.
@@ -243,27 +241,25 @@ impl Executor {
     }
 
     fn poll_task(&self, id: usize) {
-        // The task is shared for the poll (no borrow of the slab is held
-        // while user code runs); its future is polled in place.
-        let Some(task) = self.tasks.borrow().get(id).cloned() else {
-            return;
+        // The future is moved out for the poll (no borrow is held while user
+        // code runs) and back in after; it carries its own waker.
+        let mut fut = {
+            let mut tasks = self.tasks.borrow_mut();
+            let Some(task) = tasks.get_mut(id) else {
+                return;
+            };
+            let Some(fut) = task.future.take() else {
+                return;
+            };
+            task.flag.scheduled.store(false, Ordering::Release);
+            fut
         };
-        // Not borrowed unless the task is being polled already (a nested
-        // turn of the loop inside the task): skip it then.
-        let Ok(mut future) = task.future.try_borrow_mut() else {
-            return;
-        };
-        let Some(fut) = future.as_mut() else {
-            return;
-        };
-        task.flag.scheduled.store(false, Ordering::Release);
-        let mut cx = Context::from_waker(&task.waker);
-        if fut.as_mut().poll(&mut cx).is_ready() {
-            let fut = future.take();
-            drop(future);
-            let removed = self.tasks.borrow_mut().try_remove(id);
-            drop(removed);
+        if fut.as_mut().run().is_ready() {
+            let task = self.tasks.borrow_mut().try_remove(id);
+            drop(task);
             drop(fut);
+        } else if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
+            task.future = Some(fut);
         }
     }
 
@@ -302,7 +298,7 @@ impl Executor {
     /// drop ops; nothing is borrowed while they run.
     pub(crate) fn drop_all(&self) {
         loop {
-            let all: Vec<Rc<Task>> = self.tasks.borrow_mut().drain().collect();
+            let all: Vec<Task> = self.tasks.borrow_mut().drain().collect();
             if all.is_empty() {
                 break;
             }
