@@ -1,0 +1,197 @@
+//! Sessions and their request slots.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+use std::time::Instant;
+
+use super::buf::MsgBuf;
+use super::error::RpcError;
+
+/// Request slots per session; also its credits (packets in flight).
+pub const SESSION_SLOTS: usize = 8;
+
+/// Which side of the session this endpoint is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Client,
+    Server,
+}
+
+/// A session's life.
+#[derive(Debug)]
+pub(crate) enum SessionState {
+    /// Client: connect sent, no answer yet.
+    Connecting { retries: u32, last: Instant },
+    /// Open.
+    Connected,
+    /// Client: the connect or a call timed out.
+    Failed,
+}
+
+/// The client side of a slot.
+pub(crate) struct ClientSlot {
+    /// The current request number (or the next, while free): the slot
+    /// index plus a multiple of [`SESSION_SLOTS`].
+    pub(crate) req_num: u64,
+    pub(crate) state: CallState,
+    /// The call future was dropped: free the slot when the call ends.
+    pub(crate) abandoned: bool,
+    pub(crate) req_type: u8,
+    pub(crate) req: Vec<u8>,
+    pub(crate) resp: Vec<u8>,
+    /// Request packets.
+    pub(crate) n_req: usize,
+    /// Response packets (0 until the first arrives).
+    pub(crate) n_resp: usize,
+    /// Client packets sent: request packets, then requests for response
+    /// packets 1.. (the k-th is answered by the k-th answer).
+    pub(crate) num_tx: usize,
+    /// Answers received in order: credit returns, then response packets.
+    pub(crate) num_rx: usize,
+    /// Last send or progress.
+    pub(crate) progress: Instant,
+    /// Retransmissions since the last progress.
+    pub(crate) retries: u32,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// Where a client slot's call is.
+#[derive(Debug)]
+pub(crate) enum CallState {
+    Free,
+    Active,
+    Done(Result<(), RpcError>),
+}
+
+impl ClientSlot {
+    fn new(index: usize, now: Instant) -> ClientSlot {
+        ClientSlot {
+            req_num: index as u64,
+            state: CallState::Free,
+            abandoned: false,
+            req_type: 0,
+            req: Vec::new(),
+            resp: Vec::new(),
+            n_req: 0,
+            n_resp: 0,
+            num_tx: 0,
+            num_rx: 0,
+            progress: now,
+            retries: 0,
+            waker: None,
+        }
+    }
+
+    /// Client packets this call sends in all (as far as known).
+    pub(crate) fn total_tx(&self) -> usize {
+        self.n_req + self.n_resp.saturating_sub(1)
+    }
+
+    /// Packets sent and not answered: the credits the slot holds.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.num_tx - self.num_rx
+    }
+}
+
+/// Where a server slot's request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServeState {
+    /// No request yet.
+    Idle,
+    /// Request packets arriving.
+    Receiving,
+    /// The handler runs.
+    Handling,
+    /// The response is cached for retransmission.
+    Responded,
+    /// No handler for the request type: the request is ignored.
+    Refused,
+}
+
+/// The server side of a slot.
+pub(crate) struct ServerSlot {
+    pub(crate) req_num: u64,
+    pub(crate) state: ServeState,
+    pub(crate) req_type: u8,
+    pub(crate) msg_len: usize,
+    pub(crate) req: Vec<u8>,
+    pub(crate) n_req: usize,
+    /// Request packets received in order.
+    pub(crate) rx: usize,
+    pub(crate) resp: Option<MsgBuf>,
+    pub(crate) n_resp: usize,
+}
+
+impl ServerSlot {
+    fn new() -> ServerSlot {
+        ServerSlot {
+            req_num: 0,
+            state: ServeState::Idle,
+            req_type: 0,
+            msg_len: 0,
+            req: Vec::new(),
+            n_req: 0,
+            rx: 0,
+            resp: None,
+            n_resp: 0,
+        }
+    }
+}
+
+/// One session: a peer, its session number there, and the slots.
+pub(crate) struct Session<P> {
+    pub(crate) role: Role,
+    pub(crate) state: SessionState,
+    pub(crate) peer: P,
+    /// The peer's number for this session (unknown while connecting).
+    pub(crate) remote: u32,
+    /// Payload bytes per packet.
+    pub(crate) max_payload: usize,
+    /// Packets this side may still send (client).
+    pub(crate) credits: usize,
+    pub(crate) client: [ClientSlot; SESSION_SLOTS],
+    pub(crate) server: [ServerSlot; SESSION_SLOTS],
+    /// Calls waiting for a free slot.
+    pub(crate) slot_waiters: VecDeque<Waker>,
+    /// The connect call.
+    pub(crate) connect_waker: Option<Waker>,
+    /// The slot the next pump starts at (round robin).
+    pub(crate) pump_from: usize,
+    /// Server: the key of the connect that made it.
+    pub(crate) connect_key: Option<(Vec<u8>, u32)>,
+}
+
+impl<P> Session<P> {
+    pub(crate) fn new(role: Role, state: SessionState, peer: P, max_payload: usize) -> Self {
+        let now = Instant::now();
+        Session {
+            role,
+            state,
+            peer,
+            remote: 0,
+            max_payload,
+            credits: SESSION_SLOTS,
+            client: std::array::from_fn(|i| ClientSlot::new(i, now)),
+            server: std::array::from_fn(|_| ServerSlot::new()),
+            slot_waiters: VecDeque::new(),
+            connect_waker: None,
+            pump_from: 0,
+            connect_key: None,
+        }
+    }
+
+    /// Wakes every call, waiter and the connect call (the session ended).
+    pub(crate) fn wake_all(&mut self) {
+        for w in self.slot_waiters.drain(..) {
+            w.wake();
+        }
+        for slot in &mut self.client {
+            if let Some(w) = slot.waker.take() {
+                w.wake();
+            }
+        }
+        if let Some(w) = self.connect_waker.take() {
+            w.wake();
+        }
+    }
+}
