@@ -6,8 +6,10 @@
 use std::rc::Rc;
 
 use crate::op::Credits;
-use crate::provider::{AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, QpCaps};
-use crate::qp::QueuePair;
+use crate::provider::{
+    AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, Qp, QpCaps, UdAttr,
+};
+use crate::qp::{QueuePair, UdState};
 use crate::reactor::{CqRegistration, Handle, RuntimeError};
 
 /// Default number of CQ entries of a [`Device`]'s shared CQ.
@@ -162,16 +164,54 @@ impl Device {
     /// Creates an RC QP (in RESET) in `pd` (one of [`Device::alloc_pd`]), on
     /// the shared CQ and its credit accounting, like [`Device::create_qp`].
     pub fn create_qp_in(&self, pd: &Pd, caps: QpCaps) -> Result<QueuePair, ProviderError> {
+        self.check_alive()?;
+        let qp = pd.create_qp(&self.inner.cq, &self.inner.cq, caps)?;
+        Ok(self.track(qp, None))
+    }
+
+    /// Creates a UD QP on the shared CQ, brought to RTS with `attr` (its
+    /// port, P_Key index, Q_Key and send PSN): ready to send datagrams to
+    /// [`UdPeer`](crate::qp::UdPeer)s and receive them (post receives or a
+    /// [`RecvRing`](crate::RecvRing) first: a datagram that finds no
+    /// receive posted is dropped).
+    pub fn create_ud_qp(&self, caps: QpCaps, attr: &UdAttr) -> Result<QueuePair, ProviderError> {
+        self.create_ud_qp_in(&self.inner.pd, caps, attr)
+    }
+
+    /// [`create_ud_qp`](Self::create_ud_qp) in `pd`.
+    pub fn create_ud_qp_in(
+        &self,
+        pd: &Pd,
+        caps: QpCaps,
+        attr: &UdAttr,
+    ) -> Result<QueuePair, ProviderError> {
+        self.check_alive()?;
+        let qp = pd.create_ud_qp(&self.inner.cq, &self.inner.cq, caps)?;
+        qp.modify_ud_to_rts(attr)?;
+        let sgid_index = self.inner.ctx.default_gid_index(attr.port)?;
+        let qp = self.track(
+            qp,
+            Some(UdState::new(Some(pd.clone()), attr.qkey, sgid_index)),
+        );
+        qp.prepare_ud_retire()?;
+        Ok(qp)
+    }
+
+    fn check_alive(&self) -> Result<(), ProviderError> {
         if self.inner.handle.ops().is_shut_down() {
             return Err(ProviderError::DeviceLost {
                 device: self.inner.ctx.name().to_string(),
                 reason: "its runtime was dropped".to_string(),
             });
         }
-        let qp = pd.create_qp(&self.inner.cq, &self.inner.cq, caps)?;
+        Ok(())
+    }
+
+    /// A runtime queue pair over `qp`, on the shared CQ's credits.
+    fn track(&self, qp: Qp, ud: Option<UdState>) -> QueuePair {
         let actual = qp.caps();
         let qp_num = qp.qp_num();
-        Ok(QueuePair::from_provider(
+        QueuePair::from_provider(
             self.inner.handle.clone(),
             qp,
             qp_num,
@@ -179,7 +219,8 @@ impl Device {
             self.inner.cq_credits.clone(),
             self.inner.cq_credits.clone(),
             Some(self.inner.cq_registration.clone()),
-        ))
+            ud,
+        )
     }
 }
 

@@ -24,8 +24,9 @@ mod wake;
 pub use device::Device;
 pub use op::{Completable, Op, SubmitError};
 pub use qp::{
-    GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig, RecvRingError, RingMsg,
-    ScatterVerb, SendChain, SendInline, Submit,
+    Datagram, DatagramSource, GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig,
+    RecvRingError, RingMsg, ScatterVerb, SendChain, SendInline, SendInlineBurst, Submit,
+    UdEndpoint, UdPeer,
 };
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,

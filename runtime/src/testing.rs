@@ -20,8 +20,8 @@ use std::rc::Rc;
 
 use crate::op::Credits;
 pub use crate::provider::fake::FakeQp;
-use crate::provider::{fake, CompChannel, Cq, Qp, QpCaps};
-use crate::qp::QueuePair;
+use crate::provider::{fake, CompChannel, Cq, Qp, QpCaps, QpType, DEFAULT_QKEY};
+use crate::qp::{QueuePair, UdState};
 use crate::reactor::{CqRegistration, Handle, Runtime};
 
 pub use crate::reactor::yield_now;
@@ -36,9 +36,25 @@ impl FakeQp {
     /// If no runtime exists on this thread, or the fake CQ's channel (an
     /// eventfd) cannot be created.
     pub fn queue_pair(qp_num: u32, caps: QpCaps, cq_capacity: u32) -> (QueuePair, Rc<FakeQp>) {
+        Self::typed_queue_pair(qp_num, QpType::Rc, caps, cq_capacity)
+    }
+
+    /// [`queue_pair`](Self::queue_pair) as a UD queue pair: its receive
+    /// rings leave room for the GRH and its sends need a peer. It has no
+    /// address handles (no protection domain): `ud_peer` fails on it.
+    pub fn ud_queue_pair(qp_num: u32, caps: QpCaps, cq_capacity: u32) -> (QueuePair, Rc<FakeQp>) {
+        Self::typed_queue_pair(qp_num, QpType::Ud, caps, cq_capacity)
+    }
+
+    fn typed_queue_pair(
+        qp_num: u32,
+        qp_type: QpType,
+        caps: QpCaps,
+        cq_capacity: u32,
+    ) -> (QueuePair, Rc<FakeQp>) {
         let handle = Handle::current();
         let (qp, cq, channel, fake) =
-            fake::create(qp_num, caps, cq_capacity).expect("creating a fake CQ's eventfd");
+            fake::create(qp_num, qp_type, caps, cq_capacity).expect("creating a fake CQ's eventfd");
         let registration =
             CqRegistration::new(handle.clone(), Cq::fake(cq), CompChannel::fake(channel))
                 .expect("registering a fake CQ with the runtime");
@@ -51,6 +67,7 @@ impl FakeQp {
             credits.clone(),
             credits,
             Some(Rc::new(registration)),
+            (qp_type == QpType::Ud).then(|| UdState::new(None, DEFAULT_QKEY, 0)),
         );
         (qp, fake)
     }

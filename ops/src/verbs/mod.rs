@@ -35,6 +35,7 @@ pub mod recv;
 mod remote;
 pub mod send;
 pub mod send_inline;
+pub mod send_to;
 pub mod send_with_imm;
 pub mod write;
 pub mod write_with_imm;
@@ -47,13 +48,14 @@ pub use recv::{Received, RecvEmptyVerb, RecvVerb};
 pub use remote::RemoteBuf;
 pub use send::SendVerb;
 pub use send_inline::SendInlineVerb;
+pub use send_to::SendToVerb;
 pub use send_with_imm::SendWithImmVerb;
 pub use write::WriteVerb;
 pub use write_with_imm::WriteWithImmVerb;
 
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge};
-use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit};
+use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit, UdPeer};
 
 use crate::error::Error;
 
@@ -75,7 +77,21 @@ pub trait Verbs {
     fn send_inline<'a>(&'a self, data: &'a [u8]) -> SendInlineVerb<'a>;
     /// [`send_inline`](Self::send_inline) with 32-bit immediate data.
     fn send_inline_with_imm<'a>(&'a self, data: &'a [u8], imm: u32) -> SendInlineVerb<'a>;
+    /// UD: sends `buf`'s initialized bytes to `peer` as one datagram (at
+    /// most the path MTU); resolves to the number of bytes sent once the
+    /// datagram has left (UD neither acknowledges nor retries).
+    fn send_to<B: RegisteredBuf>(&self, peer: &UdPeer, buf: B) -> Submit<SendToVerb<B>>;
+    /// [`send_to`](Self::send_to) with 32-bit immediate data.
+    fn send_to_with_imm<B: RegisteredBuf>(
+        &self,
+        peer: &UdPeer,
+        buf: B,
+        imm: u32,
+    ) -> Submit<SendToVerb<B>>;
     /// Posts a RECV over `buf`'s whole capacity; resolves to what arrived.
+    /// On UD the first [`GRH_LEN`](verbio_runtime::provider::GRH_LEN)
+    /// bytes receive the GRH (a [`RecvRing`](verbio_runtime::RecvRing)
+    /// separates it from the payload).
     fn recv<B: RegisteredBuf + IoBufMut>(&self, buf: B) -> Submit<RecvVerb<B>>;
     /// Posts a RECV without a buffer: for WRITE_WITH_IMM notifications and
     /// zero-length SENDs (a SEND with payload fails with `LOC_LEN_ERR`).
@@ -128,6 +144,19 @@ impl Verbs for QueuePair {
     #[inline]
     fn send_inline_with_imm<'a>(&'a self, data: &'a [u8], imm: u32) -> SendInlineVerb<'a> {
         send_inline::send_inline_with_imm(self, data, imm)
+    }
+    #[inline]
+    fn send_to<B: RegisteredBuf>(&self, peer: &UdPeer, buf: B) -> Submit<SendToVerb<B>> {
+        send_to::send_to(self, peer, buf, None)
+    }
+    #[inline]
+    fn send_to_with_imm<B: RegisteredBuf>(
+        &self,
+        peer: &UdPeer,
+        buf: B,
+        imm: u32,
+    ) -> Submit<SendToVerb<B>> {
+        send_to::send_to(self, peer, buf, Some(imm))
     }
     #[inline]
     fn recv<B: RegisteredBuf + IoBufMut>(&self, buf: B) -> Submit<RecvVerb<B>> {
@@ -218,6 +247,7 @@ pub(crate) fn inline_flag(qp: &QueuePair, op: &SendOp, sge: Option<&Sge>) -> Sen
         op,
         SendOp::Send
             | SendOp::SendWithImm { .. }
+            | SendOp::SendTo { .. }
             | SendOp::Write { .. }
             | SendOp::WriteWithImm { .. }
     );

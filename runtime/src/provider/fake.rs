@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use crate::provider::{
     Completion, Endpoint, InitAttr, PostError, ProviderError, QpCaps, QpState, QpType, RecvWr,
-    RtrAttr, RtsAttr, SendFlags, SendWr, UdAttr, WcOpcode, WcStatus,
+    RtrAttr, RtsAttr, SendFlags, SendWr, UdAttr, WcOpcode, WcStatus, GRH_LEN,
 };
 
 /// A recording QP; see the module docs.
@@ -225,6 +225,24 @@ impl FakeQp {
         Some(id)
     }
 
+    /// UD: completes the oldest posted receive with a datagram of
+    /// `payload_len` bytes (after the GRH) from QP `src_qp`. The fake
+    /// writes no memory: the GRH area keeps what it held.
+    pub fn complete_datagram(
+        &self,
+        status: WcStatus,
+        payload_len: u32,
+        src_qp: u32,
+    ) -> Option<u64> {
+        let id = self.recvs.borrow_mut().pop_front()?;
+        let byte_len = GRH_LEN as u32 + payload_len;
+        let mut c = self.completion(id, status, WcOpcode::Recv, byte_len);
+        c.src_qp = src_qp;
+        c.grh = true;
+        self.cq.push(c);
+        Some(id)
+    }
+
     /// Send WRs on the queue (posted, not retired).
     pub fn outstanding_sends(&self) -> usize {
         self.sends.borrow().len()
@@ -353,6 +371,7 @@ pub struct Qp {
     thread: u64,
     qp_num: u32,
     caps: QpCaps,
+    qp_type: QpType,
 }
 
 /// The provider handle of a fake CQ.
@@ -377,6 +396,7 @@ pub struct CompChannel {
 /// thread. Returns the provider handles and the fake.
 pub(crate) fn create(
     qp_num: u32,
+    qp_type: QpType,
     caps: QpCaps,
     cq_capacity: u32,
 ) -> std::io::Result<(Qp, Cq, CompChannel, Rc<FakeQp>)> {
@@ -404,6 +424,7 @@ pub(crate) fn create(
             thread,
             qp_num,
             caps,
+            qp_type,
         },
         Cq {
             key: cq_key,
@@ -475,14 +496,11 @@ impl Qp {
     }
 
     pub(crate) fn qp_type(&self) -> QpType {
-        QpType::Rc
+        self.qp_type
     }
 
     pub(crate) fn modify_ud_to_rts(&self, _attr: &UdAttr) -> Result<(), ProviderError> {
-        Err(ProviderError::Unsupported {
-            provider: "fake",
-            what: "UD queue pairs",
-        })
+        Err(off_thread("modify_ud_to_rts"))
     }
 
     /// # Safety

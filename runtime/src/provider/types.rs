@@ -599,7 +599,7 @@ impl Default for UdAttr {
 }
 
 /// Where an address handle points (`ibv_ah_attr`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AhAttr {
     /// Destination LID (InfiniBand; 0 on RoCE).
     pub dlid: u16,

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use super::{deferred, InlineFault};
 use crate::op::{Counters, OpTable, QpCredits};
-use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendWr};
+use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendOp, SendWr};
 use crate::reactor::{CqRegistration, WorkQueue};
 
 /// The part of a QP the reactor keeps until every WR of it has completed,
@@ -60,6 +60,12 @@ pub(crate) struct QpCore {
     pub(crate) batch_posts: Cell<bool>,
     /// Listed for the end of the current poll phase (`deferred.rs`).
     pub(crate) listed_in_phase: Cell<bool>,
+    /// The operation of the zero-length WR that retires unsignaled inline
+    /// sends (`inline.rs`): an RDMA WRITE on RC, a refused datagram to
+    /// itself on UD (`ud.rs`); `None` while a UD QP has none yet.
+    pub(crate) retire_op: Cell<Option<SendOp>>,
+    /// The WR list of an inline burst (`inline_burst.rs`), kept for reuse.
+    pub(crate) burst_wrs: Cell<Vec<SendWr>>,
 }
 
 impl QpCore {

@@ -7,9 +7,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::{QpCore, QueuePair};
+use super::{QpCore, QueuePair, UdPeer};
 use crate::op::{wr_id, SubmitError};
-use crate::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge, WcStatus};
+use crate::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge, UdDest, WcStatus};
 
 /// An inline send's error completion, kept by its QP.
 #[derive(Clone, Copy, Debug)]
@@ -78,9 +78,10 @@ impl QpCore {
         self.inline_credits.set(self.inline_credits.get() + n);
     }
 
-    /// Posts a signaled zero-length RDMA WRITE (no SGE, no rkey: C9-88, the
-    /// responder validates nothing and touches no memory) that retires the
-    /// trailing unsignaled inline sends; it uses their reserve credit. Called
+    /// Posts a signaled zero-length WR ([`QpCore::retire_op`]: on RC an RDMA
+    /// WRITE with no SGE and no rkey, C9-88, which the responder neither
+    /// validates nor places) that retires the trailing unsignaled inline
+    /// sends; it uses their reserve credit. Called
     /// only when someone must wait for credits those sends hold, or to close.
     /// False if the post failed (the credits stay held).
     pub(crate) fn retire_unsignaled(&self) -> bool {
@@ -88,13 +89,17 @@ impl QpCore {
         if n == 0 {
             return true;
         }
+        let Some(op) = self.retire_op.get() else {
+            tracing::warn!(
+                qp = self.qp_num,
+                "a UD QP without its retiring WR cannot retire unsignaled inline sends"
+            );
+            return false;
+        };
         let wr = SendWr {
             wr_id: wr_id::encode_inline(self.reg_key.get(), n, true),
             sg_list: SgList::new(),
-            op: SendOp::Write {
-                remote_addr: 0,
-                rkey: 0,
-            },
+            op,
             flags: SendFlags::SIGNALED,
         };
         // SAFETY: the WR has no SGE: it names no local memory.
@@ -141,6 +146,29 @@ impl QueuePair {
             qp: self,
             data,
             imm,
+            dest: None,
+            sq_ticket: None,
+            cq_ticket: None,
+            sq_held: false,
+            done: false,
+        }
+    }
+
+    /// UD: posts a datagram of `data` (with `imm`, a SEND_WITH_IMM) to
+    /// `peer`, copied INLINE at post time, without an op; otherwise as
+    /// [`post_send_inline`](Self::post_send_inline). The datagram may be
+    /// lost: UD neither acknowledges nor retries.
+    pub fn post_send_inline_to<'a>(
+        &'a self,
+        peer: &UdPeer,
+        data: &'a [u8],
+        imm: Option<u32>,
+    ) -> SendInline<'a> {
+        SendInline {
+            qp: self,
+            data,
+            imm,
+            dest: Some(peer.dest()),
             sq_ticket: None,
             cq_ticket: None,
             sq_held: false,
@@ -172,16 +200,24 @@ impl QueuePair {
         self.inner.core.fault_error()
     }
 
-    /// Why an inline send of `len` bytes cannot be posted now, if it can't.
-    fn inline_check(&self, len: usize) -> Result<(), SubmitError> {
+    /// Why an inline send of `len` bytes (to `dest` on UD) cannot be
+    /// posted now, if it can't.
+    fn inline_check(&self, len: usize, dest: Option<&UdDest>) -> Result<(), SubmitError> {
+        self.inline_state_check()?;
         let core = &self.inner.core;
-        if core.closed.get() {
-            return Err(SubmitError::Closed {
-                qp_num: core.qp_num,
+        let ud = self.inner.ud.is_some();
+        if ud != dest.is_some() {
+            return Err(SubmitError::Invalid {
+                what: format!(
+                    "inline send on QP {}: {}",
+                    core.qp_num,
+                    if ud {
+                        "a UD QP sends to a peer: use post_send_inline_to"
+                    } else {
+                        "post_send_inline_to needs a UD QP"
+                    }
+                ),
             });
-        }
-        if let Some(e) = core.fault_error() {
-            return Err(e);
         }
         if len > self.inner.caps.max_inline_data as usize {
             return Err(SubmitError::Invalid {
@@ -190,6 +226,21 @@ impl QueuePair {
                     core.qp_num, self.inner.caps.max_inline_data
                 ),
             });
+        }
+        Ok(())
+    }
+
+    /// Why the QP takes no inline send now (closed, failed, or too many
+    /// QPs for an inline wr_id to name it), if so.
+    pub(super) fn inline_state_check(&self) -> Result<(), SubmitError> {
+        let core = &self.inner.core;
+        if core.closed.get() {
+            return Err(SubmitError::Closed {
+                qp_num: core.qp_num,
+            });
+        }
+        if let Some(e) = core.fault_error() {
+            return Err(e);
         }
         if core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS {
             return Err(SubmitError::SlabFull {
@@ -201,7 +252,12 @@ impl QueuePair {
 
     /// Posts an inline send with one send-queue and one CQ credit held.
     #[inline(always)]
-    fn post_inline_now(&self, data: &[u8], imm: Option<u32>) -> Result<(), SubmitError> {
+    fn post_inline_now(
+        &self,
+        data: &[u8],
+        imm: Option<u32>,
+        dest: Option<UdDest>,
+    ) -> Result<(), SubmitError> {
         let core = &self.inner.core;
         // Send-queue order: WRs waiting for the poll phase's doorbell first.
         core.flush_deferred(self.inner.handle.ops());
@@ -235,9 +291,10 @@ impl QueuePair {
         let mut wr = SendWr {
             wr_id: wr_id::encode_inline(core.reg_key.get(), credits, false),
             sg_list: SgList::new(),
-            op: match imm {
-                Some(imm) => SendOp::SendWithImm { imm },
-                None => SendOp::Send,
+            op: match (dest, imm) {
+                (Some(dest), imm) => SendOp::SendTo { dest, imm },
+                (None, Some(imm)) => SendOp::SendWithImm { imm },
+                (None, None) => SendOp::Send,
             },
             flags: if signal {
                 SendFlags::INLINE | SendFlags::SIGNALED
@@ -289,6 +346,8 @@ pub struct SendInline<'a> {
     qp: &'a QueuePair,
     data: &'a [u8],
     imm: Option<u32>,
+    /// UD: the destination.
+    dest: Option<UdDest>,
     sq_ticket: Option<crate::op::Ticket>,
     cq_ticket: Option<crate::op::Ticket>,
     /// One send-queue credit is held (waiting for the CQ credit).
@@ -334,6 +393,7 @@ impl SendInline<'_> {
         if core.closed.get()
             || core.fault.get().is_some()
             || self.data.len() > qp.inner.caps.max_inline_data as usize
+            || qp.inner.ud.is_some() != self.dest.is_some()
             || core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS
             || !core.credits.sq.try_acquire(1)
         {
@@ -344,7 +404,7 @@ impl SendInline<'_> {
             return None;
         }
         self.done = true;
-        Some(qp.post_inline_now(self.data, self.imm))
+        Some(qp.post_inline_now(self.data, self.imm, self.dest))
     }
 
     /// Everything but [`try_post_now`](Self::try_post_now): errors, waits
@@ -357,7 +417,7 @@ impl SendInline<'_> {
             return Poll::Pending;
         }
         let qp = this.qp;
-        if let Err(e) = qp.inline_check(this.data.len()) {
+        if let Err(e) = qp.inline_check(this.data.len(), this.dest.as_ref()) {
             this.abandon();
             this.done = true;
             return Poll::Ready(Err(e));
@@ -394,7 +454,7 @@ impl SendInline<'_> {
         }
         this.sq_held = false;
         this.done = true;
-        Poll::Ready(qp.post_inline_now(this.data, this.imm))
+        Poll::Ready(qp.post_inline_now(this.data, this.imm, this.dest))
     }
 }
 

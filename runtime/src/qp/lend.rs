@@ -47,6 +47,7 @@ fn gathers(op: &SendOp) -> bool {
         op,
         SendOp::Send
             | SendOp::SendWithImm { .. }
+            | SendOp::SendTo { .. }
             | SendOp::Write { .. }
             | SendOp::WriteWithImm { .. }
     )

@@ -73,10 +73,12 @@
 //! ```
 
 mod core;
+mod datagram;
 mod deferred;
 #[cfg(test)]
 mod deferred_tests;
 mod inline;
+mod inline_burst;
 #[cfg(test)]
 mod inline_tests;
 mod lend;
@@ -89,18 +91,25 @@ mod recv_ring;
 #[cfg(test)]
 mod recv_ring_tests;
 mod submit;
+mod ud;
+#[cfg(test)]
+mod ud_tests;
 
 use smallvec::SmallVec;
 
 use crate::provider::SendWr;
 
 pub(crate) use self::core::QpCore;
+pub use datagram::DatagramSource;
 pub(crate) use inline::InlineFault;
 pub use inline::{SendInline, DEFAULT_INLINE_SIGNAL_INTERVAL, MAX_INLINE_SIGNAL_INTERVAL};
+pub use inline_burst::{Datagram, SendInlineBurst, MAX_INLINE_BURST};
 pub use lend::{GatherChainVerb, GatherVerb, ScatterVerb};
 pub use queue_pair::QueuePair;
 pub use recv_ring::{NextMsg, RecvRing, RecvRingConfig, RecvRingError, RingMsg};
 pub use submit::Submit;
+pub(crate) use ud::UdState;
+pub use ud::{UdEndpoint, UdPeer};
 
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;

@@ -9,9 +9,12 @@ use std::task::Poll;
 
 use super::core::batching_by_default;
 use super::submit::Waiting;
+use super::ud::UdState;
 use super::{deferred, QpCore, DEFAULT_INLINE_SIGNAL_INTERVAL};
 use crate::op::{wr_id, Credits, QpCredits};
-use crate::provider::{Endpoint, InitAttr, ProviderError, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
+use crate::provider::{
+    Endpoint, InitAttr, ProviderError, Qp, QpCaps, QpState, QpType, RtrAttr, RtsAttr, SendOp,
+};
 use crate::reactor::{CqRegistration, Handle};
 
 pub(super) struct QpInner {
@@ -29,6 +32,8 @@ pub(super) struct QpInner {
     /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
     #[allow(clippy::vec_box)]
     pub(super) spare_wrs: RefCell<Vec<Box<Waiting>>>,
+    /// A UD queue pair's address handles and Q_Key (`None` on RC).
+    pub(super) ud: Option<UdState>,
 }
 
 /// Most recycled WR boxes a QP keeps.
@@ -53,7 +58,8 @@ impl Drop for QpInner {
     }
 }
 
-/// An RC queue pair driven by the runtime. Cheap to clone (`Rc`); `!Send`.
+/// A queue pair driven by the runtime, RC or UD (`ud.rs`). Cheap to clone
+/// (`Rc`); `!Send`.
 ///
 /// Submissions wait for send-queue (or receive-queue) credits and CQ credits
 /// in FIFO order, so the device's queues are never overrun. Dropping the last
@@ -79,6 +85,9 @@ impl std::fmt::Debug for QueuePair {
 }
 
 impl QueuePair {
+    /// A runtime queue pair over the provider QP `qp` (RC, or UD with its
+    /// `ud` state).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_provider(
         handle: Handle,
         qp: Qp,
@@ -87,8 +96,16 @@ impl QueuePair {
         send_cq: Rc<Credits>,
         recv_cq: Rc<Credits>,
         cq: Option<Rc<CqRegistration>>,
+        ud: Option<UdState>,
     ) -> QueuePair {
         let batch_posts = batching_by_default(&qp);
+        let retire_op = match qp.qp_type() {
+            QpType::Ud => None,
+            _ => Some(SendOp::Write {
+                remote_addr: 0,
+                rkey: 0,
+            }),
+        };
         let core = Rc::new(QpCore {
             qp,
             qp_num,
@@ -113,6 +130,8 @@ impl QueuePair {
             deferred: RefCell::new(deferred::Deferred::default()),
             batch_posts: Cell::new(batch_posts),
             listed_in_phase: Cell::new(false),
+            retire_op: Cell::new(retire_op),
+            burst_wrs: Cell::new(Vec::new()),
         });
         handle.driver().register_qp(|key| {
             core.reg_key.set(key);
@@ -132,6 +151,7 @@ impl QueuePair {
                 max_send_chain,
                 max_recv_chain,
                 spare_wrs: RefCell::new(Vec::new()),
+                ud,
             }),
         }
     }

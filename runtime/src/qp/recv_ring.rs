@@ -40,12 +40,14 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
+use super::datagram::{DatagramSource, SlotGeometry};
 use super::{QpCore, QueuePair};
 use crate::op::wr_id;
 use crate::op::OpTable;
 use crate::op::Ticket;
 use crate::provider::{
     AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcStatus,
+    GRH_LEN,
 };
 use crate::reactor::{Handle, WorkQueue};
 
@@ -185,6 +187,10 @@ struct Ready {
     imm: Option<u32>,
     status: WcStatus,
     vendor_err: u32,
+    /// UD: the sender's QP, LID, and whether the buffer starts with a GRH.
+    src_qp: u32,
+    slid: u16,
+    grh: bool,
 }
 
 struct State {
@@ -225,6 +231,8 @@ pub(crate) struct RingCore {
     key: usize,
     depth: u32,
     buf_size: usize,
+    /// Where each slot's SGE and payload lie (UD leaves room for the GRH).
+    geometry: SlotGeometry,
     batch: u32,
     /// One prebuilt receive WR per slot (its wr_id and its buffer's SGE).
     slot_wrs: Box<[RecvWr]>,
@@ -232,7 +240,7 @@ pub(crate) struct RingCore {
     /// without a device).
     _mr: Option<Mr>,
     /// # Invariant
-    /// `depth * buf_size` bytes from `alloc(layout)`, freed only on drop.
+    /// `depth * geometry.stride` bytes from `alloc(layout)`, freed only on drop.
     /// Never referenced as a whole: only the bytes of a completed,
     /// not-yet-reposted slot are ever borrowed.
     mem: NonNull<u8>,
@@ -302,7 +310,11 @@ impl RingCore {
                 return;
             }
             st.posted -= 1;
-            if !c.status.is_success() {
+            // On UD a failed receive (a datagram too long for the buffer)
+            // is that datagram's loss only: the QP stays up.
+            let fatal =
+                !c.status.is_success() && (!self.geometry.grh || c.status == WcStatus::WrFlushErr);
+            if fatal {
                 st.stopped = true;
                 self.give_back_kept(&mut st);
             }
@@ -315,7 +327,7 @@ impl RingCore {
             } else {
                 st.slots[slot as usize] = Slot::Taken;
                 // A message: its credits stay for its repost.
-                let keep = c.status.is_success() && !st.stopped && !self.qp.closed.get();
+                let keep = !fatal && !st.stopped && !self.qp.closed.get();
                 if keep {
                     st.kept += 1;
                     self.qp.ring_kept.set(self.qp.ring_kept.get() + 1);
@@ -326,6 +338,9 @@ impl RingCore {
                     imm: c.imm_data,
                     status: c.status,
                     vendor_err: c.vendor_err,
+                    src_qp: c.src_qp,
+                    slid: c.slid,
+                    grh: c.grh,
                 });
                 let waker = match &st.waker {
                     // A verbio task's waker only queues its task (no
@@ -664,11 +679,17 @@ impl RecvRing {
                 wr_id::RING_SLOT_MASK + 1
             )));
         }
-        if buf_size > u32::MAX as usize {
+        let geometry = if qp.inner.ud.is_some() {
+            SlotGeometry::datagram(buf_size)
+                .ok_or_else(|| config_err(format!("buffer size {buf_size} overflows")))?
+        } else {
+            SlotGeometry::reliable(buf_size)
+        };
+        if geometry.sge_len > u32::MAX as usize {
             return Err(config_err(format!("buffer size {buf_size} exceeds u32")));
         }
         let len = (depth as usize)
-            .checked_mul(buf_size)
+            .checked_mul(geometry.stride)
             .ok_or_else(|| config_err(format!("{depth} × {buf_size} bytes overflow")))?;
         let layout = Layout::from_size_align(len, 64)
             .map_err(|e| config_err(format!("{len} bytes: {e}")))?;
@@ -729,8 +750,10 @@ impl RecvRing {
         };
         let lkey = mr.as_ref().map_or(0, Mr::lkey);
         let slot_sge = |slot: u32| Sge {
-            addr: mem.as_ptr() as u64 + u64::from(slot) * buf_size as u64,
-            length: buf_size as u32,
+            addr: mem.as_ptr() as u64
+                + u64::from(slot) * geometry.stride as u64
+                + geometry.sge_off as u64,
+            length: geometry.sge_len as u32,
             lkey,
         };
         let handle = qp.inner.handle.clone();
@@ -760,6 +783,7 @@ impl RecvRing {
                 key,
                 depth,
                 buf_size,
+                geometry,
                 batch: repost_batch.clamp(1, depth),
                 slot_wrs: (0..depth)
                     .map(|slot| {
@@ -845,13 +869,18 @@ impl RecvRing {
         let core = &self.core;
         let mut st = core.state.borrow_mut();
         while let Some(c) = st.ready.pop_front() {
-            if c.status.is_success() && c.byte_len as usize <= core.buf_size {
+            if let (true, Some(len)) =
+                (c.status.is_success(), core.geometry.payload_len(c.byte_len))
+            {
                 drop(st);
                 return Poll::Ready(Some(Ok(RingMsg {
                     core: core.clone(),
                     slot: c.slot,
-                    len: c.byte_len,
+                    len,
                     imm: c.imm,
+                    src_qp: c.src_qp,
+                    slid: c.slid,
+                    grh: c.grh,
                 })));
             }
             if let Some(e) = self.failed(&mut st, c) {
@@ -903,9 +932,14 @@ impl RecvRing {
     fn failed(&self, st: &mut State, c: Ready) -> Option<RecvRingError> {
         let slot = c.slot;
         let qp_num = self.core.qp.qp_num;
-        st.slots[slot as usize] = Slot::Idle;
-        st.stopped = true;
-        self.core.give_back_kept(st);
+        if self.core.geometry.grh && c.status != WcStatus::WrFlushErr && !st.stopped {
+            // UD: one lost datagram; the buffer goes back to the device.
+            let _ = self.core.release_slow(st, slot);
+        } else {
+            st.slots[slot as usize] = Slot::Idle;
+            st.stopped = true;
+            self.core.give_back_kept(st);
+        }
         if c.status.is_success() {
             return Some(RecvRingError::Length {
                 qp_num,
@@ -983,15 +1017,19 @@ pub struct RingMsg {
     slot: u32,
     len: u32,
     imm: Option<u32>,
+    src_qp: u32,
+    slid: u16,
+    grh: bool,
 }
 
 impl RingMsg {
     /// The received bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        let off = self.slot as usize * self.core.buf_size;
-        // SAFETY: slot < depth and len <= buf_size (checked when the guard
-        // was made), so the range lies in the ring's allocation. The slot
+        let g = &self.core.geometry;
+        let off = self.slot as usize * g.stride + g.payload_off;
+        // SAFETY: slot < depth and len <= payload_cap (checked when the
+        // guard was made), so the range lies in the ring's allocation. The slot
         // is not posted while this guard lives (it is reposted only by the
         // guard's drop), so the device does not write it, and no other
         // reference to it exists (one guard per completed slot).
@@ -1016,6 +1054,22 @@ impl RingMsg {
     /// The buffer's index in the ring.
     pub fn slot(&self) -> u32 {
         self.slot
+    }
+
+    /// On a UD queue pair, who sent the datagram: its QP number, LID, and
+    /// GID (read from the GRH the device wrote before the payload). `None`
+    /// on RC.
+    pub fn source(&self) -> Option<DatagramSource> {
+        let g = &self.core.geometry;
+        if !g.grh {
+            return None;
+        }
+        let off = self.slot as usize * g.stride + g.sge_off;
+        // SAFETY: the slot's GRH area, `GRH_LEN` bytes inside its SGE, in
+        // the ring's allocation; the slot is not posted while this guard
+        // lives (see `as_slice`).
+        let area = unsafe { std::slice::from_raw_parts(self.core.mem.as_ptr().add(off), GRH_LEN) };
+        Some(DatagramSource::read(self.src_qp, self.slid, self.grh, area))
     }
 
     /// Reposts the buffer now (same as dropping the guard).

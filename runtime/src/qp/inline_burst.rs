@@ -1,0 +1,264 @@
+//! `tx_burst`: a list of small datagrams to any number of UD peers, copied
+//! INLINE and posted as one post list (one doorbell), without ops. Only the
+//! burst's last WR is signaled; its completion retires the whole burst and
+//! the unsignaled inline sends before it (`inline.rs`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::{QueuePair, UdPeer};
+use crate::op::{wr_id, SubmitError, Ticket};
+use crate::provider::{PostError, SendFlags, SendOp, SendWr, SgList, Sge};
+
+/// Most datagrams in one burst.
+pub const MAX_INLINE_BURST: usize = 64;
+
+/// One datagram of a burst.
+#[derive(Clone, Copy, Debug)]
+pub struct Datagram<'a> {
+    /// Where it goes.
+    pub peer: &'a UdPeer,
+    /// Its payload (at most the QP's `max_inline_data` bytes).
+    pub data: &'a [u8],
+    /// Immediate data (a SEND_WITH_IMM), if any.
+    pub imm: Option<u32>,
+}
+
+impl QueuePair {
+    /// UD: posts `datagrams` (at most [`MAX_INLINE_BURST`]) as one post
+    /// list, each copied INLINE at post time, without ops: the returned
+    /// future resolves once they are posted (waiting, in FIFO order with
+    /// the QP's other submissions, for send-queue and CQ room for all of
+    /// them), not when they complete. Errors as
+    /// [`post_send_inline_to`](Self::post_send_inline_to); if the provider
+    /// refuses the list part-way, the leading datagrams it took are sent
+    /// and the error's [`PostError::posted`] counts them.
+    pub fn post_send_inline_burst<'a>(
+        &'a self,
+        datagrams: &'a [Datagram<'a>],
+    ) -> SendInlineBurst<'a> {
+        SendInlineBurst {
+            qp: self,
+            datagrams,
+            sq_ticket: None,
+            cq_ticket: None,
+            sq_held: false,
+            done: false,
+        }
+    }
+
+    fn burst_check(&self, datagrams: &[Datagram<'_>]) -> Result<(), SubmitError> {
+        let core = &self.inner.core;
+        let invalid = |what: String| SubmitError::Invalid {
+            what: format!("inline burst on QP {}: {what}", core.qp_num),
+        };
+        if self.inner.ud.is_none() {
+            return Err(invalid("needs a UD queue pair".into()));
+        }
+        let n = datagrams.len();
+        if n > MAX_INLINE_BURST
+            || n as u32
+                > self
+                    .inner
+                    .caps
+                    .max_send_wr
+                    .min(core.credits.send_cq.capacity())
+        {
+            return Err(invalid(format!(
+                "{n} datagrams: at most {MAX_INLINE_BURST}, the send queue's {} and the CQ's {}",
+                self.inner.caps.max_send_wr,
+                core.credits.send_cq.capacity()
+            )));
+        }
+        let max = self.inner.caps.max_inline_data as usize;
+        if let Some((i, d)) = datagrams
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.data.len() > max)
+        {
+            return Err(invalid(format!(
+                "datagram {i} has {} bytes: max_inline_data is {max}",
+                d.data.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Posts the burst with `n` send-queue and CQ credits (each) held.
+    fn post_burst_now(&self, datagrams: &[Datagram<'_>]) -> Result<(), SubmitError> {
+        let core = &self.inner.core;
+        let n = datagrams.len() as u32;
+        core.flush_deferred(self.inner.handle.ops());
+        let key = core.reg_key.get();
+        let unsig = core.absorb_unsignaled();
+        let mut wrs = core.burst_wrs.take();
+        wrs.clear();
+        wrs.extend(datagrams.iter().enumerate().map(|(i, d)| {
+            let last = i + 1 == datagrams.len();
+            let mut sg_list = SgList::new();
+            if !d.data.is_empty() {
+                sg_list.push(Sge {
+                    addr: d.data.as_ptr() as u64,
+                    length: d.data.len() as u32,
+                    lkey: 0,
+                });
+            }
+            SendWr {
+                wr_id: wr_id::encode_inline(key, if last { n + unsig } else { 0 }, false),
+                sg_list,
+                op: SendOp::SendTo {
+                    dest: d.peer.dest(),
+                    imm: d.imm,
+                },
+                flags: if last {
+                    SendFlags::INLINE | SendFlags::SIGNALED
+                } else {
+                    SendFlags::INLINE
+                },
+            }
+        }));
+        // SAFETY: INLINE WRs whose SGEs are the datagrams' payloads
+        // (lengths checked against max_inline_data): borrowed shared, so
+        // readable and unwritten for this whole call, during which the
+        // provider copies them; their lkeys are not used. Each names the
+        // address handle of its `UdPeer`, which the QP keeps alive (its
+        // handle cache) for as long as it lives.
+        let res = unsafe { core.post_send(&wrs) };
+        wrs.clear();
+        core.burst_wrs.set(wrs);
+        match res {
+            Ok(()) => {
+                core.inline_credits.set(core.inline_credits.get() + n);
+                Ok(())
+            }
+            Err(e) => Err(self.burst_post_failed(n, unsig, e)),
+        }
+    }
+
+    /// The provider took only the first `e.posted` WRs of a burst of `n`
+    /// (all unsignaled): they join the unsignaled group, with a reserve
+    /// credit for the WR that may have to retire them; the other credits
+    /// come back.
+    #[cold]
+    #[inline(never)]
+    fn burst_post_failed(&self, n: u32, unsig: u32, e: PostError) -> SubmitError {
+        let core = &self.inner.core;
+        core.unabsorb(unsig);
+        let posted = (e.posted as u32).min(n.saturating_sub(1));
+        let reserve = u32::from(posted > 0 && core.unsig.get() == 0);
+        if posted > 0 {
+            core.unsig.set(core.unsig.get() + posted + reserve);
+            core.inline_credits
+                .set(core.inline_credits.get() + posted + reserve);
+        }
+        let back = n - posted - reserve;
+        core.credits.sq.release(back);
+        core.credits.send_cq.release(back);
+        SubmitError::Post {
+            qp_num: core.qp_num,
+            source: e,
+        }
+    }
+}
+
+/// The future of [`QueuePair::post_send_inline_burst`]: resolves once the
+/// burst is posted. Dropping it before that posts nothing.
+#[must_use = "dropping it before it resolves cancels the burst"]
+pub struct SendInlineBurst<'a> {
+    qp: &'a QueuePair,
+    datagrams: &'a [Datagram<'a>],
+    sq_ticket: Option<Ticket>,
+    cq_ticket: Option<Ticket>,
+    /// The send-queue credits are held (waiting for the CQ's).
+    sq_held: bool,
+    done: bool,
+}
+
+impl std::fmt::Debug for SendInlineBurst<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendInlineBurst")
+            .field("qp_num", &self.qp.qp_num())
+            .field("datagrams", &self.datagrams.len())
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl SendInlineBurst<'_> {
+    fn abandon(&mut self) {
+        let core = &self.qp.inner.core;
+        core.credits.sq.cancel(&mut self.sq_ticket);
+        core.credits.send_cq.cancel(&mut self.cq_ticket);
+        if std::mem::take(&mut self.sq_held) {
+            core.credits.sq.release(self.datagrams.len() as u32);
+        }
+    }
+}
+
+impl Future for SendInlineBurst<'_> {
+    type Output = Result<(), SubmitError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if this.done {
+            tracing::error!("inline burst polled after it resolved");
+            return Poll::Pending;
+        }
+        let qp = this.qp;
+        let check = qp
+            .inline_state_check()
+            .and_then(|()| qp.burst_check(this.datagrams));
+        if let Err(e) = check {
+            this.abandon();
+            this.done = true;
+            return Poll::Ready(Err(e));
+        }
+        let n = this.datagrams.len() as u32;
+        if n == 0 {
+            this.done = true;
+            return Poll::Ready(Ok(()));
+        }
+        let core = &qp.inner.core;
+        if !this.sq_held {
+            if this.sq_ticket.is_some() || !core.credits.sq.try_acquire(n) {
+                if this.sq_ticket.is_none() {
+                    core.retire_unsignaled();
+                }
+                if core
+                    .credits
+                    .sq
+                    .poll_acquire(n, &mut this.sq_ticket, cx)
+                    .is_pending()
+                {
+                    return Poll::Pending;
+                }
+            }
+            this.sq_held = true;
+        }
+        if this.cq_ticket.is_some() || !core.credits.send_cq.try_acquire(n) {
+            if this.cq_ticket.is_none() {
+                qp.inner.handle.driver().release_hoarded_credits();
+            }
+            if core
+                .credits
+                .send_cq
+                .poll_acquire(n, &mut this.cq_ticket, cx)
+                .is_pending()
+            {
+                return Poll::Pending;
+            }
+        }
+        this.sq_held = false;
+        this.done = true;
+        Poll::Ready(qp.post_burst_now(this.datagrams))
+    }
+}
+
+impl Drop for SendInlineBurst<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.abandon();
+        }
+    }
+}

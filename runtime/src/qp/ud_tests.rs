@@ -1,0 +1,132 @@
+//! Unit tests of UD queue pairs on the fake QP: receive rings that leave
+//! room for the GRH and report the source, losses that don't stop a ring,
+//! and sends that must name a peer.
+
+use futures::FutureExt;
+
+use crate::op::SubmitError;
+use crate::provider::{Endpoint, Gid, Mtu, ProviderKind, QpCaps, QpType, WcStatus, GRH_LEN};
+use crate::qp::{RecvRing, RecvRingConfig, RecvRingError, RingMsg, UdEndpoint};
+use crate::reactor::Runtime;
+use crate::testing::{settle, FakeQp};
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    }
+}
+
+fn next_now(r: &mut RecvRing) -> Option<Option<Result<RingMsg, RecvRingError>>> {
+    r.next().now_or_never()
+}
+
+#[test]
+fn a_datagram_ring_yields_the_payload_after_the_grh_and_its_source() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::ud_queue_pair(5, caps(), 64);
+    assert_eq!(qp.qp_type(), QpType::Ud);
+    let mut r = rt
+        .block_on(async { RecvRing::create(&qp, None, RecvRingConfig::new(4, 100)) })
+        .unwrap();
+    assert_eq!(r.buf_size(), 100);
+    fake.complete_datagram(WcStatus::Success, 17, 0x77).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    assert_eq!(m.len(), 17, "byte_len counts the GRH; the message does not");
+    let src = m.source().expect("a UD message has a source");
+    assert_eq!(src.qpn, 0x77);
+    assert_eq!(src.gid, None, "the fake wrote no GRH");
+    assert_eq!(
+        m.as_slice().as_ptr() as usize % 64,
+        0,
+        "payload on a cache line"
+    );
+    drop(m);
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
+
+#[test]
+fn a_lost_datagram_is_reported_and_the_ring_goes_on() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::ud_queue_pair(5, caps(), 64);
+    let mut r = rt
+        .block_on(async { RecvRing::create(&qp, None, RecvRingConfig::new(4, 100)) })
+        .unwrap();
+    // Too long for the buffer (the device's verdict), then a short one
+    // (shorter than a GRH: a device bug), then a good one.
+    fake.complete_datagram(WcStatus::LocLenErr, 0, 1).unwrap();
+    fake.complete_recv(WcStatus::Success, GRH_LEN as u32 - 1)
+        .unwrap();
+    fake.complete_datagram(WcStatus::Success, 3, 2).unwrap();
+    settle(&rt);
+    let e = next_now(&mut r).unwrap().unwrap().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RecvRingError::Completion {
+                status: WcStatus::LocLenErr,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = next_now(&mut r).unwrap().unwrap().unwrap_err();
+    assert!(matches!(e, RecvRingError::Length { .. }), "{e}");
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    assert_eq!((m.len(), m.source().unwrap().qpn), (3, 2));
+    drop(m);
+    assert_eq!(
+        fake.outstanding_recvs(),
+        4,
+        "every buffer went back to the device"
+    );
+    // A flush still ends the ring.
+    rt.block_on(async { qp.close().await.unwrap() });
+    assert!(matches!(
+        next_now(&mut r),
+        Some(Some(Err(RecvRingError::Completion {
+            status: WcStatus::WrFlushErr,
+            ..
+        })))
+    ));
+    assert!(matches!(next_now(&mut r), Some(None)));
+}
+
+#[test]
+fn an_rc_ring_message_has_no_source() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(6, caps(), 64);
+    let mut r = rt
+        .block_on(async { RecvRing::create(&qp, None, RecvRingConfig::new(2, 8)) })
+        .unwrap();
+    fake.complete_recv(WcStatus::Success, 8).unwrap();
+    settle(&rt);
+    let m = next_now(&mut r).unwrap().unwrap().unwrap();
+    assert_eq!((m.len(), m.source()), (8, None));
+}
+
+#[test]
+fn a_ud_queue_pair_refuses_sends_without_a_peer() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::ud_queue_pair(5, caps(), 64);
+    let res = rt.block_on(qp.post_send_inline(b"x", None));
+    assert!(matches!(res, Err(SubmitError::Invalid { .. })), "{res:?}");
+    assert_eq!(fake.outstanding_sends(), 0);
+    let remote = UdEndpoint {
+        endpoint: Endpoint {
+            provider: ProviderKind::Soft,
+            qpn: 9,
+            psn: 0,
+            lid: 0,
+            gid: Gid::default(),
+            mtu: Mtu::Mtu4096,
+            soft_addr: None,
+        },
+        qkey: 1,
+    };
+    let e = qp.ud_peer(&remote).unwrap_err();
+    assert!(e.to_string().contains("address handles"), "{e}");
+}
