@@ -7,7 +7,7 @@ use super::buf::MsgBuf;
 use super::core::Core;
 use super::error::{RpcError, SessionId};
 use super::header::{packets_for, Header, PacketKind};
-use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS};
+use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
 use super::transport::TxBatch;
 
 /// Sends client packet `k` of `slot`: request packet `k`, or past the
@@ -53,6 +53,7 @@ pub(crate) fn complete<P>(s: &mut Session<P>, i: usize, result: Result<(), RpcEr
     let slot = &mut s.client[i];
     s.credits += slot.in_flight();
     slot.num_tx = slot.num_rx;
+    slot.answered = 0;
     slot.state = CallState::Done(result);
     if slot.abandoned {
         free_slot(s, i);
@@ -121,6 +122,7 @@ impl<P: Clone> Core<P> {
         slot.n_resp = 0;
         slot.num_tx = 0;
         slot.num_rx = 0;
+        slot.answered = 0;
         slot.retries = 0;
         slot.progress = now;
         let req_num = slot.req_num;
@@ -213,7 +215,10 @@ impl<P: Clone> Core<P> {
             if !matches!(slot.state, CallState::Active) {
                 continue;
             }
-            while s.credits > 0 && slot.num_tx < slot.total_tx() {
+            while s.credits > 0
+                && slot.num_tx < slot.total_tx()
+                && slot.num_tx - slot.num_rx < WINDOW
+            {
                 let k = slot.num_tx;
                 send_client_packet(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, k);
                 slot.num_tx += 1;
@@ -259,11 +264,10 @@ impl<P: Clone> Core<P> {
             self.stats.malformed_packets += 1;
             return;
         }
-        if k != slot.num_rx || slot.num_rx >= slot.num_tx {
+        if !slot.answer(k) {
             self.stats.stale_packets += 1;
             return;
         }
-        slot.num_rx += 1;
         slot.progress = now;
         slot.retries = 0;
         s.credits += 1;
@@ -285,7 +289,7 @@ impl<P: Clone> Core<P> {
         let slot = &mut s.client[i];
         let j = usize::from(h.pkt_idx);
         let k = slot.n_req - 1 + j;
-        if k != slot.num_rx || slot.num_rx >= slot.num_tx {
+        if k >= slot.num_tx || slot.is_answered(k) {
             self.stats.stale_packets += 1;
             return;
         }
@@ -320,10 +324,19 @@ impl<P: Clone> Core<P> {
             return;
         }
         slot.resp[start..end].copy_from_slice(payload);
-        slot.num_rx += 1;
+        let before = slot.in_flight();
+        if j == 0 {
+            // The server had the whole request: every request packet is
+            // answered, whichever credit returns were lost.
+            for k in slot.num_rx..slot.n_req {
+                slot.answer(k);
+            }
+        } else {
+            slot.answer(k);
+        }
+        s.credits += before - slot.in_flight();
         slot.progress = now;
         slot.retries = 0;
-        s.credits += 1;
         if slot.num_rx == slot.total_tx() {
             complete(s, i, Ok(()));
         } else {

@@ -209,6 +209,11 @@ impl<T: Transport> Rpc<T> {
         self.engine.borrow().core.max_packet - HEADER_LEN
     }
 
+    /// Runs `f` on the transport (for its counters, say).
+    pub fn with_transport<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.engine.borrow().transport)
+    }
+
     /// Counters.
     pub fn stats(&self) -> RpcStats {
         self.engine.borrow().core.stats

@@ -5,6 +5,7 @@
 //! * [`header`]: the 32-byte packet header.
 //! * [`Transport`]: what the engine needs from a datagram transport; the
 //!   in-memory, lossy [`mem::MemTransport`] implements it for tests.
+//! * [`ud::UdTransport`]: the transport on a UD queue pair of the runtime.
 //! * [`Rpc`]: the endpoint: [`connect`](Rpc::connect), [`call`](Rpc::call),
 //!   [`register`](Rpc::register).
 //!
@@ -43,6 +44,7 @@ mod server;
 mod session;
 mod timer;
 mod transport;
+pub mod ud;
 
 pub use buf::MsgBuf;
 pub use config::RpcConfig;

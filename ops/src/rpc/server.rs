@@ -96,6 +96,8 @@ impl<P: Clone> Core<P> {
             slot.msg_len = msg_len;
             slot.n_req = usize::from(h.pkt_count);
             slot.rx = 0;
+            slot.got.clear();
+            slot.got.resize(slot.n_req.div_ceil(64), 0);
             slot.req.clear();
             slot.req.resize(msg_len, 0);
         } else if h.req_num < slot.req_num {
@@ -108,9 +110,12 @@ impl<P: Clone> Core<P> {
         }
         let (peer, remote) = (&s.peer, s.remote);
         let mut complete = false;
+        let (word, bit) = (idx / 64, 1u64 << (idx % 64));
+        let got = slot.got.get(word).is_some_and(|w| w & bit != 0);
         match slot.state {
-            ServeState::Receiving if idx == slot.rx => {
+            ServeState::Receiving if !got => {
                 slot.req[start..start + payload.len()].copy_from_slice(payload);
+                slot.got[word] |= bit;
                 slot.rx += 1;
                 if idx + 1 < slot.n_req {
                     send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
@@ -119,9 +124,11 @@ impl<P: Clone> Core<P> {
                     complete = true;
                 }
             }
-            ServeState::Receiving if idx < slot.rx => {
+            ServeState::Receiving => {
                 self.stats.duplicate_requests += 1;
-                send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
+                if idx + 1 < slot.n_req {
+                    send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
+                }
             }
             ServeState::Handling => {
                 // Earlier packets: their credit return was lost. The last
@@ -137,7 +144,7 @@ impl<P: Clone> Core<P> {
                     send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
                 }
             }
-            ServeState::Receiving | ServeState::Idle | ServeState::Refused => {
+            ServeState::Idle | ServeState::Refused => {
                 self.stats.stale_packets += 1;
             }
         }

@@ -10,6 +10,10 @@ use super::error::RpcError;
 /// Request slots per session; also its credits (packets in flight).
 pub const SESSION_SLOTS: usize = 8;
 
+/// Client packets of one call sent beyond the first unanswered one, at most
+/// (the width of [`ClientSlot::answered`]).
+pub(crate) const WINDOW: usize = 64;
+
 /// Which side of the session this endpoint is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -46,8 +50,12 @@ pub(crate) struct ClientSlot {
     /// Client packets sent: request packets, then requests for response
     /// packets 1.. (the k-th is answered by the k-th answer).
     pub(crate) num_tx: usize,
-    /// Answers received in order: credit returns, then response packets.
+    /// Client packets below this are all answered (by a credit return or a
+    /// response packet).
     pub(crate) num_rx: usize,
+    /// Which of client packets `num_rx..num_rx + 64` are answered (bit
+    /// `k - num_rx`): answers may arrive in any order.
+    pub(crate) answered: u64,
     /// Last send or progress.
     pub(crate) progress: Instant,
     /// Retransmissions since the last progress.
@@ -76,6 +84,7 @@ impl ClientSlot {
             n_resp: 0,
             num_tx: 0,
             num_rx: 0,
+            answered: 0,
             progress: now,
             retries: 0,
             waker: None,
@@ -89,7 +98,26 @@ impl ClientSlot {
 
     /// Packets sent and not answered: the credits the slot holds.
     pub(crate) fn in_flight(&self) -> usize {
-        self.num_tx - self.num_rx
+        self.num_tx - self.num_rx - self.answered.count_ones() as usize
+    }
+
+    /// Whether client packet `k` (sent, not below `num_rx`) is answered.
+    pub(crate) fn is_answered(&self, k: usize) -> bool {
+        k < self.num_rx || self.answered & (1 << (k - self.num_rx)) != 0
+    }
+
+    /// Records the answer to client packet `k`; false if `k` was not sent
+    /// or is answered already.
+    pub(crate) fn answer(&mut self, k: usize) -> bool {
+        if k >= self.num_tx || self.is_answered(k) {
+            return false;
+        }
+        self.answered |= 1 << (k - self.num_rx);
+        while self.answered & 1 != 0 {
+            self.answered >>= 1;
+            self.num_rx += 1;
+        }
+        true
     }
 }
 
@@ -116,8 +144,10 @@ pub(crate) struct ServerSlot {
     pub(crate) msg_len: usize,
     pub(crate) req: Vec<u8>,
     pub(crate) n_req: usize,
-    /// Request packets received in order.
+    /// Request packets received.
     pub(crate) rx: usize,
+    /// Which request packets are received (bit `i % 64` of word `i / 64`).
+    pub(crate) got: Vec<u64>,
     pub(crate) resp: Option<MsgBuf>,
     pub(crate) n_resp: usize,
 }
@@ -132,6 +162,7 @@ impl ServerSlot {
             req: Vec::new(),
             n_req: 0,
             rx: 0,
+            got: Vec::new(),
             resp: None,
             n_resp: 0,
         }

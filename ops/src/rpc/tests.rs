@@ -181,6 +181,39 @@ fn large_calls_over_a_lossy_network() {
 }
 
 #[test]
+fn reordered_packets_cost_no_retransmission() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(8, 512);
+        let (srv, runs) = server(&net, config());
+        net.set_faults(Faults {
+            reorder: 0.3,
+            ..Faults::default()
+        });
+        let cli = Rc::new(Rpc::new(net.endpoint(), config()));
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let cli = cli.clone();
+            tasks.push(verbio_runtime::spawn(async move {
+                for i in 0..25 {
+                    let req = request(t, i, 100 + i * 300);
+                    let resp = cli.call(s, ECHO, &req).await.unwrap();
+                    assert_eq!(&resp[..], &answer(&req)[..]);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await;
+        }
+        assert_eq!(runs.borrow().len(), 100);
+        assert!(net.stats().reordered > 100, "{:?}", net.stats());
+        // Packets are taken in any order: none waits for a timeout.
+        assert_eq!(cli.stats().retransmissions, 0, "{:?}", cli.stats());
+    });
+}
+
+#[test]
 fn a_dead_peer_fails_calls_within_a_bounded_time() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {

@@ -61,6 +61,9 @@ impl<P: Clone> Core<P> {
                         slot.retries += 1;
                         slot.progress = now;
                         for k in slot.num_rx..slot.num_tx {
+                            if slot.is_answered(k) {
+                                continue;
+                            }
                             send_client_packet(
                                 &mut self.tx,
                                 &s.peer,
