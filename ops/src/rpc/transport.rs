@@ -84,11 +84,16 @@ pub struct TxBatch<P> {
     packets: Vec<(P, Range<usize>)>,
 }
 
+/// Packets a batch has room for before it grows.
+const BATCH_PACKETS: usize = 256;
+/// Bytes a batch has room for before it grows.
+const BATCH_BYTES: usize = BATCH_PACKETS * 64;
+
 impl<P> Default for TxBatch<P> {
     fn default() -> Self {
         TxBatch {
-            bytes: Vec::new(),
-            packets: Vec::new(),
+            bytes: Vec::with_capacity(BATCH_BYTES),
+            packets: Vec::with_capacity(BATCH_PACKETS),
         }
     }
 }
