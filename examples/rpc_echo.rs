@@ -1,6 +1,8 @@
 //! Echo over the RPC engine (`verbio::rpc`) on a UD queue pair, with the
-//! rate and the latency percentiles; by default also a plain TCP
-//! request/response loop in the same run, side by side, with ratios.
+//! rate and the latency percentiles; by default also the engine alone
+//! (both sides on one thread over the in-memory network: its CPU cost per
+//! call) and a plain TCP request/response loop in the same run, side by
+//! side, with ratios.
 //!
 //! Both sides in this process (two threads, loopback), then TCP:
 //!
@@ -26,8 +28,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use verbio::rpc::mem::MemNetwork;
 use verbio::rpc::ud::{UdConfig, UdTransport};
-use verbio::rpc::{Request, Rpc, RpcConfig};
+use verbio::rpc::{Request, Rpc, RpcConfig, Transport};
 use verbio::runtime::{Device, Runtime};
 
 const ECHO: u8 = 1;
@@ -93,7 +96,7 @@ fn rpc_endpoint(device: Option<&str>, ip: IpAddr) -> Result<Rpc<UdTransport>, Bo
     Ok(Rpc::new(transport, RpcConfig::default()))
 }
 
-fn register_echo(rpc: &Rpc<UdTransport>) {
+fn register_echo<T: Transport>(rpc: &Rpc<T>) {
     rpc.register(ECHO, |req: Request| async move {
         let mut resp = req.response();
         resp.extend_from_slice(req.data());
@@ -102,8 +105,8 @@ fn register_echo(rpc: &Rpc<UdTransport>) {
 }
 
 /// `concurrency` tasks calling until `calls` are done; the latency of each.
-async fn call_loop(
-    rpc: &Rc<Rpc<UdTransport>>,
+async fn call_loop<T: Transport>(
+    rpc: &Rc<Rpc<T>>,
     addr: &[u8],
     calls: usize,
     size: usize,
@@ -139,7 +142,9 @@ async fn call_loop(
     for h in run(calls) {
         lat.extend(h.await?);
     }
-    Ok(Figures::new(lat, t0.elapsed()))
+    let elapsed = t0.elapsed();
+    tracing::debug!(rpc = ?rpc.stats(), "client counters");
+    Ok(Figures::new(lat, elapsed))
 }
 
 /// Serves RPC echo; hands the RPC address to whoever connects to `tcp`.
@@ -224,8 +229,22 @@ fn tcp_loop(calls: usize, size: usize) -> Result<Figures, BoxError> {
     Ok(f)
 }
 
+/// Both sides on this thread over the in-memory network: the engine's own
+/// cost (client, server and handler task) without a device.
+fn in_memory(args: &Args) -> Result<Figures, BoxError> {
+    let rt = Runtime::new()?;
+    rt.block_on(async {
+        let net = MemNetwork::new(1, 4096);
+        let srv = Rpc::new(net.endpoint(), RpcConfig::default());
+        register_echo(&srv);
+        let cli = Rc::new(Rpc::new(net.endpoint(), RpcConfig::default()));
+        call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await
+    })
+}
+
 /// Both RPC sides in this process, then TCP; prints both and the ratios.
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
+    let mem = in_memory(args)?;
     let device = args.device.clone();
     let (addr_tx, addr_rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -257,6 +276,11 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     server.join().map_err(|_| "RPC server panicked")??;
     let tcp = tcp_loop(args.calls, args.size)?;
     println!("{} calls of {} bytes:", args.calls, args.size);
+    mem.print("rpc/in-memory, 1 thread");
+    println!(
+        "  (engine CPU per call, client + server + handler task: {:.2} µs)",
+        1e6 / mem.rate
+    );
     one.print("rpc/ud, 1 in flight");
     eight.print("rpc/ud, 8 in flight");
     tcp.print("tcp loopback, 1 in flight");
