@@ -1,7 +1,7 @@
 //! The RPC transport on a UD queue pair of the runtime: one QP serves every
 //! peer; small packets go out INLINE in post lists (one doorbell per batch
-//! of up to 64), larger ones from registered buffers; a [`RecvRing`]
-//! receives.
+//! of up to 64), larger ones from registered buffers (submitted in the
+//! same poll phase, so posted in one list too); a [`RecvRing`] receives.
 
 use std::future::Future;
 use std::pin::pin;
@@ -206,7 +206,9 @@ impl UdTransport {
         }
     }
 
-    /// Sends `bytes` from a registered buffer, in a task.
+    /// Sends `bytes` from a registered buffer. The send is submitted now
+    /// (posted with the poll phase's other sends, one post list) and its
+    /// future dropped: the runtime keeps the buffer until the completion.
     fn post_buffered(&mut self, peer: &UdPeer, bytes: &[u8]) {
         let buf = match self.pool.alloc_from(bytes) {
             Ok(buf) => buf,
@@ -217,12 +219,7 @@ impl UdTransport {
             }
         };
         self.stats.buffered_sent += 1;
-        let (qp, peer) = (self.qp.clone(), peer.clone());
-        verbio_runtime::spawn(async move {
-            if let (Err(error), _) = qp.send_to(&peer, buf).await {
-                debug!(%error, "rpc/ud: send failed; packet lost");
-            }
-        });
+        drop(self.qp.send_to(peer, buf));
     }
 }
 
