@@ -151,6 +151,28 @@ impl Api {
     }
 }
 
+/// The queue-pair type (perftest's `-c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Connection {
+    /// Reliable connected.
+    #[value(name = "RC", alias = "rc")]
+    Rc,
+    /// Unreliable datagram (send_lat only; messages up to the MTU).
+    #[value(name = "UD", alias = "ud")]
+    Ud,
+}
+
+impl Connection {
+    /// The connection type's code on the wire.
+    pub fn code(self) -> u8 {
+        match self {
+            Connection::Rc => 1,
+            Connection::Ud => 2,
+        }
+    }
+}
+
 /// What carries the messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -220,6 +242,9 @@ pub struct Cli {
     /// RDMA, or kernel TCP as a baseline (send_bw and send_lat only).
     #[arg(long, value_enum, default_value_t = Transport::Rdma)]
     pub transport: Transport,
+    /// Queue-pair type: RC, or UD (send_lat with --api verbs only).
+    #[arg(short = 'c', long = "connection", value_enum, default_value_t = Connection::Rc)]
+    pub connection: Connection,
     /// Print the results as one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -263,6 +288,8 @@ pub struct Config {
     pub gbits: bool,
     /// The API.
     pub api: Api,
+    /// The queue-pair type.
+    pub connection: Connection,
     /// The transport.
     pub transport: Transport,
     /// JSON output.
@@ -377,6 +404,16 @@ impl Cli {
                 ));
             }
         }
+        if self.connection == Connection::Ud
+            && (test != Test::SendLat
+                || self.api != Api::Verbs
+                || self.transport != Transport::Rdma)
+        {
+            return Err(bad(
+                "-c UD runs send_lat with --api verbs over RDMA only (UD loses datagrams \
+                 that find no receive posted: a bandwidth test would need flow control)",
+            ));
+        }
         if self.api == Api::Raw && self.events {
             return Err(bad(
                 "-e is not supported with --api raw: the raw loop busy-polls the CQ as \
@@ -401,6 +438,7 @@ impl Cli {
             gbits: self.report_gbits,
             api: self.api,
             transport: self.transport,
+            connection: self.connection,
             json: self.json,
             busy_poll: self.busy_poll_us.map(Duration::from_micros),
         })
@@ -486,6 +524,23 @@ mod tests {
         assert!(s.windows(2).all(|w| w[1] == 2 * w[0]));
         assert_eq!(parse(&["read_bw", "-a"]).expect("valid").sizes, s);
         assert_eq!(parse(&["atomic_lat", "-a"]).expect("valid").sizes, vec![8]);
+    }
+
+    #[test]
+    fn ud_runs_send_lat_with_the_verbs_api_only() {
+        let c = parse(&["send_lat", "-c", "UD"]).expect("valid");
+        assert_eq!(c.connection, Connection::Ud);
+        assert_eq!(
+            parse(&["send_lat", "-c", "ud"]).expect("valid").connection,
+            Connection::Ud
+        );
+        assert_eq!(
+            parse(&["send_lat"]).expect("valid").connection,
+            Connection::Rc
+        );
+        assert!(parse(&["send_bw", "-c", "UD"]).is_err());
+        assert!(parse(&["send_lat", "-c", "UD", "--api", "raw"]).is_err());
+        assert!(parse(&["send_lat", "-c", "UD", "--transport", "tcp"]).is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use futures::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::args::{Api, Test};
+use crate::args::{Api, Connection, Test};
 
 /// Size of every frame.
 pub const FRAME: usize = 24;
@@ -21,10 +21,44 @@ pub enum Frame {
         test: Test,
         /// The API's wire code.
         api: u8,
+        /// The connection type's wire code.
+        connection: u8,
         /// QP count.
         qps: u16,
         /// Largest message size of the run.
         max_size: u64,
+    },
+    /// Both ways (UD): a UD queue pair's number, Q_Key, LID, active MTU
+    /// and provider (0 soft, 1 ibverbs); then its [`Gid`](Frame::Gid) and,
+    /// on the software device, its [`SoftAddr`](Frame::SoftAddr).
+    UdQp {
+        /// QP number.
+        qpn: u32,
+        /// Q_Key.
+        qkey: u32,
+        /// LID.
+        lid: u16,
+        /// Active MTU (verbs code).
+        mtu: u8,
+        /// Provider code.
+        provider: u8,
+    },
+    /// The GID of the preceding [`UdQp`](Frame::UdQp), as two big-endian halves.
+    Gid {
+        /// Bytes 0..8.
+        hi: u64,
+        /// Bytes 8..16.
+        lo: u64,
+    },
+    /// The software device's engine address of the preceding
+    /// [`UdQp`](Frame::UdQp): an IPv6 (or IPv4-mapped) address and port.
+    SoftAddr {
+        /// Port.
+        port: u16,
+        /// Address bytes 0..8.
+        hi: u64,
+        /// Address bytes 8..16.
+        lo: u64,
     },
     /// Both ways after the hello: memory the peer may read, write and use
     /// atomics on.
@@ -92,14 +126,29 @@ impl Frame {
             Frame::Hello {
                 test,
                 api,
+                connection,
                 qps,
                 max_size,
             } => (
                 1,
                 u32::from(test.code()) | u32::from(api) << 8 | u32::from(qps) << 16,
                 max_size,
-                0,
+                u64::from(connection),
             ),
+            Frame::UdQp {
+                qpn,
+                qkey,
+                lid,
+                mtu,
+                provider,
+            } => (
+                9,
+                qpn,
+                u64::from(qkey) | u64::from(lid) << 32 | u64::from(mtu) << 48,
+                u64::from(provider),
+            ),
+            Frame::Gid { hi, lo } => (10, 0, hi, lo),
+            Frame::SoftAddr { port, hi, lo } => (11, u32::from(port), hi, lo),
             Frame::Region { addr, len, rkey } => (2, rkey, addr, len),
             Frame::Step { size, iters } => (3, 0, size, iters),
             Frame::Bye => (4, 0, 0, 0),
@@ -132,6 +181,7 @@ impl Frame {
             1 => Frame::Hello {
                 test: Test::from_code(x as u8).ok_or_else(bad)?,
                 api: (x >> 8) as u8,
+                connection: u8::try_from(z).map_err(|_| bad())?,
                 qps: (x >> 16) as u16,
                 max_size: y,
             },
@@ -146,6 +196,19 @@ impl Frame {
             6 => Frame::Done,
             7 => Frame::Stop,
             8 => Frame::GoDrain { drain: y },
+            9 => Frame::UdQp {
+                qpn: x,
+                qkey: y as u32,
+                lid: (y >> 32) as u16,
+                mtu: (y >> 48) as u8,
+                provider: u8::try_from(z).map_err(|_| bad())?,
+            },
+            10 => Frame::Gid { hi: y, lo: z },
+            11 => Frame::SoftAddr {
+                port: u16::try_from(x).map_err(|_| bad())?,
+                hi: y,
+                lo: z,
+            },
             _ => return Err(bad()),
         })
     }
@@ -153,18 +216,25 @@ impl Frame {
 
 /// Checks a client's hello against this server's settings; returns the
 /// client's QP count and largest size.
-pub fn check_hello(f: Frame, test: Test, api: Api) -> Result<(u32, usize), CtlError> {
+pub fn check_hello(
+    f: Frame,
+    test: Test,
+    api: Api,
+    connection: Connection,
+) -> Result<(u32, usize), CtlError> {
     match f {
         Frame::Hello {
             test: t,
             api: a,
+            connection: c,
             qps,
             max_size,
         } => {
-            if t != test || a != api.code() {
+            if t != test || a != api.code() || c != connection.code() {
                 return Err(CtlError::Mismatch(format!(
-                    "the client runs {} with API code {a}, this server {} with {api:?} \
-                     (start both sides with the same test and --api)",
+                    "the client runs {} with API code {a} and connection code {c}, this server \
+                     {} with {api:?} over {connection:?} (start both sides with the same test, \
+                     --api and -c)",
                     t.name(),
                     test.name()
                 )));
@@ -224,8 +294,25 @@ mod tests {
             Frame::Hello {
                 test: Test::AtomicLat,
                 api: Api::Raw.code(),
+                connection: Connection::Rc.code(),
                 qps: 7,
                 max_size: 1 << 23,
+            },
+            Frame::UdQp {
+                qpn: 0xab_cdef,
+                qkey: 0x1111_1111,
+                lid: 0xbeef,
+                mtu: 5,
+                provider: 1,
+            },
+            Frame::Gid {
+                hi: 1,
+                lo: u64::MAX,
+            },
+            Frame::SoftAddr {
+                port: 18515,
+                hi: 7,
+                lo: 9,
             },
             Frame::Region {
                 addr: 0xdead_beef_0000,
@@ -253,15 +340,18 @@ mod tests {
         let hello = Frame::Hello {
             test: Test::SendBw,
             api: Api::Verbs.code(),
+            connection: Connection::Rc.code(),
             qps: 2,
             max_size: 65536,
         };
+        let rc = Connection::Rc;
         assert_eq!(
-            check_hello(hello, Test::SendBw, Api::Verbs).expect("matches"),
+            check_hello(hello, Test::SendBw, Api::Verbs, rc).expect("matches"),
             (2, 65536)
         );
-        assert!(check_hello(hello, Test::SendLat, Api::Verbs).is_err());
-        assert!(check_hello(hello, Test::SendBw, Api::Raw).is_err());
-        assert!(check_hello(Frame::Go, Test::SendBw, Api::Verbs).is_err());
+        assert!(check_hello(hello, Test::SendLat, Api::Verbs, rc).is_err());
+        assert!(check_hello(hello, Test::SendBw, Api::Raw, rc).is_err());
+        assert!(check_hello(hello, Test::SendBw, Api::Verbs, Connection::Ud).is_err());
+        assert!(check_hello(Frame::Go, Test::SendBw, Api::Verbs, rc).is_err());
     }
 }

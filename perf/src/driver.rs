@@ -3,7 +3,7 @@
 
 use verbio::runtime::{Device, Runtime};
 
-use crate::args::{Api, Config, Test};
+use crate::args::{Api, Config, Connection, Test};
 use crate::ctl::{self, Frame};
 use crate::error::{msg, Context, Result};
 use crate::measure::Measured;
@@ -11,6 +11,7 @@ use crate::progress::Progress;
 use crate::raw;
 use crate::report::Printer;
 use crate::session::{self, Budget, Conn};
+use crate::ud;
 use crate::verbs;
 
 /// The loops of the chosen API and their memory.
@@ -95,7 +96,10 @@ fn run_client(
     busy: std::time::Duration,
 ) -> Result<()> {
     rt.block_on(async {
-        let mut conn = session::dial(cfg, dev, addr).await?;
+        let mut conn = match cfg.connection {
+            Connection::Rc => session::dial(cfg, dev, addr).await?,
+            Connection::Ud => ud::dial(cfg, dev, addr).await?,
+        };
         let mut loops = Loops::new(cfg, dev, &conn, false)?;
         let mut printer = Printer::new(cfg, session::run_info(cfg, dev, &conn, busy));
         let mut progress = Progress::new(cfg);
@@ -148,12 +152,24 @@ fn run_client(
     })
 }
 
+/// The server's listening socket: RC handshakes, or UD's control port.
+enum Listening {
+    Rc(verbio::ops::connect::Listener<verbio::ops::connect::DeviceQps>),
+    Ud(verbio::runtime::TcpListener),
+}
+
 /// The server: serves one client, then returns.
 pub fn server(cfg: &Config) -> Result<()> {
     let (rt, dev, _) = session::open(cfg, server_spins(cfg.test))?;
-    let listener = session::bind(cfg, &dev)?;
+    let listener = match cfg.connection {
+        Connection::Rc => Listening::Rc(session::bind(cfg, &dev)?),
+        Connection::Ud => Listening::Ud(ud::bind(cfg)?),
+    };
     rt.block_on(async {
-        let mut conn = session::accept(cfg, &dev, &listener).await?;
+        let mut conn = match &listener {
+            Listening::Rc(l) => session::accept(cfg, &dev, l).await?,
+            Listening::Ud(l) => ud::accept(cfg, &dev, l).await?,
+        };
         let mut loops = Loops::new(cfg, &dev, &conn, true)?;
         let res = async {
             loop {

@@ -16,6 +16,7 @@ mod report;
 mod session;
 mod stats;
 mod tcp;
+mod ud;
 mod verbs;
 
 use std::process::ExitCode;

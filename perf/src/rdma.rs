@@ -88,6 +88,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             Frame::Hello {
                 test: cfg.test,
                 api: cfg.api.code(),
+                connection: cfg.connection.code(),
                 qps: 1,
                 max_size: cfg.max_size() as u64,
             },
@@ -107,6 +108,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             test: cfg.test,
             api: cfg.api,
             transport: cfg.transport,
+            connection: cfg.connection,
             device: dev.context().name().to_string(),
             provider: dev.context().kind().to_string(),
             qps: 1,
@@ -286,7 +288,7 @@ pub fn server(cfg: &Config) -> Result<()> {
         );
         let rdma = listener.accept().await.ctx("accepting the client")?;
         let hello = recv_ctl(&rdma).await?;
-        ctl::check_hello(hello, cfg.test, cfg.api).ctx("the client's hello")?;
+        ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
         send_ctl(&rdma, Frame::Go).await?;
         let res = serve(cfg, &rdma).await;
         let _ = verbio::runtime::timeout(Duration::from_secs(5), rdma.close()).await;

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::args::{Api, Config, Test, Transport};
+use crate::args::{Api, Config, Connection, Test, Transport};
 use crate::stats::{mbps_to_gbits, BwStats, LatStats};
 
 /// perftest's rule line.
@@ -39,6 +39,8 @@ pub struct RunInfo {
     pub api: Api,
     /// RDMA or TCP.
     pub transport: Transport,
+    /// RC or UD (RDMA).
+    pub connection: Connection,
     /// Device name (or "tcp").
     pub device: String,
     /// Provider kind ("soft", "ibverbs") or "tcp".
@@ -123,9 +125,10 @@ pub fn banner(info: &RunInfo) -> String {
     let mut s = format!("{line}\n");
     s += &format!("                    {} (verbio-perf)\n", info.test.title());
     s += &format!(" Device         : {} ({})\n", info.device, info.provider);
-    let conn = match info.transport {
-        Transport::Rdma => "RC",
-        Transport::Tcp => "TCP",
+    let conn = match (info.transport, info.connection) {
+        (Transport::Tcp, _) => "TCP",
+        (Transport::Rdma, Connection::Ud) => "UD",
+        (Transport::Rdma, Connection::Rc) => "RC",
     };
     s += &format!(
         " Number of qps  : {}\t\tTransport type : {}\n",
@@ -249,6 +252,7 @@ mod tests {
             test: Test::WriteBw,
             api: Api::Raw,
             transport: Transport::Rdma,
+            connection: Connection::Rc,
             device: "soft0".into(),
             provider: "soft".into(),
             qps: 1,

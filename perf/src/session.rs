@@ -9,7 +9,7 @@ use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfi
 use verbio::ops::verbs::RemoteBuf;
 use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps, RtsAttr};
 use verbio::runtime::buf::RemoteAccessRegion;
-use verbio::runtime::{sleep, Device, QueuePair, Runtime, TcpStream};
+use verbio::runtime::{sleep, Device, QueuePair, Runtime, TcpStream, UdPeer};
 
 use crate::args::{Api, Config};
 use crate::ctl::{self, Frame};
@@ -159,6 +159,45 @@ pub struct Conn {
     pub remote: RemoteBuf,
     /// The run's largest message.
     pub max_size: usize,
+    /// `-c UD`: where this side's datagrams go.
+    pub peer: Option<UdPeer>,
+}
+
+/// Swaps memory grants over `ctl` (the client first) and returns the
+/// connection.
+#[allow(clippy::too_many_arguments)]
+pub async fn finish(
+    dev: &Device,
+    mut ctl: TcpStream,
+    qps: Vec<QueuePair>,
+    mtu: Mtu,
+    max_size: usize,
+    peer: Option<UdPeer>,
+    client: bool,
+) -> Result<Conn> {
+    let (region, remote) = if client {
+        let region = grant(dev, max_size)?;
+        ctl::send(&mut ctl, region_frame(&region))
+            .await
+            .ctx("sending this side's memory")?;
+        (region, peer_region(&mut ctl).await?)
+    } else {
+        let remote = peer_region(&mut ctl).await?;
+        let region = grant(dev, max_size)?;
+        ctl::send(&mut ctl, region_frame(&region))
+            .await
+            .ctx("sending this side's memory")?;
+        (region, remote)
+    };
+    Ok(Conn {
+        qps,
+        ctl,
+        mtu,
+        region,
+        remote,
+        max_size,
+        peer,
+    })
 }
 
 /// Grants `len` bytes (at least 8, 8-byte aligned) with remote read, write
@@ -211,6 +250,7 @@ pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> 
                         Frame::Hello {
                             test: cfg.test,
                             api: cfg.api.code(),
+                            connection: cfg.connection.code(),
                             qps: u16::try_from(cfg.qps).map_err(|_| msg("-q is too large"))?,
                             max_size: max_size as u64,
                         },
@@ -227,20 +267,8 @@ pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> 
             Err(e) => return Err(e).ctx(format!("connecting to {addr}")),
         }
     }
-    let mut ctl = ctl_stream.ok_or_else(|| msg("no connection"))?;
-    let region = grant(dev, max_size)?;
-    ctl::send(&mut ctl, region_frame(&region))
-        .await
-        .ctx("sending this side's memory")?;
-    let remote = peer_region(&mut ctl).await?;
-    Ok(Conn {
-        qps: conns,
-        ctl,
-        mtu,
-        region,
-        remote,
-        max_size,
-    })
+    let ctl = ctl_stream.ok_or_else(|| msg("no connection"))?;
+    finish(dev, ctl, conns, mtu, max_size, None, true).await
 }
 
 /// Server: binds the listener (printing its address on stderr).
@@ -268,26 +296,15 @@ pub async fn accept(cfg: &Config, dev: &Device, l: &Listener<DeviceQps>) -> Resu
     let hello = ctl::recv(&mut ctl)
         .await
         .ctx("reading the client's hello")?;
-    let (n, max_size) = ctl::check_hello(hello, cfg.test, cfg.api).ctx("the client's hello")?;
+    let (n, max_size) =
+        ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
     let mut qps = vec![first.qp];
     while qps.len() < n as usize {
         let c = l.accept().await.ctx("accepting the client's next QP")?;
         mtu = mtu.min(c.local.mtu.min(c.remote.mtu));
         qps.push(c.qp);
     }
-    let remote = peer_region(&mut ctl).await?;
-    let region = grant(dev, max_size)?;
-    ctl::send(&mut ctl, region_frame(&region))
-        .await
-        .ctx("sending this side's memory")?;
-    Ok(Conn {
-        qps,
-        ctl,
-        mtu,
-        region,
-        remote,
-        max_size,
-    })
+    finish(dev, ctl, qps, mtu, max_size, None, false).await
 }
 
 /// The banner's facts about a verbs or raw run.
@@ -296,6 +313,7 @@ pub fn run_info(cfg: &Config, dev: &Device, conn: &Conn, busy: Duration) -> RunI
         test: cfg.test,
         api: cfg.api,
         transport: cfg.transport,
+        connection: cfg.connection,
         device: dev.context().name().to_string(),
         provider: dev.context().kind().to_string(),
         qps: conn.qps.len() as u32,

@@ -74,6 +74,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         Frame::Hello {
             test: cfg.test,
             api: Api::Verbs.code(),
+            connection: cfg.connection.code(),
             qps: 1,
             max_size: cfg.max_size() as u64,
         },
@@ -83,6 +84,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         test: cfg.test,
         api: cfg.api,
         transport: cfg.transport,
+        connection: cfg.connection,
         device: "tcp".into(),
         provider: format!("kernel TCP to {addr}"),
         qps: 1,
@@ -159,7 +161,7 @@ pub fn server(cfg: &Config) -> Result<()> {
     let (mut s, _) = l.accept().ctx("accepting the client")?;
     s.set_nodelay(true).ctx("setting TCP_NODELAY")?;
     let hello = recv_frame(&mut s)?;
-    ctl::check_hello(hello, cfg.test, Api::Verbs).ctx("the client's hello")?;
+    ctl::check_hello(hello, cfg.test, Api::Verbs, cfg.connection).ctx("the client's hello")?;
     send_frame(&mut s, Frame::Go)?;
     let mut buf = Vec::new();
     loop {

@@ -8,7 +8,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use verbio::ops::verbs::{RemoteBuf, Verbs};
 use verbio::runtime::buf::{LocalBuf, MrPool};
-use verbio::runtime::{Device, QueuePair, RecvRing, RecvRingConfig};
+use verbio::runtime::{Device, QueuePair, RecvRing, RecvRingConfig, UdPeer};
 
 use crate::args::{Config, Test};
 use crate::clock::CycleClock;
@@ -198,10 +198,14 @@ impl State {
             .collect()
     }
 
-    /// An empty SEND: the end of a send test's messages on `qp`.
-    async fn stop_marker(&self, qp: &QueuePair) -> Result<()> {
+    /// An empty SEND: the end of a send test's messages on `qp` (to
+    /// `peer` on UD).
+    async fn stop_marker(&self, qp: &QueuePair, peer: Option<&UdPeer>) -> Result<()> {
         let empty = self.pool.alloc(0).ctx("allocating the stop marker")?;
-        qp.send(empty).await.0.ctx("sending the stop marker")?;
+        send_buf(qp, peer, empty)
+            .await
+            .0
+            .ctx("sending the stop marker")?;
         Ok(())
     }
 
@@ -210,6 +214,7 @@ impl State {
     /// completion; each echo's buffer is reposted once the next ping is out.
     async fn send_lat(&mut self, conn: &Conn, size: usize, budget: &Budget) -> Result<Measured> {
         let qp = &conn.qps[0];
+        let peer = conn.peer.as_ref();
         let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
         let mut msg_buf = self.alloc(size)?;
         let inline = size <= qp.caps().max_inline_data as usize;
@@ -222,7 +227,7 @@ impl State {
         while lat.next() {
             let i = lat.i;
             if inline {
-                qp.send_inline(&payload).await.ctx(format!("send {i}"))?;
+                send_inline(qp, peer, &payload, i).await?;
                 drop(last_echo.take());
                 let back = ring
                     .next()
@@ -232,7 +237,7 @@ impl State {
                 check_len(i, back.len(), size)?;
                 last_echo = Some(back);
             } else {
-                let (sent, back) = futures::join!(qp.send(msg_buf), ring.next());
+                let (sent, back) = futures::join!(send_buf(qp, peer, msg_buf), ring.next());
                 let (r, b) = sent;
                 r.ctx(format!("send {i}"))?;
                 msg_buf = b;
@@ -244,7 +249,7 @@ impl State {
         }
         drop(last_echo);
         let m = lat.finish();
-        self.stop_marker(qp).await?;
+        self.stop_marker(qp, peer).await?;
         Ok(m)
     }
 
@@ -338,6 +343,7 @@ impl State {
     /// copied out.
     async fn echo_sends(&mut self, conn: &Conn, size: usize) -> Result<()> {
         let qp = &conn.qps[0];
+        let peer = conn.peer.as_ref();
         let inline = size <= qp.caps().max_inline_data as usize;
         let mut spare = self.pool.alloc(size).ctx("allocating the echo buffer")?;
         let ring = self
@@ -354,16 +360,47 @@ impl State {
                 return Ok(());
             }
             if inline {
-                qp.send_inline(&got).await.ctx("echoing")?;
+                send_inline(qp, peer, &got, 0).await.ctx("echoing")?;
             } else {
                 spare.clear();
                 spare.extend_from_slice(&got).ctx("copying the echo")?;
                 drop(got);
-                let (r, b) = qp.send(spare).await;
+                let (r, b) = send_buf(qp, peer, spare).await;
                 r.ctx("echoing")?;
                 spare = b;
             }
         }
+    }
+}
+
+/// Sends `data` (iteration `i`) INLINE: to the connected peer on RC, to
+/// `peer` on UD.
+#[inline]
+async fn send_inline(qp: &QueuePair, peer: Option<&UdPeer>, data: &[u8], i: u64) -> Result<()> {
+    let res = match peer {
+        None => qp.send_inline(data).await,
+        Some(p) => qp
+            .post_send_inline_to(p, data, None)
+            .await
+            .map_err(|source| verbio::ops::Error::Submit {
+                op: "send_inline_to",
+                source,
+            }),
+    };
+    // The context is formatted only on an error (not per iteration).
+    res.or_else(|e| Err(e).ctx(format!("send {i}")))
+}
+
+/// Sends `buf`: to the connected peer on RC, to `peer` on UD.
+#[inline]
+async fn send_buf(
+    qp: &QueuePair,
+    peer: Option<&UdPeer>,
+    buf: LocalBuf,
+) -> (std::result::Result<usize, verbio::ops::Error>, LocalBuf) {
+    match peer {
+        None => qp.send(buf).await,
+        Some(p) => qp.send_to(p, buf).await,
     }
 }
 

@@ -121,6 +121,12 @@ fn several_qps_a_duration_and_tcp() {
     );
     check(&v, "send_lat", &[2]);
     assert_eq!(v["transport"], "tcp");
+    let v = run(
+        &["send_lat", "-c", "UD"],
+        &["send_lat", "-c", "UD", "-n", "50", "-s", "1000"],
+    );
+    check(&v, "send_lat", &[1000]);
+    assert_eq!(v["connection"], "ud");
 }
 
 #[test]

@@ -189,10 +189,9 @@ impl Device {
         let qp = pd.create_ud_qp(&self.inner.cq, &self.inner.cq, caps)?;
         qp.modify_ud_to_rts(attr)?;
         let sgid_index = self.inner.ctx.default_gid_index(attr.port)?;
-        let qp = self.track(
-            qp,
-            Some(UdState::new(Some(pd.clone()), attr.qkey, sgid_index)),
-        );
+        let mtu = self.inner.ctx.query_port(attr.port)?.active_mtu.bytes();
+        let ud = UdState::new(Some(pd.clone()), attr.qkey, sgid_index, mtu);
+        let qp = self.track(qp, Some(ud));
         qp.prepare_ud_retire()?;
         Ok(qp)
     }

@@ -67,7 +67,7 @@ impl FakeQp {
             credits.clone(),
             credits,
             Some(Rc::new(registration)),
-            (qp_type == QpType::Ud).then(|| UdState::new(None, DEFAULT_QKEY, 0)),
+            (qp_type == QpType::Ud).then(|| UdState::new(None, DEFAULT_QKEY, 0, 4096)),
         );
         (qp, fake)
     }

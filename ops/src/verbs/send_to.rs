@@ -56,6 +56,9 @@ pub fn send_to<B: RegisteredBuf>(
         Err(e) => return refuse(e, buf),
     };
     let len = sge.length as usize;
+    if let Err(source) = qp.check_datagram_len(len) {
+        return refuse(Error::Submit { op: OP, source }, buf);
+    }
     let op = SendOp::SendTo {
         dest: peer.dest(),
         imm,

@@ -236,6 +236,17 @@ impl Context {
         }
     }
 
+    /// The software device behind this context, if it is one: its UD
+    /// counters ([`soft::Context::ud_counters`]) and fault injection
+    /// ([`soft::Context::set_ud_faults`]) for tests.
+    pub fn as_soft(&self) -> Option<&soft::Context> {
+        match &self.imp {
+            ContextImp::Soft(c) => Some(c),
+            #[cfg(feature = "ibverbs")]
+            ContextImp::Ibverbs(_) => None,
+        }
+    }
+
     /// The soft device's data-plane address (`None` for hardware).
     pub fn soft_addr(&self) -> Option<std::net::SocketAddr> {
         match &self.imp {

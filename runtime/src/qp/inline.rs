@@ -227,7 +227,7 @@ impl QueuePair {
                 ),
             });
         }
-        Ok(())
+        self.check_datagram_len(len)
     }
 
     /// Why the QP takes no inline send now (closed, failed, or too many
@@ -394,6 +394,11 @@ impl SendInline<'_> {
             || core.fault.get().is_some()
             || self.data.len() > qp.inner.caps.max_inline_data as usize
             || qp.inner.ud.is_some() != self.dest.is_some()
+            || qp
+                .inner
+                .ud
+                .as_ref()
+                .is_some_and(|u| self.data.len() > u.mtu as usize)
             || core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS
             || !core.credits.sq.try_acquire(1)
         {

@@ -71,6 +71,13 @@ impl QueuePair {
                 core.credits.send_cq.capacity()
             )));
         }
+        if let Some((i, e)) = datagrams
+            .iter()
+            .enumerate()
+            .find_map(|(i, d)| self.check_datagram_len(d.data.len()).err().map(|e| (i, e)))
+        {
+            return Err(invalid(format!("datagram {i}: {e}")));
+        }
         let max = self.inner.caps.max_inline_data as usize;
         if let Some((i, d)) = datagrams
             .iter()

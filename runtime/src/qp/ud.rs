@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use super::QueuePair;
+use crate::op::SubmitError;
 use crate::provider::{AddressHandle, AhAttr, Endpoint, Pd, ProviderError, QpType, SendOp, UdDest};
 
 /// What a peer needs to send datagrams to a UD queue pair; exchanged out of
@@ -58,17 +59,20 @@ pub(crate) struct UdState {
     qkey: u32,
     /// The local GID index address handles send from.
     sgid_index: u8,
+    /// The port's active MTU: the largest datagram payload.
+    pub(super) mtu: u32,
     /// Address handles by destination, kept while the QP lives (so that a
     /// WR in flight never names a destroyed one).
     ahs: RefCell<HashMap<AhAttr, AddressHandle>>,
 }
 
 impl UdState {
-    pub(crate) fn new(pd: Option<Pd>, qkey: u32, sgid_index: u8) -> UdState {
+    pub(crate) fn new(pd: Option<Pd>, qkey: u32, sgid_index: u8, mtu: u32) -> UdState {
         UdState {
             pd,
             qkey,
             sgid_index,
+            mtu,
             ahs: RefCell::new(HashMap::new()),
         }
     }
@@ -107,6 +111,29 @@ impl QueuePair {
                 call: "ud_peer",
                 what: format!("QP {} is not a UD queue pair", self.qp_num()),
             })
+    }
+
+    /// UD: the largest datagram payload, the port's active MTU (`None` on
+    /// RC). Devices differ on a larger one (rxe completes it successfully
+    /// without sending it), so the runtime refuses it before posting:
+    /// [`send_to`](crate::qp) forms and inline sends to a peer fail with
+    /// [`SubmitError::Invalid`](crate::SubmitError::Invalid).
+    pub fn ud_mtu(&self) -> Option<u32> {
+        self.inner.ud.as_ref().map(|u| u.mtu)
+    }
+
+    /// Refuses a datagram payload larger than the MTU (nothing on RC).
+    pub fn check_datagram_len(&self, len: usize) -> Result<(), SubmitError> {
+        match &self.inner.ud {
+            Some(ud) if len > ud.mtu as usize => Err(SubmitError::Invalid {
+                what: format!(
+                    "a datagram of {len} bytes on UD QP {}: the MTU is {}",
+                    self.qp_num(),
+                    ud.mtu
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// This UD QP's address, for peers (its GID from `gid_index`).

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::ah::AhTable;
 use super::channel::Channel;
 use super::channel::CompChannel;
 use super::cq::{Cq, CqShared};
@@ -20,9 +21,11 @@ use super::events::EventQueue;
 use super::lock;
 use super::mr::{Mr, MrEntry, MrInner, MrTable};
 use super::qp::{check_caps, state_to_u8, Qp, QpHandle, QpInner, QpShared};
+use super::ud::{UdCounters, UdFaults, UdShared};
+use super::wire::Wire;
 use crate::provider::{
     AccessFlags, AsyncEvent, DeviceAttr, Gid, LinkLayer, Mtu, PortAttr, PortState, ProviderError,
-    QpCaps, QpState, Result, SoftConfig,
+    QpCaps, QpState, QpType, Result, SoftConfig,
 };
 
 /// Deepest work queue.
@@ -80,6 +83,13 @@ pub(crate) struct Shared {
     pub app_muted: Mutex<Vec<usize>>,
     pub stop: AtomicBool,
     pub async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Live address handles (see `ah.rs`).
+    pub ahs: Mutex<AhTable>,
+    /// The connection to each remote engine, by its address (kept by the
+    /// engine), for posting threads that transmit datagrams themselves.
+    pub wires: Mutex<HashMap<SocketAddr, Arc<Wire>>>,
+    /// UD counters and fault injection.
+    pub ud: UdShared,
     next_qpn: AtomicU32,
     next_cq: AtomicU32,
     next_pd: AtomicU32,
@@ -195,7 +205,9 @@ impl Drop for CtxInner {
 #[derive(Clone)]
 pub struct Context(Arc<CtxInner>);
 
-fn gid_of(ip: IpAddr) -> Gid {
+/// The GID of the engine listening on `ip`: IPv4 mapped into IPv6, or the
+/// IPv6 address.
+pub(crate) fn gid_of(ip: IpAddr) -> Gid {
     match ip {
         IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
         IpAddr::V6(v6) => Gid(v6.octets()),
@@ -264,6 +276,9 @@ impl Context {
             app_muted: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),
+            ahs: Mutex::new(AhTable::default()),
+            wires: Mutex::new(HashMap::new()),
+            ud: UdShared::default(),
             next_qpn: AtomicU32::new(0x100 + (seed & 0xffff)),
             next_cq: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
@@ -399,6 +414,25 @@ impl Context {
     pub fn local_addr(&self) -> SocketAddr {
         self.shared().addr
     }
+
+    /// The device's UD counters: datagrams sent, delivered, dropped (by
+    /// reason), duplicated and lost.
+    pub fn ud_counters(&self) -> UdCounters {
+        self.shared().ud.counters()
+    }
+
+    /// Fault injection for tests: from now on, the datagrams this device
+    /// transmits are dropped or duplicated as `faults` says (`None` ends
+    /// it). Refused if the fractions are not in 0..=1 or sum above 1.
+    pub fn set_ud_faults(&self, faults: Option<UdFaults>) -> Result<()> {
+        self.shared()
+            .ud
+            .set_faults(faults)
+            .map_err(|what| ProviderError::InvalidArgument {
+                call: "set_ud_faults",
+                what,
+            })
+    }
 }
 
 pub(crate) struct PdInner {
@@ -450,20 +484,21 @@ impl Pd {
     }
 
     /// Creates a UD QP in RESET.
-    pub fn create_ud_qp(&self, _send_cq: &Cq, _recv_cq: &Cq, _caps: QpCaps) -> Result<Qp> {
-        Err(ProviderError::Unsupported {
-            provider: "soft",
-            what: "UD queue pairs",
-        })
+    pub fn create_ud_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        self.new_qp(send_cq, recv_cq, caps, QpType::Ud)
     }
 
     /// Creates an address handle.
     pub fn create_ah(&self, attr: &crate::provider::AhAttr) -> Result<super::Ah> {
-        super::Ah::create(attr)
+        super::Ah::create(&self.0.ctx, self.0.id, attr)
     }
 
     /// Creates an RC QP in RESET.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        self.new_qp(send_cq, recv_cq, caps, QpType::Rc)
+    }
+
+    fn new_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps, qp_type: QpType) -> Result<Qp> {
         let caps = check_caps(&caps)?;
         if !send_cq._ctx.same(&self.0.ctx) || !recv_cq._ctx.same(&self.0.ctx) {
             return Err(ProviderError::InvalidArgument {
@@ -483,6 +518,8 @@ impl Pd {
             qpn,
             pd: self.0.id,
             psn,
+            qp_type,
+            ud_psn: AtomicU32::new(0),
             caps,
             send_cq: send_cq.shared.clone(),
             recv_cq: recv_cq.shared.clone(),
@@ -497,6 +534,7 @@ impl Pd {
                 sq_outstanding: 0,
                 rq_outstanding: 0,
                 direct: None,
+                ud_direct: false,
                 sent: VecDeque::new(),
             }),
             dirty: AtomicBool::new(false),

@@ -155,8 +155,22 @@ impl EQp {
     /// the engine sends, resends or flushes this QP's WRs).
     pub fn stop_direct(&mut self, inner: &mut QpInner) {
         self.absorb(inner);
-        if inner.direct.take().is_some() {
+        if inner.direct.take().is_some() || inner.ud_direct {
+            inner.ud_direct = false;
             self.sh.direct_hint.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// UD: lets posting threads transmit datagrams themselves if the engine
+    /// holds none of this QP's WRs.
+    pub fn allow_ud_direct(&mut self, inner: &mut QpInner) {
+        let idle = self.wqes.is_empty()
+            && inner.state == QpState::Rts
+            && inner.sq.is_empty()
+            && self.gen == inner.gen;
+        if idle && !inner.ud_direct {
+            inner.ud_direct = true;
+            self.sh.direct_hint.store(true, Ordering::Relaxed);
         }
     }
 

@@ -146,6 +146,17 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
     nak.arg0 = 14;
     let mut atomic_resp = Header::new(Opcode::AtomicResp);
     atomic_resp.arg0 = u64::MAX;
+    let mut datagram = Header::new(Opcode::Datagram);
+    datagram.flags = FLAG_FIRST | FLAG_LAST;
+    datagram.dst_qpn = 0x00_0101;
+    datagram.src_qpn = 0x00_0202;
+    datagram.psn = 0x00_0007;
+    datagram.rkey = 0x1111_1111;
+    datagram.arg0 = 64;
+    let mut datagram_imm = datagram;
+    datagram_imm.opcode = Opcode::DatagramImm;
+    datagram_imm.imm = 0xdead_beef;
+    datagram_imm.flags |= FLAG_SOLICITED;
     let hello4 = packet::encode_hello("127.0.0.1:4791".parse().expect("literal"));
     let hello6 = packet::encode_hello("[fe80::7]:4791".parse().expect("literal"));
     debug_assert_eq!(hello4.len(), HELLO_LEN);
@@ -173,5 +184,8 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
         packet("ack", ack, &[]),
         packet("nak-rnr", nak, &[]),
         packet("atomic-resp", atomic_resp, &[]),
+        packet("datagram", datagram, &payload[..32]),
+        packet("datagram-imm", datagram_imm, &payload),
+        packet("datagram-empty", datagram, &[]),
     ]
 }

@@ -107,6 +107,7 @@ mod packet;
 mod qp;
 mod requester;
 mod responder;
+mod ud;
 mod wire;
 
 pub use ah::Ah;
@@ -115,6 +116,7 @@ pub use context::{Context, Pd};
 pub use cq::Cq;
 pub use mr::Mr;
 pub use qp::Qp;
+pub use ud::{UdCounters, UdFaults};
 
 #[cfg(feature = "fuzzing")]
 pub use fuzz_check::{
@@ -147,6 +149,10 @@ impl Hasher for IdHasher {
 
     fn write_u32(&mut self, n: u32) {
         self.0 = (self.0 ^ u64::from(n)).wrapping_mul(ID_MUL);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(ID_MUL);
     }
 
     fn finish(&self) -> u64 {

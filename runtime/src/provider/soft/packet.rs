@@ -8,7 +8,7 @@
 //! | off | size | field |
 //! |----:|-----:|-------|
 //! | 0 | 2 | magic `0x5642` ("VB") |
-//! | 2 | 1 | version (1) |
+//! | 2 | 1 | version (2) |
 //! | 3 | 1 | opcode |
 //! | 4 | 4 | payload_len (≤ 1 MiB) |
 //! | 8 | 4 | dst_qpn (24 bits) |
@@ -28,19 +28,29 @@
 //! `arg0`/`arg1` = compare/swap; FETCH_ADD `arg0` = add; READ_RESP `arg0` =
 //! total length, `arg1` = offset; ATOMIC_RESP `arg0` = original value; NAK
 //! `syndrome` plus `arg0` = encoded RNR timer; HELLO a 19-byte socket address.
+//! DATAGRAM / DATAGRAM_IMM (UD, one packet per message, at most
+//! [`UD_MTU`] payload bytes, FIRST and LAST set): `rkey` = the Q_Key,
+//! `arg0` = the hop limit of the sender's address handle (≤ 255), `imm`
+//! (DATAGRAM_IMM only, else 0), `psn` = the sending QP's send PSN, `addr`
+//! and `arg1` 0.
+//!
+//! Version 2 added the datagram opcodes (an engine speaking version 1
+//! refuses the connection at its first packet, the HELLO).
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// First two bytes of every packet.
 pub const MAGIC: u16 = 0x5642;
 /// Wire-format version this code speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 56;
 /// Largest payload of one packet (messages are segmented).
 pub const MAX_PAYLOAD: u32 = 1024 * 1024;
 /// Largest message (verbs `max_msg_sz`).
 pub const MAX_MSG: u64 = 1 << 31;
+/// Largest datagram payload: the port's active MTU.
+pub const UD_MTU: u32 = 4096;
 /// Length of a HELLO payload.
 pub const HELLO_LEN: usize = 19;
 
@@ -89,6 +99,10 @@ pub enum Opcode {
     ReadResp = 0x22,
     /// Atomic response (original value).
     AtomicResp = 0x23,
+    /// UD datagram (SEND only).
+    Datagram = 0x30,
+    /// UD datagram with immediate data.
+    DatagramImm = 0x31,
 }
 
 impl Opcode {
@@ -108,6 +122,8 @@ impl Opcode {
             0x21 => Nak,
             0x22 => ReadResp,
             0x23 => AtomicResp,
+            0x30 => Datagram,
+            0x31 => DatagramImm,
             _ => return None,
         })
     }
@@ -124,6 +140,11 @@ impl Opcode {
                 | Opcode::CmpSwap
                 | Opcode::FetchAdd
         )
+    }
+
+    /// True for UD datagrams.
+    pub fn is_datagram(self) -> bool {
+        matches!(self, Opcode::Datagram | Opcode::DatagramImm)
     }
 
     fn carries_segment(self) -> bool {
@@ -350,6 +371,25 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, PacketError> {
         if len == 0 && h.arg0 != 0 {
             return bad("payload_len", 0);
         }
+    } else if opcode.is_datagram() {
+        if h.payload_len > UD_MTU {
+            return bad("payload_len", len);
+        }
+        if h.flags & (FLAG_FIRST | FLAG_LAST) != FLAG_FIRST | FLAG_LAST {
+            return bad("flags", u64::from(h.flags));
+        }
+        if h.arg0 > 0xff {
+            return bad("hop limit", h.arg0);
+        }
+        if h.arg1 != 0 {
+            return bad("arg1", h.arg1);
+        }
+        if h.addr != 0 {
+            return bad("addr", h.addr);
+        }
+        if opcode == Opcode::Datagram && h.imm != 0 {
+            return bad("imm", u64::from(h.imm));
+        }
     } else if opcode == Opcode::Hello {
         if h.payload_len as usize != HELLO_LEN {
             return bad("payload_len", len);
@@ -509,6 +549,13 @@ mod tests {
         n.syndrome = NAK_RNR;
         n.arg0 = 12;
         out.push(packet(n, &[]));
+        let mut d = Header::new(Opcode::DatagramImm);
+        d.payload_len = 3;
+        d.flags = FLAG_FIRST | FLAG_LAST;
+        d.rkey = 0x1111_1111;
+        d.imm = 7;
+        d.arg0 = 64;
+        out.push(packet(d, b"abc"));
         let mut hello = Header::new(Opcode::Hello);
         hello.payload_len = HELLO_LEN as u32;
         out.push(packet(
@@ -537,8 +584,8 @@ mod tests {
         bad[0] = 0;
         assert!(matches!(decode(&bad), Err(PacketError::BadMagic(_))));
         let mut bad = s.clone();
-        bad[2] = 2;
-        assert_eq!(decode(&bad), Err(PacketError::BadVersion(2)));
+        bad[2] = 1;
+        assert_eq!(decode(&bad), Err(PacketError::BadVersion(1)));
         let mut bad = s.clone();
         bad[3] = 0x77;
         assert_eq!(decode(&bad), Err(PacketError::BadOpcode(0x77)));
@@ -558,6 +605,43 @@ mod tests {
         let mut a = Header::new(Opcode::FetchAdd);
         a.addr = 3;
         assert!(decode(&packet(a, &[])).is_err());
+    }
+
+    #[test]
+    fn datagrams_are_single_packets_of_at_most_one_mtu() {
+        let mut d = Header::new(Opcode::Datagram);
+        d.flags = FLAG_FIRST | FLAG_LAST;
+        d.rkey = 5;
+        d.payload_len = UD_MTU;
+        let full = vec![1u8; UD_MTU as usize];
+        assert!(decode(&packet(d, &full)).is_ok());
+        let field = |h: Header, payload: &[u8]| match decode(&packet(h, payload)) {
+            Err(PacketError::BadField { field, .. }) => field,
+            other => panic!("expected a bad field, got {other:?}"),
+        };
+        let mut big = d;
+        big.payload_len = UD_MTU + 1;
+        assert_eq!(field(big, &vec![1u8; UD_MTU as usize + 1]), "payload_len");
+        let mut first_only = d;
+        first_only.flags = FLAG_FIRST;
+        assert_eq!(field(first_only, &full), "flags");
+        let mut imm = d;
+        imm.imm = 1;
+        assert_eq!(field(imm, &full), "imm");
+        let mut hop = d;
+        hop.arg0 = 256;
+        assert_eq!(field(hop, &full), "hop limit");
+        let mut off = d;
+        off.arg1 = 1;
+        assert_eq!(field(off, &full), "arg1");
+        let mut addr = d;
+        addr.addr = 8;
+        assert_eq!(field(addr, &full), "addr");
+        let mut with_imm = d;
+        with_imm.opcode = Opcode::DatagramImm;
+        with_imm.imm = 1;
+        with_imm.flags |= FLAG_SOLICITED;
+        assert!(decode(&packet(with_imm, &full)).is_ok());
     }
 
     #[test]

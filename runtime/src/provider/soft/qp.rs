@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
@@ -13,10 +13,11 @@ use super::context::{Context, Pd, MAX_INLINE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE};
 use super::cq::{Cq, CqShared};
 use super::direct::{self, Direct, DirectSent};
 use super::lock;
-use super::packet::MAX_MSG;
+use super::packet::{MAX_MSG, UD_MTU};
+use super::ud;
 use crate::provider::{
     AccessFlags, Endpoint, InitAttr, Mtu, PostError, ProviderError, ProviderKind, QpCaps, QpState,
-    RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, SgList,
+    QpType, RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, SgList, UdAttr,
 };
 
 /// Inline payload copied at post time.
@@ -53,6 +54,8 @@ pub(crate) struct QpConfig {
     pub rnr_retry: u8,
     /// READs and atomics this QP may have outstanding as requester.
     pub max_rd_atomic: u8,
+    /// UD: the Q_Key datagrams to this QP must carry.
+    pub qkey: u32,
 }
 
 pub(crate) struct QpInner {
@@ -73,6 +76,9 @@ pub(crate) struct QpInner {
     /// Set by the engine while it has nothing left to send for this QP:
     /// posts may transmit themselves (see `direct.rs`).
     pub direct: Option<Direct>,
+    /// UD: set by the engine while it holds no WR of this QP: posts may
+    /// transmit datagrams themselves (see `ud/tx.rs`).
+    pub ud_direct: bool,
     /// WRs transmitted by posting threads, not yet taken over by the engine.
     pub sent: VecDeque<DirectSent>,
 }
@@ -82,6 +88,9 @@ pub(crate) struct QpShared {
     pub qpn: u32,
     pub pd: u32,
     pub psn: u32,
+    pub qp_type: QpType,
+    /// UD: PSN of the next datagram.
+    pub ud_psn: AtomicU32,
     pub caps: QpCaps,
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
@@ -92,7 +101,8 @@ pub(crate) struct QpShared {
     pub dirty: AtomicBool,
     /// The last handle was dropped.
     pub destroyed: AtomicBool,
-    /// Mirror of `inner.direct.is_some()` (a hint read without the lock).
+    /// Mirror of `inner.direct.is_some() || inner.ud_direct` (a hint read
+    /// without the lock).
     pub direct_hint: AtomicBool,
 }
 
@@ -129,6 +139,10 @@ impl QpShared {
     pub fn state(&self) -> QpState {
         state_from_u8(self.state.load(Ordering::Acquire))
     }
+    /// UD: takes the PSN of the next datagram.
+    pub fn next_ud_psn(&self) -> u32 {
+        self.ud_psn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
+    }
 }
 
 pub(crate) struct QpHandle {
@@ -148,7 +162,7 @@ impl Drop for QpHandle {
     }
 }
 
-/// An RC queue pair of the soft device.
+/// A queue pair of the soft device (RC or UD).
 #[derive(Clone)]
 pub struct Qp(pub(crate) Arc<QpHandle>);
 
@@ -221,8 +235,23 @@ impl Qp {
         Ok(())
     }
 
+    /// Refuses an RC-only call on a UD QP.
+    fn rc_only(&self, call: &'static str) -> Result<()> {
+        if self.sh().qp_type == QpType::Ud {
+            return Err(invalid(
+                call,
+                format!(
+                    "QP {} is UD: RC transitions do not apply (use modify_ud_to_rts)",
+                    self.sh().qpn
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// RESET → INIT.
     pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        self.rc_only("modify_to_init")?;
         if attr.port != 1 {
             return Err(invalid("modify_to_init", format!("port {}", attr.port)));
         }
@@ -235,6 +264,7 @@ impl Qp {
 
     /// INIT → RTR: records the peer; the engine connects to it lazily.
     pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        self.rc_only("modify_to_rtr")?;
         let remote = attr.remote;
         let addr = match (remote.provider, remote.soft_addr) {
             (ProviderKind::Soft, Some(a)) => a,
@@ -264,6 +294,7 @@ impl Qp {
 
     /// RTR → RTS.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        self.rc_only("modify_to_rts")?;
         let a = *attr;
         if a.retry_cnt > 7
             || a.rnr_retry > 7
@@ -293,15 +324,43 @@ impl Qp {
     }
 
     /// RC or UD.
-    pub fn qp_type(&self) -> crate::provider::QpType {
-        crate::provider::QpType::Rc
+    pub fn qp_type(&self) -> QpType {
+        self.sh().qp_type
     }
 
-    /// UD only: RESET → INIT → RTR → RTS.
-    pub fn modify_ud_to_rts(&self, _attr: &crate::provider::UdAttr) -> Result<()> {
-        Err(crate::provider::ProviderError::Unsupported {
-            provider: "soft",
-            what: "UD queue pairs",
+    /// UD only: RESET → INIT → RTR → RTS (from RESET only), with the Q_Key
+    /// datagrams to this QP must carry and the first send PSN.
+    pub fn modify_ud_to_rts(&self, attr: &UdAttr) -> Result<()> {
+        let call = "modify_ud_to_rts";
+        if self.sh().qp_type != QpType::Ud {
+            return Err(invalid(
+                call,
+                format!("QP {} is RC (use the RC transitions)", self.sh().qpn),
+            ));
+        }
+        if attr.port != 1 {
+            return Err(invalid(call, format!("port {}", attr.port)));
+        }
+        if attr.pkey_index != 0 {
+            return Err(invalid(
+                call,
+                format!(
+                    "P_Key index {} (the soft device has 1 P_Key)",
+                    attr.pkey_index
+                ),
+            ));
+        }
+        if attr.sq_psn > 0x00ff_ffff {
+            return Err(invalid(
+                call,
+                format!("sq_psn {:#x} wider than 24 bits", attr.sq_psn),
+            ));
+        }
+        let (qkey, psn) = (attr.qkey, attr.sq_psn);
+        self.transition(call, &[QpState::Reset], QpState::Rts, |i| {
+            i.cfg.qkey = qkey;
+            self.sh().ud_psn.store(psn, Ordering::Relaxed);
+            Ok(())
         })
     }
 
@@ -319,6 +378,7 @@ impl Qp {
                 i.rq_outstanding = 0;
                 i.sent.clear();
                 i.direct = None;
+                i.ud_direct = false;
                 i.epoch = i.epoch.wrapping_add(1);
                 i.cfg = QpConfig::default();
                 Ok(())
@@ -347,10 +407,12 @@ impl Qp {
         if len > MAX_MSG {
             return Err(invalid("post_send", format!("message of {len} bytes")));
         }
+        check_op(self.sh(), &wr.op, len)?;
         let inline_ok = matches!(
             wr.op,
             SendOp::Send
                 | SendOp::SendWithImm { .. }
+                | SendOp::SendTo { .. }
                 | SendOp::Write { .. }
                 | SendOp::WriteWithImm { .. }
         );
@@ -424,9 +486,17 @@ impl Qp {
     /// the call.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         if let [wr] = wrs {
-            if self.sh().direct_hint.load(Ordering::Relaxed) && direct::eligible(wr) {
-                // SAFETY: forwarded contract of this function.
-                if let Some(r) = unsafe { direct::post(self, wr) } {
+            if self.sh().direct_hint.load(Ordering::Relaxed) {
+                let r = if self.sh().qp_type == QpType::Ud {
+                    // SAFETY: forwarded contract of this function.
+                    unsafe { ud::post_direct(self, wr) }
+                } else if direct::eligible(wr) {
+                    // SAFETY: forwarded contract of this function.
+                    unsafe { direct::post(self, wr) }
+                } else {
+                    None
+                };
+                if let Some(r) = r {
                     return r;
                 }
             }
@@ -464,7 +534,8 @@ impl Qp {
                 Ok(wqe) => {
                     // The engine sends it: posts queue behind it from now
                     // on, until the engine allows direct transmission again.
-                    if inner.direct.take().is_some() {
+                    if inner.direct.take().is_some() || inner.ud_direct {
+                        inner.ud_direct = false;
                         sh.direct_hint.store(false, Ordering::Relaxed);
                     }
                     inner.sq.push_back(wqe);
@@ -546,6 +617,44 @@ impl Qp {
             self.0.ctx.shared().notify(&self.0.shared);
         }
         result
+    }
+}
+
+/// Checks that `op` suits the QP's type: UD QPs send `SendTo` datagrams of
+/// at most one MTU only, RC QPs everything else.
+fn check_op(sh: &QpShared, op: &SendOp, len: u64) -> Result<()> {
+    match (sh.qp_type, op) {
+        (QpType::Ud, SendOp::SendTo { dest, .. }) => {
+            if len > u64::from(UD_MTU) {
+                return Err(invalid(
+                    "post_send",
+                    format!(
+                        "datagram of {len} bytes on UD QP {}: larger than the port's active MTU \
+                         ({UD_MTU})",
+                        sh.qpn
+                    ),
+                ));
+            }
+            if dest.remote_qpn > 0x00ff_ffff {
+                return Err(invalid(
+                    "post_send",
+                    format!("remote QPN {:#x} wider than 24 bits", dest.remote_qpn),
+                ));
+            }
+            Ok(())
+        }
+        (QpType::Ud, op) => Err(invalid(
+            "post_send",
+            format!(
+                "{op:?} on UD QP {}: UD QPs send datagrams (SendOp::SendTo) only",
+                sh.qpn
+            ),
+        )),
+        (_, SendOp::SendTo { .. }) => Err(invalid(
+            "post_send",
+            format!("SendOp::SendTo on RC QP {}: datagrams need a UD QP", sh.qpn),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -13,12 +13,21 @@ use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, MAX_PAYLOAD, NAK_REM_ACCESS,
     NAK_REM_INV_REQ, NAK_REM_OP, NAK_RNR,
 };
-use crate::provider::{rnr_timer_duration, AccessFlags, QpState, SendFlags, SendOp, WcStatus};
+use super::ud;
+use crate::provider::{
+    rnr_timer_duration, AccessFlags, QpState, QpType, SendFlags, SendOp, WcStatus,
+};
+use smallvec::SmallVec;
 use std::sync::{Arc, Mutex};
 
-enum Gen {
+/// What generating a QP's next packet did.
+pub(crate) enum Gen {
+    /// A packet was added.
     Sent,
+    /// Nothing to send now.
     Idle,
+    /// UD: the next datagram goes to another engine's connection.
+    Moved,
 }
 
 /// Payload bytes copied into one packet (inline, multi-SGE, READ responses).
@@ -306,6 +315,7 @@ impl Engine {
         };
         let mrs = sh.mrs();
         let mut failed = None;
+        let mut moved: SmallVec<[u32; 4]> = SmallVec::new();
         while conn.tx_room() {
             if let Some(r) = conn.resp.front_mut() {
                 match gen_resp(r, &mut conn.tx, &mrs) {
@@ -337,7 +347,13 @@ impl Engine {
                 conn.senders.pop_front();
                 continue;
             };
-            match gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mrs, now) {
+            let ud = eq.sh.qp_type == QpType::Ud;
+            let gen = if ud {
+                ud::gen_datagram(eq, sh, conn.peer, &mut conn.tx, &mrs)
+            } else {
+                gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mrs, now)
+            };
+            match gen {
                 Gen::Sent => {
                     if conn.senders.len() > 1 {
                         conn.senders.rotate_left(1);
@@ -346,14 +362,26 @@ impl Engine {
                 Gen::Idle => {
                     conn.senders.pop_front();
                     eq.scheduled = false;
-                    if let Some(wire) = &conn.stream {
-                        let qp = eq.sh.clone();
+                    let qp = eq.sh.clone();
+                    if ud {
+                        eq.allow_ud_direct(&mut lock(&qp.inner));
+                    } else if let Some(wire) = &conn.stream {
                         eq.allow_direct(&mut lock(&qp.inner), wire);
                     }
+                }
+                Gen::Moved => {
+                    conn.senders.pop_front();
+                    eq.scheduled = false;
+                    moved.push(qpn);
                 }
             }
         }
         drop(mrs);
+        for qpn in moved {
+            self.ensure_conn(qpn);
+            self.schedule(qpn);
+        }
+        let Engine { qps, .. } = self;
         if let Some(qpn) = failed {
             if let Some(eq) = qps.get_mut(&qpn) {
                 eq.fail(None);
@@ -376,7 +404,10 @@ impl Engine {
         let Some(eq) = qps.get_mut(&qpn) else {
             return;
         };
-        if eq.sh.state() != QpState::Rts || hdr.src_qpn != eq.cfg.remote_qpn {
+        if eq.sh.qp_type != QpType::Rc
+            || eq.sh.state() != QpState::Rts
+            || hdr.src_qpn != eq.cfg.remote_qpn
+        {
             return;
         }
         note_feed(cq_feeds, conns, eq, cid);

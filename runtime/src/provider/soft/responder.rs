@@ -15,7 +15,7 @@ use super::lock;
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_OP, NAK_RNR,
 };
-use crate::provider::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
+use crate::provider::{AccessFlags, Completion, QpState, QpType, WcOpcode, WcStatus};
 
 /// Loads (or refreshes) the engine view of the QP a packet names.
 pub(crate) fn load_qp<'a>(
@@ -75,6 +75,9 @@ impl Engine {
         let Some((eq, st)) = load_qp(qps, sh, hdr.dst_qpn) else {
             return;
         };
+        if eq.sh.qp_type != QpType::Rc {
+            return;
+        }
         note_feed(cq_feeds, conns, eq, cid);
         if !matches!(st, QpState::Rtr | QpState::Rts) || !eq.configured {
             return;

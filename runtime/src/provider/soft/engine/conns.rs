@@ -12,30 +12,60 @@ use super::super::conn::Conn;
 use super::super::lock;
 use super::super::wire::Wire;
 use super::{Engine, CONN_BASE};
-use crate::provider::{QpState, WcStatus};
+use crate::provider::{QpState, QpType, WcStatus};
 
 /// How long a QP waits for its peer's engine (the one with the lower
 /// address) to connect before its own engine connects.
 const CONN_GRACE: Duration = Duration::from_millis(20);
 
 impl Engine {
-    /// Binds the QP to the connection to its peer's engine, connecting if needed.
-    pub(super) fn ensure_conn(&mut self, qpn: u32) {
-        let Some(eq) = self.qps.get_mut(&qpn) else {
+    /// Binds the QP to the connection to its peer's engine (UD: the engine
+    /// its next datagram goes to), connecting if needed.
+    pub(crate) fn ensure_conn(&mut self, qpn: u32) {
+        let Some((ud, scheduled)) = self
+            .qps
+            .get(&qpn)
+            .map(|eq| (eq.sh.qp_type == QpType::Ud, eq.scheduled))
+        else {
             return;
         };
-        if let Some(c) = eq.conn {
-            if self.conns.contains(c) {
+        let addr = if ud {
+            if scheduled {
+                // (Its connection's fill moves it when its next datagram
+                // goes elsewhere.)
                 return;
             }
-            eq.conn = None;
-        }
-        let Some(addr) = eq.cfg.remote_addr else {
-            return;
+            let Some(addr) = self.ud_next_dest(qpn) else {
+                return;
+            };
+            let Some(eq) = self.qps.get_mut(&qpn) else {
+                return;
+            };
+            match eq.conn {
+                Some(c) if self.conns.get(c).is_some_and(|c| c.peer == Some(addr)) => return,
+                _ => eq.conn = None,
+            }
+            addr
+        } else {
+            let Some(eq) = self.qps.get_mut(&qpn) else {
+                return;
+            };
+            if let Some(c) = eq.conn {
+                if self.conns.contains(c) {
+                    return;
+                }
+                eq.conn = None;
+            }
+            let Some(addr) = eq.cfg.remote_addr else {
+                return;
+            };
+            addr
         };
         let waiting = self.conn_wait.iter().position(|(q, _)| *q == qpn);
         if let Some(&c) = self.peers.get(&addr) {
-            eq.conn = Some(c);
+            if let Some(eq) = self.qps.get_mut(&qpn) {
+                eq.conn = Some(c);
+            }
             if let Some(i) = waiting {
                 self.conn_wait.swap_remove(i);
             }
@@ -67,7 +97,9 @@ impl Engine {
             Err(e) => {
                 tracing::debug!(%addr, error = %crate::report::ErrorChain(&e), "soft engine: connect failed");
                 if let Some(eq) = self.qps.get_mut(&qpn) {
-                    if !eq.wqes.is_empty() {
+                    if eq.sh.qp_type == QpType::Ud {
+                        self.ud_lost(qpn, addr);
+                    } else if !eq.wqes.is_empty() {
                         eq.fail(Some(WcStatus::RetryExcErr));
                     }
                 }
@@ -88,7 +120,7 @@ impl Engine {
         if let Some(c) = self.conns.get_mut(cid) {
             c.peer = Some(addr);
         }
-        self.peers.insert(addr, cid);
+        self.set_peer(addr, cid);
         Ok(cid)
     }
 
@@ -166,7 +198,19 @@ impl Engine {
         self.activate(cid);
     }
 
-    /// Closes a connection: requester QPs bound to it fail with RETRY_EXC_ERR.
+    /// Makes `cid` the connection to the engine at `addr` (if it has none).
+    pub(crate) fn set_peer(&mut self, addr: std::net::SocketAddr, cid: usize) {
+        if self.peers.contains_key(&addr) {
+            return;
+        }
+        self.peers.insert(addr, cid);
+        if let Some(w) = self.conns.get(cid).and_then(|c| c.stream.clone()) {
+            lock(&self.sh.wires).insert(addr, w);
+        }
+    }
+
+    /// Closes a connection: requester QPs bound to it fail with
+    /// RETRY_EXC_ERR; UD QPs lose the datagrams queued for its engine.
     pub fn close(&mut self, cid: usize) {
         if !self.conns.contains(cid) {
             return;
@@ -179,16 +223,29 @@ impl Engine {
             wire.close();
         }
         self.peers.retain(|_, c| *c != cid);
+        if let Some(w) = &conn.stream {
+            lock(&self.sh.wires).retain(|_, x| !Arc::ptr_eq(x, w));
+        }
         tracing::debug!(peer = ?conn.peer, "soft engine: connection closed");
-        for eq in self.qps.values_mut() {
+        let mut ud: SmallVec<[u32; 4]> = SmallVec::new();
+        for (qpn, eq) in self.qps.iter_mut() {
             if eq.conn == Some(cid) {
                 eq.conn = None;
                 eq.scheduled = false;
                 eq.stop_direct(&mut lock(&eq.sh.clone().inner));
-                if !eq.wqes.is_empty() && eq.sh.state() == QpState::Rts {
+                if eq.sh.qp_type == QpType::Ud {
+                    ud.push(*qpn);
+                } else if !eq.wqes.is_empty() && eq.sh.state() == QpState::Rts {
                     eq.fail(Some(WcStatus::RetryExcErr));
                 }
             }
+        }
+        for qpn in ud {
+            if let Some(addr) = conn.peer {
+                self.ud_lost(qpn, addr);
+            }
+            self.ensure_conn(qpn);
+            self.schedule(qpn);
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::super::lock;
 use super::super::qp::QpShared;
 use super::{EQp, EWqe, Engine};
-use crate::provider::{AsyncElement, AsyncEvent, AsyncEventKind, QpState};
+use crate::provider::{AsyncElement, AsyncEvent, AsyncEventKind, QpState, QpType};
 
 impl Engine {
     /// Moves every QP of a CQ that overflowed to ERR, with a QP fatal
@@ -100,8 +100,11 @@ impl Engine {
                     last_psn: 0,
                     error: None,
                 }));
+                if eq.sh.qp_type == QpType::Ud && eq.wqes.is_empty() {
+                    eq.allow_ud_direct(&mut inner);
+                }
             }
-            QpState::Rtr => {}
+            QpState::Rtr if eq.sh.qp_type == QpType::Rc => {}
             _ => return,
         }
         drop(inner);

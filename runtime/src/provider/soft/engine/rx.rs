@@ -8,7 +8,7 @@ use super::super::lock;
 use super::super::packet::{decode_header, decode_hello, Header, Opcode, FLAG_FIRST, HEADER_LEN};
 use super::super::responder::load_qp;
 use super::Engine;
-use crate::provider::{AccessFlags, QpState};
+use crate::provider::{AccessFlags, QpState, QpType};
 
 /// WRITE payloads at least this big are received straight into memory.
 const DIRECT_MIN: usize = 16 * 1024;
@@ -151,7 +151,7 @@ impl Engine {
                                 c.peer = Some(addr);
                             }
                         }
-                        self.peers.entry(addr).or_insert(cid);
+                        self.set_peer(addr, cid);
                     }
                     Err(e) => {
                         tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: bad HELLO");
@@ -184,6 +184,7 @@ impl Engine {
         }
         let (eq, st) = load_qp(&mut self.qps, &self.sh, hdr.dst_qpn)?;
         if !matches!(st, QpState::Rtr | QpState::Rts)
+            || eq.sh.qp_type != QpType::Rc
             || !eq.configured
             || hdr.src_qpn != eq.cfg.remote_qpn
             || hdr.psn != eq.epsn
@@ -221,6 +222,7 @@ impl Engine {
         }
         match hdr.opcode {
             Opcode::Hello => {}
+            op if op.is_datagram() => self.on_datagram(cid, hdr, payload),
             op if op.is_request() => self.on_request(cid, hdr, payload, None),
             _ => self.on_response(cid, hdr, payload),
         }

@@ -70,7 +70,10 @@ impl Engine {
             }
         }
         self.active_buf = list;
-        busy
+        // (Servicing one connection can give another one work: a UD QP
+        // whose next datagram goes elsewhere, a loopback request answered
+        // on another connection.)
+        busy || !self.active.is_empty()
     }
 
     /// Generates and writes packets for one connection. True if it stopped
