@@ -1,8 +1,8 @@
 //! Echo over the RPC engine (`verbio::rpc`) on a UD queue pair, with the
 //! rate and the latency percentiles; by default also the engine alone
 //! (both sides on one thread over the in-memory network: its CPU cost per
-//! call) and a plain TCP request/response loop in the same run, side by
-//! side, with ratios.
+//! call), RC SEND/RECV ping-pong and a plain TCP request/response loop in
+//! the same run, side by side, with ratios.
 //!
 //! Both sides in this process (two threads, loopback), then TCP:
 //!
@@ -19,6 +19,7 @@
 //! ```
 
 mod cli;
+mod rpc_echo_common;
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -35,7 +36,7 @@ use verbio::runtime::{Device, Runtime};
 
 const ECHO: u8 = 1;
 
-type BoxError = Box<dyn std::error::Error>;
+use rpc_echo_common::{rc_loop, tcp_loop, BoxError, Figures};
 
 /// RPC echo over UD; without --server/--client both sides run in this
 /// process, followed by a TCP request/response loop for comparison.
@@ -60,34 +61,6 @@ struct Args {
     /// RDMA device (e.g. rxe0; default: a software device).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
-}
-
-/// Rate and latency percentiles of a run.
-struct Figures {
-    rate: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
-impl Figures {
-    fn new(mut lat: Vec<Duration>, elapsed: Duration) -> Figures {
-        lat.sort_unstable();
-        let at = |q: f64| lat[((lat.len() - 1) as f64 * q) as usize];
-        Figures {
-            rate: lat.len() as f64 / elapsed.as_secs_f64(),
-            p50: at(0.50),
-            p99: at(0.99),
-        }
-    }
-
-    fn print(&self, what: &str) {
-        println!(
-            "{what:<28} {:>10.0} calls/s   p50 {:>8.1} µs   p99 {:>8.1} µs",
-            self.rate,
-            self.p50.as_secs_f64() * 1e6,
-            self.p99.as_secs_f64() * 1e6
-        );
-    }
 }
 
 fn rpc_endpoint(device: Option<&str>, ip: IpAddr) -> Result<Rpc<UdTransport>, BoxError> {
@@ -193,42 +166,6 @@ fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
     })
 }
 
-/// TCP request/response: a server thread echoing `size`-byte messages, the
-/// client one at a time.
-fn tcp_loop(calls: usize, size: usize) -> Result<Figures, BoxError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    let at = listener.local_addr()?;
-    let server = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut conn, _) = listener.accept()?;
-        conn.set_nodelay(true)?;
-        let mut buf = vec![0u8; size];
-        while conn.read_exact(&mut buf).is_ok() {
-            conn.write_all(&buf)?;
-        }
-        Ok(())
-    });
-    let mut conn = TcpStream::connect(at)?;
-    conn.set_nodelay(true)?;
-    let req = vec![0x5a; size];
-    let mut resp = vec![0u8; size];
-    for _ in 0..calls / 10 {
-        conn.write_all(&req)?;
-        conn.read_exact(&mut resp)?;
-    }
-    let mut lat = Vec::with_capacity(calls);
-    let t0 = Instant::now();
-    for _ in 0..calls {
-        let t = Instant::now();
-        conn.write_all(&req)?;
-        conn.read_exact(&mut resp)?;
-        lat.push(t.elapsed());
-    }
-    let f = Figures::new(lat, t0.elapsed());
-    drop(conn);
-    server.join().map_err(|_| "TCP server panicked")??;
-    Ok(f)
-}
-
 /// Both sides on this thread over the in-memory network: the engine's own
 /// cost (client, server and handler task) without a device.
 fn in_memory(args: &Args) -> Result<Figures, BoxError> {
@@ -272,8 +209,10 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
         let eight = call_loop(&rpc, &addr, args.calls, args.size, 8).await?;
         Ok::<_, BoxError>((one, eight))
     })?;
+    drop(rt);
     stop_tx.send(())?;
     server.join().map_err(|_| "RPC server panicked")??;
+    let rc = rc_loop(args.device.as_deref(), args.calls, args.size)?;
     let tcp = tcp_loop(args.calls, args.size)?;
     println!("{} calls of {} bytes:", args.calls, args.size);
     mem.print("rpc/in-memory, 1 thread");
@@ -283,13 +222,10 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     );
     one.print("rpc/ud, 1 in flight");
     eight.print("rpc/ud, 8 in flight");
+    rc.print("rc send/recv, 1 in flight");
     tcp.print("tcp loopback, 1 in flight");
-    println!(
-        "rpc/ud ÷ tcp (1 in flight): rate {:.2}x, p50 latency {:.2}x, p99 latency {:.2}x",
-        one.rate / tcp.rate,
-        one.p50.as_secs_f64() / tcp.p50.as_secs_f64(),
-        one.p99.as_secs_f64() / tcp.p99.as_secs_f64()
-    );
+    one.print_ratio("rpc/ud ÷ rc send/recv (1 in flight):", &rc);
+    one.print_ratio("rpc/ud ÷ tcp (1 in flight):", &tcp);
     println!(
         "rpc/ud with 8 in flight ÷ tcp with 1: rate {:.2}x",
         eight.rate / tcp.rate
