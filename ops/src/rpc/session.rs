@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 use std::task::Waker;
-use std::time::Instant;
 
 use super::buf::MsgBuf;
 use super::error::RpcError;
@@ -25,7 +24,7 @@ pub(crate) enum Role {
 #[derive(Debug)]
 pub(crate) enum SessionState {
     /// Client: connect sent, no answer yet.
-    Connecting { retries: u32, last: Instant },
+    Connecting { retries: u32, last: u64 },
     /// Open.
     Connected,
     /// Client: the connect or a call timed out.
@@ -56,8 +55,8 @@ pub(crate) struct ClientSlot {
     /// Which of client packets `num_rx..num_rx + 64` are answered (bit
     /// `k - num_rx`): answers may arrive in any order.
     pub(crate) answered: u64,
-    /// Last send or progress.
-    pub(crate) progress: Instant,
+    /// Timer tick of the last send or progress.
+    pub(crate) progress: u64,
     /// Retransmissions since the last progress.
     pub(crate) retries: u32,
     pub(crate) waker: Option<Waker>,
@@ -72,7 +71,7 @@ pub(crate) enum CallState {
 }
 
 impl ClientSlot {
-    fn new(index: usize, now: Instant) -> ClientSlot {
+    fn new(index: usize) -> ClientSlot {
         ClientSlot {
             req_num: index as u64,
             state: CallState::Free,
@@ -85,7 +84,7 @@ impl ClientSlot {
             num_tx: 0,
             num_rx: 0,
             answered: 0,
-            progress: now,
+            progress: 0,
             retries: 0,
             waker: None,
         }
@@ -194,7 +193,6 @@ pub(crate) struct Session<P> {
 
 impl<P> Session<P> {
     pub(crate) fn new(role: Role, state: SessionState, peer: P, max_payload: usize) -> Self {
-        let now = Instant::now();
         Session {
             role,
             state,
@@ -202,7 +200,7 @@ impl<P> Session<P> {
             remote: 0,
             max_payload,
             credits: SESSION_SLOTS,
-            client: std::array::from_fn(|i| ClientSlot::new(i, now)),
+            client: std::array::from_fn(ClientSlot::new),
             server: std::array::from_fn(|_| ServerSlot::new()),
             slot_waiters: VecDeque::new(),
             connect_waker: None,
