@@ -47,7 +47,8 @@ pub(crate) struct ClientSlot {
     /// Response packets (0 until the first arrives).
     pub(crate) n_resp: usize,
     /// Client packets sent: request packets, then requests for response
-    /// packets 1.. (the k-th is answered by the k-th answer).
+    /// packets 1.. (client packet `k` is answered by the credit return of
+    /// request packet `k`, or by response packet `k - n_req + 1`).
     pub(crate) num_tx: usize,
     /// Client packets below this are all answered (by a credit return or a
     /// response packet).
