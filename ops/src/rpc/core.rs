@@ -34,6 +34,8 @@ pub struct RpcStats {
     pub handler_runs: u64,
     /// Requests for which no handler was registered.
     pub unhandled_requests: u64,
+    /// Handlers that panicked.
+    pub handler_panics: u64,
     /// Calls that failed because the peer stopped answering.
     pub timeouts: u64,
 }

@@ -2,6 +2,9 @@
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use futures::FutureExt;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
@@ -10,7 +13,7 @@ use tracing::warn;
 
 use super::buf::{BufPool, MsgBuf};
 use super::config::RpcConfig;
-use super::core::{Core, HandlerQueue, RpcStats};
+use super::core::{Core, HandlerQueue, Job, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{HEADER_LEN, MAX_MSG_LEN, MAX_PACKET, MIN_PACKET};
 use super::session::{Role, Session, SessionState};
@@ -247,12 +250,25 @@ impl<T: Transport> Rpc<T> {
                 })
                 .await
                 {
-                    let resp = handler(job.request).await;
+                    let Job {
+                        session,
+                        slot,
+                        req_num,
+                        request,
+                    } = job;
+                    // A panicking handler fails its call, not this task.
+                    let resp = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+                        Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+                        Err(panic) => Err(panic),
+                    };
                     let Some(e) = weak.upgrade() else {
                         return;
                     };
                     let mut e = e.borrow_mut();
-                    e.core.respond(job.session, job.slot, job.req_num, resp);
+                    match resp {
+                        Ok(resp) => e.core.respond(session, slot, req_num, resp),
+                        Err(_) => e.core.handler_panicked(session, slot, req_num),
+                    }
                     e.flush();
                 }
             });

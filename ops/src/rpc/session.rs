@@ -5,6 +5,7 @@ use std::task::Waker;
 
 use super::buf::MsgBuf;
 use super::error::RpcError;
+use super::header::Status;
 
 /// Request slots per session; also its credits (packets in flight).
 pub const SESSION_SLOTS: usize = 8;
@@ -130,10 +131,8 @@ pub(crate) enum ServeState {
     Receiving,
     /// The handler runs.
     Handling,
-    /// The response is cached for retransmission.
+    /// The response (or the error status) is cached for retransmission.
     Responded,
-    /// No handler for the request type: the request is ignored.
-    Refused,
 }
 
 /// The server side of a slot.
@@ -150,6 +149,8 @@ pub(crate) struct ServerSlot {
     pub(crate) got: Vec<u64>,
     pub(crate) resp: Option<MsgBuf>,
     pub(crate) n_resp: usize,
+    /// How the request was answered.
+    pub(crate) status: Status,
 }
 
 impl ServerSlot {
@@ -165,6 +166,7 @@ impl ServerSlot {
             got: Vec::new(),
             resp: None,
             n_resp: 0,
+            status: Status::Ok,
         }
     }
 }
