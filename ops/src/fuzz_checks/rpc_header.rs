@@ -157,6 +157,7 @@ pub fn seeds() -> Vec<Seed> {
             packet(
                 Header {
                     src_session: 4,
+                    req_num: 0x1234_5678_9abc_def0,
                     msg_len: 4096,
                     payload_len: 4,
                     ..Header::new(PacketKind::Connect)
@@ -170,6 +171,7 @@ pub fn seeds() -> Vec<Seed> {
                 Header {
                     dest_session: 4,
                     src_session: 7,
+                    req_num: 0x1234_5678_9abc_def0,
                     msg_len: 4096,
                     ..Header::new(PacketKind::ConnectAck)
                 },

@@ -55,6 +55,10 @@ pub(crate) struct HandlerQueue {
     pub(crate) idle: Vec<Waker>,
 }
 
+/// What identifies a client's session at the server: its address, its
+/// session number and its incarnation number.
+pub(crate) type ConnectKey = (Vec<u8>, u32, u64);
+
 /// A connect packet waiting for the transport to resolve its address.
 pub(crate) struct ConnectRequest {
     pub(crate) header: Header,
@@ -66,8 +70,12 @@ pub(crate) struct Core<P> {
     pub(crate) config: RpcConfig,
     /// Indexed by session number; numbers are not reused.
     pub(crate) sessions: Vec<Option<Session<P>>>,
-    /// Server sessions by (client address, client session number).
-    pub(crate) connects: HashMap<(Vec<u8>, u32), u32>,
+    /// Server sessions by their connect's key.
+    pub(crate) connects: HashMap<ConnectKey, u32>,
+    /// This endpoint's incarnation number, random: a server tells a client
+    /// that restarted with the same address and session number from the
+    /// old one by it.
+    pub(crate) nonce: u64,
     pub(crate) connect_requests: Vec<ConnectRequest>,
     pub(crate) tx: TxBatch<P>,
     pub(crate) pool: BufPool,
@@ -91,6 +99,13 @@ impl<P: Clone> Core<P> {
             config,
             sessions: Vec::new(),
             connects: HashMap::new(),
+            nonce: {
+                use std::hash::{BuildHasher, Hasher};
+                // Seeded from the OS's randomness per process.
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            },
             connect_requests: Vec::new(),
             tx: TxBatch::default(),
             pool: BufPool::default(),
@@ -166,7 +181,7 @@ impl<P: Clone> Core<P> {
     /// answers it.
     pub(crate) fn accept_connect(&mut self, req: ConnectRequest, peer: P) {
         let h = req.header;
-        let key = (req.addr, h.src_session);
+        let key = (req.addr, h.src_session, h.req_num);
         let sid = match self.connects.get(&key) {
             Some(&sid) => sid,
             None => {
@@ -188,6 +203,7 @@ impl<P: Clone> Core<P> {
             let ack = Header {
                 dest_session: h.src_session,
                 src_session: sid,
+                req_num: h.req_num,
                 msg_len: (s.max_payload + HEADER_LEN) as u32,
                 ..Header::new(PacketKind::ConnectAck)
             };
@@ -206,7 +222,7 @@ impl<P: Clone> Core<P> {
             self.stats.stale_packets += 1;
             return;
         }
-        if h.msg_len as usize > max_packet {
+        if h.msg_len as usize > max_packet || h.req_num != self.nonce {
             self.stats.malformed_packets += 1;
             return;
         }
@@ -223,6 +239,7 @@ impl<P: Clone> Core<P> {
         if let Some(Some(s)) = self.sessions.get(sid as usize) {
             let h = Header {
                 src_session: sid,
+                req_num: self.nonce,
                 msg_len: self.max_packet as u32,
                 payload_len: self.local_addr.len() as u16,
                 ..Header::new(PacketKind::Connect)

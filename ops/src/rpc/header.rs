@@ -89,10 +89,12 @@ pub enum PacketKind {
     /// Client to server: send response packet `pkt_idx` (`>= 1`).
     RequestForResponse = 4,
     /// Client to server: open a session; the payload is the client's
-    /// transport address, `msg_len` its largest packet.
+    /// transport address, `msg_len` its largest packet, `req_num` the
+    /// client endpoint's random incarnation number.
     Connect = 5,
     /// Server to client: the session is open; `src_session` is the server's
-    /// session number, `msg_len` the packet size both use.
+    /// session number, `msg_len` the packet size both use, `req_num` the
+    /// connect's incarnation number.
     ConnectAck = 6,
     /// Either side: the session is closed.
     Disconnect = 7,
@@ -381,7 +383,6 @@ impl Header {
             }
             PacketKind::Connect | PacketKind::ConnectAck => {
                 self.zero("req_type", self.req_type.into())?;
-                self.zero("req_num", self.req_num)?;
                 self.zero("pkt_idx", self.pkt_idx.into())?;
                 self.zero("pkt_count", self.pkt_count.into())?;
                 self.range(
@@ -522,14 +523,14 @@ mod tests {
         };
         assert!(Header::decode(&packet(&h, b"hello")).is_err());
         let h = Header {
-            req_num: 1,
+            pkt_idx: 1,
             msg_len: 4096,
             ..Header::new(PacketKind::ConnectAck)
         };
         assert!(matches!(
             Header::decode(&h.encode()),
             Err(HeaderError::UnusedFieldSet {
-                field: "req_num",
+                field: "pkt_idx",
                 ..
             })
         ));

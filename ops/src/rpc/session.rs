@@ -191,7 +191,7 @@ pub(crate) struct Session<P> {
     /// The slot the next pump starts at (round robin).
     pub(crate) pump_from: usize,
     /// Server: the key of the connect that made it.
-    pub(crate) connect_key: Option<(Vec<u8>, u32)>,
+    pub(crate) connect_key: Option<super::core::ConnectKey>,
 }
 
 impl<P> Session<P> {
