@@ -123,9 +123,11 @@ fn a_ninth_call_waits_for_a_slot() {
     });
 }
 
-/// Many concurrent calls on a lossy network: each completes once with the
-/// right answer, each handler runs once per request.
+/// Many concurrent calls on a lossy network (3 sessions of 6 tasks, from 2
+/// client endpoints): each completes once with the right answer, each
+/// handler runs once per request.
 fn lossy(seed: u64, calls_per_task: usize, len: impl Fn(usize) -> usize + 'static) {
+    const SESSIONS: usize = 3;
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
         let net = MemNetwork::new(seed, 1024);
@@ -135,10 +137,15 @@ fn lossy(seed: u64, calls_per_task: usize, len: impl Fn(usize) -> usize + 'stati
             duplicate: 0.05,
             reorder: 0.02,
         });
-        let cli = Rc::new(Rpc::new(net.endpoint(), config()));
+        // Two client endpoints: the second with two sessions.
+        let clients = [
+            Rc::new(Rpc::new(net.endpoint(), config())),
+            Rc::new(Rpc::new(net.endpoint(), config())),
+        ];
         let len = Rc::new(len);
         let mut tasks = Vec::new();
-        for session in 0..2 {
+        for session in 0..SESSIONS {
+            let cli = &clients[session.min(1)];
             let s = cli.connect(&srv.local_addr()).await.unwrap();
             for t in 0..6 {
                 let (cli, len) = (cli.clone(), len.clone());
@@ -158,11 +165,11 @@ fn lossy(seed: u64, calls_per_task: usize, len: impl Fn(usize) -> usize + 'stati
         let runs = runs.borrow();
         assert_eq!(
             runs.len(),
-            12 * calls_per_task,
+            SESSIONS * 6 * calls_per_task,
             "every request reached a handler"
         );
         assert!(runs.values().all(|&n| n == 1), "a handler ran twice");
-        let (c, s, n) = (cli.stats(), srv.stats(), net.stats());
+        let (c, s, n) = (clients[0].stats(), srv.stats(), net.stats());
         eprintln!("client {c:?}\nserver {s:?}\nnetwork {n:?}");
         assert!(n.dropped > 0 && n.duplicated > 0, "{n:?}");
         assert!(c.retransmissions > 0, "{c:?}");
@@ -173,7 +180,7 @@ fn lossy(seed: u64, calls_per_task: usize, len: impl Fn(usize) -> usize + 'stati
 
 #[test]
 fn thousands_of_small_calls_over_a_lossy_network() {
-    lossy(3, 250, |_| 32);
+    lossy(3, 200, |_| 32);
 }
 
 #[test]
