@@ -27,12 +27,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub trait Context<T> {
     /// Wraps the error as the cause of `what`.
     fn ctx(self, what: impl Into<String>) -> Result<T>;
+    /// [`ctx`](Self::ctx) with `what` made only on an error (for loops:
+    /// no formatting per iteration).
+    fn ctx_with(self, what: impl FnOnce() -> String) -> Result<T>;
 }
 
 impl<T, E: StdError + 'static> Context<T> for std::result::Result<T, E> {
     fn ctx(self, what: impl Into<String>) -> Result<T> {
         self.map_err(|e| Error::Ctx {
             what: what.into(),
+            source: Box::new(e),
+        })
+    }
+    fn ctx_with(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Error::Ctx {
+            what: what(),
             source: Box::new(e),
         })
     }

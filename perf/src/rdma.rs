@@ -202,8 +202,13 @@ async fn step(
         Test::SendLat => {
             let mut lat = LatLoop::start(budget);
             while lat.next() {
-                rdma.send(&payload).await.ctx(format!("send {}", lat.i))?;
-                let back = rdma.receive().await.ctx(format!("receive {}", lat.i))?;
+                rdma.send(&payload)
+                    .await
+                    .ctx_with(|| format!("send {}", lat.i))?;
+                let back = rdma
+                    .receive()
+                    .await
+                    .ctx_with(|| format!("receive {}", lat.i))?;
                 if back.len() != size {
                     return Err(msg(format!(
                         "echo of {} bytes, expected {size}",
@@ -219,7 +224,7 @@ async fn step(
             let mut lat = LatLoop::start(budget);
             while lat.next() {
                 let (r, back) = rdma.read(mr, v).await;
-                r.ctx(format!("read {}", lat.i))?;
+                r.ctx_with(|| format!("read {}", lat.i))?;
                 mr = back;
             }
             Ok(lat.finish())
@@ -230,7 +235,7 @@ async fn step(
             while lat.next() {
                 rdma.fetch_and_add(v, 1)
                     .await
-                    .ctx(format!("fetch_and_add {}", lat.i))?;
+                    .ctx_with(|| format!("fetch_and_add {}", lat.i))?;
             }
             Ok(lat.finish())
         }
@@ -258,7 +263,7 @@ where
     }
     let mut done = 0u64;
     while let Some((r, it)) = in_flight.next().await {
-        r.ctx(format!("op {done}"))?;
+        r.ctx_with(|| format!("op {done}"))?;
         done += 1;
         samples.push(clock.stamp(), done);
         if budget.more(posted) {

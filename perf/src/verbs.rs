@@ -149,7 +149,7 @@ impl State {
                 let mut lat = LatLoop::start(budget);
                 while lat.next() {
                     let (r, b) = qp.read(buf, remote).await;
-                    r.ctx(format!("read {}", lat.i))?;
+                    r.ctx_with(|| format!("read {}", lat.i))?;
                     buf = b;
                 }
                 Ok(lat.finish())
@@ -161,7 +161,7 @@ impl State {
                 let mut lat = LatLoop::start(budget);
                 while lat.next() {
                     let (r, b) = qp.fetch_and_add(buf, word, 1).await;
-                    r.ctx(format!("fetch_and_add {}", lat.i))?;
+                    r.ctx_with(|| format!("fetch_and_add {}", lat.i))?;
                     buf = b;
                 }
                 Ok(lat.finish())
@@ -233,17 +233,17 @@ impl State {
                     .next()
                     .await
                     .ok_or_else(|| msg("the receive ring ended"))?
-                    .ctx(format!("recv {i}"))?;
+                    .ctx_with(|| format!("recv {i}"))?;
                 check_len(i, back.len(), size)?;
                 last_echo = Some(back);
             } else {
                 let (sent, back) = futures::join!(send_buf(qp, peer, msg_buf), ring.next());
                 let (r, b) = sent;
-                r.ctx(format!("send {i}"))?;
+                r.ctx_with(|| format!("send {i}"))?;
                 msg_buf = b;
                 let back = back
                     .ok_or_else(|| msg("the receive ring ended"))?
-                    .ctx(format!("recv {i}"))?;
+                    .ctx_with(|| format!("recv {i}"))?;
                 check_len(i, back.len(), size)?;
             }
         }
@@ -270,7 +270,7 @@ impl State {
             let v = lat_value(i);
             buf[size - 1] = v;
             let (r, b) = qp.write(buf, remote).await;
-            r.ctx(format!("write {i}"))?;
+            r.ctx_with(|| format!("write {i}"))?;
             buf = b;
             wait_byte(&conn.region, size - 1, |x| x == v);
         }
@@ -329,7 +329,7 @@ impl State {
                     }
                     buf[size - 1] = v;
                     let (r, b) = qp.write(buf, remote).await;
-                    r.ctx(format!("write {i}"))?;
+                    r.ctx_with(|| format!("write {i}"))?;
                     buf = b;
                     i += 1;
                 }
@@ -387,8 +387,7 @@ async fn send_inline(qp: &QueuePair, peer: Option<&UdPeer>, data: &[u8], i: u64)
                 source,
             }),
     };
-    // The context is formatted only on an error (not per iteration).
-    res.or_else(|e| Err(e).ctx(format!("send {i}")))
+    res.ctx_with(|| format!("send {i}"))
 }
 
 /// Sends `buf`: to the connected peer on RC, to `peer` on UD.
@@ -453,7 +452,7 @@ where
     }
     let mut done = 0u64;
     while let Some((i, (r, b))) = in_flight.next().await {
-        r.ctx(format!("op {done} on QP {i}"))?;
+        r.ctx_with(|| format!("op {done} on QP {i}"))?;
         done += 1;
         samples.push(clock.stamp(), done);
         if budget.more(posted[i]) {
