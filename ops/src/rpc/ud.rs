@@ -69,8 +69,9 @@ pub struct UdConfig {
     /// Largest INLINE packet asked of the device; larger packets are sent
     /// from registered buffers.
     pub max_inline: u32,
-    /// The GID index the endpoint announces.
-    pub gid_index: u8,
+    /// The GID index the endpoint announces (`None`: the device's default,
+    /// e.g. the RoCE v2 IPv4 GID).
+    pub gid_index: Option<u8>,
     /// Port, P_Key index, Q_Key.
     pub attr: UdAttr,
 }
@@ -84,7 +85,7 @@ impl Default for UdConfig {
             send_depth: 256,
             signal_interval: 64,
             max_inline: 256,
-            gid_index: 0,
+            gid_index: None,
             attr: UdAttr::default(),
         }
     }
@@ -148,8 +149,15 @@ impl UdTransport {
             .create_ud_qp(caps, &config.attr)
             .map_err(failed("creating the UD queue pair"))?;
         qp.set_inline_signal_interval(config.signal_interval);
+        let gid_index = match config.gid_index {
+            Some(i) => i,
+            None => device
+                .context()
+                .default_gid_index(config.attr.port)
+                .map_err(failed("choosing the GID index"))?,
+        };
         let local = qp
-            .ud_endpoint(config.gid_index)
+            .ud_endpoint(gid_index)
             .map_err(failed("reading the UD endpoint"))?;
         let max_packet = config.mtu.min(local.endpoint.mtu.bytes() as usize);
         let ring_config =
