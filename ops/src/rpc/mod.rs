@@ -59,4 +59,6 @@ pub use session::SESSION_SLOTS;
 pub use transport::{Transport, TransportError, TxBatch};
 
 #[cfg(test)]
+mod header_tests;
+#[cfg(test)]
 mod tests;
