@@ -311,3 +311,45 @@ impl Transport for UdTransport {
         Poll::Pending
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use verbio_runtime::provider::{Endpoint, Gid, Mtu, ProviderKind};
+
+    use super::*;
+
+    fn endpoint() -> UdEndpoint {
+        UdEndpoint {
+            endpoint: Endpoint {
+                provider: ProviderKind::Soft,
+                qpn: 0x12,
+                psn: 0,
+                lid: 0,
+                gid: Gid::default(),
+                mtu: Mtu::Mtu4096,
+                soft_addr: Some("127.0.0.1:4791".parse().unwrap()),
+            },
+            qkey: 0x1111_1111,
+        }
+    }
+
+    #[test]
+    fn addresses_round_trip() {
+        let ep = endpoint();
+        let addr = encode_ud_addr(&ep).unwrap();
+        assert_eq!(addr.len(), UD_ADDR_LEN);
+        assert_eq!(decode_ud_addr(&addr).unwrap(), ep);
+    }
+
+    #[test]
+    fn malformed_addresses_are_refused() {
+        let addr = encode_ud_addr(&endpoint()).unwrap();
+        for bad in [&addr[..3], &addr[..addr.len() - 1], &addr[1..]] {
+            let e = decode_ud_addr(bad).unwrap_err();
+            assert!(matches!(e, TransportError::BadAddress { .. }), "{e}");
+        }
+        let mut bad = addr.clone();
+        bad[0] ^= 0xff;
+        assert!(decode_ud_addr(&bad).is_err());
+    }
+}
