@@ -18,6 +18,7 @@
 //! cargo run --release --example rpc_echo -- --client 127.0.0.1:7100 [--concurrency 8]
 //! ```
 
+mod baseline;
 mod cli;
 
 use std::io::{Read, Write};
@@ -193,42 +194,6 @@ fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
     })
 }
 
-/// TCP request/response: a server thread echoing `size`-byte messages, the
-/// client one at a time.
-fn tcp_loop(calls: usize, size: usize) -> Result<Figures, BoxError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    let at = listener.local_addr()?;
-    let server = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut conn, _) = listener.accept()?;
-        conn.set_nodelay(true)?;
-        let mut buf = vec![0u8; size];
-        while conn.read_exact(&mut buf).is_ok() {
-            conn.write_all(&buf)?;
-        }
-        Ok(())
-    });
-    let mut conn = TcpStream::connect(at)?;
-    conn.set_nodelay(true)?;
-    let req = vec![0x5a; size];
-    let mut resp = vec![0u8; size];
-    for _ in 0..calls / 10 {
-        conn.write_all(&req)?;
-        conn.read_exact(&mut resp)?;
-    }
-    let mut lat = Vec::with_capacity(calls);
-    let t0 = Instant::now();
-    for _ in 0..calls {
-        let t = Instant::now();
-        conn.write_all(&req)?;
-        conn.read_exact(&mut resp)?;
-        lat.push(t.elapsed());
-    }
-    let f = Figures::new(lat, t0.elapsed());
-    drop(conn);
-    server.join().map_err(|_| "TCP server panicked")??;
-    Ok(f)
-}
-
 /// Both sides on this thread over the in-memory network: the engine's own
 /// cost (client, server and handler task) without a device.
 fn in_memory(args: &Args) -> Result<Figures, BoxError> {
@@ -274,7 +239,12 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     })?;
     stop_tx.send(())?;
     server.join().map_err(|_| "RPC server panicked")??;
-    let tcp = tcp_loop(args.calls, args.size)?;
+    let base = |r: baseline::Run| Figures::new(r.lat, r.elapsed);
+    let rdma = base(
+        baseline::rdma_loop(args.calls, args.size, args.device.as_deref())
+            .map_err(|e| e.to_string())?,
+    );
+    let tcp = base(baseline::tcp_loop(args.calls, args.size).map_err(|e| e.to_string())?);
     println!("{} calls of {} bytes:", args.calls, args.size);
     mem.print("rpc/in-memory, 1 thread");
     println!(
@@ -283,6 +253,7 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     );
     one.print("rpc/ud, 1 in flight");
     eight.print("rpc/ud, 8 in flight");
+    rdma.print("Rdma send/receive (RC), 1");
     tcp.print("tcp loopback, 1 in flight");
     println!(
         "rpc/ud ÷ tcp (1 in flight): rate {:.2}x, p50 latency {:.2}x, p99 latency {:.2}x",
@@ -293,6 +264,12 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     println!(
         "rpc/ud with 8 in flight ÷ tcp with 1: rate {:.2}x",
         eight.rate / tcp.rate
+    );
+    println!(
+        "rpc/ud ÷ Rdma send/receive (1 in flight): rate {:.2}x, p50 latency {:.2}x, p99 latency {:.2}x",
+        one.rate / rdma.rate,
+        one.p50.as_secs_f64() / rdma.p50.as_secs_f64(),
+        one.p99.as_secs_f64() / rdma.p99.as_secs_f64()
     );
     Ok(())
 }
