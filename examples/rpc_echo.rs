@@ -1,8 +1,8 @@
 //! Echo over the RPC engine (`verbio::rpc`) on a UD queue pair, with the
 //! rate and the latency percentiles; by default also the engine alone
 //! (both sides on one thread over the in-memory network: its CPU cost per
-//! call) and a plain TCP request/response loop in the same run, side by
-//! side, with ratios.
+//! call), RC SEND/RECV ping-pong and a plain TCP request/response loop in
+//! the same run, side by side, with ratios.
 //!
 //! Both sides in this process (two threads, loopback), then TCP:
 //!
@@ -18,8 +18,8 @@
 //! cargo run --release --example rpc_echo -- --client 127.0.0.1:7100 [--concurrency 8]
 //! ```
 
-mod baseline;
 mod cli;
+mod rpc_echo_common;
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -36,7 +36,7 @@ use verbio::runtime::{Device, Runtime};
 
 const ECHO: u8 = 1;
 
-type BoxError = Box<dyn std::error::Error>;
+use rpc_echo_common::{rc_loop, tcp_loop, BoxError, Figures};
 
 /// RPC echo over UD; without --server/--client both sides run in this
 /// process, followed by a TCP request/response loop for comparison.
@@ -61,34 +61,6 @@ struct Args {
     /// RDMA device (e.g. rxe0; default: a software device).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
-}
-
-/// Rate and latency percentiles of a run.
-struct Figures {
-    rate: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
-impl Figures {
-    fn new(mut lat: Vec<Duration>, elapsed: Duration) -> Figures {
-        lat.sort_unstable();
-        let at = |q: f64| lat[((lat.len() - 1) as f64 * q) as usize];
-        Figures {
-            rate: lat.len() as f64 / elapsed.as_secs_f64(),
-            p50: at(0.50),
-            p99: at(0.99),
-        }
-    }
-
-    fn print(&self, what: &str) {
-        println!(
-            "{what:<28} {:>10.0} calls/s   p50 {:>8.1} µs   p99 {:>8.1} µs",
-            self.rate,
-            self.p50.as_secs_f64() * 1e6,
-            self.p99.as_secs_f64() * 1e6
-        );
-    }
 }
 
 fn rpc_endpoint(device: Option<&str>, ip: IpAddr) -> Result<Rpc<UdTransport>, BoxError> {
@@ -196,37 +168,20 @@ fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
 
 /// Both sides on this thread over the in-memory network: the engine's own
 /// cost (client, server and handler task) without a device.
-/// Returns the figures and this thread's CPU time per call (a shared,
-/// loaded machine stretches the wall-clock rate, not the CPU time).
-fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
+fn in_memory(args: &Args) -> Result<Figures, BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let net = MemNetwork::new(1, 4096);
         let srv = Rpc::new(net.endpoint(), RpcConfig::default());
         register_echo(&srv);
         let cli = Rc::new(Rpc::new(net.endpoint(), RpcConfig::default()));
-        let calls = args.calls + (args.calls / 10).max(1);
-        let cpu0 = thread_cpu();
-        let f = call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await?;
-        Ok((f, (thread_cpu() - cpu0) / calls as u32))
+        call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await
     })
-}
-
-/// CPU time this thread has used.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(r, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Both RPC sides in this process, then TCP; prints both and the ratios.
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
-    let (mem, cpu_per_call) = in_memory(args)?;
+    let mem = in_memory(args)?;
     let device = args.device.clone();
     let (addr_tx, addr_rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -254,39 +209,26 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
         let eight = call_loop(&rpc, &addr, args.calls, args.size, 8).await?;
         Ok::<_, BoxError>((one, eight))
     })?;
+    drop(rt);
     stop_tx.send(())?;
     server.join().map_err(|_| "RPC server panicked")??;
-    let base = |r: baseline::Run| Figures::new(r.lat, r.elapsed);
-    let rdma = base(
-        baseline::rdma_loop(args.calls, args.size, args.device.as_deref())
-            .map_err(|e| e.to_string())?,
-    );
-    let tcp = base(baseline::tcp_loop(args.calls, args.size).map_err(|e| e.to_string())?);
+    let rc = rc_loop(args.device.as_deref(), args.calls, args.size)?;
+    let tcp = tcp_loop(args.calls, args.size)?;
     println!("{} calls of {} bytes:", args.calls, args.size);
     mem.print("rpc/in-memory, 1 thread");
     println!(
-        "  (engine CPU per call, client + server + handler task: {:.2} µs of thread CPU time)",
-        cpu_per_call.as_secs_f64() * 1e6
+        "  (engine CPU per call, client + server + handler task: {:.2} µs)",
+        1e6 / mem.rate
     );
     one.print("rpc/ud, 1 in flight");
     eight.print("rpc/ud, 8 in flight");
-    rdma.print("Rdma send/receive (RC), 1");
+    rc.print("rc send/recv, 1 in flight");
     tcp.print("tcp loopback, 1 in flight");
-    println!(
-        "rpc/ud ÷ tcp (1 in flight): rate {:.2}x, p50 latency {:.2}x, p99 latency {:.2}x",
-        one.rate / tcp.rate,
-        one.p50.as_secs_f64() / tcp.p50.as_secs_f64(),
-        one.p99.as_secs_f64() / tcp.p99.as_secs_f64()
-    );
+    one.print_ratio("rpc/ud ÷ rc send/recv (1 in flight):", &rc);
+    one.print_ratio("rpc/ud ÷ tcp (1 in flight):", &tcp);
     println!(
         "rpc/ud with 8 in flight ÷ tcp with 1: rate {:.2}x",
         eight.rate / tcp.rate
-    );
-    println!(
-        "rpc/ud ÷ Rdma send/receive (1 in flight): rate {:.2}x, p50 latency {:.2}x, p99 latency {:.2}x",
-        one.rate / rdma.rate,
-        one.p50.as_secs_f64() / rdma.p50.as_secs_f64(),
-        one.p99.as_secs_f64() / rdma.p99.as_secs_f64()
     );
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Checks for the RPC packet header codec ([`crate::rpc::header`]).
 
 use super::{display, LenField, Seed};
-use crate::rpc::header::{Header, PacketKind, HEADER_LEN, PAYLOAD_LEN_OFFSET};
+use crate::rpc::header::{Header, PacketKind, Status, HEADER_LEN, PAYLOAD_LEN_OFFSET};
 
 /// The header's payload length: `u16` at offset 6, counting what follows the
 /// 32-byte header.
@@ -106,6 +106,19 @@ pub fn seeds() -> Vec<Seed> {
             packet(
                 Header {
                     kind: PacketKind::Response,
+                    payload_len: 0,
+                    msg_len: 0,
+                    ..req
+                },
+                &[],
+            ),
+        ),
+        Seed::new(
+            "response-no-handler",
+            packet(
+                Header {
+                    kind: PacketKind::Response,
+                    status: Status::NoHandler,
                     payload_len: 0,
                     msg_len: 0,
                     ..req

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use super::buf::MsgBuf;
 use super::core::Core;
 use super::error::{RpcError, SessionId};
-use super::header::{packets_for, Header, PacketKind};
+use super::header::{packets_for, Header, PacketKind, Status};
 use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
 use super::transport::TxBatch;
 
@@ -296,6 +296,16 @@ impl<P: Clone> Core<P> {
         let msg_len = h.msg_len as usize;
         let n_resp = usize::from(h.pkt_count);
         if j == 0 {
+            if h.status != Status::Ok {
+                let e = RpcError::Remote {
+                    session: SessionId(sid),
+                    req_num: h.req_num,
+                    req_type: slot.req_type,
+                    status: h.status,
+                };
+                complete(s, i, Err(e));
+                return;
+            }
             if msg_len > max_len {
                 let e = RpcError::ResponseTooLarge {
                     session: SessionId(sid),

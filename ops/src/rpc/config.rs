@@ -6,7 +6,8 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub struct RpcConfig {
     /// Retransmission timeout: a request slot that made no progress for this
-    /// long resends its unanswered packets.
+    /// long (up to a third more: the timer ticks three times per timeout)
+    /// resends its unanswered packets.
     pub rto: Duration,
     /// Retransmissions without progress before the call (and its session)
     /// fails with [`RpcError::Timeout`](super::RpcError::Timeout); connects

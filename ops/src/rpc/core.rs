@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
-use std::time::Instant;
 
 use tracing::trace;
 use verbio_runtime::Sleep;
@@ -35,6 +34,8 @@ pub struct RpcStats {
     pub handler_runs: u64,
     /// Requests for which no handler was registered.
     pub unhandled_requests: u64,
+    /// Handlers that panicked.
+    pub handler_panics: u64,
     /// Calls that failed because the peer stopped answering.
     pub timeouts: u64,
 }
@@ -72,8 +73,9 @@ pub(crate) struct Core<P> {
     pub(crate) pool: BufPool,
     pub(crate) handlers: Vec<Option<HandlerQueue>>,
     pub(crate) stats: RpcStats,
-    /// The clock, read once per dispatch and per call.
-    pub(crate) now: Instant,
+    /// Retransmission timer ticks so far (the engine's clock: the hot path
+    /// reads no time).
+    pub(crate) now: u64,
     /// The transport's largest packet.
     pub(crate) max_packet: usize,
     pub(crate) local_addr: Vec<u8>,
@@ -94,7 +96,7 @@ impl<P: Clone> Core<P> {
             pool: BufPool::default(),
             handlers: (0..256).map(|_| None).collect(),
             stats: RpcStats::default(),
-            now: Instant::now(),
+            now: 0,
             max_packet,
             local_addr,
             timer: None,

@@ -2,19 +2,22 @@
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use futures::FutureExt;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use tracing::warn;
 
 use super::buf::{BufPool, MsgBuf};
 use super::config::RpcConfig;
-use super::core::{Core, HandlerQueue, RpcStats};
+use super::core::{Core, HandlerQueue, Job, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{HEADER_LEN, MAX_MSG_LEN, MAX_PACKET, MIN_PACKET};
 use super::session::{Role, Session, SessionState};
+use super::timer::TICKS_PER_RTO;
 use super::transport::Transport;
 
 /// A request, as its handler gets it.
@@ -100,7 +103,6 @@ impl<T: Transport> Engine<T> {
             Some(w) if w.will_wake(cx.waker()) => {}
             w => *w = Some(cx.waker().clone()),
         }
-        self.core.now = Instant::now();
         let mut rounds = 0;
         loop {
             let Engine { transport, core } = self;
@@ -129,12 +131,12 @@ impl<T: Transport> Engine<T> {
             let timer = self
                 .core
                 .timer
-                .get_or_insert_with(|| verbio_runtime::sleep(rto / 2));
+                .get_or_insert_with(|| verbio_runtime::sleep(rto / TICKS_PER_RTO));
             if Pin::new(timer).poll(cx).is_pending() {
                 break;
             }
             self.core.timer = None;
-            self.core.now = Instant::now();
+            self.core.now += 1;
             self.core.timer_wanted = self.core.on_timer();
             self.flush();
         }
@@ -248,12 +250,25 @@ impl<T: Transport> Rpc<T> {
                 })
                 .await
                 {
-                    let resp = handler(job.request).await;
+                    let Job {
+                        session,
+                        slot,
+                        req_num,
+                        request,
+                    } = job;
+                    // A panicking handler fails its call, not this task.
+                    let resp = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+                        Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+                        Err(panic) => Err(panic),
+                    };
                     let Some(e) = weak.upgrade() else {
                         return;
                     };
                     let mut e = e.borrow_mut();
-                    e.core.respond(job.session, job.slot, job.req_num, resp);
+                    match resp {
+                        Ok(resp) => e.core.respond(session, slot, req_num, resp),
+                        Err(_) => e.core.handler_panicked(session, slot, req_num),
+                    }
                     e.flush();
                 }
             });
@@ -267,8 +282,7 @@ impl<T: Transport> Rpc<T> {
         let sid = {
             let mut e = self.engine.borrow_mut();
             let peer = e.transport.resolve(remote)?;
-            let now = Instant::now();
-            e.core.now = now;
+            let now = e.core.now;
             let max_payload = e.core.max_packet - HEADER_LEN;
             let state = SessionState::Connecting {
                 retries: 0,
@@ -325,7 +339,6 @@ impl<T: Transport> Rpc<T> {
         };
         let (slot, req_num) = poll_fn(|cx| {
             let mut e = self.engine.borrow_mut();
-            e.core.now = Instant::now();
             let r = e.core.poll_start(sid, req_type, req, cx);
             if r.is_ready() {
                 e.flush();

@@ -4,6 +4,7 @@ use std::fmt;
 
 use thiserror::Error;
 
+use super::header::Status;
 use super::transport::TransportError;
 
 /// A session of an [`Rpc`](super::Rpc) endpoint: its local number.
@@ -78,6 +79,18 @@ pub enum RpcError {
         len: usize,
         /// [`RpcConfig::max_msg_len`](super::RpcConfig::max_msg_len).
         max: usize,
+    },
+    /// The server answered with an error instead of a response.
+    #[error("{session}: request {req_num} (type {req_type}) failed at the server: {status}")]
+    Remote {
+        /// The session.
+        session: SessionId,
+        /// The request number.
+        req_num: u64,
+        /// The request type.
+        req_type: u8,
+        /// What went wrong there.
+        status: Status,
     },
     /// The transport refused the peer's address.
     #[error("connect failed")]

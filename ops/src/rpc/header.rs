@@ -5,7 +5,7 @@
 //!  2      version (1)
 //!  3      kind (PacketKind)
 //!  4      req_type
-//!  5      reserved, 0
+//!  5      status (responses: Status; 0 otherwise)
 //!  6..8   payload_len: bytes after the header in this packet
 //!  8..12  dest_session: the receiver's session number
 //! 12..16  src_session: the sender's session number
@@ -36,6 +36,44 @@ pub const MAX_MSG_LEN: u32 = 1 << 24;
 pub const MIN_PACKET: u32 = 64;
 /// The largest packet size (header included) a peer may announce.
 pub const MAX_PACKET: u32 = HEADER_LEN as u32 + u16::MAX as u32;
+
+/// How a server answered a request (response packets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Status {
+    /// The handler's response.
+    Ok = 0,
+    /// No handler is registered for the request type (empty response).
+    NoHandler = 1,
+    /// The handler panicked (empty response).
+    HandlerPanicked = 2,
+    /// The handler's response exceeds what a message may hold (empty
+    /// response).
+    ResponseTooLarge = 3,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Ok => "ok",
+            Status::NoHandler => "no handler is registered for the request type",
+            Status::HandlerPanicked => "the handler panicked",
+            Status::ResponseTooLarge => "the handler's response exceeds the message limit",
+        })
+    }
+}
+
+impl Status {
+    fn from_u8(v: u8) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::NoHandler,
+            2 => Status::HandlerPanicked,
+            3 => Status::ResponseTooLarge,
+            _ => return None,
+        })
+    }
+}
 
 /// What a packet is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,6 +120,8 @@ pub struct Header {
     pub kind: PacketKind,
     /// The request type (requests and responses; 0 otherwise).
     pub req_type: u8,
+    /// How the server answered (responses; [`Status::Ok`] otherwise).
+    pub status: Status,
     /// Bytes after the header.
     pub payload_len: u16,
     /// The receiver's session number.
@@ -163,6 +203,7 @@ impl Header {
         Header {
             kind,
             req_type: 0,
+            status: Status::Ok,
             payload_len: 0,
             dest_session: 0,
             src_session: 0,
@@ -179,7 +220,7 @@ impl Header {
         out[2] = VERSION;
         out[3] = self.kind as u8;
         out[4] = self.req_type;
-        out[5] = 0;
+        out[5] = self.status as u8;
         out[6..8].copy_from_slice(&self.payload_len.to_le_bytes());
         out[8..12].copy_from_slice(&self.dest_session.to_le_bytes());
         out[12..16].copy_from_slice(&self.src_session.to_le_bytes());
@@ -228,9 +269,18 @@ impl Header {
         let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         let mut req_num = [0u8; 8];
         req_num.copy_from_slice(&b[16..24]);
+        let Some(status) = Status::from_u8(b[5]) else {
+            return Err(HeaderError::OutOfRange {
+                kind,
+                field: "status",
+                value: b[5].into(),
+                expected: "0 to 3",
+            });
+        };
         let h = Header {
             kind,
             req_type: b[4],
+            status,
             payload_len: u16_at(6),
             dest_session: u32_at(8),
             src_session: u32_at(12),
@@ -239,8 +289,8 @@ impl Header {
             pkt_idx: u16_at(28),
             pkt_count: u16_at(30),
         };
-        if b[5] != 0 {
-            return Err(h.unused("reserved", b[5].into()));
+        if kind != PacketKind::Response {
+            h.zero("status", b[5].into())?;
         }
         h.validate()?;
         Ok(h)
@@ -308,7 +358,11 @@ impl Header {
                     "payload_len",
                     self.payload_len.into(),
                     "at most msg_len",
-                )
+                )?;
+                if self.status != Status::Ok {
+                    self.zero("msg_len of an error response", self.msg_len.into())?;
+                }
+                Ok(())
             }
             PacketKind::CreditReturn | PacketKind::RequestForResponse => {
                 self.zero("req_type", self.req_type.into())?;
@@ -430,10 +484,25 @@ mod tests {
         assert!(matches!(
             Header::decode(&bad),
             Err(HeaderError::UnusedFieldSet {
-                field: "reserved",
+                field: "status",
                 ..
             })
         ));
+        let mut resp = good.clone();
+        resp[3] = PacketKind::Response as u8;
+        resp[5] = 9;
+        assert!(matches!(
+            Header::decode(&resp),
+            Err(HeaderError::OutOfRange {
+                field: "status",
+                ..
+            })
+        ));
+        resp[5] = Status::NoHandler as u8;
+        assert!(
+            Header::decode(&resp).is_err(),
+            "an error response with a body"
+        );
         assert!(matches!(
             Header::decode(&good[..good.len() - 1]),
             Err(HeaderError::LengthMismatch {
@@ -477,6 +546,13 @@ mod tests {
             request(),
             Header {
                 kind: PacketKind::Response,
+                ..request()
+            },
+            Header {
+                kind: PacketKind::Response,
+                status: Status::HandlerPanicked,
+                payload_len: 0,
+                msg_len: 0,
                 ..request()
             },
             Header {

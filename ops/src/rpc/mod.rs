@@ -21,10 +21,14 @@
 //! in packets of that size. Each client packet is answered by one server
 //! packet: request packet `i` by a credit return (the last by response
 //! packet 0), and the client asks for response packets `1..` one by one
-//! (request for response), each taking a credit. Everything stays on the
-//! datagram transport (unlike rrppcc, which moves large messages by RDMA
-//! READ over RC): one queue pair serves every peer, and the same
-//! retransmission covers every packet.
+//! (request for response), each taking a credit. Packets and answers are
+//! taken in any order (the transport may reorder), so reordering costs no
+//! retransmission. Everything stays on the
+//! datagram transport (rrppcc moves large messages by RDMA READ over RC
+//! instead): one UD queue pair serves every peer with no RC connection or
+//! memory registration exchange per peer, and the same retransmission
+//! covers every packet. The price is bandwidth: 8 packets in flight per
+//! session bound a large message's rate (see `examples/rpc_echo.rs`).
 //!
 //! A slot that has had no answer for [`RpcConfig::rto`] sends its
 //! unanswered packets again; after [`RpcConfig::max_retries`] in a row its

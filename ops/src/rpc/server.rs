@@ -9,7 +9,7 @@ use super::buf::MsgBuf;
 use super::core::{open_session, Core, Job};
 use super::endpoint::Request;
 use super::error::SessionId;
-use super::header::{packets_for, Header, PacketKind, MAX_MSG_LEN};
+use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN};
 use super::session::{Role, ServeState, ServerSlot, SESSION_SLOTS};
 use super::transport::TxBatch;
 
@@ -49,6 +49,7 @@ fn send_response<P: Clone>(
     let end = (start + max_payload).min(resp.len());
     let h = Header {
         req_type: slot.req_type,
+        status: slot.status,
         payload_len: (end - start) as u16,
         dest_session: remote,
         src_session: local,
@@ -90,6 +91,7 @@ impl<P: Clone> Core<P> {
                 return;
             }
             slot.resp = None;
+            slot.status = Status::Ok;
             slot.req_num = h.req_num;
             slot.state = ServeState::Receiving;
             slot.req_type = h.req_type;
@@ -144,7 +146,7 @@ impl<P: Clone> Core<P> {
                     send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
                 }
             }
-            ServeState::Idle | ServeState::Refused => {
+            ServeState::Idle => {
                 self.stats.stale_packets += 1;
             }
         }
@@ -167,7 +169,7 @@ impl<P: Clone> Core<P> {
                 req_type = slot.req_type,
                 "rpc: no handler for the request type; request ignored"
             );
-            slot.state = ServeState::Refused;
+            self.refuse(sid, i, Status::NoHandler);
             return;
         };
         slot.state = ServeState::Handling;
@@ -222,13 +224,40 @@ impl<P: Clone> Core<P> {
                 len = resp.len(),
                 "rpc: a handler's response is larger than a message may be; not sent"
             );
-            slot.state = ServeState::Refused;
+            self.refuse(sid, i, Status::ResponseTooLarge);
             return;
         }
         slot.n_resp = n_resp;
         slot.resp = Some(resp);
         slot.state = ServeState::Responded;
         send_response(&mut self.tx, &s.peer, s.remote, sid, max_payload, slot, 0);
+    }
+
+    /// A handler task panicked on request `req_num` of slot `i`.
+    pub(crate) fn handler_panicked(&mut self, sid: u32, i: usize, req_num: u64) {
+        self.stats.handler_panics += 1;
+        error!(session = sid, req_num, "rpc: a handler panicked");
+        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+            let slot = &s.server[i];
+            if slot.req_num == req_num && slot.state == ServeState::Handling {
+                self.refuse(sid, i, Status::HandlerPanicked);
+            }
+        }
+    }
+
+    /// Answers the request in slot `i` with the error `status` (an empty
+    /// response, cached like any other).
+    fn refuse(&mut self, sid: u32, i: usize, status: Status) {
+        let empty = self.pool.msg(self.pool.take());
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return;
+        };
+        let slot = &mut s.server[i];
+        slot.status = status;
+        slot.resp = Some(empty);
+        slot.n_resp = 1;
+        slot.state = ServeState::Responded;
+        send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, 0);
     }
 
     /// A request for response packet `pkt_idx`.

@@ -2,10 +2,10 @@
 
 use std::collections::VecDeque;
 use std::task::Waker;
-use std::time::Instant;
 
 use super::buf::MsgBuf;
 use super::error::RpcError;
+use super::header::Status;
 
 /// Request slots per session; also its credits (packets in flight).
 pub const SESSION_SLOTS: usize = 8;
@@ -25,7 +25,7 @@ pub(crate) enum Role {
 #[derive(Debug)]
 pub(crate) enum SessionState {
     /// Client: connect sent, no answer yet.
-    Connecting { retries: u32, last: Instant },
+    Connecting { retries: u32, last: u64 },
     /// Open.
     Connected,
     /// Client: the connect or a call timed out.
@@ -48,7 +48,8 @@ pub(crate) struct ClientSlot {
     /// Response packets (0 until the first arrives).
     pub(crate) n_resp: usize,
     /// Client packets sent: request packets, then requests for response
-    /// packets 1.. (the k-th is answered by the k-th answer).
+    /// packets 1.. (client packet `k` is answered by the credit return of
+    /// request packet `k`, or by response packet `k - n_req + 1`).
     pub(crate) num_tx: usize,
     /// Client packets below this are all answered (by a credit return or a
     /// response packet).
@@ -56,8 +57,8 @@ pub(crate) struct ClientSlot {
     /// Which of client packets `num_rx..num_rx + 64` are answered (bit
     /// `k - num_rx`): answers may arrive in any order.
     pub(crate) answered: u64,
-    /// Last send or progress.
-    pub(crate) progress: Instant,
+    /// Timer tick of the last send or progress.
+    pub(crate) progress: u64,
     /// Retransmissions since the last progress.
     pub(crate) retries: u32,
     pub(crate) waker: Option<Waker>,
@@ -72,7 +73,7 @@ pub(crate) enum CallState {
 }
 
 impl ClientSlot {
-    fn new(index: usize, now: Instant) -> ClientSlot {
+    fn new(index: usize) -> ClientSlot {
         ClientSlot {
             req_num: index as u64,
             state: CallState::Free,
@@ -85,7 +86,7 @@ impl ClientSlot {
             num_tx: 0,
             num_rx: 0,
             answered: 0,
-            progress: now,
+            progress: 0,
             retries: 0,
             waker: None,
         }
@@ -130,10 +131,8 @@ pub(crate) enum ServeState {
     Receiving,
     /// The handler runs.
     Handling,
-    /// The response is cached for retransmission.
+    /// The response (or the error status) is cached for retransmission.
     Responded,
-    /// No handler for the request type: the request is ignored.
-    Refused,
 }
 
 /// The server side of a slot.
@@ -150,6 +149,8 @@ pub(crate) struct ServerSlot {
     pub(crate) got: Vec<u64>,
     pub(crate) resp: Option<MsgBuf>,
     pub(crate) n_resp: usize,
+    /// How the request was answered.
+    pub(crate) status: Status,
 }
 
 impl ServerSlot {
@@ -165,6 +166,7 @@ impl ServerSlot {
             got: Vec::new(),
             resp: None,
             n_resp: 0,
+            status: Status::Ok,
         }
     }
 }
@@ -194,7 +196,6 @@ pub(crate) struct Session<P> {
 
 impl<P> Session<P> {
     pub(crate) fn new(role: Role, state: SessionState, peer: P, max_payload: usize) -> Self {
-        let now = Instant::now();
         Session {
             role,
             state,
@@ -202,7 +203,7 @@ impl<P> Session<P> {
             remote: 0,
             max_payload,
             credits: SESSION_SLOTS,
-            client: std::array::from_fn(|i| ClientSlot::new(i, now)),
+            client: std::array::from_fn(ClientSlot::new),
             server: std::array::from_fn(|_| ServerSlot::new()),
             slot_waiters: VecDeque::new(),
             connect_waker: None,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use verbio_runtime::Runtime;
 
+use super::header::Status;
 use super::mem::{Faults, MemNetwork, MemTransport};
 use super::{MsgBuf, Request, Rpc, RpcConfig, RpcError, SESSION_SLOTS};
 
@@ -240,9 +241,10 @@ fn a_dead_peer_fails_calls_within_a_bounded_time() {
             text.contains("session 0") && text.contains("request 8"),
             "{text}"
         );
-        // Slot 0 again (request 0 went first). 5 retransmissions 10 ms
-        // apart, found by a 5 ms tick: 60 to 75 ms.
-        assert!(took >= Duration::from_millis(55), "{took:?}");
+        // Slot 0 again (request 0 went first). Sent, then resent 5 times
+        // after 3 timer ticks (10/3 ms) each without an answer, then
+        // failed 3 ticks later: 6 waits of 10 ms, the first from 6.7 ms.
+        assert!(took >= Duration::from_millis(50), "{took:?}");
         assert!(took < Duration::from_millis(500), "{took:?}");
         assert!(matches!(
             cli.call(s, ECHO, b"again").await,
@@ -260,6 +262,44 @@ fn a_dead_peer_fails_calls_within_a_bounded_time() {
             matches!(e, RpcError::ConnectTimeout { retries: 5, .. }),
             "{e}"
         );
+    });
+}
+
+#[test]
+fn a_panicking_handler_fails_its_call_only() {
+    const PANICS: u8 = 2;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(9, 4096);
+        let (srv, _) = server(&net, config());
+        srv.register(PANICS, |req: Request| async move {
+            if req.data() == b"boom" {
+                panic!("handler test panic");
+            }
+            req.response()
+        });
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        for _ in 0..3 {
+            let e = cli.call(s, PANICS, b"boom").await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    RpcError::Remote {
+                        status: Status::HandlerPanicked,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(cli.call(s, PANICS, b"fine").await.unwrap().is_empty());
+        }
+        let req = request(1, 1, 40);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        assert_eq!(srv.stats().handler_panics, 3);
     });
 }
 
@@ -300,12 +340,21 @@ fn unknown_request_types_and_closed_sessions_fail_clearly() {
         let cli = Rpc::new(net.endpoint(), cfg);
         let s = cli.connect(&srv.local_addr()).await.unwrap();
         assert!(!srv.register(ECHO, |req: Request| async move { req.response() }));
-        assert!(matches!(
-            cli.call(s, 99, b"x").await,
-            Err(RpcError::Timeout { .. })
-        ));
+        let e = cli.call(s, 99, b"x").await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RpcError::Remote {
+                    req_type: 99,
+                    status: Status::NoHandler,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no handler"), "{e}");
         assert_eq!(srv.stats().unhandled_requests, 1);
-        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        // The session is fine.
         cli.call(s, ECHO, b"x").await.unwrap();
         cli.disconnect(s);
         assert!(matches!(

@@ -8,12 +8,16 @@ use super::core::Core;
 use super::error::{RpcError, SessionId};
 use super::session::{CallState, Role, SessionState, SESSION_SLOTS};
 
+/// Timer ticks per retransmission timeout: a slot is resent after 3 to 4
+/// ticks without progress, between `rto` and `4/3 rto`.
+pub(crate) const TICKS_PER_RTO: u32 = 3;
+
 impl<P: Clone> Core<P> {
-    /// Runs one timer tick at `self.now`; returns whether a call or connect
-    /// is still under way (the timer stays armed).
+    /// Runs timer tick `self.now`; returns whether a call or connect is
+    /// still under way (the timer stays armed).
     pub(crate) fn on_timer(&mut self) -> bool {
         let now = self.now;
-        let rto = self.config.rto;
+        let rto = u64::from(TICKS_PER_RTO);
         let max_retries = self.config.max_retries;
         let mut busy = false;
         for sid in 0..self.sessions.len() {
@@ -27,7 +31,7 @@ impl<P: Clone> Core<P> {
             match &mut s.state {
                 SessionState::Connecting { retries, last } => {
                     busy = true;
-                    if now.duration_since(*last) < rto {
+                    if now - *last < rto {
                         continue;
                     }
                     if *retries >= max_retries {
@@ -48,7 +52,7 @@ impl<P: Clone> Core<P> {
                             continue;
                         }
                         busy = true;
-                        if slot.in_flight() == 0 || now.duration_since(slot.progress) < rto {
+                        if slot.in_flight() == 0 || now - slot.progress < rto {
                             continue;
                         }
                         if slot.retries >= max_retries {
