@@ -17,11 +17,8 @@ const ECHO: u8 = 1;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn endpoint(dev: &Device) -> Rpc<UdTransport> {
-    let config = UdConfig {
-        gid_index: dev.context().default_gid_index(1).expect("gid index"),
-        ..UdConfig::default()
-    };
-    let transport = UdTransport::new(dev, &config).expect("UD transport");
+    // The GID index is the device's default (RoCE v2 IPv4-mapped on rxe).
+    let transport = UdTransport::new(dev, &UdConfig::default()).expect("UD transport");
     Rpc::new(transport, RpcConfig::default())
 }
 
