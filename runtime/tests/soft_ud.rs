@@ -637,6 +637,83 @@ fn send_completions_follow_posting_order_across_destinations() {
 }
 
 #[test]
+fn posted_lists_keep_their_order_across_destinations() {
+    let a = Ud::new(&open_test_context(), QKEY);
+    let b = Ud::new(&open_test_context(), QKEY);
+    let c = Ud::new(&open_test_context(), QKEY);
+    let d = Ud::new(&a.ctx, QKEY);
+    let targets = [&b, &c, &d];
+    let ahs: Vec<AddressHandle> = targets.iter().map(|t| a.ah(t)).collect();
+    let rbufs: Vec<RegBuf> = targets
+        .iter()
+        .map(|t| {
+            let rb = t.buf(128 * 64);
+            t.post_recvs(&rb, 0, 128, 64);
+            rb
+        })
+        .collect();
+    let src = a.buf(64);
+    // Lists of 1..=12 WRs in runs of 1..=4 per destination, the loopback
+    // one (which the engine sends) among them.
+    let mut next = 0u32;
+    let mut sent = [Vec::new(), Vec::new(), Vec::new()];
+    let mut rng = 0x2545_f491_u32;
+    let mut step = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 17;
+        rng ^= rng << 5;
+        rng
+    };
+    let mut signaled = Vec::new();
+    while next < 300 {
+        let len = 1 + step() % 12;
+        let mut list = Vec::new();
+        while list.len() < len as usize && next < 300 {
+            let t = (step() % 3) as usize;
+            for _ in 0..1 + step() % 4 {
+                if list.len() == len as usize || next == 300 {
+                    break;
+                }
+                let flags = if next % 3 == 0 { SIG } else { SendFlags::NONE };
+                if flags == SIG {
+                    signaled.push(u64::from(next));
+                }
+                list.push(wr(
+                    u64::from(next),
+                    SendOp::SendTo {
+                        dest: dest(&ahs[t], targets[t], QKEY),
+                        imm: Some(next),
+                    },
+                    &[src.sge(0, 8)],
+                    flags,
+                ));
+                sent[t].push(next);
+                next += 1;
+            }
+        }
+        // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+        unsafe { a.qp.post_send(&list) }.unwrap();
+        // (Keep the send queue and the receivers' queues from filling up.)
+        if next % 60 < len {
+            let want = signaled.len();
+            let got = poll_n(&a.scq, want);
+            let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+            assert_eq!(ids, signaled, "signaled completions in posting order");
+            signaled.clear();
+        }
+    }
+    let got = poll_n(&a.scq, signaled.len());
+    assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), signaled);
+    for (i, t) in targets.iter().enumerate() {
+        let r = poll_n(&t.rcq, sent[i].len());
+        let imms: Vec<u32> = r.iter().map(|c| c.imm_data.unwrap()).collect();
+        assert_eq!(imms, sent[i], "destination {i}");
+    }
+    assert_eq!(a.counters().sent, 300);
+    drop(rbufs);
+}
+
+#[test]
 fn receive_completions_use_the_channel_and_solicited_machinery() {
     let a = Ud::new(&open_test_context(), QKEY);
     let bctx = open_test_context();
@@ -851,9 +928,10 @@ fn ud_and_rc_ping_pong_rtt() {
         let stop2 = stop.clone();
         let b = &b;
         let bbuf = &bbuf;
+        // Echo: one receive posted ahead (before the first request: a
+        // datagram finding none is dropped), answer each request inline.
+        b.post_recvs(bbuf, 0, 1, LEN + GRH_LEN);
         s.spawn(move || {
-            // Echo: one receive posted ahead, answer each request inline.
-            b.post_recvs(bbuf, 0, 1, LEN + GRH_LEN);
             let mut c = [Completion::EMPTY; 4];
             while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
                 let n = b.rcq.poll(&mut c).unwrap();
@@ -887,9 +965,9 @@ fn ud_and_rc_ping_pong_rtt() {
         let stop2 = stop.clone();
         let rb = &rb;
         let rbbuf = &rbbuf;
+        // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+        unsafe { rb.qp.post_recv(&[rwr(0, &[rbbuf.sge(0, LEN)])]) }.unwrap();
         s.spawn(move || {
-            // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
-            unsafe { rb.qp.post_recv(&[rwr(0, &[rbbuf.sge(0, LEN)])]) }.unwrap();
             let mut c = [Completion::EMPTY; 4];
             while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
                 let n = rb.rcq.poll(&mut c).unwrap();
