@@ -637,6 +637,82 @@ fn send_completions_follow_posting_order_across_destinations() {
 }
 
 #[test]
+fn datagrams_to_a_device_that_is_gone_complete_and_are_lost() {
+    let a = Ud::new(&open_test_context(), QKEY);
+    let b = Ud::new(&open_test_context(), QKEY);
+    let ah = a.ah(&b);
+    let to_b = dest(&ah, &b, QKEY);
+    let src = a.buf(8);
+    let rb = b.buf(64);
+    b.post_recvs(&rb, 0, 1, 64);
+    a.send_to(0, to_b, None, &[src.sge(0, 8)], SIG).unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&b.rcq).status, WcStatus::Success);
+    // The destination's device closes (its engine stops, its listener
+    // with it).
+    drop(rb);
+    drop(b);
+    // (Time for `a`'s engine to see the connection end.)
+    std::thread::sleep(Duration::from_millis(200));
+    for id in 1..=5 {
+        a.send_to(id, to_b, None, &[src.sge(0, 8)], SIG).unwrap();
+    }
+    let c = poll_n(&a.scq, 5);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(a.qp.state(), QpState::Rts);
+    // No connection to the destination's engine can be had: lost.
+    let ca = a.counters();
+    assert_eq!((ca.sent, ca.lost), (1, 5), "{ca:?}");
+    // The QP still reaches live destinations.
+    let c2 = Ud::new(&open_test_context(), QKEY);
+    let rc2 = c2.buf(64);
+    c2.post_recvs(&rc2, 0, 1, 64);
+    let ah2 = a.ah(&c2);
+    a.send_to(9, dest(&ah2, &c2, QKEY), None, &[src.sge(0, 8)], SIG)
+        .unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&c2.rcq).status, WcStatus::Success);
+}
+
+#[test]
+fn ipv6_devices_write_an_ipv6_grh() {
+    let open = || {
+        Context::open_soft(SoftConfig {
+            bind: "[::1]:0".parse().expect("literal"),
+            ..SoftConfig::default()
+        })
+    };
+    let (Ok(ca), Ok(cb)) = (open(), open()) else {
+        println!("SKIPPED: cannot bind the IPv6 loopback address here");
+        return;
+    };
+    let a = Ud::new(&ca, QKEY);
+    let b = Ud::new(&cb, QKEY);
+    let ah = a.ah(&b);
+    let src = a.buf(8);
+    src.write(0, b"over ip6");
+    let rb = b.buf(64);
+    b.post_recvs(&rb, 0, 1, 64);
+    a.send_to(0, dest(&ah, &b, QKEY), None, &[src.sge(0, 8)], SIG)
+        .unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::Success);
+    let c = poll_one(&b.rcq);
+    assert_eq!(
+        (c.status, c.byte_len),
+        (WcStatus::Success, GRH_LEN as u32 + 8)
+    );
+    let got = rb.read();
+    assert_eq!(got[0] >> 4, 6, "an IPv6 header");
+    // Payload length: UDP + BTH + DETH + payload + ICRC.
+    assert_eq!(u16::from_be_bytes([got[4], got[5]]), 8 + 12 + 8 + 8 + 4);
+    assert_eq!((got[6], got[7]), (17, 1));
+    let sgid = ca.query_gid(1, 0).unwrap();
+    let dgid = cb.query_gid(1, 0).unwrap();
+    assert_eq!(Grh::parse(&got), Some(Grh { sgid, dgid }));
+    assert_eq!(&got[GRH_LEN..GRH_LEN + 8], b"over ip6");
+}
+
+#[test]
 fn posted_lists_keep_their_order_across_destinations() {
     let a = Ud::new(&open_test_context(), QKEY);
     let b = Ud::new(&open_test_context(), QKEY);

@@ -84,11 +84,14 @@ pub(super) fn append(
 
 /// Engine: encodes the front datagram of UD QP `eq` into `tx`, the
 /// transmit buffer of the connection to `peer`, and completes it. `Moved`
-/// if it goes to another engine.
+/// if it goes to another engine, `Wait` while the connection is not
+/// established (a datagram completes once it left; if the connection
+/// fails, it is lost).
 pub(crate) fn gen_datagram(
     eq: &mut EQp,
     sh: &Shared,
     peer: Option<SocketAddr>,
+    connected: bool,
     tx: &mut Vec<u8>,
     mrs: &MrTable,
 ) -> Gen {
@@ -114,6 +117,9 @@ pub(crate) fn gen_datagram(
     };
     if peer != Some(route.addr) {
         return Gen::Moved;
+    }
+    if !connected {
+        return Gen::Wait;
     }
     if front.w.inline.is_none() && !check_local(&front.w.sges, pd, mrs, false) {
         eq.fail(Some(WcStatus::LocProtErr));
