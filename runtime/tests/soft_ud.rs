@@ -984,18 +984,25 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-/// UD and RC ping-pongs of 32 bytes between two devices, in one run,
-/// each side on its own thread busy-polling: prints the medians and their
-/// ratio. `cargo test -p verbio-runtime --test soft_ud -- --ignored --nocapture`
+/// UD and RC ping-pongs of 32 bytes between two devices and inside one,
+/// in one run, each side on its own thread busy-polling: prints the
+/// medians and their ratios.
+/// `cargo test --release -p verbio-runtime --test soft_ud -- --ignored --nocapture`
 #[test]
 #[ignore = "a measurement: run it with --ignored --nocapture"]
 fn ud_and_rc_ping_pong_rtt() {
-    const LEN: usize = 32;
-    const ROUNDS: usize = 20_000;
     let (ca, cb) = (open_test_context(), open_test_context());
+    ping_pong("two devices", &ca, &cb, 20_000);
+    // (Inside one device the engine thread carries every message: with
+    // both sides busy-polling, it needs a core of its own.)
+    ping_pong("one device", &ca, &ca, 500);
+}
+
+fn ping_pong(what: &str, ca: &Context, cb: &Context, rounds: usize) {
+    const LEN: usize = 32;
     // UD.
-    let a = Ud::new(&ca, QKEY);
-    let b = Ud::new(&cb, QKEY);
+    let a = Ud::new(ca, QKEY);
+    let b = Ud::new(cb, QKEY);
     let (ah_ab, ah_ba) = (a.ah(&b), b.ah(&a));
     let (ab, ba) = (dest(&ah_ab, &b, QKEY), dest(&ah_ba, &a, QKEY));
     let (abuf, bbuf) = (a.buf(LEN + GRH_LEN), b.buf(LEN + GRH_LEN));
@@ -1020,7 +1027,7 @@ fn ud_and_rc_ping_pong_rtt() {
             }
         });
         let _stop = StopOnDrop(&stop);
-        median_rtt(ROUNDS, || {
+        median_rtt(rounds, || {
             a.post_recvs(&abuf, 0, 1, LEN + GRH_LEN);
             a.send_to(0, ab, None, &[abuf.sge(GRH_LEN, LEN)], SendFlags::INLINE)
                 .unwrap();
@@ -1034,7 +1041,7 @@ fn ud_and_rc_ping_pong_rtt() {
         })
     });
     // RC, the same exchange.
-    let (ra, rb) = connect_pair(&ca, &cb, &PairOpts::default());
+    let (ra, rb) = connect_pair(ca, cb, &PairOpts::default());
     let (rabuf, rbbuf) = (ra.buf(LEN, LW), rb.buf(LEN, LW));
     stop.store(false, std::sync::atomic::Ordering::Relaxed);
     let rc_rtt = std::thread::scope(|s| {
@@ -1065,7 +1072,7 @@ fn ud_and_rc_ping_pong_rtt() {
             }
         });
         let _stop = StopOnDrop(&stop);
-        median_rtt(ROUNDS, || {
+        median_rtt(rounds, || {
             // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
             unsafe {
                 ra.qp.post_recv(&[rwr(0, &[rabuf.sge(0, LEN)])]).unwrap();
@@ -1083,10 +1090,9 @@ fn ud_and_rc_ping_pong_rtt() {
         })
     });
     println!(
-        "32-byte ping-pong, median RTT over {ROUNDS} rounds: UD {:.1} µs, RC SEND {:.1} µs, UD/RC {:.2}",
+        "{what}: 32-byte ping-pong, median RTT over {rounds} rounds: UD {:.1} µs, RC SEND {:.1} µs, UD/RC {:.2}",
         ud_rtt.as_secs_f64() * 1e6,
         rc_rtt.as_secs_f64() * 1e6,
         ud_rtt.as_secs_f64() / rc_rtt.as_secs_f64()
     );
-    println!("UD counters: {:?} / {:?}", a.counters(), b.counters());
 }
