@@ -10,6 +10,7 @@ pub use verbio_ops::agent::{
     RdmaStream, RecvMsg, RemoteMr,
 };
 pub use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
+pub use verbio_ops::rpc;
 pub use verbio_ops::verbs::{Batch, Received, RemoteBuf, Verbs};
 pub use verbio_runtime as runtime;
 pub use verbio_runtime::provider;

@@ -227,6 +227,11 @@ fn soft_packet() {
 }
 
 #[test]
+fn rpc_header() {
+    replay("rpc_header", MUTATED_INPUTS);
+}
+
+#[test]
 fn committed_seeds_are_up_to_date() {
     for target in TARGETS {
         let dir = corpus_dir(&target);

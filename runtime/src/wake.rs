@@ -22,7 +22,8 @@ thread_local! {
     /// Compared by address: a waker holds its `Arc<Shared>`, so while it
     /// exists no other `Shared` can get that address.
     pub(crate) static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
-    /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime.
+    /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime
+    /// (never `MAIN`: see `LOCAL_MAIN`).
     pub(crate) static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
     /// lazy-registration check on access).
@@ -46,6 +47,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// Makes the epoll fd readable (a syscall).
+    #[cold]
     pub(crate) fn kick(&self) {
         #[cfg(test)]
         self.kicks.fetch_add(1, Ordering::Relaxed);
@@ -54,6 +56,9 @@ impl Shared {
         }
     }
 
+    /// Queues task `id` from another thread (or with the local queue
+    /// unavailable); kicks the reactor if it sleeps.
+    #[inline(never)]
     pub(crate) fn push(&self, id: usize) {
         self.queue
             .lock()
@@ -79,6 +84,7 @@ impl TaskWaker {
     /// plain load sees its latest clear; a cross-thread wake racing the set
     /// can at worst queue the task twice, a spurious poll). Other threads
     /// swap the flag and push into the mutex-protected queue.
+    #[inline(always)]
     pub(crate) fn wake_ref(&self) {
         let shared = Arc::as_ptr(&self.shared);
         let ours = LOCAL_SHARED

@@ -18,6 +18,7 @@
 pub mod agent_wire;
 pub mod handshake;
 pub mod handshake_exchange;
+pub mod rpc_header;
 pub mod soft_packet;
 
 use std::fmt;
@@ -67,7 +68,7 @@ pub struct Target {
 }
 
 /// Every fuzz target.
-pub const TARGETS: [Target; 4] = [
+pub const TARGETS: [Target; 5] = [
     Target {
         name: "agent_wire",
         check: agent_wire::check,
@@ -91,6 +92,12 @@ pub const TARGETS: [Target; 4] = [
         check: soft_packet::check,
         seeds: soft_packet::seeds,
         len_field: soft_packet::LEN_FIELD,
+    },
+    Target {
+        name: "rpc_header",
+        check: rpc_header::check,
+        seeds: rpc_header::seeds,
+        len_field: rpc_header::LEN_FIELD,
     },
 ];
 

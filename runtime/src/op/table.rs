@@ -372,7 +372,7 @@ impl OpTable {
     /// WR of a chain, error bookkeeping, parked data, duplicates) goes to
     /// [`complete_slow`](Self::complete_slow).
     #[inline(always)]
-    pub(crate) fn complete(&self, c: Completion) {
+    pub(crate) fn complete(&self, c: &Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
         let mut t = self.table.borrow_mut();
         let Some(slot) = t.slots.get_mut(key) else {
@@ -388,10 +388,10 @@ impl OpTable {
             drop(t);
             return self.complete_slow(c);
         }
-        slot.completion = c;
+        slot.completion = *c;
         slot.state = State::Completed;
         let credit = slot.credit.take();
-        self.count_completion(&c);
+        self.count_completion(c);
         self.wake_completed(t, key, waiting, credit);
     }
 
@@ -440,7 +440,7 @@ impl OpTable {
     /// [`complete`](Self::complete) outside its common case.
     #[cold]
     #[inline(never)]
-    fn complete_slow(&self, c: Completion) {
+    fn complete_slow(&self, c: &Completion) {
         let (key, gen, index) = wr_id::decode(c.wr_id);
         let mut t = self.table.borrow_mut();
         let slot = match t.live_mut(key) {
@@ -460,7 +460,7 @@ impl OpTable {
             if !c.status.is_success()
                 && slot.errors.as_ref().is_none_or(|e| e.first_error.is_none())
             {
-                slot.errors.get_or_insert_with(Default::default).first_error = Some(c);
+                slot.errors.get_or_insert_with(Default::default).first_error = Some(*c);
             } else if c.status.is_success() {
                 tracing::debug!(wr_id = c.wr_id, "completion of an unsignaled WR");
             }
@@ -470,7 +470,7 @@ impl OpTable {
             .errors
             .as_mut()
             .and_then(|e| e.first_error.take())
-            .unwrap_or(c);
+            .unwrap_or(*c);
         if matches!(
             slot.state,
             State::Submitted | State::Waiting | State::Ignored

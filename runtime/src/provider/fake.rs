@@ -26,6 +26,10 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod send_queue;
+
+use send_queue::SendQueue;
+
 use crate::provider::{
     Completion, Endpoint, InitAttr, PostError, ProviderError, QpCaps, QpState, QpType, RecvWr,
     RtrAttr, RtsAttr, SendFlags, SendWr, UdAttr, WcOpcode, WcStatus, GRH_LEN,
@@ -37,7 +41,7 @@ pub struct FakeQp {
     cq: Rc<FakeCq>,
     qp_num: u32,
     caps: QpCaps,
-    sends: RefCell<VecDeque<(u64, SendFlags, WcOpcode)>>,
+    sends: RefCell<SendQueue>,
     recvs: RefCell<VecDeque<u64>>,
     in_err: Cell<bool>,
     flush_on_err: Cell<bool>,
@@ -56,7 +60,7 @@ impl FakeQp {
             cq,
             qp_num,
             caps,
-            sends: RefCell::new(VecDeque::new()),
+            sends: RefCell::new(SendQueue::default()),
             recvs: RefCell::new(VecDeque::new()),
             in_err: Cell::new(false),
             flush_on_err: Cell::new(true),
@@ -91,36 +95,47 @@ impl FakeQp {
     pub(crate) fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         if self.fail_armed.get() {
             if let Some((posted, error)) = self.take_failure() {
-                let mut q = self.sends.borrow_mut();
-                for wr in wrs.iter().take(posted) {
-                    q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
-                }
+                self.sends
+                    .borrow_mut()
+                    .extend(&wrs[..posted.min(wrs.len())]);
                 return Err(PostError { posted, error });
             }
         }
         self.doorbells.set(self.doorbells.get() + 1);
         let mut q = self.sends.borrow_mut();
-        for (i, wr) in wrs.iter().enumerate() {
-            if q.len() >= self.caps.max_send_wr as usize {
-                return Err(PostError {
-                    posted: i,
-                    error: ProviderError::QueueFull {
-                        qp_num: self.qp_num,
-                        queue: "send",
-                        depth: self.caps.max_send_wr,
-                    },
-                });
-            }
-            if self.in_err.get() {
-                let op = wr.op.completion_opcode();
-                self.cq
-                    .push(self.completion(wr.wr_id, WcStatus::WrFlushErr, op, 0));
-            } else {
-                q.push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+        let room = (self.caps.max_send_wr as usize).saturating_sub(q.len());
+        if wrs.len() <= room && !self.in_err.get() {
+            // The common case: the whole list fits, nothing is flushed.
+            q.extend(wrs);
+        } else {
+            for (i, wr) in wrs.iter().enumerate() {
+                if q.len() >= self.caps.max_send_wr as usize {
+                    return Err(self.send_queue_full(i));
+                }
+                if self.in_err.get() {
+                    let op = wr.op.completion_opcode();
+                    self.cq
+                        .push(self.completion(wr.wr_id, WcStatus::WrFlushErr, op, 0));
+                } else {
+                    q.extend(std::slice::from_ref(wr));
+                }
             }
         }
         self.max_sends.set(self.max_sends.get().max(q.len()));
         Ok(())
+    }
+
+    /// The send queue overflowed after `posted` WRs of a list.
+    #[cold]
+    fn send_queue_full(&self, posted: usize) -> PostError {
+        PostError {
+            posted,
+            error: ProviderError::QueueFull {
+                qp_num: self.qp_num,
+                queue: "send",
+                depth: self.caps.max_send_wr,
+            },
+        }
     }
 
     /// `ibv_post_recv`: records the WRs.
@@ -163,7 +178,7 @@ impl FakeQp {
         if !self.flush_on_err.get() {
             return Ok(());
         }
-        let sends: Vec<_> = self.sends.borrow_mut().drain(..).collect();
+        let sends = self.sends.borrow_mut().take_all();
         for (id, _, op) in sends {
             self.cq
                 .push(self.completion(id, WcStatus::WrFlushErr, op, 0));
@@ -183,21 +198,7 @@ impl FakeQp {
     pub fn complete_send(&self, status: WcStatus, byte_len: u32) -> Option<u64> {
         let mut q = self.sends.borrow_mut();
         let done = if status.is_success() {
-            // Mostly the oldest WR is the signaled one: no scan then.
-            match q.front() {
-                None => return None,
-                Some((_, f, _)) if f.contains(SendFlags::SIGNALED) => q.pop_front()?,
-                Some(_) => {
-                    let pos = q
-                        .iter()
-                        .position(|(_, f, _)| f.contains(SendFlags::SIGNALED))?;
-                    let mut last = None;
-                    for _ in 0..=pos {
-                        last = q.pop_front();
-                    }
-                    last?
-                }
-            }
+            q.retire_to_signaled()?
         } else {
             q.pop_front()?
         };
@@ -205,6 +206,35 @@ impl FakeQp {
         self.cq
             .push(self.completion(done.0, status, done.2, byte_len));
         Some(done.0)
+    }
+
+    /// Completes every outstanding send that [`complete_send`](Self::complete_send)
+    /// would complete if called until it returns `None` (with `Success`,
+    /// trailing unsignaled WRs stay on the queue), in one call; returns how
+    /// many completions it produced.
+    pub fn complete_sends(&self, status: WcStatus, byte_len: u32) -> usize {
+        let mut q = self.sends.borrow_mut();
+        let success = status.is_success();
+        // With success, unsignaled WRs retire with the next signaled one:
+        // everything up to the newest signaled WR goes.
+        let end = if success {
+            q.through_last_signaled()
+        } else {
+            q.len()
+        };
+        if end == 0 {
+            return 0;
+        }
+        let mut cq = self.cq.queue.borrow_mut();
+        let before = cq.len();
+        cq.reserve(end);
+        for &(id, f, op) in q.front(end) {
+            if !success || f.contains(SendFlags::SIGNALED) {
+                cq.push_back(self.completion(id, status, op, byte_len));
+            }
+        }
+        q.retire_front(end);
+        cq.len() - before
     }
 
     /// Completes the oldest posted receive with `status` and `byte_len`.
@@ -571,5 +601,102 @@ impl CompChannel {
 
     pub(crate) fn get_event(&self) -> Result<Option<u32>, ProviderError> {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{SendOp, SgList};
+
+    fn fake() -> Rc<FakeQp> {
+        let cq = Rc::new(FakeCq {
+            queue: RefCell::new(VecDeque::new()),
+        });
+        let caps = QpCaps {
+            max_send_wr: 16,
+            ..QpCaps::default()
+        };
+        FakeQp::new(7, caps, cq)
+    }
+
+    fn wr(wr_id: u64, signaled: bool) -> SendWr {
+        SendWr {
+            wr_id,
+            sg_list: SgList::new(),
+            op: SendOp::Send,
+            flags: if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::NONE
+            },
+        }
+    }
+
+    fn drained(f: &FakeQp) -> Vec<(u64, WcStatus)> {
+        f.cq.queue
+            .borrow_mut()
+            .drain(..)
+            .map(|c| (c.wr_id, c.status))
+            .collect()
+    }
+
+    /// `complete_sends` does what `complete_send` called until `None` does:
+    /// unsignaled WRs retire with the next signaled one, trailing ones stay;
+    /// an error status completes every WR.
+    #[test]
+    fn complete_sends_matches_complete_send_in_a_loop() {
+        let signaled = [false, true, true, false, false, true, false];
+        for status in [WcStatus::Success, WcStatus::RemAccessErr] {
+            let (one, all) = (fake(), fake());
+            let wrs: Vec<SendWr> = (0..signaled.len())
+                .map(|i| wr(i as u64, signaled[i]))
+                .collect();
+            one.post_send(&wrs).expect("post");
+            all.post_send(&wrs).expect("post");
+            let mut looped = 0;
+            while one.complete_send(status, 64).is_some() {
+                looped += 1;
+            }
+            assert_eq!(all.complete_sends(status, 64), looped);
+            assert_eq!(drained(&all), drained(&one));
+            assert_eq!(all.posted_sends(), one.posted_sends());
+        }
+        // The success case left the trailing unsignaled WR, the error case nothing.
+        let f = fake();
+        f.post_send(&[wr(1, true), wr(2, false)]).expect("post");
+        assert_eq!(f.complete_sends(WcStatus::Success, 0), 1);
+        assert_eq!(f.outstanding_sends(), 1);
+    }
+
+    /// After a flush, only WRs posted since count: unsignaled ones alone
+    /// complete nothing, a signaled one retires them.
+    #[test]
+    fn completes_only_what_a_signaled_wr_posted_since_the_flush_retires() {
+        let f = fake();
+        f.post_send(&[wr(1, true)]).expect("post");
+        f.modify_to_err().expect("to ERR");
+        assert_eq!(drained(&f), vec![(1, WcStatus::WrFlushErr)]);
+        f.in_err.set(false);
+        f.post_send(&[wr(2, false), wr(3, false)]).expect("post");
+        assert_eq!(f.complete_sends(WcStatus::Success, 0), 0);
+        assert_eq!(f.complete_send(WcStatus::Success, 0), None);
+        f.post_send(&[wr(4, true)]).expect("post");
+        assert_eq!(f.complete_send(WcStatus::Success, 0), Some(4));
+        assert_eq!(f.outstanding_sends(), 0);
+    }
+
+    /// A list that overflows the send queue posts what fits and reports it.
+    #[test]
+    fn post_send_past_the_queue_depth_posts_what_fits() {
+        let f = fake();
+        let wrs: Vec<SendWr> = (0..20).map(|i| wr(i, true)).collect();
+        let e = f.post_send(&wrs).expect_err("overflow");
+        assert_eq!(e.posted, 16);
+        assert!(matches!(
+            e.error,
+            ProviderError::QueueFull { depth: 16, .. }
+        ));
+        assert_eq!(f.outstanding_sends(), 16);
     }
 }

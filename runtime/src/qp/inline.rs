@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::{QpCore, QueuePair, UdPeer};
-use crate::op::{wr_id, SubmitError};
+use crate::op::{wr_id, SubmitError, Ticket};
 use crate::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge, UdDest, WcStatus};
 
 /// An inline send's error completion, kept by its QP.
@@ -147,9 +147,7 @@ impl QueuePair {
             data,
             imm,
             dest: None,
-            sq_ticket: None,
-            cq_ticket: None,
-            sq_held: false,
+            credits: SendCredits::default(),
             done: false,
         }
     }
@@ -169,9 +167,7 @@ impl QueuePair {
             data,
             imm,
             dest: Some(peer.dest()),
-            sq_ticket: None,
-            cq_ticket: None,
-            sq_held: false,
+            credits: SendCredits::default(),
             done: false,
         }
     }
@@ -339,6 +335,78 @@ impl QueuePair {
     }
 }
 
+/// What a waiting inline send (or burst) holds of its QP's send-queue and
+/// send-CQ credits while it waits for `n` of each, in FIFO order with the
+/// QP's other submissions.
+#[derive(Debug, Default)]
+pub(super) struct SendCredits {
+    sq_ticket: Option<Ticket>,
+    cq_ticket: Option<Ticket>,
+    /// The send-queue credits are held (waiting for the CQ's).
+    pub(super) sq_held: bool,
+}
+
+impl SendCredits {
+    /// Nothing held or queued for.
+    #[inline(always)]
+    pub(super) fn is_idle(&self) -> bool {
+        !self.sq_held && self.sq_ticket.is_none() && self.cq_ticket.is_none()
+    }
+
+    /// Ready once `n` send-queue and `n` CQ credits are held (then this is
+    /// idle again and the caller owns them). Waiting for the send queue
+    /// retires the QP's unsignaled sends first, waiting for the CQ
+    /// releases the credits the reactor hoards.
+    pub(super) fn poll_acquire(
+        &mut self,
+        qp: &QueuePair,
+        n: u32,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let core = &qp.inner.core;
+        if !self.sq_held {
+            if self.sq_ticket.is_some() || !core.credits.sq.try_acquire(n) {
+                if self.sq_ticket.is_none() {
+                    core.retire_unsignaled();
+                }
+                if core
+                    .credits
+                    .sq
+                    .poll_acquire(n, &mut self.sq_ticket, cx)
+                    .is_pending()
+                {
+                    return Poll::Pending;
+                }
+            }
+            self.sq_held = true;
+        }
+        if self.cq_ticket.is_some() || !core.credits.send_cq.try_acquire(n) {
+            if self.cq_ticket.is_none() {
+                qp.inner.handle.driver().release_hoarded_credits();
+            }
+            if core
+                .credits
+                .send_cq
+                .poll_acquire(n, &mut self.cq_ticket, cx)
+                .is_pending()
+            {
+                return Poll::Pending;
+            }
+        }
+        self.sq_held = false;
+        Poll::Ready(())
+    }
+
+    /// Gives back whatever is held or queued for (`n` per queue).
+    pub(super) fn abandon(&mut self, core: &QpCore, n: u32) {
+        core.credits.sq.cancel(&mut self.sq_ticket);
+        core.credits.send_cq.cancel(&mut self.cq_ticket);
+        if std::mem::take(&mut self.sq_held) {
+            core.credits.sq.release(n);
+        }
+    }
+}
+
 /// The future of [`QueuePair::post_send_inline`]: resolves once the inline
 /// send is posted (not completed). Dropping it before that posts nothing.
 #[must_use = "dropping it before it resolves cancels the send"]
@@ -348,10 +416,7 @@ pub struct SendInline<'a> {
     imm: Option<u32>,
     /// UD: the destination.
     dest: Option<UdDest>,
-    sq_ticket: Option<crate::op::Ticket>,
-    cq_ticket: Option<crate::op::Ticket>,
-    /// One send-queue credit is held (waiting for the CQ credit).
-    sq_held: bool,
+    credits: SendCredits,
     done: bool,
 }
 
@@ -368,12 +433,7 @@ impl std::fmt::Debug for SendInline<'_> {
 impl SendInline<'_> {
     /// Gives back whatever this waiting send holds.
     fn abandon(&mut self) {
-        let core = &self.qp.inner.core;
-        core.credits.sq.cancel(&mut self.sq_ticket);
-        core.credits.send_cq.cancel(&mut self.cq_ticket);
-        if std::mem::take(&mut self.sq_held) {
-            core.credits.sq.release(1);
-        }
+        self.credits.abandon(&self.qp.inner.core, 1);
     }
 }
 
@@ -384,7 +444,7 @@ impl SendInline<'_> {
     /// everything to [`poll_slow`](Self::poll_slow).
     #[inline(always)]
     fn try_post_now(&mut self) -> Option<Result<(), SubmitError>> {
-        if self.done || self.sq_held || self.sq_ticket.is_some() || self.cq_ticket.is_some() {
+        if self.done || !self.credits.is_idle() {
             return None;
         }
         let qp = self.qp;
@@ -405,7 +465,7 @@ impl SendInline<'_> {
             return None;
         }
         if !core.credits.send_cq.try_acquire(1) {
-            self.sq_held = true;
+            self.credits.sq_held = true;
             return None;
         }
         self.done = true;
@@ -427,37 +487,9 @@ impl SendInline<'_> {
             this.done = true;
             return Poll::Ready(Err(e));
         }
-        let core = &qp.inner.core;
-        if !this.sq_held {
-            if this.sq_ticket.is_some() || !core.credits.sq.try_acquire(1) {
-                if this.sq_ticket.is_none() {
-                    core.retire_unsignaled();
-                }
-                if core
-                    .credits
-                    .sq
-                    .poll_acquire(1, &mut this.sq_ticket, cx)
-                    .is_pending()
-                {
-                    return Poll::Pending;
-                }
-            }
-            this.sq_held = true;
+        if this.credits.poll_acquire(qp, 1, cx).is_pending() {
+            return Poll::Pending;
         }
-        if this.cq_ticket.is_some() || !core.credits.send_cq.try_acquire(1) {
-            if this.cq_ticket.is_none() {
-                qp.inner.handle.driver().release_hoarded_credits();
-            }
-            if core
-                .credits
-                .send_cq
-                .poll_acquire(1, &mut this.cq_ticket, cx)
-                .is_pending()
-            {
-                return Poll::Pending;
-            }
-        }
-        this.sq_held = false;
         this.done = true;
         Poll::Ready(qp.post_inline_now(this.data, this.imm, this.dest))
     }

@@ -7,8 +7,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::inline::SendCredits;
 use super::{QueuePair, UdPeer};
-use crate::op::{wr_id, SubmitError, Ticket};
+use crate::op::{wr_id, SubmitError};
 use crate::provider::{PostError, SendFlags, SendOp, SendWr, SgList, Sge};
 
 /// Most datagrams in one burst.
@@ -41,9 +42,7 @@ impl QueuePair {
         SendInlineBurst {
             qp: self,
             datagrams,
-            sq_ticket: None,
-            cq_ticket: None,
-            sq_held: false,
+            credits: SendCredits::default(),
             done: false,
         }
     }
@@ -175,10 +174,7 @@ impl QueuePair {
 pub struct SendInlineBurst<'a> {
     qp: &'a QueuePair,
     datagrams: &'a [Datagram<'a>],
-    sq_ticket: Option<Ticket>,
-    cq_ticket: Option<Ticket>,
-    /// The send-queue credits are held (waiting for the CQ's).
-    sq_held: bool,
+    credits: SendCredits,
     done: bool,
 }
 
@@ -194,12 +190,8 @@ impl std::fmt::Debug for SendInlineBurst<'_> {
 
 impl SendInlineBurst<'_> {
     fn abandon(&mut self) {
-        let core = &self.qp.inner.core;
-        core.credits.sq.cancel(&mut self.sq_ticket);
-        core.credits.send_cq.cancel(&mut self.cq_ticket);
-        if std::mem::take(&mut self.sq_held) {
-            core.credits.sq.release(self.datagrams.len() as u32);
-        }
+        let n = self.datagrams.len() as u32;
+        self.credits.abandon(&self.qp.inner.core, n);
     }
 }
 
@@ -226,37 +218,9 @@ impl Future for SendInlineBurst<'_> {
             this.done = true;
             return Poll::Ready(Ok(()));
         }
-        let core = &qp.inner.core;
-        if !this.sq_held {
-            if this.sq_ticket.is_some() || !core.credits.sq.try_acquire(n) {
-                if this.sq_ticket.is_none() {
-                    core.retire_unsignaled();
-                }
-                if core
-                    .credits
-                    .sq
-                    .poll_acquire(n, &mut this.sq_ticket, cx)
-                    .is_pending()
-                {
-                    return Poll::Pending;
-                }
-            }
-            this.sq_held = true;
+        if this.credits.poll_acquire(qp, n, cx).is_pending() {
+            return Poll::Pending;
         }
-        if this.cq_ticket.is_some() || !core.credits.send_cq.try_acquire(n) {
-            if this.cq_ticket.is_none() {
-                qp.inner.handle.driver().release_hoarded_credits();
-            }
-            if core
-                .credits
-                .send_cq
-                .poll_acquire(n, &mut this.cq_ticket, cx)
-                .is_pending()
-            {
-                return Poll::Pending;
-            }
-        }
-        this.sq_held = false;
         this.done = true;
         Poll::Ready(qp.post_burst_now(this.datagrams))
     }

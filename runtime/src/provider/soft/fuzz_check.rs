@@ -79,6 +79,18 @@ pub fn check_soft_packet(data: &[u8]) -> bool {
     again.extend_from_slice(&p.header.encode());
     again.extend_from_slice(p.payload);
     assert_eq!(again, data, "packet re-encodes differently: {:?}", p.header);
+    if p.header.opcode.is_datagram() {
+        let h = &p.header;
+        assert!(
+            h.payload_len <= packet::UD_MTU
+                && h.flags & (FLAG_FIRST | FLAG_LAST) == FLAG_FIRST | FLAG_LAST
+                && h.arg0 <= 0xff
+                && h.arg1 == 0
+                && h.addr == 0
+                && (h.opcode == Opcode::DatagramImm || h.imm == 0),
+            "decode accepted a datagram the engine cannot take: {h:?}"
+        );
+    }
     if p.header.opcode == Opcode::Hello {
         match packet::decode_hello(p.payload) {
             Ok(addr) => assert_eq!(packet::encode_hello(addr).as_slice(), p.payload),

@@ -1,4 +1,4 @@
-//! The software RDMA device: a faithful RC "NIC" in pure Rust.
+//! The software RDMA device: a faithful RC and UD "NIC" in pure Rust.
 //!
 //! Each opened [`Context`] runs one engine thread (`engine/`) that plays the
 //! NIC. It sleeps in its own mio poll when idle; the post path only queues
@@ -46,7 +46,25 @@
 //! writes to the connection (a bulk transfer), the socket goes back to the
 //! engine and leaves the channel's set; an expired lease hands it back too.
 //!
-//! Files: `context.rs` (device, PD, limits), `mr.rs` (MR table: the engine
+//! UD (`ud/`): UD QPs send `SendTo` datagrams of at most one MTU (4096
+//! bytes; larger ones, and RC operations, fail at post) to the UD QP an
+//! address handle (`ah.rs`: the destination engine's address, resolved per
+//! datagram in the context's table while a clone lives; a dead one fails
+//! the WR `LOC_QP_OP_ERR` and the QP, as on rxe) and a QPN name. Datagrams
+//! share the RC connections (or the loopback one), one packet each, sent by
+//! the engine or the posting thread (as above), completed once the packet
+//! left; no ACKs, no retries. The receiver drops and counts a datagram with
+//! no QP, a non-UD QP or one not in RTR/RTS, the wrong Q_Key, or no posted
+//! receive (as rxe); otherwise it writes the GRH as rxe does for RoCE v2
+//! (20 zero bytes and the IPv4 header between the two engines' addresses,
+//! an IPv6 header for IPv6 engines) and the payload into the next receive,
+//! or completes it `LOC_LEN_ERR` if it is too small. The context counts
+//! datagrams ([`Context::ud_counters`]) and can drop and duplicate a
+//! seeded fraction of those it sends ([`Context::set_ud_faults`], tests).
+//! Not implemented: multicast, GSI, controlled Q_Keys, P_Keys.
+//!
+//! Files: `context.rs` (device, PD, limits), `ah.rs` (address handles),
+//! `ud/` (datagrams: sending, receiving, the GRH, counters and faults), `mr.rs` (MR table: the engine
 //! holds its lock while it touches registered memory, so deregistration takes
 //! effect at once), `cq.rs` (CQs), `channel.rs` (the completion channel),
 //! `events.rs` (eventfd-backed event queues: CQ and async events),

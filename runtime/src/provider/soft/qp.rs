@@ -485,29 +485,31 @@ impl Qp {
     /// registration is gone; INLINE payloads need only be readable during
     /// the call.
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
-        if let [wr] = wrs {
-            if self.sh().direct_hint.load(Ordering::Relaxed) {
-                let r = if self.sh().qp_type == QpType::Ud {
+        let mut start = 0;
+        if self.sh().direct_hint.load(Ordering::Relaxed) {
+            if self.sh().qp_type == QpType::Ud {
+                // SAFETY: forwarded contract of this function.
+                start = unsafe { ud::post_direct(self, wrs) };
+                if start == wrs.len() {
+                    return Ok(());
+                }
+            } else if let [wr] = wrs {
+                if direct::eligible(wr) {
                     // SAFETY: forwarded contract of this function.
-                    unsafe { ud::post_direct(self, wr) }
-                } else if direct::eligible(wr) {
-                    // SAFETY: forwarded contract of this function.
-                    unsafe { direct::post(self, wr) }
-                } else {
-                    None
-                };
-                if let Some(r) = r {
-                    return r;
+                    if let Some(r) = unsafe { direct::post(self, wr) } {
+                        return r;
+                    }
                 }
             }
         }
+        let wrs = &wrs[start..];
         let sh = self.sh();
         let mut inner = lock(&sh.inner);
         match inner.state {
             QpState::Rts | QpState::Err | QpState::Sqd | QpState::Sqe => {}
             state => {
                 return Err(post_err(
-                    0,
+                    start,
                     ProviderError::InvalidQpState {
                         qp_num: sh.qpn,
                         op: "post_send",
@@ -520,7 +522,7 @@ impl Qp {
         for (i, wr) in wrs.iter().enumerate() {
             if inner.sq_outstanding >= sh.caps.max_send_wr {
                 result = Err(post_err(
-                    i,
+                    start + i,
                     ProviderError::QueueFull {
                         qp_num: sh.qpn,
                         queue: "send",
@@ -542,7 +544,7 @@ impl Qp {
                     inner.sq_outstanding += 1;
                 }
                 Err(e) => {
-                    result = Err(post_err(i, e));
+                    result = Err(post_err(start + i, e));
                     break;
                 }
             }

@@ -28,6 +28,8 @@ pub(crate) enum Gen {
     Idle,
     /// UD: the next datagram goes to another engine's connection.
     Moved,
+    /// UD: the next datagram waits for this connection to be established.
+    Wait,
 }
 
 /// Payload bytes copied into one packet (inline, multi-SGE, READ responses).
@@ -349,7 +351,7 @@ impl Engine {
             };
             let ud = eq.sh.qp_type == QpType::Ud;
             let gen = if ud {
-                ud::gen_datagram(eq, sh, conn.peer, &mut conn.tx, &mrs)
+                ud::gen_datagram(eq, sh, conn.peer, conn.connected, &mut conn.tx, &mrs)
             } else {
                 gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mrs, now)
             };
@@ -374,6 +376,8 @@ impl Engine {
                     eq.scheduled = false;
                     moved.push(qpn);
                 }
+                // (Established, the connection is filled again.)
+                Gen::Wait => break,
             }
         }
         drop(mrs);

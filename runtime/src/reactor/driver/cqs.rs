@@ -172,7 +172,7 @@ impl Driver {
         let mut total = 0;
         loop {
             for c in &batch[..polled] {
-                self.complete(*c);
+                self.complete(c);
             }
             total += polled;
             // Only a full batch leaves the CQ possibly holding more.

@@ -13,11 +13,11 @@ impl Driver {
     /// Routes one completion: an op's (inline here, the common case) or a
     /// reserved wr_id's ([`complete_reserved`](Self::complete_reserved)).
     #[inline(always)]
-    pub(super) fn complete(&self, c: Completion) {
+    pub(super) fn complete(&self, c: &Completion) {
         if c.wr_id & wr_id::RESERVED == 0 {
             self.ops.complete(c);
         } else {
-            self.complete_reserved(&c);
+            self.complete_reserved(c);
         }
     }
 

@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 
 use slab::Slab;
 
@@ -37,11 +37,13 @@ use crate::wake::{
 };
 use join::JoinState;
 pub use join::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
-use task::{Settle, TaskFuture};
+use task::{Run, Settle, TaskFuture};
 
+/// A spawned task: its future (which holds the waker it is polled with)
+/// and its wake flag.
 struct Task {
-    future: Option<Pin<Box<dyn Future<Output = ()>>>>,
-    waker: Waker,
+    /// `None` only while the task is polled (see `poll_task`).
+    future: Option<Pin<Box<dyn Run>>>,
     flag: Arc<TaskWaker>,
 }
 
@@ -105,11 +107,6 @@ impl Executor {
             aborted: Cell::new(false),
             task: RefCell::new(None),
         });
-        let task = TaskFuture {
-            fut,
-            st: Settle(state.clone()),
-            done: false,
-        };
         let mut tasks = self.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
         let id = entry.key();
@@ -122,9 +119,14 @@ impl Executor {
         // The task is only ever polled with this waker (by `poll_task`):
         // `abort` wakes it through this copy.
         *state.task.borrow_mut() = Some(waker.clone());
+        let task = TaskFuture {
+            fut,
+            st: Settle(state.clone()),
+            done: false,
+            waker: waker.clone(),
+        };
         entry.insert(Task {
             future: Some(Box::pin(task)),
-            waker: waker.clone(),
             flag,
         });
         drop(tasks);
@@ -188,14 +190,10 @@ impl Executor {
             if q.is_empty() {
                 return;
             }
-            let mut ready = self.ready.borrow_mut();
-            for id in q.drain(..) {
-                if id == MAIN {
-                    self.main_woken.set(true);
-                } else {
-                    ready.push_back(id);
-                }
-            }
+            // `wake_ref` never queues `MAIN` here (it has `LOCAL_MAIN`):
+            // the ids move over in one copy.
+            debug_assert!(!q.contains(&MAIN));
+            self.ready.borrow_mut().extend(q.drain(..));
         });
     }
 
@@ -243,9 +241,9 @@ impl Executor {
     }
 
     fn poll_task(&self, id: usize) {
-        // The future and the waker are moved out for the poll (no borrow is
-        // held while user code runs) and back in after: no refcount traffic.
-        let (mut fut, waker) = {
+        // The future is moved out for the poll (no borrow is held while user
+        // code runs) and back in after; it carries its own waker.
+        let mut fut = {
             let mut tasks = self.tasks.borrow_mut();
             let Some(task) = tasks.get_mut(id) else {
                 return;
@@ -254,24 +252,14 @@ impl Executor {
                 return;
             };
             task.flag.scheduled.store(false, Ordering::Release);
-            (
-                fut,
-                std::mem::replace(&mut task.waker, Waker::noop().clone()),
-            )
+            fut
         };
-        let mut cx = Context::from_waker(&waker);
-        match fut.as_mut().poll(&mut cx) {
-            Poll::Ready(()) => {
-                let task = self.tasks.borrow_mut().try_remove(id);
-                drop(task);
-                drop(fut);
-            }
-            Poll::Pending => {
-                if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
-                    task.future = Some(fut);
-                    task.waker = waker;
-                }
-            }
+        if fut.as_mut().run().is_ready() {
+            let task = self.tasks.borrow_mut().try_remove(id);
+            drop(task);
+            drop(fut);
+        } else if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
+            task.future = Some(fut);
         }
     }
 

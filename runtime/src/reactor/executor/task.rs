@@ -6,7 +6,7 @@ use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use pin_project::pin_project;
 
@@ -25,6 +25,23 @@ pub(super) struct TaskFuture<F: Future> {
     pub(super) st: Settle<F::Output>,
     /// Returned `Ready` already.
     pub(super) done: bool,
+    /// The task's waker: it is always polled with this one ([`Run::run`]).
+    pub(super) waker: Waker,
+}
+
+/// A task as the executor runs it: polled with its own waker.
+pub(super) trait Run {
+    /// Polls the task once.
+    fn run(self: Pin<&mut Self>) -> Poll<()>;
+}
+
+impl<F: Future> Run for TaskFuture<F> {
+    #[inline]
+    fn run(self: Pin<&mut Self>) -> Poll<()> {
+        let this = self.project();
+        let mut cx = Context::from_waker(this.waker);
+        poll_task(this.fut, this.st, this.done, &mut cx)
+    }
 }
 
 /// The task's side of its [`JoinState`]. Dropped with the task: if the
@@ -46,48 +63,49 @@ impl<T> Drop for Settle<T> {
     }
 }
 
-impl<F: Future> Future for TaskFuture<F> {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.project();
-        if *this.done {
-            return Poll::Ready(());
-        }
-        let out = if this.st.0.aborted.get() {
-            None
-        } else {
-            let fut = this.fut;
-            // After a panic the future is never polled again (`done`).
-            // Unwind safety: after a panic the future is only dropped (with
-            // the task, right after this poll), never polled again, and the
-            // runtime holds no borrow while a task runs.
-            match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-                Ok(Poll::Pending) => return Poll::Pending,
-                Ok(Poll::Ready(v)) => Some(Ok(v)),
-                Err(payload) => Some(Err(payload)),
-            }
-        };
-        *this.done = true;
-        let st = &this.st.0;
-        match out {
-            Some(Ok(v)) => *st.value.borrow_mut() = Some(v),
-            Some(Err(payload)) => {
-                tracing::error!(
-                    panic = panic_message(&*payload),
-                    "a spawned task panicked; the task ended, the runtime goes on"
-                );
-                *st.panic.borrow_mut() = Some(payload);
-            }
-            None => {}
-        }
-        st.finished.set(true);
-        let w = st.waker.borrow_mut().take();
-        if let Some(w) = w {
-            w.wake();
-        }
-        Poll::Ready(())
+/// Polls the user's future `fut` of a task unless it is `done`; once it is
+/// (or the task was aborted), hands its output to the handle through `st`.
+fn poll_task<F: Future>(
+    fut: Pin<&mut F>,
+    st: &Settle<F::Output>,
+    done: &mut bool,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    if *done {
+        return Poll::Ready(());
     }
+    let st = &st.0;
+    let out = if st.aborted.get() {
+        None
+    } else {
+        // After a panic the future is never polled again (`done`).
+        // Unwind safety: after a panic the future is only dropped (with
+        // the task, right after this poll), never polled again, and the
+        // runtime holds no borrow while a task runs.
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(v)) => Some(Ok(v)),
+            Err(payload) => Some(Err(payload)),
+        }
+    };
+    *done = true;
+    match out {
+        Some(Ok(v)) => *st.value.borrow_mut() = Some(v),
+        Some(Err(payload)) => {
+            tracing::error!(
+                panic = panic_message(&*payload),
+                "a spawned task panicked; the task ended, the runtime goes on"
+            );
+            *st.panic.borrow_mut() = Some(payload);
+        }
+        None => {}
+    }
+    st.finished.set(true);
+    let w = st.waker.borrow_mut().take();
+    if let Some(w) = w {
+        w.wake();
+    }
+    Poll::Ready(())
 }
 
 /// The text of a panic payload (`&str` or `String`), else a placeholder.

@@ -9,12 +9,14 @@
 //! receive behind a GRH built as rxe builds it (`grh.rs`). This file holds
 //! the device's UD counters and the fault injection tests use.
 
+mod direct;
 mod grh;
 mod route;
 mod rx;
 mod tx;
 
-pub(crate) use tx::{gen_datagram, post_direct};
+pub(crate) use direct::post_direct;
+pub(crate) use tx::gen_datagram;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;

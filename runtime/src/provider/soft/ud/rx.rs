@@ -52,6 +52,8 @@ impl Engine {
             WcStatus::LocLenErr
         } else {
             let mrs = sh.mrs();
+            // (The IPv4 identification: the low bits of the datagram's PSN,
+            // where rxe has the kernel's IP ID.)
             let g = grh::build(
                 &sgid,
                 &sh.gid,

@@ -1,0 +1,251 @@
+//! Echo over the RPC engine (`verbio::rpc`) on a UD queue pair, with the
+//! rate and the latency percentiles; by default also the engine alone
+//! (both sides on one thread over the in-memory network: its CPU cost per
+//! call), RC SEND/RECV ping-pong and a plain TCP request/response loop in
+//! the same run, side by side, with ratios.
+//!
+//! Both sides in this process (two threads, loopback), then TCP:
+//!
+//! ```text
+//! cargo run --release --example rpc_echo [-- --calls 20000 --size 32]
+//! ```
+//!
+//! or in two terminals / on two hosts (the client gets the server's RPC
+//! address over TCP at ADDR):
+//!
+//! ```text
+//! cargo run --release --example rpc_echo -- --server 0.0.0.0:7100
+//! cargo run --release --example rpc_echo -- --client 127.0.0.1:7100 [--concurrency 8]
+//! ```
+
+mod cli;
+mod rpc_echo_common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use verbio::rpc::mem::MemNetwork;
+use verbio::rpc::ud::{UdConfig, UdTransport};
+use verbio::rpc::{Request, Rpc, RpcConfig, Transport};
+use verbio::runtime::{Device, Runtime};
+
+const ECHO: u8 = 1;
+
+use rpc_echo_common::{rc_loop, tcp_loop, BoxError, Figures};
+
+/// RPC echo over UD; without --server/--client both sides run in this
+/// process, followed by a TCP request/response loop for comparison.
+#[derive(Parser)]
+struct Args {
+    /// Serve on ADDR (the RPC address is handed out over TCP there).
+    #[arg(long, value_name = "ADDR", conflicts_with = "client")]
+    server: Option<SocketAddr>,
+    /// Call the server whose TCP address is ADDR.
+    #[arg(long, value_name = "ADDR")]
+    client: Option<SocketAddr>,
+    /// Calls measured (after a tenth as many for warm-up).
+    #[arg(long, default_value_t = 20_000, value_parser = cli::at_least_one)]
+    calls: usize,
+    /// Request (and response) size in bytes.
+    #[arg(long, default_value_t = 32)]
+    size: usize,
+    /// Calls under way at once (client mode; the in-process run measures
+    /// 1 and 8).
+    #[arg(long, default_value_t = 1, value_parser = cli::at_least_one)]
+    concurrency: usize,
+    /// RDMA device (e.g. rxe0; default: a software device).
+    #[arg(short, long, env = "VERBIO_DEVICE")]
+    device: Option<String>,
+}
+
+fn rpc_endpoint(device: Option<&str>, ip: IpAddr) -> Result<Rpc<UdTransport>, BoxError> {
+    let dev = Device::open(cli::open_device_or_soft(device, ip)?)?;
+    let transport = UdTransport::new(&dev, &UdConfig::default())?;
+    Ok(Rpc::new(transport, RpcConfig::default()))
+}
+
+fn register_echo<T: Transport>(rpc: &Rpc<T>) {
+    rpc.register(ECHO, |req: Request| async move {
+        let mut resp = req.response();
+        resp.extend_from_slice(req.data());
+        resp
+    });
+}
+
+/// `concurrency` tasks calling until `calls` are done; the latency of each.
+async fn call_loop<T: Transport>(
+    rpc: &Rc<Rpc<T>>,
+    addr: &[u8],
+    calls: usize,
+    size: usize,
+    concurrency: usize,
+) -> Result<Figures, BoxError> {
+    let s = rpc.connect(addr).await?;
+    let run = |n: usize| {
+        let handles: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let rpc = rpc.clone();
+                verbio::runtime::spawn(async move {
+                    let req = vec![0x5a; size];
+                    let mut lat = Vec::with_capacity(n / concurrency);
+                    for _ in 0..n / concurrency {
+                        let t0 = Instant::now();
+                        let resp = rpc.call(s, ECHO, &req).await.map_err(|e| e.to_string())?;
+                        lat.push(t0.elapsed());
+                        if resp.len() != size {
+                            return Err(format!("echo of {} bytes, sent {size}", resp.len()));
+                        }
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles
+    };
+    for h in run((calls / 10).max(concurrency)) {
+        h.await?;
+    }
+    let t0 = Instant::now();
+    let mut lat = Vec::with_capacity(calls);
+    for h in run(calls) {
+        lat.extend(h.await?);
+    }
+    let elapsed = t0.elapsed();
+    tracing::debug!(rpc = ?rpc.stats(), "client counters");
+    Ok(Figures::new(lat, elapsed))
+}
+
+/// Serves RPC echo; hands the RPC address to whoever connects to `tcp`.
+fn serve(tcp: SocketAddr, device: Option<&str>) -> Result<(), BoxError> {
+    let rt = Runtime::new()?;
+    rt.block_on(async {
+        let rpc = rpc_endpoint(device, tcp.ip())?;
+        register_echo(&rpc);
+        let addr = rpc.local_addr();
+        let listener = TcpListener::bind(tcp)?;
+        println!(
+            "serving RPC echo; address over TCP at {}",
+            listener.local_addr()?
+        );
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let _ = conn
+                    .write_all(&(addr.len() as u16).to_le_bytes())
+                    .and_then(|()| conn.write_all(&addr));
+            }
+        });
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}
+
+/// Fetches the server's RPC address from `tcp`.
+fn fetch_addr(tcp: SocketAddr) -> Result<Vec<u8>, BoxError> {
+    let mut conn = TcpStream::connect(tcp)?;
+    let mut len = [0u8; 2];
+    conn.read_exact(&mut len)?;
+    let mut addr = vec![0u8; u16::from_le_bytes(len).into()];
+    conn.read_exact(&mut addr)?;
+    Ok(addr)
+}
+
+fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
+    let addr = fetch_addr(tcp)?;
+    let rt = Runtime::new()?;
+    rt.block_on(async {
+        let local_ip = TcpStream::connect(tcp)?.local_addr()?.ip();
+        let rpc = Rc::new(rpc_endpoint(args.device.as_deref(), local_ip)?);
+        let f = call_loop(&rpc, &addr, args.calls, args.size, args.concurrency).await?;
+        f.print(&format!("rpc/ud, {} in flight", args.concurrency));
+        Ok(())
+    })
+}
+
+/// Both sides on this thread over the in-memory network: the engine's own
+/// cost (client, server and handler task) without a device.
+fn in_memory(args: &Args) -> Result<Figures, BoxError> {
+    let rt = Runtime::new()?;
+    rt.block_on(async {
+        let net = MemNetwork::new(1, 4096);
+        let srv = Rpc::new(net.endpoint(), RpcConfig::default());
+        register_echo(&srv);
+        let cli = Rc::new(Rpc::new(net.endpoint(), RpcConfig::default()));
+        call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await
+    })
+}
+
+/// Both RPC sides in this process, then TCP; prints both and the ratios.
+fn side_by_side(args: &Args) -> Result<(), BoxError> {
+    let mem = in_memory(args)?;
+    let device = args.device.clone();
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let server = std::thread::spawn(move || -> Result<(), String> {
+        let rt = Runtime::new().map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let rpc = rpc_endpoint(device.as_deref(), Ipv4Addr::LOCALHOST.into())
+                .map_err(|e| e.to_string())?;
+            register_echo(&rpc);
+            addr_tx.send(rpc.local_addr()).map_err(|e| e.to_string())?;
+            while stop_rx.try_recv().is_err() {
+                verbio::runtime::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(())
+        })
+    });
+    let addr = addr_rx.recv()?;
+    let rt = Runtime::new()?;
+    let (one, eight) = rt.block_on(async {
+        let rpc = Rc::new(rpc_endpoint(
+            args.device.as_deref(),
+            Ipv4Addr::LOCALHOST.into(),
+        )?);
+        let one = call_loop(&rpc, &addr, args.calls, args.size, 1).await?;
+        let eight = call_loop(&rpc, &addr, args.calls, args.size, 8).await?;
+        Ok::<_, BoxError>((one, eight))
+    })?;
+    drop(rt);
+    stop_tx.send(())?;
+    server.join().map_err(|_| "RPC server panicked")??;
+    let rc = rc_loop(args.device.as_deref(), args.calls, args.size)?;
+    let tcp = tcp_loop(args.calls, args.size)?;
+    println!("{} calls of {} bytes:", args.calls, args.size);
+    mem.print("rpc/in-memory, 1 thread");
+    println!(
+        "  (engine CPU per call, client + server + handler task: {:.2} µs)",
+        1e6 / mem.rate
+    );
+    one.print("rpc/ud, 1 in flight");
+    eight.print("rpc/ud, 8 in flight");
+    rc.print("rc send/recv, 1 in flight");
+    tcp.print("tcp loopback, 1 in flight");
+    one.print_ratio("rpc/ud ÷ rc send/recv (1 in flight):", &rc);
+    one.print_ratio("rpc/ud ÷ tcp (1 in flight):", &tcp);
+    println!(
+        "rpc/ud with 8 in flight ÷ tcp with 1: rate {:.2}x",
+        eight.rate / tcp.rate
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    cli::init_tracing();
+    let args = Args::parse();
+    let res = match (args.server, args.client) {
+        (Some(at), _) => serve(at, args.device.as_deref()),
+        (None, Some(at)) => client(at, &args),
+        (None, None) => side_by_side(&args),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rpc_echo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

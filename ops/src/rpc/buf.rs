@@ -1,0 +1,94 @@
+//! Message buffers recycled through a per-endpoint pool.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::rc::Rc;
+
+/// Buffers kept by the pool at most.
+const POOL_MAX: usize = 1024;
+/// Larger buffers are freed rather than kept.
+const KEEP_MAX_CAPACITY: usize = 1 << 20;
+
+/// A pool of byte buffers (single-threaded, shared by clones).
+#[derive(Clone, Default)]
+pub(crate) struct BufPool(Rc<RefCell<Vec<Vec<u8>>>>);
+
+impl BufPool {
+    /// An empty buffer, reused when the pool has one.
+    pub(crate) fn take(&self) -> Vec<u8> {
+        self.0.borrow_mut().pop().unwrap_or_default()
+    }
+
+    /// Gives `buf` back (emptied).
+    pub(crate) fn put(&self, mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > KEEP_MAX_CAPACITY {
+            return;
+        }
+        let mut pool = self.0.borrow_mut();
+        if pool.len() < POOL_MAX {
+            buf.clear();
+            pool.push(buf);
+        }
+    }
+
+    /// `buf` as a message that returns to this pool when dropped.
+    pub(crate) fn msg(&self, buf: Vec<u8>) -> MsgBuf {
+        MsgBuf {
+            buf,
+            pool: Some(self.clone()),
+        }
+    }
+}
+
+/// A message: the response of a call, or the response a handler fills.
+/// Dereferences to a `Vec<u8>`; when dropped, its memory goes back to the
+/// endpoint's pool for the next message.
+pub struct MsgBuf {
+    buf: Vec<u8>,
+    pool: Option<BufPool>,
+}
+
+impl MsgBuf {
+    /// The bytes, taken out of the pool's reach.
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.pool = None;
+        std::mem::take(&mut self.buf)
+    }
+}
+
+impl From<Vec<u8>> for MsgBuf {
+    /// A message of `buf` (not from a pool).
+    fn from(buf: Vec<u8>) -> MsgBuf {
+        MsgBuf { buf, pool: None }
+    }
+}
+
+impl Deref for MsgBuf {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.buf
+    }
+}
+
+impl DerefMut for MsgBuf {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+}
+
+impl Drop for MsgBuf {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.put(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+impl fmt::Debug for MsgBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MsgBuf")
+            .field("len", &self.buf.len())
+            .finish()
+    }
+}

@@ -1,0 +1,356 @@
+//! The client half: starting calls, sending request packets under the
+//! session's credits, taking answers, and completing calls.
+
+use std::task::{Context, Poll};
+
+use super::buf::MsgBuf;
+use super::core::Core;
+use super::error::{RpcError, SessionId};
+use super::header::{packets_for, Header, PacketKind, Status};
+use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
+use super::transport::TxBatch;
+
+/// Sends client packet `k` of `slot`: request packet `k`, or past the
+/// request the request for response packet `k - n_req + 1`.
+pub(crate) fn send_client_packet<P: Clone>(
+    tx: &mut TxBatch<P>,
+    s_peer: &P,
+    remote: u32,
+    local: u32,
+    max_payload: usize,
+    slot: &ClientSlot,
+    k: usize,
+) {
+    if k < slot.n_req {
+        let start = k * max_payload;
+        let end = (start + max_payload).min(slot.req.len());
+        let h = Header {
+            req_type: slot.req_type,
+            payload_len: (end - start) as u16,
+            dest_session: remote,
+            src_session: local,
+            req_num: slot.req_num,
+            msg_len: slot.req.len() as u32,
+            pkt_idx: k as u16,
+            pkt_count: slot.n_req as u16,
+            ..Header::new(PacketKind::Request)
+        };
+        tx.push(s_peer, &h, &slot.req[start..end]);
+    } else {
+        let h = Header {
+            dest_session: remote,
+            src_session: local,
+            req_num: slot.req_num,
+            pkt_idx: (k - slot.n_req + 1) as u16,
+            ..Header::new(PacketKind::RequestForResponse)
+        };
+        tx.push(s_peer, &h, &[]);
+    }
+}
+
+/// Ends the call of slot `i` with `result`, returning the credits it holds.
+pub(crate) fn complete<P>(s: &mut Session<P>, i: usize, result: Result<(), RpcError>) {
+    let slot = &mut s.client[i];
+    s.credits += slot.in_flight();
+    slot.num_tx = slot.num_rx;
+    slot.answered = 0;
+    slot.state = CallState::Done(result);
+    if slot.abandoned {
+        free_slot(s, i);
+    } else if let Some(w) = slot.waker.take() {
+        w.wake();
+    }
+}
+
+/// Makes slot `i` free for the next call (with the next request number).
+pub(crate) fn free_slot<P>(s: &mut Session<P>, i: usize) {
+    let slot = &mut s.client[i];
+    slot.state = CallState::Free;
+    slot.abandoned = false;
+    slot.req_num += SESSION_SLOTS as u64;
+    if let Some(w) = s.slot_waiters.pop_front() {
+        w.wake();
+    }
+}
+
+impl<P: Clone> Core<P> {
+    /// Takes a free slot of session `sid` for a call and sends what the
+    /// credits allow; `Pending` while all slots are busy.
+    pub(crate) fn poll_start(
+        &mut self,
+        sid: u32,
+        req_type: u8,
+        data: &[u8],
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(usize, u64), RpcError>> {
+        let session = SessionId(sid);
+        let max = self.config.max_msg_len;
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return Poll::Ready(Err(RpcError::SessionClosed { session }));
+        };
+        match s.state {
+            SessionState::Connected if s.role == Role::Client => {}
+            SessionState::Failed => return Poll::Ready(Err(RpcError::SessionFailed { session })),
+            _ => return Poll::Ready(Err(RpcError::SessionClosed { session })),
+        }
+        let max = max.min(s.max_payload * u16::MAX as usize);
+        if data.len() > max {
+            return Poll::Ready(Err(RpcError::RequestTooLarge {
+                len: data.len(),
+                max,
+            }));
+        }
+        let Some(i) = s
+            .client
+            .iter()
+            .position(|c| matches!(c.state, CallState::Free))
+        else {
+            if !s.slot_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                s.slot_waiters.push_back(cx.waker().clone());
+            }
+            return Poll::Pending;
+        };
+        let now = self.now;
+        let slot = &mut s.client[i];
+        slot.state = CallState::Active;
+        slot.abandoned = false;
+        slot.req_type = req_type;
+        slot.req.clear();
+        slot.req.extend_from_slice(data);
+        slot.resp.clear();
+        slot.n_req = packets_for(data.len(), s.max_payload);
+        slot.n_resp = 0;
+        slot.num_tx = 0;
+        slot.num_rx = 0;
+        slot.answered = 0;
+        slot.retries = 0;
+        slot.progress = now;
+        let req_num = slot.req_num;
+        self.pump(sid);
+        self.want_timer();
+        Poll::Ready(Ok((i, req_num)))
+    }
+
+    /// A call that waited for a slot was dropped: hands its turn on.
+    pub(crate) fn pass_slot_turn(&mut self, sid: u32) {
+        if let Some(Some(s)) = self.sessions.get_mut(sid as usize) {
+            if s.client.iter().any(|c| matches!(c.state, CallState::Free)) {
+                if let Some(w) = s.slot_waiters.pop_front() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    /// The result of the call in slot `i`, once it is there.
+    pub(crate) fn poll_call(
+        &mut self,
+        sid: u32,
+        i: usize,
+        req_num: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<MsgBuf, RpcError>> {
+        let session = SessionId(sid);
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return Poll::Ready(Err(RpcError::SessionClosed { session }));
+        };
+        let slot = &mut s.client[i];
+        if slot.req_num != req_num {
+            return Poll::Ready(Err(RpcError::SessionClosed { session }));
+        }
+        match std::mem::replace(&mut slot.state, CallState::Active) {
+            CallState::Active => {
+                match &mut slot.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            CallState::Done(result) => {
+                let out = result.map(|()| {
+                    let resp = std::mem::replace(&mut slot.resp, self.pool.take());
+                    self.pool.msg(resp)
+                });
+                free_slot(s, i);
+                Poll::Ready(out)
+            }
+            CallState::Free => {
+                slot.state = CallState::Free;
+                Poll::Ready(Err(RpcError::SessionClosed { session }))
+            }
+        }
+    }
+
+    /// The call future of slot `i` was dropped before its result.
+    pub(crate) fn abandon(&mut self, sid: u32, i: usize, req_num: u64) {
+        if let Some(Some(s)) = self.sessions.get_mut(sid as usize) {
+            let slot = &mut s.client[i];
+            if slot.req_num != req_num {
+                return;
+            }
+            match slot.state {
+                CallState::Active => {
+                    slot.abandoned = true;
+                    slot.waker = None;
+                }
+                CallState::Done(_) => free_slot(s, i),
+                CallState::Free => {}
+            }
+        }
+    }
+
+    /// Sends what the credits of session `sid` allow, slots in round robin.
+    pub(crate) fn pump(&mut self, sid: u32) {
+        let now = self.now;
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return;
+        };
+        let start = s.pump_from;
+        s.pump_from = (start + 1) % SESSION_SLOTS;
+        for step in 0..SESSION_SLOTS {
+            if s.credits == 0 {
+                break;
+            }
+            let slot = &mut s.client[(start + step) % SESSION_SLOTS];
+            if !matches!(slot.state, CallState::Active) {
+                continue;
+            }
+            while s.credits > 0
+                && slot.num_tx < slot.total_tx()
+                && slot.num_tx - slot.num_rx < WINDOW
+            {
+                let k = slot.num_tx;
+                send_client_packet(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, k);
+                slot.num_tx += 1;
+                slot.progress = now;
+                s.credits -= 1;
+            }
+        }
+    }
+
+    /// The active slot of a client session `h` answers, if `h`'s request
+    /// number is its current one.
+    fn answered_slot(&mut self, h: &Header) -> Option<usize> {
+        let s = self.session_for(h, Role::Client)?;
+        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let slot = &s.client[i];
+        if matches!(slot.state, CallState::Active) && slot.req_num == h.req_num {
+            Some(i)
+        } else {
+            self.stats.stale_packets += 1;
+            None
+        }
+    }
+
+    /// A credit return: request packet `pkt_idx` arrived; for the last one,
+    /// the handler is running.
+    pub(crate) fn on_credit_return(&mut self, h: &Header) {
+        let Some(i) = self.answered_slot(h) else {
+            return;
+        };
+        let now = self.now;
+        let Some(Some(s)) = self.sessions.get_mut(h.dest_session as usize) else {
+            return;
+        };
+        let slot = &mut s.client[i];
+        let k = usize::from(h.pkt_idx);
+        if k + 1 == slot.n_req {
+            // The server has the whole request; its handler runs.
+            slot.progress = now;
+            slot.retries = 0;
+            return;
+        }
+        if k + 1 > slot.n_req {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        if !slot.answer(k) {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        slot.progress = now;
+        slot.retries = 0;
+        s.credits += 1;
+        self.pump(h.dest_session);
+    }
+
+    /// A response packet.
+    pub(crate) fn on_response(&mut self, h: &Header, payload: &[u8]) {
+        let Some(i) = self.answered_slot(h) else {
+            return;
+        };
+        let now = self.now;
+        let sid = h.dest_session;
+        let max_len = self.config.max_msg_len;
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return;
+        };
+        let max_payload = s.max_payload;
+        let slot = &mut s.client[i];
+        let j = usize::from(h.pkt_idx);
+        let k = slot.n_req - 1 + j;
+        if k >= slot.num_tx || slot.is_answered(k) {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        let msg_len = h.msg_len as usize;
+        let n_resp = usize::from(h.pkt_count);
+        if j == 0 {
+            if h.status != Status::Ok {
+                let e = RpcError::Remote {
+                    session: SessionId(sid),
+                    req_num: h.req_num,
+                    req_type: slot.req_type,
+                    status: h.status,
+                };
+                complete(s, i, Err(e));
+                return;
+            }
+            if msg_len > max_len {
+                let e = RpcError::ResponseTooLarge {
+                    session: SessionId(sid),
+                    req_num: h.req_num,
+                    len: msg_len,
+                    max: max_len,
+                };
+                complete(s, i, Err(e));
+                return;
+            }
+            if n_resp != packets_for(msg_len, max_payload) {
+                self.stats.malformed_packets += 1;
+                return;
+            }
+            slot.resp.clear();
+            slot.resp.resize(msg_len, 0);
+            slot.n_resp = n_resp;
+        } else if n_resp != slot.n_resp || msg_len != slot.resp.len() {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        let start = j * max_payload;
+        let end = (start + max_payload).min(msg_len);
+        if payload.len() != end - start {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        slot.resp[start..end].copy_from_slice(payload);
+        let before = slot.in_flight();
+        if j == 0 {
+            // The server had the whole request: every request packet is
+            // answered, whichever credit returns were lost.
+            for k in slot.num_rx..slot.n_req {
+                slot.answer(k);
+            }
+        } else {
+            slot.answer(k);
+        }
+        s.credits += before - slot.in_flight();
+        slot.progress = now;
+        slot.retries = 0;
+        if slot.num_rx == slot.total_tx() {
+            complete(s, i, Ok(()));
+        } else {
+            self.pump(sid);
+        }
+    }
+}

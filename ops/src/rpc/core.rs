@@ -1,0 +1,300 @@
+//! The engine's state and packet dispatch; the client and server halves
+//! live in `client.rs` and `server.rs`, the timer in `timer.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::task::Waker;
+
+use tracing::trace;
+use verbio_runtime::Sleep;
+
+use super::buf::BufPool;
+use super::config::RpcConfig;
+use super::endpoint::Request;
+use super::header::{Header, PacketKind, HEADER_LEN};
+use super::session::{Role, Session, SessionState};
+use super::transport::TxBatch;
+
+/// Counters of an endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RpcStats {
+    /// Packets handed to the transport.
+    pub packets_sent: u64,
+    /// Packets received.
+    pub packets_received: u64,
+    /// Packets sent again after a timeout.
+    pub retransmissions: u64,
+    /// Request packets that arrived again (answered from the slot's state,
+    /// the handler not run again).
+    pub duplicate_requests: u64,
+    /// Packets for an old request, an unknown session, or out of order.
+    pub stale_packets: u64,
+    /// Packets refused: a bad header, or a shape that does not fit the session.
+    pub malformed_packets: u64,
+    /// Handlers started.
+    pub handler_runs: u64,
+    /// Requests for which no handler was registered.
+    pub unhandled_requests: u64,
+    /// Handlers that panicked.
+    pub handler_panics: u64,
+    /// Calls that failed because the peer stopped answering.
+    pub timeouts: u64,
+}
+
+/// A request waiting for a handler task.
+pub(crate) struct Job {
+    pub(crate) session: u32,
+    pub(crate) slot: usize,
+    pub(crate) req_num: u64,
+    pub(crate) request: Request,
+}
+
+/// The queue of one request type's handler tasks.
+#[derive(Default)]
+pub(crate) struct HandlerQueue {
+    pub(crate) jobs: VecDeque<Job>,
+    pub(crate) idle: Vec<Waker>,
+}
+
+/// What identifies a client's session at the server: its address, its
+/// session number and its incarnation number.
+pub(crate) type ConnectKey = (Vec<u8>, u32, u64);
+
+/// A connect packet waiting for the transport to resolve its address.
+pub(crate) struct ConnectRequest {
+    pub(crate) header: Header,
+    pub(crate) addr: Vec<u8>,
+}
+
+/// Everything but the transport.
+pub(crate) struct Core<P> {
+    pub(crate) config: RpcConfig,
+    /// Indexed by session number; numbers are not reused.
+    pub(crate) sessions: Vec<Option<Session<P>>>,
+    /// Server sessions by their connect's key.
+    pub(crate) connects: HashMap<ConnectKey, u32>,
+    /// This endpoint's incarnation number, random: a server tells a client
+    /// that restarted with the same address and session number from the
+    /// old one by it.
+    pub(crate) nonce: u64,
+    pub(crate) connect_requests: Vec<ConnectRequest>,
+    pub(crate) tx: TxBatch<P>,
+    pub(crate) pool: BufPool,
+    pub(crate) handlers: Vec<Option<HandlerQueue>>,
+    pub(crate) stats: RpcStats,
+    /// Retransmission timer ticks so far (the engine's clock: the hot path
+    /// reads no time).
+    pub(crate) now: u64,
+    /// The transport's largest packet.
+    pub(crate) max_packet: usize,
+    pub(crate) local_addr: Vec<u8>,
+    pub(crate) timer: Option<Sleep>,
+    /// Some call or connect may need a retransmission.
+    pub(crate) timer_wanted: bool,
+    pub(crate) dispatcher: Option<Waker>,
+}
+
+impl<P: Clone> Core<P> {
+    pub(crate) fn new(config: RpcConfig, max_packet: usize, local_addr: Vec<u8>) -> Self {
+        Core {
+            config,
+            sessions: Vec::new(),
+            connects: HashMap::new(),
+            nonce: {
+                use std::hash::{BuildHasher, Hasher};
+                // Seeded from the OS's randomness per process.
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            },
+            connect_requests: Vec::new(),
+            tx: TxBatch::default(),
+            pool: BufPool::default(),
+            handlers: (0..256).map(|_| None).collect(),
+            stats: RpcStats::default(),
+            now: 0,
+            max_packet,
+            local_addr,
+            timer: None,
+            timer_wanted: false,
+            dispatcher: None,
+        }
+    }
+
+    /// Makes sure the dispatcher runs the retransmission timer.
+    pub(crate) fn want_timer(&mut self) {
+        if !self.timer_wanted {
+            self.timer_wanted = true;
+            if let Some(w) = &self.dispatcher {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    pub(crate) fn add_session(&mut self, session: Session<P>) -> u32 {
+        let sid = self.sessions.len() as u32;
+        self.sessions.push(Some(session));
+        sid
+    }
+
+    /// The open session `h` is addressed to (see [`open_session`]).
+    pub(crate) fn session_for(&mut self, h: &Header, role: Role) -> Option<&mut Session<P>> {
+        open_session(&mut self.sessions, &mut self.stats, h, role)
+    }
+
+    /// Handles one received packet.
+    pub(crate) fn on_packet(&mut self, packet: &[u8]) {
+        self.stats.packets_received += 1;
+        let (h, payload) = match Header::decode(packet) {
+            Ok(v) => v,
+            Err(error) => {
+                self.stats.malformed_packets += 1;
+                trace!(%error, "rpc: malformed packet dropped");
+                return;
+            }
+        };
+        match h.kind {
+            PacketKind::Request => self.on_request(&h, payload),
+            PacketKind::RequestForResponse => self.on_request_for_response(&h),
+            PacketKind::CreditReturn => self.on_credit_return(&h),
+            PacketKind::Response => self.on_response(&h, payload),
+            PacketKind::Connect => self.connect_requests.push(ConnectRequest {
+                header: h,
+                addr: payload.to_vec(),
+            }),
+            PacketKind::ConnectAck => self.on_connect_ack(&h),
+            PacketKind::Disconnect => {
+                let dest = h.dest_session as usize;
+                let from_peer = matches!(
+                    self.sessions.get(dest),
+                    Some(Some(s)) if s.remote == h.src_session
+                );
+                if from_peer {
+                    self.close_session(h.dest_session);
+                } else {
+                    self.stats.stale_packets += 1;
+                }
+            }
+        }
+    }
+
+    /// Server: opens (or finds again) the session a connect asks for and
+    /// answers it.
+    pub(crate) fn accept_connect(&mut self, req: ConnectRequest, peer: P) {
+        let h = req.header;
+        let key = (req.addr, h.src_session, h.req_num);
+        let sid = match self.connects.get(&key) {
+            Some(&sid) => sid,
+            None => {
+                let packet = h.msg_len.min(self.max_packet as u32) as usize;
+                let mut s = Session::new(
+                    Role::Server,
+                    SessionState::Connected,
+                    peer,
+                    packet - HEADER_LEN,
+                );
+                s.remote = h.src_session;
+                s.connect_key = Some(key.clone());
+                let sid = self.add_session(s);
+                self.connects.insert(key, sid);
+                sid
+            }
+        };
+        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+            let ack = Header {
+                dest_session: h.src_session,
+                src_session: sid,
+                req_num: h.req_num,
+                msg_len: (s.max_payload + HEADER_LEN) as u32,
+                ..Header::new(PacketKind::ConnectAck)
+            };
+            self.tx.push(&s.peer, &ack, &[]);
+        }
+    }
+
+    /// Client: the server opened the session.
+    fn on_connect_ack(&mut self, h: &Header) {
+        let max_packet = self.max_packet;
+        let Some(Some(s)) = self.sessions.get_mut(h.dest_session as usize) else {
+            self.stats.stale_packets += 1;
+            return;
+        };
+        if s.role != Role::Client || !matches!(s.state, SessionState::Connecting { .. }) {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        if h.msg_len as usize > max_packet || h.req_num != self.nonce {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        s.remote = h.src_session;
+        s.max_payload = h.msg_len as usize - HEADER_LEN;
+        s.state = SessionState::Connected;
+        if let Some(w) = s.connect_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Client: sends the connect packet of session `sid`.
+    pub(crate) fn send_connect(&mut self, sid: u32) {
+        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+            let h = Header {
+                src_session: sid,
+                req_num: self.nonce,
+                msg_len: self.max_packet as u32,
+                payload_len: self.local_addr.len() as u16,
+                ..Header::new(PacketKind::Connect)
+            };
+            self.tx.push(&s.peer, &h, &self.local_addr);
+        }
+    }
+
+    /// Ends session `sid`: its calls fail with `SessionClosed`.
+    pub(crate) fn close_session(&mut self, sid: u32) {
+        let Some(mut s) = self.sessions.get_mut(sid as usize).and_then(Option::take) else {
+            return;
+        };
+        if let Some(key) = s.connect_key.take() {
+            self.connects.remove(&key);
+        }
+        s.wake_all();
+    }
+
+    /// Client: sends a disconnect for session `sid` and closes it.
+    pub(crate) fn disconnect(&mut self, sid: u32) {
+        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+            if matches!(s.state, SessionState::Connected) {
+                let h = Header {
+                    dest_session: s.remote,
+                    src_session: sid,
+                    ..Header::new(PacketKind::Disconnect)
+                };
+                self.tx.push(&s.peer, &h, &[]);
+            }
+        }
+        self.close_session(sid);
+    }
+}
+
+/// The open session `h` is addressed to, if it has `role` and its peer is
+/// `h`'s sender; else counts a stale packet.
+pub(crate) fn open_session<'a, P>(
+    sessions: &'a mut [Option<Session<P>>],
+    stats: &mut RpcStats,
+    h: &Header,
+    role: Role,
+) -> Option<&'a mut Session<P>> {
+    match sessions.get_mut(h.dest_session as usize) {
+        Some(Some(s))
+            if s.role == role
+                && matches!(s.state, SessionState::Connected)
+                && s.remote == h.src_session =>
+        {
+            Some(s)
+        }
+        _ => {
+            stats.stale_packets += 1;
+            trace!(?h, "rpc: packet for no open session dropped");
+            None
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! [`Rpc`]: the endpoint, its dispatcher task and its handler tasks.
+
+use std::cell::RefCell;
+use std::future::{poll_fn, Future};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use futures::FutureExt;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use tracing::warn;
+
+use super::buf::{BufPool, MsgBuf};
+use super::config::RpcConfig;
+use super::core::{Core, HandlerQueue, Job, RpcStats};
+use super::error::{RpcError, SessionId};
+use super::header::{HEADER_LEN, MAX_MSG_LEN, MAX_PACKET, MIN_PACKET};
+use super::session::{Role, Session, SessionState};
+use super::timer::TICKS_PER_RTO;
+use super::transport::Transport;
+
+/// A request, as its handler gets it.
+pub struct Request {
+    pub(crate) req_type: u8,
+    pub(crate) session: SessionId,
+    pub(crate) data: MsgBuf,
+    pub(crate) pool: BufPool,
+}
+
+impl Request {
+    /// The request type.
+    pub fn req_type(&self) -> u8 {
+        self.req_type
+    }
+
+    /// The server-side session it came on.
+    pub fn session(&self) -> SessionId {
+        self.session
+    }
+
+    /// The request's bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// An empty buffer from the endpoint's pool for the response.
+    pub fn response(&self) -> MsgBuf {
+        self.pool.msg(self.pool.take())
+    }
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("req_type", &self.req_type)
+            .field("session", &self.session)
+            .field("len", &self.data.len())
+            .finish()
+    }
+}
+
+/// The transport and the rest of the engine.
+pub(crate) struct Engine<T: Transport> {
+    transport: T,
+    pub(crate) core: Core<T::Peer>,
+}
+
+impl<T: Transport> Engine<T> {
+    /// Sends the queued packets with one transport call.
+    fn flush(&mut self) {
+        if self.core.tx.is_empty() {
+            return;
+        }
+        self.core.stats.packets_sent += self.core.tx.len() as u64;
+        if let Err(error) = self.transport.send(&self.core.tx) {
+            // Lost like a dropped packet: retransmission covers it.
+            warn!(%error, packets = self.core.tx.len(), "rpc: send failed");
+        }
+        self.core.tx.clear();
+    }
+
+    /// Resolves and answers the connect packets received.
+    fn accept_connects(&mut self) {
+        if self.core.connect_requests.is_empty() {
+            return;
+        }
+        let requests = std::mem::take(&mut self.core.connect_requests);
+        for req in requests {
+            match self.transport.resolve(&req.addr) {
+                Ok(peer) => self.core.accept_connect(req, peer),
+                Err(error) => {
+                    self.core.stats.malformed_packets += 1;
+                    warn!(%error, "rpc: connect from an address that does not resolve");
+                }
+            }
+        }
+    }
+
+    /// The dispatcher: receives, answers, runs the retransmission timer.
+    fn poll_dispatch(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.core.dispatcher {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
+        let mut rounds = 0;
+        loop {
+            let Engine { transport, core } = self;
+            let batch = core.config.recv_batch;
+            let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
+            self.accept_connects();
+            self.flush();
+            match got {
+                Poll::Ready(Ok(n)) if n > 0 => {}
+                Poll::Ready(Ok(_)) => break,
+                Poll::Ready(Err(error)) => {
+                    warn!(%error, "rpc: receive failed");
+                    break;
+                }
+                Poll::Pending => break,
+            }
+            rounds += 1;
+            if rounds == 8 {
+                // Let the calls and handlers woken so far run.
+                cx.waker().wake_by_ref();
+                break;
+            }
+        }
+        while self.core.timer_wanted {
+            let rto = self.core.config.rto;
+            let timer = self
+                .core
+                .timer
+                .get_or_insert_with(|| verbio_runtime::sleep(rto / TICKS_PER_RTO));
+            if Pin::new(timer).poll(cx).is_pending() {
+                break;
+            }
+            self.core.timer = None;
+            self.core.now += 1;
+            self.core.timer_wanted = self.core.on_timer();
+            self.flush();
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: Transport> Drop for Engine<T> {
+    fn drop(&mut self) {
+        if let Some(w) = self.core.dispatcher.take() {
+            w.wake();
+        }
+        for queue in self.core.handlers.iter_mut().flatten() {
+            for w in queue.idle.drain(..) {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// An RPC endpoint on one runtime thread: sessions to servers (as a
+/// client), sessions from clients (as a server), and the handlers.
+///
+/// Create it inside a verbio runtime: it spawns its dispatcher task (and
+/// handler tasks at [`register`](Rpc::register)); they end when it is
+/// dropped.
+pub struct Rpc<T: Transport> {
+    engine: Rc<RefCell<Engine<T>>>,
+}
+
+impl<T: Transport> std::fmt::Debug for Rpc<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rpc").field("stats", &self.stats()).finish()
+    }
+}
+
+impl<T: Transport> Rpc<T> {
+    /// An endpoint over `transport`.
+    ///
+    /// # Panics
+    ///
+    /// Without a verbio runtime on this thread, or if the transport's
+    /// packet size is outside 64..=65567 bytes.
+    pub fn new(transport: T, mut config: RpcConfig) -> Rpc<T> {
+        let max_packet = transport.max_packet();
+        assert!(
+            (MIN_PACKET as usize..=MAX_PACKET as usize).contains(&max_packet),
+            "rpc: the transport's packet size {max_packet} is outside {MIN_PACKET}..={MAX_PACKET}"
+        );
+        config.max_msg_len = config.max_msg_len.min(MAX_MSG_LEN as usize);
+        config.recv_batch = config.recv_batch.max(1);
+        let local_addr = transport.local_addr();
+        let engine = Rc::new(RefCell::new(Engine {
+            transport,
+            core: Core::new(config, max_packet, local_addr),
+        }));
+        let weak = Rc::downgrade(&engine);
+        verbio_runtime::spawn(poll_fn(move |cx| match weak.upgrade() {
+            Some(e) => e.borrow_mut().poll_dispatch(cx),
+            None => Poll::Ready(()),
+        }));
+        Rpc { engine }
+    }
+
+    /// This endpoint's transport address, for the peers' [`connect`](Rpc::connect).
+    pub fn local_addr(&self) -> Vec<u8> {
+        self.engine.borrow().core.local_addr.clone()
+    }
+
+    /// Largest payload per packet: messages up to it travel in one packet.
+    pub fn max_payload(&self) -> usize {
+        self.engine.borrow().core.max_packet - HEADER_LEN
+    }
+
+    /// Runs `f` on the transport (for its counters, say).
+    pub fn with_transport<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.engine.borrow().transport)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RpcStats {
+        self.engine.borrow().core.stats
+    }
+
+    /// Serves requests of `req_type` with `handler`, run in
+    /// [`handler_tasks`](RpcConfig::handler_tasks) tasks on the runtime;
+    /// each request's response is sent when its handler's future completes.
+    /// Returns false (and changes nothing) if `req_type` has a handler.
+    pub fn register<H, F>(&self, req_type: u8, handler: H) -> bool
+    where
+        H: Fn(Request) -> F + 'static,
+        F: Future<Output = MsgBuf> + 'static,
+    {
+        let tasks = {
+            let mut e = self.engine.borrow_mut();
+            let entry = &mut e.core.handlers[usize::from(req_type)];
+            if entry.is_some() {
+                return false;
+            }
+            *entry = Some(HandlerQueue::default());
+            e.core.config.handler_tasks.max(1)
+        };
+        let handler = Rc::new(handler);
+        for _ in 0..tasks {
+            let weak = Rc::downgrade(&self.engine);
+            let handler = handler.clone();
+            verbio_runtime::spawn(async move {
+                while let Some(job) = poll_fn(|cx| match weak.upgrade() {
+                    Some(e) => e.borrow_mut().core.poll_job(req_type, cx),
+                    None => Poll::Ready(None),
+                })
+                .await
+                {
+                    let Job {
+                        session,
+                        slot,
+                        req_num,
+                        request,
+                    } = job;
+                    // A panicking handler fails its call, not this task.
+                    let resp = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+                        Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+                        Err(panic) => Err(panic),
+                    };
+                    let Some(e) = weak.upgrade() else {
+                        return;
+                    };
+                    let mut e = e.borrow_mut();
+                    match resp {
+                        Ok(resp) => e.core.respond(session, slot, req_num, resp),
+                        Err(_) => e.core.handler_panicked(session, slot, req_num),
+                    }
+                    e.flush();
+                }
+            });
+        }
+        true
+    }
+
+    /// Opens a session to the endpoint at `remote` (its
+    /// [`local_addr`](Rpc::local_addr)).
+    pub async fn connect(&self, remote: &[u8]) -> Result<SessionId, RpcError> {
+        let sid = {
+            let mut e = self.engine.borrow_mut();
+            let peer = e.transport.resolve(remote)?;
+            let now = e.core.now;
+            let max_payload = e.core.max_packet - HEADER_LEN;
+            let state = SessionState::Connecting {
+                retries: 0,
+                last: now,
+            };
+            let sid = e
+                .core
+                .add_session(Session::new(Role::Client, state, peer, max_payload));
+            e.core.send_connect(sid);
+            e.core.want_timer();
+            e.flush();
+            sid
+        };
+        let session = SessionId(sid);
+        poll_fn(|cx| {
+            let mut e = self.engine.borrow_mut();
+            let retries = e.core.config.max_retries;
+            let Some(Some(s)) = e.core.sessions.get_mut(sid as usize) else {
+                return Poll::Ready(Err(RpcError::SessionClosed { session }));
+            };
+            match s.state {
+                SessionState::Connected => Poll::Ready(Ok(session)),
+                SessionState::Failed => {
+                    e.core.close_session(sid);
+                    Poll::Ready(Err(RpcError::ConnectTimeout { session, retries }))
+                }
+                SessionState::Connecting { .. } => {
+                    s.connect_waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// Calls `req_type` with `req` on `session` and returns the response.
+    ///
+    /// At most 8 calls per session are under way; more wait for a slot.
+    /// Lost packets are sent again after [`RpcConfig::rto`]; a peer that
+    /// stopped answering fails the call with [`RpcError::Timeout`] after
+    /// [`RpcConfig::max_retries`] retransmissions. Dropping the future
+    /// abandons the call (its slot frees when the call ends).
+    pub async fn call(
+        &self,
+        session: SessionId,
+        req_type: u8,
+        req: &[u8],
+    ) -> Result<MsgBuf, RpcError> {
+        let sid = session.0;
+        let mut waiting = Waiting {
+            engine: &self.engine,
+            sid,
+            queued: false,
+        };
+        let (slot, req_num) = poll_fn(|cx| {
+            let mut e = self.engine.borrow_mut();
+            let r = e.core.poll_start(sid, req_type, req, cx);
+            if r.is_ready() {
+                e.flush();
+            }
+            waiting.queued = r.is_pending();
+            r
+        })
+        .await?;
+        waiting.queued = false;
+        let mut call = InFlight {
+            engine: &self.engine,
+            sid,
+            slot,
+            req_num,
+            done: false,
+        };
+        let out = poll_fn(|cx| {
+            self.engine
+                .borrow_mut()
+                .core
+                .poll_call(sid, slot, req_num, cx)
+        })
+        .await;
+        call.done = true;
+        out
+    }
+
+    /// Closes `session` (telling the peer); its calls fail with
+    /// [`RpcError::SessionClosed`].
+    pub fn disconnect(&self, session: SessionId) {
+        let mut e = self.engine.borrow_mut();
+        e.core.disconnect(session.0);
+        e.flush();
+    }
+}
+
+/// A call waiting for a slot: if dropped while queued, it hands its turn on.
+struct Waiting<'a, T: Transport> {
+    engine: &'a RefCell<Engine<T>>,
+    sid: u32,
+    queued: bool,
+}
+
+impl<T: Transport> Drop for Waiting<'_, T> {
+    fn drop(&mut self) {
+        if self.queued {
+            if let Ok(mut e) = self.engine.try_borrow_mut() {
+                e.core.pass_slot_turn(self.sid);
+            }
+        }
+    }
+}
+
+/// A call under way: if dropped before its result, it abandons its slot.
+struct InFlight<'a, T: Transport> {
+    engine: &'a RefCell<Engine<T>>,
+    sid: u32,
+    slot: usize,
+    req_num: u64,
+    done: bool,
+}
+
+impl<T: Transport> Drop for InFlight<'_, T> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Ok(mut e) = self.engine.try_borrow_mut() {
+                e.core.abandon(self.sid, self.slot, self.req_num);
+            }
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! The RPC packet header: 32 bytes, little-endian, in front of every packet.
+//!
+//! ```text
+//!  0..2   magic  b"vR"
+//!  2      version (1)
+//!  3      kind (PacketKind)
+//!  4      req_type
+//!  5      status (responses: Status; 0 otherwise)
+//!  6..8   payload_len: bytes after the header in this packet
+//!  8..12  dest_session: the receiver's session number
+//! 12..16  src_session: the sender's session number
+//! 16..24  req_num
+//! 24..28  msg_len: the whole message's length (request / response);
+//!         the sender's largest packet (connect / connect-ack)
+//! 28..30  pkt_idx
+//! 30..32  pkt_count
+//! ```
+//!
+//! [`Header::decode`] checks every field it can check without session state
+//! and never panics; fields a kind does not use must be zero, so every
+//! decoded header re-encodes to the very same bytes.
+
+use thiserror::Error;
+
+/// Bytes of the header.
+pub const HEADER_LEN: usize = 32;
+/// The first two bytes of every packet.
+pub const MAGIC: [u8; 2] = *b"vR";
+/// The header version this code writes and reads.
+pub const VERSION: u8 = 1;
+/// Offset of the `payload_len` field (`u16`).
+pub const PAYLOAD_LEN_OFFSET: usize = 6;
+/// The largest message the header can describe (and the engine accepts).
+pub const MAX_MSG_LEN: u32 = 1 << 24;
+/// The smallest packet size (header included) a peer may announce.
+pub const MIN_PACKET: u32 = 64;
+/// The largest packet size (header included) a peer may announce.
+pub const MAX_PACKET: u32 = HEADER_LEN as u32 + u16::MAX as u32;
+
+/// How a server answered a request (response packets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Status {
+    /// The handler's response.
+    Ok = 0,
+    /// No handler is registered for the request type (empty response).
+    NoHandler = 1,
+    /// The handler panicked (empty response).
+    HandlerPanicked = 2,
+    /// The handler's response exceeds what a message may hold (empty
+    /// response).
+    ResponseTooLarge = 3,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Ok => "ok",
+            Status::NoHandler => "no handler is registered for the request type",
+            Status::HandlerPanicked => "the handler panicked",
+            Status::ResponseTooLarge => "the handler's response exceeds the message limit",
+        })
+    }
+}
+
+impl Status {
+    fn from_u8(v: u8) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::NoHandler,
+            2 => Status::HandlerPanicked,
+            3 => Status::ResponseTooLarge,
+            _ => return None,
+        })
+    }
+}
+
+/// What a packet is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PacketKind {
+    /// A packet of a request message (client to server).
+    Request = 1,
+    /// A packet of a response message (server to client).
+    Response = 2,
+    /// Server to client: request packet `pkt_idx` arrived (returns its
+    /// credit). For the last request packet it says the handler is running.
+    CreditReturn = 3,
+    /// Client to server: send response packet `pkt_idx` (`>= 1`).
+    RequestForResponse = 4,
+    /// Client to server: open a session; the payload is the client's
+    /// transport address, `msg_len` its largest packet, `req_num` the
+    /// client endpoint's random incarnation number.
+    Connect = 5,
+    /// Server to client: the session is open; `src_session` is the server's
+    /// session number, `msg_len` the packet size both use, `req_num` the
+    /// connect's incarnation number.
+    ConnectAck = 6,
+    /// Either side: the session is closed.
+    Disconnect = 7,
+}
+
+impl PacketKind {
+    fn from_u8(v: u8) -> Option<PacketKind> {
+        Some(match v {
+            1 => PacketKind::Request,
+            2 => PacketKind::Response,
+            3 => PacketKind::CreditReturn,
+            4 => PacketKind::RequestForResponse,
+            5 => PacketKind::Connect,
+            6 => PacketKind::ConnectAck,
+            7 => PacketKind::Disconnect,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded packet header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// What the packet is.
+    pub kind: PacketKind,
+    /// The request type (requests and responses; 0 otherwise).
+    pub req_type: u8,
+    /// How the server answered (responses; [`Status::Ok`] otherwise).
+    pub status: Status,
+    /// Bytes after the header.
+    pub payload_len: u16,
+    /// The receiver's session number.
+    pub dest_session: u32,
+    /// The sender's session number.
+    pub src_session: u32,
+    /// The request number (slot index + a multiple of the slot count).
+    pub req_num: u64,
+    /// Message length (requests, responses) or packet size (connect, connect-ack).
+    pub msg_len: u32,
+    /// Index of this packet in its message (or the packet acknowledged / asked for).
+    pub pkt_idx: u16,
+    /// Packets in the message (requests, responses; 0 otherwise).
+    pub pkt_count: u16,
+}
+
+/// Why a packet header was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum HeaderError {
+    /// Fewer bytes than a header.
+    #[error("packet of {len} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Truncated {
+        /// Bytes received.
+        len: usize,
+    },
+    /// Not an RPC packet.
+    #[error("bad magic {found:02x?}, expected {MAGIC:02x?}")]
+    BadMagic {
+        /// The first two bytes.
+        found: [u8; 2],
+    },
+    /// A header version this code does not read.
+    #[error("header version {found}, this endpoint reads version {VERSION}")]
+    UnsupportedVersion {
+        /// The version byte.
+        found: u8,
+    },
+    /// An unknown packet kind.
+    #[error("unknown packet kind {found}")]
+    UnknownKind {
+        /// The kind byte.
+        found: u8,
+    },
+    /// The packet's length disagrees with `payload_len`.
+    #[error("header says {declared} payload bytes, the packet carries {actual}")]
+    LengthMismatch {
+        /// `payload_len`.
+        declared: u16,
+        /// Bytes after the header.
+        actual: usize,
+    },
+    /// A field the packet kind does not use is not zero.
+    #[error("{kind:?} packet: field {field} must be 0, is {value}")]
+    UnusedFieldSet {
+        /// The packet kind.
+        kind: PacketKind,
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// A field is out of its range.
+    #[error("{kind:?} packet: {field} = {value} is out of range ({expected})")]
+    OutOfRange {
+        /// The packet kind.
+        kind: PacketKind,
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// The allowed range, in words.
+        expected: &'static str,
+    },
+}
+
+impl Header {
+    /// A header with every field zero but `kind`.
+    pub const fn new(kind: PacketKind) -> Header {
+        Header {
+            kind,
+            req_type: 0,
+            status: Status::Ok,
+            payload_len: 0,
+            dest_session: 0,
+            src_session: 0,
+            req_num: 0,
+            msg_len: 0,
+            pkt_idx: 0,
+            pkt_count: 0,
+        }
+    }
+
+    /// Writes the header into `out[..HEADER_LEN]`.
+    pub fn encode_into(&self, out: &mut [u8; HEADER_LEN]) {
+        out[0..2].copy_from_slice(&MAGIC);
+        out[2] = VERSION;
+        out[3] = self.kind as u8;
+        out[4] = self.req_type;
+        out[5] = self.status as u8;
+        out[6..8].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[8..12].copy_from_slice(&self.dest_session.to_le_bytes());
+        out[12..16].copy_from_slice(&self.src_session.to_le_bytes());
+        out[16..24].copy_from_slice(&self.req_num.to_le_bytes());
+        out[24..28].copy_from_slice(&self.msg_len.to_le_bytes());
+        out[28..30].copy_from_slice(&self.pkt_idx.to_le_bytes());
+        out[30..32].copy_from_slice(&self.pkt_count.to_le_bytes());
+    }
+
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Decodes and checks the header of the whole packet `packet`, and
+    /// returns it with the payload.
+    pub fn decode(packet: &[u8]) -> Result<(Header, &[u8]), HeaderError> {
+        let Some((head, payload)) = packet.split_first_chunk::<HEADER_LEN>() else {
+            return Err(HeaderError::Truncated { len: packet.len() });
+        };
+        let h = Header::decode_header(head)?;
+        if usize::from(h.payload_len) != payload.len() {
+            return Err(HeaderError::LengthMismatch {
+                declared: h.payload_len,
+                actual: payload.len(),
+            });
+        }
+        Ok((h, payload))
+    }
+
+    /// Decodes and checks a header alone (not its length against a packet).
+    pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, HeaderError> {
+        let found = [b[0], b[1]];
+        if found != MAGIC {
+            return Err(HeaderError::BadMagic { found });
+        }
+        if b[2] != VERSION {
+            return Err(HeaderError::UnsupportedVersion { found: b[2] });
+        }
+        let Some(kind) = PacketKind::from_u8(b[3]) else {
+            return Err(HeaderError::UnknownKind { found: b[3] });
+        };
+        let u16_at = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let mut req_num = [0u8; 8];
+        req_num.copy_from_slice(&b[16..24]);
+        let Some(status) = Status::from_u8(b[5]) else {
+            return Err(HeaderError::OutOfRange {
+                kind,
+                field: "status",
+                value: b[5].into(),
+                expected: "0 to 3",
+            });
+        };
+        let h = Header {
+            kind,
+            req_type: b[4],
+            status,
+            payload_len: u16_at(6),
+            dest_session: u32_at(8),
+            src_session: u32_at(12),
+            req_num: u64::from_le_bytes(req_num),
+            msg_len: u32_at(24),
+            pkt_idx: u16_at(28),
+            pkt_count: u16_at(30),
+        };
+        if kind != PacketKind::Response {
+            h.zero("status", b[5].into())?;
+        }
+        h.validate()?;
+        Ok(h)
+    }
+
+    fn unused(&self, field: &'static str, value: u64) -> HeaderError {
+        HeaderError::UnusedFieldSet {
+            kind: self.kind,
+            field,
+            value,
+        }
+    }
+
+    fn zero(&self, field: &'static str, value: u64) -> Result<(), HeaderError> {
+        if value == 0 {
+            Ok(())
+        } else {
+            Err(self.unused(field, value))
+        }
+    }
+
+    fn range(
+        &self,
+        ok: bool,
+        field: &'static str,
+        value: u64,
+        expected: &'static str,
+    ) -> Result<(), HeaderError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(HeaderError::OutOfRange {
+                kind: self.kind,
+                field,
+                value,
+                expected,
+            })
+        }
+    }
+
+    /// Checks the fields against the kind's rules.
+    fn validate(&self) -> Result<(), HeaderError> {
+        match self.kind {
+            PacketKind::Request | PacketKind::Response => {
+                self.range(
+                    self.msg_len <= MAX_MSG_LEN,
+                    "msg_len",
+                    self.msg_len.into(),
+                    "at most 16 MiB",
+                )?;
+                self.range(
+                    self.pkt_count >= 1,
+                    "pkt_count",
+                    self.pkt_count.into(),
+                    "at least 1",
+                )?;
+                self.range(
+                    self.pkt_idx < self.pkt_count,
+                    "pkt_idx",
+                    self.pkt_idx.into(),
+                    "below pkt_count",
+                )?;
+                self.range(
+                    u32::from(self.payload_len) <= self.msg_len,
+                    "payload_len",
+                    self.payload_len.into(),
+                    "at most msg_len",
+                )?;
+                if self.status != Status::Ok {
+                    self.zero("msg_len of an error response", self.msg_len.into())?;
+                }
+                Ok(())
+            }
+            PacketKind::CreditReturn | PacketKind::RequestForResponse => {
+                self.zero("req_type", self.req_type.into())?;
+                self.zero("payload_len", self.payload_len.into())?;
+                self.zero("msg_len", self.msg_len.into())?;
+                self.zero("pkt_count", self.pkt_count.into())?;
+                if self.kind == PacketKind::RequestForResponse {
+                    self.range(
+                        self.pkt_idx >= 1,
+                        "pkt_idx",
+                        self.pkt_idx.into(),
+                        "at least 1",
+                    )?;
+                }
+                Ok(())
+            }
+            PacketKind::Connect | PacketKind::ConnectAck => {
+                self.zero("req_type", self.req_type.into())?;
+                self.zero("pkt_idx", self.pkt_idx.into())?;
+                self.zero("pkt_count", self.pkt_count.into())?;
+                self.range(
+                    (MIN_PACKET..=MAX_PACKET).contains(&self.msg_len),
+                    "msg_len",
+                    self.msg_len.into(),
+                    "a packet size from 64 to 65567",
+                )?;
+                if self.kind == PacketKind::Connect {
+                    self.zero("dest_session", self.dest_session.into())?;
+                    self.range(
+                        self.payload_len >= 1,
+                        "payload_len",
+                        self.payload_len.into(),
+                        "at least 1 (the address)",
+                    )
+                } else {
+                    self.zero("payload_len", self.payload_len.into())
+                }
+            }
+            PacketKind::Disconnect => {
+                self.zero("req_type", self.req_type.into())?;
+                self.zero("payload_len", self.payload_len.into())?;
+                self.zero("req_num", self.req_num)?;
+                self.zero("msg_len", self.msg_len.into())?;
+                self.zero("pkt_idx", self.pkt_idx.into())?;
+                self.zero("pkt_count", self.pkt_count.into())
+            }
+        }
+    }
+}
+
+/// Packets needed for a message of `msg_len` bytes with `max_payload` bytes
+/// per packet (an empty message takes one packet).
+pub fn packets_for(msg_len: usize, max_payload: usize) -> usize {
+    msg_len.div_ceil(max_payload.max(1)).max(1)
+}

@@ -1,0 +1,171 @@
+//! The packet header codec's unit tests.
+
+use super::header::*;
+
+fn request() -> Header {
+    Header {
+        req_type: 7,
+        payload_len: 5,
+        dest_session: 3,
+        src_session: 9,
+        req_num: 8 * 1000 + 2,
+        msg_len: 5,
+        pkt_idx: 0,
+        pkt_count: 1,
+        ..Header::new(PacketKind::Request)
+    }
+}
+
+fn packet(h: &Header, payload: &[u8]) -> Vec<u8> {
+    let mut v = h.encode().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+#[test]
+fn round_trip() {
+    let h = request();
+    let p = packet(&h, b"hello");
+    let (d, payload) = Header::decode(&p).unwrap();
+    assert_eq!(d, h);
+    assert_eq!(payload, b"hello");
+    assert_eq!(d.encode().as_slice(), &p[..HEADER_LEN]);
+}
+
+#[test]
+fn refuses_malformed_input() {
+    let good = packet(&request(), b"hello");
+    assert_eq!(
+        Header::decode(&good[..10]),
+        Err(HeaderError::Truncated { len: 10 })
+    );
+    let mut bad = good.clone();
+    bad[0] = b'x';
+    assert!(matches!(
+        Header::decode(&bad),
+        Err(HeaderError::BadMagic { .. })
+    ));
+    let mut bad = good.clone();
+    bad[2] = 2;
+    assert_eq!(
+        Header::decode(&bad),
+        Err(HeaderError::UnsupportedVersion { found: 2 })
+    );
+    let mut bad = good.clone();
+    bad[3] = 0;
+    assert_eq!(
+        Header::decode(&bad),
+        Err(HeaderError::UnknownKind { found: 0 })
+    );
+    let mut bad = good.clone();
+    bad[5] = 1;
+    assert!(matches!(
+        Header::decode(&bad),
+        Err(HeaderError::UnusedFieldSet {
+            field: "status",
+            ..
+        })
+    ));
+    let mut resp = good.clone();
+    resp[3] = PacketKind::Response as u8;
+    resp[5] = 9;
+    assert!(matches!(
+        Header::decode(&resp),
+        Err(HeaderError::OutOfRange {
+            field: "status",
+            ..
+        })
+    ));
+    resp[5] = Status::NoHandler as u8;
+    assert!(
+        Header::decode(&resp).is_err(),
+        "an error response with a body"
+    );
+    assert!(matches!(
+        Header::decode(&good[..good.len() - 1]),
+        Err(HeaderError::LengthMismatch {
+            declared: 5,
+            actual: 4
+        })
+    ));
+    let h = Header {
+        pkt_idx: 1,
+        ..request()
+    };
+    let e = Header::decode(&packet(&h, b"hello")).unwrap_err();
+    assert!(e.to_string().contains("pkt_idx = 1"), "{e}");
+    let h = Header {
+        msg_len: 2,
+        ..request()
+    };
+    assert!(Header::decode(&packet(&h, b"hello")).is_err());
+    let h = Header {
+        pkt_idx: 1,
+        msg_len: 4096,
+        ..Header::new(PacketKind::ConnectAck)
+    };
+    assert!(matches!(
+        Header::decode(&h.encode()),
+        Err(HeaderError::UnusedFieldSet {
+            field: "pkt_idx",
+            ..
+        })
+    ));
+    let h = Header {
+        pkt_idx: 0,
+        ..Header::new(PacketKind::RequestForResponse)
+    };
+    assert!(Header::decode(&h.encode()).is_err());
+}
+
+#[test]
+fn every_kind_round_trips() {
+    let headers = [
+        request(),
+        Header {
+            kind: PacketKind::Response,
+            ..request()
+        },
+        Header {
+            kind: PacketKind::Response,
+            status: Status::HandlerPanicked,
+            payload_len: 0,
+            msg_len: 0,
+            ..request()
+        },
+        Header {
+            pkt_idx: 3,
+            req_num: 12,
+            ..Header::new(PacketKind::CreditReturn)
+        },
+        Header {
+            pkt_idx: 2,
+            ..Header::new(PacketKind::RequestForResponse)
+        },
+        Header {
+            msg_len: 4096,
+            payload_len: 4,
+            src_session: 1,
+            ..Header::new(PacketKind::Connect)
+        },
+        Header {
+            msg_len: 4096,
+            dest_session: 1,
+            src_session: 2,
+            ..Header::new(PacketKind::ConnectAck)
+        },
+        Header::new(PacketKind::Disconnect),
+    ];
+    for h in headers {
+        let payload = vec![0xab; h.payload_len.into()];
+        let p = packet(&h, &payload);
+        assert_eq!(Header::decode(&p).map(|(h, _)| h), Ok(h));
+    }
+}
+
+#[test]
+fn packet_counts() {
+    assert_eq!(packets_for(0, 100), 1);
+    assert_eq!(packets_for(100, 100), 1);
+    assert_eq!(packets_for(101, 100), 2);
+}

@@ -1,0 +1,247 @@
+//! An in-memory datagram network for tests: every endpoint on one thread,
+//! packets copied into per-endpoint queues, with seeded loss, duplication
+//! and reordering. Packet buffers are recycled, so a steady stream
+//! allocates nothing.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use super::transport::{Transport, TransportError, TxBatch};
+
+/// What the network does to packets, as fractions from 0 to 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Faults {
+    /// Packets lost.
+    pub drop: f64,
+    /// Packets delivered twice.
+    pub duplicate: f64,
+    /// Packets delivered ahead of up to three packets queued before them.
+    pub reorder: f64,
+}
+
+/// What the network did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemStats {
+    /// Packets handed to the network.
+    pub sent: u64,
+    /// Packets lost by fault injection.
+    pub dropped: u64,
+    /// Extra copies delivered.
+    pub duplicated: u64,
+    /// Packets put ahead of others.
+    pub reordered: u64,
+    /// Packets to an endpoint that is gone or unreachable.
+    pub undeliverable: u64,
+}
+
+#[derive(Default)]
+struct Inbox {
+    queue: VecDeque<Vec<u8>>,
+    waker: Option<Waker>,
+    open: bool,
+    reachable: bool,
+}
+
+struct Net {
+    inboxes: Vec<Inbox>,
+    faults: Faults,
+    rng: u64,
+    free: Vec<Vec<u8>>,
+    max_packet: usize,
+    stats: MemStats,
+}
+
+impl Net {
+    /// xorshift64*: a uniform number in [0, 1).
+    fn uniform(&mut self) -> f64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn deliver(&mut self, to: u32, bytes: &[u8]) {
+        let mut buf = self.free.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(bytes);
+        let reorder = self.uniform() < self.faults.reorder;
+        let pick = self.uniform();
+        let inbox = &mut self.inboxes[to as usize];
+        let len = inbox.queue.len();
+        if reorder && len > 0 {
+            let back = 1 + (pick * len.min(3) as f64) as usize;
+            inbox.queue.insert(len - back.min(len), buf);
+            self.stats.reordered += 1;
+        } else {
+            inbox.queue.push_back(buf);
+        }
+        if let Some(w) = inbox.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The network: create endpoints with [`endpoint`](MemNetwork::endpoint).
+#[derive(Clone)]
+pub struct MemNetwork(Rc<RefCell<Net>>);
+
+impl MemNetwork {
+    /// A network of packets up to `max_packet` bytes, its faults drawn from
+    /// a generator seeded with `seed`.
+    pub fn new(seed: u64, max_packet: usize) -> MemNetwork {
+        MemNetwork(Rc::new(RefCell::new(Net {
+            inboxes: Vec::new(),
+            faults: Faults::default(),
+            rng: seed | 1,
+            free: Vec::new(),
+            max_packet,
+            stats: MemStats::default(),
+        })))
+    }
+
+    /// Sets what happens to packets from now on.
+    pub fn set_faults(&self, faults: Faults) {
+        self.0.borrow_mut().faults = faults;
+    }
+
+    /// A new endpoint on the network.
+    pub fn endpoint(&self) -> MemTransport {
+        let mut net = self.0.borrow_mut();
+        let id = net.inboxes.len() as u32;
+        net.inboxes.push(Inbox {
+            open: true,
+            reachable: true,
+            ..Inbox::default()
+        });
+        MemTransport {
+            net: self.clone(),
+            id,
+            max_packet: net.max_packet,
+        }
+    }
+
+    /// Cuts endpoint `id` off (packets to it are lost) or reconnects it.
+    pub fn set_reachable(&self, id: u32, reachable: bool) {
+        if let Some(inbox) = self.0.borrow_mut().inboxes.get_mut(id as usize) {
+            inbox.reachable = reachable;
+        }
+    }
+
+    /// What the network did so far.
+    pub fn stats(&self) -> MemStats {
+        self.0.borrow().stats
+    }
+}
+
+/// One endpoint of a [`MemNetwork`]: its address is its 4-byte id.
+pub struct MemTransport {
+    net: MemNetwork,
+    id: u32,
+    max_packet: usize,
+}
+
+impl MemTransport {
+    /// This endpoint's id on the network.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl Drop for MemTransport {
+    fn drop(&mut self) {
+        let mut net = self.net.0.borrow_mut();
+        let inbox = &mut net.inboxes[self.id as usize];
+        inbox.open = false;
+        inbox.queue.clear();
+        inbox.waker = None;
+    }
+}
+
+impl Transport for MemTransport {
+    type Peer = u32;
+
+    fn max_packet(&self) -> usize {
+        self.max_packet
+    }
+
+    fn local_addr(&self) -> Vec<u8> {
+        self.id.to_le_bytes().to_vec()
+    }
+
+    fn resolve(&mut self, addr: &[u8]) -> Result<u32, TransportError> {
+        let bad = |reason| TransportError::BadAddress {
+            len: addr.len(),
+            reason,
+        };
+        let id = u32::from_le_bytes(addr.try_into().map_err(|_| bad("not 4 bytes"))?);
+        if (id as usize) < self.net.0.borrow().inboxes.len() {
+            Ok(id)
+        } else {
+            Err(bad("no such endpoint"))
+        }
+    }
+
+    fn send(&mut self, batch: &TxBatch<u32>) -> Result<(), TransportError> {
+        let mut net = self.net.0.borrow_mut();
+        for (&to, bytes) in batch.iter() {
+            if bytes.len() > self.max_packet {
+                return Err(TransportError::TooLarge {
+                    len: bytes.len(),
+                    max: self.max_packet,
+                });
+            }
+            net.stats.sent += 1;
+            let Some(inbox) = net.inboxes.get(to as usize) else {
+                net.stats.undeliverable += 1;
+                continue;
+            };
+            if !inbox.open || !inbox.reachable {
+                net.stats.undeliverable += 1;
+                continue;
+            }
+            if net.uniform() < net.faults.drop {
+                net.stats.dropped += 1;
+                continue;
+            }
+            net.deliver(to, bytes);
+            if net.uniform() < net.faults.duplicate {
+                net.stats.duplicated += 1;
+                net.deliver(to, bytes);
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        on_packet: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<usize, TransportError>> {
+        let mut n = 0;
+        while n < max {
+            // The network is not borrowed while `on_packet` runs.
+            let Some(buf) = self.net.0.borrow_mut().inboxes[self.id as usize]
+                .queue
+                .pop_front()
+            else {
+                break;
+            };
+            on_packet(&buf);
+            self.net.0.borrow_mut().free.push(buf);
+            n += 1;
+        }
+        if n > 0 {
+            return Poll::Ready(Ok(n));
+        }
+        let mut net = self.net.0.borrow_mut();
+        let inbox = &mut net.inboxes[self.id as usize];
+        match &mut inbox.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}

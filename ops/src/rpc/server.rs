@@ -1,0 +1,277 @@
+//! The server half: reassembling requests, suppressing duplicates, handing
+//! requests to handler tasks, and sending (and resending) responses.
+
+use std::task::{Context, Poll};
+
+use tracing::{error, warn};
+
+use super::buf::MsgBuf;
+use super::core::{open_session, Core, Job};
+use super::endpoint::Request;
+use super::error::SessionId;
+use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN};
+use super::session::{Role, ServeState, ServerSlot, SESSION_SLOTS};
+use super::transport::TxBatch;
+
+/// Sends a credit return for request packet `idx` of `slot`.
+fn send_credit_return<P: Clone>(
+    tx: &mut TxBatch<P>,
+    peer: &P,
+    remote: u32,
+    local: u32,
+    slot: &ServerSlot,
+    idx: u16,
+) {
+    let h = Header {
+        dest_session: remote,
+        src_session: local,
+        req_num: slot.req_num,
+        pkt_idx: idx,
+        ..Header::new(PacketKind::CreditReturn)
+    };
+    tx.push(peer, &h, &[]);
+}
+
+/// Sends response packet `j` of `slot` (which holds its response).
+fn send_response<P: Clone>(
+    tx: &mut TxBatch<P>,
+    peer: &P,
+    remote: u32,
+    local: u32,
+    max_payload: usize,
+    slot: &ServerSlot,
+    j: usize,
+) {
+    let Some(resp) = &slot.resp else {
+        return;
+    };
+    let start = j * max_payload;
+    let end = (start + max_payload).min(resp.len());
+    let h = Header {
+        req_type: slot.req_type,
+        status: slot.status,
+        payload_len: (end - start) as u16,
+        dest_session: remote,
+        src_session: local,
+        req_num: slot.req_num,
+        msg_len: resp.len() as u32,
+        pkt_idx: j as u16,
+        pkt_count: slot.n_resp as u16,
+        ..Header::new(PacketKind::Response)
+    };
+    tx.push(peer, &h, &resp[start..end]);
+}
+
+impl<P: Clone> Core<P> {
+    /// A request packet.
+    pub(crate) fn on_request(&mut self, h: &Header, payload: &[u8]) {
+        let sid = h.dest_session;
+        let max_len = self.config.max_msg_len;
+        let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
+            return;
+        };
+        let max_payload = s.max_payload;
+        let msg_len = h.msg_len as usize;
+        let idx = usize::from(h.pkt_idx);
+        let start = idx * max_payload;
+        let fits = msg_len <= max_len
+            && usize::from(h.pkt_count) == packets_for(msg_len, max_payload)
+            && payload.len() == (start + max_payload).min(msg_len).saturating_sub(start);
+        if !fits {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let slot = &mut s.server[i];
+        if slot.state == ServeState::Idle || h.req_num > slot.req_num {
+            if slot.state == ServeState::Handling {
+                // The previous request's handler still runs; the client
+                // sends this one again.
+                self.stats.stale_packets += 1;
+                return;
+            }
+            slot.resp = None;
+            slot.status = Status::Ok;
+            slot.req_num = h.req_num;
+            slot.state = ServeState::Receiving;
+            slot.req_type = h.req_type;
+            slot.msg_len = msg_len;
+            slot.n_req = usize::from(h.pkt_count);
+            slot.rx = 0;
+            slot.got.clear();
+            slot.got.resize(slot.n_req.div_ceil(64), 0);
+            slot.req.clear();
+            slot.req.resize(msg_len, 0);
+        } else if h.req_num < slot.req_num {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        if h.req_type != slot.req_type || msg_len != slot.msg_len {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        let (peer, remote) = (&s.peer, s.remote);
+        let mut complete = false;
+        let (word, bit) = (idx / 64, 1u64 << (idx % 64));
+        let got = slot.got.get(word).is_some_and(|w| w & bit != 0);
+        match slot.state {
+            ServeState::Receiving if !got => {
+                slot.req[start..start + payload.len()].copy_from_slice(payload);
+                slot.got[word] |= bit;
+                slot.rx += 1;
+                if idx + 1 < slot.n_req {
+                    send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
+                }
+                if slot.rx == slot.n_req {
+                    complete = true;
+                }
+            }
+            ServeState::Receiving => {
+                self.stats.duplicate_requests += 1;
+                if idx + 1 < slot.n_req {
+                    send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
+                }
+            }
+            ServeState::Handling => {
+                // Earlier packets: their credit return was lost. The last
+                // one: the client waits; tell it the handler runs.
+                self.stats.duplicate_requests += 1;
+                send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
+            }
+            ServeState::Responded => {
+                self.stats.duplicate_requests += 1;
+                if idx + 1 == slot.n_req {
+                    send_response(&mut self.tx, peer, remote, sid, max_payload, slot, 0);
+                } else {
+                    send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
+                }
+            }
+            ServeState::Idle => {
+                self.stats.stale_packets += 1;
+            }
+        }
+        if complete {
+            self.dispatch(sid, i);
+        }
+    }
+
+    /// Hands the whole request in slot `i` of session `sid` to a handler task.
+    fn dispatch(&mut self, sid: u32, i: usize) {
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return;
+        };
+        let slot = &mut s.server[i];
+        let Some(queue) = self.handlers[usize::from(slot.req_type)].as_mut() else {
+            self.stats.unhandled_requests += 1;
+            warn!(
+                session = sid,
+                req_num = slot.req_num,
+                req_type = slot.req_type,
+                "rpc: no handler for the request type; request ignored"
+            );
+            self.refuse(sid, i, Status::NoHandler);
+            return;
+        };
+        slot.state = ServeState::Handling;
+        self.stats.handler_runs += 1;
+        let data = std::mem::replace(&mut slot.req, self.pool.take());
+        queue.jobs.push_back(Job {
+            session: sid,
+            slot: i,
+            req_num: slot.req_num,
+            request: Request {
+                req_type: slot.req_type,
+                session: SessionId(sid),
+                data: self.pool.msg(data),
+                pool: self.pool.clone(),
+            },
+        });
+        if let Some(w) = queue.idle.pop() {
+            w.wake();
+        }
+    }
+
+    /// A handler task takes the next request of `req_type`.
+    pub(crate) fn poll_job(&mut self, req_type: u8, cx: &mut Context<'_>) -> Poll<Option<Job>> {
+        let Some(queue) = self.handlers[usize::from(req_type)].as_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Some(job) = queue.jobs.pop_front() {
+            return Poll::Ready(Some(job));
+        }
+        if !queue.idle.iter().any(|w| w.will_wake(cx.waker())) {
+            queue.idle.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// A handler finished: caches the response in its slot and sends its
+    /// first packet (the rest go out as the client asks for them).
+    pub(crate) fn respond(&mut self, sid: u32, i: usize, req_num: u64, resp: MsgBuf) {
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return;
+        };
+        let max_payload = s.max_payload;
+        let slot = &mut s.server[i];
+        if slot.req_num != req_num || slot.state != ServeState::Handling {
+            return;
+        }
+        let n_resp = packets_for(resp.len(), max_payload);
+        if resp.len() > MAX_MSG_LEN as usize || n_resp > usize::from(u16::MAX) {
+            error!(
+                session = sid,
+                req_num,
+                len = resp.len(),
+                "rpc: a handler's response is larger than a message may be; not sent"
+            );
+            self.refuse(sid, i, Status::ResponseTooLarge);
+            return;
+        }
+        slot.n_resp = n_resp;
+        slot.resp = Some(resp);
+        slot.state = ServeState::Responded;
+        send_response(&mut self.tx, &s.peer, s.remote, sid, max_payload, slot, 0);
+    }
+
+    /// A handler task panicked on request `req_num` of slot `i`.
+    pub(crate) fn handler_panicked(&mut self, sid: u32, i: usize, req_num: u64) {
+        self.stats.handler_panics += 1;
+        error!(session = sid, req_num, "rpc: a handler panicked");
+        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+            let slot = &s.server[i];
+            if slot.req_num == req_num && slot.state == ServeState::Handling {
+                self.refuse(sid, i, Status::HandlerPanicked);
+            }
+        }
+    }
+
+    /// Answers the request in slot `i` with the error `status` (an empty
+    /// response, cached like any other).
+    fn refuse(&mut self, sid: u32, i: usize, status: Status) {
+        let empty = self.pool.msg(self.pool.take());
+        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+            return;
+        };
+        let slot = &mut s.server[i];
+        slot.status = status;
+        slot.resp = Some(empty);
+        slot.n_resp = 1;
+        slot.state = ServeState::Responded;
+        send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, 0);
+    }
+
+    /// A request for response packet `pkt_idx`.
+    pub(crate) fn on_request_for_response(&mut self, h: &Header) {
+        let sid = h.dest_session;
+        let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
+            return;
+        };
+        let slot = &s.server[(h.req_num % SESSION_SLOTS as u64) as usize];
+        let j = usize::from(h.pkt_idx);
+        if slot.req_num != h.req_num || slot.state != ServeState::Responded || j >= slot.n_resp {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, j);
+    }
+}

@@ -1,0 +1,229 @@
+//! Sessions and their request slots.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use super::buf::MsgBuf;
+use super::error::RpcError;
+use super::header::Status;
+
+/// Request slots per session; also its credits (packets in flight).
+pub const SESSION_SLOTS: usize = 8;
+
+/// Client packets of one call sent beyond the first unanswered one, at most
+/// (the width of [`ClientSlot::answered`]).
+pub(crate) const WINDOW: usize = 64;
+
+/// Which side of the session this endpoint is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Client,
+    Server,
+}
+
+/// A session's life.
+#[derive(Debug)]
+pub(crate) enum SessionState {
+    /// Client: connect sent, no answer yet.
+    Connecting { retries: u32, last: u64 },
+    /// Open.
+    Connected,
+    /// Client: the connect or a call timed out.
+    Failed,
+}
+
+/// The client side of a slot.
+pub(crate) struct ClientSlot {
+    /// The current request number (or the next, while free): the slot
+    /// index plus a multiple of [`SESSION_SLOTS`].
+    pub(crate) req_num: u64,
+    pub(crate) state: CallState,
+    /// The call future was dropped: free the slot when the call ends.
+    pub(crate) abandoned: bool,
+    pub(crate) req_type: u8,
+    pub(crate) req: Vec<u8>,
+    pub(crate) resp: Vec<u8>,
+    /// Request packets.
+    pub(crate) n_req: usize,
+    /// Response packets (0 until the first arrives).
+    pub(crate) n_resp: usize,
+    /// Client packets sent: request packets, then requests for response
+    /// packets 1.. (client packet `k` is answered by the credit return of
+    /// request packet `k`, or by response packet `k - n_req + 1`).
+    pub(crate) num_tx: usize,
+    /// Client packets below this are all answered (by a credit return or a
+    /// response packet).
+    pub(crate) num_rx: usize,
+    /// Which of client packets `num_rx..num_rx + 64` are answered (bit
+    /// `k - num_rx`): answers may arrive in any order.
+    pub(crate) answered: u64,
+    /// Timer tick of the last send or progress.
+    pub(crate) progress: u64,
+    /// Retransmissions since the last progress.
+    pub(crate) retries: u32,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// Where a client slot's call is.
+#[derive(Debug)]
+pub(crate) enum CallState {
+    Free,
+    Active,
+    Done(Result<(), RpcError>),
+}
+
+impl ClientSlot {
+    fn new(index: usize) -> ClientSlot {
+        ClientSlot {
+            req_num: index as u64,
+            state: CallState::Free,
+            abandoned: false,
+            req_type: 0,
+            req: Vec::new(),
+            resp: Vec::new(),
+            n_req: 0,
+            n_resp: 0,
+            num_tx: 0,
+            num_rx: 0,
+            answered: 0,
+            progress: 0,
+            retries: 0,
+            waker: None,
+        }
+    }
+
+    /// Client packets this call sends in all (as far as known).
+    pub(crate) fn total_tx(&self) -> usize {
+        self.n_req + self.n_resp.saturating_sub(1)
+    }
+
+    /// Packets sent and not answered: the credits the slot holds.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.num_tx - self.num_rx - self.answered.count_ones() as usize
+    }
+
+    /// Whether client packet `k` (sent, not below `num_rx`) is answered.
+    pub(crate) fn is_answered(&self, k: usize) -> bool {
+        k < self.num_rx || self.answered & (1 << (k - self.num_rx)) != 0
+    }
+
+    /// Records the answer to client packet `k`; false if `k` was not sent
+    /// or is answered already.
+    pub(crate) fn answer(&mut self, k: usize) -> bool {
+        if k >= self.num_tx || self.is_answered(k) {
+            return false;
+        }
+        self.answered |= 1 << (k - self.num_rx);
+        while self.answered & 1 != 0 {
+            self.answered >>= 1;
+            self.num_rx += 1;
+        }
+        true
+    }
+}
+
+/// Where a server slot's request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServeState {
+    /// No request yet.
+    Idle,
+    /// Request packets arriving.
+    Receiving,
+    /// The handler runs.
+    Handling,
+    /// The response (or the error status) is cached for retransmission.
+    Responded,
+}
+
+/// The server side of a slot.
+pub(crate) struct ServerSlot {
+    pub(crate) req_num: u64,
+    pub(crate) state: ServeState,
+    pub(crate) req_type: u8,
+    pub(crate) msg_len: usize,
+    pub(crate) req: Vec<u8>,
+    pub(crate) n_req: usize,
+    /// Request packets received.
+    pub(crate) rx: usize,
+    /// Which request packets are received (bit `i % 64` of word `i / 64`).
+    pub(crate) got: Vec<u64>,
+    pub(crate) resp: Option<MsgBuf>,
+    pub(crate) n_resp: usize,
+    /// How the request was answered.
+    pub(crate) status: Status,
+}
+
+impl ServerSlot {
+    fn new() -> ServerSlot {
+        ServerSlot {
+            req_num: 0,
+            state: ServeState::Idle,
+            req_type: 0,
+            msg_len: 0,
+            req: Vec::new(),
+            n_req: 0,
+            rx: 0,
+            got: Vec::new(),
+            resp: None,
+            n_resp: 0,
+            status: Status::Ok,
+        }
+    }
+}
+
+/// One session: a peer, its session number there, and the slots.
+pub(crate) struct Session<P> {
+    pub(crate) role: Role,
+    pub(crate) state: SessionState,
+    pub(crate) peer: P,
+    /// The peer's number for this session (unknown while connecting).
+    pub(crate) remote: u32,
+    /// Payload bytes per packet.
+    pub(crate) max_payload: usize,
+    /// Packets this side may still send (client).
+    pub(crate) credits: usize,
+    pub(crate) client: [ClientSlot; SESSION_SLOTS],
+    pub(crate) server: [ServerSlot; SESSION_SLOTS],
+    /// Calls waiting for a free slot.
+    pub(crate) slot_waiters: VecDeque<Waker>,
+    /// The connect call.
+    pub(crate) connect_waker: Option<Waker>,
+    /// The slot the next pump starts at (round robin).
+    pub(crate) pump_from: usize,
+    /// Server: the key of the connect that made it.
+    pub(crate) connect_key: Option<super::core::ConnectKey>,
+}
+
+impl<P> Session<P> {
+    pub(crate) fn new(role: Role, state: SessionState, peer: P, max_payload: usize) -> Self {
+        Session {
+            role,
+            state,
+            peer,
+            remote: 0,
+            max_payload,
+            credits: SESSION_SLOTS,
+            client: std::array::from_fn(ClientSlot::new),
+            server: std::array::from_fn(|_| ServerSlot::new()),
+            slot_waiters: VecDeque::new(),
+            connect_waker: None,
+            pump_from: 0,
+            connect_key: None,
+        }
+    }
+
+    /// Wakes every call, waiter and the connect call (the session ended).
+    pub(crate) fn wake_all(&mut self) {
+        for w in self.slot_waiters.drain(..) {
+            w.wake();
+        }
+        for slot in &mut self.client {
+            if let Some(w) = slot.waker.take() {
+                w.wake();
+            }
+        }
+        if let Some(w) = self.connect_waker.take() {
+            w.wake();
+        }
+    }
+}

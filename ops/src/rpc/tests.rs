@@ -1,0 +1,378 @@
+//! The engine over the in-memory network: clean and lossy.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use verbio_runtime::Runtime;
+
+use super::header::Status;
+use super::mem::{Faults, MemNetwork, MemTransport};
+use super::{MsgBuf, Request, Rpc, RpcConfig, RpcError, SESSION_SLOTS};
+
+const ECHO: u8 = 1;
+
+fn config() -> RpcConfig {
+    RpcConfig {
+        rto: Duration::from_millis(5),
+        max_retries: 40,
+        ..RpcConfig::default()
+    }
+}
+
+/// The response to `req`: its bytes reversed, then its length.
+fn answer(req: &[u8]) -> Vec<u8> {
+    let mut v: Vec<u8> = req.iter().rev().copied().collect();
+    v.extend_from_slice(&(req.len() as u32).to_le_bytes());
+    v
+}
+
+/// Handler runs per request.
+type Runs = Rc<RefCell<HashMap<Vec<u8>, u32>>>;
+
+/// A server answering ECHO with [`answer`], counting runs per request.
+fn server(net: &MemNetwork, config: RpcConfig) -> (Rpc<MemTransport>, Runs) {
+    let rpc = Rpc::new(net.endpoint(), config);
+    let runs = Rc::new(RefCell::new(HashMap::new()));
+    let counted = runs.clone();
+    assert!(rpc.register(ECHO, move |req: Request| {
+        *counted.borrow_mut().entry(req.data().to_vec()).or_insert(0) += 1;
+        async move {
+            let mut resp = req.response();
+            resp.extend_from_slice(&answer(req.data()));
+            resp
+        }
+    }));
+    (rpc, runs)
+}
+
+/// A request unique to `(task, i)`, `len` bytes long.
+fn request(task: usize, i: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len.max(8)];
+    v[..4].copy_from_slice(&(task as u32).to_le_bytes());
+    v[4..8].copy_from_slice(&(i as u32).to_le_bytes());
+    for (j, b) in v.iter_mut().enumerate().skip(8) {
+        *b = (j * 7 + i) as u8;
+    }
+    v
+}
+
+#[test]
+fn small_and_large_calls_round_trip() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(1, 256);
+        let (srv, runs) = server(&net, config());
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        assert_eq!(cli.max_payload(), 256 - 32);
+        for len in [0, 1, 200, 224, 225, 1000, 5000] {
+            let req = request(0, len, len);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..], "len {len}");
+        }
+        assert_eq!(runs.borrow().len(), 7);
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(cli.stats().retransmissions, 0);
+    });
+}
+
+#[test]
+fn a_ninth_call_waits_for_a_slot() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(2, 4096);
+        let srv = Rpc::new(net.endpoint(), config());
+        let started = Rc::new(Cell::new(0));
+        let gate = Rc::new(Cell::new(false));
+        let (st, g) = (started.clone(), gate.clone());
+        srv.register(ECHO, move |req: Request| {
+            st.set(st.get() + 1);
+            let g = g.clone();
+            async move {
+                while !g.get() {
+                    verbio_runtime::sleep(Duration::from_millis(1)).await;
+                }
+                MsgBuf::from(req.data().to_vec())
+            }
+        });
+        let cli = Rc::new(Rpc::new(net.endpoint(), config()));
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let done = Rc::new(Cell::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..SESSION_SLOTS + 1 {
+            let (cli, done) = (cli.clone(), done.clone());
+            tasks.push(verbio_runtime::spawn(async move {
+                let r = cli.call(s, ECHO, &[i as u8]).await.unwrap();
+                assert_eq!(&r[..], &[i as u8]);
+                done.set(done.get() + 1);
+            }));
+        }
+        verbio_runtime::sleep(Duration::from_millis(30)).await;
+        assert_eq!(started.get(), SESSION_SLOTS, "8 slots: 8 handlers run");
+        assert_eq!(done.get(), 0);
+        gate.set(true);
+        for t in tasks {
+            t.await;
+        }
+        assert_eq!(started.get(), SESSION_SLOTS + 1);
+        // The handlers outlived several timeouts: the client kept the
+        // calls alive on the server's "handler runs" credit returns.
+        assert!(cli.stats().timeouts == 0);
+    });
+}
+
+/// Many concurrent calls on a lossy network (3 sessions of 6 tasks, from 2
+/// client endpoints): each completes once with the right answer, each
+/// handler runs once per request.
+fn lossy(seed: u64, calls_per_task: usize, len: impl Fn(usize) -> usize + 'static) {
+    const SESSIONS: usize = 3;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(seed, 1024);
+        let (srv, runs) = server(&net, config());
+        net.set_faults(Faults {
+            drop: 0.10,
+            duplicate: 0.05,
+            reorder: 0.02,
+        });
+        // Two client endpoints: the second with two sessions.
+        let clients = [
+            Rc::new(Rpc::new(net.endpoint(), config())),
+            Rc::new(Rpc::new(net.endpoint(), config())),
+        ];
+        let len = Rc::new(len);
+        let mut tasks = Vec::new();
+        for session in 0..SESSIONS {
+            let cli = &clients[session.min(1)];
+            let s = cli.connect(&srv.local_addr()).await.unwrap();
+            for t in 0..6 {
+                let (cli, len) = (cli.clone(), len.clone());
+                let task = session * 6 + t;
+                tasks.push(verbio_runtime::spawn(async move {
+                    for i in 0..calls_per_task {
+                        let req = request(task, i, len(i));
+                        let resp = cli.call(s, ECHO, &req).await.unwrap();
+                        assert_eq!(&resp[..], &answer(&req)[..], "task {task} call {i}");
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await;
+        }
+        let runs = runs.borrow();
+        assert_eq!(
+            runs.len(),
+            SESSIONS * 6 * calls_per_task,
+            "every request reached a handler"
+        );
+        assert!(runs.values().all(|&n| n == 1), "a handler ran twice");
+        let (c, s, n) = (clients[0].stats(), srv.stats(), net.stats());
+        eprintln!("client {c:?}\nserver {s:?}\nnetwork {n:?}");
+        assert!(n.dropped > 0 && n.duplicated > 0, "{n:?}");
+        assert!(c.retransmissions > 0, "{c:?}");
+        assert!(s.duplicate_requests > 0, "{s:?}");
+        assert_eq!(c.timeouts, 0);
+    });
+}
+
+#[test]
+fn thousands_of_small_calls_over_a_lossy_network() {
+    lossy(3, 200, |_| 32);
+}
+
+#[test]
+fn large_calls_over_a_lossy_network() {
+    lossy(4, 15, |i| 500 + i * 700);
+}
+
+#[test]
+fn reordered_packets_cost_no_retransmission() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(8, 512);
+        let (srv, runs) = server(&net, config());
+        net.set_faults(Faults {
+            reorder: 0.3,
+            ..Faults::default()
+        });
+        let cli = Rc::new(Rpc::new(net.endpoint(), config()));
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let cli = cli.clone();
+            tasks.push(verbio_runtime::spawn(async move {
+                for i in 0..25 {
+                    let req = request(t, i, 100 + i * 300);
+                    let resp = cli.call(s, ECHO, &req).await.unwrap();
+                    assert_eq!(&resp[..], &answer(&req)[..]);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await;
+        }
+        assert_eq!(runs.borrow().len(), 100);
+        assert!(net.stats().reordered > 100, "{:?}", net.stats());
+        // Packets are taken in any order: none waits for a timeout.
+        assert_eq!(cli.stats().retransmissions, 0, "{:?}", cli.stats());
+    });
+}
+
+#[test]
+fn a_dead_peer_fails_calls_within_a_bounded_time() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(5, 4096);
+        let (srv, _) = server(&net, RpcConfig::default());
+        let cfg = RpcConfig {
+            rto: Duration::from_millis(10),
+            max_retries: 5,
+            ..RpcConfig::default()
+        };
+        let cli = Rpc::new(net.endpoint(), cfg.clone());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        cli.call(s, ECHO, b"alive").await.unwrap();
+        drop(srv);
+        let t0 = Instant::now();
+        let e = cli.call(s, ECHO, b"anyone?").await.unwrap_err();
+        let took = t0.elapsed();
+        assert!(
+            matches!(e, RpcError::Timeout { session, req_num: 8, retries: 5 } if session == s),
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("session 0") && text.contains("request 8"),
+            "{text}"
+        );
+        // Slot 0 again (request 0 went first). Sent, then resent 5 times
+        // after 3 timer ticks (10/3 ms) each without an answer, then
+        // failed 3 ticks later: 6 waits of 10 ms, the first from 6.7 ms.
+        assert!(took >= Duration::from_millis(50), "{took:?}");
+        assert!(took < Duration::from_millis(500), "{took:?}");
+        assert!(matches!(
+            cli.call(s, ECHO, b"again").await,
+            Err(RpcError::SessionFailed { .. })
+        ));
+        // A connect to nobody fails too.
+        let gone = net.endpoint();
+        let addr = {
+            use super::Transport;
+            gone.local_addr()
+        };
+        net.set_reachable(gone.id(), false);
+        let e = cli.connect(&addr).await.unwrap_err();
+        assert!(
+            matches!(e, RpcError::ConnectTimeout { retries: 5, .. }),
+            "{e}"
+        );
+    });
+}
+
+#[test]
+fn a_panicking_handler_fails_its_call_only() {
+    const PANICS: u8 = 2;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(9, 4096);
+        let (srv, _) = server(&net, config());
+        srv.register(PANICS, |req: Request| async move {
+            if req.data() == b"boom" {
+                panic!("handler test panic");
+            }
+            req.response()
+        });
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        for _ in 0..3 {
+            let e = cli.call(s, PANICS, b"boom").await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    RpcError::Remote {
+                        status: Status::HandlerPanicked,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(cli.call(s, PANICS, b"fine").await.unwrap().is_empty());
+        }
+        let req = request(1, 1, 40);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        assert_eq!(srv.stats().handler_panics, 3);
+    });
+}
+
+#[test]
+fn abandoned_calls_free_their_slots() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(6, 4096);
+        let (srv, _) = server(&net, config());
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        for i in 0..SESSION_SLOTS * 2 {
+            // Polled once (sent), then dropped.
+            let req = [i as u8];
+            let _ = verbio_runtime::timeout(Duration::ZERO, cli.call(s, ECHO, &req)).await;
+        }
+        for i in 0..SESSION_SLOTS * 2 {
+            let req = request(9, i, 16);
+            assert_eq!(
+                &cli.call(s, ECHO, &req).await.unwrap()[..],
+                &answer(&req)[..]
+            );
+        }
+    });
+}
+
+#[test]
+fn unknown_request_types_and_closed_sessions_fail_clearly() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(7, 4096);
+        let (srv, _) = server(&net, config());
+        let cfg = RpcConfig {
+            rto: Duration::from_millis(5),
+            max_retries: 3,
+            ..RpcConfig::default()
+        };
+        let cli = Rpc::new(net.endpoint(), cfg);
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        assert!(!srv.register(ECHO, |req: Request| async move { req.response() }));
+        let e = cli.call(s, 99, b"x").await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RpcError::Remote {
+                    req_type: 99,
+                    status: Status::NoHandler,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no handler"), "{e}");
+        assert_eq!(srv.stats().unhandled_requests, 1);
+        // The session is fine.
+        cli.call(s, ECHO, b"x").await.unwrap();
+        cli.disconnect(s);
+        assert!(matches!(
+            cli.call(s, ECHO, b"x").await,
+            Err(RpcError::SessionClosed { .. })
+        ));
+        let big = vec![0u8; RpcConfig::default().max_msg_len + 1];
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        assert!(matches!(
+            cli.call(s, ECHO, &big).await,
+            Err(RpcError::RequestTooLarge { .. })
+        ));
+    });
+}

@@ -1,0 +1,118 @@
+//! Retransmission: resends what a slot or a connect has not had answered
+//! for a timeout, and fails the session of a peer that stopped answering.
+
+use tracing::debug;
+
+use super::client::{complete, send_client_packet};
+use super::core::Core;
+use super::error::{RpcError, SessionId};
+use super::session::{CallState, Role, SessionState, SESSION_SLOTS};
+
+/// Timer ticks per retransmission timeout: a slot is resent after 3 to 4
+/// ticks without progress, between `rto` and `4/3 rto`.
+pub(crate) const TICKS_PER_RTO: u32 = 3;
+
+impl<P: Clone> Core<P> {
+    /// Runs timer tick `self.now`; returns whether a call or connect is
+    /// still under way (the timer stays armed).
+    pub(crate) fn on_timer(&mut self) -> bool {
+        let now = self.now;
+        let rto = u64::from(TICKS_PER_RTO);
+        let max_retries = self.config.max_retries;
+        let mut busy = false;
+        for sid in 0..self.sessions.len() {
+            let Some(s) = self.sessions[sid].as_mut() else {
+                continue;
+            };
+            if s.role != Role::Client {
+                continue;
+            }
+            let sid = sid as u32;
+            match &mut s.state {
+                SessionState::Connecting { retries, last } => {
+                    busy = true;
+                    if now - *last < rto {
+                        continue;
+                    }
+                    if *retries >= max_retries {
+                        debug!(session = sid, "rpc: connect timed out");
+                        s.state = SessionState::Failed;
+                        s.wake_all();
+                        continue;
+                    }
+                    *retries += 1;
+                    *last = now;
+                    self.stats.retransmissions += 1;
+                    self.send_connect(sid);
+                }
+                SessionState::Connected => {
+                    for i in 0..SESSION_SLOTS {
+                        let slot = &mut s.client[i];
+                        if !matches!(slot.state, CallState::Active) {
+                            continue;
+                        }
+                        busy = true;
+                        if slot.in_flight() == 0 || now - slot.progress < rto {
+                            continue;
+                        }
+                        if slot.retries >= max_retries {
+                            let (req_num, retries) = (slot.req_num, slot.retries);
+                            debug!(session = sid, req_num, "rpc: call timed out");
+                            self.stats.timeouts += 1;
+                            fail_session(s, sid, i, req_num, retries);
+                            break;
+                        }
+                        slot.retries += 1;
+                        slot.progress = now;
+                        for k in slot.num_rx..slot.num_tx {
+                            if slot.is_answered(k) {
+                                continue;
+                            }
+                            send_client_packet(
+                                &mut self.tx,
+                                &s.peer,
+                                s.remote,
+                                sid,
+                                s.max_payload,
+                                slot,
+                                k,
+                            );
+                            self.stats.retransmissions += 1;
+                        }
+                    }
+                }
+                SessionState::Failed => {}
+            }
+        }
+        busy
+    }
+}
+
+/// The peer stopped answering request `req_num` in slot `failed`: that call
+/// fails with a timeout, the session's other calls with `SessionFailed`.
+fn fail_session<P>(
+    s: &mut super::session::Session<P>,
+    sid: u32,
+    failed: usize,
+    req_num: u64,
+    retries: u32,
+) {
+    let session = SessionId(sid);
+    s.state = SessionState::Failed;
+    for i in 0..SESSION_SLOTS {
+        if !matches!(s.client[i].state, CallState::Active) {
+            continue;
+        }
+        let e = if i == failed {
+            RpcError::Timeout {
+                session,
+                req_num,
+                retries,
+            }
+        } else {
+            RpcError::SessionFailed { session }
+        };
+        complete(s, i, Err(e));
+    }
+    s.wake_all();
+}

@@ -1,0 +1,134 @@
+//! What the engine needs from a datagram transport, and the packet batch it
+//! hands over for one doorbell.
+
+use std::ops::Range;
+use std::task::{Context, Poll};
+
+use thiserror::Error;
+
+use super::header::{Header, HEADER_LEN};
+
+/// A datagram transport: unreliable, unordered, packets of at most
+/// [`max_packet`](Transport::max_packet) bytes. The engine adds every
+/// reliability property on top.
+///
+/// Implemented by the runtime's UD queue pair (`UdTransport`, with the
+/// runtime's UD support) and by [`MemTransport`](super::mem::MemTransport), an
+/// in-memory network with seeded loss, duplication and reordering.
+pub trait Transport: 'static {
+    /// A resolved destination (an address handle with QPN and Q_Key on UD).
+    /// Cloned per packet sent: keep it cheap.
+    type Peer: Clone + 'static;
+
+    /// The largest packet, header included.
+    fn max_packet(&self) -> usize;
+
+    /// This endpoint's address, as the peers resolve it: carried by the
+    /// connect packet.
+    fn local_addr(&self) -> Vec<u8>;
+
+    /// Resolves a peer's address (from [`local_addr`](Transport::local_addr)
+    /// on its side).
+    fn resolve(&mut self, addr: &[u8]) -> Result<Self::Peer, TransportError>;
+
+    /// Sends every packet of `batch`, with one doorbell where the transport
+    /// has doorbells. A packet the network loses is not an error.
+    fn send(&mut self, batch: &TxBatch<Self::Peer>) -> Result<(), TransportError>;
+
+    /// Hands up to `max` received packets to `on_packet`, returning how
+    /// many; `Pending` (with `cx` registered) if none is there.
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        on_packet: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<usize, TransportError>>;
+}
+
+/// A transport failure.
+#[derive(Debug, Error)]
+pub enum TransportError {
+    /// A peer address that does not resolve.
+    #[error("peer address of {len} bytes does not resolve: {reason}")]
+    BadAddress {
+        /// The address length.
+        len: usize,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A packet larger than the transport's largest.
+    #[error("packet of {len} bytes exceeds the transport's {max}")]
+    TooLarge {
+        /// The packet length.
+        len: usize,
+        /// [`Transport::max_packet`].
+        max: usize,
+    },
+    /// The transport's device or queue pair failed.
+    #[error("{op} failed")]
+    Failed {
+        /// What was being done.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + 'static>,
+    },
+}
+
+/// Packets queued for one [`Transport::send`]: their bytes in one reused
+/// buffer, each with its destination. Clearing keeps the capacity, so a
+/// steady stream of batches allocates nothing.
+#[derive(Debug)]
+pub struct TxBatch<P> {
+    bytes: Vec<u8>,
+    packets: Vec<(P, Range<usize>)>,
+}
+
+/// Packets a batch has room for before it grows.
+const BATCH_PACKETS: usize = 256;
+/// Bytes a batch has room for before it grows.
+const BATCH_BYTES: usize = BATCH_PACKETS * 64;
+
+impl<P> Default for TxBatch<P> {
+    fn default() -> Self {
+        TxBatch {
+            bytes: Vec::with_capacity(BATCH_BYTES),
+            packets: Vec::with_capacity(BATCH_PACKETS),
+        }
+    }
+}
+
+impl<P: Clone> TxBatch<P> {
+    /// Queues a packet of `header` and `payload` to `peer`.
+    pub fn push(&mut self, peer: &P, header: &Header, payload: &[u8]) {
+        let start = self.bytes.len();
+        let mut head = [0u8; HEADER_LEN];
+        header.encode_into(&mut head);
+        self.bytes.extend_from_slice(&head);
+        self.bytes.extend_from_slice(payload);
+        self.packets.push((peer.clone(), start..self.bytes.len()));
+    }
+
+    /// Packets queued.
+    pub fn len(&self) -> usize {
+        self.packets.len()
+    }
+
+    /// True if no packet is queued.
+    pub fn is_empty(&self) -> bool {
+        self.packets.is_empty()
+    }
+
+    /// The packets, in the order queued.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&P, &[u8])> {
+        self.packets
+            .iter()
+            .map(|(p, r)| (p, &self.bytes[r.clone()]))
+    }
+
+    /// Forgets every packet, keeping the capacity.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.packets.clear();
+    }
+}

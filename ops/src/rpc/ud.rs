@@ -1,0 +1,363 @@
+//! The RPC transport on a UD queue pair of the runtime: one QP serves every
+//! peer; small packets go out INLINE in post lists (one doorbell per batch
+//! of up to 64), larger ones from registered buffers (submitted in the
+//! same poll phase, so posted in one list too); a [`RecvRing`] receives.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use smallvec::SmallVec;
+use tracing::{debug, trace};
+use verbio_runtime::buf::MrPool;
+use verbio_runtime::provider::{QpCaps, UdAttr};
+use verbio_runtime::qp::{Datagram, UdEndpoint, UdPeer, MAX_INLINE_BURST};
+use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig};
+
+use super::transport::{Transport, TransportError, TxBatch};
+use crate::connect::handshake::{self, Hello, HELLO_LEN};
+use crate::verbs::Verbs;
+
+/// Bytes of an encoded [`UdEndpoint`]: a handshake hello, then the Q_Key.
+pub const UD_ADDR_LEN: usize = HELLO_LEN + 4;
+
+/// Encodes a UD endpoint as an RPC address: the handshake's hello frame
+/// (validated, versioned) followed by the Q_Key (`u32` LE).
+pub fn encode_ud_addr(ep: &UdEndpoint) -> Result<Vec<u8>, TransportError> {
+    let hello =
+        handshake::encode(&Hello::new(ep.endpoint)).map_err(|e| TransportError::Failed {
+            op: "encoding the UD endpoint",
+            source: Box::new(e),
+        })?;
+    let mut v = Vec::with_capacity(UD_ADDR_LEN);
+    v.extend_from_slice(&hello);
+    v.extend_from_slice(&ep.qkey.to_le_bytes());
+    Ok(v)
+}
+
+/// Decodes what [`encode_ud_addr`] wrote.
+pub fn decode_ud_addr(addr: &[u8]) -> Result<UdEndpoint, TransportError> {
+    let Some((hello, qkey)) = addr.split_last_chunk::<4>() else {
+        return Err(TransportError::BadAddress {
+            len: addr.len(),
+            reason: "shorter than a Q_Key",
+        });
+    };
+    let hello = handshake::decode(hello).map_err(|_| TransportError::BadAddress {
+        len: addr.len(),
+        reason: "not a handshake hello followed by a Q_Key",
+    })?;
+    Ok(UdEndpoint {
+        endpoint: hello.endpoint,
+        qkey: u32::from_le_bytes(*qkey),
+    })
+}
+
+/// Settings of a [`UdTransport`].
+#[derive(Clone, Debug)]
+pub struct UdConfig {
+    /// Largest packet (header included); capped by the port's MTU.
+    pub mtu: usize,
+    /// Receive buffers.
+    pub recv_depth: u32,
+    /// Receive buffers reposted per doorbell.
+    pub repost_batch: u32,
+    /// Send-queue depth.
+    pub send_depth: u32,
+    /// One inline send signaled per this many.
+    pub signal_interval: u32,
+    /// Largest INLINE packet asked of the device; larger packets are sent
+    /// from registered buffers.
+    pub max_inline: u32,
+    /// The GID index the endpoint announces (`None`: the device's default,
+    /// e.g. the RoCE v2 IPv4 GID).
+    pub gid_index: Option<u8>,
+    /// Port, P_Key index, Q_Key.
+    pub attr: UdAttr,
+}
+
+impl Default for UdConfig {
+    fn default() -> Self {
+        UdConfig {
+            mtu: 4096,
+            recv_depth: 1024,
+            repost_batch: 16,
+            send_depth: 256,
+            signal_interval: 64,
+            max_inline: 256,
+            gid_index: None,
+            attr: UdAttr::default(),
+        }
+    }
+}
+
+/// Counters of a [`UdTransport`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdStats {
+    /// Packets posted INLINE.
+    pub inline_sent: u64,
+    /// Packets posted from registered buffers.
+    pub buffered_sent: u64,
+    /// Packets not posted (send queue full, or refused): lost.
+    pub post_dropped: u64,
+    /// Receive completions in error (skipped).
+    pub recv_errors: u64,
+}
+
+/// An RPC [`Transport`] on a UD queue pair.
+pub struct UdTransport {
+    qp: QueuePair,
+    ring: RecvRing,
+    pool: MrPool,
+    local: UdEndpoint,
+    local_addr: Vec<u8>,
+    max_packet: usize,
+    max_inline: usize,
+    stats: UdStats,
+}
+
+impl std::fmt::Debug for UdTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdTransport")
+            .field("qpn", &self.local.endpoint.qpn)
+            .field("max_packet", &self.max_packet)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+fn failed(
+    op: &'static str,
+) -> impl FnOnce(verbio_runtime::provider::ProviderError) -> TransportError {
+    move |e| TransportError::Failed {
+        op,
+        source: Box::new(e),
+    }
+}
+
+impl UdTransport {
+    /// A UD queue pair on `device` (in RTS) with its receive ring posted.
+    pub fn new(device: &Device, config: &UdConfig) -> Result<UdTransport, TransportError> {
+        let caps = QpCaps {
+            max_send_wr: config.send_depth,
+            max_recv_wr: config.recv_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: config.max_inline,
+        };
+        let qp = device
+            .create_ud_qp(caps, &config.attr)
+            .map_err(failed("creating the UD queue pair"))?;
+        qp.set_inline_signal_interval(config.signal_interval);
+        let gid_index = match config.gid_index {
+            Some(i) => i,
+            None => device
+                .context()
+                .default_gid_index(config.attr.port)
+                .map_err(failed("choosing the GID index"))?,
+        };
+        let local = qp
+            .ud_endpoint(gid_index)
+            .map_err(failed("reading the UD endpoint"))?;
+        let max_packet = config.mtu.min(local.endpoint.mtu.bytes() as usize);
+        let ring_config =
+            RecvRingConfig::new(config.recv_depth, max_packet).repost_batch(config.repost_batch);
+        let ring =
+            RecvRing::new(&qp, device.pd(), ring_config).map_err(|e| TransportError::Failed {
+                op: "posting the receive ring",
+                source: Box::new(e),
+            })?;
+        let local_addr = encode_ud_addr(&local)?;
+        let max_inline = qp.caps().max_inline_data as usize;
+        Ok(UdTransport {
+            pool: MrPool::new(device.pd()),
+            qp,
+            ring,
+            local,
+            local_addr,
+            max_packet,
+            max_inline,
+            stats: UdStats::default(),
+        })
+    }
+
+    /// The queue pair's endpoint.
+    pub fn endpoint(&self) -> &UdEndpoint {
+        &self.local
+    }
+
+    /// The queue pair.
+    pub fn queue_pair(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> UdStats {
+        self.stats
+    }
+
+    /// Posts `burst` as one post list if the send queue has room now; the
+    /// packets are lost otherwise.
+    fn post_burst(&mut self, burst: &[Datagram<'_>]) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let n = burst.len() as u64;
+        match pin!(self.qp.post_send_inline_burst(burst)).poll(&mut cx) {
+            Poll::Ready(Ok(())) => self.stats.inline_sent += n,
+            Poll::Ready(Err(error)) => {
+                self.stats.post_dropped += n;
+                debug!(%error, packets = n, "rpc/ud: inline burst refused; packets lost");
+            }
+            Poll::Pending => {
+                self.stats.post_dropped += n;
+                trace!(packets = n, "rpc/ud: send queue full; packets lost");
+            }
+        }
+    }
+
+    /// Sends `bytes` from a registered buffer. The send is submitted now
+    /// (posted with the poll phase's other sends, one post list) and its
+    /// future dropped: the runtime keeps the buffer until the completion.
+    fn post_buffered(&mut self, peer: &UdPeer, bytes: &[u8]) {
+        let buf = match self.pool.alloc_from(bytes) {
+            Ok(buf) => buf,
+            Err(error) => {
+                self.stats.post_dropped += 1;
+                debug!(%error, "rpc/ud: no send buffer; packet lost");
+                return;
+            }
+        };
+        self.stats.buffered_sent += 1;
+        drop(self.qp.send_to(peer, buf));
+    }
+}
+
+impl Transport for UdTransport {
+    type Peer = UdPeer;
+
+    fn max_packet(&self) -> usize {
+        self.max_packet
+    }
+
+    fn local_addr(&self) -> Vec<u8> {
+        self.local_addr.clone()
+    }
+
+    fn resolve(&mut self, addr: &[u8]) -> Result<UdPeer, TransportError> {
+        let ep = decode_ud_addr(addr)?;
+        self.qp
+            .ud_peer(&ep)
+            .map_err(failed("creating an address handle"))
+    }
+
+    fn send(&mut self, batch: &TxBatch<UdPeer>) -> Result<(), TransportError> {
+        let mut burst: SmallVec<[Datagram<'_>; MAX_INLINE_BURST]> = SmallVec::new();
+        for (peer, bytes) in batch.iter() {
+            if bytes.len() > self.max_packet {
+                return Err(TransportError::TooLarge {
+                    len: bytes.len(),
+                    max: self.max_packet,
+                });
+            }
+            if bytes.len() <= self.max_inline {
+                burst.push(Datagram {
+                    peer,
+                    data: bytes,
+                    imm: None,
+                });
+                if burst.len() == MAX_INLINE_BURST {
+                    self.post_burst(&burst);
+                    burst.clear();
+                }
+            } else {
+                self.post_buffered(peer, bytes);
+            }
+        }
+        if !burst.is_empty() {
+            self.post_burst(&burst);
+        }
+        Ok(())
+    }
+
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        on_packet: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<usize, TransportError>> {
+        let mut n = 0;
+        let mut waiting = false;
+        for _ in 0..max {
+            match self.ring.poll_next(cx) {
+                Poll::Ready(Some(Ok(msg))) => {
+                    on_packet(msg.as_slice());
+                    n += 1;
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    self.stats.recv_errors += 1;
+                    debug!(%error, "rpc/ud: receive completion in error; skipped");
+                }
+                Poll::Ready(None) if n == 0 => {
+                    return Poll::Ready(Err(TransportError::Failed {
+                        op: "receiving",
+                        source: "the receive ring is closed".into(),
+                    }))
+                }
+                Poll::Ready(None) => break,
+                Poll::Pending => {
+                    waiting = true;
+                    break;
+                }
+            }
+        }
+        if n > 0 {
+            return Poll::Ready(Ok(n));
+        }
+        if !waiting {
+            // Only errors were taken: look again at the next turn.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use verbio_runtime::provider::{Endpoint, Gid, Mtu, ProviderKind};
+
+    use super::*;
+
+    fn endpoint() -> UdEndpoint {
+        UdEndpoint {
+            endpoint: Endpoint {
+                provider: ProviderKind::Soft,
+                qpn: 0x12,
+                psn: 0,
+                lid: 0,
+                gid: Gid::default(),
+                mtu: Mtu::Mtu4096,
+                soft_addr: Some("127.0.0.1:4791".parse().unwrap()),
+            },
+            qkey: 0x1111_1111,
+        }
+    }
+
+    #[test]
+    fn addresses_round_trip() {
+        let ep = endpoint();
+        let addr = encode_ud_addr(&ep).unwrap();
+        assert_eq!(addr.len(), UD_ADDR_LEN);
+        assert_eq!(decode_ud_addr(&addr).unwrap(), ep);
+    }
+
+    #[test]
+    fn malformed_addresses_are_refused() {
+        let addr = encode_ud_addr(&endpoint()).unwrap();
+        for bad in [&addr[..3], &addr[..addr.len() - 1], &addr[1..]] {
+            let e = decode_ud_addr(bad).unwrap_err();
+            assert!(matches!(e, TransportError::BadAddress { .. }), "{e}");
+        }
+        let mut bad = addr.clone();
+        bad[0] ^= 0xff;
+        assert!(decode_ud_addr(&bad).is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! The RPC engine's hot path does not allocate: after warm-up, a small call
+//! (request, handler task, response) makes no heap allocation on either
+//! side, counted by a global allocator (per thread, so parallel tests do
+//! not interfere). Over the in-memory transport, and over UD queue pairs of
+//! the soft device (skipped where it has no UD); the device's engine thread
+//! is not counted, the runtime's thread (posting, polling) is.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::rc::Rc;
+
+use verbio::provider::{Context, ProviderError, SoftConfig};
+use verbio::rpc::mem::MemNetwork;
+use verbio::rpc::ud::{UdConfig, UdTransport};
+use verbio::rpc::{Request, Rpc, RpcConfig, Transport, TransportError};
+use verbio::runtime::{Device, Runtime};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: forwarded contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs() -> u64 {
+    ALLOCS.with(|c| c.get())
+}
+
+const ECHO: u8 = 1;
+/// Allowed allocations in the measured calls: none per call, but a queue or
+/// batch buffer may still grow (amortized, bounded) when the scheduling of a
+/// loaded machine makes a larger burst than the warm-up did.
+const GROWTH: u64 = (MEASURED / 1000) as u64;
+const WARM_UP: usize = 2_000;
+const MEASURED: usize = 20_000;
+
+/// Runs `tasks` tasks of sequential 32-byte calls from `client` to
+/// `server`; returns the allocations made during the measured calls.
+async fn allocations<T: Transport>(server: Rpc<T>, client: Rpc<T>, tasks: usize) -> u64 {
+    server.register(ECHO, |req: Request| async move {
+        let mut resp = req.response();
+        resp.extend_from_slice(req.data());
+        resp
+    });
+    let cli = Rc::new(client);
+    let s = cli.connect(&server.local_addr()).await.unwrap();
+    let run = |calls: usize| {
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let cli = cli.clone();
+                verbio::runtime::spawn(async move {
+                    let mut req = [0u8; 32];
+                    for i in 0..calls / tasks {
+                        req[..8].copy_from_slice(&((t << 32) | i).to_le_bytes());
+                        let resp = cli.call(s, ECHO, &req).await.unwrap();
+                        assert_eq!(&resp[..], &req[..]);
+                    }
+                })
+            })
+            .collect();
+        handles
+    };
+    for h in run(WARM_UP) {
+        h.await;
+    }
+    // The task handles are allocated before counting starts.
+    let handles = run(MEASURED);
+    let before = allocs();
+    for h in handles {
+        h.await;
+    }
+    let n = allocs() - before;
+    println!(
+        "{tasks} task(s): {n} allocations in {MEASURED} calls ({:.4} per call)",
+        n as f64 / MEASURED as f64
+    );
+    n
+}
+
+/// Allocations over the in-memory network.
+fn in_memory(tasks: usize) -> u64 {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(1, 4096);
+        let server = Rpc::new(net.endpoint(), RpcConfig::default());
+        let client = Rpc::new(net.endpoint(), RpcConfig::default());
+        allocations(server, client, tasks).await
+    })
+}
+
+/// Allocations over two UD queue pairs of one soft device; `None` if it
+/// has no UD.
+fn over_ud(tasks: usize) -> Option<u64> {
+    let rt = Runtime::new().unwrap();
+    let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+    let dev = Device::open(ctx).expect("device");
+    let transport = || match UdTransport::new(&dev, &UdConfig::default()) {
+        Ok(t) => Some(t),
+        Err(TransportError::Failed { source, .. })
+            if matches!(
+                source.downcast_ref::<ProviderError>(),
+                Some(ProviderError::Unsupported { .. })
+            ) =>
+        {
+            println!("SKIPPED: the soft device has no UD queue pairs in this build ({source})");
+            None
+        }
+        Err(e) => panic!("UD transport: {e}"),
+    };
+    let (st, ct) = (transport()?, transport()?);
+    Some(rt.block_on(async {
+        let server = Rpc::new(st, RpcConfig::default());
+        let client = Rpc::new(ct, RpcConfig::default());
+        allocations(server, client, tasks).await
+    }))
+}
+
+#[test]
+fn a_small_call_does_not_allocate_after_warm_up() {
+    assert!(in_memory(1) <= GROWTH);
+}
+
+#[test]
+fn eight_concurrent_callers_do_not_allocate_after_warm_up() {
+    assert!(in_memory(8) <= GROWTH);
+}
+
+#[test]
+fn a_small_call_over_ud_does_not_allocate_after_warm_up() {
+    if let Some(n) = over_ud(1) {
+        assert!(n <= GROWTH);
+    }
+}
+
+#[test]
+fn eight_concurrent_callers_over_ud_do_not_allocate_after_warm_up() {
+    if let Some(n) = over_ud(8) {
+        assert!(n <= GROWTH);
+    }
+}
