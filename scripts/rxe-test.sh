@@ -90,7 +90,7 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline recv_ring ud rpc"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline recv_ring ud rpc rpc_soft"
 
 PERFTEST=0
 DEVINFO=1

@@ -237,7 +237,16 @@ fn calls_between_two_threads_and_devices() {
     };
     let rt = Runtime::new().unwrap();
     let dev = device();
-    let cli = Rc::new(Rpc::new(transport(&dev).unwrap(), RpcConfig::default()));
+    // A call fails only after a second without progress: rxe in an
+    // emulated VM loses bursts of datagrams and stalls for more than the
+    // default 5 × 20 ms now and then (the calls then complete after
+    // retransmissions, as they should).
+    let config = RpcConfig {
+        rto: Duration::from_millis(20),
+        max_retries: 50,
+        ..RpcConfig::default()
+    };
+    let cli = Rc::new(Rpc::new(transport(&dev).unwrap(), config));
     rt.block_on(async {
         timeout(WAIT, run_calls(&cli, &addr, 8, 250, sizes))
             .await
