@@ -1,8 +1,9 @@
 //! Echo over the RPC engine (`verbio::rpc`) on a UD queue pair, with the
 //! rate and the latency percentiles; by default also the engine alone
 //! (both sides on one thread over the in-memory network: its CPU cost per
-//! call), RC SEND/RECV ping-pong and a plain TCP request/response loop in
-//! the same run, side by side, with ratios.
+//! call, in thread CPU time), RC SEND/RECV ping-pong, the `Rdma`
+//! connection's send/receive and a plain TCP request/response loop in the
+//! same run, side by side, with ratios.
 //!
 //! Both sides in this process (two threads, loopback), then TCP:
 //!
@@ -36,7 +37,7 @@ use verbio::runtime::{Device, Runtime};
 
 const ECHO: u8 = 1;
 
-use rpc_echo_common::{rc_loop, tcp_loop, BoxError, Figures};
+use rpc_echo_common::{rc_loop, rdma_loop, tcp_loop, thread_cpu, BoxError, Figures};
 
 /// RPC echo over UD; without --server/--client both sides run in this
 /// process, followed by a TCP request/response loop for comparison.
@@ -168,20 +169,23 @@ fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
 
 /// Both sides on this thread over the in-memory network: the engine's own
 /// cost (client, server and handler task) without a device.
-fn in_memory(args: &Args) -> Result<Figures, BoxError> {
+fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let net = MemNetwork::new(1, 4096);
         let srv = Rpc::new(net.endpoint(), RpcConfig::default());
         register_echo(&srv);
         let cli = Rc::new(Rpc::new(net.endpoint(), RpcConfig::default()));
-        call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await
+        let calls = args.calls + (args.calls / 10).max(1);
+        let cpu0 = thread_cpu();
+        let f = call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await?;
+        Ok((f, (thread_cpu() - cpu0) / calls as u32))
     })
 }
 
 /// Both RPC sides in this process, then TCP; prints both and the ratios.
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
-    let mem = in_memory(args)?;
+    let (mem, cpu_per_call) = in_memory(args)?;
     let device = args.device.clone();
     let (addr_tx, addr_rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -213,18 +217,21 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     stop_tx.send(())?;
     server.join().map_err(|_| "RPC server panicked")??;
     let rc = rc_loop(args.device.as_deref(), args.calls, args.size)?;
+    let rdma = rdma_loop(args.device.as_deref(), args.calls, args.size)?;
     let tcp = tcp_loop(args.calls, args.size)?;
     println!("{} calls of {} bytes:", args.calls, args.size);
     mem.print("rpc/in-memory, 1 thread");
     println!(
-        "  (engine CPU per call, client + server + handler task: {:.2} µs)",
-        1e6 / mem.rate
+        "  (engine CPU per call, client + server + handler task: {:.2} µs of thread CPU time)",
+        cpu_per_call.as_secs_f64() * 1e6
     );
     one.print("rpc/ud, 1 in flight");
     eight.print("rpc/ud, 8 in flight");
     rc.print("rc send/recv, 1 in flight");
+    rdma.print("Rdma send/receive, 1");
     tcp.print("tcp loopback, 1 in flight");
     one.print_ratio("rpc/ud ÷ rc send/recv (1 in flight):", &rc);
+    one.print_ratio("rpc/ud ÷ Rdma send/receive (1):", &rdma);
     one.print_ratio("rpc/ud ÷ tcp (1 in flight):", &tcp);
     println!(
         "rpc/ud with 8 in flight ÷ tcp with 1: rate {:.2}x",

@@ -1,5 +1,6 @@
-//! rpc_echo's figures and its baselines: a plain TCP request/response loop
-//! and RC SEND/RECV ping-pong on the same device kind.
+//! rpc_echo's figures and its baselines: a plain TCP request/response loop,
+//! RC SEND/RECV ping-pong on the same device kind, and the `Rdma`
+//! connection's send/receive.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -10,6 +11,7 @@ use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::Verbs;
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
+use verbio::RdmaBuilder;
 
 /// The examples' boxed error.
 pub type BoxError = Box<dyn std::error::Error>;
@@ -170,4 +172,74 @@ pub fn rc_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figure
     }))??;
     server.join().map_err(|_| "RC server panicked")??;
     Ok(figures)
+}
+
+/// The `Rdma` connection's send/receive echo: a server thread with its own
+/// runtime and device, the client one message at a time.
+pub fn rdma_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figures, BoxError> {
+    let (tx, rx) = mpsc::channel::<SocketAddr>();
+    let server_device = device.map(str::to_owned);
+    let server = std::thread::spawn(move || -> Result<(), String> {
+        let run = || -> Result<(), BoxError> {
+            let rt = Runtime::new()?;
+            rt.block_on(async {
+                let l = RdmaBuilder::new()
+                    .device(open(server_device.as_deref())?)
+                    .listen((Ipv4Addr::LOCALHOST, 0).into())?;
+                tx.send(l.local_addr()?)?;
+                let rdma = l.accept().await?;
+                // Echo until the client's empty message.
+                loop {
+                    let m = timeout(LIMIT, rdma.receive()).await??;
+                    if m.is_empty() {
+                        return Ok(rdma.close().await?);
+                    }
+                    rdma.send(&m).await?;
+                }
+            })
+        };
+        run().map_err(|e| e.to_string())
+    });
+    let at = rx.recv_timeout(LIMIT)?;
+    let rt = Runtime::new()?;
+    let f = rt.block_on(async {
+        let rdma = RdmaBuilder::new().device(open(device)?).connect(at).await?;
+        let req = vec![0x5a; size.max(1)];
+        let mut lat = Vec::with_capacity(calls);
+        let mut t0 = Instant::now();
+        for i in 0..calls / 10 + calls {
+            if i == calls / 10 {
+                t0 = Instant::now();
+            }
+            let t = Instant::now();
+            rdma.send(&req).await?;
+            let back = timeout(LIMIT, rdma.receive()).await??;
+            if i >= calls / 10 {
+                lat.push(t.elapsed());
+            }
+            if back.len() != req.len() {
+                return Err(format!("echo of {} bytes, sent {}", back.len(), req.len()).into());
+            }
+        }
+        let f = Figures::new(lat, t0.elapsed());
+        rdma.send(&[]).await?;
+        let _ = rdma.receive().await; // the server closes
+        Ok::<_, BoxError>(f)
+    })?;
+    drop(rt);
+    server.join().map_err(|_| "the Rdma server panicked")??;
+    Ok(f)
+}
+
+/// CPU time this thread has used (a loaded machine stretches wall-clock
+/// time, not this).
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(r, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
