@@ -85,7 +85,7 @@ impl<P: Clone> Core<P> {
     ) -> Poll<Result<(usize, u64), RpcError>> {
         let session = SessionId(sid);
         let max = self.config.max_msg_len;
-        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         };
         match s.state {
@@ -133,7 +133,7 @@ impl<P: Clone> Core<P> {
 
     /// A call that waited for a slot was dropped: hands its turn on.
     pub(crate) fn pass_slot_turn(&mut self, sid: u32) {
-        if let Some(Some(s)) = self.sessions.get_mut(sid as usize) {
+        if let Some(s) = self.sessions.get_mut(sid) {
             if s.client.iter().any(|c| matches!(c.state, CallState::Free)) {
                 if let Some(w) = s.slot_waiters.pop_front() {
                     w.wake();
@@ -151,7 +151,7 @@ impl<P: Clone> Core<P> {
         cx: &mut Context<'_>,
     ) -> Poll<Result<MsgBuf, RpcError>> {
         let session = SessionId(sid);
-        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         };
         let slot = &mut s.client[i];
@@ -183,7 +183,7 @@ impl<P: Clone> Core<P> {
 
     /// The call future of slot `i` was dropped before its result.
     pub(crate) fn abandon(&mut self, sid: u32, i: usize, req_num: u64) {
-        if let Some(Some(s)) = self.sessions.get_mut(sid as usize) {
+        if let Some(s) = self.sessions.get_mut(sid) {
             let slot = &mut s.client[i];
             if slot.req_num != req_num {
                 return;
@@ -202,7 +202,7 @@ impl<P: Clone> Core<P> {
     /// Sends what the credits of session `sid` allow, slots in round robin.
     pub(crate) fn pump(&mut self, sid: u32) {
         let now = self.now;
-        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let start = s.pump_from;
@@ -249,7 +249,7 @@ impl<P: Clone> Core<P> {
             return;
         };
         let now = self.now;
-        let Some(Some(s)) = self.sessions.get_mut(h.dest_session as usize) else {
+        let Some(s) = self.sessions.get_mut(h.dest_session) else {
             return;
         };
         let slot = &mut s.client[i];
@@ -282,7 +282,7 @@ impl<P: Clone> Core<P> {
         let now = self.now;
         let sid = h.dest_session;
         let max_len = self.config.max_msg_len;
-        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let max_payload = s.max_payload;

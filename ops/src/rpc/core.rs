@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
 
-use tracing::trace;
+use tracing::{trace, warn};
 use verbio_runtime::Sleep;
 
 use super::buf::BufPool;
@@ -12,6 +12,7 @@ use super::config::RpcConfig;
 use super::endpoint::Request;
 use super::header::{Header, PacketKind, HEADER_LEN};
 use super::session::{Role, Session, SessionState};
+use super::table::{SessionTable, MAX_SESSIONS};
 use super::transport::TxBatch;
 
 /// Counters of an endpoint.
@@ -68,14 +69,17 @@ pub(crate) struct ConnectRequest {
 /// Everything but the transport.
 pub(crate) struct Core<P> {
     pub(crate) config: RpcConfig,
-    /// Indexed by session number; numbers are not reused.
-    pub(crate) sessions: Vec<Option<Session<P>>>,
+    /// By session number (`table.rs`).
+    pub(crate) sessions: SessionTable<P>,
     /// Server sessions by their connect's key.
     pub(crate) connects: HashMap<ConnectKey, u32>,
     /// This endpoint's incarnation number, random: a server tells a client
     /// that restarted with the same address and session number from the
     /// old one by it.
     pub(crate) nonce: u64,
+    /// Connects this endpoint has made (each connect's id is the nonce
+    /// plus this count).
+    pub(crate) connects_made: u64,
     pub(crate) connect_requests: Vec<ConnectRequest>,
     pub(crate) tx: TxBatch<P>,
     pub(crate) pool: BufPool,
@@ -97,7 +101,7 @@ impl<P: Clone> Core<P> {
     pub(crate) fn new(config: RpcConfig, max_packet: usize, local_addr: Vec<u8>) -> Self {
         Core {
             config,
-            sessions: Vec::new(),
+            sessions: SessionTable::default(),
             connects: HashMap::new(),
             nonce: {
                 use std::hash::{BuildHasher, Hasher};
@@ -106,6 +110,7 @@ impl<P: Clone> Core<P> {
                     .build_hasher()
                     .finish()
             },
+            connects_made: 0,
             connect_requests: Vec::new(),
             tx: TxBatch::default(),
             pool: BufPool::default(),
@@ -130,10 +135,9 @@ impl<P: Clone> Core<P> {
         }
     }
 
-    pub(crate) fn add_session(&mut self, session: Session<P>) -> u32 {
-        let sid = self.sessions.len() as u32;
-        self.sessions.push(Some(session));
-        sid
+    /// Opens `session`; its number, or `None` if the table is full.
+    pub(crate) fn add_session(&mut self, session: Session<P>) -> Option<u32> {
+        self.sessions.insert(session)
     }
 
     /// The open session `h` is addressed to (see [`open_session`]).
@@ -163,10 +167,9 @@ impl<P: Clone> Core<P> {
             }),
             PacketKind::ConnectAck => self.on_connect_ack(&h),
             PacketKind::Disconnect => {
-                let dest = h.dest_session as usize;
                 let from_peer = matches!(
-                    self.sessions.get(dest),
-                    Some(Some(s)) if s.remote == h.src_session
+                    self.sessions.get(h.dest_session),
+                    Some(s) if s.remote == h.src_session
                 );
                 if from_peer {
                     self.close_session(h.dest_session);
@@ -194,12 +197,18 @@ impl<P: Clone> Core<P> {
                 );
                 s.remote = h.src_session;
                 s.connect_key = Some(key.clone());
-                let sid = self.add_session(s);
+                let Some(sid) = self.add_session(s) else {
+                    warn!(
+                        max = MAX_SESSIONS,
+                        "rpc: connect refused: the session table is full"
+                    );
+                    return;
+                };
                 self.connects.insert(key, sid);
                 sid
             }
         };
-        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+        if let Some(s) = self.sessions.get(sid) {
             let ack = Header {
                 dest_session: h.src_session,
                 src_session: sid,
@@ -214,7 +223,7 @@ impl<P: Clone> Core<P> {
     /// Client: the server opened the session.
     fn on_connect_ack(&mut self, h: &Header) {
         let max_packet = self.max_packet;
-        let Some(Some(s)) = self.sessions.get_mut(h.dest_session as usize) else {
+        let Some(s) = self.sessions.get_mut(h.dest_session) else {
             self.stats.stale_packets += 1;
             return;
         };
@@ -222,7 +231,7 @@ impl<P: Clone> Core<P> {
             self.stats.stale_packets += 1;
             return;
         }
-        if h.msg_len as usize > max_packet || h.req_num != self.nonce {
+        if h.msg_len as usize > max_packet || h.req_num != s.connect_id {
             self.stats.malformed_packets += 1;
             return;
         }
@@ -236,10 +245,10 @@ impl<P: Clone> Core<P> {
 
     /// Client: sends the connect packet of session `sid`.
     pub(crate) fn send_connect(&mut self, sid: u32) {
-        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+        if let Some(s) = self.sessions.get(sid) {
             let h = Header {
                 src_session: sid,
-                req_num: self.nonce,
+                req_num: s.connect_id,
                 msg_len: self.max_packet as u32,
                 payload_len: self.local_addr.len() as u16,
                 ..Header::new(PacketKind::Connect)
@@ -250,7 +259,7 @@ impl<P: Clone> Core<P> {
 
     /// Ends session `sid`: its calls fail with `SessionClosed`.
     pub(crate) fn close_session(&mut self, sid: u32) {
-        let Some(mut s) = self.sessions.get_mut(sid as usize).and_then(Option::take) else {
+        let Some(mut s) = self.sessions.take(sid) else {
             return;
         };
         if let Some(key) = s.connect_key.take() {
@@ -261,7 +270,7 @@ impl<P: Clone> Core<P> {
 
     /// Client: sends a disconnect for session `sid` and closes it.
     pub(crate) fn disconnect(&mut self, sid: u32) {
-        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+        if let Some(s) = self.sessions.get(sid) {
             if matches!(s.state, SessionState::Connected) {
                 let h = Header {
                     dest_session: s.remote,
@@ -278,13 +287,13 @@ impl<P: Clone> Core<P> {
 /// The open session `h` is addressed to, if it has `role` and its peer is
 /// `h`'s sender; else counts a stale packet.
 pub(crate) fn open_session<'a, P>(
-    sessions: &'a mut [Option<Session<P>>],
+    sessions: &'a mut SessionTable<P>,
     stats: &mut RpcStats,
     h: &Header,
     role: Role,
 ) -> Option<&'a mut Session<P>> {
-    match sessions.get_mut(h.dest_session as usize) {
-        Some(Some(s))
+    match sessions.get_mut(h.dest_session) {
+        Some(s)
             if s.role == role
                 && matches!(s.state, SessionState::Connected)
                 && s.remote == h.src_session =>

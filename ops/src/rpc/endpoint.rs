@@ -276,6 +276,12 @@ impl<T: Transport> Rpc<T> {
         true
     }
 
+    /// Slots of the session table, open or free (tests).
+    #[cfg(test)]
+    pub(crate) fn session_slots(&self) -> usize {
+        self.engine.borrow().core.sessions.capacity()
+    }
+
     /// Opens a session to the endpoint at `remote` (its
     /// [`local_addr`](Rpc::local_addr)).
     pub async fn connect(&self, remote: &[u8]) -> Result<SessionId, RpcError> {
@@ -288,9 +294,14 @@ impl<T: Transport> Rpc<T> {
                 retries: 0,
                 last: now,
             };
-            let sid = e
-                .core
-                .add_session(Session::new(Role::Client, state, peer, max_payload));
+            let mut session = Session::new(Role::Client, state, peer, max_payload);
+            session.connect_id = e.core.nonce.wrapping_add(e.core.connects_made);
+            e.core.connects_made += 1;
+            let Some(sid) = e.core.add_session(session) else {
+                return Err(RpcError::TooManySessions {
+                    max: super::table::MAX_SESSIONS,
+                });
+            };
             e.core.send_connect(sid);
             e.core.want_timer();
             e.flush();
@@ -300,7 +311,7 @@ impl<T: Transport> Rpc<T> {
         poll_fn(|cx| {
             let mut e = self.engine.borrow_mut();
             let retries = e.core.config.max_retries;
-            let Some(Some(s)) = e.core.sessions.get_mut(sid as usize) else {
+            let Some(s) = e.core.sessions.get_mut(sid) else {
                 return Poll::Ready(Err(RpcError::SessionClosed { session }));
             };
             match s.state {

@@ -58,6 +58,12 @@ pub enum RpcError {
         /// Retransmissions made.
         retries: u32,
     },
+    /// The endpoint has as many sessions open as it can number.
+    #[error("this endpoint has {max} sessions open, the most it can have")]
+    TooManySessions {
+        /// The limit.
+        max: usize,
+    },
     /// A request larger than the endpoint's limit.
     #[error("request of {len} bytes exceeds the limit of {max} bytes")]
     RequestTooLarge {

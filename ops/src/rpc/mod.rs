@@ -46,6 +46,7 @@ pub mod header;
 pub mod mem;
 mod server;
 mod session;
+mod table;
 mod timer;
 mod transport;
 pub mod ud;

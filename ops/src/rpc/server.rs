@@ -157,7 +157,7 @@ impl<P: Clone> Core<P> {
 
     /// Hands the whole request in slot `i` of session `sid` to a handler task.
     fn dispatch(&mut self, sid: u32, i: usize) {
-        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let slot = &mut s.server[i];
@@ -208,7 +208,7 @@ impl<P: Clone> Core<P> {
     /// A handler finished: caches the response in its slot and sends its
     /// first packet (the rest go out as the client asks for them).
     pub(crate) fn respond(&mut self, sid: u32, i: usize, req_num: u64, resp: MsgBuf) {
-        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let max_payload = s.max_payload;
@@ -237,7 +237,7 @@ impl<P: Clone> Core<P> {
     pub(crate) fn handler_panicked(&mut self, sid: u32, i: usize, req_num: u64) {
         self.stats.handler_panics += 1;
         error!(session = sid, req_num, "rpc: a handler panicked");
-        if let Some(Some(s)) = self.sessions.get(sid as usize) {
+        if let Some(s) = self.sessions.get(sid) {
             let slot = &s.server[i];
             if slot.req_num == req_num && slot.state == ServeState::Handling {
                 self.refuse(sid, i, Status::HandlerPanicked);
@@ -249,7 +249,7 @@ impl<P: Clone> Core<P> {
     /// response, cached like any other).
     fn refuse(&mut self, sid: u32, i: usize, status: Status) {
         let empty = self.pool.msg(self.pool.take());
-        let Some(Some(s)) = self.sessions.get_mut(sid as usize) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let slot = &mut s.server[i];

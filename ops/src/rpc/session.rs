@@ -192,6 +192,10 @@ pub(crate) struct Session<P> {
     pub(crate) pump_from: usize,
     /// Server: the key of the connect that made it.
     pub(crate) connect_key: Option<super::core::ConnectKey>,
+    /// Client: what its connect packets carry as their request number,
+    /// unique among this endpoint's connects (the server tells connects
+    /// apart by it even when a session number is reused).
+    pub(crate) connect_id: u64,
 }
 
 impl<P> Session<P> {
@@ -209,6 +213,7 @@ impl<P> Session<P> {
             connect_waker: None,
             pump_from: 0,
             connect_key: None,
+            connect_id: 0,
         }
     }
 

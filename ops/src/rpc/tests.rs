@@ -376,3 +376,39 @@ fn unknown_request_types_and_closed_sessions_fail_clearly() {
         ));
     });
 }
+
+#[test]
+fn connect_and_disconnect_churn_reuses_session_numbers() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(8, 4096);
+        let (srv, runs) = server(&net, config());
+        let cli = Rpc::new(net.endpoint(), config());
+        let mut numbers = std::collections::HashSet::new();
+        let mut last = None;
+        // More connects than a slot has generations: numbers come round
+        // again, and each connect is still a new session at the server.
+        for i in 0..600 {
+            let s = cli.connect(&srv.local_addr()).await.unwrap();
+            numbers.insert(s.number());
+            let req = request(0, i, 16);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..]);
+            if let Some(old) = last.replace(s) {
+                // A closed session's number finds nothing, even though its
+                // slot now serves another session.
+                assert!(matches!(
+                    cli.call(old, ECHO, b"x").await,
+                    Err(RpcError::SessionClosed { .. })
+                ));
+            }
+            cli.disconnect(s);
+        }
+        assert_eq!(runs.borrow().len(), 600, "every call ran its handler once");
+        assert!(numbers.len() >= 256, "{} numbers", numbers.len());
+        // Let the last disconnect reach the server.
+        verbio_runtime::sleep(Duration::from_millis(20)).await;
+        assert!(cli.session_slots() <= 2, "client: {}", cli.session_slots());
+        assert!(srv.session_slots() <= 2, "server: {}", srv.session_slots());
+    });
+}

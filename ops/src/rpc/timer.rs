@@ -20,14 +20,16 @@ impl<P: Clone> Core<P> {
         let rto = u64::from(TICKS_PER_RTO);
         let max_retries = self.config.max_retries;
         let mut busy = false;
-        for sid in 0..self.sessions.len() {
-            let Some(s) = self.sessions[sid].as_mut() else {
+        for index in 0..self.sessions.capacity() {
+            let Some(sid) = self.sessions.number_at(index) else {
+                continue;
+            };
+            let Some(s) = self.sessions.get_mut(sid) else {
                 continue;
             };
             if s.role != Role::Client {
                 continue;
             }
-            let sid = sid as u32;
             match &mut s.state {
                 SessionState::Connecting { retries, last } => {
                     busy = true;
