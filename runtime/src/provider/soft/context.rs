@@ -51,6 +51,9 @@ pub(crate) struct Shared {
     pub dirty: Mutex<Vec<Arc<QpShared>>>,
     /// The engine is (about to be) asleep in its poll.
     pub sleeping: AtomicBool,
+    /// Times the engine woke from its poll (tests watch it: a wake-up can
+    /// be shorter than any poll of `sleeping`).
+    pub wakes: AtomicU64,
     /// The engine delivered a successful completion since it last looked
     /// (engine thread only): its application will likely post again soon.
     pub completed: AtomicBool,
@@ -263,6 +266,7 @@ impl Context {
             qps: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
+            wakes: AtomicU64::new(0),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),

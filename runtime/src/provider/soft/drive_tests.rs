@@ -871,13 +871,16 @@ fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
                 for &cid in &cids {
                     eng.mute(cid, now);
                 }
+                let wakes = sh.wakes.load(Ordering::SeqCst);
+                let was_sleeping = sh.sleeping.load(Ordering::SeqCst);
                 sh.ring();
                 drop(eng);
-                // Until the engine has taken the ring (it clears `sleeping`
-                // once it holds its lock): a ring still pending would wake it
-                // with an event, and an engine woken by an event waits for its
-                // lock, which the check below would then hold.
-                while sh.sleeping.load(Ordering::SeqCst) {
+                // Until the engine has taken the ring (it counts a wake-up
+                // once it holds its lock; it may be asleep again by the
+                // time this thread looks): a ring still pending would wake
+                // it with an event, and an engine woken by an event waits
+                // for its lock, which the check below would then hold.
+                while was_sleeping && sh.wakes.load(Ordering::SeqCst) == wakes {
                     assert!(Instant::now() < deadline, "the engine never took the ring");
                     std::thread::sleep(Duration::from_micros(50));
                 }

@@ -80,6 +80,7 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
         };
         eng = guard;
         eng.sh.sleeping.store(false, Ordering::SeqCst);
+        eng.sh.wakes.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = res {
             if e.kind() != io::ErrorKind::Interrupted {
                 tracing::error!(error = %crate::report::ErrorChain(&e), "soft engine: poll failed");
