@@ -53,6 +53,9 @@
 //! (the fake-QP rows show both: "verb, tasks" and "verb, joinall"), which
 //! is futures-util's cost, not the runtime's.
 
+mod cli;
+
+use cli::thread_cpu;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::future::Future;
@@ -110,18 +113,6 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 const MSG: usize = 64;
-
-/// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 #[derive(Clone, Copy, Default)]
 struct Sample {

@@ -37,7 +37,8 @@ use verbio::runtime::{Device, Runtime};
 
 const ECHO: u8 = 1;
 
-use rpc_echo_common::{rc_loop, rdma_loop, tcp_loop, thread_cpu, BoxError, Figures};
+use cli::thread_cpu;
+use rpc_echo_common::{rc_loop, rdma_loop, tcp_loop, BoxError, Figures};
 
 /// RPC echo over UD; without --server/--client both sides run in this
 /// process, followed by a TCP request/response loop for comparison.

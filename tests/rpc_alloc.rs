@@ -2,17 +2,17 @@
 //! (request, handler task, response) makes no heap allocation on either
 //! side, counted by a global allocator (per thread, so parallel tests do
 //! not interfere). Over the in-memory transport, and over UD queue pairs of
-//! the soft device (skipped where it has no UD); the device's engine thread
+//! the soft device; the device's engine thread
 //! is not counted, the runtime's thread (posting, polling) is.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::rc::Rc;
 
-use verbio::provider::{Context, ProviderError, SoftConfig};
+use verbio::provider::{Context, SoftConfig};
 use verbio::rpc::mem::MemNetwork;
 use verbio::rpc::ud::{UdConfig, UdTransport};
-use verbio::rpc::{Request, Rpc, RpcConfig, Transport, TransportError};
+use verbio::rpc::{Request, Rpc, RpcConfig, Transport};
 use verbio::runtime::{Device, Runtime};
 
 struct Counting;
@@ -117,31 +117,18 @@ fn in_memory(tasks: usize) -> u64 {
     })
 }
 
-/// Allocations over two UD queue pairs of one soft device; `None` if it
-/// has no UD.
-fn over_ud(tasks: usize) -> Option<u64> {
+/// Allocations over two UD queue pairs of one soft device.
+fn over_ud(tasks: usize) -> u64 {
     let rt = Runtime::new().unwrap();
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
-    let transport = || match UdTransport::new(&dev, &UdConfig::default()) {
-        Ok(t) => Some(t),
-        Err(TransportError::Failed { source, .. })
-            if matches!(
-                source.downcast_ref::<ProviderError>(),
-                Some(ProviderError::Unsupported { .. })
-            ) =>
-        {
-            println!("SKIPPED: the soft device has no UD queue pairs in this build ({source})");
-            None
-        }
-        Err(e) => panic!("UD transport: {e}"),
-    };
-    let (st, ct) = (transport()?, transport()?);
-    Some(rt.block_on(async {
+    let transport = || UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
+    let (st, ct) = (transport(), transport());
+    rt.block_on(async {
         let server = Rpc::new(st, RpcConfig::default());
         let client = Rpc::new(ct, RpcConfig::default());
         allocations(server, client, tasks).await
-    }))
+    })
 }
 
 #[test]
@@ -156,14 +143,10 @@ fn eight_concurrent_callers_do_not_allocate_after_warm_up() {
 
 #[test]
 fn a_small_call_over_ud_does_not_allocate_after_warm_up() {
-    if let Some(n) = over_ud(1) {
-        assert!(n <= GROWTH);
-    }
+    assert!(over_ud(1) <= GROWTH);
 }
 
 #[test]
 fn eight_concurrent_callers_over_ud_do_not_allocate_after_warm_up() {
-    if let Some(n) = over_ud(8) {
-        assert!(n <= GROWTH);
-    }
+    assert!(over_ud(8) <= GROWTH);
 }

@@ -4,9 +4,10 @@
 //! and runtimes; with the device dropping 10% and duplicating 5% of the
 //! datagrams, every call completes once with the right answer and every
 //! handler runs once; a peer that goes away fails the calls in bounded
-//! time. Skipped (with the reason printed) where the soft device has no UD.
-//! With `VERBIO_TEST_DEVICE` (e.g. rxe0, `--features ibverbs`) the calls run
+//! time. With `VERBIO_TEST_DEVICE` (e.g. rxe0, `--features ibverbs`) the calls run
 //! on that device and the fault injection test is skipped.
+
+mod common;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -15,9 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use verbio::provider::soft::UdFaults;
-use verbio::provider::{open_device, Context, ProviderError, SoftConfig};
 use verbio::rpc::ud::{UdConfig, UdTransport};
-use verbio::rpc::{Request, Rpc, RpcConfig, RpcError, TransportError};
+use verbio::rpc::{Request, Rpc, RpcConfig, RpcError};
 use verbio::runtime::{timeout, Device, Runtime};
 
 const ECHO: u8 = 7;
@@ -30,29 +30,12 @@ type Runs = Rc<RefCell<HashMap<Vec<u8>, u32>>>;
 /// A fresh soft device, or the one named by `VERBIO_TEST_DEVICE` (rxe0 in
 /// the VM).
 fn device() -> Device {
-    let ctx = match std::env::var("VERBIO_TEST_DEVICE") {
-        Ok(name) if !name.trim().is_empty() => open_device(Some(name.trim()))
-            .unwrap_or_else(|e| panic!("VERBIO_TEST_DEVICE={name}: {e}")),
-        _ => Context::open_soft(SoftConfig::default()).expect("soft device"),
-    };
-    Device::open(ctx).expect("device")
+    Device::open(common::test_context()).expect("device")
 }
 
-/// A UD transport on `dev`, or `None` if the device has no UD.
-fn transport(dev: &Device) -> Option<UdTransport> {
-    match UdTransport::new(dev, &UdConfig::default()) {
-        Ok(t) => Some(t),
-        Err(TransportError::Failed { source, .. })
-            if matches!(
-                source.downcast_ref::<ProviderError>(),
-                Some(ProviderError::Unsupported { .. })
-            ) =>
-        {
-            println!("SKIPPED: the soft device has no UD queue pairs in this build ({source})");
-            None
-        }
-        Err(e) => panic!("UD transport: {e}"),
-    }
+/// A UD transport on `dev`.
+fn transport(dev: &Device) -> UdTransport {
+    UdTransport::new(dev, &UdConfig::default()).expect("UD transport")
 }
 
 /// The response to `req`: its bytes reversed, then its length.
@@ -127,10 +110,8 @@ fn sizes(i: usize) -> usize {
 fn calls_of_every_size_on_one_device() {
     let rt = Runtime::new().unwrap();
     let dev = device();
-    let Some(srv_t) = transport(&dev) else {
-        return;
-    };
-    let cli_t = transport(&dev).unwrap();
+    let srv_t = transport(&dev);
+    let cli_t = transport(&dev);
     rt.block_on(async {
         timeout(WAIT, async {
             let srv = Rpc::new(srv_t, RpcConfig::default());
@@ -157,10 +138,8 @@ fn calls_of_every_size_on_one_device() {
 fn every_call_completes_once_when_the_device_drops_and_duplicates() {
     let rt = Runtime::new().unwrap();
     let dev = device();
-    let Some(srv_t) = transport(&dev) else {
-        return;
-    };
-    let cli_t = transport(&dev).unwrap();
+    let srv_t = transport(&dev);
+    let cli_t = transport(&dev);
     let Some(soft) = dev.context().as_soft() else {
         println!("SKIPPED: fault injection needs the soft device (VERBIO_TEST_DEVICE is set)");
         return;
@@ -200,29 +179,26 @@ fn every_call_completes_once_when_the_device_drops_and_duplicates() {
 }
 
 /// What the server thread reports: requests handled, and whether each
-/// handler ran once (`None`: skipped).
-type ServerReport = std::thread::JoinHandle<Option<(usize, bool)>>;
+/// handler ran once.
+type ServerReport = std::thread::JoinHandle<(usize, bool)>;
 
 /// A server thread with its own runtime and soft device: sends its
 /// address, serves until `stop` says so, returns its handler runs.
-fn server_thread(stop: mpsc::Receiver<()>) -> (Option<Vec<u8>>, ServerReport) {
+fn server_thread(stop: mpsc::Receiver<()>) -> (Vec<u8>, ServerReport) {
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let rt = Runtime::new().unwrap();
         let dev = device();
-        let Some(t) = transport(&dev) else {
-            tx.send(None).unwrap();
-            return None;
-        };
+        let t = transport(&dev);
         rt.block_on(async {
             let srv = Rpc::new(t, RpcConfig::default());
             let runs = serve(&srv);
-            tx.send(Some(srv.local_addr())).unwrap();
+            tx.send(srv.local_addr()).unwrap();
             while stop.try_recv().is_err() {
                 verbio::runtime::sleep(Duration::from_millis(2)).await;
             }
             let runs = runs.borrow();
-            Some((runs.len(), runs.values().all(|&n| n == 1)))
+            (runs.len(), runs.values().all(|&n| n == 1))
         })
     });
     (rx.recv().unwrap(), th)
@@ -232,9 +208,6 @@ fn server_thread(stop: mpsc::Receiver<()>) -> (Option<Vec<u8>>, ServerReport) {
 fn calls_between_two_threads_and_devices() {
     let (stop_tx, stop_rx) = mpsc::channel();
     let (addr, th) = server_thread(stop_rx);
-    let Some(addr) = addr else {
-        return;
-    };
     let rt = Runtime::new().unwrap();
     let dev = device();
     // A call fails only after a second without progress: rxe in an
@@ -246,14 +219,14 @@ fn calls_between_two_threads_and_devices() {
         max_retries: 50,
         ..RpcConfig::default()
     };
-    let cli = Rc::new(Rpc::new(transport(&dev).unwrap(), config));
+    let cli = Rc::new(Rpc::new(transport(&dev), config));
     rt.block_on(async {
         timeout(WAIT, run_calls(&cli, &addr, 8, 250, sizes))
             .await
             .expect("timed out");
     });
     stop_tx.send(()).unwrap();
-    let (runs, once) = th.join().unwrap().unwrap();
+    let (runs, once) = th.join().unwrap();
     assert_eq!(runs, 2000);
     assert!(once, "a handler ran twice");
     println!("client {:?}", cli.stats());
@@ -263,9 +236,6 @@ fn calls_between_two_threads_and_devices() {
 fn a_server_that_goes_away_fails_calls_in_bounded_time() {
     let (stop_tx, stop_rx) = mpsc::channel();
     let (addr, th) = server_thread(stop_rx);
-    let Some(addr) = addr else {
-        return;
-    };
     let rt = Runtime::new().unwrap();
     let dev = device();
     let config = RpcConfig {
@@ -273,7 +243,7 @@ fn a_server_that_goes_away_fails_calls_in_bounded_time() {
         max_retries: 5,
         ..RpcConfig::default()
     };
-    let cli = Rpc::new(transport(&dev).unwrap(), config);
+    let cli = Rpc::new(transport(&dev), config);
     rt.block_on(async {
         timeout(WAIT, async {
             let s = cli.connect(&addr).await.expect("connect");

@@ -1,9 +1,10 @@
-//! What every example's command line shares: the device flag and the log
-//! subscriber (so that which device was opened is visible). Each example
-//! uses the parts it needs.
+//! What the examples share: the device flag, the log subscriber (so that
+//! which device was opened is visible) and the thread's CPU clock. Each
+//! example uses the parts it needs.
 #![allow(dead_code)]
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use verbio::provider::{open_device, Context, SoftConfig};
 
@@ -42,4 +43,17 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// CPU time the calling thread has used (a loaded machine stretches
+/// wall-clock time, not this).
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

@@ -59,6 +59,48 @@ impl Figures {
     }
 }
 
+/// The round trips of a baseline loop: `calls / 10` of warm-up, then
+/// `calls` measured.
+struct Laps {
+    warm_up: usize,
+    calls: usize,
+    done: usize,
+    lat: Vec<Duration>,
+    t0: Instant,
+}
+
+impl Laps {
+    fn new(calls: usize) -> Laps {
+        Laps {
+            warm_up: calls / 10,
+            calls,
+            done: 0,
+            lat: Vec::with_capacity(calls),
+            t0: Instant::now(),
+        }
+    }
+
+    /// Round trips to run, warm-up included.
+    fn total(&self) -> usize {
+        self.warm_up + self.calls
+    }
+
+    /// One round trip, begun at `started`, is done.
+    fn lap(&mut self, started: Instant) {
+        if self.done == self.warm_up {
+            self.t0 = started;
+        }
+        if self.done >= self.warm_up {
+            self.lat.push(started.elapsed());
+        }
+        self.done += 1;
+    }
+
+    fn figures(self) -> Figures {
+        Figures::new(self.lat, self.t0.elapsed())
+    }
+}
+
 /// TCP request/response on loopback: a server thread echoing `size`-byte
 /// messages, the client one at a time.
 pub fn tcp_loop(calls: usize, size: usize) -> Result<Figures, BoxError> {
@@ -77,20 +119,14 @@ pub fn tcp_loop(calls: usize, size: usize) -> Result<Figures, BoxError> {
     conn.set_nodelay(true)?;
     let req = vec![0x5a; size];
     let mut resp = vec![0u8; size];
-    let mut lat = Vec::with_capacity(calls);
-    let mut t0 = Instant::now();
-    for i in 0..calls / 10 + calls {
-        if i == calls / 10 {
-            t0 = Instant::now();
-        }
+    let mut laps = Laps::new(calls);
+    for _ in 0..laps.total() {
         let t = Instant::now();
         conn.write_all(&req)?;
         conn.read_exact(&mut resp)?;
-        if i >= calls / 10 {
-            lat.push(t.elapsed());
-        }
+        laps.lap(t);
     }
-    let f = Figures::new(lat, t0.elapsed());
+    let f = laps.figures();
     drop(conn);
     server.join().map_err(|_| "TCP server panicked")??;
     Ok(f)
@@ -147,12 +183,8 @@ pub fn rc_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figure
         let qps = DeviceQps::new(dev.clone(), QpConfig::default());
         let qp = connect(at, &qps, HANDSHAKE).await?.qp;
         let mut msg = pool.alloc_from(&vec![0x5a; size.max(1)])?;
-        let mut lat = Vec::with_capacity(calls);
-        let mut t0 = Instant::now();
-        for i in 0..calls / 10 + calls {
-            if i == calls / 10 {
-                t0 = Instant::now();
-            }
+        let mut laps = Laps::new(calls);
+        for _ in 0..laps.total() {
             let t = Instant::now();
             let reply = qp.recv(pool.alloc(size.max(1))?);
             let (res, m) = qp.send(msg).await;
@@ -160,11 +192,9 @@ pub fn rc_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figure
             let (res, _) = reply.await;
             res?;
             msg = m;
-            if i >= calls / 10 {
-                lat.push(t.elapsed());
-            }
+            laps.lap(t);
         }
-        let f = Figures::new(lat, t0.elapsed());
+        let f = laps.figures();
         let (res, _) = qp.send(pool.alloc(0)?).await;
         res?;
         let _ = qp.close().await;
@@ -205,23 +235,17 @@ pub fn rdma_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figu
     let f = rt.block_on(async {
         let rdma = RdmaBuilder::new().device(open(device)?).connect(at).await?;
         let req = vec![0x5a; size.max(1)];
-        let mut lat = Vec::with_capacity(calls);
-        let mut t0 = Instant::now();
-        for i in 0..calls / 10 + calls {
-            if i == calls / 10 {
-                t0 = Instant::now();
-            }
+        let mut laps = Laps::new(calls);
+        for _ in 0..laps.total() {
             let t = Instant::now();
             rdma.send(&req).await?;
             let back = timeout(LIMIT, rdma.receive()).await??;
-            if i >= calls / 10 {
-                lat.push(t.elapsed());
-            }
+            laps.lap(t);
             if back.len() != req.len() {
                 return Err(format!("echo of {} bytes, sent {}", back.len(), req.len()).into());
             }
         }
-        let f = Figures::new(lat, t0.elapsed());
+        let f = laps.figures();
         rdma.send(&[]).await?;
         let _ = rdma.receive().await; // the server closes
         Ok::<_, BoxError>(f)
@@ -229,17 +253,4 @@ pub fn rdma_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figu
     drop(rt);
     server.join().map_err(|_| "the Rdma server panicked")??;
     Ok(f)
-}
-
-/// CPU time this thread has used (a loaded machine stretches wall-clock
-/// time, not this).
-pub fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(r, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

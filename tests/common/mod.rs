@@ -36,13 +36,18 @@ pub fn test_device() -> Option<String> {
 /// loopback port), or the device named by [`TEST_DEVICE_ENV`].
 pub fn runtime_and_device() -> (Runtime, Device) {
     let rt = Runtime::new().expect("runtime");
-    let ctx = match test_device() {
+    let dev = Device::open(test_context()).expect("device");
+    (rt, dev)
+}
+
+/// The device the tests run on: the one named by [`TEST_DEVICE_ENV`], else
+/// a fresh soft device on loopback.
+pub fn test_context() -> Context {
+    match test_device() {
         Some(name) => open_device(Some(name.trim()))
             .unwrap_or_else(|e| panic!("{TEST_DEVICE_ENV}={name}: {e}")),
         None => Context::open_soft(SoftConfig::default()).expect("soft device"),
-    };
-    let dev = Device::open(ctx).expect("device");
-    (rt, dev)
+    }
 }
 
 /// Limit of each TCP connect + handshake.

@@ -10,13 +10,13 @@ use crate::error::Error;
 
 const OP: &str = "send_to";
 
-/// The in-flight datagram: owns the buffer and the peer (whose address
-/// handle the WR names); resolves to the bytes sent.
+/// The in-flight datagram: owns the buffer (the address handle the WR
+/// names lives as long as its queue pair, which caches it); resolves to
+/// the bytes sent.
 #[derive(Debug)]
 pub struct SendToVerb<B> {
     buf: B,
     len: usize,
-    _peer: UdPeer,
 }
 
 impl<B: RegisteredBuf> GatherVerb for SendToVerb<B> {
@@ -63,10 +63,5 @@ pub fn send_to<B: RegisteredBuf>(
         dest: peer.dest(),
         imm,
     };
-    let data = SendToVerb {
-        buf,
-        len,
-        _peer: peer.clone(),
-    };
-    submit_gather(qp, data, op, &sge)
+    submit_gather(qp, SendToVerb { buf, len }, op, &sge)
 }
