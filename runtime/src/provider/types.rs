@@ -159,8 +159,11 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// Scatter/gather list; up to four elements live inline (no allocation).
-pub type SgList = SmallVec<[Sge; 4]>;
+/// Scatter/gather list. One element lives inline (no allocation), the
+/// common case of a WR over one buffer; longer lists go to the heap. One
+/// element keeps [`SendWr`] small: it is moved by value on the way to the
+/// post (72 bytes, where four inline elements made it 120).
+pub type SgList = SmallVec<[Sge; 1]>;
 
 /// What a send work request does (`ibv_wr_opcode` plus its remote arguments).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
