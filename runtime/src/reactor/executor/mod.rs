@@ -50,6 +50,11 @@ struct Task {
 pub(crate) struct Executor {
     tasks: RefCell<Slab<Task>>,
     ready: RefCell<VecDeque<usize>>,
+    /// The ids `run_ready` is polling: taken from the front of `ready` a
+    /// batch at a time (the whole queue by a swap, the common case; not
+    /// popped one by one), then walked with no borrow held. Kept between
+    /// runs for its capacity.
+    batch: Cell<VecDeque<usize>>,
     spare: RefCell<Vec<usize>>,
     pub(crate) shared: Arc<Shared>,
     main: Arc<TaskWaker>,
@@ -86,6 +91,7 @@ impl Executor {
         Executor {
             tasks: RefCell::new(Slab::with_capacity(64)),
             ready: RefCell::new(VecDeque::with_capacity(64)),
+            batch: Cell::new(VecDeque::with_capacity(64)),
             spare: RefCell::new(Vec::with_capacity(64)),
             shared,
             main_waker: task_waker(main.clone()),
@@ -220,9 +226,17 @@ impl Executor {
     #[inline(never)]
     fn run_ready(&self, budget: usize) -> usize {
         let mut polled = 0;
+        let mut batch = self.batch.take();
         while polled < budget {
-            let next = self.ready.borrow_mut().pop_front();
-            let Some(id) = next else {
+            {
+                let mut ready = self.ready.borrow_mut();
+                if ready.len() <= budget - polled {
+                    std::mem::swap(&mut *ready, &mut batch);
+                } else {
+                    batch.extend(ready.drain(..budget - polled));
+                }
+            }
+            if batch.is_empty() {
                 if polled == 0 {
                     // Nothing was ready and nothing ran since the collect
                     // above, so no wake of ours can have come in.
@@ -233,10 +247,15 @@ impl Executor {
                     break;
                 }
                 continue;
-            };
-            self.poll_task(id);
-            polled += 1;
+            }
+            // Tasks woken meanwhile are collected into `ready`, behind these.
+            for &id in &batch {
+                self.poll_task(id);
+            }
+            polled += batch.len();
+            batch.clear();
         }
+        self.batch.set(batch);
         polled
     }
 
