@@ -28,6 +28,7 @@ pub use qp::{
     RecvRingError, RingMsg, ScatterVerb, SendChain, SendInline, SendInlineBurst, Submit,
     UdEndpoint, UdPeer,
 };
+pub use qp::{Invalidate, WindowVerb};
 pub use reactor::{
     sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,
     JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, RuntimeStats, Sleep, TcpListener,

@@ -30,6 +30,7 @@
 pub mod batch;
 pub mod compare_and_swap;
 pub mod fetch_and_add;
+pub mod mw;
 pub mod read;
 pub mod recv;
 mod remote;
@@ -43,6 +44,7 @@ pub mod write_with_imm;
 pub use batch::{Batch, BatchVerb};
 pub use compare_and_swap::CompareAndSwapVerb;
 pub use fetch_and_add::FetchAndAddVerb;
+pub use mw::{BindMwVerb, LocalInvVerb, SendWithInvVerb};
 pub use read::ReadVerb;
 pub use recv::{Received, RecvEmptyVerb, RecvVerb};
 pub use remote::RemoteBuf;
@@ -53,9 +55,12 @@ pub use send_with_imm::SendWithImmVerb;
 pub use write::WriteVerb;
 pub use write_with_imm::WriteWithImmVerb;
 
-use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
-use verbio_runtime::provider::{Completion, SendFlags, SendOp, SendWr, SgList, Sge};
-use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit, UdPeer};
+use std::ops::Range;
+use std::rc::Rc;
+
+use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf, RemoteAccessRegion, Window};
+use verbio_runtime::provider::{AccessFlags, Completion, SendFlags, SendOp, SendWr, SgList, Sge};
+use verbio_runtime::{Completable, GatherVerb, Invalidate, QueuePair, Submit, UdPeer};
 
 use crate::error::Error;
 
@@ -126,6 +131,25 @@ pub trait Verbs {
     ) -> Submit<FetchAndAddVerb<B>>;
     /// Posts `batch` as one chain (one doorbell, only the last WR signaled).
     fn post_batch<B: RegisteredBuf>(&self, batch: Batch<B>) -> Submit<BatchVerb<B>>;
+    /// Binds `window` (unbound) over `range` of `region` (a
+    /// [`RemoteAccessRegion::bindable`](verbio_runtime::buf::RemoteAccessRegion::bindable)
+    /// one) with `access`; resolves to the [`RemoteBuf`] this QP's peer
+    /// uses, and the window (which holds the region until invalidated).
+    /// See [`QueuePair::bind_window`].
+    fn bind_mw<R: IoBufMut>(
+        &self,
+        window: Window<R>,
+        region: Rc<RemoteAccessRegion<R>>,
+        range: Range<usize>,
+        access: AccessFlags,
+    ) -> Submit<BindMwVerb<R>>;
+    /// Invalidates `window`'s binding (LOCAL_INV): once resolved, its rkey
+    /// fails and the window is unbound. See [`QueuePair::invalidate_window`].
+    fn local_inv<R: IoBufMut>(&self, window: Window<R>) -> Submit<Invalidate<LocalInvVerb<R>>>;
+    /// SEND of `buf`'s initialized bytes that also invalidates the peer's
+    /// window `rkey` before the peer's receive completes; resolves to the
+    /// number of bytes sent.
+    fn send_with_inv<B: RegisteredBuf>(&self, buf: B, rkey: u32) -> Submit<SendWithInvVerb<B>>;
 }
 
 impl Verbs for QueuePair {
@@ -205,6 +229,24 @@ impl Verbs for QueuePair {
     #[inline]
     fn post_batch<B: RegisteredBuf>(&self, batch: Batch<B>) -> Submit<BatchVerb<B>> {
         batch.post(self)
+    }
+    #[inline]
+    fn bind_mw<R: IoBufMut>(
+        &self,
+        window: Window<R>,
+        region: Rc<RemoteAccessRegion<R>>,
+        range: Range<usize>,
+        access: AccessFlags,
+    ) -> Submit<BindMwVerb<R>> {
+        mw::bind_mw(self, window, region, range, access)
+    }
+    #[inline]
+    fn local_inv<R: IoBufMut>(&self, window: Window<R>) -> Submit<Invalidate<LocalInvVerb<R>>> {
+        mw::local_inv(self, window)
+    }
+    #[inline]
+    fn send_with_inv<B: RegisteredBuf>(&self, buf: B, rkey: u32) -> Submit<SendWithInvVerb<B>> {
+        mw::send_with_inv(self, buf, rkey)
     }
 }
 

@@ -37,6 +37,7 @@ mod registrar;
 mod size_class;
 mod slice;
 mod user_mr;
+mod window;
 
 pub use error::{BufError, Rejected};
 pub use io_buf::{IoBuf, IoBufMut, RegisteredBuf};
@@ -45,6 +46,8 @@ pub use pool::{MrPool, PoolConfig, PoolStats};
 pub use region::RemoteAccessRegion;
 pub use slice::Slice;
 pub use user_mr::RegisteredMem;
+pub(crate) use window::binding as window_binding;
+pub use window::Window;
 
 /// The result of an operation that owned buffers: the outcome and the buffers,
 /// returned whether the operation succeeded or not (io_uring style).

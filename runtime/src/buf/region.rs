@@ -66,7 +66,7 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
 
     pub(crate) fn grant_with(
         registrar: &dyn Registrar,
-        mut buf: B,
+        buf: B,
         access: AccessFlags,
     ) -> Result<Self, Rejected<B>> {
         const WHAT: &str = "RemoteAccessRegion::grant";
@@ -86,9 +86,32 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
             // Verbs refuse remote write/atomic without local write.
             flags |= AccessFlags::LOCAL_WRITE;
         }
+        Self::register_region(WHAT, registrar, buf, flags)
+    }
+
+    /// A region peers reach only through memory windows bound over it
+    /// ([`Window`](super::Window)): registered with `LOCAL_WRITE` and
+    /// `MW_BIND` and no remote access of its own (its rkey reaches
+    /// nothing). Zeroed past the initialized part, read and written like a
+    /// granted region. On failure the buffer comes back.
+    pub fn bindable(pd: &Pd, buf: B) -> Result<Self, Rejected<B>> {
+        Self::register_region(
+            "RemoteAccessRegion::bindable",
+            pd,
+            buf,
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        )
+    }
+
+    fn register_region(
+        what: &'static str,
+        registrar: &dyn Registrar,
+        mut buf: B,
+        flags: AccessFlags,
+    ) -> Result<Self, Rejected<B>> {
         let len = buf.bytes_total();
         if len == 0 {
-            return Err(Rejected::new(BufError::Empty { what: WHAT }, buf));
+            return Err(Rejected::new(BufError::Empty { what }, buf));
         }
         let init = buf.bytes_init().min(len);
         let ptr = buf.stable_mut_ptr();
@@ -117,14 +140,7 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
                     access: flags,
                 })
             }
-            Err(source) => Err(Rejected::new(
-                BufError::Register {
-                    what: WHAT,
-                    len,
-                    source,
-                },
-                buf,
-            )),
+            Err(source) => Err(Rejected::new(BufError::Register { what, len, source }, buf)),
         }
     }
 
@@ -147,6 +163,10 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
     /// The flags the region is registered with.
     pub fn access(&self) -> AccessFlags {
         self.access
+    }
+    /// The registration's handle for bind WRs (`None` for a test double).
+    pub(crate) fn mr_handle(&self) -> Option<crate::provider::MrHandle> {
+        self.reg.mr().map(|m| m.raw())
     }
 
     fn ptr(&self) -> *mut u8 {

@@ -27,6 +27,15 @@ impl Registration {
 
     /// Runs `f` ordered with the device's Rust-thread accesses to the
     /// registered memory ([`Mr::with_memory`]).
+    /// The provider's registration (`None` for a test double).
+    pub(crate) fn mr(&self) -> Option<&Mr> {
+        match &self._handle {
+            Handle::Mr(mr) => Some(mr),
+            #[cfg(test)]
+            Handle::Fake(_) => None,
+        }
+    }
+
     pub(crate) fn with_memory<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self._handle {
             Handle::Mr(mr) => mr.with_memory(f),

@@ -8,9 +8,10 @@
 //! | object | provider types | required methods |
 //! |---|---|---|
 //! | [`DeviceContext`] | `soft::Context`, `ibverbs::Context` | `name`, `query_device`, `query_port`, `query_gid`, `alloc_pd`, `create_comp_channel`, `create_cq`, `async_fd`, `get_async_event` |
-//! | [`ProtectionDomain`] | `soft::Pd`, `ibverbs::Pd` | `reg_mr` (unsafe), `create_qp`, `create_ud_qp`, `create_ah` |
+//! | [`ProtectionDomain`] | `soft::Pd`, `ibverbs::Pd` | `reg_mr` (unsafe), `create_qp`, `create_ud_qp`, `create_ah`, `alloc_mw` |
 //! | [`AddressHandleOps`] | `soft::Ah`, `ibverbs::Ah` | `raw` |
-//! | [`MemoryRegion`] | `soft::Mr`, `ibverbs::Mr` | `lkey`, `rkey`, `addr`, `len`, `access` |
+//! | [`MemoryRegion`] | `soft::Mr`, `ibverbs::Mr` | `lkey`, `rkey`, `addr`, `len`, `access`, `raw` |
+//! | [`MemoryWindow`] | `soft::Mw`, `ibverbs::Mw` | `rkey`, `raw` |
 //! | [`CompletionChannel`] | `soft::CompChannel`, `ibverbs::CompChannel` | `fd`, `get_event` |
 //! | [`CompletionQueue`] | `soft::Cq`, `ibverbs::Cq` | `handle`, `capacity`, `req_notify`, `poll`, `ack_events` |
 //! | [`QueuePairOps`] | `soft::Qp`, `ibverbs::Qp` | `qp_num`, `qp_type`, `state`, `caps`, `endpoint`, `modify_to_{init,rtr,rts,err,reset}`, `modify_ud_to_rts`, `post_send` and `post_recv` (unsafe) |
@@ -63,6 +64,8 @@ pub(crate) trait ProtectionDomain: Clone + Send + Sync {
     type Qp: QueuePairOps;
     /// Its address handles.
     type Ah: AddressHandleOps;
+    /// Its memory windows.
+    type Mw: MemoryWindow;
     /// `ibv_reg_mr`.
     ///
     /// # Safety
@@ -80,6 +83,16 @@ pub(crate) trait ProtectionDomain: Clone + Send + Sync {
     ) -> Result<Self::Qp>;
     /// `ibv_create_ah`.
     fn create_ah(&self, attr: &AhAttr) -> Result<Self::Ah>;
+    /// `ibv_alloc_mw` (type 2).
+    fn alloc_mw(&self) -> Result<Self::Mw>;
+}
+
+/// A memory window, type 2 (`ibv_mw`).
+pub(crate) trait MemoryWindow: Clone + Send + Sync {
+    /// The rkey it has, or gets once the last posted bind executes.
+    fn rkey(&self) -> u32;
+    /// The handle bind WRs carry while this one lives.
+    fn raw(&self) -> u64;
 }
 
 /// An address handle (`ibv_ah`): the route to one remote port, named by
@@ -101,6 +114,8 @@ pub(crate) trait MemoryRegion: Clone + Send + Sync {
     fn len(&self) -> usize;
     /// Granted access.
     fn access(&self) -> AccessFlags;
+    /// The handle bind WRs carry while this one lives.
+    fn raw(&self) -> u64;
 }
 
 /// A completion channel (`ibv_comp_channel`).
@@ -205,6 +220,7 @@ macro_rules! implement_contract {
             type Cq = super::$p::Cq;
             type Qp = super::$p::Qp;
             type Ah = super::$p::Ah;
+            type Mw = super::$p::Mw;
             unsafe fn reg_mr(
                 &self,
                 addr: *mut u8,
@@ -233,6 +249,18 @@ macro_rules! implement_contract {
             fn create_ah(&self, attr: &AhAttr) -> Result<Self::Ah> {
                 super::$p::Pd::create_ah(self, attr)
             }
+            fn alloc_mw(&self) -> Result<Self::Mw> {
+                super::$p::Pd::alloc_mw(self)
+            }
+        }
+
+        impl MemoryWindow for super::$p::Mw {
+            fn rkey(&self) -> u32 {
+                super::$p::Mw::rkey(self)
+            }
+            fn raw(&self) -> u64 {
+                super::$p::Mw::raw(self)
+            }
         }
 
         impl AddressHandleOps for super::$p::Ah {
@@ -256,6 +284,9 @@ macro_rules! implement_contract {
             }
             fn access(&self) -> AccessFlags {
                 super::$p::Mr::access(self)
+            }
+            fn raw(&self) -> u64 {
+                super::$p::Mr::raw(self)
             }
         }
 

@@ -29,7 +29,7 @@ pub use types::*;
 
 use contract::{
     AddressHandleOps, CompletionChannel, CompletionQueue, DeviceContext, MemoryRegion,
-    ProtectionDomain, QueuePairOps,
+    MemoryWindow, ProtectionDomain, QueuePairOps,
 };
 
 /// Calls the same method on whichever provider implements `$val`.
@@ -349,6 +349,58 @@ impl Pd {
         };
         Ok(AddressHandle { imp })
     }
+
+    /// Allocates a type 2 memory window (`ibv_alloc_mw`), unbound: bind it
+    /// with a [`SendOp::BindMw`] work request.
+    pub fn alloc_mw(&self) -> Result<Mw> {
+        let imp = match &self.imp {
+            PdImp::Soft(p) => MwImp::Soft(ProtectionDomain::alloc_mw(p)?),
+            #[cfg(feature = "ibverbs")]
+            PdImp::Ibverbs(p) => MwImp::Ibverbs(ProtectionDomain::alloc_mw(p)?),
+        };
+        Ok(Mw { imp })
+    }
+}
+
+#[derive(Clone)]
+enum MwImp {
+    Soft(soft::Mw),
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Mw),
+}
+
+/// A type 2 memory window (`ibv_mw`): a second rkey over part of a memory
+/// region, bound and invalidated by work requests ([`SendOp::BindMw`],
+/// [`SendOp::LocalInv`], a peer's [`SendOp::SendWithInv`]). Dropping the
+/// last clone deallocates it; from then on its rkey fails at once.
+#[derive(Clone)]
+pub struct Mw {
+    imp: MwImp,
+}
+
+impl Mw {
+    /// The window's rkey: the one the last posted bind gives it (from the
+    /// post on; the bind takes effect when the WR executes), or the
+    /// allocated one before any bind.
+    pub fn rkey(&self) -> u32 {
+        dispatch!(MwImp, &self.imp, |m| MemoryWindow::rkey(m))
+    }
+    /// The rkey to give the window at its next bind ([`inc_rkey`] of
+    /// [`rkey`](Self::rkey)).
+    pub fn next_rkey(&self) -> u32 {
+        inc_rkey(self.rkey())
+    }
+    /// The handle a [`SendOp::BindMw`] carries; valid while a clone of this
+    /// lives.
+    pub fn raw(&self) -> MwHandle {
+        MwHandle(dispatch!(MwImp, &self.imp, |m| MemoryWindow::raw(m)))
+    }
+}
+
+impl std::fmt::Debug for Mw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mw").field("rkey", &self.rkey()).finish()
+    }
 }
 
 #[derive(Clone)]
@@ -429,6 +481,11 @@ impl Mr {
     /// Access flags it was registered with.
     pub fn access(&self) -> AccessFlags {
         dispatch!(MrImp, &self.imp, |m| MemoryRegion::access(m))
+    }
+    /// The handle a [`SendOp::BindMw`] carries; valid while a clone of this
+    /// lives.
+    pub fn raw(&self) -> MrHandle {
+        MrHandle(dispatch!(MrImp, &self.imp, |m| MemoryRegion::raw(m)))
     }
     /// Runs `f` ordered with the device's own Rust threads' accesses to the
     /// memory (the soft device's lock; hardware has no such threads).
@@ -672,7 +729,11 @@ impl Qp {
     ///
     /// A [`SendOp::SendTo`] WR's `dest.ah` must name a live
     /// [`AddressHandle`] (a clone of it alive) until the WR is done: the
-    /// ibverbs provider hands the handle's pointer to the device.
+    /// ibverbs provider hands the handle's pointer to the device. Likewise
+    /// a [`SendOp::BindMw`] WR's `mw` and `mr` must name a live [`Mw`] and
+    /// [`Mr`] of this QP's device until the WR is done, and the region must
+    /// stay registered while the window is bound to it (rxe refuses to
+    /// deregister it meanwhile).
     ///
     /// Remote addresses and rkeys are not part of this contract: the peer's
     /// responder checks them against its own registrations.

@@ -44,6 +44,9 @@ impl AccessFlags {
     pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(1 << 3);
     /// Everything: local write plus all remote access.
     pub const ALL: AccessFlags = AccessFlags(0b1111);
+    /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region
+    /// (see [`SendOp::BindMw`]).
+    pub const MW_BIND: AccessFlags = AccessFlags(1 << 4);
 
     /// The raw verbs bit mask.
     pub const fn bits(self) -> u32 {
@@ -51,7 +54,7 @@ impl AccessFlags {
     }
     /// Builds flags from a raw mask, dropping unknown bits.
     pub const fn from_bits_truncate(bits: u32) -> AccessFlags {
-        AccessFlags(bits & Self::ALL.0)
+        AccessFlags(bits & (Self::ALL.0 | Self::MW_BIND.0))
     }
     /// True if every flag in `other` is set in `self`.
     pub const fn contains(self, other: AccessFlags) -> bool {
@@ -88,6 +91,7 @@ impl fmt::Debug for AccessFlags {
             (Self::REMOTE_WRITE, "REMOTE_WRITE"),
             (Self::REMOTE_READ, "REMOTE_READ"),
             (Self::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+            (Self::MW_BIND, "MW_BIND"),
         ];
         let mut first = true;
         for (flag, name) in names {
@@ -219,6 +223,48 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// Binds a type 2 memory window to `[addr, addr + len)` of a memory
+    /// region (`IBV_WR_BIND_MW`, as `ibv_wr_bind_mw`): from its completion
+    /// on, peers reach that range through `rkey` over this QP only, with
+    /// `access` (remote flags only). The window must be unbound (freshly
+    /// allocated or invalidated), the region must allow
+    /// [`AccessFlags::MW_BIND`] (and `LOCAL_WRITE` for a writable window),
+    /// the range must lie inside the region, and `rkey` must be the window's
+    /// current rkey with only its low byte changed
+    /// ([`Mw::next_rkey`](super::Mw::next_rkey)); otherwise the WR
+    /// completes `MW_BIND_ERR` and the QP fails. RC only, no SGEs.
+    BindMw {
+        /// The window ([`Mw::raw`](super::Mw::raw)); it must stay alive
+        /// until the WR is done.
+        mw: MwHandle,
+        /// The region ([`Mr::raw`](super::Mr::raw)); it must stay alive
+        /// while the window is bound to it.
+        mr: MrHandle,
+        /// Start of the window (an address inside the region).
+        addr: u64,
+        /// Length of the window in bytes (non-zero).
+        len: u64,
+        /// What peers may do through the window.
+        access: AccessFlags,
+        /// The window's rkey once bound.
+        rkey: u32,
+    },
+    /// Invalidates the memory window `rkey` names (`IBV_WR_LOCAL_INV`):
+    /// once it completes, every access through `rkey` fails. An rkey that
+    /// names no bound window completes `LOC_QP_OP_ERR` and fails the QP.
+    /// No SGEs.
+    LocalInv {
+        /// The window's current rkey.
+        rkey: u32,
+    },
+    /// SEND that also invalidates the responder's memory window `rkey`
+    /// names (`IBV_WR_SEND_WITH_INV`), before the receive completes; the
+    /// receive completion carries [`Completion::with_inv`].
+    SendWithInv {
+        /// The rkey of a window bound at the responder, over the QP this
+        /// SEND reaches.
+        rkey: u32,
+    },
     /// A UD datagram (SEND, or SEND with immediate when `imm` is set) to
     /// one remote QP. Only UD QPs accept it; the payload must fit the path
     /// MTU.
@@ -234,13 +280,34 @@ impl SendOp {
     /// The opcode a successful completion of this WR reports.
     pub fn completion_opcode(&self) -> WcOpcode {
         match self {
-            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendTo { .. } => WcOpcode::Send,
+            SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::SendTo { .. }
+            | SendOp::SendWithInv { .. } => WcOpcode::Send,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
             SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareAndSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAndAdd { .. } => WcOpcode::FetchAdd,
         }
     }
+}
+
+/// A provider's raw name for a live memory window, as
+/// [`SendOp::BindMw`] carries it. Only [`Mw::raw`](super::Mw::raw) makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MwHandle(pub(crate) u64);
+
+/// A provider's raw name for a live memory region, as [`SendOp::BindMw`]
+/// carries it. Only [`Mr::raw`](super::Mr::raw) makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MrHandle(pub(crate) u64);
+
+/// The rkey a type 2 window gets at its next bind: `rkey` with its low
+/// (key) byte incremented, as `ibv_inc_rkey` computes it.
+pub const fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
 }
 
 /// A send-queue work request (`ibv_send_wr`).
@@ -438,6 +505,10 @@ pub struct Completion {
     /// receive buffer hold the packet's global route header (always on
     /// RoCE and the soft device); read its source with [`Grh::parse`].
     pub grh: bool,
+    /// `IBV_WC_WITH_INV`: a receive of a [`SendOp::SendWithInv`], which
+    /// invalidated the window whose rkey `imm_data` then holds (the two
+    /// share a field, as in `ibv_wc`).
+    pub with_inv: bool,
 }
 
 impl Completion {
@@ -453,6 +524,7 @@ impl Completion {
         src_qp: 0,
         slid: 0,
         grh: false,
+        with_inv: false,
     };
 }
 
@@ -963,6 +1035,14 @@ mod tests {
         }
         assert_eq!(WcStatus::from_raw(999), WcStatus::GeneralErr);
         assert_eq!(WcStatus::RemAccessErr.name(), "IBV_WC_REM_ACCESS_ERR");
+    }
+
+    #[test]
+    fn inc_rkey_changes_the_key_byte_only() {
+        assert_eq!(inc_rkey(0x1234_5600), 0x1234_5601);
+        assert_eq!(inc_rkey(0x1234_56ff), 0x1234_5600);
+        // A bind's fields cost 16 bytes over the largest other WR opcode.
+        assert_eq!(std::mem::size_of::<SendOp>(), 48);
     }
 
     #[test]

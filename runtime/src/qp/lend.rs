@@ -47,10 +47,18 @@ fn gathers(op: &SendOp) -> bool {
         op,
         SendOp::Send
             | SendOp::SendWithImm { .. }
+            | SendOp::SendWithInv { .. }
             | SendOp::SendTo { .. }
             | SendOp::Write { .. }
             | SendOp::WriteWithImm { .. }
     )
+}
+
+/// A bind names a window and a region that must outlive it: only
+/// [`QueuePair::bind_window`] submits one.
+#[inline(always)]
+fn binds(op: &SendOp) -> bool {
+    matches!(op, SendOp::BindMw { .. })
 }
 
 /// `flags` a verb may choose: INLINE, FENCE, SOLICITED (SIGNALED is the
@@ -111,7 +119,7 @@ impl QueuePair {
         // survives the move of `data` into the op.
         unsafe {
             self.submit_send_one(data, move |data, wr| {
-                if gathers(&op) {
+                if gathers(&op) || binds(&op) {
                     return Err(not_scattering(&op));
                 }
                 let len = data.scatter_len();
@@ -144,11 +152,17 @@ impl QueuePair {
     }
 
     /// Submits one send-queue WR `op` that names no local memory (e.g. a
-    /// zero-length WRITE_WITH_IMM).
+    /// zero-length WRITE_WITH_IMM, a LOCAL_INV); a window bind is refused
+    /// (see [`bind_window`](Self::bind_window)).
     pub fn send_without_memory<T: Completable>(&self, data: T, op: SendOp) -> Submit<T> {
         // SAFETY: the WR has no SGE: it lends no memory to the device.
         unsafe {
             self.submit_send_one(data, move |_, wr| {
+                if binds(&op) {
+                    return Err(SubmitError::Invalid {
+                        what: "a window bind: submit it with bind_window".into(),
+                    });
+                }
                 wr.op = op;
                 Ok(())
             })

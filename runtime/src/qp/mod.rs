@@ -94,6 +94,7 @@ mod submit;
 mod ud;
 #[cfg(test)]
 mod ud_tests;
+mod window;
 
 use smallvec::SmallVec;
 
@@ -110,6 +111,7 @@ pub use recv_ring::{NextMsg, RecvRing, RecvRingConfig, RecvRingError, RingMsg};
 pub use submit::Submit;
 pub(crate) use ud::UdState;
 pub use ud::{UdEndpoint, UdPeer};
+pub use window::{Invalidate, WindowVerb};
 
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;

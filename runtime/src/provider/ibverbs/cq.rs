@@ -358,19 +358,26 @@ fn poll_error(ret: i32) -> ProviderError {
 fn convert_wc(wc: &sys::ibv_wc) -> Completion {
     let status = WcStatus::from_raw(wc.status);
     let with_imm = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    let with_inv = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0;
     Completion {
         wr_id: wc.wr_id,
         status,
         // Error completions leave the opcode unspecified.
         opcode: WcOpcode::from_raw(wc.opcode).unwrap_or(WcOpcode::Send),
         byte_len: wc.byte_len,
-        // SAFETY: both union members are u32; WITH_IMM says which one is meant.
-        imm_data: with_imm
-            .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+        imm_data: if with_inv {
+            // SAFETY: both union members are u32; WITH_INV says this one is
+            // meant.
+            Some(unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey })
+        } else {
+            // SAFETY: as above; WITH_IMM says this one is meant.
+            with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }))
+        },
         qp_num: wc.qp_num,
         vendor_err: wc.vendor_err,
         src_qp: wc.src_qp,
         slid: wc.slid,
         grh: wc.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH.0 != 0,
+        with_inv,
     }
 }

@@ -37,6 +37,7 @@
 mod ah;
 mod cq;
 mod device;
+mod mw;
 mod pd_mr;
 mod qp;
 
@@ -45,6 +46,7 @@ use std::io;
 pub use ah::Ah;
 pub use cq::{CompChannel, Cq};
 pub use device::{devices, Context, GidEntry, GidType};
+pub use mw::Mw;
 pub use pd_mr::{Mr, Pd};
 pub use qp::Qp;
 

@@ -126,6 +126,11 @@ impl Pd {
     pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
         Ah::create(self, attr)
     }
+
+    /// Allocates a type 2 memory window (`ibv_alloc_mw`).
+    pub fn alloc_mw(&self) -> Result<super::Mw> {
+        super::Mw::alloc(self)
+    }
 }
 
 struct MrInner {
@@ -181,5 +186,9 @@ impl Mr {
     /// Access flags it was registered with.
     pub fn access(&self) -> AccessFlags {
         self.inner.access
+    }
+    /// The handle bind WRs carry: the `ibv_mr` pointer.
+    pub fn raw(&self) -> u64 {
+        self.inner.mr as u64
     }
 }

@@ -609,11 +609,13 @@ impl Qp {
         raw: *mut sys::ibv_send_wr,
     ) -> Result<(), PostError> {
         let mut n = 0;
+        let mut binds = false;
         for wr in wrs {
             let sgl = wr.sg_list.as_slice();
             if !self.send_fits(wr, sgl) {
                 break;
             }
+            binds |= matches!(wr.op, SendOp::BindMw { .. });
             // SAFETY: n < wrs.len(): in bounds; `next` is one past at most.
             unsafe { write_send_wr(raw.add(n), wr, sgl, raw.add(n + 1)) };
             n += 1;
@@ -629,12 +631,17 @@ impl Qp {
             // device under this function's contract.
             let ret = unsafe { sys::ibv_post_send(self.inner.qp, raw, &mut bad) };
             if ret != 0 {
-                return Err(self.post_failed(
-                    "ibv_post_send",
-                    ret,
-                    "send",
-                    bad_index(raw as usize, bad as usize, size_of::<sys::ibv_send_wr>(), n),
-                ));
+                let posted =
+                    bad_index(raw as usize, bad as usize, size_of::<sys::ibv_send_wr>(), n);
+                if binds {
+                    // SAFETY: the windows of posted binds are alive (contract).
+                    unsafe { super::mw::note_posted(&wrs[..posted]) };
+                }
+                return Err(self.post_failed("ibv_post_send", ret, "send", posted));
+            }
+            if binds {
+                // SAFETY: as above.
+                unsafe { super::mw::note_posted(&wrs[..n]) };
             }
         }
         if n < wrs.len() {
@@ -784,6 +791,9 @@ fn op_name(op: &SendOp) -> &'static str {
         SendOp::CompareAndSwap { .. } => "ATOMIC CMP_AND_SWP",
         SendOp::FetchAndAdd { .. } => "ATOMIC FETCH_AND_ADD",
         SendOp::SendTo { .. } => "a datagram (SendTo)",
+        SendOp::BindMw { .. } => "BIND_MW",
+        SendOp::LocalInv { .. } => "LOCAL_INV",
+        SendOp::SendWithInv { .. } => "SEND_WITH_INV",
     }
 }
 
@@ -858,8 +868,8 @@ fn bad_index(base: usize, bad: usize, size: usize, n: usize) -> usize {
 
 /// Writes the `ibv_send_wr` of `wr` at `dst`: the fields a provider reads
 /// for these opcodes (`wr.rdma` / `wr.atomic` on RC, `wr.ud` for a UD
-/// `SendTo`); the XRC, memory-window and TSO fields (used only by other QP
-/// types and opcodes) are left unwritten.
+/// `SendTo`, `bind_mw` for a bind); the XRC and TSO fields (used only by
+/// other QP types and opcodes) are left unwritten.
 ///
 /// # Safety
 ///
@@ -925,6 +935,11 @@ unsafe fn write_send_wr(
                 None => (O::IBV_WR_SEND, 0, ud),
             }
         }
+        // `invalidate_rkey` shares the field of `imm_data` but is in host
+        // order: written through the `to_be` below unchanged.
+        SendOp::LocalInv { rkey } => (O::IBV_WR_LOCAL_INV, u32::from_be(rkey), rdma(0, 0)),
+        SendOp::SendWithInv { rkey } => (O::IBV_WR_SEND_WITH_INV, u32::from_be(rkey), rdma(0, 0)),
+        SendOp::BindMw { .. } => (O::IBV_WR_BIND_MW, 0, rdma(0, 0)),
     };
     // SAFETY: `dst` is valid for writes (contract); every write goes through
     // a raw field pointer, never a reference to the uninitialised struct.
@@ -941,6 +956,28 @@ unsafe fn write_send_wr(
             },
         );
         addr_of_mut!((*dst).wr).write(wr_u);
+        if let SendOp::BindMw {
+            mw,
+            mr,
+            addr,
+            len,
+            access,
+            rkey,
+        } = wr.op
+        {
+            addr_of_mut!((*dst).bind_mw_tso_union).write(sys::bind_mw_tso_union_t {
+                bind_mw: sys::bind_mw_t {
+                    mw: mw.0 as *mut sys::ibv_mw,
+                    rkey,
+                    bind_info: sys::ibv_mw_bind_info {
+                        mr: mr.0 as *mut sys::ibv_mr,
+                        addr,
+                        length: len,
+                        mw_access_flags: access.bits(),
+                    },
+                },
+            });
+        }
     }
 }
 

@@ -487,6 +487,20 @@ impl Pd {
         })))
     }
 
+    /// Allocates a type 2 memory window, unbound.
+    pub fn alloc_mw(&self) -> Result<super::Mw> {
+        let sh = self.0.ctx.shared();
+        let mut mrs = sh.mrs();
+        let index = mrs.next_window_index(sh.seed);
+        let key = (index ^ sh.seed) as u8;
+        mrs.windows.insert(self.0.id, index, key);
+        drop(mrs);
+        Ok(super::Mw(Arc::new(super::mw::MwInner {
+            ctx: self.0.ctx.clone(),
+            index,
+        })))
+    }
+
     /// Creates a UD QP in RESET.
     pub fn create_ud_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
         self.new_qp(send_cq, recv_cq, caps, QpType::Ud)

@@ -25,6 +25,9 @@ pub(crate) struct EWqe {
     pub last_psn: u32,
     /// A local error found before sending; completes when it reaches the front.
     pub error: Option<WcStatus>,
+    /// A local operation (bind, invalidate) that was executed: not again
+    /// when the requester goes back to resend.
+    pub executed: bool,
 }
 
 impl EWqe {
@@ -145,6 +148,7 @@ impl EQp {
                 first_psn: s.psn,
                 last_psn: s.psn,
                 error: None,
+                executed: false,
             });
             self.send_idx += 1;
         }

@@ -121,6 +121,7 @@ mod fake_peer_tests;
 #[cfg(feature = "fuzzing")]
 mod fuzz_check;
 mod mr;
+mod mw;
 mod packet;
 mod qp;
 mod requester;
@@ -133,6 +134,7 @@ pub use channel::CompChannel;
 pub use context::{Context, Pd};
 pub use cq::Cq;
 pub use mr::Mr;
+pub use mw::Mw;
 pub use qp::Qp;
 pub use ud::{UdCounters, UdFaults};
 

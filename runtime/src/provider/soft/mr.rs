@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::dma::Span;
+use super::mw::Windows;
 use super::IdMap;
 use crate::provider::AccessFlags;
 
@@ -47,6 +48,8 @@ pub(crate) struct MrTable {
     by_lkey: IdMap<MrEntry>,
     by_rkey: IdMap<MrEntry>,
     counter: u32,
+    /// The memory windows (`mw.rs`), checked under the same lock.
+    pub(crate) windows: Windows,
 }
 
 impl MrTable {
@@ -60,7 +63,11 @@ impl MrTable {
             x ^= x >> 15;
             x = x.wrapping_mul(0x85EB_CA77);
             x ^= x >> 13;
-            if x != 0 && !self.by_lkey.contains_key(&x) && !self.by_rkey.contains_key(&x) {
+            if x != 0
+                && !self.by_lkey.contains_key(&x)
+                && !self.by_rkey.contains_key(&x)
+                && !self.windows.has_index(x >> 8)
+            {
                 return x;
             }
         }
@@ -89,21 +96,61 @@ impl MrTable {
         self.span(e, addr, len)
     }
 
-    /// Validates a remote access: rkey known, same PD, in bounds, and the MR
-    /// grants `need`.
+    /// Validates a remote access arriving on QP `qpn`: rkey known, same PD,
+    /// in bounds, and the MR grants `need`; or, for a memory window's rkey,
+    /// the window bound over `qpn`, in its bounds, granting `need`, and its
+    /// MR still registered.
     pub fn remote(
         &self,
+        qpn: u32,
         rkey: u32,
         pd: u32,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<Span<'_>, AccessError> {
-        let e = self.by_rkey.get(&rkey).ok_or(AccessError::Denied)?;
+        let Some(e) = self.by_rkey.get(&rkey) else {
+            return self.remote_window(qpn, rkey, pd, addr, len, need);
+        };
         if e.pd != pd || !e.access.contains(need) {
             return Err(AccessError::Denied);
         }
         self.span(e, addr, len).ok_or(AccessError::Denied)
+    }
+
+    #[cold]
+    fn remote_window(
+        &self,
+        qpn: u32,
+        rkey: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Span<'_>, AccessError> {
+        let (w, b) = self.windows.bound(rkey).ok_or(AccessError::Denied)?;
+        if w.pd != pd || b.qpn != qpn || !b.access.contains(need) || !b.contains(addr, len) {
+            return Err(AccessError::Denied);
+        }
+        let mr = self.by_lkey.get(&b.mr_lkey).ok_or(AccessError::Denied)?;
+        self.span(mr, addr, len).ok_or(AccessError::Denied)
+    }
+
+    /// The region an lkey names: (pd, start, length, access).
+    pub fn region(&self, lkey: u32) -> Option<(u32, u64, u64, AccessFlags)> {
+        self.by_lkey
+            .get(&lkey)
+            .map(|e| (e.pd, e.addr, e.len, e.access))
+    }
+
+    /// A fresh window index: not a window's, and no MR rkey in its range.
+    pub fn next_window_index(&mut self, seed: u32) -> u32 {
+        loop {
+            let x = self.next_key(seed.rotate_left(8)) >> 8;
+            if x != 0 && !self.windows.has_index(x) && !self.by_rkey.keys().any(|k| k >> 8 == x) {
+                return x;
+            }
+        }
     }
 
     /// `[addr, addr + len)` of `e` (an entry of this table), if inside it.
@@ -160,6 +207,10 @@ impl Mr {
     /// Access flags.
     pub fn access(&self) -> AccessFlags {
         self.0.entry.access
+    }
+    /// The handle bind WRs carry (the lkey).
+    pub fn raw(&self) -> u64 {
+        u64::from(self.0.lkey)
     }
     /// Runs `f` under the MR-table lock, which every device access to
     /// registered memory holds (see `dma.rs`): what `f` does to the memory

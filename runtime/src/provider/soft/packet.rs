@@ -24,7 +24,8 @@
 //! | 48 | 8 | arg1 |
 //!
 //! Per opcode: SEND/WRITE segments carry `arg0` = message length and
-//! `arg1` = offset of this segment; READ_REQ `arg0` = length; CMP_SWP
+//! `arg1` = offset of this segment (SEND_INV segments also `rkey` = the
+//! window the responder invalidates); READ_REQ `arg0` = length; CMP_SWP
 //! `arg0`/`arg1` = compare/swap; FETCH_ADD `arg0` = add; READ_RESP `arg0` =
 //! total length, `arg1` = offset; ATOMIC_RESP `arg0` = original value; NAK
 //! `syndrome` plus `arg0` = encoded RNR timer; HELLO a 19-byte socket address.
@@ -91,6 +92,9 @@ pub enum Opcode {
     CmpSwap = 0x15,
     /// Atomic fetch-and-add request.
     FetchAdd = 0x16,
+    /// SEND with invalidate segment: `rkey` names the responder's memory
+    /// window to invalidate.
+    SendInv = 0x17,
     /// Cumulative acknowledgement up to `psn`.
     Ack = 0x20,
     /// Negative acknowledgement of `psn` (see `syndrome`).
@@ -118,6 +122,7 @@ impl Opcode {
             0x14 => ReadReq,
             0x15 => CmpSwap,
             0x16 => FetchAdd,
+            0x17 => SendInv,
             0x20 => Ack,
             0x21 => Nak,
             0x22 => ReadResp,
@@ -139,6 +144,7 @@ impl Opcode {
                 | Opcode::ReadReq
                 | Opcode::CmpSwap
                 | Opcode::FetchAdd
+                | Opcode::SendInv
         )
     }
 
@@ -150,7 +156,12 @@ impl Opcode {
     fn carries_segment(self) -> bool {
         matches!(
             self,
-            Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm | Opcode::ReadResp
+            Opcode::Send
+                | Opcode::SendImm
+                | Opcode::SendInv
+                | Opcode::Write
+                | Opcode::WriteImm
+                | Opcode::ReadResp
         )
     }
 }

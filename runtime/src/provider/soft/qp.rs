@@ -408,10 +408,17 @@ impl Qp {
             return Err(invalid("post_send", format!("message of {len} bytes")));
         }
         check_op(self.sh(), &wr.op, len)?;
+        if matches!(wr.op, SendOp::BindMw { .. } | SendOp::LocalInv { .. }) && len > 0 {
+            return Err(invalid(
+                "post_send",
+                format!("{:?} with local memory: it takes no SGEs", wr.op),
+            ));
+        }
         let inline_ok = matches!(
             wr.op,
             SendOp::Send
                 | SendOp::SendWithImm { .. }
+                | SendOp::SendWithInv { .. }
                 | SendOp::SendTo { .. }
                 | SendOp::Write { .. }
                 | SendOp::WriteWithImm { .. }
@@ -519,6 +526,7 @@ impl Qp {
             }
         }
         let mut result = Ok(());
+        let mut binds: SmallVec<[(u32, u32); 2]> = SmallVec::new();
         for (i, wr) in wrs.iter().enumerate() {
             if inner.sq_outstanding >= sh.caps.max_send_wr {
                 result = Err(post_err(
@@ -540,6 +548,9 @@ impl Qp {
                         inner.ud_direct = false;
                         sh.direct_hint.store(false, Ordering::Relaxed);
                     }
+                    if let SendOp::BindMw { mw, rkey, .. } = wqe.op {
+                        binds.push((mw.0 as u32, rkey));
+                    }
                     inner.sq.push_back(wqe);
                     inner.sq_outstanding += 1;
                 }
@@ -551,6 +562,12 @@ impl Qp {
         }
         let posted_any = !inner.sq.is_empty();
         drop(inner);
+        if !binds.is_empty() {
+            let mut mrs = self.0.ctx.shared().mrs();
+            for (index, rkey) in binds {
+                mrs.windows.note_posted(index, rkey);
+            }
+        }
         if posted_any {
             self.0.ctx.shared().notify(&self.0.shared);
         }

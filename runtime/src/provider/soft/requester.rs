@@ -9,6 +9,7 @@ use super::drive::note_feed;
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
 use super::lock;
 use super::mr::MrTable;
+use super::mw;
 use super::packet::{
     Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, MAX_PAYLOAD, NAK_REM_ACCESS,
     NAK_REM_INV_REQ, NAK_REM_OP, NAK_RNR,
@@ -64,6 +65,10 @@ pub(crate) fn data_header(h: &mut Header, w: &super::qp::SendWqe, off: u64, chun
             h.imm = imm;
             Opcode::SendImm
         }
+        SendOp::SendWithInv { rkey } => {
+            h.rkey = rkey;
+            Opcode::SendInv
+        }
         SendOp::Write { remote_addr, rkey } => {
             h.addr = remote_addr;
             h.rkey = rkey;
@@ -96,7 +101,7 @@ fn gen_request(
     eq: &mut EQp,
     tx: &mut Vec<u8>,
     zc: &mut Option<super::conn::TxMemRef>,
-    mrs: &MrTable,
+    mrs: &mut MrTable,
     now: Instant,
 ) -> Gen {
     if eq.sh.state() != QpState::Rts || eq.rnr_until.is_some() || eq.send_idx >= eq.wqes.len() {
@@ -131,6 +136,12 @@ fn gen_request(
         }
         e.first_psn = eq.next_psn;
     }
+    if matches!(
+        eq.wqes[idx].w.op,
+        SendOp::BindMw { .. } | SendOp::LocalInv { .. }
+    ) {
+        return local_op(eq, idx, mrs);
+    }
     let psn = eq.next_psn;
     let off = eq.send_off;
     let e = &mut eq.wqes[idx];
@@ -144,6 +155,7 @@ fn gen_request(
     match e.w.op {
         SendOp::Send
         | SendOp::SendWithImm { .. }
+        | SendOp::SendWithInv { .. }
         | SendOp::SendTo { .. }
         | SendOp::Write { .. }
         | SendOp::WriteWithImm { .. } => {
@@ -184,6 +196,8 @@ fn gen_request(
             h.rkey = rkey;
             h.arg0 = add;
         }
+        // (Executed by `local_op` above.)
+        SendOp::BindMw { .. } | SendOp::LocalInv { .. } => return Gen::Idle,
     }
     let at = tx.len();
     tx.extend_from_slice(&h.encode());
@@ -241,6 +255,35 @@ fn gen_request(
     Gen::Sent
 }
 
+/// Executes the local operation (bind, invalidate) at `idx`, the next WR
+/// to send. It takes no PSN: it completes at once at the front of the
+/// send queue, else with the ACK or response of the WR before it.
+fn local_op(eq: &mut EQp, idx: usize, mrs: &mut MrTable) -> Gen {
+    let (qpn, pd) = (eq.sh.qpn, eq.sh.pd);
+    let prev = psn_add(eq.next_psn, PSN_MASK);
+    let e = &mut eq.wqes[idx];
+    if !e.executed {
+        if let Err((status, why)) = mw::execute_local(&e.w.op, qpn, pd, mrs) {
+            tracing::debug!(qpn, op = ?e.w.op, why = why.0, "soft device: local operation failed");
+            e.error = Some(status);
+            if idx == 0 {
+                eq.fail(Some(status));
+            }
+            return Gen::Idle;
+        }
+        e.executed = true;
+    }
+    e.first_psn = prev;
+    e.last_psn = prev;
+    if idx == 0 {
+        eq.complete_front(WcStatus::Success, 0);
+    } else {
+        eq.send_idx += 1;
+        eq.send_off = 0;
+    }
+    Gen::Sent
+}
+
 /// Writes (part of) one queued response into `tx`. True when it is finished.
 fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32, u32, u32)> {
     let mut h;
@@ -277,6 +320,7 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
                 None
             } else {
                 match mrs.remote(
+                    job.src,
                     job.rkey,
                     job.pd,
                     job.addr + job.off,
@@ -315,7 +359,7 @@ impl Engine {
         let Some(conn) = conns.get_mut(cid) else {
             return;
         };
-        let mrs = sh.mrs();
+        let mut mrs = sh.mrs();
         let mut failed = None;
         let mut moved: SmallVec<[u32; 4]> = SmallVec::new();
         while conn.tx_room() {
@@ -353,7 +397,7 @@ impl Engine {
             let gen = if ud {
                 ud::gen_datagram(eq, sh, conn.peer, conn.connected, &mut conn.tx, &mrs)
             } else {
-                gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mrs, now)
+                gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mut mrs, now)
             };
             match gen {
                 Gen::Sent => {

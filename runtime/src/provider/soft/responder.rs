@@ -13,7 +13,8 @@ use super::drive::note_feed;
 use super::engine::{psn_add, EQp, Engine};
 use super::lock;
 use super::packet::{
-    Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_OP, NAK_RNR,
+    Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, NAK_REM_ACCESS, NAK_REM_INV_REQ,
+    NAK_REM_OP, NAK_RNR,
 };
 use crate::provider::{AccessFlags, Completion, QpState, QpType, WcOpcode, WcStatus};
 
@@ -104,8 +105,8 @@ impl Engine {
         let outcome = if placed == Some(false) {
             Outcome::Fatal(NAK_REM_ACCESS, None)
         } else {
-            let mrs = sh.mrs();
-            execute(eq, hdr, payload, &mrs, &mut |r| conn.push_resp(r))
+            let mut mrs = sh.mrs();
+            execute(eq, hdr, payload, &mut mrs, &mut |r| conn.push_resp(r))
         };
         let (dst, src, psn) = (hdr.src_qpn, hdr.dst_qpn, hdr.psn);
         match outcome {
@@ -116,7 +117,7 @@ impl Engine {
                 let completes_recv = hdr.flags & FLAG_LAST != 0
                     && matches!(
                         hdr.opcode,
-                        Opcode::Send | Opcode::SendImm | Opcode::WriteImm
+                        Opcode::Send | Opcode::SendImm | Opcode::SendInv | Opcode::WriteImm
                     );
                 let hold = (completes_recv && !ack_delay.is_zero())
                     .then(|| clock.unwrap_or_else(Instant::now) + *ack_delay);
@@ -167,21 +168,21 @@ fn remote_ptr<'t>(
     if !eq.cfg.access.contains(need) {
         return None;
     }
-    mrs.remote(rkey, eq.sh.pd, addr, len, need).ok()
+    mrs.remote(eq.sh.qpn, rkey, eq.sh.pd, addr, len, need).ok()
 }
 
 fn execute(
     eq: &mut EQp,
     hdr: &Header,
     payload: &[u8],
-    mrs: &super::mr::MrTable,
+    mrs: &mut super::mr::MrTable,
     respond: &mut dyn FnMut(Resp),
 ) -> Outcome {
     let first = hdr.flags & FLAG_FIRST != 0;
     let last = hdr.flags & FLAG_LAST != 0;
     let pd = eq.sh.pd;
     match hdr.opcode {
-        Opcode::Send | Opcode::SendImm => {
+        Opcode::Send | Opcode::SendImm | Opcode::SendInv => {
             if first {
                 let Some(r) = lock(&eq.sh.inner).rq.pop_front() else {
                     return Outcome::Rnr;
@@ -206,7 +207,23 @@ fn execute(
                 return Outcome::Fatal(NAK_REM_OP, Some(WcStatus::LocProtErr));
             }
             if last {
-                let imm = (hdr.opcode == Opcode::SendImm).then_some(hdr.imm);
+                let imm = match hdr.opcode {
+                    Opcode::SendImm => Some(hdr.imm),
+                    Opcode::SendInv => {
+                        // rxe: a failed invalidation completes the receive
+                        // REM_INV_REQ_ERR and fails the QP.
+                        if let Err(why) = mrs.windows.invalidate(hdr.rkey) {
+                            tracing::debug!(
+                                rkey = hdr.rkey,
+                                why = why.0,
+                                "soft device: SEND_WITH_INV refused"
+                            );
+                            return Outcome::Fatal(NAK_REM_INV_REQ, Some(WcStatus::RemInvReqErr));
+                        }
+                        Some(hdr.rkey)
+                    }
+                    _ => None,
+                };
                 complete_recv(eq, WcOpcode::Recv, hdr, imm);
             }
             Outcome::Ack
@@ -317,6 +334,7 @@ fn complete_recv(eq: &mut EQp, opcode: WcOpcode, hdr: &Header, imm: Option<u32>)
         imm_data: imm,
         qp_num: eq.sh.qpn,
         vendor_err: 0,
+        with_inv: hdr.opcode == Opcode::SendInv,
         ..Completion::EMPTY
     };
     // Free the receive-queue slot before the CQE is visible.

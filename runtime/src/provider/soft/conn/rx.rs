@@ -47,6 +47,7 @@ impl Conn {
             None
         } else {
             mrs.remote(
+                d.hdr.dst_qpn,
                 d.hdr.rkey,
                 d.pd,
                 d.addr,

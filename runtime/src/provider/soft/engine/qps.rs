@@ -99,6 +99,7 @@ impl Engine {
                     first_psn: 0,
                     last_psn: 0,
                     error: None,
+                    executed: false,
                 }));
                 if eq.sh.qp_type == QpType::Ud && eq.wqes.is_empty() {
                     eq.allow_ud_direct(&mut inner);

@@ -117,6 +117,7 @@ impl Engine {
                     let have = &rx[start + HEADER_LEN..end];
                     let mrs = self.sh.mrs();
                     match mrs.remote(
+                        hdr.dst_qpn,
                         hdr.rkey,
                         d.pd,
                         d.addr,
@@ -204,7 +205,14 @@ impl Engine {
         };
         self.sh
             .mrs()
-            .remote(hdr.rkey, pd, from, len, AccessFlags::REMOTE_WRITE)
+            .remote(
+                hdr.dst_qpn,
+                hdr.rkey,
+                pd,
+                from,
+                len,
+                AccessFlags::REMOTE_WRITE,
+            )
             .ok()?;
         Some(RxDirect {
             qp: eq.sh.clone(),
