@@ -39,6 +39,7 @@ mod cq;
 mod device;
 mod pd_mr;
 mod qp;
+mod srq;
 
 use std::io;
 
@@ -47,6 +48,7 @@ pub use cq::{CompChannel, Cq};
 pub use device::{devices, Context, GidEntry, GidType};
 pub use pd_mr::{Mr, Pd};
 pub use qp::Qp;
+pub use srq::Srq;
 
 use super::ProviderError;
 

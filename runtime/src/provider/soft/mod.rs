@@ -125,6 +125,7 @@ mod packet;
 mod qp;
 mod requester;
 mod responder;
+mod srq;
 mod ud;
 mod wire;
 
@@ -134,6 +135,7 @@ pub use context::{Context, Pd};
 pub use cq::Cq;
 pub use mr::Mr;
 pub use qp::Qp;
+pub use srq::Srq;
 pub use ud::{UdCounters, UdFaults};
 
 #[cfg(feature = "fuzzing")]
