@@ -8,6 +8,7 @@ mod ibverbs_support;
 mod srq_cases;
 
 use ibverbs_support::{device, gid_index};
+use verbio_runtime::provider::WcStatus;
 
 fn run(test: &str, case: fn(&verbio_runtime::provider::Context, u8)) {
     let Some(ctx) = device(test) else { return };
@@ -54,8 +55,7 @@ fn empty_srq_answers_rnr() {
 
 #[test]
 fn too_small_srq_wr_fails_only_its_qp() {
-    run(
-        "too_small_srq_wr_fails_only_its_qp",
-        srq_cases::too_small_srq_wr_fails_only_its_qp,
-    );
+    run("too_small_srq_wr_fails_only_its_qp", |ctx, gid| {
+        srq_cases::too_small_srq_wr_fails_only_its_qp(ctx, gid, WcStatus::LocQpOpErr)
+    });
 }

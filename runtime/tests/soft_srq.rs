@@ -3,7 +3,7 @@
 
 mod srq_cases;
 
-use verbio_runtime::provider::{Context, SoftConfig};
+use verbio_runtime::provider::{Context, SoftConfig, WcStatus};
 
 fn ctx() -> Context {
     Context::open_soft(SoftConfig::default()).expect("open soft device")
@@ -36,5 +36,5 @@ fn empty_srq_answers_rnr() {
 
 #[test]
 fn too_small_srq_wr_fails_only_its_qp() {
-    srq_cases::too_small_srq_wr_fails_only_its_qp(&ctx(), 0);
+    srq_cases::too_small_srq_wr_fails_only_its_qp(&ctx(), 0, WcStatus::LocLenErr);
 }
