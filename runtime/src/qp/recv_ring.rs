@@ -205,6 +205,8 @@ struct Ready {
     vendor_err: u32,
     /// The QP it came in on.
     qp_num: u32,
+    /// Consumed by an RDMA WRITE with immediate (no bytes in the buffer).
+    by_write: bool,
     /// UD: the sender's QP, LID, and whether the buffer starts with a GRH.
     src_qp: u32,
     slid: u16,
@@ -341,9 +343,12 @@ impl RingCore {
             }
             st.posted -= 1;
             // On UD a failed receive (a datagram too long for the buffer)
-            // is that datagram's loss only: the QP stays up.
-            let fatal =
-                !c.status.is_success() && (!self.geometry.grh || c.status == WcStatus::WrFlushErr);
+            // is that datagram's loss only: the QP stays up. On an SRQ it
+            // is the failure of one QP of many (a flush included): the
+            // buffer goes back to the SRQ.
+            let fatal = !c.status.is_success()
+                && !self.target.is_srq()
+                && (!self.geometry.grh || c.status == WcStatus::WrFlushErr);
             if fatal {
                 st.stopped = true;
                 self.give_back_kept(&mut st);
@@ -371,6 +376,7 @@ impl RingCore {
                     status: c.status,
                     vendor_err: c.vendor_err,
                     qp_num: c.qp_num,
+                    by_write: c.opcode == crate::provider::WcOpcode::RecvRdmaWithImm,
                     src_qp: c.src_qp,
                     slid: c.slid,
                     grh: c.grh,
@@ -951,9 +957,13 @@ impl RecvRing {
         let core = &self.core;
         let mut st = core.state.borrow_mut();
         while let Some(c) = st.ready.pop_front() {
-            if let (true, Some(len)) =
-                (c.status.is_success(), core.geometry.payload_len(c.byte_len))
-            {
+            // A WRITE with immediate leaves the buffer empty.
+            let len = if c.by_write {
+                Some(0)
+            } else {
+                core.geometry.payload_len(c.byte_len)
+            };
+            if let (true, Some(len)) = (c.status.is_success(), len) {
                 drop(st);
                 return Poll::Ready(Some(Ok(RingMsg {
                     core: core.clone(),
@@ -961,6 +971,7 @@ impl RecvRing {
                     len,
                     imm: c.imm,
                     qp_num: c.qp_num,
+                    by_write: c.by_write,
                     src_qp: c.src_qp,
                     slid: c.slid,
                     grh: c.grh,
@@ -1015,8 +1026,11 @@ impl RecvRing {
     fn failed(&self, st: &mut State, c: Ready) -> Option<RecvRingError> {
         let slot = c.slot;
         let qp_num = self.core.target.id();
-        if self.core.geometry.grh && c.status != WcStatus::WrFlushErr && !st.stopped {
-            // UD: one lost datagram; the buffer goes back to the device.
+        let one_of_many = self.core.target.is_srq()
+            || (self.core.geometry.grh && c.status != WcStatus::WrFlushErr);
+        if one_of_many && !st.stopped {
+            // UD: one lost datagram; SRQ: one QP's failure. The buffer
+            // goes back to the device.
             let _ = self.core.release_slow(st, slot);
         } else {
             st.slots[slot as usize] = Slot::Idle;
@@ -1031,7 +1045,7 @@ impl RecvRing {
                 buf_size: self.core.buf_size,
             });
         }
-        if c.status == WcStatus::WrFlushErr {
+        if c.status == WcStatus::WrFlushErr && !self.core.target.is_srq() {
             if st.reported_flush {
                 return None;
             }
@@ -1101,6 +1115,7 @@ pub struct RingMsg {
     len: u32,
     imm: Option<u32>,
     qp_num: u32,
+    by_write: bool,
     src_qp: u32,
     slid: u16,
     grh: bool,
@@ -1145,6 +1160,13 @@ impl RingMsg {
     /// it received the message.
     pub fn qp_num(&self) -> u32 {
         self.qp_num
+    }
+
+    /// True if an RDMA WRITE with immediate consumed the buffer: the data
+    /// went to the peer-granted memory and the buffer holds none of it
+    /// ([`len`](Self::len) is 0); [`imm`](Self::imm) is the immediate.
+    pub fn by_write(&self) -> bool {
+        self.by_write
     }
 
     /// On a UD queue pair, who sent the datagram: its QP number, LID, and
