@@ -12,7 +12,7 @@
 #                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
-#                    verbs_inline verbs_mw recv_ring ud rpc (verbio)
+#                    verbs_inline verbs_mw recv_ring srq ud rpc (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`, installed on
@@ -59,7 +59,10 @@
 #                    against rdma-core's ibv_ud_pingpong, both pairings
 #                    (verbio client / rdma-core server, then the reverse),
 #                    each reported as "interop ud_pingpong client: PASS"
-#                    (resp. server) in the summary
+#                    (resp. server) in the summary; likewise
+#                    examples/rc_pingpong against ibv_rc_pingpong and
+#                    examples/srq_pingpong against ibv_srq_pingpong (16 QPs
+#                    on one SRQ), 4096-byte messages, data checked
 #   --interop-iters N  round trips of each interop pairing (default 300)
 #   --ud-lat         UD latency in the same VM: perftest's `ib_send_lat -c UD`
 #                    against verbio's examples/ud_pingpong (release build;
@@ -90,7 +93,7 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw recv_ring ud rpc rpc_soft"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw recv_ring srq ud rpc rpc_soft"
 
 PERFTEST=0
 DEVINFO=1
@@ -165,11 +168,19 @@ if [ "$DEVINFO" = 1 ]; then
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="devinfo" and .executable!=null) | .executable' | tail -1)
 fi
 UDPP_BIN=
+RCPP_BIN=
+SRQPP_BIN=
 if [ "$INTEROP" = 1 ]; then
     json=$(cargo build --example ud_pingpong --features ibverbs --message-format=json) \
         || { echo "rxe-test: building examples/ud_pingpong failed" >&2; exit 1; }
     UDPP_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="ud_pingpong" and .executable!=null) | .executable' | tail -1)
+    json=$(cargo build --example rc_pingpong --example srq_pingpong --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/rc_pingpong and srq_pingpong failed" >&2; exit 1; }
+    RCPP_BIN=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="rc_pingpong" and .executable!=null) | .executable' | tail -1)
+    SRQPP_BIN=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="srq_pingpong" and .executable!=null) | .executable' | tail -1)
 fi
 if [ "$CALLGRIND" = 1 ]; then
     command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
@@ -281,6 +292,43 @@ udpp() {
 }
 udpp client
 udpp server
+INTEROP
+    fi
+    if [ -n "$RCPP_BIN" ]; then
+        echo "RCPP='$RCPP_BIN' SRQPP='$SRQPP_BIN' PP_ITERS=$INTEROP_ITERS"
+        cat <<'INTEROP'
+# rcpp NAME ROLE: verbio's examples/NAME (rc_pingpong or srq_pingpong) as
+# ROLE against rdma-core's ibv_NAME on rxe0, 4096-byte messages (4 packets
+# at rxe0's MTU 1024), srq_pingpong with its default 16 QPs on one SRQ;
+# verbio with -c (data checked), the rdma-core client with -c (it prints
+# "invalid data" on a bad echo); each side bounded by 60 s.
+rcpp() {
+    name=$1; role=$2; out="$LOGS/interop_${name}_$role"
+    if [ "$name" = rc_pingpong ]; then bin=$RCPP; qps=1; else bin=$SRQPP; qps=16; fi
+    v="$bin -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $PP_ITERS -c --timeout 50"
+    r="ibv_$name -d $VERBIO_TEST_DEVICE -g $VERBIO_GID_INDEX -n $PP_ITERS"
+    echo; echo "== interop: verbio $name $role vs rdma-core ibv_$name, $PP_ITERS messages each way"
+    ok=1
+    if ! command -v "ibv_$name" >/dev/null; then echo "ibv_$name not installed"; ok=0
+    else
+        if [ "$role" = client ]; then srv="$r"; cli="$v 127.0.0.1"; else srv="$v"; cli="$r -c 127.0.0.1"; fi
+        timeout 60 $srv >"$out.srv" 2>&1 &
+        pid=$!
+        i=0; while [ $i -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done
+        timeout 60 $cli >"$out.cli" 2>&1 || { ok=0; kill $pid 2>/dev/null; }
+        wait $pid || ok=0
+        grep -q 'invalid data' "$out.cli" && ok=0
+        if [ "$role" = client ]; then vout="$out.cli"; else vout="$out.srv"; fi
+        grep -q "$name: $PP_ITERS messages each way of 4096 B on $qps QP(s), data checked" "$vout" || ok=0
+        echo "-- server:"; cat "$out.srv"; echo "-- client:"; cat "$out.cli"
+    fi
+    if [ $ok = 1 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
+    echo "interop $name $role: $verdict" | tee -a "$LOGS/summary"
+}
+rcpp rc_pingpong client
+rcpp rc_pingpong server
+rcpp srq_pingpong client
+rcpp srq_pingpong server
 INTEROP
     fi
     if [ "$PERFTEST" = 1 ] || [ "$UDLAT" = 1 ]; then

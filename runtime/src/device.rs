@@ -9,7 +9,7 @@ use crate::op::Credits;
 use crate::provider::{
     AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, Qp, QpCaps, UdAttr,
 };
-use crate::qp::{QueuePair, UdState};
+use crate::qp::{QueuePair, SharedRecvQueue, UdState};
 use crate::reactor::{CqRegistration, Handle, RuntimeError};
 
 /// Default number of CQ entries of a [`Device`]'s shared CQ.
@@ -194,6 +194,44 @@ impl Device {
         let qp = self.track(qp, Some(ud));
         qp.prepare_ud_retire()?;
         Ok(qp)
+    }
+
+    /// Creates a shared receive queue of `max_wr` receive WRs (one SGE
+    /// each) in the device's PD; fill it with a
+    /// [`RecvRing::on_srq`](crate::RecvRing::on_srq) and create RC QPs on it
+    /// with [`create_qp_on_srq`](Self::create_qp_on_srq).
+    pub fn create_srq(&self, max_wr: u32) -> Result<SharedRecvQueue, ProviderError> {
+        self.check_alive()?;
+        let srq = self.inner.pd.create_srq(&crate::provider::SrqAttr {
+            max_wr,
+            max_sge: 1,
+            srq_limit: 0,
+        })?;
+        SharedRecvQueue::new(
+            self.inner.handle.clone(),
+            srq,
+            self.inner.cq_credits.clone(),
+            self.inner.async_key,
+        )
+    }
+
+    /// Creates an RC QP (in RESET) in the device's PD on the shared CQ,
+    /// whose receives come from `srq` (it has no receive queue of its own:
+    /// `caps`' receive sizes are ignored and receives posted to it are
+    /// refused).
+    pub fn create_qp_on_srq(
+        &self,
+        srq: &SharedRecvQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair, ProviderError> {
+        self.check_alive()?;
+        let qp = self.inner.pd.create_qp_with_srq(
+            &self.inner.cq,
+            &self.inner.cq,
+            caps,
+            srq.provider(),
+        )?;
+        Ok(self.track(qp, None))
     }
 
     fn check_alive(&self) -> Result<(), ProviderError> {

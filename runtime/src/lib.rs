@@ -25,8 +25,8 @@ pub use device::Device;
 pub use op::{Completable, Op, SubmitError};
 pub use qp::{
     Datagram, DatagramSource, GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig,
-    RecvRingError, RingMsg, ScatterVerb, SendChain, SendInline, SendInlineBurst, Submit,
-    UdEndpoint, UdPeer,
+    RecvRingError, RingMsg, ScatterVerb, SendChain, SendInline, SendInlineBurst, SharedRecvQueue,
+    Submit, UdEndpoint, UdPeer,
 };
 pub use qp::{Invalidate, WindowVerb};
 pub use reactor::{

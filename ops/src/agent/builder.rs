@@ -22,6 +22,7 @@ use super::flow::reserve_for;
 use super::qps::AgentQps;
 use super::rdma::Rdma;
 use super::settings::MIN_RECV_BUF_SIZE;
+use super::srq::SrqHub;
 use super::wire::Settings;
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 
@@ -81,6 +82,9 @@ pub struct RdmaBuilder {
     busy_poll: Duration,
     handshake_timeout: Duration,
     config: Config,
+    /// Buffers of the listener's shared receive queue (`None`: each
+    /// connection has its own receive queue).
+    srq_depth: Option<u32>,
 }
 
 impl Default for RdmaBuilder {
@@ -93,6 +97,7 @@ impl Default for RdmaBuilder {
             qp: QpConfig::default(),
             busy_poll: Duration::ZERO,
             handshake_timeout: Duration::from_secs(10),
+            srq_depth: None,
             config: Config {
                 max_message_len: 64 << 20,
                 recv_buf_size: 4096,
@@ -305,6 +310,24 @@ impl RdmaBuilder {
         self
     }
 
+    /// Puts every connection a listener accepts on one shared receive
+    /// queue of the device, filled with `depth` buffers of
+    /// `recv_buf_size` bytes: the listener's receive memory is these
+    /// buffers whatever the number of connections, where without it each
+    /// connection posts `recv_buf_count` buffers (plus a reserve) of its
+    /// own. Each connection still grants its peer `recv_buf_count` send
+    /// credits; when the buffers run out, senders wait (RNR retries)
+    /// until a message is read. The connections' QPs, receive buffers and
+    /// grants are then all in the device's protection domain (an SRQ's QPs
+    /// share its PD) instead of one per connection. A message is read in
+    /// place and copied out when delivered (no zero-copy hand-over).
+    /// Applies to [`listen`](Self::listen); [`connect`](Self::connect)
+    /// ignores it.
+    pub fn shared_receive_queue(mut self, depth: u32) -> Self {
+        self.srq_depth = Some(depth);
+        self
+    }
+
     /// A runtime builder with this builder's polling mode; the connection
     /// must run on a verbio runtime, and the polling mode is the runtime's.
     pub fn runtime_builder(&self) -> verbio_runtime::Builder {
@@ -373,11 +396,21 @@ impl RdmaBuilder {
     pub fn listen(&self, addr: SocketAddr) -> Result<RdmaListener, AgentError> {
         let (qp, config) = self.checked()?;
         let device = self.open()?;
-        let listener = Listener::bind(
-            addr,
-            AgentQps::new(DeviceQps::new(device.clone(), qp)),
-            self.handshake_timeout,
-        )?;
+        let qps = DeviceQps::new(device.clone(), qp);
+        let qps = match self.srq_depth {
+            None => AgentQps::new(qps),
+            Some(0) => {
+                return Err(AgentError::Config {
+                    setting: "shared_receive_queue",
+                    reason: "needs at least 1 buffer",
+                })
+            }
+            Some(depth) => {
+                let hub = SrqHub::start(&device, depth, config.recv_buf_size)?;
+                AgentQps::on_srq(qps, Rc::new(hub))
+            }
+        };
+        let listener = Listener::bind(addr, qps, self.handshake_timeout)?;
         Ok(RdmaListener {
             listener,
             device,

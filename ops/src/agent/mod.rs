@@ -30,6 +30,7 @@ mod msg;
 mod qps;
 mod rdma;
 mod settings;
+mod srq;
 mod stream;
 mod task;
 mod tokens;

@@ -1,10 +1,15 @@
 //! [`AgentQps`]: the agent's [`QpFactory`]: every connection's QP gets a
 //! protection domain of its own, so memory registered for one connection
-//! (its receive pool, its grants) cannot be reached through another.
+//! (its receive pool, its grants) cannot be reached through another; or,
+//! on a listener with a shared receive queue (`srq.rs`), every QP is made
+//! on the SRQ, in the device's protection domain.
+
+use std::rc::Rc;
 
 use verbio_runtime::provider::{Endpoint, Pd, ProviderKind};
 use verbio_runtime::QueuePair;
 
+use super::srq::{SrqHub, SrqRoute};
 use crate::connect::{DeviceQps, HandshakeError, QpFactory};
 
 /// A connection's protection domain (the provider's `Pd` has no `Debug`).
@@ -23,17 +28,28 @@ impl std::fmt::Debug for ConnPd {
 pub(crate) struct ConnQp {
     pub(crate) qp: QueuePair,
     pub(crate) pd: ConnPd,
+    /// Its messages, when its QP is on a shared receive queue.
+    pub(crate) route: Option<SrqRoute>,
 }
 
 /// Makes each QP in a fresh protection domain of the device.
 #[derive(Debug, Clone)]
 pub(crate) struct AgentQps {
     inner: DeviceQps,
+    srq: Option<Rc<SrqHub>>,
 }
 
 impl AgentQps {
     pub(crate) fn new(inner: DeviceQps) -> AgentQps {
-        AgentQps { inner }
+        AgentQps { inner, srq: None }
+    }
+
+    /// Every QP on `hub`'s shared receive queue.
+    pub(crate) fn on_srq(inner: DeviceQps, hub: Rc<SrqHub>) -> AgentQps {
+        AgentQps {
+            inner,
+            srq: Some(hub),
+        }
     }
 }
 
@@ -45,6 +61,12 @@ impl QpFactory for AgentQps {
     }
 
     fn create(&self) -> Result<(ConnQp, Endpoint), HandshakeError> {
+        if let Some(hub) = &self.srq {
+            let (qp, ep) = self.inner.create_on_srq(hub.srq())?;
+            let route = Some(SrqHub::route(hub, qp.qp_num()));
+            let pd = ConnPd(self.inner.device().pd().clone());
+            return Ok((ConnQp { qp, pd, route }, ep));
+        }
         let pd = self
             .inner
             .device()
@@ -54,7 +76,14 @@ impl QpFactory for AgentQps {
                 source,
             })?;
         let (qp, ep) = self.inner.create_in(&pd)?;
-        Ok((ConnQp { qp, pd: ConnPd(pd) }, ep))
+        Ok((
+            ConnQp {
+                qp,
+                pd: ConnPd(pd),
+                route: None,
+            },
+            ep,
+        ))
     }
 
     fn connect(

@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     pub(crate) local_mrs: TaggedInbox<Vec<u8>>,
     stream: RefCell<Option<TcpStream>>,
     watch_waker: RefCell<Option<Waker>>,
+    /// The connection's messages when its QP is on the listener's shared
+    /// receive queue (they end when it fails: no flush ends them).
+    pub(crate) srq_route: Option<super::srq::SrqRoute>,
     /// The connection's span (peer address, local and remote QPN): the
     /// agent task, the watcher and every task spawned for the connection
     /// run in it.
@@ -117,6 +120,9 @@ impl Shared {
         // revoked now, their memory kept for it); the QP's flush then ends it.
         self.requests.borrow_mut().clear();
         self.grants.clear();
+        if let Some(route) = &self.srq_route {
+            route.close();
+        }
         let Some(handle) = Handle::try_current() else {
             // Runtime teardown: the QP goes with the last handle.
             self.drop_stream();
@@ -390,9 +396,15 @@ impl Rdma {
         span: tracing::Span,
     ) -> Result<Rdma, AgentError> {
         let path_mtu = path_mtu(&conn.local, &conn.remote, mtu_cap);
-        let ConnQp { qp, pd } = conn.qp;
+        let ConnQp { qp, pd, route } = conn.qp;
         let mut stream = conn.stream;
-        let own = config.settings(qp.caps().max_recv_wr);
+        // On a shared receive queue the QP has no receive queue of its own:
+        // it offers the depth its own would have.
+        let max_recv_wr = match route {
+            Some(_) => config.recv_queue_depth(),
+            None => qp.caps().max_recv_wr,
+        };
+        let own = config.settings(max_recv_wr);
         let peer = exchange(&mut stream, &own, config.settings_timeout).await?;
         let negotiated = negotiate(&own, &peer).inspect_err(|e| {
             tracing::warn!(qp = qp.qp_num(), error = %crate::error::ErrorChain(e), "agent settings refused");
@@ -426,6 +438,7 @@ impl Rdma {
             local_mrs: TaggedInbox::new(),
             stream: RefCell::new(Some(stream)),
             watch_waker: RefCell::new(None),
+            srq_route: route,
             span,
         });
         let receives = super::task::post_receives(&shared)?;

@@ -1,6 +1,9 @@
 //! The agent task: owns the connection's receive queue, keeps its buffers
 //! posted, decodes each message and routes it. Receives complete in posting
-//! order on an RC QP, so the agent awaits them front to back.
+//! order on an RC QP, so the agent awaits them front to back. On a
+//! listener's shared receive queue (`srq.rs`) the agent reads the messages
+//! its route hands it instead, in arrival order, each in the SRQ buffer it
+//! landed in (dropping it reposts that buffer).
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -20,9 +23,17 @@ use super::wire::{
     decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::{Received, RecvVerb, Verbs};
+use futures::channel::mpsc;
+use futures::StreamExt;
+use verbio_runtime::RingMsg;
 
-/// The posted receives, oldest first.
-pub(crate) type Receives = VecDeque<Submit<RecvVerb<LocalBuf>>>;
+/// Where the connection's messages come from.
+pub(crate) enum Receives {
+    /// Its own posted receives, oldest first.
+    Own(VecDeque<Submit<RecvVerb<LocalBuf>>>),
+    /// Its route from the listener's shared receive queue.
+    Shared(mpsc::UnboundedReceiver<RingMsg>),
+}
 
 /// How long the agent tries to tell a misbehaving peer why it closes.
 const ERROR_NOTICE_LIMIT: Duration = Duration::from_secs(1);
@@ -33,6 +44,12 @@ const ERROR_CODE_PROTOCOL: u16 = 1;
 /// Posts the connection's receive buffers (credits plus the reserve the
 /// settings exchange sized for the peer).
 pub(crate) fn post_receives(shared: &Shared) -> Result<Receives, AgentError> {
+    if let Some(route) = &shared.srq_route {
+        return match route.take_messages() {
+            Some(rx) => Ok(Receives::Shared(rx)),
+            None => Err(AgentError::Closed(CloseReason::Local)),
+        };
+    }
     let n = shared.negotiated.posted_recvs;
     let mut q = VecDeque::with_capacity(n as usize);
     for _ in 0..n {
@@ -45,7 +62,7 @@ pub(crate) fn post_receives(shared: &Shared) -> Result<Receives, AgentError> {
             })?;
         q.push_back(shared.qp.recv(buf));
     }
-    Ok(q)
+    Ok(Receives::Own(q))
 }
 
 /// What to do after one message.
@@ -73,10 +90,9 @@ pub(crate) async fn run(shared: Rc<Shared>, posted: Receives) {
     shared.agent_stopped();
 }
 
-/// Handles receive completions in order until the connection is down and
-/// its receives have drained.
-async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
-    tracing::debug!(posted = posted.len(), "agent started");
+/// Handles the connection's messages until it is down and they have
+/// drained.
+async fn serve(shared: &Rc<Shared>, posted: Receives) {
     // The peer starts without credits: announce this side's buffers (they
     // are posted already).
     let hello = Message::Credit {
@@ -87,10 +103,62 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
         tracing::debug!(error = %crate::error::ErrorChain(&e), "announcing the receive buffers failed");
         return;
     }
+    match posted {
+        Receives::Own(posted) => serve_own(shared, posted).await,
+        Receives::Shared(rx) => serve_shared(shared, rx).await,
+    }
+    tracing::debug!(qp = shared.qp.qp_num(), "agent stopped");
+}
+
+/// Returns a credit for a message read, if the backlog allows.
+async fn credit_back(shared: &Rc<Shared>, credited: bool) {
+    // Over the unread limit, the credit stays here (see `Backlog`).
+    if credited && shared.backlog.credit_may_return() {
+        if let Some(grant) = shared.owed.reposted() {
+            // Keep going even if it fails: receives that completed
+            // before a connection failure still carry the peer's last
+            // messages; the flush (or the route's end) ends the loop.
+            shared.return_credits(grant).await;
+        }
+    }
+}
+
+/// The messages routed from the shared receive queue, in arrival order;
+/// each buffer goes back to the SRQ once handled (a delivered payload is
+/// copied out).
+async fn serve_shared(shared: &Rc<Shared>, mut rx: mpsc::UnboundedReceiver<RingMsg>) {
+    tracing::debug!("agent started on the shared receive queue");
+    while let Some(m) = rx.next().await {
+        let rcv = Received {
+            len: m.len(),
+            imm: m.imm(),
+            by_write: m.by_write(),
+        };
+        let credited = match handle(shared, rcv, &m).await {
+            Next::Stop => break,
+            Next::Repost(c) => c,
+            Next::Deliver { len, imm } => {
+                let Some(payload) = m.get(DATA_OVERHEAD..DATA_OVERHEAD + len) else {
+                    shared.fail(CloseReason::Violation("payload outside the receive buffer"));
+                    break;
+                };
+                deliver(shared, Body::Vec(payload.to_vec()), imm);
+                true
+            }
+        };
+        drop(m);
+        credit_back(shared, credited).await;
+    }
+}
+
+/// Handles receive completions in order until the connection is down and
+/// its receives have drained.
+async fn serve_own(shared: &Rc<Shared>, mut posted: VecDeque<Submit<RecvVerb<LocalBuf>>>) {
+    tracing::debug!(posted = posted.len(), "agent started");
     while let Some(recv) = posted.pop_front() {
         let (res, mut buf) = recv.await;
         let next = match res {
-            Ok(rcv) => handle(shared, rcv, &buf).await,
+            Ok(rcv) => handle(shared, rcv, &buf[..]).await,
             Err(e) => {
                 if shared.failure().is_none() {
                     shared.fail(if e.is_flush() {
@@ -115,21 +183,12 @@ async fn serve(shared: &Rc<Shared>, mut posted: Receives) {
         };
         buf.clear();
         posted.push_back(shared.qp.recv(buf));
-        // Over the unread limit, the credit stays here (see `Backlog`).
-        if credited && shared.backlog.credit_may_return() {
-            if let Some(grant) = shared.owed.reposted() {
-                // Keep going even if it fails: receives that completed
-                // before a connection failure still carry the peer's last
-                // messages; the flush ends this loop.
-                shared.return_credits(grant).await;
-            }
-        }
+        credit_back(shared, credited).await;
     }
-    tracing::debug!(qp = shared.qp.qp_num(), "agent stopped");
 }
 
-/// Routes one received message.
-async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &LocalBuf) -> Next {
+/// Routes one received message (`buf`: the receive buffer's bytes).
+async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
     if rcv.by_write {
         // A WRITE_WITH_IMM: the data is in granted memory, the immediate here.
         if !shared.peer_credits.spend() {
@@ -427,6 +486,17 @@ fn release_later(shared: &Rc<Shared>, token_id: u64) {
 /// Hands a receive buffer holding one whole message to the user (zero
 /// copy) and returns a fresh buffer to repost; `None` if none could be had
 /// (the connection goes down).
+/// Puts a whole message in the application's inbox.
+fn deliver(shared: &Shared, body: Body, imm: Option<u32>) {
+    if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
+        let msg = RecvMsg { body, imm };
+        let charge = msg.charge(shared.config.recv_buf_size);
+        if tx.unbounded_send(msg).is_ok() {
+            shared.backlog.add(charge);
+        }
+    }
+}
+
 fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Option<LocalBuf> {
     let fresh = match shared.pool.alloc(shared.config.recv_buf_size) {
         Ok(b) => b,
@@ -439,18 +509,7 @@ fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Op
         }
     };
     match buf.slice(DATA_OVERHEAD..DATA_OVERHEAD + len) {
-        Ok(payload) => {
-            if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
-                let msg = RecvMsg {
-                    body: Body::Buf(payload),
-                    imm,
-                };
-                let charge = msg.charge(shared.config.recv_buf_size);
-                if tx.unbounded_send(msg).is_ok() {
-                    shared.backlog.add(charge);
-                }
-            }
-        }
+        Ok(payload) => deliver(shared, Body::Buf(payload), imm),
         Err(rejected) => {
             // The decoder checked the frame's length, so the range lies in
             // the buffer; refuse the message rather than panic if not.

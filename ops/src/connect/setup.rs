@@ -94,6 +94,19 @@ impl DeviceQps {
         self.init(qp)
     }
 
+    /// Like [`QpFactory::create`], but the QP takes its receives from
+    /// `srq` (and is in the device's protection domain, the SRQ's).
+    pub fn create_on_srq(
+        &self,
+        srq: &verbio_runtime::SharedRecvQueue,
+    ) -> Result<(QueuePair, Endpoint), HandshakeError> {
+        let qp = self
+            .device
+            .create_qp_on_srq(srq, self.config.caps)
+            .map_err(provider_err("creating the QP on the shared receive queue"))?;
+        self.init(qp)
+    }
+
     /// Two QPs of this device connected to each other (loopback through
     /// the device), with no handshake: for tests and benchmarks on one
     /// device.

@@ -50,24 +50,20 @@ impl<R: IoBufMut> Completable for BindMwVerb<R> {
     type Output = BufResult<RemoteBuf, Window<R>, Error>;
     fn complete(self, c: Completion) -> Self::Output {
         let r = check("bind_mw", &c).and_then(|()| {
-            let (addr, len, rkey) = self.window.remote().ok_or(Error::Submit {
-                op: "bind_mw",
-                source: SubmitError::Invalid {
-                    what: "window unbound after its bind".into(),
-                },
+            let (addr, len, rkey) = self.window.remote().ok_or_else(|| {
+                Error::submit(
+                    "bind_mw",
+                    SubmitError::Invalid {
+                        what: "window unbound after its bind".into(),
+                    },
+                )
             })?;
             Ok(RemoteBuf::new(addr, len, rkey))
         });
         (r, self.window)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (
-            Err(Error::Submit {
-                op: "bind_mw",
-                source,
-            }),
-            self.window,
-        )
+        (Err(Error::submit("bind_mw", source)), self.window)
     }
 }
 
@@ -102,13 +98,7 @@ impl<R: IoBufMut> Completable for LocalInvVerb<R> {
         (check("local_inv", &c), self.window)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (
-            Err(Error::Submit {
-                op: "local_inv",
-                source,
-            }),
-            self.window,
-        )
+        (Err(Error::submit("local_inv", source)), self.window)
     }
 }
 
@@ -142,13 +132,7 @@ impl<B: RegisteredBuf> Completable for SendWithInvVerb<B> {
         (check(SEND_INV, &c).map(|()| self.len), self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (
-            Err(Error::Submit {
-                op: SEND_INV,
-                source,
-            }),
-            self.buf,
-        )
+        (Err(Error::submit(SEND_INV, source)), self.buf)
     }
 }
 

@@ -8,7 +8,8 @@
 //! | object | provider types | required methods |
 //! |---|---|---|
 //! | [`DeviceContext`] | `soft::Context`, `ibverbs::Context` | `name`, `query_device`, `query_port`, `query_gid`, `alloc_pd`, `create_comp_channel`, `create_cq`, `async_fd`, `get_async_event` |
-//! | [`ProtectionDomain`] | `soft::Pd`, `ibverbs::Pd` | `reg_mr` (unsafe), `create_qp`, `create_ud_qp`, `create_ah`, `alloc_mw` |
+//! | [`ProtectionDomain`] | `soft::Pd`, `ibverbs::Pd` | `reg_mr` (unsafe), `create_qp`, `create_ud_qp`, `create_ah`, `alloc_mw`, `create_srq`, `create_qp_with_srq` |
+//! | [`SharedReceiveQueue`] | `soft::Srq`, `ibverbs::Srq` | `handle`, `attr`, `modify_limit`, `post_recv` (unsafe) |
 //! | [`AddressHandleOps`] | `soft::Ah`, `ibverbs::Ah` | `raw` |
 //! | [`MemoryRegion`] | `soft::Mr`, `ibverbs::Mr` | `lkey`, `rkey`, `addr`, `len`, `access`, `raw` |
 //! | [`MemoryWindow`] | `soft::Mw`, `ibverbs::Mw` | `rkey`, `raw` |
@@ -23,7 +24,8 @@ use std::os::fd::RawFd;
 
 use super::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, Completion, DeviceAttr, Endpoint, Gid, InitAttr,
-    PortAttr, PostError, QpCaps, QpState, QpType, RecvWr, Result, RtrAttr, RtsAttr, SendWr, UdAttr,
+    PortAttr, PostError, QpCaps, QpState, QpType, RecvWr, Result, RtrAttr, RtsAttr, SendWr,
+    SrqAttr, UdAttr,
 };
 
 /// An opened device (`ibv_context`).
@@ -66,6 +68,8 @@ pub(crate) trait ProtectionDomain: Clone + Send + Sync {
     type Ah: AddressHandleOps;
     /// Its memory windows.
     type Mw: MemoryWindow;
+    /// Its shared receive queues.
+    type Srq: SharedReceiveQueue;
     /// `ibv_reg_mr`.
     ///
     /// # Safety
@@ -85,6 +89,33 @@ pub(crate) trait ProtectionDomain: Clone + Send + Sync {
     fn create_ah(&self, attr: &AhAttr) -> Result<Self::Ah>;
     /// `ibv_alloc_mw` (type 2).
     fn alloc_mw(&self) -> Result<Self::Mw>;
+    /// `ibv_create_srq`.
+    fn create_srq(&self, attr: &SrqAttr) -> Result<Self::Srq>;
+    /// `ibv_create_qp` (RC, in RESET) with `ibv_qp_init_attr.srq`: its
+    /// receives come from `srq`.
+    fn create_qp_with_srq(
+        &self,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        caps: QpCaps,
+        srq: &Self::Srq,
+    ) -> Result<Self::Qp>;
+}
+
+/// A shared receive queue (`ibv_srq`).
+pub(crate) trait SharedReceiveQueue: Clone + Send + Sync {
+    /// The handle its async events name.
+    fn handle(&self) -> u32;
+    /// `ibv_query_srq`.
+    fn attr(&self) -> Result<SrqAttr>;
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`.
+    fn modify_limit(&self, limit: u32) -> Result<()>;
+    /// `ibv_post_srq_recv`.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Srq::post_recv`](super::Srq::post_recv).
+    unsafe fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError>;
 }
 
 /// A memory window, type 2 (`ibv_mw`).
@@ -221,6 +252,7 @@ macro_rules! implement_contract {
             type Qp = super::$p::Qp;
             type Ah = super::$p::Ah;
             type Mw = super::$p::Mw;
+            type Srq = super::$p::Srq;
             unsafe fn reg_mr(
                 &self,
                 addr: *mut u8,
@@ -251,6 +283,34 @@ macro_rules! implement_contract {
             }
             fn alloc_mw(&self) -> Result<Self::Mw> {
                 super::$p::Pd::alloc_mw(self)
+            }
+            fn create_srq(&self, attr: &SrqAttr) -> Result<Self::Srq> {
+                super::$p::Pd::create_srq(self, attr)
+            }
+            fn create_qp_with_srq(
+                &self,
+                send_cq: &Self::Cq,
+                recv_cq: &Self::Cq,
+                caps: QpCaps,
+                srq: &Self::Srq,
+            ) -> Result<Self::Qp> {
+                super::$p::Pd::create_qp_with_srq(self, send_cq, recv_cq, caps, srq)
+            }
+        }
+
+        impl SharedReceiveQueue for super::$p::Srq {
+            fn handle(&self) -> u32 {
+                super::$p::Srq::handle(self)
+            }
+            fn attr(&self) -> Result<SrqAttr> {
+                super::$p::Srq::attr(self)
+            }
+            fn modify_limit(&self, limit: u32) -> Result<()> {
+                super::$p::Srq::modify_limit(self, limit)
+            }
+            unsafe fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+                // SAFETY: forwarded contract of this function.
+                unsafe { super::$p::Srq::post_recv(self, wrs) }
             }
         }
 

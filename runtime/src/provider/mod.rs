@@ -25,11 +25,12 @@ use std::os::fd::RawFd;
 
 pub use error::{CompletionError, PostError, ProviderError, Result};
 pub use select::{open_device, open_hardware_device, DEVICE_ENV, SYSFS_INFINIBAND};
+pub use srq::Srq;
 pub use types::*;
 
 use contract::{
     AddressHandleOps, CompletionChannel, CompletionQueue, DeviceContext, MemoryRegion,
-    MemoryWindow, ProtectionDomain, QueuePairOps,
+    MemoryWindow, ProtectionDomain, QueuePairOps, SharedReceiveQueue,
 };
 
 /// Calls the same method on whichever provider implements `$val`.
@@ -56,6 +57,9 @@ macro_rules! dispatch_q {
         }
     };
 }
+
+// After the macros, which it uses.
+mod srq;
 
 /// Lists the devices of every provider: the software device `soft0` always,
 /// then the hardware devices libibverbs finds (with the `ibverbs` feature).

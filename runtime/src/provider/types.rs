@@ -323,6 +323,19 @@ pub struct SendWr {
     pub flags: SendFlags,
 }
 
+/// Sizes and limit of a shared receive queue (`ibv_srq_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Receive WRs the SRQ holds.
+    pub max_wr: u32,
+    /// SGEs per receive WR.
+    pub max_sge: u32,
+    /// The limit: when an incoming message leaves fewer WRs than this
+    /// posted, the device raises [`AsyncEventKind::SrqLimitReached`] once
+    /// and disarms it (0 = disarmed).
+    pub srq_limit: u32,
+}
+
 /// A receive-queue work request (`ibv_recv_wr`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecvWr {
@@ -983,6 +996,8 @@ pub enum AsyncElement {
     Cq(u32),
     Port(u8),
     Device,
+    /// A shared receive queue, by its [`Srq::handle`](super::Srq::handle).
+    Srq(u32),
 }
 
 /// An asynchronous event (`ibv_async_event`), already acknowledged.

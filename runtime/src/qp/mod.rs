@@ -90,6 +90,7 @@ mod queue_pair;
 mod recv_ring;
 #[cfg(test)]
 mod recv_ring_tests;
+mod srq_ring;
 mod submit;
 mod ud;
 #[cfg(test)]
@@ -108,6 +109,7 @@ pub use inline_burst::{Datagram, SendInlineBurst, MAX_INLINE_BURST};
 pub use lend::{GatherChainVerb, GatherVerb, ScatterVerb};
 pub use queue_pair::QueuePair;
 pub use recv_ring::{NextMsg, RecvRing, RecvRingConfig, RecvRingError, RingMsg};
+pub use srq_ring::SharedRecvQueue;
 pub use submit::Submit;
 pub(crate) use ud::UdState;
 pub use ud::{UdEndpoint, UdPeer};

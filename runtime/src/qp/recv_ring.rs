@@ -41,7 +41,8 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use super::datagram::{DatagramSource, SlotGeometry};
-use super::{QpCore, QueuePair};
+use super::srq_ring::{RingOwner, RingTarget};
+use super::QueuePair;
 use crate::op::wr_id;
 use crate::op::OpTable;
 use crate::op::Ticket;
@@ -144,6 +145,7 @@ pub struct RecvRingConfig {
     depth: u32,
     buf_size: usize,
     repost_batch: u32,
+    srq_limit: u32,
 }
 
 impl RecvRingConfig {
@@ -153,7 +155,21 @@ impl RecvRingConfig {
             depth,
             buf_size,
             repost_batch: 1,
+            srq_limit: 0,
         }
+    }
+
+    /// On a shared receive queue ([`RecvRing::on_srq`]): arms the SRQ's
+    /// limit at `n` buffers; when fewer are posted the ring reposts every
+    /// released buffer at once (not waiting for a full batch) and re-arms
+    /// it. 0 (the default) arms nothing. Ignored on a QP's ring.
+    pub fn srq_limit(mut self, n: u32) -> RecvRingConfig {
+        self.srq_limit = n;
+        self
+    }
+
+    pub(crate) fn limit(&self) -> Option<u32> {
+        (self.srq_limit != 0).then_some(self.srq_limit)
     }
 
     /// Reposts released buffers in lists of `n` (one doorbell each); fewer
@@ -187,6 +203,10 @@ struct Ready {
     imm: Option<u32>,
     status: WcStatus,
     vendor_err: u32,
+    /// The QP it came in on.
+    qp_num: u32,
+    /// Consumed by an RDMA WRITE with immediate (no bytes in the buffer).
+    by_write: bool,
     /// UD: the sender's QP, LID, and whether the buffer starts with a GRH.
     src_qp: u32,
     slid: u16,
@@ -226,7 +246,11 @@ struct State {
 /// The shared part of a ring: memory, registration and state. Kept by the
 /// ring, its guards, and the reactor's registry while buffers are posted.
 pub(crate) struct RingCore {
-    qp: Rc<QpCore>,
+    target: RingTarget,
+    /// The SRQ limit re-armed after each limit event (0: none).
+    limit: u32,
+    /// Limit events that refilled the ring.
+    limit_events: std::cell::Cell<u64>,
     handle: Handle,
     key: usize,
     depth: u32,
@@ -270,8 +294,16 @@ impl WorkQueue for RingCore {
     /// ring.
     fn shut_down(&self, _ops: &OpTable) {}
 
+    /// A ring on an SRQ lends nothing the shutdown can wait for: its
+    /// buffers are never flushed, and once every QP is closed the device
+    /// writes none of them; its registration, dropped before its memory,
+    /// ends the device's access.
     fn lent(&self) -> u32 {
-        self.posted()
+        if self.target.is_srq() {
+            0
+        } else {
+            self.posted()
+        }
     }
 
     /// A ring unregisters itself once dropped and drained.
@@ -298,7 +330,7 @@ impl RingCore {
         let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
         let (waker, unregister, kept) = {
             let mut st = self.state.borrow_mut();
-            if c.qp_num != self.qp.qp_num
+            if !self.target.accepts(c.qp_num)
                 || slot >= self.depth
                 || st.slots[slot as usize] != Slot::Posted
             {
@@ -311,9 +343,12 @@ impl RingCore {
             }
             st.posted -= 1;
             // On UD a failed receive (a datagram too long for the buffer)
-            // is that datagram's loss only: the QP stays up.
-            let fatal =
-                !c.status.is_success() && (!self.geometry.grh || c.status == WcStatus::WrFlushErr);
+            // is that datagram's loss only: the QP stays up. On an SRQ it
+            // is the failure of one QP of many (a flush included): the
+            // buffer goes back to the SRQ.
+            let fatal = !c.status.is_success()
+                && !self.target.is_srq()
+                && (!self.geometry.grh || c.status == WcStatus::WrFlushErr);
             if fatal {
                 st.stopped = true;
                 self.give_back_kept(&mut st);
@@ -327,10 +362,12 @@ impl RingCore {
             } else {
                 st.slots[slot as usize] = Slot::Taken;
                 // A message: its credits stay for its repost.
-                let keep = !fatal && !st.stopped && !self.qp.closed.get();
+                let keep = !fatal && !st.stopped && !self.target.closed();
                 if keep {
                     st.kept += 1;
-                    self.qp.ring_kept.set(self.qp.ring_kept.get() + 1);
+                    self.target
+                        .ring_kept()
+                        .set(self.target.ring_kept().get() + 1);
                 }
                 st.ready.push_back(Ready {
                     slot,
@@ -338,6 +375,8 @@ impl RingCore {
                     imm: c.imm_data,
                     status: c.status,
                     vendor_err: c.vendor_err,
+                    qp_num: c.qp_num,
+                    by_write: c.opcode == crate::provider::WcOpcode::RecvRdmaWithImm,
                     src_qp: c.src_qp,
                     slid: c.slid,
                     grh: c.grh,
@@ -353,8 +392,8 @@ impl RingCore {
             }
         };
         if !kept {
-            self.qp.credits.rq.release(1);
-            self.qp.credits.recv_cq.release(1);
+            self.target.rq().release(1);
+            self.target.recv_cq().release(1);
         }
         if unregister {
             self.handle
@@ -387,7 +426,7 @@ impl RingCore {
         // it, until the buffer's completion has been polled (`completed`),
         // and no reference to a posted buffer exists (slots are lent to
         // guards only between completion and repost).
-        let res = unsafe { self.qp.post_recv(&wrs) };
+        let res = unsafe { self.target.post_recv(&wrs) };
         st.wrs = wrs;
         match res {
             Ok(()) => Ok(()),
@@ -407,7 +446,7 @@ impl RingCore {
         // has been polled, and no reference to it exists while posted (its
         // guard is being dropped).
         let res = unsafe {
-            self.qp
+            self.target
                 .post_recv(std::slice::from_ref(&self.slot_wrs[slot as usize]))
         };
         if let Err(e) = res {
@@ -433,10 +472,10 @@ impl RingCore {
         st.posted -= n;
         st.stopped = true;
         self.give_back_kept(st);
-        self.qp.credits.rq.release(n);
-        self.qp.credits.recv_cq.release(n);
+        self.target.rq().release(n);
+        self.target.recv_cq().release(n);
         RecvRingError::Post {
-            qp_num: self.qp.qp_num,
+            qp_num: self.target.id(),
             count: unposted.len(),
             source: e,
         }
@@ -445,7 +484,7 @@ impl RingCore {
     /// Reposts the pending slots for which credits can be had (waiting for
     /// the rest with `cx`, if given). Nothing is reposted once stopped.
     fn flush_pending(&self, st: &mut State, mut cx: Option<&mut Context<'_>>) {
-        if st.stopped || self.qp.closed.get() {
+        if st.stopped || self.target.closed() {
             st.stopped = true;
             self.release_pending(st);
             return;
@@ -453,11 +492,10 @@ impl RingCore {
         let want = st.pending.len() as u32;
         while st.held_rq < want {
             let got = match cx.as_deref_mut() {
-                None => self.qp.credits.rq.try_acquire(1),
+                None => self.target.rq().try_acquire(1),
                 Some(cx) => self
-                    .qp
-                    .credits
-                    .rq
+                    .target
+                    .rq()
                     .poll_acquire(1, &mut st.rq_ticket, cx)
                     .is_ready(),
             };
@@ -468,11 +506,10 @@ impl RingCore {
         }
         while st.held_cq < st.held_rq {
             let got = match cx.as_deref_mut() {
-                None => self.qp.credits.recv_cq.try_acquire(1),
+                None => self.target.recv_cq().try_acquire(1),
                 Some(cx) => self
-                    .qp
-                    .credits
-                    .recv_cq
+                    .target
+                    .recv_cq()
                     .poll_acquire(1, &mut st.cq_ticket, cx)
                     .is_ready(),
             };
@@ -506,10 +543,10 @@ impl RingCore {
             st.slots[s] = Slot::Idle;
         }
         st.pending.clear();
-        self.qp.credits.rq.cancel(&mut st.rq_ticket);
-        self.qp.credits.recv_cq.cancel(&mut st.cq_ticket);
-        self.qp.credits.rq.release(st.held_rq);
-        self.qp.credits.recv_cq.release(st.held_cq);
+        self.target.rq().cancel(&mut st.rq_ticket);
+        self.target.recv_cq().cancel(&mut st.cq_ticket);
+        self.target.rq().release(st.held_rq);
+        self.target.recv_cq().release(st.held_cq);
         st.held_rq = 0;
         st.held_cq = 0;
         self.give_back_kept(st);
@@ -523,7 +560,7 @@ impl RingCore {
             return false;
         }
         st.kept -= 1;
-        let all = &self.qp.ring_kept;
+        let all = self.target.ring_kept();
         all.set(all.get().saturating_sub(1));
         true
     }
@@ -532,20 +569,43 @@ impl RingCore {
     /// is closed, `QpCore::shut` has already done so.
     fn give_back_kept(&self, st: &mut State) {
         let n = std::mem::take(&mut st.kept);
-        if n == 0 || self.qp.closed.get() {
+        if n == 0 || self.target.closed() {
             return;
         }
-        let all = &self.qp.ring_kept;
+        let all = self.target.ring_kept();
         all.set(all.get().saturating_sub(n));
-        self.qp.credits.rq.release(n);
-        self.qp.credits.recv_cq.release(n);
+        self.target.rq().release(n);
+        self.target.recv_cq().release(n);
+    }
+
+    /// The SRQ-limit event: reposts every released buffer now (those
+    /// waiting for their batch) and re-arms the limit.
+    pub(crate) fn limit_reached(&self) {
+        self.limit_events.set(self.limit_events.get() + 1);
+        {
+            let mut st = self.state.borrow_mut();
+            if !st.dropped {
+                self.flush_pending(&mut st, None);
+            }
+        }
+        if let RingTarget::Srq(s) = &self.target {
+            if self.limit != 0 {
+                if let Err(e) = s.srq.modify_limit(self.limit) {
+                    tracing::warn!(srq = s.handle, error = %crate::report::ErrorChain(&e), "re-arming the SRQ limit");
+                }
+            }
+        }
+    }
+
+    pub(crate) fn limit_events(&self) -> u64 {
+        self.limit_events.get()
     }
 
     /// A guard gave its slot back.
     #[inline]
     fn release(&self, slot: u32) {
         let mut st = self.state.borrow_mut();
-        if st.dropped || st.stopped || self.qp.closed.get() {
+        if st.dropped || st.stopped || self.target.closed() {
             st.slots[slot as usize] = Slot::Idle;
             self.give_back_kept(&mut st);
             // The last buffer: a waiting `next` can end the stream now.
@@ -585,11 +645,11 @@ impl RingCore {
     /// One receive-queue and one CQ credit, if both are free.
     #[inline]
     fn acquire_pair(&self) -> bool {
-        if self.qp.credits.rq.try_acquire(1) {
-            if self.qp.credits.recv_cq.try_acquire(1) {
+        if self.target.rq().try_acquire(1) {
+            if self.target.recv_cq().try_acquire(1) {
                 return true;
             }
-            self.qp.credits.rq.release(1);
+            self.target.rq().release(1);
         }
         false
     }
@@ -628,14 +688,14 @@ impl RingCore {
 /// is closed or dropped, and their memory is freed after their flush.
 pub struct RecvRing {
     pub(super) core: Rc<RingCore>,
-    qp: QueuePair,
+    pub(super) owner: RingOwner,
 }
 
 impl fmt::Debug for RecvRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let st = self.core.state.borrow();
         f.debug_struct("RecvRing")
-            .field("qp_num", &self.core.qp.qp_num)
+            .field("target", &self.core.target.id())
             .field("depth", &self.core.depth)
             .field("buf_size", &self.core.buf_size)
             .field("posted", &st.posted)
@@ -660,13 +720,36 @@ impl RecvRing {
         pd: Option<&Pd>,
         config: RecvRingConfig,
     ) -> Result<RecvRing, RecvRingError> {
-        let core = &qp.inner.core;
-        let qp_num = core.qp_num;
+        RecvRing::create_on(
+            RingTarget::Qp(qp.inner.core.clone()),
+            qp.inner.handle.clone(),
+            qp.inner.ud.is_some(),
+            pd,
+            RecvRingConfig {
+                srq_limit: 0,
+                ..config
+            },
+            RingOwner::Qp(qp.clone()),
+        )
+    }
+
+    /// A ring posting to `target` (`datagram`: UD slots, with room for the
+    /// GRH), keeping `owner` alive.
+    pub(super) fn create_on(
+        target: RingTarget,
+        handle: Handle,
+        datagram: bool,
+        pd: Option<&Pd>,
+        config: RecvRingConfig,
+        owner: RingOwner,
+    ) -> Result<RecvRing, RecvRingError> {
+        let qp_num = target.id();
         let config_err = |what: String| RecvRingError::Config { qp_num, what };
         let RecvRingConfig {
             depth,
             buf_size,
             repost_batch,
+            srq_limit,
         } = config;
         if depth == 0 || buf_size == 0 {
             return Err(config_err(format!(
@@ -679,7 +762,7 @@ impl RecvRing {
                 wr_id::RING_SLOT_MASK + 1
             )));
         }
-        let geometry = if qp.inner.ud.is_some() {
+        let geometry = if datagram {
             SlotGeometry::datagram(buf_size)
                 .ok_or_else(|| config_err(format!("buffer size {buf_size} overflows")))?
         } else {
@@ -693,34 +776,34 @@ impl RecvRing {
             .ok_or_else(|| config_err(format!("{depth} × {buf_size} bytes overflow")))?;
         let layout = Layout::from_size_align(len, 64)
             .map_err(|e| config_err(format!("{len} bytes: {e}")))?;
-        if core.closed.get() {
+        if target.closed() {
             return Err(RecvRingError::Closed { qp_num });
         }
-        if !core.credits.rq.try_acquire(depth) {
+        if !target.rq().try_acquire(depth) {
             return Err(RecvRingError::Credits {
                 qp_num,
                 depth,
-                rq_available: core.credits.rq.available(),
-                cq_available: core.credits.recv_cq.available(),
+                rq_available: target.rq().available(),
+                cq_available: target.recv_cq().available(),
             });
         }
-        if !core.credits.recv_cq.try_acquire(depth) {
-            core.credits.rq.release(depth);
+        if !target.recv_cq().try_acquire(depth) {
+            target.rq().release(depth);
             return Err(RecvRingError::Credits {
                 qp_num,
                 depth,
-                rq_available: core.credits.rq.available(),
-                cq_available: core.credits.recv_cq.available(),
+                rq_available: target.rq().available(),
+                cq_available: target.recv_cq().available(),
             });
         }
-        let give_back = || {
-            core.credits.rq.release(depth);
-            core.credits.recv_cq.release(depth);
+        let give_back = |target: &RingTarget| {
+            target.rq().release(depth);
+            target.recv_cq().release(depth);
         };
         // SAFETY: `layout` has a nonzero size (depth, buf_size > 0).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let Some(mem) = NonNull::new(raw) else {
-            give_back();
+            give_back(&target);
             return Err(RecvRingError::Memory {
                 qp_num,
                 what: "allocating",
@@ -737,7 +820,7 @@ impl RecvRing {
                 Err(e) => {
                     // SAFETY: allocated above with `layout`, never shared.
                     unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
-                    give_back();
+                    give_back(&target);
                     return Err(RecvRingError::Memory {
                         qp_num,
                         what: "registering",
@@ -756,7 +839,6 @@ impl RecvRing {
             length: geometry.sge_len as u32,
             lkey,
         };
-        let handle = qp.inner.handle.clone();
         let state = State {
             slots: vec![Slot::Idle; depth as usize].into_boxed_slice(),
             ready: VecDeque::with_capacity(depth as usize),
@@ -776,9 +858,12 @@ impl RecvRing {
         };
         let mut state = Some(state);
         let mut mr = Some(mr);
+        let mut target = Some(target);
         let registered = handle.driver().register_ring(|key| {
             Rc::new(RingCore {
-                qp: core.clone(),
+                target: target.take().unwrap_or_else(|| unreachable!()),
+                limit: srq_limit,
+                limit_events: std::cell::Cell::new(0),
                 handle: handle.clone(),
                 key,
                 depth,
@@ -805,7 +890,9 @@ impl RecvRing {
             drop(mr);
             // SAFETY: allocated above, never posted (the core was not built).
             unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
-            give_back();
+            if let Some(target) = &target {
+                give_back(target);
+            }
             return Err(config_err(format!(
                 "more than {} receive rings at once",
                 wr_id::RING_KEY_MASK + 1
@@ -816,10 +903,7 @@ impl RecvRing {
             let mut st = ring.state.borrow_mut();
             ring.post(&mut st, &all)
         };
-        let ring = RecvRing {
-            core: ring,
-            qp: qp.clone(),
-        };
+        let ring = RecvRing { core: ring, owner };
         match res {
             Ok(()) => Ok(ring),
             // Dropping `ring` keeps whatever was posted until its flush.
@@ -827,9 +911,13 @@ impl RecvRing {
         }
     }
 
-    /// The QP the ring receives on.
-    pub fn queue_pair(&self) -> &QueuePair {
-        &self.qp
+    /// The QP the ring receives on (`None` for a ring on a shared
+    /// receive queue: see [`shared_recv_queue`](Self::shared_recv_queue)).
+    pub fn queue_pair(&self) -> Option<&QueuePair> {
+        match &self.owner {
+            RingOwner::Qp(qp) => Some(qp),
+            RingOwner::Srq(_) => None,
+        }
     }
 
     /// Number of buffers.
@@ -869,15 +957,21 @@ impl RecvRing {
         let core = &self.core;
         let mut st = core.state.borrow_mut();
         while let Some(c) = st.ready.pop_front() {
-            if let (true, Some(len)) =
-                (c.status.is_success(), core.geometry.payload_len(c.byte_len))
-            {
+            // A WRITE with immediate leaves the buffer empty.
+            let len = if c.by_write {
+                Some(0)
+            } else {
+                core.geometry.payload_len(c.byte_len)
+            };
+            if let (true, Some(len)) = (c.status.is_success(), len) {
                 drop(st);
                 return Poll::Ready(Some(Ok(RingMsg {
                     core: core.clone(),
                     slot: c.slot,
                     len,
                     imm: c.imm,
+                    qp_num: c.qp_num,
+                    by_write: c.by_write,
                     src_qp: c.src_qp,
                     slid: c.slid,
                     grh: c.grh,
@@ -913,7 +1007,7 @@ impl RecvRing {
         if let Some(e) = st.post_error.take() {
             return Poll::Ready(Some(Err(e)));
         }
-        if st.posted == 0 && (st.stopped || self.core.qp.closed.get()) {
+        if st.posted == 0 && (st.stopped || self.core.target.closed()) {
             return Poll::Ready(None);
         }
         match &st.waker {
@@ -931,9 +1025,12 @@ impl RecvRing {
     #[inline(never)]
     fn failed(&self, st: &mut State, c: Ready) -> Option<RecvRingError> {
         let slot = c.slot;
-        let qp_num = self.core.qp.qp_num;
-        if self.core.geometry.grh && c.status != WcStatus::WrFlushErr && !st.stopped {
-            // UD: one lost datagram; the buffer goes back to the device.
+        let qp_num = self.core.target.id();
+        let one_of_many = self.core.target.is_srq()
+            || (self.core.geometry.grh && c.status != WcStatus::WrFlushErr);
+        if one_of_many && !st.stopped {
+            // UD: one lost datagram; SRQ: one QP's failure. The buffer
+            // goes back to the device.
             let _ = self.core.release_slow(st, slot);
         } else {
             st.slots[slot as usize] = Slot::Idle;
@@ -948,7 +1045,7 @@ impl RecvRing {
                 buf_size: self.core.buf_size,
             });
         }
-        if c.status == WcStatus::WrFlushErr {
+        if c.status == WcStatus::WrFlushErr && !self.core.target.is_srq() {
             if st.reported_flush {
                 return None;
             }
@@ -1017,6 +1114,8 @@ pub struct RingMsg {
     slot: u32,
     len: u32,
     imm: Option<u32>,
+    qp_num: u32,
+    by_write: bool,
     src_qp: u32,
     slid: u16,
     grh: bool,
@@ -1054,6 +1153,20 @@ impl RingMsg {
     /// The buffer's index in the ring.
     pub fn slot(&self) -> u32 {
         self.slot
+    }
+
+    /// The QP the message came in on (the completion's `qp_num`): the
+    /// ring's QP, or for a ring on a shared receive queue, whichever QP of
+    /// it received the message.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// True if an RDMA WRITE with immediate consumed the buffer: the data
+    /// went to the peer-granted memory and the buffer holds none of it
+    /// ([`len`](Self::len) is 0); [`imm`](Self::imm) is the immediate.
+    pub fn by_write(&self) -> bool {
+        self.by_write
     }
 
     /// On a UD queue pair, who sent the datagram: its QP number, LID, and

@@ -532,6 +532,7 @@ impl Context {
             let element = match raw_type {
                 0 => AsyncElement::Cq(cq::note_cq_error(ptr::addr_of!((*element).cq).read())),
                 1..=7 | 16 => AsyncElement::Qp(qp_num_of(ptr::addr_of!((*element).qp).read())),
+                14 | 15 => AsyncElement::Srq(srq_handle_of(ptr::addr_of!((*element).srq).read())),
                 9..=13 | 17 | 18 | 20 => AsyncElement::Port(
                     u8::try_from(ptr::addr_of!((*element).port_num).read()).unwrap_or(0),
                 ),
@@ -554,6 +555,18 @@ unsafe fn qp_num_of(qp: *mut sys::ibv_qp) -> u32 {
     } else {
         // SAFETY: valid per the contract.
         unsafe { (*qp).qp_num }
+    }
+}
+
+/// # Safety
+///
+/// `srq` must be NULL or a valid `ibv_srq`.
+unsafe fn srq_handle_of(srq: *mut sys::ibv_srq) -> u32 {
+    if srq.is_null() {
+        0
+    } else {
+        // SAFETY: valid per the contract.
+        unsafe { (*srq).handle }
     }
 }
 

@@ -40,6 +40,7 @@ mod device;
 mod mw;
 mod pd_mr;
 mod qp;
+mod srq;
 
 use std::io;
 
@@ -49,6 +50,7 @@ pub use device::{devices, Context, GidEntry, GidType};
 pub use mw::Mw;
 pub use pd_mr::{Mr, Pd};
 pub use qp::Qp;
+pub use srq::Srq;
 
 use super::ProviderError;
 

@@ -113,13 +113,29 @@ impl Pd {
 
     /// Creates an RC QP in RESET state.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
-        Qp::create(self, send_cq, recv_cq, caps, QpType::Rc)
+        Qp::create(self, send_cq, recv_cq, caps, QpType::Rc, None)
+    }
+
+    /// Creates a shared receive queue (`ibv_create_srq`).
+    pub fn create_srq(&self, attr: &crate::provider::SrqAttr) -> Result<super::Srq> {
+        super::Srq::create(self, attr)
+    }
+
+    /// Creates an RC QP in RESET state whose receives come from `srq`.
+    pub fn create_qp_with_srq(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: &super::Srq,
+    ) -> Result<Qp> {
+        Qp::create(self, send_cq, recv_cq, caps, QpType::Rc, Some(srq))
     }
 
     /// Creates a UD QP in RESET state; [`Qp::modify_ud_to_rts`] makes it
     /// ready.
     pub fn create_ud_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
-        Qp::create(self, send_cq, recv_cq, caps, QpType::Ud)
+        Qp::create(self, send_cq, recv_cq, caps, QpType::Ud, None)
     }
 
     /// Creates an address handle (`ibv_create_ah`).

@@ -38,6 +38,8 @@ struct QpInner {
     pd: Pd,
     _send_cq: Cq,
     _recv_cq: Cq,
+    /// The SRQ its receives come from (kept alive by the QP).
+    srq: Option<super::Srq>,
 }
 
 // SAFETY: libibverbs QP verbs (modify, query, post) are thread-safe; the
@@ -108,6 +110,7 @@ impl Qp {
         recv_cq: &Cq,
         caps: QpCaps,
         qp_type: QpType,
+        srq: Option<&super::Srq>,
     ) -> Result<Qp> {
         let ctx = &pd.inner.ctx.inner;
         if !Arc::ptr_eq(ctx, &send_cq.context().inner)
@@ -128,11 +131,17 @@ impl Qp {
             QpType::Ud => sys::ibv_qp_type::IBV_QPT_UD,
         };
         init.sq_sig_all = 0;
+        init.srq = srq.map_or(ptr::null_mut(), super::Srq::raw);
+        // On an SRQ the receive sizes are the SRQ's (the device ignores these).
+        let (max_recv_wr, max_recv_sge) = match srq {
+            Some(_) => (0, 0),
+            None => (caps.max_recv_wr, caps.max_recv_sge),
+        };
         init.cap = sys::ibv_qp_cap {
             max_send_wr: caps.max_send_wr,
-            max_recv_wr: caps.max_recv_wr,
+            max_recv_wr,
             max_send_sge: caps.max_send_sge,
-            max_recv_sge: caps.max_recv_sge,
+            max_recv_sge,
             max_inline_data: caps.max_inline_data,
         };
         // SAFETY: valid PD and CQs of the same context; `init` is fully set.
@@ -177,6 +186,7 @@ impl Qp {
                 pd: pd.clone(),
                 _send_cq: send_cq.clone(),
                 _recv_cq: recv_cq.clone(),
+                srq: srq.cloned(),
             }),
         })
     }
@@ -681,6 +691,15 @@ impl Qp {
     /// allocated and free of Rust references until the WR's completion has
     /// been polled or its registration is gone.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        if self.inner.srq.is_some() {
+            return Err(PostError {
+                posted: 0,
+                error: invalid(
+                    "post_recv",
+                    format!("QP {} takes its receives from an SRQ", self.inner.qp_num),
+                ),
+            });
+        }
         if let [_] = wrs {
             let mut raw = MaybeUninit::<sys::ibv_recv_wr>::uninit();
             // SAFETY: room for the one WR; the caller's contract is ours.

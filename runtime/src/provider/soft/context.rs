@@ -503,7 +503,7 @@ impl Pd {
 
     /// Creates a UD QP in RESET.
     pub fn create_ud_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
-        self.new_qp(send_cq, recv_cq, caps, QpType::Ud)
+        self.new_qp(send_cq, recv_cq, caps, QpType::Ud, None)
     }
 
     /// Creates an address handle.
@@ -511,13 +511,48 @@ impl Pd {
         super::Ah::create(&self.0.ctx, self.0.id, attr)
     }
 
-    /// Creates an RC QP in RESET.
-    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
-        self.new_qp(send_cq, recv_cq, caps, QpType::Rc)
+    /// Creates a shared receive queue (`srq.rs`).
+    pub fn create_srq(&self, attr: &crate::provider::SrqAttr) -> Result<super::Srq> {
+        super::Srq::create(self, self.0.ctx.shared().async_events.clone(), attr)
     }
 
-    fn new_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps, qp_type: QpType) -> Result<Qp> {
-        let caps = check_caps(&caps)?;
+    /// Creates an RC QP in RESET whose receives come from `srq`.
+    pub fn create_qp_with_srq(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: &super::Srq,
+    ) -> Result<Qp> {
+        if !srq.pd().0.ctx.same(&self.0.ctx) {
+            return Err(ProviderError::InvalidArgument {
+                call: "create_qp",
+                what: "SRQ of another device context".into(),
+            });
+        }
+        self.new_qp(send_cq, recv_cq, caps, QpType::Rc, Some(srq))
+    }
+
+    /// Creates an RC QP in RESET.
+    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        self.new_qp(send_cq, recv_cq, caps, QpType::Rc, None)
+    }
+
+    fn new_qp(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        qp_type: QpType,
+        srq: Option<&super::Srq>,
+    ) -> Result<Qp> {
+        let mut caps = check_caps(&caps)?;
+        if srq.is_some() {
+            // The receive queue is the SRQ's (ibv_create_qp ignores the
+            // receive sizes then).
+            caps.max_recv_wr = 0;
+            caps.max_recv_sge = 0;
+        }
         if !send_cq._ctx.same(&self.0.ctx) || !recv_cq._ctx.same(&self.0.ctx) {
             return Err(ProviderError::InvalidArgument {
                 call: "create_qp",
@@ -558,6 +593,7 @@ impl Pd {
             dirty: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             direct_hint: AtomicBool::new(false),
+            srq: srq.map(|s| s.shared().clone()),
         });
         lock(&sh.qps).insert(qpn, shared.clone());
         Ok(Qp(Arc::new(QpHandle {

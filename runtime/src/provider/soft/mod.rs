@@ -126,6 +126,7 @@ mod packet;
 mod qp;
 mod requester;
 mod responder;
+mod srq;
 mod ud;
 mod wire;
 
@@ -136,6 +137,7 @@ pub use cq::Cq;
 pub use mr::Mr;
 pub use mw::Mw;
 pub use qp::Qp;
+pub use srq::Srq;
 pub use ud::{UdCounters, UdFaults};
 
 #[cfg(feature = "fuzzing")]

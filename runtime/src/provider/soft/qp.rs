@@ -104,6 +104,8 @@ pub(crate) struct QpShared {
     /// Mirror of `inner.direct.is_some() || inner.ud_direct` (a hint read
     /// without the lock).
     pub direct_hint: AtomicBool,
+    /// The shared receive queue its receives come from (`srq.rs`).
+    pub srq: Option<Arc<super::srq::SrqShared>>,
 }
 
 pub(crate) fn state_to_u8(s: QpState) -> u8 {
@@ -584,6 +586,15 @@ impl Qp {
     /// been polled or its registration is gone.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         let sh = self.sh();
+        if sh.srq.is_some() {
+            return Err(post_err(
+                0,
+                invalid(
+                    "post_recv",
+                    format!("QP {} takes its receives from an SRQ", sh.qpn),
+                ),
+            ));
+        }
         let mut inner = lock(&sh.inner);
         if inner.state == QpState::Reset {
             return Err(post_err(

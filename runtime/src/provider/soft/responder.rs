@@ -184,7 +184,7 @@ fn execute(
     match hdr.opcode {
         Opcode::Send | Opcode::SendImm | Opcode::SendInv => {
             if first {
-                let Some(r) = lock(&eq.sh.inner).rq.pop_front() else {
+                let Some(r) = eq.sh.take_recv() else {
                     return Outcome::Rnr;
                 };
                 eq.cur_recv = Some(r);
@@ -245,7 +245,7 @@ fn execute(
                     return Outcome::Fatal(NAK_REM_ACCESS, None);
                 }
                 if hdr.opcode == Opcode::WriteImm {
-                    let Some(r) = lock(&eq.sh.inner).rq.pop_front() else {
+                    let Some(r) = eq.sh.take_recv() else {
                         return Outcome::Rnr;
                     };
                     eq.cur_recv = Some(r);

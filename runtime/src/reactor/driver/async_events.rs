@@ -9,12 +9,18 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 
 use super::{Driver, ASYNC_BASE, ASYNC_QUEUE};
-use crate::provider::{AsyncEvent, AsyncEventKind};
+use crate::provider::{AsyncElement, AsyncEvent, AsyncEventKind};
+
+/// Called on an SRQ-limit event of its SRQ; false once its owner is gone
+/// (then it is forgotten).
+pub(crate) type SrqLimitHook = Box<dyn Fn() -> bool>;
 
 pub(super) struct AsyncEntry {
     ctx: crate::provider::Context,
     queue: VecDeque<AsyncEvent>,
     waker: Option<Waker>,
+    /// SRQ-limit listeners, by SRQ handle (`qp::srq_ring`).
+    srq_hooks: Vec<(u32, SrqLimitHook)>,
 }
 
 impl Driver {
@@ -37,6 +43,7 @@ impl Driver {
                     ctx,
                     queue: VecDeque::new(),
                     waker: None,
+                    srq_hooks: Vec::new(),
                 });
                 Some(key)
             }
@@ -57,8 +64,18 @@ impl Driver {
         }
     }
 
+    /// Calls `hook` on every SRQ-limit event of the SRQ `handle` of the
+    /// context watched as `key` (the event is still queued for
+    /// `Device::next_async_event`).
+    pub(crate) fn watch_srq_limit(&self, key: usize, handle: u32, hook: SrqLimitHook) {
+        if let Some(e) = self.asyncs.borrow_mut().get_mut(key) {
+            e.srq_hooks.push((handle, hook));
+        }
+    }
+
     /// Takes every pending async event of `key`, logs it and queues it.
     pub(super) fn async_ready(&self, key: usize) {
+        let mut limits: Vec<u32> = Vec::new();
         let waker = {
             let mut asyncs = self.asyncs.borrow_mut();
             let Some(e) = asyncs.get_mut(key) else { return };
@@ -70,10 +87,16 @@ impl Driver {
                             | AsyncEventKind::PortActive
                             | AsyncEventKind::SqDrained
                             | AsyncEventKind::LidChange
-                            | AsyncEventKind::GidChange => {
+                            | AsyncEventKind::GidChange
+                            | AsyncEventKind::SrqLimitReached => {
                                 tracing::debug!(?ev, "async event")
                             }
                             _ => tracing::warn!(?ev, "async event"),
+                        }
+                        if let (AsyncEventKind::SrqLimitReached, AsyncElement::Srq(h)) =
+                            (ev.kind, ev.element)
+                        {
+                            limits.push(h);
                         }
                         if e.queue.len() >= ASYNC_QUEUE {
                             e.queue.pop_front();
@@ -89,8 +112,28 @@ impl Driver {
             }
             e.waker.take()
         };
+        if !limits.is_empty() {
+            self.run_srq_hooks(key, &limits);
+        }
         if let Some(w) = waker {
             w.wake();
+        }
+    }
+
+    /// Runs the hooks of the SRQs in `handles` (outside the registry's
+    /// borrow: a hook posts receives), dropping those whose owner is gone.
+    fn run_srq_hooks(&self, key: usize, handles: &[u32]) {
+        let hooks = match self.asyncs.borrow_mut().get_mut(key) {
+            Some(e) => std::mem::take(&mut e.srq_hooks),
+            None => return,
+        };
+        let kept: Vec<(u32, SrqLimitHook)> = hooks
+            .into_iter()
+            .filter(|(h, hook)| !handles.contains(h) || hook())
+            .collect();
+        if let Some(e) = self.asyncs.borrow_mut().get_mut(key) {
+            let added = std::mem::replace(&mut e.srq_hooks, kept);
+            e.srq_hooks.extend(added);
         }
     }
 

@@ -4,7 +4,6 @@
 use std::io;
 
 use super::super::conn::RxDirect;
-use super::super::lock;
 use super::super::packet::{decode_header, decode_hello, Header, Opcode, FLAG_FIRST, HEADER_LEN};
 use super::super::responder::load_qp;
 use super::Engine;
@@ -194,7 +193,7 @@ impl Engine {
             return None;
         }
         let first = hdr.flags & FLAG_FIRST != 0;
-        if first && hdr.opcode == Opcode::WriteImm && lock(&eq.sh.inner).rq.is_empty() {
+        if first && hdr.opcode == Opcode::WriteImm && eq.sh.no_recv() {
             return None;
         }
         let pd = eq.sh.pd;

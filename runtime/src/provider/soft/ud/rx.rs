@@ -41,7 +41,7 @@ impl Engine {
             return;
         }
         note_feed(cq_feeds, conns, eq, cid);
-        let Some(r) = lock(&eq.sh.inner).rq.pop_front() else {
+        let Some(r) = eq.sh.take_recv() else {
             sh.ud.count(Count::NoRecv);
             return;
         };

@@ -1,0 +1,208 @@
+//! The out-of-band address exchange of rdma-core's `ibv_*_pingpong`
+//! programs: each side's addresses as 52-byte NUL-terminated texts
+//! `LID:QPN:PSN:GID` (`%04x:%06x:%06x:` and the GID as 32 hex digits, its
+//! 16 bytes in order) over TCP; the client writes its addresses, reads the
+//! server's and writes `done`. The server reads the client's, connects its
+//! QPs, then writes its own. On the soft device a 64-byte frame with the
+//! engine address follows each side's addresses (both sides verbio).
+
+use std::error::Error;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use verbio::provider::Gid;
+
+/// Bytes of one address message.
+pub const MSG_LEN: usize = "0000:000000:000000:00000000000000000000000000000000".len() + 1;
+/// Bytes of the soft device's engine address frame (NUL-padded text).
+pub const SOFT_ADDR_LEN: usize = 64;
+
+/// One QP's address, as exchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct WireDest {
+    pub lid: u16,
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: Gid,
+}
+
+impl WireDest {
+    /// `"%04x:%06x:%06x:%s"` with the GID as `gid_to_wire_gid` writes it,
+    /// NUL-padded to [`MSG_LEN`].
+    pub fn encode(&self) -> [u8; MSG_LEN] {
+        let mut text = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn);
+        for b in self.gid.0 {
+            text.push_str(&format!("{b:02x}"));
+        }
+        let mut msg = [0u8; MSG_LEN];
+        let n = text.len().min(MSG_LEN - 1);
+        msg[..n].copy_from_slice(&text.as_bytes()[..n]);
+        msg
+    }
+
+    /// Parses a peer's message (text up to the first NUL).
+    pub fn parse(msg: &[u8]) -> Result<WireDest, String> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let text = std::str::from_utf8(&msg[..end])
+            .map_err(|_| format!("address message is not text: {:02x?}", &msg[..end]))?;
+        let bad = |what: &str| format!("bad {what} in the peer's address {text:?}");
+        let mut parts = text.split(':');
+        let mut field = |what: &str, max: u32| {
+            parts
+                .next()
+                .and_then(|f| u32::from_str_radix(f, 16).ok())
+                .filter(|&v| v <= max)
+                .ok_or_else(|| bad(what))
+        };
+        let lid = field("LID", 0xffff)? as u16;
+        let qpn = field("QPN", 0x00ff_ffff)?;
+        let psn = field("PSN", 0x00ff_ffff)?;
+        let hex = parts.next().ok_or_else(|| bad("GID"))?;
+        if hex.len() != 32 || parts.next().is_some() {
+            return Err(bad("GID"));
+        }
+        let mut gid = [0u8; 16];
+        for (i, b) in gid.iter_mut().enumerate() {
+            *b = hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| bad("GID"))?;
+        }
+        Ok(WireDest {
+            lid,
+            qpn,
+            psn,
+            gid: Gid(gid),
+        })
+    }
+}
+
+/// Where to exchange: `server` to connect to (client), else listen.
+pub struct Oob<'a> {
+    pub server: Option<&'a str>,
+    pub port: u16,
+    pub timeout: Duration,
+}
+
+/// The exchange: `ours` (all `slots` of them: `ibv_srq_pingpong` sends
+/// 256, zeros past its QPs) for the peer's as many; `connect` runs on the
+/// server between reading the client's and writing its own.
+pub fn exchange(
+    oob: &Oob<'_>,
+    ours: &[WireDest],
+    slots: usize,
+    our_soft: Option<SocketAddr>,
+    connect: &mut dyn FnMut(&[WireDest], Option<SocketAddr>) -> Result<(), Box<dyn Error>>,
+) -> Result<(Vec<WireDest>, Option<SocketAddr>), Box<dyn Error>> {
+    let mut stream = match oob.server {
+        Some(host) => {
+            let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, oob.port))?
+                .next()
+                .ok_or_else(|| format!("{host}: no address"))?;
+            // The server may not listen yet: retry until the limit.
+            let deadline = Instant::now() + oob.timeout;
+            loop {
+                match TcpStream::connect_timeout(&addr, oob.timeout) {
+                    Ok(s) => break s,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::ConnectionRefused
+                            && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(e) => return Err(format!("connecting to {addr}: {e}").into()),
+                }
+            }
+        }
+        None => {
+            let listener = TcpListener::bind(("0.0.0.0", oob.port))
+                .map_err(|e| format!("listening on port {}: {e}", oob.port))?;
+            listener.accept()?.0
+        }
+    };
+    stream.set_read_timeout(Some(oob.timeout))?;
+    let write_ours = |s: &mut TcpStream| -> std::io::Result<()> {
+        let mut out = Vec::with_capacity(slots * MSG_LEN + SOFT_ADDR_LEN);
+        for i in 0..slots {
+            out.extend_from_slice(&ours.get(i).copied().unwrap_or_default().encode());
+        }
+        if let Some(a) = our_soft {
+            let mut frame = [0u8; SOFT_ADDR_LEN];
+            let text = a.to_string();
+            frame[..text.len()].copy_from_slice(text.as_bytes());
+            out.extend_from_slice(&frame);
+        }
+        s.write_all(&out)
+    };
+    let read_theirs =
+        |s: &mut TcpStream| -> Result<(Vec<WireDest>, Option<SocketAddr>), Box<dyn Error>> {
+            let mut dests = Vec::with_capacity(slots);
+            for i in 0..slots {
+                let mut msg = [0u8; MSG_LEN];
+                s.read_exact(&mut msg)
+                    .map_err(|e| format!("reading the peer's address {i}: {e}"))?;
+                dests.push(WireDest::parse(&msg)?);
+            }
+            let soft = match our_soft {
+                None => None,
+                Some(_) => {
+                    let mut frame = [0u8; SOFT_ADDR_LEN];
+                    s.read_exact(&mut frame)
+                        .map_err(|e| format!("reading the peer's soft engine address: {e}"))?;
+                    let end = frame.iter().position(|&b| b == 0).unwrap_or(SOFT_ADDR_LEN);
+                    let text = std::str::from_utf8(&frame[..end]).unwrap_or("");
+                    Some(
+                        text.parse()
+                            .map_err(|_| format!("bad soft engine address {text:?}"))?,
+                    )
+                }
+            };
+            Ok((dests, soft))
+        };
+    if oob.server.is_some() {
+        write_ours(&mut stream)?;
+        let theirs = read_theirs(&mut stream)?;
+        stream.write_all(b"done\0")?;
+        Ok(theirs)
+    } else {
+        let theirs = read_theirs(&mut stream)?;
+        connect(&theirs.0, theirs.1)?;
+        write_ours(&mut stream)?;
+        let mut done = [0u8; 5];
+        stream
+            .read_exact(&mut done)
+            .map_err(|e| format!("reading the client's done: {e}"))?;
+        Ok(theirs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_message_matches_the_pingpongs() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[10, 77, 0, 1]);
+        let d = WireDest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid: Gid(gid),
+        };
+        let msg = d.encode();
+        assert_eq!(msg.len(), 52);
+        assert_eq!(
+            &msg[..51],
+            b"0000:000011:abcdef:00000000000000000000ffff0a4d0001"
+        );
+        assert_eq!(msg[51], 0);
+        assert_eq!(WireDest::parse(&msg), Ok(d));
+        assert!(WireDest::parse(b"0000:000011:abcdef:00ff\0").is_err());
+        assert!(WireDest::parse(b"zz:1:2:00000000000000000000ffff0a4d0001\0").is_err());
+        assert!(WireDest::parse(&[0xff; 52]).is_err());
+    }
+}

@@ -1,0 +1,259 @@
+//! [`SharedRecvQueue`]: a shared receive queue driven by the runtime, and
+//! the receive queue a [`RecvRing`] posts to ([`RingTarget`]): a QP's own,
+//! or an SRQ feeding many QPs.
+//!
+//! A ring on an SRQ ([`RecvRing::on_srq`]) is the same ring: the same
+//! slots, guards, batching and credits; only its post target differs. Its
+//! messages name the QP they came in on ([`RingMsg::qp_num`]). Its credits
+//! are the SRQ's WR slots and the device's CQ entries (every QP on the SRQ
+//! completes on the device's one CQ). With a limit set
+//! ([`RecvRingConfig::srq_limit`]) the device raises the SRQ-limit event
+//! when fewer buffers than that are posted; the ring then reposts every
+//! released buffer waiting for its batch and re-arms the limit, so the SRQ
+//! is refilled before it runs dry even while the application reads
+//! nothing.
+//!
+//! An SRQ's buffers are not flushed when its QPs close (they belong to the
+//! SRQ): a dropped ring keeps its memory while buffers are posted, and at
+//! runtime shutdown, once every QP is closed, it is freed after its
+//! registration (which ends the device's access).
+
+use std::cell::Cell;
+use std::rc::{Rc, Weak};
+
+use super::recv_ring::{RecvRing, RecvRingConfig, RecvRingError, RingCore};
+use super::{QpCore, QueuePair};
+use crate::op::{Counters, Credits};
+use crate::provider::{Pd, PostError, RecvWr, Srq, SrqAttr};
+use crate::reactor::Handle;
+
+/// The part of a [`SharedRecvQueue`] its rings keep.
+pub(crate) struct SrqCore {
+    pub(crate) srq: Srq,
+    pub(crate) handle: u32,
+    /// One credit per WR slot of the SRQ.
+    pub(crate) rq: Credits,
+    /// The device's CQ entries (shared with every QP of the device).
+    pub(crate) recv_cq: Rc<Credits>,
+    counters: Rc<Counters>,
+    /// Credits kept by rings between a buffer's completion and its repost.
+    pub(crate) ring_kept: Cell<u32>,
+    /// Never set: an SRQ is not closed (only its QPs are).
+    pub(crate) closed: Cell<bool>,
+    /// The device's async-event watch (for the limit event), if it has one.
+    pub(crate) async_key: Option<usize>,
+    pub(crate) runtime: Handle,
+}
+
+/// A shared receive queue bound to the runtime: made by
+/// [`Device::create_srq`](crate::Device::create_srq), feeding the QPs of
+/// [`Device::create_qp_on_srq`](crate::Device::create_qp_on_srq);
+/// receive buffers are posted to it by a [`RecvRing::on_srq`]. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct SharedRecvQueue {
+    pub(crate) core: Rc<SrqCore>,
+}
+
+impl std::fmt::Debug for SharedRecvQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRecvQueue")
+            .field("handle", &self.core.handle)
+            .field("max_wr", &self.core.rq.capacity())
+            .field("posted", &self.core.rq.outstanding())
+            .finish()
+    }
+}
+
+impl SharedRecvQueue {
+    pub(crate) fn new(
+        runtime: Handle,
+        srq: Srq,
+        recv_cq: Rc<Credits>,
+        async_key: Option<usize>,
+    ) -> Result<SharedRecvQueue, crate::provider::ProviderError> {
+        let SrqAttr { max_wr, .. } = srq.attr()?;
+        Ok(SharedRecvQueue {
+            core: Rc::new(SrqCore {
+                handle: srq.handle(),
+                srq,
+                rq: Credits::new(max_wr),
+                recv_cq,
+                counters: runtime.driver().ops.counters.clone(),
+                ring_kept: Cell::new(0),
+                closed: Cell::new(false),
+                async_key,
+                runtime,
+            }),
+        })
+    }
+
+    /// The provider SRQ.
+    pub fn provider(&self) -> &Srq {
+        &self.core.srq
+    }
+
+    /// The handle its async events name.
+    pub fn handle(&self) -> u32 {
+        self.core.handle
+    }
+
+    /// WR slots (`max_wr` as the device granted it).
+    pub fn capacity(&self) -> u32 {
+        self.core.rq.capacity()
+    }
+
+    /// Receive WRs posted and not completed yet.
+    pub fn posted(&self) -> u32 {
+        self.core.rq.outstanding()
+    }
+}
+
+/// The receive queue a ring posts to.
+pub(crate) enum RingTarget {
+    /// A QP's own receive queue.
+    Qp(Rc<QpCore>),
+    /// A shared receive queue.
+    Srq(Rc<SrqCore>),
+}
+
+impl RingTarget {
+    /// The QP number, or the SRQ's handle (in errors and logs).
+    #[inline]
+    pub(crate) fn id(&self) -> u32 {
+        match self {
+            RingTarget::Qp(q) => q.qp_num,
+            RingTarget::Srq(s) => s.handle,
+        }
+    }
+
+    /// Whether a completion on QP `qp_num` can be one of this target's.
+    #[inline]
+    pub(crate) fn accepts(&self, qp_num: u32) -> bool {
+        match self {
+            RingTarget::Qp(q) => q.qp_num == qp_num,
+            RingTarget::Srq(_) => true,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn rq(&self) -> &Credits {
+        match self {
+            RingTarget::Qp(q) => &q.credits.rq,
+            RingTarget::Srq(s) => &s.rq,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn recv_cq(&self) -> &Credits {
+        match self {
+            RingTarget::Qp(q) => &q.credits.recv_cq,
+            RingTarget::Srq(s) => &s.recv_cq,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn closed(&self) -> bool {
+        match self {
+            RingTarget::Qp(q) => q.closed.get(),
+            RingTarget::Srq(s) => s.closed.get(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn ring_kept(&self) -> &Cell<u32> {
+        match self {
+            RingTarget::Qp(q) => &q.ring_kept,
+            RingTarget::Srq(s) => &s.ring_kept,
+        }
+    }
+
+    pub(crate) fn is_srq(&self) -> bool {
+        matches!(self, RingTarget::Srq(_))
+    }
+
+    /// Posts `wrs` to the receive queue: one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_recv`](crate::provider::Qp::post_recv)
+    /// (the same for [`Srq::post_recv`]).
+    #[inline(always)]
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        match self {
+            // SAFETY: forwarded contract of this function.
+            RingTarget::Qp(q) => unsafe { q.post_recv(wrs) },
+            RingTarget::Srq(s) => {
+                s.counters.posted(wrs.len());
+                // SAFETY: forwarded contract of this function.
+                unsafe { s.srq.post_recv(wrs) }
+            }
+        }
+    }
+}
+
+impl RecvRing {
+    /// A ring of `config.depth` buffers posted to the shared receive queue
+    /// `srq`, registered with `pd` (the device's PD, the one of the QPs on
+    /// the SRQ). Its messages come in on any QP of the SRQ and say which
+    /// ([`RingMsg::qp_num`](super::RingMsg::qp_num)). Takes one SRQ slot
+    /// and one device CQ entry per buffer; fails if they are not all
+    /// available at once.
+    pub fn on_srq(
+        srq: &SharedRecvQueue,
+        pd: &Pd,
+        config: RecvRingConfig,
+    ) -> Result<RecvRing, RecvRingError> {
+        let core = &srq.core;
+        let ring = RecvRing::create_on(
+            RingTarget::Srq(core.clone()),
+            core.runtime.clone(),
+            false,
+            Some(pd),
+            config,
+            RingOwner::Srq(srq.clone()),
+        )?;
+        if let Some(limit) = config.limit() {
+            if let Some(key) = core.async_key {
+                let weak: Weak<RingCore> = Rc::downgrade(&ring.core);
+                core.runtime.driver().watch_srq_limit(
+                    key,
+                    core.handle,
+                    Box::new(move || match weak.upgrade() {
+                        Some(ring) => {
+                            ring.limit_reached();
+                            true
+                        }
+                        None => false,
+                    }),
+                );
+            }
+            if let Err(e) = core.srq.modify_limit(limit) {
+                return Err(RecvRingError::Config {
+                    qp_num: core.handle,
+                    what: format!("arming the SRQ limit at {limit}: {e}"),
+                });
+            }
+        }
+        Ok(ring)
+    }
+
+    /// The shared receive queue the ring posts to, if it is on one.
+    pub fn shared_recv_queue(&self) -> Option<&SharedRecvQueue> {
+        match &self.owner {
+            RingOwner::Srq(s) => Some(s),
+            RingOwner::Qp(_) => None,
+        }
+    }
+
+    /// How often the SRQ-limit event refilled the ring (0 on a QP's ring).
+    pub fn limit_events(&self) -> u64 {
+        self.core.limit_events()
+    }
+}
+
+/// What a [`RecvRing`] keeps alive: its QP or its SRQ.
+pub(crate) enum RingOwner {
+    Qp(QueuePair),
+    Srq(SharedRecvQueue),
+}
