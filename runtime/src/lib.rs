@@ -8,8 +8,6 @@
 compile_error!("verbio supports Linux only: it needs epoll, eventfd and (for hardware) libibverbs");
 
 pub mod buf;
-#[cfg(feature = "ibverbs")]
-#[cfg_attr(docsrs, doc(cfg(feature = "ibverbs")))]
 pub mod cm;
 pub mod compat;
 pub mod provider;

@@ -41,6 +41,7 @@ mod conn;
 mod error;
 #[cfg(feature = "ibverbs")]
 mod ibverbs;
+mod soft;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -98,6 +99,7 @@ impl Default for CmOptions {
 enum ConnectorImp {
     #[cfg(feature = "ibverbs")]
     Ibverbs(ibverbs::Connector),
+    Soft(soft::Connector),
 }
 
 /// The active side after address and route resolution: its QP exists (in
@@ -135,9 +137,11 @@ impl CmConnector {
                 imp: ConnectorImp::Ibverbs(imp),
             });
         }
-        let _ = (addr, opts);
-        Err(CmError::Unsupported {
-            provider: device.context().kind(),
+        let (imp, qp) = soft::Connector::resolve(device, addr, opts)?;
+        Ok(CmConnector {
+            qp,
+            addr,
+            imp: ConnectorImp::Soft(imp),
         })
     }
 
@@ -154,6 +158,10 @@ impl CmConnector {
             ConnectorImp::Ibverbs(c) => {
                 let (conn, peer) = c.connect(&self.qp, private_data).await?;
                 Ok(CmConnection::new(self.qp, ConnImp::Ibverbs(conn), peer))
+            }
+            ConnectorImp::Soft(c) => {
+                let (conn, peer) = c.connect(&self.qp, private_data).await?;
+                Ok(CmConnection::new(self.qp, ConnImp::Soft(conn), peer))
             }
         }
     }
@@ -176,6 +184,7 @@ pub async fn connect(
 enum ListenerImp {
     #[cfg(feature = "ibverbs")]
     Ibverbs(ibverbs::Listener),
+    Soft(soft::Listener),
 }
 
 /// A listening connection manager endpoint.
@@ -210,9 +219,10 @@ impl CmListener {
                 imp: ListenerImp::Ibverbs(ibverbs::Listener::bind(device, addr, opts)?),
             });
         }
-        let _ = (addr, opts);
-        Err(CmError::Unsupported {
-            provider: device.context().kind(),
+        Ok(CmListener {
+            device: device.clone(),
+            opts: *opts,
+            imp: ListenerImp::Soft(soft::Listener::bind(addr)?),
         })
     }
 
@@ -221,6 +231,7 @@ impl CmListener {
         match &self.imp {
             #[cfg(feature = "ibverbs")]
             ListenerImp::Ibverbs(l) => l.local_addr(),
+            ListenerImp::Soft(l) => l.local_addr(),
         }
     }
 
@@ -238,6 +249,15 @@ impl CmListener {
                     imp: RequestImp::Ibverbs(req),
                 })
             }
+            ListenerImp::Soft(l) => {
+                let (req, qp, private_data, peer) = l.request(&self.device, &self.opts).await?;
+                Ok(CmRequest {
+                    qp,
+                    private_data,
+                    peer,
+                    imp: RequestImp::Soft(req),
+                })
+            }
         }
     }
 
@@ -250,6 +270,7 @@ impl CmListener {
 enum RequestImp {
     #[cfg(feature = "ibverbs")]
     Ibverbs(ibverbs::Request),
+    Soft(soft::Request),
 }
 
 /// A connect request not yet answered.
@@ -295,6 +316,10 @@ impl CmRequest {
                 let conn = r.accept(&self.qp, private_data).await?;
                 Ok(CmConnection::new(self.qp, ConnImp::Ibverbs(conn), peer))
             }
+            RequestImp::Soft(r) => {
+                let conn = r.accept(private_data).await?;
+                Ok(CmConnection::new(self.qp, ConnImp::Soft(conn), peer))
+            }
         }
     }
 
@@ -304,6 +329,7 @@ impl CmRequest {
         match self.imp {
             #[cfg(feature = "ibverbs")]
             RequestImp::Ibverbs(r) => r.reject(private_data),
+            RequestImp::Soft(r) => r.reject(private_data),
         }
     }
 }
@@ -312,6 +338,7 @@ impl CmRequest {
 enum ConnImp {
     #[cfg(feature = "ibverbs")]
     Ibverbs(ibverbs::Conn),
+    Soft(soft::Conn),
 }
 
 /// An established connection: its queue pair (in RTS), the peer's private
@@ -345,6 +372,7 @@ impl CmConnection {
         let watcher = match &imp {
             #[cfg(feature = "ibverbs")]
             ConnImp::Ibverbs(c) => conn::watch(&state, &qp, c.clone().down()),
+            ConnImp::Soft(c) => conn::watch(&state, &qp, c.clone().down()),
         };
         CmConnection {
             qp,
@@ -371,6 +399,7 @@ impl CmConnection {
         match &self.imp {
             #[cfg(feature = "ibverbs")]
             ConnImp::Ibverbs(c) => c.local_addr(),
+            ConnImp::Soft(c) => c.local_addr(),
         }
     }
 
@@ -379,6 +408,7 @@ impl CmConnection {
         match &self.imp {
             #[cfg(feature = "ibverbs")]
             ConnImp::Ibverbs(c) => c.peer_addr(),
+            ConnImp::Soft(c) => c.peer_addr(),
         }
     }
 
@@ -410,6 +440,7 @@ impl CmConnection {
             match &self.imp {
                 #[cfg(feature = "ibverbs")]
                 ConnImp::Ibverbs(c) => c.disconnect()?,
+                ConnImp::Soft(c) => c.disconnect()?,
             }
         }
         self.state.down().await;

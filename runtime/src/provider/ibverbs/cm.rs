@@ -6,7 +6,7 @@
 //! Queue pairs are not created through the CM: the caller creates its own
 //! QP (on its own device context, CQs and PD), names it by number in
 //! [`CmId::connect`] / [`CmId::accept`], and moves it through INIT, RTR and
-//! RTS with the attributes [`CmId::init_qp_attr`] returns (what rping does
+//! RTS with [`CmId::modify_qp`], which asks `rdma_init_qp_attr` (what rping does
 //! with `-q`). The QP must be on the device the CM bound the identifier to
 //! ([`CmId::device_name`]).
 //!
