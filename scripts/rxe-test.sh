@@ -62,7 +62,10 @@
 #                    (resp. server) in the summary; likewise
 #                    examples/rc_pingpong against ibv_rc_pingpong and
 #                    examples/srq_pingpong against ibv_srq_pingpong (16 QPs
-#                    on one SRQ), 4096-byte messages, data checked
+#                    on one SRQ), 4096-byte messages, data checked; and
+#                    verbio's examples/rping against rdma-core's rping
+#                    (RDMA CM; SEND, RDMA READ, RDMA WRITE), both pairings,
+#                    "interop rping client: PASS" (resp. server)
 #   --interop-iters N  round trips of each interop pairing (default 300)
 #   --ud-lat         UD latency in the same VM: perftest's `ib_send_lat -c UD`
 #                    against verbio's examples/ud_pingpong (release build;
@@ -129,7 +132,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,81p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,86p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -170,6 +173,7 @@ fi
 UDPP_BIN=
 RCPP_BIN=
 SRQPP_BIN=
+RPING_BIN=
 if [ "$INTEROP" = 1 ]; then
     json=$(cargo build --example ud_pingpong --features ibverbs --message-format=json) \
         || { echo "rxe-test: building examples/ud_pingpong failed" >&2; exit 1; }
@@ -181,6 +185,10 @@ if [ "$INTEROP" = 1 ]; then
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="rc_pingpong" and .executable!=null) | .executable' | tail -1)
     SRQPP_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="srq_pingpong" and .executable!=null) | .executable' | tail -1)
+    json=$(cargo build --example rping --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/rping failed" >&2; exit 1; }
+    RPING_BIN=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="rping" and .executable!=null) | .executable' | tail -1)
 fi
 if [ "$CALLGRIND" = 1 ]; then
     command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
@@ -330,6 +338,40 @@ rcpp rc_pingpong server
 rcpp srq_pingpong client
 rcpp srq_pingpong server
 INTEROP
+    fi
+    if [ -n "$RPING_BIN" ]; then
+        echo "RPING='$RPING_BIN' RP_ITERS=$INTEROP_ITERS"
+        cat <<'RPING'
+# rp ROLE: verbio's examples/rping as ROLE (client or server) against
+# rdma-core's rping on rxe0's address (RDMA CM port 7174), RP_ITERS pings of
+# 1024 B; verbio checks every buffer, rdma-core's client runs with -V (it
+# compares the echo and fails on a mismatch). Each side bounded by 120 s.
+rp() {
+    role=$1; out="$LOGS/interop_rping_$role"; ip=${RXE_IP:-10.77.0.1}
+    v="$RPING -a $ip -C $RP_ITERS -S 1024 -d $VERBIO_TEST_DEVICE --timeout 110"
+    r="rping -a $ip -C $RP_ITERS -S 1024 -V"
+    echo; echo "== interop: verbio rping $role vs rdma-core rping, $RP_ITERS pings"
+    ok=1
+    if ! command -v rping >/dev/null; then echo "rping not installed"; ok=0
+    else
+        if [ "$role" = client ]; then srv="$r -s"; cli="$v -c"; else srv="$v -s"; cli="$r -c"; fi
+        timeout 120 $srv >"$out.srv" 2>&1 &
+        pid=$!
+        # The CM listener is not a socket: give the server time to bind.
+        sleep 2
+        timeout 120 $cli >"$out.cli" 2>&1 || { ok=0; kill $pid 2>/dev/null; }
+        wait $pid || ok=0
+        if [ "$role" = client ]; then vout="$out.cli"; else vout="$out.srv"; fi
+        grep -q "rping $role: $RP_ITERS pings of 1024 B, data checked" "$vout" || ok=0
+        grep -q 'data mismatch' "$out.cli" && ok=0
+        echo "-- server:"; tail -5 "$out.srv"; echo "-- client:"; tail -5 "$out.cli"
+    fi
+    if [ $ok = 1 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
+    echo "interop rping $role: $verdict" | tee -a "$LOGS/summary"
+}
+rp client
+rp server
+RPING
     fi
     if [ "$PERFTEST" = 1 ] || [ "$UDLAT" = 1 ]; then
         echo "LAT_ITERS=$LAT_ITERS"

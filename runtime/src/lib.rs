@@ -8,6 +8,7 @@
 compile_error!("verbio supports Linux only: it needs epoll, eventfd and (for hardware) libibverbs");
 
 pub mod buf;
+pub mod cm;
 pub mod compat;
 pub mod provider;
 

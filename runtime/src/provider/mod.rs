@@ -607,6 +607,15 @@ impl Qp {
             QpImp::Fake(_) => ProviderKind::Soft,
         }
     }
+
+    /// The libibverbs QP, if this is one.
+    #[cfg(feature = "ibverbs")]
+    pub(crate) fn as_ibverbs(&self) -> Option<&ibverbs::Qp> {
+        match &self.imp {
+            QpImp::Ibverbs(q) => Some(q),
+            _ => None,
+        }
+    }
 }
 
 /// The test-only fake provider's objects as provider handles.

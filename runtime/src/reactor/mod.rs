@@ -23,6 +23,8 @@ mod cq_registration;
 mod driver;
 mod executor;
 mod net;
+#[cfg(feature = "ibverbs")]
+mod readable_fd;
 mod runtime;
 mod spin;
 mod stats;
@@ -40,6 +42,8 @@ pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
 pub(crate) use cq_registration::CqRegistration;
 pub(crate) use driver::Driver;
+#[cfg(feature = "ibverbs")]
+pub(crate) use readable_fd::ReadableFd;
 pub(crate) use work_queue::WorkQueue;
 
 use crate::op::OpTable;

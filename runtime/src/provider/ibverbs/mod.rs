@@ -35,6 +35,7 @@
 //! [`Context::open`] return [`ProviderError::NoDevice`] with the reason.
 
 mod ah;
+pub mod cm;
 mod cq;
 mod device;
 mod mw;

@@ -272,6 +272,21 @@ impl Qp {
         Err(err)
     }
 
+    /// `ibv_modify_qp` with attributes made elsewhere (the connection
+    /// manager's `rdma_init_qp_attr`), for the bits of `mask`.
+    pub(crate) fn modify_with(&self, attr: &mut sys::ibv_qp_attr, mask: libc::c_int) -> Result<()> {
+        // SAFETY: valid QP; `attr` is initialised for the bits in `mask`
+        // (librdmacm filled them).
+        let ret = unsafe { sys::ibv_modify_qp(self.inner.qp, attr, mask) };
+        if ret != 0 {
+            return Err(ret_err("ibv_modify_qp", ret));
+        }
+        if mask & (M::IBV_QP_PORT.0 as libc::c_int) != 0 {
+            self.inner.port.store(attr.port_num, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Refuses the step-by-step RC transitions on a UD QP (and
     /// `modify_ud_to_rts` on an RC QP) before the device sees them.
     fn expect_type(&self, want: QpType, call: &'static str) -> Result<()> {

@@ -1,0 +1,460 @@
+//! Connection management in the style of RDMA CM, asynchronous: resolve an
+//! IP address to a device and route, connect or listen and accept, carry
+//! private data both ways, disconnect, and learn when the peer does.
+//!
+//! On libibverbs devices this is librdmacm (the CM event channel's fd is
+//! registered with the reactor, so every step is a future) and it speaks
+//! the RDMA CM protocol on the wire: the peer may be any RDMA CM program
+//! (rdma-core's `rping`, perftest with `-R`, ...). On the software device
+//! it is an equivalent exchange over the device's TCP side (same API, same
+//! errors; only verbio peers).
+//!
+//! The queue pair is always the runtime's own [`QueuePair`], created on the
+//! given [`Device`] (its CQ and credits) and moved to RTS by the connection
+//! manager. It exists before the connection does ([`CmConnector::qp`],
+//! [`CmRequest::qp`]), so receives can be posted before the peer's first
+//! SEND can arrive.
+//!
+//! When the peer disconnects, a watcher task moves the QP to ERR: pending
+//! ops complete with a flush error, later submissions fail as on a closed
+//! QP, and [`CmConnection::disconnected`] resolves with
+//! [`DisconnectReason::Peer`].
+//!
+//! ```no_run
+//! # async fn demo(device: &verbio_runtime::Device) -> Result<(), verbio_runtime::cm::CmError> {
+//! use verbio_runtime::cm::{CmConnector, CmListener, CmOptions};
+//! let opts = CmOptions::default();
+//! // Server:
+//! let listener = CmListener::bind(device, "0.0.0.0:7174".parse().unwrap(), &opts)?;
+//! let request = listener.request().await?;
+//! // ... post receives on request.qp() ...
+//! let server_side = request.accept(b"hello").await?;
+//! // Client:
+//! let connector = CmConnector::resolve(device, "10.0.0.1:7174".parse().unwrap(), &opts).await?;
+//! let conn = connector.connect(b"hi").await?;
+//! assert_eq!(conn.peer_private_data(), b"hello");
+//! conn.disconnect().await?;
+//! # drop(server_side); Ok(()) }
+//! ```
+
+mod conn;
+mod error;
+#[cfg(feature = "ibverbs")]
+mod ibverbs;
+mod soft;
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+pub use conn::DisconnectReason;
+pub use error::CmError;
+
+use crate::device::Device;
+use crate::provider::QpCaps;
+use crate::qp::QueuePair;
+use crate::reactor::JoinHandle;
+use conn::ConnState;
+
+/// The queue pair and connection parameters of a connection.
+#[derive(Clone, Copy, Debug)]
+pub struct CmOptions {
+    /// Queue sizes of the connection's QP.
+    pub caps: QpCaps,
+    /// RDMA READs / atomics the peer may have in flight towards us
+    /// (capped by the device, and on accept by what the requester offers).
+    pub responder_resources: u8,
+    /// RDMA READs / atomics we may have in flight towards the peer.
+    pub initiator_depth: u8,
+    /// Transport retries (at most 7).
+    pub retry_count: u8,
+    /// Receiver-not-ready retries (7 = retry forever).
+    pub rnr_retry_count: u8,
+    /// Bound of address and route resolution, each.
+    pub resolve_timeout: Duration,
+    /// Connect requests a listener queues.
+    pub backlog: i32,
+}
+
+impl Default for CmOptions {
+    fn default() -> CmOptions {
+        CmOptions {
+            caps: QpCaps {
+                max_send_wr: 128,
+                max_recv_wr: 128,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            responder_resources: 16,
+            initiator_depth: 16,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            resolve_timeout: Duration::from_secs(2),
+            backlog: 64,
+        }
+    }
+}
+
+enum ConnectorImp {
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Connector),
+    Soft(soft::Connector),
+}
+
+/// The active side after address and route resolution: its QP exists (in
+/// INIT: receives may be posted); [`connect`](Self::connect) sends the
+/// request.
+pub struct CmConnector {
+    qp: QueuePair,
+    addr: SocketAddr,
+    imp: ConnectorImp,
+}
+
+impl std::fmt::Debug for CmConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmConnector")
+            .field("addr", &self.addr)
+            .field("qp", &self.qp)
+            .finish()
+    }
+}
+
+impl CmConnector {
+    /// Resolves `addr` (the peer's IP address and CM port) to a device and
+    /// route, checks that it is `device`, and creates the QP there.
+    pub async fn resolve(
+        device: &Device,
+        addr: SocketAddr,
+        opts: &CmOptions,
+    ) -> Result<CmConnector, CmError> {
+        #[cfg(feature = "ibverbs")]
+        if device.context().as_ibverbs().is_some() {
+            let (imp, qp) = ibverbs::Connector::resolve(device, addr, opts).await?;
+            return Ok(CmConnector {
+                qp,
+                addr,
+                imp: ConnectorImp::Ibverbs(imp),
+            });
+        }
+        let (imp, qp) = soft::Connector::resolve(device, addr, opts)?;
+        Ok(CmConnector {
+            qp,
+            addr,
+            imp: ConnectorImp::Soft(imp),
+        })
+    }
+
+    /// The connection's queue pair (in INIT until connected).
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// Sends the connect request with `private_data` (at most 56 bytes on
+    /// RDMA CM) and resolves once the connection is established.
+    pub async fn connect(self, private_data: &[u8]) -> Result<CmConnection, CmError> {
+        match self.imp {
+            #[cfg(feature = "ibverbs")]
+            ConnectorImp::Ibverbs(c) => {
+                let (conn, peer) = c.connect(&self.qp, private_data).await?;
+                Ok(CmConnection::new(self.qp, ConnImp::Ibverbs(conn), peer))
+            }
+            ConnectorImp::Soft(c) => {
+                let (conn, peer) = c.connect(&self.qp, private_data).await?;
+                Ok(CmConnection::new(self.qp, ConnImp::Soft(conn), peer))
+            }
+        }
+    }
+}
+
+/// Resolves `addr` and connects to it: [`CmConnector::resolve`] then
+/// [`CmConnector::connect`].
+pub async fn connect(
+    device: &Device,
+    addr: SocketAddr,
+    opts: &CmOptions,
+    private_data: &[u8],
+) -> Result<CmConnection, CmError> {
+    CmConnector::resolve(device, addr, opts)
+        .await?
+        .connect(private_data)
+        .await
+}
+
+enum ListenerImp {
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Listener),
+    Soft(soft::Listener),
+}
+
+/// A listening connection manager endpoint.
+pub struct CmListener {
+    device: Device,
+    opts: CmOptions,
+    imp: ListenerImp,
+}
+
+impl std::fmt::Debug for CmListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmListener")
+            .field("local_addr", &self.local_addr())
+            .finish()
+    }
+}
+
+impl CmListener {
+    /// Listens on `addr` (an IP address of the device's network interface,
+    /// or the unspecified address; port 0 picks one). Connections get QPs
+    /// made with `opts`.
+    pub fn bind(
+        device: &Device,
+        addr: SocketAddr,
+        opts: &CmOptions,
+    ) -> Result<CmListener, CmError> {
+        #[cfg(feature = "ibverbs")]
+        if device.context().as_ibverbs().is_some() {
+            return Ok(CmListener {
+                device: device.clone(),
+                opts: *opts,
+                imp: ListenerImp::Ibverbs(ibverbs::Listener::bind(device, addr, opts)?),
+            });
+        }
+        Ok(CmListener {
+            device: device.clone(),
+            opts: *opts,
+            imp: ListenerImp::Soft(soft::Listener::bind(addr)?),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.imp {
+            #[cfg(feature = "ibverbs")]
+            ListenerImp::Ibverbs(l) => l.local_addr(),
+            ListenerImp::Soft(l) => l.local_addr(),
+        }
+    }
+
+    /// The next connect request. Its QP is ready (receives may be posted);
+    /// answer it with [`CmRequest::accept`] or [`CmRequest::reject`].
+    pub async fn request(&self) -> Result<CmRequest, CmError> {
+        match &self.imp {
+            #[cfg(feature = "ibverbs")]
+            ListenerImp::Ibverbs(l) => {
+                let (req, qp, private_data, peer) = l.request(&self.device, &self.opts).await?;
+                Ok(CmRequest {
+                    qp,
+                    private_data,
+                    peer,
+                    imp: RequestImp::Ibverbs(req),
+                })
+            }
+            ListenerImp::Soft(l) => {
+                let (req, qp, private_data, peer) = l.request(&self.device, &self.opts).await?;
+                Ok(CmRequest {
+                    qp,
+                    private_data,
+                    peer,
+                    imp: RequestImp::Soft(req),
+                })
+            }
+        }
+    }
+
+    /// The next connect request, accepted with `private_data`.
+    pub async fn accept(&self, private_data: &[u8]) -> Result<CmConnection, CmError> {
+        self.request().await?.accept(private_data).await
+    }
+}
+
+enum RequestImp {
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Request),
+    Soft(soft::Request),
+}
+
+/// A connect request not yet answered.
+pub struct CmRequest {
+    qp: QueuePair,
+    private_data: Vec<u8>,
+    peer: Option<SocketAddr>,
+    imp: RequestImp,
+}
+
+impl std::fmt::Debug for CmRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmRequest")
+            .field("peer", &self.peer)
+            .field("private_data_len", &self.private_data.len())
+            .finish()
+    }
+}
+
+impl CmRequest {
+    /// The requester's private data.
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// The requester's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// The queue pair the connection will use (receives may be posted now).
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// Accepts with `private_data` (at most 196 bytes on RDMA CM);
+    /// resolves once the connection is established.
+    pub async fn accept(self, private_data: &[u8]) -> Result<CmConnection, CmError> {
+        let peer = self.private_data;
+        match self.imp {
+            #[cfg(feature = "ibverbs")]
+            RequestImp::Ibverbs(r) => {
+                let conn = r.accept(&self.qp, private_data).await?;
+                Ok(CmConnection::new(self.qp, ConnImp::Ibverbs(conn), peer))
+            }
+            RequestImp::Soft(r) => {
+                let conn = r.accept(private_data).await?;
+                Ok(CmConnection::new(self.qp, ConnImp::Soft(conn), peer))
+            }
+        }
+    }
+
+    /// Refuses the connection; the requester's connect fails with
+    /// [`CmError::Rejected`] carrying `private_data` (at most 148 bytes).
+    pub fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
+        match self.imp {
+            #[cfg(feature = "ibverbs")]
+            RequestImp::Ibverbs(r) => r.reject(private_data),
+            RequestImp::Soft(r) => r.reject(private_data),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum ConnImp {
+    #[cfg(feature = "ibverbs")]
+    Ibverbs(ibverbs::Conn),
+    Soft(soft::Conn),
+}
+
+/// An established connection: its queue pair (in RTS), the peer's private
+/// data, and its disconnect.
+///
+/// Dropping it without [`disconnect`](Self::disconnect) tears the
+/// connection down (the peer sees a disconnect) and drops this handle of
+/// the QP.
+pub struct CmConnection {
+    qp: QueuePair,
+    peer_private: Vec<u8>,
+    state: Rc<ConnState>,
+    watcher: Option<JoinHandle<()>>,
+    imp: ConnImp,
+}
+
+impl std::fmt::Debug for CmConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmConnection")
+            .field("qp", &self.qp)
+            .field("local", &self.local_addr())
+            .field("peer", &self.peer_addr())
+            .field("down", &self.state.reason())
+            .finish()
+    }
+}
+
+impl CmConnection {
+    fn new(qp: QueuePair, imp: ConnImp, peer_private: Vec<u8>) -> CmConnection {
+        let state = ConnState::new();
+        let watcher = match &imp {
+            #[cfg(feature = "ibverbs")]
+            ConnImp::Ibverbs(c) => conn::watch(&state, &qp, c.clone().down()),
+            ConnImp::Soft(c) => conn::watch(&state, &qp, c.clone().down()),
+        };
+        CmConnection {
+            qp,
+            peer_private,
+            state,
+            watcher: Some(watcher),
+            imp,
+        }
+    }
+
+    /// The connection's queue pair.
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// The private data the peer sent with its request or accept (empty if
+    /// none; RDMA CM may pad it with zeros to its field's size).
+    pub fn peer_private_data(&self) -> &[u8] {
+        &self.peer_private
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.imp {
+            #[cfg(feature = "ibverbs")]
+            ConnImp::Ibverbs(c) => c.local_addr(),
+            ConnImp::Soft(c) => c.local_addr(),
+        }
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        match &self.imp {
+            #[cfg(feature = "ibverbs")]
+            ConnImp::Ibverbs(c) => c.peer_addr(),
+            ConnImp::Soft(c) => c.peer_addr(),
+        }
+    }
+
+    /// Why the connection is down, or `None` while it is up.
+    pub fn down_reason(&self) -> Option<DisconnectReason> {
+        self.state.reason()
+    }
+
+    /// Resolves once the connection is down (the QP is then in ERR), with
+    /// who ended it.
+    pub fn disconnected(&self) -> impl std::future::Future<Output = DisconnectReason> + 'static {
+        self.state.down()
+    }
+
+    /// Fails with [`CmError::Disconnected`] if the connection is down.
+    pub fn check(&self) -> Result<(), CmError> {
+        match self.state.reason() {
+            Some(reason) => Err(CmError::Disconnected { reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// Disconnects: the QP moves to ERR (pending ops are flushed), the
+    /// peer is told, and this resolves once the connection manager reports
+    /// the connection down and every WR of the QP has completed.
+    pub async fn disconnect(&self) -> Result<(), CmError> {
+        if self.state.start_disconnect() {
+            drop(self.qp.close());
+            match &self.imp {
+                #[cfg(feature = "ibverbs")]
+                ConnImp::Ibverbs(c) => c.disconnect()?,
+                ConnImp::Soft(c) => c.disconnect()?,
+            }
+        }
+        self.state.down().await;
+        if let Err(e) = self.qp.close().await {
+            tracing::debug!(error = %crate::report::ErrorChain(&e), "closing a disconnected QP");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CmConnection {
+    fn drop(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
+    }
+}
