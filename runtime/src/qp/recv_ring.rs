@@ -930,6 +930,12 @@ impl RecvRing {
         self.core.buf_size
     }
 
+    /// Bytes of receive memory the ring allocated and registered (its
+    /// buffers, and on UD their GRH room), fixed for its life.
+    pub fn memory_len(&self) -> usize {
+        self.core.layout.size()
+    }
+
     /// Buffers currently posted (owned by the device).
     pub fn posted(&self) -> u32 {
         self.core.posted()
