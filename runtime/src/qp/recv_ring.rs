@@ -53,6 +53,7 @@ use crate::provider::{
 use crate::reactor::{Handle, WorkQueue};
 
 /// Why a [`RecvRing`] could not be created, or what its stream reports.
+/// For a ring on a shared receive queue, `qp_num` is the SRQ's handle.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RecvRingError {
