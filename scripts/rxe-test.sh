@@ -67,6 +67,9 @@
 #                    (RDMA CM; SEND, RDMA READ, RDMA WRITE), both pairings,
 #                    "interop rping client: PASS" (resp. server)
 #   --interop-iters N  round trips of each interop pairing (default 300)
+#   --srq-bench      also examples/srq_throughput (release) on rxe0: 64
+#                    connections received through one SRQ ring vs a ring
+#                    per QP, --rounds rounds, medians and their ratio
 #   --ud-lat         UD latency in the same VM: perftest's `ib_send_lat -c UD`
 #                    against verbio's examples/ud_pingpong (release build;
 #                    runtime UD QueuePair, inline sends, RecvRing; without
@@ -104,6 +107,7 @@ PERFTEST=0
 DEVINFO=1
 INTEROP=1
 UDLAT=0
+SRQBENCH=0
 INTEROP_ITERS=300
 ROUNDS=1
 PROVIDER_ONLY=0
@@ -120,6 +124,7 @@ while [ $# -gt 0 ]; do
         --no-devinfo) DEVINFO=0 ;;
         --no-interop) INTEROP=0 ;;
         --ud-lat) UDLAT=1 ;;
+        --srq-bench) SRQBENCH=1 ;;
         --interop-iters) shift; INTEROP_ITERS=${1:-}
             case "$INTEROP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --interop-iters needs a number" >&2; exit 2 ;; esac ;;
         --provider-only) PROVIDER_ONLY=1 ;;
@@ -134,7 +139,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,86p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,94p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -202,6 +207,14 @@ if [ "$UDLAT" = 1 ]; then
         || { echo "rxe-test: building examples/ud_pingpong (release) failed" >&2; exit 1; }
     UDPP_REL=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="ud_pingpong" and .executable!=null) | .executable' | tail -1)
+fi
+SRQTP_REL=
+if [ "$SRQBENCH" = 1 ]; then
+    echo "rxe-test: building examples/srq_throughput (release, features: ibverbs)" >&2
+    json=$(cargo build --release --example srq_throughput --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/srq_throughput (release) failed" >&2; exit 1; }
+    SRQTP_REL=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="srq_throughput" and .executable!=null) | .executable' | tail -1)
 fi
 PERF_BIN=
 if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ] || [ "$UDLAT" = 1 ]; then
@@ -541,6 +554,15 @@ done
     echo "UD verbio-perf send_lat -c UD typical ratio per round: $(list "$LOGS/ratio.udtyp.perf"); median $(median "$LOGS/ratio.udtyp.perf")"
 } | tee -a "$LOGS/perf"
 UDLAT
+    fi
+    if [ -n "$SRQTP_REL" ]; then
+        echo "SRQTP='$SRQTP_REL' SRQTP_ROUNDS=$ROUNDS"
+        cat <<'SRQTP'
+echo; echo "== SRQ throughput: 64 connections, one SRQ ring vs a ring per QP, on $VERBIO_TEST_DEVICE"
+timeout 600 "$SRQTP" -d "$VERBIO_TEST_DEVICE" --conns 64 --msgs 200 --rounds "$SRQTP_ROUNDS" \
+    >"$LOGS/srq_throughput" 2>&1 || { echo "FAILED: srq_throughput"; fail=1; }
+grep -v ' INFO ' "$LOGS/srq_throughput" | tee -a "$LOGS/perf"
+SRQTP
     fi
     if [ "$CALLGRIND" = 1 ]; then
         echo "PERF='$PERF_BIN'"

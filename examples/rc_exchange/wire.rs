@@ -78,6 +78,11 @@ impl WireDest {
     }
 }
 
+/// What the server runs between reading the client's addresses (and
+/// engine address) and writing its own: connecting its QPs.
+pub type ConnectFn<'a> =
+    dyn FnMut(&[WireDest], Option<SocketAddr>) -> Result<(), Box<dyn Error>> + 'a;
+
 /// Where to exchange: `server` to connect to (client), else listen.
 pub struct Oob<'a> {
     pub server: Option<&'a str>,
@@ -93,7 +98,7 @@ pub fn exchange(
     ours: &[WireDest],
     slots: usize,
     our_soft: Option<SocketAddr>,
-    connect: &mut dyn FnMut(&[WireDest], Option<SocketAddr>) -> Result<(), Box<dyn Error>>,
+    connect: &mut ConnectFn<'_>,
 ) -> Result<(Vec<WireDest>, Option<SocketAddr>), Box<dyn Error>> {
     let mut stream = match oob.server {
         Some(host) => {

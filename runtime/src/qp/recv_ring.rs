@@ -53,6 +53,7 @@ use crate::provider::{
 use crate::reactor::{Handle, WorkQueue};
 
 /// Why a [`RecvRing`] could not be created, or what its stream reports.
+/// For a ring on a shared receive queue, `qp_num` is the SRQ's handle.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RecvRingError {
@@ -928,6 +929,12 @@ impl RecvRing {
     /// Size of each buffer.
     pub fn buf_size(&self) -> usize {
         self.core.buf_size
+    }
+
+    /// Bytes of receive memory the ring allocated and registered (its
+    /// buffers, and on UD their GRH room), fixed for its life.
+    pub fn memory_len(&self) -> usize {
+        self.core.layout.size()
     }
 
     /// Buffers currently posted (owned by the device).

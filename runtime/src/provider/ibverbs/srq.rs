@@ -157,7 +157,7 @@ impl Srq {
         Ok(())
     }
 
-    /// Posts receive WRs, [`STACK_WRS`] per `ibv_post_srq_recv` call.
+    /// Posts receive WRs, 16 per `ibv_post_srq_recv` call.
     ///
     /// # Safety
     ///
