@@ -44,11 +44,12 @@
 //! rxe VM.
 
 mod cli;
+#[path = "rc_exchange/wire.rs"]
+mod wire;
 
 use std::cell::Cell;
 use std::error::Error;
-use std::io::{Read, Write};
-use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::Ipv6Addr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,7 @@ use verbio::ops::verbs::Verbs;
 use verbio::provider::{open_device, Endpoint, Gid, ProviderKind, QpCaps, UdAttr, DEFAULT_QKEY};
 use verbio::runtime::buf::{LocalBuf, MrPool};
 use verbio::runtime::{timeout, Device, QueuePair, RecvRing, RingMsg, Runtime, UdEndpoint, UdPeer};
+use wire::{exchange, Oob, WireDest};
 
 /// UD ping-pong, wire-compatible with rdma-core's `ibv_ud_pingpong`.
 #[derive(Parser)]
@@ -103,153 +105,6 @@ struct Args {
 
 /// How long the runtime spins on the CQ before sleeping, unless `-e`.
 const BUSY_POLL: Duration = Duration::from_millis(50);
-/// Bytes of the address message, as `ibv_ud_pingpong` sizes it.
-const MSG_LEN: usize = "0000:000000:000000:00000000000000000000000000000000".len() + 1;
-/// Bytes of the soft device's engine address frame (NUL-padded text).
-const SOFT_ADDR_LEN: usize = 64;
-
-/// One side's address, as exchanged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct WireDest {
-    lid: u16,
-    qpn: u32,
-    psn: u32,
-    gid: Gid,
-}
-
-impl WireDest {
-    /// `"%04x:%06x:%06x:%s"` with the GID as `gid_to_wire_gid` writes it,
-    /// NUL-padded to [`MSG_LEN`].
-    fn encode(&self) -> [u8; MSG_LEN] {
-        let mut text = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn);
-        for b in self.gid.0 {
-            text.push_str(&format!("{b:02x}"));
-        }
-        let mut msg = [0u8; MSG_LEN];
-        let n = text.len().min(MSG_LEN - 1);
-        msg[..n].copy_from_slice(&text.as_bytes()[..n]);
-        msg
-    }
-
-    /// Parses a peer's message (text up to the first NUL).
-    fn parse(msg: &[u8]) -> Result<WireDest, String> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = std::str::from_utf8(&msg[..end])
-            .map_err(|_| format!("address message is not text: {:02x?}", &msg[..end]))?;
-        let bad = |what: &str| format!("bad {what} in the peer's address {text:?}");
-        let mut parts = text.split(':');
-        let mut field = |what: &str, max: u32| {
-            parts
-                .next()
-                .and_then(|f| u32::from_str_radix(f, 16).ok())
-                .filter(|&v| v <= max)
-                .ok_or_else(|| bad(what))
-        };
-        let lid = field("LID", 0xffff)? as u16;
-        let qpn = field("QPN", 0x00ff_ffff)?;
-        let psn = field("PSN", 0x00ff_ffff)?;
-        let hex = parts.next().ok_or_else(|| bad("GID"))?;
-        if hex.len() != 32 || parts.next().is_some() {
-            return Err(bad("GID"));
-        }
-        let mut gid = [0u8; 16];
-        for (i, b) in gid.iter_mut().enumerate() {
-            *b = hex
-                .get(2 * i..2 * i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| bad("GID"))?;
-        }
-        Ok(WireDest {
-            lid,
-            qpn,
-            psn,
-            gid: Gid(gid),
-        })
-    }
-}
-
-/// The out-of-band exchange: our address for the peer's (and, on the soft
-/// device, the engine addresses).
-fn exchange(
-    args: &Args,
-    ours: &WireDest,
-    our_soft: Option<SocketAddr>,
-) -> Result<(WireDest, Option<SocketAddr>), Box<dyn Error>> {
-    let limit = Duration::from_secs(args.timeout);
-    let mut stream = match &args.server {
-        Some(host) => {
-            let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), args.port))?
-                .next()
-                .ok_or_else(|| format!("{host}: no address"))?;
-            // The server may not listen yet: retry until the limit.
-            let deadline = Instant::now() + limit;
-            loop {
-                match TcpStream::connect_timeout(&addr, limit) {
-                    Ok(s) => break s,
-                    Err(e)
-                        if e.kind() == std::io::ErrorKind::ConnectionRefused
-                            && Instant::now() < deadline =>
-                    {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    Err(e) => return Err(format!("connecting to {addr}: {e}").into()),
-                }
-            }
-        }
-        None => {
-            let listener = TcpListener::bind(("0.0.0.0", args.port))
-                .map_err(|e| format!("listening on port {}: {e}", args.port))?;
-            listener.accept()?.0
-        }
-    };
-    stream.set_read_timeout(Some(limit))?;
-    let write_ours = |s: &mut TcpStream| -> std::io::Result<()> {
-        s.write_all(&ours.encode())?;
-        if let Some(a) = our_soft {
-            let mut frame = [0u8; SOFT_ADDR_LEN];
-            let text = a.to_string();
-            frame[..text.len()].copy_from_slice(text.as_bytes());
-            s.write_all(&frame)?;
-        }
-        Ok(())
-    };
-    let read_theirs =
-        |s: &mut TcpStream| -> Result<(WireDest, Option<SocketAddr>), Box<dyn Error>> {
-            let mut msg = [0u8; MSG_LEN];
-            s.read_exact(&mut msg)
-                .map_err(|e| format!("reading the peer's address: {e}"))?;
-            let dest = WireDest::parse(&msg)?;
-            let soft = match our_soft {
-                None => None,
-                Some(_) => {
-                    let mut frame = [0u8; SOFT_ADDR_LEN];
-                    s.read_exact(&mut frame)
-                        .map_err(|e| format!("reading the peer's soft engine address: {e}"))?;
-                    let end = frame.iter().position(|&b| b == 0).unwrap_or(SOFT_ADDR_LEN);
-                    let text = std::str::from_utf8(&frame[..end]).unwrap_or("");
-                    Some(
-                        text.parse()
-                            .map_err(|_| format!("bad soft engine address {text:?}"))?,
-                    )
-                }
-            };
-            Ok((dest, soft))
-        };
-    if args.server.is_some() {
-        write_ours(&mut stream)?;
-        let theirs = read_theirs(&mut stream)?;
-        stream.write_all(b"done\0")?;
-        Ok(theirs)
-    } else {
-        let theirs = read_theirs(&mut stream)?;
-        write_ours(&mut stream)?;
-        let mut done = [0u8; 5];
-        stream
-            .read_exact(&mut done)
-            .map_err(|e| format!("reading the client's done: {e}"))?;
-        Ok(theirs)
-    }
-}
 
 /// The payload verbio's client sends in round trip `i`.
 fn pattern(i: usize, out: &mut [u8]) {
@@ -530,7 +385,13 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         ours.psn,
         Ipv6Addr::from(ours.gid.0)
     );
-    let (theirs, their_soft) = exchange(args, &ours, local.soft_addr)?;
+    let oob = Oob {
+        server: args.server.as_deref(),
+        port: args.port,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let (theirs, their_soft) = exchange(&oob, &[ours], 1, local.soft_addr, &mut |_, _| Ok(()))?;
+    let theirs = theirs[0];
     println!(
         "  remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
         theirs.lid,
@@ -663,30 +524,5 @@ mod tests {
         let client = run(&args(port, Some("127.0.0.1"))).map_err(|e| e.to_string());
         let server = server.join().expect("server thread");
         assert_eq!((client, server), (Ok(()), Ok(())));
-    }
-
-    #[test]
-    fn address_message_matches_ud_pingpong() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[10, 77, 0, 1]);
-        let d = WireDest {
-            lid: 0,
-            qpn: 0x11,
-            psn: 0xabcdef,
-            gid: Gid(gid),
-        };
-        let msg = d.encode();
-        assert_eq!(msg.len(), 52);
-        assert_eq!(
-            &msg[..51],
-            b"0000:000011:abcdef:00000000000000000000ffff0a4d0001"
-        );
-        assert_eq!(msg[51], 0);
-        assert_eq!(WireDest::parse(&msg), Ok(d));
-        assert!(WireDest::parse(b"0000:000011:abcdef:00ff\0").is_err());
-        assert!(WireDest::parse(b"zz:1:2:00000000000000000000ffff0a4d0001\0").is_err());
-        assert!(WireDest::parse(&[0xff; 52]).is_err());
     }
 }
