@@ -12,7 +12,7 @@
 #                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
-#                    verbs_inline verbs_mw recv_ring ud rpc (verbio)
+#                    verbs_inline verbs_mw agent_windows recv_ring ud rpc (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`, installed on
@@ -90,7 +90,7 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw recv_ring ud rpc rpc_soft"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows recv_ring ud rpc rpc_soft"
 
 PERFTEST=0
 DEVINFO=1

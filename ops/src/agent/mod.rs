@@ -33,6 +33,7 @@ mod settings;
 mod stream;
 mod task;
 mod tokens;
+mod window_grants;
 pub mod wire;
 
 pub use builder::{RdmaBuilder, RdmaListener};
