@@ -12,7 +12,7 @@
 #                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
-#                    verbs_inline verbs_mw recv_ring srq ud rpc (verbio)
+#                    verbs_inline verbs_mw agent_windows recv_ring srq ud rpc (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`, installed on
@@ -70,6 +70,9 @@
 #   --srq-bench      also examples/srq_throughput (release) on rxe0: 64
 #                    connections received through one SRQ ring vs a ring
 #                    per QP, --rounds rounds, medians and their ratio
+#   --mw-bench       also run examples/mw_grant_cost (release) on rxe0: grant +
+#                    revoke cost with a registration per grant vs a memory
+#                    window (bind + LOCAL_INV), side by side with the ratios
 #   --ud-lat         UD latency in the same VM: perftest's `ib_send_lat -c UD`
 #                    against verbio's examples/ud_pingpong (release build;
 #                    runtime UD QueuePair, inline sends, RecvRing; without
@@ -101,13 +104,14 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw recv_ring srq ud rpc rpc_soft"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows recv_ring srq ud rpc rpc_soft"
 
 PERFTEST=0
 DEVINFO=1
 INTEROP=1
 UDLAT=0
 SRQBENCH=0
+MWBENCH=0
 INTEROP_ITERS=300
 ROUNDS=1
 PROVIDER_ONLY=0
@@ -125,6 +129,7 @@ while [ $# -gt 0 ]; do
         --no-interop) INTEROP=0 ;;
         --ud-lat) UDLAT=1 ;;
         --srq-bench) SRQBENCH=1 ;;
+        --mw-bench) MWBENCH=1 ;;
         --interop-iters) shift; INTEROP_ITERS=${1:-}
             case "$INTEROP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --interop-iters needs a number" >&2; exit 2 ;; esac ;;
         --provider-only) PROVIDER_ONLY=1 ;;
@@ -139,7 +144,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,94p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,97p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -199,6 +204,13 @@ if [ "$INTEROP" = 1 ]; then
 fi
 if [ "$CALLGRIND" = 1 ]; then
     command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
+fi
+MWB_BIN=
+if [ "$MWBENCH" = 1 ]; then
+    json=$(cargo build --release --example mw_grant_cost --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/mw_grant_cost failed" >&2; exit 1; }
+    MWB_BIN=$(printf '%s\n' "$json" |
+        jq -r 'select(.reason=="compiler-artifact" and .target.name=="mw_grant_cost" and .executable!=null) | .executable' | tail -1)
 fi
 UDPP_REL=
 if [ "$UDLAT" = 1 ]; then
@@ -281,6 +293,11 @@ RUN
     if [ -n "$DEVINFO_BIN" ]; then
         echo 'echo; echo "== examples/devinfo -d rxe0"'
         echo "'$DEVINFO_BIN' -d rxe0 || { echo 'FAILED: devinfo'; echo 'FAIL  devinfo' >> \"\$LOGS/summary\"; fail=1; }"
+    fi
+    if [ -n "$MWB_BIN" ]; then
+        echo 'echo; echo "== examples/mw_grant_cost -d rxe0"'
+        echo "timeout \"\$TMO\" '$MWB_BIN' --device \"\$VERBIO_TEST_DEVICE\" > \"\$LOGS/mw_grant_cost.log\" 2>&1; rc=\$?; cat \"\$LOGS/mw_grant_cost.log\""
+        echo "[ \$rc = 0 ] || { echo 'FAILED: mw_grant_cost'; echo 'FAIL  mw_grant_cost' >> \"\$LOGS/summary\"; fail=1; }"
     fi
     if [ -n "$UDPP_BIN" ]; then
         echo "UDPP='$UDPP_BIN' UDPP_ITERS=$INTEROP_ITERS"

@@ -96,3 +96,22 @@ fn bind_with_sges_is_refused_at_post() {
     .expect_err("refused");
     assert_eq!(e.posted, 0);
 }
+
+/// Soft device only (on rxe 6.1 it takes the kernel path that panics):
+/// SEND_WITH_INV naming no bound window fails the receive and the send
+/// `REM_INV_REQ_ERR`.
+#[test]
+fn send_with_inv_of_no_window_fails_both_sides() {
+    let ctx = open_test_context();
+    let r = mw_cases::Rig::new(&ctx, 0);
+    let mw = r.pd.alloc_mw().expect("alloc_mw");
+    let rbuf = r.buf(64, AccessFlags::LOCAL_WRITE);
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { r.b.qp.post_recv(&[common::rwr(5, &[rbuf.sge(0, 64)])]) }.expect("post_recv");
+    let msg = r.buf(16, AccessFlags::LOCAL_WRITE);
+    let op = SendOp::SendWithInv { rkey: mw.rkey() };
+    let c = mw_cases::run(&r.a, op, &[msg.sge(0, 16)]);
+    assert_eq!(c.status, WcStatus::RemInvReqErr);
+    let rc = common::poll_one(&r.b.rcq);
+    assert_eq!((rc.wr_id, rc.status), (5, WcStatus::RemInvReqErr));
+}

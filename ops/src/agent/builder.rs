@@ -36,6 +36,9 @@ pub(crate) struct Config {
     pub(crate) max_access: AccessFlags,
     pub(crate) token_lifetime: Duration,
     pub(crate) max_granted_bytes: u64,
+    /// `Some(bytes)`: grant the peer's memory requests through memory
+    /// windows over one region of that size (see `window_grants.rs`).
+    pub(crate) grant_windows: Option<usize>,
     pub(crate) max_unread_bytes: u64,
     pub(crate) request_timeout: Duration,
     /// Limit of the agent settings exchange (the handshake timeout).
@@ -108,6 +111,7 @@ impl Default for RdmaBuilder {
                     | AccessFlags::REMOTE_ATOMIC,
                 token_lifetime: Duration::from_secs(60),
                 max_granted_bytes: 256 << 20,
+                grant_windows: None,
                 max_unread_bytes: 64 << 20,
                 request_timeout: Duration::from_secs(5),
                 settings_timeout: Duration::from_secs(10),
@@ -265,6 +269,23 @@ impl RdmaBuilder {
     /// (default 256 MiB).
     pub fn max_granted_bytes(mut self, bytes: u64) -> Self {
         self.config.max_granted_bytes = bytes;
+        self
+    }
+
+    /// Grants the peer's memory requests ([`Rdma::request_remote_mr`] there)
+    /// through type 2 memory windows bound over one region of `pool_bytes`
+    /// per connection (registered once, at the first request), instead of
+    /// registering fresh memory per grant: a grant is one BIND_MW over
+    /// exactly the range granted with exactly the access granted, a revoke
+    /// (release, hand-back, deadline) one LOCAL_INV, and its rkey fails once
+    /// that completed. Requests beyond the free room of the region are
+    /// refused (`RefuseCode::NoMemory`). Memory handed over with
+    /// [`Rdma::send_local_mr`] is still registered. Off by default: the
+    /// exact bounds are the device's to enforce, and rxe (Linux 6.1) lets a
+    /// peer reach the whole region through any of its windows; use it on
+    /// devices that enforce a window's range (the soft device does).
+    pub fn grant_windows(mut self, pool_bytes: usize) -> Self {
+        self.config.grant_windows = Some(pool_bytes);
         self
     }
 

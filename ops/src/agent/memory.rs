@@ -502,7 +502,7 @@ impl Rdma {
 
     /// Grants of this side's memory the peer may still access.
     pub fn live_grants(&self) -> usize {
-        self.shared.grants.len()
+        self.shared.grants.len() + self.shared.window_grants.as_ref().map_or(0, |w| w.len())
     }
 }
 

@@ -34,6 +34,7 @@ mod srq;
 mod stream;
 mod task;
 mod tokens;
+mod window_grants;
 pub mod wire;
 
 pub use builder::{RdmaBuilder, RdmaListener};

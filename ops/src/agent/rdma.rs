@@ -31,6 +31,7 @@ use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
 use super::settings::{exchange, negotiate, Negotiated};
 use super::tokens::GrantTable;
+use super::window_grants::WindowGrants;
 use super::wire::{Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS};
 use crate::connect::{path_mtu, Connection};
 use crate::verbs::Verbs;
@@ -80,6 +81,8 @@ pub(crate) struct Shared {
     split_permits: Credits,
     next_msg_id: Cell<u64>,
     pub(crate) grants: GrantTable,
+    /// Grants through memory windows, with `RdmaBuilder::grant_windows`.
+    pub(crate) window_grants: Option<WindowGrants>,
     pub(crate) requests: RefCell<HashMap<u64, oneshot::Sender<Result<MrToken, RefuseCode>>>>,
     pub(crate) next_req_id: Cell<u64>,
     /// Grants the peer handed over (`send_local_mr` there), by tag.
@@ -122,6 +125,9 @@ impl Shared {
         self.grants.clear();
         if let Some(route) = &self.srq_route {
             route.close();
+        }
+        if let Some(w) = &self.window_grants {
+            w.clear();
         }
         let Some(handle) = Handle::try_current() else {
             // Runtime teardown: the QP goes with the last handle.
@@ -197,6 +203,9 @@ impl Shared {
         self.remote_mrs.close();
         self.local_mrs.close();
         self.grants.forget_revoked();
+        if let Some(w) = &self.window_grants {
+            w.forget_revoked();
+        }
     }
 
     fn drop_stream(&self) {
@@ -413,6 +422,7 @@ impl Rdma {
         let (inbox_tx, inbox) = mpsc::unbounded();
         let (imm_tx, imm_inbox) = mpsc::unbounded();
         let pool = MrPool::new(&pd.0);
+        let window_grants = config.grant_windows.map(WindowGrants::new);
         let shared = Rc::new(Shared {
             qp,
             pd,
@@ -432,6 +442,7 @@ impl Rdma {
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
             next_msg_id: Cell::new(0),
             grants: GrantTable::default(),
+            window_grants,
             requests: RefCell::new(HashMap::new()),
             next_req_id: Cell::new(0),
             remote_mrs: TaggedInbox::new(),

@@ -19,6 +19,7 @@ use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
 use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
+use super::window_grants::WINDOW_ID;
 use super::wire::{
     decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
 };
@@ -256,10 +257,22 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             lifetime_ms,
         } => {
             // Answered by a task: a reply may wait for credits, which arrive
-            // through this loop.
-            let answer = allocate(shared, len, align, access, lifetime_ms);
+            // through this loop (and a window grant for its bind).
+            let checked = check_request(shared, len, align, access, lifetime_ms);
+            let answer = match (&checked, &shared.window_grants) {
+                (Ok(_), Some(_)) => None,
+                (Ok((len, access, lifetime)), None) => {
+                    Some(allocate(shared, *len, *access, *lifetime))
+                }
+                (Err(code), _) => Some(Err(*code)),
+            };
             let s = shared.clone();
             spawn(async move {
+                let answer = match (answer, checked) {
+                    (Some(a), _) => a,
+                    (None, Ok((len, access, lifetime))) => allocate_window(&s, len, access, lifetime).await,
+                    (None, Err(code)) => Err(code),
+                };
                 let msg = Message::AllocResponse {
                     req_id,
                     result: answer,
@@ -287,7 +300,21 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             Ok(Next::Repost(true))
         }
         Message::Release { token_id } => {
-            if shared.grants.revoke(token_id, None).is_none() {
+            if token_id & WINDOW_ID != 0 {
+                let s = shared.clone();
+                spawn(
+                    async move {
+                        let Some(w) = &s.window_grants else { return };
+                        if w.revoke(&s, token_id, None, false).await.is_none() {
+                            tracing::debug!(
+                                token_id,
+                                "release of an unknown or expired grant refused"
+                            );
+                        }
+                    }
+                    .instrument(shared.span.clone()),
+                );
+            } else if shared.grants.revoke(token_id, None).is_none() {
                 tracing::debug!(token_id, "release of an unknown or expired grant refused");
             }
             Ok(Next::Repost(true))
@@ -306,6 +333,27 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             tag,
             token,
         } => {
+            if token.token_id & WINDOW_ID != 0 {
+                // The bytes come back once the window is invalidated.
+                let s = shared.clone();
+                spawn(
+                    async move {
+                        let Some(w) = &s.window_grants else { return };
+                        match w.revoke(&s, token.token_id, Some(&token), false).await {
+                            Some(mem) => {
+                                s.backlog.add(local_mr_charge(&mem));
+                                s.local_mrs.push(tag, mem);
+                            }
+                            None => tracing::warn!(
+                                token_id = token.token_id,
+                                "hand-back of an unknown, expired or forged grant refused"
+                            ),
+                        }
+                    }
+                    .instrument(shared.span.clone()),
+                );
+                return Ok(Next::Repost(true));
+            }
             match shared.grants.revoke(token.token_id, Some(&token)) {
                 Some(mem) => {
                     shared.backlog.add(local_mr_charge(&mem));
@@ -424,19 +472,21 @@ fn reassemble(
 
 /// Grants a peer's allocation request: checks the layout, caps the access
 /// at this side's maximum, registers a fresh region and arms its expiry.
-fn allocate(
+/// Checks a memory request: the length, access and lifetime to grant.
+fn check_request(
     shared: &Rc<Shared>,
     len: u64,
     align: u32,
     access: u32,
     lifetime_ms: u32,
-) -> Result<MrToken, RefuseCode> {
+) -> Result<(usize, AccessFlags, Duration), RefuseCode> {
     let cfg = &shared.config;
     if len == 0 || len > cfg.max_message_len as u64 || !align.is_power_of_two() || align > 8 {
         return Err(RefuseCode::BadLayout);
     }
+    let granted = shared.grants.bytes() + shared.window_grants.as_ref().map_or(0, |w| w.bytes());
     // A peer cannot make this side allocate without bound.
-    if shared.grants.bytes().saturating_add(len) > cfg.max_granted_bytes {
+    if granted.saturating_add(len) > cfg.max_granted_bytes {
         tracing::debug!(len, "memory request beyond max_granted_bytes refused");
         return Err(RefuseCode::NoMemory);
     }
@@ -450,8 +500,31 @@ fn allocate(
         ms => Duration::from_millis(ms.into()).min(cfg.token_lifetime),
     };
     // `len <= max_message_len`, a usize.
-    let mem = vec![0u8; len as usize];
+    Ok((len as usize, access, lifetime))
+}
+
+/// Grants a checked request with fresh registered memory.
+fn allocate(
+    shared: &Rc<Shared>,
+    len: usize,
+    access: AccessFlags,
+    lifetime: Duration,
+) -> Result<MrToken, RefuseCode> {
+    let mem = vec![0u8; len];
     let (token, deadline) = shared.grants.grant(&shared.pd.0, mem, access, lifetime)?;
+    expire_at(shared, token.token_id, deadline);
+    Ok(token)
+}
+
+/// Grants a checked request through a memory window.
+async fn allocate_window(
+    shared: &Rc<Shared>,
+    len: usize,
+    access: AccessFlags,
+    lifetime: Duration,
+) -> Result<MrToken, RefuseCode> {
+    let w = shared.window_grants.as_ref().ok_or(RefuseCode::NoMemory)?;
+    let (token, deadline) = w.grant(shared, len, access, lifetime).await?;
     expire_at(shared, token.token_id, deadline);
     Ok(token)
 }
@@ -462,10 +535,13 @@ pub(crate) fn expire_at(shared: &Rc<Shared>, id: u64, deadline: std::time::Insta
     spawn(
         async move {
             sleep_until(deadline).await;
-            if let Some(s) = weak.upgrade() {
-                if s.grants.expire(id) {
-                    tracing::debug!(token_id = id, "grant expired and revoked");
-                }
+            let Some(s) = weak.upgrade() else { return };
+            let expired = match &s.window_grants {
+                Some(w) if id & WINDOW_ID != 0 => w.revoke(&s, id, None, true).await.is_some(),
+                _ => s.grants.expire(id),
+            };
+            if expired {
+                tracing::debug!(token_id = id, "grant expired and revoked");
             }
         }
         .instrument(shared.span.clone()),

@@ -149,3 +149,28 @@ fn a_scatter_longer_than_the_buffer_is_refused_with_the_buffer_error() {
     let err = res.unwrap_err();
     assert!(err.contains("out of bounds"), "{err}");
 }
+
+#[test]
+fn a_window_bind_is_refused_outside_bind_window() {
+    let _rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(9, caps(), 64);
+    let bind = SendOp::BindMw {
+        mw: crate::provider::MwHandle(1),
+        mr: crate::provider::MrHandle(2),
+        addr: 0x1000,
+        len: 64,
+        access: crate::provider::AccessFlags::REMOTE_READ,
+        rkey: 0x101,
+    };
+    let (res, _) = qp
+        .send_without_memory(VecVerb(TestBuf(Vec::new())), bind)
+        .now_or_never()
+        .expect("refused at once");
+    assert!(res.unwrap_err().contains("bind_window"));
+    let (res, _) = qp
+        .send_scatter(VecVerb(TestBuf(vec![0; 8])), bind)
+        .now_or_never()
+        .expect("refused at once");
+    assert!(res.is_err(), "a bind is no scatter");
+    assert!(fake.posted_sends().is_empty(), "nothing reached the queue");
+}
