@@ -19,6 +19,7 @@
 
 mod backlog;
 mod builder;
+mod cm;
 mod error;
 mod flow;
 mod inbox;
@@ -30,12 +31,14 @@ mod msg;
 mod qps;
 mod rdma;
 mod settings;
+mod side;
 mod stream;
 mod task;
 mod tokens;
 pub mod wire;
 
 pub use builder::{RdmaBuilder, RdmaListener};
+pub use cm::RdmaCmListener;
 pub use error::{AgentError, CloseReason};
 pub use memory::GrantMem;
 pub use messages::{MessageSink, MessageStream};
