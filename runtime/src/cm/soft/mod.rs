@@ -6,8 +6,9 @@
 //! (FIN, reset, the peer process gone) is the disconnect.
 //!
 //! Same API and errors as on libibverbs: a refused TCP connect is a
-//! [`CmError::Rejected`] with reason 28 (what RDMA CM reports when nobody
-//! listens), an application's reject has reason 8 (consumer reject).
+//! [`CmError::Rejected`] with reason 8 (invalid service ID: what RDMA CM
+//! reports when nobody listens), an application's reject has reason 28
+//! (consumer reject).
 
 mod wire;
 
@@ -30,9 +31,9 @@ use crate::qp::QueuePair;
 use crate::reactor::{spawn, timeout, TcpListener, TcpStream};
 
 /// Reject reason when nobody listens (RDMA CM's "invalid service ID").
-pub(crate) const REJECT_NO_LISTENER: i32 = 28;
+pub(crate) const REJECT_NO_LISTENER: i32 = 8;
 /// Reject reason of an application's reject (RDMA CM's "consumer reject").
-pub(crate) const REJECT_CONSUMER: i32 = 8;
+pub(crate) const REJECT_CONSUMER: i32 = 28;
 /// Private data a request, an accept and a reject carry at most (as on
 /// RDMA CM over RoCE).
 const MAX_CONNECT_PRIVATE_DATA: usize = 56;
