@@ -35,12 +35,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use futures::join;
 
-use verbio::ops::verbs::{RemoteBuf, Verbs};
+use verbio::ops::verbs::{RemoteBuf, SendVerb, Verbs};
 use verbio::provider::{open_device, AccessFlags, QpCaps};
-use verbio::runtime::buf::{MrPool, RemoteAccessRegion};
+use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::cm::{CmConnector, CmListener, CmOptions, DisconnectReason};
-use verbio::runtime::{timeout, Device, QueuePair, Runtime};
+use verbio::runtime::{timeout, Device, QueuePair, Runtime, Submit};
 
 /// rping's ping-pong over RDMA CM (SEND, RDMA READ, RDMA WRITE).
 #[derive(Parser)]
@@ -161,13 +162,15 @@ async fn client(dev: &Device, args: &Args) -> Res<u32> {
     while args.count == 0 || ping < args.count {
         let data = ping_data(ping, size);
         source.write_from(0, &data)?;
-        let (res, _) = qp.send(pool.alloc_from(&source_info)?).await;
-        res?;
-        expect_go_ahead(go_ahead.await)?;
+        // As rping: wait for the answer, not for the SEND's own completion
+        // first (both are awaited, side by side).
+        let ((sent, _), answer) = join!(qp.send(pool.alloc_from(&source_info)?), go_ahead);
+        sent?;
+        expect_go_ahead(answer)?;
         go_ahead = qp.recv(pool.alloc(INFO_LEN)?);
-        let (res, _) = qp.send(pool.alloc_from(&sink_info)?).await;
-        res?;
-        expect_go_ahead(go_ahead.await)?;
+        let ((sent, _), answer) = join!(qp.send(pool.alloc_from(&sink_info)?), go_ahead);
+        sent?;
+        expect_go_ahead(answer)?;
         go_ahead = qp.recv(pool.alloc(INFO_LEN)?);
         let got = sink.to_vec();
         if got != data {
@@ -212,9 +215,16 @@ async fn server(dev: &Device, args: &Args) -> Res<u32> {
     );
     let go_ahead = [0u8; INFO_LEN];
     let mut ping = 0u32;
+    // The last go-ahead, completing while the next advertisement arrives.
+    let mut last_go: Option<Submit<SendVerb<LocalBuf>>> = None;
     loop {
         // The client's source buffer, or its disconnect.
-        let (res, msg) = adv.await;
+        let ((res, msg), sent) = join!(adv, async {
+            match last_go.take() {
+                Some(go) => go.await.0.map(|_| ()),
+                None => Ok(()),
+            }
+        });
         let n = match res {
             Ok(r) => r.len,
             Err(e) => {
@@ -226,6 +236,7 @@ async fn server(dev: &Device, args: &Args) -> Res<u32> {
                 return Err(e.into());
             }
         };
+        sent?;
         let source = decode_info(&msg[..n])?;
         adv = qp.recv(pool.alloc(INFO_LEN)?);
         if source.len() > size as u64 {
@@ -240,10 +251,9 @@ async fn server(dev: &Device, args: &Args) -> Res<u32> {
         if args.verbose {
             print_ping("server ", &data);
         }
-        let (res, _) = qp.send(pool.alloc_from(&go_ahead)?).await;
-        res?;
         // The client's sink buffer.
-        let (res, msg) = adv.await;
+        let ((sent, _), (res, msg)) = join!(qp.send(pool.alloc_from(&go_ahead)?), adv);
+        sent?;
         let n = res?.len;
         let sink = decode_info(&msg[..n])?;
         adv = qp.recv(pool.alloc(INFO_LEN)?);
@@ -256,8 +266,7 @@ async fn server(dev: &Device, args: &Args) -> Res<u32> {
         echo.truncate(len);
         let (res, _) = qp.write(echo, sink).await;
         res?;
-        let (res, _) = qp.send(pool.alloc_from(&go_ahead)?).await;
-        res?;
+        last_go = Some(qp.send(pool.alloc_from(&go_ahead)?));
         ping += 1;
     }
     Ok(ping)

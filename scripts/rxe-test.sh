@@ -12,7 +12,7 @@
 #                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
-#                    verbs_inline verbs_mw agent_windows recv_ring srq ud rpc (verbio)
+#                    verbs_inline verbs_mw agent_windows recv_ring srq ud rpc cm agent_cm (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`, installed on
@@ -64,8 +64,10 @@
 #                    examples/srq_pingpong against ibv_srq_pingpong (16 QPs
 #                    on one SRQ), 4096-byte messages, data checked; and
 #                    verbio's examples/rping against rdma-core's rping
-#                    (RDMA CM; SEND, RDMA READ, RDMA WRITE), both pairings,
-#                    "interop rping client: PASS" (resp. server)
+#                    (release build; RDMA CM; SEND, RDMA READ, RDMA WRITE),
+#                    both pairings, "interop rping client: PASS" (resp.
+#                    server), and the client run times of both pairings
+#                    beside rping against itself
 #   --interop-iters N  round trips of each interop pairing (default 300)
 #   --srq-bench      also examples/srq_throughput (release) on rxe0: 64
 #                    connections received through one SRQ ring vs a ring
@@ -104,7 +106,7 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows recv_ring srq ud rpc rpc_soft"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows recv_ring srq ud rpc rpc_soft cm agent_cm"
 
 PERFTEST=0
 DEVINFO=1
@@ -144,7 +146,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,97p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,99p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -197,8 +199,9 @@ if [ "$INTEROP" = 1 ]; then
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="rc_pingpong" and .executable!=null) | .executable' | tail -1)
     SRQPP_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="srq_pingpong" and .executable!=null) | .executable' | tail -1)
-    json=$(cargo build --example rping --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/rping failed" >&2; exit 1; }
+    # Release: its run time is printed beside rdma-core's.
+    json=$(cargo build --release --example rping --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building examples/rping (release) failed" >&2; exit 1; }
     RPING_BIN=$(printf '%s\n' "$json" |
         jq -r 'select(.reason=="compiler-artifact" and .target.name=="rping" and .executable!=null) | .executable' | tail -1)
 fi
@@ -378,6 +381,8 @@ INTEROP
 # rdma-core's rping on rxe0's address (RDMA CM port 7174), RP_ITERS pings of
 # 1024 B; verbio checks every buffer, rdma-core's client runs with -V (it
 # compares the echo and fails on a mismatch). Each side bounded by 120 s.
+# ROLE "reference" runs rdma-core on both sides, for the client run times
+# printed side by side (connect, the pings and the disconnect).
 rp() {
     role=$1; out="$LOGS/interop_rping_$role"; ip=${RXE_IP:-10.77.0.1}
     v="$RPING -a $ip -C $RP_ITERS -S 1024 -d $VERBIO_TEST_DEVICE --timeout 110"
@@ -386,23 +391,60 @@ rp() {
     ok=1
     if ! command -v rping >/dev/null; then echo "rping not installed"; ok=0
     else
-        if [ "$role" = client ]; then srv="$r -s"; cli="$v -c"; else srv="$v -s"; cli="$r -c"; fi
+        case $role in
+            client) srv="$r -s"; cli="$v -c" ;;
+            server) srv="$v -s"; cli="$r -c" ;;
+            *) srv="$r -s"; cli="$r -c" ;;
+        esac
         timeout 120 $srv >"$out.srv" 2>&1 &
         pid=$!
-        # The CM listener is not a socket: give the server time to bind.
-        sleep 2
-        timeout 120 $cli >"$out.cli" 2>&1 || { ok=0; kill $pid 2>/dev/null; }
+        # The CM listener is not a socket: wait for verbio's "listening"
+        # line, or give rping two seconds to bind.
+        if [ "$role" = server ]; then
+            i=0; while [ $i -lt 100 ] && ! grep -q 'listening on' "$out.srv"; do sleep 0.1; i=$((i+1)); done
+        else
+            sleep 2
+        fi
+        t0=$(now)
+        timeout 120 $cli >"$out.cli" 2>&1
+        rc=$?
+        # A connect that finds no listener yet (reject reason 8, invalid
+        # service ID) is retried once.
+        if [ $rc != 0 ] && grep -q 'REJECTED, error 8' "$out.cli"; then
+            echo "(rping client: no listener yet, retrying once)"; sleep 1; t0=$(now)
+            timeout 120 $cli >"$out.cli" 2>&1
+            rc=$?
+        fi
+        [ $rc = 0 ] || { ok=0; kill $pid 2>/dev/null; }
+        secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
         wait $pid || ok=0
-        if [ "$role" = client ]; then vout="$out.cli"; else vout="$out.srv"; fi
-        grep -q "rping $role: $RP_ITERS pings of 1024 B, data checked" "$vout" || ok=0
+        case $role in
+            client) grep -q "rping client: $RP_ITERS pings of 1024 B, data checked" "$out.cli" || ok=0 ;;
+            server) grep -q "rping server: $RP_ITERS pings of 1024 B, data checked" "$out.srv" || ok=0 ;;
+        esac
         grep -q 'data mismatch' "$out.cli" && ok=0
         echo "-- server:"; tail -5 "$out.srv"; echo "-- client:"; tail -5 "$out.cli"
+        case $role in
+            client) label="verbio-client/rdma-core-server" ;;
+            server) label="rdma-core-client/verbio-server" ;;
+            *) label="rdma-core/rdma-core" ;;
+        esac
+        echo "$label $secs" >> "$LOGS/rping_times"
     fi
     if [ $ok = 1 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
-    echo "interop rping $role: $verdict" | tee -a "$LOGS/summary"
+    if [ "$role" = reference ]; then
+        [ $ok = 1 ] || echo "rping reference run (rdma-core both sides): FAIL" | tee -a "$LOGS/summary"
+    else
+        echo "interop rping $role: $verdict" | tee -a "$LOGS/summary"
+    fi
 }
+rp reference
 rp client
 rp server
+if [ -f "$LOGS/rping_times" ]; then
+    echo "rping $RP_ITERS pings of 1 KiB, client run time: $(awk '{ printf "%s%s %s s", (NR > 1 ? ", " : ""), $1, $2 }' "$LOGS/rping_times")" \
+        | tee -a "$LOGS/summary"
+fi
 RPING
     fi
     if [ "$PERFTEST" = 1 ] || [ "$UDLAT" = 1 ]; then

@@ -128,8 +128,9 @@ fn connect_without_listener_is_refused() {
         let err = cm::connect(&dev, addr, &CmOptions::default(), b"x")
             .await
             .expect_err("nobody listens");
+        // 8: the InfiniBand CM's "invalid service ID", on both providers.
         assert!(
-            matches!(err, CmError::Rejected { .. }),
+            matches!(err, CmError::Rejected { status: 8, .. }),
             "refused, got: {err}"
         );
         assert!(err.to_string().contains("refused"), "{err}");
@@ -152,8 +153,13 @@ fn reject_carries_private_data() {
             .await
             .expect_err("rejected");
         match &err {
-            CmError::Rejected { private_data, .. } => {
-                assert_eq!(&private_data[..7], b"go away", "{err}")
+            CmError::Rejected {
+                private_data,
+                status,
+                ..
+            } => {
+                assert_eq!(&private_data[..7], b"go away", "{err}");
+                assert_eq!(*status, 28, "consumer reject: {err}");
             }
             other => panic!("expected a reject, got: {other}"),
         }

@@ -12,8 +12,8 @@ pub mod rpc;
 pub mod verbs;
 
 pub use agent::{
-    AgentError, CloseReason, LocalMr, MessageSink, MessageStream, Rdma, RdmaBuilder, RdmaListener,
-    RdmaStream, RemoteMr,
+    AgentError, CloseReason, LocalMr, MessageSink, MessageStream, Rdma, RdmaBuilder,
+    RdmaCmListener, RdmaListener, RdmaStream, RemoteMr,
 };
 pub use error::{Error, ErrorChain, Result};
 pub use verbs::{Batch, Received, RemoteBuf, Verbs};

@@ -413,6 +413,13 @@ impl RdmaBuilder {
         })
     }
 
+    /// What a connection manager connection needs: the checked QP and
+    /// agent settings, the device, and the handshake limit.
+    pub(super) fn cm_parts(&self) -> Result<(QpConfig, Rc<Config>, Device, Duration), AgentError> {
+        let (qp, config) = self.checked()?;
+        Ok((qp, config, self.open()?, self.handshake_timeout))
+    }
+
     /// Listens on `addr` (port 0 = ephemeral). Must run on a verbio runtime.
     pub fn listen(&self, addr: SocketAddr) -> Result<RdmaListener, AgentError> {
         let (qp, config) = self.checked()?;

@@ -143,6 +143,15 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// A connection manager step failed (`connect_cm`, `listen_cm`).
+    #[error("{stage}")]
+    Cm {
+        /// What was being done.
+        stage: &'static str,
+        /// The connection manager's error.
+        #[source]
+        source: verbio_runtime::cm::CmError,
+    },
     /// A setting of the builder is out of range.
     #[error("invalid setting {setting}: {reason}")]
     Config {

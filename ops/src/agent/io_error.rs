@@ -8,6 +8,7 @@
 use std::io::{self, ErrorKind};
 
 use verbio_runtime::buf::BufError;
+use verbio_runtime::cm::CmError;
 use verbio_runtime::provider::ProviderError;
 
 use super::error::{AgentError, CloseReason};
@@ -43,6 +44,20 @@ pub(crate) fn kind_of(e: &AgentError) -> ErrorKind {
         AgentError::Incompatible { .. } => ErrorKind::Unsupported,
         AgentError::SettingsExchange { source, .. } => source.kind(),
         AgentError::Config { .. } => ErrorKind::InvalidInput,
+        AgentError::Cm { source, .. } => cm_kind(source),
+    }
+}
+
+fn cm_kind(e: &CmError) -> ErrorKind {
+    match e {
+        CmError::Rejected { .. } => ErrorKind::ConnectionRefused,
+        CmError::Disconnected { .. } => ErrorKind::ConnectionReset,
+        CmError::Provider { source, .. } => provider_kind(source),
+        CmError::Io { source, .. } => source.kind(),
+        CmError::Unsupported { .. } => ErrorKind::Unsupported,
+        CmError::PrivateDataTooLong { .. } => ErrorKind::InvalidInput,
+        CmError::Protocol { .. } => ErrorKind::InvalidData,
+        CmError::Event { .. } | CmError::OtherDevice { .. } => ErrorKind::Other,
     }
 }
 

@@ -19,6 +19,7 @@
 
 mod backlog;
 mod builder;
+mod cm;
 mod error;
 mod flow;
 mod inbox;
@@ -30,6 +31,7 @@ mod msg;
 mod qps;
 mod rdma;
 mod settings;
+mod side;
 mod srq;
 mod stream;
 mod task;
@@ -38,6 +40,7 @@ mod window_grants;
 pub mod wire;
 
 pub use builder::{RdmaBuilder, RdmaListener};
+pub use cm::RdmaCmListener;
 pub use error::{AgentError, CloseReason};
 pub use memory::GrantMem;
 pub use messages::{MessageSink, MessageStream};

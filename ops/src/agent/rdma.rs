@@ -11,14 +11,13 @@ use std::task::{Poll, Waker};
 use tracing::Instrument;
 
 use futures::channel::{mpsc, oneshot};
-use futures::io::AsyncRead;
 use futures::lock::Mutex;
 use futures::StreamExt;
 use std::time::Duration;
 use verbio_runtime::buf::{LocalBuf, MrPool};
 
 use verbio_runtime::provider::Mtu;
-use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, Submit, TcpStream};
+use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, Submit};
 
 use std::net::SocketAddr;
 
@@ -30,8 +29,10 @@ use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
 use super::settings::{exchange, negotiate, Negotiated};
+use super::side::SideChannel;
 use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
+use super::wire::Settings;
 use super::wire::{Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS};
 use crate::connect::{path_mtu, Connection};
 use crate::verbs::Verbs;
@@ -89,7 +90,7 @@ pub(crate) struct Shared {
     pub(crate) remote_mrs: TaggedInbox<MrToken>,
     /// This side's memory the peer handed back (`send_remote_mr` there), by tag.
     pub(crate) local_mrs: TaggedInbox<Vec<u8>>,
-    stream: RefCell<Option<TcpStream>>,
+    stream: RefCell<Option<SideChannel>>,
     watch_waker: RefCell<Option<Waker>>,
     /// The connection's messages when its QP is on the listener's shared
     /// receive queue (they end when it fails: no flush ends them).
@@ -97,6 +98,20 @@ pub(crate) struct Shared {
     /// The connection's span (peer address, local and remote QPN): the
     /// agent task, the watcher and every task spawned for the connection
     /// run in it.
+    pub(crate) span: tracing::Span,
+}
+
+/// A connected QP and what the agent needs around it, before the
+/// settings are negotiated.
+pub(crate) struct Link {
+    pub(crate) qp: QueuePair,
+    pub(crate) pd: ConnPd,
+    pub(crate) device: Device,
+    pub(crate) config: Rc<Config>,
+    pub(crate) path_mtu: Mtu,
+    pub(crate) side: SideChannel,
+    /// Its messages, when its QP is on a shared receive queue.
+    pub(crate) route: Option<super::srq::SrqRoute>,
     pub(crate) span: tracing::Span,
 }
 
@@ -415,6 +430,38 @@ impl Rdma {
         };
         let own = config.settings(max_recv_wr);
         let peer = exchange(&mut stream, &own, config.settings_timeout).await?;
+        let link = Link {
+            qp,
+            pd,
+            device,
+            config,
+            path_mtu,
+            side: SideChannel::Tcp(stream),
+            route,
+            span,
+        };
+        Rdma::assemble(link, &own, &peer)
+    }
+
+    /// A connection whose QP is connected and whose agent settings were
+    /// exchanged (`own` sent, `peer` received): negotiates, posts the
+    /// receives and starts the agent and the watcher.
+    pub(crate) fn assemble(
+        link: Link,
+        own: &Settings,
+        peer: &Settings,
+    ) -> Result<Rdma, AgentError> {
+        let Link {
+            qp,
+            pd,
+            device,
+            config,
+            path_mtu,
+            side: stream,
+            route,
+            span,
+        } = link;
+        let (own, peer) = (*own, *peer);
         let negotiated = negotiate(&own, &peer).inspect_err(|e| {
             tracing::warn!(qp = qp.qp_num(), error = %crate::error::ErrorChain(e), "agent settings refused");
         })?;
@@ -780,7 +827,6 @@ impl Drop for AbortOnDrop {
 /// Waits for EOF (or an error) on the connection's TCP stream, the sign that
 /// the peer is gone, and marks the connection down.
 async fn watch(shared: std::rc::Weak<Shared>) {
-    let mut scratch = [0u8; 64];
     let gone = poll_fn(|cx| {
         let Some(s) = shared.upgrade() else {
             return Poll::Ready(false);
@@ -790,13 +836,7 @@ async fn watch(shared: std::rc::Weak<Shared>) {
             return Poll::Ready(false); // closed by this side
         };
         *s.watch_waker.borrow_mut() = Some(cx.waker().clone());
-        loop {
-            match Pin::new(&mut *st).poll_read(cx, &mut scratch) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(true),
-                Poll::Ready(Ok(_)) => continue, // the peer sends nothing; ignore
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        st.poll_gone(cx).map(|()| true)
     })
     .await;
     if gone {

@@ -122,6 +122,43 @@ pub(crate) fn negotiate(own: &Settings, peer: &Settings) -> Result<Negotiated, A
     })
 }
 
+/// `own` as the settings frame a connection manager's private data carries
+/// (36 bytes: within the 56 a connect request has).
+pub(crate) fn settings_frame(own: &Settings) -> Result<Vec<u8>, AgentError> {
+    let mut out = vec![0u8; HEADER_LEN + super::wire::SETTINGS_LEN];
+    Message::Settings(*own)
+        .encode(&mut out)
+        .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
+    Ok(out)
+}
+
+/// The peer's settings from its connection manager private data: a
+/// settings frame, possibly followed by padding (RDMA CM pads private data
+/// with zeros to its field's size).
+pub(crate) fn settings_from_private(data: &[u8]) -> Result<Settings, AgentError> {
+    if data.len() < HEADER_LEN {
+        return Err(AgentError::Closed(CloseReason::Violation(
+            "the peer's connection request or accept carries no agent settings",
+        )));
+    }
+    let body = u32::from_le_bytes([data[8], data[9], data[10], data[11]]) as usize;
+    if body > MAX_SETTINGS_BODY || HEADER_LEN + body > data.len() {
+        return Err(match decode(&data[..HEADER_LEN]) {
+            Err(e) => AgentError::Closed(CloseReason::Malformed(e)),
+            Ok(_) => AgentError::Closed(CloseReason::Violation(
+                "settings frame longer than the private data",
+            )),
+        });
+    }
+    match decode(&data[..HEADER_LEN + body]) {
+        Ok(Message::Settings(s)) => Ok(s),
+        Ok(_) => Err(AgentError::Closed(CloseReason::Violation(
+            "expected the peer's agent settings",
+        ))),
+        Err(e) => Err(AgentError::Closed(CloseReason::Malformed(e))),
+    }
+}
+
 /// Sends `own` over `stream` and reads the peer's settings, within `limit`.
 pub(crate) async fn exchange(
     stream: &mut TcpStream,
@@ -191,6 +228,29 @@ mod tests {
             recv_buf_count: count,
             credit_batch: batch,
             max_recv_wr: wr,
+        }
+    }
+
+    #[test]
+    fn settings_ride_in_private_data_with_padding() {
+        let own = s(4096, 16, 4, 64, 1 << 20);
+        let mut frame = settings_frame(&own).unwrap();
+        assert!(frame.len() <= 56, "fits an RDMA CM connect request");
+        assert_eq!(settings_from_private(&frame).unwrap(), own);
+        frame.resize(56, 0);
+        assert_eq!(settings_from_private(&frame).unwrap(), own);
+        assert!(settings_from_private(&frame[..20]).is_err());
+        assert!(settings_from_private(&[]).is_err());
+        assert!(settings_from_private(&[0u8; 56]).is_err());
+        let mut x: u32 = 12345;
+        for _ in 0..2000 {
+            let mut b = frame.clone();
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let i = (x as usize) % b.len();
+            b[i] = (x >> 8) as u8;
+            let _ = settings_from_private(&b);
         }
     }
 

@@ -5,7 +5,7 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use crate::qp::QueuePair;
 use crate::reactor::{spawn, JoinHandle};
@@ -92,19 +92,25 @@ impl ConnState {
         }
     }
 
-    /// Resolves with the reason once the connection is down.
-    pub(crate) fn down(self: &Rc<Self>) -> impl Future<Output = DisconnectReason> + 'static {
-        let me = self.clone();
-        std::future::poll_fn(move |cx| match me.phase.get() {
+    /// `Ready` with the reason once the connection is down, else keeps
+    /// `cx`'s waker.
+    pub(crate) fn poll_down(&self, cx: &mut Context<'_>) -> Poll<DisconnectReason> {
+        match self.phase.get() {
             Phase::Down(r) => Poll::Ready(r),
             _ => {
-                let mut w = me.waiters.borrow_mut();
+                let mut w = self.waiters.borrow_mut();
                 if !w.iter().any(|x| x.will_wake(cx.waker())) {
                     w.push(cx.waker().clone());
                 }
                 Poll::Pending
             }
-        })
+        }
+    }
+
+    /// Resolves with the reason once the connection is down.
+    pub(crate) fn down(self: &Rc<Self>) -> impl Future<Output = DisconnectReason> + 'static {
+        let me = self.clone();
+        std::future::poll_fn(move |cx| me.poll_down(cx))
     }
 }
 

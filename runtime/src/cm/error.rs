@@ -53,7 +53,9 @@ pub enum CmError {
     Rejected {
         /// The peer's address.
         addr: Option<SocketAddr>,
-        /// The reject reason (for RDMA CM: 28 = no listener, 8 = consumer reject).
+        /// The reject reason, as InfiniBand CM numbers them: 8 = invalid
+        /// service ID (nobody listens there), 28 = consumer reject (the
+        /// application refused).
         status: i32,
         /// The private data of the reject.
         private_data: Vec<u8>,

@@ -10,11 +10,11 @@ use std::rc::Rc;
 use super::conn::DisconnectReason;
 use super::{CmError, CmOptions};
 use crate::device::Device;
-use crate::provider::ibverbs;
 use crate::provider::ibverbs::cm::{
     CmEvent, CmEventKind, CmId, CmQpState, ConnParam, EventChannel, MAX_ACCEPT_PRIVATE_DATA,
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
+use crate::provider::{ibverbs, Pd};
 use crate::qp::QueuePair;
 use crate::reactor::ReadableFd;
 
@@ -87,7 +87,7 @@ fn make_qp(
     id: &CmId,
     addr: Option<SocketAddr>,
     opts: &CmOptions,
-) -> Result<QueuePair, CmError> {
+) -> Result<(QueuePair, Pd), CmError> {
     let ctx = ctx(device)?;
     let cm_device = id.device_name().unwrap_or_default();
     if cm_device != ctx.name() {
@@ -97,18 +97,21 @@ fn make_qp(
             device: ctx.name().to_string(),
         });
     }
-    let qp = device
-        .create_qp(opts.caps)
-        .map_err(CmError::provider("creating the connection's queue pair"))?;
-    id.modify_qp(ib_qp(&qp), CmQpState::Init)
+    let (qp, pd) = super::new_qp(device, opts)?;
+    id.modify_qp(ib_qp(&qp), CmQpState::Init, opts.min_rnr_timer)
         .map_err(CmError::provider("moving the queue pair to INIT"))?;
-    Ok(qp)
+    Ok((qp, pd))
 }
 
 /// Moves `qp` through `states` with the CM's attributes.
-fn modify(id: &CmId, qp: &QueuePair, states: &[CmQpState]) -> Result<(), CmError> {
+fn modify(
+    id: &CmId,
+    qp: &QueuePair,
+    states: &[CmQpState],
+    min_rnr_timer: u8,
+) -> Result<(), CmError> {
     for &s in states {
-        id.modify_qp(ib_qp(qp), s)
+        id.modify_qp(ib_qp(qp), s, min_rnr_timer)
             .map_err(|source| CmError::Provider {
                 step: match s {
                     CmQpState::Init => "moving the queue pair to INIT",
@@ -145,6 +148,7 @@ pub(crate) struct Connector {
     id: CmId,
     addr: SocketAddr,
     param: ConnParam,
+    min_rnr_timer: u8,
 }
 
 impl Connector {
@@ -152,7 +156,7 @@ impl Connector {
         device: &Device,
         addr: SocketAddr,
         opts: &CmOptions,
-    ) -> Result<(Connector, QueuePair), CmError> {
+    ) -> Result<(Connector, QueuePair, Pd), CmError> {
         let ctx = ctx(device)?;
         let events = Events::new()?;
         let id = CmId::new(&events.ch).map_err(CmError::provider("creating a CM id"))?;
@@ -169,7 +173,7 @@ impl Connector {
         if ev.kind != CmEventKind::RouteResolved {
             return Err(unexpected("route resolution", Some(addr), &ev));
         }
-        let qp = make_qp(device, &id, Some(addr), opts)?;
+        let (qp, pd) = make_qp(device, &id, Some(addr), opts)?;
         let param = param(opts, ctx);
         Ok((
             Connector {
@@ -177,8 +181,10 @@ impl Connector {
                 id,
                 addr,
                 param,
+                min_rnr_timer: opts.min_rnr_timer,
             },
             qp,
+            pd,
         ))
     }
 
@@ -202,6 +208,7 @@ impl Connector {
             &self.id,
             qp,
             &[CmQpState::Init, CmQpState::Rtr, CmQpState::Rts],
+            self.min_rnr_timer,
         )?;
         self.id
             .establish()
@@ -248,7 +255,7 @@ impl Listener {
         &self,
         device: &Device,
         opts: &CmOptions,
-    ) -> Result<(Request, QueuePair, Vec<u8>, Option<SocketAddr>), CmError> {
+    ) -> Result<(Request, QueuePair, Pd, Vec<u8>, Option<SocketAddr>), CmError> {
         loop {
             let ev = self.events.next().await?;
             match ev.kind {
@@ -269,11 +276,16 @@ impl Listener {
             id.migrate(&events.ch).map_err(CmError::provider(
                 "moving a connect request to its own channel",
             ))?;
-            let qp = match make_qp(device, &id, peer, opts).and_then(|qp| {
-                modify(&id, &qp, &[CmQpState::Rtr, CmQpState::Rts])?;
-                Ok(qp)
+            let (qp, pd) = match make_qp(device, &id, peer, opts).and_then(|(qp, pd)| {
+                modify(
+                    &id,
+                    &qp,
+                    &[CmQpState::Rtr, CmQpState::Rts],
+                    opts.min_rnr_timer,
+                )?;
+                Ok((qp, pd))
             }) {
-                Ok(qp) => qp,
+                Ok(made) => made,
                 Err(e) => {
                     if let Err(r) = id.reject(&[]) {
                         tracing::debug!(error = %r, "rejecting a connect request");
@@ -286,7 +298,7 @@ impl Listener {
             // Never more than the requester offers.
             param.responder_resources = param.responder_resources.min(ev.initiator_depth);
             param.initiator_depth = param.initiator_depth.min(ev.responder_resources);
-            return Ok((Request { events, id, param }, qp, ev.private_data, peer));
+            return Ok((Request { events, id, param }, qp, pd, ev.private_data, peer));
         }
     }
 }

@@ -51,7 +51,7 @@ pub use conn::DisconnectReason;
 pub use error::CmError;
 
 use crate::device::Device;
-use crate::provider::QpCaps;
+use crate::provider::{Pd, QpCaps};
 use crate::qp::QueuePair;
 use crate::reactor::JoinHandle;
 use conn::ConnState;
@@ -70,10 +70,18 @@ pub struct CmOptions {
     pub retry_count: u8,
     /// Receiver-not-ready retries (7 = retry forever).
     pub rnr_retry_count: u8,
+    /// How long a peer whose SEND finds no receive posted waits before
+    /// retrying (verbs encoding, 0..=31; 12 = 0.64 ms; RDMA CM's own
+    /// choice, 0, is 655 ms).
+    pub min_rnr_timer: u8,
     /// Bound of address and route resolution, each.
     pub resolve_timeout: Duration,
     /// Connect requests a listener queues.
     pub backlog: i32,
+    /// Each connection's QP in a protection domain of its own (a fresh
+    /// [`Device::alloc_pd`]), so that memory registered for one connection
+    /// cannot be reached through another; else the device's PD.
+    pub own_pd: bool,
 }
 
 impl Default for CmOptions {
@@ -90,10 +98,27 @@ impl Default for CmOptions {
             initiator_depth: 16,
             retry_count: 7,
             rnr_retry_count: 7,
+            min_rnr_timer: 12,
             resolve_timeout: Duration::from_secs(2),
             backlog: 64,
+            own_pd: false,
         }
     }
+}
+
+/// The connection's QP on `device`, in a fresh PD if `opts.own_pd`.
+fn new_qp(device: &Device, opts: &CmOptions) -> Result<(QueuePair, Pd), CmError> {
+    let pd = if opts.own_pd {
+        device.alloc_pd().map_err(CmError::provider(
+            "allocating the connection's protection domain",
+        ))?
+    } else {
+        device.pd().clone()
+    };
+    let qp = device
+        .create_qp_in(&pd, opts.caps)
+        .map_err(CmError::provider("creating the connection's queue pair"))?;
+    Ok((qp, pd))
 }
 
 enum ConnectorImp {
@@ -107,6 +132,7 @@ enum ConnectorImp {
 /// request.
 pub struct CmConnector {
     qp: QueuePair,
+    pd: Pd,
     addr: SocketAddr,
     imp: ConnectorImp,
 }
@@ -130,16 +156,18 @@ impl CmConnector {
     ) -> Result<CmConnector, CmError> {
         #[cfg(feature = "ibverbs")]
         if device.context().as_ibverbs().is_some() {
-            let (imp, qp) = ibverbs::Connector::resolve(device, addr, opts).await?;
+            let (imp, qp, pd) = ibverbs::Connector::resolve(device, addr, opts).await?;
             return Ok(CmConnector {
                 qp,
+                pd,
                 addr,
                 imp: ConnectorImp::Ibverbs(imp),
             });
         }
-        let (imp, qp) = soft::Connector::resolve(device, addr, opts)?;
+        let (imp, qp, pd) = soft::Connector::resolve(device, addr, opts)?;
         Ok(CmConnector {
             qp,
+            pd,
             addr,
             imp: ConnectorImp::Soft(imp),
         })
@@ -150,6 +178,11 @@ impl CmConnector {
         &self.qp
     }
 
+    /// The protection domain of its QP.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
     /// Sends the connect request with `private_data` (at most 56 bytes on
     /// RDMA CM) and resolves once the connection is established.
     pub async fn connect(self, private_data: &[u8]) -> Result<CmConnection, CmError> {
@@ -157,11 +190,21 @@ impl CmConnector {
             #[cfg(feature = "ibverbs")]
             ConnectorImp::Ibverbs(c) => {
                 let (conn, peer) = c.connect(&self.qp, private_data).await?;
-                Ok(CmConnection::new(self.qp, ConnImp::Ibverbs(conn), peer))
+                Ok(CmConnection::new(
+                    self.qp,
+                    self.pd,
+                    ConnImp::Ibverbs(conn),
+                    peer,
+                ))
             }
             ConnectorImp::Soft(c) => {
                 let (conn, peer) = c.connect(&self.qp, private_data).await?;
-                Ok(CmConnection::new(self.qp, ConnImp::Soft(conn), peer))
+                Ok(CmConnection::new(
+                    self.qp,
+                    self.pd,
+                    ConnImp::Soft(conn),
+                    peer,
+                ))
             }
         }
     }
@@ -241,18 +284,20 @@ impl CmListener {
         match &self.imp {
             #[cfg(feature = "ibverbs")]
             ListenerImp::Ibverbs(l) => {
-                let (req, qp, private_data, peer) = l.request(&self.device, &self.opts).await?;
+                let (req, qp, pd, private_data, peer) = l.request(&self.device, &self.opts).await?;
                 Ok(CmRequest {
                     qp,
+                    pd,
                     private_data,
                     peer,
                     imp: RequestImp::Ibverbs(req),
                 })
             }
             ListenerImp::Soft(l) => {
-                let (req, qp, private_data, peer) = l.request(&self.device, &self.opts).await?;
+                let (req, qp, pd, private_data, peer) = l.request(&self.device, &self.opts).await?;
                 Ok(CmRequest {
                     qp,
+                    pd,
                     private_data,
                     peer,
                     imp: RequestImp::Soft(req),
@@ -276,6 +321,7 @@ enum RequestImp {
 /// A connect request not yet answered.
 pub struct CmRequest {
     qp: QueuePair,
+    pd: Pd,
     private_data: Vec<u8>,
     peer: Option<SocketAddr>,
     imp: RequestImp,
@@ -306,6 +352,11 @@ impl CmRequest {
         &self.qp
     }
 
+    /// The protection domain of its QP.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
     /// Accepts with `private_data` (at most 196 bytes on RDMA CM);
     /// resolves once the connection is established.
     pub async fn accept(self, private_data: &[u8]) -> Result<CmConnection, CmError> {
@@ -314,11 +365,21 @@ impl CmRequest {
             #[cfg(feature = "ibverbs")]
             RequestImp::Ibverbs(r) => {
                 let conn = r.accept(&self.qp, private_data).await?;
-                Ok(CmConnection::new(self.qp, ConnImp::Ibverbs(conn), peer))
+                Ok(CmConnection::new(
+                    self.qp,
+                    self.pd,
+                    ConnImp::Ibverbs(conn),
+                    peer,
+                ))
             }
             RequestImp::Soft(r) => {
                 let conn = r.accept(private_data).await?;
-                Ok(CmConnection::new(self.qp, ConnImp::Soft(conn), peer))
+                Ok(CmConnection::new(
+                    self.qp,
+                    self.pd,
+                    ConnImp::Soft(conn),
+                    peer,
+                ))
             }
         }
     }
@@ -349,6 +410,7 @@ enum ConnImp {
 /// the QP.
 pub struct CmConnection {
     qp: QueuePair,
+    pd: Pd,
     peer_private: Vec<u8>,
     state: Rc<ConnState>,
     watcher: Option<JoinHandle<()>>,
@@ -367,7 +429,7 @@ impl std::fmt::Debug for CmConnection {
 }
 
 impl CmConnection {
-    fn new(qp: QueuePair, imp: ConnImp, peer_private: Vec<u8>) -> CmConnection {
+    fn new(qp: QueuePair, pd: Pd, imp: ConnImp, peer_private: Vec<u8>) -> CmConnection {
         let state = ConnState::new();
         let watcher = match &imp {
             #[cfg(feature = "ibverbs")]
@@ -376,6 +438,7 @@ impl CmConnection {
         };
         CmConnection {
             qp,
+            pd,
             peer_private,
             state,
             watcher: Some(watcher),
@@ -386,6 +449,12 @@ impl CmConnection {
     /// The connection's queue pair.
     pub fn qp(&self) -> &QueuePair {
         &self.qp
+    }
+
+    /// The protection domain of its QP (register the connection's memory
+    /// there; see [`CmOptions::own_pd`]).
+    pub fn pd(&self) -> &Pd {
+        &self.pd
     }
 
     /// The private data the peer sent with its request or accept (empty if
@@ -415,6 +484,15 @@ impl CmConnection {
     /// Why the connection is down, or `None` while it is up.
     pub fn down_reason(&self) -> Option<DisconnectReason> {
         self.state.reason()
+    }
+
+    /// `Ready` with the reason once the connection is down; else keeps
+    /// `cx`'s waker for then.
+    pub fn poll_disconnected(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<DisconnectReason> {
+        self.state.poll_down(cx)
     }
 
     /// Resolves once the connection is down (the QP is then in ERR), with

@@ -6,8 +6,9 @@
 //! (FIN, reset, the peer process gone) is the disconnect.
 //!
 //! Same API and errors as on libibverbs: a refused TCP connect is a
-//! [`CmError::Rejected`] with reason 28 (what RDMA CM reports when nobody
-//! listens), an application's reject has reason 8 (consumer reject).
+//! [`CmError::Rejected`] with reason 8 (invalid service ID: what RDMA CM
+//! reports when nobody listens), an application's reject has reason 28
+//! (consumer reject).
 
 mod wire;
 
@@ -25,14 +26,14 @@ use self::wire::{Frame, Hello, HEADER_LEN};
 use super::conn::DisconnectReason;
 use super::{CmError, CmOptions};
 use crate::device::Device;
-use crate::provider::{Endpoint, InitAttr, RtrAttr, RtsAttr};
+use crate::provider::{Endpoint, InitAttr, Pd, RtrAttr, RtsAttr};
 use crate::qp::QueuePair;
 use crate::reactor::{spawn, timeout, TcpListener, TcpStream};
 
 /// Reject reason when nobody listens (RDMA CM's "invalid service ID").
-pub(crate) const REJECT_NO_LISTENER: i32 = 28;
+pub(crate) const REJECT_NO_LISTENER: i32 = 8;
 /// Reject reason of an application's reject (RDMA CM's "consumer reject").
-pub(crate) const REJECT_CONSUMER: i32 = 8;
+pub(crate) const REJECT_CONSUMER: i32 = 28;
 /// Private data a request, an accept and a reject carry at most (as on
 /// RDMA CM over RoCE).
 const MAX_CONNECT_PRIVATE_DATA: usize = 56;
@@ -40,8 +41,6 @@ const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 const MAX_REJECT_PRIVATE_DATA: usize = 148;
 /// How long a listener waits for a new TCP connection's request.
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
-/// Encoded RNR NAK timer (0.64 ms), as the TCP handshake uses.
-const MIN_RNR_TIMER: u8 = 12;
 
 fn check_len(step: &'static str, data: &[u8], max: usize) -> Result<(), CmError> {
     if data.len() > max {
@@ -75,17 +74,15 @@ async fn read_frame(s: &mut TcpStream, peer: Option<SocketAddr>) -> Result<Frame
 }
 
 /// Creates the connection's QP in INIT and returns it with its endpoint.
-fn make_qp(device: &Device, opts: &CmOptions) -> Result<(QueuePair, Endpoint), CmError> {
-    let qp = device
-        .create_qp(opts.caps)
-        .map_err(CmError::provider("creating the connection's queue pair"))?;
+fn make_qp(device: &Device, opts: &CmOptions) -> Result<(QueuePair, Pd, Endpoint), CmError> {
+    let (qp, pd) = super::new_qp(device, opts)?;
     let init = InitAttr::default();
     qp.modify_to_init(&init)
         .map_err(CmError::provider("moving the queue pair to INIT"))?;
     let ep = qp
         .endpoint(0)
         .map_err(CmError::provider("querying the queue pair's endpoint"))?;
-    Ok((qp, ep))
+    Ok((qp, pd, ep))
 }
 
 /// RTR towards `remote`, then RTS, with the negotiated READ depths.
@@ -95,11 +92,12 @@ fn connect_qp(
     remote: &Endpoint,
     responder_resources: u8,
     initiator_depth: u8,
+    min_rnr_timer: u8,
 ) -> Result<(), CmError> {
     qp.modify_to_rtr(&RtrAttr {
         remote: *remote,
         path_mtu: local.mtu.min(remote.mtu),
-        min_rnr_timer: MIN_RNR_TIMER,
+        min_rnr_timer,
         max_dest_rd_atomic: responder_resources,
         sgid_index: 0,
         hop_limit: 64,
@@ -124,8 +122,8 @@ impl Connector {
         device: &Device,
         addr: SocketAddr,
         opts: &CmOptions,
-    ) -> Result<(Connector, QueuePair), CmError> {
-        let (qp, local) = make_qp(device, opts)?;
+    ) -> Result<(Connector, QueuePair, Pd), CmError> {
+        let (qp, pd, local) = make_qp(device, opts)?;
         Ok((
             Connector {
                 addr,
@@ -133,6 +131,7 @@ impl Connector {
                 opts: *opts,
             },
             qp,
+            pd,
         ))
     }
 
@@ -172,6 +171,7 @@ impl Connector {
                     &rep.endpoint,
                     self.opts.responder_resources.min(rep.initiator_depth),
                     self.opts.initiator_depth.min(rep.responder_resources),
+                    self.opts.min_rnr_timer,
                 )?;
                 write_frame(&mut s, &Frame::Rtu).await?;
                 Ok((Conn::new(s), rep.private_data))
@@ -210,7 +210,7 @@ impl Listener {
         &self,
         device: &Device,
         opts: &CmOptions,
-    ) -> Result<(Request, QueuePair, Vec<u8>, Option<SocketAddr>), CmError> {
+    ) -> Result<(Request, QueuePair, Pd, Vec<u8>, Option<SocketAddr>), CmError> {
         loop {
             let (mut s, peer) = self
                 .tcp
@@ -235,7 +235,7 @@ impl Listener {
             if let Err(e) = s.set_nodelay(true) {
                 tracing::debug!(error = %e, "TCP_NODELAY on the CM stream");
             }
-            let (qp, local) = make_qp(device, opts)?;
+            let (qp, pd, local) = make_qp(device, opts)?;
             let responder_resources = opts.responder_resources.min(req.initiator_depth);
             let initiator_depth = opts.initiator_depth.min(req.responder_resources);
             connect_qp(
@@ -244,6 +244,7 @@ impl Listener {
                 &req.endpoint,
                 responder_resources,
                 initiator_depth,
+                opts.min_rnr_timer,
             )?;
             let request = Request {
                 stream: s,
@@ -252,7 +253,7 @@ impl Listener {
                 responder_resources,
                 initiator_depth,
             };
-            return Ok((request, qp, req.private_data, Some(peer)));
+            return Ok((request, qp, pd, req.private_data, Some(peer)));
         }
     }
 }

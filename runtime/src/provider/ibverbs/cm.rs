@@ -450,7 +450,9 @@ impl CmId {
 
     /// Moves `qp` to `state` (INIT, RTR or RTS) with the attributes the
     /// CM gives for this connection (`rdma_init_qp_attr` + `ibv_modify_qp`).
-    pub fn modify_qp(&self, qp: &Qp, state: CmQpState) -> Result<()> {
+    /// On RTR, `min_rnr_timer` (verbs encoding) replaces the kernel CM's 0,
+    /// which makes a peer that finds no receive posted wait 655 ms.
+    pub fn modify_qp(&self, qp: &Qp, state: CmQpState, min_rnr_timer: u8) -> Result<()> {
         // SAFETY: all-zero is a valid ibv_qp_attr (integers and plain structs).
         let mut attr: sys::ibv_qp_attr = unsafe { MaybeUninit::zeroed().assume_init() };
         attr.qp_state = match state {
@@ -462,6 +464,11 @@ impl CmId {
         // SAFETY: valid identifier; `attr` and `mask` are out-parameters.
         let ret = unsafe { sys::rdma_init_qp_attr(self.id, &mut attr, &mut mask) };
         check("rdma_init_qp_attr", ret)?;
+        if state == CmQpState::Rtr
+            && mask & (sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as libc::c_int) != 0
+        {
+            attr.min_rnr_timer = min_rnr_timer.min(31);
+        }
         qp.modify_with(&mut attr, mask)
     }
 
