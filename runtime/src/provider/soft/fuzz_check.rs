@@ -151,6 +151,8 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut fetch_add = Header::new(Opcode::FetchAdd);
     fetch_add.addr = 0x3010;
     fetch_add.arg0 = 5;
+    let mut send_inv = segment(Opcode::SendInv, 32, 0, 32);
+    send_inv.rkey = 0x0000_0a07;
     let mut ack = Header::new(Opcode::Ack);
     ack.psn = 0x12_3456;
     let mut nak = Header::new(Opcode::Nak);
@@ -182,6 +184,7 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ),
         packet("send-empty", segment(Opcode::Send, 0, 0, 0), &[]),
         packet("send-imm", send_imm, &payload),
+        packet("send-inv", send_inv, &payload[..32]),
         packet("send-middle", segment(Opcode::Send, 256, 64, 64), &payload),
         packet("write-middle", write, &payload),
         packet("write-imm-last", write_imm, &payload),

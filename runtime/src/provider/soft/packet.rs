@@ -35,15 +35,16 @@
 //! (DATAGRAM_IMM only, else 0), `psn` = the sending QP's send PSN, `addr`
 //! and `arg1` 0.
 //!
-//! Version 2 added the datagram opcodes (an engine speaking version 1
-//! refuses the connection at its first packet, the HELLO).
+//! Version 2 added the datagram opcodes, version 3 SEND_INV (an engine
+//! speaking another version refuses the connection at its first packet,
+//! the HELLO).
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// First two bytes of every packet.
 pub const MAGIC: u16 = 0x5642;
 /// Wire-format version this code speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 56;
 /// Largest payload of one packet (messages are segmented).
