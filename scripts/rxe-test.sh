@@ -67,7 +67,7 @@
 #                    (release build; RDMA CM; SEND, RDMA READ, RDMA WRITE),
 #                    both pairings, "interop rping client: PASS" (resp.
 #                    server), and the client run times of both pairings
-#                    beside rping against itself
+#                    beside rping against itself and verbio's against itself
 #   --interop-iters N  round trips of each interop pairing (default 300)
 #   --srq-bench      also examples/srq_throughput (release) on rxe0: 64
 #                    connections received through one SRQ ring vs a ring
@@ -381,8 +381,9 @@ INTEROP
 # rdma-core's rping on rxe0's address (RDMA CM port 7174), RP_ITERS pings of
 # 1024 B; verbio checks every buffer, rdma-core's client runs with -V (it
 # compares the echo and fails on a mismatch). Each side bounded by 120 s.
-# ROLE "reference" runs rdma-core on both sides, for the client run times
-# printed side by side (connect, the pings and the disconnect).
+# ROLE "reference" runs rdma-core on both sides and "verbio" verbio on both
+# sides, for the client run times printed side by side (connect, the pings
+# and the disconnect).
 rp() {
     role=$1; out="$LOGS/interop_rping_$role"; ip=${RXE_IP:-10.77.0.1}
     v="$RPING -a $ip -C $RP_ITERS -S 1024 -d $VERBIO_TEST_DEVICE --timeout 110"
@@ -394,13 +395,14 @@ rp() {
         case $role in
             client) srv="$r -s"; cli="$v -c" ;;
             server) srv="$v -s"; cli="$r -c" ;;
+            verbio) srv="$v -s"; cli="$v -c" ;;
             *) srv="$r -s"; cli="$r -c" ;;
         esac
         timeout 120 $srv >"$out.srv" 2>&1 &
         pid=$!
         # The CM listener is not a socket: wait for verbio's "listening"
         # line, or give rping two seconds to bind.
-        if [ "$role" = server ]; then
+        if [ "$role" = server ] || [ "$role" = verbio ]; then
             i=0; while [ $i -lt 100 ] && ! grep -q 'listening on' "$out.srv"; do sleep 0.1; i=$((i+1)); done
         else
             sleep 2
@@ -421,19 +423,22 @@ rp() {
         case $role in
             client) grep -q "rping client: $RP_ITERS pings of 1024 B, data checked" "$out.cli" || ok=0 ;;
             server) grep -q "rping server: $RP_ITERS pings of 1024 B, data checked" "$out.srv" || ok=0 ;;
+            verbio) grep -q "rping client: $RP_ITERS pings of 1024 B, data checked" "$out.cli" || ok=0
+                    grep -q "rping server: $RP_ITERS pings of 1024 B, data checked" "$out.srv" || ok=0 ;;
         esac
         grep -q 'data mismatch' "$out.cli" && ok=0
         echo "-- server:"; tail -5 "$out.srv"; echo "-- client:"; tail -5 "$out.cli"
         case $role in
             client) label="verbio-client/rdma-core-server" ;;
             server) label="rdma-core-client/verbio-server" ;;
+            verbio) label="verbio/verbio" ;;
             *) label="rdma-core/rdma-core" ;;
         esac
         echo "$label $secs" >> "$LOGS/rping_times"
     fi
     if [ $ok = 1 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
-    if [ "$role" = reference ]; then
-        [ $ok = 1 ] || echo "rping reference run (rdma-core both sides): FAIL" | tee -a "$LOGS/summary"
+    if [ "$role" = reference ] || [ "$role" = verbio ]; then
+        [ $ok = 1 ] || echo "rping $role run (one tool on both sides): FAIL" | tee -a "$LOGS/summary"
     else
         echo "interop rping $role: $verdict" | tee -a "$LOGS/summary"
     fi
@@ -441,6 +446,7 @@ rp() {
 rp reference
 rp client
 rp server
+rp verbio
 if [ -f "$LOGS/rping_times" ]; then
     echo "rping $RP_ITERS pings of 1 KiB, client run time: $(awk '{ printf "%s%s %s s", (NR > 1 ? ", " : ""), $1, $2 }' "$LOGS/rping_times")" \
         | tee -a "$LOGS/summary"

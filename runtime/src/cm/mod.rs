@@ -21,20 +21,27 @@
 //! [`DisconnectReason::Peer`].
 //!
 //! ```no_run
-//! # async fn demo(device: &verbio_runtime::Device) -> Result<(), verbio_runtime::cm::CmError> {
-//! use verbio_runtime::cm::{CmConnector, CmListener, CmOptions};
-//! let opts = CmOptions::default();
-//! // Server:
-//! let listener = CmListener::bind(device, "0.0.0.0:7174".parse().unwrap(), &opts)?;
-//! let request = listener.request().await?;
-//! // ... post receives on request.qp() ...
-//! let server_side = request.accept(b"hello").await?;
-//! // Client:
-//! let connector = CmConnector::resolve(device, "10.0.0.1:7174".parse().unwrap(), &opts).await?;
-//! let conn = connector.connect(b"hi").await?;
-//! assert_eq!(conn.peer_private_data(), b"hello");
-//! conn.disconnect().await?;
-//! # drop(server_side); Ok(()) }
+//! use verbio_runtime::cm::{CmConnector, CmError, CmListener, CmOptions};
+//! use verbio_runtime::Device;
+//!
+//! async fn server(device: &Device) -> Result<(), CmError> {
+//!     let opts = CmOptions::default();
+//!     let listener = CmListener::bind(device, "0.0.0.0:7174".parse().unwrap(), &opts)?;
+//!     let request = listener.request().await?;
+//!     // ... post receives on request.qp() ...
+//!     let conn = request.accept(b"hello").await?;
+//!     conn.disconnected().await; // until the client leaves
+//!     Ok(())
+//! }
+//!
+//! async fn client(device: &Device) -> Result<(), CmError> {
+//!     let opts = CmOptions::default();
+//!     let connector = CmConnector::resolve(device, "10.0.0.1:7174".parse().unwrap(), &opts).await?;
+//!     let conn = connector.connect(b"hi").await?;
+//!     // RDMA CM pads private data with zeros to its field's size.
+//!     assert_eq!(&conn.peer_private_data()[..5], b"hello");
+//!     conn.disconnect().await
+//! }
 //! ```
 
 mod conn;

@@ -28,7 +28,7 @@ use super::{CmError, CmOptions};
 use crate::device::Device;
 use crate::provider::{Endpoint, InitAttr, Pd, RtrAttr, RtsAttr};
 use crate::qp::QueuePair;
-use crate::reactor::{spawn, timeout, TcpListener, TcpStream};
+use crate::reactor::{timeout, Handle, TcpListener, TcpStream};
 
 /// Reject reason when nobody listens (RDMA CM's "invalid service ID").
 pub(crate) const REJECT_NO_LISTENER: i32 = 8;
@@ -291,12 +291,15 @@ impl Request {
         let mut s = self.stream;
         let frame = Frame::Rej(private_data.to_vec());
         // A few bytes on a fresh connection: sent by a task so that
-        // rejecting does not wait; the stream closes after it.
-        spawn(async move {
-            if let Err(e) = write_frame(&mut s, &frame).await {
-                tracing::debug!(error = %crate::report::ErrorChain(&e), "sending a CM reject");
-            }
-        });
+        // rejecting does not wait; the stream closes after it. (Without a
+        // runtime the stream just closes: the requester sees it end.)
+        if let Some(h) = Handle::try_current() {
+            h.spawn(async move {
+                if let Err(e) = write_frame(&mut s, &frame).await {
+                    tracing::debug!(error = %crate::report::ErrorChain(&e), "sending a CM reject");
+                }
+            });
+        }
         Ok(())
     }
 }

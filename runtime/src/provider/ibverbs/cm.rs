@@ -15,7 +15,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::mem::{size_of, MaybeUninit};
+use std::mem::MaybeUninit;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::ptr;
@@ -498,14 +498,22 @@ impl CmId {
 
     /// The local address (after binding or resolution).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        // SAFETY: valid identifier; the address union is plain data.
-        unsafe { sockaddr_to_std(sys::rdma_get_local_addr(&*self.id)) }
+        // SAFETY: valid identifier; the source-address union is a
+        // sockaddr_storage-sized field of plain data, read through a raw
+        // pointer to the whole union.
+        unsafe {
+            let p = ptr::addr_of!((*self.id).route.addr.src_addr_union);
+            sockaddr_to_std(p.cast::<libc::sockaddr_storage>())
+        }
     }
 
     /// The peer's address (after resolution, or on a connect request).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        // SAFETY: as above.
-        unsafe { sockaddr_to_std(sys::rdma_get_peer_addr(&*self.id)) }
+        // SAFETY: as above, for the destination-address union.
+        unsafe {
+            let p = ptr::addr_of!((*self.id).route.addr.dst_addr_union);
+            sockaddr_to_std(p.cast::<libc::sockaddr_storage>())
+        }
     }
 }
 
@@ -565,27 +573,29 @@ impl From<SocketAddr> for SockAddr {
     }
 }
 
-/// The address `sa` names, if it is IPv4 or IPv6.
+/// The address at `sa`, if it is IPv4 or IPv6.
 ///
 /// # Safety
 ///
-/// `sa` is the start of a socket address at least as long as its family
-/// says (rdma_cm keeps room for a `sockaddr_storage`).
-unsafe fn sockaddr_to_std(sa: &libc::sockaddr) -> Option<SocketAddr> {
-    let p = (sa as *const libc::sockaddr).cast::<u8>();
-    match i32::from(sa.sa_family) {
+/// `sa` points to a readable `sockaddr_storage` (rdma_cm's address unions
+/// have that size), initialised as far as its family says.
+unsafe fn sockaddr_to_std(sa: *const libc::sockaddr_storage) -> Option<SocketAddr> {
+    // SAFETY: the family is the first field of every socket address
+    // (contract: readable).
+    let family = unsafe { ptr::read_unaligned(ptr::addr_of!((*sa).ss_family)) };
+    match i32::from(family) {
         libc::AF_INET => {
-            debug_assert!(size_of::<libc::sockaddr_in>() <= size_of::<libc::sockaddr_storage>());
-            // SAFETY: an AF_INET address is a sockaddr_in (contract).
-            let sin = unsafe { ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
+            // SAFETY: an AF_INET address is a sockaddr_in, which fits in
+            // the storage (contract).
+            let sin = unsafe { ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
             Some(SocketAddr::V4(SocketAddrV4::new(
                 Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
                 u16::from_be(sin.sin_port),
             )))
         }
         libc::AF_INET6 => {
-            // SAFETY: an AF_INET6 address is a sockaddr_in6 (contract).
-            let sin6 = unsafe { ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
+            // SAFETY: as above for sockaddr_in6.
+            let sin6 = unsafe { ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>()) };
             Some(SocketAddr::V6(SocketAddrV6::new(
                 Ipv6Addr::from(sin6.sin6_addr.s6_addr),
                 u16::from_be(sin6.sin6_port),
@@ -607,7 +617,7 @@ mod tests {
             let addr: SocketAddr = a.parse().unwrap();
             let c = SockAddr::from(addr);
             // SAFETY: a sockaddr_storage holding the address just written.
-            let back = unsafe { sockaddr_to_std(&*(&c.0 as *const libc::sockaddr_storage).cast()) };
+            let back = unsafe { sockaddr_to_std(&c.0) };
             assert_eq!(back, Some(addr), "{a}");
         }
     }
