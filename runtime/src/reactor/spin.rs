@@ -216,8 +216,10 @@ mod tests {
             .filter(|_| s.spin().is_some())
             .collect();
         assert_eq!(reads, [MIN_SPINS_PER_READ, 2 * MIN_SPINS_PER_READ]);
-        // The second read measured 64 fast spins: the next read comes later.
-        assert!(pacer.spins_per_read() > MIN_SPINS_PER_READ);
+        // What the second read measured moves the spacing; by how much
+        // depends on this thread's scheduling (a preemption between the
+        // reads looks like slow spins), so the rule itself is checked with
+        // given durations in the tests above.
     }
 
     #[test]
