@@ -747,6 +747,13 @@ fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
     {
         let eng = super::super::lock(b.ctx.core());
         assert!(!eng.held.is_empty(), "the receive holds the ACK");
+        // The poll that took the receive renewed the lease for the usual
+        // short time, which a preempted test thread may outlive: the
+        // application holds it again, long.
+        let until = eng.sh.nanos_at(Instant::now() + Duration::from_secs(60));
+        for w in &wires {
+            w.renew_lease(until);
+        }
         assert!(
             !eng.awaits_post_for_held(Instant::now()),
             "the engine stays awake for the application's post"
