@@ -294,11 +294,43 @@ impl Shared {
             stage: "sizing a send buffer",
             source,
         })?;
+        // The credits this side owes the peer ride on a data piece: taken
+        // with nothing left to await before the SEND is posted, and owed
+        // again if it is dropped or fails before that (see `Piggyback`).
+        let ride = match msg {
+            Message::Data { .. } if !posted.get() => {
+                Some(self.owed.take_all(&self.peer_credits, posted))
+            }
+            _ => None,
+        };
+        let msg = match (*msg, &ride) {
+            (
+                Message::Data {
+                    msg_id,
+                    total_len,
+                    offset,
+                    imm,
+                    payload,
+                    ..
+                },
+                Some(ride),
+            ) => Message::Data {
+                msg_id,
+                total_len,
+                offset,
+                imm,
+                grant: ride.count(),
+                payload,
+            },
+            (msg, _) => msg,
+        };
         // The buffer holds exactly `encoded_len` bytes: encoding cannot fail
         // for a message this side built; report it as a violation if it does.
         msg.encode(&mut buf[..])
             .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
-        self.send_buf(buf, credit, posted).await
+        let res = self.send_buf(buf, credit, posted).await;
+        drop(ride);
+        res
     }
 
     /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
@@ -650,6 +682,7 @@ impl Rdma {
                 total_len: data.len() as u64,
                 offset: offset as u64,
                 imm,
+                grant: 0, // the credits owed then, filled in at posting
                 payload: &data[offset..end],
             };
             if let Err(e) = s.send_message(&msg, true).await {
