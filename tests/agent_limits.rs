@@ -202,6 +202,7 @@ fn broken_peer(client: RdmaBuilder, msgs: Vec<(u64, u64)>) -> String {
                     total_len,
                     offset: 0,
                     imm: None,
+                    grant: 0,
                     payload: b"eight by",
                 };
                 let mut b = buf(&pool, msg.encoded_len());

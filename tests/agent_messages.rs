@@ -348,6 +348,7 @@ fn well_formed_but_out_of_sequence_data_is_a_protocol_violation() {
             total_len: 100,
             offset: 50,
             imm: None,
+            grant: 0,
             payload: &[1; 10],
         };
         let mut frame = vec![0u8; msg.encoded_len()];

@@ -252,7 +252,10 @@ impl RdmaBuilder {
         self
     }
 
-    /// Reposted buffers returned to the peer per `Credit` message.
+    /// Reposted buffers returned to the peer per `Credit` message. Credits
+    /// owed also ride on this side's next data message; a `Credit` message
+    /// of their own goes out only once this many are owed (this side has
+    /// had nothing to send meanwhile).
     pub fn credit_batch(mut self, n: u32) -> Self {
         self.config.credit_batch = n;
         self

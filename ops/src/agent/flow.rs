@@ -1,6 +1,7 @@
 //! Credit-based flow control: a sender spends one credit per message that
 //! consumes a receive buffer at the peer, and waits when it has none; the
-//! peer returns credits (in batches) as it reposts its buffers.
+//! peer returns credits as it reposts its buffers, on its next `Data`
+//! piece, or in a `Credit` message of their own once a batch is owed.
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
@@ -109,8 +110,9 @@ impl Drop for Credit<'_> {
     }
 }
 
-/// The receiver's side: counts reposted buffers and decides when to return
-/// them to the peer as one `Credit` message.
+/// The receiver's side: counts reposted buffers, hands them to the next
+/// outgoing `Data` piece ([`Owed::take_all`]), and decides when to return
+/// them to the peer as one `Credit` message (a whole batch owed).
 #[derive(Debug)]
 pub(crate) struct Owed {
     owed: Cell<u32>,
@@ -146,6 +148,25 @@ impl Owed {
         self.owed.set(self.owed.get().saturating_add(n));
     }
 
+    /// Everything owed now, to ride on an outgoing `Data` piece (the count
+    /// restarts at 0). The returned [`Piggyback`] counts them as the peer's
+    /// ([`PeerCredits::granted`]) and, dropped while `posted` (false now,
+    /// set once that piece's SEND is posted) is still false, owes them again.
+    pub(crate) fn take_all<'a>(
+        &'a self,
+        peer: &'a PeerCredits,
+        posted: &'a Cell<bool>,
+    ) -> Piggyback<'a> {
+        let n = self.owed.replace(0);
+        peer.granted(n);
+        Piggyback {
+            owed: self,
+            peer,
+            n,
+            posted,
+        }
+    }
+
     /// Everything owed, if it makes at least one batch (the count restarts
     /// at 0); `None` leaves it for the next [`reposted`](Self::reposted).
     pub(crate) fn take_batch(&self) -> Option<u32> {
@@ -155,6 +176,34 @@ impl Owed {
             Some(n)
         } else {
             None
+        }
+    }
+}
+
+/// Owed credits taken to ride on one outgoing message. Dropped before the
+/// message was posted (its send was cancelled or failed first), they are
+/// owed again and the peer's count goes back down: the peer never got them.
+#[derive(Debug)]
+#[must_use = "credits taken and not posted return to the owed count when dropped"]
+pub(crate) struct Piggyback<'a> {
+    owed: &'a Owed,
+    peer: &'a PeerCredits,
+    n: u32,
+    posted: &'a Cell<bool>,
+}
+
+impl Piggyback<'_> {
+    /// The credits carried.
+    pub(crate) fn count(&self) -> u32 {
+        self.n
+    }
+}
+
+impl Drop for Piggyback<'_> {
+    fn drop(&mut self) {
+        if !self.posted.get() && self.n > 0 {
+            self.peer.ungranted(self.n);
+            self.owed.unsent(self.n);
         }
     }
 }
@@ -240,6 +289,33 @@ mod tests {
         o.unsent(9);
         assert_eq!(o.take_batch(), Some(9));
         assert_eq!(o.take_batch(), None);
+    }
+
+    #[test]
+    fn piggybacked_credits_come_back_unless_posted() {
+        let o = Owed::new(4);
+        let p = PeerCredits::default();
+        o.unsent(3);
+        let posted = Cell::new(false);
+        let ride = o.take_all(&p, &posted);
+        assert_eq!(ride.count(), 3);
+        assert_eq!(o.take_batch(), None, "taken: nothing owed");
+        assert!(p.spend(), "counted as the peer's while on their way");
+        p.granted(1); // undo the spend above
+        drop(ride); // the send was cancelled before posting
+        assert!(!p.spend(), "the peer's count went back down");
+        assert_eq!(o.reposted(), Some(4), "owed again, with the next one");
+        o.unsent(2);
+        let ride = o.take_all(&p, &posted);
+        posted.set(true);
+        drop(ride);
+        assert!(p.spend() && p.spend(), "posted: the peer holds them");
+        assert!(!p.spend());
+        assert_eq!(
+            o.take_all(&p, &Cell::new(false)).count(),
+            0,
+            "nothing owed any more"
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! receive buffers, the largest message is the smaller maximum, the control
 //! reserve follows the peer's credit batches, and an unworkable pair is
 //! refused on both sides. Cancelled operations keep the books straight: a
-//! send dropped before it was posted gives its credit back, a split message
+//! send dropped before it was posted gives its credit back (and the credits
+//! it was to return to the peer, which ride on data pieces), a split message
 //! cut mid-way is aborted at the receiver (`Abort`), and a hand-over dropped
 //! before it was posted revokes its grant. Hand-overs carry a user tag.
 //!

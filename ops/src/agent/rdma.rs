@@ -173,13 +173,21 @@ impl Shared {
     /// The application took something of `charge` bytes from an inbox:
     /// credits withheld while the backlog was over its limit go back to the
     /// peer once it has fallen to half (by a task; in whole batches, the
-    /// rest rides with the agent's next return).
+    /// rest rides with the next data piece or the agent's next return).
     pub(crate) fn taken(self: &Rc<Self>, charge: u64) {
         let n = self.backlog.remove(charge);
         if n == 0 {
             return;
         }
         self.owed.unsent(n);
+        self.return_owed_batch("backlog taken: returning withheld credits");
+    }
+
+    /// If a whole batch of credits is owed, returns it to the peer in a
+    /// `Credit` message (by a task): the agent only returns a batch when a
+    /// repost completes it, which may not happen again while the peer
+    /// waits for these very credits.
+    fn return_owed_batch(self: &Rc<Self>, why: &'static str) {
         let Some(grant) = self.owed.take_batch() else {
             return;
         };
@@ -187,13 +195,41 @@ impl Shared {
             self.owed.unsent(grant);
             return;
         };
-        tracing::debug!(
-            qp = self.qp.qp_num(),
-            grant,
-            "backlog taken: returning withheld credits"
-        );
+        tracing::debug!(qp = self.qp.qp_num(), grant, "{why}");
         let s = self.clone();
         handle.spawn(async move { s.return_credits(grant).await }.instrument(self.span.clone()));
+    }
+
+    /// Sends a user message's `Data` piece like [`Shared::send_message`]
+    /// (credited); the credits owed to the peer ride on it. If the piece is
+    /// dropped or fails before it is posted, they are owed again, and a
+    /// whole batch of them goes back in a `Credit` message.
+    pub(crate) async fn send_data(self: &Rc<Self>, msg: &Message<'_>) -> Result<(), AgentError> {
+        /// Returns a batch owed again once the piece's future is gone
+        /// (dropped after it, so the piece's credits are owed by then).
+        struct Unposted<'a> {
+            shared: &'a Rc<Shared>,
+            posted: &'a Cell<bool>,
+        }
+        impl Drop for Unposted<'_> {
+            fn drop(&mut self) {
+                if !self.posted.get() && self.shared.failure().is_none() {
+                    self.shared.return_owed_batch(
+                        "data piece not posted: returning the credits it carried",
+                    );
+                }
+            }
+        }
+        let posted = Cell::new(false);
+        let unposted = Unposted {
+            shared: self,
+            posted: &posted,
+        };
+        // A statement, not the tail expression: dropped here, the piece's
+        // future goes before the guard.
+        let res = self.send_message_noting(msg, true, &posted).await;
+        drop(unposted);
+        res
     }
 
     /// Sends the peer a `Credit` returning `grant` buffers, counted as the
@@ -294,11 +330,43 @@ impl Shared {
             stage: "sizing a send buffer",
             source,
         })?;
+        // The credits this side owes the peer ride on a data piece: taken
+        // with nothing left to await before the SEND is posted, and owed
+        // again if it is dropped or fails before that (see `Piggyback`).
+        let ride = match msg {
+            Message::Data { .. } if !posted.get() => {
+                Some(self.owed.take_all(&self.peer_credits, posted))
+            }
+            _ => None,
+        };
+        let msg = match (*msg, &ride) {
+            (
+                Message::Data {
+                    msg_id,
+                    total_len,
+                    offset,
+                    imm,
+                    payload,
+                    ..
+                },
+                Some(ride),
+            ) => Message::Data {
+                msg_id,
+                total_len,
+                offset,
+                imm,
+                grant: ride.count(),
+                payload,
+            },
+            (msg, _) => msg,
+        };
         // The buffer holds exactly `encoded_len` bytes: encoding cannot fail
         // for a message this side built; report it as a violation if it does.
         msg.encode(&mut buf[..])
             .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
-        self.send_buf(buf, credit, posted).await
+        let res = self.send_buf(buf, credit, posted).await;
+        drop(ride);
+        res
     }
 
     /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
@@ -650,9 +718,10 @@ impl Rdma {
                 total_len: data.len() as u64,
                 offset: offset as u64,
                 imm,
+                grant: 0, // the credits owed then, filled in at posting
                 payload: &data[offset..end],
             };
-            if let Err(e) = s.send_message(&msg, true).await {
+            if let Err(e) = s.send_data(&msg).await {
                 // The connection is down (or failed now): nothing to abort.
                 if let Some(a) = abort.as_mut() {
                     a.armed = false;

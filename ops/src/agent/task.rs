@@ -375,8 +375,12 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             total_len,
             offset,
             imm,
+            grant,
             payload,
         } => {
+            if grant > 0 {
+                shared.credits.grant(grant);
+            }
             let whole = offset == 0 && payload.len() as u64 == total_len;
             if whole && !shared.partial.borrow().contains_key(&msg_id) {
                 if total_len > shared.config.max_message_len as u64 {

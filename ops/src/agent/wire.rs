@@ -1,7 +1,7 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 2):
+//! Layout (explicit little-endian, version 3):
 //!
 //! ```text
 //! 0..4   magic  b"VBAG"
@@ -15,8 +15,11 @@
 //! Version 2 added `Abort` (kind 9: a sender gave up a message it had
 //! started to send in pieces; the receiver discards what it reassembled) and
 //! `Settings` (kind 10: each side's receive-buffer and message-size settings,
-//! exchanged over the TCP side channel when a connection starts). A version-1
-//! peer is refused at that exchange with [`WireError::UnsupportedVersion`].
+//! exchanged over the TCP side channel when a connection starts). Version 3
+//! added the `grant` field to `Data`: the send credits the sender returns
+//! with the piece (credits ride on data; a `Credit` message travels alone
+//! only when a side owes a batch and has nothing to send). A peer of another
+//! version is refused at that exchange with [`WireError::UnsupportedVersion`].
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -27,7 +30,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 12;
 /// Largest text in an [`Message::Error`].
@@ -213,6 +216,9 @@ pub enum Message<'a> {
         offset: u64,
         /// Immediate data of the message, if any.
         imm: Option<u32>,
+        /// Send credits returned to the receiver of this piece (0: none),
+        /// as a [`Message::Credit`] would.
+        grant: u32,
         /// The bytes.
         payload: &'a [u8],
     },
@@ -269,7 +275,7 @@ mod kind {
 }
 
 /// Bytes of a `Data` message before its payload.
-pub const DATA_OVERHEAD: usize = HEADER_LEN + 8 + 8 + 8 + 4 + 4;
+pub const DATA_OVERHEAD: usize = HEADER_LEN + 8 + 8 + 8 + 4 + 4 + 4;
 
 /// A bounds-checked little-endian reader.
 struct Reader<'a> {
@@ -460,6 +466,7 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
             let offset = r.u64()?;
             let has_imm = r.u32()?;
             let imm_raw = r.u32()?;
+            let grant = r.u32()?;
             let imm = match has_imm {
                 0 if imm_raw == 0 => None,
                 0 => {
@@ -489,6 +496,7 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
                 total_len,
                 offset,
                 imm,
+                grant,
                 payload,
             }
         }
@@ -541,7 +549,7 @@ impl Message<'_> {
                 }
                 Message::Release { .. } => 8,
                 Message::HandOver { .. } => 1 + 8 + TOKEN_LEN,
-                Message::Data { payload, .. } => 8 + 8 + 8 + 4 + 4 + payload.len(),
+                Message::Data { payload, .. } => 8 + 8 + 8 + 4 + 4 + 4 + payload.len(),
                 Message::Error { text, .. } => 2 + 2 + text.len().min(MAX_ERROR_TEXT),
                 Message::Close => 0,
                 Message::Abort { .. } => 8,
@@ -634,6 +642,7 @@ impl Message<'_> {
                 total_len,
                 offset,
                 imm,
+                grant,
                 payload,
             } => {
                 w.put(&msg_id.to_le_bytes());
@@ -641,6 +650,7 @@ impl Message<'_> {
                 w.put(&offset.to_le_bytes());
                 w.put(&u32::from(imm.is_some()).to_le_bytes());
                 w.put(&imm.unwrap_or(0).to_le_bytes());
+                w.put(&grant.to_le_bytes());
                 w.put(payload);
             }
             Message::Error { code, text } => {
@@ -732,6 +742,7 @@ mod tests {
                 total_len: 10,
                 offset: 5,
                 imm: Some(0xabcd),
+                grant: 3,
                 payload: b"hello",
             },
             Message::Data {
@@ -739,6 +750,7 @@ mod tests {
                 total_len: 0,
                 offset: 0,
                 imm: None,
+                grant: 0,
                 payload: b"",
             },
             Message::Error {
@@ -791,11 +803,13 @@ mod tests {
         bad[0] = b'X';
         assert!(matches!(decode(&bad[..n]), Err(WireError::BadMagic { .. })));
         let mut bad = buf;
-        bad[4] = 1; // a version-1 peer
-        assert_eq!(
-            decode(&bad[..n]),
-            Err(WireError::UnsupportedVersion { got: 1 })
-        );
+        for old in [1, 2] {
+            bad[4] = old; // a peer of an earlier version
+            assert_eq!(
+                decode(&bad[..n]),
+                Err(WireError::UnsupportedVersion { got: old })
+            );
+        }
         let mut bad = buf;
         bad[5] = 99;
         assert_eq!(decode(&bad[..n]), Err(WireError::UnknownKind { kind: 99 }));
@@ -814,6 +828,7 @@ mod tests {
             total_len: 3,
             offset: 1,
             imm: None,
+            grant: 0,
             payload: b"abc",
         };
         assert!(bad.encode(&mut buf).is_err());

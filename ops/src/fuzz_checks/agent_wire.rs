@@ -72,7 +72,7 @@ fn token(token_id: u64, access: u32) -> MrToken {
 
 /// One valid frame of every message kind (and of each variant of a kind).
 pub fn seeds() -> Vec<Seed> {
-    let messages: [(&'static str, Message<'static>); 15] = [
+    let messages: [(&'static str, Message<'static>); 16] = [
         ("credit", Message::Credit { grant: 32 }),
         (
             "alloc-request",
@@ -129,6 +129,7 @@ pub fn seeds() -> Vec<Seed> {
                 total_len: 64,
                 offset: 0,
                 imm: None,
+                grant: 0,
                 payload: b"the first piece of a longer message",
             },
         ),
@@ -139,7 +140,19 @@ pub fn seeds() -> Vec<Seed> {
                 total_len: 5,
                 offset: 0,
                 imm: Some(0xfeed_f00d),
+                grant: 0,
                 payload: b"whole",
+            },
+        ),
+        (
+            "data-grant",
+            Message::Data {
+                msg_id: 4,
+                total_len: 12,
+                offset: 0,
+                imm: None,
+                grant: 4,
+                payload: b"with credits",
             },
         ),
         (
@@ -149,6 +162,7 @@ pub fn seeds() -> Vec<Seed> {
                 total_len: 0,
                 offset: 0,
                 imm: None,
+                grant: 0,
                 payload: b"",
             },
         ),

@@ -1,0 +1,131 @@
+//! Send credits ride on data (soft device, two runtimes on two threads): a
+//! raw endpoint plays the peer of an `Rdma` client in a ping-pong, so every
+//! frame the client sends is seen as it is on the wire.
+//! - the credits the client owes for the replies it read come back on its
+//!   next `Data` message, not in `Credit` messages of their own (its credit
+//!   batch is never reached);
+//! - credits the peer returns on its `Data` messages let the client send
+//!   (the peer announces a single receive buffer, so every round after the
+//!   first needs the credit that came back with the reply).
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+
+use common::*;
+use verbio::ops::agent::wire::{decode, Message, Settings};
+use verbio::ops::connect::Listener;
+use verbio::{RdmaBuilder, Verbs};
+
+const BUF: usize = 4096;
+const ROUNDS: u64 = 6;
+/// The client's receive buffers and credit batch: a batch is never owed
+/// in a ping-pong, so no `Credit` message should follow its first.
+const CLIENT_BUFS: u32 = 8;
+
+/// What the raw peer saw the client send, in order.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Credit(u32),
+    Data { msg_id: u64, grant: u32 },
+    Close,
+    Other(String),
+}
+
+#[test]
+fn owed_credits_ride_on_the_next_data_message_both_ways() {
+    let (tx, rx) = mpsc::channel();
+    let th = std::thread::spawn(move || {
+        let (rt, dev) = runtime_and_device();
+        let l: Listener<_> = listen(&dev);
+        tx.send(l.local_addr().unwrap()).unwrap();
+        block(&rt, async move {
+            use futures::{AsyncReadExt, AsyncWriteExt};
+            let mut conn = l.accept().await.expect("accept");
+            // One receive buffer for the client's messages: it holds one
+            // send credit at a time.
+            let settings = Message::Settings(Settings {
+                max_message_len: 1 << 20,
+                recv_buf_size: BUF as u32,
+                recv_buf_count: 1,
+                credit_batch: 1,
+                max_recv_wr: conn.qp.caps().max_recv_wr,
+            });
+            let mut frame = vec![0u8; settings.encoded_len()];
+            settings.encode(&mut frame).unwrap();
+            conn.stream.write_all(&frame).await.unwrap();
+            let mut theirs = [0u8; 512];
+            let n = conn.stream.read(&mut theirs).await.unwrap();
+            assert!(n > 0, "the client's settings");
+            let pool = verbio::runtime::buf::MrPool::new(dev.pd());
+            let mut recvs: VecDeque<_> = (0..8).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();
+            let send = |msg: Message<'_>| {
+                let mut b = buf(&pool, msg.encoded_len());
+                b.resize(msg.encoded_len(), 0).unwrap();
+                msg.encode(&mut b).unwrap();
+                conn.qp.send(b)
+            };
+            let (res, _) = send(Message::Credit { grant: 1 }).await;
+            res.expect("announcing one buffer");
+            let mut seen = Vec::new();
+            let mut replies = 0;
+            while replies < ROUNDS {
+                let (res, b) = recvs.pop_front().expect("a posted receive").await;
+                let rcv = res.expect("receive");
+                let s = match decode(&b[..rcv.len]) {
+                    Ok(Message::Credit { grant }) => Seen::Credit(grant),
+                    Ok(Message::Data { msg_id, grant, .. }) => Seen::Data { msg_id, grant },
+                    Ok(Message::Close) => Seen::Close,
+                    other => Seen::Other(format!("{other:?}")),
+                };
+                recvs.push_back(conn.qp.recv(buf(&pool, BUF)));
+                if let Seen::Data { msg_id, .. } = s {
+                    // The reply returns the buffer the message used.
+                    let reply = Message::Data {
+                        msg_id,
+                        total_len: 5,
+                        offset: 0,
+                        imm: None,
+                        grant: 1,
+                        payload: b"reply",
+                    };
+                    let (res, _) = send(reply).await;
+                    res.expect("reply");
+                    replies += 1;
+                }
+                seen.push(s);
+            }
+            // Keep the QP until the client is done with it.
+            let _ = verbio::runtime::timeout(WAIT, recvs.pop_front().unwrap()).await;
+            seen
+        })
+    });
+    let addr = rx.recv_timeout(WAIT).expect("server start");
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let client = RdmaBuilder::new()
+            .recv_buf_count(CLIENT_BUFS)
+            .credit_batch(CLIENT_BUFS);
+        let r = dial_rdma(client, &dev, addr).await;
+        for i in 0..ROUNDS {
+            r.send(format!("ping {i}").as_bytes()).await.expect("send");
+            assert_eq!(r.receive().await.expect("reply"), b"reply");
+        }
+        r.close().await.expect("close");
+    });
+    let seen = th.join().expect("raw peer");
+    let mut want = vec![
+        Seen::Credit(CLIENT_BUFS),
+        Seen::Data {
+            msg_id: 0,
+            grant: 0,
+        },
+    ];
+    // Each later ping returns the buffer of the reply before it.
+    want.extend((1..ROUNDS).map(|i| Seen::Data {
+        msg_id: i,
+        grant: 1,
+    }));
+    assert_eq!(seen, want);
+}
