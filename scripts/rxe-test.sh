@@ -12,7 +12,8 @@
 #                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
-#                    verbs_inline verbs_mw agent_windows recv_ring srq ud rpc cm agent_cm (verbio)
+#                    verbs_inline verbs_mw agent_windows recv_ring srq agent_srq ud rpc
+#                    cm agent_cm (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`, installed on
@@ -106,7 +107,7 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows recv_ring srq ud rpc rpc_soft cm agent_cm"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows recv_ring srq agent_srq ud rpc rpc_soft cm agent_cm"
 
 PERFTEST=0
 DEVINFO=1
@@ -146,7 +147,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,99p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,100p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
