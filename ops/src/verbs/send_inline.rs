@@ -8,7 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use verbio_runtime::{QueuePair, SendInline, SubmitError};
+use verbio_runtime::{QueuePair, SendInline};
 
 use crate::error::Error;
 
@@ -19,38 +19,25 @@ use crate::error::Error;
 #[must_use = "dropping it before it resolves cancels the send"]
 pub struct SendInlineVerb<'a> {
     inner: SendInline<'a>,
-    /// SEND_WITH_IMM (names the verb in errors).
-    with_imm: bool,
+    op: &'static str,
 }
 
 impl Future for SendInlineVerb<'_> {
     type Output = Result<(), Error>;
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let with_imm = self.with_imm;
+        let op = self.op;
         Pin::new(&mut self.inner)
             .poll(cx)
-            .map(|r| r.map_err(|source| refused(with_imm, source)))
+            .map(|r| r.map_err(|source| Error::submit(op, source)))
     }
-}
-
-/// The error of a refused inline send, out of line.
-#[cold]
-#[inline(never)]
-fn refused(with_imm: bool, source: SubmitError) -> Error {
-    let op = if with_imm {
-        "send_inline_with_imm"
-    } else {
-        "send_inline"
-    };
-    Error::submit(op, source)
 }
 
 /// Posts an inline SEND of `data` (see [`Verbs::send_inline`](super::Verbs::send_inline)).
 pub fn send_inline<'a>(qp: &'a QueuePair, data: &'a [u8]) -> SendInlineVerb<'a> {
     SendInlineVerb {
         inner: qp.post_send_inline(data, None),
-        with_imm: false,
+        op: "send_inline",
     }
 }
 
@@ -58,6 +45,6 @@ pub fn send_inline<'a>(qp: &'a QueuePair, data: &'a [u8]) -> SendInlineVerb<'a> 
 pub fn send_inline_with_imm<'a>(qp: &'a QueuePair, data: &'a [u8], imm: u32) -> SendInlineVerb<'a> {
     SendInlineVerb {
         inner: qp.post_send_inline(data, Some(imm)),
-        with_imm: true,
+        op: "send_inline_with_imm",
     }
 }
