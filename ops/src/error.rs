@@ -142,7 +142,6 @@ impl Error {
 
     /// A [`Submit`](Error::Submit) error of verb `op`.
     #[cold]
-    #[inline(never)]
     pub fn submit(op: &'static str, source: SubmitError) -> Error {
         Error::Submit {
             op,
@@ -152,7 +151,6 @@ impl Error {
 
     /// A [`Buf`](Error::Buf) error of verb `op`.
     #[cold]
-    #[inline(never)]
     pub fn buf(op: &'static str, source: BufError) -> Error {
         Error::Buf {
             op,
