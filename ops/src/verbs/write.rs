@@ -28,7 +28,7 @@ impl<B: RegisteredBuf> Completable for WriteVerb<B> {
         (check(OP, &c), self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.buf)
+        (Err(Error::Submit { op: OP, source }), self.buf)
     }
 }
 
