@@ -111,7 +111,7 @@ fn agent_errors_name_their_source_once() {
 
 #[test]
 fn verb_errors_name_their_source_once() {
-    let setup = Error::from(HandshakeError::Provider {
+    let setup = Error::Handshake(HandshakeError::Provider {
         stage: "creating the QP",
         source: ProviderError::Io {
             context: "engine socket",
@@ -119,13 +119,13 @@ fn verb_errors_name_their_source_once() {
         },
     });
     assert_no_repeats(&setup, 4);
-    let buf = Error::buf(
-        "send",
-        BufError::TooLarge {
+    let buf = Error::Buf {
+        op: "send",
+        source: BufError::TooLarge {
             what: "sge",
             len: 1 << 33,
             max: u32::MAX as usize,
         },
-    );
+    };
     assert_no_repeats(&buf, 2);
 }

@@ -121,8 +121,10 @@ fn an_unsignaled_inline_send_that_fails_is_reported_by_the_qp() {
         }
         // Later ops report it too.
         match a.send_inline(b"again").await {
-            Err(Error::Submit { source, .. })
-                if matches!(*source, SubmitError::InlineSendFailed { .. }) => {}
+            Err(Error::Submit {
+                source: SubmitError::InlineSendFailed { .. },
+                ..
+            }) => {}
             other => panic!("expected the recorded failure, got {other:?}"),
         }
         a.close().await.expect("close");

@@ -11,10 +11,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a verb or a connection failed. Every variant names the verb (`op`)
 /// and, where one exists, the queue pair and work request.
-///
-/// The sources of the rare variants (`Submit`, `Buf`, `Handshake`) are
-/// boxed: an `Error` is 48 bytes, so every verb's `Result` (and the future
-/// that returns it) stays small.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -53,18 +49,18 @@ pub enum Error {
     Submit {
         /// The verb.
         op: &'static str,
-        /// The runtime's error (boxed: a rare variant).
+        /// The runtime's error.
         #[source]
-        source: Box<SubmitError>,
+        source: SubmitError,
     },
     /// A local buffer cannot describe the request (too large for an SGE, ...).
     #[error("{op}: buffer refused")]
     Buf {
         /// The verb.
         op: &'static str,
-        /// The buffer error (boxed: a rare variant).
+        /// The buffer error.
         #[source]
-        source: Box<BufError>,
+        source: BufError,
     },
     /// A local buffer is too small for the request.
     #[error("{op}: local buffer of {have} bytes, {need} needed")]
@@ -108,13 +104,7 @@ pub enum Error {
     },
     /// Connection setup failed (for callers that mix `connect` and verbs with `?`).
     #[error("connection setup failed")]
-    Handshake(#[source] Box<HandshakeError>),
-}
-
-impl From<HandshakeError> for Error {
-    fn from(e: HandshakeError) -> Self {
-        Error::Handshake(Box::new(e))
-    }
+    Handshake(#[from] HandshakeError),
 }
 
 impl Error {
@@ -131,33 +121,19 @@ impl Error {
     /// True if the QP was closed or moved to ERR underneath the op (flushed
     /// completion or refused post on a closed QP).
     pub fn is_flush(&self) -> bool {
-        match self {
-            Error::Completion { status, .. } | Error::BatchCompletion { status, .. } => {
-                *status == WcStatus::WrFlushErr
+        matches!(
+            self,
+            Error::Completion {
+                status: WcStatus::WrFlushErr,
+                ..
+            } | Error::BatchCompletion {
+                status: WcStatus::WrFlushErr,
+                ..
+            } | Error::Submit {
+                source: SubmitError::Closed { .. },
+                ..
             }
-            Error::Submit { source, .. } => matches!(**source, SubmitError::Closed { .. }),
-            _ => false,
-        }
-    }
-
-    /// A [`Submit`](Error::Submit) error of verb `op`.
-    #[cold]
-    #[inline(never)]
-    pub fn submit(op: &'static str, source: SubmitError) -> Error {
-        Error::Submit {
-            op,
-            source: Box::new(source),
-        }
-    }
-
-    /// A [`Buf`](Error::Buf) error of verb `op`.
-    #[cold]
-    #[inline(never)]
-    pub fn buf(op: &'static str, source: BufError) -> Error {
-        Error::Buf {
-            op,
-            source: Box::new(source),
-        }
+        )
     }
 }
 
@@ -165,23 +141,3 @@ impl Error {
 /// `": "`: the errors of this crate and of `verbio-runtime` keep their
 /// sources out of their own `Display`, so each message appears once.
 pub use verbio_runtime::ErrorChain;
-
-#[cfg(test)]
-mod tests {
-    use super::Error;
-
-    #[test]
-    fn an_error_stays_small() {
-        // Every verb's output holds a `Result<_, Error>` and is moved through
-        // its futures: the rare variants' sources are boxed to keep it so.
-        assert!(
-            std::mem::size_of::<Error>() <= 48,
-            "{}",
-            std::mem::size_of::<Error>()
-        );
-        assert_eq!(
-            std::mem::size_of::<Result<(), Error>>(),
-            std::mem::size_of::<Error>()
-        );
-    }
-}

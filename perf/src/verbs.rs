@@ -382,7 +382,10 @@ async fn send_inline(qp: &QueuePair, peer: Option<&UdPeer>, data: &[u8], i: u64)
         Some(p) => qp
             .post_send_inline_to(p, data, None)
             .await
-            .map_err(|source| verbio::ops::Error::submit("send_inline_to", source)),
+            .map_err(|source| verbio::ops::Error::Submit {
+                op: "send_inline_to",
+                source,
+            }),
     };
     res.ctx_with(|| format!("send {i}"))
 }

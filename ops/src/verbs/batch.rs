@@ -179,6 +179,6 @@ impl<B: RegisteredBuf> Completable for BatchVerb<B> {
         )
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.bufs)
+        (Err(Error::Submit { op: OP, source }), self.bufs)
     }
 }

@@ -33,7 +33,7 @@ impl<B: RegisteredBuf + IoBufMut> Completable for FetchAndAddVerb<B> {
         (r, self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.buf)
+        (Err(Error::Submit { op: OP, source }), self.buf)
     }
 }
 

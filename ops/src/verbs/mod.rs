@@ -326,7 +326,7 @@ where
 
 /// The SGE of `buf`'s initialized bytes (what a gathering verb transmits).
 pub(crate) fn gather_sge<B: RegisteredBuf>(op: &'static str, buf: &B) -> Result<Sge, Error> {
-    buf.sge_init().map_err(|source| Error::buf(op, source))
+    buf.sge_init().map_err(|source| Error::Buf { op, source })
 }
 
 /// The SGE of `buf[..len]` (where a scattering verb writes), checking capacity.
@@ -343,7 +343,7 @@ pub(crate) fn scatter_sge<B: RegisteredBuf>(
             have,
         });
     }
-    buf.sge(0..len).map_err(|source| Error::buf(op, source))
+    buf.sge(0..len).map_err(|source| Error::Buf { op, source })
 }
 
 /// Marks `buf[..len]` initialized after the device wrote it (clamped to capacity).

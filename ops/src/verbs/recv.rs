@@ -58,7 +58,7 @@ impl<B: RegisteredBuf + IoBufMut> Completable for RecvVerb<B> {
         (r, self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.buf)
+        (Err(Error::Submit { op: OP, source }), self.buf)
     }
 }
 
@@ -66,7 +66,7 @@ impl<B: RegisteredBuf + IoBufMut> Completable for RecvVerb<B> {
 #[inline]
 pub fn recv<B: RegisteredBuf + IoBufMut>(qp: &QueuePair, buf: B) -> Submit<RecvVerb<B>> {
     if let Err(source) = buf.sge_total() {
-        return refuse(Error::buf(OP, source), buf);
+        return refuse(Error::Buf { op: OP, source }, buf);
     }
     qp.recv_scatter(RecvVerb { buf })
 }
@@ -81,7 +81,10 @@ impl Completable for RecvEmptyVerb {
         check("recv_empty", &c).map(|()| received(&c))
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        Err(Error::submit("recv_empty", source))
+        Err(Error::Submit {
+            op: "recv_empty",
+            source,
+        })
     }
 }
 

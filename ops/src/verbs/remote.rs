@@ -93,25 +93,16 @@ impl RemoteBuf {
     }
 
     /// Checks that `need` bytes fit, for the verb `op`.
-    #[inline]
     pub(crate) fn check_fits(&self, op: &'static str, need: usize) -> Result<(), Error> {
         if need as u64 > self.len {
-            return Err(self.does_not_fit(op, need));
+            return Err(Error::RemoteOutOfBounds {
+                op,
+                offset: 0,
+                len: need as u64,
+                remote_len: self.len,
+            });
         }
         Ok(())
-    }
-
-    /// The error of [`check_fits`](Self::check_fits), out of the verbs'
-    /// inlined fast path.
-    #[cold]
-    #[inline(never)]
-    fn does_not_fit(&self, op: &'static str, need: usize) -> Error {
-        Error::RemoteOutOfBounds {
-            op,
-            offset: 0,
-            len: need as u64,
-            remote_len: self.len,
-        }
     }
 }
 

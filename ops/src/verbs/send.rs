@@ -29,7 +29,7 @@ impl<B: RegisteredBuf> Completable for SendVerb<B> {
         (check(OP, &c).map(|()| self.len), self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.buf)
+        (Err(Error::Submit { op: OP, source }), self.buf)
     }
 }
 

@@ -29,7 +29,7 @@ impl Future for SendInlineVerb<'_> {
         let op = self.op;
         Pin::new(&mut self.inner)
             .poll(cx)
-            .map(|r| r.map_err(|source| Error::submit(op, source)))
+            .map(|r| r.map_err(|source| Error::Submit { op, source }))
     }
 }
 

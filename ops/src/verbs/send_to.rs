@@ -32,7 +32,7 @@ impl<B: RegisteredBuf> Completable for SendToVerb<B> {
         (check(OP, &c).map(|()| self.len), self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.buf)
+        (Err(Error::Submit { op: OP, source }), self.buf)
     }
 }
 
@@ -49,7 +49,7 @@ pub fn send_to<B: RegisteredBuf>(
         let source = SubmitError::Invalid {
             what: format!("QP {} is not a UD queue pair", qp.qp_num()),
         };
-        return refuse(Error::submit(OP, source), buf);
+        return refuse(Error::Submit { op: OP, source }, buf);
     }
     let sge = match gather_sge(OP, &buf) {
         Ok(s) => s,
@@ -57,7 +57,7 @@ pub fn send_to<B: RegisteredBuf>(
     };
     let len = sge.length as usize;
     if let Err(source) = qp.check_datagram_len(len) {
-        return refuse(Error::submit(OP, source), buf);
+        return refuse(Error::Submit { op: OP, source }, buf);
     }
     let op = SendOp::SendTo {
         dest: peer.dest(),

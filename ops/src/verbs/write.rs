@@ -28,7 +28,7 @@ impl<B: RegisteredBuf> Completable for WriteVerb<B> {
         (check(OP, &c), self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.buf)
+        (Err(Error::Submit { op: OP, source }), self.buf)
     }
 }
 
@@ -36,13 +36,13 @@ impl<B: RegisteredBuf> Completable for WriteVerb<B> {
 /// at least that long (see [`Verbs::write`](super::Verbs::write)).
 #[inline]
 pub fn write<B: RegisteredBuf>(qp: &QueuePair, buf: B, remote: RemoteBuf) -> Submit<WriteVerb<B>> {
-    let sge = match gather_sge(OP, &buf) {
+    let sge = match gather_sge(OP, &buf).and_then(|s| {
+        remote.check_fits(OP, s.length as usize)?;
+        Ok(s)
+    }) {
         Ok(s) => s,
         Err(e) => return refuse(e, buf),
     };
-    if let Err(e) = remote.check_fits(OP, sge.length as usize) {
-        return refuse(e, buf);
-    }
     let op = SendOp::Write {
         remote_addr: remote.addr(),
         rkey: remote.rkey(),

@@ -29,7 +29,7 @@ impl<B: RegisteredBuf> Completable for WriteWithImmVerb<B> {
         (check(OP, &c), self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(OP, source)), self.buf)
+        (Err(Error::Submit { op: OP, source }), self.buf)
     }
 }
 
@@ -42,13 +42,13 @@ pub fn write_with_imm<B: RegisteredBuf>(
     remote: RemoteBuf,
     imm: u32,
 ) -> Submit<WriteWithImmVerb<B>> {
-    let sge = match gather_sge(OP, &buf) {
+    let sge = match gather_sge(OP, &buf).and_then(|s| {
+        remote.check_fits(OP, s.length as usize)?;
+        Ok(s)
+    }) {
         Ok(s) => s,
         Err(e) => return refuse(e, buf),
     };
-    if let Err(e) = remote.check_fits(OP, sge.length as usize) {
-        return refuse(e, buf);
-    }
     let op = SendOp::WriteWithImm {
         remote_addr: remote.addr(),
         rkey: remote.rkey(),
