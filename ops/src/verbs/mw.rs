@@ -50,20 +50,24 @@ impl<R: IoBufMut> Completable for BindMwVerb<R> {
     type Output = BufResult<RemoteBuf, Window<R>, Error>;
     fn complete(self, c: Completion) -> Self::Output {
         let r = check("bind_mw", &c).and_then(|()| {
-            let (addr, len, rkey) = self.window.remote().ok_or_else(|| {
-                Error::submit(
-                    "bind_mw",
-                    SubmitError::Invalid {
-                        what: "window unbound after its bind".into(),
-                    },
-                )
+            let (addr, len, rkey) = self.window.remote().ok_or_else(|| Error::Submit {
+                op: "bind_mw",
+                source: SubmitError::Invalid {
+                    what: "window unbound after its bind".into(),
+                },
             })?;
             Ok(RemoteBuf::new(addr, len, rkey))
         });
         (r, self.window)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit("bind_mw", source)), self.window)
+        (
+            Err(Error::Submit {
+                op: "bind_mw",
+                source,
+            }),
+            self.window,
+        )
     }
 }
 
@@ -98,7 +102,13 @@ impl<R: IoBufMut> Completable for LocalInvVerb<R> {
         (check("local_inv", &c), self.window)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit("local_inv", source)), self.window)
+        (
+            Err(Error::Submit {
+                op: "local_inv",
+                source,
+            }),
+            self.window,
+        )
     }
 }
 
@@ -132,7 +142,13 @@ impl<B: RegisteredBuf> Completable for SendWithInvVerb<B> {
         (check(SEND_INV, &c).map(|()| self.len), self.buf)
     }
     fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::submit(SEND_INV, source)), self.buf)
+        (
+            Err(Error::Submit {
+                op: SEND_INV,
+                source,
+            }),
+            self.buf,
+        )
     }
 }
 
