@@ -92,3 +92,26 @@ fn connect_cm_without_listener_is_refused() {
         assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
     });
 }
+
+#[test]
+fn listen_cm_refuses_a_shared_receive_queue() {
+    let Some((rt, dev, ip)) = setup("listen_cm_refuses_a_shared_receive_queue") else {
+        return;
+    };
+    block(&rt, async {
+        let builder = RdmaBuilder::new().device(dev).shared_receive_queue(64);
+        let Err(err) = builder.listen_cm(SocketAddr::new(ip, 0)) else {
+            panic!("a shared receive queue is refused on CM connections");
+        };
+        assert!(
+            matches!(
+                err,
+                AgentError::Config {
+                    setting: "shared_receive_queue",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    });
+}

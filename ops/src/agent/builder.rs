@@ -87,7 +87,7 @@ pub struct RdmaBuilder {
     config: Config,
     /// Buffers of the listener's shared receive queue (`None`: each
     /// connection has its own receive queue).
-    srq_depth: Option<u32>,
+    pub(super) srq_depth: Option<u32>,
 }
 
 impl Default for RdmaBuilder {
@@ -346,7 +346,7 @@ impl RdmaBuilder {
     /// share its PD) instead of one per connection. A message is read in
     /// place and copied out when delivered (no zero-copy hand-over).
     /// Applies to [`listen`](Self::listen); [`connect`](Self::connect)
-    /// ignores it.
+    /// ignores it and [`listen_cm`](Self::listen_cm) refuses it.
     pub fn shared_receive_queue(mut self, depth: u32) -> Self {
         self.srq_depth = Some(depth);
         self

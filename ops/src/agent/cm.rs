@@ -123,7 +123,17 @@ impl RdmaBuilder {
     /// Listens for [`connect_cm`](Self::connect_cm) peers on `addr` (an IP
     /// address of the device's interface, or unspecified; port 0 picks one).
     /// Must run on a verbio runtime.
+    ///
+    /// Refused with [`AgentError::Config`] when
+    /// [`shared_receive_queue`](Self::shared_receive_queue) is set: CM
+    /// connections have receive queues of their own.
     pub fn listen_cm(&self, addr: SocketAddr) -> Result<RdmaCmListener, AgentError> {
+        if self.srq_depth.is_some() {
+            return Err(AgentError::Config {
+                setting: "shared_receive_queue",
+                reason: "not available on RDMA CM connections (listen_cm); use listen",
+            });
+        }
         let (qp, config, device, limit) = self.cm_parts()?;
         let listener =
             CmListener::bind(&device, addr, &options(&qp, limit)).map_err(cm_err("listening"))?;

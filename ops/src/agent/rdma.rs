@@ -592,7 +592,8 @@ impl Rdma {
             Some((builder, addr)) => builder.connect(*addr).await,
             None => Err(AgentError::Config {
                 setting: "new_connection",
-                reason: "only the connecting side knows the peer's listener",
+                reason: "only the side that connected with the TCP handshake (connect) knows \
+                         the peer's listener; not available on listening sides or RDMA CM connections",
             }),
         }
     }
