@@ -178,68 +178,54 @@ if [ "$NO_TESTS" = 0 ]; then
         jq -r 'select(.reason=="compiler-artifact" and .profile.test==true and .executable!=null) | .executable')
     [ ${#BINS[@]} -gt 0 ] || { echo "rxe-test: no test binaries found" >&2; exit 1; }
 fi
+# built NAME CARGO_BUILD_ARGS...: builds with the ibverbs feature and prints
+# the executable of target NAME (fails, saying so, when there is none).
+built() {
+    local name=$1 json bin
+    shift
+    json=$(cargo build "$@" --features ibverbs --message-format=json) \
+        || { echo "rxe-test: building $name failed" >&2; return 1; }
+    bin=$(printf '%s\n' "$json" | jq -r --arg n "$name" \
+        'select(.reason=="compiler-artifact" and .target.name==$n and .executable!=null) | .executable' | tail -1)
+    [ -n "$bin" ] || { echo "rxe-test: $name not built" >&2; return 1; }
+    printf '%s\n' "$bin"
+}
 DEVINFO_BIN=
 if [ "$DEVINFO" = 1 ]; then
-    json=$(cargo build --example devinfo --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/devinfo failed" >&2; exit 1; }
-    DEVINFO_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="devinfo" and .executable!=null) | .executable' | tail -1)
+    DEVINFO_BIN=$(built devinfo --example devinfo) || exit 1
 fi
 UDPP_BIN=
 RCPP_BIN=
 SRQPP_BIN=
 RPING_BIN=
 if [ "$INTEROP" = 1 ]; then
-    json=$(cargo build --example ud_pingpong --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/ud_pingpong failed" >&2; exit 1; }
-    UDPP_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="ud_pingpong" and .executable!=null) | .executable' | tail -1)
-    json=$(cargo build --example rc_pingpong --example srq_pingpong --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/rc_pingpong and srq_pingpong failed" >&2; exit 1; }
-    RCPP_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="rc_pingpong" and .executable!=null) | .executable' | tail -1)
-    SRQPP_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="srq_pingpong" and .executable!=null) | .executable' | tail -1)
+    UDPP_BIN=$(built ud_pingpong --example ud_pingpong) || exit 1
+    RCPP_BIN=$(built rc_pingpong --example rc_pingpong) || exit 1
+    SRQPP_BIN=$(built srq_pingpong --example srq_pingpong) || exit 1
     # Release: its run time is printed beside rdma-core's.
-    json=$(cargo build --release --example rping --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/rping (release) failed" >&2; exit 1; }
-    RPING_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="rping" and .executable!=null) | .executable' | tail -1)
+    RPING_BIN=$(built rping --release --example rping) || exit 1
 fi
 if [ "$CALLGRIND" = 1 ]; then
     command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
 fi
 MWB_BIN=
 if [ "$MWBENCH" = 1 ]; then
-    json=$(cargo build --release --example mw_grant_cost --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/mw_grant_cost failed" >&2; exit 1; }
-    MWB_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="mw_grant_cost" and .executable!=null) | .executable' | tail -1)
+    MWB_BIN=$(built mw_grant_cost --release --example mw_grant_cost) || exit 1
 fi
 UDPP_REL=
 if [ "$UDLAT" = 1 ]; then
     echo "rxe-test: building examples/ud_pingpong (release, features: ibverbs)" >&2
-    json=$(cargo build --release --example ud_pingpong --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/ud_pingpong (release) failed" >&2; exit 1; }
-    UDPP_REL=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="ud_pingpong" and .executable!=null) | .executable' | tail -1)
+    UDPP_REL=$(built ud_pingpong --release --example ud_pingpong) || exit 1
 fi
 SRQTP_REL=
 if [ "$SRQBENCH" = 1 ]; then
     echo "rxe-test: building examples/srq_throughput (release, features: ibverbs)" >&2
-    json=$(cargo build --release --example srq_throughput --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building examples/srq_throughput (release) failed" >&2; exit 1; }
-    SRQTP_REL=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="srq_throughput" and .executable!=null) | .executable' | tail -1)
+    SRQTP_REL=$(built srq_throughput --release --example srq_throughput) || exit 1
 fi
 PERF_BIN=
 if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ] || [ "$UDLAT" = 1 ]; then
     echo "rxe-test: building verbio-perf (release, features: ibverbs)" >&2
-    json=$(cargo build --release -p verbio-perf --features ibverbs --message-format=json) \
-        || { echo "rxe-test: building verbio-perf failed" >&2; exit 1; }
-    PERF_BIN=$(printf '%s\n' "$json" |
-        jq -r 'select(.reason=="compiler-artifact" and .target.name=="verbio-perf" and .executable!=null) | .executable' | tail -1)
-    [ -n "$PERF_BIN" ] || { echo "rxe-test: verbio-perf not built" >&2; exit 1; }
+    PERF_BIN=$(built verbio-perf --release -p verbio-perf) || exit 1
 fi
 if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ] || [ "$UDLAT" = 1 ]; then
     # perftest on the host: the guest runs the host's userland.

@@ -5,9 +5,11 @@
 //! the soft device; the device's engine thread
 //! is not counted, the runtime's thread (posting, polling) is.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::rc::Rc;
+
+use common::alloc_count::{allocs, Counting};
 
 use verbio::provider::{Context, SoftConfig};
 use verbio::rpc::mem::MemNetwork;
@@ -15,45 +17,8 @@ use verbio::rpc::ud::{UdConfig, UdTransport};
 use verbio::rpc::{Request, Rpc, RpcConfig, Transport};
 use verbio::runtime::{Device, Runtime};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: forwards to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: forwarded contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
-}
 
 const ECHO: u8 = 1;
 /// Allowed allocations in the measured calls: none per call, but a queue or

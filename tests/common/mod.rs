@@ -5,6 +5,7 @@
 //! every-verb script (used across threads and processes).
 #![allow(dead_code)]
 
+pub mod alloc_count;
 pub mod peer;
 
 use std::future::Future;
