@@ -141,6 +141,12 @@ impl Owed {
         }
     }
 
+    /// One credit-bearing buffer was reposted; the credit waits here for
+    /// the next outgoing `Data` piece or a whole batch ([`Owed::take_batch`]).
+    pub(crate) fn add_one(&self) {
+        self.owed.set(self.owed.get().saturating_add(1));
+    }
+
     /// A `Credit` message returning `n` could not be sent: they are owed
     /// again and go out with the next batch (the peer would otherwise lose
     /// them for good).

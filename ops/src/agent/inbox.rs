@@ -33,13 +33,13 @@ impl<T> TaggedInbox<T> {
         }
     }
 
-    /// Queues `item` with `tag` (dropped if the inbox is closed) and wakes
-    /// the receivers.
-    pub(crate) fn push(&self, tag: u64, item: T) {
+    /// Queues `item` with `tag` and wakes the receivers; false (the item
+    /// is dropped) if the inbox is closed.
+    pub(crate) fn push(&self, tag: u64, item: T) -> bool {
         let waiters = {
             let mut s = self.state.borrow_mut();
             if s.closed {
-                return;
+                return false;
             }
             s.items.push_back((tag, item));
             std::mem::take(&mut s.waiters)
@@ -47,6 +47,7 @@ impl<T> TaggedInbox<T> {
         for w in waiters {
             w.wake();
         }
+        true
     }
 
     /// No more items will come: receivers get `None` once nothing queued

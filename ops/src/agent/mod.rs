@@ -31,6 +31,8 @@ mod mr;
 mod msg;
 mod qps;
 mod rdma;
+mod receive;
+mod receiving;
 mod settings;
 mod side;
 mod srq;

@@ -10,9 +10,7 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use tracing::Instrument;
 
-use futures::channel::{mpsc, oneshot};
-use futures::lock::Mutex;
-use futures::StreamExt;
+use futures::channel::oneshot;
 use std::time::Duration;
 use verbio_runtime::buf::{LocalBuf, MrPool};
 
@@ -28,6 +26,8 @@ use super::flow::{Credit, Credits, Owed, PeerCredits};
 use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
+use super::receive::Receive;
+use super::receiving::Receiving;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
 use super::tokens::GrantTable;
@@ -42,9 +42,6 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long a dropped connection tries to tell the peer with a `Close`.
 const CLOSE_LIMIT: Duration = Duration::from_secs(1);
-
-/// A received user message.
-pub(crate) type Incoming = RecvMsg;
 
 /// A message being reassembled from `Data` pieces.
 #[derive(Debug)]
@@ -74,8 +71,10 @@ pub(crate) struct Shared {
     /// Delivered and not taken by the application.
     pub(crate) backlog: Backlog,
     failure: RefCell<Option<CloseReason>>,
-    pub(crate) inbox_tx: RefCell<Option<mpsc::UnboundedSender<Incoming>>>,
-    pub(crate) imm_tx: RefCell<Option<mpsc::UnboundedSender<u32>>>,
+    /// The receive side: posted receives and the inbox of user messages.
+    pub(crate) rx: Receiving,
+    /// Immediates of the peer's WRITE_WITH_IMMs (tag unused).
+    pub(crate) write_imms: TaggedInbox<u32>,
     pub(crate) partial: RefCell<HashMap<u64, Partial>>,
     /// Permits for this side's messages in progress in pieces
     /// ([`MAX_SPLIT_IN_PROGRESS`]).
@@ -248,8 +247,8 @@ impl Shared {
     /// The agent task ended: nothing more will be delivered, so pending and
     /// later receives fail (after what is queued) with the failure reason.
     pub(crate) fn agent_stopped(&self) {
-        self.inbox_tx.borrow_mut().take();
-        self.imm_tx.borrow_mut().take();
+        self.rx.close();
+        self.write_imms.close();
         self.partial.borrow_mut().clear();
         self.remote_mrs.close();
         self.local_mrs.close();
@@ -451,8 +450,6 @@ impl Shared {
 #[derive(Debug)]
 pub struct Rdma {
     pub(super) shared: Rc<Shared>,
-    inbox: Mutex<mpsc::UnboundedReceiver<Incoming>>,
-    imm_inbox: Mutex<mpsc::UnboundedReceiver<u32>>,
     agent: Option<JoinHandle<()>>,
     watcher: Option<JoinHandle<()>>,
     /// How to reach the peer's listener again (connecting side only).
@@ -534,9 +531,8 @@ impl Rdma {
             tracing::warn!(qp = qp.qp_num(), error = %crate::error::ErrorChain(e), "agent settings refused");
         })?;
         tracing::debug!(qp = qp.qp_num(), ?own, ?peer, ?negotiated, "agent settings");
-        let (inbox_tx, inbox) = mpsc::unbounded();
-        let (imm_tx, imm_inbox) = mpsc::unbounded();
         let pool = MrPool::new(&pd.0);
+        let own_receives = route.is_none();
         let window_grants = config.grant_windows.map(WindowGrants::new);
         let shared = Rc::new(Shared {
             qp,
@@ -551,8 +547,8 @@ impl Rdma {
             config,
             negotiated,
             failure: RefCell::new(None),
-            inbox_tx: RefCell::new(Some(inbox_tx)),
-            imm_tx: RefCell::new(Some(imm_tx)),
+            rx: Receiving::new(own_receives),
+            write_imms: TaggedInbox::new(),
             partial: RefCell::new(HashMap::new()),
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
             next_msg_id: Cell::new(0),
@@ -567,14 +563,11 @@ impl Rdma {
             srq_route: route,
             span,
         });
-        let receives = super::task::post_receives(&shared)?;
-        let agent =
-            spawn(super::task::run(shared.clone(), receives).instrument(shared.span.clone()));
+        let route = super::task::post_receives(&shared)?;
+        let agent = spawn(super::task::run(shared.clone(), route).instrument(shared.span.clone()));
         let watcher = spawn(watch(Rc::downgrade(&shared)).instrument(shared.span.clone()));
         Ok(Rdma {
             shared,
-            inbox: Mutex::new(inbox),
-            imm_inbox: Mutex::new(imm_inbox),
             agent: Some(agent),
             watcher: Some(watcher),
             redial: None,
@@ -752,17 +745,10 @@ impl Rdma {
     }
 
     /// The next message without copying when it fit in one receive buffer
-    /// (the agent posts a fresh buffer in its place).
+    /// (the agent posts a fresh buffer in its place). Cancel-safe: a
+    /// message is only taken by the poll that returns it.
     pub async fn receive_msg(&self) -> Result<RecvMsg, AgentError> {
-        let mut rx = self.inbox.lock().await;
-        match rx.next().await {
-            Some(m) => {
-                self.shared
-                    .taken(m.charge(self.shared.config.recv_buf_size));
-                Ok(m)
-            }
-            None => Err(self.shared.closed_error()),
-        }
+        Receive::new(&self.shared).await
     }
 
     /// The next message copied into a registered buffer.
@@ -779,9 +765,8 @@ impl Rdma {
 
     /// The immediate of the peer's next `write_with_imm`.
     pub async fn receive_write_imm(&self) -> Result<u32, AgentError> {
-        let mut rx = self.imm_inbox.lock().await;
-        match rx.next().await {
-            Some(imm) => {
+        match self.shared.write_imms.recv(None).await {
+            Some((_, imm)) => {
                 self.shared.taken(SMALL_ITEM_CHARGE);
                 Ok(imm)
             }

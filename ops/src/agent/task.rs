@@ -1,19 +1,25 @@
-//! The agent task: owns the connection's receive queue, keeps its buffers
-//! posted, decodes each message and routes it. Receives complete in posting
-//! order on an RC QP, so the agent awaits them front to back. On a
-//! listener's shared receive queue (`srq.rs`) the agent reads the messages
-//! its route hands it instead, in arrival order, each in the SRQ buffer it
-//! landed in (dropping it reposts that buffer).
+//! The connection's receive path: [`step`] takes the oldest posted receive
+//! once it completed, decodes and routes its message and reposts a buffer;
+//! the application task waiting in `receive_msg` runs it (and gets its
+//! message from it directly), or else the agent task does (see
+//! `receiving.rs`). Receives complete in posting order on an RC QP, so
+//! they are taken front to back. The agent task also sends the credits
+//! owed in `Credit` messages of their own. On a listener's shared receive
+//! queue (`srq.rs`) the agent reads the messages its route hands it
+//! instead, in arrival order, each in the SRQ buffer it landed in
+//! (dropping it reposts that buffer).
 
-use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tracing::Instrument;
 
 use verbio_runtime::buf::IoBuf;
 use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::provider::AccessFlags;
-use verbio_runtime::{sleep_until, spawn, timeout, Submit};
+use verbio_runtime::{sleep_until, spawn, timeout};
 
 use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
@@ -23,18 +29,13 @@ use super::window_grants::WINDOW_ID;
 use super::wire::{
     decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
 };
-use crate::verbs::{Received, RecvVerb, Verbs};
+use crate::verbs::{Received, Verbs};
 use futures::channel::mpsc;
 use futures::StreamExt;
 use verbio_runtime::RingMsg;
 
-/// Where the connection's messages come from.
-pub(crate) enum Receives {
-    /// Its own posted receives, oldest first.
-    Own(VecDeque<Submit<RecvVerb<LocalBuf>>>),
-    /// Its route from the listener's shared receive queue.
-    Shared(mpsc::UnboundedReceiver<RingMsg>),
-}
+/// A connection's messages routed from a listener's shared receive queue.
+pub(crate) type Route = mpsc::UnboundedReceiver<RingMsg>;
 
 /// How long the agent tries to tell a misbehaving peer why it closes.
 const ERROR_NOTICE_LIMIT: Duration = Duration::from_secs(1);
@@ -43,17 +44,16 @@ const ERROR_NOTICE_LIMIT: Duration = Duration::from_secs(1);
 const ERROR_CODE_PROTOCOL: u16 = 1;
 
 /// Posts the connection's receive buffers (credits plus the reserve the
-/// settings exchange sized for the peer).
-pub(crate) fn post_receives(shared: &Shared) -> Result<Receives, AgentError> {
+/// settings exchange sized for the peer); on a shared receive queue,
+/// returns the connection's route instead.
+pub(crate) fn post_receives(shared: &Shared) -> Result<Option<Route>, AgentError> {
     if let Some(route) = &shared.srq_route {
         return match route.take_messages() {
-            Some(rx) => Ok(Receives::Shared(rx)),
+            Some(rx) => Ok(Some(rx)),
             None => Err(AgentError::Closed(CloseReason::Local)),
         };
     }
-    let n = shared.negotiated.posted_recvs;
-    let mut q = VecDeque::with_capacity(n as usize);
-    for _ in 0..n {
+    for _ in 0..shared.negotiated.posted_recvs {
         let buf = shared
             .pool
             .alloc(shared.config.recv_buf_size)
@@ -61,9 +61,9 @@ pub(crate) fn post_receives(shared: &Shared) -> Result<Receives, AgentError> {
                 stage: "allocating the receive buffers",
                 source,
             })?;
-        q.push_back(shared.qp.recv(buf));
+        shared.rx.posted(shared.qp.recv(buf));
     }
-    Ok(Receives::Own(q))
+    Ok(None)
 }
 
 /// What to do after one message.
@@ -83,8 +83,14 @@ enum Next {
 }
 
 /// The agent's loop; returns when the connection is down.
-pub(crate) async fn run(shared: Rc<Shared>, posted: Receives) {
-    serve(&shared, posted).await;
+pub(crate) async fn run(shared: Rc<Shared>, route: Option<Route>) {
+    serve(&shared, route).await;
+    finish(&shared);
+}
+
+/// The receive side is done: the connection is down (for `Local` reasons
+/// if nothing more specific was found) and nothing more is delivered.
+fn finish(shared: &Shared) {
     if shared.failure().is_none() {
         shared.fail(CloseReason::Local);
     }
@@ -93,7 +99,7 @@ pub(crate) async fn run(shared: Rc<Shared>, posted: Receives) {
 
 /// Handles the connection's messages until it is down and they have
 /// drained.
-async fn serve(shared: &Rc<Shared>, posted: Receives) {
+async fn serve(shared: &Rc<Shared>, route: Option<Route>) {
     // The peer starts without credits: announce this side's buffers (they
     // are posted already).
     let hello = Message::Credit {
@@ -104,30 +110,28 @@ async fn serve(shared: &Rc<Shared>, posted: Receives) {
         tracing::debug!(error = %crate::error::ErrorChain(&e), "announcing the receive buffers failed");
         return;
     }
-    match posted {
-        Receives::Own(posted) => serve_own(shared, posted).await,
-        Receives::Shared(rx) => serve_shared(shared, rx).await,
+    match route {
+        None => serve_own(shared).await,
+        Some(rx) => serve_shared(shared, rx).await,
     }
     tracing::debug!(qp = shared.qp.qp_num(), "agent stopped");
 }
 
-/// Returns a credit for a message read, if the backlog allows.
-async fn credit_back(shared: &Rc<Shared>, credited: bool) {
-    // Over the unread limit, the credit stays here (see `Backlog`).
+/// The credits to return for a message read, if any: a whole batch owed
+/// and the backlog under its limit (over it, the credit stays here: see
+/// `Backlog`).
+fn credits_to_return(shared: &Shared, credited: bool) -> Option<u32> {
     if credited && shared.backlog.credit_may_return() {
-        if let Some(grant) = shared.owed.reposted() {
-            // Keep going even if it fails: receives that completed
-            // before a connection failure still carry the peer's last
-            // messages; the flush (or the route's end) ends the loop.
-            shared.return_credits(grant).await;
-        }
+        shared.owed.reposted()
+    } else {
+        None
     }
 }
 
 /// The messages routed from the shared receive queue, in arrival order;
 /// each buffer goes back to the SRQ once handled (a delivered payload is
 /// copied out).
-async fn serve_shared(shared: &Rc<Shared>, mut rx: mpsc::UnboundedReceiver<RingMsg>) {
+async fn serve_shared(shared: &Rc<Shared>, mut rx: Route) {
     tracing::debug!("agent started on the shared receive queue");
     while let Some(m) = rx.next().await {
         let rcv = Received {
@@ -135,7 +139,7 @@ async fn serve_shared(shared: &Rc<Shared>, mut rx: mpsc::UnboundedReceiver<RingM
             imm: m.imm(),
             by_write: m.by_write(),
         };
-        let credited = match handle(shared, rcv, &m).await {
+        let credited = match handle(shared, rcv, &m) {
             Next::Stop => break,
             Next::Repost(c) => c,
             Next::Deliver { len, imm } => {
@@ -143,60 +147,137 @@ async fn serve_shared(shared: &Rc<Shared>, mut rx: mpsc::UnboundedReceiver<RingM
                     shared.fail(CloseReason::Violation("payload outside the receive buffer"));
                     break;
                 };
-                deliver(shared, Body::Vec(payload.to_vec()), imm);
+                deliver(
+                    shared,
+                    RecvMsg {
+                        body: Body::Vec(payload.to_vec()),
+                        imm,
+                    },
+                );
                 true
             }
         };
         drop(m);
-        credit_back(shared, credited).await;
+        if let Some(grant) = credits_to_return(shared, credited) {
+            // Keep going even if it fails: the route's end ends the loop.
+            shared.return_credits(grant).await;
+        }
     }
 }
 
-/// Handles receive completions in order until the connection is down and
-/// its receives have drained.
-async fn serve_own(shared: &Rc<Shared>, mut posted: VecDeque<Submit<RecvVerb<LocalBuf>>>) {
-    tracing::debug!(posted = posted.len(), "agent started");
-    while let Some(recv) = posted.pop_front() {
-        let (res, mut buf) = recv.await;
-        let next = match res {
-            Ok(rcv) => handle(shared, rcv, &buf[..]).await,
-            Err(e) => {
-                if shared.failure().is_none() {
-                    shared.fail(if e.is_flush() {
-                        CloseReason::Disconnected
-                    } else {
-                        CloseReason::Transport(crate::error::ErrorChain(&e).to_string())
-                    });
-                }
-                Next::Stop
+/// Takes the connection's own receive completions while no application
+/// task does (see `receiving.rs`) and sends the credits owed, until the
+/// connection is down and its receives have drained.
+async fn serve_own(shared: &Rc<Shared>) {
+    tracing::debug!("agent started");
+    while let Some(grant) = poll_fn(|cx| agent_turn(shared, cx)).await {
+        // Keep going even if it fails: receives that completed before a
+        // connection failure still carry the peer's last messages; the
+        // flush ends the loop.
+        shared.return_credits(grant).await;
+    }
+}
+
+/// One turn of the agent: takes what completed (user messages go to the
+/// inbox); `Some(credits)` to send, `None` once the receives are done.
+fn agent_turn(shared: &Rc<Shared>, cx: &Context<'_>) -> Poll<Option<u32>> {
+    shared.rx.agent_waits(cx);
+    loop {
+        if shared.rx.take_owed_check() {
+            if let Some(grant) = shared.owed.take_batch() {
+                return Poll::Ready(Some(grant));
             }
-        };
-        let credited = match next {
-            Next::Stop => break,
-            Next::Repost(c) => c,
-            Next::Deliver { len, imm } => {
-                match hand_over(shared, buf, len, imm) {
-                    Some(fresh) => buf = fresh,
-                    None => break,
-                }
-                true
+        }
+        match step(shared) {
+            Step::Pending => return Poll::Pending,
+            Step::Msg(m) => deliver(shared, m),
+            Step::Continue => {}
+            Step::Stop => return Poll::Ready(None),
+        }
+    }
+}
+
+/// What [`step`] did.
+pub(crate) enum Step {
+    /// A whole user message arrived (the caller delivers it).
+    Msg(RecvMsg),
+    /// A message was handled (control, a piece, a WRITE's immediate).
+    Continue,
+    /// The oldest receive has not completed (the fan waker will tell).
+    Pending,
+    /// The receive side is done (the connection is down).
+    Stop,
+}
+
+/// Takes the oldest posted receive if it completed: handles its message
+/// and reposts a buffer (the same one, or a fresh one when the message is
+/// handed over in its buffer). Run by the driving receiver or the agent.
+pub(crate) fn step(shared: &Rc<Shared>) -> Step {
+    let rx = &shared.rx;
+    let Some(mut recv) = rx.take_oldest() else {
+        finish(shared);
+        return Step::Stop;
+    };
+    let (res, mut buf) = match Pin::new(&mut recv).poll(&mut rx.fan_context()) {
+        Poll::Pending => {
+            rx.put_back_oldest(recv);
+            return Step::Pending;
+        }
+        Poll::Ready(out) => out,
+    };
+    drop(recv);
+    let next = match res {
+        Ok(rcv) => handle(shared, rcv, &buf[..]),
+        Err(e) => {
+            if shared.failure().is_none() {
+                shared.fail(if e.is_flush() {
+                    CloseReason::Disconnected
+                } else {
+                    CloseReason::Transport(crate::error::ErrorChain(&e).to_string())
+                });
             }
-        };
-        buf.clear();
-        posted.push_back(shared.qp.recv(buf));
-        credit_back(shared, credited).await;
+            Next::Stop
+        }
+    };
+    let (credited, msg) = match next {
+        Next::Stop => {
+            finish(shared);
+            return Step::Stop;
+        }
+        Next::Repost(c) => (c, None),
+        Next::Deliver { len, imm } => match hand_over(shared, buf, len, imm) {
+            Some((fresh, msg)) => {
+                buf = fresh;
+                (true, Some(msg))
+            }
+            None => {
+                finish(shared);
+                return Step::Stop;
+            }
+        },
+    };
+    buf.clear();
+    rx.posted(shared.qp.recv(buf));
+    // Over the unread limit, the credit stays here (see `Backlog`).
+    if credited && shared.backlog.credit_may_return() {
+        shared.owed.add_one();
+        rx.credits_owed();
+    }
+    match msg {
+        Some(m) => Step::Msg(m),
+        None => Step::Continue,
     }
 }
 
 /// Routes one received message (`buf`: the receive buffer's bytes).
-async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
+fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
     if rcv.by_write {
         // A WRITE_WITH_IMM: the data is in granted memory, the immediate here.
         if !shared.peer_credits.spend() {
-            return refuse(shared, CloseReason::Violation(CREDITLESS)).await;
+            return refuse(shared, CloseReason::Violation(CREDITLESS));
         }
-        if let (Some(imm), Some(tx)) = (rcv.imm, shared.imm_tx.borrow().as_ref()) {
-            if tx.unbounded_send(imm).is_ok() {
+        if let Some(imm) = rcv.imm {
+            if shared.write_imms.push(0, imm) {
                 shared.backlog.add(SMALL_ITEM_CHARGE);
             }
         }
@@ -212,7 +293,7 @@ async fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
     };
     match outcome {
         Ok(next) => next,
-        Err(reason) => refuse(shared, reason).await,
+        Err(reason) => refuse(shared, reason),
     }
 }
 
@@ -230,24 +311,36 @@ fn msg_is_credited(msg: &Message<'_>) -> bool {
 
 /// Closes the connection for `reason`, telling the peer why if it broke
 /// the protocol.
-async fn refuse(shared: &Rc<Shared>, reason: CloseReason) -> Next {
-    // Down first (pending calls fail with the reason), then tell the peer
-    // why; the close waits for this last send.
-    shared.fail(reason.clone());
+fn refuse(shared: &Rc<Shared>, reason: CloseReason) -> Next {
     if reason.is_protocol() {
+        let _in_span = shared.span.enter();
         tracing::warn!(qp = shared.qp.qp_num(), reason = %crate::error::ErrorChain(&reason), "peer broke the agent protocol");
         let text = crate::error::ErrorChain(&reason).to_string();
-        let notice = Message::Error {
-            code: ERROR_CODE_PROTOCOL,
-            text: shared.error_text(&text),
-        };
-        let _ = timeout(ERROR_NOTICE_LIMIT, shared.send_unchecked(&notice)).await;
+        // Spawned before `fail` spawns the close, which waits for the sends
+        // in flight: the notice is posted first (tasks start in spawn
+        // order), after the connection is marked down below.
+        let s = shared.clone();
+        spawn(
+            async move {
+                let notice = Message::Error {
+                    code: ERROR_CODE_PROTOCOL,
+                    text: s.error_text(&text),
+                };
+                let _ = timeout(ERROR_NOTICE_LIMIT, s.send_unchecked(&notice)).await;
+            }
+            .instrument(shared.span.clone()),
+        );
     }
+    // Down now: pending calls fail with the reason.
+    shared.fail(reason);
     Next::Stop
 }
 
 /// Acts on a decoded message; `Err` closes the connection with that reason.
 fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
+    // The application's task may be the one running this: control
+    // messages log in the connection's span (data messages do not log).
+    let _in_span = (!matches!(msg, Message::Data { .. })).then(|| shared.span.enter());
     match msg {
         Message::AllocRequest {
             req_id,
@@ -459,16 +552,14 @@ fn reassemble(
     p.bytes.extend_from_slice(payload);
     if p.bytes.len() as u64 == total_len {
         if let Some(done) = partial.remove(&msg_id) {
-            if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
-                let msg = RecvMsg {
+            drop(partial);
+            deliver(
+                shared,
+                RecvMsg {
                     body: Body::Vec(done.bytes),
                     imm: done.imm,
-                };
-                let charge = msg.charge(shared.config.recv_buf_size);
-                if tx.unbounded_send(msg).is_ok() {
-                    shared.backlog.add(charge);
-                }
-            }
+                },
+            );
         }
     }
     Ok(())
@@ -563,21 +654,24 @@ fn release_later(shared: &Rc<Shared>, token_id: u64) {
     );
 }
 
-/// Hands a receive buffer holding one whole message to the user (zero
-/// copy) and returns a fresh buffer to repost; `None` if none could be had
-/// (the connection goes down).
-/// Puts a whole message in the application's inbox.
-fn deliver(shared: &Shared, body: Body, imm: Option<u32>) {
-    if let Some(tx) = shared.inbox_tx.borrow().as_ref() {
-        let msg = RecvMsg { body, imm };
-        let charge = msg.charge(shared.config.recv_buf_size);
-        if tx.unbounded_send(msg).is_ok() {
-            shared.backlog.add(charge);
-        }
+/// Queues a whole message in the application's inbox (charged to the
+/// unread backlog).
+fn deliver(shared: &Shared, msg: RecvMsg) {
+    let charge = msg.charge(shared.config.recv_buf_size);
+    if shared.rx.deliver(msg) {
+        shared.backlog.add(charge);
     }
 }
 
-fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Option<LocalBuf> {
+/// Hands a receive buffer holding one whole message over as a message
+/// (zero copy) and returns a fresh buffer to repost in its place; `None`
+/// if none could be had (the connection goes down).
+fn hand_over(
+    shared: &Shared,
+    buf: LocalBuf,
+    len: usize,
+    imm: Option<u32>,
+) -> Option<(LocalBuf, RecvMsg)> {
     let fresh = match shared.pool.alloc(shared.config.recv_buf_size) {
         Ok(b) => b,
         Err(e) => {
@@ -589,14 +683,19 @@ fn hand_over(shared: &Shared, buf: LocalBuf, len: usize, imm: Option<u32>) -> Op
         }
     };
     match buf.slice(DATA_OVERHEAD..DATA_OVERHEAD + len) {
-        Ok(payload) => deliver(shared, Body::Buf(payload), imm),
+        Ok(payload) => Some((
+            fresh,
+            RecvMsg {
+                body: Body::Buf(payload),
+                imm,
+            },
+        )),
         Err(rejected) => {
             // The decoder checked the frame's length, so the range lies in
             // the buffer; refuse the message rather than panic if not.
             tracing::warn!(error = %rejected.error, "payload range outside the receive buffer");
             shared.fail(CloseReason::Violation("payload outside the receive buffer"));
-            return None;
+            None
         }
     }
-    Some(fresh)
 }

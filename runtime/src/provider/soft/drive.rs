@@ -196,12 +196,14 @@ impl Engine {
     /// [`Shared::app_muted`](super::context::Shared::app_muted)): their
     /// leases expire as those of the ones the engine muted.
     pub(crate) fn adopt_app_muted(&mut self) {
-        let list = std::mem::take(&mut *lock(&self.sh.app_muted));
-        for cid in list {
+        let mut list = std::mem::take(&mut self.adopted);
+        std::mem::swap(&mut *lock(&self.sh.app_muted), &mut list);
+        for cid in list.drain(..) {
             if !self.muted.contains(&cid) {
                 self.muted.push(cid);
             }
         }
+        self.adopted = list;
     }
 
     /// Watches the input of muted connections again once their lease ended.

@@ -95,6 +95,9 @@ pub(crate) struct Engine {
     /// Connections whose socket the engine does not watch for input while
     /// an application's lease on it lasts.
     pub muted: Vec<usize>,
+    /// Swapped with the applications' muted list on adoption, so both
+    /// keep their capacity (an application's mute allocates nothing).
+    pub adopted: Vec<usize>,
     /// An application's receive left the engine a timer it may sleep past
     /// (an RNR wait): it must be woken.
     pub kick: bool,
@@ -137,6 +140,7 @@ impl Engine {
             resched_buf: Vec::new(),
             cq_feeds: IdMap::default(),
             muted: Vec::new(),
+            adopted: Vec::new(),
             kick: false,
             quiet: None,
             conn_wait: Vec::new(),

@@ -1,0 +1,73 @@
+//! [`Receive`]: the future of `Rdma::receive_msg`. It takes a queued
+//! message if there is one; else, as the driving receiver, it takes the
+//! connection's receive completions itself (`task::step`) and returns the
+//! first user message straight from its receive buffer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use super::error::AgentError;
+use super::msg::RecvMsg;
+use super::rdma::Shared;
+use super::receiving::Begin;
+use super::task::{step, Step};
+
+/// Waits for the connection's next user message. Cancel-safe: a message
+/// is only taken by the poll that returns it; dropped while driving, it
+/// lets the next receiver drive.
+pub(crate) struct Receive<'a> {
+    shared: &'a Rc<Shared>,
+    id: u64,
+}
+
+impl<'a> Receive<'a> {
+    pub(crate) fn new(shared: &'a Rc<Shared>) -> Receive<'a> {
+        Receive {
+            shared,
+            id: shared.rx.receiver_id(),
+        }
+    }
+}
+
+impl Future for Receive<'_> {
+    type Output = Result<RecvMsg, AgentError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (shared, id) = (self.shared, self.id);
+        let rx = &shared.rx;
+        loop {
+            match rx.begin(id, cx) {
+                Begin::Queued(m) => {
+                    rx.leave(id);
+                    shared.taken(m.charge(shared.config.recv_buf_size));
+                    return Poll::Ready(Ok(m));
+                }
+                Begin::Closed => {
+                    rx.leave(id);
+                    return Poll::Ready(Err(shared.closed_error()));
+                }
+                Begin::Wait => return Poll::Pending,
+                Begin::Drive => {}
+            }
+            match step(shared) {
+                Step::Pending => return Poll::Pending,
+                // Straight to the caller: never queued, so never charged.
+                Step::Msg(m) => {
+                    rx.leave(id);
+                    return Poll::Ready(Ok(m));
+                }
+                // A control message, a piece (a completed message is in the
+                // inbox now), or the end: look again.
+                Step::Continue | Step::Stop => {}
+            }
+        }
+    }
+}
+
+impl Drop for Receive<'_> {
+    fn drop(&mut self) {
+        self.shared.rx.leave(self.id);
+    }
+}

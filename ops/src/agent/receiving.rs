@@ -1,0 +1,253 @@
+//! [`Receiving`]: a connection's receive side: its posted receives, the
+//! user messages delivered and not yet taken (the inbox), and who polls the
+//! oldest posted receive.
+//!
+//! One message, one wake-up on its way to the application: every poll of
+//! a posted receive uses one waker of the connection's own ([`Fan`]), which
+//! wakes the application task waiting in `receive_msg` first and the agent
+//! task second. The receiver then takes the completion in its own poll
+//! (`task::step`) and returns the message from there, zero-copy and with no
+//! queue in between. By the time the agent task runs, the message is gone:
+//! its poll finds the next receive pending and ends. The agent still being
+//! woken keeps the connection's control messages (credits the application's
+//! own sends may be waiting for) flowing when the application holds a
+//! `receive_msg` future it does not poll. With no receiver waiting, the
+//! agent takes the completions and queues user messages in the inbox,
+//! charged to the unread backlog.
+//!
+//! One receiver at a time polls the posted receives (the driver); others
+//! wait for the inbox or their turn. The inbox is a `VecDeque`: no
+//! allocation per message once it has grown to the connection's burst.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
+
+use futures::task::AtomicWaker;
+use verbio_runtime::buf::LocalBuf;
+use verbio_runtime::Submit;
+
+use super::msg::RecvMsg;
+use crate::verbs::RecvVerb;
+
+/// A connection's posted receive.
+pub(crate) type PostedRecv = Submit<RecvVerb<LocalBuf>>;
+
+/// The waker every posted receive of a connection is polled with: wakes
+/// the driving receiver (if one waits), then the agent task.
+#[derive(Debug, Default)]
+struct Fan {
+    receiver: AtomicWaker,
+    agent: AtomicWaker,
+}
+
+impl Wake for Fan {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.receiver.wake();
+        self.agent.wake();
+    }
+}
+
+/// What a receiver does next ([`Receiving::begin`]).
+pub(crate) enum Begin {
+    /// A message from the inbox (charged to the backlog: give it back).
+    Queued(RecvMsg),
+    /// Nothing more will arrive.
+    Closed,
+    /// Waits (registered) for the inbox or its turn to drive.
+    Wait,
+    /// Drives: polls the posted receives itself.
+    Drive,
+}
+
+/// The receive side of one connection (single-threaded).
+pub(crate) struct Receiving {
+    state: RefCell<State>,
+    fan: Arc<Fan>,
+    fan_waker: Waker,
+}
+
+struct State {
+    /// Posted receives, oldest first (they complete in this order on an
+    /// RC QP). Empty on a shared receive queue.
+    posted: VecDeque<PostedRecv>,
+    /// True if this side polls `posted` (false: the agent reads the
+    /// connection's route from a shared receive queue).
+    own: bool,
+    /// User messages delivered and not taken, oldest first.
+    inbox: VecDeque<RecvMsg>,
+    /// The agent stopped: nothing more arrives.
+    closed: bool,
+    /// The receiver that polls `posted` now (its id).
+    driver: Option<u64>,
+    next_id: u64,
+    /// Receivers waiting for the inbox or their turn.
+    waiters: Vec<Waker>,
+    /// Credits became owed since the agent last looked: it returns them
+    /// in a `Credit` message of their own if they make a whole batch and no
+    /// data piece took them first.
+    owed_check: bool,
+}
+
+impl std::fmt::Debug for Receiving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.borrow();
+        f.debug_struct("Receiving")
+            .field("posted", &s.posted.len())
+            .field("queued", &s.inbox.len())
+            .field("closed", &s.closed)
+            .field("driver", &s.driver)
+            .finish()
+    }
+}
+
+impl Receiving {
+    /// An empty receive side (`own`: the connection posts its own
+    /// receives, else messages come from a shared receive queue's route).
+    pub(crate) fn new(own: bool) -> Receiving {
+        let fan = Arc::new(Fan::default());
+        Receiving {
+            state: RefCell::new(State {
+                posted: VecDeque::new(),
+                own,
+                inbox: VecDeque::new(),
+                closed: false,
+                driver: None,
+                next_id: 1,
+                waiters: Vec::new(),
+                owed_check: false,
+            }),
+            fan_waker: Waker::from(fan.clone()),
+            fan,
+        }
+    }
+
+    /// The context every posted receive is polled with.
+    pub(crate) fn fan_context(&self) -> Context<'_> {
+        Context::from_waker(&self.fan_waker)
+    }
+
+    /// The oldest posted receive, taken out to be polled (no borrow is
+    /// held while it is); `None` once the agent stopped.
+    pub(crate) fn take_oldest(&self) -> Option<PostedRecv> {
+        self.state.borrow_mut().posted.pop_front()
+    }
+
+    /// Puts back a still pending receive taken by [`Receiving::take_oldest`].
+    pub(crate) fn put_back_oldest(&self, recv: PostedRecv) {
+        self.state.borrow_mut().posted.push_front(recv);
+    }
+
+    /// Adds a freshly posted receive behind the others.
+    pub(crate) fn posted(&self, recv: PostedRecv) {
+        self.state.borrow_mut().posted.push_back(recv);
+    }
+
+    /// Queues a user message for the application; false if the receive
+    /// side is closed (the message is dropped).
+    pub(crate) fn deliver(&self, msg: RecvMsg) -> bool {
+        let waiters = {
+            let mut s = self.state.borrow_mut();
+            if s.closed {
+                return false;
+            }
+            s.inbox.push_back(msg);
+            std::mem::take(&mut s.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
+        self.fan.receiver.wake();
+        true
+    }
+
+    /// Credits became owed: the agent task looks at them on its next turn,
+    /// after the application task that took the message (woken first) had
+    /// its chance to send them on a reply.
+    pub(crate) fn credits_owed(&self) {
+        self.state.borrow_mut().owed_check = true;
+        self.fan.agent.wake();
+    }
+
+    /// True if credits became owed since the last call.
+    pub(crate) fn take_owed_check(&self) -> bool {
+        std::mem::take(&mut self.state.borrow_mut().owed_check)
+    }
+
+    /// The agent task waits on `cx` for completions and for credits to send.
+    pub(crate) fn agent_waits(&self, cx: &Context<'_>) {
+        self.fan.agent.register(cx.waker());
+    }
+
+    /// Nothing more arrives: pending and later receivers get what is
+    /// queued, then [`Begin::Closed`]. The posted receives are dropped
+    /// (each keeps its buffer until the QP's flush completes it).
+    pub(crate) fn close(&self) {
+        let (posted, waiters) = {
+            let mut s = self.state.borrow_mut();
+            s.closed = true;
+            (
+                std::mem::take(&mut s.posted),
+                std::mem::take(&mut s.waiters),
+            )
+        };
+        drop(posted);
+        for w in waiters {
+            w.wake();
+        }
+        self.fan.wake_by_ref();
+    }
+
+    /// A new receiver's id.
+    pub(crate) fn receiver_id(&self) -> u64 {
+        let mut s = self.state.borrow_mut();
+        let id = s.next_id;
+        s.next_id += 1;
+        id
+    }
+
+    /// What receiver `id`, polled with `cx`, does next.
+    pub(crate) fn begin(&self, id: u64, cx: &Context<'_>) -> Begin {
+        let mut s = self.state.borrow_mut();
+        if let Some(m) = s.inbox.pop_front() {
+            return Begin::Queued(m);
+        }
+        if s.closed {
+            return Begin::Closed;
+        }
+        if s.own && s.driver.is_none_or(|d| d == id) {
+            s.driver = Some(id);
+            drop(s);
+            self.fan.receiver.register(cx.waker());
+            return Begin::Drive;
+        }
+        // Polled again without a wake (a `select!` loop): one entry each.
+        if !s.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            s.waiters.push(cx.waker().clone());
+        }
+        Begin::Wait
+    }
+
+    /// Receiver `id` is done (it returned or was dropped): if it drove,
+    /// the next waiting receiver may.
+    pub(crate) fn leave(&self, id: u64) {
+        let waiters = {
+            let mut s = self.state.borrow_mut();
+            if s.driver != Some(id) {
+                return;
+            }
+            s.driver = None;
+            std::mem::take(&mut s.waiters)
+        };
+        // Later completions wake the agent only.
+        drop(self.fan.receiver.take());
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
