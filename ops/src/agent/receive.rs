@@ -12,7 +12,7 @@ use super::error::AgentError;
 use super::msg::RecvMsg;
 use super::rdma::Shared;
 use super::receiving::Begin;
-use super::task::{step, Step};
+use super::task::{deliver, step, Step};
 
 /// Waits for the connection's next user message. Cancel-safe: a message
 /// is only taken by the poll that returns it; dropped while driving, it
@@ -56,12 +56,26 @@ impl Future for Receive<'_> {
                 // Straight to the caller: never queued, so never charged.
                 Step::Msg(m) => {
                     rx.leave(id);
+                    settle(shared);
                     return Poll::Ready(Ok(m));
                 }
                 // A control message, a piece (a completed message is in the
                 // inbox now), or the end: look again.
                 Step::Continue | Step::Stop => {}
             }
+        }
+    }
+}
+
+/// Takes what else completed (queued for the next receive) until the
+/// oldest receive is pending again: then the agent task, woken by the same
+/// completion as the receiver, has nothing left to take on its turn.
+fn settle(shared: &Rc<Shared>) {
+    loop {
+        match step(shared) {
+            Step::Pending | Step::Stop => return,
+            Step::Msg(m) => deliver(shared, m),
+            Step::Continue => {}
         }
     }
 }

@@ -21,6 +21,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 
@@ -40,6 +41,9 @@ pub(crate) type PostedRecv = Submit<RecvVerb<LocalBuf>>;
 struct Fan {
     receiver: AtomicWaker,
     agent: AtomicWaker,
+    /// The oldest posted receive was polled pending (with this waker) and
+    /// has not woken it since: nothing to take until it does.
+    armed: AtomicBool,
 }
 
 impl Wake for Fan {
@@ -48,6 +52,7 @@ impl Wake for Fan {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.armed.store(false, Ordering::Relaxed);
         self.receiver.wake();
         self.agent.wake();
     }
@@ -86,8 +91,9 @@ struct State {
     /// The receiver that polls `posted` now (its id).
     driver: Option<u64>,
     next_id: u64,
-    /// Receivers waiting for the inbox or their turn.
-    waiters: Vec<Waker>,
+    /// Receivers waiting for the inbox or their turn (id, waker), in the
+    /// order they came.
+    waiters: Vec<(u64, Waker)>,
     /// Credits became owed since the agent last looked: it returns them
     /// in a `Credit` message of their own if they make a whole batch and no
     /// data piece took them first.
@@ -138,9 +144,17 @@ impl Receiving {
         self.state.borrow_mut().posted.pop_front()
     }
 
-    /// Puts back a still pending receive taken by [`Receiving::take_oldest`].
+    /// Puts back a still pending receive taken by [`Receiving::take_oldest`]
+    /// (it was just polled with the fan waker).
     pub(crate) fn put_back_oldest(&self, recv: PostedRecv) {
         self.state.borrow_mut().posted.push_front(recv);
+        self.fan.armed.store(true, Ordering::Relaxed);
+    }
+
+    /// True if nothing completed since the oldest receive was last polled
+    /// pending: the agent's turn has nothing to take.
+    pub(crate) fn armed(&self) -> bool {
+        self.fan.armed.load(Ordering::Relaxed)
     }
 
     /// Adds a freshly posted receive behind the others.
@@ -159,7 +173,7 @@ impl Receiving {
             s.inbox.push_back(msg);
             std::mem::take(&mut s.waiters)
         };
-        for w in waiters {
+        for (_, w) in waiters {
             w.wake();
         }
         self.fan.receiver.wake();
@@ -197,7 +211,7 @@ impl Receiving {
             )
         };
         drop(posted);
-        for w in waiters {
+        for (_, w) in waiters {
             w.wake();
         }
         self.fan.wake_by_ref();
@@ -227,26 +241,40 @@ impl Receiving {
             return Begin::Drive;
         }
         // Polled again without a wake (a `select!` loop): one entry each.
-        if !s.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            s.waiters.push(cx.waker().clone());
+        match s.waiters.iter_mut().find(|(w, _)| *w == id) {
+            Some((_, w)) => {
+                if !w.will_wake(cx.waker()) {
+                    *w = cx.waker().clone();
+                }
+            }
+            None => s.waiters.push((id, cx.waker().clone())),
         }
         Begin::Wait
     }
 
     /// Receiver `id` is done (it returned or was dropped): if it drove,
-    /// the next waiting receiver may.
+    /// the receiver waiting longest drives next (so concurrent receivers
+    /// take turns).
     pub(crate) fn leave(&self, id: u64) {
-        let waiters = {
+        let next = {
             let mut s = self.state.borrow_mut();
             if s.driver != Some(id) {
+                s.waiters.retain(|(w, _)| *w != id);
                 return;
             }
             s.driver = None;
-            std::mem::take(&mut s.waiters)
+            if s.waiters.is_empty() {
+                None
+            } else {
+                let (next, waker) = s.waiters.remove(0);
+                s.driver = Some(next);
+                Some(waker)
+            }
         };
-        // Later completions wake the agent only.
+        // Later completions wake the agent (and the next driver once it
+        // registers).
         drop(self.fan.receiver.take());
-        for w in waiters {
+        if let Some(w) = next {
             w.wake();
         }
     }

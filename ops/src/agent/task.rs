@@ -188,6 +188,11 @@ fn agent_turn(shared: &Rc<Shared>, cx: &Context<'_>) -> Poll<Option<u32>> {
                 return Poll::Ready(Some(grant));
             }
         }
+        // The usual turn right after a receiver took its message (and
+        // polled the next receive, see `Receive`): nothing to do.
+        if shared.rx.armed() {
+            return Poll::Pending;
+        }
         match step(shared) {
             Step::Pending => return Poll::Pending,
             Step::Msg(m) => deliver(shared, m),
@@ -656,7 +661,7 @@ fn release_later(shared: &Rc<Shared>, token_id: u64) {
 
 /// Queues a whole message in the application's inbox (charged to the
 /// unread backlog).
-fn deliver(shared: &Shared, msg: RecvMsg) {
+pub(crate) fn deliver(shared: &Shared, msg: RecvMsg) {
     let charge = msg.charge(shared.config.recv_buf_size);
     if shared.rx.deliver(msg) {
         shared.backlog.add(charge);

@@ -1,0 +1,120 @@
+//! The receive path of the high-level `Rdma` connection (soft device, two
+//! runtimes on two threads): the task awaiting `receive_msg` takes its
+//! message from the completion itself, yet the connection's control
+//! messages keep flowing when no receiver polls (a `receive_msg` future
+//! held without being polled), and concurrent receivers share the
+//! messages without losing or duplicating any.
+
+mod common;
+
+use std::pin::pin;
+use std::rc::Rc;
+use std::time::Duration;
+
+use common::*;
+use verbio::runtime::{sleep, spawn, timeout};
+use verbio::RdmaBuilder;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Server: returns every credit at once (batch 1), so the client's sends
+/// depend on its `Credit` messages.
+fn server_builder() -> RdmaBuilder {
+    RdmaBuilder::new().recv_buf_count(2).credit_batch(1)
+}
+
+#[test]
+fn a_receive_future_held_without_polls_does_not_stall_the_credits() {
+    const SENDS: usize = 40; // 20 times the server's 2 buffers
+    let (addr, server) = serve_rdma(server_builder, 1, |mut c| async move {
+        let r = c.remove(0);
+        for i in 0..SENDS {
+            let m = r.receive().await.expect("server receive");
+            assert_eq!(m, (i as u32).to_le_bytes(), "in order");
+        }
+        r.send(b"done").await.expect("done");
+        // Until the client closes.
+        let _ = r.receive().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        // Polled once: it now waits as the connection's receiver, and is
+        // then left alone while this task sends.
+        let mut held = pin!(r.receive_msg());
+        assert!(futures::poll!(held.as_mut()).is_pending());
+        for i in 0..SENDS as u32 {
+            // Each send beyond the second waits for a `Credit` from the
+            // server, which only the agent can take while `held` sleeps.
+            timeout(WAIT, r.send(&i.to_le_bytes()))
+                .await
+                .expect("a send waiting for credits must not hang")
+                .expect("send");
+        }
+        let m = timeout(WAIT, held).await.expect("bounded").expect("done");
+        assert_eq!(&m[..], b"done");
+        r.shutdown().await.expect("close");
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn concurrent_receivers_share_the_messages() {
+    const MSGS: u32 = 600;
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        for i in 0..MSGS {
+            r.send(&i.to_le_bytes()).await.expect("send");
+        }
+        let _ = r.receive().await; // until the client closes
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = Rc::new(dial_rdma(RdmaBuilder::new(), &dev, addr).await);
+        let receivers: Vec<_> = (0..3)
+            .map(|k| {
+                let r = r.clone();
+                spawn(async move {
+                    let mut got = Vec::new();
+                    // Each takes its share; the last ones stop on a timeout.
+                    while let Ok(m) = timeout(Duration::from_millis(500), r.receive()).await {
+                        let m = m.expect("receive");
+                        got.push(u32::from_le_bytes(m[..4].try_into().unwrap()));
+                        if k == 0 {
+                            sleep(Duration::from_micros(50)).await;
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        let mut shares = Vec::new();
+        for h in receivers {
+            let got = h.await;
+            // Each receiver sees its messages in arrival order.
+            assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order: {got:?}");
+            shares.push(got.len());
+            all.extend(got);
+        }
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..MSGS).collect::<Vec<_>>(),
+            "each message exactly once"
+        );
+        assert_eq!(r.unread_bytes(), 0);
+        // Receivers take turns at the connection's receives.
+        assert!(
+            shares.iter().all(|&n| n > 0),
+            "a receiver got nothing: {shares:?}"
+        );
+        println!("shares of {MSGS} messages: {shares:?}");
+        Rc::try_unwrap(r)
+            .expect("last handle")
+            .close()
+            .await
+            .expect("close");
+    });
+    server.join().expect("server");
+}
