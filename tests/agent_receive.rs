@@ -20,14 +20,16 @@ const WAIT: Duration = Duration::from_secs(10);
 /// Server: returns every credit at once (batch 1), so the client's sends
 /// depend on its `Credit` messages.
 fn server_builder() -> RdmaBuilder {
-    RdmaBuilder::new().recv_buf_count(2).credit_batch(1)
+    RdmaBuilder::new().recv_buf_count(1).credit_batch(1)
 }
 
 #[test]
 fn a_receive_future_held_without_polls_does_not_stall_the_credits() {
-    const SENDS: usize = 40; // 20 times the server's 2 buffers
+    const SENDS: usize = 40; // 40 times the server's one buffer
     let (addr, server) = serve_rdma(server_builder, 1, |mut c| async move {
         let r = c.remove(0);
+        let hello = r.receive().await.expect("hello");
+        r.send(&hello).await.expect("echo");
         for i in 0..SENDS {
             let m = r.receive().await.expect("server receive");
             assert_eq!(m, (i as u32).to_le_bytes(), "in order");
@@ -39,12 +41,16 @@ fn a_receive_future_held_without_polls_does_not_stall_the_credits() {
     let (rt, dev) = runtime_and_device();
     block(&rt, async {
         let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        // A round trip first: the server's first credits have arrived and
+        // the connection is quiet.
+        r.send(b"hello").await.expect("hello");
+        assert_eq!(r.receive().await.expect("echo"), b"hello");
         // Polled once: it now waits as the connection's receiver, and is
         // then left alone while this task sends.
         let mut held = pin!(r.receive_msg());
         assert!(futures::poll!(held.as_mut()).is_pending());
         for i in 0..SENDS as u32 {
-            // Each send beyond the second waits for a `Credit` from the
+            // Each send after the first waits for a `Credit` from the
             // server, which only the agent can take while `held` sleeps.
             timeout(WAIT, r.send(&i.to_le_bytes()))
                 .await
