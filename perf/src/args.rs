@@ -384,13 +384,6 @@ impl Cli {
             }
         }
         if self.api == Api::Rdma {
-            if test == Test::WriteLat {
-                return Err(bad(
-                    "write_lat is not supported with --api rdma: each side polls its own \
-                     memory for the peer's WRITE, and the Rdma API gives no local view of the \
-                     memory it grants to the peer (use --api verbs or raw)",
-                ));
-            }
             if self.qps != 1 {
                 return Err(bad(
                     "--api rdma runs one connection (-q 1): one Rdma agent per QP is not \
@@ -553,10 +546,6 @@ mod tests {
     #[test]
     fn unsupported_combinations_are_refused_with_a_reason() {
         for (args, needle) in [
-            (
-                &["write_lat", "--api", "rdma"][..],
-                "not supported with --api rdma",
-            ),
             (&["send_lat", "-q", "2"][..], "one QP"),
             (
                 &["write_bw", "--transport", "tcp"][..],

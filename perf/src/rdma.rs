@@ -2,9 +2,13 @@
 //! send_bw / send_lat use `Rdma::send` and `Rdma::receive`; write_bw,
 //! read_bw and read_lat use `Rdma::write` / `Rdma::read` on memory the
 //! client requests from the server (`request_remote_mr`); the atomics use
-//! `Rdma::fetch_and_add` on it. write_lat is refused at argument parsing
-//! (see `args`). Control frames travel on the same connection as messages
-//! with the immediate [`CTL_IMM`]; data messages carry none.
+//! `Rdma::fetch_and_add` on it. write_lat is a ping-pong of
+//! `Rdma::write_with_imm`, each side awaiting the other's immediate with
+//! `Rdma::receive_write_imm` (the API's way to learn of a peer's WRITE:
+//! it gives no local view of memory granted to the peer, which perftest's
+//! write_lat polls); the server writes into memory it requests from the
+//! client. Control frames travel on the same connection as messages with
+//! the immediate [`CTL_IMM`]; data messages carry none.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -25,6 +29,8 @@ use crate::stats::BwSamples;
 
 /// The immediate that marks a control frame.
 const CTL_IMM: u32 = 0x5646_5031;
+/// The write_lat immediate that ends a step (the client's last WRITE).
+const STOP_IMM: u32 = u32::MAX;
 /// How long a client retries connecting to a server that is not up yet.
 const CONNECT_RETRY: Duration = Duration::from_secs(10);
 
@@ -239,7 +245,50 @@ async fn step(
             }
             Ok(lat.finish())
         }
-        Test::WriteLat => Err(msg("write_lat is not supported with --api rdma")),
+        Test::WriteLat => {
+            let v = need()?;
+            let mut mr = rdma.alloc_local_mr(size).ctx("allocating local memory")?;
+            mr.get_mut(..)
+                .ok_or_else(|| msg("local memory"))?
+                .copy_from_slice(&payload);
+            let mut lat = LatLoop::start(budget);
+            while lat.next() {
+                let imm = (lat.i % u64::from(STOP_IMM)) as u32;
+                let (r, back) = rdma.write_with_imm(mr, v, imm).await;
+                r.ctx_with(|| format!("write_with_imm {}", lat.i))?;
+                mr = back;
+                let got = rdma
+                    .receive_write_imm()
+                    .await
+                    .ctx_with(|| format!("receive_write_imm {}", lat.i))?;
+                if got != imm {
+                    return Err(msg(format!("immediate {got} back, expected {imm}")));
+                }
+            }
+            let m = lat.finish();
+            let (r, _) = rdma.write_with_imm(mr, v, STOP_IMM).await;
+            r.ctx("ending the step")?;
+            Ok(m)
+        }
+    }
+}
+
+/// write_lat's server side: answers each of the client's WRITEs with an
+/// immediate by a WRITE of `size` bytes with the same immediate, until
+/// the client's [`STOP_IMM`].
+async fn echo_writes(rdma: &Rdma, remote: &RemoteMr, size: usize) -> Result<()> {
+    let view = remote
+        .get(0..size)
+        .ok_or_else(|| msg("the client's memory is smaller than the message"))?;
+    let mut mr = rdma.alloc_local_mr(size).ctx("allocating local memory")?;
+    loop {
+        let imm = rdma.receive_write_imm().await.ctx("receive_write_imm")?;
+        if imm == STOP_IMM {
+            return Ok(());
+        }
+        let (r, back) = rdma.write_with_imm(mr, &view, imm).await;
+        r.ctx("write_with_imm")?;
+        mr = back;
     }
 }
 
@@ -302,10 +351,31 @@ pub fn server(cfg: &Config) -> Result<()> {
 }
 
 async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
+    // write_lat: the server writes back into the client's memory, asked
+    // for at the first step that needs more than it has.
+    let mut client_mem: Option<RemoteMr> = None;
     loop {
         match recv_ctl(rdma).await? {
-            Frame::Step { .. } => {
+            Frame::Step { size, .. } => {
+                let size = usize::try_from(size).map_err(|_| msg("step size"))?;
+                if cfg.test == Test::WriteLat
+                    && client_mem.as_ref().is_none_or(|m| m.len() < size as u64)
+                {
+                    if let Some(old) = client_mem.take() {
+                        rdma.release(old)
+                            .await
+                            .ctx("releasing the client's memory")?;
+                    }
+                    let mem = rdma
+                        .request_remote_mr(size.max(8))
+                        .await
+                        .ctx("requesting the client's memory")?;
+                    client_mem = Some(mem);
+                }
                 send_ctl(rdma, Frame::Go).await?;
+                if let Some(remote) = &client_mem {
+                    echo_writes(rdma, remote, size).await?;
+                }
                 if cfg.test.verb() == Verb::Send {
                     loop {
                         let (data, imm) = rdma.receive_with_imm().await.ctx("receiving")?;

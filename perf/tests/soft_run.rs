@@ -86,9 +86,6 @@ fn every_test_on_every_api() {
     ];
     for api in ["verbs", "raw", "rdma"] {
         for test in tests {
-            if api == "rdma" && test == "write_lat" {
-                continue;
-            }
             let atomic = test.starts_with("atomic");
             let mut client = vec![test, "--api", api, "-n", "10", "-t", "4"];
             if !atomic {
@@ -150,9 +147,9 @@ fn mismatched_sides_fail_with_a_reason() {
 #[test]
 fn unsupported_combinations_exit_with_usage_errors() {
     let out = Command::new(BIN)
-        .args(["write_lat", "--api", "rdma"])
+        .args(["send_bw", "--api", "rdma", "-q", "2"])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported with --api rdma"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--api rdma runs one connection"));
 }
