@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 /// A queue of tagged items closed when the agent stops.
 #[derive(Debug)]
@@ -66,26 +66,28 @@ impl<T> TaggedInbox<T> {
     /// The oldest item (with tag `want`, if given) and its tag; `None` once
     /// the inbox is closed and holds no such item.
     pub(crate) async fn recv(&self, want: Option<u64>) -> Option<(u64, T)> {
-        poll_fn(|cx| {
-            let mut s = self.state.borrow_mut();
-            let at = s
-                .items
-                .iter()
-                .position(|(tag, _)| want.is_none_or(|w| w == *tag));
-            if let Some(i) = at {
-                return Poll::Ready(s.items.remove(i));
-            }
-            if s.closed {
-                return Poll::Ready(None);
-            }
-            // Polled again without a push (a spurious wake, a `select!`
-            // loop): one entry per receiver, not one per poll.
-            if !s.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                s.waiters.push(cx.waker().clone());
-            }
-            Poll::Pending
-        })
-        .await
+        poll_fn(|cx| self.poll_recv(want, cx)).await
+    }
+
+    /// [`TaggedInbox::recv`] as a poll: registers `cx` when nothing matches.
+    pub(crate) fn poll_recv(&self, want: Option<u64>, cx: &Context<'_>) -> Poll<Option<(u64, T)>> {
+        let mut s = self.state.borrow_mut();
+        let at = s
+            .items
+            .iter()
+            .position(|(tag, _)| want.is_none_or(|w| w == *tag));
+        if let Some(i) = at {
+            return Poll::Ready(s.items.remove(i));
+        }
+        if s.closed {
+            return Poll::Ready(None);
+        }
+        // Polled again without a push (a spurious wake, a `select!`
+        // loop): one entry per receiver, not one per poll.
+        if !s.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            s.waiters.push(cx.waker().clone());
+        }
+        Poll::Pending
     }
 
     /// Items queued.

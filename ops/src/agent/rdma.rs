@@ -19,14 +19,14 @@ use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, Subm
 
 use std::net::SocketAddr;
 
-use super::backlog::{Backlog, SMALL_ITEM_CHARGE};
+use super::backlog::Backlog;
 use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
 use super::flow::{Credit, Credits, Owed, PeerCredits};
 use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
-use super::receive::Receive;
+use super::receive::{Receive, ReceiveImm};
 use super::receiving::Receiving;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
@@ -765,13 +765,7 @@ impl Rdma {
 
     /// The immediate of the peer's next `write_with_imm`.
     pub async fn receive_write_imm(&self) -> Result<u32, AgentError> {
-        match self.shared.write_imms.recv(None).await {
-            Some((_, imm)) => {
-                self.shared.taken(SMALL_ITEM_CHARGE);
-                Ok(imm)
-            }
-            None => Err(self.shared.closed_error()),
-        }
+        ReceiveImm::new(&self.shared).await
     }
 
     /// Closes the connection: tells the peer, then stops the agent.

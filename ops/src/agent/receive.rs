@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
+use super::backlog::SMALL_ITEM_CHARGE;
 use super::error::AgentError;
 use super::msg::RecvMsg;
 use super::rdma::Shared;
@@ -38,7 +39,7 @@ impl Future for Receive<'_> {
         let (shared, id) = (self.shared, self.id);
         let rx = &shared.rx;
         loop {
-            match rx.begin(id, cx) {
+            match rx.begin(id, true, cx) {
                 Begin::Queued(m) => {
                     rx.leave(id);
                     shared.taken(m.charge(shared.config.recv_buf_size));
@@ -81,6 +82,63 @@ fn settle(shared: &Rc<Shared>) {
 }
 
 impl Drop for Receive<'_> {
+    fn drop(&mut self) {
+        self.shared.rx.leave(self.id);
+    }
+}
+
+/// Waits for the immediate of the peer's next WRITE_WITH_IMM, driving the
+/// connection's receives like [`Receive`] when no other receiver does (the
+/// completion then wakes this task, not the agent's).
+pub(crate) struct ReceiveImm<'a> {
+    shared: &'a Rc<Shared>,
+    id: u64,
+}
+
+impl<'a> ReceiveImm<'a> {
+    pub(crate) fn new(shared: &'a Rc<Shared>) -> ReceiveImm<'a> {
+        ReceiveImm {
+            shared,
+            id: shared.rx.receiver_id(),
+        }
+    }
+}
+
+impl Future for ReceiveImm<'_> {
+    type Output = Result<u32, AgentError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (shared, id) = (self.shared, self.id);
+        let rx = &shared.rx;
+        loop {
+            match shared.write_imms.poll_recv(None, cx) {
+                Poll::Ready(Some((_, imm))) => {
+                    rx.leave(id);
+                    settle(shared);
+                    shared.taken(SMALL_ITEM_CHARGE);
+                    return Poll::Ready(Ok(imm));
+                }
+                Poll::Ready(None) => {
+                    rx.leave(id);
+                    return Poll::Ready(Err(shared.closed_error()));
+                }
+                Poll::Pending => {}
+            }
+            match rx.begin(id, false, cx) {
+                // The immediates' inbox closes with the receive side.
+                Begin::Queued(_) | Begin::Closed | Begin::Wait => return Poll::Pending,
+                Begin::Drive => {}
+            }
+            match step(shared) {
+                Step::Pending => return Poll::Pending,
+                Step::Msg(m) => deliver(shared, m),
+                Step::Continue | Step::Stop => {}
+            }
+        }
+    }
+}
+
+impl Drop for ReceiveImm<'_> {
     fn drop(&mut self) {
         self.shared.rx.leave(self.id);
     }

@@ -225,11 +225,15 @@ impl Receiving {
         id
     }
 
-    /// What receiver `id`, polled with `cx`, does next.
-    pub(crate) fn begin(&self, id: u64, cx: &Context<'_>) -> Begin {
+    /// What receiver `id`, polled with `cx`, does next; `messages`: it
+    /// takes user messages from the inbox (a receiver of WRITE immediates
+    /// does not, it only drives).
+    pub(crate) fn begin(&self, id: u64, messages: bool, cx: &Context<'_>) -> Begin {
         let mut s = self.state.borrow_mut();
-        if let Some(m) = s.inbox.pop_front() {
-            return Begin::Queued(m);
+        if messages {
+            if let Some(m) = s.inbox.pop_front() {
+                return Begin::Queued(m);
+            }
         }
         if s.closed {
             return Begin::Closed;
