@@ -1,9 +1,12 @@
 #!/bin/bash
 # api-ratios.sh -- the high-level `Rdma` connection against the runtime's
 # verbs, side by side in one run on the software device: verbio-perf
-# send_lat (typical round trip / 2) and write_bw (average bandwidth) with
-# `--api verbs` and `--api rdma`, alternating round by round, with both
-# sides sleeping on the completion channel and with both busy-polling.
+# send_lat and write_lat (typical round trip / 2) and write_bw (average
+# bandwidth) with `--api verbs` and `--api rdma`, alternating round by
+# round, with both sides sleeping on the completion channel and with both
+# busy-polling. (write_lat: `--api verbs` polls memory for the peer's
+# WRITE as perftest does, whatever the mode; `--api rdma` is a ping-pong
+# of write_with_imm awaited with receive_write_imm.)
 # Prints each round's figures, then per mode the medians and the ratio
 # rdma / verbs (latency: lower is better; bandwidth: higher is better).
 #
@@ -46,7 +49,7 @@ run() {
     out=$("$BIN" "$test" 127.0.0.1 --api "$api" -d soft0 -p "$PORT" "${poll[@]}" --json "$@" 2>/dev/null)
     wait "$srv"
     case $test in
-        send_lat) jq -r '.results[0].t_typical * 100 | round / 100' <<<"$out" ;;
+        send_lat | write_lat) jq -r '.results[0].t_typical * 100 | round / 100' <<<"$out" ;;
         write_bw) jq -r '.results[0].bw_avg_mbps | round' <<<"$out" ;;
     esac
 }
@@ -55,14 +58,14 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 
 printf '%-6s %-9s %-5s %s\n' mode test api figures
 for mode in sleep busy; do
-    for test in send_lat write_bw; do
+    for test in send_lat write_lat write_bw; do
         declare -A got=([verbs]="" [rdma]="")
         for ((r = 0; r < ROUNDS; r++)); do
             # Alternate which API goes first.
             if ((r % 2)); then order="rdma verbs"; else order="verbs rdma"; fi
             for api in $order; do
-                if [ "$test" = send_lat ]; then
-                    v=$(run send_lat "$api" "$mode" -n "$ITERS" -s "$SIZE")
+                if [ "$test" != write_bw ]; then
+                    v=$(run "$test" "$api" "$mode" -n "$ITERS" -s "$SIZE")
                 else
                     v=$(run write_bw "$api" "$mode" -n 2000 -s "$BW_SIZE")
                 fi
@@ -72,7 +75,7 @@ for mode in sleep busy; do
         for api in verbs rdma; do printf '%-6s %-9s %-5s %s\n' "$mode" "$test" "$api" "${got[$api]}"; done
         mv=$(tr ' ' '\n' <<<"${got[verbs]}" | grep . | median)
         mr=$(tr ' ' '\n' <<<"${got[rdma]}" | grep . | median)
-        unit=$([ "$test" = send_lat ] && echo "us (typical one-way)" || echo "MB/s")
+        unit=$([ "$test" = write_bw ] && echo "MB/s" || echo "us (typical one-way)")
         printf '%-6s %-9s medians: verbs %s, rdma %s %s; rdma/verbs = %.2fx\n' \
             "$mode" "$test" "$mv" "$mr" "$unit" "$(awk -v a="$mr" -v b="$mv" 'BEGIN {print a / b}')"
         unset got
