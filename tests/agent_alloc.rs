@@ -1,6 +1,6 @@
 //! Heap allocations per message on the `Rdma` send / receive path in steady
 //! state: a 64-byte ping-pong over the soft device (`send`, then
-//! `receive_msg`, the zero-copy receive), counted by a global allocator per
+//! `receive_msg`, the zero-copy receive, or a `MessageStream`), counted by a global allocator per
 //! thread on the client's thread after a warm-up. The client's runtime
 //! thread runs its `send` calls, its agent task (receive completions,
 //! reposts, credits) and its reactor; the soft device's engine threads and
@@ -16,7 +16,8 @@ mod common;
 
 use common::alloc_count::{allocs, Counting};
 use common::*;
-use verbio::RdmaBuilder;
+use futures::StreamExt;
+use verbio::{MessageStream, RdmaBuilder};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -28,6 +29,44 @@ const MEASURED: usize = 2_000;
 /// (amortized, a handful of times) when a loaded machine schedules a
 /// larger burst than the warm-up did.
 const MAX_PER_ROUND_TRIP: f64 = 0.01;
+
+#[test]
+fn allocations_per_message_through_a_message_stream() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        for _ in 0..WARM_UP + MEASURED {
+            let m = r.receive_msg().await.expect("ping");
+            r.send(&m).await.expect("echo");
+        }
+        let _ = r.receive_msg().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    let per_rt = block(&rt, async {
+        let r = std::rc::Rc::new(dial_rdma(RdmaBuilder::new(), &dev, addr).await);
+        let mut msgs = MessageStream::new(r.clone());
+        let ping = [7u8; 64];
+        let mut start = 0;
+        for i in 0..WARM_UP + MEASURED {
+            if i == WARM_UP {
+                start = allocs();
+            }
+            r.send(&ping).await.expect("send");
+            let m = msgs.next().await.expect("open").expect("echo");
+            assert!(m[..] == ping[..]);
+        }
+        let n = allocs() - start;
+        let per_rt = n as f64 / MEASURED as f64;
+        println!("MessageStream: {n} allocations in {MEASURED} round trips");
+        drop(msgs);
+        r.shutdown().await.expect("close");
+        per_rt
+    });
+    server.join().expect("server");
+    assert!(
+        per_rt <= MAX_PER_ROUND_TRIP,
+        "{per_rt:.3} allocations per round trip through a MessageStream, more than {MAX_PER_ROUND_TRIP}"
+    );
+}
 
 #[test]
 fn allocations_per_message_in_steady_state() {

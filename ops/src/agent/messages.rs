@@ -8,11 +8,12 @@ use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 
 use futures::future::LocalBoxFuture;
-use futures::{Sink, Stream};
+use futures::{Future, Sink, Stream};
 
 use super::error::{AgentError, CloseReason};
 use super::msg::RecvMsg;
 use super::rdma::Rdma;
+use super::receive::Receive;
 
 /// The messages the peer sends, in order, as a `Stream`. It ends (`None`)
 /// when the connection closes in order (the peer closed or dropped its
@@ -20,7 +21,7 @@ use super::rdma::Rdma;
 /// error, then the stream ends.
 pub struct MessageStream {
     rdma: Rc<Rdma>,
-    receiving: Option<LocalBoxFuture<'static, Result<RecvMsg, AgentError>>>,
+    receiving: Option<Receive>,
     done: bool,
 }
 
@@ -51,11 +52,11 @@ impl Stream for MessageStream {
         if this.done {
             return Poll::Ready(None);
         }
-        let rdma = this.rdma.clone();
+        let rdma = &this.rdma;
         let f = this
             .receiving
-            .get_or_insert_with(|| Box::pin(async move { rdma.receive_msg().await }));
-        let res = ready!(f.as_mut().poll(cx));
+            .get_or_insert_with(|| Receive::new(&rdma.shared));
+        let res = ready!(Pin::new(f).poll(cx));
         this.receiving = None;
         match res {
             Ok(m) => Poll::Ready(Some(Ok(m))),

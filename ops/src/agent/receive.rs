@@ -18,25 +18,26 @@ use super::task::{deliver, step, Step};
 /// Waits for the connection's next user message. Cancel-safe: a message
 /// is only taken by the poll that returns it; dropped while driving, it
 /// lets the next receiver drive.
-pub(crate) struct Receive<'a> {
-    shared: &'a Rc<Shared>,
+/// It holds the connection (no borrow), so a `Stream` can keep it.
+pub(crate) struct Receive {
+    shared: Rc<Shared>,
     id: u64,
 }
 
-impl<'a> Receive<'a> {
-    pub(crate) fn new(shared: &'a Rc<Shared>) -> Receive<'a> {
+impl Receive {
+    pub(crate) fn new(shared: &Rc<Shared>) -> Receive {
         Receive {
-            shared,
+            shared: shared.clone(),
             id: shared.rx.receiver_id(),
         }
     }
 }
 
-impl Future for Receive<'_> {
+impl Future for Receive {
     type Output = Result<RecvMsg, AgentError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (shared, id) = (self.shared, self.id);
+        let (shared, id) = (&self.shared, self.id);
         let rx = &shared.rx;
         loop {
             match rx.begin(id, true, cx) {
@@ -81,7 +82,7 @@ fn settle(shared: &Rc<Shared>) {
     }
 }
 
-impl Drop for Receive<'_> {
+impl Drop for Receive {
     fn drop(&mut self) {
         self.shared.rx.leave(self.id);
     }

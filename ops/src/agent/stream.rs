@@ -4,6 +4,7 @@
 //! message carries the next stream bytes, in order; an empty message is the
 //! writer's orderly end (the reader sees EOF).
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -15,11 +16,12 @@ use futures::io::{AsyncBufRead, AsyncRead, AsyncWrite};
 use super::error::AgentError;
 use super::msg::RecvMsg;
 use super::rdma::Rdma;
+use super::receive::Receive;
 
 /// Default largest message the stream sends at once.
 pub const DEFAULT_STREAM_CHUNK: usize = 64 << 10;
 
-type Receiving = LocalBoxFuture<'static, Result<RecvMsg, AgentError>>;
+type Receiving = Receive;
 type Sending = LocalBoxFuture<'static, (Result<(), AgentError>, Vec<u8>)>;
 
 /// A byte stream over an [`Rdma`] connection (`AsyncRead`, `AsyncBufRead`
@@ -174,11 +176,11 @@ impl RdmaStream {
     /// Receives the next message into `current`, or notes the orderly end
     /// (an empty message) in `read_eof`.
     fn poll_next_message(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let rdma = self.rdma.clone();
+        let rdma = &self.rdma;
         let f = self
             .receiving
-            .get_or_insert_with(|| Box::pin(async move { rdma.receive_msg().await }));
-        let res = ready!(f.as_mut().poll(cx));
+            .get_or_insert_with(|| Receive::new(&rdma.shared));
+        let res = ready!(Pin::new(f).poll(cx));
         self.receiving = None;
         let msg = res?;
         if msg.is_empty() {
