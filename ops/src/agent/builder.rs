@@ -20,11 +20,19 @@ use verbio_runtime::Device;
 use super::error::AgentError;
 use super::flow::reserve_for;
 use super::qps::AgentQps;
-use super::rdma::Rdma;
+use super::rdma::{Rdma, MAX_INLINE_MESSAGE};
 use super::settings::MIN_RECV_BUF_SIZE;
 use super::srq::SrqHub;
 use super::wire::Settings;
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
+
+/// Default of [`RdmaBuilder::max_inline_data`]: a 64-byte message and
+/// its `Data` header ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) = 48
+/// bytes) with room to spare.
+pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
+
+/// Largest [`RdmaBuilder::max_inline_data`].
+pub const MAX_INLINE_DATA: u32 = MAX_INLINE_MESSAGE as u32;
 
 /// The settings of a connection, shared by its tasks.
 #[derive(Debug, Clone)]
@@ -97,7 +105,13 @@ impl Default for RdmaBuilder {
             require_hardware: false,
             device: None,
             cq_size: None,
-            qp: QpConfig::default(),
+            qp: QpConfig {
+                caps: QpCaps {
+                    max_inline_data: DEFAULT_MAX_INLINE_DATA,
+                    ..QpCaps::default()
+                },
+                ..QpConfig::default()
+            },
             busy_poll: Duration::ZERO,
             handshake_timeout: Duration::from_secs(10),
             srq_depth: None,
@@ -176,6 +190,21 @@ impl RdmaBuilder {
     /// Receive-queue depth (raised to hold the agent's receive buffers).
     pub fn max_recv_wr(mut self, n: u32) -> Self {
         self.qp.caps.max_recv_wr = n;
+        self
+    }
+
+    /// Largest message, header included, the QP sends INLINE (copied
+    /// into the work request at post time, no send buffer, and [`Rdma::send`]
+    /// returns once it is posted): the QP is created with this
+    /// `max_inline_data`. The default, [`DEFAULT_MAX_INLINE_DATA`], takes a
+    /// 64-byte message with its `Data` header
+    /// ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) bytes); 0 sends
+    /// nothing inline. At most [`MAX_INLINE_DATA`] (else
+    /// [`AgentError::Config`]); a device that takes less refuses to create
+    /// the QP with the caps in its error (rxe takes several hundred bytes,
+    /// the software device 1024).
+    pub fn max_inline_data(mut self, bytes: u32) -> Self {
+        self.qp.caps.max_inline_data = bytes;
         self
     }
 
@@ -376,6 +405,13 @@ impl RdmaBuilder {
             return Err(AgentError::Config {
                 setting: "recv_buf_count / credit_batch",
                 reason: "need 1 <= credit_batch <= recv_buf_count",
+            });
+        }
+        if self.qp.caps.max_inline_data > MAX_INLINE_DATA {
+            return Err(AgentError::Config {
+                setting: "max_inline_data",
+                reason: "at most MAX_INLINE_DATA (256): the agent copies an inline message \
+                         on the stack",
             });
         }
         let mut qp = self.qp;
