@@ -274,6 +274,8 @@ pub struct Config {
     pub tx_depth: u32,
     /// Largest INLINE payload.
     pub inline: u32,
+    /// `-I` as given (`--api rdma` keeps the builder's default without it).
+    pub inline_given: Option<u32>,
     /// Sleep on the completion channel.
     pub events: bool,
     /// Device name.
@@ -397,12 +399,6 @@ impl Cli {
                      a perftest multi-QP run",
                 ));
             }
-            if self.inline.is_some() {
-                return Err(bad(
-                    "-I is not supported with --api rdma: the Rdma builder has no inline \
-                     setting (the agent chooses)",
-                ));
-            }
         }
         if self.connection == Connection::Ud
             && (test != Test::SendLat
@@ -430,6 +426,7 @@ impl Cli {
             qps: self.qps,
             tx_depth,
             inline,
+            inline_given: self.inline,
             events: self.events,
             device: self.device,
             gid_index: self.gid_index,
