@@ -96,6 +96,9 @@ pub struct RdmaBuilder {
     /// Buffers of the listener's shared receive queue (`None`: each
     /// connection has its own receive queue).
     pub(super) srq_depth: Option<u32>,
+    /// `max_inline_data` was set by the application (else a device that
+    /// refuses the default gets the runtime's default QP caps' instead).
+    inline_set: bool,
 }
 
 impl Default for RdmaBuilder {
@@ -115,6 +118,7 @@ impl Default for RdmaBuilder {
             busy_poll: Duration::ZERO,
             handshake_timeout: Duration::from_secs(10),
             srq_depth: None,
+            inline_set: false,
             config: Config {
                 max_message_len: 64 << 20,
                 recv_buf_size: 4096,
@@ -201,10 +205,13 @@ impl RdmaBuilder {
     /// ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) bytes); 0 sends
     /// nothing inline. At most [`MAX_INLINE_DATA`] (else
     /// [`AgentError::Config`]); a device that takes less refuses to create
-    /// the QP with the caps in its error (rxe takes several hundred bytes,
-    /// the software device 1024).
+    /// the QP, and the error names the caps (rxe takes several hundred
+    /// bytes, the software device 1024). Left at its default, a device
+    /// that refuses it gets the runtime's default QP caps' 64 bytes
+    /// instead (RDMA CM connections excepted).
     pub fn max_inline_data(mut self, bytes: u32) -> Self {
         self.qp.caps.max_inline_data = bytes;
+        self.inline_set = true;
         self
     }
 
@@ -452,6 +459,19 @@ impl RdmaBuilder {
         })
     }
 
+    /// The agent's QP factory on `device` with `qp`: if the device refuses
+    /// the default `max_inline_data`, it retries with the runtime's
+    /// default QP caps' one.
+    fn agent_qps(&self, device: &Device, qp: QpConfig) -> AgentQps {
+        let smaller = QpCaps::default().max_inline_data;
+        let fallback = (!self.inline_set && qp.caps.max_inline_data > smaller).then(|| {
+            let mut qp = qp;
+            qp.caps.max_inline_data = smaller;
+            DeviceQps::new(device.clone(), qp)
+        });
+        AgentQps::new(DeviceQps::new(device.clone(), qp)).with_fallback(fallback)
+    }
+
     /// What a connection manager connection needs: the checked QP and
     /// agent settings, the device, and the handshake limit.
     pub(super) fn cm_parts(&self) -> Result<(QpConfig, Rc<Config>, Device, Duration), AgentError> {
@@ -463,9 +483,9 @@ impl RdmaBuilder {
     pub fn listen(&self, addr: SocketAddr) -> Result<RdmaListener, AgentError> {
         let (qp, config) = self.checked()?;
         let device = self.open()?;
-        let qps = DeviceQps::new(device.clone(), qp);
+        let qps = self.agent_qps(&device, qp);
         let qps = match self.srq_depth {
-            None => AgentQps::new(qps),
+            None => qps,
             Some(0) => {
                 return Err(AgentError::Config {
                     setting: "shared_receive_queue",
@@ -474,7 +494,7 @@ impl RdmaBuilder {
             }
             Some(depth) => {
                 let hub = SrqHub::start(&device, depth, config.recv_buf_size)?;
-                AgentQps::on_srq(qps, Rc::new(hub))
+                qps.on_srq(Rc::new(hub))
             }
         };
         let listener = Listener::bind(addr, qps, self.handshake_timeout)?;
@@ -491,12 +511,7 @@ impl RdmaBuilder {
     pub async fn connect(&self, addr: SocketAddr) -> Result<Rdma, AgentError> {
         let (qp, config) = self.checked()?;
         let device = self.open()?;
-        let conn = connect(
-            addr,
-            &AgentQps::new(DeviceQps::new(device.clone(), qp)),
-            self.handshake_timeout,
-        )
-        .await?;
+        let conn = connect(addr, &self.agent_qps(&device, qp), self.handshake_timeout).await?;
         let mut rdma = Rdma::start(conn, device.clone(), config, qp.mtu).await?;
         rdma.set_redial(self.clone().device(device), addr);
         Ok(rdma)
