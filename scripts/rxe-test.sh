@@ -89,9 +89,11 @@
 #                    round trips) and write_bw (64 KiB, 2000 iterations)
 #                    with --api rdma and --api verbs, alternating which runs
 #                    first, for --rounds rounds, both sides sleeping on the
-#                    completion channel, then both busy-polling; prints each
+#                    completion channel (-e), then both busy-polling; prints each
 #                    round's figures, the medians and the ratios rdma/verbs
-#                    (scripts/api-ratios.sh does the same on the soft device)
+#                    (scripts/api-ratios.sh does the same on the soft device);
+#                    RXE_PERF_VARIANTS builds run --api rdma send_lat in
+#                    every round too, with their ratio to the verbs median
 #
 # Everything is built on the host (`cargo test --features
 # verbio-runtime/ibverbs --no-run`), then run in one VM boot via
@@ -157,7 +159,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,108p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,110p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -619,16 +621,25 @@ UDLAT
     fi
     if [ "$APIRATIOS" = 1 ]; then
         echo "PERF='$PERF_BIN'"
+        echo "VARIANTS='${RXE_PERF_VARIANTS:-}'"
         cat <<'APIRATIOS'
 echo; echo "== Rdma vs verbs: verbio-perf --api rdma vs --api verbs, $ROUNDS round(s), alternating; send_lat 64 B x $LAT_ITERS, write_bw 64 KiB x 2000"
 for mode in sleep busy; do
-    poll=; [ $mode = busy ] && poll="--busy-poll 1000000"
+    # verbio-perf busy-polls 50 ms before sleeping on a hardware device
+    # unless -e: sleep means -e here.
+    if [ $mode = busy ]; then poll="--busy-poll 1000000"; else poll=-e; fi
     r=1
     while [ $r -le $ROUNDS ]; do
         if [ $((r % 2)) = 1 ]; then order="verbs rdma"; else order="rdma verbs"; fi
         for api in $order; do
             vp "$LOGS/api_lat_${mode}_$api.$r" "$PERF" send_lat --api $api $poll -s 64 -n "$LAT_ITERS"
             vp "$LOGS/api_bw_${mode}_$api.$r" "$PERF" write_bw --api $api $poll -s 65536 -n 2000
+        done
+        # RXE_PERF_VARIANTS builds: their --api rdma send_lat in the same round.
+        for v in $VARIANTS; do
+            n=${v%%=*}
+            vp "$LOGS/api_lat_${mode}_var_$n.$r" "${v#*=}" send_lat --api rdma $poll -s 64 -n "$LAT_ITERS"
+            field "$LOGS/api_lat_${mode}_var_$n.$r" 64 5 >> "$LOGS/api.lat.$mode.var_$n"
         done
         for api in verbs rdma; do
             field "$LOGS/api_lat_${mode}_$api.$r" 64 5 >> "$LOGS/api.lat.$mode.$api"
@@ -644,6 +655,10 @@ for mode in sleep busy; do
     echo "-- verbio-perf send_lat --api rdma ($mode, round 1):"; cat "$LOGS/api_lat_${mode}_rdma.1"
     {
         echo "api $mode send_lat typical us: verbs $(list "$LOGS/api.lat.$mode.verbs") | rdma $(list "$LOGS/api.lat.$mode.rdma"); medians verbs $(median "$LOGS/api.lat.$mode.verbs") rdma $(median "$LOGS/api.lat.$mode.rdma"); rdma/verbs per round $(list "$LOGS/api.ratio.lat.$mode"), median $(median "$LOGS/api.ratio.lat.$mode"), of medians $(ratio "$(median "$LOGS/api.lat.$mode.rdma")" "$(median "$LOGS/api.lat.$mode.verbs")")"
+        for v in $VARIANTS; do
+            n=${v%%=*}
+            echo "api $mode send_lat variant $n --api rdma typical us: $(list "$LOGS/api.lat.$mode.var_$n"); median $(median "$LOGS/api.lat.$mode.var_$n"); median / verbs median $(ratio "$(median "$LOGS/api.lat.$mode.var_$n")" "$(median "$LOGS/api.lat.$mode.verbs")")"
+        done
         echo "api $mode write_bw avg MB/s: verbs $(list "$LOGS/api.bw.$mode.verbs") | rdma $(list "$LOGS/api.bw.$mode.rdma"); medians verbs $(median "$LOGS/api.bw.$mode.verbs") rdma $(median "$LOGS/api.bw.$mode.rdma"); rdma/verbs per round $(list "$LOGS/api.ratio.bw.$mode"), median $(median "$LOGS/api.ratio.bw.$mode"), of medians $(ratio "$(median "$LOGS/api.bw.$mode.rdma")" "$(median "$LOGS/api.bw.$mode.verbs")")"
     } | tee -a "$LOGS/perf"
 done

@@ -435,12 +435,10 @@ impl Shared {
     ) -> Result<(), AgentError> {
         let mut bytes = [0u8; MAX_INLINE_MESSAGE];
         let (msg, ride) = self.riding(msg, posted);
-        let Some(frame) = bytes.get_mut(..len) else {
-            return Err(AgentError::Closed(CloseReason::Violation(
-                "an inline message larger than its stack copy",
-            )));
-        };
-        msg.encode(frame)
+        // `len` is within the copy (`inline_limit`); encoding cannot fail
+        // for a message this side built: reported as a violation if it does.
+        let len = len.min(MAX_INLINE_MESSAGE);
+        msg.encode(&mut bytes[..len])
             .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
         let mut send = self.qp.post_send_inline(&bytes[..len], None);
         let mut credit = credit;
@@ -759,6 +757,13 @@ impl Rdma {
     /// the peer's receive buffers). Waits for credits when the peer's
     /// buffers are full. Cancel-safe: dropped before its last piece was
     /// posted, the peer is told to discard the pieces it received.
+    ///
+    /// A piece (a small message is one) that fits
+    /// [`RdmaBuilder::max_inline_data`] with its header goes INLINE: done
+    /// once posted, its completion not awaited; should it fail later, the
+    /// connection goes down with that error as its reason, which later
+    /// calls return ([`Rdma::close`] waits for it). A larger piece is done
+    /// once its SEND has completed.
     pub async fn send(&self, data: &[u8]) -> Result<(), AgentError> {
         self.send_inner(data, None).await
     }
