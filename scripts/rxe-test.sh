@@ -5,7 +5,7 @@
 # Usage:
 #   scripts/rxe-test.sh [--perftest] [--rounds N] [--callgrind] [--no-devinfo] [--provider-only]
 #                       [--sweep [--sweep-iters N]] [--no-tests] [--no-interop]
-#                       [--interop-iters N] [TEST_TARGET...]
+#                       [--interop-iters N] [--api-ratios] [TEST_TARGET...]
 #
 #   TEST_TARGET      integration-test targets (of any workspace package) to
 #                    build and run. Default: the provider's own tests
@@ -84,6 +84,16 @@
 #                    which runs first, all reporting half round trips;
 #                    also `verbio-perf send_lat -c UD` (its UD loop);
 #                    prints each round's ratios verbio/perftest and medians
+#   --api-ratios     the high-level `Rdma` connection against the verbs in
+#                    the same VM: verbio-perf send_lat (64 B, --lat-iters
+#                    round trips) and write_bw (64 KiB, 2000 iterations)
+#                    with --api rdma and --api verbs, alternating which runs
+#                    first, for --rounds rounds, both sides sleeping on the
+#                    completion channel (-e), then both busy-polling; prints each
+#                    round's figures, the medians and the ratios rdma/verbs
+#                    (scripts/api-ratios.sh does the same on the soft device);
+#                    RXE_PERF_VARIANTS builds run --api rdma send_lat in
+#                    every round too, with their ratio to the verbs median
 #
 # Everything is built on the host (`cargo test --features
 # verbio-runtime/ibverbs --no-run`), then run in one VM boot via
@@ -113,6 +123,7 @@ PERFTEST=0
 DEVINFO=1
 INTEROP=1
 UDLAT=0
+APIRATIOS=0
 SRQBENCH=0
 MWBENCH=0
 INTEROP_ITERS=300
@@ -131,6 +142,7 @@ while [ $# -gt 0 ]; do
         --no-devinfo) DEVINFO=0 ;;
         --no-interop) INTEROP=0 ;;
         --ud-lat) UDLAT=1 ;;
+        --api-ratios) APIRATIOS=1 ;;
         --srq-bench) SRQBENCH=1 ;;
         --mw-bench) MWBENCH=1 ;;
         --interop-iters) shift; INTEROP_ITERS=${1:-}
@@ -147,7 +159,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,100p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,110p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -223,7 +235,7 @@ if [ "$SRQBENCH" = 1 ]; then
     SRQTP_REL=$(built srq_throughput --release --example srq_throughput) || exit 1
 fi
 PERF_BIN=
-if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ] || [ "$UDLAT" = 1 ]; then
+if [ "$PERFTEST" = 1 ] || [ "$CALLGRIND" = 1 ] || [ "$UDLAT" = 1 ] || [ "$APIRATIOS" = 1 ]; then
     echo "rxe-test: building verbio-perf (release, features: ibverbs)" >&2
     PERF_BIN=$(built verbio-perf --release -p verbio-perf) || exit 1
 fi
@@ -440,7 +452,7 @@ if [ -f "$LOGS/rping_times" ]; then
 fi
 RPING
     fi
-    if [ "$PERFTEST" = 1 ] || [ "$UDLAT" = 1 ]; then
+    if [ "$PERFTEST" = 1 ] || [ "$UDLAT" = 1 ] || [ "$APIRATIOS" = 1 ]; then
         echo "LAT_ITERS=$LAT_ITERS"
         cat <<'PERFHELP'
 # pt LOG TOOL ARGS...: perftest server in the background, client on 127.0.0.1.
@@ -606,6 +618,51 @@ done
     echo "UD verbio-perf send_lat -c UD typical ratio per round: $(list "$LOGS/ratio.udtyp.perf"); median $(median "$LOGS/ratio.udtyp.perf")"
 } | tee -a "$LOGS/perf"
 UDLAT
+    fi
+    if [ "$APIRATIOS" = 1 ]; then
+        echo "PERF='$PERF_BIN'"
+        echo "VARIANTS='${RXE_PERF_VARIANTS:-}'"
+        cat <<'APIRATIOS'
+echo; echo "== Rdma vs verbs: verbio-perf --api rdma vs --api verbs, $ROUNDS round(s), alternating; send_lat 64 B x $LAT_ITERS, write_bw 64 KiB x 2000"
+for mode in sleep busy; do
+    # verbio-perf busy-polls 50 ms before sleeping on a hardware device
+    # unless -e: sleep means -e here.
+    if [ $mode = busy ]; then poll="--busy-poll 1000000"; else poll=-e; fi
+    r=1
+    while [ $r -le $ROUNDS ]; do
+        if [ $((r % 2)) = 1 ]; then order="verbs rdma"; else order="rdma verbs"; fi
+        for api in $order; do
+            vp "$LOGS/api_lat_${mode}_$api.$r" "$PERF" send_lat --api $api $poll -s 64 -n "$LAT_ITERS"
+            vp "$LOGS/api_bw_${mode}_$api.$r" "$PERF" write_bw --api $api $poll -s 65536 -n 2000
+        done
+        # RXE_PERF_VARIANTS builds: their --api rdma send_lat in the same round.
+        for v in $VARIANTS; do
+            n=${v%%=*}
+            vp "$LOGS/api_lat_${mode}_var_$n.$r" "${v#*=}" send_lat --api rdma $poll -s 64 -n "$LAT_ITERS"
+            field "$LOGS/api_lat_${mode}_var_$n.$r" 64 5 >> "$LOGS/api.lat.$mode.var_$n"
+        done
+        for api in verbs rdma; do
+            field "$LOGS/api_lat_${mode}_$api.$r" 64 5 >> "$LOGS/api.lat.$mode.$api"
+            field "$LOGS/api_bw_${mode}_$api.$r" 65536 4 >> "$LOGS/api.bw.$mode.$api"
+        done
+        lv=$(tail -1 "$LOGS/api.lat.$mode.verbs"); lr=$(tail -1 "$LOGS/api.lat.$mode.rdma")
+        bv=$(tail -1 "$LOGS/api.bw.$mode.verbs"); br=$(tail -1 "$LOGS/api.bw.$mode.rdma")
+        echo "$(ratio "$lr" "$lv")" >> "$LOGS/api.ratio.lat.$mode"
+        echo "$(ratio "$br" "$bv")" >> "$LOGS/api.ratio.bw.$mode"
+        echo "round $r ($mode): send_lat 64B typical us: verbs $lv rdma $lr ratio $(ratio "$lr" "$lv") | write_bw 64KiB avg MB/s: verbs $bv rdma $br ratio $(ratio "$br" "$bv")" | tee -a "$LOGS/perf"
+        r=$((r+1))
+    done
+    echo "-- verbio-perf send_lat --api rdma ($mode, round 1):"; cat "$LOGS/api_lat_${mode}_rdma.1"
+    {
+        echo "api $mode send_lat typical us: verbs $(list "$LOGS/api.lat.$mode.verbs") | rdma $(list "$LOGS/api.lat.$mode.rdma"); medians verbs $(median "$LOGS/api.lat.$mode.verbs") rdma $(median "$LOGS/api.lat.$mode.rdma"); rdma/verbs per round $(list "$LOGS/api.ratio.lat.$mode"), median $(median "$LOGS/api.ratio.lat.$mode"), of medians $(ratio "$(median "$LOGS/api.lat.$mode.rdma")" "$(median "$LOGS/api.lat.$mode.verbs")")"
+        for v in $VARIANTS; do
+            n=${v%%=*}
+            echo "api $mode send_lat variant $n --api rdma typical us: $(list "$LOGS/api.lat.$mode.var_$n"); median $(median "$LOGS/api.lat.$mode.var_$n"); median / verbs median $(ratio "$(median "$LOGS/api.lat.$mode.var_$n")" "$(median "$LOGS/api.lat.$mode.verbs")")"
+        done
+        echo "api $mode write_bw avg MB/s: verbs $(list "$LOGS/api.bw.$mode.verbs") | rdma $(list "$LOGS/api.bw.$mode.rdma"); medians verbs $(median "$LOGS/api.bw.$mode.verbs") rdma $(median "$LOGS/api.bw.$mode.rdma"); rdma/verbs per round $(list "$LOGS/api.ratio.bw.$mode"), median $(median "$LOGS/api.ratio.bw.$mode"), of medians $(ratio "$(median "$LOGS/api.bw.$mode.rdma")" "$(median "$LOGS/api.bw.$mode.verbs")")"
+    } | tee -a "$LOGS/perf"
+done
+APIRATIOS
     fi
     if [ -n "$SRQTP_REL" ]; then
         echo "SRQTP='$SRQTP_REL' SRQTP_ROUNDS=$ROUNDS"

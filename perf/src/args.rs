@@ -274,6 +274,8 @@ pub struct Config {
     pub tx_depth: u32,
     /// Largest INLINE payload.
     pub inline: u32,
+    /// `-I` as given (`--api rdma` keeps the builder's default without it).
+    pub inline_given: Option<u32>,
     /// Sleep on the completion channel.
     pub events: bool,
     /// Device name.
@@ -383,19 +385,11 @@ impl Cli {
                 return Err(bad("--transport tcp uses one connection (-q 1)"));
             }
         }
-        if self.api == Api::Rdma {
-            if self.qps != 1 {
-                return Err(bad(
-                    "--api rdma runs one connection (-q 1): one Rdma agent per QP is not \
-                     a perftest multi-QP run",
-                ));
-            }
-            if self.inline.is_some() {
-                return Err(bad(
-                    "-I is not supported with --api rdma: the Rdma builder has no inline \
-                     setting (the agent chooses)",
-                ));
-            }
+        if self.api == Api::Rdma && self.qps != 1 {
+            return Err(bad(
+                "--api rdma runs one connection (-q 1): one Rdma agent per QP is not \
+                 a perftest multi-QP run",
+            ));
         }
         if self.connection == Connection::Ud
             && (test != Test::SendLat
@@ -423,6 +417,7 @@ impl Cli {
             qps: self.qps,
             tx_depth,
             inline,
+            inline_given: self.inline,
             events: self.events,
             device: self.device,
             gid_index: self.gid_index,

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use verbio::ops::agent::wire::DATA_OVERHEAD;
 use verbio::ops::agent::{AgentError, LocalMr, Rdma, RdmaBuilder, RemoteMr};
 use verbio::runtime::sleep;
 
@@ -42,6 +43,13 @@ fn builder(cfg: &Config, dev: verbio::runtime::Device) -> RdmaBuilder {
         .max_message_len(SWEEP_MAX.max(cfg.max_size()));
     if let Some(x) = cfg.gid_index {
         b = b.gid_index(x);
+    }
+    // -I counts payload bytes; a message goes inline with its Data header.
+    if let Some(n) = cfg.inline_given {
+        b = b.max_inline_data(match n {
+            0 => 0,
+            n => n.saturating_add(DATA_OVERHEAD as u32),
+        });
     }
     b
 }

@@ -20,11 +20,19 @@ use verbio_runtime::Device;
 use super::error::AgentError;
 use super::flow::reserve_for;
 use super::qps::AgentQps;
-use super::rdma::Rdma;
+use super::rdma::{Rdma, MAX_INLINE_MESSAGE};
 use super::settings::MIN_RECV_BUF_SIZE;
 use super::srq::SrqHub;
 use super::wire::Settings;
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
+
+/// Default of [`RdmaBuilder::max_inline_data`]: a 64-byte message and
+/// its `Data` header ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) = 48
+/// bytes) with room to spare.
+pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
+
+/// Largest [`RdmaBuilder::max_inline_data`].
+pub const MAX_INLINE_DATA: u32 = MAX_INLINE_MESSAGE as u32;
 
 /// The settings of a connection, shared by its tasks.
 #[derive(Debug, Clone)]
@@ -88,6 +96,9 @@ pub struct RdmaBuilder {
     /// Buffers of the listener's shared receive queue (`None`: each
     /// connection has its own receive queue).
     pub(super) srq_depth: Option<u32>,
+    /// `max_inline_data` was set by the application (else a device that
+    /// refuses the default gets the runtime's default QP caps' instead).
+    inline_set: bool,
 }
 
 impl Default for RdmaBuilder {
@@ -97,10 +108,17 @@ impl Default for RdmaBuilder {
             require_hardware: false,
             device: None,
             cq_size: None,
-            qp: QpConfig::default(),
+            qp: QpConfig {
+                caps: QpCaps {
+                    max_inline_data: DEFAULT_MAX_INLINE_DATA,
+                    ..QpCaps::default()
+                },
+                ..QpConfig::default()
+            },
             busy_poll: Duration::ZERO,
             handshake_timeout: Duration::from_secs(10),
             srq_depth: None,
+            inline_set: false,
             config: Config {
                 max_message_len: 64 << 20,
                 recv_buf_size: 4096,
@@ -176,6 +194,24 @@ impl RdmaBuilder {
     /// Receive-queue depth (raised to hold the agent's receive buffers).
     pub fn max_recv_wr(mut self, n: u32) -> Self {
         self.qp.caps.max_recv_wr = n;
+        self
+    }
+
+    /// Largest message, header included, the QP sends INLINE (copied
+    /// into the work request at post time, no send buffer, and [`Rdma::send`]
+    /// returns once it is posted): the QP is created with this
+    /// `max_inline_data`. The default, [`DEFAULT_MAX_INLINE_DATA`], takes a
+    /// 64-byte message with its `Data` header
+    /// ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) bytes); 0 sends
+    /// nothing inline. At most [`MAX_INLINE_DATA`] (else
+    /// [`AgentError::Config`]); a device that takes less refuses to create
+    /// the QP, and the error names the caps (rxe takes several hundred
+    /// bytes, the software device 1024). Left at its default, a device
+    /// that refuses it gets the runtime's default QP caps' 64 bytes
+    /// instead (RDMA CM connections excepted).
+    pub fn max_inline_data(mut self, bytes: u32) -> Self {
+        self.qp.caps.max_inline_data = bytes;
+        self.inline_set = true;
         self
     }
 
@@ -378,6 +414,13 @@ impl RdmaBuilder {
                 reason: "need 1 <= credit_batch <= recv_buf_count",
             });
         }
+        if self.qp.caps.max_inline_data > MAX_INLINE_DATA {
+            return Err(AgentError::Config {
+                setting: "max_inline_data",
+                reason: "at most MAX_INLINE_DATA (256): the agent copies an inline message \
+                         on the stack",
+            });
+        }
         let mut qp = self.qp;
         qp.caps = QpCaps {
             max_recv_wr: qp.caps.max_recv_wr.max(c.recv_queue_depth()),
@@ -416,6 +459,19 @@ impl RdmaBuilder {
         })
     }
 
+    /// The agent's QP factory on `device` with `qp`: if the device refuses
+    /// the default `max_inline_data`, it retries with the runtime's
+    /// default QP caps' one.
+    fn agent_qps(&self, device: &Device, qp: QpConfig) -> AgentQps {
+        let smaller = QpCaps::default().max_inline_data;
+        let fallback = (!self.inline_set && qp.caps.max_inline_data > smaller).then(|| {
+            let mut qp = qp;
+            qp.caps.max_inline_data = smaller;
+            DeviceQps::new(device.clone(), qp)
+        });
+        AgentQps::new(DeviceQps::new(device.clone(), qp)).with_fallback(fallback)
+    }
+
     /// What a connection manager connection needs: the checked QP and
     /// agent settings, the device, and the handshake limit.
     pub(super) fn cm_parts(&self) -> Result<(QpConfig, Rc<Config>, Device, Duration), AgentError> {
@@ -427,9 +483,9 @@ impl RdmaBuilder {
     pub fn listen(&self, addr: SocketAddr) -> Result<RdmaListener, AgentError> {
         let (qp, config) = self.checked()?;
         let device = self.open()?;
-        let qps = DeviceQps::new(device.clone(), qp);
+        let qps = self.agent_qps(&device, qp);
         let qps = match self.srq_depth {
-            None => AgentQps::new(qps),
+            None => qps,
             Some(0) => {
                 return Err(AgentError::Config {
                     setting: "shared_receive_queue",
@@ -438,7 +494,7 @@ impl RdmaBuilder {
             }
             Some(depth) => {
                 let hub = SrqHub::start(&device, depth, config.recv_buf_size)?;
-                AgentQps::on_srq(qps, Rc::new(hub))
+                qps.on_srq(Rc::new(hub))
             }
         };
         let listener = Listener::bind(addr, qps, self.handshake_timeout)?;
@@ -455,12 +511,7 @@ impl RdmaBuilder {
     pub async fn connect(&self, addr: SocketAddr) -> Result<Rdma, AgentError> {
         let (qp, config) = self.checked()?;
         let device = self.open()?;
-        let conn = connect(
-            addr,
-            &AgentQps::new(DeviceQps::new(device.clone(), qp)),
-            self.handshake_timeout,
-        )
-        .await?;
+        let conn = connect(addr, &self.agent_qps(&device, qp), self.handshake_timeout).await?;
         let mut rdma = Rdma::start(conn, device.clone(), config, qp.mtu).await?;
         rdma.set_redial(self.clone().device(device), addr);
         Ok(rdma)

@@ -42,7 +42,7 @@ mod tokens;
 mod window_grants;
 pub mod wire;
 
-pub use builder::{RdmaBuilder, RdmaListener};
+pub use builder::{RdmaBuilder, RdmaListener, DEFAULT_MAX_INLINE_DATA, MAX_INLINE_DATA};
 pub use cm::RdmaCmListener;
 pub use error::{AgentError, CloseReason};
 pub use memory::GrantMem;

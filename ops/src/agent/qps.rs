@@ -37,19 +37,57 @@ pub(crate) struct ConnQp {
 pub(crate) struct AgentQps {
     inner: DeviceQps,
     srq: Option<Rc<SrqHub>>,
+    /// The same QPs with a smaller `max_inline_data`, for a device that
+    /// refuses the builder's default one (not for a value the
+    /// application set: that refusal is reported).
+    fallback: Option<DeviceQps>,
 }
 
 impl AgentQps {
     pub(crate) fn new(inner: DeviceQps) -> AgentQps {
-        AgentQps { inner, srq: None }
+        AgentQps {
+            inner,
+            srq: None,
+            fallback: None,
+        }
     }
 
     /// Every QP on `hub`'s shared receive queue.
-    pub(crate) fn on_srq(inner: DeviceQps, hub: Rc<SrqHub>) -> AgentQps {
-        AgentQps {
-            inner,
-            srq: Some(hub),
+    pub(crate) fn on_srq(mut self, hub: Rc<SrqHub>) -> AgentQps {
+        self.srq = Some(hub);
+        self
+    }
+
+    /// If the device refuses to create a QP, retries once with `fallback`
+    /// (the same QPs with a smaller `max_inline_data`).
+    pub(crate) fn with_fallback(mut self, fallback: Option<DeviceQps>) -> AgentQps {
+        self.fallback = fallback;
+        self
+    }
+
+    fn create_with(&self, qps: &DeviceQps) -> Result<(ConnQp, Endpoint), HandshakeError> {
+        if let Some(hub) = &self.srq {
+            let (qp, ep) = qps.create_on_srq(hub.srq())?;
+            let route = Some(SrqHub::route(hub, qp.qp_num()));
+            let pd = ConnPd(qps.device().pd().clone());
+            return Ok((ConnQp { qp, pd, route }, ep));
         }
+        let pd = qps
+            .device()
+            .alloc_pd()
+            .map_err(|source| HandshakeError::Provider {
+                stage: "allocating the connection's protection domain",
+                source,
+            })?;
+        let (qp, ep) = qps.create_in(&pd)?;
+        Ok((
+            ConnQp {
+                qp,
+                pd: ConnPd(pd),
+                route: None,
+            },
+            ep,
+        ))
     }
 }
 
@@ -61,29 +99,18 @@ impl QpFactory for AgentQps {
     }
 
     fn create(&self) -> Result<(ConnQp, Endpoint), HandshakeError> {
-        if let Some(hub) = &self.srq {
-            let (qp, ep) = self.inner.create_on_srq(hub.srq())?;
-            let route = Some(SrqHub::route(hub, qp.qp_num()));
-            let pd = ConnPd(self.inner.device().pd().clone());
-            return Ok((ConnQp { qp, pd, route }, ep));
+        match (self.create_with(&self.inner), &self.fallback) {
+            (Err(HandshakeError::Provider { stage, source }), Some(fallback)) => {
+                tracing::debug!(
+                    stage,
+                    error = %crate::error::ErrorChain(&source),
+                    "the device refused the agent's QP (the default max_inline_data?): \
+                     retrying with a smaller max_inline_data"
+                );
+                self.create_with(fallback)
+            }
+            (r, _) => r,
         }
-        let pd = self
-            .inner
-            .device()
-            .alloc_pd()
-            .map_err(|source| HandshakeError::Provider {
-                stage: "allocating the connection's protection domain",
-                source,
-            })?;
-        let (qp, ep) = self.inner.create_in(&pd)?;
-        Ok((
-            ConnQp {
-                qp,
-                pd: ConnPd(pd),
-                route: None,
-            },
-            ep,
-        ))
     }
 
     fn connect(

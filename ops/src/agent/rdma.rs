@@ -14,15 +14,15 @@ use futures::channel::oneshot;
 use std::time::Duration;
 use verbio_runtime::buf::{LocalBuf, MrPool};
 
-use verbio_runtime::provider::Mtu;
-use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, Submit};
+use verbio_runtime::provider::{Mtu, WcStatus};
+use verbio_runtime::{spawn, timeout, Device, Handle, JoinHandle, QueuePair, Submit, SubmitError};
 
 use std::net::SocketAddr;
 
 use super::backlog::Backlog;
 use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
-use super::flow::{Credit, Credits, Owed, PeerCredits};
+use super::flow::{Credit, Credits, Owed, PeerCredits, Piggyback};
 use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
@@ -42,6 +42,10 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long a dropped connection tries to tell the peer with a `Close`.
 const CLOSE_LIMIT: Duration = Duration::from_secs(1);
+
+/// Largest encoded message sent INLINE (a stack copy of it is posted):
+/// the most [`RdmaBuilder::max_inline_data`] accepts.
+pub(crate) const MAX_INLINE_MESSAGE: usize = 256;
 
 /// A message being reassembled from `Data` pieces.
 #[derive(Debug)]
@@ -123,10 +127,18 @@ impl Shared {
     /// Marks the connection down (first reason wins): pending and later
     /// calls fail with `reason`, the TCP side channel closes (the peer sees
     /// it), and the QP is closed so posted receives flush. Runs on the runtime.
+    ///
+    /// `Disconnected` (inferred from a flush or the side channel's end)
+    /// gives way to the error of an inline send of this side that failed
+    /// for a reason of its own ([`Shared::inline_fault`]): no op awaited it.
     pub(crate) fn fail(&self, reason: CloseReason) {
         if self.failure.borrow().is_some() {
             return;
         }
+        let reason = match reason {
+            CloseReason::Disconnected => self.inline_fault().unwrap_or(reason),
+            reason => reason,
+        };
         let _in_span = self.span.enter();
         tracing::debug!(qp = self.qp.qp_num(), reason = %crate::error::ErrorChain(&reason), "agent connection down");
         *self.failure.borrow_mut() = Some(reason.clone());
@@ -167,6 +179,25 @@ impl Shared {
             }
             .instrument(self.span.clone()),
         );
+    }
+
+    /// The error of an inline send of this side that completed in error,
+    /// as a connection reason, unless its status is one a vanished peer
+    /// causes (a flush, retries or a timeout: `Disconnected` says that).
+    fn inline_fault(&self) -> Option<CloseReason> {
+        let e = self.qp.inline_send_error()?;
+        match e {
+            SubmitError::InlineSendFailed { status, .. } if is_specific(status) => {
+                let e = crate::Error::Submit {
+                    op: "send",
+                    source: e,
+                };
+                Some(CloseReason::Transport(
+                    crate::error::ErrorChain(&e).to_string(),
+                ))
+            }
+            _ => None,
+        }
     }
 
     /// The application took something of `charge` bytes from an inbox:
@@ -314,6 +345,10 @@ impl Shared {
         self.send_with(msg, None, &Cell::new(false)).await
     }
 
+    /// Sends `msg`, spending `credit` and setting `posted` once its SEND is
+    /// posted: INLINE from a stack copy when it fits the QP's
+    /// `max_inline_data` (see [`Shared::send_inline`]), else from a pool
+    /// buffer through an awaited SEND.
     async fn send_with(
         &self,
         msg: &Message<'_>,
@@ -321,6 +356,9 @@ impl Shared {
         posted: &Cell<bool>,
     ) -> Result<(), AgentError> {
         let len = msg.encoded_len();
+        if len <= self.inline_limit() {
+            return self.send_inline(msg, len, credit, posted).await;
+        }
         let mut buf = self.pool.alloc(len).map_err(|source| AgentError::Buf {
             stage: "allocating a send buffer",
             source,
@@ -329,36 +367,7 @@ impl Shared {
             stage: "sizing a send buffer",
             source,
         })?;
-        // The credits this side owes the peer ride on a data piece: taken
-        // with nothing left to await before the SEND is posted, and owed
-        // again if it is dropped or fails before that (see `Piggyback`).
-        let ride = match msg {
-            Message::Data { .. } if !posted.get() => {
-                Some(self.owed.take_all(&self.peer_credits, posted))
-            }
-            _ => None,
-        };
-        let msg = match (*msg, &ride) {
-            (
-                Message::Data {
-                    msg_id,
-                    total_len,
-                    offset,
-                    imm,
-                    payload,
-                    ..
-                },
-                Some(ride),
-            ) => Message::Data {
-                msg_id,
-                total_len,
-                offset,
-                imm,
-                grant: ride.count(),
-                payload,
-            },
-            (msg, _) => msg,
-        };
+        let (msg, ride) = self.riding(msg, posted);
         // The buffer holds exactly `encoded_len` bytes: encoding cannot fail
         // for a message this side built; report it as a violation if it does.
         msg.encode(&mut buf[..])
@@ -366,6 +375,85 @@ impl Shared {
         let res = self.send_buf(buf, credit, posted).await;
         drop(ride);
         res
+    }
+
+    /// Largest encoded message sent INLINE: the QP's `max_inline_data`,
+    /// at most [`MAX_INLINE_MESSAGE`] (the stack copy's size).
+    fn inline_limit(&self) -> usize {
+        (self.qp.caps().max_inline_data as usize).min(MAX_INLINE_MESSAGE)
+    }
+
+    /// `msg` with the credits owed to the peer riding on it if it is a data
+    /// piece not yet posted: taken with nothing left to await but the post
+    /// itself, and owed again if it is dropped or fails before that (see
+    /// `Piggyback`).
+    fn riding<'a, 'm>(
+        &'a self,
+        msg: &Message<'m>,
+        posted: &'a Cell<bool>,
+    ) -> (Message<'m>, Option<Piggyback<'a>>) {
+        match *msg {
+            Message::Data {
+                msg_id,
+                total_len,
+                offset,
+                imm,
+                payload,
+                ..
+            } if !posted.get() => {
+                let ride = self.owed.take_all(&self.peer_credits, posted);
+                let msg = Message::Data {
+                    msg_id,
+                    total_len,
+                    offset,
+                    imm,
+                    grant: ride.count(),
+                    payload,
+                };
+                (msg, Some(ride))
+            }
+            msg => (msg, None),
+        }
+    }
+
+    /// SENDs `msg` (`len` bytes encoded, within [`Shared::inline_limit`])
+    /// INLINE, without an op: encoded on the stack, copied by the device at
+    /// post time, done once posted (no completion to wait for; the QP
+    /// signals one in several and retires the rest). `credit` is spent and
+    /// `posted` set as the WR is posted. A WR that later completes in error
+    /// is recorded by the QP, which goes to ERR: every later submission
+    /// fails with it ([`Shared::verb_error`] makes it the connection's
+    /// reason), and so does a failure the agent infers from the flush
+    /// ([`Shared::fail`]).
+    async fn send_inline(
+        &self,
+        msg: &Message<'_>,
+        len: usize,
+        credit: Option<Credit<'_>>,
+        posted: &Cell<bool>,
+    ) -> Result<(), AgentError> {
+        let mut bytes = [0u8; MAX_INLINE_MESSAGE];
+        let (msg, ride) = self.riding(msg, posted);
+        // `len` is within the copy (`inline_limit`); encoding cannot fail
+        // for a message this side built: reported as a violation if it does.
+        let len = len.min(MAX_INLINE_MESSAGE);
+        msg.encode(&mut bytes[..len])
+            .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
+        let mut send = self.qp.post_send_inline(&bytes[..len], None);
+        let mut credit = credit;
+        let res = poll_fn(|cx| {
+            let out = Pin::new(&mut send).poll(cx);
+            if let Poll::Ready(Ok(())) = out {
+                posted.set(true);
+                if let Some(c) = credit.take() {
+                    c.spend();
+                }
+            }
+            out
+        })
+        .await;
+        drop(ride);
+        res.map_err(|source| self.verb_error(crate::Error::Submit { op: "send", source }))
     }
 
     /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
@@ -391,17 +479,19 @@ impl Shared {
     /// this completion) while `e` is the peer's refusal or a local error
     /// (not a retry or timeout a vanished peer causes), `e` replaces that as
     /// the more specific reason.
+    ///
+    /// An earlier inline send's failure ([`SubmitError::InlineSendFailed`],
+    /// reported by every later submission) counts as that send's own
+    /// completion error.
     fn verb_error(&self, e: crate::Error) -> AgentError {
-        use verbio_runtime::provider::WcStatus;
-        let specific = e.status().is_some_and(|s| {
-            !matches!(
-                s,
-                WcStatus::WrFlushErr
-                    | WcStatus::RetryExcErr
-                    | WcStatus::RnrRetryExcErr
-                    | WcStatus::RespTimeoutErr
-            )
-        });
+        let status = match &e {
+            crate::Error::Submit {
+                source: SubmitError::InlineSendFailed { status, .. },
+                ..
+            } => Some(*status),
+            _ => e.status(),
+        };
+        let specific = status.is_some_and(is_specific);
         let current = self.failure();
         match current {
             Some(reason) if e.is_flush() => return AgentError::Closed(reason),
@@ -660,6 +750,13 @@ impl Rdma {
     /// the peer's receive buffers). Waits for credits when the peer's
     /// buffers are full. Cancel-safe: dropped before its last piece was
     /// posted, the peer is told to discard the pieces it received.
+    ///
+    /// A piece (a small message is one) that fits
+    /// [`RdmaBuilder::max_inline_data`] with its header goes INLINE: done
+    /// once posted, its completion not awaited; should it fail later, the
+    /// connection goes down with that error as its reason, which later
+    /// calls return ([`Rdma::close`] waits for it). A larger piece is done
+    /// once its SEND has completed.
     pub async fn send(&self, data: &[u8]) -> Result<(), AgentError> {
         self.send_inner(data, None).await
     }
@@ -777,10 +874,20 @@ impl Rdma {
     /// `Rc`, a [`MessageSink`](super::MessageSink) closes it): tells the
     /// peer, whose calls then fail with [`CloseReason::Disconnected`], and
     /// stops the agent; later calls here fail with [`CloseReason::Local`].
-    /// A connection already down returns its reason.
+    /// A connection already down returns its reason. Small messages go
+    /// INLINE and [`Rdma::send`] returns once they are posted: this waits
+    /// (up to two seconds) for every send posted before it, the `Close`
+    /// last, to complete, and returns an error if one of them failed.
     pub async fn shutdown(&self) -> Result<(), AgentError> {
-        let r = self.shared.send_message(&Message::Close, false).await;
-        self.shared.fail(CloseReason::Local);
+        let s = &self.shared;
+        let mut r = s.send_message(&Message::Close, false).await;
+        if r.is_ok() {
+            let _ = timeout(DRAIN_LIMIT, s.qp.sends_idle()).await;
+            if let Some(source) = s.qp.inline_send_error() {
+                r = Err(s.verb_error(crate::Error::Submit { op: "send", source }));
+            }
+        }
+        s.fail(CloseReason::Local);
         r
     }
 }
@@ -812,6 +919,18 @@ impl Drop for Rdma {
             w.abort();
         }
     }
+}
+
+/// True for a completion status that says why a work request failed,
+/// false for those a vanished peer causes (a flush, retries, a timeout).
+fn is_specific(status: WcStatus) -> bool {
+    !matches!(
+        status,
+        WcStatus::WrFlushErr
+            | WcStatus::RetryExcErr
+            | WcStatus::RnrRetryExcErr
+            | WcStatus::RespTimeoutErr
+    )
 }
 
 /// Polls a submission to its end, spending `credit` and setting `posted`

@@ -20,8 +20,9 @@ use crate::provider::{
     QpType, RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, SgList, UdAttr,
 };
 
-/// Inline payload copied at post time.
-pub(crate) type InlineData = SmallVec<[u8; 64]>;
+/// Inline payload copied at post time: up to 128 bytes without a heap
+/// copy (a 64-byte `Rdma` message with its 48-byte agent header fits).
+pub(crate) type InlineData = SmallVec<[u8; 128]>;
 
 /// A send WR as queued for the engine.
 pub(crate) struct SendWqe {
