@@ -26,8 +26,10 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod fifo;
 mod send_queue;
 
+use fifo::Fifo;
 use send_queue::SendQueue;
 
 use crate::provider::{
@@ -230,7 +232,7 @@ impl FakeQp {
         cq.reserve(end);
         for &(id, f, op) in q.front(end) {
             if !success || f.contains(SendFlags::SIGNALED) {
-                cq.push_back(self.completion(id, status, op, byte_len));
+                cq.push(self.completion(id, status, op, byte_len));
             }
         }
         q.retire_front(end);
@@ -343,12 +345,18 @@ impl FakeQp {
 
 /// The fake's completion queue: what the test produced, in order.
 pub(crate) struct FakeCq {
-    queue: RefCell<VecDeque<Completion>>,
+    queue: RefCell<Fifo<Completion>>,
 }
 
 impl FakeCq {
+    fn new() -> FakeCq {
+        FakeCq {
+            queue: RefCell::new(Fifo::default()),
+        }
+    }
+
     fn push(&self, c: Completion) {
-        self.queue.borrow_mut().push_back(c);
+        self.queue.borrow_mut().push(c);
     }
 }
 
@@ -430,9 +438,7 @@ pub(crate) fn create(
     caps: QpCaps,
     cq_capacity: u32,
 ) -> std::io::Result<(Qp, Cq, CompChannel, Rc<FakeQp>)> {
-    let cq = Rc::new(FakeCq {
-        queue: RefCell::new(VecDeque::new()),
-    });
+    let cq = Rc::new(FakeCq::new());
     let fake = FakeQp::new(qp_num, caps, cq.clone());
     let (thread, cq_key, key) = FAKES.with(|r| {
         let mut cqs = r.cqs.borrow_mut();
@@ -580,13 +586,7 @@ impl Cq {
             let Some(cq) = cqs.get(self.key) else {
                 return Err(off_thread("poll"));
             };
-            let mut q = cq.queue.borrow_mut();
-            let n = q.len().min(out.len());
-            let (front, back) = q.as_slices();
-            let k = front.len().min(n);
-            out[..k].copy_from_slice(&front[..k]);
-            out[k..n].copy_from_slice(&back[..n - k]);
-            q.drain(..n);
+            let n = cq.queue.borrow_mut().take_into(out);
             Ok(n)
         })
     }
@@ -610,9 +610,7 @@ mod tests {
     use crate::provider::{SendOp, SgList};
 
     fn fake() -> Rc<FakeQp> {
-        let cq = Rc::new(FakeCq {
-            queue: RefCell::new(VecDeque::new()),
-        });
+        let cq = Rc::new(FakeCq::new());
         let caps = QpCaps {
             max_send_wr: 16,
             ..QpCaps::default()
@@ -636,7 +634,8 @@ mod tests {
     fn drained(f: &FakeQp) -> Vec<(u64, WcStatus)> {
         f.cq.queue
             .borrow_mut()
-            .drain(..)
+            .take_all()
+            .into_iter()
             .map(|c| (c.wr_id, c.status))
             .collect()
     }
