@@ -86,40 +86,60 @@ impl TaskWaker {
     /// swap the flag and push into the mutex-protected queue.
     #[inline(always)]
     pub(crate) fn wake_ref(&self) {
-        let shared = Arc::as_ptr(&self.shared);
-        let ours = LOCAL_SHARED
-            .try_with(|l| l.get() == shared)
-            .unwrap_or(false);
-        if ours {
+        if self.is_local() {
             if self.scheduled.load(Ordering::Acquire) {
                 return;
             }
-            self.scheduled.store(true, Ordering::Release);
-            let local = if self.id == MAIN {
-                LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
-            } else {
-                LOCAL_QUEUE
-                    .try_with(|q| match q.try_borrow_mut() {
-                        Ok(mut q) => {
-                            q.push(self.id);
-                            // `with`, not `LocalKey::set` (an out-of-line
-                            // initialization check per call).
-                            LOCAL_PENDING.with(|p| p.set(true));
-                            true
-                        }
-                        Err(_) => false,
-                    })
-                    .unwrap_or(false)
-            };
-            if !local {
-                self.shared.push(self.id);
-            } else if self.shared.sleeping.load(Ordering::SeqCst) {
-                // Driven from outside (between turns): the outer poller
-                // waits on our epoll fd, so make it readable.
-                self.shared.kick();
-            }
-        } else if !self.scheduled.swap(true, Ordering::AcqRel) {
+            self.wake_local();
+        } else {
+            self.wake_remote();
+        }
+    }
+
+    /// True on the thread of the runtime the task belongs to.
+    #[inline(always)]
+    fn is_local(&self) -> bool {
+        let shared = Arc::as_ptr(&self.shared);
+        LOCAL_SHARED
+            .try_with(|l| l.get() == shared)
+            .unwrap_or(false)
+    }
+
+    /// [`wake_ref`](Self::wake_ref) from another thread.
+    #[inline(always)]
+    fn wake_remote(&self) {
+        if !self.scheduled.swap(true, Ordering::AcqRel) {
             self.shared.push(self.id);
+        }
+    }
+
+    /// [`wake_ref`](Self::wake_ref) on the runtime's thread, of a task not
+    /// scheduled (as just read).
+    #[inline(always)]
+    fn wake_local(&self) {
+        self.scheduled.store(true, Ordering::Release);
+        let local = if self.id == MAIN {
+            LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
+        } else {
+            LOCAL_QUEUE
+                .try_with(|q| match q.try_borrow_mut() {
+                    Ok(mut q) => {
+                        q.push(self.id);
+                        // `with`, not `LocalKey::set` (an out-of-line
+                        // initialization check per call).
+                        LOCAL_PENDING.with(|p| p.set(true));
+                        true
+                    }
+                    Err(_) => false,
+                })
+                .unwrap_or(false)
+        };
+        if !local {
+            self.shared.push(self.id);
+        } else if self.shared.sleeping.load(Ordering::SeqCst) {
+            // Driven from outside (between turns): the outer poller
+            // waits on our epoll fd, so make it readable.
+            self.shared.kick();
         }
     }
 }
@@ -206,7 +226,12 @@ pub(crate) fn wake_if_task(w: &Waker) -> bool {
     // Already queued: it will be polled (the flag is cleared right before
     // the poll), exactly the early return `wake_ref` itself would take.
     if !flag.scheduled.load(Ordering::Acquire) {
-        flag.wake_ref();
+        // `wake_ref` without its second look at the flag.
+        if flag.is_local() {
+            flag.wake_local();
+        } else {
+            flag.wake_remote();
+        }
     }
     true
 }

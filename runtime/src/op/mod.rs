@@ -34,7 +34,7 @@ mod table;
 pub mod wr_id;
 
 pub(crate) use counters::Counters;
-pub(crate) use credit::{Credit, Credits, QpCredits, Ticket};
+pub(crate) use credit::{Credits, QpCredits, Ticket};
 pub use error::SubmitError;
 pub use future::Op;
 pub(crate) use table::OpTable;
