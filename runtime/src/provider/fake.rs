@@ -229,12 +229,21 @@ impl FakeQp {
         }
         let mut cq = self.cq.queue.borrow_mut();
         let before = cq.len();
-        cq.reserve(end);
-        for &(id, f, op) in q.front(end) {
-            if !success || f.contains(SendFlags::SIGNALED) {
-                cq.push(self.completion(id, status, op, byte_len));
-            }
-        }
+        let qp_num = self.qp_num;
+        let byte_len = if success { byte_len } else { 0 };
+        cq.extend(
+            q.front(end)
+                .iter()
+                .filter(|&&(_, f, _)| !success || f.contains(SendFlags::SIGNALED))
+                .map(|&(wr_id, _, opcode)| Completion {
+                    wr_id,
+                    status,
+                    opcode,
+                    byte_len,
+                    qp_num,
+                    ..Completion::EMPTY
+                }),
+        );
         q.retire_front(end);
         cq.len() - before
     }

@@ -37,9 +37,10 @@ impl<T> Fifo<T> {
         self.items.push(item);
     }
 
-    /// Room for `n` more pushes without a reallocation.
-    pub(super) fn reserve(&mut self, n: usize) {
-        self.items.reserve(n);
+    /// Appends `items` (one reservation for an exactly sized iterator,
+    /// such as a mapped slice).
+    pub(super) fn extend(&mut self, items: impl IntoIterator<Item = T>) {
+        self.items.extend(items);
     }
 
     /// The queued items, oldest first.

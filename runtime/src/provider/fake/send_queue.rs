@@ -43,11 +43,10 @@ impl SendQueue {
             self.wrs
                 .push((wr.wr_id, wr.flags, wr.op.completion_opcode()));
         } else {
-            self.wrs.reserve(wrs.len());
-            for wr in wrs {
-                self.wrs
-                    .push((wr.wr_id, wr.flags, wr.op.completion_opcode()));
-            }
+            self.wrs.extend(
+                wrs.iter()
+                    .map(|wr| (wr.wr_id, wr.flags, wr.op.completion_opcode())),
+            );
         }
     }
 
