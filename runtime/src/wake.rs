@@ -10,6 +10,7 @@
 //! (`reactor/executor.rs`) creates the wakers and drains the queues.
 
 use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{RawWaker, RawWakerVTable, Waker};
@@ -23,8 +24,12 @@ thread_local! {
     /// exists no other `Shared` can get that address.
     pub(crate) static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
     /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime
-    /// (never `MAIN`: see `LOCAL_MAIN`).
-    pub(crate) static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// (never `MAIN`: see `LOCAL_MAIN`). Without drop glue, so that a wake
+    /// makes no lazy-registration check of the thread-local: the executor
+    /// frees the buffer when it is dropped (a thread that exits with a
+    /// live runtime leaks it).
+    pub(crate) static LOCAL_QUEUE: RefCell<ManuallyDrop<Vec<usize>>> =
+        const { RefCell::new(ManuallyDrop::new(Vec::new())) };
     /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
     /// lazy-registration check on access).
     pub(crate) static LOCAL_PENDING: Cell<bool> = const { Cell::new(false) };

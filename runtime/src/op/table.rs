@@ -461,7 +461,7 @@ impl OpTable {
             }
         }
         let foreign = if waiting {
-            Self::wake_in_place(&mut t.slots[key].waker)
+            Self::wake_in_place(&mut slot.waker)
         } else {
             None
         };
