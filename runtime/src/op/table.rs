@@ -162,10 +162,10 @@ impl OpTable {
     }
 
     /// Reserves a slot before posting; returns the wr_id of the op's first
-    /// WR (index 0: its key and generation). The slot holds `n` credits of `pools` (its send side, or with
-    /// `recv` its receive side), which the caller has taken, from now on
-    /// until the op's last completion; `None` (the table is full, nothing
-    /// held) leaves them to the caller.
+    /// WR (index 0: its key and generation). The slot holds `n` credits of
+    /// `pools` (its send side, or with `recv` its receive side), which the
+    /// caller has taken, from now on until the op's last completion;
+    /// `None` (the table is full, nothing held) leaves them to the caller.
     #[inline(always)]
     pub(crate) fn insert(
         &self,
