@@ -54,8 +54,9 @@ fn grow(wrs: &mut Vec<SendWr>) {
 
 impl QpCore {
     /// Queues `wr` (built for an op already in the table, its credits held)
-    /// to be posted at the end of the poll phase; `wr` is left empty (moved
-    /// out, not cloned). The caller has listed the QP for the phase's end.
+    /// to be posted at the end of the poll phase; `wr` is moved out, not
+    /// cloned (its scatter list is left empty; it must not be posted). The
+    /// caller has listed the QP for the phase's end.
     /// True once [`DEFER_MAX`] WRs wait: the caller posts them now.
     #[inline(always)]
     pub(crate) fn defer(&self, wr: &mut SendWr, absorbed: u32) -> bool {
