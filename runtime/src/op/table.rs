@@ -43,7 +43,7 @@ enum State {
 /// each step of the lifecycle writes the fields it changes, in place.
 struct Slot {
     /// The wr_id whose completion ends the op on the fast path of
-    /// [`OpTable::complete`]: its last WR's, while it is in flight
+    /// [`OpTable::complete_all`]: its last WR's, while it is in flight
     /// (`Submitted` or `Waiting`) with no error recorded; else
     /// [`NO_MATCH`]. One compare stands for the checks of key,
     /// generation, chain index, state and errors.
@@ -423,50 +423,67 @@ impl OpTable {
         }
     }
 
-    /// Routes one completion of a tracked wr_id to its slot. Wakers are woken
+    /// Routes completions of tracked wr_ids to their slots. Wakers are woken
     /// and parked data is queued in the graveyard, never dropped in here.
     ///
     /// The common case inline: the last WR of a chain without earlier
     /// errors, for an op still in flight. Everything else (stale, earlier
     /// WR of a chain, error bookkeeping, parked data, duplicates) goes to
     /// [`complete_slow`](Self::complete_slow).
+    ///
+    /// Each of `cs` in order, under one borrow of the table as long as no
+    /// foreign code runs: it is released (and taken again) around the slow
+    /// path, a foreign waker's wake, and `reserved`, which gets the
+    /// completions of reserved wr_ids (they never touch the table).
     #[inline(always)]
-    pub(crate) fn complete(&self, c: &Completion) {
-        let key = (c.wr_id & wr_id::KEY_MASK) as usize;
+    pub(crate) fn complete_all(&self, cs: &[Completion], mut reserved: impl FnMut(&Completion)) {
         let mut t = self.table.borrow_mut();
-        let Some(slot) = t.slots.get_mut(key).filter(|s| s.expect == c.wr_id) else {
-            drop(t);
-            return self.complete_slow(c);
-        };
-        // `expect` matched: in flight, no error so far, the chain's last WR.
-        let waiting = slot.state == State::Waiting;
-        // SAFETY: both are valid `Completion`s (plain data) and cannot
-        // overlap: `c` is shared, `slot` exclusively borrowed. (A field by
-        // field assignment is staged through the stack.)
-        unsafe { std::ptr::copy_nonoverlapping(c, &mut slot.completion, 1) };
-        slot.state = State::Completed;
-        slot.expect = NO_MATCH;
-        self.count_completion(c);
-        // The credits go back in place when that wakes nobody (no foreign
-        // code runs under the borrow); else once the borrow is released.
-        let n = slot.credit_n;
-        if n > 0 {
-            match &slot.pools {
-                Some(p) if p.release_quietly(slot.credit_recv, n) => slot.credit_n = 0,
-                _ => {
-                    let credit = slot.take_credit();
-                    return self.wake_completed(t, key, waiting, credit);
+        for c in cs {
+            if c.wr_id & wr_id::RESERVED != 0 {
+                drop(t);
+                reserved(c);
+                t = self.table.borrow_mut();
+                continue;
+            }
+            let key = (c.wr_id & wr_id::KEY_MASK) as usize;
+            let Some(slot) = t.slots.get_mut(key).filter(|s| s.expect == c.wr_id) else {
+                drop(t);
+                self.complete_slow(c);
+                t = self.table.borrow_mut();
+                continue;
+            };
+            // `expect` matched: in flight, no error so far, the chain's
+            // last WR.
+            let waiting = slot.state == State::Waiting;
+            // SAFETY: both are valid `Completion`s (plain data) and cannot
+            // overlap: `c` is shared, `slot` exclusively borrowed. (A field
+            // by field assignment is staged through the stack.)
+            unsafe { std::ptr::copy_nonoverlapping(c, &mut slot.completion, 1) };
+            slot.state = State::Completed;
+            slot.expect = NO_MATCH;
+            self.count_completion(c);
+            // The credits go back in place when that wakes nobody (no
+            // foreign code runs under the borrow); else once the borrow is
+            // released.
+            let n = slot.credit_n;
+            if n > 0 {
+                match &slot.pools {
+                    Some(p) if p.release_quietly(slot.credit_recv, n) => slot.credit_n = 0,
+                    _ => {
+                        let credit = slot.take_credit();
+                        self.wake_completed(t, key, waiting, credit);
+                        t = self.table.borrow_mut();
+                        continue;
+                    }
                 }
             }
-        }
-        let foreign = if waiting {
-            Self::wake_in_place(&mut slot.waker)
-        } else {
-            None
-        };
-        drop(t);
-        if let Some(w) = foreign {
-            self.wake_foreign(key, w);
+            if waiting {
+                if let Some(w) = Self::wake_in_place(&mut slot.waker) {
+                    drop(t);
+                    self.wake_foreign(key, w);
+                    t = self.table.borrow_mut();
+                }
+            }
         }
     }
 
@@ -512,7 +529,7 @@ impl OpTable {
         }
     }
 
-    /// [`complete`](Self::complete) outside its common case.
+    /// [`complete_all`](Self::complete_all) outside its common case.
     #[cold]
     #[inline(never)]
     fn complete_slow(&self, c: &Completion) {
