@@ -10,6 +10,7 @@
 //! (`reactor/executor.rs`) creates the wakers and drains the queues.
 
 use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{RawWaker, RawWakerVTable, Waker};
@@ -23,8 +24,12 @@ thread_local! {
     /// exists no other `Shared` can get that address.
     pub(crate) static LOCAL_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
     /// Task ids woken on this thread by wakers of `LOCAL_SHARED`'s runtime
-    /// (never `MAIN`: see `LOCAL_MAIN`).
-    pub(crate) static LOCAL_QUEUE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// (never `MAIN`: see `LOCAL_MAIN`). Without drop glue, so that a wake
+    /// makes no lazy-registration check of the thread-local: the executor
+    /// frees the buffer when it is dropped (a thread that exits with a
+    /// live runtime leaks it).
+    pub(crate) static LOCAL_QUEUE: RefCell<ManuallyDrop<Vec<usize>>> =
+        const { RefCell::new(ManuallyDrop::new(Vec::new())) };
     /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
     /// lazy-registration check on access).
     pub(crate) static LOCAL_PENDING: Cell<bool> = const { Cell::new(false) };
@@ -86,40 +91,60 @@ impl TaskWaker {
     /// swap the flag and push into the mutex-protected queue.
     #[inline(always)]
     pub(crate) fn wake_ref(&self) {
-        let shared = Arc::as_ptr(&self.shared);
-        let ours = LOCAL_SHARED
-            .try_with(|l| l.get() == shared)
-            .unwrap_or(false);
-        if ours {
+        if self.is_local() {
             if self.scheduled.load(Ordering::Acquire) {
                 return;
             }
-            self.scheduled.store(true, Ordering::Release);
-            let local = if self.id == MAIN {
-                LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
-            } else {
-                LOCAL_QUEUE
-                    .try_with(|q| match q.try_borrow_mut() {
-                        Ok(mut q) => {
-                            q.push(self.id);
-                            // `with`, not `LocalKey::set` (an out-of-line
-                            // initialization check per call).
-                            LOCAL_PENDING.with(|p| p.set(true));
-                            true
-                        }
-                        Err(_) => false,
-                    })
-                    .unwrap_or(false)
-            };
-            if !local {
-                self.shared.push(self.id);
-            } else if self.shared.sleeping.load(Ordering::SeqCst) {
-                // Driven from outside (between turns): the outer poller
-                // waits on our epoll fd, so make it readable.
-                self.shared.kick();
-            }
-        } else if !self.scheduled.swap(true, Ordering::AcqRel) {
+            self.wake_local();
+        } else {
+            self.wake_remote();
+        }
+    }
+
+    /// True on the thread of the runtime the task belongs to.
+    #[inline(always)]
+    fn is_local(&self) -> bool {
+        let shared = Arc::as_ptr(&self.shared);
+        LOCAL_SHARED
+            .try_with(|l| l.get() == shared)
+            .unwrap_or(false)
+    }
+
+    /// [`wake_ref`](Self::wake_ref) from another thread.
+    #[inline(always)]
+    fn wake_remote(&self) {
+        if !self.scheduled.swap(true, Ordering::AcqRel) {
             self.shared.push(self.id);
+        }
+    }
+
+    /// [`wake_ref`](Self::wake_ref) on the runtime's thread, of a task not
+    /// scheduled (as just read).
+    #[inline(always)]
+    fn wake_local(&self) {
+        self.scheduled.store(true, Ordering::Release);
+        let local = if self.id == MAIN {
+            LOCAL_MAIN.try_with(|m| m.set(true)).is_ok()
+        } else {
+            LOCAL_QUEUE
+                .try_with(|q| match q.try_borrow_mut() {
+                    Ok(mut q) => {
+                        q.push(self.id);
+                        // `with`, not `LocalKey::set` (an out-of-line
+                        // initialization check per call).
+                        LOCAL_PENDING.with(|p| p.set(true));
+                        true
+                    }
+                    Err(_) => false,
+                })
+                .unwrap_or(false)
+        };
+        if !local {
+            self.shared.push(self.id);
+        } else if self.shared.sleeping.load(Ordering::SeqCst) {
+            // Driven from outside (between turns): the outer poller
+            // waits on our epoll fd, so make it readable.
+            self.shared.kick();
         }
     }
 }
@@ -206,7 +231,12 @@ pub(crate) fn wake_if_task(w: &Waker) -> bool {
     // Already queued: it will be polled (the flag is cleared right before
     // the poll), exactly the early return `wake_ref` itself would take.
     if !flag.scheduled.load(Ordering::Acquire) {
-        flag.wake_ref();
+        // `wake_ref` without its second look at the flag.
+        if flag.is_local() {
+            flag.wake_local();
+        } else {
+            flag.wake_remote();
+        }
     }
     true
 }

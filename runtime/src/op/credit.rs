@@ -24,9 +24,11 @@ pub(crate) struct Credits {
     idle: RefCell<Vec<Waker>>,
     /// `!idle.is_empty()`.
     idle_waiting: Cell<bool>,
-    /// `queued != 0 || idle_waiting`: a release must look at the waiters
-    /// (one flag for [`release`](Self::release)'s fast path to test).
-    attention: Cell<bool>,
+    /// `cap`, or 0 while `queued != 0 || idle_waiting` (a release must
+    /// then look at the waiters): the most credits a release may leave
+    /// available on [`release`](Self::release)'s fast path, one compare
+    /// for both of its conditions.
+    quiet_cap: Cell<u32>,
 }
 
 impl Credits {
@@ -39,20 +41,25 @@ impl Credits {
             next_ticket: Cell::new(Ticket::MIN),
             idle: RefCell::new(Vec::new()),
             idle_waiting: Cell::new(false),
-            attention: Cell::new(false),
+            quiet_cap: Cell::new(cap),
         }
     }
 
     /// Sets the FIFO's length and the flag derived from it.
     fn set_queued(&self, n: usize) {
         self.queued.set(n as u32);
-        self.attention.set(n != 0 || self.idle_waiting.get());
+        self.set_attention(n != 0 || self.idle_waiting.get());
     }
 
     /// Sets `idle_waiting` and the flag derived from it.
     fn set_idle_waiting(&self, w: bool) {
         self.idle_waiting.set(w);
-        self.attention.set(w || self.queued.get() != 0);
+        self.set_attention(w || self.queued.get() != 0);
+    }
+
+    /// Sets `quiet_cap` from whether a release must look at the waiters.
+    fn set_attention(&self, attention: bool) {
+        self.quiet_cap.set(if attention { 0 } else { self.cap });
     }
 
     pub(crate) fn capacity(&self) -> u32 {
@@ -155,7 +162,7 @@ impl Credits {
     pub(crate) fn release(&self, n: u32) {
         // No overflow: `avail <= cap`, and `n` was taken from this pool.
         let avail = self.avail.get() + n;
-        if avail <= self.cap && !self.attention.get() {
+        if avail <= self.quiet_cap.get() {
             self.avail.set(avail);
         } else {
             self.release_slow(avail);
@@ -234,6 +241,23 @@ impl QpCredits {
             (&self.rq, &self.recv_cq)
         } else {
             (&self.sq, &self.send_cq)
+        }
+    }
+
+    /// Gives `n` credits back to the send side (or with `recv` the
+    /// receive side) if that needs no wake on either pool (see
+    /// [`Credits::release`]'s common case); false, nothing given back,
+    /// otherwise.
+    #[inline(always)]
+    pub(crate) fn release_quietly(&self, recv: bool, n: u32) -> bool {
+        let (queue, cq) = self.pools(recv);
+        let (q, c) = (queue.avail.get() + n, cq.avail.get() + n);
+        if q <= queue.quiet_cap.get() && c <= cq.quiet_cap.get() {
+            queue.avail.set(q);
+            cq.avail.set(c);
+            true
+        } else {
+            false
         }
     }
 

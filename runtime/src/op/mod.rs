@@ -1,8 +1,8 @@
 //! The op layer: `Op<T>`, an in-flight chain of work requests tracked by
 //! wr_id in a preallocated slab (`OpTable`), the credits it holds on its
 //! queues, and the wr_id codec. It knows nothing of queue pairs or of the
-//! reactor: the reactor feeds `OpTable::complete` with completions, and the
-//! QP layer inserts ops and hands them their credits.
+//! reactor: the reactor feeds `OpTable::complete_all` with completions, and
+//! the QP layer inserts ops and hands them their credits.
 //!
 //! # wr_id layout
 //!
@@ -34,7 +34,7 @@ mod table;
 pub mod wr_id;
 
 pub(crate) use counters::Counters;
-pub(crate) use credit::{Credit, Credits, QpCredits, Ticket};
+pub(crate) use credit::{Credits, QpCredits, Ticket};
 pub use error::SubmitError;
 pub use future::Op;
 pub(crate) use table::OpTable;

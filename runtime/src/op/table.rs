@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use super::counters::Counters;
-use super::credit::Credit;
+use super::credit::{Credit, QpCredits};
 use super::{wr_id, SubmitError};
 use crate::provider::Completion;
 
@@ -42,6 +42,12 @@ enum State {
 /// One op's place in the table. Slots are never moved in or out whole:
 /// each step of the lifecycle writes the fields it changes, in place.
 struct Slot {
+    /// The wr_id whose completion ends the op on the fast path of
+    /// [`OpTable::complete_all`]: its last WR's, while it is in flight
+    /// (`Submitted` or `Waiting`) with no error recorded; else
+    /// [`NO_MATCH`]. One compare stands for the checks of key,
+    /// generation, chain index, state and errors.
+    expect: u64,
     gen: u32,
     state: State,
     /// Index of the WR whose completion ends the op.
@@ -56,8 +62,14 @@ struct Slot {
     waker: Option<Waker>,
     /// Valid while `Completed`.
     completion: Completion,
-    /// Held from the post until the last completion.
-    credit: Option<Credit>,
+    /// The credit pools of the QP of the slot's latest op. Kept when the
+    /// slot is freed and reused, as the waker is: the next op in it is
+    /// mostly of the same QP, and then takes no reference count.
+    pools: Option<Rc<QpCredits>>,
+    /// Credits held on `pools` (its send or receive side, see `credit_recv`)
+    /// from the post until the last completion; 0 once given back.
+    credit_n: u32,
+    credit_recv: bool,
     /// What went wrong besides the last completion: boxed, it is rare.
     errors: Option<Box<SlotErrors>>,
     /// The data of an op dropped in flight (`Ignored`).
@@ -66,6 +78,25 @@ struct Slot {
 
 /// End of the free list.
 const NO_SLOT: u32 = u32::MAX;
+
+/// [`Slot::expect`] of a slot no completion finishes on the fast path
+/// (reserved wr_ids never reach the table).
+const NO_MATCH: u64 = u64::MAX;
+
+impl Slot {
+    /// Takes the credits the slot holds, as a [`Credit`] to give back.
+    fn take_credit(&mut self) -> Option<Credit> {
+        let n = std::mem::take(&mut self.credit_n);
+        if n == 0 {
+            return None;
+        }
+        self.pools.clone().map(|pools| Credit {
+            pools,
+            recv: self.credit_recv,
+            n,
+        })
+    }
+}
 
 /// The slots and their free list.
 struct Slots {
@@ -90,6 +121,7 @@ impl Slots {
         let free = self.free;
         let slot = &mut self.slots[key];
         slot.state = State::Free;
+        slot.expect = NO_MATCH;
         slot.next_free = free;
         self.free = key as u32;
         self.live -= 1;
@@ -129,27 +161,47 @@ impl OpTable {
         }
     }
 
-    /// Reserves a slot before posting; returns its key and generation.
+    /// Reserves a slot before posting; returns the wr_id of the op's first
+    /// WR (index 0: its key and generation). The slot holds `n` credits of
+    /// `pools` (its send side, or with `recv` its receive side), which the
+    /// caller has taken, from now on until the op's last completion;
+    /// `None` (the table is full, nothing held) leaves them to the caller.
     #[inline(always)]
-    pub(crate) fn insert(&self, last_index: u16, credit: Credit) -> Result<(usize, u32), Credit> {
+    pub(crate) fn insert(
+        &self,
+        last_index: u16,
+        pools: &Rc<QpCredits>,
+        recv: bool,
+        n: u32,
+    ) -> Option<u64> {
         let mut t = self.table.borrow_mut();
         let gen = self.next_gen.get();
         let next = wr_id::next_gen(gen);
         let key = t.free as usize;
         if let Some(slot) = t.slots.get_mut(key) {
             let next_free = slot.next_free;
+            let first = wr_id::encode(key, gen, 0);
+            slot.expect = wr_id::with_index(first, last_index);
             slot.gen = gen;
             slot.state = State::Submitted;
             slot.last_index = last_index;
-            slot.credit = Some(credit);
+            slot.credit_n = n;
+            slot.credit_recv = recv;
+            // The common case: the slot's last op was of the same QP.
+            let old = match &slot.pools {
+                Some(p) if Rc::ptr_eq(p, pools) => None,
+                _ => slot.pools.replace(pools.clone()),
+            };
             t.free = next_free;
             t.live += 1;
             self.next_gen.set(next);
             Counters::bump(&self.counters.ops_submitted);
-            return Ok((key, gen));
+            drop(t);
+            drop(old);
+            return Some(first);
         }
         drop(t);
-        self.insert_new(gen, next, last_index, credit)
+        self.insert_new(gen, next, last_index, pools, recv, n)
     }
 
     /// [`insert`](Self::insert) with no free slot: the table grows.
@@ -160,35 +212,40 @@ impl OpTable {
         gen: u32,
         next: u32,
         last_index: u16,
-        credit: Credit,
-    ) -> Result<(usize, u32), Credit> {
+        pools: &Rc<QpCredits>,
+        recv: bool,
+        n: u32,
+    ) -> Option<u64> {
         let mut t = self.table.borrow_mut();
         let key = t.slots.len();
         if key >= wr_id::MAX_OPS {
-            return Err(credit);
+            return None;
         }
         t.slots.push(Slot {
+            expect: wr_id::encode(key, gen, last_index),
             gen,
             state: State::Submitted,
             last_index,
             next_free: NO_SLOT,
             waker: None,
             completion: Completion::EMPTY,
-            credit: Some(credit),
+            pools: Some(pools.clone()),
+            credit_n: n,
+            credit_recv: recv,
             errors: None,
             parked: None,
         });
         t.live += 1;
         self.next_gen.set(next);
         Counters::bump(&self.counters.ops_submitted);
-        Ok((key, gen))
+        Some(wr_id::encode(key, gen, 0))
     }
 
     /// Frees a slot whose post failed entirely; returns its credit.
     pub(crate) fn remove_unposted(&self, key: usize) -> Option<Credit> {
         let mut t = self.table.borrow_mut();
         let slot = t.live_mut(key)?;
-        let credit = slot.credit.take();
+        let credit = slot.take_credit();
         let errors = slot.errors.take();
         t.release(key);
         drop(t);
@@ -208,7 +265,7 @@ impl OpTable {
             tracing::error!(key, "refused deferred post of an unknown op");
             return;
         };
-        let mut credit = slot.credit.take();
+        let mut credit = slot.take_credit();
         if let Some(c) = &mut credit {
             c.n -= absorbed.min(c.n);
         }
@@ -217,6 +274,7 @@ impl OpTable {
             State::Submitted | State::Waiting => {
                 let waiting = slot.state == State::Waiting;
                 slot.state = State::Completed;
+                slot.expect = NO_MATCH;
                 slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
                 self.wake_completed(t, key, waiting, credit);
             }
@@ -230,6 +288,7 @@ impl OpTable {
     pub(crate) fn set_partial(&self, key: usize, posted: usize, error: SubmitError) {
         if let Some(slot) = self.table.borrow_mut().live_mut(key) {
             slot.last_index = (posted - 1) as u16;
+            slot.expect = NO_MATCH;
             slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
         }
     }
@@ -274,34 +333,33 @@ impl OpTable {
             drop(t);
             return Self::polled_without_slot(key);
         };
-        match slot.state {
-            State::Completed => {
-                let c = slot.completion;
-                if slot.errors.is_some() {
-                    drop(t);
-                    return Poll::Ready(done(c, self.take_post_error(key)));
-                }
-                t.release(key);
+        // Tests in the order of the common polls (no jump table: the two
+        // common states alternate at one branch).
+        if slot.state == State::Completed {
+            let c = slot.completion;
+            if slot.errors.is_some() {
                 drop(t);
-                Poll::Ready(done(c, None))
+                return Poll::Ready(done(c, self.take_post_error(key)));
             }
-            State::Submitted | State::Waiting => {
-                slot.state = State::Waiting;
-                match &slot.waker {
-                    Some(w) if w.will_wake(cx.waker()) => Poll::Pending,
-                    _ => {
-                        // The old waker is dropped outside the borrow (a
-                        // foreign waker's drop may run any code).
-                        let old = slot.waker.replace(cx.waker().clone());
-                        drop(t);
-                        drop(old);
-                        Poll::Pending
-                    }
-                }
-            }
-            State::Ignored | State::Free => {
+            t.release(key);
+            drop(t);
+            return Poll::Ready(done(c, None));
+        }
+        if !matches!(slot.state, State::Submitted | State::Waiting) {
+            // Ignored (dropped) or free.
+            drop(t);
+            return Self::polled_without_slot(key);
+        }
+        slot.state = State::Waiting;
+        match &slot.waker {
+            Some(w) if w.will_wake(cx.waker()) => Poll::Pending,
+            _ => {
+                // The old waker is dropped outside the borrow (a foreign
+                // waker's drop may run any code).
+                let old = slot.waker.replace(cx.waker().clone());
                 drop(t);
-                Self::polled_without_slot(key)
+                drop(old);
+                Poll::Pending
             }
         }
     }
@@ -354,6 +412,7 @@ impl OpTable {
                     return;
                 }
                 slot.state = State::Ignored;
+                slot.expect = NO_MATCH;
                 slot.parked = Some(Box::new(data));
             }
             State::Ignored | State::Free => {
@@ -364,35 +423,68 @@ impl OpTable {
         }
     }
 
-    /// Routes one completion of a tracked wr_id to its slot. Wakers are woken
+    /// Routes completions of tracked wr_ids to their slots. Wakers are woken
     /// and parked data is queued in the graveyard, never dropped in here.
     ///
     /// The common case inline: the last WR of a chain without earlier
     /// errors, for an op still in flight. Everything else (stale, earlier
     /// WR of a chain, error bookkeeping, parked data, duplicates) goes to
     /// [`complete_slow`](Self::complete_slow).
+    ///
+    /// Each of `cs` in order, under one borrow of the table as long as no
+    /// foreign code runs: it is released (and taken again) around the slow
+    /// path, a foreign waker's wake, and `reserved`, which gets the
+    /// completions of reserved wr_ids (they never touch the table).
     #[inline(always)]
-    pub(crate) fn complete(&self, c: &Completion) {
-        let (key, gen, index) = wr_id::decode(c.wr_id);
+    pub(crate) fn complete_all(&self, cs: &[Completion], mut reserved: impl FnMut(&Completion)) {
         let mut t = self.table.borrow_mut();
-        let Some(slot) = t.slots.get_mut(key) else {
-            drop(t);
-            return self.complete_slow(c);
-        };
-        let waiting = slot.state == State::Waiting;
-        if slot.gen != gen
-            || index != slot.last_index
-            || slot.errors.is_some()
-            || !(waiting || slot.state == State::Submitted)
-        {
-            drop(t);
-            return self.complete_slow(c);
+        for c in cs {
+            if c.wr_id & wr_id::RESERVED != 0 {
+                drop(t);
+                reserved(c);
+                t = self.table.borrow_mut();
+                continue;
+            }
+            let key = (c.wr_id & wr_id::KEY_MASK) as usize;
+            let Some(slot) = t.slots.get_mut(key).filter(|s| s.expect == c.wr_id) else {
+                drop(t);
+                self.complete_slow(c);
+                t = self.table.borrow_mut();
+                continue;
+            };
+            // `expect` matched: in flight, no error so far, the chain's
+            // last WR.
+            let waiting = slot.state == State::Waiting;
+            // SAFETY: both are valid `Completion`s (plain data) and cannot
+            // overlap: `c` is shared, `slot` exclusively borrowed. (A field
+            // by field assignment is staged through the stack.)
+            unsafe { std::ptr::copy_nonoverlapping(c, &mut slot.completion, 1) };
+            slot.state = State::Completed;
+            slot.expect = NO_MATCH;
+            self.count_completion(c);
+            // The credits go back in place when that wakes nobody (no
+            // foreign code runs under the borrow); else once the borrow is
+            // released.
+            let n = slot.credit_n;
+            if n > 0 {
+                match &slot.pools {
+                    Some(p) if p.release_quietly(slot.credit_recv, n) => slot.credit_n = 0,
+                    _ => {
+                        let credit = slot.take_credit();
+                        self.wake_completed(t, key, waiting, credit);
+                        t = self.table.borrow_mut();
+                        continue;
+                    }
+                }
+            }
+            if waiting {
+                if let Some(w) = Self::wake_in_place(&mut slot.waker) {
+                    drop(t);
+                    self.wake_foreign(key, w);
+                    t = self.table.borrow_mut();
+                }
+            }
         }
-        slot.completion = *c;
-        slot.state = State::Completed;
-        let credit = slot.credit.take();
-        self.count_completion(c);
-        self.wake_completed(t, key, waiting, credit);
     }
 
     /// Counts an op's failed completion (every completion is counted by
@@ -437,7 +529,7 @@ impl OpTable {
         }
     }
 
-    /// [`complete`](Self::complete) outside its common case.
+    /// [`complete_all`](Self::complete_all) outside its common case.
     #[cold]
     #[inline(never)]
     fn complete_slow(&self, c: &Completion) {
@@ -460,6 +552,7 @@ impl OpTable {
             if !c.status.is_success()
                 && slot.errors.as_ref().is_none_or(|e| e.first_error.is_none())
             {
+                slot.expect = NO_MATCH;
                 slot.errors.get_or_insert_with(Default::default).first_error = Some(*c);
             } else if c.status.is_success() {
                 tracing::debug!(wr_id = c.wr_id, "completion of an unsignaled WR");
@@ -482,11 +575,12 @@ impl OpTable {
                 let waiting = slot.state == State::Waiting;
                 slot.completion = effective;
                 slot.state = State::Completed;
-                let credit = slot.credit.take();
+                slot.expect = NO_MATCH;
+                let credit = slot.take_credit();
                 self.wake_completed(t, key, waiting, credit);
             }
             State::Ignored => {
-                let credit = slot.credit.take();
+                let credit = slot.take_credit();
                 self.free_ignored(t, key, credit);
             }
             State::Completed | State::Free => {
@@ -497,8 +591,8 @@ impl OpTable {
 
     /// Slot `key` just became `Completed`: wakes its waiter if it was
     /// `waiting` (a foreign waker once the borrow `t` is released), then
-    /// gives `credit` back. Inline: `complete`'s fast path ends here.
-    #[inline(always)]
+    /// gives `credit` back.
+    #[inline(never)]
     fn wake_completed(
         &self,
         mut t: std::cell::RefMut<'_, Slots>,
@@ -586,7 +680,7 @@ impl OpTable {
                 leaked += 1;
             }
             // The credits stay taken: the QP is leaked too.
-            std::mem::forget(slot.credit.take());
+            slot.credit_n = 0;
             t.release(key);
         }
         leaked

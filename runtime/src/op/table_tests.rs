@@ -404,3 +404,50 @@ fn ops_of_many_tasks_wake_each_their_own() {
     }
     assert_eq!(rt.ops_in_slab(), 0);
 }
+
+/// A slot keeps its QP's credit pools when freed; an op of another QP
+/// that reuses it gives its credits back to its own QP, and a waiter for
+/// credits is still woken by a completion (the release is not quiet then).
+#[test]
+fn a_reused_slot_gives_credits_back_to_the_op_s_own_qp() {
+    let rt = Runtime::new().unwrap();
+    let (a, fake_a) = fake_qp();
+    let (b, fake_b) = FakeQp::queue_pair(
+        4,
+        QpCaps {
+            max_send_wr: 1,
+            ..QpCaps::default()
+        },
+        64,
+    );
+    let w = Waker::noop();
+    let mut op = write(&a);
+    let key = op.wr_id().unwrap() & KEY_MASK;
+    assert!(poll(&mut op, w).is_pending());
+    assert_eq!(a.outstanding_sends(), 1);
+    fake_a.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert_eq!(a.outstanding_sends(), 0);
+    assert!(poll(&mut op, w).is_ready());
+    // B's op takes the slot A's op left (with A's pools in it).
+    let mut first = write(&b);
+    assert_eq!(first.wr_id().unwrap() & KEY_MASK, key, "slot reused");
+    assert!(poll(&mut first, w).is_pending());
+    assert_eq!((a.outstanding_sends(), b.outstanding_sends()), (0, 1));
+    // B's send queue is full: the next op waits for the first's credit.
+    let (c, cw) = counter();
+    let mut second = write(&b);
+    assert!(second.is_queued());
+    assert!(poll(&mut second, &cw).is_pending());
+    fake_b.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert_eq!(c.0.load(Ordering::SeqCst), 1, "the waiter was woken");
+    assert!(poll(&mut first, w).is_ready());
+    assert!(poll(&mut second, &cw).is_pending(), "posted, in flight");
+    assert!(!second.is_queued());
+    assert_eq!((a.outstanding_sends(), b.outstanding_sends()), (0, 1));
+    fake_b.complete_send(WcStatus::Success, 0).unwrap();
+    settle(&rt);
+    assert!(poll(&mut second, &cw).is_ready());
+    assert_eq!((a.outstanding_sends(), b.outstanding_sends()), (0, 0));
+}

@@ -70,10 +70,17 @@ pub(crate) const INDEX_SHIFT: u32 = KEY_BITS + GEN_BITS;
 pub(crate) const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 
 /// Builds a tracked wr_id.
+#[inline(always)]
 pub(crate) fn encode(key: usize, gen: u32, index: u16) -> u64 {
     (key as u64 & KEY_MASK)
         | ((u64::from(gen) & GEN_MASK) << GEN_SHIFT)
         | ((u64::from(index) & INDEX_MASK) << INDEX_SHIFT)
+}
+
+/// `first` (a tracked wr_id of index 0) with chain index `index`.
+#[inline(always)]
+pub(crate) fn with_index(first: u64, index: u16) -> u64 {
+    first | ((u64::from(index) & INDEX_MASK) << INDEX_SHIFT)
 }
 
 /// The generation after `gen`: they run `1..=GEN_MASK` and wrap to 1

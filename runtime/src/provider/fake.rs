@@ -26,8 +26,10 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod fifo;
 mod send_queue;
 
+use fifo::Fifo;
 use send_queue::SendQueue;
 
 use crate::provider::{
@@ -227,12 +229,21 @@ impl FakeQp {
         }
         let mut cq = self.cq.queue.borrow_mut();
         let before = cq.len();
-        cq.reserve(end);
-        for &(id, f, op) in q.front(end) {
-            if !success || f.contains(SendFlags::SIGNALED) {
-                cq.push_back(self.completion(id, status, op, byte_len));
-            }
-        }
+        let qp_num = self.qp_num;
+        let byte_len = if success { byte_len } else { 0 };
+        cq.extend(
+            q.front(end)
+                .iter()
+                .filter(|&&(_, f, _)| !success || f.contains(SendFlags::SIGNALED))
+                .map(|&(wr_id, _, opcode)| Completion {
+                    wr_id,
+                    status,
+                    opcode,
+                    byte_len,
+                    qp_num,
+                    ..Completion::EMPTY
+                }),
+        );
         q.retire_front(end);
         cq.len() - before
     }
@@ -343,12 +354,18 @@ impl FakeQp {
 
 /// The fake's completion queue: what the test produced, in order.
 pub(crate) struct FakeCq {
-    queue: RefCell<VecDeque<Completion>>,
+    queue: RefCell<Fifo<Completion>>,
 }
 
 impl FakeCq {
+    fn new() -> FakeCq {
+        FakeCq {
+            queue: RefCell::new(Fifo::default()),
+        }
+    }
+
     fn push(&self, c: Completion) {
-        self.queue.borrow_mut().push_back(c);
+        self.queue.borrow_mut().push(c);
     }
 }
 
@@ -430,9 +447,7 @@ pub(crate) fn create(
     caps: QpCaps,
     cq_capacity: u32,
 ) -> std::io::Result<(Qp, Cq, CompChannel, Rc<FakeQp>)> {
-    let cq = Rc::new(FakeCq {
-        queue: RefCell::new(VecDeque::new()),
-    });
+    let cq = Rc::new(FakeCq::new());
     let fake = FakeQp::new(qp_num, caps, cq.clone());
     let (thread, cq_key, key) = FAKES.with(|r| {
         let mut cqs = r.cqs.borrow_mut();
@@ -580,13 +595,7 @@ impl Cq {
             let Some(cq) = cqs.get(self.key) else {
                 return Err(off_thread("poll"));
             };
-            let mut q = cq.queue.borrow_mut();
-            let n = q.len().min(out.len());
-            let (front, back) = q.as_slices();
-            let k = front.len().min(n);
-            out[..k].copy_from_slice(&front[..k]);
-            out[k..n].copy_from_slice(&back[..n - k]);
-            q.drain(..n);
+            let n = cq.queue.borrow_mut().take_into(out);
             Ok(n)
         })
     }
@@ -610,9 +619,7 @@ mod tests {
     use crate::provider::{SendOp, SgList};
 
     fn fake() -> Rc<FakeQp> {
-        let cq = Rc::new(FakeCq {
-            queue: RefCell::new(VecDeque::new()),
-        });
+        let cq = Rc::new(FakeCq::new());
         let caps = QpCaps {
             max_send_wr: 16,
             ..QpCaps::default()
@@ -636,7 +643,8 @@ mod tests {
     fn drained(f: &FakeQp) -> Vec<(u64, WcStatus)> {
         f.cq.queue
             .borrow_mut()
-            .drain(..)
+            .take_all()
+            .into_iter()
             .map(|c| (c.wr_id, c.status))
             .collect()
     }

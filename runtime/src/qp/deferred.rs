@@ -19,7 +19,7 @@
 
 use super::QpCore;
 use crate::op::{wr_id, OpTable, SubmitError};
-use crate::provider::{PostError, SendFlags, SendOp, SendWr, SgList};
+use crate::provider::{PostError, SendWr, SgList};
 
 /// Most WRs a QP's deferred list holds: the eighth goes out with the seven
 /// before it at once, without waiting for the end of the phase. Measured
@@ -45,27 +45,43 @@ pub(crate) struct Deferred {
     pub(crate) absorbed: u32,
 }
 
+/// Room for a full list (the first deferral, or after a refused list).
+#[cold]
+#[inline(never)]
+fn grow(wrs: &mut Vec<SendWr>) {
+    wrs.reserve(DEFER_MAX);
+}
+
 impl QpCore {
     /// Queues `wr` (built for an op already in the table, its credits held)
-    /// to be posted at the end of the poll phase; `wr` is left empty (moved
-    /// out, not cloned). The caller has listed the QP for the phase's end.
+    /// to be posted at the end of the poll phase; `wr` is moved out, not
+    /// cloned (its scatter list is left empty; it must not be posted). The
+    /// caller has listed the QP for the phase's end.
     /// True once [`DEFER_MAX`] WRs wait: the caller posts them now.
     #[inline(always)]
     pub(crate) fn defer(&self, wr: &mut SendWr, absorbed: u32) -> bool {
         let mut d = self.deferred.borrow_mut();
-        if d.wrs.is_empty() {
+        let len = d.wrs.len();
+        if len == 0 {
             d.absorbed = absorbed;
         }
-        d.wrs.push(std::mem::replace(
-            wr,
-            SendWr {
-                wr_id: 0,
-                sg_list: SgList::new(),
-                op: SendOp::Send,
-                flags: SendFlags::NONE,
-            },
-        ));
-        d.wrs.len() >= DEFER_MAX
+        if len == d.wrs.capacity() {
+            grow(&mut d.wrs);
+        }
+        // Moved with one copy, straight into the list (a `push` of the
+        // value would stage it on the stack first, as it may reallocate).
+        // SAFETY: `len < capacity` (just ensured), so slot `len` is
+        // allocated and unused; `wr` is bitwise moved there, and then
+        // its scatter list, the only part of a `SendWr` that owns
+        // anything, is overwritten in place (without dropping: the list
+        // now owns it) by an empty one, so nothing is owned twice; the
+        // first `len + 1` elements are then initialized.
+        unsafe {
+            std::ptr::copy_nonoverlapping(wr as *const SendWr, d.wrs.as_mut_ptr().add(len), 1);
+            std::ptr::write(&mut wr.sg_list, SgList::new());
+            d.wrs.set_len(len + 1);
+        }
+        len + 1 >= DEFER_MAX
     }
 
     /// True if WRs wait in the deferred list.

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use super::queue_pair::SPARE_WRS;
 use super::{QueuePair, SendChain};
-use crate::op::{wr_id, Completable, Credit, Credits, Op, QpCredits, SubmitError, Ticket};
+use crate::op::{wr_id, Completable, Credits, Op, QpCredits, SubmitError, Ticket};
 use crate::provider::{PostError, RecvWr, SendFlags, SendOp, SendWr, SgList};
 
 impl QueuePair {
@@ -372,31 +372,18 @@ impl QueuePair {
         // A signaled send takes over the credits of the unsignaled inline
         // sends before it: its completion implies theirs.
         let absorbed = if recv { 0 } else { core.absorb_unsignaled() };
-        let credit = Credit {
-            pools: core.credits.clone(),
-            recv,
-            n: n + absorbed,
-        };
         let ops = self.inner.handle.ops();
-        let (key, gen) = match ops.insert((n - 1) as u16, credit) {
-            Ok(k) => k,
-            Err(mut credit) => {
-                credit.n -= absorbed;
-                core.unabsorb(absorbed);
-                drop(credit);
-                return Err(SubmitError::SlabFull {
-                    limit: wr_id::MAX_OPS,
-                });
-            }
+        let Some(first) = ops.insert((n - 1) as u16, &core.credits, recv, n + absorbed) else {
+            return Err(self.table_full(recv, n, absorbed));
         };
-        let first = wr_id::encode(key, gen, 0);
+        let key = (first & wr_id::KEY_MASK) as usize;
         let res = match wrs {
             Wrs::Send(chain) => {
                 // Send-queue order: what waits for the doorbell goes first.
                 core.flush_deferred(ops);
                 let last = chain.len() - 1;
                 for (i, wr) in chain.iter_mut().enumerate() {
-                    wr.wr_id = wr_id::encode(key, gen, i as u16);
+                    wr.wr_id = wr_id::with_index(first, i as u16);
                     if i == last {
                         wr.flags |= SendFlags::SIGNALED;
                     } else {
@@ -442,6 +429,22 @@ impl QueuePair {
                 None => Ok(first),
                 Some(e) => Err(e),
             },
+        }
+    }
+
+    /// The op table is full: gives back the `n` credits taken for an op
+    /// that will not be posted, on the receive side with `recv` (the
+    /// `absorbed` inline ones stay held, by the QP again).
+    #[cold]
+    #[inline(never)]
+    fn table_full(&self, recv: bool, n: u32, absorbed: u32) -> SubmitError {
+        let core = &self.inner.core;
+        core.unabsorb(absorbed);
+        let (queue, cq) = core.credits.pools(recv);
+        queue.release(n);
+        cq.release(n);
+        SubmitError::SlabFull {
+            limit: wr_id::MAX_OPS,
         }
     }
 

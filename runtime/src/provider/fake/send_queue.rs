@@ -3,8 +3,7 @@
 //! the number after its newest signaled WR, so that finding the WRs a
 //! signaled completion retires costs no scan.
 
-use std::collections::VecDeque;
-
+use super::fifo::Fifo;
 use crate::provider::{SendFlags, SendWr, WcOpcode};
 
 /// One posted send WR: its wr_id, flags and the opcode its completion reports.
@@ -17,7 +16,7 @@ fn signaled(flags: SendFlags) -> bool {
 /// See the module docs.
 #[derive(Default)]
 pub(super) struct SendQueue {
-    wrs: VecDeque<Posted>,
+    wrs: Fifo<Posted>,
     /// WRs ever removed from the front: the oldest WR's sequence number.
     retired: u64,
     /// The sequence number after the newest signaled WR ever posted.
@@ -30,7 +29,7 @@ impl SendQueue {
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Posted> {
-        self.wrs.iter()
+        self.wrs.as_slice().iter()
     }
 
     /// Appends `wrs`.
@@ -40,9 +39,9 @@ impl SendQueue {
             self.signaled_end = first + i as u64 + 1;
         }
         if let [wr] = wrs {
-            // (One WR, the most common list: cheaper than `extend`.)
+            // (One WR, the most common list: no loop.)
             self.wrs
-                .push_back((wr.wr_id, wr.flags, wr.op.completion_opcode()));
+                .push((wr.wr_id, wr.flags, wr.op.completion_opcode()));
         } else {
             self.wrs.extend(
                 wrs.iter()
@@ -79,19 +78,19 @@ impl SendQueue {
     }
 
     /// The oldest `n` WRs (`n <= len()`).
-    pub(super) fn front(&self, n: usize) -> impl Iterator<Item = &Posted> {
-        self.wrs.range(..n)
+    pub(super) fn front(&self, n: usize) -> &[Posted] {
+        &self.wrs.as_slice()[..n]
     }
 
     /// Removes the oldest `n` WRs (`n <= len()`).
     pub(super) fn retire_front(&mut self, n: usize) {
-        self.wrs.drain(..n);
+        self.wrs.advance(n);
         self.retired += n as u64;
     }
 
     /// Removes every WR.
-    pub(super) fn take_all(&mut self) -> VecDeque<Posted> {
+    pub(super) fn take_all(&mut self) -> Vec<Posted> {
         self.retired += self.wrs.len() as u64;
-        std::mem::take(&mut self.wrs)
+        self.wrs.take_all()
     }
 }

@@ -171,9 +171,8 @@ impl Driver {
     fn complete_batch(&self, key: usize, mut polled: usize, batch: &mut [Completion]) -> usize {
         let mut total = 0;
         loop {
-            for c in &batch[..polled] {
-                self.complete(c);
-            }
+            self.ops
+                .complete_all(&batch[..polled], |c| self.complete_reserved(c));
             total += polled;
             // Only a full batch leaves the CQ possibly holding more.
             if polled < batch.len() {

@@ -10,21 +10,12 @@ use crate::provider::Completion;
 use crate::reactor::WorkQueue;
 
 impl Driver {
-    /// Routes one completion: an op's (inline here, the common case) or a
-    /// reserved wr_id's ([`complete_reserved`](Self::complete_reserved)).
-    #[inline(always)]
-    pub(super) fn complete(&self, c: &Completion) {
-        if c.wr_id & wr_id::RESERVED == 0 {
-            self.ops.complete(c);
-        } else {
-            self.complete_reserved(c);
-        }
-    }
-
     /// A completion of a reserved wr_id: an inline send's, the agent's, or
-    /// an untracked WR's.
+    /// an untracked WR's. (An op's goes to the op table: `cqs.rs` hands
+    /// each polled batch to `OpTable::complete_all`, which passes these
+    /// on.)
     #[inline(never)]
-    fn complete_reserved(&self, c: &Completion) {
+    pub(super) fn complete_reserved(&self, c: &Completion) {
         // Ring receives first: one per message on a ring's QP.
         if wr_id::is_ring(c.wr_id) {
             self.complete_ring(c);

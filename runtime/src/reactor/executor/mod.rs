@@ -333,10 +333,11 @@ impl Drop for Executor {
         let _ = LOCAL_SHARED.try_with(|l| {
             if l.get() == ours {
                 l.set(std::ptr::null());
-                // Ids of our tasks must not reach a later runtime's queue.
+                // Ids of our tasks must not reach a later runtime's queue;
+                // the buffer is freed (the thread-local never drops it).
                 let _ = LOCAL_QUEUE.try_with(|q| {
                     if let Ok(mut q) = q.try_borrow_mut() {
-                        q.clear();
+                        drop(std::mem::take(&mut **q));
                     }
                     let _ = LOCAL_PENDING.try_with(|p| p.set(false));
                     let _ = LOCAL_MAIN.try_with(|m| m.set(false));

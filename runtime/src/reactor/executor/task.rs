@@ -65,6 +65,8 @@ impl<T> Drop for Settle<T> {
 
 /// Polls the user's future `fut` of a task unless it is `done`; once it is
 /// (or the task was aborted), hands its output to the handle through `st`.
+/// Inlined into [`Run::run`]: one call per task poll, the executor's.
+#[inline(always)]
 fn poll_task<F: Future>(
     fut: Pin<&mut F>,
     st: &Settle<F::Output>,
