@@ -122,3 +122,48 @@ impl QpFactory for AgentQps {
         self.inner.connect(&qp.qp, local, remote)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use verbio_runtime::provider::{Context, QpCaps, SoftConfig};
+    use verbio_runtime::{Device, Runtime};
+
+    use super::*;
+    use crate::connect::QpConfig;
+
+    fn qps(dev: &Device, max_inline_data: u32) -> DeviceQps {
+        DeviceQps::new(
+            dev.clone(),
+            QpConfig {
+                caps: QpCaps {
+                    max_inline_data,
+                    ..QpCaps::default()
+                },
+                ..QpConfig::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_refused_qp_is_made_again_with_the_fallback_caps() {
+        let _rt = Runtime::new().unwrap();
+        let dev = Device::open(Context::open_soft(SoftConfig::default()).unwrap()).unwrap();
+        // The software device takes at most 1024 inline bytes.
+        let refused = AgentQps::new(qps(&dev, 4096));
+        assert!(matches!(
+            refused.create(),
+            Err(HandshakeError::Provider { .. })
+        ));
+        let (conn, _ep) = refused
+            .with_fallback(Some(qps(&dev, 64)))
+            .create()
+            .expect("made with the fallback");
+        assert_eq!(conn.qp.caps().max_inline_data, 64);
+        // Accepted at once: the fallback is not used.
+        let (conn, _ep) = AgentQps::new(qps(&dev, 128))
+            .with_fallback(Some(qps(&dev, 64)))
+            .create()
+            .expect("made");
+        assert_eq!(conn.qp.caps().max_inline_data, 128);
+    }
+}
