@@ -12,8 +12,8 @@
 #                    (runtime/tests/ibverbs_*.rs), then the runtime-level suite,
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
-#                    verbs_inline verbs_mw agent_windows recv_ring srq agent_srq ud rpc
-#                    cm agent_cm (verbio)
+#                    verbs_inline verbs_mw agent_windows agent_receive agent_inline
+#                    agent_alloc recv_ring srq agent_srq ud rpc cm agent_cm (verbio)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`, installed on
@@ -117,7 +117,7 @@ VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows recv_ring srq agent_srq ud rpc rpc_soft cm agent_cm"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows agent_receive agent_inline agent_alloc recv_ring srq agent_srq ud rpc rpc_soft cm agent_cm"
 
 PERFTEST=0
 DEVINFO=1

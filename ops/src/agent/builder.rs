@@ -51,6 +51,10 @@ pub(crate) struct Config {
     pub(crate) request_timeout: Duration,
     /// Limit of the agent settings exchange (the handshake timeout).
     pub(crate) settings_timeout: Duration,
+    /// Largest message (with its header) sent INLINE, as the application
+    /// asked: a device may report a larger `max_inline_data` than asked
+    /// for (rxe rounds it up), which does not raise this.
+    pub(crate) max_inline: u32,
 }
 
 impl Config {
@@ -133,6 +137,7 @@ impl Default for RdmaBuilder {
                 max_unread_bytes: 64 << 20,
                 request_timeout: Duration::from_secs(5),
                 settings_timeout: Duration::from_secs(10),
+                max_inline: DEFAULT_MAX_INLINE_DATA,
             },
         }
     }
@@ -211,6 +216,7 @@ impl RdmaBuilder {
     /// instead (RDMA CM connections excepted).
     pub fn max_inline_data(mut self, bytes: u32) -> Self {
         self.qp.caps.max_inline_data = bytes;
+        self.config.max_inline = bytes;
         self.inline_set = true;
         self
     }

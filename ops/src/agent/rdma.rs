@@ -378,9 +378,11 @@ impl Shared {
     }
 
     /// Largest encoded message sent INLINE: the QP's `max_inline_data`,
-    /// at most [`MAX_INLINE_MESSAGE`] (the stack copy's size).
+    /// at most what the builder asked for (a device may round it up) and
+    /// [`MAX_INLINE_MESSAGE`] (the stack copy's size).
     fn inline_limit(&self) -> usize {
-        (self.qp.caps().max_inline_data as usize).min(MAX_INLINE_MESSAGE)
+        (self.qp.caps().max_inline_data.min(self.config.max_inline) as usize)
+            .min(MAX_INLINE_MESSAGE)
     }
 
     /// `msg` with the credits owed to the peer riding on it if it is a data
