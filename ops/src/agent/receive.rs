@@ -17,8 +17,8 @@ use super::task::{deliver, step, Step};
 
 /// Waits for the connection's next user message. Cancel-safe: a message
 /// is only taken by the poll that returns it; dropped while driving, it
-/// lets the next receiver drive.
-/// It holds the connection (no borrow), so a `Stream` can keep it.
+/// lets the next receiver drive. It holds the connection (no borrow), so
+/// a `Stream` can keep it.
 pub(crate) struct Receive {
     shared: Rc<Shared>,
     id: u64,
