@@ -102,7 +102,10 @@ struct State {
 
 impl std::fmt::Debug for Receiving {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = self.state.borrow();
+        // Never panics, even when printed from inside a borrow.
+        let Ok(s) = self.state.try_borrow() else {
+            return f.write_str("Receiving { <in use> }");
+        };
         f.debug_struct("Receiving")
             .field("posted", &s.posted.len())
             .field("queued", &s.inbox.len())
