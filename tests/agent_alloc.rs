@@ -30,16 +30,22 @@ const MEASURED: usize = 2_000;
 /// larger burst than the warm-up did.
 const MAX_PER_ROUND_TRIP: f64 = 0.01;
 
-#[test]
-fn allocations_per_message_through_a_message_stream() {
-    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+/// The peer: echoes every ping of the warm-up and the measured rounds,
+/// then waits until the client closes.
+fn echo_server() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
         let r = c.remove(0);
         for _ in 0..WARM_UP + MEASURED {
             let m = r.receive_msg().await.expect("ping");
             r.send(&m).await.expect("echo");
         }
         let _ = r.receive_msg().await;
-    });
+    })
+}
+
+#[test]
+fn allocations_per_message_through_a_message_stream() {
+    let (addr, server) = echo_server();
     let (rt, dev) = runtime_and_device();
     let per_rt = block(&rt, async {
         let r = std::rc::Rc::new(dial_rdma(RdmaBuilder::new(), &dev, addr).await);
@@ -70,15 +76,7 @@ fn allocations_per_message_through_a_message_stream() {
 
 #[test]
 fn allocations_per_message_in_steady_state() {
-    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
-        let r = c.remove(0);
-        for _ in 0..WARM_UP + MEASURED {
-            let m = r.receive_msg().await.expect("ping");
-            r.send(&m).await.expect("echo");
-        }
-        // Until the client closes.
-        let _ = r.receive_msg().await;
-    });
+    let (addr, server) = echo_server();
     let (rt, dev) = runtime_and_device();
     let per_rt = block(&rt, async {
         let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;

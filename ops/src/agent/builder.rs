@@ -20,7 +20,7 @@ use verbio_runtime::Device;
 use super::error::AgentError;
 use super::flow::reserve_for;
 use super::qps::AgentQps;
-use super::rdma::{Rdma, MAX_INLINE_MESSAGE};
+use super::rdma::Rdma;
 use super::settings::MIN_RECV_BUF_SIZE;
 use super::srq::SrqHub;
 use super::wire::Settings;
@@ -32,7 +32,7 @@ use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 
 /// Largest [`RdmaBuilder::max_inline_data`].
-pub const MAX_INLINE_DATA: u32 = MAX_INLINE_MESSAGE as u32;
+pub const MAX_INLINE_DATA: u32 = 256;
 
 /// The settings of a connection, shared by its tasks.
 #[derive(Debug, Clone)]

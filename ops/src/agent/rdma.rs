@@ -43,9 +43,6 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// How long a dropped connection tries to tell the peer with a `Close`.
 const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
-/// The most [`RdmaBuilder::max_inline_data`] accepts.
-pub(crate) const MAX_INLINE_MESSAGE: usize = 256;
-
 /// A message being reassembled from `Data` pieces.
 #[derive(Debug)]
 pub(crate) struct Partial {
