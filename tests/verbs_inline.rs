@@ -152,3 +152,48 @@ fn close_with_trailing_unsignaled_inline_sends_resolves() {
         b.close().await.expect("close");
     });
 }
+
+#[test]
+fn a_dropped_runtime_delivers_the_inline_sends_it_posted() {
+    const N: u64 = 20;
+    let (addr, server) = common::serve(1, |mut qps, dev| async move {
+        let qp = qps.remove(0);
+        let pool = MrPool::new(dev.pd());
+        let (res, _) = qp.send(pool.alloc_from(b"go").expect("pool")).await;
+        res.expect("go");
+        // The client's sends meet no receive (RNR NAKs, retried) until
+        // well after it dropped its runtime.
+        sleep(Duration::from_millis(100)).await;
+        let recvs: Vec<_> = (0..N)
+            .map(|_| qp.recv(pool.alloc(16).expect("pool")))
+            .collect();
+        let got = timeout(Duration::from_secs(5), join_all(recvs))
+            .await
+            .expect("the client's inline sends were lost with its runtime");
+        for (i, (res, got)) in got.into_iter().enumerate() {
+            let r = res.unwrap_or_else(|e| panic!("message {i}: {e}"));
+            assert_eq!(&got[..r.len], &(i as u64).to_le_bytes());
+        }
+    });
+    let (rt, dev) = common::runtime_and_device();
+    let pool = MrPool::new(dev.pd());
+    let qp = block(&rt, async {
+        let qp = common::dial(&dev, addr).await;
+        let (res, _) = qp.recv(pool.alloc(16).expect("pool")).await;
+        res.expect("go");
+        for i in 0..N {
+            qp.send_inline(&i.to_le_bytes()).await.expect("posted");
+        }
+        qp
+    });
+    let t = std::time::Instant::now();
+    drop(rt);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "bounded by drain_timeout"
+    );
+    drop(qp);
+    drop(pool);
+    drop(dev);
+    server.join().expect("server");
+}

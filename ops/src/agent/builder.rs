@@ -32,7 +32,7 @@ use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 
 /// Largest [`RdmaBuilder::max_inline_data`].
-pub const MAX_INLINE_DATA: u32 = 256;
+pub const MAX_INLINE_DATA: u32 = super::rdma::MAX_INLINE_MESSAGE as u32;
 
 /// The settings of a connection, shared by its tasks.
 #[derive(Debug, Clone)]
@@ -51,6 +51,10 @@ pub(crate) struct Config {
     pub(crate) request_timeout: Duration,
     /// Limit of the agent settings exchange (the handshake timeout).
     pub(crate) settings_timeout: Duration,
+    /// Largest message (with its header) sent INLINE, as the application
+    /// asked: a device may report a larger `max_inline_data` than asked
+    /// for (rxe rounds it up), which does not raise this.
+    pub(crate) max_inline: u32,
 }
 
 impl Config {
@@ -133,6 +137,7 @@ impl Default for RdmaBuilder {
                 max_unread_bytes: 64 << 20,
                 request_timeout: Duration::from_secs(5),
                 settings_timeout: Duration::from_secs(10),
+                max_inline: DEFAULT_MAX_INLINE_DATA,
             },
         }
     }
@@ -197,10 +202,10 @@ impl RdmaBuilder {
         self
     }
 
-    /// Largest message, header included, the QP sends INLINE (the device
-    /// copies it at post time instead of reading a registered buffer;
-    /// [`Rdma::send`] still returns at the SEND's completion): the QP is
-    /// created with this `max_inline_data`. The default, [`DEFAULT_MAX_INLINE_DATA`], takes a
+    /// Largest message, header included, the QP sends INLINE (copied
+    /// into the work request at post time, no send buffer, and [`Rdma::send`]
+    /// returns once it is posted): the QP is created with this
+    /// `max_inline_data`. The default, [`DEFAULT_MAX_INLINE_DATA`], takes a
     /// 64-byte message with its `Data` header
     /// ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) bytes); 0 sends
     /// nothing inline. At most [`MAX_INLINE_DATA`] (else
@@ -211,6 +216,7 @@ impl RdmaBuilder {
     /// instead (RDMA CM connections excepted).
     pub fn max_inline_data(mut self, bytes: u32) -> Self {
         self.qp.caps.max_inline_data = bytes;
+        self.config.max_inline = bytes;
         self.inline_set = true;
         self
     }
@@ -417,7 +423,8 @@ impl RdmaBuilder {
         if self.qp.caps.max_inline_data > MAX_INLINE_DATA {
             return Err(AgentError::Config {
                 setting: "max_inline_data",
-                reason: "at most MAX_INLINE_DATA (256 bytes)",
+                reason: "at most MAX_INLINE_DATA (256): the agent copies an inline message \
+                         on the stack",
             });
         }
         let mut qp = self.qp;

@@ -43,6 +43,10 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// How long a dropped connection tries to tell the peer with a `Close`.
 const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
+/// Largest encoded message sent INLINE (a stack copy of it is posted):
+/// the most [`RdmaBuilder::max_inline_data`] accepts.
+pub(crate) const MAX_INLINE_MESSAGE: usize = 256;
+
 /// A message being reassembled from `Data` pieces.
 #[derive(Debug)]
 pub(crate) struct Partial {
@@ -342,11 +346,9 @@ impl Shared {
     }
 
     /// Sends `msg`, spending `credit` and setting `posted` once its SEND is
-    /// posted, from a pool buffer through an awaited SEND: a message within
-    /// the QP's `max_inline_data` is posted INLINE (the verbs layer does
-    /// that), and the send still returns only at its completion, so a
-    /// message whose `send` returned has reached the peer even if this
-    /// side's runtime is dropped right after.
+    /// posted: INLINE from a stack copy when it fits the QP's
+    /// `max_inline_data` (see [`Shared::send_inline`]), else from a pool
+    /// buffer through an awaited SEND.
     async fn send_with(
         &self,
         msg: &Message<'_>,
@@ -354,6 +356,9 @@ impl Shared {
         posted: &Cell<bool>,
     ) -> Result<(), AgentError> {
         let len = msg.encoded_len();
+        if len <= self.inline_limit() {
+            return self.send_inline(msg, len, credit, posted).await;
+        }
         let mut buf = self.pool.alloc(len).map_err(|source| AgentError::Buf {
             stage: "allocating a send buffer",
             source,
@@ -370,6 +375,14 @@ impl Shared {
         let res = self.send_buf(buf, credit, posted).await;
         drop(ride);
         res
+    }
+
+    /// Largest encoded message sent INLINE: the QP's `max_inline_data`,
+    /// at most what the builder asked for (a device may round it up) and
+    /// [`MAX_INLINE_MESSAGE`] (the stack copy's size).
+    fn inline_limit(&self) -> usize {
+        (self.qp.caps().max_inline_data.min(self.config.max_inline) as usize)
+            .min(MAX_INLINE_MESSAGE)
     }
 
     /// `msg` with the credits owed to the peer riding on it if it is a data
@@ -403,6 +416,46 @@ impl Shared {
             }
             msg => (msg, None),
         }
+    }
+
+    /// SENDs `msg` (`len` bytes encoded, within [`Shared::inline_limit`])
+    /// INLINE, without an op: encoded on the stack, copied by the device at
+    /// post time, done once posted (no completion to wait for; the QP
+    /// signals one in several and retires the rest). `credit` is spent and
+    /// `posted` set as the WR is posted. A WR that later completes in error
+    /// is recorded by the QP, which goes to ERR: every later submission
+    /// fails with it ([`Shared::verb_error`] makes it the connection's
+    /// reason), and so does a failure the agent infers from the flush
+    /// ([`Shared::fail`]).
+    async fn send_inline(
+        &self,
+        msg: &Message<'_>,
+        len: usize,
+        credit: Option<Credit<'_>>,
+        posted: &Cell<bool>,
+    ) -> Result<(), AgentError> {
+        let mut bytes = [0u8; MAX_INLINE_MESSAGE];
+        let (msg, ride) = self.riding(msg, posted);
+        // `len` is within the copy (`inline_limit`); encoding cannot fail
+        // for a message this side built: reported as a violation if it does.
+        let len = len.min(MAX_INLINE_MESSAGE);
+        msg.encode(&mut bytes[..len])
+            .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
+        let mut send = self.qp.post_send_inline(&bytes[..len], None);
+        let mut credit = credit;
+        let res = poll_fn(|cx| {
+            let out = Pin::new(&mut send).poll(cx);
+            if let Poll::Ready(Ok(())) = out {
+                posted.set(true);
+                if let Some(c) = credit.take() {
+                    c.spend();
+                }
+            }
+            out
+        })
+        .await;
+        drop(ride);
+        res.map_err(|source| self.verb_error(crate::Error::Submit { op: "send", source }))
     }
 
     /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
@@ -701,9 +754,14 @@ impl Rdma {
     /// posted, the peer is told to discard the pieces it received.
     ///
     /// A piece (a small message is one) that fits
-    /// [`RdmaBuilder::max_inline_data`] with its header is posted INLINE.
-    /// Either way `send` returns once the last piece's SEND has completed:
-    /// the peer has it, even if this side's runtime goes away right after.
+    /// [`RdmaBuilder::max_inline_data`] with its header goes INLINE: done
+    /// once posted, its completion not awaited; should it fail later, the
+    /// connection goes down with that error as its reason, which later
+    /// calls return ([`Rdma::close`] waits for it). A larger piece is done
+    /// once its SEND has completed. Either way, a message whose `send`
+    /// returned reaches the peer even if this side drops the `Rdma` (its
+    /// `Close` is ordered after it) or the whole runtime right after (the
+    /// runtime lets posted sends through before closing its QPs).
     pub async fn send(&self, data: &[u8]) -> Result<(), AgentError> {
         self.send_inner(data, None).await
     }
@@ -821,9 +879,10 @@ impl Rdma {
     /// `Rc`, a [`MessageSink`](super::MessageSink) closes it): tells the
     /// peer, whose calls then fail with [`CloseReason::Disconnected`], and
     /// stops the agent; later calls here fail with [`CloseReason::Local`].
-    /// A connection already down returns its reason. This waits (up to two
-    /// seconds) for every send posted before it, the `Close` last, to
-    /// complete, and returns an error if one of them failed.
+    /// A connection already down returns its reason. Small messages go
+    /// INLINE and [`Rdma::send`] returns once they are posted: this waits
+    /// (up to two seconds) for every send posted before it, the `Close`
+    /// last, to complete, and returns an error if one of them failed.
     pub async fn shutdown(&self) -> Result<(), AgentError> {
         let s = &self.shared;
         let mut r = s.send_message(&Message::Close, false).await;

@@ -163,6 +163,20 @@ impl WorkQueue for QpCore {
         }
     }
 
+    /// Inline sends returned at their post, and ops whose futures the
+    /// shutdown is about to drop, still travel: moving the QP to ERR now
+    /// would flush those the device has not sent yet.
+    fn sends_in_flight(&self, ops: &OpTable) -> bool {
+        if self.closed.get() || self.fault.get().is_some() {
+            return false;
+        }
+        self.flush_deferred(ops);
+        if self.unsig.get() > 0 && !self.retire_unsignaled() {
+            return false;
+        }
+        self.credits.sq.outstanding() > 0
+    }
+
     fn shut_down(&self, ops: &OpTable) {
         if let Err(e) = self.shut(ops) {
             tracing::debug!(qp = self.qp_num, error = %crate::report::ErrorChain(&e), "modify_to_err at shutdown");

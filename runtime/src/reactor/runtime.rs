@@ -92,8 +92,11 @@ impl Builder {
         self
     }
 
-    /// How long dropping the runtime waits for in-flight work requests to
-    /// complete or flush before leaking their buffers (default 2 s).
+    /// How long dropping the runtime waits (default 2 s): first, for up to
+    /// half of it, for sends already posted (an inline send returns at its
+    /// post) to reach the peer while every QP is still up; then, with the
+    /// QPs in ERR, for in-flight work requests to complete or flush, before
+    /// leaking the buffers the device may still touch.
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = d;
         self
@@ -506,31 +509,24 @@ impl AsRawFd for Runtime {
 }
 
 impl Drop for Runtime {
+    /// Shutdown in three steps, all within [`RuntimeBuilder::drain_timeout`]:
+    /// sends already posted (an inline send returns at its post) are let
+    /// through to the peer, for up to half the timeout, before anything
+    /// moves to ERR; tasks are dropped and every QP is closed; the flushes
+    /// of the work still outstanding are drained, and whatever the device
+    /// may still touch after that is leaked.
     fn drop(&mut self) {
         let inner = &self.handle.inner;
-        inner.executor.drop_all();
         let d = &inner.driver;
+        let start = Instant::now();
+        wait_drained(d, start + inner.config.drain_timeout / 2, || {
+            !d.sends_in_flight()
+        });
+        inner.executor.drop_all();
         d.close_all_qps();
-        let deadline = Instant::now() + inner.config.drain_timeout;
-        loop {
-            d.drain_cqs();
-            if d.ops.in_flight() == 0 && d.ring_buffers_posted() == 0 {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            d.arm_cqs();
-            if d.drain_cqs() > 0 {
-                continue;
-            }
-            let wait = (deadline - now).min(Duration::from_millis(10));
-            if let Err(e) = d.poll_io(Some(wait)) {
-                tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed during shutdown");
-                break;
-            }
-        }
+        wait_drained(d, start + inner.config.drain_timeout, || {
+            d.ops.in_flight() == 0 && d.ring_buffers_posted() == 0
+        });
         d.ops.shut_down();
         let leaked_ops = d.ops.leak_parked();
         let leaked_qps = d.release_qps();
@@ -548,5 +544,28 @@ impl Drop for Runtime {
         inner.timers.clear();
         d.clear();
         Handle::set_current(None);
+    }
+}
+
+/// Drains the CQs, sleeping on their channels, until `done` or `deadline`.
+fn wait_drained(d: &Driver, deadline: Instant, mut done: impl FnMut() -> bool) {
+    loop {
+        d.drain_cqs();
+        if done() {
+            return;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        d.arm_cqs();
+        if d.drain_cqs() > 0 {
+            continue;
+        }
+        let wait = (deadline - now).min(Duration::from_millis(10));
+        if let Err(e) = d.poll_io(Some(wait)) {
+            tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed during shutdown");
+            return;
+        }
     }
 }

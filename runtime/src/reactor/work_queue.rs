@@ -21,6 +21,15 @@ pub(crate) trait WorkQueue {
     /// without need (e.g. by trailing unsignaled sends).
     fn release_hoarded(&self) {}
 
+    /// Runtime shutdown, before anything moves to ERR: post what this
+    /// queue still holds back (deferred WRs; the WR that retires trailing
+    /// unsignaled inline sends) and say whether send work requests of it
+    /// are still on their way, so that the shutdown can let them arrive.
+    /// False for a queue that is closed or failed (its sends only flush).
+    fn sends_in_flight(&self, _ops: &OpTable) -> bool {
+        false
+    }
+
     /// Runtime shutdown: refuse new work and move to ERR, so that every
     /// outstanding work request completes or flushes.
     fn shut_down(&self, ops: &OpTable);

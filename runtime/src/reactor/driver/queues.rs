@@ -231,6 +231,20 @@ impl Driver {
         }
     }
 
+    /// Shutdown, first step: whether some registered QP still has send work
+    /// requests on their way ([`WorkQueue::sends_in_flight`], which also
+    /// posts what the QPs held back).
+    pub(crate) fn sends_in_flight(&self) -> bool {
+        self.end_batch();
+        let all: Vec<Rc<dyn WorkQueue>> =
+            self.qps.borrow().iter().map(|(_, q)| q.clone()).collect();
+        let mut any = false;
+        for q in all {
+            any |= q.sends_in_flight(&self.ops);
+        }
+        any
+    }
+
     /// Shutdown: closes every QP still registered (moves it to ERR).
     pub(crate) fn close_all_qps(&self) {
         self.end_batch();
