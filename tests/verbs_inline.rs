@@ -197,3 +197,45 @@ fn a_dropped_runtime_delivers_the_inline_sends_it_posted() {
     drop(dev);
     server.join().expect("server");
 }
+
+#[test]
+fn try_post_send_inline_posts_only_when_nothing_would_wait() {
+    let (rt, dev, a, b) = pair(4, 64);
+    let pool = MrPool::new(dev.pd());
+    block(&rt, async {
+        let recvs: Vec<_> = (0..40)
+            .map(|_| b.recv(pool.alloc(16).expect("pool")))
+            .collect();
+        // Without a turn of the runtime no completion comes back: the send
+        // queue (4, or what the device rounded it up to) fills, then `None`,
+        // with nothing posted or held.
+        let depth = u64::from(a.caps().max_send_wr);
+        let mut posted = 0u64;
+        while let Some(res) = a.try_post_send_inline(&posted.to_le_bytes(), None) {
+            res.expect("posted");
+            posted += 1;
+            assert!(posted <= depth, "past the send-queue depth");
+        }
+        assert!(posted >= 1);
+        let held = a.outstanding_sends();
+        assert!(a.try_post_send_inline(b"x", None).is_none());
+        assert_eq!(a.outstanding_sends(), held, "a refused try holds nothing");
+        // The awaited path takes over (retiring the unsignaled sends).
+        for i in posted..40 {
+            a.post_send_inline(&i.to_le_bytes(), None)
+                .await
+                .expect("posted");
+        }
+        for (i, (res, got)) in join_all(recvs).await.into_iter().enumerate() {
+            let r = res.unwrap_or_else(|e| panic!("recv {i}: {e}"));
+            assert_eq!(&got[..r.len], &(i as u64).to_le_bytes(), "message {i}");
+        }
+        // Errors are the future's to report: a try on a closed QP is `None`.
+        a.close().await.expect("close");
+        assert!(a.try_post_send_inline(b"late", None).is_none());
+        match a.post_send_inline(b"late", None).await {
+            Err(SubmitError::Closed { .. }) => {}
+            other => panic!("expected Closed, got {other:?}"),
+        }
+    });
+}

@@ -1,5 +1,6 @@
 //! `--api rdma`: the tests on the high-level `Rdma` agent connection.
-//! send_bw / send_lat use `Rdma::send` and `Rdma::receive`; write_bw,
+//! send_bw / send_lat use `Rdma::send` and `Rdma::receive_msg` (zero-copy,
+//! as `--api verbs` reads its receive ring in place); write_bw,
 //! read_bw and read_lat use `Rdma::write` / `Rdma::read` on memory the
 //! client requests from the server (`request_remote_mr`); the atomics use
 //! `Rdma::fetch_and_add` on it. write_lat is a ping-pong of
@@ -220,7 +221,7 @@ async fn step(
                     .await
                     .ctx_with(|| format!("send {}", lat.i))?;
                 let back = rdma
-                    .receive()
+                    .receive_msg()
                     .await
                     .ctx_with(|| format!("receive {}", lat.i))?;
                 if back.len() != size {
@@ -386,8 +387,8 @@ async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
                 }
                 if cfg.test.verb() == Verb::Send {
                     loop {
-                        let (data, imm) = rdma.receive_with_imm().await.ctx("receiving")?;
-                        if imm == Some(CTL_IMM) {
+                        let data = rdma.receive_msg().await.ctx("receiving")?;
+                        if data.imm() == Some(CTL_IMM) {
                             match ctl::Frame::decode(&data).ctx("decoding a control frame")? {
                                 Frame::Stop => break,
                                 got => return Err(msg(format!("unexpected {got:?} in a step"))),

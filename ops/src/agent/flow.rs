@@ -41,13 +41,8 @@ impl Credits {
             if let Some(r) = self.closed.borrow().as_ref() {
                 return Poll::Ready(Err(r.clone()));
             }
-            let n = self.available.get();
-            if n > 0 {
-                self.available.set(n - 1);
-                return Poll::Ready(Ok(Credit {
-                    credits: self,
-                    spent: false,
-                }));
+            if let Some(c) = self.take() {
+                return Poll::Ready(Ok(c));
             }
             let mut waiters = self.waiters.borrow_mut();
             // One entry per waiting sender, however often it is polled.
@@ -57,6 +52,27 @@ impl Credits {
             Poll::Pending
         })
         .await
+    }
+
+    /// Takes one credit now if the connection is open and one is left.
+    pub(crate) fn try_acquire(&self) -> Option<Credit<'_>> {
+        if self.closed.borrow().is_some() {
+            return None;
+        }
+        self.take()
+    }
+
+    #[inline(always)]
+    fn take(&self) -> Option<Credit<'_>> {
+        let n = self.available.get();
+        if n == 0 {
+            return None;
+        }
+        self.available.set(n - 1);
+        Some(Credit {
+            credits: self,
+            spent: false,
+        })
     }
 
     /// Adds `n` credits granted by the peer and wakes the waiting senders.

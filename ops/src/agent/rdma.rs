@@ -458,6 +458,45 @@ impl Shared {
         res.map_err(|source| self.verb_error(crate::Error::Submit { op: "send", source }))
     }
 
+    /// The fast path of a one-piece message (`msg`, a `Data` piece): sent
+    /// INLINE at once, with no future, if the connection is up, it fits
+    /// [`Shared::inline_limit`], a credit is left and the QP's queues have
+    /// room. `None` if it would have to wait for any of that: nothing was
+    /// taken or sent, and the awaited path ([`Shared::send_data`]) takes
+    /// over, which also reports errors.
+    pub(crate) fn try_send_now(
+        self: &Rc<Self>,
+        msg: &Message<'_>,
+    ) -> Option<Result<(), AgentError>> {
+        let len = msg.encoded_len();
+        if len > self.inline_limit() || self.failure().is_some() {
+            return None;
+        }
+        let credit = self.credits.try_acquire()?;
+        let posted = Cell::new(false);
+        let mut bytes = [0u8; MAX_INLINE_MESSAGE];
+        let (msg, ride) = self.riding(msg, &posted);
+        if let Err(e) = msg.encode(&mut bytes[..len]) {
+            drop((ride, credit));
+            return Some(Err(AgentError::Closed(CloseReason::Malformed(e))));
+        }
+        let res = self.qp.try_post_send_inline(&bytes[..len], None)?;
+        if res.is_ok() {
+            posted.set(true);
+            credit.spend();
+        } else {
+            drop(credit);
+        }
+        drop(ride);
+        Some(res.map_err(|source| {
+            let e = self.verb_error(crate::Error::Submit { op: "send", source });
+            if self.failure().is_none() {
+                self.return_owed_batch("data piece not posted: returning the credits it carried");
+            }
+            e
+        }))
+    }
+
     /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
     /// is posted.
     async fn send_buf(
@@ -806,6 +845,19 @@ impl Rdma {
             msg_id,
             armed: true,
         });
+        if !split {
+            let msg = Message::Data {
+                msg_id,
+                total_len: data.len() as u64,
+                offset: 0,
+                imm,
+                grant: 0,
+                payload: data,
+            };
+            if let Some(res) = s.try_send_now(&msg) {
+                return res;
+            }
+        }
         let mut offset = 0usize;
         loop {
             let end = data.len().min(offset + piece);

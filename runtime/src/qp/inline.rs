@@ -152,6 +152,21 @@ impl QueuePair {
         }
     }
 
+    /// [`post_send_inline`](Self::post_send_inline) without waiting: posts
+    /// now (`Some`, with the post's result) if nothing is queued ahead and
+    /// the send queue and the CQ have room; otherwise posts nothing, holds
+    /// nothing and returns `None`, and the future reports what stood in
+    /// the way (a closed or failed QP, `data` too long, no room).
+    #[inline]
+    pub fn try_post_send_inline(
+        &self,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Option<Result<(), SubmitError>> {
+        // Dropped unposted, the future gives back what it took.
+        self.post_send_inline(data, imm).try_post_now()
+    }
+
     /// UD: posts a datagram of `data` (with `imm`, a SEND_WITH_IMM) to
     /// `peer`, copied INLINE at post time, without an op; otherwise as
     /// [`post_send_inline`](Self::post_send_inline). The datagram may be
