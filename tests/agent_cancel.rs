@@ -6,8 +6,9 @@
 
 mod common;
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::*;
@@ -170,27 +171,38 @@ fn sends_dropped_at_every_await_point_keep_the_credits_balanced() {
             // is posted, the next take credits and wait for send-queue room,
             // the rest wait for credits. Then they are dropped in an order
             // that varies with the round, some after more polls.
-            let mut futs: Vec<SendFut<'_>> = (0..FUTURES)
+            // (A send that finished is not polled again: `None`.)
+            let mut futs: Vec<Option<SendFut<'_>>> = (0..FUTURES)
                 .map(|i| {
                     let data = if (round + i) % 5 == 0 { &large } else { &small };
-                    Box::pin(r.send(data)) as SendFut<'_>
+                    Some(Box::pin(r.send(data)) as SendFut<'_>)
                 })
                 .collect();
-            for f in futs.iter_mut() {
-                if futures::poll!(f.as_mut()).is_ready() {
-                    finished += 1;
+            let mut poll_all = |futs: &mut [Option<SendFut<'_>>], cx: &mut Context<'_>| {
+                for slot in futs.iter_mut() {
+                    if let Some(f) = slot {
+                        if f.as_mut().poll(cx).is_ready() {
+                            finished += 1;
+                            *slot = None;
+                        }
+                    }
                 }
-            }
+            };
+            poll_fn(|cx| {
+                poll_all(&mut futs, cx);
+                Poll::Ready(())
+            })
+            .await;
             // Some survive a few more polls (their sends complete, or move on
             // to the next await point) before being dropped.
             let keep = round % FUTURES;
             for _ in 0..(round % 3) {
                 sleep(Duration::from_millis(1)).await;
-                for f in futs.iter_mut().skip(keep) {
-                    if futures::poll!(f.as_mut()).is_ready() {
-                        finished += 1;
-                    }
-                }
+                poll_fn(|cx| {
+                    poll_all(&mut futs[keep..], cx);
+                    Poll::Ready(())
+                })
+                .await;
             }
             match round % 3 {
                 0 => drop(futs),

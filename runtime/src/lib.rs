@@ -31,8 +31,8 @@ pub use qp::{
 };
 pub use qp::{Invalidate, WindowVerb};
 pub use reactor::{
-    sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed, FallibleJoinHandle, Handle,
-    JoinError, JoinHandle, JoinResult, Runtime, RuntimeError, RuntimeStats, Sleep, TcpListener,
-    TcpStream, Timeout, Turn,
+    schedule_pass_hook, sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed,
+    FallibleJoinHandle, Handle, JoinError, JoinHandle, JoinResult, PassHook, PassHookId, Runtime,
+    RuntimeError, RuntimeStats, Sleep, TcpListener, TcpStream, Timeout, Turn,
 };
 pub use report::ErrorChain;

@@ -189,6 +189,11 @@ impl Owed {
         }
     }
 
+    /// True if what is owed makes at least one batch.
+    pub(crate) fn has_batch(&self) -> bool {
+        self.owed.get() >= self.batch
+    }
+
     /// Everything owed, if it makes at least one batch (the count restarts
     /// at 0); `None` leaves it for the next [`reposted`](Self::reposted).
     pub(crate) fn take_batch(&self) -> Option<u32> {

@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     failure: RefCell<Option<CloseReason>>,
     /// The receive side: posted receives and the inbox of user messages.
     pub(crate) rx: Receiving,
+    /// Polls of the agent task's turn (see [`Rdma::agent_turns`]).
+    pub(crate) agent_turns: Cell<u64>,
     /// Immediates of the peer's WRITE_WITH_IMMs (tag unused).
     pub(crate) write_imms: TaggedInbox<u32>,
     pub(crate) partial: RefCell<HashMap<u64, Partial>>,
@@ -679,6 +681,7 @@ impl Rdma {
             negotiated,
             failure: RefCell::new(None),
             rx: Receiving::new(own_receives),
+            agent_turns: Cell::new(0),
             write_imms: TaggedInbox::new(),
             partial: RefCell::new(HashMap::new()),
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
@@ -694,6 +697,12 @@ impl Rdma {
             srq_route: route,
             span,
         });
+        if own_receives {
+            if let Some(h) = Handle::try_current() {
+                let check = super::task::AgentCheck(Rc::downgrade(&shared));
+                shared.rx.use_pass_hook(h.add_pass_hook(Rc::new(check)));
+            }
+        }
         let route = super::task::post_receives(&shared)?;
         let agent = spawn(super::task::run(shared.clone(), route).instrument(shared.span.clone()));
         let watcher = spawn(watch(Rc::downgrade(&shared)).instrument(shared.span.clone()));
@@ -767,6 +776,15 @@ impl Rdma {
     /// (local buffers for verbs posted on [`Rdma::qp`]).
     pub fn pool(&self) -> &MrPool {
         &self.shared.pool
+    }
+
+    /// How often the connection's agent task has run its turn (a
+    /// diagnostic). A task awaiting `receive_msg` takes its message itself,
+    /// and credits ride on its replies, so in a request-reply exchange the
+    /// agent stays asleep: this grows only with control work (credits no
+    /// reply took, grants, messages no receiver was waiting for).
+    pub fn agent_turns(&self) -> u64 {
+        self.shared.agent_turns.get()
     }
 
     /// Send credits left (messages this side may send before waiting).

@@ -22,13 +22,14 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Wake, Waker};
 
 use futures::task::AtomicWaker;
 use verbio_runtime::buf::LocalBuf;
-use verbio_runtime::Submit;
+use verbio_runtime::{schedule_pass_hook, Handle, PassHookId, Submit};
 
+use super::flow::Owed;
 use super::msg::RecvMsg;
 use crate::verbs::RecvVerb;
 
@@ -36,7 +37,8 @@ use crate::verbs::RecvVerb;
 pub(crate) type PostedRecv = Submit<RecvVerb<LocalBuf>>;
 
 /// The waker every posted receive of a connection is polled with: wakes
-/// the driving receiver (if one waits), then the agent task.
+/// the driving receiver (if one waits), then the agent task, through the
+/// connection's pass hook when it has one.
 #[derive(Debug, Default)]
 struct Fan {
     receiver: AtomicWaker,
@@ -44,6 +46,21 @@ struct Fan {
     /// The oldest posted receive was polled pending (with this waker) and
     /// has not woken it since: nothing to take until it does.
     armed: AtomicBool,
+    /// The connection's pass hook ([`Receiving::pass_ended`]).
+    hook: OnceLock<PassHookId>,
+}
+
+impl Fan {
+    /// Has the agent task look at the connection once the tasks woken
+    /// before now have run: at the end of the loop pass, through the pass
+    /// hook (which wakes it only if work is left), or at once without one
+    /// (or off the runtime's thread).
+    fn wake_agent_later(&self) {
+        match self.hook.get() {
+            Some(id) if schedule_pass_hook(*id) => {}
+            _ => self.agent.wake(),
+        }
+    }
 }
 
 impl Wake for Fan {
@@ -54,7 +71,7 @@ impl Wake for Fan {
     fn wake_by_ref(self: &Arc<Self>) {
         self.armed.store(false, Ordering::Relaxed);
         self.receiver.wake();
-        self.agent.wake();
+        self.wake_agent_later();
     }
 }
 
@@ -112,6 +129,14 @@ impl std::fmt::Debug for Receiving {
             .field("closed", &s.closed)
             .field("driver", &s.driver)
             .finish()
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        if let (Some(id), Some(h)) = (self.fan.hook.get(), Handle::try_current()) {
+            h.remove_pass_hook(*id);
+        }
     }
 }
 
@@ -188,7 +213,24 @@ impl Receiving {
     /// its chance to send them on a reply.
     pub(crate) fn credits_owed(&self) {
         self.state.borrow_mut().owed_check = true;
-        self.fan.agent.wake();
+        self.fan.wake_agent_later();
+    }
+
+    /// From now on the agent task is woken through the pass hook `id`,
+    /// which calls [`Receiving::pass_ended`] (removed when this is dropped).
+    pub(crate) fn use_pass_hook(&self, id: PassHookId) {
+        let _ = self.fan.hook.set(id);
+    }
+
+    /// The end of a loop pass in which a receive completed or credits
+    /// became owed: wakes the agent task if a receiver did not take the
+    /// completions, or if a whole batch of credits is owed that no reply
+    /// took. In the usual round trip neither holds and the agent sleeps.
+    pub(crate) fn pass_ended(&self, owed: &Owed) {
+        let batch_owed = self.state.borrow().owed_check && owed.has_batch();
+        if !self.armed() || batch_owed {
+            self.fan.agent.wake();
+        }
     }
 
     /// True if credits became owed since the last call.

@@ -11,7 +11,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tracing::Instrument;
@@ -19,7 +19,7 @@ use tracing::Instrument;
 use verbio_runtime::buf::IoBuf;
 use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::provider::AccessFlags;
-use verbio_runtime::{sleep_until, spawn, timeout};
+use verbio_runtime::{sleep_until, spawn, timeout, PassHook};
 
 use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
@@ -181,6 +181,7 @@ async fn serve_own(shared: &Rc<Shared>) {
 /// One turn of the agent: takes what completed (user messages go to the
 /// inbox); `Some(credits)` to send, `None` once the receives are done.
 fn agent_turn(shared: &Rc<Shared>, cx: &Context<'_>) -> Poll<Option<u32>> {
+    shared.agent_turns.set(shared.agent_turns.get() + 1);
     shared.rx.agent_waits(cx);
     loop {
         if shared.rx.take_owed_check() {
@@ -198,6 +199,17 @@ fn agent_turn(shared: &Rc<Shared>, cx: &Context<'_>) -> Poll<Option<u32>> {
             Step::Msg(m) => deliver(shared, m),
             Step::Continue => {}
             Step::Stop => return Poll::Ready(None),
+        }
+    }
+}
+
+/// A connection's pass hook (see [`Receiving::pass_ended`](super::receiving::Receiving::pass_ended)).
+pub(crate) struct AgentCheck(pub(crate) Weak<Shared>);
+
+impl PassHook for AgentCheck {
+    fn pass_ended(&self) {
+        if let Some(s) = self.0.upgrade() {
+            s.rx.pass_ended(&s.owed);
         }
     }
 }

@@ -23,6 +23,7 @@ mod cq_registration;
 mod driver;
 mod executor;
 mod net;
+mod pass_hooks;
 #[cfg(feature = "ibverbs")]
 mod readable_fd;
 mod runtime;
@@ -36,6 +37,7 @@ use std::rc::Rc;
 
 pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 pub use net::{TcpListener, TcpStream};
+pub use pass_hooks::{schedule_pass_hook, PassHook, PassHookId};
 pub use runtime::{Builder, Runtime, Turn};
 pub use stats::RuntimeStats;
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
@@ -88,6 +90,7 @@ pub(crate) struct Inner {
     pub(crate) timers: timer::Timers,
     pub(crate) config: Config,
     pub(crate) in_block_on: Cell<bool>,
+    pub(crate) pass_hooks: pass_hooks::PassHooks,
 }
 
 /// A handle to the thread's runtime: what ops, timers, sockets and tasks use
@@ -118,6 +121,14 @@ impl Handle {
     pub fn try_current() -> Option<Handle> {
         // `try_with`: during thread-local teardown there is no runtime.
         CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
+    }
+
+    /// `f` of this thread's runtime; `None` if there is none.
+    pub(crate) fn with_current<R>(f: impl FnOnce(&Handle) -> R) -> Option<R> {
+        CURRENT
+            .try_with(|c| c.borrow().as_ref().map(f))
+            .ok()
+            .flatten()
     }
 
     pub(crate) fn set_current(h: Option<Handle>) {

@@ -128,6 +128,7 @@ impl Builder {
                     drain_timeout: self.drain_timeout,
                 },
                 in_block_on: Cell::new(false),
+                pass_hooks: Default::default(),
             }),
         };
         Handle::set_current(Some(handle.clone()));
@@ -288,7 +289,7 @@ impl Runtime {
             .sleeping
             .store(false, Ordering::SeqCst);
         self.tick();
-        if inner.executor.has_ready() {
+        if inner.executor.has_ready() || inner.pass_hooks.has_pending() {
             return self.turn_result(true);
         }
         let d = &inner.driver;
@@ -337,12 +338,14 @@ impl Runtime {
     /// its due check and its timeout.
     fn tick(&self) -> bool {
         let inner = &self.handle.inner;
+        inner.pass_hooks.begin_pass();
         inner.driver.begin_batch();
         let polled = inner.executor.run(inner.config.task_budget);
         inner.driver.end_batch();
         inner.driver.drain_cqs();
+        inner.pass_hooks.end_pass();
         let exhausted = polled >= inner.config.task_budget;
-        if !exhausted && !inner.executor.has_ready() {
+        if !exhausted && !inner.executor.has_ready() && !inner.pass_hooks.has_pending() {
             return false;
         }
         let c = self.io_countdown.get();
@@ -541,6 +544,7 @@ impl Drop for Runtime {
         }
         // Tasks spawned by destructors above.
         inner.executor.drop_all();
+        inner.pass_hooks.clear();
         inner.timers.clear();
         d.clear();
         Handle::set_current(None);
