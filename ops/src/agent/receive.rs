@@ -51,6 +51,9 @@ impl Future for Receive {
                     return Poll::Ready(Err(shared.closed_error()));
                 }
                 Begin::Wait => return Poll::Pending,
+                // Nothing completed since the oldest receive was polled
+                // pending: the fan wakes this receiver when it does.
+                Begin::Drive if rx.armed() => return Poll::Pending,
                 Begin::Drive => {}
             }
             match step(shared) {
@@ -128,6 +131,7 @@ impl Future for ReceiveImm<'_> {
             match rx.begin(id, false, cx) {
                 // The immediates' inbox closes with the receive side.
                 Begin::Queued(_) | Begin::Closed | Begin::Wait => return Poll::Pending,
+                Begin::Drive if rx.armed() => return Poll::Pending,
                 Begin::Drive => {}
             }
             match step(shared) {

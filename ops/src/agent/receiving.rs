@@ -48,6 +48,8 @@ struct Fan {
     armed: AtomicBool,
     /// The connection's pass hook ([`Receiving::pass_ended`]).
     hook: OnceLock<PassHookId>,
+    /// The hook is scheduled and has not run yet.
+    hook_scheduled: AtomicBool,
 }
 
 impl Fan {
@@ -56,8 +58,13 @@ impl Fan {
     /// hook (which wakes it only if work is left), or at once without one
     /// (or off the runtime's thread).
     fn wake_agent_later(&self) {
+        if self.hook_scheduled.load(Ordering::Relaxed) {
+            return;
+        }
         match self.hook.get() {
-            Some(id) if schedule_pass_hook(*id) => {}
+            Some(id) if schedule_pass_hook(*id) => {
+                self.hook_scheduled.store(true, Ordering::Relaxed)
+            }
             _ => self.agent.wake(),
         }
     }
@@ -227,6 +234,7 @@ impl Receiving {
     /// completions, or if a whole batch of credits is owed that no reply
     /// took. In the usual round trip neither holds and the agent sleeps.
     pub(crate) fn pass_ended(&self, owed: &Owed) {
+        self.fan.hook_scheduled.store(false, Ordering::Relaxed);
         let batch_owed = self.state.borrow().owed_check && owed.has_batch();
         if !self.armed() || batch_owed {
             self.fan.agent.wake();

@@ -101,7 +101,12 @@ impl PassHooks {
     #[inline(never)]
     fn move_pending(&self) {
         let mut due = self.due.borrow_mut();
-        due.append(&mut self.pending.borrow_mut());
+        let mut pending = self.pending.borrow_mut();
+        if due.is_empty() {
+            std::mem::swap(&mut *due, &mut *pending);
+        } else {
+            due.append(&mut pending);
+        }
     }
 
     /// Hooks wait for the next pass: the loop must not sleep before it.
