@@ -219,10 +219,18 @@ impl Executor {
             if q.is_empty() {
                 return;
             }
-            // `wake_ref` never queues `MAIN` here (it has `LOCAL_MAIN`):
-            // the ids move over in one copy.
+            // `wake_ref` never queues `MAIN` here (it has `LOCAL_MAIN`).
             debug_assert!(!q.contains(&MAIN));
-            self.ready.borrow_mut().extend(q.drain(..));
+            let mut ready = self.ready.borrow_mut();
+            if ready.is_empty() {
+                // The common case: the buffers trade places (both
+                // conversions keep the allocation and copy nothing: the
+                // deque is empty, the vector becomes a deque's contents).
+                let empty = Vec::from(std::mem::take(&mut *ready));
+                *ready = VecDeque::from(std::mem::replace(&mut **q, empty));
+            } else {
+                ready.extend(q.drain(..));
+            }
         });
     }
 
