@@ -910,6 +910,30 @@ fn dropping_the_runtime_drains_in_flight_ops() {
 }
 
 #[test]
+fn an_op_future_may_outlive_its_runtime() {
+    let buf = buffer();
+    let rt = Runtime::builder()
+        .drain_timeout(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
+    fake.set_flush_on_err(false); // a device that never answers
+    let mut op = write_chain(&qp, &buf, 1);
+    assert!(is_pending(&mut op));
+    drop(qp);
+    drop(rt);
+    // The op table outlives the runtime while the op holds its slot: the
+    // future can still be polled (it never completes) and dropped.
+    assert!(is_pending(&mut op));
+    drop(op);
+    assert_eq!(
+        Rc::strong_count(&buf),
+        2,
+        "dropped after shutdown: the buffer is leaked, not freed"
+    );
+}
+
+#[test]
 fn dropping_the_runtime_leaks_what_never_completes() {
     let buf = buffer();
     let rt = Runtime::builder()
