@@ -79,6 +79,9 @@ impl Shared {
 pub(crate) struct TaskWaker {
     pub(crate) id: usize,
     pub(crate) scheduled: AtomicBool,
+    /// The executor is polling the task (its thread only reads and writes
+    /// it; atomic only so that the waker stays `Sync`).
+    pub(crate) running: AtomicBool,
     pub(crate) shared: Arc<Shared>,
 }
 

@@ -244,23 +244,6 @@ impl QpCredits {
         }
     }
 
-    /// Gives `n` credits back to the send side (or with `recv` the
-    /// receive side) if that needs no wake on either pool (see
-    /// [`Credits::release`]'s common case); false, nothing given back,
-    /// otherwise.
-    #[inline(always)]
-    pub(crate) fn release_quietly(&self, recv: bool, n: u32) -> bool {
-        let (queue, cq) = self.pools(recv);
-        let (q, c) = (queue.avail.get() + n, cq.avail.get() + n);
-        if q <= queue.quiet_cap.get() && c <= cq.quiet_cap.get() {
-            queue.avail.set(q);
-            cq.avail.set(c);
-            true
-        } else {
-            false
-        }
-    }
-
     /// Work requests outstanding on both queues.
     pub(crate) fn outstanding(&self) -> u32 {
         self.sq.outstanding() + self.rq.outstanding()

@@ -1,5 +1,6 @@
 //! [`Op`]: the future of one in-flight chain of work requests.
 
+use std::ptr::NonNull;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
@@ -10,7 +11,11 @@ use super::{wr_id, Completable, OpTable};
 /// Dropping it before completion parks `T` in the reactor until the device
 /// is done.
 pub struct Op<T: 'static> {
-    table: Rc<OpTable>,
+    /// The runtime's op table, not reference-counted: while the op holds
+    /// its data (the only time it uses the table) its slot is live, and a
+    /// table with live slots is never freed (the runtime leaks it if it is
+    /// dropped with any, see `Driver`'s `Drop`).
+    table: NonNull<OpTable>,
     /// The first WR's wr_id (its slot key in the low bits). An `Op` exists
     /// only once its WRs are posted (the data waits in the `Submit` before).
     wr_id: u64,
@@ -24,9 +29,9 @@ impl<T: 'static> Op<T> {
     /// The op of WRs just posted: `first` is the first WR's wr_id, `data`
     /// what they lend to the device (kept until the completion, or parked).
     #[inline(always)]
-    pub(crate) fn posted(table: Rc<OpTable>, first: u64, data: T) -> Op<T> {
+    pub(crate) fn posted(table: &Rc<OpTable>, first: u64, data: T) -> Op<T> {
         Op {
-            table,
+            table: NonNull::from(&**table),
             wr_id: first,
             data: Some(data),
         }
@@ -38,22 +43,15 @@ impl<T: 'static> Op<T> {
         self.data.is_none()
     }
 
-    /// Drops a done op's fields in place, without running `Drop` for it
-    /// (which does nothing for a done op): only its table handle owns
-    /// anything. Inlined where an op's future is dropped after its output
-    /// was taken (the common case), in place of the drop glue's call.
-    ///
-    /// # Safety
-    ///
-    /// The op is done ([`is_done`](Self::is_done)) and is never used nor
-    /// dropped again (its owner is being dropped, without drop glue for it).
+    /// The op table, while the op holds its data.
     #[inline(always)]
-    pub(crate) unsafe fn drop_done(&mut self) {
-        debug_assert!(self.is_done());
-        // SAFETY: the caller guarantees the op is not used nor dropped
-        // again, so `table` is dropped exactly once; `data` is `None` and
-        // `wr_id` a plain value: nothing else to drop.
-        unsafe { std::ptr::drop_in_place(&mut self.table) }
+    fn table(&self) -> &OpTable {
+        debug_assert!(self.data.is_some());
+        // SAFETY: called only while `data` is `Some` (`poll` after its
+        // check, `drop_in_flight`): the op's slot is then live (it is
+        // released only when the data is taken or parked), and the table
+        // is never freed with a live slot (see the field's docs).
+        unsafe { self.table.as_ref() }
     }
 
     #[inline(always)]
@@ -83,8 +81,11 @@ impl<T: Completable> std::future::Future for Op<T> {
             return Poll::Pending;
         }
         let key = this.key();
+        // SAFETY: as in `table` (`data` is `Some`, just checked); the
+        // reference is not tied to `this`, whose `data` the closure takes.
+        let table = unsafe { this.table.as_ref() };
         let data = &mut this.data;
-        this.table.poll_op(key, cx, |c, post_error| {
+        table.poll_op(key, cx, |c, post_error| {
             // Invariant: `data` is `Some` (checked at the top of this
             // function, and nothing took it since).
             let data = data.take().expect("op data present until Ready");
@@ -111,8 +112,13 @@ impl<T: 'static> Op<T> {
     #[cold]
     #[inline(never)]
     fn drop_in_flight(&mut self) {
-        if let Some(data) = self.data.take() {
-            self.table.drop_op(self.key(), data);
+        if self.data.is_some() {
+            let table: *const OpTable = self.table();
+            if let Some(data) = self.data.take() {
+                // SAFETY: `table` was taken while `data` was `Some` (see
+                // `table`); the slot stays live until `drop_op` below.
+                unsafe { &*table }.drop_op(self.key(), data);
+            }
         }
     }
 }

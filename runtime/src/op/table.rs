@@ -437,6 +437,12 @@ impl OpTable {
     /// completions of reserved wr_ids (they never touch the table).
     #[inline(always)]
     pub(crate) fn complete_all(&self, cs: &[Completion], mut reserved: impl FnMut(&Completion)) {
+        // The credits of the ops completed on the fast path, given back
+        // together: a run of completions of one QP's send side (the common
+        // batch) adds to one count, released once a completion of another
+        // pool comes or the batch ends (no borrow held: a release may wake).
+        // Nothing runs on the op path in between that could take them.
+        let mut pend: Option<Credit> = None;
         let mut t = self.table.borrow_mut();
         for c in cs {
             if c.wr_id & wr_id::RESERVED != 0 {
@@ -462,19 +468,23 @@ impl OpTable {
             slot.state = State::Completed;
             slot.expect = NO_MATCH;
             self.count_completion(c);
-            // The credits go back in place when that wakes nobody (no
-            // foreign code runs under the borrow); else once the borrow is
-            // released.
-            let n = slot.credit_n;
+            let n = std::mem::take(&mut slot.credit_n);
+            let mut flush = None;
             if n > 0 {
-                match &slot.pools {
-                    Some(p) if p.release_quietly(slot.credit_recv, n) => slot.credit_n = 0,
-                    _ => {
-                        let credit = slot.take_credit();
-                        self.wake_completed(t, key, waiting, credit);
-                        t = self.table.borrow_mut();
-                        continue;
+                match (&mut pend, &slot.pools) {
+                    (Some(p), Some(pools))
+                        if p.recv == slot.credit_recv && Rc::ptr_eq(&p.pools, pools) =>
+                    {
+                        p.n += n;
                     }
+                    (_, Some(pools)) => {
+                        flush = pend.replace(Credit {
+                            pools: pools.clone(),
+                            recv: slot.credit_recv,
+                            n,
+                        });
+                    }
+                    (_, None) => {}
                 }
             }
             if waiting {
@@ -484,7 +494,14 @@ impl OpTable {
                     t = self.table.borrow_mut();
                 }
             }
+            if flush.is_some() {
+                drop(t);
+                drop(flush);
+                t = self.table.borrow_mut();
+            }
         }
+        drop(t);
+        drop(pend);
     }
 
     /// Counts an op's failed completion (every completion is counted by

@@ -261,25 +261,26 @@ fn credit_releases_wake_waiters_and_idle_watchers() {
     assert_eq!(idle.0.load(Ordering::SeqCst), 1);
 }
 
-/// A `Submit` is dropped by hand: a completed op's future drops only its
-/// op-table handle (inline); one dropped while waiting or in flight drops
-/// its whole state (the data is parked until the flush, or freed if it was
-/// never posted). Each path gives the handle back exactly once.
+/// A `Submit` is dropped by hand: a completed op's future drops nothing
+/// (inline); one dropped while waiting or in flight drops its whole state
+/// (the data is parked until the flush, or freed if it was never posted).
+/// Each path frees the data exactly once, and every slot is given back.
 #[test]
-fn dropping_a_submission_gives_its_table_handle_back_once() {
+fn dropping_a_submission_frees_its_data_once() {
     let rt = Runtime::new().unwrap();
-    let handles = || Rc::strong_count(&rt.handle().inner.driver.ops);
+    let slots = || rt.handle().inner.driver.ops.len();
     let (qp, fake) = FakeQp::queue_pair(1, caps(1, 1), 64);
-    let base = handles();
     let token = Rc::new(());
     // Completed, output taken: the inline path.
     let mut done = write_one(&qp, &token, 1, SendFlags::NONE);
-    assert_eq!(handles(), base + 1);
+    assert_eq!(slots(), 1);
     fake.complete_send(WcStatus::Success, 0).unwrap();
     settle(&rt);
     assert!((&mut done).now_or_never().expect("complete").is_ok());
+    assert_eq!(slots(), 0);
+    assert_eq!(Rc::strong_count(&token), 1, "the output took the data");
     drop(done);
-    assert_eq!(handles(), base);
+    assert_eq!(Rc::strong_count(&token), 1);
     // In flight (parks its data), then one waiting for the only credit.
     let flying = write_one(&qp, &token, 1, SendFlags::NONE);
     let waiting = write_one(&qp, &token, 1, SendFlags::NONE);
@@ -296,5 +297,5 @@ fn dropping_a_submission_gives_its_table_handle_back_once() {
         1,
         "parked data freed after the completion"
     );
-    assert_eq!(handles(), base);
+    assert_eq!(slots(), 0);
 }

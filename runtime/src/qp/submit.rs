@@ -275,7 +275,7 @@ impl QueuePair {
         // moves into the op at once (below).
         match unsafe { self.post(wrs, n) } {
             Ok(first) => Submit::from_state(State::InFlight(Op::posted(
-                self.inner.handle.driver().ops.clone(),
+                &self.inner.handle.driver().ops,
                 first,
                 data,
             ))),
@@ -606,8 +606,8 @@ enum State<T: Completable> {
 #[must_use = "dropping a submission before it is posted cancels it"]
 pub struct Submit<T: Completable> {
     /// Dropped by hand ([`Drop`] below): the future of a completed op, the
-    /// common case, then only drops its runtime handle, inline (the
-    /// state's drop glue is an out-of-line call). Assign through `*` (which
+    /// common case, then drops nothing, with no call (the state's drop
+    /// glue is an out-of-line call). Assign through `*` (which
     /// drops the old state), never replace the `ManuallyDrop` itself.
     state: ManuallyDrop<State<T>>,
 }
@@ -632,11 +632,10 @@ impl<T: Completable> Submit<T> {
 impl<T: Completable> Drop for Submit<T> {
     #[inline(always)]
     fn drop(&mut self) {
-        if let State::InFlight(op) = &mut *self.state {
+        if let State::InFlight(op) = &*self.state {
             if op.is_done() {
-                // SAFETY: we are dropping `self`: the state is never used
-                // again, and the op's data was taken (`is_done`).
-                unsafe { op.drop_done() };
+                // A done op owns nothing (its data was taken, its table
+                // is not reference-counted): nothing to drop.
                 return;
             }
         }
@@ -731,7 +730,7 @@ impl<T: Completable> Submit<T> {
                         // once.
                         *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
                             Ok(first) => State::InFlight(Op::posted(
-                                qp.inner.handle.driver().ops.clone(),
+                                &qp.inner.handle.driver().ops,
                                 first,
                                 data,
                             )),

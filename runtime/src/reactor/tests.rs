@@ -910,6 +910,23 @@ fn dropping_the_runtime_drains_in_flight_ops() {
 }
 
 #[test]
+fn an_op_future_may_outlive_its_runtime() {
+    let buf = buffer();
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
+    let mut op = write_chain(&qp, &buf, 1);
+    assert!(is_pending(&mut op));
+    drop(qp);
+    drop(fake);
+    // The shutdown flushes the op (its completion waits in its slot,
+    // uncollected) and frees the runtime; the future outlives both.
+    drop(rt);
+    let (res, held) = op.now_or_never().expect("completed by the flush");
+    assert_eq!(res.expect("a completion").status, WcStatus::WrFlushErr);
+    assert!(Rc::ptr_eq(&held, &buf), "the output hands the buffer back");
+}
+
+#[test]
 fn dropping_the_runtime_leaks_what_never_completes() {
     let buf = buffer();
     let rt = Runtime::builder()

@@ -25,6 +25,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,9 +43,32 @@ use task::{Run, Settle, TaskFuture};
 /// A spawned task: its future (which holds the waker it is polled with)
 /// and its wake flag.
 struct Task {
-    /// `None` only while the task is polled (see `poll_task`).
-    future: Option<Pin<Box<dyn Run>>>,
+    /// A leaked `Box` (freed by `Drop`), pinned: polled in place through
+    /// this pointer with no borrow of the slab held (see `poll_task`), not
+    /// moved out and back per poll. A raw pointer rather than a `Box`, so
+    /// that moving the `Task` (the slab growing during a poll) asserts no
+    /// uniqueness over the future being polled.
+    future: NonNull<dyn Run>,
     flag: Arc<TaskWaker>,
+}
+
+impl Task {
+    fn new(future: Box<dyn Run>, flag: Arc<TaskWaker>) -> Task {
+        Task {
+            // Never null: `Box::into_raw`.
+            future: NonNull::from(Box::leak(future)),
+            flag,
+        }
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        // SAFETY: `future` comes from `Box::leak` (`Task::new`) and is freed
+        // only here, once; no poll of it is running (a task is removed from
+        // the slab only after its poll returned, see `poll_task`).
+        drop(unsafe { Box::from_raw(self.future.as_ptr()) });
+    }
 }
 
 pub(crate) struct Executor {
@@ -75,6 +99,7 @@ impl Executor {
         let main = Arc::new(TaskWaker {
             id: MAIN,
             scheduled: AtomicBool::new(false),
+            running: AtomicBool::new(false),
             shared: shared.clone(),
         });
         // `try_with`: during thread-local teardown wakes just take the
@@ -119,6 +144,7 @@ impl Executor {
         let flag = Arc::new(TaskWaker {
             id,
             scheduled: AtomicBool::new(false),
+            running: AtomicBool::new(false),
             shared: self.shared.clone(),
         });
         let waker = task_waker(flag.clone());
@@ -131,10 +157,7 @@ impl Executor {
             done: false,
             waker: waker.clone(),
         };
-        entry.insert(Task {
-            future: Some(Box::pin(task)),
-            flag,
-        });
+        entry.insert(Task::new(Box::new(task), flag));
         drop(tasks);
         // Scheduled like any wake, so a runtime driven from outside (asleep
         // between turns) sees its epoll fd become readable.
@@ -196,10 +219,18 @@ impl Executor {
             if q.is_empty() {
                 return;
             }
-            // `wake_ref` never queues `MAIN` here (it has `LOCAL_MAIN`):
-            // the ids move over in one copy.
+            // `wake_ref` never queues `MAIN` here (it has `LOCAL_MAIN`).
             debug_assert!(!q.contains(&MAIN));
-            self.ready.borrow_mut().extend(q.drain(..));
+            let mut ready = self.ready.borrow_mut();
+            if ready.is_empty() {
+                // The common case: the buffers trade places (both
+                // conversions keep the allocation and copy nothing: the
+                // deque is empty, the vector becomes a deque's contents).
+                let empty = Vec::from(std::mem::take(&mut *ready));
+                *ready = VecDeque::from(std::mem::replace(&mut **q, empty));
+            } else {
+                ready.extend(q.drain(..));
+            }
         });
     }
 
@@ -259,26 +290,39 @@ impl Executor {
         polled
     }
 
+    #[inline(always)]
     fn poll_task(&self, id: usize) {
-        // The future is moved out for the poll (no borrow is held while user
-        // code runs) and back in after; it carries its own waker.
-        let mut fut = {
+        // The future is polled in place with no borrow held (user code
+        // runs); `running` keeps a nested turn (a task turning the runtime)
+        // from polling it again meanwhile.
+        let (fut, flag) = {
             let mut tasks = self.tasks.borrow_mut();
             let Some(task) = tasks.get_mut(id) else {
                 return;
             };
-            let Some(fut) = task.future.take() else {
+            if task.flag.running.load(Ordering::Relaxed) {
                 return;
-            };
+            }
+            task.flag.running.store(true, Ordering::Relaxed);
             task.flag.scheduled.store(false, Ordering::Release);
-            fut
+            (task.future, Arc::as_ptr(&task.flag))
         };
-        if fut.as_mut().run().is_ready() {
+        // SAFETY: the future and the flag stay allocated while the task is
+        // in the slab, and it leaves the slab only below, after this poll
+        // (a nested `poll_task` of it returns at `running`), or in
+        // `drop_all`, which only `Runtime`'s drop calls, never during a
+        // poll: the runtime is borrowed by the `block_on` or `turn` that
+        // polls. The future was pinned when leaked (`Task::new`) and is
+        // only ever used in place; nothing else references it meanwhile.
+        let ready = unsafe { Pin::new_unchecked(&mut *fut.as_ptr()) }
+            .run()
+            .is_ready();
+        if ready {
             let task = self.tasks.borrow_mut().try_remove(id);
             drop(task);
-            drop(fut);
-        } else if let Some(task) = self.tasks.borrow_mut().get_mut(id) {
-            task.future = Some(fut);
+        } else {
+            // SAFETY: as above, the task is still in the slab.
+            unsafe { (*flag).running.store(false, Ordering::Relaxed) };
         }
     }
 

@@ -96,3 +96,42 @@ fn cross_thread_wakes_of_a_queued_task_poll_it_once() {
         "wakes from both threads before the poll: one poll"
     );
 }
+
+#[test]
+fn a_task_that_turns_the_runtime_is_not_polled_inside_itself() {
+    let rt = Rc::new(Runtime::new().unwrap());
+    let depth = Rc::new(Cell::new(0u32));
+    let nested_polls = Rc::new(Cell::new(0u32));
+    let spawned_ran = Rc::new(Cell::new(0u32));
+    let (d, n, ran) = (depth.clone(), nested_polls.clone(), spawned_ran.clone());
+    let mut inner = Some(rt.clone());
+    let join = rt.spawn(std::future::poll_fn(move |cx| {
+        d.set(d.get() + 1);
+        if d.get() > 1 {
+            n.set(n.get() + 1);
+        }
+        let done = if let Some(rt) = inner.take() {
+            // Queued again while running, and the slab grows past its
+            // first allocation while this task's future is being polled.
+            cx.waker().wake_by_ref();
+            for _ in 0..100 {
+                let ran = ran.clone();
+                rt.spawn(async move { ran.set(ran.get() + 1) });
+            }
+            rt.turn();
+            false
+        } else {
+            true
+        };
+        d.set(d.get() - 1);
+        if done {
+            Poll::Ready(5u8)
+        } else {
+            Poll::Pending
+        }
+    }));
+    settle(&rt);
+    assert_eq!(nested_polls.get(), 0, "never polled inside its own poll");
+    assert_eq!(spawned_ran.get(), 100, "the nested turn ran the new tasks");
+    drop(join);
+}
