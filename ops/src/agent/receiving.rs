@@ -4,14 +4,15 @@
 //!
 //! One message, one wake-up on its way to the application: every poll of
 //! a posted receive uses one waker of the connection's own ([`Fan`]), which
-//! wakes the application task waiting in `receive_msg` first and the agent
-//! task second. The receiver then takes the completion in its own poll
-//! (`task::step`) and returns the message from there, zero-copy and with no
-//! queue in between. By the time the agent task runs, the message is gone:
-//! its poll finds the next receive pending and ends. The agent still being
-//! woken keeps the connection's control messages (credits the application's
-//! own sends may be waiting for) flowing when the application holds a
-//! `receive_msg` future it does not poll. With no receiver waiting, the
+//! wakes the application task waiting in `receive_msg`. The receiver then
+//! takes the completion in its own poll (`task::step`) and returns the
+//! message from there, zero-copy and with no queue in between. The fan also
+//! schedules the connection's pass hook: at the end of the loop pass, after
+//! the receiver ran, it wakes the agent task only if the completions are
+//! still untaken (no receiver waited, or it holds a `receive_msg` future
+//! it does not poll: the connection's control messages, such as credits
+//! the application's own sends wait for, keep flowing) or if a whole batch
+//! of credits is owed that no reply carried. With no receiver waiting, the
 //! agent takes the completions and queues user messages in the inbox,
 //! charged to the unread backlog.
 //!
@@ -215,9 +216,10 @@ impl Receiving {
         true
     }
 
-    /// Credits became owed: the agent task looks at them on its next turn,
-    /// after the application task that took the message (woken first) had
-    /// its chance to send them on a reply.
+    /// Credits became owed: at the end of the loop pass, once the
+    /// application task that took the message had its chance to send them
+    /// on a reply, the pass hook wakes the agent task if they still make a
+    /// whole batch.
     pub(crate) fn credits_owed(&self) {
         self.state.borrow_mut().owed_check = true;
         self.fan.wake_agent_later();
