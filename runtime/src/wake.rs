@@ -82,6 +82,10 @@ pub(crate) struct TaskWaker {
     /// The executor is polling the task (its thread only reads and writes
     /// it; atomic only so that the waker stays `Sync`).
     pub(crate) running: AtomicBool,
+    /// A nested turn took the task's id from the ready queue while the task
+    /// was running (and so did not poll it): the running poll queues it
+    /// again when it returns.
+    pub(crate) missed: AtomicBool,
     pub(crate) shared: Arc<Shared>,
 }
 

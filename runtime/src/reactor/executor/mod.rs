@@ -100,6 +100,7 @@ impl Executor {
             id: MAIN,
             scheduled: AtomicBool::new(false),
             running: AtomicBool::new(false),
+            missed: AtomicBool::new(false),
             shared: shared.clone(),
         });
         // `try_with`: during thread-local teardown wakes just take the
@@ -145,6 +146,7 @@ impl Executor {
             id,
             scheduled: AtomicBool::new(false),
             running: AtomicBool::new(false),
+            missed: AtomicBool::new(false),
             shared: self.shared.clone(),
         });
         let waker = task_waker(flag.clone());
@@ -301,6 +303,10 @@ impl Executor {
                 return;
             };
             if task.flag.running.load(Ordering::Relaxed) {
+                // Its `scheduled` flag stays set with the id in no queue:
+                // the running poll queues it again (else later wakes,
+                // seeing the flag, would queue nothing).
+                task.flag.missed.store(true, Ordering::Relaxed);
                 return;
             }
             task.flag.running.store(true, Ordering::Relaxed);
@@ -322,8 +328,20 @@ impl Executor {
             drop(task);
         } else {
             // SAFETY: as above, the task is still in the slab.
-            unsafe { (*flag).running.store(false, Ordering::Relaxed) };
+            let flag = unsafe { &*flag };
+            flag.running.store(false, Ordering::Relaxed);
+            if flag.missed.load(Ordering::Relaxed) {
+                self.requeue_missed(flag, id);
+            }
         }
+    }
+
+    /// A nested turn took task `id`'s wake while it ran: queued again.
+    #[cold]
+    #[inline(never)]
+    fn requeue_missed(&self, flag: &TaskWaker, id: usize) {
+        flag.missed.store(false, Ordering::Relaxed);
+        self.ready.borrow_mut().push_back(id);
     }
 
     /// True if a task or the main future can make progress right now.
