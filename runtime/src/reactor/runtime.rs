@@ -512,7 +512,7 @@ impl AsRawFd for Runtime {
 }
 
 impl Drop for Runtime {
-    /// Shutdown in three steps, all within [`RuntimeBuilder::drain_timeout`]:
+    /// Shutdown in three steps, all within [`Builder::drain_timeout`]:
     /// sends already posted (an inline send returns at its post) are let
     /// through to the peer, for up to half the timeout, before anything
     /// moves to ERR; tasks are dropped and every QP is closed; the flushes
