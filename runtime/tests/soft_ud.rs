@@ -855,7 +855,13 @@ fn fault_injection_drops_and_duplicates_the_requested_fractions() {
     let ah = a.ah(&b);
     let src = a.buf(8);
     for i in 0..N {
-        let flags = if i % 16 == 15 { SIG } else { SendFlags::NONE };
+        // The last one signaled too: its completion means every send before
+        // it was processed (counted), none left trailing.
+        let flags = if i % 16 == 15 || i == N - 1 {
+            SIG
+        } else {
+            SendFlags::NONE
+        };
         loop {
             match a.send_to(
                 i as u64,
@@ -872,7 +878,7 @@ fn fault_injection_drops_and_duplicates_the_requested_fractions() {
             }
         }
     }
-    let sc = poll_n(&a.scq, N / 16);
+    let sc = poll_n(&a.scq, N.div_ceil(16));
     assert!(sc.iter().all(|c| c.status == WcStatus::Success));
     let ca = a.counters();
     assert_eq!(ca.sent + ca.dropped_injected, N as u64);
