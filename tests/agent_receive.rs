@@ -159,15 +159,16 @@ fn the_agent_task_sleeps_through_a_request_reply_exchange() {
     println!("agent turns in {ROUNDS} round trips: client {client_turns}, server {server_turns}");
     // Each message reaches the receiver without the agent; the credits
     // ride on the replies. Without the pass hook the agent runs at least
-    // once per message on each side; with it, on the soft device, almost
-    // never (rxe's timing leaves some completions to it: 0.19 per round
-    // trip in one VM run).
+    // once per message on each side. A completion polled in the same pass
+    // right after the receiver ran (common on rxe) wakes the receiver for
+    // the next pass, and the hook gives it that pass before it wakes the
+    // agent. The bound allows one turn per 50 round trips.
     assert!(
-        client_turns * 2 < ROUNDS,
+        client_turns * 50 < ROUNDS,
         "client agent ran {client_turns} turns in {ROUNDS} round trips"
     );
     assert!(
-        server_turns * 2 < ROUNDS + 10,
+        server_turns * 50 < ROUNDS + 10,
         "server agent ran {server_turns} turns in {} round trips",
         ROUNDS + 10
     );
