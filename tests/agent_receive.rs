@@ -173,3 +173,66 @@ fn the_agent_task_sleeps_through_a_request_reply_exchange() {
         ROUNDS + 10
     );
 }
+
+/// Whole messages are lent in the receive-ring slots they landed in: held
+/// ones keep their bytes while later messages arrive and credits keep
+/// flowing; once the ring's spare slots (half of `recv_buf_count`) are
+/// lent, later messages are copied out; dropped, lent messages free their
+/// slots for zero-copy again; and a lent message outlives its connection.
+#[test]
+fn held_messages_stay_in_their_slots_and_later_ones_are_copied_out() {
+    const HELD: usize = 40;
+    let msg = |i: usize| pattern(64, i as u8);
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, move |mut c| async move {
+        let r = c.remove(0);
+        for i in 0..HELD {
+            r.send(&msg(i)).await.expect("send");
+        }
+        assert_eq!(r.receive().await.expect("go on"), b"dropped");
+        r.send(&msg(100)).await.expect("send");
+        r.send(&msg(101)).await.expect("send");
+        let _ = r.receive_msg().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    let last = block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        // More messages than the peer has credits: held ones cannot block it.
+        let mut held = Vec::new();
+        for _ in 0..HELD {
+            held.push(r.receive_msg().await.expect("message"));
+        }
+        let lent: Vec<bool> = held.iter().map(|m| m.is_zero_copy()).collect();
+        let spare = 16 / 2;
+        assert!(
+            lent[..spare].iter().all(|&z| z) && lent[spare..].iter().all(|&z| !z),
+            "the first {spare} lent, the rest copied out: {lent:?}"
+        );
+        for (i, m) in held.iter().enumerate() {
+            assert_eq!(
+                &m[..],
+                &msg(i)[..],
+                "message {i} intact while later ones arrived"
+            );
+        }
+        drop(held);
+        r.send(b"dropped").await.expect("send");
+        let a = r.receive_msg().await.expect("message");
+        assert!(
+            a.is_zero_copy(),
+            "slots given back by dropped messages lend again"
+        );
+        assert_eq!(&a[..], &msg(100)[..]);
+        let b = r.receive_msg().await.expect("message");
+        r.close().await.expect("close");
+        (a, b)
+    });
+    server.join().expect("server");
+    assert_eq!(
+        &last.0[..],
+        &msg(100)[..],
+        "a lent message outlives its connection"
+    );
+    assert_eq!(&last.1[..], &msg(101)[..]);
+    drop(last);
+    drop(rt);
+}

@@ -60,10 +60,12 @@ pub(crate) struct Config {
 impl Config {
     /// Receive-queue entries to create the QP with: this side's buffers
     /// plus the largest reserve a peer with as many buffers can need (one
-    /// that returns credits one by one).
+    /// that returns credits one by one), plus the receive ring's spare
+    /// slots for messages lent to the application.
     pub(crate) fn recv_queue_depth(&self) -> u32 {
         self.recv_buf_count
             .saturating_add(reserve_for(self.recv_buf_count, 1))
+            .saturating_add(super::task::lend_slots(self.recv_buf_count))
     }
 
     /// This side's announcement for the settings exchange.

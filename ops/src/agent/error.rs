@@ -75,6 +75,9 @@ pub enum AgentError {
     /// A verb failed.
     #[error(transparent)]
     Verb(#[from] crate::Error),
+    /// The connection's receive ring could not be made.
+    #[error("setting up the connection's receive ring")]
+    ReceiveRing(#[source] verbio_runtime::RecvRingError),
     /// The listener's shared receive ring could not be made.
     #[error("setting up the shared receive ring")]
     SharedReceiveRing(#[source] verbio_runtime::RecvRingError),

@@ -28,7 +28,7 @@ pub(crate) fn kind_of(e: &AgentError) -> ErrorKind {
         AgentError::Handshake(h) => handshake_kind(h),
         AgentError::Device { source, .. } => provider_kind(source),
         AgentError::Runtime { .. } => ErrorKind::Other,
-        AgentError::SharedReceiveRing(_) => ErrorKind::Other,
+        AgentError::SharedReceiveRing(_) | AgentError::ReceiveRing(_) => ErrorKind::Other,
         AgentError::Verb(v) if v.is_flush() => ErrorKind::ConnectionAborted,
         AgentError::Verb(_) => ErrorKind::Other,
         AgentError::Buf { source, .. } => buf_kind(source),

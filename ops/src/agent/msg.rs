@@ -1,18 +1,67 @@
 //! [`RecvMsg`]: a received message. A message that fit in one receive
-//! buffer is handed over zero-copy (the buffer itself, the agent reposts a
-//! fresh one); a reassembled message is one contiguous vector.
+//! buffer is lent zero-copy: the slot of the connection's receive ring it
+//! landed in, reposted when the message is dropped (the ring has spare
+//! slots for lent messages, see `Receiving`); a reassembled message, or
+//! one that arrived while every spare slot was lent, is one contiguous
+//! vector.
 
+use std::cell::Cell;
 use std::ops::Deref;
+use std::rc::Rc;
 
-use verbio_runtime::buf::{LocalBuf, Slice};
+use verbio_runtime::RingMsg;
 
 /// Where the bytes are.
 #[derive(Debug)]
 pub(crate) enum Body {
-    /// The payload inside the receive buffer it arrived in.
-    Buf(Slice<LocalBuf>),
-    /// Reassembled from pieces.
+    /// The payload inside the receive ring's slot it arrived in.
+    Ring(Lent),
+    /// Reassembled from pieces, or copied out of its slot.
     Vec(Vec<u8>),
+}
+
+/// A receive-ring slot lent to the application: the payload at
+/// `start..start + len` of the slot. Dropping it reposts the slot and
+/// gives its spare back (`lent` counts the connection's lent slots).
+#[derive(Debug)]
+pub(crate) struct Lent {
+    slot: RingMsg,
+    start: usize,
+    len: usize,
+    lent: Rc<Cell<u32>>,
+}
+
+impl Lent {
+    /// Lends `slot`'s bytes `start..start + len`; `None` (and the slot
+    /// back at once) if the range is not within what it received.
+    pub(crate) fn new(
+        slot: RingMsg,
+        start: usize,
+        len: usize,
+        lent: &Rc<Cell<u32>>,
+    ) -> Option<Lent> {
+        slot.get(start..start.checked_add(len)?)?;
+        lent.set(lent.get() + 1);
+        Some(Lent {
+            slot,
+            start,
+            len,
+            lent: lent.clone(),
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // Checked in `new`; a slot's bytes never change while lent.
+        self.slot
+            .get(self.start..self.start + self.len)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.lent.set(self.lent.get().saturating_sub(1));
+    }
 }
 
 /// A received message and its immediate (`None` if sent without one).
@@ -27,7 +76,7 @@ impl RecvMsg {
     /// buffer it holds (of `recv_buf_size` bytes) or its reassembled length.
     pub(crate) fn charge(&self, recv_buf_size: usize) -> u64 {
         match &self.body {
-            Body::Buf(_) => recv_buf_size as u64,
+            Body::Ring(_) => recv_buf_size as u64,
             Body::Vec(v) => v.len() as u64,
         }
     }
@@ -37,15 +86,18 @@ impl RecvMsg {
         self.imm
     }
 
-    /// True if the bytes are still in the receive buffer they arrived in.
+    /// True if the bytes are still in the receive buffer they arrived in
+    /// (a slot of the connection's receive ring, reposted when this
+    /// message is dropped).
     pub fn is_zero_copy(&self) -> bool {
-        matches!(self.body, Body::Buf(_))
+        matches!(self.body, Body::Ring(_))
     }
 
-    /// The bytes as a vector (a copy unless reassembled).
+    /// The bytes as a vector (a copy unless reassembled); a lent receive
+    /// buffer is reposted at once.
     pub fn into_vec(self) -> Vec<u8> {
         match self.body {
-            Body::Buf(s) => s.to_vec(),
+            Body::Ring(l) => l.bytes().to_vec(),
             Body::Vec(v) => v,
         }
     }
@@ -55,7 +107,7 @@ impl Deref for RecvMsg {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match &self.body {
-            Body::Buf(s) => s,
+            Body::Ring(l) => l.bytes(),
             Body::Vec(v) => v,
         }
     }

@@ -916,8 +916,11 @@ impl Rdma {
         Ok((m.into_vec(), imm))
     }
 
-    /// The next message without copying when it fit in one receive buffer
-    /// (the agent posts a fresh buffer in its place). Cancel-safe: a
+    /// The next message without copying when it fit in one receive buffer:
+    /// lent in the slot of the connection's receive ring it landed in,
+    /// which is reposted when the message is dropped (while half of the
+    /// connection's `recv_buf_count` messages are lent, later ones are
+    /// copied out instead; see [`RecvMsg::is_zero_copy`]). Cancel-safe: a
     /// message is only taken by the poll that returns it.
     pub async fn receive_msg(&self) -> Result<RecvMsg, AgentError> {
         Receive::new(&self.shared).await

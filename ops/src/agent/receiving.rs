@@ -1,9 +1,18 @@
-//! [`Receiving`]: a connection's receive side: its posted receives, the
+//! [`Receiving`]: a connection's receive side: its receive ring, the
 //! user messages delivered and not yet taken (the inbox), and who polls the
-//! oldest posted receive.
+//! ring.
+//!
+//! The receives are a [`RecvRing`] of the runtime: buffers posted once,
+//! their completions routed to the ring by reserved wr_ids (no op, no
+//! allocation per message). The ring has `lend_max` slots more than the
+//! posted buffers the settings exchange agreed (credits and reserve): a
+//! whole message is lent to the application in the slot it landed in
+//! (zero-copy, its credit returned at once), and the spare slots keep the
+//! agreed number posted meanwhile. With every spare slot lent, a message
+//! is copied out instead.
 //!
 //! One message, one wake-up on its way to the application: every poll of
-//! a posted receive uses one waker of the connection's own ([`Fan`]), which
+//! the ring uses one waker of the connection's own ([`Fan`]), which
 //! wakes the application task waiting in `receive_msg`. The receiver then
 //! takes the completion in its own poll (`task::step`) and returns the
 //! message from there, zero-copy and with no queue in between. The fan also
@@ -16,36 +25,32 @@
 //! agent takes the completions and queues user messages in the inbox,
 //! charged to the unread backlog.
 //!
-//! One receiver at a time polls the posted receives (the driver); others
+//! One receiver at a time polls the ring (the driver); others
 //! wait for the inbox or their turn. The inbox is a `VecDeque`: no
 //! allocation per message once it has grown to the connection's burst.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Wake, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
-use verbio_runtime::buf::LocalBuf;
-use verbio_runtime::{schedule_pass_hook, Handle, PassHookId, Submit};
+use verbio_runtime::{schedule_pass_hook, Handle, PassHookId, RecvRing, RecvRingError, RingMsg};
 
 use super::flow::Owed;
-use super::msg::RecvMsg;
-use crate::verbs::RecvVerb;
+use super::msg::{Body, Lent, RecvMsg};
 
-/// A connection's posted receive.
-pub(crate) type PostedRecv = Submit<RecvVerb<LocalBuf>>;
-
-/// The waker every posted receive of a connection is polled with: wakes
+/// The waker the connection's receive ring is polled with: wakes
 /// the driving receiver (if one waits), then the agent task, through the
 /// connection's pass hook when it has one.
 #[derive(Debug, Default)]
 struct Fan {
     receiver: AtomicWaker,
     agent: AtomicWaker,
-    /// The oldest posted receive was polled pending (with this waker) and
-    /// has not woken it since: nothing to take until it does.
+    /// The ring was polled pending (with this waker) and has not woken it
+    /// since: nothing to take until it does.
     armed: AtomicBool,
     /// The connection's pass hook ([`Receiving::pass_ended`]).
     hook: OnceLock<PassHookId>,
@@ -102,29 +107,31 @@ pub(crate) enum Begin {
     Closed,
     /// Waits (registered) for the inbox or its turn to drive.
     Wait,
-    /// Drives: polls the posted receives itself.
+    /// Drives: polls the ring itself.
     Drive,
 }
 
 /// The receive side of one connection (single-threaded).
 pub(crate) struct Receiving {
     state: RefCell<State>,
+    /// The receive ring (`None` on a shared receive queue, and once closed).
+    ring: RefCell<Option<RecvRing>>,
+    /// Ring slots lent to the application now, and at most.
+    lent: Rc<Cell<u32>>,
+    lend_max: Cell<u32>,
     fan: Arc<Fan>,
     fan_waker: Waker,
 }
 
 struct State {
-    /// Posted receives, oldest first (they complete in this order on an
-    /// RC QP). Empty on a shared receive queue.
-    posted: VecDeque<PostedRecv>,
-    /// True if this side polls `posted` (false: the agent reads the
+    /// True if this side polls its own ring (false: the agent reads the
     /// connection's route from a shared receive queue).
     own: bool,
     /// User messages delivered and not taken, oldest first.
     inbox: VecDeque<RecvMsg>,
     /// The agent stopped: nothing more arrives.
     closed: bool,
-    /// The receiver that polls `posted` now (its id).
+    /// The receiver that polls the ring now (its id).
     driver: Option<u64>,
     next_id: u64,
     /// Receivers waiting for the inbox or their turn (id, waker), in the
@@ -143,7 +150,7 @@ impl std::fmt::Debug for Receiving {
             return f.write_str("Receiving { <in use> }");
         };
         f.debug_struct("Receiving")
-            .field("posted", &s.posted.len())
+            .field("lent", &self.lent.get())
             .field("queued", &s.inbox.len())
             .field("closed", &s.closed)
             .field("driver", &s.driver)
@@ -165,8 +172,10 @@ impl Receiving {
     pub(crate) fn new(own: bool) -> Receiving {
         let fan = Arc::new(Fan::default());
         Receiving {
+            ring: RefCell::new(None),
+            lent: Rc::new(Cell::new(0)),
+            lend_max: Cell::new(0),
             state: RefCell::new(State {
-                posted: VecDeque::new(),
                 own,
                 inbox: VecDeque::new(),
                 closed: false,
@@ -180,33 +189,50 @@ impl Receiving {
         }
     }
 
-    /// The context every posted receive is polled with.
-    pub(crate) fn fan_context(&self) -> Context<'_> {
-        Context::from_waker(&self.fan_waker)
+    /// The connection's receive ring, with `lend_max` of its slots spare
+    /// for messages lent to the application.
+    pub(crate) fn set_ring(&self, ring: RecvRing, lend_max: u32) {
+        *self.ring.borrow_mut() = Some(ring);
+        self.lend_max.set(lend_max);
     }
 
-    /// The oldest posted receive, taken out to be polled (no borrow is
-    /// held while it is); `None` once the agent stopped.
-    pub(crate) fn take_oldest(&self) -> Option<PostedRecv> {
-        self.state.borrow_mut().posted.pop_front()
+    /// The next received message, in arrival order, polled with the fan
+    /// waker; `Ready(None)` once the ring has ended or was closed.
+    pub(crate) fn poll_ring(&self) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
+        let ring = self.ring.borrow();
+        let Some(r) = ring.as_ref() else {
+            return Poll::Ready(None);
+        };
+        let p = r.poll_next(&mut Context::from_waker(&self.fan_waker));
+        if p.is_pending() {
+            self.fan.armed.store(true, Ordering::Relaxed);
+        }
+        p
     }
 
-    /// Puts back a still pending receive taken by [`Receiving::take_oldest`]
-    /// (it was just polled with the fan waker).
-    pub(crate) fn put_back_oldest(&self, recv: PostedRecv) {
-        self.state.borrow_mut().posted.push_front(recv);
-        self.fan.armed.store(true, Ordering::Relaxed);
+    /// A whole message of `len` payload bytes at `start` of `slot`, with
+    /// immediate `imm`: lent in its slot if a spare slot is left, else
+    /// copied out (the slot reposted at once). `None` if the range is not
+    /// within what the slot received.
+    pub(crate) fn lend(
+        &self,
+        slot: RingMsg,
+        start: usize,
+        len: usize,
+        imm: Option<u32>,
+    ) -> Option<RecvMsg> {
+        let body = if self.lent.get() < self.lend_max.get() {
+            Body::Ring(Lent::new(slot, start, len, &self.lent)?)
+        } else {
+            Body::Vec(slot.get(start..start.checked_add(len)?)?.to_vec())
+        };
+        Some(RecvMsg { body, imm })
     }
 
-    /// True if nothing completed since the oldest receive was last polled
-    /// pending: the agent's turn has nothing to take.
+    /// True if nothing completed since the ring was last polled pending:
+    /// the agent's turn has nothing to take.
     pub(crate) fn armed(&self) -> bool {
         self.fan.armed.load(Ordering::Relaxed)
-    }
-
-    /// Adds a freshly posted receive behind the others.
-    pub(crate) fn posted(&self, recv: PostedRecv) {
-        self.state.borrow_mut().posted.push_back(recv);
     }
 
     /// Queues a user message for the application; false if the receive
@@ -283,18 +309,17 @@ impl Receiving {
     }
 
     /// Nothing more arrives: pending and later receivers get what is
-    /// queued, then [`Begin::Closed`]. The posted receives are dropped
-    /// (each keeps its buffer until the QP's flush completes it).
+    /// queued, then [`Begin::Closed`]. The ring is dropped (its posted
+    /// buffers stay the device's until the QP's flush completes them; lent
+    /// messages stay valid).
     pub(crate) fn close(&self) {
-        let (posted, waiters) = {
+        let waiters = {
             let mut s = self.state.borrow_mut();
             s.closed = true;
-            (
-                std::mem::take(&mut s.posted),
-                std::mem::take(&mut s.waiters),
-            )
+            std::mem::take(&mut s.waiters)
         };
-        drop(posted);
+        let ring = self.ring.borrow_mut().take();
+        drop(ring);
         for (_, w) in waiters {
             w.wake();
         }

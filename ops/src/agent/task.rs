@@ -1,24 +1,21 @@
-//! The connection's receive path: [`step`] takes the oldest posted receive
-//! once it completed, decodes and routes its message and reposts a buffer;
+//! The connection's receive path: [`step`] takes the next message of the
+//! connection's receive ring, decodes and routes it, and reposts its slot
+//! (or lends the slot to the application with the message it holds);
 //! the application task waiting in `receive_msg` runs it (and gets its
 //! message from it directly), or else the agent task does (see
-//! `receiving.rs`). Receives complete in posting order on an RC QP, so
-//! they are taken front to back. The agent task also sends the credits
+//! `receiving.rs`). The agent task also sends the credits
 //! owed in `Credit` messages of their own. On a listener's shared receive
 //! queue (`srq.rs`) the agent reads the messages its route hands it
 //! instead, in arrival order, each in the SRQ buffer it landed in
 //! (dropping it reposts that buffer).
 
-use std::future::{poll_fn, Future};
-use std::pin::Pin;
+use std::future::poll_fn;
 use std::rc::{Rc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tracing::Instrument;
 
-use verbio_runtime::buf::IoBuf;
-use verbio_runtime::buf::LocalBuf;
-use verbio_runtime::provider::AccessFlags;
+use verbio_runtime::provider::{AccessFlags, WcStatus};
 use verbio_runtime::{sleep_until, spawn, timeout, PassHook};
 
 use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
@@ -29,10 +26,10 @@ use super::window_grants::WINDOW_ID;
 use super::wire::{
     decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
 };
-use crate::verbs::{Received, Verbs};
+use crate::verbs::Received;
 use futures::channel::mpsc;
 use futures::StreamExt;
-use verbio_runtime::RingMsg;
+use verbio_runtime::{RecvRing, RecvRingConfig, RecvRingError, RingMsg};
 
 /// A connection's messages routed from a listener's shared receive queue.
 pub(crate) type Route = mpsc::UnboundedReceiver<RingMsg>;
@@ -43,8 +40,10 @@ const ERROR_NOTICE_LIMIT: Duration = Duration::from_secs(1);
 /// `Error` code for a protocol violation.
 const ERROR_CODE_PROTOCOL: u16 = 1;
 
-/// Posts the connection's receive buffers (credits plus the reserve the
-/// settings exchange sized for the peer); on a shared receive queue,
+/// Posts the connection's receive buffers, a receive ring of the credits
+/// plus the reserve the settings exchange sized for the peer, plus the
+/// spare slots for messages lent to the application ([`lend_slots`]; none
+/// if the QP's queues have no room for them); on a shared receive queue,
 /// returns the connection's route instead.
 pub(crate) fn post_receives(shared: &Shared) -> Result<Option<Route>, AgentError> {
     if let Some(route) = &shared.srq_route {
@@ -53,17 +52,32 @@ pub(crate) fn post_receives(shared: &Shared) -> Result<Option<Route>, AgentError
             None => Err(AgentError::Closed(CloseReason::Local)),
         };
     }
-    for _ in 0..shared.negotiated.posted_recvs {
-        let buf = shared
-            .pool
-            .alloc(shared.config.recv_buf_size)
-            .map_err(|source| AgentError::Buf {
-                stage: "allocating the receive buffers",
-                source,
-            })?;
-        shared.rx.posted(shared.qp.recv(buf));
-    }
+    let posted = shared.negotiated.posted_recvs;
+    let ring = |spare: u32| {
+        let config = RecvRingConfig::new(posted + spare, shared.config.recv_buf_size);
+        RecvRing::new(&shared.qp, &shared.pd.0, config)
+    };
+    let spare = lend_slots(shared.config.recv_buf_count);
+    let (ring, spare) = match ring(spare) {
+        Ok(r) => (r, spare),
+        Err(RecvRingError::Credits { .. }) if spare > 0 => {
+            tracing::debug!(
+                qp = shared.qp.qp_num(),
+                spare,
+                "no room for the spare receive slots: messages are copied out"
+            );
+            (ring(0).map_err(AgentError::ReceiveRing)?, 0)
+        }
+        Err(e) => return Err(AgentError::ReceiveRing(e)),
+    };
+    shared.rx.set_ring(ring, spare);
     Ok(None)
+}
+
+/// Spare receive-ring slots, for whole messages lent to the application
+/// in the slot they landed in: half the connection's receive buffers.
+pub(crate) fn lend_slots(recv_buf_count: u32) -> u32 {
+    (recv_buf_count / 2).max(1)
 }
 
 /// What to do after one message.
@@ -226,55 +240,52 @@ pub(crate) enum Step {
     Stop,
 }
 
-/// Takes the oldest posted receive if it completed: handles its message
-/// and reposts a buffer (the same one, or a fresh one when the message is
-/// handed over in its buffer). Run by the driving receiver or the agent.
+/// Takes the next message of the receive ring if one arrived: handles it
+/// and reposts its slot, or lends the slot with the whole message it holds
+/// (the ring's spare slot stays posted meanwhile). Run by the driving
+/// receiver or the agent.
 pub(crate) fn step(shared: &Rc<Shared>) -> Step {
     let rx = &shared.rx;
-    let Some(mut recv) = rx.take_oldest() else {
-        finish(shared);
-        return Step::Stop;
-    };
-    let (res, mut buf) = match Pin::new(&mut recv).poll(&mut rx.fan_context()) {
-        Poll::Pending => {
-            rx.put_back_oldest(recv);
-            return Step::Pending;
-        }
-        Poll::Ready(out) => out,
-    };
-    drop(recv);
-    let next = match res {
-        Ok(rcv) => handle(shared, rcv, &buf[..]),
-        Err(e) => {
+    let slot = match rx.poll_ring() {
+        Poll::Pending => return Step::Pending,
+        Poll::Ready(Some(Ok(slot))) => slot,
+        Poll::Ready(Some(Err(e))) => {
             if shared.failure().is_none() {
-                shared.fail(if e.is_flush() {
-                    CloseReason::Disconnected
-                } else {
-                    CloseReason::Transport(crate::error::ErrorChain(&e).to_string())
-                });
+                shared.fail(ring_failure(&e));
             }
-            Next::Stop
+            finish(shared);
+            return Step::Stop;
+        }
+        Poll::Ready(None) => {
+            finish(shared);
+            return Step::Stop;
         }
     };
-    let (credited, msg) = match next {
+    let rcv = Received {
+        len: slot.len(),
+        imm: slot.imm(),
+        by_write: slot.by_write(),
+    };
+    let (credited, msg) = match handle(shared, rcv, &slot) {
         Next::Stop => {
             finish(shared);
             return Step::Stop;
         }
-        Next::Repost(c) => (c, None),
-        Next::Deliver { len, imm } => match hand_over(shared, buf, len, imm) {
-            Some((fresh, msg)) => {
-                buf = fresh;
-                (true, Some(msg))
-            }
+        Next::Repost(c) => {
+            drop(slot);
+            (c, None)
+        }
+        Next::Deliver { len, imm } => match rx.lend(slot, DATA_OVERHEAD, len, imm) {
+            Some(msg) => (true, Some(msg)),
             None => {
+                // The decoder checked the frame's length, so the range lies
+                // in the slot; refuse the message rather than panic if not.
+                shared.fail(CloseReason::Violation("payload outside the receive buffer"));
                 finish(shared);
                 return Step::Stop;
             }
         },
     };
-    buf.clear();
-    rx.posted(shared.qp.recv(buf));
     // Over the unread limit, the credit stays here (see `Backlog`).
     if credited && shared.backlog.credit_may_return() {
         shared.owed.add_one();
@@ -283,6 +294,17 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
     match msg {
         Some(m) => Step::Msg(m),
         None => Step::Continue,
+    }
+}
+
+/// Why the connection is down when its receive ring reports `e`.
+fn ring_failure(e: &RecvRingError) -> CloseReason {
+    match e {
+        RecvRingError::Completion {
+            status: WcStatus::WrFlushErr,
+            ..
+        } => CloseReason::Disconnected,
+        e => CloseReason::Transport(crate::error::ErrorChain(e).to_string()),
     }
 }
 
@@ -677,42 +699,5 @@ pub(crate) fn deliver(shared: &Shared, msg: RecvMsg) {
     let charge = msg.charge(shared.config.recv_buf_size);
     if shared.rx.deliver(msg) {
         shared.backlog.add(charge);
-    }
-}
-
-/// Hands a receive buffer holding one whole message over as a message
-/// (zero copy) and returns a fresh buffer to repost in its place; `None`
-/// if none could be had (the connection goes down).
-fn hand_over(
-    shared: &Shared,
-    buf: LocalBuf,
-    len: usize,
-    imm: Option<u32>,
-) -> Option<(LocalBuf, RecvMsg)> {
-    let fresh = match shared.pool.alloc(shared.config.recv_buf_size) {
-        Ok(b) => b,
-        Err(e) => {
-            shared.fail(CloseReason::Transport(format!(
-                "no receive buffer to repost: {}",
-                crate::error::ErrorChain(&e)
-            )));
-            return None;
-        }
-    };
-    match buf.slice(DATA_OVERHEAD..DATA_OVERHEAD + len) {
-        Ok(payload) => Some((
-            fresh,
-            RecvMsg {
-                body: Body::Buf(payload),
-                imm,
-            },
-        )),
-        Err(rejected) => {
-            // The decoder checked the frame's length, so the range lies in
-            // the buffer; refuse the message rather than panic if not.
-            tracing::warn!(error = %rejected.error, "payload range outside the receive buffer");
-            shared.fail(CloseReason::Violation("payload outside the receive buffer"));
-            None
-        }
     }
 }
