@@ -107,7 +107,7 @@ impl Drop for Held {
         let (Some(shared), Some(h)) = (self.conn.upgrade(), Handle::try_current()) else {
             return;
         };
-        if shared.failure().is_some() {
+        if shared.is_down() {
             return;
         }
         let id = self.token.token_id;

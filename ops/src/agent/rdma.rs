@@ -126,6 +126,12 @@ impl Shared {
         self.failure.borrow().clone()
     }
 
+    /// True once the connection is down (see [`Shared::failure`]).
+    #[inline]
+    pub(crate) fn is_down(&self) -> bool {
+        self.failure.borrow().is_some()
+    }
+
     /// Marks the connection down (first reason wins): pending and later
     /// calls fail with `reason`, the TCP side channel closes (the peer sees
     /// it), and the QP is closed so posted receives flush. Runs on the runtime.
@@ -245,7 +251,7 @@ impl Shared {
         }
         impl Drop for Unposted<'_> {
             fn drop(&mut self) {
-                if !self.posted.get() && self.shared.failure().is_none() {
+                if !self.posted.get() && !self.shared.is_down() {
                     self.shared.return_owed_batch(
                         "data piece not posted: returning the credits it carried",
                     );
@@ -471,7 +477,7 @@ impl Shared {
         msg: &Message<'_>,
     ) -> Option<Result<(), AgentError>> {
         let len = msg.encoded_len();
-        if len > self.inline_limit() || self.failure().is_some() {
+        if len > self.inline_limit() || self.is_down() {
             return None;
         }
         let credit = self.credits.try_acquire()?;
@@ -492,7 +498,7 @@ impl Shared {
         drop(ride);
         Some(res.map_err(|source| {
             let e = self.verb_error(crate::Error::Submit { op: "send", source });
-            if self.failure().is_none() {
+            if !self.is_down() {
                 self.return_owed_batch("data piece not posted: returning the credits it carried");
             }
             e
@@ -922,8 +928,8 @@ impl Rdma {
     /// connection's `recv_buf_count` messages are lent, later ones are
     /// copied out instead; see [`RecvMsg::is_zero_copy`]). Cancel-safe: a
     /// message is only taken by the poll that returns it.
-    pub async fn receive_msg(&self) -> Result<RecvMsg, AgentError> {
-        Receive::new(&self.shared).await
+    pub fn receive_msg(&self) -> impl Future<Output = Result<RecvMsg, AgentError>> + '_ {
+        Receive::new(&self.shared)
     }
 
     /// The next message copied into a registered buffer.
@@ -977,7 +983,7 @@ impl Drop for Rdma {
         // side channel is dropped (the peer's watcher sees EOF). The agent
         // is cancelled; its posted receives park until the QP's flush.
         match Handle::try_current() {
-            Some(h) if self.shared.failure().is_none() => {
+            Some(h) if !self.shared.is_down() => {
                 let shared = self.shared.clone();
                 h.spawn(
                     async move {
@@ -1047,7 +1053,7 @@ impl Drop for AbortOnDrop {
     /// `Abort` is posted.
     fn drop(&mut self) {
         let permits = &self.shared.split_permits;
-        if !self.armed || self.shared.failure().is_some() {
+        if !self.armed || self.shared.is_down() {
             permits.grant(1);
             return;
         }

@@ -22,6 +22,8 @@ use super::task::{deliver, step, Step};
 pub(crate) struct Receive {
     shared: Rc<Shared>,
     id: u64,
+    /// Returned its output (and left the receivers).
+    done: bool,
 }
 
 impl Receive {
@@ -29,6 +31,7 @@ impl Receive {
         Receive {
             shared: shared.clone(),
             id: shared.rx.receiver_id(),
+            done: false,
         }
     }
 }
@@ -36,18 +39,21 @@ impl Receive {
 impl Future for Receive {
     type Output = Result<RecvMsg, AgentError>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (shared, id) = (&self.shared, self.id);
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let (shared, id) = (&this.shared, this.id);
         let rx = &shared.rx;
         loop {
             match rx.begin(id, true, cx) {
                 Begin::Queued(m) => {
                     rx.leave(id);
+                    this.done = true;
                     shared.taken(m.charge(shared.config.recv_buf_size));
                     return Poll::Ready(Ok(m));
                 }
                 Begin::Closed => {
                     rx.leave(id);
+                    this.done = true;
                     return Poll::Ready(Err(shared.closed_error()));
                 }
                 Begin::Wait => return Poll::Pending,
@@ -61,6 +67,7 @@ impl Future for Receive {
                 // Straight to the caller: never queued, so never charged.
                 Step::Msg(m) => {
                     rx.leave(id);
+                    this.done = true;
                     settle(shared);
                     return Poll::Ready(Ok(m));
                 }
@@ -87,7 +94,9 @@ fn settle(shared: &Rc<Shared>) {
 
 impl Drop for Receive {
     fn drop(&mut self) {
-        self.shared.rx.leave(self.id);
+        if !self.done {
+            self.shared.rx.leave(self.id);
+        }
     }
 }
 

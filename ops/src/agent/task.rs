@@ -105,7 +105,7 @@ pub(crate) async fn run(shared: Rc<Shared>, route: Option<Route>) {
 /// The receive side is done: the connection is down (for `Local` reasons
 /// if nothing more specific was found) and nothing more is delivered.
 fn finish(shared: &Shared) {
-    if shared.failure().is_none() {
+    if !shared.is_down() {
         shared.fail(CloseReason::Local);
     }
     shared.agent_stopped();
@@ -250,7 +250,7 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
         Poll::Pending => return Step::Pending,
         Poll::Ready(Some(Ok(slot))) => slot,
         Poll::Ready(Some(Err(e))) => {
-            if shared.failure().is_none() {
+            if !shared.is_down() {
                 shared.fail(ring_failure(&e));
             }
             finish(shared);
