@@ -14,14 +14,17 @@
 //! posted SGEs name (it keeps only wr_ids, flags and opcodes).
 //!
 //! Provider objects are `Send + Sync`; the fake's state is not (it is as
-//! cheap as the runtime it measures). So the provider handles ([`Qp`],
-//! [`Cq`]) are keys into a registry of the thread that made them, and used
-//! from another thread they fail (`Unsupported`). A fake's state lives until
-//! its thread ends.
+//! cheap as the runtime it measures). So a fake lives in a registry of the
+//! thread that made it, until that thread ends, and its provider handles
+//! ([`Qp`], [`Cq`]) point at it and name that thread: used from another
+//! thread (or after the registry is gone) they fail (`Unsupported`). The
+//! check is one read of a thread-local number, and the fake is reached
+//! without a lookup.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -369,38 +372,48 @@ impl FakeCq {
     }
 }
 
-/// The fakes of one thread, named by the keys of the provider handles.
+/// The fakes of one thread: it keeps them alive until the thread ends.
 struct Registry {
-    /// This thread's number (0 until first used): handles check it.
-    thread: Cell<u64>,
     qps: RefCell<Vec<Rc<FakeQp>>>,
     cqs: RefCell<Vec<Rc<FakeCq>>>,
 }
 
-impl Registry {
-    /// This thread's number, unique in the process.
-    #[inline(always)]
-    fn thread(&self) -> u64 {
-        match self.thread.get() {
-            0 => {
-                static NEXT: AtomicU64 = AtomicU64::new(1);
-                let id = NEXT.fetch_add(1, Ordering::Relaxed);
-                self.thread.set(id);
-                id
-            }
-            id => id,
+/// The value of [`THREAD`] once this thread's registry is gone: no handle
+/// names it.
+const GONE: u64 = u64::MAX;
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        // Before the fakes are freed: from now on every handle of this
+        // thread fails its check.
+        THREAD.set(GONE);
+    }
+}
+
+/// This thread's number, unique in the process (given on first use).
+fn this_thread() -> u64 {
+    match THREAD.get() {
+        0 => {
+            static NEXT: AtomicU64 = AtomicU64::new(1);
+            let id = NEXT.fetch_add(1, Ordering::Relaxed);
+            THREAD.set(id);
+            id
         }
+        id => id,
     }
 }
 
 thread_local! {
     static FAKES: Registry = const {
         Registry {
-            thread: Cell::new(0),
             qps: RefCell::new(Vec::new()),
             cqs: RefCell::new(Vec::new()),
         }
     };
+    /// This thread's number for the handles' check: 0 until the thread
+    /// makes its first fake, [`GONE`] once its registry is dropped. A
+    /// `Cell` without drop glue: reading it is one load, at any time.
+    static THREAD: Cell<u64> = const { Cell::new(0) };
 }
 
 #[cold]
@@ -414,7 +427,9 @@ fn off_thread(what: &'static str) -> ProviderError {
 /// The provider handle of a fake QP (see the module docs).
 #[derive(Clone, Debug)]
 pub struct Qp {
-    key: usize,
+    /// The fake, kept alive by the registry of thread `thread`; read only
+    /// on that thread, while its registry lives ([`Qp::with`]).
+    fake: NonNull<FakeQp>,
     thread: u64,
     qp_num: u32,
     caps: QpCaps,
@@ -424,11 +439,21 @@ pub struct Qp {
 /// The provider handle of a fake CQ.
 #[derive(Clone, Debug)]
 pub struct Cq {
-    key: usize,
+    /// As [`Qp::fake`].
+    cq: NonNull<FakeCq>,
     thread: u64,
     handle: u32,
     capacity: u32,
 }
+
+// SAFETY: the pointers are dereferenced only on the thread that made them, while its registry keeps the fakes alive (checked in `Qp::with` and `Cq::poll`).
+unsafe impl Send for Qp {}
+// SAFETY: as for `Send`: no access from another thread.
+unsafe impl Sync for Qp {}
+// SAFETY: as for `Qp`.
+unsafe impl Send for Cq {}
+// SAFETY: as for `Qp`.
+unsafe impl Sync for Cq {}
 
 /// A fake completion channel: an eventfd that never becomes readable. The
 /// fake's completions are produced on the runtime's own thread, which polls
@@ -449,13 +474,15 @@ pub(crate) fn create(
 ) -> std::io::Result<(Qp, Cq, CompChannel, Rc<FakeQp>)> {
     let cq = Rc::new(FakeCq::new());
     let fake = FakeQp::new(qp_num, caps, cq.clone());
-    let (thread, cq_key, key) = FAKES.with(|r| {
+    let cq_ptr = NonNull::from(&*cq);
+    let qp_ptr = NonNull::from(&*fake);
+    let cq_key = FAKES.with(|r| {
         let mut cqs = r.cqs.borrow_mut();
-        let mut qps = r.qps.borrow_mut();
         cqs.push(cq);
-        qps.push(fake.clone());
-        (r.thread(), cqs.len() - 1, qps.len() - 1)
+        r.qps.borrow_mut().push(fake.clone());
+        cqs.len() - 1
     });
+    let thread = this_thread();
     // SAFETY: eventfd has no memory preconditions; the result is checked.
     let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if fd < 0 {
@@ -465,14 +492,14 @@ pub(crate) fn create(
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     Ok((
         Qp {
-            key,
+            fake: qp_ptr,
             thread,
             qp_num,
             caps,
             qp_type,
         },
         Cq {
-            key: cq_key,
+            cq: cq_ptr,
             thread,
             handle: cq_key as u32,
             capacity: cq_capacity,
@@ -490,15 +517,12 @@ impl Qp {
         what: &'static str,
         f: impl FnOnce(&FakeQp) -> R,
     ) -> Result<R, ProviderError> {
-        FAKES.with(|r| {
-            if r.thread() != self.thread {
-                return Err(off_thread(what));
-            }
-            match r.qps.borrow().get(self.key) {
-                Some(fake) => Ok(f(fake)),
-                None => Err(off_thread(what)),
-            }
-        })
+        if THREAD.get() != self.thread {
+            return Err(off_thread(what));
+        }
+        // SAFETY: on the fake's own thread, whose registry still holds it
+        // (it marks THREAD gone before freeing the fakes).
+        Ok(f(unsafe { self.fake.as_ref() }))
     }
 
     pub(crate) fn qp_num(&self) -> u32 {
@@ -587,17 +611,13 @@ impl Cq {
 
     #[inline(always)]
     pub(crate) fn poll(&self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        FAKES.with(|r| {
-            if r.thread() != self.thread {
-                return Err(off_thread("poll"));
-            }
-            let cqs = r.cqs.borrow();
-            let Some(cq) = cqs.get(self.key) else {
-                return Err(off_thread("poll"));
-            };
-            let n = cq.queue.borrow_mut().take_into(out);
-            Ok(n)
-        })
+        if THREAD.get() != self.thread {
+            return Err(off_thread("poll"));
+        }
+        // SAFETY: as in `Qp::with`.
+        let cq = unsafe { self.cq.as_ref() };
+        let n = cq.queue.borrow_mut().take_into(out);
+        Ok(n)
     }
 
     pub(crate) fn ack_events(&self, _n: u32) {}
@@ -706,5 +726,41 @@ mod tests {
             ProviderError::QueueFull { depth: 16, .. }
         ));
         assert_eq!(f.outstanding_sends(), 16);
+    }
+
+    /// The handles reach their fake on its own thread only: from another
+    /// thread every call fails, and the fake is untouched.
+    #[test]
+    fn handles_fail_off_their_thread() {
+        let caps = QpCaps {
+            max_send_wr: 4,
+            ..QpCaps::default()
+        };
+        let (qp, cq, _ch, fake) = create(9, QpType::Rc, caps, 16).expect("fake");
+        // SAFETY: the fake touches no memory.
+        unsafe { qp.post_send(&[wr(1, true)]) }.expect("post on its thread");
+        let (qp2, cq2) = (qp.clone(), cq.clone());
+        std::thread::spawn(move || {
+            // SAFETY: as above.
+            let e = unsafe { qp2.post_send(&[wr(2, true)]) }.expect_err("post off its thread");
+            assert_eq!(e.posted, 0);
+            assert!(
+                matches!(e.error, ProviderError::Unsupported { .. }),
+                "{e:?}"
+            );
+            let mut out = [Completion::EMPTY; 4];
+            assert!(matches!(
+                cq2.poll(&mut out),
+                Err(ProviderError::Unsupported { .. })
+            ));
+            assert_eq!(qp2.state(), QpState::Err);
+        })
+        .join()
+        .expect("other thread");
+        assert_eq!(qp.state(), QpState::Rts);
+        fake.complete_sends(WcStatus::Success, 0);
+        let mut out = [Completion::EMPTY; 4];
+        assert_eq!(cq.poll(&mut out).expect("poll"), 1);
+        assert_eq!(out[0].wr_id, 1);
     }
 }
