@@ -825,13 +825,17 @@ impl Rdma {
     /// returned reaches the peer even if this side drops the `Rdma` (its
     /// `Close` is ordered after it) or the whole runtime right after (the
     /// runtime lets posted sends through before closing its QPs).
-    pub async fn send(&self, data: &[u8]) -> Result<(), AgentError> {
-        self.send_inner(data, None).await
+    pub fn send<'a>(&'a self, data: &'a [u8]) -> impl Future<Output = Result<(), AgentError>> + 'a {
+        self.send_inner(data, None)
     }
 
     /// Sends `data` with a 32-bit immediate, received by [`Rdma::receive_with_imm`].
-    pub async fn send_with_imm(&self, data: &[u8], imm: u32) -> Result<(), AgentError> {
-        self.send_inner(data, Some(imm)).await
+    pub fn send_with_imm<'a>(
+        &'a self,
+        data: &'a [u8],
+        imm: u32,
+    ) -> impl Future<Output = Result<(), AgentError>> + 'a {
+        self.send_inner(data, Some(imm))
     }
 
     /// Sends a registered buffer's bytes; the buffer is given back.

@@ -387,7 +387,12 @@ impl RingCore {
                     // foreign code runs under the borrow): woken in place
                     // and kept, so the task's next wait needs no clone.
                     Some(w) if crate::wake::wake_if_task(w) => None,
-                    _ => st.waker.take(),
+                    // Another waker may run anything: woken outside the
+                    // borrow through a clone, and kept registered too, so
+                    // the consumer's next poll of an empty ring takes the
+                    // fast path (the same waker) instead of registering again.
+                    Some(w) => Some(w.clone()),
+                    None => None,
                 };
                 (waker, false, keep)
             }
