@@ -93,6 +93,9 @@ impl Credits {
     }
 
     fn wake_all(&self) {
+        if self.waiters.borrow().is_empty() {
+            return;
+        }
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
         for w in waiters {
             w.wake();
