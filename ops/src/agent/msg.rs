@@ -6,7 +6,7 @@
 //! vector.
 
 use std::cell::Cell;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::rc::Rc;
 
 use verbio_runtime::RingMsg;
@@ -20,41 +20,32 @@ pub(crate) enum Body {
     Vec(Vec<u8>),
 }
 
-/// A receive-ring slot lent to the application: the payload at
-/// `start..start + len` of the slot. Dropping it reposts the slot and
-/// gives its spare back (`lent` counts the connection's lent slots).
+/// A receive-ring slot lent to the application: the payload at `range`
+/// of the slot. Dropping it reposts the slot and gives its spare back
+/// (`lent` counts the connection's lent slots).
 #[derive(Debug)]
 pub(crate) struct Lent {
     slot: RingMsg,
-    start: usize,
-    len: usize,
+    range: Range<usize>,
     lent: Rc<Cell<u32>>,
 }
 
 impl Lent {
-    /// Lends `slot`'s bytes `start..start + len`; `None` (and the slot
-    /// back at once) if the range is not within what it received.
-    pub(crate) fn new(
-        slot: RingMsg,
-        start: usize,
-        len: usize,
-        lent: &Rc<Cell<u32>>,
-    ) -> Option<Lent> {
-        slot.get(start..start.checked_add(len)?)?;
+    /// Lends `slot`'s bytes `range`; `None` (and the slot back at once) if
+    /// the range is not within what it received.
+    pub(crate) fn new(slot: RingMsg, range: Range<usize>, lent: &Rc<Cell<u32>>) -> Option<Lent> {
+        slot.get(range.clone())?;
         lent.set(lent.get() + 1);
         Some(Lent {
             slot,
-            start,
-            len,
+            range,
             lent: lent.clone(),
         })
     }
 
     fn bytes(&self) -> &[u8] {
         // Checked in `new`; a slot's bytes never change while lent.
-        self.slot
-            .get(self.start..self.start + self.len)
-            .unwrap_or_default()
+        self.slot.get(self.range.clone()).unwrap_or_default()
     }
 }
 

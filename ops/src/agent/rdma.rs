@@ -985,7 +985,7 @@ impl Drop for Rdma {
         // No await here: on a runtime, a task sends `Close` (ordered after
         // every message sent before) and then closes; otherwise the TCP
         // side channel is dropped (the peer's watcher sees EOF). The agent
-        // is cancelled; its posted receives park until the QP's flush.
+        // is cancelled; its receive ring keeps its memory until the QP's flush.
         match Handle::try_current() {
             Some(h) if !self.shared.is_down() => {
                 let shared = self.shared.clone();

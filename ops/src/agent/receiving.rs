@@ -56,12 +56,6 @@ struct Fan {
     hook: OnceLock<PassHookId>,
     /// The hook is scheduled and has not run yet.
     hook_scheduled: AtomicBool,
-    /// The last wake woke a receiver waiting to drive: it takes the
-    /// completions on its next poll (cleared when it polls or leaves).
-    receiver_woken: AtomicBool,
-    /// The hook found completions untaken with a receiver woken, and gave
-    /// it one more pass to take them before waking the agent.
-    grace: AtomicBool,
 }
 
 impl Fan {
@@ -89,12 +83,7 @@ impl Wake for Fan {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.armed.store(false, Ordering::Relaxed);
-        let receiver = self.receiver.take();
-        self.receiver_woken
-            .store(receiver.is_some(), Ordering::Relaxed);
-        if let Some(w) = receiver {
-            w.wake();
-        }
+        self.receiver.wake();
         self.wake_agent_later();
     }
 }
@@ -221,10 +210,11 @@ impl Receiving {
         len: usize,
         imm: Option<u32>,
     ) -> Option<RecvMsg> {
+        let range = start..start.checked_add(len)?;
         let body = if self.lent.get() < self.lend_max.get() {
-            Body::Ring(Lent::new(slot, start, len, &self.lent)?)
+            Body::Ring(Lent::new(slot, range, &self.lent)?)
         } else {
-            Body::Vec(slot.get(start..start.checked_add(len)?)?.to_vec())
+            Body::Vec(slot.get(range)?.to_vec())
         };
         Some(RecvMsg { body, imm })
     }
@@ -272,30 +262,12 @@ impl Receiving {
     /// became owed: wakes the agent task if a receiver did not take the
     /// completions, or if a whole batch of credits is owed that no reply
     /// took. In the usual round trip neither holds and the agent sleeps.
-    ///
-    /// A completion that arrives in the pass's own poll of the CQs, after
-    /// the receiver ran, wakes the receiver for the next pass: the hook
-    /// then waits one more pass (scheduling itself again) before it wakes
-    /// the agent, which it does only if the woken receiver did not poll in
-    /// that pass (it holds a `receive_msg` future it does not poll).
     pub(crate) fn pass_ended(&self, owed: &Owed) {
-        let fan = &self.fan;
-        fan.hook_scheduled.store(false, Ordering::Relaxed);
+        self.fan.hook_scheduled.store(false, Ordering::Relaxed);
         let batch_owed = self.state.borrow().owed_check && owed.has_batch();
-        if !batch_owed {
-            if self.armed() {
-                fan.grace.store(false, Ordering::Relaxed);
-                return;
-            }
-            if fan.receiver_woken.load(Ordering::Relaxed)
-                && !fan.grace.swap(true, Ordering::Relaxed)
-            {
-                fan.wake_agent_later();
-                return;
-            }
+        if !self.armed() || batch_owed {
+            self.fan.agent.wake();
         }
-        fan.grace.store(false, Ordering::Relaxed);
-        fan.agent.wake();
     }
 
     /// True if credits became owed since the last call.
@@ -351,8 +323,6 @@ impl Receiving {
             s.driver = Some(id);
             drop(s);
             self.fan.receiver.register(cx.waker());
-            self.fan.receiver_woken.store(false, Ordering::Relaxed);
-            self.fan.grace.store(false, Ordering::Relaxed);
             return Begin::Drive;
         }
         // Polled again without a wake (a `select!` loop): one entry each.
@@ -389,7 +359,6 @@ impl Receiving {
         // Later completions wake the agent (and the next driver once it
         // registers).
         drop(self.fan.receiver.take());
-        self.fan.receiver_woken.store(false, Ordering::Relaxed);
         if let Some(w) = next {
             w.wake();
         }

@@ -1,5 +1,8 @@
-//! Pass hooks: checks that run once at the end of the loop pass in which
-//! they were scheduled, after the tasks that were ready by then have run.
+//! Pass hooks: checks that run once at the end of the first loop pass that
+//! begins after they were scheduled, after the tasks that were ready by
+//! then have run (and before that pass polls the CQs: a completion the poll
+//! finds wakes its task for the next pass, and a hook it schedules fires
+//! after that task ran).
 //!
 //! A library's background task that has work only sometimes (the `Rdma`
 //! agent, when the application task it wakes first took the message) is

@@ -342,8 +342,11 @@ impl Runtime {
         inner.driver.begin_batch();
         let polled = inner.executor.run(inner.config.task_budget);
         inner.driver.end_batch();
-        inner.driver.drain_cqs();
+        // Hooks fire before the pass's own CQ drain: a wake that drain
+        // causes schedules its hook for the next pass, after the task it
+        // woke has run.
         inner.pass_hooks.end_pass();
+        inner.driver.drain_cqs();
         let exhausted = polled >= inner.config.task_budget;
         if !exhausted && !inner.executor.has_ready() && !inner.pass_hooks.has_pending() {
             return false;
