@@ -161,8 +161,8 @@ fn the_agent_task_sleeps_through_a_request_reply_exchange() {
     // ride on the replies. Without the pass hook the agent runs at least
     // once per message on each side. A completion polled in the same pass
     // right after the receiver ran (common on rxe) wakes the receiver for
-    // the next pass, and the hook gives it that pass before it wakes the
-    // agent. The bound allows one turn per 50 round trips.
+    // the next pass, and its hook fires only after that pass's tasks. The
+    // bound allows one turn per 50 round trips.
     assert!(
         client_turns * 50 < ROUNDS,
         "client agent ran {client_turns} turns in {ROUNDS} round trips"
