@@ -21,6 +21,15 @@ pub struct RpcConfig {
     pub handler_tasks: usize,
     /// Packets taken from the transport per receive call.
     pub recv_batch: usize,
+    /// Server: a session that has heard nothing from its client for this
+    /// long (up to a quarter more), with no handler of it running, is
+    /// closed, its memory freed, and the client told (best effort: one
+    /// disconnect packet; its next call fails with
+    /// [`RpcError::SessionClosed`](super::RpcError::SessionClosed), or with
+    /// a timeout if that packet was lost). This reclaims the sessions of
+    /// clients that vanished without disconnecting. `None` (the default,
+    /// as gRPC's idle limit) keeps sessions until their client disconnects.
+    pub session_idle_timeout: Option<Duration>,
 }
 
 impl Default for RpcConfig {
@@ -31,6 +40,7 @@ impl Default for RpcConfig {
             max_msg_len: 1 << 20,
             handler_tasks: 16,
             recv_batch: 16,
+            session_idle_timeout: None,
         }
     }
 }

@@ -39,6 +39,9 @@ pub struct RpcStats {
     pub handler_panics: u64,
     /// Calls that failed because the peer stopped answering.
     pub timeouts: u64,
+    /// Server sessions closed after [`RpcConfig::session_idle_timeout`](super::RpcConfig::session_idle_timeout)
+    /// without a packet from their client.
+    pub sessions_expired: u64,
 }
 
 /// A request waiting for a handler task.
@@ -94,6 +97,11 @@ pub(crate) struct Core<P> {
     pub(crate) timer: Option<Sleep>,
     /// Some call or connect may need a retransmission.
     pub(crate) timer_wanted: bool,
+    /// The idle sweep's timer (`idle.rs`), while server sessions are open
+    /// and [`RpcConfig::session_idle_timeout`] is set.
+    pub(crate) idle_timer: Option<Sleep>,
+    /// Server sessions open (the idle sweep runs while there are any).
+    pub(crate) server_sessions: usize,
     pub(crate) dispatcher: Option<Waker>,
 }
 
@@ -121,6 +129,8 @@ impl<P: Clone> Core<P> {
             local_addr,
             timer: None,
             timer_wanted: false,
+            idle_timer: None,
+            server_sessions: 0,
             dispatcher: None,
         }
     }
@@ -205,6 +215,13 @@ impl<P: Clone> Core<P> {
                     return;
                 };
                 self.connects.insert(key, sid);
+                self.server_sessions += 1;
+                if self.server_sessions == 1 && self.config.session_idle_timeout.is_some() {
+                    // The dispatcher starts the idle sweep.
+                    if let Some(w) = &self.dispatcher {
+                        w.wake_by_ref();
+                    }
+                }
                 sid
             }
         };
@@ -265,6 +282,9 @@ impl<P: Clone> Core<P> {
         if let Some(key) = s.connect_key.take() {
             self.connects.remove(&key);
         }
+        if s.role == Role::Server {
+            self.server_sessions -= 1;
+        }
         s.wake_all();
     }
 
@@ -298,6 +318,7 @@ pub(crate) fn open_session<'a, P>(
                 && matches!(s.state, SessionState::Connected)
                 && s.remote == h.src_session =>
         {
+            s.idle_sweeps = 0;
             Some(s)
         }
         _ => {

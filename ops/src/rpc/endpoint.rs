@@ -16,6 +16,7 @@ use super::config::RpcConfig;
 use super::core::{Core, HandlerQueue, Job, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{HEADER_LEN, MAX_MSG_LEN, MAX_PACKET, MIN_PACKET};
+use super::idle::SWEEPS_PER_TIMEOUT;
 use super::session::{Role, Session, SessionState};
 use super::timer::TICKS_PER_RTO;
 use super::transport::Transport;
@@ -140,7 +141,29 @@ impl<T: Transport> Engine<T> {
             self.core.timer_wanted = self.core.on_timer();
             self.flush();
         }
+        self.poll_idle_sweep(cx);
         Poll::Pending
+    }
+
+    /// Runs the idle sweep (`idle.rs`) while server sessions are open and
+    /// an idle timeout is set; its timer is dropped when none are.
+    fn poll_idle_sweep(&mut self, cx: &mut Context<'_>) {
+        let Some(timeout) = self.core.config.session_idle_timeout else {
+            return;
+        };
+        while self.core.server_sessions > 0 {
+            let timer = self
+                .core
+                .idle_timer
+                .get_or_insert_with(|| verbio_runtime::sleep(timeout / SWEEPS_PER_TIMEOUT));
+            if Pin::new(timer).poll(cx).is_pending() {
+                return;
+            }
+            self.core.idle_timer = None;
+            self.core.sweep_idle();
+            self.flush();
+        }
+        self.core.idle_timer = None;
     }
 }
 
@@ -280,6 +303,12 @@ impl<T: Transport> Rpc<T> {
     #[cfg(test)]
     pub(crate) fn session_slots(&self) -> usize {
         self.engine.borrow().core.sessions.capacity()
+    }
+
+    /// Server sessions open (tests).
+    #[cfg(test)]
+    pub(crate) fn server_sessions(&self) -> usize {
+        self.engine.borrow().core.server_sessions
     }
 
     /// Opens a session to the endpoint at `remote` (its

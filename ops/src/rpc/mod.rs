@@ -35,7 +35,9 @@
 //! call fails with [`RpcError::Timeout`] and the session with it. The
 //! server keeps, per slot, the request number and the response, so a
 //! request that arrives again is answered from there and its handler runs
-//! at most once.
+//! at most once. With [`RpcConfig::session_idle_timeout`] set, a server
+//! closes a session that has heard nothing from its client for that long
+//! and tells the client (`idle.rs`).
 mod buf;
 mod client;
 mod config;
@@ -43,6 +45,7 @@ mod core;
 mod endpoint;
 mod error;
 pub mod header;
+mod idle;
 pub mod mem;
 mod server;
 mod session;

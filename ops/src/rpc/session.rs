@@ -196,6 +196,9 @@ pub(crate) struct Session<P> {
     /// unique among this endpoint's connects (the server tells connects
     /// apart by it even when a session number is reused).
     pub(crate) connect_id: u64,
+    /// Server: idle sweeps since the last packet from the client (see
+    /// `idle.rs`).
+    pub(crate) idle_sweeps: u32,
 }
 
 impl<P> Session<P> {
@@ -214,6 +217,7 @@ impl<P> Session<P> {
             pump_from: 0,
             connect_key: None,
             connect_id: 0,
+            idle_sweeps: 0,
         }
     }
 

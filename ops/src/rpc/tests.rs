@@ -412,3 +412,97 @@ fn connect_and_disconnect_churn_reuses_session_numbers() {
         assert!(srv.session_slots() <= 2, "server: {}", srv.session_slots());
     });
 }
+
+/// Waits (up to 5 s: loaded CI machines) until `done`.
+async fn wait_for(done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(5), "timed out waiting");
+        verbio_runtime::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A server whose sessions expire after `idle` without a packet.
+fn expiring_server(net: &MemNetwork, idle: Duration) -> Rpc<MemTransport> {
+    server(
+        net,
+        RpcConfig {
+            session_idle_timeout: Some(idle),
+            ..config()
+        },
+    )
+    .0
+}
+
+#[test]
+fn idle_server_sessions_expire_and_their_clients_hear_of_it() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(9, 4096);
+        let srv = expiring_server(&net, Duration::from_millis(100));
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        cli.call(s, ECHO, b"before").await.unwrap();
+        // A client that vanishes without disconnecting.
+        let gone = Rpc::new(net.endpoint(), config());
+        let g = gone.connect(&srv.local_addr()).await.unwrap();
+        gone.call(g, ECHO, b"gone").await.unwrap();
+        drop(gone);
+        assert_eq!(srv.server_sessions(), 2);
+        // Closed between the timeout and a quarter more after the last packet.
+        verbio_runtime::sleep(Duration::from_millis(90)).await;
+        assert_eq!(srv.stats().sessions_expired, 0, "expired early");
+        wait_for(|| srv.stats().sessions_expired == 2).await;
+        assert_eq!(srv.server_sessions(), 0);
+        // The live client was told: its next call fails clearly (without
+        // the disconnect it would retransmit and fail with a timeout).
+        assert!(matches!(
+            cli.call(s, ECHO, b"after").await,
+            Err(RpcError::SessionClosed { .. })
+        ));
+        // It reconnects, and the new session works (and the sweep runs again).
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        cli.call(s, ECHO, b"again").await.unwrap();
+        assert_eq!(srv.server_sessions(), 1);
+        wait_for(|| srv.stats().sessions_expired == 3).await;
+    });
+}
+
+#[test]
+fn sessions_in_use_do_not_expire() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(10, 4096);
+        let idle = Duration::from_millis(150);
+        let srv = expiring_server(&net, idle);
+        // A handler that outlasts the idle timeout, with a client that does
+        // not retransmit meanwhile: the session is busy, not idle.
+        assert!(srv.register(2, |req: Request| async move {
+            verbio_runtime::sleep(Duration::from_millis(300)).await;
+            req.response()
+        }));
+        let patient = RpcConfig {
+            rto: Duration::from_secs(5),
+            ..config()
+        };
+        let cli = Rpc::new(net.endpoint(), patient);
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let retransmissions = cli.stats().retransmissions;
+        cli.call(s, 2, b"slow").await.unwrap();
+        assert_eq!(cli.stats().retransmissions, retransmissions);
+        // Calls more often than the timeout keep it open.
+        let t = Instant::now();
+        let mut i = 0;
+        while t.elapsed() < idle * 5 {
+            let req = request(0, i, 16);
+            assert_eq!(
+                &cli.call(s, ECHO, &req).await.unwrap()[..],
+                &answer(&req)[..]
+            );
+            verbio_runtime::sleep(idle / 3).await;
+            i += 1;
+        }
+        assert_eq!(srv.stats().sessions_expired, 0);
+        assert_eq!(srv.server_sessions(), 1);
+    });
+}
