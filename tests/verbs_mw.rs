@@ -170,3 +170,33 @@ fn binding_a_bound_window_and_invalidating_an_unbound_one_are_refused() {
         );
     });
 }
+
+#[test]
+fn a_failed_bind_leaves_the_window_unbound() {
+    let (rt, dev, _a, b, region) = setup();
+    let pool = MrPool::new(dev.pd());
+    common::block(&rt, async {
+        // The owner's QP goes to ERR (its own READ with a key the peer
+        // does not know): the bind that follows fails.
+        let (r, _) = b
+            .read(
+                common::buf(&pool, 8),
+                RemoteBuf::new(0x1000, 8, 0x00de_ad00),
+            )
+            .await;
+        r.expect_err("a READ with an unknown rkey");
+        let window = Window::alloc(dev.pd()).expect("alloc_mw");
+        let (r, window) = b.bind_mw(window, region.clone(), 0..64, rw()).await;
+        let e = r.expect_err("a bind on a QP in ERR");
+        println!("failed bind: {e}");
+        assert!(!window.is_bound(), "bound after {e}");
+        assert!(window.remote().is_none());
+        assert_eq!(Rc::strong_count(&region), 1, "the window let the region go");
+        // Refused once the QP is closed: unbound too.
+        b.close().await.expect("close");
+        let (r, window) = b.bind_mw(window, region.clone(), 0..64, rw()).await;
+        let e = r.expect_err("a bind on a closed QP");
+        assert!(!window.is_bound(), "bound after {e}");
+        assert_eq!(Rc::strong_count(&region), 1);
+    });
+}

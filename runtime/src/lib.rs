@@ -24,12 +24,12 @@ mod wake;
 
 pub use device::Device;
 pub use op::{Completable, Op, SubmitError};
+pub use qp::{Bind, Invalidate, WindowVerb};
 pub use qp::{
     Datagram, DatagramSource, GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig,
     RecvRingError, RingMsg, ScatterVerb, SendChain, SendInline, SendInlineBurst, SharedRecvQueue,
     Submit, UdEndpoint, UdPeer,
 };
-pub use qp::{Invalidate, WindowVerb};
 pub use reactor::{
     schedule_pass_hook, sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed,
     FallibleJoinHandle, Handle, JoinError, JoinHandle, JoinResult, PassHook, PassHookId, Runtime,

@@ -60,7 +60,7 @@ use std::rc::Rc;
 
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf, RemoteAccessRegion, Window};
 use verbio_runtime::provider::{AccessFlags, Completion, SendFlags, SendOp, SendWr, SgList, Sge};
-use verbio_runtime::{Completable, GatherVerb, Invalidate, QueuePair, Submit, UdPeer};
+use verbio_runtime::{Bind, Completable, GatherVerb, Invalidate, QueuePair, Submit, UdPeer};
 
 use crate::error::Error;
 
@@ -142,7 +142,7 @@ pub trait Verbs {
         region: Rc<RemoteAccessRegion<R>>,
         range: Range<usize>,
         access: AccessFlags,
-    ) -> Submit<BindMwVerb<R>>;
+    ) -> Submit<Bind<BindMwVerb<R>>>;
     /// Invalidates `window`'s binding (LOCAL_INV): once resolved, its rkey
     /// fails and the window is unbound. See [`QueuePair::invalidate_window`].
     fn local_inv<R: IoBufMut>(&self, window: Window<R>) -> Submit<Invalidate<LocalInvVerb<R>>>;
@@ -237,7 +237,7 @@ impl Verbs for QueuePair {
         region: Rc<RemoteAccessRegion<R>>,
         range: Range<usize>,
         access: AccessFlags,
-    ) -> Submit<BindMwVerb<R>> {
+    ) -> Submit<Bind<BindMwVerb<R>>> {
         mw::bind_mw(self, window, region, range, access)
     }
     #[inline]

@@ -27,7 +27,7 @@ use std::rc::Rc;
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf, RemoteAccessRegion, Window};
 use verbio_runtime::provider::{AccessFlags, Completion, SendOp};
 use verbio_runtime::{
-    Completable, GatherVerb, Invalidate, QueuePair, Submit, SubmitError, WindowVerb,
+    Bind, Completable, GatherVerb, Invalidate, QueuePair, Submit, SubmitError, WindowVerb,
 };
 
 use super::{check, gather_sge, refuse, submit_gather, RemoteBuf};
@@ -79,7 +79,7 @@ pub fn bind_mw<R: IoBufMut>(
     region: Rc<RemoteAccessRegion<R>>,
     range: Range<usize>,
     access: AccessFlags,
-) -> Submit<BindMwVerb<R>> {
+) -> Submit<Bind<BindMwVerb<R>>> {
     qp.bind_window(BindMwVerb { window }, region, range, access)
 }
 

@@ -113,7 +113,7 @@ pub use srq_ring::SharedRecvQueue;
 pub use submit::Submit;
 pub(crate) use ud::UdState;
 pub use ud::{UdEndpoint, UdPeer};
-pub use window::{Invalidate, WindowVerb};
+pub use window::{Bind, Invalidate, WindowVerb};
 
 /// The WRs of one send op; up to four live inline (no allocation).
 pub type SendChain = SmallVec<[SendWr; 4]>;

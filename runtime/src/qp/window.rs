@@ -52,6 +52,40 @@ impl<T: WindowVerb> Completable for Invalidate<T> {
     }
 }
 
+/// The op data of [`QueuePair::bind_window`]: if the bind fails (refused
+/// once the binding was recorded, or completed with an error such as a
+/// flush), the window is unbound again (it lets its region go) before the
+/// verb completes: a failed bind bound nothing on the device.
+#[derive(Debug)]
+pub struct Bind<T> {
+    data: T,
+    /// This bind recorded its binding in the window (a refusal of a bound
+    /// window keeps that window's binding).
+    recorded: bool,
+}
+
+impl<T: WindowVerb> Bind<T> {
+    fn unrecord(&mut self) {
+        if std::mem::take(&mut self.recorded) {
+            self.data.window().bound = None;
+        }
+    }
+}
+
+impl<T: WindowVerb> Completable for Bind<T> {
+    type Output = T::Output;
+    fn complete(mut self, c: Completion) -> T::Output {
+        if !c.status.is_success() {
+            self.unrecord();
+        }
+        self.data.complete(c)
+    }
+    fn fail(mut self, error: SubmitError) -> T::Output {
+        self.unrecord();
+        self.data.fail(error)
+    }
+}
+
 impl QueuePair {
     /// Binds `data`'s window (unbound) over `range` of `region` (a
     /// [`RemoteAccessRegion::bindable`] one of this QP's PD) with `access`
@@ -62,22 +96,27 @@ impl QueuePair {
     /// invalidated. Refused (before posting) for a bound window, an empty
     /// or out-of-bounds range, a region without `MW_BIND`, or access beyond
     /// the remote flags. Devices that check only the region's bounds (rxe
-    /// on Linux 6.1) let the peer reach the rest of the region.
+    /// on Linux 6.1) let the peer reach the rest of the region. A bind
+    /// that fails leaves the window unbound.
     pub fn bind_window<T: WindowVerb>(
         &self,
         data: T,
         region: Rc<RemoteAccessRegion<T::Region>>,
         range: Range<usize>,
         access: AccessFlags,
-    ) -> Submit<T> {
+    ) -> Submit<Bind<T>> {
         // SAFETY: the WR has no SGE (lends no local memory). The window it
         // names is owned by `data` (alive until the WR is done); the region
         // it names is held by the window from here until an invalidation
         // completed or the window is deallocated (window first), so it
         // stays registered while the window is bound.
         unsafe {
-            self.submit_send_one(data, move |data, wr| {
-                let w = data.window();
+            let data = Bind {
+                data,
+                recorded: false,
+            };
+            self.submit_send_one(data, move |bind, wr| {
+                let w = bind.data.window();
                 if w.bound.is_some() {
                     return Err(invalid(
                         "binding a bound window: invalidate it first".into(),
@@ -114,6 +153,7 @@ impl QueuePair {
                     rkey,
                 };
                 w.bound = Some(crate::buf::window_binding(region, addr, len, rkey, access));
+                bind.recorded = true;
                 Ok(())
             })
         }
