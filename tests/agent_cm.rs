@@ -115,3 +115,45 @@ fn listen_cm_refuses_a_shared_receive_queue() {
         );
     });
 }
+
+#[test]
+fn new_connection_dials_the_cm_listener_again() {
+    let Some((rt, dev, ip)) = setup("new_connection_dials_the_cm_listener_again") else {
+        return;
+    };
+    let builder = RdmaBuilder::new().device(dev.clone());
+    block(&rt, async {
+        let listener = builder
+            .listen_cm(SocketAddr::new(ip, 0))
+            .expect("listen_cm");
+        let addr = listener.local_addr().expect("address");
+        let server = spawn(async move {
+            // Each connection answers with its number, in a task of its own.
+            let mut handlers = Vec::new();
+            for i in 0..2u8 {
+                let r = listener.accept().await.expect("accept");
+                // The listening side knows no listener to dial.
+                let err = r.new_connection().await.expect_err("listening side");
+                assert!(matches!(err, AgentError::Config { .. }), "{err}");
+                handlers.push(spawn(async move {
+                    let mut m = r.receive().await.unwrap();
+                    m.push(b'0' + i);
+                    r.send(&m).await.unwrap();
+                    let _ = r.receive().await;
+                }));
+            }
+            for h in handlers {
+                h.await;
+            }
+        });
+        let first = builder.connect_cm(addr).await.expect("connect_cm");
+        let second = first.new_connection().await.expect("second connection");
+        first.send(b"a").await.unwrap();
+        assert_eq!(first.receive().await.unwrap(), b"a0");
+        second.send(b"b").await.unwrap();
+        assert_eq!(second.receive().await.unwrap(), b"b1");
+        first.close().await.expect("close");
+        second.close().await.expect("close");
+        server.await;
+    });
+}

@@ -20,7 +20,7 @@ use verbio_runtime::Device;
 use super::error::AgentError;
 use super::flow::reserve_for;
 use super::qps::AgentQps;
-use super::rdma::Rdma;
+use super::rdma::{Rdma, Redial};
 use super::settings::MIN_RECV_BUF_SIZE;
 use super::srq::SrqHub;
 use super::wire::Settings;
@@ -521,7 +521,7 @@ impl RdmaBuilder {
         let device = self.open()?;
         let conn = connect(addr, &self.agent_qps(&device, qp), self.handshake_timeout).await?;
         let mut rdma = Rdma::start(conn, device.clone(), config, qp.mtu).await?;
-        rdma.set_redial(self.clone().device(device), addr);
+        rdma.set_redial(self.clone().device(device), Redial::Tcp(addr));
         Ok(rdma)
     }
 }

@@ -16,7 +16,7 @@ use verbio_runtime::{timeout, Device};
 use super::builder::{Config, RdmaBuilder};
 use super::error::AgentError;
 use super::qps::ConnPd;
-use super::rdma::{Link, Rdma};
+use super::rdma::{Link, Rdma, Redial};
 use super::settings::{settings_frame, settings_from_private};
 use super::side::SideChannel;
 use crate::connect::QpConfig;
@@ -102,7 +102,7 @@ impl RdmaBuilder {
     /// travel in the connect request and the accept. Must run on a verbio
     /// runtime; bounded by the handshake timeout.
     ///
-    /// [`Rdma::new_connection`] is not available on these connections.
+    /// [`Rdma::new_connection`] makes another connection the same way.
     pub async fn connect_cm(&self, addr: SocketAddr) -> Result<Rdma, AgentError> {
         let (qp, config, device, limit) = self.cm_parts()?;
         let opts = options(&qp, limit);
@@ -117,7 +117,9 @@ impl RdmaBuilder {
                 .map_err(cm_err("connecting"))
         })
         .await?;
-        start(conn, device, config, &qp)
+        let mut rdma = start(conn, device.clone(), config, &qp)?;
+        rdma.set_redial(self.clone().device(device), Redial::Cm(addr));
+        Ok(rdma)
     }
 
     /// Listens for [`connect_cm`](Self::connect_cm) peers on `addr` (an IP

@@ -580,6 +580,15 @@ impl Shared {
     }
 }
 
+/// How [`Rdma::new_connection`] reaches the peer's listener again.
+#[derive(Debug)]
+pub(crate) enum Redial {
+    /// [`RdmaBuilder::connect`]'s TCP handshake.
+    Tcp(SocketAddr),
+    /// [`RdmaBuilder::connect_cm`].
+    Cm(SocketAddr),
+}
+
 /// A connection to one peer (names follow async-rdma). Create it with
 /// [`RdmaBuilder`](super::RdmaBuilder). Single-threaded: share it between
 /// tasks of its runtime with `Rc`; every method takes `&self`.
@@ -592,7 +601,7 @@ pub struct Rdma {
     agent: Option<JoinHandle<()>>,
     watcher: Option<JoinHandle<()>>,
     /// How to reach the peer's listener again (connecting side only).
-    redial: Option<(Box<RdmaBuilder>, SocketAddr)>,
+    redial: Option<(Box<RdmaBuilder>, Redial)>,
 }
 
 impl Rdma {
@@ -720,19 +729,22 @@ impl Rdma {
         })
     }
 
-    pub(crate) fn set_redial(&mut self, builder: RdmaBuilder, addr: SocketAddr) {
-        self.redial = Some((Box::new(builder), addr));
+    pub(crate) fn set_redial(&mut self, builder: RdmaBuilder, to: Redial) {
+        self.redial = Some((Box::new(builder), to));
     }
 
-    /// A second connection to the same peer (same settings and device);
-    /// only the side that connected knows the peer's listener.
+    /// A second connection to the same peer (same settings and device),
+    /// made the way this one was ([`RdmaBuilder::connect`] or
+    /// [`RdmaBuilder::connect_cm`]); only the side that connected knows
+    /// the peer's listener.
     pub async fn new_connection(&self) -> Result<Rdma, AgentError> {
         match &self.redial {
-            Some((builder, addr)) => builder.connect(*addr).await,
+            Some((builder, Redial::Tcp(addr))) => builder.connect(*addr).await,
+            Some((builder, Redial::Cm(addr))) => builder.connect_cm(*addr).await,
             None => Err(AgentError::Config {
                 setting: "new_connection",
-                reason: "only the side that connected with the TCP handshake (connect) knows \
-                         the peer's listener; not available on listening sides or RDMA CM connections",
+                reason: "only the side that connected (connect, connect_cm) knows the peer's \
+                         listener; not available on listening sides",
             }),
         }
     }
