@@ -2,7 +2,7 @@
 //! rxe0 in the VM (`VERBIO_TEST_DEVICE`, run by `scripts/rxe-test.sh`), so
 //! the engine is proven on real rdma-core too: calls of one packet and of
 //! many (the MTU of the device's port decides), eight at once from one
-//! session, and a GET-like handler that answers from server state.
+//! session, and an idle session's expiry.
 
 mod common;
 
@@ -76,5 +76,62 @@ fn calls_of_one_and_many_packets_round_trip() {
         }
         let stats = client.stats();
         println!("client counters: {stats:?}");
+    });
+}
+
+/// Idle server sessions over UD: the server closes a session its client
+/// left idle (dropping its address handle), and the client, told by the
+/// server's disconnect datagram, fails its next call clearly and reconnects.
+#[test]
+fn an_idle_session_is_closed_and_the_client_told() {
+    let (rt, dev) = common::runtime_and_device();
+    common::block(&rt, async {
+        let idle = Duration::from_millis(200);
+        let transport = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
+        let config = RpcConfig {
+            session_idle_timeout: Some(idle),
+            ..RpcConfig::default()
+        };
+        let server = Rpc::new(transport, config);
+        server.register(ECHO, |req: Request| {
+            let mut resp = req.response();
+            resp.extend_from_slice(&answer(req.data()));
+            async move { resp }
+        });
+        let client = endpoint(&dev);
+        let session = timeout(WAIT, client.connect(&server.local_addr()))
+            .await
+            .expect("connect in time")
+            .expect("session");
+        timeout(WAIT, client.call(session, ECHO, b"ping"))
+            .await
+            .expect("call in time")
+            .expect("call");
+        let t = std::time::Instant::now();
+        while server.stats().sessions_expired == 0 {
+            assert!(t.elapsed() < WAIT, "the session never expired");
+            verbio::runtime::sleep(Duration::from_millis(10)).await;
+        }
+        // Not early: the timeout counts from the server's last packet, a
+        // round trip before `t`.
+        let early = idle - Duration::from_millis(20);
+        assert!(t.elapsed() >= early, "expired after {:?}", t.elapsed());
+        let err = timeout(WAIT, client.call(session, ECHO, b"ping"))
+            .await
+            .expect("call in time")
+            .expect_err("the session was closed");
+        assert!(
+            matches!(err, verbio::rpc::RpcError::SessionClosed { .. }),
+            "{err}"
+        );
+        let session = timeout(WAIT, client.connect(&server.local_addr()))
+            .await
+            .expect("connect in time")
+            .expect("a new session");
+        let resp = timeout(WAIT, client.call(session, ECHO, b"pong"))
+            .await
+            .expect("call in time")
+            .expect("call");
+        assert_eq!(&resp[..], b"gnop");
     });
 }
