@@ -2,12 +2,14 @@
 """callgrind-per-rt.py -- instructions per iteration, per function, from two
 callgrind runs of the same program at different iteration counts.
 
-    scripts/callgrind-per-rt.py SHORT.out LONG.out ITERATIONS [TOP]
+    scripts/callgrind-per-rt.py [--match REGEX] SHORT.out LONG.out ITERATIONS [TOP]
 
 ITERATIONS is the difference of the two runs' iteration counts; start-up and
 tear-down cancel out. Prints the total and the TOP (default 25) functions by
-self cost per iteration, with their calls per iteration. Used by
-`scripts/rxe-test.sh --callgrind` (files in target/rxe-test/logs).
+self cost per iteration, with their calls per iteration. With --match, also
+the total of the functions whose name matches REGEX (Python syntax). Used by
+`scripts/rxe-test.sh --callgrind` (files in target/rxe-test/logs) and
+`scripts/api-instructions.sh`.
 """
 import collections
 import re
@@ -51,16 +53,24 @@ def parse(path):
 
 
 def main():
-    if len(sys.argv) < 4:
+    args = sys.argv[1:]
+    match = None
+    if len(args) >= 2 and args[0] == "--match":
+        match = re.compile(args[1])
+        args = args[2:]
+    if len(args) < 3:
         sys.exit(__doc__)
-    short, long_, n = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    top = int(sys.argv[4]) if len(sys.argv) > 4 else 25
+    short, long_, n = args[0], args[1], float(args[2])
+    top = int(args[3]) if len(args) > 3 else 25
     (sa, ca), (sb, cb) = parse(short), parse(long_)
     rows = sorted(
         (((sb[f] - sa[f]) / n, (cb[f] - ca[f]) / n, f) for f in set(sa) | set(sb)),
         reverse=True,
     )
     print(f"{sum(r[0] for r in rows):9.0f} instructions per iteration")
+    if match:
+        matched = sum(r[0] for r in rows if match.search(r[2]))
+        print(f"{matched:9.0f} of them in functions matching {match.pattern}")
     for cost, c, f in rows[:top]:
         print(f"{cost:9.1f} {c:6.2f} calls  {f[:110]}")
 
