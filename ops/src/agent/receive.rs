@@ -59,11 +59,20 @@ impl Future for Receive {
                 Begin::Wait => return Poll::Pending,
                 // Nothing completed since the oldest receive was polled
                 // pending: the fan wakes this receiver when it does.
-                Begin::Drive if rx.armed() => return Poll::Pending,
+                Begin::Drive if rx.armed() => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                    continue;
+                }
                 Begin::Drive => {}
             }
             match step(shared) {
-                Step::Pending => return Poll::Pending,
+                Step::Pending => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                }
                 // Straight to the caller: never queued, so never charged.
                 Step::Msg(m) => {
                     rx.leave(id);
@@ -140,11 +149,20 @@ impl Future for ReceiveImm<'_> {
             match rx.begin(id, false, cx) {
                 // The immediates' inbox closes with the receive side.
                 Begin::Queued(_) | Begin::Closed | Begin::Wait => return Poll::Pending,
-                Begin::Drive if rx.armed() => return Poll::Pending,
+                Begin::Drive if rx.armed() => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                    continue;
+                }
                 Begin::Drive => {}
             }
             match step(shared) {
-                Step::Pending => return Poll::Pending,
+                Step::Pending => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                }
                 Step::Msg(m) => deliver(shared, m),
                 Step::Continue | Step::Stop => {}
             }

@@ -187,6 +187,7 @@ impl Receiving {
 
     /// The next received message, in arrival order, polled with the fan
     /// waker; `Ready(None)` once the ring has ended or was closed.
+    #[inline]
     pub(crate) fn poll_ring(&self) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         let ring = self.ring.borrow();
         let Some(r) = ring.as_ref() else {
@@ -221,8 +222,17 @@ impl Receiving {
 
     /// True if nothing completed since the ring was last polled pending:
     /// the agent's turn has nothing to take.
+    #[inline]
     pub(crate) fn armed(&self) -> bool {
         self.fan.armed.load(Ordering::Relaxed)
+    }
+
+    /// The driving receiver found the ring pending ([`Receiving::armed`])
+    /// and waits on `cx`: true if it may return pending (the fan wakes it),
+    /// false if a completion came in before it registered (it looks again).
+    pub(crate) fn drive_wait(&self, cx: &Context<'_>) -> bool {
+        self.fan.receiver.register(cx.waker());
+        self.armed()
     }
 
     /// Queues a user message for the application; false if the receive
@@ -320,9 +330,9 @@ impl Receiving {
             return Begin::Closed;
         }
         if s.own && s.driver.is_none_or(|d| d == id) {
+            // Registered only when it waits ([`Receiving::drive_wait`]):
+            // the usual poll takes a message and registers nothing.
             s.driver = Some(id);
-            drop(s);
-            self.fan.receiver.register(cx.waker());
             return Begin::Drive;
         }
         // Polled again without a wake (a `select!` loop): one entry each.
