@@ -200,6 +200,22 @@ impl Receiving {
         p
     }
 
+    /// True if polling the ring would find nothing and change nothing (see
+    /// [`RecvRing::is_waiting`]): then it counts as polled pending
+    /// ([`Receiving::armed`]).
+    #[inline]
+    pub(crate) fn ring_waiting(&self) -> bool {
+        let waiting = self
+            .ring
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| r.is_waiting(&self.fan_waker));
+        if waiting {
+            self.fan.armed.store(true, Ordering::Relaxed);
+        }
+        waiting
+    }
+
     /// A whole message of `len` payload bytes at `start` of `slot`, with
     /// immediate `imm`: lent in its slot if a spare slot is left, else
     /// copied out (the slot reposted at once). `None` if the range is not
@@ -319,6 +335,7 @@ impl Receiving {
     /// What receiver `id`, polled with `cx`, does next; `messages`: it
     /// takes user messages from the inbox (a receiver of WRITE immediates
     /// does not, it only drives).
+    #[inline(always)]
     pub(crate) fn begin(&self, id: u64, messages: bool, cx: &Context<'_>) -> Begin {
         let mut s = self.state.borrow_mut();
         if messages {
@@ -350,6 +367,7 @@ impl Receiving {
     /// Receiver `id` is done (it returned or was dropped): if it drove,
     /// the receiver waiting longest drives next (so concurrent receivers
     /// take turns).
+    #[inline(always)]
     pub(crate) fn leave(&self, id: u64) {
         let next = {
             let mut s = self.state.borrow_mut();

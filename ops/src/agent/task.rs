@@ -24,7 +24,8 @@ use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
+    decode_any, decode_data, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD,
+    MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
 use futures::channel::mpsc;
@@ -323,12 +324,29 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
         return Next::Repost(true);
     }
     let frame = &buf[..rcv.len.min(buf.len())];
-    let outcome = match decode(frame) {
-        Ok(msg) if msg_is_credited(&msg) && !shared.peer_credits.spend() => {
-            Err(CloseReason::Violation(CREDITLESS))
+    let outcome = match decode_data(frame) {
+        // The usual message, routed without the general decoder's match.
+        Some(Message::Data {
+            msg_id,
+            total_len,
+            offset,
+            imm,
+            grant,
+            payload,
+        }) => {
+            if shared.peer_credits.spend() {
+                data(shared, msg_id, total_len, offset, imm, grant, payload)
+            } else {
+                Err(CloseReason::Violation(CREDITLESS))
+            }
         }
-        Ok(msg) => route(shared, msg),
-        Err(e) => Err(CloseReason::Malformed(e)),
+        _ => match decode_any(frame) {
+            Ok(msg) if msg_is_credited(&msg) && !shared.peer_credits.spend() => {
+                Err(CloseReason::Violation(CREDITLESS))
+            }
+            Ok(msg) => route(shared, msg),
+            Err(e) => Err(CloseReason::Malformed(e)),
+        },
     };
     match outcome {
         Ok(next) => next,
@@ -509,23 +527,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             imm,
             grant,
             payload,
-        } => {
-            if grant > 0 {
-                shared.credits.grant(grant);
-            }
-            let whole = offset == 0 && payload.len() as u64 == total_len;
-            if whole && !shared.partial.borrow().contains_key(&msg_id) {
-                if total_len > shared.config.max_message_len as u64 {
-                    return Err(CloseReason::Violation("message longer than the maximum"));
-                }
-                return Ok(Next::Deliver {
-                    len: payload.len(),
-                    imm,
-                });
-            }
-            reassemble(shared, msg_id, total_len, offset, imm, payload)?;
-            Ok(Next::Repost(true))
-        }
+        } => data(shared, msg_id, total_len, offset, imm, grant, payload),
         Message::Error { code, text } => Err(CloseReason::PeerError {
             code,
             text: text.to_owned(),
@@ -543,6 +545,35 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             "agent settings after the connection started",
         )),
     }
+}
+
+/// Acts on a `Data` piece (its credit spent): a whole message is
+/// delivered in its buffer, a piece reassembled.
+#[inline(always)]
+fn data(
+    shared: &Shared,
+    msg_id: u64,
+    total_len: u64,
+    offset: u64,
+    imm: Option<u32>,
+    grant: u32,
+    payload: &[u8],
+) -> Result<Next, CloseReason> {
+    if grant > 0 {
+        shared.credits.grant(grant);
+    }
+    let whole = offset == 0 && payload.len() as u64 == total_len;
+    if whole && !shared.partial.borrow().contains_key(&msg_id) {
+        if total_len > shared.config.max_message_len as u64 {
+            return Err(CloseReason::Violation("message longer than the maximum"));
+        }
+        return Ok(Next::Deliver {
+            len: payload.len(),
+            imm,
+        });
+    }
+    reassemble(shared, msg_id, total_len, offset, imm, payload)?;
+    Ok(Next::Repost(true))
 }
 
 /// Adds a `Data` piece; delivers the message once complete. Pieces of one

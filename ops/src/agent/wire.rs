@@ -399,7 +399,7 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
 /// header; `None` for anything else (then [`decode_any`] decides, and
 /// names what is wrong).
 #[inline]
-fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
+pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
     let (h, payload) = frame.split_first_chunk::<DATA_OVERHEAD>()?;
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
     let u64_at = |i: usize| {
@@ -438,7 +438,7 @@ fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
 }
 
 /// Decodes any frame (see [`decode`]).
-fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
+pub(crate) fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
     let mut r = Reader {
         buf: frame,
         what: "header",

@@ -953,6 +953,20 @@ impl RecvRing {
         self.core.flush_pending(&mut st, None);
     }
 
+    /// True if [`poll_next`](Self::poll_next) with `waker` would return
+    /// `Pending` at once and change nothing: nothing completed, buffers are
+    /// posted, none waits to be reposted, and `waker` is the one registered.
+    /// A cheaper poll for a caller that only wants to know.
+    #[inline]
+    pub fn is_waiting(&self, waker: &Waker) -> bool {
+        let st = self.core.state.borrow();
+        st.ready.is_empty()
+            && st.posted != 0
+            && st.pending.is_empty()
+            && st.post_error.is_none()
+            && st.waker.as_ref().is_some_and(|w| w.will_wake(waker))
+    }
+
     /// The next message, in arrival order. `None` once the ring has
     /// stopped (after an error or the QP's close) and every buffer has
     /// completed.
