@@ -63,10 +63,16 @@ impl Fan {
     /// before now have run: at the end of the loop pass, through the pass
     /// hook (which wakes it only if work is left), or at once without one
     /// (or off the runtime's thread).
+    #[inline]
     fn wake_agent_later(&self) {
-        if self.hook_scheduled.load(Ordering::Relaxed) {
-            return;
+        if !self.hook_scheduled.load(Ordering::Relaxed) {
+            self.schedule_agent_check();
         }
+    }
+
+    /// [`Fan::wake_agent_later`] when the hook is not scheduled yet.
+    #[inline(never)]
+    fn schedule_agent_check(&self) {
         match self.hook.get() {
             Some(id) if schedule_pass_hook(*id) => {
                 self.hook_scheduled.store(true, Ordering::Relaxed)
@@ -220,6 +226,7 @@ impl Receiving {
     /// immediate `imm`: lent in its slot if a spare slot is left, else
     /// copied out (the slot reposted at once). `None` if the range is not
     /// within what the slot received.
+    #[inline]
     pub(crate) fn lend(
         &self,
         slot: RingMsg,
@@ -273,6 +280,7 @@ impl Receiving {
     /// application task that took the message had its chance to send them
     /// on a reply, the pass hook wakes the agent task if they still make a
     /// whole batch.
+    #[inline]
     pub(crate) fn credits_owed(&self) {
         self.state.borrow_mut().owed_check = true;
         self.fan.wake_agent_later();

@@ -24,7 +24,7 @@ use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode_any, decode_data, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD,
+    decode, decode_data, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD,
     MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
@@ -267,7 +267,11 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
         imm: slot.imm(),
         by_write: slot.by_write(),
     };
-    let (credited, msg) = match handle(shared, rcv, &slot) {
+    let next = match handle_data(shared, &rcv, &slot) {
+        Some(next) => next,
+        None => handle(shared, rcv, &slot),
+    };
+    let (credited, msg) = match next {
         Next::Stop => {
             finish(shared);
             return Step::Stop;
@@ -309,6 +313,35 @@ fn ring_failure(e: &RecvRingError) -> CloseReason {
     }
 }
 
+/// [`handle`] for the usual message, a `Data` piece (decoded from its
+/// fixed header), inlined into [`step`]; `None` for anything else.
+#[inline(always)]
+fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> {
+    if rcv.by_write {
+        return None;
+    }
+    let Some(Message::Data {
+        msg_id,
+        total_len,
+        offset,
+        imm,
+        grant,
+        payload,
+    }) = decode_data(&buf[..rcv.len.min(buf.len())])
+    else {
+        return None;
+    };
+    let outcome = if shared.peer_credits.spend() {
+        data(shared, msg_id, total_len, offset, imm, grant, payload)
+    } else {
+        Err(CloseReason::Violation(CREDITLESS))
+    };
+    Some(match outcome {
+        Ok(next) => next,
+        Err(reason) => refuse(shared, reason),
+    })
+}
+
 /// Routes one received message (`buf`: the receive buffer's bytes).
 fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
     if rcv.by_write {
@@ -324,29 +357,12 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
         return Next::Repost(true);
     }
     let frame = &buf[..rcv.len.min(buf.len())];
-    let outcome = match decode_data(frame) {
-        // The usual message, routed without the general decoder's match.
-        Some(Message::Data {
-            msg_id,
-            total_len,
-            offset,
-            imm,
-            grant,
-            payload,
-        }) => {
-            if shared.peer_credits.spend() {
-                data(shared, msg_id, total_len, offset, imm, grant, payload)
-            } else {
-                Err(CloseReason::Violation(CREDITLESS))
-            }
+    let outcome = match decode(frame) {
+        Ok(msg) if msg_is_credited(&msg) && !shared.peer_credits.spend() => {
+            Err(CloseReason::Violation(CREDITLESS))
         }
-        _ => match decode_any(frame) {
-            Ok(msg) if msg_is_credited(&msg) && !shared.peer_credits.spend() => {
-                Err(CloseReason::Violation(CREDITLESS))
-            }
-            Ok(msg) => route(shared, msg),
-            Err(e) => Err(CloseReason::Malformed(e)),
-        },
+        Ok(msg) => route(shared, msg),
+        Err(e) => Err(CloseReason::Malformed(e)),
     };
     match outcome {
         Ok(next) => next,

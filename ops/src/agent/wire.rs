@@ -438,7 +438,7 @@ pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
 }
 
 /// Decodes any frame (see [`decode`]).
-pub(crate) fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
+fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
     let mut r = Reader {
         buf: frame,
         what: "header",
