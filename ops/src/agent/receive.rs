@@ -91,7 +91,7 @@ impl Future for Receive {
 /// Takes what else completed (queued for the next receive) until the
 /// oldest receive is pending again: then the agent task, woken by the same
 /// completion as the receiver, has nothing left to take on its turn.
-#[inline]
+#[inline(always)]
 fn settle(shared: &Rc<Shared>) {
     loop {
         // The usual case, checked without a step.

@@ -209,7 +209,7 @@ impl Receiving {
     /// True if polling the ring would find nothing and change nothing (see
     /// [`RecvRing::is_waiting`]): then it counts as polled pending
     /// ([`Receiving::armed`]).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ring_waiting(&self) -> bool {
         let waiting = self
             .ring

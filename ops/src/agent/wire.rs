@@ -637,18 +637,23 @@ impl Message<'_> {
 
     /// Encodes into `out`; returns the frame length. Error texts longer than
     /// [`MAX_ERROR_TEXT`] are cut at a character boundary.
+    #[inline]
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
-        if let Message::Data {
-            msg_id,
-            total_len,
-            offset,
-            imm,
-            grant,
-            payload,
-        } = *self
-        {
-            return encode_data(out, msg_id, total_len, offset, imm, grant, payload);
+        match *self {
+            Message::Data {
+                msg_id,
+                total_len,
+                offset,
+                imm,
+                grant,
+                payload,
+            } => encode_data(out, msg_id, total_len, offset, imm, grant, payload),
+            _ => self.encode_other(out),
         }
+    }
+
+    /// [`Message::encode`] of every message but `Data`.
+    fn encode_other(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let len = self.encoded_len();
         if out.len() < len {
             return Err(WireError::BufferTooSmall {
