@@ -191,6 +191,13 @@ impl Receiving {
         self.lend_max.set(lend_max);
     }
 
+    /// The next received message if the ring's oldest completion is one
+    /// ([`RecvRing::try_next`]); else [`Receiving::poll_ring`] tells.
+    #[inline(always)]
+    pub(crate) fn try_ring(&self) -> Option<RingMsg> {
+        self.ring.borrow().as_ref()?.try_next()
+    }
+
     /// The next received message, in arrival order, polled with the fan
     /// waker; `Ready(None)` once the ring has ended or was closed.
     #[inline]

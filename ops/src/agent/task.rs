@@ -247,20 +247,13 @@ pub(crate) enum Step {
 /// receiver or the agent.
 pub(crate) fn step(shared: &Rc<Shared>) -> Step {
     let rx = &shared.rx;
-    let slot = match rx.poll_ring() {
-        Poll::Pending => return Step::Pending,
-        Poll::Ready(Some(Ok(slot))) => slot,
-        Poll::Ready(Some(Err(e))) => {
-            if !shared.is_down() {
-                shared.fail(ring_failure(&e));
-            }
-            finish(shared);
-            return Step::Stop;
-        }
-        Poll::Ready(None) => {
-            finish(shared);
-            return Step::Stop;
-        }
+    // The usual case first: a message, without the `Poll` around it.
+    let slot = match rx.try_ring() {
+        Some(slot) => slot,
+        None => match poll_ring_slow(shared) {
+            Ok(slot) => slot,
+            Err(step) => return step,
+        },
     };
     let rcv = Received {
         len: slot.len(),
@@ -299,6 +292,28 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
     match msg {
         Some(m) => Step::Msg(m),
         None => Step::Continue,
+    }
+}
+
+/// [`step`]'s poll of the ring when [`Receiving::try_ring`](super::receiving::Receiving::try_ring)
+/// found no message: else [`Step::Pending`], or [`Step::Stop`] once the
+/// receive side is done (then finished).
+#[inline(never)]
+fn poll_ring_slow(shared: &Rc<Shared>) -> Result<RingMsg, Step> {
+    match shared.rx.poll_ring() {
+        Poll::Pending => Err(Step::Pending),
+        Poll::Ready(Some(Ok(slot))) => Ok(slot),
+        Poll::Ready(Some(Err(e))) => {
+            if !shared.is_down() {
+                shared.fail(ring_failure(&e));
+            }
+            finish(shared);
+            Err(Step::Stop)
+        }
+        Poll::Ready(None) => {
+            finish(shared);
+            Err(Step::Stop)
+        }
     }
 }
 
