@@ -92,10 +92,15 @@ impl Credits {
         self.wake_all();
     }
 
+    #[inline]
     fn wake_all(&self) {
-        if self.waiters.borrow().is_empty() {
-            return;
+        if !self.waiters.borrow().is_empty() {
+            self.wake_waiters();
         }
+    }
+
+    #[inline(never)]
+    fn wake_waiters(&self) {
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
         for w in waiters {
             w.wake();

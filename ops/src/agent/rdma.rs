@@ -488,21 +488,27 @@ impl Shared {
             drop((ride, credit));
             return Some(Err(AgentError::Closed(CloseReason::Malformed(e))));
         }
-        let res = self.qp.try_post_send_inline(&bytes[..len], None)?;
-        if res.is_ok() {
-            posted.set(true);
-            credit.spend();
-        } else {
-            drop(credit);
-        }
-        drop(ride);
-        Some(res.map_err(|source| {
-            let e = self.verb_error(crate::Error::Submit { op: "send", source });
-            if !self.is_down() {
-                self.return_owed_batch("data piece not posted: returning the credits it carried");
+        // Each outcome built in place: the usual one is a tag, not a copy
+        // of the whole (large) error type.
+        match self.qp.try_post_send_inline(&bytes[..len], None)? {
+            Ok(()) => {
+                posted.set(true);
+                credit.spend();
+                drop(ride);
+                Some(Ok(()))
             }
-            e
-        }))
+            Err(source) => {
+                drop(credit);
+                drop(ride);
+                let e = self.verb_error(crate::Error::Submit { op: "send", source });
+                if !self.is_down() {
+                    self.return_owed_batch(
+                        "data piece not posted: returning the credits it carried",
+                    );
+                }
+                Some(Err(e))
+            }
+        }
     }
 
     /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
@@ -894,8 +900,10 @@ impl Rdma {
                 grant: 0,
                 payload: data,
             };
-            if let Some(res) = s.try_send_now(&msg) {
-                return res;
+            match s.try_send_now(&msg) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => return Err(e),
+                None => {}
             }
         }
         let mut offset = 0usize;

@@ -59,11 +59,20 @@ impl Future for Receive {
                 Begin::Wait => return Poll::Pending,
                 // Nothing completed since the oldest receive was polled
                 // pending: the fan wakes this receiver when it does.
-                Begin::Drive if rx.armed() => return Poll::Pending,
+                Begin::Drive if rx.armed() => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                    continue;
+                }
                 Begin::Drive => {}
             }
             match step(shared) {
-                Step::Pending => return Poll::Pending,
+                Step::Pending => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                }
                 // Straight to the caller: never queued, so never charged.
                 Step::Msg(m) => {
                     rx.leave(id);
@@ -82,8 +91,13 @@ impl Future for Receive {
 /// Takes what else completed (queued for the next receive) until the
 /// oldest receive is pending again: then the agent task, woken by the same
 /// completion as the receiver, has nothing left to take on its turn.
+#[inline(always)]
 fn settle(shared: &Rc<Shared>) {
     loop {
+        // The usual case, checked without a step.
+        if shared.rx.ring_waiting() {
+            return;
+        }
         match step(shared) {
             Step::Pending | Step::Stop => return,
             Step::Msg(m) => deliver(shared, m),
@@ -140,11 +154,20 @@ impl Future for ReceiveImm<'_> {
             match rx.begin(id, false, cx) {
                 // The immediates' inbox closes with the receive side.
                 Begin::Queued(_) | Begin::Closed | Begin::Wait => return Poll::Pending,
-                Begin::Drive if rx.armed() => return Poll::Pending,
+                Begin::Drive if rx.armed() => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                    continue;
+                }
                 Begin::Drive => {}
             }
             match step(shared) {
-                Step::Pending => return Poll::Pending,
+                Step::Pending => {
+                    if rx.drive_wait(cx) {
+                        return Poll::Pending;
+                    }
+                }
                 Step::Msg(m) => deliver(shared, m),
                 Step::Continue | Step::Stop => {}
             }

@@ -63,10 +63,16 @@ impl Fan {
     /// before now have run: at the end of the loop pass, through the pass
     /// hook (which wakes it only if work is left), or at once without one
     /// (or off the runtime's thread).
+    #[inline]
     fn wake_agent_later(&self) {
-        if self.hook_scheduled.load(Ordering::Relaxed) {
-            return;
+        if !self.hook_scheduled.load(Ordering::Relaxed) {
+            self.schedule_agent_check();
         }
+    }
+
+    /// [`Fan::wake_agent_later`] when the hook is not scheduled yet.
+    #[inline(never)]
+    fn schedule_agent_check(&self) {
         match self.hook.get() {
             Some(id) if schedule_pass_hook(*id) => {
                 self.hook_scheduled.store(true, Ordering::Relaxed)
@@ -185,8 +191,16 @@ impl Receiving {
         self.lend_max.set(lend_max);
     }
 
+    /// The next received message if the ring's oldest completion is one
+    /// ([`RecvRing::try_next`]); else [`Receiving::poll_ring`] tells.
+    #[inline(always)]
+    pub(crate) fn try_ring(&self) -> Option<RingMsg> {
+        self.ring.borrow().as_ref()?.try_next()
+    }
+
     /// The next received message, in arrival order, polled with the fan
     /// waker; `Ready(None)` once the ring has ended or was closed.
+    #[inline]
     pub(crate) fn poll_ring(&self) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         let ring = self.ring.borrow();
         let Some(r) = ring.as_ref() else {
@@ -199,10 +213,27 @@ impl Receiving {
         p
     }
 
+    /// True if polling the ring would find nothing and change nothing (see
+    /// [`RecvRing::is_waiting`]): then it counts as polled pending
+    /// ([`Receiving::armed`]).
+    #[inline(always)]
+    pub(crate) fn ring_waiting(&self) -> bool {
+        let waiting = self
+            .ring
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| r.is_waiting(&self.fan_waker));
+        if waiting {
+            self.fan.armed.store(true, Ordering::Relaxed);
+        }
+        waiting
+    }
+
     /// A whole message of `len` payload bytes at `start` of `slot`, with
     /// immediate `imm`: lent in its slot if a spare slot is left, else
     /// copied out (the slot reposted at once). `None` if the range is not
     /// within what the slot received.
+    #[inline]
     pub(crate) fn lend(
         &self,
         slot: RingMsg,
@@ -221,8 +252,17 @@ impl Receiving {
 
     /// True if nothing completed since the ring was last polled pending:
     /// the agent's turn has nothing to take.
+    #[inline]
     pub(crate) fn armed(&self) -> bool {
         self.fan.armed.load(Ordering::Relaxed)
+    }
+
+    /// The driving receiver found the ring pending ([`Receiving::armed`])
+    /// and waits on `cx`: true if it may return pending (the fan wakes it),
+    /// false if a completion came in before it registered (it looks again).
+    pub(crate) fn drive_wait(&self, cx: &Context<'_>) -> bool {
+        self.fan.receiver.register(cx.waker());
+        self.armed()
     }
 
     /// Queues a user message for the application; false if the receive
@@ -247,6 +287,7 @@ impl Receiving {
     /// application task that took the message had its chance to send them
     /// on a reply, the pass hook wakes the agent task if they still make a
     /// whole batch.
+    #[inline]
     pub(crate) fn credits_owed(&self) {
         self.state.borrow_mut().owed_check = true;
         self.fan.wake_agent_later();
@@ -309,6 +350,7 @@ impl Receiving {
     /// What receiver `id`, polled with `cx`, does next; `messages`: it
     /// takes user messages from the inbox (a receiver of WRITE immediates
     /// does not, it only drives).
+    #[inline(always)]
     pub(crate) fn begin(&self, id: u64, messages: bool, cx: &Context<'_>) -> Begin {
         let mut s = self.state.borrow_mut();
         if messages {
@@ -320,9 +362,9 @@ impl Receiving {
             return Begin::Closed;
         }
         if s.own && s.driver.is_none_or(|d| d == id) {
+            // Registered only when it waits ([`Receiving::drive_wait`]):
+            // the usual poll takes a message and registers nothing.
             s.driver = Some(id);
-            drop(s);
-            self.fan.receiver.register(cx.waker());
             return Begin::Drive;
         }
         // Polled again without a wake (a `select!` loop): one entry each.
@@ -340,6 +382,7 @@ impl Receiving {
     /// Receiver `id` is done (it returned or was dropped): if it drove,
     /// the receiver waiting longest drives next (so concurrent receivers
     /// take turns).
+    #[inline(always)]
     pub(crate) fn leave(&self, id: u64) {
         let next = {
             let mut s = self.state.borrow_mut();

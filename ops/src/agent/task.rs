@@ -24,7 +24,8 @@ use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
+    decode, decode_data, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD,
+    MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
 use futures::channel::mpsc;
@@ -246,27 +247,24 @@ pub(crate) enum Step {
 /// receiver or the agent.
 pub(crate) fn step(shared: &Rc<Shared>) -> Step {
     let rx = &shared.rx;
-    let slot = match rx.poll_ring() {
-        Poll::Pending => return Step::Pending,
-        Poll::Ready(Some(Ok(slot))) => slot,
-        Poll::Ready(Some(Err(e))) => {
-            if !shared.is_down() {
-                shared.fail(ring_failure(&e));
-            }
-            finish(shared);
-            return Step::Stop;
-        }
-        Poll::Ready(None) => {
-            finish(shared);
-            return Step::Stop;
-        }
+    // The usual case first: a message, without the `Poll` around it.
+    let slot = match rx.try_ring() {
+        Some(slot) => slot,
+        None => match poll_ring_slow(shared) {
+            Ok(slot) => slot,
+            Err(step) => return step,
+        },
     };
     let rcv = Received {
         len: slot.len(),
         imm: slot.imm(),
         by_write: slot.by_write(),
     };
-    let (credited, msg) = match handle(shared, rcv, &slot) {
+    let next = match handle_data(shared, &rcv, &slot) {
+        Some(next) => next,
+        None => handle(shared, rcv, &slot),
+    };
+    let (credited, msg) = match next {
         Next::Stop => {
             finish(shared);
             return Step::Stop;
@@ -297,6 +295,28 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
     }
 }
 
+/// [`step`]'s poll of the ring when [`Receiving::try_ring`](super::receiving::Receiving::try_ring)
+/// found no message: else [`Step::Pending`], or [`Step::Stop`] once the
+/// receive side is done (then finished).
+#[inline(never)]
+fn poll_ring_slow(shared: &Rc<Shared>) -> Result<RingMsg, Step> {
+    match shared.rx.poll_ring() {
+        Poll::Pending => Err(Step::Pending),
+        Poll::Ready(Some(Ok(slot))) => Ok(slot),
+        Poll::Ready(Some(Err(e))) => {
+            if !shared.is_down() {
+                shared.fail(ring_failure(&e));
+            }
+            finish(shared);
+            Err(Step::Stop)
+        }
+        Poll::Ready(None) => {
+            finish(shared);
+            Err(Step::Stop)
+        }
+    }
+}
+
 /// Why the connection is down when its receive ring reports `e`.
 fn ring_failure(e: &RecvRingError) -> CloseReason {
     match e {
@@ -306,6 +326,35 @@ fn ring_failure(e: &RecvRingError) -> CloseReason {
         } => CloseReason::Disconnected,
         e => CloseReason::Transport(crate::error::ErrorChain(e).to_string()),
     }
+}
+
+/// [`handle`] for the usual message, a `Data` piece (decoded from its
+/// fixed header), inlined into [`step`]; `None` for anything else.
+#[inline(always)]
+fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> {
+    if rcv.by_write {
+        return None;
+    }
+    let Some(Message::Data {
+        msg_id,
+        total_len,
+        offset,
+        imm,
+        grant,
+        payload,
+    }) = decode_data(&buf[..rcv.len.min(buf.len())])
+    else {
+        return None;
+    };
+    let outcome = if shared.peer_credits.spend() {
+        data(shared, msg_id, total_len, offset, imm, grant, payload)
+    } else {
+        Err(CloseReason::Violation(CREDITLESS))
+    };
+    Some(match outcome {
+        Ok(next) => next,
+        Err(reason) => refuse(shared, reason),
+    })
 }
 
 /// Routes one received message (`buf`: the receive buffer's bytes).
@@ -509,23 +558,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             imm,
             grant,
             payload,
-        } => {
-            if grant > 0 {
-                shared.credits.grant(grant);
-            }
-            let whole = offset == 0 && payload.len() as u64 == total_len;
-            if whole && !shared.partial.borrow().contains_key(&msg_id) {
-                if total_len > shared.config.max_message_len as u64 {
-                    return Err(CloseReason::Violation("message longer than the maximum"));
-                }
-                return Ok(Next::Deliver {
-                    len: payload.len(),
-                    imm,
-                });
-            }
-            reassemble(shared, msg_id, total_len, offset, imm, payload)?;
-            Ok(Next::Repost(true))
-        }
+        } => data(shared, msg_id, total_len, offset, imm, grant, payload),
         Message::Error { code, text } => Err(CloseReason::PeerError {
             code,
             text: text.to_owned(),
@@ -543,6 +576,35 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             "agent settings after the connection started",
         )),
     }
+}
+
+/// Acts on a `Data` piece (its credit spent): a whole message is
+/// delivered in its buffer, a piece reassembled.
+#[inline(always)]
+fn data(
+    shared: &Shared,
+    msg_id: u64,
+    total_len: u64,
+    offset: u64,
+    imm: Option<u32>,
+    grant: u32,
+    payload: &[u8],
+) -> Result<Next, CloseReason> {
+    if grant > 0 {
+        shared.credits.grant(grant);
+    }
+    let whole = offset == 0 && payload.len() as u64 == total_len;
+    if whole && !shared.partial.borrow().contains_key(&msg_id) {
+        if total_len > shared.config.max_message_len as u64 {
+            return Err(CloseReason::Violation("message longer than the maximum"));
+        }
+        return Ok(Next::Deliver {
+            len: payload.len(),
+            imm,
+        });
+    }
+    reassemble(shared, msg_id, total_len, offset, imm, payload)?;
+    Ok(Next::Repost(true))
 }
 
 /// Adds a `Data` piece; delivers the message once complete. Pieces of one

@@ -374,8 +374,71 @@ fn write_token(w: &mut Writer<'_>, t: &MrToken) {
     w.put(&t.flags.to_le_bytes());
 }
 
+/// The first 8 bytes of every `Data` frame: magic, version, kind, reserved.
+const DATA_HEAD: [u8; 8] = [
+    MAGIC[0],
+    MAGIC[1],
+    MAGIC[2],
+    MAGIC[3],
+    VERSION,
+    kind::DATA,
+    0,
+    0,
+];
+
 /// Decodes one frame. Never panics; every malformed input is a [`WireError`].
+#[inline]
 pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
+    match decode_data(frame) {
+        Some(msg) => Ok(msg),
+        None => decode_any(frame),
+    }
+}
+
+/// The usual frame, a well-formed `Data` piece, read as one fixed-size
+/// header; `None` for anything else (then [`decode_any`] decides, and
+/// names what is wrong).
+#[inline]
+pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
+    let (h, payload) = frame.split_first_chunk::<DATA_OVERHEAD>()?;
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let u64_at = |i: usize| {
+        u64::from_le_bytes([
+            h[i],
+            h[i + 1],
+            h[i + 2],
+            h[i + 3],
+            h[i + 4],
+            h[i + 5],
+            h[i + 6],
+            h[i + 7],
+        ])
+    };
+    if h[..8] != DATA_HEAD || u32_at(8) as usize != frame.len() - HEADER_LEN {
+        return None;
+    }
+    let (msg_id, total_len, offset) = (u64_at(12), u64_at(20), u64_at(28));
+    let imm = match (u32_at(36), u32_at(40)) {
+        (0, 0) => None,
+        (1, imm) => Some(imm),
+        _ => return None,
+    };
+    let grant = u32_at(44);
+    if offset.checked_add(payload.len() as u64)? > total_len {
+        return None;
+    }
+    Some(Message::Data {
+        msg_id,
+        total_len,
+        offset,
+        imm,
+        grant,
+        payload,
+    })
+}
+
+/// Decodes any frame (see [`decode`]).
+fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
     let mut r = Reader {
         buf: frame,
         what: "header",
@@ -574,7 +637,23 @@ impl Message<'_> {
 
     /// Encodes into `out`; returns the frame length. Error texts longer than
     /// [`MAX_ERROR_TEXT`] are cut at a character boundary.
+    #[inline]
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        match *self {
+            Message::Data {
+                msg_id,
+                total_len,
+                offset,
+                imm,
+                grant,
+                payload,
+            } => encode_data(out, msg_id, total_len, offset, imm, grant, payload),
+            _ => self.encode_other(out),
+        }
+    }
+
+    /// [`Message::encode`] of every message but `Data`.
+    fn encode_other(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let len = self.encoded_len();
         if out.len() < len {
             return Err(WireError::BufferTooSmall {
@@ -681,6 +760,47 @@ impl Message<'_> {
         debug_assert_eq!(w.pos, len);
         Ok(len)
     }
+}
+
+/// Encodes a `Data` piece into `out` as one fixed-size header and its
+/// payload (see [`Message::encode`]).
+#[inline]
+fn encode_data(
+    out: &mut [u8],
+    msg_id: u64,
+    total_len: u64,
+    offset: u64,
+    imm: Option<u32>,
+    grant: u32,
+    payload: &[u8],
+) -> Result<usize, WireError> {
+    let len = DATA_OVERHEAD + payload.len();
+    let Some(frame) = out.get_mut(..len) else {
+        return Err(WireError::BufferTooSmall {
+            needed: len,
+            capacity: out.len(),
+        });
+    };
+    if offset
+        .checked_add(payload.len() as u64)
+        .is_none_or(|end| end > total_len)
+    {
+        return Err(WireError::InvalidField {
+            field: "data.offset",
+            reason: "piece extends past the message length",
+        });
+    }
+    let (h, body) = frame.split_at_mut(DATA_OVERHEAD);
+    h[..8].copy_from_slice(&DATA_HEAD);
+    h[8..12].copy_from_slice(&((len - HEADER_LEN) as u32).to_le_bytes());
+    h[12..20].copy_from_slice(&msg_id.to_le_bytes());
+    h[20..28].copy_from_slice(&total_len.to_le_bytes());
+    h[28..36].copy_from_slice(&offset.to_le_bytes());
+    h[36..40].copy_from_slice(&u32::from(imm.is_some()).to_le_bytes());
+    h[40..44].copy_from_slice(&imm.unwrap_or(0).to_le_bytes());
+    h[44..48].copy_from_slice(&grant.to_le_bytes());
+    body.copy_from_slice(payload);
+    Ok(len)
 }
 
 impl fmt::Display for HandOverKind {
@@ -921,5 +1041,66 @@ mod tests {
             ok > 1000,
             "the mutator should keep many frames valid ({ok})"
         );
+    }
+
+    #[test]
+    fn the_data_fast_path_agrees_with_the_general_decoder() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut buf = [0u8; 128];
+        let mut fast = 0usize;
+        for i in 0..100_000u64 {
+            let payload = [0xa5u8; 16];
+            let plen = (rng.next() % 17) as usize;
+            let m = Message::Data {
+                msg_id: rng.next() % 4,
+                total_len: plen as u64 + rng.next() % 3,
+                offset: rng.next() % 3,
+                imm: (i % 3 == 0).then_some(rng.next() as u32),
+                grant: (rng.next() % 3) as u32,
+                payload: &payload[..plen],
+            };
+            let mut input = match m.encode(&mut buf) {
+                Ok(n) => buf[..n].to_vec(),
+                // The piece ends past its message: write it as it would
+                // be with a valid offset, the mutations below break it.
+                Err(_) => {
+                    let mut v = vec![0u8; DATA_OVERHEAD + plen];
+                    let n = Message::Data {
+                        msg_id: 1,
+                        total_len: plen as u64,
+                        offset: 0,
+                        imm: None,
+                        grant: 0,
+                        payload: &payload[..plen],
+                    }
+                    .encode(&mut v)
+                    .unwrap();
+                    v.truncate(n);
+                    v
+                }
+            };
+            // Small values at field boundaries (flags, lengths, offsets).
+            for _ in 0..rng.next() % 3 {
+                let at = (rng.next() as usize) % input.len();
+                input[at] = (rng.next() % 3) as u8;
+            }
+            if rng.next() % 16 == 0 {
+                let keep = (rng.next() as usize) % input.len();
+                input.truncate(keep);
+            }
+            let general = decode_any(&input);
+            match decode_data(&input) {
+                Some(m) => {
+                    fast += 1;
+                    assert_eq!(Ok(m), general, "{input:02x?}");
+                }
+                None => assert!(
+                    !matches!(general, Ok(Message::Data { .. })),
+                    "the fast path refused a valid data frame: {input:02x?}"
+                ),
+            }
+            assert_eq!(decode(&input), general);
+        }
+        assert!(fast > 10_000, "most frames stay valid ({fast})");
     }
 }

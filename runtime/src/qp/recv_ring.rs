@@ -953,6 +953,52 @@ impl RecvRing {
         self.core.flush_pending(&mut st, None);
     }
 
+    /// The next message if the oldest completion is a received message;
+    /// `None` if nothing completed or the oldest completion is a failure
+    /// (then [`poll_next`](Self::poll_next) reports it, or waits). What
+    /// `poll_next` would return first, without its `Poll` around it; it
+    /// registers no waker (a ready message never does).
+    #[inline]
+    pub fn try_next(&self) -> Option<RingMsg> {
+        let core = &self.core;
+        let mut st = core.state.borrow_mut();
+        let c = st.ready.front()?;
+        // A WRITE with immediate leaves the buffer empty.
+        let len = if c.by_write {
+            Some(0)
+        } else {
+            core.geometry.payload_len(c.byte_len)
+        };
+        let len = len.filter(|_| c.status.is_success())?;
+        let c = st.ready.pop_front()?;
+        drop(st);
+        Some(RingMsg {
+            core: core.clone(),
+            slot: c.slot,
+            len,
+            imm: c.imm,
+            qp_num: c.qp_num,
+            by_write: c.by_write,
+            src_qp: c.src_qp,
+            slid: c.slid,
+            grh: c.grh,
+        })
+    }
+
+    /// True if [`poll_next`](Self::poll_next) with `waker` would return
+    /// `Pending` at once and change nothing: nothing completed, buffers are
+    /// posted, none waits to be reposted, and `waker` is the one registered.
+    /// A cheaper poll for a caller that only wants to know.
+    #[inline]
+    pub fn is_waiting(&self, waker: &Waker) -> bool {
+        let st = self.core.state.borrow();
+        st.ready.is_empty()
+            && st.posted != 0
+            && st.pending.is_empty()
+            && st.post_error.is_none()
+            && st.waker.as_ref().is_some_and(|w| w.will_wake(waker))
+    }
+
     /// The next message, in arrival order. `None` once the ring has
     /// stopped (after an error or the QP's close) and every buffer has
     /// completed.

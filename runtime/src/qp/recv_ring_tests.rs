@@ -90,6 +90,30 @@ fn messages_come_in_order_with_len_and_imm_and_are_reposted_on_drop() {
 }
 
 #[test]
+fn try_next_takes_a_received_message_and_leaves_failures_to_poll_next() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    assert!(r.try_next().is_none(), "nothing received yet");
+    fake.complete_recv(WcStatus::Success, 7).unwrap();
+    fake.complete_recv_imm(0, 0x5a).unwrap();
+    fake.complete_recv(WcStatus::LocLenErr, 0).unwrap();
+    settle(&rt);
+    let m = r.try_next().expect("a received message");
+    assert_eq!(m.len(), 7);
+    let m2 = r.try_next().expect("a WRITE's immediate");
+    assert_eq!(m2.imm(), Some(0x5a));
+    assert!(m2.is_empty());
+    assert!(r.try_next().is_none(), "a failure is left to poll_next");
+    assert!(
+        matches!(next_now(&mut r), Some(Some(Err(_)))),
+        "poll_next reports it"
+    );
+    drop((m, m2));
+    drop(r);
+}
+
+#[test]
 fn reposts_are_batched_into_one_post_list() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);

@@ -100,8 +100,18 @@ pub struct Handle {
     pub(crate) inner: Rc<Inner>,
 }
 
+/// The thread's current runtime. Its drop at thread exit resets the pass
+/// hooks' pointer to it before the handle goes.
+struct Current(RefCell<Option<Handle>>);
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        pass_hooks::set_hooks_of_current(None);
+    }
+}
+
 thread_local! {
-    static CURRENT: RefCell<Option<Handle>> = const { RefCell::new(None) };
+    static CURRENT: Current = const { Current(RefCell::new(None)) };
 }
 
 impl Handle {
@@ -120,19 +130,14 @@ impl Handle {
     /// The runtime of this thread, if there is one.
     pub fn try_current() -> Option<Handle> {
         // `try_with`: during thread-local teardown there is no runtime.
-        CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
-    }
-
-    /// `f` of this thread's runtime; `None` if there is none.
-    pub(crate) fn with_current<R>(f: impl FnOnce(&Handle) -> R) -> Option<R> {
-        CURRENT
-            .try_with(|c| c.borrow().as_ref().map(f))
-            .ok()
-            .flatten()
+        CURRENT.try_with(|c| c.0.borrow().clone()).ok().flatten()
     }
 
     pub(crate) fn set_current(h: Option<Handle>) {
-        let old = CURRENT.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), h));
+        let old = CURRENT.try_with(|c| {
+            pass_hooks::set_hooks_of_current(h.as_ref());
+            std::mem::replace(&mut *c.0.borrow_mut(), h)
+        });
         // Dropped outside the borrow.
         drop(old);
     }

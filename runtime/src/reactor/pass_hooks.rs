@@ -11,6 +11,13 @@
 //! task poll. Scheduling is possible from a [`Waker`](std::task::Waker)
 //! (which must be `Send`): it names the hook by a [`PassHookId`] and finds
 //! the runtime through the thread's current one ([`schedule_pass_hook`]).
+//!
+//! The scheduled hooks are one queue in the order they were scheduled;
+//! `begin_pass` marks how many of them are due (those scheduled before the
+//! pass began), `end_pass` fires that prefix. Scheduling an already
+//! scheduled hook is one flag check. The thread's current hook table is a
+//! plain pointer in a thread-local without a destructor, kept in step with
+//! the thread's current runtime (`Handle::set_current`).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -42,15 +49,40 @@ struct Entry {
     scheduled: bool,
 }
 
-/// The hooks of one runtime and those scheduled for this pass and the next.
+/// The hooks of one runtime and those scheduled.
 #[derive(Default)]
 pub(crate) struct PassHooks {
     entries: RefCell<Slab<Entry>>,
     generation: Cell<u32>,
-    /// Scheduled since the current pass began: fire at the next pass's end.
-    pending: RefCell<Vec<u32>>,
-    /// Fire at the end of the current pass.
-    due: RefCell<Vec<u32>>,
+    /// Scheduled hooks (key, generation), oldest first.
+    queue: RefCell<Vec<(u32, u32)>>,
+    /// `queue`'s length.
+    queued: Cell<usize>,
+    /// The first `due` of `queue` fire at the end of the current pass.
+    due: Cell<usize>,
+    /// Key + 1 of the hook running now (0: none).
+    firing: Cell<usize>,
+    /// The running hook, if it was removed while it ran: dropped when it
+    /// returns.
+    retired: Cell<Option<Rc<dyn PassHook>>>,
+}
+
+thread_local! {
+    /// The hooks of this thread's current runtime (null: none). Set and
+    /// cleared with the current runtime's handle, which keeps them alive
+    /// (`set_hooks_of_current`); no destructor, so reading it is one load.
+    static CURRENT_HOOKS: Cell<*const PassHooks> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The thread's current runtime became `h` (`None`: none, or the current
+/// handle is being dropped). Called by `Handle::set_current` before it
+/// replaces the handle it keeps, and when that handle is dropped at thread
+/// exit, so the pointer never outlives the handle that keeps it valid.
+pub(crate) fn set_hooks_of_current(h: Option<&Handle>) {
+    let p = h.map_or(std::ptr::null(), |h| {
+        &h.inner.pass_hooks as *const PassHooks
+    });
+    CURRENT_HOOKS.with(|c| c.set(p));
 }
 
 impl PassHooks {
@@ -76,19 +108,27 @@ impl PassHooks {
             .get(key)
             .is_some_and(|e| e.generation == id.generation)
         {
-            // Dropped outside the borrow: the hook's drop may touch hooks.
             let e = entries.remove(key);
             drop(entries);
-            drop(e);
+            if self.firing.get() == key + 1 {
+                // Running now: it is dropped once it returns.
+                self.retired.set(Some(e.hook));
+            } else {
+                // Dropped outside the borrow: the hook's drop may touch hooks.
+                drop(e);
+            }
         }
     }
 
+    #[inline]
     fn schedule(&self, id: PassHookId) {
         let mut entries = self.entries.borrow_mut();
         if let Some(e) = entries.get_mut(id.key as usize) {
             if e.generation == id.generation && !e.scheduled {
                 e.scheduled = true;
-                self.pending.borrow_mut().push(id.key);
+                drop(entries);
+                self.queue.borrow_mut().push((id.key, id.generation));
+                self.queued.set(self.queued.get() + 1);
             }
         }
     }
@@ -96,66 +136,81 @@ impl PassHooks {
     /// A pass begins: the hooks scheduled so far fire at its end.
     #[inline(always)]
     pub(crate) fn begin_pass(&self) {
-        if !self.pending.borrow().is_empty() {
-            self.move_pending();
-        }
-    }
-
-    #[inline(never)]
-    fn move_pending(&self) {
-        let mut due = self.due.borrow_mut();
-        let mut pending = self.pending.borrow_mut();
-        if due.is_empty() {
-            std::mem::swap(&mut *due, &mut *pending);
-        } else {
-            due.append(&mut pending);
-        }
+        self.due.set(self.queued.get());
     }
 
     /// Hooks wait for the next pass: the loop must not sleep before it.
     #[inline(always)]
     pub(crate) fn has_pending(&self) -> bool {
-        !self.pending.borrow().is_empty()
+        self.queued.get() > self.due.get()
     }
 
     /// The pass ends: fires the hooks due.
     #[inline(always)]
     pub(crate) fn end_pass(&self) {
-        if !self.due.borrow().is_empty() {
+        if self.due.get() != 0 {
             self.fire_due();
         }
     }
 
     #[inline(never)]
     fn fire_due(&self) {
-        // Taken out: a hook may schedule hooks (they go to `pending`) or
-        // add and remove them.
-        let mut due = std::mem::take(&mut *self.due.borrow_mut());
-        for key in due.drain(..) {
-            let hook = {
+        if self.firing.get() != 0 {
+            // Reentered from a hook (it drove the loop): the outer call
+            // fires the rest.
+            return;
+        }
+        // A hook may schedule hooks (they queue behind the due ones), add
+        // and remove them, or clear them all (then `due` is 0).
+        let mut i = 0;
+        while i < self.due.get() {
+            let Some(&(key, generation)) = self.queue.borrow().get(i) else {
+                break;
+            };
+            i += 1;
+            let hook: *const dyn PassHook = {
                 let mut entries = self.entries.borrow_mut();
                 match entries.get_mut(key as usize) {
-                    Some(e) if e.scheduled => {
+                    Some(e) if e.scheduled && e.generation == generation => {
                         e.scheduled = false;
-                        e.hook.clone()
+                        Rc::as_ptr(&e.hook)
                     }
                     _ => continue,
                 }
             };
-            hook.pass_ended();
+            self.firing.set(key as usize + 1);
+            // SAFETY: the `Rc` the pointer came from stays alive while the
+            // hook runs: `remove` and `clear` put the hook being fired
+            // (`firing`) in `retired` instead of dropping it.
+            unsafe { &*hook }.pass_ended();
+            self.firing.set(0);
+            drop(self.retired.take());
         }
-        let mut cur = self.due.borrow_mut();
-        if cur.is_empty() {
-            // Keep the allocation.
-            *cur = due;
+        let n = self.due.replace(0);
+        let mut queue = self.queue.borrow_mut();
+        if n >= queue.len() {
+            // The usual case: none was scheduled meanwhile.
+            queue.clear();
+        } else {
+            queue.drain(..n);
         }
+        self.queued.set(queue.len());
     }
 
     /// Shutdown: forgets every hook.
     pub(crate) fn clear(&self) {
         let entries = std::mem::take(&mut *self.entries.borrow_mut());
-        self.pending.borrow_mut().clear();
-        self.due.borrow_mut().clear();
+        self.queue.borrow_mut().clear();
+        self.queued.set(0);
+        self.due.set(0);
+        if let Some(e) = self
+            .firing
+            .get()
+            .checked_sub(1)
+            .and_then(|k| entries.get(k))
+        {
+            self.retired.set(Some(e.hook.clone()));
+        }
         drop(entries);
     }
 }
@@ -175,8 +230,9 @@ impl Handle {
         }
     }
 
+    /// The address of the runtime's hook table (what `CURRENT_HOOKS` holds).
     fn runtime_id(&self) -> usize {
-        Rc::as_ptr(&self.inner) as usize
+        &self.inner.pass_hooks as *const PassHooks as usize
     }
 }
 
@@ -187,17 +243,18 @@ impl Handle {
 /// current runtime is not the one the hook was added to (or there is none):
 /// then nothing is scheduled, and the caller should do the work itself
 /// (e.g. wake the task the hook would have woken).
+#[inline]
 pub fn schedule_pass_hook(id: PassHookId) -> bool {
-    Handle::with_current(|h| {
-        let ours = h.runtime_id() == id.runtime;
-        if ours {
-            h.inner.pass_hooks.schedule(id);
-        }
-        ours
-    })
-    .unwrap_or(false)
+    let hooks = CURRENT_HOOKS.with(Cell::get);
+    if hooks.is_null() || hooks as usize != id.runtime {
+        return false;
+    }
+    // SAFETY: a non-null `CURRENT_HOOKS` points into the `Inner` of the
+    // handle this thread's `CURRENT` holds, which keeps it alive; it is
+    // reset before that handle is replaced or dropped (`set_hooks_of_current`).
+    unsafe { &*hooks }.schedule(id);
+    true
 }
-
 #[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
@@ -300,5 +357,124 @@ mod tests {
             yield_now().await;
         });
         assert_eq!(other.runs.get(), 0, "a stale id schedules nothing");
+    }
+
+    /// Logs its name when it runs; may schedule another hook, or remove
+    /// itself, when it does.
+    struct Logger {
+        name: &'static str,
+        log: Rc<RefCell<Vec<&'static str>>>,
+        then_schedule: Cell<Option<super::PassHookId>>,
+        remove_self: Cell<Option<super::PassHookId>>,
+        dropped: Rc<Cell<bool>>,
+        dropped_while_running: Rc<Cell<bool>>,
+    }
+
+    impl Logger {
+        fn new(name: &'static str, log: &Rc<RefCell<Vec<&'static str>>>) -> Logger {
+            Logger {
+                name,
+                log: log.clone(),
+                then_schedule: Cell::new(None),
+                remove_self: Cell::new(None),
+                dropped: Rc::default(),
+                dropped_while_running: Rc::default(),
+            }
+        }
+    }
+
+    impl PassHook for Logger {
+        fn pass_ended(&self) {
+            self.log.borrow_mut().push(self.name);
+            if let Some(id) = self.then_schedule.get() {
+                assert!(schedule_pass_hook(id));
+            }
+            if let Some(id) = self.remove_self.take() {
+                crate::reactor::Handle::current().remove_pass_hook(id);
+                // Still alive: the runtime keeps it until this returns.
+                self.dropped_while_running.set(self.dropped.get());
+                self.log.borrow_mut().push("removed");
+            }
+        }
+    }
+
+    impl Drop for Logger {
+        fn drop(&mut self) {
+            self.dropped.set(true);
+        }
+    }
+
+    #[test]
+    fn a_hook_scheduled_by_a_hook_runs_at_the_end_of_the_next_pass() {
+        let rt = Runtime::new().unwrap();
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let b = rt.handle().add_pass_hook(Rc::new(Logger::new("B", &log)));
+        let a_hook = Logger::new("A", &log);
+        a_hook.then_schedule.set(Some(b));
+        let a = rt.handle().add_pass_hook(Rc::new(a_hook));
+        let l = log.clone();
+        rt.block_on(async move {
+            assert!(schedule_pass_hook(a));
+            for _ in 0..3 {
+                l.borrow_mut().push("main");
+                yield_now().await;
+            }
+        });
+        assert_eq!(
+            *log.borrow(),
+            ["main", "A", "main", "B", "main"],
+            "one pass each, the loop did not sleep in between"
+        );
+    }
+
+    #[test]
+    fn a_hook_removing_itself_while_it_runs_is_dropped_after_it_returns() {
+        let rt = Runtime::new().unwrap();
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let hook = Logger::new("A", &log);
+        let (dropped, early) = (hook.dropped.clone(), hook.dropped_while_running.clone());
+        let hook = Rc::new(hook);
+        let id = rt.handle().add_pass_hook(hook.clone());
+        hook.remove_self.set(Some(id));
+        drop(hook); // the runtime holds the only reference
+        rt.block_on(async {
+            assert!(schedule_pass_hook(id));
+            yield_now().await;
+            yield_now().await;
+            schedule_pass_hook(id);
+            yield_now().await;
+            yield_now().await;
+        });
+        assert_eq!(*log.borrow(), ["A", "removed"], "ran once");
+        assert!(!early.get(), "not dropped while it ran");
+        assert!(dropped.get(), "dropped once it returned");
+    }
+
+    #[test]
+    fn a_removed_hook_due_this_pass_does_not_fire_the_hook_reusing_its_slot_early() {
+        let rt = Runtime::new().unwrap();
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let a = rt.handle().add_pass_hook(Rc::new(Logger::new("A", &log)));
+        let h = rt.handle().clone();
+        let (l, l2) = (log.clone(), log.clone());
+        rt.block_on(async move {
+            // Scheduled inside pass 1's task run: due at the end of pass 2.
+            crate::reactor::spawn(async move { assert!(schedule_pass_hook(a)) });
+            yield_now().await;
+            // Inside pass 2's task run: A goes, B takes its slot and is
+            // scheduled, due at the end of pass 3 (not at pass 2's, where
+            // A's queue entry is).
+            crate::reactor::spawn(async move {
+                h.remove_pass_hook(a);
+                let b = h.add_pass_hook(Rc::new(Logger::new("B", &l2)));
+                assert!(schedule_pass_hook(b));
+            });
+            l.borrow_mut().push("main 2");
+            yield_now().await;
+            l.borrow_mut().push("main 3");
+            yield_now().await;
+            l.borrow_mut().push("main 4");
+        });
+        assert_eq!(*log.borrow(), ["main 2", "main 3", "B", "main 4"]);
     }
 }
