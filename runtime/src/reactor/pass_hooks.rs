@@ -53,7 +53,6 @@ struct Entry {
 #[derive(Default)]
 pub(crate) struct PassHooks {
     entries: RefCell<Slab<Entry>>,
-    generation: Cell<u32>,
     /// Scheduled hooks (key, generation), oldest first.
     queue: RefCell<Vec<(u32, u32)>>,
     /// `queue`'s length.
@@ -62,10 +61,13 @@ pub(crate) struct PassHooks {
     due: Cell<usize>,
     /// Key + 1 of the hook running now (0: none).
     firing: Cell<usize>,
-    /// The running hook, if it was removed while it ran: dropped when it
-    /// returns.
-    retired: Cell<Option<Rc<dyn PassHook>>>,
+    /// Hooks removed while one ran: dropped when it returns (the running
+    /// one may be among them, its slot even reused and removed again).
+    retired: RefCell<Vec<Rc<dyn PassHook>>>,
 }
+
+/// Generations of hook ids, across all runtimes.
+static NEXT_GENERATION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 thread_local! {
     /// The hooks of this thread's current runtime (null: none). Set and
@@ -87,8 +89,9 @@ pub(crate) fn set_hooks_of_current(h: Option<&Handle>) {
 
 impl PassHooks {
     fn add(&self, runtime: usize, hook: Rc<dyn PassHook>) -> PassHookId {
-        let generation = self.generation.get().wrapping_add(1);
-        self.generation.set(generation);
+        // Process-wide: an id of a dropped runtime never matches a hook of
+        // a later one at the same address.
+        let generation = NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key = self.entries.borrow_mut().insert(Entry {
             hook,
             generation,
@@ -110,9 +113,9 @@ impl PassHooks {
         {
             let e = entries.remove(key);
             drop(entries);
-            if self.firing.get() == key + 1 {
-                // Running now: it is dropped once it returns.
-                self.retired.set(Some(e.hook));
+            if self.firing.get() != 0 {
+                // A hook is running (maybe this one): dropped once it returns.
+                self.retired.borrow_mut().push(e.hook);
             } else {
                 // Dropped outside the borrow: the hook's drop may touch hooks.
                 drop(e);
@@ -180,11 +183,12 @@ impl PassHooks {
             };
             self.firing.set(key as usize + 1);
             // SAFETY: the `Rc` the pointer came from stays alive while the
-            // hook runs: `remove` and `clear` put the hook being fired
-            // (`firing`) in `retired` instead of dropping it.
+            // hook runs: while `firing` is set, `remove` and `clear` move
+            // the hooks they take into `retired`, dropped after it returns.
             unsafe { &*hook }.pass_ended();
             self.firing.set(0);
-            drop(self.retired.take());
+            let retired = std::mem::take(&mut *self.retired.borrow_mut());
+            drop(retired);
         }
         let n = self.due.replace(0);
         let mut queue = self.queue.borrow_mut();
@@ -203,15 +207,13 @@ impl PassHooks {
         self.queue.borrow_mut().clear();
         self.queued.set(0);
         self.due.set(0);
-        if let Some(e) = self
-            .firing
-            .get()
-            .checked_sub(1)
-            .and_then(|k| entries.get(k))
-        {
-            self.retired.set(Some(e.hook.clone()));
+        if self.firing.get() != 0 {
+            // A hook is running: none is dropped before it returns.
+            let mut retired = self.retired.borrow_mut();
+            retired.extend(entries.into_iter().map(|(_, e)| e.hook));
+        } else {
+            drop(entries);
         }
-        drop(entries);
     }
 }
 
@@ -366,6 +368,9 @@ mod tests {
         log: Rc<RefCell<Vec<&'static str>>>,
         then_schedule: Cell<Option<super::PassHookId>>,
         remove_self: Cell<Option<super::PassHookId>>,
+        /// After removing itself, adds a hook (which takes its slot) and
+        /// removes that one too.
+        churn_slot: Cell<bool>,
         dropped: Rc<Cell<bool>>,
         dropped_while_running: Rc<Cell<bool>>,
     }
@@ -377,6 +382,7 @@ mod tests {
                 log: log.clone(),
                 then_schedule: Cell::new(None),
                 remove_self: Cell::new(None),
+                churn_slot: Cell::new(false),
                 dropped: Rc::default(),
                 dropped_while_running: Rc::default(),
             }
@@ -390,7 +396,13 @@ mod tests {
                 assert!(schedule_pass_hook(id));
             }
             if let Some(id) = self.remove_self.take() {
-                crate::reactor::Handle::current().remove_pass_hook(id);
+                let h = crate::reactor::Handle::current();
+                h.remove_pass_hook(id);
+                if self.churn_slot.get() {
+                    let other = h.add_pass_hook(Rc::new(Logger::new("C", &self.log)));
+                    assert_eq!(other.key, id.key, "the slot is reused");
+                    h.remove_pass_hook(other);
+                }
                 // Still alive: the runtime keeps it until this returns.
                 self.dropped_while_running.set(self.dropped.get());
                 self.log.borrow_mut().push("removed");
@@ -429,6 +441,17 @@ mod tests {
 
     #[test]
     fn a_hook_removing_itself_while_it_runs_is_dropped_after_it_returns() {
+        removing_itself(false);
+    }
+
+    /// The same, when it also adds a hook that takes its slot and removes
+    /// that one before it returns.
+    #[test]
+    fn a_hook_that_removes_itself_and_a_hook_in_its_slot_is_dropped_after_it_returns() {
+        removing_itself(true);
+    }
+
+    fn removing_itself(churn: bool) {
         let rt = Runtime::new().unwrap();
         let log = Rc::new(RefCell::new(Vec::new()));
         let hook = Logger::new("A", &log);
@@ -436,6 +459,7 @@ mod tests {
         let hook = Rc::new(hook);
         let id = rt.handle().add_pass_hook(hook.clone());
         hook.remove_self.set(Some(id));
+        hook.churn_slot.set(churn);
         drop(hook); // the runtime holds the only reference
         rt.block_on(async {
             assert!(schedule_pass_hook(id));
