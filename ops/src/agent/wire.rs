@@ -652,7 +652,8 @@ impl Message<'_> {
         }
     }
 
-    /// [`Message::encode`] of every message but `Data`.
+    /// [`Message::encode`] of every message but `Data` (which
+    /// [`encode_data`] writes).
     fn encode_other(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let len = self.encoded_len();
         if out.len() < len {
@@ -660,23 +661,6 @@ impl Message<'_> {
                 needed: len,
                 capacity: out.len(),
             });
-        }
-        if let Message::Data {
-            offset,
-            total_len,
-            payload,
-            ..
-        } = self
-        {
-            if offset
-                .checked_add(payload.len() as u64)
-                .is_none_or(|end| end > *total_len)
-            {
-                return Err(WireError::InvalidField {
-                    field: "data.offset",
-                    reason: "piece extends past the message length",
-                });
-            }
         }
         let mut w = Writer { buf: out, pos: 0 };
         w.put(&MAGIC);
@@ -716,22 +700,9 @@ impl Message<'_> {
                 w.put(&tag.to_le_bytes());
                 write_token(&mut w, token);
             }
-            Message::Data {
-                msg_id,
-                total_len,
-                offset,
-                imm,
-                grant,
-                payload,
-            } => {
-                w.put(&msg_id.to_le_bytes());
-                w.put(&total_len.to_le_bytes());
-                w.put(&offset.to_le_bytes());
-                w.put(&u32::from(imm.is_some()).to_le_bytes());
-                w.put(&imm.unwrap_or(0).to_le_bytes());
-                w.put(&grant.to_le_bytes());
-                w.put(payload);
-            }
+            // `encode` writes `Data` (encode_data); this private function
+            // never sees it.
+            Message::Data { .. } => unreachable!("Data is encoded by encode_data"),
             Message::Error { code, text } => {
                 let mut cut = text.len().min(MAX_ERROR_TEXT);
                 while !text.is_char_boundary(cut) {

@@ -244,6 +244,19 @@ struct State {
     kept: u32,
 }
 
+impl State {
+    /// Buffers are posted, nothing waits to be reposted or reported, and
+    /// `waker` is the one registered: with nothing completed, a poll would
+    /// only return pending.
+    #[inline(always)]
+    fn waits_on(&self, waker: &Waker) -> bool {
+        self.posted != 0
+            && self.pending.is_empty()
+            && self.post_error.is_none()
+            && self.waker.as_ref().is_some_and(|w| w.will_wake(waker))
+    }
+}
+
 /// The shared part of a ring: memory, registration and state. Kept by the
 /// ring, its guards, and the reactor's registry while buffers are posted.
 pub(crate) struct RingCore {
@@ -960,20 +973,32 @@ impl RecvRing {
     /// registers no waker (a ready message never does).
     #[inline]
     pub fn try_next(&self) -> Option<RingMsg> {
-        let core = &self.core;
-        let mut st = core.state.borrow_mut();
-        let c = st.ready.front()?;
-        // A WRITE with immediate leaves the buffer empty.
-        let len = if c.by_write {
-            Some(0)
-        } else {
-            core.geometry.payload_len(c.byte_len)
-        };
-        let len = len.filter(|_| c.status.is_success())?;
+        let mut st = self.core.state.borrow_mut();
+        let len = self.message_len(st.ready.front()?)?;
         let c = st.ready.pop_front()?;
         drop(st);
-        Some(RingMsg {
-            core: core.clone(),
+        Some(self.message(c, len))
+    }
+
+    /// The payload length of `c` if it is a received message (a WRITE with
+    /// immediate leaves the buffer empty); `None` for a failure.
+    #[inline(always)]
+    fn message_len(&self, c: &Ready) -> Option<u32> {
+        if !c.status.is_success() {
+            return None;
+        }
+        if c.by_write {
+            Some(0)
+        } else {
+            self.core.geometry.payload_len(c.byte_len)
+        }
+    }
+
+    /// The message of completion `c`, `len` payload bytes in its slot.
+    #[inline(always)]
+    fn message(&self, c: Ready, len: u32) -> RingMsg {
+        RingMsg {
+            core: self.core.clone(),
             slot: c.slot,
             len,
             imm: c.imm,
@@ -982,7 +1007,7 @@ impl RecvRing {
             src_qp: c.src_qp,
             slid: c.slid,
             grh: c.grh,
-        })
+        }
     }
 
     /// True if [`poll_next`](Self::poll_next) with `waker` would return
@@ -992,11 +1017,7 @@ impl RecvRing {
     #[inline]
     pub fn is_waiting(&self, waker: &Waker) -> bool {
         let st = self.core.state.borrow();
-        st.ready.is_empty()
-            && st.posted != 0
-            && st.pending.is_empty()
-            && st.post_error.is_none()
-            && st.waker.as_ref().is_some_and(|w| w.will_wake(waker))
+        st.ready.is_empty() && st.waits_on(waker)
     }
 
     /// The next message, in arrival order. `None` once the ring has
@@ -1012,40 +1033,18 @@ impl RecvRing {
     /// buffers still waiting for their batch are reposted before waiting.
     #[inline]
     pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
-        let core = &self.core;
-        let mut st = core.state.borrow_mut();
+        let mut st = self.core.state.borrow_mut();
         while let Some(c) = st.ready.pop_front() {
-            // A WRITE with immediate leaves the buffer empty.
-            let len = if c.by_write {
-                Some(0)
-            } else {
-                core.geometry.payload_len(c.byte_len)
-            };
-            if let (true, Some(len)) = (c.status.is_success(), len) {
+            if let Some(len) = self.message_len(&c) {
                 drop(st);
-                return Poll::Ready(Some(Ok(RingMsg {
-                    core: core.clone(),
-                    slot: c.slot,
-                    len,
-                    imm: c.imm,
-                    qp_num: c.qp_num,
-                    by_write: c.by_write,
-                    src_qp: c.src_qp,
-                    slid: c.slid,
-                    grh: c.grh,
-                })));
+                return Poll::Ready(Some(Ok(self.message(c, len))));
             }
             if let Some(e) = self.failed(&mut st, c) {
                 return Poll::Ready(Some(Err(e)));
             }
         }
-        // The common wait: buffers posted, nothing to repost or report,
-        // and this task's waker already registered (kept by `completed`).
-        if st.posted != 0
-            && st.pending.is_empty()
-            && st.post_error.is_none()
-            && st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
-        {
+        // The common wait (kept registered by `completed`).
+        if st.waits_on(cx.waker()) {
             return Poll::Pending;
         }
         self.poll_empty(&mut st, cx)

@@ -59,8 +59,8 @@ pub(crate) struct PassHooks {
     queued: Cell<usize>,
     /// The first `due` of `queue` fire at the end of the current pass.
     due: Cell<usize>,
-    /// Key + 1 of the hook running now (0: none).
-    firing: Cell<usize>,
+    /// A hook is running now.
+    firing: Cell<bool>,
     /// Hooks removed while one ran: dropped when it returns (the running
     /// one may be among them, its slot even reused and removed again).
     retired: RefCell<Vec<Rc<dyn PassHook>>>,
@@ -113,7 +113,7 @@ impl PassHooks {
         {
             let e = entries.remove(key);
             drop(entries);
-            if self.firing.get() != 0 {
+            if self.firing.get() {
                 // A hook is running (maybe this one): dropped once it returns.
                 self.retired.borrow_mut().push(e.hook);
             } else {
@@ -158,7 +158,7 @@ impl PassHooks {
 
     #[inline(never)]
     fn fire_due(&self) {
-        if self.firing.get() != 0 {
+        if self.firing.get() {
             // Reentered from a hook (it drove the loop): the outer call
             // fires the rest.
             return;
@@ -181,12 +181,12 @@ impl PassHooks {
                     _ => continue,
                 }
             };
-            self.firing.set(key as usize + 1);
+            self.firing.set(true);
             // SAFETY: the `Rc` the pointer came from stays alive while the
             // hook runs: while `firing` is set, `remove` and `clear` move
             // the hooks they take into `retired`, dropped after it returns.
             unsafe { &*hook }.pass_ended();
-            self.firing.set(0);
+            self.firing.set(false);
             let retired = std::mem::take(&mut *self.retired.borrow_mut());
             drop(retired);
         }
@@ -207,7 +207,7 @@ impl PassHooks {
         self.queue.borrow_mut().clear();
         self.queued.set(0);
         self.due.set(0);
-        if self.firing.get() != 0 {
+        if self.firing.get() {
             // A hook is running: none is dropped before it returns.
             let mut retired = self.retired.borrow_mut();
             retired.extend(entries.into_iter().map(|(_, e)| e.hook));
