@@ -33,6 +33,7 @@ mod qps;
 mod rdma;
 mod receive;
 mod receiving;
+mod send_msg;
 mod settings;
 mod side;
 mod srq;

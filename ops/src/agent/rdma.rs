@@ -28,12 +28,15 @@ use super::msg::RecvMsg;
 use super::qps::{ConnPd, ConnQp};
 use super::receive::{Receive, ReceiveImm};
 use super::receiving::Receiving;
+use super::send_msg::SendMsg;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
 use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
 use super::wire::Settings;
-use super::wire::{Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS};
+use super::wire::{
+    put_data_header, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
+};
 use crate::connect::{path_mtu, Connection};
 use crate::verbs::Verbs;
 
@@ -86,6 +89,8 @@ pub(crate) struct Shared {
     /// ([`MAX_SPLIT_IN_PROGRESS`]).
     split_permits: Credits,
     next_msg_id: Cell<u64>,
+    /// Where [`Shared::try_send_whole`] encodes a message to send INLINE.
+    inline_buf: RefCell<[u8; MAX_INLINE_MESSAGE]>,
     pub(crate) grants: GrantTable,
     /// Grants through memory windows, with `RdmaBuilder::grant_windows`.
     pub(crate) window_grants: Option<WindowGrants>,
@@ -466,40 +471,67 @@ impl Shared {
         res.map_err(|source| self.verb_error(crate::Error::Submit { op: "send", source }))
     }
 
-    /// The fast path of a one-piece message (`msg`, a `Data` piece): sent
-    /// INLINE at once, with no future, if the connection is up, it fits
+    /// A message of one piece, `data` with `imm`, sent INLINE at once,
+    /// with no future, if the connection is up, it fits
     /// [`Shared::inline_limit`], a credit is left and the QP's queues have
-    /// room. `None` if it would have to wait for any of that: nothing was
-    /// taken or sent, and the awaited path ([`Shared::send_data`]) takes
-    /// over, which also reports errors.
-    pub(crate) fn try_send_now(
+    /// room. `None` if it would have to
+    /// wait for any of that, or be split: nothing was taken or sent, not
+    /// even a message id, and the awaited path ([`Shared::send_data`])
+    /// takes over, which also reports errors.
+    #[inline(always)]
+    pub(crate) fn try_send_whole(
         self: &Rc<Self>,
-        msg: &Message<'_>,
+        data: &[u8],
+        imm: Option<u32>,
     ) -> Option<Result<(), AgentError>> {
-        let len = msg.encoded_len();
-        if len > self.inline_limit() || self.is_down() {
+        let len = DATA_OVERHEAD + data.len();
+        if data.len() > self.negotiated.piece_len
+            || data.len() > self.negotiated.max_send_len
+            || len > self.inline_limit()
+            || self.is_down()
+        {
             return None;
         }
+        // Encoded into the connection's buffer for it, not a fresh (zeroed)
+        // one on the stack; in use only if this runs inside itself, which
+        // nothing it calls does.
+        let mut bytes = self.inline_buf.try_borrow_mut().ok()?;
         let credit = self.credits.try_acquire()?;
+        let msg_id = self.next_msg_id.get();
         let posted = Cell::new(false);
-        let mut bytes = [0u8; MAX_INLINE_MESSAGE];
-        let (msg, ride) = self.riding(msg, &posted);
-        if let Err(e) = msg.encode(&mut bytes[..len]) {
-            drop((ride, credit));
-            return Some(Err(AgentError::Closed(CloseReason::Malformed(e))));
-        }
+        // The credits owed to the peer ride on the piece (owed again if it
+        // is not posted: `Piggyback`'s drop).
+        let ride = self.owed.take_all(&self.peer_credits, &posted);
+        let len = {
+            let (h, body) = bytes.split_first_chunk_mut::<DATA_OVERHEAD>()?;
+            put_data_header(
+                h,
+                msg_id,
+                data.len() as u64,
+                0,
+                imm,
+                ride.count(),
+                data.len(),
+            );
+            body.get_mut(..data.len())?.copy_from_slice(data);
+            len
+        };
+        let res = self.qp.try_post_send_inline(&bytes[..len], None);
+        drop(bytes);
         // Each outcome built in place: the usual one is a tag, not a copy
         // of the whole (large) error type.
-        match self.qp.try_post_send_inline(&bytes[..len], None)? {
+        match res? {
             Ok(()) => {
                 posted.set(true);
                 credit.spend();
                 drop(ride);
+                self.next_msg_id.set(msg_id + 1);
                 Some(Ok(()))
             }
             Err(source) => {
                 drop(credit);
                 drop(ride);
+                self.next_msg_id.set(msg_id + 1);
                 let e = self.verb_error(crate::Error::Submit { op: "send", source });
                 if !self.is_down() {
                     self.return_owed_batch(
@@ -707,6 +739,7 @@ impl Rdma {
             partial: RefCell::new(HashMap::new()),
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
             next_msg_id: Cell::new(0),
+            inline_buf: RefCell::new([0; MAX_INLINE_MESSAGE]),
             grants: GrantTable::default(),
             window_grants,
             requests: RefCell::new(HashMap::new()),
@@ -844,7 +877,7 @@ impl Rdma {
     /// `Close` is ordered after it) or the whole runtime right after (the
     /// runtime lets posted sends through before closing its QPs).
     pub fn send<'a>(&'a self, data: &'a [u8]) -> impl Future<Output = Result<(), AgentError>> + 'a {
-        self.send_inner(data, None)
+        SendMsg::new(&self.shared, data, None, self.send_inner(data, None))
     }
 
     /// Sends `data` with a 32-bit immediate, received by [`Rdma::receive_with_imm`].
@@ -853,7 +886,12 @@ impl Rdma {
         data: &'a [u8],
         imm: u32,
     ) -> impl Future<Output = Result<(), AgentError>> + 'a {
-        self.send_inner(data, Some(imm))
+        SendMsg::new(
+            &self.shared,
+            data,
+            Some(imm),
+            self.send_inner(data, Some(imm)),
+        )
     }
 
     /// Sends a registered buffer's bytes; the buffer is given back.
@@ -880,6 +918,8 @@ impl Rdma {
                 Ok(permit) => permit.spend(),
                 Err(_) => return Err(s.closed_error()),
             }
+        } else if let Some(r) = s.try_send_whole(data, imm) {
+            return r;
         }
         let msg_id = s.next_msg_id();
         // A message in several pieces, cut before its last one was posted,
@@ -891,21 +931,6 @@ impl Rdma {
             msg_id,
             armed: true,
         });
-        if !split {
-            let msg = Message::Data {
-                msg_id,
-                total_len: data.len() as u64,
-                offset: 0,
-                imm,
-                grant: 0,
-                payload: data,
-            };
-            match s.try_send_now(&msg) {
-                Some(Ok(())) => return Ok(()),
-                Some(Err(e)) => return Err(e),
-                None => {}
-            }
-        }
         let mut offset = 0usize;
         loop {
             let end = data.len().min(offset + piece);

@@ -762,16 +762,34 @@ fn encode_data(
         });
     }
     let (h, body) = frame.split_at_mut(DATA_OVERHEAD);
+    let h: &mut [u8; DATA_OVERHEAD] = h.try_into().expect("split at DATA_OVERHEAD");
+    put_data_header(h, msg_id, total_len, offset, imm, grant, payload.len());
+    body.copy_from_slice(payload);
+    Ok(len)
+}
+
+/// Writes the fixed header of a `Data` piece of `payload_len` bytes (its
+/// payload follows it on the wire) at `offset` of a message of `total_len`
+/// bytes into `h`; the caller has checked that the piece lies within the
+/// message, as [`Message::encode`] does.
+#[inline(always)]
+pub(crate) fn put_data_header(
+    h: &mut [u8; DATA_OVERHEAD],
+    msg_id: u64,
+    total_len: u64,
+    offset: u64,
+    imm: Option<u32>,
+    grant: u32,
+    payload_len: usize,
+) {
     h[..8].copy_from_slice(&DATA_HEAD);
-    h[8..12].copy_from_slice(&((len - HEADER_LEN) as u32).to_le_bytes());
+    h[8..12].copy_from_slice(&((DATA_OVERHEAD - HEADER_LEN + payload_len) as u32).to_le_bytes());
     h[12..20].copy_from_slice(&msg_id.to_le_bytes());
     h[20..28].copy_from_slice(&total_len.to_le_bytes());
     h[28..36].copy_from_slice(&offset.to_le_bytes());
     h[36..40].copy_from_slice(&u32::from(imm.is_some()).to_le_bytes());
     h[40..44].copy_from_slice(&imm.unwrap_or(0).to_le_bytes());
     h[44..48].copy_from_slice(&grant.to_le_bytes());
-    body.copy_from_slice(payload);
-    Ok(len)
 }
 
 impl fmt::Display for HandOverKind {
