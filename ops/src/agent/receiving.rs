@@ -21,7 +21,10 @@
 //! still untaken (no receiver waited, or it holds a `receive_msg` future
 //! it does not poll: the connection's control messages, such as credits
 //! the application's own sends wait for, keep flowing) or if a whole batch
-//! of credits is owed that no reply carried. With no receiver waiting, the
+//! of credits is owed that no reply carried. A receiver that took every
+//! completion, with no whole batch owed, takes the hook's scheduling back
+//! when it can (it is the last one scheduled), so the usual round trip
+//! runs no hook at all. With no receiver waiting, the
 //! agent takes the completions and queues user messages in the inbox,
 //! charged to the unread backlog.
 //!
@@ -37,7 +40,9 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
-use verbio_runtime::{schedule_pass_hook, Handle, PassHookId, RecvRing, RecvRingError, RingMsg};
+use verbio_runtime::{
+    schedule_pass_hook, unschedule_pass_hook, Handle, PassHookId, RecvRing, RecvRingError, RingMsg,
+};
 
 use super::flow::Owed;
 use super::msg::{Body, Lent, RecvMsg};
@@ -308,6 +313,26 @@ impl Receiving {
         let batch_owed = self.state.borrow().owed_check && owed.has_batch();
         if !self.armed() || batch_owed {
             self.fan.agent.wake();
+        }
+    }
+
+    /// A driving receiver took its message and what else had completed
+    /// (the ring is polled pending again): if no whole batch of credits is
+    /// owed either, the pass hook would find nothing to do, so its
+    /// scheduling is taken back when the runtime allows (anything that
+    /// completes or becomes owed later schedules it again).
+    #[inline]
+    pub(crate) fn receiver_took_all(&self, owed: &Owed) {
+        if !self.fan.hook_scheduled.load(Ordering::Relaxed) || !self.armed() {
+            return;
+        }
+        if self.state.borrow().owed_check && owed.has_batch() {
+            return;
+        }
+        if let Some(id) = self.fan.hook.get() {
+            if unschedule_pass_hook(*id) {
+                self.fan.hook_scheduled.store(false, Ordering::Relaxed);
+            }
         }
     }
 

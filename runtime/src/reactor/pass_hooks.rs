@@ -136,6 +136,32 @@ impl PassHooks {
         }
     }
 
+    /// Takes back the scheduling of hook `id` if it is the last one
+    /// scheduled and no hook is running: true if it will not fire now
+    /// (until it is scheduled again).
+    #[inline]
+    fn unschedule(&self, id: PassHookId) -> bool {
+        if self.firing.get() {
+            return false;
+        }
+        let mut queue = self.queue.borrow_mut();
+        if queue.last() != Some(&(id.key, id.generation)) {
+            return false;
+        }
+        let mut entries = self.entries.borrow_mut();
+        match entries.get_mut(id.key as usize) {
+            Some(e) if e.generation == id.generation && e.scheduled => e.scheduled = false,
+            _ => return false,
+        }
+        queue.pop();
+        let n = queue.len();
+        self.queued.set(n);
+        if self.due.get() > n {
+            self.due.set(n);
+        }
+        true
+    }
+
     /// A pass begins: the hooks scheduled so far fire at its end.
     #[inline(always)]
     pub(crate) fn begin_pass(&self) {
@@ -257,6 +283,24 @@ pub fn schedule_pass_hook(id: PassHookId) -> bool {
     unsafe { &*hooks }.schedule(id);
     true
 }
+/// Takes back [`schedule_pass_hook`] for the hook `id` names, if it was
+/// the last hook scheduled on this thread's runtime and has not run yet
+/// (and no hook is running now): true if it then does not run at the end
+/// of this pass (a later [`schedule_pass_hook`] schedules it again); false
+/// if it stays scheduled as it was, or was not scheduled. For a hook whose
+/// check the scheduler found needless after all (cheaper than letting it
+/// run).
+#[inline]
+pub fn unschedule_pass_hook(id: PassHookId) -> bool {
+    let hooks = CURRENT_HOOKS.with(Cell::get);
+    if hooks.is_null() || hooks as usize != id.runtime {
+        return false;
+    }
+    // SAFETY: as in `schedule_pass_hook`: a non-null `CURRENT_HOOKS` points
+    // into the `Inner` the thread's current handle keeps alive.
+    unsafe { &*hooks }.unschedule(id)
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
@@ -264,7 +308,7 @@ mod tests {
     use std::task::Waker;
     use std::time::Duration;
 
-    use super::{schedule_pass_hook, PassHook};
+    use super::{schedule_pass_hook, unschedule_pass_hook, PassHook};
     use crate::reactor::{yield_now, Runtime};
 
     /// Records what it saw when it ran, and wakes a stored waker.
@@ -302,6 +346,45 @@ mod tests {
         });
         assert_eq!(probe.runs.get(), 1, "ran once");
         assert!(probe.saw_task.get(), "after the task woken before it");
+    }
+
+    #[test]
+    fn an_unscheduled_hook_does_not_run_until_scheduled_again() {
+        let rt = Runtime::new().unwrap();
+        let (a, b) = (Rc::new(Probe::default()), Rc::new(Probe::default()));
+        let (ida, idb) = (
+            rt.handle().add_pass_hook(a.clone()),
+            rt.handle().add_pass_hook(b.clone()),
+        );
+        assert!(!unschedule_pass_hook(ida), "no runtime on this thread");
+        rt.block_on(async {
+            assert!(!unschedule_pass_hook(ida), "not scheduled");
+            assert!(schedule_pass_hook(ida));
+            assert!(schedule_pass_hook(idb));
+            assert!(!unschedule_pass_hook(ida), "not the last scheduled");
+            assert!(unschedule_pass_hook(idb));
+            assert!(!unschedule_pass_hook(idb), "taken back already");
+            yield_now().await;
+            yield_now().await;
+            assert_eq!((a.runs.get(), b.runs.get()), (1, 0));
+            // Scheduled by a task in one pass, taken back by it in the
+            // next, at whose end it was due: it does not run.
+            let b2 = b.clone();
+            crate::reactor::spawn(async move {
+                assert!(schedule_pass_hook(idb));
+                yield_now().await;
+                assert_eq!(b2.runs.get(), 0, "due at the end of this pass");
+                assert!(unschedule_pass_hook(idb));
+            })
+            .await;
+            yield_now().await;
+            yield_now().await;
+            assert_eq!(b.runs.get(), 0, "taken back while due");
+            assert!(schedule_pass_hook(idb));
+            yield_now().await;
+            yield_now().await;
+        });
+        assert_eq!((a.runs.get(), b.runs.get()), (1, 1));
     }
 
     #[test]
