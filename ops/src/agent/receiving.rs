@@ -326,7 +326,7 @@ impl Receiving {
         if !self.fan.hook_scheduled.load(Ordering::Relaxed) || !self.armed() {
             return;
         }
-        if self.state.borrow().owed_check && owed.has_batch() {
+        if owed.has_batch() && self.state.borrow().owed_check {
             return;
         }
         if let Some(id) = self.fan.hook.get() {
