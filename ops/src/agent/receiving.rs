@@ -57,6 +57,9 @@ struct Fan {
     /// The ring was polled pending (with this waker) and has not woken it
     /// since: nothing to take until it does.
     armed: AtomicBool,
+    /// A receiver registered since the last wake (`receiver` may hold its
+    /// waker): a receiver that leaves clears it only then.
+    receiver_set: AtomicBool,
     /// The connection's pass hook ([`Receiving::pass_ended`]).
     hook: OnceLock<PassHookId>,
     /// The hook is scheduled and has not run yet.
@@ -94,6 +97,7 @@ impl Wake for Fan {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.armed.store(false, Ordering::Relaxed);
+        self.receiver_set.store(false, Ordering::Relaxed);
         self.receiver.wake();
         self.wake_agent_later();
     }
@@ -119,6 +123,10 @@ pub(crate) struct Receiving {
     /// Ring slots lent to the application now, and at most.
     lent: Rc<Cell<u32>>,
     lend_max: Cell<u32>,
+    /// Credits became owed since the agent last looked: it returns them
+    /// in a `Credit` message of their own if they make a whole batch and no
+    /// data piece took them first.
+    owed_check: Cell<bool>,
     fan: Arc<Fan>,
     fan_waker: Waker,
 }
@@ -137,10 +145,6 @@ struct State {
     /// Receivers waiting for the inbox or their turn (id, waker), in the
     /// order they came.
     waiters: Vec<(u64, Waker)>,
-    /// Credits became owed since the agent last looked: it returns them
-    /// in a `Credit` message of their own if they make a whole batch and no
-    /// data piece took them first.
-    owed_check: bool,
 }
 
 impl std::fmt::Debug for Receiving {
@@ -175,6 +179,7 @@ impl Receiving {
             ring: RefCell::new(None),
             lent: Rc::new(Cell::new(0)),
             lend_max: Cell::new(0),
+            owed_check: Cell::new(false),
             state: RefCell::new(State {
                 own,
                 inbox: VecDeque::new(),
@@ -182,7 +187,6 @@ impl Receiving {
                 driver: None,
                 next_id: 1,
                 waiters: Vec::new(),
-                owed_check: false,
             }),
             fan_waker: Waker::from(fan.clone()),
             fan,
@@ -267,6 +271,7 @@ impl Receiving {
     /// false if a completion came in before it registered (it looks again).
     pub(crate) fn drive_wait(&self, cx: &Context<'_>) -> bool {
         self.fan.receiver.register(cx.waker());
+        self.fan.receiver_set.store(true, Ordering::Relaxed);
         self.armed()
     }
 
@@ -294,7 +299,7 @@ impl Receiving {
     /// whole batch.
     #[inline]
     pub(crate) fn credits_owed(&self) {
-        self.state.borrow_mut().owed_check = true;
+        self.owed_check.set(true);
         self.fan.wake_agent_later();
     }
 
@@ -310,7 +315,7 @@ impl Receiving {
     /// took. In the usual round trip neither holds and the agent sleeps.
     pub(crate) fn pass_ended(&self, owed: &Owed) {
         self.fan.hook_scheduled.store(false, Ordering::Relaxed);
-        let batch_owed = self.state.borrow().owed_check && owed.has_batch();
+        let batch_owed = self.owed_check.get() && owed.has_batch();
         if !self.armed() || batch_owed {
             self.fan.agent.wake();
         }
@@ -326,7 +331,7 @@ impl Receiving {
         if !self.fan.hook_scheduled.load(Ordering::Relaxed) || !self.armed() {
             return;
         }
-        if owed.has_batch() && self.state.borrow().owed_check {
+        if self.owed_check.get() && owed.has_batch() {
             return;
         }
         if let Some(id) = self.fan.hook.get() {
@@ -338,7 +343,7 @@ impl Receiving {
 
     /// True if credits became owed since the last call.
     pub(crate) fn take_owed_check(&self) -> bool {
-        std::mem::take(&mut self.state.borrow_mut().owed_check)
+        self.owed_check.take()
     }
 
     /// The agent task waits on `cx` for completions and for credits to send.
@@ -425,8 +430,13 @@ impl Receiving {
             }
         };
         // Later completions wake the agent (and the next driver once it
-        // registers).
-        drop(self.fan.receiver.take());
+        // registers). Usually a wake took the waker already; should one on
+        // another thread race with this, the worst is a spurious wake of
+        // this receiver's task.
+        if self.fan.receiver_set.load(Ordering::Relaxed) {
+            self.fan.receiver_set.store(false, Ordering::Relaxed);
+            drop(self.fan.receiver.take());
+        }
         if let Some(w) = next {
             w.wake();
         }
