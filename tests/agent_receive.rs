@@ -64,6 +64,38 @@ fn a_receive_future_held_without_polls_does_not_stall_the_credits() {
     server.join().expect("server");
 }
 
+/// A receiver woken by its message that neither polls again nor is
+/// dropped: the agent takes the message into the inbox (charged to the
+/// unread bytes) at the end of the pass; the receiver dropped then, the
+/// next one gets it from there.
+#[test]
+fn a_message_a_woken_receiver_does_not_take_goes_to_the_inbox() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        assert_eq!(r.receive().await.expect("go"), b"go");
+        r.send(b"late").await.expect("send");
+        let _ = r.receive().await; // until the client closes
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let mut held = Box::pin(r.receive_msg());
+        assert!(futures::poll!(held.as_mut()).is_pending());
+        r.send(b"go").await.expect("send");
+        let t = std::time::Instant::now();
+        while r.unread_bytes() == 0 {
+            assert!(t.elapsed() < WAIT, "the message never reached the inbox");
+            sleep(Duration::from_millis(1)).await;
+        }
+        drop(held);
+        let m = timeout(WAIT, r.receive()).await.expect("bounded");
+        assert_eq!(m.expect("receive"), b"late");
+        assert_eq!(r.unread_bytes(), 0);
+        r.close().await.expect("close");
+    });
+    server.join().expect("server");
+}
+
 #[test]
 fn concurrent_receivers_share_the_messages() {
     const MSGS: u32 = 600;

@@ -76,6 +76,7 @@ impl Credits {
     }
 
     /// Adds `n` credits granted by the peer and wakes the waiting senders.
+    #[inline]
     pub(crate) fn grant(&self, n: u32) {
         self.available.set(self.available.get().saturating_add(n));
         self.wake_all();

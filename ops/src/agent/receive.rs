@@ -96,14 +96,16 @@ fn settle(shared: &Rc<Shared>) {
     loop {
         // The usual case, checked without a step.
         if shared.rx.ring_waiting() {
-            return;
+            break;
         }
         match step(shared) {
-            Step::Pending | Step::Stop => return,
+            Step::Pending => break,
+            Step::Stop => return,
             Step::Msg(m) => deliver(shared, m),
             Step::Continue => {}
         }
     }
+    shared.rx.receiver_took_all(&shared.owed);
 }
 
 impl Drop for Receive {

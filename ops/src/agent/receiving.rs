@@ -21,7 +21,10 @@
 //! still untaken (no receiver waited, or it holds a `receive_msg` future
 //! it does not poll: the connection's control messages, such as credits
 //! the application's own sends wait for, keep flowing) or if a whole batch
-//! of credits is owed that no reply carried. With no receiver waiting, the
+//! of credits is owed that no reply carried. A receiver that took every
+//! completion, with no whole batch owed, takes the hook's scheduling back
+//! when it can (it is the last one scheduled), so the usual round trip
+//! runs no hook at all. With no receiver waiting, the
 //! agent takes the completions and queues user messages in the inbox,
 //! charged to the unread backlog.
 //!
@@ -37,7 +40,9 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
-use verbio_runtime::{schedule_pass_hook, Handle, PassHookId, RecvRing, RecvRingError, RingMsg};
+use verbio_runtime::{
+    schedule_pass_hook, unschedule_pass_hook, Handle, PassHookId, RecvRing, RecvRingError, RingMsg,
+};
 
 use super::flow::Owed;
 use super::msg::{Body, Lent, RecvMsg};
@@ -52,6 +57,9 @@ struct Fan {
     /// The ring was polled pending (with this waker) and has not woken it
     /// since: nothing to take until it does.
     armed: AtomicBool,
+    /// A receiver registered since the last wake (`receiver` may hold its
+    /// waker): a receiver that leaves clears it only then.
+    receiver_set: AtomicBool,
     /// The connection's pass hook ([`Receiving::pass_ended`]).
     hook: OnceLock<PassHookId>,
     /// The hook is scheduled and has not run yet.
@@ -89,6 +97,7 @@ impl Wake for Fan {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.armed.store(false, Ordering::Relaxed);
+        self.receiver_set.store(false, Ordering::Relaxed);
         self.receiver.wake();
         self.wake_agent_later();
     }
@@ -114,6 +123,10 @@ pub(crate) struct Receiving {
     /// Ring slots lent to the application now, and at most.
     lent: Rc<Cell<u32>>,
     lend_max: Cell<u32>,
+    /// Credits became owed since the agent last looked: it returns them
+    /// in a `Credit` message of their own if they make a whole batch and no
+    /// data piece took them first.
+    owed_check: Cell<bool>,
     fan: Arc<Fan>,
     fan_waker: Waker,
 }
@@ -132,10 +145,6 @@ struct State {
     /// Receivers waiting for the inbox or their turn (id, waker), in the
     /// order they came.
     waiters: Vec<(u64, Waker)>,
-    /// Credits became owed since the agent last looked: it returns them
-    /// in a `Credit` message of their own if they make a whole batch and no
-    /// data piece took them first.
-    owed_check: bool,
 }
 
 impl std::fmt::Debug for Receiving {
@@ -170,6 +179,7 @@ impl Receiving {
             ring: RefCell::new(None),
             lent: Rc::new(Cell::new(0)),
             lend_max: Cell::new(0),
+            owed_check: Cell::new(false),
             state: RefCell::new(State {
                 own,
                 inbox: VecDeque::new(),
@@ -177,7 +187,6 @@ impl Receiving {
                 driver: None,
                 next_id: 1,
                 waiters: Vec::new(),
-                owed_check: false,
             }),
             fan_waker: Waker::from(fan.clone()),
             fan,
@@ -262,6 +271,7 @@ impl Receiving {
     /// false if a completion came in before it registered (it looks again).
     pub(crate) fn drive_wait(&self, cx: &Context<'_>) -> bool {
         self.fan.receiver.register(cx.waker());
+        self.fan.receiver_set.store(true, Ordering::Relaxed);
         self.armed()
     }
 
@@ -289,7 +299,7 @@ impl Receiving {
     /// whole batch.
     #[inline]
     pub(crate) fn credits_owed(&self) {
-        self.state.borrow_mut().owed_check = true;
+        self.owed_check.set(true);
         self.fan.wake_agent_later();
     }
 
@@ -305,15 +315,35 @@ impl Receiving {
     /// took. In the usual round trip neither holds and the agent sleeps.
     pub(crate) fn pass_ended(&self, owed: &Owed) {
         self.fan.hook_scheduled.store(false, Ordering::Relaxed);
-        let batch_owed = self.state.borrow().owed_check && owed.has_batch();
+        let batch_owed = self.owed_check.get() && owed.has_batch();
         if !self.armed() || batch_owed {
             self.fan.agent.wake();
         }
     }
 
+    /// A driving receiver took its message and what else had completed
+    /// (the ring is polled pending again): if no whole batch of credits is
+    /// owed either, the pass hook would find nothing to do, so its
+    /// scheduling is taken back when the runtime allows (anything that
+    /// completes or becomes owed later schedules it again).
+    #[inline]
+    pub(crate) fn receiver_took_all(&self, owed: &Owed) {
+        if !self.fan.hook_scheduled.load(Ordering::Relaxed) || !self.armed() {
+            return;
+        }
+        if self.owed_check.get() && owed.has_batch() {
+            return;
+        }
+        if let Some(id) = self.fan.hook.get() {
+            if unschedule_pass_hook(*id) {
+                self.fan.hook_scheduled.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// True if credits became owed since the last call.
     pub(crate) fn take_owed_check(&self) -> bool {
-        std::mem::take(&mut self.state.borrow_mut().owed_check)
+        self.owed_check.take()
     }
 
     /// The agent task waits on `cx` for completions and for credits to send.
@@ -400,8 +430,13 @@ impl Receiving {
             }
         };
         // Later completions wake the agent (and the next driver once it
-        // registers).
-        drop(self.fan.receiver.take());
+        // registers). Usually a wake took the waker already; should one on
+        // another thread race with this, the worst is a spurious wake of
+        // this receiver's task.
+        if self.fan.receiver_set.load(Ordering::Relaxed) {
+            self.fan.receiver_set.store(false, Ordering::Relaxed);
+            drop(self.fan.receiver.take());
+        }
         if let Some(w) = next {
             w.wake();
         }

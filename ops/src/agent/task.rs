@@ -594,7 +594,11 @@ fn data(
         shared.credits.grant(grant);
     }
     let whole = offset == 0 && payload.len() as u64 == total_len;
-    if whole && !shared.partial.borrow().contains_key(&msg_id) {
+    // No message in pieces (the usual case): no lookup, no hash.
+    if whole && {
+        let partial = shared.partial.borrow();
+        partial.is_empty() || !partial.contains_key(&msg_id)
+    } {
         if total_len > shared.config.max_message_len as u64 {
             return Err(CloseReason::Violation("message longer than the maximum"));
         }
