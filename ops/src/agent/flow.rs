@@ -55,6 +55,7 @@ impl Credits {
     }
 
     /// Takes one credit now if the connection is open and one is left.
+    #[inline(always)]
     pub(crate) fn try_acquire(&self) -> Option<Credit<'_>> {
         if self.closed.borrow().is_some() {
             return None;
@@ -122,12 +123,14 @@ pub(crate) struct Credit<'a> {
 
 impl Credit<'_> {
     /// The message was posted: the credit now belongs to the peer's buffer.
+    #[inline(always)]
     pub(crate) fn spend(mut self) {
         self.spent = true;
     }
 }
 
 impl Drop for Credit<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         if !self.spent {
             self.credits.grant(1);

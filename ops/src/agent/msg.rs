@@ -43,6 +43,7 @@ impl Lent {
         })
     }
 
+    #[inline(always)]
     fn bytes(&self) -> &[u8] {
         // Checked in `new`; a slot's bytes never change while lent.
         self.slot.get(self.range.clone()).unwrap_or_default()
@@ -50,6 +51,7 @@ impl Lent {
 }
 
 impl Drop for Lent {
+    #[inline(always)]
     fn drop(&mut self) {
         self.lent.set(self.lent.get().saturating_sub(1));
     }
@@ -96,6 +98,7 @@ impl RecvMsg {
 
 impl Deref for RecvMsg {
     type Target = [u8];
+    #[inline(always)]
     fn deref(&self) -> &[u8] {
         match &self.body {
             Body::Ring(l) => l.bytes(),

@@ -393,6 +393,7 @@ impl Shared {
     /// Largest encoded message sent INLINE: the QP's `max_inline_data`,
     /// at most what the builder asked for (a device may round it up) and
     /// [`MAX_INLINE_MESSAGE`] (the stack copy's size).
+    #[inline(always)]
     fn inline_limit(&self) -> usize {
         (self.qp.caps().max_inline_data.min(self.config.max_inline) as usize)
             .min(MAX_INLINE_MESSAGE)
@@ -876,11 +877,13 @@ impl Rdma {
     /// returned reaches the peer even if this side drops the `Rdma` (its
     /// `Close` is ordered after it) or the whole runtime right after (the
     /// runtime lets posted sends through before closing its QPs).
+    #[inline(always)]
     pub fn send<'a>(&'a self, data: &'a [u8]) -> impl Future<Output = Result<(), AgentError>> + 'a {
         SendMsg::new(&self.shared, data, None, self.send_inner(data, None))
     }
 
     /// Sends `data` with a 32-bit immediate, received by [`Rdma::receive_with_imm`].
+    #[inline]
     pub fn send_with_imm<'a>(
         &'a self,
         data: &'a [u8],
@@ -977,6 +980,7 @@ impl Rdma {
     /// connection's `recv_buf_count` messages are lent, later ones are
     /// copied out instead; see [`RecvMsg::is_zero_copy`]). Cancel-safe: a
     /// message is only taken by the poll that returns it.
+    #[inline(always)]
     pub fn receive_msg(&self) -> impl Future<Output = Result<RecvMsg, AgentError>> + '_ {
         Receive::new(&self.shared)
     }

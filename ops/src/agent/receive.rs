@@ -27,6 +27,7 @@ pub(crate) struct Receive {
 }
 
 impl Receive {
+    #[inline(always)]
     pub(crate) fn new(shared: &Rc<Shared>) -> Receive {
         Receive {
             shared: shared.clone(),
@@ -39,6 +40,7 @@ impl Receive {
 impl Future for Receive {
     type Output = Result<RecvMsg, AgentError>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let (shared, id) = (&this.shared, this.id);
@@ -109,6 +111,7 @@ fn settle(shared: &Rc<Shared>) {
 }
 
 impl Drop for Receive {
+    #[inline(always)]
     fn drop(&mut self) {
         if !self.done {
             self.shared.rx.leave(self.id);

@@ -269,6 +269,7 @@ impl Receiving {
     /// The driving receiver found the ring pending ([`Receiving::armed`])
     /// and waits on `cx`: true if it may return pending (the fan wakes it),
     /// false if a completion came in before it registered (it looks again).
+    #[inline(always)]
     pub(crate) fn drive_wait(&self, cx: &Context<'_>) -> bool {
         self.fan.receiver.register(cx.waker());
         self.fan.receiver_set.store(true, Ordering::Relaxed);
@@ -370,6 +371,7 @@ impl Receiving {
     }
 
     /// A new receiver's id.
+    #[inline(always)]
     pub(crate) fn receiver_id(&self) -> u64 {
         let mut s = self.state.borrow_mut();
         let id = s.next_id;
