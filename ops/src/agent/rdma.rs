@@ -46,8 +46,9 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// How long a dropped connection tries to tell the peer with a `Close`.
 const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
-/// Largest encoded message sent INLINE (a stack copy of it is posted):
-/// the most [`RdmaBuilder::max_inline_data`] accepts.
+/// Largest encoded message sent INLINE (it is encoded into a buffer of
+/// this size and posted from there): the most
+/// [`RdmaBuilder::max_inline_data`] accepts.
 pub(crate) const MAX_INLINE_MESSAGE: usize = 256;
 
 /// A message being reassembled from `Data` pieces.
@@ -392,7 +393,8 @@ impl Shared {
 
     /// Largest encoded message sent INLINE: the QP's `max_inline_data`,
     /// at most what the builder asked for (a device may round it up) and
-    /// [`MAX_INLINE_MESSAGE`] (the stack copy's size).
+    /// [`MAX_INLINE_MESSAGE`] (the size of the buffers a message is
+    /// encoded in to be sent INLINE).
     #[inline(always)]
     fn inline_limit(&self) -> usize {
         (self.qp.caps().max_inline_data.min(self.config.max_inline) as usize)
@@ -475,10 +477,9 @@ impl Shared {
     /// A message of one piece, `data` with `imm`, sent INLINE at once,
     /// with no future, if the connection is up, it fits
     /// [`Shared::inline_limit`], a credit is left and the QP's queues have
-    /// room. `None` if it would have to
-    /// wait for any of that, or be split: nothing was taken or sent, not
-    /// even a message id, and the awaited path ([`Shared::send_data`])
-    /// takes over, which also reports errors.
+    /// room. `None` if it would have to wait for any of that, or be split:
+    /// nothing was taken or sent, not even a message id, and the awaited
+    /// path ([`Shared::send_data`]) takes over, which also reports errors.
     #[inline(always)]
     pub(crate) fn try_send_whole(
         self: &Rc<Self>,
