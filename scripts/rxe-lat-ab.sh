@@ -3,7 +3,7 @@
 # in one rxe VM, against perftest's ib_send_lat, for A/B comparisons of
 # small latency changes.
 #
-#   scripts/rxe-lat-ab.sh [--rounds N] [--iters N] NAME=BINARY[:FLAGS] ...
+#   scripts/rxe-lat-ab.sh [--rounds N] [--iters N] [--size BYTES] NAME=BINARY[:FLAGS] ...
 #
 # Each BINARY is a build of `verbio-perf` with `--features ibverbs`, under
 # this checkout (the guest sees only it and the host's root file system
@@ -15,25 +15,31 @@
 # (median) latency, then per build the median over the rounds and the median
 # and quartiles of its per-round ratio to perftest.
 #
-# Defaults: 16 rounds of 3000 iterations (about a minute for two builds).
+# Defaults: 16 rounds of 3000 iterations of 64 bytes (about a minute for
+# two builds). verbio-perf's latency tests send INLINE up to 64 bytes
+# unless told otherwise: with --size above that, add `-I,BYTES` to FLAGS
+# to keep its sends INLINE (perftest picks its own inline size).
 # The VM and its knobs: ../shared/tools/rxe-vm (override with RXE_VM_SCRIPT).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=16
 ITERS=3000
+SIZE=64
 BUILDS=()
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift ;;
         --iters) ITERS=$2; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --size) SIZE=$2; shift ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         -*) echo "rxe-lat-ab: unknown option $1" >&2; exit 2 ;;
         *=*) BUILDS+=("$1") ;;
         *) echo "rxe-lat-ab: expected NAME=BINARY[:FLAGS], got $1" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#BUILDS[@]} -gt 0 ] || { sed -n '2,20p' "$0"; exit 2; }
+[ ${#BUILDS[@]} -gt 0 ] || { sed -n '2,21p' "$0"; exit 2; }
+case $SIZE in ''|*[!0-9]*) echo "rxe-lat-ab: --size takes a byte count, got $SIZE" >&2; exit 2 ;; esac
 for b in "${BUILDS[@]}"; do
     rest=${b#*=}; bin=${rest%%:*}
     case $(realpath -m "$bin") in
@@ -51,25 +57,25 @@ GUEST=$DIR/guest.sh
 OUT=$DIR/runs.txt
 {
     echo '#!/bin/sh'
-    echo "R=$ROUNDS N=$ITERS"
+    echo "R=$ROUNDS N=$ITERS S=$SIZE"
     printf 'set --'; printf " '%s'" perftest=- "${BUILDS[@]}"; echo
     cat <<'GUEST'
 cd "$(dirname "$0")/../.." || exit 1
 # run NAME BIN FLAGS: one send_lat between two processes (both given FLAGS,
 # as perftest's sides take the same flags); prints NAME typical.
 run() {
-    timeout 120 "$2" send_lat -d rxe0 -x 1 -p 18516 -s 64 -n "$N" $3 >/dev/null 2>&1 &
+    timeout 120 "$2" send_lat -d rxe0 -x 1 -p 18516 -s "$S" -n "$N" $3 >/dev/null 2>&1 &
     srv=$!
-    t=$(timeout 120 "$2" send_lat 127.0.0.1 -d rxe0 -x 1 -p 18516 -s 64 -n "$N" $3 2>&1 |
-        awk '$1 == 64 { print $5 }')
+    t=$(timeout 120 "$2" send_lat 127.0.0.1 -d rxe0 -x 1 -p 18516 -s "$S" -n "$N" $3 2>&1 |
+        awk -v s="$S" '$1 == s { print $5 }')
     wait $srv
     echo "$1 ${t:-n/a}"
 }
 pt() {
-    ib_send_lat -d rxe0 -x 1 -s 64 -n "$N" >/dev/null 2>&1 &
+    ib_send_lat -d rxe0 -x 1 -s "$S" -n "$N" >/dev/null 2>&1 &
     srv=$!
     w=0; while [ $w -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; w=$((w+1)); done
-    t=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s 64 -n "$N" 127.0.0.1 2>&1 | awk '$1 == 64 { print $5 }')
+    t=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s "$S" -n "$N" 127.0.0.1 2>&1 | awk -v s="$S" '$1 == s { print $5 }')
     wait $srv
     echo "perftest ${t:-n/a}"
 }
