@@ -27,8 +27,9 @@ use super::wire::Settings;
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 
 /// Default of [`RdmaBuilder::max_inline_data`]: a 64-byte message and
-/// its `Data` header ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) = 48
-/// bytes) with room to spare.
+/// its `Data` header (at most [`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD)
+/// = 48 bytes; 24 or 28 for a message sent in one piece) with room to
+/// spare.
 pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 
 /// Largest [`RdmaBuilder::max_inline_data`].
@@ -208,8 +209,8 @@ impl RdmaBuilder {
     /// into the work request at post time, no send buffer, and [`Rdma::send`]
     /// returns once it is posted): the QP is created with this
     /// `max_inline_data`. The default, [`DEFAULT_MAX_INLINE_DATA`], takes a
-    /// 64-byte message with its `Data` header
-    /// ([`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) bytes); 0 sends
+    /// 64-byte message with its `Data` header (at most
+    /// [`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) bytes); 0 sends
     /// nothing inline. At most [`MAX_INLINE_DATA`] (else
     /// [`AgentError::Config`]); a device that takes less refuses to create
     /// the QP, and the error names the caps (rxe takes several hundred

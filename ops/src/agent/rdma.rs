@@ -35,7 +35,7 @@ use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
 use super::wire::Settings;
 use super::wire::{
-    put_data_header, Message, MrToken, RefuseCode, DATA_OVERHEAD, MAX_SPLIT_IN_PROGRESS,
+    put_whole_header, whole_overhead, Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS,
 };
 use crate::connect::{path_mtu, Connection};
 use crate::verbs::Verbs;
@@ -486,7 +486,7 @@ impl Shared {
         data: &[u8],
         imm: Option<u32>,
     ) -> Option<Result<(), AgentError>> {
-        let len = DATA_OVERHEAD + data.len();
+        let len = whole_overhead(imm.is_some()) + data.len();
         if data.len() > self.negotiated.piece_len
             || data.len() > self.negotiated.max_send_len
             || len > self.inline_limit()
@@ -504,20 +504,8 @@ impl Shared {
         // The credits owed to the peer ride on the piece (owed again if it
         // is not posted: `Piggyback`'s drop).
         let ride = self.owed.take_all(&self.peer_credits, &posted);
-        let len = {
-            let (h, body) = bytes.split_first_chunk_mut::<DATA_OVERHEAD>()?;
-            put_data_header(
-                h,
-                msg_id,
-                data.len() as u64,
-                0,
-                imm,
-                ride.count(),
-                data.len(),
-            );
-            body.get_mut(..data.len())?.copy_from_slice(data);
-            len
-        };
+        let n = put_whole_header(&mut bytes[..], msg_id, imm, ride.count(), data.len())?;
+        bytes.get_mut(n..len)?.copy_from_slice(data);
         let res = self.qp.try_post_send_inline(&bytes[..len], None);
         drop(bytes);
         // Each outcome built in place: the usual one is a tag, not a copy

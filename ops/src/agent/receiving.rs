@@ -245,10 +245,10 @@ impl Receiving {
     #[inline]
     pub(crate) fn lend(
         &self,
-        slot: RingMsg,
         start: usize,
         len: usize,
         imm: Option<u32>,
+        slot: RingMsg,
     ) -> Option<RecvMsg> {
         let range = start..start.checked_add(len)?;
         let body = if self.lent.get() < self.lend_max.get() {

@@ -24,8 +24,7 @@ use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, decode_data, HandOverKind, Message, MrToken, RefuseCode, DATA_OVERHEAD,
-    MAX_SPLIT_IN_PROGRESS,
+    decode, decode_data, HandOverKind, Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
 use futures::channel::mpsc;
@@ -86,8 +85,11 @@ enum Next {
     /// Repost the buffer; `true` if it carried a credit to return.
     Repost(bool),
     /// A whole message in this buffer: hand the buffer over (payload of
-    /// `len` bytes after the data header) and post a fresh one.
+    /// `len` bytes at address `at`, after the data header, whose length
+    /// depends on the frame's kind) and post a fresh one.
     Deliver {
+        /// The payload's address (in the buffer the frame was decoded from).
+        at: usize,
         /// Payload length.
         len: usize,
         /// Its immediate.
@@ -157,8 +159,9 @@ async fn serve_shared(shared: &Rc<Shared>, mut rx: Route) {
         let credited = match handle(shared, rcv, &m) {
             Next::Stop => break,
             Next::Repost(c) => c,
-            Next::Deliver { len, imm } => {
-                let Some(payload) = m.get(DATA_OVERHEAD..DATA_OVERHEAD + len) else {
+            Next::Deliver { at, len, imm } => {
+                let start = at.wrapping_sub(m.as_ptr() as usize);
+                let Some(payload) = start.checked_add(len).and_then(|end| m.get(start..end)) else {
                     shared.fail(CloseReason::Violation("payload outside the receive buffer"));
                     break;
                 };
@@ -273,7 +276,12 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
             drop(slot);
             (c, None)
         }
-        Next::Deliver { len, imm } => match rx.lend(slot, DATA_OVERHEAD, len, imm) {
+        Next::Deliver { at, len, imm } => match rx.lend(
+            at.wrapping_sub(slot.as_slice().as_ptr() as usize),
+            len,
+            imm,
+            slot,
+        ) {
             Some(msg) => (true, Some(msg)),
             None => {
                 // The decoder checked the frame's length, so the range lies
@@ -603,6 +611,7 @@ fn data(
             return Err(CloseReason::Violation("message longer than the maximum"));
         }
         return Ok(Next::Deliver {
+            at: payload.as_ptr() as usize,
             len: payload.len(),
             imm,
         });

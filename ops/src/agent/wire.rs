@@ -30,7 +30,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 12;
 /// Largest text in an [`Message::Error`].
@@ -272,10 +272,32 @@ mod kind {
     pub const CLOSE: u8 = 8;
     pub const ABORT: u8 = 9;
     pub const SETTINGS: u8 = 10;
+    pub const WHOLE: u8 = 11;
+    pub const WHOLE_IMM: u8 = 12;
 }
 
-/// Bytes of a `Data` message before its payload.
+/// Bytes of a `Data` piece before its payload: the most (a whole message
+/// in one piece is sent with a shorter header, [`whole_overhead`]).
 pub const DATA_OVERHEAD: usize = HEADER_LEN + 8 + 8 + 8 + 4 + 4 + 4;
+
+/// Bytes before the payload of a `Data` piece that is a whole message
+/// (offset 0, its total length the payload's), sent as kind `WHOLE` or
+/// `WHOLE_IMM`: the header, the message id, the credits granted and the
+/// immediate if there is one; no offset, no total length, no flag.
+#[inline(always)]
+pub const fn whole_overhead(imm: bool) -> usize {
+    HEADER_LEN + 8 + 4 + if imm { 4 } else { 0 }
+}
+
+/// Bytes before the payload of this `Data` piece on the wire.
+#[inline(always)]
+const fn data_overhead(whole: bool, imm: bool) -> usize {
+    if whole {
+        whole_overhead(imm)
+    } else {
+        DATA_OVERHEAD
+    }
+}
 
 /// A bounds-checked little-endian reader.
 struct Reader<'a> {
@@ -386,6 +408,38 @@ const DATA_HEAD: [u8; 8] = [
     0,
 ];
 
+/// The first 8 bytes of a whole message's `Data` frame without an
+/// immediate.
+const WHOLE_HEAD: [u8; 8] = [
+    MAGIC[0],
+    MAGIC[1],
+    MAGIC[2],
+    MAGIC[3],
+    VERSION,
+    kind::WHOLE,
+    0,
+    0,
+];
+
+/// ... and with one.
+const WHOLE_IMM_HEAD: [u8; 8] = [
+    MAGIC[0],
+    MAGIC[1],
+    MAGIC[2],
+    MAGIC[3],
+    VERSION,
+    kind::WHOLE_IMM,
+    0,
+    0,
+];
+
+/// True if a piece at `offset` with `payload` is the whole message of
+/// `total_len` bytes.
+#[inline(always)]
+fn is_whole(offset: u64, total_len: u64, payload: &[u8]) -> bool {
+    offset == 0 && payload.len() as u64 == total_len
+}
+
 /// Decodes one frame. Never panics; every malformed input is a [`WireError`].
 #[inline]
 pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
@@ -400,6 +454,10 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
 /// names what is wrong).
 #[inline]
 pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
+    let head = frame.first_chunk::<8>()?;
+    if *head == WHOLE_HEAD || *head == WHOLE_IMM_HEAD {
+        return decode_whole(frame, *head == WHOLE_IMM_HEAD);
+    }
     let (h, payload) = frame.split_first_chunk::<DATA_OVERHEAD>()?;
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
     let u64_at = |i: usize| {
@@ -424,7 +482,9 @@ pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
         _ => return None,
     };
     let grant = u32_at(44);
-    if offset.checked_add(payload.len() as u64)? > total_len {
+    // A whole message has one encoding, the short one: not this.
+    if offset.checked_add(payload.len() as u64)? > total_len || is_whole(offset, total_len, payload)
+    {
         return None;
     }
     Some(Message::Data {
@@ -433,6 +493,27 @@ pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
         offset,
         imm,
         grant,
+        payload,
+    })
+}
+
+/// [`decode_data`] of a whole message's frame (`imm`: kind `WHOLE_IMM`).
+#[inline(always)]
+fn decode_whole(frame: &[u8], imm: bool) -> Option<Message<'_>> {
+    let overhead = whole_overhead(imm);
+    let h = frame.get(..overhead)?;
+    let payload = frame.get(overhead..)?;
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    if u32_at(8) as usize != frame.len() - HEADER_LEN {
+        return None;
+    }
+    let msg_id = u64::from(u32_at(12)) | (u64::from(u32_at(16)) << 32);
+    Some(Message::Data {
+        msg_id,
+        total_len: payload.len() as u64,
+        offset: 0,
+        imm: imm.then(|| u32_at(24)),
+        grant: u32_at(20),
         payload,
     })
 }
@@ -554,10 +635,35 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
                     reason: "piece extends past the message length",
                 });
             }
+            if is_whole(offset, total_len, payload) {
+                return Err(WireError::InvalidField {
+                    field: "data",
+                    reason: "a whole message is sent as kind WHOLE or WHOLE_IMM",
+                });
+            }
             Message::Data {
                 msg_id,
                 total_len,
                 offset,
+                imm,
+                grant,
+                payload,
+            }
+        }
+        kind::WHOLE | kind::WHOLE_IMM => {
+            r.what = "whole data";
+            let msg_id = r.u64()?;
+            let grant = r.u32()?;
+            let imm = if kind == kind::WHOLE_IMM {
+                Some(r.u32()?)
+            } else {
+                None
+            };
+            let payload = r.take(r.buf.len())?;
+            Message::Data {
+                msg_id,
+                total_len: payload.len() as u64,
+                offset: 0,
                 imm,
                 grant,
                 payload,
@@ -612,7 +718,17 @@ impl Message<'_> {
                 }
                 Message::Release { .. } => 8,
                 Message::HandOver { .. } => 1 + 8 + TOKEN_LEN,
-                Message::Data { payload, .. } => 8 + 8 + 8 + 4 + 4 + 4 + payload.len(),
+                Message::Data {
+                    total_len,
+                    offset,
+                    imm,
+                    payload,
+                    ..
+                } => {
+                    data_overhead(is_whole(*offset, *total_len, payload), imm.is_some())
+                        - HEADER_LEN
+                        + payload.len()
+                }
                 Message::Error { text, .. } => 2 + 2 + text.len().min(MAX_ERROR_TEXT),
                 Message::Close => 0,
                 Message::Abort { .. } => 8,
@@ -745,7 +861,9 @@ fn encode_data(
     grant: u32,
     payload: &[u8],
 ) -> Result<usize, WireError> {
-    let len = DATA_OVERHEAD + payload.len();
+    let whole = is_whole(offset, total_len, payload);
+    let overhead = data_overhead(whole, imm.is_some());
+    let len = overhead + payload.len();
     let Some(frame) = out.get_mut(..len) else {
         return Err(WireError::BufferTooSmall {
             needed: len,
@@ -761,11 +879,43 @@ fn encode_data(
             reason: "piece extends past the message length",
         });
     }
-    let (h, body) = frame.split_at_mut(DATA_OVERHEAD);
-    let h: &mut [u8; DATA_OVERHEAD] = h.try_into().expect("split at DATA_OVERHEAD");
-    put_data_header(h, msg_id, total_len, offset, imm, grant, payload.len());
+    let (h, body) = frame.split_at_mut(overhead);
+    if whole {
+        put_whole_header(h, msg_id, imm, grant, payload.len());
+    } else {
+        let h: &mut [u8; DATA_OVERHEAD] = h.try_into().expect("split at DATA_OVERHEAD");
+        put_data_header(h, msg_id, total_len, offset, imm, grant, payload.len());
+    }
     body.copy_from_slice(payload);
     Ok(len)
+}
+
+/// Writes the header of a whole message's `Data` frame (kind `WHOLE`, or
+/// `WHOLE_IMM` with `imm`) with a payload of `payload_len` bytes at the
+/// start of `out`; returns its length ([`whole_overhead`]), `None` if `out`
+/// is shorter than that.
+#[inline(always)]
+pub(crate) fn put_whole_header(
+    out: &mut [u8],
+    msg_id: u64,
+    imm: Option<u32>,
+    grant: u32,
+    payload_len: usize,
+) -> Option<usize> {
+    let n = whole_overhead(imm.is_some());
+    let h = out.get_mut(..n)?;
+    h[..8].copy_from_slice(if imm.is_some() {
+        &WHOLE_IMM_HEAD
+    } else {
+        &WHOLE_HEAD
+    });
+    h[8..12].copy_from_slice(&((n - HEADER_LEN + payload_len) as u32).to_le_bytes());
+    h[12..20].copy_from_slice(&msg_id.to_le_bytes());
+    h[20..24].copy_from_slice(&grant.to_le_bytes());
+    if let Some(imm) = imm {
+        h[24..28].copy_from_slice(&imm.to_le_bytes());
+    }
+    Some(n)
 }
 
 /// Writes the fixed header of a `Data` piece of `payload_len` bytes (its
@@ -862,6 +1012,22 @@ mod tests {
                 grant: 0,
                 payload: b"",
             },
+            Message::Data {
+                msg_id: 12,
+                total_len: 5,
+                offset: 0,
+                imm: None,
+                grant: 2,
+                payload: b"whole",
+            },
+            Message::Data {
+                msg_id: u64::MAX,
+                total_len: 5,
+                offset: 0,
+                imm: Some(u32::MAX),
+                grant: u32::MAX,
+                payload: b"whole",
+            },
             Message::Error {
                 code: 2,
                 text: "bad token",
@@ -886,6 +1052,54 @@ mod tests {
             assert_eq!(n, m.encoded_len());
             assert_eq!(decode(&buf[..n]).unwrap(), m, "{m:?}");
         }
+    }
+
+    #[test]
+    fn a_whole_message_goes_with_the_short_header_only() {
+        let mut buf = [0u8; 128];
+        for imm in [None, Some(0x1234_5678)] {
+            let m = Message::Data {
+                msg_id: 0x0102_0304_0506_0708,
+                total_len: 3,
+                offset: 0,
+                imm,
+                grant: 9,
+                payload: b"abc",
+            };
+            let n = m.encode(&mut buf).unwrap();
+            assert_eq!(n, whole_overhead(imm.is_some()) + 3);
+            assert_eq!(n, if imm.is_some() { 31 } else { 27 });
+            let kind = if imm.is_some() {
+                kind::WHOLE_IMM
+            } else {
+                kind::WHOLE
+            };
+            assert_eq!(buf[5], kind);
+            assert_eq!(decode_data(&buf[..n]), Some(m));
+            assert_eq!(decode_any(&buf[..n]), Ok(m));
+            // The long form of a whole message is not its encoding: refused
+            // (one encoding per message).
+            let mut long = [0u8; DATA_OVERHEAD + 3];
+            let (h, body) = long.split_first_chunk_mut::<DATA_OVERHEAD>().unwrap();
+            put_data_header(h, 0x0102_0304_0506_0708, 3, 0, imm, 9, 3);
+            body.copy_from_slice(b"abc");
+            assert_eq!(decode_data(&long), None);
+            assert!(matches!(
+                decode(&long),
+                Err(WireError::InvalidField { field: "data", .. })
+            ));
+        }
+        // A piece of a longer message keeps the long form.
+        let piece = Message::Data {
+            msg_id: 1,
+            total_len: 4,
+            offset: 0,
+            imm: None,
+            grant: 0,
+            payload: b"abc",
+        };
+        assert_eq!(piece.encode(&mut buf), Ok(DATA_OVERHEAD + 3));
+        assert_eq!(buf[5], kind::DATA);
     }
 
     #[test]
