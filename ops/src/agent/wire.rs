@@ -459,19 +459,7 @@ pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
         return decode_whole(frame, *head == WHOLE_IMM_HEAD);
     }
     let (h, payload) = frame.split_first_chunk::<DATA_OVERHEAD>()?;
-    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    let u64_at = |i: usize| {
-        u64::from_le_bytes([
-            h[i],
-            h[i + 1],
-            h[i + 2],
-            h[i + 3],
-            h[i + 4],
-            h[i + 5],
-            h[i + 6],
-            h[i + 7],
-        ])
-    };
+    let (u32_at, u64_at) = (|i| le_u32(h, i), |i| le_u64(h, i));
     if h[..8] != DATA_HEAD || u32_at(8) as usize != frame.len() - HEADER_LEN {
         return None;
     }
@@ -497,17 +485,29 @@ pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
     })
 }
 
+/// The little-endian `u32` at `h[i..i + 4]` (the caller sized `h`).
+#[inline(always)]
+fn le_u32(h: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]])
+}
+
+/// The little-endian `u64` at `h[i..i + 8]` (the caller sized `h`).
+#[inline(always)]
+fn le_u64(h: &[u8], i: usize) -> u64 {
+    u64::from(le_u32(h, i)) | u64::from(le_u32(h, i + 4)) << 32
+}
+
 /// [`decode_data`] of a whole message's frame (`imm`: kind `WHOLE_IMM`).
 #[inline(always)]
 fn decode_whole(frame: &[u8], imm: bool) -> Option<Message<'_>> {
     let overhead = whole_overhead(imm);
     let h = frame.get(..overhead)?;
     let payload = frame.get(overhead..)?;
-    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let u32_at = |i| le_u32(h, i);
     if u32_at(8) as usize != frame.len() - HEADER_LEN {
         return None;
     }
-    let msg_id = u64::from(u32_at(12)) | (u64::from(u32_at(16)) << 32);
+    let msg_id = le_u64(h, 12);
     Some(Message::Data {
         msg_id,
         total_len: payload.len() as u64,

@@ -8,8 +8,10 @@ use futures::FutureExt;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tracing::warn;
+use verbio_runtime::Sleep;
 
 use super::buf::{BufPool, MsgBuf};
 use super::config::RpcConfig;
@@ -127,16 +129,8 @@ impl<T: Transport> Engine<T> {
                 break;
             }
         }
-        while self.core.timer_wanted {
-            let rto = self.core.config.rto;
-            let timer = self
-                .core
-                .timer
-                .get_or_insert_with(|| verbio_runtime::sleep(rto / TICKS_PER_RTO));
-            if Pin::new(timer).poll(cx).is_pending() {
-                break;
-            }
-            self.core.timer = None;
+        let tick = self.core.config.rto / TICKS_PER_RTO;
+        while self.core.timer_wanted && fired(&mut self.core.timer, tick, cx) {
             self.core.now += 1;
             self.core.timer_wanted = self.core.on_timer();
             self.flush();
@@ -151,20 +145,26 @@ impl<T: Transport> Engine<T> {
         let Some(timeout) = self.core.config.session_idle_timeout else {
             return;
         };
-        while self.core.server_sessions > 0 {
-            let timer = self
-                .core
-                .idle_timer
-                .get_or_insert_with(|| verbio_runtime::sleep(timeout / SWEEPS_PER_TIMEOUT));
-            if Pin::new(timer).poll(cx).is_pending() {
-                return;
-            }
-            self.core.idle_timer = None;
+        let period = timeout / SWEEPS_PER_TIMEOUT;
+        while self.core.server_sessions > 0 && fired(&mut self.core.idle_timer, period, cx) {
             self.core.sweep_idle();
             self.flush();
         }
-        self.core.idle_timer = None;
+        if self.core.server_sessions == 0 {
+            self.core.idle_timer = None;
+        }
     }
+}
+
+/// Polls a periodic timer (armed for `period` when `None`): true once it
+/// fired, then disarmed for the next period.
+fn fired(timer: &mut Option<Sleep>, period: Duration, cx: &mut Context<'_>) -> bool {
+    let t = timer.get_or_insert_with(|| verbio_runtime::sleep(period));
+    if Pin::new(t).poll(cx).is_pending() {
+        return false;
+    }
+    *timer = None;
+    true
 }
 
 impl<T: Transport> Drop for Engine<T> {

@@ -23,10 +23,7 @@ impl<P: Clone> Core<P> {
     pub(crate) fn sweep_idle(&mut self) -> bool {
         let mut expired = Vec::new();
         for index in 0..self.sessions.capacity() {
-            let Some(sid) = self.sessions.number_at(index) else {
-                continue;
-            };
-            let Some(s) = self.sessions.get_mut(sid) else {
+            let Some((sid, s)) = self.sessions.at_mut(index) else {
                 continue;
             };
             if s.role != Role::Server {

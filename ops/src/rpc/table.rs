@@ -90,17 +90,16 @@ impl<P> SessionTable<P> {
     }
 
     /// Slots in the table, open or free: the open sessions are the
-    /// [`number_at`](Self::number_at) of `0..capacity()`.
+    /// [`at_mut`](Self::at_mut) of `0..capacity()`.
     pub(crate) fn capacity(&self) -> usize {
         self.slots.len()
     }
 
-    /// The number of the session open in slot `index`, if one is.
-    pub(crate) fn number_at(&self, index: usize) -> Option<u32> {
-        let s = self.slots.get(index)?;
-        s.session
-            .as_ref()
-            .map(|_| s.generation << INDEX_BITS | index as u32)
+    /// The session open in slot `index` and its number, if one is.
+    pub(crate) fn at_mut(&mut self, index: usize) -> Option<(u32, &mut Session<P>)> {
+        let s = self.slots.get_mut(index)?;
+        let sid = s.generation << INDEX_BITS | index as u32;
+        Some((sid, s.session.as_deref_mut()?))
     }
 }
 
@@ -126,7 +125,9 @@ mod tests {
         assert_ne!(c, a, "under another number");
         assert!(t.get(a).is_none(), "the old number finds nothing");
         assert!(t.get_mut(c).is_some() && t.get(b).is_some());
-        let open: Vec<u32> = (0..t.capacity()).filter_map(|i| t.number_at(i)).collect();
+        let open: Vec<u32> = (0..t.capacity())
+            .filter_map(|i| t.at_mut(i).map(|(sid, _)| sid))
+            .collect();
         assert_eq!(open, vec![c, b]);
         for _ in 0..10_000 {
             let s = t.insert(session()).unwrap();

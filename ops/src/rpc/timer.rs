@@ -21,10 +21,7 @@ impl<P: Clone> Core<P> {
         let max_retries = self.config.max_retries;
         let mut busy = false;
         for index in 0..self.sessions.capacity() {
-            let Some(sid) = self.sessions.number_at(index) else {
-                continue;
-            };
-            let Some(s) = self.sessions.get_mut(sid) else {
+            let Some((sid, s)) = self.sessions.at_mut(index) else {
                 continue;
             };
             if s.role != Role::Client {
