@@ -2,9 +2,9 @@
 //! raw endpoint plays the peer of an `Rdma` client in a ping-pong, so every
 //! frame the client sends is seen as it is on the wire.
 //! - the credits the client owes for the replies it read come back on its
-//!   next `Data` message, not in `Credit` messages of their own (its credit
+//!   next data message, not in `Credit` messages of their own (its credit
 //!   batch is never reached);
-//! - credits the peer returns on its `Data` messages let the client send
+//! - credits the peer returns on its data messages let the client send
 //!   (the peer announces a single receive buffer, so every round after the
 //!   first needs the credit that came back with the reply).
 
@@ -28,7 +28,10 @@ const CLIENT_BUFS: u32 = 8;
 #[derive(Debug, PartialEq)]
 enum Seen {
     Credit(u32),
-    Data { msg_id: u64, grant: u32 },
+    /// A whole message (one piece) returning `grant` credits.
+    Whole {
+        grant: u32,
+    },
     Close,
     Other(String),
 }
@@ -75,17 +78,14 @@ fn owed_credits_ride_on_the_next_data_message_both_ways() {
                 let rcv = res.expect("receive");
                 let s = match decode(&b[..rcv.len]) {
                     Ok(Message::Credit { grant }) => Seen::Credit(grant),
-                    Ok(Message::Data { msg_id, grant, .. }) => Seen::Data { msg_id, grant },
+                    Ok(Message::Whole { grant, .. }) => Seen::Whole { grant },
                     Ok(Message::Close) => Seen::Close,
                     other => Seen::Other(format!("{other:?}")),
                 };
                 recvs.push_back(conn.qp.recv(buf(&pool, BUF)));
-                if let Seen::Data { msg_id, .. } = s {
+                if let Seen::Whole { .. } = s {
                     // The reply returns the buffer the message used.
-                    let reply = Message::Data {
-                        msg_id,
-                        total_len: 5,
-                        offset: 0,
+                    let reply = Message::Whole {
                         imm: None,
                         grant: 1,
                         payload: b"reply",
@@ -115,17 +115,8 @@ fn owed_credits_ride_on_the_next_data_message_both_ways() {
         r.close().await.expect("close");
     });
     let seen = th.join().expect("raw peer");
-    let mut want = vec![
-        Seen::Credit(CLIENT_BUFS),
-        Seen::Data {
-            msg_id: 0,
-            grant: 0,
-        },
-    ];
+    let mut want = vec![Seen::Credit(CLIENT_BUFS), Seen::Whole { grant: 0 }];
     // Each later ping returns the buffer of the reply before it.
-    want.extend((1..ROUNDS).map(|i| Seen::Data {
-        msg_id: i,
-        grant: 1,
-    }));
+    want.extend((1..ROUNDS).map(|_| Seen::Whole { grant: 1 }));
     assert_eq!(seen, want);
 }

@@ -197,13 +197,22 @@ fn broken_peer(client: RdmaBuilder, msgs: Vec<(u64, u64)>) -> String {
             let recvs: Vec<_> = (0..4).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();
             let mut sends = Vec::new();
             for (msg_id, total_len) in msgs {
-                let msg = Message::Data {
-                    msg_id,
-                    total_len,
-                    offset: 0,
-                    imm: None,
-                    grant: 0,
-                    payload: b"eight by",
+                let payload = b"eight by";
+                let msg = if total_len == payload.len() as u64 {
+                    Message::Whole {
+                        imm: None,
+                        grant: 0,
+                        payload,
+                    }
+                } else {
+                    Message::Data {
+                        msg_id,
+                        total_len,
+                        offset: 0,
+                        imm: None,
+                        grant: 0,
+                        payload,
+                    }
                 };
                 let mut b = buf(&pool, msg.encoded_len());
                 b.resize(msg.encoded_len(), 0).unwrap();

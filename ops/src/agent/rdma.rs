@@ -401,8 +401,8 @@ impl Shared {
             .min(MAX_INLINE_MESSAGE)
     }
 
-    /// `msg` with the credits owed to the peer riding on it if it is a data
-    /// piece not yet posted: taken with nothing left to await but the post
+    /// `msg` with the credits owed to the peer riding on it if it is a user
+    /// message or piece not yet posted: taken with nothing left to await but the post
     /// itself, and owed again if it is dropped or fails before that (see
     /// `Piggyback`).
     fn riding<'a, 'm>(
@@ -424,6 +424,15 @@ impl Shared {
                     msg_id,
                     total_len,
                     offset,
+                    imm,
+                    grant: ride.count(),
+                    payload,
+                };
+                (msg, Some(ride))
+            }
+            Message::Whole { imm, payload, .. } if !posted.get() => {
+                let ride = self.owed.take_all(&self.peer_credits, posted);
+                let msg = Message::Whole {
                     imm,
                     grant: ride.count(),
                     payload,
@@ -478,7 +487,7 @@ impl Shared {
     /// with no future, if the connection is up, it fits
     /// [`Shared::inline_limit`], a credit is left and the QP's queues have
     /// room. `None` if it would have to wait for any of that, or be split:
-    /// nothing was taken or sent, not even a message id, and the awaited
+    /// nothing was taken or sent, and the awaited
     /// path ([`Shared::send_data`]) takes over, which also reports errors.
     #[inline(always)]
     pub(crate) fn try_send_whole(
@@ -499,12 +508,11 @@ impl Shared {
         // nothing it calls does.
         let mut bytes = self.inline_buf.try_borrow_mut().ok()?;
         let credit = self.credits.try_acquire()?;
-        let msg_id = self.next_msg_id.get();
         let posted = Cell::new(false);
-        // The credits owed to the peer ride on the piece (owed again if it
-        // is not posted: `Piggyback`'s drop).
+        // The credits owed to the peer ride on the message (owed again if
+        // it is not posted: `Piggyback`'s drop).
         let ride = self.owed.take_all(&self.peer_credits, &posted);
-        let n = put_whole_header(&mut bytes[..], msg_id, imm, ride.count(), data.len())?;
+        let n = put_whole_header(&mut bytes[..], imm, ride.count())?;
         bytes.get_mut(n..len)?.copy_from_slice(data);
         let res = self.qp.try_post_send_inline(&bytes[..len], None);
         drop(bytes);
@@ -515,13 +523,11 @@ impl Shared {
                 posted.set(true);
                 credit.spend();
                 drop(ride);
-                self.next_msg_id.set(msg_id + 1);
                 Some(Ok(()))
             }
             Err(source) => {
                 drop(credit);
                 drop(ride);
-                self.next_msg_id.set(msg_id + 1);
                 let e = self.verb_error(crate::Error::Submit { op: "send", source });
                 if !self.is_down() {
                     self.return_owed_batch(
@@ -910,19 +916,27 @@ impl Rdma {
                 Ok(permit) => permit.spend(),
                 Err(_) => return Err(s.closed_error()),
             }
-        } else if let Some(r) = s.try_send_whole(data, imm) {
-            return r;
+        } else {
+            if let Some(r) = s.try_send_whole(data, imm) {
+                return r;
+            }
+            let msg = Message::Whole {
+                imm,
+                grant: 0, // the credits owed then, filled in at posting
+                payload: data,
+            };
+            return s.send_data(&msg).await;
         }
         let msg_id = s.next_msg_id();
         // A message in several pieces, cut before its last one was posted,
         // leaves the peer a partial message: the guard tells it to discard
         // (and only then frees the slot, so the `Abort` reaches the peer
         // before a later message's first piece can take the slot).
-        let mut abort = split.then(|| AbortOnDrop {
+        let mut abort = AbortOnDrop {
             shared: s.clone(),
             msg_id,
             armed: true,
-        });
+        };
         let mut offset = 0usize;
         loop {
             let end = data.len().min(offset + piece);
@@ -936,16 +950,12 @@ impl Rdma {
             };
             if let Err(e) = s.send_data(&msg).await {
                 // The connection is down (or failed now): nothing to abort.
-                if let Some(a) = abort.as_mut() {
-                    a.armed = false;
-                }
+                abort.armed = false;
                 return Err(e);
             }
             offset = end;
             if offset >= data.len() {
-                if let Some(a) = abort.as_mut() {
-                    a.armed = false;
-                }
+                abort.armed = false;
                 return Ok(());
             }
         }

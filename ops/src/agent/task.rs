@@ -336,28 +336,31 @@ fn ring_failure(e: &RecvRingError) -> CloseReason {
     }
 }
 
-/// [`handle`] for the usual message, a `Data` piece (decoded from its
-/// fixed header), inlined into [`step`]; `None` for anything else.
+/// [`handle`] for the usual messages, a whole message or a `Data` piece
+/// (decoded from its fixed header), inlined into [`step`]; `None` for
+/// anything else.
 #[inline(always)]
 fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> {
     if rcv.by_write {
         return None;
     }
-    let Some(Message::Data {
-        msg_id,
-        total_len,
-        offset,
-        imm,
-        grant,
-        payload,
-    }) = decode_data(&buf[..rcv.len.min(buf.len())])
-    else {
-        return None;
-    };
-    let outcome = if shared.peer_credits.spend() {
-        data(shared, msg_id, total_len, offset, imm, grant, payload)
-    } else {
-        Err(CloseReason::Violation(CREDITLESS))
+    let outcome = match decode_data(&buf[..rcv.len.min(buf.len())])? {
+        _ if !shared.peer_credits.spend() => Err(CloseReason::Violation(CREDITLESS)),
+        Message::Whole {
+            imm,
+            grant,
+            payload,
+        } => whole(shared, imm, grant, payload),
+        Message::Data {
+            msg_id,
+            total_len,
+            offset,
+            imm,
+            grant,
+            payload,
+        } => data(shared, msg_id, total_len, offset, imm, grant, payload),
+        // (decode_data decodes only those two, both credited)
+        msg => route(shared, msg),
     };
     Some(match outcome {
         Ok(next) => next,
@@ -436,7 +439,8 @@ fn refuse(shared: &Rc<Shared>, reason: CloseReason) -> Next {
 fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
     // The application's task may be the one running this: control
     // messages log in the connection's span (data messages do not log).
-    let _in_span = (!matches!(msg, Message::Data { .. })).then(|| shared.span.enter());
+    let _in_span =
+        (!matches!(msg, Message::Data { .. } | Message::Whole { .. })).then(|| shared.span.enter());
     match msg {
         Message::AllocRequest {
             req_id,
@@ -567,6 +571,11 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             grant,
             payload,
         } => data(shared, msg_id, total_len, offset, imm, grant, payload),
+        Message::Whole {
+            imm,
+            grant,
+            payload,
+        } => whole(shared, imm, grant, payload),
         Message::Error { code, text } => Err(CloseReason::PeerError {
             code,
             text: text.to_owned(),
@@ -586,9 +595,29 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
     }
 }
 
-/// Acts on a `Data` piece (its credit spent): a whole message is
-/// delivered in its buffer, a piece reassembled.
+/// Acts on a whole message (its credit spent): delivered in its buffer.
 #[inline(always)]
+fn whole(
+    shared: &Shared,
+    imm: Option<u32>,
+    grant: u32,
+    payload: &[u8],
+) -> Result<Next, CloseReason> {
+    if grant > 0 {
+        shared.credits.grant(grant);
+    }
+    if payload.len() > shared.config.max_message_len {
+        return Err(CloseReason::Violation("message longer than the maximum"));
+    }
+    Ok(Next::Deliver {
+        at: payload.as_ptr() as usize,
+        len: payload.len(),
+        imm,
+    })
+}
+
+/// Acts on a `Data` piece of a split message (its credit spent):
+/// reassembled, delivered once complete.
 fn data(
     shared: &Shared,
     msg_id: u64,
@@ -600,21 +629,6 @@ fn data(
 ) -> Result<Next, CloseReason> {
     if grant > 0 {
         shared.credits.grant(grant);
-    }
-    let whole = offset == 0 && payload.len() as u64 == total_len;
-    // No message in pieces (the usual case): no lookup, no hash.
-    if whole && {
-        let partial = shared.partial.borrow();
-        partial.is_empty() || !partial.contains_key(&msg_id)
-    } {
-        if total_len > shared.config.max_message_len as u64 {
-            return Err(CloseReason::Violation("message longer than the maximum"));
-        }
-        return Ok(Next::Deliver {
-            at: payload.as_ptr() as usize,
-            len: payload.len(),
-            imm,
-        });
     }
     reassemble(shared, msg_id, total_len, offset, imm, payload)?;
     Ok(Next::Repost(true))

@@ -1,16 +1,33 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 3):
+//! Layout (explicit little-endian, version 5). Every message but a whole
+//! user message:
 //!
 //! ```text
 //! 0..4   magic  b"VBAG"
-//! 4      version (2)
+//! 4      version (5)
 //! 5      kind
 //! 6..8   reserved, must be 0
 //! 8..12  body length (u32), must equal the bytes that follow
 //! 12..   body (per kind, fixed fields then variable data)
 //! ```
+//!
+//! A user message sent in one piece ([`Message::Whole`], the usual message)
+//! has a short frame of its own, told apart by its first byte (never the
+//! magic's `V`):
+//!
+//! ```text
+//! 0      kind: 11 (WHOLE) or 12 (WHOLE_IMM)
+//! 1..4   reserved, must be 0
+//! 4..8   send credits granted (u32)
+//! 8..12  immediate (u32; WHOLE_IMM only)
+//! ..     the message, to the end of the received bytes
+//! ```
+//!
+//! It has no length field (a SEND delivers its exact length), no message id
+//! (only pieces of a split message need one, to be put together) and no
+//! version (the connection's settings exchange checks it once).
 //!
 //! Version 2 added `Abort` (kind 9: a sender gave up a message it had
 //! started to send in pieces; the receiver discards what it reassembled) and
@@ -20,6 +37,9 @@
 //! with the piece (credits ride on data; a `Credit` message travels alone
 //! only when a side owes a batch and has nothing to send). A peer of another
 //! version is refused at that exchange with [`WireError::UnsupportedVersion`].
+//! Version 4 sent a message in one piece with a 24-byte header (kinds 11 and
+//! 12 in the long form, with a message id); version 5 gives it the 8-byte
+//! short frame above.
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -30,9 +50,12 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 4;
-/// Size of the fixed header.
+pub const VERSION: u8 = 5;
+/// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
+/// Size of a [`Message::Whole`] frame's header without an immediate (4 more
+/// with one): see [`whole_overhead`].
+pub const WHOLE_HEADER_LEN: usize = 8;
 /// Largest text in an [`Message::Error`].
 pub const MAX_ERROR_TEXT: usize = 256;
 /// Size of an encoded [`MrToken`].
@@ -206,7 +229,20 @@ pub enum Message<'a> {
         /// The region.
         token: MrToken,
     },
-    /// A piece of a user message (messages larger than one receive buffer are split).
+    /// A user message sent in one piece (it fits one receive buffer): the
+    /// usual message, with the short frame.
+    Whole {
+        /// Immediate data of the message, if any.
+        imm: Option<u32>,
+        /// Send credits returned to the receiver (0: none), as a
+        /// [`Message::Credit`] would.
+        grant: u32,
+        /// The message.
+        payload: &'a [u8],
+    },
+    /// A piece of a user message split in several (longer than one receive
+    /// buffer). A message that fits one piece is a [`Message::Whole`]: a
+    /// `Data` piece that is the whole message is refused.
     Data {
         /// Message id (per sender, increasing).
         msg_id: u64,
@@ -276,27 +312,15 @@ mod kind {
     pub const WHOLE_IMM: u8 = 12;
 }
 
-/// Bytes of a `Data` piece before its payload: the most (a whole message
-/// in one piece is sent with a shorter header, [`whole_overhead`]).
+/// Bytes of a `Data` piece before its payload: the most any user message
+/// carries (a [`Message::Whole`] has [`whole_overhead`]).
 pub const DATA_OVERHEAD: usize = HEADER_LEN + 8 + 8 + 8 + 4 + 4 + 4;
 
-/// Bytes before the payload of a `Data` piece that is a whole message
-/// (offset 0, its total length the payload's), sent as kind `WHOLE` or
-/// `WHOLE_IMM`: the header, the message id, the credits granted and the
-/// immediate if there is one; no offset, no total length, no flag.
+/// Bytes before the message in a [`Message::Whole`] frame: kind, reserved
+/// and credits granted, and the immediate if there is one.
 #[inline(always)]
 pub const fn whole_overhead(imm: bool) -> usize {
-    HEADER_LEN + 8 + 4 + if imm { 4 } else { 0 }
-}
-
-/// Bytes before the payload of this `Data` piece on the wire.
-#[inline(always)]
-const fn data_overhead(whole: bool, imm: bool) -> usize {
-    if whole {
-        whole_overhead(imm)
-    } else {
-        DATA_OVERHEAD
-    }
+    WHOLE_HEADER_LEN + if imm { 4 } else { 0 }
 }
 
 /// A bounds-checked little-endian reader.
@@ -408,31 +432,6 @@ const DATA_HEAD: [u8; 8] = [
     0,
 ];
 
-/// The first 8 bytes of a whole message's `Data` frame without an
-/// immediate.
-const WHOLE_HEAD: [u8; 8] = [
-    MAGIC[0],
-    MAGIC[1],
-    MAGIC[2],
-    MAGIC[3],
-    VERSION,
-    kind::WHOLE,
-    0,
-    0,
-];
-
-/// ... and with one.
-const WHOLE_IMM_HEAD: [u8; 8] = [
-    MAGIC[0],
-    MAGIC[1],
-    MAGIC[2],
-    MAGIC[3],
-    VERSION,
-    kind::WHOLE_IMM,
-    0,
-    0,
-];
-
 /// True if a piece at `offset` with `payload` is the whole message of
 /// `total_len` bytes.
 #[inline(always)]
@@ -449,14 +448,14 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
     }
 }
 
-/// The usual frame, a well-formed `Data` piece, read as one fixed-size
-/// header; `None` for anything else (then [`decode_any`] decides, and
-/// names what is wrong).
+/// The usual frames, a well-formed [`Message::Whole`] or `Data` piece,
+/// read as one fixed-size header; `None` for anything else (then
+/// [`decode_any`] decides, and names what is wrong).
 #[inline]
 pub(crate) fn decode_data(frame: &[u8]) -> Option<Message<'_>> {
-    let head = frame.first_chunk::<8>()?;
-    if *head == WHOLE_HEAD || *head == WHOLE_IMM_HEAD {
-        return decode_whole(frame, *head == WHOLE_IMM_HEAD);
+    let head = le_u32(frame.first_chunk::<4>()?, 0);
+    if head == u32::from(kind::WHOLE) || head == u32::from(kind::WHOLE_IMM) {
+        return decode_whole(frame, head == u32::from(kind::WHOLE_IMM));
     }
     let (h, payload) = frame.split_first_chunk::<DATA_OVERHEAD>()?;
     let (u32_at, u64_at) = (|i| le_u32(h, i), |i| le_u64(h, i));
@@ -497,23 +496,16 @@ fn le_u64(h: &[u8], i: usize) -> u64 {
     u64::from(le_u32(h, i)) | u64::from(le_u32(h, i + 4)) << 32
 }
 
-/// [`decode_data`] of a whole message's frame (`imm`: kind `WHOLE_IMM`).
+/// [`decode_data`] of a [`Message::Whole`] frame whose first four bytes
+/// were checked (`imm`: kind `WHOLE_IMM`).
 #[inline(always)]
 fn decode_whole(frame: &[u8], imm: bool) -> Option<Message<'_>> {
     let overhead = whole_overhead(imm);
     let h = frame.get(..overhead)?;
     let payload = frame.get(overhead..)?;
-    let u32_at = |i| le_u32(h, i);
-    if u32_at(8) as usize != frame.len() - HEADER_LEN {
-        return None;
-    }
-    let msg_id = le_u64(h, 12);
-    Some(Message::Data {
-        msg_id,
-        total_len: payload.len() as u64,
-        offset: 0,
-        imm: imm.then(|| u32_at(24)),
-        grant: u32_at(20),
+    Some(Message::Whole {
+        imm: imm.then(|| le_u32(h, 8)),
+        grant: le_u32(h, 4),
         payload,
     })
 }
@@ -524,6 +516,27 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
         buf: frame,
         what: "header",
     };
+    if let Some(&k @ (kind::WHOLE | kind::WHOLE_IMM)) = frame.first() {
+        r.what = "whole message";
+        r.u8()?;
+        if r.array::<3>()? != [0; 3] {
+            return Err(WireError::InvalidField {
+                field: "whole.reserved",
+                reason: "must be 0",
+            });
+        }
+        let grant = r.u32()?;
+        let imm = if k == kind::WHOLE_IMM {
+            Some(r.u32()?)
+        } else {
+            None
+        };
+        return Ok(Message::Whole {
+            imm,
+            grant,
+            payload: r.buf,
+        });
+    }
     let magic = r.array::<4>()?;
     if magic != MAGIC {
         return Err(WireError::BadMagic { got: magic });
@@ -638,7 +651,7 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
             if is_whole(offset, total_len, payload) {
                 return Err(WireError::InvalidField {
                     field: "data",
-                    reason: "a whole message is sent as kind WHOLE or WHOLE_IMM",
+                    reason: "a whole message is sent in the short frame (kind WHOLE or WHOLE_IMM)",
                 });
             }
             Message::Data {
@@ -651,23 +664,10 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
             }
         }
         kind::WHOLE | kind::WHOLE_IMM => {
-            r.what = "whole data";
-            let msg_id = r.u64()?;
-            let grant = r.u32()?;
-            let imm = if kind == kind::WHOLE_IMM {
-                Some(r.u32()?)
-            } else {
-                None
-            };
-            let payload = r.take(r.buf.len())?;
-            Message::Data {
-                msg_id,
-                total_len: payload.len() as u64,
-                offset: 0,
-                imm,
-                grant,
-                payload,
-            }
+            return Err(WireError::InvalidField {
+                field: "kind",
+                reason: "a whole message has only the short frame",
+            })
         }
         kind::ERROR => {
             r.what = "error";
@@ -709,6 +709,9 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
 impl Message<'_> {
     /// Size of the encoded frame.
     pub fn encoded_len(&self) -> usize {
+        if let Message::Whole { imm, payload, .. } = self {
+            return whole_overhead(imm.is_some()) + payload.len();
+        }
         HEADER_LEN
             + match self {
                 Message::Credit { .. } => 4,
@@ -718,17 +721,8 @@ impl Message<'_> {
                 }
                 Message::Release { .. } => 8,
                 Message::HandOver { .. } => 1 + 8 + TOKEN_LEN,
-                Message::Data {
-                    total_len,
-                    offset,
-                    imm,
-                    payload,
-                    ..
-                } => {
-                    data_overhead(is_whole(*offset, *total_len, payload), imm.is_some())
-                        - HEADER_LEN
-                        + payload.len()
-                }
+                Message::Whole { .. } => 0, // returned above
+                Message::Data { payload, .. } => DATA_OVERHEAD - HEADER_LEN + payload.len(),
                 Message::Error { text, .. } => 2 + 2 + text.len().min(MAX_ERROR_TEXT),
                 Message::Close => 0,
                 Message::Abort { .. } => 8,
@@ -744,6 +738,8 @@ impl Message<'_> {
             Message::Release { .. } => kind::RELEASE,
             Message::HandOver { .. } => kind::HAND_OVER,
             Message::Data { .. } => kind::DATA,
+            Message::Whole { imm: None, .. } => kind::WHOLE,
+            Message::Whole { imm: Some(_), .. } => kind::WHOLE_IMM,
             Message::Error { .. } => kind::ERROR,
             Message::Close => kind::CLOSE,
             Message::Abort { .. } => kind::ABORT,
@@ -764,12 +760,17 @@ impl Message<'_> {
                 grant,
                 payload,
             } => encode_data(out, msg_id, total_len, offset, imm, grant, payload),
+            Message::Whole {
+                imm,
+                grant,
+                payload,
+            } => encode_whole(out, imm, grant, payload),
             _ => self.encode_other(out),
         }
     }
 
-    /// [`Message::encode`] of every message but `Data` (which
-    /// [`encode_data`] writes).
+    /// [`Message::encode`] of every message but `Data` and `Whole` (which
+    /// [`encode_data`] and [`encode_whole`] write).
     fn encode_other(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let len = self.encoded_len();
         if out.len() < len {
@@ -816,9 +817,11 @@ impl Message<'_> {
                 w.put(&tag.to_le_bytes());
                 write_token(&mut w, token);
             }
-            // `encode` writes `Data` (encode_data); this private function
-            // never sees it.
-            Message::Data { .. } => unreachable!("Data is encoded by encode_data"),
+            // `encode` writes these (encode_data, encode_whole); this
+            // private function never sees them.
+            Message::Data { .. } | Message::Whole { .. } => {
+                unreachable!("Data and Whole are encoded by encode_data and encode_whole")
+            }
             Message::Error { code, text } => {
                 let mut cut = text.len().min(MAX_ERROR_TEXT);
                 while !text.is_char_boundary(cut) {
@@ -861,9 +864,7 @@ fn encode_data(
     grant: u32,
     payload: &[u8],
 ) -> Result<usize, WireError> {
-    let whole = is_whole(offset, total_len, payload);
-    let overhead = data_overhead(whole, imm.is_some());
-    let len = overhead + payload.len();
+    let len = DATA_OVERHEAD + payload.len();
     let Some(frame) = out.get_mut(..len) else {
         return Err(WireError::BufferTooSmall {
             needed: len,
@@ -879,41 +880,57 @@ fn encode_data(
             reason: "piece extends past the message length",
         });
     }
-    let (h, body) = frame.split_at_mut(overhead);
-    if whole {
-        put_whole_header(h, msg_id, imm, grant, payload.len());
-    } else {
-        let h: &mut [u8; DATA_OVERHEAD] = h.try_into().expect("split at DATA_OVERHEAD");
-        put_data_header(h, msg_id, total_len, offset, imm, grant, payload.len());
+    if is_whole(offset, total_len, payload) {
+        return Err(WireError::InvalidField {
+            field: "data",
+            reason: "a whole message is a Message::Whole",
+        });
     }
+    let (h, body) = frame
+        .split_first_chunk_mut::<DATA_OVERHEAD>()
+        .expect("sized above");
+    put_data_header(h, msg_id, total_len, offset, imm, grant, payload.len());
     body.copy_from_slice(payload);
     Ok(len)
 }
 
-/// Writes the header of a whole message's `Data` frame (kind `WHOLE`, or
-/// `WHOLE_IMM` with `imm`) with a payload of `payload_len` bytes at the
-/// start of `out`; returns its length ([`whole_overhead`]), `None` if `out`
-/// is shorter than that.
-#[inline(always)]
-pub(crate) fn put_whole_header(
+/// Encodes a [`Message::Whole`] into `out` (see [`Message::encode`]).
+#[inline]
+fn encode_whole(
     out: &mut [u8],
-    msg_id: u64,
     imm: Option<u32>,
     grant: u32,
-    payload_len: usize,
-) -> Option<usize> {
+    payload: &[u8],
+) -> Result<usize, WireError> {
+    let len = whole_overhead(imm.is_some()) + payload.len();
+    let Some(frame) = out.get_mut(..len) else {
+        return Err(WireError::BufferTooSmall {
+            needed: len,
+            capacity: out.len(),
+        });
+    };
+    let n = put_whole_header(frame, imm, grant).expect("sized above");
+    frame[n..].copy_from_slice(payload);
+    Ok(len)
+}
+
+/// Writes the header of a [`Message::Whole`] frame (kind `WHOLE`, or
+/// `WHOLE_IMM` with `imm`) at the start of `out`; returns its length
+/// ([`whole_overhead`]; the message follows it), `None` if `out` is shorter
+/// than that.
+#[inline(always)]
+pub(crate) fn put_whole_header(out: &mut [u8], imm: Option<u32>, grant: u32) -> Option<usize> {
     let n = whole_overhead(imm.is_some());
     let h = out.get_mut(..n)?;
-    h[..8].copy_from_slice(if imm.is_some() {
-        &WHOLE_IMM_HEAD
+    let kind = if imm.is_some() {
+        kind::WHOLE_IMM
     } else {
-        &WHOLE_HEAD
-    });
-    h[8..12].copy_from_slice(&((n - HEADER_LEN + payload_len) as u32).to_le_bytes());
-    h[12..20].copy_from_slice(&msg_id.to_le_bytes());
-    h[20..24].copy_from_slice(&grant.to_le_bytes());
+        kind::WHOLE
+    };
+    h[..4].copy_from_slice(&u32::from(kind).to_le_bytes());
+    h[4..8].copy_from_slice(&grant.to_le_bytes());
     if let Some(imm) = imm {
-        h[24..28].copy_from_slice(&imm.to_le_bytes());
+        h[8..12].copy_from_slice(&imm.to_le_bytes());
     }
     Some(n)
 }
@@ -1005,25 +1022,24 @@ mod tests {
                 payload: b"hello",
             },
             Message::Data {
-                msg_id: 10,
-                total_len: 0,
+                msg_id: u64::MAX,
+                total_len: 10,
                 offset: 0,
+                imm: None,
+                grant: u32::MAX,
+                payload: b"first",
+            },
+            Message::Whole {
                 imm: None,
                 grant: 0,
                 payload: b"",
             },
-            Message::Data {
-                msg_id: 12,
-                total_len: 5,
-                offset: 0,
+            Message::Whole {
                 imm: None,
                 grant: 2,
                 payload: b"whole",
             },
-            Message::Data {
-                msg_id: u64::MAX,
-                total_len: 5,
-                offset: 0,
+            Message::Whole {
                 imm: Some(u32::MAX),
                 grant: u32::MAX,
                 payload: b"whole",
@@ -1055,30 +1071,40 @@ mod tests {
     }
 
     #[test]
-    fn a_whole_message_goes_with_the_short_header_only() {
+    fn a_whole_message_goes_in_the_short_frame_only() {
         let mut buf = [0u8; 128];
         for imm in [None, Some(0x1234_5678)] {
-            let m = Message::Data {
-                msg_id: 0x0102_0304_0506_0708,
-                total_len: 3,
-                offset: 0,
+            let m = Message::Whole {
                 imm,
                 grant: 9,
                 payload: b"abc",
             };
             let n = m.encode(&mut buf).unwrap();
             assert_eq!(n, whole_overhead(imm.is_some()) + 3);
-            assert_eq!(n, if imm.is_some() { 31 } else { 27 });
+            assert_eq!(n, if imm.is_some() { 15 } else { 11 });
             let kind = if imm.is_some() {
                 kind::WHOLE_IMM
             } else {
                 kind::WHOLE
             };
-            assert_eq!(buf[5], kind);
+            assert_eq!(buf[..4], [kind, 0, 0, 0]);
+            assert_eq!(buf[4..8], 9u32.to_le_bytes());
             assert_eq!(decode_data(&buf[..n]), Some(m));
             assert_eq!(decode_any(&buf[..n]), Ok(m));
+            // Nonzero reserved bytes are refused, by both decoders.
+            let mut bad = buf;
+            bad[2] = 1;
+            assert_eq!(decode_data(&bad[..n]), None);
+            assert!(matches!(
+                decode(&bad[..n]),
+                Err(WireError::InvalidField {
+                    field: "whole.reserved",
+                    ..
+                })
+            ));
             // The long form of a whole message is not its encoding: refused
-            // (one encoding per message).
+            // (one encoding per message), as a `Data` piece that is whole,
+            // and as kind WHOLE with the long header.
             let mut long = [0u8; DATA_OVERHEAD + 3];
             let (h, body) = long.split_first_chunk_mut::<DATA_OVERHEAD>().unwrap();
             put_data_header(h, 0x0102_0304_0506_0708, 3, 0, imm, 9, 3);
@@ -1086,6 +1112,23 @@ mod tests {
             assert_eq!(decode_data(&long), None);
             assert!(matches!(
                 decode(&long),
+                Err(WireError::InvalidField { field: "data", .. })
+            ));
+            long[5] = kind;
+            assert!(matches!(
+                decode(&long),
+                Err(WireError::InvalidField { field: "kind", .. })
+            ));
+            let whole_piece = Message::Data {
+                msg_id: 1,
+                total_len: 3,
+                offset: 0,
+                imm,
+                grant: 0,
+                payload: b"abc",
+            };
+            assert!(matches!(
+                whole_piece.encode(&mut buf),
                 Err(WireError::InvalidField { field: "data", .. })
             ));
         }
@@ -1107,6 +1150,22 @@ mod tests {
         let mut buf = [0u8; 512];
         for m in samples() {
             let n = m.encode(&mut buf).unwrap();
+            if let Message::Whole { imm, .. } = m {
+                // No length field: the frame is the bytes a SEND delivered
+                // (exact), so a cut inside the message is a shorter message,
+                // a cut inside the header an error.
+                let head = whole_overhead(imm.is_some());
+                for cut in 0..n {
+                    match decode(&buf[..cut]) {
+                        Ok(Message::Whole { payload, .. }) if cut >= head => {
+                            assert_eq!(payload, &buf[head..cut]);
+                        }
+                        Err(WireError::Truncated { .. }) if cut < head => {}
+                        other => panic!("{m:?} cut at {cut}: {other:?}"),
+                    }
+                }
+                continue;
+            }
             for cut in 0..n {
                 assert!(decode(&buf[..cut]).is_err(), "{m:?} cut at {cut}");
             }
@@ -1217,7 +1276,9 @@ mod tests {
                 if len >= 6 && rng.next() % 2 == 0 {
                     v[..4].copy_from_slice(&MAGIC);
                     v[4] = VERSION;
-                    v[5] = (rng.next() % 12) as u8;
+                    v[5] = (rng.next() % 13) as u8;
+                } else if len >= 4 && rng.next() % 4 == 0 {
+                    v[..4].copy_from_slice(&[11 + (rng.next() % 2) as u8, 0, 0, 0]);
                 }
                 v
             };
@@ -1254,31 +1315,34 @@ mod tests {
         for i in 0..100_000u64 {
             let payload = [0xa5u8; 16];
             let plen = (rng.next() % 17) as usize;
-            let m = Message::Data {
-                msg_id: rng.next() % 4,
-                total_len: plen as u64 + rng.next() % 3,
-                offset: rng.next() % 3,
-                imm: (i % 3 == 0).then_some(rng.next() as u32),
-                grant: (rng.next() % 3) as u32,
-                payload: &payload[..plen],
+            let imm = (i % 3 == 0).then_some(rng.next() as u32);
+            let grant = (rng.next() % 3) as u32;
+            let m = if i % 4 == 0 {
+                Message::Whole {
+                    imm,
+                    grant,
+                    payload: &payload[..plen],
+                }
+            } else {
+                Message::Data {
+                    msg_id: rng.next() % 4,
+                    total_len: plen as u64 + rng.next() % 3,
+                    offset: rng.next() % 3,
+                    imm,
+                    grant,
+                    payload: &payload[..plen],
+                }
             };
             let mut input = match m.encode(&mut buf) {
                 Ok(n) => buf[..n].to_vec(),
-                // The piece ends past its message: write it as it would
-                // be with a valid offset, the mutations below break it.
+                // The piece ends past its message (or is the whole of it):
+                // write the frame's header as it would be, the mutations
+                // below may break it.
                 Err(_) => {
                     let mut v = vec![0u8; DATA_OVERHEAD + plen];
-                    let n = Message::Data {
-                        msg_id: 1,
-                        total_len: plen as u64,
-                        offset: 0,
-                        imm: None,
-                        grant: 0,
-                        payload: &payload[..plen],
-                    }
-                    .encode(&mut v)
-                    .unwrap();
-                    v.truncate(n);
+                    let (h, body) = v.split_first_chunk_mut::<DATA_OVERHEAD>().unwrap();
+                    put_data_header(h, 1, plen as u64, 0, imm, grant, plen);
+                    body.copy_from_slice(&payload[..plen]);
                     v
                 }
             };
@@ -1298,7 +1362,7 @@ mod tests {
                     assert_eq!(Ok(m), general, "{input:02x?}");
                 }
                 None => assert!(
-                    !matches!(general, Ok(Message::Data { .. })),
+                    !matches!(general, Ok(Message::Data { .. } | Message::Whole { .. })),
                     "the fast path refused a valid data frame: {input:02x?}"
                 ),
             }

@@ -134,33 +134,24 @@ pub fn seeds() -> Vec<Seed> {
             },
         ),
         (
-            "data-imm",
-            Message::Data {
-                msg_id: 2,
-                total_len: 5,
-                offset: 0,
+            "whole-imm",
+            Message::Whole {
                 imm: Some(0xfeed_f00d),
                 grant: 0,
                 payload: b"whole",
             },
         ),
         (
-            "data-grant",
-            Message::Data {
-                msg_id: 4,
-                total_len: 12,
-                offset: 0,
+            "whole-grant",
+            Message::Whole {
                 imm: None,
                 grant: 4,
                 payload: b"with credits",
             },
         ),
         (
-            "data-empty",
-            Message::Data {
-                msg_id: 3,
-                total_len: 0,
-                offset: 0,
+            "whole-empty",
+            Message::Whole {
                 imm: None,
                 grant: 0,
                 payload: b"",
