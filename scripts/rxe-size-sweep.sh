@@ -1,0 +1,117 @@
+#!/bin/bash
+# rxe-size-sweep.sh -- send_lat at several message sizes in one rxe VM boot,
+# perftest's ib_send_lat and a verbio-perf build (`--api verbs`, INLINE),
+# the sizes interleaved round by round (the order rotated) so that the
+# host's drift spreads over all of them. Shows what a size costs on rxe
+# here, e.g. the step at 80 bytes of padded payload where the guest's
+# crc32-pclmul takes its SIMD path for rxe's ICRC.
+#
+#   scripts/rxe-size-sweep.sh [--rounds N] [--iters N] [--sizes A,B,...] BINARY
+#
+# BINARY is a build of verbio-perf with `--features ibverbs` under this
+# checkout (the guest sees only it). Defaults: 8 rounds of 3000 iterations
+# at 64,72,76,80,88,112 bytes, busy-polling, `-I 128` so that every size
+# goes INLINE. Prints each run's typical one-way latency, then per size
+# the median over the rounds for perftest and verbio, and each size's
+# median per-round difference to the first size.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROUNDS=8
+ITERS=3000
+SIZES=64,72,76,80,88,112
+BIN=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rounds) ROUNDS=$2; shift ;;
+        --iters) ITERS=$2; shift ;;
+        --sizes) SIZES=$2; shift ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -*) echo "rxe-size-sweep: unknown option $1" >&2; exit 2 ;;
+        *) BIN=$1 ;;
+    esac
+    shift
+done
+[ -n "$BIN" ] || { sed -n '2,16p' "$0"; exit 2; }
+case $(realpath -m "$BIN") in
+    "$ROOT"/*) [ -x "$BIN" ] || { echo "rxe-size-sweep: $BIN is not executable" >&2; exit 2; } ;;
+    *) echo "rxe-size-sweep: $BIN must be under $ROOT (the guest sees only it)" >&2; exit 2 ;;
+esac
+case $SIZES in *[!0-9,]*|'') echo "rxe-size-sweep: --sizes takes byte counts, e.g. 64,88" >&2; exit 2 ;; esac
+VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
+[ -x "$VM" ] || VM=/work/shared/tools/rxe-vm/run-in-rxe-vm.sh
+[ -x "$VM" ] || { echo "SKIPPED: rxe VM script not found ($VM)"; exit 0; }
+
+DIR=$ROOT/target/rxe-size-sweep
+mkdir -p "$DIR"
+GUEST=$DIR/guest.sh
+OUT=$DIR/runs.txt
+{
+    echo '#!/bin/sh'
+    echo "R=$ROUNDS N=$ITERS B='$BIN'"
+    printf 'set --'; for s in ${SIZES//,/ }; do printf " 'p %s' 'v %s'" "$s" "$s"; done; echo
+    cat <<'GUEST'
+cd "$(dirname "$0")/../.." || exit 1
+v() {
+    timeout 120 $B send_lat -d rxe0 -x 1 -p 18516 -s "$1" -I 128 -n "$N" --api verbs --busy-poll 1000000 >/dev/null 2>&1 &
+    srv=$!
+    t=$(timeout 120 $B send_lat 127.0.0.1 -d rxe0 -x 1 -p 18516 -s "$1" -I 128 -n "$N" --api verbs --busy-poll 1000000 2>&1 |
+        awk -v s="$1" '$1 == s { print $5 }')
+    wait $srv
+    echo "verbio $1 ${t:-n/a}"
+}
+p() {
+    ib_send_lat -d rxe0 -x 1 -s "$1" -n "$N" >/dev/null 2>&1 &
+    srv=$!
+    w=0; while [ $w -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; w=$((w+1)); done
+    t=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s "$1" -n "$N" 127.0.0.1 2>&1 | awk -v s="$1" '$1 == s { print $5 }')
+    wait $srv
+    echo "perftest $1 ${t:-n/a}"
+}
+n=$#
+r=1
+while [ $r -le "$R" ]; do
+    i=0
+    while [ $i -lt $n ]; do
+        k=$(( (i + r) % n + 1 ))
+        eval "c=\${$k}"
+        $c
+        i=$((i+1))
+    done
+    r=$((r+1))
+done
+GUEST
+} > "$GUEST"
+chmod +x "$GUEST"
+
+"$VM" -- "$GUEST" | tee "$OUT"
+rc=${PIPESTATUS[0]}
+[ "$rc" = 0 ] || { echo "rxe-size-sweep: the VM run failed (exit $rc)"; exit "$rc"; }
+python3 - "$OUT" "$SIZES" <<'PY'
+import statistics, sys
+path, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+runs = []
+for line in open(path):
+    p = line.split()
+    if len(p) == 3 and p[0] in ("perftest", "verbio"):
+        try:
+            runs.append((p[0], int(p[1]), float(p[2])))
+        except ValueError:
+            pass
+k = 2 * len(sizes)
+rounds = [runs[i:i + k] for i in range(0, len(runs), k)]
+print(f"\n{'size':>5}  {'perftest us':>11}  {'+ vs first':>10}  {'verbio us':>9}  {'+ vs first':>10}")
+for s in sizes:
+    line = f"{s:5d}"
+    for tool in ("perftest", "verbio"):
+        vals = [v for t, z, v in runs if t == tool and z == s]
+        diffs = []
+        for rd in rounds:
+            m = {(t, z): v for t, z, v in rd}
+            if (tool, s) in m and (tool, sizes[0]) in m:
+                diffs.append(m[(tool, s)] - m[(tool, sizes[0])])
+        w = 11 if tool == "perftest" else 9
+        med = f"{statistics.median(vals):{w}.2f}" if vals else f"{'n/a':>{w}}"
+        dif = f"{statistics.median(diffs):+10.2f}" if diffs else f"{'n/a':>10}"
+        line += f"  {med}  {dif}"
+    print(line)
+PY
