@@ -24,8 +24,8 @@
 //! messages, such as credits the application's own sends wait for, keep
 //! flowing) or if a whole batch of credits is owed that no reply carried.
 //! In the usual round trip neither holds: the check costs a flag check
-//! and a push when the completion lands, and a look at the end of the
-//! pass. With no receiver waiting, the agent takes the completions and
+//! and a push when the completion lands, and is skipped at the end of the
+//! pass (the receiver found the ring waiting again, see `receive::settle`). With no receiver waiting, the agent takes the completions and
 //! queues user messages in the inbox, charged to the unread backlog.
 //!
 //! One receiver at a time polls the ring (the driver); others
@@ -300,14 +300,15 @@ impl Receiving {
     /// A whole batch of credits became owed (a message was taken): at the
     /// end of the loop pass, once the application task that took the
     /// message had its chance to send them on a reply, the ring's check
-    /// wakes the agent task if they still make one. (The check runs after
-    /// the take: it was scheduled when the message's receive completed, and
-    /// had it run before the take, it found the message untaken and woke
-    /// the agent, whose turn looks at the owed credits.)
+    /// (scheduled here, not skipped) wakes the agent task if they still
+    /// make one.
     #[inline]
     pub(crate) fn batch_owed(&self) {
         self.fan.owed_check.store(true, Ordering::Relaxed);
-        self.fan.wake_agent_later();
+        match self.ring.borrow().as_ref() {
+            Some(ring) if self.fan.checked.load(Ordering::Relaxed) => ring.schedule_check(),
+            _ => self.fan.agent.wake(),
+        }
     }
 
     /// From now on the agent task of connection `shared` is woken through

@@ -678,7 +678,16 @@ impl RingCore {
     #[inline(always)]
     fn schedule_check(&self, st: &State) {
         if let Some(c) = &st.check {
-            self.handle.schedule_check(c);
+            self.handle.schedule_check(c, false);
+        }
+    }
+
+    /// A consumer found the ring waiting: the check, if scheduled, has
+    /// nothing to look at for the ring (see [`RecvRing::check_after_wakes`]).
+    #[inline(always)]
+    fn withdraw_check(st: &State) {
+        if let Some(c) = &st.check {
+            c.withdraw();
         }
     }
 
@@ -987,15 +996,28 @@ impl RecvRing {
     /// of the first loop pass that begins afterwards, once per pass however
     /// many came, when the tasks woken before have been polled (see
     /// [`PassHook`]). A second consumer can so look at what the first left
-    /// without a wake of its own per message: the hook sees whether the
-    /// ring still holds completions and wakes it only then. Scheduling
-    /// costs a flag check and a push, and nothing takes it back. `None`
-    /// removes the hook; dropping the ring does too.
+    /// without a wake of its own per message. Scheduling costs a flag check
+    /// and a push. The hook is skipped if, since the last completion or
+    /// wake, a consumer found the ring waiting ([`poll_next`](Self::poll_next)
+    /// pending, or [`is_waiting`](Self::is_waiting) true): nothing is left
+    /// to look at then, unless [`schedule_check`](Self::schedule_check)
+    /// asked for it. `None` removes the hook; dropping the ring does too.
     pub fn check_after_wakes(&self, hook: Option<Rc<dyn PassHook>>) {
         let check = hook.map(PassCheck::new);
         let old = std::mem::replace(&mut self.core.state.borrow_mut().check, check);
         // Dropped outside the borrow: a hook's drop may run anything.
         drop(old);
+    }
+
+    /// Schedules the hook of [`check_after_wakes`](Self::check_after_wakes)
+    /// to run at the end of the next loop pass even if the ring is found
+    /// waiting before then: for work of the consumer's own that the hook
+    /// looks at. Nothing without a hook; on the ring's runtime thread.
+    pub fn schedule_check(&self) {
+        let st = self.core.state.borrow();
+        if let Some(c) = &st.check {
+            self.core.handle.schedule_check(c, true);
+        }
     }
 
     /// Reposts every released buffer now (those waiting for a full batch).
@@ -1055,7 +1077,11 @@ impl RecvRing {
     #[inline]
     pub fn is_waiting(&self, waker: &Waker) -> bool {
         let st = self.core.state.borrow();
-        st.ready.is_empty() && st.waits_on(waker)
+        let waiting = st.ready.is_empty() && st.waits_on(waker);
+        if waiting {
+            RingCore::withdraw_check(&st);
+        }
+        waiting
     }
 
     /// The next message, in arrival order. `None` once the ring has
@@ -1083,6 +1109,7 @@ impl RecvRing {
         }
         // The common wait (kept registered by `completed`).
         if st.waits_on(cx.waker()) {
+            RingCore::withdraw_check(&st);
             return Poll::Pending;
         }
         self.poll_empty(&mut st, cx)

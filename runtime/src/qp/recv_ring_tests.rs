@@ -607,7 +607,7 @@ fn a_ring_check_runs_once_per_pass_after_the_task_its_completions_woke() {
     fake.complete_recv(WcStatus::Success, 7).unwrap();
     fake.complete_recv(WcStatus::Success, 8).unwrap();
     assert_eq!(rt.handle().driver().drain_cqs(), 2);
-    let r = rt.block_on(task);
+    let mut r = rt.block_on(task);
     settle(&rt);
     assert_eq!(probe.runs.get(), 1, "once for both");
     assert_eq!(probe.taken_then.get(), 2, "after the woken task ran");
@@ -615,11 +615,36 @@ fn a_ring_check_runs_once_per_pass_after_the_task_its_completions_woke() {
     fake.complete_recv(WcStatus::Success, 9).unwrap();
     settle(&rt);
     assert_eq!(probe.runs.get(), 2);
+    // A consumer that takes the message and finds the ring waiting before
+    // the pass ends: nothing left to look at, the check is skipped...
+    let mut r = rt.block_on(async move {
+        let m = r.next().await;
+        assert!(matches!(m, Some(Ok(_))));
+        drop(m);
+        r
+    });
+    let task = crate::reactor::spawn(async move {
+        let m = r.next().await;
+        assert!(matches!(m, Some(Ok(_))));
+        drop(m);
+        let waits = std::future::poll_fn(|cx| Poll::Ready(r.poll_next(cx).is_pending())).await;
+        assert!(waits, "waits again");
+        r
+    });
+    settle(&rt);
+    fake.complete_recv(WcStatus::Success, 10).unwrap();
+    let r = rt.block_on(task);
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 2, "skipped");
+    // ...unless asked for.
+    rt.block_on(async { r.schedule_check() });
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 3);
     // Removed: no more runs.
     r.check_after_wakes(None);
-    fake.complete_recv(WcStatus::Success, 10).unwrap();
+    fake.complete_recv(WcStatus::Success, 11).unwrap();
     settle(&rt);
-    assert_eq!(probe.runs.get(), 2);
+    assert_eq!(probe.runs.get(), 3);
     drop(r);
     rt.block_on(async { qp.close().await.unwrap() });
 }

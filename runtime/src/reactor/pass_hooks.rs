@@ -52,9 +52,15 @@ pub struct PassHookId {
 
 /// A hook scheduled by the runtime's own objects ([`Handle::schedule_check`]):
 /// no id, no table; `listed` makes scheduling it again before it runs one
-/// flag check.
+/// flag check. Its owner can withdraw the reason it was scheduled for
+/// ([`PassCheck::withdraw`]): then it is skipped, unless it was also
+/// scheduled with `forced`.
 pub(crate) struct PassCheck {
     listed: Cell<bool>,
+    /// Scheduled, not withdrawn since.
+    wanted: Cell<bool>,
+    /// Scheduled with `forced` (not withdrawn by `withdraw`).
+    forced: Cell<bool>,
     hook: Rc<dyn PassHook>,
 }
 
@@ -62,8 +68,26 @@ impl PassCheck {
     pub(crate) fn new(hook: Rc<dyn PassHook>) -> Rc<PassCheck> {
         Rc::new(PassCheck {
             listed: Cell::new(false),
+            wanted: Cell::new(false),
+            forced: Cell::new(false),
             hook,
         })
+    }
+
+    /// What it was scheduled for (other than `forced`) is done: when its
+    /// turn comes, it is skipped, unless scheduled again meanwhile.
+    #[inline(always)]
+    pub(crate) fn withdraw(&self) {
+        self.wanted.set(false);
+    }
+
+    /// Its turn came: runs the hook unless withdrawn.
+    #[inline(always)]
+    fn fire(&self) {
+        self.listed.set(false);
+        if self.wanted.replace(false) | self.forced.replace(false) {
+            self.hook.pass_ended();
+        }
     }
 }
 
@@ -202,7 +226,12 @@ impl PassHooks {
     /// hook: it runs at the end of the first pass that begins after now
     /// (once, however often it is scheduled before).
     #[inline(always)]
-    fn schedule_check(&self, check: &Rc<PassCheck>) {
+    fn schedule_check(&self, check: &Rc<PassCheck>, forced: bool) {
+        if forced {
+            check.forced.set(true);
+        } else {
+            check.wanted.set(true);
+        }
         if !check.listed.replace(true) {
             self.queue
                 .borrow_mut()
@@ -278,9 +307,8 @@ impl PassHooks {
         let Some(check) = self.only_check() else {
             return self.fire_due();
         };
-        check.listed.set(false);
         self.firing.set(true);
-        check.hook.pass_ended();
+        check.fire();
         self.firing.set(false);
         self.cleared.set(false);
         self.drop_retired();
@@ -308,10 +336,7 @@ impl PassHooks {
                 continue;
             }
             match s {
-                Scheduled::Check(c) => {
-                    c.listed.set(false);
-                    c.hook.pass_ended();
-                }
+                Scheduled::Check(c) => c.fire(),
                 &Scheduled::Id(key, generation) => {
                     let hook: *const dyn PassHook = {
                         let mut entries = self.entries.borrow_mut();
@@ -430,10 +455,11 @@ impl Handle {
 
     /// Schedules the runtime object's `check` to run at the end of the
     /// first loop pass that begins after now (see [`schedule_pass_hook`]);
-    /// on the runtime's thread.
+    /// on the runtime's thread. `forced`: it runs even if withdrawn
+    /// ([`PassCheck::withdraw`]) before then.
     #[inline(always)]
-    pub(crate) fn schedule_check(&self, check: &Rc<PassCheck>) {
-        self.inner.pass_hooks.schedule_check(check);
+    pub(crate) fn schedule_check(&self, check: &Rc<PassCheck>, forced: bool) {
+        self.inner.pass_hooks.schedule_check(check, forced);
     }
 
     /// The address of the runtime's hook table (what `CURRENT_HOOKS` holds).
@@ -737,21 +763,21 @@ mod tests {
         let l = log.clone();
         rt.block_on(async move {
             assert!(schedule_pass_hook(a));
-            h.schedule_check(&check);
-            h.schedule_check(&check);
+            h.schedule_check(&check, false);
+            h.schedule_check(&check, false);
             l.borrow_mut().push("main");
             yield_now().await;
             // Alone (the usual case), and again while it waits.
-            h.schedule_check(&check);
+            h.schedule_check(&check, false);
             l.borrow_mut().push("main");
             yield_now().await;
             l.borrow_mut().push("main");
             yield_now().await;
             // Scheduled from a task of the pass: due a pass later.
             let c = check.clone();
-            crate::reactor::spawn(
-                async move { crate::reactor::Handle::current().schedule_check(&c) },
-            );
+            crate::reactor::spawn(async move {
+                crate::reactor::Handle::current().schedule_check(&c, false)
+            });
             l.borrow_mut().push("main");
             yield_now().await;
             l.borrow_mut().push("main");
