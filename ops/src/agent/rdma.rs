@@ -747,13 +747,10 @@ impl Rdma {
             srq_route: route,
             span,
         });
-        if own_receives {
-            if let Some(h) = Handle::try_current() {
-                let check = super::task::AgentCheck(Rc::downgrade(&shared));
-                shared.rx.use_pass_hook(h.add_pass_hook(Rc::new(check)));
-            }
-        }
         let route = super::task::post_receives(&shared)?;
+        if own_receives {
+            shared.rx.use_check(Rc::downgrade(&shared));
+        }
         let agent = spawn(super::task::run(shared.clone(), route).instrument(shared.span.clone()));
         let watcher = spawn(watch(Rc::downgrade(&shared)).instrument(shared.span.clone()));
         Ok(Rdma {

@@ -91,8 +91,8 @@ impl Future for Receive {
 }
 
 /// Takes what else completed (queued for the next receive) until the
-/// oldest receive is pending again: then the agent task, woken by the same
-/// completion as the receiver, has nothing left to take on its turn.
+/// oldest receive is pending again: then the ring's check at the end of
+/// the pass finds nothing left for the agent task to take.
 #[inline(always)]
 fn settle(shared: &Rc<Shared>) {
     loop {
@@ -107,7 +107,6 @@ fn settle(shared: &Rc<Shared>) {
             Step::Continue => {}
         }
     }
-    shared.rx.receiver_took_all(&shared.owed);
 }
 
 impl Drop for Receive {

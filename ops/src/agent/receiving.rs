@@ -15,18 +15,18 @@
 //! the ring uses one waker of the connection's own ([`Fan`]), which
 //! wakes the application task waiting in `receive_msg`. The receiver then
 //! takes the completion in its own poll (`task::step`) and returns the
-//! message from there, zero-copy and with no queue in between. The fan also
-//! schedules the connection's pass hook: at the end of the loop pass, after
-//! the receiver ran, it wakes the agent task only if the completions are
-//! still untaken (no receiver waited, or it holds a `receive_msg` future
-//! it does not poll: the connection's control messages, such as credits
-//! the application's own sends wait for, keep flowing) or if a whole batch
-//! of credits is owed that no reply carried. A receiver that took every
-//! completion, with no whole batch owed, takes the hook's scheduling back
-//! when it can (it is the last one scheduled), so the usual round trip
-//! runs no hook at all. With no receiver waiting, the
-//! agent takes the completions and queues user messages in the inbox,
-//! charged to the unread backlog.
+//! message from there, zero-copy and with no queue in between. Each
+//! completion (and each wake of the fan) also schedules the connection's
+//! check on the ring ([`RecvRing::check_after_wakes`]): at the end of the
+//! loop pass, after the receiver ran, it wakes the agent task only if the
+//! completions are still untaken (no receiver waited, or it holds a
+//! `receive_msg` future it does not poll: the connection's control
+//! messages, such as credits the application's own sends wait for, keep
+//! flowing) or if a whole batch of credits is owed that no reply carried.
+//! In the usual round trip neither holds: the check costs a flag check
+//! and a push when the completion lands, and is skipped at the end of the
+//! pass (the receiver found the ring waiting again, see `receive::settle`). With no receiver waiting, the agent takes the completions and
+//! queues user messages in the inbox, charged to the unread backlog.
 //!
 //! One receiver at a time polls the ring (the driver); others
 //! wait for the inbox or their turn. The inbox is a `VecDeque`: no
@@ -34,22 +34,21 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
-use verbio_runtime::{
-    schedule_pass_hook, unschedule_pass_hook, Handle, PassHookId, RecvRing, RecvRingError, RingMsg,
-};
+use verbio_runtime::{PassHook, RecvRing, RecvRingError, RingMsg};
 
-use super::flow::Owed;
 use super::msg::{Body, Lent, RecvMsg};
+use super::rdma::Shared;
 
-/// The waker the connection's receive ring is polled with: wakes
-/// the driving receiver (if one waits), then the agent task, through the
-/// connection's pass hook when it has one.
+/// The waker the connection's receive ring is polled with: wakes the
+/// driving receiver (if one waits); the ring's check
+/// ([`Receiving::pass_ended`]) wakes the agent task if needed, or the fan
+/// does at once while the ring has none.
 #[derive(Debug, Default)]
 struct Fan {
     receiver: AtomicWaker,
@@ -60,32 +59,22 @@ struct Fan {
     /// A receiver registered since the last wake (`receiver` may hold its
     /// waker): a receiver that leaves clears it only then.
     receiver_set: AtomicBool,
-    /// The connection's pass hook ([`Receiving::pass_ended`]).
-    hook: OnceLock<PassHookId>,
-    /// The hook is scheduled and has not run yet.
-    hook_scheduled: AtomicBool,
+    /// The ring has the connection's check: it wakes the agent task.
+    checked: AtomicBool,
+    /// A whole batch of credits became owed since the agent last looked:
+    /// it returns them in a `Credit` message of their own if no data piece
+    /// took them first.
+    owed_check: AtomicBool,
 }
 
 impl Fan {
     /// Has the agent task look at the connection once the tasks woken
-    /// before now have run: at the end of the loop pass, through the pass
-    /// hook (which wakes it only if work is left), or at once without one
-    /// (or off the runtime's thread).
+    /// before now have run: the ring's check does at the end of the loop
+    /// pass (waking it only if work is left); without one, a wake now.
     #[inline]
     fn wake_agent_later(&self) {
-        if !self.hook_scheduled.load(Ordering::Relaxed) {
-            self.schedule_agent_check();
-        }
-    }
-
-    /// [`Fan::wake_agent_later`] when the hook is not scheduled yet.
-    #[inline(never)]
-    fn schedule_agent_check(&self) {
-        match self.hook.get() {
-            Some(id) if schedule_pass_hook(*id) => {
-                self.hook_scheduled.store(true, Ordering::Relaxed)
-            }
-            _ => self.agent.wake(),
+        if !self.checked.load(Ordering::Relaxed) {
+            self.agent.wake();
         }
     }
 }
@@ -100,6 +89,33 @@ impl Wake for Fan {
         self.receiver_set.store(false, Ordering::Relaxed);
         self.receiver.wake();
         self.wake_agent_later();
+    }
+}
+
+/// The connection's check on its receive ring, run at the end of a loop
+/// pass in which a receive completed or the ring woke the fan: wakes the
+/// agent task if a receiver did not take the completions, or if a whole
+/// batch of credits is owed that no reply took. In the usual round trip
+/// neither holds and the agent sleeps.
+struct AgentCheck {
+    fan: Arc<Fan>,
+    shared: Weak<Shared>,
+}
+
+impl PassHook for AgentCheck {
+    fn pass_ended(&self) {
+        let fan = &*self.fan;
+        // The usual case: all taken, no batch of credits owed since the
+        // agent looked.
+        if fan.armed.load(Ordering::Relaxed) && !fan.owed_check.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(s) = self.shared.upgrade() else {
+            return;
+        };
+        if !fan.armed.load(Ordering::Relaxed) || s.owed.has_batch() {
+            fan.agent.wake();
+        }
     }
 }
 
@@ -123,10 +139,6 @@ pub(crate) struct Receiving {
     /// Ring slots lent to the application now, and at most.
     lent: Rc<Cell<u32>>,
     lend_max: Cell<u32>,
-    /// Credits became owed since the agent last looked: it returns them
-    /// in a `Credit` message of their own if they make a whole batch and no
-    /// data piece took them first.
-    owed_check: Cell<bool>,
     fan: Arc<Fan>,
     fan_waker: Waker,
 }
@@ -162,14 +174,6 @@ impl std::fmt::Debug for Receiving {
     }
 }
 
-impl Drop for Receiving {
-    fn drop(&mut self) {
-        if let (Some(id), Some(h)) = (self.fan.hook.get(), Handle::try_current()) {
-            h.remove_pass_hook(*id);
-        }
-    }
-}
-
 impl Receiving {
     /// An empty receive side (`own`: the connection posts its own
     /// receives, else messages come from a shared receive queue's route).
@@ -179,7 +183,6 @@ impl Receiving {
             ring: RefCell::new(None),
             lent: Rc::new(Cell::new(0)),
             lend_max: Cell::new(0),
-            owed_check: Cell::new(false),
             state: RefCell::new(State {
                 own,
                 inbox: VecDeque::new(),
@@ -294,57 +297,41 @@ impl Receiving {
         true
     }
 
-    /// Credits became owed: at the end of the loop pass, once the
-    /// application task that took the message had its chance to send them
-    /// on a reply, the pass hook wakes the agent task if they still make a
-    /// whole batch.
+    /// A whole batch of credits became owed (a message was taken): at the
+    /// end of the loop pass, once the application task that took the
+    /// message had its chance to send them on a reply, the ring's check
+    /// (scheduled here, not skipped) wakes the agent task if they still
+    /// make one.
     #[inline]
-    pub(crate) fn credits_owed(&self) {
-        self.owed_check.set(true);
-        self.fan.wake_agent_later();
-    }
-
-    /// From now on the agent task is woken through the pass hook `id`,
-    /// which calls [`Receiving::pass_ended`] (removed when this is dropped).
-    pub(crate) fn use_pass_hook(&self, id: PassHookId) {
-        let _ = self.fan.hook.set(id);
-    }
-
-    /// The end of a loop pass in which a receive completed or credits
-    /// became owed: wakes the agent task if a receiver did not take the
-    /// completions, or if a whole batch of credits is owed that no reply
-    /// took. In the usual round trip neither holds and the agent sleeps.
-    pub(crate) fn pass_ended(&self, owed: &Owed) {
-        self.fan.hook_scheduled.store(false, Ordering::Relaxed);
-        let batch_owed = self.owed_check.get() && owed.has_batch();
-        if !self.armed() || batch_owed {
-            self.fan.agent.wake();
+    pub(crate) fn batch_owed(&self) {
+        self.fan.owed_check.store(true, Ordering::Relaxed);
+        match self.ring.borrow().as_ref() {
+            Some(ring) if self.fan.checked.load(Ordering::Relaxed) => ring.schedule_check(),
+            _ => self.fan.agent.wake(),
         }
     }
 
-    /// A driving receiver took its message and what else had completed
-    /// (the ring is polled pending again): if no whole batch of credits is
-    /// owed either, the pass hook would find nothing to do, so its
-    /// scheduling is taken back when the runtime allows (anything that
-    /// completes or becomes owed later schedules it again).
-    #[inline]
-    pub(crate) fn receiver_took_all(&self, owed: &Owed) {
-        if !self.fan.hook_scheduled.load(Ordering::Relaxed) || !self.armed() {
-            return;
-        }
-        if self.owed_check.get() && owed.has_batch() {
-            return;
-        }
-        if let Some(id) = self.fan.hook.get() {
-            if unschedule_pass_hook(*id) {
-                self.fan.hook_scheduled.store(false, Ordering::Relaxed);
-            }
+    /// From now on the agent task of connection `shared` is woken through
+    /// the ring's check ([`AgentCheck`]), run after each completion and
+    /// wake of the ring.
+    pub(crate) fn use_check(&self, shared: Weak<Shared>) {
+        if let Some(ring) = self.ring.borrow().as_ref() {
+            let check = AgentCheck {
+                fan: self.fan.clone(),
+                shared,
+            };
+            ring.check_after_wakes(Some(Rc::new(check)));
+            self.fan.checked.store(true, Ordering::Relaxed);
         }
     }
 
-    /// True if credits became owed since the last call.
+    /// True if a whole batch of credits became owed since the last call.
     pub(crate) fn take_owed_check(&self) -> bool {
-        self.owed_check.take()
+        let owed = self.fan.owed_check.load(Ordering::Relaxed);
+        if owed {
+            self.fan.owed_check.store(false, Ordering::Relaxed);
+        }
+        owed
     }
 
     /// The agent task waits on `cx` for completions and for credits to send.
@@ -364,6 +351,8 @@ impl Receiving {
         };
         let ring = self.ring.borrow_mut().take();
         drop(ring);
+        // The ring and its check are gone: the fan wakes the agent itself.
+        self.fan.checked.store(false, Ordering::Relaxed);
         for (_, w) in waiters {
             w.wake();
         }

@@ -10,13 +10,13 @@
 //! (dropping it reposts that buffer).
 
 use std::future::poll_fn;
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tracing::Instrument;
 
 use verbio_runtime::provider::{AccessFlags, WcStatus};
-use verbio_runtime::{sleep_until, spawn, timeout, PassHook};
+use verbio_runtime::{sleep_until, spawn, timeout};
 
 use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
@@ -221,17 +221,6 @@ fn agent_turn(shared: &Rc<Shared>, cx: &Context<'_>) -> Poll<Option<u32>> {
     }
 }
 
-/// A connection's pass hook (see [`Receiving::pass_ended`](super::receiving::Receiving::pass_ended)).
-pub(crate) struct AgentCheck(pub(crate) Weak<Shared>);
-
-impl PassHook for AgentCheck {
-    fn pass_ended(&self) {
-        if let Some(s) = self.0.upgrade() {
-            s.rx.pass_ended(&s.owed);
-        }
-    }
-}
-
 /// What [`step`] did.
 pub(crate) enum Step {
     /// A whole user message arrived (the caller delivers it).
@@ -295,7 +284,9 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
     // Over the unread limit, the credit stays here (see `Backlog`).
     if credited && shared.backlog.credit_may_return() {
         shared.owed.add_one();
-        rx.credits_owed();
+        if shared.owed.has_batch() {
+            rx.batch_owed();
+        }
     }
     match msg {
         Some(m) => Step::Msg(m),

@@ -50,7 +50,7 @@ use crate::provider::{
     AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcStatus,
     GRH_LEN,
 };
-use crate::reactor::{Handle, WorkQueue};
+use crate::reactor::{Handle, PassCheck, PassHook, WorkQueue};
 
 /// Why a [`RecvRing`] could not be created, or what its stream reports.
 /// For a ring on a shared receive queue, `qp_num` is the SRQ's handle.
@@ -223,6 +223,9 @@ struct State {
     /// Buffers posted (owned by the device).
     posted: u32,
     waker: Option<Waker>,
+    /// Scheduled at each completion and each wake of `waker`
+    /// ([`RecvRing::check_after_wakes`]).
+    check: Option<Rc<PassCheck>>,
     /// The `RecvRing` handle is gone.
     dropped: bool,
     /// A buffer failed (or the QP closed): nothing is reposted any more.
@@ -395,6 +398,7 @@ impl RingCore {
                     slid: c.slid,
                     grh: c.grh,
                 });
+                self.schedule_check(&st);
                 let waker = match &st.waker {
                     // A verbio task's waker only queues its task (no
                     // foreign code runs under the borrow): woken in place
@@ -630,6 +634,9 @@ impl RingCore {
             // The last buffer: a waiting `next` can end the stream now.
             if st.posted == 0 {
                 let waker = st.waker.take();
+                if waker.is_some() {
+                    self.schedule_check(&st);
+                }
                 drop(st);
                 if let Some(w) = waker {
                     w.wake();
@@ -646,6 +653,9 @@ impl RingCore {
                     // A task waiting in `next` (the guard may have been
                     // dropped on another one) must hear of the failure.
                     let waker = st.waker.take();
+                    if waker.is_some() {
+                        self.schedule_check(&st);
+                    }
                     drop(st);
                     if let Some(w) = waker {
                         w.wake();
@@ -655,9 +665,29 @@ impl RingCore {
             }
         }
         let waker = self.release_slow(&mut st, slot);
+        if waker.is_some() {
+            self.schedule_check(&st);
+        }
         drop(st);
         if let Some(w) = waker {
             w.wake();
+        }
+    }
+
+    /// Schedules the ring's check, if it has one (a completion, or a wake).
+    #[inline(always)]
+    fn schedule_check(&self, st: &State) {
+        if let Some(c) = &st.check {
+            self.handle.schedule_check(c, false);
+        }
+    }
+
+    /// A consumer found the ring waiting: the check, if scheduled, has
+    /// nothing to look at for the ring (see [`RecvRing::check_after_wakes`]).
+    #[inline(always)]
+    fn withdraw_check(st: &State) {
+        if let Some(c) = &st.check {
+            c.withdraw();
         }
     }
 
@@ -864,6 +894,7 @@ impl RecvRing {
             pending: Vec::with_capacity(depth as usize),
             posted: 0,
             waker: None,
+            check: None,
             dropped: false,
             stopped: false,
             reported_flush: false,
@@ -960,6 +991,35 @@ impl RecvRing {
         self.core.posted()
     }
 
+    /// Has `hook` run after each completion of the ring and each wake of
+    /// the task waiting on it (for a failure it must hear of): at the end
+    /// of the first loop pass that begins afterwards, once per pass however
+    /// many came, when the tasks woken before have been polled (see
+    /// [`PassHook`]). A second consumer can so look at what the first left
+    /// without a wake of its own per message. Scheduling costs a flag check
+    /// and a push. The hook is skipped if, since the last completion or
+    /// wake, a consumer found the ring waiting ([`poll_next`](Self::poll_next)
+    /// pending, or [`is_waiting`](Self::is_waiting) true): nothing is left
+    /// to look at then, unless [`schedule_check`](Self::schedule_check)
+    /// asked for it. `None` removes the hook; dropping the ring does too.
+    pub fn check_after_wakes(&self, hook: Option<Rc<dyn PassHook>>) {
+        let check = hook.map(PassCheck::new);
+        let old = std::mem::replace(&mut self.core.state.borrow_mut().check, check);
+        // Dropped outside the borrow: a hook's drop may run anything.
+        drop(old);
+    }
+
+    /// Schedules the hook of [`check_after_wakes`](Self::check_after_wakes)
+    /// to run at the end of the next loop pass even if the ring is found
+    /// waiting before then: for work of the consumer's own that the hook
+    /// looks at. Nothing without a hook; on the ring's runtime thread.
+    pub fn schedule_check(&self) {
+        let st = self.core.state.borrow();
+        if let Some(c) = &st.check {
+            self.core.handle.schedule_check(c, true);
+        }
+    }
+
     /// Reposts every released buffer now (those waiting for a full batch).
     pub fn flush_reposts(&self) {
         let mut st = self.core.state.borrow_mut();
@@ -1017,7 +1077,11 @@ impl RecvRing {
     #[inline]
     pub fn is_waiting(&self, waker: &Waker) -> bool {
         let st = self.core.state.borrow();
-        st.ready.is_empty() && st.waits_on(waker)
+        let waiting = st.ready.is_empty() && st.waits_on(waker);
+        if waiting {
+            RingCore::withdraw_check(&st);
+        }
+        waiting
     }
 
     /// The next message, in arrival order. `None` once the ring has
@@ -1045,6 +1109,7 @@ impl RecvRing {
         }
         // The common wait (kept registered by `completed`).
         if st.waits_on(cx.waker()) {
+            RingCore::withdraw_check(&st);
             return Poll::Pending;
         }
         self.poll_empty(&mut st, cx)
@@ -1120,17 +1185,19 @@ impl RecvRing {
 
 impl Drop for RecvRing {
     fn drop(&mut self) {
-        let unregister = {
+        let (unregister, check) = {
             let mut st = self.core.state.borrow_mut();
             st.dropped = true;
             st.waker = None;
+            let check = st.check.take();
             // Completed, unread messages: their buffers go idle.
             while let Some(c) = st.ready.pop_front() {
                 st.slots[c.slot as usize] = Slot::Idle;
             }
             self.core.release_pending(&mut st);
-            st.posted == 0
+            (st.posted == 0, check)
         };
+        drop(check);
         if unregister {
             self.core
                 .handle

@@ -568,3 +568,83 @@ fn a_repost_that_fails_wakes_the_next_waiting_on_another_task() {
     drop(r);
     rt.block_on(async { qp.close().await.unwrap() });
 }
+
+/// A ring's check: counts its runs and what the consumer had taken then.
+#[derive(Default)]
+struct CheckProbe {
+    runs: std::cell::Cell<u32>,
+    taken: Rc<std::cell::Cell<u32>>,
+    taken_then: std::cell::Cell<u32>,
+}
+
+impl crate::reactor::PassHook for CheckProbe {
+    fn pass_ended(&self) {
+        self.runs.set(self.runs.get() + 1);
+        self.taken_then.set(self.taken.get());
+    }
+}
+
+#[test]
+fn a_ring_check_runs_once_per_pass_after_the_task_its_completions_woke() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    let probe = Rc::new(CheckProbe::default());
+    r.check_after_wakes(Some(probe.clone()));
+    let taken = probe.taken.clone();
+    let task = crate::reactor::spawn(async move {
+        for _ in 0..2 {
+            let m = r.next().await;
+            assert!(matches!(m, Some(Ok(_))));
+            taken.set(taken.get() + 1);
+        }
+        r
+    });
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 0, "nothing completed yet");
+    // Two completions routed before the pass: one check, at its end,
+    // after the task they woke took both.
+    fake.complete_recv(WcStatus::Success, 7).unwrap();
+    fake.complete_recv(WcStatus::Success, 8).unwrap();
+    assert_eq!(rt.handle().driver().drain_cqs(), 2);
+    let mut r = rt.block_on(task);
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 1, "once for both");
+    assert_eq!(probe.taken_then.get(), 2, "after the woken task ran");
+    // A completion nobody waits for still schedules it.
+    fake.complete_recv(WcStatus::Success, 9).unwrap();
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 2);
+    // A consumer that takes the message and finds the ring waiting before
+    // the pass ends: nothing left to look at, the check is skipped...
+    let mut r = rt.block_on(async move {
+        let m = r.next().await;
+        assert!(matches!(m, Some(Ok(_))));
+        drop(m);
+        r
+    });
+    let task = crate::reactor::spawn(async move {
+        let m = r.next().await;
+        assert!(matches!(m, Some(Ok(_))));
+        drop(m);
+        let waits = std::future::poll_fn(|cx| Poll::Ready(r.poll_next(cx).is_pending())).await;
+        assert!(waits, "waits again");
+        r
+    });
+    settle(&rt);
+    fake.complete_recv(WcStatus::Success, 10).unwrap();
+    let r = rt.block_on(task);
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 2, "skipped");
+    // ...unless asked for.
+    rt.block_on(async { r.schedule_check() });
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 3);
+    // Removed: no more runs.
+    r.check_after_wakes(None);
+    fake.complete_recv(WcStatus::Success, 11).unwrap();
+    settle(&rt);
+    assert_eq!(probe.runs.get(), 3);
+    drop(r);
+    rt.block_on(async { qp.close().await.unwrap() });
+}

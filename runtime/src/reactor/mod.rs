@@ -44,6 +44,7 @@ pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
 pub(crate) use cq_registration::CqRegistration;
 pub(crate) use driver::Driver;
+pub(crate) use pass_hooks::PassCheck;
 #[cfg(feature = "ibverbs")]
 pub(crate) use readable_fd::ReadableFd;
 pub(crate) use work_queue::WorkQueue;

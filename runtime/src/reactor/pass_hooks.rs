@@ -18,6 +18,13 @@
 //! scheduled hook is one flag check. The thread's current hook table is a
 //! plain pointer in a thread-local without a destructor, kept in step with
 //! the thread's current runtime (`Handle::set_current`).
+//!
+//! The runtime's own objects schedule hooks without an id: a receive ring
+//! schedules its [`PassCheck`] at each completion and each wake of the task
+//! waiting on it ([`RecvRing::check_after_wakes`](crate::qp::RecvRing::check_after_wakes)).
+//! On the runtime's thread with the runtime at hand, that is a flag check
+//! and a push into the same queue; nothing takes it back (a check that
+//! finds nothing to do costs about what taking it back would).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -43,6 +50,61 @@ pub struct PassHookId {
     generation: u32,
 }
 
+/// A hook scheduled by the runtime's own objects ([`Handle::schedule_check`]):
+/// no id, no table; `listed` makes scheduling it again before it runs one
+/// flag check. Its owner can withdraw the reason it was scheduled for
+/// ([`PassCheck::withdraw`]): then it is skipped, unless it was also
+/// scheduled with `forced`.
+pub(crate) struct PassCheck {
+    listed: Cell<bool>,
+    /// Scheduled, not withdrawn since.
+    wanted: Cell<bool>,
+    /// Scheduled with `forced` (not withdrawn by `withdraw`).
+    forced: Cell<bool>,
+    hook: Rc<dyn PassHook>,
+}
+
+impl PassCheck {
+    pub(crate) fn new(hook: Rc<dyn PassHook>) -> Rc<PassCheck> {
+        Rc::new(PassCheck {
+            listed: Cell::new(false),
+            wanted: Cell::new(false),
+            forced: Cell::new(false),
+            hook,
+        })
+    }
+
+    /// What it was scheduled for (other than `forced`) is done: when its
+    /// turn comes, it is skipped, unless scheduled again meanwhile.
+    #[inline(always)]
+    pub(crate) fn withdraw(&self) {
+        self.wanted.set(false);
+    }
+
+    /// Its turn came: runs the hook unless withdrawn.
+    #[inline(always)]
+    fn fire(&self) {
+        self.listed.set(false);
+        if self.wanted.replace(false) | self.forced.replace(false) {
+            self.hook.pass_ended();
+        }
+    }
+}
+
+/// A scheduled hook.
+enum Scheduled {
+    /// An id's hook (key, generation).
+    Id(u32, u32),
+    Check(Rc<PassCheck>),
+}
+
+impl Scheduled {
+    #[inline(always)]
+    fn is_id(&self, key: u32, generation: u32) -> bool {
+        matches!(*self, Scheduled::Id(k, g) if k == key && g == generation)
+    }
+}
+
 struct Entry {
     hook: Rc<dyn PassHook>,
     generation: u32,
@@ -53,8 +115,8 @@ struct Entry {
 #[derive(Default)]
 pub(crate) struct PassHooks {
     entries: RefCell<Slab<Entry>>,
-    /// Scheduled hooks (key, generation), oldest first.
-    queue: RefCell<Vec<(u32, u32)>>,
+    /// Scheduled hooks, oldest first.
+    queue: RefCell<Vec<Scheduled>>,
     /// `queue`'s length.
     queued: Cell<usize>,
     /// The first `due` of `queue` fire at the end of the current pass.
@@ -64,6 +126,9 @@ pub(crate) struct PassHooks {
     /// Hooks removed while one ran: dropped when it returns (the running
     /// one may be among them, its slot even reused and removed again).
     retired: RefCell<Vec<Rc<dyn PassHook>>>,
+    /// `clear` ran while hooks were firing: the rest taken out to fire
+    /// do not.
+    cleared: Cell<bool>,
 }
 
 /// How far from the end of the scheduled hooks [`unschedule_pass_hook`]
@@ -75,9 +140,12 @@ const UNSCHEDULE_REACH: usize = 8;
 /// [`UNSCHEDULE_REACH`]: where it was.
 #[cold]
 #[inline(never)]
-fn remove_near_end(queue: &mut Vec<(u32, u32)>, hook: (u32, u32)) -> Option<usize> {
+fn remove_near_end(queue: &mut Vec<Scheduled>, key: u32, generation: u32) -> Option<usize> {
     let from = queue.len().saturating_sub(UNSCHEDULE_REACH);
-    let at = from + queue[from..].iter().rposition(|&q| q == hook)?;
+    let at = from
+        + queue[from..]
+            .iter()
+            .rposition(|q| q.is_id(key, generation))?;
     queue.remove(at);
     Some(at)
 }
@@ -146,9 +214,29 @@ impl PassHooks {
             if e.generation == id.generation && !e.scheduled {
                 e.scheduled = true;
                 drop(entries);
-                self.queue.borrow_mut().push((id.key, id.generation));
+                self.queue
+                    .borrow_mut()
+                    .push(Scheduled::Id(id.key, id.generation));
                 self.queued.set(self.queued.get() + 1);
             }
+        }
+    }
+
+    /// Schedules `check` like [`schedule_pass_hook`] schedules an id's
+    /// hook: it runs at the end of the first pass that begins after now
+    /// (once, however often it is scheduled before).
+    #[inline(always)]
+    fn schedule_check(&self, check: &Rc<PassCheck>, forced: bool) {
+        if forced {
+            check.forced.set(true);
+        } else {
+            check.wanted.set(true);
+        }
+        if !check.listed.replace(true) {
+            self.queue
+                .borrow_mut()
+                .push(Scheduled::Check(check.clone()));
+            self.queued.set(self.queued.get() + 1);
         }
     }
 
@@ -169,13 +257,12 @@ impl PassHooks {
             return false;
         };
         let mut queue = self.queue.borrow_mut();
-        let this = (id.key, id.generation);
         // The usual case first: it is the last one.
-        let at = if queue.last() == Some(&this) {
+        let at = if queue.last().is_some_and(|q| q.is_id(id.key, id.generation)) {
             queue.pop();
             queue.len()
         } else {
-            match remove_near_end(&mut queue, this) {
+            match remove_near_end(&mut queue, id.key, id.generation) {
                 Some(at) => at,
                 None => return false,
             }
@@ -204,8 +291,27 @@ impl PassHooks {
     #[inline(always)]
     pub(crate) fn end_pass(&self) {
         if self.due.get() != 0 {
-            self.fire_due();
+            self.fire_first();
         }
+    }
+
+    /// Fires the hooks due: the usual single check here (a small frame),
+    /// the rest in [`PassHooks::fire_due`].
+    #[inline(never)]
+    fn fire_first(&self) {
+        if self.firing.get() {
+            // Reentered from a hook (it drove the loop): the outer call
+            // fires the rest.
+            return;
+        }
+        let Some(check) = self.only_check() else {
+            return self.fire_due();
+        };
+        self.firing.set(true);
+        check.fire();
+        self.firing.set(false);
+        self.cleared.set(false);
+        self.drop_retired();
     }
 
     #[inline(never)]
@@ -215,51 +321,114 @@ impl PassHooks {
             // fires the rest.
             return;
         }
-        // A hook may schedule hooks (they queue behind the due ones), add
-        // and remove them, or clear them all (then `due` is 0).
-        let mut i = 0;
-        while i < self.due.get() {
-            let Some(&(key, generation)) = self.queue.borrow().get(i) else {
-                break;
-            };
-            i += 1;
-            let hook: *const dyn PassHook = {
-                let mut entries = self.entries.borrow_mut();
-                match entries.get_mut(key as usize) {
-                    Some(e) if e.scheduled && e.generation == generation => {
-                        e.scheduled = false;
-                        Rc::as_ptr(&e.hook)
-                    }
-                    _ => continue,
+        // The queue is taken out: hooks scheduled while these run (by a
+        // hook) queue in its place, due at the end of the next pass. A
+        // hook may also add and remove hooks, or clear them all.
+        let mut queue = self.queue.take();
+        let n = self.due.replace(0).min(queue.len());
+        self.firing.set(true);
+        for s in &queue[..n] {
+            if self.cleared.get() {
+                // Cleared by a hook: the rest do not run.
+                if let Scheduled::Check(c) = s {
+                    c.listed.set(false);
                 }
-            };
-            self.firing.set(true);
-            // SAFETY: the `Rc` the pointer came from stays alive while the
-            // hook runs: while `firing` is set, `remove` and `clear` move
-            // the hooks they take into `retired`, dropped after it returns.
-            unsafe { &*hook }.pass_ended();
-            self.firing.set(false);
-            let retired = std::mem::take(&mut *self.retired.borrow_mut());
-            drop(retired);
+                continue;
+            }
+            match s {
+                Scheduled::Check(c) => c.fire(),
+                &Scheduled::Id(key, generation) => {
+                    let hook: *const dyn PassHook = {
+                        let mut entries = self.entries.borrow_mut();
+                        match entries.get_mut(key as usize) {
+                            Some(e) if e.scheduled && e.generation == generation => {
+                                e.scheduled = false;
+                                Rc::as_ptr(&e.hook)
+                            }
+                            _ => continue,
+                        }
+                    };
+                    // SAFETY: the `Rc` the pointer came from stays alive
+                    // while the hook runs: while `firing` is set, `remove`
+                    // and `clear` move the hooks they take into `retired`,
+                    // dropped after the hooks returned.
+                    unsafe { &*hook }.pass_ended();
+                }
+            }
         }
-        let n = self.due.replace(0);
-        let mut queue = self.queue.borrow_mut();
-        if n >= queue.len() {
-            // The usual case: none was scheduled meanwhile.
+        self.firing.set(false);
+        if self.cleared.replace(false) {
+            for s in &queue[n..] {
+                if let Scheduled::Check(c) = s {
+                    c.listed.set(false);
+                }
+            }
+            queue.clear();
+        } else if n == queue.len() {
+            // The usual case: all of them were due.
             queue.clear();
         } else {
             queue.drain(..n);
         }
-        self.queued.set(queue.len());
+        self.drop_retired();
+        // Back in place, before those scheduled meanwhile (the usual case:
+        // none, and the queue keeps its capacity).
+        let mut q = self.queue.borrow_mut();
+        if !q.is_empty() {
+            queue.append(&mut q);
+        }
+        *q = queue;
+        self.queued.set(q.len());
+    }
+
+    /// The usual end of a pass with hooks due: one check, scheduled
+    /// before the pass began, and nothing else. Taken out of the queue
+    /// (which is then empty).
+    #[inline(always)]
+    fn only_check(&self) -> Option<Rc<PassCheck>> {
+        let mut queue = self.queue.borrow_mut();
+        if self.due.get() != 1 || queue.len() != 1 || !matches!(queue[0], Scheduled::Check(_)) {
+            return None;
+        }
+        self.due.set(0);
+        self.queued.set(0);
+        match queue.pop() {
+            Some(Scheduled::Check(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Drops the hooks removed while hooks ran.
+    #[inline(always)]
+    fn drop_retired(&self) {
+        if !self.retired.borrow().is_empty() {
+            self.drop_retired_now();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drop_retired_now(&self) {
+        let retired = std::mem::take(&mut *self.retired.borrow_mut());
+        drop(retired);
     }
 
     /// Shutdown: forgets every hook.
     pub(crate) fn clear(&self) {
         let entries = std::mem::take(&mut *self.entries.borrow_mut());
-        self.queue.borrow_mut().clear();
+        let queue = self.queue.take();
+        for s in &queue {
+            if let Scheduled::Check(c) = s {
+                c.listed.set(false);
+            }
+        }
+        // A check's hook may run anything when dropped: outside the borrow.
+        drop(queue);
         self.queued.set(0);
         self.due.set(0);
         if self.firing.get() {
+            // Those taken out to fire do not.
+            self.cleared.set(true);
             // A hook is running: none is dropped before it returns.
             let mut retired = self.retired.borrow_mut();
             retired.extend(entries.into_iter().map(|(_, e)| e.hook));
@@ -282,6 +451,15 @@ impl Handle {
         if id.runtime == self.runtime_id() {
             self.inner.pass_hooks.remove(id);
         }
+    }
+
+    /// Schedules the runtime object's `check` to run at the end of the
+    /// first loop pass that begins after now (see [`schedule_pass_hook`]);
+    /// on the runtime's thread. `forced`: it runs even if withdrawn
+    /// ([`PassCheck::withdraw`]) before then.
+    #[inline(always)]
+    pub(crate) fn schedule_check(&self, check: &Rc<PassCheck>, forced: bool) {
+        self.inner.pass_hooks.schedule_check(check, forced);
     }
 
     /// The address of the runtime's hook table (what `CURRENT_HOOKS` holds).
@@ -572,6 +750,43 @@ mod tests {
             *log.borrow(),
             ["main", "A", "main", "B", "main"],
             "one pass each, the loop did not sleep in between"
+        );
+    }
+
+    #[test]
+    fn a_check_runs_once_at_the_end_of_the_next_pass_in_turn_with_the_id_hooks() {
+        let rt = Runtime::new().unwrap();
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let a = rt.handle().add_pass_hook(Rc::new(Logger::new("A", &log)));
+        let check = super::PassCheck::new(Rc::new(Logger::new("C", &log)));
+        let h = rt.handle().clone();
+        let l = log.clone();
+        rt.block_on(async move {
+            assert!(schedule_pass_hook(a));
+            h.schedule_check(&check, false);
+            h.schedule_check(&check, false);
+            l.borrow_mut().push("main");
+            yield_now().await;
+            // Alone (the usual case), and again while it waits.
+            h.schedule_check(&check, false);
+            l.borrow_mut().push("main");
+            yield_now().await;
+            l.borrow_mut().push("main");
+            yield_now().await;
+            // Scheduled from a task of the pass: due a pass later.
+            let c = check.clone();
+            crate::reactor::spawn(async move {
+                crate::reactor::Handle::current().schedule_check(&c, false)
+            });
+            l.borrow_mut().push("main");
+            yield_now().await;
+            l.borrow_mut().push("main");
+            yield_now().await;
+            l.borrow_mut().push("main");
+        });
+        assert_eq!(
+            *log.borrow(),
+            ["main", "A", "C", "main", "C", "main", "main", "main", "C", "main"]
         );
     }
 
