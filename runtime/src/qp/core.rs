@@ -58,7 +58,9 @@ pub(crate) struct QpCore {
     /// Doorbell batching is on for this QP (see
     /// [`QueuePair::set_doorbell_batching`]).
     pub(crate) batch_posts: Cell<bool>,
-    /// Listed for the end of the current poll phase (`deferred.rs`).
+    /// Listed for the end of the current poll phase (`deferred.rs`): set
+    /// only in a phase with `batch_posts` on, cleared at the phase's end
+    /// and when `batch_posts` is turned off.
     pub(crate) listed_in_phase: Cell<bool>,
     /// The operation of the zero-length WR that retires unsignaled inline
     /// sends (`inline.rs`): an RDMA WRITE on RC, a refused datagram to

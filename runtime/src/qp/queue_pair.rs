@@ -278,6 +278,8 @@ impl QueuePair {
         core.batch_posts.set(on);
         if !on {
             core.flush_deferred(self.inner.handle.ops());
+            // Single WRs are posted at once from now on (`defers_now`).
+            core.listed_in_phase.set(false);
         }
     }
 }

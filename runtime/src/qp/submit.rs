@@ -209,12 +209,8 @@ impl QueuePair {
         let Some(first) = ops.insert(0, &core.credits, false, 1 + absorbed) else {
             return Err(self.table_full(false, 1, absorbed));
         };
-        let driver = self.inner.handle.driver();
-        if driver.batching() && core.batch_posts.get() {
+        if self.defers_now() {
             // As for `Wrs::One` in `post`.
-            if !core.listed_in_phase.replace(true) {
-                driver.note_phase_end(core.clone());
-            }
             if core.defer_one(wr, first, absorbed) {
                 core.flush_deferred(ops);
             }
@@ -534,6 +530,26 @@ impl QueuePair {
                 Some(e) => Err(e),
             },
         }
+    }
+
+    /// True if a single send WR submitted now waits for the end of the
+    /// poll phase (one runs, and doorbell batching is on for this QP); the
+    /// QP is then listed for that end.
+    #[inline(always)]
+    fn defers_now(&self) -> bool {
+        let core = &self.inner.core;
+        // Listed in this phase: both held when it was listed, and the
+        // phase's end (`phase_ended`) and turning batching off clear it.
+        if core.listed_in_phase.get() {
+            return true;
+        }
+        let driver = self.inner.handle.driver();
+        if driver.batching() && core.batch_posts.get() {
+            core.listed_in_phase.set(true);
+            driver.note_phase_end(core.clone());
+            return true;
+        }
+        false
     }
 
     /// The op table is full: gives back the `n` credits taken for an op
