@@ -165,6 +165,18 @@ impl QueuePair {
     /// [`check`](Self::check) of a single WR given by its parts.
     #[inline(always)]
     fn check_one(&self, wr: &OneWr) -> Result<(), SubmitError> {
+        if self.inner.core.sends_ok.get() {
+            // Neither closed nor faulted, and a WR of one SGE fits.
+            return Ok(());
+        }
+        self.check_one_slow(wr)
+    }
+
+    /// [`check_one`](Self::check_one) of a QP that is closed, faulted, or
+    /// takes no chain of one or no SGE.
+    #[cold]
+    #[inline(never)]
+    fn check_one_slow(&self, wr: &OneWr) -> Result<(), SubmitError> {
         let inner = &*self.inner;
         if inner.core.closed.get() {
             return Err(SubmitError::Closed {
