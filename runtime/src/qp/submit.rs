@@ -747,8 +747,9 @@ impl<T> Drop for Queued<T> {
 }
 
 // An explicit tag: cheaper to test (and to drop) than a niche nested in
-// the output type.
-#[repr(u8)]
+// the output type. A whole word: a byte left 7 bytes of padding before the
+// op, which moves of a `Submit` copied piece by piece.
+#[repr(u64)]
 enum State<T: Completable> {
     /// Waiting for queue or CQ credits.
     Queued(Queued<T>),
