@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use super::queue_pair::SPARE_WRS;
 use super::{QueuePair, SendChain};
-use crate::op::{wr_id, Completable, Credits, Op, QpCredits, SubmitError, Ticket};
+use crate::op::{wr_id, Completable, Credits, Op, OpTable, QpCredits, SubmitError, Ticket};
 use crate::provider::{PostError, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge};
 
 impl QueuePair {
@@ -150,14 +150,11 @@ impl QueuePair {
         if !cq.try_acquire(1) {
             return Submit::from_state(self.wait_one(data, &wr, true));
         }
+        let ops = self.inner.handle.ops();
         // SAFETY: forwarded contract of this function; on success `data`
         // moves into the op at once (below).
-        match unsafe { self.post_one(&wr) } {
-            Ok(first) => Submit::from_state(State::InFlight(Op::posted(
-                &self.inner.handle.driver().ops,
-                first,
-                data,
-            ))),
+        match unsafe { self.post_one(ops, &wr) } {
+            Ok(first) => Submit::from_state(State::InFlight(Op::posted(ops, first, data))),
             Err(e) => Submit::from_state(State::Ready(refused(Some(data), e))),
         }
     }
@@ -214,10 +211,9 @@ impl QueuePair {
     /// one CQ credit taken: deferred to the poll phase's end when batching,
     /// else posted now. The same contract.
     #[inline(always)]
-    unsafe fn post_one(&self, wr: &OneWr) -> Result<u64, SubmitError> {
+    unsafe fn post_one(&self, ops: &OpTable, wr: &OneWr) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
         let absorbed = core.absorb_unsignaled();
-        let ops = self.inner.handle.ops();
         let Some(first) = ops.insert(0, &core.credits, false, 1 + absorbed) else {
             return Err(self.table_full(false, 1, absorbed));
         };
@@ -387,7 +383,7 @@ impl QueuePair {
         // moves into the op at once (below).
         match unsafe { self.post(wrs, n) } {
             Ok(first) => Submit::from_state(State::InFlight(Op::posted(
-                &self.inner.handle.driver().ops,
+                self.inner.handle.ops(),
                 first,
                 data,
             ))),
@@ -889,11 +885,9 @@ impl<T: Completable> Submit<T> {
                         // since, and on success `data` moves into the op at
                         // once.
                         *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
-                            Ok(first) => State::InFlight(Op::posted(
-                                &qp.inner.handle.driver().ops,
-                                first,
-                                data,
-                            )),
+                            Ok(first) => {
+                                State::InFlight(Op::posted(qp.inner.handle.ops(), first, data))
+                            }
                             Err(e) => State::Ready(refused(Some(data), e)),
                         };
                     }
