@@ -9,7 +9,6 @@ use std::rc::Rc;
 use super::error::BufError;
 use super::io_buf::{IoBuf, IoBufMut, RegisteredBuf};
 use super::pool::{FreeBlock, PoolInner};
-use super::registrar::RegisteredRaw;
 
 /// An owned buffer of registered memory: `'static`, stable address, `!Send`.
 ///
@@ -24,63 +23,64 @@ use super::registrar::RegisteredRaw;
 pub struct LocalBuf {
     /// # Invariant
     /// Points to `cap` bytes inside a registration with key `lkey`, alive as
-    /// long as `pool` (pooled) or `dedicated` is.
+    /// long as `pool` is (a pooled block's chunk, or a dedicated buffer's
+    /// own registration, which the pool keeps until this buffer drops).
     ptr: NonNull<u8>,
     /// # Invariant
     /// `len <= cap`; the first `len` bytes are initialized (all bytes are:
-    /// chunks are zeroed when allocated).
-    len: usize,
-    cap: usize,
+    /// chunks are zeroed when allocated). `u32`s, as an SGE's length (the
+    /// pool refuses larger buffers): every op moves its buffer several
+    /// times, and four words move in two vector moves (six took three).
+    len: u32,
+    cap: u32,
     lkey: u32,
-    /// The size class of a pooled block (0, unused, for a dedicated buffer).
-    /// A `u32` beside `lkey`: with `dedicated` boxed, a `LocalBuf` is 48
-    /// bytes (was 80), and every op moves its buffer several times.
+    /// The size class of a pooled block, [`DEDICATED`] for a buffer with
+    /// its own registration (larger than the biggest class).
     class: u32,
-    /// Its own allocation and registration (larger than the biggest class),
-    /// `None` for a pooled block. Boxed: dedicated buffers are rare (and
-    /// already cost an allocation and a registration each).
-    dedicated: Option<Box<RegisteredRaw>>,
     pool: Rc<RefCell<PoolInner>>,
 }
 
+/// [`LocalBuf::class`] of a dedicated buffer.
+const DEDICATED: u32 = u32::MAX;
+
 impl LocalBuf {
+    /// A block of size class `class`, `cap` bytes (at most `u32::MAX`:
+    /// the classes are far smaller).
     pub(crate) fn pooled(
         pool: Rc<RefCell<PoolInner>>,
         block: FreeBlock,
         cap: usize,
         class: usize,
     ) -> LocalBuf {
+        debug_assert!(cap <= u32::MAX as usize);
+        LocalBuf {
+            ptr: block.ptr,
+            len: 0,
+            cap: cap as u32,
+            lkey: block.lkey,
+            // Size classes are powers of two indexed by shift (< 64).
+            class: class as u32,
+            pool,
+        }
+    }
+
+    /// A dedicated buffer: `block` is the start of a registration of `cap`
+    /// bytes (checked `<= u32::MAX` by the pool) that the pool keeps until
+    /// this buffer drops.
+    pub(crate) fn dedicated(pool: Rc<RefCell<PoolInner>>, block: FreeBlock, cap: u32) -> LocalBuf {
         LocalBuf {
             ptr: block.ptr,
             len: 0,
             cap,
             lkey: block.lkey,
-            // Size classes are powers of two indexed by shift (< 64).
-            class: class as u32,
-            dedicated: None,
-            pool,
-        }
-    }
-
-    pub(crate) fn dedicated(
-        pool: Rc<RefCell<PoolInner>>,
-        raw: RegisteredRaw,
-        cap: usize,
-    ) -> LocalBuf {
-        LocalBuf {
-            ptr: raw.mem.ptr(),
-            len: 0,
-            cap,
-            lkey: raw.reg.lkey,
-            class: 0,
-            dedicated: Some(Box::new(raw)),
+            class: DEDICATED,
             pool,
         }
     }
 
     /// Initialized bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
     /// True if no byte is initialized.
     pub fn is_empty(&self) -> bool {
@@ -89,15 +89,15 @@ impl LocalBuf {
     /// Capacity in bytes (the size-class block size, or the exact size of a
     /// dedicated buffer).
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.cap as usize
     }
     /// Room left after the initialized bytes.
     pub fn remaining(&self) -> usize {
-        self.cap - self.len
+        (self.cap - self.len) as usize
     }
     /// True if it came from a size class, false for a dedicated registration.
     pub fn is_pooled(&self) -> bool {
-        self.dedicated.is_none()
+        self.class != DEDICATED
     }
 
     /// Forgets the contents (`len = 0`).
@@ -106,7 +106,10 @@ impl LocalBuf {
     }
     /// Shortens to `len` bytes (no effect if already shorter).
     pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        if len < self.len as usize {
+            // Fits: less than a `u32`.
+            self.len = len as u32;
+        }
     }
 
     /// Appends `data`; fails (changing nothing) if it does not fit the capacity.
@@ -114,9 +117,9 @@ impl LocalBuf {
         if data.len() > self.remaining() {
             return Err(BufError::OutOfBounds {
                 what: "LocalBuf::extend_from_slice",
-                start: self.len,
-                end: self.len.saturating_add(data.len()),
-                len: self.cap,
+                start: self.len(),
+                end: self.len().saturating_add(data.len()),
+                len: self.capacity(),
             });
         }
         // SAFETY: `len + data.len() <= cap`: the destination is inside our
@@ -125,32 +128,33 @@ impl LocalBuf {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
-                self.ptr.as_ptr().add(self.len),
+                self.ptr.as_ptr().add(self.len()),
                 data.len(),
             );
         }
-        self.len += data.len();
+        // At most `cap`: a `u32`.
+        self.len += data.len() as u32;
         Ok(())
     }
 
     /// Sets the length to `new_len`, filling new bytes with `value`; fails if
     /// `new_len` exceeds the capacity.
     pub fn resize(&mut self, new_len: usize, value: u8) -> Result<(), BufError> {
-        if new_len > self.cap {
+        if new_len > self.capacity() {
             return Err(BufError::OutOfBounds {
                 what: "LocalBuf::resize",
                 start: 0,
                 end: new_len,
-                len: self.cap,
+                len: self.capacity(),
             });
         }
-        if new_len > self.len {
+        let len = self.len();
+        if new_len > len {
             // SAFETY: `[len, new_len)` is inside the block.
-            unsafe {
-                std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), value, new_len - self.len)
-            };
+            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(len), value, new_len - len) };
         }
-        self.len = new_len;
+        // At most `cap`: a `u32`.
+        self.len = new_len as u32;
         Ok(())
     }
 
@@ -158,15 +162,16 @@ impl LocalBuf {
     /// is initialized (chunks are zeroed once), so this only exposes whatever
     /// the block held before (a previous user's data, or what the device wrote).
     pub fn set_len(&mut self, new_len: usize) -> Result<(), BufError> {
-        if new_len > self.cap {
+        if new_len > self.capacity() {
             return Err(BufError::OutOfBounds {
                 what: "LocalBuf::set_len",
                 start: 0,
                 end: new_len,
-                len: self.cap,
+                len: self.capacity(),
             });
         }
-        self.len = new_len;
+        // At most `cap`: a `u32`.
+        self.len = new_len as u32;
         Ok(())
     }
 }
@@ -180,18 +185,20 @@ impl Drop for LocalBuf {
             tracing::error!("MrPool busy while a LocalBuf was dropped: block leaked");
             return;
         };
-        match self.dedicated {
-            None => pool.give_back(
+        if self.class != DEDICATED {
+            pool.give_back(
                 self.class as usize,
                 FreeBlock {
                     ptr: self.ptr,
                     lkey: self.lkey,
                 },
-            ),
-            // The registration and memory drop with `self.dedicated` (after
-            // this body): deregistered first, then freed.
-            Some(_) => pool.dedicated_dropped(),
+            );
+            return;
         }
+        let raw = pool.dedicated_dropped(self.ptr);
+        drop(pool);
+        // Deregistered, then freed, with no borrow of the pool held.
+        drop(raw);
     }
 }
 
@@ -199,8 +206,8 @@ impl fmt::Debug for LocalBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalBuf")
             .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .field("capacity", &self.cap)
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
             .field("lkey", &self.lkey)
             .field("pooled", &self.is_pooled())
             .finish()
@@ -213,29 +220,30 @@ impl Deref for LocalBuf {
         // SAFETY: `len` bytes inside our block are initialized; the block is
         // registered for local access only and owned by us, so nothing writes
         // it while this borrow lives.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
     }
 }
 
 impl DerefMut for LocalBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as for `Deref`; `&mut self` makes the access unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
     }
 }
 
-// SAFETY: the block lives as long as the pool (kept alive by `self.pool`) or
-// the dedicated registration (in `self.dedicated`), at a fixed address; `len`
-// bytes are initialized; the memory is registered local-only.
+// SAFETY: the block (a chunk's, or a dedicated registration the pool keeps
+// until this buffer drops) lives as long as the pool, kept alive by
+// `self.pool`, at a fixed address; `len` bytes are initialized; the memory is
+// registered local-only.
 unsafe impl IoBuf for LocalBuf {
     fn stable_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
     fn bytes_init(&self) -> usize {
-        self.len
+        self.len()
     }
     fn bytes_total(&self) -> usize {
-        self.cap
+        self.capacity()
     }
 }
 
@@ -245,7 +253,8 @@ unsafe impl IoBufMut for LocalBuf {
         self.ptr.as_ptr()
     }
     unsafe fn set_init(&mut self, pos: usize) {
-        self.len = self.len.max(pos.min(self.cap));
+        // At most `cap`: a `u32`.
+        self.len = self.len.max(pos.min(self.capacity()) as u32);
     }
 }
 
@@ -266,8 +275,8 @@ mod tests {
     /// Every op moves its buffer several times (into the op, out with the
     /// output): it stays small.
     #[test]
-    fn a_local_buf_is_six_words() {
-        assert_eq!(std::mem::size_of::<LocalBuf>(), 48);
+    fn a_local_buf_is_four_words() {
+        assert_eq!(std::mem::size_of::<LocalBuf>(), 32);
     }
 
     fn pool() -> MrPool {

@@ -1,6 +1,7 @@
 //! [`MrPool`]: registered chunks carved into power-of-two size classes.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -103,6 +104,10 @@ pub(crate) struct PoolInner {
     carved: Vec<usize>,
     /// Registered chunks; live until the pool and every buffer are gone.
     chunks: Vec<RegisteredRaw>,
+    /// The registrations of the live dedicated buffers, by address (a
+    /// [`LocalBuf`] keeps only its address: dedicated buffers are rare, and
+    /// every op moves its buffer several times).
+    dedicated: HashMap<usize, RegisteredRaw>,
     stats: PoolStats,
 }
 
@@ -158,8 +163,14 @@ impl PoolInner {
         }
     }
 
-    pub(crate) fn dedicated_dropped(&mut self) {
-        self.stats.dedicated_in_use -= 1;
+    /// A dedicated buffer at `ptr` was dropped: its registration, to be
+    /// dropped (deregistered, then freed) once the pool's borrow is released.
+    pub(crate) fn dedicated_dropped(&mut self, ptr: NonNull<u8>) -> Option<RegisteredRaw> {
+        let raw = self.dedicated.remove(&(ptr.as_ptr() as usize));
+        if raw.is_some() {
+            self.stats.dedicated_in_use -= 1;
+        }
+        raw
     }
 }
 
@@ -209,6 +220,7 @@ impl MrPool {
                 free: (0..classes.count()).map(|_| Vec::new()).collect(),
                 carved: vec![0; classes.count()],
                 chunks: Vec::new(),
+                dedicated: HashMap::new(),
                 stats: PoolStats::default(),
             })),
         })
@@ -225,16 +237,29 @@ impl MrPool {
                 Ok(LocalBuf::pooled(self.inner.clone(), block, cap, class))
             }
             None => {
+                // A buffer's length is a `u32`, as an SGE's.
+                let Ok(cap) = u32::try_from(capacity) else {
+                    return Err(BufError::TooLarge {
+                        what: "MrPool::alloc",
+                        len: capacity,
+                        max: u32::MAX as usize,
+                    });
+                };
                 let raw = RegisteredRaw::new(
                     "MrPool dedicated buffer",
                     &*inner.registrar,
                     capacity,
                     POOL_ACCESS,
                 )?;
+                let block = FreeBlock {
+                    ptr: raw.mem.ptr(),
+                    lkey: raw.reg.lkey,
+                };
+                inner.dedicated.insert(block.ptr.as_ptr() as usize, raw);
                 inner.stats.registrations += 1;
                 inner.stats.dedicated_in_use += 1;
                 drop(inner);
-                Ok(LocalBuf::dedicated(self.inner.clone(), raw, capacity))
+                Ok(LocalBuf::dedicated(self.inner.clone(), block, cap))
             }
         }
     }
@@ -426,6 +451,33 @@ mod tests {
             "dedicated registration dropped with the buffer"
         );
         assert_eq!(pool.stats().dedicated_in_use, 0);
+    }
+
+    #[test]
+    fn two_dedicated_buffers_release_their_own_registrations() {
+        let (pool, reg) = pool(small());
+        let a = pool.alloc(10_000).unwrap();
+        let b = pool.alloc(20_000).unwrap();
+        let b_ptr = b.stable_ptr();
+        assert_eq!(reg.0.live.get(), 2);
+        drop(a);
+        assert_eq!((reg.0.live.get(), pool.stats().dedicated_in_use), (1, 1));
+        assert_eq!(b.stable_ptr(), b_ptr);
+        assert_eq!(b.capacity(), 20_000);
+        drop(b);
+        assert_eq!((reg.0.live.get(), pool.stats().dedicated_in_use), (0, 0));
+    }
+
+    #[test]
+    fn a_buffer_longer_than_an_sge_is_refused_before_allocating() {
+        let (pool, reg) = pool(small());
+        let too_long = u32::MAX as usize + 1;
+        assert!(matches!(
+            pool.alloc(too_long),
+            Err(BufError::TooLarge { len, .. }) if len == too_long
+        ));
+        assert_eq!(reg.0.live.get(), 0);
+        assert_eq!(pool.stats().registrations, 0);
     }
 
     #[test]

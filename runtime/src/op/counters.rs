@@ -7,7 +7,6 @@ use std::cell::Cell;
 /// The runtime's counters. Each increment is one add on a `Cell`.
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) ops_submitted: Cell<u64>,
     pub(crate) completions: Cell<u64>,
     pub(crate) ops_failed: Cell<u64>,
     pub(crate) doorbells: Cell<u64>,

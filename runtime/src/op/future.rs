@@ -1,7 +1,6 @@
 //! [`Op`]: the future of one in-flight chain of work requests.
 
 use std::ptr::NonNull;
-use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use super::{wr_id, Completable, OpTable};
@@ -29,9 +28,9 @@ impl<T: 'static> Op<T> {
     /// The op of WRs just posted: `first` is the first WR's wr_id, `data`
     /// what they lend to the device (kept until the completion, or parked).
     #[inline(always)]
-    pub(crate) fn posted(table: &Rc<OpTable>, first: u64, data: T) -> Op<T> {
+    pub(crate) fn posted(table: &OpTable, first: u64, data: T) -> Op<T> {
         Op {
-            table: NonNull::from(&**table),
+            table: NonNull::from(table),
             wr_id: first,
             data: Some(data),
         }

@@ -105,6 +105,9 @@ struct Slots {
     free: u32,
     /// Slots in use.
     live: usize,
+    /// Ops inserted so far ([`OpTable::submitted`]): counted here, under
+    /// the insert's borrow, not through the shared counters.
+    submitted: u64,
 }
 
 impl Slots {
@@ -151,6 +154,7 @@ impl OpTable {
                 slots: Vec::with_capacity(n.min(wr_id::MAX_OPS)),
                 free: NO_SLOT,
                 live: 0,
+                submitted: 0,
             }),
             next_gen: Cell::new(1),
             shut_down: Cell::new(false),
@@ -180,7 +184,9 @@ impl OpTable {
         let key = t.free as usize;
         if let Some(slot) = t.slots.get_mut(key) {
             let next_free = slot.next_free;
-            let first = wr_id::encode(key, gen, 0);
+            // `key` is a slot's (below MAX_OPS), `gen` a generation (at most
+            // GEN_MASK): no masking needed.
+            let first = key as u64 | u64::from(gen) << wr_id::GEN_SHIFT;
             slot.expect = wr_id::with_index(first, last_index);
             slot.gen = gen;
             slot.state = State::Submitted;
@@ -194,8 +200,8 @@ impl OpTable {
             };
             t.free = next_free;
             t.live += 1;
+            t.submitted += 1;
             self.next_gen.set(next);
-            Counters::bump(&self.counters.ops_submitted);
             drop(t);
             drop(old);
             return Some(first);
@@ -236,8 +242,8 @@ impl OpTable {
             parked: None,
         });
         t.live += 1;
+        t.submitted += 1;
         self.next_gen.set(next);
-        Counters::bump(&self.counters.ops_submitted);
         Some(wr_id::encode(key, gen, 0))
     }
 
@@ -291,6 +297,11 @@ impl OpTable {
             slot.expect = NO_MATCH;
             slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
         }
+    }
+
+    /// Ops inserted so far.
+    pub(crate) fn submitted(&self) -> u64 {
+        self.table.borrow().submitted
     }
 
     /// Number of slots (in flight, parked or completed-but-uncollected).

@@ -47,6 +47,11 @@ pub(crate) struct QpCore {
     pub(crate) signal_every: Cell<u32>,
     /// The first error completion of an inline send posted without an op.
     pub(crate) fault: Cell<Option<InlineFault>>,
+    /// A single send WR of at most one SGE passes its submission checks
+    /// with no other look (`QueuePair::check_one`): the QP is not closed,
+    /// has no inline fault, and takes a chain of one with one SGE. Cleared
+    /// when the QP closes or faults.
+    pub(crate) sends_ok: Cell<bool>,
     /// Receive-queue and receive-CQ credits (each) that this QP's receive
     /// rings keep between a buffer's completion and its repost (so the
     /// repost needs no acquire). Given back by [`shut`](Self::shut): a
@@ -58,7 +63,9 @@ pub(crate) struct QpCore {
     /// Doorbell batching is on for this QP (see
     /// [`QueuePair::set_doorbell_batching`]).
     pub(crate) batch_posts: Cell<bool>,
-    /// Listed for the end of the current poll phase (`deferred.rs`).
+    /// Listed for the end of the current poll phase (`deferred.rs`): set
+    /// only in a phase with `batch_posts` on, cleared at the phase's end
+    /// and when `batch_posts` is turned off.
     pub(crate) listed_in_phase: Cell<bool>,
     /// The operation of the zero-length WR that retires unsignaled inline
     /// sends (`inline.rs`): an RDMA WRITE on RC, a refused datagram to
@@ -109,6 +116,7 @@ impl QpCore {
         // the rest, so their ops end as every posted WR of a closed QP does.
         self.flush_deferred(ops);
         self.closed.set(true);
+        self.sends_ok.set(false);
         // The receive rings repost nothing once closed: their kept credits
         // come back now (they check `closed` before using them).
         let kept = self.ring_kept.replace(0);

@@ -17,6 +17,7 @@
 //! (their WRs were never looked at), and their credits come back; the WRs
 //! before it are posted.
 
+use super::submit::OneWr;
 use super::QpCore;
 use crate::op::{wr_id, OpTable, SubmitError};
 use crate::provider::{PostError, SendWr, SgList};
@@ -79,6 +80,26 @@ impl QpCore {
         unsafe {
             std::ptr::copy_nonoverlapping(wr as *const SendWr, d.wrs.as_mut_ptr().add(len), 1);
             std::ptr::write(&mut wr.sg_list, SgList::new());
+            d.wrs.set_len(len + 1);
+        }
+        len + 1 >= DEFER_MAX
+    }
+
+    /// [`defer`](Self::defer) of a WR given by its parts, with `wr_id`:
+    /// written once, straight into the list.
+    #[inline(always)]
+    pub(crate) fn defer_one(&self, wr: &OneWr, wr_id: u64, absorbed: u32) -> bool {
+        let mut d = self.deferred.borrow_mut();
+        let len = d.wrs.len();
+        if len == 0 {
+            d.absorbed = absorbed;
+        }
+        if len == d.wrs.capacity() {
+            grow(&mut d.wrs);
+        }
+        // SAFETY: `len < capacity` (just ensured): slot `len` is allocated and unused; it is written, then counted.
+        unsafe {
+            std::ptr::write(d.wrs.as_mut_ptr().add(len), wr.send_wr(wr_id));
             d.wrs.set_len(len + 1);
         }
         len + 1 >= DEFER_MAX

@@ -47,6 +47,7 @@ impl QpCore {
                 status: c.status,
                 vendor_err: c.vendor_err,
             }));
+            self.sends_ok.set(false);
         }
         if credits > 0 {
             self.inline_credits

@@ -6,6 +6,7 @@
 //! by the contracts of the unsafe buffer traits ([`RegisteredBuf`]: a stable
 //! address and a registration covering it; [`IoBufMut`]: exclusive access).
 
+use super::submit::OneWr;
 use super::{QueuePair, SendChain, Submit};
 use crate::buf::{IoBufMut, RegisteredBuf};
 use crate::op::{Completable, SubmitError};
@@ -89,24 +90,23 @@ impl QueuePair {
     /// no SGE. As [`submit_send_one`](Self::submit_send_one) otherwise.
     #[inline(always)]
     pub fn send_gather<T: GatherVerb>(&self, data: T, op: SendOp, flags: SendFlags) -> Submit<T> {
-        // SAFETY: the only SGE is taken from `data`'s own buffer inside the
-        // build closure; `RegisteredBuf` guarantees its address survives the
-        // move of `data` into the op, and the device only reads it (a
-        // gathering opcode, checked), which shared access allows.
-        unsafe {
-            self.submit_send_one(data, move |data, wr| {
-                if !gathers(&op) {
-                    return Err(not_gathering(&op));
-                }
-                let sge = data.gather_buf().sge_init().map_err(SubmitError::from)?;
-                if sge.length > 0 {
-                    wr.sg_list.push(sge);
-                }
-                wr.op = op;
-                wr.flags = verb_flags(flags);
-                Ok(())
-            })
+        if !gathers(&op) {
+            return Submit::ready(data.fail(not_gathering(&op)));
         }
+        let sge = match data.gather_buf().sge_init() {
+            Ok(sge) => sge,
+            Err(e) => return Submit::ready(data.fail(SubmitError::from(e))),
+        };
+        let wr = OneWr {
+            op,
+            sge: (sge.length > 0).then_some(sge),
+            flags: verb_flags(flags),
+        };
+        // SAFETY: the only SGE is taken from `data`'s own buffer;
+        // `RegisteredBuf` guarantees its address survives the move of
+        // `data` into the op, and the device only reads it (a gathering
+        // opcode, checked), which shared access allows.
+        unsafe { self.submit_one(data, wr) }
     }
 
     /// Submits one send-queue WR `op` (a READ or an atomic) that scatters
@@ -114,23 +114,24 @@ impl QueuePair {
     /// `data`'s buffer.
     #[inline(always)]
     pub fn send_scatter<T: ScatterVerb>(&self, data: T, op: SendOp) -> Submit<T> {
+        let mut data = data;
+        if gathers(&op) || binds(&op) {
+            return Submit::ready(data.fail(not_scattering(&op)));
+        }
+        let len = data.scatter_len();
+        let sge = match data.scatter_buf().sge(..len) {
+            Ok(sge) => sge,
+            Err(e) => return Submit::ready(data.fail(SubmitError::from(e))),
+        };
+        let wr = OneWr {
+            op,
+            sge: (sge.length > 0).then_some(sge),
+            flags: SendFlags::NONE,
+        };
         // SAFETY: the only SGE is taken from `data`'s own buffer, which
         // `IoBufMut` gives `data` exclusive access to, at an address that
         // survives the move of `data` into the op.
-        unsafe {
-            self.submit_send_one(data, move |data, wr| {
-                if gathers(&op) || binds(&op) {
-                    return Err(not_scattering(&op));
-                }
-                let len = data.scatter_len();
-                let sge = data.scatter_buf().sge(..len).map_err(SubmitError::from)?;
-                if sge.length > 0 {
-                    wr.sg_list.push(sge);
-                }
-                wr.op = op;
-                Ok(())
-            })
-        }
+        unsafe { self.submit_one(data, wr) }
     }
 
     /// Submits one receive WR over the first

@@ -174,3 +174,72 @@ fn a_window_bind_is_refused_outside_bind_window() {
     assert!(res.is_err(), "a bind is no scatter");
     assert!(fake.posted_sends().is_empty(), "nothing reached the queue");
 }
+
+#[test]
+fn turning_batching_off_in_a_poll_phase_posts_the_next_gather_at_once() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(9, caps(), 64);
+    let write = SendOp::Write {
+        remote_addr: 0x1000,
+        rkey: 1,
+    };
+    let gather = || qp.send_gather(VecVerb(TestBuf(b"hi".to_vec())), write, SendFlags::NONE);
+    let (ops, doorbells) = rt.block_on(async {
+        let mut doorbells = Vec::new();
+        let a = gather();
+        doorbells.push(fake.doorbells());
+        qp.set_doorbell_batching(false);
+        doorbells.push(fake.doorbells());
+        let b = gather();
+        doorbells.push(fake.doorbells());
+        qp.set_doorbell_batching(true);
+        let c = gather();
+        doorbells.push(fake.doorbells());
+        ((a, b, c), doorbells)
+    });
+    assert_eq!(
+        doorbells,
+        [0, 1, 2, 2],
+        "deferred; posted when batching went off; posted at once; deferred again"
+    );
+    assert_eq!(fake.doorbells(), 3, "the last one at the phase's end");
+    for _ in 0..3 {
+        fake.complete_send(WcStatus::Success, 2).unwrap();
+    }
+    let (a, b, c) = ops;
+    let results = rt.block_on(async { (a.await.0, b.await.0, c.await.0) });
+    assert!(results.0.is_ok() && results.1.is_ok() && results.2.is_ok());
+}
+
+#[test]
+fn a_gather_on_a_faulted_or_closed_qp_is_refused() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(9, caps(), 1024);
+    fake.set_flush_on_err(true);
+    let write = SendOp::Write {
+        remote_addr: 0x1000,
+        rkey: 1,
+    };
+    let gather = || {
+        qp.send_gather(VecVerb(TestBuf(b"hi".to_vec())), write, SendFlags::NONE)
+            .now_or_never()
+    };
+    // An unsignaled inline send fails: later submissions report it.
+    qp.post_send_inline(b"ping", None)
+        .now_or_never()
+        .expect("posted at once")
+        .unwrap();
+    fake.complete_send(WcStatus::RemOpErr, 0).unwrap();
+    settle(&rt);
+    let (res, buf) = gather().expect("refused at once");
+    assert!(res.unwrap_err().contains("inline"), "the inline failure");
+    assert_eq!(buf.0, b"hi");
+    // A QP closed with no fault refuses too.
+    let (qp, _fake) = FakeQp::queue_pair(10, caps(), 1024);
+    rt.block_on(qp.close()).unwrap();
+    let (res, _) = qp
+        .send_gather(VecVerb(TestBuf(b"hi".to_vec())), write, SendFlags::NONE)
+        .now_or_never()
+        .expect("refused at once");
+    assert!(res.unwrap_err().contains("closed"), "refused as closed");
+}

@@ -126,6 +126,7 @@ impl QueuePair {
                 DEFAULT_INLINE_SIGNAL_INTERVAL.min((caps.max_send_wr / 2).max(1)),
             ),
             fault: Cell::new(None),
+            sends_ok: Cell::new(false),
             ring_kept: Cell::new(0),
             deferred: RefCell::new(deferred::Deferred::default()),
             batch_posts: Cell::new(batch_posts),
@@ -142,6 +143,8 @@ impl QueuePair {
             (caps.max_send_wr.min(core.credits.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
         let max_recv_chain =
             (caps.max_recv_wr.min(core.credits.recv_cq.capacity()) as usize).min(1);
+        core.sends_ok
+            .set(max_send_chain > 0 && caps.max_send_sge > 0);
         QueuePair {
             inner: Rc::new(QpInner {
                 handle,
@@ -278,6 +281,8 @@ impl QueuePair {
         core.batch_posts.set(on);
         if !on {
             core.flush_deferred(self.inner.handle.ops());
+            // Single WRs are posted at once from now on (`defers_now`).
+            core.listed_in_phase.set(false);
         }
     }
 }

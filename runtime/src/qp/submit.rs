@@ -11,8 +11,8 @@ use std::task::{Context, Poll};
 
 use super::queue_pair::SPARE_WRS;
 use super::{QueuePair, SendChain};
-use crate::op::{wr_id, Completable, Credits, Op, QpCredits, SubmitError, Ticket};
-use crate::provider::{PostError, RecvWr, SendFlags, SendOp, SendWr, SgList};
+use crate::op::{wr_id, Completable, Credits, Op, OpTable, QpCredits, SubmitError, Ticket};
+use crate::provider::{PostError, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge};
 
 impl QueuePair {
     /// Submits a chain of send-queue WRs as one op (one doorbell).
@@ -126,6 +126,114 @@ impl QueuePair {
         // SAFETY: the WR was built from `data` under this function's
         // contract.
         unsafe { self.submit(data, &mut wrs) }
+    }
+
+    /// [`submit_send_one`](Self::submit_send_one) of a WR given by its
+    /// parts (the entries of `lend.rs`, which take the SGE from `data`
+    /// first): the WR is written once, where it goes (the QP's deferred
+    /// list, or the stack of a direct post), not built on the stack and
+    /// copied; no `SendWr` exists on the common path before that.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`submit_send`](Self::submit_send), for the WR `wr`
+    /// describes (its SGE names memory `data` keeps).
+    #[inline(always)]
+    pub(super) unsafe fn submit_one<T: Completable>(&self, data: T, wr: OneWr) -> Submit<T> {
+        if let Err(e) = self.check_one(&wr) {
+            return Submit::from_state(State::Ready(refused(Some(data), e)));
+        }
+        let (queue, cq) = self.inner.core.credits.pools(false);
+        if !queue.try_acquire(1) {
+            return Submit::from_state(self.wait_one(data, &wr, false));
+        }
+        if !cq.try_acquire(1) {
+            return Submit::from_state(self.wait_one(data, &wr, true));
+        }
+        let ops = self.inner.handle.ops();
+        // SAFETY: forwarded contract of this function; on success `data`
+        // moves into the op at once (below).
+        match unsafe { self.post_one(ops, &wr) } {
+            Ok(first) => Submit::from_state(State::InFlight(Op::posted(ops, first, data))),
+            Err(e) => Submit::from_state(State::Ready(refused(Some(data), e))),
+        }
+    }
+
+    /// [`check`](Self::check) of a single WR given by its parts.
+    #[inline(always)]
+    fn check_one(&self, wr: &OneWr) -> Result<(), SubmitError> {
+        if self.inner.core.sends_ok.get() {
+            // Neither closed nor faulted, and a WR of one SGE fits.
+            return Ok(());
+        }
+        self.check_one_slow(wr)
+    }
+
+    /// [`check_one`](Self::check_one) of a QP that is closed, faulted, or
+    /// takes no chain of one or no SGE.
+    #[cold]
+    #[inline(never)]
+    fn check_one_slow(&self, wr: &OneWr) -> Result<(), SubmitError> {
+        let inner = &*self.inner;
+        if inner.core.closed.get() {
+            return Err(SubmitError::Closed {
+                qp_num: inner.core.qp_num,
+            });
+        }
+        if let Some(e) = inner.core.fault_error() {
+            return Err(e);
+        }
+        let sges = usize::from(wr.sge.is_some());
+        if sges > inner.caps.max_send_sge as usize && !wr.flags.contains(SendFlags::INLINE) {
+            return Err(SubmitError::TooManySges {
+                qp_num: inner.core.qp_num,
+                queue: "send",
+                sges,
+                max: inner.caps.max_send_sge,
+            });
+        }
+        if inner.max_send_chain == 0 {
+            return Err(self.chain_length("send", 1));
+        }
+        Ok(())
+    }
+
+    /// [`wait_for_credits`](Self::wait_for_credits) of a single WR given
+    /// by its parts: built now, as a waiting submission keeps it.
+    #[cold]
+    #[inline(never)]
+    fn wait_one<T: Completable>(&self, data: T, wr: &OneWr, queue_held: bool) -> State<T> {
+        let mut wrs = Wrs::One(wr.send_wr(0));
+        self.wait_for_credits(data, &mut wrs, 1, queue_held)
+    }
+
+    /// [`post`](Self::post) of a single WR given by its parts, one queue and
+    /// one CQ credit taken: deferred to the poll phase's end when batching,
+    /// else posted now. The same contract.
+    #[inline(always)]
+    unsafe fn post_one(&self, ops: &OpTable, wr: &OneWr) -> Result<u64, SubmitError> {
+        let core = &self.inner.core;
+        let absorbed = core.absorb_unsignaled();
+        let Some(first) = ops.insert(0, &core.credits, false, 1 + absorbed) else {
+            return Err(self.table_full(false, 1, absorbed));
+        };
+        if self.defers_now() {
+            // As for `Wrs::One` in `post`.
+            if core.defer_one(wr, first, absorbed) {
+                core.flush_deferred(ops);
+            }
+            return Ok(first);
+        }
+        core.flush_deferred(ops);
+        let wr = wr.send_wr(first);
+        // SAFETY: as in `post`, for the single WR.
+        match unsafe { core.post_send(std::slice::from_ref(&wr)) } {
+            Ok(()) => Ok(first),
+            Err(e) => match self.post_failed((first & wr_id::KEY_MASK) as usize, absorbed, e) {
+                None => Ok(first),
+                Some(e) => Err(e),
+            },
+        }
     }
 
     /// Submits one receive WR as an op. `build` fills its scatter list from
@@ -275,7 +383,7 @@ impl QueuePair {
         // moves into the op at once (below).
         match unsafe { self.post(wrs, n) } {
             Ok(first) => Submit::from_state(State::InFlight(Op::posted(
-                &self.inner.handle.driver().ops,
+                self.inner.handle.ops(),
                 first,
                 data,
             ))),
@@ -432,6 +540,26 @@ impl QueuePair {
         }
     }
 
+    /// True if a single send WR submitted now waits for the end of the
+    /// poll phase (one runs, and doorbell batching is on for this QP); the
+    /// QP is then listed for that end.
+    #[inline(always)]
+    fn defers_now(&self) -> bool {
+        let core = &self.inner.core;
+        // Listed in this phase: both held when it was listed, and the
+        // phase's end (`phase_ended`) and turning batching off clear it.
+        if core.listed_in_phase.get() {
+            return true;
+        }
+        let driver = self.inner.handle.driver();
+        if driver.batching() && core.batch_posts.get() {
+            core.listed_in_phase.set(true);
+            driver.note_phase_end(core.clone());
+            return true;
+        }
+        false
+    }
+
     /// The op table is full: gives back the `n` credits taken for an op
     /// that will not be posted, on the receive side with `recv` (the
     /// `absorbed` inline ones stay held, by the QP again).
@@ -503,6 +631,33 @@ fn refused<T: Completable>(data: Option<T>, e: SubmitError) -> Option<Box<T::Out
 #[inline(always)]
 fn unsignaled(flags: SendFlags) -> SendFlags {
     flags.intersection(SendFlags::FENCE | SendFlags::SOLICITED | SendFlags::INLINE)
+}
+
+/// A single send WR by its parts ([`QueuePair::submit_one`]).
+#[derive(Clone, Copy)]
+pub(crate) struct OneWr {
+    pub(crate) op: SendOp,
+    /// The only SGE, `None` for none (a zero-length gather).
+    pub(crate) sge: Option<Sge>,
+    /// INLINE, FENCE, SOLICITED (SIGNALED is set by the runtime).
+    pub(crate) flags: SendFlags,
+}
+
+impl OneWr {
+    /// The WR, signaled, with `wr_id`.
+    #[inline(always)]
+    pub(crate) fn send_wr(&self, wr_id: u64) -> SendWr {
+        let sg_list = match self.sge {
+            Some(sge) => SgList::from_buf_and_len([sge], 1),
+            None => SgList::new(),
+        };
+        SendWr {
+            wr_id,
+            sg_list,
+            op: self.op,
+            flags: self.flags | SendFlags::SIGNALED,
+        }
+    }
 }
 
 // The chain is built and posted in place; a waiting submission keeps it in
@@ -588,8 +743,9 @@ impl<T> Drop for Queued<T> {
 }
 
 // An explicit tag: cheaper to test (and to drop) than a niche nested in
-// the output type.
-#[repr(u8)]
+// the output type. A whole word: a byte left 7 bytes of padding before the
+// op, which moves of a `Submit` copied piece by piece.
+#[repr(u64)]
 enum State<T: Completable> {
     /// Waiting for queue or CQ credits.
     Queued(Queued<T>),
@@ -729,11 +885,9 @@ impl<T: Completable> Submit<T> {
                         // since, and on success `data` moves into the op at
                         // once.
                         *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
-                            Ok(first) => State::InFlight(Op::posted(
-                                &qp.inner.handle.driver().ops,
-                                first,
-                                data,
-                            )),
+                            Ok(first) => {
+                                State::InFlight(Op::posted(qp.inner.handle.ops(), first, data))
+                            }
                             Err(e) => State::Ready(refused(Some(data), e)),
                         };
                     }

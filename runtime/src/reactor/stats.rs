@@ -39,7 +39,7 @@ impl Handle {
         let ops = &self.inner.driver.ops;
         let c = &ops.counters;
         RuntimeStats {
-            ops_submitted: c.ops_submitted.get(),
+            ops_submitted: ops.submitted(),
             completions: c.completions.get(),
             ops_failed: c.ops_failed.get(),
             doorbells: c.doorbells.get(),

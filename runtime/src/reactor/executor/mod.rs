@@ -156,7 +156,6 @@ impl Executor {
         let task = TaskFuture {
             fut,
             st: Settle(state.clone()),
-            done: false,
             waker: waker.clone(),
         };
         entry.insert(Task::new(Box::new(task), flag));
@@ -302,16 +301,17 @@ impl Executor {
             let Some(task) = tasks.get_mut(id) else {
                 return;
             };
-            if task.flag.running.load(Ordering::Relaxed) {
+            let flag = &*task.flag;
+            if flag.running.load(Ordering::Relaxed) {
                 // Its `scheduled` flag stays set with the id in no queue:
                 // the running poll queues it again (else later wakes,
                 // seeing the flag, would queue nothing).
-                task.flag.missed.store(true, Ordering::Relaxed);
+                flag.missed.store(true, Ordering::Relaxed);
                 return;
             }
-            task.flag.running.store(true, Ordering::Relaxed);
-            task.flag.scheduled.store(false, Ordering::Release);
-            (task.future, Arc::as_ptr(&task.flag))
+            flag.running.store(true, Ordering::Relaxed);
+            flag.scheduled.store(false, Ordering::Release);
+            (task.future, flag as *const TaskWaker)
         };
         // SAFETY: the future and the flag stay allocated while the task is
         // in the slab, and it leaves the slab only below, after this poll

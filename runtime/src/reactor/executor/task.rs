@@ -23,8 +23,6 @@ pub(super) struct TaskFuture<F: Future> {
     #[pin]
     pub(super) fut: F,
     pub(super) st: Settle<F::Output>,
-    /// Returned `Ready` already.
-    pub(super) done: bool,
     /// The task's waker: it is always polled with this one ([`Run::run`]).
     pub(super) waker: Waker,
 }
@@ -40,7 +38,7 @@ impl<F: Future> Run for TaskFuture<F> {
     fn run(self: Pin<&mut Self>) -> Poll<()> {
         let this = self.project();
         let mut cx = Context::from_waker(this.waker);
-        poll_task(this.fut, this.st, this.done, &mut cx)
+        poll_task(this.fut, this.st, &mut cx)
     }
 }
 
@@ -63,24 +61,23 @@ impl<T> Drop for Settle<T> {
     }
 }
 
-/// Polls the user's future `fut` of a task unless it is `done`; once it is
+/// Polls the user's future `fut` of a task once; once it is done
 /// (or the task was aborted), hands its output to the handle through `st`.
 /// Inlined into [`Run::run`]: one call per task poll, the executor's.
 #[inline(always)]
 fn poll_task<F: Future>(
     fut: Pin<&mut F>,
     st: &Settle<F::Output>,
-    done: &mut bool,
     cx: &mut Context<'_>,
 ) -> Poll<()> {
-    if *done {
-        return Poll::Ready(());
-    }
+    // Never polled again once `Ready`: the executor removes the task right
+    // after that poll (and a nested turn never polls a running task).
     let st = &st.0;
     let out = if st.aborted.get() {
         None
     } else {
-        // After a panic the future is never polled again (`done`).
+        // After a panic the future is never polled again (the task is
+        // `Ready`, see above).
         // Unwind safety: after a panic the future is only dropped (with
         // the task, right after this poll), never polled again, and the
         // runtime holds no borrow while a task runs.
@@ -90,7 +87,6 @@ fn poll_task<F: Future>(
             Err(payload) => Some(Err(payload)),
         }
     };
-    *done = true;
     match out {
         Some(Ok(v)) => *st.value.borrow_mut() = Some(v),
         Some(Err(payload)) => {
