@@ -7,8 +7,11 @@
 
 mod common;
 
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
 use std::pin::pin;
 use std::rc::Rc;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use common::*;
@@ -204,6 +207,96 @@ fn the_agent_task_sleeps_through_a_request_reply_exchange() {
         "server agent ran {server_turns} turns in {} round trips",
         ROUNDS + 10
     );
+}
+
+/// The driving receiver's waker stays registered across its round trips:
+/// a receiver that left (one that returned, and one dropped while it
+/// waited) is not woken by later messages (its task, now waiting for
+/// something else, is left alone and the agent queues them), and a
+/// receiver of another task that drives next is woken, not the task of
+/// the receiver before it.
+#[test]
+fn a_receiver_that_left_is_not_woken_and_the_next_one_is() {
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        // Echoes until the client closes.
+        while let Ok(m) = r.receive().await {
+            r.send(&m).await.expect("echo");
+        }
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = Rc::new(dial_rdma(RdmaBuilder::new(), &dev, addr).await);
+        // Task A receives one message, drops a receiver that waited, then
+        // waits (counting its polls) until released.
+        let polls = Rc::new(Cell::new(0u32));
+        let release: Rc<RefCell<(bool, Option<Waker>)>> = Rc::default();
+        let a = spawn({
+            let (r, polls, release) = (r.clone(), polls.clone(), release.clone());
+            async move {
+                let m = r.receive().await.expect("receive");
+                {
+                    let mut dropped = pin!(r.receive_msg());
+                    assert!(futures::poll!(dropped.as_mut()).is_pending());
+                }
+                poll_fn(|cx| {
+                    polls.set(polls.get() + 1);
+                    let mut rel = release.borrow_mut();
+                    if rel.0 {
+                        Poll::Ready(())
+                    } else {
+                        rel.1 = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                })
+                .await;
+                m
+            }
+        });
+        r.send(b"1").await.expect("send");
+        let t = std::time::Instant::now();
+        while polls.get() == 0 {
+            assert!(t.elapsed() < WAIT, "A never received");
+            sleep(Duration::from_millis(1)).await;
+        }
+        // A message with no receiver: the agent queues it; A sleeps on.
+        r.send(b"late").await.expect("send");
+        while r.unread_bytes() == 0 {
+            assert!(t.elapsed() < WAIT, "the message never reached the inbox");
+            sleep(Duration::from_millis(1)).await;
+        }
+        sleep(Duration::from_millis(20)).await;
+        assert_eq!(polls.get(), 1, "a receiver that left was woken");
+        // Task B takes the queued message, then drives and waits.
+        let b = spawn({
+            let r = r.clone();
+            async move {
+                let late = r.receive().await.expect("queued");
+                let next = r.receive().await.expect("receive");
+                (late, next)
+            }
+        });
+        sleep(Duration::from_millis(20)).await;
+        r.send(b"2").await.expect("send");
+        let (late, next) = timeout(WAIT, b)
+            .await
+            .expect("the next receiver was not woken");
+        assert_eq!((&late[..], &next[..]), (&b"late"[..], &b"2"[..]));
+        assert_eq!(polls.get(), 1, "B's message woke A");
+        let w = {
+            let mut rel = release.borrow_mut();
+            rel.0 = true;
+            rel.1.take()
+        };
+        w.expect("A waits").wake();
+        assert_eq!(timeout(WAIT, a).await.expect("A ends"), b"1");
+        Rc::try_unwrap(r)
+            .expect("last handle")
+            .close()
+            .await
+            .expect("close");
+    });
+    server.join().expect("server");
 }
 
 /// Whole messages are lent in the receive-ring slots they landed in: held

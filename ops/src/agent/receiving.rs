@@ -32,7 +32,7 @@
 //! wait for the inbox or their turn. The inbox is a `VecDeque`: no
 //! allocation per message once it has grown to the connection's burst.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,20 +45,127 @@ use verbio_runtime::{PassHook, RecvRing, RecvRingError, RingMsg};
 use super::msg::{Body, Lent, RecvMsg};
 use super::rdma::Shared;
 
+/// The driving receiver's waker, kept across wakes: a receiver waiting
+/// again on the same task (the usual round trip) only marks it waiting
+/// again, with no clone, and a wake wakes it by reference. A receiver that
+/// leaves withdraws (not woken until a receiver waits again); the next
+/// driver's waker replaces it unless it would wake the same task.
+///
+/// Everything here runs on the connection's runtime thread, except a wake
+/// of the fan from elsewhere: `busy` keeps the accesses apart, and is
+/// never waited for (see each method).
+#[derive(Default)]
+struct ReceiverSlot {
+    busy: AtomicBool,
+    cell: UnsafeCell<Registered>,
+}
+
+#[derive(Default)]
+struct Registered {
+    /// The last driving receiver's waker (kept after it leaves, for reuse).
+    waker: Option<Waker>,
+    /// A receiver waits on `waker`: the next wake wakes it (and clears it).
+    waiting: bool,
+}
+
+// SAFETY: `cell` is only accessed through a `Held`, which exists only
+// while this thread set `busy` (from false), so accesses never overlap;
+// `Waker` is `Send + Sync`.
+unsafe impl Sync for ReceiverSlot {}
+
+/// `busy` held: the slot's contents.
+struct Held<'a>(&'a ReceiverSlot);
+
+impl Held<'_> {
+    #[inline(always)]
+    fn get(&mut self) -> &mut Registered {
+        // SAFETY: `busy` is held by this `Held` (see `ReceiverSlot`), and
+        // the `&mut self` borrow makes this the only reference through it.
+        unsafe { &mut *self.0.cell.get() }
+    }
+}
+
+impl Drop for Held<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::SeqCst);
+    }
+}
+
+impl ReceiverSlot {
+    /// The slot, unless another access holds it (a wake in progress).
+    #[inline(always)]
+    fn hold(&self) -> Option<Held<'_>> {
+        if self.busy.swap(true, Ordering::SeqCst) {
+            None
+        } else {
+            Some(Held(self))
+        }
+    }
+
+    /// The driving receiver waits on `waker`. Should a wake hold the slot
+    /// now (from another thread: one on this thread never polls), the
+    /// receiver is woken at once instead, as `AtomicWaker` does.
+    #[inline(always)]
+    fn register(&self, waker: &Waker) {
+        let Some(mut held) = self.hold() else {
+            waker.wake_by_ref();
+            return;
+        };
+        let r = held.get();
+        r.waiting = true;
+        if !r.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            // A waker's drop may run anything: after `busy` is released.
+            let old = r.waker.replace(waker.clone());
+            drop(held);
+            drop(old);
+        }
+    }
+
+    /// Wakes the waiting receiver, if one waits. Should another access
+    /// hold the slot, it is a registration (it then sees the fan's `armed`
+    /// cleared and looks again) or a wake in progress (which wakes it).
+    #[inline(always)]
+    fn wake(&self) {
+        let Some(mut held) = self.hold() else {
+            return;
+        };
+        let r = held.get();
+        if r.waiting {
+            r.waiting = false;
+            if let Some(w) = &r.waker {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    /// The receiver left: not woken until one waits again (a wake in
+    /// progress, the only other access, clears it anyway).
+    #[inline(always)]
+    fn withdraw(&self) {
+        if let Some(mut held) = self.hold() {
+            held.get().waiting = false;
+        }
+    }
+}
+
+impl std::fmt::Debug for ReceiverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReceiverSlot")
+    }
+}
+
 /// The waker the connection's receive ring is polled with: wakes the
 /// driving receiver (if one waits); the ring's check
 /// ([`Receiving::pass_ended`]) wakes the agent task if needed, or the fan
 /// does at once while the ring has none.
 #[derive(Debug, Default)]
 struct Fan {
-    receiver: AtomicWaker,
+    receiver: ReceiverSlot,
     agent: AtomicWaker,
     /// The ring was polled pending (with this waker) and has not woken it
     /// since: nothing to take until it does.
     armed: AtomicBool,
-    /// A receiver registered since the last wake (`receiver` may hold its
-    /// waker): a receiver that leaves clears it only then.
-    receiver_set: AtomicBool,
     /// The ring has the connection's check: it wakes the agent task.
     checked: AtomicBool,
     /// A whole batch of credits became owed since the agent last looked:
@@ -85,8 +192,9 @@ impl Wake for Fan {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.armed.store(false, Ordering::Relaxed);
-        self.receiver_set.store(false, Ordering::Relaxed);
+        // Before the receiver's slot: a registration racing with this wake
+        // sees it (`Receiving::drive_wait`).
+        self.armed.store(false, Ordering::SeqCst);
         self.receiver.wake();
         self.wake_agent_later();
     }
@@ -275,8 +383,7 @@ impl Receiving {
     #[inline(always)]
     pub(crate) fn drive_wait(&self, cx: &Context<'_>) -> bool {
         self.fan.receiver.register(cx.waker());
-        self.fan.receiver_set.store(true, Ordering::Relaxed);
-        self.armed()
+        self.fan.armed.load(Ordering::SeqCst)
     }
 
     /// Queues a user message for the application; false if the receive
@@ -421,13 +528,8 @@ impl Receiving {
             }
         };
         // Later completions wake the agent (and the next driver once it
-        // registers). Usually a wake took the waker already; should one on
-        // another thread race with this, the worst is a spurious wake of
-        // this receiver's task.
-        if self.fan.receiver_set.load(Ordering::Relaxed) {
-            self.fan.receiver_set.store(false, Ordering::Relaxed);
-            drop(self.fan.receiver.take());
-        }
+        // registers); its waker stays for a receiver of the same task.
+        self.fan.receiver.withdraw();
         if let Some(w) = next {
             w.wake();
         }

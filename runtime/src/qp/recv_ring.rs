@@ -404,11 +404,12 @@ impl RingCore {
                     // foreign code runs under the borrow): woken in place
                     // and kept, so the task's next wait needs no clone.
                     Some(w) if crate::wake::wake_if_task(w) => None,
-                    // Another waker may run anything: woken outside the
-                    // borrow through a clone, and kept registered too, so
-                    // the consumer's next poll of an empty ring takes the
-                    // fast path (the same waker) instead of registering again.
-                    Some(w) => Some(w.clone()),
+                    // Another waker may run anything: taken out to be
+                    // woken by reference outside the borrow, then put back
+                    // (no clone), so the consumer's next poll of an empty
+                    // ring takes the fast path (the same waker) instead of
+                    // registering again.
+                    Some(_) => st.waker.take(),
                     None => None,
                 };
                 (waker, false, keep)
@@ -424,7 +425,12 @@ impl RingCore {
                 .unregister_ring(self.key, self as &dyn WorkQueue);
         }
         if let Some(w) = waker {
-            w.wake();
+            w.wake_by_ref();
+            // Unless the wake registered another or dropped the ring.
+            let mut st = self.state.borrow_mut();
+            if st.waker.is_none() && !st.dropped {
+                st.waker = Some(w);
+            }
         }
     }
 

@@ -648,3 +648,66 @@ fn a_ring_check_runs_once_per_pass_after_the_task_its_completions_woke() {
     drop(r);
     rt.block_on(async { qp.close().await.unwrap() });
 }
+
+/// A foreign waker (any `Wake`) counting how it is woken; a wake drops
+/// the ring in `DROP_ON_WAKE`, if any.
+#[derive(Default)]
+struct Counting {
+    by_ref: std::sync::atomic::AtomicU32,
+    by_value: std::sync::atomic::AtomicU32,
+}
+
+thread_local! {
+    static DROP_ON_WAKE: std::cell::RefCell<Option<RecvRing>> = const { std::cell::RefCell::new(None) };
+}
+
+impl std::task::Wake for Counting {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.by_value
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        drop(DROP_ON_WAKE.with(|r| r.borrow_mut().take()));
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.by_ref
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        drop(DROP_ON_WAKE.with(|r| r.borrow_mut().take()));
+    }
+}
+
+#[test]
+fn a_foreign_waker_is_woken_by_reference_and_kept_unless_the_ring_is_dropped() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::Arc;
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    let core = r.core.clone();
+    let counting = Arc::new(Counting::default());
+    let waker = std::task::Waker::from(counting.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(r.poll_next(&mut cx).is_pending());
+    fake.complete_recv(WcStatus::Success, 7).unwrap();
+    assert_eq!(rt.handle().driver().drain_cqs(), 1);
+    assert_eq!(counting.by_ref.load(Relaxed), 1, "woken by reference");
+    assert_eq!(counting.by_value.load(Relaxed), 0, "with no clone");
+    assert!(
+        core.registered_waker().is_some_and(|w| w.will_wake(&waker)),
+        "and kept registered"
+    );
+    // Taken, then waited for again: this wake drops the ring.
+    assert!(r.poll_next(&mut cx).is_ready());
+    assert!(r.poll_next(&mut cx).is_pending());
+    DROP_ON_WAKE.with(|d| *d.borrow_mut() = Some(r));
+    fake.complete_recv(WcStatus::Success, 8).unwrap();
+    assert_eq!(rt.handle().driver().drain_cqs(), 1);
+    assert_eq!(counting.by_ref.load(Relaxed), 2);
+    assert!(
+        core.registered_waker().is_none(),
+        "the dropped ring keeps no waker"
+    );
+    drop(waker);
+    assert_eq!(Arc::strong_count(&counting), 1, "nothing holds the waker");
+    drop(core);
+    rt.block_on(async { qp.close().await.unwrap() });
+}
