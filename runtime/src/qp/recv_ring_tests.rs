@@ -681,7 +681,7 @@ fn a_foreign_waker_is_woken_by_reference_and_kept_unless_the_ring_is_dropped() {
     use std::sync::Arc;
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
-    let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+    let r = rt.block_on(async { ring(&qp, 4, 1) });
     let core = r.core.clone();
     let counting = Arc::new(Counting::default());
     let waker = std::task::Waker::from(counting.clone());
