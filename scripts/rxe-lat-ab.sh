@@ -61,38 +61,20 @@ OUT=$DIR/runs.txt
     printf 'set --'; printf " '%s'" perftest=- "${BUILDS[@]}"; echo
     cat <<'GUEST'
 cd "$(dirname "$0")/../.." || exit 1
-# run NAME BIN FLAGS: one send_lat between two processes (both given FLAGS,
-# as perftest's sides take the same flags); prints NAME typical.
-run() {
-    timeout 120 "$2" send_lat -d rxe0 -x 1 -p 18516 -s "$S" -n "$N" $3 >/dev/null 2>&1 &
-    srv=$!
-    t=$(timeout 120 "$2" send_lat 127.0.0.1 -d rxe0 -x 1 -p 18516 -s "$S" -n "$N" $3 2>&1 |
-        awk -v s="$S" '$1 == s { print $5 }')
-    wait $srv
-    echo "$1 ${t:-n/a}"
+. scripts/lib/rxe-send-lat.sh
+# run_spec NAME=BINARY[:FLAGS]: one run of that build (or perftest).
+run_spec() {
+    name=${1%%=*} rest=${1#*=}
+    bin=${rest%%:*} flags=
+    case $rest in *:*) flags=$(echo "${rest#*:}" | tr ',' ' ') ;; esac
+    if [ "$name" = perftest ]; then
+        perftest_lat perftest "$S"
+    else
+        # shellcheck disable=SC2086 # FLAGS are words
+        verbio_lat "$name" "$bin" "$S" $flags
+    fi
 }
-pt() {
-    ib_send_lat -d rxe0 -x 1 -s "$S" -n "$N" >/dev/null 2>&1 &
-    srv=$!
-    w=0; while [ $w -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; w=$((w+1)); done
-    t=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s "$S" -n "$N" 127.0.0.1 2>&1 | awk -v s="$S" '$1 == s { print $5 }')
-    wait $srv
-    echo "perftest ${t:-n/a}"
-}
-n=$#
-r=1
-while [ $r -le "$R" ]; do
-    i=0
-    while [ $i -lt $n ]; do
-        k=$(( (i + r) % n + 1 ))
-        eval "v=\${$k}"
-        name=${v%%=*}; rest=${v#*=}; bin=${rest%%:*}; flags=
-        case $rest in *:*) flags=$(echo "${rest#*:}" | tr ',' ' ') ;; esac
-        if [ "$name" = perftest ]; then pt; else run "$name" "$bin" "$flags"; fi
-        i=$((i+1))
-    done
-    r=$((r+1))
-done
+rounds "$R" "$@"
 GUEST
 } > "$GUEST"
 chmod +x "$GUEST"

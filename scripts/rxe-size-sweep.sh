@@ -51,34 +51,16 @@ OUT=$DIR/runs.txt
     printf 'set --'; for s in ${SIZES//,/ }; do printf " 'p %s' 'v %s'" "$s" "$s"; done; echo
     cat <<'GUEST'
 cd "$(dirname "$0")/../.." || exit 1
-v() {
-    timeout 120 $B send_lat -d rxe0 -x 1 -p 18516 -s "$1" -I 128 -n "$N" --api verbs --busy-poll 1000000 >/dev/null 2>&1 &
-    srv=$!
-    t=$(timeout 120 $B send_lat 127.0.0.1 -d rxe0 -x 1 -p 18516 -s "$1" -I 128 -n "$N" --api verbs --busy-poll 1000000 2>&1 |
-        awk -v s="$1" '$1 == s { print $5 }')
-    wait $srv
-    echo "verbio $1 ${t:-n/a}"
+. scripts/lib/rxe-send-lat.sh
+# run_spec "TOOL SIZE": one run of perftest (p) or the verbio build (v).
+run_spec() {
+    set -- $1
+    case $1 in
+        p) perftest_lat "perftest $2" "$2" ;;
+        v) verbio_lat "verbio $2" "$B" "$2" -I 128 --api verbs --busy-poll 1000000 ;;
+    esac
 }
-p() {
-    ib_send_lat -d rxe0 -x 1 -s "$1" -n "$N" >/dev/null 2>&1 &
-    srv=$!
-    w=0; while [ $w -lt 100 ] && ! ss -ltn 2>/dev/null | grep -q ':18515 '; do sleep 0.1; w=$((w+1)); done
-    t=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s "$1" -n "$N" 127.0.0.1 2>&1 | awk -v s="$1" '$1 == s { print $5 }')
-    wait $srv
-    echo "perftest $1 ${t:-n/a}"
-}
-n=$#
-r=1
-while [ $r -le "$R" ]; do
-    i=0
-    while [ $i -lt $n ]; do
-        k=$(( (i + r) % n + 1 ))
-        eval "c=\${$k}"
-        $c
-        i=$((i+1))
-    done
-    r=$((r+1))
-done
+rounds "$R" "$@"
 GUEST
 } > "$GUEST"
 chmod +x "$GUEST"

@@ -342,15 +342,7 @@ fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> 
             grant,
             payload,
         } => whole(shared, imm, grant, payload),
-        Message::Data {
-            msg_id,
-            total_len,
-            offset,
-            imm,
-            grant,
-            payload,
-        } => data(shared, msg_id, total_len, offset, imm, grant, payload),
-        // (decode_data decodes only those two, both credited)
+        // A piece of a split message (decode_data decodes nothing else).
         msg => route(shared, msg),
     };
     Some(match outcome {
@@ -561,7 +553,14 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             imm,
             grant,
             payload,
-        } => data(shared, msg_id, total_len, offset, imm, grant, payload),
+        } => {
+            // A piece of a split message: reassembled, delivered once whole.
+            if grant > 0 {
+                shared.credits.grant(grant);
+            }
+            reassemble(shared, msg_id, total_len, offset, imm, payload)?;
+            Ok(Next::Repost(true))
+        }
         Message::Whole {
             imm,
             grant,
@@ -605,24 +604,6 @@ fn whole(
         len: payload.len(),
         imm,
     })
-}
-
-/// Acts on a `Data` piece of a split message (its credit spent):
-/// reassembled, delivered once complete.
-fn data(
-    shared: &Shared,
-    msg_id: u64,
-    total_len: u64,
-    offset: u64,
-    imm: Option<u32>,
-    grant: u32,
-    payload: &[u8],
-) -> Result<Next, CloseReason> {
-    if grant > 0 {
-        shared.credits.grant(grant);
-    }
-    reassemble(shared, msg_id, total_len, offset, imm, payload)?;
-    Ok(Next::Repost(true))
 }
 
 /// Adds a `Data` piece; delivers the message once complete. Pieces of one

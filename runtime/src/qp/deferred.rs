@@ -17,6 +17,8 @@
 //! (their WRs were never looked at), and their credits come back; the WRs
 //! before it are posted.
 
+use std::cell::RefMut;
+
 use super::submit::OneWr;
 use super::QpCore;
 use crate::op::{wr_id, OpTable, SubmitError};
@@ -61,14 +63,7 @@ impl QpCore {
     /// True once [`DEFER_MAX`] WRs wait: the caller posts them now.
     #[inline(always)]
     pub(crate) fn defer(&self, wr: &mut SendWr, absorbed: u32) -> bool {
-        let mut d = self.deferred.borrow_mut();
-        let len = d.wrs.len();
-        if len == 0 {
-            d.absorbed = absorbed;
-        }
-        if len == d.wrs.capacity() {
-            grow(&mut d.wrs);
-        }
+        let (mut d, len) = self.deferred_with_room(absorbed);
         // Moved with one copy, straight into the list (a `push` of the
         // value would stage it on the stack first, as it may reallocate).
         // SAFETY: `len < capacity` (just ensured), so slot `len` is
@@ -89,6 +84,19 @@ impl QpCore {
     /// written once, straight into the list.
     #[inline(always)]
     pub(crate) fn defer_one(&self, wr: &OneWr, wr_id: u64, absorbed: u32) -> bool {
+        let (mut d, len) = self.deferred_with_room(absorbed);
+        // SAFETY: `len < capacity` (just ensured): slot `len` is allocated and unused; it is written, then counted.
+        unsafe {
+            std::ptr::write(d.wrs.as_mut_ptr().add(len), wr.send_wr(wr_id));
+            d.wrs.set_len(len + 1);
+        }
+        len + 1 >= DEFER_MAX
+    }
+
+    /// The deferred list with room for one more WR, and its length (the
+    /// first WR of a list records the credits `absorbed` into the post).
+    #[inline(always)]
+    fn deferred_with_room(&self, absorbed: u32) -> (RefMut<'_, Deferred>, usize) {
         let mut d = self.deferred.borrow_mut();
         let len = d.wrs.len();
         if len == 0 {
@@ -97,12 +105,7 @@ impl QpCore {
         if len == d.wrs.capacity() {
             grow(&mut d.wrs);
         }
-        // SAFETY: `len < capacity` (just ensured): slot `len` is allocated and unused; it is written, then counted.
-        unsafe {
-            std::ptr::write(d.wrs.as_mut_ptr().add(len), wr.send_wr(wr_id));
-            d.wrs.set_len(len + 1);
-        }
-        len + 1 >= DEFER_MAX
+        (d, len)
     }
 
     /// True if WRs wait in the deferred list.

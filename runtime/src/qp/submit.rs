@@ -174,15 +174,8 @@ impl QueuePair {
     #[cold]
     #[inline(never)]
     fn check_one_slow(&self, wr: &OneWr) -> Result<(), SubmitError> {
+        self.check_open()?;
         let inner = &*self.inner;
-        if inner.core.closed.get() {
-            return Err(SubmitError::Closed {
-                qp_num: inner.core.qp_num,
-            });
-        }
-        if let Some(e) = inner.core.fault_error() {
-            return Err(e);
-        }
         let sges = usize::from(wr.sge.is_some());
         if sges > inner.caps.max_send_sge as usize && !wr.flags.contains(SendFlags::INLINE) {
             return Err(SubmitError::TooManySges {
@@ -272,18 +265,26 @@ impl QueuePair {
         unsafe { self.submit(data, &mut wrs) }
     }
 
+    /// The QP takes submissions: not closed, no inline send failed.
+    #[inline(always)]
+    fn check_open(&self) -> Result<(), SubmitError> {
+        let core = &self.inner.core;
+        if core.closed.get() {
+            return Err(SubmitError::Closed {
+                qp_num: core.qp_num,
+            });
+        }
+        match core.fault_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Validates a chain before it takes credits; returns its length.
     #[inline(always)]
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
+        self.check_open()?;
         let inner = &*self.inner;
-        if inner.core.closed.get() {
-            return Err(SubmitError::Closed {
-                qp_num: inner.core.qp_num,
-            });
-        }
-        if let Some(e) = inner.core.fault_error() {
-            return Err(e);
-        }
         match wrs {
             Wrs::Send(c) => {
                 let len = c.len();
