@@ -22,6 +22,7 @@
 # The VM and its knobs: ../shared/tools/rxe-vm (override with RXE_VM_SCRIPT).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/scripts/lib/rxe-host.sh"
 ROUNDS=16
 ITERS=3000
 SIZE=64
@@ -41,14 +42,10 @@ done
 [ ${#BUILDS[@]} -gt 0 ] || { sed -n '2,21p' "$0"; exit 2; }
 case $SIZE in ''|*[!0-9]*) echo "rxe-lat-ab: --size takes a byte count, got $SIZE" >&2; exit 2 ;; esac
 for b in "${BUILDS[@]}"; do
-    rest=${b#*=}; bin=${rest%%:*}
-    case $(realpath -m "$bin") in
-        "$ROOT"/*) [ -x "$bin" ] || { echo "rxe-lat-ab: $bin is not executable" >&2; exit 2; } ;;
-        *) echo "rxe-lat-ab: $bin must be under $ROOT (the guest sees only it)" >&2; exit 2 ;;
-    esac
+    rest=${b#*=}
+    rxe_guest_binary rxe-lat-ab "${rest%%:*}"
 done
-VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
-[ -x "$VM" ] || VM=/work/shared/tools/rxe-vm/run-in-rxe-vm.sh
+VM=$(rxe_vm_script)
 [ -x "$VM" ] || { echo "SKIPPED: rxe VM script not found ($VM)"; exit 0; }
 
 DIR=$ROOT/target/rxe-lat-ab

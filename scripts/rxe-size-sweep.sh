@@ -16,6 +16,7 @@
 # median per-round difference to the first size.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/scripts/lib/rxe-host.sh"
 ROUNDS=8
 ITERS=3000
 SIZES=64,72,76,80,88,112
@@ -32,13 +33,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ -n "$BIN" ] || { sed -n '2,16p' "$0"; exit 2; }
-case $(realpath -m "$BIN") in
-    "$ROOT"/*) [ -x "$BIN" ] || { echo "rxe-size-sweep: $BIN is not executable" >&2; exit 2; } ;;
-    *) echo "rxe-size-sweep: $BIN must be under $ROOT (the guest sees only it)" >&2; exit 2 ;;
-esac
+rxe_guest_binary rxe-size-sweep "$BIN"
 case $SIZES in *[!0-9,]*|'') echo "rxe-size-sweep: --sizes takes byte counts, e.g. 64,88" >&2; exit 2 ;; esac
-VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
-[ -x "$VM" ] || VM=/work/shared/tools/rxe-vm/run-in-rxe-vm.sh
+VM=$(rxe_vm_script)
 [ -x "$VM" ] || { echo "SKIPPED: rxe VM script not found ($VM)"; exit 0; }
 
 DIR=$ROOT/target/rxe-size-sweep

@@ -112,8 +112,8 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-VM=${RXE_VM_SCRIPT:-$ROOT/../shared/tools/rxe-vm/run-in-rxe-vm.sh}
-[ -x "$VM" ] || VM=/work/shared/tools/rxe-vm/run-in-rxe-vm.sh
+. "$ROOT/scripts/lib/rxe-host.sh"
+VM=$(rxe_vm_script)
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).

@@ -31,8 +31,8 @@ pub use qp::{
     Submit, UdEndpoint, UdPeer,
 };
 pub use reactor::{
-    schedule_pass_hook, sleep, sleep_until, spawn, timeout, unschedule_pass_hook, yield_now,
-    Builder, Elapsed, FallibleJoinHandle, Handle, JoinError, JoinHandle, JoinResult, PassHook,
-    PassHookId, Runtime, RuntimeError, RuntimeStats, Sleep, TcpListener, TcpStream, Timeout, Turn,
+    schedule_pass_hook, sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed,
+    FallibleJoinHandle, Handle, JoinError, JoinHandle, JoinResult, PassHook, PassHookId, Runtime,
+    RuntimeError, RuntimeStats, Sleep, TcpListener, TcpStream, Timeout, Turn,
 };
 pub use report::ErrorChain;

@@ -37,7 +37,7 @@ use std::rc::Rc;
 
 pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 pub use net::{TcpListener, TcpStream};
-pub use pass_hooks::{schedule_pass_hook, unschedule_pass_hook, PassHook, PassHookId};
+pub use pass_hooks::{schedule_pass_hook, PassHook, PassHookId};
 pub use runtime::{Builder, Runtime, Turn};
 pub use stats::RuntimeStats;
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};

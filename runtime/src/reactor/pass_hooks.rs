@@ -98,13 +98,6 @@ enum Scheduled {
     Check(Rc<PassCheck>),
 }
 
-impl Scheduled {
-    #[inline(always)]
-    fn is_id(&self, key: u32, generation: u32) -> bool {
-        matches!(*self, Scheduled::Id(k, g) if k == key && g == generation)
-    }
-}
-
 struct Entry {
     hook: Rc<dyn PassHook>,
     generation: u32,
@@ -129,25 +122,6 @@ pub(crate) struct PassHooks {
     /// `clear` ran while hooks were firing: the rest taken out to fire
     /// do not.
     cleared: Cell<bool>,
-}
-
-/// How far from the end of the scheduled hooks [`unschedule_pass_hook`]
-/// looks (a hook is usually taken back soon after it was scheduled; hooks
-/// scheduled after it are few).
-const UNSCHEDULE_REACH: usize = 8;
-
-/// Removes `hook` from `queue` if it is among its last
-/// [`UNSCHEDULE_REACH`]: where it was.
-#[cold]
-#[inline(never)]
-fn remove_near_end(queue: &mut Vec<Scheduled>, key: u32, generation: u32) -> Option<usize> {
-    let from = queue.len().saturating_sub(UNSCHEDULE_REACH);
-    let at = from
-        + queue[from..]
-            .iter()
-            .rposition(|q| q.is_id(key, generation))?;
-    queue.remove(at);
-    Some(at)
 }
 
 /// Generations of hook ids, across all runtimes.
@@ -238,41 +212,6 @@ impl PassHooks {
                 .push(Scheduled::Check(check.clone()));
             self.queued.set(self.queued.get() + 1);
         }
-    }
-
-    /// Takes back the scheduling of hook `id` if it is among the last
-    /// [`UNSCHEDULE_REACH`] scheduled and no hook is running: true if it
-    /// will not fire now (until it is scheduled again). The others keep
-    /// their order (and whether they are due this pass).
-    #[inline]
-    fn unschedule(&self, id: PassHookId) -> bool {
-        if self.firing.get() {
-            return false;
-        }
-        let mut entries = self.entries.borrow_mut();
-        let Some(e) = entries
-            .get_mut(id.key as usize)
-            .filter(|e| e.generation == id.generation && e.scheduled)
-        else {
-            return false;
-        };
-        let mut queue = self.queue.borrow_mut();
-        // The usual case first: it is the last one.
-        let at = if queue.last().is_some_and(|q| q.is_id(id.key, id.generation)) {
-            queue.pop();
-            queue.len()
-        } else {
-            match remove_near_end(&mut queue, id.key, id.generation) {
-                Some(at) => at,
-                None => return false,
-            }
-        };
-        e.scheduled = false;
-        self.queued.set(queue.len());
-        if at < self.due.get() {
-            self.due.set(self.due.get() - 1);
-        }
-        true
     }
 
     /// A pass begins: the hooks scheduled so far fire at its end.
@@ -487,24 +426,6 @@ pub fn schedule_pass_hook(id: PassHookId) -> bool {
     unsafe { &*hooks }.schedule(id);
     true
 }
-/// Takes back [`schedule_pass_hook`] for the hook `id` names, if it is
-/// scheduled on this thread's runtime, has not run yet, and at most a few
-/// hooks were scheduled after it (and no hook is running now): true if it
-/// then does not run at the end of this pass (a later
-/// [`schedule_pass_hook`] schedules it again); false if it stays scheduled
-/// as it was, or was not scheduled. For a hook whose check the scheduler
-/// found needless after all (cheaper than letting it run).
-#[inline]
-pub fn unschedule_pass_hook(id: PassHookId) -> bool {
-    let hooks = CURRENT_HOOKS.with(Cell::get);
-    if hooks.is_null() || hooks as usize != id.runtime {
-        return false;
-    }
-    // SAFETY: as in `schedule_pass_hook`: a non-null `CURRENT_HOOKS` points
-    // into the `Inner` the thread's current handle keeps alive.
-    unsafe { &*hooks }.unschedule(id)
-}
-
 #[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
@@ -512,7 +433,7 @@ mod tests {
     use std::task::Waker;
     use std::time::Duration;
 
-    use super::{schedule_pass_hook, unschedule_pass_hook, PassHook};
+    use super::{schedule_pass_hook, PassHook};
     use crate::reactor::{yield_now, Runtime};
 
     /// Records what it saw when it ran, and wakes a stored waker.
@@ -550,72 +471,6 @@ mod tests {
         });
         assert_eq!(probe.runs.get(), 1, "ran once");
         assert!(probe.saw_task.get(), "after the task woken before it");
-    }
-
-    #[test]
-    fn an_unscheduled_hook_does_not_run_until_scheduled_again() {
-        let rt = Runtime::new().unwrap();
-        let (a, b) = (Rc::new(Probe::default()), Rc::new(Probe::default()));
-        let (ida, idb) = (
-            rt.handle().add_pass_hook(a.clone()),
-            rt.handle().add_pass_hook(b.clone()),
-        );
-        assert!(!unschedule_pass_hook(ida), "no runtime on this thread");
-        rt.block_on(async {
-            assert!(!unschedule_pass_hook(ida), "not scheduled");
-            assert!(schedule_pass_hook(ida));
-            assert!(schedule_pass_hook(idb));
-            assert!(unschedule_pass_hook(idb));
-            assert!(!unschedule_pass_hook(idb), "taken back already");
-            yield_now().await;
-            yield_now().await;
-            assert_eq!((a.runs.get(), b.runs.get()), (1, 0));
-            // Not the last scheduled: the others keep their turn.
-            assert!(schedule_pass_hook(idb));
-            assert!(schedule_pass_hook(ida));
-            assert!(unschedule_pass_hook(idb));
-            yield_now().await;
-            yield_now().await;
-            assert_eq!((a.runs.get(), b.runs.get()), (2, 0));
-            // Too many scheduled after it: it stays scheduled.
-            let others: Vec<_> = (0..super::UNSCHEDULE_REACH)
-                .map(|_| rt.handle().add_pass_hook(Rc::new(Probe::default())))
-                .collect();
-            assert!(schedule_pass_hook(idb));
-            for &o in &others {
-                assert!(schedule_pass_hook(o));
-            }
-            assert!(!unschedule_pass_hook(idb), "beyond the reach");
-            yield_now().await;
-            yield_now().await;
-            assert_eq!(b.runs.get(), 1);
-            // Scheduled by the main future, both are due at the end of the
-            // next pass; a task of that pass schedules a third (due a pass
-            // later) and takes one back: only the other runs then.
-            let c = Rc::new(Probe::default());
-            let idc = rt.handle().add_pass_hook(c.clone());
-            assert!(schedule_pass_hook(idb));
-            assert!(schedule_pass_hook(ida));
-            let (a2, b2) = (a.clone(), b.clone());
-            let task = crate::reactor::spawn(async move {
-                assert_eq!((a2.runs.get(), b2.runs.get()), (2, 1), "not run yet");
-                assert!(schedule_pass_hook(idc));
-                assert!(unschedule_pass_hook(idb));
-            });
-            yield_now().await;
-            assert_eq!((a.runs.get(), b.runs.get()), (3, 1), "only the other ran");
-            assert_eq!(c.runs.get(), 0, "the third is not due yet");
-            yield_now().await;
-            assert_eq!(c.runs.get(), 1);
-            task.await;
-            yield_now().await;
-            yield_now().await;
-            assert_eq!(b.runs.get(), 1, "taken back while due");
-            assert!(schedule_pass_hook(idb));
-            yield_now().await;
-            yield_now().await;
-        });
-        assert_eq!((a.runs.get(), b.runs.get()), (3, 2));
     }
 
     #[test]
