@@ -227,13 +227,21 @@ impl State {
         while lat.next() {
             let i = lat.i;
             if inline {
-                send_inline(qp, peer, &payload, i).await?;
+                // Awaited in this loop, not through a helper future, and
+                // errors are wrapped only when they happen: perftest's loop
+                // has no such layers either.
+                let sent = match peer {
+                    None => qp.send_inline(&payload).await,
+                    Some(p) => send_inline_to(qp, p, &payload).await,
+                };
+                if let Err(e) = sent {
+                    return Err(failed(format!("send {i}"), e));
+                }
                 drop(last_echo.take());
-                let back = ring
-                    .next()
-                    .await
-                    .ok_or_else(|| msg("the receive ring ended"))?
-                    .ctx_with(|| format!("recv {i}"))?;
+                let back = match ring.next().await {
+                    Some(Ok(m)) => m,
+                    end => return Err(recv_failed(i, end)),
+                };
                 check_len(i, back.len(), size)?;
                 last_echo = Some(back);
             } else {
@@ -360,7 +368,13 @@ impl State {
                 return Ok(());
             }
             if inline {
-                send_inline(qp, peer, &got, 0).await.ctx("echoing")?;
+                let sent = match peer {
+                    None => qp.send_inline(&got).await,
+                    Some(p) => send_inline_to(qp, p, &got).await,
+                };
+                if let Err(e) = sent {
+                    return Err(failed("echoing".into(), e));
+                }
             } else {
                 spare.clear();
                 spare.extend_from_slice(&got).ctx("copying the echo")?;
@@ -373,21 +387,37 @@ impl State {
     }
 }
 
-/// Sends `data` (iteration `i`) INLINE: to the connected peer on RC, to
-/// `peer` on UD.
+/// Sends `data` INLINE to `peer` (UD).
 #[inline]
-async fn send_inline(qp: &QueuePair, peer: Option<&UdPeer>, data: &[u8], i: u64) -> Result<()> {
-    let res = match peer {
-        None => qp.send_inline(data).await,
-        Some(p) => qp
-            .post_send_inline_to(p, data, None)
-            .await
-            .map_err(|source| verbio::ops::Error::Submit {
-                op: "send_inline_to",
-                source,
-            }),
-    };
-    res.ctx_with(|| format!("send {i}"))
+async fn send_inline_to(
+    qp: &QueuePair,
+    peer: &UdPeer,
+    data: &[u8],
+) -> std::result::Result<(), verbio::ops::Error> {
+    qp.post_send_inline_to(peer, data, None)
+        .await
+        .map_err(|source| verbio::ops::Error::Submit {
+            op: "send_inline_to",
+            source,
+        })
+}
+
+/// The error of a failed step of a measured loop, made only then.
+#[cold]
+fn failed(what: String, e: verbio::ops::Error) -> crate::error::Error {
+    Err::<(), _>(e).ctx(what).unwrap_err()
+}
+
+/// The error of a receive ring that failed or ended in iteration `i`.
+#[cold]
+fn recv_failed(
+    i: u64,
+    end: Option<std::result::Result<verbio::runtime::RingMsg, verbio::runtime::RecvRingError>>,
+) -> crate::error::Error {
+    match end {
+        Some(Err(e)) => Err::<(), _>(e).ctx(format!("recv {i}")).unwrap_err(),
+        _ => msg("the receive ring ended"),
+    }
 }
 
 /// Sends `buf`: to the connected peer on RC, to `peer` on UD.
