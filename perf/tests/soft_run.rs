@@ -124,6 +124,13 @@ fn several_qps_a_duration_and_tcp() {
     );
     check(&v, "send_lat", &[1000]);
     assert_eq!(v["connection"], "ud");
+    // Up to 64 bytes the UD loop sends INLINE (its own path in the loop).
+    let v = run(
+        &["send_lat", "-c", "UD"],
+        &["send_lat", "-c", "UD", "-n", "50", "-s", "64"],
+    );
+    check(&v, "send_lat", &[64]);
+    assert_eq!(v["connection"], "ud");
 }
 
 #[test]
