@@ -240,7 +240,8 @@ impl State {
                 drop(last_echo.take());
                 let back = match ring.next().await {
                     Some(Ok(m)) => m,
-                    end => return Err(recv_failed(i, end)),
+                    Some(Err(e)) => return Err(failed(format!("recv {i}"), e)),
+                    None => return Err(msg("the receive ring ended")),
                 };
                 check_len(i, back.len(), size)?;
                 last_echo = Some(back);
@@ -402,21 +403,13 @@ async fn send_inline_to(
         })
 }
 
-/// The error of a failed step of a measured loop, made only then.
+/// The error of a failed step of a measured loop (out of line: the loop
+/// builds it only when it happens).
 #[cold]
-fn failed(what: String, e: verbio::ops::Error) -> crate::error::Error {
-    Err::<(), _>(e).ctx(what).unwrap_err()
-}
-
-/// The error of a receive ring that failed or ended in iteration `i`.
-#[cold]
-fn recv_failed(
-    i: u64,
-    end: Option<std::result::Result<verbio::runtime::RingMsg, verbio::runtime::RecvRingError>>,
-) -> crate::error::Error {
-    match end {
-        Some(Err(e)) => Err::<(), _>(e).ctx(format!("recv {i}")).unwrap_err(),
-        _ => msg("the receive ring ended"),
+fn failed(what: String, source: impl std::error::Error + 'static) -> crate::error::Error {
+    crate::error::Error::Ctx {
+        what,
+        source: Box::new(source),
     }
 }
 
