@@ -46,8 +46,11 @@ git -C "$ROOT" show "$REV:examples/perf.rs" > "$SRC" ||
     { echo "rxe-runtime-ab: $REV has no examples/perf.rs" >&2; exit 2; }
 OLD_TREE=$DIR/tree-$REV
 if [ ! -d "$OLD_TREE" ]; then
-    mkdir -p "$OLD_TREE"
-    git -C "$ROOT" archive "$REV" | tar -x -C "$OLD_TREE"
+    # Extracted aside, then renamed: an interrupted extraction is not reused.
+    rm -rf "$OLD_TREE.part"
+    mkdir -p "$OLD_TREE.part"
+    git -C "$ROOT" archive "$REV" | tar -x -C "$OLD_TREE.part"
+    mv "$OLD_TREE.part" "$OLD_TREE"
 fi
 
 # package NAME TREE: builds the example against the verbio of TREE (with
