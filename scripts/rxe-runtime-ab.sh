@@ -16,10 +16,10 @@
 # Each copy of the example is a standalone package under
 # target/rxe-runtime-ab/ (its own workspace, the `verbio` dependency by
 # path with that tree's Cargo.lock; REV's tree is a `git archive` there),
-# so this tree is not modified. The old
-# example takes `--server ADDR` / `--client ADDR` and the device from
-# VERBIO_DEVICE; a generated shim maps rxe-lat-ab's verbio-perf flags
-# (`send_lat [HOST] -d DEV -x GID -p PORT -s SIZE -n ITERS`) onto it.
+# so this tree is not modified. The old example takes `--server ADDR` /
+# `--client ADDR` and the device from VERBIO_DEVICE; a generated shim
+# maps rxe-lat-ab's verbio-perf flags (`send_lat [HOST] -d DEV -x GID
+# -p PORT -s SIZE -n ITERS`) onto it.
 # Prints rxe-lat-ab's table; per-round ratios of two builds from its log
 # (target/rxe-lat-ab/runs.txt) are the comparison.
 set -eu
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --rev) REV=$2; shift ;;
         --rounds | --iters) AB_ARGS+=("$1" "$2"); shift ;;
-        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
         -*) echo "rxe-runtime-ab: unknown option $1" >&2; exit 2 ;;
         *=*) EXTRA+=("$1") ;;
         *) echo "rxe-runtime-ab: expected NAME=BINARY[:FLAGS], got $1" >&2; exit 2 ;;
