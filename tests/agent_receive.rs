@@ -26,6 +26,15 @@ fn server_builder() -> RdmaBuilder {
     RdmaBuilder::new().recv_buf_count(1).credit_batch(1)
 }
 
+/// Closes a connection its receivers shared, once they are done with it.
+async fn close_shared(r: Rc<verbio::Rdma>) {
+    Rc::try_unwrap(r)
+        .expect("last handle")
+        .close()
+        .await
+        .expect("close");
+}
+
 #[test]
 fn a_receive_future_held_without_polls_does_not_stall_the_credits() {
     const SENDS: usize = 40; // 40 times the server's one buffer
@@ -151,11 +160,7 @@ fn concurrent_receivers_share_the_messages() {
             "a receiver got nothing: {shares:?}"
         );
         println!("shares of {MSGS} messages: {shares:?}");
-        Rc::try_unwrap(r)
-            .expect("last handle")
-            .close()
-            .await
-            .expect("close");
+        close_shared(r).await;
     });
     server.join().expect("server");
 }
@@ -290,11 +295,7 @@ fn a_receiver_that_left_is_not_woken_and_the_next_one_is() {
         };
         w.expect("A waits").wake();
         assert_eq!(timeout(WAIT, a).await.expect("A ends"), b"1");
-        Rc::try_unwrap(r)
-            .expect("last handle")
-            .close()
-            .await
-            .expect("close");
+        close_shared(r).await;
     });
     server.join().expect("server");
 }
