@@ -750,6 +750,7 @@ impl Qp {
     ///
     /// Remote addresses and rkeys are not part of this contract: the peer's
     /// responder checks them against its own registrations.
+    #[inline(always)]
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         // SAFETY: forwarded contract of this function.
         dispatch_q!(QpImp, &self.imp, |q| unsafe {
@@ -779,6 +780,7 @@ impl Qp {
     /// As for [`post_send`](Self::post_send), the obligation covers the SGEs
     /// whose `lkey` names a live registration containing the whole range;
     /// any other SGE makes a message landing in that WR fail, unaccessed.
+    #[inline]
     pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         // SAFETY: forwarded contract of this function.
         dispatch_q!(QpImp, &self.imp, |q| unsafe {

@@ -527,6 +527,40 @@ fn a_waiting_task_is_woken_in_place_and_its_waker_kept_for_the_next_wait() {
 }
 
 #[test]
+// The op is submitted inside the runtime, awaited later.
+#[allow(clippy::async_yields_async)]
+fn one_drain_takes_every_ring_completion_whatever_the_poll_batch() {
+    // A poll that returns one ring completion skips the op table; with a
+    // poll batch of one that poll is a full batch, so the drain polls on.
+    for batch in [1, 2, 32] {
+        let rt = Runtime::builder().cq_poll_batch(batch).build().unwrap();
+        let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
+        let mut r = rt.block_on(async { ring(&qp, 4, 1) });
+        for len in [5, 6, 7] {
+            fake.complete_recv(WcStatus::Success, len).unwrap();
+        }
+        assert_eq!(rt.handle().driver().drain_cqs(), 3, "poll batch {batch}");
+        for len in [5, 6, 7] {
+            let m = next_now(&mut r).expect("ready").expect("open").unwrap();
+            assert_eq!(m.len(), len, "poll batch {batch}");
+        }
+        // One message alone, then an op's completion alone: each poll
+        // returns one, one reserved and one not.
+        let op = rt.block_on(async { bare_write(&qp) });
+        fake.complete_recv(WcStatus::Success, 8).unwrap();
+        assert_eq!(rt.handle().driver().drain_cqs(), 1);
+        assert_eq!(next_now(&mut r).unwrap().unwrap().unwrap().len(), 8);
+        fake.complete_send(WcStatus::Success, 0).unwrap();
+        assert_eq!(rt.handle().driver().drain_cqs(), 1);
+        let done = op.now_or_never().expect("the op completed");
+        assert!(done.unwrap().status.is_success(), "poll batch {batch}");
+        assert_eq!(fake.outstanding_sends(), 0);
+        drop(r);
+        rt.block_on(async { qp.close().await.unwrap() });
+    }
+}
+
+#[test]
 fn a_repost_that_fails_wakes_the_next_waiting_on_another_task() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);

@@ -6,6 +6,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 
 use super::{Driver, CHANNEL_BASE};
+use crate::op::wr_id;
 use crate::provider::{CompChannel, Completion, Cq};
 use crate::reactor::RuntimeError;
 
@@ -153,7 +154,13 @@ impl Driver {
         let mut key = 0;
         while key < bound {
             let polled = self.poll_cq(key, &mut batch);
-            if polled > 0 {
+            if polled == 1 && batch.len() > 1 && batch[0].wr_id & wr_id::RESERVED != 0 {
+                // One reserved completion (a receive ring's message, the
+                // common poll of a request-reply loop): the op table is
+                // not involved. (Less than a full batch: the CQ is empty.)
+                self.complete_reserved(&batch[0]);
+                total += 1;
+            } else if polled > 0 {
                 total += self.complete_batch(key, polled, &mut batch);
             }
             key += 1;
