@@ -47,8 +47,8 @@ use crate::op::wr_id;
 use crate::op::OpTable;
 use crate::op::Ticket;
 use crate::provider::{
-    AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcStatus,
-    GRH_LEN,
+    AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcOpcode,
+    WcStatus, GRH_LEN,
 };
 use crate::reactor::{Handle, PassCheck, PassHook, WorkQueue};
 
@@ -195,29 +195,23 @@ enum Slot {
     Idle,
 }
 
-/// A completion waiting in the ring for `next` (what the guard or the error
-/// needs of it).
-#[derive(Clone, Copy)]
-struct Ready {
-    slot: u32,
-    byte_len: u32,
-    imm: Option<u32>,
-    status: WcStatus,
-    vendor_err: u32,
-    /// The QP it came in on.
-    qp_num: u32,
-    /// Consumed by an RDMA WRITE with immediate (no bytes in the buffer).
-    by_write: bool,
-    /// UD: the sender's QP, LID, and whether the buffer starts with a GRH.
-    src_qp: u32,
-    slid: u16,
-    grh: bool,
+/// The slot a ring completion names.
+#[inline(always)]
+fn slot_of(c: &Completion) -> u32 {
+    (c.wr_id & wr_id::RING_SLOT_MASK) as u32
+}
+
+/// Consumed by an RDMA WRITE with immediate (no bytes in the buffer).
+#[inline(always)]
+fn by_write(c: &Completion) -> bool {
+    c.opcode == WcOpcode::RecvRdmaWithImm
 }
 
 struct State {
     slots: Box<[Slot]>,
-    /// Completions of this ring not yet taken by `next`, in order.
-    ready: VecDeque<Ready>,
+    /// Completions of this ring not yet taken by `next`, in order (kept
+    /// whole: one block copy in and out).
+    ready: VecDeque<Completion>,
     /// Slots released by their guards, not yet reposted.
     pending: Vec<u32>,
     /// Buffers posted (owned by the device).
@@ -344,7 +338,7 @@ impl RingCore {
     /// A completion of one of this ring's buffers, routed by the reactor.
     #[inline]
     pub(crate) fn completed(&self, c: &Completion) {
-        let slot = (c.wr_id & wr_id::RING_SLOT_MASK) as u32;
+        let slot = slot_of(c);
         let (waker, unregister, kept) = {
             let mut st = self.state.borrow_mut();
             if !self.target.accepts(c.qp_num)
@@ -386,18 +380,7 @@ impl RingCore {
                         .ring_kept()
                         .set(self.target.ring_kept().get() + 1);
                 }
-                st.ready.push_back(Ready {
-                    slot,
-                    byte_len: c.byte_len,
-                    imm: c.imm_data,
-                    status: c.status,
-                    vendor_err: c.vendor_err,
-                    qp_num: c.qp_num,
-                    by_write: c.opcode == crate::provider::WcOpcode::RecvRdmaWithImm,
-                    src_qp: c.src_qp,
-                    slid: c.slid,
-                    grh: c.grh,
-                });
+                st.ready.push_back(*c);
                 self.schedule_check(&st);
                 let waker = match &st.waker {
                     // A verbio task's waker only queues its task (no
@@ -1049,11 +1032,11 @@ impl RecvRing {
     /// The payload length of `c` if it is a received message (a WRITE with
     /// immediate leaves the buffer empty); `None` for a failure.
     #[inline(always)]
-    fn message_len(&self, c: &Ready) -> Option<u32> {
+    fn message_len(&self, c: &Completion) -> Option<u32> {
         if !c.status.is_success() {
             return None;
         }
-        if c.by_write {
+        if by_write(c) {
             Some(0)
         } else {
             self.core.geometry.payload_len(c.byte_len)
@@ -1062,17 +1045,12 @@ impl RecvRing {
 
     /// The message of completion `c`, `len` payload bytes in its slot.
     #[inline(always)]
-    fn message(&self, c: Ready, len: u32) -> RingMsg {
+    fn message(&self, c: Completion, len: u32) -> RingMsg {
         RingMsg {
             core: self.core.clone(),
-            slot: c.slot,
+            slot: slot_of(&c),
             len,
-            imm: c.imm,
-            qp_num: c.qp_num,
-            by_write: c.by_write,
-            src_qp: c.src_qp,
-            slid: c.slid,
-            grh: c.grh,
+            c,
         }
     }
 
@@ -1101,7 +1079,7 @@ impl RecvRing {
 
     /// Polls for the next message (see [`next`](Self::next)). Released
     /// buffers still waiting for their batch are reposted before waiting.
-    #[inline]
+    #[inline(always)]
     pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         let mut st = self.core.state.borrow_mut();
         while let Some(c) = st.ready.pop_front() {
@@ -1151,8 +1129,8 @@ impl RecvRing {
     /// drain).
     #[cold]
     #[inline(never)]
-    fn failed(&self, st: &mut State, c: Ready) -> Option<RecvRingError> {
-        let slot = c.slot;
+    fn failed(&self, st: &mut State, c: Completion) -> Option<RecvRingError> {
+        let slot = slot_of(&c);
         let qp_num = self.core.target.id();
         let one_of_many = self.core.target.is_srq()
             || (self.core.geometry.grh && c.status != WcStatus::WrFlushErr);
@@ -1198,7 +1176,7 @@ impl Drop for RecvRing {
             let check = st.check.take();
             // Completed, unread messages: their buffers go idle.
             while let Some(c) = st.ready.pop_front() {
-                st.slots[c.slot as usize] = Slot::Idle;
+                st.slots[slot_of(&c) as usize] = Slot::Idle;
             }
             self.core.release_pending(&mut st);
             (st.posted == 0, check)
@@ -1230,7 +1208,7 @@ pub struct NextMsg<'a> {
 impl Future for NextMsg<'_> {
     type Output = Option<Result<RingMsg, RecvRingError>>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.ring.poll_next(cx)
     }
@@ -1243,12 +1221,8 @@ pub struct RingMsg {
     core: Rc<RingCore>,
     slot: u32,
     len: u32,
-    imm: Option<u32>,
-    qp_num: u32,
-    by_write: bool,
-    src_qp: u32,
-    slid: u16,
-    grh: bool,
+    /// The buffer's completion.
+    c: Completion,
 }
 
 impl RingMsg {
@@ -1277,7 +1251,7 @@ impl RingMsg {
 
     /// Immediate data, if the message carried some (host byte order).
     pub fn imm(&self) -> Option<u32> {
-        self.imm
+        self.c.imm_data
     }
 
     /// The buffer's index in the ring.
@@ -1289,14 +1263,14 @@ impl RingMsg {
     /// ring's QP, or for a ring on a shared receive queue, whichever QP of
     /// it received the message.
     pub fn qp_num(&self) -> u32 {
-        self.qp_num
+        self.c.qp_num
     }
 
     /// True if an RDMA WRITE with immediate consumed the buffer: the data
     /// went to the peer-granted memory and the buffer holds none of it
     /// ([`len`](Self::len) is 0); [`imm`](Self::imm) is the immediate.
     pub fn by_write(&self) -> bool {
-        self.by_write
+        by_write(&self.c)
     }
 
     /// On a UD queue pair, who sent the datagram: its QP number, LID, and
@@ -1312,7 +1286,12 @@ impl RingMsg {
         // the ring's allocation; the slot is not posted while this guard
         // lives (see `as_slice`).
         let area = unsafe { std::slice::from_raw_parts(self.core.mem.as_ptr().add(off), GRH_LEN) };
-        Some(DatagramSource::read(self.src_qp, self.slid, self.grh, area))
+        Some(DatagramSource::read(
+            self.c.src_qp,
+            self.c.slid,
+            self.c.grh,
+            area,
+        ))
     }
 
     /// Reposts the buffer now (same as dropping the guard).
@@ -1331,7 +1310,7 @@ impl fmt::Debug for RingMsg {
         f.debug_struct("RingMsg")
             .field("slot", &self.slot)
             .field("len", &self.len)
-            .field("imm", &self.imm)
+            .field("imm", &self.c.imm_data)
             .finish()
     }
 }
