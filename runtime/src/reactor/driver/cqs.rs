@@ -158,7 +158,11 @@ impl Driver {
                 // One reserved completion (a receive ring's message, the
                 // common poll of a request-reply loop): the op table is
                 // not involved. (Less than a full batch: the CQ is empty.)
-                self.complete_reserved(&batch[0]);
+                if wr_id::is_ring(batch[0].wr_id) {
+                    self.complete_ring(&batch[0]);
+                } else {
+                    self.complete_reserved(&batch[0]);
+                }
                 total += 1;
             } else if polled > 0 {
                 total += self.complete_batch(key, polled, &mut batch);

@@ -55,7 +55,9 @@ impl Driver {
     // ---- receive rings (runtime/src/qp/recv_ring.rs) ----------------------
 
     /// A completion of a ring's buffer: goes to the ring its wr_id names.
-    fn complete_ring(&self, c: &Completion) {
+    /// (Called directly for a poll that returned one ring completion.)
+    #[inline(never)]
+    pub(super) fn complete_ring(&self, c: &Completion) {
         let ring = self.rings.borrow().get(wr_id::ring_key(c.wr_id)).cloned();
         match ring {
             Some(r) => r.complete_reserved(c),
