@@ -31,7 +31,7 @@
 //! waits for buffers lent to guards or unread).
 
 use std::alloc::Layout;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -209,9 +209,9 @@ fn by_write(c: &Completion) -> bool {
 
 struct State {
     slots: Box<[Slot]>,
-    /// Completions of this ring not yet taken by `next`, in order (kept
-    /// whole: one block copy in and out).
-    ready: VecDeque<Completion>,
+    /// Slots completed and not yet taken by `next`, in order (their
+    /// completions are in [`RingCore::done`]).
+    ready: VecDeque<u32>,
     /// Slots released by their guards, not yet reposted.
     pending: Vec<u32>,
     /// Buffers posted (owned by the device).
@@ -261,7 +261,7 @@ pub(crate) struct RingCore {
     /// The SRQ limit re-armed after each limit event (0: none).
     limit: u32,
     /// Limit events that refilled the ring.
-    limit_events: std::cell::Cell<u64>,
+    limit_events: Cell<u64>,
     handle: Handle,
     key: usize,
     depth: u32,
@@ -271,6 +271,10 @@ pub(crate) struct RingCore {
     batch: u32,
     /// One prebuilt receive WR per slot (its wr_id and its buffer's SGE).
     slot_wrs: Box<[RecvWr]>,
+    /// Each slot's last completion: written when it completes (the slot
+    /// is then in `ready` or lent to a [`RingMsg`], which reads it here and
+    /// stays small), rewritten only after its repost.
+    done: Box<[Cell<Completion>]>,
     /// Declared before the memory: deregistered first (`None` in tests
     /// without a device).
     _mr: Option<Mr>,
@@ -380,7 +384,8 @@ impl RingCore {
                         .ring_kept()
                         .set(self.target.ring_kept().get() + 1);
                 }
-                st.ready.push_back(*c);
+                self.done[slot as usize].set(*c);
+                st.ready.push_back(slot);
                 self.schedule_check(&st);
                 let waker = match &st.waker {
                     // A verbio task's waker only queues its task (no
@@ -902,7 +907,7 @@ impl RecvRing {
             Rc::new(RingCore {
                 target: target.take().unwrap_or_else(|| unreachable!()),
                 limit: srq_limit,
-                limit_events: std::cell::Cell::new(0),
+                limit_events: Cell::new(0),
                 handle: handle.clone(),
                 key,
                 depth,
@@ -919,6 +924,7 @@ impl RecvRing {
                         }
                     })
                     .collect(),
+                done: vec![Cell::new(Completion::EMPTY); depth as usize].into_boxed_slice(),
                 _mr: mr.take().flatten(),
                 mem,
                 layout,
@@ -1023,10 +1029,11 @@ impl RecvRing {
     #[inline]
     pub fn try_next(&self) -> Option<RingMsg> {
         let mut st = self.core.state.borrow_mut();
-        let len = self.message_len(st.ready.front()?)?;
-        let c = st.ready.pop_front()?;
+        let slot = *st.ready.front()?;
+        let len = self.message_len(&self.core.done[slot as usize].get())?;
+        st.ready.pop_front();
         drop(st);
-        Some(self.message(c, len))
+        Some(self.message(slot, len))
     }
 
     /// The payload length of `c` if it is a received message (a WRITE with
@@ -1045,12 +1052,11 @@ impl RecvRing {
 
     /// The message of completion `c`, `len` payload bytes in its slot.
     #[inline(always)]
-    fn message(&self, c: Completion, len: u32) -> RingMsg {
+    fn message(&self, slot: u32, len: u32) -> RingMsg {
         RingMsg {
             core: self.core.clone(),
-            slot: slot_of(&c),
+            slot,
             len,
-            c,
         }
     }
 
@@ -1082,10 +1088,11 @@ impl RecvRing {
     #[inline(always)]
     pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<RingMsg, RecvRingError>>> {
         let mut st = self.core.state.borrow_mut();
-        while let Some(c) = st.ready.pop_front() {
+        while let Some(slot) = st.ready.pop_front() {
+            let c = self.core.done[slot as usize].get();
             if let Some(len) = self.message_len(&c) {
                 drop(st);
-                return Poll::Ready(Some(Ok(self.message(c, len))));
+                return Poll::Ready(Some(Ok(self.message(slot, len))));
             }
             if let Some(e) = self.failed(&mut st, c) {
                 return Poll::Ready(Some(Err(e)));
@@ -1175,8 +1182,8 @@ impl Drop for RecvRing {
             st.waker = None;
             let check = st.check.take();
             // Completed, unread messages: their buffers go idle.
-            while let Some(c) = st.ready.pop_front() {
-                st.slots[slot_of(&c) as usize] = Slot::Idle;
+            while let Some(slot) = st.ready.pop_front() {
+                st.slots[slot as usize] = Slot::Idle;
             }
             self.core.release_pending(&mut st);
             (st.posted == 0, check)
@@ -1221,8 +1228,6 @@ pub struct RingMsg {
     core: Rc<RingCore>,
     slot: u32,
     len: u32,
-    /// The buffer's completion.
-    c: Completion,
 }
 
 impl RingMsg {
@@ -1251,7 +1256,7 @@ impl RingMsg {
 
     /// Immediate data, if the message carried some (host byte order).
     pub fn imm(&self) -> Option<u32> {
-        self.c.imm_data
+        self.completion().imm_data
     }
 
     /// The buffer's index in the ring.
@@ -1263,14 +1268,14 @@ impl RingMsg {
     /// ring's QP, or for a ring on a shared receive queue, whichever QP of
     /// it received the message.
     pub fn qp_num(&self) -> u32 {
-        self.c.qp_num
+        self.completion().qp_num
     }
 
     /// True if an RDMA WRITE with immediate consumed the buffer: the data
     /// went to the peer-granted memory and the buffer holds none of it
     /// ([`len`](Self::len) is 0); [`imm`](Self::imm) is the immediate.
     pub fn by_write(&self) -> bool {
-        by_write(&self.c)
+        by_write(&self.completion())
     }
 
     /// On a UD queue pair, who sent the datagram: its QP number, LID, and
@@ -1286,16 +1291,18 @@ impl RingMsg {
         // the ring's allocation; the slot is not posted while this guard
         // lives (see `as_slice`).
         let area = unsafe { std::slice::from_raw_parts(self.core.mem.as_ptr().add(off), GRH_LEN) };
-        Some(DatagramSource::read(
-            self.c.src_qp,
-            self.c.slid,
-            self.c.grh,
-            area,
-        ))
+        let c = self.completion();
+        Some(DatagramSource::read(c.src_qp, c.slid, c.grh, area))
     }
 
     /// Reposts the buffer now (same as dropping the guard).
     pub fn repost(self) {}
+
+    /// The buffer's completion (its slot is not reposted while this
+    /// guard lives, so it is this message's).
+    fn completion(&self) -> Completion {
+        self.core.done[self.slot as usize].get()
+    }
 }
 
 impl std::ops::Deref for RingMsg {
@@ -1310,7 +1317,7 @@ impl fmt::Debug for RingMsg {
         f.debug_struct("RingMsg")
             .field("slot", &self.slot)
             .field("len", &self.len)
-            .field("imm", &self.c.imm_data)
+            .field("imm", &self.imm())
             .finish()
     }
 }

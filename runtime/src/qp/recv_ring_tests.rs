@@ -83,6 +83,18 @@ fn messages_come_in_order_with_len_and_imm_and_are_reposted_on_drop() {
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
     assert_eq!(m.imm(), Some(0xabcd));
     assert!(m.is_empty());
+    // A held message keeps its own completion while the other slots
+    // complete (and are reposted) again and again.
+    for i in 0..9 {
+        fake.complete_recv(WcStatus::Success, 20 + i).unwrap();
+        settle(&rt);
+        let other = next_now(&mut r).unwrap().unwrap().unwrap();
+        assert_ne!(other.slot(), m.slot());
+        let got = (other.imm(), other.len(), other.by_write());
+        assert_eq!(got, (None, 20 + i as usize, false));
+    }
+    let held = (m.imm(), m.len(), m.by_write(), m.qp_num());
+    assert_eq!(held, (Some(0xabcd), 0, true, 3));
     drop(m);
     drop(r);
     rt.block_on(async { qp.close().await.unwrap() });
