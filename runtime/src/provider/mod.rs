@@ -750,7 +750,6 @@ impl Qp {
     ///
     /// Remote addresses and rkeys are not part of this contract: the peer's
     /// responder checks them against its own registrations.
-    #[inline(always)]
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         // SAFETY: forwarded contract of this function.
         dispatch_q!(QpImp, &self.imp, |q| unsafe {
