@@ -15,9 +15,11 @@
 //! A last table runs the op path alone on the runtime's fake QP (synthetic
 //! completions, no device): the runtime's own CPU cost per op, for a verb
 //! WRITE (awaited by one `block_on` future holding `depth` lanes, or by
-//! `depth` spawned tasks), a bare `submit_send`, and an inline send posted
-//! without an op (`Verbs::send_inline`, mostly unsignaled; its depth column
-//! is moot).
+//! `depth` spawned tasks), a bare `submit_send`, an inline send posted
+//! without an op (`Verbs::send_inline`, mostly unsignaled), and a message
+//! of a receive ring (the fake completes one posted receive, `next` takes
+//! it, dropping it reposts the buffer); the last two rows' depth column is
+//! moot.
 //!
 //! Two pairings: the raw loop spinning on `Cq::poll` against the reactor in
 //! busy-poll mode, and the raw loop blocking on the completion channel's fd
@@ -70,7 +72,7 @@ use verbio::provider::{
 use verbio::runtime::buf::{LocalBuf, MrPool, RegisteredBuf, RemoteAccessRegion};
 use verbio::runtime::op::wr_id;
 use verbio::runtime::testing::FakeQp;
-use verbio::runtime::{Completable, Device, QueuePair, Runtime, Submit, SubmitError};
+use verbio::runtime::{Completable, Device, QueuePair, RecvRing, Runtime, Submit, SubmitError};
 
 /// Counts heap allocations, separately for the application (measuring)
 /// thread and for every other thread (the soft device's engine).
@@ -588,6 +590,9 @@ enum FakeOp {
     Bare,
     /// `qp.send_inline(&[u8; 64])`: posted without an op, mostly unsignaled.
     Inline,
+    /// One message of a `RecvRing` on the QP: received, taken by `next`,
+    /// reposted when dropped.
+    Ring,
 }
 
 /// Runs `n` ops of `kind` at `depth` on the fake QP.
@@ -598,6 +603,7 @@ fn fake_run(
     fake: &FakeQp,
     bufs: &mut Vec<LocalBuf>,
     remote: RemoteBuf,
+    ring: Option<&mut RecvRing>,
     kind: FakeOp,
     depth: usize,
     n: usize,
@@ -608,7 +614,28 @@ fn fake_run(
         FakeOp::VerbJoinAll => fake_run_join_all(rt, qp, fake, bufs, remote, n),
         FakeOp::Bare => fake_run_bare(rt, qp, fake, remote, depth, n),
         FakeOp::Inline => fake_run_inline(rt, qp, fake, n),
+        FakeOp::Ring => fake_run_ring(rt, ring.expect("the ring row's ring"), fake, n),
     }
+}
+
+/// The ring rows' runs (`--toggle-collect='*fake_run_ring*'`): per
+/// message, the fake completes the oldest posted receive, the loop awaits
+/// `next` (pending until the reactor drains the completion, which wakes
+/// it) and drops the message, which reposts its buffer.
+#[inline(never)]
+fn fake_run_ring(rt: &Runtime, ring: &mut RecvRing, fake: &FakeQp, n: usize) {
+    rt.block_on(async {
+        for _ in 0..n {
+            fake.complete_recv(WcStatus::Success, MSG as u32)
+                .expect("a posted receive");
+            let m = ring
+                .next()
+                .await
+                .expect("the ring is open")
+                .expect("a message");
+            assert_eq!(m.len(), MSG);
+        }
+    });
 }
 
 /// The inline rows' runs (`--toggle-collect='*fake_run_inline*'`): `n`
@@ -749,15 +776,28 @@ fn fake_phase(kind: FakeOp, depth: usize, ops: usize, rounds: usize) -> Sample {
     let pool = MrPool::new(&pd);
     let caps = QpCaps {
         max_send_wr: 64,
+        max_recv_wr: 64,
         ..QpCaps::default()
     };
     let (qp, fake) = FakeQp::queue_pair(1, caps, 4096);
+    let mut ring =
+        (matches!(kind, FakeOp::Ring)).then(|| qp.recv_ring(&pd, 16, 256).expect("receive ring"));
     let remote = RemoteBuf::new(0x1000, MSG as u64, 1);
     let mut bufs: Vec<LocalBuf> = (0..depth)
         .map(|i| pool.alloc_from(&[i as u8; MSG]).expect("buffer"))
         .collect();
     let mut run = |n: usize| {
-        fake_run(&rt, &qp, &fake, &mut bufs, remote, kind, depth, n);
+        fake_run(
+            &rt,
+            &qp,
+            &fake,
+            &mut bufs,
+            remote,
+            ring.as_mut(),
+            kind,
+            depth,
+            n,
+        );
     };
     run(ops / 10 + depth);
     let samples: Vec<Sample> = (0..rounds).map(|_| measure(ops, || run(ops))).collect();
@@ -884,6 +924,7 @@ fn main() {
             ("verb, joinall", FakeOp::VerbJoinAll),
             ("bare submit", FakeOp::Bare),
             ("inline send", FakeOp::Inline),
+            ("ring receive", FakeOp::Ring),
         ] {
             let f = fake_phase(kind, depth, ops, rounds);
             println!(
