@@ -1050,7 +1050,7 @@ impl RecvRing {
         }
     }
 
-    /// The message of completion `c`, `len` payload bytes in its slot.
+    /// The message in `slot`, `len` payload bytes.
     #[inline(always)]
     fn message(&self, slot: u32, len: u32) -> RingMsg {
         RingMsg {
