@@ -52,6 +52,12 @@ pub(crate) fn ring_key(id: u64) -> usize {
     ((id >> RING_SLOT_BITS) & RING_KEY_MASK) as usize
 }
 
+/// The slot of a ring wr_id.
+#[inline(always)]
+pub(crate) fn ring_slot(id: u64) -> u32 {
+    (id & RING_SLOT_MASK) as u32
+}
+
 /// Bits of the slab key.
 pub const KEY_BITS: u32 = 24;
 /// Bits of the generation.

@@ -195,12 +195,6 @@ enum Slot {
     Idle,
 }
 
-/// The slot a ring completion names.
-#[inline(always)]
-fn slot_of(c: &Completion) -> u32 {
-    (c.wr_id & wr_id::RING_SLOT_MASK) as u32
-}
-
 /// Consumed by an RDMA WRITE with immediate (no bytes in the buffer).
 #[inline(always)]
 fn by_write(c: &Completion) -> bool {
@@ -342,7 +336,7 @@ impl RingCore {
     /// A completion of one of this ring's buffers, routed by the reactor.
     #[inline]
     pub(crate) fn completed(&self, c: &Completion) {
-        let slot = slot_of(c);
+        let slot = wr_id::ring_slot(c.wr_id);
         let (waker, unregister, kept) = {
             let mut st = self.state.borrow_mut();
             if !self.target.accepts(c.qp_num)
@@ -1137,7 +1131,7 @@ impl RecvRing {
     #[cold]
     #[inline(never)]
     fn failed(&self, st: &mut State, c: Completion) -> Option<RecvRingError> {
-        let slot = slot_of(&c);
+        let slot = wr_id::ring_slot(c.wr_id);
         let qp_num = self.core.target.id();
         let one_of_many = self.core.target.is_srq()
             || (self.core.geometry.grh && c.status != WcStatus::WrFlushErr);
