@@ -27,9 +27,8 @@
 //! scattering verbs (recv, read, atomics) fill from the start of its capacity
 //! and mark what the device wrote as initialized.
 
+pub mod atomic;
 pub mod batch;
-pub mod compare_and_swap;
-pub mod fetch_and_add;
 pub mod mw;
 pub mod read;
 pub mod recv;
@@ -41,9 +40,8 @@ pub mod send_with_imm;
 pub mod write;
 pub mod write_with_imm;
 
+pub use atomic::AtomicVerb;
 pub use batch::{Batch, BatchVerb};
-pub use compare_and_swap::CompareAndSwapVerb;
-pub use fetch_and_add::FetchAndAddVerb;
 pub use mw::{BindMwVerb, LocalInvVerb, SendWithInvVerb};
 pub use read::ReadVerb;
 pub use recv::{Received, RecvEmptyVerb, RecvVerb};
@@ -120,7 +118,7 @@ pub trait Verbs {
         remote: RemoteBuf,
         compare: u64,
         swap: u64,
-    ) -> Submit<CompareAndSwapVerb<B>>;
+    ) -> Submit<AtomicVerb<B>>;
     /// 64-bit fetch-and-add on `remote` (8 bytes, 8-byte aligned); the
     /// original value lands in `buf[..8]` and is the result.
     fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
@@ -128,7 +126,7 @@ pub trait Verbs {
         buf: B,
         remote: RemoteBuf,
         add: u64,
-    ) -> Submit<FetchAndAddVerb<B>>;
+    ) -> Submit<AtomicVerb<B>>;
     /// Posts `batch` as one chain (one doorbell, only the last WR signaled).
     fn post_batch<B: RegisteredBuf>(&self, batch: Batch<B>) -> Submit<BatchVerb<B>>;
     /// Binds `window` (unbound) over `range` of `region` (a
@@ -214,8 +212,8 @@ impl Verbs for QueuePair {
         remote: RemoteBuf,
         compare: u64,
         swap: u64,
-    ) -> Submit<CompareAndSwapVerb<B>> {
-        compare_and_swap::compare_and_swap(self, buf, remote, compare, swap)
+    ) -> Submit<AtomicVerb<B>> {
+        atomic::compare_and_swap(self, buf, remote, compare, swap)
     }
     #[inline]
     fn fetch_and_add<B: RegisteredBuf + IoBufMut>(
@@ -223,8 +221,8 @@ impl Verbs for QueuePair {
         buf: B,
         remote: RemoteBuf,
         add: u64,
-    ) -> Submit<FetchAndAddVerb<B>> {
-        fetch_and_add::fetch_and_add(self, buf, remote, add)
+    ) -> Submit<AtomicVerb<B>> {
+        atomic::fetch_and_add(self, buf, remote, add)
     }
     #[inline]
     fn post_batch<B: RegisteredBuf>(&self, batch: Batch<B>) -> Submit<BatchVerb<B>> {
@@ -329,12 +327,14 @@ pub(crate) fn gather_sge<B: RegisteredBuf>(op: &'static str, buf: &B) -> Result<
     buf.sge_init().map_err(|source| Error::Buf { op, source })
 }
 
-/// The SGE of `buf[..len]` (where a scattering verb writes), checking capacity.
-pub(crate) fn scatter_sge<B: RegisteredBuf>(
+/// Checks that `buf[..len]` (where a scattering verb writes) fits the
+/// buffer and makes an SGE, so that a bad buffer fails with the verb's name
+/// before the submission takes it.
+pub(crate) fn check_scatter<B: RegisteredBuf>(
     op: &'static str,
     buf: &B,
     len: usize,
-) -> Result<Sge, Error> {
+) -> Result<(), Error> {
     let have = buf.bytes_total();
     if have < len {
         return Err(Error::BufferTooSmall {
@@ -343,7 +343,9 @@ pub(crate) fn scatter_sge<B: RegisteredBuf>(
             have,
         });
     }
-    buf.sge(0..len).map_err(|source| Error::Buf { op, source })
+    buf.sge(0..len)
+        .map(drop)
+        .map_err(|source| Error::Buf { op, source })
 }
 
 /// Marks `buf[..len]` initialized after the device wrote it (clamped to capacity).
@@ -352,30 +354,6 @@ pub(crate) fn mark_written<B: IoBufMut>(buf: &mut B, len: usize) {
     // SAFETY: the completion reports that the device wrote the first `len`
     // bytes (clamped to the capacity it was given), so they are initialized.
     unsafe { buf.set_init(len) };
-}
-
-/// The 8-byte value an atomic left in `buf[..8]` (native byte order, like
-/// rxe and the soft device), after marking it initialized.
-pub(crate) fn atomic_result<B: IoBufMut>(buf: &mut B) -> u64 {
-    mark_written(buf, 8);
-    // SAFETY: the atomic's scatter list was `buf[..8]` (checked at submit:
-    // capacity >= 8) and the successful completion says the device wrote it;
-    // we own `buf`, so no one else writes it now. Unaligned read: the local
-    // buffer needs no alignment.
-    unsafe { std::ptr::read_unaligned(buf.stable_ptr() as *const u64) }
-}
-
-/// Checks an atomic's remote target: exactly 8 bytes, 8-byte aligned (rxe
-/// refuses a misaligned atomic at post time; catch it with a clear error).
-pub(crate) fn atomic_target(op: &'static str, remote: &RemoteBuf) -> Result<(), Error> {
-    if remote.len() != 8 || remote.addr() & 7 != 0 {
-        return Err(Error::BadAtomicTarget {
-            op,
-            addr: remote.addr(),
-            len: remote.len(),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf};
 use verbio_runtime::provider::{Completion, SendOp};
 use verbio_runtime::{Completable, QueuePair, ScatterVerb, Submit, SubmitError};
 
-use super::{check, mark_written, refuse, scatter_sge, RemoteBuf};
+use super::{check, check_scatter, mark_written, refuse, RemoteBuf};
 use crate::error::Error;
 
 const OP: &str = "read";
@@ -63,14 +63,12 @@ pub fn read<B: RegisteredBuf + IoBufMut>(
             );
         }
     };
-    let sge = match scatter_sge(OP, &buf, len) {
-        Ok(s) => s,
-        Err(e) => return refuse(e, buf),
-    };
+    if let Err(e) = check_scatter(OP, &buf, len) {
+        return refuse(e, buf);
+    }
     let op = SendOp::Read {
         remote_addr: remote.addr(),
         rkey: remote.rkey(),
     };
-    let _ = sge;
     qp.send_scatter(ReadVerb { buf, len }, op)
 }
