@@ -571,24 +571,23 @@ fn a_sleeping_app_receives_itself_when_its_channel_wakes_it() {
         app_packets(&b.ctx) > before,
         "the sleeping application never received"
     );
-    // An unarmed CQ raises no event, whoever receives. `sleep_one` returns
-    // with the CQ still armed when its poll after arming found the message,
-    // and an event it did not wait for stays on the channel: one more message
-    // takes that arm (its event is awaited), and its completion comes in an
-    // engine turn after every earlier one, whose events are then all queued
-    // and drained here.
+    // An unarmed CQ raises no event, whoever receives. First settle what
+    // `sleep_one` may leave: it returns with the CQ still armed when its
+    // poll after arming found the message, and an event it did not wait for
+    // stays on the channel. Drain those; message 40 takes a leftover arm
+    // (its event is awaited); message 41's round trip comes after any
+    // signal still owed, which the last drain takes.
     let armed = b.rcq.shared.armed();
-    post_recv(&b.qp, 140, rbuf.sge(0, 64));
-    post_send(&a.qp, send_wr(40, SendOp::Send, sbuf.sge(0, 8)));
-    assert_eq!(spin_one(&b.rcq).wr_id, 140);
-    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
-    let deadline = Instant::now() + WAIT;
-    let mut left = 0;
-    while armed && left == 0 {
-        assert!(Instant::now() < deadline, "the last arm raised no event");
-        wait_readable(b.ch.fd(), Duration::from_millis(100));
-        while ch_event(&b.ch, &b.rcq) {
-            left += 1;
+    while ch_event(&b.ch, &b.rcq) {}
+    for i in [40, 41] {
+        post_recv(&b.qp, 100 + i, rbuf.sge(0, 64));
+        post_send(&a.qp, send_wr(i, SendOp::Send, sbuf.sge(0, 8)));
+        assert_eq!(spin_one(&b.rcq).wr_id, 100 + i);
+        assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+        let deadline = Instant::now() + WAIT;
+        while i == 40 && armed && !ch_event(&b.ch, &b.rcq) {
+            assert!(Instant::now() < deadline, "the last arm raised no event");
+            wait_readable(b.ch.fd(), Duration::from_millis(100));
         }
     }
     while ch_event(&b.ch, &b.rcq) {}
