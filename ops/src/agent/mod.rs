@@ -29,6 +29,7 @@ mod memory;
 mod messages;
 mod mr;
 mod msg;
+mod pieces;
 mod qps;
 mod rdma;
 mod receive;

@@ -25,6 +25,7 @@ use super::error::{AgentError, CloseReason};
 use super::flow::{Credit, Credits, Owed, PeerCredits, Piggyback};
 use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
+use super::pieces::PiecesInFlight;
 use super::qps::{ConnPd, ConnQp};
 use super::receive::{Receive, ReceiveImm};
 use super::receiving::Receiving;
@@ -38,6 +39,7 @@ use super::wire::{
     put_whole_header, whole_overhead, Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS,
 };
 use crate::connect::{path_mtu, Connection};
+use crate::verbs::send::SendVerb;
 use crate::verbs::Verbs;
 
 /// How long a closing connection lets its in-flight sends finish.
@@ -249,6 +251,20 @@ impl Shared {
     /// dropped or fails before it is posted, they are owed again, and a
     /// whole batch of them goes back in a `Credit` message.
     pub(crate) async fn send_data(self: &Rc<Self>, msg: &Message<'_>) -> Result<(), AgentError> {
+        match self.post_data(msg).await? {
+            Some(sent) => self.completed(sent).await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`Shared::send_data`] up to the post: returns once the piece's SEND
+    /// is posted, with the SEND to await for its completion (`None` if it
+    /// went INLINE, done once posted). The pieces of a split message are
+    /// posted back to back this way (see `pieces.rs`).
+    pub(crate) async fn post_data(
+        self: &Rc<Self>,
+        msg: &Message<'_>,
+    ) -> Result<Option<PostedSend>, AgentError> {
         /// Returns a batch owed again once the piece's future is gone
         /// (dropped after it, so the piece's credits are owed by then).
         struct Unposted<'a> {
@@ -271,9 +287,18 @@ impl Shared {
         };
         // A statement, not the tail expression: dropped here, the piece's
         // future goes before the guard.
-        let res = self.send_message_noting(msg, true, &posted).await;
+        let res = self.post_message_noting(msg, true, &posted).await;
         drop(unposted);
         res
+    }
+
+    /// Waits for the completion of a SEND [`Shared::post_data`] posted.
+    pub(crate) async fn completed(&self, sent: PostedSend) -> Result<(), AgentError> {
+        let (res, _buf) = sent.await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.verb_error(e)),
+        }
     }
 
     /// Sends the peer a `Credit` returning `grant` buffers, counted as the
@@ -336,6 +361,20 @@ impl Shared {
         credited: bool,
         posted: &Cell<bool>,
     ) -> Result<(), AgentError> {
+        match self.post_message_noting(msg, credited, posted).await? {
+            Some(sent) => self.completed(sent).await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`Shared::send_message_noting`] up to the post: the SEND to await
+    /// for its completion, `None` if it went INLINE.
+    async fn post_message_noting(
+        &self,
+        msg: &Message<'_>,
+        credited: bool,
+        posted: &Cell<bool>,
+    ) -> Result<Option<PostedSend>, AgentError> {
         let credit = if credited {
             // The connection's reason, which may have become more specific
             // than the one the credits were closed with.
@@ -350,28 +389,34 @@ impl Shared {
         } else {
             None
         };
-        self.send_with(msg, credit, posted).await
+        self.post_with(msg, credit, posted).await
     }
 
     /// Sends `msg` without credit or state checks (the last notice of a
     /// failing connection).
     pub(crate) async fn send_unchecked(&self, msg: &Message<'_>) -> Result<(), AgentError> {
-        self.send_with(msg, None, &Cell::new(false)).await
+        match self.post_with(msg, None, &Cell::new(false)).await? {
+            Some(sent) => self.completed(sent).await,
+            None => Ok(()),
+        }
     }
 
-    /// Sends `msg`, spending `credit` and setting `posted` once its SEND is
+    /// Posts `msg`, spending `credit` and setting `posted` once its SEND is
     /// posted: INLINE from a stack copy when it fits the QP's
-    /// `max_inline_data` (see [`Shared::send_inline`]), else from a pool
-    /// buffer through an awaited SEND.
-    async fn send_with(
+    /// `max_inline_data` (see [`Shared::send_inline`]; `None`: done), else
+    /// from a pool buffer, returned with the SEND to await.
+    async fn post_with(
         &self,
         msg: &Message<'_>,
         credit: Option<Credit<'_>>,
         posted: &Cell<bool>,
-    ) -> Result<(), AgentError> {
+    ) -> Result<Option<PostedSend>, AgentError> {
         let len = msg.encoded_len();
         if len <= self.inline_limit() {
-            return self.send_inline(msg, len, credit, posted).await;
+            return self
+                .send_inline(msg, len, credit, posted)
+                .await
+                .map(|()| None);
         }
         let mut buf = self.pool.alloc(len).map_err(|source| AgentError::Buf {
             stage: "allocating a send buffer",
@@ -386,9 +431,13 @@ impl Shared {
         // for a message this side built; report it as a violation if it does.
         msg.encode(&mut buf[..])
             .map_err(|e| AgentError::Closed(CloseReason::Malformed(e)))?;
-        let res = self.send_buf(buf, credit, posted).await;
+        let res = until_posted(self.qp.send(buf), credit, posted).await;
         drop(ride);
-        res
+        match res {
+            Ok(sent) => Ok(Some(sent)),
+            Err((Ok(_), _buf)) => Ok(None),
+            Err((Err(e), _buf)) => Err(self.verb_error(e)),
+        }
     }
 
     /// Largest encoded message sent INLINE: the QP's `max_inline_data`,
@@ -539,21 +588,6 @@ impl Shared {
         }
     }
 
-    /// SENDs `buf`; `credit` is spent (and `posted` set) as soon as the SEND
-    /// is posted.
-    async fn send_buf(
-        &self,
-        buf: LocalBuf,
-        credit: Option<Credit<'_>>,
-        posted: &Cell<bool>,
-    ) -> Result<(), AgentError> {
-        let (res, _buf) = posted_spends(self.qp.send(buf), credit, posted).await;
-        match res {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.verb_error(e)),
-        }
-    }
-
     /// A verb on this side failed with `e`. A flush on a connection already
     /// down reports the reason it went down. Otherwise the QP is in ERR
     /// because of `e`: the connection goes down with it as the reason, and
@@ -566,7 +600,7 @@ impl Shared {
     /// An earlier inline send's failure ([`SubmitError::InlineSendFailed`],
     /// reported by every later submission) counts as that send's own
     /// completion error.
-    fn verb_error(&self, e: crate::Error) -> AgentError {
+    pub(crate) fn verb_error(&self, e: crate::Error) -> AgentError {
         let status = match &e {
             crate::Error::Submit {
                 source: SubmitError::InlineSendFailed { status, .. },
@@ -934,6 +968,9 @@ impl Rdma {
             msg_id,
             armed: true,
         };
+        // Pieces go out back to back (as credits allow); their
+        // completions are awaited after the last one is posted.
+        let mut in_flight = PiecesInFlight::new(s);
         let mut offset = 0usize;
         loop {
             let end = data.len().min(offset + piece);
@@ -945,7 +982,12 @@ impl Rdma {
                 grant: 0, // the credits owed then, filled in at posting
                 payload: &data[offset..end],
             };
-            if let Err(e) = s.send_data(&msg).await {
+            let posted = match s.post_data(&msg).await {
+                Ok(Some(sent)) => in_flight.push(sent).await,
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = posted {
                 // The connection is down (or failed now): nothing to abort.
                 abort.armed = false;
                 return Err(e);
@@ -953,7 +995,7 @@ impl Rdma {
             offset = end;
             if offset >= data.len() {
                 abort.armed = false;
-                return Ok(());
+                return in_flight.finish().await;
             }
         }
     }
@@ -1085,6 +1127,43 @@ pub(crate) async fn posted_spends<T: verbio_runtime::Completable>(
         out
     })
     .await
+}
+
+/// An agent SEND posted from a pool buffer, its completion not yet
+/// awaited (awaiting it gives the buffer back).
+pub(crate) type PostedSend = Submit<SendVerb<LocalBuf>>;
+
+/// Polls a submission until it is posted, spending `credit` and setting
+/// `posted` then: `Ok` with the submission to await for its completion,
+/// or `Err` with its output if it ended without being left in flight
+/// (refused, or already complete). Dropped unposted, the credit goes back
+/// to the pool.
+pub(crate) async fn until_posted<T: verbio_runtime::Completable>(
+    mut sub: Submit<T>,
+    credit: Option<Credit<'_>>,
+    posted: &Cell<bool>,
+) -> Result<Submit<T>, T::Output> {
+    let mut credit = credit;
+    let ended = poll_fn(|cx| {
+        let out = Pin::new(&mut sub).poll(cx);
+        let in_flight = sub.wr_id().is_some();
+        if in_flight {
+            posted.set(true);
+            if let Some(c) = credit.take() {
+                c.spend();
+            }
+        }
+        match out {
+            Poll::Ready(out) => Poll::Ready(Some(out)),
+            Poll::Pending if in_flight => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    match ended {
+        Some(out) => Err(out),
+        None => Ok(sub),
+    }
 }
 
 /// Sends an `Abort` for a message whose `send` was dropped mid-way.

@@ -630,10 +630,15 @@ fn reassemble(
                 "more messages in pieces at once than the protocol allows",
             ));
         }
+        // Room for the whole message at once: each piece is copied once,
+        // into place, never again by the vector's growth. (`total_len` is
+        // within `max_message_len`, checked above, which bounds what a
+        // peer's first pieces make this side reserve, as the pieces
+        // themselves would; the pages are only touched as they are filled.)
         partial.entry(msg_id).or_insert(Partial {
             total_len,
             imm,
-            bytes: Vec::new(),
+            bytes: Vec::with_capacity(total_len as usize),
         })
     } else {
         match partial.get_mut(&msg_id) {
