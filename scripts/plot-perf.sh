@@ -14,6 +14,11 @@
 #       tcp=tcp-bw.json,tcp-lat.json
 #
 # scripts/sweep-soft-tcp.sh runs those sweeps and this plot in one go.
+#
+#   scripts/plot-perf.sh --sweep DIR [perf_sweep.py's options]
+#
+# runs scripts/perf_sweep.py (the tables and plot of scripts/perf-sweep.sh)
+# with the same matplotlib.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=$ROOT/target/plot-venv
@@ -21,5 +26,9 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import matplotlib' 2>
     echo "plot-perf: installing matplotlib into $VENV" >&2
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q matplotlib
+fi
+if [ "${1:-}" = --sweep ]; then
+    shift
+    exec "$VENV/bin/python" "$ROOT/scripts/perf_sweep.py" "$@"
 fi
 exec "$VENV/bin/python" "$ROOT/scripts/plot_perf.py" "$@"

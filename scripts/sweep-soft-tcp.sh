@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# sweep-soft-tcp.sh -- verbio-perf size sweeps (-a, 2 B .. 8 MiB) of send_bw
+# sweep-soft-tcp.sh -- verbio-perf size sweeps (-a, 2 B .. 16 MiB) of send_bw
 # and send_lat on the software device and over kernel TCP on loopback, then
 # one PNG of both (scripts/plot-perf.sh).
 #
 #   scripts/sweep-soft-tcp.sh [-o docs/img/soft-vs-tcp.png] [-n ITERS] [--api verbs|raw|rdma]
+#
+# (scripts/perf-sweep.sh runs every path, verbs, Rdma, RPC and TCP, side
+# by side with their ratios.)
 #
 # Builds verbio-perf (release); writes the JSON of every run under
 # target/perf-sweep. Server and client are two processes on this host.
@@ -24,7 +27,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 cargo build -q --release -p verbio-perf
-BIN=$ROOT/target/release/verbio-perf
+BIN=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/verbio-perf
 DIR=$ROOT/target/perf-sweep
 mkdir -p "$DIR"
 PORT=18650

@@ -6,8 +6,13 @@ use clap::{Parser, ValueEnum};
 
 /// Smallest message of the `-a` sweep.
 pub const SWEEP_MIN: usize = 2;
-/// Largest message of the `-a` sweep (2^23 bytes, as perftest).
-pub const SWEEP_MAX: usize = 1 << 23;
+/// Largest message of the `-a` sweep (2^24 bytes: perftest stops at
+/// 2^23; the project's sweeps reach 16 MiB).
+pub const SWEEP_MAX: usize = 1 << 24;
+/// Smallest message of `--sizes pow4`.
+pub const POW4_MIN: usize = 64;
+/// Largest message `--api rpc` carries (the RPC engine's `MAX_MSG_LEN`).
+pub const RPC_MAX: usize = 1 << 24;
 /// Fewest iterations (perftest's `MIN_ITER`): the latency statistics drop
 /// the two largest of `iters - 1` samples.
 pub const MIN_ITERS: u64 = 5;
@@ -138,6 +143,9 @@ pub enum Api {
     Raw,
     /// The high-level `Rdma` agent connection.
     Rdma,
+    /// The RPC engine (`verbio::rpc`) over a UD queue pair: send_lat calls
+    /// an echo, send_bw calls a sink with a window of calls in flight.
+    Rpc,
 }
 
 impl Api {
@@ -147,6 +155,7 @@ impl Api {
             Api::Verbs => 1,
             Api::Raw => 2,
             Api::Rdma => 3,
+            Api::Rpc => 4,
         }
     }
 }
@@ -193,20 +202,26 @@ pub struct Cli {
     pub test: Test,
     /// The server to connect to; none: be the server.
     pub host: Option<String>,
-    /// Message size in bytes (default: 65536 for bandwidth tests, 2 for
-    /// latency tests, 8 for atomics).
-    #[arg(short = 's', long = "size")]
+    /// Message size in bytes, or with a K or M suffix (default: 65536 for
+    /// bandwidth tests, 2 for latency tests, 8 for atomics).
+    #[arg(short = 's', long = "size", value_parser = size_value)]
     pub size: Option<usize>,
-    /// Run all sizes from 2 to 2^23 bytes, doubling.
+    /// Run all sizes from 2 to 2^24 bytes, doubling.
     #[arg(short = 'a', long = "all")]
     pub all: bool,
+    /// The sizes to run, in order: a comma-separated list of byte counts
+    /// (suffixes K and M: KiB, MiB), or `pow4` for 64 B .. 16 MiB in
+    /// powers of 4.
+    #[arg(long = "sizes", value_name = "LIST|pow4")]
+    pub size_list: Option<String>,
     /// Iterations per size (per QP for bandwidth tests; default 5000 for
     /// bandwidth, 1000 for latency).
     #[arg(short = 'n', long = "iters")]
     pub iters: Option<u64>,
-    /// Run each size for this many seconds instead of a number of iterations.
+    /// Run each size for this many seconds (decimals allowed) instead of a
+    /// number of iterations; at least 5 iterations run whatever the time.
     #[arg(short = 'D', long = "duration")]
-    pub duration: Option<u64>,
+    pub duration: Option<f64>,
     /// Number of QPs (bandwidth tests).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
@@ -317,6 +332,48 @@ pub fn sweep_sizes() -> Vec<usize> {
         .collect()
 }
 
+/// The sizes of `--sizes pow4`: powers of 4 from [`POW4_MIN`] to
+/// [`SWEEP_MAX`].
+pub fn pow4_sizes() -> Vec<usize> {
+    std::iter::successors(Some(POW4_MIN), |&s| Some(s * 4))
+        .take_while(|&s| s <= SWEEP_MAX)
+        .collect()
+}
+
+/// Parses one size: a byte count with an optional `K` (KiB) or `M` (MiB)
+/// suffix, at least 1 (`-s` and the items of `--sizes`).
+pub fn size_value(t: &str) -> Result<usize, String> {
+    let (digits, unit) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 1 << 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
+        _ => (t, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{t:?} is not a size in bytes (e.g. 64, 4K, 1M)"))
+}
+
+/// Parses `--sizes`: `pow4`, or byte counts separated by commas, each
+/// with an optional `K` (KiB) or `M` (MiB) suffix.
+pub fn parse_sizes(list: &str) -> Result<Vec<usize>, ArgError> {
+    if list.eq_ignore_ascii_case("pow4") {
+        return Ok(pow4_sizes());
+    }
+    list.split(',')
+        .map(|item| {
+            size_value(item.trim()).map_err(|_| {
+                bad(format!(
+                    "--sizes: {:?} is not a size (byte counts like 64,4K,1M, or pow4)",
+                    item.trim()
+                ))
+            })
+        })
+        .collect()
+}
+
 impl Cli {
     /// Resolves the defaults and refuses unsupported combinations.
     pub fn resolve(self) -> Result<Config, ArgError> {
@@ -332,15 +389,17 @@ impl Cli {
                 _ => vec![ATOMIC_SIZE],
             }
         } else if self.all {
-            if self.size.is_some() {
-                return Err(bad("choose -s or -a, not both"));
+            if self.size.is_some() || self.size_list.is_some() {
+                return Err(bad("choose one of -s, -a and --sizes"));
             }
             sweep_sizes()
+        } else if let Some(list) = &self.size_list {
+            if self.size.is_some() {
+                return Err(bad("choose one of -s, -a and --sizes"));
+            }
+            parse_sizes(list)?
         } else {
             let s = self.size.unwrap_or(if test.is_lat() { 2 } else { 65536 });
-            if s == 0 {
-                return Err(bad("-s must be at least 1"));
-            }
             vec![s]
         };
         if self.duration.is_some() && self.iters.is_some() {
@@ -358,9 +417,12 @@ impl Cli {
                 )));
             }
         }
-        if self.duration == Some(0) {
-            return Err(bad("-D must be at least 1 second"));
-        }
+        let duration = match self.duration {
+            Some(d) if !(d.is_finite() && (0.001..=86_400.0).contains(&d)) => {
+                return Err(bad("-D takes seconds from 0.001 to 86400"))
+            }
+            d => d.map(Duration::from_secs_f64),
+        };
         if self.qps == 0 {
             return Err(bad("-q must be at least 1"));
         }
@@ -391,7 +453,31 @@ impl Cli {
                  a perftest multi-QP run",
             ));
         }
+        if self.api == Api::Rpc {
+            if !matches!(test, Test::SendBw | Test::SendLat) {
+                return Err(bad(format!(
+                    "--api rpc runs send_bw and send_lat only, not {}",
+                    test.name()
+                )));
+            }
+            if self.qps != 1 {
+                return Err(bad("--api rpc runs one session (-q 1)"));
+            }
+            if let Some(s) = sizes.iter().find(|&&s| s > RPC_MAX) {
+                return Err(bad(format!(
+                    "--api rpc carries messages up to {RPC_MAX} bytes (the RPC engine's \
+                     largest message), not {s}"
+                )));
+            }
+        }
+        // RPC runs over UD whatever -c says.
+        let connection = if self.api == Api::Rpc {
+            Connection::Ud
+        } else {
+            self.connection
+        };
         if self.connection == Connection::Ud
+            && self.api != Api::Rpc
             && (test != Test::SendLat
                 || self.api != Api::Verbs
                 || self.transport != Transport::Rdma)
@@ -413,7 +499,7 @@ impl Cli {
             host: self.host,
             sizes,
             iters,
-            duration: self.duration.map(Duration::from_secs),
+            duration,
             qps: self.qps,
             tx_depth,
             inline,
@@ -426,7 +512,7 @@ impl Cli {
             gbits: self.report_gbits,
             api: self.api,
             transport: self.transport,
-            connection: self.connection,
+            connection,
             json: self.json,
             busy_poll: self.busy_poll_us.map(Duration::from_micros),
         })
@@ -505,10 +591,10 @@ mod tests {
     }
 
     #[test]
-    fn sweep_is_powers_of_two_from_2_to_8_mib() {
+    fn sweep_is_powers_of_two_from_2_to_16_mib() {
         let s = sweep_sizes();
-        assert_eq!(s.len(), 23);
-        assert_eq!((s[0], s[22]), (2, 1 << 23));
+        assert_eq!(s.len(), 24);
+        assert_eq!((s[0], s[23]), (2, 1 << 24));
         assert!(s.windows(2).all(|w| w[1] == 2 * w[0]));
         assert_eq!(parse(&["read_bw", "-a"]).expect("valid").sizes, s);
         assert_eq!(parse(&["atomic_lat", "-a"]).expect("valid").sizes, vec![8]);
@@ -532,9 +618,37 @@ mod tests {
     }
 
     #[test]
+    fn size_lists_and_powers_of_4() {
+        assert_eq!(
+            parse(&["send_bw", "--sizes", "64, 4K,1m,100"])
+                .expect("valid")
+                .sizes,
+            vec![64, 4096, 1 << 20, 100]
+        );
+        let p = parse(&["send_lat", "--sizes", "pow4"])
+            .expect("valid")
+            .sizes;
+        assert_eq!(p, pow4_sizes());
+        assert_eq!(p.len(), 10);
+        assert_eq!((p[0], p[9]), (64, 16 << 20));
+        assert!(p.windows(2).all(|w| w[1] == 4 * w[0]));
+    }
+
+    #[test]
+    fn rpc_runs_send_tests_over_ud() {
+        let c = parse(&["send_lat", "--api", "rpc", "-s", "16M"]).expect("valid");
+        assert_eq!((c.api, c.connection), (Api::Rpc, Connection::Ud));
+        assert_eq!(c.sizes, vec![16 << 20]);
+        let c = parse(&["send_bw", "--api", "rpc", "-c", "UD", "-t", "8"]).expect("valid");
+        assert_eq!((c.connection, c.tx_depth), (Connection::Ud, 8));
+    }
+
+    #[test]
     fn duration_replaces_iterations() {
         let c = parse(&["write_bw", "-D", "3"]).expect("valid");
         assert_eq!((c.iters, c.duration), (None, Some(Duration::from_secs(3))));
+        let c = parse(&["send_lat", "-D", "0.25"]).expect("valid");
+        assert_eq!(c.duration, Some(Duration::from_millis(250)));
         assert!(parse(&["write_bw", "-D", "3", "-n", "10"]).is_err());
     }
 
@@ -552,7 +666,27 @@ mod tests {
             ),
             (&["send_bw", "-n", "2"][..], "at least 5"),
             (&["atomic_bw", "-s", "64"][..], "8-byte words"),
-            (&["send_bw", "-a", "-s", "8"][..], "-s or -a"),
+            (&["send_bw", "-a", "-s", "8"][..], "one of -s, -a"),
+            (&["send_bw", "--sizes", "64", "-a"][..], "one of -s, -a"),
+            (
+                &["send_bw", "--sizes", "64", "-s", "8"][..],
+                "one of -s, -a",
+            ),
+            (&["send_bw", "--sizes", "64,x"][..], "\"x\" is not a size"),
+            (&["send_bw", "--sizes", "0"][..], "is not a size"),
+            (&["send_bw", "-s", "0"][..], "is not a size in bytes"),
+            (&["send_bw", "-s", "1G"][..], "is not a size in bytes"),
+            (&["send_bw", "-D", "0"][..], "-D takes seconds"),
+            (&["send_bw", "-D", "nan"][..], "-D takes seconds"),
+            (
+                &["write_bw", "--api", "rpc"][..],
+                "send_bw and send_lat only",
+            ),
+            (&["send_bw", "--api", "rpc", "-q", "2"][..], "one session"),
+            (
+                &["send_bw", "--api", "rpc", "-s", "32M"][..],
+                "up to 16777216 bytes",
+            ),
             (
                 &["send_bw", "--api", "rdma", "-q", "2"][..],
                 "one connection",

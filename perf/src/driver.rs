@@ -111,7 +111,7 @@ fn run_client(
                         .write_from(0, &vec![0u8; size])
                         .ctx("clearing this side's memory")?;
                 }
-                let wire = Budget::new(cfg.iters, cfg.duration).wire_iters();
+                let wire = Budget::step(cfg, size).wire_iters();
                 ctl::send(
                     &mut conn.ctl,
                     Frame::Step {
@@ -125,7 +125,7 @@ fn run_client(
                     Frame::GoDrain { drain } => drain,
                     got => return Err(msg(format!("expected the server's go, got {got:?}"))),
                 };
-                let budget = Budget::new(cfg.iters, cfg.duration);
+                let budget = Budget::step(cfg, size);
                 let m = loops
                     .client_step(cfg, dev, &conn, size, &budget, drain)
                     .await?;

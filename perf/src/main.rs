@@ -13,6 +13,7 @@ mod progress;
 mod raw;
 mod rdma;
 mod report;
+mod rpc;
 mod session;
 mod stats;
 mod tcp;
@@ -35,9 +36,8 @@ const PER_SIZE: Duration = Duration::from_secs(120);
 
 /// Ends the process if the run takes far longer than it should.
 fn watchdog(cfg: &Config) {
-    let per = cfg
-        .duration
-        .map_or(PER_SIZE, |d| d + Duration::from_secs(30));
+    // A timed size still runs its first iterations whatever their time.
+    let per = cfg.duration.map_or(PER_SIZE, |d| d + PER_SIZE);
     let limit = SLACK + per * cfg.sizes.len() as u32;
     std::thread::spawn(move || {
         std::thread::sleep(limit);
@@ -50,6 +50,8 @@ fn run(cfg: &Config) -> error::Result<()> {
     match (cfg.transport, cfg.host.as_deref(), cfg.api) {
         (Transport::Tcp, Some(h), _) => tcp::client(cfg, h),
         (Transport::Tcp, None, _) => tcp::server(cfg),
+        (Transport::Rdma, Some(h), Api::Rpc) => rpc::client(cfg, h),
+        (Transport::Rdma, None, Api::Rpc) => rpc::server(cfg),
         (Transport::Rdma, Some(h), Api::Rdma) => rdma::client(cfg, h),
         (Transport::Rdma, None, Api::Rdma) => rdma::server(cfg),
         (Transport::Rdma, Some(h), _) => driver::client(cfg, h),

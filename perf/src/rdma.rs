@@ -137,7 +137,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         let mut progress = Progress::new(cfg);
         for &size in &cfg.sizes {
             progress.start(size);
-            let wire = Budget::new(cfg.iters, cfg.duration).wire_iters();
+            let wire = Budget::step(cfg, size).wire_iters();
             send_ctl(
                 &rdma,
                 Frame::Step {
@@ -147,7 +147,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             )
             .await?;
             expect_ctl(&rdma, Frame::Go).await?;
-            let budget = Budget::new(cfg.iters, cfg.duration);
+            let budget = Budget::step(cfg, size);
             let m = step(cfg, &rdma, remote.as_ref(), size, &budget).await?;
             if cfg.test.verb() == Verb::Send {
                 send_ctl(&rdma, Frame::Stop).await?;

@@ -11,7 +11,7 @@ use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps, RtsA
 use verbio::runtime::buf::RemoteAccessRegion;
 use verbio::runtime::{sleep, Device, QueuePair, Runtime, TcpStream, UdPeer};
 
-use crate::args::{Api, Config};
+use crate::args::{Api, Config, MIN_ITERS};
 use crate::ctl::{self, Frame};
 use crate::error::{msg, Context, Result};
 use crate::report::RunInfo;
@@ -111,27 +111,43 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
 pub struct Budget {
     iters: Option<u64>,
     deadline: Option<Instant>,
+    /// With a duration: the clock is read every `stride` iterations.
+    stride: u64,
     expired: Cell<bool>,
 }
 
 impl Budget {
-    /// `iters` iterations, or (without) until `duration` from now.
+    /// `iters` iterations, or (without) until `duration` from now, and at
+    /// least [`MIN_ITERS`] (the statistics need them).
     pub fn new(iters: Option<u64>, duration: Option<Duration>) -> Budget {
         Budget {
             iters,
             deadline: duration.map(|d| Instant::now() + d),
+            stride: 64,
             expired: Cell::new(false),
         }
     }
 
-    /// Whether iteration `n` (0-based) runs. With a duration, the clock is
-    /// read every 64 iterations.
+    /// The budget of a step of `size`-byte messages: as [`Budget::new`],
+    /// reading the clock every 64 iterations up to 1 KiB and more often
+    /// above (every iteration from 64 KiB), so that a slow large message
+    /// cannot run the step far past its time.
+    pub fn step(cfg: &Config, size: usize) -> Budget {
+        let mut b = Budget::new(cfg.iters, cfg.duration);
+        b.stride = (65536 / size.max(1)).clamp(1, 64) as u64;
+        b
+    }
+
+    /// Whether iteration `n` (0-based) runs.
     #[inline]
     pub fn more(&self, n: u64) -> bool {
         if let Some(max) = self.iters {
             return n < max;
         }
-        if n % 64 == 0 && !self.expired.get() {
+        if n < MIN_ITERS {
+            return true;
+        }
+        if (n % self.stride == 0 || n == MIN_ITERS) && !self.expired.get() {
             let over = self.deadline.is_none_or(|d| Instant::now() >= d);
             self.expired.set(over);
         }
@@ -359,7 +375,11 @@ mod tests {
         assert!(b.more(2) && !b.more(3));
         assert_eq!(b.wire_iters(), 3);
         let t = Budget::new(None, Some(Duration::ZERO));
-        assert!(!t.more(0));
+        assert!(
+            (0..MIN_ITERS).all(|n| t.more(n)),
+            "the statistics' minimum runs"
+        );
+        assert!(!t.more(MIN_ITERS) && !t.more(MIN_ITERS + 1));
         assert_eq!(t.wire_iters(), 0);
         let long = Budget::new(None, Some(Duration::from_secs(60)));
         assert!(long.more(0) && long.more(1000));

@@ -99,7 +99,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
     let mut back = Vec::new();
     for &size in &cfg.sizes {
         progress.start(size);
-        let wire = Budget::new(cfg.iters, cfg.duration).wire_iters();
+        let wire = Budget::step(cfg, size).wire_iters();
         send_frame(
             &mut s,
             Frame::Step {
@@ -108,7 +108,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             },
         )?;
         expect(&mut s, Frame::Go)?;
-        let budget = Budget::new(cfg.iters, cfg.duration);
+        let budget = Budget::step(cfg, size);
         let m = framed(size);
         let measured = if cfg.test == Test::SendBw {
             let mut samples = BwSamples::with_capacity(wire as usize + 2);

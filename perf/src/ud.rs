@@ -66,7 +66,7 @@ fn bytes(hi: u64, lo: u64) -> [u8; 16] {
 }
 
 /// Sends this side's UD address.
-async fn send_endpoint(ctl: &mut TcpStream, ep: &UdEndpoint) -> Result<()> {
+pub async fn send_endpoint(ctl: &mut TcpStream, ep: &UdEndpoint) -> Result<()> {
     let e = &ep.endpoint;
     let (hi, lo) = halves(e.gid.0);
     let mut frames = vec![
@@ -99,7 +99,7 @@ async fn send_endpoint(ctl: &mut TcpStream, ep: &UdEndpoint) -> Result<()> {
 
 /// Reads the peer's UD address (`soft`: it runs on the software device,
 /// so a [`Frame::SoftAddr`] follows).
-async fn recv_endpoint(ctl: &mut TcpStream) -> Result<UdEndpoint> {
+pub async fn recv_endpoint(ctl: &mut TcpStream) -> Result<UdEndpoint> {
     let (qpn, qkey, lid, mtu, provider) =
         match ctl::recv(ctl).await.ctx("reading the UD address")? {
             Frame::UdQp {
@@ -188,10 +188,11 @@ async fn finish(
     session::finish(dev, ctl, vec![qp], mtu, max_size, Some(peer), client).await
 }
 
-/// Client: dials the server, announces the run, swaps UD addresses.
-pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> {
+/// Client: the control stream to the server at `addr` (retried for a
+/// while: the server may not be up yet), Nagle off.
+pub async fn dial_ctl(addr: SocketAddr) -> Result<TcpStream> {
     let deadline = Instant::now() + CONNECT_RETRY;
-    let mut ctl = loop {
+    let ctl = loop {
         match TcpStream::connect(addr).await {
             Ok(s) => break s,
             Err(_) if Instant::now() < deadline => sleep(Duration::from_millis(50)).await,
@@ -199,6 +200,12 @@ pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> 
         }
     };
     ctl.set_nodelay(true).ctx("setting TCP_NODELAY")?;
+    Ok(ctl)
+}
+
+/// Client: dials the server, announces the run, swaps UD addresses.
+pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> {
+    let mut ctl = dial_ctl(addr).await?;
     let max_size = cfg.max_size();
     ctl::send(
         &mut ctl,

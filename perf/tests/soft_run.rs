@@ -134,6 +134,39 @@ fn several_qps_a_duration_and_tcp() {
 }
 
 #[test]
+fn rpc_calls_of_one_packet_and_of_many() {
+    // 100 B fits one packet; 10000 B and 100 KiB take several.
+    let v = run(
+        &["send_lat", "--api", "rpc"],
+        &[
+            "send_lat",
+            "--api",
+            "rpc",
+            "-n",
+            "20",
+            "--sizes",
+            "100,10000",
+        ],
+    );
+    check(&v, "send_lat", &[100, 10000]);
+    assert_eq!((&v["api"], &v["connection"]), (&"rpc".into(), &"ud".into()));
+    let v = run(
+        &["send_bw", "--api", "rpc"],
+        &[
+            "send_bw", "--api", "rpc", "-n", "30", "-t", "12", "-s", "100K",
+        ],
+    );
+    check(&v, "send_bw", &[100 << 10]);
+    assert_eq!(v["results"][0]["iterations"], 30);
+    // A timed run of a fraction of a second still runs its 5 iterations.
+    let v = run(
+        &["send_lat", "--api", "rpc"],
+        &["send_lat", "--api", "rpc", "-D", "0.001", "-s", "64"],
+    );
+    check(&v, "send_lat", &[64]);
+}
+
+#[test]
 fn mismatched_sides_fail_with_a_reason() {
     let (mut srv, port) = server(&["send_bw", "--api", "raw"]);
     let out = Command::new(BIN)
@@ -159,4 +192,10 @@ fn unsupported_combinations_exit_with_usage_errors() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--api rdma runs one connection"));
+    let out = Command::new(BIN)
+        .args(["send_lat", "--api", "rpc", "-s", "17M"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--api rpc carries messages up to"));
 }

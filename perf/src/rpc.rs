@@ -1,0 +1,251 @@
+//! `--api rpc`: send_lat and send_bw through the RPC engine
+//! (`verbio::rpc`) on a UD queue pair of the chosen device, the way an
+//! application calls it: `Rpc::connect` opens one session to the server,
+//! `Rpc::call` sends each request and awaits its response.
+//!
+//! * send_lat: one call at a time to an echo handler (request and response
+//!   of `-s` bytes); reports half the call's round trip, as the SEND
+//!   ping-pong of the other APIs.
+//! * send_bw: `-t` calls in flight of `-s`-byte requests to a handler that
+//!   answers with an empty response; a call's completion is its response.
+//!   Calls beyond the session's 8 slots wait for one inside the engine.
+//!
+//! The client dials the server's TCP port (the control stream: the hello,
+//! then a step and go around each size, and the bye); the server answers
+//! the hello with its RPC endpoint's UD address in the frames of `-c UD`
+//! (`ud.rs`). Messages larger than [`RPC_MAX`] are refused when the flags
+//! are read.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use verbio::rpc::ud::{encode_ud_addr, UdConfig, UdTransport};
+use verbio::rpc::{Request, Rpc, RpcConfig, RpcError, SessionId};
+use verbio::runtime::{Device, TcpStream};
+
+use crate::args::{Config, Test, RPC_MAX};
+use crate::clock::CycleClock;
+use crate::ctl::{self, Frame};
+use crate::error::{msg, Context, Result};
+use crate::measure::{LatLoop, Measured};
+use crate::progress::Progress;
+use crate::report::{Printer, RunInfo};
+use crate::session::{self, Budget};
+use crate::stats::BwSamples;
+use crate::ud;
+
+/// Request type of send_lat's echo: the response is the request's bytes.
+const ECHO: u8 = 1;
+/// Request type of send_bw's sink: the response is empty.
+const SINK: u8 = 2;
+/// Retransmissions before a call fails: a benchmark on a loaded (or
+/// emulated) host should measure slowness, not fail on it; with the
+/// engine's 20 ms timeout, a peer silent for about 0.6 s fails the run.
+const MAX_RETRIES: u32 = 30;
+
+/// An RPC endpoint on a new UD queue pair of `dev`, for messages up to
+/// `max_size` bytes.
+fn endpoint(cfg: &Config, dev: &Device, max_size: usize) -> Result<Rpc<UdTransport>> {
+    let mut ud = UdConfig {
+        gid_index: cfg.gid_index,
+        ..UdConfig::default()
+    };
+    ud.attr.port = cfg.ib_port;
+    if let Some(n) = cfg.inline_given {
+        ud.max_inline = n;
+    }
+    let transport = UdTransport::new(dev, &ud).ctx("creating the RPC endpoint's UD queue pair")?;
+    let defaults = RpcConfig::default();
+    let config = RpcConfig {
+        max_msg_len: max_size.max(defaults.max_msg_len).min(RPC_MAX),
+        max_retries: MAX_RETRIES,
+        ..defaults
+    };
+    Ok(Rpc::new(transport, config))
+}
+
+fn serve_echo(req: Request) -> impl Future<Output = verbio::rpc::MsgBuf> {
+    let mut resp = req.response();
+    resp.extend_from_slice(req.data());
+    std::future::ready(resp)
+}
+
+fn serve_sink(req: Request) -> impl Future<Output = verbio::rpc::MsgBuf> {
+    std::future::ready(req.response())
+}
+
+/// The client: calls the server for every size, prints the results.
+pub fn client(cfg: &Config, host: &str) -> Result<()> {
+    let addr = session::resolve(host, cfg.port)?;
+    let (rt, dev, busy) = session::open(cfg, true)?;
+    rt.block_on(async {
+        let mut ctl = ud::dial_ctl(addr).await?;
+        ctl::send(
+            &mut ctl,
+            Frame::Hello {
+                test: cfg.test,
+                api: cfg.api.code(),
+                connection: cfg.connection.code(),
+                qps: 1,
+                max_size: cfg.max_size() as u64,
+            },
+        )
+        .await
+        .ctx("sending the hello")?;
+        let server = ud::recv_endpoint(&mut ctl).await?;
+        let rpc = endpoint(cfg, &dev, cfg.max_size())?;
+        let me = rpc.with_transport(|t| *t.endpoint());
+        if server.endpoint.provider != me.endpoint.provider {
+            return Err(msg("the two sides run on different providers"));
+        }
+        let remote = encode_ud_addr(&server).ctx("encoding the server's RPC address")?;
+        let sid = rpc.connect(&remote).await.ctx("opening the RPC session")?;
+        let info = RunInfo {
+            test: cfg.test,
+            api: cfg.api,
+            transport: cfg.transport,
+            connection: cfg.connection,
+            device: dev.context().name().to_string(),
+            provider: dev.context().kind().to_string(),
+            qps: 1,
+            tx_depth: cfg.tx_depth,
+            inline_size: rpc.with_transport(|t| t.queue_pair().caps().max_inline_data),
+            mtu: me.endpoint.mtu.min(server.endpoint.mtu).bytes(),
+            completions: session::completions(cfg.api, busy),
+            bw_units: if cfg.gbits { "Gb/sec" } else { "MB/sec" }.into(),
+        };
+        let mut printer = Printer::new(cfg, info);
+        let mut progress = Progress::new(cfg);
+        for &size in &cfg.sizes {
+            progress.start(size);
+            run_step(&mut ctl, cfg, size).await?;
+            let budget = Budget::step(cfg, size);
+            let m = step(cfg, &rpc, sid, size, &budget).await?;
+            tracing::info!(size, stats = ?rpc.stats(), "step done");
+            let row = m.row(cfg.test, size, cfg.in_flight())?;
+            progress.done(&row);
+            printer.row(row);
+        }
+        ctl::send(&mut ctl, Frame::Bye).await.ctx("saying bye")?;
+        rpc.disconnect(sid);
+        printer.finish().ctx("printing the results")
+    })
+}
+
+/// Announces a step and waits for the server's go.
+async fn run_step(ctl: &mut TcpStream, cfg: &Config, size: usize) -> Result<()> {
+    let iters = Budget::step(cfg, size).wire_iters();
+    ctl::send(
+        ctl,
+        Frame::Step {
+            size: size as u64,
+            iters,
+        },
+    )
+    .await
+    .ctx("starting a step")?;
+    ctl::expect(ctl, Frame::Go, "the server's go")
+        .await
+        .ctx("starting a step")
+}
+
+/// One size's calls.
+async fn step(
+    cfg: &Config,
+    rpc: &Rpc<UdTransport>,
+    sid: SessionId,
+    size: usize,
+    budget: &Budget,
+) -> Result<Measured> {
+    let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    if cfg.test == Test::SendLat {
+        let mut lat = LatLoop::start(budget);
+        while lat.next() {
+            let back = rpc
+                .call(sid, ECHO, &payload)
+                .await
+                .ctx_with(|| format!("call {}", lat.i))?;
+            if back.len() != size {
+                return Err(msg(format!(
+                    "echo of {} bytes, expected {size}",
+                    back.len()
+                )));
+            }
+        }
+        return Ok(lat.finish());
+    }
+    let window = match budget.wire_iters() {
+        0 => u64::from(cfg.tx_depth),
+        n => n.min(u64::from(cfg.tx_depth)),
+    };
+    pipeline(window, budget, || rpc.call(sid, SINK, &payload)).await
+}
+
+/// Keeps `window` calls in flight until the budget is spent, stamping
+/// every response.
+async fn pipeline<T, F, Fut>(window: u64, budget: &Budget, mut call: F) -> Result<Measured>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, RpcError>>,
+{
+    let mut samples = BwSamples::with_capacity(budget.wire_iters() as usize + 1);
+    let mut in_flight = FuturesUnordered::new();
+    let clock = CycleClock::start();
+    samples.push(clock.stamp(), 0);
+    let mut posted = 0u64;
+    while posted < window && budget.more(posted) {
+        posted += 1;
+        in_flight.push(call());
+    }
+    let mut done = 0u64;
+    while let Some(r) = in_flight.next().await {
+        r.ctx_with(|| format!("call {done}"))?;
+        done += 1;
+        samples.push(clock.stamp(), done);
+        if budget.more(posted) {
+            posted += 1;
+            in_flight.push(call());
+        }
+    }
+    Ok(Measured::Bw {
+        samples,
+        ticks_per_us: clock.ticks_per_us(),
+    })
+}
+
+/// The server: serves one client's calls until its bye, then returns.
+pub fn server(cfg: &Config) -> Result<()> {
+    let (rt, dev, _) = session::open(cfg, cfg.test == Test::SendLat)?;
+    let listener = ud::bind(cfg)?;
+    rt.block_on(async {
+        let (mut ctl, _) = listener.accept().await.ctx("accepting the client")?;
+        ctl.set_nodelay(true).ctx("setting TCP_NODELAY")?;
+        let hello = ctl::recv(&mut ctl)
+            .await
+            .ctx("reading the client's hello")?;
+        let (_, max_size) =
+            ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
+        if max_size > RPC_MAX {
+            return Err(msg(format!(
+                "the client asks for {max_size}-byte messages; RPC carries up to {RPC_MAX}"
+            )));
+        }
+        let rpc = endpoint(cfg, &dev, max_size)?;
+        rpc.register(ECHO, serve_echo);
+        rpc.register(SINK, serve_sink);
+        let me = rpc.with_transport(|t| *t.endpoint());
+        ud::send_endpoint(&mut ctl, &me).await?;
+        loop {
+            match ctl::recv(&mut ctl).await.ctx("waiting for the client")? {
+                Frame::Step { .. } => ctl::send(&mut ctl, Frame::Go).await.ctx("sending go")?,
+                Frame::Bye => break,
+                got => return Err(msg(format!("unexpected {got:?} from the client"))),
+            }
+        }
+        tracing::info!(stats = ?rpc.stats(), "served");
+        // Let the last responses leave before the endpoint goes.
+        verbio::runtime::sleep(Duration::from_millis(10)).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,87 @@
+# perf-sweep-runs.sh -- the runs of scripts/perf-sweep.sh (bash), on this
+# host or inside the rxe VM: sourced, then `sweep_runs` called with these
+# variables set:
+#   BIN     a verbio-perf binary       DEV    device (soft0, rxe0)
+#   GIDX    GID index or empty         OUT    directory for the results
+#   SIZES   byte counts, comma-separated
+#   PATHS   of verbs,rdma,rpc,tcp      TESTS  of send_lat,send_bw
+#   DUR     seconds per run (-D)       WINDOW messages in flight (send_bw)
+#   ROUNDS  rounds                     LIMIT  seconds before a run is killed
+# Per size and test, each path's server and client run as two processes,
+# the paths in an order rotated from size to size and round to round (so
+# that the host's drift spreads over all of them). Each run leaves
+# OUT/TEST_PATH_SIZE_rROUND.json (the client's --json), or .na with the
+# reason it could not run (the client's last error line, or the timeout).
+
+# sweep_port: the next TCP port of the runs (a fresh one per run: a
+# server that is still closing holds its port for a moment).
+SWEEP_PORT=18700
+sweep_port() {
+    SWEEP_PORT=$(( SWEEP_PORT >= 18999 ? 18700 : SWEEP_PORT + 1 ))
+}
+
+# sweep_window SIZE: send_bw's window at SIZE: WINDOW messages, fewer when
+# they would hold more than 256 MiB (each side allocates its window).
+sweep_window() {
+    w=$(( (256 << 20) / $1 ))
+    [ "$w" -lt 2 ] && w=2
+    [ "$w" -gt "$WINDOW" ] && w=$WINDOW
+    echo "$w"
+}
+
+# sweep_one TEST PATH SIZE ROUND: one server + client run.
+sweep_one() {
+    local test=$1 path=$2 size=$3 round=$4
+    local base=$OUT/${test}_${path}_${size}_r$round
+    local flags=(-s "$size" -D "$DUR")
+    case $path in
+        tcp) flags+=(--transport tcp) ;;
+        *) flags+=(--api "$path" -d "$DEV"); [ -n "$GIDX" ] && flags+=(-x "$GIDX") ;;
+    esac
+    [ "$test" = send_bw ] && flags+=(-t "$(sweep_window "$size")")
+    sweep_port
+    rm -f "$base.json" "$base.na"
+    timeout "$LIMIT" "$BIN" "$test" -p "$SWEEP_PORT" "${flags[@]}" >/dev/null 2>"$base.srv" &
+    local srv=$!
+    local t0=$SECONDS
+    timeout "$LIMIT" "$BIN" "$test" 127.0.0.1 -p "$SWEEP_PORT" "${flags[@]}" --json \
+        >"$base.json" 2>"$base.err"
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        # The server waits for a client that will not come: end it.
+        kill "$srv" 2>/dev/null
+        local why
+        if [ $rc -eq 124 ]; then
+            why="did not finish within ${LIMIT} s"
+        else
+            why=$(grep -v '^\[' "$base.err" | tail -1 | sed 's/^verbio-perf: //')
+            [ -n "$why" ] || why="client exit status $rc"
+        fi
+        echo "$why" >"$base.na"
+        rm -f "$base.json"
+    fi
+    wait "$srv" 2>/dev/null
+    rm -f "$base.err" "$base.srv"
+    printf 'perf-sweep: %-8s %-5s %9s B round %s: %s (%d s)\n' "$test" "$path" "$size" "$round" \
+        "$([ -f "$base.na" ] && echo "n/a: $(cat "$base.na")" || echo ok)" $((SECONDS - t0)) >&2
+}
+
+# sweep_runs: every round, size, test and path.
+sweep_runs() {
+    mkdir -p "$OUT"
+    local paths sizes tests k=0 r size test i n
+    IFS=, read -r -a paths <<<"$PATHS"
+    IFS=, read -r -a sizes <<<"$SIZES"
+    IFS=, read -r -a tests <<<"$TESTS"
+    n=${#paths[@]}
+    for ((r = 1; r <= ROUNDS; r++)); do
+        for size in "${sizes[@]}"; do
+            for test in "${tests[@]}"; do
+                k=$((k + 1))
+                for ((i = 0; i < n; i++)); do
+                    sweep_one "$test" "${paths[$(((i + k) % n))]}" "$size" "$r"
+                done
+            done
+        done
+    done
+}
