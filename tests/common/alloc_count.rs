@@ -12,30 +12,40 @@ pub struct Counting;
 
 thread_local! {
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    static LIVE: Cell<i64> = const { Cell::new(0) };
 }
 
 fn count() {
     let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
 }
 
+/// Adds `delta` bytes to this thread's live bytes.
+fn live(delta: i64) {
+    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
+}
+
 // SAFETY: forwards to the system allocator; only counts calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
+        live(layout.size() as i64);
         // SAFETY: forwarded contract.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        live(-(layout.size() as i64));
         // SAFETY: forwarded contract.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count();
+        live(layout.size() as i64);
         // SAFETY: forwarded contract.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
+        live(new_size as i64 - layout.size() as i64);
         // SAFETY: forwarded contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -44,4 +54,10 @@ unsafe impl GlobalAlloc for Counting {
 /// Allocations made on this thread so far.
 pub fn allocs() -> u64 {
     ALLOCS.with(|c| c.get())
+}
+
+/// Bytes allocated on this thread and not freed (on this thread) since it
+/// started: exact for memory a thread allocates and frees itself.
+pub fn live_bytes() -> i64 {
+    LIVE.with(|c| c.get())
 }

@@ -9,27 +9,47 @@ use std::rc::Rc;
 const POOL_MAX: usize = 1024;
 /// Larger buffers are freed rather than kept.
 const KEEP_MAX_CAPACITY: usize = 1 << 20;
+/// Bytes (of capacity) an endpoint's message pool keeps at most: what
+/// traffic of large messages leaves behind once it stopped.
+pub const POOL_MAX_BYTES: usize = 8 << 20;
+
+#[derive(Default)]
+struct Pool {
+    bufs: Vec<Vec<u8>>,
+    /// Capacity of `bufs`, in bytes.
+    bytes: usize,
+}
 
 /// A pool of byte buffers (single-threaded, shared by clones).
 #[derive(Clone, Default)]
-pub(crate) struct BufPool(Rc<RefCell<Vec<Vec<u8>>>>);
+pub(crate) struct BufPool(Rc<RefCell<Pool>>);
 
 impl BufPool {
     /// An empty buffer, reused when the pool has one.
     pub(crate) fn take(&self) -> Vec<u8> {
-        self.0.borrow_mut().pop().unwrap_or_default()
+        let mut pool = self.0.borrow_mut();
+        let buf = pool.bufs.pop().unwrap_or_default();
+        pool.bytes -= buf.capacity();
+        buf
     }
 
     /// Gives `buf` back (emptied).
     pub(crate) fn put(&self, mut buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > KEEP_MAX_CAPACITY {
+        let cap = buf.capacity();
+        if cap == 0 || cap > KEEP_MAX_CAPACITY {
             return;
         }
         let mut pool = self.0.borrow_mut();
-        if pool.len() < POOL_MAX {
+        if pool.bufs.len() < POOL_MAX && pool.bytes + cap <= POOL_MAX_BYTES {
             buf.clear();
-            pool.push(buf);
+            pool.bytes += cap;
+            pool.bufs.push(buf);
         }
+    }
+
+    /// Bytes the pool keeps.
+    pub(crate) fn bytes(&self) -> usize {
+        self.0.borrow().bytes
     }
 
     /// `buf` as a message that returns to this pool when dropped.

@@ -288,6 +288,18 @@ impl<P: Clone> Core<P> {
         let max_payload = s.max_payload;
         let slot = &mut s.client[i];
         let j = usize::from(h.pkt_idx);
+        if j == 0 && h.status != Status::Ok {
+            // An error (the header allows it only as one empty packet) may
+            // come before the whole request was sent: it ends the call.
+            let e = RpcError::Remote {
+                session: SessionId(sid),
+                req_num: h.req_num,
+                req_type: slot.req_type,
+                status: h.status,
+            };
+            complete(s, i, Err(e));
+            return;
+        }
         let k = slot.n_req - 1 + j;
         if k >= slot.num_tx || slot.is_answered(k) {
             self.stats.stale_packets += 1;
@@ -296,16 +308,6 @@ impl<P: Clone> Core<P> {
         let msg_len = h.msg_len as usize;
         let n_resp = usize::from(h.pkt_count);
         if j == 0 {
-            if h.status != Status::Ok {
-                let e = RpcError::Remote {
-                    session: SessionId(sid),
-                    req_num: h.req_num,
-                    req_type: slot.req_type,
-                    status: h.status,
-                };
-                complete(s, i, Err(e));
-                return;
-            }
             if msg_len > max_len {
                 let e = RpcError::ResponseTooLarge {
                     session: SessionId(sid),
@@ -321,9 +323,9 @@ impl<P: Clone> Core<P> {
                 return;
             }
             slot.resp.clear();
-            slot.resp.resize(msg_len, 0);
+            slot.resp_len = msg_len;
             slot.n_resp = n_resp;
-        } else if n_resp != slot.n_resp || msg_len != slot.resp.len() {
+        } else if n_resp != slot.n_resp || msg_len != slot.resp_len {
             self.stats.malformed_packets += 1;
             return;
         }
@@ -332,6 +334,10 @@ impl<P: Clone> Core<P> {
         if payload.len() != end - start {
             self.stats.malformed_packets += 1;
             return;
+        }
+        if end > slot.resp.len() {
+            // Grown as packets arrive, never to the claimed length at once.
+            slot.resp.resize(end, 0);
         }
         slot.resp[start..end].copy_from_slice(payload);
         let before = slot.in_flight();

@@ -26,11 +26,47 @@ pub struct RpcConfig {
     /// closed, its memory freed, and the client told (best effort: one
     /// disconnect packet; its next call fails with
     /// [`RpcError::SessionClosed`](super::RpcError::SessionClosed), or with
-    /// a timeout if that packet was lost). This reclaims the sessions of
-    /// clients that vanished without disconnecting. `None` (the default,
-    /// as gRPC's idle limit) keeps sessions until their client disconnects.
+    /// a timeout if that packet was lost: reconnect). The same sweep drops
+    /// a request whose packets stopped arriving for as long (its client
+    /// sends it again if it is still there). This reclaims what clients
+    /// that vanished, or never meant to finish, left behind.
+    ///
+    /// Default: 60 s. `None` keeps sessions until their client disconnects,
+    /// so peers can hold server memory forever: only for trusted peers.
     pub session_idle_timeout: Option<Duration>,
+    /// Server: bytes of requests held at once, over all sessions: from a
+    /// request's first packet until its handler drops the
+    /// [`Request`](super::Request) (reassembly buffers and their packet
+    /// bitmaps). A request's buffer grows as its packets arrive, never to
+    /// the length a packet claims at once; a packet of a multi-packet
+    /// request that would pass this budget is dropped (its client sends it
+    /// again after [`rto`](Self::rto)), so a peer claiming large messages
+    /// cannot make the server allocate more than this. Single-packet
+    /// requests are not refused (their bytes are the packet's) but are
+    /// counted.
+    ///
+    /// Default: 64 MiB; raised to at least `max_msg_len` plus its bitmap
+    /// so one largest request always fits.
+    pub request_memory: usize,
+    /// Server: sessions open at once from all clients; a connect beyond it
+    /// is refused (not answered, logged, counted in
+    /// [`RpcStats::connects_refused`](super::RpcStats::connects_refused)).
+    /// Each server session costs about 2.5 KiB plus its cached responses.
+    ///
+    /// Default: 1024.
+    pub max_server_sessions: usize,
+    /// Server: sessions open at once from one client address (one client
+    /// endpoint usually opens one per server); a connect beyond it is
+    /// refused like one beyond [`max_server_sessions`](Self::max_server_sessions).
+    ///
+    /// Default: 32.
+    pub max_sessions_per_peer: usize,
 }
+
+/// Default of [`RpcConfig::session_idle_timeout`].
+pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of [`RpcConfig::request_memory`].
+pub const DEFAULT_REQUEST_MEMORY: usize = 64 << 20;
 
 impl Default for RpcConfig {
     fn default() -> Self {
@@ -40,7 +76,10 @@ impl Default for RpcConfig {
             max_msg_len: 1 << 20,
             handler_tasks: 16,
             recv_batch: 16,
-            session_idle_timeout: None,
+            session_idle_timeout: Some(DEFAULT_SESSION_IDLE_TIMEOUT),
+            request_memory: DEFAULT_REQUEST_MEMORY,
+            max_server_sessions: 1024,
+            max_sessions_per_peer: 32,
         }
     }
 }

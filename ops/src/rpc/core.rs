@@ -4,15 +4,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
 
-use tracing::{trace, warn};
+use tracing::trace;
 use verbio_runtime::Sleep;
 
+use super::budget::Budget;
 use super::buf::BufPool;
 use super::config::RpcConfig;
 use super::endpoint::Request;
 use super::header::{Header, PacketKind, HEADER_LEN};
 use super::session::{Role, Session, SessionState};
-use super::table::{SessionTable, MAX_SESSIONS};
+use super::table::SessionTable;
 use super::transport::TxBatch;
 
 /// Counters of an endpoint.
@@ -42,6 +43,37 @@ pub struct RpcStats {
     /// Server sessions closed after [`RpcConfig::session_idle_timeout`](super::RpcConfig::session_idle_timeout)
     /// without a packet from their client.
     pub sessions_expired: u64,
+    /// Connects refused: [`RpcConfig::max_server_sessions`](super::RpcConfig::max_server_sessions)
+    /// or [`RpcConfig::max_sessions_per_peer`](super::RpcConfig::max_sessions_per_peer)
+    /// reached.
+    pub connects_refused: u64,
+    /// Request packets dropped because [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
+    /// was spent (their clients send them again).
+    pub budget_drops: u64,
+    /// Requests whose packets stopped arriving for an idle timeout,
+    /// dropped half received.
+    pub partial_requests_dropped: u64,
+}
+
+/// What an endpoint holds now: the memory peers can make it hold, against
+/// its limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RpcMemory {
+    /// Bytes of requests held (being received, or given to a handler that
+    /// still has them), charged to [`RpcConfig::request_memory`](super::RpcConfig::request_memory).
+    pub request_bytes: usize,
+    /// The most `request_bytes` has been.
+    pub request_bytes_peak: usize,
+    /// The limit of `request_bytes` (the configured one, raised to fit one
+    /// largest request).
+    pub request_budget: usize,
+    /// Bytes of buffers kept for reuse by the message pool (at most
+    /// [`POOL_MAX_BYTES`](super::POOL_MAX_BYTES)).
+    pub pooled_bytes: usize,
+    /// Server sessions open.
+    pub server_sessions: usize,
+    /// Sessions open, client and server.
+    pub sessions: usize,
 }
 
 /// A request waiting for a handler task.
@@ -102,12 +134,21 @@ pub(crate) struct Core<P> {
     pub(crate) idle_timer: Option<Sleep>,
     /// Server sessions open (the idle sweep runs while there are any).
     pub(crate) server_sessions: usize,
+    /// Server sessions open per client address.
+    pub(crate) peer_sessions: HashMap<Vec<u8>, usize>,
+    /// Sessions open, client and server.
+    pub(crate) open_sessions: usize,
+    /// The request memory budget (`budget.rs`).
+    pub(crate) budget: Budget,
     pub(crate) dispatcher: Option<Waker>,
 }
 
 impl<P: Clone> Core<P> {
     pub(crate) fn new(config: RpcConfig, max_packet: usize, local_addr: Vec<u8>) -> Self {
         Core {
+            budget: Budget::new(config.request_memory),
+            peer_sessions: HashMap::new(),
+            open_sessions: 0,
             config,
             sessions: SessionTable::default(),
             connects: HashMap::new(),
@@ -147,7 +188,21 @@ impl<P: Clone> Core<P> {
 
     /// Opens `session`; its number, or `None` if the table is full.
     pub(crate) fn add_session(&mut self, session: Session<P>) -> Option<u32> {
-        self.sessions.insert(session)
+        let sid = self.sessions.insert(session)?;
+        self.open_sessions += 1;
+        Some(sid)
+    }
+
+    /// What the endpoint holds now.
+    pub(crate) fn memory(&self) -> RpcMemory {
+        RpcMemory {
+            request_bytes: self.budget.used(),
+            request_bytes_peak: self.budget.peak(),
+            request_budget: self.budget.limit(),
+            pooled_bytes: self.pool.bytes(),
+            server_sessions: self.server_sessions,
+            sessions: self.open_sessions,
+        }
     }
 
     /// The open session `h` is addressed to (see [`open_session`]).
@@ -187,53 +242,6 @@ impl<P: Clone> Core<P> {
                     self.stats.stale_packets += 1;
                 }
             }
-        }
-    }
-
-    /// Server: opens (or finds again) the session a connect asks for and
-    /// answers it.
-    pub(crate) fn accept_connect(&mut self, req: ConnectRequest, peer: P) {
-        let h = req.header;
-        let key = (req.addr, h.src_session, h.req_num);
-        let sid = match self.connects.get(&key) {
-            Some(&sid) => sid,
-            None => {
-                let packet = h.msg_len.min(self.max_packet as u32) as usize;
-                let mut s = Session::new(
-                    Role::Server,
-                    SessionState::Connected,
-                    peer,
-                    packet - HEADER_LEN,
-                );
-                s.remote = h.src_session;
-                s.connect_key = Some(key.clone());
-                let Some(sid) = self.add_session(s) else {
-                    warn!(
-                        max = MAX_SESSIONS,
-                        "rpc: connect refused: the session table is full"
-                    );
-                    return;
-                };
-                self.connects.insert(key, sid);
-                self.server_sessions += 1;
-                if self.server_sessions == 1 && self.config.session_idle_timeout.is_some() {
-                    // The dispatcher starts the idle sweep.
-                    if let Some(w) = &self.dispatcher {
-                        w.wake_by_ref();
-                    }
-                }
-                sid
-            }
-        };
-        if let Some(s) = self.sessions.get(sid) {
-            let ack = Header {
-                dest_session: h.src_session,
-                src_session: sid,
-                req_num: h.req_num,
-                msg_len: (s.max_payload + HEADER_LEN) as u32,
-                ..Header::new(PacketKind::ConnectAck)
-            };
-            self.tx.push(&s.peer, &ack, &[]);
         }
     }
 
@@ -279,8 +287,15 @@ impl<P: Clone> Core<P> {
         let Some(mut s) = self.sessions.take(sid) else {
             return;
         };
+        self.open_sessions -= 1;
         if let Some(key) = s.connect_key.take() {
             self.connects.remove(&key);
+            if let Some(n) = self.peer_sessions.get_mut(&key.0) {
+                *n -= 1;
+                if *n == 0 {
+                    self.peer_sessions.remove(&key.0);
+                }
+            }
         }
         if s.role == Role::Server {
             self.server_sessions -= 1;

@@ -10,12 +10,13 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tracing::warn;
+use tracing::{debug, warn};
 use verbio_runtime::Sleep;
 
+use super::budget::Charge;
 use super::buf::{BufPool, MsgBuf};
 use super::config::RpcConfig;
-use super::core::{Core, HandlerQueue, Job, RpcStats};
+use super::core::{Core, HandlerQueue, Job, RpcMemory, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{HEADER_LEN, MAX_MSG_LEN, MAX_PACKET, MIN_PACKET};
 use super::idle::SWEEPS_PER_TIMEOUT;
@@ -29,6 +30,9 @@ pub struct Request {
     pub(crate) session: SessionId,
     pub(crate) data: MsgBuf,
     pub(crate) pool: BufPool,
+    /// Its bytes stay charged to the endpoint's request budget until the
+    /// handler drops it.
+    pub(crate) _charge: Charge,
 }
 
 impl Request {
@@ -83,18 +87,23 @@ impl<T: Transport> Engine<T> {
         self.core.tx.clear();
     }
 
-    /// Resolves and answers the connect packets received.
+    /// Answers the connect packets received: a connect seen before finds
+    /// its session again; a new one is admitted (`admission.rs`) before its
+    /// address is resolved (an address handle on UD).
     fn accept_connects(&mut self) {
         if self.core.connect_requests.is_empty() {
             return;
         }
         let requests = std::mem::take(&mut self.core.connect_requests);
         for req in requests {
+            if self.core.answer_known_connect(&req) || !self.core.admit_connect(&req) {
+                continue;
+            }
             match self.transport.resolve(&req.addr) {
                 Ok(peer) => self.core.accept_connect(req, peer),
                 Err(error) => {
                     self.core.stats.malformed_packets += 1;
-                    warn!(%error, "rpc: connect from an address that does not resolve");
+                    debug!(%error, "rpc: connect from an address that does not resolve");
                 }
             }
         }
@@ -210,6 +219,9 @@ impl<T: Transport> Rpc<T> {
             "rpc: the transport's packet size {max_packet} is outside {MIN_PACKET}..={MAX_PACKET}"
         );
         config.max_msg_len = config.max_msg_len.min(MAX_MSG_LEN as usize);
+        // One largest request (and its packet bitmap) always fits.
+        let bitmap = (config.max_msg_len / (MIN_PACKET as usize - HEADER_LEN)).div_ceil(64) * 8;
+        config.request_memory = config.request_memory.max(config.max_msg_len + bitmap);
         config.recv_batch = config.recv_batch.max(1);
         let local_addr = transport.local_addr();
         let engine = Rc::new(RefCell::new(Engine {
@@ -242,6 +254,12 @@ impl<T: Transport> Rpc<T> {
     /// Counters.
     pub fn stats(&self) -> RpcStats {
         self.engine.borrow().core.stats
+    }
+
+    /// What the endpoint holds now (gauges, unlike the counters of
+    /// [`stats`](Rpc::stats)).
+    pub fn memory(&self) -> RpcMemory {
+        self.engine.borrow().core.memory()
     }
 
     /// Serves requests of `req_type` with `handler`, run in

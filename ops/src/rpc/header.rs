@@ -50,6 +50,10 @@ pub enum Status {
     /// The handler's response exceeds what a message may hold (empty
     /// response).
     ResponseTooLarge = 3,
+    /// The request exceeds the server's
+    /// [`max_msg_len`](super::RpcConfig::max_msg_len) (empty response; the
+    /// server kept none of it).
+    RequestTooLarge = 4,
 }
 
 impl std::fmt::Display for Status {
@@ -59,6 +63,7 @@ impl std::fmt::Display for Status {
             Status::NoHandler => "no handler is registered for the request type",
             Status::HandlerPanicked => "the handler panicked",
             Status::ResponseTooLarge => "the handler's response exceeds the message limit",
+            Status::RequestTooLarge => "the request exceeds the server's message limit",
         })
     }
 }
@@ -70,6 +75,7 @@ impl Status {
             1 => Status::NoHandler,
             2 => Status::HandlerPanicked,
             3 => Status::ResponseTooLarge,
+            4 => Status::RequestTooLarge,
             _ => return None,
         })
     }
@@ -276,7 +282,7 @@ impl Header {
                 kind,
                 field: "status",
                 value: b[5].into(),
-                expected: "0 to 3",
+                expected: "0 to 4",
             });
         };
         let h = Header {

@@ -3,7 +3,9 @@
 //! closes the server sessions that heard nothing from their client through
 //! more than four sweeps, so a client that vanished without disconnecting
 //! does not hold its session (its cached responses, its address handle)
-//! forever.
+//! forever; a request whose packets stopped arriving for as long is
+//! dropped half received (its memory given back), even in a session kept
+//! open by other traffic.
 
 use tracing::debug;
 
@@ -28,6 +30,22 @@ impl<P: Clone> Core<P> {
             };
             if s.role != Role::Server {
                 continue;
+            }
+            // A request whose packets stopped coming: its memory is given
+            // back (a client still there sends it again).
+            for slot in &mut s.server {
+                if slot.state == ServeState::Receiving {
+                    slot.stalled_sweeps += 1;
+                    if slot.stalled_sweeps > SWEEPS_PER_TIMEOUT {
+                        debug!(
+                            session = sid,
+                            req_num = slot.req_num,
+                            "rpc: stalled request dropped"
+                        );
+                        slot.drop_partial();
+                        self.stats.partial_requests_dropped += 1;
+                    }
+                }
             }
             // A running handler will answer: the client is waiting, not gone.
             if s.server

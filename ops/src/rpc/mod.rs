@@ -35,9 +35,24 @@
 //! call fails with [`RpcError::Timeout`] and the session with it. The
 //! server keeps, per slot, the request number and the response, so a
 //! request that arrives again is answered from there and its handler runs
-//! at most once. With [`RpcConfig::session_idle_timeout`] set, a server
-//! closes a session that has heard nothing from its client for that long
+//! at most once. A server closes a session that has heard nothing from
+//! its client for [`RpcConfig::session_idle_timeout`] (60 s by default)
 //! and tells the client (`idle.rs`).
+//!
+//! # Limits
+//!
+//! What a peer can make a server hold is bounded before it proved
+//! anything (`docs/rpc.md` has the table and the attacks tested):
+//! requests by [`RpcConfig::max_msg_len`] each and by
+//! [`RpcConfig::request_memory`] together, charged as their packets
+//! arrive (`budget.rs`), never from the length a packet claims; sessions
+//! by [`RpcConfig::max_server_sessions`] and
+//! [`RpcConfig::max_sessions_per_peer`] (`admission.rs`), and in time by
+//! [`RpcConfig::session_idle_timeout`]; pooled buffers by
+//! [`POOL_MAX_BYTES`]. [`Rpc::memory`] reports the gauges. A bad packet is
+//! dropped and counted, never failing the session or the endpoint.
+mod admission;
+mod budget;
 mod buf;
 mod client;
 mod config;
@@ -54,9 +69,9 @@ mod timer;
 mod transport;
 pub mod ud;
 
-pub use buf::MsgBuf;
-pub use config::RpcConfig;
-pub use core::RpcStats;
+pub use buf::{MsgBuf, POOL_MAX_BYTES};
+pub use config::{RpcConfig, DEFAULT_REQUEST_MEMORY, DEFAULT_SESSION_IDLE_TIMEOUT};
+pub use core::{RpcMemory, RpcStats};
 pub use endpoint::{Request, Rpc};
 pub use error::{RpcError, SessionId};
 pub use session::SESSION_SLOTS;

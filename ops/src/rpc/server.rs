@@ -3,10 +3,11 @@
 
 use std::task::{Context, Poll};
 
-use tracing::{error, warn};
+use tracing::{error, trace, warn};
 
+use super::budget::{Budget, Charge};
 use super::buf::MsgBuf;
-use super::core::{open_session, Core, Job};
+use super::core::{open_session, Core, Job, RpcStats};
 use super::endpoint::Request;
 use super::error::SessionId;
 use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN};
@@ -62,6 +63,28 @@ fn send_response<P: Clone>(
     tx.push(peer, &h, &resp[start..end]);
 }
 
+/// Words of a slot's packet bitmap kept between requests (for requests of
+/// up to 1024 packets); larger bitmaps are freed when their request is
+/// complete.
+const KEEP_BITMAP_WORDS: usize = 16;
+
+/// A request packet dropped because the request memory budget is spent:
+/// counted, and logged at the 1st, 2nd, 4th, 8th... time.
+fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &Header) {
+    stats.budget_drops += 1;
+    if stats.budget_drops.is_power_of_two() {
+        warn!(
+            session = sid,
+            req_num = h.req_num,
+            msg_len = h.msg_len,
+            used = budget.used(),
+            limit = budget.limit(),
+            drops = stats.budget_drops,
+            "rpc: request packet dropped: the request memory budget (RpcConfig::request_memory) is spent; its client will send it again"
+        );
+    }
+}
+
 impl<P: Clone> Core<P> {
     /// A request packet.
     pub(crate) fn on_request(&mut self, h: &Header, payload: &[u8]) {
@@ -74,13 +97,21 @@ impl<P: Clone> Core<P> {
         let msg_len = h.msg_len as usize;
         let idx = usize::from(h.pkt_idx);
         let start = idx * max_payload;
-        let fits = msg_len <= max_len
-            && usize::from(h.pkt_count) == packets_for(msg_len, max_payload)
+        // Every field the peer sets is checked against this session's
+        // packet size and this endpoint's largest message before anything
+        // is allocated for it.
+        let fits = usize::from(h.pkt_count) == packets_for(msg_len, max_payload)
             && payload.len() == (start + max_payload).min(msg_len).saturating_sub(start);
         if !fits {
             self.stats.malformed_packets += 1;
+            trace!(
+                ?h,
+                max_payload,
+                "rpc: request packet that does not fit the session's packet size dropped"
+            );
             return;
         }
+        let too_large = msg_len > max_len;
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
         let slot = &mut s.server[i];
         if slot.state == ServeState::Idle || h.req_num > slot.req_num {
@@ -90,18 +121,41 @@ impl<P: Clone> Core<P> {
                 self.stats.stale_packets += 1;
                 return;
             }
+            if too_large {
+                // Refused with nothing kept but the slot's answer.
+                self.stats.malformed_packets += 1;
+                slot.drop_partial();
+                slot.req_num = h.req_num;
+                slot.req_type = h.req_type;
+                slot.msg_len = msg_len;
+                slot.n_req = usize::from(h.pkt_count);
+                self.refuse(sid, i, Status::RequestTooLarge);
+                return;
+            }
+            let n_req = usize::from(h.pkt_count);
+            let words = n_req.div_ceil(64);
+            let mut charge = Charge::default();
+            if !self.budget.grow(&mut charge, words * 8, n_req == 1) {
+                budget_drop(&mut self.stats, &self.budget, sid, h);
+                return;
+            }
+            if slot.req.capacity() == 0 {
+                slot.req = self.pool.take();
+            }
             slot.resp = None;
             slot.status = Status::Ok;
             slot.req_num = h.req_num;
             slot.state = ServeState::Receiving;
             slot.req_type = h.req_type;
             slot.msg_len = msg_len;
-            slot.n_req = usize::from(h.pkt_count);
+            slot.n_req = n_req;
             slot.rx = 0;
+            slot.stalled_sweeps = 0;
             slot.got.clear();
-            slot.got.resize(slot.n_req.div_ceil(64), 0);
+            slot.got.resize(words, 0);
             slot.req.clear();
-            slot.req.resize(msg_len, 0);
+            // The old request's charge is given back.
+            slot.charge = charge;
         } else if h.req_num < slot.req_num {
             self.stats.stale_packets += 1;
             return;
@@ -116,9 +170,20 @@ impl<P: Clone> Core<P> {
         let got = slot.got.get(word).is_some_and(|w| w & bit != 0);
         match slot.state {
             ServeState::Receiving if !got => {
-                slot.req[start..start + payload.len()].copy_from_slice(payload);
+                let end = start + payload.len();
+                if end > slot.req.len() {
+                    // Grown to this packet's end, charged first.
+                    let more = end - slot.req.len();
+                    if !self.budget.grow(&mut slot.charge, more, slot.n_req == 1) {
+                        budget_drop(&mut self.stats, &self.budget, sid, h);
+                        return;
+                    }
+                    slot.req.resize(end, 0);
+                }
+                slot.req[start..end].copy_from_slice(payload);
                 slot.got[word] |= bit;
                 slot.rx += 1;
+                slot.stalled_sweeps = 0;
                 if idx + 1 < slot.n_req {
                     send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
                 }
@@ -161,7 +226,13 @@ impl<P: Clone> Core<P> {
             return;
         };
         let slot = &mut s.server[i];
+        if slot.got.capacity() > KEEP_BITMAP_WORDS {
+            // A large request's bitmap: not kept.
+            slot.got = Vec::new();
+        }
         let Some(queue) = self.handlers[usize::from(slot.req_type)].as_mut() else {
+            self.pool.put(std::mem::take(&mut slot.req));
+            slot.charge.release();
             self.stats.unhandled_requests += 1;
             warn!(
                 session = sid,
@@ -174,7 +245,8 @@ impl<P: Clone> Core<P> {
         };
         slot.state = ServeState::Handling;
         self.stats.handler_runs += 1;
-        let data = std::mem::replace(&mut slot.req, self.pool.take());
+        let data = std::mem::take(&mut slot.req);
+        let charge = std::mem::take(&mut slot.charge);
         queue.jobs.push_back(Job {
             session: sid,
             slot: i,
@@ -184,6 +256,7 @@ impl<P: Clone> Core<P> {
                 session: SessionId(sid),
                 data: self.pool.msg(data),
                 pool: self.pool.clone(),
+                _charge: charge,
             },
         });
         if let Some(w) = queue.idle.pop() {

@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::task::Waker;
 
+use super::budget::Charge;
 use super::buf::MsgBuf;
 use super::error::RpcError;
 use super::header::Status;
@@ -43,6 +44,8 @@ pub(crate) struct ClientSlot {
     pub(crate) req_type: u8,
     pub(crate) req: Vec<u8>,
     pub(crate) resp: Vec<u8>,
+    /// The response's length (from its first packet).
+    pub(crate) resp_len: usize,
     /// Request packets.
     pub(crate) n_req: usize,
     /// Response packets (0 until the first arrives).
@@ -81,6 +84,7 @@ impl ClientSlot {
             req_type: 0,
             req: Vec::new(),
             resp: Vec::new(),
+            resp_len: 0,
             n_req: 0,
             n_resp: 0,
             num_tx: 0,
@@ -141,7 +145,13 @@ pub(crate) struct ServerSlot {
     pub(crate) state: ServeState,
     pub(crate) req_type: u8,
     pub(crate) msg_len: usize,
+    /// The request's bytes so far: grown as packets arrive, up to the end
+    /// of the furthest packet received.
     pub(crate) req: Vec<u8>,
+    /// What `req` and `got` are charged to the endpoint's request budget.
+    pub(crate) charge: Charge,
+    /// Idle sweeps since the last packet of the request being received.
+    pub(crate) stalled_sweeps: u32,
     pub(crate) n_req: usize,
     /// Request packets received.
     pub(crate) rx: usize,
@@ -154,6 +164,15 @@ pub(crate) struct ServerSlot {
 }
 
 impl ServerSlot {
+    /// Forgets the request being received (its memory given back): the
+    /// slot is idle until its client sends the request again.
+    pub(crate) fn drop_partial(&mut self) {
+        self.state = ServeState::Idle;
+        self.req = Vec::new();
+        self.got = Vec::new();
+        self.charge.release();
+    }
+
     fn new() -> ServerSlot {
         ServerSlot {
             req_num: 0,
@@ -161,6 +180,8 @@ impl ServerSlot {
             req_type: 0,
             msg_len: 0,
             req: Vec::new(),
+            charge: Charge::default(),
+            stalled_sweeps: 0,
             n_req: 0,
             rx: 0,
             got: Vec::new(),

@@ -109,6 +109,14 @@ impl<P: Clone> TxBatch<P> {
         self.packets.push((peer.clone(), start..self.bytes.len()));
     }
 
+    /// Queues a packet of raw bytes to `peer` (tools and tests that speak
+    /// for a peer, malformed packets included).
+    pub fn push_bytes(&mut self, peer: &P, packet: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(packet);
+        self.packets.push((peer.clone(), start..self.bytes.len()));
+    }
+
     /// Packets queued.
     pub fn len(&self) -> usize {
         self.packets.len()
