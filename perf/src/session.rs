@@ -110,19 +110,23 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
 #[derive(Debug)]
 pub struct Budget {
     iters: Option<u64>,
-    deadline: Option<Instant>,
+    duration: Option<Duration>,
+    /// With a duration: set at the first iteration (a step's setup, such
+    /// as registering its buffers, does not count).
+    deadline: Cell<Option<Instant>>,
     /// With a duration: the clock is read every `stride` iterations.
     stride: u64,
     expired: Cell<bool>,
 }
 
 impl Budget {
-    /// `iters` iterations, or (without) until `duration` from now, and at
-    /// least [`MIN_ITERS`] (the statistics need them).
+    /// `iters` iterations, or (without) `duration` from the first
+    /// iteration on, and at least [`MIN_ITERS`] (the statistics need them).
     pub fn new(iters: Option<u64>, duration: Option<Duration>) -> Budget {
         Budget {
             iters,
-            deadline: duration.map(|d| Instant::now() + d),
+            duration,
+            deadline: Cell::new(None),
             stride: 64,
             expired: Cell::new(false),
         }
@@ -144,11 +148,14 @@ impl Budget {
         if let Some(max) = self.iters {
             return n < max;
         }
+        if n == 0 && self.deadline.get().is_none() {
+            self.deadline.set(self.duration.map(|d| Instant::now() + d));
+        }
         if n < MIN_ITERS {
             return true;
         }
         if (n % self.stride == 0 || n == MIN_ITERS) && !self.expired.get() {
-            let over = self.deadline.is_none_or(|d| Instant::now() >= d);
+            let over = self.deadline.get().is_none_or(|d| Instant::now() >= d);
             self.expired.set(over);
         }
         !self.expired.get()
@@ -383,5 +390,9 @@ mod tests {
         assert_eq!(t.wire_iters(), 0);
         let long = Budget::new(None, Some(Duration::from_secs(60)));
         assert!(long.more(0) && long.more(1000));
+        // The time counts from the first iteration, not from the budget's making.
+        let late = Budget::new(None, Some(Duration::from_millis(200)));
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(late.more(0) && late.more(MIN_ITERS) && late.more(64));
     }
 }
