@@ -9,7 +9,12 @@
 //! same descriptor of its sink buffer; the server RDMA WRITEs what it read
 //! (up to and with its first NUL) into the sink and SENDs "go ahead"
 //! again; the client compares sink and source. After `-C` pings the client
-//! disconnects; the server ends when its client disconnects.
+//! disconnects; the server ends when a client has made its pings and
+//! disconnected (with `-P`, rping's persistent server, it never ends).
+//!
+//! The server serves each client in a task of its own: a client that fails
+//! (a bad request, a protocol error, one that stalls for 30 s) ends its own
+//! session, logged, and the server keeps listening.
 //!
 //! verbio always checks the data: as client, the sink against the source
 //! (`rping -V` does the same); as server, every buffer it reads against the
@@ -35,13 +40,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use futures::join;
+use futures::future::{join, select, Either};
+use futures::StreamExt;
 
 use verbio::ops::verbs::{RemoteBuf, SendVerb, Verbs};
 use verbio::provider::{open_device, AccessFlags, QpCaps};
 use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
+use verbio::runtime::cm::CmRequest;
 use verbio::runtime::cm::{CmConnector, CmListener, CmOptions, DisconnectReason};
-use verbio::runtime::{timeout, Device, QueuePair, Runtime, Submit};
+use verbio::runtime::{spawn, timeout, Device, QueuePair, Runtime, Submit};
 
 /// rping's ping-pong over RDMA CM (SEND, RDMA READ, RDMA WRITE).
 #[derive(Parser)]
@@ -73,10 +80,17 @@ struct Args {
     /// RDMA device (e.g. rxe0).
     #[arg(short = 'd', long = "ib-dev")]
     device: Option<String>,
-    /// Seconds the whole run may take.
+    /// Persistent server: serve clients until killed (rping's `-P`).
+    #[arg(short = 'P', conflicts_with = "client")]
+    persistent: bool,
+    /// Seconds the whole run may take (0 = no limit).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
 }
+
+/// How long the server waits for a client's next message before giving
+/// up on that client.
+const CLIENT_IDLE: Duration = Duration::from_secs(30);
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -164,11 +178,11 @@ async fn client(dev: &Device, args: &Args) -> Res<u32> {
         source.write_from(0, &data)?;
         // As rping: wait for the answer, not for the SEND's own completion
         // first (both are awaited, side by side).
-        let ((sent, _), answer) = join!(qp.send(pool.alloc_from(&source_info)?), go_ahead);
+        let ((sent, _), answer) = futures::join!(qp.send(pool.alloc_from(&source_info)?), go_ahead);
         sent?;
         expect_go_ahead(answer)?;
         go_ahead = qp.recv(pool.alloc(INFO_LEN)?);
-        let ((sent, _), answer) = join!(qp.send(pool.alloc_from(&sink_info)?), go_ahead);
+        let ((sent, _), answer) = futures::join!(qp.send(pool.alloc_from(&sink_info)?), go_ahead);
         sent?;
         expect_go_ahead(answer)?;
         go_ahead = qp.recv(pool.alloc(INFO_LEN)?);
@@ -196,16 +210,76 @@ fn expect_go_ahead<B>((res, _buf): (verbio::ops::Result<verbio::Received>, B)) -
     Ok(())
 }
 
-/// Serves one client; returns how many pings it made.
+/// What a finished session reports: the client's address and how many
+/// pings it made, or why the session failed.
+type Session = (String, Res<u32>);
+
+/// Serves clients, each in a task of its own, until one has made its
+/// pings (`-C`, if given) and disconnected: returns how many. With `-P`,
+/// never returns (only the listener's own failure ends it). A client's
+/// failure ends its session only.
 async fn server(dev: &Device, args: &Args) -> Res<u32> {
-    let size = args.size as usize;
-    let pool = MrPool::new(dev.pd());
     let listener = CmListener::bind(dev, SocketAddr::new(args.addr, args.port), &options())?;
     println!(
         "rping server: listening on {}",
         listener.local_addr().map_or("?".into(), |a| a.to_string())
     );
-    let req = listener.request().await?;
+    let (done_tx, mut done_rx) = futures::channel::mpsc::unbounded::<Session>();
+    loop {
+        let next = match select(std::pin::pin!(listener.request()), done_rx.next()).await {
+            Either::Left((req, _)) => Either::Left(req),
+            Either::Right((done, _)) => Either::Right(done),
+        };
+        match next {
+            // Only the listener's own failure: a bad request never gets here.
+            Either::Left(req) => {
+                let req = req?;
+                let peer = req.peer_addr().map_or("?".into(), |a| a.to_string());
+                let (dev, tx) = (dev.clone(), done_tx.clone());
+                let (size, verbose) = (args.size as usize, args.verbose);
+                spawn(async move {
+                    let r = serve_client(&dev, req, size, verbose).await;
+                    let _ = tx.unbounded_send((peer, r));
+                });
+            }
+            Either::Right(Some((peer, Ok(n)))) => {
+                if args.count != 0 && n != args.count {
+                    eprintln!(
+                        "rping server: {peer} made {n} pings, expected {}; still listening",
+                        args.count
+                    );
+                } else if args.persistent {
+                    println!(
+                        "rping server: {peer}: {n} pings of {} B, data checked",
+                        args.size
+                    );
+                } else {
+                    return Ok(n);
+                }
+            }
+            Either::Right(Some((peer, Err(e)))) => {
+                eprintln!(
+                    "rping server: {peer}: {}; still listening",
+                    verbio::runtime::ErrorChain(&*e)
+                );
+            }
+            // Never: this loop holds a sender.
+            Either::Right(None) => return Err("the sessions' channel closed".into()),
+        }
+    }
+}
+
+/// Awaits the client's next message (or the completion of `f`), for at
+/// most [`CLIENT_IDLE`].
+async fn from_client<T>(what: &str, f: impl std::future::Future<Output = T>) -> Res<T> {
+    timeout(CLIENT_IDLE, f)
+        .await
+        .map_err(|_| format!("no {what} from the client within {CLIENT_IDLE:?}").into())
+}
+
+/// Serves one client; returns how many pings it made.
+async fn serve_client(dev: &Device, req: CmRequest, size: usize, verbose: bool) -> Res<u32> {
+    let pool = MrPool::new(dev.pd());
     let qp: QueuePair = req.qp().clone();
     let mut adv = qp.recv(pool.alloc(INFO_LEN)?);
     let conn = req.accept(&[]).await?;
@@ -219,12 +293,13 @@ async fn server(dev: &Device, args: &Args) -> Res<u32> {
     let mut last_go: Option<Submit<SendVerb<LocalBuf>>> = None;
     loop {
         // The client's source buffer, or its disconnect.
-        let ((res, msg), sent) = join!(adv, async {
+        let last = async {
             match last_go.take() {
                 Some(go) => go.await.0.map(|_| ()),
                 None => Ok(()),
             }
-        });
+        };
+        let ((res, msg), sent) = from_client("source advertisement", join(adv, last)).await?;
         let n = match res {
             Ok(r) => r.len,
             Err(e) => {
@@ -242,17 +317,25 @@ async fn server(dev: &Device, args: &Args) -> Res<u32> {
         if source.len() > size as u64 {
             return Err(format!("the client offers {} bytes, -S is {size}", source.len()).into());
         }
-        let (res, data) = qp.read(pool.alloc(source.len() as usize)?, source).await;
+        let (res, data) = from_client(
+            "RDMA READ",
+            qp.read(pool.alloc(source.len() as usize)?, source),
+        )
+        .await?;
         res?;
         let want = ping_data(ping, source.len() as usize);
         if data[..] != want[..] {
             return Err(format!("ping {ping}: read {:?}, expected {want:?}", &data[..]).into());
         }
-        if args.verbose {
+        if verbose {
             print_ping("server ", &data);
         }
         // The client's sink buffer.
-        let ((sent, _), (res, msg)) = join!(qp.send(pool.alloc_from(&go_ahead)?), adv);
+        let ((sent, _), (res, msg)) = from_client(
+            "sink advertisement",
+            join(qp.send(pool.alloc_from(&go_ahead)?), adv),
+        )
+        .await?;
         sent?;
         let n = res?.len;
         let sink = decode_info(&msg[..n])?;
@@ -264,7 +347,7 @@ async fn server(dev: &Device, args: &Args) -> Res<u32> {
         let sink = sink.slice(..len as u64)?;
         let mut echo = data;
         echo.truncate(len);
-        let (res, _) = qp.write(echo, sink).await;
+        let (res, _) = from_client("RDMA WRITE", qp.write(echo, sink)).await?;
         res?;
         last_go = Some(qp.send(pool.alloc_from(&go_ahead)?));
         ping += 1;
@@ -288,10 +371,11 @@ fn run(args: &Args) -> Res<()> {
         let n = rt.block_on(timeout(limit, client(&dev, args)))??;
         println!("rping client: {n} pings of {size} B, data checked");
     } else {
-        let n = rt.block_on(timeout(limit, server(&dev, args)))??;
-        if args.count != 0 && n != args.count {
-            return Err(format!("the client made {n} pings, expected {}", args.count).into());
-        }
+        let n = if args.timeout == 0 {
+            rt.block_on(server(&dev, args))?
+        } else {
+            rt.block_on(timeout(limit, server(&dev, args)))??
+        };
         println!("rping server: {n} pings of {size} B, data checked");
     }
     Ok(())

@@ -4,7 +4,8 @@
 # Usage:
 #   scripts/fuzz.sh TARGET|all [SECONDS] [-- LIBFUZZER_ARGS...]
 #
-#   TARGET    agent_wire | handshake | handshake_exchange | soft_packet | rpc_header, or
+#   TARGET    agent_wire | handshake | handshake_exchange | soft_packet | rpc_header |
+#             cm_frame, or
 #             `all` (one after the other, never in parallel)
 #   SECONDS   fuzzing time per target (default 60)
 #   LIBFUZZER_ARGS  passed on to libFuzzer, e.g. -- -jobs=2 -max_len=4096
@@ -34,7 +35,7 @@
 # Exit status: 0 if no target crashed, 1 if one did, 2 on usage errors.
 set -euo pipefail
 
-TARGETS=(agent_wire handshake handshake_exchange soft_packet rpc_header)
+TARGETS=(agent_wire handshake handshake_exchange soft_packet rpc_header cm_frame)
 cd "$(dirname "$0")/.."
 
 usage() {
@@ -59,7 +60,7 @@ extra=("$@")
 
 case $what in
 all) run=("${TARGETS[@]}") ;;
-agent_wire | handshake | handshake_exchange | soft_packet | rpc_header) run=("$what") ;;
+agent_wire | handshake | handshake_exchange | soft_packet | rpc_header | cm_frame) run=("$what") ;;
 *) usage ;;
 esac
 

@@ -232,6 +232,11 @@ fn rpc_header() {
 }
 
 #[test]
+fn cm_frame() {
+    replay("cm_frame", MUTATED_INPUTS);
+}
+
+#[test]
 fn committed_seeds_are_up_to_date() {
     for target in TARGETS {
         let dir = corpus_dir(&target);

@@ -16,6 +16,7 @@
 //! files are up to date.
 
 pub mod agent_wire;
+pub mod cm_frame;
 pub mod handshake;
 pub mod handshake_exchange;
 pub mod rpc_header;
@@ -68,7 +69,7 @@ pub struct Target {
 }
 
 /// Every fuzz target.
-pub const TARGETS: [Target; 5] = [
+pub const TARGETS: [Target; 6] = [
     Target {
         name: "agent_wire",
         check: agent_wire::check,
@@ -98,6 +99,12 @@ pub const TARGETS: [Target; 5] = [
         check: rpc_header::check,
         seeds: rpc_header::seeds,
         len_field: rpc_header::LEN_FIELD,
+    },
+    Target {
+        name: "cm_frame",
+        check: cm_frame::check,
+        seeds: cm_frame::seeds,
+        len_field: cm_frame::LEN_FIELD,
     },
 ];
 

@@ -53,9 +53,12 @@ pub enum CmError {
     Rejected {
         /// The peer's address.
         addr: Option<SocketAddr>,
-        /// The reject reason, as InfiniBand CM numbers them: 8 = invalid
-        /// service ID (nobody listens there), 28 = consumer reject (the
-        /// application refused).
+        /// The reject reason, as InfiniBand CM numbers them
+        /// ([`reject`](super::reject)): 8 = invalid service ID (nobody
+        /// listens there), 28 = consumer reject (the application refused);
+        /// the software device's listener also answers 3 (no resources),
+        /// 5 (malformed or unsupported request), 12 (unusable address) and
+        /// 26 (invalid MTU).
         status: i32,
         /// The private data of the reject.
         private_data: Vec<u8>,

@@ -48,6 +48,7 @@ mod conn;
 mod error;
 #[cfg(feature = "ibverbs")]
 mod ibverbs;
+pub mod reject;
 mod soft;
 
 use std::net::SocketAddr;
@@ -56,6 +57,10 @@ use std::time::Duration;
 
 pub use conn::DisconnectReason;
 pub use error::CmError;
+#[cfg(feature = "fuzzing")]
+pub use soft::fuzz_check::{
+    check_cm_frame, cm_frame_seeds, CM_FRAME_HEADER_LEN, CM_FRAME_LEN_LOW_BYTE,
+};
 
 use crate::device::Device;
 use crate::provider::{Pd, QpCaps};
@@ -83,8 +88,22 @@ pub struct CmOptions {
     pub min_rnr_timer: u8,
     /// Bound of address and route resolution, each.
     pub resolve_timeout: Duration,
-    /// Connect requests a listener queues.
+    /// Connect requests a listener queues (valid requests not yet taken by
+    /// [`CmListener::request`]; on the software device, more are rejected
+    /// with [`reject::REJECT_NO_RESOURCES`]).
     pub backlog: i32,
+    /// Software device: how long a listener waits for a new connection's
+    /// request, and [`CmRequest::accept`] for the requester's
+    /// ready-to-use, before closing the connection. (librdmacm has its
+    /// own CM timeouts.)
+    pub request_timeout: Duration,
+    /// Software device: connections a listener reads requests from at
+    /// once; when that many are pending it stops accepting until one is
+    /// done (new ones wait in the kernel's backlog).
+    pub max_pending: usize,
+    /// Software device: of those, how many may come from one IP address;
+    /// more are rejected at once ([`reject::REJECT_NO_RESOURCES`]).
+    pub max_pending_per_source: usize,
     /// Each connection's QP in a protection domain of its own (a fresh
     /// [`Device::alloc_pd`]), so that memory registered for one connection
     /// cannot be reached through another; else the device's PD.
@@ -108,6 +127,9 @@ impl Default for CmOptions {
             min_rnr_timer: 12,
             resolve_timeout: Duration::from_secs(2),
             backlog: 64,
+            request_timeout: Duration::from_secs(5),
+            max_pending: 128,
+            max_pending_per_source: 32,
             own_pd: false,
         }
     }
@@ -272,7 +294,7 @@ impl CmListener {
         Ok(CmListener {
             device: device.clone(),
             opts: *opts,
-            imp: ListenerImp::Soft(soft::Listener::bind(addr)?),
+            imp: ListenerImp::Soft(soft::Listener::bind(addr, opts)?),
         })
     }
 
@@ -287,6 +309,15 @@ impl CmListener {
 
     /// The next connect request. Its QP is ready (receives may be posted);
     /// answer it with [`CmRequest::accept`] or [`CmRequest::reject`].
+    ///
+    /// A requester's own failure never fails this call: on the software
+    /// device, a request that is malformed or cannot be taken (address
+    /// family 0, a QPN of 2^24 or more, no queue pair for it, ...) is
+    /// rejected with the InfiniBand CM's reason ([`reject`]), logged
+    /// (`tracing`, debug), and skipped; a connection that sends nothing
+    /// within [`CmOptions::request_timeout`] is closed. It fails only when
+    /// the listener itself does (its socket, or on libibverbs its event
+    /// channel).
     pub async fn request(&self) -> Result<CmRequest, CmError> {
         match &self.imp {
             #[cfg(feature = "ibverbs")]

@@ -19,6 +19,7 @@
 //!    made on the runtime's thread (the dispatch of socket events, a
 //!    completion waking its task) write no eventfd.
 
+mod accept;
 mod cq_registration;
 mod driver;
 mod executor;
@@ -35,6 +36,10 @@ mod work_queue;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+pub use accept::{
+    AcceptBackoff, PendingLimits, PendingRefusal, PendingSlot, ACCEPT_BACKOFF_MAX,
+    ACCEPT_BACKOFF_MIN,
+};
 pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 pub use net::{TcpListener, TcpStream};
 pub use pass_hooks::{schedule_pass_hook, PassHook, PassHookId};

@@ -8,9 +8,15 @@
 //! Same API and errors as on libibverbs: a refused TCP connect is a
 //! [`CmError::Rejected`] with reason 8 (invalid service ID: what RDMA CM
 //! reports when nobody listens), an application's reject has reason 28
-//! (consumer reject).
+//! (consumer reject), and the listener rejects requests it cannot take
+//! with the InfiniBand CM's reasons (`super::reject`). The listener
+//! (`listener.rs`) reads requests concurrently, each within a deadline,
+//! under caps on pending connections.
 
-mod wire;
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzz_check;
+mod listener;
+pub(crate) mod wire;
 
 use std::cell::RefCell;
 use std::future::poll_fn;
@@ -22,25 +28,24 @@ use std::time::Duration;
 
 use futures::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use self::wire::{Frame, Hello, HEADER_LEN};
+pub(crate) use self::listener::Listener;
+use self::wire::{DecodeError, Frame, Hello, HEADER_LEN, MAX_BODY};
 use super::conn::DisconnectReason;
+use super::reject::{REJECT_CONSUMER, REJECT_NO_LISTENER};
 use super::{CmError, CmOptions};
 use crate::device::Device;
 use crate::provider::{Endpoint, InitAttr, Pd, RtrAttr, RtsAttr};
 use crate::qp::QueuePair;
-use crate::reactor::{timeout, Handle, TcpListener, TcpStream};
+use crate::reactor::{timeout, Handle, TcpStream};
 
-/// Reject reason when nobody listens (RDMA CM's "invalid service ID").
-pub(crate) const REJECT_NO_LISTENER: i32 = 8;
-/// Reject reason of an application's reject (RDMA CM's "consumer reject").
-pub(crate) const REJECT_CONSUMER: i32 = 28;
 /// Private data a request, an accept and a reject carry at most (as on
 /// RDMA CM over RoCE).
 const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 const MAX_REJECT_PRIVATE_DATA: usize = 148;
-/// How long a listener waits for a new TCP connection's request.
-const REQUEST_WAIT: Duration = Duration::from_secs(10);
+/// Bound of writing a reject to a peer we give up on (a few bytes on a
+/// fresh connection: it never waits unless the peer stopped reading).
+const REJECT_WRITE_LIMIT: Duration = Duration::from_secs(1);
 
 fn check_len(step: &'static str, data: &[u8], max: usize) -> Result<(), CmError> {
     if data.len() > max {
@@ -59,18 +64,84 @@ async fn write_frame(s: &mut TcpStream, f: &Frame) -> Result<(), CmError> {
         .map_err(CmError::io("sending a CM message"))
 }
 
+/// Why reading a frame failed.
+enum ReadError {
+    /// The stream failed or ended.
+    Io(std::io::Error),
+    /// The bytes are not a valid frame.
+    Decode(DecodeError),
+}
+
+impl ReadError {
+    fn into_cm(self, peer: Option<SocketAddr>) -> CmError {
+        match self {
+            ReadError::Io(e) => CmError::io("reading a CM message")(e),
+            ReadError::Decode(e) => CmError::Protocol {
+                addr: peer,
+                what: e.what,
+            },
+        }
+    }
+}
+
+/// Reads one frame into a buffer of the largest frame's size on the
+/// stack: the body length is checked before any of the body is read, and
+/// nothing is allocated until the frame decodes (then at most its private
+/// data, 255 bytes).
+async fn read_frame_raw(s: &mut TcpStream) -> Result<Frame, ReadError> {
+    let mut buf = [0u8; HEADER_LEN + MAX_BODY];
+    let (header, body) = buf.split_at_mut(HEADER_LEN);
+    s.read_exact(header).await.map_err(ReadError::Io)?;
+    let header: &[u8; HEADER_LEN] = (&*header).try_into().expect("HEADER_LEN bytes");
+    let n = wire::body_len(header).map_err(ReadError::Decode)?;
+    let body = &mut body[..n];
+    s.read_exact(body).await.map_err(ReadError::Io)?;
+    wire::decode(header[4], body).map_err(ReadError::Decode)
+}
+
 async fn read_frame(s: &mut TcpStream, peer: Option<SocketAddr>) -> Result<Frame, CmError> {
-    let mut header = [0u8; HEADER_LEN];
-    s.read_exact(&mut header)
-        .await
-        .map_err(CmError::io("reading a CM message"))?;
-    let protocol = |what| CmError::Protocol { addr: peer, what };
-    let n = wire::body_len(&header).map_err(protocol)?;
-    let mut body = vec![0u8; n];
-    s.read_exact(&mut body)
-        .await
-        .map_err(CmError::io("reading a CM message"))?;
-    wire::decode(header[4], &body).map_err(protocol)
+    read_frame_raw(s).await.map_err(|e| e.into_cm(peer))
+}
+
+/// Drops what the peer already sent, without waiting: closing a socket
+/// with unread bytes sends a reset, which can destroy a reject frame
+/// before the peer reads it.
+fn drain_ready(s: &mut TcpStream) {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut scratch = [0u8; 512];
+    for _ in 0..16 {
+        match Pin::new(&mut *s).poll_read(&mut cx, &mut scratch) {
+            Poll::Ready(Ok(n)) if n > 0 => continue,
+            _ => break,
+        }
+    }
+}
+
+/// Tells the peer no (best effort, within [`REJECT_WRITE_LIMIT`]), then
+/// closes the stream.
+async fn send_reject(mut s: TcpStream, reason: u16, private_data: Vec<u8>) {
+    let frame = Frame::Rej {
+        reason,
+        private_data,
+    };
+    drain_ready(&mut s);
+    match timeout(REJECT_WRITE_LIMIT, write_frame(&mut s, &frame)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %crate::report::ErrorChain(&e), "sending a CM reject")
+        }
+        Err(_) => tracing::debug!("sending a CM reject: the peer does not read"),
+    }
+    let _ = s.close().await;
+    drain_ready(&mut s);
+}
+
+/// Sends a reject from a task of its own, so that the caller does not
+/// wait. (Without a runtime the stream just closes: the peer sees it end.)
+fn spawn_reject(s: TcpStream, reason: u16, private_data: Vec<u8>) {
+    if let Some(h) = Handle::try_current() {
+        h.spawn(send_reject(s, reason, private_data));
+    }
 }
 
 /// Creates the connection's QP in INIT and returns it with its endpoint.
@@ -147,7 +218,7 @@ impl Connector {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 return Err(CmError::Rejected {
                     addr: peer,
-                    status: REJECT_NO_LISTENER,
+                    status: i32::from(REJECT_NO_LISTENER),
                     private_data: Vec::new(),
                 })
             }
@@ -176,84 +247,18 @@ impl Connector {
                 write_frame(&mut s, &Frame::Rtu).await?;
                 Ok((Conn::new(s), rep.private_data))
             }
-            Frame::Rej(data) => Err(CmError::Rejected {
+            Frame::Rej {
+                reason,
+                private_data,
+            } => Err(CmError::Rejected {
                 addr: peer,
-                status: REJECT_CONSUMER,
-                private_data: data,
+                status: i32::from(reason),
+                private_data,
             }),
             other => Err(CmError::Protocol {
                 addr: peer,
                 what: format!("expected an accept or reject, got {other:?}"),
             }),
-        }
-    }
-}
-
-/// A TCP listener for connect requests.
-pub(crate) struct Listener {
-    tcp: TcpListener,
-}
-
-impl Listener {
-    pub(crate) fn bind(addr: SocketAddr) -> Result<Listener, CmError> {
-        let tcp = TcpListener::bind(addr).map_err(CmError::io("listening"))?;
-        Ok(Listener { tcp })
-    }
-
-    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        self.tcp.local_addr().ok()
-    }
-
-    /// The next well-formed connect request, its QP in RTS. Connections
-    /// that send something else (or nothing for 10 s) are dropped.
-    pub(crate) async fn request(
-        &self,
-        device: &Device,
-        opts: &CmOptions,
-    ) -> Result<(Request, QueuePair, Pd, Vec<u8>, Option<SocketAddr>), CmError> {
-        loop {
-            let (mut s, peer) = self
-                .tcp
-                .accept()
-                .await
-                .map_err(CmError::io("accepting a CM connection"))?;
-            let req = match timeout(REQUEST_WAIT, read_frame(&mut s, Some(peer))).await {
-                Ok(Ok(Frame::Req(req))) => req,
-                Ok(Ok(other)) => {
-                    tracing::debug!(%peer, frame = ?other, "CM listener: expected a connect request");
-                    continue;
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %crate::report::ErrorChain(&e), "CM listener: bad connect request");
-                    continue;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "CM listener: no connect request in time");
-                    continue;
-                }
-            };
-            if let Err(e) = s.set_nodelay(true) {
-                tracing::debug!(error = %e, "TCP_NODELAY on the CM stream");
-            }
-            let (qp, pd, local) = make_qp(device, opts)?;
-            let responder_resources = opts.responder_resources.min(req.initiator_depth);
-            let initiator_depth = opts.initiator_depth.min(req.responder_resources);
-            connect_qp(
-                &qp,
-                &local,
-                &req.endpoint,
-                responder_resources,
-                initiator_depth,
-                opts.min_rnr_timer,
-            )?;
-            let request = Request {
-                stream: s,
-                peer,
-                local,
-                responder_resources,
-                initiator_depth,
-            };
-            return Ok((request, qp, pd, req.private_data, Some(peer)));
         }
     }
 }
@@ -265,9 +270,14 @@ pub(crate) struct Request {
     local: Endpoint,
     responder_resources: u8,
     initiator_depth: u8,
+    /// Bound of the wait for the requester's ready-to-use.
+    rtu_wait: Duration,
 }
 
 impl Request {
+    /// Sends the accept and waits (at most `rtu_wait`) for the
+    /// requester's ready-to-use: a peer that never confirms fails this
+    /// request only.
     pub(crate) async fn accept(mut self, private_data: &[u8]) -> Result<Conn, CmError> {
         check_len("accept", private_data, MAX_ACCEPT_PRIVATE_DATA)?;
         let rep = Hello {
@@ -276,30 +286,37 @@ impl Request {
             private_data: private_data.to_vec(),
             endpoint: self.local,
         };
-        write_frame(&mut self.stream, &Frame::Rep(rep)).await?;
-        match read_frame(&mut self.stream, Some(self.peer)).await? {
-            Frame::Rtu => Ok(Conn::new(self.stream)),
-            other => Err(CmError::Protocol {
-                addr: Some(self.peer),
+        let peer = Some(self.peer);
+        let confirmed = timeout(self.rtu_wait, async {
+            write_frame(&mut self.stream, &Frame::Rep(rep)).await?;
+            read_frame(&mut self.stream, peer).await
+        })
+        .await;
+        match confirmed {
+            Ok(Ok(Frame::Rtu)) => Ok(Conn::new(self.stream)),
+            Ok(Ok(other)) => Err(CmError::Protocol {
+                addr: peer,
                 what: format!("expected ready-to-use, got {other:?}"),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(CmError::Io {
+                step: "waiting for the requester's ready-to-use",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "none within {:?} (CmOptions::request_timeout)",
+                        self.rtu_wait
+                    ),
+                ),
             }),
         }
     }
 
     pub(crate) fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
         check_len("reject", private_data, MAX_REJECT_PRIVATE_DATA)?;
-        let mut s = self.stream;
-        let frame = Frame::Rej(private_data.to_vec());
         // A few bytes on a fresh connection: sent by a task so that
-        // rejecting does not wait; the stream closes after it. (Without a
-        // runtime the stream just closes: the requester sees it end.)
-        if let Some(h) = Handle::try_current() {
-            h.spawn(async move {
-                if let Err(e) = write_frame(&mut s, &frame).await {
-                    tracing::debug!(error = %crate::report::ErrorChain(&e), "sending a CM reject");
-                }
-            });
-        }
+        // rejecting does not wait; the stream closes after it.
+        spawn_reject(self.stream, REJECT_CONSUMER, private_data.to_vec());
         Ok(())
     }
 }

@@ -9,11 +9,14 @@
 //! data (length byte, bytes), then the QP's endpoint: QPN and PSN (u32
 //! each), LID (u16), GID (16 bytes), MTU (1 byte, verbs encoding), and the
 //! engine's address (0 = none, 4 + 4 bytes or 6 + 16 bytes, then the port
-//! as u16). `Rej`: the private data. `Rtu`: empty. Decoding refuses any
-//! malformed frame with an error; it never panics.
+//! as u16). `Rej`: the reject reason (u16, big-endian: the InfiniBand CM's
+//! numbers, e.g. 28 = consumer reject), then the private data. `Rtu`:
+//! empty. Decoding refuses any malformed frame with a [`DecodeError`] that
+//! names the reject reason a listener answers it with; it never panics.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::cm::reject::{REJECT_INVALID_ADDRESS, REJECT_INVALID_MTU, REJECT_UNSUPPORTED};
 use crate::provider::{Endpoint, Gid, Mtu, ProviderKind};
 
 /// Frame magic and version.
@@ -46,8 +49,36 @@ pub(crate) struct Hello {
 pub(crate) enum Frame {
     Req(Hello),
     Rep(Hello),
-    Rej(Vec<u8>),
+    Rej {
+        /// The reject reason (InfiniBand CM numbering).
+        reason: u16,
+        private_data: Vec<u8>,
+    },
     Rtu,
+}
+
+/// Why a frame was refused, and the reject reason a listener answers a
+/// connect request that fails this way with (`None`: not this protocol at
+/// all; the connection is closed without an answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DecodeError {
+    pub(crate) what: String,
+    pub(crate) reject: Option<u16>,
+}
+
+impl DecodeError {
+    fn malformed(what: impl Into<String>) -> DecodeError {
+        DecodeError {
+            what: what.into(),
+            reject: Some(REJECT_UNSUPPORTED),
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
 }
 
 fn frame(kind: Kind, body: &[u8]) -> Vec<u8> {
@@ -100,9 +131,12 @@ pub(crate) fn encode(f: &Frame) -> Vec<u8> {
     match f {
         Frame::Req(h) => frame(Kind::Req, &hello_body(h)),
         Frame::Rep(h) => frame(Kind::Rep, &hello_body(h)),
-        Frame::Rej(data) => {
-            let mut b = Vec::new();
-            put_private(&mut b, data);
+        Frame::Rej {
+            reason,
+            private_data,
+        } => {
+            let mut b = reason.to_be_bytes().to_vec();
+            put_private(&mut b, private_data);
             frame(Kind::Rej, &b)
         }
         Frame::Rtu => frame(Kind::Rtu, &[]),
@@ -110,16 +144,24 @@ pub(crate) fn encode(f: &Frame) -> Vec<u8> {
 }
 
 /// The body length a header announces, or why the header is bad.
-pub(crate) fn body_len(header: &[u8; HEADER_LEN]) -> Result<usize, String> {
+pub(crate) fn body_len(header: &[u8; HEADER_LEN]) -> Result<usize, DecodeError> {
     if header[..4] != MAGIC {
-        return Err(format!(
-            "not a verbio CM frame (starts with {:02x?})",
-            &header[..4]
-        ));
+        return Err(DecodeError {
+            what: format!("not a verbio CM frame (starts with {:02x?})", &header[..4]),
+            reject: None,
+        });
+    }
+    if header[5] != 0 {
+        return Err(DecodeError::malformed(format!(
+            "reserved header byte {:#04x}, must be 0",
+            header[5]
+        )));
     }
     let len = usize::from(u16::from_be_bytes([header[6], header[7]]));
     if len > MAX_BODY {
-        return Err(format!("frame body of {len} bytes, at most {MAX_BODY}"));
+        return Err(DecodeError::malformed(format!(
+            "frame body of {len} bytes, at most {MAX_BODY}"
+        )));
     }
     Ok(len)
 }
@@ -130,39 +172,42 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], DecodeError> {
         if self.buf.len() < n {
-            return Err(format!("frame ends inside {what}"));
+            return Err(DecodeError::malformed(format!("frame ends inside {what}")));
         }
         let (head, rest) = self.buf.split_at(n);
         self.buf = rest;
         Ok(head)
     }
-    fn u8(&mut self, what: &str) -> Result<u8, String> {
+    fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
         Ok(self.take(1, what)?[0])
     }
-    fn u16(&mut self, what: &str) -> Result<u16, String> {
+    fn u16(&mut self, what: &str) -> Result<u16, DecodeError> {
         let b = self.take(2, what)?;
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
+    fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
         let b = self.take(4, what)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn private(&mut self) -> Result<Vec<u8>, String> {
+    fn private(&mut self) -> Result<Vec<u8>, DecodeError> {
         let n = usize::from(self.u8("the private data's length")?);
         Ok(self.take(n, "the private data")?.to_vec())
     }
-    fn end(&self) -> Result<(), String> {
+    fn end(&self) -> Result<(), DecodeError> {
         if self.buf.is_empty() {
             Ok(())
         } else {
-            Err(format!("{} bytes after the frame's fields", self.buf.len()))
+            Err(DecodeError::malformed(format!(
+                "{} bytes after the frame's fields",
+                self.buf.len()
+            )))
         }
     }
 }
 
-fn decode_hello(body: &[u8]) -> Result<Hello, String> {
+fn decode_hello(body: &[u8]) -> Result<Hello, DecodeError> {
     let mut r = Reader { buf: body };
     let responder_resources = r.u8("the responder resources")?;
     let initiator_depth = r.u8("the initiator depth")?;
@@ -173,7 +218,10 @@ fn decode_hello(body: &[u8]) -> Result<Hello, String> {
     let mut gid = [0u8; 16];
     gid.copy_from_slice(r.take(16, "the GID")?);
     let mtu_raw = r.u8("the MTU")?;
-    let mtu = Mtu::from_raw(mtu_raw).ok_or_else(|| format!("MTU code {mtu_raw}"))?;
+    let mtu = Mtu::from_raw(mtu_raw).ok_or_else(|| DecodeError {
+        what: format!("MTU code {mtu_raw}"),
+        reject: Some(REJECT_INVALID_MTU),
+    })?;
     let soft_addr = match r.u8("the address family")? {
         0 => None,
         4 => {
@@ -189,7 +237,12 @@ fn decode_hello(body: &[u8]) -> Result<Hello, String> {
                 r.u16("the port")?,
             ))
         }
-        other => return Err(format!("address family {other}")),
+        other => {
+            return Err(DecodeError {
+                what: format!("address family {other}"),
+                reject: Some(REJECT_INVALID_ADDRESS),
+            })
+        }
     };
     r.end()?;
     Ok(Hello {
@@ -209,19 +262,23 @@ fn decode_hello(body: &[u8]) -> Result<Hello, String> {
 }
 
 /// Decodes a frame of type `kind` (the header's byte 4) and its body.
-pub(crate) fn decode(kind: u8, body: &[u8]) -> Result<Frame, String> {
+pub(crate) fn decode(kind: u8, body: &[u8]) -> Result<Frame, DecodeError> {
     match kind {
         1 => Ok(Frame::Req(decode_hello(body)?)),
         2 => Ok(Frame::Rep(decode_hello(body)?)),
         3 => {
             let mut r = Reader { buf: body };
-            let data = r.private()?;
+            let reason = r.u16("the reject reason")?;
+            let private_data = r.private()?;
             r.end()?;
-            Ok(Frame::Rej(data))
+            Ok(Frame::Rej {
+                reason,
+                private_data,
+            })
         }
         4 if body.is_empty() => Ok(Frame::Rtu),
-        4 => Err("RTU with a body".into()),
-        other => Err(format!("frame type {other}")),
+        4 => Err(DecodeError::malformed("RTU with a body")),
+        other => Err(DecodeError::malformed(format!("frame type {other}"))),
     }
 }
 
@@ -246,7 +303,7 @@ mod tests {
         }
     }
 
-    fn round_trip(f: &Frame) -> Result<Frame, String> {
+    fn round_trip(f: &Frame) -> Result<Frame, DecodeError> {
         let bytes = encode(f);
         let header: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();
         let n = body_len(&header)?;
@@ -260,8 +317,14 @@ mod tests {
             Frame::Req(hello(Some("127.0.0.1:4791".parse().unwrap()))),
             Frame::Rep(hello(Some("[::1]:9".parse().unwrap()))),
             Frame::Req(hello(None)),
-            Frame::Rej(b"go away".to_vec()),
-            Frame::Rej(Vec::new()),
+            Frame::Rej {
+                reason: 28,
+                private_data: b"go away".to_vec(),
+            },
+            Frame::Rej {
+                reason: 3,
+                private_data: Vec::new(),
+            },
             Frame::Rtu,
         ] {
             assert_eq!(round_trip(&f).unwrap(), f);
@@ -272,10 +335,15 @@ mod tests {
     fn malformed_frames_are_refused() {
         let mut h = [0u8; HEADER_LEN];
         h[..4].copy_from_slice(b"HTTP");
-        assert!(body_len(&h).unwrap_err().contains("not a verbio CM frame"));
+        let foreign = body_len(&h).unwrap_err();
+        assert!(foreign.what.contains("not a verbio CM frame"));
+        assert_eq!(foreign.reject, None, "a foreign peer gets no answer");
         h[..4].copy_from_slice(&MAGIC);
         h[6..].copy_from_slice(&600u16.to_be_bytes());
-        assert!(body_len(&h).is_err());
+        assert_eq!(body_len(&h).unwrap_err().reject, Some(REJECT_UNSUPPORTED));
+        h[6..].copy_from_slice(&6u16.to_be_bytes());
+        h[5] = 1;
+        assert_eq!(body_len(&h).unwrap_err().reject, Some(REJECT_UNSUPPORTED));
         assert!(decode(9, &[]).is_err());
         assert!(decode(4, &[1]).is_err());
         let body = encode(&Frame::Req(hello(None)));
@@ -287,6 +355,30 @@ mod tests {
         let mut long = body.to_vec();
         long.push(0);
         assert!(decode(1, &long).is_err());
+    }
+
+    #[test]
+    fn bad_fields_name_their_reject_reason() {
+        let body = encode(&Frame::Req(hello(None)));
+        let body = &body[HEADER_LEN..];
+        // The MTU byte, then the address family (last byte without an address).
+        let mtu_at = body.len() - 2;
+        let mut bad = body.to_vec();
+        bad[mtu_at] = 9;
+        assert_eq!(
+            decode(1, &bad).unwrap_err().reject,
+            Some(REJECT_INVALID_MTU)
+        );
+        let mut bad = body.to_vec();
+        bad[mtu_at + 1] = 5;
+        assert_eq!(
+            decode(1, &bad).unwrap_err().reject,
+            Some(REJECT_INVALID_ADDRESS)
+        );
+        assert_eq!(
+            decode(1, &body[..3]).unwrap_err().reject,
+            Some(REJECT_UNSUPPORTED)
+        );
     }
 
     #[test]
