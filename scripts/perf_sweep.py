@@ -24,6 +24,7 @@ import sys
 
 PATHS = ["verbs", "rdma", "rpc", "tcp"]
 NAMES = {"verbs": "verbs", "rdma": "Rdma", "rpc": "RPC/UD", "tcp": "TCP"}
+COLORS = {"verbs": "C0", "rdma": "C1", "rpc": "C2", "tcp": "C3"}
 GUARDED = ["rdma", "rpc"]
 FILE = re.compile(r"^(send_lat|send_bw)_(verbs|rdma|rpc|tcp)_(\d+)_r(\d+)\.(json|na)$")
 
@@ -145,6 +146,9 @@ def plot(med, na, paths, out, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    sizes = sorted({k[2] for k in list(med) + list(na)})
     fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
     for col, test in enumerate(("send_lat", "send_bw")):
         top, bottom = axes[0][col], axes[1][col]
@@ -152,7 +156,7 @@ def plot(med, na, paths, out, title):
             pts = sorted((s, v) for (t, q, s), v in med.items() if t == test and q == p)
             if pts:
                 xs, ys = zip(*pts)
-                top.plot(xs, ys, marker="o", markersize=3, label=NAMES[p])
+                top.plot(xs, ys, marker="o", markersize=3, label=NAMES[p], color=COLORS[p])
             if p == "verbs":
                 continue
             ratio = []
@@ -162,10 +166,12 @@ def plot(med, na, paths, out, title):
                     ratio.append((s, x))
             if ratio:
                 xs, ys = zip(*ratio)
-                bottom.plot(xs, ys, marker="o", markersize=3, label=f"{NAMES[p]} ÷ verbs")
+                bottom.plot(
+                    xs, ys, marker="o", markersize=3, label=f"{NAMES[p]} ÷ verbs", color=COLORS[p]
+                )
             for (t, q, s) in na:
                 if t == test and q == p:
-                    bottom.plot([s], [1], marker="x", color="red", linestyle="none")
+                    bottom.plot([s], [1], marker="x", color=COLORS[p], linestyle="none")
         bottom.axhline(1, color="black", linewidth=0.8)
         bottom.axhline(3, color="red", linewidth=0.8, linestyle="--", label="3× (CI guard)")
         top.set_title(
@@ -176,6 +182,10 @@ def plot(med, na, paths, out, title):
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ax.set_xticks(sizes, [size_name(x) for x in sizes], rotation=45)
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
         bottom.set_xlabel("message size [bytes]")
