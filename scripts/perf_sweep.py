@@ -173,7 +173,7 @@ def plot(med, na, paths, out, title):
                 if t == test and q == p:
                     bottom.plot([s], [1], marker="x", color=COLORS[p], linestyle="none")
         bottom.axhline(1, color="black", linewidth=0.8)
-        bottom.axhline(3, color="red", linewidth=0.8, linestyle="--", label="3× (CI guard)")
+        bottom.axhline(3, color="red", linewidth=0.8, linestyle="--", label="3× (the CI guard's limit)")
         top.set_title(
             "send_lat: typical one-way latency [usec]" if test == "send_lat"
             else "send_bw: average bandwidth [MB/s]"

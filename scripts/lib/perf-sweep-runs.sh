@@ -43,13 +43,12 @@ sweep_one() {
     rm -f "$base.json" "$base.na"
     timeout "$LIMIT" "$BIN" "$test" -p "$SWEEP_PORT" "${flags[@]}" >/dev/null 2>"$base.srv" &
     local srv=$!
-    local t0=$SECONDS
+    local t0=$SECONDS rc=0
     timeout "$LIMIT" "$BIN" "$test" 127.0.0.1 -p "$SWEEP_PORT" "${flags[@]}" --json \
-        >"$base.json" 2>"$base.err"
-    local rc=$?
+        >"$base.json" 2>"$base.err" || rc=$?
     if [ $rc -ne 0 ]; then
         # The server waits for a client that will not come: end it.
-        kill "$srv" 2>/dev/null
+        kill "$srv" 2>/dev/null || true
         local why
         if [ $rc -eq 124 ]; then
             why="did not finish within ${LIMIT} s"
@@ -60,13 +59,14 @@ sweep_one() {
         echo "$why" >"$base.na"
         rm -f "$base.json"
     fi
-    wait "$srv" 2>/dev/null
+    wait "$srv" 2>/dev/null || true
     rm -f "$base.err" "$base.srv"
     printf 'perf-sweep: %-8s %-5s %9s B round %s: %s (%d s)\n' "$test" "$path" "$size" "$round" \
         "$([ -f "$base.na" ] && echo "n/a: $(cat "$base.na")" || echo ok)" $((SECONDS - t0)) >&2
 }
 
-# sweep_runs: every round, size, test and path.
+# sweep_runs: every round, size, test and path (a run that fails is
+# recorded as n/a, under `set -e` too).
 sweep_runs() {
     mkdir -p "$OUT"
     local paths sizes tests k=0 r size test i n
