@@ -1028,6 +1028,20 @@ pub struct SoftConfig {
     /// Data-plane listen address of the engine (port 0 = ephemeral). Loopback by
     /// default; any address lets two hosts or network namespaces talk.
     pub bind: SocketAddr,
+    /// How long a connection accepted by the engine may take to announce
+    /// its engine (HELLO) and prove that address is its own; it is closed
+    /// then. Default 5 s.
+    pub handshake_timeout: Duration,
+    /// A proven connection that no QP of this engine uses is closed after
+    /// this long without input (the peer's engine reconnects when it needs
+    /// to). Default 60 s.
+    pub idle_timeout: Duration,
+    /// Most connections the engine accepts at once; more are closed as
+    /// soon as they are accepted. Default 1024.
+    pub max_connections: usize,
+    /// Most connections the engine accepts at once from one source IP
+    /// address. Default 128.
+    pub max_connections_per_ip: usize,
 }
 
 impl Default for SoftConfig {
@@ -1035,6 +1049,10 @@ impl Default for SoftConfig {
         SoftConfig {
             name: "soft0".to_string(),
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+            max_connections_per_ip: 128,
         }
     }
 }

@@ -288,7 +288,7 @@ impl Context {
             next_pd: AtomicU32::new(1),
         });
         let core = Arc::new(Mutex::new(
-            engine::Engine::new(shared.clone(), listener)
+            engine::Engine::new(shared.clone(), listener, engine::PortLimits::of(&config))
                 .map_err(io_err("soft device: register listener"))?,
         ));
         let eng_core = core.clone();
@@ -302,6 +302,14 @@ impl Context {
             core,
             thread: Mutex::new(Some(thread)),
         })))
+    }
+
+    /// What the engine's port holds now (connections, buffer bytes) and
+    /// what it refused so far (see `docs/soft-device.md`, "The engine's
+    /// port"). Takes the engine's lock: it waits for the engine's current
+    /// loop turn.
+    pub fn port_stats(&self) -> engine::PortStats {
+        lock(&self.0.core).port_stats()
     }
 
     /// Device name.

@@ -97,6 +97,12 @@ pub fn check_soft_packet(data: &[u8]) -> bool {
             Err(e) => panic!("decode accepted a hello that decode_hello refuses: {e}"),
         }
     }
+    if p.header.opcode == Opcode::Verify {
+        match packet::decode_verify(p.payload) {
+            Ok((asker, src)) => assert_eq!(packet::encode_verify(asker, src).as_slice(), p.payload),
+            Err(e) => panic!("decode accepted a verify that decode_verify refuses: {e}"),
+        }
+    }
     true
 }
 
@@ -174,9 +180,17 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let hello4 = packet::encode_hello("127.0.0.1:4791".parse().expect("literal"));
     let hello6 = packet::encode_hello("[fe80::7]:4791".parse().expect("literal"));
     debug_assert_eq!(hello4.len(), HELLO_LEN);
+    let verify = packet::encode_verify(
+        "127.0.0.1:4791".parse().expect("literal"),
+        "[::ffff:127.0.0.1]:40000".parse().expect("literal"),
+    );
+    let mut verify_reply = Header::new(Opcode::VerifyReply);
+    verify_reply.arg0 = 1;
     vec![
         packet("hello-v4", Header::new(Opcode::Hello), &hello4),
         packet("hello-v6", Header::new(Opcode::Hello), &hello6),
+        packet("verify", Header::new(Opcode::Verify), &verify),
+        packet("verify-reply", verify_reply, &[]),
         packet(
             "send-only",
             segment(Opcode::Send, 16, 0, 16),

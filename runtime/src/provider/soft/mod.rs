@@ -120,9 +120,12 @@ mod events;
 mod fake_peer_tests;
 #[cfg(feature = "fuzzing")]
 mod fuzz_check;
+mod handshake;
 mod mr;
 mod mw;
 mod packet;
+#[cfg(test)]
+mod port_tests;
 mod qp;
 mod requester;
 mod responder;
@@ -134,6 +137,7 @@ pub use ah::Ah;
 pub use channel::CompChannel;
 pub use context::{Context, Pd};
 pub use cq::Cq;
+pub use engine::PortStats;
 pub use mr::Mr;
 pub use mw::Mw;
 pub use qp::Qp;

@@ -8,7 +8,7 @@
 //! | off | size | field |
 //! |----:|-----:|-------|
 //! | 0 | 2 | magic `0x5642` ("VB") |
-//! | 2 | 1 | version (2) |
+//! | 2 | 1 | version ([`VERSION`], 4) |
 //! | 3 | 1 | opcode |
 //! | 4 | 4 | payload_len (≤ 1 MiB) |
 //! | 8 | 4 | dst_qpn (24 bits) |
@@ -28,23 +28,28 @@
 //! window the responder invalidates); READ_REQ `arg0` = length; CMP_SWP
 //! `arg0`/`arg1` = compare/swap; FETCH_ADD `arg0` = add; READ_RESP `arg0` =
 //! total length, `arg1` = offset; ATOMIC_RESP `arg0` = original value; NAK
-//! `syndrome` plus `arg0` = encoded RNR timer; HELLO a 19-byte socket address.
+//! `syndrome` plus `arg0` = encoded RNR timer; HELLO a 19-byte socket address
+//! (the sender's listener); VERIFY two of them (the asking engine's listener,
+//! then the source address of the connection asked about); VERIFY_REPLY no
+//! payload, `arg0` = 1 (that connection is the answering engine's) or 0.
 //! DATAGRAM / DATAGRAM_IMM (UD, one packet per message, at most
 //! [`UD_MTU`] payload bytes, FIRST and LAST set): `rkey` = the Q_Key,
 //! `arg0` = the hop limit of the sender's address handle (≤ 255), `imm`
 //! (DATAGRAM_IMM only, else 0), `psn` = the sending QP's send PSN, `addr`
 //! and `arg1` 0.
 //!
-//! Version 2 added the datagram opcodes, version 3 SEND_INV (an engine
-//! speaking another version refuses the connection at its first packet,
-//! the HELLO).
+//! Version 2 added the datagram opcodes, version 3 SEND_INV, version 4
+//! VERIFY and VERIFY_REPLY, with which an engine proves that a connection
+//! claiming its address in a HELLO is its own (see `engine/port.rs`; an
+//! engine speaking another version refuses the connection at its first
+//! packet, the HELLO).
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// First two bytes of every packet.
 pub const MAGIC: u16 = 0x5642;
 /// Wire-format version this code speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 56;
 /// Largest payload of one packet (messages are segmented).
@@ -55,6 +60,8 @@ pub const MAX_MSG: u64 = 1 << 31;
 pub const UD_MTU: u32 = 4096;
 /// Length of a HELLO payload.
 pub const HELLO_LEN: usize = 19;
+/// Length of a VERIFY payload: two socket addresses.
+pub const VERIFY_LEN: usize = 2 * HELLO_LEN;
 
 /// Segment is the first of its message.
 pub const FLAG_FIRST: u8 = 1;
@@ -79,6 +86,12 @@ pub const NAK_REM_INV_REQ: u8 = 4;
 pub enum Opcode {
     /// First packet on a connection: the sender's engine address.
     Hello = 0x01,
+    /// First packet on a connection an engine opened to ask the engine it
+    /// reaches whether a connection claiming that engine's address is its
+    /// own (see [`encode_verify`]).
+    Verify = 0x02,
+    /// The answer to a VERIFY: `arg0` = 1 (yes) or 0 (no).
+    VerifyReply = 0x03,
     /// SEND segment.
     Send = 0x10,
     /// SEND with immediate segment.
@@ -116,6 +129,8 @@ impl Opcode {
         use Opcode::*;
         Some(match v {
             0x01 => Hello,
+            0x02 => Verify,
+            0x03 => VerifyReply,
             0x10 => Send,
             0x11 => SendImm,
             0x12 => Write,
@@ -406,6 +421,10 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, PacketError> {
         if h.payload_len as usize != HELLO_LEN {
             return bad("payload_len", len);
         }
+    } else if opcode == Opcode::Verify {
+        if h.payload_len as usize != VERIFY_LEN {
+            return bad("payload_len", len);
+        }
     } else if len != 0 {
         return bad("payload_len", len);
     }
@@ -421,6 +440,9 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, PacketError> {
         }
         Opcode::CmpSwap | Opcode::FetchAdd if h.addr & 7 != 0 => {
             return bad("addr", h.addr);
+        }
+        Opcode::VerifyReply if h.arg0 > 1 => {
+            return bad("answer", h.arg0);
         }
         Opcode::Nak => {
             if !(NAK_RNR..=NAK_REM_INV_REQ).contains(&h.syndrome) {
@@ -457,6 +479,9 @@ pub fn decode(buf: &[u8]) -> Result<Packet<'_>, PacketError> {
         // Its own error names the bad field (family or IPv4-mapped address).
         decode_hello(payload)?;
     }
+    if header.opcode == Opcode::Verify {
+        decode_verify(payload)?;
+    }
     Ok(Packet { header, payload })
 }
 
@@ -475,6 +500,38 @@ pub fn encode_hello(addr: SocketAddr) -> [u8; HELLO_LEN] {
     }
     b[17..19].copy_from_slice(&addr.port().to_le_bytes());
     b
+}
+
+/// Encodes a VERIFY payload: `asker` (the asking engine's listener) and
+/// `src` (the source address of the connection asked about, as the asker
+/// saw it), each as a HELLO payload.
+pub fn encode_verify(asker: SocketAddr, src: SocketAddr) -> [u8; VERIFY_LEN] {
+    let mut b = [0u8; VERIFY_LEN];
+    b[..HELLO_LEN].copy_from_slice(&encode_hello(asker));
+    b[HELLO_LEN..].copy_from_slice(&encode_hello(src));
+    b
+}
+
+/// Decodes a VERIFY payload: `(asker, src)` (see [`encode_verify`]).
+pub fn decode_verify(p: &[u8]) -> Result<(SocketAddr, SocketAddr), PacketError> {
+    if p.len() != VERIFY_LEN {
+        return Err(PacketError::BadField {
+            opcode: Opcode::Verify,
+            field: "payload_len",
+            value: p.len() as u64,
+        });
+    }
+    let addr = |b: &[u8]| {
+        decode_hello(b).map_err(|e| match e {
+            PacketError::BadField { field, value, .. } => PacketError::BadField {
+                opcode: Opcode::Verify,
+                field,
+                value,
+            },
+            other => other,
+        })
+    };
+    Ok((addr(&p[..HELLO_LEN])?, addr(&p[HELLO_LEN..])?))
 }
 
 /// Decodes a HELLO payload.

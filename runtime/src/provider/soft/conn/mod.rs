@@ -16,7 +16,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::packet::{encode_hello, Header, Opcode, HELLO_LEN};
+use super::handshake::{Expect, PRE_PROOF_BUF};
+use super::packet::{encode_hello, encode_verify, Header, Opcode, HELLO_LEN, VERIFY_LEN};
 use super::wire::Wire;
 pub(crate) use resp::{ReadJob, Resp};
 pub(crate) use rx::RxDirect;
@@ -24,16 +25,81 @@ pub(crate) use tx::{TxMem, TxMemRef};
 
 /// Stop generating packets once this many bytes wait to be written.
 pub(crate) const TX_HIGH: usize = 256 * 1024;
-/// Initial receive buffer size; it grows to hold a packet that is not
-/// received directly into registered memory.
-const RX_CAP: usize = 64 * 1024;
+/// Receive buffer size once the peer is proven; it grows to hold a packet
+/// that is not received directly into registered memory, and shrinks back
+/// once that packet is handled.
+pub(crate) const RX_CAP: usize = 64 * 1024;
+
+/// Where a connection stands in proving which engine is at its other end
+/// (see `engine/port.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Auth {
+    /// The engine's connection to itself.
+    Loopback,
+    /// This engine dialed `peer`; its HELLO has not come yet.
+    Dialed,
+    /// Accepted; nothing came yet.
+    Accepted,
+    /// Accepted; its HELLO claimed `claimed`, which this engine is checking
+    /// by asking the engine there (its input waits meanwhile).
+    Proving,
+    /// `peer` is proven: the engine this one dialed, or one that proved its
+    /// claim.
+    Proven,
+    /// A connection this engine dialed to ask whether connection `of` (with
+    /// serial `serial`) is the dialed engine's.
+    Verifier { of: usize, serial: u64 },
+    /// Accepted; it asked a VERIFY, which was answered. Nothing may follow.
+    Answered,
+}
+
+impl Auth {
+    /// What an unproven connection may receive next (`None`: nothing, or
+    /// it is proven).
+    pub fn expect(self, got_hello: bool) -> Option<Expect> {
+        match self {
+            Auth::Dialed => Some(Expect::Hello),
+            Auth::Accepted => Some(Expect::HelloOrVerify),
+            Auth::Verifier { .. } if got_hello => Some(Expect::VerifyReply),
+            Auth::Verifier { .. } => Some(Expect::Hello),
+            _ => None,
+        }
+    }
+}
+
+/// A HELLO packet announcing `local`.
+fn hello(local: SocketAddr) -> Vec<u8> {
+    let mut h = Header::new(Opcode::Hello);
+    h.payload_len = HELLO_LEN as u32;
+    let mut v = h.encode().to_vec();
+    v.extend_from_slice(&encode_hello(local));
+    v
+}
 
 pub(crate) struct Conn {
     /// The socket; `None` for the loopback connection of an engine to itself
     /// (QPs of one device talking to each other, like a NIC's internal loopback).
     pub stream: Option<Arc<Wire>>,
-    /// The remote engine's listener address (target of our connect, or from its HELLO).
+    /// The remote engine's listener address: the target of our connect, or
+    /// the one its HELLO claimed once that claim is proven.
     pub peer: Option<SocketAddr>,
+    /// How far the remote engine proved who it is.
+    pub auth: Auth,
+    /// We dialed this connection (to `peer`).
+    pub dialed: bool,
+    /// Accepted: where it came from.
+    pub src: Option<SocketAddr>,
+    /// While `Proving`: the address its HELLO claimed.
+    pub claimed: Option<SocketAddr>,
+    /// Unique per connection (connection ids are reused).
+    pub serial: u64,
+    /// When it was opened (the handshake deadline counts from here).
+    pub opened: Instant,
+    /// When bytes last arrived, as the port's last look saw it (the idle
+    /// deadline counts from here).
+    pub last_rx: Instant,
+    /// Bytes arrived since the port's last look.
+    pub rx_seen: bool,
     /// TCP connect finished.
     pub connected: bool,
     /// The remote's HELLO arrived.
@@ -79,16 +145,112 @@ pub(crate) enum Flush {
 }
 
 impl Conn {
+    /// The engine's connection to itself (at `local`).
+    pub fn loopback(local: SocketAddr, serial: u64) -> Conn {
+        let mut c = Conn::bare(None, Auth::Loopback, true, serial);
+        c.peer = Some(local);
+        c.got_hello = true;
+        c.prove();
+        c
+    }
+
+    /// A proven connection with its HELLO queued (unit tests of the
+    /// connection's own code).
+    #[cfg(test)]
     pub fn new(stream: Option<Arc<Wire>>, local: SocketAddr, connected: bool) -> Conn {
-        let mut c = Conn {
+        let mut c = Conn::bare(stream, Auth::Proven, connected, 0);
+        c.got_hello = true;
+        c.prove();
+        c.tx.extend_from_slice(&hello(local));
+        c
+    }
+
+    /// A connection this engine dialed to the engine at `peer`: it may send
+    /// at once (the HELLO first), and receives only once `peer`'s HELLO
+    /// confirmed it.
+    pub fn dialed(wire: Arc<Wire>, local: SocketAddr, peer: SocketAddr, serial: u64) -> Conn {
+        let mut c = Conn::bare(Some(wire), Auth::Dialed, false, serial);
+        c.peer = Some(peer);
+        c.dialed = true;
+        c.tx.reserve(2 * TX_HIGH);
+        c.tx.extend_from_slice(&hello(local));
+        c
+    }
+
+    /// A connection accepted from `src`: small buffers until its peer is
+    /// proven; this engine's HELLO goes first.
+    pub fn accepted(wire: Arc<Wire>, local: SocketAddr, src: SocketAddr, serial: u64) -> Conn {
+        let mut c = Conn::bare(Some(wire), Auth::Accepted, true, serial);
+        c.src = Some(src);
+        c.tx.extend_from_slice(&hello(local));
+        c
+    }
+
+    /// A connection this engine dialed to `peer` to ask whether connection
+    /// `of`, from `src`, is `peer`'s (`asker`: this engine's listener).
+    pub fn verifier(
+        wire: Arc<Wire>,
+        asker: SocketAddr,
+        peer: SocketAddr,
+        src: SocketAddr,
+        of: (usize, u64),
+        serial: u64,
+    ) -> Conn {
+        let auth = Auth::Verifier {
+            of: of.0,
+            serial: of.1,
+        };
+        let mut c = Conn::bare(Some(wire), auth, false, serial);
+        c.peer = Some(peer);
+        c.dialed = true;
+        let mut h = Header::new(Opcode::Verify);
+        h.payload_len = VERIFY_LEN as u32;
+        c.tx.extend_from_slice(&h.encode());
+        c.tx.extend_from_slice(&encode_verify(asker, src));
+        c
+    }
+
+    /// True once the remote engine is proven (its packets are handled).
+    pub fn proven(&self) -> bool {
+        matches!(self.auth, Auth::Proven | Auth::Loopback)
+    }
+
+    /// The peer is proven: the buffers grow to their working sizes.
+    pub fn prove(&mut self) {
+        self.auth = Auth::Proven;
+        if self.rx.len() < RX_CAP {
+            self.rx.resize(RX_CAP, 0);
+        }
+        if self.stream.is_none() {
+            self.auth = Auth::Loopback;
+        }
+        self.tx.reserve((2 * TX_HIGH).saturating_sub(self.tx.len()));
+    }
+
+    /// Bytes of buffer this connection holds (receive and transmit).
+    pub fn buffered(&self) -> usize {
+        self.rx.capacity() + self.tx.capacity()
+    }
+
+    fn bare(stream: Option<Arc<Wire>>, auth: Auth, connected: bool, serial: u64) -> Conn {
+        let now = Instant::now();
+        Conn {
             stream,
             peer: None,
+            auth,
+            dialed: false,
+            src: None,
+            claimed: None,
+            serial,
+            opened: now,
+            last_rx: now,
+            rx_seen: false,
             connected,
             got_hello: false,
-            rx: vec![0; RX_CAP],
+            rx: vec![0; PRE_PROOF_BUF],
             rx_start: 0,
             rx_end: 0,
-            tx: Vec::with_capacity(2 * TX_HIGH),
+            tx: Vec::with_capacity(PRE_PROOF_BUF),
             tx_pos: 0,
             tx_mem: None,
             broken: Vec::new(),
@@ -100,12 +262,7 @@ impl Conn {
             active: false,
             ack_hold: None,
             cqs: smallvec::SmallVec::new(),
-        };
-        let mut h = Header::new(Opcode::Hello);
-        h.payload_len = HELLO_LEN as u32;
-        c.tx.extend_from_slice(&h.encode());
-        c.tx.extend_from_slice(&encode_hello(local));
-        c
+        }
     }
 
     pub fn tx_pending(&self) -> usize {
@@ -118,8 +275,12 @@ impl Conn {
     }
 
     /// Tells posting threads whether they may write to the socket again:
-    /// only once everything the engine has for it is written.
-    pub fn settle(&self) {
+    /// only once everything the engine has for it is written. A transmit
+    /// buffer that grew for a large packet shrinks back once it is empty.
+    pub fn settle(&mut self) {
+        if self.tx.is_empty() && self.tx_mem.is_none() && self.tx.capacity() > 4 * TX_HIGH {
+            self.tx.shrink_to(2 * TX_HIGH);
+        }
         if let Some(w) = &self.stream {
             let idle = self.connected
                 && self.tx_pending() == 0

@@ -108,26 +108,31 @@ impl Engine {
     }
 
     fn connect(&mut self, addr: std::net::SocketAddr) -> io::Result<usize> {
-        let cid = if addr == self.sh.addr {
+        let serial = self.port.serial();
+        let local = self.sh.addr;
+        let cid = if addr == local {
             let entry = self.conns.vacant_entry();
             let cid = entry.key();
-            entry.insert(Conn::new(None, self.sh.addr, true));
+            entry.insert(Conn::loopback(local, serial));
             cid
         } else {
-            let stream = mio::net::TcpStream::connect(addr)?;
-            self.insert_conn(stream, false)?
+            // (From this engine's own IP: the engine there checks the
+            // claim in our HELLO against the connection's source.)
+            let stream = super::dial::dial(local.ip(), addr)?;
+            let cid = self.insert_conn(stream, |w| Conn::dialed(w, local, addr, serial))?;
+            self.port_dialed();
+            cid
         };
-        if let Some(c) = self.conns.get_mut(cid) {
-            c.peer = Some(addr);
-        }
         self.set_peer(addr, cid);
         Ok(cid)
     }
 
-    fn insert_conn(
+    /// Registers a new connection's socket and inserts the connection
+    /// `make` builds around it.
+    pub(super) fn insert_conn(
         &mut self,
         mut stream: mio::net::TcpStream,
-        connected: bool,
+        make: impl FnOnce(Arc<Wire>) -> Conn,
     ) -> io::Result<usize> {
         let entry = self.conns.vacant_entry();
         let cid = entry.key();
@@ -136,34 +141,14 @@ impl Engine {
             Token(cid + CONN_BASE),
             Interest::READABLE | Interest::WRITABLE,
         )?;
-        if connected {
-            let _ = stream.set_nodelay(true);
-        }
-        let wire = Arc::new(Wire::new(stream, Token(cid + CONN_BASE)));
-        entry.insert(Conn::new(Some(wire), self.sh.addr, connected));
-        Ok(cid)
-    }
-
-    pub(super) fn accept_all(&mut self) {
-        loop {
-            match self.listener.accept() {
-                Ok((stream, from)) => {
-                    tracing::trace!(%from, "soft engine: accepted");
-                    match self.insert_conn(stream, true) {
-                        Ok(cid) => self.activate(cid),
-                        Err(e) => {
-                            tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: register failed")
-                        }
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: accept failed");
-                    return;
-                }
+        let conn = make(Arc::new(Wire::new(stream, Token(cid + CONN_BASE))));
+        if conn.connected {
+            if let Some(w) = &conn.stream {
+                let _ = w.stream.set_nodelay(true);
             }
         }
+        entry.insert(conn);
+        Ok(cid)
     }
 
     pub(super) fn on_writable(&mut self, cid: usize) {
@@ -200,7 +185,9 @@ impl Engine {
 
     /// Makes `cid` the connection to the engine at `addr` (if it has none).
     pub(crate) fn set_peer(&mut self, addr: std::net::SocketAddr, cid: usize) {
-        if self.peers.contains_key(&addr) {
+        if self.peers.contains_key(&addr)
+            || !self.conns.get(cid).is_some_and(|c| c.dialed || c.proven())
+        {
             return;
         }
         self.peers.insert(addr, cid);
@@ -217,6 +204,7 @@ impl Engine {
         }
         let conn = self.conns.remove(cid);
         self.forget_feeds(cid, &conn);
+        self.port_closed(&conn);
         if let Some(wire) = &conn.stream {
             let fd = wire.fd();
             let _ = self.sh.registry.deregister(&mut mio::unix::SourceFd(&fd));

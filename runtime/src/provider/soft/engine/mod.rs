@@ -13,6 +13,8 @@
 //! in `../drive.rs`.
 
 mod conns;
+pub(crate) mod dial;
+mod port;
 mod psn;
 mod qps;
 mod run;
@@ -36,6 +38,8 @@ use super::cq::CqShared;
 pub(crate) use super::eqp::{EQp, EWqe};
 use super::qp::QpShared;
 use super::IdMap;
+pub(crate) use port::PortLimits;
+pub use port::PortStats;
 pub(crate) use psn::{psn_add, psn_le, PSN_MASK};
 pub(crate) use run::run;
 #[cfg(test)]
@@ -114,11 +118,17 @@ pub(crate) struct Engine {
     /// packets are handled at (a few µs at most off; one clock read per
     /// receive instead of one per packet and step).
     pub clock: Option<Instant>,
+    /// The port other engines connect to: caps, proofs, deadlines.
+    port: port::Port,
 }
 
 impl Engine {
     /// The engine of a new context (the listener is registered here).
-    pub fn new(sh: Arc<Shared>, mut listener: mio::net::TcpListener) -> io::Result<Engine> {
+    pub fn new(
+        sh: Arc<Shared>,
+        mut listener: mio::net::TcpListener,
+        limits: PortLimits,
+    ) -> io::Result<Engine> {
         sh.registry
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         Ok(Engine {
@@ -147,6 +157,7 @@ impl Engine {
             in_app: false,
             app_packets: 0,
             clock: None,
+            port: port::Port::new(limits),
         })
     }
 }

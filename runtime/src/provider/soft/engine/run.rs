@@ -149,6 +149,8 @@ impl Engine {
             self.direct_until = Some(now + DIRECT_AWAKE);
         }
         self.timers(now);
+        self.sweep_port(now);
+        self.resume_proven();
         self.retry_conn_waits();
         self.adopt_app_muted();
         self.expire_leases(now);
@@ -179,7 +181,14 @@ impl Engine {
         } else {
             let (deadline, lease_only) = self.next_deadline(now);
             lease_wake = lease_only;
-            deadline.map(|d| d.saturating_duration_since(now))
+            match (deadline, self.port.wake_at()) {
+                // The port's deadline comes first.
+                (d, Some(p)) if d.is_none_or(|d| p < d) => {
+                    lease_wake = false;
+                    Some(p.saturating_duration_since(now))
+                }
+                (d, _) => d.map(|d| d.saturating_duration_since(now)),
+            }
         };
         if timeout != Some(Duration::ZERO) {
             // Posting threads that transmit themselves ring only if we

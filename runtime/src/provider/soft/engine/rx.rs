@@ -3,9 +3,10 @@
 
 use std::io;
 
-use super::super::conn::RxDirect;
-use super::super::packet::{decode_header, decode_hello, Header, Opcode, FLAG_FIRST, HEADER_LEN};
+use super::super::conn::{Auth, RxDirect, RX_CAP};
+use super::super::packet::{decode_header, Header, Opcode, FLAG_FIRST, HEADER_LEN};
 use super::super::responder::load_qp;
+use super::port::Handshake;
 use super::Engine;
 use crate::provider::{AccessFlags, QpState, QpType};
 
@@ -21,6 +22,10 @@ impl Engine {
             let Some(conn) = self.conns.get_mut(cid) else {
                 return;
             };
+            if conn.auth == Auth::Proving {
+                // Its input waits (in the socket) for the proof.
+                return;
+            }
             if conn.rx_direct.is_some() {
                 let res = {
                     let mrs = self.sh.mrs();
@@ -32,6 +37,7 @@ impl Engine {
                         return;
                     }
                     Ok((_, full)) => {
+                        conn.rx_seen = true;
                         let done = conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0);
                         if done {
                             if let Some(d) = conn.rx_direct.take() {
@@ -60,6 +66,7 @@ impl Engine {
                     return;
                 }
                 Ok((_, full)) => {
+                    conn.rx_seen = true;
                     if !self.process_rx(cid) {
                         self.close(cid);
                         return;
@@ -85,6 +92,15 @@ impl Engine {
     /// Handles every complete packet in the receive buffer. False = protocol
     /// violation, drop the connection.
     pub(super) fn process_rx(&mut self, cid: usize) -> bool {
+        if !self.conns.get(cid).is_some_and(|c| c.proven()) {
+            // Before the peer is proven: handshake packets only, in a
+            // small buffer (see `port.rs`).
+            match self.handshake_rx(cid) {
+                Handshake::Close => return false,
+                Handshake::Wait => return true,
+                Handshake::Proven => {}
+            }
+        }
         let Some(conn) = self.conns.get_mut(cid) else {
             return false;
         };
@@ -106,9 +122,8 @@ impl Engine {
             };
             let total = HEADER_LEN + hdr.payload_len as usize;
             if end - start < total {
-                let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
-                if got_hello && hdr.payload_len as usize >= DIRECT_MIN {
-                    direct = self.direct_target(&hdr);
+                if hdr.payload_len as usize >= DIRECT_MIN {
+                    direct = self.direct_target(cid, &hdr);
                 }
                 if let Some(d) = &mut direct {
                     // Place the bytes already here; read the rest straight
@@ -136,30 +151,13 @@ impl Engine {
             }
             let payload = &rx[start + HEADER_LEN..start + total];
             start += total;
-            let got_hello = self.conns.get(cid).is_some_and(|c| c.got_hello);
-            if !got_hello {
-                if hdr.opcode != Opcode::Hello {
-                    tracing::warn!("soft engine: connection did not start with HELLO");
-                    ok = false;
-                    break;
-                }
-                match decode_hello(payload) {
-                    Ok(addr) => {
-                        if let Some(c) = self.conns.get_mut(cid) {
-                            c.got_hello = true;
-                            if c.peer.is_none() {
-                                c.peer = Some(addr);
-                            }
-                        }
-                        self.set_peer(addr, cid);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: bad HELLO");
-                        ok = false;
-                        break;
-                    }
-                }
-                continue;
+            if matches!(
+                hdr.opcode,
+                Opcode::Hello | Opcode::Verify | Opcode::VerifyReply
+            ) {
+                tracing::warn!(opcode = ?hdr.opcode, "soft engine: handshake packet after the handshake, closing connection");
+                ok = false;
+                break;
             }
             self.handle_packet(cid, &hdr, payload);
         }
@@ -169,6 +167,11 @@ impl Engine {
                 conn.rx_end = 0;
             }
             conn.rx = rx;
+            if start == conn.rx_end && need == 0 && conn.rx.len() > RX_CAP {
+                // It grew for a large packet, now handled.
+                conn.rx.truncate(RX_CAP);
+                conn.rx.shrink_to_fit();
+            }
             conn.rx_start = start;
             conn.rx_need = need;
             conn.rx_direct = direct;
@@ -178,8 +181,12 @@ impl Engine {
 
     /// Checks whether a WRITE segment whose payload is still arriving can be
     /// received straight into its target (the request will succeed).
-    fn direct_target(&mut self, hdr: &Header) -> Option<RxDirect> {
+    fn direct_target(&mut self, cid: usize, hdr: &Header) -> Option<RxDirect> {
         if !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
+            return None;
+        }
+        if !self.sent_by_peer_of(cid, hdr.dst_qpn) {
+            // (Handled, and dropped, once it is whole.)
             return None;
         }
         let (eq, st) = load_qp(&mut self.qps, &self.sh, hdr.dst_qpn)?;
@@ -227,8 +234,17 @@ impl Engine {
         if self.in_app {
             self.app_packets += 1;
         }
+        if !self.sent_by_peer_of(cid, hdr.dst_qpn) {
+            self.port.foreign_packet();
+            tracing::debug!(
+                qpn = hdr.dst_qpn,
+                opcode = ?hdr.opcode,
+                "soft engine: packet for a QP whose peer is another engine, dropped"
+            );
+            return;
+        }
         match hdr.opcode {
-            Opcode::Hello => {}
+            Opcode::Hello | Opcode::Verify | Opcode::VerifyReply => {}
             op if op.is_datagram() => self.on_datagram(cid, hdr, payload),
             op if op.is_request() => self.on_request(cid, hdr, payload, None),
             _ => self.on_response(cid, hdr, payload),

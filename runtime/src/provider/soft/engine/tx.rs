@@ -84,7 +84,7 @@ impl Engine {
         };
         conn.claim();
         let more = self.service_conn_rounds(cid);
-        if let Some(conn) = self.conns.get(cid) {
+        if let Some(conn) = self.conns.get_mut(cid) {
             conn.settle();
         }
         more

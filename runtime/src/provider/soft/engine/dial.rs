@@ -1,0 +1,147 @@
+//! Dialing another engine from this engine's own IP address: the engine
+//! there accepts a connection claiming an address only from that address's
+//! IP (see `port.rs`), so on a host with several addresses the kernel must
+//! not pick another source address.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// A non-blocking TCP connect to `to`, from `local` (port 0) when `local`
+/// is a specific address of `to`'s family (else from what the kernel
+/// picks). The connection completes later (the socket turns writable).
+pub(crate) fn dial(local: IpAddr, to: SocketAddr) -> io::Result<mio::net::TcpStream> {
+    let bind_to = match (local, to) {
+        (l, _) if l.is_unspecified() => None,
+        (IpAddr::V4(l), SocketAddr::V4(_)) => Some(SocketAddr::new(IpAddr::V4(l), 0)),
+        (IpAddr::V6(l), SocketAddr::V6(_)) => Some(SocketAddr::new(IpAddr::V6(l), 0)),
+        _ => None,
+    };
+    let Some(from) = bind_to else {
+        return mio::net::TcpStream::connect(to);
+    };
+    let family = match to {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: plain socket creation; the result is checked.
+    let fd: RawFd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new socket nobody else owns; `owned` closes it on
+    // every error path below.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // Best effort: the port is picked at connect time, together with the
+    // destination (a bound port 0 would reserve a port for every
+    // destination). Without it (old kernels) bind picks one.
+    // SAFETY: `one` is a live c_int of the size passed; `fd` is open.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    let (storage, len) = sockaddr(from);
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes; `fd` is open.
+    if unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (storage, len) = sockaddr(to);
+    // SAFETY: as above.
+    let rc = unsafe { libc::connect(fd, (&storage as *const libc::sockaddr_storage).cast(), len) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+    }
+    Ok(mio::net::TcpStream::from_std(std::net::TcpStream::from(
+        owned,
+    )))
+}
+
+/// `addr` as a C socket address and its length.
+pub(crate) fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is valid (family AF_UNSPEC).
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in.
+            unsafe {
+                std::ptr::write(
+                    (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>(),
+                    sin,
+                )
+            };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in6.
+            unsafe {
+                std::ptr::write(
+                    (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>(),
+                    sin6,
+                )
+            };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dial_leaves_from_the_given_address() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let to = l.local_addr().expect("addr");
+        let s = dial("127.0.0.1".parse().expect("literal"), to).expect("dial");
+        let (_, from) = l.accept().expect("accept");
+        assert_eq!(from.ip(), "127.0.0.1".parse::<IpAddr>().expect("literal"));
+        // (Another loopback address, where the kernel would have picked
+        // 127.0.0.1.)
+        let s2 = dial("127.0.0.2".parse().expect("literal"), to).expect("dial");
+        let (_, from2) = l.accept().expect("accept");
+        assert_eq!(from2.ip(), "127.0.0.2".parse::<IpAddr>().expect("literal"));
+        drop((s, s2));
+        let refused = dial(
+            "127.0.0.1".parse().expect("literal"),
+            "127.0.0.1:1".parse().unwrap(),
+        );
+        // A refused connect is reported later (the socket is non-blocking)
+        // or at once; either way it is not a panic.
+        drop(refused);
+    }
+}
