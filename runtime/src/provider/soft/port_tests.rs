@@ -244,7 +244,13 @@ impl Pair {
         self.server.write(SEND_AT, &answer);
         self.server.post_send(4);
         let sent = poll_one(&self.client.scq, "the client's send");
-        assert_eq!(sent.status, WcStatus::Success, "client send: {sent:?}");
+        assert_eq!(
+            sent.status,
+            WcStatus::Success,
+            "client send: {sent:?}; server port {:?}; client port {:?}",
+            self.server.stats(),
+            self.client.stats()
+        );
         let got = poll_one(&self.client.rcq, "the client's receive");
         assert_eq!(
             (got.status, got.opcode),
@@ -252,7 +258,13 @@ impl Pair {
         );
         assert_eq!(self.client.read(RECV_AT, MSG), answer);
         let sent = poll_one(&self.server.scq, "the server's send");
-        assert_eq!(sent.status, WcStatus::Success, "server send: {sent:?}");
+        assert_eq!(
+            sent.status,
+            WcStatus::Success,
+            "server send: {sent:?}; server port {:?}; client port {:?}",
+            self.server.stats(),
+            self.client.stats()
+        );
     }
 }
 
