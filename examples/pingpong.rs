@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::Verbs;
 use verbio::runtime::buf::MrPool;
-use verbio::runtime::{timeout, Device, QueuePair, Runtime};
+use verbio::runtime::{spawn, timeout, Device, QueuePair, Runtime};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -107,23 +107,32 @@ fn server(
     let pool = MrPool::new(dev.pd());
     rt.block_on(async {
         loop {
-            // Clients whose handshake fails are logged and skipped by `accept`.
-            let (qp, peer) = match listener.accept().await {
-                Ok(c) => (c.qp, c.peer_addr),
-                Err(e) => return Err(e.into()),
-            };
-            match timeout(LIMIT, echo(&qp, &pool, size)).await {
-                Ok(Ok(n)) if !once => println!("{peer}: echoed {n} messages"),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => eprintln!("{peer}: {e}"),
-                Err(_) => eprintln!("{peer}: timed out"),
-            }
-            let _ = timeout(LIMIT, qp.close()).await;
+            // Clients whose handshake fails are logged and skipped by
+            // `accept`, which fails only if the listening socket does
+            // (EMFILE and the like are waited out).
+            let c = listener.accept().await?;
+            let session = serve_one(c.qp, c.peer_addr, pool.clone(), size, once);
             if once {
+                session.await;
                 return Ok(());
             }
+            // Each client in a task of its own: a slow or failing one
+            // holds up nobody.
+            spawn(session);
         }
     })
+}
+
+/// Echoes one client's messages (bounded by `LIMIT`), logs how it ended
+/// and closes its QP.
+async fn serve_one(qp: QueuePair, peer: SocketAddr, pool: MrPool, size: usize, quiet: bool) {
+    match timeout(LIMIT, echo(&qp, &pool, size)).await {
+        Ok(Ok(n)) if !quiet => println!("{peer}: echoed {n} messages"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => eprintln!("{peer}: {e}"),
+        Err(_) => eprintln!("{peer}: timed out"),
+    }
+    let _ = timeout(LIMIT, qp.close()).await;
 }
 
 fn client(

@@ -157,13 +157,19 @@ where
         Err(e) => return Err(refuse(s, e).await),
     };
     write_frame(s, &local, stage.set("sending hello")).await?;
-    match read_frame(s, stage.set("waiting for the client's ready")).await? {
-        Frame::Ready => Ok((remote, value)),
-        Frame::Reject(reason) => Err(HandshakeError::RejectedByPeer { reason }),
-        other => Err(HandshakeError::UnexpectedFrame {
-            expected: "ready",
-            got: other.kind_name(),
-        }),
+    match read_frame(s, stage.set("waiting for the client's ready")).await {
+        Ok(Frame::Ready) => Ok((remote, value)),
+        Ok(Frame::Reject(reason)) => Err(HandshakeError::RejectedByPeer { reason }),
+        // A hello sent twice, a malformed frame: the client is told why.
+        Ok(other) => Err(refuse(
+            s,
+            HandshakeError::UnexpectedFrame {
+                expected: "ready",
+                got: other.kind_name(),
+            },
+        )
+        .await),
+        Err(e) => Err(refuse(s, e).await),
     }
 }
 

@@ -1,9 +1,9 @@
 //! [`Listener`] and [`connect`]: the handshake over the reactor's TCP.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use futures::future::LocalBoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::Instrument;
 use verbio_runtime::provider::Endpoint;
+use verbio_runtime::reactor::{AcceptBackoff, PendingLimits, PendingRefusal};
 use verbio_runtime::{sleep_until, TcpListener, TcpStream};
 
 use super::error::HandshakeError;
@@ -21,6 +22,13 @@ use super::setup::QpFactory;
 
 /// Default limit for one handshake (TCP connect included on the client).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default cap on the handshakes a [`Listener`] runs at once.
+pub const DEFAULT_MAX_PENDING: usize = 128;
+/// Default cap on the handshakes a [`Listener`] runs at once with one IP
+/// address.
+pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 32;
+/// Name of the listener in logs.
+const WHAT: &str = "handshake listener";
 
 /// A connected queue pair.
 #[derive(Debug)]
@@ -118,13 +126,38 @@ async fn connect_in<F: QpFactory>(
 type Attempt<Q> = LocalBoxFuture<'static, Result<Connection<Q>, (SocketAddr, HandshakeError)>>;
 
 /// Accepts connections and runs their handshakes concurrently, so a slow or
-/// malicious client never holds up the others; each handshake is bounded by
-/// the listener's timeout. Must be used on a verbio runtime.
+/// malicious client never holds up the others. Must be used on a verbio
+/// runtime.
+///
+/// What a client can make it hold before its hello is validated:
+///
+/// - **time**: the listener's `timeout` for the whole handshake; then the
+///   connection is closed;
+/// - **memory**: one handshake future of fixed size (the frame buffer,
+///   header plus [`MAX_BODY_LEN`](super::handshake::MAX_BODY_LEN), is part
+///   of it; under 4 KiB, checked by a test); nothing is allocated from
+///   what the client sends before its length is checked;
+/// - **connections**: at most [`DEFAULT_MAX_PENDING`] (128) handshakes at
+///   once, of which [`DEFAULT_MAX_PENDING_PER_SOURCE`] (32) from one IP
+///   address ([`with_pending_caps`](Self::with_pending_caps)). A full
+///   listener stops accepting (new connections wait in the kernel's
+///   backlog) until a handshake ends; a source over its cap gets a reject
+///   at once. Both are logged (`warn`, at most every 10 s).
+///
+/// Handshakes progress while [`accept`](Self::accept) (or
+/// [`accept_attempt`](Self::accept_attempt)) is being awaited. `accept(2)`
+/// errors for lack of resources (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`)
+/// pause accepting (10 ms doubling to 1 s) and are logged once per burst;
+/// only an error of the listening socket itself is returned.
 pub struct Listener<F: QpFactory> {
     tcp: TcpListener,
     qps: Rc<F>,
     timeout: Duration,
     in_flight: RefCell<FuturesUnordered<Attempt<F::Qp>>>,
+    limits: PendingLimits,
+    /// Whether the current stretch of being full was logged.
+    full_noted: Cell<bool>,
+    backoff: RefCell<AcceptBackoff>,
 }
 
 impl<F: QpFactory> std::fmt::Debug for Listener<F> {
@@ -175,7 +208,18 @@ impl<F: QpFactory> Listener<F> {
             qps: Rc::new(qps),
             timeout,
             in_flight: RefCell::new(FuturesUnordered::new()),
+            limits: PendingLimits::new(WHAT, DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE),
+            full_noted: Cell::new(false),
+            backoff: RefCell::new(AcceptBackoff::new(WHAT)),
         }
+    }
+
+    /// Caps the handshakes running at once: `max_pending` in all,
+    /// `max_per_source` from one IP address (each at least 1; defaults
+    /// [`DEFAULT_MAX_PENDING`], [`DEFAULT_MAX_PENDING_PER_SOURCE`]).
+    pub fn with_pending_caps(mut self, max_pending: usize, max_per_source: usize) -> Listener<F> {
+        self.limits = PendingLimits::new(WHAT, max_pending, max_per_source);
+        self
     }
 
     /// The bound address.
@@ -220,21 +264,37 @@ impl<F: QpFactory> Listener<F> {
 
     fn next_handshake(&self) -> impl Future<Output = Result<Connection<F::Qp>, Failure>> + '_ {
         poll_fn(move |cx| {
-            // Start a handshake for every connection waiting in the backlog.
-            loop {
-                let accepting = pin!(self.tcp.accept());
-                match accepting.poll(cx) {
+            // Start a handshake for every connection waiting in the backlog,
+            // while under the caps.
+            let mut backoff = self.backoff.borrow_mut();
+            let mut accepted = 0;
+            while accepted < ACCEPTS_PER_POLL {
+                if !self.limits.has_room() {
+                    if !self.full_noted.replace(true) {
+                        self.limits.note_full();
+                    }
+                    break;
+                }
+                self.full_noted.set(false);
+                match backoff.poll_accept(&self.tcp, cx) {
                     Poll::Ready(Ok((stream, peer))) => {
+                        accepted += 1;
+                        let slot = match self.limits.admit(peer) {
+                            Ok(slot) => slot,
+                            Err(refusal) => {
+                                refuse_now(stream, &refusal);
+                                continue;
+                            }
+                        };
                         let span = setup_span("accept", peer);
                         let attempt =
                             handshake(stream, peer, self.qps.clone(), self.timeout, span.clone())
                                 .instrument(span);
                         self.in_flight.borrow_mut().push(Box::pin(async move {
-                            attempt.await.map_err(|e| (peer, e))
+                            let r = attempt.await.map_err(|e| (peer, e));
+                            drop(slot);
+                            r
                         }));
-                    }
-                    Poll::Ready(Err(e)) if is_transient(&e) => {
-                        tracing::debug!(error = %crate::error::ErrorChain(&e), "transient accept error");
                     }
                     Poll::Ready(Err(source)) => {
                         return Poll::Ready(Err(Failure::Listener(HandshakeError::Io {
@@ -244,6 +304,10 @@ impl<F: QpFactory> Listener<F> {
                     }
                     Poll::Pending => break,
                 }
+            }
+            if accepted == ACCEPTS_PER_POLL {
+                // More may wait: come back after the other tasks.
+                cx.waker().wake_by_ref();
             }
             let mut in_flight = self.in_flight.borrow_mut();
             match in_flight.poll_next_unpin(cx) {
@@ -256,15 +320,31 @@ impl<F: QpFactory> Listener<F> {
     }
 }
 
+/// Connections accepted in one poll before the listener lets other tasks run.
+const ACCEPTS_PER_POLL: usize = 256;
+
+/// Refuses a connection over its source's cap at once: a reject frame
+/// without waiting (a fresh connection's send buffer takes it), then close.
+fn refuse_now(mut stream: TcpStream, refusal: &PendingRefusal) {
+    use futures::io::{AsyncRead, AsyncWrite};
+    let frame = super::handshake::encode_reject(&refusal.to_string());
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    // Unread bytes at close would turn the FIN into a reset.
+    let mut scratch = [0u8; 1024];
+    for _ in 0..4 {
+        match Pin::new(&mut stream).poll_read(&mut cx, &mut scratch) {
+            Poll::Ready(Ok(n)) if n > 0 => continue,
+            _ => break,
+        }
+    }
+    let _ = Pin::new(&mut stream).poll_write(&mut cx, &frame);
+    let _ = Pin::new(&mut stream).poll_close(&mut cx);
+}
+
 /// Why `next_handshake` returned without a connection.
 enum Failure {
     Listener(HandshakeError),
     Client(SocketAddr, HandshakeError),
-}
-
-fn is_transient(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted)
 }
 
 /// Server side of one connection.
@@ -308,5 +388,7 @@ async fn handshake<F: QpFactory>(
     })
 }
 
+#[cfg(test)]
+mod attacks;
 #[cfg(test)]
 mod tests;

@@ -21,6 +21,29 @@
 //! roles over any `futures::io` stream, bounded by a [`Deadline`];
 //! [`Listener`] and [`connect`] run them over the reactor's TCP, with QPs
 //! from a [`QpFactory`] ([`DeviceQps`] on a runtime `Device`).
+//!
+//! # Limits of the listener
+//!
+//! What a client can make a [`Listener`] hold before its hello is
+//! validated, and the defaults:
+//!
+//! | bound | default |
+//! |---|---|
+//! | time for the whole handshake (the `timeout` of [`Listener::bind`]); then the connection is closed | [`DEFAULT_TIMEOUT`], 5 s |
+//! | bytes of a frame's body, checked in the header before any is read | [`MAX_BODY_LEN`](handshake::MAX_BODY_LEN), 1024 |
+//! | memory per pending client: one fixed-size handshake future, its frame buffer included (nothing allocated from peer input) | under 4 KiB |
+//! | handshakes at once; when reached the listener stops accepting (new connections wait in the kernel's backlog) | [`DEFAULT_MAX_PENDING`], 128 |
+//! | of those, from one IP address; more get a reject at once | [`DEFAULT_MAX_PENDING_PER_SOURCE`], 32 |
+//!
+//! Set the caps with [`Listener::with_pending_caps`]. Hitting a cap is
+//! logged (`warn`, at most every 10 s). `accept(2)` errors for lack of
+//! resources (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) pause accepting (10
+//! ms doubling to 1 s) and are logged once per burst; a client's own
+//! failure (a bad frame, a hello sent twice, silence) fails its handshake
+//! only; [`Listener::accept`] fails only when the listening socket does.
+//! The listener's tests attack it from raw sockets (floods of idle and
+//! half-open connections, every length at and past its limit, the caps,
+//! and `EMFILE` in a child process with a lowered descriptor limit).
 
 mod error;
 mod exchange;
@@ -32,6 +55,9 @@ mod setup;
 pub use error::HandshakeError;
 pub use exchange::{accept_exchange, connect_exchange, Deadline};
 pub use handshake::{decode, encode, Hello};
-pub use listener::{connect, Connection, Listener, DEFAULT_TIMEOUT};
+pub use listener::{
+    connect, Connection, Listener, DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE,
+    DEFAULT_TIMEOUT,
+};
 pub use reach::{check_engine_reachable, peer_is_local};
 pub use setup::{path_mtu, DeviceQps, QpConfig, QpFactory};

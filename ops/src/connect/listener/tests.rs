@@ -12,17 +12,17 @@ use super::super::handshake::{self, decode_frame, Frame, Hello, HEADER_LEN, HELL
 use super::*;
 
 /// Hands out QP numbers and records connections instead of touching a device.
-struct Fake {
+pub(super) struct Fake {
     kind: ProviderKind,
     next_qpn: Cell<u32>,
     connected: RefCell<Vec<(u32, Endpoint)>>,
 }
 
 #[derive(Clone)]
-struct FakeQps(Rc<Fake>);
+pub(super) struct FakeQps(Rc<Fake>);
 
 impl FakeQps {
-    fn new(kind: ProviderKind, first_qpn: u32) -> FakeQps {
+    pub(super) fn new(kind: ProviderKind, first_qpn: u32) -> FakeQps {
         FakeQps(Rc::new(Fake {
             kind,
             next_qpn: Cell::new(first_qpn),
@@ -61,9 +61,9 @@ impl QpFactory for FakeQps {
 }
 
 /// Bounds every test; only a bug reaches it.
-const LIMIT: Duration = Duration::from_secs(10);
+pub(super) const LIMIT: Duration = Duration::from_secs(10);
 
-fn any_port() -> SocketAddr {
+pub(super) fn any_port() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
@@ -80,7 +80,7 @@ async fn raw_client(addr: SocketAddr, bytes: Vec<u8>, half_close: bool) -> Vec<u
     reply
 }
 
-fn hello_bytes() -> Vec<u8> {
+pub(super) fn hello_bytes() -> Vec<u8> {
     let ep = FakeQps::new(ProviderKind::Soft, 1).create().unwrap().1;
     handshake::encode(&Hello::new(ep)).unwrap().to_vec()
 }
