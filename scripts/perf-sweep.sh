@@ -8,7 +8,7 @@
 #   scripts/perf-sweep.sh [--rxe] [--sizes LIST] [--paths LIST] [--tests LIST]
 #                         [-D SECONDS] [--window N] [--rounds N] [--limit SECONDS]
 #                         [--plot PNG] [--title TEXT] [--guard X] [--bin BINARY]
-#                         [--out DIR] [--markdown]
+#                         [--out DIR] [--markdown] [--rdma-flags FLAGS]
 #
 #   --rxe          run inside the rxe VM (../shared/tools/rxe-vm) on rxe0,
 #                  with a build of --features ibverbs; default: soft0 here
@@ -28,6 +28,8 @@
 #   --bin BINARY   a verbio-perf binary (default: build the release one)
 #   --out DIR      results (default target/perf-sweep/soft0 or .../rxe0)
 #   --markdown     print the tables in Markdown too
+#   --rdma-flags F verbio-perf flags added to the verbs, rdma and rpc runs,
+#                  e.g. "--busy-poll 1000000" (both sides get them)
 #
 # A path that cannot carry a size (or fails, or times out) is printed as
 # n/a with the reason; the sweep goes on. The ratios are slowdowns: a
@@ -50,6 +52,7 @@ GUARD=
 BIN=
 OUT=
 MARKDOWN=
+RDMA_FLAGS=
 while [ $# -gt 0 ]; do
     case $1 in
         --rxe) RXE=1 ;;
@@ -66,7 +69,8 @@ while [ $# -gt 0 ]; do
         --bin) BIN=$2; shift ;;
         --out) OUT=$2; shift ;;
         --markdown) MARKDOWN=--markdown ;;
-        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+        --rdma-flags) RDMA_FLAGS=$2; shift ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         *) echo "perf-sweep: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -132,8 +136,8 @@ if [ "$RXE" = 1 ]; then
     GUEST=$OUT/guest.sh
     {
         echo '#!/bin/bash'
-        printf 'BIN=%q DEV=%q GIDX=%q OUT=%q SIZES=%q PATHS=%q TESTS=%q DUR=%q WINDOW=%q ROUNDS=%q LIMIT=%q\n' \
-            "$BIN" "$DEV" "$GIDX" "$OUT" "$SIZES" "$PATHS" "$TESTS" "$DUR" "$WINDOW" "$ROUNDS" "$LIMIT"
+        printf 'BIN=%q DEV=%q GIDX=%q OUT=%q SIZES=%q PATHS=%q TESTS=%q DUR=%q WINDOW=%q ROUNDS=%q LIMIT=%q RDMA_FLAGS=%q\n' \
+            "$BIN" "$DEV" "$GIDX" "$OUT" "$SIZES" "$PATHS" "$TESTS" "$DUR" "$WINDOW" "$ROUNDS" "$LIMIT" "$RDMA_FLAGS"
         printf '. %q\n' "$ROOT/scripts/lib/perf-sweep-runs.sh"
         echo 'sweep_runs'
     } >"$GUEST"
@@ -147,7 +151,7 @@ else
 fi
 echo "perf-sweep: $(( SECONDS - t0 )) s of runs on $DEV" >&2
 {
-    echo "command: scripts/perf-sweep.sh$([ "$RXE" = 1 ] && echo ' --rxe') --sizes $SIZES --paths $PATHS --tests $TESTS -D $DUR --window $WINDOW --rounds $ROUNDS"
+    echo "command: scripts/perf-sweep.sh$([ "$RXE" = 1 ] && echo ' --rxe') --sizes $SIZES --paths $PATHS --tests $TESTS -D $DUR --window $WINDOW --rounds $ROUNDS$([ -n "$RDMA_FLAGS" ] && printf ' --rdma-flags %q' "$RDMA_FLAGS")"
     echo "device: $DEV"
     echo "started: $start UTC"
     echo "machine: $(nproc) cores, $(uname -sr)"

@@ -7,6 +7,7 @@
 #   PATHS   of verbs,rdma,rpc,tcp      TESTS  of send_lat,send_bw
 #   DUR     seconds per run (-D)       WINDOW messages in flight (send_bw)
 #   ROUNDS  rounds                     LIMIT  seconds before a run is killed
+#   RDMA_FLAGS  more flags of the verbs, rdma and rpc runs (split on spaces)
 # Per size and test, each path's server and client run as two processes,
 # the paths in an order rotated from size to size and round to round (so
 # that the host's drift spreads over all of them). Each run leaves
@@ -14,10 +15,12 @@
 # reason it could not run (the client's last error line, or the timeout).
 
 # sweep_port: the next TCP port of the runs (a fresh one per run: a
-# server that is still closing holds its port for a moment).
-SWEEP_PORT=18700
+# server that is still closing holds its port for a moment), from 300
+# starting at PERF_SWEEP_PORT (default 18700).
+SWEEP_BASE=${PERF_SWEEP_PORT:-18700}
+SWEEP_PORT=$SWEEP_BASE
 sweep_port() {
-    SWEEP_PORT=$(( SWEEP_PORT >= 18999 ? 18700 : SWEEP_PORT + 1 ))
+    SWEEP_PORT=$(( SWEEP_PORT >= SWEEP_BASE + 299 ? SWEEP_BASE : SWEEP_PORT + 1 ))
 }
 
 # sweep_window SIZE: send_bw's window at SIZE: WINDOW messages, fewer when
@@ -36,7 +39,12 @@ sweep_one() {
     local flags=(-s "$size" -D "$DUR")
     case $path in
         tcp) flags+=(--transport tcp) ;;
-        *) flags+=(--api "$path" -d "$DEV"); [ -n "$GIDX" ] && flags+=(-x "$GIDX") ;;
+        *)
+            flags+=(--api "$path" -d "$DEV")
+            [ -n "$GIDX" ] && flags+=(-x "$GIDX")
+            # shellcheck disable=SC2206 # flags split on spaces, on purpose
+            [ -n "${RDMA_FLAGS:-}" ] && flags+=($RDMA_FLAGS)
+            ;;
     esac
     [ "$test" = send_bw ] && flags+=(-t "$(sweep_window "$size")")
     sweep_port
