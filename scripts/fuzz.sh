@@ -4,7 +4,8 @@
 # Usage:
 #   scripts/fuzz.sh TARGET|all [SECONDS] [-- LIBFUZZER_ARGS...]
 #
-#   TARGET    agent_wire | handshake | handshake_exchange | soft_packet | rpc_header |
+#   TARGET    agent_wire | handshake | handshake_exchange | soft_packet | soft_handshake |
+#             rpc_header |
 #             cm_frame, or
 #             `all` (one after the other, never in parallel)
 #   SECONDS   fuzzing time per target (default 60)
@@ -35,7 +36,7 @@
 # Exit status: 0 if no target crashed, 1 if one did, 2 on usage errors.
 set -euo pipefail
 
-TARGETS=(agent_wire handshake handshake_exchange soft_packet rpc_header cm_frame)
+TARGETS=(agent_wire handshake handshake_exchange soft_packet soft_handshake rpc_header cm_frame)
 cd "$(dirname "$0")/.."
 
 usage() {
@@ -60,7 +61,7 @@ extra=("$@")
 
 case $what in
 all) run=("${TARGETS[@]}") ;;
-agent_wire | handshake | handshake_exchange | soft_packet | rpc_header | cm_frame) run=("$what") ;;
+agent_wire | handshake | handshake_exchange | soft_packet | soft_handshake | rpc_header | cm_frame) run=("$what") ;;
 *) usage ;;
 esac
 

@@ -227,6 +227,11 @@ fn soft_packet() {
 }
 
 #[test]
+fn soft_handshake() {
+    replay("soft_handshake", MUTATED_INPUTS);
+}
+
+#[test]
 fn rpc_header() {
     replay("rpc_header", MUTATED_INPUTS);
 }

@@ -20,6 +20,7 @@ pub mod cm_frame;
 pub mod handshake;
 pub mod handshake_exchange;
 pub mod rpc_header;
+pub mod soft_handshake;
 pub mod soft_packet;
 
 use std::fmt;
@@ -69,7 +70,7 @@ pub struct Target {
 }
 
 /// Every fuzz target.
-pub const TARGETS: [Target; 6] = [
+pub const TARGETS: [Target; 7] = [
     Target {
         name: "agent_wire",
         check: agent_wire::check,
@@ -93,6 +94,12 @@ pub const TARGETS: [Target; 6] = [
         check: soft_packet::check,
         seeds: soft_packet::seeds,
         len_field: soft_packet::LEN_FIELD,
+    },
+    Target {
+        name: "soft_handshake",
+        check: soft_handshake::check,
+        seeds: soft_handshake::seeds,
+        len_field: soft_handshake::LEN_FIELD,
     },
     Target {
         name: "rpc_header",

@@ -1,11 +1,13 @@
-//! The property check of the packet codec for the fuzz target
-//! `fuzz/fuzz_targets/soft_packet.rs` and `tests/fuzz_replay.rs` (through
-//! `verbio_ops::fuzz_checks::soft_packet`). It lives here because the codec is
+//! The property checks of the packet codec and of the handshake before a
+//! peer is proven, for the fuzz targets `fuzz/fuzz_targets/soft_packet.rs`
+//! and `soft_handshake.rs` and `tests/fuzz_replay.rs` (through
+//! `verbio_ops::fuzz_checks::soft_packet` and `soft_handshake`). It lives here because the codec is
 //! private to the device. Compiled only with the `fuzzing` feature; a failed
 //! property panics, so none of this is for production paths.
 
 use std::fmt;
 
+use super::handshake::{self, Expect, Message, PRE_PROOF_MAX};
 use super::packet::{
     self, Header, Opcode, FLAG_FIRST, FLAG_LAST, FLAG_SOLICITED, HEADER_LEN, HELLO_LEN, NAK_RNR,
 };
@@ -216,5 +218,129 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
         packet("datagram", datagram, &payload[..32]),
         packet("datagram-imm", datagram_imm, &payload),
         packet("datagram-empty", datagram, &[]),
+    ]
+}
+
+/// Where, in an input of the `soft_handshake` target, the first packet
+/// header keeps its payload length (after the one byte naming the side).
+#[doc(hidden)]
+pub const SOFT_HANDSHAKE_LEN_OFFSET: usize = 1 + SOFT_PACKET_LEN_OFFSET;
+/// Bytes of an input of the `soft_handshake` target before the first
+/// packet's counted payload.
+#[doc(hidden)]
+pub const SOFT_HANDSHAKE_HEADER_LEN: usize = 1 + HEADER_LEN;
+
+/// The handshake an engine runs on a connection before its peer is
+/// proven, fed `data[1..]` as what the connection received; `data[0] % 3`
+/// names the side: 0 a dialed connection (the dialed engine's HELLO), 1 an
+/// accepted one (a HELLO or a VERIFY), 2 a verifier (HELLO, then
+/// VERIFY_REPLY). Checks what `next_message` promises: it never waits for
+/// more than `PRE_PROOF_MAX` bytes (the whole of what the engine buffers
+/// before a proof), it never takes more than it was given, cutting the
+/// bytes in two places gives what cutting them whole gives, and every
+/// message re-encodes to the very bytes it was cut from. Returns whether a
+/// message was cut.
+///
+/// # Panics
+///
+/// On any violated property (that is the point).
+#[doc(hidden)]
+pub fn check_soft_handshake(data: &[u8]) -> bool {
+    let Some((&side, stream)) = data.split_first() else {
+        return false;
+    };
+    let plan: &[Expect] = match side % 3 {
+        0 => &[Expect::Hello],
+        1 => &[Expect::HelloOrVerify],
+        _ => &[Expect::Hello, Expect::VerifyReply],
+    };
+    let mut pos = 0;
+    let mut cut = false;
+    for &expect in plan {
+        let rest = &stream[pos..];
+        let whole = handshake::next_message(expect, rest);
+        // The same bytes arriving in two reads: each prefix waits or
+        // agrees with the whole.
+        for split in [
+            HEADER_LEN / 2,
+            HEADER_LEN,
+            HEADER_LEN + 7,
+            PRE_PROOF_MAX - 1,
+        ] {
+            if split >= rest.len() {
+                continue;
+            }
+            match handshake::next_message(expect, &rest[..split]) {
+                Ok(None) => {}
+                early => assert_eq!(early, whole, "a prefix of {split} bytes decides otherwise"),
+            }
+        }
+        match whole {
+            Ok(None) => {
+                assert!(
+                    rest.len() < PRE_PROOF_MAX,
+                    "waits for more with {} bytes buffered",
+                    rest.len()
+                );
+                return cut;
+            }
+            Ok(Some((msg, used))) => {
+                assert!(
+                    used <= rest.len() && used <= PRE_PROOF_MAX,
+                    "took {used} bytes"
+                );
+                assert_eq!(
+                    handshake::encode(msg).as_slice(),
+                    &rest[..used],
+                    "{msg:?} re-encodes differently"
+                );
+                cut = true;
+                pos += used;
+                // (The engine's next step depends on the message: a
+                // verifier's HELLO only leads on.)
+                if !matches!((expect, msg), (Expect::Hello, Message::Hello(_)) if plan.len() == 2) {
+                    return cut;
+                }
+            }
+            Err(e) => {
+                display(&e);
+                return cut;
+            }
+        }
+    }
+    cut
+}
+
+/// Valid handshakes of every side, and a few that stop early.
+#[doc(hidden)]
+pub fn soft_handshake_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let engine = "127.0.0.1:4791".parse().expect("literal");
+    let peer = "[fe80::7]:4792".parse().expect("literal");
+    let with = |side: u8, msgs: &[Message]| {
+        let mut v = vec![side];
+        for &m in msgs {
+            v.extend_from_slice(&handshake::encode(m));
+        }
+        v
+    };
+    let verify = Message::Verify {
+        asker: engine,
+        src: "[::ffff:127.0.0.1]:40000".parse().expect("literal"),
+    };
+    let mut then_data = with(0, &[Message::Hello(engine)]);
+    then_data.extend_from_slice(&Header::new(Opcode::Ack).encode());
+    vec![
+        ("dialed-hello", with(0, &[Message::Hello(engine)])),
+        ("dialed-hello-then-ack", then_data),
+        ("accepted-hello-v6", with(1, &[Message::Hello(peer)])),
+        ("accepted-verify", with(1, &[verify])),
+        (
+            "verifier-yes",
+            with(2, &[Message::Hello(engine), Message::VerifyReply(true)]),
+        ),
+        (
+            "verifier-no",
+            with(2, &[Message::Hello(engine), Message::VerifyReply(false)]),
+        ),
     ]
 }

@@ -9,7 +9,8 @@
 use std::net::SocketAddr;
 
 use super::packet::{
-    decode_header, decode_hello, decode_verify, Opcode, PacketError, HEADER_LEN, VERIFY_LEN,
+    decode_header, decode_hello, decode_verify, encode_hello, encode_verify, Header, Opcode,
+    PacketError, HEADER_LEN, HELLO_LEN, VERIFY_LEN,
 };
 
 /// The largest packet a connection may send before its peer is proven (a
@@ -53,6 +54,31 @@ pub enum Message {
     VerifyReply(bool),
 }
 
+/// The packet carrying `msg` (what [`next_message`] cuts).
+pub fn encode(msg: Message) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PRE_PROOF_MAX);
+    match msg {
+        Message::Hello(addr) => {
+            let mut h = Header::new(Opcode::Hello);
+            h.payload_len = HELLO_LEN as u32;
+            out.extend_from_slice(&h.encode());
+            out.extend_from_slice(&encode_hello(addr));
+        }
+        Message::Verify { asker, src } => {
+            let mut h = Header::new(Opcode::Verify);
+            h.payload_len = VERIFY_LEN as u32;
+            out.extend_from_slice(&h.encode());
+            out.extend_from_slice(&encode_verify(asker, src));
+        }
+        Message::VerifyReply(yes) => {
+            let mut h = Header::new(Opcode::VerifyReply);
+            h.arg0 = u64::from(yes);
+            out.extend_from_slice(&h.encode());
+        }
+    }
+    out
+}
+
 /// Why a connection's first bytes are refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -60,6 +86,9 @@ pub enum HandshakeError {
     /// Not a valid packet header or payload.
     #[error("bad handshake packet")]
     Packet(#[from] PacketError),
+    /// A handshake packet with header fields set that it does not use.
+    #[error("{0:?} packet with header fields that must be zero")]
+    StrayFields(Opcode),
     /// A valid packet, but not one the connection may send now.
     #[error("{got:?} packet where {expected:?} was expected (the peer is not proven yet)")]
     Unexpected {
@@ -93,6 +122,17 @@ pub fn next_message(
             got: hdr.opcode,
             expected: expect,
         });
+    }
+    // Nothing but the opcode, the length and a reply's answer may be set.
+    let mut canonical = Header::new(hdr.opcode);
+    canonical.payload_len = hdr.payload_len;
+    canonical.arg0 = if hdr.opcode == Opcode::VerifyReply {
+        hdr.arg0
+    } else {
+        0
+    };
+    if hdr != canonical {
+        return Err(HandshakeError::StrayFields(hdr.opcode));
     }
     // (`decode_header` fixed the payload length of these three opcodes.)
     let total = HEADER_LEN + hdr.payload_len as usize;
@@ -176,6 +216,12 @@ mod tests {
                 })
             ));
         }
+        let mut stray = hello("10.0.0.1:7");
+        stray[8] = 1; // dst_qpn
+        assert_eq!(
+            next_message(Expect::Hello, &stray),
+            Err(HandshakeError::StrayFields(Opcode::Hello))
+        );
         let mut bad = hello("10.0.0.1:7");
         bad[4] = 200; // a HELLO announcing 200 payload bytes
         assert!(matches!(

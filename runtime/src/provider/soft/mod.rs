@@ -146,7 +146,9 @@ pub use ud::{UdCounters, UdFaults};
 
 #[cfg(feature = "fuzzing")]
 pub use fuzz_check::{
-    check_soft_packet, soft_packet_seeds, SOFT_PACKET_HEADER_LEN, SOFT_PACKET_LEN_OFFSET,
+    check_soft_handshake, check_soft_packet, soft_handshake_seeds, soft_packet_seeds,
+    SOFT_HANDSHAKE_HEADER_LEN, SOFT_HANDSHAKE_LEN_OFFSET, SOFT_PACKET_HEADER_LEN,
+    SOFT_PACKET_LEN_OFFSET,
 };
 
 use std::collections::HashMap;

@@ -16,8 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::handshake::{Expect, PRE_PROOF_BUF};
-use super::packet::{encode_hello, encode_verify, Header, Opcode, HELLO_LEN, VERIFY_LEN};
+use super::handshake::{encode, Expect, Message, PRE_PROOF_BUF};
 use super::wire::Wire;
 pub(crate) use resp::{ReadJob, Resp};
 pub(crate) use rx::RxDirect;
@@ -69,11 +68,7 @@ impl Auth {
 
 /// A HELLO packet announcing `local`.
 fn hello(local: SocketAddr) -> Vec<u8> {
-    let mut h = Header::new(Opcode::Hello);
-    h.payload_len = HELLO_LEN as u32;
-    let mut v = h.encode().to_vec();
-    v.extend_from_slice(&encode_hello(local));
-    v
+    encode(Message::Hello(local))
 }
 
 pub(crate) struct Conn {
@@ -203,10 +198,7 @@ impl Conn {
         let mut c = Conn::bare(Some(wire), auth, false, serial);
         c.peer = Some(peer);
         c.dialed = true;
-        let mut h = Header::new(Opcode::Verify);
-        h.payload_len = VERIFY_LEN as u32;
-        c.tx.extend_from_slice(&h.encode());
-        c.tx.extend_from_slice(&encode_verify(asker, src));
+        c.tx.extend_from_slice(&encode(Message::Verify { asker, src }));
         c
     }
 

@@ -23,8 +23,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::super::conn::{Auth, Conn};
-use super::super::handshake::{next_message, Message};
-use super::super::packet::{Header, Opcode};
+use super::super::handshake::{encode, next_message, Message};
 use super::Engine;
 use crate::provider::{QpState, QpType, SoftConfig};
 
@@ -408,9 +407,8 @@ impl Engine {
                 let Some(conn) = self.conns.get_mut(cid) else {
                     return Step::Refuse;
                 };
-                let mut h = Header::new(Opcode::VerifyReply);
-                h.arg0 = u64::from(yes);
-                conn.tx.extend_from_slice(&h.encode());
+                conn.tx
+                    .extend_from_slice(&encode(Message::VerifyReply(yes)));
                 conn.auth = Auth::Answered;
                 self.activate(cid);
                 Step::Go
