@@ -54,6 +54,9 @@ pub(crate) struct Shared {
     /// Times the engine woke from its poll (tests watch it: a wake-up can
     /// be shorter than any poll of `sleeping`).
     pub wakes: AtomicU64,
+    /// Requests posting threads transmitted themselves (`direct.rs`; for
+    /// tests and diagnostics).
+    pub direct_sends: AtomicU64,
     /// The engine delivered a successful completion since it last looked
     /// (engine thread only): its application will likely post again soon.
     pub completed: AtomicBool,
@@ -267,6 +270,7 @@ impl Context {
             dirty: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
             wakes: AtomicU64::new(0),
+            direct_sends: AtomicU64::new(0),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),

@@ -1,9 +1,12 @@
 //! Transmission from the posting thread: while the engine has nothing left
 //! to send for a QP (it says so by setting `QpInner::direct`), `post_send`
-//! of one small SEND or WRITE encodes the request packet and writes it to the
-//! connection's socket itself (see `wire.rs` for how this is ordered with
-//! the engine's own writes), instead of queueing the WR and waking the
-//! engine. The WR then waits in `QpInner::sent` until the engine takes it
+//! of one SEND or WRITE of one packet encodes the request packet and writes
+//! it to the connection's socket itself (see `wire.rs` for how this is
+//! ordered with the engine's own writes), instead of queueing the WR and
+//! waking the engine. A payload of `ZC_MIN` bytes or more is written from
+//! registered memory, uncopied, and only while it is the QP's only request
+//! (one at a time, the hand-off is the latency; behind others, the engine
+//! streams it as the socket drains). The WR then waits in `QpInner::sent` until the engine takes it
 //! over (when it next looks at the QP: a response for it, a tick, a state
 //! change) with its PSN, for completion, RNR retransmission and timeouts.
 //! This removes one thread hand-off from every such request, at the price of
@@ -14,18 +17,20 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::dma::gather;
+use smallvec::SmallVec;
+
+use super::dma::{gather, spans, Span};
 use super::engine::psn_add;
 use super::lock;
-use super::packet::{Header, Opcode, HEADER_LEN};
+use super::packet::{Header, Opcode, HEADER_LEN, MAX_PAYLOAD};
 use super::qp::{Qp, SendWqe};
-use super::requester::data_header;
+use super::requester::{data_header, ZC_MIN};
 use super::wire::{DirectWrite, Wire};
 use crate::provider::{ack_timeout_duration, PostError, QpState, SendFlags, SendOp, SendWr};
 
-/// Largest message sent from the posting thread (larger ones go through the
-/// engine, which sends them from registered memory without copying).
-pub(crate) const DIRECT_MAX: u64 = 16 * 1024 - 1;
+/// Largest message sent from the posting thread: one packet. (Messages of
+/// several packets go through the engine.)
+pub(crate) const DIRECT_MAX: u64 = MAX_PAYLOAD as u64;
 
 /// The engine's permission to transmit directly.
 pub(crate) struct Direct {
@@ -77,12 +82,22 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         let mut buf = scratch.try_borrow_mut().ok()?;
         buf.clear();
         buf.resize(HEADER_LEN, 0);
-        match &w.inline {
-            Some(bytes) => buf.extend_from_slice(bytes),
-            None => {
+        // A large payload is written from registered memory, as the engine
+        // writes it (`ZC_MIN`): the MR table stays locked until the write
+        // is done, taken before the QP lock (the engine's order).
+        let from_memory = w.inline.is_none() && w.len >= ZC_MIN;
+        let mrs = from_memory.then(|| ctx.mrs());
+        let mut body = SmallVec::<[Span<'_>; 4]>::new();
+        match (&w.inline, &mrs) {
+            (Some(bytes), _) => buf.extend_from_slice(bytes),
+            (None, Some(mrs)) => {
+                // An invalid SGE is left to the engine, which completes the
+                // WR with the error.
+                body = spans(&w.sges, sh.pd, mrs, 0, w.len)?;
+            }
+            (None, None) => {
                 // Copied before the QP lock is taken (the engine takes the
-                // QP lock under the MR-table lock). An invalid SGE is left
-                // to the engine, which completes the WR with the error.
+                // QP lock under the MR-table lock).
                 let mrs = ctx.mrs();
                 if !gather(&w.sges, sh.pd, &mrs, 0, w.len, &mut buf) {
                     return None;
@@ -93,6 +108,12 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         if inner.state != QpState::Rts
             || !inner.sq.is_empty()
             || inner.sq_outstanding >= sh.caps.max_send_wr
+            // A large payload goes from here only when it is the QP's only
+            // request (one at a time, where the hand-off to the engine is
+            // the latency). Behind others, the engine streams it from memory
+            // as the socket drains, without a copy of what the socket did
+            // not take, and without this thread holding the MR table meanwhile.
+            || (from_memory && inner.sq_outstanding > 0)
         {
             return None;
         }
@@ -105,7 +126,12 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         h.psn = d.next_psn;
         data_header(&mut h, &w, 0, w.len);
         buf[..HEADER_LEN].copy_from_slice(&h.encode());
-        let wrote = match d.wire.try_write(&buf) {
+        let written = if from_memory {
+            d.wire.try_write_gather(&buf, &body)
+        } else {
+            d.wire.try_write(&buf)
+        };
+        let wrote = match written {
             Some(r) => r,
             None => {
                 // The engine has output pending: from now on (until it
@@ -121,7 +147,14 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         inner.sent.push_back(DirectSent { w, psn, at });
         inner.sq_outstanding += 1;
         drop(inner);
+        drop(body);
+        drop(mrs);
+        ctx.direct_sends.fetch_add(1, Ordering::Relaxed);
         ctx.notify_direct(sh, wrote == DirectWrite::Spilled, timeout, at);
         Some(Ok(()))
     })
 }
+
+#[cfg(test)]
+#[path = "direct_tests.rs"]
+mod tests;

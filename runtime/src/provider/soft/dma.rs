@@ -34,6 +34,8 @@
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
 
+use smallvec::SmallVec;
+
 use super::mr::MrTable;
 use crate::provider::Sge;
 
@@ -84,6 +86,29 @@ impl<'t> Span<'t> {
         let n = dst.len().min(self.len);
         // SAFETY: `Span`'s invariant; `n` fits both.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr, dst.as_mut_ptr(), n) }
+    }
+
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends the span's bytes from `from` on to `out` (nothing if `from`
+    /// is past its end).
+    pub(crate) fn append_from(&self, from: usize, out: &mut Vec<u8>) {
+        let n = self.len.saturating_sub(from);
+        out.reserve(n);
+        let at = out.len();
+        // SAFETY: `Span`'s invariant; `from + n <= len`; `out` has `n`
+        // spare bytes (reserved), now initialized.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.add(from.min(self.len)),
+                out.as_mut_ptr().add(at),
+                n,
+            );
+            out.set_len(at + n);
+        }
     }
 
     /// Appends the whole span to `out`.
@@ -157,6 +182,21 @@ pub(crate) fn gather(
         span.append_to(out);
     }
     true
+}
+
+/// The registered memory holding message bytes `[off, off + len)` of
+/// `sges`, in order, to be written to a socket without copying; `None` if
+/// an SGE is not (or no longer) a registered region.
+pub(crate) fn spans<'t>(
+    sges: &[Sge],
+    pd: u32,
+    mrs: &'t MrTable,
+    off: u64,
+    len: u64,
+) -> Option<SmallVec<[Span<'t>; 4]>> {
+    pieces(sges, off, len)
+        .map(|(s, addr, n, _)| mrs.local(s.lkey, pd, addr, n, false))
+        .collect()
 }
 
 /// Writes `data` to message bytes `[off, off + data.len())` of `sges`.

@@ -257,7 +257,7 @@ impl Engine {
 
 #[cfg(test)]
 #[path = "drive_tests.rs"]
-mod tests;
+pub(crate) mod tests;
 
 /// A packet for `eq` arrived on `cid`: its CQs are fed by that connection.
 pub(crate) fn note_feed(

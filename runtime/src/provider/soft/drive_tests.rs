@@ -18,13 +18,13 @@ const SIG: SendFlags = SendFlags::SIGNALED;
 /// Registered memory read and written only through raw-pointer copies
 /// (never while a WR that may write it is outstanding, except where noted);
 /// the registration is dropped before the memory.
-struct Mem {
+pub(crate) struct Mem {
     mr: Option<Mr>,
     mem: Box<[u64]>,
 }
 
 impl Mem {
-    fn new(pd: &Pd, len: usize, access: AccessFlags) -> Mem {
+    pub(crate) fn new(pd: &Pd, len: usize, access: AccessFlags) -> Mem {
         let mut mem = vec![0u64; len.div_ceil(8)].into_boxed_slice();
         // SAFETY: the boxed memory outlives the registration (`Drop`
         // deregisters first) and is never reallocated.
@@ -37,14 +37,14 @@ impl Mem {
     fn mr(&self) -> &Mr {
         self.mr.as_ref().expect("registered")
     }
-    fn sge(&self, off: usize, len: usize) -> Sge {
+    pub(crate) fn sge(&self, off: usize, len: usize) -> Sge {
         Sge {
             addr: self.addr() + off as u64,
             length: len as u32,
             lkey: self.mr().lkey(),
         }
     }
-    fn write(&self, off: usize, data: &[u8]) {
+    pub(crate) fn write(&self, off: usize, data: &[u8]) {
         assert!(off + data.len() <= self.mem.len() * 8);
         // SAFETY: in bounds (checked); no WR uses these bytes now.
         unsafe {
@@ -55,7 +55,7 @@ impl Mem {
             )
         };
     }
-    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+    pub(crate) fn read(&self, off: usize, len: usize) -> Vec<u8> {
         assert!(off + len <= self.mem.len() * 8);
         let mut v = vec![0u8; len];
         // SAFETY: in bounds (checked); read through a copy.
@@ -76,13 +76,13 @@ impl Drop for Mem {
     }
 }
 
-struct Side {
-    ctx: Context,
-    pd: Pd,
-    scq: Cq,
-    rcq: Cq,
+pub(crate) struct Side {
+    pub(crate) ctx: Context,
+    pub(crate) pd: Pd,
+    pub(crate) scq: Cq,
+    pub(crate) rcq: Cq,
     ch: CompChannel,
-    qp: Qp,
+    pub(crate) qp: Qp,
 }
 
 fn pair_with(rts: RtsAttr) -> (Side, Side) {
@@ -127,12 +127,12 @@ fn pair_with(rts: RtsAttr) -> (Side, Side) {
     (a, b)
 }
 
-fn pair() -> (Side, Side) {
+pub(crate) fn pair() -> (Side, Side) {
     pair_with(RtsAttr::default())
 }
 
 /// Busy-polls `cq` (as a spinning application does) for one completion.
-fn spin_one(cq: &Cq) -> Completion {
+pub(crate) fn spin_one(cq: &Cq) -> Completion {
     let mut wc = [Completion::EMPTY; 1];
     let deadline = Instant::now() + WAIT;
     loop {
@@ -144,7 +144,7 @@ fn spin_one(cq: &Cq) -> Completion {
     }
 }
 
-fn send_wr(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
+pub(crate) fn send_wr(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     SendWr {
         wr_id,
         sg_list: [sge].into_iter().collect(),
@@ -153,7 +153,7 @@ fn send_wr(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     }
 }
 
-fn post_recv(qp: &Qp, wr_id: u64, sge: Sge) {
+pub(crate) fn post_recv(qp: &Qp, wr_id: u64, sge: Sge) {
     let wr = RecvWr {
         wr_id,
         sg_list: [sge].into_iter().collect(),
@@ -162,7 +162,7 @@ fn post_recv(qp: &Qp, wr_id: u64, sge: Sge) {
     unsafe { qp.post_recv(&[wr]) }.expect("post_recv");
 }
 
-fn post_send(qp: &Qp, wr: SendWr) {
+pub(crate) fn post_send(qp: &Qp, wr: SendWr) {
     // SAFETY: the SGE names a `Mem`, not accessed until the WR completed.
     unsafe { qp.post_send(&[wr]) }.expect("post_send");
 }

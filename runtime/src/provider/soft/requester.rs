@@ -36,7 +36,7 @@ pub(crate) enum Gen {
 /// Payload bytes copied into one packet (inline, multi-SGE, READ responses).
 const COPY_CHUNK: u64 = 64 * 1024;
 /// Segments at least this big within one SGE are sent from memory, uncopied.
-const ZC_MIN: u64 = 16 * 1024;
+pub(crate) const ZC_MIN: u64 = 16 * 1024;
 
 /// The zero-copy piece for message bytes from `off`: (lkey, address, length)
 /// within the SGE that contains `off`, if big enough.

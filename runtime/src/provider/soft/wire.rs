@@ -18,6 +18,9 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry};
 
+use smallvec::SmallVec;
+
+use super::dma::Span;
 use super::lock;
 
 /// Result of a poster's attempt to write a packet.
@@ -319,6 +322,104 @@ impl Wire {
         let total = buf.len();
         if done < total {
             st.spill.extend_from_slice(&buf[done..]);
+        }
+        out.clear();
+        st.held = out;
+        if done == total {
+            return Some(DirectWrite::Sent);
+        }
+        st.busy = true;
+        Some(DirectWrite::Spilled)
+    }
+}
+
+impl Wire {
+    /// Poster: [`Wire::try_write`] of a packet whose header is `head` and
+    /// whose payload is the registered memory `body`, written from where it
+    /// lies in one `sendmsg` (the held ACKs first); only what the socket
+    /// did not take is copied, into the spill.
+    pub fn try_write_gather(&self, head: &[u8], body: &[Span<'_>]) -> Option<DirectWrite> {
+        let mut st = match self.st.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        if st.busy || st.closed {
+            return None;
+        }
+        let st = &mut *st;
+        let mut out = std::mem::take(&mut st.held);
+        if !out.is_empty() {
+            self.held_hint.store(false, Ordering::Relaxed);
+        }
+        out.extend_from_slice(head);
+        let mut iov: SmallVec<[libc::iovec; 8]> = SmallVec::new();
+        iov.push(libc::iovec {
+            iov_base: out.as_ptr() as *mut libc::c_void,
+            iov_len: out.len(),
+        });
+        iov.extend(body.iter().map(|s| libc::iovec {
+            iov_base: s.as_ptr().cast(),
+            iov_len: s.len(),
+        }));
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        let mut done = 0;
+        let mut first = 0;
+        while done < total {
+            // SAFETY: a zeroed msghdr is valid (no address, no control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov[first..].as_mut_ptr();
+            msg.msg_iovlen = (iov.len() - first) as _;
+            // SAFETY: every iovec points into `out` (alive and unchanged
+            // here) or into a span, whose registered memory stays valid
+            // while the MR table's lock, which the spans borrow, is held
+            // (the kernel only reads it); the fd stays open while `self`
+            // lives.
+            let r =
+                unsafe { libc::sendmsg(self.fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            if r > 0 {
+                let mut n = r as usize;
+                done += n;
+                // Skip what was sent.
+                while n > 0 && first < iov.len() {
+                    let v = &mut iov[first];
+                    if n >= v.iov_len {
+                        n -= v.iov_len;
+                        first += 1;
+                    } else {
+                        // SAFETY: `n` is within this iovec.
+                        v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n).cast() };
+                        v.iov_len -= n;
+                        n = 0;
+                    }
+                }
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // Full (or failed: the engine finds the error when it writes
+            // the rest, and fails the connection's QPs).
+            break;
+        }
+        if done < total {
+            // The unsent rest, in order: of the head, then of each span.
+            let mut skip = done;
+            if skip < out.len() {
+                st.spill.extend_from_slice(&out[skip..]);
+                skip = 0;
+            } else {
+                skip -= out.len();
+            }
+            for s in body {
+                if skip >= s.len() {
+                    skip -= s.len();
+                    continue;
+                }
+                s.append_from(skip, &mut st.spill);
+                skip = 0;
+            }
         }
         out.clear();
         st.held = out;
