@@ -46,7 +46,7 @@ const SKIPS_PER_POLL: usize = 64;
 
 /// How an `accept(2)` error is handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ErrorClass {
+pub(crate) enum ErrorClass {
     /// That connection failed: accept the next one at once.
     Connection,
     /// Out of descriptors or memory: retry after a pause.
@@ -55,7 +55,9 @@ enum ErrorClass {
     Listener,
 }
 
-fn classify(e: &io::Error) -> ErrorClass {
+/// The group of an `accept(2)` error (see the module documentation; the
+/// soft device's engine, which accepts without the reactor, uses it too).
+pub(crate) fn classify(e: &io::Error) -> ErrorClass {
     match e.raw_os_error() {
         Some(
             libc::ECONNABORTED

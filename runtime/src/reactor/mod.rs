@@ -36,6 +36,7 @@ mod work_queue;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+pub(crate) use accept::{classify as classify_accept_error, ErrorClass as AcceptErrorClass};
 pub use accept::{
     AcceptBackoff, PendingLimits, PendingRefusal, PendingSlot, ACCEPT_BACKOFF_MAX,
     ACCEPT_BACKOFF_MIN,

@@ -200,8 +200,22 @@ impl Pair {
     }
 
     fn with(server_config: SoftConfig) -> Pair {
-        let server = Node::open(server_config);
-        let client = Node::open(SoftConfig::default());
+        let pair = Pair::open(server_config);
+        pair.connect();
+        pair
+    }
+
+    /// The two devices, their QPs not connected yet.
+    fn open(server_config: SoftConfig) -> Pair {
+        Pair {
+            server: Node::open(server_config),
+            client: Node::open(SoftConfig::default()),
+            exchanges: 0,
+        }
+    }
+
+    /// Connects the two QPs (RTR: their engines connect now).
+    fn connect(&self) {
         let up = |qp: &Qp, remote| {
             qp.modify_to_init(&InitAttr {
                 access: AccessFlags::REMOTE_WRITE,
@@ -219,13 +233,8 @@ impl Pair {
             .expect("rtr");
             qp.modify_to_rts(&RtsAttr::default()).expect("rts");
         };
-        up(&server.qp, client.qp.endpoint(0).expect("ep"));
-        up(&client.qp, server.qp.endpoint(0).expect("ep"));
-        Pair {
-            server,
-            client,
-            exchanges: 0,
-        }
+        up(&self.server.qp, self.client.qp.endpoint(0).expect("ep"));
+        up(&self.client.qp, self.server.qp.endpoint(0).expect("ep"));
     }
 
     /// The client sends 64 bytes, the server answers 64 bytes: both
@@ -338,6 +347,25 @@ fn until_closed(s: &mut TcpStream) -> Vec<u8> {
     }
 }
 
+/// The next connection to `l`, within `WAIT`.
+fn accept_within(l: &TcpListener, what: &str) -> TcpStream {
+    l.set_nonblocking(true).expect("nonblocking");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).expect("blocking");
+                return s;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "no connection: {what}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("accept ({what}): {e}"),
+        }
+    }
+}
+
 /// A raw program that owns a listener, claims its address in a HELLO to
 /// `server`, and answers the server's VERIFY: a proven connection the
 /// attacker controls.
@@ -347,7 +375,7 @@ fn proven_stranger(server: SocketAddr) -> (TcpStream, TcpListener) {
     let mut s = raw(server);
     expect_hello(&mut s, server);
     s.write_all(&hello(me)).expect("hello");
-    let (mut v, _) = l.accept().expect("the server's verifier");
+    let mut v = accept_within(&l, "the server's verifier (its VERIFY)");
     v.set_read_timeout(Some(WAIT)).expect("timeout");
     let (h, p) = read_packet(&mut v);
     assert_eq!(h.opcode, Opcode::Verify);
@@ -365,16 +393,19 @@ fn proven_stranger(server: SocketAddr) -> (TcpStream, TcpListener) {
 
 #[test]
 fn a_claim_of_another_engines_address_is_refused_and_the_engine_keeps_serving() {
-    let mut pair = Pair::new();
+    let mut pair = Pair::open(attacked_config());
     let server = pair.server.addr();
     let client = pair.client.addr();
     let base = pair.server.stats();
-    // The stranger connects first and claims the client's address (same
-    // IP: loopback); the server asks the client's engine, which disowns
-    // the connection.
+    // The stranger connects first, before the QPs are connected, and
+    // claims the client's address (same IP: loopback). The server asks the
+    // client's engine, which disowns the connection; meanwhile the QPs
+    // connect and their first exchange runs.
     let mut first = raw(server);
     expect_hello(&mut first, server);
     first.write_all(&hello(client)).expect("claim");
+    pair.connect();
+    pair.round_trip();
     assert_eq!(until_closed(&mut first), b"", "the claimant got traffic");
     pair.round_trip();
     // A second claim while the client's connection is live.
@@ -643,6 +674,11 @@ fn run_child(child: &str) {
         .output()
         .expect("re-run the test binary");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    for line in stdout.lines() {
+        if let Some(at) = line.find("rss before") {
+            println!("{child}: {}", &line[at..]);
+        }
+    }
     assert!(
         out.status.success() && stdout.contains(CHILD_OK),
         "{child} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
@@ -770,7 +806,7 @@ fn announced_megabytes_child() {
     let server = pair.server.addr();
     let base = pair.server.stats();
     let rss_before = rss_bytes();
-    let held: Vec<TcpStream> = (0..200)
+    let mut held: Vec<TcpStream> = (0..200)
         .map(|_| {
             let mut s = raw(server);
             s.write_all(&send_header(MAX_PAYLOAD)).expect("write");
@@ -778,6 +814,14 @@ fn announced_megabytes_child() {
             s
         })
         .collect();
+    // More of the announced payload, in a later read (where a buffer for
+    // the whole of it would be made).
+    std::thread::sleep(Duration::from_millis(50));
+    for s in &mut held {
+        // (The engine may have closed it already: that is the point.)
+        let _ = s.write_all(&[2u8; 4096]);
+    }
+    std::thread::sleep(Duration::from_millis(100));
     pair.round_trip();
     let peak = rss_bytes();
     for mut s in held {

@@ -26,12 +26,9 @@ use super::super::conn::{Auth, Conn};
 use super::super::handshake::{encode, next_message, Message};
 use super::Engine;
 use crate::provider::{QpState, QpType, SoftConfig};
-
-/// First pause after `accept` failed (EMFILE, ENFILE, ENOMEM, ...); it
-/// doubles while the failures last.
-const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
-/// Longest pause between two `accept` attempts after failures.
-const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+use crate::reactor::{
+    classify_accept_error, AcceptErrorClass, ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN,
+};
 
 /// The limits of an engine's port (from [`SoftConfig`]).
 #[derive(Clone, Copy, Debug)]
@@ -206,9 +203,12 @@ impl Engine {
                     self.admit(stream, from, now);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // The connection died in the backlog: the next one.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+                // The connection failed in the backlog: the next one.
+                Err(e) if classify_accept_error(&e) == AcceptErrorClass::Connection => {}
+                // Out of descriptors or memory (or, never expected, the
+                // listener itself broken): the connections wait in the
+                // backlog; retry after a pause (a timer: the listener is
+                // edge-triggered, no new readiness comes for them).
                 Err(e) => {
                     self.port.stats.accept_errors += 1;
                     if self.port.accept_failures == 0 {
