@@ -240,7 +240,9 @@ fn idle_and_half_open_connections_are_closed_at_the_deadline() {
     let Some((rt, dev)) = setup("idle_and_half_open_connections_are_closed_at_the_deadline") else {
         return;
     };
-    let server = serve(&dev, short(CmOptions::default(), 300));
+    // Long enough for the legitimate clients' whole set-up on a loaded
+    // machine: the deadline also bounds their ready-to-use.
+    let server = serve(&dev, short(CmOptions::default(), 1_000));
     let addr = server.addr;
     let closed = attack_then_serve(&rt, &dev, &server, move || {
         let mut conns = Vec::new();
@@ -411,7 +413,7 @@ fn a_requester_that_never_confirms_fails_only_its_accept() {
     let Some((rt, dev)) = setup("a_requester_that_never_confirms_fails_only_its_accept") else {
         return;
     };
-    let server = serve(&dev, short(CmOptions::default(), 300));
+    let server = serve(&dev, short(CmOptions::default(), 1_000));
     let addr = server.addr;
     let got = attack_then_serve(&rt, &dev, &server, move || {
         let mut s = raw(addr);
@@ -432,7 +434,7 @@ fn pending_connections_are_capped_per_source_and_per_listener() {
     let opts = CmOptions {
         max_pending: 6,
         max_pending_per_source: 3,
-        ..short(CmOptions::default(), 1_000)
+        ..short(CmOptions::default(), 3_000)
     };
     let server = serve(&dev, opts);
     let addr = server.addr;
@@ -442,7 +444,8 @@ fn pending_connections_are_capped_per_source_and_per_listener() {
         let mut idle: Vec<StdStream> = (0..3)
             .map(|_| raw_from(Ipv4Addr::new(127, 0, 0, 4), addr))
             .collect();
-        std::thread::sleep(Duration::from_millis(100));
+        // Time for the listener to take them (well within their deadline).
+        std::thread::sleep(Duration::from_millis(500));
         let fourth = answer(raw_from(Ipv4Addr::new(127, 0, 0, 4), addr));
         // Three more from another source fill the listener: the next
         // connection waits in the kernel's backlog until the idle ones

@@ -344,7 +344,10 @@ impl CmListener {
         }
     }
 
-    /// The next connect request, accepted with `private_data`.
+    /// The next connect request, accepted with `private_data`. Unlike
+    /// [`request`](Self::request), this fails for that requester's own
+    /// failure too (for example one that never confirms, on the software
+    /// device): a server that goes on listening should then call it again.
     pub async fn accept(&self, private_data: &[u8]) -> Result<CmConnection, CmError> {
         self.request().await?.accept(private_data).await
     }

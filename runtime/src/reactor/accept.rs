@@ -344,10 +344,14 @@ impl PendingLimits {
         {
             return;
         }
+        let action = match r {
+            PendingRefusal::Listener { .. } => "new connections wait in the kernel's backlog",
+            PendingRefusal::Source { .. } => "refusing its new connections",
+        };
         tracing::warn!(
             listener = self.what,
-            refusals = c.unlogged_refusals,
-            "{r}: refusing connections (logged at most every {REFUSAL_LOG_INTERVAL:?})"
+            times = c.unlogged_refusals,
+            "{r}: {action} (logged at most every {REFUSAL_LOG_INTERVAL:?})"
         );
         c.last_warning = Some(now);
         c.unlogged_refusals = 0;

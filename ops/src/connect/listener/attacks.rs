@@ -163,7 +163,9 @@ fn idle_connections_do_not_delay_a_client() {
 #[test]
 fn idle_and_half_open_connections_are_closed_at_the_deadline() {
     let rt = Runtime::new().unwrap();
-    let server = rt.block_on(async { serve(bind(Duration::from_millis(300))) });
+    // Long enough for the legitimate clients' whole handshake on a loaded
+    // machine: the deadline bounds theirs too.
+    let server = rt.block_on(async { serve(bind(Duration::from_millis(1000))) });
     let addr = server.addr;
     let answers = attack_then_serve(&rt, &server, move || {
         let hello = hello_bytes();
@@ -276,13 +278,14 @@ fn a_hello_sent_twice_fails_that_handshake_only() {
 fn pending_handshakes_are_capped_per_source_and_per_listener() {
     let rt = Runtime::new().unwrap();
     let server =
-        rt.block_on(async { serve(bind(Duration::from_millis(1000)).with_pending_caps(6, 3)) });
+        rt.block_on(async { serve(bind(Duration::from_millis(3000)).with_pending_caps(6, 3)) });
     let addr = server.addr;
     let (over_source, idle) = attack_then_serve(&rt, &server, move || {
         let mut idle: Vec<StdStream> = (0..3)
             .map(|_| raw_from(Ipv4Addr::new(127, 0, 0, 4), addr))
             .collect();
-        std::thread::sleep(Duration::from_millis(100));
+        // Time for the listener to take them (well within their deadline).
+        std::thread::sleep(Duration::from_millis(500));
         // A fourth from the same source is refused at once.
         let fourth = answer(raw_from(Ipv4Addr::new(127, 0, 0, 4), addr));
         // Three from another source fill the listener: the next connection
