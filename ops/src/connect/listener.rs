@@ -29,6 +29,8 @@ pub const DEFAULT_MAX_PENDING: usize = 128;
 pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 32;
 /// Name of the listener in logs.
 const WHAT: &str = "handshake listener";
+/// A failed client is logged as a warning at most this often.
+const FAILED_CLIENT_WARN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A connected queue pair.
 #[derive(Debug)]
@@ -157,6 +159,10 @@ pub struct Listener<F: QpFactory> {
     limits: PendingLimits,
     /// Whether the current stretch of being full was logged.
     full_noted: Cell<bool>,
+    /// When a failed client was last logged as a warning, and how many
+    /// failed since.
+    last_failure_warning: Cell<Option<Instant>>,
+    failed_clients: Cell<u64>,
     backoff: RefCell<AcceptBackoff>,
 }
 
@@ -210,6 +216,8 @@ impl<F: QpFactory> Listener<F> {
             in_flight: RefCell::new(FuturesUnordered::new()),
             limits: PendingLimits::new(WHAT, DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE),
             full_noted: Cell::new(false),
+            last_failure_warning: Cell::new(None),
+            failed_clients: Cell::new(0),
             backoff: RefCell::new(AcceptBackoff::new(WHAT)),
         }
     }
@@ -238,9 +246,7 @@ impl<F: QpFactory> Listener<F> {
             match self.next_handshake().await {
                 Ok(c) => return Ok(c),
                 Err(Failure::Listener(e)) => return Err(e),
-                Err(Failure::Client(peer, e)) => {
-                    tracing::warn!(%peer, error = %crate::error::ErrorChain(&e), "handshake failed; still listening");
-                }
+                Err(Failure::Client(peer, e)) => self.log_failed_client(peer, &e),
             }
         }
     }
@@ -255,6 +261,27 @@ impl<F: QpFactory> Listener<F> {
             Failure::Listener(e) => (None, e),
             Failure::Client(peer, e) => (Some(peer), e),
         })
+    }
+
+    /// Logs a failed client: a warning at most once per
+    /// [`FAILED_CLIENT_WARN_INTERVAL`] (with how many failed since the
+    /// last), so that a flood of bad clients cannot flood the log; every
+    /// one at `debug`.
+    fn log_failed_client(&self, peer: SocketAddr, e: &HandshakeError) {
+        let now = Instant::now();
+        let failed = self.failed_clients.get() + 1;
+        let due = self
+            .last_failure_warning
+            .get()
+            .is_none_or(|t| now.duration_since(t) >= FAILED_CLIENT_WARN_INTERVAL);
+        if due {
+            tracing::warn!(%peer, error = %crate::error::ErrorChain(e), failed_clients = failed, "handshake failed; still listening (warned at most every {FAILED_CLIENT_WARN_INTERVAL:?}, each at debug)");
+            self.last_failure_warning.set(Some(now));
+            self.failed_clients.set(0);
+        } else {
+            tracing::debug!(%peer, error = %crate::error::ErrorChain(e), "handshake failed; still listening");
+            self.failed_clients.set(failed);
+        }
     }
 
     /// Handshakes that are running.
