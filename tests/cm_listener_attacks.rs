@@ -561,3 +561,28 @@ fn the_listener_survives_emfile() {
     let status = child.wait().unwrap();
     assert!(status.success(), "the listener process: {status}");
 }
+
+#[test]
+fn a_listener_that_never_answers_fails_the_connect_in_time() {
+    let Some((rt, dev)) = setup("a_listener_that_never_answers_fails_the_connect_in_time") else {
+        return;
+    };
+    // Listens (the kernel completes the TCP handshake) but never answers.
+    let mute = std::net::TcpListener::bind(SocketAddr::new(LOCALHOST, 0)).unwrap();
+    let addr = mute.local_addr().unwrap();
+    let opts = CmOptions {
+        connect_timeout: Duration::from_millis(300),
+        ..CmOptions::default()
+    };
+    block(&rt, async {
+        let err = timeout(WAIT, cm::connect(&dev, addr, &opts, b"hi"))
+            .await
+            .expect("bounded by connect_timeout")
+            .expect_err("nobody answers");
+        assert!(
+            matches!(&err, CmError::Event { event, status, .. } if event == "UNREACHABLE" && *status == -libc::ETIMEDOUT),
+            "{err}"
+        );
+    });
+    drop(mute);
+}

@@ -97,6 +97,12 @@ pub struct CmOptions {
     /// ready-to-use, before closing the connection. (librdmacm has its
     /// own CM timeouts.)
     pub request_timeout: Duration,
+    /// Software device: bound of [`CmConnector::connect`] (the TCP
+    /// connect, the request and the listener's answer); when it passes,
+    /// the connect fails with an `UNREACHABLE` [`CmError::Event`]
+    /// (`-ETIMEDOUT`), as librdmacm reports a peer that does not answer
+    /// after its retries (about a minute, the default here too).
+    pub connect_timeout: Duration,
     /// Software device: connections a listener reads requests from at
     /// once; when that many are pending it stops accepting until one is
     /// done (new ones wait in the kernel's backlog).
@@ -128,6 +134,7 @@ impl Default for CmOptions {
             resolve_timeout: Duration::from_secs(2),
             backlog: 64,
             request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(64),
             max_pending: 128,
             max_pending_per_source: 32,
             own_pd: false,

@@ -206,12 +206,33 @@ impl Connector {
         ))
     }
 
+    /// Connects, within `CmOptions::connect_timeout` (TCP connect,
+    /// request, the listener's answer): a listener that never answers fails
+    /// it as RDMA CM reports a peer that does not answer, with an
+    /// `UNREACHABLE` event and `-ETIMEDOUT`.
     pub(crate) async fn connect(
         self,
         qp: &QueuePair,
         private_data: &[u8],
     ) -> Result<(Conn, Vec<u8>), CmError> {
         check_len("connect", private_data, MAX_CONNECT_PRIVATE_DATA)?;
+        let (addr, limit) = (self.addr, self.opts.connect_timeout);
+        match timeout(limit, self.connect_unbounded(qp, private_data)).await {
+            Ok(r) => r,
+            Err(_) => Err(CmError::Event {
+                step: "connecting (no answer within CmOptions::connect_timeout)",
+                addr: Some(addr),
+                event: "UNREACHABLE".into(),
+                status: -libc::ETIMEDOUT,
+            }),
+        }
+    }
+
+    async fn connect_unbounded(
+        self,
+        qp: &QueuePair,
+        private_data: &[u8],
+    ) -> Result<(Conn, Vec<u8>), CmError> {
         let peer = Some(self.addr);
         let mut s = match TcpStream::connect(self.addr).await {
             Ok(s) => s,
