@@ -26,8 +26,10 @@ use crate::provider::{
 
 /// The longest any single wait of these tests lasts.
 const WAIT: Duration = Duration::from_secs(10);
-/// Deadlines of the attacked engines: short, so the tests are quick.
-const DEADLINE: Duration = Duration::from_millis(300);
+/// Deadlines of the attacked engines: short, so the tests are quick, but
+/// far above a legitimate handshake (a dial and a round trip) even on a
+/// loaded machine.
+const DEADLINE: Duration = Duration::from_secs(1);
 /// The most buffer a proven connection holds while quiet.
 const QUIET_CONN: usize = RX_CAP + 2 * TX_HIGH + 4096;
 /// Set in a re-executed test binary: which child test to run.
@@ -207,9 +209,13 @@ impl Pair {
 
     /// The two devices, their QPs not connected yet.
     fn open(server_config: SoftConfig) -> Pair {
+        Pair::open_with(server_config, SoftConfig::default())
+    }
+
+    fn open_with(server_config: SoftConfig, client_config: SoftConfig) -> Pair {
         Pair {
             server: Node::open(server_config),
-            client: Node::open(SoftConfig::default()),
+            client: Node::open(client_config),
             exchanges: 0,
         }
     }
@@ -231,7 +237,13 @@ impl Pair {
                 hop_limit: 64,
             })
             .expect("rtr");
-            qp.modify_to_rts(&RtsAttr::default()).expect("rts");
+            // (ACK timeouts of a second: a loaded machine does not fail
+            // the exchanges these tests count on.)
+            qp.modify_to_rts(&RtsAttr {
+                timeout: 18,
+                ..RtsAttr::default()
+            })
+            .expect("rts");
         };
         up(&self.server.qp, self.client.qp.endpoint(0).expect("ep"));
         up(&self.client.qp, self.server.qp.endpoint(0).expect("ep"));
@@ -657,6 +669,48 @@ fn floods_of_half_open_and_idle_connections_are_capped_and_closed_by_their_deadl
     // The cap is per IP: the flood's IP can connect again now.
     let mut again = raw_from(stranger, server);
     expect_hello(&mut again, server);
+}
+
+#[test]
+fn engines_on_other_addresses_of_the_host_prove_theirs() {
+    let on = |ip: &str| SoftConfig {
+        bind: SocketAddr::new(ip.parse().expect("literal"), 0),
+        ..attacked_config()
+    };
+    // The client's engine dials from its own address (127.0.0.2), not the
+    // one the kernel would pick towards 127.0.0.1: its claim matches.
+    for (server, client) in [
+        ("127.0.0.1", "127.0.0.2"),
+        ("127.0.0.2", "127.0.0.1"),
+        // Bound to the unspecified address: reached on, and connecting
+        // from, loopback.
+        ("0.0.0.0", "127.0.0.1"),
+        ("127.0.0.1", "0.0.0.0"),
+    ] {
+        let mut pair = Pair::open_with(on(server), on(client));
+        pair.connect();
+        pair.round_trip();
+        pair.round_trip();
+        let s = pair.server.stats();
+        assert_eq!(
+            (s.unproven, s.bad_handshakes),
+            (0, 0),
+            "{server} <- {client}: {s:?}"
+        );
+    }
+}
+
+#[test]
+fn a_handshake_packet_after_the_proof_closes_the_connection() {
+    let mut pair = Pair::new();
+    let server = pair.server.addr();
+    let (mut s, _l) = proven_stranger(server);
+    wait_until("the stranger to be proven", || {
+        pair.server.stats().unproven == 0
+    });
+    s.write_all(&hello(pair.client.addr())).expect("write");
+    assert_eq!(until_closed(&mut s), b"");
+    pair.round_trip();
 }
 
 /// Re-runs this test binary for `child` (one of the tests below that do

@@ -653,9 +653,17 @@ impl Engine {
         else {
             return false;
         };
+        let from_peer = |eq: &super::EQp| {
+            eq.sh.qp_type == QpType::Ud || eq.cfg.remote_addr.is_some_and(|a| same_addr(a, peer))
+        };
+        // (The engine's view of the QP is usually current: one lookup per
+        // packet. Otherwise the QP changed since, e.g. it just got its
+        // peer: look again with the application's view.)
+        if self.qps.get(&qpn).is_some_and(from_peer) {
+            return true;
+        }
         match super::super::responder::load_qp(&mut self.qps, &self.sh, qpn) {
-            Some((eq, _)) if eq.sh.qp_type == QpType::Ud => true,
-            Some((eq, _)) => eq.cfg.remote_addr.is_some_and(|a| same_addr(a, peer)),
+            Some((eq, _)) => from_peer(eq),
             // (No such QP: the handlers say so.)
             None => true,
         }
