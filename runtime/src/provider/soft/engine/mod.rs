@@ -14,6 +14,7 @@
 
 mod conns;
 pub(crate) mod dial;
+#[macro_use]
 mod port;
 mod psn;
 mod qps;

@@ -30,6 +30,21 @@ use crate::reactor::{
     classify_accept_error, AcceptErrorClass, ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN,
 };
 
+/// Logs a peer's refusal: a warning at most once a second (with how many
+/// were logged at debug level only since the last one), every one at debug
+/// level, so a flood of bad peers cannot flood the log.
+macro_rules! refusal {
+    ($port:expr, $($field:tt)*) => {
+        match $port.may_warn() {
+            Some(quiet) => tracing::warn!(quiet_since_last = quiet, $($field)*),
+            None => tracing::debug!($($field)*),
+        }
+    };
+}
+
+/// How often a peer's refusal is a warning.
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
 /// The limits of an engine's port (from [`SoftConfig`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PortLimits {
@@ -96,6 +111,9 @@ pub(crate) struct Port {
     /// handled then.
     resume: Vec<usize>,
     stats: PortStats,
+    /// When a refusal was last a warning, and how many were not since.
+    warned: Option<Instant>,
+    quiet: u64,
 }
 
 /// The canonical form of an IP (IPv4-mapped IPv6 as IPv4).
@@ -130,6 +148,8 @@ impl Port {
             next_serial: 1,
             resume: Vec::new(),
             stats: PortStats::default(),
+            warned: None,
+            quiet: 0,
         }
     }
 
@@ -150,6 +170,21 @@ impl Port {
 
     fn sweep_by(&mut self, t: Instant) {
         self.next_sweep = Some(self.next_sweep.map_or(t, |s| s.min(t)));
+    }
+
+    /// May a refusal be a warning now? `Some(n)`: yes, and `n` were not
+    /// since the last one.
+    pub fn may_warn(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .warned
+            .is_some_and(|t| now.duration_since(t) < WARN_EVERY)
+        {
+            self.quiet += 1;
+            return None;
+        }
+        self.warned = Some(now);
+        Some(std::mem::take(&mut self.quiet))
     }
 
     /// A packet for a QP of another engine was dropped.
@@ -292,7 +327,7 @@ impl Engine {
                 .get(of)
                 .is_some_and(|c| c.serial == serial && c.auth == Auth::Proving);
             if waiting {
-                tracing::warn!(
+                refusal!(self.port,
                     claimed = ?conn.peer,
                     "soft engine: the engine at a claimed address could not be asked; closing the claiming connection"
                 );
@@ -351,7 +386,7 @@ impl Engine {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(
+                    refusal!(self.port,
                         src = ?src,
                         error = %crate::report::ErrorChain(&e),
                         "soft engine: bad handshake, closing connection"
@@ -386,7 +421,7 @@ impl Engine {
         match (conn.auth, msg) {
             (Auth::Dialed, Message::Hello(addr)) => {
                 if !conn.peer.is_some_and(|p| same_addr(p, addr)) {
-                    tracing::warn!(dialed = ?conn.peer, hello = %addr, "soft engine: the dialed engine announces another address, closing");
+                    refusal!(self.port, dialed = ?conn.peer, hello = %addr, "soft engine: the dialed engine announces another address, closing");
                     return Step::Refuse;
                 }
                 conn.got_hello = true;
@@ -415,7 +450,7 @@ impl Engine {
             }
             (Auth::Verifier { .. }, Message::Hello(addr)) if !conn.got_hello => {
                 if !conn.peer.is_some_and(|p| same_addr(p, addr)) {
-                    tracing::warn!(dialed = ?conn.peer, hello = %addr, "soft engine: the engine asked announces another address");
+                    refusal!(self.port, dialed = ?conn.peer, hello = %addr, "soft engine: the engine asked announces another address");
                     return Step::Refuse;
                 }
                 conn.got_hello = true;
@@ -431,7 +466,7 @@ impl Engine {
                     if yes {
                         self.proved(of);
                     } else {
-                        tracing::warn!(
+                        refusal!(self.port,
                             claimed = ?claimed,
                             src = ?self.conns.get(of).and_then(|c| c.src),
                             "soft engine: the engine at the claimed address disowns the connection, closing it"
@@ -447,7 +482,12 @@ impl Engine {
                 Step::Finished
             }
             (auth, msg) => {
-                tracing::warn!(?auth, ?msg, "soft engine: unexpected handshake packet");
+                refusal!(
+                    self.port,
+                    ?auth,
+                    ?msg,
+                    "soft engine: unexpected handshake packet"
+                );
                 Step::Refuse
             }
         }
@@ -463,11 +503,11 @@ impl Engine {
             return false;
         };
         if same_addr(addr, self.sh.addr) {
-            tracing::warn!(%src, "soft engine: a connection claims this engine's own address, closing");
+            refusal!(self.port, %src, "soft engine: a connection claims this engine's own address, closing");
             return false;
         }
         if !may_claim(addr.ip(), src.ip()) {
-            tracing::warn!(%src, claimed = %addr, "soft engine: a connection claims an address of another host, closing");
+            refusal!(self.port, %src, claimed = %addr, "soft engine: a connection claims an address of another host, closing");
             return false;
         }
         conn.got_hello = true;
@@ -479,7 +519,7 @@ impl Engine {
         let stream = match super::dial::dial(self.sh.addr.ip(), addr) {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(claimed = %addr, error = %crate::report::ErrorChain(&e), "soft engine: cannot ask the engine at a claimed address, closing the claiming connection");
+                refusal!(self.port, claimed = %addr, error = %crate::report::ErrorChain(&e), "soft engine: cannot ask the engine at a claimed address, closing the claiming connection");
                 return false;
             }
         };
@@ -673,6 +713,18 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_a_warning_at_most_once_a_second() {
+        let mut port = Port::new(PortLimits::of(&SoftConfig::default()));
+        assert_eq!(port.may_warn(), Some(0));
+        assert_eq!(port.may_warn(), None);
+        assert_eq!(port.may_warn(), None);
+        // A second later: a warning again, counting the quiet ones.
+        port.warned = port.warned.and_then(|t| t.checked_sub(WARN_EVERY));
+        assert_eq!(port.may_warn(), Some(2));
+        assert_eq!(port.may_warn(), None);
+    }
 
     #[test]
     fn claims_are_allowed_from_their_own_ip_only() {

@@ -155,7 +155,7 @@ impl Engine {
                 hdr.opcode,
                 Opcode::Hello | Opcode::Verify | Opcode::VerifyReply
             ) {
-                tracing::warn!(opcode = ?hdr.opcode, "soft engine: handshake packet after the handshake, closing connection");
+                refusal!(self.port, opcode = ?hdr.opcode, "soft engine: handshake packet after the handshake, closing connection");
                 ok = false;
                 break;
             }
