@@ -5,13 +5,13 @@
 # UD, that fails (exit 1) when Rdma or RPC is more than 3 times slower than
 # verbs at any of them, or cannot run there. A ratio measured side by side
 # in one run, with a wide margin, not a timed test: the paths of a size run
-# one after another (rotated), 3 rounds, the median of each counts.
+# one after another (rotated), 5 rounds, the median of each counts.
 #
 #   scripts/perf-guard.sh [--bin BINARY] [--limit X]
 #
 # Builds the release verbio-perf unless --bin names one (the ratios are
 # those of an optimized build: a debug build's RPC engine is several times
-# slower against verbs than a release build's). The runs take about 30 s.
+# slower against verbs than a release build's). The runs take about 20-30 s.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LIMIT=3
@@ -26,5 +26,5 @@ while [ $# -gt 0 ]; do
     shift
 done
 exec "$ROOT/scripts/perf-sweep.sh" "${BIN[@]}" --sizes 4K,64K,1M --paths verbs,rdma,rpc \
-    --tests send_lat,send_bw -D 0.15 --rounds 3 --limit 30 --guard "$LIMIT" \
+    --tests send_lat,send_bw -D 0.1 --rounds 5 --limit 30 --guard "$LIMIT" \
     --out "$ROOT/target/perf-sweep/guard"
