@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use verbio::ops::agent::wire::{Message, Settings, MAX_SPLIT_IN_PROGRESS};
+use verbio::ops::agent::wire::{Message, MrToken, Settings, MAX_SPLIT_IN_PROGRESS};
 use verbio::ops::connect::Listener;
 use verbio::runtime::{sleep, spawn};
 use verbio::{CloseReason, RdmaBuilder, Verbs};
@@ -171,6 +171,44 @@ fn many_concurrent_large_sends_arrive_whole() {
 /// messages of 8 bytes when `total_len` is 8) without waiting for credits.
 /// Returns why the client (built by `client`) disconnected.
 fn broken_peer(client: RdmaBuilder, msgs: Vec<(u64, u64)>) -> String {
+    let frames = msgs
+        .into_iter()
+        .map(|(msg_id, total_len)| {
+            let payload = b"eight by";
+            let msg = if total_len == payload.len() as u64 {
+                Message::Whole {
+                    imm: None,
+                    grant: 0,
+                    payload,
+                }
+            } else {
+                Message::Data {
+                    msg_id,
+                    total_len,
+                    offset: 0,
+                    imm: None,
+                    grant: 0,
+                    payload,
+                }
+            };
+            encoded(&msg)
+        })
+        .collect();
+    match broken_peer_frames(client, frames) {
+        CloseReason::Violation(why) => why.to_string(),
+        other => panic!("expected a protocol violation, got {other:?}"),
+    }
+}
+
+fn encoded(msg: &Message<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; msg.encoded_len()];
+    msg.encode(&mut b).unwrap();
+    b
+}
+
+/// [`broken_peer`] sending the encoded `frames`; returns the client's
+/// close reason.
+fn broken_peer_frames(client: RdmaBuilder, frames: Vec<Vec<u8>>) -> CloseReason {
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let (rt, dev) = runtime_and_device();
@@ -196,28 +234,8 @@ fn broken_peer(client: RdmaBuilder, msgs: Vec<(u64, u64)>) -> String {
             // Room for the client's first credit and its error notice.
             let recvs: Vec<_> = (0..4).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();
             let mut sends = Vec::new();
-            for (msg_id, total_len) in msgs {
-                let payload = b"eight by";
-                let msg = if total_len == payload.len() as u64 {
-                    Message::Whole {
-                        imm: None,
-                        grant: 0,
-                        payload,
-                    }
-                } else {
-                    Message::Data {
-                        msg_id,
-                        total_len,
-                        offset: 0,
-                        imm: None,
-                        grant: 0,
-                        payload,
-                    }
-                };
-                let mut b = buf(&pool, msg.encoded_len());
-                b.resize(msg.encoded_len(), 0).unwrap();
-                msg.encode(&mut b).unwrap();
-                sends.push(conn.qp.send(b));
+            for f in frames {
+                sends.push(conn.qp.send(buf_from(&pool, &f)));
             }
             let _ = futures::future::join_all(sends).await;
             // Keep the QP and the side channel until the client has judged.
@@ -232,13 +250,69 @@ fn broken_peer(client: RdmaBuilder, msgs: Vec<(u64, u64)>) -> String {
         while r.close_reason().is_none() && Instant::now() < deadline {
             sleep(Duration::from_millis(10)).await;
         }
-        match r.close_reason() {
-            Some(CloseReason::Violation(why)) => why.to_string(),
-            other => panic!("expected a protocol violation, got {other:?}"),
-        }
+        r.close_reason().expect("the client closed the connection")
     });
     th.join().expect("raw peer");
     why
+}
+
+/// A `ReadMe` naming `len` bytes at a region the raw peer never registered.
+fn read_me(token_id: u64, len: u64) -> Vec<u8> {
+    encoded(&Message::ReadMe {
+        imm: None,
+        token: MrToken {
+            token_id,
+            addr: 0x1000,
+            len,
+            rkey: 0x5eed,
+            access: 0b0100,
+            deadline_ms: 0,
+            flags: 0,
+        },
+    })
+}
+
+/// The token ids of regions offered for a READ have this bit set.
+const READ_ID: u64 = 1 << 62;
+
+#[test]
+fn a_peer_offering_a_message_beyond_the_maximum_to_read_is_disconnected() {
+    let client = RdmaBuilder::new().max_message_len(1 << 20);
+    let why = broken_peer_frames(client, vec![read_me(READ_ID | 1, (1 << 20) + 1)]);
+    assert!(
+        matches!(&why, CloseReason::Violation(w) if w.contains("maximum")),
+        "{why:?}"
+    );
+    // An offer with a token id that is not one of a message's.
+    let why = broken_peer_frames(RdmaBuilder::new(), vec![read_me(1, 100_000)]);
+    assert!(
+        matches!(&why, CloseReason::Violation(w) if w.contains("token")),
+        "{why:?}"
+    );
+}
+
+#[test]
+fn a_peer_offering_memory_it_does_not_have_fails_that_connection_only() {
+    // The READ of a region the peer never registered fails: the connection
+    // goes down with the transport's error; the client process and its
+    // device keep working (a second connection to a good peer works).
+    let why = broken_peer_frames(RdmaBuilder::new(), vec![read_me(READ_ID | 1, 100_000)]);
+    assert!(matches!(why, CloseReason::Transport(_)), "{why:?}");
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let got = r.receive().await.unwrap();
+        r.send(&got).await.unwrap();
+        let _ = r.receive().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let big = pattern(100_000, 3);
+        r.send(&big).await.unwrap();
+        assert!(r.receive().await.unwrap() == big);
+        r.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
 }
 
 /// Waits up to two seconds (the raw peer's receives may never complete).

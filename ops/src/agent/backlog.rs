@@ -72,6 +72,11 @@ impl Backlog {
         }
     }
 
+    /// The limit (`max_unread_bytes`).
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Bytes queued and not taken.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes.get()

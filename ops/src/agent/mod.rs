@@ -32,6 +32,7 @@ mod msg;
 mod pieces;
 mod qps;
 mod rdma;
+mod read_msg;
 mod receive;
 mod receiving;
 mod send_msg;

@@ -27,6 +27,7 @@ use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::pieces::PiecesInFlight;
 use super::qps::{ConnPd, ConnQp};
+use super::read_msg::{send_by_read, Reads, READ_MIN};
 use super::receive::{Receive, ReceiveImm};
 use super::receiving::Receiving;
 use super::send_msg::SendMsg;
@@ -90,7 +91,9 @@ pub(crate) struct Shared {
     pub(crate) partial: RefCell<HashMap<u64, Partial>>,
     /// Permits for this side's messages in progress in pieces
     /// ([`MAX_SPLIT_IN_PROGRESS`]).
-    split_permits: Credits,
+    pub(crate) split_permits: Credits,
+    /// Large messages sent or received by RDMA READ (`read_msg.rs`).
+    pub(crate) reads: Reads,
     next_msg_id: Cell<u64>,
     /// Where [`Shared::try_send_whole`] encodes a message to send INLINE.
     inline_buf: RefCell<[u8; MAX_INLINE_MESSAGE]>,
@@ -165,6 +168,7 @@ impl Shared {
         // revoked now, their memory kept for it); the QP's flush then ends it.
         self.requests.borrow_mut().clear();
         self.grants.clear();
+        self.reads.clear();
         if let Some(route) = &self.srq_route {
             route.close();
         }
@@ -222,6 +226,7 @@ impl Shared {
     /// rest rides with the next data piece or the agent's next return).
     pub(crate) fn taken(self: &Rc<Self>, charge: u64) {
         let n = self.backlog.remove(charge);
+        super::read_msg::resume(self);
         if n == 0 {
             return;
         }
@@ -768,6 +773,7 @@ impl Rdma {
             write_imms: TaggedInbox::new(),
             partial: RefCell::new(HashMap::new()),
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
+            reads: Reads::default(),
             next_msg_id: Cell::new(0),
             inline_buf: RefCell::new([0; MAX_INLINE_MESSAGE]),
             grants: GrantTable::default(),
@@ -890,9 +896,13 @@ impl Rdma {
     }
 
     /// Sends `data` as one message (split into pieces if it is larger than
-    /// the peer's receive buffers). Waits for credits when the peer's
-    /// buffers are full. Cancel-safe: dropped before its last piece was
-    /// posted, the peer is told to discard the pieces it received.
+    /// the peer's receive buffers; from 32 KiB, copied into memory the peer
+    /// fetches with one RDMA READ, and done once the peer has read it).
+    /// Waits for credits when the peer's buffers are full. Cancel-safe:
+    /// dropped before its last piece was posted, the peer is told to
+    /// discard the pieces it received; a message the peer reads is
+    /// delivered once its offer was posted (the copy stays registered until
+    /// the peer releases it).
     ///
     /// A piece (a small message is one) that fits
     /// [`RdmaBuilder::max_inline_data`] with its header goes INLINE: done
@@ -957,6 +967,11 @@ impl Rdma {
                 payload: data,
             };
             return s.send_data(&msg).await;
+        }
+        if data.len() >= READ_MIN {
+            // Fetched by the peer with one READ (the permit is given back
+            // when the peer releases it).
+            return send_by_read(s, data, imm).await;
         }
         let msg_id = s.next_msg_id();
         // A message in several pieces, cut before its last one was posted,

@@ -22,6 +22,7 @@ use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
 use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
+use super::read_msg::{self, READ_ID};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
     decode, decode_data, HandOverKind, Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS,
@@ -476,7 +477,12 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             Ok(Next::Repost(true))
         }
         Message::Release { token_id } => {
-            if token_id & WINDOW_ID != 0 {
+            if token_id & READ_ID != 0 {
+                // The peer read a large message this side offered.
+                if !read_msg::released(shared, token_id) {
+                    tracing::debug!(token_id, "release of an unknown read-me refused");
+                }
+            } else if token_id & WINDOW_ID != 0 {
                 let s = shared.clone();
                 spawn(
                     async move {
@@ -582,6 +588,10 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
         Message::Settings(_) => Err(CloseReason::Violation(
             "agent settings after the connection started",
         )),
+        Message::ReadMe { imm, token } => {
+            read_msg::fetch(shared, imm, token)?;
+            Ok(Next::Repost(true))
+        }
     }
 }
 
@@ -625,7 +635,7 @@ fn reassemble(
         if partial.contains_key(&msg_id) {
             return Err(CloseReason::Violation("message id reused"));
         }
-        if partial.len() >= MAX_SPLIT_IN_PROGRESS {
+        if partial.len() + shared.reads.fetching() >= MAX_SPLIT_IN_PROGRESS {
             return Err(CloseReason::Violation(
                 "more messages in pieces at once than the protocol allows",
             ));

@@ -1,7 +1,7 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 5). Every message but a whole
+//! Layout (explicit little-endian, version 6). Every message but a whole
 //! user message:
 //!
 //! ```text
@@ -39,7 +39,9 @@
 //! version is refused at that exchange with [`WireError::UnsupportedVersion`].
 //! Version 4 sent a message in one piece with a 24-byte header (kinds 11 and
 //! 12 in the long form, with a message id); version 5 gives it the 8-byte
-//! short frame above.
+//! short frame above. Version 6 added `ReadMe` (kind 13: a large message the
+//! receiver fetches with one RDMA READ from the region its token names, and
+//! releases with a `Release` of the token's id once read).
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -50,7 +52,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
 /// Size of a [`Message::Whole`] frame's header without an immediate (4 more
@@ -276,6 +278,16 @@ pub enum Message<'a> {
     /// A side's agent settings, exchanged once over the TCP side channel
     /// before the agent starts (never over the queue pair).
     Settings(Settings),
+    /// A user message of `token.len` bytes for the receiver to fetch with
+    /// one RDMA READ of the region `token` names (registered by the sender
+    /// for this message alone), instead of many `Data` pieces; the receiver
+    /// sends a [`Message::Release`] of `token.token_id` once it has read it.
+    ReadMe {
+        /// Immediate data of the message, if any.
+        imm: Option<u32>,
+        /// The region holding the message.
+        token: MrToken,
+    },
 }
 
 /// The agent settings each side announces when a connection starts; both
@@ -310,6 +322,7 @@ mod kind {
     pub const SETTINGS: u8 = 10;
     pub const WHOLE: u8 = 11;
     pub const WHOLE_IMM: u8 = 12;
+    pub const READ_ME: u8 = 13;
 }
 
 /// Bytes of a `Data` piece before its payload: the most any user message
@@ -700,6 +713,23 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
                 max_recv_wr: r.u32()?,
             })
         }
+        kind::READ_ME => {
+            r.what = "read-me";
+            let has_imm = r.u32()?;
+            let imm_raw = r.u32()?;
+            let imm = match (has_imm, imm_raw) {
+                (0, 0) => None,
+                (1, imm) => Some(imm),
+                _ => {
+                    return Err(WireError::InvalidField {
+                        field: "read_me.imm",
+                        reason: "has_imm must be 1, or 0 with a zero immediate",
+                    })
+                }
+            };
+            let token = read_token(&mut r)?;
+            Message::ReadMe { imm, token }
+        }
         kind => return Err(WireError::UnknownKind { kind }),
     };
     r.finish()?;
@@ -727,6 +757,7 @@ impl Message<'_> {
                 Message::Close => 0,
                 Message::Abort { .. } => 8,
                 Message::Settings(_) => SETTINGS_LEN,
+                Message::ReadMe { .. } => 4 + 4 + TOKEN_LEN,
             }
     }
 
@@ -744,6 +775,7 @@ impl Message<'_> {
             Message::Close => kind::CLOSE,
             Message::Abort { .. } => kind::ABORT,
             Message::Settings(_) => kind::SETTINGS,
+            Message::ReadMe { .. } => kind::READ_ME,
         }
     }
 
@@ -845,6 +877,11 @@ impl Message<'_> {
                 w.put(&st.recv_buf_count.to_le_bytes());
                 w.put(&st.credit_batch.to_le_bytes());
                 w.put(&st.max_recv_wr.to_le_bytes());
+            }
+            Message::ReadMe { imm, token } => {
+                w.put(&u32::from(imm.is_some()).to_le_bytes());
+                w.put(&imm.unwrap_or(0).to_le_bytes());
+                write_token(&mut w, token);
             }
         }
         debug_assert_eq!(w.pos, len);
@@ -1057,7 +1094,37 @@ mod tests {
                 credit_batch: 4,
                 max_recv_wr: 128,
             }),
+            Message::ReadMe {
+                imm: None,
+                token: token(),
+            },
+            Message::ReadMe {
+                imm: Some(0),
+                token: token(),
+            },
         ]
+    }
+
+    #[test]
+    fn a_read_me_with_a_bad_immediate_flag_is_refused() {
+        let mut buf = [0u8; 128];
+        let n = Message::ReadMe {
+            imm: None,
+            token: token(),
+        }
+        .encode(&mut buf)
+        .unwrap();
+        buf[HEADER_LEN] = 2; // has_imm
+        assert!(matches!(
+            decode(&buf[..n]),
+            Err(WireError::InvalidField {
+                field: "read_me.imm",
+                ..
+            })
+        ));
+        buf[HEADER_LEN] = 0;
+        buf[HEADER_LEN + 4] = 1; // an immediate without the flag
+        assert!(decode(&buf[..n]).is_err());
     }
 
     #[test]

@@ -1,0 +1,269 @@
+//! Large messages by RDMA READ: instead of splitting a message of at least
+//! [`READ_MIN`] bytes into many `Data` pieces (each a SEND into a receive
+//! buffer, with its header, its completion and its copy into the
+//! reassembled message), the sender copies it into memory registered for
+//! the peer to read and sends a `ReadMe` naming it; the receiver fetches it
+//! with one RDMA READ straight into the vector it delivers, and releases
+//! the region with a `Release` of the token's id. `send` returns once the
+//! region is released (the message was received).
+//!
+//! The receiver counts a message as unread from the start of its READ,
+//! and starts one only while the unread backlog is within
+//! `max_unread_bytes` (the others wait for the application to take its
+//! messages), so the backlog exceeds the limit by one message at most.
+//!
+//! Bounds: a sender has at most [`MAX_SPLIT_IN_PROGRESS`] messages offered
+//! or in pieces at once (the permit is held until the release, also when
+//! the `send` is cancelled after the `ReadMe` was posted: the peer may be
+//! reading the region); the receiver refuses a peer that starts more, and
+//! a message longer than `max_message_len`.
+//!
+//! [`MAX_SPLIT_IN_PROGRESS`]: super::wire::MAX_SPLIT_IN_PROGRESS
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use futures::channel::oneshot;
+use tracing::Instrument;
+use verbio_runtime::buf::{RegisteredMem, RemoteAccessRegion};
+use verbio_runtime::provider::AccessFlags;
+use verbio_runtime::spawn;
+
+use super::error::{AgentError, CloseReason};
+use super::msg::{Body, RecvMsg};
+use super::rdma::Shared;
+use super::wire::{Message, MrToken, MAX_SPLIT_IN_PROGRESS};
+use crate::verbs::{RemoteBuf, Verbs};
+
+/// Messages at least this long go by READ when they do not fit one
+/// receive buffer. Measured on the soft device (docs/benchmarks.md): from
+/// 32 KiB a window of READs moves more per second than the pieces (1.35x),
+/// from 64 KiB one READ at a time is also faster; below, the READ's extra
+/// round trip costs more than the pieces save.
+pub(crate) const READ_MIN: usize = 32 * 1024;
+
+/// Token ids of regions offered for a READ have this bit set, so they never
+/// meet the ids of grants (`tokens.rs`) or window grants (`WINDOW_ID`).
+pub(crate) const READ_ID: u64 = 1 << 62;
+
+/// One side's large messages: those it offered (sender) and those it is
+/// fetching (receiver).
+#[derive(Debug, Default)]
+pub(crate) struct Reads {
+    next_id: Cell<u64>,
+    /// Regions offered to the peer, by token id, until it releases them.
+    offered: RefCell<HashMap<u64, Offer>>,
+    /// The peer's offers being fetched or waiting to be (`waiting`).
+    fetching: Cell<usize>,
+    /// Offers not fetched yet because the unread backlog is over its limit
+    /// (fetched, in order, as the application takes its messages).
+    waiting: RefCell<std::collections::VecDeque<(Option<u32>, MrToken)>>,
+}
+
+#[derive(Debug)]
+struct Offer {
+    /// Dropped (deregistered) when the peer releases it.
+    _region: RemoteAccessRegion<Vec<u8>>,
+    /// Tells the waiting `send` (gone if it was cancelled).
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl Reads {
+    /// Offers and READs in progress, for the receiver's bound.
+    pub(crate) fn fetching(&self) -> usize {
+        self.fetching.get()
+    }
+
+    /// The connection is down: every offer is withdrawn (their `send`s
+    /// fail) and their memory freed.
+    pub(crate) fn clear(&self) {
+        let offers = std::mem::take(&mut *self.offered.borrow_mut());
+        drop(offers);
+        self.waiting.borrow_mut().clear();
+    }
+}
+
+/// Sends `data` (at least [`READ_MIN`] bytes, more than one piece) as a
+/// `ReadMe`; the caller holds a split permit, which this gives back once
+/// the offer ends.
+pub(crate) async fn send_by_read(
+    s: &Rc<Shared>,
+    data: &[u8],
+    imm: Option<u32>,
+) -> Result<(), AgentError> {
+    let reads = &s.reads;
+    let id = READ_ID | (reads.next_id.get() + 1);
+    reads.next_id.set(reads.next_id.get() + 1);
+    let region = match RemoteAccessRegion::grant(&s.pd.0, data.to_vec(), AccessFlags::REMOTE_READ) {
+        Ok(r) => r,
+        Err(r) => {
+            s.split_permits.grant(1);
+            return Err(AgentError::Buf {
+                stage: "registering a large message for the peer to read",
+                source: r.error,
+            });
+        }
+    };
+    let token = MrToken {
+        token_id: id,
+        addr: region.addr(),
+        len: region.len() as u64,
+        rkey: region.rkey(),
+        access: AccessFlags::REMOTE_READ.bits(),
+        deadline_ms: 0,
+        flags: 0,
+    };
+    let (tx, done) = oneshot::channel();
+    reads.offered.borrow_mut().insert(
+        id,
+        Offer {
+            _region: region,
+            done: Some(tx),
+        },
+    );
+    // Until the `ReadMe` is posted the offer is withdrawn if this is
+    // cancelled or fails; once posted the peer may be reading it, so it
+    // stays until released (or the connection is down).
+    let mut offer = Withdraw {
+        shared: s,
+        id,
+        armed: true,
+    };
+    let posted = std::cell::Cell::new(false);
+    let sent = s
+        .send_message_noting(&Message::ReadMe { imm, token }, true, &posted)
+        .await;
+    offer.armed = !posted.get();
+    sent?;
+    drop(offer);
+    match done.await {
+        Ok(()) => Ok(()),
+        // Withdrawn by `clear`: the connection is down.
+        Err(oneshot::Canceled) => Err(s.closed_error()),
+    }
+}
+
+/// Withdraws an offer whose `ReadMe` was never posted.
+struct Withdraw<'a> {
+    shared: &'a Rc<Shared>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        if self.armed
+            && self
+                .shared
+                .reads
+                .offered
+                .borrow_mut()
+                .remove(&self.id)
+                .is_some()
+        {
+            self.shared.split_permits.grant(1);
+        }
+    }
+}
+
+/// The peer released offer `id` (it read the message): the region is
+/// freed and the `send` returns. False for an id this side never offered
+/// or already saw released.
+pub(crate) fn released(shared: &Shared, id: u64) -> bool {
+    let Some(mut offer) = shared.reads.offered.borrow_mut().remove(&id) else {
+        return false;
+    };
+    shared.split_permits.grant(1);
+    if let Some(tx) = offer.done.take() {
+        let _ = tx.send(()); // (the `send` may have been cancelled)
+    }
+    true
+}
+
+/// The peer offers a message to READ: checks it against this side's bounds
+/// and fetches it in a task, which delivers it and releases the region (at
+/// once, or once the backlog allows: [`resume`]).
+pub(crate) fn fetch(
+    shared: &Rc<Shared>,
+    imm: Option<u32>,
+    token: MrToken,
+) -> Result<(), CloseReason> {
+    if token.len > shared.config.max_message_len as u64 {
+        return Err(CloseReason::Violation("message longer than the maximum"));
+    }
+    if token.len == 0 || token.token_id & READ_ID == 0 {
+        return Err(CloseReason::Violation(
+            "read-me of an empty message or a foreign token id",
+        ));
+    }
+    let reads = &shared.reads;
+    if reads.fetching() + shared.partial.borrow().len() >= MAX_SPLIT_IN_PROGRESS {
+        return Err(CloseReason::Violation(
+            "more messages in pieces at once than the protocol allows",
+        ));
+    }
+    reads.fetching.set(reads.fetching() + 1);
+    reads.waiting.borrow_mut().push_back((imm, token));
+    resume(shared);
+    Ok(())
+}
+
+/// Starts the waiting fetches while the unread backlog is within its
+/// limit: a fetch counts its message as unread from its start, so the
+/// backlog exceeds the limit by one message at most (as it does by the
+/// credits the peer held); the rest wait for the application to take its
+/// messages ([`Shared::taken`] calls this).
+pub(crate) fn resume(shared: &Rc<Shared>) {
+    while shared.backlog.bytes() <= shared.backlog.limit() {
+        let Some((imm, token)) = shared.reads.waiting.borrow_mut().pop_front() else {
+            return;
+        };
+        shared.backlog.add(token.len);
+        start(shared, imm, token);
+    }
+}
+
+/// Fetches one offer in a task: READ, deliver, release.
+fn start(shared: &Rc<Shared>, imm: Option<u32>, token: MrToken) {
+    let s = shared.clone();
+    spawn(
+        async move {
+            let delivered = read_message(&s, imm, &token).await;
+            s.reads.fetching.set(s.reads.fetching().saturating_sub(1));
+            if let Err(e) = delivered {
+                tracing::debug!(error = %crate::error::ErrorChain(&e), "fetching a large message failed");
+                return;
+            }
+            let release = Message::Release {
+                token_id: token.token_id,
+            };
+            if let Err(e) = s.send_message(&release, true).await {
+                tracing::debug!(error = %crate::error::ErrorChain(&e), "releasing a large message failed");
+            }
+        }
+        .instrument(shared.span.clone()),
+    );
+}
+
+/// READs the message `token` names into a vector registered for it and
+/// delivers it (no further copy: the vector is the message; the backlog
+/// counted it when the fetch started).
+async fn read_message(s: &Rc<Shared>, imm: Option<u32>, token: &MrToken) -> Result<(), AgentError> {
+    // `token.len` is within `max_message_len` (a usize), checked by `fetch`.
+    let len = token.len as usize;
+    let mem = RegisteredMem::register(&s.pd.0, Vec::with_capacity(len), AccessFlags::LOCAL_WRITE)
+        .map_err(|r| AgentError::Buf {
+        stage: "registering the memory of a large message",
+        source: r.error,
+    })?;
+    let remote = RemoteBuf::new(token.addr, token.len, token.rkey);
+    let (r, mem) = s.qp.read(mem, remote).await;
+    s.verb_result(r)?;
+    let bytes = mem.into_inner();
+    s.rx.deliver(RecvMsg {
+        body: Body::Vec(bytes),
+        imm,
+    });
+    Ok(())
+}
