@@ -109,6 +109,9 @@ pub(crate) struct Conn {
     pub broken: Vec<u32>,
     /// Bytes the packet at `rx_start` needs in the buffer.
     pub rx_need: usize,
+    /// Bytes still to come of a dropped packet's payload (discarded as
+    /// they arrive; the buffer is empty meanwhile).
+    pub rx_skip: usize,
     pub rx_direct: Option<RxDirect>,
     /// The socket's `SO_RCVLOWAT` (see [`read_direct`](Self::read_direct)).
     rcvlowat: usize,
@@ -219,6 +222,26 @@ impl Conn {
         self.tx.reserve((2 * TX_HIGH).saturating_sub(self.tx.len()));
     }
 
+    /// Reads and discards up to `rx_skip` bytes (of a dropped packet's
+    /// payload): bytes read (0 = end of stream) and whether the read was
+    /// full.
+    pub fn skip_some(&mut self) -> std::io::Result<(usize, bool)> {
+        let Some(wire) = &self.stream else {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        };
+        let want = self.rx_skip.min(self.rx.len());
+        // SAFETY: reads into the first `want` bytes of the live receive
+        // buffer (empty while a payload is skipped); the fd stays open
+        // while `wire` lives.
+        let r = unsafe { libc::read(wire.fd(), self.rx.as_mut_ptr().cast(), want) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = r as usize;
+        self.rx_skip -= n;
+        Ok((n, n == want))
+    }
+
     /// Bytes of buffer this connection holds (receive and transmit).
     pub fn buffered(&self) -> usize {
         self.rx.capacity() + self.tx.capacity()
@@ -247,6 +270,7 @@ impl Conn {
             tx_mem: None,
             broken: Vec::new(),
             rx_need: 0,
+            rx_skip: 0,
             rx_direct: None,
             rcvlowat: 1,
             resp: VecDeque::new(),

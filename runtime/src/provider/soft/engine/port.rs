@@ -85,7 +85,8 @@ pub struct PortStats {
     /// Proven connections closed after their idle deadline.
     pub idle_closed: u64,
     /// Packets dropped because they named a QP whose peer is another
-    /// engine than the connection's.
+    /// engine than the connection's (or, for a payload still arriving, no
+    /// QP at all: dropped as it arrives, never buffered).
     pub foreign_packets: u64,
     /// Failed `accept` calls (EMFILE, ENFILE, ENOMEM, ...).
     pub accept_errors: u64,
@@ -683,15 +684,16 @@ impl Engine {
     }
 
     /// Is connection `cid` the one of the peer engine of the QP `qpn`
-    /// names (or, for a UD QP, any proven engine's)?
-    pub(crate) fn sent_by_peer_of(&mut self, cid: usize, qpn: u32) -> bool {
+    /// names (or, for a UD QP, any proven engine's)? `None`: there is no
+    /// such QP.
+    pub(crate) fn peer_of_qp(&mut self, cid: usize, qpn: u32) -> Option<bool> {
         let Some(peer) = self
             .conns
             .get(cid)
             .filter(|c| c.proven())
             .and_then(|c| c.peer)
         else {
-            return false;
+            return Some(false);
         };
         let from_peer = |eq: &super::EQp| {
             eq.sh.qp_type == QpType::Ud || eq.cfg.remote_addr.is_some_and(|a| same_addr(a, peer))
@@ -700,13 +702,16 @@ impl Engine {
         // packet. Otherwise the QP changed since, e.g. it just got its
         // peer: look again with the application's view.)
         if self.qps.get(&qpn).is_some_and(from_peer) {
-            return true;
+            return Some(true);
         }
-        match super::super::responder::load_qp(&mut self.qps, &self.sh, qpn) {
-            Some((eq, _)) => from_peer(eq),
-            // (No such QP: the handlers say so.)
-            None => true,
-        }
+        super::super::responder::load_qp(&mut self.qps, &self.sh, qpn).map(|(eq, _)| from_peer(eq))
+    }
+
+    /// May a packet on connection `cid` for QP `qpn` be handled (see
+    /// [`peer_of_qp`](Self::peer_of_qp); a QP that does not exist is the
+    /// handlers' to report)?
+    pub(crate) fn sent_by_peer_of(&mut self, cid: usize, qpn: u32) -> bool {
+        self.peer_of_qp(cid, qpn).unwrap_or(true)
     }
 }
 

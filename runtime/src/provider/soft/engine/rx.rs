@@ -26,6 +26,28 @@ impl Engine {
                 // Its input waits (in the socket) for the proof.
                 return;
             }
+            if conn.rx_skip > 0 {
+                match conn.skip_some() {
+                    Ok((0, _)) => {
+                        self.close(cid);
+                        return;
+                    }
+                    Ok((_, full)) => {
+                        conn.rx_seen = true;
+                        if conn.rx_skip > 0 && !full && !drain {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: read failed");
+                        self.close(cid);
+                        return;
+                    }
+                }
+            }
             if conn.rx_direct.is_some() {
                 let res = {
                     let mrs = self.sh.mrs();
@@ -110,6 +132,7 @@ impl Engine {
         let (mut start, end) = (conn.rx_start, conn.rx_end);
         let mut ok = true;
         let mut need = 0;
+        let mut skip = 0;
         let mut direct = None;
         while end - start >= HEADER_LEN {
             let hdr = match decode_header(&rx[start..end]) {
@@ -122,6 +145,14 @@ impl Engine {
             };
             let total = HEADER_LEN + hdr.payload_len as usize;
             if end - start < total {
+                if !hdr.opcode.is_datagram() && self.peer_of_qp(cid, hdr.dst_qpn) != Some(true) {
+                    // No QP here takes it from this peer: the rest of its
+                    // payload is dropped as it arrives, never buffered.
+                    self.port.foreign_packet();
+                    skip = total - (end - start);
+                    start = end;
+                    break;
+                }
                 if hdr.payload_len as usize >= DIRECT_MIN {
                     direct = self.direct_target(cid, &hdr);
                 }
@@ -174,6 +205,7 @@ impl Engine {
             }
             conn.rx_start = start;
             conn.rx_need = need;
+            conn.rx_skip = skip;
             conn.rx_direct = direct;
         }
         ok
