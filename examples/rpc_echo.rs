@@ -63,12 +63,34 @@ struct Args {
     /// RDMA device (e.g. rxe0; default: a software device).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
+    /// Session credits: packets of a session unanswered at once
+    /// (`RpcConfig::session_credits`; default: the engine's).
+    #[arg(long)]
+    credits: Option<usize>,
+    /// Skips the `Rdma` send/receive loop (slow for large messages).
+    #[arg(long)]
+    no_rdma: bool,
 }
 
-fn rpc_endpoint(device: Option<&str>, ip: IpAddr) -> Result<Rpc<UdTransport>, BoxError> {
+/// The endpoints' settings: messages up to 16 MiB (or `size`), the
+/// credits asked for.
+fn rpc_config(size: usize, credits: Option<usize>) -> RpcConfig {
+    let defaults = RpcConfig::default();
+    RpcConfig {
+        max_msg_len: size.max(16 << 20),
+        session_credits: credits.unwrap_or(defaults.session_credits),
+        ..defaults
+    }
+}
+
+fn rpc_endpoint(
+    device: Option<&str>,
+    ip: IpAddr,
+    config: RpcConfig,
+) -> Result<Rpc<UdTransport>, BoxError> {
     let dev = Device::open(cli::open_device_or_soft(device, ip)?)?;
     let transport = UdTransport::new(&dev, &UdConfig::default())?;
-    Ok(Rpc::new(transport, RpcConfig::default()))
+    Ok(Rpc::new(transport, config))
 }
 
 fn register_echo<T: Transport>(rpc: &Rpc<T>) {
@@ -123,10 +145,10 @@ async fn call_loop<T: Transport>(
 }
 
 /// Serves RPC echo; hands the RPC address to whoever connects to `tcp`.
-fn serve(tcp: SocketAddr, device: Option<&str>) -> Result<(), BoxError> {
+fn serve(tcp: SocketAddr, device: Option<&str>, config: RpcConfig) -> Result<(), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
-        let rpc = rpc_endpoint(device, tcp.ip())?;
+        let rpc = rpc_endpoint(device, tcp.ip(), config)?;
         register_echo(&rpc);
         let addr = rpc.local_addr();
         let listener = TcpListener::bind(tcp)?;
@@ -161,7 +183,8 @@ fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let local_ip = TcpStream::connect(tcp)?.local_addr()?.ip();
-        let rpc = Rc::new(rpc_endpoint(args.device.as_deref(), local_ip)?);
+        let config = rpc_config(args.size, args.credits);
+        let rpc = Rc::new(rpc_endpoint(args.device.as_deref(), local_ip, config)?);
         let f = call_loop(&rpc, &addr, args.calls, args.size, args.concurrency).await?;
         f.print(&format!("rpc/ud, {} in flight", args.concurrency));
         Ok(())
@@ -174,9 +197,10 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let net = MemNetwork::new(1, 4096);
-        let srv = Rpc::new(net.endpoint(), RpcConfig::default());
+        let config = rpc_config(args.size, args.credits);
+        let srv = Rpc::new(net.endpoint(), config.clone());
         register_echo(&srv);
-        let cli = Rc::new(Rpc::new(net.endpoint(), RpcConfig::default()));
+        let cli = Rc::new(Rpc::new(net.endpoint(), config));
         let calls = args.calls + (args.calls / 10).max(1);
         let cpu0 = thread_cpu();
         let f = call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await?;
@@ -188,12 +212,14 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let (mem, cpu_per_call) = in_memory(args)?;
     let device = args.device.clone();
+    let config = rpc_config(args.size, args.credits);
+    let server_config = config.clone();
     let (addr_tx, addr_rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let server = std::thread::spawn(move || -> Result<(), String> {
         let rt = Runtime::new().map_err(|e| e.to_string())?;
         rt.block_on(async {
-            let rpc = rpc_endpoint(device.as_deref(), Ipv4Addr::LOCALHOST.into())
+            let rpc = rpc_endpoint(device.as_deref(), Ipv4Addr::LOCALHOST.into(), server_config)
                 .map_err(|e| e.to_string())?;
             register_echo(&rpc);
             addr_tx.send(rpc.local_addr()).map_err(|e| e.to_string())?;
@@ -209,6 +235,7 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
         let rpc = Rc::new(rpc_endpoint(
             args.device.as_deref(),
             Ipv4Addr::LOCALHOST.into(),
+            config,
         )?);
         let one = call_loop(&rpc, &addr, args.calls, args.size, 1).await?;
         let eight = call_loop(&rpc, &addr, args.calls, args.size, 8).await?;
@@ -218,7 +245,11 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     stop_tx.send(())?;
     server.join().map_err(|_| "RPC server panicked")??;
     let rc = rc_loop(args.device.as_deref(), args.calls, args.size)?;
-    let rdma = rdma_loop(args.device.as_deref(), args.calls, args.size)?;
+    let rdma = if args.no_rdma {
+        None
+    } else {
+        Some(rdma_loop(args.device.as_deref(), args.calls, args.size)?)
+    };
     let tcp = tcp_loop(args.calls, args.size)?;
     println!("{} calls of {} bytes:", args.calls, args.size);
     mem.print("rpc/in-memory, 1 thread");
@@ -229,10 +260,14 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     one.print("rpc/ud, 1 in flight");
     eight.print("rpc/ud, 8 in flight");
     rc.print("rc send/recv, 1 in flight");
-    rdma.print("Rdma send/receive, 1");
+    if let Some(rdma) = &rdma {
+        rdma.print("Rdma send/receive, 1");
+    }
     tcp.print("tcp loopback, 1 in flight");
     one.print_ratio("rpc/ud ÷ rc send/recv (1 in flight):", &rc);
-    one.print_ratio("rpc/ud ÷ Rdma send/receive (1):", &rdma);
+    if let Some(rdma) = &rdma {
+        one.print_ratio("rpc/ud ÷ Rdma send/receive (1):", rdma);
+    }
     one.print_ratio("rpc/ud ÷ tcp (1 in flight):", &tcp);
     println!(
         "rpc/ud with 8 in flight ÷ tcp with 1: rate {:.2}x",
@@ -245,7 +280,11 @@ fn main() -> ExitCode {
     cli::init_tracing();
     let args = Args::parse();
     let res = match (args.server, args.client) {
-        (Some(at), _) => serve(at, args.device.as_deref()),
+        (Some(at), _) => serve(
+            at,
+            args.device.as_deref(),
+            rpc_config(args.size, args.credits),
+        ),
         (None, Some(at)) => client(at, &args),
         (None, None) => side_by_side(&args),
     };

@@ -153,6 +153,34 @@ pub fn seeds() -> Vec<Seed> {
             ),
         ),
         Seed::new(
+            "credit-return-range",
+            packet(
+                Header {
+                    dest_session: 2,
+                    src_session: 1,
+                    req_num: 333,
+                    pkt_idx: 40,
+                    pkt_count: 15,
+                    ..Header::new(PacketKind::CreditReturn)
+                },
+                &[],
+            ),
+        ),
+        Seed::new(
+            "request-for-response-range",
+            packet(
+                Header {
+                    dest_session: 1,
+                    src_session: 2,
+                    req_num: 333,
+                    pkt_idx: 33,
+                    pkt_count: 31,
+                    ..Header::new(PacketKind::RequestForResponse)
+                },
+                &[],
+            ),
+        ),
+        Seed::new(
             "connect",
             packet(
                 Header {
@@ -173,6 +201,7 @@ pub fn seeds() -> Vec<Seed> {
                     src_session: 7,
                     req_num: 0x1234_5678_9abc_def0,
                     msg_len: 4096,
+                    pkt_count: 32,
                     ..Header::new(PacketKind::ConnectAck)
                 },
                 &[],

@@ -95,6 +95,7 @@ impl<P: Clone> Core<P> {
                 src_session: sid,
                 req_num: h.req_num,
                 msg_len: (s.max_payload + HEADER_LEN) as u32,
+                pkt_count: self.config.response_window as u16,
                 ..Header::new(PacketKind::ConnectAck)
             };
             self.tx.push(&s.peer, &ack, &[]);

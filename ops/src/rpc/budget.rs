@@ -5,12 +5,15 @@
 //! [`RpcConfig::request_memory`](super::RpcConfig::request_memory) however
 //! large the lengths they claim.
 //!
-//! A request's buffer grows as its packets arrive (a packet past the end
-//! grows it to that packet's end), never to the claimed length at once; a
-//! multi-packet request packet whose growth does not fit the budget is
-//! dropped (the client sends it again after its timeout). A single-packet
-//! request is charged without that check: its bytes are the packet's, which
-//! the peer sent.
+//! A request is reserved whole (its length and packet bitmap) at its first
+//! packet, so an admitted request never stalls half way; its buffer is
+//! allocated as its packets arrive (a packet past the end grows it to that
+//! packet's end), never to the claimed length at once. A multi-packet
+//! request that does not fit is not admitted: its packet is dropped, the
+//! client told to keep waiting (a credit return for its last packet, as
+//! while a handler runs) and it sends the packet again after its timeout.
+//! A single-packet request is charged without that check: its bytes are
+//! the packet's, which the peer sent.
 
 use std::cell::Cell;
 use std::rc::Rc;

@@ -6,12 +6,15 @@ use std::task::{Context, Poll};
 use super::buf::MsgBuf;
 use super::core::Core;
 use super::error::{RpcError, SessionId};
-use super::header::{packets_for, Header, PacketKind, Status};
+use super::header::{packets_for, Header, PacketKind, Status, MAX_RANGE};
 use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
 use super::transport::TxBatch;
 
 /// Sends client packet `k` of `slot`: request packet `k`, or past the
-/// request the request for response packet `k - n_req + 1`.
+/// request the request for response packet `k - n_req + 1` (and, in the
+/// same packet, for the `more` response packets after it: client packets
+/// `k + 1 ..= k + more`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn send_client_packet<P: Clone>(
     tx: &mut TxBatch<P>,
     s_peer: &P,
@@ -20,6 +23,7 @@ pub(crate) fn send_client_packet<P: Clone>(
     max_payload: usize,
     slot: &ClientSlot,
     k: usize,
+    more: usize,
 ) {
     if k < slot.n_req {
         let start = k * max_payload;
@@ -42,6 +46,7 @@ pub(crate) fn send_client_packet<P: Clone>(
             src_session: local,
             req_num: slot.req_num,
             pkt_idx: (k - slot.n_req + 1) as u16,
+            pkt_count: more as u16,
             ..Header::new(PacketKind::RequestForResponse)
         };
         tx.push(s_peer, &h, &[]);
@@ -120,6 +125,8 @@ impl<P: Clone> Core<P> {
         slot.resp.clear();
         slot.n_req = packets_for(data.len(), s.max_payload);
         slot.n_resp = 0;
+        slot.unasked = 0;
+        slot.paused = false;
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;
@@ -199,7 +206,8 @@ impl<P: Clone> Core<P> {
         }
     }
 
-    /// Sends what the credits of session `sid` allow, slots in round robin.
+    /// Sends what the credits of session `sid` allow, slots in round robin,
+    /// and completes the calls whose response is all in.
     pub(crate) fn pump(&mut self, sid: u32) {
         let now = self.now;
         let Some(s) = self.sessions.get_mut(sid) else {
@@ -208,22 +216,61 @@ impl<P: Clone> Core<P> {
         let start = s.pump_from;
         s.pump_from = (start + 1) % SESSION_SLOTS;
         for step in 0..SESSION_SLOTS {
-            if s.credits == 0 {
-                break;
-            }
-            let slot = &mut s.client[(start + step) % SESSION_SLOTS];
-            if !matches!(slot.state, CallState::Active) {
+            let i = (start + step) % SESSION_SLOTS;
+            let slot = &mut s.client[i];
+            if !matches!(slot.state, CallState::Active) || slot.paused {
                 continue;
             }
-            while s.credits > 0
-                && slot.num_tx < slot.total_tx()
-                && slot.num_tx - slot.num_rx < WINDOW
-            {
+            while slot.num_tx < slot.total_tx() && slot.num_tx - slot.num_rx < WINDOW {
                 let k = slot.num_tx;
-                send_client_packet(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, k);
-                slot.num_tx += 1;
+                if k >= slot.n_req && slot.has_response_packet(k - slot.n_req + 1) {
+                    // Came before it was asked for: answered, no credit.
+                    slot.num_tx += 1;
+                    slot.answer(k);
+                    continue;
+                }
+                if s.credits == 0 {
+                    break;
+                }
+                if k >= slot.n_req && k - slot.n_req + 1 < slot.unasked {
+                    // Sent by the server unasked: counted, not sent.
+                    slot.num_tx += 1;
+                    slot.progress = now;
+                    s.credits -= 1;
+                    continue;
+                }
+                // Requests for response packets go out as one packet per
+                // run of missing ones (each still takes a credit).
+                let n = if k < slot.n_req {
+                    1
+                } else {
+                    let room = WINDOW - (slot.num_tx - slot.num_rx);
+                    let most = (slot.total_tx() - k)
+                        .min(s.credits)
+                        .min(room)
+                        .min(MAX_RANGE);
+                    let first = k - slot.n_req + 1;
+                    (1..most)
+                        .find(|&m| slot.has_response_packet(first + m))
+                        .unwrap_or(most)
+                };
+                send_client_packet(
+                    &mut self.tx,
+                    &s.peer,
+                    s.remote,
+                    sid,
+                    s.max_payload,
+                    slot,
+                    k,
+                    n - 1,
+                );
+                slot.num_tx += n;
                 slot.progress = now;
-                s.credits -= 1;
+                s.credits -= n;
+            }
+            if slot.n_resp > 0 && slot.num_rx == slot.total_tx() {
+                // Every packet of the response is in.
+                complete(s, i, Ok(()));
             }
         }
     }
@@ -253,25 +300,50 @@ impl<P: Clone> Core<P> {
             return;
         };
         let slot = &mut s.client[i];
-        let k = usize::from(h.pkt_idx);
-        if k + 1 == slot.n_req {
+        if h.status == Status::Busy {
+            if slot.num_rx == 0 && !slot.paused {
+                self.stats.busy_pauses += 1;
+                // Nothing of the request was taken: its credits come back
+                // and it starts again from packet 0 after the timeout.
+                s.credits += slot.in_flight();
+                slot.num_tx = 0;
+                slot.answered = 0;
+                slot.paused = true;
+                slot.progress = now;
+                slot.retries = 0;
+                self.defer_pump(h.dest_session);
+            }
+            return;
+        }
+        let last = usize::from(h.pkt_idx);
+        // Validated: the range starts at or after packet 0.
+        let first = last - usize::from(h.pkt_count);
+        if last >= slot.n_req {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        if last + 1 == slot.n_req && first == last {
             // The server has the whole request; its handler runs.
             slot.progress = now;
             slot.retries = 0;
             return;
         }
-        if k + 1 > slot.n_req {
-            self.stats.malformed_packets += 1;
-            return;
+        let before = slot.in_flight();
+        for k in first..=last {
+            // The last packet's credit returns with the response.
+            if k + 1 < slot.n_req {
+                slot.answer(k);
+            }
         }
-        if !slot.answer(k) {
+        let returned = before - slot.in_flight();
+        if returned == 0 {
             self.stats.stale_packets += 1;
             return;
         }
         slot.progress = now;
         slot.retries = 0;
-        s.credits += 1;
-        self.pump(h.dest_session);
+        s.credits += returned;
+        self.defer_pump(h.dest_session);
     }
 
     /// A response packet.
@@ -286,6 +358,7 @@ impl<P: Clone> Core<P> {
             return;
         };
         let max_payload = s.max_payload;
+        let window = s.response_window;
         let slot = &mut s.client[i];
         let j = usize::from(h.pkt_idx);
         if j == 0 && h.status != Status::Ok {
@@ -301,13 +374,11 @@ impl<P: Clone> Core<P> {
             return;
         }
         let k = slot.n_req - 1 + j;
-        if k >= slot.num_tx || slot.is_answered(k) {
-            self.stats.stale_packets += 1;
-            return;
-        }
         let msg_len = h.msg_len as usize;
         let n_resp = usize::from(h.pkt_count);
-        if j == 0 {
+        if slot.n_resp == 0 {
+            // The response's first packet to arrive (packet 0, or one the
+            // server sent unasked, reordered ahead of it).
             if msg_len > max_len {
                 let e = RpcError::ResponseTooLarge {
                     session: SessionId(sid),
@@ -318,15 +389,30 @@ impl<P: Clone> Core<P> {
                 complete(s, i, Err(e));
                 return;
             }
-            if n_resp != packets_for(msg_len, max_payload) {
+            if n_resp != packets_for(msg_len, max_payload) || j >= n_resp {
                 self.stats.malformed_packets += 1;
                 return;
             }
             slot.resp.clear();
             slot.resp_len = msg_len;
             slot.n_resp = n_resp;
+            slot.resp_got.clear();
+            slot.resp_got.resize(n_resp.div_ceil(64), 0);
+            slot.unasked = n_resp.min(window);
         } else if n_resp != slot.n_resp || msg_len != slot.resp_len {
             self.stats.malformed_packets += 1;
+            return;
+        }
+        // Response packets after the first may come before the client
+        // asked for them (the server's response window).
+        let early = j >= 1 && k >= slot.num_tx;
+        let fresh = if early {
+            !slot.has_response_packet(j)
+        } else {
+            k < slot.num_tx && !slot.is_answered(k)
+        };
+        if !fresh {
+            self.stats.stale_packets += 1;
             return;
         }
         let start = j * max_payload;
@@ -335,11 +421,17 @@ impl<P: Clone> Core<P> {
             self.stats.malformed_packets += 1;
             return;
         }
-        if end > slot.resp.len() {
-            // Grown as packets arrive, never to the claimed length at once.
-            slot.resp.resize(end, 0);
+        if start == slot.resp.len() {
+            // In order: appended, no zero fill.
+            slot.resp.extend_from_slice(payload);
+        } else {
+            if end > slot.resp.len() {
+                // Grown as packets arrive, never to the claimed length at once.
+                slot.resp.resize(end, 0);
+            }
+            slot.resp[start..end].copy_from_slice(payload);
         }
-        slot.resp[start..end].copy_from_slice(payload);
+        slot.mark_response_packet(j);
         let before = slot.in_flight();
         if j == 0 {
             // The server had the whole request: every request packet is
@@ -347,15 +439,28 @@ impl<P: Clone> Core<P> {
             for k in slot.num_rx..slot.n_req {
                 slot.answer(k);
             }
-        } else {
+        } else if !early {
             slot.answer(k);
         }
         s.credits += before - slot.in_flight();
         slot.progress = now;
         slot.retries = 0;
-        if slot.num_rx == slot.total_tx() {
-            complete(s, i, Ok(()));
-        } else {
+        // Asks for what is missing (skipping what came early) and
+        // completes the call, at the end of the receive batch.
+        self.defer_pump(sid);
+    }
+
+    /// Pumps session `sid` at the end of the receive batch (`run_pumps`):
+    /// the credits its packets return add up to runs.
+    fn defer_pump(&mut self, sid: u32) {
+        if !self.pumps.contains(&sid) {
+            self.pumps.push(sid);
+        }
+    }
+
+    /// Pumps the sessions that had answers in this receive batch.
+    pub(crate) fn run_pumps(&mut self) {
+        while let Some(sid) = self.pumps.pop() {
             self.pump(sid);
         }
     }

@@ -16,6 +16,20 @@ pub struct RpcConfig {
     pub max_retries: u32,
     /// Largest request or response, in bytes (at most 16 MiB).
     pub max_msg_len: usize,
+    /// Client: packets a session may have unanswered (its credits), over
+    /// all its calls: a message larger than a packet streams this many
+    /// packets before waiting for their answers. From 1 to 64.
+    ///
+    /// Default: [`DEFAULT_SESSION_CREDITS`] (docs/benchmarks.md has the
+    /// measurement that chose it).
+    pub session_credits: usize,
+    /// Server: response packets sent as soon as the handler finished,
+    /// before the client asks for them (it asks for the rest, a run per
+    /// packet, under its credits): a response of up to this many packets
+    /// takes no round trip beyond the request's. From 1 to 64.
+    ///
+    /// Default: [`DEFAULT_RESPONSE_WINDOW`].
+    pub response_window: usize,
     /// Tasks per registered request type that run its handler (requests
     /// beyond that wait in a queue).
     pub handler_tasks: usize,
@@ -37,13 +51,13 @@ pub struct RpcConfig {
     /// Server: bytes of requests held at once, over all sessions: from a
     /// request's first packet until its handler drops the
     /// [`Request`](super::Request) (reassembly buffers and their packet
-    /// bitmaps). A request's buffer grows as its packets arrive, never to
-    /// the length a packet claims at once; a packet of a multi-packet
-    /// request that would pass this budget is dropped (its client sends it
-    /// again after [`rto`](Self::rto)), so a peer claiming large messages
-    /// cannot make the server allocate more than this. Single-packet
-    /// requests are not refused (their bytes are the packet's) but are
-    /// counted.
+    /// bitmaps). A request is reserved whole at its first packet, and its
+    /// buffer allocated as its packets arrive, never to the length a packet
+    /// claims at once; a multi-packet request that does not fit is not
+    /// admitted (its client is told to wait and sends it again after
+    /// [`rto`](Self::rto)), so a peer claiming large messages cannot make
+    /// the server allocate more than this. Single-packet requests are not
+    /// refused (their bytes are the packet's) but are counted.
     ///
     /// Default: 64 MiB; raised to at least `max_msg_len` plus its bitmap
     /// so one largest request always fits.
@@ -65,6 +79,10 @@ pub struct RpcConfig {
 
 /// Default of [`RpcConfig::session_idle_timeout`].
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of [`RpcConfig::session_credits`].
+pub const DEFAULT_SESSION_CREDITS: usize = 32;
+/// Default of [`RpcConfig::response_window`].
+pub const DEFAULT_RESPONSE_WINDOW: usize = 32;
 /// Default of [`RpcConfig::request_memory`].
 pub const DEFAULT_REQUEST_MEMORY: usize = 64 << 20;
 
@@ -74,6 +92,8 @@ impl Default for RpcConfig {
             rto: Duration::from_millis(20),
             max_retries: 5,
             max_msg_len: 1 << 20,
+            session_credits: DEFAULT_SESSION_CREDITS,
+            response_window: DEFAULT_RESPONSE_WINDOW,
             handler_tasks: 16,
             recv_batch: 16,
             session_idle_timeout: Some(DEFAULT_SESSION_IDLE_TIMEOUT),

@@ -53,6 +53,9 @@ pub struct RpcStats {
     /// Requests whose packets stopped arriving for an idle timeout,
     /// dropped half received.
     pub partial_requests_dropped: u64,
+    /// Client: times a server answered "busy" (its request memory full);
+    /// the call paused and sent its request again after a timeout.
+    pub busy_pauses: u64,
 }
 
 /// What an endpoint holds now: the memory peers can make it hold, against
@@ -117,6 +120,10 @@ pub(crate) struct Core<P> {
     pub(crate) connects_made: u64,
     pub(crate) connect_requests: Vec<ConnectRequest>,
     pub(crate) tx: TxBatch<P>,
+    /// Client sessions to pump at the end of this receive batch (`client.rs`).
+    pub(crate) pumps: Vec<u32>,
+    /// Credit returns owed for this receive batch (`server.rs`).
+    pub(crate) acks: Vec<super::server::PendingAck>,
     pub(crate) pool: BufPool,
     pub(crate) handlers: Vec<Option<HandlerQueue>>,
     pub(crate) stats: RpcStats,
@@ -162,6 +169,8 @@ impl<P: Clone> Core<P> {
             connects_made: 0,
             connect_requests: Vec::new(),
             tx: TxBatch::default(),
+            acks: Vec::new(),
+            pumps: Vec::new(),
             pool: BufPool::default(),
             handlers: (0..256).map(|_| None).collect(),
             stats: RpcStats::default(),
@@ -262,6 +271,7 @@ impl<P: Clone> Core<P> {
         }
         s.remote = h.src_session;
         s.max_payload = h.msg_len as usize - HEADER_LEN;
+        s.response_window = usize::from(h.pkt_count).max(1);
         s.state = SessionState::Connected;
         if let Some(w) = s.connect_waker.take() {
             w.wake();

@@ -20,7 +20,7 @@ use super::core::{Core, HandlerQueue, Job, RpcMemory, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{HEADER_LEN, MAX_MSG_LEN, MAX_PACKET, MIN_PACKET};
 use super::idle::SWEEPS_PER_TIMEOUT;
-use super::session::{Role, Session, SessionState};
+use super::session::{Role, Session, SessionState, WINDOW};
 use super::timer::TICKS_PER_RTO;
 use super::transport::Transport;
 
@@ -76,6 +76,8 @@ pub(crate) struct Engine<T: Transport> {
 impl<T: Transport> Engine<T> {
     /// Sends the queued packets with one transport call.
     fn flush(&mut self) {
+        self.core.run_pumps();
+        self.core.send_acks();
         if self.core.tx.is_empty() {
             return;
         }
@@ -223,6 +225,8 @@ impl<T: Transport> Rpc<T> {
         let bitmap = (config.max_msg_len / (MIN_PACKET as usize - HEADER_LEN)).div_ceil(64) * 8;
         config.request_memory = config.request_memory.max(config.max_msg_len + bitmap);
         config.recv_batch = config.recv_batch.max(1);
+        config.session_credits = config.session_credits.clamp(1, WINDOW);
+        config.response_window = config.response_window.clamp(1, WINDOW);
         let local_addr = transport.local_addr();
         let engine = Rc::new(RefCell::new(Engine {
             transport,
@@ -342,6 +346,7 @@ impl<T: Transport> Rpc<T> {
                 last: now,
             };
             let mut session = Session::new(Role::Client, state, peer, max_payload);
+            session.credits = e.core.config.session_credits;
             session.connect_id = e.core.nonce.wrapping_add(e.core.connects_made);
             e.core.connects_made += 1;
             let Some(sid) = e.core.add_session(session) else {

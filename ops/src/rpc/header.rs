@@ -5,7 +5,8 @@
 //!  2      version (1)
 //!  3      kind (PacketKind)
 //!  4      req_type
-//!  5      status (responses: Status; 0 otherwise)
+//!  5      status (responses: Status; credit returns: 0 or Status::Busy;
+//!         0 otherwise)
 //!  6..8   payload_len: bytes after the header in this packet
 //!  8..12  dest_session: the receiver's session number
 //! 12..16  src_session: the sender's session number
@@ -13,7 +14,9 @@
 //! 24..28  msg_len: the whole message's length (request / response);
 //!         the sender's largest packet (connect / connect-ack)
 //! 28..30  pkt_idx
-//! 30..32  pkt_count
+//! 30..32  pkt_count (requests, responses); packets in the range besides
+//!         pkt_idx (credit return, request for response); the response
+//!         window (connect-ack)
 //! ```
 //!
 //! [`Header::decode`] checks every field it can check without session state
@@ -36,6 +39,9 @@ pub const MAX_MSG_LEN: u32 = 1 << 24;
 pub const MIN_PACKET: u32 = 64;
 /// The largest packet size (header included) a peer may announce.
 pub const MAX_PACKET: u32 = HEADER_LEN as u32 + u16::MAX as u32;
+/// Most packets a credit return acknowledges, or a request for response
+/// asks for, at once.
+pub const MAX_RANGE: usize = 64;
 
 /// How a server answered a request (response packets).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,6 +60,11 @@ pub enum Status {
     /// [`max_msg_len`](super::RpcConfig::max_msg_len) (empty response; the
     /// server kept none of it).
     RequestTooLarge = 4,
+    /// Credit returns only: the server's request memory
+    /// ([`request_memory`](super::RpcConfig::request_memory)) has no room
+    /// for this request now; the client takes its credits back and sends
+    /// it again after its timeout.
+    Busy = 5,
 }
 
 impl std::fmt::Display for Status {
@@ -64,6 +75,7 @@ impl std::fmt::Display for Status {
             Status::HandlerPanicked => "the handler panicked",
             Status::ResponseTooLarge => "the handler's response exceeds the message limit",
             Status::RequestTooLarge => "the request exceeds the server's message limit",
+            Status::Busy => "the server's request memory is full",
         })
     }
 }
@@ -76,6 +88,7 @@ impl Status {
             2 => Status::HandlerPanicked,
             3 => Status::ResponseTooLarge,
             4 => Status::RequestTooLarge,
+            5 => Status::Busy,
             _ => return None,
         })
     }
@@ -89,10 +102,12 @@ pub enum PacketKind {
     Request = 1,
     /// A packet of a response message (server to client).
     Response = 2,
-    /// Server to client: request packet `pkt_idx` arrived (returns its
-    /// credit). For the last request packet it says the handler is running.
+    /// Server to client: request packets `pkt_idx - pkt_count ..= pkt_idx`
+    /// arrived (returns their credits). For the last request packet it says
+    /// the handler is running.
     CreditReturn = 3,
-    /// Client to server: send response packet `pkt_idx` (`>= 1`).
+    /// Client to server: send response packets `pkt_idx ..= pkt_idx +
+    /// pkt_count` (`pkt_idx >= 1`).
     RequestForResponse = 4,
     /// Client to server: open a session; the payload is the client's
     /// transport address, `msg_len` its largest packet, `req_num` the
@@ -100,7 +115,8 @@ pub enum PacketKind {
     Connect = 5,
     /// Server to client: the session is open; `src_session` is the server's
     /// session number, `msg_len` the packet size both use, `req_num` the
-    /// connect's incarnation number.
+    /// connect's incarnation number, `pkt_count` the server's response
+    /// window (response packets it sends unasked; 0 or 1: only the first).
     ConnectAck = 6,
     /// Either side: the session is closed.
     Disconnect = 7,
@@ -128,7 +144,8 @@ pub struct Header {
     pub kind: PacketKind,
     /// The request type (requests and responses; 0 otherwise).
     pub req_type: u8,
-    /// How the server answered (responses; [`Status::Ok`] otherwise).
+    /// How the server answered (responses; [`Status::Busy`] or
+    /// [`Status::Ok`] for credit returns; [`Status::Ok`] otherwise).
     pub status: Status,
     /// Bytes after the header.
     pub payload_len: u16,
@@ -142,7 +159,10 @@ pub struct Header {
     pub msg_len: u32,
     /// Index of this packet in its message (or the packet acknowledged / asked for).
     pub pkt_idx: u16,
-    /// Packets in the message (requests, responses; 0 otherwise).
+    /// Packets in the message (requests, responses); packets in the range
+    /// besides `pkt_idx`, below [`MAX_RANGE`] (credit returns: the range
+    /// ends at `pkt_idx`; requests for response: it starts there); 0
+    /// otherwise.
     pub pkt_count: u16,
 }
 
@@ -282,7 +302,7 @@ impl Header {
                 kind,
                 field: "status",
                 value: b[5].into(),
-                expected: "0 to 4",
+                expected: "0 to 5",
             });
         };
         let h = Header {
@@ -297,8 +317,18 @@ impl Header {
             pkt_idx: u16_at(28),
             pkt_count: u16_at(30),
         };
-        if kind != PacketKind::Response {
-            h.zero("status", b[5].into())?;
+        match kind {
+            PacketKind::Response if status == Status::Busy => {
+                return Err(HeaderError::OutOfRange {
+                    kind,
+                    field: "status",
+                    value: b[5].into(),
+                    expected: "0 to 4 (busy is for credit returns)",
+                })
+            }
+            PacketKind::Response => {}
+            PacketKind::CreditReturn if matches!(status, Status::Ok | Status::Busy) => {}
+            _ => h.zero("status", b[5].into())?,
         }
         h.validate()?;
         Ok(h)
@@ -376,7 +406,12 @@ impl Header {
                 self.zero("req_type", self.req_type.into())?;
                 self.zero("payload_len", self.payload_len.into())?;
                 self.zero("msg_len", self.msg_len.into())?;
-                self.zero("pkt_count", self.pkt_count.into())?;
+                self.range(
+                    usize::from(self.pkt_count) < MAX_RANGE,
+                    "pkt_count",
+                    self.pkt_count.into(),
+                    "below 64 (packets in the range besides pkt_idx)",
+                )?;
                 if self.kind == PacketKind::RequestForResponse {
                     self.range(
                         self.pkt_idx >= 1,
@@ -384,13 +419,34 @@ impl Header {
                         self.pkt_idx.into(),
                         "at least 1",
                     )?;
+                    self.range(
+                        self.pkt_idx.checked_add(self.pkt_count).is_some(),
+                        "pkt_count",
+                        self.pkt_count.into(),
+                        "with pkt_idx at most 65535",
+                    )
+                } else {
+                    self.range(
+                        self.pkt_count <= self.pkt_idx,
+                        "pkt_count",
+                        self.pkt_count.into(),
+                        "at most pkt_idx",
+                    )
                 }
-                Ok(())
             }
             PacketKind::Connect | PacketKind::ConnectAck => {
                 self.zero("req_type", self.req_type.into())?;
                 self.zero("pkt_idx", self.pkt_idx.into())?;
-                self.zero("pkt_count", self.pkt_count.into())?;
+                if self.kind == PacketKind::Connect {
+                    self.zero("pkt_count", self.pkt_count.into())?;
+                } else {
+                    self.range(
+                        usize::from(self.pkt_count) <= MAX_RANGE,
+                        "pkt_count",
+                        self.pkt_count.into(),
+                        "at most 64 (the server's response window)",
+                    )?;
+                }
                 self.range(
                     (MIN_PACKET..=MAX_PACKET).contains(&self.msg_len),
                     "msg_len",

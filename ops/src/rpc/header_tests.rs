@@ -163,6 +163,66 @@ fn every_kind_round_trips() {
     }
 }
 
+/// Credit returns and requests for response carry a range (`pkt_count`
+/// more packets, below 64), a connect-ack the response window (at most
+/// 64): in range they decode, past it they are refused.
+#[test]
+fn ranges_and_windows_are_bounded() {
+    let cr = |pkt_idx, pkt_count| Header {
+        pkt_idx,
+        pkt_count,
+        ..Header::new(PacketKind::CreditReturn)
+    };
+    let rfr = |pkt_idx, pkt_count| Header {
+        pkt_idx,
+        pkt_count,
+        ..Header::new(PacketKind::RequestForResponse)
+    };
+    let ack = |pkt_count| Header {
+        msg_len: 4096,
+        pkt_count,
+        ..Header::new(PacketKind::ConnectAck)
+    };
+    let ok = |h: Header| Header::decode(&h.encode()) == Ok((h, &[][..]));
+    assert!(ok(cr(63, 63)) && ok(cr(100, 0)) && ok(cr(0, 0)));
+    assert!(!ok(cr(5, 6)), "a range before packet 0");
+    assert!(!ok(cr(100, 64)), "a range of 65");
+    assert!(ok(rfr(1, 63)) && ok(rfr(65472, 63)));
+    assert!(!ok(rfr(1, 64)), "a range of 65");
+    assert!(!ok(rfr(65500, 63)), "a range past packet 65535");
+    assert!(ok(ack(0)) && ok(ack(64)));
+    assert!(!ok(ack(65)));
+    let connect = Header {
+        msg_len: 4096,
+        payload_len: 4,
+        pkt_count: 1,
+        ..Header::new(PacketKind::Connect)
+    };
+    assert!(Header::decode(&packet(&connect, &[1, 2, 3, 4])).is_err());
+    // Busy is a credit return's status only.
+    let busy = Header {
+        status: Status::Busy,
+        ..cr(3, 0)
+    };
+    assert!(ok(busy));
+    assert!(!ok(Header {
+        status: Status::NoHandler,
+        ..cr(3, 0)
+    }));
+    assert!(!ok(Header {
+        status: Status::Busy,
+        ..rfr(3, 0)
+    }));
+    let resp = Header {
+        kind: PacketKind::Response,
+        status: Status::Busy,
+        payload_len: 0,
+        msg_len: 0,
+        ..request()
+    };
+    assert!(Header::decode(&resp.encode()).is_err());
+}
+
 #[test]
 fn packet_counts() {
     assert_eq!(packets_for(0, 100), 1);

@@ -12,23 +12,31 @@
 //! # Protocol
 //!
 //! A session is opened by a connect packet carrying the client's transport
-//! address; the server answers with a connect-ack naming its session number.
-//! Each session has [`SESSION_SLOTS`] slots; request number `n` uses slot
-//! `n % 8`, so each slot runs one call at a time, and the 8 slots are also
-//! the session's credits: at most 8 packets of the client are unanswered.
+//! address; the server answers with a connect-ack naming its session
+//! number and its response window. Each session has [`SESSION_SLOTS`]
+//! slots; request number `n` uses slot `n % 8`, so each slot runs one call
+//! at a time. The session's credits ([`RpcConfig::session_credits`], 32 by
+//! default) bound the client packets unanswered at once, over all slots.
 //!
 //! A message up to the packet payload travels in one packet; a larger one
-//! in packets of that size. Each client packet is answered by one server
-//! packet: request packet `i` by a credit return (the last by response
-//! packet 0), and the client asks for response packets `1..` one by one
-//! (request for response), each taking a credit. Packets and answers are
-//! taken in any order (the transport may reorder), so reordering costs no
-//! retransmission. Everything stays on the
-//! datagram transport (rrppcc moves large messages by RDMA READ over RC
-//! instead): one UD queue pair serves every peer with no RC connection or
-//! memory registration exchange per peer, and the same retransmission
-//! covers every packet. The price is bandwidth: 8 packets in flight per
-//! session bound a large message's rate (see `examples/rpc_echo.rs`).
+//! in packets of that size, streamed: the client sends request packets
+//! while it has credits, and every client packet is answered by a server
+//! packet. Request packet `i` is answered by a credit return (one credit
+//! return acknowledges a run of up to 64 packets received in one receive
+//! batch; the last packet is answered by response packet 0). When the
+//! handler finished, the server sends the first
+//! [`RpcConfig::response_window`] response packets unasked (the client
+//! counts them as asked for, a credit each); the client asks for the rest
+//! with requests for response, one packet per run of up to 64. So a call
+//! whose response fits the window takes one round trip, and a larger one
+//! a round trip per window of credits, not per packet. Packets and
+//! answers are taken in any order (the transport may reorder), so
+//! reordering costs no retransmission. Everything stays on the datagram
+//! transport (rrppcc moves large messages by RDMA READ over RC instead):
+//! one UD queue pair serves every peer with no RC connection or memory
+//! registration exchange per peer, and the same retransmission covers
+//! every packet. The price is a copy per packet and per-packet work in
+//! the device: `docs/benchmarks.md` has the rates by size.
 //!
 //! A slot that has had no answer for [`RpcConfig::rto`] sends its
 //! unanswered packets again; after [`RpcConfig::max_retries`] in a row its
@@ -70,7 +78,10 @@ mod transport;
 pub mod ud;
 
 pub use buf::{MsgBuf, POOL_MAX_BYTES};
-pub use config::{RpcConfig, DEFAULT_REQUEST_MEMORY, DEFAULT_SESSION_IDLE_TIMEOUT};
+pub use config::{
+    RpcConfig, DEFAULT_REQUEST_MEMORY, DEFAULT_RESPONSE_WINDOW, DEFAULT_SESSION_CREDITS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+};
 pub use core::{RpcMemory, RpcStats};
 pub use endpoint::{Request, Rpc};
 pub use error::{RpcError, SessionId};

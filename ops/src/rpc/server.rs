@@ -10,7 +10,7 @@ use super::buf::MsgBuf;
 use super::core::{open_session, Core, Job, RpcStats};
 use super::endpoint::Request;
 use super::error::SessionId;
-use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN};
+use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN, MAX_RANGE};
 use super::session::{Role, ServeState, ServerSlot, SESSION_SLOTS};
 use super::transport::TxBatch;
 
@@ -63,12 +63,48 @@ fn send_response<P: Clone>(
     tx.push(peer, &h, &resp[start..end]);
 }
 
+/// Request packets received in this receive batch, to acknowledge: the
+/// contiguous run `first..=last` of request `req_num` in a slot.
+pub(crate) struct PendingAck {
+    sid: u32,
+    slot: usize,
+    req_num: u64,
+    first: u16,
+    last: u16,
+}
+
+/// Adds request packet `idx` to the acknowledgements of this batch: to
+/// the run it extends, or as a new one.
+fn queue_ack(acks: &mut Vec<PendingAck>, sid: u32, slot: usize, req_num: u64, idx: u16) {
+    let run = acks
+        .iter_mut()
+        .rev()
+        .find(|a| a.sid == sid && a.slot == slot);
+    match run {
+        Some(a)
+            if a.req_num == req_num
+                && idx.checked_sub(1) == Some(a.last)
+                && usize::from(idx - a.first) < MAX_RANGE =>
+        {
+            a.last = idx;
+        }
+        _ => acks.push(PendingAck {
+            sid,
+            slot,
+            req_num,
+            first: idx,
+            last: idx,
+        }),
+    }
+}
+
 /// Words of a slot's packet bitmap kept between requests (for requests of
 /// up to 1024 packets); larger bitmaps are freed when their request is
 /// complete.
 const KEEP_BITMAP_WORDS: usize = 16;
 
-/// A request packet dropped because the request memory budget is spent:
+/// A request's first packet dropped because the request memory budget
+/// has no room for the request:
 /// counted, and logged at the 1st, 2nd, 4th, 8th... time.
 fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &Header) {
     stats.budget_drops += 1;
@@ -80,7 +116,7 @@ fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &Header) {
             used = budget.used(),
             limit = budget.limit(),
             drops = stats.budget_drops,
-            "rpc: request packet dropped: the request memory budget (RpcConfig::request_memory) is spent; its client will send it again"
+            "rpc: request refused for now: the request memory budget (RpcConfig::request_memory) is spent; its client will send it again"
         );
     }
 }
@@ -134,9 +170,27 @@ impl<P: Clone> Core<P> {
             }
             let n_req = usize::from(h.pkt_count);
             let words = n_req.div_ceil(64);
+            // The whole request is reserved now (its buffer is allocated
+            // as packets arrive), so an admitted request never stalls
+            // half way for memory.
             let mut charge = Charge::default();
-            if !self.budget.grow(&mut charge, words * 8, n_req == 1) {
+            if !self
+                .budget
+                .grow(&mut charge, words * 8 + msg_len, n_req == 1)
+            {
                 budget_drop(&mut self.stats, &self.budget, sid, h);
+                // Busy: the client takes its credits back and sends the
+                // request again after its timeout, when the budget may
+                // have room; the call stays alive meanwhile.
+                let busy = Header {
+                    status: Status::Busy,
+                    dest_session: s.remote,
+                    src_session: sid,
+                    req_num: h.req_num,
+                    pkt_idx: h.pkt_idx,
+                    ..Header::new(PacketKind::CreditReturn)
+                };
+                self.tx.push(&s.peer, &busy, &[]);
                 return;
             }
             if slot.req.capacity() == 0 {
@@ -171,21 +225,23 @@ impl<P: Clone> Core<P> {
         match slot.state {
             ServeState::Receiving if !got => {
                 let end = start + payload.len();
-                if end > slot.req.len() {
-                    // Grown to this packet's end, charged first.
-                    let more = end - slot.req.len();
-                    if !self.budget.grow(&mut slot.charge, more, slot.n_req == 1) {
-                        budget_drop(&mut self.stats, &self.budget, sid, h);
-                        return;
+                if start == slot.req.len() {
+                    // In order: appended, no zero fill.
+                    slot.req.extend_from_slice(payload);
+                } else {
+                    if end > slot.req.len() {
+                        // Grown to this packet's end (reserved already).
+                        slot.req.resize(end, 0);
                     }
-                    slot.req.resize(end, 0);
+                    slot.req[start..end].copy_from_slice(payload);
                 }
-                slot.req[start..end].copy_from_slice(payload);
                 slot.got[word] |= bit;
                 slot.rx += 1;
                 slot.stalled_sweeps = 0;
                 if idx + 1 < slot.n_req {
-                    send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);
+                    // Acknowledged with its neighbours of this receive
+                    // batch, in one credit return (`send_acks`).
+                    queue_ack(&mut self.acks, sid, i, slot.req_num, h.pkt_idx);
                 }
                 if slot.rx == slot.n_req {
                     complete = true;
@@ -279,8 +335,10 @@ impl<P: Clone> Core<P> {
     }
 
     /// A handler finished: caches the response in its slot and sends its
-    /// first packet (the rest go out as the client asks for them).
+    /// first [`response_window`](super::RpcConfig::response_window) packets
+    /// (the rest go out as the client asks for them).
     pub(crate) fn respond(&mut self, sid: u32, i: usize, req_num: u64, resp: MsgBuf) {
+        let window = self.config.response_window;
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -303,7 +361,10 @@ impl<P: Clone> Core<P> {
         slot.n_resp = n_resp;
         slot.resp = Some(resp);
         slot.state = ServeState::Responded;
-        send_response(&mut self.tx, &s.peer, s.remote, sid, max_payload, slot, 0);
+        // The first packets at once; the client asks for the rest.
+        for j in 0..n_resp.min(window) {
+            send_response(&mut self.tx, &s.peer, s.remote, sid, max_payload, slot, j);
+        }
     }
 
     /// A handler task panicked on request `req_num` of slot `i`.
@@ -333,6 +394,32 @@ impl<P: Clone> Core<P> {
         send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, 0);
     }
 
+    /// Sends the credit returns of the request packets received since the
+    /// last call: one per contiguous run, for requests still arriving (a
+    /// request that completed meanwhile is answered by its response, which
+    /// returns every credit; if its handler outlasts the client's timeout,
+    /// the packets the client sends again are acknowledged then).
+    pub(crate) fn send_acks(&mut self) {
+        for a in self.acks.drain(..) {
+            let Some(s) = self.sessions.get(a.sid) else {
+                continue;
+            };
+            let slot = &s.server[a.slot];
+            if slot.req_num != a.req_num || slot.state != ServeState::Receiving {
+                continue;
+            }
+            let h = Header {
+                dest_session: s.remote,
+                src_session: a.sid,
+                req_num: a.req_num,
+                pkt_idx: a.last,
+                pkt_count: a.last - a.first,
+                ..Header::new(PacketKind::CreditReturn)
+            };
+            self.tx.push(&s.peer, &h, &[]);
+        }
+    }
+
     /// A request for response packet `pkt_idx`.
     pub(crate) fn on_request_for_response(&mut self, h: &Header) {
         let sid = h.dest_session;
@@ -340,11 +427,15 @@ impl<P: Clone> Core<P> {
             return;
         };
         let slot = &s.server[(h.req_num % SESSION_SLOTS as u64) as usize];
-        let j = usize::from(h.pkt_idx);
-        if slot.req_num != h.req_num || slot.state != ServeState::Responded || j >= slot.n_resp {
+        let first = usize::from(h.pkt_idx);
+        // Validated: below 64 more, no overflow.
+        let last = first + usize::from(h.pkt_count);
+        if slot.req_num != h.req_num || slot.state != ServeState::Responded || last >= slot.n_resp {
             self.stats.stale_packets += 1;
             return;
         }
-        send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, j);
+        for j in first..=last {
+            send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, j);
+        }
     }
 }

@@ -41,11 +41,21 @@ pub(crate) struct ClientSlot {
     pub(crate) state: CallState,
     /// The call future was dropped: free the slot when the call ends.
     pub(crate) abandoned: bool,
+    /// The server was busy (its request memory full): nothing is sent
+    /// until the next timeout.
+    pub(crate) paused: bool,
     pub(crate) req_type: u8,
     pub(crate) req: Vec<u8>,
     pub(crate) resp: Vec<u8>,
     /// The response's length (from its first packet).
     pub(crate) resp_len: usize,
+    /// Which response packets arrived (bit `j % 64` of word `j / 64`).
+    pub(crate) resp_got: Vec<u64>,
+    /// Response packets below this come without being asked for (the
+    /// server's response window; set by the first response packet): the
+    /// client counts them as asked for, with a credit each, without
+    /// sending anything (a lost one is asked for at the timeout).
+    pub(crate) unasked: usize,
     /// Request packets.
     pub(crate) n_req: usize,
     /// Response packets (0 until the first arrives).
@@ -81,10 +91,13 @@ impl ClientSlot {
             req_num: index as u64,
             state: CallState::Free,
             abandoned: false,
+            paused: false,
             req_type: 0,
             req: Vec::new(),
             resp: Vec::new(),
             resp_len: 0,
+            resp_got: Vec::new(),
+            unasked: 0,
             n_req: 0,
             n_resp: 0,
             num_tx: 0,
@@ -104,6 +117,20 @@ impl ClientSlot {
     /// Packets sent and not answered: the credits the slot holds.
     pub(crate) fn in_flight(&self) -> usize {
         self.num_tx - self.num_rx - self.answered.count_ones() as usize
+    }
+
+    /// Whether response packet `j` arrived.
+    pub(crate) fn has_response_packet(&self, j: usize) -> bool {
+        self.resp_got
+            .get(j / 64)
+            .is_some_and(|w| w & (1 << (j % 64)) != 0)
+    }
+
+    /// Records that response packet `j` (below `n_resp`) arrived.
+    pub(crate) fn mark_response_packet(&mut self, j: usize) {
+        if let Some(w) = self.resp_got.get_mut(j / 64) {
+            *w |= 1 << (j % 64);
+        }
     }
 
     /// Whether client packet `k` (sent, not below `num_rx`) is answered.
@@ -203,6 +230,9 @@ pub(crate) struct Session<P> {
     pub(crate) max_payload: usize,
     /// Packets this side may still send (client).
     pub(crate) credits: usize,
+    /// Client: response packets the server sends before being asked (from
+    /// its connect-ack; at least 1, the first).
+    pub(crate) response_window: usize,
     pub(crate) client: [ClientSlot; SESSION_SLOTS],
     pub(crate) server: [ServerSlot; SESSION_SLOTS],
     /// Calls waiting for a free slot.
@@ -231,6 +261,7 @@ impl<P> Session<P> {
             remote: 0,
             max_payload,
             credits: SESSION_SLOTS,
+            response_window: 1,
             client: std::array::from_fn(ClientSlot::new),
             server: std::array::from_fn(|_| ServerSlot::new()),
             slot_waiters: VecDeque::new(),

@@ -188,6 +188,55 @@ fn large_calls_over_a_lossy_network() {
     lossy(4, 15, |i| 500 + i * 700);
 }
 
+/// Messages of more packets than the credit and response windows (about
+/// 100 packets of 1 KiB each way), with loss, duplicates and reordering:
+/// ranged credit returns and requests for response, and response packets
+/// arriving before they were asked for.
+#[test]
+fn messages_larger_than_the_windows_over_a_lossy_network() {
+    lossy(5, 3, |i| 30_000 + i * 35_000);
+}
+
+/// A large call on a clean network streams: its request goes out under the
+/// credit window, the server acknowledges runs of packets in one credit
+/// return each and sends the first response packets without being asked;
+/// the client asks for the rest in runs. Control packets are a few per
+/// call, not one per data packet.
+#[test]
+fn large_messages_stream_with_few_control_packets() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(12, 1056);
+        let (srv, _) = server(&net, config());
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let calls = 20;
+        let len = 100 * 1024;
+        for i in 0..calls {
+            let req = request(0, i, len);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..]);
+        }
+        let (c, v) = (cli.stats(), srv.stats());
+        let n_req = len.div_ceil(1024) as u64;
+        let n_resp = (len + 4).div_ceil(1024) as u64;
+        // Connect and its answer aside.
+        let client_control = (c.packets_sent - 1) / calls as u64 - n_req;
+        let server_control = (v.packets_sent - 1) / calls as u64 - n_resp;
+        eprintln!("client {c:?}\nserver {v:?}");
+        eprintln!("control packets per call: client {client_control}, server {server_control}");
+        assert_eq!(c.retransmissions, 0);
+        // Requests for the 101 - 32 response packets past the window, in
+        // runs of up to 32 (the credits): at least 3 packets.
+        assert!(client_control <= 12, "client: {client_control} per call");
+        // Credit returns: one per run of a receive batch (16 packets).
+        assert!(
+            server_control <= 2 * n_req / 16 + 4,
+            "server: {server_control} per call"
+        );
+    });
+}
+
 #[test]
 fn reordered_packets_cost_no_retransmission() {
     let rt = Runtime::new().unwrap();

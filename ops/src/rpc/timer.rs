@@ -51,6 +51,15 @@ impl<P: Clone> Core<P> {
                             continue;
                         }
                         busy = true;
+                        if slot.paused && now - slot.progress >= rto {
+                            // The server was busy: try again.
+                            slot.paused = false;
+                            slot.progress = now;
+                            if !self.pumps.contains(&sid) {
+                                self.pumps.push(sid);
+                            }
+                            continue;
+                        }
                         if slot.in_flight() == 0 || now - slot.progress < rto {
                             continue;
                         }
@@ -75,6 +84,7 @@ impl<P: Clone> Core<P> {
                                 s.max_payload,
                                 slot,
                                 k,
+                                0,
                             );
                             self.stats.retransmissions += 1;
                         }
