@@ -767,6 +767,9 @@ fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
         let cids: Vec<usize> = eng.cq_feeds[&b.rcq.handle()].to_vec();
         cids.into_iter()
             .map(|cid| {
+                // (The warm-up sent one way only: B's holds had stopped
+                // paying; an application that answers makes them pay.)
+                eng.conns[cid].hold_pays = true;
                 let w = eng.conns[cid].stream.clone().expect("socket");
                 w.renew_lease(until);
                 eng.mute(cid, now);

@@ -66,6 +66,9 @@ pub(crate) struct Wire {
     muted_hint: AtomicBool,
     /// Mirror of `!st.held.is_empty()`, read without the lock (a hint).
     held_hint: AtomicBool,
+    /// A poster wrote a request since the engine last asked (see
+    /// `Conn::hold_pays`).
+    request_sent: AtomicBool,
 }
 
 impl Wire {
@@ -78,6 +81,7 @@ impl Wire {
             muted: Mutex::new(false),
             muted_hint: AtomicBool::new(false),
             held_hint: AtomicBool::new(false),
+            request_sent: AtomicBool::new(false),
             st: Mutex::new(WireState {
                 busy: true,
                 closed: false,
@@ -278,6 +282,7 @@ impl Wire {
             return None;
         }
         let st = &mut *st;
+        self.request_sent.store(true, Ordering::Relaxed);
         // The held ACKs and the packet go out in one `send` from one buffer
         // (the held one, which keeps its allocation): cheaper for the
         // kernel than gathering two pieces.
@@ -334,6 +339,11 @@ impl Wire {
 }
 
 impl Wire {
+    /// Engine: true if a poster wrote a request since the last call.
+    pub fn take_request_sent(&self) -> bool {
+        self.request_sent.swap(false, Ordering::Relaxed)
+    }
+
     /// Poster: [`Wire::try_write`] of a packet whose header is `head` and
     /// whose payload is the registered memory `body`, written from where it
     /// lies in one `sendmsg` (the held ACKs first); only what the socket
@@ -348,6 +358,7 @@ impl Wire {
             return None;
         }
         let st = &mut *st;
+        self.request_sent.store(true, Ordering::Relaxed);
         let mut out = std::mem::take(&mut st.held);
         if !out.is_empty() {
             self.held_hint.store(false, Ordering::Relaxed);

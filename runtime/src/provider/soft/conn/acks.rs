@@ -1,5 +1,12 @@
 //! ACKs: coalescing consecutive ones of a QP, and holding those of a
 //! message that completed a receive for a request to ride with.
+//!
+//! A hold pays when the receiving application answers (a request-reply
+//! exchange: the ACK rides with the answer). When it does not (one side
+//! only sends; each SEND's completion waits for its ACK), a hold only
+//! delays every ACK by the hold. So once a hold ends with its ACKs going
+//! out alone, the connection stops holding (`hold_pays`) until this side
+//! sends a request again (the application answers again).
 
 use std::time::Instant;
 
@@ -10,6 +17,7 @@ impl Conn {
     /// Queues an ACK. `hold_until`: it may wait until then for a request
     /// to go out with it (see `ack_hold`); `None` = send it at once.
     pub fn push_ack(&mut self, dst: u32, src: u32, psn: u32, hold_until: Option<Instant>) {
+        let hold_until = hold_until.filter(|_| self.holds_pay());
         match hold_until {
             // (ACKs parked on the wire keep their hold's deadline; once a
             // poster took them along, the deadline was theirs, not this
@@ -23,6 +31,32 @@ impl Conn {
             None => self.ack_hold = None,
         }
         self.push_resp(Resp::Ack { dst, src, psn });
+    }
+
+    /// True while holding ACKs pays (see the module docs): a request went
+    /// out since a hold last ended alone.
+    fn holds_pay(&mut self) -> bool {
+        if !self.hold_pays && self.stream.as_ref().is_some_and(|w| w.take_request_sent()) {
+            self.hold_pays = true;
+        }
+        self.hold_pays
+    }
+
+    /// The connection is about to be serviced with its hold (if any) over
+    /// at `now`: a request to send means the application answers (holds
+    /// pay again); ACKs going out alone at their deadline mean it did not.
+    pub fn end_hold(&mut self, now: Instant) {
+        if !self.senders.is_empty() {
+            self.hold_pays = true;
+        } else if self.ack_hold.is_some_and(|t| t <= now)
+            && self.tx_pending() == 0
+            && self.tx_mem.is_none()
+            && (self.resp.iter().any(|r| matches!(r, Resp::Ack { .. }))
+                || self.stream.as_ref().is_some_and(|w| !w.held_gone()))
+        {
+            self.hold_pays = false;
+        }
+        self.ack_hold = None;
     }
 
     /// True if no ACKs wait parked on the wire (a posting thread took them
@@ -146,6 +180,50 @@ mod tests {
         c.push_ack(1, 2, 5, Some(second));
         assert!(c.holding(first), "held until its own deadline");
         assert!(!c.holding(second));
+    }
+
+    #[test]
+    fn a_hold_that_ends_alone_stops_holding_until_a_request_goes_out() {
+        let now = Instant::now();
+        let until = now + Duration::from_micros(50);
+        let mut c = conn();
+        c.push_ack(1, 2, 3, Some(until));
+        assert!(c.holding(now));
+        // Nothing rode with it: it ends alone at its deadline.
+        c.end_hold(until);
+        assert!(!c.hold_pays);
+        c.resp.clear(); // (written)
+        c.push_ack(1, 2, 4, Some(until + Duration::from_micros(100)));
+        assert!(!c.holding(until), "sent at once, not held");
+        c.resp.clear();
+        // This side sends a request: the application answers again.
+        c.senders.push_back(9);
+        c.end_hold(until);
+        c.senders.clear();
+        assert!(c.hold_pays);
+        let later = until + Duration::from_micros(200);
+        c.push_ack(1, 2, 5, Some(later));
+        assert!(c.holding(until), "held again");
+        // A hold that ends with a request to ride with keeps holding on.
+        c.senders.push_back(9);
+        c.end_hold(later);
+        assert!(c.hold_pays);
+    }
+
+    #[test]
+    fn a_hold_ends_alone_only_when_its_acks_go_out_alone() {
+        let now = Instant::now();
+        let until = now + Duration::from_micros(50);
+        let mut c = conn();
+        c.push_ack(1, 2, 3, Some(until));
+        // Serviced before its deadline (something else is pending): not alone.
+        c.end_hold(now);
+        assert!(c.hold_pays);
+        // Nothing held any more: nothing goes out alone.
+        c.resp.clear();
+        c.ack_hold = Some(until);
+        c.end_hold(until);
+        assert!(c.hold_pays);
     }
 
     #[test]

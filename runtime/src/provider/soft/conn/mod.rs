@@ -126,6 +126,9 @@ pub(crate) struct Conn {
     /// receiver's application usually answers at once): one write and one
     /// wakeup of the peer instead of two.
     pub ack_hold: Option<Instant>,
+    /// Holding ACKs pays on this connection: no hold ended with its ACKs
+    /// going out alone since this side last sent a request (see `acks.rs`).
+    pub hold_pays: bool,
     /// The CQs its packets complete WRs of, with their handles (see
     /// `drive.rs`).
     pub cqs: smallvec::SmallVec<[(u32, std::sync::Weak<super::cq::CqShared>); 2]>,
@@ -277,6 +280,7 @@ impl Conn {
             senders: VecDeque::new(),
             active: false,
             ack_hold: None,
+            hold_pays: true,
             cqs: smallvec::SmallVec::new(),
         }
     }

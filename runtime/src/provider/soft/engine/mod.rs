@@ -14,6 +14,7 @@
 
 mod conns;
 pub(crate) mod dial;
+mod fine_timer;
 #[macro_use]
 mod port;
 mod psn;

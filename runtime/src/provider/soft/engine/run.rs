@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Poll, Token};
 
 use super::super::lock;
+use super::fine_timer::{FineTimer, TIMER};
 use super::timers::DIRECT_AWAKE;
 use super::{env_us, Engine, CONN_BASE, DEFAULT_SPIN_US, LISTENER, WAKER};
 
@@ -40,8 +41,21 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
     // When the last completion was delivered, while no post followed.
     let mut spin_from: Option<Instant> = None;
+    let timer = match FineTimer::new(poll.registry()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: no timerfd: sub-millisecond deadlines wake it late");
+            None
+        }
+    };
     let mut eng = lock(&core);
     loop {
+        if let Some(t) = timer
+            .as_ref()
+            .filter(|_| events.iter().any(|e| e.token() == TIMER))
+        {
+            t.fired();
+        }
         eng.handle_events(&events);
         let Some(Sleep {
             mut timeout,
@@ -59,11 +73,19 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
         }
         let mut skips = 0;
         let (res, guard) = loop {
-            let res = poll.poll(&mut events, timeout);
-            if !(lease_wake && res.is_ok() && events.is_empty()) || skips == LEASE_SKIPS {
+            let res = match &timer {
+                Some(t) => poll.poll(&mut events, t.arm(timeout)),
+                None => poll.poll(&mut events, timeout),
+            };
+            // (The timer is no event of its own: it only ends the sleep.)
+            let timer_only = events.iter().all(|e| e.token() == TIMER);
+            if !(lease_wake && res.is_ok() && timer_only) || skips == LEASE_SKIPS {
                 break (res, lock(&core));
             }
             skips += 1;
+            if let Some(t) = timer.as_ref().filter(|_| !events.is_empty()) {
+                t.fired();
+            }
             match core.try_lock() {
                 Err(TryLockError::WouldBlock) => {
                     // Posting threads ring if they need us earlier (those
@@ -97,7 +119,7 @@ impl Engine {
         let now = Instant::now();
         for ev in events.iter() {
             match ev.token() {
-                WAKER => {}
+                WAKER | TIMER => {}
                 LISTENER => self.accept_all(),
                 Token(t) => {
                     let cid = t - CONN_BASE;

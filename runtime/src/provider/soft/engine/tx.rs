@@ -60,7 +60,7 @@ impl Engine {
                     }
                     continue;
                 }
-                c.ack_hold = None;
+                c.end_hold(now);
             } else {
                 continue;
             }
