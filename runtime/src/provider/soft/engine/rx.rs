@@ -266,7 +266,9 @@ impl Engine {
         if self.in_app {
             self.app_packets += 1;
         }
-        if !self.sent_by_peer_of(cid, hdr.dst_qpn) {
+        // (A datagram may come from any proven engine: the UD receive
+        // checks and counts it, for an RC QP too.)
+        if !hdr.opcode.is_datagram() && !self.sent_by_peer_of(cid, hdr.dst_qpn) {
             self.port.foreign_packet();
             tracing::debug!(
                 qpn = hdr.dst_qpn,
