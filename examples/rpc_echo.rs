@@ -67,18 +67,23 @@ struct Args {
     /// (`RpcConfig::session_credits`; default: the engine's).
     #[arg(long)]
     credits: Option<usize>,
+    /// Server: response packets sent unasked
+    /// (`RpcConfig::response_window`; default: the engine's).
+    #[arg(long)]
+    response_window: Option<usize>,
     /// Skips the `Rdma` send/receive loop (slow for large messages).
     #[arg(long)]
     no_rdma: bool,
 }
 
 /// The endpoints' settings: messages up to 16 MiB (or `size`), the
-/// credits asked for.
-fn rpc_config(size: usize, credits: Option<usize>) -> RpcConfig {
+/// credits and response window asked for.
+fn rpc_config(args: &Args) -> RpcConfig {
     let defaults = RpcConfig::default();
     RpcConfig {
-        max_msg_len: size.max(16 << 20),
-        session_credits: credits.unwrap_or(defaults.session_credits),
+        max_msg_len: args.size.max(16 << 20),
+        session_credits: args.credits.unwrap_or(defaults.session_credits),
+        response_window: args.response_window.unwrap_or(defaults.response_window),
         ..defaults
     }
 }
@@ -183,7 +188,7 @@ fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let local_ip = TcpStream::connect(tcp)?.local_addr()?.ip();
-        let config = rpc_config(args.size, args.credits);
+        let config = rpc_config(args);
         let rpc = Rc::new(rpc_endpoint(args.device.as_deref(), local_ip, config)?);
         let f = call_loop(&rpc, &addr, args.calls, args.size, args.concurrency).await?;
         f.print(&format!("rpc/ud, {} in flight", args.concurrency));
@@ -197,7 +202,7 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let net = MemNetwork::new(1, 4096);
-        let config = rpc_config(args.size, args.credits);
+        let config = rpc_config(args);
         let srv = Rpc::new(net.endpoint(), config.clone());
         register_echo(&srv);
         let cli = Rc::new(Rpc::new(net.endpoint(), config));
@@ -212,7 +217,7 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let (mem, cpu_per_call) = in_memory(args)?;
     let device = args.device.clone();
-    let config = rpc_config(args.size, args.credits);
+    let config = rpc_config(args);
     let server_config = config.clone();
     let (addr_tx, addr_rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -280,11 +285,7 @@ fn main() -> ExitCode {
     cli::init_tracing();
     let args = Args::parse();
     let res = match (args.server, args.client) {
-        (Some(at), _) => serve(
-            at,
-            args.device.as_deref(),
-            rpc_config(args.size, args.credits),
-        ),
+        (Some(at), _) => serve(at, args.device.as_deref(), rpc_config(&args)),
         (None, Some(at)) => client(at, &args),
         (None, None) => side_by_side(&args),
     };

@@ -237,6 +237,11 @@ fn rpc_header() {
 }
 
 #[test]
+fn rpc_engine() {
+    replay("rpc_engine", MUTATED_EXCHANGES);
+}
+
+#[test]
 fn cm_frame() {
     replay("cm_frame", MUTATED_INPUTS);
 }

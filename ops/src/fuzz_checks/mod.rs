@@ -19,6 +19,7 @@ pub mod agent_wire;
 pub mod cm_frame;
 pub mod handshake;
 pub mod handshake_exchange;
+pub mod rpc_engine;
 pub mod rpc_header;
 pub mod soft_handshake;
 pub mod soft_packet;
@@ -70,7 +71,7 @@ pub struct Target {
 }
 
 /// Every fuzz target.
-pub const TARGETS: [Target; 7] = [
+pub const TARGETS: [Target; 8] = [
     Target {
         name: "agent_wire",
         check: agent_wire::check,
@@ -106,6 +107,12 @@ pub const TARGETS: [Target; 7] = [
         check: rpc_header::check,
         seeds: rpc_header::seeds,
         len_field: rpc_header::LEN_FIELD,
+    },
+    Target {
+        name: "rpc_engine",
+        check: rpc_engine::check,
+        seeds: rpc_engine::seeds,
+        len_field: rpc_engine::LEN_FIELD,
     },
     Target {
         name: "cm_frame",

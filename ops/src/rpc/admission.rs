@@ -8,13 +8,36 @@
 //! neither address handles nor sessions past those caps. Sessions expire
 //! (`idle.rs`), so a flood's sessions make room again.
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::core::{ConnectRequest, Core};
 use super::header::{Header, PacketKind, HEADER_LEN};
 use super::session::{Role, Session, SessionState};
+use super::transport::TransportError;
 
 impl<P: Clone> Core<P> {
+    /// Answers the connect packets received: a connect seen before finds
+    /// its session again; a new one is admitted before its address is
+    /// resolved by `resolve` (an address handle on UD).
+    pub(crate) fn accept_connects(
+        &mut self,
+        mut resolve: impl FnMut(&[u8]) -> Result<P, TransportError>,
+    ) {
+        let requests = std::mem::take(&mut self.connect_requests);
+        for req in requests {
+            if self.answer_known_connect(&req) || !self.admit_connect(&req) {
+                continue;
+            }
+            match resolve(&req.addr) {
+                Ok(peer) => self.accept_connect(req, peer),
+                Err(error) => {
+                    self.stats.malformed_packets += 1;
+                    debug!(%error, "rpc: connect from an address that does not resolve");
+                }
+            }
+        }
+    }
+
     /// Answers `req` if it opened a session already (its connect-ack was
     /// lost); false if it is new.
     pub(crate) fn answer_known_connect(&mut self, req: &ConnectRequest) -> bool {

@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use super::header::{HEADER_LEN, MAX_MSG_LEN, MIN_PACKET};
+use super::session::WINDOW;
+
 /// Settings of an [`Rpc`](super::Rpc) endpoint.
 #[derive(Clone, Debug)]
 pub struct RpcConfig {
@@ -75,6 +78,20 @@ pub struct RpcConfig {
     ///
     /// Default: 32.
     pub max_sessions_per_peer: usize,
+}
+
+impl RpcConfig {
+    /// Brings every setting into its range (as [`Rpc::new`](super::Rpc::new)
+    /// does): `max_msg_len` at most 16 MiB, `request_memory` room for one
+    /// largest request, the windows from 1 to 64.
+    pub(crate) fn normalize(&mut self) {
+        self.max_msg_len = self.max_msg_len.min(MAX_MSG_LEN as usize);
+        let bitmap = (self.max_msg_len / (MIN_PACKET as usize - HEADER_LEN)).div_ceil(64) * 8;
+        self.request_memory = self.request_memory.max(self.max_msg_len + bitmap);
+        self.recv_batch = self.recv_batch.max(1);
+        self.session_credits = self.session_credits.clamp(1, WINDOW);
+        self.response_window = self.response_window.clamp(1, WINDOW);
+    }
 }
 
 /// Default of [`RpcConfig::session_idle_timeout`].

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tracing::{debug, warn};
+use tracing::warn;
 use verbio_runtime::Sleep;
 
 use super::budget::Charge;
@@ -18,9 +18,9 @@ use super::buf::{BufPool, MsgBuf};
 use super::config::RpcConfig;
 use super::core::{Core, HandlerQueue, Job, RpcMemory, RpcStats};
 use super::error::{RpcError, SessionId};
-use super::header::{HEADER_LEN, MAX_MSG_LEN, MAX_PACKET, MIN_PACKET};
+use super::header::{HEADER_LEN, MAX_PACKET, MIN_PACKET};
 use super::idle::SWEEPS_PER_TIMEOUT;
-use super::session::{Role, Session, SessionState, WINDOW};
+use super::session::{Role, Session, SessionState};
 use super::timer::TICKS_PER_RTO;
 use super::transport::Transport;
 
@@ -89,26 +89,13 @@ impl<T: Transport> Engine<T> {
         self.core.tx.clear();
     }
 
-    /// Answers the connect packets received: a connect seen before finds
-    /// its session again; a new one is admitted (`admission.rs`) before its
-    /// address is resolved (an address handle on UD).
+    /// Answers the connect packets received (`admission.rs`).
     fn accept_connects(&mut self) {
         if self.core.connect_requests.is_empty() {
             return;
         }
-        let requests = std::mem::take(&mut self.core.connect_requests);
-        for req in requests {
-            if self.core.answer_known_connect(&req) || !self.core.admit_connect(&req) {
-                continue;
-            }
-            match self.transport.resolve(&req.addr) {
-                Ok(peer) => self.core.accept_connect(req, peer),
-                Err(error) => {
-                    self.core.stats.malformed_packets += 1;
-                    debug!(%error, "rpc: connect from an address that does not resolve");
-                }
-            }
-        }
+        let Engine { transport, core } = self;
+        core.accept_connects(|addr| transport.resolve(addr));
     }
 
     /// The dispatcher: receives, answers, runs the retransmission timer.
@@ -220,13 +207,7 @@ impl<T: Transport> Rpc<T> {
             (MIN_PACKET as usize..=MAX_PACKET as usize).contains(&max_packet),
             "rpc: the transport's packet size {max_packet} is outside {MIN_PACKET}..={MAX_PACKET}"
         );
-        config.max_msg_len = config.max_msg_len.min(MAX_MSG_LEN as usize);
-        // One largest request (and its packet bitmap) always fits.
-        let bitmap = (config.max_msg_len / (MIN_PACKET as usize - HEADER_LEN)).div_ceil(64) * 8;
-        config.request_memory = config.request_memory.max(config.max_msg_len + bitmap);
-        config.recv_batch = config.recv_batch.max(1);
-        config.session_credits = config.session_credits.clamp(1, WINDOW);
-        config.response_window = config.response_window.clamp(1, WINDOW);
+        config.normalize();
         let local_addr = transport.local_addr();
         let engine = Rc::new(RefCell::new(Engine {
             transport,

@@ -1,0 +1,333 @@
+//! Checks for the RPC engine's handling of peer packets
+//! ([`crate::rpc`]): a sequence of packets fed to a server endpoint (with
+//! an echo handler) and to a client endpoint (with a call under way), as
+//! the dispatcher would, timers and idle sweeps included. Never a panic,
+//! and the limits hold after every packet: request memory within its
+//! budget (plus the single-packet requests, which are not refused),
+//! sessions within their caps.
+
+use std::task::{Context, Waker};
+
+use super::{LenField, Seed};
+use crate::rpc::core::Core;
+use crate::rpc::header::{Header, PacketKind, Status, HEADER_LEN, PAYLOAD_LEN_OFFSET};
+use crate::rpc::session::{Role, Session, SessionState};
+use crate::rpc::{MsgBuf, RpcConfig, TransportError, SESSION_SLOTS};
+
+/// The first packet's payload length (packets follow each other, each
+/// behind a `u16` length).
+pub const LEN_FIELD: LenField = LenField {
+    offset: 2 + PAYLOAD_LEN_OFFSET,
+    width: 2,
+    counted_from: 2 + HEADER_LEN,
+};
+
+/// The packet size of both endpoints.
+const PACKET: usize = 256;
+const ECHO: u8 = 1;
+/// The client's call: a request of 3 packets.
+const CALL_LEN: usize = 600;
+
+fn config() -> RpcConfig {
+    let mut c = RpcConfig {
+        max_msg_len: 8 * 1024,
+        request_memory: 16 * 1024,
+        max_server_sessions: 4,
+        max_sessions_per_peer: 2,
+        ..RpcConfig::default()
+    };
+    c.normalize();
+    c
+}
+
+/// Splits `data` into packets: each a `u16` LE length, then its bytes.
+fn packets(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = data;
+    std::iter::from_fn(move || {
+        let (len, tail) = rest.split_first_chunk::<2>()?;
+        let n = usize::from(u16::from_le_bytes(*len)).min(tail.len());
+        let (p, tail) = tail.split_at(n);
+        rest = tail;
+        Some(p)
+    })
+}
+
+/// A client endpoint with one session (its number 0, the server's 0) and
+/// a call of [`CALL_LEN`] bytes under way.
+fn client() -> Core<u32> {
+    let mut c = Core::new(config(), PACKET, vec![1, 0, 0, 0]);
+    let mut s = Session::new(
+        Role::Client,
+        SessionState::Connected,
+        0u32,
+        PACKET - HEADER_LEN,
+    );
+    s.credits = c.config.session_credits;
+    s.response_window = 4;
+    let sid = c.add_session(s).expect("a session");
+    let mut cx = Context::from_waker(Waker::noop());
+    let started = c.poll_start(sid, ECHO, &[0x5a; CALL_LEN], &mut cx);
+    assert!(started.is_ready(), "the call starts");
+    c.tx.clear();
+    c
+}
+
+/// A server endpoint with an echo handler (run at every turn).
+fn server() -> Core<u32> {
+    let mut c = Core::new(config(), PACKET, vec![0, 0, 0, 0]);
+    c.handlers[usize::from(ECHO)] = Some(Default::default());
+    c
+}
+
+/// One dispatcher turn after `packet`: connects, handlers, the batch's
+/// pumps and acknowledgements, then the limits.
+fn turn(c: &mut Core<u32>, packet: &[u8]) {
+    c.on_packet(packet);
+    c.accept_connects(|addr| match addr {
+        [id, 0, 0, 0] => Ok(u32::from(*id)),
+        _ => Err(TransportError::BadAddress {
+            len: addr.len(),
+            reason: "not a test address",
+        }),
+    });
+    let jobs: Vec<_> = c
+        .handlers
+        .iter_mut()
+        .flatten()
+        .flat_map(|q| q.jobs.drain(..))
+        .collect();
+    for job in jobs {
+        let resp = MsgBuf::from(job.request.data().to_vec());
+        c.respond(job.session, job.slot, job.req_num, resp);
+    }
+    c.run_pumps();
+    c.send_acks();
+    c.tx.clear();
+    let config = &c.config;
+    let m = c.memory();
+    // Single-packet requests are counted but never refused.
+    let unrefused = config.max_server_sessions * SESSION_SLOTS * (PACKET + 8);
+    assert!(
+        m.request_bytes <= m.request_budget + unrefused,
+        "request memory {m:?} past its budget"
+    );
+    assert!(m.server_sessions <= config.max_server_sessions, "{m:?}");
+    assert!(
+        c.peer_sessions
+            .values()
+            .all(|&n| n <= config.max_sessions_per_peer),
+        "a peer past its session cap"
+    );
+}
+
+/// Feeds the packets of `data` to a server and a client endpoint, with a
+/// timer tick every 4 packets and an idle sweep every 16. Returns whether
+/// every packet decoded (and there was one).
+///
+/// # Panics
+///
+/// On any violated property (that is the point).
+pub fn check(data: &[u8]) -> bool {
+    let (mut srv, mut cli) = (server(), client());
+    let mut decoded = false;
+    let mut refused = false;
+    for (n, p) in packets(data).enumerate() {
+        match Header::decode(p) {
+            Ok(_) => decoded = true,
+            Err(_) => refused = true,
+        }
+        turn(&mut srv, p);
+        turn(&mut cli, p);
+        if n % 4 == 3 {
+            for c in [&mut srv, &mut cli] {
+                c.now += 1;
+                c.on_timer();
+                c.run_pumps();
+                c.tx.clear();
+            }
+        }
+        if n % 16 == 15 {
+            srv.sweep_idle();
+            srv.tx.clear();
+        }
+    }
+    decoded && !refused
+}
+
+fn framed(packets: &[Vec<u8>]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for p in packets {
+        v.extend_from_slice(&(p.len() as u16).to_le_bytes());
+        v.extend_from_slice(p);
+    }
+    v
+}
+
+fn packet(h: Header, payload: &[u8]) -> Vec<u8> {
+    let mut v = h.encode().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A connect from client address `id` for its session `src`.
+fn connect(id: u8, src: u32) -> Vec<u8> {
+    packet(
+        Header {
+            src_session: src,
+            req_num: 77,
+            msg_len: PACKET as u32,
+            payload_len: 4,
+            ..Header::new(PacketKind::Connect)
+        },
+        &[id, 0, 0, 0],
+    )
+}
+
+/// Request packet `idx` of a `len`-byte request in server session 0 (the
+/// first connect's, client session 5).
+fn request(req_num: u64, len: usize, idx: usize) -> Vec<u8> {
+    let per = PACKET - HEADER_LEN;
+    let count = len.div_ceil(per).max(1);
+    let start = idx * per;
+    let n = (start + per).min(len).saturating_sub(start);
+    packet(
+        Header {
+            req_type: ECHO,
+            payload_len: n as u16,
+            dest_session: 0,
+            src_session: 5,
+            req_num,
+            msg_len: len as u32,
+            pkt_idx: idx as u16,
+            pkt_count: count as u16,
+            ..Header::new(PacketKind::Request)
+        },
+        &vec![0xa5; n],
+    )
+}
+
+/// Response packet `j` of a `len`-byte response to the client's call
+/// (its session 0, request 0).
+fn response(len: usize, j: usize, status: Status) -> Vec<u8> {
+    let per = PACKET - HEADER_LEN;
+    let start = j * per;
+    let n = (start + per).min(len).saturating_sub(start);
+    packet(
+        Header {
+            req_type: ECHO,
+            status,
+            payload_len: n as u16,
+            dest_session: 0,
+            src_session: 0,
+            req_num: 0,
+            msg_len: len as u32,
+            pkt_idx: j as u16,
+            pkt_count: len.div_ceil(per).max(1) as u16,
+            ..Header::new(PacketKind::Response)
+        },
+        &vec![0x3c; n],
+    )
+}
+
+fn credit_return(last: u16, more: u16, status: Status) -> Vec<u8> {
+    packet(
+        Header {
+            status,
+            dest_session: 0,
+            src_session: 0,
+            req_num: 0,
+            pkt_idx: last,
+            pkt_count: more,
+            ..Header::new(PacketKind::CreditReturn)
+        },
+        &[],
+    )
+}
+
+/// Sequences that reach every path: a session and its requests (one
+/// packet, several, out of order, twice, past the limits, never
+/// finished), requests for response, connect floods, and a client's
+/// call answered in ranges, early, busy, or with an error.
+pub fn seeds() -> Vec<Seed> {
+    let rfr = packet(
+        Header {
+            dest_session: 0,
+            src_session: 5,
+            req_num: 1,
+            pkt_idx: 1,
+            pkt_count: 3,
+            ..Header::new(PacketKind::RequestForResponse)
+        },
+        &[],
+    );
+    let n = 2000usize.div_ceil(PACKET - HEADER_LEN);
+    let mut requests = vec![connect(9, 5), request(0, 100, 0)];
+    requests.extend((0..n).rev().map(|i| request(1, 2000, i)));
+    requests.push(request(1, 2000, 3));
+    requests.push(rfr);
+    requests.push(request(2, 20_000, 5));
+    requests.push(request(3, 8000, 0));
+    let flood: Vec<Vec<u8>> = (0..12).map(|i| connect(9 + (i % 3) as u8, i)).collect();
+    let resp_len: usize = 1200;
+    let r = resp_len.div_ceil(PACKET - HEADER_LEN);
+    let mut answers = vec![credit_return(1, 1, Status::Ok)];
+    answers.extend((1..r).rev().map(|j| response(resp_len, j, Status::Ok)));
+    answers.push(response(resp_len, 0, Status::Ok));
+    vec![
+        Seed::new("session-and-requests", framed(&requests)),
+        Seed::new("connect-flood", framed(&flood)),
+        Seed::new("call-answered", framed(&answers)),
+        Seed::new(
+            "call-busy-then-refused",
+            framed(&[
+                credit_return(0, 0, Status::Busy),
+                credit_return(2, 0, Status::Ok),
+                response(0, 0, Status::RequestTooLarge),
+            ]),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::session::CallState;
+
+    /// Calls of the client's session 0 that ended.
+    fn calls_done(c: &Core<u32>) -> usize {
+        let s = c.sessions.get(0).expect("the session");
+        s.client
+            .iter()
+            .filter(|slot| matches!(slot.state, CallState::Done(_)))
+            .count()
+    }
+
+    /// The seeds reach the paths they are for: sessions open (and are
+    /// capped), handlers run, the client's call completes.
+    #[test]
+    fn seeds_reach_the_engine() {
+        let seeds = seeds();
+        let run = |name: &str, c: &mut Core<u32>| {
+            let seed = seeds.iter().find(|s| s.name == name).unwrap();
+            for p in packets(&seed.bytes) {
+                turn(c, p);
+            }
+        };
+        let mut srv = server();
+        run("session-and-requests", &mut srv);
+        assert_eq!(srv.stats.handler_runs, 2, "{:?}", srv.stats);
+        assert!(srv.stats.duplicate_requests >= 1);
+        assert!(srv.stats.malformed_packets >= 1, "past max_msg_len");
+        let mut srv = server();
+        run("connect-flood", &mut srv);
+        assert_eq!(srv.memory().server_sessions, 4);
+        assert!(srv.stats.connects_refused > 0);
+        let mut cli = client();
+        run("call-answered", &mut cli);
+        assert!(calls_done(&cli) == 1, "{:?}", cli.stats);
+        let mut cli = client();
+        run("call-busy-then-refused", &mut cli);
+        assert_eq!(cli.stats.busy_pauses, 1);
+        assert!(calls_done(&cli) == 1, "{:?}", cli.stats);
+    }
+}
