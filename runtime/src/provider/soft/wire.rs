@@ -72,7 +72,8 @@ pub(crate) struct Wire {
 }
 
 impl Wire {
-    /// A new connection: busy until the engine has written its HELLO.
+    /// A new connection: busy until the engine has written its first
+    /// packet (its HELLO, or a verifier's VERIFY, see `engine/port.rs`).
     pub fn new(stream: mio::net::TcpStream, token: mio::Token) -> Wire {
         Wire {
             stream,
