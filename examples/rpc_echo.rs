@@ -231,6 +231,11 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
             while stop_rx.try_recv().is_err() {
                 verbio::runtime::sleep(Duration::from_millis(5)).await;
             }
+            tracing::debug!(
+                rpc = ?rpc.stats(),
+                ud = ?rpc.with_transport(|t| t.stats()),
+                "server counters"
+            );
             Ok(())
         })
     });
@@ -244,6 +249,7 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
         )?);
         let one = call_loop(&rpc, &addr, args.calls, args.size, 1).await?;
         let eight = call_loop(&rpc, &addr, args.calls, args.size, 8).await?;
+        tracing::debug!(ud = ?rpc.with_transport(|t| t.stats()), "client UD counters");
         Ok::<_, BoxError>((one, eight))
     })?;
     drop(rt);
