@@ -13,7 +13,9 @@
 #                    unchanged, on rxe0: reactor_soft buf_soft (verbio-runtime),
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
 #                    verbs_inline verbs_mw agent_windows agent_receive agent_inline
-#                    agent_alloc recv_ring srq agent_srq ud rpc cm agent_cm (verbio)
+#                    agent_alloc recv_ring srq agent_srq ud rpc cm cm_disconnect agent_cm (verbio;
+#                    cm_disconnect also runs rdma-core's rdma_client and
+#                    rdma_server against verbio: "cm interop: ..." lines)
 #   --provider-only  only the provider's ibverbs_* tests
 #   --perftest       also benchmark in the same VM: perftest's ib_write_bw /
 #                    ib_send_lat (Debian package `perftest`, installed on
@@ -117,7 +119,7 @@ VM=$(rxe_vm_script)
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows agent_receive agent_inline agent_alloc recv_ring srq agent_srq ud rpc rpc_soft cm agent_cm"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows agent_receive agent_inline agent_alloc recv_ring srq agent_srq ud rpc rpc_soft cm cm_disconnect agent_cm"
 
 PERFTEST=0
 DEVINFO=1
@@ -286,6 +288,9 @@ run() {
     if [ "$rc" = 0 ]; then verdict=PASS; else verdict=FAIL; fail=1; fi
     [ "$rc" = 124 ] && res="timed out after ${TMO}s"
     printf '%-5s %-22s %-26s %3s skipped %7ss\n' "$verdict" "$name" "${res:-no result (exit $rc)}" "$skipped" "$secs" >> "$LOGS/summary"
+    # cm_disconnect: how long rdma-core's rdma_client / rdma_server ran
+    # against verbio, and how soon they exited after their disconnect.
+    grep -h '^cm interop: ' "$log" >> "$LOGS/summary"
 }
 RUN
     for b in "${BINS[@]}"; do

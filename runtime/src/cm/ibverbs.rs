@@ -363,12 +363,21 @@ impl Conn {
             .map_err(CmError::provider("disconnecting"))
     }
 
-    /// Resolves when the CM reports the connection down.
+    /// Resolves when the CM reports the connection down. A DISCONNECTED
+    /// event is answered at once with `rdma_disconnect`: after the peer's
+    /// DREQ it sends the DREP the peer's own `rdma_disconnect` waits for
+    /// (without it the kernel answers only when the id is destroyed, or the
+    /// peer gives up after about a minute); after ours it does nothing.
     pub(crate) async fn down(self) -> DisconnectReason {
         loop {
             match self.inner.events.next().await {
                 Ok(ev) => match ev.kind {
-                    CmEventKind::Disconnected => return DisconnectReason::Peer,
+                    CmEventKind::Disconnected => {
+                        if let Err(e) = self.inner.id.disconnect() {
+                            tracing::debug!(error = %e, "RDMA CM connection: answering the peer's disconnect");
+                        }
+                        return DisconnectReason::Peer;
+                    }
                     CmEventKind::DeviceRemoval => return DisconnectReason::DeviceRemoved,
                     other => tracing::debug!(event = %other, "RDMA CM connection: event"),
                 },

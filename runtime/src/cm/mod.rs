@@ -15,10 +15,13 @@
 //! [`CmRequest::qp`]), so receives can be posted before the peer's first
 //! SEND can arrive.
 //!
-//! When the peer disconnects, a watcher task moves the QP to ERR: pending
-//! ops complete with a flush error, later submissions fail as on a closed
-//! QP, and [`CmConnection::disconnected`] resolves with
-//! [`DisconnectReason::Peer`].
+//! When the peer disconnects, a watcher task answers at once (on RDMA CM
+//! `rdma_disconnect`, which sends the DREP the peer's `rdma_disconnect`
+//! waits for; on the software device our end of the stream), moves the QP
+//! to ERR: pending ops complete with a flush error, later submissions fail
+//! as on a closed QP, and [`CmConnection::disconnected`] resolves with
+//! [`DisconnectReason::Peer`]. [`CmConnection::disconnect`] is then a
+//! no-op success; it is bounded by [`CmOptions::disconnect_timeout`].
 //!
 //! ```no_run
 //! use verbio_runtime::cm::{CmConnector, CmError, CmListener, CmOptions};
@@ -53,7 +56,7 @@ mod soft;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use conn::DisconnectReason;
 pub use error::CmError;
@@ -65,7 +68,7 @@ pub use soft::fuzz_check::{
 use crate::device::Device;
 use crate::provider::{Pd, QpCaps};
 use crate::qp::QueuePair;
-use crate::reactor::JoinHandle;
+use crate::reactor::{timeout, JoinHandle};
 use conn::ConnState;
 
 /// The queue pair and connection parameters of a connection.
@@ -114,6 +117,14 @@ pub struct CmOptions {
     /// [`Device::alloc_pd`]), so that memory registered for one connection
     /// cannot be reached through another; else the device's PD.
     pub own_pd: bool,
+    /// Bound of [`CmConnection::disconnect`]: the wait for the connection
+    /// manager to report the connection down (on RDMA CM the DISCONNECTED
+    /// event, i.e. the peer's DREP; on the software device the peer's end
+    /// of the stream) and for the QP's flushes. When it passes, the
+    /// connection is down on this side all the same and `disconnect` fails
+    /// with a `TimedOut` [`CmError::Io`] naming the wait. (The kernel CM
+    /// itself gives up on an unanswered DREQ after about a minute.)
+    pub disconnect_timeout: Duration,
 }
 
 impl Default for CmOptions {
@@ -138,6 +149,7 @@ impl Default for CmOptions {
             max_pending: 128,
             max_pending_per_source: 32,
             own_pd: false,
+            disconnect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -170,6 +182,7 @@ pub struct CmConnector {
     qp: QueuePair,
     pd: Pd,
     addr: SocketAddr,
+    disconnect_timeout: Duration,
     imp: ConnectorImp,
 }
 
@@ -197,6 +210,7 @@ impl CmConnector {
                 qp,
                 pd,
                 addr,
+                disconnect_timeout: opts.disconnect_timeout,
                 imp: ConnectorImp::Ibverbs(imp),
             });
         }
@@ -205,6 +219,7 @@ impl CmConnector {
             qp,
             pd,
             addr,
+            disconnect_timeout: opts.disconnect_timeout,
             imp: ConnectorImp::Soft(imp),
         })
     }
@@ -231,6 +246,7 @@ impl CmConnector {
                     self.pd,
                     ConnImp::Ibverbs(conn),
                     peer,
+                    self.disconnect_timeout,
                 ))
             }
             ConnectorImp::Soft(c) => {
@@ -240,6 +256,7 @@ impl CmConnector {
                     self.pd,
                     ConnImp::Soft(conn),
                     peer,
+                    self.disconnect_timeout,
                 ))
             }
         }
@@ -335,6 +352,7 @@ impl CmListener {
                     pd,
                     private_data,
                     peer,
+                    disconnect_timeout: self.opts.disconnect_timeout,
                     imp: RequestImp::Ibverbs(req),
                 })
             }
@@ -345,6 +363,7 @@ impl CmListener {
                     pd,
                     private_data,
                     peer,
+                    disconnect_timeout: self.opts.disconnect_timeout,
                     imp: RequestImp::Soft(req),
                 })
             }
@@ -372,6 +391,7 @@ pub struct CmRequest {
     pd: Pd,
     private_data: Vec<u8>,
     peer: Option<SocketAddr>,
+    disconnect_timeout: Duration,
     imp: RequestImp,
 }
 
@@ -418,6 +438,7 @@ impl CmRequest {
                     self.pd,
                     ConnImp::Ibverbs(conn),
                     peer,
+                    self.disconnect_timeout,
                 ))
             }
             RequestImp::Soft(r) => {
@@ -427,6 +448,7 @@ impl CmRequest {
                     self.pd,
                     ConnImp::Soft(conn),
                     peer,
+                    self.disconnect_timeout,
                 ))
             }
         }
@@ -453,13 +475,14 @@ enum ConnImp {
 /// An established connection: its queue pair (in RTS), the peer's private
 /// data, and its disconnect.
 ///
-/// Dropping it without [`disconnect`](Self::disconnect) tears the
-/// connection down (the peer sees a disconnect) and drops this handle of
-/// the QP.
+/// Dropping it without [`disconnect`](Self::disconnect) (or in the middle
+/// of one) tears the connection down (the peer sees a disconnect) and
+/// drops this handle of the QP.
 pub struct CmConnection {
     qp: QueuePair,
     pd: Pd,
     peer_private: Vec<u8>,
+    disconnect_timeout: Duration,
     state: Rc<ConnState>,
     watcher: Option<JoinHandle<()>>,
     imp: ConnImp,
@@ -477,7 +500,13 @@ impl std::fmt::Debug for CmConnection {
 }
 
 impl CmConnection {
-    fn new(qp: QueuePair, pd: Pd, imp: ConnImp, peer_private: Vec<u8>) -> CmConnection {
+    fn new(
+        qp: QueuePair,
+        pd: Pd,
+        imp: ConnImp,
+        peer_private: Vec<u8>,
+        disconnect_timeout: Duration,
+    ) -> CmConnection {
         let state = ConnState::new();
         let watcher = match &imp {
             #[cfg(feature = "ibverbs")]
@@ -488,6 +517,7 @@ impl CmConnection {
             qp,
             pd,
             peer_private,
+            disconnect_timeout,
             state,
             watcher: Some(watcher),
             imp,
@@ -559,21 +589,80 @@ impl CmConnection {
 
     /// Disconnects: the QP moves to ERR (pending ops are flushed), the
     /// peer is told, and this resolves once the connection manager reports
-    /// the connection down and every WR of the QP has completed.
+    /// the connection down (on RDMA CM the DISCONNECTED event: the peer's
+    /// DREP, or its own DREQ when both disconnect at once; on the software
+    /// device the peer's end of the stream) and every WR of the QP has
+    /// completed.
+    ///
+    /// - Already down (the peer disconnected first, which this side has
+    ///   answered already; or a disconnect finished): a no-op success,
+    ///   after the QP's flushes. [`down_reason`](Self::down_reason) still
+    ///   says who ended it.
+    /// - Called again while a disconnect is under way (concurrently, or
+    ///   after a dropped `disconnect` future): waits for the same end.
+    /// - Bounded by [`CmOptions::disconnect_timeout`]: when it passes, the
+    ///   connection is down on this side
+    ///   ([`DisconnectReason::Local`], the QP in ERR) and this fails with a
+    ///   `TimedOut` [`CmError::Io`] naming what it waited for.
     pub async fn disconnect(&self) -> Result<(), CmError> {
+        let limit = self.disconnect_timeout;
+        let started = Instant::now();
         if self.state.start_disconnect() {
             drop(self.qp.close());
-            match &self.imp {
+            let sent = match &self.imp {
                 #[cfg(feature = "ibverbs")]
-                ConnImp::Ibverbs(c) => c.disconnect()?,
-                ConnImp::Soft(c) => c.disconnect()?,
+                ConnImp::Ibverbs(c) => c.disconnect(),
+                ConnImp::Soft(c) => c.disconnect(),
+            };
+            if let Err(e) = sent {
+                // The peer could not be told: down on this side anyway.
+                self.state.finish(DisconnectReason::Local, &self.qp);
+                return Err(e);
             }
         }
-        self.state.down().await;
-        if let Err(e) = self.qp.close().await {
-            tracing::debug!(error = %crate::report::ErrorChain(&e), "closing a disconnected QP");
+        if timeout(limit, self.state.down()).await.is_err() {
+            self.state.finish(DisconnectReason::Local, &self.qp);
+            return Err(disconnect_timed_out(self.imp.down_event(), limit));
         }
-        Ok(())
+        let rest = limit.saturating_sub(started.elapsed());
+        match timeout(rest, self.qp.close()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %crate::report::ErrorChain(&e), "closing a disconnected QP");
+                Ok(())
+            }
+            Err(_) => Err(disconnect_timed_out(
+                "disconnecting: waiting for the queue pair's work requests to complete (flushed)",
+                limit,
+            )),
+        }
+    }
+}
+
+impl ConnImp {
+    /// What `disconnect` waits for, for its timeout error.
+    fn down_event(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "ibverbs")]
+            ConnImp::Ibverbs(_) => {
+                "disconnecting: waiting for the RDMA CM DISCONNECTED event (the peer's DREP)"
+            }
+            ConnImp::Soft(_) => {
+                "disconnecting: waiting for the peer to close its end of the CM stream"
+            }
+        }
+    }
+}
+
+fn disconnect_timed_out(step: &'static str, limit: Duration) -> CmError {
+    CmError::Io {
+        step,
+        source: std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "not within {limit:?} (CmOptions::disconnect_timeout); the connection is down on this side"
+            ),
+        ),
     }
 }
 
