@@ -9,6 +9,8 @@
 //! streams it as the socket drains). The WR then waits in `QpInner::sent` until the engine takes it
 //! over (when it next looks at the QP: a response for it, a tick, a state
 //! change) with its PSN, for completion, RNR retransmission and timeouts.
+//! A lone READ's request goes the same way (its responses come back to the
+//! engine or to the application's receive, like those of any READ).
 //! This removes one thread hand-off from every such request, at the price of
 //! the packet's encoding and `send` syscall on the posting thread.
 
@@ -19,10 +21,10 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
-use super::dma::{gather, spans, Span};
+use super::dma::{check_local, gather, spans, Span};
 use super::engine::psn_add;
 use super::lock;
-use super::packet::{Header, Opcode, HEADER_LEN, MAX_PAYLOAD};
+use super::packet::{Header, Opcode, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAX_PAYLOAD};
 use super::qp::{Qp, SendWqe};
 use super::requester::{data_header, ZC_MIN};
 use super::wire::{DirectWrite, Wire};
@@ -55,14 +57,17 @@ thread_local! {
 
 /// True if `wr` may be transmitted by the posting thread.
 pub(crate) fn eligible(wr: &SendWr) -> bool {
-    matches!(
-        wr.op,
-        SendOp::Send
+    let fits = || wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() <= DIRECT_MAX;
+    !wr.flags.contains(SendFlags::FENCE)
+        && match wr.op {
+            SendOp::Send
             | SendOp::SendWithImm { .. }
             | SendOp::Write { .. }
-            | SendOp::WriteWithImm { .. }
-    ) && !wr.flags.contains(SendFlags::FENCE)
-        && wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() <= DIRECT_MAX
+            | SendOp::WriteWithImm { .. } => fits(),
+            // (A request without payload, whatever the length read.)
+            SendOp::Read { .. } => true,
+            _ => false,
+        }
 }
 
 /// Transmits `wr` from this thread if the engine allows it now. `None`: not
@@ -85,10 +90,18 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         // A large payload is written from registered memory, as the engine
         // writes it (`ZC_MIN`): the MR table stays locked until the write
         // is done, taken before the QP lock (the engine's order).
-        let from_memory = w.inline.is_none() && w.len >= ZC_MIN;
+        let read = matches!(w.op, SendOp::Read { .. });
+        let from_memory = !read && w.inline.is_none() && w.len >= ZC_MIN;
         let mrs = from_memory.then(|| ctx.mrs());
         let mut body = SmallVec::<[Span<'_>; 4]>::new();
         match (&w.inline, &mrs) {
+            // A READ's responses land in its SGEs: invalid ones are left to
+            // the engine, which completes the WR with the error.
+            _ if read => {
+                if !check_local(&w.sges, sh.pd, &ctx.mrs(), true) {
+                    return None;
+                }
+            }
             (Some(bytes), _) => buf.extend_from_slice(bytes),
             (None, Some(mrs)) => {
                 // An invalid SGE is left to the engine, which completes the
@@ -114,6 +127,8 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
             // as the socket drains, without a copy of what the socket did
             // not take, and without this thread holding the MR table meanwhile.
             || (from_memory && inner.sq_outstanding > 0)
+            // So is a READ (also within max_rd_atomic and any fence then).
+            || (read && inner.sq_outstanding > 0)
         {
             return None;
         }
@@ -124,7 +139,16 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         h.dst_qpn = remote_qpn;
         h.src_qpn = sh.qpn;
         h.psn = d.next_psn;
-        data_header(&mut h, &w, 0, w.len);
+        match w.op {
+            SendOp::Read { remote_addr, rkey } => {
+                h.opcode = Opcode::ReadReq;
+                h.addr = remote_addr;
+                h.rkey = rkey;
+                h.arg0 = w.len;
+                h.flags = FLAG_FIRST | FLAG_LAST;
+            }
+            _ => data_header(&mut h, &w, 0, w.len),
+        }
         buf[..HEADER_LEN].copy_from_slice(&h.encode());
         let written = if from_memory {
             d.wire.try_write_gather(&buf, &body)

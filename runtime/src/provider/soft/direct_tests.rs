@@ -89,3 +89,63 @@ fn a_lone_large_send_goes_from_the_posting_thread_and_one_behind_another_from_th
         assert_eq!((s.wr_id, s.status), (wr_id, WcStatus::Success));
     }
 }
+
+#[test]
+fn a_lone_read_request_goes_from_the_posting_thread_and_its_data_arrives() {
+    let (a, b) = pair();
+    let len = 200 * 1024;
+    let local = Mem::new(&a.pd, len, AccessFlags::LOCAL_WRITE);
+    let remote = Mem::new(
+        &b.pd,
+        len,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+    );
+    let small = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let sink = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    let data = pattern(len, 5);
+    remote.write(0, &data);
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut id = 0;
+    loop {
+        let before = direct_sends(&a);
+        round(&a, &b, &small, &sink, 64, id);
+        id += 1;
+        if direct_sends(&a) > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no post ever went out directly");
+    }
+    let read = |wr_id| {
+        send_wr(
+            wr_id,
+            SendOp::Read {
+                remote_addr: remote.addr(),
+                rkey: remote.mr().rkey(),
+            },
+            local.sge(0, len),
+        )
+    };
+    for round_no in 0..3 {
+        let before = direct_sends(&a);
+        post_send(&a.qp, read(500 + round_no));
+        assert_eq!(direct_sends(&a), before + 1, "a lone READ went directly");
+        let s = spin_one(&a.scq);
+        assert_eq!(
+            (s.wr_id, s.status, s.byte_len),
+            (500 + round_no, WcStatus::Success, len as u32)
+        );
+        assert!(local.read(0, len) == data, "the bytes read");
+    }
+    // Behind a SEND still in flight (no receive: RNR), a READ is left to
+    // the engine, and both complete in order once the receive is posted.
+    let before = direct_sends(&a);
+    post_send(&a.qp, send_wr(600, SendOp::Send, small.sge(0, 64)));
+    post_send(&a.qp, read(601));
+    assert_eq!(direct_sends(&a), before + 1, "only the SEND went directly");
+    post_recv(&b.qp, 700, sink.sge(0, 64));
+    assert_eq!(spin_one(&b.rcq).wr_id, 700);
+    for wr_id in [600, 601] {
+        let s = spin_one(&a.scq);
+        assert_eq!((s.wr_id, s.status), (wr_id, WcStatus::Success));
+    }
+}

@@ -31,10 +31,10 @@ impl Mem {
         let mr = unsafe { pd.reg_mr(mem.as_mut_ptr().cast(), len, access) }.expect("reg_mr");
         Mem { mr: Some(mr), mem }
     }
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.mem.as_ptr() as u64
     }
-    fn mr(&self) -> &Mr {
+    pub(crate) fn mr(&self) -> &Mr {
         self.mr.as_ref().expect("registered")
     }
     pub(crate) fn sge(&self, off: usize, len: usize) -> Sge {

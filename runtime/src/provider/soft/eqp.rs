@@ -139,6 +139,10 @@ impl EQp {
         }
         for s in inner.sent.drain(..) {
             self.next_psn = psn_add(s.psn, 1);
+            if matches!(s.w.op, SendOp::Read { .. }) {
+                // (Counted as the engine counts the READs it sends.)
+                self.rd_outstanding += 1;
+            }
             if self.ack_deadline.is_none() {
                 self.ack_deadline = self.ack_timeout().map(|t| s.at + t);
                 self.retries_left = self.cfg.retry_cnt;
