@@ -5,8 +5,9 @@
 //! a no-op success, and every disconnect is bounded: the peer disconnects
 //! first, both at once, twice, a drop mid-disconnect, a peer process
 //! killed, a peer that never answers (software device). In the VM also
-//! rdma-core's `rdma_client` / `rdma_server` (rdmacm-utils) against
-//! verbio, asserting that they finish promptly after the disconnect.
+//! rdma-core's `rdma_client` / `rdma_server` / `ucmatose` (rdmacm-utils)
+//! against verbio both ways, asserting that they finish promptly after the
+//! disconnect (whoever starts it).
 
 mod common;
 
@@ -208,12 +209,30 @@ const KILLED_CHILD: &str = "VERBIO_CM_KILLED_CHILD";
 const CHILD_CONNECTED: &str = "killed_peer_child: connected";
 
 /// Kills the child process when dropped (a failing test leaves none).
-struct Killer(Child);
+struct Killer(Option<Child>);
+
+impl Killer {
+    fn new(child: Child) -> Killer {
+        Killer(Some(child))
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("the child is here until into_inner")
+    }
+
+    /// The child, no longer killed on drop (for [`exited`], which kills it
+    /// when it overstays).
+    fn into_inner(mut self) -> Child {
+        self.0.take().expect("the child is here until into_inner")
+    }
+}
 
 impl Drop for Killer {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -258,8 +277,8 @@ fn a_peer_process_killed_is_seen_as_a_disconnect() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn the child");
-    let mut child = Killer(child);
-    let stdout = child.0.stdout.take().unwrap();
+    let mut child = Killer::new(child);
+    let stdout = child.child().stdout.take().unwrap();
     let connected = std::thread::spawn(move || {
         BufReader::new(stdout)
             .lines()
@@ -275,7 +294,7 @@ fn a_peer_process_killed_is_seen_as_a_disconnect() {
         assert!(connected.join().unwrap(), "the child did not connect");
         let pool = MrPool::new(dev.pd());
         let pending = conn.qp().recv(buf(&pool, 64));
-        child.0.kill().expect("kill the child");
+        child.child().kill().expect("kill the child");
         killed.set(true);
         let (reason, took) = prompt("disconnected() after the kill", conn.disconnected()).await;
         assert_eq!(reason, DisconnectReason::Peer);
@@ -446,6 +465,7 @@ fn rdma_client_finishes_promptly_against_a_verbio_server() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn rdma_client");
+    let child = Killer::new(child);
     rt.block_on(async {
         let req = timeout(WAIT, listener.request())
             .await
@@ -463,7 +483,7 @@ fn rdma_client_finishes_promptly_against_a_verbio_server() {
             .expect("rdma_client's disconnect");
         assert_eq!(reason, DisconnectReason::Peer);
         let seen = Instant::now();
-        let (_, at) = exited("rdma_client", child, PROMPT * 3).await;
+        let (_, at) = exited("rdma_client", child.into_inner(), PROMPT * 3).await;
         let after = at.saturating_duration_since(seen);
         println!(
             "cm interop: rdma_client ran {:.2} s, exited {:.3} s after its disconnect reached verbio",
@@ -499,6 +519,7 @@ fn rdma_server_finishes_promptly_against_a_verbio_client() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn rdma_server");
+    let child = Killer::new(child);
     rt.block_on(async {
         // Until rdma_server listens (refused with reason 8 before).
         let conn = loop {
@@ -525,7 +546,7 @@ fn rdma_server_finishes_promptly_against_a_verbio_client() {
             .expect("rdma_server's disconnect");
         assert_eq!(reason, DisconnectReason::Peer);
         let seen = Instant::now();
-        let (_, at) = exited("rdma_server", child, PROMPT * 3).await;
+        let (_, at) = exited("rdma_server", child.into_inner(), PROMPT * 3).await;
         let after = at.saturating_duration_since(seen);
         println!(
             "cm interop: rdma_server ran {:.2} s, exited {:.3} s after its disconnect reached verbio",
@@ -535,5 +556,131 @@ fn rdma_server_finishes_promptly_against_a_verbio_client() {
         assert!(after < PROMPT, "rdma_server exited {after:?} after its disconnect");
         let (res, _) = prompt("disconnect() after rdma_server's", conn.disconnect()).await;
         res.expect("no-op");
+    });
+}
+
+/// ucmatose's messages: its defaults (`-C 10 -S 100`).
+const UCMA_COUNT: usize = 10;
+const UCMA_SIZE: usize = 100;
+
+/// verbio as the server of rdma-core's `ucmatose` client, which receives
+/// 10 messages, replies with 10, then waits for the server to disconnect
+/// (answering with its own `rdma_disconnect`): verbio disconnects first
+/// and its `disconnect()` returns once ucmatose has answered.
+#[test]
+fn verbio_server_disconnects_first_and_ucmatose_answers() {
+    const T: &str = "verbio_server_disconnects_first_and_ucmatose_answers";
+    let Some(ip) = cm_ip(T) else { return };
+    if rdma_core_program(T, "ucmatose").is_none() {
+        return;
+    }
+    let (rt, dev) = runtime_and_device();
+    let (listener, addr) = listen(&dev, ip);
+    let pool = MrPool::new(dev.pd());
+    let t0 = Instant::now();
+    let child = Command::new("ucmatose")
+        .args(["-s", &ip.to_string(), "-p", &addr.port().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ucmatose");
+    let child = Killer::new(child);
+    rt.block_on(async {
+        let req = timeout(WAIT, listener.request())
+            .await
+            .expect("ucmatose's request within WAIT")
+            .expect("request");
+        let recvs: Vec<_> = (0..UCMA_COUNT)
+            .map(|_| req.qp().recv(buf(&pool, UCMA_SIZE)))
+            .collect();
+        let conn = req.accept(b"").await.expect("accept");
+        let sends = (0..UCMA_COUNT).map(|i| conn.qp().send(buf_from(&pool, &[i as u8; UCMA_SIZE])));
+        for (res, _) in futures::future::join_all(sends).await {
+            res.expect("send to ucmatose");
+        }
+        let got = timeout(WAIT, futures::future::join_all(recvs))
+            .await
+            .expect("ucmatose's replies");
+        for (res, _) in got {
+            assert_eq!(res.expect("recv").len, UCMA_SIZE);
+        }
+        let (res, took) = prompt(
+            "verbio's disconnect, answered by ucmatose",
+            conn.disconnect(),
+        )
+        .await;
+        res.expect("disconnect");
+        assert_eq!(conn.down_reason(), Some(DisconnectReason::Local));
+        let (out, at) = exited("ucmatose (client)", child.into_inner(), PROMPT).await;
+        assert!(out.contains("return status 0"), "{out}");
+        println!(
+            "cm interop: ucmatose client ran {:.2} s; verbio's disconnect took {:.3} s",
+            at.duration_since(t0).as_secs_f64(),
+            took.as_secs_f64()
+        );
+    });
+}
+
+/// verbio as the client of rdma-core's `ucmatose` server, which sends 10
+/// messages, receives 10 replies and disconnects; verbio disconnects as
+/// soon as its replies are sent, so the two disconnects cross (or nearly:
+/// either way both end promptly).
+#[test]
+fn verbio_client_and_a_ucmatose_server_disconnect_at_once() {
+    const T: &str = "verbio_client_and_a_ucmatose_server_disconnect_at_once";
+    let Some(ip) = cm_ip(T) else { return };
+    if rdma_core_program(T, "ucmatose").is_none() {
+        return;
+    }
+    let (rt, dev) = runtime_and_device();
+    let port = listen(&dev, ip).1.port();
+    let addr = SocketAddr::new(ip, port);
+    let pool = MrPool::new(dev.pd());
+    let t0 = Instant::now();
+    let child = Command::new("ucmatose")
+        .args(["-b", &ip.to_string(), "-p", &port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ucmatose");
+    let child = Killer::new(child);
+    rt.block_on(async {
+        let (conn, recvs) = loop {
+            let connector = cm::CmConnector::resolve(&dev, addr, &CmOptions::default())
+                .await
+                .expect("resolve");
+            let recvs: Vec<_> = (0..UCMA_COUNT)
+                .map(|_| connector.qp().recv(buf(&pool, UCMA_SIZE)))
+                .collect();
+            match connector.connect(b"").await {
+                Ok(conn) => break (conn, recvs),
+                Err(CmError::Rejected { status: 8, .. }) if t0.elapsed() < WAIT => {
+                    drop(recvs);
+                    sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("connect to ucmatose: {e}"),
+            }
+        };
+        let got = timeout(WAIT, futures::future::join_all(recvs))
+            .await
+            .expect("ucmatose's messages");
+        for (res, _) in got {
+            assert_eq!(res.expect("recv").len, UCMA_SIZE);
+        }
+        let sends = (0..UCMA_COUNT).map(|i| conn.qp().send(buf_from(&pool, &[i as u8; UCMA_SIZE])));
+        for (res, _) in futures::future::join_all(sends).await {
+            res.expect("reply to ucmatose");
+        }
+        let (res, took) = prompt("crossing disconnects with ucmatose", conn.disconnect()).await;
+        res.expect("disconnect");
+        assert!(conn.down_reason().is_some());
+        let (out, at) = exited("ucmatose (server)", child.into_inner(), PROMPT).await;
+        assert!(out.contains("return status 0"), "{out}");
+        println!(
+            "cm interop: ucmatose server ran {:.2} s; verbio's disconnect took {:.3} s ({})",
+            at.duration_since(t0).as_secs_f64(),
+            took.as_secs_f64(),
+            conn.down_reason().unwrap()
+        );
     });
 }
