@@ -2,7 +2,8 @@
 //! rxe0 in the VM (`VERBIO_TEST_DEVICE`, run by `scripts/rxe-test.sh`), so
 //! the engine is proven on real rdma-core too: calls of one packet and of
 //! many (the MTU of the device's port decides), eight at once from one
-//! session, and an idle session's expiry.
+//! session, an idle session's expiry, and a raw peer claiming 1 MiB
+//! requests in 64-byte packets.
 
 mod common;
 
@@ -133,5 +134,127 @@ fn an_idle_session_is_closed_and_the_client_told() {
             .expect("call in time")
             .expect("call");
         assert_eq!(&resp[..], b"gnop");
+    });
+}
+
+/// The issue-30 attack over UD (the real port): a raw peer opens a session
+/// announcing 64-byte packets and claims a 1 MiB request in every slot.
+/// The server holds at most its request budget meanwhile (the claims past
+/// it are answered "busy"), keeps serving a legitimate client, and holds
+/// nothing once the attacker's session expired; then large calls pass.
+#[test]
+fn claimed_lengths_over_ud_cost_at_most_the_budget() {
+    use std::future::poll_fn;
+    use std::task::Poll;
+    use verbio::rpc::header::{packets_for, Header, PacketKind, HEADER_LEN};
+    use verbio::rpc::{Transport, TxBatch};
+
+    let (rt, dev) = common::runtime_and_device();
+    common::block(&rt, async {
+        let budget = 4 << 20;
+        let config = RpcConfig {
+            request_memory: budget,
+            session_idle_timeout: Some(Duration::from_millis(300)),
+            ..RpcConfig::default()
+        };
+        let transport = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
+        let server = Rpc::new(transport, config);
+        server.register(ECHO, |req: Request| {
+            let mut resp = req.response();
+            resp.extend_from_slice(&answer(req.data()));
+            async move { resp }
+        });
+        let client = endpoint(&dev);
+        let session = timeout(WAIT, client.connect(&server.local_addr()))
+            .await
+            .expect("connect in time")
+            .expect("session");
+        let call = |len: usize| {
+            let req = common::pattern(len, 7);
+            let client = &client;
+            async move {
+                let resp = timeout(WAIT, client.call(session, ECHO, &req))
+                    .await
+                    .expect("call in time")
+                    .expect("call");
+                assert_eq!(&resp[..], &answer(&req)[..]);
+            }
+        };
+        // The attacker: a UD queue pair writing packets itself.
+        let mut atk = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
+        let to = atk.resolve(&server.local_addr()).expect("server address");
+        let addr = atk.local_addr();
+        let mut tx = TxBatch::default();
+        let connect = Header {
+            src_session: 1,
+            req_num: 99,
+            msg_len: 64,
+            payload_len: addr.len() as u16,
+            ..Header::new(PacketKind::Connect)
+        };
+        tx.push(&to, &connect, &addr);
+        atk.send(&tx).expect("send");
+        tx.clear();
+        let mut ack = None;
+        let t = std::time::Instant::now();
+        while ack.is_none() {
+            assert!(t.elapsed() < WAIT, "no connect-ack");
+            verbio::runtime::sleep(Duration::from_millis(2)).await;
+            poll_fn(|cx| {
+                while let Poll::Ready(Ok(n)) = atk.poll_recv(cx, 16, &mut |p| {
+                    if let Ok((h, _)) = Header::decode(p) {
+                        if h.kind == PacketKind::ConnectAck {
+                            ack = Some(h);
+                        }
+                    }
+                }) {
+                    if n == 0 {
+                        break;
+                    }
+                }
+                Poll::Ready(())
+            })
+            .await;
+        }
+        let ack = ack.unwrap();
+        let per = ack.msg_len as usize - HEADER_LEN;
+        assert_eq!(per, 32, "the smallest packets");
+        let claim = 1 << 20;
+        let n = packets_for(claim, per);
+        for slot in 0..SESSION_SLOTS as u64 {
+            let h = Header {
+                req_type: ECHO,
+                payload_len: per as u16,
+                dest_session: ack.src_session,
+                src_session: 1,
+                req_num: slot,
+                msg_len: claim as u32,
+                pkt_idx: (n - 1) as u16,
+                pkt_count: n as u16,
+                ..Header::new(PacketKind::Request)
+            };
+            tx.push(&to, &h, &vec![0xa5; per]);
+        }
+        atk.send(&tx).expect("send");
+        let t = std::time::Instant::now();
+        while server.stats().budget_drops == 0 {
+            assert!(t.elapsed() < WAIT, "the claims never arrived");
+            call(100).await;
+        }
+        let during = server.memory();
+        assert!(during.request_bytes_peak <= budget, "{during:?}");
+        assert!(during.request_bytes > 0, "claims admitted: {during:?}");
+        for _ in 0..20 {
+            call(1000).await;
+        }
+        drop(atk);
+        let t = std::time::Instant::now();
+        while server.memory().server_sessions > 1 {
+            assert!(t.elapsed() < WAIT, "the attacker's session never expired");
+            call(100).await;
+            verbio::runtime::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(server.memory().request_bytes, 0);
+        call(200 << 10).await;
     });
 }
