@@ -26,8 +26,15 @@ pub(crate) use tx::{TxMem, TxMemRef};
 pub(crate) const TX_HIGH: usize = 256 * 1024;
 /// Receive buffer size once the peer is proven; it grows to hold a packet
 /// that is not received directly into registered memory, and shrinks back
-/// once that packet is handled.
+/// once it went unused for [`BIG_BUF_KEEP`].
 pub(crate) const RX_CAP: usize = 64 * 1024;
+/// A buffer that grew for large packets (receive past [`RX_CAP`], transmit
+/// past `4 * TX_HIGH`) is kept while large packets keep coming and shrinks
+/// back once it went unused this long (between one and two of these after
+/// its last use: the port's sweep looks at it). Shrinking it after every
+/// packet made each large packet pay for a fresh allocation and its page
+/// faults.
+pub(crate) const BIG_BUF_KEEP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Where a connection stands in proving which engine is at its other end
 /// (see `engine/port.rs`).
@@ -95,6 +102,9 @@ pub(crate) struct Conn {
     pub last_rx: Instant,
     /// Bytes arrived since the port's last look.
     pub rx_seen: bool,
+    /// A grown buffer was used since the port's last look (see
+    /// [`BIG_BUF_KEEP`]).
+    pub big_buf_used: bool,
     /// TCP connect finished.
     pub connected: bool,
     /// The remote's HELLO arrived.
@@ -263,6 +273,7 @@ impl Conn {
             opened: now,
             last_rx: now,
             rx_seen: false,
+            big_buf_used: false,
             connected,
             got_hello: false,
             rx: vec![0; PRE_PROOF_BUF],
@@ -294,13 +305,32 @@ impl Conn {
         self.tx_mem.is_none() && self.tx_pending() < TX_HIGH
     }
 
-    /// Tells posting threads whether they may write to the socket again:
-    /// only once everything the engine has for it is written. A transmit
-    /// buffer that grew for a large packet shrinks back once it is empty.
-    pub fn settle(&mut self) {
+    /// True if a buffer grew past its usual size for large packets.
+    pub fn big_buffers(&self) -> bool {
+        self.rx.len() > RX_CAP || self.tx.capacity() > 4 * TX_HIGH
+    }
+
+    /// Shrinks the buffers that grew for large packets back to their usual
+    /// size where they hold nothing now. True if one is still large (it
+    /// holds data: looked at again later).
+    pub fn shrink_idle_buffers(&mut self) -> bool {
+        if self.rx.len() > RX_CAP
+            && self.rx_end == 0
+            && self.rx_need == 0
+            && self.rx_direct.is_none()
+        {
+            self.rx.truncate(RX_CAP);
+            self.rx.shrink_to_fit();
+        }
         if self.tx.is_empty() && self.tx_mem.is_none() && self.tx.capacity() > 4 * TX_HIGH {
             self.tx.shrink_to(2 * TX_HIGH);
         }
+        self.big_buffers()
+    }
+
+    /// Tells posting threads whether they may write to the socket again:
+    /// only once everything the engine has for it is written.
+    pub fn settle(&mut self) {
         if let Some(w) = &self.stream {
             let idle = self.connected
                 && self.tx_pending() == 0

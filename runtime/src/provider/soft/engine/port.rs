@@ -22,7 +22,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use super::super::conn::{Auth, Conn};
+use super::super::conn::{Auth, Conn, BIG_BUF_KEEP};
 use super::super::handshake::{encode, next_message, Message};
 use super::Engine;
 use crate::provider::{QpState, QpType, SoftConfig};
@@ -169,7 +169,7 @@ impl Port {
         }
     }
 
-    fn sweep_by(&mut self, t: Instant) {
+    pub(super) fn sweep_by(&mut self, t: Instant) {
         self.next_sweep = Some(self.next_sweep.map_or(t, |s| s.min(t)));
     }
 
@@ -608,6 +608,14 @@ impl Engine {
         for (cid, c) in self.conns.iter_mut() {
             if c.is_loopback() {
                 continue;
+            }
+            if c.big_buffers() {
+                // Unused since the last look: back to the usual size.
+                let used = std::mem::take(&mut c.big_buf_used);
+                if used || c.shrink_idle_buffers() {
+                    let t = now + BIG_BUF_KEEP;
+                    next = Some(next.map_or(t, |n| n.min(t)));
+                }
             }
             if c.rx_seen {
                 c.rx_seen = false;

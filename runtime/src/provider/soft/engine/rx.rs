@@ -2,8 +2,9 @@
 //! and WRITE payloads received straight into their target memory.
 
 use std::io;
+use std::time::Instant;
 
-use super::super::conn::{Auth, RxDirect, RX_CAP};
+use super::super::conn::{Auth, RxDirect, BIG_BUF_KEEP, RX_CAP};
 use super::super::packet::{decode_header, Header, Opcode, FLAG_FIRST, HEADER_LEN};
 use super::super::responder::load_qp;
 use super::port::Handshake;
@@ -198,10 +199,11 @@ impl Engine {
                 conn.rx_end = 0;
             }
             conn.rx = rx;
-            if start == conn.rx_end && need == 0 && conn.rx.len() > RX_CAP {
-                // It grew for a large packet, now handled.
-                conn.rx.truncate(RX_CAP);
-                conn.rx.shrink_to_fit();
+            if conn.rx.len() > RX_CAP {
+                // It grew for a large packet: kept while they keep coming
+                // (`BIG_BUF_KEEP`), shrunk by the port's sweep after.
+                conn.big_buf_used = true;
+                self.port.sweep_by(Instant::now() + BIG_BUF_KEEP);
             }
             conn.rx_start = start;
             conn.rx_need = need;

@@ -1,7 +1,9 @@
 //! The transmit side: which QPs and connections have output, and the
 //! fill+flush rounds that turn WRs and responses into bytes on the wire.
 
-use super::super::conn::Flush;
+use std::time::Instant;
+
+use super::super::conn::{Flush, BIG_BUF_KEEP};
 use super::Engine;
 use crate::provider::WcStatus;
 
@@ -86,6 +88,11 @@ impl Engine {
         let more = self.service_conn_rounds(cid);
         if let Some(conn) = self.conns.get_mut(cid) {
             conn.settle();
+            if conn.big_buffers() {
+                // Kept while large packets keep going (`BIG_BUF_KEEP`).
+                conn.big_buf_used = true;
+                self.port.sweep_by(Instant::now() + BIG_BUF_KEEP);
+            }
         }
         more
     }
