@@ -74,6 +74,11 @@ struct Args {
     /// Skips the `Rdma` send/receive loop (slow for large messages).
     #[arg(long)]
     no_rdma: bool,
+    /// Runs only the engine alone (both sides on this thread over the
+    /// in-memory network) and prints its CPU time per call: for profiling
+    /// the engine (e.g. instructions per call under callgrind).
+    #[arg(long, conflicts_with_all = ["server", "client"])]
+    engine_only: bool,
 }
 
 /// The endpoints' settings: messages up to 16 MiB (or `size`), the
@@ -213,6 +218,18 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
     })
 }
 
+/// The engine alone: its rate, latency and CPU time per call.
+fn engine_only(args: &Args) -> Result<(), BoxError> {
+    let (mem, cpu_per_call) = in_memory(args)?;
+    println!("{} calls of {} bytes:", args.calls, args.size);
+    mem.print("rpc/in-memory, 1 thread");
+    println!(
+        "  (engine CPU per call, client + server + handler task: {:.0} ns of thread CPU time)",
+        cpu_per_call.as_secs_f64() * 1e9
+    );
+    Ok(())
+}
+
 /// Both RPC sides in this process, then TCP; prints both and the ratios.
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let (mem, cpu_per_call) = in_memory(args)?;
@@ -291,6 +308,7 @@ fn main() -> ExitCode {
     cli::init_tracing();
     let args = Args::parse();
     let res = match (args.server, args.client) {
+        _ if args.engine_only => engine_only(&args),
         (Some(at), _) => serve(at, args.device.as_deref(), rpc_config(&args)),
         (None, Some(at)) => client(at, &args),
         (None, None) => side_by_side(&args),

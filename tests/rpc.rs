@@ -81,7 +81,7 @@ fn calls_of_one_and_many_packets_round_trip() {
 }
 
 /// Idle server sessions over UD: the server closes a session its client
-/// left idle (dropping its address handle), and the client, told by the
+/// left idle without pinging it (dropping its address handle), and the client, told by the
 /// server's disconnect datagram, fails its next call clearly and reconnects.
 #[test]
 fn an_idle_session_is_closed_and_the_client_told() {
@@ -99,7 +99,14 @@ fn an_idle_session_is_closed_and_the_client_told() {
             resp.extend_from_slice(&answer(req.data()));
             async move { resp }
         });
-        let client = endpoint(&dev);
+        // A client that does not ping its sessions (with pings, the
+        // default, its session would stay open: `tests.rs` in the engine).
+        let transport = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
+        let quiet = RpcConfig {
+            session_keepalive: false,
+            ..RpcConfig::default()
+        };
+        let client = Rpc::new(transport, quiet);
         let session = timeout(WAIT, client.connect(&server.local_addr()))
             .await
             .expect("connect in time")

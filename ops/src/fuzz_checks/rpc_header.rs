@@ -201,6 +201,7 @@ pub fn seeds() -> Vec<Seed> {
                     src_session: 7,
                     req_num: 0x1234_5678_9abc_def0,
                     msg_len: 4096,
+                    pkt_idx: 10_000,
                     pkt_count: 32,
                     ..Header::new(PacketKind::ConnectAck)
                 },
@@ -214,6 +215,17 @@ pub fn seeds() -> Vec<Seed> {
                     dest_session: 7,
                     src_session: 4,
                     ..Header::new(PacketKind::Disconnect)
+                },
+                &[],
+            ),
+        ),
+        Seed::new(
+            "ping",
+            packet(
+                Header {
+                    dest_session: 7,
+                    src_session: 4,
+                    ..Header::new(PacketKind::Ping)
                 },
                 &[],
             ),

@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::core::{ConnectRequest, Core};
 use super::header::{Header, PacketKind, HEADER_LEN};
+use super::idle::keepalive_interval_ms;
 use super::session::{Role, Session, SessionState};
 use super::transport::TransportError;
 
@@ -118,6 +119,7 @@ impl<P: Clone> Core<P> {
                 src_session: sid,
                 req_num: h.req_num,
                 msg_len: (s.max_payload + HEADER_LEN) as u32,
+                pkt_idx: keepalive_interval_ms(self.config.session_idle_timeout),
                 pkt_count: self.config.response_window as u16,
                 ..Header::new(PacketKind::ConnectAck)
             };

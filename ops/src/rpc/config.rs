@@ -43,7 +43,12 @@ pub struct RpcConfig {
     /// closed, its memory freed, and the client told (best effort: one
     /// disconnect packet; its next call fails with
     /// [`RpcError::SessionClosed`](super::RpcError::SessionClosed), or with
-    /// a timeout if that packet was lost: reconnect). The same sweep drops
+    /// a timeout if that packet was lost: reconnect). Clients keep the
+    /// sessions they hold open by pinging them
+    /// ([`session_keepalive`](Self::session_keepalive)): the server
+    /// announces the interval, a sixth of this, at connect; so what
+    /// expires is the session of a client that vanished (or turned its
+    /// pings off), and a quiet client's next call succeeds. The same sweep drops
     /// a request whose packets stopped arriving for as long (its client
     /// sends it again if it is still there). This reclaims what clients
     /// that vanished, or never meant to finish, left behind.
@@ -51,6 +56,19 @@ pub struct RpcConfig {
     /// Default: 60 s. `None` keeps sessions until their client disconnects,
     /// so peers can hold server memory forever: only for trusted peers.
     pub session_idle_timeout: Option<Duration>,
+    /// Client: keeps the sessions this endpoint holds open at servers that
+    /// close idle sessions: each such session is pinged (one empty packet,
+    /// not answered) at the interval its server announced when it accepted
+    /// the connect (a sixth of its
+    /// [`session_idle_timeout`](Self::session_idle_timeout), at most 65 s),
+    /// busy or not, until it is disconnected or the endpoint dropped. So a
+    /// call after any quiet time finds its session open; the server still
+    /// closes the session of a client that stops pinging (it vanished).
+    ///
+    /// Default: true. `false`: no pings; a session quiet for its server's
+    /// idle timeout is closed and its next call fails with
+    /// [`RpcError::SessionClosed`](super::RpcError::SessionClosed).
+    pub session_keepalive: bool,
     /// Server: bytes of requests held at once, over all sessions: from a
     /// request's first packet until its handler drops the
     /// [`Request`](super::Request) (reassembly buffers and their packet
@@ -115,6 +133,7 @@ impl Default for RpcConfig {
             handler_tasks: 16,
             recv_batch: 16,
             session_idle_timeout: Some(DEFAULT_SESSION_IDLE_TIMEOUT),
+            session_keepalive: true,
             request_memory: DEFAULT_REQUEST_MEMORY,
             max_server_sessions: 1024,
             max_sessions_per_peer: 32,

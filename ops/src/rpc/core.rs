@@ -56,6 +56,9 @@ pub struct RpcStats {
     /// Client: times a server answered "busy" (its request memory full);
     /// the call paused and sent its request again after a timeout.
     pub busy_pauses: u64,
+    /// Client: keepalive pings sent (see
+    /// [`RpcConfig::session_keepalive`](super::RpcConfig::session_keepalive)).
+    pub pings_sent: u64,
 }
 
 /// What an endpoint holds now: the memory peers can make it hold, against
@@ -139,6 +142,11 @@ pub(crate) struct Core<P> {
     /// The idle sweep's timer (`idle.rs`), while server sessions are open
     /// and [`RpcConfig::session_idle_timeout`] is set.
     pub(crate) idle_timer: Option<Sleep>,
+    /// The keepalive timer (`idle.rs`), while client sessions ping.
+    pub(crate) keepalive_timer: Option<Sleep>,
+    /// Its period: the shortest ping interval of the client sessions that
+    /// ping (`None`: none do).
+    pub(crate) keepalive_period: Option<std::time::Duration>,
     /// Server sessions open (the idle sweep runs while there are any).
     pub(crate) server_sessions: usize,
     /// Server sessions open per client address.
@@ -180,6 +188,8 @@ impl<P: Clone> Core<P> {
             timer: None,
             timer_wanted: false,
             idle_timer: None,
+            keepalive_timer: None,
+            keepalive_period: None,
             server_sessions: 0,
             dispatcher: None,
         }
@@ -240,6 +250,10 @@ impl<P: Clone> Core<P> {
                 addr: payload.to_vec(),
             }),
             PacketKind::ConnectAck => self.on_connect_ack(&h),
+            PacketKind::Ping => {
+                // Seen: the session's idle count starts again (`idle.rs`).
+                let _ = self.session_for(&h, Role::Server);
+            }
             PacketKind::Disconnect => {
                 let from_peer = matches!(
                     self.sessions.get(h.dest_session),
@@ -275,6 +289,9 @@ impl<P: Clone> Core<P> {
         s.state = SessionState::Connected;
         if let Some(w) = s.connect_waker.take() {
             w.wake();
+        }
+        if self.config.session_keepalive && h.pkt_idx > 0 {
+            self.keep_alive(h.dest_session, h.pkt_idx);
         }
     }
 

@@ -134,7 +134,23 @@ impl<T: Transport> Engine<T> {
             self.flush();
         }
         self.poll_idle_sweep(cx);
+        self.poll_keepalive(cx);
         Poll::Pending
+    }
+
+    /// Pings the client sessions due (`idle.rs`) while any ping; the timer
+    /// is dropped when none do.
+    fn poll_keepalive(&mut self, cx: &mut Context<'_>) {
+        while let Some(period) = self.core.keepalive_period {
+            if !fired(&mut self.core.keepalive_timer, period, cx) {
+                break;
+            }
+            self.core.send_pings();
+            self.flush();
+        }
+        if self.core.keepalive_period.is_none() {
+            self.core.keepalive_timer = None;
+        }
     }
 
     /// Runs the idle sweep (`idle.rs`) while server sessions are open and

@@ -13,7 +13,7 @@
 //! 16..24  req_num
 //! 24..28  msg_len: the whole message's length (request / response);
 //!         the sender's largest packet (connect / connect-ack)
-//! 28..30  pkt_idx
+//! 28..30  pkt_idx; the keepalive interval in milliseconds (connect-ack)
 //! 30..32  pkt_count (requests, responses); packets in the range besides
 //!         pkt_idx (credit return, request for response); the response
 //!         window (connect-ack)
@@ -116,10 +116,16 @@ pub enum PacketKind {
     /// Server to client: the session is open; `src_session` is the server's
     /// session number, `msg_len` the packet size both use, `req_num` the
     /// connect's incarnation number, `pkt_count` the server's response
-    /// window (response packets it sends unasked; 0 or 1: only the first).
+    /// window (response packets it sends unasked; 0 or 1: only the first),
+    /// `pkt_idx` the keepalive interval: the client pings a session it
+    /// holds every this many milliseconds (0: the server does not close
+    /// idle sessions, no pings).
     ConnectAck = 6,
     /// Either side: the session is closed.
     Disconnect = 7,
+    /// Client to server: the client still holds the session (a keepalive:
+    /// it keeps the server from closing it as idle); no answer.
+    Ping = 8,
 }
 
 impl PacketKind {
@@ -132,6 +138,7 @@ impl PacketKind {
             5 => PacketKind::Connect,
             6 => PacketKind::ConnectAck,
             7 => PacketKind::Disconnect,
+            8 => PacketKind::Ping,
             _ => return None,
         })
     }
@@ -436,8 +443,8 @@ impl Header {
             }
             PacketKind::Connect | PacketKind::ConnectAck => {
                 self.zero("req_type", self.req_type.into())?;
-                self.zero("pkt_idx", self.pkt_idx.into())?;
                 if self.kind == PacketKind::Connect {
+                    self.zero("pkt_idx", self.pkt_idx.into())?;
                     self.zero("pkt_count", self.pkt_count.into())?;
                 } else {
                     self.range(
@@ -465,7 +472,7 @@ impl Header {
                     self.zero("payload_len", self.payload_len.into())
                 }
             }
-            PacketKind::Disconnect => {
+            PacketKind::Disconnect | PacketKind::Ping => {
                 self.zero("req_type", self.req_type.into())?;
                 self.zero("payload_len", self.payload_len.into())?;
                 self.zero("req_num", self.req_num)?;

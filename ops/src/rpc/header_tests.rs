@@ -102,7 +102,8 @@ fn refuses_malformed_input() {
     let h = Header {
         pkt_idx: 1,
         msg_len: 4096,
-        ..Header::new(PacketKind::ConnectAck)
+        payload_len: 4,
+        ..Header::new(PacketKind::Connect)
     };
     assert!(matches!(
         Header::decode(&h.encode()),
@@ -116,6 +117,17 @@ fn refuses_malformed_input() {
         ..Header::new(PacketKind::RequestForResponse)
     };
     assert!(Header::decode(&h.encode()).is_err());
+    let h = Header {
+        req_num: 1,
+        ..Header::new(PacketKind::Ping)
+    };
+    assert!(matches!(
+        Header::decode(&h.encode()),
+        Err(HeaderError::UnusedFieldSet {
+            field: "req_num",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -152,9 +164,15 @@ fn every_kind_round_trips() {
             msg_len: 4096,
             dest_session: 1,
             src_session: 2,
+            pkt_idx: 10_000,
             ..Header::new(PacketKind::ConnectAck)
         },
         Header::new(PacketKind::Disconnect),
+        Header {
+            dest_session: 3,
+            src_session: 4,
+            ..Header::new(PacketKind::Ping)
+        },
     ];
     for h in headers {
         let payload = vec![0xab; h.payload_len.into()];

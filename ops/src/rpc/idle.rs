@@ -6,17 +6,48 @@
 //! forever; a request whose packets stopped arriving for as long is
 //! dropped half received (its memory given back), even in a session kept
 //! open by other traffic.
+//!
+//! Keepalive: a server announces in its connect-ack the interval at which
+//! a client should ping the session ([`PINGS_PER_TIMEOUT`] pings per idle
+//! timeout); the client pings every session it holds at that interval
+//! ([`RpcConfig::session_keepalive`](super::RpcConfig::session_keepalive)),
+//! so a quiet client's session stays open (its next call succeeds), and
+//! what expires is the session of a client that vanished. A session closes
+//! only after about six pings in a row were lost, or its client's thread
+//! stalled for an idle timeout; its client is then told, as before.
+//!
+//! Why pings and not a transparent reconnect-and-resend: a resend is safe
+//! only for requests no handler got (a request whose response was lost
+//! would run twice, breaking at-most-once), the client cannot always tell
+//! which those are (the disconnect packet can be lost too), and the call
+//! would pay a connect round trip; a ping costs one 32-byte packet per
+//! session per interval (10 s by default), on no call's path.
+
+use std::time::{Duration, Instant};
 
 use tracing::debug;
 
 use super::core::Core;
 use super::header::{Header, PacketKind};
-use super::session::{Role, ServeState};
+use super::session::{Role, ServeState, SessionState};
 
 /// Sweeps per idle timeout: a session is closed after more than this many
 /// sweeps without a packet, so after between the timeout and a quarter
 /// more.
 pub(crate) const SWEEPS_PER_TIMEOUT: u32 = 4;
+
+/// Keepalive pings a client sends per idle timeout of its server.
+pub(crate) const PINGS_PER_TIMEOUT: u32 = 6;
+
+/// The keepalive interval a server announces in its connect-ack, in
+/// milliseconds (from 1 to 65535; 0: sessions never expire, no pings).
+pub(crate) fn keepalive_interval_ms(idle_timeout: Option<Duration>) -> u16 {
+    idle_timeout.map_or(0, |t| {
+        (t / PINGS_PER_TIMEOUT)
+            .as_millis()
+            .clamp(1, u16::MAX.into()) as u16
+    })
+}
 
 impl<P: Clone> Core<P> {
     /// One idle sweep: ages every server session without a handler
@@ -74,5 +105,56 @@ impl<P: Clone> Core<P> {
             self.close_session(sid);
         }
         self.server_sessions > 0
+    }
+}
+
+impl<P: Clone> Core<P> {
+    /// Client: session `sid` pings its server every `interval_ms`
+    /// milliseconds from now on (the keepalive timer runs at the shortest
+    /// interval of all).
+    pub(crate) fn keep_alive(&mut self, sid: u32, interval_ms: u16) {
+        let every = Duration::from_millis(interval_ms.into());
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        s.ping_every = every;
+        s.next_ping = Some(Instant::now() + every);
+        if self.keepalive_period.is_none_or(|p| every < p) {
+            // (Re)armed with the shorter period by the dispatcher.
+            self.keepalive_period = Some(every);
+            self.keepalive_timer = None;
+        }
+    }
+
+    /// The keepalive timer fired: pings the client sessions whose ping is
+    /// due (within half an interval: the timer runs at the shortest one),
+    /// and sets the timer's period to the shortest interval left (`None`
+    /// when no session pings).
+    pub(crate) fn send_pings(&mut self) {
+        let now = Instant::now();
+        let mut period: Option<Duration> = None;
+        for index in 0..self.sessions.capacity() {
+            let Some((sid, s)) = self.sessions.at_mut(index) else {
+                continue;
+            };
+            let Some(due) = s.next_ping else {
+                continue;
+            };
+            if s.role != Role::Client || !matches!(s.state, SessionState::Connected) {
+                continue;
+            }
+            if due <= now + s.ping_every / 2 {
+                let ping = Header {
+                    dest_session: s.remote,
+                    src_session: sid,
+                    ..Header::new(PacketKind::Ping)
+                };
+                self.tx.push(&s.peer, &ping, &[]);
+                self.stats.pings_sent += 1;
+                s.next_ping = Some(now + s.ping_every);
+            }
+            period = Some(period.map_or(s.ping_every, |p| p.min(s.ping_every)));
+        }
+        self.keepalive_period = period;
     }
 }

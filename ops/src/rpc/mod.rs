@@ -45,7 +45,10 @@
 //! request that arrives again is answered from there and its handler runs
 //! at most once. A server closes a session that has heard nothing from
 //! its client for [`RpcConfig::session_idle_timeout`] (60 s by default)
-//! and tells the client (`idle.rs`).
+//! and tells the client (`idle.rs`); clients keep the sessions they hold
+//! open with a ping per interval the server announced in its connect-ack
+//! ([`RpcConfig::session_keepalive`]), so what expires is the session of
+//! a client that vanished.
 //!
 //! # Limits
 //!

@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::task::Waker;
+use std::time::{Duration, Instant};
 
 use super::budget::Charge;
 use super::buf::MsgBuf;
@@ -250,6 +251,10 @@ pub(crate) struct Session<P> {
     /// Server: idle sweeps since the last packet from the client (see
     /// `idle.rs`).
     pub(crate) idle_sweeps: u32,
+    /// Client: the keepalive interval its server announced (zero: no
+    /// pings), and when the next ping is due (`idle.rs`).
+    pub(crate) ping_every: Duration,
+    pub(crate) next_ping: Option<Instant>,
 }
 
 impl<P> Session<P> {
@@ -270,6 +275,8 @@ impl<P> Session<P> {
             connect_key: None,
             connect_id: 0,
             idle_sweeps: 0,
+            ping_every: Duration::ZERO,
+            next_ping: None,
         }
     }
 

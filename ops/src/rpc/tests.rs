@@ -489,7 +489,12 @@ fn idle_server_sessions_expire_and_their_clients_hear_of_it() {
     rt.block_on(async {
         let net = MemNetwork::new(9, 4096);
         let srv = expiring_server(&net, Duration::from_millis(100));
-        let cli = Rpc::new(net.endpoint(), config());
+        // A client that does not ping its sessions.
+        let quiet = RpcConfig {
+            session_keepalive: false,
+            ..config()
+        };
+        let cli = Rpc::new(net.endpoint(), quiet);
         let s = cli.connect(&srv.local_addr()).await.unwrap();
         cli.call(s, ECHO, b"before").await.unwrap();
         // A client that vanishes without disconnecting.
@@ -553,5 +558,90 @@ fn sessions_in_use_do_not_expire() {
         }
         assert_eq!(srv.stats().sessions_expired, 0);
         assert_eq!(srv.server_sessions(), 1);
+    });
+}
+
+/// A client that holds a session without calling keeps it open by pinging
+/// it (the interval its server announced): a call after five idle
+/// timeouts succeeds. Once the client is gone (no more pings) the server
+/// closes the session as before.
+#[test]
+fn a_quiet_client_keeps_its_session_open() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(11, 4096);
+        let idle = Duration::from_millis(120);
+        let srv = expiring_server(&net, idle);
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        cli.call(s, ECHO, b"before").await.unwrap();
+        verbio_runtime::sleep(idle * 5).await;
+        let req = request(0, 1, 16);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        assert_eq!(srv.stats().sessions_expired, 0, "{:?}", srv.stats());
+        assert_eq!(srv.server_sessions(), 1);
+        // Pings did it: about six per timeout.
+        let pings = cli.stats().pings_sent;
+        assert!(pings >= 5, "{pings} pings");
+        // The client vanishes: its session expires.
+        drop(cli);
+        wait_for(|| srv.stats().sessions_expired == 1).await;
+        assert_eq!(srv.server_sessions(), 0);
+    });
+}
+
+/// Pings keep open only the sessions a server admitted: a pinging client
+/// still meets `max_sessions_per_peer`, and a session it disconnects is
+/// gone at once (pings of a closed session find nothing).
+#[test]
+fn keepalive_does_not_lift_the_session_caps() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(12, 4096);
+        let idle = Duration::from_millis(120);
+        let srv = server(
+            &net,
+            RpcConfig {
+                session_idle_timeout: Some(idle),
+                max_sessions_per_peer: 2,
+                ..config()
+            },
+        )
+        .0;
+        let impatient = RpcConfig {
+            max_retries: 3,
+            ..config()
+        };
+        let cli = Rpc::new(net.endpoint(), impatient);
+        let a = cli.connect(&srv.local_addr()).await.unwrap();
+        let b = cli.connect(&srv.local_addr()).await.unwrap();
+        assert!(matches!(
+            cli.connect(&srv.local_addr()).await,
+            Err(RpcError::ConnectTimeout { .. })
+        ));
+        assert!(srv.stats().connects_refused > 0);
+        verbio_runtime::sleep(idle * 3).await;
+        for s in [a, b] {
+            cli.call(s, ECHO, b"still open").await.unwrap();
+        }
+        assert_eq!(srv.server_sessions(), 2);
+        assert_eq!(srv.stats().sessions_expired, 0);
+        cli.disconnect(a);
+        wait_for(|| srv.server_sessions() == 1).await;
+        let stale = srv.stats().stale_packets;
+        // The third connect is admitted now; still two at most.
+        let c = cli.connect(&srv.local_addr()).await.unwrap();
+        cli.call(c, ECHO, b"third").await.unwrap();
+        assert_eq!(srv.server_sessions(), 2);
+        verbio_runtime::sleep(idle * 2).await;
+        assert_eq!(srv.server_sessions(), 2);
+        assert_eq!(
+            srv.stats().stale_packets,
+            stale,
+            "pings of a closed session"
+        );
     });
 }
