@@ -7,6 +7,8 @@ mod common;
 
 use std::pin::pin;
 
+use futures::FutureExt;
+
 use common::*;
 use verbio::runtime::timeout;
 use verbio::RdmaBuilder;
@@ -60,6 +62,51 @@ fn the_pieces_of_a_message_are_posted_without_waiting_for_each_completion() {
         );
         timeout(WAIT, send).await.expect("send").unwrap();
         r.send(b"after").await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        r.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn a_message_of_exactly_the_buffer_size_is_one_send() {
+    // The size applications pick most: a message of `recv_buf_size` bytes
+    // (and one with an immediate) takes one of the peer's buffers, one
+    // credit; a byte more is split.
+    let sizes = [BUF, BUF, BUF + 1];
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        assert_eq!(r.receive().await.unwrap(), b"before");
+        for (i, &len) in sizes.iter().enumerate() {
+            let (got, imm) = r.receive_with_imm().await.unwrap();
+            assert!(got == pattern(len, i as u8), "message {i}");
+            assert_eq!(imm, (i == 1).then_some(7));
+        }
+        r.send(b"done").await.unwrap();
+        let _ = r.receive().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        r.send(b"before").await.unwrap();
+        for (i, &len) in sizes.iter().enumerate() {
+            let data = pattern(len, i as u8);
+            let credits = r.send_credits();
+            assert!(credits >= 2, "{credits} credits: not enough to test with");
+            let mut send = match i {
+                1 => r.send_with_imm(&data, 7).boxed_local(),
+                _ => r.send(&data).boxed_local(),
+            };
+            // Posted in the first poll (credits are at hand), completed later.
+            let _ = futures::poll!(send.as_mut());
+            let pieces = if len > BUF { 2 } else { 1 };
+            assert_eq!(
+                credits - r.send_credits(),
+                pieces,
+                "a message of {len} bytes with {BUF}-byte buffers"
+            );
+            timeout(WAIT, send).await.expect("send").unwrap();
+        }
         assert_eq!(r.receive().await.unwrap(), b"done");
         r.send(b"bye").await.unwrap();
     });

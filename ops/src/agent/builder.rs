@@ -23,7 +23,7 @@ use super::qps::AgentQps;
 use super::rdma::{Rdma, Redial};
 use super::settings::MIN_RECV_BUF_SIZE;
 use super::srq::SrqHub;
-use super::wire::Settings;
+use super::wire::{Settings, DATA_OVERHEAD};
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 
 /// Default of [`RdmaBuilder::max_inline_data`]: a 64-byte message and
@@ -69,11 +69,20 @@ impl Config {
             .saturating_add(super::task::lend_slots(self.recv_buf_count))
     }
 
-    /// This side's announcement for the settings exchange.
+    /// Bytes of each posted receive buffer: a piece of `recv_buf_size`
+    /// message bytes plus the largest header a message carries
+    /// ([`DATA_OVERHEAD`]), so that a message of exactly `recv_buf_size`
+    /// bytes (the size applications pick most) is one SEND, not two.
+    pub(crate) fn posted_buf_size(&self) -> usize {
+        self.recv_buf_size.saturating_add(DATA_OVERHEAD)
+    }
+
+    /// This side's announcement for the settings exchange: the size of the
+    /// buffers it posts (the peer's pieces are that less their header).
     pub(crate) fn settings(&self, max_recv_wr: u32) -> Settings {
         Settings {
             max_message_len: self.max_message_len as u64,
-            recv_buf_size: u32::try_from(self.recv_buf_size).unwrap_or(u32::MAX),
+            recv_buf_size: u32::try_from(self.posted_buf_size()).unwrap_or(u32::MAX),
             recv_buf_count: self.recv_buf_count,
             credit_batch: self.credit_batch,
             max_recv_wr,
@@ -283,9 +292,12 @@ impl RdmaBuilder {
         self
     }
 
-    /// Size of each posted receive buffer, at least
-    /// [`MIN_RECV_BUF_SIZE`](super::MIN_RECV_BUF_SIZE) (a message larger
-    /// than the peer's buffers travels in several pieces).
+    /// Message bytes each posted receive buffer holds, at least
+    /// [`MIN_RECV_BUF_SIZE`](super::MIN_RECV_BUF_SIZE): a message of up to
+    /// the peer's `recv_buf_size` bytes travels as one SEND, a larger one
+    /// in pieces of that size (or, from 32 KiB, by one RDMA READ). Each
+    /// buffer is this plus the largest message header,
+    /// [`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) (48) bytes.
     pub fn recv_buf_size(mut self, len: usize) -> Self {
         self.config.recv_buf_size = len;
         self
@@ -381,7 +393,7 @@ impl RdmaBuilder {
 
     /// Puts every connection a listener accepts on one shared receive
     /// queue of the device, filled with `depth` buffers of
-    /// `recv_buf_size` bytes: the listener's receive memory is these
+    /// `recv_buf_size` bytes and a message header each: the listener's receive memory is these
     /// buffers whatever the number of connections, where without it each
     /// connection posts `recv_buf_count` buffers (plus a reserve) of its
     /// own. Each connection still grants its peer `recv_buf_count` send
@@ -405,10 +417,11 @@ impl RdmaBuilder {
 
     fn checked(&self) -> Result<(QpConfig, Rc<Config>), AgentError> {
         let c = &self.config;
-        if c.recv_buf_size < MIN_RECV_BUF_SIZE || u32::try_from(c.recv_buf_size).is_err() {
+        if c.recv_buf_size < MIN_RECV_BUF_SIZE || u32::try_from(c.posted_buf_size()).is_err() {
             return Err(AgentError::Config {
                 setting: "recv_buf_size",
-                reason: "must be at least MIN_RECV_BUF_SIZE (128) and fit in 32 bits",
+                reason: "must be at least MIN_RECV_BUF_SIZE (128) and fit in 32 bits \
+                         with its header (DATA_OVERHEAD)",
             });
         }
         if c.max_message_len == 0 {
@@ -502,7 +515,7 @@ impl RdmaBuilder {
                 })
             }
             Some(depth) => {
-                let hub = SrqHub::start(&device, depth, config.recv_buf_size)?;
+                let hub = SrqHub::start(&device, depth, config.posted_buf_size())?;
                 qps.on_srq(Rc::new(hub))
             }
         };

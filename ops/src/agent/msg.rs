@@ -66,10 +66,10 @@ pub struct RecvMsg {
 
 impl RecvMsg {
     /// What this message counts for in the unread backlog: the receive
-    /// buffer it holds (of `recv_buf_size` bytes) or its reassembled length.
-    pub(crate) fn charge(&self, recv_buf_size: usize) -> u64 {
+    /// buffer it holds (of `buf_size` bytes: `recv_buf_size` and the header) or its reassembled length.
+    pub(crate) fn charge(&self, buf_size: usize) -> u64 {
         match &self.body {
-            Body::Ring(_) => recv_buf_size as u64,
+            Body::Ring(_) => buf_size as u64,
             Body::Vec(v) => v.len() as u64,
         }
     }

@@ -50,7 +50,7 @@ impl Future for Receive {
                 Begin::Queued(m) => {
                     rx.leave(id);
                     this.done = true;
-                    shared.taken(m.charge(shared.config.recv_buf_size));
+                    shared.taken(m.charge(shared.config.posted_buf_size()));
                     return Poll::Ready(Ok(m));
                 }
                 Begin::Closed => {

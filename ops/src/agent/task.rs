@@ -55,7 +55,7 @@ pub(crate) fn post_receives(shared: &Shared) -> Result<Option<Route>, AgentError
     }
     let posted = shared.negotiated.posted_recvs;
     let ring = |spare: u32| {
-        let config = RecvRingConfig::new(posted + spare, shared.config.recv_buf_size);
+        let config = RecvRingConfig::new(posted + spare, shared.config.posted_buf_size());
         RecvRing::new(&shared.qp, &shared.pd.0, config)
     };
     let spare = lend_slots(shared.config.recv_buf_count);
@@ -772,7 +772,7 @@ fn release_later(shared: &Rc<Shared>, token_id: u64) {
 /// Queues a whole message in the application's inbox (charged to the
 /// unread backlog).
 pub(crate) fn deliver(shared: &Shared, msg: RecvMsg) {
-    let charge = msg.charge(shared.config.recv_buf_size);
+    let charge = msg.charge(shared.config.posted_buf_size());
     if shared.rx.deliver(msg) {
         shared.backlog.add(charge);
     }
