@@ -103,10 +103,8 @@ impl<P: Clone> Core<P> {
         self.connects.insert(key, sid);
         self.server_sessions += 1;
         if self.server_sessions == 1 && self.config.session_idle_timeout.is_some() {
-            // The dispatcher starts the idle sweep.
-            if let Some(w) = &self.dispatcher {
-                w.wake_by_ref();
-            }
+            // The timer task starts the idle sweep.
+            self.wake_ticker();
         }
         self.send_connect_ack(sid, &h);
     }

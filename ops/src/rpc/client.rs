@@ -60,6 +60,7 @@ pub(crate) fn complete<P>(s: &mut Session<P>, i: usize, result: Result<(), RpcEr
     slot.num_tx = slot.num_rx;
     slot.answered = 0;
     slot.state = CallState::Done(result);
+    s.active &= !(1 << i);
     if slot.abandoned {
         free_slot(s, i);
     } else if let Some(w) = slot.waker.take() {
@@ -116,6 +117,7 @@ impl<P: Clone> Core<P> {
             return Poll::Pending;
         };
         let now = self.now;
+        s.active |= 1 << i;
         let slot = &mut s.client[i];
         slot.state = CallState::Active;
         slot.abandoned = false;
@@ -215,10 +217,16 @@ impl<P: Clone> Core<P> {
         };
         let start = s.pump_from;
         s.pump_from = (start + 1) % SESSION_SLOTS;
-        for step in 0..SESSION_SLOTS {
+        // The active slots, from `start` on: bit `step` is slot
+        // `(start + step) % SESSION_SLOTS`.
+        let mut todo = s.active.rotate_right(start as u32);
+        while todo != 0 {
+            let step = todo.trailing_zeros() as usize;
+            todo &= todo - 1;
             let i = (start + step) % SESSION_SLOTS;
             let slot = &mut s.client[i];
-            if !matches!(slot.state, CallState::Active) || slot.paused {
+            debug_assert!(matches!(slot.state, CallState::Active));
+            if slot.paused {
                 continue;
             }
             while slot.num_tx < slot.total_tx() && slot.num_tx - slot.num_rx < WINDOW {

@@ -156,6 +156,9 @@ pub(crate) struct Core<P> {
     /// The request memory budget (`budget.rs`).
     pub(crate) budget: Budget,
     pub(crate) dispatcher: Option<Waker>,
+    /// The timer task (`endpoint.rs`): the retransmission timer, the idle
+    /// sweep and the keepalive run there, off the dispatcher's path.
+    pub(crate) ticker: Option<Waker>,
 }
 
 impl<P: Clone> Core<P> {
@@ -192,16 +195,22 @@ impl<P: Clone> Core<P> {
             keepalive_period: None,
             server_sessions: 0,
             dispatcher: None,
+            ticker: None,
         }
     }
 
-    /// Makes sure the dispatcher runs the retransmission timer.
+    /// Makes sure the timer task runs the retransmission timer.
     pub(crate) fn want_timer(&mut self) {
         if !self.timer_wanted {
             self.timer_wanted = true;
-            if let Some(w) = &self.dispatcher {
-                w.wake_by_ref();
-            }
+            self.wake_ticker();
+        }
+    }
+
+    /// Wakes the timer task (a timer is to be armed).
+    pub(crate) fn wake_ticker(&self) {
+        if let Some(w) = &self.ticker {
+            w.wake_by_ref();
         }
     }
 

@@ -109,9 +109,13 @@ impl<T: Transport> Engine<T> {
             let Engine { transport, core } = self;
             let batch = core.config.recv_batch;
             let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
+            let drained = transport.short_batch_registers();
             self.accept_connects();
             self.flush();
             match got {
+                // Fewer than asked for: the transport is drained and
+                // wakes this task for the next packet.
+                Poll::Ready(Ok(n)) if n < batch && drained => break,
                 Poll::Ready(Ok(n)) if n > 0 => {}
                 Poll::Ready(Ok(_)) => break,
                 Poll::Ready(Err(error)) => {
@@ -126,6 +130,19 @@ impl<T: Transport> Engine<T> {
                 cx.waker().wake_by_ref();
                 break;
             }
+        }
+        Poll::Pending
+    }
+
+    /// The timer task: the retransmission timer while calls or connects
+    /// are under way, the idle sweep while server sessions are open, the
+    /// keepalive while client sessions ping. Apart from the dispatcher so
+    /// that receiving polls no timer (woken by `Core::wake_ticker` when a
+    /// timer is to be armed, and by its timers).
+    fn poll_timers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.core.ticker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
         }
         let tick = self.core.config.rto / TICKS_PER_RTO;
         while self.core.timer_wanted && fired(&mut self.core.timer, tick, cx) {
@@ -186,6 +203,9 @@ impl<T: Transport> Drop for Engine<T> {
         if let Some(w) = self.core.dispatcher.take() {
             w.wake();
         }
+        if let Some(w) = self.core.ticker.take() {
+            w.wake();
+        }
         for queue in self.core.handlers.iter_mut().flatten() {
             for w in queue.idle.drain(..) {
                 w.wake();
@@ -232,6 +252,11 @@ impl<T: Transport> Rpc<T> {
         let weak = Rc::downgrade(&engine);
         verbio_runtime::spawn(poll_fn(move |cx| match weak.upgrade() {
             Some(e) => e.borrow_mut().poll_dispatch(cx),
+            None => Poll::Ready(()),
+        }));
+        let weak = Rc::downgrade(&engine);
+        verbio_runtime::spawn(poll_fn(move |cx| match weak.upgrade() {
+            Some(e) => e.borrow_mut().poll_timers(cx),
             None => Poll::Ready(()),
         }));
         Rpc { engine }

@@ -120,9 +120,10 @@ impl<P: Clone> Core<P> {
         s.ping_every = every;
         s.next_ping = Some(Instant::now() + every);
         if self.keepalive_period.is_none_or(|p| every < p) {
-            // (Re)armed with the shorter period by the dispatcher.
+            // (Re)armed with the shorter period by the timer task.
             self.keepalive_period = Some(every);
             self.keepalive_timer = None;
+            self.wake_ticker();
         }
     }
 

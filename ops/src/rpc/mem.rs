@@ -62,14 +62,24 @@ impl Net {
         (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
     }
 
+    /// True with probability `p` (no draw when `p` is 0: a network
+    /// without faults costs no random numbers).
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.uniform() < p
+    }
+
     fn deliver(&mut self, to: u32, bytes: &[u8]) {
         let mut buf = self.free.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(bytes);
-        let reorder = self.uniform() < self.faults.reorder;
-        let pick = self.uniform();
+        let reorder = self.chance(self.faults.reorder);
+        let len = self.inboxes[to as usize].queue.len();
+        let pick = if reorder && len > 0 {
+            self.uniform()
+        } else {
+            0.0
+        };
         let inbox = &mut self.inboxes[to as usize];
-        let len = inbox.queue.len();
         if reorder && len > 0 {
             let back = 1 + (pick * len.min(3) as f64) as usize;
             inbox.queue.insert(len - back.min(len), buf);
@@ -201,12 +211,13 @@ impl Transport for MemTransport {
                 net.stats.undeliverable += 1;
                 continue;
             }
-            if net.uniform() < net.faults.drop {
+            let faults = net.faults;
+            if net.chance(faults.drop) {
                 net.stats.dropped += 1;
                 continue;
             }
             net.deliver(to, bytes);
-            if net.uniform() < net.faults.duplicate {
+            if net.chance(faults.duplicate) {
                 net.stats.duplicated += 1;
                 net.deliver(to, bytes);
             }
@@ -223,25 +234,29 @@ impl Transport for MemTransport {
         let mut n = 0;
         while n < max {
             // The network is not borrowed while `on_packet` runs.
-            let Some(buf) = self.net.0.borrow_mut().inboxes[self.id as usize]
-                .queue
-                .pop_front()
-            else {
+            let mut net = self.net.0.borrow_mut();
+            let inbox = &mut net.inboxes[self.id as usize];
+            let Some(buf) = inbox.queue.pop_front() else {
+                // Drained: woken by the next packet (`short_batch_registers`).
+                match &mut inbox.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
+                }
                 break;
             };
+            drop(net);
             on_packet(&buf);
             self.net.0.borrow_mut().free.push(buf);
             n += 1;
         }
         if n > 0 {
-            return Poll::Ready(Ok(n));
+            Poll::Ready(Ok(n))
+        } else {
+            Poll::Pending
         }
-        let mut net = self.net.0.borrow_mut();
-        let inbox = &mut net.inboxes[self.id as usize];
-        match &mut inbox.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
-        Poll::Pending
+    }
+
+    fn short_batch_registers(&self) -> bool {
+        true
     }
 }

@@ -400,6 +400,9 @@ impl<P: Clone> Core<P> {
     /// returns every credit; if its handler outlasts the client's timeout,
     /// the packets the client sends again are acknowledged then).
     pub(crate) fn send_acks(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
         for a in self.acks.drain(..) {
             let Some(s) = self.sessions.get(a.sid) else {
                 continue;

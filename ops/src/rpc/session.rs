@@ -11,6 +11,8 @@ use super::header::Status;
 
 /// Request slots per session; also its credits (packets in flight).
 pub const SESSION_SLOTS: usize = 8;
+// `Session::active` has a bit per slot and rotates as a `u8`.
+const _: () = assert!(SESSION_SLOTS == u8::BITS as usize);
 
 /// Client packets of one call sent beyond the first unanswered one, at most
 /// (the width of [`ClientSlot::answered`]).
@@ -242,6 +244,9 @@ pub(crate) struct Session<P> {
     pub(crate) connect_waker: Option<Waker>,
     /// The slot the next pump starts at (round robin).
     pub(crate) pump_from: usize,
+    /// Client: bit `i` is set while slot `i`'s call is
+    /// [`CallState::Active`] (so a pump visits only those).
+    pub(crate) active: u8,
     /// Server: the key of the connect that made it.
     pub(crate) connect_key: Option<super::core::ConnectKey>,
     /// Client: what its connect packets carry as their request number,
@@ -272,6 +277,7 @@ impl<P> Session<P> {
             slot_waiters: VecDeque::new(),
             connect_waker: None,
             pump_from: 0,
+            active: 0,
             connect_key: None,
             connect_id: 0,
             idle_sweeps: 0,

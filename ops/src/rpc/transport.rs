@@ -43,6 +43,16 @@ pub trait Transport: 'static {
         max: usize,
         on_packet: &mut dyn FnMut(&[u8]),
     ) -> Poll<Result<usize, TransportError>>;
+
+    /// Whether [`poll_recv`](Transport::poll_recv) returning fewer than
+    /// `max` packets means it found no more and registered `cx` for the
+    /// next one (as it does when it returns `Pending`): the engine then
+    /// does not call it again just to see `Pending`, a call saved per
+    /// receive batch. `false` (the default) for a transport that registers
+    /// only when it returns `Pending`.
+    fn short_batch_registers(&self) -> bool {
+        false
+    }
 }
 
 /// A transport failure.

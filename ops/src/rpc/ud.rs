@@ -310,6 +310,12 @@ impl Transport for UdTransport {
             }
         }
         if n > 0 {
+            if !waiting && n < max {
+                // Errors took turns (or the ring closed): `cx` is not
+                // registered; look again at the next turn
+                // (`short_batch_registers`).
+                cx.waker().wake_by_ref();
+            }
             return Poll::Ready(Ok(n));
         }
         if !waiting {
@@ -317,6 +323,10 @@ impl Transport for UdTransport {
             cx.waker().wake_by_ref();
         }
         Poll::Pending
+    }
+
+    fn short_batch_registers(&self) -> bool {
+        true
     }
 }
 
