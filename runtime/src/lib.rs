@@ -7,6 +7,7 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("verbio supports Linux only: it needs epoll, eventfd and (for hardware) libibverbs");
 
+mod accept_error;
 pub mod buf;
 pub mod cm;
 pub mod compat;

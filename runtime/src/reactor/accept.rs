@@ -35,55 +35,11 @@ use std::time::{Duration, Instant};
 
 use super::net::{TcpListener, TcpStream};
 use super::timer::{sleep, Sleep};
+use crate::accept_error::{classify, ErrorClass, ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
 
-/// First pause after a resource error.
-pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
-/// Longest pause between retries.
-pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Connection errors skipped in one poll before yielding (each one takes a
 /// connection off the backlog, so the loop ends anyway).
 const SKIPS_PER_POLL: usize = 64;
-
-/// How an `accept(2)` error is handled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ErrorClass {
-    /// That connection failed: accept the next one at once.
-    Connection,
-    /// Out of descriptors or memory: retry after a pause.
-    Resources,
-    /// The listening socket itself is broken.
-    Listener,
-}
-
-/// The group of an `accept(2)` error (see the module documentation; the
-/// soft device's engine, which accepts without the reactor, uses it too).
-pub(crate) fn classify(e: &io::Error) -> ErrorClass {
-    match e.raw_os_error() {
-        Some(
-            libc::ECONNABORTED
-            | libc::ECONNRESET
-            | libc::EPROTO
-            | libc::EPERM
-            | libc::EINTR
-            | libc::ENETDOWN
-            | libc::ENOPROTOOPT
-            | libc::EHOSTDOWN
-            | libc::ENONET
-            | libc::EHOSTUNREACH
-            | libc::EOPNOTSUPP
-            | libc::ENETUNREACH
-            | libc::ETIMEDOUT,
-        ) => ErrorClass::Connection,
-        Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EFAULT) => ErrorClass::Listener,
-        Some(_) => ErrorClass::Resources,
-        None => match e.kind() {
-            io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::Interrupted => ErrorClass::Connection,
-            _ => ErrorClass::Resources,
-        },
-    }
-}
 
 /// A burst of accept errors under way.
 struct Burst {

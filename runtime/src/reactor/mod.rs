@@ -36,11 +36,8 @@ mod work_queue;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-pub(crate) use accept::{classify as classify_accept_error, ErrorClass as AcceptErrorClass};
-pub use accept::{
-    AcceptBackoff, PendingLimits, PendingRefusal, PendingSlot, ACCEPT_BACKOFF_MAX,
-    ACCEPT_BACKOFF_MIN,
-};
+pub use crate::accept_error::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
+pub use accept::{AcceptBackoff, PendingLimits, PendingRefusal, PendingSlot};
 pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 pub use net::{TcpListener, TcpStream};
 pub use pass_hooks::{schedule_pass_hook, PassHook, PassHookId};

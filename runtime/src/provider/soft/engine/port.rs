@@ -25,10 +25,11 @@ use std::time::{Duration, Instant};
 use super::super::conn::{Auth, Conn, BIG_BUF_KEEP};
 use super::super::handshake::{encode, next_message, Message};
 use super::Engine;
-use crate::provider::{QpState, QpType, SoftConfig};
-use crate::reactor::{
-    classify_accept_error, AcceptErrorClass, ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN,
+use crate::accept_error::{
+    classify as classify_accept_error, ErrorClass as AcceptErrorClass, ACCEPT_BACKOFF_MAX,
+    ACCEPT_BACKOFF_MIN,
 };
+use crate::provider::{QpState, QpType, SoftConfig};
 
 /// Logs a peer's refusal: a warning at most once a second (with how many
 /// were logged at debug level only since the last one), every one at debug
