@@ -172,6 +172,22 @@ impl Attacker {
         opened
     }
 
+    /// Pings sessions `opened` (keeps them from expiring).
+    fn ping(&mut self, opened: &[Opened]) {
+        if opened.is_empty() {
+            return;
+        }
+        for o in opened {
+            let h = Header {
+                dest_session: o.theirs,
+                src_session: o.ours,
+                ..Header::new(PacketKind::Ping)
+            };
+            self.push(h, &[]);
+        }
+        self.flush();
+    }
+
     /// Request packet `idx` of a request of `msg_len` bytes (payload
     /// filled with 0xa5) in session `o`, request number `req_num`.
     fn request(&mut self, o: Opened, req_num: u64, msg_len: usize, idx: usize) {
@@ -407,16 +423,26 @@ fn session_floods_are_capped_and_expire() {
         let baseline = live_bytes();
         // One address, 2,000 session numbers.
         let mut one = Attacker::new(&net, &srv);
+        let mut kept = Vec::new();
         for chunk in 0..20 {
-            one.open(chunk * 100..chunk * 100 + 100, 4096).await;
+            kept.extend(one.open(chunk * 100..chunk * 100 + 100, 4096).await);
+            // Kept open by pings (as a client does) while the flood
+            // lasts longer than the idle timeout: pings lift no cap.
+            one.ping(&kept);
             served(&cli, s, 100).await;
         }
+        assert_eq!(kept.len(), max_peer);
         assert_eq!(srv.memory().server_sessions, 1 + max_peer);
         assert_eq!(srv.stats().connects_refused, 2000 - max_peer as u64);
         // Many addresses, 10,000 connects.
         let mut many: Vec<Attacker> = (0..50).map(|_| Attacker::new(&net, &srv)).collect();
-        for a in &mut many {
-            a.open(0..200, 4096).await;
+        let mut opened: Vec<Vec<Opened>> = Vec::new();
+        for i in 0..many.len() {
+            opened.push(many[i].open(0..200, 4096).await);
+            one.ping(&kept);
+            for (a, o) in many.iter_mut().zip(&opened) {
+                a.ping(o);
+            }
         }
         served(&cli, s, 100).await;
         let m = srv.memory();
