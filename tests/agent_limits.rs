@@ -110,7 +110,13 @@ fn a_peer_sending_beyond_its_credits_is_disconnected() {
     // The client announces 16 credits and, its application reading nothing
     // (a backlog limit of 0), returns none: 20 messages are 4 too many.
     let msgs: Vec<(u64, u64)> = (0..20).map(|i| (i, 8)).collect();
-    let why = broken_peer(RdmaBuilder::new().max_unread_bytes(0), msgs);
+    let why = broken_peer(
+        RdmaBuilder::new()
+            .max_unread_bytes(0)
+            .recv_buf_count(16)
+            .credit_batch(4),
+        msgs,
+    );
     assert!(why.contains("credit"), "{why}");
 }
 

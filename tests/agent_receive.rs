@@ -309,8 +309,10 @@ fn a_receiver_that_left_is_not_woken_and_the_next_one_is() {
 #[test]
 fn held_messages_stay_in_their_slots_and_later_ones_are_copied_out() {
     const HELD: usize = 40;
+    const BUFS: u32 = 16;
+    let builder = || RdmaBuilder::new().recv_buf_count(BUFS).credit_batch(4);
     let msg = |i: usize| pattern(64, i as u8);
-    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, move |mut c| async move {
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
         let r = c.remove(0);
         for i in 0..HELD {
             r.send(&msg(i)).await.expect("send");
@@ -322,14 +324,14 @@ fn held_messages_stay_in_their_slots_and_later_ones_are_copied_out() {
     });
     let (rt, dev) = runtime_and_device();
     let last = block(&rt, async {
-        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let r = dial_rdma(builder(), &dev, addr).await;
         // More messages than the peer has credits: held ones cannot block it.
         let mut held = Vec::new();
         for _ in 0..HELD {
             held.push(r.receive_msg().await.expect("message"));
         }
         let lent: Vec<bool> = held.iter().map(|m| m.is_zero_copy()).collect();
-        let spare = 16 / 2;
+        let spare = BUFS as usize / 2;
         assert!(
             lent[..spare].iter().all(|&z| z) && lent[spare..].iter().all(|&z| !z),
             "the first {spare} lent, the rest copied out: {lent:?}"

@@ -32,6 +32,19 @@ use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 /// spare.
 pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 
+/// Default of [`RdmaBuilder::recv_buf_count`]: the send window of a
+/// connection's peer, in messages. A credit comes back a round trip after
+/// its message (the receiver reads it, reposts the buffer and returns
+/// credits in batches of [`RdmaBuilder::credit_batch`], by default a
+/// quarter of this), so a stream of small messages moves at most this many
+/// per credit round trip, as a verbs window of this many does (16 held
+/// small-message `send_bw` far below the verbs path's at its window of
+/// 128: docs/benchmarks.md, issue 35). With 64, a connection's receive memory is 64 buffers, the reserve
+/// for the peer's credit returns and up to 32 lent to the application, of
+/// `recv_buf_size` + 48 bytes each: about 430 KB at 4 KiB (a shared
+/// receive queue bounds it for many connections).
+pub const DEFAULT_RECV_BUF_COUNT: u32 = 64;
+
 /// Largest [`RdmaBuilder::max_inline_data`].
 pub const MAX_INLINE_DATA: u32 = super::rdma::MAX_INLINE_MESSAGE as u32;
 
@@ -138,8 +151,8 @@ impl Default for RdmaBuilder {
             config: Config {
                 max_message_len: 64 << 20,
                 recv_buf_size: 4096,
-                recv_buf_count: 16,
-                credit_batch: 4,
+                recv_buf_count: DEFAULT_RECV_BUF_COUNT,
+                credit_batch: DEFAULT_RECV_BUF_COUNT / 4,
                 max_access: AccessFlags::REMOTE_READ
                     | AccessFlags::REMOTE_WRITE
                     | AccessFlags::REMOTE_ATOMIC,
@@ -303,7 +316,8 @@ impl RdmaBuilder {
         self
     }
 
-    /// Receive buffers the peer may fill before it must wait for credits.
+    /// Receive buffers the peer may fill before it must wait for credits
+    /// (default [`DEFAULT_RECV_BUF_COUNT`]).
     pub fn recv_buf_count(mut self, n: u32) -> Self {
         self.config.recv_buf_count = n;
         self
@@ -312,7 +326,8 @@ impl RdmaBuilder {
     /// Reposted buffers returned to the peer per `Credit` message. Credits
     /// owed also ride on this side's next data message; a `Credit` message
     /// of their own goes out only once this many are owed (this side has
-    /// had nothing to send meanwhile).
+    /// had nothing to send meanwhile). Default: a quarter of the default
+    /// [`recv_buf_count`](Self::recv_buf_count).
     pub fn credit_batch(mut self, n: u32) -> Self {
         self.config.credit_batch = n;
         self

@@ -14,6 +14,8 @@ use super::error::CloseReason;
 pub(crate) struct Credits {
     available: Cell<u32>,
     waiters: RefCell<Vec<Waker>>,
+    /// Senders the last grant woke together.
+    woken_together: Cell<usize>,
     closed: RefCell<Option<CloseReason>>,
 }
 
@@ -23,6 +25,7 @@ impl Credits {
         Credits {
             available: Cell::new(initial),
             waiters: RefCell::new(Vec::new()),
+            woken_together: Cell::new(0),
             closed: RefCell::new(None),
         }
     }
@@ -37,13 +40,23 @@ impl Credits {
     /// poll that returns it, and the returned [`Credit`] gives it back
     /// unless it is [spent](Credit::spend) (the message was posted).
     pub(crate) async fn acquire(&self) -> Result<Credit<'_>, CloseReason> {
+        self.acquire_noting_wait().await.map(|(c, _)| c)
+    }
+
+    /// [`Credits::acquire`], and whether this sender is one of several
+    /// the window held back: it waited for a grant that woke others with
+    /// it, which then post in the same poll phase.
+    pub(crate) async fn acquire_noting_wait(&self) -> Result<(Credit<'_>, bool), CloseReason> {
+        let mut waited = false;
         poll_fn(|cx| {
             if let Some(r) = self.closed.borrow().as_ref() {
                 return Poll::Ready(Err(r.clone()));
             }
             if let Some(c) = self.take() {
-                return Poll::Ready(Ok(c));
+                let held_back = waited && self.woken_together.get() > 1;
+                return Poll::Ready(Ok((c, held_back)));
             }
+            waited = true;
             let mut waiters = self.waiters.borrow_mut();
             // One entry per waiting sender, however often it is polled.
             if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
@@ -104,6 +117,7 @@ impl Credits {
     #[inline(never)]
     fn wake_waiters(&self) {
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        self.woken_together.set(waiters.len());
         for w in waiters {
             w.wake();
         }
@@ -385,5 +399,49 @@ mod tests {
         let waiting = c.acquire();
         drop(waiting);
         assert_eq!(c.available(), 1);
+    }
+
+    #[test]
+    fn senders_a_grant_wakes_together_are_told_they_were_held_back() {
+        use futures::FutureExt;
+        use std::future::Future;
+        let c = Credits::new(1);
+        // A credit at hand: not held back.
+        let (first, held) = c.acquire_noting_wait().now_or_never().unwrap().unwrap();
+        assert!(!held);
+        first.spend();
+        // A lone waiter (e.g. for the peer's first announcement): not held
+        // back with others.
+        let mut lone = Box::pin(c.acquire_noting_wait());
+        assert!((&mut lone).now_or_never().is_none());
+        c.grant(1);
+        let (credit, held) = lone.now_or_never().unwrap().unwrap();
+        assert!(!held, "a lone waiter");
+        credit.spend();
+        // Three waiting (three tasks: wakers of their own), one grant of
+        // two: the two that get a credit were held back with others; the
+        // third waits on.
+        struct Task;
+        impl futures::task::ArcWake for Task {
+            fn wake_by_ref(_: &std::sync::Arc<Self>) {}
+        }
+        let wakers: Vec<_> = (0..3)
+            .map(|_| futures::task::waker(std::sync::Arc::new(Task)))
+            .collect();
+        let mut w: Vec<_> = (0..3).map(|_| Box::pin(c.acquire_noting_wait())).collect();
+        for (f, waker) in w.iter_mut().zip(&wakers) {
+            let mut cx = std::task::Context::from_waker(waker);
+            assert!(f.as_mut().poll(&mut cx).is_pending());
+        }
+        c.grant(2);
+        let mut got = Vec::new();
+        for (f, waker) in w.iter_mut().zip(&wakers) {
+            let mut cx = std::task::Context::from_waker(waker);
+            if let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
+                got.push(r.unwrap());
+            }
+        }
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|(_, held)| *held), "woken together");
     }
 }

@@ -45,7 +45,9 @@ mod tokens;
 mod window_grants;
 pub mod wire;
 
-pub use builder::{RdmaBuilder, RdmaListener, DEFAULT_MAX_INLINE_DATA, MAX_INLINE_DATA};
+pub use builder::{
+    RdmaBuilder, RdmaListener, DEFAULT_MAX_INLINE_DATA, DEFAULT_RECV_BUF_COUNT, MAX_INLINE_DATA,
+};
 pub use cm::RdmaCmListener;
 pub use error::{AgentError, CloseReason};
 pub use memory::GrantMem;

@@ -380,34 +380,39 @@ impl Shared {
         credited: bool,
         posted: &Cell<bool>,
     ) -> Result<Option<PostedSend>, AgentError> {
-        let credit = if credited {
+        let (credit, held_back) = if credited {
             // The connection's reason, which may have become more specific
             // than the one the credits were closed with.
-            Some(
-                self.credits
-                    .acquire()
-                    .await
-                    .map_err(|_| self.closed_error())?,
-            )
+            let (credit, held_back) = self
+                .credits
+                .acquire_noting_wait()
+                .await
+                .map_err(|_| self.closed_error())?;
+            (Some(credit), held_back)
         } else if let Some(r) = self.failure() {
             return Err(r.into());
         } else {
-            None
+            (None, false)
         };
-        self.post_with(msg, credit, posted).await
+        // A message the window held back with others goes with the others
+        // the grant released: from a send buffer, its SEND in the poll
+        // phase's deferred list and posted with theirs (one doorbell for
+        // up to eight), not INLINE, which posts each at once on its own
+        // (measured in docs/benchmarks.md, issue 35).
+        self.post_with(msg, credit, posted, !held_back).await
     }
 
     /// Sends `msg` without credit or state checks (the last notice of a
     /// failing connection).
     pub(crate) async fn send_unchecked(&self, msg: &Message<'_>) -> Result<(), AgentError> {
-        match self.post_with(msg, None, &Cell::new(false)).await? {
+        match self.post_with(msg, None, &Cell::new(false), true).await? {
             Some(sent) => self.completed(sent).await,
             None => Ok(()),
         }
     }
 
     /// Posts `msg`, spending `credit` and setting `posted` once its SEND is
-    /// posted: INLINE from a stack copy when it fits the QP's
+    /// posted: INLINE from a stack copy when `inline` and it fits the QP's
     /// `max_inline_data` (see [`Shared::send_inline`]; `None`: done), else
     /// from a pool buffer, returned with the SEND to await.
     async fn post_with(
@@ -415,9 +420,10 @@ impl Shared {
         msg: &Message<'_>,
         credit: Option<Credit<'_>>,
         posted: &Cell<bool>,
+        inline: bool,
     ) -> Result<Option<PostedSend>, AgentError> {
         let len = msg.encoded_len();
-        if len <= self.inline_limit() {
+        if inline && len <= self.inline_limit() {
             return self
                 .send_inline(msg, len, credit, posted)
                 .await
