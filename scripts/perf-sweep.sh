@@ -9,6 +9,7 @@
 #                         [-D SECONDS] [--window N] [--rounds N] [--limit SECONDS]
 #                         [--plot PNG] [--title TEXT] [--guard X] [--bin BINARY]
 #                         [--out DIR] [--markdown] [--rdma-flags FLAGS]
+#                         [--stat median|best]
 #
 #   --rxe          run inside the rxe VM (../shared/tools/rxe-vm) on rxe0,
 #                  with a build of --features ibverbs; default: soft0 here
@@ -20,6 +21,7 @@
 #   --window N     send_bw's messages in flight (default 128, fewer above
 #                  2 MiB: at most 256 MiB in flight)
 #   --rounds N     repeat the whole sweep; the median of the rounds counts
+#   --stat best    count each path's best round instead of the median
 #   --limit S      a run not done after S seconds is killed: n/a (default 120)
 #   --plot PNG     plot figures and ratios (matplotlib from PyPI into
 #                  target/plot-venv on first use)
@@ -53,6 +55,7 @@ BIN=
 OUT=
 MARKDOWN=
 RDMA_FLAGS=
+STAT=median
 while [ $# -gt 0 ]; do
     case $1 in
         --rxe) RXE=1 ;;
@@ -70,7 +73,8 @@ while [ $# -gt 0 ]; do
         --out) OUT=$2; shift ;;
         --markdown) MARKDOWN=--markdown ;;
         --rdma-flags) RDMA_FLAGS=$2; shift ;;
-        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+        --stat) STAT=$2; shift ;;
+        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
         *) echo "perf-sweep: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -83,6 +87,7 @@ done
 for t in ${TESTS//,/ }; do
     case $t in send_lat|send_bw) ;; *) die "unknown test $t (send_lat, send_bw)" ;; esac
 done
+case $STAT in median|best) ;; *) die "--stat takes median or best" ;; esac
 case $ROUNDS in ''|*[!0-9]*|0) die "--rounds takes a count" ;; esac
 case $WINDOW in ''|*[!0-9]*|0) die "--window takes a count" ;; esac
 case $LIMIT in ''|*[!0-9]*|0) die "--limit takes seconds" ;; esac
@@ -156,7 +161,7 @@ echo "perf-sweep: $(( SECONDS - t0 )) s of runs on $DEV" >&2
     echo "started: $start UTC"
     echo "machine: $(nproc) cores, $(uname -sr)"
 } >"$OUT/run.txt"
-args=("$OUT")
+args=("$OUT" --stat "$STAT")
 [ -n "$PLOT" ] && args+=(--plot "$PLOT" --title "${TITLE:-verbio-perf on $DEV: every path against verbs and kernel TCP, $start UTC}")
 [ -n "$GUARD" ] && args+=(--guard "$GUARD")
 [ -n "$MARKDOWN" ] && args+=(--markdown)

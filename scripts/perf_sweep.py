@@ -2,10 +2,13 @@
 
 Usage:
     perf_sweep.py DIR [--plot PNG [--title TITLE]] [--guard X] [--markdown]
+                      [--stat median|best]
 
 DIR holds TEST_PATH_SIZE_rROUND.json (a verbio-perf client's --json) or
 .na (why that run could not be made), and run.txt (what ran). Prints, per
-test, one line per size: each path's figure (the median over the rounds;
+test, one line per size: each path's figure (the median over the rounds,
+or with --stat best the best round: the lowest latency, the highest
+bandwidth;
 typical one-way latency in usec for send_lat, average MB/s for send_bw)
 and its slowdown against verbs and against TCP: a path's time per message
 (latency) or per byte (bandwidth) divided by the reference's, so that
@@ -36,8 +39,8 @@ def size_name(b):
     return f"{b} B"
 
 
-def load(d):
-    """{(test, path, size): [values]} and {(test, path, size): reason}."""
+def load(d, stat="median"):
+    """{(test, path, size): figure over the rounds} and {(test, path, size): reason}."""
     vals, na = {}, {}
     for name in sorted(os.listdir(d)):
         m = FILE.match(name)
@@ -57,7 +60,10 @@ def load(d):
             na.setdefault(key, f"unreadable result ({e})")
             continue
         vals.setdefault(key, []).append(float(v))
-    med = {k: statistics.median(v) for k, v in vals.items()}
+    if stat == "best":
+        med = {k: (min(v) if k[0] == "send_lat" else max(v)) for k, v in vals.items()}
+    else:
+        med = {k: statistics.median(v) for k, v in vals.items()}
     # A run that worked in some round counts; its failures only if none did.
     na = {k: r for k, r in na.items() if k not in med}
     return med, na
@@ -202,9 +208,10 @@ def main():
     ap.add_argument("--title", default="verbio-perf: every path")
     ap.add_argument("--guard", type=float, metavar="X")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--stat", choices=["median", "best"], default="median")
     args = ap.parse_args()
 
-    med, na = load(args.dir)
+    med, na = load(args.dir, args.stat)
     if not med and not na:
         sys.exit(f"perf-sweep: no results in {args.dir}")
     seen = {k[1] for k in list(med) + list(na)}
@@ -213,6 +220,7 @@ def main():
     if os.path.exists(info):
         with open(info, encoding="utf-8") as f:
             print(f.read().rstrip())
+    print(f"figure per path and size: the {args.stat} of the rounds")
     print(tables(med, na, paths, False))
     if args.markdown:
         print(tables(med, na, paths, True))

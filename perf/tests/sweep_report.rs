@@ -31,12 +31,14 @@ fn bw(d: &Path, path: &str, size: u64, mbps: f64) {
     std::fs::write(d.join(format!("send_bw_{path}_{size}_r1.json")), doc).expect("write");
 }
 
-/// Runs the script with `--guard 3`; None if there is no python3 here.
-fn guard(d: &Path) -> Option<Output> {
+/// Runs the script with `--guard 3` and `more` flags; None if there is no
+/// python3 here.
+fn guard_with(d: &Path, more: &[&str]) -> Option<Output> {
     match Command::new("python3")
         .arg(script())
         .arg(d)
         .args(["--guard", "3"])
+        .args(more)
         .output()
     {
         Ok(o) => Some(o),
@@ -45,6 +47,10 @@ fn guard(d: &Path) -> Option<Output> {
             None
         }
     }
+}
+
+fn guard(d: &Path) -> Option<Output> {
+    guard_with(d, &[])
 }
 
 fn text(o: &Output) -> String {
@@ -132,4 +138,35 @@ fn the_guard_fails_past_3x_and_on_a_path_that_could_not_run() {
         out.contains("n/a: RPC/UD 1 MiB: did not finish within 30 s"),
         "{out}"
     );
+}
+
+#[test]
+fn the_best_round_counts_with_stat_best() {
+    let d = dir("sweep-best");
+    // verbs: 4, 27, 26 (a host that is fast or slow from run to run);
+    // Rdma: 28, 4.4, 27; RPC: 30, 29, 31 (slow in every round).
+    for (r, v, rd, rp) in [
+        (1, 4.0, 28.0, 30.0),
+        (2, 27.0, 4.4, 29.0),
+        (3, 26.0, 27.0, 31.0),
+    ] {
+        lat(&d, "verbs", 4096, r, v);
+        lat(&d, "rdma", 4096, r, rd);
+        lat(&d, "rpc", 4096, r, rp);
+    }
+    let Some(o) = guard_with(&d, &["--stat", "best"]) else {
+        return;
+    };
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("the best of the rounds"), "{out}");
+    // Rdma 4.4 / 4 = 1.10 passes; RPC 29 / 4 = 7.25 fails.
+    assert!(out.contains("guard: FAIL (1)"), "{out}");
+    assert!(
+        out.contains("RPC/UD send_lat 4 KiB: 7.2x slower than verbs"),
+        "{out}"
+    );
+    // The median: verbs 26, Rdma 27, RPC 30: all within 3x.
+    let Some(o) = guard(&d) else { return };
+    assert!(o.status.success(), "{}", text(&o));
 }
