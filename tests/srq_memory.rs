@@ -13,8 +13,8 @@ use verbio::provider::{Context, InitAttr, QpCaps, SoftConfig};
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{Device, RecvRing, RecvRingConfig, Runtime};
 
-/// Each connection's own ring: what the agent posts by default (16
-/// buffers of 4 KiB).
+/// Each connection's own ring: 16 buffers of 4 KiB (the agent posts
+/// `DEFAULT_RECV_BUF_COUNT`, 64, by default: four times this).
 const PER_QP_DEPTH: u32 = 16;
 /// The shared ring: 256 buffers of 4 KiB for all connections.
 const SRQ_DEPTH: u32 = 256;
