@@ -76,12 +76,28 @@ fn mode(args: &Args) -> Res<Mode> {
     if args.chunk == 0 || args.chunk > MAX_CHUNK {
         return Err(format!("--chunk must be 1..={MAX_CHUNK}").into());
     }
-    Ok(match (args.server, args.client, args.files.as_slice()) {
+    let mode = match (args.server, args.client, args.files.as_slice()) {
         (Some(addr), None, [out]) => Mode::Server(addr, out.clone()),
         (None, Some(addr), [inp]) => Mode::Client(addr, inp.clone()),
         (None, None, [inp, out]) => Mode::Both(inp.clone(), out.clone()),
         _ => return Err("give IN OUT, --server ADDR OUT or --client ADDR IN".into()),
-    })
+    };
+    // Before anything is set up: a missing input fails now, not after the
+    // server has waited for a client that never comes.
+    if let Mode::Client(_, inp) | Mode::Both(inp, _) = &mode {
+        check_input(inp)?;
+    }
+    Ok(mode)
+}
+
+/// Fails unless `path` is a regular file this process can open.
+fn check_input(path: &Path) -> Res<()> {
+    let f = File::open(path).map_err(|e| format!("input {path:?}: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("input {path:?}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("input {path:?}: not a regular file").into());
+    }
+    Ok(())
 }
 
 /// The CRC-32 and length of a file, read in 1 MiB pieces.

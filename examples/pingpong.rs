@@ -74,7 +74,9 @@ async fn echo(
     let mut count = 0;
     loop {
         let (res, buf) = next.await;
-        let got = res?;
+        let got = res.map_err(|e| {
+            format!("receiving message {count}: {e} (a message longer than this server's --size {size}?)")
+        })?;
         if got.len == 0 {
             return Ok(count);
         }
@@ -110,7 +112,15 @@ fn server(
             // Clients whose handshake fails are logged and skipped by
             // `accept`, which fails only if the listening socket does
             // (EMFILE and the like are waited out).
-            let c = listener.accept().await?;
+            let c = if once {
+                // One client, the one in this process: bounded, so a client
+                // that failed before connecting cannot leave it waiting.
+                timeout(LIMIT, listener.accept())
+                    .await
+                    .map_err(|_| format!("no client connected within {LIMIT:?}"))??
+            } else {
+                listener.accept().await?
+            };
             let session = serve_one(c.qp, c.peer_addr, pool.clone(), size, once);
             if once {
                 session.await;
@@ -149,7 +159,10 @@ fn client(
     };
     let dev = open(device, local_ip)?;
     let pool = MrPool::new(dev.pd());
-    pool.reserve(size, 4)?;
+    // Sizes above the pool's classes get a registration of their own.
+    if size <= pool.max_pooled_size() {
+        pool.reserve(size, 4)?;
+    }
     rt.block_on(timeout(LIMIT, async {
         let qp = connect(
             addr,
@@ -167,9 +180,14 @@ fn client(
             // Post the RECV for the echo before the SEND, so it never waits.
             let reply = qp.recv(pool.alloc(size)?);
             let (res, m) = qp.send(msg).await;
-            res?;
+            res.map_err(|e| {
+                format!(
+                    "message {i}: send: {e} (the server refused {size} bytes: \
+                     is its --size at least {size}?)"
+                )
+            })?;
             let (res, back) = reply.await;
-            let got = res?;
+            let got = res.map_err(|e| format!("message {i}: receiving the echo: {e}"))?;
             if got.len != size || back[..] != payload[..] {
                 return Err(format!("message {i}: echo differs ({} bytes)", got.len).into());
             }
@@ -216,6 +234,11 @@ fn main() -> ExitCode {
             match rx.recv_timeout(LIMIT) {
                 Ok(addr) => {
                     let r = client(args.device.as_deref(), addr, args.iters, size);
+                    if let Err(e) = r {
+                        // Not waiting for the server: it may still be
+                        // waiting for this client; exiting ends it.
+                        return fail(e);
+                    }
                     match srv.join() {
                         Ok(Ok(())) => r,
                         Ok(Err(e)) => Err(format!("server: {e}").into()),
@@ -232,9 +255,12 @@ fn main() -> ExitCode {
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("pingpong: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(e),
     }
+}
+
+/// Prints `e` and returns the failure exit code.
+fn fail(e: Box<dyn std::error::Error>) -> ExitCode {
+    eprintln!("pingpong: {e}");
+    ExitCode::FAILURE
 }

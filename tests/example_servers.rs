@@ -11,30 +11,11 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{test_device, WAIT};
-
-/// `target/<profile>/examples/<name>`, next to this test's `deps/`.
-fn example(test: &str, name: &str) -> Option<PathBuf> {
-    if test_device().is_some() {
-        println!("SKIPPED: {test}: runs the examples on the soft device");
-        return None;
-    }
-    let exe = std::env::current_exe().ok()?;
-    let path = exe.parent()?.parent()?.join("examples").join(name);
-    if path.exists() {
-        Some(path)
-    } else {
-        println!(
-            "SKIPPED: {test}: {} not built (cargo build --examples)",
-            path.display()
-        );
-        None
-    }
-}
+use common::example_bin::example;
+use common::WAIT;
 
 /// Kills the server if the test ends early.
 struct Server(Child);

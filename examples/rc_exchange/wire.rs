@@ -105,16 +105,33 @@ pub fn exchange(
             let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, oob.port))?
                 .next()
                 .ok_or_else(|| format!("{host}: no address"))?;
-            // The server may not listen yet: retry until the limit.
+            // The server may not listen yet: retry until the limit, and
+            // say so once, so a silent wait is not mistaken for a hang.
             let deadline = Instant::now() + oob.timeout;
+            let mut said = false;
             loop {
-                match TcpStream::connect_timeout(&addr, oob.timeout) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
                     Ok(s) => break s,
                     Err(e)
-                        if e.kind() == std::io::ErrorKind::ConnectionRefused
-                            && Instant::now() < deadline =>
+                        if e.kind() == std::io::ErrorKind::ConnectionRefused && !left.is_zero() =>
                     {
+                        if !said {
+                            eprintln!(
+                                "waiting for the server at {addr} (connection refused; \
+                                 retrying for {:.1} s more, --timeout)",
+                                left.as_secs_f64()
+                            );
+                            said = true;
+                        }
                         std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        return Err(format!(
+                            "no server at {addr}: connection refused for {:?}",
+                            oob.timeout
+                        )
+                        .into())
                     }
                     Err(e) => return Err(format!("connecting to {addr}: {e}").into()),
                 }

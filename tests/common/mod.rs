@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod alloc_count;
+pub mod example_bin;
 pub mod peer;
 
 use std::future::Future;
