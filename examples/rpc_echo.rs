@@ -37,6 +37,17 @@ use verbio::runtime::{Device, Runtime};
 
 const ECHO: u8 = 1;
 
+/// What the server writes first on its TCP port, before the RPC address:
+/// a client pointed at anything else says so instead of waiting.
+const HELLO: &[u8; 16] = b"verbio-rpc-echo\n";
+
+/// How long the client waits for the server's TCP port: the connect, the
+/// address, and then the RPC session.
+const ADDR_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest RPC address the client accepts from the server.
+const MAX_ADDR_LEN: usize = 256;
+
 use cli::thread_cpu;
 use rpc_echo_common::{rc_loop, rdma_loop, tcp_loop, BoxError, Figures};
 
@@ -119,7 +130,10 @@ async fn call_loop<T: Transport>(
     size: usize,
     concurrency: usize,
 ) -> Result<Figures, BoxError> {
-    let s = rpc.connect(addr).await?;
+    let s = rpc
+        .connect(addr)
+        .await
+        .map_err(|e| format!("opening an RPC session to the server: {e}"))?;
     let run = |n: usize| {
         let handles: Vec<_> = (0..concurrency)
             .map(|_| {
@@ -169,7 +183,8 @@ fn serve(tcp: SocketAddr, device: Option<&str>, config: RpcConfig) -> Result<(),
         std::thread::spawn(move || {
             for mut conn in listener.incoming().flatten() {
                 let _ = conn
-                    .write_all(&(addr.len() as u16).to_le_bytes())
+                    .write_all(HELLO)
+                    .and_then(|()| conn.write_all(&(addr.len() as u16).to_le_bytes()))
                     .and_then(|()| conn.write_all(&addr));
             }
         });
@@ -178,21 +193,56 @@ fn serve(tcp: SocketAddr, device: Option<&str>, config: RpcConfig) -> Result<(),
     })
 }
 
-/// Fetches the server's RPC address from `tcp`.
-fn fetch_addr(tcp: SocketAddr) -> Result<Vec<u8>, BoxError> {
-    let mut conn = TcpStream::connect(tcp)?;
+/// Fetches the server's RPC address from `tcp`, bounded by [`ADDR_WAIT`];
+/// fails, saying what was expected, if `tcp` is not an `rpc_echo --server`.
+/// Also returns this host's address towards the server.
+fn fetch_addr(tcp: SocketAddr) -> Result<(Vec<u8>, IpAddr), BoxError> {
+    let not_ours = |what: String| -> BoxError {
+        format!(
+            "{tcp}: {what}; expected an `rpc_echo --server` to send its RPC address \
+             (\"verbio-rpc-echo\" and the address) within {ADDR_WAIT:?}"
+        )
+        .into()
+    };
+    let mut conn = TcpStream::connect_timeout(&tcp, ADDR_WAIT)
+        .map_err(|e| format!("connecting to the server at {tcp}: {e}"))?;
+    conn.set_read_timeout(Some(ADDR_WAIT))?;
+    let mut read = |buf: &mut [u8], what: &str| {
+        conn.read_exact(buf).map_err(|e| {
+            not_ours(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    format!("no {what} arrived")
+                }
+                std::io::ErrorKind::UnexpectedEof => format!("closed before the {what}"),
+                _ => format!("reading the {what}: {e}"),
+            })
+        })
+    };
+    let mut hello = [0u8; HELLO.len()];
+    read(&mut hello, "greeting")?;
+    if &hello != HELLO {
+        return Err(not_ours(format!(
+            "it greeted with {:?}",
+            String::from_utf8_lossy(&hello)
+        )));
+    }
     let mut len = [0u8; 2];
-    conn.read_exact(&mut len)?;
-    let mut addr = vec![0u8; u16::from_le_bytes(len).into()];
-    conn.read_exact(&mut addr)?;
-    Ok(addr)
+    read(&mut len, "address length")?;
+    let len = usize::from(u16::from_le_bytes(len));
+    if len == 0 || len > MAX_ADDR_LEN {
+        return Err(not_ours(format!(
+            "an RPC address of {len} bytes (1..={MAX_ADDR_LEN})"
+        )));
+    }
+    let mut addr = vec![0u8; len];
+    read(&mut addr, "address")?;
+    Ok((addr, conn.local_addr()?.ip()))
 }
 
 fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
-    let addr = fetch_addr(tcp)?;
+    let (addr, local_ip) = fetch_addr(tcp)?;
     let rt = Runtime::new()?;
     rt.block_on(async {
-        let local_ip = TcpStream::connect(tcp)?.local_addr()?.ip();
         let config = rpc_config(args);
         let rpc = Rc::new(rpc_endpoint(args.device.as_deref(), local_ip, config)?);
         let f = call_loop(&rpc, &addr, args.calls, args.size, args.concurrency).await?;

@@ -1,11 +1,11 @@
 //! The examples fail promptly and say why on what a new user first tries
 //! (issue 33): a missing input file, a message size above the buffer
-//! pool's classes, no server listening yet. Uses the example binaries
+//! pool's classes, no server listening yet, a server of another kind. Uses the example binaries
 //! `cargo test` builds; skipped (with the reason) when they are not there.
 
 mod common;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -97,4 +97,37 @@ fn rc_pingpong_says_it_waits_for_the_server_and_gives_up() {
         err.contains("waiting for the server") && err.contains("no server at"),
         "rc_pingpong: {err}"
     );
+}
+
+#[test]
+fn rpc_echo_client_says_what_it_expected_from_a_stranger() {
+    let Some(exe) = example("rpc_echo_client_meets_a_stranger", "rpc_echo") else {
+        return;
+    };
+    // Not an rpc_echo server: one connection gets nothing (held open), the
+    // next a line of something else.
+    let stranger = TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let addr = stranger.local_addr().expect("its address").to_string();
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for (i, conn) in stranger.incoming().take(2).enumerate() {
+            let Ok(mut conn) = conn else { continue };
+            if i == 1 {
+                let _ = conn.write_all(b"SSH-2.0-OpenSSH_9.2\r\n");
+            }
+            conns.push(conn);
+        }
+        // Held until the clients are gone.
+        std::thread::sleep(PROMPT);
+        drop(conns);
+    });
+    for expect in ["no greeting arrived", "it greeted with"] {
+        let (ok, err) = run(&exe, &["--client", &addr, "--calls", "1"]);
+        assert!(!ok, "rpc_echo --client at a stranger succeeded");
+        assert!(
+            err.contains(expect) && err.contains("rpc_echo --server"),
+            "rpc_echo --client: {err}"
+        );
+    }
+    drop(held); // detached: it ends with the test process
 }
