@@ -17,6 +17,9 @@
 //! cargo run --release --example pingpong -- --client 127.0.0.1:18515 [--iters 10000] [--size 64]
 //! ```
 //!
+//! The server receives into buffers of its own `--size`: give it at least
+//! the client's (a longer message fails on both sides, each saying so).
+//!
 //! (For the soft device across hosts the engine listens on loopback by
 //! default; this example binds it to the same IP as `--server`/`--client`.)
 
@@ -49,7 +52,7 @@ struct Args {
     /// Round trips.
     #[arg(long, default_value_t = 10_000)]
     iters: usize,
-    /// Message size in bytes.
+    /// Message size in bytes (the server: the largest it receives).
     #[arg(long, default_value_t = 64, value_parser = cli::at_least_one)]
     size: usize,
     /// RDMA device (e.g. rxe0; default: a software device bound to the
