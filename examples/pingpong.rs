@@ -21,7 +21,8 @@
 //! the client's (a longer message fails on both sides, each saying so).
 //!
 //! (For the soft device across hosts the engine listens on loopback by
-//! default; this example binds it to the same IP as `--server`/`--client`.)
+//! default; this example binds the server's to the `--server` IP and a
+//! client's to the unspecified address, announced at the client's IP.)
 
 mod cli;
 

@@ -44,9 +44,15 @@ fn netns_peer_entry() {
     let Ok(spec) = std::env::var(PEER_ENV) else {
         return;
     };
-    let (ip, role) = spec.split_once(',').expect("IP,ROLE");
+    let mut parts = spec.split(',');
+    let (ip, role) = (parts.next().expect("IP"), parts.next().expect("ROLE"));
     let ip: IpAddr = ip.parse().expect("peer IP");
-    let (rt, dev) = soft_on(ip);
+    // (A third field, `any`: the engine binds the unspecified address.)
+    let engine_ip = match parts.next() {
+        Some("any") => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        _ => ip,
+    };
+    let (rt, dev) = soft_on(engine_ip);
     let listener = Listener::bind(SocketAddr::new(ip, 0), qps(&dev), HANDSHAKE).expect("listener");
     println!("{ADDR_PREFIX}{}", listener.local_addr().unwrap());
     block(&rt, async {
@@ -154,10 +160,17 @@ fn netns_or_skip(tag: u8) -> Option<Netns> {
 
 /// Starts this test binary's [`netns_peer_entry`] inside `ns`.
 fn spawn_peer(ns: &Netns, role: &str) -> (Peer, SocketAddr) {
+    spawn_peer_with(ns, role, false)
+}
+
+/// [`spawn_peer`], its engine bound to the unspecified address if
+/// `engine_on_any` (its listener still on the namespace's address).
+fn spawn_peer_with(ns: &Netns, role: &str, engine_on_any: bool) -> (Peer, SocketAddr) {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &ns.name])
         .arg(std::env::current_exe().unwrap());
-    let spec = format!("{},{role}", ns.peer_ip);
+    let any = if engine_on_any { ",any" } else { "" };
+    let spec = format!("{},{role}{any}", ns.peer_ip);
     spawn_announcing(cmd, "netns_peer_entry", (PEER_ENV, &spec))
 }
 
@@ -179,6 +192,48 @@ fn every_verb_between_two_network_namespaces() {
         verbs_client(conn.qp, dev.clone()).await;
     });
     peer.wait_success();
+}
+
+/// Every verb across the namespaces with the client's engine, the server's,
+/// or both bound to the unspecified address (as the examples bind them):
+/// each side announces the address the other reaches it at, the IP of the
+/// handshake's own connection, and its engine proves it.
+fn every_verb_with_engines_on_any(tag: u8, client_on_any: bool, server_on_any: bool) {
+    let Some(ns) = netns_or_skip(tag) else { return };
+    let (peer, addr) = spawn_peer_with(&ns, "verbs", server_on_any);
+    let client_ip = if client_on_any {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(ns.host_ip)
+    };
+    let (rt, dev) = soft_on(client_ip);
+    block(&rt, async {
+        let conn = connect(addr, &qps(&dev), HANDSHAKE)
+            .await
+            .expect("connect across namespaces, an engine on the unspecified address");
+        let theirs = conn.remote.soft_addr.expect("soft endpoint");
+        assert_eq!(theirs.ip(), IpAddr::V4(ns.peer_ip));
+        let ours = conn.local.soft_addr.expect("soft endpoint");
+        assert_eq!(ours.ip(), IpAddr::V4(ns.host_ip));
+        assert_eq!(ours.port(), dev.context().soft_addr().expect("soft").port());
+        verbs_client(conn.qp, dev.clone()).await;
+    });
+    peer.wait_success();
+}
+
+#[test]
+fn a_client_engine_on_the_unspecified_address_reaches_another_namespace() {
+    every_verb_with_engines_on_any(2, true, false);
+}
+
+#[test]
+fn a_server_engine_on_the_unspecified_address_is_reached_from_another_namespace() {
+    every_verb_with_engines_on_any(3, false, true);
+}
+
+#[test]
+fn engines_on_the_unspecified_address_on_both_sides_reach_each_other() {
+    every_verb_with_engines_on_any(4, true, true);
 }
 
 #[test]

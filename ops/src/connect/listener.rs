@@ -17,7 +17,7 @@ use verbio_runtime::{sleep_until, TcpListener, TcpStream};
 
 use super::error::HandshakeError;
 use super::exchange::{accept_exchange, connect_exchange, Deadline};
-use super::reach::check_engine_reachable;
+use super::reach::{advertised, check_engine_reachable};
 use super::setup::QpFactory;
 
 /// Default limit for one handshake (TCP connect included on the client).
@@ -101,6 +101,7 @@ async fn connect_in<F: QpFactory>(
         stage: "reading the local TCP address",
         source,
     })?;
+    let local = advertised(local, local_tcp);
     let remote = connect_exchange(
         &mut stream,
         &local,
@@ -398,6 +399,7 @@ async fn handshake<F: QpFactory>(
             span.record("remote_qpn", remote.qpn);
             check_engine_reachable(remote, peer, local_tcp)?;
             let (qp, local) = qps.create()?;
+            let local = advertised(local, local_tcp);
             span.record("local_qpn", local.qpn);
             qps.connect(&qp, &local, remote)?;
             Ok((local, (qp, local)))

@@ -18,6 +18,26 @@ pub fn peer_is_local(peer: IpAddr, local: IpAddr) -> bool {
     peer.is_loopback() || peer == local
 }
 
+/// `local` as the peer across a TCP connection whose local end is `tcp`
+/// is told it: a software-device engine bound to the unspecified address
+/// is announced at `tcp`'s IP (the one this host uses towards that peer,
+/// so also the source of the engine's own connections to it) with the
+/// engine's port. Anything else is announced as it is.
+pub fn advertised(local: Endpoint, tcp: SocketAddr) -> Endpoint {
+    let Some(engine) = local.soft_addr.filter(|a| a.ip().is_unspecified()) else {
+        return local;
+    };
+    let ip = tcp.ip().to_canonical();
+    // An engine on 0.0.0.0 takes IPv4 only; one on `::` takes both.
+    if engine.is_ipv4() && !ip.is_ipv4() {
+        return local;
+    }
+    Endpoint {
+        soft_addr: Some(SocketAddr::new(ip, engine.port())),
+        ..local
+    }
+}
+
 /// Refuses `remote` (announced by the peer at `peer` over a TCP connection
 /// whose local end is `local`) if it is a software-device endpoint on a
 /// loopback address while the peer is on another host.
@@ -57,6 +77,35 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_engine_on_the_unspecified_address_is_announced_at_the_handshakes_ip() {
+        let tcp = addr("10.0.0.1:40000");
+        assert_eq!(
+            advertised(soft("0.0.0.0:4791"), tcp).soft_addr,
+            Some(addr("10.0.0.1:4791"))
+        );
+        assert_eq!(
+            advertised(soft("[::]:4791"), addr("[::ffff:10.0.0.1]:1")).soft_addr,
+            Some(addr("10.0.0.1:4791"))
+        );
+        assert_eq!(
+            advertised(soft("[::]:4791"), addr("[fd00::1]:1")).soft_addr,
+            Some(addr("[fd00::1]:4791"))
+        );
+        // An IPv4-only engine over IPv6: left as it is (the peer refuses it).
+        assert_eq!(
+            advertised(soft("0.0.0.0:4791"), addr("[fd00::1]:1")).soft_addr,
+            Some(addr("0.0.0.0:4791"))
+        );
+        // A bound engine is announced as it is.
+        assert_eq!(
+            advertised(soft("10.0.0.9:4791"), tcp).soft_addr,
+            Some(addr("10.0.0.9:4791"))
+        );
+        // What is announced passes the checks a peer makes.
+        crate::connect::handshake::validate(&advertised(soft("0.0.0.0:4791"), tcp)).unwrap();
     }
 
     #[test]

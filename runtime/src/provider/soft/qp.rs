@@ -289,7 +289,9 @@ impl Qp {
         self.transition("modify_to_rtr", &[QpState::Init], QpState::Rtr, |i| {
             i.cfg.remote_qpn = remote.qpn;
             i.cfg.remote_psn = remote.psn;
-            i.cfg.remote_addr = Some(addr);
+            // (An engine on this host bound to the unspecified address is
+            // reached, and claims to be, on loopback.)
+            i.cfg.remote_addr = Some(super::engine::dial::reachable(addr));
             i.cfg.min_rnr_timer = timer & 31;
             Ok(())
         })

@@ -110,7 +110,7 @@ impl Engine {
     fn connect(&mut self, addr: std::net::SocketAddr) -> io::Result<usize> {
         let serial = self.port.serial();
         let local = self.sh.addr;
-        let cid = if addr == local {
+        let cid = if super::dial::is_own(local, addr) {
             let entry = self.conns.vacant_entry();
             let cid = entry.key();
             entry.insert(Conn::loopback(local, serial));
@@ -119,7 +119,8 @@ impl Engine {
             // (From this engine's own IP: the engine there checks the
             // claim in our HELLO against the connection's source.)
             let stream = super::dial::dial(local.ip(), addr)?;
-            let cid = self.insert_conn(stream, |w| Conn::dialed(w, local, addr, serial))?;
+            let me = super::dial::identity_on(local, &stream);
+            let cid = self.insert_conn(stream, |w| Conn::dialed(w, me, addr, serial))?;
             self.port_dialed();
             cid
         };

@@ -289,7 +289,7 @@ impl Engine {
         }
         self.port.cap_logged = false;
         let serial = self.port.serial();
-        let local = self.sh.addr;
+        let local = super::dial::identity_on(self.sh.addr, &stream);
         match self.insert_conn(stream, |w| Conn::accepted(w, local, from, serial)) {
             Ok(cid) => {
                 tracing::trace!(%from, "soft engine: accepted");
@@ -504,7 +504,7 @@ impl Engine {
         let Some(src) = conn.src else {
             return false;
         };
-        if same_addr(addr, self.sh.addr) {
+        if super::dial::is_own(self.sh.addr, addr) {
             refusal!(self.port, %src, "soft engine: a connection claims this engine's own address, closing");
             return false;
         }
@@ -517,7 +517,6 @@ impl Engine {
         conn.auth = Auth::Proving;
         let of = (cid, conn.serial);
         let serial = self.port.serial();
-        let asker = self.sh.addr;
         let stream = match super::dial::dial(self.sh.addr.ip(), addr) {
             Ok(s) => s,
             Err(e) => {
@@ -525,6 +524,7 @@ impl Engine {
                 return false;
             }
         };
+        let asker = super::dial::identity_on(self.sh.addr, &stream);
         match self.insert_conn(stream, |w| Conn::verifier(w, asker, addr, src, of, serial)) {
             Ok(v) => {
                 let now = Instant::now();

@@ -21,8 +21,17 @@ use super::Fate;
 use crate::provider::{AhHandle, Completion, QpState, SendFlags, SendOp, WcStatus};
 
 /// The route of a live address handle of protection domain `pd`.
+/// (The destination engine's address as one to connect to, see
+/// `engine::dial::reachable`.)
 pub(crate) fn resolve(sh: &Shared, ah: AhHandle, pd: u32) -> Option<AhEntry> {
-    lock(&sh.ahs).get(&ah.0).copied().filter(|e| e.pd == pd)
+    lock(&sh.ahs)
+        .get(&ah.0)
+        .copied()
+        .filter(|e| e.pd == pd)
+        .map(|e| AhEntry {
+            addr: crate::provider::soft::engine::dial::reachable(e.addr),
+            ..e
+        })
 }
 
 /// The header of the datagram `w` (a `SendTo`) from QP `src_qpn`.
