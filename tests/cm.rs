@@ -239,3 +239,56 @@ fn soft_listener_survives_a_foreign_peer() {
     });
     drop(junk);
 }
+
+/// Soft device: both engines bound to the unspecified address (as the
+/// examples bind a client's). Each side announces its engine at the IP of
+/// the CM connection (loopback here; the peer refuses an unspecified one),
+/// and a SEND and a WRITE go across.
+#[test]
+fn engines_on_the_unspecified_address_connect_through_the_cm() {
+    if let Some(dev) = test_device() {
+        println!("SKIPPED: soft-device test (device {dev})");
+        return;
+    }
+    let on_any = || {
+        let ctx = verbio::provider::Context::open_soft(verbio::provider::SoftConfig {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            ..verbio::provider::SoftConfig::default()
+        })
+        .expect("soft device on 0.0.0.0");
+        Device::open(ctx).expect("device")
+    };
+    let rt = Runtime::new().expect("runtime");
+    let (sdev, cdev) = (on_any(), on_any());
+    let (listener, addr) = listen(&sdev, IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let region = grant(&sdev, 4096);
+    let desc = RemoteBuf::new(region.addr(), region.len() as u64, region.rkey());
+    let spool = MrPool::new(sdev.pd());
+    let server = spawn(async move {
+        let req = listener.request().await.expect("request");
+        let recv = req.qp().recv(buf(&spool, 64));
+        let conn = req.accept(&encode(&desc)).await.expect("accept");
+        let (res, got) = recv.await;
+        res.expect("recv");
+        assert_eq!(&got[..], b"ping");
+        conn.disconnected().await;
+        region
+    });
+    let pool = MrPool::new(cdev.pd());
+    block(&rt, async {
+        let conn = cm::connect(&cdev, addr, &CmOptions::default(), b"")
+            .await
+            .expect("connect with engines on 0.0.0.0");
+        let remote = decode(conn.peer_private_data());
+        let (res, _) = conn.qp().send(buf_from(&pool, b"ping")).await;
+        res.expect("send");
+        let (res, _) = conn
+            .qp()
+            .write(buf_from(&pool, &pattern(4096, 3)), remote)
+            .await;
+        res.expect("write");
+        conn.disconnect().await.expect("disconnect");
+        let region = timeout(WAIT, server).await.expect("server done");
+        assert_eq!(region.to_vec(), pattern(4096, 3));
+    });
+}

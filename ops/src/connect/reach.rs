@@ -24,18 +24,7 @@ pub fn peer_is_local(peer: IpAddr, local: IpAddr) -> bool {
 /// so also the source of the engine's own connections to it) with the
 /// engine's port. Anything else is announced as it is.
 pub fn advertised(local: Endpoint, tcp: SocketAddr) -> Endpoint {
-    let Some(engine) = local.soft_addr.filter(|a| a.ip().is_unspecified()) else {
-        return local;
-    };
-    let ip = tcp.ip().to_canonical();
-    // An engine on 0.0.0.0 takes IPv4 only; one on `::` takes both.
-    if engine.is_ipv4() && !ip.is_ipv4() {
-        return local;
-    }
-    Endpoint {
-        soft_addr: Some(SocketAddr::new(ip, engine.port())),
-        ..local
-    }
+    local.announced_over(tcp)
 }
 
 /// Refuses `remote` (announced by the peer at `peer` over a TCP connection

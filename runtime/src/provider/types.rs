@@ -803,6 +803,29 @@ pub struct Endpoint {
     pub soft_addr: Option<SocketAddr>,
 }
 
+impl Endpoint {
+    /// This endpoint as it is announced to a peer over a TCP connection
+    /// whose local end is `tcp`: a soft-device engine bound to the
+    /// unspecified address is announced at `tcp`'s IP (the one this host
+    /// uses towards that peer, so also the source the engine dials it from
+    /// and the IP it claims there) with the engine's port. Anything else,
+    /// and an IPv4-only engine over IPv6, is announced as it is.
+    pub fn announced_over(self, tcp: SocketAddr) -> Endpoint {
+        let Some(engine) = self.soft_addr.filter(|a| a.ip().is_unspecified()) else {
+            return self;
+        };
+        let ip = tcp.ip().to_canonical();
+        // (An engine on 0.0.0.0 takes IPv4 only; one on `::` takes both.)
+        if engine.is_ipv4() && !ip.is_ipv4() {
+            return self;
+        }
+        Endpoint {
+            soft_addr: Some(SocketAddr::new(ip, engine.port())),
+            ..self
+        }
+    }
+}
+
 /// Attributes for RESET → INIT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InitAttr {

@@ -189,7 +189,15 @@ impl Listener {
                 tracing::debug!(error = %e, "TCP_NODELAY on the CM stream");
             }
             let (qp, pd, local) = match make_qp(device, opts) {
-                Ok(x) => x,
+                // (An engine on the unspecified address is announced at
+                // the IP the requester reached this host at.)
+                Ok((qp, pd, local)) => (
+                    qp,
+                    pd,
+                    stream
+                        .local_addr()
+                        .map_or(local, |l| local.announced_over(l)),
+                ),
                 Err(e) => {
                     tracing::warn!(%peer, error = %crate::report::ErrorChain(&e), "{WHAT}: no queue pair for a request; rejecting it (reason {REJECT_NO_RESOURCES})");
                     spawn_reject(stream, REJECT_NO_RESOURCES, Vec::new());

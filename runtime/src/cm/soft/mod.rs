@@ -248,18 +248,23 @@ impl Connector {
         if let Err(e) = s.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY on the CM stream");
         }
+        // (An engine on the unspecified address is announced at the IP
+        // this host reaches the peer from.)
+        let local = s
+            .local_addr()
+            .map_or(self.local, |l| self.local.announced_over(l));
         let req = Hello {
             responder_resources: self.opts.responder_resources,
             initiator_depth: self.opts.initiator_depth,
             private_data: private_data.to_vec(),
-            endpoint: self.local,
+            endpoint: local,
         };
         write_frame(&mut s, &Frame::Req(req)).await?;
         match read_frame(&mut s, peer).await? {
             Frame::Rep(rep) => {
                 connect_qp(
                     qp,
-                    &self.local,
+                    &local,
                     &rep.endpoint,
                     self.opts.responder_resources.min(rep.initiator_depth),
                     self.opts.initiator_depth.min(rep.responder_resources),
