@@ -782,13 +782,10 @@ fn fd_limit_child() {
     let server = pair.server.addr();
     // Sockets made before the limit falls, connected after it: they wait
     // in the server's backlog while its `accept` fails.
-    let socks: Vec<OwnedFd> = (0..4)
+    let socks: Vec<socket2::Socket> = (0..4)
         .map(|_| {
-            // SAFETY: plain socket creation, checked.
-            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
-            assert!(fd >= 0);
-            // SAFETY: a new fd nobody else owns.
-            unsafe { OwnedFd::from_raw_fd(fd) }
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .expect("socket")
         })
         .collect();
     let mut lim = libc::rlimit {
@@ -799,25 +796,15 @@ fn fd_limit_child() {
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
     let saved = lim.rlim_cur;
     set_fd_limit(open_fds());
-    let (sa, len) = super::engine::dial::sockaddr(server);
     for s in &socks {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a valid sockaddr of `len` bytes; the fd is open.
-        let rc = unsafe {
-            libc::connect(
-                s.as_raw_fd(),
-                (&sa as *const libc::sockaddr_storage).cast(),
-                len,
-            )
-        };
-        assert_eq!(rc, 0, "connect: {}", std::io::Error::last_os_error());
+        s.connect(&server.into()).expect("connect");
     }
     wait_until("accept to fail", || pair.server.stats().accept_errors > 0);
     // The engine serves what it has meanwhile.
     pair.round_trip();
     set_fd_limit(saved);
     for s in socks {
-        let mut s = TcpStream::from(s);
+        let mut s: TcpStream = s.into();
         s.set_read_timeout(Some(WAIT)).expect("timeout");
         expect_hello(&mut s, server);
     }

@@ -271,10 +271,11 @@ impl Wire {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
-    /// Poster: writes `pkt` if the engine has nothing pending (`None`
-    /// otherwise, or while the engine holds the lock: queue the WR then).
-    pub fn try_write(&self, pkt: &[u8]) -> Option<DirectWrite> {
-        let mut st = match self.st.try_lock() {
+    /// Poster: the connection's state if a poster may write now (the
+    /// engine has nothing pending and does not hold the lock); the write
+    /// that follows is a request (see [`Wire::take_request_sent`]).
+    fn poster_lock(&self) -> Option<MutexGuard<'_, WireState>> {
+        let st = match self.st.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return None,
@@ -282,8 +283,15 @@ impl Wire {
         if st.busy || st.closed {
             return None;
         }
-        let st = &mut *st;
         self.request_sent.store(true, Ordering::Relaxed);
+        Some(st)
+    }
+
+    /// Poster: writes `pkt` if the engine has nothing pending (`None`
+    /// otherwise, or while the engine holds the lock: queue the WR then).
+    pub fn try_write(&self, pkt: &[u8]) -> Option<DirectWrite> {
+        let mut st = self.poster_lock()?;
+        let st = &mut *st;
         // The held ACKs and the packet go out in one `send` from one buffer
         // (the held one, which keeps its allocation): cheaper for the
         // kernel than gathering two pieces.
@@ -350,16 +358,8 @@ impl Wire {
     /// lies in one `sendmsg` (the held ACKs first); only what the socket
     /// did not take is copied, into the spill.
     pub fn try_write_gather(&self, head: &[u8], body: &[Span<'_>]) -> Option<DirectWrite> {
-        let mut st = match self.st.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
-        };
-        if st.busy || st.closed {
-            return None;
-        }
+        let mut st = self.poster_lock()?;
         let st = &mut *st;
-        self.request_sent.store(true, Ordering::Relaxed);
         let mut out = std::mem::take(&mut st.held);
         if !out.is_empty() {
             self.held_hint.store(false, Ordering::Relaxed);

@@ -5,7 +5,9 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
+
+use socket2::{Domain, SockAddr, Socket, Type};
 
 /// A non-blocking TCP connect to `to`, from `local` (port 0) when `local`
 /// is a specific address of `to`'s family (else from what the kernel
@@ -20,55 +22,29 @@ pub(crate) fn dial(local: IpAddr, to: SocketAddr) -> io::Result<mio::net::TcpStr
     let Some(from) = bind_to else {
         return mio::net::TcpStream::connect(to);
     };
-    let family = match to {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
-    // SAFETY: plain socket creation; the result is checked.
-    let fd: RawFd = unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new socket nobody else owns; `owned` closes it on
-    // every error path below.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let socket = Socket::new(Domain::for_address(to), Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
     let one: libc::c_int = 1;
     // Best effort: the port is picked at connect time, together with the
     // destination (a bound port 0 would reserve a port for every
     // destination). Without it (old kernels) bind picks one.
-    // SAFETY: `one` is a live c_int of the size passed; `fd` is open.
+    // SAFETY: `one` is a live c_int of the size passed; the socket is open.
     unsafe {
         libc::setsockopt(
-            fd,
+            socket.as_raw_fd(),
             libc::IPPROTO_IP,
             libc::IP_BIND_ADDRESS_NO_PORT,
             (&one as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    let (storage, len) = sockaddr(from);
-    // SAFETY: `storage` holds a valid sockaddr of `len` bytes; `fd` is open.
-    if unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) } < 0 {
-        return Err(io::Error::last_os_error());
+    socket.bind(&SockAddr::from(from))?;
+    match socket.connect(&SockAddr::from(to)) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
     }
-    let (storage, len) = sockaddr(to);
-    // SAFETY: as above.
-    let rc = unsafe { libc::connect(fd, (&storage as *const libc::sockaddr_storage).cast(), len) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(e);
-        }
-    }
-    Ok(mio::net::TcpStream::from_std(std::net::TcpStream::from(
-        owned,
-    )))
+    Ok(mio::net::TcpStream::from_std(socket.into()))
 }
 
 /// This engine's address as the peer across `stream` knows it: the bound
@@ -106,54 +82,6 @@ pub(crate) fn reachable(addr: SocketAddr) -> SocketAddr {
 pub(crate) fn is_own(bound: SocketAddr, addr: SocketAddr) -> bool {
     let (b, a) = (bound.ip().to_canonical(), addr.ip().to_canonical());
     bound.port() == addr.port() && (a == b || (b.is_unspecified() && a.is_loopback()))
-}
-
-/// `addr` as a C socket address and its length.
-pub(crate) fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: an all-zero sockaddr_storage is valid (family AF_UNSPEC).
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for
-            // sockaddr_in.
-            unsafe {
-                std::ptr::write(
-                    (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>(),
-                    sin,
-                )
-            };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for
-            // sockaddr_in6.
-            unsafe {
-                std::ptr::write(
-                    (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>(),
-                    sin6,
-                )
-            };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (storage, len as libc::socklen_t)
 }
 
 #[cfg(test)]

@@ -14,6 +14,17 @@ use crate::provider::{AccessFlags, QpState, QpType};
 /// WRITE payloads at least this big are received straight into memory.
 const DIRECT_MIN: usize = 16 * 1024;
 
+/// Where a connection's next bytes go.
+#[derive(Clone, Copy)]
+enum ReadInto {
+    /// Nowhere: the rest of a dropped packet's payload.
+    Discard,
+    /// Straight into registered memory: a large WRITE's payload.
+    Memory,
+    /// The receive buffer, to be cut into packets.
+    Buffer,
+}
+
 impl Engine {
     /// Reads and handles what arrived. Edge-triggered: a short read means the
     /// socket is drained (new data raises a new event), except when the peer
@@ -27,69 +38,53 @@ impl Engine {
                 // Its input waits (in the socket) for the proof.
                 return;
             }
-            if conn.rx_skip > 0 {
-                match conn.skip_some() {
-                    Ok((0, _)) => {
-                        self.close(cid);
-                        return;
-                    }
-                    Ok((_, full)) => {
-                        conn.rx_seen = true;
-                        if conn.rx_skip > 0 && !full && !drain {
-                            return;
-                        }
-                        continue;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: read failed");
-                        self.close(cid);
-                        return;
-                    }
-                }
-            }
-            if conn.rx_direct.is_some() {
-                let res = {
+            let into = if conn.rx_skip > 0 {
+                ReadInto::Discard
+            } else if conn.rx_direct.is_some() {
+                ReadInto::Memory
+            } else {
+                ReadInto::Buffer
+            };
+            let res = match into {
+                ReadInto::Discard => conn.skip_some(),
+                ReadInto::Memory => {
                     let mrs = self.sh.mrs();
                     conn.read_direct(&mrs)
-                };
-                match res {
-                    Ok((0, _)) => {
-                        self.close(cid);
-                        return;
-                    }
-                    Ok((_, full)) => {
-                        conn.rx_seen = true;
-                        let done = conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0);
-                        if done {
-                            if let Some(d) = conn.rx_direct.take() {
-                                self.on_request(cid, &d.hdr, &[], Some(!d.broken));
-                            }
-                            self.activate(cid);
-                            continue;
-                        }
-                        if !full && !drain {
-                            return;
-                        }
-                        continue;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: read failed");
-                        self.close(cid);
-                        return;
-                    }
                 }
-            }
-            match conn.read_some() {
+                ReadInto::Buffer => conn.read_some(),
+            };
+            let full = match res {
                 Ok((0, _)) => {
                     self.close(cid);
                     return;
                 }
-                Ok((_, full)) => {
-                    conn.rx_seen = true;
+                Ok((_, full)) => full,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: read failed");
+                    self.close(cid);
+                    return;
+                }
+            };
+            conn.rx_seen = true;
+            match into {
+                ReadInto::Discard => {
+                    if conn.rx_skip > 0 && !full && !drain {
+                        return;
+                    }
+                }
+                ReadInto::Memory => {
+                    if conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0) {
+                        if let Some(d) = conn.rx_direct.take() {
+                            self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                        }
+                        self.activate(cid);
+                    } else if !full && !drain {
+                        return;
+                    }
+                }
+                ReadInto::Buffer => {
                     if !self.process_rx(cid) {
                         self.close(cid);
                         return;
@@ -100,13 +95,6 @@ impl Engine {
                     if !full && !drain {
                         return;
                     }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: read failed");
-                    self.close(cid);
-                    return;
                 }
             }
         }
