@@ -22,7 +22,7 @@
 mod cli;
 mod rpc_echo_common;
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -30,9 +30,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use futures::channel::oneshot;
 use verbio::rpc::mem::MemNetwork;
 use verbio::rpc::ud::{UdConfig, UdTransport};
-use verbio::rpc::{Request, Rpc, RpcConfig, Transport};
+use verbio::rpc::{Request, Rpc, RpcAddr, RpcConfig, RpcError, Transport};
 use verbio::runtime::{Device, Runtime};
 
 const ECHO: u8 = 1;
@@ -44,9 +45,6 @@ const HELLO: &[u8; 16] = b"verbio-rpc-echo\n";
 /// How long the client waits for the server's TCP port: the connect, the
 /// address, and then the RPC session.
 const ADDR_WAIT: Duration = Duration::from_secs(5);
-
-/// The longest RPC address the client accepts from the server.
-const MAX_ADDR_LEN: usize = 256;
 
 use cli::thread_cpu;
 use rpc_echo_common::{rc_loop, rdma_loop, tcp_loop, BoxError, Figures};
@@ -114,12 +112,12 @@ fn rpc_endpoint(
     Ok(Rpc::new(transport, config))
 }
 
-fn register_echo<T: Transport>(rpc: &Rpc<T>) {
+fn register_echo<T: Transport>(rpc: &Rpc<T>) -> Result<(), RpcError> {
     rpc.register(ECHO, |req: Request| async move {
         let mut resp = req.response();
         resp.extend_from_slice(req.data());
         resp
-    });
+    })
 }
 
 /// `concurrency` tasks calling until `calls` are done; the latency of each.
@@ -168,27 +166,28 @@ async fn call_loop<T: Transport>(
     Ok(Figures::new(lat, elapsed))
 }
 
-/// Serves RPC echo; hands the RPC address to whoever connects to `tcp`.
+/// Serves RPC echo; hands the RPC address (its text form, after
+/// [`HELLO`]) to whoever connects to `tcp`.
 fn serve(tcp: SocketAddr, device: Option<&str>, config: RpcConfig) -> Result<(), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let rpc = rpc_endpoint(device, tcp.ip(), config)?;
-        register_echo(&rpc);
+        register_echo(&rpc)?;
         let addr = rpc.local_addr();
-        let listener = TcpListener::bind(tcp)?;
+        let listener = TcpListener::bind(tcp)
+            .map_err(|e| format!("binding the address server to {tcp}: {e}"))?;
         println!(
-            "serving RPC echo; address over TCP at {}",
+            "serving RPC echo at {addr}; the address over TCP at {}",
             listener.local_addr()?
         );
         std::thread::spawn(move || {
             for mut conn in listener.incoming().flatten() {
                 let _ = conn
                     .write_all(HELLO)
-                    .and_then(|()| conn.write_all(&(addr.len() as u16).to_le_bytes()))
-                    .and_then(|()| conn.write_all(&addr));
+                    .and_then(|()| writeln!(conn, "{addr}"));
             }
         });
-        std::future::pending::<()>().await;
+        rpc.serve_until(std::future::pending::<()>()).await;
         Ok(())
     })
 }
@@ -196,47 +195,37 @@ fn serve(tcp: SocketAddr, device: Option<&str>, config: RpcConfig) -> Result<(),
 /// Fetches the server's RPC address from `tcp`, bounded by [`ADDR_WAIT`];
 /// fails, saying what was expected, if `tcp` is not an `rpc_echo --server`.
 /// Also returns this host's address towards the server.
-fn fetch_addr(tcp: SocketAddr) -> Result<(Vec<u8>, IpAddr), BoxError> {
+fn fetch_addr(tcp: SocketAddr) -> Result<(RpcAddr, IpAddr), BoxError> {
     let not_ours = |what: String| -> BoxError {
         format!(
             "{tcp}: {what}; expected an `rpc_echo --server` to send its RPC address \
-             (\"verbio-rpc-echo\" and the address) within {ADDR_WAIT:?}"
+             (\"verbio-rpc-echo\" and a line \"rpc:…\") within {ADDR_WAIT:?}"
         )
         .into()
     };
-    let mut conn = TcpStream::connect_timeout(&tcp, ADDR_WAIT)
+    let why = |e: std::io::Error, what: &str| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no {what} arrived")
+        }
+        std::io::ErrorKind::UnexpectedEof => format!("closed before the {what}"),
+        _ => format!("reading the {what}: {e}"),
+    };
+    let conn = TcpStream::connect_timeout(&tcp, ADDR_WAIT)
         .map_err(|e| format!("connecting to the server at {tcp}: {e}"))?;
     conn.set_read_timeout(Some(ADDR_WAIT))?;
-    let mut read = |buf: &mut [u8], what: &str| {
-        conn.read_exact(buf).map_err(|e| {
-            not_ours(match e.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                    format!("no {what} arrived")
-                }
-                std::io::ErrorKind::UnexpectedEof => format!("closed before the {what}"),
-                _ => format!("reading the {what}: {e}"),
-            })
-        })
-    };
+    let local_ip = conn.local_addr()?.ip();
+    let mut conn = BufReader::new(conn);
     let mut hello = [0u8; HELLO.len()];
-    read(&mut hello, "greeting")?;
+    conn.read_exact(&mut hello)
+        .map_err(|e| not_ours(why(e, "greeting")))?;
     if &hello != HELLO {
         return Err(not_ours(format!(
             "it greeted with {:?}",
             String::from_utf8_lossy(&hello)
         )));
     }
-    let mut len = [0u8; 2];
-    read(&mut len, "address length")?;
-    let len = usize::from(u16::from_le_bytes(len));
-    if len == 0 || len > MAX_ADDR_LEN {
-        return Err(not_ours(format!(
-            "an RPC address of {len} bytes (1..={MAX_ADDR_LEN})"
-        )));
-    }
-    let mut addr = vec![0u8; len];
-    read(&mut addr, "address")?;
-    Ok((addr, conn.local_addr()?.ip()))
+    let addr = RpcAddr::read_from(conn).map_err(|e| not_ours(why(e, "address")))?;
+    Ok((addr, local_ip))
 }
 
 fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
@@ -259,7 +248,7 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
         let net = MemNetwork::new(1, 4096);
         let config = rpc_config(args);
         let srv = Rpc::new(net.endpoint(), config.clone());
-        register_echo(&srv);
+        register_echo(&srv)?;
         let cli = Rc::new(Rpc::new(net.endpoint(), config));
         let calls = args.calls + (args.calls / 10).max(1);
         let cpu0 = thread_cpu();
@@ -287,17 +276,16 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let config = rpc_config(args);
     let server_config = config.clone();
     let (addr_tx, addr_rx) = mpsc::channel();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let server = std::thread::spawn(move || -> Result<(), String> {
         let rt = Runtime::new().map_err(|e| e.to_string())?;
         rt.block_on(async {
             let rpc = rpc_endpoint(device.as_deref(), Ipv4Addr::LOCALHOST.into(), server_config)
                 .map_err(|e| e.to_string())?;
-            register_echo(&rpc);
+            register_echo(&rpc).map_err(|e| e.to_string())?;
             addr_tx.send(rpc.local_addr()).map_err(|e| e.to_string())?;
-            while stop_rx.try_recv().is_err() {
-                verbio::runtime::sleep(Duration::from_millis(5)).await;
-            }
+            // Ends when the client side sends or drops its stop.
+            let _ = rpc.serve_until(stop_rx).await;
             tracing::debug!(
                 rpc = ?rpc.stats(),
                 ud = ?rpc.with_transport(|t| t.stats()),
@@ -320,7 +308,7 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
         Ok::<_, BoxError>((one, eight))
     })?;
     drop(rt);
-    stop_tx.send(())?;
+    let _ = stop_tx.send(()); // A server gone already: its join says why.
     server.join().map_err(|_| "RPC server panicked")??;
     let rc = rc_loop(args.device.as_deref(), args.calls, args.size)?;
     let rdma = if args.no_rdma {

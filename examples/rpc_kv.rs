@@ -108,7 +108,8 @@ fn worker(
                 }
             }
             async move { resp }
-        });
+        })
+        .map_err(|e| e.to_string())?;
         rpc.register(PUT, move |req: Request| {
             if let Some(k) = key_of(req.data()) {
                 let value = &req.data()[8..];
@@ -123,8 +124,9 @@ fn worker(
             }
             let resp = req.response();
             async move { resp }
-        });
-        addr_tx.send((index, rpc.local_addr()))?;
+        })
+        .map_err(|e| e.to_string())?;
+        addr_tx.send((index, rpc.local_addr().into_bytes()))?;
         while stop.try_recv().is_err() {
             sleep(Duration::from_millis(5)).await;
         }

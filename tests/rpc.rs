@@ -33,11 +33,13 @@ fn calls_of_one_and_many_packets_round_trip() {
     let (rt, dev) = common::runtime_and_device();
     common::block(&rt, async {
         let server = endpoint(&dev);
-        server.register(ECHO, |req: Request| {
-            let mut resp = req.response();
-            resp.extend_from_slice(&answer(req.data()));
-            async move { resp }
-        });
+        server
+            .register(ECHO, |req: Request| {
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                async move { resp }
+            })
+            .unwrap();
         let client = Rc::new(endpoint(&dev));
         let session = timeout(WAIT, client.connect(&server.local_addr()))
             .await
@@ -94,11 +96,13 @@ fn an_idle_session_is_closed_and_the_client_told() {
             ..RpcConfig::default()
         };
         let server = Rpc::new(transport, config);
-        server.register(ECHO, |req: Request| {
-            let mut resp = req.response();
-            resp.extend_from_slice(&answer(req.data()));
-            async move { resp }
-        });
+        server
+            .register(ECHO, |req: Request| {
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                async move { resp }
+            })
+            .unwrap();
         // A client that does not ping its sessions (with pings, the
         // default, its session would stay open: `tests.rs` in the engine).
         let transport = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
@@ -166,11 +170,13 @@ fn claimed_lengths_over_ud_cost_at_most_the_budget() {
         };
         let transport = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
         let server = Rpc::new(transport, config);
-        server.register(ECHO, |req: Request| {
-            let mut resp = req.response();
-            resp.extend_from_slice(&answer(req.data()));
-            async move { resp }
-        });
+        server
+            .register(ECHO, |req: Request| {
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                async move { resp }
+            })
+            .unwrap();
         let client = endpoint(&dev);
         let session = timeout(WAIT, client.connect(&server.local_addr()))
             .await

@@ -31,11 +31,13 @@ const MEASURED: usize = 20_000;
 /// Runs `tasks` tasks of sequential 32-byte calls from `client` to
 /// `server`; returns the allocations made during the measured calls.
 async fn allocations<T: Transport>(server: Rpc<T>, client: Rpc<T>, tasks: usize) -> u64 {
-    server.register(ECHO, |req: Request| async move {
-        let mut resp = req.response();
-        resp.extend_from_slice(req.data());
-        resp
-    });
+    server
+        .register(ECHO, |req: Request| async move {
+            let mut resp = req.response();
+            resp.extend_from_slice(req.data());
+            resp
+        })
+        .unwrap();
     let cli = Rc::new(client);
     let s = cli.connect(&server.local_addr()).await.unwrap();
     let run = |calls: usize| {

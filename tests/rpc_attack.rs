@@ -45,7 +45,8 @@ fn echo_server(net: &MemNetwork, config: RpcConfig) -> Rpc<MemTransport> {
         let mut resp = req.response();
         resp.extend_from_slice(req.data());
         async move { resp }
-    });
+    })
+    .unwrap();
     rpc
 }
 

@@ -15,9 +15,10 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use futures::channel::oneshot;
 use verbio::provider::soft::UdFaults;
 use verbio::rpc::ud::{UdConfig, UdTransport};
-use verbio::rpc::{Request, Rpc, RpcConfig, RpcError};
+use verbio::rpc::{Request, Rpc, RpcAddr, RpcConfig, RpcError};
 use verbio::runtime::{timeout, Device, Runtime};
 
 const ECHO: u8 = 7;
@@ -48,14 +49,15 @@ fn answer(req: &[u8]) -> Vec<u8> {
 fn serve(rpc: &Rpc<UdTransport>) -> Runs {
     let runs: Runs = Rc::default();
     let counted = runs.clone();
-    assert!(rpc.register(ECHO, move |req: Request| {
+    rpc.register(ECHO, move |req: Request| {
         *counted.borrow_mut().entry(req.data().to_vec()).or_insert(0) += 1;
         async move {
             let mut resp = req.response();
             resp.extend_from_slice(&answer(req.data()));
             resp
         }
-    }));
+    })
+    .unwrap();
     runs
 }
 
@@ -183,8 +185,9 @@ fn every_call_completes_once_when_the_device_drops_and_duplicates() {
 type ServerReport = std::thread::JoinHandle<(usize, bool)>;
 
 /// A server thread with its own runtime and soft device: sends its
-/// address, serves until `stop` says so, returns its handler runs.
-fn server_thread(stop: mpsc::Receiver<()>) -> (Vec<u8>, ServerReport) {
+/// address in text form (as to another process), serves until `stop`
+/// fires, returns its handler runs.
+fn server_thread(stop: oneshot::Receiver<()>) -> (RpcAddr, ServerReport) {
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let rt = Runtime::new().unwrap();
@@ -193,20 +196,20 @@ fn server_thread(stop: mpsc::Receiver<()>) -> (Vec<u8>, ServerReport) {
         rt.block_on(async {
             let srv = Rpc::new(t, RpcConfig::default());
             let runs = serve(&srv);
-            tx.send(srv.local_addr()).unwrap();
-            while stop.try_recv().is_err() {
-                verbio::runtime::sleep(Duration::from_millis(2)).await;
-            }
+            tx.send(srv.local_addr().to_string()).unwrap();
+            srv.serve_until(stop).await.expect("stop sent");
             let runs = runs.borrow();
             (runs.len(), runs.values().all(|&n| n == 1))
         })
     });
-    (rx.recv().unwrap(), th)
+    let text = rx.recv().unwrap();
+    assert!(text.starts_with("rpc:"), "{text}");
+    (text.parse().expect("the server's address"), th)
 }
 
 #[test]
 fn calls_between_two_threads_and_devices() {
-    let (stop_tx, stop_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = oneshot::channel();
     let (addr, th) = server_thread(stop_rx);
     let rt = Runtime::new().unwrap();
     let dev = device();
@@ -234,7 +237,7 @@ fn calls_between_two_threads_and_devices() {
 
 #[test]
 fn a_server_that_goes_away_fails_calls_in_bounded_time() {
-    let (stop_tx, stop_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = oneshot::channel();
     let (addr, th) = server_thread(stop_rx);
     let rt = Runtime::new().unwrap();
     let dev = device();

@@ -232,8 +232,10 @@ pub fn server(cfg: &Config) -> Result<()> {
             )));
         }
         let rpc = endpoint(cfg, &dev, max_size)?;
-        rpc.register(ECHO, serve_echo);
-        rpc.register(SINK, serve_sink);
+        rpc.register(ECHO, serve_echo)
+            .ctx("registering the echo handler")?;
+        rpc.register(SINK, serve_sink)
+            .ctx("registering the sink handler")?;
         let me = rpc.with_transport(|t| *t.endpoint());
         ud::send_endpoint(&mut ctl, &me).await?;
         loop {

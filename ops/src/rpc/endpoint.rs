@@ -10,9 +10,10 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tracing::warn;
+use tracing::{info, warn};
 use verbio_runtime::Sleep;
 
+use super::addr::RpcAddr;
 use super::budget::Charge;
 use super::buf::{BufPool, MsgBuf};
 use super::config::RpcConfig;
@@ -262,9 +263,14 @@ impl<T: Transport> Rpc<T> {
         Rpc { engine }
     }
 
-    /// This endpoint's transport address, for the peers' [`connect`](Rpc::connect).
-    pub fn local_addr(&self) -> Vec<u8> {
-        self.engine.borrow().core.local_addr.clone()
+    /// This endpoint's address, for the peers' [`connect`](Rpc::connect).
+    ///
+    /// To give it to another process, hand over its text form
+    /// (`addr.to_string()`, `rpc:` + hex: on a command line, in a file, on
+    /// a line of a TCP stream) and parse it there
+    /// (`text.parse::<RpcAddr>()`, or [`RpcAddr::read_from`] a stream).
+    pub fn local_addr(&self) -> RpcAddr {
+        RpcAddr::from(self.engine.borrow().core.local_addr.clone())
     }
 
     /// Largest payload per packet: messages up to it travel in one packet.
@@ -291,8 +297,10 @@ impl<T: Transport> Rpc<T> {
     /// Serves requests of `req_type` with `handler`, run in
     /// [`handler_tasks`](RpcConfig::handler_tasks) tasks on the runtime;
     /// each request's response is sent when its handler's future completes.
-    /// Returns false (and changes nothing) if `req_type` has a handler.
-    pub fn register<H, F>(&self, req_type: u8, handler: H) -> bool
+    ///
+    /// Fails with [`RpcError::HandlerExists`] (and changes nothing) if
+    /// `req_type` has a handler already.
+    pub fn register<H, F>(&self, req_type: u8, handler: H) -> Result<(), RpcError>
     where
         H: Fn(Request) -> F + 'static,
         F: Future<Output = MsgBuf> + 'static,
@@ -301,7 +309,7 @@ impl<T: Transport> Rpc<T> {
             let mut e = self.engine.borrow_mut();
             let entry = &mut e.core.handlers[usize::from(req_type)];
             if entry.is_some() {
-                return false;
+                return Err(RpcError::HandlerExists { req_type });
             }
             *entry = Some(HandlerQueue::default());
             e.core.config.handler_tasks.max(1)
@@ -340,7 +348,30 @@ impl<T: Transport> Rpc<T> {
                 }
             });
         }
-        true
+        Ok(())
+    }
+
+    /// Serves the [`register`](Rpc::register)ed handlers until `stop`
+    /// completes, and returns its output.
+    ///
+    /// The endpoint serves from its creation for as long as it lives and
+    /// its runtime runs; this is the call a server's `block_on` ends with:
+    /// `stop` is what ends the serving, e.g. the receiving end of a
+    /// `futures::channel::oneshot` whose sender another thread (a signal
+    /// handler, say) fires, or [`std::future::pending`] to serve for
+    /// ever. It logs the address served and, at the end, the counters.
+    /// Dropping the endpoint afterwards closes its sessions.
+    pub async fn serve_until<F: Future>(&self, stop: F) -> F::Output {
+        info!(addr = %self.local_addr(), "rpc: serving");
+        let out = stop.await;
+        let stats = self.stats();
+        info!(
+            handler_runs = stats.handler_runs,
+            handler_panics = stats.handler_panics,
+            sessions_expired = stats.sessions_expired,
+            "rpc: stopped serving"
+        );
+        out
     }
 
     /// Slots of the session table, open or free (tests).

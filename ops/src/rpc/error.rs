@@ -24,7 +24,7 @@ impl fmt::Display for SessionId {
     }
 }
 
-/// Why a call, a connect or a session failed.
+/// Why a call, a connect, a session or a registration failed.
 #[derive(Debug, Error)]
 pub enum RpcError {
     /// The peer stopped answering: the request was sent `retries + 1` times
@@ -97,6 +97,13 @@ pub enum RpcError {
         req_type: u8,
         /// What went wrong there.
         status: Status,
+    },
+    /// [`Rpc::register`](super::Rpc::register) for a request type that has
+    /// a handler already.
+    #[error("request type {req_type} has a handler already")]
+    HandlerExists {
+        /// The request type.
+        req_type: u8,
     },
     /// The transport refused the peer's address.
     #[error("connect failed")]

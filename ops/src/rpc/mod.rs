@@ -7,7 +7,9 @@
 //!   in-memory, lossy [`mem::MemTransport`] implements it for tests.
 //! * [`ud::UdTransport`]: the transport on a UD queue pair of the runtime.
 //! * [`Rpc`]: the endpoint: [`connect`](Rpc::connect), [`call`](Rpc::call),
-//!   [`register`](Rpc::register).
+//!   [`register`](Rpc::register), [`serve_until`](Rpc::serve_until).
+//! * [`RpcAddr`]: an endpoint's address and its text form (`rpc:` + hex),
+//!   to hand it to another process.
 //!
 //! # Protocol
 //!
@@ -62,6 +64,7 @@
 //! [`RpcConfig::session_idle_timeout`]; pooled buffers by
 //! [`POOL_MAX_BYTES`]. [`Rpc::memory`] reports the gauges. A bad packet is
 //! dropped and counted, never failing the session or the endpoint.
+mod addr;
 mod admission;
 mod budget;
 mod buf;
@@ -80,6 +83,7 @@ mod timer;
 mod transport;
 pub mod ud;
 
+pub use addr::{ParseRpcAddrError, RpcAddr, MAX_RPC_ADDR_LEN};
 pub use buf::{MsgBuf, POOL_MAX_BYTES};
 pub use config::{
     RpcConfig, DEFAULT_REQUEST_MEMORY, DEFAULT_RESPONSE_WINDOW, DEFAULT_SESSION_CREDITS,
@@ -91,6 +95,8 @@ pub use error::{RpcError, SessionId};
 pub use session::SESSION_SLOTS;
 pub use transport::{Transport, TransportError, TxBatch};
 
+#[cfg(test)]
+mod addr_tests;
 #[cfg(test)]
 mod header_tests;
 #[cfg(test)]

@@ -36,14 +36,15 @@ fn server(net: &MemNetwork, config: RpcConfig) -> (Rpc<MemTransport>, Runs) {
     let rpc = Rpc::new(net.endpoint(), config);
     let runs = Rc::new(RefCell::new(HashMap::new()));
     let counted = runs.clone();
-    assert!(rpc.register(ECHO, move |req: Request| {
+    rpc.register(ECHO, move |req: Request| {
         *counted.borrow_mut().entry(req.data().to_vec()).or_insert(0) += 1;
         async move {
             let mut resp = req.response();
             resp.extend_from_slice(&answer(req.data()));
             resp
         }
-    }));
+    })
+    .unwrap();
     (rpc, runs)
 }
 
@@ -96,7 +97,8 @@ fn a_ninth_call_waits_for_a_slot() {
                 }
                 MsgBuf::from(req.data().to_vec())
             }
-        });
+        })
+        .unwrap();
         let cli = Rc::new(Rpc::new(net.endpoint(), config()));
         let s = cli.connect(&srv.local_addr()).await.unwrap();
         let done = Rc::new(Cell::new(0));
@@ -333,7 +335,8 @@ fn a_panicking_handler_fails_its_call_only() {
                 panic!("handler test panic");
             }
             req.response()
-        });
+        })
+        .unwrap();
         let cli = Rpc::new(net.endpoint(), config());
         let s = cli.connect(&srv.local_addr()).await.unwrap();
         for _ in 0..3 {
@@ -395,7 +398,11 @@ fn unknown_request_types_and_closed_sessions_fail_clearly() {
         };
         let cli = Rpc::new(net.endpoint(), cfg);
         let s = cli.connect(&srv.local_addr()).await.unwrap();
-        assert!(!srv.register(ECHO, |req: Request| async move { req.response() }));
+        let twice = srv.register(ECHO, |req: Request| async move { req.response() });
+        assert!(
+            matches!(twice, Err(RpcError::HandlerExists { req_type: ECHO })),
+            "{twice:?}"
+        );
         let e = cli.call(s, 99, b"x").await.unwrap_err();
         assert!(
             matches!(
@@ -531,10 +538,11 @@ fn sessions_in_use_do_not_expire() {
         let srv = expiring_server(&net, idle);
         // A handler that outlasts the idle timeout, with a client that does
         // not retransmit meanwhile: the session is busy, not idle.
-        assert!(srv.register(2, |req: Request| async move {
+        srv.register(2, |req: Request| async move {
             verbio_runtime::sleep(Duration::from_millis(300)).await;
             req.response()
-        }));
+        })
+        .unwrap();
         let patient = RpcConfig {
             rto: Duration::from_secs(5),
             ..config()
