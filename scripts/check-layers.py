@@ -12,7 +12,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "runtime" / "src"
 # Lowest first. A module may only use modules listed before it (or itself).
-LAYERS = ["report", "accept_error", "provider", "buf", "wake", "op", "reactor", "compat", "qp", "device", "cm", "testing"]
+LAYERS = ["report", "accept_error", "provider", "buf", "wake", "op", "reactor", "compat", "qp", "device", "cm", "pool", "testing"]
 CRATE_PATH = re.compile(r"\bcrate::([A-Za-z_]+)")
 
 

@@ -15,6 +15,7 @@ pub mod provider;
 
 pub mod device;
 pub mod op;
+pub mod pool;
 pub mod qp;
 pub mod reactor;
 mod report;

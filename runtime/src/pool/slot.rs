@@ -1,0 +1,215 @@
+//! The completion slot: how an answer made on a runtime thread reaches the
+//! future that asked for it on another thread, with no lock and, when
+//! slots are recycled ([`SlotCache`]), no allocation per request.
+//!
+//! A [`Completer`] (the runtime thread's end) either
+//! [completes](Completer::complete) the slot or, dropped unanswered (its
+//! task panicked, its runtime shut down, the message carrying it was
+//! dropped), marks it lost: the [`Answer`] (the asking future's end) never
+//! waits for an answer that cannot come.
+
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures::task::AtomicWaker;
+
+const EMPTY: u8 = 0;
+const FULL: u8 = 1;
+const LOST: u8 = 2;
+const TAKEN: u8 = 3;
+
+/// One answer's cell, shared by a [`Completer`] and an [`Answer`].
+pub struct Slot<T> {
+    state: AtomicU8,
+    /// # Invariant
+    /// Initialized exactly while `state` is `FULL`.
+    value: UnsafeCell<MaybeUninit<T>>,
+    waker: AtomicWaker,
+}
+
+// SAFETY: `value` is written by the one `Completer` before it publishes
+// `FULL` (release) and read by the one `Answer` after it sees `FULL`
+// (acquire), which then moves it out and marks it `TAKEN`: never accessed
+// by two threads at once. Moving a `T` between threads needs `T: Send`.
+unsafe impl<T: Send> Sync for Slot<T> {}
+// SAFETY: as above; the slot owns at most one `T`.
+unsafe impl<T: Send> Send for Slot<T> {}
+
+impl<T> Slot<T> {
+    fn new() -> Slot<T> {
+        Slot {
+            state: AtomicU8::new(EMPTY),
+            value: UnsafeCell::new(MaybeUninit::uninit()),
+            waker: AtomicWaker::new(),
+        }
+    }
+}
+
+impl<T> Drop for Slot<T> {
+    fn drop(&mut self) {
+        if *self.state.get_mut() == FULL {
+            // SAFETY: `FULL` means initialized (the invariant), and nobody
+            // else can reach the slot any more (`&mut self`).
+            unsafe { self.value.get_mut().assume_init_drop() };
+        }
+    }
+}
+
+/// A new slot's two ends.
+pub fn slot<T: Send>() -> (Completer<T>, Answer<T>) {
+    let s = Arc::new(Slot::new());
+    (
+        Completer {
+            slot: Some(s.clone()),
+        },
+        Answer { slot: Some(s) },
+    )
+}
+
+/// The answering end: completes the slot once, or marks it lost when
+/// dropped unanswered. `Send`.
+pub struct Completer<T: Send> {
+    slot: Option<Arc<Slot<T>>>,
+}
+
+impl<T: Send> std::fmt::Debug for Completer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completer").finish_non_exhaustive()
+    }
+}
+
+impl<T: Send> Completer<T> {
+    /// Hands `value` to the asking future and wakes it.
+    pub fn complete(mut self, value: T) {
+        let Some(s) = self.slot.take() else { return };
+        // SAFETY: the state is `EMPTY` (a completer completes once; an
+        // `Answer` never writes the value), so nobody reads `value` until
+        // the `FULL` store below publishes it.
+        unsafe { (*s.value.get()).write(value) };
+        s.state.store(FULL, Ordering::Release);
+        s.waker.wake();
+    }
+
+    /// True if the asking future is gone (nobody will read the answer).
+    pub fn is_abandoned(&self) -> bool {
+        self.slot.as_ref().is_none_or(|s| Arc::strong_count(s) == 1)
+    }
+}
+
+impl<T: Send> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot.take() {
+            s.state.store(LOST, Ordering::Release);
+            s.waker.wake();
+        }
+    }
+}
+
+/// Why an [`Answer`] has no value: its completer was dropped unanswered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the runtime thread dropped the request unanswered (its task panicked or its runtime shut down)")]
+pub struct Lost;
+
+/// The asking end: a `Send` future of the answer.
+pub struct Answer<T: Send> {
+    slot: Option<Arc<Slot<T>>>,
+}
+
+impl<T: Send> std::fmt::Debug for Answer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answer").finish_non_exhaustive()
+    }
+}
+
+impl<T: Send> std::future::Future for Answer<T> {
+    type Output = Result<T, Lost>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(s) = self.slot.as_ref() else {
+            return Poll::Ready(Err(Lost));
+        };
+        // Registered before the state is read: a completion after the read
+        // wakes this registration.
+        s.waker.register(cx.waker());
+        match s.state.load(Ordering::Acquire) {
+            FULL => {
+                // SAFETY: `FULL` (acquire) means the completer wrote the
+                // value and will not touch it again; we move it out once
+                // and mark it `TAKEN` so that nothing reads or drops it
+                // again.
+                let v = unsafe { (*s.value.get()).assume_init_read() };
+                s.state.store(TAKEN, Ordering::Relaxed);
+                Poll::Ready(Ok(v))
+            }
+            LOST | TAKEN => Poll::Ready(Err(Lost)),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// Slots kept for reuse: a request takes one ([`pair`](Self::pair)) and its
+/// future gives it back once answered ([`give_back`](Self::give_back)), so
+/// that a steady flow of requests allocates no slot. Touched only by the
+/// asking side (with `try_lock`: under contention it allocates instead of
+/// waiting); the runtime thread never takes its lock.
+pub struct SlotCache<T> {
+    free: Mutex<Vec<Arc<Slot<T>>>>,
+    max: usize,
+}
+
+impl<T> std::fmt::Debug for SlotCache<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotCache").field("max", &self.max).finish()
+    }
+}
+
+impl<T: Send> SlotCache<T> {
+    /// A cache keeping up to `max` idle slots.
+    pub fn new(max: usize) -> SlotCache<T> {
+        SlotCache {
+            free: Mutex::new(Vec::with_capacity(max)),
+            max,
+        }
+    }
+
+    /// A completer and its answer, on a recycled slot if one is idle.
+    pub fn pair(&self) -> (Completer<T>, Answer<T>) {
+        let reused = self.free.try_lock().ok().and_then(|mut f| f.pop());
+        match reused {
+            Some(s) => (
+                Completer {
+                    slot: Some(s.clone()),
+                },
+                Answer { slot: Some(s) },
+            ),
+            None => slot(),
+        }
+    }
+
+    /// Keeps `answer`'s slot for reuse if it is done with: its completer
+    /// gone and its value taken (or lost). Otherwise just drops it.
+    pub fn give_back(&self, mut answer: Answer<T>) {
+        let Some(mut s) = answer.slot.take() else {
+            return;
+        };
+        let Some(inner) = Arc::get_mut(&mut s) else {
+            return;
+        };
+        if !matches!(*inner.state.get_mut(), TAKEN | LOST) {
+            return;
+        }
+        *inner.state.get_mut() = EMPTY;
+        if let Ok(mut f) = self.free.try_lock() {
+            if f.len() < self.max {
+                f.push(s);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
