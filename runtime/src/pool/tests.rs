@@ -135,8 +135,10 @@ fn a_thread_that_dies_fails_its_handles_fast() {
             })
         )
     };
-    assert!(gone(block_on(boom)));
-    assert!(gone(block_on(stuck)));
+    let r = block_on(boom);
+    assert!(gone(r), "the panicking job's handle fails with ThreadGone");
+    let r = block_on(stuck);
+    assert!(gone(r), "the waiting task's handle fails with ThreadGone");
     assert_eq!(p.threads()[0].end(), Some(ThreadEnd::Panicked));
     assert!(gone(block_on(p.spawn(Placement::Thread(0), |_| async {}))));
     // The other thread goes on.

@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -105,7 +106,17 @@ impl ThreadRef {
     {
         let (done, answer) = slot();
         let job: Job = Box::new(move |cx: &ThreadContext| {
-            let fut = make(cx);
+            // `make` runs in the loop's frame: its panic ends the thread.
+            // The thread is marked ended before `done` drops, so that the
+            // asker sees `ThreadGone`, not a failed task.
+            let fut = match catch_unwind(AssertUnwindSafe(|| make(cx))) {
+                Ok(fut) => fut,
+                Err(panic) => {
+                    cx.thread().mark_end(PANICKED);
+                    drop(done);
+                    resume_unwind(panic)
+                }
+            };
             // Detached: the answer goes through the slot (a panic drops
             // `done` unanswered, which the handle reports).
             drop(cx.handle().spawn(async move { done.complete(fut.await) }));
@@ -126,6 +137,12 @@ impl ThreadRef {
             index: self.index(),
             end: self.end().unwrap_or(ThreadEnd::ShutDown),
         }
+    }
+
+    /// Publishes the thread's end and closes its job mailbox.
+    fn mark_end(&self, state: u8) {
+        self.shared.state.store(state, Ordering::Release);
+        self.shared.jobs.close();
     }
 
     pub(super) fn close(&self) {
@@ -243,7 +260,10 @@ impl Drop for EndMark {
         } else {
             SHUT_DOWN
         };
-        self.0.state.store(state, Ordering::Release);
+        // A panic of a job marked it already.
+        if self.0.state.load(Ordering::Acquire) == RUNNING {
+            self.0.state.store(state, Ordering::Release);
+        }
         // No new work: senders fail at once instead of queueing.
         self.0.jobs.close();
     }
