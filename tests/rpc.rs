@@ -82,6 +82,70 @@ fn calls_of_one_and_many_packets_round_trip() {
     });
 }
 
+/// Large messages by RDMA READ over the session's RC link on the device:
+/// the first large call opens the link (and streams), the later ones go
+/// by READ both ways, every byte checked, at sizes around the threshold
+/// and up to the 16 MiB limit; eight at once.
+#[test]
+fn large_messages_go_by_read_over_an_rc_link() {
+    let (rt, dev) = common::runtime_and_device();
+    common::block(&rt, async {
+        let config = RpcConfig {
+            max_msg_len: 16 << 20,
+            ..RpcConfig::default()
+        };
+        let t = |dev| UdTransport::new(dev, &UdConfig::default()).expect("UD transport");
+        let server = Rpc::new(t(&dev), config.clone());
+        server.register(ECHO, |req: Request| {
+            let mut resp = req.response();
+            resp.extend_from_slice(&answer(req.data()));
+            async move { resp }
+        });
+        let client = Rc::new(Rpc::new(t(&dev), config.clone()));
+        let session = timeout(WAIT, client.connect(&server.local_addr()))
+            .await
+            .expect("connect in time")
+            .expect("session");
+        let th = config.read_threshold;
+        for len in [th, th - 1, th, th + 1, 100_000, 1 << 20, (16 << 20) - 1, 32] {
+            let req = common::pattern(len, len as u8);
+            let resp = timeout(WAIT, client.call(session, ECHO, &req))
+                .await
+                .expect("call in time")
+                .unwrap_or_else(|e| panic!("call of {len} bytes: {e}"));
+            assert!(resp[..] == answer(&req)[..], "{len} bytes");
+        }
+        let calls: Vec<_> = (0..SESSION_SLOTS)
+            .map(|i| {
+                let client = client.clone();
+                spawn(async move {
+                    let req = common::pattern(200_000 + i, i as u8);
+                    let resp = client
+                        .call(session, ECHO, &req)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if resp[..] != answer(&req)[..] {
+                        return Err(format!("call {i}: a wrong answer"));
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for c in calls {
+            timeout(WAIT, c)
+                .await
+                .expect("concurrent calls in time")
+                .expect("right answers");
+        }
+        let (c, s) = (client.stats(), server.stats());
+        println!("client counters: {c:?}\nserver counters: {s:?}");
+        assert!(s.bulk_reads >= 12, "requests read: {s:?}");
+        assert!(c.bulk_reads >= 12, "responses read: {c:?}");
+        assert_eq!(c.bulk_read_failures + s.bulk_read_failures, 0);
+        assert_eq!(server.memory().request_bytes, 0);
+    });
+}
+
 /// Idle server sessions over UD: the server closes a session its client
 /// left idle without pinging it (dropping its address handle), and the client, told by the
 /// server's disconnect datagram, fails its next call clearly and reconnects.

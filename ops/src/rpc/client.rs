@@ -25,7 +25,19 @@ pub(crate) fn send_client_packet<P: Clone>(
     k: usize,
     more: usize,
 ) {
-    if k < slot.n_req {
+    if let (true, Some((desc, len))) = (k < slot.n_req, &slot.req_desc) {
+        let h = Header {
+            req_type: slot.req_type,
+            payload_len: super::header::BULK_DESC_LEN as u16,
+            dest_session: remote,
+            src_session: local,
+            req_num: slot.req_num,
+            msg_len: *len as u32,
+            pkt_count: 1,
+            ..Header::new(PacketKind::ReadRequest)
+        };
+        tx.push(s_peer, &h, &desc.encode());
+    } else if k < slot.n_req {
         let start = k * max_payload;
         let end = (start + max_payload).min(slot.req.len());
         let h = Header {
@@ -118,6 +130,11 @@ impl<P: Clone> Core<P> {
         };
         let now = self.now;
         s.active |= 1 << i;
+        let max_payload = s.max_payload;
+        self.take_back_request(sid, i);
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return Poll::Ready(Err(RpcError::SessionClosed { session }));
+        };
         let slot = &mut s.client[i];
         slot.state = CallState::Active;
         slot.abandoned = false;
@@ -125,7 +142,20 @@ impl<P: Clone> Core<P> {
         slot.req.clear();
         slot.req.extend_from_slice(data);
         slot.resp.clear();
-        slot.n_req = packets_for(data.len(), s.max_payload);
+        slot.n_req = packets_for(data.len(), max_payload);
+        if self.is_bulk(data.len()) {
+            if self.expose_request(sid, i) {
+                if let Some(s) = self.sessions.get_mut(sid) {
+                    s.client[i].n_req = 1;
+                }
+            } else {
+                self.want_link(sid);
+            }
+        }
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return Poll::Ready(Err(RpcError::SessionClosed { session }));
+        };
+        let slot = &mut s.client[i];
         slot.n_resp = 0;
         slot.unasked = 0;
         slot.paused = false;
@@ -276,7 +306,7 @@ impl<P: Clone> Core<P> {
                 slot.progress = now;
                 s.credits -= n;
             }
-            if slot.n_resp > 0 && slot.num_rx == slot.total_tx() {
+            if slot.n_resp > 0 && slot.num_rx == slot.total_tx() && slot.reading.is_none() {
                 // Every packet of the response is in.
                 complete(s, i, Ok(()));
             }
@@ -285,7 +315,7 @@ impl<P: Clone> Core<P> {
 
     /// The active slot of a client session `h` answers, if `h`'s request
     /// number is its current one.
-    fn answered_slot(&mut self, h: &Header) -> Option<usize> {
+    pub(crate) fn answered_slot(&mut self, h: &Header) -> Option<usize> {
         let s = self.session_for(h, Role::Client)?;
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
         let slot = &s.client[i];
@@ -378,6 +408,11 @@ impl<P: Clone> Core<P> {
                 req_type: slot.req_type,
                 status: h.status,
             };
+            if h.status == Status::ReadFailed {
+                // The server's end of the link is closed: a new one for
+                // the next large message.
+                super::bulk::close_link(&mut self.bulk, s);
+            }
             complete(s, i, Err(e));
             return;
         }
@@ -400,6 +435,13 @@ impl<P: Clone> Core<P> {
             if n_resp != packets_for(msg_len, max_payload) || j >= n_resp {
                 self.stats.malformed_packets += 1;
                 return;
+            }
+            if msg_len >= self.config.read_threshold
+                && self.bulk.is_some()
+                && !self.links_wanted.contains(&sid)
+            {
+                // Large responses come: the session asks for its link.
+                self.links_wanted.push(sid);
             }
             slot.resp.clear();
             slot.resp_len = msg_len;
@@ -470,6 +512,9 @@ impl<P: Clone> Core<P> {
     pub(crate) fn run_pumps(&mut self) {
         while let Some(sid) = self.pumps.pop() {
             self.pump(sid);
+        }
+        while let Some(sid) = self.links_wanted.pop() {
+            self.want_link(sid);
         }
     }
 }

@@ -97,6 +97,17 @@ pub struct RpcConfig {
     ///
     /// Default: 32.
     pub max_sessions_per_peer: usize,
+    /// Messages of at least this many bytes go by RDMA READ over an RC
+    /// link of the session, when the transport has one
+    /// ([`Transport::bulk`](super::Transport::bulk)): the client sends a
+    /// read request carrying its buffer's address and key, the server
+    /// READs it (and a large response the other way). A session opens its
+    /// link on its first message this large (which still streams in
+    /// packets); a server whose peer never answers, or that sets this to
+    /// `usize::MAX`, keeps every message in packets.
+    ///
+    /// Default: [`DEFAULT_READ_THRESHOLD`] (docs/rpc.md says why).
+    pub read_threshold: usize,
 }
 
 impl RpcConfig {
@@ -110,9 +121,13 @@ impl RpcConfig {
         self.recv_batch = self.recv_batch.max(1);
         self.session_credits = self.session_credits.clamp(1, WINDOW);
         self.response_window = self.response_window.clamp(1, WINDOW);
+        // An empty message has nothing to read.
+        self.read_threshold = self.read_threshold.max(1);
     }
 }
 
+/// Default of [`RpcConfig::read_threshold`]: 16 KiB.
+pub const DEFAULT_READ_THRESHOLD: usize = 16 << 10;
 /// Default of [`RpcConfig::session_idle_timeout`].
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default of [`RpcConfig::session_credits`].
@@ -137,6 +152,7 @@ impl Default for RpcConfig {
             request_memory: DEFAULT_REQUEST_MEMORY,
             max_server_sessions: 1024,
             max_sessions_per_peer: 32,
+            read_threshold: DEFAULT_READ_THRESHOLD,
         }
     }
 }

@@ -59,6 +59,12 @@ pub struct RpcStats {
     /// Client: keepalive pings sent (see
     /// [`RpcConfig::session_keepalive`](super::RpcConfig::session_keepalive)).
     pub pings_sent: u64,
+    /// Messages received by RDMA READ (requests at a server, responses at
+    /// a client; see [`RpcConfig::read_threshold`](super::RpcConfig::read_threshold)).
+    pub bulk_reads: u64,
+    /// READs that failed (a bad descriptor, or a link that broke): the
+    /// request or call failed and the session's link was closed.
+    pub bulk_read_failures: u64,
 }
 
 /// What an endpoint holds now: the memory peers can make it hold, against
@@ -80,6 +86,14 @@ pub struct RpcMemory {
     pub server_sessions: usize,
     /// Sessions open, client and server.
     pub sessions: usize,
+}
+
+/// Whose READ a token is (`bulk.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadTarget {
+    pub(crate) sid: u32,
+    pub(crate) slot: usize,
+    pub(crate) req_num: u64,
 }
 
 /// A request waiting for a handler task.
@@ -159,6 +173,18 @@ pub(crate) struct Core<P> {
     /// The timer task (`endpoint.rs`): the retransmission timer, the idle
     /// sweep and the keepalive run there, off the dispatcher's path.
     pub(crate) ticker: Option<Waker>,
+    /// The transport's large-message path (`bulk.rs`), if it has one.
+    pub(crate) bulk: Option<Box<dyn super::transport::Bulk>>,
+    /// READs under way, by token.
+    pub(crate) reads: HashMap<u64, ReadTarget>,
+    /// The next READ's token.
+    pub(crate) next_token: u64,
+    /// The next link number.
+    pub(crate) next_link: u64,
+    /// Client sessions to ask for a link at the end of this receive batch.
+    pub(crate) links_wanted: Vec<u32>,
+    /// READs finished, taken from the transport (reused).
+    pub(crate) bulk_done: Vec<super::transport::BulkDone>,
 }
 
 impl<P: Clone> Core<P> {
@@ -196,6 +222,12 @@ impl<P: Clone> Core<P> {
             server_sessions: 0,
             dispatcher: None,
             ticker: None,
+            bulk: None,
+            reads: HashMap::new(),
+            next_token: 1,
+            next_link: 1,
+            bulk_done: Vec::new(),
+            links_wanted: Vec::new(),
         }
     }
 
@@ -259,6 +291,10 @@ impl<P: Clone> Core<P> {
                 addr: payload.to_vec(),
             }),
             PacketKind::ConnectAck => self.on_connect_ack(&h),
+            PacketKind::BulkConnect => self.on_bulk_connect(&h, payload),
+            PacketKind::BulkConnectAck => self.on_bulk_connect_ack(&h, payload),
+            PacketKind::ReadRequest => self.on_read_request(&h, payload),
+            PacketKind::ReadResponse => self.on_read_response(&h, payload),
             PacketKind::Ping => {
                 // Seen: the session's idle count starts again (`idle.rs`).
                 let _ = self.session_for(&h, Role::Server);
@@ -336,6 +372,7 @@ impl<P: Clone> Core<P> {
         if s.role == Role::Server {
             self.server_sessions -= 1;
         }
+        self.release_session(&mut s);
         s.wake_all();
     }
 

@@ -110,6 +110,7 @@ impl<T: Transport> Engine<T> {
             let Engine { transport, core } = self;
             let batch = core.config.recv_batch;
             let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
+            core.poll_bulk(cx);
             let drained = transport.short_batch_registers();
             self.accept_connects();
             self.flush();
@@ -246,10 +247,10 @@ impl<T: Transport> Rpc<T> {
         );
         config.normalize();
         let local_addr = transport.local_addr();
-        let engine = Rc::new(RefCell::new(Engine {
-            transport,
-            core: Core::new(config, max_packet, local_addr),
-        }));
+        let mut transport = transport;
+        let mut core = Core::new(config, max_packet, local_addr);
+        core.bulk = transport.bulk();
+        let engine = Rc::new(RefCell::new(Engine { transport, core }));
         let weak = Rc::downgrade(&engine);
         verbio_runtime::spawn(poll_fn(move |cx| match weak.upgrade() {
             Some(e) => e.borrow_mut().poll_dispatch(cx),
@@ -378,6 +379,16 @@ impl<T: Transport> Rpc<T> {
     #[cfg(test)]
     pub(crate) fn session_slots(&self) -> usize {
         self.engine.borrow().core.sessions.capacity()
+    }
+
+    /// Whether `session`'s RC link is ready (tests).
+    #[cfg(test)]
+    pub(crate) fn link_ready(&self, session: SessionId) -> bool {
+        let e = self.engine.borrow();
+        e.core
+            .sessions
+            .get(session.0)
+            .is_some_and(|s| s.link_ready().is_some())
     }
 
     /// Server sessions open (tests).

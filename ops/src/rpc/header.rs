@@ -19,6 +19,15 @@
 //!         window (connect-ack)
 //! ```
 //!
+//! A read request or read response (the large-message path, `bulk.rs`)
+//! is one packet whose payload is a [`BulkDesc`] of [`BULK_DESC_LEN`]
+//! bytes: where the sender's registered copy of the message is
+//! (`addr` `u64`, `rkey` `u32`, then 4 zero bytes); `msg_len` is the
+//! message's length, `pkt_idx` 0 and `pkt_count` 1. A bulk connect and
+//! its ack carry the sender's RC endpoint as their payload, `req_num` the
+//! client's link number and `pkt_idx` the handshake's step (0: open, 1:
+//! connected).
+//!
 //! [`Header::decode`] checks every field it can check without session state
 //! and never panics; fields a kind does not use must be zero, so every
 //! decoded header re-encodes to the very same bytes.
@@ -65,6 +74,10 @@ pub enum Status {
     /// for this request now; the client takes its credits back and sends
     /// it again after its timeout.
     Busy = 5,
+    /// A read request the server could not read: no RC link on the
+    /// session, or the READ of the client's buffer failed (bad address,
+    /// key or length, or the link broke). Empty response; no handler ran.
+    ReadFailed = 6,
 }
 
 impl std::fmt::Display for Status {
@@ -76,6 +89,7 @@ impl std::fmt::Display for Status {
             Status::ResponseTooLarge => "the handler's response exceeds the message limit",
             Status::RequestTooLarge => "the request exceeds the server's message limit",
             Status::Busy => "the server's request memory is full",
+            Status::ReadFailed => "the server could not read the request by RDMA READ",
         })
     }
 }
@@ -89,6 +103,7 @@ impl Status {
             3 => Status::ResponseTooLarge,
             4 => Status::RequestTooLarge,
             5 => Status::Busy,
+            6 => Status::ReadFailed,
             _ => return None,
         })
     }
@@ -126,6 +141,20 @@ pub enum PacketKind {
     /// Client to server: the client still holds the session (a keepalive:
     /// it keeps the server from closing it as idle); no answer.
     Ping = 8,
+    /// Client to server: open (`pkt_idx` 0) or confirm (`pkt_idx` 1, the
+    /// client's end is connected) the session's RC link for large
+    /// messages; the payload is the client's RC endpoint, `req_num` the
+    /// client's link number.
+    BulkConnect = 9,
+    /// Server to client: the answer to a bulk connect (same `pkt_idx` and
+    /// `req_num`); the payload is the server's RC endpoint.
+    BulkConnectAck = 10,
+    /// Client to server: a whole request the server reads by RDMA READ
+    /// from the client's buffer; the payload is its [`BulkDesc`].
+    ReadRequest = 11,
+    /// Server to client: a whole response the client reads by RDMA READ
+    /// from the server's buffer; the payload is its [`BulkDesc`].
+    ReadResponse = 12,
 }
 
 impl PacketKind {
@@ -139,6 +168,10 @@ impl PacketKind {
             6 => PacketKind::ConnectAck,
             7 => PacketKind::Disconnect,
             8 => PacketKind::Ping,
+            9 => PacketKind::BulkConnect,
+            10 => PacketKind::BulkConnectAck,
+            11 => PacketKind::ReadRequest,
+            12 => PacketKind::ReadResponse,
             _ => return None,
         })
     }
@@ -309,7 +342,7 @@ impl Header {
                 kind,
                 field: "status",
                 value: b[5].into(),
-                expected: "0 to 5",
+                expected: "0 to 6",
             });
         };
         let h = Header {
@@ -330,7 +363,7 @@ impl Header {
                     kind,
                     field: "status",
                     value: b[5].into(),
-                    expected: "0 to 4 (busy is for credit returns)",
+                    expected: "0 to 4 or 6 (busy is for credit returns)",
                 })
             }
             PacketKind::Response => {}
@@ -472,6 +505,42 @@ impl Header {
                     self.zero("payload_len", self.payload_len.into())
                 }
             }
+            PacketKind::ReadRequest | PacketKind::ReadResponse => {
+                if self.kind == PacketKind::ReadResponse {
+                    self.zero("req_type", self.req_type.into())?;
+                }
+                self.range(
+                    (1..=MAX_MSG_LEN).contains(&self.msg_len),
+                    "msg_len",
+                    self.msg_len.into(),
+                    "from 1 to 16 MiB",
+                )?;
+                self.zero("pkt_idx", self.pkt_idx.into())?;
+                self.range(
+                    self.pkt_count == 1,
+                    "pkt_count",
+                    self.pkt_count.into(),
+                    "1 (one descriptor)",
+                )?;
+                self.range(
+                    usize::from(self.payload_len) == BULK_DESC_LEN,
+                    "payload_len",
+                    self.payload_len.into(),
+                    "16 (a descriptor)",
+                )
+            }
+            PacketKind::BulkConnect | PacketKind::BulkConnectAck => {
+                self.zero("req_type", self.req_type.into())?;
+                self.zero("msg_len", self.msg_len.into())?;
+                self.zero("pkt_count", self.pkt_count.into())?;
+                self.range(self.pkt_idx <= 1, "pkt_idx", self.pkt_idx.into(), "0 or 1")?;
+                self.range(
+                    self.payload_len >= 1,
+                    "payload_len",
+                    self.payload_len.into(),
+                    "at least 1 (the RC endpoint)",
+                )
+            }
             PacketKind::Disconnect | PacketKind::Ping => {
                 self.zero("req_type", self.req_type.into())?;
                 self.zero("payload_len", self.payload_len.into())?;
@@ -481,6 +550,44 @@ impl Header {
                 self.zero("pkt_count", self.pkt_count.into())
             }
         }
+    }
+}
+
+/// Bytes of a [`BulkDesc`] on the wire.
+pub const BULK_DESC_LEN: usize = 16;
+
+/// Where a message waits to be read by RDMA READ: the payload of a read
+/// request or read response. The length is the header's `msg_len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BulkDesc {
+    /// The address of the message in the sender's memory.
+    pub addr: u64,
+    /// The remote key of its registration.
+    pub rkey: u32,
+}
+
+impl BulkDesc {
+    /// The descriptor's bytes.
+    pub fn encode(&self) -> [u8; BULK_DESC_LEN] {
+        let mut out = [0u8; BULK_DESC_LEN];
+        out[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        out[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        out
+    }
+
+    /// Decodes a descriptor: `None` unless `b` is [`BULK_DESC_LEN`] bytes
+    /// with its last 4 zero.
+    pub fn decode(b: &[u8]) -> Option<BulkDesc> {
+        let b: &[u8; BULK_DESC_LEN] = b.try_into().ok()?;
+        if b[12..16] != [0; 4] {
+            return None;
+        }
+        let mut addr = [0u8; 8];
+        addr.copy_from_slice(&b[0..8]);
+        Some(BulkDesc {
+            addr: u64::from_le_bytes(addr),
+            rkey: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+        })
     }
 }
 

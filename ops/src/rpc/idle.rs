@@ -65,7 +65,8 @@ impl<P: Clone> Core<P> {
             // A request whose packets stopped coming: its memory is given
             // back (a client still there sends it again).
             for slot in &mut s.server {
-                if slot.state == ServeState::Receiving {
+                // (A request being read is bounded by its link's READ.)
+                if slot.state == ServeState::Receiving && slot.reading.is_none() {
                     slot.stalled_sweeps += 1;
                     if slot.stalled_sweeps > SWEEPS_PER_TIMEOUT {
                         debug!(

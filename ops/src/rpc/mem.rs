@@ -37,20 +37,24 @@ pub struct MemStats {
 }
 
 #[derive(Default)]
-struct Inbox {
+pub(crate) struct Inbox {
     queue: VecDeque<Vec<u8>>,
     waker: Option<Waker>,
     open: bool,
     reachable: bool,
 }
 
-struct Net {
-    inboxes: Vec<Inbox>,
+pub(crate) struct Net {
+    pub(crate) inboxes: Vec<Inbox>,
     faults: Faults,
     rng: u64,
     free: Vec<Vec<u8>>,
     max_packet: usize,
     stats: MemStats,
+    /// Links, exposed buffers and READs (`mem_bulk.rs`).
+    pub(crate) bulk: super::mem_bulk::BulkNet,
+    /// Endpoints made from now on have a large-message path.
+    with_bulk: bool,
 }
 
 impl Net {
@@ -95,7 +99,7 @@ impl Net {
 
 /// The network: create endpoints with [`endpoint`](MemNetwork::endpoint).
 #[derive(Clone)]
-pub struct MemNetwork(Rc<RefCell<Net>>);
+pub struct MemNetwork(pub(crate) Rc<RefCell<Net>>);
 
 impl MemNetwork {
     /// A network of packets up to `max_packet` bytes, its faults drawn from
@@ -108,7 +112,40 @@ impl MemNetwork {
             free: Vec::new(),
             max_packet,
             stats: MemStats::default(),
+            bulk: Default::default(),
+            with_bulk: true,
         })))
+    }
+
+    /// Whether endpoints made from now on move large messages by READ
+    /// ([`Transport::bulk`]; true by default).
+    pub fn set_bulk(&self, on: bool) {
+        self.0.borrow_mut().with_bulk = on;
+    }
+
+    /// Holds READs from now on (they wait, under way, until this is
+    /// called with false, which carries them out).
+    pub fn hold_reads(&self, hold: bool) {
+        let mut net = self.0.borrow_mut();
+        net.bulk.hold = hold;
+        if !hold {
+            net.bulk.release();
+        }
+    }
+
+    /// READs held (see [`hold_reads`](MemNetwork::hold_reads)).
+    pub fn held_reads(&self) -> usize {
+        self.0.borrow().bulk.held()
+    }
+
+    /// READs carried out so far.
+    pub fn reads(&self) -> u64 {
+        self.0.borrow().bulk.reads
+    }
+
+    /// Buffers endpoint `id` exposes to READ now.
+    pub fn exposed_by(&self, id: u32) -> usize {
+        self.0.borrow().bulk.exposed_by(id)
     }
 
     /// Sets what happens to packets from now on.
@@ -129,6 +166,7 @@ impl MemNetwork {
             net: self.clone(),
             id,
             max_packet: net.max_packet,
+            bulk: net.with_bulk,
         }
     }
 
@@ -150,6 +188,7 @@ pub struct MemTransport {
     net: MemNetwork,
     id: u32,
     max_packet: usize,
+    bulk: bool,
 }
 
 impl MemTransport {
@@ -258,5 +297,15 @@ impl Transport for MemTransport {
 
     fn short_batch_registers(&self) -> bool {
         true
+    }
+
+    fn bulk(&mut self) -> Option<Box<dyn super::Bulk>> {
+        if !std::mem::take(&mut self.bulk) {
+            return None;
+        }
+        Some(Box::new(super::mem_bulk::MemBulk {
+            net: self.net.clone(),
+            id: self.id,
+        }))
     }
 }

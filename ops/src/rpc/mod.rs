@@ -33,12 +33,20 @@
 //! whose response fits the window takes one round trip, and a larger one
 //! a round trip per window of credits, not per packet. Packets and
 //! answers are taken in any order (the transport may reorder), so
-//! reordering costs no retransmission. Everything stays on the datagram
-//! transport (rrppcc moves large messages by RDMA READ over RC instead):
-//! one UD queue pair serves every peer with no RC connection or memory
-//! registration exchange per peer, and the same retransmission covers
-//! every packet. The price is a copy per packet and per-packet work in
-//! the device: `docs/benchmarks.md` has the rates by size.
+//! reordering costs no retransmission.
+//!
+//! A message of at least [`RpcConfig::read_threshold`] bytes (16 KiB by
+//! default) goes the rrppcc way instead, when the transport has a
+//! large-message path ([`Transport::bulk`]; the UD transport's is RC
+//! queue pairs of the same device): one packet carries the address,
+//! remote key and length of the sender's registered copy, and the
+//! receiver copies it with one RDMA READ over an RC link of the session,
+//! opened on the session's first large message (`bulk.rs` has the
+//! protocol, the ownership of the buffers and what a failed READ does).
+//! Smaller messages stay on the datagram transport: one UD queue pair
+//! serves every peer, and the same retransmission covers every packet.
+//! `docs/benchmarks.md` has the rates by size, `docs/rpc.md` why the
+//! threshold is where it is.
 //!
 //! A slot that has had no answer for [`RpcConfig::rto`] sends its
 //! unanswered packets again; after [`RpcConfig::max_retries`] in a row its
@@ -58,7 +66,8 @@
 //! anything (`docs/rpc.md` has the table and the attacks tested):
 //! requests by [`RpcConfig::max_msg_len`] each and by
 //! [`RpcConfig::request_memory`] together, charged as their packets
-//! arrive (`budget.rs`), never from the length a packet claims; sessions
+//! arrive (`budget.rs`), never from the length a packet claims (a read request's
+//! whole length is charged before the server READs anything); sessions
 //! by [`RpcConfig::max_server_sessions`] and
 //! [`RpcConfig::max_sessions_per_peer`] (`admission.rs`), and in time by
 //! [`RpcConfig::session_idle_timeout`]; pooled buffers by
@@ -68,6 +77,7 @@ mod addr;
 mod admission;
 mod budget;
 mod buf;
+mod bulk;
 mod client;
 mod config;
 pub(crate) mod core;
@@ -76,27 +86,31 @@ mod error;
 pub mod header;
 mod idle;
 pub mod mem;
+mod mem_bulk;
 mod server;
 pub(crate) mod session;
 mod table;
 mod timer;
 mod transport;
 pub mod ud;
+mod ud_bulk;
 
 pub use addr::{ParseRpcAddrError, RpcAddr, MAX_RPC_ADDR_LEN};
 pub use buf::{MsgBuf, POOL_MAX_BYTES};
 pub use config::{
-    RpcConfig, DEFAULT_REQUEST_MEMORY, DEFAULT_RESPONSE_WINDOW, DEFAULT_SESSION_CREDITS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
+    RpcConfig, DEFAULT_READ_THRESHOLD, DEFAULT_REQUEST_MEMORY, DEFAULT_RESPONSE_WINDOW,
+    DEFAULT_SESSION_CREDITS, DEFAULT_SESSION_IDLE_TIMEOUT,
 };
 pub use core::{RpcMemory, RpcStats};
 pub use endpoint::{Request, Rpc};
 pub use error::{RpcError, SessionId};
 pub use session::SESSION_SLOTS;
-pub use transport::{Transport, TransportError, TxBatch};
+pub use transport::{Bulk, BulkDone, Transport, TransportError, TxBatch};
 
 #[cfg(test)]
 mod addr_tests;
+#[cfg(test)]
+mod bulk_tests;
 #[cfg(test)]
 mod header_tests;
 #[cfg(test)]

@@ -33,8 +33,9 @@ fn send_credit_return<P: Clone>(
     tx.push(peer, &h, &[]);
 }
 
-/// Sends response packet `j` of `slot` (which holds its response).
-fn send_response<P: Clone>(
+/// Sends response packet `j` of `slot` (which holds its response), or
+/// its read response if the response is exposed.
+pub(crate) fn send_response<P: Clone>(
     tx: &mut TxBatch<P>,
     peer: &P,
     remote: u32,
@@ -43,6 +44,19 @@ fn send_response<P: Clone>(
     slot: &ServerSlot,
     j: usize,
 ) {
+    if let Some((_, desc, len)) = &slot.resp_exposed {
+        let h = Header {
+            payload_len: super::header::BULK_DESC_LEN as u16,
+            dest_session: remote,
+            src_session: local,
+            req_num: slot.req_num,
+            msg_len: *len as u32,
+            pkt_count: 1,
+            ..Header::new(PacketKind::ReadResponse)
+        };
+        tx.push(peer, &h, &desc.encode());
+        return;
+    }
     let Some(resp) = &slot.resp else {
         return;
     };
@@ -106,7 +120,7 @@ const KEEP_BITMAP_WORDS: usize = 16;
 /// A request's first packet dropped because the request memory budget
 /// has no room for the request:
 /// counted, and logged at the 1st, 2nd, 4th, 8th... time.
-fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &Header) {
+pub(crate) fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &Header) {
     stats.budget_drops += 1;
     if stats.budget_drops.is_power_of_two() {
         warn!(
@@ -197,6 +211,12 @@ impl<P: Clone> Core<P> {
                 slot.req = self.pool.take();
             }
             slot.resp = None;
+            slot.reading = None;
+            if let (Some((token, _, _)), Some(bulk)) = (slot.resp_exposed.take(), &mut self.bulk) {
+                if let Some(buf) = bulk.unexpose(token) {
+                    self.pool.put(buf);
+                }
+            }
             slot.status = Status::Ok;
             slot.req_num = h.req_num;
             slot.state = ServeState::Receiving;
@@ -277,7 +297,7 @@ impl<P: Clone> Core<P> {
     }
 
     /// Hands the whole request in slot `i` of session `sid` to a handler task.
-    fn dispatch(&mut self, sid: u32, i: usize) {
+    pub(crate) fn dispatch(&mut self, sid: u32, i: usize) {
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -342,11 +362,32 @@ impl<P: Clone> Core<P> {
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
-        let max_payload = s.max_payload;
-        let slot = &mut s.server[i];
+        let slot = &s.server[i];
         if slot.req_num != req_num || slot.state != ServeState::Handling {
             return;
         }
+        let resp = if self.is_bulk(resp.len()) && resp.len() <= MAX_MSG_LEN as usize {
+            match self.expose_response(sid, i, resp.into_vec()) {
+                // Exposed: the client READs it.
+                None => {
+                    if let Some(s) = self.sessions.get_mut(sid) {
+                        let slot = &mut s.server[i];
+                        slot.n_resp = 1;
+                        slot.state = ServeState::Responded;
+                        send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, 0);
+                    }
+                    return;
+                }
+                Some(buf) => self.pool.msg(buf),
+            }
+        } else {
+            resp
+        };
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let max_payload = s.max_payload;
+        let slot = &mut s.server[i];
         let n_resp = packets_for(resp.len(), max_payload);
         if resp.len() > MAX_MSG_LEN as usize || n_resp > usize::from(u16::MAX) {
             error!(
@@ -381,12 +422,17 @@ impl<P: Clone> Core<P> {
 
     /// Answers the request in slot `i` with the error `status` (an empty
     /// response, cached like any other).
-    fn refuse(&mut self, sid: u32, i: usize, status: Status) {
+    pub(crate) fn refuse(&mut self, sid: u32, i: usize, status: Status) {
         let empty = self.pool.msg(self.pool.take());
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let slot = &mut s.server[i];
+        if let (Some((token, _, _)), Some(bulk)) = (slot.resp_exposed.take(), &mut self.bulk) {
+            if let Some(buf) = bulk.unexpose(token) {
+                self.pool.put(buf);
+            }
+        }
         slot.status = status;
         slot.resp = Some(empty);
         slot.n_resp = 1;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::budget::Charge;
 use super::buf::MsgBuf;
 use super::error::RpcError;
-use super::header::Status;
+use super::header::{BulkDesc, Status};
 
 /// Request slots per session; also its credits (packets in flight).
 pub const SESSION_SLOTS: usize = 8;
@@ -78,6 +78,16 @@ pub(crate) struct ClientSlot {
     /// Retransmissions since the last progress.
     pub(crate) retries: u32,
     pub(crate) waker: Option<Waker>,
+    /// The request's buffer while exposed to the server's READ (its
+    /// [`Bulk`](super::Bulk) token): `req` is empty meanwhile. Kept until
+    /// the slot's next call or the session's end, so never unexposed
+    /// while the server may read it.
+    pub(crate) req_exposed: Option<u64>,
+    /// This call sends its request as a read request of this descriptor
+    /// and length.
+    pub(crate) req_desc: Option<(BulkDesc, usize)>,
+    /// The READ of the response under way (its token).
+    pub(crate) reading: Option<u64>,
 }
 
 /// Where a client slot's call is.
@@ -109,6 +119,9 @@ impl ClientSlot {
             progress: 0,
             retries: 0,
             waker: None,
+            req_exposed: None,
+            req_desc: None,
+            reading: None,
         }
     }
 
@@ -191,6 +204,13 @@ pub(crate) struct ServerSlot {
     pub(crate) n_resp: usize,
     /// How the request was answered.
     pub(crate) status: Status,
+    /// The READ of a read request under way (its token).
+    pub(crate) reading: Option<u64>,
+    /// The response, exposed to the client's READ: its
+    /// [`Bulk`](super::Bulk) token, descriptor and length (`resp` is
+    /// `None` meanwhile). Kept like `resp`: until the slot's next request
+    /// or the session's end.
+    pub(crate) resp_exposed: Option<(u64, BulkDesc, usize)>,
 }
 
 impl ServerSlot {
@@ -218,8 +238,38 @@ impl ServerSlot {
             resp: None,
             n_resp: 0,
             status: Status::Ok,
+            reading: None,
+            resp_exposed: None,
         }
     }
+}
+
+/// Where a session's RC link for large messages is (`bulk.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LinkStep {
+    /// Client: bulk connect sent, no answer yet.
+    Opening,
+    /// Client: connected to the server's end; the confirmation sent.
+    Confirming,
+    /// Server: connected to the client's end; not confirmed yet.
+    Offered,
+    /// Both ends connected: large messages go by READ.
+    Ready,
+}
+
+/// A session's RC link for large messages.
+pub(crate) struct Link {
+    /// This side's link number at its transport.
+    pub(crate) local: u64,
+    /// The client's link number (what the bulk packets carry).
+    pub(crate) id: u64,
+    /// This side's end's address (sent again with each retransmission).
+    pub(crate) addr: Vec<u8>,
+    pub(crate) step: LinkStep,
+    /// Client: retransmissions of the current step, and the tick of the
+    /// last.
+    pub(crate) retries: u32,
+    pub(crate) last: u64,
 }
 
 /// One session: a peer, its session number there, and the slots.
@@ -260,6 +310,11 @@ pub(crate) struct Session<P> {
     /// pings), and when the next ping is due (`idle.rs`).
     pub(crate) ping_every: Duration,
     pub(crate) next_ping: Option<Instant>,
+    /// The RC link for large messages, once asked for.
+    pub(crate) link: Option<Link>,
+    /// Client: the server did not answer a bulk connect (or a READ
+    /// failed): no link is asked for again on this session.
+    pub(crate) link_refused: bool,
 }
 
 impl<P> Session<P> {
@@ -283,6 +338,16 @@ impl<P> Session<P> {
             idle_sweeps: 0,
             ping_every: Duration::ZERO,
             next_ping: None,
+            link: None,
+            link_refused: false,
+        }
+    }
+
+    /// Whether large messages go by READ on this session now.
+    pub(crate) fn link_ready(&self) -> Option<u64> {
+        match &self.link {
+            Some(l) if l.step == LinkStep::Ready => Some(l.local),
+            _ => None,
         }
     }
 

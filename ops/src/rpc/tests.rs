@@ -11,9 +11,9 @@ use super::header::Status;
 use super::mem::{Faults, MemNetwork, MemTransport};
 use super::{MsgBuf, Request, Rpc, RpcConfig, RpcError, SESSION_SLOTS};
 
-const ECHO: u8 = 1;
+pub(super) const ECHO: u8 = 1;
 
-fn config() -> RpcConfig {
+pub(super) fn config() -> RpcConfig {
     RpcConfig {
         rto: Duration::from_millis(5),
         max_retries: 40,
@@ -22,7 +22,7 @@ fn config() -> RpcConfig {
 }
 
 /// The response to `req`: its bytes reversed, then its length.
-fn answer(req: &[u8]) -> Vec<u8> {
+pub(super) fn answer(req: &[u8]) -> Vec<u8> {
     let mut v: Vec<u8> = req.iter().rev().copied().collect();
     v.extend_from_slice(&(req.len() as u32).to_le_bytes());
     v
@@ -32,7 +32,7 @@ fn answer(req: &[u8]) -> Vec<u8> {
 type Runs = Rc<RefCell<HashMap<Vec<u8>, u32>>>;
 
 /// A server answering ECHO with [`answer`], counting runs per request.
-fn server(net: &MemNetwork, config: RpcConfig) -> (Rpc<MemTransport>, Runs) {
+pub(super) fn server(net: &MemNetwork, config: RpcConfig) -> (Rpc<MemTransport>, Runs) {
     let rpc = Rpc::new(net.endpoint(), config);
     let runs = Rc::new(RefCell::new(HashMap::new()));
     let counted = runs.clone();
@@ -49,7 +49,7 @@ fn server(net: &MemNetwork, config: RpcConfig) -> (Rpc<MemTransport>, Runs) {
 }
 
 /// A request unique to `(task, i)`, `len` bytes long.
-fn request(task: usize, i: usize, len: usize) -> Vec<u8> {
+pub(super) fn request(task: usize, i: usize, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len.max(8)];
     v[..4].copy_from_slice(&(task as u32).to_le_bytes());
     v[4..8].copy_from_slice(&(i as u32).to_le_bytes());
@@ -209,8 +209,13 @@ fn large_messages_stream_with_few_control_packets() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
         let net = MemNetwork::new(12, 1056);
-        let (srv, _) = server(&net, config());
-        let cli = Rpc::new(net.endpoint(), config());
+        // Packets only (no READ path): this is about streaming.
+        let streaming = RpcConfig {
+            read_threshold: usize::MAX,
+            ..config()
+        };
+        let (srv, _) = server(&net, streaming.clone());
+        let cli = Rpc::new(net.endpoint(), streaming);
         let s = cli.connect(&srv.local_addr()).await.unwrap();
         let calls = 20;
         let len = 100 * 1024;
@@ -470,7 +475,7 @@ fn connect_and_disconnect_churn_reuses_session_numbers() {
 }
 
 /// Waits (up to 5 s: loaded CI machines) until `done`.
-async fn wait_for(done: impl Fn() -> bool) {
+pub(super) async fn wait_for(done: impl Fn() -> bool) {
     let t = Instant::now();
     while !done() {
         assert!(t.elapsed() < Duration::from_secs(5), "timed out waiting");

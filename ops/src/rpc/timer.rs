@@ -3,6 +3,7 @@
 
 use tracing::debug;
 
+use super::bulk::link_tick;
 use super::client::{complete, send_client_packet};
 use super::core::Core;
 use super::error::{RpcError, SessionId};
@@ -45,6 +46,9 @@ impl<P: Clone> Core<P> {
                     self.send_connect(sid);
                 }
                 SessionState::Connected => {
+                    if link_tick(&mut self.bulk, &mut self.tx, s, sid, now, rto, max_retries) {
+                        busy = true;
+                    }
                     for i in 0..SESSION_SLOTS {
                         let slot = &mut s.client[i];
                         if !matches!(slot.state, CallState::Active) {
@@ -60,7 +64,10 @@ impl<P: Clone> Core<P> {
                             }
                             continue;
                         }
-                        if slot.in_flight() == 0 || now - slot.progress < rto {
+                        // While a response is read, the last request packet
+                        // is sent again: the server answers it while alive.
+                        let reading = slot.reading.is_some();
+                        if (slot.in_flight() == 0 && !reading) || now - slot.progress < rto {
                             continue;
                         }
                         if slot.retries >= max_retries {
@@ -72,6 +79,20 @@ impl<P: Clone> Core<P> {
                         }
                         slot.retries += 1;
                         slot.progress = now;
+                        if reading {
+                            send_client_packet(
+                                &mut self.tx,
+                                &s.peer,
+                                s.remote,
+                                sid,
+                                s.max_payload,
+                                slot,
+                                slot.n_req - 1,
+                                0,
+                            );
+                            self.stats.retransmissions += 1;
+                            continue;
+                        }
                         for k in slot.num_rx..slot.num_tx {
                             if slot.is_answered(k) {
                                 continue;

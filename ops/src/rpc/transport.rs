@@ -53,6 +53,63 @@ pub trait Transport: 'static {
     fn short_batch_registers(&self) -> bool {
         false
     }
+
+    /// The transport's large-message path, if it has one: taken once by
+    /// [`Rpc::new`](super::Rpc::new). `None` (the default): every
+    /// message travels in packets.
+    fn bulk(&mut self) -> Option<Box<dyn Bulk>> {
+        None
+    }
+}
+
+/// One finished READ: its token, the buffer it read into (the message's
+/// bytes on success), and how it ended.
+pub type BulkDone = (u64, Vec<u8>, Result<(), TransportError>);
+
+/// A large-message path next to a datagram transport, the rrppcc way:
+/// RC links between two endpoints (one per session, opened on demand
+/// through the session's packets), buffers exposed for the peer to READ,
+/// and READs of the peer's exposed buffers. Implemented on the runtime's
+/// RC queue pairs ([`UdTransport`](super::ud::UdTransport)) and in memory
+/// ([`MemTransport`](super::mem::MemTransport)).
+pub trait Bulk {
+    /// Makes this side's end of link `link` (a number the engine never
+    /// reuses) and returns its address for the peer.
+    fn open(&mut self, link: u64) -> Result<Vec<u8>, TransportError>;
+
+    /// Connects this side's end of `link` to the peer's end at `remote`.
+    fn connect(&mut self, link: u64, remote: &[u8]) -> Result<(), TransportError>;
+
+    /// Closes `link`: its READs under way end (in error, reported by
+    /// [`poll_done`](Bulk::poll_done)).
+    fn close(&mut self, link: u64);
+
+    /// Lets peers READ `buf[..buf.len()]` until [`unexpose`](Bulk::unexpose):
+    /// returns a token and the buffer's address and remote key. On
+    /// failure the buffer comes back.
+    fn expose(&mut self, buf: Vec<u8>) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)>;
+
+    /// Stops peers reading the buffer of `token` (no READ touches it
+    /// afterwards) and gives it back.
+    fn unexpose(&mut self, token: u64) -> Option<Vec<u8>>;
+
+    /// Starts a READ over `link` of `len` bytes at `addr` under `rkey`
+    /// into `into` (capacity at least `len`), reported with `token` by
+    /// [`poll_done`](Bulk::poll_done). On failure to start, the buffer
+    /// comes back.
+    fn read(
+        &mut self,
+        link: u64,
+        addr: u64,
+        rkey: u32,
+        len: usize,
+        into: Vec<u8>,
+        token: u64,
+    ) -> Result<(), (Vec<u8>, TransportError)>;
+
+    /// The READs that finished since the last call; registers `cx` for the
+    /// next one if there are none.
+    fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>);
 }
 
 /// A transport failure.

@@ -106,6 +106,7 @@ pub struct UdStats {
 
 /// An RPC [`Transport`] on a UD queue pair.
 pub struct UdTransport {
+    device: Device,
     qp: QueuePair,
     ring: RecvRing,
     pool: MrPool,
@@ -170,6 +171,7 @@ impl UdTransport {
         let local_addr = encode_ud_addr(&local)?;
         let max_inline = qp.caps().max_inline_data as usize;
         Ok(UdTransport {
+            device: device.clone(),
             pool: MrPool::new(device.pd()),
             qp,
             ring,
@@ -327,6 +329,10 @@ impl Transport for UdTransport {
 
     fn short_batch_registers(&self) -> bool {
         true
+    }
+
+    fn bulk(&mut self) -> Option<Box<dyn super::Bulk>> {
+        Some(Box::new(super::ud_bulk::UdBulk::new(&self.device)))
     }
 }
 

@@ -1,0 +1,690 @@
+//! The large-message path, the rrppcc way: a message of at least
+//! [`RpcConfig::read_threshold`](super::RpcConfig::read_threshold) bytes
+//! travels as one packet carrying where its sender's registered copy is
+//! (a [`BulkDesc`]), and the receiver copies it with one RDMA READ over
+//! an RC link of the session.
+//!
+//! * The link: opened by the client on the session's first large message
+//!   (which still streams in packets): a bulk connect carrying its RC
+//!   endpoint, answered by the server's (the server connects its end
+//!   then), then a confirmation that the client's end is connected,
+//!   answered again; each step resent after `rto`, up to `max_retries`
+//!   times, after which the session keeps to packets. Either side uses
+//!   the link only once it is confirmed.
+//! * A read request: the client exposes its copy of the request (kept
+//!   exposed until the slot's next call or the session's end, so never
+//!   withdrawn while the server may read it) and sends its descriptor.
+//!   The server charges the whole length to its request memory *before*
+//!   it reads (a claim past the budget is answered busy, as a streamed
+//!   request's first packet is), READs it into a buffer of its own and
+//!   runs the handler. A READ that fails (bad address, key or length, a
+//!   link that broke) fails that request only, with
+//!   [`Status::ReadFailed`], and closes the link (the client opens a new
+//!   one for its next large message). While the READ runs, a resent read
+//!   request is answered by a credit return (the server is alive), so
+//!   the client's retry bound covers a server that vanished.
+//! * A read response: the server exposes the handler's response (kept
+//!   like a cached response, until the slot's next request or the
+//!   session's end) and sends its descriptor; the client READs it. While
+//!   it reads, the client resends its last request packet every `rto`
+//!   and the server answers with the read response again: a server that
+//!   vanished fails the call within the session's retry bound.
+
+use std::task::Context;
+
+use tracing::debug;
+
+use super::client::complete;
+use super::core::{open_session, Core, ReadTarget};
+use super::error::{RpcError, SessionId};
+use super::header::{BulkDesc, Header, PacketKind, Status};
+use super::session::{CallState, Link, LinkStep, Role, ServeState, Session, SESSION_SLOTS};
+use super::transport::{Bulk, TransportError, TxBatch};
+
+/// Sends the bulk connect of the client's current link step.
+fn send_bulk_connect<P: Clone>(tx: &mut TxBatch<P>, s: &Session<P>, sid: u32) {
+    let Some(l) = &s.link else {
+        return;
+    };
+    let h = Header {
+        dest_session: s.remote,
+        src_session: sid,
+        req_num: l.id,
+        pkt_idx: u16::from(l.step == LinkStep::Confirming),
+        payload_len: l.addr.len() as u16,
+        ..Header::new(PacketKind::BulkConnect)
+    };
+    tx.push(&s.peer, &h, &l.addr);
+}
+
+/// Closes the session's link (its READs under way end in error).
+pub(crate) fn close_link<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>) {
+    if let (Some(l), Some(bulk)) = (s.link.take(), bulk.as_mut()) {
+        bulk.close(l.local);
+    }
+}
+
+/// Client timer: resends the link's current step after `rto`; after
+/// `max_retries` the session keeps to packets. Returns whether the link
+/// is still being set up (the timer stays armed).
+pub(crate) fn link_tick<P: Clone>(
+    bulk: &mut Option<Box<dyn Bulk>>,
+    tx: &mut TxBatch<P>,
+    s: &mut Session<P>,
+    sid: u32,
+    now: u64,
+    rto: u64,
+    max_retries: u32,
+) -> bool {
+    let Some(l) = &mut s.link else {
+        return false;
+    };
+    if !matches!(l.step, LinkStep::Opening | LinkStep::Confirming) {
+        return false;
+    }
+    if now - l.last < rto {
+        return true;
+    }
+    if l.retries >= max_retries {
+        debug!(
+            session = sid,
+            "rpc: the server did not open an RC link; large messages stay in packets"
+        );
+        close_link(bulk, s);
+        s.link_refused = true;
+        return false;
+    }
+    l.retries += 1;
+    l.last = now;
+    send_bulk_connect(tx, s, sid);
+    true
+}
+
+impl<P: Clone> Core<P> {
+    /// Whether messages of `len` bytes go by READ (when a link is ready).
+    pub(crate) fn is_bulk(&self, len: usize) -> bool {
+        self.bulk.is_some() && len >= self.config.read_threshold
+    }
+
+    /// Client: asks for session `sid`'s RC link, unless it has one, asked
+    /// for one, or its server did not answer.
+    pub(crate) fn want_link(&mut self, sid: u32) {
+        let Some(bulk) = self.bulk.as_mut() else {
+            return;
+        };
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        if s.role != Role::Client || s.link.is_some() || s.link_refused {
+            return;
+        }
+        let local = self.next_link;
+        self.next_link += 1;
+        match bulk.open(local) {
+            Ok(addr) if addr.len() + super::header::HEADER_LEN <= self.max_packet => {
+                s.link = Some(Link {
+                    local,
+                    id: local,
+                    addr,
+                    step: LinkStep::Opening,
+                    retries: 0,
+                    last: self.now,
+                });
+                send_bulk_connect(&mut self.tx, s, sid);
+                self.want_timer();
+            }
+            Ok(_) => {
+                bulk.close(local);
+                s.link_refused = true;
+            }
+            Err(error) => {
+                debug!(%error, session = sid, "rpc: no RC link; large messages stay in packets");
+                s.link_refused = true;
+            }
+        }
+    }
+
+    /// Server: a bulk connect (open, or confirm).
+    pub(crate) fn on_bulk_connect(&mut self, h: &Header, payload: &[u8]) {
+        let sid = h.dest_session;
+        let willing = self.config.read_threshold != usize::MAX;
+        let Core {
+            bulk,
+            sessions,
+            stats,
+            tx,
+            next_link,
+            ..
+        } = self;
+        let Some(s) = open_session(sessions, stats, h, Role::Server) else {
+            return;
+        };
+        if bulk.is_none() || !willing {
+            // No link here: the client keeps to packets after its retries.
+            stats.stale_packets += 1;
+            return;
+        }
+        match &mut s.link {
+            Some(l) if l.id == h.req_num => {
+                if h.pkt_idx == 1 {
+                    l.step = LinkStep::Ready;
+                }
+            }
+            _ if h.pkt_idx == 1 => {
+                // A confirmation of a link this side does not have.
+                stats.stale_packets += 1;
+                return;
+            }
+            _ => {
+                // A new link (the client's last one broke): replaces it.
+                close_link(bulk, s);
+                let Some(b) = bulk.as_mut() else {
+                    return;
+                };
+                let local = *next_link;
+                *next_link += 1;
+                let addr = match b.open(local) {
+                    Ok(addr) => addr,
+                    Err(error) => {
+                        debug!(%error, session = sid, "rpc: could not open an RC link");
+                        return;
+                    }
+                };
+                if let Err(error) = b.connect(local, payload) {
+                    stats.malformed_packets += 1;
+                    debug!(%error, session = sid, "rpc: bulk connect to an address that does not connect");
+                    b.close(local);
+                    return;
+                }
+                s.link = Some(Link {
+                    local,
+                    id: h.req_num,
+                    addr,
+                    step: LinkStep::Offered,
+                    retries: 0,
+                    last: 0,
+                });
+            }
+        }
+        let Some(l) = &s.link else {
+            return;
+        };
+        let ack = Header {
+            dest_session: s.remote,
+            src_session: sid,
+            req_num: h.req_num,
+            pkt_idx: h.pkt_idx,
+            payload_len: l.addr.len() as u16,
+            ..Header::new(PacketKind::BulkConnectAck)
+        };
+        tx.push(&s.peer, &ack, &l.addr);
+    }
+
+    /// Client: the answer to a bulk connect.
+    pub(crate) fn on_bulk_connect_ack(&mut self, h: &Header, payload: &[u8]) {
+        let sid = h.dest_session;
+        let now = self.now;
+        let Core {
+            bulk,
+            sessions,
+            stats,
+            tx,
+            ..
+        } = self;
+        let Some(s) = open_session(sessions, stats, h, Role::Client) else {
+            return;
+        };
+        let Some(l) = s.link.as_mut().filter(|l| l.id == h.req_num) else {
+            stats.stale_packets += 1;
+            return;
+        };
+        match (l.step, h.pkt_idx) {
+            (LinkStep::Opening, 0) => {
+                let local = l.local;
+                let connected = bulk
+                    .as_mut()
+                    .map(|b| b.connect(local, payload))
+                    .unwrap_or(Err(TransportError::BadAddress {
+                        len: payload.len(),
+                        reason: "no RC link here",
+                    }));
+                if let Err(error) = connected {
+                    stats.malformed_packets += 1;
+                    debug!(%error, session = sid, "rpc: the server's RC endpoint does not connect; large messages stay in packets");
+                    close_link(bulk, s);
+                    s.link_refused = true;
+                    return;
+                }
+                l.step = LinkStep::Confirming;
+                l.retries = 0;
+                l.last = now;
+                send_bulk_connect(tx, s, sid);
+            }
+            (LinkStep::Confirming, 1) => l.step = LinkStep::Ready,
+            _ => stats.stale_packets += 1,
+        }
+    }
+
+    /// Starts a READ of `len` bytes at `desc` over `link` into a buffer of
+    /// the pool, for `target`; its token, or the error.
+    fn start_read(
+        &mut self,
+        link: u64,
+        desc: BulkDesc,
+        len: usize,
+        target: ReadTarget,
+    ) -> Result<u64, TransportError> {
+        let Some(bulk) = self.bulk.as_mut() else {
+            return Err(TransportError::BadAddress {
+                len: 0,
+                reason: "no RC link here",
+            });
+        };
+        let mut into = self.pool.take();
+        into.clear();
+        into.reserve_exact(len);
+        let token = self.next_token;
+        self.next_token += 1;
+        match bulk.read(link, desc.addr, desc.rkey, len, into, token) {
+            Ok(()) => {
+                self.reads.insert(token, target);
+                Ok(token)
+            }
+            Err((buf, error)) => {
+                self.pool.put(buf);
+                Err(error)
+            }
+        }
+    }
+
+    /// Server: a read request.
+    pub(crate) fn on_read_request(&mut self, h: &Header, payload: &[u8]) {
+        let sid = h.dest_session;
+        let max_len = self.config.max_msg_len;
+        let Some(desc) = BulkDesc::decode(payload) else {
+            self.stats.malformed_packets += 1;
+            return;
+        };
+        let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
+            return;
+        };
+        let link = s.link_ready();
+        let msg_len = h.msg_len as usize;
+        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let slot = &mut s.server[i];
+        if slot.state == ServeState::Idle || h.req_num > slot.req_num {
+            if slot.state == ServeState::Handling {
+                self.stats.stale_packets += 1;
+                return;
+            }
+            let status = if msg_len > max_len {
+                self.stats.malformed_packets += 1;
+                Some(Status::RequestTooLarge)
+            } else if link.is_none() {
+                Some(Status::ReadFailed)
+            } else {
+                None
+            };
+            if let Some(status) = status {
+                slot.drop_partial();
+                slot.req_num = h.req_num;
+                slot.req_type = h.req_type;
+                slot.msg_len = msg_len;
+                slot.n_req = 1;
+                self.refuse(sid, i, status);
+                return;
+            }
+            // Charged before anything is read: a peer claiming large
+            // requests gets no more memory than the budget.
+            let mut charge = super::budget::Charge::default();
+            if !self.budget.grow(&mut charge, msg_len, false) {
+                super::server::budget_drop(&mut self.stats, &self.budget, sid, h);
+                let busy = Header {
+                    status: Status::Busy,
+                    dest_session: s.remote,
+                    src_session: sid,
+                    req_num: h.req_num,
+                    ..Header::new(PacketKind::CreditReturn)
+                };
+                self.tx.push(&s.peer, &busy, &[]);
+                return;
+            }
+            let old_req = std::mem::take(&mut slot.req);
+            let old_resp = slot.resp_exposed.take();
+            slot.resp = None;
+            slot.status = Status::Ok;
+            slot.req_num = h.req_num;
+            slot.state = ServeState::Receiving;
+            slot.req_type = h.req_type;
+            slot.msg_len = msg_len;
+            slot.n_req = 1;
+            slot.rx = 0;
+            slot.stalled_sweeps = 0;
+            slot.got.clear();
+            slot.got.push(0);
+            slot.charge = charge;
+            let req_num = h.req_num;
+            self.pool.put(old_req);
+            self.release_exposed(old_resp);
+            let target = ReadTarget {
+                sid,
+                slot: i,
+                req_num,
+            };
+            let link = link.unwrap_or_default();
+            match self.start_read(link, desc, msg_len, target) {
+                Ok(token) => {
+                    if let Some(s) = self.sessions.get_mut(sid) {
+                        s.server[i].reading = Some(token);
+                    }
+                }
+                Err(error) => self.read_failed(sid, i, Role::Server, error),
+            }
+            return;
+        } else if h.req_num < slot.req_num {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        if h.req_type != slot.req_type || msg_len != slot.msg_len || slot.n_req != 1 {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        self.stats.duplicate_requests += 1;
+        match slot.state {
+            ServeState::Receiving | ServeState::Handling => {
+                // Still reading, or the handler runs: the client waits.
+                let h = Header {
+                    dest_session: s.remote,
+                    src_session: sid,
+                    req_num: slot.req_num,
+                    ..Header::new(PacketKind::CreditReturn)
+                };
+                self.tx.push(&s.peer, &h, &[]);
+            }
+            ServeState::Responded => {
+                super::server::send_response(
+                    &mut self.tx,
+                    &s.peer,
+                    s.remote,
+                    sid,
+                    s.max_payload,
+                    slot,
+                    0,
+                );
+            }
+            ServeState::Idle => self.stats.stale_packets += 1,
+        }
+    }
+
+    /// Gives an exposed response's buffer back to the pool.
+    pub(crate) fn release_exposed(&mut self, exposed: Option<(u64, BulkDesc, usize)>) {
+        if let (Some((token, _, _)), Some(bulk)) = (exposed, self.bulk.as_mut()) {
+            if let Some(buf) = bulk.unexpose(token) {
+                self.pool.put(buf);
+            }
+        }
+    }
+
+    /// A READ of slot `i` of session `sid` failed or could not start: the
+    /// request (server) or call (client) fails, and the link is closed.
+    fn read_failed(&mut self, sid: u32, i: usize, role: Role, error: TransportError) {
+        self.stats.bulk_read_failures += 1;
+        debug!(%error, session = sid, "rpc: RDMA READ failed");
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        close_link(&mut self.bulk, s);
+        match role {
+            Role::Server => {
+                let slot = &mut s.server[i];
+                slot.reading = None;
+                slot.charge.release();
+                self.refuse(sid, i, Status::ReadFailed);
+            }
+            Role::Client => {
+                s.client[i].reading = None;
+                complete(s, i, Err(RpcError::Transport(error)));
+            }
+        }
+    }
+
+    /// Client: a read response.
+    pub(crate) fn on_read_response(&mut self, h: &Header, payload: &[u8]) {
+        let Some(desc) = BulkDesc::decode(payload) else {
+            self.stats.malformed_packets += 1;
+            return;
+        };
+        let Some(i) = self.answered_slot(h) else {
+            return;
+        };
+        let sid = h.dest_session;
+        let now = self.now;
+        let max_len = self.config.max_msg_len;
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let link = s.link_ready();
+        let slot = &mut s.client[i];
+        if slot.reading.is_some() || slot.n_resp > 0 {
+            // Again (the answer to a resent packet): the server is alive.
+            slot.progress = now;
+            slot.retries = 0;
+            self.stats.stale_packets += 1;
+            return;
+        }
+        let msg_len = h.msg_len as usize;
+        if msg_len > max_len {
+            let e = RpcError::ResponseTooLarge {
+                session: SessionId(sid),
+                req_num: h.req_num,
+                len: msg_len,
+                max: max_len,
+            };
+            complete(s, i, Err(e));
+            return;
+        }
+        // The server had the whole request: every request packet is
+        // answered.
+        let before = slot.in_flight();
+        for k in slot.num_rx..slot.n_req {
+            slot.answer(k);
+        }
+        s.credits += before - s.client[i].in_flight();
+        let Some(link) = link else {
+            let e = TransportError::BadAddress {
+                len: 0,
+                reason: "a read response on a session without an RC link",
+            };
+            self.read_failed(sid, i, Role::Client, e);
+            return;
+        };
+        let target = ReadTarget {
+            sid,
+            slot: i,
+            req_num: h.req_num,
+        };
+        match self.start_read(link, desc, msg_len, target) {
+            Ok(token) => {
+                if let Some(s) = self.sessions.get_mut(sid) {
+                    let slot = &mut s.client[i];
+                    slot.reading = Some(token);
+                    slot.n_resp = 1;
+                    slot.resp_len = msg_len;
+                    slot.progress = now;
+                    slot.retries = 0;
+                }
+            }
+            Err(error) => self.read_failed(sid, i, Role::Client, error),
+        }
+    }
+
+    /// Takes the READs that finished; registers `cx` for the next.
+    pub(crate) fn poll_bulk(&mut self, cx: &mut Context<'_>) {
+        let Some(bulk) = self.bulk.as_mut() else {
+            return;
+        };
+        let mut done = std::mem::take(&mut self.bulk_done);
+        bulk.poll_done(cx, &mut done);
+        for (token, buf, result) in done.drain(..) {
+            self.on_read_done(token, buf, result);
+        }
+        self.bulk_done = done;
+    }
+
+    /// A READ finished.
+    pub(crate) fn on_read_done(
+        &mut self,
+        token: u64,
+        buf: Vec<u8>,
+        result: Result<(), TransportError>,
+    ) {
+        let Some(t) = self.reads.remove(&token) else {
+            self.pool.put(buf);
+            return;
+        };
+        let Some(s) = self.sessions.get_mut(t.sid) else {
+            self.pool.put(buf);
+            return;
+        };
+        let role = s.role;
+        let current = match role {
+            Role::Server => {
+                let slot = &s.server[t.slot];
+                slot.req_num == t.req_num
+                    && slot.state == ServeState::Receiving
+                    && slot.reading == Some(token)
+            }
+            Role::Client => {
+                let slot = &s.client[t.slot];
+                slot.req_num == t.req_num
+                    && matches!(slot.state, CallState::Active)
+                    && slot.reading == Some(token)
+            }
+        };
+        if !current {
+            // The request or call ended meanwhile (dropped, timed out, the
+            // session closed).
+            self.pool.put(buf);
+            return;
+        }
+        if let Err(error) = result {
+            self.pool.put(buf);
+            self.read_failed(t.sid, t.slot, role, error);
+            return;
+        }
+        self.stats.bulk_reads += 1;
+        match role {
+            Role::Server => {
+                let slot = &mut s.server[t.slot];
+                slot.reading = None;
+                let old = std::mem::replace(&mut slot.req, buf);
+                slot.rx = 1;
+                slot.got[0] = 1;
+                self.pool.put(old);
+                self.dispatch(t.sid, t.slot);
+            }
+            Role::Client => {
+                let slot = &mut s.client[t.slot];
+                slot.reading = None;
+                let old = std::mem::replace(&mut slot.resp, buf);
+                slot.resp_got.clear();
+                slot.resp_got.push(1);
+                self.pool.put(old);
+                complete(s, t.slot, Ok(()));
+            }
+        }
+    }
+
+    /// Client: exposes the request of slot `i` (in `slot.req`) for the
+    /// server to READ; false (the request left in `slot.req`, to stream)
+    /// if the session has no link or the buffer cannot be exposed.
+    pub(crate) fn expose_request(&mut self, sid: u32, i: usize) -> bool {
+        let Some(bulk) = self.bulk.as_mut() else {
+            return false;
+        };
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return false;
+        };
+        if s.link_ready().is_none() {
+            return false;
+        }
+        let slot = &mut s.client[i];
+        let len = slot.req.len();
+        match bulk.expose(std::mem::take(&mut slot.req)) {
+            Ok((token, addr, rkey)) => {
+                slot.req_exposed = Some(token);
+                slot.req_desc = Some((BulkDesc { addr, rkey }, len));
+                true
+            }
+            Err((buf, error)) => {
+                debug!(%error, "rpc: request not exposed; it streams");
+                slot.req = buf;
+                false
+            }
+        }
+    }
+
+    /// Client: takes slot `i`'s exposed request buffer back (at its next
+    /// call: the last one ended, so the server reads it no more).
+    pub(crate) fn take_back_request(&mut self, sid: u32, i: usize) {
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let slot = &mut s.client[i];
+        slot.req_desc = None;
+        slot.reading = None;
+        if let (Some(token), Some(bulk)) = (slot.req_exposed.take(), self.bulk.as_mut()) {
+            if let Some(buf) = bulk.unexpose(token) {
+                slot.req = buf;
+            }
+        }
+    }
+
+    /// Server: exposes the response `buf` of slot `i` for the client to
+    /// READ, if it is large and the session has a link; else gives it
+    /// back, to stream.
+    pub(crate) fn expose_response(&mut self, sid: u32, i: usize, buf: Vec<u8>) -> Option<Vec<u8>> {
+        if !self.is_bulk(buf.len()) {
+            return Some(buf);
+        }
+        let (Some(bulk), Some(s)) = (self.bulk.as_mut(), self.sessions.get_mut(sid)) else {
+            return Some(buf);
+        };
+        if s.link_ready().is_none() {
+            return Some(buf);
+        }
+        let len = buf.len();
+        match bulk.expose(buf) {
+            Ok((token, addr, rkey)) => {
+                let slot = &mut s.server[i];
+                slot.resp_exposed = Some((token, BulkDesc { addr, rkey }, len));
+                None
+            }
+            Err((buf, error)) => {
+                debug!(%error, "rpc: response not exposed; it streams");
+                Some(buf)
+            }
+        }
+    }
+
+    /// Gives back what session `s` has exposed and closes its link (the
+    /// session ends).
+    pub(crate) fn release_session(&mut self, s: &mut Session<P>) {
+        close_link(&mut self.bulk, s);
+        let Some(bulk) = self.bulk.as_mut() else {
+            return;
+        };
+        for slot in &mut s.client {
+            if let Some(token) = slot.req_exposed.take() {
+                drop(bulk.unexpose(token));
+            }
+        }
+        for slot in &mut s.server {
+            if let Some((token, _, _)) = slot.resp_exposed.take() {
+                if let Some(buf) = bulk.unexpose(token) {
+                    self.pool.put(buf);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! The large-message path (`bulk.rs`) over the in-memory network: every
+//! byte at sizes around the threshold, calls dropped and peers dying
+//! while a READ is under way, and descriptors from a hostile peer.
+
+use std::pin::pin;
+use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
+
+use futures::future::{select, Either};
+use verbio_runtime::Runtime;
+
+use super::header::{BulkDesc, Header, PacketKind, Status, HEADER_LEN};
+use super::mem::{MemNetwork, MemTransport};
+use super::tests::{answer, config, request, server, wait_for, ECHO};
+use super::{Bulk, Request, Rpc, RpcConfig, RpcError, SessionId, Transport, TxBatch};
+
+/// Packets of 1 KiB of payload; messages from 4 KiB go by READ.
+const PACKET: usize = 1024 + HEADER_LEN;
+const THRESHOLD: usize = 4096;
+/// A handler answering any request with [`BIG_LEN`] bytes.
+const BIG: u8 = 2;
+const BIG_LEN: usize = 50_000;
+
+fn bulk_config() -> RpcConfig {
+    RpcConfig {
+        read_threshold: THRESHOLD,
+        ..config()
+    }
+}
+
+fn big_response(i: usize) -> u8 {
+    (i * 13 + 5) as u8
+}
+
+/// A client endpoint with a session to `srv` whose link is ready (its
+/// first large call opened it).
+async fn linked_client(
+    net: &MemNetwork,
+    srv: &Rpc<MemTransport>,
+) -> (Rpc<MemTransport>, SessionId) {
+    let cli = Rpc::new(net.endpoint(), bulk_config());
+    let s = cli.connect(&srv.local_addr()).await.unwrap();
+    let req = request(9, 0, THRESHOLD);
+    let resp = cli.call(s, ECHO, &req).await.unwrap();
+    assert_eq!(&resp[..], &answer(&req)[..]);
+    wait_for(|| cli.link_ready(s)).await;
+    (cli, s)
+}
+
+/// Every size around the threshold, and up to 1 MiB, each byte checked:
+/// requests and responses of at least the threshold go by READ (one
+/// READ each), smaller ones in packets.
+#[test]
+fn messages_from_the_threshold_on_go_by_read() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(21, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv).await;
+        let sizes = [
+            1,
+            1000,
+            THRESHOLD - 5,
+            THRESHOLD - 4,
+            THRESHOLD - 1,
+            THRESHOLD,
+            THRESHOLD + 1,
+            3 * THRESHOLD + 7,
+            100_000,
+            (1 << 20) - 4,
+        ];
+        for (i, &len) in sizes.iter().enumerate() {
+            let (c0, s0) = (cli.stats().bulk_reads, srv.stats().bulk_reads);
+            let req = request(1, i, len);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..], "{len} bytes");
+            let len = req.len();
+            assert_eq!(
+                srv.stats().bulk_reads - s0,
+                u64::from(len >= THRESHOLD),
+                "{len}"
+            );
+            assert_eq!(
+                cli.stats().bulk_reads - c0,
+                u64::from(len + 4 >= THRESHOLD),
+                "{len}"
+            );
+        }
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(
+            cli.stats().bulk_read_failures + srv.stats().bulk_read_failures,
+            0
+        );
+        assert_eq!(srv.memory().request_bytes, 0);
+    });
+}
+
+/// A call dropped while the server READs its request: the request stays
+/// exposed (the server reads every byte of it), and the slot serves the
+/// next call.
+#[test]
+fn a_call_dropped_mid_read_keeps_its_buffer() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(22, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv).await;
+        let cli_id = cli.with_transport(MemTransport::id);
+        net.hold_reads(true);
+        let req = request(2, 0, 50_000);
+        // Owned, so dropping it here really drops the call.
+        let call = Box::pin(cli.call(s, ECHO, &req));
+        let held = pin!(wait_for(|| net.held_reads() == 1));
+        match select(call, held).await {
+            Either::Right(((), call)) => drop(call),
+            Either::Left(_) => panic!("the call ended while its READ was held"),
+        }
+        assert_eq!(net.exposed_by(cli_id), 1, "exposed while the server reads");
+        net.hold_reads(false);
+        wait_for(|| runs.borrow().get(&req) == Some(&1)).await;
+        for i in 1..20 {
+            let req = request(2, i, 20_000 + i);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..]);
+        }
+        assert_eq!(srv.stats().bulk_read_failures, 0);
+    });
+}
+
+/// A client that vanishes while the server READs its request: that
+/// request fails (its memory given back), the server serves others.
+#[test]
+fn a_client_vanishing_mid_read_fails_its_request_only() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(23, PACKET);
+        let (srv, _) = server(&net, bulk_config());
+        let (other, so) = linked_client(&net, &srv).await;
+        let (cli, s) = linked_client(&net, &srv).await;
+        net.hold_reads(true);
+        let req = request(3, 0, 60_000);
+        {
+            let call = pin!(cli.call(s, ECHO, &req));
+            let held = pin!(wait_for(|| net.held_reads() == 1));
+            assert!(matches!(select(call, held).await, Either::Right(_)));
+        }
+        assert!(
+            srv.memory().request_bytes >= 60_000,
+            "charged before the READ"
+        );
+        drop(cli);
+        net.hold_reads(false);
+        wait_for(|| srv.stats().bulk_read_failures == 1).await;
+        assert_eq!(srv.memory().request_bytes, 0);
+        let req = request(3, 1, 70_000);
+        let resp = other.call(so, ECHO, &req).await.unwrap();
+        assert_eq!(&resp[..], &answer(&req)[..]);
+    });
+}
+
+/// A server that vanishes while the client READs its response: the call
+/// fails with a timeout within the session's retry bound.
+#[test]
+fn a_server_vanishing_mid_read_fails_the_call_in_bounds() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(24, PACKET);
+        let quick = RpcConfig {
+            max_retries: 4,
+            ..bulk_config()
+        };
+        let (srv, _) = server(&net, quick.clone());
+        assert!(srv.register(BIG, |req: Request| async move {
+            let mut resp = req.response();
+            resp.extend((0..BIG_LEN).map(big_response));
+            resp
+        }));
+        let (cli, s) = linked_client(&net, &srv).await;
+        let resp = cli.call(s, BIG, b"x").await.unwrap();
+        assert!(resp.iter().enumerate().all(|(i, &b)| b == big_response(i)));
+        net.hold_reads(true);
+        let t = Instant::now();
+        let call = pin!(cli.call(s, BIG, b"y"));
+        let held = pin!(wait_for(|| net.held_reads() == 1));
+        let Either::Right(((), call)) = select(call, held).await else {
+            panic!("the call ended while its READ was held");
+        };
+        drop(srv);
+        let e = call.await.unwrap_err();
+        assert!(matches!(e, RpcError::Timeout { .. }), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        net.hold_reads(false);
+        assert_eq!(cli.stats().timeouts, 1);
+    });
+}
+
+/// A peer speaking raw packets (with a link of its own).
+struct RawPeer {
+    t: MemTransport,
+    bulk: Box<dyn Bulk>,
+    srv: u32,
+    /// The server's session number.
+    remote: u32,
+    tx: TxBatch<u32>,
+}
+
+const RAW_SESSION: u32 = 7;
+
+impl RawPeer {
+    fn send(&mut self, h: Header, payload: &[u8]) {
+        let h = Header {
+            payload_len: payload.len() as u16,
+            dest_session: self.remote,
+            src_session: RAW_SESSION,
+            ..h
+        };
+        self.tx.clear();
+        self.tx.push(&self.srv, &h, payload);
+        self.t.send(&self.tx).unwrap();
+    }
+
+    /// The next packet of `kind` (others skipped), waiting up to 5 s.
+    async fn expect(&mut self, kind: PacketKind) -> (Header, Vec<u8>) {
+        let t = Instant::now();
+        loop {
+            let mut got = None;
+            let mut cx = Context::from_waker(Waker::noop());
+            let _ = self.t.poll_recv(&mut cx, 64, &mut |p| {
+                if got.is_none() {
+                    if let Ok((h, payload)) = Header::decode(p) {
+                        if h.kind == kind {
+                            got = Some((h, payload.to_vec()));
+                        }
+                    }
+                }
+            });
+            if let Some(g) = got {
+                return g;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no {kind:?} came");
+            verbio_runtime::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn connect(net: &MemNetwork, srv: &Rpc<MemTransport>) -> RawPeer {
+        let mut t = net.endpoint();
+        let bulk = t.bulk().expect("a bulk path");
+        let srv_id = srv.with_transport(MemTransport::id);
+        let mut raw = RawPeer {
+            t,
+            bulk,
+            srv: srv_id,
+            remote: 0,
+            tx: TxBatch::default(),
+        };
+        let addr = raw.t.local_addr();
+        raw.send(
+            Header {
+                req_num: 1,
+                msg_len: PACKET as u32,
+                ..Header::new(PacketKind::Connect)
+            },
+            &addr,
+        );
+        let (ack, _) = raw.expect(PacketKind::ConnectAck).await;
+        raw.remote = ack.src_session;
+        raw
+    }
+
+    /// Opens (again) a link numbered `id`.
+    async fn open_link(&mut self, id: u64) {
+        let addr = self.bulk.open(id).unwrap();
+        let step = |pkt_idx| Header {
+            req_num: id,
+            pkt_idx,
+            ..Header::new(PacketKind::BulkConnect)
+        };
+        self.send(step(0), &addr);
+        let (_, theirs) = self.expect(PacketKind::BulkConnectAck).await;
+        self.bulk.connect(id, &theirs).unwrap();
+        self.send(step(1), &addr);
+        let (ack, _) = self.expect(PacketKind::BulkConnectAck).await;
+        assert_eq!(ack.pkt_idx, 1);
+    }
+
+    fn read_request(&mut self, req_num: u64, desc: BulkDesc, len: u32) {
+        let h = Header {
+            req_type: ECHO,
+            req_num,
+            msg_len: len,
+            pkt_count: 1,
+            ..Header::new(PacketKind::ReadRequest)
+        };
+        self.send(h, &desc.encode());
+    }
+}
+
+/// Read requests with a bad key, address or length fail that request
+/// only (`Status::ReadFailed`; the server closes the link, the peer opens
+/// another); one past `max_msg_len` is refused without a READ; claims past
+/// the request memory are answered busy before anything is read; a good
+/// one is served; a legitimate client is served throughout, and nothing
+/// stays charged.
+#[test]
+fn hostile_descriptors_fail_their_request_only() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(25, PACKET);
+        let small = RpcConfig {
+            max_msg_len: 64 << 10,
+            request_memory: 100 << 10,
+            ..bulk_config()
+        };
+        let (srv, runs) = server(&net, small);
+        let (cli, s) = linked_client(&net, &srv).await;
+        let mut raw = RawPeer::connect(&net, &srv).await;
+        let data = request(5, 0, 1000);
+        let (_, addr, rkey) = raw.bulk.expose(data.clone()).unwrap();
+        let good = BulkDesc { addr, rkey };
+        let bad = [
+            (
+                BulkDesc {
+                    addr,
+                    rkey: rkey ^ 0x55,
+                },
+                1000,
+            ),
+            (good, 1001),
+            (
+                BulkDesc {
+                    addr: addr + 1,
+                    rkey,
+                },
+                1000,
+            ),
+            (
+                BulkDesc {
+                    addr: addr - 1,
+                    rkey,
+                },
+                10,
+            ),
+            (
+                BulkDesc {
+                    addr: u64::MAX,
+                    rkey,
+                },
+                1000,
+            ),
+        ];
+        let mut link = 1;
+        for (n, (desc, len)) in bad.into_iter().enumerate() {
+            raw.open_link(link).await;
+            link += 1;
+            raw.read_request(n as u64, desc, len);
+            let (h, _) = raw.expect(PacketKind::Response).await;
+            assert_eq!((h.req_num, h.status), (n as u64, Status::ReadFailed));
+            let req = request(5, n + 1, 10_000);
+            assert_eq!(
+                &cli.call(s, ECHO, &req).await.unwrap()[..],
+                &answer(&req)[..]
+            );
+        }
+        assert_eq!(srv.stats().bulk_read_failures, bad.len() as u64);
+        // Without a link: refused at once.
+        raw.read_request(8 + 5, good, 1000);
+        let (h, _) = raw.expect(PacketKind::Response).await;
+        assert_eq!(h.status, Status::ReadFailed);
+        raw.open_link(link).await;
+        // Past the message limit: refused, nothing read.
+        let reads = net.reads();
+        raw.read_request(8 + 6, good, (64 << 10) + 1);
+        let (h, _) = raw.expect(PacketKind::Response).await;
+        assert_eq!(h.status, Status::RequestTooLarge);
+        assert_eq!(net.reads(), reads);
+        // Claims of the whole budget: the second is answered busy before
+        // any READ, the first charged while its READ is held.
+        net.hold_reads(true);
+        raw.read_request(8 + 7, good, 60_000);
+        wait_for(|| net.held_reads() == 1).await;
+        raw.read_request(16 + 8, good, 60_000);
+        let (h, _) = raw.expect(PacketKind::CreditReturn).await;
+        assert_eq!((h.req_num, h.status), (16 + 8, Status::Busy));
+        assert_eq!(net.held_reads(), 1);
+        assert!(srv.memory().request_bytes <= srv.memory().request_budget);
+        net.hold_reads(false);
+        let (h, _) = raw.expect(PacketKind::Response).await;
+        assert_eq!((h.req_num, h.status), (8 + 7, Status::ReadFailed));
+        // A good one, on a new link.
+        raw.open_link(link + 1).await;
+        raw.read_request(24 + 9, good, 1000);
+        let (h, payload) = raw.expect(PacketKind::Response).await;
+        assert_eq!((h.req_num, h.status), (24 + 9, Status::Ok));
+        assert_eq!(payload, answer(&data)[..payload.len()]);
+        assert_eq!(runs.borrow().get(&data), Some(&1));
+        wait_for(|| srv.memory().request_bytes == 0).await;
+        let req = request(5, 99, 30_000);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+    });
+}
+
+/// A server that ignores bulk connects (a transport without the path):
+/// the client's link attempt gives up after its retries and large
+/// messages keep streaming.
+#[test]
+fn without_a_bulk_path_large_messages_stream() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(26, PACKET);
+        net.set_bulk(false);
+        let (srv, _) = server(&net, bulk_config());
+        net.set_bulk(true);
+        let cli = Rpc::new(net.endpoint(), bulk_config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        for i in 0..10 {
+            let req = request(6, i, 30_000);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..]);
+            verbio_runtime::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!cli.link_ready(s));
+        assert_eq!(cli.stats().bulk_reads + srv.stats().bulk_reads, 0);
+        assert_eq!(cli.stats().timeouts, 0);
+    });
+}
