@@ -96,11 +96,13 @@ fn large_messages_go_by_read_over_an_rc_link() {
         };
         let t = |dev| UdTransport::new(dev, &UdConfig::default()).expect("UD transport");
         let server = Rpc::new(t(&dev), config.clone());
-        server.register(ECHO, |req: Request| {
-            let mut resp = req.response();
-            resp.extend_from_slice(&answer(req.data()));
-            async move { resp }
-        });
+        server
+            .register(ECHO, |req: Request| {
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                async move { resp }
+            })
+            .unwrap();
         let client = Rc::new(Rpc::new(t(&dev), config.clone()));
         let session = timeout(WAIT, client.connect(&server.local_addr()))
             .await
