@@ -23,6 +23,7 @@ use futures::io::{AsyncReadExt, AsyncWriteExt};
 use verbio::ops::agent::DEFAULT_STREAM_CHUNK;
 use verbio::provider::{Context, SoftConfig};
 use verbio::runtime::{Device, Runtime};
+use verbio::ErrorChain;
 use verbio::{Rdma, RdmaBuilder, RdmaStream};
 
 /// RdmaStream vs raw Rdma::send bandwidth on the soft device.
@@ -162,7 +163,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (tx, rx) = mpsc::channel();
     let runs = args.rounds * 2;
     let total = args.total;
-    let srv = std::thread::spawn(move || server(runs, total, tx).map_err(|e| e.to_string()));
+    let srv = std::thread::spawn(move || {
+        server(runs, total, tx).map_err(|e| ErrorChain(&*e).to_string())
+    });
     let addr = rx.recv_timeout(Duration::from_secs(20))?;
     let (rt, dev) = soft_runtime()?;
     println!(

@@ -128,14 +128,18 @@ fn main() -> ExitCode {
     let mut list = match provider::devices() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("devinfo: listing devices: {e}");
+            eprintln!("devinfo: listing devices: {}", cli::chain(&e));
             return ExitCode::FAILURE;
         }
     };
     if let Some(name) = &only {
+        let here: Vec<String> = list.iter().map(|d| d.name.clone()).collect();
         list.retain(|d| &d.name == name);
         if list.is_empty() {
-            eprintln!("devinfo: no device named {name:?}");
+            eprintln!(
+                "devinfo: no device named {name:?}; the devices here: {}",
+                here.join(", ")
+            );
             return ExitCode::FAILURE;
         }
     }
@@ -146,7 +150,7 @@ fn main() -> ExitCode {
                 ProviderKind::Soft => "soft",
                 _ => "ibverbs",
             };
-            eprintln!("devinfo: {} ({kind}): {e}", info.name);
+            eprintln!("devinfo: {} ({kind}): {}", info.name, cli::chain(&e));
             failed = true;
         }
     }

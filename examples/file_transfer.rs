@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use verbio::runtime::{timeout, Device, Runtime};
+use verbio::ErrorChain;
 use verbio::{Rdma, RdmaBuilder};
 
 mod cli;
@@ -92,8 +93,10 @@ fn mode(args: &Args) -> Res<Mode> {
 
 /// Fails unless `path` is a regular file this process can open.
 fn check_input(path: &Path) -> Res<()> {
-    let f = File::open(path).map_err(|e| format!("input {path:?}: {e}"))?;
-    let meta = f.metadata().map_err(|e| format!("input {path:?}: {e}"))?;
+    let f = File::open(path).map_err(|e| format!("input {path:?}: {}", ErrorChain(&e)))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("input {path:?}: {}", ErrorChain(&e)))?;
     if !meta.is_file() {
         return Err(format!("input {path:?}: not a regular file").into());
     }
@@ -102,12 +105,14 @@ fn check_input(path: &Path) -> Res<()> {
 
 /// The CRC-32 and length of a file, read in 1 MiB pieces.
 fn crc_of(path: &Path) -> Res<(u32, u64)> {
-    let mut f = File::open(path).map_err(|e| format!("{path:?}: {e}"))?;
+    let mut f = File::open(path).map_err(|e| format!("{path:?}: {}", ErrorChain(&e)))?;
     let mut h = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut len = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| format!("{path:?}: {e}"))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| format!("{path:?}: {}", ErrorChain(&e)))?;
         if n == 0 {
             return Ok((h.finalize(), len));
         }
@@ -122,7 +127,8 @@ async fn within<T, E: Into<Box<dyn Error>>>(
     f: impl Future<Output = Result<T, E>>,
 ) -> Res<T> {
     match timeout(STEP, f).await {
-        Ok(r) => r.map_err(|e| format!("{what}: {}", e.into()).into()),
+        // The cause chain kept as text: "connect: connection setup: …".
+        Ok(r) => r.map_err(|e| format!("{what}: {}", ErrorChain(&*e.into())).into()),
         Err(_) => Err(format!("{what}: timed out after {STEP:?}").into()),
     }
 }
@@ -161,7 +167,7 @@ fn server(
         let verdict = receive_file(&r, &out).await;
         let answer = match &verdict {
             Ok(sum) => format!("ok {sum:08x}"),
-            Err(e) => format!("failed: {e}"),
+            Err(e) => format!("failed: {}", ErrorChain(&**e)),
         };
         let _ = within("answer", r.send(answer.as_bytes())).await;
         // The client closes after the answer.
@@ -217,7 +223,8 @@ async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u32> {
 fn client(device: Option<&str>, addr: SocketAddr, inp: &Path, chunk: usize) -> Res<()> {
     // Outside the timed transfer: the checksum of what is sent.
     let (crc, size) = crc_of(inp)?;
-    let mut file = BufReader::new(File::open(inp).map_err(|e| format!("{inp:?}: {e}"))?);
+    let mut file =
+        BufReader::new(File::open(inp).map_err(|e| format!("{inp:?}: {}", ErrorChain(&e)))?);
     let rt = Runtime::new()?;
     let local_ip = if addr.ip().is_loopback() {
         addr.ip()
@@ -245,13 +252,13 @@ fn client(device: Option<&str>, addr: SocketAddr, inp: &Path, chunk: usize) -> R
                 buf = r.alloc_local_mr(len)?; // the last, shorter chunk
             }
             file.read_exact(&mut buf)
-                .map_err(|e| format!("{inp:?} at byte {sent}: {e}"))?;
+                .map_err(|e| format!("{inp:?} at byte {sent}: {}", ErrorChain(&e)))?;
             let remote = within("request_remote_mr", r.request_remote_mr(len)).await?;
             let (res, back) = within("write_with_imm", async {
                 Ok::<_, Box<dyn Error>>(r.write_with_imm(buf, &remote, i).await)
             })
             .await?;
-            res.map_err(|e| format!("chunk {i}: write_with_imm: {e}"))?;
+            res.map_err(|e| format!("chunk {i}: write_with_imm: {}", ErrorChain(&e)))?;
             buf = back;
             within("send_remote_mr", r.send_remote_mr(remote)).await?;
             sent += len as u64;
@@ -285,7 +292,7 @@ fn run(args: &Args) -> Res<()> {
             let dev_name = args.device.clone();
             let th = std::thread::spawn(move || {
                 let any = SocketAddr::from(([127, 0, 0, 1], 0));
-                server(dev_name.as_deref(), any, out, Some(tx)).map_err(|e| e.to_string())
+                server(dev_name.as_deref(), any, out, Some(tx)).map_err(|e| cli::chain(&*e))
             });
             let addr = match rx.recv_timeout(STEP) {
                 Ok(a) => a,
@@ -309,9 +316,6 @@ fn main() -> ExitCode {
     cli::init_tracing();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("file_transfer: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => cli::fail("file_transfer", &*e),
     }
 }

@@ -23,6 +23,7 @@ use std::sync::mpsc;
 use clap::Parser;
 use lab_common::{check, open, pattern, within, Res, BOUNDARY, MR_LEN, STAMP, STEP};
 use verbio::runtime::Runtime;
+use verbio::ErrorChain;
 use verbio::{Rdma, RdmaBuilder};
 
 /// The client of the RDMA lab; without ADDR the server runs in this process too.
@@ -45,7 +46,8 @@ fn main() -> ExitCode {
             let device = args.device.clone();
             let th = std::thread::spawn(move || {
                 let any = SocketAddr::from(([127, 0, 0, 1], 0));
-                lab_common::run_server(device.as_deref(), any, Some(tx)).map_err(|e| e.to_string())
+                lab_common::run_server(device.as_deref(), any, Some(tx))
+                    .map_err(|e| cli::chain(&*e))
             });
             match rx.recv_timeout(STEP) {
                 Ok(addr) => (addr, Some(th)),
@@ -69,7 +71,7 @@ fn main() -> ExitCode {
     match client {
         Ok(()) => println!("lab client: all checks passed"),
         Err(e) => {
-            eprintln!("lab client: {e}");
+            eprintln!("lab client: {}", cli::chain(&*e));
             ok = false;
         }
     }
@@ -107,7 +109,7 @@ async fn verb<T>(
     f: impl std::future::Future<Output = (Result<(), verbio::AgentError>, T)>,
 ) -> Res<T> {
     let (res, buf) = within(what, async { Ok::<_, Box<dyn Error>>(f.await) }).await?;
-    res.map_err(|e| format!("{what}: {e}"))?;
+    res.map_err(|e| format!("{what}: {}", ErrorChain(&e)))?;
     Ok(buf)
 }
 

@@ -48,9 +48,6 @@ fn main() -> ExitCode {
             println!("lab server: all checks passed");
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("lab server: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => cli::fail("lab server", &*e),
     }
 }

@@ -36,6 +36,7 @@ use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::Verbs;
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{spawn, timeout, Device, QueuePair, Runtime};
+use verbio::ErrorChain;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -50,8 +51,8 @@ struct Args {
     /// Connect to the server at ADDR.
     #[arg(long, value_name = "ADDR")]
     client: Option<SocketAddr>,
-    /// Round trips.
-    #[arg(long, default_value_t = 10_000)]
+    /// Round trips (at least 1).
+    #[arg(long, default_value_t = 10_000, value_parser = cli::at_least_one)]
     iters: usize,
     /// Message size in bytes (the server: the largest it receives).
     #[arg(long, default_value_t = 64, value_parser = cli::at_least_one)]
@@ -79,7 +80,7 @@ async fn echo(
     loop {
         let (res, buf) = next.await;
         let got = res.map_err(|e| {
-            format!("receiving message {count}: {e} (a message longer than this server's --size {size}?)")
+            format!("receiving message {count}: {} (a message longer than this server's --size {size}?)", ErrorChain(&e))
         })?;
         if got.len == 0 {
             return Ok(count);
@@ -143,7 +144,7 @@ async fn serve_one(qp: QueuePair, peer: SocketAddr, pool: MrPool, size: usize, q
     match timeout(LIMIT, echo(&qp, &pool, size)).await {
         Ok(Ok(n)) if !quiet => println!("{peer}: echoed {n} messages"),
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => eprintln!("{peer}: {e}"),
+        Ok(Err(e)) => eprintln!("{peer}: {}", cli::chain(&*e)),
         Err(_) => eprintln!("{peer}: timed out"),
     }
     let _ = timeout(LIMIT, qp.close()).await;
@@ -191,7 +192,8 @@ fn client(
                 )
             })?;
             let (res, back) = reply.await;
-            let got = res.map_err(|e| format!("message {i}: receiving the echo: {e}"))?;
+            let got =
+                res.map_err(|e| format!("message {i}: receiving the echo: {}", ErrorChain(&e)))?;
             if got.len != size || back[..] != payload[..] {
                 return Err(format!("message {i}: echo differs ({} bytes)", got.len).into());
             }
@@ -233,7 +235,7 @@ fn main() -> ExitCode {
             let device = args.device.clone();
             let srv = std::thread::spawn(move || {
                 let addr = "127.0.0.1:0".parse().expect("valid");
-                server(device.as_deref(), addr, size, true, Some(tx)).map_err(|e| e.to_string())
+                server(device.as_deref(), addr, size, true, Some(tx)).map_err(|e| cli::chain(&*e))
             });
             match rx.recv_timeout(LIMIT) {
                 Ok(addr) => {
@@ -263,8 +265,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints `e` and returns the failure exit code.
+/// Prints `e` with its causes and returns the failure exit code.
 fn fail(e: Box<dyn std::error::Error>) -> ExitCode {
-    eprintln!("pingpong: {e}");
-    ExitCode::FAILURE
+    cli::fail("pingpong", &*e)
 }

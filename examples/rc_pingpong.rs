@@ -46,10 +46,7 @@ fn main() -> ExitCode {
     cli::init_tracing();
     match run(&Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            rc_exchange::report("rc_pingpong", &*e);
-            ExitCode::FAILURE
-        }
+        Err(e) => cli::fail("rc_pingpong", &*e),
     }
 }
 

@@ -48,6 +48,7 @@ const ADDR_WAIT: Duration = Duration::from_secs(5);
 
 use cli::thread_cpu;
 use rpc_echo_common::{rc_loop, rdma_loop, tcp_loop, BoxError, Figures};
+use verbio::ErrorChain;
 
 /// RPC echo over UD; without --server/--client both sides run in this
 /// process, followed by a TCP request/response loop for comparison.
@@ -141,7 +142,10 @@ async fn call_loop<T: Transport>(
                     let mut lat = Vec::with_capacity(n / concurrency);
                     for _ in 0..n / concurrency {
                         let t0 = Instant::now();
-                        let resp = rpc.call(s, ECHO, &req).await.map_err(|e| e.to_string())?;
+                        let resp = rpc
+                            .call(s, ECHO, &req)
+                            .await
+                            .map_err(|e| ErrorChain(&e).to_string())?;
                         lat.push(t0.elapsed());
                         if resp.len() != size {
                             return Err(format!("echo of {} bytes, sent {size}", resp.len()));
@@ -175,7 +179,7 @@ fn serve(tcp: SocketAddr, device: Option<&str>, config: RpcConfig) -> Result<(),
         register_echo(&rpc)?;
         let addr = rpc.local_addr();
         let listener = TcpListener::bind(tcp)
-            .map_err(|e| format!("binding the address server to {tcp}: {e}"))?;
+            .map_err(|e| format!("binding the address server to {tcp}: {}", ErrorChain(&e)))?;
         println!(
             "serving RPC echo at {addr}; the address over TCP at {}",
             listener.local_addr()?
@@ -208,10 +212,10 @@ fn fetch_addr(tcp: SocketAddr) -> Result<(RpcAddr, IpAddr), BoxError> {
             format!("no {what} arrived")
         }
         std::io::ErrorKind::UnexpectedEof => format!("closed before the {what}"),
-        _ => format!("reading the {what}: {e}"),
+        _ => format!("reading the {what}: {}", ErrorChain(&e)),
     };
     let conn = TcpStream::connect_timeout(&tcp, ADDR_WAIT)
-        .map_err(|e| format!("connecting to the server at {tcp}: {e}"))?;
+        .map_err(|e| format!("connecting to the server at {tcp}: {}", ErrorChain(&e)))?;
     conn.set_read_timeout(Some(ADDR_WAIT))?;
     let local_ip = conn.local_addr()?.ip();
     let mut conn = BufReader::new(conn);
@@ -278,12 +282,14 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let (addr_tx, addr_rx) = mpsc::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let server = std::thread::spawn(move || -> Result<(), String> {
-        let rt = Runtime::new().map_err(|e| e.to_string())?;
+        let rt = Runtime::new().map_err(|e| ErrorChain(&e).to_string())?;
         rt.block_on(async {
             let rpc = rpc_endpoint(device.as_deref(), Ipv4Addr::LOCALHOST.into(), server_config)
-                .map_err(|e| e.to_string())?;
-            register_echo(&rpc).map_err(|e| e.to_string())?;
-            addr_tx.send(rpc.local_addr()).map_err(|e| e.to_string())?;
+                .map_err(|e| ErrorChain(&*e).to_string())?;
+            register_echo(&rpc).map_err(|e| ErrorChain(&e).to_string())?;
+            addr_tx
+                .send(rpc.local_addr())
+                .map_err(|e| ErrorChain(&e).to_string())?;
             // Ends when the client side sends or drops its stop.
             let _ = rpc.serve_until(stop_rx).await;
             tracing::debug!(
@@ -353,9 +359,6 @@ fn main() -> ExitCode {
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rpc_echo: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => cli::fail("rpc_echo", &*e),
     }
 }

@@ -32,6 +32,7 @@ use clap::Parser;
 use verbio::rpc::ud::{UdConfig, UdTransport};
 use verbio::rpc::{Request, Rpc, RpcConfig, SessionId, SESSION_SLOTS};
 use verbio::runtime::{sleep, spawn, Device, Runtime};
+use verbio::ErrorChain;
 
 /// GET: request = key (8 bytes LE); response = the value, or empty.
 const GET: u8 = 1;
@@ -61,6 +62,10 @@ struct Args {
     /// Value size in bytes.
     #[arg(long, default_value_t = 32)]
     value_size: usize,
+    /// Largest preload (keys × value size, held by the workers) run
+    /// without complaint, in MiB; a larger one is refused.
+    #[arg(long, default_value_t = 1024)]
+    max_preload_mib: usize,
     /// Share of PUTs among the calls, in percent.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
     put_percent: u8,
@@ -70,10 +75,11 @@ struct Args {
 }
 
 fn endpoint(device: Option<&str>) -> Result<Rpc<UdTransport>, BoxError> {
-    let ctx =
-        cli::open_device_or_soft(device, Ipv4Addr::LOCALHOST.into()).map_err(|e| e.to_string())?;
-    let dev = Device::open(ctx).map_err(|e| e.to_string())?;
-    let transport = UdTransport::new(&dev, &UdConfig::default()).map_err(|e| e.to_string())?;
+    let ctx = cli::open_device_or_soft(device, Ipv4Addr::LOCALHOST.into())
+        .map_err(|e| ErrorChain(&e).to_string())?;
+    let dev = Device::open(ctx).map_err(|e| ErrorChain(&e).to_string())?;
+    let transport =
+        UdTransport::new(&dev, &UdConfig::default()).map_err(|e| ErrorChain(&e).to_string())?;
     Ok(Rpc::new(transport, RpcConfig::default()))
 }
 
@@ -109,7 +115,7 @@ fn worker(
             }
             async move { resp }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ErrorChain(&e).to_string())?;
         rpc.register(PUT, move |req: Request| {
             if let Some(k) = key_of(req.data()) {
                 let value = &req.data()[8..];
@@ -125,8 +131,9 @@ fn worker(
             let resp = req.response();
             async move { resp }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ErrorChain(&e).to_string())?;
         addr_tx.send((index, rpc.local_addr().into_bytes()))?;
+        drop(addr_tx);
         while stop.try_recv().is_err() {
             sleep(Duration::from_millis(5)).await;
         }
@@ -170,7 +177,11 @@ fn client(
         let rpc = Rc::new(endpoint(args.device.as_deref())?);
         let mut sessions: Vec<SessionId> = Vec::new();
         for w in workers.iter() {
-            sessions.push(rpc.connect(w).await.map_err(|e| e.to_string())?);
+            sessions.push(
+                rpc.connect(w)
+                    .await
+                    .map_err(|e| ErrorChain(&e).to_string())?,
+            );
         }
         let sessions = Rc::new(sessions);
         start.wait();
@@ -207,7 +218,7 @@ fn client(
                         let resp = rpc
                             .call(session, if put { PUT } else { GET }, &req)
                             .await
-                            .map_err(|e| e.to_string())?;
+                            .map_err(|e| ErrorChain(&e).to_string())?;
                         if !put
                             && (resp.len() != args.value_size
                                 || (args.value_size > 0 && resp[0] != key as u8))
@@ -242,7 +253,60 @@ fn client(
     })
 }
 
+/// Preloads above this many bytes are announced (they take a while).
+const PRELOAD_NOTE: usize = 64 << 20;
+
+/// The bytes of values the workers preload, refused above
+/// `--max-preload-mib`: `--value-size 100000` with the default keys would
+/// be 10 GB.
+fn preload_bytes(args: &Args) -> Result<usize, String> {
+    let max = args.max_preload_mib.saturating_mul(1 << 20);
+    match args.keys.checked_mul(args.value_size) {
+        Some(bytes) if bytes <= max => Ok(bytes),
+        bytes => Err(format!(
+            "preloading {} keys × {} B values = {} MiB, over --max-preload-mib {}: \
+             lower --keys or --value-size, or raise --max-preload-mib",
+            args.keys,
+            args.value_size,
+            bytes.map_or("more than usize::MAX bytes".to_string(), |b| (b >> 20)
+                .to_string()),
+            args.max_preload_mib
+        )),
+    }
+}
+
+/// Stops the workers and returns why the first that failed did (or
+/// `what` if none says).
+fn workers_failed(
+    what: &str,
+    stops: Vec<mpsc::Sender<()>>,
+    servers: Vec<std::thread::JoinHandle<Result<(), BoxError>>>,
+) -> BoxError {
+    for s in stops {
+        let _ = s.send(());
+    }
+    let mut why = None;
+    for (i, s) in servers.into_iter().enumerate() {
+        let failed = match s.join() {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => format!("worker {i}: {}", ErrorChain(&*e)),
+            Err(_) => format!("worker {i} panicked"),
+        };
+        why.get_or_insert(failed);
+    }
+    why.unwrap_or_else(|| what.to_string()).into()
+}
+
 fn run(args: &Args) -> Result<(), BoxError> {
+    let preload = preload_bytes(args)?;
+    if preload > PRELOAD_NOTE {
+        println!(
+            "note: preloading {} MiB ({} keys × {} B) across the workers",
+            preload >> 20,
+            args.keys,
+            args.value_size
+        );
+    }
     if args.concurrency > SESSION_SLOTS * args.workers {
         println!(
             "note: {} calls in flight per client exceed the {} slots of its {} sessions; \
@@ -264,7 +328,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
     drop(addr_tx);
     let mut addrs = vec![Vec::new(); args.workers];
     for _ in 0..args.workers {
-        let (i, a) = addr_rx.recv().map_err(|_| "a worker failed to start")?;
+        // Every worker drops its sender once it sent or failed: no wait
+        // for one that is gone.
+        let Ok((i, a)) = addr_rx.recv() else {
+            return Err(workers_failed("a worker failed to start", stops, servers));
+        };
         addrs[i] = a;
     }
     let addrs = Arc::new(addrs);
@@ -315,9 +383,6 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rpc_kv: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => cli::fail("rpc_kv", &*e),
     }
 }

@@ -59,10 +59,7 @@ fn main() -> ExitCode {
     cli::init_tracing();
     match run(&Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            rc_exchange::report("srq_pingpong", &*e);
-            ExitCode::FAILURE
-        }
+        Err(e) => cli::fail("srq_pingpong", &*e),
     }
 }
 

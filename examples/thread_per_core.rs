@@ -37,6 +37,7 @@ use verbio::ops::verbs::Verbs;
 use verbio::provider::open_device;
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{spawn, Device, QueuePair, Runtime};
+use verbio::ErrorChain;
 
 /// Bound of the whole run.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -80,11 +81,11 @@ fn shared_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// A runtime and a device on the current thread: `--device`, else the first
 /// active RNIC, else a fresh soft device.
 fn runtime_and_device() -> Result<(Runtime, Device), String> {
-    let rt = Runtime::new().map_err(|e| format!("runtime: {e}"))?;
+    let rt = Runtime::new().map_err(|e| format!("runtime: {}", ErrorChain(&e)))?;
     let name = DEVICE.get().and_then(|d| d.as_deref());
-    let ctx = open_device(name).map_err(|e| format!("device: {e}"))?;
+    let ctx = open_device(name).map_err(|e| format!("device: {}", ErrorChain(&e)))?;
     tracing::info!(device = ctx.name(), kind = %ctx.kind(), "opened the RDMA device");
-    let dev = Device::open(ctx).map_err(|e| format!("device: {e}"))?;
+    let dev = Device::open(ctx).map_err(|e| format!("device: {}", ErrorChain(&e)))?;
     Ok((rt, dev))
 }
 
@@ -93,20 +94,23 @@ fn runtime_and_device() -> Result<(Runtime, Device), String> {
 /// queue has room) before the reply goes out, so the client's next SEND
 /// always finds one waiting instead of being refused (RNR) and retried.
 async fn echo(qp: QueuePair, pool: MrPool, size: usize) -> Result<usize, String> {
-    let alloc = || pool.alloc(size).map_err(|e| format!("buffer: {e}"));
+    let alloc = || {
+        pool.alloc(size)
+            .map_err(|e| format!("buffer: {}", ErrorChain(&e)))
+    };
     let mut spare = alloc()?;
     let mut next = qp.recv(alloc()?);
     let mut served = 0;
     loop {
         let (res, mut got) = next.await;
-        let len = res.map_err(|e| format!("recv: {e}"))?.len;
+        let len = res.map_err(|e| format!("recv: {}", ErrorChain(&e)))?.len;
         if len == 0 {
             return Ok(served);
         }
         next = qp.recv(spare);
         got.truncate(len);
         let (res, sent) = qp.send(got).await;
-        res.map_err(|e| format!("send: {e}"))?;
+        res.map_err(|e| format!("send: {}", ErrorChain(&e)))?;
         spare = sent;
         served += 1;
     }
@@ -129,8 +133,8 @@ fn worker(
     let (rt, dev) = runtime_and_device()?;
     let pool = MrPool::new(dev.pd());
     let qps = DeviceQps::new(dev.clone(), QpConfig::default());
-    let listener =
-        Listener::from_std(listener, qps, HANDSHAKE).map_err(|e| format!("listener: {e}"))?;
+    let listener = Listener::from_std(listener, qps, HANDSHAKE)
+        .map_err(|e| format!("listener: {}", ErrorChain(&e)))?;
     rt.block_on(async {
         let mut conns = FuturesUnordered::new();
         let mut stop = stop;
@@ -138,7 +142,7 @@ fn worker(
         while let Either::Left((conn, _)) =
             select(std::pin::pin!(listener.accept()), &mut stop).await
         {
-            let qp = conn.map_err(|e| format!("accept: {e}"))?.qp;
+            let qp = conn.map_err(|e| format!("accept: {}", ErrorChain(&e)))?.qp;
             conns.push(spawn(echo(qp, pool.clone(), size)));
         }
         let connections = conns.len();
@@ -161,36 +165,51 @@ fn client(addr: SocketAddr, rounds: usize, size: usize) -> Result<(), String> {
     rt.block_on(async {
         let qp = connect(addr, &qps, HANDSHAKE)
             .await
-            .map_err(|e| format!("connect: {e}"))?
+            .map_err(|e| format!("connect: {}", ErrorChain(&e)))?
             .qp;
         let msg: Vec<u8> = (0..size).map(|i| i as u8).collect();
         for i in 0..rounds {
-            let reply = qp.recv(pool.alloc(size).map_err(|e| format!("buffer: {e}"))?);
-            let out = pool.alloc_from(&msg).map_err(|e| format!("buffer: {e}"))?;
+            let reply = qp.recv(
+                pool.alloc(size)
+                    .map_err(|e| format!("buffer: {}", ErrorChain(&e)))?,
+            );
+            let out = pool
+                .alloc_from(&msg)
+                .map_err(|e| format!("buffer: {}", ErrorChain(&e)))?;
             let (res, _) = qp.send(out).await;
-            res.map_err(|e| format!("send {i}: {e}"))?;
+            res.map_err(|e| format!("send {i}: {}", ErrorChain(&e)))?;
             let (res, back) = reply.await;
-            let n = res.map_err(|e| format!("recv {i}: {e}"))?.len;
+            let n = res
+                .map_err(|e| format!("recv {i}: {}", ErrorChain(&e)))?
+                .len;
             if back[..n] != msg[..] {
                 return Err(format!("round {i}: the echo differs"));
             }
         }
         // An empty SEND ends the connection at the worker.
         let (res, _) = qp
-            .send(pool.alloc(0).map_err(|e| format!("buffer: {e}"))?)
+            .send(
+                pool.alloc(0)
+                    .map_err(|e| format!("buffer: {}", ErrorChain(&e)))?,
+            )
             .await;
-        res.map(drop).map_err(|e| format!("bye: {e}"))
+        res.map(drop)
+            .map_err(|e| format!("bye: {}", ErrorChain(&e)))
     })
 }
 
 fn run(args: &Args) -> Result<(), String> {
     // The first socket picks the port; the others join it.
     let first = shared_listener(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .map_err(|e| format!("listen: {e}"))?;
-    let addr = first.local_addr().map_err(|e| format!("listen: {e}"))?;
+        .map_err(|e| format!("listen: {}", ErrorChain(&e)))?;
+    let addr = first
+        .local_addr()
+        .map_err(|e| format!("listen: {}", ErrorChain(&e)))?;
     let mut sockets = vec![first];
     for _ in 1..args.workers {
-        sockets.push(shared_listener(addr).map_err(|e| format!("listen on {addr}: {e}"))?);
+        sockets.push(
+            shared_listener(addr).map_err(|e| format!("listen on {addr}: {}", ErrorChain(&e)))?,
+        );
     }
     let mut stops = Vec::new();
     let workers: Vec<_> = sockets
@@ -203,7 +222,7 @@ fn run(args: &Args) -> Result<(), String> {
             std::thread::Builder::new()
                 .name(format!("worker-{i}"))
                 .spawn(move || worker(socket, size, rx))
-                .map_err(|e| format!("worker thread: {e}"))
+                .map_err(|e| format!("worker thread: {}", ErrorChain(&e)))
         })
         .collect::<Result<_, _>>()?;
     println!(

@@ -492,16 +492,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let mut msg = e.to_string();
-            let mut source = e.source();
-            while let Some(s) = source {
-                msg.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            eprintln!("ud_pingpong: {msg}");
-            ExitCode::FAILURE
-        }
+        Err(e) => cli::fail("ud_pingpong", &*e),
     }
 }
 

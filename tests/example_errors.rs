@@ -1,7 +1,11 @@
 //! The examples fail promptly and say why on what a new user first tries
 //! (issue 33): a missing input file, a message size above the buffer
-//! pool's classes, no server listening yet, a server of another kind. Uses the example binaries
-//! `cargo test` builds; skipped (with the reason) when they are not there.
+//! pool's classes, no server listening yet, a server of another kind; their
+//! errors carry the whole cause chain (a port in use, a refused connect, a
+//! device that does not exist and the ones that do); an empty
+//! `VERBIO_DEVICE` means none; `--iters 0` and a huge preload are refused;
+//! logs to a pipe have no colour codes. Uses the example binaries `cargo
+//! test` builds; skipped (with the reason) when they are not there.
 
 mod common;
 
@@ -20,9 +24,20 @@ const PROMPT: Duration = Duration::from_secs(20);
 /// Runs `exe args`, killing it after [`PROMPT`]; its exit success and
 /// stderr.
 fn run(exe: &Path, args: &[&str]) -> (bool, String) {
-    let mut child = Command::new(exe)
-        .args(args)
+    run_with(exe, args, &[])
+}
+
+/// [`run`] with environment variables `env` set (`RUST_LOG=warn` unless
+/// they set it, `VERBIO_DEVICE` removed unless they set it).
+fn run_with(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
         .env("RUST_LOG", "warn")
+        .env_remove("VERBIO_DEVICE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -130,4 +145,121 @@ fn rpc_echo_client_says_what_it_expected_from_a_stranger() {
         );
     }
     drop(held); // detached: it ends with the test process
+}
+
+/// A TCP port nobody listens on (bound, then freed).
+fn free_port() -> String {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string()
+}
+
+#[test]
+fn pingpong_says_the_port_is_in_use() {
+    let Some(exe) = example("pingpong_port_in_use", "pingpong") else {
+        return;
+    };
+    let taken = TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let addr = taken.local_addr().expect("its address").to_string();
+    let (ok, err) = run(&exe, &["--server", &addr]);
+    assert!(!ok, "pingpong --server on a port in use succeeded");
+    // The cause, not only "I/O error while binding the listener".
+    assert!(
+        err.contains("binding the listener") && err.contains("in use"),
+        "pingpong --server {addr}: {err}"
+    );
+}
+
+#[test]
+fn file_transfer_says_why_the_connect_failed() {
+    let Some(exe) = example("file_transfer_refused", "file_transfer") else {
+        return;
+    };
+    let input = std::env::current_exe().expect("this test's binary");
+    let to = format!("127.0.0.1:{}", free_port());
+    let (ok, err) = run(&exe, &["--client", &to, input.to_str().unwrap()]);
+    assert!(!ok, "file_transfer --client {to} succeeded");
+    // "connect: connection setup" and why.
+    assert!(
+        err.contains("connect") && err.to_lowercase().contains("refused"),
+        "file_transfer --client {to}: {err}"
+    );
+}
+
+#[test]
+fn a_device_that_does_not_exist_is_named_alone_with_the_ones_that_do() {
+    for (test, name, args) in [
+        ("pingpong_no_such_device", "pingpong", vec!["--iters", "1"]),
+        ("lab_client_no_such_device", "lab_client", vec![]),
+        ("rpc_kv_no_such_device", "rpc_kv", vec!["--seconds", "1"]),
+    ] {
+        let Some(exe) = example(test, name) else {
+            return;
+        };
+        let mut args = args;
+        args.extend(["-d", "nonexistent"]);
+        let (ok, err) = run(&exe, &args);
+        assert!(!ok, "{name} -d nonexistent succeeded");
+        assert!(
+            err.contains("no RDMA device named \"nonexistent\"; ") && err.contains("soft0"),
+            "{name} -d nonexistent: {err}"
+        );
+        // rpc_kv's workers say why they did not start.
+        assert!(!err.contains("a worker failed to start"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn an_empty_verbio_device_means_none() {
+    let Some(exe) = example("pingpong_empty_verbio_device", "pingpong") else {
+        return;
+    };
+    let (ok, err) = run_with(&exe, &["--iters", "3"], &[("VERBIO_DEVICE", "")]);
+    assert!(ok, "pingpong with VERBIO_DEVICE=\"\": {err}");
+}
+
+#[test]
+fn pingpong_refuses_zero_iterations() {
+    let Some(exe) = example("pingpong_zero_iterations", "pingpong") else {
+        return;
+    };
+    let (ok, err) = run(&exe, &["--iters", "0"]);
+    assert!(!ok, "pingpong --iters 0 succeeded");
+    assert!(
+        err.contains("--iters") && err.contains("at least 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn rpc_kv_refuses_a_preload_of_gigabytes() {
+    let Some(exe) = example("rpc_kv_huge_preload", "rpc_kv") else {
+        return;
+    };
+    // 100,000 keys of 100,000 B: 10 GB, refused before any allocation.
+    let (ok, err) = run(&exe, &["--value-size", "100000"]);
+    assert!(!ok, "rpc_kv --value-size 100000 succeeded");
+    assert!(
+        err.contains("9536 MiB") && err.contains("--max-preload-mib"),
+        "rpc_kv --value-size 100000: {err}"
+    );
+}
+
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    let Some(exe) = example("logs_to_a_pipe", "pingpong") else {
+        return;
+    };
+    let (ok, err) = run_with(&exe, &["--iters", "2"], &[("RUST_LOG", "info")]);
+    assert!(ok, "pingpong: {err}");
+    assert!(
+        err.contains("opened the RDMA device"),
+        "no log lines: {err}"
+    );
+    assert!(
+        !err.contains('\x1b'),
+        "ANSI escape codes in a piped log: {err:?}"
+    );
 }

@@ -1,22 +1,45 @@
 //! What the examples share: the device flag, the log subscriber (so that
-//! which device was opened is visible) and the thread's CPU clock. Each
-//! example uses the parts it needs.
+//! which device was opened is visible), the error report (the whole cause
+//! chain, [`fail`]) and the thread's CPU clock. Each example uses the parts
+//! it needs.
 #![allow(dead_code)]
 
+use std::error::Error;
 use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use verbio::provider::{open_device, Context, SoftConfig};
+use verbio::ErrorChain;
 
-/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise; in colour
+/// only when stderr is a terminal (a log file or a pipe gets plain text).
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// `e` and every cause in its `source()` chain on one line
+/// (`top: cause: root cause`), as [`ErrorChain`] shows it. verbio's errors
+/// keep their cause out of their own message: printing only `{e}` drops
+/// it ("binding the listener" without "address in use"). For an error
+/// that crosses a thread as text.
+pub fn chain(e: &(dyn Error + 'static)) -> String {
+    ErrorChain(e).to_string()
+}
+
+/// Prints `program: ` and `e`'s whole cause chain to stderr and returns
+/// the failure exit code: how every example ends on an error.
+pub fn fail(program: &str, e: &(dyn Error + 'static)) -> ExitCode {
+    eprintln!("{program}: {}", ErrorChain(e));
+    ExitCode::FAILURE
 }
 
 /// Opens `name` if given, else a software device whose engine listens on
@@ -25,7 +48,8 @@ pub fn open_device_or_soft(
     name: Option<&str>,
     ip: IpAddr,
 ) -> Result<Context, verbio::provider::ProviderError> {
-    let ctx = match name {
+    // A blank name (an empty VERBIO_DEVICE) is no name.
+    let ctx = match name.map(str::trim).filter(|n| !n.is_empty()) {
         Some(n) => open_device(Some(n))?,
         None => Context::open_soft(SoftConfig {
             bind: SocketAddr::new(ip, 0),

@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use verbio::runtime::{timeout, Device, Runtime};
+use verbio::ErrorChain;
 use verbio::{Rdma, RdmaBuilder};
 
 /// Result of a lab step: any error ends the run with a non-zero exit.
@@ -48,7 +49,8 @@ pub async fn within<T, E: Into<Box<dyn Error>>>(
     f: impl Future<Output = Result<T, E>>,
 ) -> Res<T> {
     match timeout(STEP, f).await {
-        Ok(r) => r.map_err(|e| format!("{what}: {}", e.into()).into()),
+        // The cause chain kept as text: "connect: connection setup: …".
+        Ok(r) => r.map_err(|e| format!("{what}: {}", ErrorChain(&*e.into())).into()),
         Err(_) => Err(format!("{what}: timed out after {STEP:?}").into()),
     }
 }

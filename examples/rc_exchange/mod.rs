@@ -38,6 +38,7 @@ use verbio::provider::{Context, Endpoint, Gid, InitAttr, Mtu, ProviderKind, RtrA
 use verbio::runtime::buf::{LocalBuf, MrPool};
 use verbio::runtime::{timeout, Device, QueuePair, RecvRing, Runtime};
 
+use verbio::ErrorChain;
 use wire::{Oob, WireDest};
 
 /// The flags both programs have (their names and defaults).
@@ -193,7 +194,7 @@ async fn ping_pong(
         .await;
         let q = match ev {
             Event::Sent((q, res, buf)) => {
-                res.map_err(|e| format!("send on QP {q}: {e}"))?;
+                res.map_err(|e| format!("send on QP {q}: {}", ErrorChain(&e)))?;
                 bufs[q] = Some(buf);
                 scnt += 1;
                 pending[q] &= !SEND;
@@ -438,15 +439,4 @@ pub fn run(
         }
     );
     Ok(())
-}
-
-/// `main`'s error report: the error and its causes on one line.
-pub fn report(name: &str, e: &dyn Error) {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    eprintln!("{name}: {msg}");
 }

@@ -12,6 +12,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use verbio::provider::Gid;
+use verbio::ErrorChain;
 
 /// Bytes of one address message.
 pub const MSG_LEN: usize = "0000:000000:000000:00000000000000000000000000000000".len() + 1;
@@ -133,7 +134,9 @@ pub fn exchange(
                         )
                         .into())
                     }
-                    Err(e) => return Err(format!("connecting to {addr}: {e}").into()),
+                    Err(e) => {
+                        return Err(format!("connecting to {addr}: {}", ErrorChain(&e)).into())
+                    }
                 }
             }
         }
@@ -163,15 +166,16 @@ pub fn exchange(
             for i in 0..slots {
                 let mut msg = [0u8; MSG_LEN];
                 s.read_exact(&mut msg)
-                    .map_err(|e| format!("reading the peer's address {i}: {e}"))?;
+                    .map_err(|e| format!("reading the peer's address {i}: {}", ErrorChain(&e)))?;
                 dests.push(WireDest::parse(&msg)?);
             }
             let soft = match our_soft {
                 None => None,
                 Some(_) => {
                     let mut frame = [0u8; SOFT_ADDR_LEN];
-                    s.read_exact(&mut frame)
-                        .map_err(|e| format!("reading the peer's soft engine address: {e}"))?;
+                    s.read_exact(&mut frame).map_err(|e| {
+                        format!("reading the peer's soft engine address: {}", ErrorChain(&e))
+                    })?;
                     let end = frame.iter().position(|&b| b == 0).unwrap_or(SOFT_ADDR_LEN);
                     let text = std::str::from_utf8(&frame[..end]).unwrap_or("");
                     Some(
@@ -194,7 +198,7 @@ pub fn exchange(
         let mut done = [0u8; 5];
         stream
             .read_exact(&mut done)
-            .map_err(|e| format!("reading the client's done: {e}"))?;
+            .map_err(|e| format!("reading the client's done: {}", ErrorChain(&e)))?;
         Ok(theirs)
     }
 }

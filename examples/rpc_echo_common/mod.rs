@@ -11,6 +11,7 @@ use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
 use verbio::ops::verbs::Verbs;
 use verbio::runtime::buf::MrPool;
 use verbio::runtime::{timeout, Device, QueuePair, Runtime};
+use verbio::ErrorChain;
 use verbio::RdmaBuilder;
 
 /// The examples' boxed error.
@@ -173,7 +174,7 @@ pub fn rc_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figure
                 Ok(())
             })
         };
-        run().map_err(|e| e.to_string())
+        run().map_err(|e| ErrorChain(&*e).to_string())
     });
     let at = rx.recv_timeout(LIMIT)?;
     let rt = Runtime::new()?;
@@ -228,7 +229,7 @@ pub fn rdma_loop(device: Option<&str>, calls: usize, size: usize) -> Result<Figu
                 }
             })
         };
-        run().map_err(|e| e.to_string())
+        run().map_err(|e| ErrorChain(&*e).to_string())
     });
     let at = rx.recv_timeout(LIMIT)?;
     let rt = Runtime::new()?;

@@ -199,3 +199,35 @@ fn unsupported_combinations_exit_with_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--api rpc carries messages up to"));
 }
+
+/// Logs to a pipe are plain text: no ANSI colour codes (issue 33).
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    let mut child = Command::new(BIN)
+        .args(["write_lat", "-p", "0", "-d", "soft0"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the server");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut seen = Vec::new();
+    for line in BufReader::new(stderr).lines() {
+        let line = line.expect("readable stderr");
+        let done = line.contains("listening on ");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        seen.iter().any(|l| l.contains("INFO")),
+        "no log line before the address: {seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|l| l.contains('\x1b')),
+        "ANSI escape codes in a piped log: {seen:?}"
+    );
+}

@@ -44,7 +44,7 @@ fn unknown_name_is_device_not_found() {
     })
     .expect_err("bogus device opened");
     match err {
-        ProviderError::DeviceNotFound { name } => assert_eq!(name, "no_such_rdma_dev"),
+        ProviderError::DeviceNotFound { name, .. } => assert_eq!(name, "no_such_rdma_dev"),
         ProviderError::NoDevice { .. } => {} // no devices at all on this host
         other => panic!("unexpected {other:?}"),
     }

@@ -179,6 +179,7 @@ mod tests {
                     stage: "opening the device",
                     source: ProviderError::DeviceNotFound {
                         name: "mlx5_9".into(),
+                        known: "the devices here: mlx5_0".into(),
                     },
                 },
                 ErrorKind::NotFound,

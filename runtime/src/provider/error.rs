@@ -18,10 +18,13 @@ pub enum ProviderError {
         reason: String,
     },
     /// A device with that name does not exist.
-    #[error("no RDMA device named {name:?}")]
+    #[error("no RDMA device named {name:?}; {known}")]
     DeviceNotFound {
         /// The requested name.
         name: String,
+        /// The devices that do exist (or why none can open), for the user
+        /// to pick from.
+        known: String,
     },
     /// A verbs call failed.
     #[error("{call} failed")]

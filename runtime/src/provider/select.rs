@@ -19,8 +19,9 @@ fn is_soft_name(name: &str) -> bool {
 
 /// Opens a device.
 ///
-/// - `Some(name)`: that device; names starting with `soft` open a software
-///   device of that name, anything else an ibverbs device
+/// - `Some(name)`: that device (a blank name counts as `None`); names
+///   starting with `soft` open a software device of that name, anything
+///   else an ibverbs device
 ///   ([`ProviderError::DeviceNotFound`](super::ProviderError::DeviceNotFound) / [`ProviderError::NoDevice`](super::ProviderError::NoDevice) if absent).
 /// - `None`: the device named by `VERBIO_DEVICE` if set and non-empty, else the
 ///   first ibverbs device that has an active port, else the software device
@@ -30,7 +31,7 @@ fn is_soft_name(name: &str) -> bool {
 ///   port is down, silently running on the software device is rarely
 ///   meant). Use [`open_hardware_device`] to refuse the fallback.
 pub fn open_device(name: Option<&str>) -> Result<Context> {
-    if let Some(name) = name {
+    if let Some(name) = given(name) {
         return open_named(name);
     }
     if let Ok(name) = std::env::var(DEVICE_ENV) {
@@ -61,7 +62,7 @@ pub fn open_device(name: Option<&str>) -> Result<Context> {
 /// feature), and with [`ProviderError::InvalidArgument`] for a `soft*` name.
 pub fn open_hardware_device(name: Option<&str>) -> Result<Context> {
     let env = std::env::var(DEVICE_ENV).ok();
-    let named = name.or_else(|| env.as_deref().map(str::trim).filter(|n| !n.is_empty()));
+    let named = given(name).or_else(|| given(env.as_deref()));
     if let Some(name) = named {
         if is_soft_name(name) {
             return Err(ProviderError::InvalidArgument {
@@ -77,6 +78,13 @@ pub fn open_hardware_device(name: Option<&str>) -> Result<Context> {
             listed_hint(&sysfs_devices(Path::new(SYSFS_INFINIBAND)))
         ),
     })
+}
+
+/// `name` trimmed, `None` if blank: an empty name (an empty
+/// `VERBIO_DEVICE` passed on by a command-line parser, say) means "none
+/// given", not a device called "".
+fn given(name: Option<&str>) -> Option<&str> {
+    name.map(str::trim).filter(|n| !n.is_empty())
 }
 
 /// The entries of a sysfs RDMA class directory (empty if it is absent).
@@ -131,9 +139,37 @@ fn open_named(name: &str) -> Result<Context> {
     }
     #[cfg(not(feature = "ibverbs"))]
     {
-        Err(super::ProviderError::DeviceNotFound {
-            name: format!("{name} (built without the `ibverbs` feature: only soft devices)"),
-        })
+        Err(device_not_found(name, &[]))
+    }
+}
+
+/// [`ProviderError::DeviceNotFound`] for `name`, listing the devices that
+/// exist: `ibverbs` (the names libibverbs lists; empty in a build without
+/// the `ibverbs` feature), the software devices, and in a build without
+/// the feature the devices the kernel lists (which it cannot open).
+pub(crate) fn device_not_found(name: &str, ibverbs: &[String]) -> ProviderError {
+    const SOFT: &str = "software devices: any name starting with \"soft\", e.g. soft0";
+    let known = if cfg!(feature = "ibverbs") {
+        if ibverbs.is_empty() {
+            format!("libibverbs lists no device; {SOFT}")
+        } else {
+            format!("the devices here: {}; {SOFT}", ibverbs.join(", "))
+        }
+    } else {
+        let listed = sysfs_devices(Path::new(SYSFS_INFINIBAND));
+        let kernel = if listed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (the kernel lists {}: build with --features ibverbs to open them)",
+                listed.join(", ")
+            )
+        };
+        format!("this build has no `ibverbs` feature, so only {SOFT}{kernel}")
+    };
+    ProviderError::DeviceNotFound {
+        name: name.to_string(),
+        known,
     }
 }
 
@@ -245,6 +281,31 @@ mod tests {
         match open_device(Some("no_such_dev9")) {
             Err(ProviderError::DeviceNotFound { .. }) | Err(ProviderError::NoDevice { .. }) => {}
             other => panic!("expected DeviceNotFound/NoDevice, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_blank_name_is_no_name() {
+        assert_eq!(given(Some("")), None);
+        assert_eq!(given(Some("  ")), None);
+        assert_eq!(given(None), None);
+        assert_eq!(given(Some(" soft3 ")), Some("soft3"));
+    }
+
+    #[test]
+    fn an_unknown_name_is_quoted_alone_and_the_known_devices_follow() {
+        let e = device_not_found("nonexistent", &["rxe0".into(), "mlx5_0".into()]).to_string();
+        assert!(
+            e.starts_with("no RDMA device named \"nonexistent\"; "),
+            "the name is quoted alone: {e}"
+        );
+        assert!(e.contains("soft0"), "the software devices are named: {e}");
+        if cfg!(feature = "ibverbs") {
+            assert!(e.contains("the devices here: rxe0, mlx5_0"), "{e}");
+            let none = device_not_found("x", &[]).to_string();
+            assert!(none.contains("libibverbs lists no device"), "{none}");
+        } else {
+            assert!(e.contains("no `ibverbs` feature"), "{e}");
         }
     }
 }

@@ -229,8 +229,9 @@ impl Context {
         let list = DeviceList::get()?;
         let index = (0..list.len)
             .find(|&i| list.name(i) == name)
-            .ok_or_else(|| ProviderError::DeviceNotFound {
-                name: name.to_string(),
+            .ok_or_else(|| {
+                let names: Vec<String> = (0..list.len).map(|i| list.name(i).to_string()).collect();
+                crate::provider::select::device_not_found(name, &names)
             })?;
         let guid = list.guid(index);
         // SAFETY: a valid device pointer from the live list.
