@@ -8,6 +8,7 @@ pub mod error;
 #[cfg(feature = "fuzzing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzz_checks;
+pub mod handle;
 pub mod rpc;
 pub mod verbs;
 

@@ -26,6 +26,7 @@ mod wake;
 
 pub use device::Device;
 pub use op::{Completable, Op, SubmitError};
+pub use pool::{Placement, Pool, PoolBuilder, PoolError, PoolJoinHandle};
 pub use qp::{Bind, Invalidate, WindowVerb};
 pub use qp::{
     Datagram, DatagramSource, GatherChainVerb, GatherVerb, QueuePair, RecvRing, RecvRingConfig,

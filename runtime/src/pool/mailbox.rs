@@ -240,6 +240,13 @@ impl<M> MailReceiver<M> {
         }
     }
 
+    /// Stops accepting messages, as [`MailSender::close`]: what is queued
+    /// is still taken, then [`poll_recv`](Self::poll_recv) returns `None`.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.wake_room_waiters();
+    }
+
     /// Waits for the next message (see [`poll_recv`](Self::poll_recv)).
     pub async fn recv(&self) -> Option<M> {
         std::future::poll_fn(|cx| self.poll_recv(cx)).await

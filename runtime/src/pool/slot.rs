@@ -11,7 +11,7 @@
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -29,6 +29,10 @@ pub struct Slot<T> {
     /// Initialized exactly while `state` is `FULL`.
     value: UnsafeCell<MaybeUninit<T>>,
     waker: AtomicWaker,
+    /// The answer was dropped (nobody will read the value).
+    abandoned: AtomicBool,
+    /// The completer's task, woken when the answer is dropped.
+    abandon_waker: AtomicWaker,
 }
 
 // SAFETY: `value` is written by the one `Completer` before it publishes
@@ -45,6 +49,8 @@ impl<T> Slot<T> {
             state: AtomicU8::new(EMPTY),
             value: UnsafeCell::new(MaybeUninit::uninit()),
             waker: AtomicWaker::new(),
+            abandoned: AtomicBool::new(false),
+            abandon_waker: AtomicWaker::new(),
         }
     }
 }
@@ -96,7 +102,29 @@ impl<T: Send> Completer<T> {
 
     /// True if the asking future is gone (nobody will read the answer).
     pub fn is_abandoned(&self) -> bool {
-        self.slot.as_ref().is_none_or(|s| Arc::strong_count(s) == 1)
+        self.slot
+            .as_ref()
+            .is_none_or(|s| s.abandoned.load(Ordering::Acquire))
+    }
+
+    /// Ready once the asking future is gone: a request that waits (for a
+    /// message, a connection) races it, so that what it would take is left
+    /// for the next asker rather than answered to nobody.
+    pub fn poll_abandoned(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(s) = &self.slot else {
+            return Poll::Ready(());
+        };
+        s.abandon_waker.register(cx.waker());
+        if s.abandoned.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Completes when the asking future is gone ([`poll_abandoned`](Self::poll_abandoned)).
+    pub async fn abandoned(&self) {
+        std::future::poll_fn(|cx| self.poll_abandoned(cx)).await
     }
 }
 
@@ -122,6 +150,15 @@ pub struct Answer<T: Send> {
 impl<T: Send> std::fmt::Debug for Answer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Answer").finish_non_exhaustive()
+    }
+}
+
+impl<T: Send> Drop for Answer<T> {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot.take() {
+            s.abandoned.store(true, Ordering::Release);
+            s.abandon_waker.wake();
+        }
     }
 }
 
@@ -196,18 +233,21 @@ impl<T: Send> SlotCache<T> {
         let Some(mut s) = answer.slot.take() else {
             return;
         };
-        let Some(inner) = Arc::get_mut(&mut s) else {
-            return;
-        };
-        if !matches!(*inner.state.get_mut(), TAKEN | LOST) {
-            return;
-        }
-        *inner.state.get_mut() = EMPTY;
-        if let Ok(mut f) = self.free.try_lock() {
-            if f.len() < self.max {
-                f.push(s);
+        if let Some(inner) = Arc::get_mut(&mut s) {
+            if matches!(*inner.state.get_mut(), TAKEN | LOST) {
+                *inner.state.get_mut() = EMPTY;
+                *inner.abandoned.get_mut() = false;
+                if let Ok(mut f) = self.free.try_lock() {
+                    if f.len() < self.max {
+                        f.push(s);
+                    }
+                }
+                return;
             }
         }
+        // Not done with: dropped like any answer.
+        s.abandoned.store(true, Ordering::Release);
+        s.abandon_waker.wake();
     }
 }
 

@@ -219,7 +219,9 @@ impl ThreadContext {
     }
 }
 
-/// The future of [`ThreadContext::shutdown_signal`].
+/// The future of [`ThreadContext::shutdown_signal`]; clones hear the same
+/// shutdown.
+#[derive(Clone)]
 pub struct ShutdownSignal {
     state: Rc<RefCell<ShutdownState>>,
 }

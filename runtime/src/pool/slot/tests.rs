@@ -31,7 +31,12 @@ fn a_completer_dropped_unanswered_reports_the_loss() {
 fn a_completer_sees_its_answer_abandoned() {
     let (done, answer) = slot::<u32>();
     assert!(!done.is_abandoned());
-    drop(answer);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(done.poll_abandoned(&mut cx).is_pending());
+    let t = std::thread::spawn(move || drop(answer));
+    futures::executor::block_on(done.abandoned());
+    t.join().unwrap();
     assert!(done.is_abandoned());
     done.complete(1);
 }

@@ -1,0 +1,71 @@
+//! `Send + Sync + Clone` handles to connections living on the runtime
+//! threads of a [`Pool`](verbio_runtime::pool::Pool): use an [`Rdma`]
+//! from any thread, e.g. from tasks of tokio's multi-thread runtime.
+//!
+//! An [`RdmaHandle`] names a connection that stays on one runtime thread,
+//! served there by a task of its own; each call is a request in the
+//! connection's [mailbox](verbio_runtime::pool::mailbox()) (woken once per
+//! burst) answered through a recycled
+//! [completion slot](verbio_runtime::pool::SlotCache). The futures are
+//! `Send`; the data they carry (a message, a WRITE's bytes) is owned by the
+//! request, on the runtime thread, until its operation completes: dropping
+//! a future mid-flight never frees memory the device may still read or
+//! write. A request dropped before its operation started is not started;
+//! a `receive` dropped while waiting leaves the next message for the next
+//! `receive` (one that has already taken a message when its future is
+//! dropped loses it, as with any cancelled receive).
+//!
+//! [`ListenerHandle`] accepts connections (they live on the listener's
+//! thread: bind one listener per thread, e.g. on separate ports, to spread
+//! them). [`RemoteMrHandle`] is a peer's memory region this side may READ
+//! and WRITE; it is released when its last clone is dropped.
+//!
+//! One-sided data goes through a copy into (or out of) registered memory
+//! on the runtime thread (`Vec<u8>` in, `Vec<u8>` out), the price of
+//! buffers that cross threads.
+//!
+//! [`Rdma`]: crate::agent::Rdma
+
+mod listener;
+mod rdma;
+mod remote;
+mod serve;
+
+pub use listener::ListenerHandle;
+pub use rdma::RdmaHandle;
+pub use remote::RemoteMrHandle;
+
+use verbio_runtime::pool::PoolError;
+
+use crate::agent::AgentError;
+
+/// Why a handle's call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandleError {
+    /// The connection's own call failed.
+    #[error("the connection's call failed")]
+    Agent(#[from] AgentError),
+    /// The runtime thread the object lives on is gone, or the task
+    /// serving it failed.
+    #[error("the pool thread serving the call")]
+    Pool(#[from] PoolError),
+    /// The remote MR was granted to another connection.
+    #[error("{what}: the remote MR belongs to another connection")]
+    ForeignRemote {
+        /// The call.
+        what: &'static str,
+    },
+    /// The range is outside the remote MR.
+    #[error("{what}: {len} bytes at offset {offset} do not fit the remote MR's {have} bytes")]
+    OutOfBounds {
+        /// The call.
+        what: &'static str,
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// The region's length.
+        have: u64,
+    },
+}

@@ -1,0 +1,231 @@
+//! [`RdmaHandle`]: the asking side of a connection served on a runtime
+//! thread.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use verbio_runtime::pool::{MailSender, Placement, Pool, SlotCache, ThreadRef};
+
+use super::remote::RemoteMrHandle;
+use super::serve::{start, Done, Reply, Request};
+use super::HandleError;
+use crate::agent::{AgentError, CloseReason, Rdma, RdmaBuilder};
+
+/// Requests queued per connection before callers wait for room.
+pub(super) const QUEUE_DEPTH: usize = 256;
+
+/// Idle completion slots kept per connection.
+const CACHED_SLOTS: usize = 64;
+
+/// What every clone of a handle shares.
+pub(crate) struct ConnShared {
+    pub(super) thread: ThreadRef,
+    pub(super) tx: MailSender<Request>,
+    pub(super) slots: SlotCache<Reply>,
+    pub(super) max_send_len: usize,
+}
+
+impl ConnShared {
+    pub(super) fn new(thread: ThreadRef, tx: MailSender<Request>, max_send_len: usize) -> Self {
+        ConnShared {
+            thread,
+            tx,
+            slots: SlotCache::new(CACHED_SLOTS),
+            max_send_len,
+        }
+    }
+}
+
+/// An [`Rdma`] connection living on a pool's runtime thread, usable from
+/// any thread: `Send + Sync + Clone`, and every future it returns is
+/// `Send`. See the [module docs](super) for what crosses threads and what
+/// happens to a future dropped mid-flight.
+///
+/// The connection stays open while a clone of the handle (or of a
+/// [`RemoteMrHandle`] of it) lives; the last one gone closes it, as
+/// dropping an [`Rdma`] does.
+#[derive(Clone)]
+pub struct RdmaHandle {
+    pub(super) conn: Arc<ConnShared>,
+}
+
+impl std::fmt::Debug for RdmaHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaHandle")
+            .field("thread", &self.conn.thread.index())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaHandle {
+    /// Connects to an [`RdmaListener`](crate::agent::RdmaListener) (or a
+    /// [`ListenerHandle`](super::ListenerHandle)) at `addr` from the pool
+    /// thread `placement` names, with the default settings and the
+    /// thread's device (if the pool has one).
+    pub async fn connect(
+        pool: &Pool,
+        placement: Placement,
+        addr: SocketAddr,
+    ) -> Result<RdmaHandle, HandleError> {
+        Self::connect_with(pool, placement, addr, |b| b).await
+    }
+
+    /// [`connect`](Self::connect) with settings: `configure` gets the
+    /// builder (with the thread's device set, if the pool has one) on the
+    /// runtime thread.
+    pub async fn connect_with<F>(
+        pool: &Pool,
+        placement: Placement,
+        addr: SocketAddr,
+        configure: F,
+    ) -> Result<RdmaHandle, HandleError>
+    where
+        F: FnOnce(RdmaBuilder) -> RdmaBuilder + Send + 'static,
+    {
+        let h = pool.spawn(placement, move |cx| {
+            let mut b = RdmaBuilder::new();
+            if let Some(d) = cx.device() {
+                b = b.device(d.clone());
+            }
+            let b = configure(b);
+            let (thread, shutdown) = (cx.thread().clone(), cx.shutdown_signal());
+            async move {
+                let rdma = b.connect(addr).await?;
+                Ok::<_, HandleError>(start(thread, shutdown, rdma))
+            }
+        });
+        h.await?
+    }
+
+    /// Serves an existing connection from its runtime thread (call it on a
+    /// pool thread, e.g. in [`Pool::spawn`]'s closure, with that thread's
+    /// [`ThreadContext`](verbio_runtime::pool::ThreadContext)).
+    pub fn serve(cx: &verbio_runtime::pool::ThreadContext, rdma: Rdma) -> RdmaHandle {
+        start(cx.thread().clone(), cx.shutdown_signal(), rdma)
+    }
+
+    /// The runtime thread the connection lives on.
+    pub fn thread(&self) -> &ThreadRef {
+        &self.conn.thread
+    }
+
+    /// The largest message [`send`](Self::send) takes.
+    pub fn max_send_len(&self) -> usize {
+        self.conn.max_send_len
+    }
+
+    /// Sends `data` as one message ([`Rdma::send`]).
+    pub async fn send(&self, data: Vec<u8>) -> Result<(), HandleError> {
+        self.call(|done| Request::Send { data, done })
+            .await
+            .map(drop)
+    }
+
+    /// The next message ([`Rdma::receive`]). Receives are served in the
+    /// order they were asked for.
+    pub async fn receive(&self) -> Result<Vec<u8>, HandleError> {
+        match self.call(|done| Request::Receive { done }).await? {
+            Done::Bytes(b) => Ok(b),
+            _ => unreachable!("a receive is answered with bytes"),
+        }
+    }
+
+    /// Asks the peer for `len` bytes of its memory
+    /// ([`Rdma::request_remote_mr`]).
+    pub async fn request_remote_mr(&self, len: usize) -> Result<RemoteMrHandle, HandleError> {
+        match self.call(|done| Request::AskRemote { len, done }).await? {
+            Done::Remote(r) => Ok(r),
+            _ => unreachable!("a memory request is answered with a region"),
+        }
+    }
+
+    /// RDMA WRITE of `data` at `offset` in `remote` (copied into registered
+    /// memory on the runtime thread).
+    pub async fn write(
+        &self,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), HandleError> {
+        self.check_remote("write", remote, offset, data.len() as u64)?;
+        let remote = remote.entry.clone();
+        self.call(|done| Request::Write {
+            remote,
+            offset,
+            data,
+            done,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// RDMA READ of `len` bytes at `offset` in `remote`.
+    pub async fn read(
+        &self,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, HandleError> {
+        self.check_remote("read", remote, offset, len as u64)?;
+        let remote = remote.entry.clone();
+        match self
+            .call(|done| Request::Read {
+                remote,
+                offset,
+                len,
+                done,
+            })
+            .await?
+        {
+            Done::Bytes(b) => Ok(b),
+            _ => unreachable!("a read is answered with bytes"),
+        }
+    }
+
+    fn check_remote(
+        &self,
+        what: &'static str,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), HandleError> {
+        if !Arc::ptr_eq(&remote.entry.conn, &self.conn) {
+            return Err(HandleError::ForeignRemote { what });
+        }
+        let have = remote.entry.len;
+        if offset.checked_add(len).is_none_or(|end| end > have) {
+            return Err(HandleError::OutOfBounds {
+                what,
+                offset,
+                len,
+                have,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues the request `make` builds around a completion slot and
+    /// waits for its answer.
+    async fn call(
+        &self,
+        make: impl FnOnce(verbio_runtime::pool::Completer<Reply>) -> Request,
+    ) -> Result<Done, HandleError> {
+        let conn = &self.conn;
+        let (done, mut answer) = conn.slots.pair();
+        if conn.tx.send(make(done)).await.is_err() {
+            // The request (and its completer) is dropped here. The
+            // connection's server stopped taking requests: its thread is
+            // gone, or going (shutdown), or the connection closed.
+            return Err(match conn.thread.check() {
+                Err(e) => e.into(),
+                Ok(()) => AgentError::Closed(CloseReason::Local).into(),
+            });
+        }
+        let r = (&mut answer).await;
+        conn.slots.give_back(answer);
+        match r {
+            Ok(reply) => Ok(reply?),
+            Err(_lost) => Err(conn.thread.lost_error().into()),
+        }
+    }
+}

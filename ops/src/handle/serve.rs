@@ -1,0 +1,363 @@
+//! The runtime thread's side of an [`RdmaHandle`](super::RdmaHandle): the
+//! connection's server task, which takes the requests from the mailbox and
+//! hands them to workers (local tasks, reused: no task per request), and
+//! the one receiver task that serves `receive`s in order.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+
+use futures::future::{select, Either};
+use slab::Slab;
+use verbio_runtime::pool::{mailbox, Completer, MailReceiver, ShutdownSignal, ThreadRef};
+
+use super::rdma::{ConnShared, RdmaHandle, QUEUE_DEPTH};
+use super::remote::{RemoteEntry, RemoteMrHandle};
+use crate::agent::{AgentError, CloseReason, Rdma, RemoteMr};
+
+/// Workers per connection at most: the requests in flight at once (beyond
+/// the receives, served by their own task).
+const MAX_WORKERS: usize = 64;
+
+/// What a request is answered with.
+pub(crate) type Reply = Result<Done, AgentError>;
+
+/// A successful answer.
+pub(crate) enum Done {
+    Unit,
+    Bytes(Vec<u8>),
+    Remote(RemoteMrHandle),
+}
+
+/// A request from a handle.
+pub(crate) enum Request {
+    Send {
+        data: Vec<u8>,
+        done: Completer<Reply>,
+    },
+    Receive {
+        done: Completer<Reply>,
+    },
+    AskRemote {
+        len: usize,
+        done: Completer<Reply>,
+    },
+    Write {
+        remote: Arc<RemoteEntry>,
+        offset: u64,
+        data: Vec<u8>,
+        done: Completer<Reply>,
+    },
+    Read {
+        remote: Arc<RemoteEntry>,
+        offset: u64,
+        len: usize,
+        done: Completer<Reply>,
+    },
+    /// The last holder of a remote MR handle is gone.
+    Release {
+        id: usize,
+    },
+}
+
+/// Starts serving `rdma` on this (a pool) thread; returns its handle.
+pub(super) fn start(thread: ThreadRef, shutdown: ShutdownSignal, rdma: Rdma) -> RdmaHandle {
+    let (tx, rx) = mailbox(QUEUE_DEPTH);
+    let conn = Arc::new(ConnShared::new(thread, tx, rdma.max_send_len()));
+    let server = Rc::new(Server {
+        rdma,
+        conn: Arc::downgrade(&conn),
+        remotes: RefCell::new(Slab::new()),
+        work: RefCell::new(VecDeque::new()),
+        receives: RefCell::new(VecDeque::new()),
+        idle: RefCell::new(Vec::new()),
+        receiver: RefCell::new(None),
+        closing: RefCell::new(Vec::new()),
+        workers: Cell::new(0),
+        closed: Cell::new(false),
+    });
+    verbio_runtime::spawn(server.clone().receive_loop());
+    verbio_runtime::spawn(serve(server, rx, shutdown));
+    RdmaHandle { conn }
+}
+
+struct Server {
+    rdma: Rdma,
+    /// The handles' shared part (weak: the handles own it; when the last
+    /// goes, the mailbox ends and so does the server).
+    conn: Weak<ConnShared>,
+    /// The peer's grants held for `RemoteMrHandle`s.
+    remotes: RefCell<Slab<RemoteMr>>,
+    work: RefCell<VecDeque<Request>>,
+    receives: RefCell<VecDeque<Completer<Reply>>>,
+    /// Wakers of workers waiting for work.
+    idle: RefCell<Vec<Waker>>,
+    /// The receiver task waiting for a receive request.
+    receiver: RefCell<Option<Waker>>,
+    /// Tasks to wake when the server closes.
+    closing: RefCell<Vec<Waker>>,
+    workers: Cell<usize>,
+    closed: Cell<bool>,
+}
+
+/// The server task: routes requests until the mailbox ends (every handle
+/// gone) or the pool shuts down (then the requests already queued are
+/// still served), then closes.
+async fn serve(server: Rc<Server>, rx: MailReceiver<Request>, shutdown: ShutdownSignal) {
+    let mut shutdown = pin!(shutdown);
+    let mut stopping = false;
+    std::future::poll_fn(|cx| {
+        if !stopping && shutdown.as_mut().poll(cx).is_ready() {
+            stopping = true;
+            rx.close();
+        }
+        loop {
+            match rx.poll_recv(cx) {
+                Poll::Ready(Some(req)) => server.route(req),
+                Poll::Ready(None) => return Poll::Ready(()),
+                Poll::Pending => {
+                    server.kick_workers();
+                    return Poll::Pending;
+                }
+            }
+        }
+    })
+    .await;
+    server.kick_workers();
+    server.close();
+}
+
+impl Server {
+    fn route(self: &Rc<Self>, req: Request) {
+        match req {
+            Request::Release { id } => {
+                // Its `Drop` tells the owner to revoke it.
+                drop(self.remotes.borrow_mut().try_remove(id));
+            }
+            Request::Receive { done } => {
+                self.receives.borrow_mut().push_back(done);
+                if let Some(w) = self.receiver.borrow_mut().take() {
+                    w.wake();
+                }
+            }
+            other => self.work.borrow_mut().push_back(other),
+        }
+    }
+
+    /// Wakes idle workers for the queued work, and starts more (up to
+    /// [`MAX_WORKERS`]) if there are not enough.
+    fn kick_workers(self: &Rc<Self>) {
+        let queued = self.work.borrow().len();
+        if queued == 0 {
+            return;
+        }
+        let woken = {
+            let mut idle = self.idle.borrow_mut();
+            let n = queued.min(idle.len());
+            let at = idle.len() - n;
+            let woken: Vec<Waker> = idle.drain(at..).collect();
+            woken
+        };
+        let n = woken.len();
+        for w in woken {
+            w.wake();
+        }
+        let more = (queued - n).min(MAX_WORKERS - self.workers.get());
+        for _ in 0..more {
+            self.workers.set(self.workers.get() + 1);
+            verbio_runtime::spawn(self.clone().work_loop());
+        }
+    }
+
+    /// No more requests: workers finish what is queued and end; receives
+    /// not served yet are answered with the connection's local close.
+    fn close(&self) {
+        self.closed.set(true);
+        for w in std::mem::take(&mut *self.idle.borrow_mut()) {
+            w.wake();
+        }
+        if let Some(w) = self.receiver.borrow_mut().take() {
+            w.wake();
+        }
+        for w in std::mem::take(&mut *self.closing.borrow_mut()) {
+            w.wake();
+        }
+    }
+
+    fn poll_closed(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.closed.get() {
+            return Poll::Ready(());
+        }
+        let mut c = self.closing.borrow_mut();
+        if !c.iter().any(|w| w.will_wake(cx.waker())) {
+            c.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    fn poll_work(&self, cx: &mut Context<'_>) -> Poll<Option<Request>> {
+        if let Some(r) = self.work.borrow_mut().pop_front() {
+            return Poll::Ready(Some(r));
+        }
+        if self.closed.get() {
+            return Poll::Ready(None);
+        }
+        let mut idle = self.idle.borrow_mut();
+        if !idle.iter().any(|w| w.will_wake(cx.waker())) {
+            idle.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    async fn work_loop(self: Rc<Self>) {
+        while let Some(req) = std::future::poll_fn(|cx| self.poll_work(cx)).await {
+            self.run(req).await;
+        }
+        self.workers.set(self.workers.get() - 1);
+    }
+
+    /// Serves one request; its data stays in this frame until the
+    /// operation is done.
+    async fn run(&self, req: Request) {
+        match req {
+            Request::Send { data, done } => {
+                if done.is_abandoned() {
+                    return;
+                }
+                let r = self.rdma.send(&data).await;
+                done.complete(r.map(|()| Done::Unit));
+            }
+            Request::AskRemote { len, done } => {
+                if done.is_abandoned() {
+                    return;
+                }
+                let r = self.rdma.request_remote_mr(len).await;
+                done.complete(r.and_then(|mr| self.keep_remote(mr)));
+            }
+            Request::Write {
+                remote,
+                offset,
+                data,
+                done,
+            } => {
+                if done.is_abandoned() {
+                    return;
+                }
+                let r = self.write(&remote, offset, &data).await;
+                done.complete(r.map(|()| Done::Unit));
+            }
+            Request::Read {
+                remote,
+                offset,
+                len,
+                done,
+            } => {
+                if done.is_abandoned() {
+                    return;
+                }
+                let r = self.read(&remote, offset, len).await;
+                done.complete(r.map(Done::Bytes));
+            }
+            Request::Receive { .. } | Request::Release { .. } => {
+                unreachable!("routed by the server task")
+            }
+        }
+    }
+
+    /// Keeps `mr` in the table and makes its handle (which releases it
+    /// when dropped, even if nobody takes the answer).
+    fn keep_remote(&self, mr: RemoteMr) -> Reply {
+        let Some(conn) = self.conn.upgrade() else {
+            // Every handle is gone: nobody can use it.
+            return Err(AgentError::Closed(CloseReason::Local));
+        };
+        let len = mr.len();
+        let id = self.remotes.borrow_mut().insert(mr);
+        Ok(Done::Remote(RemoteMrHandle {
+            entry: Arc::new(RemoteEntry { conn, id, len }),
+        }))
+    }
+
+    /// The view of the table's grant `entry` at `offset`, `len` bytes
+    /// (checked against the handle's length by the asking side).
+    fn view(&self, entry: &RemoteEntry, offset: u64, len: usize) -> Option<RemoteMr> {
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(len)?;
+        self.remotes.borrow().get(entry.id)?.get(start..end)
+    }
+
+    async fn write(&self, entry: &RemoteEntry, offset: u64, data: &[u8]) -> Result<(), AgentError> {
+        let view = self
+            .view(entry, offset, data.len())
+            .ok_or(AgentError::Closed(CloseReason::Local))?;
+        let mut local = self.rdma.alloc_local_mr(data.len())?;
+        local.copy_from_slice(data);
+        let (r, _local) = self.rdma.write(local, &view).await;
+        r
+    }
+
+    async fn read(
+        &self,
+        entry: &RemoteEntry,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, AgentError> {
+        let view = self
+            .view(entry, offset, len)
+            .ok_or(AgentError::Closed(CloseReason::Local))?;
+        let local = self.rdma.alloc_local_mr(len)?;
+        let (r, local) = self.rdma.read(local, &view).await;
+        r.map(|()| local.to_vec())
+    }
+
+    /// The receiver task: serves receives one at a time, in order. A
+    /// receive whose asker is gone, or the server closing, stops the wait
+    /// (the connection's receive is cancel-safe: the message stays for the
+    /// next).
+    async fn receive_loop(self: Rc<Self>) {
+        loop {
+            let next = std::future::poll_fn(|cx| {
+                if let Some(d) = self.receives.borrow_mut().pop_front() {
+                    return Poll::Ready(Some(d));
+                }
+                if self.closed.get() {
+                    return Poll::Ready(None);
+                }
+                *self.receiver.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            })
+            .await;
+            let Some(done) = next else { break };
+            if done.is_abandoned() {
+                continue;
+            }
+            let received = {
+                let receive = pin!(self.rdma.receive());
+                let stop = pin!(async {
+                    let closed = std::future::poll_fn(|cx| self.poll_closed(cx));
+                    select(pin!(done.abandoned()), pin!(closed)).await;
+                });
+                match select(receive, stop).await {
+                    Either::Left((r, _)) => Some(r),
+                    Either::Right(_) => None,
+                }
+            };
+            match received {
+                Some(r) => done.complete(r.map(Done::Bytes)),
+                None if self.closed.get() => {
+                    done.complete(Err(AgentError::Closed(CloseReason::Local)))
+                }
+                None => {}
+            }
+        }
+        // Closed: what is left is answered, not dropped.
+        let left: Vec<_> = self.receives.borrow_mut().drain(..).collect();
+        for done in left {
+            done.complete(Err(AgentError::Closed(CloseReason::Local)));
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! `Send` handles over a pool of runtime threads, used from tokio's
+//! multi-thread runtime (issue 32): connections, listeners and remote
+//! regions shared by tasks on any worker, a runtime thread that dies, and
+//! futures dropped mid-flight (run under ASan by scripts/asan-test.sh).
+mod common;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use verbio::provider::open_device;
+use verbio::runtime::pool::ThreadEnd;
+use verbio::runtime::{Placement, Pool, PoolError};
+use verbio::{HandleError, ListenerHandle, RdmaHandle, RemoteMrHandle};
+
+/// Bound of every wait here.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn send_sync_clone<T: Send + Sync + Clone>() {}
+fn send_future<F: Future + Send>(_: F) {}
+
+/// Compile-time only: every handle is `Send + Sync + Clone` and every
+/// future it returns is `Send`.
+#[allow(dead_code)]
+fn handles_and_their_futures_are_send(
+    pool: &Pool,
+    h: &RdmaHandle,
+    l: &ListenerHandle,
+    r: &RemoteMrHandle,
+    addr: SocketAddr,
+) {
+    send_sync_clone::<RdmaHandle>();
+    send_sync_clone::<ListenerHandle>();
+    send_sync_clone::<RemoteMrHandle>();
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Pool>();
+    send_sync::<HandleError>();
+    send_future(RdmaHandle::connect(pool, Placement::RoundRobin, addr));
+    send_future(RdmaHandle::connect_with(
+        pool,
+        Placement::Key(1),
+        addr,
+        |b| b,
+    ));
+    send_future(ListenerHandle::bind(pool, Placement::RoundRobin, addr));
+    send_future(ListenerHandle::bind_with(
+        pool,
+        Placement::RoundRobin,
+        addr,
+        |b| b,
+    ));
+    send_future(l.accept());
+    send_future(h.send(vec![]));
+    send_future(h.receive());
+    send_future(h.request_remote_mr(1));
+    send_future(h.write(r, 0, vec![]));
+    send_future(h.read(r, 0, 1));
+    send_future(pool.spawn(Placement::RoundRobin, |_| async {}));
+}
+
+/// A pool whose threads each have a device of their own (a fresh soft
+/// device, or `VERBIO_TEST_DEVICE`'s).
+fn pool(threads: usize) -> Pool {
+    Pool::builder()
+        .threads(threads)
+        .grace_period(Duration::from_millis(200))
+        .device_per_thread(|_| open_device(common::test_device().as_deref()))
+        .build()
+        .expect("pool")
+}
+
+fn any_addr() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Echoes every message back until the connection ends.
+async fn echo(c: RdmaHandle) {
+    while let Ok(m) = c.receive().await {
+        if c.send(m).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// A listener on its own pool whose tokio tasks echo `conns` connections.
+async fn echo_server(pool: &Pool, conns: usize) -> (ListenerHandle, tokio::task::JoinHandle<()>) {
+    let listener = ListenerHandle::bind(pool, Placement::Thread(0), any_addr())
+        .await
+        .expect("bind");
+    let l = listener.clone();
+    let accepting = tokio::spawn(async move {
+        for _ in 0..conns {
+            let c = l.accept().await.expect("accept");
+            tokio::spawn(echo(c));
+        }
+    });
+    (listener, accepting)
+}
+
+/// Message `i` of task `t`: its tag, then bytes derived from it.
+fn message(t: u32, i: u32) -> Vec<u8> {
+    let len = 8 + ((t * 131 + i * 977) % 3000) as usize;
+    let mut m = Vec::with_capacity(len);
+    m.extend_from_slice(&t.to_le_bytes());
+    m.extend_from_slice(&i.to_le_bytes());
+    m.extend((8..len).map(|k| (k as u32 ^ t.wrapping_mul(31) ^ i) as u8));
+    m
+}
+
+/// The tag of a message that is exactly what [`message`] makes.
+fn check(m: &[u8]) -> (u32, u32) {
+    assert!(m.len() >= 8, "a message of {} bytes", m.len());
+    let t = u32::from_le_bytes(m[..4].try_into().unwrap());
+    let i = u32::from_le_bytes(m[4..8].try_into().unwrap());
+    assert_eq!(
+        m,
+        &message(t, i)[..],
+        "message ({t}, {i}) came back changed"
+    );
+    (t, i)
+}
+
+const TASKS: u32 = 16;
+const CONNS: usize = 4;
+const MESSAGES: u32 = 25;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_tokio_tasks_share_handles_on_two_runtime_threads() {
+    let servers = pool(1);
+    let clients = pool(2);
+    let (listener, accepting) = echo_server(&servers, CONNS).await;
+    let addr = listener.local_addr();
+    let mut conns = Vec::new();
+    for i in 0..CONNS {
+        let c = tokio::time::timeout(
+            WAIT,
+            RdmaHandle::connect(&clients, Placement::RoundRobin, addr),
+        )
+        .await
+        .expect("connect in time")
+        .expect("connect");
+        assert_eq!(c.thread().index(), i % 2, "round-robin placement");
+        conns.push(c);
+    }
+    tokio::time::timeout(WAIT, accepting)
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let c = conns[t as usize % CONNS].clone();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                // Messages: the echoes of a connection's four tasks come
+                // back to whichever of them receives; each is checked and
+                // counted once.
+                for i in 0..MESSAGES {
+                    c.send(message(t, i)).await.expect("send");
+                    let m = c.receive().await.expect("receive");
+                    assert!(
+                        seen.lock().unwrap().insert(check(&m)),
+                        "a message came back twice"
+                    );
+                }
+                // One-sided: the peer's memory, written and read back.
+                let remote = c.request_remote_mr(8192).await.expect("request_remote_mr");
+                assert_eq!(remote.len(), 8192);
+                for round in 0..4u32 {
+                    let data: Vec<u8> = (0..4096u32)
+                        .map(|k| (k ^ t ^ round.wrapping_mul(77)) as u8)
+                        .collect();
+                    let off = u64::from(round % 2) * 4096;
+                    c.write(&remote, off, data.clone()).await.expect("write");
+                    let back = c.read(&remote, off, data.len()).await.expect("read");
+                    assert_eq!(
+                        back, data,
+                        "task {t} round {round}: read back what it wrote"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        tokio::time::timeout(WAIT, t)
+            .await
+            .expect("task in time")
+            .expect("task");
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), (TASKS * MESSAGES) as usize);
+    for t in 0..TASKS {
+        for i in 0..MESSAGES {
+            assert!(seen.contains(&(t, i)), "message ({t}, {i}) never came back");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_thread_that_dies_fails_its_handles_fast() {
+    let servers = pool(1);
+    let clients = pool(2);
+    let (listener, _accepting) = echo_server(&servers, 2).await;
+    let addr = listener.local_addr();
+    let doomed = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
+        .await
+        .unwrap();
+    let alive = RdmaHandle::connect(&clients, Placement::Thread(1), addr)
+        .await
+        .unwrap();
+    // A receive waiting when the thread dies.
+    let waiting = tokio::spawn({
+        let d = doomed.clone();
+        async move { d.receive().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let killed = clients.spawn(Placement::Thread(0), |_| -> std::future::Ready<()> {
+        panic!("runtime thread panic (expected by the test)")
+    });
+    assert!(killed.await.is_err());
+    let gone = |r: Result<Vec<u8>, HandleError>| {
+        matches!(
+            r,
+            Err(HandleError::Pool(PoolError::ThreadGone {
+                index: 0,
+                end: ThreadEnd::Panicked
+            }))
+        )
+    };
+    let r = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the waiting receive ends")
+        .unwrap();
+    assert!(gone(r), "the waiting receive fails with ThreadGone");
+    let r = tokio::time::timeout(WAIT, doomed.send(vec![1]))
+        .await
+        .expect("fails fast");
+    assert!(
+        matches!(
+            r,
+            Err(HandleError::Pool(PoolError::ThreadGone { index: 0, .. }))
+        ),
+        "{r:?}"
+    );
+    // The other thread's connection goes on.
+    alive.send(message(1, 2)).await.unwrap();
+    assert_eq!(check(&alive.receive().await.unwrap()), (1, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn futures_dropped_mid_flight_leave_the_connection_working() {
+    let servers = pool(1);
+    let clients = pool(1);
+    let (listener, _accepting) = echo_server(&servers, 2).await;
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
+        .await
+        .unwrap();
+    let remote = c.request_remote_mr(1 << 16).await.unwrap();
+    // Dropped after their first poll: their requests are queued or in
+    // flight, their buffers owned by the runtime thread until done.
+    for round in 0..20u32 {
+        let data = vec![round as u8; 1 << 16];
+        let w = c.write(&remote, 0, data);
+        let r = c.read(&remote, 0, 1 << 16);
+        let s = c.send(message(round, 0));
+        let _ = tokio::time::timeout(Duration::ZERO, async {
+            let _ = tokio::join!(w, r, s);
+        })
+        .await;
+    }
+    // A receive dropped while waiting leaves its message to the next one.
+    let _ = tokio::time::timeout(Duration::from_millis(5), c.receive()).await;
+    // The echoes of the sends that did go are in the way: drain them by tag.
+    c.send(message(999, 1)).await.unwrap();
+    loop {
+        let m = tokio::time::timeout(WAIT, c.receive())
+            .await
+            .expect("the echo comes")
+            .unwrap();
+        if check(&m) == (999, 1) {
+            break;
+        }
+    }
+    // One-sided still right.
+    let data: Vec<u8> = (0..1000u32).map(|k| k as u8).collect();
+    c.write(&remote, 100, data.clone()).await.unwrap();
+    assert_eq!(c.read(&remote, 100, 1000).await.unwrap(), data);
+    // A remote region of another connection, or a range outside it, is
+    // refused before anything is queued.
+    assert!(matches!(
+        c.read(&remote, (1 << 16) - 10, 11).await,
+        Err(HandleError::OutOfBounds { .. })
+    ));
+    let other = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
+        .await
+        .unwrap();
+    assert!(matches!(
+        other.write(&remote, 0, vec![1]).await,
+        Err(HandleError::ForeignRemote { what: "write" })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_waiting_calls_and_fails_later_ones() {
+    let servers = pool(1);
+    let clients = pool(1);
+    let (listener, _accepting) = echo_server(&servers, 1).await;
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move { c.receive().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::task::block_in_place(|| assert_eq!(clients.shutdown(), 0));
+    let r = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("ends")
+        .unwrap();
+    assert!(
+        r.is_err(),
+        "a waiting receive ends with an error at shutdown"
+    );
+    let r = c.send(vec![1]).await;
+    assert!(
+        matches!(
+            r,
+            Err(HandleError::Pool(PoolError::ThreadGone {
+                end: ThreadEnd::ShutDown,
+                ..
+            }))
+        ),
+        "{r:?}"
+    );
+}
