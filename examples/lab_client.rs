@@ -148,7 +148,7 @@ async fn client_steps(r: &Rdma) -> Res<()> {
 
     println!("client 4: request remote memory, write its second half, hand it back");
     let remote = within("request_remote_mr", r.request_remote_mr(MR_LEN)).await?;
-    check(remote.len() == MR_LEN as u64, "granted the requested size")?;
+    check(remote.len() == MR_LEN, "granted the requested size")?;
     let half = remote
         .get(MR_LEN / 2..)
         .ok_or("second half of the grant out of range")?;

@@ -111,7 +111,7 @@ fn a_local_mr_is_handed_over_with_its_access_and_lifetime() {
         let remote = r.receive_remote_mr().await.expect("hand-over");
         let access = remote.access();
         let deadline = remote.token().deadline_ms;
-        let local = r.alloc_local_mr(remote.len() as usize).unwrap();
+        let local = r.alloc_local_mr(remote.len()).unwrap();
         let (res, local) = r.read(local, &remote).await;
         res.expect("read the handed-over region");
         let bytes = local.to_vec();

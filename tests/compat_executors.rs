@@ -243,7 +243,7 @@ fn the_rdma_agent_works_under_tokio() {
             rdma.send(&m).await.expect("server send");
         }
         let lent = rdma.receive_remote_mr().await.expect("lent memory");
-        let back = rdma.alloc_local_mr(lent.len() as usize).expect("local mr");
+        let back = rdma.alloc_local_mr(lent.len()).expect("local mr");
         let (res, back) = rdma.read(back, &lent).await;
         res.expect("server read");
         rdma.send(&back[..]).await.expect("server send read bytes");

@@ -114,10 +114,7 @@ async fn server_steps(r: &Rdma) -> Res<()> {
     println!("server 3: RDMA READ of memory the client lent (send_local_mr)");
     // Hand-overs carry a tag naming their purpose: here the lab step.
     let lent = within("receive_remote_mr", r.receive_remote_mr_with_tag(3)).await?;
-    check(
-        lent.len() == MR_LEN as u64,
-        "lent region has the agreed size",
-    )?;
+    check(lent.len() == MR_LEN, "lent region has the agreed size")?;
     let (res, local) = within("read", async {
         Ok::<_, Box<dyn Error>>(r.read(r.alloc_local_mr(MR_LEN)?, &lent).await)
     })

@@ -367,8 +367,7 @@ async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
         match recv_ctl(rdma).await? {
             Frame::Step { size, .. } => {
                 let size = usize::try_from(size).map_err(|_| msg("step size"))?;
-                if cfg.test == Test::WriteLat
-                    && client_mem.as_ref().is_none_or(|m| m.len() < size as u64)
+                if cfg.test == Test::WriteLat && client_mem.as_ref().is_none_or(|m| m.len() < size)
                 {
                     if let Some(old) = client_mem.take() {
                         rdma.release(old)

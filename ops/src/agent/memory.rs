@@ -177,7 +177,7 @@ impl Rdma {
         local: LocalMr,
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
-        if let Err(e) = Self::check_fits("write", local.len() as u64, remote.len()) {
+        if let Err(e) = Self::check_fits("write", local.len() as u64, remote.len) {
             return (Err(e), local);
         }
         let target = RemoteBuf::new(
@@ -198,7 +198,7 @@ impl Rdma {
         remote: &RemoteMr,
         imm: u32,
     ) -> (Result<(), AgentError>, LocalMr) {
-        if let Err(e) = Self::check_fits("write_with_imm", local.len() as u64, remote.len()) {
+        if let Err(e) = Self::check_fits("write_with_imm", local.len() as u64, remote.len) {
             return (Err(e), local);
         }
         let credit = match self.shared.credits.acquire().await {
@@ -224,7 +224,7 @@ impl Rdma {
         local: LocalMr,
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
-        if let Err(e) = Self::check_fits("read", remote.len(), local.len() as u64) {
+        if let Err(e) = Self::check_fits("read", remote.len, local.len() as u64) {
             return (Err(e), local);
         }
         let access = local.access;
@@ -244,7 +244,7 @@ impl Rdma {
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
         let access = local.access;
-        let part = match range_part(local, range, remote.len(), Direction::ToRemote) {
+        let part = match range_part(local, range, remote.len, Direction::ToRemote) {
             Ok(p) => p,
             Err((err, local)) => return (Err(err), local),
         };
@@ -274,7 +274,7 @@ impl Rdma {
         remote: &RemoteMr,
     ) -> (Result<(), AgentError>, LocalMr) {
         let access = local.access;
-        let part = match range_part(local, range, remote.len(), Direction::FromRemote) {
+        let part = match range_part(local, range, remote.len, Direction::FromRemote) {
             Ok(p) => p,
             Err((err, local)) => return (Err(err), local),
         };

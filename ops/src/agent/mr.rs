@@ -152,9 +152,14 @@ impl RemoteMr {
         &self.held.token
     }
 
-    /// Length of this view.
-    pub fn len(&self) -> u64 {
-        self.len
+    /// Length of this view in bytes: a `usize`, as [`LocalMr::len`],
+    /// [`Rdma::alloc_local_mr`](super::Rdma::alloc_local_mr) and
+    /// [`get`](RemoteMr::get) count (the verbs descriptor,
+    /// [`remote_buf`](RemoteMr::remote_buf), carries it as the wire's
+    /// `u64`).
+    pub fn len(&self) -> usize {
+        // The peer's grant is memory of a 64-bit Linux host: it fits.
+        usize::try_from(self.len).unwrap_or(usize::MAX)
     }
 
     /// True if the view is empty.

@@ -26,9 +26,10 @@ impl std::fmt::Debug for RemoteMrHandle {
 }
 
 impl RemoteMrHandle {
-    /// Length of the region in bytes.
-    pub fn len(&self) -> u64 {
-        self.entry.len
+    /// Length of the region in bytes (a `usize`, as
+    /// [`RemoteMr::len`](crate::agent::RemoteMr::len)).
+    pub fn len(&self) -> usize {
+        usize::try_from(self.entry.len).unwrap_or(usize::MAX)
     }
 
     /// True if the region is empty.

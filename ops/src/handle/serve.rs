@@ -275,7 +275,7 @@ impl Server {
             // Every handle is gone: nobody can use it.
             return Err(AgentError::Closed(CloseReason::Local));
         };
-        let len = mr.len();
+        let len = mr.len() as u64;
         let id = self.remotes.borrow_mut().insert(mr);
         Ok(Done::Remote(RemoteMrHandle {
             entry: Arc::new(RemoteEntry { conn, id, len }),
