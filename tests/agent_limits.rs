@@ -327,3 +327,34 @@ async fn timeout_ok<F: std::future::Future>(f: F) -> Option<F::Output> {
         .await
         .ok()
 }
+
+#[test]
+fn a_peer_misusing_the_staging_ring_is_disconnected() {
+    let violation = |why: &CloseReason, what: &str| {
+        assert!(
+            matches!(why, CloseReason::Violation(w) if w.contains(what)),
+            "{why:?}"
+        );
+    };
+    // A staged message where this side announced no ring.
+    let staged = encoded(&Message::Staged {
+        imm: Some(1),
+        grant: 0,
+        offset: 0,
+        len: 5000,
+    });
+    let why = broken_peer_frames(RdmaBuilder::new(), vec![staged]);
+    violation(&why, "without a staging ring");
+    // Its own ring announced twice.
+    let ring = encoded(&Message::StagingRing {
+        addr: 0x10_0000,
+        len: 1 << 20,
+        rkey: 0x5eed,
+    });
+    let why = broken_peer_frames(RdmaBuilder::new(), vec![ring.clone(), ring]);
+    violation(&why, "announced twice");
+    // Ring bytes freed that this side never wrote.
+    let freed = encoded(&Message::StagingFreed { bytes: 1 });
+    let why = broken_peer_frames(RdmaBuilder::new(), vec![freed]);
+    violation(&why, "never written");
+}

@@ -45,6 +45,11 @@ pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 /// receive queue bounds it for many connections).
 pub const DEFAULT_RECV_BUF_COUNT: u32 = 64;
 
+/// Default of [`RdmaBuilder::staging_ring`]: messages from one receive
+/// buffer up to 256 KiB go by one RDMA WRITE into it (docs/benchmarks.md,
+/// issue 35).
+pub const DEFAULT_STAGING_RING: usize = 1 << 20;
+
 /// Largest [`RdmaBuilder::max_inline_data`].
 pub const MAX_INLINE_DATA: u32 = super::rdma::MAX_INLINE_MESSAGE as u32;
 
@@ -65,6 +70,9 @@ pub(crate) struct Config {
     pub(crate) request_timeout: Duration,
     /// Limit of the agent settings exchange (the handshake timeout).
     pub(crate) settings_timeout: Duration,
+    /// Bytes of this side's staging ring (`staging.rs`; 0: none), which
+    /// the peer writes mid-size messages into.
+    pub(crate) staging_ring: usize,
     /// Largest message (with its header) sent INLINE, as the application
     /// asked: a device may report a larger `max_inline_data` than asked
     /// for (rxe rounds it up), which does not raise this.
@@ -163,6 +171,7 @@ impl Default for RdmaBuilder {
                 request_timeout: Duration::from_secs(5),
                 settings_timeout: Duration::from_secs(10),
                 max_inline: DEFAULT_MAX_INLINE_DATA,
+                staging_ring: DEFAULT_STAGING_RING,
             },
         }
     }
@@ -287,6 +296,21 @@ impl RdmaBuilder {
     /// Partition-key index of the QP.
     pub fn pkey_index(mut self, index: u16) -> Self {
         self.qp.init.pkey_index = index;
+        self
+    }
+
+    /// Bytes of the staging ring this side registers for the peer to
+    /// write (REMOTE_WRITE only, this connection's protection domain):
+    /// the peer sends a message longer than one receive buffer and at most
+    /// a quarter of this by one RDMA WRITE into it and a short SEND naming
+    /// where, instead of many pieces or a READ of its copy (one round trip
+    /// more). The message is copied out of the ring into the vector
+    /// [`Rdma::receive`] returns. Default [`DEFAULT_STAGING_RING`]; 0 for
+    /// none (the peer then sends pieces or offers READs); else 64 KiB to
+    /// 32 MiB (else [`AgentError::Config`]). None either when
+    /// [`RdmaBuilder::qp_access`] leaves out `REMOTE_WRITE`.
+    pub fn staging_ring(mut self, bytes: usize) -> Self {
+        self.config.staging_ring = bytes;
         self
     }
 
@@ -458,12 +482,26 @@ impl RdmaBuilder {
                          on the stack",
             });
         }
+        if c.staging_ring != 0
+            && (c.staging_ring < super::staging::MIN_STAGING_RING
+                || c.staging_ring > super::staging::MAX_STAGING_RING)
+        {
+            return Err(AgentError::Config {
+                setting: "staging_ring",
+                reason: "0 (none) or from 64 KiB to 32 MiB",
+            });
+        }
+        let mut config = c.clone();
+        if !self.qp.init.access.contains(AccessFlags::REMOTE_WRITE) {
+            // The peer could not write it.
+            config.staging_ring = 0;
+        }
         let mut qp = self.qp;
         qp.caps = QpCaps {
             max_recv_wr: qp.caps.max_recv_wr.max(c.recv_queue_depth()),
             ..qp.caps
         };
-        Ok((qp, Rc::new(c.clone())))
+        Ok((qp, Rc::new(config)))
     }
 
     fn open(&self) -> Result<Device, AgentError> {

@@ -15,8 +15,8 @@ use verbio_runtime::timeout;
 use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::AgentError;
 use super::mr::{bounds, LocalMr, RemoteMr};
-use super::rdma::{posted_spends, Rdma};
-use super::wire::{HandOverKind, Message, MrToken};
+use super::rdma::{posted_spends, until_posted, Rdma};
+use super::wire::{staged_len, HandOverKind, Message, MrToken};
 use crate::verbs::{RemoteBuf, Verbs};
 
 impl Rdma {
@@ -201,21 +201,56 @@ impl Rdma {
         if let Err(e) = Self::check_fits("write_with_imm", local.len() as u64, remote.len) {
             return (Err(e), local);
         }
-        let credit = match self.shared.credits.acquire().await {
-            Ok(c) => c,
-            Err(_) => return (Err(self.shared.closed_error()), local),
-        };
         let target = RemoteBuf::new(
             remote.remote_buf().addr(),
             local.len() as u64,
             remote.remote_buf().rkey(),
         );
+        if staged_len(imm).is_some() {
+            return self.write_then_imm(local, target, imm).await;
+        }
+        let credit = match self.shared.credits.acquire().await {
+            Ok(c) => c,
+            Err(_) => return (Err(self.shared.closed_error()), local),
+        };
         // The credit is spent once the WRITE is posted; dropped before, it
         // goes back (the peer never sees the immediate).
         let access = local.access;
         let sub = self.shared.qp.write_with_imm(local.buf, target, imm);
         let (r, buf) = posted_spends(sub, Some(credit), &Cell::new(false)).await;
         (self.shared.verb_result(r), LocalMr { buf, access })
+    }
+
+    /// [`Rdma::write_with_imm`] of an immediate whose top byte is that of
+    /// the agent's staged messages ([`STAGED_IMM_TAG`](super::wire::STAGED_IMM_TAG)): a plain WRITE,
+    /// then the immediate in a `WriteImm` SEND (RC delivers it after the
+    /// WRITE's bytes), which the peer treats as the WRITE_WITH_IMM's.
+    /// Dropped once the WRITE is posted and before the SEND is, the bytes
+    /// may be written but the peer gets no immediate.
+    async fn write_then_imm(
+        &self,
+        local: LocalMr,
+        target: RemoteBuf,
+        imm: u32,
+    ) -> (Result<(), AgentError>, LocalMr) {
+        let access = local.access;
+        let s = &self.shared;
+        let sub = s.qp.write(local.buf, target);
+        let (r, buf) = match until_posted(sub, None, &Cell::new(false)).await {
+            Ok(in_flight) => {
+                let told = s.send_message(&Message::WriteImm { imm }, true).await;
+                let (r, buf) = in_flight.await;
+                (s.verb_result(r.map(drop)).and(told), buf)
+            }
+            // Refused.
+            Err((Err(e), buf)) => (Err(s.verb_error(e)), buf),
+            // Done already.
+            Err((Ok(_), buf)) => {
+                let told = s.send_message(&Message::WriteImm { imm }, true).await;
+                (told, buf)
+            }
+        };
+        (r, LocalMr { buf, access })
     }
 
     /// RDMA READ of all of `remote` into the start of `local`.

@@ -39,6 +39,7 @@ mod send_msg;
 mod settings;
 mod side;
 mod srq;
+mod staging;
 mod stream;
 mod task;
 mod tokens;
@@ -46,7 +47,8 @@ mod window_grants;
 pub mod wire;
 
 pub use builder::{
-    RdmaBuilder, RdmaListener, DEFAULT_MAX_INLINE_DATA, DEFAULT_RECV_BUF_COUNT, MAX_INLINE_DATA,
+    RdmaBuilder, RdmaListener, DEFAULT_MAX_INLINE_DATA, DEFAULT_RECV_BUF_COUNT,
+    DEFAULT_STAGING_RING, MAX_INLINE_DATA,
 };
 pub use cm::RdmaCmListener;
 pub use error::{AgentError, CloseReason};

@@ -33,6 +33,7 @@ use super::receiving::Receiving;
 use super::send_msg::SendMsg;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
+use super::staging::{send_staged, Staging};
 use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
 use super::wire::Settings;
@@ -94,6 +95,9 @@ pub(crate) struct Shared {
     pub(crate) split_permits: Credits,
     /// Large messages sent or received by RDMA READ (`read_msg.rs`).
     pub(crate) reads: Reads,
+    /// Mid-size messages written into the peer's staging ring
+    /// (`staging.rs`).
+    pub(crate) staging: Staging,
     next_msg_id: Cell<u64>,
     /// Where [`Shared::try_send_whole`] encodes a message to send INLINE.
     inline_buf: RefCell<[u8; MAX_INLINE_MESSAGE]>,
@@ -169,6 +173,7 @@ impl Shared {
         self.requests.borrow_mut().clear();
         self.grants.clear();
         self.reads.clear();
+        self.staging.close();
         if let Some(route) = &self.srq_route {
             route.close();
         }
@@ -227,6 +232,7 @@ impl Shared {
     pub(crate) fn taken(self: &Rc<Self>, charge: u64) {
         let n = self.backlog.remove(charge);
         super::read_msg::resume(self);
+        super::staging::release_held(self, false);
         if n == 0 {
             return;
         }
@@ -303,6 +309,22 @@ impl Shared {
         match res {
             Ok(_) => Ok(()),
             Err(e) => Err(self.verb_error(e)),
+        }
+    }
+
+    /// Posts a `Staged` message (`staging.rs`) with `credit`, the credits
+    /// owed to the peer riding on it; `posted` is set once it is. Returns
+    /// once it is posted (INLINE, the usual case) or, from a send buffer,
+    /// once it has completed.
+    pub(crate) async fn post_staged(
+        &self,
+        msg: &Message<'_>,
+        credit: Credit<'_>,
+        posted: &Cell<bool>,
+    ) -> Result<(), AgentError> {
+        match self.post_with(msg, Some(credit), posted, true).await? {
+            Some(sent) => self.completed(sent).await,
+            None => Ok(()),
         }
     }
 
@@ -496,6 +518,18 @@ impl Shared {
                     imm,
                     grant: ride.count(),
                     payload,
+                };
+                (msg, Some(ride))
+            }
+            Message::Staged {
+                imm, offset, len, ..
+            } if !posted.get() => {
+                let ride = self.owed.take_all(&self.peer_credits, posted);
+                let msg = Message::Staged {
+                    imm,
+                    grant: ride.count(),
+                    offset,
+                    len,
                 };
                 (msg, Some(ride))
             }
@@ -761,6 +795,7 @@ impl Rdma {
         let pool = MrPool::new(&pd.0);
         let own_receives = route.is_none();
         let window_grants = config.grant_windows.map(WindowGrants::new);
+        let staging = Staging::new(config.staging_ring);
         let shared = Rc::new(Shared {
             qp,
             pd,
@@ -780,6 +815,7 @@ impl Rdma {
             partial: RefCell::new(HashMap::new()),
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
             reads: Reads::default(),
+            staging,
             next_msg_id: Cell::new(0),
             inline_buf: RefCell::new([0; MAX_INLINE_MESSAGE]),
             grants: GrantTable::default(),
@@ -863,7 +899,11 @@ impl Rdma {
 
     /// The connection's queue pair (for verbs beyond this API). It is in
     /// the connection's own protection domain: buffers posted on it must
-    /// come from [`Rdma::pool`], not from the device's pool.
+    /// come from [`Rdma::pool`], not from the device's pool. A
+    /// WRITE_WITH_IMM posted on it directly must not carry an immediate
+    /// whose top byte is `0xff`: the peer's agent takes those for messages
+    /// written into its staging ring ([`Rdma::write_with_imm`] sends such
+    /// an immediate another way).
     pub fn qp(&self) -> &QueuePair {
         &self.shared.qp
     }
@@ -902,8 +942,11 @@ impl Rdma {
     }
 
     /// Sends `data` as one message (split into pieces if it is larger than
-    /// the peer's receive buffers; from 32 KiB, copied into memory the peer
-    /// fetches with one RDMA READ, and done once the peer has read it).
+    /// the peer's receive buffers; up to a quarter of the peer's staging
+    /// ring, [`RdmaBuilder::staging_ring`], written into that ring by one
+    /// RDMA WRITE once the peer has announced it; from 32 KiB and beyond the
+    /// ring, copied into memory the peer fetches with one RDMA READ, and
+    /// done once the peer has read it).
     /// Waits for credits when the peer's buffers are full. Cancel-safe:
     /// dropped before its last piece was posted, the peer is told to
     /// discard the pieces it received; a message the peer reads is
@@ -958,6 +1001,10 @@ impl Rdma {
         // A message in several pieces waits for one of the peer's
         // reassembly slots (taken here, given back by the guard).
         let split = data.len() > piece;
+        if split && data.len() <= s.staging.max_len() {
+            // One WRITE into the peer's staging ring and a `Staged`.
+            return send_staged(s, data, imm).await;
+        }
         if split {
             match s.split_permits.acquire().await {
                 Ok(permit) => permit.spend(),

@@ -25,7 +25,8 @@ use super::rdma::{Partial, Shared};
 use super::read_msg::{self, READ_ID};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, decode_data, HandOverKind, Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS,
+    decode, decode_data, staged_len, HandOverKind, Message, MrToken, RefuseCode,
+    MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
 use futures::channel::mpsc;
@@ -108,10 +109,13 @@ pub(crate) async fn run(shared: Rc<Shared>, route: Option<Route>) {
 
 /// The receive side is done: the connection is down (for `Local` reasons
 /// if nothing more specific was found) and nothing more is delivered.
-fn finish(shared: &Shared) {
+fn finish(shared: &Rc<Shared>) {
     if !shared.is_down() {
         shared.fail(CloseReason::Local);
     }
+    // What was held back behind staged messages goes to the inbox, which
+    // keeps it for the application until it is read.
+    super::staging::release_held(shared, true);
     shared.agent_stopped();
 }
 
@@ -290,6 +294,11 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
         }
     }
     match msg {
+        // Behind messages held back: in order, after them.
+        Some(m) if shared.staging.holding() => {
+            shared.staging.hold(m);
+            Step::Continue
+        }
         Some(m) => Step::Msg(m),
         None => Step::Continue,
     }
@@ -360,6 +369,13 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
             return refuse(shared, CloseReason::Violation(CREDITLESS));
         }
         if let Some(imm) = rcv.imm {
+            if let Some(len) = staged_len(imm) {
+                // A message written into this side's staging ring.
+                return match super::staging::received(shared, None, None, len) {
+                    Ok(()) => Next::Repost(true),
+                    Err(reason) => refuse(shared, reason),
+                };
+            }
             if shared.write_imms.push(0, imm) {
                 shared.backlog.add(SMALL_ITEM_CHARGE);
             }
@@ -423,8 +439,11 @@ fn refuse(shared: &Rc<Shared>, reason: CloseReason) -> Next {
 fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
     // The application's task may be the one running this: control
     // messages log in the connection's span (data messages do not log).
-    let _in_span =
-        (!matches!(msg, Message::Data { .. } | Message::Whole { .. })).then(|| shared.span.enter());
+    let _in_span = (!matches!(
+        msg,
+        Message::Data { .. } | Message::Whole { .. } | Message::Staged { .. }
+    ))
+    .then(|| shared.span.enter());
     match msg {
         Message::AllocRequest {
             req_id,
@@ -564,6 +583,10 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             if grant > 0 {
                 shared.credits.grant(grant);
             }
+            if offset == 0 {
+                // The staging ring would carry it: announce it.
+                super::staging::wanted(shared, total_len);
+            }
             reassemble(shared, msg_id, total_len, offset, imm, payload)?;
             Ok(Next::Repost(true))
         }
@@ -589,7 +612,39 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             "agent settings after the connection started",
         )),
         Message::ReadMe { imm, token } => {
+            super::staging::wanted(shared, token.len);
             read_msg::fetch(shared, imm, token)?;
+            Ok(Next::Repost(true))
+        }
+        Message::StagingRing { addr, len, rkey } => {
+            shared.staging.peer_ring(addr, len, rkey)?;
+            Ok(Next::Repost(true))
+        }
+        Message::Staged {
+            imm,
+            grant,
+            offset,
+            len,
+        } => {
+            if grant > 0 {
+                shared.credits.grant(grant);
+            }
+            if len as usize > shared.config.max_message_len {
+                return Err(CloseReason::Violation("message longer than the maximum"));
+            }
+            super::staging::received(shared, imm, Some(offset), len)?;
+            Ok(Next::Repost(true))
+        }
+        Message::WriteImm { imm } => {
+            // The immediate of the peer's write_with_imm (its WRITE came
+            // just before): as a WRITE_WITH_IMM's would be.
+            if shared.write_imms.push(0, imm) {
+                shared.backlog.add(SMALL_ITEM_CHARGE);
+            }
+            Ok(Next::Repost(true))
+        }
+        Message::StagingFreed { bytes } => {
+            shared.staging.peer_freed(bytes)?;
             Ok(Next::Repost(true))
         }
     }
@@ -770,8 +825,18 @@ fn release_later(shared: &Rc<Shared>, token_id: u64) {
 }
 
 /// Queues a whole message in the application's inbox (charged to the
-/// unread backlog).
+/// unread backlog), or behind the messages held back if there are any
+/// (`staging.rs`).
 pub(crate) fn deliver(shared: &Shared, msg: RecvMsg) {
+    if shared.staging.holding() {
+        shared.staging.hold(msg);
+        return;
+    }
+    deliver_now(shared, msg);
+}
+
+/// [`deliver`] to the inbox now.
+pub(crate) fn deliver_now(shared: &Shared, msg: RecvMsg) {
     let charge = msg.charge(shared.config.posted_buf_size());
     if shared.rx.deliver(msg) {
         shared.backlog.add(charge);

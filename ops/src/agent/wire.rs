@@ -1,12 +1,12 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 6). Every message but a whole
+//! Layout (explicit little-endian, version 7). Every message but a whole
 //! user message:
 //!
 //! ```text
 //! 0..4   magic  b"VBAG"
-//! 4      version (5)
+//! 4      version (7)
 //! 5      kind
 //! 6..8   reserved, must be 0
 //! 8..12  body length (u32), must equal the bytes that follow
@@ -41,7 +41,17 @@
 //! 12 in the long form, with a message id); version 5 gives it the 8-byte
 //! short frame above. Version 6 added `ReadMe` (kind 13: a large message the
 //! receiver fetches with one RDMA READ from the region its token names, and
-//! releases with a `Release` of the token's id once read).
+//! releases with a `Release` of the token's id once read). Version 7 added
+//! the staging ring (`staging.rs`): `StagingRing` (kind 14: a side's ring
+//! of memory the peer may RDMA WRITE mid-size messages into), `Staged`
+//! (kind 15: a message written into that ring at an offset, sent after
+//! the WRITE, so RC delivers it once the bytes are in place) and
+//! `StagingFreed` (kind 16: ring bytes the receiver took its messages out
+//! of, free for the sender again). A staged message without an immediate
+//! needs no `Staged`: it is one RDMA WRITE_WITH_IMM whose immediate is
+//! [`STAGED_IMM_TAG`] and its length ([`staged_len`]); the immediate of an
+//! application's `write_with_imm` in that range travels in a `WriteImm`
+//! (kind 17) SEND after a plain WRITE instead.
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -52,7 +62,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 7;
 /// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
 /// Size of a [`Message::Whole`] frame's header without an immediate (4 more
@@ -60,6 +70,23 @@ pub const HEADER_LEN: usize = 12;
 pub const WHOLE_HEADER_LEN: usize = 8;
 /// Largest text in an [`Message::Error`].
 pub const MAX_ERROR_TEXT: usize = 256;
+/// The top byte of a WRITE_WITH_IMM's immediate that marks a message
+/// written into the receiver's staging ring; the low 24 bits are its
+/// length (see [`staged_len`]).
+pub const STAGED_IMM_TAG: u32 = 0xff00_0000;
+
+/// The length of the staged message a WRITE_WITH_IMM's immediate names,
+/// if it carries [`STAGED_IMM_TAG`] (an application's immediate never
+/// does on the wire: it goes in a [`Message::WriteImm`]).
+#[inline(always)]
+pub const fn staged_len(imm: u32) -> Option<u32> {
+    if imm & STAGED_IMM_TAG == STAGED_IMM_TAG {
+        Some(imm & !STAGED_IMM_TAG)
+    } else {
+        None
+    }
+}
+
 /// Size of an encoded [`MrToken`].
 pub const TOKEN_LEN: usize = 44;
 /// Most messages a sender may have in progress in pieces at once (the
@@ -288,6 +315,45 @@ pub enum Message<'a> {
         /// The region holding the message.
         token: MrToken,
     },
+    /// The sender's staging ring: `len` bytes at `addr` (remote key
+    /// `rkey`) the peer may RDMA WRITE [`Message::Staged`] messages into.
+    /// Sent once, when the connection starts.
+    StagingRing {
+        /// Start address in the sender's address space.
+        addr: u64,
+        /// Length in bytes.
+        len: u32,
+        /// Remote key (REMOTE_WRITE only).
+        rkey: u32,
+    },
+    /// A user message of `len` bytes the sender RDMA WROTE at `offset` of
+    /// the receiver's staging ring just before this SEND (RC places the
+    /// WRITE's bytes first).
+    Staged {
+        /// Immediate data of the message, if any.
+        imm: Option<u32>,
+        /// Send credits returned to the receiver (0: none), as a
+        /// [`Message::Credit`] would.
+        grant: u32,
+        /// Where the message starts in the ring.
+        offset: u32,
+        /// Its length.
+        len: u32,
+    },
+    /// The receiver took its messages out of `bytes` more bytes of its
+    /// staging ring (in ring order, with the ends skipped at a wrap): the
+    /// sender may write there again.
+    StagingFreed {
+        /// Bytes freed.
+        bytes: u32,
+    },
+    /// The immediate of an application's `write_with_imm` whose value
+    /// carries [`STAGED_IMM_TAG`]: its WRITE went without one, and this
+    /// SEND follows it (the receiver treats it as the WRITE_WITH_IMM's).
+    WriteImm {
+        /// The application's immediate.
+        imm: u32,
+    },
 }
 
 /// The agent settings each side announces when a connection starts; both
@@ -323,6 +389,10 @@ mod kind {
     pub const WHOLE: u8 = 11;
     pub const WHOLE_IMM: u8 = 12;
     pub const READ_ME: u8 = 13;
+    pub const STAGING_RING: u8 = 14;
+    pub const STAGED: u8 = 15;
+    pub const STAGING_FREED: u8 = 16;
+    pub const WRITE_IMM: u8 = 17;
 }
 
 /// Bytes of a `Data` piece before its payload: the most any user message
@@ -730,6 +800,57 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
             let token = read_token(&mut r)?;
             Message::ReadMe { imm, token }
         }
+        kind::STAGING_RING => {
+            r.what = "staging ring";
+            let addr = r.u64()?;
+            let len = r.u32()?;
+            let rkey = r.u32()?;
+            if addr.checked_add(u64::from(len)).is_none() {
+                return Err(WireError::InvalidField {
+                    field: "staging_ring.len",
+                    reason: "region wraps the address space",
+                });
+            }
+            Message::StagingRing { addr, len, rkey }
+        }
+        kind::STAGED => {
+            r.what = "staged";
+            let has_imm = r.u32()?;
+            let imm_raw = r.u32()?;
+            let imm = match (has_imm, imm_raw) {
+                (0, 0) => None,
+                (1, imm) => Some(imm),
+                _ => {
+                    return Err(WireError::InvalidField {
+                        field: "staged.imm",
+                        reason: "has_imm must be 1, or 0 with a zero immediate",
+                    })
+                }
+            };
+            let grant = r.u32()?;
+            let offset = r.u32()?;
+            let len = r.u32()?;
+            if offset.checked_add(len).is_none() {
+                return Err(WireError::InvalidField {
+                    field: "staged.len",
+                    reason: "message ends past 4 GiB",
+                });
+            }
+            Message::Staged {
+                imm,
+                grant,
+                offset,
+                len,
+            }
+        }
+        kind::STAGING_FREED => {
+            r.what = "staging freed";
+            Message::StagingFreed { bytes: r.u32()? }
+        }
+        kind::WRITE_IMM => {
+            r.what = "write immediate";
+            Message::WriteImm { imm: r.u32()? }
+        }
         kind => return Err(WireError::UnknownKind { kind }),
     };
     r.finish()?;
@@ -758,6 +879,10 @@ impl Message<'_> {
                 Message::Abort { .. } => 8,
                 Message::Settings(_) => SETTINGS_LEN,
                 Message::ReadMe { .. } => 4 + 4 + TOKEN_LEN,
+                Message::StagingRing { .. } => 8 + 4 + 4,
+                Message::Staged { .. } => 4 + 4 + 4 + 4 + 4,
+                Message::StagingFreed { .. } => 4,
+                Message::WriteImm { .. } => 4,
             }
     }
 
@@ -776,6 +901,10 @@ impl Message<'_> {
             Message::Abort { .. } => kind::ABORT,
             Message::Settings(_) => kind::SETTINGS,
             Message::ReadMe { .. } => kind::READ_ME,
+            Message::StagingRing { .. } => kind::STAGING_RING,
+            Message::Staged { .. } => kind::STAGED,
+            Message::StagingFreed { .. } => kind::STAGING_FREED,
+            Message::WriteImm { .. } => kind::WRITE_IMM,
         }
     }
 
@@ -883,6 +1012,25 @@ impl Message<'_> {
                 w.put(&imm.unwrap_or(0).to_le_bytes());
                 write_token(&mut w, token);
             }
+            Message::StagingRing { addr, len, rkey } => {
+                w.put(&addr.to_le_bytes());
+                w.put(&len.to_le_bytes());
+                w.put(&rkey.to_le_bytes());
+            }
+            Message::Staged {
+                imm,
+                grant,
+                offset,
+                len,
+            } => {
+                w.put(&u32::from(imm.is_some()).to_le_bytes());
+                w.put(&imm.unwrap_or(0).to_le_bytes());
+                w.put(&grant.to_le_bytes());
+                w.put(&offset.to_le_bytes());
+                w.put(&len.to_le_bytes());
+            }
+            Message::StagingFreed { bytes } => w.put(&bytes.to_le_bytes()),
+            Message::WriteImm { imm } => w.put(&imm.to_le_bytes()),
         }
         debug_assert_eq!(w.pos, len);
         Ok(len)
@@ -1102,6 +1250,25 @@ mod tests {
                 imm: Some(0),
                 token: token(),
             },
+            Message::StagingRing {
+                addr: 0x7f00_0010_0000,
+                len: 1 << 20,
+                rkey: 0x1234,
+            },
+            Message::Staged {
+                imm: None,
+                grant: 0,
+                offset: 0,
+                len: 65536,
+            },
+            Message::Staged {
+                imm: Some(u32::MAX),
+                grant: 16,
+                offset: u32::MAX - 1,
+                len: 1,
+            },
+            Message::StagingFreed { bytes: 1 << 18 },
+            Message::WriteImm { imm: u32::MAX },
         ]
     }
 

@@ -190,6 +190,33 @@ impl<B: IoBufMut> RemoteAccessRegion<B> {
         Ok(())
     }
 
+    /// Appends the `n` bytes at offset `off` of the region to `dst`
+    /// (one copy, into `dst`'s spare capacity: no zeroing first, unlike
+    /// [`read_into`](Self::read_into) into a fresh vector). As
+    /// `read_into`, a peer writing at the same time may leave a mix of old
+    /// and new bytes.
+    pub fn append_to(&self, off: usize, n: usize, dst: &mut Vec<u8>) -> Result<(), BufError> {
+        check_span("RemoteAccessRegion::append_to", off, n, self.len)?;
+        dst.reserve(n);
+        let base = self.ptr();
+        let mut done = 0;
+        while done < n {
+            let part = (n - done).min(COPY_CHUNK);
+            let start = dst.len();
+            // SAFETY: inside the region (checked above; `buf`'s invariant)
+            // into `dst`'s reserved spare capacity (`reserve` above: at
+            // least `n - done` bytes past `start`); the bytes are
+            // initialized by the copy before `set_len` exposes them.
+            let copy = || unsafe {
+                std::ptr::copy(base.add(off + done), dst.as_mut_ptr().add(start), part);
+                dst.set_len(start + part);
+            };
+            self.reg.with_memory(copy);
+            done += part;
+        }
+        Ok(())
+    }
+
     /// Copies `src` to offset `off` of the region.
     pub fn write_from(&self, off: usize, src: &[u8]) -> Result<(), BufError> {
         check_span("RemoteAccessRegion::write_from", off, src.len(), self.len)?;
@@ -301,6 +328,12 @@ mod tests {
         assert!(r.read_into(usize::MAX, &mut out).is_err());
         assert!(r.read_into(6, &mut out).is_err());
         r.read_into(8, &mut []).unwrap();
+        let mut v = b"<".to_vec();
+        r.append_to(1, 3, &mut v).unwrap();
+        assert_eq!(v, b"<bcd");
+        assert!(r.append_to(6, 3, &mut v).is_err());
+        assert!(r.append_to(usize::MAX, 1, &mut v).is_err());
+        assert_eq!(v, b"<bcd", "nothing appended out of bounds");
         assert_eq!(r.to_vec(), b"abcdefXY");
         let v = r.revoke();
         assert_eq!(reg.0.live.get(), 0, "revoke deregistered");

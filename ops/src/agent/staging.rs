@@ -1,0 +1,591 @@
+//! The staging ring: mid-size messages by one RDMA WRITE into memory the
+//! receiver granted in advance, instead of many `Data` pieces (each a SEND,
+//! a credit and a copy into the reassembled message) or a READ (the
+//! receiver fetches the message: one more round trip, and a registration
+//! on both sides per message).
+//!
+//! A side registers a ring of `RdmaBuilder::staging_ring` bytes the peer
+//! may write (REMOTE_WRITE only) and announces it in a `StagingRing`
+//! message the first time the peer sends a message the ring would carry
+//! (in pieces or by READ, as before): a connection that never sends one
+//! costs no ring. From then on a message longer than one receive buffer
+//! and at most a quarter of the peer's ring is copied into a send buffer
+//! and written at the ring's next free offset by one WRITE_WITH_IMM
+//! (credited, like any user message) whose immediate tags it and gives
+//! its length (`wire::STAGED_IMM_TAG`); a message with an immediate of
+//! its own goes as a WRITE and a `Staged` SEND naming offset and length
+//! (RC places the WRITE's bytes before the SEND arrives). The receiver
+//! copies the message out of its ring into the vector it delivers (the
+//! ring is never lent: the peer may write it at any time), and once it has
+//! taken a quarter of the ring returns those bytes in a `StagingFreed`
+//! (credited).
+//!
+//! `max_unread_bytes`: while the unread backlog is over its limit, a
+//! staged message stays in the ring (its bytes not freed, so the sender
+//! soon waits for room) and so does every message after it, in order;
+//! they are taken out as the application takes its messages, each once
+//! the backlog is within the limit (so it exceeds it by one message at
+//! most, as with READs).
+//!
+//! Placement is the same rule on both sides ([`place`]): a message starts
+//! where the previous one ended, or at 0 if it does not fit before the
+//! ring's end (the end is skipped and counted with it). The receiver
+//! checks that every `Staged` names exactly that offset, so the sender
+//! posts its WRITE and `Staged` pairs one at a time (`gate`), in the order
+//! it placed them.
+//!
+//! Bounds and liveness: a message takes less than twice its length (with
+//! a skipped end), at most half the ring; a sender that finds no room has
+//! more than half the ring outstanding, of which the receiver returns a
+//! quarter as soon as it has taken it out, whatever its application does
+//! (the unread backlog holds credits back as for any message). So the
+//! sender waits only for messages on their way.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use tracing::Instrument;
+use verbio_runtime::buf::{LocalBuf, RemoteAccessRegion};
+use verbio_runtime::provider::AccessFlags;
+use verbio_runtime::provider::Pd;
+use verbio_runtime::{Handle, Submit};
+
+use super::error::{AgentError, CloseReason};
+use super::flow::Credits;
+use super::msg::{Body, RecvMsg};
+use super::rdma::{until_posted, Shared};
+use super::wire::{Message, STAGED_IMM_TAG};
+use crate::verbs::write::WriteVerb;
+use crate::verbs::write_with_imm::WriteWithImmVerb;
+use crate::verbs::{RemoteBuf, Verbs};
+
+/// Smallest staging ring a side announces: four messages just above the
+/// default receive buffer.
+pub(crate) const MIN_STAGING_RING: usize = 64 * 1024;
+
+/// Largest staging ring: a quarter of it, the longest message, fits the 24
+/// length bits of a staged WRITE_WITH_IMM's immediate.
+pub(crate) const MAX_STAGING_RING: usize = 32 << 20;
+
+/// Where a message of `len` bytes goes in a ring of `ring` bytes whose next
+/// free byte is `head`: its offset, and the ring bytes it takes (with the
+/// end it skips when it does not fit before it).
+pub(crate) fn place(head: u32, len: u32, ring: u32) -> (u32, u32) {
+    if u64::from(head) + u64::from(len) <= u64::from(ring) {
+        (head, len)
+    } else {
+        (0, ring.saturating_sub(head).saturating_add(len))
+    }
+}
+
+/// The peer's ring, as announced.
+#[derive(Debug, Clone, Copy)]
+struct PeerRing {
+    addr: u64,
+    len: u32,
+    rkey: u32,
+}
+
+/// A place taken in the peer's ring, given back if its message is not
+/// posted ([`Staging::unreserve`]).
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    offset: u32,
+    taken: u32,
+    /// `head` before it.
+    head: u32,
+}
+
+/// A message held back while the unread backlog is over its limit.
+#[derive(Debug)]
+enum Held {
+    /// A staged message still in the ring: `len` bytes at `at`, taking
+    /// `taken` ring bytes.
+    Staged {
+        imm: Option<u32>,
+        at: u32,
+        len: u32,
+        taken: u32,
+    },
+    /// Any other message that arrived after one.
+    Msg(RecvMsg),
+}
+
+/// One connection's staging: this side's ring (receiving) and the peer's
+/// (sending).
+#[derive(Debug)]
+pub(crate) struct Staging {
+    /// Bytes of this side's ring (0: none).
+    ring_bytes: usize,
+    /// This side's ring, once registered (at its announcement).
+    own: RefCell<Option<RemoteAccessRegion<Vec<u8>>>>,
+    /// The ring was announced (or its registration failed: never again).
+    announced: Cell<bool>,
+    /// Receiving: messages held back, in order (see the module's doc).
+    held: RefCell<VecDeque<Held>>,
+    /// Receiving: where the peer's next message must start.
+    expect: Cell<u32>,
+    /// Receiving: bytes taken out and not yet returned.
+    freed: Cell<u32>,
+    /// Sending: the peer's ring, once announced.
+    peer: Cell<Option<PeerRing>>,
+    /// Sending: where the next message goes.
+    head: Cell<u32>,
+    /// Sending: bytes written and not yet freed by the peer.
+    used: Cell<u32>,
+    /// Senders waiting for room.
+    waiters: RefCell<Vec<Waker>>,
+    closed: Cell<bool>,
+    /// One WRITE and `Staged` pair posted at a time, in placement order.
+    gate: Credits,
+}
+
+impl Staging {
+    /// A ring of `bytes` (none if 0), registered when first wanted.
+    pub(crate) fn new(bytes: usize) -> Staging {
+        Staging {
+            ring_bytes: bytes,
+            own: RefCell::new(None),
+            announced: Cell::new(false),
+            held: RefCell::new(VecDeque::new()),
+            expect: Cell::new(0),
+            freed: Cell::new(0),
+            peer: Cell::new(None),
+            head: Cell::new(0),
+            used: Cell::new(0),
+            waiters: RefCell::new(Vec::new()),
+            closed: Cell::new(false),
+            gate: Credits::new(1),
+        }
+    }
+
+    /// Registers this side's ring in `pd` and returns its announcement;
+    /// `None` if there is none, it was announced, or the registration
+    /// failed (logged; the peer goes on without it).
+    fn register(&self, pd: &Pd) -> Option<Message<'static>> {
+        if self.ring_bytes == 0 || self.announced.replace(true) {
+            return None;
+        }
+        let region = match RemoteAccessRegion::grant(
+            pd,
+            vec![0u8; self.ring_bytes],
+            AccessFlags::REMOTE_WRITE,
+        ) {
+            Ok(r) => r,
+            Err(r) => {
+                let e = AgentError::Buf {
+                    stage: "registering the staging ring",
+                    source: r.error,
+                };
+                tracing::debug!(error = %crate::error::ErrorChain(&e), "no staging ring");
+                return None;
+            }
+        };
+        let msg = Message::StagingRing {
+            addr: region.addr(),
+            // `RdmaBuilder::staging_ring` keeps it within MAX_STAGING_RING.
+            len: region.len() as u32,
+            rkey: region.rkey(),
+        };
+        *self.own.borrow_mut() = Some(region);
+        Some(msg)
+    }
+
+    /// True while messages are held back.
+    #[inline(always)]
+    pub(crate) fn holding(&self) -> bool {
+        !self.held.borrow().is_empty()
+    }
+
+    /// Holds `msg` back behind the staged messages held.
+    pub(crate) fn hold(&self, msg: RecvMsg) {
+        self.held.borrow_mut().push_back(Held::Msg(msg));
+    }
+
+    /// Longest message sent through the peer's ring (0: none, or not
+    /// announced yet).
+    #[inline]
+    pub(crate) fn max_len(&self) -> usize {
+        self.peer
+            .get()
+            .map_or(0, |p| (p.len as usize).min(MAX_STAGING_RING) / 4)
+    }
+
+    /// The connection is down: waiting senders give up.
+    pub(crate) fn close(&self) {
+        self.closed.set(true);
+        self.gate.close(CloseReason::Local);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        for w in std::mem::take(&mut *self.waiters.borrow_mut()) {
+            w.wake();
+        }
+    }
+
+    /// The peer announced its ring (once).
+    pub(crate) fn peer_ring(&self, addr: u64, len: u32, rkey: u32) -> Result<(), CloseReason> {
+        if self.peer.get().is_some() {
+            return Err(CloseReason::Violation("staging ring announced twice"));
+        }
+        self.peer.set(Some(PeerRing { addr, len, rkey }));
+        tracing::debug!(len, "the peer's staging ring");
+        Ok(())
+    }
+
+    /// The peer freed `bytes` of its ring.
+    pub(crate) fn peer_freed(&self, bytes: u32) -> Result<(), CloseReason> {
+        let used = self.used.get();
+        if bytes > used {
+            return Err(CloseReason::Violation(
+                "staging ring bytes freed that were never written",
+            ));
+        }
+        self.used.set(used - bytes);
+        self.wake();
+        Ok(())
+    }
+
+    /// Takes a place for `len` bytes in the peer's ring, waiting for room;
+    /// `None` once the connection is down.
+    fn poll_reserve(&self, len: u32, cx: &Context<'_>) -> Poll<Option<Placed>> {
+        if self.closed.get() {
+            return Poll::Ready(None);
+        }
+        let Some(peer) = self.peer.get() else {
+            return Poll::Ready(None);
+        };
+        let head = self.head.get();
+        let (offset, taken) = place(head, len, peer.len);
+        let used = self.used.get();
+        if u64::from(used) + u64::from(taken) > u64::from(peer.len) {
+            let mut w = self.waiters.borrow_mut();
+            if !w.iter().any(|w| w.will_wake(cx.waker())) {
+                w.push(cx.waker().clone());
+            }
+            return Poll::Pending;
+        }
+        self.used.set(used + taken);
+        self.head.set(offset + len);
+        Poll::Ready(Some(Placed {
+            offset,
+            taken,
+            head,
+        }))
+    }
+
+    /// Gives back a place whose message was not posted (the latest taken:
+    /// the gate is still held).
+    fn unreserve(&self, p: Placed) {
+        self.head.set(p.head);
+        self.used.set(self.used.get().saturating_sub(p.taken));
+        self.wake();
+    }
+
+    /// Receiving: places the next message, of `len` bytes (`offset`:
+    /// where its `Staged` says it is, which must be where the ring's order
+    /// puts it): its offset and the ring bytes it takes.
+    fn arrived(&self, offset: Option<u32>, len: u32) -> Result<(u32, u32), CloseReason> {
+        let own = self.own.borrow();
+        let Some(ring) = own.as_ref() else {
+            return Err(CloseReason::Violation(
+                "staged message without a staging ring",
+            ));
+        };
+        // Registered with at most MAX_STAGING_RING bytes.
+        let size = ring.len() as u32;
+        if len == 0 || len > size / 4 {
+            return Err(CloseReason::Violation(
+                "staged message empty or longer than a quarter of the ring",
+            ));
+        }
+        let (at, taken) = place(self.expect.get(), len, size);
+        if offset.is_some_and(|o| o != at) {
+            return Err(CloseReason::Violation(
+                "staged message not where the ring's order puts it",
+            ));
+        }
+        self.expect.set(at + len);
+        Ok((at, taken))
+    }
+
+    /// Receiving: copies a placed message out of the ring; its bytes count
+    /// as freed.
+    fn take_out(&self, at: u32, len: u32, taken: u32) -> Result<Vec<u8>, CloseReason> {
+        let own = self.own.borrow();
+        let ring = own.as_ref().ok_or(CloseReason::Violation(
+            "staged message without a staging ring",
+        ))?;
+        let mut bytes = Vec::with_capacity(len as usize);
+        ring.append_to(at as usize, len as usize, &mut bytes)
+            .map_err(|_| CloseReason::Violation("staged message outside the staging ring"))?;
+        self.freed.set(self.freed.get().saturating_add(taken));
+        Ok(bytes)
+    }
+
+    /// Receiving: the bytes to return once a quarter of the ring is free
+    /// (the count restarts at 0).
+    fn freed_batch(&self) -> Option<u32> {
+        let ring = self.own.borrow().as_ref()?.len() as u32;
+        let n = self.freed.get();
+        (n >= ring / 4).then(|| self.freed.replace(0))
+    }
+
+    /// A `StagingFreed` of `n` bytes was not sent: they wait for the next.
+    fn unfreed(&self, n: u32) {
+        self.freed.set(self.freed.get().saturating_add(n));
+    }
+}
+
+/// The sender's side: `data` (longer than a piece, at most
+/// [`Staging::max_len`]) written into the peer's ring: one WRITE_WITH_IMM
+/// whose immediate tags it and gives its length, or, for a message with an
+/// immediate of its own, a WRITE and a `Staged` naming it. Returns once
+/// posted (the runtime keeps the send buffer until the WRITE completes;
+/// should it fail, the connection goes down with that error, as for an
+/// INLINE send). Cancel-safe: dropped before it is posted, the place in the
+/// ring and the credit are given back and the peer sees nothing.
+pub(crate) async fn send_staged(
+    s: &Rc<Shared>,
+    data: &[u8],
+    imm: Option<u32>,
+) -> Result<(), AgentError> {
+    let len = u32::try_from(data.len()).map_err(|_| s.closed_error())?;
+    let st = &s.staging;
+    let credit = s.credits.acquire().await.map_err(|_| s.closed_error())?;
+    let gate = st.gate.acquire().await.map_err(|_| s.closed_error())?;
+    let placed = poll_fn(|cx| st.poll_reserve(len, cx))
+        .await
+        .ok_or_else(|| s.closed_error())?;
+    // Given back unless the message is posted.
+    let mut undo = Unreserve {
+        staging: st,
+        placed: Some(placed),
+    };
+    let Some(peer) = st.peer.get() else {
+        return Err(s.closed_error());
+    };
+    let buf = s.pool.alloc_from(data).map_err(|source| AgentError::Buf {
+        stage: "allocating a staging send buffer",
+        source,
+    })?;
+    let remote = RemoteBuf::new(
+        peer.addr + u64::from(placed.offset),
+        u64::from(len),
+        peer.rkey,
+    );
+    let posted = Cell::new(false);
+    // The WRITE in flight, awaited (once the gate is open again) before
+    // `send` returns, as a piece's SEND is.
+    let (in_flight, res) = match imm {
+        None => {
+            // `max_len` keeps `len` within the tag's 24 bits.
+            let write = s.qp.write_with_imm(buf, remote, STAGED_IMM_TAG | len);
+            match until_posted(write, Some(credit), &posted).await {
+                Ok(w) => (Some(Written::Tagged(w)), Ok(())),
+                Err((Ok(_), _)) => (None, Ok(())),
+                Err((Err(e), _)) => (None, Err(s.verb_error(e))),
+            }
+        }
+        Some(imm) => {
+            let write = s.qp.write(buf, remote);
+            match until_posted(write, None, &Cell::new(false)).await {
+                Ok(w) => {
+                    let msg = Message::Staged {
+                        imm: Some(imm),
+                        grant: 0, // the credits owed then, filled in at posting
+                        offset: placed.offset,
+                        len,
+                    };
+                    let sent = s.post_staged(&msg, credit, &posted).await;
+                    (Some(Written::Plain(w)), sent)
+                }
+                Err((Ok(_), _)) => (None, Err(s.closed_error())),
+                Err((Err(e), _)) => (None, Err(s.verb_error(e))),
+            }
+        }
+    };
+    if posted.get() {
+        undo.placed = None;
+    }
+    drop(undo);
+    drop(gate);
+    res?;
+    match in_flight {
+        Some(Written::Tagged(w)) => s.verb_result(w.await.0.map(drop)),
+        Some(Written::Plain(w)) => s.verb_result(w.await.0.map(drop)),
+        None => Ok(()),
+    }
+}
+
+/// A staged message's WRITE in flight.
+enum Written {
+    Tagged(Submit<WriteWithImmVerb<LocalBuf>>),
+    Plain(Submit<WriteVerb<LocalBuf>>),
+}
+
+/// Gives a place in the ring back unless its message was posted.
+struct Unreserve<'a> {
+    staging: &'a Staging,
+    placed: Option<Placed>,
+}
+
+impl Drop for Unreserve<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.placed.take() {
+            self.staging.unreserve(p);
+        }
+    }
+}
+
+/// The receiver's side of a staged message (a tagged WRITE_WITH_IMM, or a
+/// `Staged` naming `offset`): taken out of the ring and delivered, or held
+/// back (see the module's doc); a quarter of the ring freed goes back to
+/// the peer.
+pub(crate) fn received(
+    shared: &Rc<Shared>,
+    imm: Option<u32>,
+    offset: Option<u32>,
+    len: u32,
+) -> Result<(), CloseReason> {
+    let st = &shared.staging;
+    let (at, taken) = st.arrived(offset, len)?;
+    if st.holding() || shared.backlog.bytes() > shared.backlog.limit() {
+        st.held.borrow_mut().push_back(Held::Staged {
+            imm,
+            at,
+            len,
+            taken,
+        });
+        return Ok(());
+    }
+    deliver_staged(shared, imm, at, len, taken)
+}
+
+/// Copies a staged message out of the ring and delivers it.
+fn deliver_staged(
+    shared: &Rc<Shared>,
+    imm: Option<u32>,
+    at: u32,
+    len: u32,
+    taken: u32,
+) -> Result<(), CloseReason> {
+    let bytes = shared.staging.take_out(at, len, taken)?;
+    super::task::deliver_now(
+        shared,
+        RecvMsg {
+            body: Body::Vec(bytes),
+            imm,
+        },
+    );
+    if let Some(bytes) = shared.staging.freed_batch() {
+        return_freed(shared, bytes);
+    }
+    Ok(())
+}
+
+/// Delivers the messages held back, in order, while the unread backlog is
+/// within its limit (or all of them with `all`: the receive side is
+/// closing); [`Shared::taken`] calls this.
+pub(crate) fn release_held(shared: &Rc<Shared>, all: bool) {
+    let st = &shared.staging;
+    loop {
+        let front = {
+            let mut held = st.held.borrow_mut();
+            match held.front() {
+                None => None,
+                Some(Held::Staged { .. })
+                    if !all && shared.backlog.bytes() > shared.backlog.limit() =>
+                {
+                    None
+                }
+                Some(_) => held.pop_front(),
+            }
+        };
+        match front {
+            Some(Held::Staged {
+                imm,
+                at,
+                len,
+                taken,
+            }) => {
+                if let Err(reason) = deliver_staged(shared, imm, at, len, taken) {
+                    shared.fail(reason);
+                    return;
+                }
+            }
+            Some(Held::Msg(m)) => super::task::deliver_now(shared, m),
+            None => return,
+        }
+    }
+}
+
+/// Registers and announces this side's ring the first time the peer sends
+/// a message of `len` bytes it would carry (by a task: a credited message
+/// may wait for credits, which the agent's loop receives).
+pub(crate) fn wanted(shared: &Rc<Shared>, len: u64) {
+    let st = &shared.staging;
+    if st.announced.get() || st.ring_bytes == 0 || len > (st.ring_bytes / 4) as u64 {
+        return;
+    }
+    let Some(msg) = st.register(&shared.pd.0) else {
+        return;
+    };
+    let Some(h) = Handle::try_current() else {
+        return;
+    };
+    let s = shared.clone();
+    h.spawn(
+        async move {
+            if let Err(e) = s.send_message(&msg, true).await {
+                tracing::debug!(error = %crate::error::ErrorChain(&e), "announcing the staging ring failed");
+            }
+        }
+        .instrument(shared.span.clone()),
+    );
+}
+
+/// Sends the peer a `StagingFreed` of `bytes` (by a task); owed again if
+/// it cannot be sent.
+fn return_freed(shared: &Rc<Shared>, bytes: u32) {
+    let Some(h) = Handle::try_current() else {
+        shared.staging.unfreed(bytes);
+        return;
+    };
+    let s = shared.clone();
+    h.spawn(
+        async move {
+            if let Err(e) = s
+                .send_message(&Message::StagingFreed { bytes }, true)
+                .await
+            {
+                s.staging.unfreed(bytes);
+                tracing::debug!(error = %crate::error::ErrorChain(&e), bytes, "returning staging ring bytes failed");
+            }
+        }
+        .instrument(shared.span.clone()),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::place;
+
+    #[test]
+    fn placement_wraps_and_counts_the_skipped_end() {
+        assert_eq!(place(0, 10, 100), (0, 10));
+        assert_eq!(place(90, 10, 100), (90, 10), "fits exactly before the end");
+        assert_eq!(place(100, 10, 100), (0, 10), "at the end: starts over");
+        assert_eq!(
+            place(95, 10, 100),
+            (0, 15),
+            "the 5 bytes at the end are skipped"
+        );
+        assert_eq!(place(u32::MAX, 1, u32::MAX), (0, 1));
+        assert_eq!(place(7, u32::MAX, 8), (0, u32::MAX), "never overflows");
+    }
+}

@@ -1,0 +1,238 @@
+//! Mid-size messages through the receiver's staging ring (soft device, two
+//! runtimes on two threads): once the receiver has announced its ring (the
+//! first message it would carry goes in pieces), a message longer than one
+//! receive buffer and at most a quarter of the ring is one RDMA
+//! WRITE_WITH_IMM (one credit), with an immediate of its own a WRITE and a
+//! `Staged` SEND; they arrive whole and in order with the messages around
+//! them as the ring wraps; an application that does not read holds them in
+//! the ring (`max_unread_bytes`), in order; a send cancelled before it is
+//! posted sends nothing; and an application's `write_with_imm` whose
+//! immediate looks like a staged message's still arrives as an immediate.
+
+mod common;
+
+use std::pin::pin;
+use std::time::Duration;
+
+use common::*;
+use verbio::runtime::{sleep, timeout};
+use verbio::RdmaBuilder;
+
+/// Receive buffers of 1 KiB and a 64 KiB ring: messages from 1025 bytes
+/// to 16 KiB go through the ring.
+const BUF: usize = 1024;
+const RING: usize = 64 * 1024;
+const STAGED_MAX: usize = RING / 4;
+
+fn builder() -> RdmaBuilder {
+    RdmaBuilder::new()
+        .recv_buf_count(8)
+        .credit_batch(2)
+        .recv_buf_size(BUF)
+        .staging_ring(RING)
+}
+
+/// The sizes of the stream test: every size class of the ring's placement
+/// (just above a piece, odd, exactly a quarter of the ring).
+fn size(i: usize) -> usize {
+    const SIZES: [usize; 6] = [BUF + 1, 5000, STAGED_MAX, 7777, 16_000, 12_345];
+    SIZES[i % SIZES.len()]
+}
+
+#[test]
+fn mid_size_messages_go_by_one_write_into_the_ring_in_order() {
+    const N: usize = 120;
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        // The first one, in pieces, makes this side announce its ring.
+        assert!(r.receive().await.unwrap() == pattern(10_000, 0));
+        r.send(b"ready").await.unwrap();
+        assert!(r.receive().await.unwrap() == pattern(10_000, 1));
+        for i in 0..N {
+            let (got, imm) = r.receive_with_imm().await.unwrap();
+            assert!(got == pattern(size(i), i as u8), "message {i}");
+            assert_eq!(imm, (i % 3 == 0).then_some(i as u32), "message {i}");
+            let small = r.receive().await.unwrap();
+            assert_eq!(small, (i as u32).to_le_bytes(), "small message {i}");
+        }
+        r.send(b"done").await.unwrap();
+        let _ = r.receive().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        r.send(&pattern(10_000, 0)).await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"ready");
+        // The ring's announcement came before "ready": one credit, one WRITE.
+        let credits = r.send_credits();
+        assert!(credits >= 2, "{credits} credits: not enough to test with");
+        let data = pattern(10_000, 1);
+        let mut send = pin!(r.send(&data));
+        let first = futures::poll!(send.as_mut());
+        assert!(first.is_pending(), "a staged send waits for its WRITE");
+        assert_eq!(
+            credits - r.send_credits(),
+            1,
+            "a 10,000-byte message with 1 KiB buffers: one WRITE, not ten pieces"
+        );
+        timeout(WAIT, send).await.expect("send").unwrap();
+        // Many times around the ring, with and without immediates,
+        // interleaved with whole messages.
+        for i in 0..N {
+            let data = pattern(size(i), i as u8);
+            if i % 3 == 0 {
+                r.send_with_imm(&data, i as u32).await.unwrap();
+            } else {
+                r.send(&data).await.unwrap();
+            }
+            r.send(&(i as u32).to_le_bytes()).await.unwrap();
+        }
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        r.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn a_reader_that_does_not_read_holds_staged_messages_in_the_ring_in_order() {
+    const LIMIT: u64 = 32 * 1024;
+    const N: usize = 40;
+    let len = 12_000;
+    let (addr, server) = serve_rdma(
+        || builder().max_unread_bytes(LIMIT),
+        1,
+        move |mut c| async move {
+            let r = c.remove(0);
+            assert!(r.receive().await.unwrap() == pattern(10_000, 0));
+            r.send(b"ready").await.unwrap();
+            sleep(Duration::from_millis(300)).await;
+            let unread = r.unread_bytes();
+            for i in 0..N {
+                let got = r.receive().await.unwrap();
+                assert!(got == pattern(len, i as u8), "message {i}");
+                assert_eq!(r.receive().await.unwrap(), [i as u8], "small {i}");
+            }
+            r.send(b"done").await.unwrap();
+            let _ = r.receive().await;
+            unread
+        },
+    );
+    let (rt, dev) = runtime_and_device();
+    let early = block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        r.send(&pattern(10_000, 0)).await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"ready");
+        let all = async {
+            for i in 0..N {
+                r.send(&pattern(len, i as u8)).await.unwrap();
+                r.send(&[i as u8]).await.unwrap();
+            }
+        };
+        let mut all = pin!(all);
+        let early = timeout(Duration::from_millis(150), all.as_mut())
+            .await
+            .is_ok();
+        timeout(WAIT, all).await.expect("the reader reads at last");
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        r.send(b"bye").await.unwrap();
+        early
+    });
+    assert!(!early, "480 kB went out to a reader that reads nothing");
+    let unread = server.join().expect("server");
+    // The limit, one staged message over it, and the small messages the
+    // credits let through.
+    assert!(
+        unread <= LIMIT + len as u64 + 8 * BUF as u64,
+        "unread backlog {unread}"
+    );
+}
+
+#[test]
+fn a_staged_send_cancelled_before_it_is_posted_sends_nothing() {
+    // The reader holds back its credits (max_unread_bytes), so the sender
+    // runs out: a staged send then waits for a credit, and is dropped.
+    const LIMIT: u64 = 16 * 1024;
+    let (addr, server) = serve_rdma(
+        || builder().max_unread_bytes(LIMIT),
+        1,
+        move |mut c| async move {
+            let r = c.remove(0);
+            assert!(r.receive().await.unwrap() == pattern(10_000, 0));
+            r.send(b"ready").await.unwrap();
+            // Reads nothing while the client runs out and cuts its send.
+            sleep(Duration::from_millis(400)).await;
+            let mut got = Vec::new();
+            loop {
+                let m = r.receive().await.unwrap();
+                if m == b"bye" {
+                    break;
+                }
+                got.push(m);
+            }
+            got
+        },
+    );
+    let (rt, dev) = runtime_and_device();
+    let sent = block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        r.send(&pattern(10_000, 0)).await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"ready");
+        let mut sent = Vec::new();
+        for i in 1..200u8 {
+            let data = pattern(8000, i);
+            let mut send = Box::pin(r.send(&data));
+            let mut done = false;
+            for _ in 0..20 {
+                if futures::poll!(send.as_mut()).is_ready() {
+                    done = true;
+                    break;
+                }
+                sleep(Duration::from_millis(2)).await;
+            }
+            if done {
+                sent.push(pattern(8000, i));
+                continue;
+            }
+            // Stuck: waiting for a credit (or, holding one, for ring
+            // room). Dropped now: it gives back what it took.
+            let credits = r.send_credits();
+            drop(send);
+            assert!(r.send_credits() >= credits, "a credit lost");
+            r.send(b"bye").await.unwrap();
+            return sent;
+        }
+        panic!("the reader's backlog never stopped the sender");
+    });
+    let got = server.join().expect("server");
+    assert_eq!(got.len(), sent.len(), "the cut message was not delivered");
+    assert!(got == sent, "every finished message, in order");
+}
+
+#[test]
+fn a_write_with_imm_whose_immediate_looks_staged_arrives_as_an_immediate() {
+    let imms = [0xff00_0000u32, 0xff12_3456, u32::MAX, 0xfeed];
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        let remote = r.request_remote_mr(64).await.unwrap();
+        for (i, &imm) in imms.iter().enumerate() {
+            let mut data = r.alloc_local_mr(64).unwrap();
+            data.fill(i as u8);
+            let (res, _) = r.write_with_imm(data, &remote, imm).await;
+            res.unwrap();
+        }
+        r.send(b"bye").await.unwrap();
+        let _ = r.receive().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        for &imm in &imms {
+            let got = timeout(WAIT, r.receive_write_imm()).await.expect("imm");
+            assert_eq!(got.unwrap(), imm);
+        }
+        assert_eq!(r.receive().await.unwrap(), b"bye");
+        assert!(r.close_reason().is_none(), "{:?}", r.close_reason());
+        r.send(b"ok").await.unwrap();
+    });
+    server.join().expect("server");
+}
