@@ -41,6 +41,31 @@ impl Drop for DeviceInner {
 /// Every QP created here uses the device's one CQ for both its send and
 /// receive completions; the CQ's capacity is shared out as credits, so the
 /// CQ can never overflow (each posted WR may produce one CQE, flushes too).
+///
+/// # Example
+///
+/// ```
+/// # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use verbio::provider::{Context, QpCaps, SoftConfig, UdAttr};
+/// use verbio::runtime::buf::MrPool;
+/// use verbio::runtime::{Device, Runtime};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = Runtime::new()?; // a device belongs to its thread's runtime
+/// // A software device; `verbio::provider::open_device(None)` opens the
+/// // one VERBIO_DEVICE names, else a hardware device, else this.
+/// let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
+/// println!("{} ({})", dev.context().name(), dev.context().kind());
+/// let pool = MrPool::new(dev.pd()); // memory registered with its PD
+/// // An RC queue pair, to connect (`verbio::ops::connect`, RDMA CM)...
+/// let rc = dev.create_qp(QpCaps::default())?;
+/// // ...and a UD one, ready to send and receive datagrams.
+/// let ud = dev.create_ud_qp(QpCaps::default(), &UdAttr::default())?;
+/// assert_ne!(rc.qp_num(), ud.qp_num());
+/// # drop((pool, rt));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Device {
     inner: Rc<DeviceInner>,

@@ -120,6 +120,46 @@ impl Config {
 /// buffers, the largest message sent is the smaller of both maxima, and a
 /// pair whose receive queues cannot hold the buffers each side needs is
 /// refused on both sides with [`AgentError::Incompatible`].
+///
+/// # Example
+///
+/// A server that takes messages up to 1 MiB and bounds every handshake,
+/// and a client on a device of its own choosing with a lower limit: both
+/// sides settle on the smaller.
+///
+/// ```
+/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use std::time::Duration;
+/// use verbio::provider::{Context, SoftConfig};
+/// use verbio::runtime::{spawn, Device, Runtime};
+/// use verbio::RdmaBuilder;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = Runtime::new()?;
+/// rt.block_on(async {
+///     let listener = RdmaBuilder::new()
+///         .max_message_len(1 << 20)
+///         .handshake_timeout(Duration::from_secs(5))
+///         .listen("127.0.0.1:0".parse()?)?;
+///     let addr = listener.local_addr()?;
+///     let accepted = spawn(async move { listener.accept().await });
+///
+///     // Another software device here; `.device_name("mlx5_0")` would
+///     // name hardware (built with the `ibverbs` feature).
+///     let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
+///     let rdma = RdmaBuilder::new()
+///         .device(dev)
+///         .max_message_len(64 << 10)
+///         .connect(addr)
+///         .await?;
+///     let peer = accepted.await?;
+///     assert_eq!(rdma.max_send_len(), 64 << 10);
+///     assert_eq!(peer.max_send_len(), 64 << 10);
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RdmaBuilder {
     device_name: Option<String>,

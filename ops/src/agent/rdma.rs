@@ -708,6 +708,47 @@ pub(crate) enum Redial {
 ///
 /// Dropping it closes the connection: the peer's pending calls fail with
 /// [`CloseReason::Disconnected`].
+///
+/// # Example
+///
+/// Messages both ways, then memory the peer grants: this side WRITEs into
+/// it and hands it back (both sides in one runtime here, on software
+/// devices; across processes the server runs the `spawn`ed part).
+///
+/// ```
+/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use verbio::runtime::{spawn, Runtime};
+/// use verbio::RdmaBuilder;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = Runtime::new()?;
+/// rt.block_on(async {
+///     let listener = RdmaBuilder::new().listen("127.0.0.1:0".parse()?)?;
+///     let addr = listener.local_addr()?;
+///     let server = spawn(async move {
+///         let rdma = listener.accept().await?;
+///         let question = rdma.receive().await?;
+///         rdma.send(&question).await?;
+///         rdma.receive().await // until the client is done
+///     });
+///     let rdma = RdmaBuilder::new().connect(addr).await?;
+///     rdma.send(b"ping").await?;
+///     assert_eq!(rdma.receive().await?, b"ping");
+///
+///     // 4 KiB of the server's memory, granted to this side.
+///     let remote = rdma.request_remote_mr(4096).await?;
+///     let mut local = rdma.alloc_local_mr(remote.len())?;
+///     local.copy_from_slice(&[7; 4096]);
+///     let (res, _local) = rdma.write(local, &remote).await;
+///     res?;
+///     rdma.send_remote_mr(remote).await?; // hand it back
+///     rdma.send(b"done").await?;
+///     assert_eq!(server.await?, b"done");
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Rdma {
     pub(super) shared: Rc<Shared>,

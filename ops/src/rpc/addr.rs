@@ -37,7 +37,8 @@ const MAX_TEXT_LEN: usize = PREFIX.len() + 2 * MAX_RPC_ADDR_LEN;
 /// + hex, to hand the address to another process (module docs):
 ///
 /// ```
-/// use verbio_ops::rpc::RpcAddr;
+/// # mod verbio { pub use verbio_ops::*; }
+/// use verbio::rpc::RpcAddr;
 ///
 /// let addr = RpcAddr::from(vec![0x0a, 0x1b, 0xff]);
 /// assert_eq!(addr.to_string(), "rpc:0a1bff");

@@ -222,6 +222,71 @@ impl<T: Transport> Drop for Engine<T> {
 /// Create it inside a verbio runtime: it spawns its dispatcher task (and
 /// handler tasks at [`register`](Rpc::register)); they end when it is
 /// dropped.
+///
+/// # Example
+///
+/// A server thread serving an echo until it is told to stop, and a client
+/// that gets the server's address in its text form (as another process
+/// would: on its command line, say), both on UD queue pairs of software
+/// devices.
+///
+/// ```
+/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use std::error::Error;
+/// use std::sync::mpsc;
+///
+/// use futures::channel::oneshot;
+/// use verbio::provider::{Context, SoftConfig};
+/// use verbio::rpc::ud::{UdConfig, UdTransport};
+/// use verbio::rpc::{Request, Rpc, RpcAddr, RpcConfig};
+/// use verbio::runtime::{Device, Runtime};
+/// use verbio::ErrorChain;
+///
+/// const ECHO: u8 = 1;
+///
+/// /// An endpoint on a UD queue pair of a new software device.
+/// fn endpoint() -> Result<Rpc<UdTransport>, Box<dyn Error>> {
+///     let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
+///     let transport = UdTransport::new(&dev, &UdConfig::default())?;
+///     Ok(Rpc::new(transport, RpcConfig::default()))
+/// }
+///
+/// /// Serves ECHO, hands out its address as text, stops when told.
+/// fn server(addr: mpsc::Sender<String>, stop: oneshot::Receiver<()>) -> Result<(), Box<dyn Error>> {
+///     Runtime::new()?.block_on(async {
+///         let rpc = endpoint()?;
+///         rpc.register(ECHO, |req: Request| {
+///             let mut resp = req.response();
+///             resp.extend_from_slice(req.data());
+///             async move { resp }
+///         })?;
+///         addr.send(rpc.local_addr().to_string())?; // "rpc:56524249…"
+///         let _ = rpc.serve_until(stop).await;
+///         Ok(())
+///     })
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn Error>> {
+/// let (addr_tx, addr_rx) = mpsc::channel();
+/// let (stop, stopped) = oneshot::channel();
+/// let thread = std::thread::spawn(move || {
+///     // An error crosses threads as text, with its causes.
+///     server(addr_tx, stopped).map_err(|e| ErrorChain(&*e).to_string())
+/// });
+///
+/// let addr: RpcAddr = addr_rx.recv()?.parse()?;
+/// Runtime::new()?.block_on(async {
+///     let rpc = endpoint()?;
+///     let session = rpc.connect(&addr).await?;
+///     let resp = rpc.call(session, ECHO, b"ping").await?;
+///     assert_eq!(&resp[..], b"ping");
+///     Ok::<_, Box<dyn Error>>(())
+/// })?;
+/// let _ = stop.send(());
+/// thread.join().expect("the server thread")?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Rpc<T: Transport> {
     engine: Rc<RefCell<Engine<T>>>,
 }

@@ -183,6 +183,39 @@ impl PoolInner {
 /// `alloc` nor dropping a [`LocalBuf`] allocates or calls the device. Larger
 /// requests get a dedicated allocation and registration, released on drop.
 /// Chunks stay registered until the pool and all its buffers are dropped.
+///
+/// # Example
+///
+/// ```
+/// # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use verbio::provider::{Context, SoftConfig};
+/// use verbio::runtime::buf::MrPool;
+/// use verbio::runtime::{Device, Runtime};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let _rt = Runtime::new()?;
+/// let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
+/// let pool = MrPool::new(dev.pd());
+///
+/// let mut buf = pool.alloc(100)?; // empty, room for at least 100 bytes
+/// buf.extend_from_slice(b"hello")?;
+/// assert_eq!((&buf[..], buf.capacity()), (&b"hello"[..], 128)); // the 128 B class
+/// let copy = pool.alloc_from(b"a copy")?; // allocated and filled
+/// assert_eq!(&copy[..], b"a copy");
+///
+/// // Freed blocks go back to the pool: no registration the second time.
+/// drop((buf, copy));
+/// let registrations = pool.stats().registrations;
+/// let again = pool.alloc(100)?;
+/// assert_eq!(pool.stats().registrations, registrations);
+/// # drop(again);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Buffers are moved into the verbs and handed back with their result
+/// (`let (res, buf) = qp.send(buf).await`): the device may touch them
+/// until the completion.
 #[derive(Clone)]
 pub struct MrPool {
     inner: Rc<RefCell<PoolInner>>,

@@ -65,6 +65,43 @@ impl Drop for QpInner {
 /// in FIFO order, so the device's queues are never overrun. Dropping the last
 /// handle with WRs outstanding moves the QP to ERR; the runtime keeps it alive
 /// until the flushes arrive and the parked buffers are freed.
+///
+/// The verbs on it (`send`, `recv`, `write`, `read`, atomics, batches)
+/// are the `Verbs` trait of `verbio::ops::verbs`; an RC pair is connected
+/// by `verbio::ops::connect` or the connection manager ([`crate::cm`]).
+///
+/// # Example
+///
+/// Two UD queue pairs on a software device: one sends a datagram (copied
+/// INLINE) to the other, whose [`RecvRing`](crate::RecvRing) receives it.
+///
+/// ```
+/// # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use verbio::provider::{Context, QpCaps, QpState, SoftConfig, UdAttr};
+/// use verbio::runtime::{Device, Runtime};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = Runtime::new()?;
+/// let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
+/// rt.block_on(async {
+///     let a = dev.create_ud_qp(QpCaps::default(), &UdAttr::default())?;
+///     let b = dev.create_ud_qp(QpCaps::default(), &UdAttr::default())?;
+///     assert_eq!(a.state()?, QpState::Rts); // a UD QP is ready at once
+///     let mut ring = b.recv_ring(dev.pd(), 16, 1024)?; // receives posted
+///
+///     // Where `b` is, as a peer would learn it (its GID, QPN and Q_Key).
+///     let gid_index = dev.context().default_gid_index(1)?;
+///     let to_b = a.ud_peer(&b.ud_endpoint(gid_index)?)?;
+///     a.post_send_inline_to(&to_b, b"hello", None).await?;
+///
+///     let msg = ring.next().await.expect("the ring is open")?;
+///     assert_eq!(&msg[..], b"hello");
+///     assert_eq!(msg.source().map(|s| s.qpn), Some(a.qp_num()));
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct QueuePair {
     pub(super) inner: Rc<QpInner>,

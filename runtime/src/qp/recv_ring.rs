@@ -723,6 +723,44 @@ impl RingCore {
 /// posting order). Dropping the ring does not close the QP: its posted
 /// buffers stay posted (messages landing there are discarded) until the QP
 /// is closed or dropped, and their memory is freed after their flush.
+///
+/// # Example
+///
+/// A ring of 16 buffers of 1 KiB on a UD queue pair receiving three
+/// datagrams (sent by another UD QP of the same software device); each
+/// message is lent out and its buffer posted again when it is dropped.
+///
+/// ```
+/// # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use verbio::provider::{Context, QpCaps, SoftConfig, UdAttr};
+/// use verbio::runtime::{Device, RecvRingConfig, RecvRing, Runtime};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = Runtime::new()?;
+/// let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
+/// rt.block_on(async {
+///     let rx = dev.create_ud_qp(QpCaps::default(), &UdAttr::default())?;
+///     let tx = dev.create_ud_qp(QpCaps::default(), &UdAttr::default())?;
+///     // Reposts in batches of 4 (one doorbell each).
+///     let config = RecvRingConfig::new(16, 1024).repost_batch(4);
+///     let mut ring = RecvRing::new(&rx, dev.pd(), config)?;
+///     assert_eq!(ring.posted(), 16);
+///
+///     let gid_index = dev.context().default_gid_index(1)?;
+///     let peer = tx.ud_peer(&rx.ud_endpoint(gid_index)?)?;
+///     for (i, text) in [&b"one"[..], b"two", b"three"].into_iter().enumerate() {
+///         tx.post_send_inline_to(&peer, text, Some(i as u32)).await?;
+///     }
+///     for i in 0..3 {
+///         let msg = ring.next().await.expect("the ring is open")?;
+///         assert_eq!(msg.imm(), Some(i)); // the immediate data, if any
+///         println!("{} bytes: {:?}", msg.len(), &msg[..]);
+///     } // each `msg` dropped: its buffer goes back to the ring
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct RecvRing {
     pub(super) core: Rc<RingCore>,
     pub(super) owner: RingOwner,

@@ -172,6 +172,29 @@ impl Turn {
 /// flush, so that parked buffers are freed only once the device is done
 /// with them. Buffers still in flight after the timeout are leaked on
 /// purpose (with a warning), never freed under the device.
+///
+/// # Example
+///
+/// ```
+/// # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use std::time::Duration;
+/// use verbio::runtime::{sleep, spawn, timeout, Runtime};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = Runtime::new()?; // this thread's runtime
+/// let answer = rt.block_on(async {
+///     let task = spawn(async {
+///         sleep(Duration::from_millis(1)).await;
+///         42
+///     });
+///     // A wait that cannot last for ever: `Err(Elapsed)` after 5 s;
+///     // `task.result()` would give a panic of the task as a `JoinError`.
+///     timeout(Duration::from_secs(5), task).await
+/// })?;
+/// assert_eq!(answer, 42);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Runtime {
     handle: Handle,
     io_countdown: Cell<u32>,
