@@ -7,6 +7,7 @@
 
 pub mod alloc_count;
 pub mod example_bin;
+pub mod netns;
 pub mod peer;
 
 use std::future::Future;

@@ -1065,6 +1065,15 @@ pub struct SoftConfig {
     /// Most connections the engine accepts at once from one source IP
     /// address. Default 128.
     pub max_connections_per_ip: usize,
+    /// The bound on noticing that a peer engine is dead (its host vanished,
+    /// or its engine stopped answering while its kernel still acknowledges
+    /// TCP): the connection's `TCP_USER_TIMEOUT` and keepalive, and how
+    /// long an unanswered probe may wait while nothing arrives. The
+    /// connection is closed then and the QPs of that engine move to ERR
+    /// (a peer whose process died is noticed at once: its kernel closes
+    /// the connection). Time the connection spends recovering from packet
+    /// loss never fails a QP below this bound. Default 5 s.
+    pub peer_timeout: Duration,
 }
 
 impl Default for SoftConfig {
@@ -1076,6 +1085,7 @@ impl Default for SoftConfig {
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
             max_connections_per_ip: 128,
+            peer_timeout: Duration::from_secs(5),
         }
     }
 }

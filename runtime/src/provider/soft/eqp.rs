@@ -60,6 +60,9 @@ pub(crate) struct EQp {
     pub rnr_left: u8,
     pub ack_deadline: Option<Instant>,
     pub retries_left: u8,
+    /// The probe an ACK timeout asked for on `conn`, until its answer
+    /// (see `engine/liveness.rs`).
+    pub probe: Option<u64>,
     pub rd_outstanding: usize,
     /// The payload this QP may still be sending straight from its memory.
     pub zc: Option<super::conn::TxMemRef>,
@@ -92,6 +95,7 @@ impl EQp {
             rnr_left: 0,
             ack_deadline: None,
             retries_left: 0,
+            probe: None,
             rd_outstanding: 0,
             zc: None,
             epsn: 0,
@@ -112,6 +116,7 @@ impl EQp {
             self.send_off = 0;
             self.rnr_until = None;
             self.ack_deadline = None;
+            self.probe = None;
             self.rd_outstanding = 0;
             self.cur_recv = None;
             self.resp_conn = None;
@@ -209,6 +214,7 @@ impl EQp {
     pub fn progress(&mut self, now: Instant) {
         self.retries_left = self.cfg.retry_cnt;
         self.rnr_left = self.cfg.rnr_retry;
+        self.probe = None;
         self.ack_deadline = if self.send_idx > 0 || self.send_off > 0 {
             self.ack_timeout().map(|t| now + t)
         } else {
@@ -347,6 +353,7 @@ impl EQp {
         self.send_off = 0;
         self.rnr_until = None;
         self.ack_deadline = None;
+        self.probe = None;
         self.rd_outstanding = 0;
     }
 }

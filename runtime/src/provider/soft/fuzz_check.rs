@@ -188,6 +188,10 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
     );
     let mut verify_reply = Header::new(Opcode::VerifyReply);
     verify_reply.arg0 = 1;
+    let mut ping = Header::new(Opcode::Ping);
+    ping.arg0 = 3;
+    let mut pong = Header::new(Opcode::Pong);
+    pong.arg0 = 3;
     vec![
         packet("hello-v4", Header::new(Opcode::Hello), &hello4),
         packet("hello-v6", Header::new(Opcode::Hello), &hello6),
@@ -218,6 +222,8 @@ pub fn soft_packet_seeds() -> Vec<(&'static str, Vec<u8>)> {
         packet("datagram", datagram, &payload[..32]),
         packet("datagram-imm", datagram_imm, &payload),
         packet("datagram-empty", datagram, &[]),
+        packet("ping", ping, &[]),
+        packet("pong", pong, &[]),
     ]
 }
 

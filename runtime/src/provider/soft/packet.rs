@@ -8,7 +8,7 @@
 //! | off | size | field |
 //! |----:|-----:|-------|
 //! | 0 | 2 | magic `0x5642` ("VB") |
-//! | 2 | 1 | version ([`VERSION`], 4) |
+//! | 2 | 1 | version ([`VERSION`], 5) |
 //! | 3 | 1 | opcode |
 //! | 4 | 4 | payload_len (≤ 1 MiB) |
 //! | 8 | 4 | dst_qpn (24 bits) |
@@ -32,6 +32,10 @@
 //! (the sender's listener); VERIFY two of them (the asking engine's listener,
 //! then the source address of the connection asked about); VERIFY_REPLY no
 //! payload, `arg0` = 1 (that connection is the answering engine's) or 0.
+//! PING / PONG (on a proven connection): no payload, `arg0` = the probe's
+//! sequence number, every other field 0; an engine answers a PING with a
+//! PONG of the same number, queued after every response it owes on that
+//! connection (see `engine/probe.rs`).
 //! DATAGRAM / DATAGRAM_IMM (UD, one packet per message, at most
 //! [`UD_MTU`] payload bytes, FIRST and LAST set): `rkey` = the Q_Key,
 //! `arg0` = the hop limit of the sender's address handle (≤ 255), `imm`
@@ -42,14 +46,14 @@
 //! VERIFY and VERIFY_REPLY, with which an engine proves that a connection
 //! claiming its address in a HELLO is its own (see `engine/port.rs`; an
 //! engine speaking another version refuses the connection at its first
-//! packet, the HELLO).
+//! packet, the HELLO), version 5 PING and PONG.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// First two bytes of every packet.
 pub const MAGIC: u16 = 0x5642;
 /// Wire-format version this code speaks.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 56;
 /// Largest payload of one packet (messages are segmented).
@@ -92,6 +96,11 @@ pub enum Opcode {
     Verify = 0x02,
     /// The answer to a VERIFY: `arg0` = 1 (yes) or 0 (no).
     VerifyReply = 0x03,
+    /// A probe: the receiving engine answers with a PONG of the same
+    /// `arg0` once it has handled everything sent before it.
+    Ping = 0x04,
+    /// The answer to a PING (`arg0` = its sequence number).
+    Pong = 0x05,
     /// SEND segment.
     Send = 0x10,
     /// SEND with immediate segment.
@@ -131,6 +140,8 @@ impl Opcode {
             0x01 => Hello,
             0x02 => Verify,
             0x03 => VerifyReply,
+            0x04 => Ping,
+            0x05 => Pong,
             0x10 => Send,
             0x11 => SendImm,
             0x12 => Write,
@@ -444,6 +455,22 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, PacketError> {
         Opcode::VerifyReply if h.arg0 > 1 => {
             return bad("answer", h.arg0);
         }
+        Opcode::Ping | Opcode::Pong => {
+            for (name, v) in [
+                ("dst_qpn", u64::from(h.dst_qpn)),
+                ("src_qpn", u64::from(h.src_qpn)),
+                ("psn", u64::from(h.psn)),
+                ("flags", u64::from(h.flags)),
+                ("imm", u64::from(h.imm)),
+                ("rkey", u64::from(h.rkey)),
+                ("addr", h.addr),
+                ("arg1", h.arg1),
+            ] {
+                if v != 0 {
+                    return bad(name, v);
+                }
+            }
+        }
         Opcode::Nak => {
             if !(NAK_RNR..=NAK_REM_INV_REQ).contains(&h.syndrome) {
                 return bad("syndrome", u64::from(h.syndrome));
@@ -631,6 +658,12 @@ mod tests {
             hello,
             &encode_hello("127.0.0.1:4242".parse().expect("literal")),
         ));
+        let mut ping = Header::new(Opcode::Ping);
+        ping.arg0 = 77;
+        out.push(packet(ping, &[]));
+        let mut pong = Header::new(Opcode::Pong);
+        pong.arg0 = 77;
+        out.push(packet(pong, &[]));
         out
     }
 

@@ -314,6 +314,14 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
             (h.dst_qpn, h.src_qpn, h.psn) = (*dst, *src, *psn);
             h.arg0 = *orig;
         }
+        Resp::Ping { seq } => {
+            h = Header::new(Opcode::Ping);
+            h.arg0 = *seq;
+        }
+        Resp::Pong { seq } => {
+            h = Header::new(Opcode::Pong);
+            h.arg0 = *seq;
+        }
         Resp::Read(job) => {
             let chunk = (job.len - job.off).min(COPY_CHUNK);
             let span = if chunk == 0 {
@@ -488,6 +496,7 @@ impl Engine {
                         eq.next_psn = hdr.psn;
                         eq.rd_outstanding = 0;
                         eq.ack_deadline = None;
+                        eq.probe = None;
                         eq.rnr_until = Some(now + rnr_timer_duration(hdr.arg0 as u8));
                         // (An application's receive: the engine must know.)
                         *kick = true;

@@ -7,6 +7,7 @@
 //! `resp.rs` lists the responses a responder owes.
 
 mod acks;
+mod probe;
 mod resp;
 mod rx;
 mod tx;
@@ -18,6 +19,7 @@ use std::time::Instant;
 
 use super::handshake::{encode, Expect, Message, PRE_PROOF_BUF};
 use super::wire::Wire;
+pub(crate) use probe::Probe;
 pub(crate) use resp::{ReadJob, Resp};
 pub(crate) use rx::RxDirect;
 pub(crate) use tx::{TxMem, TxMemRef};
@@ -142,6 +144,8 @@ pub(crate) struct Conn {
     /// The CQs its packets complete WRs of, with their handles (see
     /// `drive.rs`).
     pub cqs: smallvec::SmallVec<[(u32, std::sync::Weak<super::cq::CqShared>); 2]>,
+    /// Its probes (see `probe.rs`).
+    pub probe: Probe,
 }
 
 /// Result of trying to write.
@@ -293,6 +297,7 @@ impl Conn {
             ack_hold: None,
             hold_pays: true,
             cqs: smallvec::SmallVec::new(),
+            probe: Probe::default(),
         }
     }
 

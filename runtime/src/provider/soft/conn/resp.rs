@@ -1,4 +1,5 @@
-//! The responses a responder owes on a connection, sent in order.
+//! The responses a responder owes on a connection, sent in order (and
+//! the probes that must follow them, see `probe.rs`).
 
 /// A response the responder owes, sent in order.
 #[derive(Debug)]
@@ -22,6 +23,14 @@ pub(crate) enum Resp {
         orig: u64,
     },
     Read(ReadJob),
+    /// A probe this engine sends (see `probe.rs`).
+    Ping {
+        seq: u64,
+    },
+    /// The answer to the peer's probe.
+    Pong {
+        seq: u64,
+    },
 }
 
 /// An RDMA READ being answered, segment by segment.

@@ -135,6 +135,7 @@ impl Engine {
         mut stream: mio::net::TcpStream,
         make: impl FnOnce(Arc<Wire>) -> Conn,
     ) -> io::Result<usize> {
+        let bound = self.peer_timeout();
         let entry = self.conns.vacant_entry();
         let cid = entry.key();
         self.sh.registry.register(
@@ -142,6 +143,9 @@ impl Engine {
             Token(cid + CONN_BASE),
             Interest::READABLE | Interest::WRITABLE,
         )?;
+        if let Err(e) = super::liveness::keep_alive(&stream, bound) {
+            tracing::debug!(error = %crate::report::ErrorChain(&e), "soft engine: no TCP keepalive on a connection");
+        }
         let conn = make(Arc::new(Wire::new(stream, Token(cid + CONN_BASE))));
         if conn.connected {
             if let Some(w) = &conn.stream {
@@ -198,11 +202,17 @@ impl Engine {
     }
 
     /// Closes a connection: requester QPs bound to it fail with
-    /// RETRY_EXC_ERR; UD QPs lose the datagrams queued for its engine.
+    /// RETRY_EXC_ERR; UD QPs lose the datagrams queued for its engine. If
+    /// it was the connection to its peer engine, every RC QP whose peer is
+    /// there moves to ERR (see `liveness.rs`).
     pub fn close(&mut self, cid: usize) {
         if !self.conns.contains(cid) {
             return;
         }
+        let lost_peer = self.conns[cid]
+            .peer
+            .filter(|p| self.peers.get(p) == Some(&cid))
+            .map(|p| (p, self.conns[cid].proven()));
         let conn = self.conns.remove(cid);
         self.forget_feeds(cid, &conn);
         self.port_closed(&conn);
@@ -228,6 +238,9 @@ impl Engine {
                     eq.fail(Some(WcStatus::RetryExcErr));
                 }
             }
+        }
+        if let Some((peer, proven)) = lost_peer {
+            self.fail_qps_of(peer, proven);
         }
         for qpn in ud {
             if let Some(addr) = conn.peer {

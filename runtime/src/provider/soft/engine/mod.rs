@@ -7,7 +7,8 @@
 //! (the thread's loop and sleep), `qps.rs` (what applications post and
 //! change on their QPs), `conns.rs` (connections to other engines), `rx.rs`
 //! (reading and cutting packets), `tx.rs` (filling and flushing
-//! connections), `timers.rs` (RNR waits, ACK timeouts, next wake-up) and
+//! connections), `timers.rs` (RNR waits, ACK timeouts, next wake-up),
+//! `liveness.rs` (dead peers, and when an ACK timeout counts) and
 //! `psn.rs` (sequence-number arithmetic). The RC protocol itself lives in
 //! `../requester.rs` and `../responder.rs`, the application-driven receive
 //! in `../drive.rs`.
@@ -15,6 +16,7 @@
 mod conns;
 pub(crate) mod dial;
 mod fine_timer;
+mod liveness;
 #[macro_use]
 mod port;
 mod psn;
@@ -112,6 +114,9 @@ pub(crate) struct Engine {
     pub quiet: Option<Arc<Channel>>,
     /// QPs waiting for their peer's engine to connect, until when.
     conn_wait: Vec<(u32, Instant)>,
+    /// When the oldest unanswered probe reaches `peer_timeout` (see
+    /// `liveness.rs`).
+    probe_check: Option<Instant>,
     /// An application's receive runs (see `drive.rs`).
     pub in_app: bool,
     /// Packets applications' receives handled (for tests and diagnostics).
@@ -156,6 +161,7 @@ impl Engine {
             kick: false,
             quiet: None,
             conn_wait: Vec::new(),
+            probe_check: None,
             in_app: false,
             app_packets: 0,
             clock: None,

@@ -53,6 +53,8 @@ pub(crate) struct PortLimits {
     pub idle_timeout: Duration,
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
+    /// The bound on noticing a dead peer engine (see `liveness.rs`).
+    pub peer_timeout: Duration,
 }
 
 impl PortLimits {
@@ -62,6 +64,7 @@ impl PortLimits {
             idle_timeout: config.idle_timeout,
             max_connections: config.max_connections,
             max_connections_per_ip: config.max_connections_per_ip,
+            peer_timeout: config.peer_timeout,
         }
     }
 }
@@ -302,6 +305,11 @@ impl Engine {
                 tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: register failed")
             }
         }
+    }
+
+    /// The bound on noticing a dead peer engine (see `liveness.rs`).
+    pub(super) fn peer_timeout(&self) -> Duration {
+        self.port.limits.peer_timeout
     }
 
     /// A connection was dialed: its handshake has a deadline.

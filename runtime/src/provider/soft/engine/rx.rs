@@ -68,6 +68,7 @@ impl Engine {
                 }
             };
             conn.rx_seen = true;
+            conn.probe.input = true;
             match into {
                 ReadInto::Discard => {
                     if conn.rx_skip > 0 && !full && !drain {
@@ -255,6 +256,11 @@ impl Engine {
     fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
         if self.in_app {
             self.app_packets += 1;
+        }
+        match hdr.opcode {
+            Opcode::Ping => return self.on_ping(cid, hdr.arg0),
+            Opcode::Pong => return self.on_pong(cid, hdr.arg0),
+            _ => {}
         }
         // (A datagram may come from any proven engine: the UD receive
         // checks and counts it, for an RC QP too.)

@@ -1,9 +1,9 @@
-//! The engine's timers: RNR waits, ACK timeouts, and when to wake next.
+//! The engine's timers: RNR waits, ACK timeouts (see `liveness.rs`), and
+//! when to wake next.
 
 use std::time::{Duration, Instant};
 
 use super::Engine;
-use crate::provider::WcStatus;
 
 /// While posting threads transmit requests themselves, the engine wakes at
 /// least this often (to time their WRs out without being rung for each).
@@ -21,18 +21,8 @@ impl Engine {
                     resched.push(*qpn);
                 }
             }
-            if let Some(t) = eq.ack_deadline {
-                if t <= now {
-                    if eq.retries_left == 0 {
-                        tracing::debug!(qpn, "soft engine: ACK timeout, retries exhausted");
-                        eq.fail(Some(WcStatus::RetryExcErr));
-                    } else {
-                        eq.retries_left -= 1;
-                        eq.ack_deadline = eq.ack_timeout().map(|d| now + d);
-                    }
-                }
-            }
         }
+        self.ack_timers(now);
         for qpn in resched.drain(..) {
             self.ensure_conn(qpn);
             self.schedule(qpn);
@@ -63,6 +53,7 @@ impl Engine {
             .chain(held)
             .chain(tick)
             .chain(conn_wait)
+            .chain(self.probe_check)
             .min();
         match (lease, other) {
             (Some(l), Some(o)) if l < o => (Some(l), true),
