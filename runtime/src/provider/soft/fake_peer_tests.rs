@@ -16,18 +16,18 @@ use crate::provider::{
     SendFlags, SendOp, SendWr, Sge, SoftConfig, WcStatus,
 };
 
-const WAIT: Duration = Duration::from_secs(10);
-const FAKE_QPN: u32 = 0x777;
+pub(super) const WAIT: Duration = Duration::from_secs(10);
+pub(super) const FAKE_QPN: u32 = 0x777;
 
 /// Registered memory the test reads only after the completions that end
 /// the device's access to it; the registration is dropped first.
-struct Mem {
-    mr: Option<Mr>,
-    mem: Box<[u64]>,
+pub(super) struct Mem {
+    pub mr: Option<Mr>,
+    pub mem: Box<[u64]>,
 }
 
 impl Mem {
-    fn sge(&self, off: usize, len: u32) -> Sge {
+    pub fn sge(&self, off: usize, len: u32) -> Sge {
         Sge {
             addr: self.mem.as_ptr() as u64 + off as u64,
             length: len,
@@ -44,7 +44,7 @@ impl Drop for Mem {
 
 /// Reads one packet (header and payload), or `None` if nothing arrives
 /// within the socket's read timeout.
-fn next_packet(s: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
+pub(super) fn next_packet(s: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
     let mut h = [0u8; HEADER_LEN];
     match s.read_exact(&mut h) {
         Ok(()) => {}
@@ -70,7 +70,7 @@ fn read_response(to: &Header, qpn: u32, value: u64) -> Vec<u8> {
     p
 }
 
-fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
+pub(super) fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
     let deadline = Instant::now() + WAIT;
     let mut out = Vec::with_capacity(n);
     let mut buf = [Completion::EMPTY; 8];
@@ -85,7 +85,7 @@ fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
     out
 }
 
-fn rtr(remote: crate::provider::Endpoint) -> RtrAttr {
+pub(super) fn rtr(remote: crate::provider::Endpoint) -> RtrAttr {
     RtrAttr {
         remote,
         path_mtu: Mtu::Mtu4096,

@@ -121,6 +121,8 @@ mod fake_peer_tests;
 #[cfg(feature = "fuzzing")]
 mod fuzz_check;
 mod handshake;
+#[cfg(test)]
+mod liveness_tests;
 mod mr;
 mod mw;
 mod packet;
