@@ -268,6 +268,12 @@ pub struct Cli {
     /// need the CPU).
     #[arg(long = "busy-poll")]
     pub busy_poll_us: Option<u64>,
+    /// `--api rpc`: messages of at least this many bytes go by RDMA READ
+    /// (`RpcConfig::read_threshold`; default: the engine's, 32 KiB; 0
+    /// keeps every message in packets). Both sides take it from their
+    /// own flag.
+    #[arg(long = "rpc-read-threshold")]
+    pub rpc_read_threshold: Option<usize>,
 }
 
 /// The flags resolved against the test's defaults and checked.
@@ -313,6 +319,8 @@ pub struct Config {
     pub json: bool,
     /// Explicit busy-poll time.
     pub busy_poll: Option<Duration>,
+    /// `--api rpc`: the READ threshold (`None`: the engine's default).
+    pub rpc_read_threshold: Option<usize>,
 }
 
 /// A flag combination that cannot run, with what to do instead.
@@ -515,6 +523,7 @@ impl Cli {
             connection,
             json: self.json,
             busy_poll: self.busy_poll_us.map(Duration::from_micros),
+            rpc_read_threshold: self.rpc_read_threshold,
         })
     }
 }

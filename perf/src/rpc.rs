@@ -57,9 +57,15 @@ fn endpoint(cfg: &Config, dev: &Device, max_size: usize) -> Result<Rpc<UdTranspo
     }
     let transport = UdTransport::new(dev, &ud).ctx("creating the RPC endpoint's UD queue pair")?;
     let defaults = RpcConfig::default();
+    let read_threshold = match cfg.rpc_read_threshold {
+        None => defaults.read_threshold,
+        Some(0) => usize::MAX,
+        Some(n) => n,
+    };
     let config = RpcConfig {
         max_msg_len: max_size.max(defaults.max_msg_len).min(RPC_MAX),
         max_retries: MAX_RETRIES,
+        read_threshold,
         ..defaults
     };
     Ok(Rpc::new(transport, config))

@@ -4,14 +4,19 @@
 //! the dispatcher would, timers and idle sweeps included. Never a panic,
 //! and the limits hold after every packet: request memory within its
 //! budget (plus the single-packet requests, which are not refused),
-//! sessions within their caps.
+//! sessions within their caps. Both endpoints have the in-memory
+//! large-message path (links, exposed buffers, READs): the client's
+//! session has a ready link and its call goes as a read request, and the
+//! packets may open links at the server, send read requests with any
+//! descriptor, and answer the client with read responses.
 
 use std::task::{Context, Waker};
 
 use super::{LenField, Seed};
 use crate::rpc::core::Core;
-use crate::rpc::header::{Header, PacketKind, Status, HEADER_LEN, PAYLOAD_LEN_OFFSET};
-use crate::rpc::session::{Role, Session, SessionState};
+use crate::rpc::header::{BulkDesc, Header, PacketKind, Status, HEADER_LEN, PAYLOAD_LEN_OFFSET};
+use crate::rpc::mem::MemNetwork;
+use crate::rpc::session::{Link, LinkStep, Role, Session, SessionState};
 use crate::rpc::{MsgBuf, RpcConfig, TransportError, SESSION_SLOTS};
 
 /// The first packet's payload length (packets follow each other, each
@@ -25,8 +30,13 @@ pub const LEN_FIELD: LenField = LenField {
 /// The packet size of both endpoints.
 const PACKET: usize = 256;
 const ECHO: u8 = 1;
-/// The client's call: a request of 3 packets.
+/// The client's call: a request of 3 packets, or one read request.
 const CALL_LEN: usize = 600;
+/// Messages from this size go by READ.
+const READ_THRESHOLD: usize = 512;
+/// The link number the client's session uses, and the one the seeds open.
+const CLIENT_LINK: u64 = 1;
+const SEED_LINK: u64 = 2;
 
 fn config() -> RpcConfig {
     let mut c = RpcConfig {
@@ -34,6 +44,7 @@ fn config() -> RpcConfig {
         request_memory: 16 * 1024,
         max_server_sessions: 4,
         max_sessions_per_peer: 2,
+        read_threshold: READ_THRESHOLD,
         ..RpcConfig::default()
     };
     c.normalize();
@@ -52,10 +63,34 @@ fn packets(data: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// A client endpoint with one session (its number 0, the server's 0) and
-/// a call of [`CALL_LEN`] bytes under way.
-fn client() -> Core<u32> {
+/// The network of the endpoints' large-message paths: endpoint 0 is the
+/// server's, 1 the client's.
+fn network() -> MemNetwork {
+    let net = MemNetwork::new(1, PACKET);
+    drop(net.endpoint());
+    drop(net.endpoint());
+    net
+}
+
+/// Endpoint `id`'s large-message path on `net`.
+fn bulk(net: &MemNetwork, id: u32) -> Box<dyn crate::rpc::Bulk> {
+    Box::new(crate::rpc::mem_bulk::MemBulk {
+        net: net.clone(),
+        id,
+    })
+}
+
+/// A client endpoint with one session (its number 0, the server's 0), a
+/// ready link to the server's endpoint, and a call of [`CALL_LEN`] bytes
+/// under way (a read request).
+fn client(net: &MemNetwork) -> Core<u32> {
     let mut c = Core::new(config(), PACKET, vec![1, 0, 0, 0]);
+    let mut b = bulk(net, 1);
+    let addr = b.open(CLIENT_LINK).expect("a link");
+    let mut theirs = 0u32.to_le_bytes().to_vec();
+    theirs.extend_from_slice(&SEED_LINK.to_le_bytes());
+    b.connect(CLIENT_LINK, &theirs).expect("connected");
+    c.bulk = Some(b);
     let mut s = Session::new(
         Role::Client,
         SessionState::Connected,
@@ -64,6 +99,14 @@ fn client() -> Core<u32> {
     );
     s.credits = c.config.session_credits;
     s.response_window = 4;
+    s.link = Some(Link {
+        local: CLIENT_LINK,
+        id: CLIENT_LINK,
+        addr,
+        step: LinkStep::Ready,
+        retries: 0,
+        last: 0,
+    });
     let sid = c.add_session(s).expect("a session");
     let mut cx = Context::from_waker(Waker::noop());
     let started = c.poll_start(sid, ECHO, &[0x5a; CALL_LEN], &mut cx);
@@ -72,10 +115,12 @@ fn client() -> Core<u32> {
     c
 }
 
-/// A server endpoint with an echo handler (run at every turn).
-fn server() -> Core<u32> {
+/// A server endpoint with an echo handler (run at every turn) and a
+/// large-message path.
+fn server(net: &MemNetwork) -> Core<u32> {
     let mut c = Core::new(config(), PACKET, vec![0, 0, 0, 0]);
     c.handlers[usize::from(ECHO)] = Some(Default::default());
+    c.bulk = Some(bulk(net, 0));
     c
 }
 
@@ -83,6 +128,7 @@ fn server() -> Core<u32> {
 /// pumps and acknowledgements, then the limits.
 fn turn(c: &mut Core<u32>, packet: &[u8]) {
     c.on_packet(packet);
+    c.poll_bulk(&mut Context::from_waker(Waker::noop()));
     c.accept_connects(|addr| match addr {
         [id, 0, 0, 0] => Ok(u32::from(*id)),
         _ => Err(TransportError::BadAddress {
@@ -128,7 +174,8 @@ fn turn(c: &mut Core<u32>, packet: &[u8]) {
 ///
 /// On any violated property (that is the point).
 pub fn check(data: &[u8]) -> bool {
-    let (mut srv, mut cli) = (server(), client());
+    let net = network();
+    let (mut srv, mut cli) = (server(&net), client(&net));
     let mut decoded = false;
     let mut refused = false;
     for (n, p) in packets(data).enumerate() {
@@ -244,6 +291,71 @@ fn credit_return(last: u16, more: u16, status: Status) -> Vec<u8> {
     )
 }
 
+/// A link address of the in-memory path: endpoint `id`, link `link`.
+fn link_addr(id: u32, link: u64) -> Vec<u8> {
+    let mut v = id.to_le_bytes().to_vec();
+    v.extend_from_slice(&link.to_le_bytes());
+    v
+}
+
+/// Step `step` of a bulk connect of the seeds' link, from client session 5
+/// (its end: the client endpoint's link).
+fn bulk_connect(step: u16) -> Vec<u8> {
+    let addr = link_addr(1, CLIENT_LINK);
+    packet(
+        Header {
+            dest_session: 0,
+            src_session: 5,
+            req_num: SEED_LINK,
+            pkt_idx: step,
+            payload_len: addr.len() as u16,
+            ..Header::new(PacketKind::BulkConnect)
+        },
+        &addr,
+    )
+}
+
+/// Where the in-memory path puts the `n`th buffer exposed on the network.
+fn exposed(n: u32) -> BulkDesc {
+    BulkDesc {
+        addr: (u64::from(n) << 32) | 0x40,
+        rkey: n,
+    }
+}
+
+/// A read request for server session 0 (client session 5).
+fn read_request(req_num: u64, desc: BulkDesc, len: u32) -> Vec<u8> {
+    packet(
+        Header {
+            req_type: ECHO,
+            payload_len: 16,
+            dest_session: 0,
+            src_session: 5,
+            req_num,
+            msg_len: len,
+            pkt_count: 1,
+            ..Header::new(PacketKind::ReadRequest)
+        },
+        &desc.encode(),
+    )
+}
+
+/// A read response to the client's call (its session 0, request 0).
+fn read_response(desc: BulkDesc, len: u32) -> Vec<u8> {
+    packet(
+        Header {
+            payload_len: 16,
+            dest_session: 0,
+            src_session: 0,
+            req_num: 0,
+            msg_len: len,
+            pkt_count: 1,
+            ..Header::new(PacketKind::ReadResponse)
+        },
+        &desc.encode(),
+    )
+}
+
 /// Sequences that reach every path: a session and its requests (one
 /// packet, several, out of order, twice, past the limits, never
 /// finished), requests for response, connect floods, and a client's
@@ -276,6 +388,24 @@ pub fn seeds() -> Vec<Seed> {
     vec![
         Seed::new("session-and-requests", framed(&requests)),
         Seed::new("connect-flood", framed(&flood)),
+        // The client's call (exposed first, as the 1st buffer) read by the
+        // server, its response exposed (the 2nd) and read by the client;
+        // descriptors with a bad key, past the limit and past the region.
+        Seed::new(
+            "read-requests-and-responses",
+            framed(&[
+                connect(9, 5),
+                bulk_connect(0),
+                bulk_connect(1),
+                read_request(0, exposed(1), CALL_LEN as u32),
+                read_response(exposed(2), CALL_LEN as u32),
+                read_request(1, exposed(7), CALL_LEN as u32),
+                read_request(2, exposed(1), 9000),
+                bulk_connect(0),
+                bulk_connect(1),
+                read_request(3, exposed(1), 4000),
+            ]),
+        ),
         Seed::new("call-answered", framed(&answers)),
         Seed::new(
             "call-busy-then-refused",
@@ -313,19 +443,31 @@ mod tests {
                 turn(c, p);
             }
         };
-        let mut srv = server();
+        let net = network();
+        let mut srv = server(&net);
         run("session-and-requests", &mut srv);
         assert_eq!(srv.stats.handler_runs, 2, "{:?}", srv.stats);
         assert!(srv.stats.duplicate_requests >= 1);
         assert!(srv.stats.malformed_packets >= 1, "past max_msg_len");
-        let mut srv = server();
+        let mut srv = server(&net);
         run("connect-flood", &mut srv);
         assert_eq!(srv.memory().server_sessions, 4);
         assert!(srv.stats.connects_refused > 0);
-        let mut cli = client();
+        let net = network();
+        let (mut srv, mut cli) = (server(&net), client(&net));
+        run("read-requests-and-responses", &mut srv);
+        run("read-requests-and-responses", &mut cli);
+        assert_eq!(srv.stats.handler_runs, 1, "{:?}", srv.stats);
+        assert_eq!(srv.stats.bulk_reads, 1, "{:?}", srv.stats);
+        assert_eq!(srv.stats.bulk_read_failures, 2, "{:?}", srv.stats);
+        assert_eq!(cli.stats.bulk_reads, 1, "{:?}", cli.stats);
+        assert!(calls_done(&cli) == 1, "{:?}", cli.stats);
+        assert_eq!(srv.memory().request_bytes, 0);
+        let net = network();
+        let mut cli = client(&net);
         run("call-answered", &mut cli);
         assert!(calls_done(&cli) == 1, "{:?}", cli.stats);
-        let mut cli = client();
+        let mut cli = client(&net);
         run("call-busy-then-refused", &mut cli);
         assert_eq!(cli.stats.busy_pauses, 1);
         assert!(calls_done(&cli) == 1, "{:?}", cli.stats);

@@ -126,8 +126,8 @@ impl RpcConfig {
     }
 }
 
-/// Default of [`RpcConfig::read_threshold`]: 16 KiB.
-pub const DEFAULT_READ_THRESHOLD: usize = 16 << 10;
+/// Default of [`RpcConfig::read_threshold`]: 32 KiB (docs/rpc.md says why).
+pub const DEFAULT_READ_THRESHOLD: usize = 32 << 10;
 /// Default of [`RpcConfig::session_idle_timeout`].
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default of [`RpcConfig::session_credits`].

@@ -173,11 +173,114 @@ fn every_kind_round_trips() {
             src_session: 4,
             ..Header::new(PacketKind::Ping)
         },
+        Header {
+            req_num: 5,
+            pkt_idx: 1,
+            payload_len: 76,
+            ..Header::new(PacketKind::BulkConnect)
+        },
+        Header {
+            req_num: 5,
+            payload_len: 12,
+            ..Header::new(PacketKind::BulkConnectAck)
+        },
+        Header {
+            req_type: 3,
+            req_num: 9,
+            msg_len: 1 << 24,
+            pkt_count: 1,
+            payload_len: 16,
+            ..Header::new(PacketKind::ReadRequest)
+        },
+        Header {
+            req_num: 9,
+            msg_len: 1,
+            pkt_count: 1,
+            payload_len: 16,
+            ..Header::new(PacketKind::ReadResponse)
+        },
+        Header {
+            kind: PacketKind::Response,
+            status: Status::ReadFailed,
+            payload_len: 0,
+            msg_len: 0,
+            ..request()
+        },
     ];
     for h in headers {
         let payload = vec![0xab; h.payload_len.into()];
         let p = packet(&h, &payload);
         assert_eq!(Header::decode(&p).map(|(h, _)| h), Ok(h));
+    }
+}
+
+/// Read requests and responses carry one descriptor of a message from 1
+/// byte to 16 MiB; bulk connects a step (0 or 1) and an address: anything
+/// else is refused. A descriptor's reserved bytes must be zero.
+#[test]
+fn read_and_bulk_packets_are_checked() {
+    let rr = Header {
+        req_num: 9,
+        msg_len: 100,
+        pkt_count: 1,
+        payload_len: 16,
+        ..Header::new(PacketKind::ReadRequest)
+    };
+    let desc = super::header::BulkDesc {
+        addr: 0x1234,
+        rkey: 7,
+    };
+    let ok = packet(&rr, &desc.encode());
+    assert!(Header::decode(&ok).is_ok());
+    let bad = [
+        Header { msg_len: 0, ..rr },
+        Header {
+            msg_len: (1 << 24) + 1,
+            ..rr
+        },
+        Header { pkt_count: 2, ..rr },
+        Header { pkt_idx: 1, ..rr },
+        Header {
+            kind: PacketKind::ReadResponse,
+            req_type: 1,
+            ..rr
+        },
+        Header {
+            status: Status::ReadFailed,
+            ..rr
+        },
+    ];
+    for h in bad {
+        assert!(
+            Header::decode(&packet(&h, &desc.encode())).is_err(),
+            "{h:?}"
+        );
+    }
+    let short = Header {
+        payload_len: 15,
+        ..rr
+    };
+    assert!(Header::decode(&packet(&short, &[0; 15])).is_err());
+    let mut reserved = desc.encode();
+    reserved[15] = 1;
+    assert_eq!(super::header::BulkDesc::decode(&reserved), None);
+    assert_eq!(super::header::BulkDesc::decode(&desc.encode()), Some(desc));
+    let bc = Header {
+        payload_len: 4,
+        ..Header::new(PacketKind::BulkConnect)
+    };
+    for h in [
+        Header { pkt_idx: 2, ..bc },
+        Header {
+            payload_len: 0,
+            ..bc
+        },
+        Header { msg_len: 1, ..bc },
+        Header { pkt_count: 1, ..bc },
+        Header { req_type: 1, ..bc },
+    ] {
+        let payload = vec![1; h.payload_len.into()];
+        assert!(Header::decode(&packet(&h, &payload)).is_err(), "{h:?}");
     }
 }
 

@@ -35,7 +35,7 @@
 //! answers are taken in any order (the transport may reorder), so
 //! reordering costs no retransmission.
 //!
-//! A message of at least [`RpcConfig::read_threshold`] bytes (16 KiB by
+//! A message of at least [`RpcConfig::read_threshold`] bytes (32 KiB by
 //! default) goes the rrppcc way instead, when the transport has a
 //! large-message path ([`Transport::bulk`]; the UD transport's is RC
 //! queue pairs of the same device): one packet carries the address,
@@ -86,7 +86,7 @@ mod error;
 pub mod header;
 mod idle;
 pub mod mem;
-mod mem_bulk;
+pub(crate) mod mem_bulk;
 mod server;
 pub(crate) mod session;
 mod table;

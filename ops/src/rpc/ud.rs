@@ -253,6 +253,16 @@ impl Transport for UdTransport {
 
     fn send(&mut self, batch: &TxBatch<UdPeer>) -> Result<(), TransportError> {
         let mut burst: SmallVec<[Datagram<'_>; MAX_INLINE_BURST]> = SmallVec::new();
+        // A batch with a packet too large for INLINE goes out whole from
+        // registered buffers: one post list (one doorbell, one wake of a
+        // software device's engine), in order, so a message's packets
+        // arrive together instead of in two waves (the last, small one
+        // first), each costing the receiver a wake-up.
+        let inline_max = if batch.iter().any(|(_, b)| b.len() > self.max_inline) {
+            0
+        } else {
+            self.max_inline
+        };
         for (peer, bytes) in batch.iter() {
             if bytes.len() > self.max_packet {
                 return Err(TransportError::TooLarge {
@@ -260,7 +270,7 @@ impl Transport for UdTransport {
                     max: self.max_packet,
                 });
             }
-            if bytes.len() <= self.max_inline {
+            if bytes.len() <= inline_max {
                 burst.push(Datagram {
                     peer,
                     data: bytes,

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::task::{Context, Waker};
 
 use tracing::debug;
-use verbio_runtime::buf::{RegisteredMem, RemoteAccessRegion};
+use verbio_runtime::buf::{IoBuf, RegisteredMem, RemoteAccessRegion, Slice};
 use verbio_runtime::provider::{AccessFlags, Endpoint, Pd, QpCaps};
 use verbio_runtime::{Device, QueuePair};
 
@@ -33,7 +33,7 @@ pub(crate) struct UdBulk {
     qps: DeviceQps,
     pd: Pd,
     links: HashMap<u64, (QueuePair, Endpoint)>,
-    regions: HashMap<u64, RemoteAccessRegion<Vec<u8>>>,
+    regions: HashMap<u64, RemoteAccessRegion<Slice<Vec<u8>>>>,
     next_region: u64,
     done: Rc<RefCell<Done>>,
 }
@@ -104,6 +104,16 @@ impl Bulk for UdBulk {
     }
 
     fn expose(&mut self, buf: Vec<u8>) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
+        // Exactly the message: the peer reaches nothing past it (and the
+        // pool buffer's spare capacity is neither registered nor zeroed).
+        let len = buf.len();
+        let buf = match buf.slice(..len) {
+            Ok(slice) => slice,
+            Err(rejected) => {
+                let error = failed("exposing a buffer", rejected.error);
+                return Err((rejected.buf, error));
+            }
+        };
         match RemoteAccessRegion::grant(&self.pd, buf, AccessFlags::REMOTE_READ) {
             Ok(region) => {
                 let token = self.next_region;
@@ -114,14 +124,16 @@ impl Bulk for UdBulk {
             }
             Err(rejected) => {
                 let error = failed("granting a buffer for READ", rejected.error);
-                Err((rejected.buf, error))
+                Err((rejected.buf.into_inner(), error))
             }
         }
     }
 
     fn unexpose(&mut self, token: u64) -> Option<Vec<u8>> {
         // Deregistered first: no READ reaches it afterwards.
-        self.regions.remove(&token).map(RemoteAccessRegion::revoke)
+        self.regions
+            .remove(&token)
+            .map(|region| region.revoke().into_inner())
     }
 
     fn read(
