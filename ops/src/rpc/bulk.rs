@@ -463,7 +463,7 @@ impl<P: Clone> Core<P> {
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
-        let link = s.link_ready();
+        let link = s.link_to_read();
         let slot = &mut s.client[i];
         if slot.reading.is_some() || slot.n_resp > 0 {
             // Again (the answer to a resent packet): the server is alive.

@@ -351,6 +351,20 @@ impl<P> Session<P> {
         }
     }
 
+    /// Client: the link to READ a response over: its end is connected
+    /// (the server, which sends read responses only once it heard that,
+    /// may have answered the confirmation with an ack that was lost: the
+    /// read response confirms the link too).
+    pub(crate) fn link_to_read(&mut self) -> Option<u64> {
+        match &mut self.link {
+            Some(l) if matches!(l.step, LinkStep::Confirming | LinkStep::Ready) => {
+                l.step = LinkStep::Ready;
+                Some(l.local)
+            }
+            _ => None,
+        }
+    }
+
     /// Wakes every call, waiter and the connect call (the session ended).
     pub(crate) fn wake_all(&mut self) {
         for w in self.slot_waiters.drain(..) {
