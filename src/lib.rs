@@ -100,7 +100,9 @@ pub use verbio_ops::agent::{
     RdmaCmListener, RdmaListener, RdmaStream, RecvMsg, RemoteMr,
 };
 pub use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
-pub use verbio_ops::handle::{HandleError, ListenerHandle, RdmaHandle, RemoteMrHandle};
+pub use verbio_ops::handle::{
+    HandleError, HandleStream, ListenerHandle, RdmaHandle, RemoteMrHandle,
+};
 pub use verbio_ops::rpc;
 pub use verbio_ops::verbs::{Batch, Received, RemoteBuf, Verbs};
 pub use verbio_runtime::provider;

@@ -336,3 +336,85 @@ async fn shutdown_ends_waiting_calls_and_fails_later_ones() {
         "{r:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handle_stream_carries_every_byte_through_tokio_io() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use verbio::HandleStream;
+    fn send_sync<T: Send>() {}
+    send_sync::<HandleStream>();
+
+    let servers = pool(1);
+    let clients = pool(2);
+    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    // The server echoes the stream with tokio::io::copy, then ends its side.
+    let server = tokio::spawn(async move {
+        let s = HandleStream::new(listener.accept().await.unwrap());
+        let (mut r, mut w) = tokio::io::split(s);
+        let n = tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.shutdown().await.unwrap();
+        n
+    });
+    let c = RdmaHandle::connect(&clients, Placement::Thread(1), addr)
+        .await
+        .unwrap();
+    let (mut r, mut w) = tokio::io::split(HandleStream::with_chunk(c, 10_000));
+    let data: Vec<u8> = (0..(1u32 << 20) + 12_345)
+        .map(|k| (k.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        // Odd write sizes: the stream gathers them into its chunks.
+        for piece in sent.chunks(7_777) {
+            w.write_all(piece).await.unwrap();
+        }
+        w.shutdown().await.unwrap();
+    });
+    let mut back = Vec::new();
+    tokio::time::timeout(WAIT, r.read_to_end(&mut back))
+        .await
+        .expect("in time")
+        .unwrap();
+    writer.await.unwrap();
+    assert_eq!(back.len(), data.len());
+    assert!(back == data, "the echoed stream differs");
+    assert_eq!(server.await.unwrap(), data.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_stream_speaks_futures_io_too() {
+    use futures::io::{AsyncReadExt, AsyncWriteExt};
+    use verbio::HandleStream;
+
+    let servers = pool(1);
+    let clients = pool(1);
+    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let reader = tokio::spawn(async move {
+        let mut s = HandleStream::new(listener.accept().await.unwrap());
+        let mut got = String::new();
+        s.read_to_string(&mut got).await.unwrap();
+        got
+    });
+    let mut s = HandleStream::new(
+        RdmaHandle::connect(&clients, Placement::Thread(0), addr)
+            .await
+            .unwrap(),
+    );
+    s.write_all(b"hello ").await.unwrap();
+    s.write_all(b"over a pool").await.unwrap();
+    s.close().await.unwrap();
+    assert!(
+        s.write_all(b"late").await.is_err(),
+        "a write after close fails"
+    );
+    assert_eq!(
+        tokio::time::timeout(WAIT, reader).await.unwrap().unwrap(),
+        "hello over a pool"
+    );
+}

@@ -15,6 +15,10 @@
 //! `receive` (one that has already taken a message when its future is
 //! dropped loses it, as with any cancelled receive).
 //!
+//! [`HandleStream`] is a `Send` byte stream over a handle (`futures::io`
+//! and, with the `tokio` feature, `tokio::io` traits), compatible with
+//! [`RdmaStream`](crate::agent::RdmaStream) on the other end.
+//!
 //! [`ListenerHandle`] accepts connections (they live on the listener's
 //! thread: bind one listener per thread, e.g. on separate ports, to spread
 //! them). [`RemoteMrHandle`] is a peer's memory region this side may READ
@@ -30,10 +34,12 @@ mod listener;
 mod rdma;
 mod remote;
 mod serve;
+mod stream;
 
 pub use listener::ListenerHandle;
 pub use rdma::RdmaHandle;
 pub use remote::RemoteMrHandle;
+pub use stream::HandleStream;
 
 use verbio_runtime::pool::PoolError;
 

@@ -1,0 +1,333 @@
+//! An echo through [`RdmaHandle`] from tasks of tokio's multi-thread
+//! runtime, next to the same work on the connection's own runtime thread
+//! (a local [`Rdma`]), side by side in one process.
+//!
+//! One server thread (a verbio runtime, a soft device) echoes every
+//! message. The *local* client is a verbio runtime thread with its own
+//! soft device: `--window` local tasks each loop send, receive. The
+//! *handle* client is a [`Pool`] of one runtime thread with its own soft
+//! device, driven by `--window` tokio tasks (`--workers` worker threads)
+//! looping the same calls on a shared [`RdmaHandle`]. Each point (message
+//! size, window) runs both clients for `--secs` (their order alternates);
+//! printed: messages per second of each and their ratio handle / local,
+//! the median round trip (window 1), and the process CPU time per message
+//! of each (server and devices included, the same work in both, so their
+//! difference is what the handle path adds).
+//!
+//! ```text
+//! cargo run --release --example pool_echo
+//! cargo run --release --example pool_echo -- --sizes 64 --windows 1,32 --secs 2
+//! ```
+
+mod cli;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use verbio::provider::{Context, SoftConfig};
+use verbio::runtime::{spawn, Device, Placement, Pool, Runtime};
+use verbio::{Rdma, RdmaBuilder, RdmaHandle};
+
+/// RdmaHandle from tokio multi-thread tasks vs a local Rdma, echo.
+#[derive(Parser, Debug, Clone)]
+struct Args {
+    /// Message sizes in bytes (default: 64 B to 16 MiB in powers of 4).
+    #[arg(long, value_delimiter = ',', default_values_t = default_sizes())]
+    sizes: Vec<usize>,
+    /// Messages in flight (tasks each looping one send and one receive);
+    /// capped so that at most 64 MiB are in flight.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 32])]
+    windows: Vec<usize>,
+    /// Seconds per client per point.
+    #[arg(long, default_value_t = 0.5)]
+    secs: f64,
+    /// tokio worker threads.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Busy-poll time of the pool's runtime thread, in µs (0: it sleeps
+    /// in epoll at once when idle, and a request wakes it through its
+    /// eventfd).
+    #[arg(long, default_value_t = 0)]
+    pool_busy_poll_us: u64,
+}
+
+fn default_sizes() -> Vec<usize> {
+    (0..10).map(|i| 64usize << (2 * i)).collect()
+}
+
+/// What one client measured at one point.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    messages: u64,
+    secs: f64,
+    /// Median round trip (window 1 only).
+    p50: Option<Duration>,
+    cpu: Duration,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.messages as f64 / self.secs
+    }
+    fn cpu_per_msg(&self) -> Duration {
+        self.cpu / self.messages.max(1) as u32
+    }
+}
+
+/// CPU time of the whole process (every thread).
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_PROCESS_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn soft() -> Result<Context, verbio::provider::ProviderError> {
+    Context::open_soft(SoftConfig::default())
+}
+
+fn builder(max: usize) -> RdmaBuilder {
+    RdmaBuilder::new().max_message_len(max)
+}
+
+/// The echo server: a runtime thread accepting forever.
+fn serve(max: usize, ready: mpsc::Sender<Result<SocketAddr, String>>) {
+    let run = || -> Result<(), Box<dyn std::error::Error>> {
+        let rt = Runtime::new()?;
+        let dev = Device::open(soft()?)?;
+        rt.block_on(async {
+            let l = builder(max)
+                .device(dev)
+                .listen("127.0.0.1:0".parse().unwrap())?;
+            let _ = ready.send(Ok(l.local_addr()?));
+            loop {
+                let c = l.accept().await?;
+                spawn(async move {
+                    while let Ok(m) = c.receive().await {
+                        if c.send(&m).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        })
+    };
+    if let Err(e) = run() {
+        let _ = ready.send(Err(cli::chain(&*e)));
+    }
+}
+
+/// A point for a client: message size, window, how long.
+#[derive(Clone, Copy)]
+struct Point {
+    size: usize,
+    window: usize,
+    time: Duration,
+}
+
+/// The local client: a runtime thread with its own connection, running
+/// the points it is sent.
+fn local_client(
+    addr: SocketAddr,
+    max: usize,
+    points: mpsc::Receiver<Point>,
+    results: mpsc::Sender<Result<Run, String>>,
+) {
+    let run = || -> Result<(), Box<dyn std::error::Error>> {
+        let rt = Runtime::new()?;
+        let dev = Device::open(soft()?)?;
+        let rdma = Rc::new(rt.block_on(builder(max).device(dev).connect(addr))?);
+        results.send(Ok(Run::default()))?;
+        for p in points {
+            let r = rt.block_on(local_point(rdma.clone(), p));
+            results.send(r.map_err(|e| cli::chain(&e)))?;
+        }
+        Ok(())
+    };
+    if let Err(e) = run() {
+        let _ = results.send(Err(cli::chain(&*e)));
+    }
+}
+
+async fn local_point(rdma: Rc<Rdma>, p: Point) -> Result<Run, verbio::AgentError> {
+    let count = Rc::new(std::cell::Cell::new(0u64));
+    let lat = Rc::new(std::cell::RefCell::new(Vec::with_capacity(1 << 16)));
+    let start = Instant::now();
+    let end = start + p.time;
+    let tasks: Vec<_> = (0..p.window)
+        .map(|_| {
+            let (rdma, count, lat) = (rdma.clone(), count.clone(), lat.clone());
+            let one = p.window == 1;
+            spawn(async move {
+                let mut m = vec![7u8; p.size];
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    rdma.send(&m).await?;
+                    m = rdma.receive().await?;
+                    if one {
+                        lat.borrow_mut().push(t.elapsed());
+                    }
+                    count.set(count.get() + 1);
+                }
+                Ok::<_, verbio::AgentError>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let p50 = median(&mut lat.borrow_mut());
+    Ok(Run {
+        messages: count.get(),
+        secs,
+        p50,
+        cpu: Duration::ZERO,
+    })
+}
+
+async fn handle_point(h: &RdmaHandle, p: Point) -> Result<Run, verbio::HandleError> {
+    let count = Arc::new(AtomicU64::new(0));
+    let lat = Arc::new(Mutex::new(Vec::with_capacity(1 << 16)));
+    let start = Instant::now();
+    let end = start + p.time;
+    let tasks: Vec<_> = (0..p.window)
+        .map(|_| {
+            let (h, count, lat) = (h.clone(), count.clone(), lat.clone());
+            let one = p.window == 1;
+            tokio::spawn(async move {
+                let mut m = vec![7u8; p.size];
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    h.send(m).await?;
+                    m = h.receive().await?;
+                    if one {
+                        lat.lock().unwrap().push(t.elapsed());
+                    }
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, verbio::HandleError>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task")?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let p50 = median(&mut lat.lock().unwrap());
+    Ok(Run {
+        messages: count.load(Ordering::Relaxed),
+        secs,
+        p50,
+        cpu: Duration::ZERO,
+    })
+}
+
+fn median(v: &mut [Duration]) -> Option<Duration> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    Some(v[v.len() / 2])
+}
+
+fn us(d: Option<Duration>) -> String {
+    d.map_or("-".into(), |d| format!("{:.1} µs", d.as_secs_f64() * 1e6))
+}
+
+fn main() -> ExitCode {
+    cli::init_tracing();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => cli::fail("pool_echo", &*e),
+    }
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let max = args.sizes.iter().copied().max().unwrap_or(64).max(64);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::spawn(move || serve(max, ready_tx));
+    let addr = ready_rx.recv()??;
+
+    let (points_tx, points_rx) = mpsc::channel();
+    let (results_tx, results_rx) = mpsc::channel();
+    std::thread::spawn(move || local_client(addr, max, points_rx, results_tx));
+    results_rx.recv()??;
+
+    let pool = Pool::builder()
+        .threads(1)
+        .runtime(Runtime::builder().busy_poll(Duration::from_micros(args.pool_busy_poll_us)))
+        .device_per_thread(|_| soft())
+        .build()?;
+    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.workers)
+        .enable_all()
+        .build()?;
+    let handle = tokio_rt.block_on(RdmaHandle::connect_with(
+        &pool,
+        Placement::Thread(0),
+        addr,
+        move |b| b.max_message_len(max),
+    ))?;
+
+    println!(
+        "{:>9} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10} {:>11} {:>11}",
+        "size",
+        "window",
+        "local msg/s",
+        "handle msg/s",
+        "ratio",
+        "local p50",
+        "handle p50",
+        "local CPU",
+        "handle CPU"
+    );
+    let time = Duration::from_secs_f64(args.secs);
+    let mut turn = 0;
+    for &size in &args.sizes {
+        for &window in &args.windows {
+            // At most 64 MiB in flight per client.
+            let window = window.min((64 << 20) / size).max(1);
+            let p = Point { size, window, time };
+            let mut local = Run::default();
+            let mut remote = Run::default();
+            for first_local in [turn % 2 == 0, turn % 2 != 0] {
+                let cpu0 = process_cpu();
+                if first_local {
+                    points_tx.send(p)?;
+                    local = results_rx.recv()??;
+                    local.cpu = process_cpu() - cpu0;
+                } else {
+                    remote = tokio_rt.block_on(handle_point(&handle, p))?;
+                    remote.cpu = process_cpu() - cpu0;
+                }
+            }
+            turn += 1;
+            println!(
+                "{:>9} {:>6} {:>12.0} {:>12.0} {:>6.2}× {:>10} {:>10} {:>8.2} µs {:>8.2} µs",
+                size,
+                window,
+                local.rate(),
+                remote.rate(),
+                remote.rate() / local.rate(),
+                us(local.p50),
+                us(remote.p50),
+                local.cpu_per_msg().as_secs_f64() * 1e6,
+                remote.cpu_per_msg().as_secs_f64() * 1e6,
+            );
+        }
+    }
+    drop(handle);
+    drop(pool);
+    Ok(())
+}
