@@ -155,7 +155,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match measure() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole cause chain, not only the top error.
+            eprintln!("agent_stream_bw: {}", ErrorChain(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn measure() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if args.size == 0 || args.total == 0 || args.rounds == 0 {
         return Err("--size, --total and --rounds must be at least 1".into());

@@ -80,7 +80,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn main() -> Res<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole cause chain, not only the top error.
+            eprintln!("cm_setup: {}", verbio::ErrorChain(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let conns: usize = args.next().map_or(Ok(200), |s| s.parse())?;
     let rounds: usize = args.next().map_or(Ok(5), |s| s.parse())?;

@@ -28,7 +28,18 @@ fn per_op(n: u32, mut f: impl FnMut()) -> f64 {
 #[derive(clap::Parser)]
 struct Cli {}
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole cause chain, not only the top error.
+            eprintln!("buf_pool_bench: {}", verbio_runtime::ErrorChain(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     <Cli as clap::Parser>::parse();
     common::init_tracing();
     const SIZE: usize = 4096;

@@ -5,7 +5,32 @@
 //! shows each message once.
 
 /// Displays an error and every error in its `source()` chain, joined by
-/// `": "` (`top: cause: root cause`).
+/// `": "` (`top: cause: root cause`): how to print or log a verbio error
+/// (its own `Display` is only the top line).
+///
+/// ```
+/// # mod verbio { pub use verbio_runtime::ErrorChain; }
+/// use verbio::ErrorChain;
+///
+/// #[derive(Debug)]
+/// struct Bind(std::io::Error); // an error that keeps its cause as source()
+/// impl std::fmt::Display for Bind {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("binding the listener")
+///     }
+/// }
+/// impl std::error::Error for Bind {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
+///
+/// let e = Bind(std::io::Error::from(std::io::ErrorKind::AddrInUse));
+/// assert_eq!(e.to_string(), "binding the listener");
+/// assert_eq!(ErrorChain(&e).to_string(), "binding the listener: address in use");
+/// // In logs: tracing::warn!(error = %ErrorChain(&e), "...");
+/// // Through Box<dyn Error>: ErrorChain(&*boxed).
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
