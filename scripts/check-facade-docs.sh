@@ -26,6 +26,8 @@ for page in \
     verbio/runtime/compat/tokio/index.html \
     verbio/runtime/compat/async_io/index.html \
     verbio/runtime/cm/index.html \
+    verbio/runtime/struct.Pool.html \
+    verbio/struct.RdmaHandle.html \
     verbio/ops/index.html \
     verbio/ops/verbs/trait.Verbs.html \
     verbio/ops/connect/index.html \

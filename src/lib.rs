@@ -12,7 +12,7 @@
 //!
 //! | layer | module | what you get |
 //! |---|---|---|
-//! | runtime | [`runtime`] | [`Runtime`](runtime::Runtime) (one per thread), [`spawn`](runtime::spawn), timers, async TCP; [`Device`](runtime::Device) (a context, its PD and CQ); [`QueuePair`](runtime::QueuePair) and [`RecvRing`](runtime::RecvRing); registered buffers ([`MrPool`](runtime::buf::MrPool)); the connection manager ([`runtime::cm`]); driving verbio from tokio or smol ([`runtime::compat`]) |
+//! | runtime | [`runtime`] | [`Runtime`](runtime::Runtime) (one per thread), [`spawn`](runtime::spawn), timers, async TCP, a [`Pool`](runtime::Pool) of runtime threads; [`Device`](runtime::Device) (a context, its PD and CQ); [`QueuePair`](runtime::QueuePair) and [`RecvRing`](runtime::RecvRing); registered buffers ([`MrPool`](runtime::buf::MrPool)); the connection manager ([`runtime::cm`]); driving verbio from tokio or smol ([`runtime::compat`]) |
 //! | verbs and connections | [`ops`] | the verbs as owned-buffer futures ([`Verbs`]: `send`, `recv`, `write`, `read`, atomics, [`Batch`]); RC connection setup over a TCP handshake ([`connect()`], [`Listener`]) |
 //! | connections and RPC | [`Rdma`], [`rpc`] | [`Rdma`]: a connection modelled on async-rdma (messages of any size, memory granted with MR tokens), built by [`RdmaBuilder`]; [`rpc::Rpc`]: an eRPC-style RPC engine over UD datagrams |
 //!
@@ -26,6 +26,11 @@
 //! * Request/response between many peers: [`rpc::Rpc`].
 //! * The verbs themselves, your own protocol: [`runtime::Device`],
 //!   [`ops::connect`] and [`Verbs`] on a [`runtime::QueuePair`].
+//! * From tokio or from many threads: verbio's objects live on one
+//!   runtime thread (`!Send`); drive a runtime from a tokio thread with
+//!   [`runtime::compat`], or keep connections on the threads of a
+//!   [`runtime::Pool`] and use them from anywhere through the `Send`
+//!   handles ([`RdmaHandle`]; `docs/tokio.md` compares the three ways).
 //! * Coming from async-rdma: `docs/coming-from-async-rdma.md` in the
 //!   repository maps every call; `docs/ARCHITECTURE.md` shows how the
 //!   pieces fit.
@@ -80,8 +85,9 @@ pub mod runtime {
     //! ([`Device`]), queue pairs ([`QueuePair`], [`RecvRing`],
     //! [`SharedRecvQueue`]), registered buffers ([`buf`]), the providers
     //! ([`provider`]: the software device and libibverbs), the connection
-    //! manager ([`cm`]) and the adapters that drive a runtime from tokio
-    //! or smol ([`compat`]).
+    //! manager ([`cm`]), the adapters that drive a runtime from tokio
+    //! or smol ([`compat`]) and a [`Pool`] of runtime threads reached from
+    //! any thread ([`pool`](mod@pool)).
     #[doc(inline)]
     pub use verbio_runtime::*;
 }
@@ -90,7 +96,8 @@ pub mod ops {
     //! Verbs and connections (crate `verbio-ops`): the verbs as
     //! owned-buffer futures ([`verbs`]), RC connection setup over a TCP
     //! handshake ([`connect`](mod@connect)), the MR-token agent [`Rdma`]
-    //! ([`agent`]) and the RPC engine over datagrams ([`rpc`]).
+    //! ([`agent`]), `Send` handles to it from any thread ([`handle`]) and
+    //! the RPC engine over datagrams ([`rpc`]).
     #[doc(inline)]
     pub use verbio_ops::*;
 }
