@@ -4,16 +4,26 @@
 //! piece, or in a `Credit` message of their own once a batch is owed.
 
 use std::cell::{Cell, RefCell};
-use std::future::poll_fn;
-use std::task::{Poll, Waker};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use smallvec::SmallVec;
 
 use super::error::CloseReason;
 
-/// The send credits of one connection (single-threaded).
+/// The send credits of one connection (single-threaded). A grant of `n`
+/// wakes at most `n` waiting senders, oldest first (not all of them: with
+/// a window of senders waiting, waking every one per grant made each
+/// message cost several polls of senders that found no credit); a woken
+/// sender that goes away without taking a credit passes its wake on.
 #[derive(Debug)]
 pub(crate) struct Credits {
     available: Cell<u32>,
-    waiters: RefCell<Vec<Waker>>,
+    /// Waiting senders, oldest first, by the id of their [`Acquire`].
+    waiters: RefCell<VecDeque<(u64, Waker)>>,
+    next_id: Cell<u64>,
     /// Senders the last grant woke together.
     woken_together: Cell<usize>,
     closed: RefCell<Option<CloseReason>>,
@@ -24,7 +34,8 @@ impl Credits {
     pub(crate) fn new(initial: u32) -> Credits {
         Credits {
             available: Cell::new(initial),
-            waiters: RefCell::new(Vec::new()),
+            waiters: RefCell::new(VecDeque::new()),
+            next_id: Cell::new(0),
             woken_together: Cell::new(0),
             closed: RefCell::new(None),
         }
@@ -46,25 +57,13 @@ impl Credits {
     /// [`Credits::acquire`], and whether this sender is one of several
     /// the window held back: it waited for a grant that woke others with
     /// it, which then post in the same poll phase.
-    pub(crate) async fn acquire_noting_wait(&self) -> Result<(Credit<'_>, bool), CloseReason> {
-        let mut waited = false;
-        poll_fn(|cx| {
-            if let Some(r) = self.closed.borrow().as_ref() {
-                return Poll::Ready(Err(r.clone()));
-            }
-            if let Some(c) = self.take() {
-                let held_back = waited && self.woken_together.get() > 1;
-                return Poll::Ready(Ok((c, held_back)));
-            }
-            waited = true;
-            let mut waiters = self.waiters.borrow_mut();
-            // One entry per waiting sender, however often it is polled.
-            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                waiters.push(cx.waker().clone());
-            }
-            Poll::Pending
-        })
-        .await
+    pub(crate) fn acquire_noting_wait(&self) -> Acquire<'_> {
+        Acquire {
+            credits: self,
+            id: None,
+            waited: false,
+            done: false,
+        }
     }
 
     /// Takes one credit now if the connection is open and one is left.
@@ -89,11 +88,14 @@ impl Credits {
         })
     }
 
-    /// Adds `n` credits granted by the peer and wakes the waiting senders.
+    /// Adds `n` credits granted by the peer and wakes as many waiting
+    /// senders.
     #[inline]
     pub(crate) fn grant(&self, n: u32) {
         self.available.set(self.available.get().saturating_add(n));
-        self.wake_all();
+        if !self.waiters.borrow().is_empty() {
+            self.wake_some();
+        }
     }
 
     /// Fails every current and future waiter with `reason` (first reason wins).
@@ -104,22 +106,101 @@ impl Credits {
                 *c = Some(reason);
             }
         }
-        self.wake_all();
-    }
-
-    #[inline]
-    fn wake_all(&self) {
-        if !self.waiters.borrow().is_empty() {
-            self.wake_waiters();
+        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        for (_, w) in waiters {
+            w.wake();
         }
     }
 
+    /// Wakes the oldest waiters, one per credit available.
     #[inline(never)]
-    fn wake_waiters(&self) {
-        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
-        self.woken_together.set(waiters.len());
-        for w in waiters {
+    fn wake_some(&self) {
+        let woken: SmallVec<[Waker; 16]> = {
+            let mut waiters = self.waiters.borrow_mut();
+            let n = (self.available.get() as usize).min(waiters.len());
+            waiters.drain(..n).map(|(_, w)| w).collect()
+        };
+        if woken.is_empty() {
+            return;
+        }
+        self.woken_together.set(woken.len());
+        for w in woken {
             w.wake();
+        }
+    }
+}
+
+/// The future of [`Credits::acquire_noting_wait`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub(crate) struct Acquire<'a> {
+    credits: &'a Credits,
+    /// Its place in the waiters' queue, once it waited.
+    id: Option<u64>,
+    waited: bool,
+    done: bool,
+}
+
+impl<'a> Future for Acquire<'a> {
+    type Output = Result<(Credit<'a>, bool), CloseReason>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let c = self.credits;
+        if let Some(r) = c.closed.borrow().as_ref() {
+            self.done = true;
+            return Poll::Ready(Err(r.clone()));
+        }
+        if let Some(credit) = c.take() {
+            self.done = true;
+            self.leave();
+            let held_back = self.waited && c.woken_together.get() > 1;
+            return Poll::Ready(Ok((credit, held_back)));
+        }
+        self.waited = true;
+        let mut waiters = c.waiters.borrow_mut();
+        match self
+            .id
+            .and_then(|id| waiters.iter_mut().find(|(i, _)| *i == id))
+        {
+            Some((_, w)) => {
+                if !w.will_wake(cx.waker()) {
+                    *w = cx.waker().clone();
+                }
+            }
+            None => {
+                // First wait, or woken and beaten to the credit: at the back.
+                let id = c.next_id.get();
+                c.next_id.set(id + 1);
+                waiters.push_back((id, cx.waker().clone()));
+                drop(waiters);
+                self.id = Some(id);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Acquire<'_> {
+    /// Leaves the waiters' queue if it is still in it.
+    fn leave(&mut self) {
+        if let Some(id) = self.id.take() {
+            let mut waiters = self.credits.waiters.borrow_mut();
+            if let Some(at) = waiters.iter().position(|(i, _)| *i == id) {
+                waiters.remove(at);
+            }
+        }
+    }
+}
+
+impl Drop for Acquire<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.leave();
+        // Woken for a credit it will not take: the next waiter gets it.
+        if self.credits.available.get() > 0 && !self.credits.waiters.borrow().is_empty() {
+            self.credits.wake_some();
         }
     }
 }
@@ -399,6 +480,51 @@ mod tests {
         let waiting = c.acquire();
         drop(waiting);
         assert_eq!(c.available(), 1);
+    }
+
+    #[test]
+    fn a_grant_wakes_one_waiter_per_credit_and_a_dropped_one_passes_it_on() {
+        use std::future::Future;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        struct Count(AtomicUsize);
+        impl futures::task::ArcWake for Count {
+            fn wake_by_ref(me: &Arc<Self>) {
+                me.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let c = Credits::new(0);
+        let counts: Vec<_> = (0..3)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<_> = counts
+            .iter()
+            .map(|k| futures::task::waker(k.clone()))
+            .collect();
+        let mut w: Vec<_> = (0..3).map(|_| Box::pin(c.acquire_noting_wait())).collect();
+        for (f, waker) in w.iter_mut().zip(&wakers) {
+            let mut cx = std::task::Context::from_waker(waker);
+            assert!(f.as_mut().poll(&mut cx).is_pending());
+        }
+        let woken = || {
+            counts
+                .iter()
+                .map(|k| k.0.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
+        c.grant(1);
+        assert_eq!(woken(), [1, 0, 0], "one credit: the oldest waiter only");
+        // The woken one goes away without taking it: the next gets the wake.
+        drop(w.remove(0));
+        assert_eq!(woken(), [1, 1, 0]);
+        let mut cx = std::task::Context::from_waker(&wakers[1]);
+        match w[0].as_mut().poll(&mut cx) {
+            Poll::Ready(Ok((credit, _))) => credit.spend(),
+            other => panic!("the woken waiter takes the credit: {other:?}"),
+        }
+        assert_eq!(woken(), [1, 1, 0], "the last one still sleeps");
+        c.close(CloseReason::Disconnected);
+        assert_eq!(woken(), [1, 1, 1], "a close wakes every waiter");
     }
 
     #[test]
