@@ -108,7 +108,7 @@ pub use verbio_ops::agent::{
 };
 pub use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
 pub use verbio_ops::handle::{
-    HandleError, HandleStream, ListenerHandle, RdmaHandle, RemoteMrHandle,
+    HandleError, HandleStream, ListenerHandle, RdmaHandle, RemoteMrHandle, RpcHandle,
 };
 pub use verbio_ops::rpc;
 pub use verbio_ops::verbs::{Batch, Received, RemoteBuf, Verbs};

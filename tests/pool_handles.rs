@@ -30,6 +30,8 @@ fn handles_and_their_futures_are_send(
     l: &ListenerHandle,
     r: &RemoteMrHandle,
     addr: SocketAddr,
+    rpc: &verbio::RpcHandle,
+    session: verbio::rpc::SessionId,
 ) {
     send_sync_clone::<RdmaHandle>();
     send_sync_clone::<ListenerHandle>();
@@ -58,6 +60,11 @@ fn handles_and_their_futures_are_send(
     send_future(h.write(r, 0, vec![]));
     send_future(h.read(r, 0, 1));
     send_future(pool.spawn(Placement::RoundRobin, |_| async {}));
+    send_sync_clone::<verbio::RpcHandle>();
+    send_future(rpc.connect(b"rpc address"));
+    send_future(rpc.call(session, 1, vec![]));
+    fn send<T: Send>() {}
+    send::<verbio::HandleStream>();
 }
 
 /// A pool whose threads each have a device of their own (a fresh soft
@@ -416,5 +423,73 @@ async fn a_handle_stream_speaks_futures_io_too() {
     assert_eq!(
         tokio::time::timeout(WAIT, reader).await.unwrap().unwrap(),
         "hello over a pool"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rpc_calls_from_tokio_tasks_through_a_handle() {
+    use verbio::rpc::ud::{UdConfig, UdTransport};
+    use verbio::rpc::{Request, Rpc, RpcConfig};
+    use verbio::RpcHandle;
+    type BoxError = Box<dyn std::error::Error>;
+    const REVERSE: u8 = 7;
+    send_sync_clone::<RpcHandle>();
+
+    fn endpoint(cx: &verbio::runtime::pool::ThreadContext) -> Result<Rpc<UdTransport>, BoxError> {
+        let dev = cx.device().ok_or("the pool has a device per thread")?;
+        Ok(Rpc::new(
+            UdTransport::new(dev, &UdConfig::default())?,
+            RpcConfig::default(),
+        ))
+    }
+    let servers = pool(1);
+    let clients = pool(2);
+    let server = RpcHandle::start(&servers, Placement::Thread(0), |cx| {
+        let rpc = endpoint(cx)?;
+        rpc.register(REVERSE, |req: Request| {
+            let mut resp = req.response();
+            resp.extend(req.data().iter().rev());
+            async move { resp }
+        })?;
+        Ok::<_, BoxError>(rpc)
+    })
+    .await
+    .expect("server endpoint");
+    let client = RpcHandle::start(&clients, Placement::Thread(1), endpoint)
+        .await
+        .expect("client endpoint");
+    let session = tokio::time::timeout(WAIT, client.connect(server.local_addr()))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let tasks: Vec<_> = (0..16u32)
+        .map(|t| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for i in 0..40u32 {
+                    let req = message(t, i);
+                    let resp = client
+                        .call(session, REVERSE, req.clone())
+                        .await
+                        .expect("call");
+                    let mut want = req;
+                    want.reverse();
+                    assert!(resp == want, "call ({t}, {i}): a wrong response");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        tokio::time::timeout(WAIT, t)
+            .await
+            .expect("in time")
+            .expect("task");
+    }
+    // An unknown session fails that call only.
+    client.disconnect(session);
+    let r = client.call(session, REVERSE, vec![1]).await;
+    assert!(
+        matches!(r, Err(HandleError::Rpc { what: "call", .. })),
+        "{r:?}"
     );
 }

@@ -19,6 +19,8 @@
 //! and, with the `tokio` feature, `tokio::io` traits), compatible with
 //! [`RdmaStream`](crate::agent::RdmaStream) on the other end.
 //!
+//! [`RpcHandle`] calls through an RPC endpoint made on a pool thread.
+//!
 //! [`ListenerHandle`] accepts connections (they live on the listener's
 //! thread: bind one listener per thread, e.g. on separate ports, to spread
 //! them). [`RemoteMrHandle`] is a peer's memory region this side may READ
@@ -33,12 +35,15 @@
 mod listener;
 mod rdma;
 mod remote;
+mod rpc;
 mod serve;
 mod stream;
+mod workers;
 
 pub use listener::ListenerHandle;
 pub use rdma::RdmaHandle;
 pub use remote::RemoteMrHandle;
+pub use rpc::RpcHandle;
 pub use stream::HandleStream;
 
 use verbio_runtime::pool::PoolError;
@@ -61,6 +66,29 @@ pub enum HandleError {
     ForeignRemote {
         /// The call.
         what: &'static str,
+    },
+    /// An RPC call or connect failed. The engine's
+    /// [`RpcError`](crate::rpc::RpcError) is not `Send` (a transport
+    /// failure keeps its cause as a plain `Box<dyn Error>`), so it crosses
+    /// threads as its text, cause chain included.
+    #[error("{what} failed: {error}")]
+    Rpc {
+        /// The call (`connect` or `call`).
+        what: &'static str,
+        /// The error and its causes, on one line.
+        error: String,
+    },
+    /// The RPC endpoint's task is gone (every request it had was answered).
+    #[error("the RPC endpoint is closed")]
+    EndpointClosed,
+    /// Making the object on its runtime thread failed (the error crosses
+    /// threads as its text, cause chain included: it need not be `Send`).
+    #[error("{what} failed: {error}")]
+    Setup {
+        /// What was being made.
+        what: &'static str,
+        /// The error and its causes, on one line.
+        error: String,
     },
     /// The range is outside the remote MR.
     #[error("{what}: {len} bytes at offset {offset} do not fit the remote MR's {have} bytes")]

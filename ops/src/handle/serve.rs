@@ -17,6 +17,7 @@ use verbio_runtime::pool::{mailbox, Completer, MailReceiver, ShutdownSignal, Thr
 
 use super::rdma::{ConnShared, RdmaHandle, QUEUE_DEPTH};
 use super::remote::{RemoteEntry, RemoteMrHandle};
+use super::workers::{Serve, Workers};
 use crate::agent::{AgentError, CloseReason, Rdma, RemoteMr};
 
 /// Workers per connection at most: the requests in flight at once (beyond
@@ -72,12 +73,10 @@ pub(super) fn start(thread: ThreadRef, shutdown: ShutdownSignal, rdma: Rdma) -> 
         rdma,
         conn: Arc::downgrade(&conn),
         remotes: RefCell::new(Slab::new()),
-        work: RefCell::new(VecDeque::new()),
+        workers: Rc::new(Workers::new(MAX_WORKERS)),
         receives: RefCell::new(VecDeque::new()),
-        idle: RefCell::new(Vec::new()),
         receiver: RefCell::new(None),
         closing: RefCell::new(Vec::new()),
-        workers: Cell::new(0),
         closed: Cell::new(false),
     });
     verbio_runtime::spawn(server.clone().receive_loop());
@@ -92,15 +91,13 @@ struct Server {
     conn: Weak<ConnShared>,
     /// The peer's grants held for `RemoteMrHandle`s.
     remotes: RefCell<Slab<RemoteMr>>,
-    work: RefCell<VecDeque<Request>>,
+    /// Every request but receives and releases.
+    workers: Rc<Workers<Request>>,
     receives: RefCell<VecDeque<Completer<Reply>>>,
-    /// Wakers of workers waiting for work.
-    idle: RefCell<Vec<Waker>>,
     /// The receiver task waiting for a receive request.
     receiver: RefCell<Option<Waker>>,
     /// Tasks to wake when the server closes.
     closing: RefCell<Vec<Waker>>,
-    workers: Cell<usize>,
     closed: Cell<bool>,
 }
 
@@ -120,14 +117,14 @@ async fn serve(server: Rc<Server>, rx: MailReceiver<Request>, shutdown: Shutdown
                 Poll::Ready(Some(req)) => server.route(req),
                 Poll::Ready(None) => return Poll::Ready(()),
                 Poll::Pending => {
-                    server.kick_workers();
+                    server.workers.kick(&server);
                     return Poll::Pending;
                 }
             }
         }
     })
     .await;
-    server.kick_workers();
+    server.workers.kick(&server);
     server.close();
 }
 
@@ -144,32 +141,7 @@ impl Server {
                     w.wake();
                 }
             }
-            other => self.work.borrow_mut().push_back(other),
-        }
-    }
-
-    /// Wakes idle workers for the queued work, and starts more (up to
-    /// [`MAX_WORKERS`]) if there are not enough.
-    fn kick_workers(self: &Rc<Self>) {
-        let queued = self.work.borrow().len();
-        if queued == 0 {
-            return;
-        }
-        let woken = {
-            let mut idle = self.idle.borrow_mut();
-            let n = queued.min(idle.len());
-            let at = idle.len() - n;
-            let woken: Vec<Waker> = idle.drain(at..).collect();
-            woken
-        };
-        let n = woken.len();
-        for w in woken {
-            w.wake();
-        }
-        let more = (queued - n).min(MAX_WORKERS - self.workers.get());
-        for _ in 0..more {
-            self.workers.set(self.workers.get() + 1);
-            verbio_runtime::spawn(self.clone().work_loop());
+            other => self.workers.push(other),
         }
     }
 
@@ -177,9 +149,7 @@ impl Server {
     /// not served yet are answered with the connection's local close.
     fn close(&self) {
         self.closed.set(true);
-        for w in std::mem::take(&mut *self.idle.borrow_mut()) {
-            w.wake();
-        }
+        self.workers.close();
         if let Some(w) = self.receiver.borrow_mut().take() {
             w.wake();
         }
@@ -198,31 +168,12 @@ impl Server {
         }
         Poll::Pending
     }
+}
 
-    fn poll_work(&self, cx: &mut Context<'_>) -> Poll<Option<Request>> {
-        if let Some(r) = self.work.borrow_mut().pop_front() {
-            return Poll::Ready(Some(r));
-        }
-        if self.closed.get() {
-            return Poll::Ready(None);
-        }
-        let mut idle = self.idle.borrow_mut();
-        if !idle.iter().any(|w| w.will_wake(cx.waker())) {
-            idle.push(cx.waker().clone());
-        }
-        Poll::Pending
-    }
-
-    async fn work_loop(self: Rc<Self>) {
-        while let Some(req) = std::future::poll_fn(|cx| self.poll_work(cx)).await {
-            self.run(req).await;
-        }
-        self.workers.set(self.workers.get() - 1);
-    }
-
+impl Serve<Request> for Server {
     /// Serves one request; its data stays in this frame until the
     /// operation is done.
-    async fn run(&self, req: Request) {
+    async fn serve(self: &Rc<Self>, req: Request) {
         match req {
             Request::Send { data, done } => {
                 if done.is_abandoned() {
@@ -267,7 +218,9 @@ impl Server {
             }
         }
     }
+}
 
+impl Server {
     /// Keeps `mr` in the table and makes its handle (which releases it
     /// when dropped, even if nobody takes the answer).
     fn keep_remote(&self, mr: RemoteMr) -> Reply {
