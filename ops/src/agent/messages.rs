@@ -147,11 +147,13 @@ impl Rdma {
     /// received ones (see [`MessageSink`], [`MessageStream`]).
     ///
     /// ```
+    /// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
     /// use futures::{SinkExt, StreamExt};
-    /// use verbio_ops::agent::RdmaBuilder;
+    /// use verbio::runtime::Runtime;
+    /// use verbio::RdmaBuilder;
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let rt = verbio_runtime::Runtime::new()?;
+    /// let rt = Runtime::new()?;
     /// rt.block_on(async {
     ///     let builder = RdmaBuilder::new().device_name("soft0");
     ///     let listener = builder.listen("127.0.0.1:0".parse()?)?;

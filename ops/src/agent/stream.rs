@@ -44,11 +44,13 @@ type Sending = LocalBoxFuture<'static, (Result<(), AgentError>, Vec<u8>)>;
 /// `ConnectionReset` (see `From<AgentError> for io::Error`).
 ///
 /// ```
+/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
 /// use futures::io::{AsyncReadExt, AsyncWriteExt};
-/// use verbio_ops::agent::{RdmaBuilder, RdmaStream};
+/// use verbio::runtime::Runtime;
+/// use verbio::{RdmaBuilder, RdmaStream};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let rt = verbio_runtime::Runtime::new()?;
+/// let rt = Runtime::new()?;
 /// rt.block_on(async {
 ///     // Both ends in one runtime, on the software device over loopback.
 ///     let builder = RdmaBuilder::new().device_name("soft0");

@@ -24,8 +24,9 @@
 //! no-op success; it is bounded by [`CmOptions::disconnect_timeout`].
 //!
 //! ```no_run
-//! use verbio_runtime::cm::{CmConnector, CmError, CmListener, CmOptions};
-//! use verbio_runtime::Device;
+//! # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+//! use verbio::runtime::cm::{CmConnector, CmError, CmListener, CmOptions};
+//! use verbio::runtime::Device;
 //!
 //! async fn server(device: &Device) -> Result<(), CmError> {
 //!     let opts = CmOptions::default();

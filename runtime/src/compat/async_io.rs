@@ -4,10 +4,11 @@
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use verbio_runtime::{compat, Runtime};
+//! # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+//! use verbio::runtime::{compat, Runtime};
 //! let rt = Runtime::new()?;
 //! let answer = async_io::block_on(compat::async_io::run_until(&rt, async {
-//!     verbio_runtime::sleep(std::time::Duration::from_millis(1)).await;
+//!     verbio::runtime::sleep(std::time::Duration::from_millis(1)).await;
 //!     42
 //! }))?;
 //! assert_eq!(answer, 42);

@@ -4,14 +4,15 @@
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use verbio_runtime::{compat, Runtime};
+//! # mod verbio { pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+//! use verbio::runtime::{compat, Runtime};
 //! let rt = Runtime::new()?; // on this thread, beside tokio's
 //! let host = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 //! let local = tokio::task::LocalSet::new();
 //! let answer = local.block_on(&host, compat::tokio::run_until(&rt, async {
 //!     // tokio and verbio futures side by side: ops, verbio timers,
 //!     // tokio sockets, `tokio::task::spawn_local` tasks awaiting ops ...
-//!     verbio_runtime::sleep(std::time::Duration::from_millis(1)).await;
+//!     verbio::runtime::sleep(std::time::Duration::from_millis(1)).await;
 //!     42
 //! }))?;
 //! assert_eq!(answer, 42);
