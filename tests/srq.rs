@@ -127,7 +127,7 @@ fn the_limit_event_reposts_released_buffers() {
         // 4 -> 3 -> 2: below the limit; the event reposts the 4 released.
         send(0, 4).await;
         send(1, 5).await;
-        let deadline = std::time::Instant::now() + common::WAIT;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while ring.limit_events() == 0 {
             assert!(std::time::Instant::now() < deadline, "no limit event");
             sleep(Duration::from_millis(2)).await;
@@ -143,5 +143,46 @@ fn the_limit_event_reposts_released_buffers() {
             assert_eq!(&m[..], &[n; 32][..]);
             assert_eq!(m.qp_num(), pairs[n as usize % 2].1.qp_num());
         }
+    });
+}
+
+/// A ring dropped with buffers posted keeps them, and its memory, while a
+/// QP on its SRQ could still receive into them (a message that lands is
+/// discarded), and frees them as soon as none can: its QPs closed and the
+/// SRQ's last handle dropped (issue 31). Before, the memory stayed until
+/// the runtime shut down.
+#[test]
+fn a_dropped_ring_frees_its_memory_once_no_qp_can_reach_its_srq() {
+    let (rt, dev) = common::runtime_and_device();
+    let pool = MrPool::new(dev.pd());
+    common::block(&rt, async {
+        let srq = dev.create_srq(64).expect("SRQ");
+        let ring = RecvRing::on_srq(&srq, dev.pd(), RecvRingConfig::new(16, 128)).expect("ring");
+        let pairs = connect_on_srq(&dev, &srq, 2);
+        let rings = rt.receive_rings();
+        drop(ring);
+        assert_eq!(rt.receive_rings(), rings, "16 buffers posted: kept");
+        // A message still lands in one (and is discarded).
+        let (res, _) = pairs[0].0.send(common::buf_from(&pool, b"late")).await;
+        res.expect("send into a dropped ring's buffer");
+        assert_eq!(srq.posted(), 15);
+        // Without the application's handle, the QPs still reach the SRQ.
+        drop(srq);
+        sleep(Duration::from_millis(20)).await;
+        assert_eq!(rt.receive_rings(), rings, "QPs on the SRQ: kept");
+        for (s, r) in pairs {
+            s.close().await.expect("close sender");
+            r.close().await.expect("close receiver");
+        }
+        // (The closed QPs are destroyed once the reactor reaps them.)
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while rt.receive_rings() == rings {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dropped ring's memory is still held with no QP on its SRQ"
+            );
+            sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(rt.receive_rings(), rings - 1);
     });
 }

@@ -256,7 +256,9 @@ impl Device {
             caps,
             srq.provider(),
         )?;
-        Ok(self.track(qp, None))
+        let qp = self.track(qp, None);
+        qp.hold_srq(srq);
+        Ok(qp)
     }
 
     fn check_alive(&self) -> Result<(), ProviderError> {

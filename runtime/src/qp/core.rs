@@ -73,6 +73,11 @@ pub(crate) struct QpCore {
     pub(crate) retire_op: Cell<Option<SendOp>>,
     /// The WR list of an inline burst (`inline_burst.rs`), kept for reuse.
     pub(crate) burst_wrs: Cell<Vec<SendWr>>,
+    /// The SRQ a QP made by `Device::create_qp_on_srq` takes its receives
+    /// from: held until the QP is destroyed (declared after `qp`), so that
+    /// the SRQ's dropped rings are freed only once no QP can receive into
+    /// them (see `srq_ring.rs`).
+    pub(crate) srq: std::cell::OnceCell<super::SharedRecvQueue>,
 }
 
 impl QpCore {

@@ -170,6 +170,7 @@ impl QueuePair {
             listed_in_phase: Cell::new(false),
             retire_op: Cell::new(retire_op),
             burst_wrs: Cell::new(Vec::new()),
+            srq: std::cell::OnceCell::new(),
         });
         handle.driver().register_qp(|key| {
             core.reg_key.set(key);

@@ -15,9 +15,10 @@
 //! while posted. Dropping the ring with buffers posted leaves the core
 //! registered with the reactor: the posted buffers stay the device's until
 //! their completions (success, discarded, or `WR_FLUSH_ERR` once the QP is
-//! closed or dropped) have been polled; only then is the memory freed. At
-//! runtime shutdown a ring still holding posted buffers is leaked, like the
-//! runtime's parked ops.
+//! closed or dropped) have been polled; only then is the memory freed. A
+//! ring on an SRQ (never flushed) is freed once no QP on its SRQ and no
+//! handle of it is left (`srq_ring.rs`). At runtime shutdown a ring still
+//! holding posted buffers is leaked, like the runtime's parked ops.
 //!
 //! # Credits
 //!
@@ -283,10 +284,15 @@ pub(crate) struct RingCore {
 
 impl Drop for RingCore {
     fn drop(&mut self) {
+        // The registration first: from here on the device reaches none of
+        // the memory (a ring on an SRQ may be freed with buffers posted,
+        // see `srq_ring.rs`).
+        self._mr = None;
         // SAFETY: `mem` came from `alloc_zeroed(layout)` and is freed only
         // here. The core is dropped only when no guard (slice) exists and
-        // the reactor no longer keeps it, i.e. no buffer is posted (at
-        // shutdown a core with posted buffers is leaked instead).
+        // the reactor no longer keeps it: no buffer is posted, or (a ring
+        // on an SRQ) no QP on its SRQ is left and its registration is gone
+        // (at shutdown a core with posted buffers is leaked instead).
         unsafe { std::alloc::dealloc(self.mem.as_ptr(), self.layout) };
     }
 }
@@ -322,6 +328,12 @@ impl WorkQueue for RingCore {
 }
 
 impl RingCore {
+    /// Lets the reactor forget this ring (registered under `key`), which
+    /// then lives only as long as its guards.
+    pub(crate) fn unregister(&self, key: usize) {
+        self.handle.driver().unregister_ring(key, self);
+    }
+
     /// Buffers posted (for the reactor's shutdown drain).
     pub(crate) fn posted(&self) -> u32 {
         self.state.borrow().posted
@@ -1222,10 +1234,11 @@ impl Drop for RecvRing {
         };
         drop(check);
         if unregister {
-            self.core
-                .handle
-                .driver()
-                .unregister_ring(self.core.key, &*self.core);
+            self.core.unregister(self.core.key);
+        } else if let RingTarget::Srq(srq) = &self.core.target {
+            // Freed once no QP on the SRQ is left (this ring's own handle,
+            // `owner`, goes right after this).
+            srq.orphan(self.core.key, Rc::downgrade(&self.core));
         }
     }
 }

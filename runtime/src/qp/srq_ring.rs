@@ -14,11 +14,13 @@
 //! nothing.
 //!
 //! An SRQ's buffers are not flushed when its QPs close (they belong to the
-//! SRQ): a dropped ring keeps its memory while buffers are posted, and at
-//! runtime shutdown, once every QP is closed, it is freed after its
-//! registration (which ends the device's access).
+//! SRQ): a dropped ring keeps its memory while buffers are posted and a
+//! QP on the SRQ or a [`SharedRecvQueue`] handle lives (a message may still
+//! take one). Once neither does, nothing can reach the SRQ any more: the
+//! ring's memory is freed at once, after its registration (which ends the
+//! device's access); at runtime shutdown likewise.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
 use super::recv_ring::{RecvRing, RecvRingConfig, RecvRingError, RingCore};
@@ -43,16 +45,60 @@ pub(crate) struct SrqCore {
     /// The device's async-event watch (for the limit event), if it has one.
     pub(crate) async_key: Option<usize>,
     pub(crate) runtime: Handle,
+    /// [`SharedRecvQueue`] handles alive: the application's, its rings'
+    /// and those of the QPs on the SRQ. None left: no message can reach
+    /// the SRQ any more.
+    users: Cell<usize>,
+    /// Rings dropped with buffers still posted, by reactor key: freed once
+    /// no handle is left.
+    orphans: RefCell<Vec<(usize, Weak<RingCore>)>>,
+}
+
+impl SrqCore {
+    /// A ring dropped with buffers posted (registered under `key`): freed
+    /// once no [`SharedRecvQueue`] handle is left.
+    pub(crate) fn orphan(&self, key: usize, ring: Weak<RingCore>) {
+        self.orphans.borrow_mut().push((key, ring));
+    }
 }
 
 /// A shared receive queue bound to the runtime: made by
 /// [`Device::create_srq`](crate::Device::create_srq), feeding the QPs of
 /// [`Device::create_qp_on_srq`](crate::Device::create_qp_on_srq);
 /// receive buffers are posted to it by a [`RecvRing::on_srq`]. Cheap to
-/// clone.
-#[derive(Clone)]
+/// clone. Its rings and the QPs on it keep a handle each.
 pub struct SharedRecvQueue {
     pub(crate) core: Rc<SrqCore>,
+}
+
+impl Clone for SharedRecvQueue {
+    fn clone(&self) -> Self {
+        self.core.users.set(self.core.users.get() + 1);
+        SharedRecvQueue {
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl Drop for SharedRecvQueue {
+    /// The last handle: no QP is on the SRQ and none can be created, so no
+    /// message can take a buffer of a ring dropped with buffers posted any
+    /// more. Such rings are unregistered: each frees its memory after its
+    /// registration (which ends the device's access), once no guard of it
+    /// lives.
+    fn drop(&mut self) {
+        let users = self.core.users.get() - 1;
+        self.core.users.set(users);
+        if users > 0 {
+            return;
+        }
+        let orphans = std::mem::take(&mut *self.core.orphans.borrow_mut());
+        for (key, ring) in orphans {
+            if let Some(ring) = ring.upgrade() {
+                ring.unregister(key);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for SharedRecvQueue {
@@ -84,6 +130,8 @@ impl SharedRecvQueue {
                 closed: Cell::new(false),
                 async_key,
                 runtime,
+                users: Cell::new(1),
+                orphans: RefCell::new(Vec::new()),
             }),
         })
     }
@@ -106,6 +154,15 @@ impl SharedRecvQueue {
     /// Receive WRs posted and not completed yet.
     pub fn posted(&self) -> u32 {
         self.core.rq.outstanding()
+    }
+}
+
+impl QueuePair {
+    /// A QP on `srq` keeps a handle of it until the QP is destroyed (see
+    /// the module docs).
+    pub(crate) fn hold_srq(&self, srq: &SharedRecvQueue) {
+        // (Set once, when the QP is made: the cell is empty.)
+        let _ = self.inner.core.srq.set(srq.clone());
     }
 }
 
