@@ -29,9 +29,10 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use futures::channel::oneshot;
 use verbio::rpc::ud::{UdConfig, UdTransport};
 use verbio::rpc::{Request, Rpc, RpcConfig, SessionId, SESSION_SLOTS};
-use verbio::runtime::{sleep, spawn, Device, Runtime};
+use verbio::runtime::{spawn, Device, Runtime};
 use verbio::ErrorChain;
 
 /// GET: request = key (8 bytes LE); response = the value, or empty.
@@ -93,7 +94,7 @@ fn worker(
     index: usize,
     args: Args,
     addr_tx: mpsc::Sender<(usize, Vec<u8>)>,
-    stop: mpsc::Receiver<()>,
+    stop: oneshot::Receiver<()>,
 ) -> Result<(), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
@@ -134,9 +135,8 @@ fn worker(
         .map_err(|e| ErrorChain(&e).to_string())?;
         addr_tx.send((index, rpc.local_addr().into_bytes()))?;
         drop(addr_tx);
-        while stop.try_recv().is_err() {
-            sleep(Duration::from_millis(5)).await;
-        }
+        // Ends when `run` sends (or drops) the stop.
+        let _ = rpc.serve_until(stop).await;
         Ok(())
     })
 }
@@ -279,7 +279,7 @@ fn preload_bytes(args: &Args) -> Result<usize, String> {
 /// `what` if none says).
 fn workers_failed(
     what: &str,
-    stops: Vec<mpsc::Sender<()>>,
+    stops: Vec<oneshot::Sender<()>>,
     servers: Vec<std::thread::JoinHandle<Result<(), BoxError>>>,
 ) -> BoxError {
     for s in stops {
@@ -320,7 +320,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let mut stops = Vec::new();
     let mut servers = Vec::new();
     for i in 0..args.workers {
-        let (stop_tx, stop_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
         stops.push(stop_tx);
         let (a, tx) = (args.clone(), addr_tx.clone());
         servers.push(std::thread::spawn(move || worker(i, a, tx, stop_rx)));

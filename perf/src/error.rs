@@ -52,16 +52,10 @@ pub fn msg(s: impl Into<String>) -> Error {
     Error::Msg(s.into())
 }
 
-/// The error and its causes on one line: `a: b: c`.
-pub fn chain(e: &dyn StdError) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s += ": ";
-        s += &c.to_string();
-        cur = c.source();
-    }
-    s
+/// The error and its causes on one line: `a: b: c` (verbio's
+/// [`ErrorChain`](verbio::ErrorChain)).
+pub fn chain(e: &(dyn StdError + 'static)) -> String {
+    verbio::ErrorChain(e).to_string()
 }
 
 #[cfg(test)]
