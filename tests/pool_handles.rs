@@ -59,6 +59,10 @@ fn handles_and_their_futures_are_send(
     send_future(h.request_remote_mr(1));
     send_future(h.write(r, 0, vec![]));
     send_future(h.read(r, 0, 1));
+    send_future(h.send_local_mr(vec![], 0));
+    send_future(h.receive_remote_mr(None));
+    send_future(h.send_remote_mr(r.clone(), 0));
+    send_future(h.receive_local_mr(Some(1)));
     send_future(pool.spawn(Placement::RoundRobin, |_| async {}));
     send_sync_clone::<verbio::RpcHandle>();
     send_future(rpc.connect(b"rpc address"));
@@ -492,4 +496,69 @@ async fn rpc_calls_from_tokio_tasks_through_a_handle() {
         matches!(r, Err(HandleError::Rpc { what: "call", .. })),
         "{r:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_is_handed_over_and_back_through_handles() {
+    let servers = pool(1);
+    let clients = pool(1);
+    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
+        .await
+        .unwrap();
+    let accepted = tokio::spawn({
+        let l = listener.clone();
+        async move { l.accept().await }
+    });
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
+        .await
+        .unwrap();
+    let s = tokio::time::timeout(WAIT, accepted)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    // The client grants a copy of its bytes; the server reads, rewrites
+    // and hands the region back; the client gets the rewritten bytes.
+    let data: Vec<u8> = (0..4096u32).map(|k| (k * 7) as u8).collect();
+    let token = c.send_local_mr(data.clone(), 5).await.unwrap();
+    assert_eq!(token.len, 4096);
+    let (remote, tag) = tokio::time::timeout(WAIT, s.receive_remote_mr(Some(5)))
+        .await
+        .expect("the grant arrives")
+        .unwrap();
+    assert_eq!((remote.len(), tag), (4096, 5));
+    assert_eq!(s.read(&remote, 0, 4096).await.unwrap(), data);
+    let rewritten: Vec<u8> = data.iter().map(|b| b ^ 0xA5).collect();
+    s.write(&remote, 0, rewritten.clone()).await.unwrap();
+    let other_clone = remote.clone();
+    s.send_remote_mr(remote, 9).await.unwrap();
+    let (back, tag) = tokio::time::timeout(WAIT, c.receive_local_mr(Some(9)))
+        .await
+        .expect("the hand-back arrives")
+        .unwrap();
+    assert_eq!(tag, 9);
+    assert!(
+        back == rewritten,
+        "the memory came back with the peer's writes"
+    );
+    // A clone of a grant handed back no longer works, with a clear error.
+    assert!(matches!(
+        s.read(&other_clone, 0, 1).await,
+        Err(HandleError::GrantGone)
+    ));
+    assert!(matches!(
+        s.send_remote_mr(other_clone, 0).await,
+        Err(HandleError::GrantGone)
+    ));
+    // A receive of a grant dropped while waiting leaves the next grant to
+    // the next receive.
+    let _ = tokio::time::timeout(Duration::from_millis(5), s.receive_remote_mr(None)).await;
+    c.send_local_mr(vec![1, 2, 3], 11).await.unwrap();
+    let (r, tag) = tokio::time::timeout(WAIT, s.receive_remote_mr(None))
+        .await
+        .expect("in time")
+        .unwrap();
+    assert_eq!((r.len(), tag), (3, 11));
+    assert_eq!(s.read(&r, 0, 3).await.unwrap(), vec![1, 2, 3]);
 }

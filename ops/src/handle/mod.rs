@@ -21,6 +21,12 @@
 //!
 //! [`RpcHandle`] calls through an RPC endpoint made on a pool thread.
 //!
+//! Memory: [`RdmaHandle::request_remote_mr`] asks the peer for a grant;
+//! [`RdmaHandle::send_local_mr`] grants the peer a copy of bytes (it gets a
+//! [`RemoteMrHandle`] with [`RdmaHandle::receive_remote_mr`]), which it
+//! hands back with [`RdmaHandle::send_remote_mr`] and this side takes back,
+//! with the peer's writes, with [`RdmaHandle::receive_local_mr`].
+//!
 //! [`ListenerHandle`] accepts connections (they live on the listener's
 //! thread: bind one listener per thread, e.g. on separate ports, to spread
 //! them). [`RemoteMrHandle`] is a peer's memory region this side may READ
@@ -61,6 +67,10 @@ pub enum HandleError {
     /// serving it failed.
     #[error("the pool thread serving the call")]
     Pool(#[from] PoolError),
+    /// The remote MR was handed back to its owner (through a clone of its
+    /// handle): it can no longer be read, written or handed back.
+    #[error("the remote MR was handed back to its owner")]
+    GrantGone,
     /// The remote MR was granted to another connection.
     #[error("{what}: the remote MR belongs to another connection")]
     ForeignRemote {

@@ -9,6 +9,7 @@ use verbio_runtime::pool::{MailSender, Placement, Pool, SlotCache, ThreadRef};
 use super::remote::RemoteMrHandle;
 use super::serve::{start, Done, Reply, Request};
 use super::HandleError;
+use crate::agent::wire::MrToken;
 use crate::agent::{AgentError, CloseReason, Rdma, RdmaBuilder};
 
 /// Requests queued per connection before callers wait for room.
@@ -182,6 +183,75 @@ impl RdmaHandle {
         }
     }
 
+    /// Grants the peer access to a copy of `data` in a registration of its
+    /// own ([`Rdma::send_local_mr_with_tag`]); the peer gets it with
+    /// [`receive_remote_mr`](Self::receive_remote_mr). Returns the token.
+    pub async fn send_local_mr(&self, data: Vec<u8>, tag: u64) -> Result<MrToken, HandleError> {
+        match self
+            .call(|done| Request::SendLocal { data, tag, done })
+            .await?
+        {
+            Done::Token(t) => Ok(t),
+            _ => unreachable!("a grant is answered with its token"),
+        }
+    }
+
+    /// The next grant the peer handed over (with `tag`, or any tag if
+    /// `None`), and its tag ([`Rdma::receive_remote_mr_tagged`]).
+    /// Cancel-safe: dropped while waiting, it leaves the grant for the next
+    /// call.
+    pub async fn receive_remote_mr(
+        &self,
+        tag: Option<u64>,
+    ) -> Result<(RemoteMrHandle, u64), HandleError> {
+        match self
+            .call(|done| Request::ReceiveRemote { tag, done })
+            .await?
+        {
+            Done::Tagged(d, t) => match *d {
+                Done::Remote(r) => Ok((r, t)),
+                _ => unreachable!("a grant is answered with a region"),
+            },
+            _ => unreachable!("a grant is answered with its tag"),
+        }
+    }
+
+    /// Hands the peer's grant `remote` back to it, with `tag`
+    /// ([`Rdma::send_remote_mr_with_tag`]); the owner revokes it and gets
+    /// its memory back. Other clones of `remote` stop working.
+    pub async fn send_remote_mr(
+        &self,
+        remote: RemoteMrHandle,
+        tag: u64,
+    ) -> Result<(), HandleError> {
+        if !Arc::ptr_eq(&remote.entry.conn, &self.conn) {
+            return Err(HandleError::ForeignRemote {
+                what: "send_remote_mr",
+            });
+        }
+        let remote = remote.entry;
+        self.call(|done| Request::SendRemote { remote, tag, done })
+            .await
+            .map(drop)
+    }
+
+    /// The next of this side's grants the peer handed back (with `tag`, or
+    /// any if `None`), as the memory's bytes, and its tag
+    /// ([`Rdma::receive_local_mr_tagged`]). Cancel-safe like
+    /// [`receive_remote_mr`](Self::receive_remote_mr).
+    pub async fn receive_local_mr(&self, tag: Option<u64>) -> Result<(Vec<u8>, u64), HandleError> {
+        match self
+            .call(|done| Request::ReceiveLocal { tag, done })
+            .await?
+        {
+            Done::Tagged(d, t) => match *d {
+                Done::Bytes(b) => Ok((b, t)),
+                _ => unreachable!("a hand-back is answered with bytes"),
+            },
+            _ => unreachable!("a hand-back is answered with its tag"),
+        }
+    }
+
     fn check_remote(
         &self,
         what: &'static str,
@@ -224,7 +294,7 @@ impl RdmaHandle {
         let r = (&mut answer).await;
         conn.slots.give_back(answer);
         match r {
-            Ok(reply) => Ok(reply?),
+            Ok(reply) => reply,
             Err(_lost) => Err(conn.thread.lost_error().into()),
         }
     }

@@ -38,11 +38,12 @@ impl RemoteMrHandle {
     }
 }
 
-/// The grant's entry in its connection's table (`id`), released when the
-/// last holder goes.
+/// The grant's entry in its connection's table (`id`, never reused: a
+/// late release of a grant handed back cannot hit another), released when
+/// the last holder goes.
 pub(super) struct RemoteEntry {
     pub(super) conn: Arc<ConnShared>,
-    pub(super) id: usize,
+    pub(super) id: u64,
     pub(super) len: u64,
 }
 

@@ -12,26 +12,30 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 
 use futures::future::{select, Either};
-use slab::Slab;
 use verbio_runtime::pool::{mailbox, Completer, MailReceiver, ShutdownSignal, ThreadRef};
 
 use super::rdma::{ConnShared, RdmaHandle, QUEUE_DEPTH};
 use super::remote::{RemoteEntry, RemoteMrHandle};
 use super::workers::{Serve, Workers};
+use super::HandleError;
+use crate::agent::wire::MrToken;
 use crate::agent::{AgentError, CloseReason, Rdma, RemoteMr};
+use std::collections::HashMap;
 
 /// Workers per connection at most: the requests in flight at once (beyond
 /// the receives, served by their own task).
 const MAX_WORKERS: usize = 64;
 
 /// What a request is answered with.
-pub(crate) type Reply = Result<Done, AgentError>;
+pub(crate) type Reply = Result<Done, HandleError>;
 
 /// A successful answer.
 pub(crate) enum Done {
     Unit,
     Bytes(Vec<u8>),
     Remote(RemoteMrHandle),
+    Token(MrToken),
+    Tagged(Box<Done>, u64),
 }
 
 /// A request from a handle.
@@ -59,9 +63,31 @@ pub(crate) enum Request {
         len: usize,
         done: Completer<Reply>,
     },
+    /// Grant this side's memory to the peer.
+    SendLocal {
+        data: Vec<u8>,
+        tag: u64,
+        done: Completer<Reply>,
+    },
+    /// Hand a grant of the peer's back to it.
+    SendRemote {
+        remote: Arc<RemoteEntry>,
+        tag: u64,
+        done: Completer<Reply>,
+    },
+    /// The next grant the peer hands over (with `tag`, or any).
+    ReceiveRemote {
+        tag: Option<u64>,
+        done: Completer<Reply>,
+    },
+    /// The next of this side's grants the peer hands back.
+    ReceiveLocal {
+        tag: Option<u64>,
+        done: Completer<Reply>,
+    },
     /// The last holder of a remote MR handle is gone.
     Release {
-        id: usize,
+        id: u64,
     },
 }
 
@@ -72,7 +98,8 @@ pub(super) fn start(thread: ThreadRef, shutdown: ShutdownSignal, rdma: Rdma) -> 
     let server = Rc::new(Server {
         rdma,
         conn: Arc::downgrade(&conn),
-        remotes: RefCell::new(Slab::new()),
+        remotes: RefCell::new(HashMap::new()),
+        next_remote: Cell::new(0),
         workers: Rc::new(Workers::new(MAX_WORKERS)),
         receives: RefCell::new(VecDeque::new()),
         receiver: RefCell::new(None),
@@ -90,7 +117,8 @@ struct Server {
     /// goes, the mailbox ends and so does the server).
     conn: Weak<ConnShared>,
     /// The peer's grants held for `RemoteMrHandle`s.
-    remotes: RefCell<Slab<RemoteMr>>,
+    remotes: RefCell<HashMap<u64, RemoteMr>>,
+    next_remote: Cell<u64>,
     /// Every request but receives and releases.
     workers: Rc<Workers<Request>>,
     receives: RefCell<VecDeque<Completer<Reply>>>,
@@ -133,7 +161,7 @@ impl Server {
         match req {
             Request::Release { id } => {
                 // Its `Drop` tells the owner to revoke it.
-                drop(self.remotes.borrow_mut().try_remove(id));
+                drop(self.remotes.borrow_mut().remove(&id));
             }
             Request::Receive { done } => {
                 self.receives.borrow_mut().push_back(done);
@@ -180,14 +208,17 @@ impl Serve<Request> for Server {
                     return;
                 }
                 let r = self.rdma.send(&data).await;
-                done.complete(r.map(|()| Done::Unit));
+                done.complete(r.map_err(HandleError::from).map(|()| Done::Unit));
             }
             Request::AskRemote { len, done } => {
                 if done.is_abandoned() {
                     return;
                 }
                 let r = self.rdma.request_remote_mr(len).await;
-                done.complete(r.and_then(|mr| self.keep_remote(mr)));
+                done.complete(
+                    r.map_err(HandleError::from)
+                        .and_then(|mr| self.keep_remote(mr)),
+                );
             }
             Request::Write {
                 remote,
@@ -213,6 +244,64 @@ impl Serve<Request> for Server {
                 let r = self.read(&remote, offset, len).await;
                 done.complete(r.map(Done::Bytes));
             }
+            Request::SendLocal { data, tag, done } => {
+                if done.is_abandoned() {
+                    return;
+                }
+                let r = self.rdma.send_local_mr_with_tag(data, tag).await;
+                done.complete(r.map_err(HandleError::from).map(Done::Token));
+            }
+            Request::SendRemote { remote, tag, done } => {
+                if done.is_abandoned() {
+                    return;
+                }
+                let taken = self.remotes.borrow_mut().remove(&remote.id);
+                let r = match taken {
+                    Some(mr) => self.rdma.send_remote_mr_with_tag(mr, tag).await,
+                    // Handed back already (by another clone).
+                    None => {
+                        done.complete(Err(HandleError::GrantGone));
+                        return;
+                    }
+                };
+                done.complete(r.map_err(HandleError::from).map(|()| Done::Unit));
+            }
+            Request::ReceiveRemote { tag, done } => {
+                let r = self
+                    .until_abandoned_or_closed(&done, async {
+                        match tag {
+                            Some(t) => self
+                                .rdma
+                                .receive_remote_mr_with_tag(t)
+                                .await
+                                .map(|mr| (mr, t)),
+                            None => self.rdma.receive_remote_mr_tagged().await,
+                        }
+                    })
+                    .await;
+                if let Some(r) = r {
+                    let r = r.map_err(HandleError::from).and_then(|(mr, t)| {
+                        self.keep_remote(mr).map(|d| Done::Tagged(Box::new(d), t))
+                    });
+                    done.complete(r);
+                }
+            }
+            Request::ReceiveLocal { tag, done } => {
+                let r = self
+                    .until_abandoned_or_closed(&done, async {
+                        match tag {
+                            Some(t) => self.rdma.receive_local_mr_with_tag(t).await.map(|v| (v, t)),
+                            None => self.rdma.receive_local_mr_tagged().await,
+                        }
+                    })
+                    .await;
+                if let Some(r) = r {
+                    done.complete(
+                        r.map_err(HandleError::from)
+                            .map(|(v, t)| Done::Tagged(Box::new(Done::Bytes(v)), t)),
+                    );
+                }
+            }
             Request::Receive { .. } | Request::Release { .. } => {
                 unreachable!("routed by the server task")
             }
@@ -221,15 +310,38 @@ impl Serve<Request> for Server {
 }
 
 impl Server {
+    /// Runs `wait` (a cancel-safe wait of the connection) until it ends,
+    /// its asker leaves (`None`: the item stays for the next asker) or the
+    /// server closes (answered with the local close, `None`).
+    async fn until_abandoned_or_closed<T>(
+        &self,
+        done: &Completer<Reply>,
+        wait: impl Future<Output = Result<T, AgentError>>,
+    ) -> Option<Result<T, AgentError>> {
+        let stop = pin!(async {
+            let closed = std::future::poll_fn(|cx| self.poll_closed(cx));
+            select(pin!(done.abandoned()), pin!(closed)).await;
+        });
+        match select(pin!(wait), stop).await {
+            Either::Left((r, _)) => Some(r),
+            Either::Right(_) if self.closed.get() => {
+                Some(Err(AgentError::Closed(CloseReason::Local)))
+            }
+            Either::Right(_) => None,
+        }
+    }
+
     /// Keeps `mr` in the table and makes its handle (which releases it
     /// when dropped, even if nobody takes the answer).
     fn keep_remote(&self, mr: RemoteMr) -> Reply {
         let Some(conn) = self.conn.upgrade() else {
             // Every handle is gone: nobody can use it.
-            return Err(AgentError::Closed(CloseReason::Local));
+            return Err(AgentError::Closed(CloseReason::Local).into());
         };
         let len = mr.len() as u64;
-        let id = self.remotes.borrow_mut().insert(mr);
+        let id = self.next_remote.get();
+        self.next_remote.set(id + 1);
+        self.remotes.borrow_mut().insert(id, mr);
         Ok(Done::Remote(RemoteMrHandle {
             entry: Arc::new(RemoteEntry { conn, id, len }),
         }))
@@ -240,17 +352,22 @@ impl Server {
     fn view(&self, entry: &RemoteEntry, offset: u64, len: usize) -> Option<RemoteMr> {
         let start = usize::try_from(offset).ok()?;
         let end = start.checked_add(len)?;
-        self.remotes.borrow().get(entry.id)?.get(start..end)
+        self.remotes.borrow().get(&entry.id)?.get(start..end)
     }
 
-    async fn write(&self, entry: &RemoteEntry, offset: u64, data: &[u8]) -> Result<(), AgentError> {
+    async fn write(
+        &self,
+        entry: &RemoteEntry,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), HandleError> {
         let view = self
             .view(entry, offset, data.len())
-            .ok_or(AgentError::Closed(CloseReason::Local))?;
+            .ok_or(HandleError::GrantGone)?;
         let mut local = self.rdma.alloc_local_mr(data.len())?;
         local.copy_from_slice(data);
         let (r, _local) = self.rdma.write(local, &view).await;
-        r
+        Ok(r?)
     }
 
     async fn read(
@@ -258,13 +375,13 @@ impl Server {
         entry: &RemoteEntry,
         offset: u64,
         len: usize,
-    ) -> Result<Vec<u8>, AgentError> {
+    ) -> Result<Vec<u8>, HandleError> {
         let view = self
             .view(entry, offset, len)
-            .ok_or(AgentError::Closed(CloseReason::Local))?;
+            .ok_or(HandleError::GrantGone)?;
         let local = self.rdma.alloc_local_mr(len)?;
         let (r, local) = self.rdma.read(local, &view).await;
-        r.map(|()| local.to_vec())
+        Ok(r.map(|()| local.to_vec())?)
     }
 
     /// The receiver task: serves receives one at a time, in order. A
@@ -300,9 +417,9 @@ impl Server {
                 }
             };
             match received {
-                Some(r) => done.complete(r.map(Done::Bytes)),
+                Some(r) => done.complete(r.map_err(HandleError::from).map(Done::Bytes)),
                 None if self.closed.get() => {
-                    done.complete(Err(AgentError::Closed(CloseReason::Local)))
+                    done.complete(Err(AgentError::Closed(CloseReason::Local).into()))
                 }
                 None => {}
             }
@@ -310,7 +427,7 @@ impl Server {
         // Closed: what is left is answered, not dropped.
         let left: Vec<_> = self.receives.borrow_mut().drain(..).collect();
         for done in left {
-            done.complete(Err(AgentError::Closed(CloseReason::Local)));
+            done.complete(Err(AgentError::Closed(CloseReason::Local).into()));
         }
     }
 }
