@@ -128,7 +128,7 @@ impl Config {
 /// sides settle on the smaller.
 ///
 /// ```
-/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// # mod verbio { pub use verbio_ops::*; pub mod ops { pub use verbio_ops::*; } pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
 /// use std::time::Duration;
 /// use verbio::provider::{Context, SoftConfig};
 /// use verbio::runtime::{spawn, Device, Runtime};

@@ -147,7 +147,7 @@ impl Rdma {
     /// received ones (see [`MessageSink`], [`MessageStream`]).
     ///
     /// ```
-    /// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+    /// # mod verbio { pub use verbio_ops::*; pub mod ops { pub use verbio_ops::*; } pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
     /// use futures::{SinkExt, StreamExt};
     /// use verbio::runtime::Runtime;
     /// use verbio::RdmaBuilder;

@@ -716,7 +716,7 @@ pub(crate) enum Redial {
 /// devices; across processes the server runs the `spawn`ed part).
 ///
 /// ```
-/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// # mod verbio { pub use verbio_ops::*; pub mod ops { pub use verbio_ops::*; } pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
 /// use verbio::runtime::{spawn, Runtime};
 /// use verbio::RdmaBuilder;
 ///

@@ -44,7 +44,7 @@ type Sending = LocalBoxFuture<'static, (Result<(), AgentError>, Vec<u8>)>;
 /// `ConnectionReset` (see `From<AgentError> for io::Error`).
 ///
 /// ```
-/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// # mod verbio { pub use verbio_ops::*; pub mod ops { pub use verbio_ops::*; } pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
 /// use futures::io::{AsyncReadExt, AsyncWriteExt};
 /// use verbio::runtime::Runtime;
 /// use verbio::{RdmaBuilder, RdmaStream};

@@ -231,7 +231,7 @@ impl<T: Transport> Drop for Engine<T> {
 /// devices.
 ///
 /// ```
-/// # mod verbio { pub use verbio_ops::*; pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// # mod verbio { pub use verbio_ops::*; pub mod ops { pub use verbio_ops::*; } pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
 /// use std::error::Error;
 /// use std::sync::mpsc;
 ///

@@ -68,6 +68,54 @@ use crate::error::Error;
 /// future), at the end of the runtime's poll phase, with the other WRs the
 /// phase's tasks submitted in one post list (see
 /// [`QueuePair::submit_send_one`]).
+///
+/// # Example
+///
+/// Two RC queue pairs connected over the TCP handshake on a software
+/// device: the client WRITEs into memory the server granted, then SENDs
+/// to say so. Each verb takes its buffer and hands it back with the result.
+///
+/// ```
+/// # mod verbio { pub use verbio_ops::*; pub mod ops { pub use verbio_ops::*; } pub mod runtime { pub use verbio_runtime::*; } pub use verbio_runtime::provider; }
+/// use std::time::Duration;
+/// use verbio::ops::connect::{connect, DeviceQps, Listener, QpConfig};
+/// use verbio::ops::verbs::{RemoteBuf, Verbs};
+/// use verbio::provider::{AccessFlags, Context, SoftConfig};
+/// use verbio::runtime::buf::{MrPool, RemoteAccessRegion};
+/// use verbio::runtime::{Device, Runtime};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let rt = Runtime::new()?;
+/// let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
+/// let qps = DeviceQps::new(dev.clone(), QpConfig::default());
+/// let wait = Duration::from_secs(10); // each handshake is bounded
+/// rt.block_on(async {
+///     let listener = Listener::bind("127.0.0.1:0".parse()?, qps.clone(), wait)?;
+///     let addr = listener.local_addr()?;
+///     let (server, client) = futures::join!(listener.accept(), connect(addr, &qps, wait));
+///     let (server, client) = (server?.qp, client?.qp);
+///     let pool = MrPool::new(dev.pd());
+///
+///     // The server grants 4 KiB for remote WRITE; a real server sends
+///     // this descriptor (address, length, rkey) to its peer.
+///     let region = RemoteAccessRegion::grant(dev.pd(), vec![0u8; 4096], AccessFlags::REMOTE_WRITE)
+///         .map_err(|rejected| rejected.error)?;
+///     let target = RemoteBuf::from(&region);
+///     let inbox = server.recv(pool.alloc(64)?); // posted before the SEND
+///
+///     let (res, _buf) = client.write(pool.alloc_from(b"written")?, target.slice(0..7)?).await;
+///     res?;
+///     let (res, _buf) = client.send(pool.alloc_from(b"done")?).await;
+///     assert_eq!(res?, 4); // bytes sent
+///
+///     let (res, buf) = inbox.await;
+///     assert_eq!(&buf[..res?.len], b"done");
+///     assert_eq!(&region.to_vec()[..7], b"written"); // RC delivers in order
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 pub trait Verbs {
     /// SEND of `buf`'s initialized bytes; resolves to the number of bytes sent.
     fn send<B: RegisteredBuf>(&self, buf: B) -> Submit<SendVerb<B>>;
