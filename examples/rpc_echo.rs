@@ -89,6 +89,10 @@ struct Args {
     /// the engine (e.g. instructions per call under callgrind).
     #[arg(long, conflicts_with_all = ["server", "client"])]
     engine_only: bool,
+    /// Serves the echo with `Rpc::register_inline` (run by the
+    /// dispatcher, no handler task) instead of `Rpc::register`.
+    #[arg(long)]
+    inline_handler: bool,
 }
 
 /// The endpoints' settings: messages up to 16 MiB (or `size`), the
@@ -113,12 +117,17 @@ fn rpc_endpoint(
     Ok(Rpc::new(transport, config))
 }
 
-fn register_echo<T: Transport>(rpc: &Rpc<T>) -> Result<(), RpcError> {
-    rpc.register(ECHO, |req: Request| async move {
+fn register_echo<T: Transport>(rpc: &Rpc<T>, inline: bool) -> Result<(), RpcError> {
+    let echo = |req: Request| {
         let mut resp = req.response();
         resp.extend_from_slice(req.data());
         resp
-    })
+    };
+    if inline {
+        rpc.register_inline(ECHO, echo)
+    } else {
+        rpc.register(ECHO, move |req: Request| std::future::ready(echo(req)))
+    }
 }
 
 /// `concurrency` tasks calling until `calls` are done; the latency of each.
@@ -172,11 +181,16 @@ async fn call_loop<T: Transport>(
 
 /// Serves RPC echo; hands the RPC address (its text form, after
 /// [`HELLO`]) to whoever connects to `tcp`.
-fn serve(tcp: SocketAddr, device: Option<&str>, config: RpcConfig) -> Result<(), BoxError> {
+fn serve(
+    tcp: SocketAddr,
+    device: Option<&str>,
+    config: RpcConfig,
+    inline: bool,
+) -> Result<(), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let rpc = rpc_endpoint(device, tcp.ip(), config)?;
-        register_echo(&rpc)?;
+        register_echo(&rpc, inline)?;
         let addr = rpc.local_addr();
         let listener = TcpListener::bind(tcp)
             .map_err(|e| format!("binding the address server to {tcp}: {}", ErrorChain(&e)))?;
@@ -252,7 +266,7 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
         let net = MemNetwork::new(1, 4096);
         let config = rpc_config(args);
         let srv = Rpc::new(net.endpoint(), config.clone());
-        register_echo(&srv)?;
+        register_echo(&srv, args.inline_handler)?;
         let cli = Rc::new(Rpc::new(net.endpoint(), config));
         let calls = args.calls + (args.calls / 10).max(1);
         let cpu0 = thread_cpu();
@@ -277,6 +291,7 @@ fn engine_only(args: &Args) -> Result<(), BoxError> {
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let (mem, cpu_per_call) = in_memory(args)?;
     let device = args.device.clone();
+    let inline = args.inline_handler;
     let config = rpc_config(args);
     let server_config = config.clone();
     let (addr_tx, addr_rx) = mpsc::channel();
@@ -286,7 +301,7 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
         rt.block_on(async {
             let rpc = rpc_endpoint(device.as_deref(), Ipv4Addr::LOCALHOST.into(), server_config)
                 .map_err(|e| ErrorChain(&*e).to_string())?;
-            register_echo(&rpc).map_err(|e| ErrorChain(&e).to_string())?;
+            register_echo(&rpc, inline).map_err(|e| ErrorChain(&e).to_string())?;
             addr_tx
                 .send(rpc.local_addr())
                 .map_err(|e| ErrorChain(&e).to_string())?;
@@ -353,7 +368,12 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let res = match (args.server, args.client) {
         _ if args.engine_only => engine_only(&args),
-        (Some(at), _) => serve(at, args.device.as_deref(), rpc_config(&args)),
+        (Some(at), _) => serve(
+            at,
+            args.device.as_deref(),
+            rpc_config(&args),
+            args.inline_handler,
+        ),
         (None, Some(at)) => client(at, &args),
         (None, None) => side_by_side(&args),
     };

@@ -10,7 +10,8 @@
 #
 #   scripts/rpc-engine-cost.sh [--rounds R] [--no-callgrind] NAME=BINARY ...
 #
-# e.g. before=/tmp/rpc_echo.before after=target/release/examples/rpc_echo.
+# e.g. before=/tmp/rpc_echo.before after=target/release/examples/rpc_echo;
+# a BINARY may carry flags: "inline=target/release/examples/rpc_echo --inline-handler".
 # Needs valgrind for the instruction counts.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,7 +36,7 @@ echo "thread CPU ns per call, $ROUNDS rounds of 20000 calls, builds alternating:
 for r in $(seq "$ROUNDS"); do
     line="  round $r:"
     for b in "${BUILDS[@]}"; do
-        ns=$("${b#*=}" --engine-only --calls 20000 | sed -n 's/.*: \([0-9]*\) ns of thread CPU.*/\1/p')
+        ns=$(${b#*=} --engine-only --calls 20000 | sed -n 's/.*: \([0-9]*\) ns of thread CPU.*/\1/p')
         line="$line ${b%%=*} $ns"
         echo "$ns" >> "$OUT/${b%%=*}.ns"
     done
@@ -53,7 +54,7 @@ echo "instructions per call (callgrind, $N1 vs $N2 calls):"
 for b in "${BUILDS[@]}"; do
     name=${b%%=*} bin=${b#*=}
     for n in $N1 $N2; do
-        valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.$n.out" "$bin" --engine-only --calls $n >/dev/null 2>&1
+        valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.$n.out" $bin --engine-only --calls $n >/dev/null 2>&1
     done
     per() { python3 "$ROOT/scripts/callgrind-per-rt.py" --match "$1" "$OUT/$name.$N1.out" "$OUT/$name.$N2.out" "$CALLS" 0 | awk '/of them/ {print $1}'; }
     total=$(python3 "$ROOT/scripts/callgrind-per-rt.py" "$OUT/$name.$N1.out" "$OUT/$name.$N2.out" "$CALLS" 0 | awk '/per iteration/ {print $1}')

@@ -31,13 +31,29 @@ const MEASURED: usize = 20_000;
 /// Runs `tasks` tasks of sequential 32-byte calls from `client` to
 /// `server`; returns the allocations made during the measured calls.
 async fn allocations<T: Transport>(server: Rpc<T>, client: Rpc<T>, tasks: usize) -> u64 {
-    server
-        .register(ECHO, |req: Request| async move {
-            let mut resp = req.response();
-            resp.extend_from_slice(req.data());
-            resp
-        })
-        .unwrap();
+    allocations_with(server, client, tasks, false).await
+}
+
+/// As [`allocations`], the echo run by the dispatcher
+/// (`Rpc::register_inline`) if `inline`.
+async fn allocations_with<T: Transport>(
+    server: Rpc<T>,
+    client: Rpc<T>,
+    tasks: usize,
+    inline: bool,
+) -> u64 {
+    let echo = |req: Request| {
+        let mut resp = req.response();
+        resp.extend_from_slice(req.data());
+        resp
+    };
+    if inline {
+        server.register_inline(ECHO, echo).unwrap();
+    } else {
+        server
+            .register(ECHO, move |req: Request| std::future::ready(echo(req)))
+            .unwrap();
+    }
     let cli = Rc::new(client);
     let s = cli.connect(&server.local_addr()).await.unwrap();
     let run = |calls: usize| {
@@ -114,6 +130,20 @@ fn a_small_call_does_not_allocate_after_warm_up() {
 #[test]
 fn eight_concurrent_callers_do_not_allocate_after_warm_up() {
     assert!(in_memory(8) <= GROWTH);
+}
+
+#[test]
+fn inline_handlers_do_not_allocate_after_warm_up() {
+    for tasks in [1, 8] {
+        let rt = Runtime::new().unwrap();
+        let n = rt.block_on(async {
+            let net = MemNetwork::new(1, 4096);
+            let server = Rpc::new(net.endpoint(), RpcConfig::default());
+            let client = Rpc::new(net.endpoint(), RpcConfig::default());
+            allocations_with(server, client, tasks, true).await
+        });
+        assert!(n <= GROWTH, "{tasks} task(s): {n}");
+    }
 }
 
 #[test]

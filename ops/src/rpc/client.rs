@@ -131,7 +131,11 @@ impl<P: Clone> Core<P> {
         let now = self.now;
         s.active |= 1 << i;
         let max_payload = s.max_payload;
-        self.take_back_request(sid, i);
+        let slot = &mut s.client[i];
+        if slot.req_exposed.is_some() || slot.req_desc.is_some() {
+            // The last call's request was read by the server: taken back.
+            self.take_back_request(sid, i);
+        }
         let Some(s) = self.sessions.get_mut(sid) else {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         };
@@ -143,19 +147,6 @@ impl<P: Clone> Core<P> {
         slot.req.extend_from_slice(data);
         slot.resp.clear();
         slot.n_req = packets_for(data.len(), max_payload);
-        if self.is_bulk(data.len()) {
-            if self.expose_request(sid, i) {
-                if let Some(s) = self.sessions.get_mut(sid) {
-                    s.client[i].n_req = 1;
-                }
-            } else {
-                self.want_link(sid);
-            }
-        }
-        let Some(s) = self.sessions.get_mut(sid) else {
-            return Poll::Ready(Err(RpcError::SessionClosed { session }));
-        };
-        let slot = &mut s.client[i];
         slot.n_resp = 0;
         slot.unasked = 0;
         slot.paused = false;
@@ -165,6 +156,15 @@ impl<P: Clone> Core<P> {
         slot.retries = 0;
         slot.progress = now;
         let req_num = slot.req_num;
+        if self.is_bulk(data.len()) {
+            if self.expose_request(sid, i) {
+                if let Some(s) = self.sessions.get_mut(sid) {
+                    s.client[i].n_req = 1;
+                }
+            } else {
+                self.want_link(sid);
+            }
+        }
         self.pump(sid);
         self.want_timer();
         Poll::Ready(Ok((i, req_num)))

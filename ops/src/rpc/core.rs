@@ -104,11 +104,16 @@ pub(crate) struct Job {
     pub(crate) request: Request,
 }
 
-/// The queue of one request type's handler tasks.
+/// A handler run inside the dispatcher ([`Rpc::register_inline`](super::Rpc::register_inline)).
+pub(crate) type InlineHandler = std::rc::Rc<dyn Fn(Request) -> super::MsgBuf>;
+
+/// The queue of one request type's handler tasks (or its inline handler).
 #[derive(Default)]
 pub(crate) struct HandlerQueue {
     pub(crate) jobs: VecDeque<Job>,
     pub(crate) idle: Vec<Waker>,
+    /// Run by the dispatcher as each request completes, no task.
+    pub(crate) inline: Option<InlineHandler>,
 }
 
 /// What identifies a client's session at the server: its address, its

@@ -417,6 +417,34 @@ impl<T: Transport> Rpc<T> {
         Ok(())
     }
 
+    /// Serves requests of `req_type` with `handler`, a plain function run
+    /// by the endpoint's dispatcher as each request is complete (the way
+    /// eRPC runs its handlers): no task and no hand-over per request, so a
+    /// small call costs less CPU than with [`register`](Rpc::register).
+    /// For handlers that answer at once: one that must wait (for I/O,
+    /// another call) belongs in `register`, and while it runs no other
+    /// packet of this endpoint is taken. It must not use this endpoint
+    /// (that would panic, failing the call with
+    /// [`Status::HandlerPanicked`](super::header::Status::HandlerPanicked)).
+    ///
+    /// Fails with [`RpcError::HandlerExists`] (and changes nothing) if
+    /// `req_type` has a handler already.
+    pub fn register_inline<H>(&self, req_type: u8, handler: H) -> Result<(), RpcError>
+    where
+        H: Fn(Request) -> MsgBuf + 'static,
+    {
+        let mut e = self.engine.borrow_mut();
+        let entry = &mut e.core.handlers[usize::from(req_type)];
+        if entry.is_some() {
+            return Err(RpcError::HandlerExists { req_type });
+        }
+        *entry = Some(HandlerQueue {
+            inline: Some(Rc::new(handler)),
+            ..HandlerQueue::default()
+        });
+        Ok(())
+    }
+
     /// Serves the [`register`](Rpc::register)ed handlers until `stop`
     /// completes, and returns its output.
     ///

@@ -38,8 +38,9 @@ pub(crate) struct BulkNet {
     pending: VecDeque<PendingRead>,
     /// READs wait until released.
     pub(crate) hold: bool,
-    /// Finished READs per endpoint.
-    done: HashMap<u32, (Vec<BulkDone>, Option<Waker>)>,
+    /// Finished READs per endpoint (by id), and the waker of its
+    /// dispatcher.
+    done: Vec<(Vec<BulkDone>, Option<Waker>)>,
     /// READs carried out (tests).
     pub(crate) reads: u64,
 }
@@ -73,11 +74,20 @@ impl BulkNet {
             op: "reading by RDMA READ",
             source: reason.into(),
         });
-        let (items, waker) = self.done.entry(r.reader).or_default();
+        let (items, waker) = self.done_of(r.reader);
         items.push((r.token, r.into, result));
         if let Some(w) = waker.take() {
             w.wake();
         }
+    }
+
+    /// Endpoint `id`'s finished READs.
+    fn done_of(&mut self, id: u32) -> &mut (Vec<BulkDone>, Option<Waker>) {
+        let i = id as usize;
+        if self.done.len() <= i {
+            self.done.resize_with(i + 1, Default::default);
+        }
+        &mut self.done[i]
     }
 
     /// Carries out the READs held.
@@ -111,7 +121,9 @@ impl Drop for MemBulk {
         let b = &mut net.bulk;
         b.regions.retain(|_, r| r.owner != self.id);
         b.links.retain(|(owner, _), _| *owner != self.id);
-        b.done.remove(&self.id);
+        if let Some(d) = b.done.get_mut(self.id as usize) {
+            *d = Default::default();
+        }
     }
 }
 
@@ -220,7 +232,7 @@ impl Bulk for MemBulk {
 
     fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>) {
         let mut net = self.net.0.borrow_mut();
-        let (items, waker) = net.bulk.done.entry(self.id).or_default();
+        let (items, waker) = net.bulk.done_of(self.id);
         if items.is_empty() {
             match waker {
                 Some(w) if w.will_wake(cx.waker()) => {}

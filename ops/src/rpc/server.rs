@@ -1,6 +1,7 @@
 //! The server half: reassembling requests, suppressing duplicates, handing
 //! requests to handler tasks, and sending (and resending) responses.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::{Context, Poll};
 
 use tracing::{error, trace, warn};
@@ -323,17 +324,27 @@ impl<P: Clone> Core<P> {
         self.stats.handler_runs += 1;
         let data = std::mem::take(&mut slot.req);
         let charge = std::mem::take(&mut slot.charge);
+        let req_num = slot.req_num;
+        let request = Request {
+            req_type: slot.req_type,
+            session: SessionId(sid),
+            data: self.pool.msg(data),
+            pool: self.pool.clone(),
+            _charge: charge,
+        };
+        if let Some(handler) = queue.inline.clone() {
+            // Run here: no task, no queue; a panic fails this call only.
+            match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+                Ok(resp) => self.respond(sid, i, req_num, resp),
+                Err(_) => self.handler_panicked(sid, i, req_num),
+            }
+            return;
+        }
         queue.jobs.push_back(Job {
             session: sid,
             slot: i,
-            req_num: slot.req_num,
-            request: Request {
-                req_type: slot.req_type,
-                session: SessionId(sid),
-                data: self.pool.msg(data),
-                pool: self.pool.clone(),
-                _charge: charge,
-            },
+            req_num,
+            request,
         });
         if let Some(w) = queue.idle.pop() {
             w.wake();

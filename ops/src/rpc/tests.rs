@@ -367,6 +367,80 @@ fn a_panicking_handler_fails_its_call_only() {
     });
 }
 
+/// Inline handlers (run by the dispatcher): small and large calls, eight
+/// at once, over a lossy network, each handler run once per request; a
+/// panic fails its call only; a type registered twice is refused.
+#[test]
+fn inline_handlers_serve_and_fail_like_task_handlers() {
+    const INLINE: u8 = 3;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(31, 1024);
+        let srv = Rc::new(Rpc::new(net.endpoint(), config()));
+        let runs = Rc::new(Cell::new(0u32));
+        let counted = runs.clone();
+        srv.register_inline(INLINE, move |req: Request| {
+            counted.set(counted.get() + 1);
+            if req.data() == b"boom" {
+                panic!("inline handler test panic");
+            }
+            let mut resp = req.response();
+            resp.extend_from_slice(&answer(req.data()));
+            resp
+        })
+        .unwrap();
+        assert!(matches!(
+            srv.register_inline(INLINE, |req: Request| req.response()),
+            Err(RpcError::HandlerExists { req_type: INLINE })
+        ));
+        net.set_faults(Faults {
+            drop: 0.05,
+            duplicate: 0.05,
+            reorder: 0.02,
+        });
+        let cli = Rc::new(Rpc::new(net.endpoint(), config()));
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let tasks: Vec<_> = (0..SESSION_SLOTS)
+            .map(|t| {
+                let cli = cli.clone();
+                verbio_runtime::spawn(async move {
+                    for i in 0..20 {
+                        let req = request(t, i, if i % 5 == 4 { 50_000 } else { 40 + i });
+                        let resp = cli.call(s, INLINE, &req).await.unwrap();
+                        assert_eq!(&resp[..], &answer(&req)[..], "task {t} call {i}");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+        assert_eq!(
+            runs.get(),
+            SESSION_SLOTS as u32 * 20,
+            "each handler ran once"
+        );
+        net.set_faults(Faults::default());
+        let e = cli.call(s, INLINE, b"boom").await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RpcError::Remote {
+                    status: Status::HandlerPanicked,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let req = request(9, 9, 100);
+        assert_eq!(
+            &cli.call(s, INLINE, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        assert_eq!(srv.stats().handler_panics, 1);
+    });
+}
+
 #[test]
 fn abandoned_calls_free_their_slots() {
     let rt = Runtime::new().unwrap();
