@@ -46,15 +46,14 @@ impl<R: 'static> Workers<R> {
         if queued == 0 {
             return;
         }
-        let woken: Vec<Waker> = {
-            let mut idle = self.idle.borrow_mut();
-            let n = queued.min(idle.len());
-            let at = idle.len() - n;
-            idle.drain(at..).collect()
-        };
-        let n = woken.len();
-        for w in woken {
+        // Woken one at a time, with no borrow held (and no list built).
+        let mut n = 0;
+        while n < queued {
+            let Some(w) = self.idle.borrow_mut().pop() else {
+                break;
+            };
             w.wake();
+            n += 1;
         }
         let more = (queued - n).min(self.max - self.running.get());
         for _ in 0..more {

@@ -97,7 +97,7 @@ impl<T: Send> Completer<T> {
         // the `FULL` store below publishes it.
         unsafe { (*s.value.get()).write(value) };
         s.state.store(FULL, Ordering::Release);
-        s.waker.wake();
+        wake_after_release(s);
     }
 
     /// True if the asking future is gone (nobody will read the answer).
@@ -132,8 +132,21 @@ impl<T: Send> Drop for Completer<T> {
     fn drop(&mut self) {
         if let Some(s) = self.slot.take() {
             s.state.store(LOST, Ordering::Release);
-            s.waker.wake();
+            wake_after_release(s);
         }
+    }
+}
+
+/// Wakes the asker of `s` (whose state was just published) after letting go
+/// of the completer's reference: the woken asker finds itself the slot's
+/// only holder, so that [`SlotCache::give_back`] can recycle it.
+fn wake_after_release<T>(s: Arc<Slot<T>>) {
+    // Taken after the state's store: an asker registering later sees the
+    // state, one registering earlier is the waker taken here.
+    let w = s.waker.take();
+    drop(s);
+    if let Some(w) = w {
+        w.wake();
     }
 }
 
