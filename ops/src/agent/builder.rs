@@ -46,9 +46,12 @@ pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 pub const DEFAULT_RECV_BUF_COUNT: u32 = 64;
 
 /// Default of [`RdmaBuilder::staging_ring`]: messages from one receive
-/// buffer up to 256 KiB go by one RDMA WRITE into it (docs/benchmarks.md,
-/// issue 35).
-pub const DEFAULT_STAGING_RING: usize = 1 << 20;
+/// buffer up to 1 MiB go by one RDMA WRITE into it. Measured on the soft
+/// device (docs/benchmarks.md, issue 35), the WRITE beats the READ path
+/// at 512 KiB and 1 MiB too (its extra round trip and per-message
+/// registrations); a connection holds the ring only once the peer has
+/// sent it a message the ring would carry.
+pub const DEFAULT_STAGING_RING: usize = 4 << 20;
 
 /// Largest [`RdmaBuilder::max_inline_data`].
 pub const MAX_INLINE_DATA: u32 = super::rdma::MAX_INLINE_MESSAGE as u32;
