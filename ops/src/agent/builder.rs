@@ -375,7 +375,9 @@ impl RdmaBuilder {
     /// Message bytes each posted receive buffer holds, at least
     /// [`MIN_RECV_BUF_SIZE`](super::MIN_RECV_BUF_SIZE): a message of up to
     /// the peer's `recv_buf_size` bytes travels as one SEND, a larger one
-    /// in pieces of that size (or, from 32 KiB, by one RDMA READ). Each
+    /// in pieces of that size (or by one RDMA WRITE into the peer's staging
+    /// ring, [`RdmaBuilder::staging_ring`], once the peer announced it;
+    /// beyond the ring's messages, from 32 KiB, by one RDMA READ). Each
     /// buffer is this plus the largest message header,
     /// [`DATA_OVERHEAD`](super::wire::DATA_OVERHEAD) (48) bytes.
     pub fn recv_buf_size(mut self, len: usize) -> Self {

@@ -36,8 +36,9 @@ use super::rdma::Shared;
 use super::wire::{Message, MrToken, MAX_SPLIT_IN_PROGRESS};
 use crate::verbs::{RemoteBuf, Verbs};
 
-/// Messages at least this long go by READ when they do not fit one
-/// receive buffer. Measured on the soft device (docs/benchmarks.md): from
+/// Messages at least this long go by READ when they fit neither one
+/// receive buffer nor the peer's staging ring (`staging.rs`, which takes
+/// them up to a quarter of its size once announced). Measured on the soft device (docs/benchmarks.md): from
 /// 32 KiB a window of READs moves more per second than the pieces (1.35x),
 /// from 64 KiB one READ at a time is also faster; below, the READ's extra
 /// round trip costs more than the pieces save.
