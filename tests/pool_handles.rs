@@ -562,3 +562,48 @@ async fn memory_is_handed_over_and_back_through_handles() {
     assert_eq!((r.len(), tag), (3, 11));
     assert_eq!(s.read(&r, 0, 3).await.unwrap(), vec![1, 2, 3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokio_util_codecs_frame_a_handle_stream() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_util::codec::{Framed, LengthDelimitedCodec};
+    use verbio::HandleStream;
+
+    let servers = pool(1);
+    let clients = pool(1);
+    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    // The server answers each frame with the frame reversed.
+    let server = tokio::spawn(async move {
+        let s = HandleStream::new(listener.accept().await.unwrap());
+        let mut framed = Framed::new(s, LengthDelimitedCodec::new());
+        while let Some(frame) = framed.next().await {
+            let mut f = frame.unwrap().to_vec();
+            f.reverse();
+            framed.send(bytes::Bytes::from(f)).await.unwrap();
+        }
+    });
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
+        .await
+        .unwrap();
+    let mut framed = Framed::new(
+        HandleStream::with_chunk(c, 1500),
+        LengthDelimitedCodec::new(),
+    );
+    for i in 0..100u32 {
+        let m = message(i, i * 3);
+        framed.send(bytes::Bytes::from(m.clone())).await.unwrap();
+        let back = tokio::time::timeout(WAIT, framed.next())
+            .await
+            .expect("in time")
+            .expect("a frame")
+            .unwrap();
+        let mut want = m;
+        want.reverse();
+        assert!(back[..] == want[..], "frame {i} came back wrong");
+    }
+    drop(framed);
+    server.abort();
+}
