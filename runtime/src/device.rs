@@ -1,8 +1,10 @@
 //! [`Device`]: the per-runtime resources of one opened RDMA device: its
-//! context, a protection domain, a completion channel registered with the
-//! reactor, one CQ shared by every QP created through it, and the context's
-//! async-event fd (events are logged and can be awaited).
+//! context, a protection domain, CQs (each with a completion channel
+//! registered with the reactor) shared by the QPs created through it, one
+//! added when the QPs claim more entries than the CQs hold, and the
+//! context's async-event fd (events are logged and can be awaited).
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::op::Credits;
@@ -10,21 +12,73 @@ use crate::provider::{
     AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, Qp, QpCaps, UdAttr,
 };
 use crate::qp::{QueuePair, SharedRecvQueue, UdState};
-use crate::reactor::{CqRegistration, Handle, RuntimeError};
+use crate::reactor::{CqClaim, CqRegistration, Handle, RuntimeError};
 
-/// Default number of CQ entries of a [`Device`]'s shared CQ.
+/// Default number of CQ entries of a [`Device`]'s first CQ.
 pub const DEFAULT_CQ_SIZE: u32 = 4096;
+
+/// One CQ of a [`Device`], its credits and its registration with the
+/// reactor (which counts the entries its QPs claimed). Each CQ has a
+/// completion channel of its own (the reactor learns from a channel's
+/// event which CQ to arm again).
+#[derive(Clone)]
+struct CqSlot {
+    cq: Cq,
+    credits: Rc<Credits>,
+    registration: Rc<CqRegistration>,
+}
+
+impl CqSlot {
+    fn create(
+        handle: &Handle,
+        ctx: &Context,
+        channel: Option<&CompChannel>,
+        cqe: u32,
+    ) -> Result<CqSlot, RuntimeError> {
+        let own;
+        let channel = match channel {
+            Some(c) => c,
+            None => {
+                own = ctx.create_comp_channel()?;
+                &own
+            }
+        };
+        let cq = ctx.create_cq(cqe, Some(channel))?;
+        let registration = Rc::new(CqRegistration::new(
+            handle.clone(),
+            cq.clone(),
+            channel.clone(),
+        )?);
+        let credits = Rc::new(Credits::new(cq.capacity()));
+        Ok(CqSlot {
+            cq,
+            credits,
+            registration,
+        })
+    }
+
+    /// Entries not claimed by the QPs and SRQs on this CQ.
+    fn unclaimed(&self) -> u64 {
+        u64::from(self.credits.capacity()).saturating_sub(self.registration.claimed())
+    }
+
+    fn claim(&self, entries: u64) -> CqClaim {
+        CqClaim::new(self.registration.clone(), entries)
+    }
+}
 
 struct DeviceInner {
     handle: Handle,
     ctx: Context,
     pd: Pd,
     channel: CompChannel,
-    cq: Cq,
-    cq_credits: Rc<Credits>,
-    /// Shared with every QP on the CQ: the CQ stays registered while any
-    /// of them lives.
-    cq_registration: Rc<CqRegistration>,
+    /// The first CQ ([`Device::cq`]); SRQs and the QPs on them live here.
+    first: CqSlot,
+    /// CQs added as QPs claimed more entries than the CQs before them
+    /// hold; one left without claims is dropped when the next QP is placed.
+    added: RefCell<Vec<CqSlot>>,
+    /// The provider's largest CQ.
+    max_cqe: u32,
     async_key: Option<usize>,
 }
 
@@ -36,11 +90,74 @@ impl Drop for DeviceInner {
     }
 }
 
+impl DeviceInner {
+    /// The CQ for a QP that may have `entries` completions outstanding:
+    /// the first CQ whose claims leave room for them, else a new CQ as
+    /// large as all of them together (so their count grows with the log of
+    /// the connections), else (the provider refused one) the CQ with the
+    /// most room, whose credits its QPs then share, waiting in turn.
+    fn place(&self, entries: u64) -> CqSlot {
+        let mut added = self.added.borrow_mut();
+        // Give back CQs nobody claims any more (keep one for the next QP).
+        let mut kept_idle = false;
+        added.retain(|slot| {
+            let idle = slot.registration.claimed() == 0;
+            let keep = !idle || !kept_idle;
+            kept_idle |= idle;
+            keep
+        });
+        if let Some(slot) = std::iter::once(&self.first)
+            .chain(added.iter())
+            .find(|slot| slot.unclaimed() >= entries)
+        {
+            return slot.clone();
+        }
+        let total: u64 = std::iter::once(&self.first)
+            .chain(added.iter())
+            .map(|slot| u64::from(slot.credits.capacity()))
+            .sum();
+        let cqe = total
+            .max(entries)
+            .max(u64::from(DEFAULT_CQ_SIZE))
+            .min(u64::from(self.max_cqe)) as u32;
+        match CqSlot::create(&self.handle, &self.ctx, None, cqe) {
+            Ok(slot) => {
+                tracing::debug!(
+                    device = %self.ctx.name(),
+                    cqe,
+                    cqs = added.len() + 2,
+                    "added a CQ for more queue pairs"
+                );
+                added.push(slot.clone());
+                slot
+            }
+            Err(e) => {
+                tracing::warn!(
+                    device = %self.ctx.name(),
+                    cqe,
+                    error = %crate::report::ErrorChain(&e),
+                    "could not add a CQ: queue pairs share the CQ with the most room"
+                );
+                std::iter::once(&self.first)
+                    .chain(added.iter())
+                    .max_by_key(|slot| slot.unclaimed())
+                    .unwrap_or(&self.first)
+                    .clone()
+            }
+        }
+    }
+}
+
 /// An opened device bound to the current thread's runtime. Cheap to clone.
 ///
-/// Every QP created here uses the device's one CQ for both its send and
-/// receive completions; the CQ's capacity is shared out as credits, so the
-/// CQ can never overflow (each posted WR may produce one CQE, flushes too).
+/// Every QP created here uses one of the device's CQs for both its send and
+/// receive completions; a CQ's capacity is shared out as credits, so it can
+/// never overflow (each posted WR may produce one CQE, flushes too). A QP
+/// claims its send and receive queue depths on the CQ it is placed on; when
+/// no CQ has that much unclaimed the device adds one (as large as all
+/// before it), so the number of QPs is not bounded by one CQ's size, and a
+/// CQ no QP claims any more is given back. SRQs and the QPs on them use the
+/// first CQ ([`Device::cq`]).
 ///
 /// # Example
 ///
@@ -75,8 +192,9 @@ impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device")
             .field("context", &self.inner.ctx)
-            .field("cq_capacity", &self.inner.cq_credits.capacity())
-            .field("cq_available", &self.inner.cq_credits.available())
+            .field("cq_capacity", &self.inner.first.credits.capacity())
+            .field("cq_available", &self.inner.first.credits.available())
+            .field("added_cqs", &self.inner.added.borrow().len())
             .finish()
     }
 }
@@ -100,13 +218,12 @@ impl Device {
         })?;
         let pd = ctx.alloc_pd()?;
         let channel = ctx.create_comp_channel()?;
-        let cq = ctx.create_cq(cqe, Some(&channel))?;
-        let cq_registration = Rc::new(CqRegistration::new(
-            handle.clone(),
-            cq.clone(),
-            channel.clone(),
-        )?);
-        let cq_credits = Rc::new(Credits::new(cq.capacity()));
+        let first = CqSlot::create(&handle, &ctx, Some(&channel), cqe)?;
+        let max_cqe = ctx
+            .query_device()
+            .map(|a| a.max_cqe)
+            .unwrap_or(cqe)
+            .max(cqe);
         let async_key = handle.driver().register_async(ctx.clone());
         Ok(Device {
             inner: Rc::new(DeviceInner {
@@ -114,9 +231,9 @@ impl Device {
                 ctx,
                 pd,
                 channel,
-                cq,
-                cq_credits,
-                cq_registration,
+                first,
+                added: RefCell::new(Vec::new()),
+                max_cqe,
                 async_key,
             }),
         })
@@ -132,7 +249,8 @@ impl Device {
         &self.inner.pd
     }
 
-    /// The shared CQ.
+    /// The device's first CQ (QPs are placed on it until their claims fill
+    /// it; SRQs and the QPs on them always).
     ///
     /// The reactor polls it and owns its arming: it remembers that it armed
     /// the CQ until it takes the event that arming raises. Code that arms
@@ -140,7 +258,13 @@ impl Device {
     /// post/poll loop on the same device) must call
     /// [`Device::forget_cq_arming`] before the reactor sleeps again.
     pub fn cq(&self) -> &Cq {
-        &self.inner.cq
+        &self.inner.first.cq
+    }
+
+    /// How many CQs the device has: its first and those added for more
+    /// queue pairs.
+    pub fn cq_count(&self) -> usize {
+        1 + self.inner.added.borrow().len()
     }
 
     /// The completion channel the reactor sleeps on (see [`Device::cq`]
@@ -156,7 +280,10 @@ impl Device {
     /// longer raise an event (its ops' completions would wait for an
     /// unrelated wake-up).
     pub fn forget_cq_arming(&self) {
-        self.inner.cq_registration.forget_arming();
+        self.inner.first.registration.forget_arming();
+        for slot in self.inner.added.borrow().iter() {
+            slot.registration.forget_arming();
+        }
     }
 
     /// The next asynchronous event of the device (port state, QP or CQ
@@ -170,9 +297,17 @@ impl Device {
         })
     }
 
-    /// CQ entries not reserved by outstanding WRs.
+    /// CQ entries not reserved by outstanding WRs, over all the device's
+    /// CQs.
     pub fn cq_credits(&self) -> u32 {
-        self.inner.cq_credits.available()
+        let added: u32 = self
+            .inner
+            .added
+            .borrow()
+            .iter()
+            .map(|slot| slot.credits.available())
+            .sum();
+        self.inner.first.credits.available() + added
     }
 
     /// Allocates a new protection domain on the device's context (for
@@ -181,7 +316,8 @@ impl Device {
         self.inner.ctx.alloc_pd()
     }
 
-    /// Creates an RC QP (in RESET) on the shared CQ, tracked by the runtime.
+    /// Creates an RC QP (in RESET) on one of the device's CQs (see
+    /// [`Device`]), tracked by the runtime.
     pub fn create_qp(&self, caps: QpCaps) -> Result<QueuePair, ProviderError> {
         self.create_qp_in(&self.inner.pd, caps)
     }
@@ -190,8 +326,9 @@ impl Device {
     /// the shared CQ and its credit accounting, like [`Device::create_qp`].
     pub fn create_qp_in(&self, pd: &Pd, caps: QpCaps) -> Result<QueuePair, ProviderError> {
         self.check_alive()?;
-        let qp = pd.create_qp(&self.inner.cq, &self.inner.cq, caps)?;
-        Ok(self.track(qp, None))
+        let slot = self.inner.place(claim_of(&caps));
+        let qp = pd.create_qp(&slot.cq, &slot.cq, caps)?;
+        Ok(self.track(qp, None, &slot, false))
     }
 
     /// Creates a UD QP on the shared CQ, brought to RTS with `attr` (its
@@ -211,12 +348,13 @@ impl Device {
         attr: &UdAttr,
     ) -> Result<QueuePair, ProviderError> {
         self.check_alive()?;
-        let qp = pd.create_ud_qp(&self.inner.cq, &self.inner.cq, caps)?;
+        let slot = self.inner.place(claim_of(&caps));
+        let qp = pd.create_ud_qp(&slot.cq, &slot.cq, caps)?;
         qp.modify_ud_to_rts(attr)?;
         let sgid_index = self.inner.ctx.default_gid_index(attr.port)?;
         let mtu = self.inner.ctx.query_port(attr.port)?.active_mtu.bytes();
         let ud = UdState::new(Some(pd.clone()), attr.qkey, sgid_index, mtu);
-        let qp = self.track(qp, Some(ud));
+        let qp = self.track(qp, Some(ud), &slot, false);
         qp.prepare_ud_retire()?;
         Ok(qp)
     }
@@ -232,10 +370,12 @@ impl Device {
             max_sge: 1,
             srq_limit: 0,
         })?;
+        let first = &self.inner.first;
         SharedRecvQueue::new(
             self.inner.handle.clone(),
             srq,
-            self.inner.cq_credits.clone(),
+            first.credits.clone(),
+            first.claim(u64::from(max_wr)),
             self.inner.async_key,
         )
     }
@@ -250,13 +390,12 @@ impl Device {
         caps: QpCaps,
     ) -> Result<QueuePair, ProviderError> {
         self.check_alive()?;
-        let qp = self.inner.pd.create_qp_with_srq(
-            &self.inner.cq,
-            &self.inner.cq,
-            caps,
-            srq.provider(),
-        )?;
-        let qp = self.track(qp, None);
+        let first = &self.inner.first;
+        let qp = self
+            .inner
+            .pd
+            .create_qp_with_srq(&first.cq, &first.cq, caps, srq.provider())?;
+        let qp = self.track(qp, None, first, true);
         qp.hold_srq(srq);
         Ok(qp)
     }
@@ -271,28 +410,62 @@ impl Device {
         Ok(())
     }
 
-    /// A runtime queue pair over `qp`, on the shared CQ's credits.
-    fn track(&self, qp: Qp, ud: Option<UdState>) -> QueuePair {
+    /// A runtime queue pair over `qp`, on the credits of `slot`'s CQ, with
+    /// its claim there (an SRQ's QP claims only its send queue).
+    fn track(&self, qp: Qp, ud: Option<UdState>, slot: &CqSlot, on_srq: bool) -> QueuePair {
         let actual = qp.caps();
         let qp_num = qp.qp_num();
+        let claim = if on_srq {
+            u64::from(actual.max_send_wr)
+        } else {
+            claim_of(&actual)
+        };
         QueuePair::from_provider(
             self.inner.handle.clone(),
             qp,
             qp_num,
             actual,
-            self.inner.cq_credits.clone(),
-            self.inner.cq_credits.clone(),
-            Some(self.inner.cq_registration.clone()),
+            slot.credits.clone(),
+            slot.credits.clone(),
+            Some(slot.claim(claim)),
             ud,
         )
     }
 }
 
+/// The CQ entries a QP of `caps` may hold at once: one per send and
+/// receive WR.
+fn claim_of(caps: &QpCaps) -> u64 {
+    u64::from(caps.max_send_wr) + u64::from(caps.max_recv_wr)
+}
+
 #[cfg(test)]
 mod tests {
     use super::Device;
-    use crate::provider::{Context, SoftConfig};
+    use crate::provider::{Context, QpCaps, SoftConfig};
     use crate::reactor::RuntimeError;
+
+    #[test]
+    fn queue_pairs_past_one_cq_get_cqs_added_and_given_back() {
+        let rt = crate::Runtime::new().expect("runtime");
+        let dev = Device::open(Context::open_soft(SoftConfig::default()).expect("soft device"))
+            .expect("device");
+        // 256 entries claimed per QP: 16 fill the first CQ of 4,096.
+        let mut qps: Vec<_> = (0..40)
+            .map(|_| dev.create_qp(QpCaps::default()).expect("qp"))
+            .collect();
+        // 16 on the first, 16 on a second of 4,096, 8 on a third of 8,192.
+        assert_eq!(dev.cq_count(), 3, "{dev:?}");
+        assert_eq!(dev.cq_credits(), 4096 * 2 + 8192);
+        qps.truncate(10);
+        rt.block_on(async { crate::reactor::sleep(std::time::Duration::from_millis(20)).await });
+        // The next QP finds room on the first CQ; the emptied CQs but one
+        // are given back.
+        qps.push(dev.create_qp(QpCaps::default()).expect("qp"));
+        assert_eq!(dev.cq_count(), 2, "{dev:?}");
+        drop(qps);
+        drop(rt);
+    }
 
     #[test]
     fn opening_a_device_off_runtime_is_an_error_not_a_panic() {

@@ -22,7 +22,7 @@ use crate::op::Credits;
 pub use crate::provider::fake::FakeQp;
 use crate::provider::{fake, CompChannel, Cq, Qp, QpCaps, QpType, DEFAULT_QKEY};
 use crate::qp::{QueuePair, UdState};
-use crate::reactor::{CqRegistration, Handle, Runtime};
+use crate::reactor::{CqClaim, CqRegistration, Handle, Runtime};
 
 pub use crate::reactor::yield_now;
 
@@ -66,7 +66,7 @@ impl FakeQp {
             caps,
             credits.clone(),
             credits,
-            Some(Rc::new(registration)),
+            Some(CqClaim::new(Rc::new(registration), 0)),
             (qp_type == QpType::Ud).then(|| UdState::new(None, DEFAULT_QKEY, 0, 4096)),
         );
         (qp, fake)

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use super::{deferred, InlineFault};
 use crate::op::{Counters, OpTable, QpCredits};
 use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendOp, SendWr};
-use crate::reactor::{CqRegistration, WorkQueue};
+use crate::reactor::{CqClaim, WorkQueue};
 
 /// The part of a QP the reactor keeps until every WR of it has completed,
 /// even after the last `QueuePair` handle is gone (then it is a zombie: in
@@ -24,7 +24,7 @@ pub(crate) struct QpCore {
     /// The last `QueuePair` handle is gone.
     pub(crate) dropped: Cell<bool>,
     /// Keeps the CQ registered while WRs are outstanding.
-    pub(crate) _cq: Option<Rc<CqRegistration>>,
+    pub(crate) _cq: Option<CqClaim>,
     /// This QP's key in the reactor's QP registry (named by inline wr_ids).
     pub(crate) reg_key: Cell<usize>,
     /// Send-queue and CQ credits (each) held by the unsignaled inline sends

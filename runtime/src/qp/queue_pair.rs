@@ -15,7 +15,7 @@ use crate::op::{wr_id, Credits, QpCredits};
 use crate::provider::{
     Endpoint, InitAttr, ProviderError, Qp, QpCaps, QpState, QpType, RtrAttr, RtsAttr, SendOp,
 };
-use crate::reactor::{CqRegistration, Handle};
+use crate::reactor::{CqClaim, Handle};
 
 pub(super) struct QpInner {
     pub(super) handle: Handle,
@@ -132,7 +132,7 @@ impl QueuePair {
         caps: QpCaps,
         send_cq: Rc<Credits>,
         recv_cq: Rc<Credits>,
-        cq: Option<Rc<CqRegistration>>,
+        cq: Option<CqClaim>,
         ud: Option<UdState>,
     ) -> QueuePair {
         let batch_posts = batching_by_default(&qp);

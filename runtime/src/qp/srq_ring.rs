@@ -44,6 +44,8 @@ pub(crate) struct SrqCore {
     pub(crate) closed: Cell<bool>,
     /// The device's async-event watch (for the limit event), if it has one.
     pub(crate) async_key: Option<usize>,
+    /// The SRQ's claim on its CQ (every receive it holds may complete there).
+    _cq: crate::reactor::CqClaim,
     pub(crate) runtime: Handle,
     /// [`SharedRecvQueue`] handles alive: the application's, its rings'
     /// and those of the QPs on the SRQ. None left: no message can reach
@@ -116,6 +118,7 @@ impl SharedRecvQueue {
         runtime: Handle,
         srq: Srq,
         recv_cq: Rc<Credits>,
+        cq: crate::reactor::CqClaim,
         async_key: Option<usize>,
     ) -> Result<SharedRecvQueue, crate::provider::ProviderError> {
         let SrqAttr { max_wr, .. } = srq.attr()?;
@@ -129,6 +132,7 @@ impl SharedRecvQueue {
                 ring_kept: Cell::new(0),
                 closed: Cell::new(false),
                 async_key,
+                _cq: cq,
                 runtime,
                 users: Cell::new(1),
                 orphans: RefCell::new(Vec::new()),

@@ -45,7 +45,7 @@ pub use runtime::{Builder, Runtime, Turn};
 pub use stats::RuntimeStats;
 pub use timer::{sleep, sleep_until, timeout, Elapsed, Sleep, Timeout};
 
-pub(crate) use cq_registration::CqRegistration;
+pub(crate) use cq_registration::{CqClaim, CqRegistration};
 pub(crate) use driver::Driver;
 pub(crate) use pass_hooks::PassCheck;
 #[cfg(feature = "ibverbs")]

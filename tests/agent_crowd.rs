@@ -1,0 +1,166 @@
+//! Many `Rdma` connections on one soft device (issue 31): a listener holds
+//! `VERBIO_CROWD_CONNS` (default 1,000) connections at once, each with a
+//! tiny message echoed and every byte checked, with and without a shared
+//! receive queue; the device adds CQs as the connections' claims outgrow
+//! its first CQ (before, the 4,096-entry CQ refused receive rings past
+//! about 180 connections). Memory per connection (both ends, RSS) is
+//! printed; docs/benchmarks.md records it.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+
+use common::*;
+use verbio::runtime::spawn;
+use verbio::{Rdma, RdmaBuilder};
+
+/// Connections held at once.
+fn crowd() -> usize {
+    std::env::var("VERBIO_CROWD_CONNS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1000)
+}
+
+/// Connections dialled at once.
+const DIAL_BATCH: usize = 32;
+
+/// The process's resident memory, in bytes (`VmRSS`).
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kb * 1024
+}
+
+/// Small connections: the test is about how many, not how fast.
+fn small() -> RdmaBuilder {
+    RdmaBuilder::new()
+        .recv_buf_size(256)
+        .recv_buf_count(8)
+        .credit_batch(2)
+        .staging_ring(0)
+}
+
+/// The message of connection `i`: its number, then a pattern.
+fn message(i: usize) -> Vec<u8> {
+    let mut m = (i as u32).to_le_bytes().to_vec();
+    m.extend(pattern(1 + i % 200, i as u8));
+    m
+}
+
+/// The connection number a message names, if it is that connection's
+/// message byte for byte.
+fn sender_of(m: &[u8]) -> Option<usize> {
+    let i = u32::from_le_bytes(m.get(..4)?.try_into().ok()?) as usize;
+    (m == message(i)).then_some(i)
+}
+
+/// A server thread holding `n` connections at once: it accepts them all,
+/// then echoes one message of each, then waits for each to close.
+fn serve_crowd(srq: Option<u32>, n: usize) -> (SocketAddr, std::thread::JoinHandle<usize>) {
+    let (tx, rx) = mpsc::channel();
+    let th = std::thread::spawn(move || {
+        let (rt, dev) = runtime_and_device();
+        let d = dev.clone();
+        block(&rt, async move {
+            let mut b = small().device(d);
+            if let Some(depth) = srq {
+                b = b.shared_receive_queue(depth);
+            }
+            let l = b.listen("127.0.0.1:0".parse().unwrap()).expect("listen");
+            tx.send(l.local_addr().unwrap()).unwrap();
+            let mut conns = Vec::with_capacity(n);
+            for i in 0..n {
+                let r = l
+                    .accept()
+                    .await
+                    .unwrap_or_else(|e| panic!("accept {i} of {n}: {e}"));
+                conns.push(r);
+            }
+            // Accepted in the order the handshakes finished: each message
+            // names its sender, and each sender is seen once.
+            let mut seen = vec![false; n];
+            for (k, r) in conns.iter().enumerate() {
+                let m = r
+                    .receive()
+                    .await
+                    .unwrap_or_else(|e| panic!("receive of accepted connection {k}: {e}"));
+                let i = sender_of(&m)
+                    .unwrap_or_else(|| panic!("accepted connection {k}: malformed message"));
+                assert!(!std::mem::replace(&mut seen[i], true), "message {i} twice");
+                r.send(&m).await.expect("echo");
+            }
+            for (i, r) in conns.iter().enumerate() {
+                assert!(
+                    r.receive().await.is_err(),
+                    "connection {i}: nothing more was sent"
+                );
+            }
+        });
+        dev.cq_count()
+    });
+    (rx.recv_timeout(WAIT).expect("server start"), th)
+}
+
+/// Dials `n` connections (in batches), sends each its message, checks the
+/// echoes; returns the RSS growth while all were open and the device's CQ
+/// count.
+fn crowd_to(srq: Option<u32>, n: usize) -> (u64, usize) {
+    let before = rss();
+    let (addr, server) = serve_crowd(srq, n);
+    let (rt, dev) = runtime_and_device();
+    let (grown, cqs) =
+        block(&rt, async {
+            let mut conns: Vec<Rdma> = Vec::with_capacity(n);
+            while conns.len() < n {
+                let batch: Vec<_> = (0..DIAL_BATCH.min(n - conns.len()))
+                    .map(|_| {
+                        let dev = dev.clone();
+                        spawn(async move { small().device(dev).connect(addr).await })
+                    })
+                    .collect();
+                for h in batch {
+                    let k = conns.len();
+                    conns.push(h.await.unwrap_or_else(|e| {
+                        panic!("connect {k} of {n}: {}", verbio::ErrorChain(&e))
+                    }));
+                }
+            }
+            for (i, c) in conns.iter().enumerate() {
+                c.send(&message(i)).await.expect("send");
+            }
+            for (i, c) in conns.iter().enumerate() {
+                let back = c.receive().await.expect("echo");
+                assert_eq!(back, message(i), "echo of connection {i}");
+            }
+            (rss().saturating_sub(before), dev.cq_count())
+        });
+    drop(rt);
+    let server_cqs = server.join().expect("server");
+    eprintln!(
+        "{n} Rdma connections{}: client device {} CQs, server device {} CQs, \
+         {} KiB RSS per connection (both ends)",
+        srq.map(|d| format!(" (listener SRQ of {d})"))
+            .unwrap_or_default(),
+        cqs,
+        server_cqs,
+        grown / 1024 / n as u64,
+    );
+    (grown, cqs)
+}
+
+#[test]
+fn a_thousand_rdma_connections_on_one_device() {
+    let n = crowd();
+    let (_, cqs) = crowd_to(None, n);
+    // 256 CQ entries claimed per QP: more than the first CQ holds.
+    if n > 16 {
+        assert!(cqs > 1, "{n} connections fit in one CQ of 4,096?");
+    }
+    crowd_to(Some(256), n);
+}
