@@ -77,7 +77,8 @@ struct DeviceInner {
     /// CQs added as QPs claimed more entries than the CQs before them
     /// hold; one left without claims is dropped when the next QP is placed.
     added: RefCell<Vec<CqSlot>>,
-    /// The provider's largest CQ.
+    /// The provider's largest CQ; 0: no CQs are added (the device was
+    /// opened with a CQ size of the caller's).
     max_cqe: u32,
     async_key: Option<usize>,
 }
@@ -97,6 +98,9 @@ impl DeviceInner {
     /// the connections), else (the provider refused one) the CQ with the
     /// most room, whose credits its QPs then share, waiting in turn.
     fn place(&self, entries: u64) -> CqSlot {
+        if self.max_cqe == 0 {
+            return self.first.clone();
+        }
         let mut added = self.added.borrow_mut();
         // Give back CQs nobody claims any more (keep one for the next QP).
         let mut kept_idle = false;
@@ -200,30 +204,43 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Binds `ctx` to the current runtime with a CQ of [`DEFAULT_CQ_SIZE`].
+    /// Binds `ctx` to the current runtime with a CQ of [`DEFAULT_CQ_SIZE`],
+    /// and more CQs as its QPs need them (see [`Device`]).
     ///
     /// Fails with [`RuntimeError::NoRuntime`] if no runtime exists on this
     /// thread.
     pub fn open(ctx: Context) -> Result<Device, RuntimeError> {
-        Device::with_cq_size(ctx, DEFAULT_CQ_SIZE)
+        Device::with_cqs(ctx, DEFAULT_CQ_SIZE, true)
     }
 
-    /// Binds `ctx` to the current runtime with a CQ of at least `cqe` entries.
+    /// Binds `ctx` to the current runtime with one CQ of at least `cqe`
+    /// entries, shared by every QP: no CQs are added, so the QPs share its
+    /// credits (a submission waits for its turn, a receive ring that does
+    /// not fit is refused).
     ///
     /// Fails with [`RuntimeError::NoRuntime`] if no runtime exists on this
     /// thread.
     pub fn with_cq_size(ctx: Context, cqe: u32) -> Result<Device, RuntimeError> {
+        Device::with_cqs(ctx, cqe, false)
+    }
+
+    /// Binds `ctx` with a first CQ of `cqe` entries; `grow`: more are added
+    /// as QPs claim more.
+    fn with_cqs(ctx: Context, cqe: u32, grow: bool) -> Result<Device, RuntimeError> {
         let handle = Handle::try_current().ok_or(RuntimeError::NoRuntime {
             what: "opening a Device",
         })?;
         let pd = ctx.alloc_pd()?;
         let channel = ctx.create_comp_channel()?;
         let first = CqSlot::create(&handle, &ctx, Some(&channel), cqe)?;
-        let max_cqe = ctx
-            .query_device()
-            .map(|a| a.max_cqe)
-            .unwrap_or(cqe)
-            .max(cqe);
+        let max_cqe = match grow {
+            true => ctx
+                .query_device()
+                .map(|a| a.max_cqe)
+                .unwrap_or(cqe)
+                .max(cqe),
+            false => 0,
+        };
         let async_key = handle.driver().register_async(ctx.clone());
         Ok(Device {
             inner: Rc::new(DeviceInner {

@@ -261,7 +261,9 @@ impl RdmaBuilder {
         self
     }
 
-    /// Completion-queue entries of a device this builder opens.
+    /// Completion-queue entries of a device this builder opens: one CQ of
+    /// this size shared by its QPs (`Device::with_cq_size`); by default the
+    /// device adds CQs as its QPs need them (`Device::open`).
     pub fn cq_size(mut self, cqe: u32) -> Self {
         self.cq_size = Some(cqe);
         self
