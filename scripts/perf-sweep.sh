@@ -9,7 +9,7 @@
 #                         [-D SECONDS] [--window N] [--rounds N] [--limit SECONDS]
 #                         [--plot PNG] [--title TEXT] [--guard X] [--bin BINARY]
 #                         [--out DIR] [--markdown] [--rdma-flags FLAGS]
-#                         [--stat median|best]
+#                         [--stat median|best] [--known PATH:TEST:SIZE=Y]
 #
 #   --rxe          run inside the rxe VM (../shared/tools/rxe-vm) on rxe0,
 #                  with a build of --features ibverbs; default: soft0 here
@@ -27,6 +27,9 @@
 #                  target/plot-venv on first use)
 #   --guard X      exit 1 if rdma or rpc is more than X times slower than
 #                  verbs at any size and test, or could not run
+#   --known P:T:S=Y  with --guard: a point known to miss X (e.g.
+#                  rpc:send_bw:4K=6), printed as a known miss and held to
+#                  Y instead (repeatable)
 #   --bin BINARY   a verbio-perf binary (default: build the release one)
 #   --out DIR      results (default target/perf-sweep/soft0 or .../rxe0)
 #   --markdown     print the tables in Markdown too
@@ -56,6 +59,7 @@ OUT=
 MARKDOWN=
 RDMA_FLAGS=
 STAT=median
+KNOWN=()
 while [ $# -gt 0 ]; do
     case $1 in
         --rxe) RXE=1 ;;
@@ -74,7 +78,8 @@ while [ $# -gt 0 ]; do
         --markdown) MARKDOWN=--markdown ;;
         --rdma-flags) RDMA_FLAGS=$2; shift ;;
         --stat) STAT=$2; shift ;;
-        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+        --known) KNOWN+=(--known "$2"); shift ;;
+        -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
         *) echo "perf-sweep: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -163,7 +168,7 @@ echo "perf-sweep: $(( SECONDS - t0 )) s of runs on $DEV" >&2
 } >"$OUT/run.txt"
 args=("$OUT" --stat "$STAT")
 [ -n "$PLOT" ] && args+=(--plot "$PLOT" --title "${TITLE:-verbio-perf on $DEV: every path against verbs and kernel TCP, $start UTC}")
-[ -n "$GUARD" ] && args+=(--guard "$GUARD")
+[ -n "$GUARD" ] && args+=(--guard "$GUARD" "${KNOWN[@]}")
 [ -n "$MARKDOWN" ] && args+=(--markdown)
 if [ -n "$PLOT" ]; then
     exec "$ROOT/scripts/plot-perf.sh" --sweep "${args[@]}"

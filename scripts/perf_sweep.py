@@ -2,7 +2,7 @@
 
 Usage:
     perf_sweep.py DIR [--plot PNG [--title TITLE]] [--guard X] [--markdown]
-                      [--stat median|best]
+                      [--stat median|best] [--known PATH:TEST:SIZE=Y ...]
 
 DIR holds TEST_PATH_SIZE_rROUND.json (a verbio-perf client's --json) or
 .na (why that run could not be made), and run.txt (what ran). Prints, per
@@ -15,7 +15,9 @@ and its slowdown against verbs and against TCP: a path's time per message
 above 1 is slower. --plot needs matplotlib (scripts/plot-perf.sh --sweep
 provides it); the rest runs on the standard library. --guard X exits 1
 if the Rdma agent or RPC is more than X times slower than verbs at any
-size and test, or could not run there.
+size and test, or could not run there. --known PATH:TEST:SIZE=Y names
+a point known to miss X (an open issue, printed as such by every run):
+it is held to Y instead, so that it cannot get worse unseen.
 """
 
 import argparse
@@ -120,9 +122,31 @@ def tables(med, na, paths, markdown):
     return "\n".join(out)
 
 
-def guard(med, na, paths, limit):
-    """Failures of the guard, and the worst ratio seen."""
-    fails, worst = [], None
+def parse_size(text):
+    """Bytes of "4096", "4K" or "1M"."""
+    m = re.fullmatch(r"(\d+)([KM]?)", text.strip())
+    if not m:
+        raise ValueError(f"not a size: {text!r} (bytes, or with a K or M suffix)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20}[m.group(2)]
+
+
+def parse_known(spec):
+    """(path, test, size), limit of "rpc:send_bw:4K=6"."""
+    try:
+        point, limit = spec.split("=")
+        path, test, size = point.split(":")
+        if path not in GUARDED or test not in ("send_lat", "send_bw"):
+            raise ValueError(f"no guarded point {path}:{test}")
+        return (path, test, parse_size(size)), float(limit)
+    except ValueError as e:
+        sys.exit(f"perf-sweep: --known {spec!r}: {e} (expected PATH:TEST:SIZE=LIMIT, e.g. rpc:send_bw:4K=6)")
+
+
+def guard(med, na, paths, limit, known=None):
+    """Failures of the guard, the worst ratio seen, and the known misses
+    (points held to their own limit) with their ratios."""
+    known = known or {}
+    fails, worst, misses = [], None, []
     for (test, path, size) in sorted(set(med) | set(na)):
         if path not in GUARDED or path not in paths:
             continue
@@ -139,11 +163,17 @@ def guard(med, na, paths, limit):
         if x is None:
             fails.append(f"{where}: no usable figure")
             continue
+        own = known.get((path, test, size))
+        if own is not None and x > limit:
+            misses.append(f"{where}: {x:.1f}x verbs, a known miss held to {own:g}x")
+            if x > own:
+                fails.append(f"{where}: {x:.1f}x slower than verbs (a known miss, limit {own:g}x)")
+            continue
         if worst is None or x > worst[0]:
             worst = (x, where)
         if x > limit:
             fails.append(f"{where}: {x:.1f}x slower than verbs (limit {limit:g}x)")
-    return fails, worst
+    return fails, worst, misses
 
 
 def plot(med, na, paths, out, title):
@@ -209,6 +239,7 @@ def main():
     ap.add_argument("--guard", type=float, metavar="X")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--stat", choices=["median", "best"], default="median")
+    ap.add_argument("--known", action="append", default=[], metavar="PATH:TEST:SIZE=Y")
     args = ap.parse_args()
 
     med, na = load(args.dir, args.stat)
@@ -227,15 +258,21 @@ def main():
     if args.plot:
         plot(med, na, paths, args.plot, args.title)
     if args.guard is not None:
-        fails, worst = guard(med, na, paths, args.guard)
+        known = dict(parse_known(k) for k in args.known)
+        fails, worst, misses = guard(med, na, paths, args.guard, known)
         if worst:
             print(f"\nperf-sweep guard: worst {worst[1]}: {worst[0]:.2f}x verbs")
+        for m in misses:
+            print(f"perf-sweep guard: KNOWN MISS {m}")
         if fails:
             print(f"perf-sweep guard: FAIL ({len(fails)}):")
             for f in fails:
                 print(f"  {f}")
             sys.exit(1)
-        print(f"perf-sweep guard: PASS (Rdma and RPC within {args.guard:g}x verbs everywhere)")
+        if misses:
+            print(f"perf-sweep guard: PASS (Rdma and RPC within {args.guard:g}x verbs everywhere but the {len(misses)} known miss(es) above)")
+        else:
+            print(f"perf-sweep guard: PASS (Rdma and RPC within {args.guard:g}x verbs everywhere)")
 
 
 if __name__ == "__main__":

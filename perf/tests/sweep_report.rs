@@ -170,3 +170,43 @@ fn the_best_round_counts_with_stat_best() {
     let Some(o) = guard(&d) else { return };
     assert!(o.status.success(), "{}", text(&o));
 }
+
+#[test]
+fn a_known_miss_is_printed_and_held_to_its_own_limit() {
+    let d = dir("sweep-known");
+    bw(&d, "verbs", 4096, 1800.0);
+    bw(&d, "rdma", 4096, 1000.0);
+    bw(&d, "rpc", 4096, 450.0); // 4.0x verbs
+    let known = ["--known", "rpc:send_bw:4K=6"];
+    let Some(o) = guard_with(&d, &known) else {
+        return;
+    };
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("KNOWN MISS RPC/UD send_bw 4 KiB: 4.0x verbs, a known miss held to 6x"),
+        "{out}"
+    );
+    assert!(out.contains("but the 1 known miss(es) above"), "{out}");
+    // Without --known the same figures fail.
+    let Some(o) = guard(&d) else { return };
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // Worse than its own limit: it fails again.
+    bw(&d, "rpc", 4096, 250.0); // 7.2x
+    let Some(o) = guard_with(&d, &known) else {
+        return;
+    };
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("RPC/UD send_bw 4 KiB: 7.2x slower than verbs (a known miss, limit 6x)"),
+        "{out}"
+    );
+    // A malformed --known is refused with the expected form.
+    let Some(o) = guard_with(&d, &["--known", "rpc:send_bw"]) else {
+        return;
+    };
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("expected PATH:TEST:SIZE=LIMIT"), "{out}");
+}
