@@ -104,7 +104,7 @@ pub mod ops {
 
 pub use verbio_ops::agent::{
     AgentError, CloseReason, LocalMr, MessageSink, MessageStream, Rdma, RdmaBuilder,
-    RdmaCmListener, RdmaListener, RdmaStream, RecvMsg, RemoteMr,
+    RdmaCmListener, RdmaListener, RdmaStream, RecvMsg, RemoteMr, StagingBudget,
 };
 pub use verbio_ops::connect::{connect, DeviceQps, Listener, QpConfig};
 pub use verbio_ops::handle::{

@@ -14,7 +14,7 @@ pub mod verbs;
 
 pub use agent::{
     AgentError, CloseReason, LocalMr, MessageSink, MessageStream, Rdma, RdmaBuilder,
-    RdmaCmListener, RdmaListener, RdmaStream, RemoteMr,
+    RdmaCmListener, RdmaListener, RdmaStream, RemoteMr, StagingBudget,
 };
 pub use error::{Error, ErrorChain, Result};
 pub use verbs::{Batch, Received, RemoteBuf, Verbs};

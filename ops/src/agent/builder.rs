@@ -23,6 +23,7 @@ use super::qps::AgentQps;
 use super::rdma::{Rdma, Redial};
 use super::settings::MIN_RECV_BUF_SIZE;
 use super::srq::SrqHub;
+use super::staging_budget::StagingBudget;
 use super::wire::{Settings, DATA_OVERHEAD};
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
 
@@ -50,7 +51,8 @@ pub const DEFAULT_RECV_BUF_COUNT: u32 = 64;
 /// device (docs/benchmarks.md, issue 35), the WRITE beats the READ path
 /// at 512 KiB and 1 MiB too (its extra round trip and per-message
 /// registrations); a connection holds the ring only once the peer has
-/// sent it a message the ring would carry.
+/// sent it a message the ring would carry, and only within its
+/// [`RdmaBuilder::staging_budget`].
 pub const DEFAULT_STAGING_RING: usize = 4 << 20;
 
 /// Largest [`RdmaBuilder::max_inline_data`].
@@ -76,6 +78,9 @@ pub(crate) struct Config {
     /// Bytes of this side's staging ring (`staging.rs`; 0: none), which
     /// the peer writes mid-size messages into.
     pub(crate) staging_ring: usize,
+    /// Where the ring's bytes come from (`None`: the runtime thread's
+    /// [`StagingBudget::this_thread`]).
+    pub(crate) staging_budget: Option<StagingBudget>,
     /// Largest message (with its header) sent INLINE, as the application
     /// asked: a device may report a larger `max_inline_data` than asked
     /// for (rxe rounds it up), which does not raise this.
@@ -215,6 +220,7 @@ impl Default for RdmaBuilder {
                 settings_timeout: Duration::from_secs(10),
                 max_inline: DEFAULT_MAX_INLINE_DATA,
                 staging_ring: DEFAULT_STAGING_RING,
+                staging_budget: None,
             },
         }
     }
@@ -354,8 +360,29 @@ impl RdmaBuilder {
     /// none (the peer then sends pieces or offers READs); else 64 KiB to
     /// 32 MiB (else [`AgentError::Config`]). None either when
     /// [`RdmaBuilder::qp_access`] leaves out `REMOTE_WRITE`.
+    ///
+    /// A connection registers its ring only the first time the peer sends
+    /// a message the ring would carry, and only within its
+    /// [`staging_budget`](Self::staging_budget) (by default 64 MiB shared
+    /// by all connections of the runtime thread): when the budget is spent
+    /// it announces none (the peer keeps to pieces and READs) and asks
+    /// again at the peer's next such message; a connection gives its ring
+    /// back when it goes down.
     pub fn staging_ring(mut self, bytes: usize) -> Self {
         self.config.staging_ring = bytes;
+        self
+    }
+
+    /// The budget this builder's connections take their staging rings
+    /// ([`RdmaBuilder::staging_ring`]) from, shared with every other
+    /// connection given a clone of it: the bytes of rings they hold
+    /// registered at once never exceed [`StagingBudget::limit`], however
+    /// many connections peers open and send mid-size messages on. Default:
+    /// the runtime thread's [`StagingBudget::this_thread`], of
+    /// [`DEFAULT_STAGING_BUDGET`](super::DEFAULT_STAGING_BUDGET) (64 MiB,
+    /// sixteen default rings).
+    pub fn staging_budget(mut self, budget: StagingBudget) -> Self {
+        self.config.staging_budget = Some(budget);
         self
     }
 

@@ -34,6 +34,7 @@ use super::send_msg::SendMsg;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
 use super::staging::{send_staged, Staging};
+use super::staging_budget::StagingBudget;
 use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
 use super::wire::Settings;
@@ -836,7 +837,13 @@ impl Rdma {
         let pool = MrPool::new(&pd.0);
         let own_receives = route.is_none();
         let window_grants = config.grant_windows.map(WindowGrants::new);
-        let staging = Staging::new(config.staging_ring);
+        let staging = Staging::new(
+            config.staging_ring,
+            config
+                .staging_budget
+                .clone()
+                .unwrap_or_else(StagingBudget::this_thread),
+        );
         let shared = Rc::new(Shared {
             qp,
             pd,
@@ -967,6 +974,15 @@ impl Rdma {
     /// Send credits left (messages this side may send before waiting).
     pub fn send_credits(&self) -> u32 {
         self.shared.credits.available()
+    }
+
+    /// Longest message this side sends by one RDMA WRITE into the peer's
+    /// staging ring ([`RdmaBuilder::staging_ring`](super::RdmaBuilder::staging_ring)):
+    /// 0 until the peer has announced a ring, or when it has none (it
+    /// has none, or its [`StagingBudget`] was spent); mid-size messages
+    /// then go in pieces or by READ.
+    pub fn staged_max_len(&self) -> usize {
+        self.shared.staging.max_len()
     }
 
     /// Messages of which some pieces arrived and the rest are still due

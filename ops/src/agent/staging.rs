@@ -8,7 +8,11 @@
 //! may write (REMOTE_WRITE only) and announces it in a `StagingRing`
 //! message the first time the peer sends a message the ring would carry
 //! (in pieces or by READ, as before): a connection that never sends one
-//! costs no ring. From then on a message longer than one receive buffer
+//! costs no ring. The ring's bytes come out of the connection's
+//! `StagingBudget` (`staging_budget.rs`), shared with other connections:
+//! when it is spent the side announces nothing (the peer keeps to pieces
+//! and READs) and asks again at the peer's next such message; the agent
+//! gives the ring back when it stops. From then on a message longer than one receive buffer
 //! and at most a quarter of the peer's ring is copied into a send buffer
 //! and written at the ring's next free offset by one WRITE_WITH_IMM
 //! (credited, like any user message) whose immediate tags it and gives
@@ -57,6 +61,7 @@ use super::error::{AgentError, CloseReason};
 use super::flow::Credits;
 use super::msg::{Body, RecvMsg};
 use super::rdma::{until_posted, Shared};
+use super::staging_budget::{Lease, StagingBudget};
 use super::wire::{Message, STAGED_IMM_TAG};
 use crate::verbs::write::WriteVerb;
 use crate::verbs::write_with_imm::WriteWithImmVerb;
@@ -122,8 +127,17 @@ pub(crate) struct Staging {
     ring_bytes: usize,
     /// This side's ring, once registered (at its announcement).
     own: RefCell<Option<RemoteAccessRegion<Vec<u8>>>>,
+    /// Where the ring's bytes come from, shared with other connections.
+    budget: StagingBudget,
+    /// The ring's bytes taken from `budget` (after `own`: given back once
+    /// the ring is deregistered).
+    lease: RefCell<Option<Lease>>,
     /// The ring was announced (or its registration failed: never again).
+    /// Not set when the budget was spent: asked again at the peer's next
+    /// message the ring would carry.
     announced: Cell<bool>,
+    /// A refusal by the budget was logged.
+    refusal_logged: Cell<bool>,
     /// Receiving: messages held back, in order (see the module's doc).
     held: RefCell<VecDeque<Held>>,
     /// Receiving: where the peer's next message must start.
@@ -144,12 +158,16 @@ pub(crate) struct Staging {
 }
 
 impl Staging {
-    /// A ring of `bytes` (none if 0), registered when first wanted.
-    pub(crate) fn new(bytes: usize) -> Staging {
+    /// A ring of `bytes` (none if 0) taken from `budget`, registered when
+    /// first wanted.
+    pub(crate) fn new(bytes: usize, budget: StagingBudget) -> Staging {
         Staging {
             ring_bytes: bytes,
             own: RefCell::new(None),
+            budget,
+            lease: RefCell::new(None),
             announced: Cell::new(false),
+            refusal_logged: Cell::new(false),
             held: RefCell::new(VecDeque::new()),
             expect: Cell::new(0),
             freed: Cell::new(0),
@@ -163,12 +181,25 @@ impl Staging {
     }
 
     /// Registers this side's ring in `pd` and returns its announcement;
-    /// `None` if there is none, it was announced, or the registration
+    /// `None` if there is none, it was announced, the connection is down,
+    /// the budget is spent (asked again next time) or the registration
     /// failed (logged; the peer goes on without it).
     fn register(&self, pd: &Pd) -> Option<Message<'static>> {
-        if self.ring_bytes == 0 || self.announced.replace(true) {
+        if self.ring_bytes == 0 || self.announced.get() || self.closed.get() {
             return None;
         }
+        let Some(lease) = self.budget.take(self.ring_bytes) else {
+            if !self.refusal_logged.replace(true) {
+                tracing::debug!(
+                    ring = self.ring_bytes,
+                    in_use = self.budget.in_use(),
+                    limit = self.budget.limit(),
+                    "staging budget spent: no ring for now"
+                );
+            }
+            return None;
+        };
+        self.announced.set(true);
         let region = match RemoteAccessRegion::grant(
             pd,
             vec![0u8; self.ring_bytes],
@@ -191,7 +222,17 @@ impl Staging {
             rkey: region.rkey(),
         };
         *self.own.borrow_mut() = Some(region);
+        *self.lease.borrow_mut() = Some(lease);
         Some(msg)
+    }
+
+    /// The agent stopped (nothing more arrives, the held messages were
+    /// delivered): deregisters this side's ring and gives its bytes back
+    /// to the budget.
+    pub(crate) fn release_ring(&self) {
+        self.closed.set(true);
+        self.own.borrow_mut().take();
+        self.lease.borrow_mut().take();
     }
 
     /// True while messages are held back.

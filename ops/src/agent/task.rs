@@ -116,6 +116,8 @@ fn finish(shared: &Rc<Shared>) {
     // What was held back behind staged messages goes to the inbox, which
     // keeps it for the application until it is read.
     super::staging::release_held(shared, true);
+    // Nothing more arrives: the ring goes back to the budget.
+    shared.staging.release_ring();
     shared.agent_stopped();
 }
 
