@@ -55,6 +55,10 @@ pub const DEFAULT_RECV_BUF_COUNT: u32 = 64;
 /// [`RdmaBuilder::staging_budget`].
 pub const DEFAULT_STAGING_RING: usize = 4 << 20;
 
+/// Default of [`RdmaBuilder::keepalive`]: a connection on which nothing
+/// arrived for this long probes its peer.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(2);
+
 /// Largest [`RdmaBuilder::max_inline_data`].
 pub const MAX_INLINE_DATA: u32 = super::rdma::MAX_INLINE_MESSAGE as u32;
 
@@ -85,6 +89,8 @@ pub(crate) struct Config {
     /// asked: a device may report a larger `max_inline_data` than asked
     /// for (rxe rounds it up), which does not raise this.
     pub(crate) max_inline: u32,
+    /// Probe the peer when nothing arrived for this long (`None`: never).
+    pub(crate) keepalive: Option<Duration>,
 }
 
 impl Config {
@@ -221,6 +227,7 @@ impl Default for RdmaBuilder {
                 max_inline: DEFAULT_MAX_INLINE_DATA,
                 staging_ring: DEFAULT_STAGING_RING,
                 staging_budget: None,
+                keepalive: Some(DEFAULT_KEEPALIVE),
             },
         }
     }
@@ -264,6 +271,23 @@ impl RdmaBuilder {
     /// GID index (default: the device's default for the port).
     pub fn gid_index(mut self, index: u8) -> Self {
         self.qp.gid_index = Some(index);
+        self
+    }
+
+    /// How long a connection may receive nothing before it probes its
+    /// peer (default [`DEFAULT_KEEPALIVE`]; `None`: never). The probe is a
+    /// zero-length RDMA WRITE: it consumes none of the peer's receive
+    /// buffers or credits and needs no answer from its application, and
+    /// RC's own retransmission fails it (`RETRY_EXC_ERR`, after the QP's
+    /// `timeout` × (`retry_cnt` + 1)) if the peer's port is gone; the QP
+    /// then fails, and so does a pending [`Rdma::receive`](super::Rdma::receive)
+    /// ([`CloseReason::Transport`](super::CloseReason::Transport)). A connection on which
+    /// something arrived within the interval sends no probe. On the soft
+    /// device the engine's `SoftConfig::peer_timeout` also detects a dead
+    /// peer engine; on hardware and rxe a QP that only receives learns of
+    /// a vanished peer only this way.
+    pub fn keepalive(mut self, every: Option<Duration>) -> Self {
+        self.config.keepalive = every;
         self
     }
 
@@ -554,6 +578,12 @@ impl RdmaBuilder {
                 setting: "max_inline_data",
                 reason: "at most MAX_INLINE_DATA (256): the agent copies an inline message \
                          on the stack",
+            });
+        }
+        if c.keepalive.is_some_and(|d| d.is_zero()) {
+            return Err(AgentError::Config {
+                setting: "keepalive",
+                reason: "a nonzero interval, or None for no keepalive",
             });
         }
         if c.staging_ring != 0

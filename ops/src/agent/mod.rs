@@ -25,6 +25,7 @@ mod error;
 mod flow;
 mod inbox;
 mod io_error;
+mod keepalive;
 mod memory;
 mod messages;
 mod mr;
@@ -48,7 +49,7 @@ mod window_grants;
 pub mod wire;
 
 pub use builder::{
-    RdmaBuilder, RdmaListener, DEFAULT_MAX_INLINE_DATA, DEFAULT_RECV_BUF_COUNT,
+    RdmaBuilder, RdmaListener, DEFAULT_KEEPALIVE, DEFAULT_MAX_INLINE_DATA, DEFAULT_RECV_BUF_COUNT,
     DEFAULT_STAGING_RING, MAX_INLINE_DATA,
 };
 pub use cm::RdmaCmListener;

@@ -88,6 +88,10 @@ pub(crate) struct Shared {
     pub(crate) rx: Receiving,
     /// Polls of the agent task's turn (see [`Rdma::agent_turns`]).
     pub(crate) agent_turns: Cell<u64>,
+    /// Messages taken from the receive ring (the keepalive's sign of life).
+    pub(crate) arrivals: Cell<u64>,
+    /// Keepalive probes sent (see [`Rdma::keepalive_probes`]).
+    pub(crate) keepalive_probes: Cell<u64>,
     /// Immediates of the peer's WRITE_WITH_IMMs (tag unused).
     pub(crate) write_imms: TaggedInbox<u32>,
     pub(crate) partial: RefCell<HashMap<u64, Partial>>,
@@ -859,6 +863,8 @@ impl Rdma {
             failure: RefCell::new(None),
             rx: Receiving::new(own_receives),
             agent_turns: Cell::new(0),
+            arrivals: Cell::new(0),
+            keepalive_probes: Cell::new(0),
             write_imms: TaggedInbox::new(),
             partial: RefCell::new(HashMap::new()),
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
@@ -883,6 +889,13 @@ impl Rdma {
         }
         let agent = spawn(super::task::run(shared.clone(), route).instrument(shared.span.clone()));
         let watcher = spawn(watch(Rc::downgrade(&shared)).instrument(shared.span.clone()));
+        if let Some(every) = shared.config.keepalive {
+            // Ends by itself once the connection is down or dropped.
+            let _detached = spawn(
+                super::keepalive::run(Rc::downgrade(&shared), every)
+                    .instrument(shared.span.clone()),
+            );
+        }
         Ok(Rdma {
             shared,
             agent: Some(agent),
@@ -960,6 +973,14 @@ impl Rdma {
     /// (local buffers for verbs posted on [`Rdma::qp`]).
     pub fn pool(&self) -> &MrPool {
         &self.shared.pool
+    }
+
+    /// Keepalive probes this side sent: one per
+    /// [`RdmaBuilder::keepalive`](super::RdmaBuilder::keepalive) interval
+    /// in which nothing arrived (a diagnostic; a busy connection sends
+    /// none).
+    pub fn keepalive_probes(&self) -> u64 {
+        self.shared.keepalive_probes.get()
     }
 
     /// How often the connection's agent task has run its turn (a

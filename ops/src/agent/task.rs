@@ -158,6 +158,7 @@ fn credits_to_return(shared: &Shared, credited: bool) -> Option<u32> {
 async fn serve_shared(shared: &Rc<Shared>, mut rx: Route) {
     tracing::debug!("agent started on the shared receive queue");
     while let Some(m) = rx.next().await {
+        shared.arrivals.set(shared.arrivals.get() + 1);
         let rcv = Received {
             len: m.len(),
             imm: m.imm(),
@@ -254,6 +255,7 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
             Err(step) => return step,
         },
     };
+    shared.arrivals.set(shared.arrivals.get() + 1);
     let rcv = Received {
         len: slot.len(),
         imm: slot.imm(),
