@@ -1,5 +1,6 @@
 //! Command-line flags, named as perftest's, and what they resolve to.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -274,7 +275,57 @@ pub struct Cli {
     /// own flag.
     #[arg(long = "rpc-read-threshold")]
     pub rpc_read_threshold: Option<usize>,
+    /// perftest's `-F`: no warning when the CPU frequency is not at its
+    /// maximum. Accepted for perftest scripts; verbio-perf prints no such
+    /// warning, so it changes nothing.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Do not compute the peak bandwidth: the BW peak column reads 0.00
+    /// (perftest's `-N`; latency tests have no peak).
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
+    /// Exit with status 1 if a size's average bandwidth is below this
+    /// value, in the units printed (MB/sec, or Gb/sec with --report_gbits)
+    /// (perftest's verifier limit; bandwidth tests).
+    #[arg(short = 'w', long = "limit_bw", value_name = "VALUE")]
+    pub limit_bw: Option<f64>,
+    /// Also write the results as one JSON document to a file (see
+    /// --out_json_file); the table still goes to standard output.
+    #[arg(long = "out_json")]
+    pub out_json: bool,
+    /// The file of --out_json (default perftest_out.json in the working
+    /// directory, as perftest); implies --out_json.
+    #[arg(long = "out_json_file", value_name = "FILE")]
+    pub out_json_file: Option<PathBuf>,
+    /// perftest: report RX and TX separately in bidirectional tests.
+    /// Accepted; it changes nothing, as verbio-perf has no -b.
+    #[arg(long = "report-both")]
+    pub report_both: bool,
+    /// Refused: bidirectional traffic is not supported yet.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// Refused: posting lists of WRs is not supported yet.
+    #[arg(short = 'l', long = "post_list", value_name = "N")]
+    pub post_list: Option<String>,
+    /// Refused: CQ moderation is not settable yet.
+    #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
+    pub cq_mod: Option<String>,
+    /// Refused: connecting through the RDMA CM is not supported yet.
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
+    /// Refused: a shared receive queue is not supported yet.
+    #[arg(long = "use-srq")]
+    pub use_srq: bool,
+    /// Refused: device counters are not reported.
+    #[arg(short = 'W', long = "report-counters", value_name = "LIST")]
+    pub report_counters: Option<String>,
+    /// Refused: running forever is not supported yet (use -D).
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
 }
+
+/// perftest's JSON file name (`--out_json` without `--out_json_file`).
+pub const DEFAULT_JSON_FILE: &str = "perftest_out.json";
 
 /// The flags resolved against the test's defaults and checked.
 #[derive(Clone, Debug)]
@@ -321,6 +372,12 @@ pub struct Config {
     pub busy_poll: Option<Duration>,
     /// `--api rpc`: the READ threshold (`None`: the engine's default).
     pub rpc_read_threshold: Option<usize>,
+    /// `-N`: the peak bandwidth is not computed (printed as 0).
+    pub no_peak: bool,
+    /// `-w`: the least average bandwidth, in the printed units.
+    pub limit_bw: Option<f64>,
+    /// `--out_json`: the file that also gets the JSON document.
+    pub out_json: Option<PathBuf>,
 }
 
 /// A flag combination that cannot run, with what to do instead.
@@ -383,9 +440,59 @@ pub fn parse_sizes(list: &str) -> Result<Vec<usize>, ArgError> {
 }
 
 impl Cli {
+    /// The first perftest flag given that verbio-perf refuses, with what
+    /// it would do.
+    fn refused_flag(&self) -> Option<&'static str> {
+        [
+            (
+                self.bidirectional,
+                "-b (--bidirectional: traffic both ways at once)",
+            ),
+            (
+                self.post_list.is_some(),
+                "-l (--post_list: WRs posted as lists; every API posts one WR at a time)",
+            ),
+            (
+                self.cq_mod.is_some(),
+                "-Q (--cq-mod: CQ moderation; --api verbs and rdma signal every WR, \
+                 --api raw one in 100)",
+            ),
+            (
+                self.rdma_cm,
+                "-R (--rdma_cm: connecting through the RDMA CM; the QPs connect over a \
+                 TCP handshake)",
+            ),
+            (
+                self.use_srq,
+                "--use-srq (receives on a shared receive queue)",
+            ),
+            (
+                self.report_counters.is_some(),
+                "-W (--report-counters: device performance counters)",
+            ),
+            (
+                self.run_infinitely,
+                "--run_infinitely (use -D with a long duration, up to 86400 seconds)",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(given, what)| given.then_some(what))
+    }
+
     /// Resolves the defaults and refuses unsupported combinations.
     pub fn resolve(self) -> Result<Config, ArgError> {
+        if let Some(what) = self.refused_flag() {
+            return Err(bad(format!("verbio-perf does not support {what} yet")));
+        }
         let test = self.test;
+        if let Some(limit) = self.limit_bw {
+            if test.is_lat() {
+                return Err(bad("-w (--limit_bw) applies to bandwidth tests only"));
+            }
+            if !(limit.is_finite() && limit >= 0.0) {
+                return Err(bad("-w (--limit_bw) takes a bandwidth of 0 or more"));
+            }
+        }
         let sizes = if test.verb() == Verb::Atomic {
             match self.size {
                 Some(s) if s != ATOMIC_SIZE => {
@@ -524,6 +631,13 @@ impl Cli {
             json: self.json,
             busy_poll: self.busy_poll_us.map(Duration::from_micros),
             rpc_read_threshold: self.rpc_read_threshold,
+            no_peak: self.no_peak,
+            limit_bw: self.limit_bw,
+            out_json: match (self.out_json, self.out_json_file) {
+                (_, Some(path)) => Some(path),
+                (true, None) => Some(PathBuf::from(DEFAULT_JSON_FILE)),
+                (false, None) => None,
+            },
         })
     }
 }
@@ -705,6 +819,82 @@ mod tests {
             assert!(e.contains(needle), "{args:?}: {e}");
         }
         assert!(parse(&["bogus_test"]).is_err());
+    }
+
+    #[test]
+    fn perftest_flags_that_change_the_output_are_applied() {
+        let c = parse(&["write_bw", "-N", "-w", "1000.5", "--out_json"]).expect("valid");
+        assert!(c.no_peak);
+        assert_eq!(c.limit_bw, Some(1000.5));
+        assert_eq!(c.out_json, Some(PathBuf::from(DEFAULT_JSON_FILE)));
+        let c = parse(&[
+            "send_bw",
+            "--noPeak",
+            "--limit_bw",
+            "5",
+            "--out_json_file",
+            "r.json",
+        ])
+        .expect("valid");
+        assert!(c.no_peak);
+        assert_eq!(c.limit_bw, Some(5.0));
+        assert_eq!(c.out_json, Some(PathBuf::from("r.json")));
+        let c = parse(&["send_bw"]).expect("valid");
+        assert!(!c.no_peak && c.limit_bw.is_none() && c.out_json.is_none());
+        for (args, needle) in [
+            (&["send_lat", "-w", "10"][..], "bandwidth tests only"),
+            (&["send_bw", "-w=-3"][..], "0 or more"),
+            (&["send_bw", "-w", "inf"][..], "0 or more"),
+        ] {
+            let e = parse(args).expect_err("refused");
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn perftest_flags_that_change_nothing_are_accepted() {
+        for args in [
+            &["write_bw", "-F"][..],
+            &["write_bw", "--CPU-freq"][..],
+            &["send_bw", "--report-both"][..],
+            &["send_lat", "-N"][..],
+            &["read_bw", "-s", "1K", "-F", "-N", "--report-both"][..],
+        ] {
+            let c = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(c.limit_bw.is_none() && c.out_json.is_none(), "{args:?}");
+        }
+        assert_eq!(
+            parse(&["send_bw", "-s", "1K"]).expect("valid").sizes,
+            [1024]
+        );
+    }
+
+    #[test]
+    fn perftest_flags_that_would_change_the_measure_are_refused_by_name() {
+        for (args, needle) in [
+            (&["send_bw", "-b"][..], "-b (--bidirectional"),
+            (&["send_bw", "--bidirectional"][..], "-b (--bidirectional"),
+            (&["send_bw", "-l", "4"][..], "-l (--post_list"),
+            (&["send_bw", "--post_list=1"][..], "-l (--post_list"),
+            (&["write_bw", "-Q", "10"][..], "-Q (--cq-mod"),
+            (&["send_lat", "-R"][..], "-R (--rdma_cm"),
+            (&["send_bw", "--use-srq"][..], "--use-srq"),
+            (
+                &["send_bw", "-W", "counters/port_xmit_data"][..],
+                "-W (--report-counters",
+            ),
+            (
+                &["write_bw", "-D", "2", "--run_infinitely"][..],
+                "--run_infinitely",
+            ),
+        ] {
+            let e = parse(args).expect_err("refused");
+            assert!(
+                e.starts_with("verbio-perf does not support "),
+                "{args:?}: {e}"
+            );
+            assert!(e.contains(needle) && e.ends_with(" yet"), "{args:?}: {e}");
+        }
     }
 
     #[test]

@@ -148,7 +148,7 @@ fn run_client(
         session::close(&conn.qps).await;
         drop(loops);
         res?;
-        printer.finish().ctx("printing the results")
+        printer.finish()
     })
 }
 

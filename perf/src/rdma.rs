@@ -160,7 +160,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         send_ctl(&rdma, Frame::Bye).await?;
         drop(remote);
         let _ = verbio::runtime::timeout(Duration::from_secs(5), rdma.close()).await;
-        printer.finish().ctx("printing the results")
+        printer.finish()
     })
 }
 

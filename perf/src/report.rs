@@ -1,8 +1,11 @@
 //! Output: perftest's banner and result table, or one JSON document.
 
+use std::path::PathBuf;
+
 use serde::Serialize;
 
 use crate::args::{Api, Config, Connection, Test, Transport};
+use crate::error::{msg, Context, Result};
 use crate::stats::{mbps_to_gbits, BwStats, LatStats};
 
 /// perftest's rule line.
@@ -74,6 +77,9 @@ pub struct JsonReport<'a> {
 pub struct Printer {
     json: bool,
     gbits: bool,
+    no_peak: bool,
+    limit_bw: Option<f64>,
+    out_json: Option<PathBuf>,
     info: RunInfo,
     rows: Vec<Row>,
     header_done: bool,
@@ -85,6 +91,9 @@ impl Printer {
         Printer {
             json: config.json,
             gbits: config.gbits,
+            no_peak: config.no_peak,
+            limit_bw: config.limit_bw,
+            out_json: config.out_json.clone(),
             info,
             rows: Vec::new(),
             header_done: false,
@@ -92,7 +101,10 @@ impl Printer {
     }
 
     /// Adds the row of one size (printed at once in table mode).
-    pub fn row(&mut self, row: Row) {
+    pub fn row(&mut self, mut row: Row) {
+        if let (true, Figures::Bw(b)) = (self.no_peak, &mut row.figures) {
+            b.bw_peak_mbps = 0.0;
+        }
         if !self.json {
             if !self.header_done {
                 print!("{}", banner(&self.info));
@@ -104,19 +116,52 @@ impl Printer {
         self.rows.push(row);
     }
 
-    /// Ends the output (the table's closing rule, or the JSON document).
-    pub fn finish(self) -> serde_json::Result<()> {
+    /// Ends the output (the table's closing rule, or the JSON document),
+    /// writes the `--out_json` file, and fails if a size's average
+    /// bandwidth is below `-w`.
+    pub fn finish(self) -> Result<()> {
+        let doc = JsonReport {
+            info: &self.info,
+            results: &self.rows,
+        };
         if self.json {
-            let doc = JsonReport {
-                info: &self.info,
-                results: &self.rows,
-            };
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            let text = serde_json::to_string_pretty(&doc).ctx("printing the results")?;
+            println!("{text}");
         } else if self.header_done {
             println!("{}", "-".repeat(RULE_WIDTH));
         }
-        Ok(())
+        if let Some(path) = &self.out_json {
+            let text = serde_json::to_string_pretty(&doc).ctx("formatting --out_json")?;
+            std::fs::write(path, text + "\n")
+                .ctx_with(|| format!("writing --out_json to {}", path.display()))?;
+        }
+        match self.limit_bw {
+            Some(limit) => below_limit(&self.rows, limit, self.gbits),
+            None => Ok(()),
+        }
     }
+}
+
+/// `-w`: an error naming the first size whose average bandwidth, in the
+/// printed units, is below `limit`.
+pub fn below_limit(rows: &[Row], limit: f64, gbits: bool) -> Result<()> {
+    let units = if gbits { "Gb/sec" } else { "MB/sec" };
+    for row in rows {
+        if let Figures::Bw(b) = row.figures {
+            let avg = if gbits {
+                mbps_to_gbits(b.bw_avg_mbps)
+            } else {
+                b.bw_avg_mbps
+            };
+            if avg < limit {
+                return Err(msg(format!(
+                    "bandwidth below the -w limit: {avg:.2} {units} at {} bytes, limit {limit} {units}",
+                    row.bytes
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// perftest's banner above the table.
@@ -218,6 +263,21 @@ mod tests {
         );
         let g = format_row(&bw_row(), true);
         assert!(g.contains("9.23"), "{g}"); // 1100.25 MiB/s = 9.23 Gbit/s
+    }
+
+    #[test]
+    fn limit_bw_fails_below_the_limit_in_the_printed_units() {
+        let rows = [bw_row()];
+        assert!(below_limit(&rows, 1100.0, false).is_ok());
+        let e = below_limit(&rows, 1100.5, false).expect_err("below");
+        assert!(
+            e.to_string().contains("1100.25 MB/sec at 65536 bytes"),
+            "{e}"
+        );
+        // 1100.25 MiB/s = 9.23 Gbit/s.
+        assert!(below_limit(&rows, 9.2, true).is_ok());
+        let e = below_limit(&rows, 9.3, true).expect_err("below");
+        assert!(e.to_string().contains("Gb/sec"), "{e}");
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         }
         ctl::send(&mut ctl, Frame::Bye).await.ctx("saying bye")?;
         rpc.disconnect(sid);
-        printer.finish().ctx("printing the results")
+        printer.finish()
     })
 }
 

@@ -146,7 +146,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         printer.row(row);
     }
     send_frame(&mut s, Frame::Bye)?;
-    printer.finish().ctx("printing the results")
+    printer.finish()
 }
 
 /// The server: serves one client, then returns.

@@ -231,3 +231,74 @@ fn logs_to_a_pipe_have_no_colour_codes() {
         "ANSI escape codes in a piped log: {seen:?}"
     );
 }
+
+/// perftest's output flags on a real run: `-N` prints the peak as 0.00,
+/// `--out_json_file` writes the JSON document while the table still goes
+/// to stdout, `-F` and `--report-both` change nothing, and `-w` above the
+/// measured bandwidth makes the client fail with the figure and the limit.
+#[test]
+fn perftest_output_flags_apply_to_a_run() {
+    let json = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("out-json-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&json);
+    let flags = [
+        "write_bw",
+        "-s",
+        "4K",
+        "-n",
+        "50",
+        "-F",
+        "-N",
+        "--report-both",
+    ];
+    let (mut srv, port) = server(&flags);
+    let out = Command::new(BIN)
+        .args(flags)
+        .args(["127.0.0.1", "-p", &port.to_string(), "-d", "soft0"])
+        .args(["-w", "1000000000", "--out_json_file"])
+        .arg(&json)
+        .output()
+        .expect("run the client");
+    assert!(srv.wait().expect("the server ends").success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("bandwidth below the -w limit"), "{stderr}");
+    assert!(stderr.contains("at 4096 bytes"), "{stderr}");
+    let row: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("4096 "))
+        .unwrap_or_else(|| panic!("no table row: {stdout}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[2], "0.00", "-N prints no peak: {stdout}");
+    assert!(row[3].parse::<f64>().expect("average") > 0.0, "{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("--out_json_file written"))
+            .expect("JSON");
+    check(&doc, "write_bw", &[4096]);
+    assert_eq!(doc["results"][0]["bw_peak_mbps"], 0.0);
+    let _ = std::fs::remove_file(&json);
+}
+
+/// A perftest flag that would change what is measured exits with status 2
+/// and names the flag, before anything runs.
+#[test]
+fn perftest_flags_not_supported_are_refused_by_name() {
+    for (args, needle) in [
+        (
+            &["send_bw", "-b"][..],
+            "does not support -b (--bidirectional",
+        ),
+        (
+            &["write_bw", "-Q", "100"][..],
+            "does not support -Q (--cq-mod",
+        ),
+        (&["send_bw", "--use-srq"][..], "does not support --use-srq"),
+    ] {
+        let out = Command::new(BIN).args(args).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
