@@ -482,7 +482,7 @@ impl Cli {
     /// Resolves the defaults and refuses unsupported combinations.
     pub fn resolve(self) -> Result<Config, ArgError> {
         if let Some(what) = self.refused_flag() {
-            return Err(bad(format!("verbio-perf does not support {what} yet")));
+            return Err(bad(format!("does not support {what} yet")));
         }
         let test = self.test;
         if let Some(limit) = self.limit_bw {
@@ -889,10 +889,7 @@ mod tests {
             ),
         ] {
             let e = parse(args).expect_err("refused");
-            assert!(
-                e.starts_with("verbio-perf does not support "),
-                "{args:?}: {e}"
-            );
+            assert!(e.starts_with("does not support "), "{args:?}: {e}");
             assert!(e.contains(needle) && e.ends_with(" yet"), "{args:?}: {e}");
         }
     }
