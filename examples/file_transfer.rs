@@ -23,7 +23,6 @@
 
 use std::error::Error;
 use std::fs::File;
-use std::future::Future;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -40,9 +39,6 @@ use verbio::{Rdma, RdmaBuilder};
 mod cli;
 
 type Res<T> = Result<T, Box<dyn Error>>;
-
-/// Bound of every single wait.
-const STEP: Duration = Duration::from_secs(30);
 
 /// Largest chunk: the server's default `max_message_len`, its grant limit.
 const MAX_CHUNK: usize = 64 << 20;
@@ -65,6 +61,10 @@ struct Args {
     /// RDMA device (default: a software device bound to the address's IP).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
+    /// Seconds to wait on the peer: for the connection and for each
+    /// message of the transfer.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = cli::seconds)]
+    timeout: Duration,
 }
 
 enum Mode {
@@ -121,18 +121,6 @@ fn crc_of(path: &Path) -> Res<(u32, u64)> {
     }
 }
 
-/// Awaits `f`, failing after [`STEP`].
-async fn within<T, E: Into<Box<dyn Error>>>(
-    what: &str,
-    f: impl Future<Output = Result<T, E>>,
-) -> Res<T> {
-    match timeout(STEP, f).await {
-        // The cause chain kept as text: "connect: connection setup: …".
-        Ok(r) => r.map_err(|e| format!("{what}: {}", ErrorChain(&*e.into())).into()),
-        Err(_) => Err(format!("{what}: timed out after {STEP:?}").into()),
-    }
-}
-
 /// The device of one side: `device` if given, else a soft device whose
 /// engine listens on `ip`.
 fn open(device: Option<&str>, ip: IpAddr) -> Res<Device> {
@@ -153,6 +141,7 @@ fn server(
     addr: SocketAddr,
     out: PathBuf,
     ready: Option<mpsc::Sender<SocketAddr>>,
+    limit: Duration,
 ) -> Res<()> {
     let rt = Runtime::new()?;
     let dev = open(device, addr.ip())?;
@@ -163,15 +152,25 @@ fn server(
             Some(tx) => tx.send(local)?,
             None => println!("server listening on {local}"),
         }
-        let r = within("accept", listener.accept()).await?;
-        let verdict = receive_file(&r, &out).await;
+        let peer = cli::Peer {
+            name: "a client".into(),
+            limit,
+        };
+        let r = peer
+            .within("waiting for a client", listener.accept())
+            .await?;
+        let peer = cli::Peer {
+            name: "the client".into(),
+            limit,
+        };
+        let verdict = receive_file(&r, &out, &peer).await;
         let answer = match &verdict {
             Ok(sum) => format!("ok {sum:08x}"),
             Err(e) => format!("failed: {}", ErrorChain(&**e)),
         };
-        let _ = within("answer", r.send(answer.as_bytes())).await;
+        let _ = peer.within("answer", r.send(answer.as_bytes())).await;
         // The client closes after the answer.
-        let _ = timeout(STEP, r.receive()).await;
+        let _ = timeout(limit, r.receive()).await;
         verdict.map(|_| ())
     })
 }
@@ -179,8 +178,8 @@ fn server(
 /// Receives the file into `out`; returns its CRC-32, read back from the
 /// written file once the transfer is done, after comparing it with the
 /// client's.
-async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u32> {
-    let header = within("header", r.receive()).await?;
+async fn receive_file(r: &Rdma, out: &PathBuf, peer: &cli::Peer) -> Res<u32> {
+    let header = peer.within("header", r.receive()).await?;
     let size = u64_at(&header, 0)?;
     let chunk = u64_at(&header, 8)?;
     if chunk == 0 || chunk > MAX_CHUNK as u64 {
@@ -191,11 +190,15 @@ async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u32> {
     let mut file = BufWriter::new(File::create(out)?);
     let mut got = 0u64;
     for i in 0..chunks {
-        let imm = within("receive_write_imm", r.receive_write_imm()).await?;
+        let imm = peer
+            .within("receive_write_imm", r.receive_write_imm())
+            .await?;
         if u64::from(imm) != i {
             return Err(format!("chunk {i}: notified as chunk {imm}").into());
         }
-        let mem = within("receive_local_mr", r.receive_local_mr()).await?;
+        let mem = peer
+            .within("receive_local_mr", r.receive_local_mr())
+            .await?;
         let want = chunk.min(size - got);
         if mem.len() as u64 != want {
             return Err(format!("chunk {i}: {} bytes, expected {want}", mem.len()).into());
@@ -204,7 +207,7 @@ async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u32> {
         got += want;
     }
     file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    let theirs = u64_at(&within("checksum", r.receive()).await?, 0)?;
+    let theirs = u64_at(&peer.within("checksum", r.receive()).await?, 0)?;
     let (crc, len) = crc_of(out)?;
     println!("server: wrote {len} bytes, CRC-32 {crc:08x}");
     if theirs != u64::from(crc) || len != size {
@@ -220,7 +223,13 @@ async fn receive_file(r: &Rdma, out: &PathBuf) -> Res<u32> {
 
 /// Streams the file at `inp` to the server at `addr`, one chunk in memory
 /// at a time.
-fn client(device: Option<&str>, addr: SocketAddr, inp: &Path, chunk: usize) -> Res<()> {
+fn client(
+    device: Option<&str>,
+    addr: SocketAddr,
+    inp: &Path,
+    chunk: usize,
+    limit: Duration,
+) -> Res<()> {
     // Outside the timed transfer: the checksum of what is sent.
     let (crc, size) = crc_of(inp)?;
     let mut file =
@@ -232,12 +241,18 @@ fn client(device: Option<&str>, addr: SocketAddr, inp: &Path, chunk: usize) -> R
         IpAddr::from([0, 0, 0, 0])
     };
     let dev = open(device, local_ip)?;
+    let peer = cli::Peer {
+        name: format!("the server at {addr}"),
+        limit,
+    };
     rt.block_on(async {
-        let r = within("connect", RdmaBuilder::new().device(dev).connect(addr)).await?;
+        let r = peer
+            .within("connecting", RdmaBuilder::new().device(dev).connect(addr))
+            .await?;
         let mut header = Vec::with_capacity(16);
         header.extend_from_slice(&size.to_le_bytes());
         header.extend_from_slice(&(chunk as u64).to_le_bytes());
-        within("header", r.send(&header)).await?;
+        peer.within("header", r.send(&header)).await?;
         let start = Instant::now();
         let first = usize::try_from(size)
             .unwrap_or(usize::MAX)
@@ -253,26 +268,31 @@ fn client(device: Option<&str>, addr: SocketAddr, inp: &Path, chunk: usize) -> R
             }
             file.read_exact(&mut buf)
                 .map_err(|e| format!("{inp:?} at byte {sent}: {}", ErrorChain(&e)))?;
-            let remote = within("request_remote_mr", r.request_remote_mr(len)).await?;
-            let (res, back) = within("write_with_imm", async {
-                Ok::<_, Box<dyn Error>>(r.write_with_imm(buf, &remote, i).await)
-            })
-            .await?;
+            let remote = peer
+                .within("request_remote_mr", r.request_remote_mr(len))
+                .await?;
+            let (res, back) = peer
+                .within("write_with_imm", async {
+                    Ok::<_, Box<dyn Error>>(r.write_with_imm(buf, &remote, i).await)
+                })
+                .await?;
             res.map_err(|e| format!("chunk {i}: write_with_imm: {}", ErrorChain(&e)))?;
             buf = back;
-            within("send_remote_mr", r.send_remote_mr(remote)).await?;
+            peer.within("send_remote_mr", r.send_remote_mr(remote))
+                .await?;
             sent += len as u64;
             i = i.checked_add(1).ok_or("too many chunks")?;
         }
-        within("checksum", r.send(&u64::from(crc).to_le_bytes())).await?;
-        let answer = within("answer", r.receive()).await?;
+        peer.within("checksum", r.send(&u64::from(crc).to_le_bytes()))
+            .await?;
+        let answer = peer.within("answer", r.receive()).await?;
         let secs = start.elapsed().as_secs_f64();
         let answer = String::from_utf8_lossy(&answer).into_owned();
         println!(
             "client: sent {size} bytes in {secs:.3} s ({:.1} MB/s), CRC-32 {crc:08x}",
             size as f64 / secs / 1e6,
         );
-        let _ = within("close", r.close()).await;
+        let _ = peer.within("close", r.close()).await;
         if answer != format!("ok {crc:08x}") {
             return Err(format!("server answered {answer:?}").into());
         }
@@ -283,18 +303,19 @@ fn client(device: Option<&str>, addr: SocketAddr, inp: &Path, chunk: usize) -> R
 
 fn run(args: &Args) -> Res<()> {
     let chunk = args.chunk;
+    let limit = args.timeout;
     let device = args.device.as_deref();
     match mode(args)? {
-        Mode::Server(addr, out) => server(device, addr, out, None),
-        Mode::Client(addr, inp) => client(device, addr, &inp, chunk),
+        Mode::Server(addr, out) => server(device, addr, out, None, limit),
+        Mode::Client(addr, inp) => client(device, addr, &inp, chunk, limit),
         Mode::Both(inp, out) => {
             let (tx, rx) = mpsc::channel();
             let dev_name = args.device.clone();
             let th = std::thread::spawn(move || {
                 let any = SocketAddr::from(([127, 0, 0, 1], 0));
-                server(dev_name.as_deref(), any, out, Some(tx)).map_err(|e| cli::chain(&*e))
+                server(dev_name.as_deref(), any, out, Some(tx), limit).map_err(|e| cli::chain(&*e))
             });
-            let addr = match rx.recv_timeout(STEP) {
+            let addr = match rx.recv_timeout(limit) {
                 Ok(a) => a,
                 Err(_) => {
                     return Err(match th.join() {
@@ -303,7 +324,7 @@ fn run(args: &Args) -> Res<()> {
                     })
                 }
             };
-            let sent = client(device, addr, &inp, chunk);
+            let sent = client(device, addr, &inp, chunk, limit);
             let served = th.join().map_err(|_| "server thread panicked")?;
             sent?;
             served.map_err(|e| format!("server: {e}").into())

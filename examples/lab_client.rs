@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 
 use clap::Parser;
-use lab_common::{check, open, pattern, within, Res, BOUNDARY, MR_LEN, STAMP, STEP};
+use lab_common::{check, open, pattern, within, Res, BOUNDARY, MR_LEN, STAMP};
 use verbio::runtime::Runtime;
 use verbio::ErrorChain;
 use verbio::{Rdma, RdmaBuilder};
@@ -34,13 +34,19 @@ struct Args {
     /// RDMA device (default: a software device bound to the address's IP).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
+    #[arg(long, value_name = "SECONDS", default_value = "20", value_parser = cli::seconds, help = lab_common::TIMEOUT_HELP)]
+    timeout: std::time::Duration,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     cli::init_tracing();
+    lab_common::set_step(args.timeout);
     let (addr, server) = match args.addr {
-        Some(addr) => (addr, None),
+        Some(addr) => {
+            lab_common::set_peer(format!("the server at {addr}"));
+            (addr, None)
+        }
         None => {
             let (tx, rx) = mpsc::channel();
             let device = args.device.clone();
@@ -49,7 +55,7 @@ fn main() -> ExitCode {
                 lab_common::run_server(device.as_deref(), any, Some(tx))
                     .map_err(|e| cli::chain(&*e))
             });
-            match rx.recv_timeout(STEP) {
+            match rx.recv_timeout(args.timeout) {
                 Ok(addr) => (addr, Some(th)),
                 Err(_) => {
                     let why = match th.join() {
@@ -94,7 +100,7 @@ fn run_client(device: Option<&str>, addr: SocketAddr) -> Res<()> {
     let rt = Runtime::new()?;
     let dev = open(device, addr.ip())?;
     rt.block_on(async {
-        let r = within("connect", RdmaBuilder::new().device(dev).connect(addr)).await?;
+        let r = within("connecting", RdmaBuilder::new().device(dev).connect(addr)).await?;
         client_steps(&r).await?;
         let last = within("final message", r.receive()).await?;
         let last = String::from_utf8_lossy(&last).into_owned();

@@ -38,11 +38,15 @@ struct Args {
     /// RDMA device (default: a software device bound to ADDR's IP).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
+    #[arg(long, value_name = "SECONDS", default_value = "20", value_parser = cli::seconds, help = lab_common::TIMEOUT_HELP)]
+    timeout: std::time::Duration,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     cli::init_tracing();
+    lab_common::set_step(args.timeout);
+    lab_common::set_peer("the client".into());
     match lab_common::run_server(args.device.as_deref(), args.addr, None) {
         Ok(()) => {
             println!("lab server: all checks passed");

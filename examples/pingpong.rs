@@ -38,7 +38,7 @@ use verbio::runtime::buf::MrPool;
 use verbio::runtime::{spawn, timeout, Device, QueuePair, Runtime};
 use verbio::ErrorChain;
 
-const LIMIT: Duration = Duration::from_secs(60);
+/// Longest a connection handshake takes (less if `--timeout` is less).
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// Ping-pong over RC SEND/RECV; without --server/--client both sides run
@@ -61,6 +61,10 @@ struct Args {
     /// address's IP).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
+    /// Seconds to wait on the peer: for each echo, for the one-process
+    /// run's client, and (capped at 10) for connection setup.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = cli::seconds)]
+    timeout: Duration,
 }
 
 /// Opens the device for one side: `device` if given, else a soft device
@@ -74,11 +78,19 @@ async fn echo(
     qp: &QueuePair,
     pool: &MrPool,
     size: usize,
+    peer: SocketAddr,
+    limit: Duration,
 ) -> Result<usize, Box<dyn std::error::Error>> {
     let mut next = qp.recv(pool.alloc(size)?);
     let mut count = 0;
     loop {
-        let (res, buf) = next.await;
+        let (res, buf) = timeout(limit, next).await.map_err(|_| {
+            cli::no_answer(
+                &format!("the client at {peer}"),
+                limit,
+                &format!("waiting for message {count}"),
+            )
+        })?;
         let got = res.map_err(|e| {
             format!("receiving message {count}: {} (a message longer than this server's --size {size}?)", ErrorChain(&e))
         })?;
@@ -98,13 +110,14 @@ fn server(
     size: usize,
     once: bool,
     ready: Option<std::sync::mpsc::Sender<SocketAddr>>,
+    limit: Duration,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::new()?;
     let dev = open(device, addr.ip())?;
     let listener = Listener::bind(
         addr,
         DeviceQps::new(dev.clone(), QpConfig::default()),
-        HANDSHAKE,
+        limit.min(HANDSHAKE),
     )?;
     let local = listener.local_addr()?;
     match ready {
@@ -120,13 +133,16 @@ fn server(
             let c = if once {
                 // One client, the one in this process: bounded, so a client
                 // that failed before connecting cannot leave it waiting.
-                timeout(LIMIT, listener.accept())
-                    .await
-                    .map_err(|_| format!("no client connected within {LIMIT:?}"))??
+                timeout(limit, listener.accept()).await.map_err(|_| {
+                    format!(
+                        "no client connected within {} s (--timeout sets the bound)",
+                        limit.as_secs()
+                    )
+                })??
             } else {
                 listener.accept().await?
             };
-            let session = serve_one(c.qp, c.peer_addr, pool.clone(), size, once);
+            let session = serve_one(c.qp, c.peer_addr, pool.clone(), size, once, limit);
             if once {
                 session.await;
                 return Ok(());
@@ -138,16 +154,22 @@ fn server(
     })
 }
 
-/// Echoes one client's messages (bounded by `LIMIT`), logs how it ended
-/// and closes its QP.
-async fn serve_one(qp: QueuePair, peer: SocketAddr, pool: MrPool, size: usize, quiet: bool) {
-    match timeout(LIMIT, echo(&qp, &pool, size)).await {
-        Ok(Ok(n)) if !quiet => println!("{peer}: echoed {n} messages"),
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => eprintln!("{peer}: {}", cli::chain(&*e)),
-        Err(_) => eprintln!("{peer}: timed out"),
+/// Echoes one client's messages (each wait for the next bounded by
+/// `limit`), logs how it ended and closes its QP.
+async fn serve_one(
+    qp: QueuePair,
+    peer: SocketAddr,
+    pool: MrPool,
+    size: usize,
+    quiet: bool,
+    limit: Duration,
+) {
+    match echo(&qp, &pool, size, peer, limit).await {
+        Ok(n) if !quiet => println!("{peer}: echoed {n} messages"),
+        Ok(_) => {}
+        Err(e) => eprintln!("{peer}: {}", cli::chain(&*e)),
     }
-    let _ = timeout(LIMIT, qp.close()).await;
+    let _ = timeout(limit, qp.close()).await;
 }
 
 fn client(
@@ -155,6 +177,7 @@ fn client(
     addr: SocketAddr,
     iters: usize,
     size: usize,
+    limit: Duration,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::new()?;
     let local_ip = if addr.ip().is_loopback() {
@@ -168,11 +191,16 @@ fn client(
     if size <= pool.max_pooled_size() {
         pool.reserve(size, 4)?;
     }
-    rt.block_on(timeout(LIMIT, async {
-        let qp = connect(
-            addr,
-            &DeviceQps::new(dev.clone(), QpConfig::default()),
-            HANDSHAKE,
+    let server = format!("the server at {addr}");
+    rt.block_on(async {
+        // The handshake's own bound a second later: this one speaks.
+        let setup = limit.min(HANDSHAKE);
+        let qps = DeviceQps::new(dev.clone(), QpConfig::default());
+        let qp = cli::bounded(
+            setup,
+            &server,
+            "connecting",
+            connect(addr, &qps, setup + Duration::from_secs(1)),
         )
         .await?
         .qp;
@@ -191,7 +219,9 @@ fn client(
                      is its --size at least {size}?)"
                 )
             })?;
-            let (res, back) = reply.await;
+            let (res, back) = timeout(limit, reply)
+                .await
+                .map_err(|_| cli::no_answer(&server, limit, &format!("waiting for echo {i}")))?;
             let got =
                 res.map_err(|e| format!("message {i}: receiving the echo: {}", ErrorChain(&e)))?;
             if got.len != size || back[..] != payload[..] {
@@ -216,30 +246,43 @@ fn client(
             pct(0.99),
             iters as f64 / total.as_secs_f64()
         );
-        let _ = qp.close().await;
+        let _ = timeout(limit, qp.close()).await;
         Ok::<(), Box<dyn std::error::Error>>(())
-    }))
-    .map_err(|_| "client timed out")??;
-    Ok(())
+    })
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     cli::init_tracing();
     let res = match (args.server, args.client) {
-        (Some(addr), None) => server(args.device.as_deref(), addr, args.size, false, None),
-        (None, Some(addr)) => client(args.device.as_deref(), addr, args.iters, args.size),
+        (Some(addr), None) => server(
+            args.device.as_deref(),
+            addr,
+            args.size,
+            false,
+            None,
+            args.timeout,
+        ),
+        (None, Some(addr)) => client(
+            args.device.as_deref(),
+            addr,
+            args.iters,
+            args.size,
+            args.timeout,
+        ),
         (None, None) => {
             let (tx, rx) = std::sync::mpsc::channel();
             let size = args.size;
             let device = args.device.clone();
+            let limit = args.timeout;
             let srv = std::thread::spawn(move || {
                 let addr = "127.0.0.1:0".parse().expect("valid");
-                server(device.as_deref(), addr, size, true, Some(tx)).map_err(|e| cli::chain(&*e))
+                server(device.as_deref(), addr, size, true, Some(tx), limit)
+                    .map_err(|e| cli::chain(&*e))
             });
-            match rx.recv_timeout(LIMIT) {
+            match rx.recv_timeout(limit) {
                 Ok(addr) => {
-                    let r = client(args.device.as_deref(), addr, args.iters, size);
+                    let r = client(args.device.as_deref(), addr, args.iters, size, limit);
                     if let Err(e) = r {
                         // Not waiting for the server: it may still be
                         // waiting for this client; exiting ends it.

@@ -263,3 +263,58 @@ fn logs_to_a_pipe_have_no_colour_codes() {
         "ANSI escape codes in a piped log: {err:?}"
     );
 }
+
+/// A listener that accepts TCP connections and never says a word: the
+/// peer of a client whose server hangs. Held connections live until the
+/// test process ends.
+fn silent_server() -> String {
+    let silent = TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let addr = silent.local_addr().expect("its address").to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in silent.incoming() {
+            held.extend(conn.ok());
+        }
+    });
+    addr
+}
+
+#[test]
+fn clients_give_up_on_a_silent_server_within_their_timeout() {
+    let addr = silent_server();
+    let input = std::env::current_exe().expect("this test's binary");
+    let input = input.to_str().unwrap();
+    for (test, name, args) in [
+        (
+            "pingpong_silent_server",
+            "pingpong",
+            vec!["--client", &addr, "--timeout", "1"],
+        ),
+        (
+            "lab_client_silent_server",
+            "lab_client",
+            vec![&addr, "--timeout", "1"],
+        ),
+        (
+            "file_transfer_silent_server",
+            "file_transfer",
+            vec!["--client", &addr, "--timeout", "1", input],
+        ),
+    ] {
+        let Some(exe) = example(test, name) else {
+            return;
+        };
+        let started = Instant::now();
+        let (ok, err) = run(&exe, &args);
+        assert!(!ok, "{name} {args:?} against a silent server succeeded");
+        let want = format!("no answer from the server at {addr} within 1 s while connecting");
+        assert!(err.contains(&want), "{name} {args:?}: {err}");
+        // Bounded by the flag, not by the old defaults (10 s to 30 s);
+        // generous for a loaded machine.
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{name} took {:?}",
+            started.elapsed()
+        );
+    }
+}

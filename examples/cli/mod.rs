@@ -81,3 +81,55 @@ pub fn thread_cpu() -> Duration {
     assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
+
+/// Parses `--timeout SECONDS`: a whole number of seconds, at least 1.
+pub fn seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1 second".into()),
+        Ok(n) => Ok(Duration::from_secs(n)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The message of a wait on a peer that ran out:
+/// `no answer from {peer} within {limit} s while {doing}`.
+pub fn no_answer(peer: &str, limit: Duration, doing: &str) -> String {
+    format!(
+        "no answer from {peer} within {} s while {doing} (--timeout sets the bound)",
+        limit.as_secs()
+    )
+}
+
+/// Awaits `f` for at most `limit`; on expiry fails with [`no_answer`]
+/// (`peer`, `doing`), so a silent peer ends the run saying what it waited
+/// for. `f`'s own error passes through with `doing` in front.
+pub async fn bounded<T, E: Into<Box<dyn Error>>>(
+    limit: Duration,
+    peer: &str,
+    doing: &str,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Box<dyn Error>> {
+    match verbio::runtime::timeout(limit, f).await {
+        Ok(r) => r.map_err(|e| format!("{doing}: {}", ErrorChain(&*e.into())).into()),
+        Err(_) => Err(no_answer(peer, limit, doing).into()),
+    }
+}
+
+/// A peer the run waits on and the bound of each wait (`--timeout`).
+pub struct Peer {
+    /// Who it is, for the expiry message ("the server at 10.0.0.1:18515").
+    pub name: String,
+    /// The bound of each wait.
+    pub limit: Duration,
+}
+
+impl Peer {
+    /// [`bounded`] by this peer's limit, naming it.
+    pub async fn within<T, E: Into<Box<dyn Error>>>(
+        &self,
+        doing: &str,
+        f: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, Box<dyn Error>> {
+        bounded(self.limit, &self.name, doing, f).await
+    }
+}

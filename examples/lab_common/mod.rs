@@ -4,7 +4,8 @@
 use std::error::Error;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
 use verbio::runtime::{timeout, Device, Runtime};
@@ -14,8 +15,33 @@ use verbio::{Rdma, RdmaBuilder};
 /// Result of a lab step: any error ends the run with a non-zero exit.
 pub type Res<T> = Result<T, Box<dyn Error>>;
 
-/// Bound of every single wait.
+/// Default bound of every single wait (`--timeout`'s default).
 pub const STEP: Duration = Duration::from_secs(20);
+
+/// `--timeout` help shared by both lab examples.
+pub const TIMEOUT_HELP: &str =
+    "Seconds to wait on the peer: for the connection and for each step's message";
+
+/// The bound in force, in seconds ([`set_step`]).
+static STEP_SECS: AtomicU64 = AtomicU64::new(STEP.as_secs());
+
+/// Who the waits are on, for the expiry message ([`set_peer`]).
+static PEER: OnceLock<String> = OnceLock::new();
+
+/// Sets the bound of every single wait (the `--timeout` flag).
+pub fn set_step(limit: Duration) {
+    STEP_SECS.store(limit.as_secs().max(1), Ordering::Relaxed);
+}
+
+/// The bound of every single wait.
+pub fn step() -> Duration {
+    Duration::from_secs(STEP_SECS.load(Ordering::Relaxed))
+}
+
+/// Names the peer the waits are on ("the server at 10.0.0.1:18520").
+pub fn set_peer(peer: String) {
+    let _ = PEER.set(peer);
+}
 
 /// Size of the memory regions of steps 3-5.
 pub const MR_LEN: usize = 64 * 1024;
@@ -43,15 +69,19 @@ pub fn check(ok: bool, msg: &str) -> Res<()> {
     }
 }
 
-/// Awaits `f`, failing after [`STEP`].
+/// Awaits `f`, failing after [`step`] with what it waited for.
 pub async fn within<T, E: Into<Box<dyn Error>>>(
     what: &str,
     f: impl Future<Output = Result<T, E>>,
 ) -> Res<T> {
-    match timeout(STEP, f).await {
+    let limit = step();
+    match timeout(limit, f).await {
         // The cause chain kept as text: "connect: connection setup: …".
         Ok(r) => r.map_err(|e| format!("{what}: {}", ErrorChain(&*e.into())).into()),
-        Err(_) => Err(format!("{what}: timed out after {STEP:?}").into()),
+        Err(_) => {
+            let peer = PEER.get().map_or("the peer", String::as_str);
+            Err(crate::cli::no_answer(peer, limit, what).into())
+        }
     }
 }
 
@@ -83,10 +113,10 @@ pub fn run_server(
             Ok(()) => {
                 within("final message", r.send(b"lab passed")).await?;
                 // The client closes; wait for it so the last message lands.
-                let _ = timeout(STEP, r.receive()).await;
+                let _ = timeout(step(), r.receive()).await;
             }
             Err(e) => {
-                let _ = timeout(STEP, r.send(format!("lab failed: {e}").as_bytes())).await;
+                let _ = timeout(step(), r.send(format!("lab failed: {e}").as_bytes())).await;
             }
         }
         verdict
