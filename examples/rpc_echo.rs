@@ -42,10 +42,6 @@ const ECHO: u8 = 1;
 /// a client pointed at anything else says so instead of waiting.
 const HELLO: &[u8; 16] = b"verbio-rpc-echo\n";
 
-/// How long the client waits for the server's TCP port: the connect, the
-/// address, and then the RPC session.
-const ADDR_WAIT: Duration = Duration::from_secs(5);
-
 use cli::thread_cpu;
 use rpc_echo_common::{rc_loop, rdma_loop, tcp_loop, BoxError, Figures};
 use verbio::ErrorChain;
@@ -93,6 +89,10 @@ struct Args {
     /// dispatcher, no handler task) instead of `Rpc::register`.
     #[arg(long)]
     inline_handler: bool,
+    /// Seconds the client waits on the server: for the TCP connect, its
+    /// RPC address, and opening the RPC session.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = cli::seconds)]
+    timeout: Duration,
 }
 
 /// The endpoints' settings: messages up to 16 MiB (or `size`), the
@@ -137,11 +137,11 @@ async fn call_loop<T: Transport>(
     calls: usize,
     size: usize,
     concurrency: usize,
+    server: &cli::Peer,
 ) -> Result<Figures, BoxError> {
-    let s = rpc
-        .connect(addr)
-        .await
-        .map_err(|e| format!("opening an RPC session to the server: {e}"))?;
+    let s = server
+        .within("opening an RPC session", rpc.connect(addr))
+        .await?;
     let run = |n: usize| {
         let handles: Vec<_> = (0..concurrency)
             .map(|_| {
@@ -210,14 +210,15 @@ fn serve(
     })
 }
 
-/// Fetches the server's RPC address from `tcp`, bounded by [`ADDR_WAIT`];
+/// Fetches the server's RPC address from `tcp`, each wait bounded by `limit`;
 /// fails, saying what was expected, if `tcp` is not an `rpc_echo --server`.
 /// Also returns this host's address towards the server.
-fn fetch_addr(tcp: SocketAddr) -> Result<(RpcAddr, IpAddr), BoxError> {
+fn fetch_addr(tcp: SocketAddr, limit: Duration) -> Result<(RpcAddr, IpAddr), BoxError> {
     let not_ours = |what: String| -> BoxError {
         format!(
             "{tcp}: {what}; expected an `rpc_echo --server` to send its RPC address \
-             (\"verbio-rpc-echo\" and a line \"rpc:…\") within {ADDR_WAIT:?}"
+             (\"verbio-rpc-echo\" and a line \"rpc:…\") within {} s (--timeout sets the bound)",
+            limit.as_secs()
         )
         .into()
     };
@@ -228,9 +229,9 @@ fn fetch_addr(tcp: SocketAddr) -> Result<(RpcAddr, IpAddr), BoxError> {
         std::io::ErrorKind::UnexpectedEof => format!("closed before the {what}"),
         _ => format!("reading the {what}: {}", ErrorChain(&e)),
     };
-    let conn = TcpStream::connect_timeout(&tcp, ADDR_WAIT)
+    let conn = TcpStream::connect_timeout(&tcp, limit)
         .map_err(|e| format!("connecting to the server at {tcp}: {}", ErrorChain(&e)))?;
-    conn.set_read_timeout(Some(ADDR_WAIT))?;
+    conn.set_read_timeout(Some(limit))?;
     let local_ip = conn.local_addr()?.ip();
     let mut conn = BufReader::new(conn);
     let mut hello = [0u8; HELLO.len()];
@@ -247,12 +248,24 @@ fn fetch_addr(tcp: SocketAddr) -> Result<(RpcAddr, IpAddr), BoxError> {
 }
 
 fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
-    let (addr, local_ip) = fetch_addr(tcp)?;
+    let (addr, local_ip) = fetch_addr(tcp, args.timeout)?;
+    let server = cli::Peer {
+        name: format!("the server at {tcp} ({addr})"),
+        limit: args.timeout,
+    };
     let rt = Runtime::new()?;
     rt.block_on(async {
         let config = rpc_config(args);
         let rpc = Rc::new(rpc_endpoint(args.device.as_deref(), local_ip, config)?);
-        let f = call_loop(&rpc, &addr, args.calls, args.size, args.concurrency).await?;
+        let f = call_loop(
+            &rpc,
+            &addr,
+            args.calls,
+            args.size,
+            args.concurrency,
+            &server,
+        )
+        .await?;
         f.print(&format!("rpc/ud, {} in flight", args.concurrency));
         Ok(())
     })
@@ -270,7 +283,11 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
         let cli = Rc::new(Rpc::new(net.endpoint(), config));
         let calls = args.calls + (args.calls / 10).max(1);
         let cpu0 = thread_cpu();
-        let f = call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1).await?;
+        let server = cli::Peer {
+            name: "the in-memory server".into(),
+            limit: args.timeout,
+        };
+        let f = call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1, &server).await?;
         Ok((f, (thread_cpu() - cpu0) / calls as u32))
     })
 }
@@ -323,8 +340,12 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
             Ipv4Addr::LOCALHOST.into(),
             config,
         )?);
-        let one = call_loop(&rpc, &addr, args.calls, args.size, 1).await?;
-        let eight = call_loop(&rpc, &addr, args.calls, args.size, 8).await?;
+        let server = cli::Peer {
+            name: "the server thread".into(),
+            limit: args.timeout,
+        };
+        let one = call_loop(&rpc, &addr, args.calls, args.size, 1, &server).await?;
+        let eight = call_loop(&rpc, &addr, args.calls, args.size, 8, &server).await?;
         tracing::debug!(ud = ?rpc.with_transport(|t| t.stats()), "client UD counters");
         Ok::<_, BoxError>((one, eight))
     })?;

@@ -39,8 +39,7 @@ use verbio::runtime::buf::MrPool;
 use verbio::runtime::{spawn, Device, QueuePair, Runtime};
 use verbio::ErrorChain;
 
-/// Bound of the whole run.
-const LIMIT: Duration = Duration::from_secs(120);
+/// Longest a connection handshake takes.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// A thread-per-core RDMA echo server and its clients, in one process.
@@ -62,6 +61,10 @@ struct Args {
     /// a software device per thread).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
+    /// Seconds the whole run (workers and clients, all in this process)
+    /// may take before it is given up.
+    #[arg(long, value_name = "SECONDS", default_value = "120", value_parser = cli::seconds)]
+    timeout: Duration,
 }
 
 /// The `--device` of the run, for every thread's [`runtime_and_device`].
@@ -283,17 +286,22 @@ fn main() -> ExitCode {
     let _ = DEVICE.set(args.device.clone());
     // The whole run is bounded: a lost completion fails instead of hanging.
     let (tx, rx) = std::sync::mpsc::channel();
+    let limit = args.timeout;
     std::thread::spawn(move || {
         let _ = tx.send(run(&args));
     });
-    match rx.recv_timeout(LIMIT) {
+    match rx.recv_timeout(limit) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
             eprintln!("thread_per_core: {e}");
             ExitCode::FAILURE
         }
         Err(_) => {
-            eprintln!("thread_per_core: no result within {LIMIT:?}");
+            eprintln!(
+                "thread_per_core: no result from the workers and clients within {} s \
+                 (--timeout sets the bound)",
+                limit.as_secs()
+            );
             ExitCode::FAILURE
         }
     }

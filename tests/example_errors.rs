@@ -137,10 +137,10 @@ fn rpc_echo_client_says_what_it_expected_from_a_stranger() {
         drop(conns);
     });
     for expect in ["no greeting arrived", "it greeted with"] {
-        let (ok, err) = run(&exe, &["--client", &addr, "--calls", "1"]);
+        let (ok, err) = run(&exe, &["--client", &addr, "--calls", "1", "--timeout", "1"]);
         assert!(!ok, "rpc_echo --client at a stranger succeeded");
         assert!(
-            err.contains(expect) && err.contains("rpc_echo --server"),
+            err.contains(expect) && err.contains("rpc_echo --server") && err.contains("within 1 s"),
             "rpc_echo --client: {err}"
         );
     }
@@ -317,4 +317,18 @@ fn clients_give_up_on_a_silent_server_within_their_timeout() {
             started.elapsed()
         );
     }
+}
+
+#[test]
+fn thread_per_core_gives_up_at_its_timeout() {
+    let Some(exe) = example("thread_per_core_timeout", "thread_per_core") else {
+        return;
+    };
+    // Far more round trips than a second holds.
+    let (ok, err) = run(&exe, &["--timeout", "1", "--rounds", "100000000"]);
+    assert!(!ok, "thread_per_core --timeout 1 finished 4e8 round trips");
+    assert!(
+        err.contains("no result from the workers and clients within 1 s"),
+        "thread_per_core: {err}"
+    );
 }
