@@ -129,3 +129,39 @@ fn verb_errors_name_their_source_once() {
     };
     assert_no_repeats(&buf, 2);
 }
+
+/// Compiles only if `T` can cross threads and be boxed into
+/// `Box<dyn Error + Send + Sync>` (what anyhow and `?` on tokio's
+/// multi-thread runtime need).
+fn assert_send_sync_error<T: StdError + Send + Sync + 'static>() {}
+
+/// Every public error type of verbio crosses threads: a caller on another
+/// thread (a tokio task, a pool handle's user) can `?` it into
+/// `Box<dyn Error + Send + Sync>` or anyhow. A cause boxed as a plain
+/// `Box<dyn Error>` (not `Send`) fails this at compile time.
+#[test]
+fn public_errors_are_send_sync_static() {
+    assert_send_sync_error::<verbio::rpc::RpcError>();
+    assert_send_sync_error::<verbio::rpc::TransportError>();
+    assert_send_sync_error::<verbio::rpc::header::HeaderError>();
+    assert_send_sync_error::<verbio::rpc::ParseRpcAddrError>();
+    assert_send_sync_error::<verbio::HandleError>();
+    assert_send_sync_error::<AgentError>();
+    assert_send_sync_error::<CloseReason>();
+    assert_send_sync_error::<WireError>();
+    assert_send_sync_error::<HandshakeError>();
+    assert_send_sync_error::<Error>();
+    assert_send_sync_error::<ProviderError>();
+    assert_send_sync_error::<PostError>();
+    assert_send_sync_error::<verbio::provider::CompletionError>();
+    assert_send_sync_error::<BufError>();
+    assert_send_sync_error::<verbio::runtime::SubmitError>();
+    assert_send_sync_error::<verbio::runtime::PoolError>();
+    assert_send_sync_error::<verbio::runtime::RecvRingError>();
+    assert_send_sync_error::<verbio::runtime::RuntimeError>();
+    assert_send_sync_error::<verbio::runtime::JoinError>();
+    assert_send_sync_error::<verbio::runtime::Elapsed>();
+    assert_send_sync_error::<verbio::runtime::reactor::PendingRefusal>();
+    assert_send_sync_error::<verbio::runtime::cm::CmError>();
+    assert_send_sync_error::<verbio::runtime::pool::Lost>();
+}

@@ -433,9 +433,9 @@ async fn a_handle_stream_speaks_futures_io_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rpc_calls_from_tokio_tasks_through_a_handle() {
     use verbio::rpc::ud::{UdConfig, UdTransport};
-    use verbio::rpc::{Request, Rpc, RpcConfig};
-    use verbio::RpcHandle;
-    type BoxError = Box<dyn std::error::Error>;
+    use verbio::rpc::{Request, Rpc, RpcConfig, RpcError};
+    use verbio::{ErrorChain, RpcHandle};
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
     const REVERSE: u8 = 7;
     send_sync_clone::<RpcHandle>();
 
@@ -489,12 +489,62 @@ async fn rpc_calls_from_tokio_tasks_through_a_handle() {
             .expect("in time")
             .expect("task");
     }
-    // An unknown session fails that call only.
+    // An unknown session fails that call only, with the engine's error
+    // typed; from a tokio task it `?`s into a `Send + Sync` box.
     client.disconnect(session);
     let r = client.call(session, REVERSE, vec![1]).await;
     assert!(
-        matches!(r, Err(HandleError::Rpc { what: "call", .. })),
+        matches!(
+            &r,
+            Err(HandleError::Rpc {
+                what: "call",
+                source: RpcError::SessionClosed { session: s },
+            }) if *s == session
+        ),
         "{r:?}"
+    );
+    let e = r.unwrap_err();
+    assert_eq!(
+        ErrorChain(&e).to_string(),
+        format!("RPC call failed: session {} is closed", session.number())
+    );
+    let from_task = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client.call(session, REVERSE, vec![2]).await?;
+            Ok::<_, BoxError>(())
+        }
+    });
+    let e = from_task.await.expect("task").unwrap_err();
+    assert!(
+        matches!(
+            e.downcast_ref::<HandleError>(),
+            Some(HandleError::Rpc {
+                source: RpcError::SessionClosed { .. },
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+
+    // The making closure's error comes back typed, as the setup's source.
+    let r = RpcHandle::start(&clients, Placement::Thread(0), |cx| {
+        let rpc = endpoint(cx)?;
+        rpc.register(REVERSE, |req: Request| async move { req.response() })?;
+        rpc.register(REVERSE, |req: Request| async move { req.response() })?;
+        Ok::<_, BoxError>(rpc)
+    })
+    .await;
+    let Err(HandleError::Setup { what, source }) = r else {
+        panic!("a second handler for one type must fail: {r:?}");
+    };
+    assert_eq!(what, "making the RPC endpoint");
+    assert!(
+        matches!(
+            source.downcast_ref::<RpcError>(),
+            Some(RpcError::HandlerExists { req_type: REVERSE })
+        ),
+        "{source:?}"
     );
 }
 

@@ -55,6 +55,7 @@ pub use stream::HandleStream;
 use verbio_runtime::pool::PoolError;
 
 use crate::agent::AgentError;
+use crate::rpc::RpcError;
 
 /// Why a handle's call failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,28 +78,27 @@ pub enum HandleError {
         /// The call.
         what: &'static str,
     },
-    /// An RPC call or connect failed. The engine's
-    /// [`RpcError`](crate::rpc::RpcError) is not `Send` (a transport
-    /// failure keeps its cause as a plain `Box<dyn Error>`), so it crosses
-    /// threads as its text, cause chain included.
-    #[error("{what} failed: {error}")]
+    /// An RPC call or connect failed: the engine's error, typed (match on
+    /// it, or walk the chain with [`ErrorChain`](crate::ErrorChain)).
+    #[error("RPC {what} failed")]
     Rpc {
         /// The call (`connect` or `call`).
         what: &'static str,
-        /// The error and its causes, on one line.
-        error: String,
+        /// The engine's error.
+        #[source]
+        source: RpcError,
     },
     /// The RPC endpoint's task is gone (every request it had was answered).
     #[error("the RPC endpoint is closed")]
     EndpointClosed,
-    /// Making the object on its runtime thread failed (the error crosses
-    /// threads as its text, cause chain included: it need not be `Send`).
-    #[error("{what} failed: {error}")]
+    /// Making the object on its runtime thread failed.
+    #[error("{what} failed")]
     Setup {
         /// What was being made.
         what: &'static str,
-        /// The error and its causes, on one line.
-        error: String,
+        /// The error the making closure returned.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The range is outside the remote MR.
     #[error("{what}: {len} bytes at offset {offset} do not fit the remote MR's {have} bytes")]

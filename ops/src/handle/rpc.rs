@@ -16,13 +16,6 @@ use super::workers::{Serve, Workers};
 use super::HandleError;
 use crate::rpc::{Rpc, RpcAddr, RpcError, SessionId, Transport};
 
-/// An RPC engine's failure as text (see [`HandleError::Rpc`]).
-type RpcFailure = String;
-
-fn failure(e: &RpcError) -> RpcFailure {
-    verbio_runtime::ErrorChain(e).to_string()
-}
-
 /// Requests queued per endpoint before callers wait for room.
 const QUEUE_DEPTH: usize = 256;
 
@@ -33,13 +26,13 @@ const MAX_WORKERS: usize = 64;
 enum RpcRequest {
     Connect {
         remote: Vec<u8>,
-        done: Completer<Result<SessionId, RpcFailure>>,
+        done: Completer<Result<SessionId, RpcError>>,
     },
     Call {
         session: SessionId,
         req_type: u8,
         req: Vec<u8>,
-        done: Completer<Result<Vec<u8>, RpcFailure>>,
+        done: Completer<Result<Vec<u8>, RpcError>>,
     },
     Disconnect {
         session: SessionId,
@@ -49,7 +42,7 @@ enum RpcRequest {
 struct RpcShared {
     thread: ThreadRef,
     tx: MailSender<RpcRequest>,
-    calls: SlotCache<Result<Vec<u8>, RpcFailure>>,
+    calls: SlotCache<Result<Vec<u8>, RpcError>>,
     local_addr: RpcAddr,
 }
 
@@ -75,7 +68,8 @@ impl std::fmt::Debug for RpcHandle {
 impl RpcHandle {
     /// Makes an endpoint on the pool thread `placement` names: `make`
     /// runs there (with the thread's device, say for a `UdTransport`) and
-    /// may register handlers before returning it.
+    /// may register handlers before returning it. Its error comes back as
+    /// the source of [`HandleError::Setup`], typed (downcast it).
     pub async fn start<F, T, E>(
         pool: &Pool,
         placement: Placement,
@@ -84,14 +78,14 @@ impl RpcHandle {
     where
         F: FnOnce(&ThreadContext) -> Result<Rpc<T>, E> + Send + 'static,
         T: Transport + 'static,
-        E: Into<Box<dyn std::error::Error>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let h = pool.spawn(placement, move |cx| {
             let r = make(cx)
                 .map(|rpc| start(cx, rpc))
                 .map_err(|e| HandleError::Setup {
                     what: "making the RPC endpoint",
-                    error: verbio_runtime::ErrorChain(&*e.into()).to_string(),
+                    source: e.into(),
                 });
             std::future::ready(r)
         });
@@ -114,9 +108,9 @@ impl RpcHandle {
         let remote = remote.to_vec();
         self.queue(RpcRequest::Connect { remote, done }).await?;
         match answer.await {
-            Ok(r) => r.map_err(|error| HandleError::Rpc {
+            Ok(r) => r.map_err(|source| HandleError::Rpc {
                 what: "connect",
-                error,
+                source,
             }),
             Err(_lost) => Err(self.inner.thread.lost_error().into()),
         }
@@ -142,9 +136,9 @@ impl RpcHandle {
         let r = (&mut answer).await;
         inner.calls.give_back(answer);
         match r {
-            Ok(r) => r.map_err(|error| HandleError::Rpc {
+            Ok(r) => r.map_err(|source| HandleError::Rpc {
                 what: "call",
-                error,
+                source,
             }),
             Err(_lost) => Err(inner.thread.lost_error().into()),
         }
@@ -180,7 +174,7 @@ impl<T: Transport + 'static> Serve<RpcRequest> for RpcServer<T> {
                     return;
                 }
                 let r = self.rpc.connect(&remote).await;
-                done.complete(r.map_err(|e| failure(&e)));
+                done.complete(r);
             }
             RpcRequest::Call {
                 session,
@@ -192,7 +186,7 @@ impl<T: Transport + 'static> Serve<RpcRequest> for RpcServer<T> {
                     return;
                 }
                 let r = self.rpc.call(session, req_type, &req).await;
-                done.complete(r.map(|m| m.to_vec()).map_err(|e| failure(&e)));
+                done.complete(r.map(|m| m.to_vec()));
             }
             RpcRequest::Disconnect { .. } => unreachable!("served by the endpoint's task"),
         }

@@ -240,19 +240,21 @@ impl<T: Transport> Drop for Engine<T> {
 /// use verbio::rpc::ud::{UdConfig, UdTransport};
 /// use verbio::rpc::{Request, Rpc, RpcAddr, RpcConfig};
 /// use verbio::runtime::{Device, Runtime};
-/// use verbio::ErrorChain;
+///
+/// // verbio's errors are `Send + Sync`: they cross threads with `?`.
+/// type BoxError = Box<dyn Error + Send + Sync>;
 ///
 /// const ECHO: u8 = 1;
 ///
 /// /// An endpoint on a UD queue pair of a new software device.
-/// fn endpoint() -> Result<Rpc<UdTransport>, Box<dyn Error>> {
+/// fn endpoint() -> Result<Rpc<UdTransport>, BoxError> {
 ///     let dev = Device::open(Context::open_soft(SoftConfig::default())?)?;
 ///     let transport = UdTransport::new(&dev, &UdConfig::default())?;
 ///     Ok(Rpc::new(transport, RpcConfig::default()))
 /// }
 ///
 /// /// Serves ECHO, hands out its address as text, stops when told.
-/// fn server(addr: mpsc::Sender<String>, stop: oneshot::Receiver<()>) -> Result<(), Box<dyn Error>> {
+/// fn server(addr: mpsc::Sender<String>, stop: oneshot::Receiver<()>) -> Result<(), BoxError> {
 ///     Runtime::new()?.block_on(async {
 ///         let rpc = endpoint()?;
 ///         rpc.register(ECHO, |req: Request| {
@@ -266,13 +268,11 @@ impl<T: Transport> Drop for Engine<T> {
 ///     })
 /// }
 ///
-/// # fn main() -> Result<(), Box<dyn Error>> {
+/// # fn main() -> Result<(), BoxError> {
 /// let (addr_tx, addr_rx) = mpsc::channel();
 /// let (stop, stopped) = oneshot::channel();
-/// let thread = std::thread::spawn(move || {
-///     // An error crosses threads as text, with its causes.
-///     server(addr_tx, stopped).map_err(|e| ErrorChain(&*e).to_string())
-/// });
+/// // The server's error, typed, comes back through `join`.
+/// let thread = std::thread::spawn(move || server(addr_tx, stopped));
 ///
 /// let addr: RpcAddr = addr_rx.recv()?.parse()?;
 /// Runtime::new()?.block_on(async {
@@ -280,7 +280,7 @@ impl<T: Transport> Drop for Engine<T> {
 ///     let session = rpc.connect(&addr).await?;
 ///     let resp = rpc.call(session, ECHO, b"ping").await?;
 ///     assert_eq!(&resp[..], b"ping");
-///     Ok::<_, Box<dyn Error>>(())
+///     Ok::<_, BoxError>(())
 /// })?;
 /// let _ = stop.send(());
 /// thread.join().expect("the server thread")?;

@@ -138,7 +138,7 @@ pub enum TransportError {
         op: &'static str,
         /// The cause.
         #[source]
-        source: Box<dyn std::error::Error + 'static>,
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
 }
 

@@ -62,7 +62,7 @@ impl UdBulk {
     }
 }
 
-fn failed(op: &'static str, e: impl std::error::Error + 'static) -> TransportError {
+fn failed(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> TransportError {
     TransportError::Failed {
         op,
         source: Box::new(e),

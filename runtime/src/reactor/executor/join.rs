@@ -7,6 +7,7 @@ use std::future::Future;
 use std::panic::resume_unwind;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use super::task::panic_message;
@@ -64,8 +65,11 @@ pub enum JoinError {
     Panicked {
         /// The panic's message (a placeholder for non-string payloads).
         message: String,
-        /// The panic payload, for [`std::panic::resume_unwind`].
-        payload: Box<dyn Any + Send>,
+        /// The panic payload, for [`std::panic::resume_unwind`] (take it
+        /// with [`JoinError::into_panic`]). The payload is `Send` but not
+        /// `Sync`; the mutex (never locked by verbio) makes the error
+        /// `Sync`, so it can be boxed into `Box<dyn Error + Send + Sync>`.
+        payload: Mutex<Box<dyn Any + Send>>,
     },
 }
 
@@ -78,10 +82,15 @@ impl JoinError {
     /// The panic payload, if the task panicked.
     pub fn into_panic(self) -> Option<Box<dyn Any + Send>> {
         match self {
-            JoinError::Panicked { payload, .. } => Some(payload),
+            JoinError::Panicked { payload, .. } => Some(take_payload(payload)),
             JoinError::Cancelled => None,
         }
     }
+}
+
+/// The payload out of its mutex (a poisoned one still holds it).
+fn take_payload(payload: Mutex<Box<dyn Any + Send>>) -> Box<dyn Any + Send> {
+    payload.into_inner().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<T> JoinState<T> {
@@ -96,7 +105,7 @@ impl<T> JoinState<T> {
             return Poll::Ready(Err(match payload {
                 Some(payload) => JoinError::Panicked {
                     message: panic_message(&*payload).to_owned(),
-                    payload,
+                    payload: Mutex::new(payload),
                 },
                 None => JoinError::Cancelled,
             }));
@@ -152,7 +161,9 @@ impl<T> Future for JoinHandle<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match self.state.poll_output(cx) {
             Poll::Ready(Ok(v)) => Poll::Ready(v),
-            Poll::Ready(Err(JoinError::Panicked { payload, .. })) => resume_unwind(payload),
+            Poll::Ready(Err(JoinError::Panicked { payload, .. })) => {
+                resume_unwind(take_payload(payload))
+            }
             Poll::Ready(Err(JoinError::Cancelled)) => panic!(
                 "JoinHandle polled after its task ended without an output \
                  (dropped by runtime shutdown, or the output was taken); \
