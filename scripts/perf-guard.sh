@@ -10,12 +10,10 @@
 # at 4 KiB for verbs and Rdma alike, from one run to the next: the best of
 # 5 compares like with like; a cliff is slow in every round).
 #
-# Known misses (issue 35, open), held to a limit of their own so that they
-# cannot get worse unseen, and printed as KNOWN MISS by every run:
-#   rpc:send_bw:4K=6  a 4 KiB RPC is two UD datagrams (MTU 4096 holds the
-#                     header and 4,064 B), each at the soft device's cost
-#                     per datagram; a session keeps 8 calls in flight
-#                     against verbs' 128 (reads 4.0x verbs on 2026-11-29)
+# A point known to miss can be held to a limit of its own with
+# perf-sweep's --known PATH:TEST:SIZE=LIMIT (printed as KNOWN MISS by every
+# run); none is today (RPC send_bw at 4 KiB was, until the server sent its
+# handlers' responses in one transport call: docs/benchmarks.md).
 #
 #   scripts/perf-guard.sh [--bin BINARY] [--limit X]
 #
@@ -37,5 +35,4 @@ while [ $# -gt 0 ]; do
 done
 exec "$ROOT/scripts/perf-sweep.sh" "${BIN[@]}" --sizes 4K,64K,1M --paths verbs,rdma,rpc \
     --tests send_lat,send_bw -D 0.1 --rounds 5 --stat best --limit 30 --guard "$LIMIT" \
-    --known rpc:send_bw:4K=6 \
     --out "$ROOT/target/perf-sweep/guard"

@@ -90,6 +90,18 @@ impl<T: Transport> Engine<T> {
         self.core.tx.clear();
     }
 
+    /// Has the dispatcher send the queued packets when it next runs: after
+    /// the tasks woken before it, e.g. the other handlers finishing in this
+    /// turn, so that their responses leave in one transport call (one post
+    /// list: on the soft device one socket write, not one per response).
+    /// Sends them now if the dispatcher has not run yet.
+    fn flush_soon(&mut self) {
+        match &self.core.dispatcher {
+            Some(w) => w.wake_by_ref(),
+            None => self.flush(),
+        }
+    }
+
     /// Answers the connect packets received (`admission.rs`).
     fn accept_connects(&mut self) {
         if self.core.connect_requests.is_empty() {
@@ -410,7 +422,7 @@ impl<T: Transport> Rpc<T> {
                         Ok(resp) => e.core.respond(session, slot, req_num, resp),
                         Err(_) => e.core.handler_panicked(session, slot, req_num),
                     }
-                    e.flush();
+                    e.flush_soon();
                 }
             });
         }
