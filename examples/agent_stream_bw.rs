@@ -12,6 +12,10 @@
 //! cargo run --release --example agent_stream_bw
 //! cargo run --release --example agent_stream_bw -- --size 4096 --total 16777216 --rounds 5
 //! ```
+//!
+//! `--timeout SECONDS` bounds the wait for the server thread to listen.
+
+mod cli;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -41,6 +45,10 @@ struct Args {
     /// Largest message the stream sends at once.
     #[arg(long, default_value_t = DEFAULT_STREAM_CHUNK)]
     chunk: usize,
+    /// Bound, in seconds, of the wait for the server thread to listen
+    /// (20 s unless given).
+    #[arg(long, default_value = "20", value_parser = cli::seconds)]
+    timeout: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,7 +185,21 @@ fn measure() -> Result<(), Box<dyn std::error::Error>> {
     let srv = std::thread::spawn(move || {
         server(runs, total, tx).map_err(|e| ErrorChain(&*e).to_string())
     });
-    let addr = rx.recv_timeout(Duration::from_secs(20))?;
+    let addr = match rx.recv_timeout(args.timeout) {
+        Ok(a) => a,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            let doing = "waiting for it to listen";
+            return Err(cli::no_answer("the server thread", args.timeout, doing).into());
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            return Err(srv
+                .join()
+                .map_err(|_| "server thread panicked")?
+                .err()
+                .unwrap_or_else(|| "the server thread ended before it listened".into())
+                .into());
+        }
+    };
     let (rt, dev) = soft_runtime()?;
     println!(
         "soft device, loopback: {} bytes per run in {}-byte writes (stream chunk {})",

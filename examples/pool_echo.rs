@@ -54,6 +54,11 @@ struct Args {
     /// eventfd).
     #[arg(long, default_value_t = 0)]
     pool_busy_poll_us: u64,
+    /// Bound of each wait, in seconds: for the server to start, for a
+    /// client to connect, and for a point's results beyond its `--secs`
+    /// (30 s unless given).
+    #[arg(long, default_value = "30", value_parser = cli::seconds)]
+    timeout: Duration,
 }
 
 fn default_sizes() -> Vec<usize> {
@@ -99,8 +104,9 @@ fn builder(max: usize) -> RdmaBuilder {
     RdmaBuilder::new().max_message_len(max)
 }
 
-/// The echo server: a runtime thread accepting forever.
-fn serve(max: usize, ready: mpsc::Sender<Result<SocketAddr, String>>) {
+/// The echo server: a runtime thread accepting the two clients (each
+/// within `limit`), echoing until both hang up.
+fn serve(max: usize, limit: Duration, ready: mpsc::Sender<Result<SocketAddr, String>>) {
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let rt = Runtime::new()?;
         let dev = Device::open(soft()?)?;
@@ -109,16 +115,22 @@ fn serve(max: usize, ready: mpsc::Sender<Result<SocketAddr, String>>) {
                 .device(dev)
                 .listen("127.0.0.1:0".parse().unwrap())?;
             let _ = ready.send(Ok(l.local_addr()?));
-            loop {
-                let c = l.accept().await?;
-                spawn(async move {
+            let mut echoes = Vec::new();
+            for client in ["local", "handle"] {
+                let doing = format!("accepting the {client} client");
+                let c = cli::bounded(limit, "the client", &doing, l.accept()).await?;
+                echoes.push(spawn(async move {
                     while let Ok(m) = c.receive().await {
                         if c.send(&m).await.is_err() {
                             break;
                         }
                     }
-                });
+                }));
             }
+            for e in echoes {
+                e.await;
+            }
+            Ok::<_, Box<dyn std::error::Error>>(())
         })
     };
     if let Err(e) = run() {
@@ -253,16 +265,45 @@ fn main() -> ExitCode {
     }
 }
 
+/// The next message on `rx`, waiting at most `limit`; on expiry fails
+/// with [`cli::no_answer`] (`who`, `doing`), and when `who`'s thread has
+/// ended without a word, says so.
+fn within<T>(
+    rx: &mpsc::Receiver<Result<T, String>>,
+    limit: Duration,
+    who: &str,
+    doing: &str,
+) -> Result<T, Box<dyn std::error::Error>> {
+    match rx.recv_timeout(limit) {
+        Ok(r) => Ok::<_, Box<dyn std::error::Error>>(r?),
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(cli::no_answer(who, limit, doing).into()),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err(format!("{who} ended without a word while {doing}").into())
+        }
+    }
+}
+
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let max = args.sizes.iter().copied().max().unwrap_or(64).max(64);
     let (ready_tx, ready_rx) = mpsc::channel();
-    std::thread::spawn(move || serve(max, ready_tx));
-    let addr = ready_rx.recv()??;
+    let limit = args.timeout;
+    std::thread::spawn(move || serve(max, limit, ready_tx));
+    let addr = within(
+        &ready_rx,
+        limit,
+        "the echo server",
+        "waiting for it to listen",
+    )?;
 
     let (points_tx, points_rx) = mpsc::channel();
     let (results_tx, results_rx) = mpsc::channel();
     std::thread::spawn(move || local_client(addr, max, points_rx, results_tx));
-    results_rx.recv()??;
+    within(
+        &results_rx,
+        limit,
+        "the local client",
+        "waiting for it to connect to the server",
+    )?;
 
     let pool = Pool::builder()
         .threads(1)
@@ -273,12 +314,20 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .worker_threads(args.workers)
         .enable_all()
         .build()?;
-    let handle = tokio_rt.block_on(RdmaHandle::connect_with(
-        &pool,
-        Placement::Thread(0),
-        addr,
-        move |b| b.max_message_len(max),
-    ))?;
+    let handle = tokio_rt.block_on(async {
+        let connect = RdmaHandle::connect_with(&pool, Placement::Thread(0), addr, move |b| {
+            b.max_message_len(max)
+        });
+        match tokio::time::timeout(limit, connect).await {
+            Ok(h) => Ok::<_, Box<dyn std::error::Error>>(h?),
+            Err(_) => Err(cli::no_answer(
+                &format!("the server at {addr}"),
+                limit,
+                "connecting the handle client",
+            )
+            .into()),
+        }
+    })?;
 
     println!(
         "{:>9} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10} {:>11} {:>11}",
@@ -305,10 +354,25 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 let cpu0 = process_cpu();
                 if first_local {
                     points_tx.send(p)?;
-                    local = results_rx.recv()??;
+                    local = within(
+                        &results_rx,
+                        time + limit,
+                        "the local client",
+                        "waiting for the result of its point",
+                    )?;
                     local.cpu = process_cpu() - cpu0;
                 } else {
-                    remote = tokio_rt.block_on(handle_point(&handle, p))?;
+                    remote = tokio_rt.block_on(async {
+                        match tokio::time::timeout(time + limit, handle_point(&handle, p)).await {
+                            Ok(r) => Ok::<_, Box<dyn std::error::Error>>(r?),
+                            Err(_) => Err(cli::no_answer(
+                                &format!("the server at {addr}"),
+                                time + limit,
+                                "echoing the handle client's point",
+                            )
+                            .into()),
+                        }
+                    })?;
                     remote.cpu = process_cpu() - cpu0;
                 }
             }

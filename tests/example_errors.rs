@@ -4,7 +4,8 @@
 //! errors carry the whole cause chain (a port in use, a refused connect, a
 //! device that does not exist and the ones that do); an empty
 //! `VERBIO_DEVICE` means none; `--iters 0` and a huge preload are refused;
-//! logs to a pipe have no colour codes. Uses the example binaries `cargo
+//! logs to a pipe have no colour codes; the benchmark examples take a
+//! `--timeout` and refuse a bad one. Uses the example binaries `cargo
 //! test` builds; skipped (with the reason) when they are not there.
 
 mod common;
@@ -331,4 +332,35 @@ fn thread_per_core_gives_up_at_its_timeout() {
         err.contains("no result from the workers and clients within 1 s"),
         "thread_per_core: {err}"
     );
+}
+
+/// pool_echo, cm_setup and agent_stream_bw take `--timeout SECONDS`: their
+/// help lists it, and 0 or a word is refused with what is wrong, before
+/// anything starts.
+#[test]
+fn benchmark_examples_take_a_timeout_and_refuse_a_bad_one() {
+    for name in ["pool_echo", "cm_setup", "agent_stream_bw"] {
+        let Some(exe) = example(&format!("{name}_timeout_flag"), name) else {
+            continue;
+        };
+        let help = Command::new(&exe)
+            .arg("--help")
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("the example's help");
+        let help = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            help.contains("--timeout"),
+            "{name} --help does not list --timeout:\n{help}"
+        );
+        for bad in ["0", "soon"] {
+            let (ok, err) = run(&exe, &["--timeout", bad]);
+            assert!(!ok, "{name} --timeout {bad} was taken");
+            assert!(
+                err.contains("--timeout")
+                    && (err.contains("at least 1 second") || err.contains("invalid digit")),
+                "{name} --timeout {bad} said: {err}"
+            );
+        }
+    }
 }
