@@ -8,7 +8,8 @@
 //! message: from the rings of all receiver QPs (merged), or from the one
 //! ring on the SRQ they share. Each round runs both setups (alternating
 //! which goes first); the medians and their ratio (SRQ / per-QP rings)
-//! are printed, with the receive memory of each.
+//! are printed, with the receive memory of each. `--timeout` bounds each
+//! run.
 //!
 //! ```text
 //! cargo run --release --example srq_throughput -- --conns 64
@@ -54,6 +55,10 @@ struct Args {
     /// Rounds (each runs both setups).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Bound of each run (one setup of one round), in seconds: a lost
+    /// message or completion ends the run saying so (120 s unless given).
+    #[arg(long, default_value = "120", value_parser = cli::seconds)]
+    timeout: Duration,
 }
 
 /// One setup's result.
@@ -189,7 +194,13 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
                 [true, false]
             };
             for shared in order {
-                let r = run_once(&dev, args, shared).await?;
+                let setup = if shared { "SRQ ring" } else { "per-QP rings" };
+                let r = verbio::runtime::timeout(args.timeout, run_once(&dev, args, shared))
+                    .await
+                    .map_err(|_| {
+                        let doing = format!("moving round {round}'s messages ({setup})");
+                        cli::no_answer("the device", args.timeout, &doing)
+                    })??;
                 println!(
                     "  round {round}: {:<15} {:>10.0} msg/s",
                     if shared { "SRQ ring" } else { "per-QP rings" },

@@ -334,12 +334,12 @@ fn thread_per_core_gives_up_at_its_timeout() {
     );
 }
 
-/// pool_echo, cm_setup and agent_stream_bw take `--timeout SECONDS`: their
-/// help lists it, and 0 or a word is refused with what is wrong, before
-/// anything starts.
+/// pool_echo, cm_setup, agent_stream_bw and srq_throughput take
+/// `--timeout SECONDS`: their help lists it, and 0 or a word is refused
+/// with what is wrong, before anything starts.
 #[test]
 fn benchmark_examples_take_a_timeout_and_refuse_a_bad_one() {
-    for name in ["pool_echo", "cm_setup", "agent_stream_bw"] {
+    for name in ["pool_echo", "cm_setup", "agent_stream_bw", "srq_throughput"] {
         let Some(exe) = example(&format!("{name}_timeout_flag"), name) else {
             continue;
         };
@@ -363,4 +363,22 @@ fn benchmark_examples_take_a_timeout_and_refuse_a_bad_one() {
             );
         }
     }
+}
+
+#[test]
+fn srq_throughput_gives_up_at_its_timeout() {
+    let Some(exe) = example("srq_throughput_timeout", "srq_throughput") else {
+        return;
+    };
+    // Far more messages than a second holds (64 connections x 1e8).
+    let (ok, err) = run(
+        &exe,
+        &["--timeout", "1", "--msgs", "100000000", "--rounds", "1"],
+    );
+    assert!(!ok, "srq_throughput --timeout 1 moved 6.4e9 messages");
+    assert!(
+        err.contains("within 1 s while moving round 0's messages")
+            && err.contains("--timeout sets the bound"),
+        "srq_throughput: {err}"
+    );
 }
