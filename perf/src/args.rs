@@ -304,12 +304,14 @@ pub struct Cli {
     /// Refused: bidirectional traffic is not supported yet.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
-    /// Refused: posting lists of WRs is not supported yet.
+    /// WRs per post list (one doorbell, the last WR signaled): write_bw
+    /// and send_bw with --api verbs; -t and -n must be multiples of it.
     #[arg(short = 'l', long = "post_list", value_name = "N")]
-    pub post_list: Option<String>,
-    /// Refused: CQ moderation is not settable yet.
+    pub post_list: Option<u32>,
+    /// One WR signaled in N: with -l, N must equal -l (the runtime signals
+    /// the last WR of each post list); without -l, only 1 (every WR).
     #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
-    pub cq_mod: Option<String>,
+    pub cq_mod: Option<u32>,
     /// Refused: connecting through the RDMA CM is not supported yet.
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
@@ -378,6 +380,8 @@ pub struct Config {
     pub limit_bw: Option<f64>,
     /// `--out_json`: the file that also gets the JSON document.
     pub out_json: Option<PathBuf>,
+    /// `-l`: WRs per post list (1: one WR per post, every WR signaled).
+    pub post_list: u32,
 }
 
 /// A flag combination that cannot run, with what to do instead.
@@ -447,15 +451,6 @@ impl Cli {
             (
                 self.bidirectional,
                 "-b (--bidirectional: traffic both ways at once)",
-            ),
-            (
-                self.post_list.is_some(),
-                "-l (--post_list: WRs posted as lists; every API posts one WR at a time)",
-            ),
-            (
-                self.cq_mod.is_some(),
-                "-Q (--cq-mod: CQ moderation; --api verbs and rdma signal every WR, \
-                 --api raw one in 100)",
             ),
             (
                 self.rdma_cm,
@@ -608,6 +603,7 @@ impl Cli {
                  perftest's default (use --api verbs -e to sleep on the completion channel)",
             ));
         }
+        let post_list = post_list(&self, test, tx_depth, iters)?;
         let inline = self.inline.unwrap_or(if test.is_lat() { 64 } else { 0 });
         Ok(Config {
             test,
@@ -633,6 +629,7 @@ impl Cli {
             rpc_read_threshold: self.rpc_read_threshold,
             no_peak: self.no_peak,
             limit_bw: self.limit_bw,
+            post_list,
             out_json: match (self.out_json, self.out_json_file) {
                 (_, Some(path)) => Some(path),
                 (true, None) => Some(PathBuf::from(DEFAULT_JSON_FILE)),
@@ -640,6 +637,54 @@ impl Cli {
             },
         })
     }
+}
+
+/// Checks `-l` and `-Q` against the test, the API and `-t` / `-n`;
+/// returns the WRs per post list (1 without `-l`).
+fn post_list(cli: &Cli, test: Test, tx_depth: u32, iters: Option<u64>) -> Result<u32, ArgError> {
+    if cli.post_list.is_none() && cli.cq_mod.is_none() {
+        return Ok(1);
+    }
+    if cli.post_list == Some(0) || cli.cq_mod == Some(0) {
+        return Err(bad("-l and -Q take a count of at least 1"));
+    }
+    if !matches!(test, Test::WriteBw | Test::SendBw) {
+        return Err(bad(format!(
+            "-l (--post_list) and -Q (--cq-mod) apply to write_bw and send_bw, not {} \
+             (the runtime chains WRs that gather from memory: SEND and WRITE)",
+            test.name()
+        )));
+    }
+    if cli.api != Api::Verbs || cli.transport != Transport::Rdma {
+        return Err(bad(
+            "-l (--post_list) and -Q (--cq-mod) apply to --api verbs over RDMA only: \
+             --api raw signals one WR in 100 and posts one at a time, --api rdma and rpc \
+             post one message per call",
+        ));
+    }
+    let list = cli.post_list.unwrap_or(1);
+    let cq_mod = cli.cq_mod.unwrap_or(list);
+    if cq_mod != list {
+        return Err(bad(format!(
+            "-Q {cq_mod} with -l {list}: the runtime leaves WRs unsignaled only inside a \
+             post list and signals its last WR, so -Q must equal -l (or be left out; \
+             without -l, -Q 1: every WR signaled)"
+        )));
+    }
+    if tx_depth % list != 0 {
+        return Err(bad(format!(
+            "-t {tx_depth} is not a multiple of -l {list}: -t counts WRs in flight, \
+             posted as whole lists"
+        )));
+    }
+    if let Some(n) = iters {
+        if n % u64::from(list) != 0 {
+            return Err(bad(format!(
+                "-n {n} is not a multiple of -l {list} (as perftest)"
+            )));
+        }
+    }
+    Ok(list)
 }
 
 impl Config {
@@ -870,13 +915,72 @@ mod tests {
     }
 
     #[test]
+    fn post_list_and_cq_mod_apply_where_the_runtime_can_honour_them() {
+        for args in [
+            &["write_bw", "-l", "4"][..],
+            &[
+                "send_bw",
+                "--post_list=4",
+                "--cq-mod=4",
+                "-t",
+                "16",
+                "-n",
+                "40",
+            ],
+            &["write_bw", "-Q", "1"],
+            &["send_bw", "-l", "1", "-Q", "1"],
+        ] {
+            let c = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let want = args
+                .iter()
+                .position(|a| *a == "-l")
+                .map_or(if args[1] == "--post_list=4" { 4 } else { 1 }, |i| {
+                    args[i + 1].parse().expect("a count")
+                });
+            assert_eq!(c.post_list, want, "{args:?}");
+        }
+        assert_eq!(parse(&["write_bw"]).expect("valid").post_list, 1);
+        for (args, why) in [
+            (&["write_bw", "-l", "4", "-Q", "8"][..], "-Q must equal -l"),
+            (&["write_bw", "-l", "8", "-Q", "4"], "-Q must equal -l"),
+            (&["write_bw", "-Q", "100"], "-Q must equal -l"),
+            (&["write_bw", "-l", "0"], "at least 1"),
+            (&["write_bw", "-Q", "0"], "at least 1"),
+            (&["write_bw", "-l", "3"], "-t 128 is not a multiple of -l 3"),
+            (
+                &["write_bw", "-l", "4", "-n", "42"],
+                "-n 42 is not a multiple",
+            ),
+            (&["read_bw", "-l", "4"], "not read_bw"),
+            (&["atomic_bw", "-Q", "1"], "not atomic_bw"),
+            (&["send_lat", "-l", "2"], "not send_lat"),
+            (
+                &["write_bw", "-l", "4", "--api", "raw"],
+                "--api verbs over RDMA only",
+            ),
+            (
+                &["write_bw", "-l", "4", "--api", "rdma"],
+                "--api verbs over RDMA only",
+            ),
+            (
+                &["send_bw", "-Q", "1", "--api", "rpc"],
+                "--api verbs over RDMA only",
+            ),
+            (
+                &["send_bw", "-l", "4", "--transport", "tcp"],
+                "--api verbs over RDMA only",
+            ),
+        ] {
+            let e = parse(args).expect_err("refused");
+            assert!(e.contains(why), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
     fn perftest_flags_that_would_change_the_measure_are_refused_by_name() {
         for (args, needle) in [
             (&["send_bw", "-b"][..], "-b (--bidirectional"),
             (&["send_bw", "--bidirectional"][..], "-b (--bidirectional"),
-            (&["send_bw", "-l", "4"][..], "-l (--post_list"),
-            (&["send_bw", "--post_list=1"][..], "-l (--post_list"),
-            (&["write_bw", "-Q", "10"][..], "-Q (--cq-mod"),
             (&["send_lat", "-R"][..], "-R (--rdma_cm"),
             (&["send_bw", "--use-srq"][..], "--use-srq"),
             (

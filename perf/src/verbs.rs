@@ -6,7 +6,7 @@ use std::future::Future;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
-use verbio::ops::verbs::{RemoteBuf, Verbs};
+use verbio::ops::verbs::{Batch, RemoteBuf, Verbs};
 use verbio::runtime::buf::{LocalBuf, MrPool};
 use verbio::runtime::{Device, QueuePair, RecvRing, RecvRingConfig, UdPeer};
 
@@ -82,9 +82,22 @@ impl State {
             .at(0, size as u64)
             .ctx("the peer's memory is smaller than the message")?;
         match cfg.test {
+            Test::WriteBw if cfg.post_list > 1 => {
+                let lists = self.lists(conn, cfg, size, budget)?;
+                pipeline(lists, budget, u64::from(cfg.post_list), |i, l| {
+                    let qp = &conn.qps[i];
+                    let batch = l
+                        .into_iter()
+                        .fold(Batch::with_capacity(cfg.post_list as usize), |b, buf| {
+                            b.write(buf, remote)
+                        });
+                    async move { qp.post_batch(batch).await }
+                })
+                .await
+            }
             Test::WriteBw => {
                 let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                pipeline(bufs, budget, |i, b| {
+                pipeline(bufs, budget, 1, |i, b| {
                     let qp = &conn.qps[i];
                     async move {
                         let (r, b) = qp.write(b, remote).await;
@@ -95,7 +108,7 @@ impl State {
             }
             Test::ReadBw => {
                 let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                pipeline(bufs, budget, |i, b| {
+                pipeline(bufs, budget, 1, |i, b| {
                     let qp = &conn.qps[i];
                     async move {
                         let (r, b) = qp.read(b, remote).await;
@@ -107,7 +120,7 @@ impl State {
             Test::AtomicBw => {
                 let word = conn.remote.word(0).ctx("the peer's atomic word")?;
                 let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                pipeline(bufs, budget, |i, b| {
+                pipeline(bufs, budget, 1, |i, b| {
                     let qp = &conn.qps[i];
                     async move {
                         let (r, b) = qp.fetch_and_add(b, word, 1).await;
@@ -123,15 +136,29 @@ impl State {
                         qp.send(empty).await.0.ctx("sending a drain message")?;
                     }
                 }
-                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                let m = pipeline(bufs, budget, |i, b| {
-                    let qp = &conn.qps[i];
-                    async move {
-                        let (r, b) = qp.send(b).await;
-                        (r.map(drop), b)
-                    }
-                })
-                .await?;
+                let m = if cfg.post_list > 1 {
+                    let lists = self.lists(conn, cfg, size, budget)?;
+                    pipeline(lists, budget, u64::from(cfg.post_list), |i, l| {
+                        let qp = &conn.qps[i];
+                        let batch = l
+                            .into_iter()
+                            .fold(Batch::with_capacity(cfg.post_list as usize), |b, buf| {
+                                b.send(buf)
+                            });
+                        async move { qp.post_batch(batch).await }
+                    })
+                    .await?
+                } else {
+                    let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
+                    pipeline(bufs, budget, 1, |i, b| {
+                        let qp = &conn.qps[i];
+                        async move {
+                            let (r, b) = qp.send(b).await;
+                            (r.map(drop), b)
+                        }
+                    })
+                    .await?
+                };
                 for qp in &conn.qps {
                     let empty = self.pool.alloc(0).ctx("allocating the stop marker")?;
                     qp.send_with_imm(empty, STOP_IMM)
@@ -192,6 +219,41 @@ impl State {
                         self.pool
                             .alloc_from(&data)
                             .ctx(format!("allocating a {size}-byte buffer"))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `-l`: `-t / -l` post lists of `-l` buffers of `size` bytes per QP,
+    /// registered before the clock starts; no more lists than the
+    /// iterations need.
+    fn lists(
+        &self,
+        conn: &Conn,
+        cfg: &Config,
+        size: usize,
+        budget: &Budget,
+    ) -> Result<Vec<Vec<Vec<LocalBuf>>>> {
+        let per = u64::from(cfg.post_list);
+        let depth = u64::from(cfg.tx_depth / cfg.post_list);
+        let n = match budget.wire_iters() {
+            0 => depth,
+            iters => iters.div_ceil(per).min(depth),
+        };
+        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        conn.qps
+            .iter()
+            .map(|_| {
+                (0..n)
+                    .map(|_| {
+                        (0..per)
+                            .map(|_| {
+                                self.pool
+                                    .alloc_from(&data)
+                                    .ctx(format!("allocating a {size}-byte buffer"))
+                            })
+                            .collect()
                     })
                     .collect()
             })
@@ -454,11 +516,17 @@ fn tag<T>(i: usize) -> impl FnOnce(T) -> (usize, T) {
 
 /// Keeps every buffer of `bufs[qp]` in flight on its QP through `op`,
 /// reposting each as its op completes, until the budget is spent; stamps
-/// every completion.
-async fn pipeline<F, Fut>(bufs: Vec<Vec<LocalBuf>>, budget: &Budget, mut op: F) -> Result<Measured>
+/// every completion. Each op carries `wrs` WRs (a post list with `-l`), so
+/// the budget and the samples count WRs.
+async fn pipeline<B, F, Fut>(
+    bufs: Vec<Vec<B>>,
+    budget: &Budget,
+    wrs: u64,
+    mut op: F,
+) -> Result<Measured>
 where
-    F: FnMut(usize, LocalBuf) -> Fut,
-    Fut: Future<Output = (verbio::ops::Result<()>, LocalBuf)>,
+    F: FnMut(usize, B) -> Fut,
+    Fut: Future<Output = (verbio::ops::Result<()>, B)>,
 {
     let mut samples = BwSamples::with_capacity(budget.wire_iters() as usize * bufs.len() + 1);
     let mut posted = vec![0u64; bufs.len()];
@@ -468,7 +536,7 @@ where
     for (i, list) in bufs.into_iter().enumerate() {
         for b in list {
             if budget.more(posted[i]) {
-                posted[i] += 1;
+                posted[i] += wrs;
                 in_flight.push(op(i, b).map(tag(i)));
             }
         }
@@ -476,10 +544,10 @@ where
     let mut done = 0u64;
     while let Some((i, (r, b))) = in_flight.next().await {
         r.ctx_with(|| format!("op {done} on QP {i}"))?;
-        done += 1;
+        done += wrs;
         samples.push(clock.stamp(), done);
         if budget.more(posted[i]) {
-            posted[i] += 1;
+            posted[i] += wrs;
             in_flight.push(op(i, b).map(tag(i)));
         }
     }

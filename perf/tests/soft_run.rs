@@ -290,9 +290,10 @@ fn perftest_flags_not_supported_are_refused_by_name() {
             &["send_bw", "-b"][..],
             "does not support -b (--bidirectional",
         ),
+        (&["write_bw", "-Q", "100"][..], "-Q must equal -l"),
         (
-            &["write_bw", "-Q", "100"][..],
-            "does not support -Q (--cq-mod",
+            &["read_bw", "-l", "4"][..],
+            "-l (--post_list) and -Q (--cq-mod) apply to",
         ),
         (&["send_bw", "--use-srq"][..], "does not support --use-srq"),
     ] {
@@ -300,5 +301,19 @@ fn perftest_flags_not_supported_are_refused_by_name() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+/// `-l 4 -Q 4` (perftest's `-l 4`): write_bw and send_bw post lists of 4
+/// WRs, one signaled; every WR is counted and the figure is sane.
+#[test]
+fn post_lists_with_cq_moderation() {
+    for test in ["write_bw", "send_bw"] {
+        let args = [
+            test, "-l", "4", "-Q", "4", "-t", "16", "-n", "40", "-s", "4096",
+        ];
+        let v = run(&args, &args);
+        check(&v, test, &[4096]);
+        assert_eq!(v["results"][0]["iterations"], 40, "{v}");
     }
 }
