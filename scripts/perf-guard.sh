@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf-guard.sh -- CI's guard against performance cliffs: a quick
+# perf-guard.sh -- a guard against performance cliffs (meant for CI, not in .ci/run yet: docs/benchmarks.md): a quick
 # scripts/perf-sweep.sh on the software device at 4 KiB, 64 KiB and 1 MiB,
 # send_lat and send_bw through the verbs API, the Rdma agent and RPC over
 # UD, that fails (exit 1) when Rdma or RPC is more than 3 times slower than
