@@ -468,6 +468,19 @@ impl Writer<'_> {
     }
 }
 
+/// An optional immediate as `has_imm: u32, imm: u32`: `(1, imm)` or
+/// `(0, 0)`; anything else is refused as `field`.
+fn read_opt_imm(r: &mut Reader<'_>, field: &'static str) -> Result<Option<u32>, WireError> {
+    match (r.u32()?, r.u32()?) {
+        (0, 0) => Ok(None),
+        (1, imm) => Ok(Some(imm)),
+        _ => Err(WireError::InvalidField {
+            field,
+            reason: "has_imm must be 1, or 0 with a zero immediate",
+        }),
+    }
+}
+
 fn read_token(r: &mut Reader<'_>) -> Result<MrToken, WireError> {
     let token = MrToken {
         token_id: r.u64()?,
@@ -785,18 +798,7 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
         }
         kind::READ_ME => {
             r.what = "read-me";
-            let has_imm = r.u32()?;
-            let imm_raw = r.u32()?;
-            let imm = match (has_imm, imm_raw) {
-                (0, 0) => None,
-                (1, imm) => Some(imm),
-                _ => {
-                    return Err(WireError::InvalidField {
-                        field: "read_me.imm",
-                        reason: "has_imm must be 1, or 0 with a zero immediate",
-                    })
-                }
-            };
+            let imm = read_opt_imm(&mut r, "read_me.imm")?;
             let token = read_token(&mut r)?;
             Message::ReadMe { imm, token }
         }
@@ -815,18 +817,7 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
         }
         kind::STAGED => {
             r.what = "staged";
-            let has_imm = r.u32()?;
-            let imm_raw = r.u32()?;
-            let imm = match (has_imm, imm_raw) {
-                (0, 0) => None,
-                (1, imm) => Some(imm),
-                _ => {
-                    return Err(WireError::InvalidField {
-                        field: "staged.imm",
-                        reason: "has_imm must be 1, or 0 with a zero immediate",
-                    })
-                }
-            };
+            let imm = read_opt_imm(&mut r, "staged.imm")?;
             let grant = r.u32()?;
             let offset = r.u32()?;
             let len = r.u32()?;

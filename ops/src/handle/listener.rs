@@ -13,6 +13,7 @@ use verbio_runtime::pool::{
     ThreadRef,
 };
 
+use super::rdma::thread_builder;
 use super::serve::start;
 use super::{HandleError, RdmaHandle};
 use crate::agent::{AgentError, CloseReason, RdmaBuilder, RdmaListener};
@@ -71,23 +72,21 @@ impl ListenerHandle {
         F: FnOnce(RdmaBuilder) -> RdmaBuilder + Send + 'static,
     {
         let h = pool.spawn(placement, move |cx| {
-            let mut b = RdmaBuilder::new();
-            if let Some(d) = cx.device() {
-                b = b.device(d.clone());
-            }
-            let r = configure(b).listen(addr).and_then(|listener| {
-                let local_addr = listener.local_addr()?;
-                let (tx, rx) = mailbox(ACCEPT_QUEUE);
-                let inner = Arc::new(ListenerShared {
-                    thread: cx.thread().clone(),
-                    tx,
-                    slots: SlotCache::new(8),
-                    local_addr,
+            let r = configure(thread_builder(cx))
+                .listen(addr)
+                .and_then(|listener| {
+                    let local_addr = listener.local_addr()?;
+                    let (tx, rx) = mailbox(ACCEPT_QUEUE);
+                    let inner = Arc::new(ListenerShared {
+                        thread: cx.thread().clone(),
+                        tx,
+                        slots: SlotCache::new(8),
+                        local_addr,
+                    });
+                    let thread = cx.thread().clone();
+                    verbio_runtime::spawn(serve(listener, rx, thread, cx.shutdown_signal()));
+                    Ok(ListenerHandle { inner })
                 });
-                let thread = cx.thread().clone();
-                verbio_runtime::spawn(serve(listener, rx, thread, cx.shutdown_signal()));
-                Ok(ListenerHandle { inner })
-            });
             std::future::ready(r)
         });
         Ok(h.await??)

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use verbio_runtime::pool::{MailSender, Placement, Pool, SlotCache, ThreadRef};
+use verbio_runtime::pool::{MailSender, Placement, Pool, SlotCache, ThreadContext, ThreadRef};
 
 use super::remote::RemoteMrHandle;
 use super::serve::{start, Done, Reply, Request};
@@ -58,6 +58,16 @@ impl std::fmt::Debug for RdmaHandle {
     }
 }
 
+/// A builder for the runtime thread of `cx`, with the thread's device set
+/// if the pool has one.
+pub(super) fn thread_builder(cx: &ThreadContext) -> RdmaBuilder {
+    let b = RdmaBuilder::new();
+    match cx.device() {
+        Some(d) => b.device(d.clone()),
+        None => b,
+    }
+}
+
 impl RdmaHandle {
     /// Connects to an [`RdmaListener`](crate::agent::RdmaListener) (or a
     /// [`ListenerHandle`](super::ListenerHandle)) at `addr` from the pool
@@ -84,11 +94,7 @@ impl RdmaHandle {
         F: FnOnce(RdmaBuilder) -> RdmaBuilder + Send + 'static,
     {
         let h = pool.spawn(placement, move |cx| {
-            let mut b = RdmaBuilder::new();
-            if let Some(d) = cx.device() {
-                b = b.device(d.clone());
-            }
-            let b = configure(b);
+            let b = configure(thread_builder(cx));
             let (thread, shutdown) = (cx.thread().clone(), cx.shutdown_signal());
             async move {
                 let rdma = b.connect(addr).await?;
