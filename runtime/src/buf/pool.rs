@@ -25,9 +25,15 @@ pub struct PoolConfig {
     /// Largest pooled block in bytes (a power of two, at most 1 GiB); larger
     /// requests get a dedicated registration each. Default 1 MiB.
     pub max_block: usize,
-    /// Bytes registered at once when a class runs dry. Default 512 KiB.
+    /// Largest chunk registered at once when a class runs dry. Default
+    /// 512 KiB. A class's first chunk is one page (one block for blocks of
+    /// a page or more) and each later one as large as all before it, up
+    /// to this (and at least `min_blocks_per_chunk` blocks): a pool used
+    /// for a few small buffers registers a few KiB, not a full chunk per
+    /// class.
     pub chunk_bytes: usize,
-    /// Fewest blocks per chunk, for classes bigger than `chunk_bytes`. Default 4.
+    /// Fewest blocks in a full chunk, for classes bigger than
+    /// `chunk_bytes`. Default 4.
     pub min_blocks_per_chunk: usize,
 }
 
@@ -129,7 +135,7 @@ impl PoolInner {
     /// Registers one chunk for `class` and puts its blocks on the free list.
     fn carve(&mut self, class: usize) -> Result<(), BufError> {
         let block = self.classes.block_size(class);
-        let size = self.classes.chunk_size(class);
+        let size = self.classes.next_chunk_size(class, self.carved[class]);
         let chunk = RegisteredRaw::new("MrPool chunk", &*self.registrar, size, POOL_ACCESS)?;
         let n = size / block;
         let base = chunk.mem.ptr();
@@ -462,11 +468,32 @@ mod tests {
     }
 
     #[test]
-    fn big_classes_hold_min_blocks_per_chunk() {
+    fn big_classes_grow_to_min_blocks_per_chunk() {
         let (pool, _reg) = pool(small());
         let b = pool.alloc(4096).unwrap();
         assert_eq!(b.capacity(), 4096);
-        assert_eq!(pool.stats().chunk_bytes, 8192);
+        // One block first, then as many as before, up to full chunks of 2.
+        assert_eq!(pool.stats().chunk_bytes, 4096);
+        let more: Vec<_> = (0..3).map(|_| pool.alloc(4096).unwrap()).collect();
+        let s = pool.stats();
+        assert_eq!((s.chunks, s.chunk_bytes), (3, 4096 + 4096 + 8192));
+        drop((b, more));
+    }
+
+    #[test]
+    fn a_pool_used_for_a_few_small_buffers_registers_a_page() {
+        let (pool, reg) = pool(PoolConfig::default());
+        let bufs: Vec<_> = (0..10).map(|_| pool.alloc(200).unwrap()).collect();
+        let s = pool.stats();
+        assert_eq!((s.chunks, s.chunk_bytes), (1, 4096));
+        drop(bufs);
+        // A busy class doubles its chunks up to the configured size.
+        let bufs: Vec<_> = (0..4096).map(|_| pool.alloc(200).unwrap()).collect();
+        let s = pool.stats();
+        assert!(s.chunks <= 9, "{s:?}");
+        assert_eq!(s.chunk_bytes, 256 * 4096, "{s:?}");
+        assert_eq!(reg.0.live.get(), s.chunks);
+        drop(bufs);
     }
 
     #[test]

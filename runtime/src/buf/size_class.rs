@@ -58,14 +58,32 @@ impl SizeClasses {
         1 << (self.min_shift as usize + class)
     }
 
-    /// Bytes of one chunk carved for `class`: at least `chunk_bytes` and at
-    /// least `min_blocks_per_chunk` blocks; always a multiple of the block size.
+    /// Bytes of one full chunk of `class`: at least `chunk_bytes` and at
+    /// least `min_blocks_per_chunk` blocks; always a multiple of the block
+    /// size.
     pub(crate) fn chunk_size(&self, class: usize) -> usize {
         let block = self.block_size(class);
         let blocks = (self.chunk_bytes / block).max(self.min_blocks_per_chunk);
         blocks * block
     }
+
+    /// Bytes of the next chunk to carve for `class` when `carved` blocks
+    /// of it were carved before: the first chunk is one page (one block
+    /// for blocks of a page or more), each later one as large as all
+    /// before it, up to a full [`chunk_size`](Self::chunk_size). A class
+    /// used for a few buffers (a connection's first sends) so registers a
+    /// page, not a full chunk, and a busy one reaches full chunks after a
+    /// few doublings.
+    pub(crate) fn next_chunk_size(&self, class: usize, carved: usize) -> usize {
+        let block = self.block_size(class);
+        let full = self.chunk_size(class) / block;
+        let first = (PAGE / block).max(1);
+        carved.max(first).min(full) * block
+    }
 }
+
+/// Size of the first chunk of a class of small blocks.
+const PAGE: usize = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -120,5 +138,34 @@ mod tests {
         }
         assert_eq!(c.chunk_size(0), 512 * 1024);
         assert_eq!(c.chunk_size(14), 4 << 20);
+    }
+
+    #[test]
+    fn chunks_start_at_a_page_and_double_up_to_a_full_chunk() {
+        let c = classes();
+        // 64-byte blocks: a page, then as much again, up to 512 KiB.
+        let mut carved = 0;
+        let mut sizes = Vec::new();
+        while sizes.last() != Some(&(512 * 1024)) {
+            let size = c.next_chunk_size(0, carved);
+            assert_eq!(size % 64, 0);
+            carved += size / 64;
+            sizes.push(size);
+        }
+        assert_eq!(sizes[0], 4096);
+        assert_eq!(sizes[1], 4096);
+        assert_eq!(sizes[2], 8192);
+        assert_eq!(sizes.len(), 9, "{sizes:?}");
+        assert_eq!(c.next_chunk_size(0, carved), 512 * 1024, "stays full");
+        // Blocks of a page or more: one block first.
+        assert_eq!(c.next_chunk_size(6, 0), 4096);
+        assert_eq!(c.next_chunk_size(14, 0), 1 << 20);
+        assert_eq!(c.next_chunk_size(14, 1), 1 << 20);
+        assert_eq!(c.next_chunk_size(14, 2), 2 << 20);
+        assert_eq!(c.next_chunk_size(14, 4), 4 << 20);
+        assert_eq!(c.next_chunk_size(14, 100), 4 << 20);
+        // A full chunk smaller than a page is carved whole at once.
+        let tiny = SizeClasses::new(6, 12, 1024, 2);
+        assert_eq!(tiny.next_chunk_size(0, 0), 1024);
     }
 }

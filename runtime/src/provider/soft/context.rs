@@ -594,8 +594,11 @@ impl Pd {
                 cfg: Default::default(),
                 gen: 0,
                 epoch: 0,
-                sq: VecDeque::with_capacity(caps.max_send_wr as usize),
-                rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+                // Grown as WRs are posted (bounded by the caps), not
+                // allocated at their depth: an idle QP of 128 + 128 WRs
+                // held 36 KiB of queue it never used (issue 31).
+                sq: VecDeque::new(),
+                rq: VecDeque::new(),
                 sq_outstanding: 0,
                 rq_outstanding: 0,
                 direct: None,

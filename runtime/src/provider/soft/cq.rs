@@ -72,7 +72,10 @@ impl CqShared {
             handle,
             capacity,
             state: Mutex::new(CqState {
-                queue: VecDeque::with_capacity(capacity as usize),
+                // Grown as completions queue up (bounded by `capacity`):
+                // a CQ sized for every QP's claim holds few entries at
+                // once (issue 31).
+                queue: VecDeque::new(),
                 armed: None,
                 overflow: false,
                 idle_polls: 0,
