@@ -119,7 +119,7 @@ fn rpc_endpoint(
 
 fn register_echo<T: Transport>(rpc: &Rpc<T>, inline: bool) -> Result<(), RpcError> {
     let echo = |req: Request| {
-        let mut resp = req.response();
+        let mut resp = req.response_with_capacity(req.data().len());
         resp.extend_from_slice(req.data());
         resp
     };

@@ -9,7 +9,7 @@ mod common;
 
 use std::rc::Rc;
 
-use common::alloc_count::{allocs, Counting};
+use common::alloc_count::{allocs, big_allocs, Counting};
 
 use verbio::provider::{Context, SoftConfig};
 use verbio::rpc::mem::MemNetwork;
@@ -154,4 +154,54 @@ fn a_small_call_over_ud_does_not_allocate_after_warm_up() {
 #[test]
 fn eight_concurrent_callers_over_ud_do_not_allocate_after_warm_up() {
     assert!(over_ud(8) <= GROWTH);
+}
+
+/// Echo calls of `len` bytes over the in-memory network (by READ: its
+/// large-message path); the allocations of 1 MiB or more made by
+/// `calls` calls after three warm-up calls.
+fn big_allocations_per_echo(len: usize, calls: usize) -> u64 {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(1, 4096);
+        let config = RpcConfig {
+            max_msg_len: 16 << 20,
+            ..RpcConfig::default()
+        };
+        let server = Rpc::new(net.endpoint(), config.clone());
+        let client = Rpc::new(net.endpoint(), config);
+        server
+            .register(ECHO, |req: Request| {
+                let mut resp = req.response_with_capacity(req.data().len());
+                resp.extend_from_slice(req.data());
+                std::future::ready(resp)
+            })
+            .unwrap();
+        let s = client.connect(&server.local_addr()).await.unwrap();
+        let req: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+        let mut before = 0;
+        for i in 0..3 + calls {
+            if i == 3 {
+                before = big_allocs();
+            }
+            let resp = client.call(s, ECHO, &req).await.unwrap();
+            assert!(resp[..] == req[..], "call {i}: echo differs");
+        }
+        assert!(client.stats().bulk_reads >= 3, "the calls went by READ");
+        let n = big_allocs() - before;
+        println!("{len} bytes: {n} allocations of 1 MiB or more in {calls} calls");
+        n
+    })
+}
+
+/// A large message's buffers (the READ's target on each side, the
+/// handler's response) come back from the endpoint's pool: a stream of
+/// 4 MiB calls allocates no new 4 MiB buffer per call (it did: the pool
+/// freed every buffer above 1 MiB, so each call allocated three and
+/// page-faulted them in). Also at 1 MiB, the largest the small list keeps.
+#[test]
+fn large_messages_reuse_pooled_buffers() {
+    for len in [1 << 20, 4 << 20] {
+        let n = big_allocations_per_echo(len, 10);
+        assert_eq!(n, 0, "{len}-byte echoes allocated {n} large buffers");
+    }
 }

@@ -72,7 +72,7 @@ fn endpoint(cfg: &Config, dev: &Device, max_size: usize) -> Result<Rpc<UdTranspo
 }
 
 fn serve_echo(req: Request) -> impl Future<Output = verbio::rpc::MsgBuf> {
-    let mut resp = req.response();
+    let mut resp = req.response_with_capacity(req.data().len());
     resp.extend_from_slice(req.data());
     std::future::ready(resp)
 }

@@ -280,9 +280,7 @@ impl<P: Clone> Core<P> {
                 reason: "no RC link here",
             });
         };
-        let mut into = self.pool.take();
-        into.clear();
-        into.reserve_exact(len);
+        let into = self.pool.take_for(len);
         let token = self.next_token;
         self.next_token += 1;
         match bulk.read(link, desc.addr, desc.rkey, len, into, token) {

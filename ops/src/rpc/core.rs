@@ -80,7 +80,9 @@ pub struct RpcMemory {
     /// largest request).
     pub request_budget: usize,
     /// Bytes of buffers kept for reuse by the message pool (at most
-    /// [`POOL_MAX_BYTES`](super::POOL_MAX_BYTES)).
+    /// [`POOL_MAX_BYTES`](super::POOL_MAX_BYTES) of buffers up to 1 MiB
+    /// plus [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
+    /// of larger ones).
     pub pooled_bytes: usize,
     /// Server sessions open.
     pub server_sessions: usize,
@@ -196,6 +198,7 @@ impl<P: Clone> Core<P> {
     pub(crate) fn new(config: RpcConfig, max_packet: usize, local_addr: Vec<u8>) -> Self {
         Core {
             budget: Budget::new(config.request_memory),
+            pool: BufPool::new(config.request_memory),
             peer_sessions: HashMap::new(),
             open_sessions: 0,
             config,
@@ -213,7 +216,6 @@ impl<P: Clone> Core<P> {
             tx: TxBatch::default(),
             acks: Vec::new(),
             pumps: Vec::new(),
-            pool: BufPool::default(),
             handlers: (0..256).map(|_| None).collect(),
             stats: RpcStats::default(),
             now: 0,

@@ -56,6 +56,14 @@ impl Request {
     pub fn response(&self) -> MsgBuf {
         self.pool.msg(self.pool.take())
     }
+
+    /// An empty buffer from the endpoint's pool with room for `len` bytes,
+    /// for a response whose length the handler knows: a large one reuses
+    /// a buffer the pool keeps instead of growing a fresh one (which on
+    /// a large message costs an allocation and its page faults per call).
+    pub fn response_with_capacity(&self, len: usize) -> MsgBuf {
+        self.pool.msg(self.pool.take_for(len))
+    }
 }
 
 impl std::fmt::Debug for Request {

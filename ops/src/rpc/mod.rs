@@ -71,7 +71,8 @@
 //! by [`RpcConfig::max_server_sessions`] and
 //! [`RpcConfig::max_sessions_per_peer`] (`admission.rs`), and in time by
 //! [`RpcConfig::session_idle_timeout`]; pooled buffers by
-//! [`POOL_MAX_BYTES`]. [`Rpc::memory`] reports the gauges. A bad packet is
+//! [`POOL_MAX_BYTES`] (those up to 1 MiB) and [`RpcConfig::request_memory`]
+//! (larger ones). [`Rpc::memory`] reports the gauges. A bad packet is
 //! dropped and counted, never failing the session or the endpoint.
 mod addr;
 mod admission;
@@ -109,6 +110,8 @@ pub use transport::{Bulk, BulkDone, Transport, TransportError, TxBatch};
 
 #[cfg(test)]
 mod addr_tests;
+#[cfg(test)]
+mod buf_tests;
 #[cfg(test)]
 mod bulk_tests;
 #[cfg(test)]
