@@ -298,10 +298,13 @@ pub struct Cli {
     #[arg(long = "out_json_file", value_name = "FILE")]
     pub out_json_file: Option<PathBuf>,
     /// perftest: report RX and TX separately in bidirectional tests.
-    /// Accepted; it changes nothing, as verbio-perf has no -b.
+    /// Accepted without -b (it changes nothing there); refused with -b,
+    /// where verbio-perf prints the sum of both directions only.
     #[arg(long = "report-both")]
     pub report_both: bool,
-    /// Refused: bidirectional traffic is not supported yet.
+    /// Traffic both ways at once (bandwidth tests, --api verbs): the server
+    /// runs the same loop towards the client, and the client prints the sum
+    /// of both directions (as perftest).
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// WRs per post list (one doorbell, the last WR signaled): write_bw
@@ -312,16 +315,19 @@ pub struct Cli {
     /// the last WR of each post list); without -l, only 1 (every WR).
     #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
     pub cq_mod: Option<u32>,
-    /// Refused: connecting through the RDMA CM is not supported yet.
+    /// Connect the QPs through the RDMA CM (on the -p port) instead of the
+    /// TCP handshake (--api verbs and raw, RC).
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
-    /// Refused: a shared receive queue is not supported yet.
+    /// Post the receives on a shared receive queue, all QPs of a side on
+    /// one SRQ (send_bw and send_lat, --api verbs).
     #[arg(long = "use-srq")]
     pub use_srq: bool,
     /// Refused: device counters are not reported.
     #[arg(short = 'W', long = "report-counters", value_name = "LIST")]
     pub report_counters: Option<String>,
-    /// Refused: running forever is not supported yet (use -D).
+    /// Run until killed, printing a result line per -D interval (default
+    /// 5 s) (bandwidth tests, one size, --api verbs or raw).
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
 }
@@ -382,6 +388,14 @@ pub struct Config {
     pub out_json: Option<PathBuf>,
     /// `-l`: WRs per post list (1: one WR per post, every WR signaled).
     pub post_list: u32,
+    /// `-b`: the server runs the test's loop towards the client too.
+    pub bidirectional: bool,
+    /// `-R`: the QPs connect through the RDMA CM.
+    pub rdma_cm: bool,
+    /// `--use-srq`: receives on a shared receive queue.
+    pub srq: bool,
+    /// `--run_infinitely`: steps of `duration` until killed.
+    pub run_infinitely: bool,
 }
 
 /// A flag combination that cannot run, with what to do instead.
@@ -447,31 +461,9 @@ impl Cli {
     /// The first perftest flag given that verbio-perf refuses, with what
     /// it would do.
     fn refused_flag(&self) -> Option<&'static str> {
-        [
-            (
-                self.bidirectional,
-                "-b (--bidirectional: traffic both ways at once)",
-            ),
-            (
-                self.rdma_cm,
-                "-R (--rdma_cm: connecting through the RDMA CM; the QPs connect over a \
-                 TCP handshake)",
-            ),
-            (
-                self.use_srq,
-                "--use-srq (receives on a shared receive queue)",
-            ),
-            (
-                self.report_counters.is_some(),
-                "-W (--report-counters: device performance counters)",
-            ),
-            (
-                self.run_infinitely,
-                "--run_infinitely (use -D with a long duration, up to 86400 seconds)",
-            ),
-        ]
-        .into_iter()
-        .find_map(|(given, what)| given.then_some(what))
+        self.report_counters
+            .is_some()
+            .then_some("-W (--report-counters: device performance counters)")
     }
 
     /// Resolves the defaults and refuses unsupported combinations.
@@ -515,7 +507,15 @@ impl Cli {
         if self.duration.is_some() && self.iters.is_some() {
             return Err(bad("choose -n or -D, not both"));
         }
-        let iters = match (self.duration, self.iters) {
+        if self.run_infinitely {
+            run_infinitely(&self, test, &sizes)?;
+        }
+        // --run_infinitely: perftest's default duration of 5 s per line.
+        let duration_secs = match (self.duration, self.run_infinitely) {
+            (None, true) => Some(DEFAULT_INFINITE_SECS),
+            (d, _) => d,
+        };
+        let iters = match (duration_secs, self.iters) {
             (Some(_), _) => None,
             (None, Some(n)) => Some(n),
             (None, None) => Some(if test.is_lat() { 1000 } else { 5000 }),
@@ -527,7 +527,7 @@ impl Cli {
                 )));
             }
         }
-        let duration = match self.duration {
+        let duration = match duration_secs {
             Some(d) if !(d.is_finite() && (0.001..=86_400.0).contains(&d)) => {
                 return Err(bad("-D takes seconds from 0.001 to 86400"))
             }
@@ -604,6 +604,7 @@ impl Cli {
             ));
         }
         let post_list = post_list(&self, test, tx_depth, iters)?;
+        both_ways_srq_and_cm(&self, test)?;
         let inline = self.inline.unwrap_or(if test.is_lat() { 64 } else { 0 });
         Ok(Config {
             test,
@@ -630,6 +631,10 @@ impl Cli {
             no_peak: self.no_peak,
             limit_bw: self.limit_bw,
             post_list,
+            bidirectional: self.bidirectional,
+            rdma_cm: self.rdma_cm,
+            srq: self.use_srq,
+            run_infinitely: self.run_infinitely,
             out_json: match (self.out_json, self.out_json_file) {
                 (_, Some(path)) => Some(path),
                 (true, None) => Some(PathBuf::from(DEFAULT_JSON_FILE)),
@@ -637,6 +642,86 @@ impl Cli {
             },
         })
     }
+}
+
+/// perftest's duration of a `--run_infinitely` line without `-D`.
+pub const DEFAULT_INFINITE_SECS: f64 = 5.0;
+
+/// Checks `--run_infinitely` against the test, the sizes and the output.
+fn run_infinitely(cli: &Cli, test: Test, sizes: &[usize]) -> Result<(), ArgError> {
+    let why = if test.is_lat() {
+        "bandwidth tests only (as perftest)"
+    } else if sizes.len() != 1 {
+        "one message size (-s), not a sweep"
+    } else if cli.iters.is_some() {
+        "-D (a line per interval), not -n"
+    } else if !matches!(cli.api, Api::Verbs | Api::Raw) || cli.transport != Transport::Rdma {
+        "--api verbs or raw over RDMA"
+    } else if cli.json || cli.out_json || cli.out_json_file.is_some() {
+        "the table: a JSON document printed at the end would never be"
+    } else if cli.limit_bw.is_some() {
+        "no -w: the run has no end at which to judge it"
+    } else {
+        return Ok(());
+    };
+    Err(bad(format!("--run_infinitely runs with {why}")))
+}
+
+/// Checks `-b`, `--use-srq` and `-R` against the test and the API.
+fn both_ways_srq_and_cm(cli: &Cli, test: Test) -> Result<(), ArgError> {
+    let verbs = cli.api == Api::Verbs && cli.transport == Transport::Rdma;
+    if cli.bidirectional {
+        if test.is_lat() {
+            return Err(bad(format!(
+                "-b (--bidirectional) applies to bandwidth tests (as perftest): {} is a \
+                 ping-pong or one op at a time already",
+                test.name()
+            )));
+        }
+        if !verbs {
+            return Err(bad(
+                "-b (--bidirectional) runs with --api verbs over RDMA only: the raw loop, \
+                 the Rdma agent and the RPC engine are measured one way",
+            ));
+        }
+        if cli.report_both {
+            return Err(bad(
+                "--report-both with -b: verbio-perf prints the sum of both directions only",
+            ));
+        }
+    }
+    if cli.use_srq {
+        if !matches!(test, Test::SendBw | Test::SendLat) {
+            return Err(bad(format!(
+                "--use-srq applies to send_bw and send_lat (as perftest: only SENDs take \
+                 receives), not {}",
+                test.name()
+            )));
+        }
+        if !verbs || cli.connection != Connection::Rc {
+            return Err(bad(
+                "--use-srq runs with --api verbs over RC only: the raw loop posts to each \
+                 QP's own receive queue, the Rdma agent and RPC manage their receives",
+            ));
+        }
+        if cli.rdma_cm {
+            return Err(bad(
+                "--use-srq with -R: the RDMA CM creates each connection's QP with a receive \
+                 queue of its own",
+            ));
+        }
+    }
+    if cli.rdma_cm
+        && (!matches!(cli.api, Api::Verbs | Api::Raw)
+            || cli.transport != Transport::Rdma
+            || cli.connection != Connection::Rc)
+    {
+        return Err(bad(
+            "-R (--rdma_cm) runs with --api verbs or raw over RC: -c UD swaps its \
+             addresses over the control port, --api rdma and rpc make their own connections",
+        ));
+    }
+    Ok(())
 }
 
 /// Checks `-l` and `-Q` against the test, the API and `-t` / `-n`;
@@ -691,6 +776,20 @@ impl Config {
     /// The largest message size of the run.
     pub fn max_size(&self) -> usize {
         self.sizes.iter().copied().max().unwrap_or(1)
+    }
+
+    /// The run's mode bits for the hello (`ctl::mode`).
+    pub fn mode(&self) -> u8 {
+        use crate::ctl::mode;
+        [
+            (self.bidirectional, mode::BIDIRECTIONAL),
+            (self.srq, mode::SRQ),
+            (self.rdma_cm, mode::RDMA_CM),
+            (self.run_infinitely, mode::INFINITE),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .fold(0, |bits, (_, b)| bits | b)
     }
 
     /// Ops in flight at a time over all QPs.
@@ -978,23 +1077,119 @@ mod tests {
 
     #[test]
     fn perftest_flags_that_would_change_the_measure_are_refused_by_name() {
-        for (args, needle) in [
-            (&["send_bw", "-b"][..], "-b (--bidirectional"),
-            (&["send_bw", "--bidirectional"][..], "-b (--bidirectional"),
-            (&["send_lat", "-R"][..], "-R (--rdma_cm"),
-            (&["send_bw", "--use-srq"][..], "--use-srq"),
+        let e = parse(&["send_bw", "-W", "counters/port_xmit_data"]).expect_err("refused");
+        assert!(
+            e.starts_with("does not support -W (--report-counters") && e.ends_with(" yet"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bidirectional_srq_and_rdma_cm_where_they_can_be_honoured() {
+        let c = parse(&["write_bw", "-b", "-R", "-q", "2"]).expect("valid");
+        assert!(c.bidirectional && c.rdma_cm && !c.srq);
+        assert_eq!(
+            c.mode(),
+            crate::ctl::mode::BIDIRECTIONAL | crate::ctl::mode::RDMA_CM
+        );
+        let c = parse(&["send_bw", "--bidirectional", "--use-srq", "-q", "4"]).expect("valid");
+        assert!(c.bidirectional && c.srq);
+        let c = parse(&["send_lat", "--use-srq"]).expect("valid");
+        assert!(c.srq && !c.bidirectional);
+        assert!(
+            parse(&["send_lat", "--rdma_cm", "--api", "raw"])
+                .expect("valid")
+                .rdma_cm
+        );
+        assert_eq!(parse(&["send_bw"]).expect("valid").mode(), 0);
+        for (args, why) in [
+            (&["send_lat", "-b"][..], "applies to bandwidth tests"),
+            (&["read_lat", "-b"], "applies to bandwidth tests"),
             (
-                &["send_bw", "-W", "counters/port_xmit_data"][..],
-                "-W (--report-counters",
+                &["send_bw", "-b", "--api", "raw"],
+                "--api verbs over RDMA only",
             ),
             (
-                &["write_bw", "-D", "2", "--run_infinitely"][..],
-                "--run_infinitely",
+                &["send_bw", "-b", "--api", "rdma"],
+                "--api verbs over RDMA only",
+            ),
+            (
+                &["send_bw", "-b", "--transport", "tcp"],
+                "--api verbs over RDMA only",
+            ),
+            (
+                &["send_bw", "-b", "--report-both"],
+                "sum of both directions",
+            ),
+            (&["write_bw", "--use-srq"], "not write_bw"),
+            (&["read_bw", "--use-srq"], "not read_bw"),
+            (
+                &["send_lat", "--use-srq", "-c", "UD"],
+                "--api verbs over RC only",
+            ),
+            (
+                &["send_bw", "--use-srq", "--api", "raw"],
+                "--api verbs over RC only",
+            ),
+            (
+                &["send_bw", "--use-srq", "-R"],
+                "a receive queue of its own",
+            ),
+            (
+                &["send_bw", "-R", "--api", "rpc"],
+                "-R (--rdma_cm) runs with",
+            ),
+            (
+                &["send_bw", "-R", "--api", "rdma"],
+                "-R (--rdma_cm) runs with",
+            ),
+            (&["send_lat", "-R", "-c", "UD"], "-R (--rdma_cm) runs with"),
+            (
+                &["send_lat", "-R", "--transport", "tcp"],
+                "-R (--rdma_cm) runs with",
             ),
         ] {
             let e = parse(args).expect_err("refused");
-            assert!(e.starts_with("does not support "), "{args:?}: {e}");
-            assert!(e.contains(needle) && e.ends_with(" yet"), "{args:?}: {e}");
+            assert!(e.contains(why), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn run_infinitely_is_timed_one_size_and_a_table() {
+        let c = parse(&["write_bw", "--run_infinitely"]).expect("valid");
+        assert!(c.run_infinitely);
+        assert_eq!(
+            (c.iters, c.duration),
+            (None, Some(Duration::from_secs_f64(DEFAULT_INFINITE_SECS)))
+        );
+        let c =
+            parse(&["send_bw", "--run_infinitely", "-D", "0.5", "--api", "raw"]).expect("valid");
+        assert_eq!(c.duration, Some(Duration::from_millis(500)));
+        for (args, why) in [
+            (
+                &["send_lat", "--run_infinitely"][..],
+                "bandwidth tests only",
+            ),
+            (&["write_bw", "--run_infinitely", "-a"], "one message size"),
+            (
+                &["write_bw", "--run_infinitely", "--sizes", "64,128"],
+                "one message size",
+            ),
+            (&["write_bw", "--run_infinitely", "-n", "100"], "not -n"),
+            (
+                &["send_bw", "--run_infinitely", "--api", "rdma"],
+                "--api verbs or raw",
+            ),
+            (
+                &["send_bw", "--run_infinitely", "--transport", "tcp"],
+                "--api verbs or raw",
+            ),
+            (&["write_bw", "--run_infinitely", "--json"], "the table"),
+            (&["write_bw", "--run_infinitely", "--out_json"], "the table"),
+            (&["write_bw", "--run_infinitely", "-w", "10"], "no -w"),
+        ] {
+            let e = parse(args).expect_err("refused");
+            assert!(e.contains(why), "{args:?}: {e}");
         }
     }
 

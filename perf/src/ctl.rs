@@ -10,10 +10,10 @@ use crate::args::{Api, Connection, Test};
 /// Size of every frame.
 pub const FRAME: usize = 24;
 /// Protocol version: both sides must run the same one.
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// One control message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Frame {
     /// Client → server, first: the test, API, QP count and largest size.
     Hello {
@@ -27,6 +27,9 @@ pub enum Frame {
         qps: u16,
         /// Largest message size of the run.
         max_size: u64,
+        /// The run's [`mode`] flags (`-b`, `--use-srq`, `-R`,
+        /// `--run_infinitely`): both sides must be started with the same.
+        mode: u8,
     },
     /// Both ways (UD): a UD queue pair's number, Q_Key, LID, active MTU
     /// and provider (0 soft, 1 ibverbs); then its [`Gid`](Frame::Gid) and,
@@ -71,12 +74,15 @@ pub enum Frame {
         rkey: u32,
     },
     /// Client → server: the next size; `iters` 0 runs until the client's
-    /// stop marker.
+    /// stop marker (for `ms` milliseconds, the duration of a timed step,
+    /// which the server's own loop of `-b` runs for too).
     Step {
         /// Message size.
         size: u64,
         /// Iterations, or 0.
         iters: u64,
+        /// A timed step's duration in milliseconds (0 with `iters`).
+        ms: u32,
     },
     /// Client → server: the end of the run.
     Bye,
@@ -93,6 +99,47 @@ pub enum Frame {
     Done,
     /// Client → server (Rdma API): the step's messages have all been sent.
     Stop,
+    /// Server → client (`-b`), after [`Done`](Frame::Done): the server's
+    /// own direction of the step.
+    PeerBw {
+        /// Messages the server's loop completed.
+        iterations: u64,
+        /// Its average bandwidth, MB/s (2^20).
+        avg_mbps: f64,
+        /// Its peak bandwidth, MB/s (2^20).
+        peak_mbps: f32,
+    },
+}
+
+/// The bits of [`Frame::Hello`]'s `mode`.
+pub mod mode {
+    /// `-b`: traffic both ways.
+    pub const BIDIRECTIONAL: u8 = 1;
+    /// `--use-srq`: receives on a shared receive queue.
+    pub const SRQ: u8 = 2;
+    /// `-R`: the QPs connect through the RDMA CM.
+    pub const RDMA_CM: u8 = 4;
+    /// `--run_infinitely`.
+    pub const INFINITE: u8 = 8;
+
+    /// The flags set in `bits`, as on the command line.
+    pub fn flags(bits: u8) -> String {
+        let names: Vec<&str> = [
+            (BIDIRECTIONAL, "-b"),
+            (SRQ, "--use-srq"),
+            (RDMA_CM, "-R"),
+            (INFINITE, "--run_infinitely"),
+        ]
+        .into_iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| n)
+        .collect();
+        if names.is_empty() {
+            "none of -b, --use-srq, -R, --run_infinitely".into()
+        } else {
+            names.join(" ")
+        }
+    }
 }
 
 /// A malformed or unexpected control message.
@@ -129,11 +176,12 @@ impl Frame {
                 connection,
                 qps,
                 max_size,
+                mode,
             } => (
                 1,
                 u32::from(test.code()) | u32::from(api) << 8 | u32::from(qps) << 16,
                 max_size,
-                u64::from(connection),
+                u64::from(connection) | u64::from(mode) << 8,
             ),
             Frame::UdQp {
                 qpn,
@@ -150,12 +198,17 @@ impl Frame {
             Frame::Gid { hi, lo } => (10, 0, hi, lo),
             Frame::SoftAddr { port, hi, lo } => (11, u32::from(port), hi, lo),
             Frame::Region { addr, len, rkey } => (2, rkey, addr, len),
-            Frame::Step { size, iters } => (3, 0, size, iters),
+            Frame::Step { size, iters, ms } => (3, ms, size, iters),
             Frame::Bye => (4, 0, 0, 0),
             Frame::Go => (5, 0, 0, 0),
             Frame::Done => (6, 0, 0, 0),
             Frame::Stop => (7, 0, 0, 0),
             Frame::GoDrain { drain } => (8, 0, drain, 0),
+            Frame::PeerBw {
+                iterations,
+                avg_mbps,
+                peak_mbps,
+            } => (12, peak_mbps.to_bits(), iterations, avg_mbps.to_bits()),
         };
         b[0] = kind;
         b[4..8].copy_from_slice(&x.to_le_bytes());
@@ -181,16 +234,21 @@ impl Frame {
             1 => Frame::Hello {
                 test: Test::from_code(x as u8).ok_or_else(bad)?,
                 api: (x >> 8) as u8,
-                connection: u8::try_from(z).map_err(|_| bad())?,
+                connection: u8::try_from(z & 0xff).map_err(|_| bad())?,
                 qps: (x >> 16) as u16,
                 max_size: y,
+                mode: u8::try_from(z >> 8).map_err(|_| bad())?,
             },
             2 => Frame::Region {
                 addr: y,
                 len: z,
                 rkey: x,
             },
-            3 => Frame::Step { size: y, iters: z },
+            3 => Frame::Step {
+                size: y,
+                iters: z,
+                ms: x,
+            },
             4 => Frame::Bye,
             5 => Frame::Go,
             6 => Frame::Done,
@@ -209,18 +267,24 @@ impl Frame {
                 hi: y,
                 lo: z,
             },
+            12 => Frame::PeerBw {
+                iterations: y,
+                avg_mbps: f64::from_bits(z),
+                peak_mbps: f32::from_bits(x),
+            },
             _ => return Err(bad()),
         })
     }
 }
 
-/// Checks a client's hello against this server's settings; returns the
-/// client's QP count and largest size.
+/// Checks a client's hello against this server's settings (`mode`: its
+/// [`mode`] bits); returns the client's QP count and largest size.
 pub fn check_hello(
     f: Frame,
     test: Test,
     api: Api,
     connection: Connection,
+    mode: u8,
 ) -> Result<(u32, usize), CtlError> {
     match f {
         Frame::Hello {
@@ -229,6 +293,7 @@ pub fn check_hello(
             connection: c,
             qps,
             max_size,
+            mode: m,
         } => {
             if t != test || a != api.code() || c != connection.code() {
                 return Err(CtlError::Mismatch(format!(
@@ -237,6 +302,14 @@ pub fn check_hello(
                      --api and -c)",
                     t.name(),
                     test.name()
+                )));
+            }
+            if m != mode {
+                return Err(CtlError::Mismatch(format!(
+                    "the client runs with {}, this server with {} (start both sides with \
+                     the same flags)",
+                    mode::flags(m),
+                    mode::flags(mode)
                 )));
             }
             let size = usize::try_from(max_size)
@@ -297,6 +370,7 @@ mod tests {
                 connection: Connection::Rc.code(),
                 qps: 7,
                 max_size: 1 << 23,
+                mode: mode::BIDIRECTIONAL | mode::INFINITE,
             },
             Frame::UdQp {
                 qpn: 0xab_cdef,
@@ -319,7 +393,16 @@ mod tests {
                 len: 4096,
                 rkey: 0x1234_5678,
             },
-            Frame::Step { size: 64, iters: 0 },
+            Frame::Step {
+                size: 64,
+                iters: 0,
+                ms: 86_400_000,
+            },
+            Frame::PeerBw {
+                iterations: 1 << 40,
+                avg_mbps: 1234.5,
+                peak_mbps: 2345.25,
+            },
             Frame::Bye,
             Frame::Go,
             Frame::Done,
@@ -343,15 +426,24 @@ mod tests {
             connection: Connection::Rc.code(),
             qps: 2,
             max_size: 65536,
+            mode: mode::SRQ,
         };
         let rc = Connection::Rc;
+        let srq = mode::SRQ;
         assert_eq!(
-            check_hello(hello, Test::SendBw, Api::Verbs, rc).expect("matches"),
+            check_hello(hello, Test::SendBw, Api::Verbs, rc, srq).expect("matches"),
             (2, 65536)
         );
-        assert!(check_hello(hello, Test::SendLat, Api::Verbs, rc).is_err());
-        assert!(check_hello(hello, Test::SendBw, Api::Raw, rc).is_err());
-        assert!(check_hello(hello, Test::SendBw, Api::Verbs, Connection::Ud).is_err());
-        assert!(check_hello(Frame::Go, Test::SendBw, Api::Verbs, rc).is_err());
+        assert!(check_hello(hello, Test::SendLat, Api::Verbs, rc, srq).is_err());
+        assert!(check_hello(hello, Test::SendBw, Api::Raw, rc, srq).is_err());
+        assert!(check_hello(hello, Test::SendBw, Api::Verbs, Connection::Ud, srq).is_err());
+        assert!(check_hello(Frame::Go, Test::SendBw, Api::Verbs, rc, srq).is_err());
+        let e = check_hello(hello, Test::SendBw, Api::Verbs, rc, mode::BIDIRECTIONAL)
+            .expect_err("another mode")
+            .to_string();
+        assert!(
+            e.contains("the client runs with --use-srq, this server with -b"),
+            "{e}"
+        );
     }
 }

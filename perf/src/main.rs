@@ -5,6 +5,7 @@
 
 mod args;
 mod clock;
+mod cm;
 mod ctl;
 mod driver;
 mod error;
@@ -21,7 +22,9 @@ mod ud;
 mod verbs;
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -34,15 +37,53 @@ const SLACK: Duration = Duration::from_secs(300);
 /// Bound per size of a run counted in iterations.
 const PER_SIZE: Duration = Duration::from_secs(120);
 
-/// Ends the process if the run takes far longer than it should.
+/// When the process started (the watchdog's clock).
+static STARTED: OnceLock<Instant> = OnceLock::new();
+/// The watchdog's deadline, in milliseconds from [`STARTED`].
+static DEADLINE_MS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The bound of one size: its time (timed runs still run their first
+/// iterations whatever their time) and [`PER_SIZE`].
+fn per_size(cfg: &Config) -> Duration {
+    cfg.duration.map_or(PER_SIZE, |d| d + PER_SIZE)
+}
+
+fn set_deadline(from_now: Duration) {
+    let started = *STARTED.get_or_init(Instant::now);
+    let at = started.elapsed() + from_now;
+    DEADLINE_MS.store(
+        u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+/// `--run_infinitely`: a step has ended; the watchdog gives the next one
+/// the bound of a size (and the slack) from now.
+pub fn watchdog_extend(cfg: &Config) {
+    set_deadline(SLACK + per_size(cfg));
+}
+
+/// Ends the process if the run takes far longer than it should (with
+/// `--run_infinitely`, if one step does).
 fn watchdog(cfg: &Config) {
-    // A timed size still runs its first iterations whatever their time.
-    let per = cfg.duration.map_or(PER_SIZE, |d| d + PER_SIZE);
-    let limit = SLACK + per * cfg.sizes.len() as u32;
-    std::thread::spawn(move || {
-        std::thread::sleep(limit);
-        eprintln!("verbio-perf: did not finish within {limit:?} (is the peer gone?)");
-        std::process::exit(1);
+    let sizes = if cfg.run_infinitely {
+        1
+    } else {
+        cfg.sizes.len() as u32
+    };
+    set_deadline(SLACK + per_size(cfg) * sizes);
+    let started = *STARTED.get_or_init(Instant::now);
+    std::thread::spawn(move || loop {
+        let deadline = Duration::from_millis(DEADLINE_MS.load(Ordering::Relaxed));
+        let now = started.elapsed();
+        if now >= deadline {
+            eprintln!(
+                "verbio-perf: did not finish within {:?} (is the peer gone?)",
+                deadline
+            );
+            std::process::exit(1);
+        }
+        std::thread::sleep(deadline - now);
     });
 }
 

@@ -106,6 +106,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
                 connection: cfg.connection.code(),
                 qps: 1,
                 max_size: cfg.max_size() as u64,
+                mode: cfg.mode(),
             },
         )
         .await?;
@@ -132,6 +133,9 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             mtu: rdma.path_mtu().bytes(),
             completions: session::completions(cfg.api, busy),
             bw_units: if cfg.gbits { "Gb/sec" } else { "MB/sec" }.into(),
+            bidirectional: false,
+            srq: false,
+            rdma_cm: false,
         };
         let mut printer = Printer::new(cfg, info);
         let mut progress = Progress::new(cfg);
@@ -143,6 +147,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
                 Frame::Step {
                     size: size as u64,
                     iters: wire,
+                    ms: 0,
                 },
             )
             .await?;
@@ -351,7 +356,8 @@ pub fn server(cfg: &Config) -> Result<()> {
         );
         let rdma = listener.accept().await.ctx("accepting the client")?;
         let hello = recv_ctl(&rdma).await?;
-        ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
+        ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection, cfg.mode())
+            .ctx("the client's hello")?;
         send_ctl(&rdma, Frame::Go).await?;
         let res = serve(cfg, &rdma).await;
         let _ = verbio::runtime::timeout(Duration::from_secs(5), rdma.close()).await;

@@ -60,6 +60,12 @@ pub struct RunInfo {
     pub completions: String,
     /// Units of the bandwidth figures: "MB/sec" (2^20 bytes) or "Gb/sec".
     pub bw_units: String,
+    /// `-b`: the figures are the sum of both directions.
+    pub bidirectional: bool,
+    /// `--use-srq`: receives on a shared receive queue.
+    pub srq: bool,
+    /// `-R`: the QPs connected through the RDMA CM.
+    pub rdma_cm: bool,
 }
 
 /// The whole JSON document.
@@ -113,7 +119,11 @@ impl Printer {
             }
             println!("{}", format_row(&row, self.gbits));
         }
-        self.rows.push(row);
+        // Kept for what reads them at the end (a --run_infinitely table
+        // has no end: its rows are not kept).
+        if self.json || self.out_json.is_some() || self.limit_bw.is_some() {
+            self.rows.push(row);
+        }
     }
 
     /// Ends the output (the table's closing rule, or the JSON document),
@@ -188,6 +198,15 @@ pub fn banner(info: &RunInfo) -> String {
     }
     s += &format!(" Max inline data: {}[B]\n", info.inline_size);
     s += &format!(" Completions    : {}\n", info.completions);
+    if info.bidirectional {
+        s += " Direction      : bidirectional (client's and server's traffic added)\n";
+    }
+    if info.srq {
+        s += " Using SRQ      : ON\n";
+    }
+    if info.rdma_cm {
+        s += " Connection     : RDMA CM\n";
+    }
     s += &format!("{line}\n");
     s
 }
@@ -321,6 +340,9 @@ mod tests {
             mtu: 4096,
             completions: "events".into(),
             bw_units: "MB/sec".into(),
+            bidirectional: false,
+            srq: false,
+            rdma_cm: false,
         };
         let rows = [bw_row()];
         let v: serde_json::Value = serde_json::to_value(JsonReport {

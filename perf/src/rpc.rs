@@ -95,6 +95,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
                 connection: cfg.connection.code(),
                 qps: 1,
                 max_size: cfg.max_size() as u64,
+                mode: cfg.mode(),
             },
         )
         .await
@@ -120,6 +121,9 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             mtu: me.endpoint.mtu.min(server.endpoint.mtu).bytes(),
             completions: session::completions(cfg.api, busy),
             bw_units: if cfg.gbits { "Gb/sec" } else { "MB/sec" }.into(),
+            bidirectional: false,
+            srq: false,
+            rdma_cm: false,
         };
         let mut printer = Printer::new(cfg, info);
         let mut progress = Progress::new(cfg);
@@ -147,6 +151,7 @@ async fn run_step(ctl: &mut TcpStream, cfg: &Config, size: usize) -> Result<()> 
         Frame::Step {
             size: size as u64,
             iters,
+            ms: 0,
         },
     )
     .await
@@ -230,8 +235,8 @@ pub fn server(cfg: &Config) -> Result<()> {
         let hello = ctl::recv(&mut ctl)
             .await
             .ctx("reading the client's hello")?;
-        let (_, max_size) =
-            ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
+        let (_, max_size) = ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection, cfg.mode())
+            .ctx("the client's hello")?;
         if max_size > RPC_MAX {
             return Err(msg(format!(
                 "the client asks for {max_size}-byte messages; RPC carries up to {RPC_MAX}"

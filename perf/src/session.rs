@@ -5,11 +5,12 @@ use std::cell::Cell;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfig};
+use verbio::ops::connect::{connect, DeviceQps, HandshakeError, Listener, QpConfig, QpFactory};
 use verbio::ops::verbs::RemoteBuf;
-use verbio::provider::{open_device, AccessFlags, Mtu, ProviderKind, QpCaps, RtsAttr};
+use verbio::provider::{open_device, AccessFlags, Endpoint, Mtu, ProviderKind, QpCaps, RtsAttr};
 use verbio::runtime::buf::RemoteAccessRegion;
-use verbio::runtime::{sleep, Device, QueuePair, Runtime, TcpStream, UdPeer};
+use verbio::runtime::cm::CmConnection;
+use verbio::runtime::{sleep, Device, QueuePair, Runtime, SharedRecvQueue, TcpStream, UdPeer};
 
 use crate::args::{Api, Config, MIN_ITERS};
 use crate::ctl::{self, Frame};
@@ -31,6 +32,8 @@ pub const LAT_RX_DEPTH: u32 = 8;
 const CQ_SIZE: u32 = 16384;
 /// Bound of the memory posted for receives per QP.
 const RX_MEMORY: usize = 128 << 20;
+/// WR slots of a `--use-srq` shared receive queue (all of a side's QPs).
+pub const SRQ_DEPTH: u32 = 2 * RX_DEPTH;
 
 /// Receive buffers to post per QP for messages up to `max_size` bytes.
 pub fn rx_depth(max_size: usize, lat: bool) -> u32 {
@@ -161,9 +164,30 @@ impl Budget {
         !self.expired.get()
     }
 
+    /// The budget of a step as the client announced it (`Frame::Step`):
+    /// `iters`, or (0) `ms` milliseconds; for the server's own loop of
+    /// `-b`, which runs what the client's runs.
+    pub fn from_wire(iters: u64, ms: u32, size: usize) -> Budget {
+        let mut b = match iters {
+            0 => Budget::new(None, Some(Duration::from_millis(u64::from(ms).max(1)))),
+            n => Budget::new(Some(n), None),
+        };
+        b.stride = (65536 / size.max(1)).clamp(1, 64) as u64;
+        b
+    }
+
     /// The step's iteration count on the wire (0: until the stop marker).
     pub fn wire_iters(&self) -> u64 {
         self.iters.unwrap_or(0)
+    }
+
+    /// A timed step's duration on the wire, in milliseconds (0 with
+    /// iterations).
+    pub fn wire_ms(&self) -> u32 {
+        match (self.iters, self.duration) {
+            (None, Some(d)) => u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1),
+            _ => 0,
+        }
     }
 }
 
@@ -184,6 +208,11 @@ pub struct Conn {
     pub max_size: usize,
     /// `-c UD`: where this side's datagrams go.
     pub peer: Option<UdPeer>,
+    /// `--use-srq`: the shared receive queue of this side's QPs.
+    pub srq: Option<SharedRecvQueue>,
+    /// `-R`: the RDMA CM connections of the QPs (dropping one tears it
+    /// down).
+    pub cm: Vec<CmConnection>,
 }
 
 /// Swaps memory grants over `ctl` (the client first) and returns the
@@ -220,6 +249,8 @@ pub async fn finish(
         remote,
         max_size,
         peer,
+        srq: None,
+        cm: Vec::new(),
     })
 }
 
@@ -256,7 +287,7 @@ async fn peer_region(ctl: &mut TcpStream) -> Result<RemoteBuf> {
 /// Client: connects `cfg.qps` QPs to the server, announces the run and
 /// swaps memory grants.
 pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> {
-    let qps = DeviceQps::new(dev.clone(), qp_config(cfg));
+    let qps = PerfQps::new(cfg, dev)?;
     let max_size = cfg.max_size();
     let mut conns = Vec::new();
     let deadline = Instant::now() + CONNECT_RETRY;
@@ -276,6 +307,7 @@ pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> 
                             connection: cfg.connection.code(),
                             qps: u16::try_from(cfg.qps).map_err(|_| msg("-q is too large"))?,
                             max_size: max_size as u64,
+                            mode: cfg.mode(),
                         },
                     )
                     .await
@@ -291,43 +323,102 @@ pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> 
         }
     }
     let ctl = ctl_stream.ok_or_else(|| msg("no connection"))?;
-    finish(dev, ctl, conns, mtu, max_size, None, true).await
+    let mut conn = finish(dev, ctl, conns, mtu, max_size, None, true).await?;
+    conn.srq = qps.srq;
+    Ok(conn)
+}
+
+/// The server's listener of TCP handshakes, and the shared receive queue
+/// its QPs go on (`--use-srq`).
+pub struct RcListener {
+    l: Listener<PerfQps>,
+    srq: Option<SharedRecvQueue>,
 }
 
 /// Server: binds the listener (printing its address on stderr).
-pub fn bind(cfg: &Config, dev: &Device) -> Result<Listener<DeviceQps>> {
-    let l = Listener::bind(
-        listen_addr(cfg.port),
-        DeviceQps::new(dev.clone(), qp_config(cfg)),
-        HANDSHAKE,
-    )
-    .ctx(format!("listening on TCP port {}", cfg.port))?;
+pub fn bind(cfg: &Config, dev: &Device) -> Result<RcListener> {
+    let qps = PerfQps::new(cfg, dev)?;
+    let srq = qps.srq.clone();
+    let l = Listener::bind(listen_addr(cfg.port), qps, HANDSHAKE)
+        .ctx(format!("listening on TCP port {}", cfg.port))?;
     let local = l.local_addr().ctx("reading the listening address")?;
     eprintln!(
         "verbio-perf: {} server listening on {local}",
         cfg.test.name()
     );
-    Ok(l)
+    Ok(RcListener { l, srq })
 }
 
 /// Server: accepts one client's QPs, checks its hello and swaps memory
 /// grants.
-pub async fn accept(cfg: &Config, dev: &Device, l: &Listener<DeviceQps>) -> Result<Conn> {
+pub async fn accept(cfg: &Config, dev: &Device, rc: &RcListener) -> Result<Conn> {
+    let l = &rc.l;
     let first = l.accept().await.ctx("accepting the client")?;
     let mut ctl = first.stream;
     let mut mtu = first.local.mtu.min(first.remote.mtu);
     let hello = ctl::recv(&mut ctl)
         .await
         .ctx("reading the client's hello")?;
-    let (n, max_size) =
-        ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
+    let (n, max_size) = ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection, cfg.mode())
+        .ctx("the client's hello")?;
     let mut qps = vec![first.qp];
     while qps.len() < n as usize {
         let c = l.accept().await.ctx("accepting the client's next QP")?;
         mtu = mtu.min(c.local.mtu.min(c.remote.mtu));
         qps.push(c.qp);
     }
-    finish(dev, ctl, qps, mtu, max_size, None, false).await
+    let mut conn = finish(dev, ctl, qps, mtu, max_size, None, false).await?;
+    conn.srq = rc.srq.clone();
+    Ok(conn)
+}
+
+/// Makes a run's RC QPs: [`DeviceQps`], on the side's shared receive
+/// queue with `--use-srq`.
+pub struct PerfQps {
+    qps: DeviceQps,
+    srq: Option<SharedRecvQueue>,
+}
+
+impl PerfQps {
+    /// The QPs of `cfg` on `dev`; with `--use-srq`, creates the SRQ.
+    pub fn new(cfg: &Config, dev: &Device) -> Result<PerfQps> {
+        let srq = if cfg.srq {
+            Some(
+                dev.create_srq(SRQ_DEPTH)
+                    .ctx("creating the shared receive queue")?,
+            )
+        } else {
+            None
+        };
+        Ok(PerfQps {
+            qps: DeviceQps::new(dev.clone(), qp_config(cfg)),
+            srq,
+        })
+    }
+}
+
+impl QpFactory for PerfQps {
+    type Qp = QueuePair;
+
+    fn provider(&self) -> ProviderKind {
+        self.qps.provider()
+    }
+
+    fn create(&self) -> std::result::Result<(QueuePair, Endpoint), HandshakeError> {
+        match &self.srq {
+            Some(srq) => self.qps.create_on_srq(srq),
+            None => self.qps.create(),
+        }
+    }
+
+    fn connect(
+        &self,
+        qp: &QueuePair,
+        local: &Endpoint,
+        remote: &Endpoint,
+    ) -> std::result::Result<(), HandshakeError> {
+        self.qps.connect(qp, local, remote)
+    }
 }
 
 /// The banner's facts about a verbs or raw run.
@@ -345,6 +436,9 @@ pub fn run_info(cfg: &Config, dev: &Device, conn: &Conn, busy: Duration) -> RunI
         mtu: conn.mtu.bytes(),
         completions: completions(cfg.api, busy),
         bw_units: if cfg.gbits { "Gb/sec" } else { "MB/sec" }.into(),
+        bidirectional: cfg.bidirectional,
+        srq: cfg.srq,
+        rdma_cm: cfg.rdma_cm,
     }
 }
 
@@ -357,9 +451,15 @@ pub fn completions(api: Api, busy: Duration) -> String {
     }
 }
 
-/// Closes the QPs (bounded).
-pub async fn close(qps: &[QueuePair]) {
-    for qp in qps {
+/// Closes the QPs (bounded): disconnects them through the RDMA CM with
+/// `-R`.
+pub async fn close(conn: &Conn) {
+    for c in &conn.cm {
+        if let Err(e) = c.disconnect().await {
+            tracing::debug!(error = %verbio::ErrorChain(&e), "disconnecting through the RDMA CM");
+        }
+    }
+    for qp in &conn.qps {
         let _ = verbio::runtime::timeout(Duration::from_secs(5), qp.close()).await;
     }
 }

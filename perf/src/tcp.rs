@@ -77,6 +77,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             connection: cfg.connection.code(),
             qps: 1,
             max_size: cfg.max_size() as u64,
+            mode: cfg.mode(),
         },
     )?;
     expect(&mut s, Frame::Go)?;
@@ -93,6 +94,9 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         mtu: 0,
         completions: "blocking socket calls".into(),
         bw_units: if cfg.gbits { "Gb/sec" } else { "MB/sec" }.into(),
+        bidirectional: false,
+        srq: false,
+        rdma_cm: false,
     };
     let mut printer = Printer::new(cfg, info);
     let mut progress = Progress::new(cfg);
@@ -105,6 +109,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             Frame::Step {
                 size: size as u64,
                 iters: wire,
+                ms: 0,
             },
         )?;
         expect(&mut s, Frame::Go)?;
@@ -161,7 +166,8 @@ pub fn server(cfg: &Config) -> Result<()> {
     let (mut s, _) = l.accept().ctx("accepting the client")?;
     s.set_nodelay(true).ctx("setting TCP_NODELAY")?;
     let hello = recv_frame(&mut s)?;
-    ctl::check_hello(hello, cfg.test, Api::Verbs, cfg.connection).ctx("the client's hello")?;
+    ctl::check_hello(hello, cfg.test, Api::Verbs, cfg.connection, cfg.mode())
+        .ctx("the client's hello")?;
     send_frame(&mut s, Frame::Go)?;
     let mut buf = Vec::new();
     loop {

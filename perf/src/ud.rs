@@ -215,6 +215,7 @@ pub async fn dial(cfg: &Config, dev: &Device, addr: SocketAddr) -> Result<Conn> 
             connection: cfg.connection.code(),
             qps: 1,
             max_size: max_size as u64,
+            mode: cfg.mode(),
         },
     )
     .await
@@ -242,8 +243,8 @@ pub async fn accept(cfg: &Config, dev: &Device, l: &TcpListener) -> Result<Conn>
     let hello = ctl::recv(&mut ctl)
         .await
         .ctx("reading the client's hello")?;
-    let (_, max_size) =
-        ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection).ctx("the client's hello")?;
+    let (_, max_size) = ctl::check_hello(hello, cfg.test, cfg.api, cfg.connection, cfg.mode())
+        .ctx("the client's hello")?;
     let qp = ud_qp(cfg, dev)?;
     finish(cfg, dev, ctl, qp, max_size, false).await
 }

@@ -19,35 +19,54 @@ use crate::stats::BwSamples;
 
 /// The memory of the verbs loops: a buffer pool and the receive rings:
 /// send_lat's posted for the whole run (sized for its largest message),
-/// send_bw's server's posted for one size at a time.
+/// send_bw's server's posted for one size at a time, or for the whole run
+/// with `-b` or `--use-srq`.
 pub struct State {
     pool: MrPool,
     rings: Vec<RecvRing>,
+    /// The rings stay posted for the whole run.
+    run_rings: bool,
+    /// Stop markers a ring waits for in a send_bw step: 1 on a QP's own
+    /// ring, one per QP on a shared receive queue's.
+    stops: usize,
     /// Receives the last send_bw step left posted (per QP, at most).
     drain: u64,
 }
 
 impl State {
-    /// Posts send_lat's receive rings (both sides).
-    pub fn new(cfg: &Config, dev: &Device, conn: &Conn, _server: bool) -> Result<State> {
+    /// Posts the receive rings of the whole run: send_lat's (both sides),
+    /// and with `-b` or `--use-srq` send_bw's (the server's; both sides'
+    /// with `-b`).
+    pub fn new(cfg: &Config, dev: &Device, conn: &Conn, server: bool) -> Result<State> {
         let pool = MrPool::new(dev.pd());
-        let rings = if cfg.test == Test::SendLat {
-            post_rings(dev, conn, conn.max_size, true)?
+        let run_rings = cfg.test == Test::SendLat
+            || (cfg.test == Test::SendBw && (cfg.bidirectional || conn.srq.is_some()));
+        let receives = cfg.test == Test::SendLat
+            || (cfg.test == Test::SendBw && (server || cfg.bidirectional));
+        let rings = if run_rings && receives {
+            post_rings(dev, conn, conn.max_size, cfg.test.is_lat())?
         } else {
             Vec::new()
         };
         Ok(State {
             pool,
             rings,
+            run_rings,
+            stops: if conn.srq.is_some() {
+                conn.qps.len()
+            } else {
+                1
+            },
             drain: 0,
         })
     }
 
     /// Server, before a step's go: posts send_bw's receive rings for
-    /// `size`-byte messages. Returns how many empty messages the client
-    /// sends first on each QP: the receives the previous step's rings left
-    /// posted consume them (RC takes receives in posting order); any more
-    /// land in the new rings, which skip them.
+    /// `size`-byte messages (unless posted for the whole run). Returns how
+    /// many empty messages the client sends first on each QP: the receives
+    /// the previous step's rings left posted consume them (RC takes
+    /// receives in posting order); any more land in the new rings, which
+    /// skip them.
     pub fn prepare_step(
         &mut self,
         cfg: &Config,
@@ -55,7 +74,7 @@ impl State {
         conn: &Conn,
         size: usize,
     ) -> Result<u64> {
-        if cfg.test == Test::SendBw {
+        if cfg.test == Test::SendBw && !self.run_rings {
             self.rings = post_rings(dev, conn, size, false)?;
         }
         Ok(std::mem::take(&mut self.drain))
@@ -68,7 +87,8 @@ impl State {
             .ctx(format!("allocating a {size}-byte buffer"))
     }
 
-    /// Client: runs one size.
+    /// Client: runs one size (with `-b` send_bw, while receiving the
+    /// server's messages).
     pub async fn client_step(
         &mut self,
         cfg: &Config,
@@ -77,100 +97,28 @@ impl State {
         budget: &Budget,
         drain: u64,
     ) -> Result<Measured> {
-        let remote = conn
-            .remote
-            .at(0, size as u64)
-            .ctx("the peer's memory is smaller than the message")?;
         match cfg.test {
-            Test::WriteBw if cfg.post_list > 1 => {
-                let lists = self.lists(conn, cfg, size, budget)?;
-                pipeline(lists, budget, u64::from(cfg.post_list), |i, l| {
-                    let qp = &conn.qps[i];
-                    let batch = l
-                        .into_iter()
-                        .fold(Batch::with_capacity(cfg.post_list as usize), |b, buf| {
-                            b.write(buf, remote)
-                        });
-                    async move { qp.post_batch(batch).await }
-                })
-                .await
-            }
-            Test::WriteBw => {
-                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                pipeline(bufs, budget, 1, |i, b| {
-                    let qp = &conn.qps[i];
-                    async move {
-                        let (r, b) = qp.write(b, remote).await;
-                        (r.map(drop), b)
-                    }
-                })
-                .await
-            }
-            Test::ReadBw => {
-                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                pipeline(bufs, budget, 1, |i, b| {
-                    let qp = &conn.qps[i];
-                    async move {
-                        let (r, b) = qp.read(b, remote).await;
-                        (r.map(drop), b)
-                    }
-                })
-                .await
-            }
-            Test::AtomicBw => {
-                let word = conn.remote.word(0).ctx("the peer's atomic word")?;
-                let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                pipeline(bufs, budget, 1, |i, b| {
-                    let qp = &conn.qps[i];
-                    async move {
-                        let (r, b) = qp.fetch_and_add(b, word, 1).await;
-                        (r.map(drop), b)
-                    }
-                })
-                .await
-            }
-            Test::SendBw => {
-                for qp in &conn.qps {
-                    for _ in 0..drain {
-                        let empty = self.pool.alloc(0).ctx("allocating a drain message")?;
-                        qp.send(empty).await.0.ctx("sending a drain message")?;
-                    }
-                }
-                let m = if cfg.post_list > 1 {
-                    let lists = self.lists(conn, cfg, size, budget)?;
-                    pipeline(lists, budget, u64::from(cfg.post_list), |i, l| {
-                        let qp = &conn.qps[i];
-                        let batch = l
-                            .into_iter()
-                            .fold(Batch::with_capacity(cfg.post_list as usize), |b, buf| {
-                                b.send(buf)
-                            });
-                        async move { qp.post_batch(batch).await }
-                    })
-                    .await?
-                } else {
-                    let bufs = self.bufs(conn, cfg.tx_depth, size, budget)?;
-                    pipeline(bufs, budget, 1, |i, b| {
-                        let qp = &conn.qps[i];
-                        async move {
-                            let (r, b) = qp.send(b).await;
-                            (r.map(drop), b)
-                        }
-                    })
-                    .await?
-                };
-                for qp in &conn.qps {
-                    let empty = self.pool.alloc(0).ctx("allocating the stop marker")?;
-                    qp.send_with_imm(empty, STOP_IMM)
-                        .await
-                        .0
-                        .ctx("sending the stop marker")?;
-                }
+            Test::SendBw if cfg.bidirectional => {
+                let (m, ()) = futures::try_join!(
+                    bw_traffic(&self.pool, cfg, conn, size, budget, drain),
+                    sink(&mut self.rings, self.stops)
+                )?;
                 Ok(m)
             }
+            t if !t.is_lat() => bw_traffic(&self.pool, cfg, conn, size, budget, drain).await,
             Test::SendLat => self.send_lat(conn, size, budget).await,
-            Test::WriteLat => self.write_lat(conn, remote, size, budget).await,
+            Test::WriteLat => {
+                let remote = conn
+                    .remote
+                    .at(0, size as u64)
+                    .ctx("the peer's memory is smaller than the message")?;
+                self.write_lat(conn, remote, size, budget).await
+            }
             Test::ReadLat => {
+                let remote = conn
+                    .remote
+                    .at(0, size as u64)
+                    .ctx("the peer's memory is smaller than the message")?;
                 let qp = &conn.qps[0];
                 let mut buf = self.alloc(size)?;
                 let mut lat = LatLoop::start(budget);
@@ -181,7 +129,7 @@ impl State {
                 }
                 Ok(lat.finish())
             }
-            Test::AtomicLat => {
+            _ => {
                 let qp = &conn.qps[0];
                 let word = conn.remote.word(0).ctx("the peer's atomic word")?;
                 let mut buf = self.alloc(8)?;
@@ -194,70 +142,6 @@ impl State {
                 Ok(lat.finish())
             }
         }
-    }
-
-    /// `depth` buffers of `size` bytes per QP, registered before the clock
-    /// starts; each is reused by its QP's next op once its op completed.
-    /// No more than the iterations need.
-    fn bufs(
-        &self,
-        conn: &Conn,
-        depth: u32,
-        size: usize,
-        budget: &Budget,
-    ) -> Result<Vec<Vec<LocalBuf>>> {
-        let n = match budget.wire_iters() {
-            0 => u64::from(depth),
-            iters => iters.min(u64::from(depth)),
-        };
-        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
-        conn.qps
-            .iter()
-            .map(|_| {
-                (0..n)
-                    .map(|_| {
-                        self.pool
-                            .alloc_from(&data)
-                            .ctx(format!("allocating a {size}-byte buffer"))
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// `-l`: `-t / -l` post lists of `-l` buffers of `size` bytes per QP,
-    /// registered before the clock starts; no more lists than the
-    /// iterations need.
-    fn lists(
-        &self,
-        conn: &Conn,
-        cfg: &Config,
-        size: usize,
-        budget: &Budget,
-    ) -> Result<Vec<Vec<Vec<LocalBuf>>>> {
-        let per = u64::from(cfg.post_list);
-        let depth = u64::from(cfg.tx_depth / cfg.post_list);
-        let n = match budget.wire_iters() {
-            0 => depth,
-            iters => iters.div_ceil(per).min(depth),
-        };
-        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
-        conn.qps
-            .iter()
-            .map(|_| {
-                (0..n)
-                    .map(|_| {
-                        (0..per)
-                            .map(|_| {
-                                self.pool
-                                    .alloc_from(&data)
-                                    .ctx(format!("allocating a {size}-byte buffer"))
-                            })
-                            .collect()
-                    })
-                    .collect()
-            })
-            .collect()
     }
 
     /// An empty SEND: the end of a send test's messages on `qp` (to
@@ -355,35 +239,45 @@ impl State {
     }
 
     /// Server: the traffic of one size (the send tests and write_lat;
-    /// the other tests need nothing of the server).
-    pub async fn serve_step(&mut self, cfg: &Config, conn: &Conn, size: usize) -> Result<()> {
+    /// the other tests need nothing of the server). With `-b` (`own`: the
+    /// step's budget), the test's loop towards the client too, whose
+    /// figures it returns.
+    pub async fn serve_step(
+        &mut self,
+        cfg: &Config,
+        conn: &Conn,
+        size: usize,
+        own: Option<&Budget>,
+    ) -> Result<Option<Measured>> {
+        if let Some(budget) = own {
+            let m = if cfg.test == Test::SendBw {
+                let (m, ()) = futures::try_join!(
+                    bw_traffic(&self.pool, cfg, conn, size, budget, 0),
+                    sink(&mut self.rings, self.stops)
+                )?;
+                m
+            } else {
+                bw_traffic(&self.pool, cfg, conn, size, budget, 0).await?
+            };
+            return Ok(Some(m));
+        }
         match cfg.test {
             Test::SendBw => {
-                let sinks = self.rings.iter_mut().map(|ring| async move {
-                    loop {
-                        let m = ring
-                            .next()
-                            .await
-                            .ok_or_else(|| msg("the receive ring ended"))?
-                            .ctx("receiving")?;
-                        if m.imm() == Some(STOP_IMM) {
-                            return Ok::<(), crate::error::Error>(());
-                        }
-                    }
-                });
-                futures::future::try_join_all(sinks).await?;
-                // The rings' receives stay posted until the next step's
-                // drain messages consume them.
-                self.drain = self
-                    .rings
-                    .iter()
-                    .map(|r| u64::from(r.posted()))
-                    .max()
-                    .unwrap_or(0);
-                self.rings.clear();
-                Ok(())
+                sink(&mut self.rings, self.stops).await?;
+                if !self.run_rings {
+                    // The rings' receives stay posted until the next step's
+                    // drain messages consume them.
+                    self.drain = self
+                        .rings
+                        .iter()
+                        .map(|r| u64::from(r.posted()))
+                        .max()
+                        .unwrap_or(0);
+                    self.rings.clear();
+                }
+                Ok(None)
             }
-            Test::SendLat => self.echo_sends(conn, size).await,
+            Test::SendLat => self.echo_sends(conn, size).await.map(|()| None),
             Test::WriteLat => {
                 let qp = &conn.qps[0];
                 let remote = conn
@@ -396,7 +290,7 @@ impl State {
                     let v = lat_value(i);
                     let got = wait_byte(&conn.region, size - 1, |x| x == v || x == LAT_STOP);
                     if got == LAT_STOP {
-                        return Ok(());
+                        return Ok(None);
                     }
                     buf[size - 1] = v;
                     let (r, b) = qp.write(buf, remote).await;
@@ -405,7 +299,7 @@ impl State {
                     i += 1;
                 }
             }
-            _ => Ok(()),
+            _ => Ok(None),
         }
     }
 
@@ -450,6 +344,195 @@ impl State {
     }
 }
 
+/// The bandwidth tests' traffic of one size from this side: `-t` ops in
+/// flight per QP (post lists with `-l`); send_bw sends `drain` empty
+/// messages on each QP first and a stop marker after.
+async fn bw_traffic(
+    pool: &MrPool,
+    cfg: &Config,
+    conn: &Conn,
+    size: usize,
+    budget: &Budget,
+    drain: u64,
+) -> Result<Measured> {
+    let remote = conn
+        .remote
+        .at(0, size as u64)
+        .ctx("the peer's memory is smaller than the message")?;
+    match cfg.test {
+        Test::WriteBw if cfg.post_list > 1 => {
+            let lists = lists(pool, conn, cfg, size, budget)?;
+            pipeline(lists, budget, u64::from(cfg.post_list), |i, l| {
+                let qp = &conn.qps[i];
+                let batch = l
+                    .into_iter()
+                    .fold(Batch::with_capacity(cfg.post_list as usize), |b, buf| {
+                        b.write(buf, remote)
+                    });
+                async move { qp.post_batch(batch).await }
+            })
+            .await
+        }
+        Test::WriteBw => {
+            let bufs = bufs(pool, conn, cfg.tx_depth, size, budget)?;
+            pipeline(bufs, budget, 1, |i, b| {
+                let qp = &conn.qps[i];
+                async move {
+                    let (r, b) = qp.write(b, remote).await;
+                    (r.map(drop), b)
+                }
+            })
+            .await
+        }
+        Test::ReadBw => {
+            let bufs = bufs(pool, conn, cfg.tx_depth, size, budget)?;
+            pipeline(bufs, budget, 1, |i, b| {
+                let qp = &conn.qps[i];
+                async move {
+                    let (r, b) = qp.read(b, remote).await;
+                    (r.map(drop), b)
+                }
+            })
+            .await
+        }
+        Test::AtomicBw => {
+            let word = conn.remote.word(0).ctx("the peer's atomic word")?;
+            let bufs = bufs(pool, conn, cfg.tx_depth, size, budget)?;
+            pipeline(bufs, budget, 1, |i, b| {
+                let qp = &conn.qps[i];
+                async move {
+                    let (r, b) = qp.fetch_and_add(b, word, 1).await;
+                    (r.map(drop), b)
+                }
+            })
+            .await
+        }
+        Test::SendBw => {
+            for qp in &conn.qps {
+                for _ in 0..drain {
+                    let empty = pool.alloc(0).ctx("allocating a drain message")?;
+                    qp.send(empty).await.0.ctx("sending a drain message")?;
+                }
+            }
+            let m = if cfg.post_list > 1 {
+                let lists = lists(pool, conn, cfg, size, budget)?;
+                pipeline(lists, budget, u64::from(cfg.post_list), |i, l| {
+                    let qp = &conn.qps[i];
+                    let batch = l
+                        .into_iter()
+                        .fold(Batch::with_capacity(cfg.post_list as usize), |b, buf| {
+                            b.send(buf)
+                        });
+                    async move { qp.post_batch(batch).await }
+                })
+                .await?
+            } else {
+                let bufs = bufs(pool, conn, cfg.tx_depth, size, budget)?;
+                pipeline(bufs, budget, 1, |i, b| {
+                    let qp = &conn.qps[i];
+                    async move {
+                        let (r, b) = qp.send(b).await;
+                        (r.map(drop), b)
+                    }
+                })
+                .await?
+            };
+            for qp in &conn.qps {
+                let empty = pool.alloc(0).ctx("allocating the stop marker")?;
+                qp.send_with_imm(empty, STOP_IMM)
+                    .await
+                    .0
+                    .ctx("sending the stop marker")?;
+            }
+            Ok(m)
+        }
+        t => Err(msg(format!("{} is not a bandwidth test", t.name()))),
+    }
+}
+
+/// send_bw's receiving side of one step: takes messages off every ring
+/// until each has seen `stops` stop markers (one per QP it serves).
+async fn sink(rings: &mut [RecvRing], stops: usize) -> Result<()> {
+    let sinks = rings.iter_mut().map(|ring| async move {
+        let mut left = stops;
+        while left > 0 {
+            let m = ring
+                .next()
+                .await
+                .ok_or_else(|| msg("the receive ring ended"))?
+                .ctx("receiving")?;
+            if m.imm() == Some(STOP_IMM) {
+                left -= 1;
+            }
+        }
+        Ok::<(), crate::error::Error>(())
+    });
+    futures::future::try_join_all(sinks).await?;
+    Ok(())
+}
+
+/// `depth` buffers of `size` bytes per QP, registered before the clock
+/// starts; each is reused by its QP's next op once its op completed. No
+/// more than the iterations need.
+fn bufs(
+    pool: &MrPool,
+    conn: &Conn,
+    depth: u32,
+    size: usize,
+    budget: &Budget,
+) -> Result<Vec<Vec<LocalBuf>>> {
+    let n = match budget.wire_iters() {
+        0 => u64::from(depth),
+        iters => iters.min(u64::from(depth)),
+    };
+    let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    conn.qps
+        .iter()
+        .map(|_| {
+            (0..n)
+                .map(|_| {
+                    pool.alloc_from(&data)
+                        .ctx(format!("allocating a {size}-byte buffer"))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `-l`: `-t / -l` post lists of `-l` buffers of `size` bytes per QP,
+/// registered before the clock starts; no more lists than the iterations
+/// need.
+fn lists(
+    pool: &MrPool,
+    conn: &Conn,
+    cfg: &Config,
+    size: usize,
+    budget: &Budget,
+) -> Result<Vec<Vec<Vec<LocalBuf>>>> {
+    let per = u64::from(cfg.post_list);
+    let depth = u64::from(cfg.tx_depth / cfg.post_list);
+    let n = match budget.wire_iters() {
+        0 => depth,
+        iters => iters.div_ceil(per).min(depth),
+    };
+    let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    conn.qps
+        .iter()
+        .map(|_| {
+            (0..n)
+                .map(|_| {
+                    (0..per)
+                        .map(|_| {
+                            pool.alloc_from(&data)
+                                .ctx(format!("allocating a {size}-byte buffer"))
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Sends `data` INLINE to `peer` (UD).
 #[inline]
 async fn send_inline_to(
@@ -489,9 +572,16 @@ async fn send_buf(
 }
 
 /// A receive ring of `size`-byte buffers on every QP (at most half the
-/// receive queue: the previous step's may still be posted).
+/// receive queue: the previous step's may still be posted); with
+/// `--use-srq`, one ring on the shared receive queue.
 fn post_rings(dev: &Device, conn: &Conn, size: usize, lat: bool) -> Result<Vec<RecvRing>> {
     let depth = rx_depth(size, lat);
+    if let Some(srq) = &conn.srq {
+        let d = depth.min(srq.capacity()).max(1);
+        let ring = RecvRing::on_srq(srq, dev.pd(), RecvRingConfig::new(d, size))
+            .ctx("posting the receive ring on the shared receive queue")?;
+        return Ok(vec![ring]);
+    }
     conn.qps
         .iter()
         .map(|qp| {

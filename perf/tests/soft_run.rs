@@ -8,6 +8,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_verbio-perf");
 
 /// Starts `verbio-perf ARGS -p 0` as the server; returns it and its port.
 fn server(args: &[&str]) -> (std::process::Child, u16) {
+    let (child, port, _) = server_with_log(args);
+    (child, port)
+}
+
+/// [`server`], and the server's stderr lines after its address.
+fn server_with_log(args: &[&str]) -> (std::process::Child, u16, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(BIN)
         .args(args)
         .args(["-p", "0", "-d", "soft0"])
@@ -33,8 +39,13 @@ fn server(args: &[&str]) -> (std::process::Child, u16) {
         }
     };
     // Keep draining the server's stderr so it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, port)
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(|l| l.ok()) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, port, rx)
 }
 
 /// Runs one client against a fresh server; returns the client's JSON.
@@ -234,7 +245,7 @@ fn logs_to_a_pipe_have_no_colour_codes() {
 
 /// perftest's output flags on a real run: `-N` prints the peak as 0.00,
 /// `--out_json_file` writes the JSON document while the table still goes
-/// to stdout, `-F` and `--report-both` change nothing, and `-w` above the
+/// to stdout, `-F` and `--report-both` (without `-b`) change nothing, and `-w` above the
 /// measured bandwidth makes the client fail with the figure and the limit.
 #[test]
 fn perftest_output_flags_apply_to_a_run() {
@@ -281,26 +292,215 @@ fn perftest_output_flags_apply_to_a_run() {
     let _ = std::fs::remove_file(&json);
 }
 
-/// A perftest flag that would change what is measured exits with status 2
-/// and names the flag, before anything runs.
+/// A perftest flag that would change what is measured, or a combination
+/// that cannot be honoured, exits with status 2 and names the flag and
+/// why, before anything runs.
 #[test]
 fn perftest_flags_not_supported_are_refused_by_name() {
     for (args, needle) in [
         (
-            &["send_bw", "-b"][..],
-            "does not support -b (--bidirectional",
+            &["send_bw", "-W", "x"][..],
+            "does not support -W (--report-counters",
         ),
         (&["write_bw", "-Q", "100"][..], "-Q must equal -l"),
         (
             &["read_bw", "-l", "4"][..],
             "-l (--post_list) and -Q (--cq-mod) apply to",
         ),
-        (&["send_bw", "--use-srq"][..], "does not support --use-srq"),
+        (
+            &["send_lat", "-b"][..],
+            "-b (--bidirectional) applies to bandwidth tests",
+        ),
+        (
+            &["send_bw", "-b", "--api", "raw"][..],
+            "-b (--bidirectional) runs with --api verbs",
+        ),
+        (
+            &["write_bw", "--use-srq"][..],
+            "--use-srq applies to send_bw and send_lat",
+        ),
+        (&["send_bw", "--use-srq", "-R"][..], "--use-srq with -R"),
+        (
+            &["send_lat", "-R", "-c", "UD"][..],
+            "-R (--rdma_cm) runs with --api verbs or raw over RC",
+        ),
+        (
+            &["send_lat", "--run_infinitely"][..],
+            "--run_infinitely runs with bandwidth tests only",
+        ),
+        (
+            &["send_bw", "--run_infinitely", "--json"][..],
+            "--run_infinitely runs with the table",
+        ),
     ] {
         let out = Command::new(BIN).args(args).output().expect("run");
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+/// `-b`: the server runs the test's loop towards the client too, and the
+/// client's row adds both directions (perftest's sum): the iterations of
+/// both sides, per QP; send_bw's messages go both ways, each side's ring
+/// taking the other's.
+#[test]
+fn bidirectional_runs_add_both_directions() {
+    for (test, qps) in [
+        ("write_bw", "1"),
+        ("read_bw", "1"),
+        ("send_bw", "2"),
+        ("atomic_bw", "1"),
+    ] {
+        let mut args = vec![test, "-b", "-q", qps, "-t", "4", "-n", "10"];
+        if test != "atomic_bw" {
+            args.extend(["-s", "256"]);
+        }
+        let v = run(&args, &args);
+        let size = if test == "atomic_bw" { 8 } else { 256 };
+        check(&v, test, &[size]);
+        assert_eq!(v["bidirectional"], true, "{v}");
+        let per_side = 10 * qps.parse::<u64>().unwrap();
+        assert_eq!(v["results"][0]["iterations"], 2 * per_side, "{test}: {v}");
+    }
+    // Timed: the server's loop runs the client's duration.
+    let args = ["send_bw", "-b", "-D", "0.2", "-s", "1K"];
+    let v = run(&args, &args);
+    check(&v, "send_bw", &[1024]);
+}
+
+/// `--use-srq`: every QP of a side takes its receives from one shared
+/// receive queue; send_bw's server counts every QP's messages off it, and
+/// send_lat's ping-pong runs over it on both sides, at several sizes.
+#[test]
+fn shared_receive_queue_runs() {
+    let args = [
+        "send_bw",
+        "--use-srq",
+        "-q",
+        "3",
+        "-t",
+        "8",
+        "-n",
+        "20",
+        "--sizes",
+        "64,4K",
+    ];
+    let v = run(&args, &args);
+    check(&v, "send_bw", &[64, 4096]);
+    assert_eq!(v["srq"], true, "{v}");
+    assert_eq!(v["results"][1]["iterations"], 60, "{v}");
+    let args = ["send_lat", "--use-srq", "-n", "20", "--sizes", "8,1000"];
+    let v = run(&args, &args);
+    check(&v, "send_lat", &[8, 1000]);
+    // With -b too: both sides' SRQs.
+    let args = [
+        "send_bw",
+        "--use-srq",
+        "-b",
+        "-q",
+        "2",
+        "-t",
+        "4",
+        "-n",
+        "10",
+    ];
+    let v = run(&args, &args);
+    assert_eq!(v["results"][0]["iterations"], 40, "{v}");
+}
+
+/// `-R`: the QPs connect through the RDMA CM (several QPs, the verbs and
+/// raw loops); a server and a client started with different flags refuse
+/// each other, naming them.
+#[test]
+fn rdma_cm_connections_and_mismatched_modes() {
+    let args = [
+        "write_bw", "-R", "-q", "2", "-t", "4", "-n", "10", "-s", "512",
+    ];
+    let v = run(&args, &args);
+    check(&v, "write_bw", &[512]);
+    assert_eq!((&v["rdma_cm"], &v["qps"]), (&true.into(), &2.into()), "{v}");
+    assert_eq!(v["results"][0]["iterations"], 20, "{v}");
+    let args = ["send_lat", "-R", "--api", "raw", "-n", "20"];
+    check(&run(&args, &args), "send_lat", &[2]);
+    let args = ["send_bw", "-R", "-b", "-n", "10", "-t", "4"];
+    assert_eq!(run(&args, &args)["results"][0]["iterations"], 20);
+
+    let (mut srv, port, log) = server_with_log(&["send_bw", "-b"]);
+    let out = Command::new(BIN)
+        .args([
+            "send_bw",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-d",
+            "soft0",
+        ])
+        .output()
+        .expect("run the client");
+    assert!(!srv.wait().expect("the server ends").success());
+    assert!(!out.status.success());
+    let stderr: Vec<String> = log.iter().collect();
+    let stderr = stderr.join("\n");
+    assert!(
+        stderr.contains("the client runs with none of -b")
+            && stderr.contains("this server with -b"),
+        "{stderr}"
+    );
+}
+
+/// `--run_infinitely -D 0.2`: the client prints a result line per interval
+/// until it is killed; the server serves until its client is gone.
+#[test]
+fn run_infinitely_prints_a_line_per_interval() {
+    let flags = [
+        "send_bw",
+        "--run_infinitely",
+        "-D",
+        "0.2",
+        "-s",
+        "4K",
+        "-t",
+        "8",
+    ];
+    let (mut srv, port) = server(&flags);
+    let mut client = Command::new(BIN)
+        .args(flags)
+        .args(["127.0.0.1", "-p", &port.to_string(), "-d", "soft0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the client");
+    let stdout = client.stdout.take().expect("piped stdout");
+    let rows: Vec<String> = BufReader::new(stdout)
+        .lines()
+        .map(|l| l.expect("readable stdout"))
+        .filter(|l| l.trim_start().starts_with("4096 "))
+        .take(3)
+        .collect();
+    let running = client.try_wait().expect("the client's status").is_none();
+    let _ = client.kill();
+    let _ = client.wait();
+    assert_eq!(rows.len(), 3, "the client stopped printing: {rows:?}");
+    assert!(running, "the client ended by itself");
+    for row in &rows {
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert!(f[1].parse::<u64>().expect("iterations") >= 5, "{row}");
+        assert!(f[3].parse::<f64>().expect("average") > 0.0, "{row}");
+    }
+    // The server notices its client is gone and ends (bounded by the test
+    // harness's own limits otherwise: it would hang here).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(status) = srv.try_wait().expect("the server's status") {
+            assert!(!status.success(), "the server's client was killed mid-run");
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = srv.kill();
+            panic!("the server still runs 60 s after its client was killed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
 
