@@ -51,6 +51,9 @@ struct Shared {
     closed: AtomicBool,
     /// The receiver is gone.
     gone: AtomicBool,
+    /// Live senders: the last one gone closes the mailbox and wakes the
+    /// receiver (which may be waiting with the queue seen empty).
+    senders: AtomicUsize,
     /// Senders waiting for room.
     room_waiting: AtomicUsize,
     room: Mutex<Vec<Waker>>,
@@ -84,6 +87,7 @@ pub fn mailbox<M: Send>(capacity: usize) -> (MailSender<M>, MailReceiver<M>) {
         armed: AtomicBool::new(false),
         closed: AtomicBool::new(false),
         gone: AtomicBool::new(false),
+        senders: AtomicUsize::new(1),
         room_waiting: AtomicUsize::new(0),
         room: Mutex::new(Vec::new()),
     });
@@ -104,9 +108,23 @@ pub struct MailSender<M> {
 
 impl<M> Clone for MailSender<M> {
     fn clone(&self) -> Self {
+        self.shared.senders.fetch_add(1, Ordering::Relaxed);
         MailSender {
             tx: self.tx.clone(),
             shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<M> Drop for MailSender<M> {
+    fn drop(&mut self) {
+        if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last sender: what is queued is still taken, then the
+            // receiver ends. A waiting receiver must hear of it (std's
+            // channel disconnects only after this returns, and wakes no
+            // one).
+            self.shared.closed.store(true, Ordering::SeqCst);
+            self.shared.waker.wake();
         }
     }
 }

@@ -141,6 +141,43 @@ fn dropping_the_receiver_drops_queued_messages_and_fails_senders() {
 }
 
 #[test]
+fn the_last_sender_gone_wakes_a_waiting_receiver() {
+    let (tx, rx) = mailbox::<u32>(4);
+    let tx2 = tx.clone();
+    let (count, waker) = counting();
+    let mut cx = Context::from_waker(&waker);
+    assert!(rx.poll_recv(&mut cx).is_pending());
+    tx.try_send(1).unwrap();
+    assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(1)));
+    assert!(
+        rx.poll_recv(&mut cx).is_pending(),
+        "waiting, the queue seen empty"
+    );
+    let woken = count.0.load(Ordering::SeqCst);
+    tx2.try_send(2).unwrap();
+    drop(tx);
+    drop(tx2);
+    assert!(
+        count.0.load(Ordering::SeqCst) > woken,
+        "no wake for the senders' end"
+    );
+    assert_eq!(
+        rx.poll_recv(&mut cx),
+        Poll::Ready(Some(2)),
+        "queued before the end"
+    );
+    assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(None));
+    // On another thread: the receiver is woken, not left waiting.
+    let (tx, rx) = mailbox::<u32>(4);
+    let (count, waker) = counting();
+    let mut cx = Context::from_waker(&waker);
+    assert!(rx.poll_recv(&mut cx).is_pending());
+    std::thread::spawn(move || drop(tx)).join().unwrap();
+    assert_eq!(count.0.load(Ordering::SeqCst), 1);
+    assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(None));
+}
+
+#[test]
 fn every_sender_gone_ends_the_receiver() {
     let (tx, rx) = mailbox::<u32>(4);
     let (_, waker) = counting();
