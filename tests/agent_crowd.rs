@@ -13,6 +13,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 
+use common::crowd::*;
 use common::*;
 use verbio::runtime::spawn;
 use verbio::{Rdma, RdmaBuilder};
@@ -38,17 +39,6 @@ fn runs() -> (bool, bool) {
 /// Connections dialled at once.
 const DIAL_BATCH: usize = 32;
 
-/// The process's resident memory, in bytes (`VmRSS`).
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
-    kb * 1024
-}
-
 /// Small connections: the test is about how many, not how fast.
 fn small() -> RdmaBuilder {
     RdmaBuilder::new()
@@ -73,13 +63,14 @@ fn sender_of(m: &[u8]) -> Option<usize> {
 }
 
 /// A server thread holding `n` connections at once: it accepts them all,
-/// then echoes one message of each, then waits for each to close.
-fn serve_crowd(srq: Option<u32>, n: usize) -> (SocketAddr, std::thread::JoinHandle<usize>) {
+/// then echoes one message of each, then waits for each to close. Returns
+/// the device's CQ count and the process's RSS (KiB) once all echoed.
+fn serve_crowd(srq: Option<u32>, n: usize) -> (SocketAddr, std::thread::JoinHandle<(usize, u64)>) {
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let (rt, dev) = runtime_and_device();
         let d = dev.clone();
-        block(&rt, async move {
+        let all_held = run(&rt, n, async move {
             let mut b = small().device(d);
             if let Some(depth) = srq {
                 b = b.shared_receive_queue(depth);
@@ -107,27 +98,28 @@ fn serve_crowd(srq: Option<u32>, n: usize) -> (SocketAddr, std::thread::JoinHand
                 assert!(!std::mem::replace(&mut seen[i], true), "message {i} twice");
                 r.send(&m).await.expect("echo");
             }
+            let all_held = rss_kib();
             for (i, r) in conns.iter().enumerate() {
                 assert!(
                     r.receive().await.is_err(),
                     "connection {i}: nothing more was sent"
                 );
             }
+            all_held
         });
-        dev.cq_count()
+        (dev.cq_count(), all_held)
     });
     (rx.recv_timeout(WAIT).expect("server start"), th)
 }
 
-/// Dials `n` connections (in batches), sends each its message, checks the
-/// echoes; returns the RSS growth while all were open and the device's CQ
-/// count.
-fn crowd_to(srq: Option<u32>, n: usize) -> (u64, usize) {
-    let before = rss();
-    let (addr, server) = serve_crowd(srq, n);
+/// Dials `n` connections to `addr` (in batches), sends each its message,
+/// checks the echoes; returns the RSS growth since `before` while all
+/// were open, the device's CQ count, and the seconds the dialing took.
+fn dial_crowd(addr: SocketAddr, n: usize, before: u64) -> (u64, usize, f64) {
     let (rt, dev) = runtime_and_device();
-    let (grown, cqs) =
-        block(&rt, async {
+    let r =
+        run(&rt, n, async {
+            let t0 = std::time::Instant::now();
             let mut conns: Vec<Rdma> = Vec::with_capacity(n);
             while conns.len() < n {
                 let batch: Vec<_> = (0..DIAL_BATCH.min(n - conns.len()))
@@ -141,8 +133,18 @@ fn crowd_to(srq: Option<u32>, n: usize) -> (u64, usize) {
                     conns.push(h.await.unwrap_or_else(|e| {
                         panic!("connect {k} of {n}: {}", verbio::ErrorChain(&e))
                     }));
+                    if n >= 2000 && conns.len() % (n / 10) == 0 {
+                        let (user, sys) = cpu_secs();
+                        eprintln!(
+                            "{} of {n} Rdma connections at {:.2?} (process CPU user {user:.2} s, \
+                         system {sys:.2} s)",
+                            conns.len(),
+                            t0.elapsed()
+                        );
+                    }
                 }
             }
+            let dialed = t0.elapsed().as_secs_f64();
             for (i, c) in conns.iter().enumerate() {
                 c.send(&message(i)).await.expect("send");
             }
@@ -150,30 +152,82 @@ fn crowd_to(srq: Option<u32>, n: usize) -> (u64, usize) {
                 let back = c.receive().await.expect("echo");
                 assert_eq!(back, message(i), "echo of connection {i}");
             }
-            (rss().saturating_sub(before), dev.cq_count())
+            if n >= 2000 {
+                eprintln!("{n} echoes back at {:.2?}", t0.elapsed());
+            }
+            (rss_kib().saturating_sub(before), dev.cq_count(), dialed)
         });
     drop(rt);
-    let server_cqs = server.join().expect("server");
+    r
+}
+
+/// Where a child process dials (`VERBIO_CROWD_DIAL`: the listener's
+/// address, with `VERBIO_CROWD_CONNS` connections).
+const DIAL_ENV: &str = "VERBIO_CROWD_DIAL";
+
+/// A listener holding `n` connections, dialed from this process if its
+/// file limit holds both ends' sockets, else from a child process (this
+/// test with [`DIAL_ENV`] set); prints the memory per connection and
+/// returns the client device's CQ count.
+fn crowd_to(srq: Option<u32>, n: usize) -> usize {
+    let before = rss_kib();
+    let one_process = fds_for(n, 2) == n;
+    let n = if one_process { n } else { fds_for(n, 1) };
+    let (addr, server) = serve_crowd(srq, n);
+    let (grown, cqs, dialed, ends) = if one_process {
+        let (grown, cqs, dialed) = dial_crowd(addr, n, before);
+        (grown, cqs, dialed, "both ends")
+    } else {
+        let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "a_thousand_rdma_connections_on_one_device",
+                "--exact",
+                "--nocapture",
+            ])
+            .env(DIAL_ENV, addr.to_string())
+            .env("VERBIO_CROWD_CONNS", n.to_string())
+            .status()
+            .expect("the client process");
+        assert!(status.success(), "the client process: {status}");
+        (0, 0, f64::NAN, "listener's process")
+    };
+    let (server_cqs, server_rss) = server.join().expect("server");
+    let grown = if one_process {
+        grown
+    } else {
+        server_rss.saturating_sub(before)
+    };
     eprintln!(
         "{n} Rdma connections{}: client device {} CQs, server device {} CQs, \
-         {} KiB RSS per connection (both ends)",
+         {} KiB RSS per connection ({ends}); dialed in {dialed:.2} s",
         srq.map(|d| format!(" (listener SRQ of {d})"))
             .unwrap_or_default(),
         cqs,
         server_cqs,
-        grown / 1024 / n as u64,
+        grown / n as u64,
     );
-    (grown, cqs)
+    cqs
 }
 
 #[test]
 fn a_thousand_rdma_connections_on_one_device() {
     let n = crowd();
+    if let Some(addr) = std::env::var(DIAL_ENV).ok().and_then(|a| a.parse().ok()) {
+        // The client process of a run too large for one.
+        let n = fds_for(n, 1);
+        let (grown, cqs, dialed) = dial_crowd(addr, n, rss_kib());
+        eprintln!(
+            "{n} Rdma connections dialed in {dialed:.2} s: client device {cqs} CQs, \
+             {} KiB RSS per connection (client process)",
+            grown / n as u64
+        );
+        return;
+    }
     let (rings, srq) = runs();
     if rings {
-        let (_, cqs) = crowd_to(None, n);
+        let cqs = crowd_to(None, n);
         // 256 CQ entries claimed per QP: more than the first CQ holds.
-        if n > 16 {
+        if n > 16 && cqs > 0 {
             assert!(cqs > 1, "{n} connections fit in one CQ of 4,096?");
         }
     }

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod alloc_count;
+pub mod crowd;
 pub mod example_bin;
 pub mod netns;
 pub mod peer;
