@@ -18,6 +18,10 @@
 //! cargo run --release --example pool_echo
 //! cargo run --release --example pool_echo -- --sizes 64 --windows 1,32 --secs 2
 //! ```
+//!
+//! `--serve ADDR` runs only the echo server (for the two clients of one
+//! run), and `--server ADDR` runs the clients against such a server in
+//! another process (start both with the same `--sizes`).
 
 mod cli;
 
@@ -59,6 +63,14 @@ struct Args {
     /// (30 s unless given).
     #[arg(long, default_value = "30", value_parser = cli::seconds)]
     timeout: Duration,
+    /// Only run the echo server, listening on ADDR, for the two clients of
+    /// one run of `pool_echo --server` (each accepted within --timeout).
+    #[arg(long, value_name = "ADDR", conflicts_with = "server")]
+    serve: Option<SocketAddr>,
+    /// Run the clients against the echo server of a `pool_echo --serve`
+    /// at ADDR instead of one in this process.
+    #[arg(long, value_name = "ADDR")]
+    server: Option<SocketAddr>,
 }
 
 fn default_sizes() -> Vec<usize> {
@@ -104,16 +116,19 @@ fn builder(max: usize) -> RdmaBuilder {
     RdmaBuilder::new().max_message_len(max)
 }
 
-/// The echo server: a runtime thread accepting the two clients (each
-/// within `limit`), echoing until both hang up.
-fn serve(max: usize, limit: Duration, ready: mpsc::Sender<Result<SocketAddr, String>>) {
+/// The echo server on `at`: a runtime thread accepting the two clients
+/// (each within `limit`), echoing until both hang up.
+fn serve(
+    at: SocketAddr,
+    max: usize,
+    limit: Duration,
+    ready: mpsc::Sender<Result<SocketAddr, String>>,
+) {
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let rt = Runtime::new()?;
         let dev = Device::open(soft()?)?;
         rt.block_on(async {
-            let l = builder(max)
-                .device(dev)
-                .listen("127.0.0.1:0".parse().unwrap())?;
+            let l = builder(max).device(dev).listen(at)?;
             let _ = ready.send(Ok(l.local_addr()?));
             let mut echoes = Vec::new();
             for client in ["local", "handle"] {
@@ -283,17 +298,49 @@ fn within<T>(
     }
 }
 
-fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let max = args.sizes.iter().copied().max().unwrap_or(64).max(64);
+/// `--serve`: the echo server alone, until its two clients hang up.
+fn serve_only(
+    at: SocketAddr,
+    max: usize,
+    limit: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
     let (ready_tx, ready_rx) = mpsc::channel();
-    let limit = args.timeout;
-    std::thread::spawn(move || serve(max, limit, ready_tx));
+    let server = std::thread::spawn(move || serve(at, max, limit, ready_tx));
     let addr = within(
         &ready_rx,
         limit,
         "the echo server",
         "waiting for it to listen",
     )?;
+    println!("pool_echo: echo server listening on {addr}");
+    // An error after listening comes on the same channel.
+    server.join().map_err(|_| "the echo server panicked")?;
+    match ready_rx.try_recv() {
+        Ok(Err(e)) => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let max = args.sizes.iter().copied().max().unwrap_or(64).max(64);
+    let limit = args.timeout;
+    if let Some(at) = args.serve {
+        return serve_only(at, max, limit);
+    }
+    let addr = match args.server {
+        Some(addr) => addr,
+        None => {
+            let (ready_tx, ready_rx) = mpsc::channel();
+            let at = SocketAddr::from(([127, 0, 0, 1], 0));
+            std::thread::spawn(move || serve(at, max, limit, ready_tx));
+            within(
+                &ready_rx,
+                limit,
+                "the echo server",
+                "waiting for it to listen",
+            )?
+        }
+    };
 
     let (points_tx, points_rx) = mpsc::channel();
     let (results_tx, results_rx) = mpsc::channel();
@@ -301,8 +348,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     within(
         &results_rx,
         limit,
-        "the local client",
-        "waiting for it to connect to the server",
+        &format!("the server at {addr}"),
+        "connecting the local client",
     )?;
 
     let pool = Pool::builder()

@@ -73,6 +73,11 @@ struct Args {
     /// RDMA device every thread opens (default: a software device per thread).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
+    /// Seconds the whole run (preload, sessions, load, shutdown; all in
+    /// this process) may take before it is given up (default: --seconds
+    /// plus 120).
+    #[arg(long, value_name = "SECONDS", value_parser = cli::seconds)]
+    timeout: Option<Duration>,
 }
 
 fn endpoint(device: Option<&str>) -> Result<Rpc<UdTransport>, BoxError> {
@@ -381,8 +386,25 @@ fn run(args: &Args) -> Result<(), BoxError> {
 fn main() -> ExitCode {
     cli::init_tracing();
     let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => cli::fail("rpc_kv", &*e),
+    // The whole run is bounded: a lost call or a stuck worker fails
+    // instead of hanging.
+    let limit = args
+        .timeout
+        .unwrap_or(Duration::from_secs(args.seconds as u64 + 120));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(run(&args));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => cli::fail("rpc_kv", &*e),
+        Err(_) => {
+            eprintln!(
+                "rpc_kv: no result from the workers and clients within {} s \
+                 (--timeout sets the bound)",
+                limit.as_secs()
+            );
+            ExitCode::FAILURE
+        }
     }
 }

@@ -334,12 +334,127 @@ fn thread_per_core_gives_up_at_its_timeout() {
     );
 }
 
-/// pool_echo, cm_setup, agent_stream_bw and srq_throughput take
+#[test]
+fn pool_echo_gives_up_on_a_silent_server_within_its_timeout() {
+    let Some(exe) = example("pool_echo_silent_server", "pool_echo") else {
+        return;
+    };
+    let addr = silent_server();
+    let started = Instant::now();
+    let (ok, err) = run(
+        &exe,
+        &[
+            "--server",
+            &addr,
+            "--timeout",
+            "1",
+            "--sizes",
+            "64",
+            "--windows",
+            "1",
+        ],
+    );
+    assert!(!ok, "pool_echo against a silent server succeeded");
+    let want =
+        format!("no answer from the server at {addr} within 1 s while connecting the local client");
+    assert!(err.contains(&want), "pool_echo: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "pool_echo took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn pool_echo_runs_against_a_server_in_another_process() {
+    let Some(exe) = example("pool_echo_two_processes", "pool_echo") else {
+        return;
+    };
+    let port = free_port();
+    let at = format!("127.0.0.1:{port}");
+    let mut server = Command::new(&exe)
+        .args(["--serve", &at, "--sizes", "64", "--timeout", "15"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the echo server");
+    // The clients retry nothing: wait until the server listens.
+    let deadline = Instant::now() + PROMPT;
+    while std::net::TcpStream::connect(&at).is_err() {
+        assert!(Instant::now() < deadline, "the echo server never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = Command::new(&exe)
+        .args([
+            "--server",
+            &at,
+            "--sizes",
+            "64",
+            "--windows",
+            "1",
+            "--secs",
+            "0.1",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the clients");
+    let status = server.wait().expect("the echo server ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(status.success(), "the echo server failed");
+    let row: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("64 "))
+        .unwrap_or_else(|| panic!("no row: {stdout}"))
+        .split_whitespace()
+        .collect();
+    for rate in &row[2..4] {
+        assert!(rate.parse::<f64>().expect("a rate") > 0.0, "{stdout}");
+    }
+}
+
+/// rpc_kv gives up at its --timeout: far less than its --seconds of load.
+#[test]
+fn rpc_kv_gives_up_at_its_timeout() {
+    let Some(exe) = example("rpc_kv_timeout", "rpc_kv") else {
+        return;
+    };
+    let started = Instant::now();
+    let (ok, err) = run(
+        &exe,
+        &["--timeout", "1", "--seconds", "60", "--keys", "1000"],
+    );
+    assert!(!ok, "rpc_kv --timeout 1 finished 60 s of load");
+    assert!(
+        err.contains(
+            "no result from the workers and clients within 1 s (--timeout sets the bound)"
+        ),
+        "rpc_kv: {err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// pool_echo, cm_setup, agent_stream_bw, srq_throughput and rpc_kv take
 /// `--timeout SECONDS`: their help lists it, and 0 or a word is refused
 /// with what is wrong, before anything starts.
 #[test]
 fn benchmark_examples_take_a_timeout_and_refuse_a_bad_one() {
-    for name in ["pool_echo", "cm_setup", "agent_stream_bw", "srq_throughput"] {
+    for name in [
+        "pool_echo",
+        "cm_setup",
+        "agent_stream_bw",
+        "srq_throughput",
+        "rpc_kv",
+    ] {
         let Some(exe) = example(&format!("{name}_timeout_flag"), name) else {
             continue;
         };
