@@ -72,6 +72,11 @@
 #                    server), and the client run times of both pairings
 #                    beside rping against itself and verbio's against itself
 #   --interop-iters N  round trips of each interop pairing (default 300)
+#   --no-grpc        skip the gRPC run: verbio-tonic's examples/grpc_echo
+#                    (tonic on tokio's multi-thread runtime over verbio
+#                    connections on rxe0: unary calls from 16 tasks and a
+#                    server stream, every byte checked; "grpc_echo: PASS"
+#                    in the summary); runs with --no-tests too
 #   --srq-bench      also examples/srq_throughput (release) on rxe0: 64
 #                    connections received through one SRQ ring vs a ring
 #                    per QP, --rounds rounds, medians and their ratio
@@ -124,6 +129,7 @@ SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_in
 PERFTEST=0
 DEVINFO=1
 INTEROP=1
+GRPC=1
 UDLAT=0
 APIRATIOS=0
 SRQBENCH=0
@@ -143,6 +149,7 @@ while [ $# -gt 0 ]; do
         --perftest) PERFTEST=1 ;;
         --no-devinfo) DEVINFO=0 ;;
         --no-interop) INTEROP=0 ;;
+        --no-grpc) GRPC=0 ;;
         --ud-lat) UDLAT=1 ;;
         --api-ratios) APIRATIOS=1 ;;
         --srq-bench) SRQBENCH=1 ;;
@@ -161,7 +168,7 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,110p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,115p' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
@@ -218,6 +225,11 @@ if [ "$INTEROP" = 1 ]; then
     SRQPP_BIN=$(built srq_pingpong --example srq_pingpong) || exit 1
     # Release: its run time is printed beside rdma-core's.
     RPING_BIN=$(built rping --release --example rping) || exit 1
+fi
+GRPC_BIN=
+if [ "$GRPC" = 1 ]; then
+    echo "rxe-test: building verbio-tonic's examples/grpc_echo (features: ibverbs)" >&2
+    GRPC_BIN=$(built grpc_echo -p verbio-tonic --example grpc_echo) || exit 1
 fi
 if [ "$CALLGRIND" = 1 ]; then
     command -v valgrind >/dev/null || skip "--callgrind needs valgrind on the host (the guest runs the host's)"
@@ -305,6 +317,12 @@ RUN
         echo 'echo; echo "== examples/mw_grant_cost -d rxe0"'
         echo "timeout \"\$TMO\" '$MWB_BIN' --device \"\$VERBIO_TEST_DEVICE\" > \"\$LOGS/mw_grant_cost.log\" 2>&1; rc=\$?; cat \"\$LOGS/mw_grant_cost.log\""
         echo "[ \$rc = 0 ] || { echo 'FAILED: mw_grant_cost'; echo 'FAIL  mw_grant_cost' >> \"\$LOGS/summary\"; fail=1; }"
+    fi
+    if [ -n "$GRPC_BIN" ]; then
+        # The pool's threads open the device VERBIO_DEVICE names.
+        echo 'echo; echo "== verbio-tonic examples/grpc_echo on $VERBIO_TEST_DEVICE"'
+        echo "VERBIO_DEVICE=\"\$VERBIO_TEST_DEVICE\" timeout \"\$TMO\" '$GRPC_BIN' --calls 200 --stream-mib 4 --workers 2 --timeout 140 > \"\$LOGS/grpc_echo.log\" 2>&1; rc=\$?; grep -v ' INFO ' \"\$LOGS/grpc_echo.log\""
+        echo "if [ \$rc = 0 ]; then echo 'grpc_echo: PASS' >> \"\$LOGS/summary\"; else echo \"grpc_echo: FAIL (exit \$rc)\" | tee -a \"\$LOGS/summary\"; fail=1; fi"
     fi
     if [ -n "$UDPP_BIN" ]; then
         echo "UDPP='$UDPP_BIN' UDPP_ITERS=$INTEROP_ITERS"
