@@ -10,6 +10,7 @@
 #                         [--plot PNG] [--title TEXT] [--guard X] [--bin BINARY]
 #                         [--out DIR] [--markdown] [--rdma-flags FLAGS]
 #                         [--stat median|best] [--known PATH:TEST:SIZE=Y]
+#                         [--placement free|same|split]
 #
 #   --rxe          run inside the rxe VM (../shared/tools/rxe-vm) on rxe0,
 #                  with a build of --features ibverbs; default: soft0 here
@@ -35,6 +36,15 @@
 #   --markdown     print the tables in Markdown too
 #   --rdma-flags F verbio-perf flags added to the verbs, rdma and rpc runs,
 #                  e.g. "--busy-poll 1000000" (both sides get them)
+#   --placement P  where the server and client processes run (soft device
+#                  only): free (default: where the scheduler puts them),
+#                  same (both pinned to one CPU) or split (server on one
+#                  CPU, client on another). The scheduler keeps a process
+#                  pair's threads where it first put them, and a wake-up
+#                  across CPUs costs far more than one within (tens of us
+#                  in a VM), so free runs of one build read one of two
+#                  figures; a fixed placement compares like with like
+#                  (docs/benchmarks.md)
 #
 # A path that cannot carry a size (or fails, or times out) is printed as
 # n/a with the reason; the sweep goes on. The ratios are slowdowns: a
@@ -59,6 +69,7 @@ OUT=
 MARKDOWN=
 RDMA_FLAGS=
 STAT=median
+PLACEMENT=free
 KNOWN=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -79,7 +90,8 @@ while [ $# -gt 0 ]; do
         --rdma-flags) RDMA_FLAGS=$2; shift ;;
         --stat) STAT=$2; shift ;;
         --known) KNOWN+=(--known "$2"); shift ;;
-        -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+        --placement) PLACEMENT=$2; shift ;;
+        -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
         *) echo "perf-sweep: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -93,6 +105,8 @@ for t in ${TESTS//,/ }; do
     case $t in send_lat|send_bw) ;; *) die "unknown test $t (send_lat, send_bw)" ;; esac
 done
 case $STAT in median|best) ;; *) die "--stat takes median or best" ;; esac
+case $PLACEMENT in free|same|split) ;; *) die "--placement takes free, same or split" ;; esac
+[ "$RXE" = 1 ] && [ "$PLACEMENT" != free ] && die "--placement is for the soft device (not --rxe)"
 case $ROUNDS in ''|*[!0-9]*|0) die "--rounds takes a count" ;; esac
 case $WINDOW in ''|*[!0-9]*|0) die "--window takes a count" ;; esac
 case $LIMIT in ''|*[!0-9]*|0) die "--limit takes seconds" ;; esac
@@ -157,11 +171,12 @@ if [ "$RXE" = 1 ]; then
     [ "$rc" = 0 ] || { echo "perf-sweep: the VM run failed (exit $rc)"; exit "$rc"; }
 else
     . "$ROOT/scripts/lib/perf-sweep-runs.sh"
+    sweep_placement "$PLACEMENT" || die "--placement $PLACEMENT: $SWEEP_PLACEMENT_ERR"
     sweep_runs
 fi
 echo "perf-sweep: $(( SECONDS - t0 )) s of runs on $DEV" >&2
 {
-    echo "command: scripts/perf-sweep.sh$([ "$RXE" = 1 ] && echo ' --rxe') --sizes $SIZES --paths $PATHS --tests $TESTS -D $DUR --window $WINDOW --rounds $ROUNDS$([ -n "$RDMA_FLAGS" ] && printf ' --rdma-flags %q' "$RDMA_FLAGS")"
+    echo "command: scripts/perf-sweep.sh$([ "$RXE" = 1 ] && echo ' --rxe') --sizes $SIZES --paths $PATHS --tests $TESTS -D $DUR --window $WINDOW --rounds $ROUNDS$([ -n "$RDMA_FLAGS" ] && printf ' --rdma-flags %q' "$RDMA_FLAGS")$([ "$PLACEMENT" != free ] && echo " --placement $PLACEMENT")"
     echo "device: $DEV"
     echo "started: $start UTC"
     echo "machine: $(nproc) cores, $(uname -sr)"

@@ -8,6 +8,8 @@
 #   DUR     seconds per run (-D)       WINDOW messages in flight (send_bw)
 #   ROUNDS  rounds                     LIMIT  seconds before a run is killed
 #   RDMA_FLAGS  more flags of the verbs, rdma and rpc runs (split on spaces)
+#   SRV_PIN CLI_PIN  commands the server and client run under (empty, or
+#               `taskset -c N` as `sweep_placement` sets them)
 # Per size and test, each path's server and client run as two processes,
 # the paths in an order rotated from size to size and round to round (so
 # that the host's drift spreads over all of them). Each run leaves
@@ -21,6 +23,35 @@ SWEEP_BASE=${PERF_SWEEP_PORT:-18700}
 SWEEP_PORT=$SWEEP_BASE
 sweep_port() {
     SWEEP_PORT=$(( SWEEP_PORT >= SWEEP_BASE + 299 ? SWEEP_BASE : SWEEP_PORT + 1 ))
+}
+
+# sweep_placement free|same|split: sets SRV_PIN and CLI_PIN: nothing; both
+# processes on the first CPU this script may use; the server on it and the
+# client on the second. False (SWEEP_PLACEMENT_ERR says why) if there are
+# not enough CPUs or no taskset.
+sweep_placement() {
+    SRV_PIN= CLI_PIN=
+    [ "$1" = free ] && return 0
+    if ! command -v taskset >/dev/null; then
+        SWEEP_PLACEMENT_ERR="taskset (util-linux) is not installed"
+        return 1
+    fi
+    local list cpus=() part c
+    list=$(taskset -pc $$ | sed 's/.*: *//')
+    for part in ${list//,/ }; do
+        case $part in
+            *-*) for ((c = ${part%-*}; c <= ${part#*-}; c++)); do cpus+=("$c"); done ;;
+            *) cpus+=("$part") ;;
+        esac
+    done
+    if [ "$1" = split ] && [ ${#cpus[@]} -lt 2 ]; then
+        SWEEP_PLACEMENT_ERR="needs two CPUs (this process may use $list)"
+        return 1
+    fi
+    SRV_PIN="taskset -c ${cpus[0]}"
+    CLI_PIN="taskset -c ${cpus[0]}"
+    [ "$1" = split ] && CLI_PIN="taskset -c ${cpus[1]}"
+    return 0
 }
 
 # sweep_window SIZE: send_bw's window at SIZE: WINDOW messages, fewer when
@@ -49,10 +80,12 @@ sweep_one() {
     [ "$test" = send_bw ] && flags+=(-t "$(sweep_window "$size")")
     sweep_port
     rm -f "$base.json" "$base.na"
-    timeout "$LIMIT" "$BIN" "$test" -p "$SWEEP_PORT" "${flags[@]}" >/dev/null 2>"$base.srv" &
+    # shellcheck disable=SC2086 # SRV_PIN/CLI_PIN: a command and its arguments
+    timeout "$LIMIT" ${SRV_PIN:-} "$BIN" "$test" -p "$SWEEP_PORT" "${flags[@]}" >/dev/null 2>"$base.srv" &
     local srv=$!
     local t0=$SECONDS rc=0
-    timeout "$LIMIT" "$BIN" "$test" 127.0.0.1 -p "$SWEEP_PORT" "${flags[@]}" --json \
+    # shellcheck disable=SC2086
+    timeout "$LIMIT" ${CLI_PIN:-} "$BIN" "$test" 127.0.0.1 -p "$SWEEP_PORT" "${flags[@]}" --json \
         >"$base.json" 2>"$base.err" || rc=$?
     if [ $rc -ne 0 ]; then
         # The server waits for a client that will not come: end it.
