@@ -95,6 +95,42 @@ fn messages_from_the_threshold_on_go_by_read() {
     });
 }
 
+/// A handler answering with the request's own buffer (`Request::into_data`)
+/// echoes every byte, in packets and by READ (the READ's target is exposed
+/// in turn as the response), and the request's bytes leave the budget.
+#[test]
+fn a_request_buffer_serves_as_its_response() {
+    const IN_PLACE: u8 = 3;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(23, PACKET);
+        let (srv, _) = server(&net, bulk_config());
+        srv.register_inline(IN_PLACE, |req: Request| {
+            let mut resp = req.into_data();
+            resp.reverse();
+            resp
+        })
+        .unwrap();
+        let (cli, s) = linked_client(&net, &srv).await;
+        for (i, len) in [0, 100, THRESHOLD - 1, THRESHOLD, 3 * THRESHOLD + 7, 300_000]
+            .into_iter()
+            .enumerate()
+        {
+            let c0 = cli.stats().bulk_reads;
+            let req = request(2, i, len);
+            let resp = cli.call(s, IN_PLACE, &req).await.unwrap();
+            let mut want = req.clone();
+            want.reverse();
+            assert!(
+                resp[..] == want[..],
+                "{len} bytes: not the request reversed"
+            );
+            assert_eq!(cli.stats().bulk_reads - c0, u64::from(len >= THRESHOLD));
+            assert_eq!(srv.memory().request_bytes, 0, "{len}");
+        }
+    });
+}
+
 /// A call dropped while the server READs its request: the request stays
 /// exposed (the server reads every byte of it), and the slot serves the
 /// next call.

@@ -52,6 +52,15 @@ impl Request {
         &self.data
     }
 
+    /// The request's bytes as a message of its own, to answer with them
+    /// (an echo) or to edit them into the response in place: no copy,
+    /// and a large request's buffer (a READ's target) serves as the
+    /// response's (exposed for the client's READ in turn). Its bytes
+    /// leave the request budget, as a response's bytes are not in it.
+    pub fn into_data(self) -> MsgBuf {
+        self.data
+    }
+
     /// An empty buffer from the endpoint's pool for the response.
     pub fn response(&self) -> MsgBuf {
         self.pool.msg(self.pool.take())
