@@ -80,6 +80,14 @@
 #   --srq-bench      also examples/srq_throughput (release) on rxe0: 64
 #                    connections received through one SRQ ring vs a ring
 #                    per QP, --rounds rounds, medians and their ratio
+#   --crowd          the crowd tests on rxe0, instead of the default suite
+#                    (with targets named, besides them) (agent_crowd: 1,000 `Rdma`
+#                    connections held at once on one device, own receive
+#                    rings; handshake_crowd: 1,000 plain RC connections held
+#                    by one handshake listener), about 4 minutes of VM time
+#                    (VERBIO_CROWD_CONNS / VERBIO_HANDSHAKE_CONNS change the
+#                    counts; each binary's bound becomes 450 s unless
+#                    RXE_TEST_TIMEOUT says otherwise)
 #   --mw-bench       also run examples/mw_grant_cost (release) on rxe0: grant +
 #                    revoke cost with a registration per grant vs a memory
 #                    window (bind + LOCAL_INV), side by side with the ratios
@@ -134,6 +142,7 @@ UDLAT=0
 APIRATIOS=0
 SRQBENCH=0
 MWBENCH=0
+CROWD=0
 INTEROP_ITERS=300
 ROUNDS=1
 PROVIDER_ONLY=0
@@ -154,6 +163,7 @@ while [ $# -gt 0 ]; do
         --api-ratios) APIRATIOS=1 ;;
         --srq-bench) SRQBENCH=1 ;;
         --mw-bench) MWBENCH=1 ;;
+        --crowd) CROWD=1 ;;
         --interop-iters) shift; INTEROP_ITERS=${1:-}
             case "$INTEROP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --interop-iters needs a number" >&2; exit 2 ;; esac ;;
         --provider-only) PROVIDER_ONLY=1 ;;
@@ -168,18 +178,24 @@ while [ $# -gt 0 ]; do
         --sweep) PERFTEST=1; SWEEP=1 ;;
         --sweep-iters) shift; SWEEP_ITERS=${1:-}
             case "$SWEEP_ITERS" in ''|*[!0-9]*) echo "rxe-test: --sweep-iters needs a number" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,115p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^set -uo/ { exit } NR > 1' "$0"; exit 0 ;;
         -*) echo "rxe-test: unknown option $1" >&2; exit 2 ;;
         *) TARGETS+=("$1") ;;
     esac
     shift
 done
-if [ ${#TARGETS[@]} -eq 0 ]; then
+if [ ${#TARGETS[@]} -eq 0 ] && [ "$CROWD" = 0 ]; then
     for f in runtime/tests/ibverbs_*.rs; do
         t=$(basename "$f" .rs)
         TARGETS+=("$t")
     done
     [ "$PROVIDER_ONLY" = 1 ] || TARGETS+=($SUITE)
+fi
+if [ "$CROWD" = 1 ]; then
+    TARGETS+=(agent_crowd handshake_crowd)
+    # The emulated VM sets up about 25 connections a second.
+    export VERBIO_CROWD_SECS=${VERBIO_CROWD_SECS:-400} VERBIO_CROWD_ONLY=${VERBIO_CROWD_ONLY:-ring}
+    export RXE_TEST_TIMEOUT=${RXE_TEST_TIMEOUT:-450}
 fi
 
 skip() { echo "SKIPPED: $*"; exit 0; }
