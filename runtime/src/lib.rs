@@ -36,6 +36,6 @@ pub use qp::{
 pub use reactor::{
     schedule_pass_hook, sleep, sleep_until, spawn, timeout, yield_now, Builder, Elapsed,
     FallibleJoinHandle, Handle, JoinError, JoinHandle, JoinResult, PassHook, PassHookId, Runtime,
-    RuntimeError, RuntimeStats, Sleep, TcpListener, TcpStream, Timeout, Turn,
+    RuntimeError, RuntimeStats, Sleep, TcpListener, TcpStream, Timeout, Turn, LISTEN_BACKLOG,
 };
 pub use report::ErrorChain;

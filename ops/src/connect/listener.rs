@@ -144,7 +144,8 @@ type Attempt<Q> = LocalBoxFuture<'static, Result<Connection<Q>, (SocketAddr, Han
 ///   once, of which [`DEFAULT_MAX_PENDING_PER_SOURCE`] (32) from one IP
 ///   address ([`with_pending_caps`](Self::with_pending_caps)). A full
 ///   listener stops accepting (new connections wait in the kernel's
-///   backlog) until a handshake ends; a source over its cap gets a reject
+///   backlog, [`LISTEN_BACKLOG`](verbio_runtime::LISTEN_BACKLOG) of them
+///   for a listener this crate binds) until a handshake ends; a source over its cap gets a reject
 ///   at once. Both are logged (`warn`, at most every 10 s).
 ///
 /// Handshakes progress while [`accept`](Self::accept) (or

@@ -39,7 +39,7 @@ use std::rc::Rc;
 pub use crate::accept_error::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
 pub use accept::{AcceptBackoff, PendingLimits, PendingRefusal, PendingSlot};
 pub use executor::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
-pub use net::{TcpListener, TcpStream};
+pub use net::{TcpListener, TcpStream, LISTEN_BACKLOG};
 pub use pass_hooks::{schedule_pass_hook, PassHook, PassHookId};
 pub use runtime::{Builder, Runtime, Turn};
 pub use stats::RuntimeStats;

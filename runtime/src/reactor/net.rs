@@ -60,10 +60,25 @@ pub struct TcpListener {
     reg: Registration,
 }
 
+/// Connections the kernel completes and queues for a [`TcpListener`]
+/// before `accept` takes them (its `listen(2)` backlog; Linux caps it at
+/// `net.core.somaxconn`, 4096 by default). The 128 of std and mio drops
+/// the SYNs of a burst of clients beyond it, and each such client waits
+/// for its SYN's retransmission, a second or more (issue 31).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
 impl TcpListener {
-    /// Binds a listener (use port 0 for an ephemeral port).
+    /// Binds a listener (use port 0 for an ephemeral port) with
+    /// `SO_REUSEADDR`, as std and mio do, and a backlog of
+    /// [`LISTEN_BACKLOG`].
     pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-        let mut io = mio::net::TcpListener::bind(addr)?;
+        use socket2::{Domain, Protocol, Socket, Type};
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        socket.set_nonblocking(true)?;
+        let mut io = mio::net::TcpListener::from_std(socket.into());
         let reg = Registration::new(&mut io)?;
         Ok(TcpListener { io, reg })
     }
