@@ -5,7 +5,10 @@
 //!
 //! * send_lat: one call at a time to an echo handler (request and response
 //!   of `-s` bytes); reports half the call's round trip, as the SEND
-//!   ping-pong of the other APIs.
+//!   ping-pong of the other APIs. Each response is the next request
+//!   (`Rpc::call_owned`), and the handler answers with the request's
+//!   buffer (`Request::into_data`): no copy in either process, as the
+//!   TCP loop's.
 //! * send_bw: `-t` calls in flight of `-s`-byte requests to a handler that
 //!   answers with an empty response; a call's completion is its response.
 //!   Calls beyond the session's 8 slots wait for one inside the engine.
@@ -21,7 +24,7 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::rpc::ud::{encode_ud_addr, UdConfig, UdTransport};
-use verbio::rpc::{Request, Rpc, RpcConfig, RpcError, SessionId};
+use verbio::rpc::{MsgBuf, Request, Rpc, RpcConfig, RpcError, SessionId};
 use verbio::runtime::{Device, TcpStream};
 
 use crate::args::{Config, Test, RPC_MAX};
@@ -71,13 +74,13 @@ fn endpoint(cfg: &Config, dev: &Device, max_size: usize) -> Result<Rpc<UdTranspo
     Ok(Rpc::new(transport, config))
 }
 
-fn serve_echo(req: Request) -> impl Future<Output = verbio::rpc::MsgBuf> {
+fn serve_echo(req: Request) -> impl Future<Output = MsgBuf> {
     // The request's buffer is the response: no copy (as the TCP echo
     // writes back the buffer it read into).
     std::future::ready(req.into_data())
 }
 
-fn serve_sink(req: Request) -> impl Future<Output = verbio::rpc::MsgBuf> {
+fn serve_sink(req: Request) -> impl Future<Output = MsgBuf> {
     std::future::ready(req.response())
 }
 
@@ -171,10 +174,13 @@ async fn step(
 ) -> Result<Measured> {
     let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
     if cfg.test == Test::SendLat {
+        // Each echo goes out again as the next request, uncopied (as the
+        // TCP loop writes from and reads into buffers of its own).
+        let mut buf = MsgBuf::from(payload);
         let mut lat = LatLoop::start(budget);
         while lat.next() {
             let back = rpc
-                .call(sid, ECHO, &payload)
+                .call_owned(sid, ECHO, buf)
                 .await
                 .ctx_with(|| format!("call {}", lat.i))?;
             if back.len() != size {
@@ -183,6 +189,7 @@ async fn step(
                     back.len()
                 )));
             }
+            buf = back;
         }
         return Ok(lat.finish());
     }

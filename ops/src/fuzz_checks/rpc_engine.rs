@@ -13,6 +13,7 @@
 use std::task::{Context, Waker};
 
 use super::{LenField, Seed};
+use crate::rpc::client::Req;
 use crate::rpc::core::Core;
 use crate::rpc::header::{BulkDesc, Header, PacketKind, Status, HEADER_LEN, PAYLOAD_LEN_OFFSET};
 use crate::rpc::mem::MemNetwork;
@@ -109,7 +110,7 @@ fn client(net: &MemNetwork) -> Core<u32> {
     });
     let sid = c.add_session(s).expect("a session");
     let mut cx = Context::from_waker(Waker::noop());
-    let started = c.poll_start(sid, ECHO, &[0x5a; CALL_LEN], &mut cx);
+    let started = c.poll_start(sid, ECHO, &mut Req::Copy(&[0x5a; CALL_LEN]), &mut cx);
     assert!(started.is_ready(), "the call starts");
     c.tx.clear();
     c

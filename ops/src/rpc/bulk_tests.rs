@@ -12,7 +12,7 @@ use verbio_runtime::Runtime;
 use super::header::{BulkDesc, Header, PacketKind, Status, HEADER_LEN};
 use super::mem::{MemNetwork, MemTransport};
 use super::tests::{answer, config, request, server, wait_for, ECHO};
-use super::{Bulk, Request, Rpc, RpcConfig, RpcError, SessionId, Transport, TxBatch};
+use super::{Bulk, MsgBuf, Request, Rpc, RpcConfig, RpcError, SessionId, Transport, TxBatch};
 
 /// Packets of 1 KiB of payload; messages from 4 KiB go by READ.
 const PACKET: usize = 1024 + HEADER_LEN;
@@ -128,6 +128,40 @@ fn a_request_buffer_serves_as_its_response() {
             assert_eq!(cli.stats().bulk_reads - c0, u64::from(len >= THRESHOLD));
             assert_eq!(srv.memory().request_bytes, 0, "{len}");
         }
+    });
+}
+
+/// `Rpc::call_owned` sends a buffer of the caller's without a copy, in
+/// packets and by READ: each response fed back as the next request comes
+/// back intact, and a request past the limit fails clearly.
+#[test]
+fn owned_requests_round_trip_and_chain() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(24, PACKET);
+        let (srv, _) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv).await;
+        for (i, len) in [0, 100, THRESHOLD - 1, THRESHOLD, 3 * THRESHOLD + 7, 300_000]
+            .into_iter()
+            .enumerate()
+        {
+            let req = request(3, i, len);
+            let c0 = cli.stats().bulk_reads;
+            let mut buf = MsgBuf::from(req.clone());
+            let want = answer(&req);
+            buf = cli.call_owned(s, ECHO, buf).await.unwrap();
+            assert!(buf[..] == want[..], "{len} bytes");
+            assert_eq!(
+                cli.stats().bulk_reads - c0,
+                u64::from(want.len() >= THRESHOLD)
+            );
+            // The response goes out again as it is.
+            let again = cli.call_owned(s, ECHO, buf).await.unwrap();
+            assert!(again[..] == answer(&want)[..], "{len} bytes, chained");
+        }
+        let too_large = MsgBuf::from(vec![0u8; bulk_config().max_msg_len + 1]);
+        let e = cli.call_owned(s, ECHO, too_large).await.unwrap_err();
+        assert!(matches!(e, RpcError::RequestTooLarge { .. }), "{e}");
     });
 }
 

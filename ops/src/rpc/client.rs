@@ -91,6 +91,22 @@ pub(crate) fn free_slot<P>(s: &mut Session<P>, i: usize) {
     }
 }
 
+/// A call's request: bytes to copy into the slot, or a buffer the slot
+/// takes (`None` once taken).
+pub(crate) enum Req<'a> {
+    Copy(&'a [u8]),
+    Owned(&'a mut Option<Vec<u8>>),
+}
+
+impl Req<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Req::Copy(data) => data.len(),
+            Req::Owned(buf) => buf.as_ref().map_or(0, Vec::len),
+        }
+    }
+}
+
 impl<P: Clone> Core<P> {
     /// Takes a free slot of session `sid` for a call and sends what the
     /// credits allow; `Pending` while all slots are busy.
@@ -98,9 +114,10 @@ impl<P: Clone> Core<P> {
         &mut self,
         sid: u32,
         req_type: u8,
-        data: &[u8],
+        data: &mut Req<'_>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(usize, u64), RpcError>> {
+        let len = data.len();
         let session = SessionId(sid);
         let max = self.config.max_msg_len;
         let Some(s) = self.sessions.get_mut(sid) else {
@@ -112,11 +129,8 @@ impl<P: Clone> Core<P> {
             _ => return Poll::Ready(Err(RpcError::SessionClosed { session })),
         }
         let max = max.min(s.max_payload * u16::MAX as usize);
-        if data.len() > max {
-            return Poll::Ready(Err(RpcError::RequestTooLarge {
-                len: data.len(),
-                max,
-            }));
+        if len > max {
+            return Poll::Ready(Err(RpcError::RequestTooLarge { len, max }));
         }
         let Some(i) = s
             .client
@@ -143,10 +157,18 @@ impl<P: Clone> Core<P> {
         slot.state = CallState::Active;
         slot.abandoned = false;
         slot.req_type = req_type;
-        slot.req.clear();
-        slot.req.extend_from_slice(data);
+        match data {
+            Req::Copy(data) => {
+                slot.req.clear();
+                slot.req.extend_from_slice(data);
+            }
+            Req::Owned(buf) => {
+                let old = std::mem::replace(&mut slot.req, buf.take().unwrap_or_default());
+                self.pool.put(old);
+            }
+        }
         slot.resp.clear();
-        slot.n_req = packets_for(data.len(), max_payload);
+        slot.n_req = packets_for(len, max_payload);
         slot.n_resp = 0;
         slot.unasked = 0;
         slot.paused = false;
@@ -156,7 +178,7 @@ impl<P: Clone> Core<P> {
         slot.retries = 0;
         slot.progress = now;
         let req_num = slot.req_num;
-        if self.is_bulk(data.len()) {
+        if self.is_bulk(len) {
             if self.expose_request(sid, i) {
                 if let Some(s) = self.sessions.get_mut(sid) {
                     s.client[i].n_req = 1;

@@ -16,6 +16,7 @@ use verbio_runtime::Sleep;
 use super::addr::RpcAddr;
 use super::budget::Charge;
 use super::buf::{BufPool, MsgBuf};
+use super::client::Req;
 use super::config::RpcConfig;
 use super::core::{Core, HandlerQueue, Job, RpcMemory, RpcStats};
 use super::error::{RpcError, SessionId};
@@ -580,6 +581,31 @@ impl<T: Transport> Rpc<T> {
         req_type: u8,
         req: &[u8],
     ) -> Result<MsgBuf, RpcError> {
+        self.call_req(session, req_type, Req::Copy(req)).await
+    }
+
+    /// Calls as [`call`](Self::call) with a request in a buffer of its
+    /// own, which the call keeps instead of copying the request out of it
+    /// (it goes back to the endpoint's pool when the session's slot serves
+    /// a later call). A response, or a buffer from
+    /// [`Request::into_data`], can be sent on so without a copy. The
+    /// buffer is consumed whatever the outcome.
+    pub async fn call_owned(
+        &self,
+        session: SessionId,
+        req_type: u8,
+        req: MsgBuf,
+    ) -> Result<MsgBuf, RpcError> {
+        let mut req = Some(req.into_vec());
+        self.call_req(session, req_type, Req::Owned(&mut req)).await
+    }
+
+    async fn call_req(
+        &self,
+        session: SessionId,
+        req_type: u8,
+        mut req: Req<'_>,
+    ) -> Result<MsgBuf, RpcError> {
         let sid = session.0;
         let mut waiting = Waiting {
             engine: &self.engine,
@@ -588,7 +614,7 @@ impl<T: Transport> Rpc<T> {
         };
         let (slot, req_num) = poll_fn(|cx| {
             let mut e = self.engine.borrow_mut();
-            let r = e.core.poll_start(sid, req_type, req, cx);
+            let r = e.core.poll_start(sid, req_type, &mut req, cx);
             if r.is_ready() {
                 e.flush();
             }

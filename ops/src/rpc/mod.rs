@@ -79,7 +79,7 @@ mod admission;
 mod budget;
 mod buf;
 mod bulk;
-mod client;
+pub(crate) mod client;
 mod config;
 pub(crate) mod core;
 mod endpoint;
