@@ -146,7 +146,11 @@ type Attempt<Q> = LocalBoxFuture<'static, Result<Connection<Q>, (SocketAddr, Han
 ///   listener stops accepting (new connections wait in the kernel's
 ///   backlog, [`LISTEN_BACKLOG`](verbio_runtime::LISTEN_BACKLOG) of them
 ///   for a listener this crate binds) until a handshake ends; a source over its cap gets a reject
-///   at once. Both are logged (`warn`, at most every 10 s).
+///   at once. Both are logged (`warn`, at most every 10 s). A handshake
+///   ends on the client when it has sent its last frame, before the
+///   listener has read it: a client that keeps as many handshakes going
+///   as its cap allows is refused now and then, so dial fewer at once
+///   (`tests/handshake_crowd.rs` dials half the cap).
 ///
 /// Handshakes progress while [`accept`](Self::accept) (or
 /// [`accept_attempt`](Self::accept_attempt)) is being awaited. `accept(2)`
