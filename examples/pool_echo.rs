@@ -71,6 +71,11 @@ struct Args {
     /// at ADDR instead of one in this process.
     #[arg(long, value_name = "ADDR")]
     server: Option<SocketAddr>,
+    /// Run only one of the two clients at each point (`local` or
+    /// `handle`; the other's columns read 0), e.g. to count one path's
+    /// system calls with `perf stat` or `strace -c`.
+    #[arg(long, value_name = "CLIENT", value_parser = ["local", "handle"])]
+    only: Option<String>,
 }
 
 fn default_sizes() -> Vec<usize> {
@@ -398,6 +403,14 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut local = Run::default();
             let mut remote = Run::default();
             for first_local in [turn % 2 == 0, turn % 2 != 0] {
+                let skip = match args.only.as_deref() {
+                    Some("local") => !first_local,
+                    Some(_) => first_local,
+                    None => false,
+                };
+                if skip {
+                    continue;
+                }
                 let cpu0 = process_cpu();
                 if first_local {
                     points_tx.send(p)?;

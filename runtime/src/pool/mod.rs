@@ -24,6 +24,7 @@
 mod builder;
 mod join;
 pub mod mailbox;
+mod reply_wakes;
 pub mod slot;
 mod thread;
 

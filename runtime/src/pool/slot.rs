@@ -97,7 +97,10 @@ impl<T: Send> Completer<T> {
         // the `FULL` store below publishes it.
         unsafe { (*s.value.get()).write(value) };
         s.state.store(FULL, Ordering::Release);
-        wake_after_release(s);
+        // On a pool thread, given with the other answers of the pass.
+        if let Some(w) = take_waker_and_release(s) {
+            super::reply_wakes::wake(w);
+        }
     }
 
     /// True if the asking future is gone (nobody will read the answer).
@@ -141,13 +144,19 @@ impl<T: Send> Drop for Completer<T> {
 /// of the completer's reference: the woken asker finds itself the slot's
 /// only holder, so that [`SlotCache::give_back`] can recycle it.
 fn wake_after_release<T>(s: Arc<Slot<T>>) {
+    if let Some(w) = take_waker_and_release(s) {
+        w.wake();
+    }
+}
+
+/// The asker's waker of `s` (whose state was just published), taken after
+/// letting go of the completer's reference (see [`wake_after_release`]).
+fn take_waker_and_release<T>(s: Arc<Slot<T>>) -> Option<std::task::Waker> {
     // Taken after the state's store: an asker registering later sees the
     // state, one registering earlier is the waker taken here.
     let w = s.waker.take();
     drop(s);
-    if let Some(w) = w {
-        w.wake();
-    }
+    w
 }
 
 /// Why an [`Answer`] has no value: its completer was dropped unanswered.

@@ -212,3 +212,73 @@ fn bad_settings_are_refused() {
     // Pinning to CPU 0 works where the process may run there.
     Pool::builder().threads(1).pin_to_cpus(vec![0]).build().ok();
 }
+
+/// A waker that counts its wakes.
+struct CountWakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `answer` polled once with a counting waker (it must be pending).
+fn registered(answer: &mut Answer<u32>) -> Arc<CountWakes> {
+    let count = Arc::new(CountWakes(Default::default()));
+    let waker = std::task::Waker::from(count.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(std::future::Future::poll(std::pin::Pin::new(answer), &mut cx).is_pending());
+    count
+}
+
+/// On a pool thread the answers completed in a pass wake their askers at
+/// the end of the next pass, together; an answer completed as the thread's
+/// loop ends (shutdown) still wakes its asker.
+#[test]
+fn answers_wake_their_askers_after_the_pass_all_at_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let p = pool(1);
+    let mut answers = Vec::new();
+    let mut completers = Vec::new();
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let (c, mut a) = slot::<u32>();
+        counts.push(registered(&mut a));
+        answers.push(a);
+        completers.push(c);
+    }
+    let seen = counts.clone();
+    let h = p.spawn(Placement::Thread(0), move |_| async move {
+        for (i, c) in completers.into_iter().enumerate() {
+            c.complete(i as u32);
+        }
+        let in_pass: Vec<usize> = seen.iter().map(|c| c.0.load(SeqCst)).collect();
+        // A later pass gives them (a yield may be polled again within
+        // this pass: a timer needs the loop to go round).
+        crate::reactor::sleep(Duration::from_millis(1)).await;
+        let after: Vec<usize> = seen.iter().map(|c| c.0.load(SeqCst)).collect();
+        (in_pass, after)
+    });
+    let (in_pass, after) = block_on(h).unwrap();
+    assert_eq!(in_pass, [0, 0, 0], "woken in the middle of the pass");
+    assert_eq!(after, [1, 1, 1], "not woken after the next pass");
+    for (i, a) in answers.into_iter().enumerate() {
+        assert_eq!(block_on(a), Ok(i as u32));
+    }
+    // Completed by the last job before the loop ends: given by `disable`.
+    let (c, mut a) = slot::<u32>();
+    let count = registered(&mut a);
+    drop(p.spawn(Placement::Thread(0), move |_| {
+        c.complete(7);
+        async {}
+    }));
+    p.shutdown();
+    assert_eq!(count.0.load(SeqCst), 1, "the last answer's wake was lost");
+    assert_eq!(block_on(a), Ok(7));
+    // Off a pool thread the wake is immediate.
+    let (c, mut a) = slot::<u32>();
+    let count = registered(&mut a);
+    c.complete(1);
+    assert_eq!(count.0.load(SeqCst), 1);
+    assert_eq!(block_on(a), Ok(1));
+}

@@ -257,6 +257,8 @@ struct EndMark(Arc<ThreadShared>);
 
 impl Drop for EndMark {
     fn drop(&mut self) {
+        // Unwinding out of the loop: the wakes it kept are given.
+        super::reply_wakes::disable();
         let state = if std::thread::panicking() {
             PANICKED
         } else {
@@ -296,6 +298,7 @@ pub(super) fn run(rt: Runtime, device: Option<Device>, start: Start) {
     };
     // Declared after `rt`: dropped first, also when unwinding.
     let mark = EndMark(shared);
+    super::reply_wakes::enable(rt.handle());
     rt.block_on(async {
         while let Some(job) = jobs.recv().await {
             job(&cx);
@@ -307,6 +310,8 @@ pub(super) fn run(rt: Runtime, device: Option<Device>, start: Start) {
             crate::reactor::sleep(Duration::from_millis(1)).await;
         }
     });
+    // Answers of the last passes are given now, before anything else.
+    super::reply_wakes::disable();
     let tasks = rt.task_count();
     if tasks > 0 {
         tracing::debug!(

@@ -1,0 +1,105 @@
+//! Answers' wakes batched per reactor pass on a pool thread.
+//!
+//! A runtime thread that answers requests from tokio tasks wakes each
+//! asker when its answer is ready ([`Completer::complete`](super::Completer::complete)).
+//! Woken one at a time in the middle of the pass, a parked worker of the
+//! asking runtime is unparked by the first, runs that one task, finds
+//! nothing more (the next answer is a few microseconds away) and parks
+//! again, to be unparked by the next: a futex wake and a context switch
+//! per answer (measured with `pool_echo`, 64 B, 32 in flight: 0.7 unparks
+//! of a tokio worker per message, each unparking the other worker too).
+//! Here the wakes of a pass are kept and given at the end of the next pass
+//! (a [`PassHook`]), all at once: the asking runtime's worker, unparked by
+//! the first, finds the others' tasks queued behind it.
+//!
+//! Only on a pool thread while its loop runs ([`enable`] .. [`disable`]);
+//! elsewhere, and for a slot dropped unanswered, the wake is immediate.
+//! `disable` (when the loop returns, or unwinds) gives the wakes still
+//! kept, so no answer waits for a pass that never comes.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::task::Waker;
+
+use crate::reactor::{schedule_pass_hook, Handle, PassHook, PassHookId};
+
+thread_local! {
+    /// This pool thread's batch, while its loop runs.
+    static BATCH: RefCell<Option<Batch>> = const { RefCell::new(None) };
+}
+
+struct Batch {
+    hook: PassHookId,
+    handle: Handle,
+    kept: Rc<RefCell<Vec<Waker>>>,
+}
+
+/// The hook: gives the kept wakes.
+struct Give(Rc<RefCell<Vec<Waker>>>);
+
+impl PassHook for Give {
+    fn pass_ended(&self) {
+        give(&self.0);
+    }
+}
+
+/// Wakes every kept waker (none is kept while they run: a wake that
+/// completes another answer on this thread keeps it for the next pass).
+fn give(kept: &RefCell<Vec<Waker>>) {
+    let mut wakers = std::mem::take(&mut *kept.borrow_mut());
+    for w in wakers.drain(..) {
+        w.wake();
+    }
+    // The buffer goes back (no allocation per pass), unless a wake kept
+    // another meanwhile.
+    let mut k = kept.borrow_mut();
+    if k.is_empty() {
+        *k = wakers;
+    }
+}
+
+/// Batches this thread's answer wakes into the passes of `handle`'s loop,
+/// until [`disable`].
+pub(super) fn enable(handle: &Handle) {
+    let kept = Rc::new(RefCell::new(Vec::new()));
+    let hook = handle.add_pass_hook(Rc::new(Give(kept.clone())));
+    let old = BATCH.with(|b| {
+        b.borrow_mut().replace(Batch {
+            hook,
+            handle: handle.clone(),
+            kept,
+        })
+    });
+    if let Some(old) = old {
+        finish(old);
+    }
+}
+
+/// Stops batching on this thread and gives the wakes still kept.
+pub(super) fn disable() {
+    if let Some(b) = BATCH.try_with(|b| b.borrow_mut().take()).ok().flatten() {
+        finish(b);
+    }
+}
+
+fn finish(b: Batch) {
+    b.handle.remove_pass_hook(b.hook);
+    give(&b.kept);
+}
+
+/// Wakes `w` at the end of the next pass of this pool thread's loop, or
+/// now if this thread batches nothing (or its loop is not the current
+/// runtime).
+pub(super) fn wake(w: Waker) {
+    let mut w = Some(w);
+    let _ = BATCH.try_with(|b| {
+        if let Some(batch) = &*b.borrow() {
+            if schedule_pass_hook(batch.hook) {
+                batch.kept.borrow_mut().extend(w.take());
+            }
+        }
+    });
+    if let Some(w) = w {
+        w.wake();
+    }
+}
