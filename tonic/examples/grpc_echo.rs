@@ -13,6 +13,7 @@
 //! ```text
 //! cargo run -p verbio-tonic --example grpc_echo
 //! cargo run --release -p verbio-tonic --example grpc_echo -- --calls 10000 --stream-mib 100 --tcp
+//! cargo run --release -p verbio-tonic --example grpc_echo -- --tcp --payloads 64,1024,16384,262144 --chunks 4096,65536,1048576
 //! ```
 
 mod common;
@@ -34,9 +35,9 @@ struct Args {
     /// Unary calls in all.
     #[arg(long, default_value_t = 2000)]
     calls: usize,
-    /// Bytes of each unary call's payload.
-    #[arg(long, default_value_t = 32)]
-    payload: usize,
+    /// Bytes of each unary call's payload (a row per size).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![32])]
+    payloads: Vec<usize>,
     /// Tasks (tokio::spawn) sharing the calls, each with a clone of the
     /// channel.
     #[arg(long, default_value_t = 16)]
@@ -44,9 +45,13 @@ struct Args {
     /// MiB of the server stream.
     #[arg(long, default_value_t = 16)]
     stream_mib: u32,
-    /// Bytes per streamed chunk (at most 1 MiB).
-    #[arg(long, default_value_t = 65536)]
-    chunk: u32,
+    /// Bytes per streamed chunk, at most 1 MiB (a row per size).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![65536])]
+    chunks: Vec<u32>,
+    /// Largest message of each connection's byte stream, in bytes (the
+    /// HTTP/2 bytes go in messages of up to this size).
+    #[arg(long, default_value_t = verbio::ops::agent::DEFAULT_STREAM_CHUNK)]
+    conn_chunk: usize,
     /// tokio worker threads.
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -58,80 +63,111 @@ struct Args {
     timeout: u64,
 }
 
-/// What one transport measured.
-#[derive(Debug, Clone, Copy)]
-struct Measured {
-    calls_per_sec: f64,
-    stream_mib_per_sec: f64,
+/// A channel to each transport's server (the servers run as tokio tasks).
+struct Transports {
+    verbio: Channel,
+    tcp: Option<Channel>,
 }
 
-/// Runs the calls and the stream over `channel`.
-async fn drive(args: &Args, channel: Channel) -> Result<Measured, RunError> {
-    let client = EchoClient::new(channel);
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    let tasks_n = args.tasks.max(1);
-    for t in 0..tasks_n {
-        let mut client = client.clone();
-        let calls = args.calls / tasks_n + usize::from(t < args.calls % tasks_n);
-        let payload = args.payload;
-        tasks.push(tokio::spawn(async move {
-            unary_calls(&mut client, calls, payload, t as u64).await
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let unary = start.elapsed();
-    let chunk = args.chunk.clamp(1, common::MAX_CHUNK);
-    let chunks = ((u64::from(args.stream_mib) << 20) / u64::from(chunk)) as u32;
-    let start = Instant::now();
-    let bytes = stream_checked(&mut client.clone(), chunks, chunk, 7).await?;
-    let stream = start.elapsed();
-    Ok(Measured {
-        calls_per_sec: args.calls as f64 / unary.as_secs_f64(),
-        stream_mib_per_sec: bytes as f64 / f64::from(1 << 20) / stream.as_secs_f64(),
-    })
-}
-
-fn report(what: &str, m: &Measured) {
-    println!(
-        "{what:>6}: unary {:>9.0} calls/s   stream {:>8.1} MiB/s",
-        m.calls_per_sec, m.stream_mib_per_sec
-    );
-}
-
-async fn over_verbio(args: &Args, pool: Arc<Pool>) -> Result<Measured, RunError> {
-    let incoming = RdmaIncoming::bind(&pool, Placement::Thread(0), "127.0.0.1:0".parse()?).await?;
+/// A tonic server of the example service over verbio, and a channel to it.
+async fn over_verbio(args: &Args, pool: Arc<Pool>) -> Result<Channel, RunError> {
+    let incoming = RdmaIncoming::bind(&pool, Placement::Thread(0), "127.0.0.1:0".parse()?)
+        .await?
+        .chunk(args.conn_chunk);
     let addr = incoming.local_addr();
-    let server = tokio::spawn(
+    tokio::spawn(
         Server::builder()
             .add_service(EchoServer::new(EchoService))
             .serve_with_incoming(incoming),
     );
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_with_connector(RdmaConnector::new(pool).placement(Placement::Thread(1)))
-        .await?;
-    let m = drive(args, channel).await;
-    server.abort();
-    m
+    let connector = RdmaConnector::new(pool)
+        .placement(Placement::Thread(1))
+        .chunk(args.conn_chunk);
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_with_connector(connector)
+        .await?)
 }
 
-async fn over_tcp(args: &Args) -> Result<Measured, RunError> {
+/// The same over tonic's kernel TCP transport.
+async fn over_tcp() -> Result<Channel, RunError> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let incoming = tonic::transport::server::TcpIncoming::bind(any)?;
     let addr = incoming.local_addr()?;
-    let server = tokio::spawn(
+    tokio::spawn(
         Server::builder()
             .add_service(EchoServer::new(EchoService))
             .serve_with_incoming(incoming),
     );
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
         .connect()
-        .await?;
-    let m = drive(args, channel).await;
-    server.abort();
-    m
+        .await?)
+}
+
+/// `calls` unary calls of `payload` bytes shared by `tasks` tasks; calls
+/// per second.
+async fn unary_rate(
+    channel: &Channel,
+    calls: usize,
+    payload: usize,
+    tasks: usize,
+) -> Result<f64, RunError> {
+    let client = EchoClient::new(channel.clone());
+    let start = Instant::now();
+    let mut running = Vec::new();
+    for t in 0..tasks {
+        let mut client = client.clone();
+        let n = calls / tasks + usize::from(t < calls % tasks);
+        running.push(tokio::spawn(async move {
+            unary_calls(&mut client, n, payload, t as u64).await
+        }));
+    }
+    for t in running {
+        t.await??;
+    }
+    Ok(calls as f64 / start.elapsed().as_secs_f64())
+}
+
+/// A server stream of `mib` MiB in chunks of `chunk` bytes; MiB/s.
+async fn stream_rate(channel: &Channel, mib: u32, chunk: u32) -> Result<f64, RunError> {
+    let chunk = chunk.clamp(1, common::MAX_CHUNK);
+    let chunks = ((u64::from(mib) << 20) / u64::from(chunk)).max(1) as u32;
+    let start = Instant::now();
+    let bytes = stream_checked(&mut EchoClient::new(channel.clone()), chunks, chunk, 7).await?;
+    Ok(bytes as f64 / f64::from(1 << 20) / start.elapsed().as_secs_f64())
+}
+
+/// Measures `what` on verbio and, if there, TCP (alternating which goes
+/// first by `row`), and prints one row.
+async fn row<F, Fut>(
+    t: &Transports,
+    row: usize,
+    label: &str,
+    unit: &str,
+    what: F,
+) -> Result<(), RunError>
+where
+    F: Fn(Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<f64, RunError>>,
+{
+    let (v, tcp) = match &t.tcp {
+        None => (what(t.verbio.clone()).await?, None),
+        Some(tcp) if row % 2 == 0 => {
+            let v = what(t.verbio.clone()).await?;
+            (v, Some(what(tcp.clone()).await?))
+        }
+        Some(tcp) => {
+            let k = what(tcp.clone()).await?;
+            (what(t.verbio.clone()).await?, Some(k))
+        }
+    };
+    match tcp {
+        None => println!("{label:<22} verbio {v:>10.1} {unit}"),
+        Some(k) => println!(
+            "{label:<22} verbio {v:>10.1} {unit}   tcp {k:>10.1} {unit}   verbio/tcp {:.2}",
+            v / k
+        ),
+    }
+    Ok(())
 }
 
 async fn run(args: Args) -> Result<(), RunError> {
@@ -141,20 +177,34 @@ async fn run(args: Args) -> Result<(), RunError> {
             .device_per_thread(|_| verbio::provider::open_device(None))
             .build()?,
     );
-    println!(
-        "{} unary calls of {} B from {} tasks; a {} MiB server stream in chunks of {} B",
-        args.calls, args.payload, args.tasks, args.stream_mib, args.chunk
-    );
     let verbio = over_verbio(&args, pool.clone()).await?;
-    report("verbio", &verbio);
-    if args.tcp {
-        let tcp = over_tcp(&args).await?;
-        report("tcp", &tcp);
-        println!(
-            "ratio verbio/tcp: unary {:.2}  stream {:.2}",
-            verbio.calls_per_sec / tcp.calls_per_sec,
-            verbio.stream_mib_per_sec / tcp.stream_mib_per_sec
-        );
+    let tcp = if args.tcp {
+        Some(over_tcp().await?)
+    } else {
+        None
+    };
+    let t = Transports { verbio, tcp };
+    let tasks = args.tasks.max(1);
+    println!(
+        "{} unary calls from {tasks} tasks per payload; a {} MiB server stream per chunk size",
+        args.calls, args.stream_mib
+    );
+    let mut n = 0;
+    for &payload in &args.payloads {
+        let label = format!("unary {payload} B");
+        row(&t, n, &label, "calls/s", |c| async move {
+            unary_rate(&c, args.calls, payload, tasks).await
+        })
+        .await?;
+        n += 1;
+    }
+    for &chunk in &args.chunks {
+        let label = format!("stream, chunks {chunk} B");
+        row(&t, n, &label, "MiB/s", |c| async move {
+            stream_rate(&c, args.stream_mib, chunk).await
+        })
+        .await?;
+        n += 1;
     }
     Ok(())
 }
