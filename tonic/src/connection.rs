@@ -1,10 +1,12 @@
 //! [`RdmaConnection`]: one verbio connection as an HTTP/2 transport, with
 //! the information a tonic server hands its handlers ([`RdmaConnectInfo`]).
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
@@ -19,6 +21,21 @@ use verbio::{HandleStream, RdmaHandle};
 pub struct RdmaConnection {
     stream: HandleStream,
     info: RdmaConnectInfo,
+    /// Until the peer's first bytes have come: when they must have.
+    handshake: Option<Handshake>,
+}
+
+/// The bytes a client sends first: HTTP/2's connection preface.
+const PREFACE_LEN: usize = 24;
+
+/// The bound on a server connection's first bytes.
+#[derive(Debug)]
+struct Handshake {
+    limit: Duration,
+    /// Armed at the first read (inside the tokio runtime).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Bytes still due.
+    left: usize,
 }
 
 /// What a server knows of a connection, in each request's extensions
@@ -45,7 +62,22 @@ impl RdmaConnection {
         RdmaConnection {
             stream: HandleStream::with_chunk(handle, chunk),
             info,
+            handshake: None,
         }
+    }
+
+    /// Fails the connection's reads (`TimedOut`, so hyper and tonic drop
+    /// it) unless the peer's first 24 bytes (HTTP/2's connection preface)
+    /// have come within `limit` of the first read: a peer that connects
+    /// and stalls holds nothing for long. [`RdmaIncoming`](crate::RdmaIncoming)
+    /// sets it on every connection it accepts.
+    pub fn with_handshake_timeout(mut self, limit: Duration) -> RdmaConnection {
+        self.handshake = Some(Handshake {
+            limit,
+            deadline: None,
+            left: PREFACE_LEN,
+        });
+        self
     }
 
     /// The connection's handle.
@@ -73,7 +105,30 @@ impl AsyncRead for RdmaConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        let Some(h) = &mut this.handshake else {
+            return Pin::new(&mut this.stream).poll_read(cx, buf);
+        };
+        let limit = h.limit;
+        let deadline = h
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if deadline.as_mut().poll(cx).is_ready() {
+            let got = PREFACE_LEN - h.left;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the peer sent {got} of its first {PREFACE_LEN} bytes within {limit:?}"),
+            )));
+        }
+        let (before, room) = (buf.filled().len(), buf.remaining());
+        ready!(Pin::new(&mut this.stream).poll_read(cx, buf))?;
+        let n = buf.filled().len() - before;
+        h.left = h.left.saturating_sub(n);
+        if h.left == 0 || (n == 0 && room > 0) {
+            // All came (or the peer ended: the reader sees the end).
+            this.handshake = None;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::Stream;
@@ -22,7 +23,10 @@ use crate::{AcceptError, RdmaConnection};
 /// listener is gone (its pool thread ended, the pool shut down) the
 /// stream yields [`AcceptError::Listener`] once, then ends. Handshakes run
 /// side by side on the listener's thread: a client that stalls holds up no
-/// other. The connections live on the listener's pool thread.
+/// other. The connections live on the listener's pool thread. A client
+/// must send its first bytes (HTTP/2's preface) within the handshake
+/// timeout ([`handshake_timeout`](Self::handshake_timeout), 10 s unless
+/// set), else its connection fails.
 ///
 /// ```no_run
 /// # async fn f(pool: &verbio::runtime::Pool) -> Result<(), Box<dyn std::error::Error>> {
@@ -36,6 +40,7 @@ use crate::{AcceptError, RdmaConnection};
 pub struct RdmaIncoming {
     listener: ListenerHandle,
     chunk: usize,
+    handshake_timeout: Option<Duration>,
     accepting: Option<BoxFuture<'static, Result<RdmaHandle, HandleError>>>,
     ended: bool,
 }
@@ -82,6 +87,7 @@ impl RdmaIncoming {
         RdmaIncoming {
             listener,
             chunk: DEFAULT_STREAM_CHUNK,
+            handshake_timeout: Some(DEFAULT_HANDSHAKE_TIMEOUT),
             accepting: None,
             ended: false,
         }
@@ -91,6 +97,13 @@ impl RdmaIncoming {
     /// [`HandleStream::with_chunk`](verbio::HandleStream::with_chunk)).
     pub fn chunk(mut self, chunk: usize) -> Self {
         self.chunk = chunk;
+        self
+    }
+
+    /// How long a connection may take to send its first bytes (see
+    /// [`RdmaConnection::with_handshake_timeout`]); `None`: unbounded.
+    pub fn handshake_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.handshake_timeout = limit;
         self
     }
 
@@ -104,6 +117,9 @@ impl RdmaIncoming {
         &self.listener
     }
 }
+
+/// How long a connection may take to send its first bytes, unless set.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// True when `e` means no connection will come from the listener again.
 fn listener_gone(e: &HandleError) -> bool {
@@ -131,7 +147,11 @@ impl Stream for RdmaIncoming {
         Poll::Ready(Some(match r {
             Ok(handle) => {
                 tracing::debug!(listener = %addr, thread = handle.thread().index(), "verbio-tonic: accepted");
-                Ok(RdmaConnection::new(handle, this.chunk, addr))
+                let conn = RdmaConnection::new(handle, this.chunk, addr);
+                Ok(match this.handshake_timeout {
+                    Some(limit) => conn.with_handshake_timeout(limit),
+                    None => conn,
+                })
             }
             Err(source) if listener_gone(&source) => {
                 this.ended = true;

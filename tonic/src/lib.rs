@@ -88,4 +88,4 @@ mod incoming;
 pub use connection::{RdmaConnectInfo, RdmaConnection};
 pub use connector::RdmaConnector;
 pub use error::{AcceptError, ConnectError};
-pub use incoming::RdmaIncoming;
+pub use incoming::{RdmaIncoming, DEFAULT_HANDSHAKE_TIMEOUT};

@@ -44,12 +44,24 @@ async fn serve(
     std::net::SocketAddr,
     tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 ) {
+    serve_with(pool, verbio_tonic::DEFAULT_HANDSHAKE_TIMEOUT).await
+}
+
+/// [`serve`] with a handshake timeout.
+async fn serve_with(
+    pool: &Pool,
+    handshake: std::time::Duration,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
     let incoming = bounded(
         "binding the listener",
         RdmaIncoming::bind(pool, Placement::Thread(0), any_addr()),
     )
     .await
-    .expect("bind");
+    .expect("bind")
+    .handshake_timeout(Some(handshake));
     let addr = incoming.local_addr();
     let server = tokio::spawn(
         Server::builder()
@@ -261,6 +273,30 @@ async fn hostile_peers_fail_only_their_connection() {
         .expect("tcp stranger");
     assert!(!server.is_finished(), "a stranger stopped the server");
     drop((stalled, tcp_silent));
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_silent_past_the_handshake_timeout_is_dropped() {
+    let pool = pool(2);
+    let limit = std::time::Duration::from_millis(300);
+    let (addr, server) = serve_with(&pool, limit).await;
+    let mut good = EchoClient::new(channel(&pool, addr).await);
+    unary_calls(&mut good, 2, 64, 1).await.expect("first calls");
+    // Half a preface, then silence: the server drops it.
+    let mut stalled = stranger(&pool, addr).await;
+    write_all(&mut stalled, &PREFACE[..10]).await;
+    until_closed(&mut stalled, "a client silent past the handshake timeout").await;
+    // Nothing at all: dropped too.
+    let mut silent = stranger(&pool, addr).await;
+    until_closed(&mut silent, "a client that never speaks").await;
+    // A client that sent its preface long ago is not bound by it: idle
+    // past the limit, it is still served.
+    tokio::time::sleep(limit * 2).await;
+    unary_calls(&mut good, 2, 64, 2)
+        .await
+        .expect("calls after idling");
+    assert!(!server.is_finished(), "the server stopped");
     server.abort();
 }
 
