@@ -1,6 +1,8 @@
 //! `--api rdma`: the tests on the high-level `Rdma` agent connection.
-//! send_bw / send_lat use `Rdma::send` and `Rdma::receive_msg` (zero-copy,
-//! as `--api verbs` reads its receive ring in place); write_bw,
+//! send_bw / send_lat use `Rdma::send_buf` from registered buffers (as
+//! `--api verbs` posts its SENDs from them; the server echoes from a buffer
+//! of its own, as verbs does) and `Rdma::receive_msg` (zero-copy, as
+//! `--api verbs` reads its receive ring in place); write_bw,
 //! read_bw and read_lat use `Rdma::write` / `Rdma::read` on memory the
 //! client requests from the server (`request_remote_mr`); the atomics use
 //! `Rdma::fetch_and_add` on it. write_lat is a ping-pong of
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::ops::agent::wire::DATA_OVERHEAD;
 use verbio::ops::agent::{AgentError, LocalMr, Rdma, RdmaBuilder, RemoteMr};
+use verbio::runtime::buf::LocalBuf;
 use verbio::runtime::sleep;
 
 use crate::args::{Config, Test, Verb, SWEEP_MAX};
@@ -197,11 +200,10 @@ async fn step(
     };
     match cfg.test {
         Test::SendBw => {
-            let items = vec![(); slots];
-            pipeline(items, budget, |()| async {
-                (rdma.send(&payload).await, ())
-            })
-            .await
+            let bufs = (0..slots)
+                .map(|_| registered(rdma, &payload))
+                .collect::<Result<Vec<_>>>()?;
+            pipeline(bufs, budget, |b| rdma.send_buf(b)).await
         }
         Test::WriteBw => {
             let v = need()?;
@@ -220,11 +222,12 @@ async fn step(
             .await
         }
         Test::SendLat => {
+            let mut ping = registered(rdma, &payload)?;
             let mut lat = LatLoop::start(budget);
             while lat.next() {
-                rdma.send(&payload)
-                    .await
-                    .ctx_with(|| format!("send {}", lat.i))?;
+                let (r, back) = rdma.send_buf(ping).await;
+                ping = back;
+                r.ctx_with(|| format!("send {}", lat.i))?;
                 let back = rdma
                     .receive_msg()
                     .await
@@ -304,6 +307,14 @@ async fn echo_writes(rdma: &Rdma, remote: &RemoteMr, size: usize) -> Result<()> 
         r.ctx("write_with_imm")?;
         mr = back;
     }
+}
+
+/// `payload` in a buffer of the connection's registered pool (what
+/// `Rdma::send_buf` sends without a copy).
+fn registered(rdma: &Rdma, payload: &[u8]) -> Result<LocalBuf> {
+    rdma.pool()
+        .alloc_from(payload)
+        .ctx(format!("allocating a {}-byte send buffer", payload.len()))
 }
 
 /// Keeps one op per item in flight until the budget is spent, stamping
@@ -391,6 +402,12 @@ async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
                     echo_writes(rdma, remote, size).await?;
                 }
                 if cfg.test.verb() == Verb::Send {
+                    // send_lat's echo: a message of the step's size from a
+                    // buffer of its own (as the verbs server does).
+                    let mut echo = match cfg.test {
+                        Test::SendLat if size > 0 => Some(registered(rdma, &vec![0u8; size])?),
+                        _ => None,
+                    };
                     loop {
                         let data = rdma.receive_msg().await.ctx("receiving")?;
                         if data.imm() == Some(CTL_IMM) {
@@ -400,7 +417,15 @@ async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
                             }
                         }
                         if cfg.test == Test::SendLat {
-                            rdma.send(&data).await.ctx("echoing")?;
+                            match echo.take() {
+                                Some(buf) => {
+                                    drop(data);
+                                    let (r, back) = rdma.send_buf(buf).await;
+                                    echo = Some(back);
+                                    r.ctx("echoing")?;
+                                }
+                                None => rdma.send(&data).await.ctx("echoing")?,
+                            }
                         }
                     }
                     send_ctl(rdma, Frame::Done).await?;

@@ -33,7 +33,7 @@ use super::receiving::Receiving;
 use super::send_msg::SendMsg;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
-use super::staging::{send_staged, Staging};
+use super::staging::{send_staged, send_staged_from, Staging};
 use super::staging_budget::StagingBudget;
 use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
@@ -1060,8 +1060,21 @@ impl Rdma {
         )
     }
 
-    /// Sends a registered buffer's bytes; the buffer is given back.
+    /// Sends a registered buffer's bytes; the buffer is given back. A
+    /// message that goes through the peer's staging ring (longer than one
+    /// receive buffer, at most [`Rdma::staged_max_len`]) is written from
+    /// this buffer itself, not copied (the WRITE owns it until it
+    /// completes; cancelled once posted, the buffer is freed then);
+    /// others go as [`Rdma::send`] sends them.
     pub async fn send_buf(&self, buf: LocalBuf) -> (Result<(), AgentError>, LocalBuf) {
+        let s = &self.shared;
+        let len = buf.len();
+        if len > s.negotiated.piece_len
+            && len <= s.staging.max_len()
+            && len <= s.negotiated.max_send_len
+        {
+            return send_staged_from(s, buf, None).await;
+        }
         let r = self.send_inner(&buf, None).await;
         (r, buf)
     }

@@ -14,7 +14,8 @@
 //! and READs) and asks again at the peer's next such message; the agent
 //! gives the ring back when it stops. From then on a message longer than one receive buffer
 //! and at most a quarter of the peer's ring is copied into a send buffer
-//! and written at the ring's next free offset by one WRITE_WITH_IMM
+//! (`send_buf`'s own buffer is written as it is) and written at the
+//! ring's next free offset by one WRITE_WITH_IMM
 //! (credited, like any user message) whose immediate tags it and gives
 //! its length (`wire::STAGED_IMM_TAG`); a message with an immediate of
 //! its own goes as a WRITE and a `Staged` SEND naming offset and length
@@ -382,6 +383,68 @@ impl Staging {
     }
 }
 
+/// What a staged message is written from: the caller's bytes (`&[u8]`),
+/// copied into a send buffer once a place in the ring is taken, or the
+/// caller's own registered buffer (`LocalBuf`, from `Rdma::send_buf`),
+/// written as it is and given back when the send ends.
+pub(crate) trait Source: Sized {
+    /// What the caller gets back with the result.
+    type Back;
+    /// The message's length.
+    fn len(&self) -> usize;
+    /// The buffer the WRITE goes from (`Err`: none could be had).
+    fn into_buf(self, s: &Shared) -> Result<LocalBuf, (AgentError, Self::Back)>;
+    /// Given back unused.
+    fn back(self) -> Self::Back;
+    /// Given back by the WRITE's completion (or refusal).
+    fn returned(buf: LocalBuf) -> Self::Back;
+    /// What a failed send returns without awaiting its WRITE (left to the
+    /// runtime, which frees the buffer at its completion); `None`: the
+    /// WRITE is awaited to give the caller's buffer back (a failed
+    /// connection's flush ends it).
+    fn detached() -> Option<Self::Back>;
+}
+
+impl Source for &[u8] {
+    type Back = ();
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn into_buf(self, s: &Shared) -> Result<LocalBuf, (AgentError, ())> {
+        s.pool.alloc_from(self).map_err(|source| {
+            let e = AgentError::Buf {
+                stage: "allocating a staging send buffer",
+                source,
+            };
+            (e, ())
+        })
+    }
+    fn back(self) {}
+    fn returned(_: LocalBuf) {}
+    fn detached() -> Option<()> {
+        Some(())
+    }
+}
+
+impl Source for LocalBuf {
+    type Back = LocalBuf;
+    fn len(&self) -> usize {
+        LocalBuf::len(self)
+    }
+    fn into_buf(self, _: &Shared) -> Result<LocalBuf, (AgentError, LocalBuf)> {
+        Ok(self)
+    }
+    fn back(self) -> LocalBuf {
+        self
+    }
+    fn returned(buf: LocalBuf) -> LocalBuf {
+        buf
+    }
+    fn detached() -> Option<LocalBuf> {
+        None
+    }
+}
+
 /// The sender's side: `data` (longer than a piece, at most
 /// [`Staging::max_len`]) written into the peer's ring: one WRITE_WITH_IMM
 /// whose immediate tags it and gives its length, or, for a message with an
@@ -395,25 +458,42 @@ pub(crate) async fn send_staged(
     data: &[u8],
     imm: Option<u32>,
 ) -> Result<(), AgentError> {
-    let len = u32::try_from(data.len()).map_err(|_| s.closed_error())?;
+    send_staged_from(s, data, imm).await.0
+}
+
+/// [`send_staged`] from `src` (see [`Source`]): from a `LocalBuf` the
+/// device reads the caller's registered memory, no copy is made, and the
+/// buffer comes back whenever the send ends.
+pub(crate) async fn send_staged_from<S: Source>(
+    s: &Rc<Shared>,
+    src: S,
+    imm: Option<u32>,
+) -> (Result<(), AgentError>, S::Back) {
+    let Ok(len) = u32::try_from(src.len()) else {
+        return (Err(s.closed_error()), src.back());
+    };
     let st = &s.staging;
-    let credit = s.credits.acquire().await.map_err(|_| s.closed_error())?;
-    let gate = st.gate.acquire().await.map_err(|_| s.closed_error())?;
-    let placed = poll_fn(|cx| st.poll_reserve(len, cx))
-        .await
-        .ok_or_else(|| s.closed_error())?;
+    let Ok(credit) = s.credits.acquire().await else {
+        return (Err(s.closed_error()), src.back());
+    };
+    let Ok(gate) = st.gate.acquire().await else {
+        return (Err(s.closed_error()), src.back());
+    };
+    let Some(placed) = poll_fn(|cx| st.poll_reserve(len, cx)).await else {
+        return (Err(s.closed_error()), src.back());
+    };
     // Given back unless the message is posted.
     let mut undo = Unreserve {
         staging: st,
         placed: Some(placed),
     };
     let Some(peer) = st.peer.get() else {
-        return Err(s.closed_error());
+        return (Err(s.closed_error()), src.back());
     };
-    let buf = s.pool.alloc_from(data).map_err(|source| AgentError::Buf {
-        stage: "allocating a staging send buffer",
-        source,
-    })?;
+    let buf = match src.into_buf(s) {
+        Ok(b) => b,
+        Err((e, back)) => return (Err(e), back),
+    };
     let remote = RemoteBuf::new(
         peer.addr + u64::from(placed.offset),
         u64::from(len),
@@ -422,14 +502,14 @@ pub(crate) async fn send_staged(
     let posted = Cell::new(false);
     // The WRITE in flight, awaited (once the gate is open again) before
     // `send` returns, as a piece's SEND is.
-    let (in_flight, res) = match imm {
+    let (outcome, res) = match imm {
         None => {
             // `max_len` keeps `len` within the tag's 24 bits.
             let write = s.qp.write_with_imm(buf, remote, STAGED_IMM_TAG | len);
             match until_posted(write, Some(credit), &posted).await {
-                Ok(w) => (Some(Written::Tagged(w)), Ok(())),
-                Err((Ok(_), _)) => (None, Ok(())),
-                Err((Err(e), _)) => (None, Err(s.verb_error(e))),
+                Ok(w) => (Outcome::Tagged(w), Ok(())),
+                Err((Ok(_), b)) => (Outcome::Ended(b), Ok(())),
+                Err((Err(e), b)) => (Outcome::Ended(b), Err(s.verb_error(e))),
             }
         }
         Some(imm) => {
@@ -443,10 +523,10 @@ pub(crate) async fn send_staged(
                         len,
                     };
                     let sent = s.post_staged(&msg, credit, &posted).await;
-                    (Some(Written::Plain(w)), sent)
+                    (Outcome::Plain(w), sent)
                 }
-                Err((Ok(_), _)) => (None, Err(s.closed_error())),
-                Err((Err(e), _)) => (None, Err(s.verb_error(e))),
+                Err((Ok(_), b)) => (Outcome::Ended(b), Err(s.closed_error())),
+                Err((Err(e), b)) => (Outcome::Ended(b), Err(s.verb_error(e))),
             }
         }
     };
@@ -455,18 +535,31 @@ pub(crate) async fn send_staged(
     }
     drop(undo);
     drop(gate);
-    res?;
-    match in_flight {
-        Some(Written::Tagged(w)) => s.verb_result(w.await.0.map(drop)),
-        Some(Written::Plain(w)) => s.verb_result(w.await.0.map(drop)),
-        None => Ok(()),
+    if res.is_err() {
+        if let Some(back) = S::detached() {
+            return (res, back);
+        }
     }
+    let (done, back) = match outcome {
+        Outcome::Tagged(w) => {
+            let (r, b) = w.await;
+            (s.verb_result(r.map(drop)), S::returned(b))
+        }
+        Outcome::Plain(w) => {
+            let (r, b) = w.await;
+            (s.verb_result(r.map(drop)), S::returned(b))
+        }
+        Outcome::Ended(b) => (Ok(()), S::returned(b)),
+    };
+    (res.and(done), back)
 }
 
-/// A staged message's WRITE in flight.
-enum Written {
+/// A staged message's WRITE: in flight, or ended (refused, or complete)
+/// with its buffer given back.
+enum Outcome {
     Tagged(Submit<WriteWithImmVerb<LocalBuf>>),
     Plain(Submit<WriteVerb<LocalBuf>>),
+    Ended(LocalBuf),
 }
 
 /// Gives a place in the ring back unless its message was posted.
