@@ -5,7 +5,8 @@
 //! an RC link of the session.
 //!
 //! * The link: opened by the client on the session's first large message
-//!   (which still streams in packets): a bulk connect carrying its RC
+//!   (large calls wait while it is set up, and stream if it is given up):
+//!   a bulk connect carrying its RC
 //!   endpoint, answered by the server's (the server connects its end
 //!   then), then a confirmation that the client's end is connected,
 //!   answered again; each step resent after `rto`, up to `max_retries`
@@ -238,7 +239,7 @@ impl<P: Clone> Core<P> {
             stats.stale_packets += 1;
             return;
         };
-        match (l.step, h.pkt_idx) {
+        let settled = match (l.step, h.pkt_idx) {
             (LinkStep::Opening, 0) => {
                 let local = l.local;
                 let connected = bulk
@@ -253,16 +254,58 @@ impl<P: Clone> Core<P> {
                     debug!(%error, session = sid, "rpc: the server's RC endpoint does not connect; large messages stay in packets");
                     close_link(bulk, s);
                     s.link_refused = true;
-                    return;
+                    true
+                } else {
+                    l.step = LinkStep::Confirming;
+                    l.retries = 0;
+                    l.last = now;
+                    send_bulk_connect(tx, s, sid);
+                    false
                 }
-                l.step = LinkStep::Confirming;
-                l.retries = 0;
-                l.last = now;
-                send_bulk_connect(tx, s, sid);
             }
-            (LinkStep::Confirming, 1) => l.step = LinkStep::Ready,
-            _ => stats.stale_packets += 1,
+            (LinkStep::Confirming, 1) => {
+                l.step = LinkStep::Ready;
+                true
+            }
+            _ => {
+                stats.stale_packets += 1;
+                false
+            }
+        };
+        if settled {
+            self.link_settled(sid);
         }
+    }
+
+    /// Client: session `sid`'s link is ready or given up: the calls that
+    /// waited for it go, by READ or (no link) streamed.
+    pub(crate) fn link_settled(&mut self, sid: u32) {
+        let now = self.now;
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let mut waited = 0u32;
+        for (i, slot) in s.client.iter_mut().enumerate() {
+            if slot.awaits_link && matches!(slot.state, CallState::Active) {
+                slot.awaits_link = false;
+                slot.progress = now;
+                slot.retries = 0;
+                waited |= 1 << i;
+            }
+        }
+        if waited == 0 {
+            return;
+        }
+        while waited != 0 {
+            let i = waited.trailing_zeros() as usize;
+            waited &= waited - 1;
+            if self.expose_request(sid, i) {
+                if let Some(s) = self.sessions.get_mut(sid) {
+                    s.client[i].n_req = 1;
+                }
+            }
+        }
+        self.defer_pump(sid);
     }
 
     /// Starts a READ of `len` bytes at `desc` over `link` into a buffer of
@@ -462,6 +505,14 @@ impl<P: Clone> Core<P> {
             return;
         };
         let link = s.link_to_read();
+        if link.is_some() && s.client.iter().any(|c| c.awaits_link) {
+            // This read response confirmed the link: the calls waiting
+            // for it go.
+            self.link_settled(sid);
+        }
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
         let slot = &mut s.client[i];
         if slot.reading.is_some() || slot.n_resp > 0 {
             // Again (the answer to a resent packet): the server is alive.

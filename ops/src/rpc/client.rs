@@ -172,6 +172,7 @@ impl<P: Clone> Core<P> {
         slot.n_resp = 0;
         slot.unasked = 0;
         slot.paused = false;
+        slot.awaits_link = false;
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;
@@ -185,6 +186,16 @@ impl<P: Clone> Core<P> {
                 }
             } else {
                 self.want_link(sid);
+                // While the link is set up the request waits for it rather
+                // than streaming: a window of large calls at a session's
+                // start would otherwise all stream, thousands of packets
+                // each (over rxe's 1 KiB MTU, more than its UD queues keep
+                // up with). `link_settled` sends it.
+                if let Some(s) = self.sessions.get_mut(sid) {
+                    if s.link_pending() {
+                        s.client[i].awaits_link = true;
+                    }
+                }
             }
         }
         self.pump(sid);
@@ -278,7 +289,7 @@ impl<P: Clone> Core<P> {
             let i = (start + step) % SESSION_SLOTS;
             let slot = &mut s.client[i];
             debug_assert!(matches!(slot.state, CallState::Active));
-            if slot.paused {
+            if slot.paused || slot.awaits_link {
                 continue;
             }
             while slot.num_tx < slot.total_tx() && slot.num_tx - slot.num_rx < WINDOW {
@@ -524,7 +535,7 @@ impl<P: Clone> Core<P> {
 
     /// Pumps session `sid` at the end of the receive batch (`run_pumps`):
     /// the credits its packets return add up to runs.
-    fn defer_pump(&mut self, sid: u32) {
+    pub(crate) fn defer_pump(&mut self, sid: u32) {
         if !self.pumps.contains(&sid) {
             self.pumps.push(sid);
         }

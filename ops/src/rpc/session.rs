@@ -47,6 +47,10 @@ pub(crate) struct ClientSlot {
     /// The server was busy (its request memory full): nothing is sent
     /// until the next timeout.
     pub(crate) paused: bool,
+    /// A large request waits for the session's RC link being set up:
+    /// nothing is sent until the link is ready (it goes by READ) or given
+    /// up (it streams); the link's own retries bound the wait.
+    pub(crate) awaits_link: bool,
     pub(crate) req_type: u8,
     pub(crate) req: Vec<u8>,
     pub(crate) resp: Vec<u8>,
@@ -105,6 +109,7 @@ impl ClientSlot {
             state: CallState::Free,
             abandoned: false,
             paused: false,
+            awaits_link: false,
             req_type: 0,
             req: Vec::new(),
             resp: Vec::new(),
@@ -341,6 +346,14 @@ impl<P> Session<P> {
             link: None,
             link_refused: false,
         }
+    }
+
+    /// Client: whether the session's link is being set up (asked for,
+    /// neither ready nor given up).
+    pub(crate) fn link_pending(&self) -> bool {
+        self.link
+            .as_ref()
+            .is_some_and(|l| matches!(l.step, LinkStep::Opening | LinkStep::Confirming))
     }
 
     /// Whether large messages go by READ on this session now.

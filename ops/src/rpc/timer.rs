@@ -21,6 +21,7 @@ impl<P: Clone> Core<P> {
         let rto = u64::from(TICKS_PER_RTO);
         let max_retries = self.config.max_retries;
         let mut busy = false;
+        let mut settled = Vec::new();
         for index in 0..self.sessions.capacity() {
             let Some((sid, s)) = self.sessions.at_mut(index) else {
                 continue;
@@ -48,6 +49,9 @@ impl<P: Clone> Core<P> {
                 SessionState::Connected => {
                     if link_tick(&mut self.bulk, &mut self.tx, s, sid, now, rto, max_retries) {
                         busy = true;
+                    } else if s.client.iter().any(|c| c.awaits_link) {
+                        // The link was given up: its waiting calls stream.
+                        settled.push(sid);
                     }
                     for i in 0..SESSION_SLOTS {
                         let slot = &mut s.client[i];
@@ -55,6 +59,10 @@ impl<P: Clone> Core<P> {
                             continue;
                         }
                         busy = true;
+                        if slot.awaits_link {
+                            // Bounded by the link's retries (`link_tick`).
+                            continue;
+                        }
                         if slot.paused && now - slot.progress >= rto {
                             // The server was busy: try again.
                             slot.paused = false;
@@ -113,6 +121,9 @@ impl<P: Clone> Core<P> {
                 }
                 SessionState::Failed => {}
             }
+        }
+        for sid in settled {
+            self.link_settled(sid);
         }
         busy
     }
