@@ -572,8 +572,11 @@ impl<P: Clone> Core<P> {
         let Some(bulk) = self.bulk.as_mut() else {
             return;
         };
+        bulk.poll_done(cx, &mut self.bulk_done);
+        if self.bulk_done.is_empty() {
+            return;
+        }
         let mut done = std::mem::take(&mut self.bulk_done);
-        bulk.poll_done(cx, &mut done);
         for (token, buf, result) in done.drain(..) {
             self.on_read_done(token, buf, result);
         }

@@ -150,6 +150,10 @@ pub(crate) struct Core<P> {
     pub(crate) acks: Vec<super::server::PendingAck>,
     pub(crate) pool: BufPool,
     pub(crate) handlers: Vec<Option<HandlerQueue>>,
+    /// Requests given to handler tasks (queued or being handled) and not
+    /// answered yet: the last one answered sends the responses at once
+    /// (`Engine::flush_after_handler`).
+    pub(crate) jobs_open: usize,
     pub(crate) stats: RpcStats,
     /// Retransmission timer ticks so far (the engine's clock: the hot path
     /// reads no time).
@@ -217,6 +221,7 @@ impl<P: Clone> Core<P> {
             acks: Vec::new(),
             pumps: Vec::new(),
             handlers: (0..256).map(|_| None).collect(),
+            jobs_open: 0,
             stats: RpcStats::default(),
             now: 0,
             max_packet,

@@ -340,6 +340,7 @@ impl<P: Clone> Core<P> {
             }
             return;
         }
+        self.jobs_open += 1;
         queue.jobs.push_back(Job {
             session: sid,
             slot: i,
