@@ -63,6 +63,9 @@ pub(crate) struct EQp {
     /// The probe an ACK timeout asked for on `conn`, until its answer
     /// (see `engine/liveness.rs`).
     pub probe: Option<u64>,
+    /// The time of its entry in the engine's deadline queue (see
+    /// `engine/timers.rs`), at or before its earliest deadline.
+    pub queued: Option<Instant>,
     pub rd_outstanding: usize,
     /// The payload this QP may still be sending straight from its memory.
     pub zc: Option<super::conn::TxMemRef>,
@@ -96,6 +99,7 @@ impl EQp {
             ack_deadline: None,
             retries_left: 0,
             probe: None,
+            queued: None,
             rd_outstanding: 0,
             zc: None,
             epsn: 0,

@@ -29,12 +29,25 @@ struct Setup {
 }
 
 fn setup(config: SoftConfig, rts: RtsAttr) -> Setup {
+    setup_among(config, rts, 0).0
+}
+
+/// [`setup`], its QP created after `idle` others (in INIT: the engine
+/// knows them, they have no timer), which are returned.
+fn setup_among(config: SoftConfig, rts: RtsAttr, idle: usize) -> (Setup, Vec<Qp>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let fake_addr = listener.local_addr().unwrap();
     let ctx = Context::open(config).expect("open");
     let pd = ctx.alloc_pd().expect("pd");
     let scq = ctx.create_cq(64, None).expect("cq");
     let rcq = ctx.create_cq(64, None).expect("cq");
+    let others: Vec<Qp> = (0..idle)
+        .map(|_| {
+            let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
+            qp.modify_to_init(&InitAttr::default()).expect("init");
+            qp
+        })
+        .collect();
     let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
     let mut ep = qp.endpoint(0).unwrap();
     ep.soft_addr = Some(fake_addr);
@@ -68,14 +81,15 @@ fn setup(config: SoftConfig, rts: RtsAttr) -> Setup {
     peer.write_all(&me).unwrap();
     let (send, _) = next_packet(&mut peer).expect("the SEND");
     assert_eq!(send.opcode, Opcode::Send);
-    Setup {
+    let s = Setup {
         _ctx: ctx,
         qp,
         scq,
         _mem: mem,
         peer,
         posted,
-    }
+    };
+    (s, others)
 }
 
 fn poll_none(cq: &Cq) -> Option<Completion> {
@@ -151,4 +165,34 @@ fn a_peer_that_answers_no_probe_and_sends_nothing_is_dead_after_the_peer_timeout
     assert_eq!(s.qp.state(), QpState::Err);
     assert!(took >= bound, "failed after {took:?}, before the bound");
     assert!(took < bound * 5, "failed only after {took:?}");
+}
+
+#[test]
+fn a_due_timer_among_thousands_of_idle_qps_fires_and_idle_ones_are_never_looked_at() {
+    const IDLE: usize = 5000;
+    let (mut s, idle) = setup_among(
+        SoftConfig::default(),
+        RtsAttr {
+            timeout: SHORT,
+            ..RtsAttr::default()
+        },
+        IDLE,
+    );
+    // The last QP's ACK timer fires: its probe comes.
+    let (ping, _) = next_packet(&mut s.peer).expect("a probe");
+    assert_eq!(ping.opcode, Opcode::Ping);
+    // Hold the probe over several more ACK timeouts (many engine turns).
+    s.peer
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    assert!(next_packet(&mut s.peer).is_none(), "one probe at a time");
+    let visits = super::lock(s._ctx.core()).deadlines.visits;
+    // Only the timed QP is looked at, once per expiry; one scan of every
+    // QP would look at more than `IDLE`.
+    assert!(visits >= 1, "the due timer was never looked at");
+    assert!(
+        visits < IDLE as u64 / 10,
+        "{visits} QP deadlines looked at: idle QPs are scanned"
+    );
+    drop(idle);
 }

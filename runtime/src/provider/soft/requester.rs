@@ -363,7 +363,13 @@ impl Engine {
     /// requests of its sender QPs, round-robin.
     pub(crate) fn fill_tx(&mut self, cid: usize) {
         let now = self.now();
-        let Engine { conns, qps, sh, .. } = self;
+        let Engine {
+            conns,
+            qps,
+            sh,
+            deadlines,
+            ..
+        } = self;
         let Some(conn) = conns.get_mut(cid) else {
             return;
         };
@@ -407,6 +413,7 @@ impl Engine {
             } else {
                 gen_request(eq, &mut conn.tx, &mut conn.tx_mem, &mut mrs, now)
             };
+            deadlines.note(qpn, eq);
             match gen {
                 Gen::Sent => {
                     if conn.senders.len() > 1 {

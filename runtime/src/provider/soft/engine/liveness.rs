@@ -74,72 +74,90 @@ impl Engine {
         }
     }
 
-    /// The ACK timers: an expiry asks for a probe, an answered probe
-    /// without progress counts a retry (see the module docs).
-    pub(super) fn ack_timers(&mut self, now: Instant) {
+    /// The QPs waiting for a probe's answer: an answered probe without
+    /// progress counts a retry (see the module docs).
+    pub(super) fn probe_answers(&mut self) {
+        let Engine {
+            qps,
+            conns,
+            probing,
+            ..
+        } = self;
+        probing.retain(|&qpn| {
+            let Some(eq) = qps.get_mut(&qpn) else {
+                return false;
+            };
+            let Some(seq) = eq.probe else {
+                // (Progress, a reset or an error ended it.)
+                return false;
+            };
+            let answered = match eq.conn.and_then(|c| conns.get(c)) {
+                Some(c) if !c.probe.answered(seq) => return true,
+                answered => answered,
+            };
+            eq.probe = None;
+            if answered.is_none() {
+                // (Its connection closed: that failed it, or it moved to
+                // another one.)
+            } else if eq.retries_left == 0 {
+                tracing::debug!(qpn, "soft engine: peer QP silent, retries exhausted");
+                eq.fail(Some(WcStatus::RetryExcErr));
+            } else {
+                eq.retries_left -= 1;
+            }
+            false
+        });
+    }
+
+    /// QP `qpn`'s ACK timer, if it expired: asks for a probe (see the
+    /// module docs), or counts a retry when there is no connection.
+    pub(super) fn ack_timer(&mut self, qpn: u32, now: Instant) {
         let bound = self.peer_timeout();
         let Engine {
             qps,
             conns,
             probe_check,
+            probing,
             ..
         } = self;
-        let mut pinged: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
-        for (qpn, eq) in qps.iter_mut() {
-            if let Some(seq) = eq.probe {
-                match eq.conn.and_then(|c| conns.get(c)) {
-                    Some(c) if !c.probe.answered(seq) => {}
-                    answered => {
-                        eq.probe = None;
-                        if answered.is_none() {
-                            // (Its connection closed: that failed it, or
-                            // it moved to another one.)
-                        } else if eq.retries_left == 0 {
-                            tracing::debug!(qpn, "soft engine: peer QP silent, retries exhausted");
-                            eq.fail(Some(WcStatus::RetryExcErr));
-                            continue;
-                        } else {
-                            eq.retries_left -= 1;
-                        }
-                    }
-                }
-            }
-            let Some(t) = eq.ack_deadline else {
-                continue;
-            };
-            if t > now {
-                continue;
-            }
-            eq.ack_deadline = eq.ack_timeout().map(|d| now + d);
-            match eq.conn.and_then(|c| conns.get_mut(c).map(|x| (c, x))) {
-                Some((cid, c)) => {
-                    if eq.probe.is_none() {
-                        eq.probe = Some(c.want_ping(now));
-                        pinged.push(cid);
-                        let at = now + bound;
-                        *probe_check = Some(probe_check.map_or(at, |p| p.min(at)));
-                    }
-                }
-                // No connection (none could be made): nothing to wait for.
-                None if eq.retries_left == 0 => {
-                    tracing::debug!(
-                        qpn,
-                        "soft engine: ACK timeout without a connection, retries exhausted"
-                    );
-                    eq.fail(Some(WcStatus::RetryExcErr));
-                }
-                None => eq.retries_left -= 1,
-            }
+        let Some(eq) = qps.get_mut(&qpn) else {
+            return;
+        };
+        if eq.ack_deadline.is_none_or(|t| t > now) {
+            return;
         }
-        for cid in pinged {
-            self.activate(cid);
-        }
-        self.check_probes(now);
+        eq.ack_deadline = eq.ack_timeout().map(|d| now + d);
+        let pinged = match eq.conn.and_then(|c| conns.get_mut(c).map(|x| (c, x))) {
+            Some((cid, c)) => {
+                if eq.probe.is_some() {
+                    return;
+                }
+                eq.probe = Some(c.want_ping(now));
+                probing.push(qpn);
+                let at = now + bound;
+                *probe_check = Some(probe_check.map_or(at, |p| p.min(at)));
+                cid
+            }
+            // No connection (none could be made): nothing to wait for.
+            None if eq.retries_left == 0 => {
+                tracing::debug!(
+                    qpn,
+                    "soft engine: ACK timeout without a connection, retries exhausted"
+                );
+                eq.fail(Some(WcStatus::RetryExcErr));
+                return;
+            }
+            None => {
+                eq.retries_left -= 1;
+                return;
+            }
+        };
+        self.activate(pinged);
     }
 
     /// Closes connections whose probe went unanswered for `peer_timeout`
     /// while nothing arrived on them: their peer engine is dead.
-    fn check_probes(&mut self, now: Instant) {
+    pub(super) fn check_probes(&mut self, now: Instant) {
         if self.probe_check.is_none_or(|t| now < t) {
             return;
         }

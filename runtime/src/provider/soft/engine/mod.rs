@@ -7,7 +7,7 @@
 //! (the thread's loop and sleep), `qps.rs` (what applications post and
 //! change on their QPs), `conns.rs` (connections to other engines), `rx.rs`
 //! (reading and cutting packets), `tx.rs` (filling and flushing
-//! connections), `timers.rs` (RNR waits, ACK timeouts, next wake-up),
+//! connections), `timers.rs` (the deadline queue: RNR waits, ACK timeouts; next wake-up),
 //! `liveness.rs` (dead peers, and when an ACK timeout counts) and
 //! `psn.rs` (sequence-number arithmetic). The RC protocol itself lives in
 //! `../requester.rs` and `../responder.rs`, the application-driven receive
@@ -97,6 +97,12 @@ pub(crate) struct Engine {
     direct_until: Option<Instant>,
     /// Spare list for the QPs `timers` reschedules.
     resched_buf: Vec<u32>,
+    /// The QPs' deadlines in time order (see `timers.rs`).
+    pub deadlines: timers::Deadlines,
+    /// Spare list for the QPs whose deadline came.
+    due_buf: Vec<u32>,
+    /// QPs waiting for a probe's answer (see `liveness.rs`).
+    probing: Vec<u32>,
     /// Per CQ handle: the connections whose packets complete its WRs
     /// (what an application polling it reads, see `drive.rs`).
     pub cq_feeds: IdMap<SmallVec<[usize; 2]>>,
@@ -155,6 +161,9 @@ impl Engine {
             active_buf: Vec::new(),
             direct_until: None,
             resched_buf: Vec::new(),
+            deadlines: timers::Deadlines::default(),
+            due_buf: Vec::new(),
+            probing: Vec::new(),
             cq_feeds: IdMap::default(),
             muted: Vec::new(),
             adopted: Vec::new(),

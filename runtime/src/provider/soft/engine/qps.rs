@@ -58,7 +58,9 @@ impl Engine {
         let any = !list.is_empty();
         for qp in list.drain(..) {
             qp.dirty.store(false, Ordering::SeqCst);
+            let qpn = qp.qpn;
             self.sync_qp(qp);
+            self.note_timer(qpn);
         }
         self.dirty_buf = list;
         any

@@ -79,6 +79,7 @@ impl Engine {
                     if conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0) {
                         if let Some(d) = conn.rx_direct.take() {
                             self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                            self.note_timer(d.hdr.dst_qpn);
                         }
                         self.activate(cid);
                     } else if !full && !drain {
@@ -135,7 +136,11 @@ impl Engine {
             };
             let total = HEADER_LEN + hdr.payload_len as usize;
             if end - start < total {
-                if !hdr.opcode.is_datagram() && self.peer_of_qp(cid, hdr.dst_qpn) != Some(true) {
+                let foreign =
+                    !hdr.opcode.is_datagram() && self.peer_of_qp(cid, hdr.dst_qpn) != Some(true);
+                // (Its view of the QP may have been refreshed.)
+                self.note_timer(hdr.dst_qpn);
+                if foreign {
                     // No QP here takes it from this peer: the rest of its
                     // payload is dropped as it arrives, never buffered.
                     self.port.foreign_packet();
@@ -145,6 +150,7 @@ impl Engine {
                 }
                 if hdr.payload_len as usize >= DIRECT_MIN {
                     direct = self.direct_target(cid, &hdr);
+                    self.note_timer(hdr.dst_qpn);
                 }
                 if let Some(d) = &mut direct {
                     // Place the bytes already here; read the rest straight
@@ -181,6 +187,7 @@ impl Engine {
                 break;
             }
             self.handle_packet(cid, &hdr, payload);
+            self.note_timer(hdr.dst_qpn);
         }
         if let Some(conn) = self.conns.get_mut(cid) {
             if start == end {
