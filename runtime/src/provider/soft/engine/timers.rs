@@ -149,7 +149,9 @@ impl Engine {
 
     /// Every `AUDIT_EVERY`: checks that every QP's deadline is queued,
     /// and queues one that is not (a change made somewhere that did not
-    /// queue it: a bug, reported).
+    /// queue it: a bug, reported). It is logged, never a panic, in debug
+    /// builds too: the engine serves every QP of the device, and a late
+    /// timer of one QP must not stop all of them.
     fn audit_deadlines(&mut self, now: Instant) {
         if self.deadlines.audit_at.is_some_and(|t| now < t) {
             return;
@@ -160,8 +162,7 @@ impl Engine {
                 continue;
             };
             if eq.queued.is_none_or(|q| q > d) {
-                tracing::error!(qpn, "soft engine: a QP's deadline was not queued");
-                debug_assert!(false, "QP {qpn}: deadline {d:?} not queued");
+                tracing::error!(qpn, deadline = ?d, "soft engine: a QP's deadline was not queued");
                 self.deadlines.note(*qpn, eq);
             }
         }
