@@ -500,8 +500,7 @@ fn without_a_bulk_path_large_messages_stream() {
 
 /// A window of large calls at a session's start waits for the RC link
 /// being set up and goes by READ, rather than all streaming in packets
-/// (over rxe's 1 KiB MTU, thousands of packets a MiB, more than its UD
-/// queues kept up with: verbio-perf's RPC send_bw failed at 1 MiB).
+/// (at rxe's 1 KiB MTU, about a thousand packets a MiB).
 #[test]
 fn large_calls_at_a_sessions_start_wait_for_the_link() {
     const CALLS: usize = super::session::SESSION_SLOTS;

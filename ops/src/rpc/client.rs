@@ -188,9 +188,9 @@ impl<P: Clone> Core<P> {
                 self.want_link(sid);
                 // While the link is set up the request waits for it rather
                 // than streaming: a window of large calls at a session's
-                // start would otherwise all stream, thousands of packets
-                // each (over rxe's 1 KiB MTU, more than its UD queues keep
-                // up with). `link_settled` sends it.
+                // start would otherwise all stream, about a thousand
+                // packets per MiB at rxe's 1 KiB MTU. `link_settled`
+                // sends it.
                 if let Some(s) = self.sessions.get_mut(sid) {
                     if s.link_pending() {
                         s.client[i].awaits_link = true;
