@@ -42,6 +42,9 @@ pub(crate) struct Inbox {
     waker: Option<Waker>,
     open: bool,
     reachable: bool,
+    /// Calls of [`Transport::send`] made by this endpoint (each a batch:
+    /// on a device, one post list).
+    send_calls: u64,
 }
 
 pub(crate) struct Net {
@@ -177,6 +180,17 @@ impl MemNetwork {
         }
     }
 
+    /// Calls of [`Transport::send`] endpoint `id` made so far, each with
+    /// a batch of packets (on a device, one post list): tests count the
+    /// transport calls an endpoint's packets left in.
+    pub fn send_calls(&self, id: u32) -> u64 {
+        self.0
+            .borrow()
+            .inboxes
+            .get(id as usize)
+            .map_or(0, |inbox| inbox.send_calls)
+    }
+
     /// What the network did so far.
     pub fn stats(&self) -> MemStats {
         self.0.borrow().stats
@@ -234,6 +248,7 @@ impl Transport for MemTransport {
 
     fn send(&mut self, batch: &TxBatch<u32>) -> Result<(), TransportError> {
         let mut net = self.net.0.borrow_mut();
+        net.inboxes[self.id as usize].send_calls += 1;
         for (&to, bytes) in batch.iter() {
             if bytes.len() > self.max_packet {
                 return Err(TransportError::TooLarge {

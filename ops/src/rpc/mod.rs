@@ -115,6 +115,8 @@ mod buf_tests;
 #[cfg(test)]
 mod bulk_tests;
 #[cfg(test)]
+mod flush_tests;
+#[cfg(test)]
 mod header_tests;
 #[cfg(test)]
 mod tests;
