@@ -657,3 +657,129 @@ async fn tokio_util_codecs_frame_a_handle_stream() {
     drop(framed);
     server.abort();
 }
+
+/// Blocks runtime thread 0 of `pool` until told: `true` lets it go on,
+/// `false` makes it panic (its handles' calls then fail). Returns once the
+/// thread is blocked.
+async fn block_thread(pool: &Pool) -> std::sync::mpsc::Sender<bool> {
+    let (go, wait) = std::sync::mpsc::channel::<bool>();
+    let (blocked, is_blocked) = tokio::sync::oneshot::channel::<()>();
+    // Blocked (and panicking) in the closure, which runs on the thread
+    // itself: a panicking task would be caught by its runtime.
+    // (Its join handle is dropped: the job runs detached.)
+    drop(pool.spawn(Placement::Thread(0), move |_| {
+        let _ = blocked.send(());
+        if !wait.recv_timeout(WAIT).unwrap_or(false) {
+            panic!("runtime thread panic (expected by the test)");
+        }
+        std::future::ready(())
+    }));
+    tokio::time::timeout(WAIT, is_blocked)
+        .await
+        .expect("the runtime thread blocks")
+        .unwrap();
+    go
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_stream_keeps_a_window_of_writes_in_flight() {
+    use futures::FutureExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use verbio::HandleStream;
+
+    const CHUNK: usize = 1000;
+    let window = HandleStream::WRITE_WINDOW;
+    let servers = pool(1);
+    let clients = pool(1);
+    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let reader = tokio::spawn(async move {
+        let mut s = HandleStream::new(listener.accept().await.unwrap());
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        got
+    });
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
+        .await
+        .unwrap();
+    let mut s = HandleStream::with_chunk(c, CHUNK);
+    let data: Vec<u8> = (0..CHUNK * (window + 4)).map(|i| (i % 251) as u8).collect();
+    let chunks: Vec<&[u8]> = data.chunks(CHUNK).collect();
+
+    // The connection's thread sends nothing while blocked: every message
+    // handed over stays in flight.
+    let go = block_thread(&clients).await;
+    for (i, chunk) in chunks[..window].iter().enumerate() {
+        let n = s.write(chunk).now_or_never();
+        assert_eq!(
+            n.map(Result::unwrap),
+            Some(CHUNK),
+            "write {i} in the window"
+        );
+        assert_eq!(s.sends_in_flight(), i + 1);
+    }
+    // Past the window, one chunk is gathered, and the next write waits.
+    let n = s.write(chunks[window]).now_or_never();
+    assert_eq!(n.map(Result::unwrap), Some(CHUNK), "a write gathered");
+    assert_eq!(s.sends_in_flight(), window);
+    assert!(
+        s.write(chunks[window + 1]).now_or_never().is_none(),
+        "a write waits when the window and the buffer are full"
+    );
+    assert!(s.flush().now_or_never().is_none(), "flush waits");
+    go.send(true).unwrap();
+    for chunk in &chunks[window + 1..] {
+        tokio::time::timeout(WAIT, s.write_all(chunk))
+            .await
+            .expect("writes go on once the thread does")
+            .unwrap();
+    }
+    tokio::time::timeout(WAIT, s.shutdown())
+        .await
+        .expect("shutdown flushes")
+        .unwrap();
+    assert_eq!(s.sends_in_flight(), 0);
+    let got = tokio::time::timeout(WAIT, reader).await.unwrap().unwrap();
+    assert!(
+        got == data,
+        "every byte in order ({} of {})",
+        got.len(),
+        data.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_send_in_flight_surfaces_on_flush() {
+    use futures::FutureExt;
+    use tokio::io::AsyncWriteExt;
+    use verbio::HandleStream;
+
+    let servers = pool(1);
+    let clients = pool(1);
+    let (listener, _accepting) = echo_server(&servers, 1).await;
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
+        .await
+        .unwrap();
+    let mut s = HandleStream::with_chunk(c, 100);
+    let go = block_thread(&clients).await;
+    for i in 0..HandleStream::WRITE_WINDOW {
+        let n = s.write(&[i as u8; 100]).now_or_never();
+        assert_eq!(n.map(Result::unwrap), Some(100), "handed over");
+    }
+    // The thread dies with the messages in its mailbox.
+    go.send(false).unwrap();
+    let e = tokio::time::timeout(WAIT, s.flush())
+        .await
+        .expect("flush ends")
+        .expect_err("the lost sends fail the flush");
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    assert!(e.to_string().contains("not sent"), "{e}");
+    let again = tokio::time::timeout(WAIT, s.write(b"more")).await.unwrap();
+    assert!(again.is_err(), "later writes fail too");
+    assert!(tokio::time::timeout(WAIT, s.shutdown())
+        .await
+        .unwrap()
+        .is_err());
+}

@@ -289,19 +289,33 @@ impl RdmaHandle {
         let conn = &self.conn;
         let (done, mut answer) = conn.slots.pair();
         if conn.tx.send(make(done)).await.is_err() {
-            // The request (and its completer) is dropped here. The
-            // connection's server stopped taking requests: its thread is
-            // gone, or going (shutdown), or the connection closed.
-            return Err(match conn.thread.check() {
-                Err(e) => e.into(),
-                Ok(()) => AgentError::Closed(CloseReason::Local).into(),
-            });
+            // The request (and its completer) is dropped here.
+            return Err(self.refused_error());
         }
         let r = (&mut answer).await;
         conn.slots.give_back(answer);
+        self.answered(r)
+    }
+
+    /// Why the mailbox refused a request: the connection's server stopped
+    /// taking requests (its thread is gone, or going, or the connection
+    /// closed).
+    pub(super) fn refused_error(&self) -> HandleError {
+        match self.conn.thread.check() {
+            Err(e) => e.into(),
+            Ok(()) => AgentError::Closed(CloseReason::Local).into(),
+        }
+    }
+
+    /// The reply in a completion slot's answer (its completer dropped
+    /// unanswered: the thread was lost).
+    pub(super) fn answered(
+        &self,
+        r: Result<Reply, verbio_runtime::pool::Lost>,
+    ) -> Result<Done, HandleError> {
         match r {
             Ok(reply) => reply,
-            Err(_lost) => Err(conn.thread.lost_error().into()),
+            Err(_lost) => Err(self.conn.thread.lost_error().into()),
         }
     }
 }

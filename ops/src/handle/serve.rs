@@ -47,6 +47,12 @@ pub(crate) enum Request {
     Receive {
         done: Completer<Reply>,
     },
+    /// A stream's message: sent one at a time in the order asked, and sent
+    /// even if its asker is gone (the stream handed the bytes over).
+    SendInOrder {
+        data: Vec<u8>,
+        done: Completer<Reply>,
+    },
     AskRemote {
         len: usize,
         done: Completer<Reply>,
@@ -103,10 +109,13 @@ pub(super) fn start(thread: ThreadRef, shutdown: ShutdownSignal, rdma: Rdma) -> 
         workers: Rc::new(Workers::new(MAX_WORKERS)),
         receives: RefCell::new(VecDeque::new()),
         receiver: RefCell::new(None),
+        ordered: RefCell::new(VecDeque::new()),
+        sender: RefCell::new(None),
         closing: RefCell::new(Vec::new()),
         closed: Cell::new(false),
     });
     verbio_runtime::spawn(server.clone().receive_loop());
+    verbio_runtime::spawn(server.clone().ordered_send_loop());
     verbio_runtime::spawn(serve(server, rx, shutdown));
     RdmaHandle { conn }
 }
@@ -124,6 +133,9 @@ struct Server {
     receives: RefCell<VecDeque<Completer<Reply>>>,
     /// The receiver task waiting for a receive request.
     receiver: RefCell<Option<Waker>>,
+    /// Streams' messages to send in order, and the task sending them.
+    ordered: RefCell<VecDeque<(Vec<u8>, Completer<Reply>)>>,
+    sender: RefCell<Option<Waker>>,
     /// Tasks to wake when the server closes.
     closing: RefCell<Vec<Waker>>,
     closed: Cell<bool>,
@@ -169,6 +181,12 @@ impl Server {
                     w.wake();
                 }
             }
+            Request::SendInOrder { data, done } => {
+                self.ordered.borrow_mut().push_back((data, done));
+                if let Some(w) = self.sender.borrow_mut().take() {
+                    w.wake();
+                }
+            }
             other => self.workers.push(other),
         }
     }
@@ -178,6 +196,9 @@ impl Server {
     fn close(&self) {
         self.closed.set(true);
         self.workers.close();
+        if let Some(w) = self.sender.borrow_mut().take() {
+            w.wake();
+        }
         if let Some(w) = self.receiver.borrow_mut().take() {
             w.wake();
         }
@@ -302,7 +323,7 @@ impl Serve<Request> for Server {
                     );
                 }
             }
-            Request::Receive { .. } | Request::Release { .. } => {
+            Request::Receive { .. } | Request::SendInOrder { .. } | Request::Release { .. } => {
                 unreachable!("routed by the server task")
             }
         }
@@ -382,6 +403,31 @@ impl Server {
         let local = self.rdma.alloc_local_mr(len)?;
         let (r, local) = self.rdma.read(local, &view).await;
         Ok(r.map(|()| local.to_vec())?)
+    }
+
+    /// The ordered sender task: sends streams' messages one at a time, in
+    /// the order they were queued, each to its end (the next is already
+    /// here when one completes: no thread crossing between them). A
+    /// message whose asker is gone is still sent, so the bytes a stream
+    /// handed over have no gap. Once the server closes, what is queued is
+    /// still sent, as the workers serve theirs.
+    async fn ordered_send_loop(self: Rc<Self>) {
+        loop {
+            let next = std::future::poll_fn(|cx| {
+                if let Some(m) = self.ordered.borrow_mut().pop_front() {
+                    return Poll::Ready(Some(m));
+                }
+                if self.closed.get() {
+                    return Poll::Ready(None);
+                }
+                *self.sender.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            })
+            .await;
+            let Some((data, done)) = next else { break };
+            let r = self.rdma.send(&data).await;
+            done.complete(r.map_err(HandleError::from).map(|()| Done::Unit));
+        }
     }
 
     /// The receiver task: serves receives one at a time, in order. A

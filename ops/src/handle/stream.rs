@@ -3,12 +3,16 @@
 //! be either type): each message carries the next bytes, in order; an
 //! empty message is the writer's orderly end.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use futures::future::BoxFuture;
+use verbio_runtime::pool::Answer;
 
+use super::serve::{Reply, Request};
 use super::{HandleError, RdmaHandle};
 use crate::agent::DEFAULT_STREAM_CHUNK;
 
@@ -17,12 +21,20 @@ use crate::agent::DEFAULT_STREAM_CHUNK;
 /// feature, tokio's (`tokio::io::{AsyncRead, AsyncWrite}`, so
 /// `tokio_util::codec` and `tokio::io::copy` work on it).
 ///
-/// Writes are gathered into a buffer of up to `chunk` bytes; one message
-/// is in flight at a time and the next one takes the writes made
-/// meanwhile; a write waits when the buffer is full and the message in
-/// flight has not completed. Call `flush` (or `close` / `shutdown`, which
-/// also sends the orderly end: the peer then reads EOF) to push out what is
-/// buffered. The stream owns the connection's messages: nothing else
+/// Writes pipeline: a write hands its bytes (as one message of up to
+/// `chunk` bytes) to the runtime thread and returns while fewer than
+/// [`WRITE_WINDOW`](Self::WRITE_WINDOW) messages are in flight; past that, writes are gathered
+/// into a buffer of up to `chunk` bytes, and a write waits once that is
+/// full. The runtime thread sends the stream's messages one at a time in
+/// order, each even if the stream is dropped meanwhile. A failed send
+/// surfaces on a later `write`, `flush` or `close` (and every call after
+/// it fails too). `flush` sends what is buffered and waits for every
+/// message in flight; `close` / `shutdown` also sends the orderly end
+/// (the peer then reads EOF).
+///
+/// Reads keep one receive outstanding on the runtime thread: once a
+/// message is taken, the next is asked for, so at most one message is
+/// read ahead. The stream owns the connection's messages: nothing else
 /// should `send` or `receive` on it while the stream is in use.
 pub struct HandleStream {
     handle: RdmaHandle,
@@ -32,9 +44,17 @@ pub struct HandleStream {
     pos: usize,
     read_eof: bool,
     receiving: Option<BoxFuture<'static, Result<Vec<u8>, HandleError>>>,
+    /// The message read ahead, if it came while the reader was busy.
+    ahead: Option<Result<Vec<u8>, HandleError>>,
     /// Written bytes not yet sent.
     buffer: Vec<u8>,
-    sending: Option<BoxFuture<'static, Result<(), HandleError>>>,
+    /// A message waiting for room in the runtime thread's mailbox (at most
+    /// one, so that messages enter it in order).
+    queued: Option<Request>,
+    /// The answers of the messages handed over, oldest first.
+    in_flight: VecDeque<Answer<Reply>>,
+    /// The first failure of a send: every write after it fails.
+    failed: Option<(io::ErrorKind, String)>,
     /// The end was sent.
     closed: bool,
 }
@@ -45,6 +65,7 @@ impl std::fmt::Debug for HandleStream {
             .field("handle", &self.handle)
             .field("chunk", &self.chunk)
             .field("buffered", &self.buffer.len())
+            .field("in_flight", &self.in_flight.len())
             .field("read_eof", &self.read_eof)
             .finish_non_exhaustive()
     }
@@ -61,6 +82,12 @@ impl From<HandleError> for io::Error {
 }
 
 impl HandleStream {
+    /// Messages a stream hands to its runtime thread before it waits for
+    /// the oldest to complete: the write window (with the buffer being
+    /// gathered, at most `(WRITE_WINDOW + 1) * chunk` bytes are written and
+    /// not yet sent).
+    pub const WRITE_WINDOW: usize = 4;
+
     /// A stream sending messages of up to [`DEFAULT_STREAM_CHUNK`] bytes.
     pub fn new(handle: RdmaHandle) -> HandleStream {
         Self::with_chunk(handle, DEFAULT_STREAM_CHUNK)
@@ -77,8 +104,11 @@ impl HandleStream {
             pos: 0,
             read_eof: false,
             receiving: None,
+            ahead: None,
             buffer: Vec::new(),
-            sending: None,
+            queued: None,
+            in_flight: VecDeque::new(),
+            failed: None,
             closed: false,
         }
     }
@@ -86,6 +116,37 @@ impl HandleStream {
     /// The connection.
     pub fn handle(&self) -> &RdmaHandle {
         &self.handle
+    }
+
+    /// Messages handed to the runtime thread whose sends this stream has
+    /// not seen complete (at most [`WRITE_WINDOW`](Self::WRITE_WINDOW)).
+    pub fn sends_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Polls the outstanding receive.
+    fn poll_receive(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>, HandleError>> {
+        if let Some(r) = self.ahead.take() {
+            return Poll::Ready(r);
+        }
+        let h = self.handle.clone();
+        let fut = self
+            .receiving
+            .get_or_insert_with(|| Box::pin(async move { h.receive().await }));
+        let r = ready!(fut.as_mut().poll(cx));
+        self.receiving = None;
+        Poll::Ready(r)
+    }
+
+    /// Asks for the next message now (its answer is kept for the next
+    /// read), unless the stream ended or one is asked for already.
+    fn read_ahead(&mut self, cx: &mut Context<'_>) {
+        if self.read_eof || self.ahead.is_some() || self.receiving.is_some() {
+            return;
+        }
+        if let Poll::Ready(r) = self.poll_receive(cx) {
+            self.ahead = Some(r);
+        }
     }
 
     fn poll_read_into(&mut self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
@@ -96,18 +157,13 @@ impl HandleStream {
             if self.read_eof {
                 return Poll::Ready(Ok(0));
             }
-            let h = self.handle.clone();
-            let fut = self
-                .receiving
-                .get_or_insert_with(|| Box::pin(async move { h.receive().await }));
-            let msg = ready!(fut.as_mut().poll(cx));
-            self.receiving = None;
-            let msg = msg?;
+            let msg = ready!(self.poll_receive(cx))?;
             if msg.is_empty() {
                 self.read_eof = true;
             }
             self.current = msg;
             self.pos = 0;
+            self.read_ahead(cx);
         }
         let n = out.len().min(self.current.len() - self.pos);
         out[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
@@ -115,21 +171,63 @@ impl HandleStream {
         Poll::Ready(Ok(n))
     }
 
-    /// Polls the message in flight, if any.
-    fn poll_sending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(s) = &mut self.sending {
-            let r = ready!(s.as_mut().poll(cx));
-            self.sending = None;
-            r?;
+    /// The failure recorded, as an error for this call.
+    fn check_failed(&self) -> io::Result<()> {
+        match &self.failed {
+            Some((kind, msg)) => Err(io::Error::new(*kind, msg.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failed send (the first one) and returns it.
+    fn fail(&mut self, e: HandleError) -> io::Error {
+        let e = io::Error::from(e);
+        let msg = format!("a stream message handed to the runtime thread was not sent: {e}");
+        self.failed.get_or_insert((e.kind(), msg));
+        self.check_failed().unwrap_err()
+    }
+
+    /// Moves the sends along: the queued message into the mailbox, and the
+    /// completed answers off the front. `Ready` once no message waits for
+    /// room; the first failure is returned (and kept).
+    fn poll_progress(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.check_failed()?;
+        while let Some(a) = self.in_flight.front_mut() {
+            let Poll::Ready(r) = Pin::new(a).poll(cx) else {
+                break;
+            };
+            let a = self.in_flight.pop_front().expect("polled above");
+            self.handle.conn.slots.give_back(a);
+            if let Err(e) = self.handle.answered(r) {
+                return Poll::Ready(Err(self.fail(e)));
+            }
+        }
+        if self.queued.is_some() {
+            if let Err(_refused) = ready!(self.handle.conn.tx.poll_send(cx, &mut self.queued)) {
+                let e = self.handle.refused_error();
+                return Poll::Ready(Err(self.fail(e)));
+            }
         }
         Poll::Ready(Ok(()))
     }
 
-    /// Sends `data` as the message in flight (none may be).
-    fn start_send(&mut self, data: Vec<u8>) {
-        debug_assert!(self.sending.is_none());
-        let h = self.handle.clone();
-        self.sending = Some(Box::pin(async move { h.send(data).await }));
+    /// Whether another message can be handed over now.
+    fn has_room(&self) -> bool {
+        self.queued.is_none() && self.in_flight.len() < Self::WRITE_WINDOW
+    }
+
+    /// Hands `data` over as the next message (there is room).
+    fn start_send(&mut self, cx: &mut Context<'_>, data: Vec<u8>) -> io::Result<()> {
+        debug_assert!(self.has_room());
+        let (done, answer) = self.handle.conn.slots.pair();
+        self.queued = Some(Request::SendInOrder { data, done });
+        self.in_flight.push_back(answer);
+        // Into the mailbox now if it has room; either way, registered to
+        // be woken.
+        match self.poll_progress(cx) {
+            Poll::Ready(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     fn poll_write_from(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
@@ -142,42 +240,40 @@ impl HandleStream {
         if data.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        // Idle with bytes buffered (a full buffer that waited for the
-        // message in flight): they go first.
-        let idle = loop {
-            let idle = self.poll_sending(cx)?.is_ready();
-            if idle && !self.buffer.is_empty() {
-                let full = std::mem::take(&mut self.buffer);
-                self.start_send(full);
-                continue;
-            }
-            break idle;
-        };
+        let _ = self.poll_progress(cx)?;
+        // Bytes gathered while the window was full go first.
+        if !self.buffer.is_empty() && self.has_room() {
+            let full = std::mem::take(&mut self.buffer);
+            self.start_send(cx, full)?;
+        }
         let room = self.chunk - self.buffer.len();
         if room == 0 {
-            // Full, and a message is in flight, polled above: its
-            // completion wakes us.
+            // Full, and the window too: a completion (or mailbox room),
+            // registered above, wakes us.
             return Poll::Pending;
         }
         let n = room.min(data.len());
-        self.buffer.extend_from_slice(&data[..n]);
-        if idle {
-            let full = std::mem::take(&mut self.buffer);
-            self.start_send(full);
-            // Register for its completion.
-            let _ = self.poll_sending(cx)?;
+        if self.buffer.is_empty() && self.has_room() {
+            self.start_send(cx, data[..n].to_vec())?;
+        } else {
+            self.buffer.extend_from_slice(&data[..n]);
         }
         Poll::Ready(Ok(n))
     }
 
     fn poll_flush_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            ready!(self.poll_sending(cx))?;
-            if self.buffer.is_empty() {
+            ready!(self.poll_progress(cx))?;
+            if !self.buffer.is_empty() && self.has_room() {
+                let full = std::mem::take(&mut self.buffer);
+                self.start_send(cx, full)?;
+                continue;
+            }
+            if self.buffer.is_empty() && self.in_flight.is_empty() {
                 return Poll::Ready(Ok(()));
             }
-            let full = std::mem::take(&mut self.buffer);
-            self.start_send(full);
+            // Waiting for a completion, registered by `poll_progress`.
+            return Poll::Pending;
         }
     }
 
@@ -185,9 +281,9 @@ impl HandleStream {
         if !self.closed {
             ready!(self.poll_flush_all(cx))?;
             self.closed = true;
-            self.start_send(Vec::new());
+            self.start_send(cx, Vec::new())?;
         }
-        self.poll_sending(cx)
+        self.poll_flush_all(cx)
     }
 }
 
