@@ -70,8 +70,12 @@ fn a_steady_flow_of_sends_allocates_nothing_per_send() {
         mine <= 8,
         "{mine} allocations on the calling thread for {MEASURED} sends"
     );
+    // The runtime thread's queues grow as used (the soft device's QP and CQ
+    // queues, the memory pool's chunks double): each growth is one
+    // allocation, a few dozen at most, reached later when a slow run (ASan)
+    // lets a deeper queue build up. One allocation per send would be 2,000.
     assert!(
-        on_pool <= 8,
+        on_pool <= 32,
         "{on_pool} allocations on the runtime thread for {MEASURED} sends"
     );
     drop(h);
