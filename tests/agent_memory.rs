@@ -63,6 +63,19 @@ fn write_read_atomics_and_slices_on_a_requested_region() {
         assert_eq!(r.compare_and_swap(&word, 5, 42).await.unwrap(), 5);
         assert_eq!(r.compare_and_swap(&word, 5, 7).await.unwrap(), 42);
         assert_eq!(r.fetch_and_add(&word, 0).await.unwrap(), 42);
+        // A misaligned or wrong-sized word fails the call, before anything
+        // is posted, and the connection goes on.
+        for bad in [remote.get(4..12).unwrap(), remote.get(8..24).unwrap()] {
+            assert!(matches!(
+                r.fetch_and_add(&bad, 1).await,
+                Err(AgentError::Verb(verbio::ops::Error::BadAtomicTarget { .. }))
+            ));
+            assert!(matches!(
+                r.compare_and_swap(&bad, 0, 1).await,
+                Err(AgentError::Verb(verbio::ops::Error::BadAtomicTarget { .. }))
+            ));
+        }
+        assert_eq!(r.fetch_and_add(&word, 0).await.unwrap(), 42);
         r.release(remote).await.unwrap();
         r.send(b"bye").await.unwrap();
     });

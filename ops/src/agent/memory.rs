@@ -330,32 +330,48 @@ impl Rdma {
         })
     }
 
-    /// 64-bit compare-and-swap on `remote` (an 8-byte, 8-aligned view);
-    /// returns the previous value.
+    /// An atomic's target, checked before anything is posted: a view
+    /// that is not 8 bytes at an 8-byte aligned address fails the call
+    /// ([`Error::BadAtomicTarget`](crate::Error::BadAtomicTarget)), not
+    /// the connection.
+    fn atomic_target(op: &'static str, remote: &RemoteMr) -> Result<RemoteBuf, AgentError> {
+        let target = remote.remote_buf();
+        if target.len() != 8 || target.addr() & 7 != 0 {
+            return Err(AgentError::Verb(crate::Error::BadAtomicTarget {
+                op,
+                addr: target.addr(),
+                len: target.len(),
+            }));
+        }
+        Ok(target)
+    }
+
+    /// 64-bit compare-and-swap on `remote` (an 8-byte, 8-aligned view;
+    /// another view fails the call, not the connection); returns the
+    /// previous value.
     pub async fn compare_and_swap(
         &self,
         remote: &RemoteMr,
         compare: u64,
         swap: u64,
     ) -> Result<u64, AgentError> {
+        let target = Self::atomic_target("compare_and_swap", remote)?;
         let buf = self.word_buf()?;
         let (r, _) = self
             .shared
             .qp
-            .compare_and_swap(buf, remote.remote_buf(), compare, swap)
+            .compare_and_swap(buf, target, compare, swap)
             .await;
         self.shared.verb_result(r)
     }
 
-    /// 64-bit fetch-and-add on `remote` (an 8-byte, 8-aligned view);
-    /// returns the previous value.
+    /// 64-bit fetch-and-add on `remote` (an 8-byte, 8-aligned view, as
+    /// for [`compare_and_swap`](Self::compare_and_swap)); returns the
+    /// previous value.
     pub async fn fetch_and_add(&self, remote: &RemoteMr, add: u64) -> Result<u64, AgentError> {
+        let target = Self::atomic_target("fetch_and_add", remote)?;
         let buf = self.word_buf()?;
-        let (r, _) = self
-            .shared
-            .qp
-            .fetch_and_add(buf, remote.remote_buf(), add)
-            .await;
+        let (r, _) = self.shared.qp.fetch_and_add(buf, target, add).await;
         self.shared.verb_result(r)
     }
 

@@ -15,6 +15,11 @@
 //! `receive` (one that has already taken a message when its future is
 //! dropped loses it, as with any cancelled receive).
 //!
+//! Immediates ([`RdmaHandle::send_with_imm`],
+//! [`RdmaHandle::write_with_imm`]) and remote atomics
+//! ([`RdmaHandle::compare_and_swap`], [`RdmaHandle::fetch_and_add`]) go the
+//! same way.
+//!
 //! [`HandleStream`] is a `Send` byte stream over a handle (`futures::io`
 //! and, with the `tokio` feature, `tokio::io` traits), compatible with
 //! [`RdmaStream`](crate::agent::RdmaStream) on the other end.

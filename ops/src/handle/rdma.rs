@@ -7,7 +7,7 @@ use std::sync::Arc;
 use verbio_runtime::pool::{MailSender, Placement, Pool, SlotCache, ThreadContext, ThreadRef};
 
 use super::remote::RemoteMrHandle;
-use super::serve::{start, Done, Reply, Request};
+use super::serve::{start, AtomicOp, Done, Reply, Request};
 use super::HandleError;
 use crate::agent::wire::MrToken;
 use crate::agent::{AgentError, CloseReason, Rdma, RdmaBuilder};
@@ -123,17 +123,41 @@ impl RdmaHandle {
 
     /// Sends `data` as one message ([`Rdma::send`]).
     pub async fn send(&self, data: Vec<u8>) -> Result<(), HandleError> {
-        self.call(|done| Request::Send { data, done })
-            .await
-            .map(drop)
+        self.call(|done| Request::Send {
+            data,
+            imm: None,
+            done,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Sends `data` as one message with a 32-bit immediate
+    /// ([`Rdma::send_with_imm`]), received by
+    /// [`receive_with_imm`](Self::receive_with_imm).
+    pub async fn send_with_imm(&self, data: Vec<u8>, imm: u32) -> Result<(), HandleError> {
+        self.call(|done| Request::Send {
+            data,
+            imm: Some(imm),
+            done,
+        })
+        .await
+        .map(drop)
     }
 
     /// The next message ([`Rdma::receive`]). Receives are served in the
     /// order they were asked for.
     pub async fn receive(&self) -> Result<Vec<u8>, HandleError> {
+        Ok(self.receive_with_imm().await?.0)
+    }
+
+    /// The next message and its immediate, `None` if it was sent without
+    /// one ([`Rdma::receive_with_imm`]). Served in order with
+    /// [`receive`](Self::receive)s.
+    pub async fn receive_with_imm(&self) -> Result<(Vec<u8>, Option<u32>), HandleError> {
         match self.call(|done| Request::Receive { done }).await? {
-            Done::Bytes(b) => Ok(b),
-            _ => unreachable!("a receive is answered with bytes"),
+            Done::Message(m, imm) => Ok((m, imm)),
+            _ => unreachable!("a receive is answered with a message"),
         }
     }
 
@@ -154,16 +178,115 @@ impl RdmaHandle {
         offset: u64,
         data: Vec<u8>,
     ) -> Result<(), HandleError> {
-        self.check_remote("write", remote, offset, data.len() as u64)?;
+        self.write_imm("write", remote, offset, data, None).await
+    }
+
+    /// RDMA WRITE with immediate of `data` at `offset` in `remote`
+    /// ([`Rdma::write_with_imm`]): the peer's
+    /// [`receive_write_imm`](Self::receive_write_imm) (or
+    /// [`Rdma::receive_write_imm`]) gets `imm` once the bytes are there.
+    pub async fn write_with_imm(
+        &self,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        data: Vec<u8>,
+        imm: u32,
+    ) -> Result<(), HandleError> {
+        self.write_imm("write_with_imm", remote, offset, data, Some(imm))
+            .await
+    }
+
+    async fn write_imm(
+        &self,
+        what: &'static str,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        data: Vec<u8>,
+        imm: Option<u32>,
+    ) -> Result<(), HandleError> {
+        self.check_remote(what, remote, offset, data.len() as u64)?;
         let remote = remote.entry.clone();
         self.call(|done| Request::Write {
             remote,
             offset,
             data,
+            imm,
             done,
         })
         .await
         .map(drop)
+    }
+
+    /// The immediate of the peer's next WRITE_WITH_IMM
+    /// ([`Rdma::receive_write_imm`]). Cancel-safe: dropped while waiting,
+    /// it leaves the immediate for the next call.
+    pub async fn receive_write_imm(&self) -> Result<u32, HandleError> {
+        match self.call(|done| Request::ReceiveWriteImm { done }).await? {
+            Done::Word(imm) => Ok(imm as u32),
+            _ => unreachable!("a WRITE's immediate is answered with a word"),
+        }
+    }
+
+    /// 64-bit compare-and-swap on the 8 bytes at `offset` in `remote`
+    /// ([`Rdma::compare_and_swap`]): if the word equals `compare` it
+    /// becomes `swap`. Returns the word's previous value. The word must be
+    /// 8-byte aligned in the peer's memory (a misaligned one fails the
+    /// call, not the connection).
+    pub async fn compare_and_swap(
+        &self,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, HandleError> {
+        self.atomic(
+            "compare_and_swap",
+            remote,
+            offset,
+            AtomicOp::CompareAndSwap { compare, swap },
+        )
+        .await
+    }
+
+    /// 64-bit fetch-and-add (wrapping) on the 8 bytes at `offset` in
+    /// `remote` ([`Rdma::fetch_and_add`]); returns the word's previous
+    /// value. Aligned as for [`compare_and_swap`](Self::compare_and_swap).
+    pub async fn fetch_and_add(
+        &self,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        add: u64,
+    ) -> Result<u64, HandleError> {
+        self.atomic(
+            "fetch_and_add",
+            remote,
+            offset,
+            AtomicOp::FetchAndAdd { add },
+        )
+        .await
+    }
+
+    async fn atomic(
+        &self,
+        what: &'static str,
+        remote: &RemoteMrHandle,
+        offset: u64,
+        op: AtomicOp,
+    ) -> Result<u64, HandleError> {
+        self.check_remote(what, remote, offset, 8)?;
+        let remote = remote.entry.clone();
+        match self
+            .call(|done| Request::Atomic {
+                remote,
+                offset,
+                op,
+                done,
+            })
+            .await?
+        {
+            Done::Word(w) => Ok(w),
+            _ => unreachable!("an atomic is answered with a word"),
+        }
     }
 
     /// RDMA READ of `len` bytes at `offset` in `remote`.

@@ -33,6 +33,10 @@ pub(crate) type Reply = Result<Done, HandleError>;
 pub(crate) enum Done {
     Unit,
     Bytes(Vec<u8>),
+    /// A message and its immediate.
+    Message(Vec<u8>, Option<u32>),
+    /// An atomic's previous value, or a WRITE's immediate.
+    Word(u64),
     Remote(RemoteMrHandle),
     Token(MrToken),
     Tagged(Box<Done>, u64),
@@ -42,6 +46,7 @@ pub(crate) enum Done {
 pub(crate) enum Request {
     Send {
         data: Vec<u8>,
+        imm: Option<u32>,
         done: Completer<Reply>,
     },
     Receive {
@@ -61,6 +66,18 @@ pub(crate) enum Request {
         remote: Arc<RemoteEntry>,
         offset: u64,
         data: Vec<u8>,
+        imm: Option<u32>,
+        done: Completer<Reply>,
+    },
+    /// A 64-bit atomic on the word at `offset`.
+    Atomic {
+        remote: Arc<RemoteEntry>,
+        offset: u64,
+        op: AtomicOp,
+        done: Completer<Reply>,
+    },
+    /// The immediate of the peer's next WRITE_WITH_IMM.
+    ReceiveWriteImm {
         done: Completer<Reply>,
     },
     Read {
@@ -95,6 +112,13 @@ pub(crate) enum Request {
     Release {
         id: u64,
     },
+}
+
+/// A remote atomic's operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AtomicOp {
+    CompareAndSwap { compare: u64, swap: u64 },
+    FetchAndAdd { add: u64 },
 }
 
 /// Starts serving `rdma` on this (a pool) thread; returns its handle.
@@ -224,11 +248,14 @@ impl Serve<Request> for Server {
     /// operation is done.
     async fn serve(self: &Rc<Self>, req: Request) {
         match req {
-            Request::Send { data, done } => {
+            Request::Send { data, imm, done } => {
                 if done.is_abandoned() {
                     return;
                 }
-                let r = self.rdma.send(&data).await;
+                let r = match imm {
+                    None => self.rdma.send(&data).await,
+                    Some(imm) => self.rdma.send_with_imm(&data, imm).await,
+                };
                 done.complete(r.map_err(HandleError::from).map(|()| Done::Unit));
             }
             Request::AskRemote { len, done } => {
@@ -245,13 +272,37 @@ impl Serve<Request> for Server {
                 remote,
                 offset,
                 data,
+                imm,
                 done,
             } => {
                 if done.is_abandoned() {
                     return;
                 }
-                let r = self.write(&remote, offset, &data).await;
+                let r = self.write(&remote, offset, &data, imm).await;
                 done.complete(r.map(|()| Done::Unit));
+            }
+            Request::Atomic {
+                remote,
+                offset,
+                op,
+                done,
+            } => {
+                if done.is_abandoned() {
+                    return;
+                }
+                let r = self.atomic(&remote, offset, op).await;
+                done.complete(r.map(Done::Word));
+            }
+            Request::ReceiveWriteImm { done } => {
+                let r = self
+                    .until_abandoned_or_closed(&done, self.rdma.receive_write_imm())
+                    .await;
+                if let Some(r) = r {
+                    done.complete(
+                        r.map_err(HandleError::from)
+                            .map(|imm| Done::Word(imm.into())),
+                    );
+                }
             }
             Request::Read {
                 remote,
@@ -381,13 +432,35 @@ impl Server {
         entry: &RemoteEntry,
         offset: u64,
         data: &[u8],
+        imm: Option<u32>,
     ) -> Result<(), HandleError> {
         let view = self
             .view(entry, offset, data.len())
             .ok_or(HandleError::GrantGone)?;
         let mut local = self.rdma.alloc_local_mr(data.len())?;
         local.copy_from_slice(data);
-        let (r, _local) = self.rdma.write(local, &view).await;
+        let (r, _local) = match imm {
+            None => self.rdma.write(local, &view).await,
+            Some(imm) => self.rdma.write_with_imm(local, &view, imm).await,
+        };
+        Ok(r?)
+    }
+
+    /// The atomic `op` on the 8 bytes at `offset` of the grant `entry`;
+    /// the word's previous value.
+    async fn atomic(
+        &self,
+        entry: &RemoteEntry,
+        offset: u64,
+        op: AtomicOp,
+    ) -> Result<u64, HandleError> {
+        let word = self.view(entry, offset, 8).ok_or(HandleError::GrantGone)?;
+        let r = match op {
+            AtomicOp::CompareAndSwap { compare, swap } => {
+                self.rdma.compare_and_swap(&word, compare, swap).await
+            }
+            AtomicOp::FetchAndAdd { add } => self.rdma.fetch_and_add(&word, add).await,
+        };
         Ok(r?)
     }
 
@@ -452,7 +525,7 @@ impl Server {
                 continue;
             }
             let received = {
-                let receive = pin!(self.rdma.receive());
+                let receive = pin!(self.rdma.receive_with_imm());
                 let stop = pin!(async {
                     let closed = std::future::poll_fn(|cx| self.poll_closed(cx));
                     select(pin!(done.abandoned()), pin!(closed)).await;
@@ -463,7 +536,10 @@ impl Server {
                 }
             };
             match received {
-                Some(r) => done.complete(r.map_err(HandleError::from).map(Done::Bytes)),
+                Some(r) => done.complete(
+                    r.map_err(HandleError::from)
+                        .map(|(m, imm)| Done::Message(m, imm)),
+                ),
                 None if self.closed.get() => {
                     done.complete(Err(AgentError::Closed(CloseReason::Local).into()))
                 }
