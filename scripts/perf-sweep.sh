@@ -47,7 +47,10 @@
 #                  compares like with like (docs/benchmarks.md). In the
 #                  rxe guest on a loaded host, latencies follow the host's
 #                  scheduling of the vCPU threads (steps of milliseconds)
-#                  whatever the placement
+#                  whatever the placement. With --rxe, same is refused
+#                  unless --rdma-flags sets --busy-poll: there each
+#                  process busy-polls 50 ms before it sleeps, so two on
+#                  one CPU measure the scheduler's time slice
 #
 # A path that cannot carry a size (or fails, or times out) is printed as
 # n/a with the reason; the sweep goes on. The ratios are slowdowns: a
@@ -109,6 +112,15 @@ for t in ${TESTS//,/ }; do
 done
 case $STAT in median|best) ;; *) die "--stat takes median or best" ;; esac
 case $PLACEMENT in free|same|split) ;; *) die "--placement takes free, same or split" ;; esac
+# On rxe verbio-perf busy-polls the CQ for 50 ms before it sleeps (perftest
+# does too), so two processes on one CPU each spin out their time slice while
+# the other waits: every latency reads as the scheduler's slice (8 ms seen).
+if [ "$RXE" = 1 ] && [ "$PLACEMENT" = same ]; then
+    case " $RDMA_FLAGS " in
+        *--busy-poll*) ;;
+        *) die "--rxe --placement same: both processes would busy-poll one CPU and measure the scheduler's time slice; use --placement split, or add --rdma-flags '--busy-poll 0'" ;;
+    esac
+fi
 case $ROUNDS in ''|*[!0-9]*|0) die "--rounds takes a count" ;; esac
 case $WINDOW in ''|*[!0-9]*|0) die "--window takes a count" ;; esac
 case $LIMIT in ''|*[!0-9]*|0) die "--limit takes seconds" ;; esac
