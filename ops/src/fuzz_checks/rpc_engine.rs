@@ -145,7 +145,7 @@ fn turn(c: &mut Core<u32>, packet: &[u8]) {
         .collect();
     for job in jobs {
         let resp = MsgBuf::from(job.request.data().to_vec());
-        c.respond(job.session, job.slot, job.req_num, resp);
+        c.respond(job.id.session, job.id.slot, job.id.req_num, resp);
     }
     c.run_pumps();
     c.send_acks();

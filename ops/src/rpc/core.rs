@@ -2,6 +2,7 @@
 //! live in `client.rs` and `server.rs`, the timer in `timer.rs`.
 
 use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 use std::task::Waker;
 
 use tracing::trace;
@@ -12,6 +13,7 @@ use super::buf::BufPool;
 use super::config::RpcConfig;
 use super::endpoint::Request;
 use super::header::{Header, PacketKind, HEADER_LEN};
+use super::runner::{JobId, Runner};
 use super::session::{Role, Session, SessionState};
 use super::table::SessionTable;
 use super::transport::TxBatch;
@@ -100,20 +102,31 @@ pub(crate) struct ReadTarget {
 
 /// A request waiting for a handler task.
 pub(crate) struct Job {
-    pub(crate) session: u32,
-    pub(crate) slot: usize,
-    pub(crate) req_num: u64,
+    pub(crate) id: JobId,
     pub(crate) request: Request,
 }
 
+/// A handler task waiting for work: its waker and its future slot.
+pub(crate) type IdleRunner = (Waker, Rc<dyn Runner>);
+
+/// A request to start in an idle handler task's slot (`runner.rs`), by
+/// the dispatcher once it holds no borrow of the engine.
+pub(crate) struct Start {
+    pub(crate) job: Job,
+    pub(crate) req_type: u8,
+    pub(crate) runner: IdleRunner,
+}
+
 /// A handler run inside the dispatcher ([`Rpc::register_inline`](super::Rpc::register_inline)).
-pub(crate) type InlineHandler = std::rc::Rc<dyn Fn(Request) -> super::MsgBuf>;
+pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> super::MsgBuf>;
 
 /// The queue of one request type's handler tasks (or its inline handler).
 #[derive(Default)]
 pub(crate) struct HandlerQueue {
+    /// Requests no handler task was idle for: the next task to finish
+    /// takes them.
     pub(crate) jobs: VecDeque<Job>,
-    pub(crate) idle: Vec<Waker>,
+    pub(crate) idle: Vec<IdleRunner>,
     /// Run by the dispatcher as each request completes, no task.
     pub(crate) inline: Option<InlineHandler>,
 }
@@ -150,6 +163,9 @@ pub(crate) struct Core<P> {
     pub(crate) acks: Vec<super::server::PendingAck>,
     pub(crate) pool: BufPool,
     pub(crate) handlers: Vec<Option<HandlerQueue>>,
+    /// Requests to start in idle handler tasks' slots at the end of this
+    /// receive batch (`Engine::start_handlers`).
+    pub(crate) starts: VecDeque<Start>,
     /// Requests given to handler tasks (queued or being handled) and not
     /// answered yet: the last one answered sends the responses at once
     /// (`Engine::flush_after_handler`).
@@ -221,6 +237,7 @@ impl<P: Clone> Core<P> {
             acks: Vec::new(),
             pumps: Vec::new(),
             handlers: (0..256).map(|_| None).collect(),
+            starts: VecDeque::new(),
             jobs_open: 0,
             stats: RpcStats::default(),
             now: 0,

@@ -2,9 +2,6 @@
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
-use futures::FutureExt;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
@@ -22,6 +19,8 @@ use super::core::{Core, HandlerQueue, Job, RpcMemory, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{HEADER_LEN, MAX_PACKET, MIN_PACKET};
 use super::idle::SWEEPS_PER_TIMEOUT;
+use super::runner::{HandlerRunner, Runner};
+use super::server::Work;
 use super::session::{Role, Session, SessionState};
 use super::timer::TICKS_PER_RTO;
 use super::transport::Transport;
@@ -142,32 +141,63 @@ impl<T: Transport> Engine<T> {
         core.accept_connects(|addr| transport.resolve(addr));
     }
 
-    /// The dispatcher: receives, answers, runs the retransmission timer.
-    fn poll_dispatch(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        match &mut self.core.dispatcher {
+    /// Receives one batch: hands each packet to the engine, polls the
+    /// READs, answers connects. Whether to go on (the transport may have
+    /// more).
+    fn recv_batch(&mut self, cx: &mut Context<'_>) -> bool {
+        let Engine { transport, core } = self;
+        let batch = core.config.recv_batch;
+        let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
+        core.poll_bulk(cx);
+        let drained = transport.short_batch_registers();
+        self.accept_connects();
+        match got {
+            // Fewer than asked for: the transport is drained and
+            // wakes this task for the next packet.
+            Poll::Ready(Ok(n)) if n < batch && drained => false,
+            Poll::Ready(Ok(n)) => n > 0,
+            Poll::Ready(Err(error)) => {
+                warn!(%error, "rpc: receive failed");
+                false
+            }
+            Poll::Pending => false,
+        }
+    }
+
+    /// Starts the requests queued for idle handler tasks in their slots
+    /// (`runner.rs`), with no borrow of the engine held while a handler
+    /// runs (it may use the endpoint: call another server, say).
+    fn start_handlers(engine: &RefCell<Engine<T>>) {
+        loop {
+            let Some(start) = engine.borrow_mut().core.starts.pop_front() else {
+                return;
+            };
+            let super::core::Start {
+                job: Job { id, request },
+                req_type,
+                runner,
+            } = start;
+            let outcome = runner.1.start(request, &mut Context::from_waker(&runner.0));
+            engine
+                .borrow_mut()
+                .core
+                .started(id, req_type, runner, outcome);
+        }
+    }
+
+    /// The dispatcher: receives, answers, starts handlers.
+    fn poll_dispatch(engine: &RefCell<Engine<T>>, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut engine.borrow_mut().core.dispatcher {
             Some(w) if w.will_wake(cx.waker()) => {}
             w => *w = Some(cx.waker().clone()),
         }
         let mut rounds = 0;
         loop {
-            let Engine { transport, core } = self;
-            let batch = core.config.recv_batch;
-            let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
-            core.poll_bulk(cx);
-            let drained = transport.short_batch_registers();
-            self.accept_connects();
-            self.flush();
-            match got {
-                // Fewer than asked for: the transport is drained and
-                // wakes this task for the next packet.
-                Poll::Ready(Ok(n)) if n < batch && drained => break,
-                Poll::Ready(Ok(n)) if n > 0 => {}
-                Poll::Ready(Ok(_)) => break,
-                Poll::Ready(Err(error)) => {
-                    warn!(%error, "rpc: receive failed");
-                    break;
-                }
-                Poll::Pending => break,
+            let more = engine.borrow_mut().recv_batch(cx);
+            Self::start_handlers(engine);
+            engine.borrow_mut().flush();
+            if !more {
+                break;
             }
             rounds += 1;
             if rounds == 8 {
@@ -252,7 +282,7 @@ impl<T: Transport> Drop for Engine<T> {
             w.wake();
         }
         for queue in self.core.handlers.iter_mut().flatten() {
-            for w in queue.idle.drain(..) {
+            for (w, _) in queue.idle.drain(..) {
                 w.wake();
             }
         }
@@ -361,7 +391,7 @@ impl<T: Transport> Rpc<T> {
         let engine = Rc::new(RefCell::new(Engine { transport, core }));
         let weak = Rc::downgrade(&engine);
         verbio_runtime::spawn(poll_fn(move |cx| match weak.upgrade() {
-            Some(e) => e.borrow_mut().poll_dispatch(cx),
+            Some(e) => Engine::poll_dispatch(&e, cx),
             None => Poll::Ready(()),
         }));
         let weak = Rc::downgrade(&engine);
@@ -407,6 +437,12 @@ impl<T: Transport> Rpc<T> {
     /// [`handler_tasks`](RpcConfig::handler_tasks) tasks on the runtime;
     /// each request's response is sent when its handler's future completes.
     ///
+    /// The dispatcher starts each request's future in an idle task's slot
+    /// and polls it once (with that task's waker, holding no borrow of the
+    /// endpoint): a future ready at once is answered there and then, with
+    /// no task run; one that waits is polled on by its task. Requests
+    /// beyond the tasks wait for one to finish.
+    ///
     /// Fails with [`RpcError::HandlerExists`] (and changes nothing) if
     /// `req_type` has a handler already.
     pub fn register<H, F>(&self, req_type: u8, handler: H) -> Result<(), RpcError>
@@ -426,32 +462,36 @@ impl<T: Transport> Rpc<T> {
         let handler = Rc::new(handler);
         for _ in 0..tasks {
             let weak = Rc::downgrade(&self.engine);
-            let handler = handler.clone();
+            let runner: Rc<dyn Runner> = Rc::new(HandlerRunner::new(handler.clone()));
             verbio_runtime::spawn(async move {
-                while let Some(job) = poll_fn(|cx| match weak.upgrade() {
-                    Some(e) => e.borrow_mut().core.poll_job(req_type, cx),
+                // Idle here until the dispatcher starts a request in this
+                // task's slot; most finish then, answered by the
+                // dispatcher, and this task never runs for them.
+                while let Some(work) = poll_fn(|cx| match weak.upgrade() {
+                    Some(e) => e.borrow_mut().core.poll_work(req_type, &runner, cx),
                     None => Poll::Ready(None),
                 })
                 .await
                 {
-                    let Job {
-                        session,
-                        slot,
-                        req_num,
-                        request,
-                    } = job;
-                    // A panicking handler fails its call, not this task.
-                    let resp = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
-                        Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
-                        Err(panic) => Err(panic),
+                    let (id, outcome) = match work {
+                        Work::Resume(id) => (id, poll_fn(|cx| runner.resume(cx)).await),
+                        Work::Start(Job { id, request }) => {
+                            let mut request = Some(request);
+                            let outcome = poll_fn(|cx| match request.take() {
+                                Some(request) => runner.start(request, cx),
+                                None => runner.resume(cx),
+                            })
+                            .await;
+                            (id, outcome)
+                        }
                     };
                     let Some(e) = weak.upgrade() else {
                         return;
                     };
                     let mut e = e.borrow_mut();
-                    match resp {
-                        Ok(resp) => e.core.respond(session, slot, req_num, resp),
-                        Err(_) => e.core.handler_panicked(session, slot, req_num),
+                    match outcome {
+                        Ok(resp) => e.core.respond(id.session, id.slot, id.req_num, resp),
+                        Err(()) => e.core.handler_panicked(id.session, id.slot, id.req_num),
                     }
                     e.flush_after_handler();
                 }

@@ -37,9 +37,10 @@ fn server(net: &MemNetwork) -> (Rpc<super::mem::MemTransport>, u32) {
     (Rpc::new(transport, quiet()), id)
 }
 
-/// A `register`ed handler answering the only request open sends its
-/// response itself, in one transport call, before any other task runs
-/// (not by waking the dispatcher to flush), and nothing more is sent.
+/// A `register`ed handler answering the only request open has its
+/// response sent in one transport call before any other task runs (by the
+/// dispatcher that started it, or by its task if it waited; not by waking
+/// the dispatcher again to flush), and nothing more is sent.
 #[test]
 fn the_last_open_handler_sends_its_response_in_one_transport_call() {
     let rt = Runtime::new().unwrap();
@@ -47,8 +48,8 @@ fn the_last_open_handler_sends_its_response_in_one_transport_call() {
         let net = MemNetwork::new(31, 4096);
         let (srv, srv_id) = server(&net);
         // The probe task, woken by the handler as it finishes: it runs
-        // right after the handler task's turn, before the dispatcher
-        // would (the run queue is first in, first out).
+        // right after the turn that ran the handler, before a dispatcher
+        // woken to flush would (the run queue is first in, first out).
         let probe: Rc<RefCell<Option<Waker>>> = Rc::default();
         let at_handler = Rc::new(Cell::new(None));
         let at_probe = Rc::new(Cell::new(None));
@@ -94,7 +95,7 @@ fn the_last_open_handler_sends_its_response_in_one_transport_call() {
         assert_eq!(
             at_probe.get(),
             Some(before + 1),
-            "the handler task sent the response itself, before the next task ran"
+            "the response left in the handler's turn, before the next task ran"
         );
         assert_eq!(
             net.send_calls(srv_id),

@@ -88,6 +88,7 @@ pub mod header;
 mod idle;
 pub mod mem;
 pub(crate) mod mem_bulk;
+mod runner;
 mod server;
 pub(crate) mod session;
 mod table;
@@ -118,5 +119,7 @@ mod bulk_tests;
 mod flush_tests;
 #[cfg(test)]
 mod header_tests;
+#[cfg(test)]
+mod runner_tests;
 #[cfg(test)]
 mod tests;

@@ -2,18 +2,28 @@
 //! requests to handler tasks, and sending (and resending) responses.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use tracing::{error, trace, warn};
 
 use super::budget::{Budget, Charge};
 use super::buf::MsgBuf;
-use super::core::{open_session, Core, Job, RpcStats};
+use super::core::{open_session, Core, IdleRunner, Job, RpcStats, Start};
 use super::endpoint::Request;
 use super::error::SessionId;
 use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN, MAX_RANGE};
+use super::runner::{JobId, Outcome, Runner};
 use super::session::{Role, ServeState, ServerSlot, SESSION_SLOTS};
 use super::transport::TxBatch;
+
+/// What a handler task does next ([`Core::poll_work`]).
+pub(crate) enum Work {
+    /// Polls the future the dispatcher left waiting in its slot.
+    Resume(JobId),
+    /// Starts a request that was queued while every task was busy.
+    Start(Job),
+}
 
 /// Sends a credit return for request packet `idx` of `slot`.
 fn send_credit_return<P: Clone>(
@@ -340,30 +350,90 @@ impl<P: Clone> Core<P> {
             }
             return;
         }
-        self.jobs_open += 1;
-        queue.jobs.push_back(Job {
-            session: sid,
-            slot: i,
-            req_num,
+        let job = Job {
+            id: JobId {
+                session: sid,
+                slot: i,
+                req_num,
+            },
             request,
-        });
-        if let Some(w) = queue.idle.pop() {
-            w.wake();
+        };
+        match queue.idle.pop() {
+            // Started in that task's slot once the dispatcher holds no
+            // borrow of the engine (`Engine::start_handlers`).
+            Some(runner) => self.starts.push_back(Start {
+                job,
+                req_type: slot.req_type,
+                runner,
+            }),
+            // Every task is busy: the next one to finish takes it.
+            None => {
+                self.jobs_open += 1;
+                queue.jobs.push_back(job);
+            }
         }
     }
 
-    /// A handler task takes the next request of `req_type`.
-    pub(crate) fn poll_job(&mut self, req_type: u8, cx: &mut Context<'_>) -> Poll<Option<Job>> {
+    /// A handler task waits for work: a future the dispatcher started in
+    /// its slot and left waiting (`Resume`), or a request queued while
+    /// every task was busy (`Start`); else it is idle, and the dispatcher
+    /// starts the next request in its slot with its waker.
+    pub(crate) fn poll_work(
+        &mut self,
+        req_type: u8,
+        runner: &Rc<dyn Runner>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Work>> {
+        if let Some(id) = runner.waiting().take() {
+            return Poll::Ready(Some(Work::Resume(id)));
+        }
         let Some(queue) = self.handlers[usize::from(req_type)].as_mut() else {
             return Poll::Ready(None);
         };
         if let Some(job) = queue.jobs.pop_front() {
-            return Poll::Ready(Some(job));
+            return Poll::Ready(Some(Work::Start(job)));
         }
-        if !queue.idle.iter().any(|w| w.will_wake(cx.waker())) {
-            queue.idle.push(cx.waker().clone());
+        if !queue.idle.iter().any(|(w, _)| w.will_wake(cx.waker())) {
+            queue.idle.push((cx.waker().clone(), runner.clone()));
         }
         Poll::Pending
+    }
+
+    /// The dispatcher started a request in an idle task's slot and got
+    /// `outcome` (`Engine::start_handlers`): a response is sent and the
+    /// task is idle again (or takes the next queued request, started
+    /// likewise); a future that waits is left to the task.
+    pub(crate) fn started(
+        &mut self,
+        id: JobId,
+        req_type: u8,
+        runner: IdleRunner,
+        outcome: Poll<Outcome>,
+    ) {
+        match outcome {
+            Poll::Ready(Ok(resp)) => self.respond(id.session, id.slot, id.req_num, resp),
+            Poll::Ready(Err(())) => self.handler_panicked(id.session, id.slot, id.req_num),
+            Poll::Pending => {
+                // Its waker, the task's, brings the task to it.
+                runner.1.waiting().set(Some(id));
+                self.jobs_open += 1;
+                return;
+            }
+        }
+        let Some(queue) = self.handlers[usize::from(req_type)].as_mut() else {
+            return;
+        };
+        match queue.jobs.pop_front() {
+            Some(job) => {
+                self.jobs_open -= 1;
+                self.starts.push_back(Start {
+                    job,
+                    req_type,
+                    runner,
+                });
+            }
+            None => queue.idle.push(runner),
+        }
     }
 
     /// A handler finished: caches the response in its slot and sends its
