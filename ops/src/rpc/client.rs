@@ -75,8 +75,10 @@ pub(crate) fn complete<P>(s: &mut Session<P>, i: usize, result: Result<(), RpcEr
     s.active &= !(1 << i);
     if slot.abandoned {
         free_slot(s, i);
-    } else if let Some(w) = slot.waker.take() {
-        w.wake();
+    } else if let Some(w) = &slot.waker {
+        // Kept: the slot's next call, made by the same task as a rule,
+        // registers the same waker again (no clone, no drop per call).
+        w.wake_by_ref();
     }
 }
 
@@ -480,7 +482,11 @@ impl<P: Clone> Core<P> {
             slot.resp_len = msg_len;
             slot.n_resp = n_resp;
             slot.resp_got.clear();
-            slot.resp_got.resize(n_resp.div_ceil(64), 0);
+            if n_resp <= 64 {
+                slot.resp_got.push(0);
+            } else {
+                slot.resp_got.resize(n_resp.div_ceil(64), 0);
+            }
             slot.unasked = n_resp.min(window);
         } else if n_resp != slot.n_resp || msg_len != slot.resp_len {
             self.stats.malformed_packets += 1;

@@ -148,7 +148,12 @@ impl<T: Transport> Engine<T> {
         let Engine { transport, core } = self;
         let batch = core.config.recv_batch;
         let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
-        core.poll_bulk(cx);
+        if !core.reads.is_empty() {
+            // Only READs report there, and every READ starts from a
+            // packet taken just above: with none under way, nothing to
+            // poll (nor a waker to register).
+            core.poll_bulk(cx);
+        }
         let drained = transport.short_batch_registers();
         self.accept_connects();
         match got {

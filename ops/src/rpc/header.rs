@@ -593,6 +593,11 @@ impl BulkDesc {
 
 /// Packets needed for a message of `msg_len` bytes with `max_payload` bytes
 /// per packet (an empty message takes one packet).
+#[inline]
 pub fn packets_for(msg_len: usize, max_payload: usize) -> usize {
-    msg_len.div_ceil(max_payload.max(1)).max(1)
+    if msg_len <= max_payload {
+        // One packet (the common case): no division.
+        return 1;
+    }
+    msg_len.div_ceil(max_payload.max(1))
 }

@@ -94,8 +94,10 @@ impl Net {
         } else {
             inbox.queue.push_back(buf);
         }
-        if let Some(w) = inbox.waker.take() {
-            w.wake();
+        // Woken by reference and kept: the receiver registers the same
+        // waker again, so no clone and no drop per packet.
+        if let Some(w) = &inbox.waker {
+            w.wake_by_ref();
         }
     }
 }

@@ -237,7 +237,11 @@ impl<P: Clone> Core<P> {
             slot.rx = 0;
             slot.stalled_sweeps = 0;
             slot.got.clear();
-            slot.got.resize(words, 0);
+            if words == 1 {
+                slot.got.push(0);
+            } else {
+                slot.got.resize(words, 0);
+            }
             slot.req.clear();
             // The old request's charge is given back.
             slot.charge = charge;
