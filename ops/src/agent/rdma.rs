@@ -27,7 +27,7 @@ use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
 use super::pieces::PiecesInFlight;
 use super::qps::{ConnPd, ConnQp};
-use super::read_msg::{send_by_read, Reads, READ_MIN};
+use super::read_msg::{send_buf_by_read, send_by_read, Reads, READ_MIN};
 use super::receive::{Receive, ReceiveImm};
 use super::receiving::Receiving;
 use super::send_msg::SendMsg;
@@ -1064,16 +1064,22 @@ impl Rdma {
     /// message that goes through the peer's staging ring (longer than one
     /// receive buffer, at most [`Rdma::staged_max_len`]) is written from
     /// this buffer itself, not copied (the WRITE owns it until it
-    /// completes; cancelled once posted, the buffer is freed then);
-    /// others go as [`Rdma::send`] sends them.
+    /// completes; cancelled once posted, the buffer is freed then); a
+    /// larger one (from 32 KiB) is read by the peer from this buffer
+    /// itself, registered once more for remote READ of exactly its
+    /// message bytes until the peer has read it (cancelled once offered,
+    /// the buffer stays registered until then and is freed after); others
+    /// go as [`Rdma::send`] sends them.
     pub async fn send_buf(&self, buf: LocalBuf) -> (Result<(), AgentError>, LocalBuf) {
         let s = &self.shared;
         let len = buf.len();
-        if len > s.negotiated.piece_len
-            && len <= s.staging.max_len()
-            && len <= s.negotiated.max_send_len
-        {
-            return send_staged_from(s, buf, None).await;
+        if len > s.negotiated.piece_len && len <= s.negotiated.max_send_len {
+            if len <= s.staging.max_len() {
+                return send_staged_from(s, buf, None).await;
+            }
+            if len >= READ_MIN {
+                return send_buf_by_read(s, buf, None).await;
+            }
         }
         let r = self.send_inner(&buf, None).await;
         (r, buf)

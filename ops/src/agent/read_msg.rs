@@ -26,7 +26,7 @@ use std::rc::Rc;
 
 use futures::channel::oneshot;
 use tracing::Instrument;
-use verbio_runtime::buf::{RegisteredMem, RemoteAccessRegion};
+use verbio_runtime::buf::{IoBuf, LocalBuf, RegisteredMem, RemoteAccessRegion, Slice};
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::spawn;
 
@@ -62,10 +62,56 @@ pub(crate) struct Reads {
     waiting: RefCell<std::collections::VecDeque<(Option<u32>, MrToken)>>,
 }
 
+/// The memory an offer lends the peer: a copy of a `send`'s bytes, or the
+/// caller's own registered buffer (`send_buf`), registered once more (for
+/// remote READ, exactly its message bytes) and given back once released.
+#[derive(Debug)]
+enum Lent {
+    Copy(RemoteAccessRegion<Vec<u8>>),
+    Buf(RemoteAccessRegion<Slice<LocalBuf>>),
+}
+
+impl Lent {
+    fn addr(&self) -> u64 {
+        match self {
+            Lent::Copy(r) => r.addr(),
+            Lent::Buf(r) => r.addr(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Lent::Copy(r) => r.len(),
+            Lent::Buf(r) => r.len(),
+        }
+    }
+
+    fn rkey(&self) -> u32 {
+        match self {
+            Lent::Copy(r) => r.rkey(),
+            Lent::Buf(r) => r.rkey(),
+        }
+    }
+
+    /// Deregisters (the peer can no longer read it) and gives the caller's
+    /// buffer back (`None` for a copy, which is freed).
+    fn revoke(self) -> Option<LocalBuf> {
+        match self {
+            Lent::Copy(r) => {
+                drop(r);
+                None
+            }
+            Lent::Buf(r) => Some(r.revoke().into_inner()),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Offer {
-    /// Dropped (deregistered) when the peer releases it.
-    _region: RemoteAccessRegion<Vec<u8>>,
+    /// The memory of a `send` cancelled after its `ReadMe` was posted:
+    /// kept registered (the peer may be reading it) until released or the
+    /// connection is down. A running `send` holds its memory itself.
+    orphan: Option<Lent>,
     /// Tells the waiting `send` (gone if it was cancelled).
     done: Option<oneshot::Sender<()>>,
 }
@@ -77,7 +123,8 @@ impl Reads {
     }
 
     /// The connection is down: every offer is withdrawn (their `send`s
-    /// fail) and their memory freed.
+    /// fail, and give the memory they hold back) and the memory of
+    /// cancelled ones freed.
     pub(crate) fn clear(&self) {
         let offers = std::mem::take(&mut *self.offered.borrow_mut());
         drop(offers);
@@ -86,18 +133,15 @@ impl Reads {
 }
 
 /// Sends `data` (at least [`READ_MIN`] bytes, more than one piece) as a
-/// `ReadMe`; the caller holds a split permit, which this gives back once
-/// the offer ends.
+/// `ReadMe` of a registered copy; the caller holds a split permit, which
+/// this gives back once the offer ends.
 pub(crate) async fn send_by_read(
     s: &Rc<Shared>,
     data: &[u8],
     imm: Option<u32>,
 ) -> Result<(), AgentError> {
-    let reads = &s.reads;
-    let id = READ_ID | (reads.next_id.get() + 1);
-    reads.next_id.set(reads.next_id.get() + 1);
-    let region = match RemoteAccessRegion::grant(&s.pd.0, data.to_vec(), AccessFlags::REMOTE_READ) {
-        Ok(r) => r,
+    let lent = match RemoteAccessRegion::grant(&s.pd.0, data.to_vec(), AccessFlags::REMOTE_READ) {
+        Ok(r) => Lent::Copy(r),
         Err(r) => {
             s.split_permits.grant(1);
             return Err(AgentError::Buf {
@@ -106,11 +150,74 @@ pub(crate) async fn send_by_read(
             });
         }
     };
+    offer(s, lent, imm).await.0
+}
+
+/// `Rdma::send_buf` of a message that goes by READ: the peer reads `buf`
+/// itself (registered once more, for remote READ, for the time of the
+/// offer), no copy is made. Takes a split permit (given back once the
+/// offer ends); the buffer comes back whenever the send ends, except when
+/// it is cancelled after its `ReadMe` was posted: then it stays registered
+/// until the peer released it (or the connection is down) and is freed.
+pub(crate) async fn send_buf_by_read(
+    s: &Rc<Shared>,
+    buf: LocalBuf,
+    imm: Option<u32>,
+) -> (Result<(), AgentError>, LocalBuf) {
+    match s.split_permits.acquire().await {
+        Ok(permit) => permit.spend(),
+        Err(_) => return (Err(s.closed_error()), buf),
+    }
+    let len = buf.len();
+    // (`0..len` is within the capacity: cannot fail.)
+    let slice = match buf.slice(0..len) {
+        Ok(slice) => slice,
+        Err(r) => {
+            s.split_permits.grant(1);
+            let e = AgentError::Buf {
+                stage: "lending a large message for the peer to read",
+                source: r.error,
+            };
+            return (Err(e), r.buf);
+        }
+    };
+    let lent = match RemoteAccessRegion::grant(&s.pd.0, slice, AccessFlags::REMOTE_READ) {
+        Ok(r) => Lent::Buf(r),
+        Err(r) => {
+            s.split_permits.grant(1);
+            let e = AgentError::Buf {
+                stage: "registering a large message for the peer to read",
+                source: r.error,
+            };
+            return (Err(e), r.buf.into_inner());
+        }
+    };
+    let (r, back) = offer(s, lent, imm).await;
+    match back {
+        Some(buf) => (r, buf),
+        // `offer` gives a `Lent::Buf` back on every path that returns.
+        None => unreachable!("an offered buffer comes back"),
+    }
+}
+
+/// Offers `lent` to the peer with a `ReadMe` and waits until it is
+/// released; gives the caller's buffer back (if it lent one) whenever it
+/// returns. Cancelled before the `ReadMe` was posted, the offer is
+/// withdrawn (the memory freed); after, the memory stays registered in
+/// the offer until released.
+async fn offer(
+    s: &Rc<Shared>,
+    lent: Lent,
+    imm: Option<u32>,
+) -> (Result<(), AgentError>, Option<LocalBuf>) {
+    let reads = &s.reads;
+    let id = READ_ID | (reads.next_id.get() + 1);
+    reads.next_id.set(reads.next_id.get() + 1);
     let token = MrToken {
         token_id: id,
-        addr: region.addr(),
-        len: region.len() as u64,
-        rkey: region.rkey(),
+        addr: lent.addr(),
+        len: lent.len() as u64,
+        rkey: lent.rkey(),
         access: AccessFlags::REMOTE_READ.bits(),
         deadline_ms: 0,
         flags: 0,
@@ -119,58 +226,92 @@ pub(crate) async fn send_by_read(
     reads.offered.borrow_mut().insert(
         id,
         Offer {
-            _region: region,
+            orphan: None,
             done: Some(tx),
         },
     );
     // Until the `ReadMe` is posted the offer is withdrawn if this is
-    // cancelled or fails; once posted the peer may be reading it, so it
-    // stays until released (or the connection is down).
-    let mut offer = Withdraw {
+    // cancelled or fails; once posted the peer may be reading it, so a
+    // cancelled send leaves its memory in the offer until released.
+    let posted = Cell::new(false);
+    let mut held = Held {
         shared: s,
         id,
-        armed: true,
+        lent: Some(lent),
+        posted: &posted,
     };
-    let posted = std::cell::Cell::new(false);
     let sent = s
         .send_message_noting(&Message::ReadMe { imm, token }, true, &posted)
         .await;
-    offer.armed = !posted.get();
-    sent?;
-    drop(offer);
-    match done.await {
+    if let Err(e) = sent {
+        if !posted.get() {
+            // Never offered: withdrawn, the permit given back.
+            held.withdraw();
+            return (Err(e), held.take());
+        }
+        // Posted, but its SEND failed: the connection is down (the offer
+        // goes with it, `clear`).
+        return (Err(e), held.take());
+    }
+    let r = match done.await {
         Ok(()) => Ok(()),
         // Withdrawn by `clear`: the connection is down.
         Err(oneshot::Canceled) => Err(s.closed_error()),
+    };
+    (r, held.take())
+}
+
+/// The memory of an offer while its `send` runs: cancelled before the
+/// `ReadMe` was posted, the offer is withdrawn and the memory freed;
+/// after, the memory moves into the offer (if it is still there), freed
+/// once the peer released it or the connection is down.
+struct Held<'a> {
+    shared: &'a Rc<Shared>,
+    id: u64,
+    lent: Option<Lent>,
+    /// Set once the `ReadMe` is posted (it then reaches the peer, also
+    /// if the send is cancelled while its completion is awaited).
+    posted: &'a Cell<bool>,
+}
+
+impl Held<'_> {
+    /// Removes the offer (never posted) and gives its permit back.
+    fn withdraw(&mut self) {
+        let removed = self.shared.reads.offered.borrow_mut().remove(&self.id);
+        if removed.is_some() {
+            self.shared.split_permits.grant(1);
+        }
+    }
+
+    /// Deregisters the memory and gives the caller's buffer back.
+    fn take(&mut self) -> Option<LocalBuf> {
+        self.lent.take().and_then(Lent::revoke)
     }
 }
 
-/// Withdraws an offer whose `ReadMe` was never posted.
-struct Withdraw<'a> {
-    shared: &'a Rc<Shared>,
-    id: u64,
-    armed: bool,
-}
-
-impl Drop for Withdraw<'_> {
+impl Drop for Held<'_> {
     fn drop(&mut self) {
-        if self.armed
-            && self
-                .shared
-                .reads
-                .offered
-                .borrow_mut()
-                .remove(&self.id)
-                .is_some()
-        {
-            self.shared.split_permits.grant(1);
+        let Some(lent) = self.lent.take() else {
+            return;
+        };
+        if !self.posted.get() {
+            self.withdraw();
+            drop(lent);
+            return;
+        }
+        match self.shared.reads.offered.borrow_mut().get_mut(&self.id) {
+            Some(offer) => offer.orphan = Some(lent),
+            // Released or the connection is down meanwhile: the peer no
+            // longer reads it.
+            None => drop(lent),
         }
     }
 }
 
-/// The peer released offer `id` (it read the message): the region is
-/// freed and the `send` returns. False for an id this side never offered
-/// or already saw released.
+/// The peer released offer `id` (it read the message): the `send` returns
+/// (and frees or gives back the memory) or, if it was cancelled, the
+/// memory is freed. False for an id this side never offered or already
+/// saw released.
 pub(crate) fn released(shared: &Shared, id: u64) -> bool {
     let Some(mut offer) = shared.reads.offered.borrow_mut().remove(&id) else {
         return false;
@@ -179,6 +320,7 @@ pub(crate) fn released(shared: &Shared, id: u64) -> bool {
     if let Some(tx) = offer.done.take() {
         let _ = tx.send(()); // (the `send` may have been cancelled)
     }
+    drop(offer.orphan.take());
     true
 }
 

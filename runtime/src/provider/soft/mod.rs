@@ -129,6 +129,8 @@ mod packet;
 #[cfg(test)]
 mod port_tests;
 mod qp;
+#[cfg(test)]
+mod read_resp_tests;
 mod requester;
 mod responder;
 mod srq;

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::conn::{Resp, TxMem};
+use super::conn::{Resp, TxKey, TxMem};
 use super::dma::{check_local, gather, scatter};
 use super::drive::note_feed;
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
@@ -33,8 +33,17 @@ pub(crate) enum Gen {
     Wait,
 }
 
-/// Payload bytes copied into one packet (inline, multi-SGE, READ responses).
+/// Payload bytes copied into one packet (inline, multi-SGE, a READ
+/// response's last segment).
 const COPY_CHUNK: u64 = 64 * 1024;
+/// A READ response's segments sent from memory are at most this big (the
+/// requester receives each into its buffer, which grows to hold one).
+pub(crate) const RESP_ZC_SEG: u64 = 256 * 1024;
+/// A READ response's last bytes, copied into its last segment: a segment
+/// sent from memory is never the last one, so if the memory goes away
+/// while one is on its way (the rest of it goes as zeros), a NAK refusing
+/// the READ still follows before the READ could complete.
+pub(crate) const RESP_TAIL: u64 = 4 * 1024;
 /// Segments at least this big within one SGE are sent from memory, uncopied.
 pub(crate) const ZC_MIN: u64 = 16 * 1024;
 
@@ -212,12 +221,13 @@ fn gen_request(
                 if ok {
                     let m = Arc::new(Mutex::new(TxMem {
                         qpn: eq.sh.qpn,
-                        lkey,
+                        key: TxKey::Local(lkey),
                         pd,
                         addr,
                         len: len as usize,
                         pos: 0,
                         copy: None,
+                        lost: false,
                     }));
                     eq.zc = Some(m.clone());
                     *zc = Some(m);
@@ -284,8 +294,15 @@ fn local_op(eq: &mut EQp, idx: usize, mrs: &mut MrTable) -> Gen {
     Gen::Sent
 }
 
-/// Writes (part of) one queued response into `tx`. True when it is finished.
-fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32, u32, u32)> {
+/// Writes (part of) one queued response into `tx` (a READ response's
+/// payload possibly as a zero-copy reference in `zc`). True when it is
+/// finished; `Err` names a READ whose memory went away (NAKed).
+pub(crate) fn gen_resp(
+    r: &mut Resp,
+    tx: &mut Vec<u8>,
+    zc: &mut Option<super::conn::TxMemRef>,
+    mrs: &MrTable,
+) -> Result<bool, (u32, u32, u32)> {
     let mut h;
     match r {
         Resp::Ack { dst, src, psn } => {
@@ -323,7 +340,15 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
             h.arg0 = *seq;
         }
         Resp::Read(job) => {
-            let chunk = (job.len - job.off).min(COPY_CHUNK);
+            if job.zc.as_ref().is_some_and(|m| lock(m).lost) {
+                // Its memory went away while a segment was being sent.
+                return Err((job.dst, job.src, job.psn));
+            }
+            let rest = job.len - job.off;
+            // Sent from memory, uncopied, but for the last `RESP_TAIL`.
+            let seg = rest.saturating_sub(RESP_TAIL).min(RESP_ZC_SEG);
+            let from_mem = seg >= ZC_MIN;
+            let chunk = if from_mem { seg } else { rest.min(COPY_CHUNK) };
             let span = if chunk == 0 {
                 None
             } else {
@@ -347,7 +372,22 @@ fn gen_resp(r: &mut Resp, tx: &mut Vec<u8>, mrs: &MrTable) -> Result<bool, (u32,
             let last = job.off + chunk == job.len;
             h.flags = if job.off == 0 { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
             tx.extend_from_slice(&h.encode());
-            if let Some(span) = span {
+            if from_mem {
+                // (Checked above; the flush checks it again before every
+                // write.)
+                let m = Arc::new(Mutex::new(TxMem {
+                    qpn: job.src,
+                    key: TxKey::Remote(job.rkey),
+                    pd: job.pd,
+                    addr: job.addr + job.off,
+                    len: chunk as usize,
+                    pos: 0,
+                    copy: None,
+                    lost: false,
+                }));
+                job.zc = Some(m.clone());
+                *zc = Some(m);
+            } else if let Some(span) = span {
                 span.append_to(tx);
             }
             job.off += chunk;
@@ -378,7 +418,7 @@ impl Engine {
         let mut moved: SmallVec<[u32; 4]> = SmallVec::new();
         while conn.tx_room() {
             if let Some(r) = conn.resp.front_mut() {
-                match gen_resp(r, &mut conn.tx, &mrs) {
+                match gen_resp(r, &mut conn.tx, &mut conn.tx_mem, &mrs) {
                     Ok(true) => {
                         conn.resp.pop_front();
                     }

@@ -284,6 +284,7 @@ fn execute(
                 return Outcome::Fatal(NAK_REM_ACCESS, None);
             }
             respond(Resp::Read(ReadJob {
+                zc: None,
                 dst: hdr.src_qpn,
                 src: hdr.dst_qpn,
                 psn: hdr.psn,

@@ -22,7 +22,7 @@ use super::wire::Wire;
 pub(crate) use probe::Probe;
 pub(crate) use resp::{ReadJob, Resp};
 pub(crate) use rx::RxDirect;
-pub(crate) use tx::{TxMem, TxMemRef};
+pub(crate) use tx::{TxKey, TxMem, TxMemRef};
 
 /// Stop generating packets once this many bytes wait to be written.
 pub(crate) const TX_HIGH: usize = 256 * 1024;

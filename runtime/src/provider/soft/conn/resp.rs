@@ -36,6 +36,9 @@ pub(crate) enum Resp {
 /// An RDMA READ being answered, segment by segment.
 #[derive(Debug)]
 pub(crate) struct ReadJob {
+    /// Its last segment sent from memory (see `requester::gen_resp`):
+    /// once that memory went away mid-segment, the READ is refused.
+    pub zc: Option<super::TxMemRef>,
     pub dst: u32,
     pub src: u32,
     pub psn: u32,

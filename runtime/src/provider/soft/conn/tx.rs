@@ -5,9 +5,11 @@
 use std::io;
 use std::sync::Arc;
 
+use super::super::dma::Span;
 use super::super::lock;
 use super::super::mr::MrTable;
 use super::{Conn, Flush, TX_HIGH};
+use crate::provider::AccessFlags;
 
 /// A packet payload sent straight from registered memory (no copy): it
 /// follows the bytes in `tx`, and nothing is queued after it until it is gone.
@@ -15,21 +17,70 @@ use super::{Conn, Flush, TX_HIGH};
 /// into `copy` before any completion could tell the application that the
 /// memory is free again.
 pub(crate) struct TxMem {
-    /// The requester QP whose WR this is.
+    /// The QP whose memory this is: the requester of a WR's payload, the
+    /// responder of a READ response's.
     pub qpn: u32,
-    pub lkey: u32,
+    /// How the memory is checked before every write.
+    pub key: TxKey,
     pub pd: u32,
     pub addr: u64,
     pub len: usize,
     pub pos: usize,
     /// Bytes `[pos..len]` copied out of the memory, once the QP failed.
     pub copy: Option<Vec<u8>>,
+    /// A READ response's memory went away while it was being sent: the
+    /// rest went as zeros, and the READ is refused after this segment
+    /// (`gen_resp`).
+    pub lost: bool,
+}
+
+impl std::fmt::Debug for TxMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxMem")
+            .field("qpn", &self.qpn)
+            .field("key", &self.key)
+            .field("len", &self.len)
+            .field("pos", &self.pos)
+            .field("copied", &self.copy.is_some())
+            .field("lost", &self.lost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which registration a zero-copy payload is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxKey {
+    /// A send WR's local memory (lkey): lost, the requester QP fails.
+    Local(u32),
+    /// Memory a peer's READ names (rkey, an MR's or a window's bound over
+    /// the responder QP), with remote READ access: lost, the READ fails.
+    Remote(u32),
 }
 
 /// Shared handle to a zero-copy payload.
 pub(crate) type TxMemRef = Arc<std::sync::Mutex<TxMem>>;
 
 impl TxMem {
+    /// `[at, at + len)` of the memory, if its registration still allows
+    /// the access (`None`: deregistered, or a window unbound).
+    fn span<'t>(&self, mrs: &'t MrTable, at: u64, len: u64) -> Option<Span<'t>> {
+        match self.key {
+            TxKey::Local(lkey) => mrs.local(lkey, self.pd, at, len, false),
+            TxKey::Remote(rkey) => mrs
+                .remote(self.qpn, rkey, self.pd, at, len, AccessFlags::REMOTE_READ)
+                .ok(),
+        }
+    }
+
+    /// The memory went away mid-payload: a WR's QP fails (listed in
+    /// `broken`), a READ is refused after this segment.
+    fn lose(&mut self, broken: &mut Vec<u32>) {
+        match self.key {
+            TxKey::Local(_) => broken.push(self.qpn),
+            TxKey::Remote(_) => self.lost = true,
+        }
+    }
+
     /// Copies the unsent rest out of the registered memory (zeros if the
     /// registration is gone), so the memory is no longer needed.
     pub fn snapshot(&mut self, mrs: &MrTable) {
@@ -39,7 +90,7 @@ impl TxMem {
         let rest = self.len - self.pos;
         let mut v = vec![0u8; rest];
         let at = self.addr + self.pos as u64;
-        if let Some(span) = mrs.local(self.lkey, self.pd, at, rest as u64, false) {
+        if let Some(span) = self.span(mrs, at, rest as u64) {
             span.read_into(&mut v);
         }
         // Positions now index into the copy.
@@ -90,7 +141,7 @@ impl Conn {
                     n += 1;
                 } else {
                     let at = m.addr + m.pos as u64;
-                    match mrs.local(m.lkey, m.pd, at, rest as u64, false) {
+                    match m.span(mrs, at, rest as u64) {
                         Some(p) => {
                             // (Sent below, while `mrs` is still borrowed.)
                             iov[n] = libc::iovec {
@@ -100,9 +151,11 @@ impl Conn {
                             n += 1;
                         }
                         None => {
-                            // Deregistered under an outstanding WR: keep the
-                            // framing with zeros and fail the QP.
-                            self.broken.push(m.qpn);
+                            // Deregistered under an outstanding WR (or a
+                            // READ): keep the framing with zeros and fail
+                            // the QP (or the READ).
+                            let mut m = m;
+                            m.lose(&mut self.broken);
                             drop(m);
                             self.tx.resize(self.tx.len() + rest, 0);
                             self.tx_mem = None;
@@ -192,11 +245,11 @@ impl Conn {
             if let Some(copy) = &m.copy {
                 dst.copy_from_slice(&copy[copy.len() - mem..]);
             } else {
-                match mrs.local(m.lkey, m.pd, m.addr + m.pos as u64, mem as u64, false) {
+                match m.span(mrs, m.addr + m.pos as u64, mem as u64) {
                     Some(span) => span.read_into(dst),
                     None => {
                         dst.fill(0);
-                        self.broken.push(m.qpn);
+                        m.lose(&mut self.broken);
                     }
                 }
             }

@@ -1,0 +1,312 @@
+//! The responder's READ responses, seen by a fake requester engine (a TCP
+//! socket speaking the soft wire format): a large READ comes back in order
+//! with the region's bytes, its segments sent from memory but its last;
+//! malformed and oversized READ requests are refused with a NAK (never a
+//! panic) while the engine keeps serving; a region deregistered while its
+//! READ is on the wire fails that READ (the rest goes as zeros, then a
+//! NAK), never completes it, and the freed memory is not read.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::fake_peer_tests::{next_packet, poll_n, rtr, Mem, FAKE_QPN, WAIT};
+use super::packet::{
+    encode_hello, Header, Opcode, FLAG_FIRST, FLAG_LAST, HELLO_LEN, NAK_REM_ACCESS,
+};
+use super::requester::{RESP_TAIL, RESP_ZC_SEG};
+use super::{Context, Cq, Mr, Pd, Qp};
+use crate::provider::{
+    AccessFlags, InitAttr, QpCaps, RtsAttr, SendFlags, SendOp, SendWr, SoftConfig, WcStatus,
+};
+
+/// The fake requester's first PSN on every QP.
+const FIRST_PSN: u32 = 100;
+
+/// A soft device whose QPs all talk to one fake engine.
+struct Fake {
+    listener: TcpListener,
+    stream: Option<TcpStream>,
+    /// The device (kept open while the test runs).
+    _ctx: Context,
+    pd: Pd,
+    cq: Cq,
+}
+
+/// A responder QP of the device, connected to the fake peer.
+struct Side {
+    qp: Qp,
+    /// The next PSN the fake requester uses.
+    psn: u32,
+}
+
+impl Fake {
+    /// `rcvbuf`: the fake's socket receive buffer (small, so that the
+    /// device's writes block while the fake does not read).
+    fn new(rcvbuf: usize) -> Fake {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        sock.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
+        let addr: std::net::SocketAddr = "127.0.0.1:0".parse().expect("address");
+        sock.bind(&addr.into()).expect("bind");
+        sock.listen(4).expect("listen");
+        let ctx = Context::open(SoftConfig::default()).expect("open");
+        let pd = ctx.alloc_pd().expect("pd");
+        let cq = ctx.create_cq(64, None).expect("cq");
+        Fake {
+            listener: sock.into(),
+            stream: None,
+            _ctx: ctx,
+            pd,
+            cq,
+        }
+    }
+
+    fn stream(&mut self) -> &mut TcpStream {
+        self.stream.as_mut().expect("connected")
+    }
+
+    /// A responder QP allowing remote READ, in RTS, whose first SEND made
+    /// the device dial the fake (on the first QP) and was acknowledged.
+    fn qp(&mut self, trigger: &Mem) -> Side {
+        let qp = self
+            .pd
+            .create_qp(&self.cq, &self.cq, QpCaps::default())
+            .expect("qp");
+        let mut ep = qp.endpoint(0).expect("endpoint");
+        ep.soft_addr = Some(self.listener.local_addr().expect("address"));
+        ep.qpn = FAKE_QPN;
+        ep.psn = FIRST_PSN;
+        qp.modify_to_init(&InitAttr::default()).expect("init");
+        qp.modify_to_rtr(&rtr(ep)).expect("rtr");
+        qp.modify_to_rts(&RtsAttr {
+            timeout: 18,
+            ..RtsAttr::default()
+        })
+        .expect("rts");
+        let w = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: [trigger.sge(0, 8)].into_iter().collect(),
+            flags: SendFlags::SIGNALED,
+        };
+        // SAFETY: the SGE lies in `trigger`'s registration, alive until
+        // the completion polled below.
+        unsafe { qp.post_send(&[w]) }.expect("post");
+        if self.stream.is_none() {
+            let (mut s, _) = self.listener.accept().expect("accept");
+            s.set_read_timeout(Some(WAIT)).expect("timeout");
+            let (hello, _) = next_packet(&mut s).expect("HELLO");
+            assert_eq!(hello.opcode, Opcode::Hello);
+            let mut h = Header::new(Opcode::Hello);
+            h.payload_len = HELLO_LEN as u32;
+            let mut me = h.encode().to_vec();
+            let addr = self.listener.local_addr().expect("address");
+            me.extend_from_slice(&encode_hello(addr));
+            s.write_all(&me).expect("HELLO back");
+            self.stream = Some(s);
+        }
+        let (send, _) = next_packet(self.stream()).expect("the SEND");
+        assert_eq!((send.opcode, send.src_qpn), (Opcode::Send, qp.qp_num()));
+        let mut ack = Header::new(Opcode::Ack);
+        (ack.dst_qpn, ack.src_qpn, ack.psn) = (qp.qp_num(), FAKE_QPN, send.psn);
+        self.stream().write_all(&ack.encode()).expect("ACK");
+        let c = poll_n(&self.cq, 1);
+        assert_eq!(c[0].status, WcStatus::Success);
+        Side { qp, psn: FIRST_PSN }
+    }
+
+    /// Sends a READ request of `len` bytes at `addr` under `rkey` on
+    /// `side`; returns its PSN.
+    fn read(&mut self, side: &mut Side, addr: u64, rkey: u32, len: u64) -> u32 {
+        let mut h = Header::new(Opcode::ReadReq);
+        (h.dst_qpn, h.src_qpn, h.psn) = (side.qp.qp_num(), FAKE_QPN, side.psn);
+        (h.addr, h.rkey, h.arg0) = (addr, rkey, len);
+        h.flags = FLAG_FIRST | FLAG_LAST;
+        side.psn += 1;
+        self.stream().write_all(&h.encode()).expect("READ request");
+        h.psn
+    }
+
+    /// Reads the responses to the READ `psn` of `len` bytes until its last
+    /// segment: the bytes, checking every segment's framing.
+    fn response(&mut self, qpn: u32, psn: u32, len: u64) -> Vec<u8> {
+        let mut got = Vec::new();
+        loop {
+            let (h, payload) = next_packet(self.stream()).expect("a READ response");
+            assert_eq!(h.opcode, Opcode::ReadResp, "{h:?}");
+            assert_eq!((h.dst_qpn, h.src_qpn, h.psn), (FAKE_QPN, qpn, psn));
+            assert_eq!((h.arg0, h.arg1), (len, got.len() as u64));
+            assert_eq!(h.flags & FLAG_FIRST != 0, got.is_empty());
+            assert_eq!(payload.len(), h.payload_len as usize);
+            let last = h.flags & FLAG_LAST != 0;
+            if last {
+                // The last segment is a copy of at most the tail (or of a
+                // small READ's bytes): never sent from memory.
+                assert!(payload.len() as u64 <= 64 * 1024, "last segment {h:?}");
+                assert!(
+                    payload.len() as u64 >= RESP_TAIL.min(len),
+                    "last segment {h:?}"
+                );
+            } else {
+                assert!(payload.len() as u64 <= RESP_ZC_SEG, "segment {h:?}");
+            }
+            got.extend_from_slice(&payload);
+            if last {
+                return got;
+            }
+        }
+    }
+
+    /// Waits until the device closes the connection (what it does with a
+    /// packet it cannot parse); the next QP dials anew.
+    fn closed_by_device(&mut self) {
+        let mut sink = [0u8; 4096];
+        loop {
+            match self.stream().read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("waiting for the device to close: {e}"),
+            }
+        }
+        self.stream = None;
+    }
+
+    /// Reads packets until the NAK of `psn`: its syndrome, and the READ
+    /// response bytes before it (none of them a last segment).
+    fn until_nak(&mut self, psn: u32) -> (u8, usize) {
+        let mut bytes = 0;
+        loop {
+            let (h, payload) = next_packet(self.stream()).expect("a response or the NAK");
+            match h.opcode {
+                Opcode::Nak => {
+                    assert_eq!(h.psn, psn);
+                    return (h.syndrome, bytes);
+                }
+                Opcode::ReadResp => {
+                    assert_eq!(h.flags & FLAG_LAST, 0, "the READ completed: {h:?}");
+                    bytes += payload.len();
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+/// `len` bytes of a pattern, registered for remote READ.
+fn region(pd: &Pd, len: usize) -> (Mr, Box<[u8]>) {
+    let mut mem: Box<[u8]> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+    // SAFETY: the memory outlives the registration (the tests drop the
+    // `Mr` first).
+    let mr = unsafe { pd.reg_mr(mem.as_mut_ptr(), len, AccessFlags::REMOTE_READ) }.expect("reg_mr");
+    (mr, mem)
+}
+
+/// Local memory for the SENDs that make the device dial.
+fn trigger(pd: &Pd) -> Mem {
+    let mut mem = vec![0u64; 1].into_boxed_slice();
+    // SAFETY: `Mem` deregisters before its memory is freed.
+    let mr =
+        unsafe { pd.reg_mr(mem.as_mut_ptr().cast(), 8, AccessFlags::LOCAL_WRITE) }.expect("reg_mr");
+    Mem { mr: Some(mr), mem }
+}
+
+#[test]
+fn large_reads_come_back_in_order_with_the_regions_bytes() {
+    let mut f = Fake::new(1 << 20);
+    let t = trigger(&f.pd);
+    let mut side = f.qp(&t);
+    let len = (1 << 20) + 12_345;
+    let (mr, mem) = region(&f.pd, len);
+    let base = mem.as_ptr() as u64;
+    // The whole region, a middle part, a small READ and an empty one, in
+    // one go: answered in order.
+    let reads = [
+        (0, len),
+        (1000, 300_000),
+        (77, 5000),
+        (len - 20_000, 20_000),
+        (0, 0),
+    ];
+    let psns: Vec<u32> = reads
+        .iter()
+        .map(|&(off, n)| f.read(&mut side, base + off as u64, mr.rkey(), n as u64))
+        .collect();
+    let qpn = side.qp.qp_num();
+    for (&(off, n), psn) in reads.iter().zip(psns) {
+        let got = f.response(qpn, psn, n as u64);
+        assert!(got == mem[off..off + n], "READ of {n} bytes at {off}");
+    }
+    drop(mr);
+}
+
+#[test]
+fn malformed_and_oversized_reads_are_refused_and_the_responder_keeps_serving() {
+    let mut f = Fake::new(1 << 20);
+    let t = trigger(&f.pd);
+    let len = 256 * 1024;
+    let (mr, mem) = region(&f.pd, len);
+    let base = mem.as_ptr() as u64;
+    let rkey = mr.rkey();
+    // Well-formed requests the region does not allow: NAKed, the QP
+    // fails (as verbs say), the connection and the engine go on.
+    let refused = [
+        (base, rkey, len as u64 + 1),   // past the end
+        (base - 1, rkey, 16),           // before the start
+        (base, rkey ^ 0x5a5a_5a5a, 16), // a key nobody registered
+        (base + 8, rkey, 1 << 31),      // the longest READ, far past the end
+    ];
+    for (addr, key, n) in refused {
+        let mut side = f.qp(&t);
+        let psn = f.read(&mut side, addr, key, n);
+        let (syndrome, bytes) = f.until_nak(psn);
+        assert_eq!((syndrome, bytes), (NAK_REM_ACCESS, 0), "READ {addr:#x}+{n}");
+    }
+    // Malformed ones (longer than any message, or wrapping the address
+    // space): the device drops the connection that carried them, and
+    // serves the next one.
+    let malformed = [
+        (base, rkey, (1 << 31) + 1),
+        (base + 8, rkey, u64::MAX),
+        (u64::MAX - 8, rkey, 64),
+    ];
+    for (addr, key, n) in malformed {
+        let mut side = f.qp(&t);
+        f.read(&mut side, addr, key, n);
+        f.closed_by_device();
+    }
+    // A fresh QP on the same engine and connection is served.
+    let mut side = f.qp(&t);
+    let psn = f.read(&mut side, base, rkey, len as u64);
+    let got = f.response(side.qp.qp_num(), psn, len as u64);
+    assert!(got == mem[..]);
+    drop(mr);
+}
+
+#[test]
+fn a_region_deregistered_while_its_read_is_sent_fails_the_read() {
+    // The fake reads nothing for a while: with its small receive buffer,
+    // the device's writes block partway through the response.
+    let mut f = Fake::new(64 * 1024);
+    let t = trigger(&f.pd);
+    let mut side = f.qp(&t);
+    let len = 16 << 20;
+    let (mr, mem) = region(&f.pd, len);
+    let psn = f.read(&mut side, mem.as_ptr() as u64, mr.rkey(), len as u64);
+    std::thread::sleep(Duration::from_millis(200));
+    // Deregistered, and the memory freed: what is still to be sent must
+    // not come from it.
+    drop(mr);
+    drop(mem);
+    let (syndrome, bytes) = f.until_nak(psn);
+    assert_eq!(syndrome, NAK_REM_ACCESS);
+    assert!(bytes < len, "{bytes} bytes of {len}");
+    // The engine goes on: a new QP's READ of another region is answered.
+    let (mr, mem) = region(&f.pd, 100_000);
+    let mut side = f.qp(&t);
+    let psn = f.read(&mut side, mem.as_ptr() as u64, mr.rkey(), 100_000);
+    let got = f.response(side.qp.qp_num(), psn, 100_000);
+    assert!(got == mem[..]);
+    drop(mr);
+}
