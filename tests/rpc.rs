@@ -15,6 +15,8 @@ use verbio::rpc::{Request, Rpc, RpcConfig, SESSION_SLOTS};
 use verbio::runtime::{spawn, timeout, Device};
 
 const ECHO: u8 = 1;
+/// Answers with the request reversed, in the request's own buffer.
+const SAME: u8 = 2;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn endpoint(dev: &Device) -> Rpc<UdTransport> {
@@ -82,10 +84,11 @@ fn calls_of_one_and_many_packets_round_trip() {
     });
 }
 
-/// Large messages by RDMA READ over the session's RC link on the device:
-/// the first large call opens the link (and streams), the later ones go
-/// by READ both ways, every byte checked, at sizes around the threshold
-/// and up to the 16 MiB limit; eight at once.
+/// Large messages over the session's RC link on the device: the first
+/// large call opens the link (and streams), the later ones' requests go
+/// by READ and their responses by WRITE with immediate into the buffer
+/// the request offered (or by READ), every byte checked, at sizes around
+/// the threshold and up to the 16 MiB limit; eight at once.
 #[test]
 fn large_messages_go_by_read_over_an_rc_link() {
     let (rt, dev) = common::runtime_and_device();
@@ -101,6 +104,13 @@ fn large_messages_go_by_read_over_an_rc_link() {
                 let mut resp = req.response();
                 resp.extend_from_slice(&answer(req.data()));
                 async move { resp }
+            })
+            .unwrap();
+        server
+            .register_inline(SAME, |req: Request| {
+                let mut resp = req.into_data();
+                resp.reverse();
+                resp
             })
             .unwrap();
         let client = Rc::new(Rpc::new(t(&dev), config.clone()));
@@ -139,11 +149,26 @@ fn large_messages_go_by_read_over_an_rc_link() {
                 .expect("concurrent calls in time")
                 .expect("right answers");
         }
+        // A response as long as its request fits the buffer the request
+        // offered: written into it by WRITE with immediate.
+        let writes = client.stats().bulk_writes;
+        for len in [th, 100_000, 1 << 20, 4 << 20] {
+            let req = common::pattern(len, len as u8 ^ 0x5a);
+            let resp = timeout(WAIT, client.call(session, SAME, &req))
+                .await
+                .expect("call in time")
+                .unwrap_or_else(|e| panic!("call of {len} bytes: {e}"));
+            assert!(resp.iter().eq(req.iter().rev()), "{len} bytes");
+        }
         let (c, s) = (client.stats(), server.stats());
         println!("client counters: {c:?}\nserver counters: {s:?}");
-        assert!(s.bulk_reads >= 12, "requests read: {s:?}");
-        assert!(c.bulk_reads >= 12, "responses read: {c:?}");
+        assert!(s.bulk_reads >= 16, "requests read: {s:?}");
+        // (Responses as long as their requests fit the offer: written.)
+        let moved = c.bulk_reads + writes;
+        assert!(moved >= 12, "responses read or written: {c:?}");
+        assert_eq!(c.bulk_writes - writes, 4, "responses written: {c:?}");
         assert_eq!(c.bulk_read_failures + s.bulk_read_failures, 0);
+        assert_eq!(s.bulk_write_failures, 0);
         assert_eq!(server.memory().request_bytes, 0);
     });
 }

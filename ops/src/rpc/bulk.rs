@@ -119,7 +119,8 @@ impl<P: Clone> Core<P> {
         if s.role != Role::Client || s.link.is_some() || s.link_refused {
             return;
         }
-        let local = self.next_link;
+        // The session in the low bits (`bulk_write::link_session`).
+        let local = (self.next_link << 32) | u64::from(sid);
         self.next_link += 1;
         match bulk.open(local) {
             Ok(addr) if addr.len() + super::header::HEADER_LEN <= self.max_packet => {
@@ -342,7 +343,7 @@ impl<P: Clone> Core<P> {
     pub(crate) fn on_read_request(&mut self, h: &Header, payload: &[u8]) {
         let sid = h.dest_session;
         let max_len = self.config.max_msg_len;
-        let Some(desc) = BulkDesc::decode(payload) else {
+        let Some((desc, offer)) = BulkDesc::decode_offer(payload) else {
             self.stats.malformed_packets += 1;
             return;
         };
@@ -404,6 +405,8 @@ impl<P: Clone> Core<P> {
             slot.got.clear();
             slot.got.push(0);
             slot.charge = charge;
+            slot.writing = None;
+            slot.offer = (offer > 0).then_some((h.req_num, desc, offer as usize));
             let req_num = h.req_num;
             self.pool.put(old_req);
             self.release_exposed(old_resp);
@@ -434,6 +437,16 @@ impl<P: Clone> Core<P> {
         match slot.state {
             ServeState::Receiving | ServeState::Handling => {
                 // Still reading, or the handler runs: the client waits.
+                let h = Header {
+                    dest_session: s.remote,
+                    src_session: sid,
+                    req_num: slot.req_num,
+                    ..Header::new(PacketKind::CreditReturn)
+                };
+                self.tx.push(&s.peer, &h, &[]);
+            }
+            ServeState::Responded if slot.writing.is_some() => {
+                // The response is being written: the client waits.
                 let h = Header {
                     dest_session: s.remote,
                     src_session: sid,
@@ -567,8 +580,17 @@ impl<P: Clone> Core<P> {
         }
     }
 
-    /// Takes the READs that finished; registers `cx` for the next.
+    /// Whether the large-message path may have something to report: READs
+    /// or WRITEs under way, or requests exposed (a WRITE with immediate
+    /// may land in them).
+    pub(crate) fn bulk_busy(&self) -> bool {
+        !self.reads.is_empty() || !self.writes.is_empty() || self.requests_exposed > 0
+    }
+
+    /// Takes the READs and WRITEs that finished and the WRITEs with
+    /// immediate that landed; registers `cx` for the next.
     pub(crate) fn poll_bulk(&mut self, cx: &mut Context<'_>) {
+        self.poll_written(cx);
         let Some(bulk) = self.bulk.as_mut() else {
             return;
         };
@@ -590,6 +612,10 @@ impl<P: Clone> Core<P> {
         buf: Vec<u8>,
         result: Result<(), TransportError>,
     ) {
+        if let Some(t) = self.writes.remove(&token) {
+            self.on_write_done(token, t, buf, result);
+            return;
+        }
         let Some(t) = self.reads.remove(&token) else {
             self.pool.put(buf);
             return;
@@ -636,6 +662,7 @@ impl<P: Clone> Core<P> {
                 self.dispatch(t.sid, t.slot);
             }
             Role::Client => {
+                s.resp_hint = buf.len();
                 let slot = &mut s.client[t.slot];
                 slot.reading = None;
                 let old = std::mem::replace(&mut slot.resp, buf);
@@ -657,15 +684,30 @@ impl<P: Clone> Core<P> {
         let Some(s) = self.sessions.get_mut(sid) else {
             return false;
         };
-        if s.link_ready().is_none() {
+        let Some(link) = s.link_ready() else {
             return false;
-        }
+        };
+        // Room for the response too (`bulk_write.rs`): the request's
+        // length or the session's last large response, whichever is more,
+        // but at most twice the request (the room past the request is
+        // zeroed when exposed: a call does not pay for a far larger one).
+        let hint = s.resp_hint.min(self.config.max_msg_len);
         let slot = &mut s.client[i];
         let len = slot.req.len();
-        match bulk.expose(std::mem::take(&mut slot.req)) {
+        let cap = len.max(hint.min(2 * len));
+        match bulk.expose_writable(link, std::mem::take(&mut slot.req), cap) {
             Ok((token, addr, rkey)) => {
                 slot.req_exposed = Some(token);
+                self.requests_exposed += 1;
+                if let Some(w) = &self.dispatcher {
+                    // Its next turn polls the link for the response's
+                    // immediate (registering for it: a new link's
+                    // receives have no waker yet, and the dispatcher
+                    // polls the path only while `bulk_busy`).
+                    w.wake_by_ref();
+                }
                 slot.req_desc = Some((BulkDesc { addr, rkey }, len));
+                slot.offered = cap as u32;
                 true
             }
             Err((buf, error)) => {
@@ -685,8 +727,13 @@ impl<P: Clone> Core<P> {
         let slot = &mut s.client[i];
         slot.req_desc = None;
         slot.reading = None;
+        slot.offered = 0;
         if let (Some(token), Some(bulk)) = (slot.req_exposed.take(), self.bulk.as_mut()) {
-            if let Some(buf) = bulk.unexpose(token) {
+            self.requests_exposed -= 1;
+            if let Some(mut buf) = bulk.unexpose(token) {
+                // (It spans the offered room; the next request replaces
+                // its bytes.)
+                buf.clear();
                 slot.req = buf;
             }
         }
@@ -728,6 +775,7 @@ impl<P: Clone> Core<P> {
         };
         for slot in &mut s.client {
             if let Some(token) = slot.req_exposed.take() {
+                self.requests_exposed -= 1;
                 drop(bulk.unexpose(token));
             }
         }

@@ -36,7 +36,7 @@ pub(crate) fn send_client_packet<P: Clone>(
             pkt_count: 1,
             ..Header::new(PacketKind::ReadRequest)
         };
-        tx.push(s_peer, &h, &desc.encode());
+        tx.push(s_peer, &h, &desc.encode_offer(slot.offered));
     } else if k < slot.n_req {
         let start = k * max_payload;
         let end = (start + max_payload).min(slot.req.len());

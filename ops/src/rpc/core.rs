@@ -67,6 +67,13 @@ pub struct RpcStats {
     /// READs that failed (a bad descriptor, or a link that broke): the
     /// request or call failed and the session's link was closed.
     pub bulk_read_failures: u64,
+    /// Responses moved by RDMA WRITE with immediate into the buffer the
+    /// client offered (written at a server, received at a client).
+    pub bulk_writes: u64,
+    /// Server: WRITEs of a response that failed (the client's end of the
+    /// link broke or its buffer is gone): the link was closed and the
+    /// response kept to go in packets if the client asks again.
+    pub bulk_write_failures: u64,
 }
 
 /// What an endpoint holds now: the memory peers can make it hold, against
@@ -212,6 +219,14 @@ pub(crate) struct Core<P> {
     pub(crate) links_wanted: Vec<u32>,
     /// READs finished, taken from the transport (reused).
     pub(crate) bulk_done: Vec<super::transport::BulkDone>,
+    /// Server: WRITEs of responses under way, by token (`bulk_write.rs`).
+    pub(crate) writes: HashMap<u64, ReadTarget>,
+    /// Client: WRITEs with immediate received, taken from the transport
+    /// (reused).
+    pub(crate) bulk_written: Vec<(u64, u32)>,
+    /// Client: requests exposed to their servers (each may take its
+    /// response by WRITE with immediate), over all sessions.
+    pub(crate) requests_exposed: usize,
 }
 
 impl<P: Clone> Core<P> {
@@ -257,6 +272,9 @@ impl<P: Clone> Core<P> {
             next_link: 1,
             bulk_done: Vec::new(),
             links_wanted: Vec::new(),
+            writes: HashMap::new(),
+            bulk_written: Vec::new(),
+            requests_exposed: 0,
         }
     }
 

@@ -148,10 +148,10 @@ impl<T: Transport> Engine<T> {
         let Engine { transport, core } = self;
         let batch = core.config.recv_batch;
         let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
-        if !core.reads.is_empty() {
-            // Only READs report there, and every READ starts from a
-            // packet taken just above: with none under way, nothing to
-            // poll (nor a waker to register).
+        if core.bulk_busy() {
+            // Only READs, WRITEs and WRITEs with immediate into exposed
+            // requests report there: with none under way and no request
+            // exposed, nothing to poll (nor a waker to register).
             core.poll_bulk(cx);
         }
         let drained = transport.short_batch_registers();

@@ -22,8 +22,10 @@
 //! A read request or read response (the large-message path, `bulk.rs`)
 //! is one packet whose payload is a [`BulkDesc`] of [`BULK_DESC_LEN`]
 //! bytes: where the sender's registered copy of the message is
-//! (`addr` `u64`, `rkey` `u32`, then 4 zero bytes); `msg_len` is the
-//! message's length, `pkt_idx` 0 and `pkt_count` 1. A bulk connect and
+//! (`addr` `u64`, `rkey` `u32`, then a `u32`: in a read request the
+//! capacity of that buffer the client offers for the response to be
+//! written into, at most 16 MiB, 0 for none; zero in a read response);
+//! `msg_len` is the message's length, `pkt_idx` 0 and `pkt_count` 1. A bulk connect and
 //! its ack carry the sender's RC endpoint as their payload, `req_num` the
 //! client's link number and `pkt_idx` the handshake's step (0: open, 1:
 //! connected).
@@ -588,6 +590,32 @@ impl BulkDesc {
             addr: u64::from_le_bytes(addr),
             rkey: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
         })
+    }
+}
+
+impl BulkDesc {
+    /// A read request's descriptor, with the capacity of the buffer the
+    /// client offers for the response in its last 4 bytes (the request's
+    /// own buffer, which the server may then WRITE the response into; 0:
+    /// no offer).
+    pub fn encode_offer(&self, offer: u32) -> [u8; BULK_DESC_LEN] {
+        let mut out = self.encode();
+        out[12..16].copy_from_slice(&offer.to_le_bytes());
+        out
+    }
+
+    /// Decodes a read request's descriptor and offered capacity: `None`
+    /// unless `b` is [`BULK_DESC_LEN`] bytes and the offer is at most
+    /// [`MAX_MSG_LEN`].
+    pub fn decode_offer(b: &[u8]) -> Option<(BulkDesc, u32)> {
+        let b: &[u8; BULK_DESC_LEN] = b.try_into().ok()?;
+        let offer = u32::from_le_bytes([b[12], b[13], b[14], b[15]]);
+        if offer > MAX_MSG_LEN {
+            return None;
+        }
+        let mut desc = *b;
+        desc[12..16].fill(0);
+        Some((BulkDesc::decode(&desc)?, offer))
     }
 }
 

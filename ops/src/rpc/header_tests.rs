@@ -265,6 +265,18 @@ fn read_and_bulk_packets_are_checked() {
     reserved[15] = 1;
     assert_eq!(super::header::BulkDesc::decode(&reserved), None);
     assert_eq!(super::header::BulkDesc::decode(&desc.encode()), Some(desc));
+    // A read request's offer: carried in those 4 bytes, up to 16 MiB; a
+    // read response's stay zero.
+    use super::header::BulkDesc;
+    for offer in [0, 1, 100_000, 1 << 24] {
+        let b = desc.encode_offer(offer);
+        assert_eq!(BulkDesc::decode_offer(&b), Some((desc, offer)));
+        assert_eq!(BulkDesc::decode(&b).is_some(), offer == 0);
+    }
+    for offer in [(1 << 24) + 1, u32::MAX] {
+        assert_eq!(BulkDesc::decode_offer(&desc.encode_offer(offer)), None);
+    }
+    assert_eq!(BulkDesc::decode_offer(&desc.encode_offer(8)[..15]), None);
     let bc = Header {
         payload_len: 4,
         ..Header::new(PacketKind::BulkConnect)

@@ -134,13 +134,28 @@ impl MemNetwork {
         let mut net = self.0.borrow_mut();
         net.bulk.hold = hold;
         if !hold {
-            net.bulk.release();
+            net.bulk.release(false);
         }
     }
 
     /// READs held (see [`hold_reads`](MemNetwork::hold_reads)).
     pub fn held_reads(&self) -> usize {
-        self.0.borrow().bulk.held()
+        self.0.borrow().bulk.held(false)
+    }
+
+    /// Holds WRITEs with immediate from now on, as
+    /// [`hold_reads`](MemNetwork::hold_reads) holds READs.
+    pub fn hold_writes(&self, hold: bool) {
+        let mut net = self.0.borrow_mut();
+        net.bulk.hold_writes = hold;
+        if !hold {
+            net.bulk.release(true);
+        }
+    }
+
+    /// WRITEs held (see [`hold_writes`](MemNetwork::hold_writes)).
+    pub fn held_writes(&self) -> usize {
+        self.0.borrow().bulk.held(true)
     }
 
     /// READs carried out so far.

@@ -1,7 +1,7 @@
 //! The large-message path of [`MemTransport`](super::mem::MemTransport):
-//! links, exposed buffers and READs between endpoints of one
-//! [`MemNetwork`](super::mem::MemNetwork), with READs that can be held
-//! (to test what happens while one is under way).
+//! links, exposed buffers, READs and WRITEs with immediate between
+//! endpoints of one [`MemNetwork`](super::mem::MemNetwork), with READs and
+//! WRITEs that can be held (to test what happens while one is under way).
 
 use std::collections::{HashMap, VecDeque};
 use std::task::{Context, Waker};
@@ -9,22 +9,30 @@ use std::task::{Context, Waker};
 use super::mem::MemNetwork;
 use super::transport::{Bulk, BulkDone, TransportError};
 
-/// A buffer exposed to READ.
+/// A WRITE with immediate that landed: the link and the immediate.
+type Written = (u64, u32);
+
+/// A buffer exposed to READ (and to WRITE, if `writable`).
 struct Region {
     owner: u32,
     addr: u64,
     bytes: Vec<u8>,
+    writable: bool,
 }
 
-/// A READ not carried out yet (the network holds READs).
+/// A READ or WRITE with immediate not carried out yet (the network holds
+/// them).
 struct PendingRead {
     reader: u32,
     link: u64,
     addr: u64,
     rkey: u32,
     len: usize,
+    /// The READ's target, or the WRITE's source.
     into: Vec<u8>,
     token: u64,
+    /// A WRITE with this immediate (else a READ).
+    write_imm: Option<u32>,
 }
 
 /// The network's bulk state.
@@ -33,45 +41,78 @@ pub(crate) struct BulkNet {
     /// Exposed buffers by rkey.
     regions: HashMap<u32, Region>,
     next_rkey: u32,
-    /// Links by (endpoint, link): the peer endpoint once connected.
-    links: HashMap<(u32, u64), Option<u32>>,
+    /// Links by (endpoint, link): the peer endpoint and its link number
+    /// once connected.
+    links: HashMap<(u32, u64), Option<(u32, u64)>>,
     pending: VecDeque<PendingRead>,
     /// READs wait until released.
     pub(crate) hold: bool,
+    /// WRITEs with immediate wait until released.
+    pub(crate) hold_writes: bool,
     /// Finished READs per endpoint (by id), and the waker of its
     /// dispatcher.
     done: Vec<(Vec<BulkDone>, Option<Waker>)>,
+    /// WRITEs with immediate that landed, per endpoint (by id): (link,
+    /// immediate), and the waker of its dispatcher.
+    written: Vec<(Vec<Written>, Option<Waker>)>,
     /// READs carried out (tests).
     pub(crate) reads: u64,
+    /// WRITEs with immediate carried out (tests).
+    pub(crate) writes: u64,
 }
 
 impl BulkNet {
-    /// Carries out `r`: the bytes of the peer's exposed buffer, or an
-    /// error as a device gives one (a bad key, address or length, or a
-    /// link that is closed).
+    /// Carries out `r`: the bytes of the peer's exposed buffer copied (a
+    /// READ) or written with the immediate delivered (a WRITE), or an
+    /// error as a device gives one (a bad key, address or length, a region
+    /// not writable, or a link that is closed).
     fn execute(&mut self, mut r: PendingRead) {
         let peer = self.links.get(&(r.reader, r.link)).copied().flatten();
-        let result = match (peer, self.regions.get(&r.rkey)) {
+        let mut landed = None;
+        let result = match (peer, self.regions.get_mut(&r.rkey)) {
             (None, _) => Err("the link is closed"),
-            (Some(peer), Some(region)) if region.owner == peer => {
+            (Some((peer, peer_link)), Some(region)) if region.owner == peer => {
                 let off = r.addr.checked_sub(region.addr);
                 match off.and_then(|o| usize::try_from(o).ok()) {
                     Some(o)
                         if o.checked_add(r.len)
                             .is_some_and(|e| e <= region.bytes.len()) =>
                     {
-                        r.into.clear();
-                        r.into.extend_from_slice(&region.bytes[o..o + r.len]);
-                        Ok(())
+                        match r.write_imm {
+                            None => {
+                                r.into.clear();
+                                r.into.extend_from_slice(&region.bytes[o..o + r.len]);
+                                Ok(())
+                            }
+                            Some(imm) if region.writable => {
+                                region.bytes[o..o + r.len].copy_from_slice(&r.into);
+                                landed = Some((peer, peer_link, imm));
+                                Ok(())
+                            }
+                            Some(_) => Err("remote access error: the region is not writable"),
+                        }
                     }
                     _ => Err("remote access error: out of the region"),
                 }
             }
             _ => Err("remote access error: no such key at the peer"),
         };
-        self.reads += 1;
+        let op = if r.write_imm.is_some() {
+            self.writes += 1;
+            "writing by RDMA WRITE with immediate"
+        } else {
+            self.reads += 1;
+            "reading by RDMA READ"
+        };
+        if let Some((peer, peer_link, imm)) = landed {
+            let (items, waker) = self.written_of(peer);
+            items.push((peer_link, imm));
+            if let Some(w) = waker.take() {
+                w.wake();
+            }
+        }
         let result = result.map_err(|reason| TransportError::Failed {
-            op: "reading by RDMA READ",
+            op,
             source: reason.into(),
         });
         let (items, waker) = self.done_of(r.reader);
@@ -79,6 +120,15 @@ impl BulkNet {
         if let Some(w) = waker.take() {
             w.wake();
         }
+    }
+
+    /// Endpoint `id`'s WRITEs with immediate received.
+    fn written_of(&mut self, id: u32) -> &mut (Vec<Written>, Option<Waker>) {
+        let i = id as usize;
+        if self.written.len() <= i {
+            self.written.resize_with(i + 1, Default::default);
+        }
+        &mut self.written[i]
     }
 
     /// Endpoint `id`'s finished READs.
@@ -90,9 +140,13 @@ impl BulkNet {
         &mut self.done[i]
     }
 
-    /// Carries out the READs held.
-    pub(crate) fn release(&mut self) {
-        while let Some(r) = self.pending.pop_front() {
+    /// Carries out the READs held (`writes`: the WRITEs).
+    pub(crate) fn release(&mut self, writes: bool) {
+        let (go, stay) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|r| r.write_imm.is_some() == writes);
+        self.pending = stay;
+        for r in go {
             self.execute(r);
         }
     }
@@ -102,9 +156,11 @@ impl BulkNet {
         self.regions.values().filter(|r| r.owner == id).count()
     }
 
-    /// READs held.
-    pub(crate) fn held(&self) -> usize {
-        self.pending.len()
+    /// READs held (`writes`: WRITEs).
+    pub(crate) fn held(&self, writes: bool) -> usize {
+        (self.pending.iter())
+            .filter(|r| r.write_imm.is_some() == writes)
+            .count()
     }
 }
 
@@ -122,6 +178,9 @@ impl Drop for MemBulk {
         b.regions.retain(|_, r| r.owner != self.id);
         b.links.retain(|(owner, _), _| *owner != self.id);
         if let Some(d) = b.done.get_mut(self.id as usize) {
+            *d = Default::default();
+        }
+        if let Some(d) = b.written.get_mut(self.id as usize) {
             *d = Default::default();
         }
     }
@@ -152,13 +211,16 @@ impl Bulk for MemBulk {
             return Err(bad("not a link address"));
         }
         let peer = u32::from_le_bytes(*peer);
+        let mut peer_link = [0u8; 8];
+        peer_link.copy_from_slice(rest);
+        let peer_link = u64::from_le_bytes(peer_link);
         let mut net = self.net.0.borrow_mut();
         if peer as usize >= net.inboxes.len() {
             return Err(bad("no such endpoint"));
         }
         match net.bulk.links.get_mut(&(self.id, link)) {
             Some(end) => {
-                *end = Some(peer);
+                *end = Some((peer, peer_link));
                 Ok(())
             }
             None => Err(bad("no such link")),
@@ -181,6 +243,7 @@ impl Bulk for MemBulk {
                 owner: self.id,
                 addr,
                 bytes: buf,
+                writable: false,
             },
         );
         Ok((u64::from(rkey), addr, rkey))
@@ -221,6 +284,7 @@ impl Bulk for MemBulk {
             len,
             into,
             token,
+            write_imm: None,
         };
         if b.hold {
             b.pending.push_back(r);
@@ -230,15 +294,91 @@ impl Bulk for MemBulk {
         Ok(())
     }
 
+    fn expose_writable(
+        &mut self,
+        link: u64,
+        mut buf: Vec<u8>,
+        cap: usize,
+    ) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
+        if !self
+            .net
+            .0
+            .borrow()
+            .bulk
+            .links
+            .contains_key(&(self.id, link))
+        {
+            let e = TransportError::BadAddress {
+                len: 0,
+                reason: "no such link",
+            };
+            return Err((buf, e));
+        }
+        let cap = cap.max(buf.len());
+        buf.resize(cap, 0);
+        let (token, addr, rkey) = self.expose(buf)?;
+        let mut net = self.net.0.borrow_mut();
+        if let Some(r) = net.bulk.regions.get_mut(&rkey) {
+            r.writable = true;
+        }
+        Ok((token, addr, rkey))
+    }
+
+    fn write_imm(
+        &mut self,
+        link: u64,
+        buf: Vec<u8>,
+        addr: u64,
+        rkey: u32,
+        imm: u32,
+        token: u64,
+    ) -> Result<(), (Vec<u8>, TransportError)> {
+        let mut net = self.net.0.borrow_mut();
+        let b = &mut net.bulk;
+        if !b.links.contains_key(&(self.id, link)) {
+            let e = TransportError::BadAddress {
+                len: 0,
+                reason: "no such link",
+            };
+            return Err((buf, e));
+        }
+        let r = PendingRead {
+            reader: self.id,
+            link,
+            addr,
+            rkey,
+            len: buf.len(),
+            into: buf,
+            token,
+            write_imm: Some(imm),
+        };
+        if b.hold_writes {
+            b.pending.push_back(r);
+        } else {
+            b.execute(r);
+        }
+        Ok(())
+    }
+
+    fn poll_written(&mut self, cx: &mut Context<'_>, out: &mut Vec<(u64, u32)>) {
+        let mut net = self.net.0.borrow_mut();
+        let (items, waker) = net.bulk.written_of(self.id);
+        // Registered whether or not some are here (as a receive ring
+        // registers once drained): the engine does not ask again.
+        match waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
+        out.append(items);
+    }
+
     fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>) {
         let mut net = self.net.0.borrow_mut();
         let (items, waker) = net.bulk.done_of(self.id);
-        if items.is_empty() {
-            match waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                w => *w = Some(cx.waker().clone()),
-            }
-            return;
+        // Registered whether or not some are here (as the UD one).
+        match waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
         }
         out.append(items);
     }

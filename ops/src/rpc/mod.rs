@@ -43,6 +43,10 @@
 //! receiver copies it with one RDMA READ over an RC link of the session,
 //! opened on the session's first large message (`bulk.rs` has the
 //! protocol, the ownership of the buffers and what a failed READ does).
+//! A read request offers its own buffer for the response: a large
+//! response that fits is written into it by RDMA WRITE with immediate
+//! rather than read (`bulk_write.rs`), four one-way trips a call instead
+//! of six.
 //! Smaller messages stay on the datagram transport: one UD queue pair
 //! serves every peer, and the same retransmission covers every packet.
 //! `docs/benchmarks.md` has the rates by size, `docs/rpc.md` why the
@@ -79,6 +83,7 @@ mod admission;
 mod budget;
 mod buf;
 mod bulk;
+mod bulk_write;
 pub(crate) mod client;
 mod config;
 pub(crate) mod core;
@@ -115,6 +120,8 @@ mod addr_tests;
 mod buf_tests;
 #[cfg(test)]
 mod bulk_tests;
+#[cfg(test)]
+mod bulk_write_tests;
 #[cfg(test)]
 mod flush_tests;
 #[cfg(test)]

@@ -453,7 +453,13 @@ impl<P: Clone> Core<P> {
             return;
         }
         let resp = if self.is_bulk(resp.len()) && resp.len() <= MAX_MSG_LEN as usize {
-            match self.expose_response(sid, i, resp.into_vec()) {
+            // Written into the client's offered buffer, else exposed for
+            // it to READ (`bulk_write.rs`, `bulk.rs`).
+            let resp = match self.write_response(sid, i, req_num, resp.into_vec()) {
+                Ok(()) => return,
+                Err(buf) => buf,
+            };
+            match self.expose_response(sid, i, resp) {
                 // Exposed: the client READs it.
                 None => {
                     if let Some(s) = self.sessions.get_mut(sid) {

@@ -92,6 +92,9 @@ pub(crate) struct ClientSlot {
     pub(crate) req_desc: Option<(BulkDesc, usize)>,
     /// The READ of the response under way (its token).
     pub(crate) reading: Option<u64>,
+    /// The capacity of the exposed request buffer this call offers the
+    /// server to WRITE its response into (0: none; `bulk_write.rs`).
+    pub(crate) offered: u32,
 }
 
 /// Where a client slot's call is.
@@ -127,6 +130,7 @@ impl ClientSlot {
             req_exposed: None,
             req_desc: None,
             reading: None,
+            offered: 0,
         }
     }
 
@@ -216,6 +220,12 @@ pub(crate) struct ServerSlot {
     /// `None` meanwhile). Kept like `resp`: until the slot's next request
     /// or the session's end.
     pub(crate) resp_exposed: Option<(u64, BulkDesc, usize)>,
+    /// The buffer the client offered with read request `.0` for its
+    /// response: where, and how many bytes it holds (`bulk_write.rs`).
+    pub(crate) offer: Option<(u64, BulkDesc, usize)>,
+    /// The WRITE of the response into the client's offered buffer under
+    /// way (its token; the response's buffer is the WRITE's meanwhile).
+    pub(crate) writing: Option<u64>,
 }
 
 impl ServerSlot {
@@ -245,6 +255,8 @@ impl ServerSlot {
             status: Status::Ok,
             reading: None,
             resp_exposed: None,
+            offer: None,
+            writing: None,
         }
     }
 }
@@ -320,6 +332,10 @@ pub(crate) struct Session<P> {
     /// Client: the server did not answer a bulk connect (or a READ
     /// failed): no link is asked for again on this session.
     pub(crate) link_refused: bool,
+    /// Client: the length of the last response that came by READ or
+    /// WRITE: a large request offers at least this much room for its
+    /// response (`bulk_write.rs`).
+    pub(crate) resp_hint: usize,
 }
 
 impl<P> Session<P> {
@@ -345,6 +361,7 @@ impl<P> Session<P> {
             next_ping: None,
             link: None,
             link_refused: false,
+            resp_hint: 0,
         }
     }
 

@@ -107,9 +107,42 @@ pub trait Bulk {
         token: u64,
     ) -> Result<(), (Vec<u8>, TransportError)>;
 
-    /// The READs that finished since the last call; registers `cx` for the
-    /// next one if there are none.
+    /// The READs and WRITEs that finished since the last call; registers
+    /// `cx` for the next one (whether or not some were here: the engine
+    /// does not ask again before it sleeps).
     fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>);
+
+    /// Like [`expose`](Bulk::expose), but the peer at the other end of
+    /// `link` may also WRITE with immediate into the region, which spans
+    /// `cap` bytes (at least `buf.len()`; the bytes past `buf.len()` are
+    /// zeroed first). [`unexpose`](Bulk::unexpose) gives the buffer back
+    /// with all `cap` bytes. The link is made ready to take the
+    /// immediates ([`poll_written`](Bulk::poll_written)).
+    fn expose_writable(
+        &mut self,
+        link: u64,
+        buf: Vec<u8>,
+        cap: usize,
+    ) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)>;
+
+    /// Starts an RDMA WRITE with immediate `imm` of all of `buf` over
+    /// `link` to `addr` under `rkey`, reported with `token` by
+    /// [`poll_done`](Bulk::poll_done) (which gives `buf` back). On failure
+    /// to start, the buffer comes back.
+    fn write_imm(
+        &mut self,
+        link: u64,
+        buf: Vec<u8>,
+        addr: u64,
+        rkey: u32,
+        imm: u32,
+        token: u64,
+    ) -> Result<(), (Vec<u8>, TransportError)>;
+
+    /// The WRITEs with immediate the peers finished into this side's
+    /// writable regions since the last call, as (link, immediate);
+    /// registers `cx` for the next one (whether or not some were here).
+    fn poll_written(&mut self, cx: &mut Context<'_>, out: &mut Vec<(u64, u32)>);
 }
 
 /// A transport failure.

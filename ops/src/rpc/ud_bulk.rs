@@ -1,17 +1,20 @@
 //! The large-message path of [`UdTransport`](super::ud::UdTransport): RC
 //! queue pairs of the same device (one per session that asks), buffers
-//! granted to peers for REMOTE_READ only, and READs into buffers
-//! registered for the READ's time.
+//! granted to peers for REMOTE_READ (and REMOTE_WRITE where the peer may
+//! write a response into them), READs into buffers registered for the
+//! READ's time, WRITEs with immediate from buffers registered for the
+//! WRITE's time, and a small receive ring per link whose buffers the
+//! peer's WRITEs with immediate consume.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 
 use tracing::debug;
 use verbio_runtime::buf::{IoBuf, RegisteredMem, RemoteAccessRegion, Slice};
 use verbio_runtime::provider::{AccessFlags, Endpoint, Pd, QpCaps};
-use verbio_runtime::{Device, QueuePair};
+use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig};
 
 use super::transport::{Bulk, BulkDone, TransportError};
 use crate::connect::handshake::{self, Hello};
@@ -20,6 +23,13 @@ use crate::verbs::RemoteBuf;
 
 /// READs a link has under way at most (its send queue).
 const LINK_SEND_DEPTH: u32 = 64;
+/// Receives a link keeps posted for the peer's WRITEs with immediate: more
+/// than a session's slots, so a WRITE never waits for a repost.
+const LINK_RECV_DEPTH: u32 = 16;
+/// Bytes of each of those receives (a WRITE with immediate puts nothing in
+/// them; a SEND the peer has no business sending lands there and is
+/// counted as malformed).
+const LINK_RECV_BYTES: usize = 64;
 
 /// Finished READs, filled by their tasks.
 #[derive(Default)]
@@ -33,6 +43,9 @@ pub(crate) struct UdBulk {
     qps: DeviceQps,
     pd: Pd,
     links: HashMap<u64, (QueuePair, Endpoint)>,
+    /// The receive rings of the links whose regions peers may write to,
+    /// made on the link's first writable region.
+    rings: HashMap<u64, RecvRing>,
     regions: HashMap<u64, RemoteAccessRegion<Slice<Vec<u8>>>>,
     next_region: u64,
     done: Rc<RefCell<Done>>,
@@ -44,7 +57,7 @@ impl UdBulk {
         let config = QpConfig {
             caps: QpCaps {
                 max_send_wr: LINK_SEND_DEPTH,
-                max_recv_wr: 1,
+                max_recv_wr: LINK_RECV_DEPTH,
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline_data: 0,
@@ -55,6 +68,7 @@ impl UdBulk {
             qps: DeviceQps::new(device.clone(), config),
             pd: device.pd().clone(),
             links: HashMap::new(),
+            rings: HashMap::new(),
             regions: HashMap::new(),
             next_region: 1,
             done: Rc::default(),
@@ -98,8 +112,10 @@ impl Bulk for UdBulk {
     }
 
     fn close(&mut self, link: u64) {
-        // Dropping the queue pair destroys it; READs under way end
-        // flushed (their tasks report them).
+        // Dropping the queue pair destroys it; READs and WRITEs under way
+        // end flushed (their tasks report them), and so do the ring's
+        // receives (the ring's memory is freed once they are polled).
+        self.rings.remove(&link);
         self.links.remove(&link);
     }
 
@@ -179,14 +195,127 @@ impl Bulk for UdBulk {
         Ok(())
     }
 
+    fn expose_writable(
+        &mut self,
+        link: u64,
+        mut buf: Vec<u8>,
+        cap: usize,
+    ) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
+        if !self.rings.contains_key(&link) {
+            let Some((qp, _)) = self.links.get(&link) else {
+                let e = TransportError::BadAddress {
+                    len: 0,
+                    reason: "no such link",
+                };
+                return Err((buf, e));
+            };
+            let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_RECV_BYTES);
+            match RecvRing::new(qp, &self.pd, config) {
+                Ok(ring) => {
+                    self.rings.insert(link, ring);
+                }
+                Err(e) => return Err((buf, failed("posting the link's receives", e))),
+            }
+        }
+        let cap = cap.max(buf.len());
+        buf.reserve_exact(cap - buf.len());
+        // Exactly `cap` bytes: the peer reaches nothing past them.
+        let buf = match buf.slice(..cap) {
+            Ok(slice) => slice,
+            Err(rejected) => {
+                let error = failed("exposing a buffer", rejected.error);
+                return Err((rejected.buf, error));
+            }
+        };
+        let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+        match RemoteAccessRegion::grant(&self.pd, buf, access) {
+            Ok(region) => {
+                let token = self.next_region;
+                self.next_region += 1;
+                let (addr, rkey) = (region.addr(), region.rkey());
+                self.regions.insert(token, region);
+                Ok((token, addr, rkey))
+            }
+            Err(rejected) => {
+                let error = failed("granting a buffer for READ and WRITE", rejected.error);
+                Err((rejected.buf.into_inner(), error))
+            }
+        }
+    }
+
+    fn write_imm(
+        &mut self,
+        link: u64,
+        buf: Vec<u8>,
+        addr: u64,
+        rkey: u32,
+        imm: u32,
+        token: u64,
+    ) -> Result<(), (Vec<u8>, TransportError)> {
+        let Some((qp, _)) = self.links.get(&link) else {
+            let e = TransportError::BadAddress {
+                len: 0,
+                reason: "no such link",
+            };
+            return Err((buf, e));
+        };
+        let len = buf.len() as u64;
+        let mem = match RegisteredMem::register(&self.pd, buf, AccessFlags::from_bits_truncate(0)) {
+            Ok(mem) => mem,
+            Err(rejected) => {
+                let error = failed("registering the WRITE's buffer", rejected.error);
+                return Err((rejected.buf, error));
+            }
+        };
+        let op = crate::verbs::write_with_imm::write_with_imm(
+            qp,
+            mem,
+            RemoteBuf::new(addr, len, rkey),
+            imm,
+        );
+        let done = self.done.clone();
+        // Submitted now; the task waits for the completion (the runtime
+        // keeps the buffer until then).
+        verbio_runtime::spawn(async move {
+            let (result, mem) = op.await;
+            let buf = mem.into_inner();
+            let result = result.map_err(|e| {
+                debug!(error = %e, "rpc/ud: WRITE with immediate failed");
+                failed("writing by RDMA WRITE with immediate", e)
+            });
+            let mut d = done.borrow_mut();
+            d.items.push((token, buf, result));
+            if let Some(w) = d.waker.take() {
+                w.wake();
+            }
+        });
+        Ok(())
+    }
+
+    fn poll_written(&mut self, cx: &mut Context<'_>, out: &mut Vec<(u64, u32)>) {
+        for (&link, ring) in &self.rings {
+            loop {
+                match ring.poll_next(cx) {
+                    Poll::Ready(Some(Ok(msg))) => match (msg.by_write(), msg.imm()) {
+                        (true, Some(imm)) => out.push((link, imm)),
+                        _ => debug!(link, "rpc/ud: a message on a link that takes only WRITEs with immediate; ignored"),
+                    },
+                    Poll::Ready(Some(Err(error))) => {
+                        debug!(%error, link, "rpc/ud: a link's receive completed in error");
+                    }
+                    Poll::Ready(None) | Poll::Pending => break,
+                }
+            }
+        }
+    }
+
     fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>) {
         let mut d = self.done.borrow_mut();
-        if d.items.is_empty() {
-            match &mut d.waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                w => *w = Some(cx.waker().clone()),
-            }
-            return;
+        // Registered whether or not some are here: the dispatcher does not
+        // ask again before it sleeps.
+        match &mut d.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
         }
         out.append(&mut d.items);
     }
