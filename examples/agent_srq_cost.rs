@@ -79,6 +79,7 @@ fn serve(srq_depth: u32) -> Res<(SocketAddr, SocketAddr)> {
                 let dev = soft()?;
                 let own = RdmaBuilder::new()
                     .device(dev.clone())
+                    .no_shared_receive_queue()
                     .listen("127.0.0.1:0".parse()?)?;
                 let shared = RdmaBuilder::new()
                     .device(dev)

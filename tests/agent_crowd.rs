@@ -6,7 +6,10 @@
 //! about 180 connections). Memory per connection (both ends, RSS) is
 //! printed; docs/benchmarks.md records it. `VERBIO_CROWD_ONLY=ring` or
 //! `=srq` runs one of the two, so its memory is measured in a fresh
-//! process (the second run of a process reuses the first one's heap).
+//! process (the second run of a process reuses the first one's heap);
+//! `=default` runs the listener's default instead (rings for its first
+//! connections, its SRQ beyond), and `VERBIO_CROWD_SIZE=default` gives
+//! the connections `RdmaBuilder`'s default sizes.
 
 mod common;
 
@@ -26,13 +29,26 @@ fn crowd() -> usize {
         .unwrap_or(1000)
 }
 
-/// Which runs `VERBIO_CROWD_ONLY` asks for: (own rings, shared receive
-/// queue).
-fn runs() -> (bool, bool) {
+/// How a run's listener receives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Receives {
+    /// Every connection its own receive ring.
+    Rings,
+    /// Every connection on one shared receive queue of this depth.
+    Srq(u32),
+    /// The builder's default: rings for the first
+    /// `DEFAULT_SRQ_ABOVE`, the SRQ beyond.
+    Default,
+}
+
+/// Which runs `VERBIO_CROWD_ONLY` asks for (`ring`, `srq` or `default`;
+/// by default the first two).
+fn runs() -> Vec<Receives> {
     match std::env::var("VERBIO_CROWD_ONLY").as_deref() {
-        Ok("ring") => (true, false),
-        Ok("srq") => (false, true),
-        _ => (true, true),
+        Ok("ring") => vec![Receives::Rings],
+        Ok("srq") => vec![Receives::Srq(256)],
+        Ok("default") => vec![Receives::Default],
+        _ => vec![Receives::Rings, Receives::Srq(256)],
     }
 }
 
@@ -40,7 +56,12 @@ fn runs() -> (bool, bool) {
 const DIAL_BATCH: usize = 32;
 
 /// Small connections: the test is about how many, not how fast.
+/// `VERBIO_CROWD_SIZE=default` keeps `RdmaBuilder`'s defaults instead
+/// (64 receive buffers of 4 KiB), for the memory a default connection takes.
 fn small() -> RdmaBuilder {
+    if std::env::var("VERBIO_CROWD_SIZE").as_deref() == Ok("default") {
+        return RdmaBuilder::new();
+    }
     RdmaBuilder::new()
         .recv_buf_size(256)
         .recv_buf_count(8)
@@ -65,16 +86,22 @@ fn sender_of(m: &[u8]) -> Option<usize> {
 /// A server thread holding `n` connections at once: it accepts them all,
 /// then echoes one message of each, then waits for each to close. Returns
 /// the device's CQ count and the process's RSS (KiB) once all echoed.
-fn serve_crowd(srq: Option<u32>, n: usize) -> (SocketAddr, std::thread::JoinHandle<(usize, u64)>) {
+fn serve_crowd(
+    receives: Receives,
+    n: usize,
+) -> (SocketAddr, std::thread::JoinHandle<(usize, u64)>) {
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let (rt, dev) = runtime_and_device();
         let d = dev.clone();
         let all_held = run(&rt, n, async move {
-            let mut b = small().device(d);
-            if let Some(depth) = srq {
-                b = b.shared_receive_queue(depth);
-            }
+            let b = small().device(d);
+            let b = match receives {
+                Receives::Srq(depth) => b.shared_receive_queue(depth),
+                // Every connection its own receive ring, however many.
+                Receives::Rings => b.no_shared_receive_queue(),
+                Receives::Default => b,
+            };
             let l = b.listen("127.0.0.1:0".parse().unwrap()).expect("listen");
             tx.send(l.local_addr().unwrap()).unwrap();
             let mut conns = Vec::with_capacity(n);
@@ -169,11 +196,11 @@ const DIAL_ENV: &str = "VERBIO_CROWD_DIAL";
 /// file limit holds both ends' sockets, else from a child process (this
 /// test with [`DIAL_ENV`] set); prints the memory per connection and
 /// returns the client device's CQ count.
-fn crowd_to(srq: Option<u32>, n: usize) -> usize {
+fn crowd_to(receives: Receives, n: usize) -> usize {
     let before = rss_kib();
     let one_process = fds_for(n, 2) == n;
     let n = if one_process { n } else { fds_for(n, 1) };
-    let (addr, server) = serve_crowd(srq, n);
+    let (addr, server) = serve_crowd(receives, n);
     let (grown, cqs, dialed, ends) = if one_process {
         let (grown, cqs, dialed) = dial_crowd(addr, n, before);
         (grown, cqs, dialed, "both ends")
@@ -200,8 +227,11 @@ fn crowd_to(srq: Option<u32>, n: usize) -> usize {
     eprintln!(
         "{n} Rdma connections{}: client device {} CQs, server device {} CQs, \
          {} KiB RSS per connection ({ends}); dialed in {dialed:.2} s",
-        srq.map(|d| format!(" (listener SRQ of {d})"))
-            .unwrap_or_default(),
+        match receives {
+            Receives::Rings => String::new(),
+            Receives::Srq(d) => format!(" (listener SRQ of {d})"),
+            Receives::Default => " (listener's default: rings, then its SRQ)".to_string(),
+        },
         cqs,
         server_cqs,
         grown / n as u64,
@@ -223,15 +253,11 @@ fn a_thousand_rdma_connections_on_one_device() {
         );
         return;
     }
-    let (rings, srq) = runs();
-    if rings {
-        let cqs = crowd_to(None, n);
+    for receives in runs() {
+        let cqs = crowd_to(receives, n);
         // 256 CQ entries claimed per QP: more than the first CQ holds.
-        if n > 16 && cqs > 0 {
+        if receives == Receives::Rings && n > 16 && cqs > 0 {
             assert!(cqs > 1, "{n} connections fit in one CQ of 4,096?");
         }
-    }
-    if srq {
-        crowd_to(Some(256), n);
     }
 }

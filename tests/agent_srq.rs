@@ -99,3 +99,37 @@ fn a_zero_depth_srq_is_refused() {
         assert!(matches!(err, verbio::AgentError::Config { .. }), "{err:?}");
     });
 }
+
+#[test]
+fn an_immediate_and_a_hand_back_reach_a_connection_on_the_srq() {
+    // `receive_write_imm` on a connection on the SRQ took the next
+    // message from a receive ring of its own, which it has not: the
+    // connection went down ("closed locally") at the first immediate.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (addr, server) = serve_rdma(srq_builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        assert!(r.on_shared_receive_queue());
+        let imm = r.receive_write_imm().await.expect("immediate");
+        let mem = r.receive_local_mr().await.expect("hand-back");
+        let after = r.receive().await.expect("message after");
+        tx.send((imm, mem, after)).unwrap();
+        r.send(b"done").await.expect("done");
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let remote = r.request_remote_mr(32).await.expect("grant");
+        let mut data = r.alloc_local_mr(32).unwrap();
+        data.fill(0x5a);
+        let (res, _) = r.write_with_imm(data, &remote, 0xfeed).await;
+        res.expect("write_with_imm");
+        r.send_remote_mr(remote).await.expect("hand back");
+        r.send(b"after").await.expect("send");
+        assert_eq!(r.receive().await.expect("done"), b"done");
+    });
+    let (imm, mem, after) = rx.recv_timeout(WAIT).expect("server's findings");
+    assert_eq!(imm, 0xfeed);
+    assert_eq!(mem, vec![0x5a; 32]);
+    assert_eq!(after, b"after");
+    server.join().expect("server");
+}

@@ -20,9 +20,9 @@ use verbio_runtime::Device;
 use super::error::AgentError;
 use super::flow::reserve_for;
 use super::qps::AgentQps;
+use super::qps::{ListenerSrq, SrqPolicy};
 use super::rdma::{Rdma, Redial};
 use super::settings::MIN_RECV_BUF_SIZE;
-use super::srq::SrqHub;
 use super::staging_budget::StagingBudget;
 use super::wire::{Settings, DATA_OVERHEAD};
 use crate::connect::{connect, DeviceQps, Listener, QpConfig};
@@ -45,6 +45,18 @@ pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 /// `recv_buf_size` + 48 bytes each: about 430 KB at 4 KiB (a shared
 /// receive queue bounds it for many connections).
 pub const DEFAULT_RECV_BUF_COUNT: u32 = 64;
+
+/// Default of [`RdmaBuilder::shared_receive_queue_above`]: a listener
+/// holding this many connections with receive queues of their own puts
+/// new ones on a shared receive queue. Chosen from measurements
+/// (docs/benchmarks.md, "Memory per connection with and without a shared
+/// receive queue"): see [`RdmaBuilder::shared_receive_queue_above`].
+pub const DEFAULT_SRQ_ABOVE: usize = 64;
+
+/// Default of [`RdmaBuilder::shared_receive_queue_above`]'s depth: the
+/// buffers of a listener's shared receive queue (at 4 KiB, 1 MiB: the
+/// receive rings of about three connections of their own).
+pub const DEFAULT_SRQ_DEPTH: u32 = 256;
 
 /// Default of [`RdmaBuilder::staging_ring`]: messages from one receive
 /// buffer up to 1 MiB go by one RDMA WRITE into it. Measured on the soft
@@ -184,9 +196,13 @@ pub struct RdmaBuilder {
     busy_poll: Duration,
     handshake_timeout: Duration,
     config: Config,
-    /// Buffers of the listener's shared receive queue (`None`: each
-    /// connection has its own receive queue).
-    pub(super) srq_depth: Option<u32>,
+    /// When the listener's connections go on its shared receive queue
+    /// (`None`: never).
+    pub(super) srq: Option<SrqPolicy>,
+    /// The application chose the shared receive queue's use
+    /// ([`RdmaBuilder::shared_receive_queue`] or
+    /// [`RdmaBuilder::shared_receive_queue_above`]).
+    pub(super) srq_set: bool,
     /// `max_inline_data` was set by the application (else a device that
     /// refuses the default gets the runtime's default QP caps' instead).
     inline_set: bool,
@@ -208,7 +224,11 @@ impl Default for RdmaBuilder {
             },
             busy_poll: Duration::ZERO,
             handshake_timeout: Duration::from_secs(10),
-            srq_depth: None,
+            srq: Some(SrqPolicy {
+                above: DEFAULT_SRQ_ABOVE,
+                depth: DEFAULT_SRQ_DEPTH,
+            }),
+            srq_set: false,
             inline_set: false,
             config: Config {
                 max_message_len: 64 << 20,
@@ -533,16 +553,50 @@ impl RdmaBuilder {
     /// `recv_buf_size` bytes and a message header each: the listener's receive memory is these
     /// buffers whatever the number of connections, where without it each
     /// connection posts `recv_buf_count` buffers (plus a reserve) of its
-    /// own. Each connection still grants its peer `recv_buf_count` send
-    /// credits; when the buffers run out, senders wait (RNR retries)
-    /// until a message is read. The connections' QPs, receive buffers and
-    /// grants are then all in the device's protection domain (an SRQ's QPs
-    /// share its PD) instead of one per connection. A message is read in
-    /// place and copied out when delivered (no zero-copy hand-over).
+    /// own. The same as [`shared_receive_queue_above`](Self::shared_receive_queue_above)`(0, depth)`.
     /// Applies to [`listen`](Self::listen); [`connect`](Self::connect)
     /// ignores it and [`listen_cm`](Self::listen_cm) refuses it.
-    pub fn shared_receive_queue(mut self, depth: u32) -> Self {
-        self.srq_depth = Some(depth);
+    pub fn shared_receive_queue(self, depth: u32) -> Self {
+        self.shared_receive_queue_above(0, depth)
+    }
+
+    /// A listener accepts its first `connections` connections (those live
+    /// at once) with receive queues of their own, and puts each one beyond
+    /// them on one shared receive queue of the device, of `depth` buffers
+    /// of `recv_buf_size` bytes and a message header each, made when the
+    /// first one needs it (as connections close, new ones get queues of
+    /// their own again). The default: [`DEFAULT_SRQ_ABOVE`] connections,
+    /// [`DEFAULT_SRQ_DEPTH`] buffers.
+    ///
+    /// A connection on the SRQ still grants its peer `recv_buf_count` send
+    /// credits; when the buffers run out, senders wait (RNR retries) until
+    /// a message is read. A message is read in place and copied out when
+    /// delivered (no zero-copy hand-over). The QPs on an SRQ must share
+    /// its protection domain (the device's), so the memory such a
+    /// connection lets its peer reach (grants, its staging ring, a large
+    /// message offered for READ) is reached through a type 2 memory window
+    /// its QP binds, which the device lets only that QP's peer use: no
+    /// other connection reaches it, even with its rkey. That costs one
+    /// BIND_MW per grant and per large message sent by READ.
+    ///
+    /// Applies to [`listen`](Self::listen); [`connect`](Self::connect)
+    /// ignores it and [`listen_cm`](Self::listen_cm) refuses it.
+    pub fn shared_receive_queue_above(mut self, connections: usize, depth: u32) -> Self {
+        self.srq = Some(SrqPolicy {
+            above: connections,
+            depth,
+        });
+        self.srq_set = true;
+        self
+    }
+
+    /// Every connection a listener accepts has a receive queue (and a
+    /// protection domain) of its own, however many there are: receive
+    /// memory grows with the connections (see
+    /// [`shared_receive_queue_above`](Self::shared_receive_queue_above)).
+    pub fn no_shared_receive_queue(mut self) -> Self {
+        self.srq = None;
+        self.srq_set = false;
         self
     }
 
@@ -663,22 +717,25 @@ impl RdmaBuilder {
         let (qp, config) = self.checked()?;
         let device = self.open()?;
         let qps = self.agent_qps(&device, qp);
-        let qps = match self.srq_depth {
+        let mut srqs = None;
+        let qps = match self.srq {
             None => qps,
-            Some(0) => {
+            Some(SrqPolicy { depth: 0, .. }) => {
                 return Err(AgentError::Config {
                     setting: "shared_receive_queue",
                     reason: "needs at least 1 buffer",
                 })
             }
-            Some(depth) => {
-                let hub = SrqHub::start(&device, depth, config.posted_buf_size())?;
-                qps.on_srq(Rc::new(hub))
+            Some(policy) => {
+                let srq = Rc::new(ListenerSrq::new(&device, policy, config.posted_buf_size())?);
+                srqs = Some(srq.clone());
+                qps.on_srq(srq)
             }
         };
         let listener = Listener::bind(addr, qps, self.handshake_timeout)?;
         Ok(RdmaListener {
             listener,
+            srq: srqs,
             device,
             config,
             mtu: qp.mtu,
@@ -703,6 +760,8 @@ type Starting = Pin<Box<dyn Future<Output = Result<Rdma, AgentError>>>>;
 /// Accepts [`Rdma`] connections.
 pub struct RdmaListener {
     listener: Listener<AgentQps>,
+    /// Its shared receive queue and count of connections with their own.
+    srq: Option<Rc<ListenerSrq>>,
     device: Device,
     config: Rc<Config>,
     mtu: Option<Mtu>,
@@ -724,6 +783,15 @@ impl RdmaListener {
     /// The bound address.
     pub fn local_addr(&self) -> Result<SocketAddr, AgentError> {
         Ok(self.listener.local_addr()?)
+    }
+
+    /// Connections this listener accepted (or is setting up) with a
+    /// receive queue of their own, live: the count
+    /// [`RdmaBuilder::shared_receive_queue_above`] compares with its
+    /// threshold. 0 without a shared receive queue policy
+    /// ([`RdmaBuilder::no_shared_receive_queue`]), where it is not counted.
+    pub fn own_queue_connections(&self) -> usize {
+        self.srq.as_ref().map_or(0, |s| s.own_queues())
     }
 
     /// The next connection. Clients whose endpoint handshake fails are

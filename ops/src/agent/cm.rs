@@ -78,6 +78,7 @@ fn start(
         side: SideChannel::Cm(conn),
         // CM connections have their own receive queues.
         route: None,
+        seat: None,
         span: span.clone(),
     };
     let _in = span.enter();
@@ -130,7 +131,7 @@ impl RdmaBuilder {
     /// [`shared_receive_queue`](Self::shared_receive_queue) is set: CM
     /// connections have receive queues of their own.
     pub fn listen_cm(&self, addr: SocketAddr) -> Result<RdmaCmListener, AgentError> {
-        if self.srq_depth.is_some() {
+        if self.srq_set && self.srq.is_some() {
             return Err(AgentError::Config {
                 setting: "shared_receive_queue",
                 reason: "not available on RDMA CM connections (listen_cm); use listen",

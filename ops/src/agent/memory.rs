@@ -14,6 +14,7 @@ use verbio_runtime::timeout;
 
 use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::AgentError;
+use super::exposed::Exposed;
 use super::mr::{bounds, LocalMr, RemoteMr};
 use super::rdma::{posted_spends, until_posted, Rdma};
 use super::wire::{staged_len, HandOverKind, Message, MrToken};
@@ -488,13 +489,19 @@ impl Rdma {
                 code: super::wire::RefuseCode::AccessDenied,
             });
         }
-        let (token, deadline) = s
-            .grants
-            .grant(&s.pd.0, mem, access, lifetime)
-            .map_err(|code| AgentError::Refused {
-                what: "granting memory",
-                code,
-            })?;
+        let (token, deadline) = if s.shares_pd() {
+            let exposed = Exposed::new(s, mem, access, "registering memory for the peer")
+                .await
+                .map_err(|(e, _)| e)?;
+            s.grants.insert(exposed, lifetime)
+        } else {
+            s.grants
+                .grant(&s.pd.0, mem, access, lifetime)
+                .map_err(|code| AgentError::Refused {
+                    what: "granting memory",
+                    code,
+                })?
+        };
         super::task::expire_at(s, token.token_id, deadline);
         let msg = Message::HandOver {
             kind: HandOverKind::Local,

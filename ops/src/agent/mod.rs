@@ -22,6 +22,7 @@ mod backlog;
 mod builder;
 mod cm;
 mod error;
+mod exposed;
 mod flow;
 mod inbox;
 mod io_error;
@@ -50,7 +51,7 @@ pub mod wire;
 
 pub use builder::{
     RdmaBuilder, RdmaListener, DEFAULT_KEEPALIVE, DEFAULT_MAX_INLINE_DATA, DEFAULT_RECV_BUF_COUNT,
-    DEFAULT_STAGING_RING, MAX_INLINE_DATA,
+    DEFAULT_SRQ_ABOVE, DEFAULT_SRQ_DEPTH, DEFAULT_STAGING_RING, MAX_INLINE_DATA,
 };
 pub use cm::RdmaCmListener;
 pub use error::{AgentError, CloseReason};

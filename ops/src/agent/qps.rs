@@ -1,16 +1,133 @@
 //! [`AgentQps`]: the agent's [`QpFactory`]: every connection's QP gets a
 //! protection domain of its own, so memory registered for one connection
 //! (its receive pool, its grants) cannot be reached through another; or,
-//! on a listener with a shared receive queue (`srq.rs`), every QP is made
-//! on the SRQ, in the device's protection domain.
+//! on a listener with a shared receive queue (`srq.rs`), a QP is made on
+//! the SRQ, in the device's protection domain, once the listener holds
+//! its [`SrqPolicy::above`] connections with receive queues of their own
+//! (the memory such a connection exposes to its peer is then reached
+//! through windows its QP binds: `exposed.rs`).
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use verbio_runtime::provider::{Endpoint, Pd, ProviderKind};
-use verbio_runtime::QueuePair;
+use verbio_runtime::{Device, QueuePair};
 
 use super::srq::{SrqHub, SrqRoute};
 use crate::connect::{DeviceQps, HandshakeError, QpFactory};
+
+/// When a listener's connections go on a shared receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SrqPolicy {
+    /// Connections with receive queues of their own the listener holds
+    /// before it puts new ones on the SRQ (0: every connection).
+    pub(crate) above: usize,
+    /// Buffers of the SRQ.
+    pub(crate) depth: u32,
+}
+
+/// A listener's shared receive queue, started when the first connection
+/// goes on it, and its count of connections with their own receive queue.
+pub(crate) struct ListenerSrq {
+    policy: SrqPolicy,
+    buf_size: usize,
+    device: Device,
+    hub: RefCell<Option<Rc<SrqHub>>>,
+    /// Starting the SRQ failed: connections keep their own receive queues.
+    failed: Cell<bool>,
+    own: Rc<Cell<usize>>,
+}
+
+impl std::fmt::Debug for ListenerSrq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerSrq")
+            .field("policy", &self.policy)
+            .field("hub", &self.hub.borrow())
+            .field("own", &self.own.get())
+            .finish()
+    }
+}
+
+impl ListenerSrq {
+    /// The SRQ of a listener on `device` whose receive buffers are
+    /// `buf_size` bytes; with `policy.above` 0 it is started at once (its
+    /// failure is the listener's).
+    pub(crate) fn new(
+        device: &Device,
+        policy: SrqPolicy,
+        buf_size: usize,
+    ) -> Result<ListenerSrq, super::AgentError> {
+        let srq = ListenerSrq {
+            policy,
+            buf_size,
+            device: device.clone(),
+            hub: RefCell::new(None),
+            failed: Cell::new(false),
+            own: Rc::new(Cell::new(0)),
+        };
+        if policy.above == 0 {
+            let hub = SrqHub::start(device, policy.depth, buf_size)?;
+            *srq.hub.borrow_mut() = Some(Rc::new(hub));
+        }
+        Ok(srq)
+    }
+
+    /// The hub for the next connection, if it goes on the SRQ.
+    fn for_next(&self) -> Option<Rc<SrqHub>> {
+        if self.own.get() < self.policy.above || self.failed.get() {
+            return None;
+        }
+        if let Some(hub) = &*self.hub.borrow() {
+            return Some(hub.clone());
+        }
+        match SrqHub::start(&self.device, self.policy.depth, self.buf_size) {
+            Ok(hub) => {
+                let hub = Rc::new(hub);
+                tracing::debug!(
+                    above = self.policy.above,
+                    depth = self.policy.depth,
+                    "listener: new connections go on its shared receive queue"
+                );
+                *self.hub.borrow_mut() = Some(hub.clone());
+                Some(hub)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %crate::error::ErrorChain(&e),
+                    "starting the listener's shared receive queue failed: \
+                     connections keep receive queues of their own"
+                );
+                self.failed.set(true);
+                None
+            }
+        }
+    }
+}
+
+impl ListenerSrq {
+    /// Connections with a receive queue of their own, live.
+    pub(crate) fn own_queues(&self) -> usize {
+        self.own.get()
+    }
+}
+
+/// A connection with its own receive queue, counted by its listener while
+/// it lives.
+#[derive(Debug)]
+pub(crate) struct Seat(Rc<Cell<usize>>);
+
+impl Seat {
+    fn take(count: &Rc<Cell<usize>>) -> Seat {
+        count.set(count.get() + 1);
+        Seat(count.clone())
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
 
 /// A connection's protection domain (the provider's `Pd` has no `Debug`).
 #[derive(Clone)]
@@ -30,13 +147,16 @@ pub(crate) struct ConnQp {
     pub(crate) pd: ConnPd,
     /// Its messages, when its QP is on a shared receive queue.
     pub(crate) route: Option<SrqRoute>,
+    /// Its place in its listener's count of connections with their own
+    /// receive queue.
+    pub(crate) seat: Option<Seat>,
 }
 
 /// Makes each QP in a fresh protection domain of the device.
 #[derive(Debug, Clone)]
 pub(crate) struct AgentQps {
     inner: DeviceQps,
-    srq: Option<Rc<SrqHub>>,
+    srq: Option<Rc<ListenerSrq>>,
     /// The same QPs with a smaller `max_inline_data`, for a device that
     /// refuses the builder's default one (not for a value the
     /// application set: that refusal is reported).
@@ -52,9 +172,9 @@ impl AgentQps {
         }
     }
 
-    /// Every QP on `hub`'s shared receive queue.
-    pub(crate) fn on_srq(mut self, hub: Rc<SrqHub>) -> AgentQps {
-        self.srq = Some(hub);
+    /// QPs on `srq` by its policy.
+    pub(crate) fn on_srq(mut self, srq: Rc<ListenerSrq>) -> AgentQps {
+        self.srq = Some(srq);
         self
     }
 
@@ -66,11 +186,20 @@ impl AgentQps {
     }
 
     fn create_with(&self, qps: &DeviceQps) -> Result<(ConnQp, Endpoint), HandshakeError> {
-        if let Some(hub) = &self.srq {
+        if let Some(hub) = self.srq.as_ref().and_then(|s| s.for_next()) {
             let (qp, ep) = qps.create_on_srq(hub.srq())?;
-            let route = Some(SrqHub::route(hub, qp.qp_num()));
+            let route = Some(SrqHub::route(&hub, qp.qp_num()));
             let pd = ConnPd(qps.device().pd().clone());
-            return Ok((ConnQp { qp, pd, route }, ep));
+            let seat = None;
+            return Ok((
+                ConnQp {
+                    qp,
+                    pd,
+                    route,
+                    seat,
+                },
+                ep,
+            ));
         }
         let pd = qps
             .device()
@@ -85,6 +214,7 @@ impl AgentQps {
                 qp,
                 pd: ConnPd(pd),
                 route: None,
+                seat: self.srq.as_ref().map(|s| Seat::take(&s.own)),
             },
             ep,
         ))

@@ -120,6 +120,8 @@ pub(crate) struct Shared {
     /// The connection's messages when its QP is on the listener's shared
     /// receive queue (they end when it fails: no flush ends them).
     pub(crate) srq_route: Option<super::srq::SrqRoute>,
+    /// Counted by the listener while the connection lives (see `qps.rs`).
+    _seat: Option<super::qps::Seat>,
     /// The connection's span (peer address, local and remote QPN): the
     /// agent task, the watcher and every task spawned for the connection
     /// run in it.
@@ -137,10 +139,22 @@ pub(crate) struct Link {
     pub(crate) side: SideChannel,
     /// Its messages, when its QP is on a shared receive queue.
     pub(crate) route: Option<super::srq::SrqRoute>,
+    /// Its place in its listener's count of connections with their own
+    /// receive queue.
+    pub(crate) seat: Option<super::qps::Seat>,
     pub(crate) span: tracing::Span,
 }
 
 impl Shared {
+    /// True when the connection's protection domain is shared with other
+    /// connections (its QP is on a listener's shared receive queue): the
+    /// memory it exposes is then reached through windows its QP binds
+    /// (`exposed.rs`).
+    #[inline]
+    pub(crate) fn shares_pd(&self) -> bool {
+        self.srq_route.is_some()
+    }
+
     /// The reason the connection is down, if it is.
     pub(crate) fn failure(&self) -> Option<CloseReason> {
         self.failure.borrow().clone()
@@ -792,7 +806,12 @@ impl Rdma {
         span: tracing::Span,
     ) -> Result<Rdma, AgentError> {
         let path_mtu = path_mtu(&conn.local, &conn.remote, mtu_cap);
-        let ConnQp { qp, pd, route } = conn.qp;
+        let ConnQp {
+            qp,
+            pd,
+            route,
+            seat,
+        } = conn.qp;
         let mut stream = conn.stream;
         // On a shared receive queue the QP has no receive queue of its own:
         // it offers the depth its own would have.
@@ -810,6 +829,7 @@ impl Rdma {
             path_mtu,
             side: SideChannel::Tcp(stream),
             route,
+            seat,
             span,
         };
         Rdma::assemble(link, &own, &peer)
@@ -831,6 +851,7 @@ impl Rdma {
             path_mtu,
             side: stream,
             route,
+            seat,
             span,
         } = link;
         let (own, peer) = (*own, *peer);
@@ -881,6 +902,7 @@ impl Rdma {
             stream: RefCell::new(Some(stream)),
             watch_waker: RefCell::new(None),
             srq_route: route,
+            _seat: seat,
             span,
         });
         let route = super::task::post_receives(&shared)?;
@@ -973,6 +995,34 @@ impl Rdma {
     /// (local buffers for verbs posted on [`Rdma::qp`]).
     pub fn pool(&self) -> &MrPool {
         &self.shared.pool
+    }
+
+    /// True if the connection's QP is on its listener's shared receive
+    /// queue (see
+    /// [`RdmaBuilder::shared_receive_queue_above`](super::RdmaBuilder::shared_receive_queue_above)):
+    /// it shares the device's protection domain, and the memory it lets its
+    /// peer reach is reached through memory windows its QP binds.
+    pub fn on_shared_receive_queue(&self) -> bool {
+        self.shared.shares_pd()
+    }
+
+    /// Test hook: every piece of memory this side lets its peer reach
+    /// (`"grant"`, `"staging ring"`, `"read offer"`), each with the token
+    /// naming it as the peer sees it and the rkey of the registration
+    /// beneath (the token's own for a registered region; the region's,
+    /// which reaches nothing remotely, under a window). Not for production
+    /// use.
+    #[doc(hidden)]
+    pub fn exposed_memory_unchecked(&self) -> Vec<(&'static str, MrToken, u32)> {
+        let s = &self.shared;
+        let grants = s.grants.keys().into_iter().map(|(t, k)| ("grant", t, k));
+        let ring = s.staging.keys().map(|(t, k)| ("staging ring", t, k));
+        let reads = s
+            .reads
+            .keys()
+            .into_iter()
+            .map(|(t, k)| ("read offer", t, k));
+        grants.chain(ring).chain(reads).collect()
     }
 
     /// Keepalive probes this side sent: one per

@@ -26,11 +26,12 @@ use std::rc::Rc;
 
 use futures::channel::oneshot;
 use tracing::Instrument;
-use verbio_runtime::buf::{IoBuf, LocalBuf, RegisteredMem, RemoteAccessRegion, Slice};
+use verbio_runtime::buf::{IoBuf, LocalBuf, RegisteredMem, Slice};
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::spawn;
 
 use super::error::{AgentError, CloseReason};
+use super::exposed::Exposed;
 use super::msg::{Body, RecvMsg};
 use super::rdma::Shared;
 use super::wire::{Message, MrToken, MAX_SPLIT_IN_PROGRESS};
@@ -65,49 +66,41 @@ pub(crate) struct Reads {
 /// The memory an offer lends the peer: a copy of a `send`'s bytes, or the
 /// caller's own registered buffer (`send_buf`), registered once more (for
 /// remote READ, exactly its message bytes) and given back once released.
+/// On a shared protection domain both are reached through a window the
+/// connection's QP binds (`exposed.rs`).
 #[derive(Debug)]
 enum Lent {
-    Copy(RemoteAccessRegion<Vec<u8>>),
-    Buf(RemoteAccessRegion<Slice<LocalBuf>>),
+    Copy(Exposed<Vec<u8>>),
+    Buf(Exposed<Slice<LocalBuf>>),
 }
 
 impl Lent {
-    fn addr(&self) -> u64 {
+    /// The token naming it (id `id`) and the rkey of its registration.
+    fn keys(&self, id: u64) -> (MrToken, u32) {
         match self {
-            Lent::Copy(r) => r.addr(),
-            Lent::Buf(r) => r.addr(),
+            Lent::Copy(r) => r.keys(id),
+            Lent::Buf(r) => r.keys(id),
         }
     }
 
-    fn len(&self) -> usize {
-        match self {
-            Lent::Copy(r) => r.len(),
-            Lent::Buf(r) => r.len(),
-        }
-    }
-
-    fn rkey(&self) -> u32 {
-        match self {
-            Lent::Copy(r) => r.rkey(),
-            Lent::Buf(r) => r.rkey(),
-        }
-    }
-
-    /// Deregisters (the peer can no longer read it) and gives the caller's
-    /// buffer back (`None` for a copy, which is freed).
+    /// Ends the peer's access and gives the caller's buffer back (`None`
+    /// for a copy, which is freed).
     fn revoke(self) -> Option<LocalBuf> {
         match self {
             Lent::Copy(r) => {
                 drop(r);
                 None
             }
-            Lent::Buf(r) => Some(r.revoke().into_inner()),
+            Lent::Buf(r) => r.revoke().map(Slice::into_inner),
         }
     }
 }
 
 #[derive(Debug)]
 struct Offer {
+    /// The token the peer was given and the rkey of the registration
+    /// beneath (for the test hook `Rdma::exposed_memory_unchecked`).
+    keys: (MrToken, u32),
     /// The memory of a `send` cancelled after its `ReadMe` was posted:
     /// kept registered (the peer may be reading it) until released or the
     /// connection is down. A running `send` holds its memory itself.
@@ -117,6 +110,11 @@ struct Offer {
 }
 
 impl Reads {
+    /// The live offers' keys (see `Exposed::keys`).
+    pub(crate) fn keys(&self) -> Vec<(MrToken, u32)> {
+        self.offered.borrow().values().map(|o| o.keys).collect()
+    }
+
     /// Offers and READs in progress, for the receiver's bound.
     pub(crate) fn fetching(&self) -> usize {
         self.fetching.get()
@@ -140,16 +138,15 @@ pub(crate) async fn send_by_read(
     data: &[u8],
     imm: Option<u32>,
 ) -> Result<(), AgentError> {
-    let lent = match RemoteAccessRegion::grant(&s.pd.0, data.to_vec(), AccessFlags::REMOTE_READ) {
-        Ok(r) => Lent::Copy(r),
-        Err(r) => {
-            s.split_permits.grant(1);
-            return Err(AgentError::Buf {
-                stage: "registering a large message for the peer to read",
-                source: r.error,
-            });
-        }
+    // Failed or cancelled (a bind is awaited on a shared PD), the permit
+    // goes back.
+    let mut permit = PermitBack {
+        shared: s,
+        armed: true,
     };
+    let exposed = Exposed::new(s, data.to_vec(), AccessFlags::REMOTE_READ, REGISTERING);
+    let lent = Lent::Copy(exposed.await.map_err(|(e, _)| e)?);
+    permit.armed = false;
     offer(s, lent, imm).await.0
 }
 
@@ -181,17 +178,17 @@ pub(crate) async fn send_buf_by_read(
             return (Err(e), r.buf);
         }
     };
-    let lent = match RemoteAccessRegion::grant(&s.pd.0, slice, AccessFlags::REMOTE_READ) {
-        Ok(r) => Lent::Buf(r),
-        Err(r) => {
-            s.split_permits.grant(1);
-            let e = AgentError::Buf {
-                stage: "registering a large message for the peer to read",
-                source: r.error,
-            };
-            return (Err(e), r.buf.into_inner());
-        }
+    let mut permit = PermitBack {
+        shared: s,
+        armed: true,
     };
+    let lent = match Exposed::new(s, slice, AccessFlags::REMOTE_READ, REGISTERING).await {
+        Ok(r) => Lent::Buf(r),
+        Err((e, Some(back))) => return (Err(e), back.into_inner()),
+        // `Exposed::new` gives the memory back on every path that returns.
+        Err((_, None)) => unreachable!("exposed memory comes back when exposing fails"),
+    };
+    permit.armed = false;
     let (r, back) = offer(s, lent, imm).await;
     match back {
         Some(buf) => (r, buf),
@@ -213,19 +210,16 @@ async fn offer(
     let reads = &s.reads;
     let id = READ_ID | (reads.next_id.get() + 1);
     reads.next_id.set(reads.next_id.get() + 1);
+    let keys = lent.keys(id);
     let token = MrToken {
-        token_id: id,
-        addr: lent.addr(),
-        len: lent.len() as u64,
-        rkey: lent.rkey(),
         access: AccessFlags::REMOTE_READ.bits(),
-        deadline_ms: 0,
-        flags: 0,
+        ..keys.0
     };
     let (tx, done) = oneshot::channel();
     reads.offered.borrow_mut().insert(
         id,
         Offer {
+            keys,
             orphan: None,
             done: Some(tx),
         },
@@ -259,6 +253,23 @@ async fn offer(
         Err(oneshot::Canceled) => Err(s.closed_error()),
     };
     (r, held.take())
+}
+
+/// What a failed registration of a message for READ says.
+const REGISTERING: &str = "registering a large message for the peer to read";
+
+/// Gives a split permit back unless disarmed.
+struct PermitBack<'a> {
+    shared: &'a Shared,
+    armed: bool,
+}
+
+impl Drop for PermitBack<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.split_permits.grant(1);
+        }
+    }
 }
 
 /// The memory of an offer while its `send` runs: cancelled before the

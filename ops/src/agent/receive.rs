@@ -92,9 +92,14 @@ impl Future for Receive {
 
 /// Takes what else completed (queued for the next receive) until the
 /// oldest receive is pending again: then the ring's check at the end of
-/// the pass finds nothing left for the agent task to take.
+/// the pass finds nothing left for the agent task to take. Nothing on a
+/// shared receive queue (no ring of its own: the agent task reads its
+/// messages).
 #[inline(always)]
 fn settle(shared: &Rc<Shared>) {
+    if !shared.rx.owns_ring() {
+        return;
+    }
     loop {
         // The usual case, checked without a step.
         if shared.rx.ring_waiting() {

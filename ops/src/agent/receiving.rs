@@ -333,6 +333,13 @@ impl Receiving {
         p
     }
 
+    /// True if this side polls a receive ring of its own (false on a
+    /// shared receive queue: the agent task reads the connection's route).
+    #[inline(always)]
+    pub(crate) fn owns_ring(&self) -> bool {
+        self.state.borrow().own
+    }
+
     /// True if polling the ring would find nothing and change nothing (see
     /// [`RecvRing::is_waiting`]): then it counts as polled pending
     /// ([`Receiving::armed`]).

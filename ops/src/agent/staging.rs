@@ -53,12 +53,12 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use tracing::Instrument;
-use verbio_runtime::buf::{LocalBuf, RemoteAccessRegion};
+use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::provider::AccessFlags;
-use verbio_runtime::provider::Pd;
 use verbio_runtime::{Handle, Submit};
 
 use super::error::{AgentError, CloseReason};
+use super::exposed::Exposed;
 use super::flow::Credits;
 use super::msg::{Body, RecvMsg};
 use super::rdma::{until_posted, Shared};
@@ -127,7 +127,7 @@ pub(crate) struct Staging {
     /// Bytes of this side's ring (0: none).
     ring_bytes: usize,
     /// This side's ring, once registered (at its announcement).
-    own: RefCell<Option<RemoteAccessRegion<Vec<u8>>>>,
+    own: RefCell<Option<Exposed>>,
     /// Where the ring's bytes come from, shared with other connections.
     budget: StagingBudget,
     /// The ring's bytes taken from `budget` (after `own`: given back once
@@ -181,11 +181,10 @@ impl Staging {
         }
     }
 
-    /// Registers this side's ring in `pd` and returns its announcement;
-    /// `None` if there is none, it was announced, the connection is down,
-    /// the budget is spent (asked again next time) or the registration
-    /// failed (logged; the peer goes on without it).
-    fn register(&self, pd: &Pd) -> Option<Message<'static>> {
+    /// Takes this side's ring's bytes from the budget, once: `None` if
+    /// there is no ring, it was announced, the connection is down or the
+    /// budget is spent (asked again next time).
+    fn lease(&self) -> Option<Lease> {
         if self.ring_bytes == 0 || self.announced.get() || self.closed.get() {
             return None;
         }
@@ -201,21 +200,30 @@ impl Staging {
             return None;
         };
         self.announced.set(true);
-        let region = match RemoteAccessRegion::grant(
-            pd,
+        Some(lease)
+    }
+
+    /// Registers this side's ring for the peer to write (`exposed.rs`: a
+    /// window its QP binds when the PD is shared) and returns its
+    /// announcement; `None` if the registration failed (logged; the peer
+    /// goes on without it) or the connection went down meanwhile.
+    async fn register(&self, shared: &Shared, lease: Lease) -> Option<Message<'static>> {
+        let exposed = Exposed::new(
+            shared,
             vec![0u8; self.ring_bytes],
             AccessFlags::REMOTE_WRITE,
-        ) {
+            "registering the staging ring",
+        );
+        let region = match exposed.await {
             Ok(r) => r,
-            Err(r) => {
-                let e = AgentError::Buf {
-                    stage: "registering the staging ring",
-                    source: r.error,
-                };
+            Err((e, _)) => {
                 tracing::debug!(error = %crate::error::ErrorChain(&e), "no staging ring");
                 return None;
             }
         };
+        if self.closed.get() {
+            return None;
+        }
         let msg = Message::StagingRing {
             addr: region.addr(),
             // `RdmaBuilder::staging_ring` keeps it within MAX_STAGING_RING.
@@ -225,6 +233,11 @@ impl Staging {
         *self.own.borrow_mut() = Some(region);
         *self.lease.borrow_mut() = Some(lease);
         Some(msg)
+    }
+
+    /// This side's ring's keys, once registered (see `Exposed::keys`).
+    pub(crate) fn keys(&self) -> Option<(super::wire::MrToken, u32)> {
+        self.own.borrow().as_ref().map(|r| r.keys(0))
     }
 
     /// The agent stopped (nothing more arrives, the held messages were
@@ -363,7 +376,8 @@ impl Staging {
             "staged message without a staging ring",
         ))?;
         let mut bytes = Vec::with_capacity(len as usize);
-        ring.append_to(at as usize, len as usize, &mut bytes)
+        ring.region()
+            .append_to(at as usize, len as usize, &mut bytes)
             .map_err(|_| CloseReason::Violation("staged message outside the staging ring"))?;
         self.freed.set(self.freed.get().saturating_add(taken));
         Ok(bytes)
@@ -666,15 +680,18 @@ pub(crate) fn wanted(shared: &Rc<Shared>, len: u64) {
     if st.announced.get() || st.ring_bytes == 0 || len > (st.ring_bytes / 4) as u64 {
         return;
     }
-    let Some(msg) = st.register(&shared.pd.0) else {
+    let Some(h) = Handle::try_current() else {
         return;
     };
-    let Some(h) = Handle::try_current() else {
+    let Some(lease) = st.lease() else {
         return;
     };
     let s = shared.clone();
     h.spawn(
         async move {
+            let Some(msg) = s.staging.register(&s, lease).await else {
+                return;
+            };
             if let Err(e) = s.send_message(&msg, true).await {
                 tracing::debug!(error = %crate::error::ErrorChain(&e), "announcing the staging ring failed");
             }

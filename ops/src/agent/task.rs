@@ -20,6 +20,7 @@ use verbio_runtime::{sleep_until, spawn, timeout};
 
 use super::backlog::{local_mr_charge, SMALL_ITEM_CHARGE};
 use super::error::{AgentError, CloseReason};
+use super::exposed::Exposed;
 use super::msg::{Body, RecvMsg};
 use super::rdma::{Partial, Shared};
 use super::read_msg::{self, READ_ID};
@@ -459,18 +460,18 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             // Answered by a task: a reply may wait for credits, which arrive
             // through this loop (and a window grant for its bind).
             let checked = check_request(shared, len, align, access, lifetime_ms);
-            let answer = match (&checked, &shared.window_grants) {
-                (Ok(_), Some(_)) => None,
-                (Ok((len, access, lifetime)), None) => {
-                    Some(allocate(shared, *len, *access, *lifetime))
-                }
-                (Err(code), _) => Some(Err(*code)),
+            // Window grants and grants on a shared PD need a bind first.
+            let bind = shared.window_grants.is_some() || shared.shares_pd();
+            let answer = match &checked {
+                Ok(_) if bind => None,
+                Ok((len, access, lifetime)) => Some(allocate(shared, *len, *access, *lifetime)),
+                Err(code) => Some(Err(*code)),
             };
             let s = shared.clone();
             spawn(async move {
                 let answer = match (answer, checked) {
                     (Some(a), _) => a,
-                    (None, Ok((len, access, lifetime))) => allocate_window(&s, len, access, lifetime).await,
+                    (None, Ok((len, access, lifetime))) => allocate_bound(&s, len, access, lifetime).await,
                     (None, Err(code)) => Err(code),
                 };
                 let msg = Message::AllocResponse {
@@ -785,15 +786,27 @@ fn allocate(
     Ok(token)
 }
 
-/// Grants a checked request through a memory window.
-async fn allocate_window(
+/// Grants a checked request through a memory window: one of the
+/// connection's window region (`grant_windows`), or, on a shared receive
+/// queue, one over fresh memory (`exposed.rs`).
+async fn allocate_bound(
     shared: &Rc<Shared>,
     len: usize,
     access: AccessFlags,
     lifetime: Duration,
 ) -> Result<MrToken, RefuseCode> {
-    let w = shared.window_grants.as_ref().ok_or(RefuseCode::NoMemory)?;
-    let (token, deadline) = w.grant(shared, len, access, lifetime).await?;
+    let (token, deadline) = match &shared.window_grants {
+        Some(w) => w.grant(shared, len, access, lifetime).await?,
+        None => {
+            let exposed = Exposed::new(shared, vec![0u8; len], access, "registering a grant")
+                .await
+                .map_err(|(e, _)| {
+                    tracing::debug!(error = %crate::error::ErrorChain(&e), "granting memory failed");
+                    RefuseCode::NoMemory
+                })?;
+            shared.grants.insert(exposed, lifetime)
+        }
+    };
     expire_at(shared, token.token_id, deadline);
     Ok(token)
 }

@@ -1,5 +1,6 @@
 //! The owner's grant table: every region a peer may access has its own
-//! [`RemoteAccessRegion`] (exact bounds, minimal access), an id and a
+//! [`RemoteAccessRegion`] (exact bounds, minimal access) or, on a shared
+//! receive queue, a window over one ([`Exposed`]), an id and a
 //! deadline. Released, handed-back and expired grants are revoked (the rkey
 //! fails at once); unknown ids are refused.
 
@@ -10,12 +11,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use verbio_runtime::buf::RemoteAccessRegion;
 use verbio_runtime::provider::{AccessFlags, Pd};
 
+use super::exposed::Exposed;
 use super::wire::{MrToken, RefuseCode};
 
 /// One live grant.
 #[derive(Debug)]
 struct Grant {
-    region: RemoteAccessRegion<Vec<u8>>,
+    region: Exposed,
     deadline: Instant,
 }
 
@@ -62,6 +64,12 @@ impl GrantTable {
             tracing::warn!(error = %r.error, "registering a grant failed");
             RefuseCode::NoMemory
         })?;
+        Ok(self.insert(Exposed::Registered(region), lifetime))
+    }
+
+    /// Grants memory already exposed to the peer until `lifetime` passes;
+    /// returns the token and the deadline.
+    pub(crate) fn insert(&self, region: Exposed, lifetime: Duration) -> (MrToken, Instant) {
         let id = self.next_id.get() + 1;
         self.next_id.set(id);
         let deadline = Instant::now() + lifetime;
@@ -77,7 +85,7 @@ impl GrantTable {
         self.grants
             .borrow_mut()
             .insert(id, Grant { region, deadline });
-        Ok((token, deadline))
+        (token, deadline)
     }
 
     /// Revokes grant `id` if `token` (when given) matches it; the memory
@@ -105,7 +113,7 @@ impl GrantTable {
                 return None;
             }
         }
-        grants.remove(&id).map(|g| g.region.revoke())
+        grants.remove(&id).and_then(|g| g.region.revoke())
     }
 
     /// Revokes grant `id` if its deadline has passed; true if it did.
@@ -120,6 +128,12 @@ impl GrantTable {
             }
             _ => false,
         }
+    }
+
+    /// The live grants' keys (see `Exposed::keys`).
+    pub(crate) fn keys(&self) -> Vec<(MrToken, u32)> {
+        let grants = self.grants.borrow();
+        grants.iter().map(|(id, g)| g.region.keys(*id)).collect()
     }
 
     /// Live grants.
@@ -143,7 +157,7 @@ impl GrantTable {
         let all: Vec<(u64, Grant)> = self.grants.borrow_mut().drain().collect();
         for (id, g) in all {
             let (addr, len, rkey) = (g.region.addr(), g.region.len() as u64, g.region.rkey());
-            let mem = g.region.revoke();
+            let mem = g.region.revoke().unwrap_or_default();
             self.revoked.borrow_mut().insert(
                 id,
                 Revoked {
