@@ -1,0 +1,76 @@
+#!/bin/bash
+# rdma-io-compare.sh -- verbio's Send handles against the rdma-io crate in
+# the rxe VM: a 64 B echo under tokio's multi-thread runtime, both in one
+# process and one VM boot (compare/rdma-io-echo), medians, p99s and their
+# ratios to rdma-io's (below 1: verbio is faster).
+#
+#   scripts/rdma-io-compare.sh [--grpc] [-- ECHO_ARGS...]
+#
+# ECHO_ARGS go to rdma-io-echo (default: --size 64 --iters 2000 --rounds 5;
+# --ip is the guest's rxe address). --grpc also runs verbio-tonic's
+# examples/grpc_echo (release, ibverbs) with --tcp in the same boot: gRPC
+# over verbio on rxe0 against tonic over the guest's kernel TCP.
+#
+# Builds on the host (release, features ibverbs): rdma-io links libibverbs
+# and librdmacm, so the host needs Debian's libibverbs-dev and
+# librdmacm-dev (installed here when missing), and the crates.io registry
+# for rdma-io. Output: target/rdma-io-compare/out.txt.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+. "$ROOT/scripts/lib/rxe-host.sh"
+GRPC=0
+ECHO_ARGS=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --grpc) GRPC=1 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --) shift; ECHO_ARGS=("$@"); break ;;
+        *) echo "rdma-io-compare: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+VM=$(rxe_vm_script)
+[ -x "$VM" ] || { echo "SKIPPED: rxe VM script not found ($VM)"; exit 0; }
+if [ ! -e /usr/include/infiniband/verbs.h ] || [ ! -e /usr/include/rdma/rdma_cma.h ]; then
+    echo "rdma-io-compare: installing libibverbs-dev and librdmacm-dev (rdma-io builds against them)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs-dev librdmacm-dev >&2 \
+        || { echo "rdma-io-compare: could not install them" >&2; exit 1; }
+fi
+DIR=$ROOT/target/rdma-io-compare
+mkdir -p "$DIR"
+TD=${CARGO_TARGET_DIR:-$ROOT/target}
+echo "rdma-io-compare: building compare/rdma-io-echo (release)" >&2
+CARGO_TARGET_DIR=$TD/compare cargo build -q --release \
+    --manifest-path compare/rdma-io-echo/Cargo.toml || exit 1
+# The guest sees only this checkout (and the host's root read-only).
+cp "$TD/compare/release/rdma-io-echo" "$DIR/rdma-io-echo"
+if [ "$GRPC" = 1 ]; then
+    echo "rdma-io-compare: building verbio-tonic's examples/grpc_echo (release, ibverbs)" >&2
+    cargo build -q --release -p verbio-tonic --example grpc_echo --features ibverbs || exit 1
+    cp "$TD/release/examples/grpc_echo" "$DIR/grpc_echo"
+fi
+GUEST=$DIR/guest.sh
+{
+    echo '#!/bin/sh'
+    printf 'set --'; printf " '%s'" "${ECHO_ARGS[@]}"; echo
+    echo "GRPC=$GRPC DIR='$DIR'"
+    cat <<'GUEST'
+export VERBIO_DEVICE=${RXE_DEV:-rxe0} VERBIO_GID_INDEX=${RXE_GID_INDEX:-1}
+echo "== guest: $(uname -r), $(nproc) CPUs, device $VERBIO_DEVICE, RDMA CM on ${RXE_IP:-10.77.0.1}"
+echo "== rdma-io-echo $*"
+timeout 600 "$DIR/rdma-io-echo" --ip "${RXE_IP:-10.77.0.1}" "$@" 2>&1 | grep -v ' INFO '
+rc=$?
+if [ "$GRPC" = 1 ]; then
+    echo "== grpc_echo --tcp on $VERBIO_DEVICE (tonic over verbio vs tonic over the guest's kernel TCP)"
+    timeout 900 "$DIR/grpc_echo" --tcp --calls 400 --payloads 32 --stream-mib 8 \
+        --chunks 1048576 --workers 2 --timeout 300 2>&1 | grep -v ' INFO ' || rc=1
+fi
+exit $rc
+GUEST
+} > "$GUEST"
+chmod +x "$GUEST"
+"$VM" -- "$GUEST" | tee "$DIR/out.txt"
+rc=${PIPESTATUS[0]}
+[ "$rc" = 0 ] || echo "rdma-io-compare: the VM run failed (exit $rc)" >&2
+exit "$rc"
