@@ -2,7 +2,7 @@
 //! live in `client.rs` and `server.rs`, the timer in `timer.rs`.
 
 use std::collections::{HashMap, VecDeque};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::Waker;
 
 use tracing::trace;
@@ -113,15 +113,20 @@ pub(crate) struct Job {
     pub(crate) request: Request,
 }
 
-/// A handler task waiting for work: its waker and its future slot.
-pub(crate) type IdleRunner = (Waker, Rc<dyn Runner>);
+/// A handler task waiting for work: its waker and its future slot (weak:
+/// the task owns the slot, and with it the handler, which may hold this
+/// endpoint; a strong one would keep the endpoint alive past its runtime).
+pub(crate) type IdleRunner = (Waker, Weak<dyn Runner>);
+
+/// A handler task to start a request in: its waker and its future slot.
+pub(crate) type StartRunner = (Waker, Rc<dyn Runner>);
 
 /// A request to start in an idle handler task's slot (`runner.rs`), by
 /// the dispatcher once it holds no borrow of the engine.
 pub(crate) struct Start {
     pub(crate) job: Job,
     pub(crate) req_type: u8,
-    pub(crate) runner: IdleRunner,
+    pub(crate) runner: StartRunner,
 }
 
 /// A handler run inside the dispatcher ([`Rpc::register_inline`](super::Rpc::register_inline)).

@@ -178,3 +178,32 @@ fn handler_panics_at_any_point_fail_their_call_only() {
         assert_eq!(&woke.borrow()[..], b"okokok");
     });
 }
+
+/// A handler that holds its own endpoint (a proxy would) does not keep it
+/// alive past its runtime: the endpoint knows its idle handler tasks by
+/// weak references, so dropping the runtime's tasks frees it.
+#[test]
+fn a_handler_holding_its_endpoint_does_not_keep_it_alive() {
+    let net = MemNetwork::new(44, 4096);
+    let rt = Runtime::new().unwrap();
+    let weak = rt.block_on(async {
+        let srv = Rc::new(Rpc::new(net.endpoint(), config()));
+        let held = srv.clone();
+        srv.register(ECHO, move |req: Request| {
+            let _ = &held;
+            async move { MsgBuf::from(answer(req.data())) }
+        })
+        .unwrap();
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let resp = cli.call(s, ECHO, b"held").await.unwrap();
+        assert_eq!(&resp[..], &answer(b"held")[..]);
+        Rc::downgrade(&srv)
+    });
+    assert!(weak.upgrade().is_some(), "alive while its runtime is");
+    drop(rt);
+    assert!(
+        weak.upgrade().is_none(),
+        "the endpoint is freed with its runtime's tasks"
+    );
+}

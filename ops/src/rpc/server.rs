@@ -9,7 +9,7 @@ use tracing::{error, trace, warn};
 
 use super::budget::{Budget, Charge};
 use super::buf::MsgBuf;
-use super::core::{open_session, Core, IdleRunner, Job, RpcStats, Start};
+use super::core::{open_session, Core, Job, RpcStats, Start, StartRunner};
 use super::endpoint::Request;
 use super::error::SessionId;
 use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN, MAX_RANGE};
@@ -362,7 +362,10 @@ impl<P: Clone> Core<P> {
             },
             request,
         };
-        match queue.idle.pop() {
+        // A task that ended (its runtime shutting down) is skipped.
+        let idle =
+            std::iter::from_fn(|| queue.idle.pop()).find_map(|(w, r)| Some((w, r.upgrade()?)));
+        match idle {
             // Started in that task's slot once the dispatcher holds no
             // borrow of the engine (`Engine::start_handlers`).
             Some(runner) => self.starts.push_back(Start {
@@ -398,7 +401,7 @@ impl<P: Clone> Core<P> {
             return Poll::Ready(Some(Work::Start(job)));
         }
         if !queue.idle.iter().any(|(w, _)| w.will_wake(cx.waker())) {
-            queue.idle.push((cx.waker().clone(), runner.clone()));
+            queue.idle.push((cx.waker().clone(), Rc::downgrade(runner)));
         }
         Poll::Pending
     }
@@ -411,7 +414,7 @@ impl<P: Clone> Core<P> {
         &mut self,
         id: JobId,
         req_type: u8,
-        runner: IdleRunner,
+        runner: StartRunner,
         outcome: Poll<Outcome>,
     ) {
         match outcome {
@@ -436,7 +439,7 @@ impl<P: Clone> Core<P> {
                     runner,
                 });
             }
-            None => queue.idle.push(runner),
+            None => queue.idle.push((runner.0, Rc::downgrade(&runner.1))),
         }
     }
 
