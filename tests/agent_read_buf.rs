@@ -4,7 +4,8 @@
 //! made), the buffer comes back unchanged when the send ends (also when
 //! the connection goes down while the peer has not read it yet), and a
 //! send cancelled once its offer went out still delivers the message and
-//! frees the buffer once the peer has read it.
+//! frees the buffer once the peer has read it; the receiver READs into
+//! vectors it reuses once the application dropped their messages.
 
 mod common;
 
@@ -149,4 +150,45 @@ fn a_connection_that_goes_down_before_the_peer_reads_gives_the_buffer_back() {
         assert!(back[..] == pattern(LEN, 2)[..], "unchanged");
     });
     server.join().expect("server");
+}
+
+/// The receiver READs each large message into a registered vector, which
+/// goes back to the connection when the application drops the message
+/// (`receive_msg`): eight messages in a row take at most two vectors (one
+/// the application holds, one being read), not one each.
+#[test]
+fn the_receiver_reuses_the_vectors_of_messages_it_dropped() {
+    const N: u8 = 8;
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        let want: Vec<Vec<u8>> = (0..N).map(|seed| pattern(LEN, seed)).collect();
+        let big = big_allocs();
+        for (seed, want) in want.iter().enumerate() {
+            let m = r.receive_msg().await.unwrap();
+            assert!(m[..] == want[..], "{seed}");
+        }
+        let fresh = big_allocs() - big;
+        r.send(b"done").await.unwrap();
+        let _ = r.receive().await;
+        fresh
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        for seed in 0..N {
+            let buf = r
+                .pool()
+                .alloc_from(&pattern(LEN, seed))
+                .expect("send buffer");
+            let (res, _) = timeout(WAIT, r.send_buf(buf)).await.expect("send");
+            res.unwrap();
+        }
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        r.send(b"bye").await.unwrap();
+    });
+    let fresh = server.join().expect("server");
+    assert!(
+        fresh <= 2,
+        "{fresh} big allocations on the receiver for {N} messages of {LEN} bytes"
+    );
 }

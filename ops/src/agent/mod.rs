@@ -34,6 +34,7 @@ mod msg;
 mod pieces;
 mod qps;
 mod rdma;
+mod read_bufs;
 mod read_msg;
 mod receive;
 mod receiving;

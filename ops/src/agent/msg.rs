@@ -3,13 +3,16 @@
 //! landed in, reposted when the message is dropped (the ring has spare
 //! slots for lent messages, see `Receiving`); a reassembled message, or
 //! one that arrived while every spare slot was lent, is one contiguous
-//! vector.
+//! vector; a message READ from the peer is the registered vector it was
+//! read into, kept for the next READ once dropped (`read_bufs.rs`).
 
 use std::cell::Cell;
 use std::ops::{Deref, Range};
 use std::rc::Rc;
 
 use verbio_runtime::RingMsg;
+
+use super::read_bufs::ReadInto;
 
 /// Where the bytes are.
 #[derive(Debug)]
@@ -18,6 +21,9 @@ pub(crate) enum Body {
     Ring(Lent),
     /// Reassembled from pieces, or copied out of its slot.
     Vec(Vec<u8>),
+    /// READ from the peer into a registered vector, which goes back to
+    /// the connection's spares when the message is dropped.
+    Read(ReadInto),
 }
 
 /// A receive-ring slot lent to the application: the payload at `range`
@@ -71,6 +77,7 @@ impl RecvMsg {
         match &self.body {
             Body::Ring(_) => buf_size as u64,
             Body::Vec(v) => v.len() as u64,
+            Body::Read(r) => r.len() as u64,
         }
     }
 
@@ -92,6 +99,7 @@ impl RecvMsg {
         match self.body {
             Body::Ring(l) => l.bytes().to_vec(),
             Body::Vec(v) => v,
+            Body::Read(r) => r.into_vec(),
         }
     }
 }
@@ -103,6 +111,7 @@ impl Deref for RecvMsg {
         match &self.body {
             Body::Ring(l) => l.bytes(),
             Body::Vec(v) => v,
+            Body::Read(r) => r.bytes(),
         }
     }
 }

@@ -34,6 +34,7 @@ use super::error::{AgentError, CloseReason};
 use super::exposed::Exposed;
 use super::msg::{Body, RecvMsg};
 use super::rdma::Shared;
+use super::read_bufs::{ReadBufs, ReadInto};
 use super::wire::{Message, MrToken, MAX_SPLIT_IN_PROGRESS};
 use crate::verbs::{RemoteBuf, Verbs};
 
@@ -51,8 +52,10 @@ pub(crate) const READ_ID: u64 = 1 << 62;
 
 /// One side's large messages: those it offered (sender) and those it is
 /// fetching (receiver).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Reads {
+    /// Vectors to READ into, back from dropped messages.
+    bufs: Rc<ReadBufs>,
     next_id: Cell<u64>,
     /// Regions offered to the peer, by token id, until it releases them.
     offered: RefCell<HashMap<u64, Offer>>,
@@ -110,6 +113,17 @@ struct Offer {
 }
 
 impl Reads {
+    /// Keeps at most `max_unread_bytes` of vectors to READ into.
+    pub(crate) fn new(max_unread_bytes: u64) -> Reads {
+        Reads {
+            bufs: ReadBufs::new(max_unread_bytes),
+            next_id: Cell::new(0),
+            offered: RefCell::default(),
+            fetching: Cell::new(0),
+            waiting: RefCell::default(),
+        }
+    }
+
     /// The live offers' keys (see `Exposed::keys`).
     pub(crate) fn keys(&self) -> Vec<(MrToken, u32)> {
         self.offered.borrow().values().map(|o| o.keys).collect()
@@ -400,23 +414,26 @@ fn start(shared: &Rc<Shared>, imm: Option<u32>, token: MrToken) {
     );
 }
 
-/// READs the message `token` names into a vector registered for it and
-/// delivers it (no further copy: the vector is the message; the backlog
-/// counted it when the fetch started).
+/// READs the message `token` names into a registered vector (one kept
+/// from an earlier message, else a new one) and delivers it (no further
+/// copy: the vector is the message; the backlog counted it when the fetch
+/// started).
 async fn read_message(s: &Rc<Shared>, imm: Option<u32>, token: &MrToken) -> Result<(), AgentError> {
     // `token.len` is within `max_message_len` (a usize), checked by `fetch`.
     let len = token.len as usize;
-    let mem = RegisteredMem::register(&s.pd.0, Vec::with_capacity(len), AccessFlags::LOCAL_WRITE)
-        .map_err(|r| AgentError::Buf {
-        stage: "registering the memory of a large message",
-        source: r.error,
-    })?;
+    let mem = match s.reads.bufs.take(len) {
+        Some(mem) => mem,
+        None => RegisteredMem::register(&s.pd.0, Vec::with_capacity(len), AccessFlags::LOCAL_WRITE)
+            .map_err(|r| AgentError::Buf {
+                stage: "registering the memory of a large message",
+                source: r.error,
+            })?,
+    };
     let remote = RemoteBuf::new(token.addr, token.len, token.rkey);
     let (r, mem) = s.qp.read(mem, remote).await;
     s.verb_result(r)?;
-    let bytes = mem.into_inner();
     s.rx.deliver(RecvMsg {
-        body: Body::Vec(bytes),
+        body: Body::Read(ReadInto::new(mem, len, &s.reads.bufs)),
         imm,
     });
     Ok(())
