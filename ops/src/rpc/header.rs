@@ -285,6 +285,7 @@ impl Header {
     }
 
     /// Writes the header into `out[..HEADER_LEN]`.
+    #[inline]
     pub fn encode_into(&self, out: &mut [u8; HEADER_LEN]) {
         out[0..2].copy_from_slice(&MAGIC);
         out[2] = VERSION;
@@ -309,6 +310,7 @@ impl Header {
 
     /// Decodes and checks the header of the whole packet `packet`, and
     /// returns it with the payload.
+    #[inline]
     pub fn decode(packet: &[u8]) -> Result<(Header, &[u8]), HeaderError> {
         let Some((head, payload)) = packet.split_first_chunk::<HEADER_LEN>() else {
             return Err(HeaderError::Truncated { len: packet.len() });
@@ -324,6 +326,7 @@ impl Header {
     }
 
     /// Decodes and checks a header alone (not its length against a packet).
+    #[inline]
     pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, HeaderError> {
         let found = [b[0], b[1]];
         if found != MAGIC {

@@ -200,6 +200,7 @@ impl<P> Default for TxBatch<P> {
 
 impl<P: Clone> TxBatch<P> {
     /// Queues a packet of `header` and `payload` to `peer`.
+    #[inline]
     pub fn push(&mut self, peer: &P, header: &Header, payload: &[u8]) {
         let start = self.bytes.len();
         let mut head = [0u8; HEADER_LEN];
