@@ -310,7 +310,7 @@ impl Header {
 
     /// Decodes and checks the header of the whole packet `packet`, and
     /// returns it with the payload.
-    #[inline]
+    #[inline(always)]
     pub fn decode(packet: &[u8]) -> Result<(Header, &[u8]), HeaderError> {
         let Some((head, payload)) = packet.split_first_chunk::<HEADER_LEN>() else {
             return Err(HeaderError::Truncated { len: packet.len() });
