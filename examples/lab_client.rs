@@ -31,7 +31,8 @@ use verbio::{Rdma, RdmaBuilder};
 struct Args {
     /// The lab_server's address.
     addr: Option<SocketAddr>,
-    /// RDMA device (default: a software device bound to the address's IP).
+    /// RDMA device (default: a software device, on loopback for a server
+    /// on loopback, else on the unspecified address).
     #[arg(short, long, env = "VERBIO_DEVICE")]
     device: Option<String>,
     #[arg(long, value_name = "SECONDS", default_value = "20", value_parser = cli::seconds, help = lab_common::TIMEOUT_HELP)]
@@ -98,7 +99,15 @@ fn main() -> ExitCode {
 
 fn run_client(device: Option<&str>, addr: SocketAddr) -> Res<()> {
     let rt = Runtime::new()?;
-    let dev = open(device, addr.ip())?;
+    // A server on this host: the soft engine on loopback too; on another
+    // host: on the unspecified address (it announces the one the server
+    // reaches it at), not the server's, which is not this host's.
+    let local_ip = if addr.ip().is_loopback() {
+        addr.ip()
+    } else {
+        std::net::IpAddr::from([0, 0, 0, 0])
+    };
+    let dev = open(device, local_ip)?;
     rt.block_on(async {
         let r = within("connecting", RdmaBuilder::new().device(dev).connect(addr)).await?;
         client_steps(&r).await?;

@@ -25,7 +25,7 @@
 
 mod cli;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,8 +113,23 @@ fn process_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-fn soft() -> Result<Context, verbio::provider::ProviderError> {
-    Context::open_soft(SoftConfig::default())
+/// A soft device whose engine listens on `ip`: the server's address, or,
+/// for a client of a server on another host, the unspecified address
+/// (the engine then announces the address the server reaches it at).
+fn soft_on(ip: IpAddr) -> Result<Context, verbio::provider::ProviderError> {
+    Context::open_soft(SoftConfig {
+        bind: SocketAddr::new(ip, 0),
+        ..SoftConfig::default()
+    })
+}
+
+/// The soft device of a client of the server at `server`.
+fn soft_for(server: SocketAddr) -> Result<Context, verbio::provider::ProviderError> {
+    if server.ip().is_loopback() {
+        Context::open_soft(SoftConfig::default())
+    } else {
+        soft_on(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    }
 }
 
 fn builder(max: usize) -> RdmaBuilder {
@@ -131,7 +146,7 @@ fn serve(
 ) {
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let rt = Runtime::new()?;
-        let dev = Device::open(soft()?)?;
+        let dev = Device::open(soft_on(at.ip())?)?;
         rt.block_on(async {
             let l = builder(max).device(dev).listen(at)?;
             let _ = ready.send(Ok(l.local_addr()?));
@@ -176,7 +191,7 @@ fn local_client(
 ) {
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let rt = Runtime::new()?;
-        let dev = Device::open(soft()?)?;
+        let dev = Device::open(soft_for(addr)?)?;
         let rdma = Rc::new(rt.block_on(builder(max).device(dev).connect(addr))?);
         results.send(Ok(Run::default()))?;
         for p in points {
@@ -360,7 +375,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let pool = Pool::builder()
         .threads(1)
         .runtime(Runtime::builder().busy_poll(Duration::from_micros(args.pool_busy_poll_us)))
-        .device_per_thread(|_| soft())
+        .device_per_thread(move |_| soft_for(addr))
         .build()?;
     let tokio_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers)

@@ -44,7 +44,7 @@ use futures::future::{join, select, Either};
 use futures::StreamExt;
 
 use verbio::ops::verbs::{RemoteBuf, SendVerb, Verbs};
-use verbio::provider::{open_device, AccessFlags, QpCaps};
+use verbio::provider::{open_device, AccessFlags, Context, ProviderKind, QpCaps, SoftConfig};
 use verbio::runtime::buf::{LocalBuf, MrPool, RemoteAccessRegion};
 use verbio::runtime::cm::CmRequest;
 use verbio::runtime::cm::{CmConnector, CmListener, CmOptions, DisconnectReason};
@@ -355,6 +355,28 @@ async fn serve_client(dev: &Device, req: CmRequest, size: usize, verbose: bool) 
     Ok(ping)
 }
 
+/// The device `-d` names, else the first ibverbs device with an active
+/// port, else the software device: its engine, on loopback by default,
+/// goes where a peer on another host reaches it (the server's on `-a`,
+/// the client's on the unspecified address: it announces the address the
+/// server reaches it at) unless the peer is on loopback.
+fn open(args: &Args) -> Res<Context> {
+    let ctx = open_device(args.device.as_deref())?;
+    if ctx.kind() != ProviderKind::Soft || args.addr.is_loopback() {
+        return Ok(ctx);
+    }
+    let ip = if args.server {
+        args.addr
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
+    drop(ctx);
+    Ok(Context::open_soft(SoftConfig {
+        bind: SocketAddr::new(ip, 0),
+        ..SoftConfig::default()
+    })?)
+}
+
 fn run(args: &Args) -> Res<()> {
     if args.server == args.client {
         return Err("give -s (server) or -c (client)".into());
@@ -363,7 +385,7 @@ fn run(args: &Args) -> Res<()> {
         return Err("the client needs the server's address (-a)".into());
     }
     let rt = Runtime::new()?;
-    let dev = Device::open(open_device(args.device.as_deref())?)?;
+    let dev = Device::open(open(args)?)?;
     tracing::info!(device = dev.context().name(), "opened the RDMA device");
     let limit = Duration::from_secs(args.timeout);
     let size = args.size;
