@@ -139,6 +139,9 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             let budget = Budget::step(cfg, size);
             let m = step(cfg, &rpc, sid, size, &budget).await?;
             tracing::info!(size, stats = ?rpc.stats(), "step done");
+            if let Some(soft) = dev.context().as_soft() {
+                tracing::info!(ud = ?soft.ud_counters(), "the soft device's datagrams");
+            }
             let row = m.row(cfg.test, size, cfg.in_flight())?;
             progress.done(&row);
             printer.row(row);
@@ -267,6 +270,10 @@ pub fn server(cfg: &Config) -> Result<()> {
             }
         }
         tracing::info!(stats = ?rpc.stats(), "served");
+        if let Some(soft) = dev.context().as_soft() {
+            // Datagrams dropped for want of a posted receive show here.
+            tracing::info!(ud = ?soft.ud_counters(), "the soft device's datagrams");
+        }
         // Let the last responses leave before the endpoint goes.
         verbio::runtime::sleep(Duration::from_millis(10)).await;
         Ok(())

@@ -360,15 +360,87 @@ impl RawPeer {
     }
 
     fn read_request(&mut self, req_num: u64, desc: BulkDesc, len: u32) {
+        self.read_request_offering(req_num, ECHO, desc, len, 0);
+    }
+
+    /// A read request of `req_type` offering `offer` bytes at `desc` for
+    /// the response.
+    fn read_request_offering(
+        &mut self,
+        req_num: u64,
+        req_type: u8,
+        desc: BulkDesc,
+        len: u32,
+        offer: u32,
+    ) {
         let h = Header {
-            req_type: ECHO,
+            req_type,
             req_num,
             msg_len: len,
             pkt_count: 1,
             ..Header::new(PacketKind::ReadRequest)
         };
-        self.send(h, &desc.encode());
+        self.send(h, &desc.encode_offer(offer));
     }
+}
+
+/// A client offering more room for the response than its buffer has (or
+/// more than 16 MiB): the server's WRITE fails (that link is closed, the
+/// response kept for packets, which the peer gets when it asks again),
+/// the oversized offer is refused as malformed, and a legitimate client
+/// is served throughout with nothing left charged.
+#[test]
+fn offers_larger_than_the_buffer_fail_that_write_only() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(28, PACKET);
+        let (srv, _) = server(&net, bulk_config());
+        srv.register(BIG, |req: Request| async move {
+            let mut resp = req.response();
+            resp.extend((0..BIG_LEN).map(big_response));
+            resp
+        })
+        .unwrap();
+        let (cli, s) = linked_client(&net, &srv).await;
+        let mut raw = RawPeer::connect(&net, &srv).await;
+        raw.open_link(1).await;
+        let data = request(8, 0, 5000);
+        let (_, addr, rkey) = raw.bulk.expose(data).unwrap();
+        let desc = BulkDesc { addr, rkey };
+        // Past 16 MiB: malformed, dropped.
+        let malformed = srv.stats().malformed_packets;
+        let h = Header {
+            req_type: BIG,
+            req_num: 0,
+            msg_len: 5000,
+            pkt_count: 1,
+            ..Header::new(PacketKind::ReadRequest)
+        };
+        let mut bad = desc.encode_offer(0);
+        bad[12..16].copy_from_slice(&((1u32 << 24) + 1).to_le_bytes());
+        raw.send(h, &bad);
+        wait_for(|| srv.stats().malformed_packets == malformed + 1).await;
+        // 60,000 offered, 5,000 there: the 50,000-byte WRITE fails.
+        raw.read_request_offering(0, BIG, desc, 5000, 60_000);
+        wait_for(|| srv.stats().bulk_write_failures == 1).await;
+        // Asked again: the response in packets.
+        raw.read_request_offering(0, BIG, desc, 5000, 60_000);
+        let (h, payload) = raw.expect(PacketKind::Response).await;
+        assert_eq!(
+            (h.req_num, h.status, h.msg_len),
+            (0, Status::Ok, BIG_LEN as u32)
+        );
+        assert!(payload
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == big_response(i)));
+        let req = request(8, 1, 30_000);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        wait_for(|| srv.memory().request_bytes == 0).await;
+    });
 }
 
 /// Read requests with a bad key, address or length fail that request
