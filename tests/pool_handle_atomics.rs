@@ -13,6 +13,7 @@ use verbio::provider::open_device;
 use verbio::runtime::{Placement, Pool};
 use verbio::{AgentError, HandleError, ListenerHandle, RdmaHandle, RemoteMrHandle};
 
+use common::pool::block_thread;
 use common::WAIT;
 
 /// Compile-time only: the futures of the atomics and immediates are
@@ -199,4 +200,35 @@ async fn immediates_with_writes_and_messages() {
             .unwrap(),
         (b"back".to_vec(), Some(77))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_immediate_is_left_for_the_next_asker_when_the_first_left_before_being_served() {
+    let (servers, clients) = (pool(), pool());
+    let (c, s) = pair(&servers, &clients).await;
+    let remote = c.request_remote_mr(64).await.expect("grant");
+    // The server's runtime thread is held: the first wait is queued, not
+    // served, when its asker leaves; the immediate then arrives before the
+    // thread serves that request (it must not be taken for nobody).
+    let go = block_thread(&servers).await;
+    let first = tokio::time::timeout(Duration::from_millis(20), s.receive_write_imm()).await;
+    assert!(first.is_err(), "nothing was written yet");
+    c.write_with_imm(&remote, 0, vec![1; 8], 77).await.unwrap();
+    go.send(true).unwrap();
+    let imm = tokio::time::timeout(WAIT, s.receive_write_imm())
+        .await
+        .expect("the immediate is left for the next wait")
+        .unwrap();
+    assert_eq!(imm, 77);
+    // The same for a message and a receive.
+    let go = block_thread(&servers).await;
+    let first = tokio::time::timeout(Duration::from_millis(20), s.receive_with_imm()).await;
+    assert!(first.is_err(), "nothing was sent yet");
+    c.send_with_imm(b"kept".to_vec(), 5).await.unwrap();
+    go.send(true).unwrap();
+    let m = tokio::time::timeout(WAIT, s.receive_with_imm())
+        .await
+        .expect("the message is left for the next receive")
+        .unwrap();
+    assert_eq!(m, (b"kept".to_vec(), Some(5)));
 }

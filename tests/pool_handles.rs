@@ -15,6 +15,8 @@ use verbio::runtime::pool::ThreadEnd;
 use verbio::runtime::{Placement, Pool, PoolError};
 use verbio::{HandleError, ListenerHandle, RdmaHandle, RemoteMrHandle};
 
+use common::pool::block_thread;
+
 /// Bound of every wait here.
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -656,29 +658,6 @@ async fn tokio_util_codecs_frame_a_handle_stream() {
     }
     drop(framed);
     server.abort();
-}
-
-/// Blocks runtime thread 0 of `pool` until told: `true` lets it go on,
-/// `false` makes it panic (its handles' calls then fail). Returns once the
-/// thread is blocked.
-async fn block_thread(pool: &Pool) -> std::sync::mpsc::Sender<bool> {
-    let (go, wait) = std::sync::mpsc::channel::<bool>();
-    let (blocked, is_blocked) = tokio::sync::oneshot::channel::<()>();
-    // Blocked (and panicking) in the closure, which runs on the thread
-    // itself: a panicking task would be caught by its runtime.
-    // (Its join handle is dropped: the job runs detached.)
-    drop(pool.spawn(Placement::Thread(0), move |_| {
-        let _ = blocked.send(());
-        if !wait.recv_timeout(WAIT).unwrap_or(false) {
-            panic!("runtime thread panic (expected by the test)");
-        }
-        std::future::ready(())
-    }));
-    tokio::time::timeout(WAIT, is_blocked)
-        .await
-        .expect("the runtime thread blocks")
-        .unwrap();
-    go
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ pub mod crowd;
 pub mod example_bin;
 pub mod netns;
 pub mod peer;
+pub mod pool;
 
 use std::future::Future;
 use std::net::SocketAddr;

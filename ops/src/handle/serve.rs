@@ -390,16 +390,23 @@ impl Server {
         done: &Completer<Reply>,
         wait: impl Future<Output = Result<T, AgentError>>,
     ) -> Option<Result<T, AgentError>> {
+        // An asker gone before the wait began (its request was still
+        // queued) takes nothing: the item stays for the next asker.
+        if done.is_abandoned() {
+            return None;
+        }
         let stop = pin!(async {
             let closed = std::future::poll_fn(|cx| self.poll_closed(cx));
             select(pin!(done.abandoned()), pin!(closed)).await;
         });
-        match select(pin!(wait), stop).await {
-            Either::Left((r, _)) => Some(r),
-            Either::Right(_) if self.closed.get() => {
+        // `stop` is polled first: when the asker left and the item came in
+        // the same turn, the item is left, not taken for nobody.
+        match select(stop, pin!(wait)).await {
+            Either::Right((r, _)) => Some(r),
+            Either::Left(_) if self.closed.get() => {
                 Some(Err(AgentError::Closed(CloseReason::Local)))
             }
-            Either::Right(_) => None,
+            Either::Left(_) => None,
         }
     }
 
@@ -530,9 +537,10 @@ impl Server {
                     let closed = std::future::poll_fn(|cx| self.poll_closed(cx));
                     select(pin!(done.abandoned()), pin!(closed)).await;
                 });
-                match select(receive, stop).await {
-                    Either::Left((r, _)) => Some(r),
-                    Either::Right(_) => None,
+                // `stop` first, as in `until_abandoned_or_closed`.
+                match select(stop, receive).await {
+                    Either::Right((r, _)) => Some(r),
+                    Either::Left(_) => None,
                 }
             };
             match received {
