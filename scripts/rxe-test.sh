@@ -133,7 +133,7 @@ VM=$(rxe_vm_script)
 
 # The runtime-level suite that runs unchanged on rxe0 (device chosen by
 # VERBIO_TEST_DEVICE in the tests' device helpers).
-SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows agent_receive agent_inline agent_alloc recv_ring srq agent_srq agent_srq_isolation ud rpc rpc_soft cm cm_disconnect agent_cm"
+SUITE="reactor_soft buf_soft connect_soft verbs_threads verbs_processes verbs_inline verbs_mw agent_windows agent_receive agent_inline agent_alloc recv_ring srq agent_srq agent_srq_isolation ud rpc rpc_soft cm cm_disconnect agent_cm pool_handles pool_handle_atomics"
 
 PERFTEST=0
 DEVINFO=1
