@@ -14,7 +14,7 @@
 #                    connect_soft (verbio-ops), verbs_threads verbs_processes
 #                    verbs_inline verbs_mw agent_windows agent_receive agent_inline
 #                    agent_alloc recv_ring srq agent_srq agent_srq_isolation ud rpc cm
-#                    cm_disconnect agent_cm (verbio;
+#                    cm_disconnect agent_cm pool_handles pool_handle_atomics (verbio;
 #                    cm_disconnect also runs rdma-core's rdma_client and
 #                    rdma_server against verbio: "cm interop: ..." lines)
 #   --provider-only  only the provider's ibverbs_* tests
