@@ -10,6 +10,7 @@
 //! (`reactor/executor.rs`) creates the wakers and drains the queues.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,8 +29,10 @@ thread_local! {
     /// makes no lazy-registration check of the thread-local: the executor
     /// frees the buffer when it is dropped (a thread that exits with a
     /// live runtime leaks it).
-    pub(crate) static LOCAL_QUEUE: RefCell<ManuallyDrop<Vec<usize>>> =
-        const { RefCell::new(ManuallyDrop::new(Vec::new())) };
+    /// A deque, as the executor's ready queue is: the two trade buffers
+    /// with no conversion.
+    pub(crate) static LOCAL_QUEUE: RefCell<ManuallyDrop<VecDeque<usize>>> =
+        const { RefCell::new(ManuallyDrop::new(VecDeque::new())) };
     /// `LOCAL_QUEUE` may be non-empty (a cheap flag: no destructor, so no
     /// lazy-registration check on access).
     pub(crate) static LOCAL_PENDING: Cell<bool> = const { Cell::new(false) };
@@ -136,7 +139,7 @@ impl TaskWaker {
             LOCAL_QUEUE
                 .try_with(|q| match q.try_borrow_mut() {
                     Ok(mut q) => {
-                        q.push(self.id);
+                        q.push_back(self.id);
                         // `with`, not `LocalKey::set` (an out-of-line
                         // initialization check per call).
                         LOCAL_PENDING.with(|p| p.set(true));

@@ -224,11 +224,8 @@ impl Executor {
             debug_assert!(!q.contains(&MAIN));
             let mut ready = self.ready.borrow_mut();
             if ready.is_empty() {
-                // The common case: the buffers trade places (both
-                // conversions keep the allocation and copy nothing: the
-                // deque is empty, the vector becomes a deque's contents).
-                let empty = Vec::from(std::mem::take(&mut *ready));
-                *ready = VecDeque::from(std::mem::replace(&mut **q, empty));
+                // The common case: the buffers trade places.
+                std::mem::swap(&mut *ready, &mut **q);
             } else {
                 ready.extend(q.drain(..));
             }
