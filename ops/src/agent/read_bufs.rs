@@ -16,9 +16,11 @@ use std::rc::{Rc, Weak};
 
 use verbio_runtime::buf::{IoBuf, RegisteredMem};
 
-/// Vectors kept at most: the READs a window of large messages keeps in
-/// flight at once under the default `max_unread_bytes`, and one more.
-pub(crate) const KEPT: usize = 4;
+use super::wire::MAX_SPLIT_IN_PROGRESS;
+
+/// Vectors kept at most: as many as READs may be in flight at once (a
+/// window of large messages keeps that many going).
+pub(crate) const KEPT: usize = MAX_SPLIT_IN_PROGRESS;
 
 /// A connection's spare READ targets.
 #[derive(Debug)]
