@@ -358,3 +358,37 @@ fn a_peer_misusing_the_staging_ring_is_disconnected() {
     let why = broken_peer_frames(RdmaBuilder::new(), vec![freed]);
     violation(&why, "never written");
 }
+
+/// A pack frame (kind 18) of `entries`, each `(length word, bytes)`.
+fn pack(entries: &[(u32, &[u8])]) -> Vec<u8> {
+    let mut f = vec![18, 0, 0, 0, 0, 0, 0, 0];
+    for (word, bytes) in entries {
+        f.extend_from_slice(&word.to_le_bytes());
+        f.extend_from_slice(bytes);
+    }
+    f
+}
+
+#[test]
+fn a_malformed_pack_fails_that_connection_and_delivers_none_of_it() {
+    let malformed = |frame: Vec<u8>| {
+        let why = broken_peer_frames(RdmaBuilder::new(), vec![frame]);
+        assert!(matches!(why, CloseReason::Malformed(_)), "{why:?}");
+    };
+    // (Every other malformed form is refused by the decoder alike: see
+    // the wire codec's tests.) An entry running past the end of the SEND
+    // (the last one cut short), and a pack of no message.
+    malformed(pack(&[(3, b"abc"), (10, b"short")]));
+    malformed(pack(&[]));
+    // A message over the receiver's maximum, after a good one: the
+    // connection fails and the good one is not delivered either.
+    let big = vec![7u8; 200];
+    let why = broken_peer_frames(
+        RdmaBuilder::new().max_message_len(100),
+        vec![pack(&[(2, b"ok"), (200, &big)])],
+    );
+    assert!(
+        matches!(&why, CloseReason::Violation(w) if w.contains("maximum")),
+        "{why:?}"
+    );
+}

@@ -31,6 +31,7 @@ mod memory;
 mod messages;
 mod mr;
 mod msg;
+mod packing;
 mod pieces;
 mod qps;
 mod rdma;

@@ -12,6 +12,7 @@ use std::rc::Rc;
 
 use verbio_runtime::RingMsg;
 
+use super::backlog::SMALL_ITEM_CHARGE;
 use super::read_bufs::ReadInto;
 
 /// Where the bytes are.
@@ -72,11 +73,13 @@ pub struct RecvMsg {
 
 impl RecvMsg {
     /// What this message counts for in the unread backlog: the receive
-    /// buffer it holds (of `buf_size` bytes: `recv_buf_size` and the header) or its reassembled length.
+    /// buffer it holds (of `buf_size` bytes: `recv_buf_size` and the
+    /// header) or its length as a vector, at least [`SMALL_ITEM_CHARGE`]
+    /// (a pack's empty messages hold memory too).
     pub(crate) fn charge(&self, buf_size: usize) -> u64 {
         match &self.body {
             Body::Ring(_) => buf_size as u64,
-            Body::Vec(v) => v.len() as u64,
+            Body::Vec(v) => (v.len() as u64).max(SMALL_ITEM_CHARGE),
             Body::Read(r) => r.len() as u64,
         }
     }

@@ -25,6 +25,7 @@ use super::error::{AgentError, CloseReason};
 use super::flow::{Credit, Credits, Owed, PeerCredits, Piggyback};
 use super::inbox::TaggedInbox;
 use super::msg::RecvMsg;
+use super::packing::Packer;
 use super::pieces::PiecesInFlight;
 use super::qps::{ConnPd, ConnQp};
 use super::read_msg::{send_buf_by_read, send_by_read, Reads, READ_MIN};
@@ -103,6 +104,9 @@ pub(crate) struct Shared {
     /// Mid-size messages written into the peer's staging ring
     /// (`staging.rs`).
     pub(crate) staging: Staging,
+    /// Whole messages that wait for a credit, packed into shared SENDs
+    /// (`packing.rs`).
+    pub(crate) packer: Packer,
     next_msg_id: Cell<u64>,
     /// Where [`Shared::try_send_whole`] encodes a message to send INLINE.
     inline_buf: RefCell<[u8; MAX_INLINE_MESSAGE]>,
@@ -474,7 +478,8 @@ impl Shared {
             stage: "allocating a send buffer",
             source,
         })?;
-        buf.resize(len, 0).map_err(|source| AgentError::Buf {
+        // Not zeroed first: the encoding below writes every byte.
+        buf.set_len(len).map_err(|source| AgentError::Buf {
             stage: "sizing a send buffer",
             source,
         })?;
@@ -497,7 +502,7 @@ impl Shared {
     /// [`MAX_INLINE_MESSAGE`] (the size of the buffers a message is
     /// encoded in to be sent INLINE).
     #[inline(always)]
-    fn inline_limit(&self) -> usize {
+    pub(crate) fn inline_limit(&self) -> usize {
         (self.qp.caps().max_inline_data.min(self.config.max_inline) as usize)
             .min(MAX_INLINE_MESSAGE)
     }
@@ -598,9 +603,10 @@ impl Shared {
 
     /// A message of one piece, `data` with `imm`, sent INLINE at once,
     /// with no future, if the connection is up, it fits
-    /// [`Shared::inline_limit`], a credit is left and the QP's queues have
-    /// room. `None` if it would have to wait for any of that, or be split:
-    /// nothing was taken or sent, and the awaited
+    /// [`Shared::inline_limit`], more than half the credit window is left
+    /// (less is a backlog: it goes in a pack, `packing.rs`), no pack waits
+    /// and the QP's queues have room. `None` if it would have to wait for
+    /// any of that, or be split: nothing was taken or sent, and the awaited
     /// path ([`Shared::send_data`]) takes over, which also reports errors.
     #[inline(always)]
     pub(crate) fn try_send_whole(
@@ -613,6 +619,8 @@ impl Shared {
             || data.len() > self.negotiated.max_send_len
             || len > self.inline_limit()
             || self.is_down()
+            || self.packer.pending()
+            || self.credits.available() <= self.negotiated.send_window / 2
         {
             return None;
         }
@@ -890,6 +898,7 @@ impl Rdma {
             write_imms: TaggedInbox::new(),
             partial: RefCell::new(HashMap::new()),
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
+            packer: Packer::default(),
             staging,
             next_msg_id: Cell::new(0),
             inline_buf: RefCell::new([0; MAX_INLINE_MESSAGE]),
@@ -1042,6 +1051,13 @@ impl Rdma {
         self.shared.agent_turns.get()
     }
 
+    /// How many packs this side has sent (a diagnostic): SENDs that each
+    /// carried several whole messages which had waited for a send credit
+    /// together (or one that waited alone).
+    pub fn packs_sent(&self) -> u64 {
+        self.shared.packer.posted()
+    }
+
     /// Send credits left (messages this side may send before waiting).
     pub fn send_credits(&self) -> u32 {
         self.shared.credits.available()
@@ -1160,6 +1176,11 @@ impl Rdma {
         } else {
             if let Some(r) = s.try_send_whole(data, imm) {
                 return r;
+            }
+            // No credit at hand, or messages before it wait in a pack:
+            // it joins them.
+            if let Some(packed) = super::packing::try_join(s, data, imm) {
+                return packed.await;
             }
             let msg = Message::Whole {
                 imm,

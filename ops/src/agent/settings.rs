@@ -36,6 +36,8 @@ pub(crate) struct Negotiated {
     pub(crate) posted_recvs: u32,
     /// Longest `Error` text that fits the peer's receive buffers.
     pub(crate) max_error_text: usize,
+    /// The send credits the peer grants in all (its `recv_buf_count`).
+    pub(crate) send_window: u32,
 }
 
 /// A refused setting: its name, why, and how to read it from a side's settings.
@@ -119,6 +121,7 @@ pub(crate) fn negotiate(own: &Settings, peer: &Settings) -> Result<Negotiated, A
         posted_recvs: own_need as u32,
         // Error frame: header, code (2), text length (2), text.
         max_error_text: (peer_buf - HEADER_LEN - 4).min(MAX_ERROR_TEXT),
+        send_window: peer.recv_buf_count,
     })
 }
 

@@ -26,7 +26,7 @@ use super::rdma::{Partial, Shared};
 use super::read_msg::{self, READ_ID};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, decode_data, staged_len, HandOverKind, Message, MrToken, RefuseCode,
+    decode, decode_data, staged_len, HandOverKind, Message, MrToken, PackedEntries, RefuseCode,
     MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
@@ -446,7 +446,10 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
     // messages log in the connection's span (data messages do not log).
     let _in_span = (!matches!(
         msg,
-        Message::Data { .. } | Message::Whole { .. } | Message::Staged { .. }
+        Message::Data { .. }
+            | Message::Whole { .. }
+            | Message::Staged { .. }
+            | Message::Packed { .. }
     ))
     .then(|| shared.span.enter());
     match msg {
@@ -652,7 +655,35 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             shared.staging.peer_freed(bytes)?;
             Ok(Next::Repost(true))
         }
+        Message::Packed { grant, entries } => {
+            if grant > 0 {
+                shared.credits.grant(grant);
+            }
+            unpack(shared, entries)?;
+            Ok(Next::Repost(true))
+        }
     }
+}
+
+/// Delivers the messages of a pack (its credit spent), in order, each
+/// copied out of the receive buffer (which is reposted at once): all are
+/// checked before any is delivered, so a pack with a message over the
+/// maximum delivers none of them.
+fn unpack(shared: &Shared, entries: PackedEntries<'_>) -> Result<(), CloseReason> {
+    let max = shared.config.max_message_len;
+    if entries.into_iter().any(|(_, m)| m.len() > max) {
+        return Err(CloseReason::Violation("message longer than the maximum"));
+    }
+    for (imm, m) in entries {
+        deliver(
+            shared,
+            RecvMsg {
+                body: Body::Vec(m.to_vec()),
+                imm,
+            },
+        );
+    }
+    Ok(())
 }
 
 /// Acts on a whole message (its credit spent): delivered in its buffer.

@@ -1,12 +1,12 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 7). Every message but a whole
-//! user message:
+//! Layout (explicit little-endian, version 8). Every message but a whole
+//! user message or a pack of them:
 //!
 //! ```text
 //! 0..4   magic  b"VBAG"
-//! 4      version (7)
+//! 4      version (8)
 //! 5      kind
 //! 6..8   reserved, must be 0
 //! 8..12  body length (u32), must equal the bytes that follow
@@ -28,6 +28,23 @@
 //! It has no length field (a SEND delivers its exact length), no message id
 //! (only pieces of a split message need one, to be put together) and no
 //! version (the connection's settings exchange checks it once).
+//!
+//! Several whole user messages that waited for a send credit together go
+//! in one SEND, a pack ([`Message::Packed`], kind 18), also a short frame:
+//!
+//! ```text
+//! 0      kind: 18 (PACKED)
+//! 1..4   reserved, must be 0
+//! 4..8   send credits granted (u32)
+//! 8..    one entry per message, at least one, in send order:
+//!        0..4  length (u32): bits 0..30 the message's length, bit 31 set
+//!              if an immediate follows
+//!        4..8  immediate (u32; only with bit 31)
+//!        ..    the message
+//! ```
+//!
+//! The entries fill the frame exactly: an entry cut short, a length past
+//! the end or no entry at all is refused.
 //!
 //! Version 2 added `Abort` (kind 9: a sender gave up a message it had
 //! started to send in pieces; the receiver discards what it reassembled) and
@@ -51,7 +68,9 @@
 //! needs no `Staged`: it is one RDMA WRITE_WITH_IMM whose immediate is
 //! [`STAGED_IMM_TAG`] and its length ([`staged_len`]); the immediate of an
 //! application's `write_with_imm` in that range travels in a `WriteImm`
-//! (kind 17) SEND after a plain WRITE instead.
+//! (kind 17) SEND after a plain WRITE instead. Version 8 added the pack
+//! (kind 18, above): small messages that wait for a credit share one SEND,
+//! one receive buffer and one credit.
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -62,12 +81,16 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 /// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
 /// Size of a [`Message::Whole`] frame's header without an immediate (4 more
 /// with one): see [`whole_overhead`].
 pub const WHOLE_HEADER_LEN: usize = 8;
+/// Size of a [`Message::Packed`] frame's header (its entries follow).
+pub const PACKED_HEADER_LEN: usize = 8;
+/// The bit of a pack entry's length word that says an immediate follows.
+const PACKED_IMM_BIT: u32 = 1 << 31;
 /// Largest text in an [`Message::Error`].
 pub const MAX_ERROR_TEXT: usize = 256;
 /// The top byte of a WRITE_WITH_IMM's immediate that marks a message
@@ -354,6 +377,148 @@ pub enum Message<'a> {
         /// The application's immediate.
         imm: u32,
     },
+    /// Several whole user messages in one SEND (a pack): messages that
+    /// waited for a send credit together, delivered in entry order.
+    Packed {
+        /// Send credits returned to the receiver (0: none), as a
+        /// [`Message::Credit`] would.
+        grant: u32,
+        /// The messages (checked when decoded).
+        entries: PackedEntries<'a>,
+    },
+}
+
+/// The entries of a [`Message::Packed`]: at least one, filling the bytes
+/// exactly (checked by [`PackedEntries::new`]). Iterating yields each
+/// message's immediate and bytes, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedEntries<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> PackedEntries<'a> {
+    /// Checks `bytes` as a pack's entries (see the module's layout).
+    pub fn new(bytes: &'a [u8]) -> Result<PackedEntries<'a>, WireError> {
+        if bytes.is_empty() {
+            return Err(WireError::InvalidField {
+                field: "packed",
+                reason: "a pack holds at least one message",
+            });
+        }
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match split_entry(rest) {
+                Ok((_, _, tail)) => rest = tail,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(PackedEntries { bytes })
+    }
+
+    /// The encoded entries.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// How many messages the pack holds.
+    pub fn count(&self) -> usize {
+        self.into_iter().count()
+    }
+}
+
+impl<'a> IntoIterator for PackedEntries<'a> {
+    type Item = (Option<u32>, &'a [u8]);
+    type IntoIter = PackedIter<'a>;
+    fn into_iter(self) -> PackedIter<'a> {
+        PackedIter { rest: self.bytes }
+    }
+}
+
+/// Iterator over a pack's messages (see [`PackedEntries`]).
+#[derive(Debug, Clone)]
+pub struct PackedIter<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for PackedIter<'a> {
+    type Item = (Option<u32>, &'a [u8]);
+    fn next(&mut self) -> Option<Self::Item> {
+        // Checked when the entries were built; ends early, never panics,
+        // should they not be well-formed.
+        let (imm, payload, tail) = split_entry(self.rest).ok()?;
+        self.rest = tail;
+        Some((imm, payload))
+    }
+}
+
+/// The first entry of a pack's `bytes`: its immediate, its message and the
+/// bytes after it.
+#[allow(clippy::type_complexity)]
+fn split_entry(bytes: &[u8]) -> Result<(Option<u32>, &[u8], &[u8]), WireError> {
+    let truncated = |needed: usize| WireError::Truncated {
+        what: "packed entry",
+        needed,
+        got: bytes.len(),
+    };
+    let word = bytes.first_chunk::<4>().ok_or_else(|| truncated(4))?;
+    let word = u32::from_le_bytes(*word);
+    let len = (word & !PACKED_IMM_BIT) as usize;
+    let (imm, at) = if word & PACKED_IMM_BIT != 0 {
+        let imm = bytes.get(4..8).ok_or_else(|| truncated(8))?;
+        (Some(le_u32(imm, 0)), 8usize)
+    } else {
+        (None, 4)
+    };
+    let end = at.checked_add(len).ok_or_else(|| truncated(usize::MAX))?;
+    let payload = bytes.get(at..end).ok_or_else(|| truncated(end))?;
+    Ok((imm, payload, &bytes[end..]))
+}
+
+/// Bytes one message of `len` bytes takes in a pack (with `imm`: an
+/// immediate).
+#[inline(always)]
+pub const fn packed_entry_len(len: usize, imm: bool) -> usize {
+    4 + if imm { 4 } else { 0 } + len
+}
+
+/// Largest message a pack entry can hold (its length word's 31 bits).
+pub const MAX_PACKED_MESSAGE: usize = (PACKED_IMM_BIT - 1) as usize;
+
+/// Appends one pack entry (`payload` with `imm`) to `out` at `at`;
+/// returns the end of the entry, `None` (nothing written) if it does not
+/// fit `out` or the message is longer than [`MAX_PACKED_MESSAGE`].
+#[inline]
+pub(crate) fn put_packed_entry(
+    out: &mut [u8],
+    at: usize,
+    imm: Option<u32>,
+    payload: &[u8],
+) -> Option<usize> {
+    if payload.len() > MAX_PACKED_MESSAGE {
+        return None;
+    }
+    let end = at.checked_add(packed_entry_len(payload.len(), imm.is_some()))?;
+    let e = out.get_mut(at..end)?;
+    let mut word = payload.len() as u32;
+    let mut n = 4;
+    if let Some(imm) = imm {
+        word |= PACKED_IMM_BIT;
+        e[4..8].copy_from_slice(&imm.to_le_bytes());
+        n = 8;
+    }
+    e[..4].copy_from_slice(&word.to_le_bytes());
+    e[n..].copy_from_slice(payload);
+    Some(end)
+}
+
+/// Writes the header of a [`Message::Packed`] frame with `grant` at the
+/// start of `out`; `None` if `out` is shorter than [`PACKED_HEADER_LEN`].
+#[inline]
+pub(crate) fn put_packed_header(out: &mut [u8], grant: u32) -> Option<usize> {
+    let h = out.get_mut(..PACKED_HEADER_LEN)?;
+    h[..4].copy_from_slice(&u32::from(kind::PACKED).to_le_bytes());
+    h[4..8].copy_from_slice(&grant.to_le_bytes());
+    Some(PACKED_HEADER_LEN)
 }
 
 /// The agent settings each side announces when a connection starts; both
@@ -393,6 +558,7 @@ mod kind {
     pub const STAGED: u8 = 15;
     pub const STAGING_FREED: u8 = 16;
     pub const WRITE_IMM: u8 = 17;
+    pub const PACKED: u8 = 18;
 }
 
 /// Bytes of a `Data` piece before its payload: the most any user message
@@ -633,6 +799,19 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
             payload: r.buf,
         });
     }
+    if frame.first() == Some(&kind::PACKED) {
+        r.what = "packed";
+        r.u8()?;
+        if r.array::<3>()? != [0; 3] {
+            return Err(WireError::InvalidField {
+                field: "packed.reserved",
+                reason: "must be 0",
+            });
+        }
+        let grant = r.u32()?;
+        let entries = PackedEntries::new(r.buf)?;
+        return Ok(Message::Packed { grant, entries });
+    }
     let magic = r.array::<4>()?;
     if magic != MAGIC {
         return Err(WireError::BadMagic { got: magic });
@@ -759,10 +938,10 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
                 payload,
             }
         }
-        kind::WHOLE | kind::WHOLE_IMM => {
+        kind::WHOLE | kind::WHOLE_IMM | kind::PACKED => {
             return Err(WireError::InvalidField {
                 field: "kind",
-                reason: "a whole message has only the short frame",
+                reason: "a whole message or a pack has only the short frame",
             })
         }
         kind::ERROR => {
@@ -854,6 +1033,9 @@ impl Message<'_> {
         if let Message::Whole { imm, payload, .. } = self {
             return whole_overhead(imm.is_some()) + payload.len();
         }
+        if let Message::Packed { entries, .. } = self {
+            return PACKED_HEADER_LEN + entries.as_bytes().len();
+        }
         HEADER_LEN
             + match self {
                 Message::Credit { .. } => 4,
@@ -863,7 +1045,7 @@ impl Message<'_> {
                 }
                 Message::Release { .. } => 8,
                 Message::HandOver { .. } => 1 + 8 + TOKEN_LEN,
-                Message::Whole { .. } => 0, // returned above
+                Message::Whole { .. } | Message::Packed { .. } => 0, // returned above
                 Message::Data { payload, .. } => DATA_OVERHEAD - HEADER_LEN + payload.len(),
                 Message::Error { text, .. } => 2 + 2 + text.len().min(MAX_ERROR_TEXT),
                 Message::Close => 0,
@@ -896,6 +1078,7 @@ impl Message<'_> {
             Message::Staged { .. } => kind::STAGED,
             Message::StagingFreed { .. } => kind::STAGING_FREED,
             Message::WriteImm { .. } => kind::WRITE_IMM,
+            Message::Packed { .. } => kind::PACKED,
         }
     }
 
@@ -917,6 +1100,18 @@ impl Message<'_> {
                 grant,
                 payload,
             } => encode_whole(out, imm, grant, payload),
+            Message::Packed { grant, entries } => {
+                let len = self.encoded_len();
+                let Some(frame) = out.get_mut(..len) else {
+                    return Err(WireError::BufferTooSmall {
+                        needed: len,
+                        capacity: out.len(),
+                    });
+                };
+                let n = put_packed_header(frame, grant).expect("sized above");
+                frame[n..].copy_from_slice(entries.as_bytes());
+                Ok(len)
+            }
             _ => self.encode_other(out),
         }
     }
@@ -971,8 +1166,8 @@ impl Message<'_> {
             }
             // `encode` writes these (encode_data, encode_whole); this
             // private function never sees them.
-            Message::Data { .. } | Message::Whole { .. } => {
-                unreachable!("Data and Whole are encoded by encode_data and encode_whole")
+            Message::Data { .. } | Message::Whole { .. } | Message::Packed { .. } => {
+                unreachable!("Data, Whole and Packed are encoded by encode")
             }
             Message::Error { code, text } => {
                 let mut cut = text.len().min(MAX_ERROR_TEXT);
@@ -1260,7 +1455,143 @@ mod tests {
             },
             Message::StagingFreed { bytes: 1 << 18 },
             Message::WriteImm { imm: u32::MAX },
+            Message::Packed {
+                grant: 5,
+                entries: PackedEntries::new(PACK).unwrap(),
+            },
         ]
+    }
+
+    /// A pack's entries: "abc", "hi" with the immediate 0x1234_5678, and
+    /// an empty message.
+    const PACK: &[u8] = b"\x03\x00\x00\x00abc\x02\x00\x00\x80\x78\x56\x34\x12hi\x00\x00\x00\x00";
+
+    #[test]
+    fn a_pack_holds_its_messages_in_order() {
+        let mut buf = [0u8; 64];
+        let mut at = PACKED_HEADER_LEN;
+        for (imm, m) in [(None, &b"abc"[..]), (Some(0x1234_5678), b"hi"), (None, b"")] {
+            at = put_packed_entry(&mut buf, at, imm, m).unwrap();
+        }
+        put_packed_header(&mut buf, 7).unwrap();
+        let Message::Packed { grant, entries } = decode(&buf[..at]).unwrap() else {
+            panic!("not a pack");
+        };
+        assert_eq!(grant, 7);
+        assert_eq!(entries.as_bytes(), PACK);
+        let got: Vec<_> = entries.into_iter().collect();
+        assert_eq!(
+            got,
+            [
+                (None, &b"abc"[..]),
+                (Some(0x1234_5678), &b"hi"[..]),
+                (None, &b""[..])
+            ]
+        );
+        assert_eq!(entries.count(), 3);
+        // An entry that does not fit the buffer is not written.
+        assert_eq!(put_packed_entry(&mut buf, 60, None, b"12345"), None);
+    }
+
+    #[test]
+    fn a_bad_pack_is_refused_whole() {
+        let mut frame = vec![18u8, 0, 0, 0, 1, 0, 0, 0];
+        frame.extend_from_slice(PACK);
+        assert!(decode(&frame).is_ok());
+        // No entry at all.
+        assert!(matches!(
+            decode(&frame[..PACKED_HEADER_LEN]),
+            Err(WireError::InvalidField {
+                field: "packed",
+                ..
+            })
+        ));
+        // Cut anywhere inside an entry (or its length word).
+        for cut in PACKED_HEADER_LEN + 1..frame.len() {
+            let cuts_entry = ![PACKED_HEADER_LEN + 7, PACKED_HEADER_LEN + 17].contains(&cut);
+            assert_eq!(
+                decode(&frame[..cut]).is_err(),
+                cuts_entry,
+                "cut at {cut}: {:?}",
+                decode(&frame[..cut])
+            );
+        }
+        // A length past the end of the frame (and the largest one).
+        for len in [4u32, 0x7fff_ffff, u32::MAX] {
+            let mut bad = frame.clone();
+            bad[PACKED_HEADER_LEN..PACKED_HEADER_LEN + 4].copy_from_slice(&len.to_le_bytes());
+            assert!(
+                matches!(decode(&bad), Err(WireError::Truncated { .. })),
+                "{len:#x}"
+            );
+        }
+        // Trailing bytes that are no whole entry.
+        let mut bad = frame.clone();
+        bad.extend_from_slice(&[1, 0]);
+        assert!(decode(&bad).is_err());
+        // Reserved bytes.
+        let mut bad = frame.clone();
+        bad[2] = 1;
+        assert!(matches!(
+            decode(&bad),
+            Err(WireError::InvalidField {
+                field: "packed.reserved",
+                ..
+            })
+        ));
+        // The long form of the kind does not exist.
+        let mut long = Vec::from(MAGIC);
+        long.extend_from_slice(&[VERSION, kind::PACKED, 0, 0, 0, 0, 0, 0]);
+        assert!(decode(&long).is_err());
+    }
+
+    #[test]
+    fn garbage_packs_never_panic_and_decode_only_when_well_formed() {
+        // Random frames of kind 18: every one either decodes to entries
+        // that fill it exactly or is refused.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut ok = 0;
+        for _ in 0..20_000 {
+            // A well-formed pack of a few entries...
+            let mut frame = vec![0u8; 256];
+            let mut at = PACKED_HEADER_LEN;
+            for _ in 0..1 + next() % 4 {
+                let imm = (next() % 2 == 0).then(|| next() as u32);
+                let m = vec![next() as u8; (next() % 20) as usize];
+                at = put_packed_entry(&mut frame, at, imm, &m).unwrap();
+            }
+            put_packed_header(&mut frame, next() as u32).unwrap();
+            frame.truncate(at);
+            // ...then bytes changed, cut or added.
+            for _ in 0..next() % 3 {
+                let i = (next() as usize) % frame.len();
+                frame[i] = match next() % 3 {
+                    0 => next() as u8,
+                    1 => 0x80,
+                    _ => (next() % 4) as u8,
+                };
+            }
+            match next() % 4 {
+                0 => frame.truncate((next() as usize) % (frame.len() + 1)),
+                1 => frame.extend((0..next() % 6).map(|_| next() as u8)),
+                _ => {}
+            }
+            if let Ok(Message::Packed { entries, .. }) = decode(&frame) {
+                ok += 1;
+                let total: usize = entries
+                    .into_iter()
+                    .map(|(imm, m)| packed_entry_len(m.len(), imm.is_some()))
+                    .sum();
+                assert_eq!(total + PACKED_HEADER_LEN, frame.len(), "{frame:02x?}");
+            }
+        }
+        assert!(ok > 100, "some random packs are well-formed ({ok})");
     }
 
     #[test]
@@ -1386,6 +1717,25 @@ mod tests {
                             assert_eq!(payload, &buf[head..cut]);
                         }
                         Err(WireError::Truncated { .. }) if cut < head => {}
+                        other => panic!("{m:?} cut at {cut}: {other:?}"),
+                    }
+                }
+                continue;
+            }
+            if let Message::Packed { entries, .. } = m {
+                // No length field either: a cut at the end of an entry is
+                // a pack of fewer messages; anywhere else, an error.
+                let mut ends = Vec::new();
+                let mut end = PACKED_HEADER_LEN;
+                for (imm, msg) in entries {
+                    end += packed_entry_len(msg.len(), imm.is_some());
+                    ends.push(end);
+                }
+                for cut in 0..n {
+                    let res = decode(&buf[..cut]);
+                    match res {
+                        Ok(Message::Packed { .. }) if ends.contains(&cut) => {}
+                        Err(_) if !ends.contains(&cut) => {}
                         other => panic!("{m:?} cut at {cut}: {other:?}"),
                     }
                 }

@@ -72,7 +72,7 @@ fn token(token_id: u64, access: u32) -> MrToken {
 
 /// One valid frame of every message kind (and of each variant of a kind).
 pub fn seeds() -> Vec<Seed> {
-    let messages: [(&'static str, Message<'static>); 16] = [
+    let messages: [(&'static str, Message<'static>); 17] = [
         ("credit", Message::Credit { grant: 32 }),
         (
             "alloc-request",
@@ -165,6 +165,17 @@ pub fn seeds() -> Vec<Seed> {
             },
         ),
         ("close", Message::Close),
+        (
+            "packed",
+            Message::Packed {
+                grant: 2,
+                // Invariant: well-formed entries ("ab", then "c" with an immediate).
+                entries: wire::PackedEntries::new(
+                    b"\x02\x00\x00\x00ab\x01\x00\x00\x80\x0d\xf0\xed\xfec",
+                )
+                .expect("seed pack is well-formed"),
+            },
+        ),
         ("abort", Message::Abort { msg_id: 7 }),
         (
             "settings",
