@@ -11,10 +11,12 @@
 //! started the pack yields, so every message that task sends meanwhile
 //! joins), takes one credit, writes the
 //! credits owed to the peer into the header and posts the pack as one
-//! SEND. Its messages' `send`s return once it has completed, as a
-//! message's from a send buffer does. A pack of one message goes as the
-//! usual whole frame, INLINE if it fits (its `send` then returns at the
-//! post), as it would have gone on its own after waiting. So a sender with a backlog spends one credit, one doorbell,
+//! SEND. Its messages' `send`s return once it is posted, as an INLINE
+//! message's does (each was copied into it; the poster awaits its
+//! completion, and a failed one takes the connection down with its error).
+//! A pack of one message goes as the usual whole frame, INLINE if it fits,
+//! else from the pack's buffer with its `send` done at the completion, as
+//! it would have gone on its own after waiting. So a sender with a backlog spends one credit, one doorbell,
 //! one device packet and one receive buffer at the peer per pack instead
 //! of per message, and the receiver one completion and one repost
 //! (`task::unpack` copies each message out and delivers them in order).
@@ -57,7 +59,8 @@ enum State {
     Filling,
     /// Its poster has the credit and posts it: its messages go.
     Sealed,
-    /// Posted and complete: its messages' sends are done.
+    /// Posted (a lone message's not INLINE: and complete): its messages'
+    /// sends are done.
     Posted,
     /// Not posted: the connection is down.
     Failed,
@@ -309,18 +312,25 @@ async fn post(shared: Rc<Shared>, pack: Rc<Pack>) {
         }
     };
     s.packer.posted.set(s.packer.posted.get() + 1);
-    // Its messages' sends are done with its completion, as a message's
-    // from a send buffer is (a failed one takes the connection down with
-    // its error as the reason).
+    // Several messages: their sends are done once posted, as an INLINE
+    // message's is (each was copied; the SEND's completion is awaited
+    // here, and a failed one takes the connection down with its error as
+    // the reason, which later calls return). One message alone is done
+    // with its completion, as it would have been on its own.
+    if alone.is_none() {
+        pack.finish(State::Posted);
+    }
     let ok = match sent {
         Some(sent) => s.completed(sent).await.is_ok(),
         None => true,
     };
-    pack.finish(if ok { State::Posted } else { State::Failed });
+    if alone.is_some() {
+        pack.finish(if ok { State::Posted } else { State::Failed });
+    }
 }
 
-/// The future of a message's send in a pack: done once the pack's SEND
-/// has completed.
+/// The future of a message's send in a pack: done once the pack is posted
+/// (a pack of one not sent INLINE: once it has completed).
 /// Dropped while the pack still fills, it takes its message out.
 #[derive(Debug)]
 pub(crate) struct PackedSend {
