@@ -3,8 +3,10 @@
 //!
 //! A message that fits one receive buffer goes on its own while more than
 //! half the peer's credit window is at hand (INLINE or from a send
-//! buffer, see `rdma.rs`): a ping-pong or a lone send. With a backlog
-//! (half the window or more spent, or a pack waiting), it is appended to
+//! buffer, see `rdma.rs`), or when no other `send` is in progress (a
+//! ping-pong, one send at a time: a pack would hold it alone). With a
+//! backlog (half the window or more spent and other sends in progress,
+//! or a pack waiting), it is appended to
 //! the newest pack not yet posted (a pool buffer of the
 //! peer's receive-buffer size), or starts one; a pack's poster task waits
 //! for its turn (the packs before it posted; it runs after the task that
@@ -108,6 +110,39 @@ pub(crate) struct Packer {
     next_member: Cell<u64>,
     /// Packs posted (for tests and figures).
     posted: Cell<u64>,
+    /// `send`s in progress (polled, not finished): more than one is a
+    /// backlog worth packing; one alone never is.
+    live: Cell<u32>,
+    /// Whole messages on their own path, possibly waiting for a credit: a
+    /// pack's poster lets them go first (they were sent before it).
+    lone: Cell<u32>,
+    /// The front pack's poster, waiting for `lone` to reach 0.
+    lone_waiter: RefCell<Option<Waker>>,
+}
+
+/// Counts one `send` in progress while it lives ([`Packer::live`]).
+pub(crate) struct Live<'a>(&'a Packer);
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.0.live.set(self.0.live.get().saturating_sub(1));
+    }
+}
+
+/// Counts one whole message on its own path while it lives; the last one
+/// out lets a waiting pack poster go.
+pub(crate) struct Lone<'a>(&'a Packer);
+
+impl Drop for Lone<'_> {
+    fn drop(&mut self) {
+        let n = self.0.lone.get().saturating_sub(1);
+        self.0.lone.set(n);
+        if n == 0 {
+            if let Some(w) = self.0.lone_waiter.borrow_mut().take() {
+                w.wake();
+            }
+        }
+    }
 }
 
 impl Packer {
@@ -121,6 +156,25 @@ impl Packer {
     /// Packs posted so far.
     pub(crate) fn posted(&self) -> u64 {
         self.posted.get()
+    }
+
+    /// A `send` in progress, until the guard is dropped.
+    pub(crate) fn live(&self) -> Live<'_> {
+        self.live.set(self.live.get().saturating_add(1));
+        Live(self)
+    }
+
+    /// True if another `send` than the caller's is in progress (`own`:
+    /// the caller's is counted already).
+    #[inline(always)]
+    pub(crate) fn others_live(&self, own: bool) -> bool {
+        self.live.get() > u32::from(own)
+    }
+
+    /// A whole message on its own path, until the guard is dropped.
+    pub(crate) fn lone(&self) -> Lone<'_> {
+        self.lone.set(self.lone.get().saturating_add(1));
+        Lone(self)
     }
 
     fn is_front(&self, pack: &Rc<Pack>) -> bool {
@@ -146,7 +200,8 @@ impl Packer {
 }
 
 /// `data` (with `imm`, a whole message) into a pack if one is waiting or
-/// the sender has a backlog (half its credit window or more is spent):
+/// the sender has a backlog (half its credit window or more is spent and
+/// another `send` is in progress):
 /// the future of its send. `None` if it should go on its own (more than
 /// half the window at hand and no pack waits; or two such messages would
 /// not fit one pack), or if no pack buffer could be had (the caller's
@@ -238,6 +293,17 @@ async fn post(shared: Rc<Shared>, pack: Rc<Pack>) {
             Poll::Ready(())
         } else {
             *pack.turn.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    })
+    .await;
+    // Whole messages that went their own way before this pack started
+    // (and may wait for a credit) go first.
+    poll_fn(|cx| {
+        if s.packer.lone.get() == 0 {
+            Poll::Ready(())
+        } else {
+            *s.packer.lone_waiter.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         }
     })

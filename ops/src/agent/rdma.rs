@@ -280,20 +280,13 @@ impl Shared {
         handle.spawn(async move { s.return_credits(grant).await }.instrument(self.span.clone()));
     }
 
-    /// Sends a user message's `Data` piece like [`Shared::send_message`]
-    /// (credited); the credits owed to the peer ride on it. If the piece is
-    /// dropped or fails before it is posted, they are owed again, and a
-    /// whole batch of them goes back in a `Credit` message.
-    pub(crate) async fn send_data(self: &Rc<Self>, msg: &Message<'_>) -> Result<(), AgentError> {
-        match self.post_data(msg).await? {
-            Some(sent) => self.completed(sent).await,
-            None => Ok(()),
-        }
-    }
-
-    /// [`Shared::send_data`] up to the post: returns once the piece's SEND
-    /// is posted, with the SEND to await for its completion (`None` if it
-    /// went INLINE, done once posted). The pieces of a split message are
+    /// Posts a user message's `Data` piece (or whole message) like
+    /// [`Shared::send_message`] (credited); the credits owed to the peer
+    /// ride on it. If the piece is dropped or fails before it is posted,
+    /// they are owed again, and a whole batch of them goes back in a
+    /// `Credit` message. Returns once the piece's SEND is posted, with the
+    /// SEND to await for its completion ([`Shared::completed`]; `None` if
+    /// it went INLINE, done once posted). The pieces of a split message are
     /// posted back to back this way (see `pieces.rs`).
     pub(crate) async fn post_data(
         self: &Rc<Self>,
@@ -604,10 +597,11 @@ impl Shared {
     /// A message of one piece, `data` with `imm`, sent INLINE at once,
     /// with no future, if the connection is up, it fits
     /// [`Shared::inline_limit`], more than half the credit window is left
-    /// (less is a backlog: it goes in a pack, `packing.rs`), no pack waits
+    /// or no other send is in progress (else a backlog: it goes in a pack,
+    /// `packing.rs`), no pack waits
     /// and the QP's queues have room. `None` if it would have to wait for
     /// any of that, or be split: nothing was taken or sent, and the awaited
-    /// path ([`Shared::send_data`]) takes over, which also reports errors.
+    /// path ([`Shared::post_data`]) takes over, which also reports errors.
     #[inline(always)]
     pub(crate) fn try_send_whole(
         self: &Rc<Self>,
@@ -620,7 +614,8 @@ impl Shared {
             || len > self.inline_limit()
             || self.is_down()
             || self.packer.pending()
-            || self.credits.available() <= self.negotiated.send_window / 2
+            || (self.credits.available() <= self.negotiated.send_window / 2
+                && self.packer.others_live(false))
         {
             return None;
         }
@@ -1153,6 +1148,7 @@ impl Rdma {
 
     async fn send_inner(&self, data: &[u8], imm: Option<u32>) -> Result<(), AgentError> {
         let s = &self.shared;
+        let _live = s.packer.live();
         let max = s.negotiated.max_send_len;
         if data.len() > max {
             return Err(AgentError::MessageTooLarge {
@@ -1187,7 +1183,16 @@ impl Rdma {
                 grant: 0, // the credits owed then, filled in at posting
                 payload: data,
             };
-            return s.send_data(&msg).await;
+            // Posted before any pack started after it (`packing::post`
+            // waits for the post).
+            let lone = s.packer.lone();
+            return match s.post_data(&msg).await? {
+                Some(sent) => {
+                    drop(lone);
+                    s.completed(sent).await
+                }
+                None => Ok(()),
+            };
         }
         if data.len() >= READ_MIN {
             // Fetched by the peer with one READ (the permit is given back
