@@ -180,6 +180,7 @@ impl<P: Clone> Core<P> {
         slot.answered = 0;
         slot.retries = 0;
         slot.progress = now;
+        slot.sent = now;
         let req_num = slot.req_num;
         if self.is_bulk(len) {
             if self.expose_request(sid, i) {
@@ -309,6 +310,7 @@ impl<P: Clone> Core<P> {
                     // Sent by the server unasked: counted, not sent.
                     slot.num_tx += 1;
                     slot.progress = now;
+                    slot.sent = now;
                     s.credits -= 1;
                     continue;
                 }
@@ -339,6 +341,7 @@ impl<P: Clone> Core<P> {
                 );
                 slot.num_tx += n;
                 slot.progress = now;
+                slot.sent = now;
                 s.credits -= n;
             }
             if slot.n_resp > 0 && slot.num_rx == slot.total_tx() && slot.reading.is_none() {
@@ -397,6 +400,7 @@ impl<P: Clone> Core<P> {
         }
         if last + 1 == slot.n_req && first == last {
             // The server has the whole request; its handler runs.
+            s.rtt.sample(now - slot.sent);
             slot.progress = now;
             slot.retries = 0;
             return;
@@ -413,6 +417,7 @@ impl<P: Clone> Core<P> {
             self.stats.stale_packets += 1;
             return;
         }
+        s.rtt.sample(now - slot.sent);
         slot.progress = now;
         slot.retries = 0;
         s.credits += returned;
@@ -532,6 +537,7 @@ impl<P: Clone> Core<P> {
             slot.answer(k);
         }
         s.credits += before - slot.in_flight();
+        s.rtt.sample(now - slot.sent);
         slot.progress = now;
         slot.retries = 0;
         // Asks for what is missing (skipping what came early) and

@@ -10,12 +10,15 @@ use super::session::WINDOW;
 pub struct RpcConfig {
     /// Retransmission timeout: a request slot that made no progress for this
     /// long (up to a third more: the timer ticks three times per timeout)
-    /// resends its unanswered packets.
+    /// resends its unanswered packets. The first resend of a slot waits
+    /// the session's measured round trip plus four times its deviation
+    /// instead when that is longer, up to 4 times this.
     pub rto: Duration,
     /// Retransmissions without progress before the call (and its session)
     /// fails with [`RpcError::Timeout`](super::RpcError::Timeout); connects
     /// fail after as many. A dead peer is detected within about
-    /// `rto * (max_retries + 1)`.
+    /// `rto * (max_retries + 1)` (`rto * (max_retries + 4)` after a long
+    /// round trip was measured).
     pub max_retries: u32,
     /// Largest request or response, in bytes (at most 16 MiB).
     pub max_msg_len: usize,

@@ -53,7 +53,9 @@
 //! threshold is where it is.
 //!
 //! A slot that has had no answer for [`RpcConfig::rto`] sends its
-//! unanswered packets again; after [`RpcConfig::max_retries`] in a row its
+//! unanswered packets again (its first resend waits longer when the
+//! session measured a longer round trip: up to 4 `rto`, `rtt.rs`, so a
+//! server slowed by a window of calls is not resent to); after [`RpcConfig::max_retries`] in a row its
 //! call fails with [`RpcError::Timeout`] and the session with it. The
 //! server keeps, per slot, the request number and the response, so a
 //! request that arrives again is answered from there and its handler runs
@@ -94,6 +96,7 @@ mod idle;
 pub mod mem;
 pub(crate) mod mem_bulk;
 mod runner;
+mod rtt;
 mod server;
 pub(crate) mod session;
 mod table;
@@ -126,6 +129,8 @@ mod bulk_write_tests;
 mod flush_tests;
 #[cfg(test)]
 mod header_tests;
+#[cfg(test)]
+mod rtt_tests;
 #[cfg(test)]
 mod runner_tests;
 #[cfg(test)]

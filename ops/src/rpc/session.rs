@@ -79,6 +79,9 @@ pub(crate) struct ClientSlot {
     pub(crate) answered: u64,
     /// Timer tick of the last send or progress.
     pub(crate) progress: u64,
+    /// Timer tick of the last packet sent for the first time (not a
+    /// resend): answers measure the session's round trip from it.
+    pub(crate) sent: u64,
     /// Retransmissions since the last progress.
     pub(crate) retries: u32,
     pub(crate) waker: Option<Waker>,
@@ -125,6 +128,7 @@ impl ClientSlot {
             num_rx: 0,
             answered: 0,
             progress: 0,
+            sent: 0,
             retries: 0,
             waker: None,
             req_exposed: None,
@@ -298,6 +302,9 @@ pub(crate) struct Session<P> {
     pub(crate) remote: u32,
     /// Payload bytes per packet.
     pub(crate) max_payload: usize,
+    /// Client: the round trip to the peer, which sets how long a slot
+    /// waits before its first resend (`rtt.rs`).
+    pub(crate) rtt: super::rtt::RttEstimator,
     /// Packets this side may still send (client).
     pub(crate) credits: usize,
     /// Client: response packets the server sends before being asked (from
@@ -360,6 +367,7 @@ impl<P> Session<P> {
             ping_every: Duration::ZERO,
             next_ping: None,
             link: None,
+            rtt: super::rtt::RttEstimator::default(),
             link_refused: false,
             resp_hint: 0,
         }

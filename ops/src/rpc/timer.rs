@@ -1,5 +1,6 @@
 //! Retransmission: resends what a slot or a connect has not had answered
-//! for a timeout, and fails the session of a peer that stopped answering.
+//! for a timeout (a slot's first resend: the session's learned one,
+//! `rtt.rs`), and fails the session of a peer that stopped answering.
 
 use tracing::debug;
 
@@ -53,6 +54,7 @@ impl<P: Clone> Core<P> {
                         // The link was given up: its waiting calls stream.
                         settled.push(sid);
                     }
+                    let learned = s.rtt.rto(rto);
                     for i in 0..SESSION_SLOTS {
                         let slot = &mut s.client[i];
                         if !matches!(slot.state, CallState::Active) {
@@ -75,7 +77,11 @@ impl<P: Clone> Core<P> {
                         // While a response is read, the last request packet
                         // is sent again: the server answers it while alive.
                         let reading = slot.reading.is_some();
-                        if (slot.in_flight() == 0 && !reading) || now - slot.progress < rto {
+                        // The first resend waits the learned timeout (a
+                        // slow but live server is not resent to); later
+                        // ones `rto`, which bounds a vanished peer.
+                        let wait = if slot.retries == 0 { learned } else { rto };
+                        if (slot.in_flight() == 0 && !reading) || now - slot.progress < wait {
                             continue;
                         }
                         if slot.retries >= max_retries {
