@@ -122,18 +122,21 @@ impl Wire {
     }
 
     /// Engine: moves bytes a poster could not write to `tx` at `at` (the
-    /// unsent start of the engine's buffer: they go first).
+    /// unsent start of the engine's buffer: they go first), the spilled
+    /// rest of a poster's packet before any held ACKs.
     pub fn take_spill(&self, tx: &mut Vec<u8>, at: usize) {
         let mut st = self.state();
         let st = &mut *st;
-        // At most one of them holds bytes: a poster's write takes the held
-        // ACKs along, and the engine holds ACKs only with nothing spilled.
-        if !st.spill.is_empty() {
-            tx.splice(at..at, st.spill.drain(..));
-        }
+        // A poster's write takes the held ACKs along, but the engine may
+        // park ACKs after a poster spilled (its own buffer is empty then):
+        // the spill is the tail of a packet whose head is on the wire, so it
+        // goes first, and the ACKs (whole packets) after it.
         if !st.held.is_empty() {
             tx.splice(at..at, st.held.drain(..));
             self.held_hint.store(false, Ordering::Relaxed);
+        }
+        if !st.spill.is_empty() {
+            tx.splice(at..at, st.spill.drain(..));
         }
     }
 
@@ -470,5 +473,33 @@ mod tests {
         let mut got = [0u8; 18];
         peer.read_exact(&mut got).expect("read");
         assert_eq!(&got, b"ack1ack2packetnext");
+    }
+
+    #[test]
+    fn a_spilled_packet_tail_goes_before_acks_held_after_it() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let _peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        s.set_nonblocking(true).expect("nonblocking");
+        let wire = Wire::new(
+            mio::net::TcpStream::from_std(s),
+            mio::Token(super::super::engine::CONN_BASE),
+        );
+        wire.release(true);
+        // A packet larger than the socket takes: its tail is spilled.
+        let big = vec![7u8; 64 << 20];
+        assert_eq!(wire.try_write(&big), Some(DirectWrite::Spilled));
+        let spilled = wire.state().spill.len();
+        assert!(spilled > 0 && spilled < big.len());
+        // The engine parks ACKs meanwhile (its own buffer is empty).
+        wire.hold(b"ack1");
+        let mut tx = b"engine".to_vec();
+        wire.take_spill(&mut tx, 0);
+        assert_eq!(tx.len(), spilled + 4 + 6);
+        assert!(
+            tx[..spilled].iter().all(|&b| b == 7),
+            "the packet's tail first"
+        );
+        assert_eq!(&tx[spilled..], b"ack1engine");
     }
 }
