@@ -58,6 +58,11 @@ struct Args {
     /// eventfd).
     #[arg(long, default_value_t = 0)]
     pool_busy_poll_us: u64,
+    /// How long a handle's reply future spins on its reply slot before its
+    /// tokio worker parks, in µs (`Pool::builder().reply_spin`; 0: no
+    /// spin).
+    #[arg(long, default_value_t = 0)]
+    reply_spin_us: u64,
     /// Bound of each wait, in seconds: for the server to start, for a
     /// client to connect, and for a point's results beyond its `--secs`
     /// (30 s unless given).
@@ -375,6 +380,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let pool = Pool::builder()
         .threads(1)
         .runtime(Runtime::builder().busy_poll(Duration::from_micros(args.pool_busy_poll_us)))
+        .reply_spin(Duration::from_micros(args.reply_spin_us))
         .device_per_thread(move |_| soft_for(addr))
         .build()?;
     let tokio_rt = tokio::runtime::Builder::new_multi_thread()

@@ -29,9 +29,9 @@ pub(crate) struct ConnShared {
 impl ConnShared {
     pub(super) fn new(thread: ThreadRef, tx: MailSender<Request>, max_send_len: usize) -> Self {
         ConnShared {
+            slots: SlotCache::new(CACHED_SLOTS).reply_spin(thread.reply_spin()),
             thread,
             tx,
-            slots: SlotCache::new(CACHED_SLOTS),
             max_send_len,
         }
     }

@@ -198,7 +198,7 @@ fn start<T: Transport + 'static>(cx: &ThreadContext, rpc: Rpc<T>) -> RpcHandle {
     let inner = Arc::new(RpcShared {
         thread: cx.thread().clone(),
         tx,
-        calls: SlotCache::new(64),
+        calls: SlotCache::new(64).reply_spin(cx.thread().reply_spin()),
         local_addr: rpc.local_addr(),
     });
     let server = Rc::new(RpcServer {

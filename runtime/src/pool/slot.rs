@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 
@@ -72,7 +73,10 @@ pub fn slot<T: Send>() -> (Completer<T>, Answer<T>) {
         Completer {
             slot: Some(s.clone()),
         },
-        Answer { slot: Some(s) },
+        Answer {
+            slot: Some(s),
+            spin: Duration::ZERO,
+        },
     )
 }
 
@@ -167,6 +171,9 @@ pub struct Lost;
 /// The asking end: a `Send` future of the answer.
 pub struct Answer<T: Send> {
     slot: Option<Arc<Slot<T>>>,
+    /// How long the first poll that finds no answer spins on the slot
+    /// before registering the waker (then zero: one spin per answer).
+    spin: Duration,
 }
 
 impl<T: Send> std::fmt::Debug for Answer<T> {
@@ -184,13 +191,47 @@ impl<T: Send> Drop for Answer<T> {
     }
 }
 
+impl<T: Send> Answer<T> {
+    /// Makes the first poll that finds no answer spin on the slot for up
+    /// to `budget` (checking it between [`std::hint::spin_loop`]s) before
+    /// registering the waker and returning `Pending`: a caller whose
+    /// answer is due within microseconds gets it without its thread
+    /// parking and being woken. Zero (the default) does not spin.
+    pub fn spin_for(&mut self, budget: Duration) {
+        self.spin = budget;
+    }
+}
+
+/// Spins on `s` for up to `budget`; true once it is no longer `EMPTY`.
+fn spin_until_answered<T>(s: &Slot<T>, budget: Duration) -> bool {
+    // Reads the clock every CHECK spins: `Instant::now` costs tens of ns.
+    const CHECK: u32 = 64;
+    let start = Instant::now();
+    loop {
+        for _ in 0..CHECK {
+            if s.state.load(Ordering::Acquire) != EMPTY {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= budget {
+            return false;
+        }
+    }
+}
+
 impl<T: Send> std::future::Future for Answer<T> {
     type Output = Result<T, Lost>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let budget = std::mem::take(&mut self.spin);
         let Some(s) = self.slot.as_ref() else {
             return Poll::Ready(Err(Lost));
         };
+        if !budget.is_zero() {
+            // Whatever it finds, the state is read again below.
+            spin_until_answered(s, budget);
+        }
         // Registered before the state is read: a completion after the read
         // wakes this registration.
         s.waker.register(cx.waker());
@@ -218,11 +259,16 @@ impl<T: Send> std::future::Future for Answer<T> {
 pub struct SlotCache<T> {
     free: Mutex<Vec<Arc<Slot<T>>>>,
     max: usize,
+    /// Given to every answer ([`Answer::spin_for`]).
+    spin: Duration,
 }
 
 impl<T> std::fmt::Debug for SlotCache<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlotCache").field("max", &self.max).finish()
+        f.debug_struct("SlotCache")
+            .field("max", &self.max)
+            .field("spin", &self.spin)
+            .finish()
     }
 }
 
@@ -232,21 +278,35 @@ impl<T: Send> SlotCache<T> {
         SlotCache {
             free: Mutex::new(Vec::with_capacity(max)),
             max,
+            spin: Duration::ZERO,
         }
+    }
+
+    /// Makes every answer of [`pair`](Self::pair) spin for up to `budget`
+    /// before parking ([`Answer::spin_for`]; e.g. a pool's
+    /// [`ThreadRef::reply_spin`](super::ThreadRef::reply_spin)).
+    pub fn reply_spin(mut self, budget: Duration) -> Self {
+        self.spin = budget;
+        self
     }
 
     /// A completer and its answer, on a recycled slot if one is idle.
     pub fn pair(&self) -> (Completer<T>, Answer<T>) {
         let reused = self.free.try_lock().ok().and_then(|mut f| f.pop());
-        match reused {
+        let (done, mut answer) = match reused {
             Some(s) => (
                 Completer {
                     slot: Some(s.clone()),
                 },
-                Answer { slot: Some(s) },
+                Answer {
+                    slot: Some(s),
+                    spin: Duration::ZERO,
+                },
             ),
             None => slot(),
-        }
+        };
+        answer.spin = self.spin;
+        (done, answer)
     }
 
     /// Keeps `answer`'s slot for reuse if it is done with: its completer

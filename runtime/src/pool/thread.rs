@@ -30,14 +30,21 @@ pub(super) struct ThreadShared {
     pub(super) index: usize,
     pub(super) jobs: MailSender<Job>,
     state: AtomicU8,
+    /// The pool's [`reply_spin`](super::PoolBuilder::reply_spin).
+    reply_spin: std::time::Duration,
 }
 
 impl ThreadShared {
-    pub(super) fn new(index: usize, jobs: MailSender<Job>) -> ThreadShared {
+    pub(super) fn new(
+        index: usize,
+        jobs: MailSender<Job>,
+        reply_spin: std::time::Duration,
+    ) -> ThreadShared {
         ThreadShared {
             index,
             jobs,
             state: AtomicU8::new(RUNNING),
+            reply_spin,
         }
     }
 }
@@ -63,6 +70,12 @@ impl ThreadRef {
     /// The thread's number in its pool.
     pub fn index(&self) -> usize {
         self.shared.index
+    }
+
+    /// How long a handle's reply future spins before parking
+    /// ([`PoolBuilder::reply_spin`](super::PoolBuilder::reply_spin)).
+    pub fn reply_spin(&self) -> std::time::Duration {
+        self.shared.reply_spin
     }
 
     /// How the thread ended, `None` while it runs.

@@ -90,3 +90,67 @@ fn the_cache_reuses_answered_slots_only() {
     // The recycled slot works like a new one.
     drop(done);
 }
+
+/// A waker counting its wakes.
+struct CountWakes(AtomicUsize);
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_spin_is_bounded_and_a_later_answer_still_wakes() {
+    let cache = SlotCache::<u32>::new(4).reply_spin(std::time::Duration::from_millis(20));
+    let (done, mut answer) = cache.pair();
+    let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
+    let waker = std::task::Waker::from(wakes.clone());
+    let mut cx = Context::from_waker(&waker);
+    let start = std::time::Instant::now();
+    // Nobody answers: the poll spins its budget, then parks.
+    assert!(Pin::new(&mut answer).poll(&mut cx).is_pending());
+    assert!(start.elapsed() >= std::time::Duration::from_millis(20));
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+    // The answer coming later wakes the registered waker.
+    std::thread::spawn(move || done.complete(7)).join().unwrap();
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+    assert_eq!(Pin::new(&mut answer).poll(&mut cx), Poll::Ready(Ok(7)));
+    cache.give_back(answer);
+    // A recycled slot's answer spins too, and a loss ends the spin.
+    let (done, mut answer) = cache.pair();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        drop(done);
+    });
+    answer.spin_for(std::time::Duration::from_secs(60));
+    // Spins until the completer's loss shows (not for 60 s).
+    assert_eq!(Pin::new(&mut answer).poll(&mut cx), Poll::Ready(Err(Lost)));
+    t.join().unwrap();
+}
+
+#[test]
+fn a_spinning_poll_takes_an_answer_made_meanwhile_without_a_wake() {
+    let (done, mut answer) = slot::<u32>();
+    answer.spin_for(std::time::Duration::from_secs(60));
+    let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
+    let waker = std::task::Waker::from(wakes.clone());
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        done.complete(5);
+    });
+    let r = Pin::new(&mut answer).poll(&mut Context::from_waker(&waker));
+    assert_eq!(r, Poll::Ready(Ok(5)));
+    t.join().unwrap();
+    // The waker was never registered while the poll spun.
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn no_spin_returns_pending_at_once() {
+    let cache = SlotCache::<u32>::new(4);
+    let (done, mut answer) = cache.pair();
+    assert!(poll(&mut answer).is_pending());
+    done.complete(3);
+    assert_eq!(poll(&mut answer), Poll::Ready(Ok(3)));
+}
