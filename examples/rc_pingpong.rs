@@ -33,6 +33,7 @@ struct Args {
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let ctx = open_device(args.common.device.as_deref())?;
+    let ctx = rc_exchange::wire::reachable(ctx, args.common.server.as_deref(), args.common.port)?;
     rc_exchange::run(
         "rc_pingpong",
         &args.common,

@@ -46,6 +46,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let ctx = open_device(args.common.device.as_deref())?;
+    let ctx = rc_exchange::wire::reachable(ctx, args.common.server.as_deref(), args.common.port)?;
     rc_exchange::run(
         "srq_pingpong",
         &args.common,

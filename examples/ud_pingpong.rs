@@ -319,6 +319,7 @@ impl Ticks {
 
 fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let ctx = open_device(args.device.as_deref())?;
+    let ctx = wire::reachable(ctx, args.server.as_deref(), args.port)?;
     tracing::info!(device = ctx.name(), kind = %ctx.kind(), "opened the RDMA device");
     let mtu = ctx.query_port(args.ib_port)?.active_mtu.bytes() as usize;
     if args.size > mtu {

@@ -266,3 +266,59 @@ fn rping_across_namespaces() {
     );
     server.exits_ok();
 }
+
+/// rdma-core's `ibv_*_pingpong` pairs (`rc_pingpong`, `srq_pingpong`,
+/// `ud_pingpong`): the server in the namespace, the client here; both
+/// print their summary, the data checked.
+fn ibv_pingpong_across_namespaces(test: &str, name: &str, tag: u8, port: u16, extra: &[&str]) {
+    let Some((exe, ns)) = setup(test, name, tag) else {
+        return;
+    };
+    let port = port.to_string();
+    let mut args = vec!["-d", "soft0", "-c", "-n", "100", "-s", "512"];
+    args.extend(["-p", port.as_str(), "--timeout", "50"]);
+    args.extend(extra);
+    let mut server = Server::start(&ns, &exe, &args, "local address");
+    let ip = ns.peer_ip.to_string();
+    let mut client_args = args.clone();
+    client_args.push(ip.as_str());
+    let out = client(&exe, &client_args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let done = format!("{name}: ");
+    assert!(text.contains(&done), "{text}");
+    server.wait_for(&done);
+    server.exits_ok();
+}
+
+#[test]
+fn rc_pingpong_across_namespaces() {
+    ibv_pingpong_across_namespaces(
+        "rc_pingpong_across_namespaces",
+        "rc_pingpong",
+        6,
+        18540,
+        &[],
+    );
+}
+
+#[test]
+fn srq_pingpong_across_namespaces() {
+    ibv_pingpong_across_namespaces(
+        "srq_pingpong_across_namespaces",
+        "srq_pingpong",
+        7,
+        18541,
+        &["-q", "4"],
+    );
+}
+
+#[test]
+fn ud_pingpong_across_namespaces() {
+    ibv_pingpong_across_namespaces(
+        "ud_pingpong_across_namespaces",
+        "ud_pingpong",
+        8,
+        18542,
+        &[],
+    );
+}

@@ -8,10 +8,10 @@
 
 use std::error::Error;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use verbio::provider::Gid;
+use verbio::provider::{Context, Gid, ProviderKind, SoftConfig};
 use verbio::ErrorChain;
 
 /// Bytes of one address message.
@@ -91,6 +91,33 @@ pub struct Oob<'a> {
     pub timeout: Duration,
 }
 
+/// `ctx`, or for the soft device, whose engine listens on loopback by
+/// default, the device opened again on the unspecified address where a
+/// peer on another host must reach it: always for a server (its client
+/// may be anywhere), for a client unless `server` is a loopback address.
+/// The address frame then names the IP the exchange's connection uses.
+pub fn reachable(ctx: Context, server: Option<&str>, port: u16) -> Result<Context, Box<dyn Error>> {
+    if ctx.kind() != ProviderKind::Soft {
+        return Ok(ctx);
+    }
+    if let Some(host) = server {
+        let mut addrs = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("{host}: {}", ErrorChain(&e)))?
+            .peekable();
+        if addrs.peek().is_some() && addrs.all(|a| a.ip().is_loopback()) {
+            return Ok(ctx);
+        }
+    }
+    let name = ctx.name().to_string();
+    drop(ctx);
+    Ok(Context::open_soft(SoftConfig {
+        name,
+        bind: SocketAddr::from(([0, 0, 0, 0], 0)),
+        ..SoftConfig::default()
+    })?)
+}
+
 /// The exchange: `ours` (all `slots` of them: `ibv_srq_pingpong` sends
 /// 256, zeros past its QPs) for the peer's as many; `connect` runs on the
 /// server between reading the client's and writing its own.
@@ -147,10 +174,32 @@ pub fn exchange(
         }
     };
     stream.set_read_timeout(Some(oob.timeout))?;
+    // An engine on the unspecified address is reached at the IP this
+    // connection leaves from (the peer refuses 0.0.0.0).
+    // Its GID (the IPv4-mapped engine IP) names that IP too.
+    let mut unspecified_gid = None;
+    let mut reached_gid = Gid([0; 16]);
+    let our_soft = match our_soft {
+        Some(a) if a.ip().is_unspecified() => {
+            let ip = stream.local_addr()?.ip();
+            if let std::net::IpAddr::V4(v4) = ip {
+                unspecified_gid = Some(Gid(std::net::Ipv4Addr::UNSPECIFIED
+                    .to_ipv6_mapped()
+                    .octets()));
+                reached_gid = Gid(v4.to_ipv6_mapped().octets());
+            }
+            Some(SocketAddr::new(ip, a.port()))
+        }
+        other => other,
+    };
     let write_ours = |s: &mut TcpStream| -> std::io::Result<()> {
         let mut out = Vec::with_capacity(slots * MSG_LEN + SOFT_ADDR_LEN);
         for i in 0..slots {
-            out.extend_from_slice(&ours.get(i).copied().unwrap_or_default().encode());
+            let mut d = ours.get(i).copied().unwrap_or_default();
+            if unspecified_gid == Some(d.gid) {
+                d.gid = reached_gid;
+            }
+            out.extend_from_slice(&d.encode());
         }
         if let Some(a) = our_soft {
             let mut frame = [0u8; SOFT_ADDR_LEN];

@@ -45,10 +45,10 @@ pub struct Netns {
 impl Netns {
     /// Creates namespace `verbio-<group>-<pid>-<tag>` with a veth to it:
     /// 10.`net`.N.1 here, 10.`net`.N.2 there (`net` tells apart the test
-    /// binaries, `tag` the tests of one binary, below 8).
+    /// binaries, `tag` the tests of one binary, below 10).
     pub fn create(group: &str, net: u8, tag: u8) -> Result<Netns, String> {
         let pid = std::process::id();
-        let n = ((pid % 30) as u8) * 8 + tag;
+        let n = ((pid % 25) as u8) * 10 + tag;
         let ns = Netns {
             name: format!("verbio-{group}-{pid}-{tag}"),
             veth: format!("v{}{}t{tag}", &group[..1], pid % 100_000),
