@@ -270,10 +270,7 @@ impl Bulk for MemBulk {
         let mut net = self.net.0.borrow_mut();
         let b = &mut net.bulk;
         if !b.links.contains_key(&(self.id, link)) {
-            let e = TransportError::BadAddress {
-                len: 0,
-                reason: "no such link",
-            };
+            let e = TransportError::no_such_link();
             return Err((into, e));
         }
         let r = PendingRead {
@@ -308,10 +305,7 @@ impl Bulk for MemBulk {
             .links
             .contains_key(&(self.id, link))
         {
-            let e = TransportError::BadAddress {
-                len: 0,
-                reason: "no such link",
-            };
+            let e = TransportError::no_such_link();
             return Err((buf, e));
         }
         let cap = cap.max(buf.len());
@@ -336,10 +330,7 @@ impl Bulk for MemBulk {
         let mut net = self.net.0.borrow_mut();
         let b = &mut net.bulk;
         if !b.links.contains_key(&(self.id, link)) {
-            let e = TransportError::BadAddress {
-                len: 0,
-                reason: "no such link",
-            };
+            let e = TransportError::no_such_link();
             return Err((buf, e));
         }
         let r = PendingRead {

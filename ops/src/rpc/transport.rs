@@ -175,6 +175,16 @@ pub enum TransportError {
     },
 }
 
+impl TransportError {
+    /// A bulk operation named a link this side does not have.
+    pub(crate) fn no_such_link() -> Self {
+        TransportError::BadAddress {
+            len: 0,
+            reason: "no such link",
+        }
+    }
+}
+
 /// Packets queued for one [`Transport::send`]: their bytes in one reused
 /// buffer, each with its destination. Clearing keeps the capacity, so a
 /// steady stream of batches allocates nothing.

@@ -83,6 +83,33 @@ fn failed(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -
     }
 }
 
+/// Waits in a task for `op`, a READ or WRITE submitted already (the
+/// runtime keeps its buffer until the completion), then records its
+/// buffer and result under `token` in `done` and wakes the engine.
+fn record_when_done<T, E>(
+    done: &Rc<RefCell<Done>>,
+    token: u64,
+    what: &'static str,
+    op: impl std::future::Future<Output = (Result<T, E>, RegisteredMem<Vec<u8>>)> + 'static,
+) where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let done = done.clone();
+    verbio_runtime::spawn(async move {
+        let (result, mem) = op.await;
+        let buf = mem.into_inner();
+        let result = result.map(drop).map_err(|e| {
+            debug!(error = %e, what, "rpc/ud: bulk operation failed");
+            failed(what, e)
+        });
+        let mut d = done.borrow_mut();
+        d.items.push((token, buf, result));
+        if let Some(w) = d.waker.take() {
+            w.wake();
+        }
+    });
+}
+
 impl Bulk for UdBulk {
     fn open(&mut self, link: u64) -> Result<Vec<u8>, TransportError> {
         let (qp, ep) = self
@@ -162,10 +189,7 @@ impl Bulk for UdBulk {
         token: u64,
     ) -> Result<(), (Vec<u8>, TransportError)> {
         let Some((qp, _)) = self.links.get(&link) else {
-            let e = TransportError::BadAddress {
-                len: 0,
-                reason: "no such link",
-            };
+            let e = TransportError::no_such_link();
             return Err((into, e));
         };
         let mem = match RegisteredMem::register(&self.pd, into, AccessFlags::LOCAL_WRITE) {
@@ -176,22 +200,7 @@ impl Bulk for UdBulk {
             }
         };
         let op = crate::verbs::read::read(qp, mem, RemoteBuf::new(addr, len as u64, rkey));
-        let done = self.done.clone();
-        // The READ is submitted now; its task only waits for it (the
-        // runtime keeps the buffer until the completion).
-        verbio_runtime::spawn(async move {
-            let (result, mem) = op.await;
-            let buf = mem.into_inner();
-            let result = result.map_err(|e| {
-                debug!(error = %e, "rpc/ud: READ failed");
-                failed("reading by RDMA READ", e)
-            });
-            let mut d = done.borrow_mut();
-            d.items.push((token, buf, result));
-            if let Some(w) = d.waker.take() {
-                w.wake();
-            }
-        });
+        record_when_done(&self.done, token, "reading by RDMA READ", op);
         Ok(())
     }
 
@@ -203,10 +212,7 @@ impl Bulk for UdBulk {
     ) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
         if !self.rings.contains_key(&link) {
             let Some((qp, _)) = self.links.get(&link) else {
-                let e = TransportError::BadAddress {
-                    len: 0,
-                    reason: "no such link",
-                };
+                let e = TransportError::no_such_link();
                 return Err((buf, e));
             };
             let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_RECV_BYTES);
@@ -253,10 +259,7 @@ impl Bulk for UdBulk {
         token: u64,
     ) -> Result<(), (Vec<u8>, TransportError)> {
         let Some((qp, _)) = self.links.get(&link) else {
-            let e = TransportError::BadAddress {
-                len: 0,
-                reason: "no such link",
-            };
+            let e = TransportError::no_such_link();
             return Err((buf, e));
         };
         let len = buf.len() as u64;
@@ -273,22 +276,12 @@ impl Bulk for UdBulk {
             RemoteBuf::new(addr, len, rkey),
             imm,
         );
-        let done = self.done.clone();
-        // Submitted now; the task waits for the completion (the runtime
-        // keeps the buffer until then).
-        verbio_runtime::spawn(async move {
-            let (result, mem) = op.await;
-            let buf = mem.into_inner();
-            let result = result.map_err(|e| {
-                debug!(error = %e, "rpc/ud: WRITE with immediate failed");
-                failed("writing by RDMA WRITE with immediate", e)
-            });
-            let mut d = done.borrow_mut();
-            d.items.push((token, buf, result));
-            if let Some(w) = d.waker.take() {
-                w.wake();
-            }
-        });
+        record_when_done(
+            &self.done,
+            token,
+            "writing by RDMA WRITE with immediate",
+            op,
+        );
         Ok(())
     }
 
