@@ -176,17 +176,15 @@ pub fn exchange(
     stream.set_read_timeout(Some(oob.timeout))?;
     // An engine on the unspecified address is reached at the IP this
     // connection leaves from (the peer refuses 0.0.0.0).
-    // Its GID (the IPv4-mapped engine IP) names that IP too.
-    let mut unspecified_gid = None;
-    let mut reached_gid = Gid([0; 16]);
+    // Its GID (the IPv4-mapped engine IP) names that IP too: (the GID
+    // of 0.0.0.0, the GID of the reached IP).
+    let mut gid_swap = None;
     let our_soft = match our_soft {
         Some(a) if a.ip().is_unspecified() => {
             let ip = stream.local_addr()?.ip();
             if let std::net::IpAddr::V4(v4) = ip {
-                unspecified_gid = Some(Gid(std::net::Ipv4Addr::UNSPECIFIED
-                    .to_ipv6_mapped()
-                    .octets()));
-                reached_gid = Gid(v4.to_ipv6_mapped().octets());
+                let gid = |ip: std::net::Ipv4Addr| Gid(ip.to_ipv6_mapped().octets());
+                gid_swap = Some((gid(std::net::Ipv4Addr::UNSPECIFIED), gid(v4)));
             }
             Some(SocketAddr::new(ip, a.port()))
         }
@@ -196,8 +194,9 @@ pub fn exchange(
         let mut out = Vec::with_capacity(slots * MSG_LEN + SOFT_ADDR_LEN);
         for i in 0..slots {
             let mut d = ours.get(i).copied().unwrap_or_default();
-            if unspecified_gid == Some(d.gid) {
-                d.gid = reached_gid;
+            match gid_swap {
+                Some((unspecified, reached)) if d.gid == unspecified => d.gid = reached,
+                _ => {}
             }
             out.extend_from_slice(&d.encode());
         }
