@@ -117,6 +117,14 @@ impl Engine {
         let Some(conn) = self.conns.get_mut(cid) else {
             return false;
         };
+        if conn.rx_direct.is_some() || conn.rx_skip > 0 {
+            // A packet's payload is arriving straight into memory (or is
+            // being dropped as it arrives): the buffer holds nothing until
+            // it is in, and where its bytes go must not be forgotten (the
+            // resumption of a connection proven in the turn that started
+            // such a payload gets here).
+            return true;
+        }
         // Responses go out before anything a poster would write now.
         conn.claim();
         let rx = std::mem::take(&mut conn.rx);
