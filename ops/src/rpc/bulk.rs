@@ -65,6 +65,14 @@ pub(crate) fn close_link<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>
     }
 }
 
+/// Closes the session's link if it is `link` (an operation over an older
+/// link, which the session replaced, failing later leaves the new one).
+pub(crate) fn close_link_if<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>, link: u64) {
+    if s.link.as_ref().is_some_and(|l| l.local == link) {
+        close_link(bulk, s);
+    }
+}
+
 /// Client timer: resends the link's current step after `rto`; after
 /// `max_retries` the session keeps to packets. Returns whether the link
 /// is still being set up (the timer stays armed).
@@ -354,7 +362,8 @@ impl<P: Clone> Core<P> {
         let msg_len = h.msg_len as usize;
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
         let slot = &mut s.server[i];
-        if slot.state == ServeState::Idle || h.req_num > slot.req_num {
+        if slot.state == ServeState::Idle || h.req_num > slot.req_num || slot.read_failed(h.req_num)
+        {
             if slot.state == ServeState::Handling {
                 self.stats.stale_packets += 1;
                 return;
@@ -410,19 +419,20 @@ impl<P: Clone> Core<P> {
             let req_num = h.req_num;
             self.pool.put(old_req);
             self.release_exposed(old_resp);
+            let link = link.unwrap_or_default();
             let target = ReadTarget {
                 sid,
                 slot: i,
                 req_num,
+                link,
             };
-            let link = link.unwrap_or_default();
             match self.start_read(link, desc, msg_len, target) {
                 Ok(token) => {
                     if let Some(s) = self.sessions.get_mut(sid) {
                         s.server[i].reading = Some(token);
                     }
                 }
-                Err(error) => self.read_failed(sid, i, Role::Server, error),
+                Err(error) => self.read_failed(sid, i, Role::Server, link, error),
             }
             return;
         } else if h.req_num < slot.req_num {
@@ -470,6 +480,65 @@ impl<P: Clone> Core<P> {
         }
     }
 
+    /// Client: the server answered slot `i`'s read request with
+    /// [`Status::ReadFailed`]: its end of the link is gone (a READ or
+    /// WRITE over it failed, or it never had one), and no handler ran.
+    /// The call closes this side's end, takes its request back from the
+    /// transport and sends it again over a new link (or in packets, if
+    /// none opens), once; returns false if it cannot (not a read request,
+    /// or its second failure): the call fails then.
+    pub(crate) fn read_failed_retry(&mut self, sid: u32, i: usize) -> bool {
+        let now = self.now;
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return false;
+        };
+        let slot = &mut s.client[i];
+        if slot.awaits_link {
+            // The answer to a resend of the first attempt: the call waits
+            // for its new link already.
+            self.stats.stale_packets += 1;
+            return true;
+        }
+        let Some((_, len)) = slot.req_desc else {
+            return false;
+        };
+        if slot.relinked {
+            return false;
+        }
+        close_link(&mut self.bulk, s);
+        let max_payload = s.max_payload;
+        let slot = &mut s.client[i];
+        slot.req_desc = None;
+        slot.offered = 0;
+        let Some(token) = slot.req_exposed.take() else {
+            return false;
+        };
+        self.requests_exposed -= 1;
+        let Some(mut buf) = self.bulk.as_mut().and_then(|b| b.unexpose(token)) else {
+            return false;
+        };
+        // (It spans the offered room: cut to the request.)
+        buf.truncate(len);
+        slot.req = buf;
+        s.credits += slot.in_flight();
+        slot.num_tx = 0;
+        slot.num_rx = 0;
+        slot.answered = 0;
+        slot.n_req = super::header::packets_for(len, max_payload);
+        slot.relinked = true;
+        slot.retries = 0;
+        slot.progress = now;
+        self.stats.bulk_relinks += 1;
+        self.want_link(sid);
+        if let Some(s) = self.sessions.get_mut(sid) {
+            if s.link_pending() {
+                s.client[i].awaits_link = true;
+            }
+        }
+        self.defer_pump(sid);
+        true
+    }
+
     /// Gives an exposed response's buffer back to the pool.
     pub(crate) fn release_exposed(&mut self, exposed: Option<(u64, BulkDesc, usize)>) {
         if let (Some((token, _, _)), Some(bulk)) = (exposed, self.bulk.as_mut()) {
@@ -481,13 +550,13 @@ impl<P: Clone> Core<P> {
 
     /// A READ of slot `i` of session `sid` failed or could not start: the
     /// request (server) or call (client) fails, and the link is closed.
-    fn read_failed(&mut self, sid: u32, i: usize, role: Role, error: TransportError) {
+    fn read_failed(&mut self, sid: u32, i: usize, role: Role, link: u64, error: TransportError) {
         self.stats.bulk_read_failures += 1;
         debug!(%error, session = sid, "rpc: RDMA READ failed");
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
-        close_link(&mut self.bulk, s);
+        close_link_if(&mut self.bulk, s, link);
         match role {
             Role::Server => {
                 let slot = &mut s.server[i];
@@ -557,13 +626,14 @@ impl<P: Clone> Core<P> {
                 len: 0,
                 reason: "a read response on a session without an RC link",
             };
-            self.read_failed(sid, i, Role::Client, e);
+            self.read_failed(sid, i, Role::Client, 0, e);
             return;
         };
         let target = ReadTarget {
             sid,
             slot: i,
             req_num: h.req_num,
+            link,
         };
         match self.start_read(link, desc, msg_len, target) {
             Ok(token) => {
@@ -576,7 +646,7 @@ impl<P: Clone> Core<P> {
                     slot.retries = 0;
                 }
             }
-            Err(error) => self.read_failed(sid, i, Role::Client, error),
+            Err(error) => self.read_failed(sid, i, Role::Client, link, error),
         }
     }
 
@@ -647,7 +717,7 @@ impl<P: Clone> Core<P> {
         }
         if let Err(error) = result {
             self.pool.put(buf);
-            self.read_failed(t.sid, t.slot, role, error);
+            self.read_failed(t.sid, t.slot, role, t.link, error);
             return;
         }
         self.stats.bulk_reads += 1;

@@ -112,6 +112,7 @@ impl<P: Clone> Core<P> {
                         sid,
                         slot: i,
                         req_num,
+                        link,
                     },
                 );
                 Ok(())
@@ -153,7 +154,7 @@ impl<P: Clone> Core<P> {
         }
         slot.writing = None;
         if result.is_err() {
-            super::bulk::close_link(&mut self.bulk, s);
+            super::bulk::close_link_if(&mut self.bulk, s, t.link);
         }
         let slot = &mut s.server[t.slot];
         let n_resp = packets_for(buf.len(), s.max_payload);

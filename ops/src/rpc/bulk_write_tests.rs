@@ -186,6 +186,75 @@ fn a_client_vanishing_mid_write_fails_that_write_only() {
     });
 }
 
+/// A WRITE that fails (the client's buffer withdrawn under it) closes the
+/// server's end of the link; the call still gets its response (in packets,
+/// from the server's cache), and the session's next large call, which the
+/// server cannot READ without a link, goes again over a new link instead
+/// of failing with `ReadFailed`.
+#[test]
+fn a_link_broken_by_a_failed_write_is_replaced_for_the_next_call() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(35, PACKET);
+        let srv = write_server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv).await;
+        let id = cli.with_transport(|t| t.id());
+        let req = request(4, 0, 40_000);
+        net.hold_writes(true);
+        let resp = {
+            let call = pin!(cli.call(s, SAME, &req));
+            let held = pin!(wait_for(|| net.held_writes() == 1));
+            let Either::Right(((), call)) = select(call, held).await else {
+                panic!("the call ended while its WRITE was held");
+            };
+            net.withdraw_exposed(id);
+            net.hold_writes(false);
+            call.await.unwrap()
+        };
+        assert!(resp[..] == reversed(&req)[..]);
+        assert_eq!(srv.stats().bulk_write_failures, 1);
+        for i in 1..4 {
+            let req = request(4, i, 50_000 + i);
+            let resp = cli.call(s, SAME, &req).await.unwrap();
+            assert!(resp[..] == reversed(&req)[..], "call {i}");
+        }
+        assert_eq!(cli.stats().bulk_relinks, 1);
+        assert!(cli.link_ready(s));
+        assert_eq!(srv.memory().request_bytes, 0);
+        assert_eq!(cli.stats().timeouts, 0);
+    });
+}
+
+/// A call's exposed buffer (its request, and the room offered for its
+/// response) is withdrawn when the call ends, whichever way its response
+/// came (written, read, or in packets), not kept exposed to the server
+/// until the slot's next call.
+#[test]
+fn a_finished_call_withdraws_its_buffer() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(36, PACKET);
+        let srv = write_server(&net, bulk_config());
+        srv.register_inline(4, |req: Request| req.response())
+            .unwrap();
+        let (cli, s) = linked_client(&net, &srv).await;
+        let id = cli.with_transport(|t| t.id());
+        assert_eq!(net.exposed_by(id), 0);
+        for (i, kind) in [SAME, ECHO, 4, SAME].into_iter().enumerate() {
+            let req = request(5, i, 40_000);
+            let resp = cli.call(s, kind, &req).await.unwrap();
+            let want = match kind {
+                SAME => reversed(&req),
+                ECHO => answer(&req),
+                _ => Vec::new(),
+            };
+            assert!(resp[..] == want[..], "call {i}");
+            assert_eq!(net.exposed_by(id), 0, "call {i} (type {kind})");
+        }
+        assert_eq!(cli.stats().timeouts, 0);
+    });
+}
+
 /// A server speaking raw packets, with a link of its own: it answers a
 /// client's connect, opens the link the client asks for, and writes what
 /// it likes into the buffers the client offers.

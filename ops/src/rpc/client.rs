@@ -175,6 +175,7 @@ impl<P: Clone> Core<P> {
         slot.unasked = 0;
         slot.paused = false;
         slot.awaits_link = false;
+        slot.relinked = false;
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;
@@ -233,6 +234,13 @@ impl<P: Clone> Core<P> {
         if slot.req_num != req_num {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         }
+        if slot.req_exposed.is_some() && matches!(slot.state, CallState::Done(_)) {
+            // The call is over: the server reads and writes its buffer no
+            // more, so it is withdrawn now rather than kept exposed until
+            // the slot's next call.
+            self.take_back_request(sid, i);
+            return self.poll_call(sid, i, req_num, cx);
+        }
         match std::mem::replace(&mut slot.state, CallState::Active) {
             CallState::Active => {
                 match &mut slot.waker {
@@ -268,7 +276,12 @@ impl<P: Clone> Core<P> {
                     slot.abandoned = true;
                     slot.waker = None;
                 }
-                CallState::Done(_) => free_slot(s, i),
+                CallState::Done(_) => {
+                    free_slot(s, i);
+                    if s.client[i].req_exposed.is_some() {
+                        self.take_back_request(sid, i);
+                    }
+                }
                 CallState::Free => {}
             }
         }
@@ -449,9 +462,18 @@ impl<P: Clone> Core<P> {
                 status: h.status,
             };
             if h.status == Status::ReadFailed {
-                // The server's end of the link is closed: a new one for
-                // the next large message.
+                // The server's end of the link is closed (it could not
+                // READ the request, so no handler ran): the request goes
+                // again over a new link, once (`bulk.rs`).
+                if self.read_failed_retry(sid, i) {
+                    return;
+                }
+                let Some(s) = self.sessions.get_mut(sid) else {
+                    return;
+                };
                 super::bulk::close_link(&mut self.bulk, s);
+                complete(s, i, Err(e));
+                return;
             }
             complete(s, i, Err(e));
             return;

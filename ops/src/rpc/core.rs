@@ -74,6 +74,10 @@ pub struct RpcStats {
     /// link broke or its buffer is gone): the link was closed and the
     /// response kept to go in packets if the client asks again.
     pub bulk_write_failures: u64,
+    /// Client: large requests the server could not READ because its end
+    /// of the link was gone (answered [`Status::ReadFailed`](super::header::Status::ReadFailed),
+    /// no handler ran), sent again over a new link instead of failing.
+    pub bulk_relinks: u64,
 }
 
 /// What an endpoint holds now: the memory peers can make it hold, against
@@ -105,6 +109,9 @@ pub(crate) struct ReadTarget {
     pub(crate) sid: u32,
     pub(crate) slot: usize,
     pub(crate) req_num: u64,
+    /// The link it runs over: its failure closes that link only, not a
+    /// newer one the session opened meanwhile.
+    pub(crate) link: u64,
 }
 
 /// A request waiting for a handler task.

@@ -168,6 +168,14 @@ impl MemNetwork {
         self.0.borrow().bulk.exposed_by(id)
     }
 
+    /// Withdraws every buffer endpoint `id` exposes, as a device that lost
+    /// its registrations would: READs and WRITEs of them fail from now on
+    /// (tests break a link by it).
+    pub fn withdraw_exposed(&self, id: u32) {
+        let mut net = self.0.borrow_mut();
+        net.bulk.withdraw(id);
+    }
+
     /// Sets what happens to packets from now on.
     pub fn set_faults(&self, faults: Faults) {
         self.0.borrow_mut().faults = faults;

@@ -156,6 +156,11 @@ impl BulkNet {
         self.regions.values().filter(|r| r.owner == id).count()
     }
 
+    /// Withdraws every buffer endpoint `id` exposes.
+    pub(crate) fn withdraw(&mut self, id: u32) {
+        self.regions.retain(|_, r| r.owner != id);
+    }
+
     /// READs held (`writes`: WRITEs).
     pub(crate) fn held(&self, writes: bool) -> usize {
         (self.pending.iter())

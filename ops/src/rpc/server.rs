@@ -175,7 +175,8 @@ impl<P: Clone> Core<P> {
         let too_large = msg_len > max_len;
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
         let slot = &mut s.server[i];
-        if slot.state == ServeState::Idle || h.req_num > slot.req_num {
+        if slot.state == ServeState::Idle || h.req_num > slot.req_num || slot.read_failed(h.req_num)
+        {
             if slot.state == ServeState::Handling {
                 // The previous request's handler still runs; the client
                 // sends this one again.
@@ -223,6 +224,7 @@ impl<P: Clone> Core<P> {
             }
             slot.resp = None;
             slot.reading = None;
+            slot.writing = None;
             if let (Some((token, _, _)), Some(bulk)) = (slot.resp_exposed.take(), &mut self.bulk) {
                 if let Some(buf) = bulk.unexpose(token) {
                     self.pool.put(buf);

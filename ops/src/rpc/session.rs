@@ -51,6 +51,10 @@ pub(crate) struct ClientSlot {
     /// nothing is sent until the link is ready (it goes by READ) or given
     /// up (it streams); the link's own retries bound the wait.
     pub(crate) awaits_link: bool,
+    /// The server could not READ this call's request (its end of the
+    /// link was gone) and the call went again over a new link: a second
+    /// failure fails the call.
+    pub(crate) relinked: bool,
     pub(crate) req_type: u8,
     pub(crate) req: Vec<u8>,
     pub(crate) resp: Vec<u8>,
@@ -116,6 +120,7 @@ impl ClientSlot {
             abandoned: false,
             paused: false,
             awaits_link: false,
+            relinked: false,
             req_type: 0,
             req: Vec::new(),
             resp: Vec::new(),
@@ -233,6 +238,15 @@ pub(crate) struct ServerSlot {
 }
 
 impl ServerSlot {
+    /// Whether request `req_num` is this slot's and was answered
+    /// [`Status::ReadFailed`]: no handler ran, so the client may send it
+    /// again (over a new link, or in packets) and it is taken as new.
+    pub(crate) fn read_failed(&self, req_num: u64) -> bool {
+        req_num == self.req_num
+            && self.state == ServeState::Responded
+            && self.status == Status::ReadFailed
+    }
+
     /// Forgets the request being received (its memory given back): the
     /// slot is idle until its client sends the request again.
     pub(crate) fn drop_partial(&mut self) {
