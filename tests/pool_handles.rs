@@ -57,6 +57,7 @@ fn handles_and_their_futures_are_send(
     ));
     send_future(l.accept());
     send_future(h.send(vec![]));
+    send_future(h.flush());
     send_future(h.receive());
     send_future(h.request_remote_mr(1));
     send_future(h.write(r, 0, vec![]));
@@ -761,4 +762,134 @@ async fn a_failed_send_in_flight_surfaces_on_flush() {
         .await
         .unwrap()
         .is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_sends_are_answered_at_hand_over_and_keep_their_order() {
+    use futures::FutureExt;
+
+    let servers = pool(1);
+    let clients = pool(1);
+    let (listener, _accepting) = echo_server(&servers, 1).await;
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
+        .await
+        .unwrap();
+    // Small messages are answered once handed over: even with the
+    // connection's thread blocked, each send is done at its first poll.
+    let go = block_thread(&clients).await;
+    for i in 0..8u8 {
+        let sent = c.send(vec![i; 16]).now_or_never();
+        assert!(matches!(sent, Some(Ok(()))), "send {i} answered at hand-over");
+    }
+    assert!(
+        c.flush().now_or_never().is_none(),
+        "flush waits for the messages handed over"
+    );
+    go.send(true).unwrap();
+    // A large message goes after the small ones before it, and small ones
+    // after it after it: the echoes come back in the order sent.
+    c.send(vec![8; 70_000]).await.unwrap();
+    for i in 9..16u8 {
+        c.send(vec![i; 16]).await.unwrap();
+    }
+    tokio::time::timeout(WAIT, c.flush())
+        .await
+        .expect("flush ends")
+        .unwrap();
+    for i in 0..16u8 {
+        let m = tokio::time::timeout(WAIT, c.receive())
+            .await
+            .expect("the echo comes")
+            .unwrap();
+        let len = if i == 8 { 70_000 } else { 16 };
+        assert_eq!(m, vec![i; len], "echo {i} in order");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_failed_after_hand_over_surfaces_on_flush_once() {
+    let servers = pool(1);
+    let clients = pool(1);
+    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let accepted = tokio::spawn(async move { listener.accept().await.unwrap() });
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
+        .await
+        .unwrap();
+    // The peer goes: the read-ahead reports it to the next receive.
+    drop(tokio::time::timeout(WAIT, accepted).await.unwrap().unwrap());
+    let r = tokio::time::timeout(WAIT, c.receive())
+        .await
+        .expect("the receive ends");
+    assert!(r.is_err(), "the peer is gone: {r:?}");
+    // Handed over, then failed on the runtime thread: the flush says so,
+    // once.
+    assert!(c.send(vec![1; 8]).await.is_ok(), "answered at hand-over");
+    let r = tokio::time::timeout(WAIT, c.flush())
+        .await
+        .expect("flush ends");
+    assert!(
+        matches!(r, Err(HandleError::Agent(verbio::AgentError::Closed(_)))),
+        "{r:?}"
+    );
+    let r = tokio::time::timeout(WAIT, c.flush()).await.unwrap();
+    assert!(r.is_ok(), "reported once: {r:?}");
+    // A large send is answered when done, with its own error.
+    let r = tokio::time::timeout(WAIT, c.send(vec![2; 70_000]))
+        .await
+        .unwrap();
+    assert!(r.is_err(), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_read_ahead_wait_for_a_receive_and_none_is_lost() {
+    let servers = pool(1);
+    let clients = pool(1);
+    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    const N: u32 = 300;
+    let (go, start) = tokio::sync::oneshot::channel::<()>();
+    // More messages than the read-ahead holds (64), none received yet.
+    let sender = tokio::spawn(async move {
+        let s = listener.accept().await.unwrap();
+        start.await.unwrap();
+        for i in 0..N {
+            s.send(message(7, i)).await.unwrap();
+        }
+        s.flush().await.unwrap();
+        s
+    });
+    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
+        .await
+        .unwrap();
+    // Receives dropped while waiting (nothing was sent yet) take nothing
+    // away.
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.receive().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for w in &waiting {
+        w.abort();
+    }
+    for w in waiting {
+        assert!(w.await.unwrap_err().is_cancelled());
+    }
+    go.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..N {
+        let m = tokio::time::timeout(WAIT, c.receive())
+            .await
+            .expect("the message comes")
+            .unwrap();
+        assert_eq!(check(&m), (7, i), "in order");
+    }
+    let s = tokio::time::timeout(WAIT, sender).await.unwrap().unwrap();
+    drop(s);
 }

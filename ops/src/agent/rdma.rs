@@ -1080,6 +1080,18 @@ impl Rdma {
         self.shared.negotiated.max_send_len
     }
 
+    /// The largest message (with or without an immediate) that goes in
+    /// one piece INLINE when credits are at hand: its `send` is done once
+    /// posted, without awaiting a completion. 0 if the QP sends nothing
+    /// INLINE.
+    pub(crate) fn inline_send_max(&self) -> usize {
+        let s = &self.shared;
+        s.inline_limit()
+            .saturating_sub(super::wire::whole_overhead(true))
+            .min(s.negotiated.piece_len)
+            .min(s.negotiated.max_send_len)
+    }
+
     /// Sends `data` as one message (split into pieces if it is larger than
     /// the peer's receive buffers; up to a quarter of the peer's staging
     /// ring, [`RdmaBuilder::staging_ring`], written into that ring by one

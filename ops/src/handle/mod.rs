@@ -5,15 +5,19 @@
 //! An [`RdmaHandle`] names a connection that stays on one runtime thread,
 //! served there by a task of its own; each call is a request in the
 //! connection's [mailbox](verbio_runtime::pool::mailbox()) (woken once per
-//! burst) answered through a recycled
-//! [completion slot](verbio_runtime::pool::SlotCache). The futures are
-//! `Send`; the data they carry (a message, a WRITE's bytes) is owned by the
-//! request, on the runtime thread, until its operation completes: dropping
-//! a future mid-flight never frees memory the device may still read or
-//! write. A request dropped before its operation started is not started;
-//! a `receive` dropped while waiting leaves the next message for the next
-//! `receive` (one that has already taken a message when its future is
-//! dropped loses it, as with any cancelled receive).
+//! burst, and not at all while the thread is awake) answered through a
+//! recycled [completion slot](verbio_runtime::pool::SlotCache), with two
+//! shortcuts for messages, so that an echo crosses between threads once
+//! each way: a small `send` is answered at hand-over (its failure comes
+//! back on the next send or [`RdmaHandle::flush`]), and the runtime thread
+//! receives the connection's messages ahead into an
+//! [inbox](verbio_runtime::pool::inbox()) that `receive` takes from
+//! without asking. The futures are `Send`; the data they carry (a
+//! message, a WRITE's bytes) is owned by the request, on the runtime
+//! thread, until its operation completes: dropping a future mid-flight
+//! never frees memory the device may still read or write. A request
+//! dropped before its operation started is not started (a send answered at
+//! hand-over is sent); a `receive` dropped takes no message.
 //!
 //! Immediates ([`RdmaHandle::send_with_imm`],
 //! [`RdmaHandle::write_with_imm`]) and remote atomics

@@ -1,13 +1,19 @@
 //! [`RdmaHandle`]: the asking side of a connection served on a runtime
 //! thread.
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use verbio_runtime::pool::{MailSender, Placement, Pool, SlotCache, ThreadContext, ThreadRef};
+use verbio_runtime::pool::{
+    Inbox, InboxEnd, MailSender, Placement, Pool, SlotCache, ThreadContext, ThreadRef, Waiting,
+};
 
 use super::remote::RemoteMrHandle;
-use super::serve::{start, AtomicOp, Done, Reply, Request};
+use super::serve::{start, AtomicOp, Done, Received, Reply, Request};
 use super::HandleError;
 use crate::agent::wire::MrToken;
 use crate::agent::{AgentError, CloseReason, Rdma, RdmaBuilder};
@@ -24,15 +30,64 @@ pub(crate) struct ConnShared {
     pub(super) tx: MailSender<Request>,
     pub(super) slots: SlotCache<Reply>,
     pub(super) max_send_len: usize,
+    /// The connection's messages, received ahead by the runtime thread.
+    pub(super) arrived: Inbox<Received>,
+    /// The largest message a `send` answers at hand-over (one that goes
+    /// INLINE in one piece: done on the runtime thread when posted).
+    handover_max: usize,
+    /// Sends answered at hand-over and not yet done on the runtime thread
+    /// (may dip below zero for a moment: counted after the hand-over).
+    handed_over: AtomicIsize,
+    /// The first failure of a send answered at hand-over, for the next
+    /// send or flush.
+    send_failed: AtomicBool,
+    send_failure: Mutex<Option<HandleError>>,
 }
 
 impl ConnShared {
-    pub(super) fn new(thread: ThreadRef, tx: MailSender<Request>, max_send_len: usize) -> Self {
+    pub(super) fn new(
+        thread: ThreadRef,
+        tx: MailSender<Request>,
+        arrived: Inbox<Received>,
+        max_send_len: usize,
+        handover_max: usize,
+    ) -> Self {
         ConnShared {
             slots: SlotCache::new(CACHED_SLOTS).reply_spin(thread.reply_spin()),
             thread,
             tx,
             max_send_len,
+            arrived,
+            handover_max,
+            handed_over: AtomicIsize::new(0),
+            send_failed: AtomicBool::new(false),
+            send_failure: Mutex::new(None),
+        }
+    }
+
+    /// A send answered at hand-over is done on the runtime thread.
+    pub(super) fn handed_over_done(&self, r: Result<(), HandleError>) {
+        if let Err(e) = r {
+            let mut f = self.send_failure.lock().unwrap_or_else(|p| p.into_inner());
+            if f.is_none() {
+                *f = Some(e);
+                self.send_failed.store(true, Ordering::Release);
+            }
+        }
+        self.handed_over.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The kept failure of a send answered at hand-over, if any (taken:
+    /// reported once).
+    fn take_send_failure(&self) -> Result<(), HandleError> {
+        if !self.send_failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut f = self.send_failure.lock().unwrap_or_else(|p| p.into_inner());
+        self.send_failed.store(false, Ordering::Release);
+        match f.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 }
@@ -122,43 +177,93 @@ impl RdmaHandle {
     }
 
     /// Sends `data` as one message ([`Rdma::send`]).
+    ///
+    /// A small message (one the connection sends INLINE, e.g. up to about
+    /// 100 bytes with the default
+    /// [`max_inline_data`](crate::agent::RdmaBuilder::max_inline_data)) is
+    /// answered at hand-over: `Ok` once the runtime thread owns it, without
+    /// waiting for that thread (it is sent there, in the order handed over,
+    /// even if every handle is dropped meanwhile). Should it fail there,
+    /// the failure is returned by the handle's next `send`,
+    /// `send_with_imm` or [`flush`](Self::flush) (whose own message is then
+    /// not sent); `flush` waits until every message handed over is done. A
+    /// larger message is answered once the connection's send is done, and
+    /// goes after the small ones handed over before it.
     pub async fn send(&self, data: Vec<u8>) -> Result<(), HandleError> {
-        self.call(|done| Request::Send {
-            data,
-            imm: None,
-            done,
-        })
-        .await
-        .map(drop)
+        self.send_imm(data, None).await
     }
 
     /// Sends `data` as one message with a 32-bit immediate
     /// ([`Rdma::send_with_imm`]), received by
-    /// [`receive_with_imm`](Self::receive_with_imm).
+    /// [`receive_with_imm`](Self::receive_with_imm). Answered as
+    /// [`send`](Self::send) is.
     pub async fn send_with_imm(&self, data: Vec<u8>, imm: u32) -> Result<(), HandleError> {
-        self.call(|done| Request::Send {
-            data,
-            imm: Some(imm),
-            done,
+        self.send_imm(data, Some(imm)).await
+    }
+
+    async fn send_imm(&self, data: Vec<u8>, imm: Option<u32>) -> Result<(), HandleError> {
+        let conn = &self.conn;
+        conn.take_send_failure()?;
+        if data.len() <= conn.handover_max {
+            let req = Request::SendInOrder {
+                data,
+                imm,
+                done: None,
+            };
+            if conn.tx.send(req).await.is_err() {
+                return Err(self.refused_error());
+            }
+            conn.handed_over.fetch_add(1, Ordering::AcqRel);
+            return Ok(());
+        }
+        // After the messages handed over and not yet sent, in order; else
+        // served with the other requests (concurrently with them).
+        let ordered = conn.handed_over.load(Ordering::Acquire) > 0;
+        self.call(|done| match ordered {
+            true => Request::SendInOrder {
+                data,
+                imm,
+                done: Some(done),
+            },
+            false => Request::Send { data, imm, done },
         })
         .await
         .map(drop)
     }
 
-    /// The next message ([`Rdma::receive`]). Receives are served in the
-    /// order they were asked for.
+    /// Waits until every message [`send`](Self::send) answered at
+    /// hand-over is done on the runtime thread; returns the failure of
+    /// one of them, if one failed and was not reported yet.
+    pub async fn flush(&self) -> Result<(), HandleError> {
+        let conn = &self.conn;
+        if conn.handed_over.load(Ordering::Acquire) > 0 {
+            self.call(|done| Request::Flush { done }).await?;
+        }
+        conn.take_send_failure()
+    }
+
+    /// The next message ([`Rdma::receive`]).
+    ///
+    /// The runtime thread receives the connection's messages ahead into a
+    /// queue the handles share (at most 64 messages and, past one, 1 MiB):
+    /// a `receive` that finds a message there takes it without waiting for
+    /// that thread; one that finds none waits to be woken by the next
+    /// arrival. Each message goes to one `receive`, in arrival order;
+    /// receives waiting at once are woken in the order they began waiting.
+    /// Cancel-safe: dropped, it leaves the messages to the next receive.
     pub async fn receive(&self) -> Result<Vec<u8>, HandleError> {
         Ok(self.receive_with_imm().await?.0)
     }
 
     /// The next message and its immediate, `None` if it was sent without
-    /// one ([`Rdma::receive_with_imm`]). Served in order with
-    /// [`receive`](Self::receive)s.
+    /// one ([`Rdma::receive_with_imm`]). Taken from the same queue as
+    /// [`receive`](Self::receive)'s.
     pub async fn receive_with_imm(&self) -> Result<(Vec<u8>, Option<u32>), HandleError> {
-        match self.call(|done| Request::Receive { done }).await? {
-            Done::Message(m, imm) => Ok((m, imm)),
-            _ => unreachable!("a receive is answered with a message"),
+        Receive {
+            handle: self,
+            waiting: Waiting::default(),
         }
+        .await
     }
 
     /// Asks the peer for `len` bytes of its memory
@@ -420,6 +525,21 @@ impl RdmaHandle {
         self.answered(r)
     }
 
+    /// A message (or why there is none) of the connection's read-ahead
+    /// queue, or `Pending` with `waiting` in the line of its takers (see
+    /// [`Inbox::poll_take`]).
+    pub(super) fn poll_arrived(
+        &self,
+        cx: &mut Context<'_>,
+        waiting: &mut Waiting,
+    ) -> Poll<Result<(Vec<u8>, Option<u32>), HandleError>> {
+        self.conn.arrived.poll_take(cx, waiting).map(|r| match r {
+            Ok(received) => received,
+            Err(InboxEnd::Closed) => Err(AgentError::Closed(CloseReason::Local).into()),
+            Err(InboxEnd::Lost) => Err(self.conn.thread.lost_error().into()),
+        })
+    }
+
     /// Why the mailbox refused a request: the connection's server stopped
     /// taking requests (its thread is gone, or going, or the connection
     /// closed).
@@ -440,5 +560,28 @@ impl RdmaHandle {
             Ok(reply) => reply,
             Err(_lost) => Err(self.conn.thread.lost_error().into()),
         }
+    }
+}
+
+/// The future of [`RdmaHandle::receive_with_imm`]: takes from the
+/// connection's read-ahead queue; dropped while waiting, it gives up its
+/// place in line (passing on a wake it got for a message it leaves).
+struct Receive<'a> {
+    handle: &'a RdmaHandle,
+    waiting: Waiting,
+}
+
+impl Future for Receive<'_> {
+    type Output = Result<(Vec<u8>, Option<u32>), HandleError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        this.handle.poll_arrived(cx, &mut this.waiting)
+    }
+}
+
+impl Drop for Receive<'_> {
+    fn drop(&mut self) {
+        self.handle.conn.arrived.cancel(&mut self.waiting);
     }
 }

@@ -1,7 +1,9 @@
 //! The runtime thread's side of an [`RdmaHandle`](super::RdmaHandle): the
 //! connection's server task, which takes the requests from the mailbox and
-//! hands them to workers (local tasks, reused: no task per request), and
-//! the one receiver task that serves `receive`s in order.
+//! hands them to workers (local tasks, reused: no task per request), the
+//! ordered sender task (sends answered at hand-over, and streams' messages,
+//! one at a time in order), and the read-ahead task that receives the
+//! connection's messages into the handles' inbox.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -12,7 +14,9 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 
 use futures::future::{select, Either};
-use verbio_runtime::pool::{mailbox, Completer, MailReceiver, ShutdownSignal, ThreadRef};
+use verbio_runtime::pool::{
+    inbox, mailbox, Completer, Feeder, MailReceiver, ShutdownSignal, ThreadRef,
+};
 
 use super::rdma::{ConnShared, RdmaHandle, QUEUE_DEPTH};
 use super::remote::{RemoteEntry, RemoteMrHandle};
@@ -23,8 +27,16 @@ use crate::agent::{AgentError, CloseReason, Rdma, RemoteMr};
 use std::collections::HashMap;
 
 /// Workers per connection at most: the requests in flight at once (beyond
-/// the receives, served by their own task).
+/// the receives and the ordered sends, served by their own tasks).
 const MAX_WORKERS: usize = 64;
+
+/// Messages the read-ahead task keeps received for the handles at most...
+const READ_AHEAD_MESSAGES: usize = 64;
+/// ... and bytes (past the first message, which always fits).
+const READ_AHEAD_BYTES: usize = 1 << 20;
+
+/// A received message (and its immediate), or why the receive failed.
+pub(crate) type Received = Result<(Vec<u8>, Option<u32>), HandleError>;
 
 /// What a request is answered with.
 pub(crate) type Reply = Result<Done, HandleError>;
@@ -33,8 +45,6 @@ pub(crate) type Reply = Result<Done, HandleError>;
 pub(crate) enum Done {
     Unit,
     Bytes(Vec<u8>),
-    /// A message and its immediate.
-    Message(Vec<u8>, Option<u32>),
     /// An atomic's previous value, or a WRITE's immediate.
     Word(u64),
     Remote(RemoteMrHandle),
@@ -49,13 +59,18 @@ pub(crate) enum Request {
         imm: Option<u32>,
         done: Completer<Reply>,
     },
-    Receive {
-        done: Completer<Reply>,
-    },
-    /// A stream's message: sent one at a time in the order asked, and sent
-    /// even if its asker is gone (the stream handed the bytes over).
+    /// A message sent one at a time in the order asked, and sent even if
+    /// its asker is gone (the bytes were handed over): a stream's, or a
+    /// send answered at hand-over (`done` is `None`: a failure is kept
+    /// for the handle's next send or flush).
     SendInOrder {
         data: Vec<u8>,
+        imm: Option<u32>,
+        done: Option<Completer<Reply>>,
+    },
+    /// Answered once every message queued for sending in order before it
+    /// is done.
+    Flush {
         done: Completer<Reply>,
     },
     AskRemote {
@@ -114,6 +129,16 @@ pub(crate) enum Request {
     },
 }
 
+/// What the ordered sender task sends (or answers) in turn.
+enum Ordered {
+    Send {
+        data: Vec<u8>,
+        imm: Option<u32>,
+        done: Option<Completer<Reply>>,
+    },
+    Flush(Completer<Reply>),
+}
+
 /// A remote atomic's operation.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum AtomicOp {
@@ -124,21 +149,26 @@ pub(crate) enum AtomicOp {
 /// Starts serving `rdma` on this (a pool) thread; returns its handle.
 pub(super) fn start(thread: ThreadRef, shutdown: ShutdownSignal, rdma: Rdma) -> RdmaHandle {
     let (tx, rx) = mailbox(QUEUE_DEPTH);
-    let conn = Arc::new(ConnShared::new(thread, tx, rdma.max_send_len()));
+    let (feeder, arrived) = inbox(READ_AHEAD_MESSAGES, READ_AHEAD_BYTES);
+    let conn = Arc::new(ConnShared::new(
+        thread,
+        tx,
+        arrived,
+        rdma.max_send_len(),
+        rdma.inline_send_max(),
+    ));
     let server = Rc::new(Server {
         rdma,
         conn: Arc::downgrade(&conn),
         remotes: RefCell::new(HashMap::new()),
         next_remote: Cell::new(0),
         workers: Rc::new(Workers::new(MAX_WORKERS)),
-        receives: RefCell::new(VecDeque::new()),
-        receiver: RefCell::new(None),
         ordered: RefCell::new(VecDeque::new()),
         sender: RefCell::new(None),
         closing: RefCell::new(Vec::new()),
         closed: Cell::new(false),
     });
-    verbio_runtime::spawn(server.clone().receive_loop());
+    verbio_runtime::spawn(server.clone().read_ahead_loop(feeder));
     verbio_runtime::spawn(server.clone().ordered_send_loop());
     verbio_runtime::spawn(serve(server, rx, shutdown));
     RdmaHandle { conn }
@@ -154,11 +184,8 @@ struct Server {
     next_remote: Cell<u64>,
     /// Every request but receives and releases.
     workers: Rc<Workers<Request>>,
-    receives: RefCell<VecDeque<Completer<Reply>>>,
-    /// The receiver task waiting for a receive request.
-    receiver: RefCell<Option<Waker>>,
-    /// Streams' messages to send in order, and the task sending them.
-    ordered: RefCell<VecDeque<(Vec<u8>, Completer<Reply>)>>,
+    /// Messages to send in order (and flushes), and the task sending them.
+    ordered: RefCell<VecDeque<Ordered>>,
     sender: RefCell<Option<Waker>>,
     /// Tasks to wake when the server closes.
     closing: RefCell<Vec<Waker>>,
@@ -199,31 +226,27 @@ impl Server {
                 // Its `Drop` tells the owner to revoke it.
                 drop(self.remotes.borrow_mut().remove(&id));
             }
-            Request::Receive { done } => {
-                self.receives.borrow_mut().push_back(done);
-                if let Some(w) = self.receiver.borrow_mut().take() {
-                    w.wake();
-                }
+            Request::SendInOrder { data, imm, done } => {
+                self.send_in_order(Ordered::Send { data, imm, done });
             }
-            Request::SendInOrder { data, done } => {
-                self.ordered.borrow_mut().push_back((data, done));
-                if let Some(w) = self.sender.borrow_mut().take() {
-                    w.wake();
-                }
-            }
+            Request::Flush { done } => self.send_in_order(Ordered::Flush(done)),
             other => self.workers.push(other),
         }
     }
 
-    /// No more requests: workers finish what is queued and end; receives
-    /// not served yet are answered with the connection's local close.
+    fn send_in_order(&self, o: Ordered) {
+        self.ordered.borrow_mut().push_back(o);
+        if let Some(w) = self.sender.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// No more requests: workers and the ordered sender finish what is
+    /// queued and end; the read-ahead task stops and closes the inbox.
     fn close(&self) {
         self.closed.set(true);
         self.workers.close();
         if let Some(w) = self.sender.borrow_mut().take() {
-            w.wake();
-        }
-        if let Some(w) = self.receiver.borrow_mut().take() {
             w.wake();
         }
         for w in std::mem::take(&mut *self.closing.borrow_mut()) {
@@ -374,7 +397,7 @@ impl Serve<Request> for Server {
                     );
                 }
             }
-            Request::Receive { .. } | Request::SendInOrder { .. } | Request::Release { .. } => {
+            Request::SendInOrder { .. } | Request::Flush { .. } | Request::Release { .. } => {
                 unreachable!("routed by the server task")
             }
         }
@@ -485,12 +508,14 @@ impl Server {
         Ok(r.map(|()| local.to_vec())?)
     }
 
-    /// The ordered sender task: sends streams' messages one at a time, in
-    /// the order they were queued, each to its end (the next is already
-    /// here when one completes: no thread crossing between them). A
-    /// message whose asker is gone is still sent, so the bytes a stream
-    /// handed over have no gap. Once the server closes, what is queued is
-    /// still sent, as the workers serve theirs.
+    /// The ordered sender task: sends the messages queued in order one at
+    /// a time, each to its end (the next is already here when one
+    /// completes: no thread crossing between them; a small message goes
+    /// INLINE, done when posted). A message whose asker is gone is still
+    /// sent, so the bytes handed over have no gap. A failed send answered
+    /// at hand-over is kept for the handle's next send or flush. Once the
+    /// server closes, what is queued is still sent, as the workers serve
+    /// theirs.
     async fn ordered_send_loop(self: Rc<Self>) {
         loop {
             let next = std::future::poll_fn(|cx| {
@@ -504,60 +529,79 @@ impl Server {
                 Poll::Pending
             })
             .await;
-            let Some((data, done)) = next else { break };
-            let r = self.rdma.send(&data).await;
-            done.complete(r.map_err(HandleError::from).map(|()| Done::Unit));
+            match next {
+                None => break,
+                Some(Ordered::Flush(done)) => done.complete(Ok(Done::Unit)),
+                Some(Ordered::Send { data, imm, done }) => {
+                    let r = match imm {
+                        None => self.rdma.send(&data).await,
+                        Some(imm) => self.rdma.send_with_imm(&data, imm).await,
+                    };
+                    match done {
+                        Some(done) => {
+                            done.complete(r.map_err(HandleError::from).map(|()| Done::Unit))
+                        }
+                        None => self.handed_over_done(r),
+                    }
+                }
+            }
         }
     }
 
-    /// The receiver task: serves receives one at a time, in order. A
-    /// receive whose asker is gone, or the server closing, stops the wait
-    /// (the connection's receive is cancel-safe: the message stays for the
-    /// next).
-    async fn receive_loop(self: Rc<Self>) {
+    /// A send answered at hand-over is done: one fewer in flight, and its
+    /// failure kept for the handle's next send or flush.
+    fn handed_over_done(&self, r: Result<(), AgentError>) {
+        match self.conn.upgrade() {
+            Some(conn) => conn.handed_over_done(r.map_err(HandleError::from)),
+            None => {
+                if let Err(e) = r {
+                    tracing::debug!(
+                        error = %crate::error::ErrorChain(&e),
+                        "a send answered at hand-over failed after every handle was gone"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The read-ahead task: receives the connection's messages (and its
+    /// errors) into the handles' inbox while it has room, so that a
+    /// handle's `receive` finds them there without asking this thread.
+    /// When the server closes it stops (a receive in progress is dropped:
+    /// the connection's receive is cancel-safe) and closes the inbox
+    /// (takers then get the local close); dropped with its runtime (the
+    /// thread died), the inbox ends as lost.
+    async fn read_ahead_loop(self: Rc<Self>, feeder: Feeder<Received>) {
         loop {
-            let next = std::future::poll_fn(|cx| {
-                if let Some(d) = self.receives.borrow_mut().pop_front() {
-                    return Poll::Ready(Some(d));
+            let room = std::future::poll_fn(|cx| {
+                if self.closed.get() || feeder.is_orphaned() {
+                    return Poll::Ready(false);
                 }
-                if self.closed.get() {
-                    return Poll::Ready(None);
+                if feeder.poll_room(cx).is_ready() {
+                    return Poll::Ready(true);
                 }
-                *self.receiver.borrow_mut() = Some(cx.waker().clone());
+                // Woken by a take that makes room, or by the close.
+                let _ = self.poll_closed(cx);
                 Poll::Pending
             })
             .await;
-            let Some(done) = next else { break };
-            if done.is_abandoned() {
-                continue;
+            if !room {
+                break;
             }
             let received = {
                 let receive = pin!(self.rdma.receive_with_imm());
-                let stop = pin!(async {
-                    let closed = std::future::poll_fn(|cx| self.poll_closed(cx));
-                    select(pin!(done.abandoned()), pin!(closed)).await;
-                });
-                // `stop` first, as in `until_abandoned_or_closed`.
-                match select(stop, receive).await {
+                let closed = pin!(std::future::poll_fn(|cx| self.poll_closed(cx)));
+                // The close first: a message that came in the same turn
+                // stays with the connection.
+                match select(closed, receive).await {
                     Either::Right((r, _)) => Some(r),
                     Either::Left(_) => None,
                 }
             };
-            match received {
-                Some(r) => done.complete(
-                    r.map_err(HandleError::from)
-                        .map(|(m, imm)| Done::Message(m, imm)),
-                ),
-                None if self.closed.get() => {
-                    done.complete(Err(AgentError::Closed(CloseReason::Local).into()))
-                }
-                None => {}
-            }
+            let Some(r) = received else { break };
+            let bytes = r.as_ref().map_or(0, |(m, _)| m.len());
+            feeder.push(r.map_err(HandleError::from), bytes);
         }
-        // Closed: what is left is answered, not dropped.
-        let left: Vec<_> = self.receives.borrow_mut().drain(..).collect();
-        for done in left {
-            done.complete(Err(AgentError::Closed(CloseReason::Local).into()));
-        }
+        feeder.close();
     }
 }

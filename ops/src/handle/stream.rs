@@ -9,8 +9,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use futures::future::BoxFuture;
-use verbio_runtime::pool::Answer;
+use verbio_runtime::pool::{Answer, Waiting};
 
 use super::serve::{Reply, Request};
 use super::{HandleError, RdmaHandle};
@@ -32,10 +31,11 @@ use crate::agent::DEFAULT_STREAM_CHUNK;
 /// message in flight; `close` / `shutdown` also sends the orderly end
 /// (the peer then reads EOF).
 ///
-/// Reads keep one receive outstanding on the runtime thread: once a
-/// message is taken, the next is asked for, so at most one message is
-/// read ahead. The stream owns the connection's messages: nothing else
-/// should `send` or `receive` on it while the stream is in use.
+/// Reads take the messages the runtime thread received ahead for the
+/// connection (see [`RdmaHandle::receive`]): a read that finds one never
+/// waits for that thread. The stream owns the connection's messages:
+/// nothing else should `send` or `receive` on it while the stream is in
+/// use.
 pub struct HandleStream {
     handle: RdmaHandle,
     chunk: usize,
@@ -43,9 +43,8 @@ pub struct HandleStream {
     current: Vec<u8>,
     pos: usize,
     read_eof: bool,
-    receiving: Option<BoxFuture<'static, Result<Vec<u8>, HandleError>>>,
-    /// The message read ahead, if it came while the reader was busy.
-    ahead: Option<Result<Vec<u8>, HandleError>>,
+    /// The reader's place in line for the next message.
+    waiting: Waiting,
     /// Written bytes not yet sent.
     buffer: Vec<u8>,
     /// A message waiting for room in the runtime thread's mailbox (at most
@@ -103,8 +102,7 @@ impl HandleStream {
             current: Vec::new(),
             pos: 0,
             read_eof: false,
-            receiving: None,
-            ahead: None,
+            waiting: Waiting::default(),
             buffer: Vec::new(),
             queued: None,
             in_flight: VecDeque::new(),
@@ -124,29 +122,11 @@ impl HandleStream {
         self.in_flight.len()
     }
 
-    /// Polls the outstanding receive.
+    /// The next message of the connection's read-ahead queue.
     fn poll_receive(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>, HandleError>> {
-        if let Some(r) = self.ahead.take() {
-            return Poll::Ready(r);
-        }
-        let h = self.handle.clone();
-        let fut = self
-            .receiving
-            .get_or_insert_with(|| Box::pin(async move { h.receive().await }));
-        let r = ready!(fut.as_mut().poll(cx));
-        self.receiving = None;
-        Poll::Ready(r)
-    }
-
-    /// Asks for the next message now (its answer is kept for the next
-    /// read), unless the stream ended or one is asked for already.
-    fn read_ahead(&mut self, cx: &mut Context<'_>) {
-        if self.read_eof || self.ahead.is_some() || self.receiving.is_some() {
-            return;
-        }
-        if let Poll::Ready(r) = self.poll_receive(cx) {
-            self.ahead = Some(r);
-        }
+        self.handle
+            .poll_arrived(cx, &mut self.waiting)
+            .map(|r| r.map(|(m, _imm)| m))
     }
 
     fn poll_read_into(&mut self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
@@ -163,7 +143,6 @@ impl HandleStream {
             }
             self.current = msg;
             self.pos = 0;
-            self.read_ahead(cx);
         }
         let n = out.len().min(self.current.len() - self.pos);
         out[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
@@ -220,7 +199,11 @@ impl HandleStream {
     fn start_send(&mut self, cx: &mut Context<'_>, data: Vec<u8>) -> io::Result<()> {
         debug_assert!(self.has_room());
         let (done, answer) = self.handle.conn.slots.pair();
-        self.queued = Some(Request::SendInOrder { data, done });
+        self.queued = Some(Request::SendInOrder {
+            data,
+            imm: None,
+            done: Some(done),
+        });
         self.in_flight.push_back(answer);
         // Into the mailbox now if it has room; either way, registered to
         // be woken.
@@ -284,6 +267,13 @@ impl HandleStream {
             self.start_send(cx, Vec::new())?;
         }
         self.poll_flush_all(cx)
+    }
+}
+
+impl Drop for HandleStream {
+    fn drop(&mut self) {
+        // Its place in line for a message goes (a wake it got goes on).
+        self.handle.conn.arrived.cancel(&mut self.waiting);
     }
 }
 

@@ -10,7 +10,11 @@
 //!   (the executor's cross-thread queue and `mio::Waker`) once per burst of
 //!   sends, not once per message;
 //! - [`slot()`] / [`SlotCache`]: the completion slot an answer comes back
-//!   in, with no lock and, recycled, no allocation per request.
+//!   in, with no lock and, recycled, no allocation per request;
+//! - [`inbox()`]: the other way, a bounded queue a runtime thread fills
+//!   ahead of demand (a connection's arriving messages) and any thread
+//!   takes from without asking: a taker that finds an item never crosses
+//!   to the runtime thread, one that waits is woken once.
 //!
 //! Placement is round-robin, by a key of the caller's, or on a named thread
 //! ([`Placement`]). Shutdown ([`Pool::shutdown`], or dropping the pool) is
@@ -22,6 +26,7 @@
 //! request it held with an error: nothing waits forever.
 
 mod builder;
+pub mod inbox;
 mod join;
 pub mod mailbox;
 mod reply_wakes;
@@ -29,6 +34,7 @@ pub mod slot;
 mod thread;
 
 pub use builder::PoolBuilder;
+pub use inbox::{inbox, Feeder, Inbox, InboxEnd, Waiting};
 pub use join::PoolJoinHandle;
 pub use mailbox::{mailbox, MailReceiver, MailSender, SendError};
 pub use slot::{slot, Answer, Completer, Lost, SlotCache};
