@@ -779,7 +779,10 @@ async fn small_sends_are_answered_at_hand_over_and_keep_their_order() {
     let go = block_thread(&clients).await;
     for i in 0..8u8 {
         let sent = c.send(vec![i; 16]).now_or_never();
-        assert!(matches!(sent, Some(Ok(()))), "send {i} answered at hand-over");
+        assert!(
+            matches!(sent, Some(Ok(()))),
+            "send {i} answered at hand-over"
+        );
     }
     assert!(
         c.flush().now_or_never().is_none(),

@@ -532,7 +532,7 @@ impl RdmaHandle {
         &self,
         cx: &mut Context<'_>,
         waiting: &mut Waiting,
-    ) -> Poll<Result<(Vec<u8>, Option<u32>), HandleError>> {
+    ) -> Poll<Received> {
         self.conn.arrived.poll_take(cx, waiting).map(|r| match r {
             Ok(received) => received,
             Err(InboxEnd::Closed) => Err(AgentError::Closed(CloseReason::Local).into()),
@@ -572,7 +572,7 @@ struct Receive<'a> {
 }
 
 impl Future for Receive<'_> {
-    type Output = Result<(Vec<u8>, Option<u32>), HandleError>;
+    type Output = Received;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();

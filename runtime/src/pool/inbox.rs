@@ -287,13 +287,21 @@ impl<T: Send> Inbox<T> {
     /// the line of waiting takers and `cx` is woken by the push of its
     /// item. A taker that gives up before it took an item must call
     /// [`cancel`](Self::cancel) with its `waiting`.
-    pub fn poll_take(&self, cx: &mut Context<'_>, waiting: &mut Waiting) -> Poll<Result<T, InboxEnd>> {
+    pub fn poll_take(
+        &self,
+        cx: &mut Context<'_>,
+        waiting: &mut Waiting,
+    ) -> Poll<Result<T, InboxEnd>> {
         if let Some(r) = self.take_or_end() {
             self.leave(waiting, false);
             return Poll::Ready(r);
         }
         {
-            let mut ws = self.shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ws = self
+                .shared
+                .waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             let place = waiting
                 .id
                 .and_then(|id| ws.iter_mut().find(|(i, _)| *i == id));
@@ -342,7 +350,11 @@ impl<T: Send> Inbox<T> {
     fn leave(&self, waiting: &mut Waiting, pass_on: bool) {
         let Some(id) = waiting.id.take() else { return };
         let still_waiting = {
-            let mut ws = self.shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ws = self
+                .shared
+                .waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             let found = ws.iter().position(|(i, _)| *i == id);
             if let Some(at) = found {
                 ws.remove(at);

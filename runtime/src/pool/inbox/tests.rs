@@ -187,10 +187,7 @@ fn items_cross_threads_to_many_takers_each_once() {
         }
     });
     feed.close();
-    let mut all: Vec<u64> = takers
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let mut all: Vec<u64> = takers.into_iter().flat_map(|t| t.join().unwrap()).collect();
     all.sort_unstable();
     assert_eq!(all, (0..ITEMS).collect::<Vec<_>>(), "every item once");
 }
