@@ -57,6 +57,9 @@ pub(crate) struct Shared {
     /// Requests posting threads transmitted themselves (`direct.rs`; for
     /// tests and diagnostics).
     pub direct_sends: AtomicU64,
+    /// Of those, large ones whose unsent rest the posting thread left in
+    /// its memory for the engine to write (for tests and diagnostics).
+    pub direct_rest_in_memory: AtomicU64,
     /// The engine delivered a successful completion since it last looked
     /// (engine thread only): its application will likely post again soon.
     pub completed: AtomicBool,
@@ -271,6 +274,7 @@ impl Context {
             sleeping: AtomicBool::new(false),
             wakes: AtomicU64::new(0),
             direct_sends: AtomicU64::new(0),
+            direct_rest_in_memory: AtomicU64::new(0),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),

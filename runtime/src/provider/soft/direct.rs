@@ -21,13 +21,14 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
+use super::conn::TxMemRef;
 use super::dma::{check_local, gather, spans, Span};
 use super::engine::psn_add;
 use super::lock;
 use super::packet::{Header, Opcode, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAX_PAYLOAD};
 use super::qp::{Qp, SendWqe};
 use super::requester::{data_header, ZC_MIN};
-use super::wire::{DirectWrite, Wire};
+use super::wire::{DirectWrite, SpillTail, Wire};
 use crate::provider::{ack_timeout_duration, PostError, QpState, SendFlags, SendOp, SendWr};
 
 /// Largest message sent from the posting thread: one packet. (Messages of
@@ -48,6 +49,9 @@ pub(crate) struct DirectSent {
     pub psn: u32,
     /// When it was written (its ACK timeout runs from here).
     pub at: Instant,
+    /// The unsent rest of its payload, left in its memory for the engine
+    /// to write (see `Wire::try_write_gather`).
+    pub zc: Option<TxMemRef>,
 }
 
 thread_local! {
@@ -151,11 +155,26 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         }
         buf[..HEADER_LEN].copy_from_slice(&h.encode());
         let written = if from_memory {
-            d.wire.try_write_gather(&buf, &body)
+            // (The last span lies in the last SGE of non-zero length.)
+            let tail = w
+                .sges
+                .iter()
+                .rev()
+                .find(|s| s.length > 0)
+                .map(|s| SpillTail {
+                    qpn: sh.qpn,
+                    lkey: s.lkey,
+                    pd: sh.pd,
+                    addr: s.addr + u64::from(s.length) - body.last().map_or(0, |b| b.len() as u64),
+                });
+            match tail {
+                Some(tail) => d.wire.try_write_gather(&buf, &body, tail),
+                None => d.wire.try_write(&buf).map(|r| (r, None)),
+            }
         } else {
-            d.wire.try_write(&buf)
+            d.wire.try_write(&buf).map(|r| (r, None))
         };
-        let wrote = match written {
+        let (wrote, zc) = match written {
             Some(r) => r,
             None => {
                 // The engine has output pending: from now on (until it
@@ -168,7 +187,10 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         d.next_psn = psn_add(d.next_psn, 1);
         let psn = h.psn;
         let at = Instant::now();
-        inner.sent.push_back(DirectSent { w, psn, at });
+        if zc.is_some() {
+            ctx.direct_rest_in_memory.fetch_add(1, Ordering::Relaxed);
+        }
+        inner.sent.push_back(DirectSent { w, psn, at, zc });
         inner.sq_outstanding += 1;
         drop(inner);
         drop(body);

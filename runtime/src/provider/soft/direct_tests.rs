@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::super::drive::tests::{pair, post_recv, post_send, send_wr, spin_one, Mem, Side};
+use super::super::lock;
 use super::super::packet::MAX_PAYLOAD;
 use super::super::requester::ZC_MIN;
 use crate::provider::{AccessFlags, SendOp, WcStatus};
@@ -172,5 +173,62 @@ fn a_lone_read_request_goes_from_the_posting_thread_and_its_data_arrives() {
     for wr_id in [600, 601] {
         let s = spin_one(&a.scq);
         assert_eq!((s.wr_id, s.status), (wr_id, WcStatus::Success));
+    }
+}
+
+/// The socket a QP's posts may write to directly, once the engine lets
+/// them (its fd).
+fn direct_socket(side: &Side) -> std::os::fd::RawFd {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(d) = lock(&side.qp.0.shared.inner).direct.as_ref() {
+            return d.wire.fd();
+        }
+        assert!(Instant::now() < deadline, "posts never allowed to write");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A lone large SEND whose payload the socket does not take whole in the
+/// posting thread's write (its send buffer made small here) leaves the
+/// rest in its memory, and the engine writes it from there: the peer
+/// receives every byte in order, and the messages behind it follow intact.
+#[test]
+fn the_rest_of_a_lone_send_the_socket_did_not_take_goes_from_memory_intact() {
+    let (a, b) = pair();
+    let max = MAX_PAYLOAD as usize;
+    let src = Mem::new(&a.pd, max, AccessFlags::LOCAL_WRITE);
+    let dst = Mem::new(&b.pd, max, AccessFlags::LOCAL_WRITE);
+    let rest = |s: &Side| s.ctx.shared().direct_rest_in_memory.load(Ordering::Relaxed);
+    round(&a, &b, &src, &dst, 64, 0);
+    let fd = direct_socket(&a);
+    let small: libc::c_int = 16 * 1024;
+    // SAFETY: `small` is a live c_int of the size passed; `fd` is the open
+    // socket of the QP's connection (the engine keeps it open).
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_SNDBUF");
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    let mut id = 1;
+    let mut left = 0;
+    while left < 3 {
+        let before = rest(&a);
+        // A large one (of a length that moves its end), then a small one
+        // behind it on the same socket.
+        round(&a, &b, &src, &dst, max - 3 * id as usize, id);
+        round(&a, &b, &src, &dst, 100, id + 1);
+        id += 2;
+        left += rest(&a) - before;
+        assert!(
+            Instant::now() < deadline,
+            "a lone SEND left its rest in memory {left} times, not 3"
+        );
     }
 }

@@ -199,6 +199,26 @@ pub(crate) fn spans<'t>(
         .collect()
 }
 
+/// The registered, locally writable memory holding message bytes `[off,
+/// off + len)` of `sges`, in order, for the kernel to write into; `None` if
+/// the range exceeds the SGEs or an SGE is not (or no longer) a registered,
+/// locally writable region.
+pub(crate) fn writable_spans<'t>(
+    sges: &[Sge],
+    pd: u32,
+    mrs: &'t MrTable,
+    off: u64,
+    len: u64,
+) -> Option<SmallVec<[Span<'t>; 4]>> {
+    let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+    if off.checked_add(len)? > total {
+        return None;
+    }
+    pieces(sges, off, len)
+        .map(|(s, addr, n, _)| mrs.local(s.lkey, pd, addr, n, true))
+        .collect()
+}
+
 /// Writes `data` to message bytes `[off, off + data.len())` of `sges`.
 /// False (and nothing written) if the range exceeds the SGEs or an SGE is not
 /// a registered, locally writable region.

@@ -72,6 +72,10 @@ pub(crate) struct EQp {
     // responder
     pub epsn: u32,
     pub cur_recv: Option<RecvWqe>,
+    /// `cur_recv` was taken for the SEND with this PSN before its first
+    /// segment was whole (its payload is received straight into the WR's
+    /// memory, see `engine/rx.rs`): that segment's handling uses it.
+    pub recv_for: Option<u32>,
     /// The connection its last packet arrived on (see `drive::note_feed`).
     pub rx_conn: Option<usize>,
     /// The connection its responses leave on (once chosen, all of them:
@@ -104,6 +108,7 @@ impl EQp {
             zc: None,
             epsn: 0,
             cur_recv: None,
+            recv_for: None,
             rx_conn: None,
             resp_conn: None,
         }
@@ -123,6 +128,7 @@ impl EQp {
             self.probe = None;
             self.rd_outstanding = 0;
             self.cur_recv = None;
+            self.recv_for = None;
             self.resp_conn = None;
         }
         if inner.gen != self.gen {
@@ -148,6 +154,11 @@ impl EQp {
         }
         for s in inner.sent.drain(..) {
             self.next_psn = psn_add(s.psn, 1);
+            if let Some(z) = s.zc {
+                // (Copied out of the memory if the QP fails before the
+                // engine wrote it, see `unpin`.)
+                self.zc = Some(z);
+            }
             if matches!(s.w.op, SendOp::Read { .. }) {
                 // (Counted as the engine counts the READs it sends.)
                 self.rd_outstanding += 1;
@@ -343,6 +354,7 @@ impl EQp {
             let wc = self.completion(w, WcStatus::WrFlushErr, 0);
             self.deliver(&self.sh.send_cq, wc, true);
         }
+        self.recv_for = None;
         let recvs: Vec<RecvWqe> = self
             .cur_recv
             .take()

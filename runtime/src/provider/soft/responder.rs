@@ -102,11 +102,17 @@ impl Engine {
         let Some(conn) = conns.get_mut(out) else {
             return;
         };
-        let outcome = if placed == Some(false) {
-            Outcome::Fatal(NAK_REM_ACCESS, None)
-        } else {
-            let mut mrs = sh.mrs();
-            execute(eq, hdr, payload, &mut mrs, &mut |r| conn.push_resp(r))
+        let send = matches!(hdr.opcode, Opcode::Send | Opcode::SendImm | Opcode::SendInv);
+        let outcome = match placed {
+            // The receive WR's memory went away while its payload arrived.
+            Some(false) if send => Outcome::Fatal(NAK_REM_OP, Some(WcStatus::LocProtErr)),
+            Some(false) => Outcome::Fatal(NAK_REM_ACCESS, None),
+            _ => {
+                let mut mrs = sh.mrs();
+                execute(eq, hdr, payload, placed.is_some(), &mut mrs, &mut |r| {
+                    conn.push_resp(r)
+                })
+            }
         };
         let (dst, src, psn) = (hdr.src_qpn, hdr.dst_qpn, hdr.psn);
         match outcome {
@@ -171,10 +177,13 @@ fn remote_ptr<'t>(
     mrs.remote(eq.sh.qpn, rkey, eq.sh.pd, addr, len, need).ok()
 }
 
+/// Executes a request. `placed`: its payload is already in its target
+/// memory (received there straight from the socket; `payload` is empty).
 fn execute(
     eq: &mut EQp,
     hdr: &Header,
     payload: &[u8],
+    placed: bool,
     mrs: &mut super::mr::MrTable,
     respond: &mut dyn FnMut(Resp),
 ) -> Outcome {
@@ -184,10 +193,18 @@ fn execute(
     match hdr.opcode {
         Opcode::Send | Opcode::SendImm | Opcode::SendInv => {
             if first {
-                let Some(r) = eq.sh.take_recv() else {
-                    return Outcome::Rnr;
-                };
-                eq.cur_recv = Some(r);
+                // The receive WR may have been taken while the payload
+                // arrived (then it is there already).
+                let early = eq.recv_for.take() == Some(hdr.psn) && eq.cur_recv.is_some();
+                if placed && !early {
+                    return Outcome::Fatal(NAK_REM_OP, None);
+                }
+                if !early {
+                    let Some(r) = eq.sh.take_recv() else {
+                        return Outcome::Rnr;
+                    };
+                    eq.cur_recv = Some(r);
+                }
                 let r = eq.cur_recv.as_ref().map_or(0, |r| r.len);
                 if hdr.arg0 > r {
                     return Outcome::Fatal(NAK_REM_OP, Some(WcStatus::LocLenErr));

@@ -8,20 +8,44 @@
 //! output is written, so the two never interleave and what the engine
 //! writes after a poster's packet was produced after it. Bytes a poster
 //! could not write (socket full) are left in `spill`; the engine writes them
-//! before anything else.
+//! before anything else. Of a large payload written from registered memory,
+//! what the socket did not take stays in that memory (`spill_mem`): the
+//! engine writes it from there, right after the spill (the WR, which is not
+//! complete before its payload is acknowledged, keeps the memory the
+//! application's; a QP that fails first copies it out, as for the engine's
+//! own zero-copy payloads).
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry};
 
 use smallvec::SmallVec;
 
+use super::conn::{TxKey, TxMem, TxMemRef};
 use super::dma::Span;
 use super::lock;
+use super::mr::MrTable;
+
+/// The unsent rest of a poster's payload is left in its memory for the
+/// engine (not copied) from this size on.
+pub(crate) const SPILL_MEM_MIN: usize = 16 * 1024;
+
+/// Whose memory the last span of a poster's gathered payload is (see
+/// [`Wire::try_write_gather`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpillTail {
+    /// The posting QP.
+    pub qpn: u32,
+    /// The span's registration and PD.
+    pub lkey: u32,
+    pub pd: u32,
+    /// The span's first byte (a registered address).
+    pub addr: u64,
+}
 
 /// Result of a poster's attempt to write a packet.
 #[derive(Debug, PartialEq, Eq)]
@@ -40,6 +64,9 @@ struct WireState {
     closed: bool,
     /// Bytes a poster could not write, to be written before anything else.
     spill: Vec<u8>,
+    /// The unsent rest of a poster's payload in registered memory, written
+    /// from there right after `spill` (see [`Wire::try_write_gather`]).
+    spill_mem: Option<TxMemRef>,
     /// ACKs the engine holds back for a request to ride with: a poster
     /// writes them before its packet (one write, one wakeup of the peer).
     held: Vec<u8>,
@@ -87,6 +114,7 @@ impl Wire {
                 busy: true,
                 closed: false,
                 spill: Vec::new(),
+                spill_mem: None,
                 held: Vec::new(),
             }),
         }
@@ -140,13 +168,55 @@ impl Wire {
         }
     }
 
+    /// Engine: adopts the unsent rest of a poster's payload in registered
+    /// memory, if one waits, as the connection's zero-copy payload (which
+    /// goes right after `tx`'s unsent bytes, so nothing else may be queued
+    /// behind them yet: `engine_mem` must be free): the bytes a poster could
+    /// not write replace the engine's unsent ones in `tx` (from `at`), and
+    /// those (after the held ACKs) go to `after`, to follow the payload.
+    /// With `engine_mem` taken, the rest is copied out of the memory into
+    /// the spill instead (`mrs`: the locked MR table), for
+    /// [`take_spill`](Self::take_spill).
+    pub fn take_spill_mem(
+        &self,
+        tx: &mut Vec<u8>,
+        at: usize,
+        engine_mem: &mut Option<TxMemRef>,
+        after: &mut Vec<u8>,
+        mrs: &MrTable,
+    ) {
+        let mut st = self.state();
+        let st = &mut *st;
+        let Some(mem) = st.spill_mem.take() else {
+            return;
+        };
+        if engine_mem.is_some() {
+            let mut m = lock(&mem);
+            m.snapshot(mrs);
+            if let Some(copy) = &m.copy {
+                let done = copy.len() - (m.len - m.pos);
+                st.spill.extend_from_slice(&copy[done..]);
+            }
+            m.pos = m.len;
+            return;
+        }
+        debug_assert!(after.is_empty());
+        after.clear();
+        after.append(&mut st.held);
+        self.held_hint.store(false, Ordering::Relaxed);
+        after.extend_from_slice(&tx[at..]);
+        tx.truncate(at);
+        tx.append(&mut st.spill);
+        *engine_mem = Some(mem);
+    }
+
     /// Engine: parks encoded ACKs for a poster to take along (see `held`)
     /// and lets posters write if nothing else is pending.
     pub fn hold(&self, acks: &[u8]) {
         let mut st = self.state();
         st.held.extend_from_slice(acks);
         self.held_hint.store(true, Ordering::Relaxed);
-        if st.spill.is_empty() && !st.closed {
+        if st.spill.is_empty() && st.spill_mem.is_none() && !st.closed {
             st.busy = false;
         }
     }
@@ -166,7 +236,7 @@ impl Wire {
     /// again if no spilled bytes wait either.
     pub fn release(&self, idle: bool) {
         let mut st = self.state();
-        if idle && st.spill.is_empty() && !st.closed {
+        if idle && st.spill.is_empty() && st.spill_mem.is_none() && !st.closed {
             st.busy = false;
         }
     }
@@ -269,6 +339,7 @@ impl Wire {
         st.closed = true;
         st.busy = true;
         st.spill.clear();
+        st.spill_mem = None;
         st.held.clear();
         self.held_hint.store(false, Ordering::Relaxed);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
@@ -358,9 +429,17 @@ impl Wire {
 
     /// Poster: [`Wire::try_write`] of a packet whose header is `head` and
     /// whose payload is the registered memory `body`, written from where it
-    /// lies in one `sendmsg` (the held ACKs first); only what the socket
-    /// did not take is copied, into the spill.
-    pub fn try_write_gather(&self, head: &[u8], body: &[Span<'_>]) -> Option<DirectWrite> {
+    /// lies in one `sendmsg` (the held ACKs first). What the socket did not
+    /// take of the last span (`tail` says whose memory it is), if at least
+    /// [`SPILL_MEM_MIN`] bytes, is left where it lies for the engine to
+    /// write from there (returned: the WR holds it, see `TxMem`); the rest
+    /// is copied into the spill.
+    pub fn try_write_gather(
+        &self,
+        head: &[u8],
+        body: &[Span<'_>],
+        tail: SpillTail,
+    ) -> Option<(DirectWrite, Option<TxMemRef>)> {
         let mut st = self.poster_lock()?;
         let st = &mut *st;
         let mut out = std::mem::take(&mut st.held);
@@ -418,8 +497,10 @@ impl Wire {
             // the rest, and fails the connection's QPs).
             break;
         }
+        let mut mem = None;
         if done < total {
-            // The unsent rest, in order: of the head, then of each span.
+            // The unsent rest, in order: of the head, then of each span
+            // (the last one's left in memory if large).
             let mut skip = done;
             if skip < out.len() {
                 st.spill.extend_from_slice(&out[skip..]);
@@ -427,22 +508,37 @@ impl Wire {
             } else {
                 skip -= out.len();
             }
-            for s in body {
+            for (i, s) in body.iter().enumerate() {
                 if skip >= s.len() {
                     skip -= s.len();
                     continue;
                 }
-                s.append_from(skip, &mut st.spill);
+                if i + 1 == body.len() && s.len() - skip >= SPILL_MEM_MIN {
+                    let m = Arc::new(Mutex::new(TxMem {
+                        qpn: tail.qpn,
+                        key: TxKey::Local(tail.lkey),
+                        pd: tail.pd,
+                        addr: tail.addr + skip as u64,
+                        len: s.len() - skip,
+                        pos: 0,
+                        copy: None,
+                        lost: false,
+                    }));
+                    st.spill_mem = Some(m.clone());
+                    mem = Some(m);
+                } else {
+                    s.append_from(skip, &mut st.spill);
+                }
                 skip = 0;
             }
         }
         out.clear();
         st.held = out;
         if done == total {
-            return Some(DirectWrite::Sent);
+            return Some((DirectWrite::Sent, None));
         }
         st.busy = true;
-        Some(DirectWrite::Spilled)
+        Some((DirectWrite::Spilled, mem))
     }
 }
 

@@ -21,7 +21,7 @@ use super::handshake::{encode, Expect, Message, PRE_PROOF_BUF};
 use super::wire::Wire;
 pub(crate) use probe::Probe;
 pub(crate) use resp::{ReadJob, Resp};
-pub(crate) use rx::RxDirect;
+pub(crate) use rx::{DirectInto, RxDirect};
 pub(crate) use tx::{TxKey, TxMem, TxMemRef};
 
 /// Stop generating packets once this many bytes wait to be written.
@@ -117,6 +117,10 @@ pub(crate) struct Conn {
     pub tx: Vec<u8>,
     pub tx_pos: usize,
     pub tx_mem: Option<TxMemRef>,
+    /// Bytes that follow `tx_mem` once it is written: while a poster's
+    /// payload, adopted from the wire (see `Wire::take_spill_mem`), goes
+    /// first, the engine's output that was queued already.
+    pub tx_after: Vec<u8>,
     /// QPs whose zero-copy payload lost its registration while being sent.
     pub broken: Vec<u32>,
     /// Bytes the packet at `rx_start` needs in the buffer.
@@ -261,7 +265,7 @@ impl Conn {
 
     /// Bytes of buffer this connection holds (receive and transmit).
     pub fn buffered(&self) -> usize {
-        self.rx.capacity() + self.tx.capacity()
+        self.rx.capacity() + self.tx.capacity() + self.tx_after.capacity()
     }
 
     fn bare(stream: Option<Arc<Wire>>, auth: Auth, connected: bool, serial: u64) -> Conn {
@@ -286,6 +290,7 @@ impl Conn {
             tx: Vec::with_capacity(PRE_PROOF_BUF),
             tx_pos: 0,
             tx_mem: None,
+            tx_after: Vec::new(),
             broken: Vec::new(),
             rx_need: 0,
             rx_skip: 0,

@@ -1,24 +1,85 @@
-//! Reception: reading into the receive buffer, or a large WRITE payload
-//! straight into its target memory.
+//! Reception: reading into the receive buffer, or a large WRITE's or
+//! SEND's payload straight into its target memory.
 
 use std::io;
 
+use smallvec::SmallVec;
+
+use super::super::dma::{writable_spans, Span};
 use super::super::mr::MrTable;
 use super::super::packet::{Header, HEADER_LEN};
 use super::Conn;
-use crate::provider::AccessFlags;
+use crate::provider::{AccessFlags, SgList};
 
-/// A WRITE payload being received straight into registered memory.
+/// A payload being received straight into registered memory: a WRITE's
+/// into its target, a SEND's into the receive WR it completes.
 pub(crate) struct RxDirect {
     /// The responder QP: once it is in ERR, the rest is discarded.
     pub qp: std::sync::Arc<super::super::qp::QpShared>,
     pub hdr: Header,
     pub pd: u32,
-    /// Where the next byte goes.
-    pub addr: u64,
+    /// Where the payload goes.
+    pub into: DirectInto,
     pub remaining: usize,
     /// The region went away: the rest is discarded and the request fails.
     pub broken: bool,
+}
+
+/// The memory a direct payload goes to.
+pub(crate) enum DirectInto {
+    /// A WRITE's target (the packet's rkey): `at` is the address of the
+    /// next byte.
+    Remote { at: u64 },
+    /// The SGEs of the receive WR a SEND lands in: `at` is the message
+    /// offset of the next byte.
+    Recv { sges: SgList, at: u64 },
+}
+
+impl RxDirect {
+    /// The registered memory the next `len` payload bytes go to, in order
+    /// (`None`: the region went away, or is not writable any more).
+    pub fn targets<'t>(&self, mrs: &'t MrTable, len: usize) -> Option<SmallVec<[Span<'t>; 4]>> {
+        match &self.into {
+            DirectInto::Remote { at } => {
+                let span = mrs
+                    .remote(
+                        self.hdr.dst_qpn,
+                        self.hdr.rkey,
+                        self.pd,
+                        *at,
+                        len as u64,
+                        AccessFlags::REMOTE_WRITE,
+                    )
+                    .ok()?;
+                Some(smallvec::smallvec![span])
+            }
+            DirectInto::Recv { sges, at } => writable_spans(sges, self.pd, mrs, *at, len as u64),
+        }
+    }
+
+    /// Moves past `n` bytes received.
+    pub fn advance(&mut self, n: usize) {
+        match &mut self.into {
+            DirectInto::Remote { at } | DirectInto::Recv { at, .. } => *at += n as u64,
+        }
+        self.remaining -= n;
+    }
+
+    /// Places bytes of the payload that arrived with its header (read into
+    /// the buffer) where the rest goes.
+    pub fn place(&mut self, mrs: &MrTable, data: &[u8]) {
+        match self.targets(mrs, data.len()) {
+            Some(spans) if !self.broken => {
+                let mut at = 0;
+                for s in &spans {
+                    s.write(&data[at..at + s.len()]);
+                    at += s.len();
+                }
+            }
+            _ => self.broken = true,
+        }
+        self.advance(data.len());
+    }
 }
 
 /// A direct WRITE payload at least this large still to come raises the
@@ -28,7 +89,7 @@ const LOWAT_MIN: usize = 128 * 1024;
 const LOWAT_MAX: usize = 256 * 1024;
 
 impl Conn {
-    /// Reads the rest of a direct WRITE payload straight into registered
+    /// Reads the rest of a direct payload straight into registered
     /// memory (or into the buffer, discarded, if the region went away).
     /// Returns bytes read (0 = end of stream) and whether the read was full.
     pub fn read_direct(&mut self, mrs: &MrTable) -> io::Result<(usize, bool)> {
@@ -43,22 +104,22 @@ impl Conn {
         if d.qp.state() == crate::provider::QpState::Err {
             d.broken = true;
         }
-        let target = if d.broken {
-            None
-        } else {
-            mrs.remote(
-                d.hdr.dst_qpn,
-                d.hdr.rkey,
-                d.pd,
-                d.addr,
-                want as u64,
-                AccessFlags::REMOTE_WRITE,
-            )
-            .ok()
-        };
+        let target = if d.broken { None } else { d.targets(mrs, want) };
         let r = match target {
-            // SAFETY: `p` spans `want` bytes; `Span`'s invariant.
-            Some(p) => unsafe { libc::read(fd, p.as_ptr().cast(), want) },
+            Some(spans) => {
+                let iov: SmallVec<[libc::iovec; 4]> = spans
+                    .iter()
+                    .map(|s| libc::iovec {
+                        iov_base: s.as_ptr().cast(),
+                        iov_len: s.len(),
+                    })
+                    .collect();
+                // SAFETY: each iovec is a span of `want` bytes in all of
+                // registered, writable memory (`Span`'s invariant: the MR
+                // table stays locked during the call); the fd stays open
+                // while `wire` lives.
+                unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as libc::c_int) }
+            }
             None => {
                 d.broken = true;
                 let n = want.min(self.rx.len());
@@ -70,8 +131,7 @@ impl Conn {
             return Err(io::Error::last_os_error());
         }
         let r = r as usize;
-        d.addr += r as u64;
-        d.remaining -= r;
+        d.advance(r);
         // While much of a payload is still to come, the socket reports
         // input only once a large part of it is there: fewer wake-ups and
         // larger reads, as a blocking reader gets. Never more than what is

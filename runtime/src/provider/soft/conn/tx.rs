@@ -110,7 +110,15 @@ impl Conn {
             self.loop_back(mrs);
             return Flush::Done;
         };
-        // What a posting thread could not write goes first.
+        // What a posting thread could not write goes first (the rest of
+        // its payload from memory, if it left it there).
+        wire.take_spill_mem(
+            &mut self.tx,
+            self.tx_pos,
+            &mut self.tx_mem,
+            &mut self.tx_after,
+            mrs,
+        );
         wire.take_spill(&mut self.tx, self.tx_pos);
         let fd = wire.fd();
         loop {
@@ -159,6 +167,7 @@ impl Conn {
                             drop(m);
                             self.tx.resize(self.tx.len() + rest, 0);
                             self.tx_mem = None;
+                            self.tx.append(&mut self.tx_after);
                             continue;
                         }
                     }
@@ -205,6 +214,13 @@ impl Conn {
                 if m.pos == m.len {
                     drop(m);
                     self.tx_mem = None;
+                    if !self.tx_after.is_empty() {
+                        // (`tx` is all written: the payload came after it.)
+                        debug_assert_eq!(self.tx_pos, self.tx.len());
+                        std::mem::swap(&mut self.tx, &mut self.tx_after);
+                        self.tx_after.clear();
+                        self.tx_pos = 0;
+                    }
                 }
             }
             if self.tx_pos == self.tx.len() {

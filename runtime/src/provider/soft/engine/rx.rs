@@ -1,17 +1,19 @@
 //! The receive side: reading a connection, cutting its bytes into packets,
-//! and WRITE payloads received straight into their target memory.
+//! and WRITE and SEND payloads received straight into their target memory.
 
 use std::io;
 use std::time::Instant;
 
-use super::super::conn::{Auth, RxDirect, BIG_BUF_KEEP, RX_CAP};
+use super::super::conn::{Auth, DirectInto, RxDirect, BIG_BUF_KEEP, RX_CAP};
+use super::super::dma::{check_local, writable_spans};
 use super::super::packet::{decode_header, Header, Opcode, FLAG_FIRST, HEADER_LEN};
 use super::super::responder::load_qp;
 use super::port::Handshake;
 use super::Engine;
 use crate::provider::{AccessFlags, QpState, QpType};
 
-/// WRITE payloads at least this big are received straight into memory.
+/// WRITE and SEND payloads at least this big are received straight into
+/// memory.
 const DIRECT_MIN: usize = 16 * 1024;
 
 /// Where a connection's next bytes go.
@@ -19,7 +21,7 @@ const DIRECT_MIN: usize = 16 * 1024;
 enum ReadInto {
     /// Nowhere: the rest of a dropped packet's payload.
     Discard,
-    /// Straight into registered memory: a large WRITE's payload.
+    /// Straight into registered memory: a large WRITE's or SEND's payload.
     Memory,
     /// The receive buffer, to be cut into packets.
     Buffer,
@@ -163,21 +165,7 @@ impl Engine {
                 if let Some(d) = &mut direct {
                     // Place the bytes already here; read the rest straight
                     // into the registered memory.
-                    let have = &rx[start + HEADER_LEN..end];
-                    let mrs = self.sh.mrs();
-                    match mrs.remote(
-                        hdr.dst_qpn,
-                        hdr.rkey,
-                        d.pd,
-                        d.addr,
-                        have.len() as u64,
-                        AccessFlags::REMOTE_WRITE,
-                    ) {
-                        Ok(span) => span.write(have),
-                        Err(_) => d.broken = true,
-                    }
-                    d.addr += have.len() as u64;
-                    d.remaining -= have.len();
+                    d.place(&self.sh.mrs(), &rx[start + HEADER_LEN..end]);
                     start = end;
                 } else {
                     need = total;
@@ -217,10 +205,14 @@ impl Engine {
         ok
     }
 
-    /// Checks whether a WRITE segment whose payload is still arriving can be
-    /// received straight into its target (the request will succeed).
+    /// Checks whether a WRITE or SEND segment whose payload is still
+    /// arriving can be received straight into its target memory (the
+    /// request will succeed): a WRITE's region, or the SGEs of the receive
+    /// WR a SEND lands in (taken from the receive queue now for a first
+    /// segment, as its handling would take it, see `responder.rs`).
     fn direct_target(&mut self, cid: usize, hdr: &Header) -> Option<RxDirect> {
-        if !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
+        let send = matches!(hdr.opcode, Opcode::Send | Opcode::SendImm | Opcode::SendInv);
+        if !send && !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
             return None;
         }
         if !self.sent_by_peer_of(cid, hdr.dst_qpn) {
@@ -233,36 +225,70 @@ impl Engine {
             || !eq.configured
             || hdr.src_qpn != eq.cfg.remote_qpn
             || hdr.psn != eq.epsn
-            || !eq.cfg.access.contains(AccessFlags::REMOTE_WRITE)
         {
             return None;
         }
         let first = hdr.flags & FLAG_FIRST != 0;
+        let pd = eq.sh.pd;
+        let mrs = self.sh.mrs();
+        if send {
+            if first && eq.recv_for != Some(hdr.psn) {
+                if eq.cur_recv.is_some() {
+                    // (A message in progress: the first segment of another
+                    // is the handler's to refuse.)
+                    return None;
+                }
+                // No receive WR: the handler answers RNR.
+                eq.cur_recv = Some(eq.sh.take_recv()?);
+                eq.recv_for = Some(hdr.psn);
+            }
+            let r = eq.cur_recv.as_ref()?;
+            // A receive too short, or memory not writable: the handler
+            // fails the request once the payload is in.
+            if hdr.arg0 > r.len || !check_local(&r.sges, pd, &mrs, true) {
+                return None;
+            }
+            let len = u64::from(hdr.payload_len);
+            writable_spans(&r.sges, pd, &mrs, hdr.arg1, len)?;
+            return Some(RxDirect {
+                qp: eq.sh.clone(),
+                hdr: *hdr,
+                pd,
+                into: DirectInto::Recv {
+                    sges: r.sges.clone(),
+                    at: hdr.arg1,
+                },
+                remaining: hdr.payload_len as usize,
+                broken: false,
+            });
+        }
+        if !eq.cfg.access.contains(AccessFlags::REMOTE_WRITE) {
+            return None;
+        }
         if first && hdr.opcode == Opcode::WriteImm && eq.sh.no_recv() {
             return None;
         }
-        let pd = eq.sh.pd;
         let (from, len) = if first {
             (hdr.addr, hdr.arg0)
         } else {
             (hdr.addr + hdr.arg1, u64::from(hdr.payload_len))
         };
-        self.sh
-            .mrs()
-            .remote(
-                hdr.dst_qpn,
-                hdr.rkey,
-                pd,
-                from,
-                len,
-                AccessFlags::REMOTE_WRITE,
-            )
-            .ok()?;
+        mrs.remote(
+            hdr.dst_qpn,
+            hdr.rkey,
+            pd,
+            from,
+            len,
+            AccessFlags::REMOTE_WRITE,
+        )
+        .ok()?;
         Some(RxDirect {
             qp: eq.sh.clone(),
             hdr: *hdr,
             pd,
-            addr: hdr.addr + hdr.arg1,
+            into: DirectInto::Remote {
+                at: hdr.addr + hdr.arg1,
+            },
             remaining: hdr.payload_len as usize,
             broken: false,
         })
