@@ -158,6 +158,13 @@ impl<P: Clone> Core<P> {
         let slot = &mut s.client[i];
         slot.state = CallState::Active;
         slot.abandoned = false;
+        // The caller's waker, registered now: whatever completes the call
+        // from here on wakes it, so the caller need not poll the call
+        // before it yields (`Rpc::call_req`).
+        match &mut slot.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
         slot.req_type = req_type;
         match data {
             Req::Copy(data) => {

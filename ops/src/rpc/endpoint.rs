@@ -95,7 +95,9 @@ impl<T: Transport> Engine<T> {
     /// Sends the queued packets with one transport call.
     fn flush(&mut self) {
         self.core.run_pumps();
-        self.core.send_acks();
+        if !self.core.acks.is_empty() {
+            self.core.send_acks();
+        }
         if self.core.tx.is_empty() {
             return;
         }
@@ -688,7 +690,14 @@ impl<T: Transport> Rpc<T> {
             req_num,
             done: false,
         };
+        // The start registered this task's waker in the slot, and no
+        // answer can have come since (only the dispatcher takes packets):
+        // the first poll yields without looking.
+        let mut started = true;
         let out = poll_fn(|cx| {
+            if std::mem::take(&mut started) {
+                return Poll::Pending;
+            }
             self.engine
                 .borrow_mut()
                 .core
