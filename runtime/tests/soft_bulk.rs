@@ -1,9 +1,10 @@
-//! Soft device: large SENDs. The receiving engine reads a large SEND's
-//! payload from its socket straight into the receive WR's memory (no copy
-//! through its receive buffer); these tests hold that path to the bytes:
-//! every size around the packet and direct-receive boundaries, scattered
-//! over several SGEs, alone and many in flight, nothing written past the
-//! message, and the errors a short or unwritable receive gives.
+//! Soft device: large SENDs and READs. The receiving engine reads a large
+//! SEND's payload from its socket straight into the receive WR's memory,
+//! and a large READ response's into the READ's (no copy through its
+//! receive buffer); these tests hold those paths to the bytes: every size
+//! around the packet and direct-receive boundaries, scattered over several
+//! SGEs, alone and many in flight, nothing written past the message, and
+//! the errors a short or unwritable receive gives.
 
 mod common;
 
@@ -201,4 +202,101 @@ fn a_large_send_into_an_unwritable_receive_is_loc_prot_err_and_writes_nothing() 
     assert_eq!((r.wr_id, r.status), (1, WcStatus::LocProtErr));
     wait_state(&b.qp, QpState::Err);
     assert!(rb.read().iter().all(|&x| x == 0));
+}
+
+/// READs of every size (responses come in segments of up to 256 KiB, the
+/// last 4 KiB copied), scattered over three SGEs, each alone, then all in
+/// flight behind a SEND whose acknowledgement the first response carries:
+/// byte-exact, nothing written past each.
+#[test]
+fn reads_of_every_size_land_byte_exact_in_scattered_sges() {
+    let (a, b) = pair();
+    let total: usize = SIZES.iter().sum();
+    let remote = b.buf(total, LW | AccessFlags::REMOTE_READ);
+    let data = remote.fill_pattern(33);
+    let dst = a.buf(total + SIZES.len() * GUARD, LW);
+    let small = a.buf(64, LW);
+    let sink = b.buf(64, LW);
+    for together in [false, true] {
+        dst.write(0, &vec![UNTOUCHED; dst.len()]);
+        if together {
+            // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+            unsafe { b.qp.post_recv(&[rwr(99, &[sink.sge(0, 64)])]) }.unwrap();
+            // SAFETY: as above.
+            unsafe {
+                a.qp.post_send(&[wr(99, SendOp::Send, &[small.sge(0, 64)], SIG)])
+            }
+            .unwrap();
+        }
+        let (mut s, mut d) = (0, 0);
+        for (i, &len) in SIZES.iter().enumerate() {
+            let r = scattered_recv(i, &dst, d, len);
+            let read = SendWr {
+                wr_id: i as u64,
+                sg_list: r.sg_list,
+                op: SendOp::Read {
+                    remote_addr: remote.addr() + s as u64,
+                    rkey: remote.rkey(),
+                },
+                flags: SIG,
+            };
+            // The last SGE has room for more: the READ's length is `len`.
+            let mut read = read;
+            if let Some(last) = read.sg_list.last_mut() {
+                last.length -= GUARD as u32;
+            }
+            // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+            unsafe { a.qp.post_send(&[read]) }.unwrap();
+            if !together {
+                let c = poll_one(&a.scq);
+                assert_eq!(
+                    (c.wr_id, c.status, c.byte_len as usize),
+                    (i as u64, WcStatus::Success, len)
+                );
+            }
+            s += len;
+            d += len + GUARD;
+        }
+        if together {
+            let c = poll_n(&a.scq, SIZES.len() + 1);
+            assert_eq!((c[0].wr_id, c[0].status), (99, WcStatus::Success));
+            for (i, c) in c[1..].iter().enumerate() {
+                assert_eq!(
+                    (c.wr_id, c.status, c.byte_len as usize),
+                    (i as u64, WcStatus::Success, SIZES[i])
+                );
+            }
+            assert_eq!(poll_one(&b.rcq).wr_id, 99);
+        }
+        let got = dst.read();
+        let (mut s, mut d) = (0, 0);
+        for (i, &len) in SIZES.iter().enumerate() {
+            check_message(i, &got[d..], &data[s..s + len]);
+            s += len;
+            d += len + GUARD;
+        }
+    }
+}
+
+/// A large READ into local memory that is not writable fails LOC_PROT_ERR
+/// (its responses are not received into that memory).
+#[test]
+fn a_large_read_into_unwritable_memory_is_loc_prot_err_and_writes_nothing() {
+    let (a, b) = pair();
+    let remote = b.buf(M, LW | AccessFlags::REMOTE_READ);
+    remote.fill_pattern(2);
+    let local = a.buf(M, AccessFlags::NONE);
+    let read = wr(
+        1,
+        SendOp::Read {
+            remote_addr: remote.addr(),
+            rkey: remote.rkey(),
+        },
+        &[local.sge(0, M)],
+        SIG,
+    );
+    // SAFETY: SGEs of RegBufs, which uphold the post contract (see RegBuf).
+    unsafe { a.qp.post_send(&[read]) }.unwrap();
+    assert_eq!(poll_one(&a.scq).status, WcStatus::LocProtErr);
+    assert!(local.read().iter().all(|&x| x == 0));
 }

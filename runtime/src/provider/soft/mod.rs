@@ -84,12 +84,13 @@
 //!
 //! Data path: SEND/WRITE payloads are cut into segments of up to 1 MiB; a
 //! segment inside one SGE is written to the socket straight from registered
-//! memory (`sendmsg`, no copy), and a WRITE or SEND segment still arriving
-//! is read straight into the target MR or the receive WR's SGEs (`readv`;
-//! a SEND's receive WR is taken when its first segment's header arrives).
-//! A posting thread's write of a lone large payload leaves what the socket
-//! did not take in memory for the engine (no copy either). Small, inline
-//! and multi-SGE payloads and READ responses are copied (64 KiB segments). Consecutive ACKs of one QP are
+//! memory (`sendmsg`, no copy), and a WRITE, SEND or READ response segment
+//! still arriving is read straight into the target MR, the receive WR's
+//! SGEs or the READ's (`readv`; a SEND's receive WR is taken when its
+//! first segment's header arrives). A posting thread's write of a lone
+//! large payload leaves what the socket did not take in memory for the
+//! engine (no copy either). Small, inline and multi-SGE payloads are copied
+//! (64 KiB segments), and a READ response's last 4 KiB. Consecutive ACKs of one QP are
 //! coalesced, and the ACK of a message that completed a receive may wait
 //! (`VERBIO_SOFT_ACK_DELAY_US`, default 50, at most the spin time) for the
 //! answer the receiving application usually posts at once, so both leave in

@@ -37,7 +37,8 @@ pub(crate) enum Gen {
 /// response's last segment).
 const COPY_CHUNK: u64 = 64 * 1024;
 /// A READ response's segments sent from memory are at most this big (the
-/// requester receives each into its buffer, which grows to hold one).
+/// requester receives each straight into the READ's memory, or where it
+/// cannot, into its buffer, which grows to hold one).
 pub(crate) const RESP_ZC_SEG: u64 = 256 * 1024;
 /// A READ response's last bytes, copied into its last segment: a segment
 /// sent from memory is never the last one, so if the memory goes away
@@ -492,8 +493,16 @@ impl Engine {
         }
     }
 
-    /// Handles an ACK, NAK, READ response or atomic response.
-    pub(crate) fn on_response(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
+    /// Handles an ACK, NAK, READ response or atomic response. `placed` is
+    /// `Some(ok)` for a READ response whose payload was already received
+    /// into the READ's memory (`ok` false: that memory went away meanwhile).
+    pub(crate) fn on_response(
+        &mut self,
+        cid: usize,
+        hdr: &Header,
+        payload: &[u8],
+        placed: Option<bool>,
+    ) {
         let now = self.now();
         let qpn = hdr.dst_qpn;
         let Engine {
@@ -567,10 +576,10 @@ impl Engine {
                     eq.fail(Some(WcStatus::BadRespErr));
                     return;
                 }
-                let ok = {
+                let ok = placed.unwrap_or_else(|| {
                     let mrs = sh.mrs();
                     scatter(&f.w.sges, eq.sh.pd, &mrs, hdr.arg1, payload)
-                };
+                });
                 if !ok {
                     eq.fail(Some(WcStatus::LocProtErr));
                     return;
@@ -616,6 +625,27 @@ impl Engine {
 }
 
 /// True if the front WR was sent and starts at `psn`.
+/// The sent READ of `eq` a READ response with header `hdr` answers (the
+/// checks the response's handling makes before it places the payload,
+/// where the WRs before the READ, which the response acknowledges, will
+/// have completed; those that fail there fail the QP, here they only keep
+/// the payload out of the READ's memory).
+pub(crate) fn read_answered<'e>(eq: &'e mut EQp, hdr: &Header) -> Option<&'e super::eqp::EWqe> {
+    if eq.sh.qp_type != QpType::Rc
+        || eq.sh.state() != QpState::Rts
+        || hdr.src_qpn != eq.cfg.remote_qpn
+    {
+        return None;
+    }
+    let qp = eq.sh.clone();
+    eq.absorb(&mut lock(&qp.inner));
+    eq.wqes
+        .iter()
+        .take(eq.send_idx)
+        .find(|f| f.first_psn == hdr.psn)
+        .filter(|f| matches!(f.w.op, SendOp::Read { .. }) && hdr.arg0 == f.w.len)
+}
+
 fn front_is(eq: &EQp, psn: u32) -> bool {
     eq.sh.state() == QpState::Rts
         && eq.send_idx > 0

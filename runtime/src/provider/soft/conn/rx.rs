@@ -12,9 +12,11 @@ use super::Conn;
 use crate::provider::{AccessFlags, SgList};
 
 /// A payload being received straight into registered memory: a WRITE's
-/// into its target, a SEND's into the receive WR it completes.
+/// into its target, a SEND's into the receive WR it completes, a READ
+/// response's into the READ's SGEs.
 pub(crate) struct RxDirect {
-    /// The responder QP: once it is in ERR, the rest is discarded.
+    /// The QP (the responder's; a READ response's requester): once it is
+    /// in ERR, the rest is discarded.
     pub qp: std::sync::Arc<super::super::qp::QpShared>,
     pub hdr: Header,
     pub pd: u32,
@@ -30,9 +32,9 @@ pub(crate) enum DirectInto {
     /// A WRITE's target (the packet's rkey): `at` is the address of the
     /// next byte.
     Remote { at: u64 },
-    /// The SGEs of the receive WR a SEND lands in: `at` is the message
-    /// offset of the next byte.
-    Recv { sges: SgList, at: u64 },
+    /// Local SGEs (of the receive WR a SEND lands in, of the READ a
+    /// response answers): `at` is the message offset of the next byte.
+    Local { sges: SgList, at: u64 },
 }
 
 impl RxDirect {
@@ -53,14 +55,14 @@ impl RxDirect {
                     .ok()?;
                 Some(smallvec::smallvec![span])
             }
-            DirectInto::Recv { sges, at } => writable_spans(sges, self.pd, mrs, *at, len as u64),
+            DirectInto::Local { sges, at } => writable_spans(sges, self.pd, mrs, *at, len as u64),
         }
     }
 
     /// Moves past `n` bytes received.
     pub fn advance(&mut self, n: usize) {
         match &mut self.into {
-            DirectInto::Remote { at } | DirectInto::Recv { at, .. } => *at += n as u64,
+            DirectInto::Remote { at } | DirectInto::Local { at, .. } => *at += n as u64,
         }
         self.remaining -= n;
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::super::conn::{Auth, DirectInto, RxDirect, BIG_BUF_KEEP, RX_CAP};
 use super::super::dma::{check_local, writable_spans};
 use super::super::packet::{decode_header, Header, Opcode, FLAG_FIRST, HEADER_LEN};
+use super::super::requester::read_answered;
 use super::super::responder::load_qp;
 use super::port::Handshake;
 use super::Engine;
@@ -80,7 +81,11 @@ impl Engine {
                 ReadInto::Memory => {
                     if conn.rx_direct.as_ref().is_some_and(|d| d.remaining == 0) {
                         if let Some(d) = conn.rx_direct.take() {
-                            self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                            if d.hdr.opcode == Opcode::ReadResp {
+                                self.on_response(cid, &d.hdr, &[], Some(!d.broken));
+                            } else {
+                                self.on_request(cid, &d.hdr, &[], Some(!d.broken));
+                            }
                             self.note_timer(d.hdr.dst_qpn);
                         }
                         self.activate(cid);
@@ -211,6 +216,9 @@ impl Engine {
     /// WR a SEND lands in (taken from the receive queue now for a first
     /// segment, as its handling would take it, see `responder.rs`).
     fn direct_target(&mut self, cid: usize, hdr: &Header) -> Option<RxDirect> {
+        if hdr.opcode == Opcode::ReadResp {
+            return self.direct_read_resp(cid, hdr);
+        }
         let send = matches!(hdr.opcode, Opcode::Send | Opcode::SendImm | Opcode::SendInv);
         if !send && !matches!(hdr.opcode, Opcode::Write | Opcode::WriteImm) {
             return None;
@@ -254,7 +262,7 @@ impl Engine {
                 qp: eq.sh.clone(),
                 hdr: *hdr,
                 pd,
-                into: DirectInto::Recv {
+                into: DirectInto::Local {
                     sges: r.sges.clone(),
                     at: hdr.arg1,
                 },
@@ -294,6 +302,32 @@ impl Engine {
         })
     }
 
+    /// Checks whether a READ response segment whose payload is still
+    /// arriving answers the READ at the front of its QP (as its handling
+    /// will check, see `requester.rs`), and can be received straight into
+    /// that READ's SGEs.
+    fn direct_read_resp(&mut self, cid: usize, hdr: &Header) -> Option<RxDirect> {
+        if !self.sent_by_peer_of(cid, hdr.dst_qpn) {
+            return None;
+        }
+        let eq = self.qps.get_mut(&hdr.dst_qpn)?;
+        let (qp, pd) = (eq.sh.clone(), eq.sh.pd);
+        let f = read_answered(eq, hdr)?;
+        let mrs = self.sh.mrs();
+        writable_spans(&f.w.sges, pd, &mrs, hdr.arg1, u64::from(hdr.payload_len))?;
+        Some(RxDirect {
+            qp,
+            hdr: *hdr,
+            pd,
+            into: DirectInto::Local {
+                sges: f.w.sges.clone(),
+                at: hdr.arg1,
+            },
+            remaining: hdr.payload_len as usize,
+            broken: false,
+        })
+    }
+
     fn handle_packet(&mut self, cid: usize, hdr: &Header, payload: &[u8]) {
         if self.in_app {
             self.app_packets += 1;
@@ -318,7 +352,7 @@ impl Engine {
             Opcode::Hello | Opcode::Verify | Opcode::VerifyReply => {}
             op if op.is_datagram() => self.on_datagram(cid, hdr, payload),
             op if op.is_request() => self.on_request(cid, hdr, payload, None),
-            _ => self.on_response(cid, hdr, payload),
+            _ => self.on_response(cid, hdr, payload, None),
         }
     }
 }
