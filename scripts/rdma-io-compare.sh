@@ -4,10 +4,13 @@
 # process and one VM boot (compare/rdma-io-echo), medians, p99s and their
 # ratios to rdma-io's (below 1: verbio is faster).
 #
-#   scripts/rdma-io-compare.sh [--grpc] [-- ECHO_ARGS...]
+#   scripts/rdma-io-compare.sh [--grpc] [--sizes LIST] [-- ECHO_ARGS...]
 #
 # ECHO_ARGS go to rdma-io-echo (default: --size 64 --iters 2000 --rounds 5;
-# --ip is the guest's rxe address). --grpc also runs verbio-tonic's
+# --ip is the guest's rxe address). --sizes 64,4K,64K,1M runs the echo at
+# each size in the same boot (K and M: KiB and MiB) and ends with a table
+# per size of verbio's own-thread `Rdma` and handle medians and p99s
+# against rdma-io's (ratios below 1: verbio is faster). --grpc also runs verbio-tonic's
 # examples/grpc_echo (release, ibverbs) with --tcp in the same boot: gRPC
 # over verbio on rxe0 against tonic over the guest's kernel TCP.
 #
@@ -20,11 +23,13 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
 . "$ROOT/scripts/lib/rxe-host.sh"
 GRPC=0
+SIZES=
 ECHO_ARGS=()
 while [ $# -gt 0 ]; do
     case $1 in
         --grpc) GRPC=1 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --sizes) SIZES=${2:?--sizes needs a list}; shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         --) shift; ECHO_ARGS=("$@"); break ;;
         *) echo "rdma-io-compare: unknown option $1" >&2; exit 2 ;;
     esac
@@ -54,13 +59,34 @@ GUEST=$DIR/guest.sh
 {
     echo '#!/bin/sh'
     printf 'set --'; printf " '%s'" "${ECHO_ARGS[@]}"; echo
-    echo "GRPC=$GRPC DIR='$DIR'"
+    echo "GRPC=$GRPC DIR='$DIR' SIZES='$SIZES'"
     cat <<'GUEST'
 export VERBIO_DEVICE=${RXE_DEV:-rxe0} VERBIO_GID_INDEX=${RXE_GID_INDEX:-1}
 echo "== guest: $(uname -r), $(nproc) CPUs, device $VERBIO_DEVICE, RDMA CM on ${RXE_IP:-10.77.0.1}"
-echo "== rdma-io-echo $*"
-timeout 600 "$DIR/rdma-io-echo" --ip "${RXE_IP:-10.77.0.1}" "$@" 2>&1 | grep -v ' INFO '
-rc=$?
+rc=0
+if [ -z "$SIZES" ]; then
+    echo "== rdma-io-echo $*"
+    timeout 600 "$DIR/rdma-io-echo" --ip "${RXE_IP:-10.77.0.1}" "$@" 2>&1 | grep -v ' INFO '
+    rc=$?
+else
+    for s in $(echo "$SIZES" | tr ',' ' '); do
+        n=$(( $(echo "$s" | sed -e 's/[Kk]$/*1024/' -e 's/[Mm]$/*1048576/') ))
+        echo "== rdma-io-echo --size $n $*"
+        timeout 900 "$DIR/rdma-io-echo" --ip "${RXE_IP:-10.77.0.1}" --size "$n" "$@" 2>&1 \
+            | grep -v ' INFO ' | tee "/tmp/echo_$n.txt" || rc=1
+    done
+    echo "== per size: median and p99 (µs), ratio to rdma-io as shipped (below 1: verbio faster)"
+    printf '%-9s %-44s %10s %10s %9s %9s\n' size contender median p99 med/rio p99/rio
+    for s in $(echo "$SIZES" | tr ',' ' '); do
+        n=$(( $(echo "$s" | sed -e 's/[Kk]$/*1024/' -e 's/[Mm]$/*1048576/') ))
+        awk -v size="$s" '/^(verbio|rdma-io)/ && NF >= 6 {
+            name = $0; sub(/ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+× +[0-9.]+×$/, "", name)
+            printf "%-9s %-44s %10s %10s %9s %9s\n", size, name, $(NF-4), $(NF-3), $(NF-1), $NF
+        }' "/tmp/echo_$n.txt"
+        grep -q '^rdma-io' "/tmp/echo_$n.txt" \
+            || printf '%-9s n/a: %s\n' "$s" "$(tail -1 "/tmp/echo_$n.txt")"
+    done
+fi
 if [ "$GRPC" = 1 ]; then
     echo "== grpc_echo --tcp on $VERBIO_DEVICE (tonic over verbio vs tonic over the guest's kernel TCP)"
     timeout 900 "$DIR/grpc_echo" --tcp --calls 400 --payloads 32 --stream-mib 8 \
