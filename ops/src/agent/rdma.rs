@@ -1146,12 +1146,16 @@ impl Rdma {
     pub async fn send_buf(&self, buf: LocalBuf) -> (Result<(), AgentError>, LocalBuf) {
         let s = &self.shared;
         let len = buf.len();
+        // The staged and READ paths' states are boxed (an allocation per
+        // message longer than a piece): inline, they made every `send_buf`
+        // future, a whole message's too, about 2 KiB, which each move (a
+        // `FuturesUnordered` of sends boxes it) copies.
         if len > s.negotiated.piece_len && len <= s.negotiated.max_send_len {
             if len <= s.staging.max_len() {
-                return send_staged_from(s, buf, None).await;
+                return Box::pin(send_staged_from(s, buf, None)).await;
             }
             if len >= READ_MIN {
-                return send_buf_by_read(s, buf, None).await;
+                return Box::pin(send_buf_by_read(s, buf, None)).await;
             }
         }
         let r = self.send_inner(&buf, None).await;
@@ -1168,88 +1172,34 @@ impl Rdma {
                 max,
             });
         }
-        let piece = s.negotiated.piece_len;
-        // A message in several pieces waits for one of the peer's
-        // reassembly slots (taken here, given back by the guard).
-        let split = data.len() > piece;
-        if split && data.len() <= s.staging.max_len() {
-            // One WRITE into the peer's staging ring and a `Staged`.
-            return send_staged(s, data, imm).await;
+        if data.len() > s.negotiated.piece_len {
+            // Boxed (an allocation per message longer than a piece): the
+            // state of the staged, READ and split paths, inline, made
+            // every send future about 2 KiB, which each move copies.
+            return Box::pin(send_split(s, data, imm)).await;
         }
-        if split {
-            match s.split_permits.acquire().await {
-                Ok(permit) => permit.spend(),
-                Err(_) => return Err(s.closed_error()),
-            }
-        } else {
-            if let Some(r) = s.try_send_whole(data, imm) {
-                return r;
-            }
-            // No credit at hand, or messages before it wait in a pack:
-            // it joins them.
-            if let Some(packed) = super::packing::try_join(s, data, imm) {
-                return packed.await;
-            }
-            let msg = Message::Whole {
-                imm,
-                grant: 0, // the credits owed then, filled in at posting
-                payload: data,
-            };
-            // Posted before any pack started after it (`packing::post`
-            // waits for the post).
-            let lone = s.packer.lone();
-            return match s.post_data(&msg).await? {
-                Some(sent) => {
-                    drop(lone);
-                    s.completed(sent).await
-                }
-                None => Ok(()),
-            };
+        if let Some(r) = s.try_send_whole(data, imm) {
+            return r;
         }
-        if data.len() >= READ_MIN {
-            // Fetched by the peer with one READ (the permit is given back
-            // when the peer releases it).
-            return send_by_read(s, data, imm).await;
+        // No credit at hand, or messages before it wait in a pack:
+        // it joins them.
+        if let Some(packed) = super::packing::try_join(s, data, imm) {
+            return packed.await;
         }
-        let msg_id = s.next_msg_id();
-        // A message in several pieces, cut before its last one was posted,
-        // leaves the peer a partial message: the guard tells it to discard
-        // (and only then frees the slot, so the `Abort` reaches the peer
-        // before a later message's first piece can take the slot).
-        let mut abort = AbortOnDrop {
-            shared: s.clone(),
-            msg_id,
-            armed: true,
+        let msg = Message::Whole {
+            imm,
+            grant: 0, // the credits owed then, filled in at posting
+            payload: data,
         };
-        // Pieces go out back to back (as credits allow); their
-        // completions are awaited after the last one is posted.
-        let mut in_flight = PiecesInFlight::new(s);
-        let mut offset = 0usize;
-        loop {
-            let end = data.len().min(offset + piece);
-            let msg = Message::Data {
-                msg_id,
-                total_len: data.len() as u64,
-                offset: offset as u64,
-                imm,
-                grant: 0, // the credits owed then, filled in at posting
-                payload: &data[offset..end],
-            };
-            let posted = match s.post_data(&msg).await {
-                Ok(Some(sent)) => in_flight.push(sent).await,
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = posted {
-                // The connection is down (or failed now): nothing to abort.
-                abort.armed = false;
-                return Err(e);
+        // Posted before any pack started after it (`packing::post`
+        // waits for the post).
+        let lone = s.packer.lone();
+        match s.post_data(&msg).await? {
+            Some(sent) => {
+                drop(lone);
+                s.completed(sent).await
             }
-            offset = end;
-            if offset >= data.len() {
-                abort.armed = false;
-                return in_flight.finish().await;
-            }
+            None => Ok(()),
         }
     }
 
@@ -1478,6 +1428,67 @@ async fn watch(shared: std::rc::Weak<Shared>) {
         // delivering until the QP's flush ends it (`Shared::agent_stopped`).
         if let Some(s) = shared.upgrade() {
             s.fail(CloseReason::Disconnected);
+        }
+    }
+}
+
+/// Sends `data` (longer than a piece, at most `max_send_len`) with `imm`:
+/// through the peer's staging ring, by READ, or in pieces.
+async fn send_split(s: &Rc<Shared>, data: &[u8], imm: Option<u32>) -> Result<(), AgentError> {
+    let piece = s.negotiated.piece_len;
+    if data.len() <= s.staging.max_len() {
+        // One WRITE into the peer's staging ring and a `Staged`.
+        return send_staged(s, data, imm).await;
+    }
+    // A message in several pieces waits for one of the peer's
+    // reassembly slots (taken here, given back by the guard).
+    match s.split_permits.acquire().await {
+        Ok(permit) => permit.spend(),
+        Err(_) => return Err(s.closed_error()),
+    }
+    if data.len() >= READ_MIN {
+        // Fetched by the peer with one READ (the permit is given back
+        // when the peer releases it).
+        return send_by_read(s, data, imm).await;
+    }
+    let msg_id = s.next_msg_id();
+    // A message in several pieces, cut before its last one was posted,
+    // leaves the peer a partial message: the guard tells it to discard
+    // (and only then frees the slot, so the `Abort` reaches the peer
+    // before a later message's first piece can take the slot).
+    let mut abort = AbortOnDrop {
+        shared: s.clone(),
+        msg_id,
+        armed: true,
+    };
+    // Pieces go out back to back (as credits allow); their
+    // completions are awaited after the last one is posted.
+    let mut in_flight = PiecesInFlight::new(s);
+    let mut offset = 0usize;
+    loop {
+        let end = data.len().min(offset + piece);
+        let msg = Message::Data {
+            msg_id,
+            total_len: data.len() as u64,
+            offset: offset as u64,
+            imm,
+            grant: 0, // the credits owed then, filled in at posting
+            payload: &data[offset..end],
+        };
+        let posted = match s.post_data(&msg).await {
+            Ok(Some(sent)) => in_flight.push(sent).await,
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = posted {
+            // The connection is down (or failed now): nothing to abort.
+            abort.armed = false;
+            return Err(e);
+        }
+        offset = end;
+        if offset >= data.len() {
+            abort.armed = false;
+            return in_flight.finish().await;
         }
     }
 }
