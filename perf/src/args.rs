@@ -275,6 +275,11 @@ pub struct Cli {
     /// own flag.
     #[arg(long = "rpc-read-threshold")]
     pub rpc_read_threshold: Option<usize>,
+    /// `--api rpc` send_lat: each call sends an 8-byte request and gets a
+    /// response of `-s` bytes (a GET), instead of an echo of `-s` bytes
+    /// both ways.
+    #[arg(long = "rpc-get")]
+    pub rpc_get: bool,
     /// perftest's `-F`: no warning when the CPU frequency is not at its
     /// maximum. Accepted for perftest scripts; verbio-perf prints no such
     /// warning, so it changes nothing.
@@ -380,6 +385,8 @@ pub struct Config {
     pub busy_poll: Option<Duration>,
     /// `--api rpc`: the READ threshold (`None`: the engine's default).
     pub rpc_read_threshold: Option<usize>,
+    /// `--api rpc` send_lat: small requests, `-s`-byte responses.
+    pub rpc_get: bool,
     /// `-N`: the peak bandwidth is not computed (printed as 0).
     pub no_peak: bool,
     /// `-w`: the least average bandwidth, in the printed units.
@@ -628,6 +635,7 @@ impl Cli {
             json: self.json,
             busy_poll: self.busy_poll_us.map(Duration::from_micros),
             rpc_read_threshold: self.rpc_read_threshold,
+            rpc_get: self.rpc_get,
             no_peak: self.no_peak,
             limit_bw: self.limit_bw,
             post_list,

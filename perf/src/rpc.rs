@@ -9,6 +9,9 @@
 //!   (`Rpc::call_owned`), and the handler answers with the request's
 //!   buffer (`Request::into_data`): no copy in either process, as the
 //!   TCP loop's.
+//! * send_lat `--rpc-get`: one call at a time of an 8-byte request
+//!   answered by a response of `-s` bytes (a GET: small request, large
+//!   response).
 //! * send_bw: `-t` calls in flight of `-s`-byte requests to a handler that
 //!   answers with an empty response; a call's completion is its response.
 //!   Calls beyond the session's 8 slots wait for one inside the engine.
@@ -42,6 +45,10 @@ use crate::ud;
 const ECHO: u8 = 1;
 /// Request type of send_bw's sink: the response is empty.
 const SINK: u8 = 2;
+/// Request type of send_lat's GET (`--rpc-get`): the request is the
+/// response's length (8 bytes, little-endian), the response that many
+/// bytes.
+const GET: u8 = 3;
 /// Retransmissions before a call fails: a benchmark on a loaded (or
 /// emulated) host should measure slowness, not fail on it; with the
 /// engine's 20 ms timeout, a peer silent for about 5 s fails the run.
@@ -85,6 +92,14 @@ fn serve_echo(req: Request) -> impl Future<Output = MsgBuf> {
 
 fn serve_sink(req: Request) -> impl Future<Output = MsgBuf> {
     std::future::ready(req.response())
+}
+
+fn serve_get(req: Request) -> impl Future<Output = MsgBuf> {
+    let len = <[u8; 8]>::try_from(req.data()).map_or(0, u64::from_le_bytes);
+    let len = usize::try_from(len).unwrap_or(0).min(RPC_MAX);
+    let mut resp = req.response_with_capacity(len);
+    resp.resize(len, 0x5a);
+    std::future::ready(resp)
 }
 
 /// The client: calls the server for every size, prints the results.
@@ -179,6 +194,23 @@ async fn step(
     budget: &Budget,
 ) -> Result<Measured> {
     let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    if cfg.test == Test::SendLat && cfg.rpc_get {
+        let want = (size as u64).to_le_bytes();
+        let mut lat = LatLoop::start(budget);
+        while lat.next() {
+            let back = rpc
+                .call(sid, GET, &want)
+                .await
+                .ctx_with(|| format!("call {}", lat.i))?;
+            if back.len() != size {
+                return Err(msg(format!(
+                    "response of {} bytes, expected {size}",
+                    back.len()
+                )));
+            }
+        }
+        return Ok(lat.finish());
+    }
     if cfg.test == Test::SendLat {
         // Each echo goes out again as the next request, uncopied (as the
         // TCP loop writes from and reads into buffers of its own).
@@ -260,6 +292,8 @@ pub fn server(cfg: &Config) -> Result<()> {
             .ctx("registering the echo handler")?;
         rpc.register(SINK, serve_sink)
             .ctx("registering the sink handler")?;
+        rpc.register(GET, serve_get)
+            .ctx("registering the GET handler")?;
         let me = rpc.with_transport(|t| *t.endpoint());
         ud::send_endpoint(&mut ctl, &me).await?;
         loop {
