@@ -357,6 +357,22 @@ fn read_response(desc: BulkDesc, len: u32) -> Vec<u8> {
     )
 }
 
+/// An offer of room for request `req_num`'s response, for server session
+/// 0 (client session 5).
+fn offer(req_num: u64, desc: BulkDesc, room: u32) -> Vec<u8> {
+    packet(
+        Header {
+            payload_len: 16,
+            dest_session: 0,
+            src_session: 5,
+            req_num,
+            msg_len: room,
+            ..Header::new(PacketKind::Offer)
+        },
+        &desc.encode(),
+    )
+}
+
 /// Sequences that reach every path: a session and its requests (one
 /// packet, several, out of order, twice, past the limits, never
 /// finished), requests for response, connect floods, and a client's
@@ -405,6 +421,21 @@ pub fn seeds() -> Vec<Seed> {
                 bulk_connect(0),
                 bulk_connect(1),
                 read_request(3, exposed(1), 4000),
+            ]),
+        ),
+        // Offers of room for responses: before the link, for a request
+        // to come, twice, for an answered one.
+        Seed::new(
+            "offers",
+            framed(&[
+                connect(9, 5),
+                offer(0, exposed(3), 5000),
+                bulk_connect(0),
+                bulk_connect(1),
+                offer(0, exposed(3), 5000),
+                offer(0, exposed(4), 6000),
+                request(0, 100, 0),
+                offer(0, exposed(4), 6000),
             ]),
         ),
         Seed::new("call-answered", framed(&answers)),
@@ -464,6 +495,11 @@ mod tests {
         assert_eq!(cli.stats.bulk_reads, 1, "{:?}", cli.stats);
         assert!(calls_done(&cli) == 1, "{:?}", cli.stats);
         assert_eq!(srv.memory().request_bytes, 0);
+        let net = network();
+        let mut srv = server(&net);
+        run("offers", &mut srv);
+        assert_eq!(srv.stats.handler_runs, 1, "{:?}", srv.stats);
+        assert!(srv.stats.stale_packets >= 2, "{:?}", srv.stats);
         let net = network();
         let mut cli = client(&net);
         run("call-answered", &mut cli);

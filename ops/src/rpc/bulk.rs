@@ -415,7 +415,12 @@ impl<P: Clone> Core<P> {
             slot.got.push(0);
             slot.charge = charge;
             slot.writing = None;
-            slot.offer = (offer > 0).then_some((h.req_num, desc, offer as usize));
+            if offer > 0 {
+                slot.offer = Some((h.req_num, desc, offer as usize));
+            } else if slot.offer.is_some_and(|(n, _, _)| n != h.req_num) {
+                // (An offer packet for this request, come first, stays.)
+                slot.offer = None;
+            }
             let req_num = h.req_num;
             self.pool.put(old_req);
             self.release_exposed(old_resp);
@@ -510,6 +515,13 @@ impl<P: Clone> Core<P> {
         let slot = &mut s.client[i];
         slot.req_desc = None;
         slot.offered = 0;
+        if let Some(token) = slot.offer_exposed.take() {
+            // Offered at the old link: the new one gets a new offer.
+            self.requests_exposed -= 1;
+            if let Some(buf) = self.bulk.as_mut().and_then(|b| b.unexpose(token)) {
+                self.pool.put(buf);
+            }
+        }
         let Some(token) = slot.req_exposed.take() else {
             return false;
         };
@@ -764,7 +776,10 @@ impl<P: Clone> Core<P> {
         let hint = s.resp_hint.min(self.config.max_msg_len);
         let slot = &mut s.client[i];
         let len = slot.req.len();
-        let cap = len.max(hint.min(2 * len));
+        // A response more than twice as long gets room of its own
+        // (`offer_room`).
+        let separate = hint > 2 * len && hint >= self.config.read_threshold;
+        let cap = if separate { len } else { len.max(hint) };
         match bulk.expose_writable(link, std::mem::take(&mut slot.req), cap) {
             Ok((token, addr, rkey)) => {
                 slot.req_exposed = Some(token);
@@ -778,6 +793,9 @@ impl<P: Clone> Core<P> {
                 }
                 slot.req_desc = Some((BulkDesc { addr, rkey }, len));
                 slot.offered = cap as u32;
+                if separate {
+                    self.offer_room(sid, i);
+                }
                 true
             }
             Err((buf, error)) => {
@@ -798,13 +816,22 @@ impl<P: Clone> Core<P> {
         slot.req_desc = None;
         slot.reading = None;
         slot.offered = 0;
-        if let (Some(token), Some(bulk)) = (slot.req_exposed.take(), self.bulk.as_mut()) {
+        let Some(bulk) = self.bulk.as_mut() else {
+            return;
+        };
+        if let Some(token) = slot.req_exposed.take() {
             self.requests_exposed -= 1;
             if let Some(mut buf) = bulk.unexpose(token) {
                 // (It spans the offered room; the next request replaces
                 // its bytes.)
                 buf.clear();
                 slot.req = buf;
+            }
+        }
+        if let Some(token) = slot.offer_exposed.take() {
+            self.requests_exposed -= 1;
+            if let Some(buf) = bulk.unexpose(token) {
+                self.pool.put(buf);
             }
         }
     }
@@ -844,7 +871,10 @@ impl<P: Clone> Core<P> {
             return;
         };
         for slot in &mut s.client {
-            if let Some(token) = slot.req_exposed.take() {
+            for token in [slot.req_exposed.take(), slot.offer_exposed.take()]
+                .into_iter()
+                .flatten()
+            {
                 self.requests_exposed -= 1;
                 drop(bulk.unexpose(token));
             }

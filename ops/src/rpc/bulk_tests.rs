@@ -70,7 +70,8 @@ fn messages_from_the_threshold_on_go_by_read() {
             (1 << 20) - 4,
         ];
         for (i, &len) in sizes.iter().enumerate() {
-            let (c0, s0) = (cli.stats().bulk_reads, srv.stats().bulk_reads);
+            let bulk = |rpc: &Rpc<MemTransport>| rpc.stats().bulk_reads + rpc.stats().bulk_writes;
+            let (c0, s0) = (bulk(&cli), srv.stats().bulk_reads);
             let req = request(1, i, len);
             let resp = cli.call(s, ECHO, &req).await.unwrap();
             assert_eq!(&resp[..], &answer(&req)[..], "{len} bytes");
@@ -80,11 +81,8 @@ fn messages_from_the_threshold_on_go_by_read() {
                 u64::from(len >= THRESHOLD),
                 "{len}"
             );
-            assert_eq!(
-                cli.stats().bulk_reads - c0,
-                u64::from(len + 4 >= THRESHOLD),
-                "{len}"
-            );
+            // The response by READ, or written into the room offered.
+            assert_eq!(bulk(&cli) - c0, u64::from(len + 4 >= THRESHOLD), "{len}");
         }
         assert!(runs.borrow().values().all(|&n| n == 1));
         assert_eq!(
@@ -252,8 +250,8 @@ fn a_server_vanishing_mid_read_fails_the_call_in_bounds() {
         })
         .unwrap();
         let (cli, s) = linked_client(&net, &srv).await;
-        let resp = cli.call(s, BIG, b"x").await.unwrap();
-        assert!(resp.iter().enumerate().all(|(i, &b)| b == big_response(i)));
+        // (The session's largest response so far is 4,100 bytes: the
+        // call offers that much, so its 50,000 bytes come by READ.)
         net.hold_reads(true);
         let t = Instant::now();
         let call = pin!(cli.call(s, BIG, b"y"));
@@ -382,6 +380,201 @@ impl RawPeer {
         };
         self.send(h, &desc.encode_offer(offer));
     }
+}
+
+/// A server answering BIG.
+fn big_server(net: &MemNetwork) -> Rpc<MemTransport> {
+    let (srv, _) = server(net, bulk_config());
+    srv.register_inline(BIG, |req: Request| {
+        let mut resp = req.response();
+        resp.extend((0..BIG_LEN).map(big_response));
+        resp
+    })
+    .unwrap();
+    srv
+}
+
+/// Large responses are written into room the call offers whatever the
+/// request: one in a single packet, one streamed, and a read request
+/// whose own buffer (up to twice the request) is too small, each offer a
+/// buffer of the session's last large response (an offer packet); only
+/// the first large response, longer than any before, is read. Nothing
+/// stays exposed after a call.
+#[test]
+fn large_responses_are_written_whatever_the_request() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(29, PACKET);
+        let srv = big_server(&net);
+        let (cli, s) = linked_client(&net, &srv).await;
+        let id = cli.with_transport(MemTransport::id);
+        let check = |resp: &[u8]| {
+            assert_eq!(resp.len(), BIG_LEN);
+            assert!(resp.iter().enumerate().all(|(i, &b)| b == big_response(i)));
+        };
+        // Longer than the 4,100 bytes offered: read; the next calls
+        // offer 50,000.
+        let r0 = cli.stats().bulk_reads;
+        check(&cli.call(s, BIG, b"x").await.unwrap());
+        assert_eq!(cli.stats().bulk_reads, r0 + 1);
+        for (i, len) in [1, 10, 3000, THRESHOLD - 1, THRESHOLD, 20_000]
+            .into_iter()
+            .enumerate()
+        {
+            let (r0, w0) = (cli.stats().bulk_reads, cli.stats().bulk_writes);
+            let req = request(2, i, len);
+            check(&cli.call(s, BIG, &req).await.unwrap());
+            assert_eq!(cli.stats().bulk_writes, w0 + 1, "{len}: written");
+            assert_eq!(cli.stats().bulk_reads, r0, "{len}: not read");
+            assert_eq!(net.exposed_by(id), 0, "{len}");
+        }
+        // A window of them, slot by slot.
+        let reqs: Vec<Vec<u8>> = (0..12).map(|i| request(3, i, 100 + i)).collect();
+        let w0 = cli.stats().bulk_writes;
+        let resps = futures::future::join_all(reqs.iter().map(|r| cli.call(s, BIG, r))).await;
+        for resp in resps {
+            check(&resp.unwrap());
+        }
+        assert_eq!(cli.stats().bulk_writes, w0 + 12);
+        assert_eq!(srv.stats().bulk_write_failures, 0);
+        assert_eq!(cli.stats().timeouts + cli.stats().malformed_packets, 0);
+        assert_eq!(net.exposed_by(id), 0);
+        wait_for(|| srv.memory().request_bytes == 0).await;
+    });
+}
+
+/// A small request whose response is being written: the client's resends
+/// are answered (the server is alive) while the WRITE is held for many
+/// times the retry bound, and the call completes once it lands; a server
+/// that vanishes then fails the next such call within the bound.
+#[test]
+fn a_call_waits_for_its_write_however_long_and_not_for_a_vanished_server() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(27, PACKET);
+        let quick = RpcConfig {
+            max_retries: 4,
+            ..bulk_config()
+        };
+        let (srv, _) = server(&net, quick.clone());
+        srv.register_inline(BIG, |req: Request| {
+            let mut resp = req.response();
+            resp.extend((0..BIG_LEN).map(big_response));
+            resp
+        })
+        .unwrap();
+        let cli = Rpc::new(net.endpoint(), quick);
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        // The first large response comes in packets (no link yet) and
+        // opens the link: the calls after it offer room for one.
+        check_big(&cli.call(s, BIG, b"a").await.unwrap());
+        wait_for(|| cli.link_ready(s)).await;
+        check_big(&cli.call(s, BIG, b"b").await.unwrap());
+        net.hold_writes(true);
+        {
+            let call = pin!(cli.call(s, BIG, b"c"));
+            let held = pin!(wait_for(|| net.held_writes() == 1));
+            let Either::Right(((), call)) = select(call, held).await else {
+                panic!("the call ended while its WRITE was held");
+            };
+            // 20 rto against a bound of 5.
+            verbio_runtime::sleep(Duration::from_millis(100)).await;
+            net.hold_writes(false);
+            check_big(&call.await.unwrap());
+        }
+        assert_eq!(cli.stats().timeouts, 0);
+        net.hold_writes(true);
+        let t = Instant::now();
+        let call = pin!(cli.call(s, BIG, b"d"));
+        let held = pin!(wait_for(|| net.held_writes() == 1));
+        let Either::Right(((), call)) = select(call, held).await else {
+            panic!("the call ended while its WRITE was held");
+        };
+        drop(srv);
+        let e = call.await.unwrap_err();
+        assert!(matches!(e, RpcError::Timeout { .. }), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        net.hold_writes(false);
+    });
+}
+
+/// Offers from a raw peer: malformed (dropped, counted), for an older or
+/// an answered request (stale, ignored), twice for one request (the
+/// later one counts), with a bad key (the WRITE fails: that link is
+/// closed and the response goes in packets when asked again), on a
+/// session without a link (ignored). The server serves a legitimate
+/// client throughout and holds nothing after.
+#[test]
+fn hostile_offers_fail_their_write_only() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(30, PACKET);
+        let srv = big_server(&net);
+        let (cli, s) = linked_client(&net, &srv).await;
+        let mut raw = RawPeer::connect(&net, &srv).await;
+        let offer = |req_num, room| Header {
+            req_num,
+            msg_len: room,
+            ..Header::new(PacketKind::Offer)
+        };
+        let big = |req_num| Header {
+            req_type: BIG,
+            req_num,
+            msg_len: 1,
+            pkt_count: 1,
+            ..Header::new(PacketKind::Request)
+        };
+        let bad_key = BulkDesc {
+            addr: 0x40,
+            rkey: 0xdead,
+        };
+        let stats = srv.stats();
+        // No link yet: ignored.
+        raw.send(offer(0, 60_000), &bad_key.encode());
+        wait_for(|| srv.stats().stale_packets == stats.stale_packets + 1).await;
+        raw.open_link(1).await;
+        // Reserved bytes set: malformed.
+        raw.send(offer(0, 60_000), &bad_key.encode_offer(5));
+        wait_for(|| srv.stats().malformed_packets == stats.malformed_packets + 1).await;
+        // A bad key: the WRITE fails, the link is closed; asked again,
+        // the response comes in packets.
+        raw.send(offer(0, 60_000), &bad_key.encode());
+        raw.send(big(0), b"x");
+        wait_for(|| srv.stats().bulk_write_failures == 1).await;
+        raw.send(big(0), b"x");
+        let (h, payload) = raw.expect(PacketKind::Response).await;
+        assert_eq!((h.req_num, h.msg_len), (0, BIG_LEN as u32));
+        assert!(payload
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == big_response(i)));
+        // Twice for one request, the bad one first: the good one counts.
+        raw.open_link(2).await;
+        let room = vec![0u8; 60_000];
+        let (_, addr, rkey) = raw.bulk.expose_writable(2, Vec::new(), room.len()).unwrap();
+        raw.send(offer(8, 60_000), &bad_key.encode());
+        raw.send(offer(8, 60_000), &BulkDesc { addr, rkey }.encode());
+        raw.send(big(8), b"y");
+        wait_for(|| srv.stats().bulk_writes == stats.bulk_writes + 1).await;
+        assert_eq!(srv.stats().bulk_write_failures, 1);
+        // For an answered request, and an older one: stale.
+        let stale = srv.stats().stale_packets;
+        raw.send(offer(8, 60_000), &BulkDesc { addr, rkey }.encode());
+        raw.send(offer(0, 60_000), &BulkDesc { addr, rkey }.encode());
+        wait_for(|| srv.stats().stale_packets == stale + 2).await;
+        let req = request(8, 1, 30_000);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        check_big(&cli.call(s, BIG, b"z").await.unwrap());
+        wait_for(|| srv.memory().request_bytes == 0).await;
+    });
+}
+
+fn check_big(resp: &[u8]) {
+    assert_eq!(resp.len(), BIG_LEN);
+    assert!(resp.iter().enumerate().all(|(i, &b)| b == big_response(i)));
 }
 
 /// A client offering more room for the response than its buffer has (or

@@ -31,9 +31,9 @@
 use tracing::debug;
 
 use super::client::complete;
-use super::core::{Core, ReadTarget};
+use super::core::{open_session, Core, ReadTarget};
 use super::error::{RpcError, SessionId};
-use super::header::{packets_for, MAX_MSG_LEN};
+use super::header::{packets_for, BulkDesc, Header, PacketKind, BULK_DESC_LEN, MAX_MSG_LEN};
 use super::session::{CallState, Role, ServeState, SESSION_SLOTS};
 use super::transport::TransportError;
 
@@ -211,11 +211,18 @@ impl<P: Clone> Core<P> {
         let cap = slot.offered as usize;
         slot.offered = 0;
         let req_num = slot.req_num;
-        let region = slot.req_exposed.take();
+        // The offer's own buffer, else the request's (which the server
+        // read before it wrote).
+        let separate = slot.offer_exposed.is_some();
+        let region = if separate {
+            slot.offer_exposed.take()
+        } else {
+            slot.req_desc = None;
+            slot.req_exposed.take()
+        };
         if region.is_some() {
             self.requests_exposed -= 1;
         }
-        slot.req_desc = None;
         let buf = region.and_then(|token| self.bulk.as_mut()?.unexpose(token));
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
@@ -256,14 +263,101 @@ impl<P: Clone> Core<P> {
         // server had the whole request.)
         let slot = &mut s.client[i];
         let old = std::mem::replace(&mut slot.resp, buf);
-        // The request's buffer is the response now: the slot's next
-        // request goes into one the pool has for it (a response given
-        // back, as the READ path's targets are).
-        slot.req = self.pool.take_for(cap);
+        if !separate {
+            // The request's buffer is the response now: the slot's next
+            // request goes into one the pool has for it (a response given
+            // back, as the READ path's targets are).
+            slot.req = self.pool.take_for(cap);
+        }
         slot.resp_len = len;
         slot.resp_got.clear();
         slot.resp_got.push(1);
         self.pool.put(old);
         complete(s, i, Ok(()));
+    }
+
+    /// Client: offers room for the response of slot `i`'s call when the
+    /// session's last large response says one may come and the request
+    /// carries no room of its own (it goes in packets, or by READ from a
+    /// buffer too small): a buffer of that length from the pool, exposed
+    /// for WRITE (zeroed: the peer may READ it too), announced by an offer
+    /// packet queued ahead of the request's packets. So a large response
+    /// comes by one WRITE whatever the request's size (`docs/rpc.md`).
+    pub(crate) fn offer_room(&mut self, sid: u32, i: usize) {
+        let threshold = self.config.read_threshold;
+        let max_len = self.config.max_msg_len;
+        let Core {
+            bulk,
+            sessions,
+            pool,
+            tx,
+            dispatcher,
+            requests_exposed,
+            ..
+        } = self;
+        let (Some(bulk), Some(s)) = (bulk.as_mut(), sessions.get_mut(sid)) else {
+            return;
+        };
+        let hint = s.resp_hint.min(max_len).min(MAX_MSG_LEN as usize);
+        if hint < threshold || hint == 0 {
+            return;
+        }
+        let Some(link) = s.link_ready() else {
+            return;
+        };
+        match bulk.expose_writable(link, pool.take_for(hint), hint) {
+            Ok((token, addr, rkey)) => {
+                *requests_exposed += 1;
+                if let Some(w) = dispatcher {
+                    // Its next turn polls the link for the immediate.
+                    w.wake_by_ref();
+                }
+                let slot = &mut s.client[i];
+                slot.offer_exposed = Some(token);
+                slot.offered = hint as u32;
+                let h = Header {
+                    payload_len: BULK_DESC_LEN as u16,
+                    dest_session: s.remote,
+                    src_session: sid,
+                    req_num: slot.req_num,
+                    msg_len: hint as u32,
+                    ..Header::new(PacketKind::Offer)
+                };
+                tx.push(&s.peer, &h, &BulkDesc { addr, rkey }.encode());
+            }
+            Err((buf, error)) => {
+                debug!(%error, "rpc: no room offered for the response; it goes by READ");
+                pool.put(buf);
+            }
+        }
+    }
+
+    /// Server: an offer of room for request `h.req_num`'s response. Kept
+    /// in its slot for the request, current (not answered yet) or next;
+    /// one for an older request, or on a session without a ready link,
+    /// is stale; a later offer for the same request replaces it. Nothing
+    /// is allocated: a bad descriptor fails the WRITE, which closes the
+    /// link, and the response goes in packets when the client asks again.
+    pub(crate) fn on_offer(&mut self, h: &Header, payload: &[u8]) {
+        let Some(desc) = BulkDesc::decode(payload) else {
+            self.stats.malformed_packets += 1;
+            return;
+        };
+        let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
+            return;
+        };
+        if s.link_ready().is_none() {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        let slot = &mut s.server[(h.req_num % SESSION_SLOTS as u64) as usize];
+        let open = matches!(slot.state, ServeState::Receiving | ServeState::Handling);
+        let later = h.req_num > slot.req_num || slot.state == ServeState::Idle;
+        let again = slot.read_failed(h.req_num);
+        if !(later || again || (h.req_num == slot.req_num && open)) {
+            self.stats.stale_packets += 1;
+            return;
+        }
+        slot.offer = Some((h.req_num, desc, h.msg_len as usize));
     }
 }

@@ -36,7 +36,13 @@ pub(crate) fn send_client_packet<P: Clone>(
             pkt_count: 1,
             ..Header::new(PacketKind::ReadRequest)
         };
-        tx.push(s_peer, &h, &desc.encode_offer(slot.offered));
+        // (An offer of a buffer of its own went in an offer packet.)
+        let offered = if slot.offer_exposed.is_some() {
+            0
+        } else {
+            slot.offered
+        };
+        tx.push(s_peer, &h, &desc.encode_offer(offered));
     } else if k < slot.n_req {
         let start = k * max_payload;
         let end = (start + max_payload).min(slot.req.len());
@@ -148,7 +154,7 @@ impl<P: Clone> Core<P> {
         s.active |= 1 << i;
         let max_payload = s.max_payload;
         let slot = &mut s.client[i];
-        if slot.req_exposed.is_some() || slot.req_desc.is_some() {
+        if slot.req_exposed.is_some() || slot.req_desc.is_some() || slot.offer_exposed.is_some() {
             // The last call's request was read by the server: taken back.
             self.take_back_request(sid, i);
         }
@@ -208,6 +214,9 @@ impl<P: Clone> Core<P> {
                     }
                 }
             }
+        } else if self.bulk.is_some() {
+            // A large response may come: room for it (`bulk_write.rs`).
+            self.offer_room(sid, i);
         }
         self.pump(sid);
         self.want_timer();
@@ -241,7 +250,9 @@ impl<P: Clone> Core<P> {
         if slot.req_num != req_num {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         }
-        if slot.req_exposed.is_some() && matches!(slot.state, CallState::Done(_)) {
+        if (slot.req_exposed.is_some() || slot.offer_exposed.is_some())
+            && matches!(slot.state, CallState::Done(_))
+        {
             // The call is over: the server reads and writes its buffer no
             // more, so it is withdrawn now rather than kept exposed until
             // the slot's next call.
@@ -285,7 +296,8 @@ impl<P: Clone> Core<P> {
                 }
                 CallState::Done(_) => {
                     free_slot(s, i);
-                    if s.client[i].req_exposed.is_some() {
+                    let slot = &s.client[i];
+                    if slot.req_exposed.is_some() || slot.offer_exposed.is_some() {
                         self.take_back_request(sid, i);
                     }
                 }
@@ -505,12 +517,14 @@ impl<P: Clone> Core<P> {
                 self.stats.malformed_packets += 1;
                 return;
             }
-            if msg_len >= self.config.read_threshold
-                && self.bulk.is_some()
-                && !self.links_wanted.contains(&sid)
-            {
-                // Large responses come: the session asks for its link.
-                self.links_wanted.push(sid);
+            if msg_len >= self.config.read_threshold && self.bulk.is_some() {
+                // Large responses come: the next calls offer room for
+                // one (`bulk_write.rs`), and the session asks for its
+                // link.
+                s.resp_hint = msg_len;
+                if !self.links_wanted.contains(&sid) {
+                    self.links_wanted.push(sid);
+                }
             }
             slot.resp.clear();
             slot.resp_len = msg_len;

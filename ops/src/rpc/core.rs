@@ -354,6 +354,7 @@ impl<P: Clone> Core<P> {
             PacketKind::BulkConnectAck => self.on_bulk_connect_ack(&h, payload),
             PacketKind::ReadRequest => self.on_read_request(&h, payload),
             PacketKind::ReadResponse => self.on_read_response(&h, payload),
+            PacketKind::Offer => self.on_offer(&h, payload),
             PacketKind::Ping => {
                 // Seen: the session's idle count starts again (`idle.rs`).
                 let _ = self.session_for(&h, Role::Server);

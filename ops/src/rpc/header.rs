@@ -25,7 +25,9 @@
 //! (`addr` `u64`, `rkey` `u32`, then a `u32`: in a read request the
 //! capacity of that buffer the client offers for the response to be
 //! written into, at most 16 MiB, 0 for none; zero in a read response);
-//! `msg_len` is the message's length, `pkt_idx` 0 and `pkt_count` 1. A bulk connect and
+//! `msg_len` is the message's length, `pkt_idx` 0 and `pkt_count` 1. An
+//! offer carries a [`BulkDesc`] too (its last 4 bytes zero), with the
+//! room offered in `msg_len`, `pkt_idx` and `pkt_count` 0. A bulk connect and
 //! its ack carry the sender's RC endpoint as their payload, `req_num` the
 //! client's link number and `pkt_idx` the handshake's step (0: open, 1:
 //! connected).
@@ -157,6 +159,12 @@ pub enum PacketKind {
     /// Server to client: a whole response the client reads by RDMA READ
     /// from the server's buffer; the payload is its [`BulkDesc`].
     ReadResponse = 12,
+    /// Client to server: a buffer of `msg_len` bytes the client offers
+    /// for request `req_num`'s response, to be written into by RDMA
+    /// WRITE with immediate (sent ahead of a request that does not carry
+    /// an offer of its own: one in packets, or a read request whose own
+    /// buffer is too small); the payload is its [`BulkDesc`].
+    Offer = 13,
 }
 
 impl PacketKind {
@@ -174,6 +182,7 @@ impl PacketKind {
             10 => PacketKind::BulkConnectAck,
             11 => PacketKind::ReadRequest,
             12 => PacketKind::ReadResponse,
+            13 => PacketKind::Offer,
             _ => return None,
         })
     }
@@ -527,6 +536,23 @@ impl Header {
                     self.pkt_count.into(),
                     "1 (one descriptor)",
                 )?;
+                self.range(
+                    usize::from(self.payload_len) == BULK_DESC_LEN,
+                    "payload_len",
+                    self.payload_len.into(),
+                    "16 (a descriptor)",
+                )
+            }
+            PacketKind::Offer => {
+                self.zero("req_type", self.req_type.into())?;
+                self.range(
+                    (1..=MAX_MSG_LEN).contains(&self.msg_len),
+                    "msg_len",
+                    self.msg_len.into(),
+                    "from 1 to 16 MiB (the room offered)",
+                )?;
+                self.zero("pkt_idx", self.pkt_idx.into())?;
+                self.zero("pkt_count", self.pkt_count.into())?;
                 self.range(
                     usize::from(self.payload_len) == BULK_DESC_LEN,
                     "payload_len",

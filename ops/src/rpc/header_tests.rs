@@ -200,6 +200,12 @@ fn every_kind_round_trips() {
             ..Header::new(PacketKind::ReadResponse)
         },
         Header {
+            req_num: 17,
+            msg_len: 1 << 24,
+            payload_len: 16,
+            ..Header::new(PacketKind::Offer)
+        },
+        Header {
             kind: PacketKind::Response,
             status: Status::ReadFailed,
             payload_len: 0,
@@ -212,6 +218,57 @@ fn every_kind_round_trips() {
         let p = packet(&h, &payload);
         assert_eq!(Header::decode(&p).map(|(h, _)| h), Ok(h));
     }
+}
+
+/// An offer carries one descriptor and the room offered, from 1 byte to
+/// 16 MiB, and nothing else.
+#[test]
+fn offers_are_checked() {
+    let offer = Header {
+        req_num: 9,
+        msg_len: 4096,
+        payload_len: 16,
+        ..Header::new(PacketKind::Offer)
+    };
+    let desc = super::header::BulkDesc { addr: 64, rkey: 7 };
+    assert!(Header::decode(&packet(&offer, &desc.encode())).is_ok());
+    let bad = [
+        Header {
+            msg_len: 0,
+            ..offer
+        },
+        Header {
+            msg_len: (1 << 24) + 1,
+            ..offer
+        },
+        Header {
+            req_type: 1,
+            ..offer
+        },
+        Header {
+            pkt_idx: 1,
+            ..offer
+        },
+        Header {
+            pkt_count: 1,
+            ..offer
+        },
+        Header {
+            status: Status::Busy,
+            ..offer
+        },
+    ];
+    for h in bad {
+        assert!(
+            Header::decode(&packet(&h, &desc.encode())).is_err(),
+            "{h:?}"
+        );
+    }
+    let short = Header {
+        payload_len: 15,
+        ..offer
+    };
+    assert!(Header::decode(&packet(&short, &[0; 15])).is_err());
 }
 
 /// Read requests and responses carry one descriptor of a message from 1

@@ -43,10 +43,11 @@
 //! receiver copies it with one RDMA READ over an RC link of the session,
 //! opened on the session's first large message (`bulk.rs` has the
 //! protocol, the ownership of the buffers and what a failed READ does).
-//! A read request offers its own buffer for the response: a large
-//! response that fits is written into it by RDMA WRITE with immediate
-//! rather than read (`bulk_write.rs`), four one-way trips a call instead
-//! of six.
+//! A call expecting a large response (its session had one) offers room
+//! for it (a read request its own buffer, other calls one announced by an
+//! offer packet): a large response that fits is written into it by RDMA
+//! WRITE with immediate rather than read (`bulk_write.rs`), two one-way
+//! trips fewer a call.
 //! Smaller messages stay on the datagram transport: one UD queue pair
 //! serves every peer, and the same retransmission covers every packet.
 //! `docs/benchmarks.md` has the rates by size, `docs/rpc.md` why the

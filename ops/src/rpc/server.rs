@@ -298,7 +298,7 @@ impl<P: Clone> Core<P> {
             }
             ServeState::Responded => {
                 self.stats.duplicate_requests += 1;
-                if idx + 1 == slot.n_req {
+                if idx + 1 == slot.n_req && slot.writing.is_none() {
                     send_response(&mut self.tx, peer, remote, sid, max_payload, slot, 0);
                 } else {
                     send_credit_return(&mut self.tx, peer, remote, sid, slot, h.pkt_idx);

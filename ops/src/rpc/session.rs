@@ -99,9 +99,14 @@ pub(crate) struct ClientSlot {
     pub(crate) req_desc: Option<(BulkDesc, usize)>,
     /// The READ of the response under way (its token).
     pub(crate) reading: Option<u64>,
-    /// The capacity of the exposed request buffer this call offers the
-    /// server to WRITE its response into (0: none; `bulk_write.rs`).
+    /// The capacity of the buffer this call offers the server to WRITE
+    /// its response into (0: none; `bulk_write.rs`): the exposed request
+    /// buffer's, or that of `offer_exposed`.
     pub(crate) offered: u32,
+    /// A buffer of its own this call offers for its response (its
+    /// [`Bulk`](super::Bulk) token), announced by an offer packet: for a
+    /// request that does not go by READ, or whose own buffer is too small.
+    pub(crate) offer_exposed: Option<u64>,
 }
 
 /// Where a client slot's call is.
@@ -140,6 +145,7 @@ impl ClientSlot {
             req_desc: None,
             reading: None,
             offered: 0,
+            offer_exposed: None,
         }
     }
 
