@@ -107,7 +107,8 @@ pub(crate) enum Req<'a> {
 }
 
 impl Req<'_> {
-    fn len(&self) -> usize {
+    /// The request's length in bytes.
+    pub(crate) fn len(&self) -> usize {
         match self {
             Req::Copy(data) => data.len(),
             Req::Owned(buf) => buf.as_ref().map_or(0, Vec::len),
@@ -221,6 +222,13 @@ impl<P: Clone> Core<P> {
         self.pump(sid);
         self.want_timer();
         Poll::Ready(Ok((i, req_num)))
+    }
+
+    /// Whether calls of session `sid` other than slot `i`'s are under way.
+    pub(crate) fn others_active(&self, sid: u32, i: usize) -> bool {
+        self.sessions
+            .get(sid)
+            .is_some_and(|s| s.active & !(1u8 << i) != 0)
     }
 
     /// A call that waited for a slot was dropped: hands its turn on.

@@ -672,11 +672,24 @@ impl<T: Transport> Rpc<T> {
             sid,
             queued: false,
         };
+        // The request's first packet.
+        let packet_len = req.len().saturating_add(HEADER_LEN);
         let (slot, req_num) = poll_fn(|cx| {
             let mut e = self.engine.borrow_mut();
             let r = e.core.poll_start(sid, req_type, &mut req, cx);
-            if r.is_ready() {
-                e.flush();
+            match r {
+                // Other calls of the session under way: sent by the
+                // dispatcher, woken now, with the others started before it
+                // runs (in this loop pass): one transport call for them.
+                Poll::Ready(Ok((slot, _)))
+                    if e.transport
+                        .batch_call_starts(packet_len.min(e.core.max_packet))
+                        && e.core.others_active(sid, slot) =>
+                {
+                    e.flush_soon();
+                }
+                Poll::Ready(_) => e.flush(),
+                Poll::Pending => {}
             }
             waiting.queued = r.is_pending();
             r

@@ -207,3 +207,58 @@ fn a_handler_that_never_finishes_holds_back_no_other_response() {
         drop(never);
     });
 }
+
+/// Client packets sent by `calls` calls started together (one task polls
+/// them all in one turn) on a session of a fresh endpoint, the network
+/// batching call starts or not: the transport calls they took.
+fn client_sends_for_calls_started_together(batch: bool, calls: usize) -> u64 {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(33, 4096);
+        net.set_batch_call_starts(batch);
+        let (srv, _) = server(&net);
+        srv.register(ECHO, |req: Request| async move {
+            MsgBuf::from(answer(req.data()))
+        })
+        .unwrap();
+        let transport = net.endpoint();
+        let cli_id = transport.id();
+        let cli = Rpc::new(transport, quiet());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let reqs: Vec<Vec<u8>> = (0..calls).map(|i| request(2, i, 32)).collect();
+        let before = net.send_calls(cli_id);
+        let all = futures::future::join_all(reqs.iter().map(|req| cli.call(s, ECHO, req)));
+        let resps = verbio_runtime::timeout(BOUND, all)
+            .await
+            .expect("the calls complete");
+        for (req, resp) in reqs.iter().zip(resps) {
+            assert_eq!(&resp.unwrap()[..], &answer(req)[..]);
+        }
+        net.send_calls(cli_id) - before
+    })
+}
+
+/// With call starts batched (UD's way), the first of calls started
+/// together leaves at once (it is alone: no wait on the latency path) and
+/// the others, started while it is under way, leave together, sent by the
+/// dispatcher (woken by the first of them): two transport calls (two post lists on UD) for a
+/// session's worth of calls, not one per call; unbatched, one per call.
+#[test]
+fn calls_started_together_leave_in_two_transport_calls() {
+    assert_eq!(
+        client_sends_for_calls_started_together(true, SESSION_SLOTS),
+        2,
+        "the first call at once, the other {} together",
+        SESSION_SLOTS - 1
+    );
+    assert_eq!(
+        client_sends_for_calls_started_together(false, SESSION_SLOTS),
+        SESSION_SLOTS as u64,
+        "unbatched: one transport call per call start"
+    );
+    assert_eq!(
+        client_sends_for_calls_started_together(true, 1),
+        1,
+        "a call alone leaves at its start"
+    );
+}

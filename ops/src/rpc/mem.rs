@@ -58,6 +58,9 @@ pub(crate) struct Net {
     pub(crate) bulk: super::mem_bulk::BulkNet,
     /// Endpoints made from now on have a large-message path.
     with_bulk: bool,
+    /// Endpoints made from now on batch call starts
+    /// ([`Transport::batch_call_starts`]).
+    batch_call_starts: bool,
 }
 
 impl Net {
@@ -119,6 +122,7 @@ impl MemNetwork {
             stats: MemStats::default(),
             bulk: Default::default(),
             with_bulk: true,
+            batch_call_starts: false,
         })))
     }
 
@@ -126,6 +130,14 @@ impl MemNetwork {
     /// ([`Transport::bulk`]; true by default).
     pub fn set_bulk(&self, on: bool) {
         self.0.borrow_mut().with_bulk = on;
+    }
+
+    /// Whether endpoints made from now on send calls started while others
+    /// of their session are under way together, by the dispatcher
+    /// ([`Transport::batch_call_starts`], as on UD; false by default:
+    /// each leaves at its start).
+    pub fn set_batch_call_starts(&self, on: bool) {
+        self.0.borrow_mut().batch_call_starts = on;
     }
 
     /// Holds READs from now on (they wait, under way, until this is
@@ -195,6 +207,7 @@ impl MemNetwork {
             id,
             max_packet: net.max_packet,
             bulk: net.with_bulk,
+            batch_call_starts: net.batch_call_starts,
         }
     }
 
@@ -228,6 +241,7 @@ pub struct MemTransport {
     id: u32,
     max_packet: usize,
     bulk: bool,
+    batch_call_starts: bool,
 }
 
 impl MemTransport {
@@ -337,6 +351,10 @@ impl Transport for MemTransport {
 
     fn short_batch_registers(&self) -> bool {
         true
+    }
+
+    fn batch_call_starts(&self, _packet_len: usize) -> bool {
+        self.batch_call_starts
     }
 
     fn bulk(&mut self) -> Option<Box<dyn super::Bulk>> {

@@ -54,6 +54,19 @@ pub trait Transport: 'static {
         false
     }
 
+    /// Whether a send of packets of `packet_len` bytes costs enough per
+    /// call (a doorbell: on UD one post list, on the soft device one wake
+    /// of its engine thread) that calls started while others of their
+    /// session are under way should leave together in one
+    /// [`send`](Transport::send), made by the endpoint's dispatcher (woken
+    /// by the first of them, it runs after the task that started them),
+    /// rather than each at its start. A call started alone leaves at once
+    /// either way. `false` by default.
+    fn batch_call_starts(&self, packet_len: usize) -> bool {
+        let _ = packet_len;
+        false
+    }
+
     /// The transport's large-message path, if it has one: taken once by
     /// [`Rpc::new`](super::Rpc::new). `None` (the default): every
     /// message travels in packets.

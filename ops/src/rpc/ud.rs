@@ -341,6 +341,12 @@ impl Transport for UdTransport {
         true
     }
 
+    /// INLINE packets: posted at each send (larger ones wait for the end
+    /// of the runtime's poll phase, posted in lists already).
+    fn batch_call_starts(&self, packet_len: usize) -> bool {
+        packet_len <= self.max_inline
+    }
+
     fn bulk(&mut self) -> Option<Box<dyn super::Bulk>> {
         Some(Box::new(super::ud_bulk::UdBulk::new(&self.device)))
     }
