@@ -1,7 +1,8 @@
 //! Allocations of the `Send` handle path in steady state (issue 32): a
 //! send through an `RdmaHandle` allocates nothing per call on the calling
-//! thread (a recycled completion slot, a preallocated mailbox) and nothing
-//! on the runtime thread (reused worker tasks, the agent's inline send).
+//! thread (a preallocated mailbox: a small send is answered at hand-over)
+//! and nothing on the runtime thread (the ordered sender task, the agent's
+//! inline send).
 mod common;
 
 use std::time::Duration;
@@ -67,15 +68,17 @@ fn a_steady_flow_of_sends_allocates_nothing_per_send() {
     println!("{MEASURED} sends: {mine} allocations on the calling thread, {on_pool} on the runtime thread");
     // A few amortized growths at most, nothing per send.
     assert!(
-        mine <= 8,
+        mine <= 16,
         "{mine} allocations on the calling thread for {MEASURED} sends"
     );
     // The runtime thread's queues grow as used (the soft device's QP and CQ
-    // queues, the memory pool's chunks double): each growth is one
-    // allocation, a few dozen at most, reached later when a slow run (ASan)
-    // lets a deeper queue build up. One allocation per send would be 2,000.
+    // queues, the memory pool's chunks, the queue of sends in order
+    // double): each growth is one allocation, a few dozen at most, reached
+    // later when a slow run (ASan) lets a deeper queue build up (a small
+    // send is answered at hand-over, so up to the mailbox's 256 may wait
+    // there). One allocation per send would be 2,000.
     assert!(
-        on_pool <= 32,
+        on_pool <= 64,
         "{on_pool} allocations on the runtime thread for {MEASURED} sends"
     );
     drop(h);
