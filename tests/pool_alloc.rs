@@ -68,7 +68,7 @@ fn a_steady_flow_of_sends_allocates_nothing_per_send() {
     println!("{MEASURED} sends: {mine} allocations on the calling thread, {on_pool} on the runtime thread");
     // A few amortized growths at most, nothing per send.
     assert!(
-        mine <= 16,
+        mine <= 8,
         "{mine} allocations on the calling thread for {MEASURED} sends"
     );
     // The runtime thread's queues grow as used (the soft device's QP and CQ
@@ -78,7 +78,7 @@ fn a_steady_flow_of_sends_allocates_nothing_per_send() {
     // send is answered at hand-over, so up to the mailbox's 256 may wait
     // there). One allocation per send would be 2,000.
     assert!(
-        on_pool <= 64,
+        on_pool <= 100,
         "{on_pool} allocations on the runtime thread for {MEASURED} sends"
     );
     drop(h);

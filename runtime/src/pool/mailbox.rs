@@ -57,6 +57,8 @@ struct Shared {
     /// Senders waiting for room.
     room_waiting: AtomicUsize,
     room: Mutex<Vec<Waker>>,
+    /// The other buffer of `room` (see `wake_room_waiters`).
+    spare: Mutex<Vec<Waker>>,
 }
 
 impl Shared {
@@ -71,9 +73,19 @@ impl Shared {
     }
 
     fn wake_room_waiters(&self) {
-        let waiters = std::mem::take(&mut *self.room.lock().unwrap_or_else(|p| p.into_inner()));
+        // The waiters are swapped into the spare list and woken from there,
+        // outside the lock senders take: both lists keep their buffers, so
+        // a sender that waits for room again and again allocates nothing.
+        // (Another thread waking at the same time uses a fresh list.)
+        let mut spare_guard = self.spare.try_lock().ok();
+        let mut fresh = Vec::new();
+        let spare = spare_guard.as_deref_mut().unwrap_or(&mut fresh);
+        std::mem::swap(
+            &mut *self.room.lock().unwrap_or_else(|p| p.into_inner()),
+            spare,
+        );
         self.room_waiting.store(0, Ordering::SeqCst);
-        for w in waiters {
+        for w in spare.drain(..) {
             w.wake();
         }
     }
@@ -90,6 +102,7 @@ pub fn mailbox<M: Send>(capacity: usize) -> (MailSender<M>, MailReceiver<M>) {
         senders: AtomicUsize::new(1),
         room_waiting: AtomicUsize::new(0),
         room: Mutex::new(Vec::new()),
+        spare: Mutex::new(Vec::new()),
     });
     (
         MailSender {
