@@ -17,6 +17,8 @@ use verbio::runtime::{spawn, timeout, Device};
 const ECHO: u8 = 1;
 /// Answers with the request reversed, in the request's own buffer.
 const SAME: u8 = 2;
+/// Answers an 8-byte length with a response that long.
+const GET: u8 = 3;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn endpoint(dev: &Device) -> Rpc<UdTransport> {
@@ -160,6 +162,29 @@ fn large_messages_go_by_read_over_an_rc_link() {
                 .unwrap_or_else(|e| panic!("call of {len} bytes: {e}"));
             assert!(resp.iter().eq(req.iter().rev()), "{len} bytes");
         }
+        // Small requests, large responses: written into room each call
+        // offers (from the second: the first says how large), every byte
+        // right; a small response ends the offers.
+        server
+            .register_inline(GET, |req: Request| {
+                let len = <[u8; 8]>::try_from(req.data()).map_or(0, u64::from_le_bytes);
+                common::pattern(len as usize, 0xc3).into()
+            })
+            .unwrap();
+        let get_writes = client.stats().bulk_writes;
+        for i in 0..4 {
+            let len = 300_000u64;
+            let resp = timeout(WAIT, client.call(session, GET, &len.to_le_bytes()))
+                .await
+                .expect("call in time")
+                .unwrap_or_else(|e| panic!("GET {i}: {e}"));
+            assert!(
+                resp[..] == common::pattern(len as usize, 0xc3)[..],
+                "GET {i}"
+            );
+        }
+        assert!(client.stats().bulk_writes - get_writes >= 3, "GETs written");
+        let writes = writes + client.stats().bulk_writes - get_writes;
         let (c, s) = (client.stats(), server.stats());
         println!("client counters: {c:?}\nserver counters: {s:?}");
         assert!(s.bulk_reads >= 16, "requests read: {s:?}");

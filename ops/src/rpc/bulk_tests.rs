@@ -436,6 +436,17 @@ fn large_responses_are_written_whatever_the_request() {
             check(&resp.unwrap());
         }
         assert_eq!(cli.stats().bulk_writes, w0 + 12);
+        // A small response to a call that offered room ends the offers:
+        // the next large response is read, and says how large again.
+        assert_eq!(
+            &cli.call(s, ECHO, b"ab").await.unwrap()[..],
+            &answer(b"ab")[..]
+        );
+        let (r0, w0) = (cli.stats().bulk_reads, cli.stats().bulk_writes);
+        check(&cli.call(s, BIG, b"x").await.unwrap());
+        assert_eq!(cli.stats().bulk_reads, r0 + 1);
+        check(&cli.call(s, BIG, b"x").await.unwrap());
+        assert_eq!(cli.stats().bulk_writes, w0 + 1);
         assert_eq!(srv.stats().bulk_write_failures, 0);
         assert_eq!(cli.stats().timeouts + cli.stats().malformed_packets, 0);
         assert_eq!(net.exposed_by(id), 0);

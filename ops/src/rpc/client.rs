@@ -533,6 +533,12 @@ impl<P: Clone> Core<P> {
                 if !self.links_wanted.contains(&sid) {
                     self.links_wanted.push(sid);
                 }
+            } else if slot.offered > 0 {
+                // Room was offered for nothing: the next calls offer
+                // none until a large response comes again (a session's
+                // small calls after a large one do not each register
+                // and zero a buffer of its size).
+                s.resp_hint = 0;
             }
             slot.resp.clear();
             slot.resp_len = msg_len;
