@@ -366,3 +366,52 @@ fn held_messages_stay_in_their_slots_and_later_ones_are_copied_out() {
     assert_eq!(&last.1[..], &msg(101)[..], "and its runtime");
     drop(last);
 }
+
+/// A burst of whole messages larger than the ring's spare slots, queued
+/// while the application is away, waits in its receive slots (parked, its
+/// credits held back) rather than being copied out: taken one at a time
+/// and dropped, every message is lent zero-copy. The held-back credits go
+/// back as the messages are taken: the sender, with fewer credits than
+/// messages, gets all of them through.
+#[test]
+fn a_burst_beyond_the_spare_slots_waits_in_its_slots_and_is_lent_when_taken() {
+    const BUFS: u32 = 16;
+    const BURST: usize = BUFS as usize;
+    const TOTAL: usize = 3 * BURST;
+    let builder = || RdmaBuilder::new().recv_buf_count(BUFS).credit_batch(4);
+    let msg = |i: usize| pattern(1024, i as u8);
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        for i in 0..TOTAL {
+            timeout(WAIT, r.send(&msg(i)))
+                .await
+                .unwrap_or_else(|_| panic!("message {i}: credits never came back"))
+                .expect("send");
+        }
+        let _ = r.receive_msg().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        // Away while the first burst (one per credit) arrives: the agent
+        // queues it, half lent (the spare slots), half parked.
+        sleep(Duration::from_millis(300)).await;
+        let mut copied = Vec::new();
+        for i in 0..TOTAL {
+            let m = timeout(WAIT, r.receive_msg())
+                .await
+                .expect("message in time")
+                .expect("message");
+            assert_eq!(&m[..], &msg(i)[..], "message {i}");
+            if !m.is_zero_copy() {
+                copied.push(i);
+            }
+        }
+        assert!(
+            copied.is_empty(),
+            "messages copied out though each was dropped before the next: {copied:?}"
+        );
+        r.close().await.expect("close");
+    });
+    server.join().expect("server");
+}
