@@ -73,12 +73,18 @@ fn a_steady_flow_of_sends_allocates_nothing_per_send() {
     );
     // The runtime thread's queues grow as used (the soft device's QP and CQ
     // queues, the memory pool's chunks, the queue of sends in order
-    // double): each growth is one allocation, a few dozen at most, reached
-    // later when a slow run (ASan) lets a deeper queue build up (a small
-    // send is answered at hand-over, so up to the mailbox's 256 may wait
-    // there). One allocation per send would be 2,000.
+    // double): each growth is one allocation, reached later when a slow run
+    // lets a deeper queue build up (a small send is answered at hand-over,
+    // so up to the mailbox's 256 may wait there). And when sends pile up
+    // behind the credit window, the agent packs whole messages that waited
+    // together into one SEND, each pack posted by a task of its own (the
+    // task, its waker and join state, the pack and its member list: about
+    // five allocations per pack of several messages, never one per
+    // message). How many packs form depends on timing: 6 to 107
+    // allocations were seen in runs on this machine. One allocation per
+    // send would be 2,000.
     assert!(
-        on_pool <= 100,
+        on_pool <= MEASURED as u64 / 8,
         "{on_pool} allocations on the runtime thread for {MEASURED} sends"
     );
     drop(h);
