@@ -20,6 +20,16 @@ use verbio::RdmaBuilder;
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// Waits (without blocking the runtime thread, whose agent must go on
+/// taking in what arrives) until the other side says so on `rx`.
+async fn until_told(rx: &std::sync::mpsc::Receiver<()>, what: &str) {
+    let end = std::time::Instant::now() + WAIT;
+    while rx.try_recv().is_err() {
+        assert!(std::time::Instant::now() < end, "never told: {what}");
+        sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// A 64 KiB ring: messages above 16 KiB go by READ.
 fn builder() -> RdmaBuilder {
     RdmaBuilder::new().staging_ring(64 * 1024)
@@ -71,10 +81,13 @@ fn send_buf_of_a_message_read_by_the_peer_lends_the_callers_buffer() {
 fn a_send_buf_cancelled_once_offered_still_arrives_and_frees_the_buffer_after() {
     // The peer takes in one message beyond its unread limit, so the next
     // offer waits there (unread) until its application reads the first.
+    // (The peer reads once told: a sleep would have to outlast the
+    // client's steps, which a loaded machine can stretch.)
+    let (go, told) = std::sync::mpsc::channel();
     let server_builder = || builder().max_unread_bytes(64 * 1024);
     let (addr, server) = serve_rdma(server_builder, 1, move |mut c| async move {
         let r = c.remove(0);
-        sleep(Duration::from_millis(400)).await;
+        until_told(&told, "the client's cancelled send was offered").await;
         for seed in [6, 7, 8] {
             let got = r.receive().await.unwrap();
             assert!(
@@ -106,6 +119,7 @@ fn a_send_buf_cancelled_once_offered_still_arrives_and_frees_the_buffer_after() 
             before + 1,
             "the cancelled send's buffer is held while the peer may read it"
         );
+        go.send(()).expect("the peer waits");
         // The next one goes after it (in order, the permit given back).
         let buf = r.pool().alloc_from(&pattern(LEN, 8)).expect("send buffer");
         let (res, last) = timeout(WAIT, r.send_buf(buf)).await.expect("send");
@@ -130,10 +144,11 @@ fn a_send_buf_cancelled_once_offered_still_arrives_and_frees_the_buffer_after() 
 fn a_connection_that_goes_down_before_the_peer_reads_gives_the_buffer_back() {
     // The peer takes in one message beyond its unread limit, then none
     // until it drops the connection.
+    let (go, told) = std::sync::mpsc::channel();
     let server_builder = || builder().max_unread_bytes(64 * 1024);
     let (addr, server) = serve_rdma(server_builder, 1, move |mut c| async move {
         let r = c.remove(0);
-        sleep(Duration::from_millis(300)).await;
+        until_told(&told, "the client's second send was offered").await;
         drop(r);
     });
     let (rt, dev) = runtime_and_device();
@@ -144,7 +159,12 @@ fn a_connection_that_goes_down_before_the_peer_reads_gives_the_buffer_back() {
         res.unwrap();
         let buf = r.pool().alloc_from(&pattern(LEN, 2)).expect("send buffer");
         let at = buf.as_ptr();
-        let (res, back) = timeout(WAIT, r.send_buf(buf)).await.expect("second send");
+        let mut send = pin!(r.send_buf(buf));
+        // Its offer goes out and waits at the peer, which then goes down.
+        let waited = timeout(Duration::from_millis(100), send.as_mut()).await;
+        assert!(waited.is_err(), "the peer read it: {waited:?}");
+        go.send(()).expect("the peer waits");
+        let (res, back) = timeout(WAIT, send).await.expect("second send");
         assert!(res.is_err(), "the peer never read it: {res:?}");
         assert_eq!(back.as_ptr(), at, "the caller's buffer comes back");
         assert!(back[..] == pattern(LEN, 2)[..], "unchanged");
