@@ -378,10 +378,10 @@ fn accept_within(l: &TcpListener, what: &str) -> TcpStream {
     }
 }
 
-/// A raw program that owns a listener, claims its address in a HELLO to
-/// `server`, and answers the server's VERIFY: a proven connection the
-/// attacker controls.
-fn proven_stranger(server: SocketAddr) -> (TcpStream, TcpListener) {
+/// A raw program that owns a listener and claims its address in a HELLO
+/// to `server`, up to the server's VERIFY: its connection, its listener,
+/// the server's verifier connection and the claimed address.
+fn stranger_asked(server: SocketAddr) -> (TcpStream, TcpListener, TcpStream, SocketAddr) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let me = l.local_addr().expect("addr");
     let mut s = raw(server);
@@ -395,11 +395,25 @@ fn proven_stranger(server: SocketAddr) -> (TcpStream, TcpListener) {
     let (asker, src) = decode_verify(&p).expect("verify");
     assert_eq!(asker, server);
     assert_eq!(src, s.local_addr().expect("local"));
+    (s, l, v, me)
+}
+
+/// Answers a VERIFY on `v` for the engine at `me`: yes, the connection is
+/// its own.
+fn answer_yes(v: &mut TcpStream, me: SocketAddr) {
     let mut yes = Header::new(Opcode::VerifyReply);
     yes.arg0 = 1;
     let mut answer = hello(me);
     answer.extend_from_slice(&yes.encode());
     v.write_all(&answer).expect("answer");
+}
+
+/// A raw program that owns a listener, claims its address in a HELLO to
+/// `server`, and answers the server's VERIFY: a proven connection the
+/// attacker controls.
+fn proven_stranger(server: SocketAddr) -> (TcpStream, TcpListener) {
+    let (s, l, mut v, me) = stranger_asked(server);
+    answer_yes(&mut v, me);
     (s, l)
 }
 
@@ -730,15 +744,6 @@ fn a_payload_arriving_across_the_proof_goes_on_where_it_was_going() {
     let mut pair = Pair::new();
     let server = pair.server.addr();
     for round in 0..24u64 {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let me = l.local_addr().expect("addr");
-        let mut s = raw(server);
-        expect_hello(&mut s, server);
-        s.write_all(&hello(me)).expect("hello");
-        let mut v = accept_within(&l, "the server's verifier (its VERIFY)");
-        v.set_read_timeout(Some(WAIT)).expect("timeout");
-        let (h, _) = read_packet(&mut v);
-        assert_eq!(h.opcode, Opcode::Verify);
         // A WRITE for the server's QP, whose peer is another engine: its
         // payload is dropped as it arrives.
         let mut w = Header::new(Opcode::Write);
@@ -751,11 +756,8 @@ fn a_payload_arriving_across_the_proof_goes_on_where_it_was_going() {
         w.flags = FLAG_FIRST | FLAG_LAST;
         let big = packet(w, &vec![0x5a; MAX_PAYLOAD as usize]);
         let cut = RX_CAP + RX_CAP / 2;
-        let mut yes = Header::new(Opcode::VerifyReply);
-        yes.arg0 = 1;
-        let mut answer = hello(me);
-        answer.extend_from_slice(&yes.encode());
-        v.write_all(&answer).expect("answer");
+        let (mut s, _l, mut v, me) = stranger_asked(server);
+        answer_yes(&mut v, me);
         s.write_all(&big[..cut]).expect("write");
         std::thread::sleep(Duration::from_millis(5));
         s.write_all(&big[cut..]).expect("write");
