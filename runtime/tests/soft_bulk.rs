@@ -70,6 +70,17 @@ fn check_message(i: usize, got: &[u8], want: &[u8]) {
     );
 }
 
+/// Checks every message of [`SIZES`], sent back to back from `data`, in
+/// `got`, where each one lands [`GUARD`] bytes after the one before.
+fn check_messages(got: &[u8], data: &[u8]) {
+    let (mut s, mut d) = (0, 0);
+    for (i, &len) in SIZES.iter().enumerate() {
+        check_message(i, &got[d..], &data[s..s + len]);
+        s += len;
+        d += len + GUARD;
+    }
+}
+
 #[test]
 fn sends_of_every_size_land_byte_exact_in_scattered_receives() {
     let (a, b) = pair();
@@ -110,13 +121,7 @@ fn sends_of_every_size_land_byte_exact_in_scattered_receives() {
                 );
             }
         }
-        let got = dst.read();
-        let (mut s, mut d) = (0, 0);
-        for (i, &len) in SIZES.iter().enumerate() {
-            check_message(i, &got[d..], &data[s..s + len]);
-            s += len;
-            d += len + GUARD;
-        }
+        check_messages(&dst.read(), &data);
     }
 }
 
@@ -268,13 +273,7 @@ fn reads_of_every_size_land_byte_exact_in_scattered_sges() {
             }
             assert_eq!(poll_one(&b.rcq).wr_id, 99);
         }
-        let got = dst.read();
-        let (mut s, mut d) = (0, 0);
-        for (i, &len) in SIZES.iter().enumerate() {
-            check_message(i, &got[d..], &data[s..s + len]);
-            s += len;
-            d += len + GUARD;
-        }
+        check_messages(&dst.read(), &data);
     }
 }
 
