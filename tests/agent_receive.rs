@@ -380,6 +380,10 @@ fn a_burst_beyond_the_spare_slots_waits_in_its_slots_and_is_lent_when_taken() {
     const TOTAL: usize = 3 * BURST;
     let builder = || RdmaBuilder::new().recv_buf_count(BUFS).credit_batch(4);
     let msg = |i: usize| pattern(1024, i as u8);
+    // The sender stays up until the client's close is done: a peer that
+    // tears its device down as soon as it sees the `Close` races that
+    // send's acknowledgement (the close then fails with WR_FLUSH_ERR).
+    let (closed, told) = std::sync::mpsc::channel::<()>();
     let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
         let r = c.remove(0);
         for i in 0..TOTAL {
@@ -389,6 +393,11 @@ fn a_burst_beyond_the_spare_slots_waits_in_its_slots_and_is_lent_when_taken() {
                 .expect("send");
         }
         let _ = r.receive_msg().await;
+        let end = std::time::Instant::now() + WAIT;
+        while told.try_recv().is_err() {
+            assert!(std::time::Instant::now() < end, "the client never closed");
+            sleep(Duration::from_millis(2)).await;
+        }
     });
     let (rt, dev) = runtime_and_device();
     block(&rt, async {
@@ -412,6 +421,7 @@ fn a_burst_beyond_the_spare_slots_waits_in_its_slots_and_is_lent_when_taken() {
             "messages copied out though each was dropped before the next: {copied:?}"
         );
         r.close().await.expect("close");
+        closed.send(()).expect("the server waits");
     });
     server.join().expect("server");
 }
