@@ -1,10 +1,9 @@
 //! [`RecvMsg`]: a received message. A message that fit in one receive
 //! buffer is lent zero-copy: the slot of the connection's receive ring it
 //! landed in, reposted when the message is dropped (the ring has spare
-//! slots for lent messages, see `Receiving`); one that arrives while every
-//! spare slot is lent waits in its slot, parked, until the application
-//! takes it (lent then, or copied out if every spare slot is still lent);
-//! a reassembled message is one contiguous vector; a message READ from the peer is the registered vector it was
+//! slots for lent messages, see `Receiving`); a reassembled message, or
+//! one that arrived while every spare slot was lent, is one contiguous
+//! vector; a message READ from the peer is the registered vector it was
 //! read into, kept for the next READ once dropped (`read_bufs.rs`).
 
 use std::cell::Cell;
@@ -21,10 +20,6 @@ use super::read_bufs::ReadInto;
 pub(crate) enum Body {
     /// The payload inside the receive ring's slot it arrived in.
     Ring(Lent),
-    /// Queued for the application in its slot, its credit not yet
-    /// returned; never handed to the application as it is (see
-    /// `Receiving::unpark`).
-    Parked(Parked),
     /// Reassembled from pieces, or copied out of its slot.
     Vec(Vec<u8>),
     /// READ from the peer into a registered vector, which goes back to
@@ -69,40 +64,6 @@ impl Drop for Lent {
     }
 }
 
-/// A whole message left in the receive-ring slot it landed in while it
-/// waits in the inbox with every spare slot lent (`Receiving::lend`):
-/// copying each such message out cost the receiver a copy and an
-/// allocation per message whenever a burst of completions outnumbered the
-/// spare slots (half of a 4 KiB window, measured in docs/benchmarks.md,
-/// issue 35). Its credit goes back to the peer only when the application
-/// takes it, so the peer never has more messages on their way than
-/// buffers are posted.
-#[derive(Debug)]
-pub(crate) struct Parked {
-    slot: RingMsg,
-    range: Range<usize>,
-}
-
-impl Parked {
-    /// Parks `slot`'s bytes `range`; `None` (and the slot back at once) if
-    /// the range is not within what it received.
-    pub(crate) fn new(slot: RingMsg, range: Range<usize>) -> Option<Parked> {
-        slot.get(range.clone())?;
-        Some(Parked { slot, range })
-    }
-
-    /// The slot and the payload's range in it.
-    pub(crate) fn into_parts(self) -> (RingMsg, Range<usize>) {
-        (self.slot, self.range)
-    }
-
-    #[inline(always)]
-    fn bytes(&self) -> &[u8] {
-        // Checked in `new`; a slot's bytes never change while held.
-        self.slot.get(self.range.clone()).unwrap_or_default()
-    }
-}
-
 /// A received message and its immediate (`None` if sent without one).
 #[derive(Debug)]
 pub struct RecvMsg {
@@ -117,16 +78,10 @@ impl RecvMsg {
     /// (a pack's empty messages hold memory too).
     pub(crate) fn charge(&self, buf_size: usize) -> u64 {
         match &self.body {
-            Body::Ring(_) | Body::Parked(_) => buf_size as u64,
+            Body::Ring(_) => buf_size as u64,
             Body::Vec(v) => (v.len() as u64).max(SMALL_ITEM_CHARGE),
             Body::Read(r) => r.len() as u64,
         }
-    }
-
-    /// Parked in its receive slot (see [`Parked`]).
-    #[inline(always)]
-    pub(crate) fn is_parked(&self) -> bool {
-        matches!(self.body, Body::Parked(_))
     }
 
     /// The immediate of `send_with_imm`.
@@ -146,7 +101,6 @@ impl RecvMsg {
     pub fn into_vec(self) -> Vec<u8> {
         match self.body {
             Body::Ring(l) => l.bytes().to_vec(),
-            Body::Parked(p) => p.bytes().to_vec(),
             Body::Vec(v) => v,
             Body::Read(r) => r.into_vec(),
         }
@@ -159,7 +113,6 @@ impl Deref for RecvMsg {
     fn deref(&self) -> &[u8] {
         match &self.body {
             Body::Ring(l) => l.bytes(),
-            Body::Parked(p) => p.bytes(),
             Body::Vec(v) => v,
             Body::Read(r) => r.bytes(),
         }

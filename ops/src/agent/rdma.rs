@@ -263,24 +263,6 @@ impl Shared {
         self.return_owed_batch("backlog taken: returning withheld credits");
     }
 
-    /// The application takes `m`: a parked message is lent or copied out
-    /// now (`Receiving::unpark`) and its credit, due now, goes back as
-    /// the agent returns any other (withheld over the unread limit).
-    #[inline(always)]
-    pub(crate) fn unpark(&self, m: RecvMsg) -> RecvMsg {
-        if !m.is_parked() {
-            return m;
-        }
-        let (m, due) = self.rx.unpark(m);
-        if due && self.backlog.credit_may_return() {
-            self.owed.add_one();
-            if self.owed.has_batch() {
-                self.rx.batch_owed();
-            }
-        }
-        m
-    }
-
     /// If a whole batch of credits is owed, returns it to the peer in a
     /// `Credit` message (by a task): the agent only returns a batch when a
     /// repost completes it, which may not happen again while the peer

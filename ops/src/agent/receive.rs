@@ -50,7 +50,6 @@ impl Future for Receive {
                 Begin::Queued(m) => {
                     rx.leave(id);
                     this.done = true;
-                    let m = shared.unpark(m);
                     shared.taken(m.charge(shared.config.posted_buf_size()));
                     return Poll::Ready(Ok(m));
                 }
@@ -80,7 +79,6 @@ impl Future for Receive {
                 Step::Msg(m) => {
                     rx.leave(id);
                     this.done = true;
-                    let m = shared.unpark(m);
                     settle(shared);
                     return Poll::Ready(Ok(m));
                 }

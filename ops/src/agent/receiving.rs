@@ -9,9 +9,7 @@
 //! whole message is lent to the application in the slot it landed in
 //! (zero-copy, its credit returned at once), and the spare slots keep the
 //! agreed number posted meanwhile. With every spare slot lent, a message
-//! queued for the application waits in its slot, parked, its credit held
-//! back until the application takes it (then lent if a spare slot is free
-//! again, else copied out); on a shared receive queue it is copied out.
+//! is copied out instead.
 //!
 //! One message, one wake-up on its way to the application: every poll of
 //! the ring uses one waker of the connection's own ([`Fan`]), which
@@ -44,7 +42,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use futures::task::AtomicWaker;
 use verbio_runtime::{PassHook, RecvRing, RecvRingError, RingMsg};
 
-use super::msg::{Body, Lent, Parked, RecvMsg};
+use super::msg::{Body, Lent, RecvMsg};
 use super::rdma::Shared;
 
 /// The driving receiver's waker, kept across wakes: a receiver waiting
@@ -359,11 +357,9 @@ impl Receiving {
     }
 
     /// A whole message of `len` payload bytes at `start` of `slot`, with
-    /// immediate `imm`: lent in its slot if a spare slot is left; else, on
-    /// a ring of this connection's own, parked in its slot (its credit due
-    /// when the application takes it: [`Receiving::unpark`]); else copied
-    /// out (the slot reposted at once). `None` if the range is not within
-    /// what the slot received.
+    /// immediate `imm`: lent in its slot if a spare slot is left, else
+    /// copied out (the slot reposted at once). `None` if the range is not
+    /// within what the slot received.
     #[inline]
     pub(crate) fn lend(
         &self,
@@ -375,41 +371,10 @@ impl Receiving {
         let range = start..start.checked_add(len)?;
         let body = if self.lent.get() < self.lend_max.get() {
             Body::Ring(Lent::new(slot, range, &self.lent)?)
-        } else if self.lend_max.get() > 0 && self.owns_ring() {
-            Body::Parked(Parked::new(slot, range)?)
         } else {
             Body::Vec(slot.get(range)?.to_vec())
         };
         Some(RecvMsg { body, imm })
-    }
-
-    /// A message the application takes: a parked one is lent now if a
-    /// spare slot is free, else copied out (its slot reposted at once).
-    /// True if it was parked: its credit is due now.
-    ///
-    /// Why parking is safe: the ring has `lend_max` slots more than the
-    /// credits and the reserve; a lent message's credit goes back at once
-    /// (a spare slot stands in for it), a parked one's only here. With `l`
-    /// lent (at most `lend_max`) and `q` parked, the peer may have at most
-    /// `credits - q` messages and the reserve on their way, and the ring
-    /// has `credits + reserve + lend_max - l - q` slots posted: enough.
-    #[inline]
-    pub(crate) fn unpark(&self, msg: RecvMsg) -> (RecvMsg, bool) {
-        let RecvMsg { body, imm } = msg;
-        let Body::Parked(p) = body else {
-            return (RecvMsg { body, imm }, false);
-        };
-        let (slot, range) = p.into_parts();
-        let body = if self.lent.get() < self.lend_max.get() {
-            // `Parked::new` checked the range.
-            match Lent::new(slot, range, &self.lent) {
-                Some(l) => Body::Ring(l),
-                None => Body::Vec(Vec::new()),
-            }
-        } else {
-            Body::Vec(slot.get(range).unwrap_or_default().to_vec())
-        };
-        (RecvMsg { body, imm }, true)
     }
 
     /// True if nothing completed since the ring was last polled pending:

@@ -281,8 +281,7 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
             imm,
             slot,
         ) {
-            // A parked message's credit is due when it is taken.
-            Some(msg) => (!msg.is_parked(), Some(msg)),
+            Some(msg) => (true, Some(msg)),
             None => {
                 // The decoder checked the frame's length, so the range lies
                 // in the slot; refuse the message rather than panic if not.
