@@ -213,6 +213,10 @@ impl RdmaHandle {
             if conn.tx.send(req).await.is_err() {
                 return Err(self.refused_error());
             }
+            // A thread marked ended polls no task again: a message queued
+            // as it died (before its mailbox's receiver is dropped) is
+            // never sent, so say so now rather than answer `Ok`.
+            conn.thread.check()?;
             conn.handed_over.fetch_add(1, Ordering::AcqRel);
             return Ok(());
         }
