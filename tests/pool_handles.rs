@@ -100,9 +100,7 @@ async fn echo(c: RdmaHandle) {
 
 /// A listener on its own pool whose tokio tasks echo `conns` connections.
 async fn echo_server(pool: &Pool, conns: usize) -> (ListenerHandle, tokio::task::JoinHandle<()>) {
-    let listener = ListenerHandle::bind(pool, Placement::Thread(0), any_addr())
-        .await
-        .expect("bind");
+    let (listener, _) = listening(pool).await;
     let l = listener.clone();
     let accepting = tokio::spawn(async move {
         for _ in 0..conns {
@@ -111,6 +109,50 @@ async fn echo_server(pool: &Pool, conns: usize) -> (ListenerHandle, tokio::task:
         }
     });
     (listener, accepting)
+}
+
+/// A listener on thread 0 of `pool`, and its address.
+async fn listening(pool: &Pool) -> (ListenerHandle, SocketAddr) {
+    let listener = ListenerHandle::bind(pool, Placement::Thread(0), any_addr())
+        .await
+        .expect("bind");
+    let addr = listener.local_addr();
+    (listener, addr)
+}
+
+/// A connection to `addr` from thread `thread` of `pool`.
+async fn connect(pool: &Pool, thread: usize, addr: SocketAddr) -> RdmaHandle {
+    tokio::time::timeout(
+        WAIT,
+        RdmaHandle::connect(pool, Placement::Thread(thread), addr),
+    )
+    .await
+    .expect("connect in time")
+    .expect("connect")
+}
+
+/// One connection `c` through an echo server: two pools of one thread,
+/// the server's (echoing `conns` connections) and the client's. Dropped in
+/// this order: the connection, the listener, the clients' pool, the
+/// server's (bind every field: one left to `..` is dropped at once).
+struct Echoed {
+    c: RdmaHandle,
+    listener: ListenerHandle,
+    clients: Pool,
+    servers: Pool,
+}
+
+async fn echoed(conns: usize) -> Echoed {
+    let servers = pool(1);
+    let clients = pool(1);
+    let (listener, _accepting) = echo_server(&servers, conns).await;
+    let c = connect(&clients, 0, listener.local_addr()).await;
+    Echoed {
+        c,
+        listener,
+        clients,
+        servers,
+    }
 }
 
 /// Message `i` of task `t`: its tag, then bytes derived from it.
@@ -218,12 +260,8 @@ async fn a_runtime_thread_that_dies_fails_its_handles_fast() {
     let clients = pool(2);
     let (listener, _accepting) = echo_server(&servers, 2).await;
     let addr = listener.local_addr();
-    let doomed = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
-        .await
-        .unwrap();
-    let alive = RdmaHandle::connect(&clients, Placement::Thread(1), addr)
-        .await
-        .unwrap();
+    let doomed = connect(&clients, 0, addr).await;
+    let alive = connect(&clients, 1, addr).await;
     // A receive waiting when the thread dies.
     let waiting = tokio::spawn({
         let d = doomed.clone();
@@ -265,12 +303,12 @@ async fn a_runtime_thread_that_dies_fails_its_handles_fast() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn futures_dropped_mid_flight_leave_the_connection_working() {
-    let servers = pool(1);
-    let clients = pool(1);
-    let (listener, _accepting) = echo_server(&servers, 2).await;
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
-        .await
-        .unwrap();
+    let Echoed {
+        c,
+        listener,
+        clients,
+        servers: _servers,
+    } = echoed(2).await;
     let remote = c.request_remote_mr(1 << 16).await.unwrap();
     // Dropped after their first poll: their requests are queued or in
     // flight, their buffers owned by the runtime thread until done.
@@ -307,9 +345,7 @@ async fn futures_dropped_mid_flight_leave_the_connection_working() {
         c.read(&remote, (1 << 16) - 10, 11).await,
         Err(HandleError::OutOfBounds { .. })
     ));
-    let other = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
-        .await
-        .unwrap();
+    let other = connect(&clients, 0, listener.local_addr()).await;
     assert!(matches!(
         other.write(&remote, 0, vec![1]).await,
         Err(HandleError::ForeignRemote { what: "write" })
@@ -318,12 +354,12 @@ async fn futures_dropped_mid_flight_leave_the_connection_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_waiting_calls_and_fails_later_ones() {
-    let servers = pool(1);
-    let clients = pool(1);
-    let (listener, _accepting) = echo_server(&servers, 1).await;
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
-        .await
-        .unwrap();
+    let Echoed {
+        c,
+        listener: _listener,
+        clients,
+        servers: _servers,
+    } = echoed(1).await;
     let waiting = tokio::spawn({
         let c = c.clone();
         async move { c.receive().await }
@@ -360,10 +396,7 @@ async fn a_handle_stream_carries_every_byte_through_tokio_io() {
 
     let servers = pool(1);
     let clients = pool(2);
-    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = listening(&servers).await;
     // The server echoes the stream with tokio::io::copy, then ends its side.
     let server = tokio::spawn(async move {
         let s = HandleStream::new(listener.accept().await.unwrap());
@@ -372,9 +405,7 @@ async fn a_handle_stream_carries_every_byte_through_tokio_io() {
         w.shutdown().await.unwrap();
         n
     });
-    let c = RdmaHandle::connect(&clients, Placement::Thread(1), addr)
-        .await
-        .unwrap();
+    let c = connect(&clients, 1, addr).await;
     let (mut r, mut w) = tokio::io::split(HandleStream::with_chunk(c, 10_000));
     let data: Vec<u8> = (0..(1u32 << 20) + 12_345)
         .map(|k| (k.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -405,21 +436,14 @@ async fn a_handle_stream_speaks_futures_io_too() {
 
     let servers = pool(1);
     let clients = pool(1);
-    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = listening(&servers).await;
     let reader = tokio::spawn(async move {
         let mut s = HandleStream::new(listener.accept().await.unwrap());
         let mut got = String::new();
         s.read_to_string(&mut got).await.unwrap();
         got
     });
-    let mut s = HandleStream::new(
-        RdmaHandle::connect(&clients, Placement::Thread(0), addr)
-            .await
-            .unwrap(),
-    );
+    let mut s = HandleStream::new(connect(&clients, 0, addr).await);
     s.write_all(b"hello ").await.unwrap();
     s.write_all(b"over a pool").await.unwrap();
     s.close().await.unwrap();
@@ -555,16 +579,12 @@ async fn rpc_calls_from_tokio_tasks_through_a_handle() {
 async fn memory_is_handed_over_and_back_through_handles() {
     let servers = pool(1);
     let clients = pool(1);
-    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
-        .await
-        .unwrap();
+    let (listener, addr) = listening(&servers).await;
     let accepted = tokio::spawn({
         let l = listener.clone();
         async move { l.accept().await }
     });
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
-        .await
-        .unwrap();
+    let c = connect(&clients, 0, addr).await;
     let s = tokio::time::timeout(WAIT, accepted)
         .await
         .unwrap()
@@ -624,10 +644,7 @@ async fn tokio_util_codecs_frame_a_handle_stream() {
 
     let servers = pool(1);
     let clients = pool(1);
-    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = listening(&servers).await;
     // The server answers each frame with the frame reversed.
     let server = tokio::spawn(async move {
         let s = HandleStream::new(listener.accept().await.unwrap());
@@ -638,9 +655,7 @@ async fn tokio_util_codecs_frame_a_handle_stream() {
             framed.send(bytes::Bytes::from(f)).await.unwrap();
         }
     });
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
-        .await
-        .unwrap();
+    let c = connect(&clients, 0, addr).await;
     let mut framed = Framed::new(
         HandleStream::with_chunk(c, 1500),
         LengthDelimitedCodec::new(),
@@ -671,19 +686,14 @@ async fn a_handle_stream_keeps_a_window_of_writes_in_flight() {
     let window = HandleStream::WRITE_WINDOW;
     let servers = pool(1);
     let clients = pool(1);
-    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = listening(&servers).await;
     let reader = tokio::spawn(async move {
         let mut s = HandleStream::new(listener.accept().await.unwrap());
         let mut got = Vec::new();
         s.read_to_end(&mut got).await.unwrap();
         got
     });
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
-        .await
-        .unwrap();
+    let c = connect(&clients, 0, addr).await;
     let mut s = HandleStream::with_chunk(c, CHUNK);
     let data: Vec<u8> = (0..CHUNK * (window + 4)).map(|i| (i % 251) as u8).collect();
     let chunks: Vec<&[u8]> = data.chunks(CHUNK).collect();
@@ -736,12 +746,12 @@ async fn a_failed_send_in_flight_surfaces_on_flush() {
     use tokio::io::AsyncWriteExt;
     use verbio::HandleStream;
 
-    let servers = pool(1);
-    let clients = pool(1);
-    let (listener, _accepting) = echo_server(&servers, 1).await;
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
-        .await
-        .unwrap();
+    let Echoed {
+        c,
+        listener: _listener,
+        clients,
+        servers: _servers,
+    } = echoed(1).await;
     let mut s = HandleStream::with_chunk(c, 100);
     let go = block_thread(&clients).await;
     for i in 0..HandleStream::WRITE_WINDOW {
@@ -768,12 +778,12 @@ async fn a_failed_send_in_flight_surfaces_on_flush() {
 async fn small_sends_are_answered_at_hand_over_and_keep_their_order() {
     use futures::FutureExt;
 
-    let servers = pool(1);
-    let clients = pool(1);
-    let (listener, _accepting) = echo_server(&servers, 1).await;
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), listener.local_addr())
-        .await
-        .unwrap();
+    let Echoed {
+        c,
+        listener: _listener,
+        clients,
+        servers: _servers,
+    } = echoed(1).await;
     // Small messages are answered once handed over: even with the
     // connection's thread blocked, each send is done at its first poll.
     let go = block_thread(&clients).await;
@@ -813,14 +823,9 @@ async fn small_sends_are_answered_at_hand_over_and_keep_their_order() {
 async fn a_send_failed_after_hand_over_surfaces_on_flush_once() {
     let servers = pool(1);
     let clients = pool(1);
-    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = listening(&servers).await;
     let accepted = tokio::spawn(async move { listener.accept().await.unwrap() });
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
-        .await
-        .unwrap();
+    let c = connect(&clients, 0, addr).await;
     // The peer goes: the read-ahead reports it to the next receive.
     drop(tokio::time::timeout(WAIT, accepted).await.unwrap().unwrap());
     let r = tokio::time::timeout(WAIT, c.receive())
@@ -850,10 +855,7 @@ async fn a_send_failed_after_hand_over_surfaces_on_flush_once() {
 async fn messages_read_ahead_wait_for_a_receive_and_none_is_lost() {
     let servers = pool(1);
     let clients = pool(1);
-    let listener = ListenerHandle::bind(&servers, Placement::Thread(0), any_addr())
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = listening(&servers).await;
     const N: u32 = 300;
     let (go, start) = tokio::sync::oneshot::channel::<()>();
     // More messages than the read-ahead holds (64), none received yet.
@@ -866,9 +868,7 @@ async fn messages_read_ahead_wait_for_a_receive_and_none_is_lost() {
         s.flush().await.unwrap();
         s
     });
-    let c = RdmaHandle::connect(&clients, Placement::Thread(0), addr)
-        .await
-        .unwrap();
+    let c = connect(&clients, 0, addr).await;
     // Receives dropped while waiting (nothing was sent yet) take nothing
     // away.
     let waiting: Vec<_> = (0..3)

@@ -24,11 +24,13 @@ use std::task::{Context, Poll, Waker};
 use futures::task::AtomicWaker;
 
 /// Why a message was not queued; the message comes back.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SendError<M> {
     /// The queue is full (try again once there is room).
+    #[error("the runtime thread's mailbox is full")]
     Full(M),
     /// The mailbox is closed or its receiver is gone.
+    #[error("the runtime thread's mailbox is closed (its receiver is gone or ending)")]
     Closed(M),
 }
 

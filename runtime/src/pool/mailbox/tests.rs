@@ -62,7 +62,9 @@ fn a_full_mailbox_makes_senders_wait_for_room() {
     let (tx, rx) = mailbox::<u32>(2);
     tx.try_send(1).unwrap();
     tx.try_send(2).unwrap();
-    assert_eq!(tx.try_send(3), Err(SendError::Full(3)));
+    let full = tx.try_send(3).unwrap_err();
+    assert!(full.to_string().contains("full"), "{full}");
+    assert_eq!(full, SendError::Full(3));
     let (count, waker) = counting();
     let mut cx = Context::from_waker(&waker);
     let mut msg = Some(3);
@@ -89,7 +91,11 @@ fn closing_lets_the_receiver_drain_then_end() {
     tx.try_send(1).unwrap();
     tx.close();
     assert!(tx.is_closed());
-    assert_eq!(tx.try_send(2), Err(SendError::Closed(2)));
+    let refused = tx.try_send(2).unwrap_err();
+    assert_eq!(refused, SendError::Closed(2));
+    // A std error (e.g. for `?` into a boxed error), saying why.
+    let e: Box<dyn std::error::Error> = Box::new(refused);
+    assert!(e.to_string().contains("closed"), "{e}");
     assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(1)));
     assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(None));
     // A receiver waiting when the close comes is woken.
