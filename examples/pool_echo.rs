@@ -12,7 +12,10 @@
 //! printed: messages per second of each and their ratio handle / local,
 //! the median round trip (window 1), and the process CPU time per message
 //! of each (server and devices included, the same work in both, so their
-//! difference is what the handle path adds).
+//! difference is what the handle path adds), and the sleeps per message
+//! of each (`zz`: the process's voluntary context switches, a thread
+//! going to sleep in epoll or on a futex, to be woken again; the handle
+//! path's added cost is mostly these, see docs/tokio.md).
 //!
 //! ```text
 //! cargo run --release --example pool_echo
@@ -95,6 +98,8 @@ struct Run {
     /// Median round trip (window 1 only).
     p50: Option<Duration>,
     cpu: Duration,
+    /// Sleeps of the process's threads meanwhile ([`process_sleeps`]).
+    sleeps: u64,
 }
 
 impl Run {
@@ -103,6 +108,9 @@ impl Run {
     }
     fn cpu_per_msg(&self) -> Duration {
         self.cpu / self.messages.max(1) as u32
+    }
+    fn sleeps_per_msg(&self) -> f64 {
+        self.sleeps as f64 / self.messages.max(1) as f64
     }
 }
 
@@ -116,6 +124,18 @@ fn process_cpu() -> Duration {
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Voluntary context switches of the whole process so far (every
+/// thread's): each is a thread going to sleep (in epoll, on a futex) to be
+/// woken again. Preemptions are left out: they count the machine's load.
+fn process_sleeps() -> u64 {
+    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; RUSAGE_SELF counts every thread.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    assert_eq!(rc, 0, "getrusage(RUSAGE_SELF)");
+    ru.ru_nvcsw as u64
 }
 
 /// A soft device whose engine listens on `ip`: the server's address, or,
@@ -244,6 +264,7 @@ async fn local_point(rdma: Rc<Rdma>, p: Point) -> Result<Run, verbio::AgentError
         secs,
         p50,
         cpu: Duration::ZERO,
+        sleeps: 0,
     })
 }
 
@@ -281,6 +302,7 @@ async fn handle_point(h: &RdmaHandle, p: Point) -> Result<Run, verbio::HandleErr
         secs,
         p50,
         cpu: Duration::ZERO,
+        sleeps: 0,
     })
 }
 
@@ -403,7 +425,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     })?;
 
     println!(
-        "{:>9} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10} {:>11} {:>11}",
+        "{:>9} {:>6} {:>12} {:>12} {:>7} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
         "size",
         "window",
         "local msg/s",
@@ -412,7 +434,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         "local p50",
         "handle p50",
         "local CPU",
-        "handle CPU"
+        "handle CPU",
+        "local zz",
+        "handle zz"
     );
     let time = Duration::from_secs_f64(args.secs);
     let mut turn = 0;
@@ -432,7 +456,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 if skip {
                     continue;
                 }
-                let cpu0 = process_cpu();
+                let (cpu0, sleeps0) = (process_cpu(), process_sleeps());
                 if first_local {
                     points_tx.send(p)?;
                     local = within(
@@ -442,6 +466,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                         "waiting for the result of its point",
                     )?;
                     local.cpu = process_cpu() - cpu0;
+                    local.sleeps = process_sleeps() - sleeps0;
                 } else {
                     remote = tokio_rt.block_on(async {
                         match tokio::time::timeout(time + limit, handle_point(&handle, p)).await {
@@ -455,11 +480,12 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                         }
                     })?;
                     remote.cpu = process_cpu() - cpu0;
+                    remote.sleeps = process_sleeps() - sleeps0;
                 }
             }
             turn += 1;
             println!(
-                "{:>9} {:>6} {:>12.0} {:>12.0} {:>6.2}× {:>10} {:>10} {:>8.2} µs {:>8.2} µs",
+                "{:>9} {:>6} {:>12.0} {:>12.0} {:>6.2}× {:>10} {:>10} {:>8.2} µs {:>8.2} µs {:>9.2} {:>9.2}",
                 size,
                 window,
                 local.rate(),
@@ -469,6 +495,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 us(remote.p50),
                 local.cpu_per_msg().as_secs_f64() * 1e6,
                 remote.cpu_per_msg().as_secs_f64() * 1e6,
+                local.sleeps_per_msg(),
+                remote.sleeps_per_msg(),
             );
         }
     }
