@@ -14,7 +14,12 @@
 //!   response).
 //! * send_bw: `-t` calls in flight of `-s`-byte requests to a handler that
 //!   answers with an empty response; a call's completion is its response.
-//!   Calls beyond the session's 8 slots wait for one inside the engine.
+//!   A session runs at most [`SESSION_SLOTS`] calls at once, so the client
+//!   opens a session per 8 calls of the window (at most
+//!   [`BW_SESSIONS`], and as many as keep [`BW_BYTES`] under way) and
+//!   starts the calls on them in turn, as an eRPC
+//!   client keeps a window larger than a session's: with one session, 8
+//!   of the 128 calls would be under way and the rest wait for a slot.
 //!
 //! The client dials the server's TCP port (the control stream: the hello,
 //! then a step and go around each size, and the bye); the server answers
@@ -27,7 +32,7 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use verbio::rpc::ud::{encode_ud_addr, UdConfig, UdTransport};
-use verbio::rpc::{MsgBuf, Request, Rpc, RpcConfig, RpcError, SessionId};
+use verbio::rpc::{MsgBuf, Request, Rpc, RpcConfig, RpcError, SessionId, SESSION_SLOTS};
 use verbio::runtime::{Device, TcpStream};
 
 use crate::args::{Config, Test, RPC_MAX};
@@ -56,6 +61,13 @@ const GET: u8 = 3;
 /// side stays silent longer while a window of large messages is
 /// registered and READ by the emulated kernel.)
 const MAX_RETRIES: u32 = 250;
+/// Most sessions send_bw opens to the server (a session per
+/// [`SESSION_SLOTS`] calls of the window): within the server's sessions
+/// per peer (`RpcConfig::max_sessions_per_peer`, 32 by default).
+const BW_SESSIONS: usize = 16;
+/// Bytes of requests send_bw's sessions have under way at most: a
+/// session per [`SESSION_SLOTS`] calls of this many bytes together.
+const BW_BYTES: usize = 512 << 10;
 
 /// An RPC endpoint on a new UD queue pair of `dev`, for messages up to
 /// `max_size` bytes.
@@ -129,6 +141,20 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         }
         let remote = encode_ud_addr(&server).ctx("encoding the server's RPC address")?;
         let sid = rpc.connect(&remote).await.ctx("opening the RPC session")?;
+        // send_bw's window over sessions of 8 slots each.
+        let mut sids = vec![sid];
+        if cfg.test == Test::SendBw {
+            let want = (cfg.tx_depth as usize)
+                .div_ceil(SESSION_SLOTS)
+                .clamp(1, BW_SESSIONS);
+            while sids.len() < want {
+                let more = rpc
+                    .connect(&remote)
+                    .await
+                    .ctx("opening another RPC session for send_bw's window")?;
+                sids.push(more);
+            }
+        }
         let info = RunInfo {
             test: cfg.test,
             api: cfg.api,
@@ -152,7 +178,7 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             progress.start(size);
             run_step(&mut ctl, cfg, size).await?;
             let budget = Budget::step(cfg, size);
-            let m = step(cfg, &rpc, sid, size, &budget).await?;
+            let m = step(cfg, &rpc, &sids, size, &budget).await?;
             tracing::info!(size, stats = ?rpc.stats(), "step done");
             if let Some(soft) = dev.context().as_soft() {
                 tracing::info!(ud = ?soft.ud_counters(), "the soft device's datagrams");
@@ -162,7 +188,9 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             printer.row(row);
         }
         ctl::send(&mut ctl, Frame::Bye).await.ctx("saying bye")?;
-        rpc.disconnect(sid);
+        for &sid in &sids {
+            rpc.disconnect(sid);
+        }
         printer.finish()
     })
 }
@@ -185,14 +213,16 @@ async fn run_step(ctl: &mut TcpStream, cfg: &Config, size: usize) -> Result<()> 
         .ctx("starting a step")
 }
 
-/// One size's calls.
+/// One size's calls: send_lat's on the first session of `sids`,
+/// send_bw's on all of them in turn.
 async fn step(
     cfg: &Config,
     rpc: &Rpc<UdTransport>,
-    sid: SessionId,
+    sids: &[SessionId],
     size: usize,
     budget: &Budget,
 ) -> Result<Measured> {
+    let sid = sids[0];
     let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
     if cfg.test == Test::SendLat && cfg.rpc_get {
         let want = (size as u64).to_le_bytes();
@@ -235,7 +265,18 @@ async fn step(
         0 => u64::from(cfg.tx_depth),
         n => n.min(u64::from(cfg.tx_depth)),
     };
-    pipeline(window, budget, || rpc.call(sid, SINK, &payload)).await
+    // Larger messages keep to fewer sessions: at most BW_BYTES under way
+    // (one session from 64 KiB on, where calls go by READ over an RC
+    // link per session: more sessions measured slower there).
+    let in_use = sids
+        .len()
+        .min((BW_BYTES / (SESSION_SLOTS * size.max(1))).max(1));
+    let mut next = 0;
+    pipeline(window, budget, || {
+        next = (next + 1) % in_use;
+        rpc.call(sids[next], SINK, &payload)
+    })
+    .await
 }
 
 /// Keeps `window` calls in flight until the budget is spent, stamping

@@ -161,14 +161,16 @@ fn rpc_calls_of_one_packet_and_of_many() {
     );
     check(&v, "send_lat", &[100, 10000]);
     assert_eq!((&v["api"], &v["connection"]), (&"rpc".into(), &"ud".into()));
+    // A window of 24: three sessions of 8 slots at 64 B (one at 100 KiB).
     let v = run(
         &["send_bw", "--api", "rpc"],
         &[
-            "send_bw", "--api", "rpc", "-n", "30", "-t", "12", "-s", "100K",
+            "send_bw", "--api", "rpc", "-n", "30", "-t", "24", "--sizes", "64,100K",
         ],
     );
-    check(&v, "send_bw", &[100 << 10]);
+    check(&v, "send_bw", &[64, 100 << 10]);
     assert_eq!(v["results"][0]["iterations"], 30);
+    assert_eq!(v["results"][1]["iterations"], 30);
     // A timed run of a fraction of a second still runs its 5 iterations.
     let v = run(
         &["send_lat", "--api", "rpc"],
