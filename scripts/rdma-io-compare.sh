@@ -58,7 +58,10 @@ fi
 GUEST=$DIR/guest.sh
 {
     echo '#!/bin/sh'
-    printf 'set --'; printf " '%s'" "${ECHO_ARGS[@]}"; echo
+    # (printf with no argument would still print one empty one.)
+    printf 'set --'
+    [ ${#ECHO_ARGS[@]} = 0 ] || printf " '%s'" "${ECHO_ARGS[@]}"
+    echo
     echo "GRPC=$GRPC DIR='$DIR' SIZES='$SIZES'"
     cat <<'GUEST'
 export VERBIO_DEVICE=${RXE_DEV:-rxe0} VERBIO_GID_INDEX=${RXE_GID_INDEX:-1}
@@ -83,8 +86,9 @@ else
             name = $0; sub(/ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+× +[0-9.]+×$/, "", name)
             printf "%-9s %-44s %10s %10s %9s %9s\n", size, name, $(NF-4), $(NF-3), $(NF-1), $NF
         }' "/tmp/echo_$n.txt"
+        # (The pipe above gives tee's status: a failed echo shows here.)
         grep -q '^rdma-io' "/tmp/echo_$n.txt" \
-            || printf '%-9s n/a: %s\n' "$s" "$(tail -1 "/tmp/echo_$n.txt")"
+            || { printf '%-9s n/a: %s\n' "$s" "$(tail -1 "/tmp/echo_$n.txt")"; rc=1; }
     done
 fi
 if [ "$GRPC" = 1 ]; then
