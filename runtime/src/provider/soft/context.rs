@@ -54,6 +54,9 @@ pub(crate) struct Shared {
     /// Times the engine woke from its poll (tests watch it: a wake-up can
     /// be shorter than any poll of `sleeping`).
     pub wakes: AtomicU64,
+    /// Times the engine, woken only to see whether leases ended, found
+    /// them renewed and slept on without a loop turn (tests, diagnostics).
+    pub lease_sleeps: AtomicU64,
     /// Requests posting threads transmitted themselves (`direct.rs`; for
     /// tests and diagnostics).
     pub direct_sends: AtomicU64,
@@ -75,6 +78,13 @@ pub(crate) struct Shared {
     /// While `sleeping`: when the engine wakes at the latest
     /// ([`Shared::nanos_at`]; `u64::MAX` = not before it is woken).
     pub wake_by: AtomicU64,
+    /// When the engine must run a loop turn at the latest for what
+    /// posting threads and applications' receives left it since its last
+    /// turn (WRs transmitted directly, held ACKs, timers; the minimum of
+    /// their needs, [`Shared::nanos_at`]; `u64::MAX` = nothing). A wake-up
+    /// only to see whether leases ended skips its turn while this is later
+    /// than the next wake-up (see `engine/run.rs`).
+    pub turn_by: AtomicU64,
     /// Origin of `wake_by`.
     pub epoch: Instant,
     pub waker: mio::Waker,
@@ -143,17 +153,18 @@ impl Shared {
             lock(&self.dirty).push(qp.clone());
         }
         self.direct_seen.store(true, Ordering::Relaxed);
+        let need = timeout.map(|t| self.nanos_at(at + t));
+        if let Some(n) = need {
+            self.turn_by.fetch_min(n, Ordering::SeqCst);
+        }
         fence(Ordering::SeqCst);
         if !self.sleeping.load(Ordering::SeqCst) {
             return;
         }
-        let late = match timeout {
+        let late = match need {
             _ if now => true,
             None => false,
-            Some(t) => {
-                let need = self.nanos_at(at + t);
-                self.wake_by.load(Ordering::SeqCst) > need
-            }
+            Some(need) => self.wake_by.load(Ordering::SeqCst) > need,
         };
         if late {
             if let Err(e) = self.waker.wake() {
@@ -273,6 +284,7 @@ impl Context {
             dirty: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
             wakes: AtomicU64::new(0),
+            lease_sleeps: AtomicU64::new(0),
             direct_sends: AtomicU64::new(0),
             direct_rest_in_memory: AtomicU64::new(0),
             completed: AtomicBool::new(false),
@@ -281,6 +293,7 @@ impl Context {
             any_overflowed: AtomicBool::new(false),
             direct_seen: AtomicBool::new(false),
             wake_by: AtomicU64::new(u64::MAX),
+            turn_by: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             waker,
             registry,

@@ -165,10 +165,14 @@ impl Engine {
         let Some(need) = held.into_iter().chain(timers).min() else {
             return false;
         };
+        let need = self.sh.nanos_at(need);
+        // (A wake-up for leases only must not skip its turn: see
+        // `engine/run.rs`.)
+        self.sh.turn_by.fetch_min(need, Ordering::SeqCst);
         // (`wake_by` is current while the engine sleeps: it set it under
-        // the engine lock, which we hold.)
-        self.sh.sleeping.load(Ordering::SeqCst)
-            && self.sh.wake_by.load(Ordering::SeqCst) > self.sh.nanos_at(need)
+        // the engine lock, which we hold, or, on a wake-up for leases only,
+        // after reading `turn_by`, which it reads again after.)
+        self.sh.sleeping.load(Ordering::SeqCst) && self.sh.wake_by.load(Ordering::SeqCst) > need
     }
 
     /// The engine's poll reported input on `cid`: stop watching it while

@@ -980,3 +980,47 @@ fn an_engine_woken_only_for_leases_does_not_wait_for_a_receiving_application() {
     assert_eq!(spin_one(&b.rcq).wr_id, 9);
     assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
 }
+
+#[test]
+fn an_engine_woken_only_for_renewed_leases_sleeps_on_without_a_loop_turn() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    let sh = b.ctx.shared();
+    let wires: Vec<_> = {
+        let eng = super::super::lock(b.ctx.core());
+        eng.cq_feeds[&b.rcq.handle()]
+            .iter()
+            .filter_map(|&cid| eng.conns[cid].stream.clone())
+            .collect()
+    };
+    // An application keeps renewing its leases between its receives,
+    // without holding the engine lock (as while it writes a large
+    // payload): the engine, woken for a lease's end, finds it renewed and
+    // sleeps on without taking its lock.
+    let before = sh.lease_sleeps.load(Ordering::SeqCst);
+    let deadline = Instant::now() + WAIT;
+    while sh.lease_sleeps.load(Ordering::SeqCst) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the engine never slept on for renewed leases"
+        );
+        let until = sh.nanos_at(Instant::now() + sh.lease);
+        for w in &wires {
+            w.renew_lease(until);
+        }
+        if !wires.iter().all(|w| w.is_muted()) {
+            // (This thread was too slow: the lease had ended.)
+            force_mute(&b, &b.rcq);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Everything works on, once the leases end too.
+    std::thread::sleep(2 * sh.lease);
+    post_recv(&b.qp, 9, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(9, SendOp::Send, sbuf.sge(0, 8)));
+    assert_eq!(spin_one(&b.rcq).wr_id, 9);
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+}

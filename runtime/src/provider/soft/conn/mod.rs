@@ -129,6 +129,9 @@ pub(crate) struct Conn {
     /// they arrive; the buffer is empty meanwhile).
     pub rx_skip: usize,
     pub rx_direct: Option<RxDirect>,
+    /// A payload just arrived straight into memory: the next read into
+    /// the buffer takes at most `RX_PEEK` bytes (see `Conn::read_some`).
+    pub rx_peek: bool,
     /// The socket's `SO_RCVLOWAT` (see [`read_direct`](Self::read_direct)).
     rcvlowat: usize,
     pub resp: VecDeque<Resp>,
@@ -295,6 +298,7 @@ impl Conn {
             rx_need: 0,
             rx_skip: 0,
             rx_direct: None,
+            rx_peek: false,
             rcvlowat: 1,
             resp: VecDeque::new(),
             senders: VecDeque::new(),

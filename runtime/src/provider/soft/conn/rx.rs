@@ -89,6 +89,9 @@ impl RxDirect {
 const LOWAT_MIN: usize = 128 * 1024;
 /// The highest `SO_RCVLOWAT` used.
 const LOWAT_MAX: usize = 256 * 1024;
+/// Bytes read into the buffer at most right after a payload that arrived
+/// straight into memory (see `Conn::read_some`).
+pub(crate) const RX_PEEK: usize = 4 * 1024;
 
 impl Conn {
     /// Reads the rest of a direct payload straight into registered
@@ -134,6 +137,9 @@ impl Conn {
         }
         let r = r as usize;
         d.advance(r);
+        if d.remaining == 0 {
+            self.rx_peek = true;
+        }
         // While much of a payload is still to come, the socket reports
         // input only once a large part of it is there: fewer wake-ups and
         // larger reads, as a blocking reader gets. Never more than what is
@@ -189,11 +195,20 @@ impl Conn {
             self.rx.resize(self.rx_need, 0);
         }
         let end = self.rx_end;
-        let space = self.rx.len() - end;
+        // Right after a payload that arrived straight into memory, the
+        // next packet is often another large one (a stream of them, or the
+        // answer to one): reading a whole buffer's worth would take much
+        // of its payload into the buffer, to be copied again from there.
+        // One short read first; if it fills, the next read takes the rest
+        // (`full`), so a run of small packets costs one read more.
+        let mut space = self.rx.len() - end;
+        if std::mem::take(&mut self.rx_peek) && end == 0 {
+            space = space.min(RX_PEEK.max(self.rx_need));
+        }
         let Some(wire) = &self.stream else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let buf = &mut self.rx[end..];
+        let buf = &mut self.rx[end..end + space];
         // SAFETY: reads into a live, writable byte slice; the fd stays open
         // while `wire` lives. A plain system call (the socket is
         // non-blocking; `recv` is not a cancellation point here: no thread
@@ -217,3 +232,7 @@ impl Conn {
         Ok((n, n == space))
     }
 }
+
+#[cfg(test)]
+#[path = "rx_tests.rs"]
+mod tests;

@@ -109,6 +109,9 @@ pub(crate) struct Engine {
     /// Connections whose socket the engine does not watch for input while
     /// an application's lease on it lasts.
     pub muted: Vec<usize>,
+    /// Spare list of the muted connections' sockets a sleep for leases
+    /// looks at (see `run.rs`).
+    pub lease_wires: Vec<Arc<super::wire::Wire>>,
     /// Swapped with the applications' muted list on adoption, so both
     /// keep their capacity (an application's mute allocates nothing).
     pub adopted: Vec<usize>,
@@ -166,6 +169,7 @@ impl Engine {
             probing: Vec::new(),
             cq_feeds: IdMap::default(),
             muted: Vec::new(),
+            lease_wires: Vec::new(),
             adopted: Vec::new(),
             kick: false,
             quiet: None,

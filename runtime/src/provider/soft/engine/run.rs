@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token};
 
+use super::super::context::Shared;
 use super::super::lock;
+use super::super::wire::Wire;
 use super::fine_timer::{FineTimer, TIMER};
 use super::timers::DIRECT_AWAKE;
 use super::{env_us, Engine, CONN_BASE, DEFAULT_SPIN_US, LISTENER, WAKER};
@@ -26,16 +28,59 @@ struct Sleep {
     yield_first: bool,
     /// Only to see whether leases ended (see `run`).
     lease_wake: bool,
+    /// With `lease_wake`: the sockets whose leases those are, and when the
+    /// engine must wake for anything else ([`Shared::nanos_at`];
+    /// `u64::MAX`: when woken).
+    ///
+    /// [`Shared::nanos_at`]: super::super::context::Shared::nanos_at
+    leases: Vec<Arc<Wire>>,
+    other: u64,
+}
+
+/// On a wake-up only to see whether leases ended: if the applications
+/// renewed every one of them (they are still receiving), and nothing
+/// else is due before the first ends (`other`, and what posting threads
+/// and receives left since the last turn, `Shared::turn_by`), how long to
+/// sleep on and whether that is again for a lease only. `None`: a lease
+/// ended, or something else is due: the engine takes its lock and runs a
+/// loop turn.
+///
+/// This keeps an engine whose applications receive themselves from
+/// waking for a whole loop turn every lease: that turn took locks an
+/// application holds across a long system call (the MR table while it
+/// writes or reads a large payload), and the engine then slept on them
+/// and was woken again when they were released, two more thread switches
+/// on the application's CPU per lease.
+fn sleep_on(sh: &Shared, leases: &[Arc<Wire>], other: u64) -> Option<(Duration, bool)> {
+    let now = sh.nanos_at(Instant::now());
+    let lease = leases.iter().map(|w| w.lease_until()).min()?;
+    if lease <= now || sh.stop.load(Ordering::SeqCst) || !lock(&sh.app_muted).is_empty() {
+        return None;
+    }
+    let until = lease.min(other).min(sh.turn_by.load(Ordering::SeqCst));
+    if until <= now {
+        return None;
+    }
+    sh.wake_by.store(until, Ordering::SeqCst);
+    // (A post or receive that needs a turn sooner either sees this
+    // `wake_by` and rings, or its need is seen here; see
+    // `Shared::notify_direct`.)
+    if sh.turn_by.load(Ordering::SeqCst) < until || !lock(&sh.app_muted).is_empty() {
+        return None;
+    }
+    Some((Duration::from_nanos(until - now), until == lease))
 }
 
 /// Engine thread body: works under the engine lock, sleeps in `poll`
 /// without it.
 ///
-/// Woken only to see whether leases ended, the engine does not wait for
-/// its lock if an application holds it: that application is receiving,
-/// and renewing its leases; the engine sleeps another lease instead (it
-/// is rung for anything else, or wakes within a lease anyway), up to
-/// `LEASE_SKIPS` times in a row.
+/// Woken only to see whether leases ended, the engine sleeps on without
+/// a loop turn if the applications renewed them all and nothing else is
+/// due (`sleep_on`), and does not wait for its lock if an application
+/// holds it: that application is receiving, and renewing its leases; the
+/// engine sleeps another lease instead (it is rung for anything else, or
+/// wakes within a lease anyway). Either way up to `LEASE_SKIPS` times in a
+/// row.
 pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     let mut events = Events::with_capacity(256);
     let spin = env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US);
@@ -60,7 +105,9 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
         let Some(Sleep {
             mut timeout,
             yield_first,
-            lease_wake,
+            mut lease_wake,
+            mut leases,
+            other,
         }) = eng.turn(&mut spin_from, spin)
         else {
             tracing::debug!(addr = %eng.sh.addr, "soft engine stopped");
@@ -79,6 +126,18 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
             };
             // (The timer is no event of its own: it only ends the sleep.)
             let timer_only = events.iter().all(|e| e.token() == TIMER);
+            if lease_wake && res.is_ok() && timer_only && skips < LEASE_SKIPS {
+                if let Some((t, again)) = sleep_on(&sh, &leases, other) {
+                    skips += 1;
+                    if let Some(t) = timer.as_ref().filter(|_| !events.is_empty()) {
+                        t.fired();
+                    }
+                    sh.lease_sleeps.fetch_add(1, Ordering::Relaxed);
+                    timeout = Some(t);
+                    lease_wake = again;
+                    continue;
+                }
+            }
             if !(lease_wake && res.is_ok() && timer_only) || skips == LEASE_SKIPS {
                 break (res, lock(&core));
             }
@@ -101,6 +160,8 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
             }
         };
         eng = guard;
+        leases.clear();
+        eng.lease_wires = leases;
         eng.sh.sleeping.store(false, Ordering::SeqCst);
         eng.sh.wakes.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = res {
@@ -157,6 +218,8 @@ impl Engine {
         }
         // (The engine is awake: an application's receive need not ring it.)
         self.kick = false;
+        // (What posts and receives left from here on is theirs to note.)
+        self.sh.turn_by.store(u64::MAX, Ordering::SeqCst);
         let posted = self.service_dirty();
         let now = Instant::now();
         if posted {
@@ -188,6 +251,7 @@ impl Engine {
         let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
         let mut yield_first = false;
         let mut lease_wake = false;
+        let mut other = None;
         let mut timeout = if busy {
             Some(Duration::ZERO)
         } else if awaiting_post || self.awaits_post_for_held(now) {
@@ -201,8 +265,9 @@ impl Engine {
             yield_first = true;
             Some(Duration::ZERO)
         } else {
-            let (deadline, lease_only) = self.next_deadline(now);
+            let (deadline, lease_only, not_lease) = self.next_deadline(now);
             lease_wake = lease_only;
+            other = not_lease.into_iter().chain(self.port.wake_at()).min();
             match (deadline, self.port.wake_at()) {
                 // The port's deadline comes first.
                 (d, Some(p)) if d.is_none_or(|d| p < d) => {
@@ -212,6 +277,15 @@ impl Engine {
                 (d, _) => d.map(|d| d.saturating_duration_since(now)),
             }
         };
+        let mut leases = std::mem::take(&mut self.lease_wires);
+        if lease_wake {
+            let Engine { muted, conns, .. } = self;
+            leases.extend(
+                muted
+                    .iter()
+                    .filter_map(|&cid| conns.get(cid)?.stream.clone()),
+            );
+        }
         if timeout != Some(Duration::ZERO) {
             // Posting threads that transmit themselves ring only if we
             // would not wake in time to time their WRs out.
@@ -231,6 +305,8 @@ impl Engine {
             timeout,
             yield_first,
             lease_wake,
+            leases,
+            other: other.map_or(u64::MAX, |o| self.sh.nanos_at(o)),
         })
     }
 

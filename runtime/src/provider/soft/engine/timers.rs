@@ -168,9 +168,13 @@ impl Engine {
         }
     }
 
-    /// When the engine must wake next, and whether only to see if leases
-    /// ended (the first deadline is a lease's, before every other one).
-    pub(super) fn next_deadline(&mut self, now: Instant) -> (Option<Instant>, bool) {
+    /// When the engine must wake next; whether only to see if leases
+    /// ended (the first deadline is a lease's, before every other one);
+    /// and the first deadline that is not a lease's.
+    pub(super) fn next_deadline(
+        &mut self,
+        now: Instant,
+    ) -> (Option<Instant>, bool, Option<Instant>) {
         let held = self
             .held
             .iter()
@@ -195,9 +199,9 @@ impl Engine {
             .chain(self.probe_check)
             .min();
         match (lease, other) {
-            (Some(l), Some(o)) if l < o => (Some(l), true),
-            (Some(l), None) => (Some(l), true),
-            (l, o) => (l.into_iter().chain(o).min(), false),
+            (Some(l), Some(o)) if l < o => (Some(l), true, other),
+            (Some(l), None) => (Some(l), true, None),
+            (l, o) => (l.into_iter().chain(o).min(), false, other),
         }
     }
 }

@@ -1,0 +1,93 @@
+//! The short read after a payload that arrived straight into memory.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::super::wire::Wire;
+use super::super::{Conn, RX_CAP};
+use super::RX_PEEK;
+
+/// A proven connection on one end of a TCP socket pair, and the other end.
+fn connected() -> (Conn, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let local = l.local_addr().expect("addr");
+    let peer = std::net::TcpStream::connect(local).expect("connect");
+    let (s, _) = l.accept().expect("accept");
+    s.set_nonblocking(true).expect("nonblocking");
+    let wire = Arc::new(Wire::new(
+        mio::net::TcpStream::from_std(s),
+        mio::Token(super::super::super::engine::CONN_BASE),
+    ));
+    let c = Conn::new(Some(wire), local, true);
+    assert_eq!(c.rx.len(), RX_CAP);
+    (c, peer)
+}
+
+/// Reads until `want` bytes are in the buffer (the peer's bytes may come
+/// in several segments); returns the sizes of the reads.
+fn read_all(c: &mut Conn, want: usize) -> Vec<(usize, bool)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut reads = Vec::new();
+    while c.rx_end - c.rx_start < want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {want} bytes came",
+            c.rx_end - c.rx_start
+        );
+        match c.read_some() {
+            Ok(r) => reads.push(r),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    reads
+}
+
+#[test]
+fn after_a_payload_into_memory_the_next_read_is_short_and_the_rest_follows() {
+    let (mut c, mut peer) = connected();
+    let bytes: Vec<u8> = (0..3 * RX_PEEK).map(|i| i as u8).collect();
+    peer.write_all(&bytes).expect("write");
+    // (All of it in the socket before the first read.)
+    std::thread::sleep(Duration::from_millis(50));
+    c.rx_peek = true;
+    let reads = read_all(&mut c, bytes.len());
+    assert_eq!(
+        reads[0],
+        (RX_PEEK, true),
+        "the first read is short: {reads:?}"
+    );
+    assert!(!c.rx_peek, "one short read only");
+    assert!(
+        reads[1..].iter().all(|&(n, _)| n > RX_PEEK),
+        "the reads after it take what is there: {reads:?}"
+    );
+    assert_eq!(&c.rx[c.rx_start..c.rx_end], &bytes[..]);
+}
+
+#[test]
+fn without_a_payload_into_memory_a_read_takes_what_is_there() {
+    let (mut c, mut peer) = connected();
+    let bytes: Vec<u8> = (0..3 * RX_PEEK).map(|i| (i * 7) as u8).collect();
+    peer.write_all(&bytes).expect("write");
+    std::thread::sleep(Duration::from_millis(50));
+    let reads = read_all(&mut c, bytes.len());
+    assert!(reads[0].0 > RX_PEEK, "{reads:?}");
+    assert_eq!(&c.rx[c.rx_start..c.rx_end], &bytes[..]);
+}
+
+#[test]
+fn a_short_read_never_strands_part_of_a_packet_the_buffer_waits_for() {
+    let (mut c, mut peer) = connected();
+    // A packet of which the buffer needs more than a short read's worth.
+    c.rx_need = 2 * RX_PEEK;
+    c.rx_peek = true;
+    let bytes = vec![5u8; 2 * RX_PEEK];
+    peer.write_all(&bytes).expect("write");
+    std::thread::sleep(Duration::from_millis(50));
+    let reads = read_all(&mut c, bytes.len());
+    assert_eq!(reads[0].0, 2 * RX_PEEK, "{reads:?}");
+}
