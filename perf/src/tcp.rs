@@ -1,6 +1,16 @@
 //! `--transport tcp`: send_bw and send_lat over kernel TCP sockets
 //! (blocking, Nagle off), as a baseline beside the RDMA figures. Messages
 //! are framed with a 4-byte length; length 0 ends a step.
+//!
+//! The memory the loops touch is the verbs path's (`verbs.rs`), so that
+//! the two compare the transports, not the caches: messages are received
+//! into a ring of as many buffers as the verbs path posts (`rx_depth`:
+//! send_lat's ring for the run's largest message, send_bw's for each
+//! size), in turn; send_bw sends from as many buffers as the verbs path
+//! keeps in flight (`-t`), in turn; send_lat's server copies each message
+//! into one echo buffer and sends that, as the verbs server does. (With
+//! one reused buffer instead, a large message stayed in the CPU's cache
+//! for TCP only: see docs/benchmarks.md.)
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,7 +23,7 @@ use crate::error::{msg, Context, Result};
 use crate::measure::{LatLoop, Measured};
 use crate::progress::Progress;
 use crate::report::{Printer, RunInfo};
-use crate::session::{self, Budget};
+use crate::session::{self, rx_depth, Budget};
 use crate::stats::BwSamples;
 
 /// How long a client retries connecting to a server that is not up yet.
@@ -52,6 +62,33 @@ fn read_msg(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize> {
     buf.resize(len, 0);
     s.read_exact(buf).ctx("reading a message")?;
     Ok(len)
+}
+
+/// Receive buffers used in turn, as the verbs path's receive ring.
+struct Ring {
+    bufs: Vec<Vec<u8>>,
+    next: usize,
+}
+
+impl Ring {
+    /// `depth` buffers of `size` bytes, touched now (before any clock
+    /// starts), as the verbs path registers its ring.
+    fn new(depth: u32, size: usize) -> Ring {
+        Ring {
+            bufs: (0..depth.max(1)).map(|_| vec![1u8; size]).collect(),
+            next: 0,
+        }
+    }
+
+    /// Reads one framed message into the next buffer: its length (0: the
+    /// end) and the buffer.
+    fn read(&mut self, s: &mut TcpStream) -> Result<(usize, &[u8])> {
+        let i = self.next;
+        self.next = (i + 1) % self.bufs.len();
+        let buf = &mut self.bufs[i];
+        let len = read_msg(s, buf)?;
+        Ok((len, &buf[..len]))
+    }
 }
 
 /// The client.
@@ -100,7 +137,9 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
     };
     let mut printer = Printer::new(cfg, info);
     let mut progress = Progress::new(cfg);
-    let mut back = Vec::new();
+    // send_lat's receive ring, for the run (the verbs path's `State::new`).
+    let mut lat_ring = (cfg.test == Test::SendLat)
+        .then(|| Ring::new(rx_depth(cfg.max_size(), true), cfg.max_size()));
     for &size in &cfg.sizes {
         progress.start(size);
         let wire = Budget::step(cfg, size).wire_iters();
@@ -114,14 +153,21 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
         )?;
         expect(&mut s, Frame::Go)?;
         let budget = Budget::step(cfg, size);
-        let m = framed(size);
         let measured = if cfg.test == Test::SendBw {
+            // As many buffers as the verbs path keeps in flight (`bufs`).
+            let window = match wire {
+                0 => u64::from(cfg.tx_depth),
+                iters => iters.min(u64::from(cfg.tx_depth)),
+            }
+            .max(1);
+            let window: Vec<Vec<u8>> = (0..window).map(|_| framed(size)).collect();
             let mut samples = BwSamples::with_capacity(wire as usize + 2);
             let clock = CycleClock::start();
             samples.push(clock.stamp(), 0);
             let mut n = 0u64;
             while budget.more(n) {
-                s.write_all(&m).ctx(format!("send {n}"))?;
+                let m = &window[(n % window.len() as u64) as usize];
+                s.write_all(m).ctx(format!("send {n}"))?;
                 n += 1;
                 samples.push(clock.stamp(), n);
             }
@@ -134,10 +180,12 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
                 ticks_per_us: clock.ticks_per_us(),
             }
         } else {
+            let m = framed(size);
+            let ring = lat_ring.as_mut().ok_or_else(|| msg("no receive ring"))?;
             let mut lat = LatLoop::start(&budget);
             while lat.next() {
                 s.write_all(&m).ctx(format!("send {}", lat.i))?;
-                let len = read_msg(&mut s, &mut back)?;
+                let (len, _) = ring.read(&mut s)?;
                 if len != size {
                     return Err(msg(format!("echo of {len} bytes, expected {size}")));
                 }
@@ -168,22 +216,50 @@ pub fn server(cfg: &Config) -> Result<()> {
     let hello = recv_frame(&mut s)?;
     ctl::check_hello(hello, cfg.test, Api::Verbs, cfg.connection, cfg.mode())
         .ctx("the client's hello")?;
+    let max_size = match hello {
+        Frame::Hello { max_size, .. } => usize::try_from(max_size)
+            .ok()
+            .filter(|&m| u32::try_from(m).is_ok())
+            .ok_or_else(|| {
+                msg(format!(
+                    "the client's largest message, {max_size} bytes, is too large"
+                ))
+            })?,
+        _ => 0,
+    };
     send_frame(&mut s, Frame::Go)?;
-    let mut buf = Vec::new();
+    let lat = cfg.test == Test::SendLat;
+    // send_lat's ring is posted for the run, send_bw's per size (as the
+    // verbs server's); the echo leaves from one buffer, which the verbs
+    // server copies each message into too.
+    let mut ring = lat.then(|| Ring::new(rx_depth(max_size, true), max_size));
+    let mut echo = Vec::with_capacity(if lat { max_size + 4 } else { 0 });
     loop {
         match recv_frame(&mut s)? {
-            Frame::Step { .. } => {
+            Frame::Step { size, .. } => {
+                if !lat {
+                    let size = usize::try_from(size)
+                        .ok()
+                        .filter(|&z| z <= max_size)
+                        .ok_or_else(|| {
+                            msg(format!(
+                                "a step of {size}-byte messages, above the client's largest"
+                            ))
+                        })?;
+                    ring = Some(Ring::new(rx_depth(size, false), size));
+                }
+                let ring = ring.as_mut().ok_or_else(|| msg("no receive ring"))?;
                 send_frame(&mut s, Frame::Go)?;
                 loop {
-                    let len = read_msg(&mut s, &mut buf)?;
+                    let (len, got) = ring.read(&mut s)?;
                     if len == 0 {
                         break;
                     }
-                    if cfg.test == Test::SendLat {
-                        let mut m = Vec::with_capacity(len + 4);
-                        m.extend_from_slice(&(len as u32).to_le_bytes());
-                        m.extend_from_slice(&buf);
-                        s.write_all(&m).ctx("echoing")?;
+                    if lat {
+                        echo.clear();
+                        echo.extend_from_slice(&(len as u32).to_le_bytes());
+                        echo.extend_from_slice(got);
+                        s.write_all(&echo).ctx("echoing")?;
                     }
                 }
                 send_frame(&mut s, Frame::Done)?;

@@ -129,6 +129,37 @@ fn several_qps_a_duration_and_tcp() {
     );
     check(&v, "send_lat", &[2]);
     assert_eq!(v["transport"], "tcp");
+    // TCP receives into a ring sized for the run's largest message, and
+    // send_bw sends from a window of buffers, as the verbs path (more
+    // messages than buffers: each is used again).
+    let v = run(
+        &["send_lat", "--transport", "tcp"],
+        &[
+            "send_lat",
+            "--transport",
+            "tcp",
+            "-n",
+            "20",
+            "--sizes",
+            "64,64K",
+        ],
+    );
+    check(&v, "send_lat", &[64, 65536]);
+    let v = run(
+        &["send_bw", "--transport", "tcp"],
+        &[
+            "send_bw",
+            "--transport",
+            "tcp",
+            "-n",
+            "40",
+            "-t",
+            "4",
+            "--sizes",
+            "64,64K",
+        ],
+    );
+    check(&v, "send_bw", &[64, 65536]);
     let v = run(
         &["send_lat", "-c", "UD"],
         &["send_lat", "-c", "UD", "-n", "50", "-s", "1000"],
