@@ -215,12 +215,18 @@ fn encoded(msg: &Message<'_>) -> Vec<u8> {
 /// [`broken_peer`] sending the encoded `frames`; returns the client's
 /// close reason.
 fn broken_peer_frames(client: RdmaBuilder, frames: Vec<Vec<u8>>) -> CloseReason {
+    broken_peer_sends(client, frames.into_iter().map(|f| (f, None)).collect())
+}
+
+/// [`broken_peer_frames`] whose SENDs may carry an immediate.
+fn broken_peer_sends(client: RdmaBuilder, frames: Vec<(Vec<u8>, Option<u32>)>) -> CloseReason {
     let (tx, rx) = mpsc::channel();
     let th = std::thread::spawn(move || {
         let (rt, dev) = runtime_and_device();
         let l: Listener<_> = listen(&dev);
         tx.send(l.local_addr().unwrap()).unwrap();
         block(&rt, async move {
+            use futures::future::Either;
             use futures::{AsyncReadExt, AsyncWriteExt};
             let mut conn = l.accept().await.expect("accept");
             let settings = Message::Settings(Settings {
@@ -240,8 +246,12 @@ fn broken_peer_frames(client: RdmaBuilder, frames: Vec<Vec<u8>>) -> CloseReason 
             // Room for the client's first credit and its error notice.
             let recvs: Vec<_> = (0..4).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();
             let mut sends = Vec::new();
-            for f in frames {
-                sends.push(conn.qp.send(buf_from(&pool, &f)));
+            for (f, imm) in frames {
+                let b = buf_from(&pool, &f);
+                sends.push(match imm {
+                    None => Either::Left(conn.qp.send(b)),
+                    Some(imm) => Either::Right(conn.qp.send_with_imm(b, imm)),
+                });
             }
             let _ = futures::future::join_all(sends).await;
             // Keep the QP and the side channel until the client has judged.
@@ -357,6 +367,26 @@ fn a_peer_misusing_the_staging_ring_is_disconnected() {
     let freed = encoded(&Message::StagingFreed { bytes: 1 });
     let why = broken_peer_frames(RdmaBuilder::new(), vec![freed]);
     violation(&why, "never written");
+}
+
+#[test]
+fn a_peer_misusing_frameless_messages_is_disconnected() {
+    // A SEND_WITH_IMM whose immediate is not a whole message's.
+    let why = broken_peer_sends(RdmaBuilder::new(), vec![(b"hi".to_vec(), Some(7))]);
+    assert!(
+        matches!(&why, CloseReason::Violation(w) if w.contains("immediate other than")),
+        "{why:?}"
+    );
+    // A frameless message over the receiver's maximum.
+    let imm = verbio::ops::agent::wire::whole_send_imm(0).unwrap();
+    let why = broken_peer_sends(
+        RdmaBuilder::new().max_message_len(100),
+        vec![(vec![1u8; 200], Some(imm))],
+    );
+    assert!(
+        matches!(&why, CloseReason::Violation(w) if w.contains("maximum")),
+        "{why:?}"
+    );
 }
 
 /// A pack frame (kind 18) of `entries`, each `(length word, bytes)`.

@@ -60,6 +60,51 @@ fn send_receive_split_and_immediates() {
     server.join().expect("server");
 }
 
+/// Whole messages too long for INLINE go without a frame (a SEND_WITH_IMM
+/// of their bytes, `send_buf`'s from the caller's buffer itself if it is
+/// of the connection's pool): they
+/// arrive intact, zero-copy, in order with framed ones around them.
+#[test]
+fn frameless_whole_messages_arrive_in_order_zero_copy() {
+    const SIZES: [usize; 4] = [129, 1000, 1024, 4096];
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        for (i, &n) in SIZES.iter().enumerate() {
+            // As `send` sent it, then as `send_buf` did.
+            for _ in 0..2 {
+                let m = r.receive_msg().await.unwrap();
+                assert!(m.is_zero_copy(), "{n} bytes lent in its slot");
+                assert_eq!((&m[..], m.imm()), (&pattern(n, i as u8)[..], None));
+                drop(m);
+                let tagged = r.receive_msg().await.unwrap();
+                assert_eq!((&tagged[..], tagged.imm()), (&b"after"[..], Some(n as u32)));
+            }
+        }
+        let m = r.receive_msg().await.unwrap();
+        r.send(&m).await.unwrap(); // echo the last one
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        for (i, &n) in SIZES.iter().enumerate() {
+            let bytes = pattern(n, i as u8);
+            r.send(&bytes).await.unwrap();
+            r.send_with_imm(b"after", n as u32).await.unwrap();
+            let (res, back) = r.send_buf(buf_from(r.pool(), &bytes)).await;
+            res.unwrap();
+            assert_eq!(&back[..], &bytes[..], "the buffer comes back as it was");
+            r.send_with_imm(b"after", n as u32).await.unwrap();
+        }
+        // A buffer of another pool (its key not the connection's): copied.
+        let other = MrPool::new(dev.pd());
+        let last = pattern(3000, 9);
+        let (res, _b) = r.send_buf(buf_from(&other, &last)).await;
+        res.unwrap();
+        assert_eq!(r.receive().await.unwrap(), last);
+    });
+    server.join().expect("server");
+}
+
 #[test]
 fn concurrent_senders_under_tight_credits() {
     const TASKS: usize = 4;

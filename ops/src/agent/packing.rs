@@ -41,7 +41,7 @@ use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::Handle;
 
 use super::error::AgentError;
-use super::rdma::{until_posted, Shared};
+use super::rdma::{until_posted, PostedSend, Shared};
 use crate::verbs::Verbs;
 
 use super::wire::{
@@ -369,7 +369,7 @@ async fn post(shared: Rc<Shared>, pack: Rc<Pack>) {
     drop(ride);
     s.packer.pop(&pack);
     let sent = match res {
-        Ok(sent) => Some(sent),
+        Ok(sent) => Some(PostedSend::Frame(sent)),
         Err((Ok(_), _buf)) => None,
         Err((Err(e), _buf)) => {
             let _ = s.verb_error(e);

@@ -40,10 +40,12 @@ use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
 use super::wire::Settings;
 use super::wire::{
-    put_whole_header, whole_overhead, Message, MrToken, RefuseCode, MAX_SPLIT_IN_PROGRESS,
+    put_whole_header, whole_overhead, whole_send_imm, Message, MrToken, RefuseCode,
+    MAX_SPLIT_IN_PROGRESS,
 };
 use crate::connect::{path_mtu, Connection};
 use crate::verbs::send::SendVerb;
+use crate::verbs::send_with_imm::SendWithImmVerb;
 use crate::verbs::Verbs;
 
 /// How long a closing connection lets its in-flight sends finish.
@@ -292,21 +294,6 @@ impl Shared {
         self: &Rc<Self>,
         msg: &Message<'_>,
     ) -> Result<Option<PostedSend>, AgentError> {
-        /// Returns a batch owed again once the piece's future is gone
-        /// (dropped after it, so the piece's credits are owed by then).
-        struct Unposted<'a> {
-            shared: &'a Rc<Shared>,
-            posted: &'a Cell<bool>,
-        }
-        impl Drop for Unposted<'_> {
-            fn drop(&mut self) {
-                if !self.posted.get() && !self.shared.is_down() {
-                    self.shared.return_owed_batch(
-                        "data piece not posted: returning the credits it carried",
-                    );
-                }
-            }
-        }
         let posted = Cell::new(false);
         let unposted = Unposted {
             shared: self,
@@ -325,6 +312,62 @@ impl Shared {
         match res {
             Ok(_) => Ok(()),
             Err(e) => Err(self.verb_error(e)),
+        }
+    }
+
+    /// Sends `buf` (a whole message of one piece, not empty, too long for
+    /// INLINE) from the caller's buffer itself, no copy: one SEND_WITH_IMM
+    /// of its bytes, its header in the immediate ([`whole_send_imm`]),
+    /// under a credit like [`Shared::post_data`]'s. `lone` (the message's
+    /// place before any pack started after it) is let go once it is
+    /// posted. Done at the SEND's completion, which gives the buffer back;
+    /// cancelled once posted, the runtime frees the buffer at the
+    /// completion.
+    pub(crate) async fn send_whole_buf(
+        self: &Rc<Self>,
+        buf: LocalBuf,
+        lone: super::packing::Lone<'_>,
+    ) -> (Result<(), AgentError>, LocalBuf) {
+        let posted = Cell::new(false);
+        let unposted = Unposted {
+            shared: self,
+            posted: &posted,
+        };
+        let Ok((credit, _held_back)) = self.credits.acquire_noting_wait().await else {
+            return (Err(self.closed_error()), buf);
+        };
+        let ride = self.owed.take_all(&self.peer_credits, &posted);
+        let Some(imm) = whole_send_imm(ride.count()) else {
+            // More credits owed than the immediate carries: in a frame.
+            drop(ride);
+            drop(credit);
+            drop(unposted);
+            let msg = Message::Whole {
+                imm: None,
+                grant: 0, // the credits owed then, filled in at posting
+                payload: &buf,
+            };
+            let r = match self.post_data(&msg).await {
+                Ok(Some(sent)) => {
+                    drop(lone);
+                    self.completed(sent).await
+                }
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            return (r, buf);
+        };
+        let res = until_posted(self.qp.send_with_imm(buf, imm), Some(credit), &posted).await;
+        drop(ride);
+        drop(unposted);
+        drop(lone);
+        match res {
+            Ok(sent) => {
+                let (r, buf) = sent.await;
+                (r.map(drop).map_err(|e| self.verb_error(e)), buf)
+            }
+            Err((Ok(_), buf)) => (Ok(()), buf),
+            Err((Err(e), buf)) => (Err(self.verb_error(e)), buf),
         }
     }
 
@@ -477,6 +520,30 @@ impl Shared {
             source,
         })?;
         let (msg, ride) = self.riding(msg, posted);
+        if let Message::Whole {
+            imm: None,
+            grant,
+            payload,
+        } = msg
+        {
+            if let (Some(imm), false) = (whole_send_imm(grant), payload.is_empty()) {
+                // No frame: the message's bytes, its header in the
+                // immediate (one packet fewer at an MTU-sized message).
+                buf.set_len(payload.len())
+                    .map_err(|source| AgentError::Buf {
+                        stage: "sizing a send buffer",
+                        source,
+                    })?;
+                buf[..].copy_from_slice(payload);
+                let res = until_posted(self.qp.send_with_imm(buf, imm), credit, posted).await;
+                drop(ride);
+                return match res {
+                    Ok(sent) => Ok(Some(PostedSend::Whole(sent))),
+                    Err((Ok(_), _buf)) => Ok(None),
+                    Err((Err(e), _buf)) => Err(self.verb_error(e)),
+                };
+            }
+        }
         // The buffer holds exactly `encoded_len` bytes: encoding cannot fail
         // for a message this side built; report it as a violation if it does.
         msg.encode(&mut buf[..])
@@ -484,7 +551,7 @@ impl Shared {
         let res = until_posted(self.qp.send(buf), credit, posted).await;
         drop(ride);
         match res {
-            Ok(sent) => Ok(Some(sent)),
+            Ok(sent) => Ok(Some(PostedSend::Frame(sent))),
             Err((Ok(_), _buf)) => Ok(None),
             Err((Err(e), _buf)) => Err(self.verb_error(e)),
         }
@@ -1141,8 +1208,12 @@ impl Rdma {
     /// larger one (from 32 KiB) is read by the peer from this buffer
     /// itself, registered once more for remote READ of exactly its
     /// message bytes until the peer has read it (cancelled once offered,
-    /// the buffer stays registered until then and is freed after); others
-    /// go as [`Rdma::send`] sends them.
+    /// the buffer stays registered until then and is freed after); one
+    /// that fits a receive buffer but not INLINE, in a buffer of
+    /// [`Rdma::pool`], is sent from this buffer itself too, one SEND_WITH_IMM of its bytes (done at its
+    /// completion; cancelled once posted, the buffer is freed then)
+    /// unless it joins a pack of small messages waiting for a credit;
+    /// others go as [`Rdma::send`] sends them.
     pub async fn send_buf(&self, buf: LocalBuf) -> (Result<(), AgentError>, LocalBuf) {
         let s = &self.shared;
         let len = buf.len();
@@ -1157,6 +1228,23 @@ impl Rdma {
             if len >= READ_MIN {
                 return Box::pin(send_buf_by_read(s, buf, None)).await;
             }
+        }
+        if len > 0
+            && len <= s.negotiated.piece_len
+            && len <= s.negotiated.max_send_len
+            && whole_overhead(false) + len > s.inline_limit()
+            && !s.is_down()
+            && s.pool.owns(&buf)
+        {
+            // One piece, not INLINE, from the connection's pool (its key
+            // valid on the QP): from this buffer itself, unless it joins a
+            // pack (`send_inner`'s order of things).
+            let _live = s.packer.live();
+            if let Some(packed) = super::packing::try_join(s, &buf, None) {
+                return (packed.await, buf);
+            }
+            let lone = s.packer.lone();
+            return s.send_whole_buf(buf, lone).await;
         }
         let r = self.send_inner(&buf, None).await;
         (r, buf)
@@ -1332,9 +1420,44 @@ pub(crate) async fn posted_spends<T: verbio_runtime::Completable>(
     .await
 }
 
+/// Returns a batch of credits owed again once a user message's future is
+/// gone unposted (dropped after it, so the credits that would have ridden
+/// on it are owed by then).
+struct Unposted<'a> {
+    shared: &'a Rc<Shared>,
+    posted: &'a Cell<bool>,
+}
+
+impl Drop for Unposted<'_> {
+    fn drop(&mut self) {
+        if !self.posted.get() && !self.shared.is_down() {
+            self.shared
+                .return_owed_batch("data piece not posted: returning the credits it carried");
+        }
+    }
+}
+
 /// An agent SEND posted from a pool buffer, its completion not yet
-/// awaited (awaiting it gives the buffer back).
-pub(crate) type PostedSend = Submit<SendVerb<LocalBuf>>;
+/// awaited (awaiting it gives the buffer back): a frame, or a whole
+/// message without its frame, its header in the immediate
+/// ([`whole_send_imm`]).
+pub(crate) enum PostedSend {
+    /// A SEND of a frame.
+    Frame(Submit<SendVerb<LocalBuf>>),
+    /// A SEND_WITH_IMM of a whole message's bytes.
+    Whole(Submit<SendWithImmVerb<LocalBuf>>),
+}
+
+impl Future for PostedSend {
+    type Output = verbio_runtime::buf::BufResult<usize, LocalBuf, crate::Error>;
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            PostedSend::Frame(s) => Pin::new(s).poll(cx),
+            PostedSend::Whole(s) => Pin::new(s).poll(cx),
+        }
+    }
+}
 
 /// Polls a submission until it is posted, spending `credit` and setting
 /// `posted` then: `Ok` with the submission to await for its completion,

@@ -26,8 +26,8 @@ use super::rdma::{Partial, Shared};
 use super::read_msg::{self, READ_ID};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, decode_data, staged_len, HandOverKind, Message, MrToken, PackedEntries, RefuseCode,
-    MAX_SPLIT_IN_PROGRESS,
+    decode, decode_data, staged_len, whole_send_grant, HandOverKind, Message, MrToken,
+    PackedEntries, RefuseCode, MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
 use futures::channel::mpsc;
@@ -350,7 +350,11 @@ fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> 
     if rcv.by_write {
         return None;
     }
-    let outcome = match decode_data(&buf[..rcv.len.min(buf.len())])? {
+    let frame = &buf[..rcv.len.min(buf.len())];
+    if let Some(imm) = rcv.imm {
+        return Some(whole_by_imm(shared, imm, frame));
+    }
+    let outcome = match decode_data(frame)? {
         _ if !shared.peer_credits.spend() => Err(CloseReason::Violation(CREDITLESS)),
         Message::Whole {
             imm,
@@ -388,12 +392,31 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
         return Next::Repost(true);
     }
     let frame = &buf[..rcv.len.min(buf.len())];
+    if let Some(imm) = rcv.imm {
+        return whole_by_imm(shared, imm, frame);
+    }
     let outcome = match decode(frame) {
         Ok(msg) if msg_is_credited(&msg) && !shared.peer_credits.spend() => {
             Err(CloseReason::Violation(CREDITLESS))
         }
         Ok(msg) => route(shared, msg),
         Err(e) => Err(CloseReason::Malformed(e)),
+    };
+    match outcome {
+        Ok(next) => next,
+        Err(reason) => refuse(shared, reason),
+    }
+}
+
+/// A SEND_WITH_IMM: a whole message without a frame, `bytes` (its header
+/// in `imm`, see [`whole_send_grant`]); the agent sends no other.
+fn whole_by_imm(shared: &Rc<Shared>, imm: u32, bytes: &[u8]) -> Next {
+    let outcome = match whole_send_grant(imm) {
+        None => Err(CloseReason::Violation(
+            "SEND with an immediate other than a whole message's",
+        )),
+        Some(_) if !shared.peer_credits.spend() => Err(CloseReason::Violation(CREDITLESS)),
+        Some(grant) => whole(shared, None, grant, bytes),
     };
     match outcome {
         Ok(next) => next,

@@ -1,12 +1,12 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 8). Every message but a whole
+//! Layout (explicit little-endian, version 9). Every message but a whole
 //! user message or a pack of them:
 //!
 //! ```text
 //! 0..4   magic  b"VBAG"
-//! 4      version (8)
+//! 4      version (9)
 //! 5      kind
 //! 6..8   reserved, must be 0
 //! 8..12  body length (u32), must equal the bytes that follow
@@ -71,6 +71,13 @@
 //! (kind 17) SEND after a plain WRITE instead. Version 8 added the pack
 //! (kind 18, above): small messages that wait for a credit share one SEND,
 //! one receive buffer and one credit.
+//! Version 9 lets a whole user message without an immediate of its own
+//! travel with no frame at all: a SEND_WITH_IMM of exactly the message's
+//! bytes whose immediate is [`WHOLE_SEND_IMM_TAG`] and the credits granted
+//! ([`whole_send_imm`], [`whole_send_grant`]); the agent sends no other
+//! SEND with an immediate. A message of the path MTU's size is then one
+//! packet, not two (the 8-byte frame header pushed a 1 KiB message over
+//! rxe's 1 KiB MTU).
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -81,7 +88,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 8;
+pub const VERSION: u8 = 9;
 /// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
 /// Size of a [`Message::Whole`] frame's header without an immediate (4 more
@@ -105,6 +112,34 @@ pub const STAGED_IMM_TAG: u32 = 0xff00_0000;
 pub const fn staged_len(imm: u32) -> Option<u32> {
     if imm & STAGED_IMM_TAG == STAGED_IMM_TAG {
         Some(imm & !STAGED_IMM_TAG)
+    } else {
+        None
+    }
+}
+
+/// The top byte of a SEND_WITH_IMM's immediate that carries a whole user
+/// message without an immediate of its own: the SEND's bytes are the
+/// message (no frame), the low 24 bits the send credits granted.
+pub const WHOLE_SEND_IMM_TAG: u32 = 0x0b00_0000;
+
+/// The immediate of a frameless whole message granting `grant` credits
+/// (see [`WHOLE_SEND_IMM_TAG`]); `None` if `grant` needs more than 24
+/// bits (the message goes in its frame then).
+#[inline(always)]
+pub const fn whole_send_imm(grant: u32) -> Option<u32> {
+    if grant <= !0xff00_0000 {
+        Some(WHOLE_SEND_IMM_TAG | grant)
+    } else {
+        None
+    }
+}
+
+/// The credits a SEND_WITH_IMM's immediate grants if it carries a whole
+/// message ([`WHOLE_SEND_IMM_TAG`]); `None` for any other immediate.
+#[inline(always)]
+pub const fn whole_send_grant(imm: u32) -> Option<u32> {
+    if imm & 0xff00_0000 == WHOLE_SEND_IMM_TAG {
+        Some(imm & !0xff00_0000)
     } else {
         None
     }
@@ -1624,6 +1659,23 @@ mod tests {
             assert_eq!(n, m.encoded_len());
             assert_eq!(decode(&buf[..n]).unwrap(), m, "{m:?}");
         }
+    }
+
+    #[test]
+    fn a_frameless_whole_message_s_immediate_carries_its_grant() {
+        for grant in [0, 1, 64, 0x00ff_ffff] {
+            let imm = whole_send_imm(grant).expect("fits 24 bits");
+            assert_eq!(imm >> 24, 0x0b);
+            assert_eq!(whole_send_grant(imm), Some(grant));
+        }
+        assert_eq!(
+            whole_send_imm(0x0100_0000),
+            None,
+            "too many credits for 24 bits"
+        );
+        assert_eq!(whole_send_grant(0), None);
+        assert_eq!(whole_send_grant(STAGED_IMM_TAG | 5), None);
+        assert_eq!(whole_send_grant(0x0c00_0001), None);
     }
 
     #[test]

@@ -100,6 +100,11 @@ impl LocalBuf {
         self.class != DEDICATED
     }
 
+    /// The pool it came from (see [`MrPool::owns`](super::MrPool::owns)).
+    pub(crate) fn pool_inner(&self) -> &Rc<RefCell<PoolInner>> {
+        &self.pool
+    }
+
     /// Forgets the contents (`len = 0`).
     pub fn clear(&mut self) {
         self.len = 0;

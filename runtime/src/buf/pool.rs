@@ -265,6 +265,12 @@ impl MrPool {
         })
     }
 
+    /// True if `buf` came from this pool (so its key is valid on the QPs
+    /// of this pool's protection domain).
+    pub fn owns(&self, buf: &LocalBuf) -> bool {
+        Rc::ptr_eq(&self.inner, buf.pool_inner())
+    }
+
     /// An empty buffer (`len() == 0`) with room for at least `capacity` bytes.
     pub fn alloc(&self, capacity: usize) -> Result<LocalBuf, BufError> {
         let mut inner = self.inner.borrow_mut();
