@@ -198,6 +198,73 @@ fn large_messages_go_by_read_over_an_rc_link() {
     });
 }
 
+/// Messages larger than a datagram and below the READ threshold over the
+/// session's RC link on the device, one SEND each way into the links'
+/// shared receive queue: every byte checked at sizes from one packet and
+/// one byte to the threshold, a window of them from eight calls at once,
+/// and the receive buffers charged to the request memory.
+#[test]
+fn mid_size_messages_go_by_send_over_the_rc_link() {
+    let (rt, dev) = common::runtime_and_device();
+    common::block(&rt, async {
+        let server = endpoint(&dev);
+        server
+            .register(ECHO, |req: Request| {
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                async move { resp }
+            })
+            .unwrap();
+        let client = Rc::new(endpoint(&dev));
+        let session = timeout(WAIT, client.connect(&server.local_addr()))
+            .await
+            .expect("connect in time")
+            .expect("session");
+        let packet = client.max_payload();
+        let th = RpcConfig::default().read_threshold;
+        let mut sizes = vec![packet + 1, 2 * packet, 3 * packet + 17, 16 << 10];
+        sizes.extend([th - 1, packet + 1, 4 << 10, th / 2]);
+        for len in sizes {
+            let req = common::pattern(len, len as u8);
+            let resp = timeout(WAIT, client.call(session, ECHO, &req))
+                .await
+                .expect("call in time")
+                .unwrap_or_else(|e| panic!("call of {len} bytes: {e}"));
+            assert!(resp[..] == answer(&req)[..], "{len} bytes");
+        }
+        let calls: Vec<_> = (0..SESSION_SLOTS * 4)
+            .map(|i| {
+                let client = client.clone();
+                spawn(async move {
+                    let req = common::pattern(packet + 1 + i * 701, i as u8);
+                    let resp = client
+                        .call(session, ECHO, &req)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if resp[..] != answer(&req)[..] {
+                        return Err(format!("call {i}: a wrong answer"));
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for c in calls {
+            timeout(WAIT, c)
+                .await
+                .expect("concurrent calls in time")
+                .expect("right answers");
+        }
+        let (c, s) = (client.stats(), server.stats());
+        println!("client counters: {c:?}\nserver counters: {s:?}");
+        assert!(c.link_packets_sent >= 10, "requests over the link: {c:?}");
+        assert!(s.link_packets_sent >= 10, "responses over the link: {s:?}");
+        assert_eq!(s.malformed_packets + c.malformed_packets, 0);
+        let m = server.memory();
+        assert!(m.link_recv_bytes > 0, "{m:?}");
+        assert_eq!(m.request_bytes, 0, "{m:?}");
+    });
+}
+
 /// Idle server sessions over UD: the server closes a session its client
 /// left idle without pinging it (dropping its address handle), and the client, told by the
 /// server's disconnect datagram, fails its next call clearly and reconnects.

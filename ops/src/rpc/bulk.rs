@@ -142,6 +142,7 @@ impl<P: Clone> Core<P> {
                 });
                 send_bulk_connect(&mut self.tx, s, sid);
                 self.want_timer();
+                self.link_opened();
             }
             Ok(_) => {
                 bulk.close(local);
@@ -164,8 +165,10 @@ impl<P: Clone> Core<P> {
             stats,
             tx,
             next_link,
+            links_opened,
             ..
         } = self;
+        let mut opened = false;
         let Some(s) = open_session(sessions, stats, h, Role::Server) else {
             return;
         };
@@ -214,6 +217,9 @@ impl<P: Clone> Core<P> {
                     retries: 0,
                     last: 0,
                 });
+                if !*links_opened {
+                    opened = true;
+                }
             }
         }
         let Some(l) = &s.link else {
@@ -228,6 +234,9 @@ impl<P: Clone> Core<P> {
             ..Header::new(PacketKind::BulkConnectAck)
         };
         tx.push(&s.peer, &ack, &l.addr);
+        if opened {
+            self.link_opened();
+        }
     }
 
     /// Client: the answer to a bulk connect.
@@ -672,6 +681,9 @@ impl<P: Clone> Core<P> {
     /// Takes the READs and WRITEs that finished and the WRITEs with
     /// immediate that landed; registers `cx` for the next.
     pub(crate) fn poll_bulk(&mut self, cx: &mut Context<'_>) {
+        if self.links_opened {
+            self.poll_link_packets(cx);
+        }
         self.poll_written(cx);
         let Some(bulk) = self.bulk.as_mut() else {
             return;

@@ -15,7 +15,7 @@ use super::tests::{answer, config, request, server, wait_for, ECHO};
 use super::{Bulk, MsgBuf, Request, Rpc, RpcConfig, RpcError, SessionId, Transport, TxBatch};
 
 /// Packets of 1 KiB of payload; messages from 4 KiB go by READ.
-const PACKET: usize = 1024 + HEADER_LEN;
+pub(super) const PACKET: usize = 1024 + HEADER_LEN;
 const THRESHOLD: usize = 4096;
 /// A handler answering any request with [`BIG_LEN`] bytes.
 const BIG: u8 = 2;
@@ -269,19 +269,19 @@ fn a_server_vanishing_mid_read_fails_the_call_in_bounds() {
 }
 
 /// A peer speaking raw packets (with a link of its own).
-struct RawPeer {
-    t: MemTransport,
-    bulk: Box<dyn Bulk>,
+pub(super) struct RawPeer {
+    pub(super) t: MemTransport,
+    pub(super) bulk: Box<dyn Bulk>,
     srv: u32,
     /// The server's session number.
-    remote: u32,
+    pub(super) remote: u32,
     tx: TxBatch<u32>,
 }
 
-const RAW_SESSION: u32 = 7;
+pub(super) const RAW_SESSION: u32 = 7;
 
 impl RawPeer {
-    fn send(&mut self, h: Header, payload: &[u8]) {
+    pub(super) fn send(&mut self, h: Header, payload: &[u8]) {
         let h = Header {
             payload_len: payload.len() as u16,
             dest_session: self.remote,
@@ -294,7 +294,7 @@ impl RawPeer {
     }
 
     /// The next packet of `kind` (others skipped), waiting up to 5 s.
-    async fn expect(&mut self, kind: PacketKind) -> (Header, Vec<u8>) {
+    pub(super) async fn expect(&mut self, kind: PacketKind) -> (Header, Vec<u8>) {
         let t = Instant::now();
         loop {
             let mut got = None;
@@ -316,7 +316,7 @@ impl RawPeer {
         }
     }
 
-    async fn connect(net: &MemNetwork, srv: &Rpc<MemTransport>) -> RawPeer {
+    pub(super) async fn connect(net: &MemNetwork, srv: &Rpc<MemTransport>) -> RawPeer {
         let mut t = net.endpoint();
         let bulk = t.bulk().expect("a bulk path");
         let srv_id = srv.with_transport(MemTransport::id);
@@ -342,7 +342,7 @@ impl RawPeer {
     }
 
     /// Opens (again) a link numbered `id`.
-    async fn open_link(&mut self, id: u64) {
+    pub(super) async fn open_link(&mut self, id: u64) {
         let addr = self.bulk.open(id).unwrap();
         let step = |pkt_idx| Header {
             req_num: id,

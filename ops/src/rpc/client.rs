@@ -7,6 +7,7 @@ use super::buf::MsgBuf;
 use super::core::Core;
 use super::error::{RpcError, SessionId};
 use super::header::{packets_for, Header, PacketKind, Status, MAX_RANGE};
+use super::link_send::{link_for, send_whole};
 use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
 use super::transport::TxBatch;
 
@@ -219,6 +220,11 @@ impl<P: Clone> Core<P> {
         } else if self.bulk.is_some() && resp_hint >= self.config.read_threshold {
             // A large response may come: room for it (`bulk_write.rs`).
             self.offer_room(sid, i);
+            if self.wants_link_for(len, max_payload) {
+                // Mid-size requests go over the link once it is ready
+                // (this one in packets meanwhile: `link_send.rs`).
+                self.want_link(sid);
+            }
         }
         if !self.send_lone_request(sid, i) {
             self.pump(sid);
@@ -355,6 +361,8 @@ impl<P: Clone> Core<P> {
     /// and completes the calls whose response is all in.
     pub(crate) fn pump(&mut self, sid: u32) {
         let now = self.now;
+        let read_threshold = self.config.read_threshold;
+        let max_link_packet = self.max_link_packet();
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -363,6 +371,7 @@ impl<P: Clone> Core<P> {
         // The active slots, from `start` on: bit `step` is slot
         // `(start + step) % SESSION_SLOTS`.
         let mut todo = s.active.rotate_right(start as u32);
+        let link_ready = s.link_ready();
         while todo != 0 {
             let step = todo.trailing_zeros() as usize;
             todo &= todo - 1;
@@ -371,6 +380,46 @@ impl<P: Clone> Core<P> {
             debug_assert!(matches!(slot.state, CallState::Active));
             if slot.paused || slot.awaits_link {
                 continue;
+            }
+            if slot.num_tx == 0
+                && slot.req_desc.is_none()
+                && s.credits >= slot.n_req
+                && slot.n_req <= WINDOW
+            {
+                // The whole request in one packet over the link
+                // (`link_send.rs`), its packets' credits taken as sent.
+                let link = link_for(
+                    link_ready,
+                    slot.n_req,
+                    slot.req.len(),
+                    read_threshold,
+                    max_link_packet,
+                );
+                if let Some(link) = link {
+                    let h = Header {
+                        req_type: slot.req_type,
+                        payload_len: slot.req.len() as u16,
+                        dest_session: s.remote,
+                        src_session: sid,
+                        req_num: slot.req_num,
+                        msg_len: slot.req.len() as u32,
+                        pkt_count: slot.n_req as u16,
+                        ..Header::new(PacketKind::Request)
+                    };
+                    if send_whole(
+                        &mut self.bulk,
+                        &mut self.stats,
+                        &mut self.links_broken,
+                        link,
+                        &h,
+                        &slot.req,
+                    ) {
+                        slot.num_tx = slot.n_req;
+                        slot.progress = now;
+                        slot.sent = now;
+                        s.credits -= slot.n_req;
+                    }
+                }
             }
             while slot.num_tx < slot.total_tx() && slot.num_tx - slot.num_rx < WINDOW {
                 let k = slot.num_tx;
@@ -509,6 +558,8 @@ impl<P: Clone> Core<P> {
         let now = self.now;
         let sid = h.dest_session;
         let max_len = self.config.max_msg_len;
+        let max_link_packet = self.max_link_packet();
+        let read_threshold = self.config.read_threshold;
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -561,6 +612,18 @@ impl<P: Clone> Core<P> {
             if n_resp != packets_for(msg_len, max_payload) || j >= n_resp {
                 self.stats.malformed_packets += 1;
                 return;
+            }
+            if msg_len > max_payload
+                && msg_len < read_threshold
+                && read_threshold != usize::MAX
+                && super::header::HEADER_LEN + msg_len <= max_link_packet
+                && s.link.is_none()
+                && !s.link_refused
+                && !self.links_wanted.contains(&sid)
+            {
+                // Mid-size responses come: over the link once it is
+                // ready (`link_send.rs`).
+                self.links_wanted.push(sid);
             }
             if msg_len >= self.config.read_threshold && self.bulk.is_some() {
                 // Large responses come: the next calls offer room for

@@ -8,7 +8,7 @@ use std::task::Waker;
 use tracing::trace;
 use verbio_runtime::Sleep;
 
-use super::budget::Budget;
+use super::budget::{Budget, Charge};
 use super::buf::BufPool;
 use super::config::RpcConfig;
 use super::endpoint::Request;
@@ -78,6 +78,13 @@ pub struct RpcStats {
     /// of the link was gone (answered [`Status::ReadFailed`](super::header::Status::ReadFailed),
     /// no handler ran), sent again over a new link instead of failing.
     pub bulk_relinks: u64,
+    /// Packets sent over a session's RC link by SEND (a message larger
+    /// than a datagram and below the READ threshold, in one packet;
+    /// `link_send.rs`).
+    pub link_packets_sent: u64,
+    /// Packets received over links (taken, or dropped as malformed or
+    /// stale).
+    pub link_packets_received: u64,
 }
 
 /// What an endpoint holds now: the memory peers can make it hold, against
@@ -97,6 +104,11 @@ pub struct RpcMemory {
     /// plus [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
     /// of larger ones).
     pub pooled_bytes: usize,
+    /// Bytes of the receive buffers kept posted for packets over RC links
+    /// (`link_send.rs`: one pool for all the links, made with the first),
+    /// charged to [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
+    /// besides `request_bytes`.
+    pub link_recv_bytes: usize,
     /// Server sessions open.
     pub server_sessions: usize,
     /// Sessions open, client and server.
@@ -239,6 +251,16 @@ pub(crate) struct Core<P> {
     /// Client: requests exposed to their servers (each may take its
     /// response by WRITE with immediate), over all sessions.
     pub(crate) requests_exposed: usize,
+    /// A link was opened: the dispatcher polls the links' receives
+    /// (`link_send.rs`).
+    pub(crate) links_opened: bool,
+    /// The links' receive buffers, charged to the request memory when
+    /// the first link opens.
+    pub(crate) link_recv_charge: Charge,
+    pub(crate) link_recv_bytes: usize,
+    /// Packets taken from the links, and links broken (reused).
+    pub(crate) link_rx: Vec<(u64, super::transport::LinkPacket)>,
+    pub(crate) links_broken: Vec<u64>,
 }
 
 impl<P: Clone> Core<P> {
@@ -287,6 +309,11 @@ impl<P: Clone> Core<P> {
             writes: HashMap::new(),
             bulk_written: Vec::new(),
             requests_exposed: 0,
+            links_opened: false,
+            link_recv_charge: Charge::default(),
+            link_recv_bytes: 0,
+            link_rx: Vec::new(),
+            links_broken: Vec::new(),
         }
     }
 
@@ -315,8 +342,9 @@ impl<P: Clone> Core<P> {
     /// What the endpoint holds now.
     pub(crate) fn memory(&self) -> RpcMemory {
         RpcMemory {
-            request_bytes: self.budget.used(),
-            request_bytes_peak: self.budget.peak(),
+            request_bytes: self.budget.used() - self.link_recv_bytes,
+            request_bytes_peak: self.budget.peak() - self.link_recv_bytes,
+            link_recv_bytes: self.link_recv_bytes,
             request_budget: self.budget.limit(),
             pooled_bytes: self.pool.bytes(),
             server_sessions: self.server_sessions,

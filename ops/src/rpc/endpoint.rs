@@ -151,7 +151,7 @@ impl<T: Transport> Engine<T> {
         let Engine { transport, core } = self;
         let batch = core.config.recv_batch;
         let got = transport.poll_recv(cx, batch, &mut |p| core.on_packet(p));
-        if core.bulk_busy() {
+        if core.bulk_busy() || core.links_opened {
             // Only READs, WRITEs and WRITEs with immediate into exposed
             // requests report there: with none under way and no request
             // exposed, nothing to poll (nor a waker to register).

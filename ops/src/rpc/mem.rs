@@ -132,6 +132,17 @@ impl MemNetwork {
         self.0.borrow_mut().with_bulk = on;
     }
 
+    /// Breaks every link end of endpoint `id` (as a QP in error: what goes
+    /// over them fails; tests).
+    pub fn break_links(&self, id: u32) {
+        self.0.borrow_mut().bulk.break_links(id);
+    }
+
+    /// Packets sent over links so far (tests).
+    pub fn link_packets(&self) -> u64 {
+        self.0.borrow().bulk.link_packets
+    }
+
     /// Whether endpoints made from now on send calls started while others
     /// of their session are under way together, by the dispatcher
     /// ([`Transport::batch_call_starts`], as on UD; false by default:

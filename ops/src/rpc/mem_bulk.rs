@@ -6,8 +6,22 @@
 use std::collections::{HashMap, VecDeque};
 use std::task::{Context, Waker};
 
+use super::header::HEADER_LEN;
 use super::mem::MemNetwork;
-use super::transport::{Bulk, BulkDone, TransportError};
+use super::transport::{Bulk, BulkDone, LinkPacket, TransportError};
+
+/// The largest packet a link carries in memory (as on UD: a header and
+/// 32 KiB); a larger one breaks the receiver's link, as a SEND larger
+/// than the receive buffer does.
+pub(crate) const MEM_LINK_PACKET: usize = HEADER_LEN + (32 << 10);
+
+/// Packets sent over links waiting for their endpoint's dispatcher, and
+/// the links whose sends failed.
+#[derive(Default)]
+struct LinkInbox {
+    packets: Vec<(u64, Vec<u8>)>,
+    broken: Vec<u64>,
+}
 
 /// A WRITE with immediate that landed: the link and the immediate.
 type Written = (u64, u32);
@@ -59,6 +73,11 @@ pub(crate) struct BulkNet {
     pub(crate) reads: u64,
     /// WRITEs with immediate carried out (tests).
     pub(crate) writes: u64,
+    /// Packets sent over links, per endpoint (by id), woken by the waker
+    /// of `written`.
+    inboxes: Vec<LinkInbox>,
+    /// Packets sent over links (tests).
+    pub(crate) link_packets: u64,
 }
 
 impl BulkNet {
@@ -131,6 +150,27 @@ impl BulkNet {
         &mut self.written[i]
     }
 
+    /// Breaks endpoint `id`'s link ends.
+    pub(crate) fn break_links(&mut self, id: u32) {
+        self.links.retain(|(owner, _), _| *owner != id);
+    }
+
+    /// Endpoint `id`'s packets over links.
+    fn inbox_of(&mut self, id: u32) -> &mut LinkInbox {
+        let i = id as usize;
+        if self.inboxes.len() <= i {
+            self.inboxes.resize_with(i + 1, Default::default);
+        }
+        &mut self.inboxes[i]
+    }
+
+    /// Wakes endpoint `id`'s dispatcher for its link packets.
+    fn wake(&mut self, id: u32) {
+        if let Some(w) = self.written_of(id).1.take() {
+            w.wake();
+        }
+    }
+
     /// Endpoint `id`'s finished READs.
     fn done_of(&mut self, id: u32) -> &mut (Vec<BulkDone>, Option<Waker>) {
         let i = id as usize;
@@ -186,6 +226,9 @@ impl Drop for MemBulk {
             *d = Default::default();
         }
         if let Some(d) = b.written.get_mut(self.id as usize) {
+            *d = Default::default();
+        }
+        if let Some(d) = b.inboxes.get_mut(self.id as usize) {
             *d = Default::default();
         }
     }
@@ -366,6 +409,65 @@ impl Bulk for MemBulk {
             w => *w = Some(cx.waker().clone()),
         }
         out.append(items);
+    }
+
+    fn max_link_packet(&self) -> usize {
+        MEM_LINK_PACKET
+    }
+
+    fn send_packet(
+        &mut self,
+        link: u64,
+        head: &[u8; HEADER_LEN],
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let mut net = self.net.0.borrow_mut();
+        let b = &mut net.bulk;
+        let Some(Some((peer, peer_link))) = b.links.get(&(self.id, link)).copied() else {
+            return Err(TransportError::no_such_link());
+        };
+        b.link_packets += 1;
+        if !b.links.contains_key(&(peer, peer_link)) {
+            // The peer's end is gone: the SEND fails later.
+            b.inbox_of(self.id).broken.push(link);
+            b.wake(self.id);
+            return Ok(());
+        }
+        if HEADER_LEN + payload.len() > MEM_LINK_PACKET {
+            // Longer than the receive buffer: the receiver's end breaks
+            // (its QP in error), and so does the SEND.
+            b.links.remove(&(peer, peer_link));
+            b.inbox_of(self.id).broken.push(link);
+            b.wake(self.id);
+            return Ok(());
+        }
+        let mut packet = Vec::with_capacity(HEADER_LEN + payload.len());
+        packet.extend_from_slice(head);
+        packet.extend_from_slice(payload);
+        b.inbox_of(peer).packets.push((peer_link, packet));
+        b.wake(peer);
+        Ok(())
+    }
+
+    fn poll_received(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<(u64, LinkPacket)>,
+        broken: &mut Vec<u64>,
+    ) {
+        let mut net = self.net.0.borrow_mut();
+        match &mut net.bulk.written_of(self.id).1 {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
+        let inbox = net.bulk.inbox_of(self.id);
+        out.extend(
+            inbox
+                .packets
+                .drain(..)
+                .map(|(link, p)| (link, LinkPacket::Owned(p))),
+        );
+        broken.append(&mut inbox.broken);
     }
 
     fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>) {

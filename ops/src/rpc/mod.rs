@@ -48,6 +48,14 @@
 //! offer packet): a large response that fits is written into it by RDMA
 //! WRITE with immediate rather than read (`bulk_write.rs`), two one-way
 //! trips fewer a call.
+//! A message larger than one packet and below the threshold goes over
+//! that link too, once the session has one ready (its first such message
+//! asks for it): as one packet by RC SEND that carries all of the
+//! message's packets (`link_send.rs`), into one pool of receive buffers
+//! the endpoint keeps for all its links (on UD a shared receive queue,
+//! charged to [`RpcConfig::request_memory`]); the receiver takes it as
+//! those packets, so credits, duplicates and retransmission (by datagram)
+//! stay as they are.
 //! Smaller messages stay on the datagram transport: one UD queue pair
 //! serves every peer, and the same retransmission covers every packet.
 //! `docs/benchmarks.md` has the rates by size, `docs/rpc.md` why the
@@ -94,6 +102,7 @@ mod endpoint;
 mod error;
 pub mod header;
 mod idle;
+mod link_send;
 pub mod mem;
 pub(crate) mod mem_bulk;
 mod rtt;
@@ -116,7 +125,7 @@ pub use core::{RpcMemory, RpcStats};
 pub use endpoint::{Request, Rpc};
 pub use error::{RpcError, SessionId};
 pub use session::SESSION_SLOTS;
-pub use transport::{Bulk, BulkDone, Transport, TransportError, TxBatch};
+pub use transport::{Bulk, BulkDone, LinkPacket, Transport, TransportError, TxBatch};
 
 #[cfg(test)]
 mod addr_tests;
@@ -130,6 +139,8 @@ mod bulk_write_tests;
 mod flush_tests;
 #[cfg(test)]
 mod header_tests;
+#[cfg(test)]
+mod link_send_tests;
 #[cfg(test)]
 mod rtt_tests;
 #[cfg(test)]

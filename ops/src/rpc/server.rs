@@ -13,6 +13,7 @@ use super::core::{open_session, Core, Job, RpcStats, Start, StartRunner};
 use super::endpoint::Request;
 use super::error::SessionId;
 use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN, MAX_RANGE};
+use super::link_send::{link_for, send_whole};
 use super::runner::{JobId, Outcome, Runner};
 use super::session::{Role, ServeState, ServerSlot, SESSION_SLOTS};
 use super::transport::TxBatch;
@@ -462,6 +463,7 @@ impl<P: Clone> Core<P> {
     /// (the rest go out as the client asks for them).
     pub(crate) fn respond(&mut self, sid: u32, i: usize, req_num: u64, resp: MsgBuf) {
         let window = self.config.response_window;
+        let max_link_packet = self.max_link_packet();
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -496,6 +498,7 @@ impl<P: Clone> Core<P> {
             return;
         };
         let max_payload = s.max_payload;
+        let link_ready = s.link_ready();
         let slot = &mut s.server[i];
         let n_resp = packets_for(resp.len(), max_payload);
         if resp.len() > MAX_MSG_LEN as usize || n_resp > usize::from(u16::MAX) {
@@ -511,6 +514,41 @@ impl<P: Clone> Core<P> {
         slot.n_resp = n_resp;
         slot.resp = Some(resp);
         slot.state = ServeState::Responded;
+        if n_resp <= window {
+            // All of it unasked: in one packet over the link, if it has
+            // one ready (`link_send.rs`).
+            let len = slot.resp.as_ref().map_or(0, |r| r.len());
+            let link = link_for(
+                link_ready,
+                n_resp,
+                len,
+                self.config.read_threshold,
+                max_link_packet,
+            );
+            if let (Some(link), Some(resp)) = (link, &slot.resp) {
+                let h = Header {
+                    req_type: slot.req_type,
+                    status: slot.status,
+                    payload_len: len as u16,
+                    dest_session: s.remote,
+                    src_session: sid,
+                    req_num,
+                    msg_len: len as u32,
+                    pkt_count: n_resp as u16,
+                    ..Header::new(PacketKind::Response)
+                };
+                if send_whole(
+                    &mut self.bulk,
+                    &mut self.stats,
+                    &mut self.links_broken,
+                    link,
+                    &h,
+                    resp,
+                ) {
+                    return;
+                }
+            }
+        }
         // The first packets at once; the client asks for the rest.
         for j in 0..n_resp.min(window) {
             send_response(&mut self.tx, &s.peer, s.remote, sid, max_payload, slot, j);

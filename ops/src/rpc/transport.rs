@@ -156,6 +156,76 @@ pub trait Bulk {
     /// writable regions since the last call, as (link, immediate);
     /// registers `cx` for the next one (whether or not some were here).
     fn poll_written(&mut self, cx: &mut Context<'_>, out: &mut Vec<(u64, u32)>);
+
+    /// The largest packet (header included) [`send_packet`](Bulk::send_packet)
+    /// carries over a link: what the peer's receive buffers hold (the same
+    /// constant on both sides). 0 (the default): no packets over links.
+    fn max_link_packet(&self) -> usize {
+        0
+    }
+
+    /// Bytes of receive buffers this side keeps posted for packets over
+    /// its links (one pool for all of them, made with the first link):
+    /// charged to the endpoint's request memory.
+    fn link_recv_memory(&self) -> usize {
+        0
+    }
+
+    /// Sends one packet, `head` then `payload` (at most
+    /// [`max_link_packet`](Bulk::max_link_packet) bytes together), over
+    /// `link` by RC SEND: reliable and in order while the link lasts. A
+    /// send that fails later breaks the link
+    /// ([`poll_received`](Bulk::poll_received) reports it).
+    fn send_packet(
+        &mut self,
+        link: u64,
+        head: &[u8; HEADER_LEN],
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let _ = (link, head, payload);
+        Err(TransportError::no_such_link())
+    }
+
+    /// The packets the peers sent over this side's links since the last
+    /// call, as (link, packet), and the links whose sends failed since
+    /// (broken: the engine closes them); registers `cx` for the next
+    /// (whether or not some were here).
+    fn poll_received(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<(u64, LinkPacket)>,
+        broken: &mut Vec<u64>,
+    ) {
+        let _ = (cx, out, broken);
+    }
+}
+
+/// A packet that came over a link ([`Bulk::poll_received`]): a receive
+/// buffer of the link's pool, reposted when this is dropped, or bytes of
+/// its own.
+pub enum LinkPacket {
+    /// A buffer of a receive ring (its bytes are the packet).
+    Ring(verbio_runtime::RingMsg),
+    /// Bytes of its own.
+    Owned(Vec<u8>),
+}
+
+impl LinkPacket {
+    /// The packet's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            LinkPacket::Ring(m) => m.as_slice(),
+            LinkPacket::Owned(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for LinkPacket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkPacket")
+            .field("len", &self.as_slice().len())
+            .finish()
+    }
 }
 
 /// A transport failure.

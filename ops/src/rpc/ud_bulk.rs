@@ -3,8 +3,12 @@
 //! granted to peers for REMOTE_READ (and REMOTE_WRITE where the peer may
 //! write a response into them), READs into buffers registered for the
 //! READ's time, WRITEs with immediate from buffers registered for the
-//! WRITE's time, and a small receive ring per link whose buffers the
-//! peer's WRITEs with immediate consume.
+//! WRITE's time, and one shared receive queue for all the links, whose
+//! buffers take the peers' packets sent by RC SEND (messages larger than
+//! a datagram and below the READ threshold) and the immediates of their
+//! WRITEs: its memory is fixed ([`LINK_RECV_DEPTH`] buffers of
+//! [`LINK_PACKET`] bytes, made with the first link) whatever the number
+//! of links or peers.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -12,24 +16,30 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use tracing::debug;
-use verbio_runtime::buf::{IoBuf, RegisteredMem, RemoteAccessRegion, Slice};
+use verbio_runtime::buf::{IoBuf, MrPool, RegisteredMem, RemoteAccessRegion, Slice};
 use verbio_runtime::provider::{AccessFlags, Endpoint, Pd, QpCaps};
-use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig};
+use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig, SharedRecvQueue};
 
-use super::transport::{Bulk, BulkDone, TransportError};
+use super::header::HEADER_LEN;
+use super::transport::{Bulk, BulkDone, LinkPacket, TransportError};
 use crate::connect::handshake::{self, Hello};
 use crate::connect::{DeviceQps, QpConfig, QpFactory};
 use crate::verbs::RemoteBuf;
 
 /// READs a link has under way at most (its send queue).
 const LINK_SEND_DEPTH: u32 = 64;
-/// Receives a link keeps posted for the peer's WRITEs with immediate: more
-/// than a session's slots, so a WRITE never waits for a repost.
-const LINK_RECV_DEPTH: u32 = 16;
-/// Bytes of each of those receives (a WRITE with immediate puts nothing in
-/// them; a SEND the peer has no business sending lands there and is
-/// counted as malformed).
-const LINK_RECV_BYTES: usize = 64;
+/// Receives posted to the links' shared receive queue: the packets and
+/// immediates of all links together. A peer sending more at once than are
+/// posted waits (RNR) for a repost; the buffers are reposted as the
+/// dispatcher takes each packet.
+pub(crate) const LINK_RECV_DEPTH: u32 = 64;
+/// Bytes of each of those receives: the largest packet a link carries (a
+/// header and 32 KiB, the default READ threshold: larger messages go by
+/// READ or WRITE). A larger SEND fails at the receiver and breaks its link.
+pub(crate) const LINK_PACKET: usize = HEADER_LEN + (32 << 10);
+/// The RNR timer the links ask their peers for (encoded: 0.01 ms), for the
+/// rare SEND that finds the shared receive queue empty.
+const LINK_MIN_RNR_TIMER: u8 = 1;
 
 /// Finished READs, filled by their tasks.
 #[derive(Default)]
@@ -43,9 +53,19 @@ pub(crate) struct UdBulk {
     qps: DeviceQps,
     pd: Pd,
     links: HashMap<u64, (QueuePair, Endpoint)>,
-    /// The receive rings of the links whose regions peers may write to,
-    /// made on the link's first writable region.
-    rings: HashMap<u64, RecvRing>,
+    /// The links by their queue pairs' numbers (a receive on the shared
+    /// queue names its QP).
+    qp_links: HashMap<u32, u64>,
+    /// The links' shared receive queue and its ring, made with the first
+    /// link.
+    srq: Option<(SharedRecvQueue, RecvRing)>,
+    /// Registered buffers the packets sent over links are copied into.
+    send_pool: MrPool,
+    /// Links whose SENDs failed, filled by the SENDs' tasks.
+    broken: Rc<RefCell<Vec<u64>>>,
+    /// What the ring gave that the other poll takes.
+    written: Vec<(u64, u32)>,
+    received: Vec<(u64, LinkPacket)>,
     regions: HashMap<u64, RemoteAccessRegion<Slice<Vec<u8>>>>,
     next_region: u64,
     done: Rc<RefCell<Done>>,
@@ -55,6 +75,7 @@ impl UdBulk {
     /// RC links on `device`.
     pub(crate) fn new(device: &Device) -> UdBulk {
         let config = QpConfig {
+            min_rnr_timer: LINK_MIN_RNR_TIMER,
             caps: QpCaps {
                 max_send_wr: LINK_SEND_DEPTH,
                 max_recv_wr: LINK_RECV_DEPTH,
@@ -68,7 +89,12 @@ impl UdBulk {
             qps: DeviceQps::new(device.clone(), config),
             pd: device.pd().clone(),
             links: HashMap::new(),
-            rings: HashMap::new(),
+            qp_links: HashMap::new(),
+            srq: None,
+            send_pool: MrPool::new(device.pd()),
+            broken: Rc::default(),
+            written: Vec::new(),
+            received: Vec::new(),
             regions: HashMap::new(),
             next_region: 1,
             done: Rc::default(),
@@ -110,14 +136,62 @@ fn record_when_done<T, E>(
     });
 }
 
+impl UdBulk {
+    /// The links' shared receive queue, made (and its buffers posted) on
+    /// the first call.
+    fn srq(&mut self) -> Result<SharedRecvQueue, TransportError> {
+        if let Some((srq, _)) = &self.srq {
+            return Ok(srq.clone());
+        }
+        let device = self.qps.device();
+        let srq = device
+            .create_srq(LINK_RECV_DEPTH)
+            .map_err(|e| failed("creating the links' shared receive queue", e))?;
+        let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_PACKET);
+        let ring = RecvRing::on_srq(&srq, &self.pd, config)
+            .map_err(|e| failed("posting the links' receives", e))?;
+        self.srq = Some((srq.clone(), ring));
+        Ok(srq)
+    }
+
+    /// Takes what the shared receive queue received: immediates into
+    /// `self.written`, packets into `self.received`; registers `cx`.
+    fn drain_ring(&mut self, cx: &mut Context<'_>) {
+        let Some((_, ring)) = &self.srq else {
+            return;
+        };
+        loop {
+            match ring.poll_next(cx) {
+                Poll::Ready(Some(Ok(msg))) => {
+                    let Some(&link) = self.qp_links.get(&msg.qp_num()) else {
+                        // A link closed since: dropped (reposted).
+                        continue;
+                    };
+                    match (msg.by_write(), msg.imm()) {
+                        (true, Some(imm)) => self.written.push((link, imm)),
+                        (false, None) => self.received.push((link, LinkPacket::Ring(msg))),
+                        _ => debug!(link, "rpc/ud: a SEND with immediate or a WRITE without one on a link; ignored"),
+                    }
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    debug!(%error, "rpc/ud: a link's receive completed in error");
+                }
+                Poll::Ready(None) | Poll::Pending => break,
+            }
+        }
+    }
+}
+
 impl Bulk for UdBulk {
     fn open(&mut self, link: u64) -> Result<Vec<u8>, TransportError> {
+        let srq = self.srq()?;
         let (qp, ep) = self
             .qps
-            .create()
+            .create_on_srq(&srq)
             .map_err(|e| failed("creating an RC queue pair", e))?;
         let hello = handshake::encode(&Hello::new(ep))
             .map_err(|e| failed("encoding the RC endpoint", e))?;
+        self.qp_links.insert(qp.qp_num(), link);
         self.links.insert(link, (qp, ep));
         Ok(hello.to_vec())
     }
@@ -139,11 +213,12 @@ impl Bulk for UdBulk {
     }
 
     fn close(&mut self, link: u64) {
-        // Dropping the queue pair destroys it; READs and WRITEs under way
-        // end flushed (their tasks report them), and so do the ring's
-        // receives (the ring's memory is freed once they are polled).
-        self.rings.remove(&link);
-        self.links.remove(&link);
+        // Dropping the queue pair destroys it; READs, WRITEs and SENDs
+        // under way end flushed (their tasks report them). The receives
+        // are the shared queue's: they stay posted for the other links.
+        if let Some((qp, _)) = self.links.remove(&link) {
+            self.qp_links.remove(&qp.qp_num());
+        }
     }
 
     fn expose(&mut self, buf: Vec<u8>) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
@@ -210,18 +285,10 @@ impl Bulk for UdBulk {
         mut buf: Vec<u8>,
         cap: usize,
     ) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
-        if !self.rings.contains_key(&link) {
-            let Some((qp, _)) = self.links.get(&link) else {
-                let e = TransportError::no_such_link();
-                return Err((buf, e));
-            };
-            let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_RECV_BYTES);
-            match RecvRing::new(qp, &self.pd, config) {
-                Ok(ring) => {
-                    self.rings.insert(link, ring);
-                }
-                Err(e) => return Err((buf, failed("posting the link's receives", e))),
-            }
+        // The immediates land in the links' shared receive queue.
+        if !self.links.contains_key(&link) {
+            let e = TransportError::no_such_link();
+            return Err((buf, e));
         }
         let cap = cap.max(buf.len());
         buf.reserve_exact(cap - buf.len());
@@ -286,20 +353,63 @@ impl Bulk for UdBulk {
     }
 
     fn poll_written(&mut self, cx: &mut Context<'_>, out: &mut Vec<(u64, u32)>) {
-        for (&link, ring) in &self.rings {
-            loop {
-                match ring.poll_next(cx) {
-                    Poll::Ready(Some(Ok(msg))) => match (msg.by_write(), msg.imm()) {
-                        (true, Some(imm)) => out.push((link, imm)),
-                        _ => debug!(link, "rpc/ud: a message on a link that takes only WRITEs with immediate; ignored"),
-                    },
-                    Poll::Ready(Some(Err(error))) => {
-                        debug!(%error, link, "rpc/ud: a link's receive completed in error");
-                    }
-                    Poll::Ready(None) | Poll::Pending => break,
-                }
-            }
+        self.drain_ring(cx);
+        out.append(&mut self.written);
+    }
+
+    fn max_link_packet(&self) -> usize {
+        LINK_PACKET
+    }
+
+    fn link_recv_memory(&self) -> usize {
+        LINK_RECV_DEPTH as usize * LINK_PACKET
+    }
+
+    fn send_packet(
+        &mut self,
+        link: u64,
+        head: &[u8; HEADER_LEN],
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let Some((qp, _)) = self.links.get(&link) else {
+            return Err(TransportError::no_such_link());
+        };
+        let len = HEADER_LEN + payload.len();
+        if len > LINK_PACKET {
+            return Err(TransportError::TooLarge {
+                len,
+                max: LINK_PACKET,
+            });
         }
+        let mut buf = self
+            .send_pool
+            .alloc(len)
+            .map_err(|e| failed("taking a registered buffer for a link's SEND", e))?;
+        buf.extend_from_slice(head)
+            .and_then(|()| buf.extend_from_slice(payload))
+            .map_err(|e| failed("copying a packet for a link's SEND", e))?;
+        let op = crate::verbs::send::send(qp, buf);
+        let broken = self.broken.clone();
+        // The buffer is the SEND's until its completion (the runtime keeps
+        // it); a SEND that failed broke the link.
+        verbio_runtime::spawn(async move {
+            if let (Err(error), _) = op.await {
+                debug!(%error, link, "rpc/ud: a SEND over a link failed");
+                broken.borrow_mut().push(link);
+            }
+        });
+        Ok(())
+    }
+
+    fn poll_received(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<(u64, LinkPacket)>,
+        broken: &mut Vec<u64>,
+    ) {
+        self.drain_ring(cx);
+        out.append(&mut self.received);
+        broken.append(&mut self.broken.borrow_mut());
     }
 
     fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>) {

@@ -1,0 +1,203 @@
+//! Mid-size messages over the session's RC link by SEND: a request or
+//! response larger than one datagram and below the READ threshold goes
+//! as one packet over the link, when the session has one ready, instead
+//! of one datagram per packet.
+//!
+//! * What it carries: the message's packets `0..pkt_count` all at once:
+//!   one header (`pkt_idx` 0, the `pkt_count` the session's packet size
+//!   gives, as in packets) and the whole message as its payload. The
+//!   receiver takes it as those packets, each through the datagram path
+//!   (`on_request`, `on_response`), so everything else stays as it is:
+//!   credits (the client takes one per packet), duplicates, the cached
+//!   response, and retransmission, which resends single packets by
+//!   datagram: a link that breaks (its SEND fails, or the peer's end
+//!   closed) loses nothing, the packets go again after `rto`, and the
+//!   engine closes the link on hearing of it (the client's next large
+//!   call opens a new one).
+//! * When: the client sends a request so when its link is ready and the
+//!   session's credits cover all its packets (else in packets); a
+//!   server a response so when the session's link is ready and the
+//!   response fits its response window (the client counts those packets
+//!   as sent unasked). The client asks for the link on its session's
+//!   first message larger than a datagram (that one goes in packets).
+//! * Memory: the packets land in one pool of receive buffers for all the
+//!   links of the endpoint ([`Bulk::link_recv_memory`](super::Bulk::link_recv_memory):
+//!   on UD a shared receive queue of 64 buffers of 32 KiB), charged to
+//!   `request_memory` when the first link opens, the same whatever the
+//!   number of peers; a buffer is reposted as soon as its packet is
+//!   taken. A packet over a link is checked as a datagram is, and
+//!   besides must name the session the link belongs to (in its role),
+//!   start at packet 0 and carry the whole message: anything else is
+//!   dropped and counted malformed (or stale, for a link closed since),
+//!   never failing the session.
+
+use std::task::Context;
+
+use tracing::trace;
+
+use super::core::{Core, RpcStats};
+use super::header::{packets_for, Header, PacketKind, HEADER_LEN};
+use super::session::Role;
+use super::transport::Bulk;
+
+/// Whether a message of `len` bytes (in `n` packets) goes over the
+/// session's link `ready` (its [`Session::link_ready`]) by SEND: larger
+/// than one packet, below the READ threshold, fitting the link's packet;
+/// returns the link.
+pub(crate) fn link_for(
+    ready: Option<u64>,
+    n: usize,
+    len: usize,
+    read_threshold: usize,
+    max_link_packet: usize,
+) -> Option<u64> {
+    if n < 2 || len >= read_threshold || HEADER_LEN + len > max_link_packet {
+        return None;
+    }
+    ready
+}
+
+/// Sends `head` and `payload` (a whole message) over `link`: whether it
+/// went (else it goes in datagrams, and the link, which failed, is closed
+/// at the next poll: `broken`).
+pub(crate) fn send_whole(
+    bulk: &mut Option<Box<dyn Bulk>>,
+    stats: &mut RpcStats,
+    broken: &mut Vec<u64>,
+    link: u64,
+    head: &Header,
+    payload: &[u8],
+) -> bool {
+    let Some(bulk) = bulk.as_mut() else {
+        return false;
+    };
+    let mut bytes = [0u8; HEADER_LEN];
+    head.encode_into(&mut bytes);
+    match bulk.send_packet(link, &bytes, payload) {
+        Ok(()) => {
+            stats.link_packets_sent += 1;
+            true
+        }
+        Err(error) => {
+            trace!(%error, link, "rpc: a packet could not go over the link; in datagrams");
+            broken.push(link);
+            false
+        }
+    }
+}
+
+impl<P: Clone> Core<P> {
+    /// The largest packet the links carry (0: none).
+    pub(crate) fn max_link_packet(&self) -> usize {
+        self.bulk.as_ref().map_or(0, |b| b.max_link_packet())
+    }
+
+    /// Whether a message of `len` bytes on a session of `max_payload`
+    /// bytes per packet would go over a link, once the session has one.
+    pub(crate) fn wants_link_for(&self, len: usize, max_payload: usize) -> bool {
+        len > max_payload
+            && len < self.config.read_threshold
+            && self.config.read_threshold != usize::MAX
+            && HEADER_LEN + len <= self.max_link_packet()
+    }
+
+    /// A link was opened: its receives are polled from now on, and the
+    /// links' receive buffers charged to the request memory (once).
+    pub(crate) fn link_opened(&mut self) {
+        if self.links_opened {
+            return;
+        }
+        self.links_opened = true;
+        let bytes = self.bulk.as_ref().map_or(0, |b| b.link_recv_memory());
+        // Forced: the buffers exist whatever the budget says; requests
+        // have that much less room.
+        if self.budget.grow(&mut self.link_recv_charge, bytes, true) {
+            self.link_recv_bytes = bytes;
+        }
+    }
+
+    /// Takes the packets that came over links and closes the links whose
+    /// sends failed; registers `cx`.
+    pub(crate) fn poll_link_packets(&mut self, cx: &mut Context<'_>) {
+        let Some(bulk) = self.bulk.as_mut() else {
+            return;
+        };
+        bulk.poll_received(cx, &mut self.link_rx, &mut self.links_broken);
+        if !self.links_broken.is_empty() {
+            let broken = std::mem::take(&mut self.links_broken);
+            for &link in &broken {
+                self.close_broken_link(link);
+            }
+            self.links_broken = broken;
+            self.links_broken.clear();
+        }
+        if self.link_rx.is_empty() {
+            return;
+        }
+        let mut rx = std::mem::take(&mut self.link_rx);
+        for (link, packet) in rx.drain(..) {
+            self.on_link_packet(link, packet.as_slice());
+        }
+        self.link_rx = rx;
+    }
+
+    /// Closes the link numbered `link` here, whichever session holds it.
+    fn close_broken_link(&mut self, link: u64) {
+        for index in 0..self.sessions.capacity() {
+            let Some((_, s)) = self.sessions.at_mut(index) else {
+                continue;
+            };
+            if s.link.as_ref().is_some_and(|l| l.local == link) {
+                super::bulk::close_link(&mut self.bulk, s);
+                return;
+            }
+        }
+    }
+
+    /// A packet over `link`: a whole request (server) or response
+    /// (client), taken as its packets.
+    pub(crate) fn on_link_packet(&mut self, link: u64, packet: &[u8]) {
+        self.stats.link_packets_received += 1;
+        let Ok((h, payload)) = Header::decode(packet) else {
+            self.stats.malformed_packets += 1;
+            return;
+        };
+        let role = match h.kind {
+            PacketKind::Request => Role::Server,
+            PacketKind::Response => Role::Client,
+            _ => {
+                self.stats.malformed_packets += 1;
+                return;
+            }
+        };
+        let Some(s) = self.sessions.get(h.dest_session) else {
+            self.stats.stale_packets += 1;
+            return;
+        };
+        if s.role != role || s.link.as_ref().map(|l| l.local) != Some(link) {
+            // Another session's, or a link closed since.
+            self.stats.stale_packets += 1;
+            return;
+        }
+        let max_payload = s.max_payload;
+        let msg_len = h.msg_len as usize;
+        let n = usize::from(h.pkt_count);
+        if h.pkt_idx != 0 || payload.len() != msg_len || n != packets_for(msg_len, max_payload) {
+            self.stats.malformed_packets += 1;
+            return;
+        }
+        for k in 0..n {
+            let start = k * max_payload;
+            let chunk = &payload[start..(start + max_payload).min(msg_len)];
+            let sub = Header {
+                pkt_idx: k as u16,
+                payload_len: chunk.len() as u16,
+                ..h
+            };
+            match role {
+                Role::Server => self.on_request(&sub, chunk),
+                Role::Client => self.on_response(&sub, chunk),
+            }
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Mid-size messages over the session's RC link (`link_send.rs`) on the
+//! in-memory network: every byte at sizes around the edges, over lossy
+//! and reordering datagrams, across a broken link, and link packets from
+//! a hostile peer next to a legitimate client.
+
+use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
+
+use verbio_runtime::Runtime;
+
+use super::bulk_tests::{RawPeer, PACKET, RAW_SESSION};
+use super::header::{Header, PacketKind, Status, HEADER_LEN};
+use super::mem::{Faults, MemNetwork, MemTransport};
+use super::mem_bulk::MEM_LINK_PACKET;
+use super::tests::{answer, config, request, server, wait_for, ECHO};
+use super::{LinkPacket, Rpc, SessionId};
+
+/// Payload bytes of a datagram.
+const PAYLOAD: usize = PACKET - HEADER_LEN;
+
+/// A client with a session to `srv` whose link is ready (its first
+/// mid-size call asked for it).
+async fn linked(net: &MemNetwork, srv: &Rpc<MemTransport>) -> (Rpc<MemTransport>, SessionId) {
+    let cli = Rpc::new(net.endpoint(), config());
+    let s = cli.connect(&srv.local_addr()).await.unwrap();
+    let req = request(0, 0, 3 * PAYLOAD);
+    assert_eq!(
+        &cli.call(s, ECHO, &req).await.unwrap()[..],
+        &answer(&req)[..]
+    );
+    wait_for(|| cli.link_ready(s)).await;
+    (cli, s)
+}
+
+/// Requests and responses larger than a datagram and below the READ
+/// threshold go as one packet each over the link, no datagram at all;
+/// one datagram's worth and the threshold's stay on their paths.
+#[test]
+fn mid_size_messages_go_over_the_link_in_one_packet() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(3, PACKET);
+        let (srv, runs) = server(&net, config());
+        let (cli, s) = linked(&net, &srv).await;
+        let threshold = config().read_threshold;
+        // Echo responses are 4 bytes longer than their requests.
+        for (i, len) in [PAYLOAD + 1, 5000, 10_000, threshold - 5]
+            .into_iter()
+            .enumerate()
+        {
+            let (sent, links) = (net.stats().sent, net.link_packets());
+            let req = request(1, i, len);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..], "{len} bytes");
+            assert_eq!(
+                net.link_packets() - links,
+                2,
+                "{len} bytes: one packet each way"
+            );
+            assert_eq!(net.stats().sent, sent, "{len} bytes: no datagram");
+        }
+        // One datagram each way: not over the link.
+        let links = net.link_packets();
+        let req = request(2, 0, PAYLOAD - 4);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        // A response of the threshold goes by WRITE or READ, its request
+        // over the link.
+        let req = request(2, 1, threshold - 4);
+        assert_eq!(
+            &cli.call(s, ECHO, &req).await.unwrap()[..],
+            &answer(&req)[..]
+        );
+        assert_eq!(net.link_packets() - links, 1);
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(srv.stats().malformed_packets, 0);
+        assert_eq!(cli.stats().retransmissions, 0, "{:?}", cli.stats());
+        assert!(srv.memory().request_bytes <= srv.memory().request_budget);
+    });
+}
+
+/// With datagrams lost, duplicated and reordered, a window of calls of
+/// every size from four tasks: every byte right, each handler run once.
+#[test]
+fn link_packets_and_lossy_datagrams_mix() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(11, PACKET);
+        let (srv, runs) = server(&net, config());
+        let (cli, s) = linked(&net, &srv).await;
+        net.set_faults(Faults {
+            drop: 0.05,
+            duplicate: 0.05,
+            reorder: 0.2,
+        });
+        let cli = std::rc::Rc::new(cli);
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let cli = cli.clone();
+            tasks.push(verbio_runtime::spawn(async move {
+                for i in 0..20 {
+                    let req = request(10 + t, i, 100 + (i * 1777 + t * 311) % 30_000);
+                    let resp = cli.call(s, ECHO, &req).await.unwrap();
+                    assert_eq!(&resp[..], &answer(&req)[..]);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await;
+        }
+        assert_eq!(runs.borrow().len(), 81);
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert!(cli.stats().link_packets_sent > 20, "{:?}", cli.stats());
+    });
+}
+
+/// A link that breaks under a session loses nothing: the calls whose
+/// packets went over it complete by datagrams, and the next mid-size call
+/// opens a new link.
+#[test]
+fn a_broken_link_loses_nothing_and_is_replaced() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(5, PACKET);
+        let (srv, runs) = server(&net, config());
+        let (cli, s) = linked(&net, &srv).await;
+        for (round, id) in [
+            srv.with_transport(MemTransport::id),
+            cli.with_transport(MemTransport::id),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            net.break_links(id);
+            for i in 0..6 {
+                let req = request(20 + round, i, 6000 + i);
+                let resp = cli.call(s, ECHO, &req).await.unwrap();
+                assert_eq!(&resp[..], &answer(&req)[..]);
+            }
+            wait_for(|| cli.link_ready(s)).await;
+            let links = net.link_packets();
+            let req = request(30 + round, 0, 7000);
+            assert_eq!(
+                &cli.call(s, ECHO, &req).await.unwrap()[..],
+                &answer(&req)[..]
+            );
+            assert_eq!(net.link_packets() - links, 2, "a new link carries the call");
+        }
+        assert!(runs.borrow().values().all(|&n| n == 1));
+    });
+}
+
+/// The link packets `raw`'s link brought, waiting up to 5 s for `n`.
+async fn link_packets_of(raw: &mut RawPeer, n: usize) -> Vec<Vec<u8>> {
+    let t = Instant::now();
+    let mut got = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        let mut cx = Context::from_waker(Waker::noop());
+        raw.bulk.poll_received(&mut cx, &mut out, &mut Vec::new());
+        got.extend(
+            out.iter()
+                .map(|(_, p): &(u64, LinkPacket)| p.as_slice().to_vec()),
+        );
+        if got.len() >= n {
+            return got;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} of {n} link packets came",
+            got.len()
+        );
+        verbio_runtime::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Link packets from a peer with a link of its own: malformed, truncated,
+/// not packet 0, shorter or longer than the message, with a wrong packet
+/// count, of a kind a link does not carry, naming another client's
+/// session, twice, and larger than the receive buffer (its link breaks):
+/// each is dropped and counted (the valid one answered once), nothing is
+/// held, and the legitimate client is served throughout and after.
+#[test]
+fn hostile_link_packets_fail_nothing_but_themselves() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(9, PACKET);
+        let (srv, runs) = server(&net, config());
+        let (cli, s) = linked(&net, &srv).await;
+        let mut raw = RawPeer::connect(&net, &srv).await;
+        raw.open_link(1).await;
+        let legit = |i: usize| {
+            let cli = &cli;
+            async move {
+                let req = request(40, i, 9000 + i);
+                assert_eq!(
+                    &cli.call(s, ECHO, &req).await.unwrap()[..],
+                    &answer(&req)[..]
+                );
+            }
+        };
+        let msg = request(41, 0, 3000);
+        let n = 3000usize.div_ceil(PAYLOAD) as u16;
+        let head = |h: Header| Header {
+            dest_session: raw.remote,
+            src_session: RAW_SESSION,
+            ..h
+        };
+        let good = head(Header {
+            req_type: ECHO,
+            payload_len: 3000,
+            req_num: 8,
+            msg_len: 3000,
+            pkt_count: n,
+            ..Header::new(PacketKind::Request)
+        });
+        let malformed_before = srv.stats().malformed_packets;
+        let stale_before = srv.stats().stale_packets;
+        let bad: Vec<(Header, &[u8])> = vec![
+            (Header { pkt_idx: 1, ..good }, &msg),
+            (
+                Header {
+                    pkt_count: n + 1,
+                    ..good
+                },
+                &msg,
+            ),
+            (
+                Header {
+                    msg_len: 3001,
+                    ..good
+                },
+                &msg,
+            ),
+            (
+                Header {
+                    payload_len: 2999,
+                    ..good
+                },
+                &msg[..2999],
+            ),
+            (
+                Header {
+                    kind: PacketKind::Response,
+                    ..good
+                },
+                &msg,
+            ),
+            (
+                Header {
+                    kind: PacketKind::Offer,
+                    ..good
+                },
+                &msg,
+            ),
+        ];
+        for (h, payload) in &bad {
+            let mut bytes = [0u8; HEADER_LEN];
+            h.encode_into(&mut bytes);
+            raw.bulk.send_packet(1, &bytes, payload).unwrap();
+        }
+        // Garbage and truncated headers.
+        raw.bulk.send_packet(1, &[0xAB; HEADER_LEN], &msg).unwrap();
+        let mut bytes = [0u8; HEADER_LEN];
+        good.encode_into(&mut bytes);
+        raw.bulk.send_packet(1, &bytes, &msg[..100]).unwrap();
+        // Another client's session, over this link: stale.
+        let mut other = [0u8; HEADER_LEN];
+        Header {
+            dest_session: raw.remote ^ 1,
+            ..good
+        }
+        .encode_into(&mut other);
+        raw.bulk.send_packet(1, &other, &msg).unwrap();
+        legit(0).await;
+        wait_for(|| srv.stats().malformed_packets - malformed_before >= 7).await;
+        wait_for(|| srv.stats().stale_packets - stale_before >= 2).await;
+        assert_eq!(srv.stats().malformed_packets - malformed_before, 7);
+        // The valid request, twice: handled once, answered over the link
+        // (the second, a duplicate, from the cached response by datagram).
+        let dups = srv.stats().duplicate_requests;
+        raw.bulk.send_packet(1, &bytes, &msg).unwrap();
+        let answers = link_packets_of(&mut raw, 1).await;
+        let (h, payload) = Header::decode(&answers[0]).unwrap();
+        assert_eq!(
+            (h.kind, h.status, h.req_num),
+            (PacketKind::Response, Status::Ok, 8)
+        );
+        assert_eq!(payload, &answer(&msg)[..]);
+        raw.bulk.send_packet(1, &bytes, &msg).unwrap();
+        let (h, _) = raw.expect(PacketKind::Response).await;
+        assert_eq!((h.req_num, h.pkt_idx), (8, 0));
+        assert_eq!(srv.stats().duplicate_requests - dups, u64::from(n));
+        assert_eq!(runs.borrow().get(&msg), Some(&1));
+        legit(1).await;
+        // Larger than the receive buffer: the server's end of that link
+        // breaks; the server serves on.
+        let huge = vec![7u8; MEM_LINK_PACKET];
+        raw.bulk.send_packet(1, &bytes, &huge).unwrap();
+        legit(2).await;
+        assert!(srv.memory().request_bytes <= srv.memory().request_budget);
+        assert_eq!(srv.memory().request_bytes, 0, "nothing held");
+    });
+}
