@@ -878,24 +878,35 @@ impl<P: Clone> Core<P> {
     /// Gives back what session `s` has exposed and closes its link (the
     /// session ends).
     pub(crate) fn release_session(&mut self, s: &mut Session<P>) {
-        close_link(&mut self.bulk, s);
-        let Some(bulk) = self.bulk.as_mut() else {
-            return;
-        };
-        for slot in &mut s.client {
-            for token in [slot.req_exposed.take(), slot.offer_exposed.take()]
-                .into_iter()
-                .flatten()
-            {
-                self.requests_exposed -= 1;
-                drop(bulk.unexpose(token));
-            }
+        release_bulk(&mut self.bulk, &mut self.requests_exposed, &self.pool, s);
+    }
+}
+
+/// Gives back what session `s` has exposed and closes its link (it ends,
+/// or failed: nothing of it stays reachable by the peer).
+pub(crate) fn release_bulk<P>(
+    bulk: &mut Option<Box<dyn Bulk>>,
+    requests_exposed: &mut usize,
+    pool: &super::buf::BufPool,
+    s: &mut Session<P>,
+) {
+    close_link(bulk, s);
+    let Some(bulk) = bulk.as_mut() else {
+        return;
+    };
+    for slot in &mut s.client {
+        for token in [slot.req_exposed.take(), slot.offer_exposed.take()]
+            .into_iter()
+            .flatten()
+        {
+            *requests_exposed -= 1;
+            drop(bulk.unexpose(token));
         }
-        for slot in &mut s.server {
-            if let Some((token, _, _)) = slot.resp_exposed.take() {
-                if let Some(buf) = bulk.unexpose(token) {
-                    self.pool.put(buf);
-                }
+    }
+    for slot in &mut s.server {
+        if let Some((token, _, _)) = slot.resp_exposed.take() {
+            if let Some(buf) = bulk.unexpose(token) {
+                pool.put(buf);
             }
         }
     }

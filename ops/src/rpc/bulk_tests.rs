@@ -268,6 +268,34 @@ fn a_server_vanishing_mid_read_fails_the_call_in_bounds() {
     });
 }
 
+/// A call that times out fails its session, which gives back its link
+/// and the buffers it exposed at once, not at its disconnect: nothing of
+/// it stays reachable by the peer.
+#[test]
+fn a_failed_session_gives_back_its_link_and_exposed_buffers() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(25, PACKET);
+        let quick = RpcConfig {
+            max_retries: 4,
+            ..bulk_config()
+        };
+        let (srv, _) = server(&net, quick.clone());
+        let (cli, s) = linked_client(&net, &srv).await;
+        let cli_id = cli.with_transport(MemTransport::id);
+        net.set_reachable(srv.with_transport(MemTransport::id), false);
+        let e = cli
+            .call(s, ECHO, &request(3, 0, 2 * THRESHOLD))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RpcError::Timeout { .. }), "{e}");
+        assert_eq!(net.exposed_by(cli_id), 0, "the request is withdrawn");
+        assert!(!cli.link_ready(s), "the link is closed");
+        cli.disconnect(s);
+        assert_eq!(net.exposed_by(cli_id), 0);
+    });
+}
+
 /// A peer speaking raw packets (with a link of its own).
 pub(super) struct RawPeer {
     pub(super) t: MemTransport,

@@ -89,6 +89,14 @@ impl<P: Clone> Core<P> {
                             debug!(session = sid, req_num, "rpc: call timed out");
                             self.stats.timeouts += 1;
                             fail_session(s, sid, i, req_num, retries);
+                            // Its link and what it exposed go now, not at
+                            // its disconnect.
+                            super::bulk::release_bulk(
+                                &mut self.bulk,
+                                &mut self.requests_exposed,
+                                &self.pool,
+                                s,
+                            );
                             break;
                         }
                         slot.retries += 1;
