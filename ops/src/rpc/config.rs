@@ -18,7 +18,10 @@ pub struct RpcConfig {
     /// fails with [`RpcError::Timeout`](super::RpcError::Timeout); connects
     /// fail after as many. A dead peer is detected within about
     /// `rto * (max_retries + 1)` (`rto * (max_retries + 4)` after a long
-    /// round trip was measured).
+    /// round trip was measured). A connect's resends back off, each
+    /// waiting twice as long as the one before (up to `64 * rto`): an
+    /// unanswered connect fails after about `rto * (2^(max_retries+1) - 1)`,
+    /// 1.26 s with the defaults.
     pub max_retries: u32,
     /// Largest request or response, in bytes (at most 16 MiB).
     pub max_msg_len: usize,

@@ -14,6 +14,10 @@ use super::session::{CallState, Role, SessionState, SESSION_SLOTS};
 /// ticks without progress, between `rto` and `4/3 rto`.
 pub(crate) const TICKS_PER_RTO: u32 = 3;
 
+/// Doublings of a connect's resend interval at most (then it stays at
+/// `rto * 2^CONNECT_BACKOFF_MAX`).
+const CONNECT_BACKOFF_MAX: u32 = 6;
+
 impl<P: Clone> Core<P> {
     /// Runs timer tick `self.now`; returns whether a call or connect is
     /// still under way (the timer stays armed).
@@ -33,7 +37,11 @@ impl<P: Clone> Core<P> {
             match &mut s.state {
                 SessionState::Connecting { retries, last } => {
                     busy = true;
-                    if now - *last < rto {
+                    // Each resend waits twice as long as the one before (as
+                    // TCP's SYN does): a peer that is busy or still starting
+                    // gets about 63 timeouts with the default 5 retries,
+                    // not 6.
+                    if now - *last < rto << (*retries).min(CONNECT_BACKOFF_MAX) {
                         continue;
                     }
                     if *retries >= max_retries {
