@@ -17,7 +17,7 @@ use std::rc::Rc;
 /// Small buffers kept by the pool at most.
 const POOL_MAX: usize = 1024;
 /// Larger buffers go to the large list (or are freed).
-const KEEP_MAX_CAPACITY: usize = 1 << 20;
+pub(crate) const KEEP_MAX_CAPACITY: usize = 1 << 20;
 /// From this length on, [`BufPool::take_for`] looks for a buffer that is
 /// large enough instead of taking the last one given back.
 const FIT_MIN: usize = 4096;

@@ -163,6 +163,7 @@ impl<P: Clone> Core<P> {
         let Some(s) = self.sessions.get_mut(sid) else {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         };
+        let resp_hint = s.resp_hint;
         let slot = &mut s.client[i];
         slot.state = CallState::Active;
         slot.abandoned = false;
@@ -216,7 +217,7 @@ impl<P: Clone> Core<P> {
                     }
                 }
             }
-        } else if self.bulk.is_some() {
+        } else if self.bulk.is_some() && resp_hint >= self.config.read_threshold {
             // A large response may come: room for it (`bulk_write.rs`).
             self.offer_room(sid, i);
             if self.wants_link_for(len, max_payload) {
@@ -660,6 +661,17 @@ impl<P: Clone> Core<P> {
         s.rtt.sample(now - slot.sent);
         slot.progress = now;
         slot.retries = 0;
+        if slot.num_rx == slot.total_tx() && slot.reading.is_none() {
+            // Every packet of the response is in (a small call's only
+            // one): completed now, and the session pumped at the end of
+            // the receive batch only if other calls of it may use the
+            // credits returned.
+            complete(s, i, Ok(()));
+            if s.active != 0 {
+                self.defer_pump(sid);
+            }
+            return;
+        }
         // Asks for what is missing (skipping what came early) and
         // completes the call, at the end of the receive batch.
         self.defer_pump(sid);

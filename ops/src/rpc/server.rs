@@ -220,10 +220,22 @@ impl<P: Clone> Core<P> {
                 self.tx.push(&s.peer, &busy, &[]);
                 return;
             }
+            // The last response's buffer (kept for its resends until now)
+            // serves as this request's, without a trip through the pool.
+            let old_resp = slot.resp.take();
             if slot.req.capacity() == 0 {
-                slot.req = self.pool.take();
+                slot.req = match old_resp {
+                    Some(resp) if resp.capacity() <= super::buf::KEEP_MAX_CAPACITY => {
+                        resp.into_vec()
+                    }
+                    other => {
+                        drop(other);
+                        self.pool.take()
+                    }
+                };
+            } else {
+                drop(old_resp);
             }
-            slot.resp = None;
             slot.reading = None;
             slot.writing = None;
             if let (Some((token, _, _)), Some(bulk)) = (slot.resp_exposed.take(), &mut self.bulk) {
