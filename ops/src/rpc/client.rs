@@ -226,9 +226,45 @@ impl<P: Clone> Core<P> {
                 self.want_link(sid);
             }
         }
-        self.pump(sid);
+        if !self.send_lone_request(sid, i) {
+            self.pump(sid);
+        }
         self.want_timer();
         Poll::Ready(Ok((i, req_num)))
+    }
+
+    /// Sends the request of slot `i` if it is one packet and the only call
+    /// of session `sid` under way (as a call made one at a time is): no
+    /// pump over the slots, as no other call waits for the credit. False
+    /// (nothing sent) otherwise: the pump sends it.
+    fn send_lone_request(&mut self, sid: u32, i: usize) -> bool {
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return false;
+        };
+        let slot = &s.client[i];
+        let lone = s.active == 1 << i
+            && s.credits > 0
+            && slot.n_req == 1
+            && slot.num_tx == 0
+            && slot.req_desc.is_none()
+            && !slot.paused
+            && !slot.awaits_link;
+        if !lone {
+            return false;
+        }
+        send_client_packet(
+            &mut self.tx,
+            &s.peer,
+            s.remote,
+            sid,
+            s.max_payload,
+            slot,
+            0,
+            0,
+        );
+        s.client[i].num_tx = 1;
+        s.credits -= 1;
+        true
     }
 
     /// Whether calls of session `sid` other than slot `i`'s are under way.

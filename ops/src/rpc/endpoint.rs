@@ -145,7 +145,8 @@ impl<T: Transport> Engine<T> {
 
     /// Receives one batch: hands each packet to the engine, polls the
     /// READs, answers connects. Whether to go on (the transport may have
-    /// more).
+    /// more). Inlined into the dispatcher, its only caller (two call sites).
+    #[inline(always)]
     fn recv_batch(&mut self, cx: &mut Context<'_>) -> bool {
         let Engine { transport, core } = self;
         let batch = core.config.recv_batch;
@@ -173,12 +174,17 @@ impl<T: Transport> Engine<T> {
 
     /// Starts the requests queued for idle handler tasks in their slots
     /// (`runner.rs`), with no borrow of the engine held while a handler
-    /// runs (it may use the endpoint: call another server, say).
+    /// runs (it may use the endpoint: call another server, say); then
+    /// sends what is queued.
     fn start_handlers(engine: &RefCell<Engine<T>>) {
         loop {
-            let Some(start) = engine.borrow_mut().core.starts.pop_front() else {
+            let mut e = engine.borrow_mut();
+            let Some(start) = e.core.starts.pop_front() else {
+                // Sent with the borrow this check took.
+                e.flush();
                 return;
             };
+            drop(e);
             let super::core::Start {
                 job: Job { id, request },
                 req_type,
@@ -194,15 +200,16 @@ impl<T: Transport> Engine<T> {
 
     /// The dispatcher: receives, answers, starts handlers.
     fn poll_dispatch(engine: &RefCell<Engine<T>>, cx: &mut Context<'_>) -> Poll<()> {
-        match &mut engine.borrow_mut().core.dispatcher {
+        let mut e = engine.borrow_mut();
+        match &mut e.core.dispatcher {
             Some(w) if w.will_wake(cx.waker()) => {}
             w => *w = Some(cx.waker().clone()),
         }
+        let mut more = e.recv_batch(cx);
+        drop(e);
         let mut rounds = 0;
         loop {
-            let more = engine.borrow_mut().recv_batch(cx);
             Self::start_handlers(engine);
-            engine.borrow_mut().flush();
             if !more {
                 break;
             }
@@ -212,6 +219,7 @@ impl<T: Transport> Engine<T> {
                 cx.waker().wake_by_ref();
                 break;
             }
+            more = engine.borrow_mut().recv_batch(cx);
         }
         Poll::Pending
     }
