@@ -228,26 +228,37 @@ impl<T: Send> std::future::Future for Answer<T> {
         let Some(s) = self.slot.as_ref() else {
             return Poll::Ready(Err(Lost));
         };
-        if !budget.is_zero() {
-            // Whatever it finds, the state is read again below.
-            spin_until_answered(s, budget);
+        if !budget.is_zero() && spin_until_answered(s, budget) {
+            // Answered while spinning: taken without registering the waker
+            // (the completer would wake it for nothing).
+            if let Some(r) = take_answer(s) {
+                return Poll::Ready(r);
+            }
         }
         // Registered before the state is read: a completion after the read
         // wakes this registration.
         s.waker.register(cx.waker());
-        match s.state.load(Ordering::Acquire) {
-            FULL => {
-                // SAFETY: `FULL` (acquire) means the completer wrote the
-                // value and will not touch it again; we move it out once
-                // and mark it `TAKEN` so that nothing reads or drops it
-                // again.
-                let v = unsafe { (*s.value.get()).assume_init_read() };
-                s.state.store(TAKEN, Ordering::Relaxed);
-                Poll::Ready(Ok(v))
-            }
-            LOST | TAKEN => Poll::Ready(Err(Lost)),
-            _ => Poll::Pending,
+        match take_answer(s) {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
         }
+    }
+}
+
+/// Takes the answer out of `s` if it has one (`Ok`) or if it never will
+/// (`Err(Lost)`); `None` while it is still to come.
+fn take_answer<T>(s: &Slot<T>) -> Option<Result<T, Lost>> {
+    match s.state.load(Ordering::Acquire) {
+        FULL => {
+            // SAFETY: `FULL` (acquire) means the completer wrote the value
+            // and will not touch it again; we move it out once and mark it
+            // `TAKEN` so that nothing reads or drops it again.
+            let v = unsafe { (*s.value.get()).assume_init_read() };
+            s.state.store(TAKEN, Ordering::Relaxed);
+            Some(Ok(v))
+        }
+        LOST | TAKEN => Some(Err(Lost)),
+        _ => None,
     }
 }
 

@@ -321,19 +321,25 @@ impl EQp {
     /// Moves the QP to ERR: `first` completes the front send WR, then every
     /// other WR (send and receive) is flushed.
     pub fn fail(&mut self, first: Option<WcStatus>) {
-        self.stop_direct(&mut lock(&self.sh.clone().inner));
+        let sh = self.sh.clone();
+        {
+            let mut inner = lock(&sh.inner);
+            self.stop_direct(&mut inner);
+            // The QP is in ERR before its error completion is visible: an
+            // application that queries the QP once it polled the error
+            // finds it in ERR.
+            if inner.state != QpState::Err {
+                self.sh.set_state(&mut inner, QpState::Err);
+                self.gen = inner.gen;
+            }
+        }
         self.unpin();
         if let Some(st) = first {
             if !self.wqes.is_empty() {
                 self.complete_front(st, 0);
             }
         }
-        let sh = self.sh.clone();
         let mut inner = lock(&sh.inner);
-        if inner.state != QpState::Err {
-            self.sh.set_state(&mut inner, QpState::Err);
-            self.gen = inner.gen;
-        }
         self.flush(&mut inner);
     }
 
