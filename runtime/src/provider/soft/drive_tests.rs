@@ -756,11 +756,12 @@ fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
     let abuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
     let bbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
     warm_up(&a, &b, &sbuf, &rbuf);
-    // The poll that takes the receive renews the lease for the usual short
-    // time: a test thread preempted longer than that between its poll and
-    // its look at the engine finds the lease ended and the ACK sent by the
-    // engine, as it should be. Such an attempt proves nothing and is made
-    // again (a loaded machine); one made in time must find the ACK held.
+    // Each poll of the receive renews the lease for the usual short time:
+    // a test thread preempted longer than that while it polls, or between
+    // its poll and its look at the engine, finds the lease ended and the
+    // ACK sent by the engine, as it should be. Such an attempt proves
+    // nothing and is made again (a loaded machine); one made within half a
+    // lease must find the ACK held.
     let deadline = Instant::now() + 3 * WAIT;
     let mut wr_id = 7;
     let wires = loop {
@@ -792,14 +793,16 @@ fn the_engine_does_not_stay_awake_for_acks_an_application_holds() {
         };
         wr_id += 1;
         post_recv(&b.qp, wr_id, rbuf.sge(0, 64));
+        // (Every poll renews the lease to a lease from then: it cannot end
+        // within a lease of this instant.)
+        let sent = Instant::now();
         post_send(&a.qp, send_wr(wr_id, SendOp::Send, sbuf.sge(0, 8)));
         let r = spin_one(&b.rcq);
-        let polled = Instant::now();
         assert_eq!((r.wr_id, r.status), (wr_id, WcStatus::Success));
         let eng = super::super::lock(b.ctx.core());
         if eng.held.is_empty() {
             assert!(
-                polled.elapsed() >= eng.sh.lease / 2,
+                sent.elapsed() >= eng.sh.lease / 2,
                 "the receive does not hold the ACK"
             );
             drop(eng);
@@ -846,11 +849,13 @@ fn arming_takes_the_socket_from_the_engine_until_the_lease_ends() {
     let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
     let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
     warm_up(&a, &b, &sbuf, &rbuf);
+    // (The sockets that feed the CQ: the engines may hold another
+    // connection between them, which no arming of this CQ concerns.)
     let wires: Vec<_> = {
         let eng = super::super::lock(b.ctx.core());
-        eng.conns
+        eng.cq_feeds[&b.rcq.handle()]
             .iter()
-            .filter_map(|(_, c)| c.stream.clone())
+            .filter_map(|&cid| eng.conns[cid].stream.clone())
             .collect()
     };
     post_recv(&b.qp, 7, rbuf.sge(0, 64));
