@@ -51,6 +51,12 @@ pub(crate) struct Shared {
     pub dirty: Mutex<Vec<Arc<QpShared>>>,
     /// The engine is (about to be) asleep in its poll.
     pub sleeping: AtomicBool,
+    /// The doorbell was rung ([`Shared::ring`]) since the engine last went
+    /// to sleep: the engine wakes for it, later rings need no system call.
+    /// Cleared by the engine before it sets `sleeping`.
+    pub rung: AtomicBool,
+    /// Doorbell system calls [`Shared::ring`] made (tests, diagnostics).
+    pub rings: AtomicU64,
     /// Times the engine woke from its poll (tests watch it: a wake-up can
     /// be shorter than any poll of `sleeping`).
     pub wakes: AtomicU64,
@@ -189,9 +195,15 @@ impl Shared {
     }
 
     /// Wakes the engine, with a syscall only if it sleeps.
+    ///
+    /// At most one ring per sleep of the engine makes the syscall: the
+    /// posts that follow before it wakes (a window of 128 SENDs goes as 16
+    /// lists of `DEFER_MAX`, each ringing) would write the `eventfd` again
+    /// for the same wake-up.
     pub fn ring(&self) {
         fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst) {
+        if self.sleeping.load(Ordering::SeqCst) && !self.rung.swap(true, Ordering::SeqCst) {
+            self.rings.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = self.waker.wake() {
                 tracing::error!(error = %crate::report::ErrorChain(&e), "soft engine waker failed");
             }
@@ -283,6 +295,8 @@ impl Context {
             qps: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
+            rung: AtomicBool::new(false),
+            rings: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
             lease_sleeps: AtomicU64::new(0),
             direct_sends: AtomicU64::new(0),
@@ -637,3 +651,7 @@ impl Pd {
         })))
     }
 }
+
+#[cfg(test)]
+#[path = "context_tests.rs"]
+mod tests;

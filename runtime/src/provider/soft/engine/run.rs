@@ -291,6 +291,8 @@ impl Engine {
             // would not wake in time to time their WRs out.
             let wake_by = timeout.map_or(u64::MAX, |t| self.sh.nanos_at(now + t));
             self.sh.wake_by.store(wake_by, Ordering::SeqCst);
+            // (A ring from here on is for this sleep: see `Shared::rung`.)
+            self.sh.rung.store(false, Ordering::SeqCst);
             self.sh.sleeping.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
             // (Work queued before `sleeping` was seen: no one rang for it.)
