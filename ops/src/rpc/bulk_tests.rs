@@ -12,7 +12,9 @@ use verbio_runtime::Runtime;
 use super::header::{BulkDesc, Header, PacketKind, Status, HEADER_LEN};
 use super::mem::{MemNetwork, MemTransport};
 use super::tests::{answer, config, request, server, wait_for, ECHO};
-use super::{Bulk, MsgBuf, Request, Rpc, RpcConfig, RpcError, SessionId, Transport, TxBatch};
+use super::{
+    Bulk, MsgBuf, Request, Rpc, RpcConfig, RpcError, SessionId, Transport, TxBatch, SESSION_SLOTS,
+};
 
 /// Packets of 1 KiB of payload; messages from 4 KiB go by READ.
 pub(super) const PACKET: usize = 1024 + HEADER_LEN;
@@ -265,6 +267,82 @@ fn a_server_vanishing_mid_read_fails_the_call_in_bounds() {
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         net.hold_reads(false);
         assert_eq!(cli.stats().timeouts, 1);
+    });
+}
+
+/// "In progress" answers (a credit return for a read request's only
+/// packet: the server has the request and reads it or runs its handler,
+/// the call waits) forged by another endpoint are harmless: from a
+/// stranger (not the session's server session number) or for a slot or
+/// request number not in progress they are dropped and counted stale;
+/// twice for the call in progress they only say what the server's own
+/// do. The call ends with its response, its handler ran once, and the
+/// session's credits are whole after (a window of calls at once).
+#[test]
+fn forged_in_progress_answers_are_harmless() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(31, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv).await;
+        let cli_id = cli.with_transport(MemTransport::id);
+        let mut forger = net.endpoint();
+        let mut tx = TxBatch::default();
+        // The client's only session is the server's first: number 0.
+        let mut forge = |src_session: u32, req_num: u64| {
+            let h = Header {
+                dest_session: s.0,
+                src_session,
+                req_num,
+                ..Header::new(PacketKind::CreditReturn)
+            };
+            tx.clear();
+            tx.push(&cli_id, &h, &[]);
+            forger.send(&tx).unwrap();
+        };
+        net.hold_reads(true);
+        let req = request(4, 0, 60_000);
+        let call = pin!(cli.call(s, ECHO, &req));
+        let held = pin!(wait_for(|| net.held_reads() == 1));
+        let Either::Right(((), call)) = select(call, held).await else {
+            panic!("the call ended while its READ was held");
+        };
+        let stale = cli.stats().stale_packets;
+        // From strangers, for every request number a slot could hold.
+        for req_num in 0..2 * SESSION_SLOTS as u64 {
+            forge(77, req_num);
+            forge(u32::MAX, req_num);
+        }
+        let strangers = 4 * SESSION_SLOTS as u64;
+        wait_for(|| cli.stats().stale_packets == stale + strangers).await;
+        // As the server, twice each: one is the call's, the rest stale.
+        for _ in 0..2 {
+            for req_num in 0..2 * SESSION_SLOTS as u64 {
+                forge(0, req_num);
+            }
+        }
+        let others = 2 * (2 * SESSION_SLOTS as u64 - 1);
+        wait_for(|| cli.stats().stale_packets == stale + strangers + others).await;
+        net.hold_reads(false);
+        let resp = call.await.unwrap();
+        assert_eq!(&resp[..], &answer(&req)[..]);
+        assert_eq!(runs.borrow().get(&req), Some(&1));
+        // For a call that ended: stale.
+        let stale = cli.stats().stale_packets;
+        for req_num in 0..2 * SESSION_SLOTS as u64 {
+            forge(0, req_num);
+        }
+        wait_for(|| cli.stats().stale_packets == stale + 2 * SESSION_SLOTS as u64).await;
+        // The session's credits are whole: a window of calls, small,
+        // streamed and read, all at once.
+        let reqs: Vec<_> = (0..SESSION_SLOTS)
+            .map(|i| request(5, i, [100, 3000, 2 * THRESHOLD][i % 3]))
+            .collect();
+        let calls = reqs.iter().map(|r| cli.call(s, ECHO, r));
+        for (resp, req) in futures::future::join_all(calls).await.iter().zip(&reqs) {
+            assert_eq!(&resp.as_ref().unwrap()[..], &answer(req)[..]);
+        }
+        assert_eq!(cli.stats().timeouts, 0);
     });
 }
 

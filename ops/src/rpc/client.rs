@@ -525,7 +525,8 @@ impl<P: Clone> Core<P> {
             return;
         }
         if last + 1 == slot.n_req && first == last {
-            // The server has the whole request; its handler runs.
+            // The server has the whole request ("in progress": it reads
+            // it or its handler runs).
             s.rtt.sample(now - slot.sent);
             slot.progress = now;
             slot.retries = 0;

@@ -65,7 +65,10 @@
 //! unanswered packets again (its first resend waits longer when the
 //! session measured a longer round trip: up to 4 `rto`, `rtt.rs`, so a
 //! server slowed by a window of calls is not resent to); after [`RpcConfig::max_retries`] in a row its
-//! call fails with [`RpcError::Timeout`] and the session with it. The
+//! call fails with [`RpcError::Timeout`] and the session with it (a call
+//! whose request or response moves by READ or WRITE gets a resend more
+//! per `rto` of those bytes at 64 MiB/s; while the transfer runs the
+//! server answers its resends, "in progress", `timer.rs`). The
 //! server keeps, per slot, the request number and the response, so a
 //! request that arrives again is answered from there and its handler runs
 //! at most once. A server closes a session that has heard nothing from

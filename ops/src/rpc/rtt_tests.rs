@@ -92,3 +92,20 @@ fn a_slow_but_sure_server_gets_few_resends_once_learned() {
         assert_eq!(c.timeouts, 0);
     });
 }
+
+/// The resends a transfer under way adds to a call's bound: none for no
+/// bytes, one per `rto`'s worth of bytes at the floor rate, rounded up.
+#[test]
+fn a_transfer_extends_the_bound_by_its_bytes_at_the_floor_rate() {
+    use super::timer::{extra_retries, TRANSFER_FLOOR_RATE};
+    use std::time::Duration;
+    let rto = Duration::from_millis(20);
+    let per_rto = (TRANSFER_FLOOR_RATE / 50) as usize;
+    assert_eq!(extra_retries(0, rto), 0);
+    assert_eq!(extra_retries(1, rto), 1);
+    assert_eq!(extra_retries(per_rto, rto), 1);
+    assert_eq!(extra_retries(per_rto + 1, rto), 2);
+    assert_eq!(extra_retries(16 << 20, rto), 13);
+    // A tiny timeout still grants a finite number.
+    assert_eq!(extra_retries(16 << 20, Duration::ZERO), 16 << 20);
+}

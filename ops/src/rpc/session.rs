@@ -149,6 +149,19 @@ impl ClientSlot {
         }
     }
 
+    /// Bytes of this call that may be moving by READ or WRITE: its
+    /// request the server reads, the room offered for its response, the
+    /// response it reads.
+    pub(crate) fn transfer_bytes(&self) -> usize {
+        let request = self.req_desc.map_or(0, |(_, len)| len);
+        let response = if self.reading.is_some() {
+            self.resp_len
+        } else {
+            0
+        };
+        request + self.offered as usize + response
+    }
+
     /// Client packets this call sends in all (as far as known).
     pub(crate) fn total_tx(&self) -> usize {
         self.n_req + self.n_resp.saturating_sub(1)

@@ -18,6 +18,28 @@ pub(crate) const TICKS_PER_RTO: u32 = 3;
 /// `rto * 2^CONNECT_BACKOFF_MAX`).
 const CONNECT_BACKOFF_MAX: u32 = 6;
 
+/// The slowest rate (bytes per second) a READ or WRITE under way is
+/// granted: a call whose request or response moves in one transfer
+/// may go unanswered one more `rto` per `rto`'s worth of its bytes at
+/// this rate, beyond `max_retries` (`extra_retries`). The answers to its
+/// resends ("in progress") normally keep it alive however long it takes;
+/// this covers a device that carries no datagram for a while around a
+/// transfer (the soft device with its engine thread preempted on a
+/// loaded host, the datagrams queued behind it), and still fails a call
+/// whose peer vanished within the session's bound plus the transfer's
+/// time at this rate (16 MiB: 250 ms).
+pub(crate) const TRANSFER_FLOOR_RATE: u64 = 64 << 20;
+
+/// The resends a call whose `bytes` may be under way gets beyond
+/// `max_retries`, with resends `rto` apart.
+pub(crate) fn extra_retries(bytes: usize, rto: std::time::Duration) -> u32 {
+    if bytes == 0 {
+        return 0;
+    }
+    let per_rto = (u128::from(TRANSFER_FLOOR_RATE) * rto.as_micros() / 1_000_000).max(1);
+    u32::try_from((bytes as u128).div_ceil(per_rto)).unwrap_or(u32::MAX)
+}
+
 impl<P: Clone> Core<P> {
     /// Runs timer tick `self.now`; returns whether a call or connect is
     /// still under way (the timer stays armed).
@@ -25,6 +47,7 @@ impl<P: Clone> Core<P> {
         let now = self.now;
         let rto = u64::from(TICKS_PER_RTO);
         let max_retries = self.config.max_retries;
+        let rto_time = self.config.rto;
         let mut busy = false;
         let mut settled = Vec::new();
         for index in 0..self.sessions.capacity() {
@@ -92,7 +115,9 @@ impl<P: Clone> Core<P> {
                         if (slot.in_flight() == 0 && !reading) || now - slot.progress < wait {
                             continue;
                         }
-                        if slot.retries >= max_retries {
+                        let bound = max_retries
+                            .saturating_add(extra_retries(slot.transfer_bytes(), rto_time));
+                        if slot.retries >= bound {
                             let (req_num, retries) = (slot.req_num, slot.retries);
                             debug!(session = sid, req_num, "rpc: call timed out");
                             self.stats.timeouts += 1;

@@ -310,3 +310,58 @@ fn a_region_deregistered_while_its_read_is_sent_fails_the_read() {
     assert!(got == mem[..]);
     drop(mr);
 }
+
+#[test]
+fn a_long_read_response_lets_other_qps_send_between_its_segments() {
+    // The fake reads slowly (a small receive buffer): the device's writes
+    // block partway through a 16 MiB READ response. A SEND posted on
+    // another QP of the connection meanwhile goes between two segments,
+    // not after the READ's last byte (a datagram or request stuck behind
+    // a long READ for its whole length left RPC calls unanswered).
+    let mut f = Fake::new(64 * 1024);
+    let t = trigger(&f.pd);
+    let mut side = f.qp(&t);
+    let other = f.qp(&t);
+    let len = 16 << 20;
+    let (mr, mem) = region(&f.pd, len);
+    let psn = f.read(&mut side, mem.as_ptr() as u64, mr.rkey(), len as u64);
+    // The response has started: the READ is at the front of the
+    // connection's responses.
+    let (first, mut bytes) = match next_packet(f.stream()) {
+        Some((h, payload)) => (h, payload.len()),
+        None => panic!("no READ response in {WAIT:?}"),
+    };
+    assert_eq!((first.opcode, first.psn), (Opcode::ReadResp, psn));
+    let w = SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        sg_list: [t.sge(0, 8)].into_iter().collect(),
+        flags: SendFlags::SIGNALED,
+    };
+    // SAFETY: the SGE lies in `t`'s registration, which outlives the QP
+    // (dropped at the end of the test, before `t`).
+    unsafe { other.qp.post_send(&[w]) }.expect("post");
+    let mut send_before = None;
+    loop {
+        let (h, payload) = next_packet(f.stream()).expect("a packet");
+        match h.opcode {
+            Opcode::Send => {
+                assert_eq!(h.src_qpn, other.qp.qp_num());
+                send_before = Some(bytes);
+            }
+            Opcode::ReadResp => {
+                bytes += payload.len();
+                if h.flags & FLAG_LAST != 0 {
+                    break;
+                }
+            }
+            op => panic!("unexpected {op:?}"),
+        }
+    }
+    assert_eq!(bytes, len);
+    let at = send_before.expect("the SEND came after the READ's last segment");
+    assert!(at < len / 2, "the SEND waited for {at} of {len} bytes");
+    drop(other);
+    drop(side);
+    drop(mr);
+}

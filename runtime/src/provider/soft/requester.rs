@@ -417,8 +417,14 @@ impl Engine {
         let mut mrs = sh.mrs();
         let mut failed = None;
         let mut moved: SmallVec<[u32; 4]> = SmallVec::new();
+        // A READ answered segment by segment lets the senders put a packet
+        // between two segments: a long READ response does not hold back
+        // the connection's requests and datagrams until its last byte (a
+        // NIC arbitrates between its QPs so too).
         while conn.tx_room() {
-            if let Some(r) = conn.resp.front_mut() {
+            let turn = conn.senders_turn && !conn.senders.is_empty();
+            if let Some(r) = conn.resp.front_mut().filter(|_| !turn) {
+                conn.senders_turn = matches!(r, Resp::Read(_));
                 match gen_resp(r, &mut conn.tx, &mut conn.tx_mem, &mrs) {
                     Ok(true) => {
                         conn.resp.pop_front();
@@ -441,6 +447,7 @@ impl Engine {
                 }
                 continue;
             }
+            conn.senders_turn = false;
             let Some(&qpn) = conn.senders.front() else {
                 break;
             };

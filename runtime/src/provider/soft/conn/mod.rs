@@ -137,6 +137,9 @@ pub(crate) struct Conn {
     pub resp: VecDeque<Resp>,
     /// Requester QPs with packets to send on this connection.
     pub senders: VecDeque<u32>,
+    /// A READ response segment went last: a sender's packet goes next, if
+    /// any (a long READ response does not hold the senders back).
+    pub senders_turn: bool,
     /// Listed in the engine's active list.
     pub active: bool,
     /// While only ACKs of messages that completed a receive are pending
@@ -302,6 +305,7 @@ impl Conn {
             rcvlowat: 1,
             resp: VecDeque::new(),
             senders: VecDeque::new(),
+            senders_turn: false,
             active: false,
             ack_hold: None,
             hold_pays: true,

@@ -98,7 +98,14 @@ impl Engine {
     }
 
     fn service_conn_rounds(&mut self, cid: usize) -> bool {
-        for _ in 0..SERVICE_ROUNDS {
+        for round in 0..SERVICE_ROUNDS {
+            if round > 0 {
+                // WRs posted meanwhile join this connection's senders now,
+                // not after the last round: a long transfer's rounds can
+                // take milliseconds, and a datagram posted during them
+                // would wait for all of them.
+                self.service_dirty();
+            }
             self.fill_tx(cid);
             let Some(conn) = self.conns.get_mut(cid) else {
                 return false;
