@@ -18,9 +18,21 @@ use super::error::CloseReason;
 /// a window of senders waiting, waking every one per grant made each
 /// message cost several polls of senders that found no credit); a woken
 /// sender that goes away without taking a credit passes its wake on.
+///
+/// Senders take credits in the order they first asked (a message's place
+/// on the wire is its credit's): a woken sender's credit is set aside for
+/// it until it is polled (`reserved`), and a sender that asks while others
+/// wait, or while woken ones have not taken theirs, waits behind them. A
+/// window of `send`s each first polled as an earlier one completes (a
+/// `FuturesUnordered`) took the credit a grant had woken an older sender
+/// for: that sender went to the back of the queue and its message after
+/// the newer ones.
 #[derive(Debug)]
 pub(crate) struct Credits {
     available: Cell<u32>,
+    /// Of `available`, the credits set aside for senders a grant woke that
+    /// have not been polled since.
+    reserved: Cell<u32>,
     /// Waiting senders, oldest first, by the id of their [`Acquire`].
     waiters: RefCell<VecDeque<(u64, Waker)>>,
     next_id: Cell<u64>,
@@ -34,6 +46,7 @@ impl Credits {
     pub(crate) fn new(initial: u32) -> Credits {
         Credits {
             available: Cell::new(initial),
+            reserved: Cell::new(0),
             waiters: RefCell::new(VecDeque::new()),
             next_id: Cell::new(0),
             woken_together: Cell::new(0),
@@ -41,9 +54,10 @@ impl Credits {
         }
     }
 
-    /// Credits available now.
+    /// Credits available now to a sender that asks (those set aside for
+    /// woken senders not counted).
     pub(crate) fn available(&self) -> u32 {
-        self.available.get()
+        self.available.get().saturating_sub(self.reserved.get())
     }
 
     /// Takes one credit, waiting for a grant if none is left; fails once the
@@ -73,6 +87,17 @@ impl Credits {
             return None;
         }
         self.take()
+    }
+
+    /// Takes one credit now if the connection is open, one is left that
+    /// no woken sender was woken for, and no sender waits: a sender that
+    /// asks now comes after those.
+    #[inline(always)]
+    pub(crate) fn try_acquire_in_turn(&self) -> Option<Credit<'_>> {
+        if self.available() == 0 || !self.waiters.borrow().is_empty() {
+            return None;
+        }
+        self.try_acquire()
     }
 
     #[inline(always)]
@@ -112,17 +137,20 @@ impl Credits {
         }
     }
 
-    /// Wakes the oldest waiters, one per credit available.
+    /// Wakes the oldest waiters, one per credit available that is not set
+    /// aside yet, and sets those credits aside for them.
     #[inline(never)]
     fn wake_some(&self) {
         let woken: SmallVec<[Waker; 16]> = {
             let mut waiters = self.waiters.borrow_mut();
-            let n = (self.available.get() as usize).min(waiters.len());
+            let n = (self.available() as usize).min(waiters.len());
             waiters.drain(..n).map(|(_, w)| w).collect()
         };
         if woken.is_empty() {
             return;
         }
+        // (`woken.len()` is at most `available()`, a u32.)
+        self.reserved.set(self.reserved.get() + woken.len() as u32);
         self.woken_together.set(woken.len());
         for w in woken {
             w.wake();
@@ -150,11 +178,21 @@ impl<'a> Future for Acquire<'a> {
             self.done = true;
             return Poll::Ready(Err(r.clone()));
         }
-        if let Some(credit) = c.take() {
-            self.done = true;
-            self.leave();
-            let held_back = self.waited && c.woken_together.get() > 1;
-            return Poll::Ready(Ok((credit, held_back)));
+        // Woken by a grant (out of the queue): a credit was set aside for
+        // it. Else it may take one only if none is set aside for others
+        // and nobody waits before it.
+        let woken = self.woken();
+        if woken {
+            c.reserved.set(c.reserved.get().saturating_sub(1));
+        }
+        let in_turn = woken || (self.id.is_none() && c.waiters.borrow().is_empty());
+        if in_turn && c.available.get() > c.reserved.get() {
+            if let Some(credit) = c.take() {
+                self.done = true;
+                self.id = None;
+                let held_back = self.waited && c.woken_together.get() > 1;
+                return Poll::Ready(Ok((credit, held_back)));
+            }
         }
         self.waited = true;
         let mut waiters = c.waiters.borrow_mut();
@@ -182,6 +220,13 @@ impl<'a> Future for Acquire<'a> {
 }
 
 impl Acquire<'_> {
+    /// True if it waited and a grant took it out of the queue (and set a
+    /// credit aside for it) since it was last polled.
+    fn woken(&self) -> bool {
+        self.id
+            .is_some_and(|id| place(&self.credits.waiters.borrow(), id).is_none())
+    }
+
     /// Leaves the waiters' queue if it is still in it.
     fn leave(&mut self) {
         if let Some(id) = self.id.take() {
@@ -208,6 +253,11 @@ impl Drop for Acquire<'_> {
     fn drop(&mut self) {
         if self.done {
             return;
+        }
+        if self.woken() {
+            // The credit set aside for it is free again.
+            let c = self.credits;
+            c.reserved.set(c.reserved.get().saturating_sub(1));
         }
         self.leave();
         // Woken for a credit it will not take: the next waiter gets it.
@@ -537,6 +587,45 @@ mod tests {
         assert_eq!(woken(), [1, 1, 0], "the last one still sleeps");
         c.close(CloseReason::Disconnected);
         assert_eq!(woken(), [1, 1, 1], "a close wakes every waiter");
+    }
+
+    #[test]
+    fn a_sender_that_asks_after_a_grant_woke_another_waits_behind_it() {
+        use futures::FutureExt;
+        let c = Credits::new(0);
+        let mut old = Box::pin(c.acquire_noting_wait());
+        assert!((&mut old).now_or_never().is_none());
+        c.grant(1);
+        assert_eq!(
+            c.available(),
+            0,
+            "the credit is set aside for the woken sender"
+        );
+        assert!(c.try_acquire_in_turn().is_none());
+        // First polled before the woken one: it does not take its credit.
+        let mut new = Box::pin(c.acquire_noting_wait());
+        assert!(
+            (&mut new).now_or_never().is_none(),
+            "the newer sender waits"
+        );
+        let (credit, _) = (&mut old).now_or_never().unwrap().unwrap();
+        credit.spend();
+        assert!((&mut new).now_or_never().is_none(), "no credit for it yet");
+        c.grant(1);
+        let (credit, _) = (&mut new).now_or_never().unwrap().unwrap();
+        credit.spend();
+        // A woken sender dropped gives its credit to the next one.
+        let mut a = Box::pin(c.acquire_noting_wait());
+        let mut b = Box::pin(c.acquire_noting_wait());
+        assert!((&mut a).now_or_never().is_none());
+        assert!((&mut b).now_or_never().is_none());
+        c.grant(1);
+        drop(a);
+        let (credit, _) = (&mut b).now_or_never().unwrap().unwrap();
+        credit.spend();
+        assert_eq!(c.available(), 0);
+        c.grant(1);
+        assert!(c.try_acquire_in_turn().is_some(), "nobody waits: at once");
     }
 
     #[test]

@@ -212,8 +212,10 @@ pub(crate) fn try_join(shared: &Rc<Shared>, data: &[u8], imm: Option<u32>) -> Op
     // The peer's receive buffers hold a `Data` piece of `piece_len` bytes
     // and its header: a pack may fill one.
     let frame_max = shared.negotiated.piece_len + super::wire::DATA_OVERHEAD;
-    // A pack that cannot hold two such messages saves nothing.
-    if PACKED_HEADER_LEN + 2 * entry > frame_max {
+    // A pack that cannot hold two such messages saves nothing, unless a
+    // pack waits: the message then goes in a pack of its own behind it,
+    // not past it (on its own path it would take the next credit first).
+    if PACKED_HEADER_LEN + 2 * entry > frame_max && !packer.pending() {
         return None;
     }
     let joinable = {

@@ -342,19 +342,24 @@ impl Shared {
             drop(ride);
             drop(credit);
             drop(unposted);
-            let msg = Message::Whole {
-                imm: None,
-                grant: 0, // the credits owed then, filled in at posting
-                payload: &buf,
-            };
-            let r = match self.post_data(&msg).await {
-                Ok(Some(sent)) => {
-                    drop(lone);
-                    self.completed(sent).await
+            // Boxed: rare, and its state inline would make every
+            // `send_buf` future larger (see `Rdma::send_buf`).
+            let r = Box::pin(async {
+                let msg = Message::Whole {
+                    imm: None,
+                    grant: 0, // the credits owed then, filled in at posting
+                    payload: &buf,
+                };
+                match self.post_data(&msg).await {
+                    Ok(Some(sent)) => {
+                        drop(lone);
+                        self.completed(sent).await
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
                 }
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
-            };
+            })
+            .await;
             return (r, buf);
         };
         let res = until_posted(self.qp.send_with_imm(buf, imm), Some(credit), &posted).await;
@@ -690,7 +695,7 @@ impl Shared {
         // one on the stack; in use only if this runs inside itself, which
         // nothing it calls does.
         let mut bytes = self.inline_buf.try_borrow_mut().ok()?;
-        let credit = self.credits.try_acquire()?;
+        let credit = self.credits.try_acquire_in_turn()?;
         let posted = Cell::new(false);
         // The credits owed to the peer ride on the message (owed again if
         // it is not posted: `Piggyback`'s drop).
@@ -1229,24 +1234,35 @@ impl Rdma {
                 return Box::pin(send_buf_by_read(s, buf, None)).await;
             }
         }
-        if len > 0
-            && len <= s.negotiated.piece_len
-            && len <= s.negotiated.max_send_len
-            && whole_overhead(false) + len > s.inline_limit()
-            && !s.is_down()
-            && s.pool.owns(&buf)
-        {
-            // One piece, not INLINE, from the connection's pool (its key
-            // valid on the QP): from this buffer itself, unless it joins a
-            // pack (`send_inner`'s order of things).
-            let _live = s.packer.live();
-            if let Some(packed) = super::packing::try_join(s, &buf, None) {
-                return (packed.await, buf);
+        if len > 0 && len <= s.negotiated.piece_len && len <= s.negotiated.max_send_len {
+            let inline = whole_overhead(false) + len <= s.inline_limit();
+            if inline || (s.pool.owns(&buf) && !s.is_down()) {
+                // One piece, in `send_inner`'s order of things (this send
+                // counted as in progress first): INLINE at once if it can
+                // go; else into a pack if one waits or a backlog makes
+                // one; else, not INLINE and from the connection's pool
+                // (its key valid on the QP), from this buffer itself.
+                let _live = s.packer.live();
+                if inline {
+                    if let Some(r) = s.try_send_whole(&buf, None) {
+                        return (r, buf);
+                    }
+                }
+                if let Some(packed) = super::packing::try_join(s, &buf, None) {
+                    return (packed.await, buf);
+                }
+                if !inline {
+                    let lone = s.packer.lone();
+                    return s.send_whole_buf(buf, lone).await;
+                }
             }
-            let lone = s.packer.lone();
-            return s.send_whole_buf(buf, lone).await;
         }
-        let r = self.send_inner(&buf, None).await;
+        // Boxed (an allocation for a message none of the above took: of
+        // another pool, waiting for a credit alone, split, or failing):
+        // inline, `send_inner`'s state (its general path's) made every
+        // `send_buf` future about 1 KiB, which each move copies (a window
+        // of sends in a `FuturesUnordered` moves each one into its box).
+        let r = Box::pin(self.send_inner(&buf, None)).await;
         (r, buf)
     }
 

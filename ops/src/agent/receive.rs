@@ -94,7 +94,13 @@ impl Future for Receive {
 /// oldest receive is pending again: then the ring's check at the end of
 /// the pass finds nothing left for the agent task to take. Nothing on a
 /// shared receive queue (no ring of its own: the agent task reads its
-/// messages).
+/// messages). It stops once every spare slot is lent: a burst of
+/// messages (a window of the peer's sends) taken whole would copy every
+/// one past the spare slots out of its slot (half of a 4 KiB window did);
+/// the rest stay in the ring for the next receive, which usually comes
+/// in the same task poll, after the application let go of the messages
+/// before (if none comes in this loop pass, the pass's check wakes the
+/// agent task, which takes them as it did before).
 #[inline(always)]
 fn settle(shared: &Rc<Shared>) {
     if !shared.rx.owns_ring() {
@@ -102,7 +108,7 @@ fn settle(shared: &Rc<Shared>) {
     }
     loop {
         // The usual case, checked without a step.
-        if shared.rx.ring_waiting() {
+        if shared.rx.ring_waiting() || shared.rx.lending_full() {
             break;
         }
         match step(shared) {

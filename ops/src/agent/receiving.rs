@@ -377,6 +377,13 @@ impl Receiving {
         Some(RecvMsg { body, imm })
     }
 
+    /// True once every spare slot is lent: a whole message taken from the
+    /// ring now would be copied out ([`Receiving::lend`]).
+    #[inline(always)]
+    pub(crate) fn lending_full(&self) -> bool {
+        self.lent.get() >= self.lend_max.get()
+    }
+
     /// True if nothing completed since the ring was last polled pending:
     /// the agent's turn has nothing to take.
     #[inline]
