@@ -324,10 +324,26 @@ fn a_full_budget_makes_large_requests_wait_not_fail() {
         assert!(srv.memory().request_bytes > 2 * claim, "the budget is full");
         let len = 200 * 1024;
         let req: Vec<u8> = (0..len).map(|i| i as u8).collect();
-        let resp = timeout(WAIT, cli.call(s, ECHO, &req))
-            .await
-            .expect("served in time")
-            .expect("served, not failed");
+        // The claims make progress (one new packet each per 20 ms, never
+        // their last) until the call has waited past its retry limit: how
+        // long the wait is then does not hang on how fast a loaded machine
+        // runs the client's timers against the server's idle sweeps. Then
+        // they stall, and expire.
+        let limit = u64::from(config().max_retries);
+        let keep_claims = async {
+            let t = Instant::now();
+            let mut idx = last;
+            while cli.stats().busy_pauses <= limit && t.elapsed() < WAIT && idx > 1 {
+                idx -= 1;
+                for slot in 0..2 {
+                    atk.request(o, slot, claim, idx);
+                }
+                atk.flush();
+                sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let (resp, ()) = futures::join!(timeout(WAIT, cli.call(s, ECHO, &req)), keep_claims);
+        let resp = resp.expect("served in time").expect("served, not failed");
         assert_eq!(&resp[..], &req[..]);
         let c = cli.stats();
         assert_eq!(c.timeouts, 0);
