@@ -66,6 +66,12 @@ struct Args {
     /// spin).
     #[arg(long, default_value_t = 0)]
     reply_spin_us: u64,
+    /// Answers to tokio tasks through the tokio runtime's relay (`on`, the
+    /// default with verbio's `tokio` feature: tokio's reactor wakes the
+    /// task, on the worker that polls it) or woken from the pool thread
+    /// directly (`off`); see `verbio::runtime::pool::relay`.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    relay: String,
     /// Bound of each wait, in seconds: for the server to start, for a
     /// client to connect, and for a point's results beyond its `--secs`
     /// (30 s unless given).
@@ -399,6 +405,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         "connecting the local client",
     )?;
 
+    verbio::runtime::pool::relay::set_enabled(args.relay == "on");
     let pool = Pool::builder()
         .threads(1)
         .runtime(Runtime::builder().busy_poll(Duration::from_micros(args.pool_busy_poll_us)))

@@ -30,6 +30,8 @@ use std::task::{Context, Poll, Waker};
 
 use futures::task::AtomicWaker;
 
+use super::relay::{self, Relay};
+
 const OPEN: u8 = 0;
 const CLOSED: u8 = 1;
 const LOST: u8 = 2;
@@ -58,8 +60,9 @@ struct Shared<T> {
     /// The feeder waits for room.
     room_wanted: AtomicBool,
     room: AtomicWaker,
-    /// Takers waiting, oldest first, by id.
-    waiters: Mutex<VecDeque<(u64, Waker)>>,
+    /// Takers waiting, oldest first, by id, with the relay each is woken
+    /// through (see `super::relay`).
+    waiters: Mutex<VecDeque<(u64, Waker, Option<&'static Relay>)>>,
     /// Length of `waiters` (read by the feeder without the lock).
     waiting: AtomicUsize,
     next_id: AtomicU64,
@@ -95,8 +98,8 @@ impl<T> Shared<T> {
             self.waiting.store(ws.len(), Ordering::SeqCst);
             w
         };
-        if let Some((_, w)) = w {
-            super::reply_wakes::wake(w);
+        if let Some((_, w, via)) = w {
+            super::reply_wakes::wake(w, via);
         }
     }
 
@@ -106,7 +109,7 @@ impl<T> Shared<T> {
             self.waiting.store(0, Ordering::SeqCst);
             std::mem::take(&mut *ws)
         };
-        for (_, w) in ws {
+        for (_, w, _) in ws {
             w.wake();
         }
     }
@@ -296,6 +299,8 @@ impl<T: Send> Inbox<T> {
             self.leave(waiting, false);
             return Poll::Ready(r);
         }
+        // Looked up outside the waiters' lock.
+        let relay = relay::current();
         {
             let mut ws = self
                 .shared
@@ -304,17 +309,18 @@ impl<T: Send> Inbox<T> {
                 .unwrap_or_else(|p| p.into_inner());
             let place = waiting
                 .id
-                .and_then(|id| ws.iter_mut().find(|(i, _)| *i == id));
+                .and_then(|id| ws.iter_mut().find(|(i, _, _)| *i == id));
             match place {
-                Some((_, w)) => {
+                Some((_, w, via)) => {
                     if !w.will_wake(cx.waker()) {
                         *w = cx.waker().clone();
+                        *via = relay;
                     }
                 }
                 None => {
                     let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
                     waiting.id = Some(id);
-                    ws.push_back((id, cx.waker().clone()));
+                    ws.push_back((id, cx.waker().clone(), relay));
                 }
             }
             self.shared.waiting.store(ws.len(), Ordering::SeqCst);
@@ -355,7 +361,7 @@ impl<T: Send> Inbox<T> {
                 .waiters
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            let found = ws.iter().position(|(i, _)| *i == id);
+            let found = ws.iter().position(|(i, _, _)| *i == id);
             if let Some(at) = found {
                 ws.remove(at);
                 self.shared.waiting.store(ws.len(), Ordering::SeqCst);

@@ -29,6 +29,7 @@ mod builder;
 pub mod inbox;
 mod join;
 pub mod mailbox;
+pub mod relay;
 mod reply_wakes;
 pub mod slot;
 mod thread;

@@ -10,7 +10,9 @@
 //! of a tokio worker per message, each unparking the other worker too).
 //! Here the wakes of a pass are kept and given at the end of the next pass
 //! (a [`PassHook`]), all at once: the asking runtime's worker, unparked by
-//! the first, finds the others' tasks queued behind it.
+//! the first, finds the others' tasks queued behind it. A wake for a task
+//! of tokio's multi-thread runtime goes through that runtime's relay
+//! ([`relay`]): handed there, each relay rung once per pass.
 //!
 //! Only on a pool thread while its loop runs ([`enable`] .. [`disable`]);
 //! elsewhere, and for a slot dropped unanswered, the wake is immediate.
@@ -21,7 +23,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::task::Waker;
 
+use smallvec::SmallVec;
+
+use super::relay::{self, Relay};
 use crate::reactor::{schedule_pass_hook, Handle, PassHook, PassHookId};
+
+/// A kept wake: the asker's waker and the relay it is delivered through
+/// (`None`: woken directly; see [`relay`]).
+type Kept = (Waker, Option<&'static Relay>);
 
 thread_local! {
     /// This pool thread's batch, while its loop runs.
@@ -31,11 +40,11 @@ thread_local! {
 struct Batch {
     hook: PassHookId,
     handle: Handle,
-    kept: Rc<RefCell<Vec<Waker>>>,
+    kept: Rc<RefCell<Vec<Kept>>>,
 }
 
 /// The hook: gives the kept wakes.
-struct Give(Rc<RefCell<Vec<Waker>>>);
+struct Give(Rc<RefCell<Vec<Kept>>>);
 
 impl PassHook for Give {
     fn pass_ended(&self) {
@@ -45,10 +54,22 @@ impl PassHook for Give {
 
 /// Wakes every kept waker (none is kept while they run: a wake that
 /// completes another answer on this thread keeps it for the next pass).
-fn give(kept: &RefCell<Vec<Waker>>) {
+fn give(kept: &RefCell<Vec<Kept>>) {
     let mut wakers = std::mem::take(&mut *kept.borrow_mut());
-    for w in wakers.drain(..) {
-        w.wake();
+    // Each relay is rung once, after every waker for it was handed.
+    let mut rings: SmallVec<[&'static Relay; 2]> = SmallVec::new();
+    for (w, r) in wakers.drain(..) {
+        match r {
+            None => w.wake(),
+            Some(r) => {
+                if relay::hand(r, w) && !rings.iter().any(|x| std::ptr::eq(*x, r)) {
+                    rings.push(r);
+                }
+            }
+        }
+    }
+    for r in rings {
+        relay::ring(r);
     }
     // The buffer goes back (no allocation per pass), unless a wake kept
     // another meanwhile.
@@ -87,11 +108,11 @@ fn finish(b: Batch) {
     give(&b.kept);
 }
 
-/// Wakes `w` at the end of the next pass of this pool thread's loop, or
-/// now if this thread batches nothing (or its loop is not the current
-/// runtime).
-pub(super) fn wake(w: Waker) {
-    let mut w = Some(w);
+/// Wakes `w` (through the relay `via`, if any) at the end of the next pass
+/// of this pool thread's loop, or now if this thread batches nothing (or
+/// its loop is not the current runtime).
+pub(super) fn wake(w: Waker, via: Option<&'static Relay>) {
+    let mut w = Some((w, via));
     let _ = BATCH.try_with(|b| {
         if let Some(batch) = &*b.borrow() {
             if schedule_pass_hook(batch.hook) {
@@ -99,7 +120,15 @@ pub(super) fn wake(w: Waker) {
             }
         }
     });
-    if let Some(w) = w {
-        w.wake();
+    if let Some((w, via)) = w {
+        wake_now(w, via);
+    }
+}
+
+/// Wakes `w` now, through the relay `via` if any.
+fn wake_now(w: Waker, via: Option<&'static Relay>) {
+    let Some(r) = via else { return w.wake() };
+    if relay::hand(r, w) {
+        relay::ring(r);
     }
 }

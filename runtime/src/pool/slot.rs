@@ -11,12 +11,14 @@
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
+
+use super::relay::{self, Relay};
 
 const EMPTY: u8 = 0;
 const FULL: u8 = 1;
@@ -30,6 +32,9 @@ pub struct Slot<T> {
     /// Initialized exactly while `state` is `FULL`.
     value: UnsafeCell<MaybeUninit<T>>,
     waker: AtomicWaker,
+    /// The relay `waker` is delivered through (null: woken directly), set
+    /// by the asker before it registers `waker` (see `super::relay`).
+    relay: AtomicPtr<Relay>,
     /// The answer was dropped (nobody will read the value).
     abandoned: AtomicBool,
     /// The completer's task, woken when the answer is dropped.
@@ -50,6 +55,7 @@ impl<T> Slot<T> {
             state: AtomicU8::new(EMPTY),
             value: UnsafeCell::new(MaybeUninit::uninit()),
             waker: AtomicWaker::new(),
+            relay: AtomicPtr::new(std::ptr::null_mut()),
             abandoned: AtomicBool::new(false),
             abandon_waker: AtomicWaker::new(),
         }
@@ -102,8 +108,15 @@ impl<T: Send> Completer<T> {
         unsafe { (*s.value.get()).write(value) };
         s.state.store(FULL, Ordering::Release);
         // On a pool thread, given with the other answers of the pass.
+        let via = s.relay.load(Ordering::Relaxed);
         if let Some(w) = take_waker_and_release(s) {
-            super::reply_wakes::wake(w);
+            // SAFETY: a non-null `relay` is a `&'static Relay` the asker
+            // stored (`Answer::poll`) before registering the waker taken
+            // here (the waker's registration orders the store before the
+            // take; a stale one from an earlier use of the slot still names
+            // a relay, which wakes correctly).
+            let via = unsafe { via.cast_const().as_ref() };
+            super::reply_wakes::wake(w, via);
         }
     }
 
@@ -235,9 +248,15 @@ impl<T: Send> std::future::Future for Answer<T> {
                 return Poll::Ready(r);
             }
         }
-        // Registered before the state is read: a completion after the read
-        // wakes this registration.
-        s.waker.register(cx.waker());
+        if s.state.load(Ordering::Acquire) == EMPTY {
+            // Registered before the state is read again: a completion after
+            // that read wakes this registration (through the relay of the
+            // tokio runtime polling us, if any).
+            let via =
+                relay::current().map_or(std::ptr::null_mut(), |r| (r as *const Relay).cast_mut());
+            s.relay.store(via, Ordering::Relaxed);
+            s.waker.register(cx.waker());
+        }
         match take_answer(s) {
             Some(r) => Poll::Ready(r),
             None => Poll::Pending,
