@@ -17,7 +17,7 @@ use super::error::AgentError;
 use super::exposed::Exposed;
 use super::mr::{bounds, LocalMr, RemoteMr};
 use super::rdma::{posted_spends, until_posted, Rdma};
-use super::wire::{staged_len, HandOverKind, Message, MrToken};
+use super::wire::{imm_is_agents, HandOverKind, Message, MrToken};
 use crate::verbs::{RemoteBuf, Verbs};
 
 impl Rdma {
@@ -207,7 +207,7 @@ impl Rdma {
             local.len() as u64,
             remote.remote_buf().rkey(),
         );
-        if staged_len(imm).is_some() {
+        if imm_is_agents(imm) {
             return self.write_then_imm(local, target, imm).await;
         }
         let credit = match self.shared.credits.acquire().await {

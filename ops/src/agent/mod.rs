@@ -27,6 +27,7 @@ mod flow;
 mod inbox;
 mod io_error;
 mod keepalive;
+mod landing;
 mod memory;
 mod messages;
 mod mr;

@@ -4,7 +4,10 @@
 //! slots for lent messages, see `Receiving`); a reassembled message, or
 //! one that arrived while every spare slot was lent, is one contiguous
 //! vector; a message READ from the peer is the registered vector it was
-//! read into, kept for the next READ once dropped (`read_bufs.rs`).
+//! read into, kept for the next READ once dropped (`read_bufs.rs`); a
+//! message the peer wrote into a landing slot is that slot's memory, no
+//! longer reachable by the peer, granted again once dropped
+//! (`landing.rs`).
 
 use std::cell::Cell;
 use std::ops::{Deref, Range};
@@ -13,6 +16,7 @@ use std::rc::Rc;
 use verbio_runtime::RingMsg;
 
 use super::backlog::SMALL_ITEM_CHARGE;
+use super::landing::LentSlot;
 use super::read_bufs::ReadInto;
 
 /// Where the bytes are.
@@ -25,6 +29,8 @@ pub(crate) enum Body {
     /// READ from the peer into a registered vector, which goes back to
     /// the connection's spares when the message is dropped.
     Read(ReadInto),
+    /// Written by the peer into a landing slot, revoked while lent.
+    Landed(LentSlot),
 }
 
 /// A receive-ring slot lent to the application: the payload at `range`
@@ -81,6 +87,7 @@ impl RecvMsg {
             Body::Ring(_) => buf_size as u64,
             Body::Vec(v) => (v.len() as u64).max(SMALL_ITEM_CHARGE),
             Body::Read(r) => r.len() as u64,
+            Body::Landed(l) => l.capacity() as u64,
         }
     }
 
@@ -96,6 +103,15 @@ impl RecvMsg {
         matches!(self.body, Body::Ring(_))
     }
 
+    /// True if the bytes are still where the peer wrote them: one of the
+    /// connection's landing slots (a message of 128 KiB or more without an
+    /// immediate, written by one RDMA WRITE while the peer held a slot
+    /// granted; the slot is revoked while this message lives, so the peer
+    /// cannot write these bytes, and granted again when it is dropped).
+    pub fn is_landed(&self) -> bool {
+        matches!(self.body, Body::Landed(_))
+    }
+
     /// The bytes as a vector (a copy unless reassembled); a lent receive
     /// buffer is reposted at once.
     pub fn into_vec(self) -> Vec<u8> {
@@ -103,6 +119,8 @@ impl RecvMsg {
             Body::Ring(l) => l.bytes().to_vec(),
             Body::Vec(v) => v,
             Body::Read(r) => r.into_vec(),
+            // A copy: the slot's memory goes back to the connection.
+            Body::Landed(l) => l.bytes().to_vec(),
         }
     }
 }
@@ -115,6 +133,7 @@ impl Deref for RecvMsg {
             Body::Ring(l) => l.bytes(),
             Body::Vec(v) => v,
             Body::Read(r) => r.bytes(),
+            Body::Landed(l) => l.bytes(),
         }
     }
 }

@@ -24,6 +24,7 @@ use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
 use super::flow::{Credit, Credits, Owed, PeerCredits, Piggyback};
 use super::inbox::TaggedInbox;
+use super::landing::{send_landed_from, Landing};
 use super::msg::RecvMsg;
 use super::packing::Packer;
 use super::pieces::PiecesInFlight;
@@ -106,6 +107,9 @@ pub(crate) struct Shared {
     /// Mid-size messages written into the peer's staging ring
     /// (`staging.rs`).
     pub(crate) staging: Staging,
+    /// Mid-size messages written into the peer's landing slots, received
+    /// without a copy (`landing.rs`).
+    pub(crate) landing: Landing,
     /// Whole messages that wait for a credit, packed into shared SENDs
     /// (`packing.rs`).
     pub(crate) packer: Packer,
@@ -199,6 +203,7 @@ impl Shared {
         self.grants.clear();
         self.reads.clear();
         self.staging.close();
+        self.landing.close();
         if let Some(route) = &self.srq_route {
             route.close();
         }
@@ -937,13 +942,12 @@ impl Rdma {
         let pool = MrPool::new(&pd.0);
         let own_receives = route.is_none();
         let window_grants = config.grant_windows.map(WindowGrants::new);
-        let staging = Staging::new(
-            config.staging_ring,
-            config
-                .staging_budget
-                .clone()
-                .unwrap_or_else(StagingBudget::this_thread),
-        );
+        let budget = config
+            .staging_budget
+            .clone()
+            .unwrap_or_else(StagingBudget::this_thread);
+        let landing = Landing::new(config.staging_ring, budget.clone());
+        let staging = Staging::new(config.staging_ring, budget);
         let shared = Rc::new(Shared {
             qp,
             pd,
@@ -967,6 +971,7 @@ impl Rdma {
             split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
             packer: Packer::default(),
             staging,
+            landing,
             next_msg_id: Cell::new(0),
             inline_buf: RefCell::new([0; MAX_INLINE_MESSAGE]),
             grants: GrantTable::default(),
@@ -1083,7 +1088,8 @@ impl Rdma {
     }
 
     /// Test hook: every piece of memory this side lets its peer reach
-    /// (`"grant"`, `"staging ring"`, `"read offer"`), each with the token
+    /// (`"grant"`, `"staging ring"`, `"read offer"`, `"landing slot"`: those
+    /// granted now, the token's id the slot's number), each with the token
     /// naming it as the peer sees it and the rkey of the registration
     /// beneath (the token's own for a registered region; the region's,
     /// which reaches nothing remotely, under a window). Not for production
@@ -1098,7 +1104,21 @@ impl Rdma {
             .keys()
             .into_iter()
             .map(|(t, k)| ("read offer", t, k));
-        grants.chain(ring).chain(reads).collect()
+        let slots = s
+            .landing
+            .keys()
+            .into_iter()
+            .map(|(t, k)| ("landing slot", t, k));
+        grants.chain(ring).chain(reads).chain(slots).collect()
+    }
+
+    /// Landing slots the peer granted this side and it has not written a
+    /// message into yet (a diagnostic): a message of 128 KiB or more
+    /// without an immediate goes into one by one RDMA WRITE, and the peer
+    /// receives it without a copy ([`RecvMsg::is_landed`]); with none
+    /// granted it goes through the staging ring.
+    pub fn landing_slots(&self) -> usize {
+        self.shared.landing.granted()
     }
 
     /// Keepalive probes this side sent: one per
@@ -1227,6 +1247,9 @@ impl Rdma {
         // future, a whole message's too, about 2 KiB, which each move (a
         // `FuturesUnordered` of sends boxes it) copies.
         if len > s.negotiated.piece_len && len <= s.negotiated.max_send_len {
+            if let Some(slot) = s.landing.take(len) {
+                return Box::pin(send_landed_from(s, buf, slot)).await;
+            }
             if len <= s.staging.max_len() {
                 return Box::pin(send_staged_from(s, buf, None)).await;
             }
@@ -1575,6 +1598,12 @@ async fn watch(shared: std::rc::Weak<Shared>) {
 /// through the peer's staging ring, by READ, or in pieces.
 async fn send_split(s: &Rc<Shared>, data: &[u8], imm: Option<u32>) -> Result<(), AgentError> {
     let piece = s.negotiated.piece_len;
+    if imm.is_none() {
+        if let Some(slot) = s.landing.take(data.len()) {
+            // One WRITE into a landing slot the peer granted.
+            return send_landed_from(s, data, slot).await.0;
+        }
+    }
     if data.len() <= s.staging.max_len() {
         // One WRITE into the peer's staging ring and a `Staged`.
         return send_staged(s, data, imm).await;

@@ -602,6 +602,10 @@ pub(crate) fn received(
 ) -> Result<(), CloseReason> {
     let st = &shared.staging;
     let (at, taken) = st.arrived(offset, len)?;
+    if imm.is_none() {
+        // Landing slots would carry it: grant them.
+        super::landing::wanted(shared, u64::from(len));
+    }
     if st.holding() || shared.backlog.bytes() > shared.backlog.limit() {
         st.held.borrow_mut().push_back(Held::Staged {
             imm,
@@ -676,6 +680,7 @@ pub(crate) fn release_held(shared: &Rc<Shared>, all: bool) {
 /// a message of `len` bytes it would carry (by a task: a credited message
 /// may wait for credits, which the agent's loop receives).
 pub(crate) fn wanted(shared: &Rc<Shared>, len: u64) {
+    super::landing::wanted(shared, len);
     let st = &shared.staging;
     if st.announced.get() || st.ring_bytes == 0 || len > (st.ring_bytes / 4) as u64 {
         return;

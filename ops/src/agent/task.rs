@@ -26,7 +26,7 @@ use super::rdma::{Partial, Shared};
 use super::read_msg::{self, READ_ID};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, decode_data, staged_len, whole_send_grant, HandOverKind, Message, MrToken,
+    decode, decode_data, landed, staged_len, whole_send_grant, HandOverKind, Message, MrToken,
     PackedEntries, RefuseCode, MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
@@ -98,6 +98,9 @@ enum Next {
         /// Its immediate.
         imm: Option<u32>,
     },
+    /// A whole message elsewhere (a landing slot): deliver it, repost the
+    /// buffer and return its credit.
+    Msg(RecvMsg),
     /// The connection is down.
     Stop,
 }
@@ -117,8 +120,10 @@ fn finish(shared: &Rc<Shared>) {
     // What was held back behind staged messages goes to the inbox, which
     // keeps it for the application until it is read.
     super::staging::release_held(shared, true);
-    // Nothing more arrives: the ring goes back to the budget.
+    // Nothing more arrives: the ring goes back to the budget (and the
+    // landing slots once the messages lent in them are dropped).
     shared.staging.release_ring();
+    shared.landing.release();
     shared.agent_stopped();
 }
 
@@ -168,6 +173,10 @@ async fn serve_shared(shared: &Rc<Shared>, mut rx: Route) {
         let credited = match handle(shared, rcv, &m) {
             Next::Stop => break,
             Next::Repost(c) => c,
+            Next::Msg(msg) => {
+                deliver(shared, msg);
+                true
+            }
             Next::Deliver { at, len, imm } => {
                 let start = at.wrapping_sub(m.as_ptr() as usize);
                 let Some(payload) = start.checked_add(len).and_then(|end| m.get(start..end)) else {
@@ -274,6 +283,10 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
         Next::Repost(c) => {
             drop(slot);
             (c, None)
+        }
+        Next::Msg(msg) => {
+            drop(slot);
+            (true, Some(msg))
         }
         Next::Deliver { at, len, imm } => match rx.lend(
             at.wrapping_sub(slot.as_slice().as_ptr() as usize),
@@ -382,6 +395,13 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
                 // A message written into this side's staging ring.
                 return match super::staging::received(shared, None, None, len) {
                     Ok(()) => Next::Repost(true),
+                    Err(reason) => refuse(shared, reason),
+                };
+            }
+            if let Some((slot, len)) = landed(imm) {
+                // A message written into one of this side's landing slots.
+                return match super::landing::received(shared, slot, len) {
+                    Ok(msg) => Next::Msg(msg),
                     Err(reason) => refuse(shared, reason),
                 };
             }
@@ -676,6 +696,15 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
         }
         Message::StagingFreed { bytes } => {
             shared.staging.peer_freed(bytes)?;
+            Ok(Next::Repost(true))
+        }
+        Message::SlotGrant {
+            slot,
+            addr,
+            len,
+            rkey,
+        } => {
+            shared.landing.peer_granted(slot, addr, len, rkey)?;
             Ok(Next::Repost(true))
         }
         Message::Packed { grant, entries } => {

@@ -1,12 +1,12 @@
 //! The agent's wire codec: every message the MR-token agent exchanges over a
 //! connection's SEND/RECV channel.
 //!
-//! Layout (explicit little-endian, version 9). Every message but a whole
+//! Layout (explicit little-endian, version 10). Every message but a whole
 //! user message or a pack of them:
 //!
 //! ```text
 //! 0..4   magic  b"VBAG"
-//! 4      version (9)
+//! 4      version (10)
 //! 5      kind
 //! 6..8   reserved, must be 0
 //! 8..12  body length (u32), must equal the bytes that follow
@@ -78,6 +78,12 @@
 //! SEND with an immediate. A message of the path MTU's size is then one
 //! packet, not two (the 8-byte frame header pushed a 1 KiB message over
 //! rxe's 1 KiB MTU).
+//! Version 10 added landing slots (`landing.rs`): `SlotGrant` (kind 19: one
+//! region of the sender the peer may RDMA WRITE one message into, under a
+//! key of its own, granted again only after the message written there was
+//! dropped by the receiving application), and the WRITE_WITH_IMM into one,
+//! whose immediate is [`SLOT_IMM_TAG`], the slot and the length
+//! ([`landed`], [`landed_imm`]).
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -88,7 +94,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 9;
+pub const VERSION: u8 = 10;
 /// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
 /// Size of a [`Message::Whole`] frame's header without an immediate (4 more
@@ -115,6 +121,55 @@ pub const fn staged_len(imm: u32) -> Option<u32> {
     } else {
         None
     }
+}
+
+/// The top byte of a WRITE_WITH_IMM's immediate that marks a message
+/// written into one of the receiver's landing slots ([`Message::SlotGrant`]):
+/// bits 21..24 are the slot, bits 0..21 the length less one (see
+/// [`landed`]).
+pub const SLOT_IMM_TAG: u32 = 0xfe00_0000;
+
+/// Landing slots a side may grant at once (the slot's bits of
+/// [`SLOT_IMM_TAG`]'s immediate).
+pub const MAX_SLOTS: u32 = 8;
+
+/// Longest message a landing slot carries (the length's bits of
+/// [`SLOT_IMM_TAG`]'s immediate).
+pub const MAX_LANDED_LEN: u32 = 1 << 21;
+
+/// The immediate of a message of `len` bytes (1..=[`MAX_LANDED_LEN`])
+/// written into landing slot `slot` (below [`MAX_SLOTS`]); `None` out of
+/// those bounds.
+#[inline(always)]
+pub const fn landed_imm(slot: u32, len: u32) -> Option<u32> {
+    if slot < MAX_SLOTS && len >= 1 && len <= MAX_LANDED_LEN {
+        Some(SLOT_IMM_TAG | (slot << 21) | (len - 1))
+    } else {
+        None
+    }
+}
+
+/// The slot and length a WRITE_WITH_IMM's immediate names if it carries
+/// [`SLOT_IMM_TAG`] (an application's immediate never does on the wire:
+/// it goes in a [`Message::WriteImm`]).
+#[inline(always)]
+pub const fn landed(imm: u32) -> Option<(u32, u32)> {
+    if imm & 0xff00_0000 == SLOT_IMM_TAG {
+        Some((
+            (imm >> 21) & (MAX_SLOTS - 1),
+            (imm & (MAX_LANDED_LEN - 1)) + 1,
+        ))
+    } else {
+        None
+    }
+}
+
+/// True if an application's WRITE_WITH_IMM immediate would look like one
+/// of the agent's own (a staged message's or a landed one's): it then
+/// travels in a [`Message::WriteImm`] after a plain WRITE.
+#[inline(always)]
+pub const fn imm_is_agents(imm: u32) -> bool {
+    staged_len(imm).is_some() || landed(imm).is_some()
 }
 
 /// The top byte of a SEND_WITH_IMM's immediate that carries a whole user
@@ -405,8 +460,23 @@ pub enum Message<'a> {
         /// Bytes freed.
         bytes: u32,
     },
+    /// One landing slot of the sender (`landing.rs`): `len` bytes at
+    /// `addr` (remote key `rkey`, REMOTE_WRITE only) the peer may write one
+    /// message into, with one WRITE_WITH_IMM whose immediate names `slot`
+    /// ([`landed_imm`]). Granted again (with a fresh key) once that
+    /// message was dropped by the receiving application.
+    SlotGrant {
+        /// The slot (below [`MAX_SLOTS`]).
+        slot: u32,
+        /// Start address in the sender's address space.
+        addr: u64,
+        /// Length in bytes (1..=[`MAX_LANDED_LEN`]).
+        len: u32,
+        /// Remote key (REMOTE_WRITE only).
+        rkey: u32,
+    },
     /// The immediate of an application's `write_with_imm` whose value
-    /// carries [`STAGED_IMM_TAG`]: its WRITE went without one, and this
+    /// carries [`STAGED_IMM_TAG`] or [`SLOT_IMM_TAG`]: its WRITE went without one, and this
     /// SEND follows it (the receiver treats it as the WRITE_WITH_IMM's).
     WriteImm {
         /// The application's immediate.
@@ -594,6 +664,7 @@ mod kind {
     pub const STAGING_FREED: u8 = 16;
     pub const WRITE_IMM: u8 = 17;
     pub const PACKED: u8 = 18;
+    pub const SLOT_GRANT: u8 = 19;
 }
 
 /// Bytes of a `Data` piece before its payload: the most any user message
@@ -1056,6 +1127,37 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
             r.what = "write immediate";
             Message::WriteImm { imm: r.u32()? }
         }
+        kind::SLOT_GRANT => {
+            r.what = "slot grant";
+            let slot = r.u32()?;
+            let addr = r.u64()?;
+            let len = r.u32()?;
+            let rkey = r.u32()?;
+            if slot >= MAX_SLOTS {
+                return Err(WireError::InvalidField {
+                    field: "slot_grant.slot",
+                    reason: "beyond the slots an immediate can name",
+                });
+            }
+            if len == 0 || len > MAX_LANDED_LEN {
+                return Err(WireError::InvalidField {
+                    field: "slot_grant.len",
+                    reason: "empty, or longer than an immediate can name",
+                });
+            }
+            if addr.checked_add(u64::from(len)).is_none() {
+                return Err(WireError::InvalidField {
+                    field: "slot_grant.len",
+                    reason: "region wraps the address space",
+                });
+            }
+            Message::SlotGrant {
+                slot,
+                addr,
+                len,
+                rkey,
+            }
+        }
         kind => return Err(WireError::UnknownKind { kind }),
     };
     r.finish()?;
@@ -1091,6 +1193,7 @@ impl Message<'_> {
                 Message::Staged { .. } => 4 + 4 + 4 + 4 + 4,
                 Message::StagingFreed { .. } => 4,
                 Message::WriteImm { .. } => 4,
+                Message::SlotGrant { .. } => 4 + 8 + 4 + 4,
             }
     }
 
@@ -1114,6 +1217,7 @@ impl Message<'_> {
             Message::StagingFreed { .. } => kind::STAGING_FREED,
             Message::WriteImm { .. } => kind::WRITE_IMM,
             Message::Packed { .. } => kind::PACKED,
+            Message::SlotGrant { .. } => kind::SLOT_GRANT,
         }
     }
 
@@ -1252,6 +1356,17 @@ impl Message<'_> {
             }
             Message::StagingFreed { bytes } => w.put(&bytes.to_le_bytes()),
             Message::WriteImm { imm } => w.put(&imm.to_le_bytes()),
+            Message::SlotGrant {
+                slot,
+                addr,
+                len,
+                rkey,
+            } => {
+                w.put(&slot.to_le_bytes());
+                w.put(&addr.to_le_bytes());
+                w.put(&len.to_le_bytes());
+                w.put(&rkey.to_le_bytes());
+            }
         }
         debug_assert_eq!(w.pos, len);
         Ok(len)
@@ -1490,6 +1605,12 @@ mod tests {
             },
             Message::StagingFreed { bytes: 1 << 18 },
             Message::WriteImm { imm: u32::MAX },
+            Message::SlotGrant {
+                slot: MAX_SLOTS - 1,
+                addr: 0x7f00_0020_0000,
+                len: MAX_LANDED_LEN,
+                rkey: 0x5678,
+            },
             Message::Packed {
                 grant: 5,
                 entries: PackedEntries::new(PACK).unwrap(),
@@ -1676,6 +1797,48 @@ mod tests {
         assert_eq!(whole_send_grant(0), None);
         assert_eq!(whole_send_grant(STAGED_IMM_TAG | 5), None);
         assert_eq!(whole_send_grant(0x0c00_0001), None);
+    }
+
+    #[test]
+    fn a_landed_message_s_immediate_names_its_slot_and_length() {
+        for (slot, len) in [(0, 1), (MAX_SLOTS - 1, MAX_LANDED_LEN), (3, 65_536)] {
+            let imm = landed_imm(slot, len).expect("within bounds");
+            assert_eq!(imm >> 24, 0xfe);
+            assert_eq!(landed(imm), Some((slot, len)));
+            assert!(imm_is_agents(imm));
+            assert_eq!(staged_len(imm), None);
+            assert_eq!(whole_send_grant(imm), None);
+        }
+        assert_eq!(landed_imm(MAX_SLOTS, 1), None, "slot beyond the bits");
+        assert_eq!(landed_imm(0, 0), None, "empty");
+        assert_eq!(landed_imm(0, MAX_LANDED_LEN + 1), None, "too long");
+        assert_eq!(landed(STAGED_IMM_TAG | 5), None);
+        assert_eq!(landed(0xfd00_0000), None);
+        assert!(imm_is_agents(STAGED_IMM_TAG));
+        assert!(!imm_is_agents(0x0b00_0001));
+    }
+
+    #[test]
+    fn a_slot_grant_out_of_bounds_is_refused() {
+        let mut buf = [0u8; 64];
+        for (slot, addr, len, field) in [
+            (MAX_SLOTS, 0x1000, 64, "slot_grant.slot"),
+            (0, 0x1000, 0, "slot_grant.len"),
+            (0, 0x1000, MAX_LANDED_LEN + 1, "slot_grant.len"),
+            (0, u64::MAX - 10, 64, "slot_grant.len"),
+        ] {
+            let m = Message::SlotGrant {
+                slot,
+                addr,
+                len,
+                rkey: 7,
+            };
+            let n = m.encode(&mut buf).unwrap();
+            assert!(
+                matches!(decode(&buf[..n]), Err(WireError::InvalidField { field: f, .. }) if f == field),
+                "{m:?}"
+            );
+        }
     }
 
     #[test]

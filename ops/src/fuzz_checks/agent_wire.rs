@@ -72,7 +72,7 @@ fn token(token_id: u64, access: u32) -> MrToken {
 
 /// One valid frame of every message kind (and of each variant of a kind).
 pub fn seeds() -> Vec<Seed> {
-    let messages: [(&'static str, Message<'static>); 17] = [
+    let messages: [(&'static str, Message<'static>); 18] = [
         ("credit", Message::Credit { grant: 32 }),
         (
             "alloc-request",
@@ -177,6 +177,15 @@ pub fn seeds() -> Vec<Seed> {
             },
         ),
         ("abort", Message::Abort { msg_id: 7 }),
+        (
+            "slot-grant",
+            Message::SlotGrant {
+                slot: 3,
+                addr: 0x7f00_beef_0000,
+                len: 1 << 20,
+                rkey: 0x0bad_cafe,
+            },
+        ),
         (
             "settings",
             Message::Settings(Settings {
