@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use verbio::runtime::timeout;
 use verbio::RdmaBuilder;
 
 const CONNS: usize = 6;
@@ -131,5 +132,78 @@ fn an_immediate_and_a_hand_back_reach_a_connection_on_the_srq() {
     assert_eq!(imm, 0xfeed);
     assert_eq!(mem, vec![0x5a; 32]);
     assert_eq!(after, b"after");
+    server.join().expect("server");
+}
+
+/// Messages a departing peer sends right before it leaves.
+const TRAILING: u8 = 20;
+
+async fn send_trailing(r: &verbio::Rdma) {
+    for i in 0..TRAILING {
+        r.send(&pattern(100, i)).await.expect("trailing message");
+    }
+}
+
+/// Serves one connection on the SRQ whose `receive` must end with the
+/// peer's departure, within a bound, and whose later calls fail at once.
+fn serve_one_expecting_departure() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    serve_rdma(srq_builder, 1, |mut c| async move {
+        let r = c.remove(0);
+        assert!(r.on_shared_receive_queue());
+        assert_eq!(r.receive().await.expect("hello"), b"hello");
+        // What the peer sent before it left arrives, then the departure.
+        let mut got = 0;
+        let e = loop {
+            match timeout(WAIT / 2, r.receive())
+                .await
+                .expect("receive on the SRQ must end when the peer leaves")
+            {
+                Ok(m) => {
+                    assert_eq!(m, pattern(100, got), "message {got} after hello");
+                    got += 1;
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(got <= TRAILING, "{got} messages after hello");
+        assert!(e.close_reason().is_some(), "{e}");
+        let e = timeout(WAIT / 4, r.send(b"x"))
+            .await
+            .expect("a send after the peer left must not hang")
+            .unwrap_err();
+        assert!(e.close_reason().is_some(), "{e}");
+    })
+}
+
+#[test]
+fn a_connection_on_the_srq_notices_its_peer_closing() {
+    let (addr, server) = serve_one_expecting_departure();
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        r.send(b"hello").await.expect("hello");
+        send_trailing(&r).await;
+        // Dropped on its runtime: the connection says goodbye (`Close`).
+        drop(r);
+        verbio::runtime::sleep(std::time::Duration::from_millis(200)).await;
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn a_connection_on_the_srq_notices_its_peer_vanishing() {
+    let (addr, server) = serve_one_expecting_departure();
+    let (rt, dev) = runtime_and_device();
+    let r = block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        r.send(b"hello").await.expect("hello");
+        send_trailing(&r).await;
+        r
+    });
+    // Dropped off its runtime, then the runtime and device go: no goodbye,
+    // the side channel just closes.
+    drop(r);
+    drop(rt);
+    drop(dev);
     server.join().expect("server");
 }
