@@ -130,6 +130,12 @@ impl<P: Clone> Core<P> {
         let len = data.len();
         let session = SessionId(sid);
         let max = self.config.max_msg_len;
+        let now = self.now;
+        // A large request (by READ), or a large response expected (room
+        // offered for it): the session's link is involved.
+        let bulk_len = self.is_bulk(len);
+        let read_threshold = self.config.read_threshold;
+        let has_bulk = self.bulk.is_some();
         let Some(s) = self.sessions.get_mut(sid) else {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         };
@@ -152,18 +158,23 @@ impl<P: Clone> Core<P> {
             }
             return Poll::Pending;
         };
-        let now = self.now;
         s.active |= 1 << i;
-        let max_payload = s.max_payload;
-        let slot = &mut s.client[i];
-        if slot.req_exposed.is_some() || slot.req_desc.is_some() || slot.offer_exposed.is_some() {
+        let slot = &s.client[i];
+        let s = if slot.req_exposed.is_some()
+            || slot.req_desc.is_some()
+            || slot.offer_exposed.is_some()
+        {
             // The last call's request was read by the server: taken back.
             self.take_back_request(sid, i);
-        }
-        let Some(s) = self.sessions.get_mut(sid) else {
-            return Poll::Ready(Err(RpcError::SessionClosed { session }));
+            match self.sessions.get_mut(sid) {
+                Some(s) => s,
+                None => return Poll::Ready(Err(RpcError::SessionClosed { session })),
+            }
+        } else {
+            s
         };
-        let resp_hint = s.resp_hint;
+        let max_payload = s.max_payload;
+        let offer = !bulk_len && has_bulk && s.resp_hint >= read_threshold;
         let slot = &mut s.client[i];
         slot.state = CallState::Active;
         slot.abandoned = false;
@@ -199,7 +210,30 @@ impl<P: Clone> Core<P> {
         slot.progress = now;
         slot.sent = now;
         let req_num = slot.req_num;
-        if self.is_bulk(len) {
+        if !bulk_len && !offer {
+            // Neither the request nor the response goes over the link:
+            // a lone one-packet request leaves now, no pump over the
+            // slots (as no other call waits for the credit).
+            if slot.n_req == 1 && s.active == 1 << i && s.credits > 0 {
+                send_client_packet(
+                    &mut self.tx,
+                    &s.peer,
+                    s.remote,
+                    sid,
+                    max_payload,
+                    slot,
+                    0,
+                    0,
+                );
+                slot.num_tx = 1;
+                s.credits -= 1;
+            } else {
+                self.pump(sid);
+            }
+            self.want_timer();
+            return Poll::Ready(Ok((i, req_num)));
+        }
+        if bulk_len {
             if self.expose_request(sid, i) {
                 if let Some(s) = self.sessions.get_mut(sid) {
                     s.client[i].n_req = 1;
@@ -217,7 +251,7 @@ impl<P: Clone> Core<P> {
                     }
                 }
             }
-        } else if self.bulk.is_some() && resp_hint >= self.config.read_threshold {
+        } else {
             // A large response may come: room for it (`bulk_write.rs`).
             self.offer_room(sid, i);
             if self.wants_link_for(len, max_payload) {
@@ -553,6 +587,9 @@ impl<P: Clone> Core<P> {
 
     /// A response packet.
     pub(crate) fn on_response(&mut self, h: &Header, payload: &[u8]) {
+        if self.small_response(h, payload) {
+            return;
+        }
         let Some(i) = self.answered_slot(h) else {
             return;
         };
@@ -712,6 +749,70 @@ impl<P: Clone> Core<P> {
         // Asks for what is missing (skipping what came early) and
         // completes the call, at the end of the receive batch.
         self.defer_pump(sid);
+    }
+
+    /// A small call's response: one packet, `Ok`, answering a call whose
+    /// request was one packet (sent once, unanswered), with no READ or
+    /// offer of its own: taken and the call completed here, with what
+    /// [`on_response`](Self::on_response) would do for it and no more.
+    /// False, with nothing changed, for any other packet (the general
+    /// path then takes it, and counts what is wrong with it).
+    #[inline]
+    fn small_response(&mut self, h: &Header, payload: &[u8]) -> bool {
+        let sid = h.dest_session;
+        let (max_len, read_threshold, now) = (
+            self.config.max_msg_len,
+            self.config.read_threshold,
+            self.now,
+        );
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return false;
+        };
+        let msg_len = h.msg_len as usize;
+        let slot = &s.client[(h.req_num % SESSION_SLOTS as u64) as usize];
+        let small = h.pkt_idx == 0
+            && h.pkt_count == 1
+            && h.status == Status::Ok
+            && s.role == Role::Client
+            && s.remote == h.src_session
+            && matches!(s.state, SessionState::Connected)
+            && matches!(slot.state, CallState::Active)
+            && slot.req_num == h.req_num
+            && slot.n_req == 1
+            && slot.num_tx == 1
+            && slot.num_rx == 0
+            && slot.answered == 0
+            && slot.n_resp == 0
+            && slot.reading.is_none()
+            && slot.offered == 0
+            && payload.len() == msg_len
+            && msg_len <= s.max_payload
+            && msg_len <= max_len
+            && msg_len < read_threshold;
+        if !small {
+            return false;
+        }
+        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        s.idle_sweeps = 0;
+        let slot = &mut s.client[i];
+        slot.resp.clear();
+        slot.resp.extend_from_slice(payload);
+        slot.resp_len = msg_len;
+        slot.n_resp = 1;
+        slot.resp_got.clear();
+        slot.resp_got.push(1);
+        slot.unasked = 1;
+        // The request's packet is answered: its credit comes back.
+        slot.num_rx = 1;
+        s.credits += 1;
+        s.rtt.sample(now - slot.sent);
+        slot.progress = now;
+        slot.retries = 0;
+        complete(s, i, Ok(()));
+        if s.active != 0 {
+            self.defer_pump(sid);
+        }
+        true
     }
 
     /// Pumps session `sid` at the end of the receive batch (`run_pumps`):

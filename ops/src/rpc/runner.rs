@@ -92,12 +92,30 @@ where
     F: Future<Output = MsgBuf>,
 {
     fn start(&self, request: Request, cx: &mut Context<'_>) -> Poll<Outcome> {
-        // A panicking handler fails its call, not the task or the dispatcher.
-        let Ok(fut) = catch_unwind(AssertUnwindSafe(|| (self.handler)(request))) else {
-            return Poll::Ready(Err(()));
+        // A panicking handler fails its call, not the task or the
+        // dispatcher; the handler and the first poll of its future are
+        // caught together (one unwind guard per request).
+        let mut slot = self.fut.borrow_mut();
+        let polled = catch_unwind(AssertUnwindSafe(|| {
+            let fut = (self.handler)(request);
+            slot.as_mut().set(Some(fut));
+            match slot.as_mut().as_pin_mut() {
+                Some(fut) => fut.poll(cx),
+                // Not reachable: set just now.
+                None => Poll::Pending,
+            }
+        }));
+        let out = match polled {
+            Ok(Poll::Pending) if slot.is_some() => return Poll::Pending,
+            Ok(Poll::Pending) => Err(()),
+            Ok(Poll::Ready(resp)) => Ok(resp),
+            Err(_) => Err(()),
         };
-        self.fut.borrow_mut().as_mut().set(Some(fut));
-        self.poll_slot(cx)
+        // A panicking drop fails this call only, as the panic above would.
+        if slot.is_some() {
+            let _ = catch_unwind(AssertUnwindSafe(|| slot.as_mut().set(None)));
+        }
+        Poll::Ready(out)
     }
 
     fn resume(&self, cx: &mut Context<'_>) -> Poll<Outcome> {

@@ -15,7 +15,7 @@ use super::error::SessionId;
 use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN, MAX_RANGE};
 use super::link_send::{link_for, send_whole};
 use super::runner::{JobId, Outcome, Runner};
-use super::session::{Role, ServeState, ServerSlot, SESSION_SLOTS};
+use super::session::{Role, ServeState, ServerSlot, SessionState, SESSION_SLOTS};
 use super::transport::TxBatch;
 
 /// What a handler task does next ([`Core::poll_work`]).
@@ -148,8 +148,80 @@ pub(crate) fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &H
 }
 
 impl<P: Clone> Core<P> {
+    /// A small call's request: one packet, a new request of a slot that
+    /// is idle or answered (nothing of it read, written or exposed), of a
+    /// type with a handler: taken into the slot and handed to the handler
+    /// with what [`on_request`](Self::on_request) would do for it and no
+    /// more. False, with nothing changed, for any other packet (the
+    /// general path then takes it).
+    #[inline]
+    fn small_request(&mut self, h: &Header, payload: &[u8]) -> bool {
+        let sid = h.dest_session;
+        let max_len = self.config.max_msg_len;
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return false;
+        };
+        let msg_len = h.msg_len as usize;
+        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let slot = &mut s.server[i];
+        let small = h.pkt_count == 1
+            && s.role == Role::Server
+            && s.remote == h.src_session
+            && matches!(s.state, SessionState::Connected)
+            && payload.len() == msg_len
+            && msg_len <= s.max_payload
+            && msg_len <= max_len
+            && match slot.state {
+                ServeState::Idle => true,
+                ServeState::Responded => h.req_num > slot.req_num,
+                ServeState::Receiving | ServeState::Handling => false,
+            }
+            && slot.resp_exposed.is_none()
+            && slot.reading.is_none()
+            && slot.writing.is_none()
+            && self.handlers[usize::from(h.req_type)].is_some();
+        if !small {
+            return false;
+        }
+        s.idle_sweeps = 0;
+        // Charged as the general path charges a one-packet request (which
+        // is admitted whatever the budget holds).
+        slot.charge.release();
+        self.budget.grow(&mut slot.charge, 8 + msg_len, true);
+        // The last response's buffer serves as this request's.
+        let old_resp = slot.resp.take();
+        if slot.req.capacity() == 0 {
+            slot.req = match old_resp {
+                Some(resp) if resp.capacity() <= super::buf::KEEP_MAX_CAPACITY => resp.into_vec(),
+                other => {
+                    drop(other);
+                    self.pool.take()
+                }
+            };
+        } else {
+            drop(old_resp);
+        }
+        slot.req.clear();
+        slot.req.extend_from_slice(payload);
+        slot.status = Status::Ok;
+        slot.req_num = h.req_num;
+        slot.state = ServeState::Receiving;
+        slot.req_type = h.req_type;
+        slot.msg_len = msg_len;
+        slot.n_req = 1;
+        slot.rx = 1;
+        slot.stalled_sweeps = 0;
+        slot.got.clear();
+        slot.got.push(1);
+        self.dispatch(sid, i);
+        true
+    }
+
     /// A request packet.
     pub(crate) fn on_request(&mut self, h: &Header, payload: &[u8]) {
+        if self.small_request(h, payload) {
+            return;
+        }
         let sid = h.dest_session;
         let max_len = self.config.max_msg_len;
         let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
@@ -463,7 +535,6 @@ impl<P: Clone> Core<P> {
     /// (the rest go out as the client asks for them).
     pub(crate) fn respond(&mut self, sid: u32, i: usize, req_num: u64, resp: MsgBuf) {
         let window = self.config.response_window;
-        let max_link_packet = self.max_link_packet();
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -514,10 +585,12 @@ impl<P: Clone> Core<P> {
         slot.n_resp = n_resp;
         slot.resp = Some(resp);
         slot.state = ServeState::Responded;
-        if n_resp <= window {
+        if n_resp > 1 && n_resp <= window {
             // All of it unasked: in one packet over the link, if it has
             // one ready (`link_send.rs`).
             let len = slot.resp.as_ref().map_or(0, |r| r.len());
+            // Asked only here: a link carries no one-packet message.
+            let max_link_packet = self.bulk.as_ref().map_or(0, |b| b.max_link_packet());
             let link = link_for(
                 link_ready,
                 n_resp,
