@@ -10,21 +10,22 @@
 //! [`LINK_PACKET`] bytes, made with the first link) whatever the number
 //! of links or peers.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use tracing::debug;
-use verbio_runtime::buf::{IoBuf, MrPool, RegisteredMem, RemoteAccessRegion, Slice};
+use verbio_runtime::buf::{IoBuf, LocalBuf, MrPool, RegisteredMem, RemoteAccessRegion, Slice};
 use verbio_runtime::provider::{AccessFlags, Endpoint, Pd, QpCaps};
-use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig, SharedRecvQueue};
+use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig, SharedRecvQueue, Submit};
 
 use super::header::HEADER_LEN;
 use super::transport::{Bulk, BulkDone, LinkPacket, TransportError};
 use crate::connect::handshake::{self, Hello};
 use crate::connect::{DeviceQps, QpConfig, QpFactory};
-use crate::verbs::RemoteBuf;
+use crate::verbs::write_with_imm::WriteWithImmVerb;
+use crate::verbs::{ReadVerb, RemoteBuf, SendVerb};
 
 /// READs a link has under way at most (its send queue).
 const LINK_SEND_DEPTH: u32 = 64;
@@ -41,11 +42,36 @@ pub(crate) const LINK_PACKET: usize = HEADER_LEN + (32 << 10);
 /// rare SEND that finds the shared receive queue empty.
 const LINK_MIN_RNR_TIMER: u8 = 1;
 
-/// Finished READs, filled by their tasks.
-#[derive(Default)]
-struct Done {
-    items: Vec<BulkDone>,
-    waker: Option<Waker>,
+/// A registered buffer an RDMA READ or WRITE owns while it runs.
+type OpMem = RegisteredMem<Vec<u8>>;
+
+/// A READ or WRITE with immediate under way, polled by the dispatcher in
+/// [`Bulk::poll_done`] (no task per operation: its completion wakes the
+/// dispatcher itself, and nothing is allocated for it).
+enum BulkOp {
+    Read(Submit<ReadVerb<OpMem>>),
+    Write(Submit<WriteWithImmVerb<OpMem>>),
+}
+
+impl BulkOp {
+    /// The operation's result and buffer once it finished.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(Result<(), TransportError>, Vec<u8>)> {
+        let (result, mem, what) = match self {
+            BulkOp::Read(op) => match Pin::new(op).poll(cx) {
+                Poll::Ready((r, mem)) => (r.map(drop), mem, "reading by RDMA READ"),
+                Poll::Pending => return Poll::Pending,
+            },
+            BulkOp::Write(op) => match Pin::new(op).poll(cx) {
+                Poll::Ready((r, mem)) => (r.map(drop), mem, "writing by RDMA WRITE with immediate"),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        let result = result.map_err(|e| {
+            debug!(error = %e, what, "rpc/ud: bulk operation failed");
+            failed(what, e)
+        });
+        Poll::Ready((result, mem.into_inner()))
+    }
 }
 
 /// The [`Bulk`] of a UD transport's device.
@@ -61,14 +87,16 @@ pub(crate) struct UdBulk {
     srq: Option<(SharedRecvQueue, RecvRing)>,
     /// Registered buffers the packets sent over links are copied into.
     send_pool: MrPool,
-    /// Links whose SENDs failed, filled by the SENDs' tasks.
-    broken: Rc<RefCell<Vec<u64>>>,
     /// What the ring gave that the other poll takes.
     written: Vec<(u64, u32)>,
     received: Vec<(u64, LinkPacket)>,
     regions: HashMap<u64, RemoteAccessRegion<Slice<Vec<u8>>>>,
     next_region: u64,
-    done: Rc<RefCell<Done>>,
+    /// READs and WRITEs under way, by token.
+    ops: Vec<(u64, BulkOp)>,
+    /// SENDs over links under way, by link: polled with the received
+    /// packets; one that failed broke its link.
+    sends: Vec<(u64, Submit<SendVerb<LocalBuf>>)>,
 }
 
 impl UdBulk {
@@ -92,12 +120,12 @@ impl UdBulk {
             qp_links: HashMap::new(),
             srq: None,
             send_pool: MrPool::new(device.pd()),
-            broken: Rc::default(),
             written: Vec::new(),
             received: Vec::new(),
             regions: HashMap::new(),
             next_region: 1,
-            done: Rc::default(),
+            ops: Vec::new(),
+            sends: Vec::new(),
         }
     }
 }
@@ -107,33 +135,6 @@ fn failed(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -
         op,
         source: Box::new(e),
     }
-}
-
-/// Waits in a task for `op`, a READ or WRITE submitted already (the
-/// runtime keeps its buffer until the completion), then records its
-/// buffer and result under `token` in `done` and wakes the engine.
-fn record_when_done<T, E>(
-    done: &Rc<RefCell<Done>>,
-    token: u64,
-    what: &'static str,
-    op: impl std::future::Future<Output = (Result<T, E>, RegisteredMem<Vec<u8>>)> + 'static,
-) where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let done = done.clone();
-    verbio_runtime::spawn(async move {
-        let (result, mem) = op.await;
-        let buf = mem.into_inner();
-        let result = result.map(drop).map_err(|e| {
-            debug!(error = %e, what, "rpc/ud: bulk operation failed");
-            failed(what, e)
-        });
-        let mut d = done.borrow_mut();
-        d.items.push((token, buf, result));
-        if let Some(w) = d.waker.take() {
-            w.wake();
-        }
-    });
 }
 
 impl UdBulk {
@@ -275,7 +276,7 @@ impl Bulk for UdBulk {
             }
         };
         let op = crate::verbs::read::read(qp, mem, RemoteBuf::new(addr, len as u64, rkey));
-        record_when_done(&self.done, token, "reading by RDMA READ", op);
+        self.ops.push((token, BulkOp::Read(op)));
         Ok(())
     }
 
@@ -343,12 +344,7 @@ impl Bulk for UdBulk {
             RemoteBuf::new(addr, len, rkey),
             imm,
         );
-        record_when_done(
-            &self.done,
-            token,
-            "writing by RDMA WRITE with immediate",
-            op,
-        );
+        self.ops.push((token, BulkOp::Write(op)));
         Ok(())
     }
 
@@ -388,16 +384,10 @@ impl Bulk for UdBulk {
         buf.extend_from_slice(head)
             .and_then(|()| buf.extend_from_slice(payload))
             .map_err(|e| failed("copying a packet for a link's SEND", e))?;
-        let op = crate::verbs::send::send(qp, buf);
-        let broken = self.broken.clone();
         // The buffer is the SEND's until its completion (the runtime keeps
-        // it); a SEND that failed broke the link.
-        verbio_runtime::spawn(async move {
-            if let (Err(error), _) = op.await {
-                debug!(%error, link, "rpc/ud: a SEND over a link failed");
-                broken.borrow_mut().push(link);
-            }
-        });
+        // it, also if the future is dropped); a SEND that failed broke the
+        // link (`poll_received`).
+        self.sends.push((link, crate::verbs::send::send(qp, buf)));
         Ok(())
     }
 
@@ -409,17 +399,35 @@ impl Bulk for UdBulk {
     ) {
         self.drain_ring(cx);
         out.append(&mut self.received);
-        broken.append(&mut self.broken.borrow_mut());
+        let mut k = 0;
+        while k < self.sends.len() {
+            let (link, op) = &mut self.sends[k];
+            match Pin::new(op).poll(cx) {
+                Poll::Pending => k += 1,
+                Poll::Ready((result, _buf)) => {
+                    if let Err(error) = result {
+                        debug!(%error, link = *link, "rpc/ud: a SEND over a link failed");
+                        broken.push(*link);
+                    }
+                    drop(self.sends.swap_remove(k));
+                }
+            }
+        }
     }
 
     fn poll_done(&mut self, cx: &mut Context<'_>, out: &mut Vec<BulkDone>) {
-        let mut d = self.done.borrow_mut();
-        // Registered whether or not some are here: the dispatcher does not
-        // ask again before it sleeps.
-        match &mut d.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
+        // Each operation under way registers `cx` (whether or not some
+        // finished: the dispatcher does not ask again before it sleeps).
+        let mut k = 0;
+        while k < self.ops.len() {
+            let (token, op) = &mut self.ops[k];
+            match op.poll(cx) {
+                Poll::Pending => k += 1,
+                Poll::Ready((result, buf)) => {
+                    out.push((*token, buf, result));
+                    self.ops.swap_remove(k);
+                }
+            }
         }
-        out.append(&mut d.items);
     }
 }
