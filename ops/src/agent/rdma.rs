@@ -743,16 +743,29 @@ impl Shared {
     ///
     /// An earlier inline send's failure ([`SubmitError::InlineSendFailed`],
     /// reported by every later submission) counts as that send's own
-    /// completion error.
+    /// completion error, unless its status is one a vanished peer causes
+    /// (flushed, out of retries, timed out: not `is_specific`): then the
+    /// peer left before acknowledging it, and the connection goes down as
+    /// [`CloseReason::Disconnected`] (as [`Shared::fail`] has it), which is
+    /// what this returns (or the reason it went down with before). Such a
+    /// send may have been a best-effort one of the agent's own (a credit
+    /// return the departing peer never acknowledged), and must not read as
+    /// a verb of the application's that failed (`Rdma::close` after the
+    /// peer left, `tests/agent_peer_left.rs`).
     pub(crate) fn verb_error(&self, e: crate::Error) -> AgentError {
-        let status = match &e {
+        let (status, inline) = match &e {
             crate::Error::Submit {
                 source: SubmitError::InlineSendFailed { status, .. },
                 ..
-            } => Some(*status),
-            _ => e.status(),
+            } => (Some(*status), true),
+            _ => (e.status(), false),
         };
         let specific = status.is_some_and(is_specific);
+        if inline && !specific {
+            tracing::debug!(error = %crate::error::ErrorChain(&e), "an inline send went unacknowledged: the peer left");
+            self.fail(CloseReason::Disconnected);
+            return self.closed_error();
+        }
         let current = self.failure();
         match current {
             Some(reason) if e.is_flush() => return AgentError::Closed(reason),
@@ -1382,7 +1395,10 @@ impl Rdma {
     /// A connection already down returns its reason. Small messages go
     /// INLINE and [`Rdma::send`] returns once they are posted: this waits
     /// (up to two seconds) for every send posted before it, the `Close`
-    /// last, to complete, and returns an error if one of them failed.
+    /// last, to complete, and returns an error if one of them failed
+    /// (if the peer left without acknowledging one, which may have been
+    /// a credit return of the agent's own, [`CloseReason::Disconnected`],
+    /// as when this side saw the peer leave first).
     pub async fn shutdown(&self) -> Result<(), AgentError> {
         let s = &self.shared;
         let mut r = s.send_message(&Message::Close, false).await;
