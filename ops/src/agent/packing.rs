@@ -206,8 +206,12 @@ impl Packer {
 /// half the window at hand and no pack waits; or two such messages would
 /// not fit one pack), or if no pack buffer could be had (the caller's
 /// path then reports or waits).
+///
+/// Inlined up to the test that most messages too long to share a pack
+/// end at (a call of the whole was about 50 instructions of a 4 KiB
+/// message's send, docs/benchmarks.md).
+#[inline(always)]
 pub(crate) fn try_join(shared: &Rc<Shared>, data: &[u8], imm: Option<u32>) -> Option<PackedSend> {
-    let packer = &shared.packer;
     let entry = packed_entry_len(data.len(), imm.is_some());
     // The peer's receive buffers hold a `Data` piece of `piece_len` bytes
     // and its header: a pack may fill one.
@@ -215,9 +219,22 @@ pub(crate) fn try_join(shared: &Rc<Shared>, data: &[u8], imm: Option<u32>) -> Op
     // A pack that cannot hold two such messages saves nothing, unless a
     // pack waits: the message then goes in a pack of its own behind it,
     // not past it (on its own path it would take the next credit first).
-    if PACKED_HEADER_LEN + 2 * entry > frame_max && !packer.pending() {
+    if PACKED_HEADER_LEN + 2 * entry > frame_max && !shared.packer.pending() {
         return None;
     }
+    join(shared, data, imm, entry, frame_max)
+}
+
+/// [`try_join`] past its first test: `entry` is the message's entry
+/// length, `frame_max` the largest pack.
+fn join(
+    shared: &Rc<Shared>,
+    data: &[u8],
+    imm: Option<u32>,
+    entry: usize,
+    frame_max: usize,
+) -> Option<PackedSend> {
+    let packer = &shared.packer;
     let joinable = {
         let q = packer.queue.borrow();
         match q.back() {
