@@ -45,13 +45,6 @@ fn builder(cfg: &Config, dev: verbio::runtime::Device) -> RdmaBuilder {
         .port(cfg.ib_port)
         .max_send_wr(cfg.tx_depth.max(16) + 2)
         .max_message_len(SWEEP_MAX.max(cfg.max_size()));
-    if cfg.test == Test::SendBw {
-        // As many receive buffers (the sender's credits) as the verbs
-        // receiver posts for messages up to 512 KiB (`session::rx_depth`):
-        // with the default 64, a window of 128 waits for credits at every
-        // message, which `--api verbs` never does (docs/benchmarks.md).
-        b = b.recv_buf_count(session::RX_DEPTH);
-    }
     if let Some(x) = cfg.gid_index {
         b = b.gid_index(x);
     }
