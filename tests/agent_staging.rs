@@ -210,7 +210,7 @@ fn a_staged_send_cancelled_before_it_is_posted_sends_nothing() {
 
 #[test]
 fn a_write_with_imm_whose_immediate_looks_staged_arrives_as_an_immediate() {
-    let imms = [0xff00_0000u32, 0xff12_3456, u32::MAX, 0xfeed];
+    let imms = [0xff00_0000u32, 0xff12_3456, u32::MAX, 0xfd12_3456, 0xfeed];
     let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
         let r = c.remove(0);
         let remote = r.request_remote_mr(64).await.unwrap();
@@ -284,4 +284,99 @@ fn send_buf_writes_a_staged_message_from_the_callers_buffer() {
         r.send(b"bye").await.unwrap();
     });
     server.join().expect("server");
+}
+
+/// A request-reply exchange of staged messages runs without either
+/// side's agent task, as one of whole messages does
+/// (`agent_receive.rs`): the receiver takes each message straight from the
+/// ring (before, it went through the inbox, which left the ring looking
+/// untaken at the end of the pass: the agent ran for nearly every
+/// message), and the replies return their credits themselves, in the
+/// WRITE_WITH_IMM's immediate, one per message (before, each side's agent
+/// sent a `Credit` every `credit_batch`, 16, messages: one more SEND,
+/// receive and wake-up for the peer, and the sender's credits went down
+/// by up to 16 between batches).
+#[test]
+fn staged_replies_need_no_agent_and_carry_their_credits() {
+    const ROUNDS: u64 = 200;
+    const LEN: usize = 8192;
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        let mut echoed = 0u64;
+        let mut before = None;
+        loop {
+            let m = r.receive_msg().await.expect("ping");
+            if m.len() != LEN {
+                break;
+            }
+            if m[0] == 0xaa && before.is_none() {
+                // The client's first measured round.
+                before = Some(r.agent_turns());
+            }
+            r.send(&m).await.expect("echo");
+            echoed += 1;
+        }
+        let turns = r.agent_turns() - before.expect("measured rounds");
+        r.send(b"bye").await.expect("bye");
+        let _ = r.receive().await;
+        (turns, echoed)
+    });
+    let (rt, dev) = runtime_and_device();
+    let client_turns = block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        // Until the server's ring is announced (the first messages go in
+        // pieces) and the credits of those are back.
+        let mut warm = 0u8;
+        while r.staged_max_len() < LEN || warm < 40 {
+            assert!(warm < 200, "the peer's ring was never announced");
+            let mut w = pattern(LEN, warm);
+            w[0] = 0;
+            r.send(&w).await.expect("send");
+            assert!(r.receive().await.expect("echo") == w);
+            warm += 1;
+        }
+        let full = r.send_credits();
+        let mut low = full;
+        let before = r.agent_turns();
+        let mut m = pattern(LEN, 1);
+        for i in 0..ROUNDS {
+            m[0] = 0xaa;
+            m[1] = i as u8;
+            r.send(&m).await.expect("send");
+            assert!(
+                r.receive_msg().await.expect("echo")[..] == m[..],
+                "echo {i}"
+            );
+            low = low.min(r.send_credits());
+        }
+        let turns = r.agent_turns() - before;
+        println!(
+            "send credits after each of {ROUNDS} round trips: at least {low} of {full}; \
+             client agent turns {turns}"
+        );
+        // A `StagingFreed` (credited) spends one, which the next reply
+        // returns: one short at most.
+        assert!(
+            low + 1 >= full,
+            "credits fell to {low} of {full}: they waited for a batch"
+        );
+        r.send(b"done").await.expect("done");
+        assert_eq!(r.receive().await.expect("bye"), b"bye");
+        assert!(r.close_reason().is_none(), "{:?}", r.close_reason());
+        r.close().await.expect("close");
+        turns
+    });
+    let (server_turns, echoed) = server.join().expect("server");
+    println!("server agent turns {server_turns} in {echoed} round trips");
+    // What is left: `StagingFreed` returns (one per MiB taken out, one or
+    // two here) that may arrive while no receiver waits. The bound allows
+    // one turn per 20 round trips.
+    assert!(
+        client_turns * 20 < ROUNDS,
+        "client agent ran {client_turns} turns in {ROUNDS} round trips"
+    );
+    assert!(
+        server_turns * 20 < ROUNDS,
+        "server agent ran {server_turns} turns in {ROUNDS} round trips"
+    );
 }

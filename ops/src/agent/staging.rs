@@ -17,7 +17,10 @@
 //! (`send_buf`'s own buffer is written as it is) and written at the
 //! ring's next free offset by one WRITE_WITH_IMM
 //! (credited, like any user message) whose immediate tags it and gives
-//! its length (`wire::STAGED_IMM_TAG`); a message with an immediate of
+//! its length (`wire::STAGED_IMM_TAG`), and returns the send credits this
+//! side owes when they are few (`wire::STAGED_GRANT_TAG`: staged messages
+//! answering each other then need no `Credit` message, which cost the
+//! peer a wake-up and a receive every 16 messages); a message with an immediate of
 //! its own goes as a WRITE and a `Staged` SEND naming offset and length
 //! (RC places the WRITE's bytes before the SEND arrives). The receiver
 //! copies the message out of its ring into the vector it delivers (the
@@ -63,7 +66,7 @@ use super::flow::Credits;
 use super::msg::{Body, RecvMsg};
 use super::rdma::{until_posted, Shared};
 use super::staging_budget::{Lease, StagingBudget};
-use super::wire::{Message, STAGED_IMM_TAG};
+use super::wire::{staged_grant_imm, Message, STAGED_IMM_TAG};
 use crate::verbs::write::WriteVerb;
 use crate::verbs::write_with_imm::WriteWithImmVerb;
 use crate::verbs::{RemoteBuf, Verbs};
@@ -518,13 +521,26 @@ pub(crate) async fn send_staged_from<S: Source>(
     // `send` returns, as a piece's SEND is.
     let (outcome, res) = match imm {
         None => {
-            // `max_len` keeps `len` within the tag's 24 bits.
-            let write = s.qp.write_with_imm(buf, remote, STAGED_IMM_TAG | len);
-            match until_posted(write, Some(credit), &posted).await {
+            // The credits owed ride along if the immediate has room for
+            // them (else they stay owed, for a `Credit` or a later message).
+            let ride = s.owed.take_all(&s.peer_credits, &posted);
+            let (tag, ride) = match staged_grant_imm(len, ride.count()) {
+                Some(tag) => (tag, Some(ride)),
+                None => {
+                    drop(ride);
+                    // `max_len` keeps `len` within the tag's 24 bits.
+                    (STAGED_IMM_TAG | len, None)
+                }
+            };
+            let write = s.qp.write_with_imm(buf, remote, tag);
+            let out = match until_posted(write, Some(credit), &posted).await {
                 Ok(w) => (Outcome::Tagged(w), Ok(())),
                 Err((Ok(_), b)) => (Outcome::Ended(b), Ok(())),
                 Err((Err(e), b)) => (Outcome::Ended(b), Err(s.verb_error(e))),
-            }
+            };
+            // Owed again unless posted.
+            drop(ride);
+            out
         }
         Some(imm) => {
             let write = s.qp.write(buf, remote);
@@ -591,15 +607,18 @@ impl Drop for Unreserve<'_> {
 }
 
 /// The receiver's side of a staged message (a tagged WRITE_WITH_IMM, or a
-/// `Staged` naming `offset`): taken out of the ring and delivered, or held
-/// back (see the module's doc); a quarter of the ring freed goes back to
-/// the peer.
+/// `Staged` naming `offset`): taken out of the ring and returned, for the
+/// caller to deliver (as `task::step` returns a whole message: straight to
+/// a waiting receiver, not through the inbox, whose detour left the ring
+/// looking untaken at the pass's end and woke the agent task for every
+/// staged message), or `None`: held back (see the module's doc). A
+/// quarter of the ring freed goes back to the peer.
 pub(crate) fn received(
     shared: &Rc<Shared>,
     imm: Option<u32>,
     offset: Option<u32>,
     len: u32,
-) -> Result<(), CloseReason> {
+) -> Result<Option<RecvMsg>, CloseReason> {
     let st = &shared.staging;
     let (at, taken) = st.arrived(offset, len)?;
     if imm.is_none() {
@@ -613,31 +632,27 @@ pub(crate) fn received(
             len,
             taken,
         });
-        return Ok(());
+        return Ok(None);
     }
-    deliver_staged(shared, imm, at, len, taken)
+    take_staged(shared, imm, at, len, taken).map(Some)
 }
 
-/// Copies a staged message out of the ring and delivers it.
-fn deliver_staged(
+/// Copies a staged message out of the ring (its bytes freed).
+fn take_staged(
     shared: &Rc<Shared>,
     imm: Option<u32>,
     at: u32,
     len: u32,
     taken: u32,
-) -> Result<(), CloseReason> {
+) -> Result<RecvMsg, CloseReason> {
     let bytes = shared.staging.take_out(at, len, taken)?;
-    super::task::deliver_now(
-        shared,
-        RecvMsg {
-            body: Body::Vec(bytes),
-            imm,
-        },
-    );
     if let Some(bytes) = shared.staging.freed_batch() {
         return_freed(shared, bytes);
     }
-    Ok(())
+    Ok(RecvMsg {
+        body: Body::Vec(bytes),
+        imm,
+    })
 }
 
 /// Delivers the messages held back, in order, while the unread backlog is
@@ -664,12 +679,13 @@ pub(crate) fn release_held(shared: &Rc<Shared>, all: bool) {
                 at,
                 len,
                 taken,
-            }) => {
-                if let Err(reason) = deliver_staged(shared, imm, at, len, taken) {
+            }) => match take_staged(shared, imm, at, len, taken) {
+                Ok(m) => super::task::deliver_now(shared, m),
+                Err(reason) => {
                     shared.fail(reason);
                     return;
                 }
-            }
+            },
             Some(Held::Msg(m)) => super::task::deliver_now(shared, m),
             None => return,
         }

@@ -26,7 +26,7 @@ use super::rdma::{Partial, Shared};
 use super::read_msg::{self, READ_ID};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, decode_data, landed, staged_len, whole_send_grant, HandOverKind, Message, MrToken,
+    decode, decode_data, landed, staged, whole_send_grant, HandOverKind, Message, MrToken,
     PackedEntries, RefuseCode, MAX_SPLIT_IN_PROGRESS,
 };
 use crate::verbs::Received;
@@ -391,10 +391,15 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
             return refuse(shared, CloseReason::Violation(CREDITLESS));
         }
         if let Some(imm) = rcv.imm {
-            if let Some(len) = staged_len(imm) {
-                // A message written into this side's staging ring.
+            if let Some((len, grant)) = staged(imm) {
+                // A message written into this side's staging ring, and the
+                // credits returned with it.
+                if grant > 0 {
+                    shared.credits.grant(grant);
+                }
                 return match super::staging::received(shared, None, None, len) {
-                    Ok(()) => Next::Repost(true),
+                    Ok(Some(msg)) => Next::Msg(msg),
+                    Ok(None) => Next::Repost(true),
                     Err(reason) => refuse(shared, reason),
                 };
             }
@@ -683,8 +688,12 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             if len as usize > shared.config.max_message_len {
                 return Err(CloseReason::Violation("message longer than the maximum"));
             }
-            super::staging::received(shared, imm, Some(offset), len)?;
-            Ok(Next::Repost(true))
+            Ok(
+                match super::staging::received(shared, imm, Some(offset), len)? {
+                    Some(msg) => Next::Msg(msg),
+                    None => Next::Repost(true),
+                },
+            )
         }
         Message::WriteImm { imm } => {
             // The immediate of the peer's write_with_imm (its WRITE came

@@ -66,7 +66,7 @@
 //! `StagingFreed` (kind 16: ring bytes the receiver took its messages out
 //! of, free for the sender again). A staged message without an immediate
 //! needs no `Staged`: it is one RDMA WRITE_WITH_IMM whose immediate is
-//! [`STAGED_IMM_TAG`] and its length ([`staged_len`]); the immediate of an
+//! [`STAGED_IMM_TAG`] and its length ([`staged`]); the immediate of an
 //! application's `write_with_imm` in that range travels in a `WriteImm`
 //! (kind 17) SEND after a plain WRITE instead. Version 8 added the pack
 //! (kind 18, above): small messages that wait for a credit share one SEND,
@@ -84,6 +84,10 @@
 //! dropped by the receiving application), and the WRITE_WITH_IMM into one,
 //! whose immediate is [`SLOT_IMM_TAG`], the slot and the length
 //! ([`landed`], [`landed_imm`]).
+//! Version 11 lets a staged message's WRITE_WITH_IMM return send credits:
+//! its immediate is then [`STAGED_GRANT_TAG`], the credits (1 to
+//! [`MAX_STAGED_GRANT`]) and the length ([`staged_grant_imm`], [`staged`]),
+//! so that staged messages answering each other need no `Credit` message.
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -94,7 +98,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 10;
+pub const VERSION: u8 = 11;
 /// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
 /// Size of a [`Message::Whole`] frame's header without an immediate (4 more
@@ -111,15 +115,41 @@ pub const MAX_ERROR_TEXT: usize = 256;
 /// length (see [`staged_len`]).
 pub const STAGED_IMM_TAG: u32 = 0xff00_0000;
 
-/// The length of the staged message a WRITE_WITH_IMM's immediate names,
-/// if it carries [`STAGED_IMM_TAG`] (an application's immediate never
-/// does on the wire: it goes in a [`Message::WriteImm`]).
+/// The top byte of a WRITE_WITH_IMM's immediate that marks a message
+/// written into the receiver's staging ring and returns send credits:
+/// bits 21..24 are the credits (1 to [`MAX_STAGED_GRANT`]), bits 0..21 the
+/// length less one (at most [`MAX_STAGED_GRANT_LEN`]); see [`staged`].
+pub const STAGED_GRANT_TAG: u32 = 0xfd00_0000;
+
+/// Most credits a [`STAGED_GRANT_TAG`] immediate returns.
+pub const MAX_STAGED_GRANT: u32 = 7;
+
+/// Longest message a [`STAGED_GRANT_TAG`] immediate names (2 MiB).
+pub const MAX_STAGED_GRANT_LEN: u32 = 1 << 21;
+
+/// The immediate of a staged message of `len` bytes returning `grant`
+/// credits: `None` unless `len` is 1 to [`MAX_STAGED_GRANT_LEN`] and
+/// `grant` 1 to [`MAX_STAGED_GRANT`] (the message then goes with
+/// [`STAGED_IMM_TAG`], and the credits in a `Credit`).
 #[inline(always)]
-pub const fn staged_len(imm: u32) -> Option<u32> {
-    if imm & STAGED_IMM_TAG == STAGED_IMM_TAG {
-        Some(imm & !STAGED_IMM_TAG)
-    } else {
+pub const fn staged_grant_imm(len: u32, grant: u32) -> Option<u32> {
+    if len == 0 || len > MAX_STAGED_GRANT_LEN || grant == 0 || grant > MAX_STAGED_GRANT {
         None
+    } else {
+        Some(STAGED_GRANT_TAG | (grant << 21) | (len - 1))
+    }
+}
+
+/// The length of the staged message a WRITE_WITH_IMM's immediate names
+/// and the send credits it returns, if it carries [`STAGED_IMM_TAG`] or
+/// [`STAGED_GRANT_TAG`] (an application's immediate never does on the
+/// wire: it goes in a [`Message::WriteImm`]).
+#[inline(always)]
+pub const fn staged(imm: u32) -> Option<(u32, u32)> {
+    match imm & 0xff00_0000 {
+        STAGED_IMM_TAG => Some((imm & !STAGED_IMM_TAG, 0)),
+        STAGED_GRANT_TAG => Some(((imm & (MAX_STAGED_GRANT_LEN - 1)) + 1, (imm >> 21) & 7)),
+        _ => None,
     }
 }
 
@@ -169,7 +199,7 @@ pub const fn landed(imm: u32) -> Option<(u32, u32)> {
 /// travels in a [`Message::WriteImm`] after a plain WRITE.
 #[inline(always)]
 pub const fn imm_is_agents(imm: u32) -> bool {
-    staged_len(imm).is_some() || landed(imm).is_some()
+    staged(imm).is_some() || landed(imm).is_some()
 }
 
 /// The top byte of a SEND_WITH_IMM's immediate that carries a whole user
@@ -1806,7 +1836,7 @@ mod tests {
             assert_eq!(imm >> 24, 0xfe);
             assert_eq!(landed(imm), Some((slot, len)));
             assert!(imm_is_agents(imm));
-            assert_eq!(staged_len(imm), None);
+            assert_eq!(staged(imm), None);
             assert_eq!(whole_send_grant(imm), None);
         }
         assert_eq!(landed_imm(MAX_SLOTS, 1), None, "slot beyond the bits");
@@ -1816,6 +1846,36 @@ mod tests {
         assert_eq!(landed(0xfd00_0000), None);
         assert!(imm_is_agents(STAGED_IMM_TAG));
         assert!(!imm_is_agents(0x0b00_0001));
+    }
+
+    #[test]
+    fn a_staged_message_s_immediate_names_its_length_and_credits() {
+        for len in [1, 2, 4097, 65_536, MAX_STAGED_GRANT_LEN] {
+            for grant in 1..=MAX_STAGED_GRANT {
+                let imm = staged_grant_imm(len, grant).expect("within bounds");
+                assert_eq!(imm >> 24, 0xfd);
+                assert_eq!(staged(imm), Some((len, grant)));
+                assert!(imm_is_agents(imm));
+                assert_eq!(landed(imm), None);
+                assert_eq!(whole_send_grant(imm), None);
+            }
+        }
+        assert_eq!(staged_grant_imm(0, 1), None, "empty");
+        assert_eq!(
+            staged_grant_imm(MAX_STAGED_GRANT_LEN + 1, 1),
+            None,
+            "too long"
+        );
+        assert_eq!(staged_grant_imm(10, 0), None, "no credits: the plain tag");
+        assert_eq!(staged_grant_imm(10, MAX_STAGED_GRANT + 1), None, "too many");
+        assert_eq!(staged(STAGED_IMM_TAG | 70_000), Some((70_000, 0)));
+        assert_eq!(
+            staged(STAGED_GRANT_TAG),
+            Some((1, 0)),
+            "a grant of 0 is no grant"
+        );
+        assert_eq!(staged(0xfc00_0005), None);
+        assert!(imm_is_agents(0xfd12_3456));
     }
 
     #[test]
