@@ -50,6 +50,10 @@ impl CompChannel {
         ready.retain(|w| {
             let busy = w.engine_busy();
             if busy {
+                self._ctx
+                    .shared()
+                    .hand_backs
+                    .fetch_add(1, Ordering::Relaxed);
                 self.shared.hand_back(w, registry);
             }
             !busy
@@ -63,6 +67,10 @@ impl CompChannel {
         } else {
             // (The engine delivers, and signals the channel if that fires
             // an armed CQ.)
+            self._ctx
+                .shared()
+                .hand_backs
+                .fetch_add(1, Ordering::Relaxed);
             for w in &ready {
                 self.shared.hand_back(w, registry);
             }

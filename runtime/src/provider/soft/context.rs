@@ -63,6 +63,20 @@ pub(crate) struct Shared {
     /// Times the engine, woken only to see whether leases ended, found
     /// them renewed and slept on without a loop turn (tests, diagnostics).
     pub lease_sleeps: AtomicU64,
+    /// Times a muted socket's lease ended with data waiting on it that
+    /// no application had read: that data waited for the lease's end
+    /// (tests, diagnostics; see `drive.rs`).
+    pub stale_leases: AtomicU64,
+    /// Times the engine sent held ACKs alone (no request came to take them
+    /// along) longer than `LATE_HOLD` (`engine/tx.rs`) after their hold
+    /// ended: they waited for the engine to wake (tests, diagnostics).
+    pub late_holds: AtomicU64,
+    /// Times an application arming a CQ wrote the ACKs a receive held for
+    /// its next request (none came: see `Cq::req_notify`; diagnostics).
+    pub arm_flushes: AtomicU64,
+    /// Times an application's receive gave its sockets back to the engine
+    /// (the engine was at work; see `channel.rs`).
+    pub hand_backs: AtomicU64,
     /// Requests posting threads transmitted themselves (`direct.rs`; for
     /// tests and diagnostics).
     pub direct_sends: AtomicU64,
@@ -221,6 +235,19 @@ pub(crate) struct CtxInner {
 
 impl Drop for CtxInner {
     fn drop(&mut self) {
+        let sh = &self.shared;
+        tracing::debug!(
+            device = %sh.name,
+            wakes = sh.wakes.load(Ordering::Relaxed),
+            rings = sh.rings.load(Ordering::Relaxed),
+            lease_sleeps = sh.lease_sleeps.load(Ordering::Relaxed),
+            stale_leases = sh.stale_leases.load(Ordering::Relaxed),
+            hand_backs = sh.hand_backs.load(Ordering::Relaxed),
+            late_holds = sh.late_holds.load(Ordering::Relaxed),
+            arm_flushes = sh.arm_flushes.load(Ordering::Relaxed),
+            direct_sends = sh.direct_sends.load(Ordering::Relaxed),
+            "soft engine counters"
+        );
         self.shared.stop.store(true, Ordering::SeqCst);
         if let Err(e) = self.shared.waker.wake() {
             tracing::error!(error = %crate::report::ErrorChain(&e), "cannot wake the soft engine to stop it");
@@ -299,6 +326,10 @@ impl Context {
             rings: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
             lease_sleeps: AtomicU64::new(0),
+            stale_leases: AtomicU64::new(0),
+            hand_backs: AtomicU64::new(0),
+            late_holds: AtomicU64::new(0),
+            arm_flushes: AtomicU64::new(0),
             direct_sends: AtomicU64::new(0),
             direct_rest_in_memory: AtomicU64::new(0),
             completed: AtomicBool::new(false),

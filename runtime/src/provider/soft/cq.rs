@@ -13,7 +13,7 @@ use super::channel::{Channel, CompChannel};
 use super::context::Context;
 use super::events::EventQueue;
 use super::lock;
-use super::wire::Wire;
+use super::wire::{DirectWrite, Wire};
 use crate::provider::{
     AsyncElement, AsyncEvent, AsyncEventKind, Completion, ProviderError, Result,
 };
@@ -246,6 +246,22 @@ impl Cq {
         let muted = |w: &Wire, until| sh.app_muted(w.cid(), until);
         self.shared
             .req_notify(solicited_only, &sh.registry, until, muted);
+        // ACKs an earlier receive of this application held for its next
+        // request leave now: it goes to sleep, and its peer may wait for
+        // them (a lease later, the engine would send them). They wait on
+        // the connection they arrived on or on the one to their sender's
+        // engine that the QP's requests use (where a request takes them
+        // along).
+        let feeds = lock(&self.shared.feeds).clone();
+        let peers: SmallVec<[Arc<Wire>; 2]> = lock(&sh.wires).values().cloned().collect();
+        for w in feeds.iter().chain(peers.iter()) {
+            match w.flush_held() {
+                None => continue,
+                Some(DirectWrite::Spilled) => sh.ring(),
+                Some(DirectWrite::Sent) => {}
+            }
+            sh.arm_flushes.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
     /// Takes up to `out.len()` completions. An application that polls an

@@ -29,7 +29,11 @@
 //! wakes on the packet, the engine does not, and the application's
 //! `get_event` receives (`channel.rs`); if the engine keeps its lock
 //! (over `DRIVE_WAIT`), or writes to the connection, the socket goes to the
-//! engine at once. Data that arrived meanwhile makes the engine's poll
+//! engine at once. Arming also writes the ACKs the application's receives
+//! held for its next request to take along (`Cq::req_notify`): none comes
+//! while it sleeps, and its peer may wait for them (a requester whose next
+//! request waits for a completion); the engine would send them only when
+//! it next woke, up to a lease later. Data that arrived meanwhile makes the engine's poll
 //! report the socket as soon as it watches it again. The engine keeps its
 //! timers, connections and everything else; an RNR wait an application's
 //! receive started rings it.
@@ -47,6 +51,7 @@ use super::context::Context;
 use super::cq::CqShared;
 use super::engine::{EQp, Engine, DIRECT_TICK};
 use super::lock;
+use super::wire::LeaseCheck;
 use super::IdMap;
 
 /// How long a sleeping application woken by a packet waits for the engine
@@ -220,10 +225,20 @@ impl Engine {
             muted, conns, sh, ..
         } = self;
         muted.retain(|&cid| {
-            conns
-                .get(cid)
-                .and_then(|c| c.stream.as_ref())
-                .is_some_and(|w| w.unmute_expired(&sh.registry, t))
+            let Some(w) = conns.get(cid).and_then(|c| c.stream.as_ref()) else {
+                return false;
+            };
+            match w.unmute_expired(&sh.registry, t) {
+                LeaseCheck::Muted => true,
+                LeaseCheck::Unmuted { unread } => {
+                    // (Data no application read waited for the lease's end.)
+                    if unread {
+                        sh.stale_leases.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(cid, "soft engine: a lease ended with unread data");
+                    }
+                    false
+                }
+            }
         });
     }
 

@@ -1095,3 +1095,74 @@ fn an_engine_woken_only_for_renewed_leases_sleeps_on_without_a_loop_turn() {
     assert_eq!(spin_one(&b.rcq).wr_id, 9);
     assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
 }
+
+#[test]
+fn arming_sends_the_acks_a_receive_held_for_a_request_that_does_not_come() {
+    // No ACK timeout: only B's ACK completes A's SEND (no resend).
+    let (a, b) = pair_with(RtsAttr {
+        timeout: 0,
+        ..RtsAttr::default()
+    });
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    // B's receives hold their ACK long for an answer (as in a
+    // request-reply exchange, where holds pay), and the engine leaves the
+    // socket to B's application for long.
+    let wires: Vec<_> = {
+        let mut eng = super::super::lock(b.ctx.core());
+        eng.ack_delay = Duration::from_secs(60);
+        let now = Instant::now();
+        let until = eng.sh.nanos_at(now + Duration::from_secs(60));
+        // (The ACK leaves on the connection B's requests to A would use,
+        // which may be another one than the one A's requests arrive on.)
+        for (_, c) in eng.conns.iter_mut() {
+            c.hold_pays = true;
+        }
+        let cids: Vec<usize> = eng.cq_feeds[&b.rcq.handle()].to_vec();
+        for cid in cids {
+            eng.conns[cid]
+                .stream
+                .as_ref()
+                .expect("socket")
+                .renew_lease(until);
+            eng.mute(cid, now);
+        }
+        eng.conns
+            .iter()
+            .filter_map(|(_, c)| c.stream.clone())
+            .collect()
+    };
+    let late = b.ctx.shared().late_holds.load(Ordering::SeqCst);
+    post_recv(&b.qp, 300, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(30, SendOp::Send, sbuf.sge(0, 8)));
+    let r = spin_one(&b.rcq);
+    assert_eq!((r.wr_id, r.status), (300, WcStatus::Success));
+    assert!(
+        !super::super::lock(b.ctx.core()).held.is_empty(),
+        "the receive holds the ACK"
+    );
+    // B has nothing to answer and goes to sleep: arming its CQ sends the
+    // held ACK, which A's SEND waits for (before, it waited for the hold to
+    // end, at the engine's wake-up a lease later than that).
+    b.rcq.req_notify(false).expect("arm");
+    let s = spin_one(&a.scq);
+    assert_eq!((s.wr_id, s.status), (30, WcStatus::Success));
+    assert!(wires.iter().all(|w| w.held_gone()));
+    // B's engine did not send it late (nor at all: it is still asleep or
+    // finds the hold taken along).
+    assert_eq!(b.ctx.shared().late_holds.load(Ordering::SeqCst), late);
+    // The connection still works both ways; holds still pay.
+    post_recv(&b.qp, 301, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(31, SendOp::Send, sbuf.sge(0, 8)));
+    assert_eq!(spin_one(&b.rcq).wr_id, 301);
+    assert!(super::super::lock(b.ctx.core())
+        .conns
+        .iter()
+        .any(|(_, c)| c.hold_pays));
+    b.rcq.req_notify(false).expect("arm");
+    assert_eq!(spin_one(&a.scq).wr_id, 31);
+    for w in wires {
+        w.revoke(&b.ctx.shared().registry);
+    }
+}

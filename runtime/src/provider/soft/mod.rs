@@ -215,8 +215,7 @@ pub(crate) fn device_info() -> DeviceInfo {
 }
 
 /// True if `fd` is readable now (a zero-timeout `poll`): the tests of the
-/// device's pollable fds use it.
-#[cfg(test)]
+/// device's pollable fds use it, and the engine at a lease's end.
 pub(crate) fn fd_readable(fd: std::os::fd::RawFd) -> bool {
     let mut p = libc::pollfd {
         fd,

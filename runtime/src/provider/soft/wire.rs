@@ -72,6 +72,16 @@ struct WireState {
     held: Vec<u8>,
 }
 
+/// What [`Wire::unmute_expired`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LeaseCheck {
+    /// The lease lasts: the socket stays muted.
+    Muted,
+    /// The engine watches the socket's input (again). `unread`: its lease
+    /// ended now with data waiting that no application had read.
+    Unmuted { unread: bool },
+}
+
 /// A connection's socket, shared between the engine and posting threads.
 pub(crate) struct Wire {
     /// The engine reads from it; writes follow the protocol above.
@@ -292,17 +302,17 @@ impl Wire {
     }
 
     /// Engine: watches the socket's input again once the lease is over.
-    /// True while it stays muted.
-    pub fn unmute_expired(&self, registry: &Registry, now: u64) -> bool {
+    pub fn unmute_expired(&self, registry: &Registry, now: u64) -> LeaseCheck {
         let mut muted = lock(&self.muted);
         if !*muted {
-            return false;
+            return LeaseCheck::Unmuted { unread: false };
         }
         if self.lease_until.load(Ordering::Relaxed) > now {
-            return true;
+            return LeaseCheck::Muted;
         }
+        let unread = super::fd_readable(self.fd());
         self.unmute(registry, &mut muted);
-        false
+        LeaseCheck::Unmuted { unread }
     }
 
     /// Application, arming a CQ this connection feeds (it is going to sleep
@@ -361,22 +371,44 @@ impl Wire {
         Some(st)
     }
 
-    /// Poster: writes `pkt` if the engine has nothing pending (`None`
-    /// otherwise, or while the engine holds the lock: queue the WR then).
-    pub fn try_write(&self, pkt: &[u8]) -> Option<DirectWrite> {
-        let mut st = self.poster_lock()?;
-        let st = &mut *st;
-        // The held ACKs and the packet go out in one `send` from one buffer
-        // (the held one, which keeps its allocation): cheaper for the
-        // kernel than gathering two pieces.
-        let mut out = std::mem::take(&mut st.held);
-        let buf: &[u8] = if out.is_empty() {
-            pkt
-        } else {
-            self.held_hint.store(false, Ordering::Relaxed);
-            out.extend_from_slice(pkt);
-            &out
+    /// Application going to sleep (arming a CQ this connection feeds):
+    /// writes the ACKs held for a request of its to take along, since none
+    /// will come before it wakes (its peer may wait for them: a requester
+    /// whose next request waits for this one's completion). Not a request
+    /// (holds keep paying). `None` if nothing was held or the engine has
+    /// output pending (it is awake and writes them first); `Spilled`: the
+    /// engine must be rung to write the rest.
+    pub fn flush_held(&self) -> Option<DirectWrite> {
+        if self.held_gone_hint() {
+            return None;
+        }
+        let mut st = match self.st.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
         };
+        if st.busy || st.closed || st.held.is_empty() {
+            return None;
+        }
+        let held = std::mem::take(&mut st.held);
+        self.held_hint.store(false, Ordering::Relaxed);
+        let done = self.send_some(&held);
+        if done < held.len() {
+            st.spill.extend_from_slice(&held[done..]);
+            st.busy = true;
+        }
+        let mut held = held;
+        held.clear();
+        st.held = held;
+        Some(if st.busy {
+            DirectWrite::Spilled
+        } else {
+            DirectWrite::Sent
+        })
+    }
+
+    /// Writes what the socket takes of `buf` now (non-blocking): how much.
+    fn send_some(&self, buf: &[u8]) -> usize {
         let mut done = 0;
         while done < buf.len() {
             let rest = &buf[done..];
@@ -399,14 +431,33 @@ impl Wire {
                 done += r as usize;
                 continue;
             }
-            let e = io::Error::last_os_error();
-            if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+            if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             // Full (or failed: the engine finds the error when it writes
             // the rest, and fails the connection's QPs).
             break;
         }
+        done
+    }
+
+    /// Poster: writes `pkt` if the engine has nothing pending (`None`
+    /// otherwise, or while the engine holds the lock: queue the WR then).
+    pub fn try_write(&self, pkt: &[u8]) -> Option<DirectWrite> {
+        let mut st = self.poster_lock()?;
+        let st = &mut *st;
+        // The held ACKs and the packet go out in one `send` from one buffer
+        // (the held one, which keeps its allocation): cheaper for the
+        // kernel than gathering two pieces.
+        let mut out = std::mem::take(&mut st.held);
+        let buf: &[u8] = if out.is_empty() {
+            pkt
+        } else {
+            self.held_hint.store(false, Ordering::Relaxed);
+            out.extend_from_slice(pkt);
+            &out
+        };
+        let done = self.send_some(buf);
         let total = buf.len();
         if done < total {
             st.spill.extend_from_slice(&buf[done..]);

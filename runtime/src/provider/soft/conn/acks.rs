@@ -45,7 +45,9 @@ impl Conn {
     /// The connection is about to be serviced with its hold (if any) over
     /// at `now`: a request to send means the application answers (holds
     /// pay again); ACKs going out alone at their deadline mean it did not.
-    pub fn end_hold(&mut self, now: Instant) {
+    /// Returns when that deadline was if they go out alone now.
+    pub fn end_hold(&mut self, now: Instant) -> Option<Instant> {
+        let mut alone = None;
         if !self.senders.is_empty() {
             self.hold_pays = true;
         } else if self.ack_hold.is_some_and(|t| t <= now)
@@ -55,8 +57,10 @@ impl Conn {
                 || self.stream.as_ref().is_some_and(|w| !w.held_gone()))
         {
             self.hold_pays = false;
+            alone = self.ack_hold;
         }
         self.ack_hold = None;
+        alone
     }
 
     /// True if no ACKs wait parked on the wire (a posting thread took them

@@ -1,7 +1,8 @@
 //! The transmit side: which QPs and connections have output, and the
 //! fill+flush rounds that turn WRs and responses into bytes on the wire.
 
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::super::conn::{Flush, BIG_BUF_KEEP};
 use super::Engine;
@@ -9,6 +10,11 @@ use crate::provider::WcStatus;
 
 /// Rounds of fill+flush per connection before looking at other events.
 const SERVICE_ROUNDS: usize = 8;
+
+/// Held ACKs the engine sends alone (no request came to take them along)
+/// longer than this after their hold ended count as late
+/// (`Shared::late_holds`): they waited for the engine to wake.
+const LATE_HOLD: Duration = Duration::from_micros(200);
 
 impl Engine {
     /// Puts a requester QP on its connection's sender list.
@@ -56,13 +62,20 @@ impl Engine {
                 if !force && c.holding(now) {
                     if c.park_acks() {
                         self.held.push(cid);
-                    } else {
-                        // A posting thread took the ACKs along.
-                        c.ack_hold = None;
+                        continue;
                     }
-                    continue;
+                    // A posting thread took the ACKs along.
+                    c.ack_hold = None;
+                    if !c.stream.as_ref().is_some_and(|w| w.engine_busy()) {
+                        continue;
+                    }
+                    // (What the socket did not take of them waits in the
+                    // spill: written now.)
                 }
-                c.end_hold(now);
+                let alone = c.end_hold(now);
+                if alone.is_some_and(|t| now.saturating_duration_since(t) > LATE_HOLD) {
+                    self.sh.late_holds.fetch_add(1, Ordering::Relaxed);
+                }
             } else {
                 continue;
             }
