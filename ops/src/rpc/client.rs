@@ -90,6 +90,7 @@ pub(crate) fn complete<P>(s: &mut Session<P>, i: usize, result: Result<(), RpcEr
 }
 
 /// Makes slot `i` free for the next call (with the next request number).
+#[inline]
 pub(crate) fn free_slot<P>(s: &mut Session<P>, i: usize) {
     let slot = &mut s.client[i];
     slot.state = CallState::Free;
@@ -109,6 +110,7 @@ pub(crate) enum Req<'a> {
 
 impl Req<'_> {
     /// The request's length in bytes.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         match self {
             Req::Copy(data) => data.len(),

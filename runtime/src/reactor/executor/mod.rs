@@ -273,7 +273,7 @@ impl Executor {
     fn run_ready(&self, budget: usize) -> usize {
         let mut polled = 0;
         let mut batch = self.batch.take();
-        while polled < budget {
+        'turn: while polled < budget {
             {
                 let mut ready = self.ready.borrow_mut();
                 if !ready.is_empty() {
@@ -292,19 +292,20 @@ impl Executor {
                 batch.clear();
                 continue;
             }
-            match pop_local() {
-                Some(id) => {
-                    self.poll_task(id);
-                    polled += 1;
+            // The chain of same-thread wakes: a pop and a look at `ready`
+            // (filled only by a nested turn or a missed wake) per task run.
+            while let Some(id) = pop_local() {
+                self.poll_task(id);
+                polled += 1;
+                if polled >= budget || !self.ready.borrow().is_empty() {
+                    continue 'turn;
                 }
-                None => {
-                    // Both empty: the main future's wake and the other
-                    // threads' wakes (the local queue's flag is cleared).
-                    self.collect();
-                    if self.ready.borrow().is_empty() {
-                        break;
-                    }
-                }
+            }
+            // Both empty: the main future's wake and the other threads'
+            // wakes (the local queue's flag is cleared).
+            self.collect();
+            if self.ready.borrow().is_empty() {
+                break;
             }
         }
         self.batch.set(batch);
