@@ -16,7 +16,7 @@
 //!
 //! One exception to "the engine does all the work": while the engine has
 //! nothing left to send for a QP and nothing to write on its connection,
-//! `post_send` of one small (< 16 KiB) SEND or WRITE encodes the packet and
+//! `post_send` of a SEND or WRITE of one packet (up to 1 MiB) encodes it and
 //! writes it to the socket on the posting thread (`direct.rs`, `wire.rs`),
 //! together with any ACKs the engine holds back for a request to ride with;
 //! the engine takes the WR over for completion, RNR retries and timeouts
