@@ -42,6 +42,34 @@ use super::header::{BulkDesc, Header, PacketKind, Status};
 use super::session::{CallState, Link, LinkStep, Role, ServeState, Session, SESSION_SLOTS};
 use super::transport::{Bulk, TransportError, TxBatch};
 
+/// Whether a message of `len` bytes on a session of `max_payload`-byte
+/// packets goes by READ or WRITE ([`Core::is_bulk`]), for callers holding
+/// a session: `max_link_packet` is the transport's
+/// ([`Bulk::max_link_packet`]), `has_bulk` whether it has a large-message
+/// path.
+pub(crate) fn goes_bulk(
+    config: &super::config::RpcConfig,
+    max_link_packet: usize,
+    has_bulk: bool,
+    len: usize,
+    max_payload: usize,
+) -> bool {
+    if !has_bulk || config.read_threshold == usize::MAX {
+        return false;
+    }
+    if len >= config.read_threshold {
+        return true;
+    }
+    // Below the threshold, over the link by SEND when the session's
+    // credits and the response window cover the message's packets, and
+    // one link packet carries it (`link_send.rs`); else by READ or WRITE,
+    // not in datagrams.
+    let in_one_go = config.session_credits.min(config.response_window);
+    len > max_payload
+        && (len > max_link_packet.saturating_sub(super::header::HEADER_LEN)
+            || super::header::packets_for(len, max_payload) > in_one_go)
+}
+
 /// Sends the bulk connect of the client's current link step.
 fn send_bulk_connect<P: Clone>(tx: &mut TxBatch<P>, s: &Session<P>, sid: u32) {
     let Some(l) = &s.link else {
@@ -110,9 +138,20 @@ pub(crate) fn link_tick<P: Clone>(
 }
 
 impl<P: Clone> Core<P> {
-    /// Whether messages of `len` bytes go by READ (when a link is ready).
-    pub(crate) fn is_bulk(&self, len: usize) -> bool {
-        self.bulk.is_some() && len >= self.config.read_threshold
+    /// Whether messages of `len` bytes on a session of `max_payload`-byte
+    /// packets go by READ or WRITE (when a link is ready): from the READ
+    /// threshold on, and below it those larger than one link packet or
+    /// with more packets than the session's credits or the response
+    /// window cover (they would not go over the link in one go,
+    /// `link_send.rs`).
+    pub(crate) fn is_bulk(&self, len: usize, max_payload: usize) -> bool {
+        goes_bulk(
+            &self.config,
+            self.max_link_packet(),
+            self.bulk.is_some(),
+            len,
+            max_payload,
+        )
     }
 
     /// Client: asks for session `sid`'s RC link, unless it has one, asked
@@ -786,11 +825,18 @@ impl<P: Clone> Core<P> {
         // but at most twice the request (the room past the request is
         // zeroed when exposed: a call does not pay for a far larger one).
         let hint = s.resp_hint.min(self.config.max_msg_len);
+        let hint_bulk = goes_bulk(
+            &self.config,
+            bulk.max_link_packet(),
+            true,
+            hint,
+            s.max_payload,
+        );
         let slot = &mut s.client[i];
         let len = slot.req.len();
         // A response more than twice as long gets room of its own
         // (`offer_room`).
-        let separate = hint > 2 * len && hint >= self.config.read_threshold;
+        let separate = hint > 2 * len && hint_bulk;
         let cap = if separate { len } else { len.max(hint) };
         match bulk.expose_writable(link, std::mem::take(&mut slot.req), cap) {
             Ok((token, addr, rkey)) => {
@@ -852,7 +898,8 @@ impl<P: Clone> Core<P> {
     /// READ, if it is large and the session has a link; else gives it
     /// back, to stream.
     pub(crate) fn expose_response(&mut self, sid: u32, i: usize, buf: Vec<u8>) -> Option<Vec<u8>> {
-        if !self.is_bulk(buf.len()) {
+        let max_payload = self.sessions.get(sid).map_or(0, |s| s.max_payload);
+        if !self.is_bulk(buf.len(), max_payload) {
             return Some(buf);
         }
         let (Some(bulk), Some(s)) = (self.bulk.as_mut(), self.sessions.get_mut(sid)) else {

@@ -284,9 +284,9 @@ impl<P: Clone> Core<P> {
     /// packet queued ahead of the request's packets. So a large response
     /// comes by one WRITE whatever the request's size (`docs/rpc.md`).
     pub(crate) fn offer_room(&mut self, sid: u32, i: usize) {
-        let threshold = self.config.read_threshold;
         let max_len = self.config.max_msg_len;
         let Core {
+            config,
             bulk,
             sessions,
             pool,
@@ -299,7 +299,9 @@ impl<P: Clone> Core<P> {
             return;
         };
         let hint = s.resp_hint.min(max_len).min(MAX_MSG_LEN as usize);
-        if hint < threshold || hint == 0 {
+        let max_link_packet = bulk.max_link_packet();
+        if hint == 0 || !super::bulk::goes_bulk(config, max_link_packet, true, hint, s.max_payload)
+        {
             return;
         }
         let Some(link) = s.link_ready() else {

@@ -135,8 +135,11 @@ impl<P: Clone> Core<P> {
         let now = self.now;
         // A large request (by READ), or a large response expected (room
         // offered for it): the session's link is involved.
-        let bulk_len = self.is_bulk(len);
-        let read_threshold = self.config.read_threshold;
+        let bulk_len = self
+            .sessions
+            .get(sid)
+            .is_some_and(|s| self.is_bulk(len, s.max_payload));
+        let max_link_packet = self.max_link_packet();
         let has_bulk = self.bulk.is_some();
         let Some(s) = self.sessions.get_mut(sid) else {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
@@ -176,7 +179,14 @@ impl<P: Clone> Core<P> {
             s
         };
         let max_payload = s.max_payload;
-        let offer = !bulk_len && has_bulk && s.resp_hint >= read_threshold;
+        let offer = !bulk_len
+            && super::bulk::goes_bulk(
+                &self.config,
+                max_link_packet,
+                has_bulk,
+                s.resp_hint,
+                max_payload,
+            );
         let slot = &mut s.client[i];
         slot.state = CallState::Active;
         slot.abandoned = false;
@@ -212,11 +222,12 @@ impl<P: Clone> Core<P> {
         slot.progress = now;
         slot.sent = now;
         let req_num = slot.req_num;
-        if !bulk_len && !offer {
-            // Neither the request nor the response goes over the link:
+        if !bulk_len && !offer && slot.n_req == 1 {
+            // Neither the request nor the response goes over the link (a
+            // request of several packets may: it asks for the link below):
             // a lone one-packet request leaves now, no pump over the
             // slots (as no other call waits for the credit).
-            if slot.n_req == 1 && s.active == 1 << i && s.credits > 0 {
+            if s.active == 1 << i && s.credits > 0 {
                 send_client_packet(
                     &mut self.tx,
                     &s.peer,

@@ -96,7 +96,7 @@ impl<P: Clone> Core<P> {
     /// bytes per packet would go over a link, once the session has one.
     pub(crate) fn wants_link_for(&self, len: usize, max_payload: usize) -> bool {
         len > max_payload
-            && len < self.config.read_threshold
+            && !self.is_bulk(len, max_payload)
             && self.config.read_threshold != usize::MAX
             && HEADER_LEN + len <= self.max_link_packet()
     }

@@ -33,8 +33,9 @@ async fn linked(net: &MemNetwork, srv: &Rpc<MemTransport>) -> (Rpc<MemTransport>
 }
 
 /// Requests and responses larger than a datagram and below the READ
-/// threshold go as one packet each over the link, no datagram at all;
-/// one datagram's worth and the threshold's stay on their paths.
+/// threshold (in at most the session's credits of packets) go as one
+/// packet each over the link, no datagram at all; one datagram's worth
+/// and one packet past the link's stay on their paths.
 #[test]
 fn mid_size_messages_go_over_the_link_in_one_packet() {
     let rt = Runtime::new().unwrap();
@@ -42,9 +43,13 @@ fn mid_size_messages_go_over_the_link_in_one_packet() {
         let net = MemNetwork::new(3, PACKET);
         let (srv, runs) = server(&net, config());
         let (cli, s) = linked(&net, &srv).await;
-        let threshold = config().read_threshold;
+        // The largest message the link carries in one go: below the
+        // threshold, in at most the session's credits (and the response
+        // window) of packets.
+        let most = (config().read_threshold - 1)
+            .min(config().session_credits.min(config().response_window) * PAYLOAD);
         // Echo responses are 4 bytes longer than their requests.
-        for (i, len) in [PAYLOAD + 1, 5000, 10_000, threshold - 5]
+        for (i, len) in [PAYLOAD + 1, 5000, 10_000, most - 4]
             .into_iter()
             .enumerate()
         {
@@ -66,9 +71,9 @@ fn mid_size_messages_go_over_the_link_in_one_packet() {
             &cli.call(s, ECHO, &req).await.unwrap()[..],
             &answer(&req)[..]
         );
-        // A response of the threshold goes by WRITE or READ, its request
-        // over the link.
-        let req = request(2, 1, threshold - 4);
+        // A response one byte past the link's goes by WRITE or READ, its
+        // request over the link.
+        let req = request(2, 1, most - 3);
         assert_eq!(
             &cli.call(s, ECHO, &req).await.unwrap()[..],
             &answer(&req)[..]

@@ -542,7 +542,8 @@ impl<P: Clone> Core<P> {
         if slot.req_num != req_num || slot.state != ServeState::Handling {
             return;
         }
-        let resp = if self.is_bulk(resp.len()) && resp.len() <= MAX_MSG_LEN as usize {
+        let max_payload = s.max_payload;
+        let resp = if self.is_bulk(resp.len(), max_payload) && resp.len() <= MAX_MSG_LEN as usize {
             // Written into the client's offered buffer, else exposed for
             // it to READ (`bulk_write.rs`, `bulk.rs`).
             let resp = match self.write_response(sid, i, req_num, resp.into_vec()) {
