@@ -112,7 +112,7 @@ const PACKED_IMM_BIT: u32 = 1 << 31;
 pub const MAX_ERROR_TEXT: usize = 256;
 /// The top byte of a WRITE_WITH_IMM's immediate that marks a message
 /// written into the receiver's staging ring; the low 24 bits are its
-/// length (see [`staged_len`]).
+/// length (see [`staged`]).
 pub const STAGED_IMM_TAG: u32 = 0xff00_0000;
 
 /// The top byte of a WRITE_WITH_IMM's immediate that marks a message
