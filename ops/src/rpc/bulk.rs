@@ -451,16 +451,7 @@ impl<P: Clone> Core<P> {
             let old_req = std::mem::take(&mut slot.req);
             let old_resp = slot.resp_exposed.take();
             slot.resp = None;
-            slot.status = Status::Ok;
-            slot.req_num = h.req_num;
-            slot.state = ServeState::Receiving;
-            slot.req_type = h.req_type;
-            slot.msg_len = msg_len;
-            slot.n_req = 1;
-            slot.rx = 0;
-            slot.stalled_sweeps = 0;
-            slot.got.clear();
-            slot.got.push(0);
+            slot.begin_request(h.req_num, h.req_type, msg_len, 1, false);
             slot.charge = charge;
             slot.writing = None;
             if offer > 0 {

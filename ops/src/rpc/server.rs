@@ -203,16 +203,7 @@ impl<P: Clone> Core<P> {
         }
         slot.req.clear();
         slot.req.extend_from_slice(payload);
-        slot.status = Status::Ok;
-        slot.req_num = h.req_num;
-        slot.state = ServeState::Receiving;
-        slot.req_type = h.req_type;
-        slot.msg_len = msg_len;
-        slot.n_req = 1;
-        slot.rx = 1;
-        slot.stalled_sweeps = 0;
-        slot.got.clear();
-        slot.got.push(1);
+        slot.begin_request(h.req_num, h.req_type, msg_len, 1, true);
         self.dispatch(sid, i);
         true
     }
@@ -315,20 +306,7 @@ impl<P: Clone> Core<P> {
                     self.pool.put(buf);
                 }
             }
-            slot.status = Status::Ok;
-            slot.req_num = h.req_num;
-            slot.state = ServeState::Receiving;
-            slot.req_type = h.req_type;
-            slot.msg_len = msg_len;
-            slot.n_req = n_req;
-            slot.rx = 0;
-            slot.stalled_sweeps = 0;
-            slot.got.clear();
-            if words == 1 {
-                slot.got.push(0);
-            } else {
-                slot.got.resize(words, 0);
-            }
+            slot.begin_request(h.req_num, h.req_type, msg_len, n_req, false);
             slot.req.clear();
             // The old request's charge is given back.
             slot.charge = charge;

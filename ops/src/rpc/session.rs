@@ -266,6 +266,37 @@ impl ServerSlot {
             && self.status == Status::ReadFailed
     }
 
+    /// Starts receiving request `req_num` (of type `req_type`, `msg_len`
+    /// bytes in `n_req` packets) in this slot: none of its packets is in
+    /// yet, or only the first if `first_in`. The caller sets what else the
+    /// request changes (its buffer, charge, READ or WRITE under way).
+    #[inline]
+    pub(crate) fn begin_request(
+        &mut self,
+        req_num: u64,
+        req_type: u8,
+        msg_len: usize,
+        n_req: usize,
+        first_in: bool,
+    ) {
+        self.status = Status::Ok;
+        self.req_num = req_num;
+        self.state = ServeState::Receiving;
+        self.req_type = req_type;
+        self.msg_len = msg_len;
+        self.n_req = n_req;
+        self.rx = usize::from(first_in);
+        self.stalled_sweeps = 0;
+        self.got.clear();
+        let words = n_req.div_ceil(64);
+        if words <= 1 {
+            self.got.push(u64::from(first_in));
+        } else {
+            self.got.resize(words, 0);
+            self.got[0] = u64::from(first_in);
+        }
+    }
+
     /// Forgets the request being received (its memory given back): the
     /// slot is idle until its client sends the request again.
     pub(crate) fn drop_partial(&mut self) {
