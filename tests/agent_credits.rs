@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc;
 
 use common::*;
-use verbio::ops::agent::wire::{decode, Message, Settings};
+use verbio::ops::agent::wire::{decode, Message};
 use verbio::ops::connect::Listener;
 use verbio::{RdmaBuilder, Verbs};
 
@@ -44,23 +44,11 @@ fn owed_credits_ride_on_the_next_data_message_both_ways() {
         let l: Listener<_> = listen(&dev);
         tx.send(l.local_addr().unwrap()).unwrap();
         block(&rt, async move {
-            use futures::{AsyncReadExt, AsyncWriteExt};
             let mut conn = l.accept().await.expect("accept");
             // One receive buffer for the client's messages: it holds one
             // send credit at a time.
-            let settings = Message::Settings(Settings {
-                max_message_len: 1 << 20,
-                recv_buf_size: BUF as u32,
-                recv_buf_count: 1,
-                credit_batch: 1,
-                max_recv_wr: conn.qp.caps().max_recv_wr,
-            });
-            let mut frame = vec![0u8; settings.encoded_len()];
-            settings.encode(&mut frame).unwrap();
-            conn.stream.write_all(&frame).await.unwrap();
-            let mut theirs = [0u8; 512];
-            let n = conn.stream.read(&mut theirs).await.unwrap();
-            assert!(n > 0, "the client's settings");
+            let max_recv_wr = conn.qp.caps().max_recv_wr;
+            raw_agent::exchange_settings(&mut conn.stream, BUF, 1, max_recv_wr).await;
             let pool = verbio::runtime::buf::MrPool::new(dev.pd());
             let mut recvs: VecDeque<_> = (0..8).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();
             let send = |msg: Message<'_>| {

@@ -23,7 +23,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use verbio::ops::agent::wire::{decode, landed_imm, Message, MrToken, Settings, MAX_LANDED_LEN};
+use verbio::ops::agent::wire::{decode, landed_imm, Message, MrToken, MAX_LANDED_LEN};
 use verbio::ops::connect::Listener;
 use verbio::provider::WcStatus;
 use verbio::runtime::{sleep, spawn};
@@ -253,21 +253,9 @@ fn broken_peer(acts: Vec<Act>) -> CloseReason {
         let l: Listener<_> = listen(&dev);
         tx.send(l.local_addr().unwrap()).unwrap();
         block(&rt, async move {
-            use futures::{AsyncReadExt, AsyncWriteExt};
             let mut conn = l.accept().await.expect("accept");
-            let settings = Message::Settings(Settings {
-                max_message_len: 1 << 20,
-                recv_buf_size: BUF as u32,
-                recv_buf_count: 16,
-                credit_batch: 1,
-                max_recv_wr: conn.qp.caps().max_recv_wr,
-            });
-            let mut frame = vec![0u8; settings.encoded_len()];
-            settings.encode(&mut frame).unwrap();
-            conn.stream.write_all(&frame).await.unwrap();
-            let mut theirs = [0u8; 512];
-            let n = conn.stream.read(&mut theirs).await.unwrap();
-            assert!(n > 0, "the client's settings");
+            let max_recv_wr = conn.qp.caps().max_recv_wr;
+            raw_agent::exchange_settings(&mut conn.stream, BUF, 16, max_recv_wr).await;
             let pool = verbio::runtime::buf::MrPool::new(dev.pd());
             // The client's first credit, its slot grants and its notice.
             let mut recvs: Vec<_> = (0..16).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();

@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use verbio::ops::agent::wire::{Message, MrToken, Settings, MAX_SPLIT_IN_PROGRESS};
+use verbio::ops::agent::wire::{Message, MrToken, MAX_SPLIT_IN_PROGRESS};
 use verbio::ops::connect::Listener;
 use verbio::runtime::{sleep, spawn};
 use verbio::{CloseReason, RdmaBuilder, Verbs};
@@ -227,21 +227,9 @@ fn broken_peer_sends(client: RdmaBuilder, frames: Vec<(Vec<u8>, Option<u32>)>) -
         tx.send(l.local_addr().unwrap()).unwrap();
         block(&rt, async move {
             use futures::future::Either;
-            use futures::{AsyncReadExt, AsyncWriteExt};
             let mut conn = l.accept().await.expect("accept");
-            let settings = Message::Settings(Settings {
-                max_message_len: 1 << 20,
-                recv_buf_size: BUF as u32,
-                recv_buf_count: 4,
-                credit_batch: 1,
-                max_recv_wr: conn.qp.caps().max_recv_wr,
-            });
-            let mut frame = vec![0u8; settings.encoded_len()];
-            settings.encode(&mut frame).unwrap();
-            conn.stream.write_all(&frame).await.unwrap();
-            let mut theirs = [0u8; 512];
-            let n = conn.stream.read(&mut theirs).await.unwrap();
-            assert!(n > 0, "the client's settings");
+            let max_recv_wr = conn.qp.caps().max_recv_wr;
+            raw_agent::exchange_settings(&mut conn.stream, BUF, 4, max_recv_wr).await;
             let pool = verbio::runtime::buf::MrPool::new(dev.pd());
             // Room for the client's first credit and its error notice.
             let recvs: Vec<_> = (0..4).map(|_| conn.qp.recv(buf(&pool, BUF))).collect();

@@ -11,6 +11,7 @@ pub mod example_bin;
 pub mod netns;
 pub mod peer;
 pub mod pool;
+pub mod raw_agent;
 
 use std::future::Future;
 use std::net::SocketAddr;
