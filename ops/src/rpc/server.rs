@@ -188,19 +188,7 @@ impl<P: Clone> Core<P> {
         // is admitted whatever the budget holds).
         slot.charge.release();
         self.budget.grow(&mut slot.charge, 8 + msg_len, true);
-        // The last response's buffer serves as this request's.
-        let old_resp = slot.resp.take();
-        if slot.req.capacity() == 0 {
-            slot.req = match old_resp {
-                Some(resp) if resp.capacity() <= super::buf::KEEP_MAX_CAPACITY => resp.into_vec(),
-                other => {
-                    drop(other);
-                    self.pool.take()
-                }
-            };
-        } else {
-            drop(old_resp);
-        }
+        slot.reuse_response_buffer(&self.pool);
         slot.req.clear();
         slot.req.extend_from_slice(payload);
         slot.begin_request(h.req_num, h.req_type, msg_len, 1, true);
@@ -283,22 +271,7 @@ impl<P: Clone> Core<P> {
                 self.tx.push(&s.peer, &busy, &[]);
                 return;
             }
-            // The last response's buffer (kept for its resends until now)
-            // serves as this request's, without a trip through the pool.
-            let old_resp = slot.resp.take();
-            if slot.req.capacity() == 0 {
-                slot.req = match old_resp {
-                    Some(resp) if resp.capacity() <= super::buf::KEEP_MAX_CAPACITY => {
-                        resp.into_vec()
-                    }
-                    other => {
-                        drop(other);
-                        self.pool.take()
-                    }
-                };
-            } else {
-                drop(old_resp);
-            }
+            slot.reuse_response_buffer(&self.pool);
             slot.reading = None;
             slot.writing = None;
             if let (Some((token, _, _)), Some(bulk)) = (slot.resp_exposed.take(), &mut self.bulk) {

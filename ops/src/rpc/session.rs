@@ -266,6 +266,25 @@ impl ServerSlot {
             && self.status == Status::ReadFailed
     }
 
+    /// Gives the slot a request buffer for its next request: the last
+    /// response's (kept for its resends until now), without a trip through
+    /// `pool`, unless the slot still has one or the response's is too big
+    /// to keep.
+    #[inline]
+    pub(crate) fn reuse_response_buffer(&mut self, pool: &super::buf::BufPool) {
+        let old_resp = self.resp.take();
+        if self.req.capacity() != 0 {
+            return;
+        }
+        self.req = match old_resp {
+            Some(resp) if resp.capacity() <= super::buf::KEEP_MAX_CAPACITY => resp.into_vec(),
+            other => {
+                drop(other);
+                pool.take()
+            }
+        };
+    }
+
     /// Starts receiving request `req_num` (of type `req_type`, `msg_len`
     /// bytes in `n_req` packets) in this slot: none of its packets is in
     /// yet, or only the first if `first_in`. The caller sets what else the

@@ -252,9 +252,15 @@ impl Cq {
         // the connection they arrived on or on the one to their sender's
         // engine that the QP's requests use (where a request takes them
         // along).
-        let feeds = lock(&self.shared.feeds).clone();
-        let peers: SmallVec<[Arc<Wire>; 2]> = lock(&sh.wires).values().cloned().collect();
-        for w in feeds.iter().chain(peers.iter()) {
+        // (Only the connections that hold ACKs are taken out of the locks.)
+        let holding = |w: &&Arc<Wire>| !w.held_gone_hint();
+        let mut held: SmallVec<[Arc<Wire>; 2]> = lock(&self.shared.feeds)
+            .iter()
+            .filter(holding)
+            .cloned()
+            .collect();
+        held.extend(lock(&sh.wires).values().filter(holding).cloned());
+        for w in &held {
             match w.flush_held() {
                 None => continue,
                 Some(DirectWrite::Spilled) => sh.ring(),
