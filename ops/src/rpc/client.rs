@@ -133,14 +133,24 @@ impl<P: Clone> Core<P> {
         let session = SessionId(sid);
         let max = self.config.max_msg_len;
         let now = self.now;
+        let read_threshold = self.config.read_threshold;
+        let Some(s) = self.sessions.get(sid) else {
+            return Poll::Ready(Err(RpcError::SessionClosed { session }));
+        };
+        // A message that fits a packet and is below the READ threshold
+        // goes neither by READ nor over the link (`goes_bulk`): a small
+        // call (its request, and the response its session expects) asks
+        // the transport's large-message path nothing.
+        let small = |n: usize| n <= s.max_payload && n < read_threshold;
+        let small_call = small(len) && small(s.resp_hint);
         // A large request (by READ), or a large response expected (room
         // offered for it): the session's link is involved.
-        let bulk_len = self
-            .sessions
-            .get(sid)
-            .is_some_and(|s| self.is_bulk(len, s.max_payload));
-        let max_link_packet = self.max_link_packet();
-        let has_bulk = self.bulk.is_some();
+        let bulk_len = !small_call && self.is_bulk(len, s.max_payload);
+        let (max_link_packet, has_bulk) = if small_call {
+            (0, false)
+        } else {
+            (self.max_link_packet(), self.bulk.is_some())
+        };
         let Some(s) = self.sessions.get_mut(sid) else {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         };
@@ -179,7 +189,8 @@ impl<P: Clone> Core<P> {
             s
         };
         let max_payload = s.max_payload;
-        let offer = !bulk_len
+        let offer = !small_call
+            && !bulk_len
             && super::bulk::goes_bulk(
                 &self.config,
                 max_link_packet,

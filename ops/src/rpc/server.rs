@@ -494,7 +494,13 @@ impl<P: Clone> Core<P> {
             return;
         }
         let max_payload = s.max_payload;
-        let resp = if self.is_bulk(resp.len(), max_payload) && resp.len() <= MAX_MSG_LEN as usize {
+        // One that fits a packet below the READ threshold goes in it (see
+        // `goes_bulk`): the large-message path is not asked.
+        let small = resp.len() <= max_payload && resp.len() < self.config.read_threshold;
+        let resp = if !small
+            && self.is_bulk(resp.len(), max_payload)
+            && resp.len() <= MAX_MSG_LEN as usize
+        {
             // Written into the client's offered buffer, else exposed for
             // it to READ (`bulk_write.rs`, `bulk.rs`).
             let resp = match self.write_response(sid, i, req_num, resp.into_vec()) {
