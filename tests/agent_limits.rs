@@ -352,7 +352,7 @@ fn a_peer_misusing_the_staging_ring_is_disconnected() {
     let why = broken_peer_frames(RdmaBuilder::new(), vec![ring.clone(), ring]);
     violation(&why, "announced twice");
     // Ring bytes freed that this side never wrote.
-    let freed = encoded(&Message::StagingFreed { bytes: 1 });
+    let freed = encoded(&Message::StagingFreed { count: 1 });
     let why = broken_peer_frames(RdmaBuilder::new(), vec![freed]);
     violation(&why, "never written");
 }

@@ -210,7 +210,15 @@ fn a_staged_send_cancelled_before_it_is_posted_sends_nothing() {
 
 #[test]
 fn a_write_with_imm_whose_immediate_looks_staged_arrives_as_an_immediate() {
-    let imms = [0xff00_0000u32, 0xff12_3456, u32::MAX, 0xfd12_3456, 0xfeed];
+    let imms = [
+        0xff00_0000u32,
+        0xff12_3456,
+        u32::MAX,
+        0xfd12_3456,
+        0xfeed,
+        0xf000_0000,
+        0xf712_3456,
+    ];
     let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
         let r = c.remove(0);
         let remote = r.request_remote_mr(64).await.unwrap();
@@ -379,4 +387,120 @@ fn staged_replies_need_no_agent_and_carry_their_credits() {
         server_turns * 20 < ROUNDS,
         "server agent ran {server_turns} turns in {ROUNDS} round trips"
     );
+}
+
+/// Staged messages answering each other return the ring bytes of the
+/// messages they answer in their immediates (wire version 12), so a
+/// sender has every earlier message returned when it writes the next, and
+/// starts it at the ring's start: in a request-reply exchange each side
+/// writes the same first bytes of the peer's ring over and over (they stay
+/// in the caches) instead of cycling through the whole ring (before: up to
+/// the ring's end, once a quarter of it had been taken out and returned in
+/// a `StagingFreed`). Replies with immediates of their own (a WRITE and a
+/// `Staged` naming offset 0) restart alike; one-way bursts in between, with
+/// several messages in flight, go on from there, and everything arrives
+/// whole and in order.
+#[test]
+fn staged_replies_return_ring_bytes_and_keep_to_the_ring_start() {
+    const ROUNDS: usize = 120;
+    const LEN: usize = 10_000;
+    const BURST: usize = 12;
+    // Until then the first replies go in pieces (the client's ring is
+    // announced meanwhile) and return nothing: the requests go on.
+    const WARM: usize = 10;
+    // Where a request after a reply with an immediate of its own (which
+    // returns nothing) ends: after the one before.
+    const STEADY: usize = 2 * (LEN + 7);
+    // A ring of which two requests take less than a quarter: the server
+    // returns them in its replies, not in a `StagingFreed` of its own
+    // (which the next request might not wait for).
+    const BIG_RING: usize = 4 * RING;
+    let builder = || builder().staging_ring(BIG_RING);
+    let msg = |i: usize| pattern(LEN + i % 7, i as u8);
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        // The first one, in pieces, makes this side announce its ring.
+        assert!(r.receive().await.unwrap() == pattern(10_000, 0));
+        r.send(b"ready").await.unwrap();
+        let mut warm = 0;
+        for i in 0..ROUNDS {
+            let (got, imm) = r.receive_with_imm().await.unwrap();
+            assert!(got == msg(i), "request {i}");
+            assert_eq!(imm, None, "request {i}");
+            if i % 5 == 4 {
+                r.send_with_imm(&got, i as u32).await.unwrap();
+            } else {
+                r.send(&got).await.unwrap();
+            }
+            if i % 40 == 39 {
+                for j in 0..BURST {
+                    assert!(r.receive().await.unwrap() == msg(1000 + j), "burst {j}");
+                }
+            }
+            if i == WARM {
+                warm = r.staged_ring_reach();
+            }
+        }
+        let reach = r.staged_ring_reach();
+        r.send(b"done").await.unwrap();
+        let _ = r.receive().await;
+        (warm, reach)
+    });
+    let (rt, dev) = runtime_and_device();
+    let client_reach = block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        r.send(&pattern(10_000, 0)).await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"ready");
+        assert!(r.staged_max_len() >= LEN + 7, "the ring was announced");
+        let mut warm = 0;
+        let mut reach_before_bursts = 0;
+        for i in 0..ROUNDS {
+            r.send(&msg(i)).await.unwrap();
+            let (got, imm) = r.receive_with_imm().await.unwrap();
+            assert!(got == msg(i), "reply {i}");
+            assert_eq!(imm, (i % 5 == 4).then_some(i as u32), "reply {i}");
+            if i == WARM {
+                warm = r.staged_ring_reach();
+            }
+            if i == 38 {
+                reach_before_bursts = r.staged_ring_reach();
+            }
+            if i % 40 == 39 {
+                // Several in flight: they go on from where the ring's
+                // order puts them, waiting for returned bytes if need be.
+                let burst = (0..BURST).map(|j| msg(1000 + j)).collect::<Vec<_>>();
+                let sends = burst.iter().map(|m| r.send(m));
+                for res in futures::future::join_all(sends).await {
+                    res.unwrap();
+                }
+            }
+        }
+        println!(
+            "client's reach into the server's ring: {warm} after {WARM} round trips, \
+             {reach_before_bursts} after 39, {} at the end",
+            r.staged_ring_reach()
+        );
+        assert!(
+            reach_before_bursts <= warm.max(STEADY),
+            "requests of about {LEN} bytes, each answered before the next, reached \
+             {reach_before_bursts} bytes into a {BIG_RING}-byte ring after 39 round trips, \
+             {warm} after {WARM}: they did not restart at its start"
+        );
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        assert!(r.close_reason().is_none(), "{:?}", r.close_reason());
+        r.send(b"bye").await.unwrap();
+        r.staged_ring_reach()
+    });
+    let (server_warm, server_reach) = server.join().expect("server");
+    println!(
+        "server's reach into the client's ring: {server_warm} after {WARM} round trips, \
+         {server_reach} at the end"
+    );
+    assert!(
+        server_reach <= server_warm.max(LEN + 7),
+        "replies of about {LEN} bytes, each answered before the next, reached {server_reach} \
+         bytes into a {BIG_RING}-byte ring after {ROUNDS} round trips, {server_warm} after \
+         {WARM}: they did not restart at its start"
+    );
+    assert!(client_reach <= BIG_RING);
 }

@@ -1180,6 +1180,15 @@ impl Rdma {
         self.shared.staging.max_len()
     }
 
+    /// How far into the peer's staging ring this side's staged messages
+    /// have reached (a diagnostic: the furthest end of one, in bytes from
+    /// the ring's start). A sender whose every message was returned starts
+    /// the next at the ring's start, so staged messages answering each
+    /// other keep to the first bytes of the ring, which stay in the caches.
+    pub fn staged_ring_reach(&self) -> usize {
+        self.shared.staging.reach()
+    }
+
     /// Messages of which some pieces arrived and the rest are still due
     /// (the peer's `send` of a large message in progress). A sender whose
     /// `send` is cancelled tells this side to discard its pieces.

@@ -24,9 +24,18 @@
 //! its own goes as a WRITE and a `Staged` SEND naming offset and length
 //! (RC places the WRITE's bytes before the SEND arrives). The receiver
 //! copies the message out of its ring into the vector it delivers (the
-//! ring is never lent: the peer may write it at any time), and once it has
-//! taken a quarter of the ring returns those bytes in a `StagingFreed`
-//! (credited).
+//! ring is never lent: the peer may write it at any time) and returns the
+//! messages it took out (wire version 12: a count, oldest first; the
+//! sender knows the ring bytes each took): up to three at a time in the
+//! immediate of a staged message of its own to the peer
+//! (`wire::StagedImm::returned`), and, once the messages not returned so
+//! took a quarter of the ring, all of them in a `StagingFreed` (credited).
+//! A sender that has every message returned starts its next at the ring's
+//! offset 0 and says so in the immediate (`wire::StagedImm::restart`; a
+//! `Staged` names offset 0): staged messages answering each other then
+//! use the first bytes of each ring over and over, which stay in the
+//! caches, instead of cycling through the whole ring (4 MiB per direction
+//! by default, more than this machine's L2).
 //!
 //! `max_unread_bytes`: while the unread backlog is over its limit, a
 //! staged message stays in the ring (its bytes not freed, so the sender
@@ -37,7 +46,8 @@
 //!
 //! Placement is the same rule on both sides ([`place`]): a message starts
 //! where the previous one ended, or at 0 if it does not fit before the
-//! ring's end (the end is skipped and counted with it). The receiver
+//! ring's end (the end is skipped and counted with it), or at 0 when its
+//! immediate says it restarts (then it takes only its own bytes). The receiver
 //! checks that every `Staged` names exactly that offset, so the sender
 //! posts its WRITE and `Staged` pairs one at a time (`gate`), in the order
 //! it placed them.
@@ -66,7 +76,10 @@ use super::flow::Credits;
 use super::msg::{Body, RecvMsg};
 use super::rdma::{until_posted, Shared};
 use super::staging_budget::{Lease, StagingBudget};
-use super::wire::{staged_grant_imm, Message, STAGED_IMM_TAG};
+use super::wire::{
+    staged_grant_imm, Message, StagedImm, MAX_STAGED_GRANT, MAX_STAGED_GRANT_LEN,
+    MAX_STAGED_RETURN, STAGED_IMM_TAG,
+};
 use crate::verbs::write::WriteVerb;
 use crate::verbs::write_with_imm::WriteWithImmVerb;
 use crate::verbs::{RemoteBuf, Verbs};
@@ -106,6 +119,8 @@ struct Placed {
     taken: u32,
     /// `head` before it.
     head: u32,
+    /// Restarting at offset 0 (the ring was empty).
+    restart: bool,
 }
 
 /// A message held back while the unread backlog is over its limit.
@@ -148,12 +163,20 @@ pub(crate) struct Staging {
     expect: Cell<u32>,
     /// Receiving: bytes taken out and not yet returned.
     freed: Cell<u32>,
+    /// Receiving: the ring bytes each message taken out and not yet
+    /// returned took, oldest first (`freed` is their sum).
+    unreturned: RefCell<VecDeque<u32>>,
     /// Sending: the peer's ring, once announced.
     peer: Cell<Option<PeerRing>>,
     /// Sending: where the next message goes.
     head: Cell<u32>,
     /// Sending: bytes written and not yet freed by the peer.
     used: Cell<u32>,
+    /// Sending: the ring bytes each message written (or placed) and not
+    /// yet returned took, oldest first (`used` is their sum).
+    sent: RefCell<VecDeque<u32>>,
+    /// Sending: the furthest end of a message placed in the peer's ring.
+    reach: Cell<u32>,
     /// Senders waiting for room.
     waiters: RefCell<Vec<Waker>>,
     closed: Cell<bool>,
@@ -175,9 +198,12 @@ impl Staging {
             held: RefCell::new(VecDeque::new()),
             expect: Cell::new(0),
             freed: Cell::new(0),
+            unreturned: RefCell::new(VecDeque::new()),
             peer: Cell::new(None),
             head: Cell::new(0),
             used: Cell::new(0),
+            sent: RefCell::new(VecDeque::new()),
+            reach: Cell::new(0),
             waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),
             gate: Credits::new(1),
@@ -272,6 +298,11 @@ impl Staging {
             .map_or(0, |p| (p.len as usize).min(MAX_STAGING_RING) / 4)
     }
 
+    /// The furthest end of a message placed in the peer's ring so far.
+    pub(crate) fn reach(&self) -> usize {
+        self.reach.get() as usize
+    }
+
     /// The connection is down: waiting senders give up.
     pub(crate) fn close(&self) {
         self.closed.set(true);
@@ -295,22 +326,31 @@ impl Staging {
         Ok(())
     }
 
-    /// The peer freed `bytes` of its ring.
-    pub(crate) fn peer_freed(&self, bytes: u32) -> Result<(), CloseReason> {
-        let used = self.used.get();
-        if bytes > used {
+    /// The peer took `count` more of the messages written into its ring
+    /// out (the oldest not returned yet): the ring bytes they took are free.
+    pub(crate) fn peer_freed(&self, count: u32) -> Result<(), CloseReason> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut sent = self.sent.borrow_mut();
+        if count as usize > sent.len() {
             return Err(CloseReason::Violation(
                 "staging ring bytes freed that were never written",
             ));
         }
-        self.used.set(used - bytes);
+        let bytes = sent
+            .drain(..count as usize)
+            .fold(0u32, |a, b| a.saturating_add(b));
+        drop(sent);
+        self.used.set(self.used.get().saturating_sub(bytes));
         self.wake();
         Ok(())
     }
 
     /// Takes a place for `len` bytes in the peer's ring, waiting for room;
-    /// `None` once the connection is down.
-    fn poll_reserve(&self, len: u32, cx: &Context<'_>) -> Poll<Option<Placed>> {
+    /// `None` once the connection is down. With `can_restart` (the message
+    /// can say so) and every earlier message returned, at offset 0.
+    fn poll_reserve(&self, len: u32, can_restart: bool, cx: &Context<'_>) -> Poll<Option<Placed>> {
         if self.closed.get() {
             return Poll::Ready(None);
         }
@@ -318,7 +358,12 @@ impl Staging {
             return Poll::Ready(None);
         };
         let head = self.head.get();
-        let (offset, taken) = place(head, len, peer.len);
+        let restart = can_restart && head != 0 && self.sent.borrow().is_empty();
+        let (offset, taken) = if restart {
+            (0, len)
+        } else {
+            place(head, len, peer.len)
+        };
         let used = self.used.get();
         if u64::from(used) + u64::from(taken) > u64::from(peer.len) {
             let mut w = self.waiters.borrow_mut();
@@ -328,26 +373,36 @@ impl Staging {
             return Poll::Pending;
         }
         self.used.set(used + taken);
+        self.sent.borrow_mut().push_back(taken);
         self.head.set(offset + len);
+        self.reach.set(self.reach.get().max(offset + len));
         Poll::Ready(Some(Placed {
             offset,
             taken,
             head,
+            restart,
         }))
     }
 
     /// Gives back a place whose message was not posted (the latest taken:
-    /// the gate is still held).
+    /// the gate is still held, and the peer cannot have returned it).
     fn unreserve(&self, p: Placed) {
         self.head.set(p.head);
+        self.sent.borrow_mut().pop_back();
         self.used.set(self.used.get().saturating_sub(p.taken));
         self.wake();
     }
 
     /// Receiving: places the next message, of `len` bytes (`offset`:
     /// where its `Staged` says it is, which must be where the ring's order
-    /// puts it): its offset and the ring bytes it takes.
-    fn arrived(&self, offset: Option<u32>, len: u32) -> Result<(u32, u32), CloseReason> {
+    /// puts it or 0, a restart; `restart`: its immediate says it starts at
+    /// 0): its offset and the ring bytes it takes.
+    fn arrived(
+        &self,
+        offset: Option<u32>,
+        len: u32,
+        restart: bool,
+    ) -> Result<(u32, u32), CloseReason> {
         let own = self.own.borrow();
         let Some(ring) = own.as_ref() else {
             return Err(CloseReason::Violation(
@@ -361,12 +416,19 @@ impl Staging {
                 "staged message empty or longer than a quarter of the ring",
             ));
         }
-        let (at, taken) = place(self.expect.get(), len, size);
-        if offset.is_some_and(|o| o != at) {
-            return Err(CloseReason::Violation(
-                "staged message not where the ring's order puts it",
-            ));
-        }
+        let placed = place(self.expect.get(), len, size);
+        let (at, taken) = match offset {
+            _ if restart => (0, len),
+            None => placed,
+            Some(o) if o == placed.0 => placed,
+            // A `Staged` restarting.
+            Some(0) => (0, len),
+            Some(_) => {
+                return Err(CloseReason::Violation(
+                    "staged message not where the ring's order puts it",
+                ))
+            }
+        };
         self.expect.set(at + len);
         Ok((at, taken))
     }
@@ -383,20 +445,74 @@ impl Staging {
             .append_to(at as usize, len as usize, &mut bytes)
             .map_err(|_| CloseReason::Violation("staged message outside the staging ring"))?;
         self.freed.set(self.freed.get().saturating_add(taken));
+        self.unreturned.borrow_mut().push_back(taken);
         Ok(bytes)
     }
 
-    /// Receiving: the bytes to return once a quarter of the ring is free
-    /// (the count restarts at 0).
-    fn freed_batch(&self) -> Option<u32> {
+    /// Receiving: every message not returned yet, once they took a quarter
+    /// of the ring (the ring bytes each took, oldest first).
+    fn freed_batch(&self) -> Option<Vec<u32>> {
         let ring = self.own.borrow().as_ref()?.len() as u32;
-        let n = self.freed.get();
-        (n >= ring / 4).then(|| self.freed.replace(0))
+        if self.freed.get() < ring / 4 {
+            return None;
+        }
+        self.freed.set(0);
+        Some(self.unreturned.borrow_mut().drain(..).collect())
     }
 
-    /// A `StagingFreed` of `n` bytes was not sent: they wait for the next.
-    fn unfreed(&self, n: u32) {
-        self.freed.set(self.freed.get().saturating_add(n));
+    /// Messages taken for a return were not returned (its message was not
+    /// posted): they wait for the next.
+    fn unfreed(&self, taken: impl DoubleEndedIterator<Item = u32>) {
+        let mut q = self.unreturned.borrow_mut();
+        for t in taken.rev() {
+            q.push_front(t);
+            self.freed.set(self.freed.get().saturating_add(t));
+        }
+    }
+
+    /// Receiving: up to [`MAX_STAGED_RETURN`] messages not returned yet, to
+    /// ride on a staged message of this side's; returned again to the
+    /// count (see [`Returns`]) unless that message is posted.
+    fn take_returns<'a>(&'a self, posted: &'a Cell<bool>) -> Returns<'a> {
+        let mut taken = [0u32; MAX_STAGED_RETURN as usize];
+        let mut q = self.unreturned.borrow_mut();
+        let n = q.len().min(taken.len());
+        for (t, b) in taken.iter_mut().zip(q.drain(..n)) {
+            *t = b;
+            self.freed.set(self.freed.get().saturating_sub(b));
+        }
+        Returns {
+            staging: self,
+            taken,
+            n,
+            posted,
+        }
+    }
+}
+
+/// Messages taken out of this side's ring, returned with one staged
+/// message of this side's ([`Staging::take_returns`]). Dropped before that
+/// message was posted, they are owed again.
+#[must_use = "returns taken and not posted are owed again when dropped"]
+struct Returns<'a> {
+    staging: &'a Staging,
+    taken: [u32; MAX_STAGED_RETURN as usize],
+    n: usize,
+    posted: &'a Cell<bool>,
+}
+
+impl Returns<'_> {
+    /// The messages returned.
+    fn count(&self) -> u32 {
+        self.n as u32
+    }
+}
+
+impl Drop for Returns<'_> {
+    fn drop(&mut self) {
+        if !self.posted.get() && self.n > 0 {
+            self.staging.unfreed(self.taken[..self.n].iter().copied());
+        }
     }
 }
 
@@ -496,7 +612,10 @@ pub(crate) async fn send_staged_from<S: Source>(
     let Ok(gate) = st.gate.acquire().await else {
         return (Err(s.closed_error()), src.back());
     };
-    let Some(placed) = poll_fn(|cx| st.poll_reserve(len, cx)).await else {
+    // A message with its own immediate names its offset in its `Staged`;
+    // one without, in its WRITE_WITH_IMM's immediate if that has the bits.
+    let can_restart = imm.is_some() || len <= MAX_STAGED_GRANT_LEN;
+    let Some(placed) = poll_fn(|cx| st.poll_reserve(len, can_restart, cx)).await else {
         return (Err(s.closed_error()), src.back());
     };
     // Given back unless the message is posted.
@@ -521,15 +640,28 @@ pub(crate) async fn send_staged_from<S: Source>(
     // `send` returns, as a piece's SEND is.
     let (outcome, res) = match imm {
         None => {
-            // The credits owed ride along if the immediate has room for
-            // them (else they stay owed, for a `Credit` or a later message).
+            // The credits owed and the peer's messages taken out of this
+            // side's ring ride along if the immediate has room for them
+            // (else they stay owed, for a `Credit`, a `StagingFreed` or a
+            // later message).
             let ride = s.owed.take_all(&s.peer_credits, &posted);
-            let (tag, ride) = match staged_grant_imm(len, ride.count()) {
-                Some(tag) => (tag, Some(ride)),
+            let ride = (ride.count() <= MAX_STAGED_GRANT).then_some(ride);
+            let returns = st.take_returns(&posted);
+            let said = StagedImm {
+                len,
+                grant: ride.as_ref().map_or(0, |r| r.count()),
+                returned: returns.count(),
+                restart: placed.restart,
+            };
+            let (tag, ride, returns) = match staged_grant_imm(said) {
+                Some(tag) => (tag, ride, Some(returns)),
                 None => {
                     drop(ride);
-                    // `max_len` keeps `len` within the tag's 24 bits.
-                    (STAGED_IMM_TAG | len, None)
+                    drop(returns);
+                    // Longer than the tag's bits: never restarting
+                    // (`can_restart`). `max_len` keeps `len` within the
+                    // plain tag's 24 bits.
+                    (STAGED_IMM_TAG | len, None, None)
                 }
             };
             let write = s.qp.write_with_imm(buf, remote, tag);
@@ -540,6 +672,7 @@ pub(crate) async fn send_staged_from<S: Source>(
             };
             // Owed again unless posted.
             drop(ride);
+            drop(returns);
             out
         }
         Some(imm) => {
@@ -618,9 +751,10 @@ pub(crate) fn received(
     imm: Option<u32>,
     offset: Option<u32>,
     len: u32,
+    restart: bool,
 ) -> Result<Option<RecvMsg>, CloseReason> {
     let st = &shared.staging;
-    let (at, taken) = st.arrived(offset, len)?;
+    let (at, taken) = st.arrived(offset, len, restart)?;
     if imm.is_none() {
         // Landing slots would carry it: grant them.
         super::landing::wanted(shared, u64::from(len));
@@ -646,8 +780,8 @@ fn take_staged(
     taken: u32,
 ) -> Result<RecvMsg, CloseReason> {
     let bytes = shared.staging.take_out(at, len, taken)?;
-    if let Some(bytes) = shared.staging.freed_batch() {
-        return_freed(shared, bytes);
+    if let Some(batch) = shared.staging.freed_batch() {
+        return_freed(shared, batch);
     }
     Ok(RecvMsg {
         body: Body::Vec(bytes),
@@ -721,22 +855,24 @@ pub(crate) fn wanted(shared: &Rc<Shared>, len: u64) {
     );
 }
 
-/// Sends the peer a `StagingFreed` of `bytes` (by a task); owed again if
-/// it cannot be sent.
-fn return_freed(shared: &Rc<Shared>, bytes: u32) {
+/// Sends the peer a `StagingFreed` returning the messages of `batch` (the
+/// ring bytes each took, by a task); owed again if it cannot be sent.
+fn return_freed(shared: &Rc<Shared>, batch: Vec<u32>) {
     let Some(h) = Handle::try_current() else {
-        shared.staging.unfreed(bytes);
+        shared.staging.unfreed(batch.into_iter());
         return;
     };
     let s = shared.clone();
     h.spawn(
         async move {
+            // Counted by `freed_batch`, within the ring's bytes.
+            let count = batch.len() as u32;
             if let Err(e) = s
-                .send_message(&Message::StagingFreed { bytes }, true)
+                .send_message(&Message::StagingFreed { count }, true)
                 .await
             {
-                s.staging.unfreed(bytes);
-                tracing::debug!(error = %crate::error::ErrorChain(&e), bytes, "returning staging ring bytes failed");
+                s.staging.unfreed(batch.into_iter());
+                tracing::debug!(error = %crate::error::ErrorChain(&e), count, "returning staging ring messages failed");
             }
         }
         .instrument(shared.span.clone()),

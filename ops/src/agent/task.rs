@@ -391,13 +391,16 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
             return refuse(shared, CloseReason::Violation(CREDITLESS));
         }
         if let Some(imm) = rcv.imm {
-            if let Some((len, grant)) = staged(imm) {
+            if let Some(si) = staged(imm) {
                 // A message written into this side's staging ring, and the
-                // credits returned with it.
-                if grant > 0 {
-                    shared.credits.grant(grant);
+                // credits and the peer's ring messages returned with it.
+                if si.grant > 0 {
+                    shared.credits.grant(si.grant);
                 }
-                return match super::staging::received(shared, None, None, len) {
+                if let Err(reason) = shared.staging.peer_freed(si.returned) {
+                    return refuse(shared, reason);
+                }
+                return match super::staging::received(shared, None, None, si.len, si.restart) {
                     Ok(Some(msg)) => Next::Msg(msg),
                     Ok(None) => Next::Repost(true),
                     Err(reason) => refuse(shared, reason),
@@ -689,7 +692,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
                 return Err(CloseReason::Violation("message longer than the maximum"));
             }
             Ok(
-                match super::staging::received(shared, imm, Some(offset), len)? {
+                match super::staging::received(shared, imm, Some(offset), len, false)? {
                     Some(msg) => Next::Msg(msg),
                     None => Next::Repost(true),
                 },
@@ -703,8 +706,8 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             }
             Ok(Next::Repost(true))
         }
-        Message::StagingFreed { bytes } => {
-            shared.staging.peer_freed(bytes)?;
+        Message::StagingFreed { count } => {
+            shared.staging.peer_freed(count)?;
             Ok(Next::Repost(true))
         }
         Message::SlotGrant {

@@ -88,6 +88,12 @@
 //! its immediate is then [`STAGED_GRANT_TAG`], the credits (1 to
 //! [`MAX_STAGED_GRANT`]) and the length ([`staged_grant_imm`], [`staged`]),
 //! so that staged messages answering each other need no `Credit` message.
+//! Version 12 moves [`STAGED_GRANT_TAG`] to the top bytes 0xf0 to 0xf7,
+//! whose three more bits return staged messages the writer took out of
+//! its own ring and say that the message restarts at the ring's offset 0
+//! ([`StagedImm`]); `StagingFreed` (kind 16) returns a count of messages,
+//! no longer of bytes (the sender knows what each took), so that both
+//! kinds of return add up whatever order they arrive in.
 //!
 //! [`decode`] never panics and never reads out of bounds, whatever the input:
 //! it is a fuzz target. [`Message::encode`] writes into a caller-provided
@@ -98,7 +104,7 @@ use std::fmt;
 /// `b"VBAG"`: every agent message starts with it.
 pub const MAGIC: [u8; 4] = *b"VBAG";
 /// The protocol version this codec speaks.
-pub const VERSION: u8 = 11;
+pub const VERSION: u8 = 12;
 /// Size of the fixed header (of every message but [`Message::Whole`]).
 pub const HEADER_LEN: usize = 12;
 /// Size of a [`Message::Whole`] frame's header without an immediate (4 more
@@ -115,41 +121,92 @@ pub const MAX_ERROR_TEXT: usize = 256;
 /// length (see [`staged`]).
 pub const STAGED_IMM_TAG: u32 = 0xff00_0000;
 
-/// The top byte of a WRITE_WITH_IMM's immediate that marks a message
-/// written into the receiver's staging ring and returns send credits:
-/// bits 21..24 are the credits (1 to [`MAX_STAGED_GRANT`]), bits 0..21 the
-/// length less one (at most [`MAX_STAGED_GRANT_LEN`]); see [`staged`].
-pub const STAGED_GRANT_TAG: u32 = 0xfd00_0000;
+/// The top five bits (top byte 0xf0 to 0xf7) of a WRITE_WITH_IMM's
+/// immediate that marks a message written into the receiver's staging ring
+/// and carries what the writer returns: bit 26 says the message starts at
+/// the ring's offset 0 ([`StagedImm::restart`]), bits 24..26 are the
+/// messages of the writer's own ring it took out and returns
+/// ([`StagedImm::returned`], 0 to [`MAX_STAGED_RETURN`]), bits 21..24 the
+/// send credits (0 to [`MAX_STAGED_GRANT`]), bits 0..21 the length less one
+/// (at most [`MAX_STAGED_GRANT_LEN`]); see [`staged`], [`staged_grant_imm`].
+pub const STAGED_GRANT_TAG: u32 = 0xf000_0000;
+
+/// The bits of an immediate that say it is a [`STAGED_GRANT_TAG`] one.
+const STAGED_GRANT_MASK: u32 = 0xf800_0000;
 
 /// Most credits a [`STAGED_GRANT_TAG`] immediate returns.
 pub const MAX_STAGED_GRANT: u32 = 7;
 
+/// Most staged messages a [`STAGED_GRANT_TAG`] immediate returns.
+pub const MAX_STAGED_RETURN: u32 = 3;
+
 /// Longest message a [`STAGED_GRANT_TAG`] immediate names (2 MiB).
 pub const MAX_STAGED_GRANT_LEN: u32 = 1 << 21;
 
-/// The immediate of a staged message of `len` bytes returning `grant`
-/// credits: `None` unless `len` is 1 to [`MAX_STAGED_GRANT_LEN`] and
-/// `grant` 1 to [`MAX_STAGED_GRANT`] (the message then goes with
-/// [`STAGED_IMM_TAG`], and the credits in a `Credit`).
+/// What a staged message's immediate says ([`staged`], [`staged_grant_imm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagedImm {
+    /// The message's length.
+    pub len: u32,
+    /// Send credits returned.
+    pub grant: u32,
+    /// Staged messages the writer took out of its own ring, which it
+    /// returns (the oldest not returned yet: the ring bytes they took are
+    /// free for their writer again).
+    pub returned: u32,
+    /// The message starts at the ring's offset 0, not where the previous
+    /// one ended: its writer had every earlier message returned, so the
+    /// ring was empty (restarting keeps the ring bytes in use, and so the
+    /// caches' working set, to the messages in flight).
+    pub restart: bool,
+}
+
+/// The immediate of a staged message that says `s`: `None` unless its
+/// length is 1 to [`MAX_STAGED_GRANT_LEN`], its credits at most
+/// [`MAX_STAGED_GRANT`] and its returns at most [`MAX_STAGED_RETURN`] (the
+/// message then goes with [`STAGED_IMM_TAG`], not restarting, and its
+/// credits and returns in other messages).
 #[inline(always)]
-pub const fn staged_grant_imm(len: u32, grant: u32) -> Option<u32> {
-    if len == 0 || len > MAX_STAGED_GRANT_LEN || grant == 0 || grant > MAX_STAGED_GRANT {
+pub const fn staged_grant_imm(s: StagedImm) -> Option<u32> {
+    if s.len == 0
+        || s.len > MAX_STAGED_GRANT_LEN
+        || s.grant > MAX_STAGED_GRANT
+        || s.returned > MAX_STAGED_RETURN
+    {
         None
     } else {
-        Some(STAGED_GRANT_TAG | (grant << 21) | (len - 1))
+        Some(
+            STAGED_GRANT_TAG
+                | ((s.restart as u32) << 26)
+                | (s.returned << 24)
+                | (s.grant << 21)
+                | (s.len - 1),
+        )
     }
 }
 
-/// The length of the staged message a WRITE_WITH_IMM's immediate names
-/// and the send credits it returns, if it carries [`STAGED_IMM_TAG`] or
+/// What a WRITE_WITH_IMM's immediate says of the staged message it
+/// carries, if it carries [`STAGED_IMM_TAG`] (a length, nothing else) or
 /// [`STAGED_GRANT_TAG`] (an application's immediate never does on the
 /// wire: it goes in a [`Message::WriteImm`]).
 #[inline(always)]
-pub const fn staged(imm: u32) -> Option<(u32, u32)> {
-    match imm & 0xff00_0000 {
-        STAGED_IMM_TAG => Some((imm & !STAGED_IMM_TAG, 0)),
-        STAGED_GRANT_TAG => Some(((imm & (MAX_STAGED_GRANT_LEN - 1)) + 1, (imm >> 21) & 7)),
-        _ => None,
+pub const fn staged(imm: u32) -> Option<StagedImm> {
+    if imm & 0xff00_0000 == STAGED_IMM_TAG {
+        Some(StagedImm {
+            len: imm & !STAGED_IMM_TAG,
+            grant: 0,
+            returned: 0,
+            restart: false,
+        })
+    } else if imm & STAGED_GRANT_MASK == STAGED_GRANT_TAG {
+        Some(StagedImm {
+            len: (imm & (MAX_STAGED_GRANT_LEN - 1)) + 1,
+            grant: (imm >> 21) & MAX_STAGED_GRANT,
+            returned: (imm >> 24) & MAX_STAGED_RETURN,
+            restart: imm & (1 << 26) != 0,
+        })
+    } else {
+        None
     }
 }
 
@@ -483,12 +540,13 @@ pub enum Message<'a> {
         /// Its length.
         len: u32,
     },
-    /// The receiver took its messages out of `bytes` more bytes of its
-    /// staging ring (in ring order, with the ends skipped at a wrap): the
-    /// sender may write there again.
+    /// The receiver took `count` more of the sender's staged messages out
+    /// of its staging ring (the oldest not returned yet): the ring bytes
+    /// they took (with the ends skipped at a wrap) are the sender's to
+    /// write again.
     StagingFreed {
-        /// Bytes freed.
-        bytes: u32,
+        /// Messages returned.
+        count: u32,
     },
     /// One landing slot of the sender (`landing.rs`): `len` bytes at
     /// `addr` (remote key `rkey`, REMOTE_WRITE only) the peer may write one
@@ -1151,7 +1209,7 @@ fn decode_any(frame: &[u8]) -> Result<Message<'_>, WireError> {
         }
         kind::STAGING_FREED => {
             r.what = "staging freed";
-            Message::StagingFreed { bytes: r.u32()? }
+            Message::StagingFreed { count: r.u32()? }
         }
         kind::WRITE_IMM => {
             r.what = "write immediate";
@@ -1384,7 +1442,7 @@ impl Message<'_> {
                 w.put(&offset.to_le_bytes());
                 w.put(&len.to_le_bytes());
             }
-            Message::StagingFreed { bytes } => w.put(&bytes.to_le_bytes()),
+            Message::StagingFreed { count } => w.put(&count.to_le_bytes()),
             Message::WriteImm { imm } => w.put(&imm.to_le_bytes()),
             Message::SlotGrant {
                 slot,
@@ -1633,7 +1691,7 @@ mod tests {
                 offset: u32::MAX - 1,
                 len: 1,
             },
-            Message::StagingFreed { bytes: 1 << 18 },
+            Message::StagingFreed { count: 1 << 18 },
             Message::WriteImm { imm: u32::MAX },
             Message::SlotGrant {
                 slot: MAX_SLOTS - 1,
@@ -1849,33 +1907,59 @@ mod tests {
     }
 
     #[test]
-    fn a_staged_message_s_immediate_names_its_length_and_credits() {
+    fn a_staged_message_s_immediate_names_its_length_credits_returns_and_restart() {
         for len in [1, 2, 4097, 65_536, MAX_STAGED_GRANT_LEN] {
-            for grant in 1..=MAX_STAGED_GRANT {
-                let imm = staged_grant_imm(len, grant).expect("within bounds");
-                assert_eq!(imm >> 24, 0xfd);
-                assert_eq!(staged(imm), Some((len, grant)));
-                assert!(imm_is_agents(imm));
-                assert_eq!(landed(imm), None);
-                assert_eq!(whole_send_grant(imm), None);
+            for grant in 0..=MAX_STAGED_GRANT {
+                for returned in 0..=MAX_STAGED_RETURN {
+                    for restart in [false, true] {
+                        let s = StagedImm {
+                            len,
+                            grant,
+                            returned,
+                            restart,
+                        };
+                        let imm = staged_grant_imm(s).expect("within bounds");
+                        assert_eq!(imm >> 27, 0x1e, "top byte 0xf0 to 0xf7");
+                        assert_eq!(staged(imm), Some(s));
+                        assert!(imm_is_agents(imm));
+                        assert_eq!(landed(imm), None);
+                        assert_eq!(whole_send_grant(imm), None);
+                    }
+                }
             }
         }
-        assert_eq!(staged_grant_imm(0, 1), None, "empty");
+        let s = |len, grant, returned| StagedImm {
+            len,
+            grant,
+            returned,
+            restart: false,
+        };
+        assert_eq!(staged_grant_imm(s(0, 1, 0)), None, "empty");
         assert_eq!(
-            staged_grant_imm(MAX_STAGED_GRANT_LEN + 1, 1),
+            staged_grant_imm(s(MAX_STAGED_GRANT_LEN + 1, 1, 0)),
             None,
             "too long"
         );
-        assert_eq!(staged_grant_imm(10, 0), None, "no credits: the plain tag");
-        assert_eq!(staged_grant_imm(10, MAX_STAGED_GRANT + 1), None, "too many");
-        assert_eq!(staged(STAGED_IMM_TAG | 70_000), Some((70_000, 0)));
         assert_eq!(
-            staged(STAGED_GRANT_TAG),
-            Some((1, 0)),
-            "a grant of 0 is no grant"
+            staged_grant_imm(s(10, MAX_STAGED_GRANT + 1, 0)),
+            None,
+            "too many credits"
         );
+        assert_eq!(
+            staged_grant_imm(s(10, 0, MAX_STAGED_RETURN + 1)),
+            None,
+            "too many returns"
+        );
+        assert_eq!(staged(STAGED_IMM_TAG | 70_000), Some(s(70_000, 0, 0)));
+        assert_eq!(staged(STAGED_GRANT_TAG), Some(s(1, 0, 0)));
         assert_eq!(staged(0xfc00_0005), None);
-        assert!(imm_is_agents(0xfd12_3456));
+        assert_eq!(staged(0xef00_0005), None);
+        assert_eq!(staged(0xf800_0005), None);
+        assert!(imm_is_agents(0xf712_3456));
+        assert!(
+            !imm_is_agents(0xfd12_3456),
+            "version 11's tag is an application's since version 12"
+        );
     }
 
     #[test]
