@@ -4,7 +4,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::{deferred, InlineFault};
+use super::deferred::{self, Flushed};
+use super::InlineFault;
 use crate::op::{Counters, OpTable, QpCredits};
 use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendOp, SendWr};
 use crate::reactor::{CqClaim, WorkQueue};
@@ -81,13 +82,42 @@ pub(crate) struct QpCore {
 }
 
 impl QpCore {
-    /// Posts `wrs` to the send queue: one doorbell.
+    /// The one ordered post of send WRs, which every posting path
+    /// (`submit.rs`, `inline.rs`, `inline_burst.rs`) goes through: `wrs` in
+    /// one doorbell, counted, after the single WRs that wait for the poll
+    /// phase's doorbell (`flushed`, from [`flush_deferred`](Self::flush_deferred):
+    /// so the send queue keeps submission order). A signaled WR among `wrs`
+    /// that takes over the credits of the unsignaled inline sends before it
+    /// has absorbed them ([`absorb_unsignaled`](Self::absorb_unsignaled))
+    /// before this call.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`Qp::post_send`] for `wrs`.
+    #[inline(always)]
+    pub(crate) unsafe fn post_sends(
+        &self,
+        _flushed: Flushed,
+        wrs: &[SendWr],
+    ) -> Result<(), PostError> {
+        // SAFETY: forwarded contract of this function.
+        unsafe { self.post_send_unordered(wrs) }
+    }
+
+    /// Posts `wrs` to the send queue (one doorbell, counted) without
+    /// posting the deferred WRs first: only for the deferred list itself
+    /// (`deferred.rs`) and for the WR that retires unsignaled inline sends
+    /// (`inline.rs`), which never has deferred WRs before it (the first
+    /// deferred WR absorbs the unsignaled sends, and an inline send posts
+    /// the deferred WRs before it adds to them, so while WRs are deferred
+    /// there are none to retire). Everything else posts through
+    /// [`post_sends`](Self::post_sends).
     ///
     /// # Safety
     ///
     /// The contract of [`Qp::post_send`].
     #[inline(always)]
-    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+    pub(super) unsafe fn post_send_unordered(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         self.counters.posted(wrs.len());
         // SAFETY: forwarded contract of this function.
         unsafe { self.qp.post_send(wrs) }

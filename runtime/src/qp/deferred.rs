@@ -22,7 +22,7 @@ use std::cell::RefMut;
 use super::submit::OneWr;
 use super::QpCore;
 use crate::op::{wr_id, OpTable, SubmitError};
-use crate::provider::{PostError, SendWr, SgList};
+use crate::provider::{PostError, SendWr};
 
 /// Most WRs a QP's deferred list holds: the eighth goes out with the seven
 /// before it at once, without waiting for the end of the phase. Measured
@@ -35,6 +35,13 @@ use crate::provider::{PostError, SendWr, SgList};
 /// on (1.07x, and 0.56 M/s where unbatched posts gave 0.30 M/s); with fast
 /// wake-ups both bounds did alike (overhead 47-56 ns, was 69-83 ns).
 pub(crate) const DEFER_MAX: usize = 8;
+
+/// What [`QpCore::flush_deferred`] returns: the QP's deferred WRs are
+/// posted. [`QpCore::post_sends`] takes one, so that every send post is
+/// ordered after the WRs submitted before it; a path that reads the QP's
+/// inline-send state (`unsig`) flushes first and keeps the token for its
+/// post.
+pub(crate) struct Flushed(());
 
 /// A QP's send WRs waiting for the end of the poll phase.
 #[derive(Default)]
@@ -56,32 +63,11 @@ fn grow(wrs: &mut Vec<SendWr>) {
 }
 
 impl QpCore {
-    /// Queues `wr` (built for an op already in the table, its credits held)
-    /// to be posted at the end of the poll phase; `wr` is moved out, not
-    /// cloned (its scatter list is left empty; it must not be posted). The
-    /// caller has listed the QP for the phase's end.
-    /// True once [`DEFER_MAX`] WRs wait: the caller posts them now.
-    #[inline(always)]
-    pub(crate) fn defer(&self, wr: &mut SendWr, absorbed: u32) -> bool {
-        let (mut d, len) = self.deferred_with_room(absorbed);
-        // Moved with one copy, straight into the list (a `push` of the
-        // value would stage it on the stack first, as it may reallocate).
-        // SAFETY: `len < capacity` (just ensured), so slot `len` is
-        // allocated and unused; `wr` is bitwise moved there, and then
-        // its scatter list, the only part of a `SendWr` that owns
-        // anything, is overwritten in place (without dropping: the list
-        // now owns it) by an empty one, so nothing is owned twice; the
-        // first `len + 1` elements are then initialized.
-        unsafe {
-            std::ptr::copy_nonoverlapping(wr as *const SendWr, d.wrs.as_mut_ptr().add(len), 1);
-            std::ptr::write(&mut wr.sg_list, SgList::new());
-            d.wrs.set_len(len + 1);
-        }
-        len + 1 >= DEFER_MAX
-    }
-
-    /// [`defer`](Self::defer) of a WR given by its parts, with `wr_id`:
-    /// written once, straight into the list.
+    /// Queues the single WR `wr` with `wr_id` (an op already in the table,
+    /// its credits held) to be posted at the end of the poll phase: written
+    /// once, straight into the list. The caller has listed the QP for the
+    /// phase's end. True once [`DEFER_MAX`] WRs wait: the caller posts them
+    /// now.
     #[inline(always)]
     pub(crate) fn defer_one(&self, wr: &OneWr, wr_id: u64, absorbed: u32) -> bool {
         let (mut d, len) = self.deferred_with_room(absorbed);
@@ -117,10 +103,11 @@ impl QpCore {
     /// Posts the deferred WRs, if any, as one list; fails the ops of those
     /// the provider refused (see the module docs).
     #[inline]
-    pub(crate) fn flush_deferred(&self, ops: &OpTable) {
+    pub(crate) fn flush_deferred(&self, ops: &OpTable) -> Flushed {
         if self.has_deferred() {
             self.post_deferred(ops);
         }
+        Flushed(())
     }
 
     #[inline(never)]
@@ -131,7 +118,7 @@ impl QpCore {
         // the op table (in flight, or parked if its future was dropped),
         // which keeps that memory until the WR's completion or flush has
         // been polled; the provider's post contract holds for each.
-        let res = unsafe { self.post_send(&d.wrs) };
+        let res = unsafe { self.post_send_unordered(&d.wrs) };
         let absorbed = std::mem::take(&mut d.absorbed);
         match res {
             Ok(()) => d.wrs.clear(),

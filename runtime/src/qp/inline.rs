@@ -104,7 +104,7 @@ impl QpCore {
             flags: SendFlags::SIGNALED,
         };
         // SAFETY: the WR has no SGE: it names no local memory.
-        match unsafe { self.post_send(std::slice::from_ref(&wr)) } {
+        match unsafe { self.post_send_unordered(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 self.unsig.set(0);
                 true
@@ -271,8 +271,9 @@ impl QueuePair {
         dest: Option<UdDest>,
     ) -> Result<(), SubmitError> {
         let core = &self.inner.core;
-        // Send-queue order: WRs waiting for the poll phase's doorbell first.
-        core.flush_deferred(self.inner.handle.ops());
+        // Send-queue order: WRs waiting for the poll phase's doorbell go
+        // first, before `unsig` is read (the first of them absorbs it).
+        let flushed = core.flush_deferred(self.inner.handle.ops());
         let (sq, cq) = (&core.credits.sq, &*core.credits.send_cq);
         let unsig = core.unsig.get();
         // Unsignaled WRs in the current group (`unsig` counts a reserve too).
@@ -326,7 +327,7 @@ impl QueuePair {
         // readable and unwritten for this whole call, during which the
         // provider copies it (the INLINE part of the `post_send` contract);
         // its lkey is not used. Nothing is lent beyond the call.
-        match unsafe { core.post_send(std::slice::from_ref(&wr)) } {
+        match unsafe { core.post_sends(flushed, std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 core.unsig.set(if signal { 0 } else { unsig + 1 + reserve });
                 core.inline_credits

@@ -95,7 +95,9 @@ impl QueuePair {
     fn post_burst_now(&self, datagrams: &[Datagram<'_>]) -> Result<(), SubmitError> {
         let core = &self.inner.core;
         let n = datagrams.len() as u32;
-        core.flush_deferred(self.inner.handle.ops());
+        // Send-queue order: deferred WRs first, before the unsignaled sends
+        // are absorbed (the first deferred WR takes them over).
+        let flushed = core.flush_deferred(self.inner.handle.ops());
         let key = core.reg_key.get();
         let unsig = core.absorb_unsignaled();
         let mut wrs = core.burst_wrs.take();
@@ -130,7 +132,7 @@ impl QueuePair {
         // provider copies them; their lkeys are not used. Each names the
         // address handle of its `UdPeer`, which the QP keeps alive (its
         // handle cache) for as long as it lives.
-        let res = unsafe { core.post_send(&wrs) };
+        let res = unsafe { core.post_sends(flushed, &wrs) };
         wrs.clear();
         core.burst_wrs.set(wrs);
         match res {

@@ -125,6 +125,30 @@ fn one_wr_with_too_many_sges_is_refused_unless_inline() {
     assert_eq!(Rc::strong_count(&token), 1);
 }
 
+/// A single WR with more SGEs than one goes as a chain of one (the single-WR
+/// form holds at most one SGE): posted at once, signaled, with one doorbell,
+/// and completed like any other.
+#[test]
+fn one_wr_with_several_sges_goes_as_a_chain_of_one() {
+    let rt = Runtime::new().unwrap();
+    let (qp, fake) = FakeQp::queue_pair(3, caps(8, 3), 64);
+    let token = Rc::new(());
+    let op = write_one(&qp, &token, 3, SendFlags::SOLICITED);
+    let id = op.wr_id().expect("posted at once");
+    let posted = fake.posted_sends();
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].0, id);
+    assert!(posted[0].1.contains(SendFlags::SIGNALED));
+    assert!(posted[0].1.contains(SendFlags::SOLICITED));
+    assert_eq!(fake.doorbells(), 1);
+    assert_eq!(fake.complete_send(WcStatus::Success, 192), Some(id));
+    let c = rt.block_on(op).expect("completion");
+    assert_eq!(c.wr_id, id);
+    assert_eq!(qp.outstanding_sends(), 0);
+    assert_eq!(rt.ops_in_slab(), 0);
+    assert_eq!(Rc::strong_count(&token), 1, "data not handed back");
+}
+
 #[test]
 fn one_wr_waits_for_send_queue_credits_in_fifo_order_with_chains() {
     let rt = Runtime::new().unwrap();

@@ -112,19 +112,35 @@ impl QueuePair {
         T: Completable,
         F: FnOnce(&mut T, &mut SendWr) -> Result<(), SubmitError>,
     {
-        let mut wrs = Wrs::One(SendWr {
+        let mut wr = SendWr {
             wr_id: 0,
             sg_list: SgList::new(),
             op: SendOp::Send,
             flags: SendFlags::NONE,
-        });
-        if let Wrs::One(wr) = &mut wrs {
-            if let Err(e) = build(&mut data, wr) {
-                return Submit::ready(data.fail(e));
-            }
+        };
+        if let Err(e) = build(&mut data, &mut wr) {
+            return Submit::ready(data.fail(e));
         }
-        // SAFETY: the WR was built from `data` under this function's
-        // contract.
+        match OneWr::from_send_wr(wr) {
+            // SAFETY: the WR was built from `data` under this function's
+            // contract; `OneWr` names the same SGE.
+            Ok(one) => unsafe { self.submit_one(data, one) },
+            // SAFETY: as above.
+            Err(wr) => unsafe { self.submit_chain_of_one(data, wr) },
+        }
+    }
+
+    /// [`submit_send_one`](Self::submit_send_one) of a WR with several
+    /// SGEs: a chain of one.
+    ///
+    /// # Safety
+    ///
+    /// The contract of [`submit_send`](Self::submit_send), for `wr`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn submit_chain_of_one<T: Completable>(&self, data: T, wr: SendWr) -> Submit<T> {
+        let mut wrs = Wrs::Send(smallvec::smallvec![wr]);
+        // SAFETY: forwarded contract of this function.
         unsafe { self.submit(data, &mut wrs) }
     }
 
@@ -196,7 +212,7 @@ impl QueuePair {
     #[cold]
     #[inline(never)]
     fn wait_one<T: Completable>(&self, data: T, wr: &OneWr, queue_held: bool) -> State<T> {
-        let mut wrs = Wrs::One(wr.send_wr(0));
+        let mut wrs = Wrs::One(*wr);
         self.wait_for_credits(data, &mut wrs, 1, queue_held)
     }
 
@@ -217,16 +233,11 @@ impl QueuePair {
             }
             return Ok(first);
         }
-        core.flush_deferred(ops);
+        let flushed = core.flush_deferred(ops);
         let wr = wr.send_wr(first);
-        // SAFETY: as in `post`, for the single WR.
-        match unsafe { core.post_send(std::slice::from_ref(&wr)) } {
-            Ok(()) => Ok(first),
-            Err(e) => match self.post_failed((first & wr_id::KEY_MASK) as usize, absorbed, e) {
-                None => Ok(first),
-                Some(e) => Err(e),
-            },
-        }
+        // SAFETY: as in `post_chain`, for the single WR.
+        let res = unsafe { core.post_sends(flushed, std::slice::from_ref(&wr)) };
+        self.posted(first, absorbed, res)
     }
 
     /// Submits one receive WR as an op. `build` fills its scatter list from
@@ -305,23 +316,7 @@ impl QueuePair {
                 }
                 Ok(len as u32)
             }
-            Wrs::One(wr) => {
-                // A chain of one always fits (the queues hold at least one).
-                if wr.sg_list.len() > inner.caps.max_send_sge as usize
-                    && !wr.flags.contains(SendFlags::INLINE)
-                {
-                    return Err(SubmitError::TooManySges {
-                        qp_num: inner.core.qp_num,
-                        queue: "send",
-                        sges: wr.sg_list.len(),
-                        max: inner.caps.max_send_sge,
-                    });
-                }
-                if inner.max_send_chain == 0 {
-                    return Err(self.chain_length("send", 1));
-                }
-                Ok(1)
-            }
+            Wrs::One(wr) => self.check_one(wr).map(|()| 1),
             Wrs::Recv(r) => {
                 if inner.max_recv_chain == 0 {
                     return Err(self.chain_length("receive", 1));
@@ -476,64 +471,78 @@ impl QueuePair {
     /// post contract holds.
     #[inline(always)]
     unsafe fn post(&self, wrs: &mut Wrs, n: u32) -> Result<u64, SubmitError> {
+        let ops = self.inner.handle.ops();
+        match wrs {
+            // SAFETY: forwarded contract of this function.
+            Wrs::One(wr) => unsafe { self.post_one(ops, wr) },
+            // SAFETY: forwarded contract of this function.
+            Wrs::Send(chain) => unsafe { self.post_chain(ops, chain, n) },
+            // SAFETY: forwarded contract of this function.
+            Wrs::Recv(wr) => unsafe { self.post_recv_wr(ops, wr) },
+        }
+    }
+
+    /// [`post`](Self::post) of a chain of `n` send WRs: only the last one
+    /// signaled. The same contract.
+    #[inline(always)]
+    unsafe fn post_chain(
+        &self,
+        ops: &OpTable,
+        chain: &mut SendChain,
+        n: u32,
+    ) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
-        let recv = matches!(wrs, Wrs::Recv(_));
         // A signaled send takes over the credits of the unsignaled inline
         // sends before it: its completion implies theirs.
-        let absorbed = if recv { 0 } else { core.absorb_unsignaled() };
-        let ops = self.inner.handle.ops();
-        let Some(first) = ops.insert((n - 1) as u16, &core.credits, recv, n + absorbed) else {
-            return Err(self.table_full(recv, n, absorbed));
+        let absorbed = core.absorb_unsignaled();
+        let Some(first) = ops.insert((n - 1) as u16, &core.credits, false, n + absorbed) else {
+            return Err(self.table_full(false, n, absorbed));
         };
-        let key = (first & wr_id::KEY_MASK) as usize;
-        let res = match wrs {
-            Wrs::Send(chain) => {
-                // Send-queue order: what waits for the doorbell goes first.
-                core.flush_deferred(ops);
-                let last = chain.len() - 1;
-                for (i, wr) in chain.iter_mut().enumerate() {
-                    wr.wr_id = wr_id::with_index(first, i as u16);
-                    if i == last {
-                        wr.flags |= SendFlags::SIGNALED;
-                    } else {
-                        wr.flags = unsignaled(wr.flags);
-                    }
-                }
-                // SAFETY: the chain's memory is kept by op data that the
-                // caller moves into the op of this wr_id on success (this
-                // function's contract), which holds it until the completion
-                // of the last (signaled) WR has been polled.
-                unsafe { core.post_send(chain) }
-            }
-            Wrs::One(wr) => {
-                wr.wr_id = first;
+        // Send-queue order: what waits for the doorbell goes first.
+        let flushed = core.flush_deferred(ops);
+        let last = chain.len() - 1;
+        for (i, wr) in chain.iter_mut().enumerate() {
+            wr.wr_id = wr_id::with_index(first, i as u16);
+            if i == last {
                 wr.flags |= SendFlags::SIGNALED;
-                let driver = self.inner.handle.driver();
-                if driver.batching() && core.batch_posts.get() {
-                    // Posted with the poll phase's other WRs (deferred.rs),
-                    // or with the previous ones once DEFER_MAX wait; the op
-                    // is in flight from now on, as after a post.
-                    if !core.listed_in_phase.replace(true) {
-                        driver.note_phase_end(core.clone());
-                    }
-                    if core.defer(wr, absorbed) {
-                        core.flush_deferred(ops);
-                    }
-                    return Ok(first);
-                }
-                core.flush_deferred(ops);
-                // SAFETY: as above, for the single WR.
-                unsafe { core.post_send(std::slice::from_ref(wr)) }
+            } else {
+                wr.flags = unsignaled(wr.flags);
             }
-            Wrs::Recv(wr) => {
-                wr.wr_id = first;
-                // SAFETY: as above, for the receive WR's scatter list.
-                unsafe { core.post_recv(std::slice::from_ref(wr)) }
-            }
+        }
+        // SAFETY: the chain's memory is kept by op data that the caller
+        // moves into the op of this wr_id on success (this function's
+        // contract), which holds it until the completion of the last
+        // (signaled) WR has been polled.
+        let res = unsafe { core.post_sends(flushed, chain) };
+        self.posted(first, absorbed, res)
+    }
+
+    /// [`post`](Self::post) of a receive WR. The same contract.
+    #[inline(always)]
+    unsafe fn post_recv_wr(&self, ops: &OpTable, wr: &mut RecvWr) -> Result<u64, SubmitError> {
+        let core = &self.inner.core;
+        let Some(first) = ops.insert(0, &core.credits, true, 1) else {
+            return Err(self.table_full(true, 1, 0));
         };
+        wr.wr_id = first;
+        // SAFETY: the receive WR's scatter list names memory kept by op
+        // data that the caller moves into the op of this wr_id on success.
+        let res = unsafe { core.post_recv(std::slice::from_ref(wr)) };
+        self.posted(first, 0, res)
+    }
+
+    /// The outcome of the post of op `first` (which took over `absorbed`
+    /// inline-send credits): in flight on success or after a partial post.
+    #[inline(always)]
+    fn posted(
+        &self,
+        first: u64,
+        absorbed: u32,
+        res: Result<(), PostError>,
+    ) -> Result<u64, SubmitError> {
         match res {
             Ok(()) => Ok(first),
-            Err(e) => match self.post_failed(key, absorbed, e) {
+            Err(e) => match self.post_failed((first & wr_id::KEY_MASK) as usize, absorbed, e) {
                 // Part of the chain is on the queue: the op is in flight.
                 None => Ok(first),
                 Some(e) => Err(e),
@@ -645,6 +654,20 @@ pub(crate) struct OneWr {
 }
 
 impl OneWr {
+    /// The single WR `wr` by its parts, or `wr` back if it has more than
+    /// one SGE (it then goes as a chain of one).
+    #[inline(always)]
+    fn from_send_wr(wr: SendWr) -> Result<OneWr, SendWr> {
+        match wr.sg_list.len() {
+            0 | 1 => Ok(OneWr {
+                op: wr.op,
+                sge: wr.sg_list.first().copied(),
+                flags: unsignaled(wr.flags),
+            }),
+            _ => Err(wr),
+        }
+    }
+
     /// The WR, signaled, with `wr_id`.
     #[inline(always)]
     pub(crate) fn send_wr(&self, wr_id: u64) -> SendWr {
@@ -666,8 +689,9 @@ impl OneWr {
 #[allow(clippy::large_enum_variant)]
 enum Wrs {
     Send(SendChain),
-    /// A chain of one ([`QueuePair::submit_send_one`]).
-    One(SendWr),
+    /// A single WR ([`QueuePair::submit_send_one`] and the entries of
+    /// `lend.rs`): the one single-WR form, posted by `post_one`.
+    One(OneWr),
     Recv(RecvWr),
 }
 
