@@ -83,6 +83,9 @@ pub(crate) struct Shared {
     /// Of those, large ones whose unsent rest the posting thread left in
     /// its memory for the engine to write (for tests and diagnostics).
     pub direct_rest_in_memory: AtomicU64,
+    /// Times the engine found a connection's socket full with output left
+    /// (it waits for the socket to drain then; tests, diagnostics).
+    pub tx_blocked: AtomicU64,
     /// The engine delivered a successful completion since it last looked
     /// (engine thread only): its application will likely post again soon.
     pub completed: AtomicBool,
@@ -246,6 +249,8 @@ impl Drop for CtxInner {
             late_holds = sh.late_holds.load(Ordering::Relaxed),
             arm_flushes = sh.arm_flushes.load(Ordering::Relaxed),
             direct_sends = sh.direct_sends.load(Ordering::Relaxed),
+            direct_rest_in_memory = sh.direct_rest_in_memory.load(Ordering::Relaxed),
+            tx_blocked = sh.tx_blocked.load(Ordering::Relaxed),
             "soft engine counters"
         );
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -332,6 +337,7 @@ impl Context {
             arm_flushes: AtomicU64::new(0),
             direct_sends: AtomicU64::new(0),
             direct_rest_in_memory: AtomicU64::new(0),
+            tx_blocked: AtomicU64::new(0),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),

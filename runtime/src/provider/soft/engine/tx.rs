@@ -140,7 +140,12 @@ impl Engine {
                     self.close(cid);
                     return false;
                 }
-                Flush::Blocked => return false,
+                Flush::Blocked => {
+                    if conn.connected {
+                        self.sh.tx_blocked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return false;
+                }
                 Flush::Done => {}
             }
             let lo = self.conns.get(cid).is_some_and(|c| c.is_loopback());
