@@ -72,6 +72,11 @@ struct Args {
     /// directly (`off`); see `verbio::runtime::pool::relay`.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     relay: String,
+    /// Where the pool's runtime runs: a `thread` of its own, or hosted on
+    /// the tokio runtime (`tokio`: `Pool::builder().host_on_tokio`, turned
+    /// by a tokio task on whichever worker polls it).
+    #[arg(long, default_value = "thread", value_parser = ["thread", "tokio"])]
+    host: String,
     /// Bound of each wait, in seconds: for the server to start, for a
     /// client to connect, and for a point's results beyond its `--secs`
     /// (30 s unless given).
@@ -406,16 +411,19 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     )?;
 
     verbio::runtime::pool::relay::set_enabled(args.relay == "on");
-    let pool = Pool::builder()
-        .threads(1)
-        .runtime(Runtime::builder().busy_poll(Duration::from_micros(args.pool_busy_poll_us)))
-        .reply_spin(Duration::from_micros(args.reply_spin_us))
-        .device_per_thread(move |_| soft_for(addr))
-        .build()?;
     let tokio_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers)
         .enable_all()
         .build()?;
+    let mut pool = Pool::builder()
+        .threads(1)
+        .runtime(Runtime::builder().busy_poll(Duration::from_micros(args.pool_busy_poll_us)))
+        .reply_spin(Duration::from_micros(args.reply_spin_us))
+        .device_per_thread(move |_| soft_for(addr));
+    if args.host == "tokio" {
+        pool = pool.host_on_tokio(tokio_rt.handle().clone());
+    }
+    let pool = pool.build()?;
     let handle = tokio_rt.block_on(async {
         let connect = RdmaHandle::connect_with(&pool, Placement::Thread(0), addr, move |b| {
             b.max_message_len(max)

@@ -48,6 +48,14 @@ pub(crate) struct Shared {
     /// The reactor is (about to be) asleep in epoll.
     pub(crate) sleeping: AtomicBool,
     pub(crate) mio_waker: mio::Waker,
+    /// Set for a runtime turned by a task of another executor on any of
+    /// its threads (the pool's hosted runtimes): a kick wakes that task
+    /// (`outside`) instead of writing the epoll fd's eventfd, so that a
+    /// wake from one of the executor's workers is a local schedule there,
+    /// not an event for whichever worker waits in the executor's reactor.
+    pub(crate) outside_set: AtomicBool,
+    /// The driving task's waker (see `outside_set`).
+    pub(crate) outside: futures::task::AtomicWaker,
     /// Writes to the waker's eventfd (tests check which wakes need one).
     #[cfg(test)]
     pub(crate) kicks: std::sync::atomic::AtomicUsize,
@@ -59,6 +67,9 @@ impl Shared {
     pub(crate) fn kick(&self) {
         #[cfg(test)]
         self.kicks.fetch_add(1, Ordering::Relaxed);
+        if self.outside_set.load(Ordering::Acquire) {
+            return self.outside.wake();
+        }
         if let Err(e) = self.mio_waker.wake() {
             tracing::warn!(error = %crate::report::ErrorChain(&e), "waking the reactor failed");
         }

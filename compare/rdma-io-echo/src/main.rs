@@ -3,7 +3,9 @@
 //! the `HandleStream` byte stream, connections on a `Pool` of runtime
 //! threads) against rdma-io's `AsyncRdmaStream` (its send/receive
 //! transport, as shipped and with 64 B inline sends), in one process and
-//! one run; and, for reference, verbio without tokio: a local `Rdma` on a
+//! one run; `RdmaHandle` again over a pool hosted on the tokio runtime
+//! (`PoolBuilder::host_on_tokio`: the runtimes turned by tokio tasks, no
+//! threads of their own); and, for reference, verbio without tokio: a local `Rdma` on a
 //! runtime thread of its own (thread-per-core, no thread crossing). Each round runs every contender for `--iters` round trips, in
 //! an order rotated per round; printed: median and p99 of each and their
 //! ratios to rdma-io's (below 1: verbio is faster).
@@ -292,6 +294,13 @@ async fn main() -> Result<(), BoxError> {
         )
         .device_per_thread(|_| open_device(None))
         .build()?;
+    // The same pool's runtimes hosted on this tokio runtime (turned by
+    // tokio tasks on its workers, no threads of their own).
+    let hosted = Pool::builder()
+        .threads(a.pool_threads)
+        .device_per_thread(|_| open_device(None))
+        .host_on_tokio(tokio::runtime::Handle::current())
+        .build()?;
     let inline = SendRecvConfig {
         max_inline_data: 64,
         ..SendRecvConfig::stream()
@@ -301,6 +310,7 @@ async fn main() -> Result<(), BoxError> {
         "verbio Rdma, own runtime thread (no tokio)",
         "verbio RdmaHandle (messages)",
         "verbio HandleStream (bytes)",
+        "verbio RdmaHandle, hosted on tokio",
         "rdma-io AsyncRdmaStream (stream config)",
         "rdma-io AsyncRdmaStream (64 B inline)",
     ];
@@ -309,6 +319,7 @@ async fn main() -> Result<(), BoxError> {
         Box::pin(async move { local_contender(local_msg) }),
         Box::pin(verbio_pair(&pool, false)),
         Box::pin(verbio_pair(&pool, true)),
+        Box::pin(verbio_pair(&hosted, false)),
         Box::pin(rdma_io_pair(a.ip, SendRecvConfig::stream())),
         Box::pin(rdma_io_pair(a.ip, inline)),
     ];

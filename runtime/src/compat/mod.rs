@@ -27,5 +27,7 @@ pub mod tokio;
 
 #[cfg(any(feature = "tokio", feature = "async-io"))]
 mod driver;
+#[cfg(feature = "tokio")]
+pub(crate) mod hosted;
 #[cfg(any(feature = "tokio", feature = "async-io"))]
 pub(crate) use driver::{drive_with, run_until_with, LentFd};

@@ -33,6 +33,9 @@ pub struct PoolBuilder {
     grace: Duration,
     name: String,
     reply_spin: Duration,
+    /// Where the runtimes are hosted (`None`: threads of their own).
+    #[cfg(feature = "tokio")]
+    host: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for PoolBuilder {
@@ -59,6 +62,8 @@ impl Default for PoolBuilder {
             grace: Duration::from_secs(1),
             name: "verbio-pool".into(),
             reply_spin: Duration::ZERO,
+            #[cfg(feature = "tokio")]
+            host: None,
         }
     }
 }
@@ -133,6 +138,27 @@ impl PoolBuilder {
         self
     }
 
+    /// Hosts the runtimes on the tokio runtime `tokio` instead of threads
+    /// of their own: each is turned by a tokio task, on whichever worker
+    /// polls it, waiting on its fd in tokio's reactor (feature `tokio`).
+    /// A handle used from that runtime's tasks then never crosses to
+    /// another thread: its request is served, and its answer woken, on
+    /// the worker that polls (one sleep per echo for the worker, against
+    /// three or four with runtime threads; `docs/tokio.md`).
+    ///
+    /// `tokio` needs its I/O and time drivers (`enable_all`). The pool's
+    /// "threads" are then tokio tasks: [`Pool::threads`] and placement
+    /// work as usual, a job's code runs on a tokio worker (it must not
+    /// block it), pinning does not apply, and [`Pool::shutdown`] returns
+    /// without waiting (each runtime ends on its own within the grace
+    /// period, or when the tokio runtime shuts down).
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub fn host_on_tokio(mut self, tokio: tokio::runtime::Handle) -> Self {
+        self.host = Some(tokio);
+        self
+    }
+
     /// The threads' name prefix (default `verbio-pool`; thread `i` is
     /// `<name>-<i>`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
@@ -160,6 +186,10 @@ impl PoolBuilder {
             next: AtomicUsize::new(0),
             joins: Mutex::new(Vec::with_capacity(self.threads)),
         };
+        #[cfg(feature = "tokio")]
+        if let Some(host) = self.host.clone() {
+            return self.build_hosted(pool, host);
+        }
         for index in 0..self.threads {
             let (tx, rx) = mailbox(self.queue_depth);
             let shared = Arc::new(ThreadShared::new(index, tx, self.reply_spin));
@@ -211,6 +241,41 @@ impl PoolBuilder {
         Ok(pool)
     }
 
+    /// [`build`](Self::build) for [`host_on_tokio`](Self::host_on_tokio):
+    /// each runtime (and device) is made here, then handed to its task.
+    #[cfg(feature = "tokio")]
+    fn build_hosted(self, mut pool: Pool, host: tokio::runtime::Handle) -> Result<Pool, PoolError> {
+        use super::hosted::{prepare, HostedRuntime};
+        // tokio panics (rather than fails) without its time driver.
+        let timers = std::panic::catch_unwind(|| {
+            let _in = host.enter();
+            drop(tokio::time::sleep(Duration::ZERO));
+        });
+        if timers.is_err() {
+            return Err(PoolError::Config {
+                setting: "host_on_tokio",
+                reason: "the tokio runtime needs its time driver (enable_all)",
+            });
+        }
+        for index in 0..self.threads {
+            let (tx, rx) = mailbox(self.queue_depth);
+            let shared = Arc::new(ThreadShared::new(index, tx, self.reply_spin));
+            let made = prepare(|| self.make_runtime(index))?;
+            let task = {
+                let _in = host.enter();
+                HostedRuntime::start(made, shared.clone(), rx, self.grace)
+            };
+            let task = task.map_err(|e| PoolError::Start {
+                index,
+                stage: "registering the runtime's fd with tokio",
+                source: Box::new(e),
+            })?;
+            drop(host.spawn(task));
+            pool.threads.push(ThreadRef { shared });
+        }
+        Ok(pool)
+    }
+
     /// On the new thread: pinning, the runtime, the device.
     fn prepare(
         &self,
@@ -225,6 +290,19 @@ impl PoolBuilder {
             pin_current_thread(cpus[index % cpus.len()])
                 .map_err(|e| fail("pinning the thread to its CPU", Box::new(e)))?;
         }
+        self.make_runtime(index)
+    }
+
+    /// The runtime and device of thread `index`, made on the calling thread.
+    fn make_runtime(
+        &self,
+        index: usize,
+    ) -> Result<(crate::reactor::Runtime, Option<Device>), PoolError> {
+        let fail = |stage, source: Box<dyn std::error::Error + Send + Sync>| PoolError::Start {
+            index,
+            stage,
+            source,
+        };
         let rt = self
             .runtime
             .clone()

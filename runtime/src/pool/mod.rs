@@ -16,6 +16,11 @@
 //!   takes from without asking: a taker that finds an item never crosses
 //!   to the runtime thread, one that waits is woken once.
 //!
+//! The runtimes may also be hosted on tokio's multi-thread runtime
+//! instead of threads of their own (`PoolBuilder::host_on_tokio`, feature `tokio`): each
+//! turned by a tokio task on whichever worker polls it, so that a handle's
+//! request and answer stay on the asking worker.
+//!
 //! Placement is round-robin, by a key of the caller's, or on a named thread
 //! ([`Placement`]). Shutdown ([`Pool::shutdown`], or dropping the pool) is
 //! graceful: the threads stop taking work, run what was queued, give their
@@ -26,6 +31,8 @@
 //! request it held with an error: nothing waits forever.
 
 mod builder;
+#[cfg(feature = "tokio")]
+mod hosted;
 pub mod inbox;
 mod join;
 pub mod mailbox;
@@ -193,7 +200,10 @@ impl Pool {
     /// in-flight work is drained within the runtime's drain timeout).
     /// Later calls of handles placed on the pool fail with
     /// [`PoolError::ThreadGone`]. Blocks the calling thread; calling it
-    /// again does nothing. Returns how many threads had panicked.
+    /// again does nothing. Returns how many threads had panicked. With
+    /// `PoolBuilder::host_on_tokio` (feature `tokio`) it only starts the shutdown and
+    /// returns 0: each hosted runtime ends on its own, within the grace
+    /// period (or when its tokio runtime shuts down).
     pub fn shutdown(&self) -> usize {
         for t in &self.threads {
             t.close();

@@ -19,7 +19,7 @@
 //! `disable` (when the loop returns, or unwinds) gives the wakes still
 //! kept, so no answer waits for a pass that never comes.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::task::Waker;
 
@@ -35,6 +35,22 @@ type Kept = (Waker, Option<&'static Relay>);
 thread_local! {
     /// This pool thread's batch, while its loop runs.
     static BATCH: RefCell<Option<Batch>> = const { RefCell::new(None) };
+    /// Answers made here wake their askers directly, relay or not: set
+    /// while a hosted runtime turns on a worker of the askers' own tokio
+    /// runtime (`super::hosted`), where a wake is a local schedule.
+    static DIRECT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's answer wakes given directly (see `DIRECT`).
+pub(super) fn direct<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let _ = DIRECT.try_with(|d| d.set(self.0));
+        }
+    }
+    let _reset = Reset(DIRECT.try_with(|d| d.replace(true)).unwrap_or(false));
+    f()
 }
 
 struct Batch {
@@ -128,6 +144,9 @@ pub(super) fn wake(w: Waker, via: Option<&'static Relay>) {
 /// Wakes `w` now, through the relay `via` if any.
 fn wake_now(w: Waker, via: Option<&'static Relay>) {
     let Some(r) = via else { return w.wake() };
+    if DIRECT.try_with(Cell::get).unwrap_or(false) {
+        return w.wake();
+    }
     if relay::hand(r, w) {
         relay::ring(r);
     }

@@ -220,7 +220,16 @@ impl ThreadContext {
         }
     }
 
-    fn fire_shutdown(&self) {
+    pub(super) fn new(handle: Handle, device: Option<Device>, shared: Arc<ThreadShared>) -> Self {
+        ThreadContext {
+            handle,
+            device,
+            me: ThreadRef { shared },
+            shutdown: Default::default(),
+        }
+    }
+
+    pub(super) fn fire_shutdown(&self) {
         let waiters = {
             let mut s = self.shutdown.borrow_mut();
             s.fired = true;
@@ -266,7 +275,7 @@ impl Future for ShutdownSignal {
 /// unwinding panic. Made before the runtime, so dropped (and the state
 /// published) before the runtime's own teardown fails the requests it
 /// held: their askers then see `ThreadGone`.
-struct EndMark(Arc<ThreadShared>);
+pub(super) struct EndMark(pub(super) Arc<ThreadShared>);
 
 impl Drop for EndMark {
     fn drop(&mut self) {
@@ -301,14 +310,7 @@ pub(super) fn run(rt: Runtime, device: Option<Device>, start: Start) {
         jobs,
         grace,
     } = start;
-    let cx = ThreadContext {
-        handle: rt.handle().clone(),
-        device,
-        me: ThreadRef {
-            shared: shared.clone(),
-        },
-        shutdown: Default::default(),
-    };
+    let cx = ThreadContext::new(rt.handle().clone(), device, shared.clone());
     // Declared after `rt`: dropped first, also when unwinding.
     let mark = EndMark(shared);
     super::reply_wakes::enable(rt.handle());

@@ -146,6 +146,30 @@ impl Handle {
         drop(old);
     }
 
+    /// Takes the thread's current runtime away (it has none afterwards).
+    pub(crate) fn take_current() -> Option<Handle> {
+        CURRENT
+            .try_with(|c| {
+                pass_hooks::set_hooks_of_current(None);
+                c.0.borrow_mut().take()
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// From now on, a wake from another thread while the runtime is idle
+    /// (between turns) wakes `w`, the task of another executor that turns
+    /// it, instead of making its epoll fd readable. Called by that task at
+    /// each poll, before it turns the runtime (so that no wake between the
+    /// turn and its `Pending` is lost).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn wake_outside(&self, w: &std::task::Waker) {
+        let s = &self.inner.executor.shared;
+        s.outside.register(w);
+        s.outside_set
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     pub(crate) fn driver(&self) -> &Driver {
         &self.inner.driver
     }

@@ -102,6 +102,8 @@ impl Executor {
             notified: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             mio_waker,
+            outside_set: AtomicBool::new(false),
+            outside: Default::default(),
             #[cfg(test)]
             kicks: std::sync::atomic::AtomicUsize::new(0),
         });
