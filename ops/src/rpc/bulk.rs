@@ -335,7 +335,8 @@ impl<P: Clone> Core<P> {
     }
 
     /// Client: session `sid`'s link is ready or given up: the calls that
-    /// waited for it go, by READ or (no link) streamed.
+    /// waited for it go, large ones by READ, mid-size ones by SEND over
+    /// the link (the pump), or (no link) streamed.
     pub(crate) fn link_settled(&mut self, sid: u32) {
         let now = self.now;
         let Some(s) = self.sessions.get_mut(sid) else {
@@ -353,10 +354,14 @@ impl<P: Clone> Core<P> {
         if waited == 0 {
             return;
         }
+        let max_payload = s.max_payload;
         while waited != 0 {
             let i = waited.trailing_zeros() as usize;
             waited &= waited - 1;
-            if self.expose_request(sid, i) {
+            // A mid-size call that waited goes over the link by SEND
+            // (`link_send.rs`, the pump), not by READ.
+            let len = self.sessions.get(sid).map_or(0, |s| s.client[i].req.len());
+            if self.is_bulk(len, max_payload) && self.expose_request(sid, i) {
                 if let Some(s) = self.sessions.get_mut(sid) {
                     s.client[i].n_req = 1;
                 }

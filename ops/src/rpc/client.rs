@@ -279,9 +279,10 @@ impl<P: Clone> Core<P> {
             // A large response may come: room for it (`bulk_write.rs`).
             self.offer_room(sid, i);
             if self.wants_link_for(len, max_payload) {
-                // Mid-size requests go over the link once it is ready
-                // (this one in packets meanwhile: `link_send.rs`).
+                // Mid-size requests go over the link once it is ready;
+                // this one waits for it while it is set up (`link_send.rs`).
                 self.want_link(sid);
+                self.await_link(sid, i);
             }
         }
         if !self.send_lone_request(sid, i) {
@@ -439,11 +440,7 @@ impl<P: Clone> Core<P> {
             if slot.paused || slot.awaits_link {
                 continue;
             }
-            if slot.num_tx == 0
-                && slot.req_desc.is_none()
-                && s.credits >= slot.n_req
-                && slot.n_req <= WINDOW
-            {
+            if slot.num_tx == 0 && slot.req_desc.is_none() && slot.n_req <= WINDOW {
                 // The whole request in one packet over the link
                 // (`link_send.rs`), its packets' credits taken as sent.
                 let link = link_for(
@@ -453,6 +450,11 @@ impl<P: Clone> Core<P> {
                     read_threshold,
                     max_link_packet,
                 );
+                if link.is_some() && s.credits < slot.n_req {
+                    // It waits for the credits of all its packets rather
+                    // than streaming on a part of them (`link_send.rs`).
+                    continue;
+                }
                 if let Some(link) = link {
                     let h = Header {
                         req_type: slot.req_type,

@@ -14,12 +14,16 @@
 //!   closed) loses nothing, the packets go again after `rto`, and the
 //!   engine closes the link on hearing of it (the client's next large
 //!   call opens a new one).
-//! * When: the client sends a request so when its link is ready and the
-//!   session's credits cover all its packets (else in packets); a
-//!   server a response so when the session's link is ready and the
-//!   response fits its response window (the client counts those packets
-//!   as sent unasked). The client asks for the link on its session's
-//!   first message larger than a datagram (that one goes in packets).
+//! * When: the client sends a request so when its link is ready, once
+//!   the session's credits cover all its packets (it waits for them
+//!   rather than streaming on a part); a server a response so when the
+//!   session's link is ready and the response fits its response window
+//!   (the client counts those packets as sent unasked). The client asks
+//!   for the link on its session's first message larger than a datagram;
+//!   the session's mid-size calls wait while it is set up, and go in
+//!   packets only if it is given up. (Streamed, a window of them at a
+//!   session's start was hundreds of datagrams at once: on rxe they
+//!   overflowed the send queue, and each loss cost a timeout.)
 //! * Memory: the packets land in one pool of receive buffers for all the
 //!   links of the endpoint ([`Bulk::link_recv_memory`](super::Bulk::link_recv_memory):
 //!   on UD a shared receive queue of 64 buffers of 32 KiB), charged to
@@ -99,6 +103,19 @@ impl<P: Clone> Core<P> {
             && !self.is_bulk(len, max_payload)
             && self.config.read_threshold != usize::MAX
             && HEADER_LEN + len <= self.max_link_packet()
+    }
+
+    /// Client: the mid-size call of slot `i` waits while session `sid`'s
+    /// link is set up (`link_settled` sends it then, over the link or, if
+    /// the link was given up, in packets): a window of such calls at a
+    /// session's start would otherwise all stream at once, hundreds of
+    /// datagrams where the link carries one SEND each.
+    pub(crate) fn await_link(&mut self, sid: u32, i: usize) {
+        if let Some(s) = self.sessions.get_mut(sid) {
+            if s.link_pending() {
+                s.client[i].awaits_link = true;
+            }
+        }
     }
 
     /// A link was opened: its receives are polled from now on, and the

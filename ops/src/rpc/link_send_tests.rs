@@ -121,6 +121,38 @@ fn link_packets_and_lossy_datagrams_mix() {
     });
 }
 
+/// A window of mid-size calls at a session's start, more packets than
+/// the session's credits: the calls wait while the link is set up and
+/// then for the credits of all their packets, and each goes as one packet
+/// over the link; no request goes in datagrams (streamed, the window was
+/// hundreds of datagrams at once, and on rxe each one lost cost a
+/// timeout).
+#[test]
+fn a_window_of_mid_size_calls_waits_for_the_link_and_its_credits() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(7, PACKET);
+        let (srv, runs) = server(&net, config());
+        let cli = Rpc::new(net.endpoint(), config());
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let before = cli.stats().packets_sent;
+        // Eight calls of five packets each: 40 packets, 32 credits.
+        let len = 5 * PAYLOAD - 10;
+        let reqs: Vec<Vec<u8>> = (0..8).map(|i| request(40, i, len)).collect();
+        let calls = reqs.iter().map(|req| cli.call(s, ECHO, req));
+        let resps = futures::future::join_all(calls).await;
+        for (req, resp) in reqs.iter().zip(resps) {
+            assert_eq!(&resp.unwrap()[..], &answer(req)[..]);
+        }
+        let stats = cli.stats();
+        assert_eq!(stats.link_packets_sent, 8, "{stats:?}");
+        // The link's two set-up datagrams, no request packet.
+        assert_eq!(stats.packets_sent - before, 2, "{stats:?}");
+        assert_eq!(stats.retransmissions, 0, "{stats:?}");
+        assert!(runs.borrow().values().all(|&n| n == 1));
+    });
+}
+
 /// A link that breaks under a session loses nothing: the calls whose
 /// packets went over it complete by datagrams, and the next mid-size call
 /// opens a new link.
