@@ -137,6 +137,8 @@ mod qp;
 mod read_resp_tests;
 mod requester;
 mod responder;
+#[cfg(test)]
+mod rnr_mid_send_tests;
 mod srq;
 mod ud;
 mod wire;

@@ -540,7 +540,7 @@ impl Engine {
             }
             Opcode::Nak => {
                 ack_upto(eq, psn_add(hdr.psn, PSN_MASK));
-                if !front_is(eq, hdr.psn) {
+                if !nak_is_for_front(eq, hdr.psn) {
                     return;
                 }
                 match hdr.syndrome {
@@ -651,6 +651,19 @@ pub(crate) fn read_answered<'e>(eq: &'e mut EQp, hdr: &Header) -> Option<&'e sup
         .take(eq.send_idx)
         .find(|f| f.first_psn == hdr.psn)
         .filter(|f| matches!(f.w.op, SendOp::Read { .. }) && hdr.arg0 == f.w.len)
+}
+
+/// True if a NAK of `psn` answers the front WR: it names the WR's first
+/// packet, and that packet was sent, though the rest of the WR may still be
+/// on its way out. A responder NAKs a message at its first packet and drops
+/// the rest, so a NAK that comes while the requester still sends the WR's
+/// later packets (an RNR round of a multi-packet SEND on an unpaced
+/// connection) must be heard then: ignored, nothing would ever answer the
+/// packets that follow it.
+fn nak_is_for_front(eq: &EQp, psn: u32) -> bool {
+    eq.sh.state() == QpState::Rts
+        && eq.wqes.front().is_some_and(|f| f.first_psn == psn)
+        && (eq.send_idx > 0 || (psn != eq.next_psn && psn_le(psn, eq.next_psn)))
 }
 
 fn front_is(eq: &EQp, psn: u32) -> bool {
