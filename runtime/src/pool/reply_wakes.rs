@@ -42,6 +42,7 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's answer wakes given directly (see `DIRECT`).
+#[cfg(feature = "tokio")]
 pub(super) fn direct<R>(f: impl FnOnce() -> R) -> R {
     struct Reset(bool);
     impl Drop for Reset {

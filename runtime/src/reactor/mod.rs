@@ -147,6 +147,7 @@ impl Handle {
     }
 
     /// Takes the thread's current runtime away (it has none afterwards).
+    #[cfg(feature = "tokio")]
     pub(crate) fn take_current() -> Option<Handle> {
         CURRENT
             .try_with(|c| {
