@@ -394,9 +394,7 @@ fn staged_replies_need_no_agent_and_carry_their_credits() {
 /// sender has every earlier message returned when it writes the next, and
 /// starts it at the ring's start: in a request-reply exchange each side
 /// writes the same first bytes of the peer's ring over and over (they stay
-/// in the caches) instead of cycling through the whole ring (before: up to
-/// the ring's end, once a quarter of it had been taken out and returned in
-/// a `StagingFreed`). Replies with immediates of their own (a WRITE and a
+/// in the caches) instead of cycling through the whole ring. Replies with immediates of their own (a WRITE and a
 /// `Staged` naming offset 0) restart alike; one-way bursts in between, with
 /// several messages in flight, go on from there, and everything arrives
 /// whole and in order.

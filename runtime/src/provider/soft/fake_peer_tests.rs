@@ -57,6 +57,19 @@ pub(super) fn next_packet(s: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
     Some((hdr, payload))
 }
 
+/// Takes the engine's HELLO on `s` and answers it as the engine listening
+/// at `addr` (the socket's read timeout is left at [`WAIT`]).
+pub(super) fn exchange_hello(s: &mut TcpStream, addr: std::net::SocketAddr) {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let (hello, _) = next_packet(s).expect("HELLO");
+    assert_eq!(hello.opcode, Opcode::Hello);
+    let mut h = Header::new(Opcode::Hello);
+    h.payload_len = HELLO_LEN as u32;
+    let mut me = h.encode().to_vec();
+    me.extend_from_slice(&encode_hello(addr));
+    s.write_all(&me).unwrap();
+}
+
 fn read_response(to: &Header, qpn: u32, value: u64) -> Vec<u8> {
     let mut h = Header::new(Opcode::ReadResp);
     h.dst_qpn = qpn;
@@ -138,14 +151,7 @@ fn outstanding_reads_are_limited(limit: u8) {
         unsafe { qp.post_send(&[w]) }.unwrap();
     }
     let (mut s, _) = listener.accept().unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    let (hello, _) = next_packet(&mut s).expect("HELLO");
-    assert_eq!(hello.opcode, Opcode::Hello);
-    let mut h = Header::new(Opcode::Hello);
-    h.payload_len = HELLO_LEN as u32;
-    let mut me = h.encode().to_vec();
-    me.extend_from_slice(&encode_hello(fake_addr));
-    s.write_all(&me).unwrap();
+    exchange_hello(&mut s, fake_addr);
     let limit = usize::from(limit.max(1));
     let mut pending = Vec::new();
     let mut answered = 0;

@@ -9,8 +9,8 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::fake_peer_tests::{next_packet, poll_n, rtr, Mem, FAKE_QPN, WAIT};
-use super::packet::{encode_hello, Header, Opcode, HELLO_LEN};
+use super::fake_peer_tests::{exchange_hello, next_packet, poll_n, rtr, Mem, FAKE_QPN, WAIT};
+use super::packet::{Header, Opcode};
 use super::{Context, Cq, Qp};
 use crate::provider::{
     AccessFlags, Completion, InitAttr, QpCaps, QpState, RtsAttr, SendFlags, SendOp, SendWr,
@@ -71,14 +71,7 @@ fn setup_among(config: SoftConfig, rts: RtsAttr, idle: usize) -> (Setup, Vec<Qp>
     unsafe { qp.post_send(&[w]) }.unwrap();
     let posted = Instant::now();
     let (mut peer, _) = listener.accept().unwrap();
-    peer.set_read_timeout(Some(WAIT)).unwrap();
-    let (hello, _) = next_packet(&mut peer).expect("HELLO");
-    assert_eq!(hello.opcode, Opcode::Hello);
-    let mut h = Header::new(Opcode::Hello);
-    h.payload_len = HELLO_LEN as u32;
-    let mut me = h.encode().to_vec();
-    me.extend_from_slice(&encode_hello(fake_addr));
-    peer.write_all(&me).unwrap();
+    exchange_hello(&mut peer, fake_addr);
     let (send, _) = next_packet(&mut peer).expect("the SEND");
     assert_eq!(send.opcode, Opcode::Send);
     let s = Setup {

@@ -13,8 +13,8 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use super::fake_peer_tests::{next_packet, rtr, Mem, FAKE_QPN, WAIT};
-use super::packet::{encode_hello, Header, Opcode, FLAG_FIRST, HELLO_LEN, NAK_RNR};
+use super::fake_peer_tests::{exchange_hello, next_packet, rtr, Mem, FAKE_QPN, WAIT};
+use super::packet::{Header, Opcode, FLAG_FIRST, NAK_RNR};
 use super::Context;
 use crate::provider::{
     AccessFlags, InitAttr, QpCaps, RtsAttr, SendFlags, SendOp, SendWr, SoftConfig,
@@ -61,14 +61,7 @@ fn an_rnr_nak_that_comes_while_the_wr_is_still_being_sent_is_heard() {
     // SAFETY: the SGE lies in `local`'s registration, alive until the end.
     unsafe { qp.post_send(&[w]) }.unwrap();
     let (mut s, _) = listener.accept().unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    let (hello, _) = next_packet(&mut s).expect("HELLO");
-    assert_eq!(hello.opcode, Opcode::Hello);
-    let mut h = Header::new(Opcode::Hello);
-    h.payload_len = HELLO_LEN as u32;
-    let mut me = h.encode().to_vec();
-    me.extend_from_slice(&encode_hello(fake_addr));
-    s.write_all(&me).unwrap();
+    exchange_hello(&mut s, fake_addr);
     let (first, _) = next_packet(&mut s).expect("the SEND's first packet");
     assert_eq!(first.opcode, Opcode::Send);
     assert!(first.flags & FLAG_FIRST != 0, "{first:?}");
