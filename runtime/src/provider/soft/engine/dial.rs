@@ -19,26 +19,27 @@ pub(crate) fn dial(local: IpAddr, to: SocketAddr) -> io::Result<mio::net::TcpStr
         (IpAddr::V6(l), SocketAddr::V6(_)) => Some(SocketAddr::new(IpAddr::V6(l), 0)),
         _ => None,
     };
-    let Some(from) = bind_to else {
-        return mio::net::TcpStream::connect(to);
-    };
     let socket = Socket::new(Domain::for_address(to), Type::STREAM, None)?;
     socket.set_nonblocking(true)?;
-    let one: libc::c_int = 1;
-    // Best effort: the port is picked at connect time, together with the
-    // destination (a bound port 0 would reserve a port for every
-    // destination). Without it (old kernels) bind picks one.
-    // SAFETY: `one` is a live c_int of the size passed; the socket is open.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    socket.bind(&SockAddr::from(from))?;
+    // (Before `connect`: see `pacing.rs`.)
+    super::pacing::unpace_dial(&socket, to);
+    if let Some(from) = bind_to {
+        let one: libc::c_int = 1;
+        // Best effort: the port is picked at connect time, together with the
+        // destination (a bound port 0 would reserve a port for every
+        // destination). Without it (old kernels) bind picks one.
+        // SAFETY: `one` is a live c_int of the size passed; the socket is open.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        socket.bind(&SockAddr::from(from))?;
+    }
     match socket.connect(&SockAddr::from(to)) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}

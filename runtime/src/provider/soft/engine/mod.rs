@@ -8,7 +8,8 @@
 //! change on their QPs), `conns.rs` (connections to other engines), `rx.rs`
 //! (reading and cutting packets), `tx.rs` (filling and flushing
 //! connections), `timers.rs` (the deadline queue: RNR waits, ACK timeouts; next wake-up),
-//! `liveness.rs` (dead peers, and when an ACK timeout counts) and
+//! `liveness.rs` (dead peers, and when an ACK timeout counts), `pacing.rs`
+//! (no kernel pacing between engines on one host) and
 //! `psn.rs` (sequence-number arithmetic). The RC protocol itself lives in
 //! `../requester.rs` and `../responder.rs`, the application-driven receive
 //! in `../drive.rs`.
@@ -17,6 +18,7 @@ mod conns;
 pub(crate) mod dial;
 mod fine_timer;
 mod liveness;
+mod pacing;
 #[macro_use]
 mod port;
 mod psn;
@@ -81,6 +83,9 @@ pub(crate) fn env_us(name: &str, default: u64) -> Duration {
 pub(crate) struct Engine {
     pub sh: Arc<Shared>,
     pub listener: mio::net::TcpListener,
+    /// The congestion control the listener had before it was made not to
+    /// pace (`pacing.rs`): connections from other hosts get it back.
+    pub listener_cc: Option<Vec<u8>>,
     pub conns: Slab<Conn>,
     pub peers: HashMap<std::net::SocketAddr, usize>,
     pub qps: IdMap<EQp>,
@@ -147,6 +152,7 @@ impl Engine {
     ) -> io::Result<Engine> {
         sh.registry
             .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let listener_cc = pacing::unpace_listener(&listener);
         Ok(Engine {
             // Held ACKs wait only while the engine polls anyway (a sleeping
             // engine's timer is too coarse for them).
@@ -154,6 +160,7 @@ impl Engine {
                 .min(env_us("VERBIO_SOFT_SPIN_US", DEFAULT_SPIN_US)),
             sh,
             listener,
+            listener_cc,
             conns: Slab::new(),
             peers: HashMap::new(),
             qps: IdMap::default(),

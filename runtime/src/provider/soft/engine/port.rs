@@ -293,6 +293,7 @@ impl Engine {
         self.port.cap_logged = false;
         let serial = self.port.serial();
         let local = super::dial::identity_on(self.sh.addr, &stream);
+        super::pacing::restore_remote(&stream, from, self.listener_cc.as_deref());
         match self.insert_conn(stream, |w| Conn::accepted(w, local, from, serial)) {
             Ok(cid) => {
                 tracing::trace!(%from, "soft engine: accepted");
