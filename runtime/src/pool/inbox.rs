@@ -250,6 +250,13 @@ impl<T> std::fmt::Debug for Inbox<T> {
 impl<T: Send> Inbox<T> {
     /// Takes a queued item without waiting.
     pub fn try_take(&self) -> Option<T> {
+        // Counted before the feeder's send and uncounted after a take: an
+        // item in the queue keeps the count above zero, so an empty count
+        // spares the lock and the channel's look (a taker's common case
+        // before it waits).
+        if self.shared.queued.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
         let (item, bytes) = {
             let rx = self.shared.rx.lock().unwrap_or_else(|p| p.into_inner());
             match rx.try_recv() {
@@ -307,9 +314,13 @@ impl<T: Send> Inbox<T> {
                 .waiters
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            let place = waiting
-                .id
-                .and_then(|id| ws.iter_mut().find(|(i, _, _)| *i == id));
+            // Ids are given in order under this lock and the line keeps
+            // its order: a binary search finds a place.
+            let place = waiting.id.and_then(|id| {
+                ws.binary_search_by_key(&id, |(i, _, _)| *i)
+                    .ok()
+                    .and_then(|at| ws.get_mut(at))
+            });
             match place {
                 Some((_, w, via)) => {
                     if !w.will_wake(cx.waker()) {
@@ -355,13 +366,22 @@ impl<T: Send> Inbox<T> {
 
     fn leave(&self, waiting: &mut Waiting, pass_on: bool) {
         let Some(id) = waiting.id.take() else { return };
+        // Only this taker puts its id in the line, and every removal
+        // stores the line's new length: a length of zero seen now means
+        // its id is not there (the wake that took it off came first).
+        if self.shared.waiting.load(Ordering::SeqCst) == 0 {
+            if pass_on && !self.is_empty() {
+                self.shared.wake_one();
+            }
+            return;
+        }
         let still_waiting = {
             let mut ws = self
                 .shared
                 .waiters
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            let found = ws.iter().position(|(i, _, _)| *i == id);
+            let found = ws.binary_search_by_key(&id, |(i, _, _)| *i).ok();
             if let Some(at) = found {
                 ws.remove(at);
                 self.shared.waiting.store(ws.len(), Ordering::SeqCst);

@@ -122,6 +122,43 @@ fn a_woken_taker_that_gives_up_passes_the_wake_on() {
 }
 
 #[test]
+fn a_taker_polled_again_keeps_its_place_in_a_long_line() {
+    let (feed, inbox) = inbox::<u32>(16, 1 << 20);
+    let counts: Vec<_> = (0..6).map(|_| counting()).collect();
+    let mut places: Vec<Waiting> = (0..6).map(|_| Waiting::default()).collect();
+    for ((_, w), place) in counts.iter().zip(places.iter_mut()) {
+        assert!(inbox
+            .poll_take(&mut Context::from_waker(w), place)
+            .is_pending());
+    }
+    // Taker 3 polled again with another waker: the same place, the new
+    // waker; taker 1 leaves from the middle of the line.
+    let (moved, wm) = counting();
+    assert!(inbox
+        .poll_take(&mut Context::from_waker(&wm), &mut places[3])
+        .is_pending());
+    inbox.cancel(&mut places[1]);
+    assert_eq!(inbox.shared.waiting.load(Ordering::SeqCst), 5);
+    // Pushes wake 0, 2, 3 (through its new waker), 4, 5 in that order.
+    for (n, expect) in [0usize, 2, 3, 4, 5].into_iter().enumerate() {
+        feed.push(n as u32, 4);
+        let woken: Vec<usize> = (0..6)
+            .filter(|&i| i != 3 && wakes(&counts[i].0) == 1)
+            .chain((wakes(&moved) == 1).then_some(3))
+            .collect();
+        assert!(woken.contains(&expect), "push {n} woke {woken:?}");
+        assert_eq!(woken.len(), n + 1, "one wake per push");
+    }
+    assert_eq!(wakes(&counts[3].0), 0, "the replaced waker is not woken");
+    assert_eq!(inbox.shared.waiting.load(Ordering::SeqCst), 0);
+    // A woken taker takes without the line (its place is gone already).
+    assert_eq!(
+        inbox.poll_take(&mut Context::from_waker(&counts[0].1), &mut places[0]),
+        Poll::Ready(Ok(0))
+    );
+}
+
+#[test]
 fn close_gives_what_is_queued_then_the_end_to_every_taker() {
     let (feed, inbox) = inbox::<u32>(8, 1 << 20);
     let (a, wa) = counting();
