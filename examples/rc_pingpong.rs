@@ -58,7 +58,7 @@ mod tests {
     /// Both sides verbio on software devices, in two threads.
     #[test]
     fn soft_devices_ping_pong_with_checks() {
-        let port = 21_000 + (std::process::id() % 20_000) as u16;
+        let port = cli::free_tcp_port();
         fn args(port: u16, server: Option<&str>) -> Args {
             let port = port.to_string();
             let mut a = vec!["rc_pingpong", "-d", "soft0", "-s", "512", "-n", "200"];

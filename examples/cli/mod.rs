@@ -133,3 +133,15 @@ impl Peer {
         bounded(self.limit, &self.name, doing, f).await
     }
 }
+
+/// A TCP port on the loopback interface that nothing listens on right now,
+/// for a test that runs an example's server and client in one process: the
+/// kernel picks it (a port made from the process id can be anyone's
+/// ephemeral port, and then the server fails with "Address already in use").
+#[cfg(test)]
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
