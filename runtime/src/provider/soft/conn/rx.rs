@@ -201,8 +201,12 @@ impl Conn {
         // of its payload into the buffer, to be copied again from there.
         // One short read first; if it fills, the next read takes the rest
         // (`full`), so a run of small packets costs one read more.
+        // The short read is spent only once it read something: the read
+        // right after a payload is usually the one that finds the socket
+        // drained (EAGAIN), and the next packet's bytes come after it.
+        let peek = std::mem::take(&mut self.rx_peek);
         let mut space = self.rx.len() - end;
-        if std::mem::take(&mut self.rx_peek) && end == 0 {
+        if peek && end == 0 {
             space = space.min(RX_PEEK.max(self.rx_need));
         }
         let Some(wire) = &self.stream else {
@@ -225,6 +229,7 @@ impl Conn {
             )
         };
         if r < 0 {
+            self.rx_peek = peek;
             return Err(io::Error::last_os_error());
         }
         let n = r as usize;

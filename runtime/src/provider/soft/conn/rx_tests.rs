@@ -69,6 +69,27 @@ fn after_a_payload_into_memory_the_next_read_is_short_and_the_rest_follows() {
 }
 
 #[test]
+fn a_read_that_finds_the_socket_drained_keeps_the_short_read_for_the_next_packet() {
+    let (mut c, mut peer) = connected();
+    // The read right after a payload usually finds nothing yet: the
+    // packet after it (another large one, in a ping-pong) comes later.
+    c.rx_peek = true;
+    let e = c.read_some().expect_err("nothing was sent yet");
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(c.rx_peek, "a read that read nothing keeps the short read");
+    let bytes: Vec<u8> = (0..3 * RX_PEEK).map(|i| (i * 3) as u8).collect();
+    peer.write_all(&bytes).expect("write");
+    std::thread::sleep(Duration::from_millis(50));
+    let reads = read_all(&mut c, bytes.len());
+    assert_eq!(
+        reads[0],
+        (RX_PEEK, true),
+        "the first read that finds bytes is the short one: {reads:?}"
+    );
+    assert_eq!(&c.rx[c.rx_start..c.rx_end], &bytes[..]);
+}
+
+#[test]
 fn without_a_payload_into_memory_a_read_takes_what_is_there() {
     let (mut c, mut peer) = connected();
     let bytes: Vec<u8> = (0..3 * RX_PEEK).map(|i| (i * 7) as u8).collect();
