@@ -8,7 +8,11 @@
 //! that fires on its runtime's own thread (the op path: the reactor
 //! completes an op and wakes its task) pushes into a thread-local queue
 //! instead. The op table recognizes these wakers (`crate::wake::is_task_waker`) and
-//! keeps and wakes them by reference (no refcount traffic per op).
+//! keeps and wakes them by reference (no refcount traffic per op). While a
+//! task runs with nothing else queued on the thread, the first task it
+//! wakes goes into a next-task slot (`crate::wake::NextSlot`) instead, and
+//! is polled right after it: a chain of tasks waking each other (a small
+//! RPC's caller and dispatchers) costs no queue traffic, in FIFO order.
 //!
 //! A panic in a spawned task ends that task only: it is caught where the
 //! task is polled, the task's future is dropped (its in-flight ops park
@@ -34,19 +38,35 @@ use std::task::Waker;
 use slab::Slab;
 
 use crate::wake::{
-    task_waker, Shared, TaskWaker, LOCAL_MAIN, LOCAL_PENDING, LOCAL_QUEUE, LOCAL_SHARED, MAIN,
+    task_waker, NextSlot, Shared, TaskWaker, LOCAL_MAIN, LOCAL_PENDING, LOCAL_QUEUE, LOCAL_SHARED,
+    MAIN,
 };
 use join::JoinState;
 pub use join::{FallibleJoinHandle, JoinError, JoinHandle, JoinResult};
 use task::{Run, Settle, TaskFuture};
 
-/// The next task id woken on this thread (`LOCAL_QUEUE`), if any.
+/// The next task id woken on this thread (`LOCAL_QUEUE`), if any. Clears
+/// `LOCAL_PENDING` with the queue's last id, so that the flag also says
+/// whether the queue is empty (see [`NextSlot`]).
 #[inline(always)]
 fn pop_local() -> Option<usize> {
     LOCAL_QUEUE
-        .try_with(|q| q.try_borrow_mut().ok().and_then(|mut q| q.pop_front()))
+        .try_with(|q| {
+            let mut q = q.try_borrow_mut().ok()?;
+            let id = q.pop_front();
+            if q.is_empty() {
+                LOCAL_PENDING.with(|p| p.set(false));
+            }
+            id
+        })
         .ok()
         .flatten()
+}
+
+/// True if no same-thread wake waits in `LOCAL_QUEUE` (see [`pop_local`]).
+#[inline(always)]
+fn local_queue_empty() -> bool {
+    !LOCAL_PENDING.try_with(Cell::get).unwrap_or(true)
 }
 
 /// A spawned task: its future (which holds the waker it is polled with)
@@ -180,6 +200,10 @@ impl Executor {
     /// Moves cross-thread and same-thread wakes into the local ready queue.
     #[inline]
     pub(crate) fn collect(&self) {
+        // The next-task slot first: its task is older than the queue's.
+        if let Some(id) = NextSlot::take_for(Arc::as_ptr(&self.shared)) {
+            self.ready.borrow_mut().push_back(id);
+        }
         if LOCAL_MAIN.try_with(|m| m.replace(false)).unwrap_or(false) {
             self.main_woken.set(true);
         }
@@ -247,6 +271,7 @@ impl Executor {
     fn has_local(&self) -> bool {
         LOCAL_PENDING.try_with(Cell::get).unwrap_or(false)
             || LOCAL_MAIN.try_with(Cell::get).unwrap_or(false)
+            || NextSlot::holds_for(Arc::as_ptr(&self.shared))
     }
 
     /// Polls up to `budget` ready tasks; returns how many were polled.
@@ -268,13 +293,18 @@ impl Executor {
     /// swap, the common case: many tasks woken by one CQ drain) and walked
     /// with no borrow held; tasks woken meanwhile on this thread are then
     /// taken one at a time straight from `LOCAL_QUEUE` (FIFO), with no
-    /// collect: a chain of wakes (task A wakes B, which wakes C, as a small
-    /// RPC does) costs a pop per task run, not a queue swap and a collect.
-    /// Collects again only once both are empty.
+    /// collect. A task polled with that queue empty is polled with the
+    /// next-task slot open ([`NextSlot`]): the first task it wakes is
+    /// polled right after it, with no queue in between, so a chain of
+    /// wakes (task A wakes B, which wakes C, as a small RPC does) costs a
+    /// thread-local store and load per task run, and a task that wakes
+    /// itself is polled again at once. Collects again only once both are
+    /// empty. Every poll counts against `budget`, the slot's too.
     #[inline(never)]
     fn run_ready(&self, budget: usize) -> usize {
         let mut polled = 0;
         let mut batch = self.batch.take();
+        let shared = Arc::as_ptr(&self.shared);
         'turn: while polled < budget {
             {
                 let mut ready = self.ready.borrow_mut();
@@ -294,13 +324,27 @@ impl Executor {
                 batch.clear();
                 continue;
             }
-            // The chain of same-thread wakes: a pop and a look at `ready`
-            // (filled only by a nested turn or a missed wake) per task run.
-            while let Some(id) = pop_local() {
+            // The chain of same-thread wakes: the slot's task or a pop, and
+            // a look at `ready` (filled only by a nested turn or a missed
+            // wake) per task run.
+            let mut next = pop_local();
+            while let Some(id) = next {
+                // Open only with the queue empty: then the first wake of
+                // this poll is the oldest one (FIFO).
+                let slot = local_queue_empty().then(|| NextSlot::open(shared));
                 self.poll_task(id);
                 polled += 1;
+                next = slot.and_then(NextSlot::close);
                 if polled >= budget || !self.ready.borrow().is_empty() {
+                    if let Some(id) = next {
+                        // Left for the next turn, as the oldest wake (a
+                        // nested turn's collect would have closed the slot).
+                        self.ready.borrow_mut().push_front(id);
+                    }
                     continue 'turn;
+                }
+                if next.is_none() {
+                    next = pop_local();
                 }
             }
             // Both empty: the main future's wake and the other threads'
@@ -415,6 +459,7 @@ impl Executor {
 impl Drop for Executor {
     fn drop(&mut self) {
         let ours = Arc::as_ptr(&self.shared);
+        NextSlot::forget(ours);
         let _ = LOCAL_SHARED.try_with(|l| {
             if l.get() == ours {
                 l.set(std::ptr::null());
