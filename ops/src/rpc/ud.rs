@@ -2,21 +2,32 @@
 //! peer; small packets go out INLINE in post lists (one doorbell per batch
 //! of up to 64), larger ones from registered buffers (submitted in the
 //! same poll phase, so posted in one list too); a [`RecvRing`] receives.
+//! Packets the send queue has no room for wait in a queue of their own
+//! (copied into registered buffers, posted in order as the queue drains:
+//! [`UdStats::queued`]) rather than being lost: the engine's credits may
+//! put more packets under way than the send queue holds, and a packet
+//! lost there costs a retransmission timeout.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::task::{Context, Poll, Waker};
 
 use smallvec::SmallVec;
 use tracing::{debug, trace};
-use verbio_runtime::buf::MrPool;
+use verbio_runtime::buf::{LocalBuf, MrPool};
 use verbio_runtime::provider::{QpCaps, UdAttr};
 use verbio_runtime::qp::{Datagram, UdEndpoint, UdPeer, MAX_INLINE_BURST};
-use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig};
+use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig, Submit};
 
 use super::transport::{Transport, TransportError, TxBatch};
 use crate::connect::handshake::{self, Hello, HELLO_LEN};
-use crate::verbs::Verbs;
+use crate::verbs::{SendToVerb, Verbs};
+
+/// Packets waiting for send-queue room at most; past it a packet is
+/// lost (counted in [`UdStats::post_dropped`]). Far above what the
+/// engine puts under way (its credits), so a bound on memory only.
+const MAX_WAITING: usize = 1 << 14;
 
 /// Bytes of an encoded [`UdEndpoint`]: a handshake hello, then the Q_Key.
 pub const UD_ADDR_LEN: usize = HELLO_LEN + 4;
@@ -98,7 +109,11 @@ pub struct UdStats {
     pub inline_sent: u64,
     /// Packets posted from registered buffers.
     pub buffered_sent: u64,
-    /// Packets not posted (send queue full, or refused): lost.
+    /// Packets that found the send queue full and waited for room (in
+    /// order, from registered buffers).
+    pub queued: u64,
+    /// Packets not posted (refused, no send buffer, or more than
+    /// `MAX_WAITING` waiting): lost.
     pub post_dropped: u64,
     /// Receive completions in error (skipped).
     pub recv_errors: u64,
@@ -114,6 +129,12 @@ pub struct UdTransport {
     local_addr: Vec<u8>,
     max_packet: usize,
     max_inline: usize,
+    /// Largest inline post list: [`MAX_INLINE_BURST`], at most the send
+    /// queue's depth.
+    max_burst: usize,
+    /// Sends waiting for send-queue room, oldest first: posted as it
+    /// frees ([`UdTransport::post_waiting`]).
+    waiting: VecDeque<Submit<SendToVerb<LocalBuf>>>,
     stats: UdStats,
 }
 
@@ -179,6 +200,8 @@ impl UdTransport {
             local_addr,
             max_packet,
             max_inline,
+            max_burst: MAX_INLINE_BURST.min(config.send_depth.max(1) as usize),
+            waiting: VecDeque::new(),
             stats: UdStats::default(),
         })
     }
@@ -198,20 +221,28 @@ impl UdTransport {
         self.stats
     }
 
-    /// Posts `burst` as one post list if the send queue has room now; the
-    /// packets are lost otherwise.
+    /// Posts `burst` as one post list if the send queue has room now;
+    /// else its packets wait for room from registered buffers.
     fn post_burst(&mut self, burst: &[Datagram<'_>]) {
         let mut cx = Context::from_waker(Waker::noop());
         let n = burst.len() as u64;
-        match pin!(self.qp.post_send_inline_burst(burst)).poll(&mut cx) {
+        // (Dropped unposted, the burst gives its place in the send
+        // queue's line back.)
+        let posted = pin!(self.qp.post_send_inline_burst(burst)).poll(&mut cx);
+        match posted {
             Poll::Ready(Ok(())) => self.stats.inline_sent += n,
             Poll::Ready(Err(error)) => {
                 self.stats.post_dropped += n;
                 debug!(%error, packets = n, "rpc/ud: inline burst refused; packets lost");
             }
             Poll::Pending => {
-                self.stats.post_dropped += n;
-                trace!(packets = n, "rpc/ud: send queue full; packets lost");
+                trace!(
+                    packets = n,
+                    "rpc/ud: send queue full; packets wait for room"
+                );
+                for d in burst {
+                    self.post_buffered(d.peer, d.data);
+                }
             }
         }
     }
@@ -219,7 +250,17 @@ impl UdTransport {
     /// Sends `bytes` from a registered buffer. The send is submitted now
     /// (posted with the poll phase's other sends, one post list) and its
     /// future dropped: the runtime keeps the buffer until the completion.
+    /// Without send-queue room now (or with sends waiting already, which
+    /// go first) it waits in `waiting`.
     fn post_buffered(&mut self, peer: &UdPeer, bytes: &[u8]) {
+        if self.waiting.len() >= MAX_WAITING {
+            self.stats.post_dropped += 1;
+            debug!(
+                waiting = self.waiting.len(),
+                "rpc/ud: too many packets wait for send-queue room; packet lost"
+            );
+            return;
+        }
         let buf = match self.pool.alloc_from(bytes) {
             Ok(buf) => buf,
             Err(error) => {
@@ -229,7 +270,33 @@ impl UdTransport {
             }
         };
         self.stats.buffered_sent += 1;
-        drop(self.qp.send_to(peer, buf));
+        let send = self.qp.send_to(peer, buf);
+        if send.is_queued() {
+            self.stats.queued += 1;
+            self.waiting.push_back(send);
+        }
+    }
+
+    /// Posts the sends that waited for send-queue room, oldest first, as
+    /// far as it has room; `cx` is woken when more room comes (the first
+    /// one still waiting holds the queue's line).
+    fn post_waiting(&mut self, cx: &mut Context<'_>) {
+        while let Some(send) = self.waiting.front_mut() {
+            // Ready: refused (closed queue pair) or done; else posted,
+            // or still waiting for room.
+            let ready = Pin::new(&mut *send).poll(cx).is_ready();
+            if !ready && send.is_queued() {
+                return;
+            }
+            // (Posted: dropped, the runtime keeps its buffer until its
+            // completion.)
+            self.waiting.pop_front();
+        }
+    }
+
+    /// Sends waiting for send-queue room.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 }
 
@@ -252,17 +319,22 @@ impl Transport for UdTransport {
     }
 
     fn send(&mut self, batch: &TxBatch<UdPeer>) -> Result<(), TransportError> {
+        if !self.waiting.is_empty() {
+            self.post_waiting(&mut Context::from_waker(Waker::noop()));
+        }
         let mut burst: SmallVec<[Datagram<'_>; MAX_INLINE_BURST]> = SmallVec::new();
         // A batch with a packet too large for INLINE goes out whole from
         // registered buffers: one post list (one doorbell, one wake of a
         // software device's engine), in order, so a message's packets
         // arrive together instead of in two waves (the last, small one
         // first), each costing the receiver a wake-up.
-        let inline_max = if batch.iter().any(|(_, b)| b.len() > self.max_inline) {
-            0
-        } else {
-            self.max_inline
-        };
+        // Sends waiting for room go first: the batch waits behind them.
+        let inline_max =
+            if !self.waiting.is_empty() || batch.iter().any(|(_, b)| b.len() > self.max_inline) {
+                0
+            } else {
+                self.max_inline
+            };
         for (peer, bytes) in batch.iter() {
             if bytes.len() > self.max_packet {
                 return Err(TransportError::TooLarge {
@@ -276,7 +348,7 @@ impl Transport for UdTransport {
                     data: bytes,
                     imm: None,
                 });
-                if burst.len() == MAX_INLINE_BURST {
+                if burst.len() == self.max_burst {
                     self.post_burst(&burst);
                     burst.clear();
                 }
@@ -296,6 +368,11 @@ impl Transport for UdTransport {
         max: usize,
         on_packet: &mut dyn FnMut(&[u8]),
     ) -> Poll<Result<usize, TransportError>> {
+        if !self.waiting.is_empty() {
+            // Room that came back since: the waiting sends go (and `cx`
+            // hears of more room).
+            self.post_waiting(cx);
+        }
         let mut n = 0;
         let mut waiting = false;
         for _ in 0..max {
@@ -354,9 +431,94 @@ impl Transport for UdTransport {
 
 #[cfg(test)]
 mod tests {
-    use verbio_runtime::provider::{Endpoint, Gid, Mtu, ProviderKind};
+    use std::time::Duration;
+
+    use verbio_runtime::provider::{
+        Context as DevContext, Endpoint, Gid, Mtu, ProviderKind, SoftConfig,
+    };
+    use verbio_runtime::{timeout, Runtime};
 
     use super::*;
+    use crate::rpc::header::{Header, PacketKind};
+
+    /// Receives from `rx` until `want` packets came (each checked against
+    /// its index), bounded by a generous deadline (a count, not a timing).
+    async fn receive_all(rx: &mut UdTransport, want: usize, len: usize) -> Vec<u64> {
+        let mut got = Vec::new();
+        let all = std::future::poll_fn(|cx| {
+            while got.len() < want {
+                let mut on = |p: &[u8]| {
+                    assert_eq!(p.len(), len);
+                    let (h, _) = Header::decode(p).expect("a header");
+                    got.push(h.req_num);
+                };
+                if rx.poll_recv(cx, 64, &mut on).is_pending() {
+                    return Poll::Pending;
+                }
+            }
+            Poll::Ready(())
+        });
+        let _ = timeout(Duration::from_secs(20), all).await;
+        got
+    }
+
+    /// More packets in one batch than the send queue holds, large
+    /// (from registered buffers) and small (INLINE): none is lost; the
+    /// ones without room wait for it and go in order. (Before, every
+    /// packet past the send queue's depth was dropped, unposted: a
+    /// retransmission timeout each.)
+    #[test]
+    fn packets_past_the_send_queue_wait_for_room() {
+        let rt = Runtime::new().unwrap();
+        let dev = Device::open(DevContext::open_soft(SoftConfig::default()).unwrap()).unwrap();
+        let small_sq = UdConfig {
+            send_depth: 8,
+            ..UdConfig::default()
+        };
+        let mut tx = UdTransport::new(&dev, &small_sq).unwrap();
+        let mut rx = UdTransport::new(&dev, &UdConfig::default()).unwrap();
+        let peer = tx.resolve(&rx.local_addr()).unwrap();
+        for (len, n) in [(1500usize, 100u64), (48, 200)] {
+            let mut batch = TxBatch::default();
+            let payload = vec![7u8; len - crate::rpc::header::HEADER_LEN];
+            for i in 0..n {
+                let h = Header {
+                    req_num: i,
+                    payload_len: payload.len() as u16,
+                    msg_len: payload.len() as u32,
+                    pkt_count: 1,
+                    ..Header::new(PacketKind::Request)
+                };
+                batch.push(&peer, &h, &payload);
+            }
+            tx.send(&batch).unwrap();
+            let sent_before = tx.stats();
+            let got = rt.block_on(async {
+                // The sender's waiting packets go as its queue drains
+                // (its engine's turn: `poll_recv`).
+                let drain = std::future::poll_fn(|cx| {
+                    let _ = tx.poll_recv(cx, 64, &mut |_| {});
+                    if tx.waiting() == 0 {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                });
+                let (_, got) = futures::join!(
+                    timeout(Duration::from_secs(20), drain),
+                    receive_all(&mut rx, n as usize, len)
+                );
+                got
+            });
+            let stats = tx.stats();
+            assert_eq!(stats.post_dropped, 0, "{stats:?}");
+            assert!(
+                sent_before.queued > 0,
+                "the queue was never full: {sent_before:?}"
+            );
+            assert_eq!(got, (0..n).collect::<Vec<_>>(), "{stats:?}");
+        }
+    }
 
     fn endpoint() -> UdEndpoint {
         UdEndpoint {
