@@ -484,6 +484,22 @@ mod tests {
         drop(rt);
     }
 
+    /// The layers above the provider test its flags, not its name: the
+    /// software device says it is one and batches posts, and a QP made on it
+    /// batches its single-WR posts from the start.
+    #[test]
+    fn the_software_device_says_what_it_does_differently() {
+        let rt = crate::Runtime::new().expect("runtime");
+        let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
+        let caps = ctx.provider_caps();
+        assert!(caps.software && caps.batches_posts, "{caps:?}");
+        let dev = Device::open(ctx).expect("device");
+        let qp = dev.create_qp(QpCaps::default()).expect("qp");
+        assert!(qp.doorbell_batching(), "a soft QP batches by default");
+        drop(qp);
+        drop(rt);
+    }
+
     #[test]
     fn opening_a_device_off_runtime_is_an_error_not_a_panic() {
         let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");

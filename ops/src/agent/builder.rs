@@ -13,7 +13,7 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 
 use verbio_runtime::provider::{
-    open_device, open_hardware_device, AccessFlags, InitAttr, Mtu, ProviderKind, QpCaps, RtsAttr,
+    open_device, open_hardware_device, AccessFlags, InitAttr, Mtu, QpCaps, RtsAttr,
 };
 use verbio_runtime::Device;
 
@@ -664,7 +664,7 @@ impl RdmaBuilder {
 
     fn open(&self) -> Result<Device, AgentError> {
         if let Some(d) = &self.device {
-            if self.require_hardware && d.context().kind() == ProviderKind::Soft {
+            if self.require_hardware && d.context().provider_caps().software {
                 return Err(AgentError::Config {
                     setting: "require_hardware",
                     reason: "the device given to the builder is the software device",

@@ -74,6 +74,21 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     Ok(list)
 }
 
+/// The capability flags of each provider: the one place that maps a
+/// provider to what it does differently.
+fn caps_of(kind: ProviderKind) -> ProviderCaps {
+    match kind {
+        ProviderKind::Soft => ProviderCaps {
+            batches_posts: true,
+            software: true,
+        },
+        ProviderKind::Ibverbs => ProviderCaps {
+            batches_posts: false,
+            software: false,
+        },
+    }
+}
+
 #[derive(Clone)]
 enum ContextImp {
     Soft(soft::Context),
@@ -131,6 +146,11 @@ impl Context {
             #[cfg(feature = "ibverbs")]
             ContextImp::Ibverbs(_) => ProviderKind::Ibverbs,
         }
+    }
+
+    /// What this device's provider does differently (see [`ProviderCaps`]).
+    pub fn provider_caps(&self) -> ProviderCaps {
+        caps_of(self.kind())
     }
 
     /// Device name.
@@ -606,6 +626,12 @@ impl Qp {
             #[cfg(any(test, feature = "test-util"))]
             QpImp::Fake(_) => ProviderKind::Soft,
         }
+    }
+
+    /// What this QP's provider does differently (see [`ProviderCaps`]); the
+    /// test-only fake has the software device's.
+    pub fn provider_caps(&self) -> ProviderCaps {
+        caps_of(self.kind())
     }
 
     /// The libibverbs QP, if this is one.

@@ -27,6 +27,24 @@ impl fmt::Display for ProviderKind {
     }
 }
 
+/// What a provider does differently, as flags the layers above test instead
+/// of asking which provider it is ([`Qp::provider_caps`](super::Qp::provider_caps),
+/// [`Context::provider_caps`](super::Context::provider_caps)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct ProviderCaps {
+    /// One post of a list of work requests costs about what one post of a
+    /// single one does (it takes the QP's lock and wakes the device once), so
+    /// a QP gathers single-WR posts of one phase into one list by default
+    /// (`QueuePair::set_doorbell_batching`). Off where the doorbell runs the
+    /// requester in the posting thread (rxe): there one doorbell per WR
+    /// keeps it busy sooner.
+    pub batches_posts: bool,
+    /// A device in this process's own memory (software), not hardware
+    /// behind a driver.
+    pub software: bool,
+}
+
 /// Memory-region and queue-pair access flags (`ibv_access_flags`, same bit values).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct AccessFlags(u32);

@@ -237,11 +237,13 @@ impl WorkQueue for QpCore {
 }
 
 /// Whether a new QP batches its single-WR posts (see
-/// `QueuePair::set_doorbell_batching`): on the software device (and the test
-/// fake that stands in for it), where one post list takes the QP's lock and
-/// wakes the engine once for all its WRs; not on libibverbs devices, where
-/// rxe's doorbell runs the requester in the posting thread and one doorbell
-/// per WR keeps it busy (see `docs/benchmarks.md`).
+/// `QueuePair::set_doorbell_batching`): where the provider says one post of
+/// a list costs about what one post of a single WR does
+/// ([`ProviderCaps::batches_posts`](crate::provider::ProviderCaps)); the
+/// software device does (one post list takes the QP's lock and wakes the
+/// engine once for all its WRs), rxe does not (its doorbell runs the
+/// requester in the posting thread and one doorbell per WR keeps it busy;
+/// see `docs/benchmarks.md`).
 pub(super) fn batching_by_default(qp: &Qp) -> bool {
-    qp.kind() == crate::provider::ProviderKind::Soft
+    qp.provider_caps().batches_posts
 }
