@@ -35,7 +35,6 @@ use super::receiving::Receiving;
 use super::send_msg::SendMsg;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
-use super::staged_now::StagedNow;
 use super::staging::{send_staged, send_staged_from, Staging};
 use super::staging_budget::StagingBudget;
 use super::tokens::GrantTable;
@@ -1273,38 +1272,16 @@ impl Rdma {
     pub async fn send_buf(&self, buf: LocalBuf) -> (Result<(), AgentError>, LocalBuf) {
         let s = &self.shared;
         let len = buf.len();
-        // The general staged, landing and READ paths' states are boxed
-        // (an allocation per message longer than a piece): inline, they
-        // made every `send_buf` future, a whole message's too, about
-        // 2 KiB, which each move (a `FuturesUnordered` of sends boxes it)
-        // copies. A staged message that need not wait (for more than a
-        // credit) is submitted before its small future exists instead
-        // (`StagedNow`).
+        // The staged and READ paths' states are boxed (an allocation per
+        // message longer than a piece): inline, they made every `send_buf`
+        // future, a whole message's too, about 2 KiB, which each move (a
+        // `FuturesUnordered` of sends boxes it) copies.
         if len > s.negotiated.piece_len && len <= s.negotiated.max_send_len {
             if let Some(slot) = s.landing.take(len) {
                 return Box::pin(send_landed_from(s, buf, slot)).await;
             }
             if len <= s.staging.max_len() {
-                // Posted in the first poll when nothing has to be waited
-                // for, unboxed; else the general (boxed) path.
-                let (buf, credit) = match StagedNow::start(s, buf, None) {
-                    Ok(now) => return now.await,
-                    Err(back) => back,
-                };
-                // A credit to wait for alone (a window of sends beyond the
-                // peer's credits) is awaited with a small future, and the
-                // message posted as above once it comes.
-                let credit = match credit {
-                    Some(c) => c,
-                    None => match s.credits.acquire().await {
-                        Ok(c) => c,
-                        Err(_) => return (Err(s.closed_error()), buf),
-                    },
-                };
-                return match StagedNow::start(s, buf, Some(credit)) {
-                    Ok(now) => now.await,
-                    Err((buf, credit)) => Box::pin(send_staged_from(s, buf, None, credit)).await,
-                };
+                return Box::pin(send_staged_from(s, buf, None)).await;
             }
             if len >= READ_MIN {
                 return Box::pin(send_buf_by_read(s, buf, None)).await;
