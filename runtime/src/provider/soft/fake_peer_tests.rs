@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::packet::{
     decode_header, encode_hello, Header, Opcode, FLAG_FIRST, FLAG_LAST, HEADER_LEN, HELLO_LEN,
 };
-use super::{Context, Cq, Mr};
+use super::{Context, Cq, Mr, Pd, Qp};
 use crate::provider::{
     AccessFlags, Completion, InitAttr, Mtu, ProviderError, QpCaps, QpState, RtrAttr, RtsAttr,
     SendFlags, SendOp, SendWr, Sge, SoftConfig, WcStatus,
@@ -109,9 +109,18 @@ pub(super) fn rtr(remote: crate::provider::Endpoint) -> RtrAttr {
     }
 }
 
-fn outstanding_reads_are_limited(limit: u8) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let fake_addr = listener.local_addr().unwrap();
+/// A software device's RC QP whose remote is the fake engine at
+/// `fake_addr` (QPN [`FAKE_QPN`], PSN 100), brought to RTR: the caller
+/// picks its RTS attributes.
+pub(super) struct AimedQp {
+    pub ctx: Context,
+    pub pd: Pd,
+    pub scq: Cq,
+    pub rcq: Cq,
+    pub qp: Qp,
+}
+
+pub(super) fn aimed_at_fake_peer(fake_addr: std::net::SocketAddr) -> AimedQp {
     let ctx = Context::open(SoftConfig::default()).expect("open");
     let pd = ctx.alloc_pd().expect("pd");
     let scq = ctx.create_cq(64, None).expect("cq");
@@ -123,6 +132,25 @@ fn outstanding_reads_are_limited(limit: u8) {
     ep.psn = 100;
     qp.modify_to_init(&InitAttr::default()).expect("init");
     qp.modify_to_rtr(&rtr(ep)).expect("rtr");
+    AimedQp {
+        ctx,
+        pd,
+        scq,
+        rcq,
+        qp,
+    }
+}
+
+fn outstanding_reads_are_limited(limit: u8) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_addr = listener.local_addr().unwrap();
+    let AimedQp {
+        ctx: _ctx,
+        pd,
+        scq,
+        rcq: _rcq,
+        qp,
+    } = aimed_at_fake_peer(fake_addr);
     qp.modify_to_rts(&RtsAttr {
         max_rd_atomic: limit,
         // The fake peer pauses before each answer: no ACK timeout then.

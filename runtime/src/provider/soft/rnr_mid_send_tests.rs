@@ -13,12 +13,11 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use super::fake_peer_tests::{exchange_hello, next_packet, rtr, Mem, FAKE_QPN, WAIT};
-use super::packet::{Header, Opcode, FLAG_FIRST, NAK_RNR};
-use super::Context;
-use crate::provider::{
-    AccessFlags, InitAttr, QpCaps, RtsAttr, SendFlags, SendOp, SendWr, SoftConfig,
+use super::fake_peer_tests::{
+    aimed_at_fake_peer, exchange_hello, next_packet, AimedQp, Mem, FAKE_QPN, WAIT,
 };
+use super::packet::{Header, Opcode, FLAG_FIRST, NAK_RNR};
+use crate::provider::{AccessFlags, RtsAttr, SendFlags, SendOp, SendWr};
 
 /// Larger than what loopback's socket buffers take at once, so that the
 /// requester is still sending it when the NAK of its first packet comes.
@@ -28,17 +27,13 @@ const LEN: usize = 48 << 20;
 fn an_rnr_nak_that_comes_while_the_wr_is_still_being_sent_is_heard() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let fake_addr = listener.local_addr().unwrap();
-    let ctx = Context::open(SoftConfig::default()).expect("open");
-    let pd = ctx.alloc_pd().expect("pd");
-    let scq = ctx.create_cq(64, None).expect("cq");
-    let rcq = ctx.create_cq(64, None).expect("cq");
-    let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
-    let mut ep = qp.endpoint(0).unwrap();
-    ep.soft_addr = Some(fake_addr);
-    ep.qpn = FAKE_QPN;
-    ep.psn = 100;
-    qp.modify_to_init(&InitAttr::default()).expect("init");
-    qp.modify_to_rtr(&rtr(ep)).expect("rtr");
+    let AimedQp {
+        ctx: _ctx,
+        pd,
+        scq: _scq,
+        rcq: _rcq,
+        qp,
+    } = aimed_at_fake_peer(fake_addr);
     qp.modify_to_rts(&RtsAttr {
         // The fake peer pauses on purpose: no ACK timeout meanwhile.
         timeout: 18,
