@@ -1,11 +1,12 @@
 //! [`Listener`] and [`connect`]: the handshake over the reactor's TCP.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::rc::Rc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::future::LocalBoxFuture;
@@ -126,7 +127,8 @@ async fn connect_in<F: QpFactory>(
     })
 }
 
-type Attempt<Q> = LocalBoxFuture<'static, Result<Connection<Q>, (SocketAddr, HandshakeError)>>;
+type AttemptResult<Q> = Result<Connection<Q>, (SocketAddr, HandshakeError)>;
+type Attempt<Q> = LocalBoxFuture<'static, AttemptResult<Q>>;
 
 /// Accepts connections and runs their handshakes concurrently, so a slow or
 /// malicious client never holds up the others. Must be used on a verbio
@@ -145,11 +147,18 @@ type Attempt<Q> = LocalBoxFuture<'static, Result<Connection<Q>, (SocketAddr, Han
 ///   address ([`with_pending_caps`](Self::with_pending_caps)). A full
 ///   listener stops accepting (new connections wait in the kernel's
 ///   backlog, [`LISTEN_BACKLOG`](verbio_runtime::LISTEN_BACKLOG) of them
-///   for a listener this crate binds) until a handshake ends; a source over its cap gets a reject
-///   at once. Both are logged (`warn`, at most every 10 s). A handshake
-///   ends on the client when it has sent its last frame, before the
-///   listener has read it: a client that keeps as many handshakes going
-///   as its cap allows is refused now and then, so dial fewer at once
+///   for a listener this crate binds) until a handshake ends. A
+///   connection from a source at its cap waits up to [`PARK_GRACE`]
+///   (100 ms; at most 32 such at once) for one of the source's
+///   handshakes to end, then gets a reject. Both are logged (`warn`, at
+///   most every 10 s). A handshake ends on the client when it has sent
+///   its last frame, before the listener has read it, so a client that
+///   waited for its handshakes before dialing more is not refused
+///   because the listener's thread ran late: the listener ends the
+///   handshakes whose last frame is here before it counts new
+///   connections, and the grace covers a frame whose arrival it has not
+///   seen yet. A client that keeps as many handshakes going as its cap
+///   allows is still refused now and then: dial fewer at once
 ///   (`tests/handshake_crowd.rs` dials half the cap).
 ///
 /// Handshakes progress while [`accept`](Self::accept) (or
@@ -162,6 +171,13 @@ pub struct Listener<F: QpFactory> {
     qps: Rc<F>,
     timeout: Duration,
     in_flight: RefCell<FuturesUnordered<Attempt<F::Qp>>>,
+    /// Handshakes that ended and were not returned yet (see
+    /// `drain_finished`).
+    finished: RefCell<VecDeque<AttemptResult<F::Qp>>>,
+    /// Connections from sources at their cap, waiting out [`PARK_GRACE`].
+    parked: RefCell<VecDeque<Parked>>,
+    /// Wakes the listener when the first parked connection's grace ends.
+    park_timer: RefCell<Option<Pin<Box<verbio_runtime::Sleep>>>>,
     limits: PendingLimits,
     /// Whether the current stretch of being full was logged.
     full_noted: Cell<bool>,
@@ -220,6 +236,9 @@ impl<F: QpFactory> Listener<F> {
             qps: Rc::new(qps),
             timeout,
             in_flight: RefCell::new(FuturesUnordered::new()),
+            finished: RefCell::new(VecDeque::new()),
+            parked: RefCell::new(VecDeque::new()),
+            park_timer: RefCell::new(None),
             limits: PendingLimits::new(WHAT, DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE),
             full_noted: Cell::new(false),
             last_failure_warning: Cell::new(None),
@@ -297,11 +316,18 @@ impl<F: QpFactory> Listener<F> {
 
     fn next_handshake(&self) -> impl Future<Output = Result<Connection<F::Qp>, Failure>> + '_ {
         poll_fn(move |cx| {
+            // First let every handshake that can finish finish, so that the
+            // slots of clients whose last frame is already here are free
+            // before their next connections are counted (a client that
+            // waited for its handshakes before dialing more is never refused
+            // because this thread ran late).
+            self.drain_finished(cx);
+            let mut accepted = self.retry_parked(cx);
             // Start a handshake for every connection waiting in the backlog,
             // while under the caps.
             let mut backoff = self.backoff.borrow_mut();
-            let mut accepted = 0;
-            while accepted < ACCEPTS_PER_POLL {
+            let mut taken = 0;
+            while taken < ACCEPTS_PER_POLL {
                 if !self.limits.has_room() {
                     if !self.full_noted.replace(true) {
                         self.limits.note_full();
@@ -311,23 +337,13 @@ impl<F: QpFactory> Listener<F> {
                 self.full_noted.set(false);
                 match backoff.poll_accept(&self.tcp, cx) {
                     Poll::Ready(Ok((stream, peer))) => {
-                        accepted += 1;
-                        let slot = match self.limits.admit(peer) {
-                            Ok(slot) => slot,
-                            Err(refusal) => {
-                                refuse_now(stream, &refusal);
-                                continue;
-                            }
-                        };
-                        let span = setup_span("accept", peer);
-                        let attempt =
-                            handshake(stream, peer, self.qps.clone(), self.timeout, span.clone())
-                                .instrument(span);
-                        self.in_flight.borrow_mut().push(Box::pin(async move {
-                            let r = attempt.await.map_err(|e| (peer, e));
-                            drop(slot);
-                            r
-                        }));
+                        taken += 1;
+                        if self.limits.would_admit(peer) {
+                            accepted += 1;
+                            self.start(stream, peer);
+                        } else {
+                            self.park_or_refuse(stream, peer, cx);
+                        }
                     }
                     Poll::Ready(Err(source)) => {
                         return Poll::Ready(Err(Failure::Listener(HandshakeError::Io {
@@ -338,23 +354,135 @@ impl<F: QpFactory> Listener<F> {
                     Poll::Pending => break,
                 }
             }
-            if accepted == ACCEPTS_PER_POLL {
+            if taken == ACCEPTS_PER_POLL {
                 // More may wait: come back after the other tasks.
                 cx.waker().wake_by_ref();
             }
-            let mut in_flight = self.in_flight.borrow_mut();
-            match in_flight.poll_next_unpin(cx) {
-                Poll::Ready(Some(r)) => {
-                    Poll::Ready(r.map_err(|(peer, e)| Failure::Client(peer, e)))
-                }
-                Poll::Ready(None) | Poll::Pending => Poll::Pending,
+            if accepted > 0 {
+                // The new handshakes' first poll sends the server's hello.
+                self.drain_finished(cx);
+            }
+            match self.finished.borrow_mut().pop_front() {
+                Some(r) => Poll::Ready(r.map_err(|(peer, e)| Failure::Client(peer, e))),
+                None => Poll::Pending,
             }
         })
+    }
+
+    /// Starts the handshake of a connection `would_admit` let in.
+    fn start(&self, stream: TcpStream, peer: SocketAddr) {
+        let slot = match self.limits.admit(peer) {
+            Ok(slot) => slot,
+            Err(refusal) => return refuse_now(stream, &refusal),
+        };
+        let span = setup_span("accept", peer);
+        let attempt =
+            handshake(stream, peer, self.qps.clone(), self.timeout, span.clone()).instrument(span);
+        self.in_flight.borrow_mut().push(Box::pin(async move {
+            let r = attempt.await.map_err(|e| (peer, e));
+            drop(slot);
+            r
+        }));
+    }
+
+    /// A connection from a source at its cap waits up to [`PARK_GRACE`]
+    /// for one of that source's handshakes to end (its last frame may be
+    /// here already, its readiness not yet seen by this thread), at most
+    /// [`MAX_PARKED`] at once; else, or then, it is refused.
+    fn park_or_refuse(&self, stream: TcpStream, peer: SocketAddr, cx: &mut Context<'_>) {
+        let mut parked = self.parked.borrow_mut();
+        if parked.len() >= MAX_PARKED {
+            drop(parked);
+            if let Err(refusal) = self.limits.admit(peer) {
+                refuse_now(stream, &refusal);
+            } else {
+                unreachable!("would_admit said no a moment ago");
+            }
+            return;
+        }
+        parked.push_back(Parked {
+            stream,
+            peer,
+            until: Instant::now() + PARK_GRACE,
+        });
+        drop(parked);
+        self.arm_park_timer(cx);
+    }
+
+    /// Starts the parked connections whose source has room again and
+    /// refuses those whose grace ended; returns how many started.
+    fn retry_parked(&self, cx: &mut Context<'_>) -> usize {
+        if self.parked.borrow().is_empty() {
+            return 0;
+        }
+        let now = Instant::now();
+        let mut started = 0;
+        let waiting = std::mem::take(&mut *self.parked.borrow_mut());
+        for p in waiting {
+            if self.limits.would_admit(p.peer) {
+                started += 1;
+                self.start(p.stream, p.peer);
+            } else if now >= p.until {
+                match self.limits.admit(p.peer) {
+                    Err(refusal) => refuse_now(p.stream, &refusal),
+                    Ok(_) => unreachable!("would_admit said no a moment ago"),
+                }
+            } else {
+                self.parked.borrow_mut().push_back(p);
+            }
+        }
+        self.arm_park_timer(cx);
+        started
+    }
+
+    /// Wakes the listener when the oldest parked connection's grace ends.
+    fn arm_park_timer(&self, cx: &mut Context<'_>) {
+        let Some(until) = self.parked.borrow().front().map(|p| p.until) else {
+            return;
+        };
+        let mut timer = self.park_timer.borrow_mut();
+        if timer.as_ref().is_none_or(|t| t.deadline() != until) {
+            *timer = Some(Box::pin(verbio_runtime::sleep_until(until)));
+        }
+        if let Some(t) = timer.as_mut() {
+            if t.as_mut().poll(cx).is_ready() {
+                // Due already: the next poll refuses it.
+                cx.waker().wake_by_ref();
+            }
+        }
+    }
+
+    /// Polls the running handshakes until none is ready, keeping the ones
+    /// that ended (in the order they ended) for `next_handshake` to return.
+    /// At most the pending cap of them are kept: each was a pending
+    /// handshake a moment ago.
+    fn drain_finished(&self, cx: &mut Context<'_>) {
+        let mut in_flight = self.in_flight.borrow_mut();
+        let mut finished = self.finished.borrow_mut();
+        while let Poll::Ready(Some(r)) = in_flight.poll_next_unpin(cx) {
+            finished.push_back(r);
+        }
     }
 }
 
 /// Connections accepted in one poll before the listener lets other tasks run.
 const ACCEPTS_PER_POLL: usize = 256;
+
+/// How long a connection from a source at its cap waits for one of the
+/// source's handshakes to end before it is refused.
+pub const PARK_GRACE: Duration = Duration::from_millis(100);
+
+/// Connections waiting out [`PARK_GRACE`] at once (more are refused at
+/// once).
+const MAX_PARKED: usize = 32;
+
+/// A connection from a source at its cap, accepted from the kernel and
+/// waiting for its source to have room (see `park_or_refuse`).
+struct Parked {
+    stream: TcpStream,
+    peer: SocketAddr,
+    until: Instant,
+}
 
 /// Refuses a connection over its source's cap at once: a reject frame
 /// without waiting (a fresh connection's send buffer takes it), then close.

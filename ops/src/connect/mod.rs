@@ -33,7 +33,7 @@
 //! | bytes of a frame's body, checked in the header before any is read | [`MAX_BODY_LEN`](handshake::MAX_BODY_LEN), 1024 |
 //! | memory per pending client: one fixed-size handshake future, its frame buffer included (nothing allocated from peer input) | under 4 KiB |
 //! | handshakes at once; when reached the listener stops accepting (new connections wait in the kernel's backlog) | [`DEFAULT_MAX_PENDING`], 128 |
-//! | of those, from one IP address; more get a reject at once | [`DEFAULT_MAX_PENDING_PER_SOURCE`], 32 |
+//! | of those, from one IP address; more wait up to [`PARK_GRACE`] (100 ms) for one of the source's to end, then get a reject | [`DEFAULT_MAX_PENDING_PER_SOURCE`], 32 |
 //!
 //! Set the caps with [`Listener::with_pending_caps`]. Hitting a cap is
 //! logged (`warn`, at most every 10 s). `accept(2)` errors for lack of
@@ -57,7 +57,7 @@ pub use exchange::{accept_exchange, connect_exchange, Deadline};
 pub use handshake::{decode, encode, Hello};
 pub use listener::{
     connect, Connection, Listener, DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE,
-    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT, PARK_GRACE,
 };
 pub use reach::{check_engine_reachable, peer_is_local};
 pub use setup::{path_mtu, DeviceQps, QpConfig, QpFactory};

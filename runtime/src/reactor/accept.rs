@@ -258,6 +258,15 @@ impl PendingLimits {
         });
     }
 
+    /// Whether [`admit`](Self::admit) would give `peer` a slot now (not
+    /// logged).
+    pub fn would_admit(&self, peer: SocketAddr) -> bool {
+        let ip = peer.ip().to_canonical();
+        let c = self.counts.borrow();
+        c.total < self.max_pending
+            && c.per_source.get(&ip).copied().unwrap_or(0) < self.max_per_source
+    }
+
     /// A slot for a connection from `peer`, or why there is none (logged).
     pub fn admit(&self, peer: SocketAddr) -> Result<PendingSlot, PendingRefusal> {
         let ip = peer.ip().to_canonical();

@@ -341,3 +341,54 @@ fn client_errors_connect_refused_and_silent_server() {
         );
     });
 }
+
+/// A client that waits for its handshakes before dialing more is never
+/// refused, even when the listener's thread runs late: the listener ends
+/// the handshakes whose last frame has arrived before it counts the
+/// client's next connections against the per-source cap. (It counted them
+/// first: `tests/handshake_crowd.rs` was refused at 32 pending on a loaded
+/// machine while dialing 16 at a time.)
+#[test]
+fn a_late_listener_ends_finished_handshakes_before_counting_new_ones() {
+    const PER_SOURCE: usize = 2;
+    const ROUNDS: usize = 20;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let rt = Runtime::new().unwrap();
+        rt.block_on(async {
+            let listener = Listener::bind(any_port(), FakeQps::new(ProviderKind::Soft, 1), LIMIT)
+                .unwrap()
+                .with_pending_caps(128, PER_SOURCE);
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            for i in 0..PER_SOURCE * ROUNDS {
+                timeout(LIMIT, listener.accept())
+                    .await
+                    .unwrap_or_else(|_| panic!("accept {i}: not within {LIMIT:?}"))
+                    .unwrap_or_else(|e| panic!("accept {i}: {e}"));
+                // The listener's thread runs late: meanwhile the client
+                // ends its handshakes and dials the next ones.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+    });
+    let addr = rx.recv_timeout(LIMIT).expect("the listener's address");
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let qps = FakeQps::new(ProviderKind::Soft, 1000);
+        for round in 0..ROUNDS {
+            let dials: Vec<_> = (0..PER_SOURCE)
+                .map(|_| {
+                    let qps = qps.clone();
+                    spawn(async move { connect(addr, &qps, LIMIT).await })
+                })
+                .collect();
+            for (k, d) in dials.into_iter().enumerate() {
+                timeout(LIMIT, d)
+                    .await
+                    .unwrap_or_else(|_| panic!("round {round}, dial {k}: not within {LIMIT:?}"))
+                    .unwrap_or_else(|e| panic!("round {round}, dial {k}: {e}"));
+            }
+        }
+    });
+    server.join().expect("the listener thread");
+}
