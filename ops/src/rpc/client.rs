@@ -226,6 +226,7 @@ impl<P: Clone> Core<P> {
         slot.paused = false;
         slot.awaits_link = false;
         slot.relinked = false;
+        slot.link_sent = None;
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;
@@ -441,6 +442,7 @@ impl<P: Clone> Core<P> {
                 continue;
             }
             if slot.num_tx == 0 && slot.req_desc.is_none() && slot.n_req <= WINDOW {
+                slot.link_sent = None;
                 // The whole request in one packet over the link
                 // (`link_send.rs`), its packets' credits taken as sent.
                 let link = link_for(
@@ -477,6 +479,7 @@ impl<P: Clone> Core<P> {
                         slot.num_tx = slot.n_req;
                         slot.progress = now;
                         slot.sent = now;
+                        slot.link_sent = Some(link);
                         s.credits -= slot.n_req;
                     }
                 }

@@ -13,7 +13,7 @@ use super::header::{Header, PacketKind, Status, HEADER_LEN};
 use super::mem::{Faults, MemNetwork, MemTransport};
 use super::mem_bulk::MEM_LINK_PACKET;
 use super::tests::{answer, config, request, server, wait_for, ECHO};
-use super::{LinkPacket, Rpc, SessionId};
+use super::{LinkPacket, Request, Rpc, SessionId};
 
 /// Payload bytes of a datagram.
 const PAYLOAD: usize = PACKET - HEADER_LEN;
@@ -186,6 +186,47 @@ fn a_broken_link_loses_nothing_and_is_replaced() {
             assert_eq!(net.link_packets() - links, 2, "a new link carries the call");
         }
         assert!(runs.borrow().values().all(|&n| n == 1));
+    });
+}
+
+/// A mid-size request that went over the link to a handler slower than
+/// the client's timeout is resent as its last packet alone, one datagram
+/// per timeout (the server answers it "in progress"); its other packets
+/// are with the server. (Before, its first timeout resent every packet
+/// of it by datagram: on rxe, 4 KiB calls are 5 datagrams each.)
+#[test]
+fn a_slow_handler_is_resent_only_the_last_packet_of_a_link_sent_request() {
+    const SLOW: u8 = 9;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(5, PACKET);
+        let (srv, runs) = server(&net, config());
+        srv.register(SLOW, |req: Request| async move {
+            // Past the client's timeout: at most 4 rto (20 ms) learned.
+            verbio_runtime::sleep(Duration::from_millis(60)).await;
+            let mut resp = req.response();
+            resp.extend_from_slice(&answer(req.data()));
+            resp
+        })
+        .unwrap();
+        let (cli, s) = linked(&net, &srv).await;
+        let cli_id = cli.with_transport(MemTransport::id);
+        for i in 0..3 {
+            let req = request(40, i, 3 * PAYLOAD + 1);
+            let (calls, before, links) = (net.send_calls(cli_id), cli.stats(), net.link_packets());
+            let resp = cli.call(s, SLOW, &req).await.unwrap();
+            assert_eq!(&resp[..], &answer(&req)[..]);
+            let after = cli.stats();
+            let resent = after.retransmissions - before.retransmissions;
+            assert!(resent >= 1, "the handler outlasted no timeout: {after:?}");
+            // Every datagram of the call a resend, each alone in its
+            // transport call: one packet per timeout.
+            assert_eq!(net.send_calls(cli_id) - calls, resent, "{after:?}");
+            assert_eq!(net.link_packets() - links, 2, "one packet each way");
+            assert_eq!(after.timeouts, 0);
+        }
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(srv.stats().handler_runs, 4);
     });
 }
 

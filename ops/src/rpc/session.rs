@@ -55,6 +55,10 @@ pub(crate) struct ClientSlot {
     /// link was gone) and the call went again over a new link: a second
     /// failure fails the call.
     pub(crate) relinked: bool,
+    /// The request went whole over this link (`link_send.rs`): while the
+    /// link stays ready, the server has all its packets or none, so a
+    /// timeout resends only its last packet (`timer.rs`).
+    pub(crate) link_sent: Option<u64>,
     pub(crate) req_type: u8,
     pub(crate) req: Vec<u8>,
     pub(crate) resp: Vec<u8>,
@@ -126,6 +130,7 @@ impl ClientSlot {
             paused: false,
             awaits_link: false,
             relinked: false,
+            link_sent: None,
             req_type: 0,
             req: Vec::new(),
             resp: Vec::new(),

@@ -86,6 +86,7 @@ impl<P: Clone> Core<P> {
                         settled.push(sid);
                     }
                     let learned = s.rtt.rto(rto);
+                    let link_ready = s.link_ready();
                     for i in 0..SESSION_SLOTS {
                         let slot = &mut s.client[i];
                         if !matches!(slot.state, CallState::Active) {
@@ -107,7 +108,20 @@ impl<P: Clone> Core<P> {
                         }
                         // While a response is read, the last request packet
                         // is sent again: the server answers it while alive.
+                        // So too for a request that went whole over the link
+                        // (`link_send.rs`) still ready, unanswered past its
+                        // first timeout: the server has all its packets or
+                        // none, and answers the last "in progress" while its
+                        // handler runs (which makes the next timeout a
+                        // first one again). Unanswered, the resend after is
+                        // of every unanswered packet.
                         let reading = slot.reading.is_some();
+                        let last_only = reading
+                            || (slot.retries == 0
+                                && slot.link_sent.is_some()
+                                && slot.link_sent == link_ready
+                                && slot.num_tx == slot.n_req
+                                && !slot.is_answered(slot.n_req - 1));
                         // The first resend waits the learned timeout (a
                         // slow but live server is not resent to); later
                         // ones `rto`, which bounds a vanished peer.
@@ -134,7 +148,7 @@ impl<P: Clone> Core<P> {
                         }
                         slot.retries += 1;
                         slot.progress = now;
-                        if reading {
+                        if last_only {
                             send_client_packet(
                                 &mut self.tx,
                                 &s.peer,
