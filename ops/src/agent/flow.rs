@@ -371,6 +371,15 @@ impl Owed {
         }
     }
 
+    /// `n` credits taken to ride on a message ([`Piggyback::detach`]) that
+    /// was never posted: owed again, and no longer the peer's.
+    pub(crate) fn unride(&self, peer: &PeerCredits, n: u32) {
+        if n > 0 {
+            peer.ungranted(n);
+            self.unsent(n);
+        }
+    }
+
     /// True if what is owed makes at least one batch.
     pub(crate) fn has_batch(&self) -> bool {
         self.owed.get() >= self.batch
@@ -406,13 +415,20 @@ impl Piggyback<'_> {
     pub(crate) fn count(&self) -> u32 {
         self.n
     }
+
+    /// Kept for a message whose post is still to come: the credits, which
+    /// [`Owed::unride`] owes again if it never is.
+    pub(crate) fn detach(self) -> u32 {
+        let n = self.n;
+        std::mem::forget(self);
+        n
+    }
 }
 
 impl Drop for Piggyback<'_> {
     fn drop(&mut self) {
-        if !self.posted.get() && self.n > 0 {
-            self.peer.ungranted(self.n);
-            self.owed.unsent(self.n);
+        if !self.posted.get() {
+            self.owed.unride(self.peer, self.n);
         }
     }
 }

@@ -21,6 +21,7 @@
 mod backlog;
 mod builder;
 mod cm;
+mod copy_bufs;
 mod error;
 mod exposed;
 mod flow;
@@ -44,6 +45,7 @@ mod send_msg;
 mod settings;
 mod side;
 mod srq;
+mod staged_now;
 mod staging;
 mod staging_budget;
 mod stream;

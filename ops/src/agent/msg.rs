@@ -3,7 +3,8 @@
 //! landed in, reposted when the message is dropped (the ring has spare
 //! slots for lent messages, see `Receiving`); a reassembled message, or
 //! one that arrived while every spare slot was lent, is one contiguous
-//! vector; a message READ from the peer is the registered vector it was
+//! vector; a message copied out of the staging ring is a vector kept for
+//! the next such copy once dropped (`copy_bufs.rs`); a message READ from the peer is the registered vector it was
 //! read into, kept for the next READ once dropped (`read_bufs.rs`); a
 //! message the peer wrote into a landing slot is that slot's memory, no
 //! longer reachable by the peer, granted again once dropped
@@ -16,6 +17,7 @@ use std::rc::Rc;
 use verbio_runtime::RingMsg;
 
 use super::backlog::SMALL_ITEM_CHARGE;
+use super::copy_bufs::Copied;
 use super::landing::LentSlot;
 use super::read_bufs::ReadInto;
 
@@ -26,6 +28,9 @@ pub(crate) enum Body {
     Ring(Lent),
     /// Reassembled from pieces, or copied out of its slot.
     Vec(Vec<u8>),
+    /// Copied out of the staging ring into a vector that goes back to the
+    /// connection's spares when the message is dropped.
+    Copied(Copied),
     /// READ from the peer into a registered vector, which goes back to
     /// the connection's spares when the message is dropped.
     Read(ReadInto),
@@ -86,6 +91,7 @@ impl RecvMsg {
         match &self.body {
             Body::Ring(_) => buf_size as u64,
             Body::Vec(v) => (v.len() as u64).max(SMALL_ITEM_CHARGE),
+            Body::Copied(c) => (c.bytes().len() as u64).max(SMALL_ITEM_CHARGE),
             Body::Read(r) => r.len() as u64,
             Body::Landed(l) => l.capacity() as u64,
         }
@@ -118,6 +124,7 @@ impl RecvMsg {
         match self.body {
             Body::Ring(l) => l.bytes().to_vec(),
             Body::Vec(v) => v,
+            Body::Copied(c) => c.into_vec(),
             Body::Read(r) => r.into_vec(),
             // A copy: the slot's memory goes back to the connection.
             Body::Landed(l) => l.bytes().to_vec(),
@@ -132,6 +139,7 @@ impl Deref for RecvMsg {
         match &self.body {
             Body::Ring(l) => l.bytes(),
             Body::Vec(v) => v,
+            Body::Copied(c) => c.bytes(),
             Body::Read(r) => r.bytes(),
             Body::Landed(l) => l.bytes(),
         }

@@ -35,7 +35,8 @@ use super::receiving::Receiving;
 use super::send_msg::SendMsg;
 use super::settings::{exchange, negotiate, Negotiated};
 use super::side::SideChannel;
-use super::staging::{send_staged, send_staged_from, Staging};
+use super::staged_now::StagedSend;
+use super::staging::{send_staged, Staging};
 use super::staging_budget::StagingBudget;
 use super::tokens::GrantTable;
 use super::window_grants::WindowGrants;
@@ -1272,16 +1273,22 @@ impl Rdma {
     pub async fn send_buf(&self, buf: LocalBuf) -> (Result<(), AgentError>, LocalBuf) {
         let s = &self.shared;
         let len = buf.len();
-        // The staged and READ paths' states are boxed (an allocation per
-        // message longer than a piece): inline, they made every `send_buf`
-        // future, a whole message's too, about 2 KiB, which each move (a
-        // `FuturesUnordered` of sends boxes it) copies.
+        // The general staged, landing and READ paths' states are boxed
+        // (an allocation per message longer than a piece): inline, they
+        // made every `send_buf` future, a whole message's too, about
+        // 2 KiB, which each move (a `FuturesUnordered` of sends boxes it)
+        // copies. A staged message that need not wait (for more than a
+        // credit) is submitted before its small future exists instead
+        // (`StagedNow`).
         if len > s.negotiated.piece_len && len <= s.negotiated.max_send_len {
             if let Some(slot) = s.landing.take(len) {
                 return Box::pin(send_landed_from(s, buf, slot)).await;
             }
             if len <= s.staging.max_len() {
-                return Box::pin(send_staged_from(s, buf, None)).await;
+                // Posted in the first poll when nothing (or only a
+                // credit) has to be waited for, unboxed; else the general
+                // (boxed) path.
+                return StagedSend::new(s, buf).await;
             }
             if len >= READ_MIN {
                 return Box::pin(send_buf_by_read(s, buf, None)).await;

@@ -70,9 +70,10 @@ use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::provider::AccessFlags;
 use verbio_runtime::{Handle, Submit};
 
+use super::copy_bufs::{Copied, CopyBufs};
 use super::error::{AgentError, CloseReason};
 use super::exposed::Exposed;
-use super::flow::Credits;
+use super::flow::{Credit, Credits, Piggyback};
 use super::msg::{Body, RecvMsg};
 use super::rdma::{until_posted, Shared};
 use super::staging_budget::{Lease, StagingBudget};
@@ -114,13 +115,23 @@ struct PeerRing {
 /// A place taken in the peer's ring, given back if its message is not
 /// posted ([`Staging::unreserve`]).
 #[derive(Debug, Clone, Copy)]
-struct Placed {
-    offset: u32,
+pub(super) struct Placed {
+    pub(super) offset: u32,
     taken: u32,
     /// `head` before it.
     head: u32,
     /// Restarting at offset 0 (the ring was empty).
-    restart: bool,
+    pub(super) restart: bool,
+}
+
+/// What [`Staging::reserve_now`] found.
+pub(super) enum Reserve {
+    /// A place taken.
+    Placed(Placed),
+    /// The connection is down (or the peer has no ring).
+    Closed,
+    /// No room now.
+    Full,
 }
 
 /// A message held back while the unread backlog is over its limit.
@@ -166,6 +177,8 @@ pub(crate) struct Staging {
     /// Receiving: the ring bytes each message taken out and not yet
     /// returned took, oldest first (`freed` is their sum).
     unreturned: RefCell<VecDeque<u32>>,
+    /// Receiving: the vectors messages are copied out into, kept.
+    copies: Rc<CopyBufs>,
     /// Sending: the peer's ring, once announced.
     peer: Cell<Option<PeerRing>>,
     /// Sending: where the next message goes.
@@ -199,6 +212,7 @@ impl Staging {
             expect: Cell::new(0),
             freed: Cell::new(0),
             unreturned: RefCell::new(VecDeque::new()),
+            copies: CopyBufs::new(bytes / 2),
             peer: Cell::new(None),
             head: Cell::new(0),
             used: Cell::new(0),
@@ -351,11 +365,45 @@ impl Staging {
     /// `None` once the connection is down. With `can_restart` (the message
     /// can say so) and every earlier message returned, at offset 0.
     fn poll_reserve(&self, len: u32, can_restart: bool, cx: &Context<'_>) -> Poll<Option<Placed>> {
+        match self.reserve_now(len, can_restart) {
+            Reserve::Placed(p) => Poll::Ready(Some(p)),
+            Reserve::Closed => Poll::Ready(None),
+            Reserve::Full => {
+                let mut w = self.waiters.borrow_mut();
+                if !w.iter().any(|w| w.will_wake(cx.waker())) {
+                    w.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Where a message of `len` bytes placed at `p` goes in the peer's
+    /// ring (`None`: no ring announced).
+    pub(super) fn remote_for(&self, p: &Placed, len: u32) -> Option<RemoteBuf> {
+        let peer = self.peer.get()?;
+        Some(RemoteBuf::new(
+            peer.addr + u64::from(p.offset),
+            u64::from(len),
+            peer.rkey,
+        ))
+    }
+
+    /// The gate of the WRITE and `Staged` pairs (one posted at a time, in
+    /// placement order).
+    pub(super) fn gate(&self) -> &Credits {
+        &self.gate
+    }
+
+    /// [`Staging::poll_reserve`] without waiting: `Full` if there is no
+    /// room now (nothing taken, no waker kept).
+    #[inline]
+    pub(super) fn reserve_now(&self, len: u32, can_restart: bool) -> Reserve {
         if self.closed.get() {
-            return Poll::Ready(None);
+            return Reserve::Closed;
         }
         let Some(peer) = self.peer.get() else {
-            return Poll::Ready(None);
+            return Reserve::Closed;
         };
         let head = self.head.get();
         let restart = can_restart && head != 0 && self.sent.borrow().is_empty();
@@ -366,22 +414,18 @@ impl Staging {
         };
         let used = self.used.get();
         if u64::from(used) + u64::from(taken) > u64::from(peer.len) {
-            let mut w = self.waiters.borrow_mut();
-            if !w.iter().any(|w| w.will_wake(cx.waker())) {
-                w.push(cx.waker().clone());
-            }
-            return Poll::Pending;
+            return Reserve::Full;
         }
         self.used.set(used + taken);
         self.sent.borrow_mut().push_back(taken);
         self.head.set(offset + len);
         self.reach.set(self.reach.get().max(offset + len));
-        Poll::Ready(Some(Placed {
+        Reserve::Placed(Placed {
             offset,
             taken,
             head,
             restart,
-        }))
+        })
     }
 
     /// Gives back a place whose message was not posted (the latest taken:
@@ -435,18 +479,18 @@ impl Staging {
 
     /// Receiving: copies a placed message out of the ring; its bytes count
     /// as freed.
-    fn take_out(&self, at: u32, len: u32, taken: u32) -> Result<Vec<u8>, CloseReason> {
+    fn take_out(&self, at: u32, len: u32, taken: u32) -> Result<Copied, CloseReason> {
         let own = self.own.borrow();
         let ring = own.as_ref().ok_or(CloseReason::Violation(
             "staged message without a staging ring",
         ))?;
-        let mut bytes = Vec::with_capacity(len as usize);
+        let mut bytes = self.copies.take(len as usize);
         ring.region()
             .append_to(at as usize, len as usize, &mut bytes)
             .map_err(|_| CloseReason::Violation("staged message outside the staging ring"))?;
         self.freed.set(self.freed.get().saturating_add(taken));
         self.unreturned.borrow_mut().push_back(taken);
-        Ok(bytes)
+        Ok(Copied::new(bytes, &self.copies))
     }
 
     /// Receiving: every message not returned yet, once they took a quarter
@@ -462,7 +506,7 @@ impl Staging {
 
     /// Messages taken for a return were not returned (its message was not
     /// posted): they wait for the next.
-    fn unfreed(&self, taken: impl DoubleEndedIterator<Item = u32>) {
+    pub(super) fn unfreed(&self, taken: impl DoubleEndedIterator<Item = u32>) {
         let mut q = self.unreturned.borrow_mut();
         for t in taken.rev() {
             q.push_front(t);
@@ -473,7 +517,7 @@ impl Staging {
     /// Receiving: up to [`MAX_STAGED_RETURN`] messages not returned yet, to
     /// ride on a staged message of this side's; returned again to the
     /// count (see [`Returns`]) unless that message is posted.
-    fn take_returns<'a>(&'a self, posted: &'a Cell<bool>) -> Returns<'a> {
+    pub(super) fn take_returns<'a>(&'a self, posted: &'a Cell<bool>) -> Returns<'a> {
         let mut taken = [0u32; MAX_STAGED_RETURN as usize];
         let mut q = self.unreturned.borrow_mut();
         let n = q.len().min(taken.len());
@@ -494,7 +538,7 @@ impl Staging {
 /// message of this side's ([`Staging::take_returns`]). Dropped before that
 /// message was posted, they are owed again.
 #[must_use = "returns taken and not posted are owed again when dropped"]
-struct Returns<'a> {
+pub(super) struct Returns<'a> {
     staging: &'a Staging,
     taken: [u32; MAX_STAGED_RETURN as usize],
     n: usize,
@@ -505,6 +549,15 @@ impl Returns<'_> {
     /// The messages returned.
     fn count(&self) -> u32 {
         self.n as u32
+    }
+
+    /// Kept for a message whose post is still to come
+    /// (`staged_now::Waiting`): what [`Staging::unfreed`] takes back if it
+    /// never is.
+    pub(super) fn detach(self) -> ([u32; MAX_STAGED_RETURN as usize], usize) {
+        let kept = (self.taken, self.n);
+        std::mem::forget(self);
+        kept
     }
 }
 
@@ -591,23 +644,29 @@ pub(crate) async fn send_staged(
     data: &[u8],
     imm: Option<u32>,
 ) -> Result<(), AgentError> {
-    send_staged_from(s, data, imm).await.0
+    send_staged_from(s, data, imm, None).await.0
 }
 
-/// [`send_staged`] from `src` (see [`Source`]): from a `LocalBuf` the
+/// [`send_staged`] from `src` (see [`Source`]; with `credit` if one was
+/// taken already): from a `LocalBuf` the
 /// device reads the caller's registered memory, no copy is made, and the
 /// buffer comes back whenever the send ends.
-pub(crate) async fn send_staged_from<S: Source>(
-    s: &Rc<Shared>,
+pub(crate) async fn send_staged_from<'a, S: Source>(
+    s: &'a Rc<Shared>,
     src: S,
     imm: Option<u32>,
+    credit: Option<Credit<'a>>,
 ) -> (Result<(), AgentError>, S::Back) {
     let Ok(len) = u32::try_from(src.len()) else {
         return (Err(s.closed_error()), src.back());
     };
     let st = &s.staging;
-    let Ok(credit) = s.credits.acquire().await else {
-        return (Err(s.closed_error()), src.back());
+    let credit = match credit {
+        Some(c) => c,
+        None => match s.credits.acquire().await {
+            Ok(c) => c,
+            Err(_) => return (Err(s.closed_error()), src.back()),
+        },
     };
     let Ok(gate) = st.gate.acquire().await else {
         return (Err(s.closed_error()), src.back());
@@ -640,30 +699,7 @@ pub(crate) async fn send_staged_from<S: Source>(
     // `send` returns, as a piece's SEND is.
     let (outcome, res) = match imm {
         None => {
-            // The credits owed and the peer's messages taken out of this
-            // side's ring ride along if the immediate has room for them
-            // (else they stay owed, for a `Credit`, a `StagingFreed` or a
-            // later message).
-            let ride = s.owed.take_all(&s.peer_credits, &posted);
-            let ride = (ride.count() <= MAX_STAGED_GRANT).then_some(ride);
-            let returns = st.take_returns(&posted);
-            let said = StagedImm {
-                len,
-                grant: ride.as_ref().map_or(0, |r| r.count()),
-                returned: returns.count(),
-                restart: placed.restart,
-            };
-            let (tag, ride, returns) = match staged_grant_imm(said) {
-                Some(tag) => (tag, ride, Some(returns)),
-                None => {
-                    drop(ride);
-                    drop(returns);
-                    // Longer than the tag's bits: never restarting
-                    // (`can_restart`). `max_len` keeps `len` within the
-                    // plain tag's 24 bits.
-                    (STAGED_IMM_TAG | len, None, None)
-                }
-            };
+            let (tag, ride, returns) = staged_tag(s, len, placed.restart, &posted);
             let write = s.qp.write_with_imm(buf, remote, tag);
             let out = match until_posted(write, Some(credit), &posted).await {
                 Ok(w) => (Outcome::Tagged(w), Ok(())),
@@ -717,6 +753,39 @@ pub(crate) async fn send_staged_from<S: Source>(
     (res.and(done), back)
 }
 
+/// The immediate of a staged message of `len` bytes without an immediate
+/// of its own (`restart`: placed at offset 0 as a restart), and what rides
+/// on it: the credits owed and the peer's messages taken out of this
+/// side's ring, if the immediate has room for them (else they stay owed,
+/// for a `Credit`, a `StagingFreed` or a later message). Both are owed
+/// again if dropped while `posted` is false.
+pub(super) fn staged_tag<'a>(
+    s: &'a Shared,
+    len: u32,
+    restart: bool,
+    posted: &'a Cell<bool>,
+) -> (u32, Option<Piggyback<'a>>, Option<Returns<'a>>) {
+    let ride = s.owed.take_all(&s.peer_credits, posted);
+    let ride = (ride.count() <= MAX_STAGED_GRANT).then_some(ride);
+    let returns = s.staging.take_returns(posted);
+    let said = StagedImm {
+        len,
+        grant: ride.as_ref().map_or(0, |r| r.count()),
+        returned: returns.count(),
+        restart,
+    };
+    match staged_grant_imm(said) {
+        Some(tag) => (tag, ride, Some(returns)),
+        None => {
+            drop(ride);
+            drop(returns);
+            // Longer than the tag's bits: never restarting (`can_restart`).
+            // `max_len` keeps `len` within the plain tag's 24 bits.
+            (STAGED_IMM_TAG | len, None, None)
+        }
+    }
+}
+
 /// A staged message's WRITE: in flight, or ended (refused, or complete)
 /// with its buffer given back.
 enum Outcome {
@@ -726,9 +795,9 @@ enum Outcome {
 }
 
 /// Gives a place in the ring back unless its message was posted.
-struct Unreserve<'a> {
-    staging: &'a Staging,
-    placed: Option<Placed>,
+pub(super) struct Unreserve<'a> {
+    pub(super) staging: &'a Staging,
+    pub(super) placed: Option<Placed>,
 }
 
 impl Drop for Unreserve<'_> {
@@ -784,7 +853,7 @@ fn take_staged(
         return_freed(shared, batch);
     }
     Ok(RecvMsg {
-        body: Body::Vec(bytes),
+        body: Body::Copied(bytes),
         imm,
     })
 }
