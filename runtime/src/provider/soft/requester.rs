@@ -38,8 +38,11 @@ pub(crate) enum Gen {
 const COPY_CHUNK: u64 = 64 * 1024;
 /// A READ response's segments sent from memory are at most this big (the
 /// requester receives each straight into the READ's memory, or where it
-/// cannot, into its buffer, which grows to hold one).
-pub(crate) const RESP_ZC_SEG: u64 = 256 * 1024;
+/// cannot, into its buffer, which grows to hold one): a packet's largest
+/// payload, as a SEND's or WRITE's. (At 256 KiB the engine made 2.7 times
+/// the system calls per MiB of a large READ: docs/benchmarks.md, "The soft
+/// device's large messages against TCP".)
+pub(crate) const RESP_ZC_SEG: u64 = MAX_PAYLOAD as u64;
 /// A READ response's last bytes, copied into its last segment: a segment
 /// sent from memory is never the last one, so if the memory goes away
 /// while one is on its way (the rest of it goes as zeros), a NAK refusing
