@@ -6,6 +6,12 @@
 //!   few WRs in flight; the poster sleeps on the completion channel like the
 //!   blocking TCP writer sleeps in `write`) vs two threads moving 1 MiB
 //!   chunks over a blocking TCP loopback socket, and the ratio;
+//! - 64-byte SEND bandwidth with a window: one thread posts SENDs one WR
+//!   per `post_send`, up to `WINDOW` in flight, another keeps `RECV_DEPTH`
+//!   receives posted, both sleeping on their completion channel, against a
+//!   TCP writer making one `write` per 64-byte message and a reader reading
+//!   the stream in 64 KiB reads (both blocking); messages per second and
+//!   the CPU time of the whole process per message (engines included);
 //! - 64-byte SEND/RECV round trips per second (ping-pong between two
 //!   threads, QPs on two soft devices) vs a 64-byte TCP ping-pong (two
 //!   threads blocking in `read`), and the ratio, for both ways an
@@ -38,7 +44,8 @@
 //! most the spin), `VERBIO_SOFT_LEASE_US` how long a busy-polling
 //! application keeps a connection's input to itself (default 1000, 0 = the
 //! engine always receives). `--only busy|busy-engine|sleep|tcp|tcp-spin`
-//! runs one ping-pong only (for profiling, e.g. under `perf stat`).
+//! runs one ping-pong only, `--only soft-bw|tcp-bw` one 64-byte bandwidth
+//! run of `secs` (for profiling, e.g. under `perf stat`).
 
 mod cli;
 
@@ -51,6 +58,10 @@ use verbio::provider::*;
 const CHUNK: usize = 1 << 20;
 const DEPTH: usize = 4;
 const MSG: usize = 64;
+/// SENDs in flight in the small-message bandwidth run.
+const WINDOW: usize = 128;
+/// Receives posted in the small-message bandwidth run.
+const RECV_DEPTH: usize = 1024;
 
 /// Registered memory that Rust code never reads or writes (only its
 /// address is used), so WRs may name it at any time; `Drop` deregisters it
@@ -234,6 +245,203 @@ fn tcp_bw(secs: f64) -> f64 {
     drop(s);
     let total = reader.join().expect("reader");
     total as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+/// CPU time of this process (all its threads) so far.
+fn process_cpu() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a live timespec the call writes.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Messages per second and CPU time per message of one bandwidth run.
+#[derive(Clone, Copy)]
+struct Rate {
+    msgs_per_sec: f64,
+    cpu_us_per_msg: f64,
+}
+
+impl Rate {
+    fn of(msgs: u64, wall: Duration, cpu: Duration) -> Rate {
+        Rate {
+            msgs_per_sec: msgs as f64 / wall.as_secs_f64(),
+            cpu_us_per_msg: cpu.as_secs_f64() * 1e6 / msgs as f64,
+        }
+    }
+}
+
+/// Waits for completions on `cq` without spinning (as `wait_one_blocking`)
+/// and takes up to `out.len()` of them; checks that they succeeded.
+fn wait_some_blocking(cq: &Cq, ch: &CompChannel, out: &mut [Completion]) -> usize {
+    loop {
+        let mut n = cq.poll(out).expect("poll");
+        if n == 0 {
+            cq.req_notify(false).expect("arm");
+            n = cq.poll(out).expect("poll");
+        }
+        if n > 0 {
+            for wc in &out[..n] {
+                assert!(wc.status.is_success(), "{wc:?}");
+            }
+            return n;
+        }
+        let mut p = libc::pollfd {
+            fd: ch.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert!(r == 1, "no completion event");
+        if ch.get_event().expect("event").is_some() {
+            cq.ack_events(1);
+        }
+    }
+}
+
+/// 64-byte SENDs between two soft devices for `secs`, `WINDOW` in flight,
+/// each its own `post_send`; both threads sleep on their channels.
+fn soft_small_bw(secs: f64) -> Rate {
+    let ca = Context::open_soft(SoftConfig::default()).expect("open");
+    let cb = Context::open_soft(SoftConfig::default()).expect("open");
+    let (cha, chb) = (
+        ca.create_comp_channel().expect("channel"),
+        cb.create_comp_channel().expect("channel"),
+    );
+    let a = {
+        let pd = ca.alloc_pd().expect("pd");
+        let scq = ca.create_cq(4096, Some(&cha)).expect("cq");
+        let rcq = ca.create_cq(4096, None).expect("cq");
+        let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
+        Side { pd, scq, rcq, qp }
+    };
+    let b = {
+        let pd = cb.alloc_pd().expect("pd");
+        let scq = cb.create_cq(4096, None).expect("cq");
+        let rcq = cb.create_cq(4096, Some(&chb)).expect("cq");
+        let caps = QpCaps {
+            max_recv_wr: RECV_DEPTH as u32,
+            ..QpCaps::default()
+        };
+        let qp = pd.create_qp(&scq, &rcq, caps).expect("qp");
+        Side { pd, scq, rcq, qp }
+    };
+    up(&a.qp, b.qp.endpoint(0).expect("ep"));
+    up(&b.qp, a.qp.endpoint(0).expect("ep"));
+    let sbuf = Buf::new(&a.pd, MSG, AccessFlags::LOCAL_WRITE);
+    let rbuf = Buf::new(&b.pd, MSG * RECV_DEPTH, AccessFlags::LOCAL_WRITE);
+    let recv_wr = |i: usize| RecvWr {
+        wr_id: i as u64,
+        sg_list: [Sge {
+            addr: rbuf.mem.as_ptr() as u64 + (i * MSG) as u64,
+            length: MSG as u32,
+            lkey: rbuf.mr().lkey(),
+        }]
+        .into_iter()
+        .collect(),
+    };
+    for i in 0..RECV_DEPTH {
+        // SAFETY: the SGE names slot `i` of `rbuf` (see `Buf`: never
+        // accessed by Rust code, deregistered before freed); each slot has
+        // one receive outstanding at a time.
+        unsafe { b.qp.post_recv(std::slice::from_ref(&recv_wr(i))) }.expect("recv");
+    }
+    let send = SendWr {
+        wr_id: 0,
+        sg_list: [sbuf.sge(MSG)].into_iter().collect(),
+        op: SendOp::Send,
+        flags: SendFlags::SIGNALED,
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let cpu0 = process_cpu();
+    let start = Instant::now();
+    let (sent, received) = std::thread::scope(|sc| {
+        let receiver = sc.spawn(|| {
+            let mut wcs = [Completion::EMPTY; 64];
+            let mut got = 0u64;
+            // Until the sender is done and every SEND it made has landed.
+            loop {
+                let n = wait_some_blocking(&b.rcq, &chb, &mut wcs);
+                for wc in &wcs[..n] {
+                    // SAFETY: as above; this slot's receive just completed.
+                    unsafe {
+                        b.qp.post_recv(std::slice::from_ref(&recv_wr(wc.wr_id as usize)))
+                    }
+                    .expect("recv");
+                }
+                got += n as u64;
+                if stop.load(std::sync::atomic::Ordering::Acquire) {
+                    return got;
+                }
+            }
+        });
+        let deadline = start + Duration::from_secs_f64(secs);
+        let mut wcs = [Completion::EMPTY; 64];
+        let (mut posted, mut done) = (0u64, 0u64);
+        loop {
+            let more = Instant::now() < deadline;
+            while more && posted - done < WINDOW as u64 {
+                // SAFETY: the SGE names `sbuf` (see `Buf`), which the
+                // device only reads; every SEND completes before it drops.
+                unsafe { a.qp.post_send(std::slice::from_ref(&send)) }.expect("send");
+                posted += 1;
+            }
+            if posted == done {
+                break;
+            }
+            done += wait_some_blocking(&a.scq, &cha, &mut wcs) as u64;
+        }
+        // Every SEND completed, so every one of them landed in a receive:
+        // one more SEND wakes the receiver to see `stop`.
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        // SAFETY: as above.
+        unsafe { a.qp.post_send(std::slice::from_ref(&send)) }.expect("send");
+        let _ = wait_some_blocking(&a.scq, &cha, &mut wcs);
+        (posted, receiver.join().expect("receiver"))
+    });
+    let (wall, cpu) = (start.elapsed(), process_cpu() - cpu0);
+    assert!(received >= sent, "{received} of {sent} SENDs received");
+    Rate::of(sent, wall, cpu)
+}
+
+/// 64-byte messages over TCP loopback for `secs`: one `write` per message
+/// (Nagle off), the reader reading the stream 64 KiB at a time.
+fn tcp_small_bw(secs: f64) -> Rate {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let cpu0 = process_cpu();
+    let start = Instant::now();
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0u64;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return total,
+                Ok(n) => total += n as u64,
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    let msg = [7u8; MSG];
+    let mut sent = 0u64;
+    let deadline = start + Duration::from_secs_f64(secs);
+    while Instant::now() < deadline {
+        for _ in 0..WINDOW {
+            s.write_all(&msg).expect("write");
+        }
+        sent += WINDOW as u64;
+    }
+    drop(s);
+    let total = reader.join().expect("reader");
+    assert_eq!(total, sent * MSG as u64, "bytes received");
+    Rate::of(sent, start.elapsed(), process_cpu() - cpu0)
 }
 
 /// How the ping-pong threads wait for their receive completion.
@@ -422,6 +630,29 @@ fn print_bw(soft: f64, tcp: f64, rounds: usize) {
     println!("  ratio soft/TCP  : {:9.2}", soft / tcp);
 }
 
+fn print_small_bw(soft: &[Rate], tcp: &[Rate], rounds: usize) {
+    let rate = |v: &[Rate]| median(v.iter().map(|r| r.msgs_per_sec).collect());
+    let cpu = |v: &[Rate]| median(v.iter().map(|r| r.cpu_us_per_msg).collect());
+    let (sr, tr, sc, tc) = (rate(soft), rate(tcp), cpu(soft), cpu(tcp));
+    println!(
+        "bandwidth, {MSG}-byte messages ({WINDOW} SENDs in flight for the soft device), median of {rounds}:"
+    );
+    let mb = |r: f64| r * MSG as f64 / f64::from(1 << 20);
+    println!(
+        "  soft SEND       : {sr:9.0} msgs/s ({:6.1} MB/s), {sc:5.2} us of CPU per message",
+        mb(sr)
+    );
+    println!(
+        "  TCP loopback    : {tr:9.0} msgs/s ({:6.1} MB/s), {tc:5.2} us of CPU per message",
+        mb(tr)
+    );
+    println!(
+        "  ratio soft/TCP  : {:9.2} (rate), {:5.2} (CPU per message)",
+        sr / tr,
+        sc / tc
+    );
+}
+
 /// One ping-pong of `--only`.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Only {
@@ -435,6 +666,10 @@ enum Only {
     Tcp,
     /// TCP, threads spinning on read.
     TcpSpin,
+    /// The soft device's 64-byte SEND bandwidth run (`secs` long).
+    SoftBw,
+    /// TCP's 64-byte message bandwidth run (`secs` long).
+    TcpBw,
 }
 
 /// The software device against TCP on loopback: bandwidth and ping-pong
@@ -467,6 +702,18 @@ fn main() {
             Only::Sleep => soft_pingpong(iters, false, Wait::Sleep),
             Only::Tcp => tcp_pingpong(iters),
             Only::TcpSpin => tcp_pingpong_spin(iters),
+            Only::SoftBw | Only::TcpBw => {
+                let r = if only == Only::SoftBw {
+                    soft_small_bw(secs)
+                } else {
+                    tcp_small_bw(secs)
+                };
+                println!(
+                    "{MSG}-byte messages: {:.0} msgs/s, {:.2} us of CPU per message",
+                    r.msgs_per_sec, r.cpu_us_per_msg
+                );
+                return;
+            }
         };
         let name = clap::ValueEnum::to_possible_value(&only)
             .map(|v| v.get_name().to_string())
@@ -478,6 +725,8 @@ fn main() {
     if secs > 0.0 {
         let _ = soft_write_bw(0.2);
         let _ = tcp_bw(0.2);
+        let _ = soft_small_bw(0.2);
+        let _ = tcp_small_bw(0.2);
     }
     let _ = soft_pingpong(iters / 10, false, Wait::BusyPoll);
     let _ = soft_pingpong(iters / 10, false, Wait::Sleep);
@@ -487,10 +736,13 @@ fn main() {
     let (mut sb, mut tb, mut tl, mut ts) = (vec![], vec![], vec![], vec![]);
     let (mut busy, mut sleep, mut one) = (vec![], vec![], vec![]);
     let mut busy_eng = vec![];
+    let (mut ssb, mut tsb) = (vec![], vec![]);
     for _ in 0..rounds {
         if secs > 0.0 {
             sb.push(soft_write_bw(secs));
             tb.push(tcp_bw(secs));
+            ssb.push(soft_small_bw(secs));
+            tsb.push(tcp_small_bw(secs));
         }
         busy.push(soft_pingpong(iters, false, Wait::BusyPoll));
         tl.push(tcp_pingpong(iters));
@@ -501,6 +753,7 @@ fn main() {
     }
     if secs > 0.0 {
         print_bw(median(sb), median(tb), rounds);
+        print_small_bw(&ssb, &tsb, rounds);
     }
     let (tcp, tcp_spin) = (median(tl), median(ts));
     let (busy, sleep) = (median(busy), median(sleep));
