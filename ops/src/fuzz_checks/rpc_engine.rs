@@ -143,9 +143,12 @@ fn turn(c: &mut Core<u32>, packet: &[u8]) {
         .flatten()
         .flat_map(|q| q.jobs.drain(..))
         .collect();
-    for job in jobs {
-        let resp = MsgBuf::from(job.request.data().to_vec());
-        c.respond(job.id.session, job.id.slot, job.id.req_num, resp);
+    for id in jobs {
+        let Some(request) = c.take_request(id) else {
+            continue;
+        };
+        let resp = MsgBuf::from(request.data().to_vec());
+        c.respond(id.session, id.slot, id.req_num, resp);
     }
     c.run_pumps();
     c.send_acks();

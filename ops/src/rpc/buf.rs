@@ -155,6 +155,12 @@ pub struct MsgBuf {
 }
 
 impl MsgBuf {
+    /// The pool it returns to, if it has one.
+    #[inline]
+    pub(crate) fn pool(&self) -> Option<&BufPool> {
+        self.pool.as_ref()
+    }
+
     /// The bytes, taken out of the pool's reach. Inline: the drop that
     /// follows then folds away (no pool, an empty vector).
     #[inline]

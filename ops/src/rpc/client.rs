@@ -237,9 +237,12 @@ impl<P: Clone> Core<P> {
         if !bulk_len && !offer && slot.n_req == 1 {
             // Neither the request nor the response goes over the link (a
             // request of several packets may: it asks for the link below):
-            // a lone one-packet request leaves now, no pump over the
-            // slots (as no other call waits for the credit).
-            if s.active == 1 << i && s.credits > 0 {
+            // a one-packet request leaves now, no pump over the slots, if
+            // it has a credit and no other call waits for one (none did at
+            // the last pump, and whatever let one send since, a credit
+            // come back, a pause over, a link settled, pumps the session
+            // at the end of its batch).
+            if s.credits > 0 && !s.starved {
                 send_client_packet(
                     &mut self.tx,
                     &s.peer,
@@ -428,6 +431,7 @@ impl<P: Clone> Core<P> {
         };
         let start = s.pump_from;
         s.pump_from = (start + 1) % SESSION_SLOTS;
+        s.starved = false;
         // The active slots, from `start` on: bit `step` is slot
         // `(start + step) % SESSION_SLOTS`.
         let mut todo = s.active.rotate_right(start as u32);
@@ -455,6 +459,7 @@ impl<P: Clone> Core<P> {
                 if link.is_some() && s.credits < slot.n_req {
                     // It waits for the credits of all its packets rather
                     // than streaming on a part of them (`link_send.rs`).
+                    s.starved = true;
                     continue;
                 }
                 if let Some(link) = link {
@@ -493,6 +498,7 @@ impl<P: Clone> Core<P> {
                     continue;
                 }
                 if s.credits == 0 {
+                    s.starved = true;
                     break;
                 }
                 if k >= slot.n_req && k - slot.n_req + 1 < slot.unasked {
@@ -838,7 +844,9 @@ impl<P: Clone> Core<P> {
         slot.progress = now;
         slot.retries = 0;
         complete(s, i, Ok(()));
-        if s.active != 0 {
+        // The credit back is for a call that waited for one, if any did:
+        // the others sent what they had at their start or last pump.
+        if s.active != 0 && s.starved {
             self.defer_pump(sid);
         }
         true

@@ -126,12 +126,6 @@ pub(crate) struct ReadTarget {
     pub(crate) link: u64,
 }
 
-/// A request waiting for a handler task.
-pub(crate) struct Job {
-    pub(crate) id: JobId,
-    pub(crate) request: Request,
-}
-
 /// A handler task waiting for work: its waker and its future slot (weak:
 /// the task owns the slot, and with it the handler, which may hold this
 /// endpoint; a strong one would keep the endpoint alive past its runtime).
@@ -141,9 +135,11 @@ pub(crate) type IdleRunner = (Waker, Weak<dyn Runner>);
 pub(crate) type StartRunner = (Waker, Rc<dyn Runner>);
 
 /// A request to start in an idle handler task's slot (`runner.rs`), by
-/// the dispatcher once it holds no borrow of the engine.
+/// the dispatcher once it holds no borrow of the engine. The request
+/// stays in its session's slot until then ([`Core::take_request`]): what
+/// is queued is where it is, not its bytes, buffer and charge.
 pub(crate) struct Start {
-    pub(crate) job: Job,
+    pub(crate) id: JobId,
     pub(crate) req_type: u8,
     pub(crate) runner: StartRunner,
 }
@@ -154,9 +150,9 @@ pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> super::MsgBuf>;
 /// The queue of one request type's handler tasks (or its inline handler).
 #[derive(Default)]
 pub(crate) struct HandlerQueue {
-    /// Requests no handler task was idle for: the next task to finish
-    /// takes them.
-    pub(crate) jobs: VecDeque<Job>,
+    /// Requests no handler task was idle for (each in its session's
+    /// slot): the next task to finish takes them.
+    pub(crate) jobs: VecDeque<JobId>,
     pub(crate) idle: Vec<IdleRunner>,
     /// Run by the dispatcher as each request completes, no task.
     pub(crate) inline: Option<InlineHandler>,

@@ -12,10 +12,10 @@ use verbio_runtime::Sleep;
 
 use super::addr::RpcAddr;
 use super::budget::Charge;
-use super::buf::{BufPool, MsgBuf};
+use super::buf::MsgBuf;
 use super::client::Req;
 use super::config::RpcConfig;
-use super::core::{Core, HandlerQueue, Job, RpcMemory, RpcStats};
+use super::core::{Core, HandlerQueue, RpcMemory, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{HEADER_LEN, MAX_PACKET, MIN_PACKET};
 use super::idle::SWEEPS_PER_TIMEOUT;
@@ -29,8 +29,9 @@ use super::transport::Transport;
 pub struct Request {
     pub(crate) req_type: u8,
     pub(crate) session: SessionId,
+    /// From the endpoint's pool, which the response's buffer comes from
+    /// too (no second handle on the pool per request).
     pub(crate) data: MsgBuf,
-    pub(crate) pool: BufPool,
     /// Its bytes stay charged to the endpoint's request budget until the
     /// handler drops it.
     pub(crate) _charge: Charge,
@@ -63,7 +64,10 @@ impl Request {
 
     /// An empty buffer from the endpoint's pool for the response.
     pub fn response(&self) -> MsgBuf {
-        self.pool.msg(self.pool.take())
+        match self.data.pool() {
+            Some(pool) => pool.msg(pool.take()),
+            None => MsgBuf::from(Vec::new()),
+        }
     }
 
     /// An empty buffer from the endpoint's pool with room for `len` bytes,
@@ -71,7 +75,10 @@ impl Request {
     /// a buffer the pool keeps instead of growing a fresh one (which on
     /// a large message costs an allocation and its page faults per call).
     pub fn response_with_capacity(&self, len: usize) -> MsgBuf {
-        self.pool.msg(self.pool.take_for(len))
+        match self.data.pool() {
+            Some(pool) => pool.msg(pool.take_for(len)),
+            None => MsgBuf::from(Vec::with_capacity(len)),
+        }
     }
 }
 
@@ -92,8 +99,21 @@ pub(crate) struct Engine<T: Transport> {
 }
 
 impl<T: Transport> Engine<T> {
-    /// Sends the queued packets with one transport call.
+    /// Sends the queued packets with one transport call. Inline, the check
+    /// that there is nothing to do: a small call's client dispatcher, which
+    /// only completed the call, sends nothing.
+    #[inline]
     fn flush(&mut self) {
+        let c = &self.core;
+        if c.tx.is_empty() && c.pumps.is_empty() && c.links_wanted.is_empty() && c.acks.is_empty() {
+            return;
+        }
+        self.flush_queued();
+    }
+
+    /// [`flush`](Self::flush) with something queued.
+    #[inline(never)]
+    fn flush_queued(&mut self) {
         self.core.run_pumps();
         if !self.core.acks.is_empty() {
             self.core.send_acks();
@@ -179,17 +199,22 @@ impl<T: Transport> Engine<T> {
     fn start_handlers(engine: &RefCell<Engine<T>>) {
         loop {
             let mut e = engine.borrow_mut();
-            let Some(start) = e.core.starts.pop_front() else {
+            let Some(super::core::Start {
+                id,
+                req_type,
+                runner,
+            }) = e.core.starts.pop_front()
+            else {
                 // Sent with the borrow this check took.
                 e.flush();
                 return;
             };
+            let Some(request) = e.core.take_request(id) else {
+                // Its session closed meanwhile: the task's slot is free.
+                e.core.runner_free(req_type, runner);
+                continue;
+            };
             drop(e);
-            let super::core::Start {
-                job: Job { id, request },
-                req_type,
-                runner,
-            } = start;
             let outcome = runner.1.start(request, &mut Context::from_waker(&runner.0));
             engine
                 .borrow_mut()
@@ -490,7 +515,7 @@ impl<T: Transport> Rpc<T> {
                 {
                     let (id, outcome) = match work {
                         Work::Resume(id) => (id, poll_fn(|cx| runner.resume(cx)).await),
-                        Work::Start(Job { id, request }) => {
+                        Work::Start(id, request) => {
                             let mut request = Some(request);
                             let outcome = poll_fn(|cx| match request.take() {
                                 Some(request) => runner.start(request, cx),

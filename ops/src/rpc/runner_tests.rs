@@ -207,3 +207,79 @@ fn a_handler_holding_its_endpoint_does_not_keep_it_alive() {
         "the endpoint is freed with its runtime's tasks"
     );
 }
+
+/// A request queued while every handler task is busy stays in its
+/// session's slot until a task takes it: if its session closes first, no
+/// handler runs for it (its response could go nowhere), its memory goes
+/// back with the session, and the task serves the next request.
+#[test]
+fn a_queued_request_of_a_closed_session_runs_no_handler() {
+    const GATED: u8 = 4;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(43, 4096);
+        let srv = Rpc::new(
+            net.endpoint(),
+            RpcConfig {
+                handler_tasks: 1,
+                ..config()
+            },
+        );
+        let runs = Rc::new(Cell::new(0u32));
+        let open = Rc::new(Cell::new(false));
+        let (counted, gate) = (runs.clone(), open.clone());
+        srv.register(GATED, move |req: Request| {
+            counted.set(counted.get() + 1);
+            let gate = gate.clone();
+            async move {
+                while !gate.get() {
+                    verbio_runtime::sleep(Duration::from_millis(1)).await;
+                }
+                MsgBuf::from(answer(req.data()))
+            }
+        })
+        .unwrap();
+        let cli = Rpc::new(net.endpoint(), config());
+        let a = cli.connect(&srv.local_addr()).await.unwrap();
+        let b = cli.connect(&srv.local_addr()).await.unwrap();
+        let (req_a, req_b) = (request(1, 0, 32), request(1, 1, 32));
+        let control = async {
+            // A's request holds the only task; B's is dispatched behind it.
+            while srv.stats().handler_runs < 2 {
+                verbio_runtime::sleep(Duration::from_millis(1)).await;
+            }
+            cli.disconnect(b);
+            while srv.memory().server_sessions > 1 {
+                verbio_runtime::sleep(Duration::from_millis(1)).await;
+            }
+            open.set(true);
+        };
+        let (got_a, got_b, ()) = verbio_runtime::timeout(
+            BOUND,
+            futures::future::join3(
+                cli.call(a, GATED, &req_a),
+                cli.call(b, GATED, &req_b),
+                control,
+            ),
+        )
+        .await
+        .expect("the session closes and the first call completes");
+        assert_eq!(&got_a.unwrap()[..], &answer(&req_a)[..]);
+        assert!(
+            matches!(got_b, Err(RpcError::SessionClosed { .. })),
+            "{got_b:?}"
+        );
+        assert_eq!(
+            runs.get(),
+            1,
+            "no handler ran for the closed session's request"
+        );
+        let again = verbio_runtime::timeout(BOUND, cli.call(a, GATED, &req_b))
+            .await
+            .expect("the task serves the next request");
+        assert_eq!(&again.unwrap()[..], &answer(&req_b)[..]);
+        assert_eq!(runs.get(), 2);
+        assert_eq!(srv.memory().request_bytes, 0);
+        assert_eq!(srv.stats().handler_panics, 0);
+    });
+}

@@ -9,7 +9,7 @@ use tracing::{error, trace, warn};
 
 use super::budget::{Budget, Charge};
 use super::buf::MsgBuf;
-use super::core::{open_session, Core, Job, RpcStats, Start, StartRunner};
+use super::core::{open_session, Core, RpcStats, Start, StartRunner};
 use super::endpoint::Request;
 use super::error::SessionId;
 use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN, MAX_RANGE};
@@ -23,7 +23,7 @@ pub(crate) enum Work {
     /// Polls the future the dispatcher left waiting in its slot.
     Resume(JobId),
     /// Starts a request that was queued while every task was busy.
-    Start(Job),
+    Start(JobId, Request),
 }
 
 /// Sends a credit return for request packet `idx` of `slot`.
@@ -374,49 +374,62 @@ impl<P: Clone> Core<P> {
         };
         slot.state = ServeState::Handling;
         self.stats.handler_runs += 1;
-        let data = std::mem::take(&mut slot.req);
-        let charge = std::mem::take(&mut slot.charge);
-        let req_num = slot.req_num;
-        let request = Request {
-            req_type: slot.req_type,
-            session: SessionId(sid),
-            data: self.pool.msg(data),
-            pool: self.pool.clone(),
-            _charge: charge,
+        let id = JobId {
+            session: sid,
+            slot: i,
+            req_num: slot.req_num,
         };
+        let req_type = slot.req_type;
         if let Some(handler) = queue.inline.clone() {
+            let request = Request {
+                req_type,
+                session: SessionId(sid),
+                data: self.pool.msg(std::mem::take(&mut slot.req)),
+                _charge: std::mem::take(&mut slot.charge),
+            };
             // Run here: no task, no queue; a panic fails this call only.
             match catch_unwind(AssertUnwindSafe(|| handler(request))) {
-                Ok(resp) => self.respond(sid, i, req_num, resp),
-                Err(_) => self.handler_panicked(sid, i, req_num),
+                Ok(resp) => self.respond(sid, i, id.req_num, resp),
+                Err(_) => self.handler_panicked(sid, i, id.req_num),
             }
             return;
         }
-        let job = Job {
-            id: JobId {
-                session: sid,
-                slot: i,
-                req_num,
-            },
-            request,
-        };
-        // A task that ended (its runtime shutting down) is skipped.
+        // The request stays in its slot until a task takes it
+        // (`take_request`). A task that ended (its runtime shutting down)
+        // is skipped.
         let idle =
             std::iter::from_fn(|| queue.idle.pop()).find_map(|(w, r)| Some((w, r.upgrade()?)));
         match idle {
             // Started in that task's slot once the dispatcher holds no
             // borrow of the engine (`Engine::start_handlers`).
             Some(runner) => self.starts.push_back(Start {
-                job,
-                req_type: slot.req_type,
+                id,
+                req_type,
                 runner,
             }),
             // Every task is busy: the next one to finish takes it.
             None => {
                 self.jobs_open += 1;
-                queue.jobs.push_back(job);
+                queue.jobs.push_back(id);
             }
         }
+    }
+
+    /// The request `id` dispatched to a handler task, taken out of its
+    /// slot for the handler: `None` if it is not there any more (its
+    /// session closed meanwhile: no handler runs for it).
+    pub(crate) fn take_request(&mut self, id: JobId) -> Option<Request> {
+        let s = self.sessions.get_mut(id.session)?;
+        let slot = &mut s.server[id.slot];
+        if slot.req_num != id.req_num || slot.state != ServeState::Handling {
+            return None;
+        }
+        Some(Request {
+            req_type: slot.req_type,
+            session: SessionId(id.session),
+            data: self.pool.msg(std::mem::take(&mut slot.req)),
+            _charge: std::mem::take(&mut slot.charge),
+        })
     }
 
     /// A handler task waits for work: a future the dispatcher started in
@@ -432,12 +445,22 @@ impl<P: Clone> Core<P> {
         if let Some(id) = runner.waiting().take() {
             return Poll::Ready(Some(Work::Resume(id)));
         }
+        loop {
+            let Some(queue) = self.handlers[usize::from(req_type)].as_mut() else {
+                return Poll::Ready(None);
+            };
+            let Some(id) = queue.jobs.pop_front() else {
+                break;
+            };
+            match self.take_request(id) {
+                Some(request) => return Poll::Ready(Some(Work::Start(id, request))),
+                // Its session closed while it waited: no longer open.
+                None => self.jobs_open = self.jobs_open.saturating_sub(1),
+            }
+        }
         let Some(queue) = self.handlers[usize::from(req_type)].as_mut() else {
             return Poll::Ready(None);
         };
-        if let Some(job) = queue.jobs.pop_front() {
-            return Poll::Ready(Some(Work::Start(job)));
-        }
         if !queue.idle.iter().any(|(w, _)| w.will_wake(cx.waker())) {
             queue.idle.push((cx.waker().clone(), Rc::downgrade(runner)));
         }
@@ -465,14 +488,20 @@ impl<P: Clone> Core<P> {
                 return;
             }
         }
+        self.runner_free(req_type, runner);
+    }
+
+    /// An idle handler task's slot is free again: it takes the next
+    /// request queued for its type (started likewise), or goes idle.
+    pub(crate) fn runner_free(&mut self, req_type: u8, runner: StartRunner) {
         let Some(queue) = self.handlers[usize::from(req_type)].as_mut() else {
             return;
         };
         match queue.jobs.pop_front() {
-            Some(job) => {
+            Some(id) => {
                 self.jobs_open -= 1;
                 self.starts.push_back(Start {
-                    job,
+                    id,
                     req_type,
                     runner,
                 });

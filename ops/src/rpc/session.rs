@@ -409,6 +409,9 @@ pub(crate) struct Session<P> {
     /// Client: bit `i` is set while slot `i`'s call is
     /// [`CallState::Active`] (so a pump visits only those).
     pub(crate) active: u8,
+    /// Client: a call of it waited for credits at the last pump (only
+    /// then do credits that come back need a pump; `client.rs`).
+    pub(crate) starved: bool,
     /// Server: the key of the connect that made it.
     pub(crate) connect_key: Option<super::core::ConnectKey>,
     /// Client: what its connect packets carry as their request number,
@@ -449,6 +452,7 @@ impl<P> Session<P> {
             connect_waker: None,
             pump_from: 0,
             active: 0,
+            starved: false,
             connect_key: None,
             connect_id: 0,
             idle_sweeps: 0,
