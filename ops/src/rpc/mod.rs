@@ -139,6 +139,8 @@ mod bulk_tests;
 #[cfg(test)]
 mod bulk_write_tests;
 #[cfg(test)]
+mod credit_tests;
+#[cfg(test)]
 mod flush_tests;
 #[cfg(test)]
 mod header_tests;
