@@ -13,7 +13,7 @@ use super::header::{Header, PacketKind, Status, HEADER_LEN};
 use super::mem::{Faults, MemNetwork, MemTransport};
 use super::mem_bulk::MEM_LINK_PACKET;
 use super::tests::{answer, config, request, server, wait_for, ECHO};
-use super::{LinkPacket, Request, Rpc, SessionId};
+use super::{LinkPacket, Request, Rpc, RpcConfig, SessionId};
 
 /// Payload bytes of a datagram.
 const PAYLOAD: usize = PACKET - HEADER_LEN;
@@ -21,7 +21,16 @@ const PAYLOAD: usize = PACKET - HEADER_LEN;
 /// A client with a session to `srv` whose link is ready (its first
 /// mid-size call asked for it).
 async fn linked(net: &MemNetwork, srv: &Rpc<MemTransport>) -> (Rpc<MemTransport>, SessionId) {
-    let cli = Rpc::new(net.endpoint(), config());
+    linked_with(net, srv, config()).await
+}
+
+/// [`linked`] with the client's `config`.
+async fn linked_with(
+    net: &MemNetwork,
+    srv: &Rpc<MemTransport>,
+    config: RpcConfig,
+) -> (Rpc<MemTransport>, SessionId) {
+    let cli = Rpc::new(net.endpoint(), config);
     let s = cli.connect(&srv.local_addr()).await.unwrap();
     let req = request(0, 0, 3 * PAYLOAD);
     assert_eq!(
@@ -200,16 +209,24 @@ fn a_slow_handler_is_resent_only_the_last_packet_of_a_link_sent_request() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
         let net = MemNetwork::new(5, PACKET);
-        let (srv, runs) = server(&net, config());
+        // An rto wide enough that the server's "in progress" answer comes
+        // back before the next timeout also on a loaded host (with 5 ms a
+        // thread stalled past it made the second resend one of every
+        // packet, in one transport call).
+        let wide = RpcConfig {
+            rto: Duration::from_millis(40),
+            ..config()
+        };
+        let (srv, runs) = server(&net, wide.clone());
         srv.register(SLOW, |req: Request| async move {
-            // Past the client's timeout: at most 4 rto (20 ms) learned.
-            verbio_runtime::sleep(Duration::from_millis(60)).await;
+            // Past the client's timeout: at most 4 rto (160 ms) learned.
+            verbio_runtime::sleep(Duration::from_millis(400)).await;
             let mut resp = req.response();
             resp.extend_from_slice(&answer(req.data()));
             resp
         })
         .unwrap();
-        let (cli, s) = linked(&net, &srv).await;
+        let (cli, s) = linked_with(&net, &srv, wide).await;
         let cli_id = cli.with_transport(MemTransport::id);
         for i in 0..3 {
             let req = request(40, i, 3 * PAYLOAD + 1);
