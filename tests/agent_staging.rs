@@ -502,3 +502,146 @@ fn staged_replies_return_ring_bytes_and_keep_to_the_ring_start() {
     );
     assert!(client_reach <= BIG_RING);
 }
+
+/// A window of `send_buf`s of staged messages larger than the peer's
+/// credits (8) and than its ring holds (64 KiB: four of the largest) takes
+/// every way `send_buf`'s staged future has: posted in its first poll,
+/// waiting for a credit alone and then posted, and waiting for the ring's
+/// gate or room on the general path. Every message arrives whole and in
+/// the order the sends were started.
+#[test]
+fn a_window_of_staged_send_bufs_beyond_the_credits_and_the_ring_arrives_in_order() {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    const N: usize = 240;
+    const WINDOW: usize = 32;
+    let (addr, server) = serve_rdma(builder, 1, move |mut c| async move {
+        let r = c.remove(0);
+        // The first one, in pieces, makes this side announce its ring.
+        assert!(r.receive().await.unwrap() == pattern(10_000, 0));
+        r.send(b"ready").await.unwrap();
+        for i in 0..N {
+            let got = r.receive().await.unwrap();
+            assert!(got == pattern(size(i), i as u8), "message {i}");
+        }
+        r.send(b"done").await.unwrap();
+        let _ = r.receive().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        r.send(&pattern(10_000, 0)).await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"ready");
+        assert!(r.staged_max_len() >= STAGED_MAX, "the ring was announced");
+        let mut in_flight = FuturesUnordered::new();
+        let mut waited = 0;
+        for i in 0..N {
+            let buf = buf_from(r.pool(), &pattern(size(i), i as u8));
+            let mut send = Box::pin(r.send_buf(buf));
+            // Polled once here, in start order (as the window's first
+            // poll would): it takes its credit and place in turn.
+            if let std::task::Poll::Ready((res, _)) = futures::poll!(send.as_mut()) {
+                res.unwrap();
+                continue;
+            }
+            if r.send_credits() == 0 {
+                waited += 1;
+            }
+            in_flight.push(send);
+            while in_flight.len() >= WINDOW {
+                let (res, _buf) = timeout(WAIT, in_flight.next())
+                    .await
+                    .expect("send")
+                    .unwrap();
+                res.unwrap();
+            }
+        }
+        while let Some((res, _buf)) = timeout(WAIT, in_flight.next()).await.expect("send") {
+            res.unwrap();
+        }
+        assert!(
+            waited > 0,
+            "the window never ran out of credits: nothing was tested"
+        );
+        assert_eq!(
+            timeout(WAIT, r.receive()).await.expect("done").unwrap(),
+            b"done"
+        );
+        assert!(r.close_reason().is_none(), "{:?}", r.close_reason());
+        r.send(b"bye").await.unwrap();
+    });
+    server.join().expect("server");
+}
+
+/// A `send_buf` of a staged message dropped while it waits (for a credit,
+/// the reader holding them back with `max_unread_bytes`, or holding one,
+/// for room) gives back what it took: no credit is lost, the message never
+/// arrives, its buffer goes back to the pool, and the messages before and
+/// after it arrive in order.
+#[test]
+fn a_staged_send_buf_cancelled_while_it_waits_sends_nothing() {
+    const LIMIT: u64 = 16 * 1024;
+    let (addr, server) = serve_rdma(
+        || builder().max_unread_bytes(LIMIT),
+        1,
+        move |mut c| async move {
+            let r = c.remove(0);
+            assert!(r.receive().await.unwrap() == pattern(10_000, 0));
+            r.send(b"ready").await.unwrap();
+            // Reads nothing while the client runs out and cuts its send.
+            sleep(Duration::from_millis(400)).await;
+            let mut got = Vec::new();
+            loop {
+                let m = r.receive().await.unwrap();
+                if m == b"bye" {
+                    break;
+                }
+                got.push(m);
+            }
+            got
+        },
+    );
+    let (rt, dev) = runtime_and_device();
+    let sent = block(&rt, async {
+        let r = dial_rdma(builder(), &dev, addr).await;
+        r.send(&pattern(10_000, 0)).await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"ready");
+        assert!(r.staged_max_len() >= 8000, "the ring was announced");
+        let mut sent = Vec::new();
+        for i in 1..200u8 {
+            let in_use = r.pool().stats().blocks_in_use;
+            let mut send = Box::pin(r.send_buf(buf_from(r.pool(), &pattern(8000, i))));
+            let mut done = false;
+            for _ in 0..20 {
+                if let std::task::Poll::Ready((res, _buf)) = futures::poll!(send.as_mut()) {
+                    res.unwrap();
+                    done = true;
+                    break;
+                }
+                sleep(Duration::from_millis(2)).await;
+            }
+            if done {
+                sent.push(pattern(8000, i));
+                continue;
+            }
+            // Stuck, never posted: dropped now, it gives back what it took.
+            let credits = r.send_credits();
+            drop(send);
+            assert!(r.send_credits() >= credits, "a credit lost");
+            assert_eq!(
+                r.pool().stats().blocks_in_use,
+                in_use,
+                "the cancelled send's buffer did not go back to the pool"
+            );
+            let after = pattern(9000, i);
+            let (res, _) = r.send_buf(buf_from(r.pool(), &after)).await;
+            res.unwrap();
+            sent.push(after);
+            r.send(b"bye").await.unwrap();
+            return sent;
+        }
+        panic!("the reader's backlog never stopped the sender");
+    });
+    let got = server.join().expect("server");
+    assert_eq!(got.len(), sent.len(), "the cut message was delivered");
+    assert!(got == sent, "every finished message, in order");
+}
