@@ -5,6 +5,8 @@
 mod common;
 
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use asynchronous_codec::{Bytes, Framed, LengthCodec};
@@ -101,12 +103,24 @@ fn close_is_an_orderly_end_and_a_vanished_peer_is_a_reset() {
 fn a_writer_waits_for_a_reader_that_does_not_read() {
     const LIMIT: u64 = 128 << 10;
     const TOTAL: usize = 4 << 20;
+    let looked = Arc::new(AtomicBool::new(false));
+    let looked_srv = looked.clone();
     let (addr, server) = serve_rdma(
         || RdmaBuilder::new().max_unread_bytes(LIMIT),
         1,
-        |mut c| async move {
+        move |mut c| async move {
             let r = Rc::new(c.remove(0));
-            sleep(Duration::from_millis(800)).await;
+            // Reads nothing until the writer has looked (a fixed sleep
+            // here raced the writer's start on a loaded host: the reader
+            // began before the writer's 400 ms were up).
+            let deadline = std::time::Instant::now() + WAIT;
+            while !looked_srv.load(Ordering::Acquire) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the writer never looked"
+                );
+                sleep(Duration::from_millis(10)).await;
+            }
             let unread = r.unread_bytes();
             let mut s = RdmaStream::new(r);
             let mut got = Vec::new();
@@ -128,7 +142,10 @@ fn a_writer_waits_for_a_reader_that_does_not_read() {
             Either::Left(_) => true,
             Either::Right(_) => false,
         };
-        write.await;
+        looked.store(true, Ordering::Release);
+        if !early {
+            write.await;
+        }
         early
     });
     assert!(!done_early, "4 MiB went out to a reader that reads nothing");
