@@ -485,7 +485,8 @@ mod tests {
     }
 
     /// The layers above the provider test its flags, not its name: the
-    /// software device says it is one and batches posts, and a QP made on it
+    /// software device says it is one and batches posts, its completion
+    /// channels say their fd is no edge-triggered source, and a QP made on it
     /// batches its single-WR posts from the start.
     #[test]
     fn the_software_device_says_what_it_does_differently() {
@@ -493,6 +494,9 @@ mod tests {
         let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
         let caps = ctx.provider_caps();
         assert!(caps.software && caps.batches_posts, "{caps:?}");
+        assert!(!caps.edge_triggered_channel, "{caps:?}");
+        let ch = ctx.create_comp_channel().expect("channel");
+        assert_eq!(ch.provider_caps(), caps);
         let dev = Device::open(ctx).expect("device");
         let qp = dev.create_qp(QpCaps::default()).expect("qp");
         assert!(qp.doorbell_batching(), "a soft QP batches by default");

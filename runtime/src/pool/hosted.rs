@@ -16,6 +16,17 @@
 //! Answers wake their askers directly (a local schedule on that worker;
 //! no relay, no batching).
 //!
+//! A request from a worker of the same tokio runtime does not schedule
+//! the task at all when it can help it: the request's wake of the idle
+//! runtime is caught ([`inline_scope`]) and the asking task turns the
+//! runtime itself, right after queuing the request, as if it polled the
+//! task (see [`HostShared::turn_inline`]). The runtime is behind a lock
+//! that the task and such turns take (never waiting: whoever finds it
+//! taken leaves the turn to the holder), so no second worker is woken to
+//! run the task (tokio unparks one whenever the task goes to its run
+//! queue instead of its LIFO slot) and the request costs no trip through
+//! tokio's scheduler.
+//!
 //! What a runtime thread guarantees holds here too: requests own their
 //! data inside the runtime until their operation completes; a panic of a
 //! job's `make` marks the runtime ended ([`PoolError::ThreadGone`]) and it
@@ -24,14 +35,18 @@
 //!
 //! [`PoolError::ThreadGone`]: super::PoolError::ThreadGone
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
+
+use futures::task::AtomicWaker;
+use smallvec::SmallVec;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -44,6 +59,10 @@ use crate::reactor::Runtime;
 
 /// Busy turns per poll before the task yields to tokio's other tasks.
 const TURNS_PER_POLL: u32 = 16;
+
+/// Busy turns an asking task makes inline before it leaves the rest to
+/// the runtime's task.
+const INLINE_TURNS: u32 = 4;
 
 /// A runtime's epoll fd, watched by tokio's reactor. The runtime it
 /// belongs to outlives it (dropped after it, see [`HostedRuntime`]).
@@ -65,6 +84,12 @@ struct Owned {
     /// The job loop ended (the pool shuts down, or a job's `make`
     /// panicked): the grace period runs.
     jobs_done: Rc<Cell<bool>>,
+    /// The deadline the task's tokio timer waits for: a turn inline that
+    /// leaves an earlier one wakes the task to wait for that instead.
+    timer_at: Cell<Option<Instant>>,
+    /// The waker the runtime's cross-thread wakes go to while it is idle
+    /// ([`HostShared`]'s, registered before every turn).
+    outside: Waker,
     rt: Runtime,
 }
 
@@ -72,23 +97,297 @@ struct Owned {
 struct SendOwned(Owned);
 
 // SAFETY: the wrapped values (`Rc`s, `Cell`s, the runtime and every task,
-// op and object living in it) are reached only through `HostedRuntime`'s
-// `poll` and `drop`, which tokio never runs concurrently and orders
-// (happens-before) when the task moves between workers; during each, the
-// thread-local state naming the runtime is installed (`enter`) and put
-// back before it returns, so nothing on the worker keeps a pointer to it
-// afterwards. What leaves the runtime (wakers, completion slots, mailbox
-// senders, job outputs) is `Send` on its own.
+// op and object living in it) are reached only by the holder of
+// `HostShared`'s lock (`HostedRuntime`'s `poll` and `drop`, a turn inline
+// by an asking worker), one thread at a time, each holder ordered after
+// the previous one by the lock's `Release`/`Acquire`; while it holds it,
+// the thread-local state naming the runtime is installed (`enter`) and
+// put back before it lets go, so nothing on the thread keeps a pointer to
+// it afterwards. What leaves the runtime (wakers, completion slots,
+// mailbox senders, job outputs) is `Send` on its own.
 unsafe impl Send for SendOwned {}
+
+/// What the runtime's task and the asking tasks that turn it inline
+/// share: the runtime behind a lock that nobody waits for.
+pub(super) struct HostShared {
+    /// The lock on `owned`: taken with a swap, never waited for.
+    busy: AtomicBool,
+    /// The task was polled while an inline turn held the lock: the
+    /// holder wakes it when it lets go.
+    wanted: AtomicBool,
+    /// The task was dropped while an inline turn held the lock: the
+    /// holder tears the runtime down when it lets go.
+    abandoned: AtomicBool,
+    /// A turn inline panicked: the task ends the runtime at its next poll.
+    poisoned: AtomicBool,
+    /// The runtime's task (its waker of its latest poll).
+    task: AtomicWaker,
+    /// The tokio runtime the task runs on: only its workers turn inline.
+    host: tokio::runtime::Id,
+    /// `None` once torn down.
+    owned: UnsafeCell<Option<SendOwned>>,
+}
+
+// SAFETY: `owned` (the `!Sync` part) is reached only by the holder of the
+// `busy` lock (taken with an `Acquire` swap, given back with a `Release`
+// store), so never from two threads at once, and each holder sees the
+// previous holder's writes; the rest are atomics.
+unsafe impl Sync for HostShared {}
+
+thread_local! {
+    /// The hosted runtimes woken on this thread inside an
+    /// [`inline_scope`], to turn when it ends (`None`: no scope open).
+    static CAUGHT: RefCell<Option<SmallVec<[Arc<HostShared>; 2]>>> =
+        const { RefCell::new(None) };
+    /// A hosted runtime turns on this thread (its task or inline): wakes
+    /// made here are not caught (no nested turn of another runtime).
+    static TURNING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (the queuing of a request into a pool runtime's mailbox),
+/// then turns inline each hosted runtime that `f` woke from idle, if this
+/// thread is a worker of that runtime's tokio runtime and nothing else
+/// turns it at the moment (otherwise its task is woken as usual). Call it
+/// with no lock held: the turn runs the runtime's tasks.
+pub(super) fn inline_scope<R>(f: impl FnOnce() -> R) -> R {
+    let opened = CAUGHT
+        .try_with(|c| {
+            let mut c = c.borrow_mut();
+            if c.is_some() || TURNING.try_with(Cell::get).unwrap_or(true) {
+                return false;
+            }
+            *c = Some(SmallVec::new());
+            true
+        })
+        .unwrap_or(false);
+    if !opened {
+        return f();
+    }
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            let caught = CAUGHT
+                .try_with(|c| c.borrow_mut().take())
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            for host in caught {
+                if std::thread::panicking() {
+                    host.task.wake();
+                } else {
+                    host.turn_inline();
+                }
+            }
+        }
+    }
+    let _close = Close;
+    f()
+}
+
+/// Marks this thread as turning a hosted runtime until dropped.
+struct Turning(bool);
+
+impl Turning {
+    fn enter() -> Turning {
+        Turning(TURNING.try_with(|t| t.replace(true)).unwrap_or(true))
+    }
+}
+
+impl Drop for Turning {
+    fn drop(&mut self) {
+        let _ = TURNING.try_with(|t| t.set(self.0));
+    }
+}
+
+/// The lock on [`HostShared::owned`], let go when dropped.
+struct Locked<'a>(&'a HostShared);
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let host = self.0;
+        host.busy.store(false, Ordering::SeqCst);
+        if host.abandoned.load(Ordering::SeqCst) {
+            // The task is gone: whoever takes the lock now tears down.
+            if !host.busy.swap(true, Ordering::Acquire) {
+                // SAFETY: the lock is held; nothing borrows `owned`.
+                unsafe { host.teardown() };
+                host.busy.store(false, Ordering::Release);
+            }
+            return;
+        }
+        if host.wanted.swap(false, Ordering::SeqCst) {
+            host.task.wake();
+        }
+    }
+}
+
+impl Locked<'_> {
+    /// The runtime, `None` once torn down.
+    fn owned(&self) -> Option<&Owned> {
+        // SAFETY: the lock is held (see `HostShared`'s `Sync`); the
+        // reference does not outlive `self`, and only `finish` (which
+        // takes `&self` too, and is called with no such reference live)
+        // writes.
+        unsafe { (*self.0.owned.get()).as_ref().map(|SendOwned(o)| o) }
+    }
+
+    /// Drops the runtime with its state installed (its teardown waits for
+    /// its work requests, as a runtime thread's does). The fd registered
+    /// with tokio must be deregistered first.
+    fn finish(&self) {
+        // SAFETY: the lock is held and no reference from `owned` is used
+        // again (callers return right after).
+        unsafe { self.0.teardown() };
+    }
+}
+
+impl HostShared {
+    /// [`Locked::finish`].
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the lock (`busy`) and uses no reference into
+    /// `owned` afterwards.
+    unsafe fn teardown(&self) {
+        // SAFETY: per this function's contract.
+        let taken = unsafe { (*self.owned.get()).take() };
+        if let Some(SendOwned(o)) = taken {
+            let _turning = Turning::enter();
+            let entered = enter(Some(o.rt.handle()));
+            let Owned {
+                mark,
+                cx,
+                jobs_done,
+                timer_at: _,
+                outside,
+                rt,
+            } = o;
+            let tasks = rt.task_count();
+            if tasks > 0 {
+                tracing::debug!(
+                    index = cx.index(),
+                    tasks,
+                    "hosted pool runtime: tasks still running after the grace period are dropped"
+                );
+            }
+            drop(mark);
+            drop(jobs_done);
+            drop(cx);
+            drop(rt);
+            drop(entered);
+            // Last: it may hold the last reference to `HostShared`.
+            drop(outside);
+        }
+    }
+}
+
+impl HostShared {
+    fn try_lock(&self) -> Option<Locked<'_>> {
+        // `then`, not `then_some`: a `Locked` made and dropped on failure
+        // would let go of the holder's lock.
+        (!self.busy.swap(true, Ordering::Acquire)).then(|| Locked(self))
+    }
+
+    /// Turns the runtime on the calling worker (see the module docs): up
+    /// to [`INLINE_TURNS`] turns while work is ready. Waiting (on its fd,
+    /// its timers) stays the task's business: it is woken when work is
+    /// left, when a timer is due earlier than it waits for, or when the
+    /// pool shuts down.
+    fn turn_inline(&self) {
+        let Some(locked) = self.try_lock() else {
+            // The task or another worker turns it; the one turning now
+            // finds the request (the runtime was not idle) or the task,
+            // woken, does.
+            self.task.wake();
+            return;
+        };
+        let Some(o) = locked.owned() else { return };
+        if self.poisoned.load(Ordering::Relaxed) {
+            self.task.wake();
+            return;
+        }
+        let turned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _turning = Turning::enter();
+            o.rt.handle().wake_outside(&o.outside);
+            let _entered = enter(Some(o.rt.handle()));
+            super::reply_wakes::direct(|| {
+                // Not told of readiness: with edge-triggered channels the
+                // events behind the fd are the task's (tokio tells it).
+                let mut turn = o.rt.turn_told(false);
+                for _ in 1..INLINE_TURNS {
+                    if !turn.ready {
+                        break;
+                    }
+                    turn = o.rt.turn_told(false);
+                }
+                let ready = turn.ready;
+                let due = turn.next_timer;
+                let earlier = match (due, o.timer_at.get()) {
+                    (Some(d), Some(w)) => d < w,
+                    (Some(_), None) => true,
+                    (None, _) => false,
+                };
+                ready || earlier || o.jobs_done.get()
+            })
+        }));
+        let wake = match turned {
+            Ok(wake) => wake,
+            Err(_) => {
+                tracing::error!("hosted pool runtime: a turn inline panicked; the runtime ends");
+                self.poisoned.store(true, Ordering::SeqCst);
+                true
+            }
+        };
+        drop(locked);
+        if wake {
+            self.task.wake();
+        }
+    }
+}
+
+impl Wake for HostShared {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    /// A cross-thread wake of the idle runtime: caught by an open
+    /// [`inline_scope`] on a worker of the host runtime, else the task's.
+    fn wake_by_ref(self: &Arc<Self>) {
+        let wake_task = CAUGHT
+            .try_with(|c| {
+                let mut c = c.borrow_mut();
+                let Some(list) = c.as_mut() else { return true };
+                if list.iter().any(|h| Arc::ptr_eq(h, self)) {
+                    return false;
+                }
+                if !on_worker_of(self.host) {
+                    return true;
+                }
+                list.push(self.clone());
+                false
+            })
+            .unwrap_or(true);
+        if wake_task {
+            self.task.wake();
+        }
+    }
+}
+
+/// This thread is a worker of the tokio runtime `id`.
+fn on_worker_of(id: tokio::runtime::Id) -> bool {
+    tokio::runtime::worker_index().is_some()
+        && tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == id)
+}
 
 /// The tokio task's future: turns the runtime until the pool shuts down
 /// and its tasks end (or the grace period passes).
 pub(super) struct HostedRuntime {
     /// Deregistered before the runtime (and its fd) goes.
     fd: Option<AsyncFd<EpollFd>>,
-    owned: Option<SendOwned>,
+    host: Arc<HostShared>,
     timer: Pin<Box<tokio::time::Sleep>>,
-    timer_at: Option<Instant>,
+    /// The deadline `timer` was last reset to.
+    sleep_at: Option<Instant>,
     grace: Duration,
     grace_end: Option<Instant>,
 }
@@ -148,55 +447,46 @@ impl HostedRuntime {
         let fd = unsafe {
             AsyncFd::register_with_interest(EpollFd(rt.as_raw_fd()), Interest::READABLE)
         }?;
+        let host = Arc::new(HostShared {
+            busy: AtomicBool::new(false),
+            wanted: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
+            task: AtomicWaker::new(),
+            host: tokio::runtime::Handle::current().id(),
+            owned: UnsafeCell::new(None),
+        });
+        // The runtime's wakes hold the shared part: a cycle, broken when
+        // the runtime is torn down (`Locked::finish`).
+        let owned = SendOwned(Owned {
+            mark,
+            cx,
+            jobs_done,
+            timer_at: Cell::new(None),
+            outside: Waker::from(host.clone()),
+            rt,
+        });
+        // SAFETY: nothing else has reached `host` yet (its only other
+        // reference is the waker, not yet registered anywhere).
+        unsafe { *host.owned.get() = Some(owned) };
         Ok(HostedRuntime {
             fd: Some(fd),
-            owned: Some(SendOwned(Owned {
-                mark,
-                cx,
-                jobs_done,
-                rt,
-            })),
+            host,
             timer: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
-            timer_at: None,
+            sleep_at: None,
             grace,
             grace_end: None,
         })
     }
 
-    /// Drops the runtime with its state installed (its teardown waits for
-    /// its work requests, as a runtime thread's does).
-    fn finish(&mut self) {
-        self.fd = None;
-        if let Some(SendOwned(o)) = self.owned.take() {
-            let entered = enter(Some(o.rt.handle()));
-            let Owned {
-                mark,
-                cx,
-                jobs_done,
-                rt,
-            } = o;
-            let tasks = rt.task_count();
-            if tasks > 0 {
-                tracing::debug!(
-                    index = cx.index(),
-                    tasks,
-                    "hosted pool runtime: tasks still running after the grace period are dropped"
-                );
-            }
-            drop(mark);
-            drop(jobs_done);
-            drop(cx);
-            drop(rt);
-            drop(entered);
-        }
-    }
-
     /// Waits for the timer at `at` (`None`: none); true if it is due.
-    fn timer_due(&mut self, at: Option<Instant>, cx: &mut Context<'_>) -> bool {
+    /// Records what it waits for in `o` (see [`Owned::timer_at`]).
+    fn timer_due(&mut self, o: &Owned, at: Option<Instant>, cx: &mut Context<'_>) -> bool {
+        o.timer_at.set(at);
         let Some(at) = at else { return false };
-        if self.timer_at != Some(at) {
+        if self.sleep_at != Some(at) {
             self.timer.as_mut().reset(at.into());
-            self.timer_at = Some(at);
+            self.sleep_at = Some(at);
         }
         self.timer.as_mut().poll(cx).is_ready()
     }
@@ -216,8 +506,30 @@ impl Future for HostedRuntime {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
+        let host = this.host.clone();
+        host.task.register(cx.waker());
+        let locked = match host.try_lock() {
+            Some(l) => l,
+            None => {
+                // A worker turns it inline: it wakes this task when done
+                // (asked for before the second look, so the ask is seen).
+                host.wanted.store(true, Ordering::SeqCst);
+                match host.try_lock() {
+                    Some(l) => {
+                        host.wanted.store(false, Ordering::SeqCst);
+                        l
+                    }
+                    None => return Poll::Pending,
+                }
+            }
+        };
+        if host.poisoned.load(Ordering::SeqCst) {
+            this.fd = None;
+            locked.finish();
+            return Poll::Ready(());
+        }
         for _ in 0..TURNS_PER_POLL {
-            let Some(SendOwned(o)) = this.owned.as_ref() else {
+            let Some(o) = locked.owned() else {
                 return Poll::Ready(());
             };
             let Some(fd) = this.fd.as_ref() else {
@@ -227,20 +539,26 @@ impl Future for HostedRuntime {
             // the turn handles every event behind it), so that the wake
             // that brought this poll costs one turn, not a second one to
             // find the same readiness again.
-            if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(cx) {
-                ready.clear_ready();
-            }
-            o.rt.handle().wake_outside(cx.waker());
+            let readable = match fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut ready)) => {
+                    ready.clear_ready();
+                    true
+                }
+                _ => false,
+            };
+            o.rt.handle().wake_outside(&o.outside);
             let (turn, tasks) = {
+                let _turning = Turning::enter();
                 let _entered = enter(Some(o.rt.handle()));
-                super::reply_wakes::direct(|| (o.rt.turn(), o.rt.task_count()))
+                super::reply_wakes::direct(|| (o.rt.turn_told(readable), o.rt.task_count()))
             };
             if o.jobs_done.get() {
                 let end = *this
                     .grace_end
                     .get_or_insert_with(|| Instant::now() + this.grace);
                 if tasks == 0 || Instant::now() >= end {
-                    this.finish();
+                    this.fd = None;
+                    locked.finish();
                     return Poll::Ready(());
                 }
             }
@@ -256,7 +574,8 @@ impl Future for HostedRuntime {
                         error = %crate::report::ErrorChain(&e),
                         "hosted pool runtime: tokio stopped watching its fd; the runtime ends"
                     );
-                    this.finish();
+                    this.fd = None;
+                    locked.finish();
                     return Poll::Ready(());
                 }
                 Poll::Pending => {}
@@ -265,7 +584,7 @@ impl Future for HostedRuntime {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if this.timer_due(at, cx) {
+            if this.timer_due(o, at, cx) {
                 continue;
             }
             return Poll::Pending;
@@ -278,6 +597,17 @@ impl Future for HostedRuntime {
 
 impl Drop for HostedRuntime {
     fn drop(&mut self) {
-        self.finish();
+        // Deregistered while the runtime (and its fd) still lives.
+        self.fd = None;
+        self.host.abandoned.store(true, Ordering::SeqCst);
+        // Whoever holds the lock, or takes it last, tears down (see
+        // `Locked`'s drop).
+        if let Some(locked) = self.host.try_lock() {
+            locked.finish();
+        }
     }
 }
+
+#[cfg(test)]
+#[path = "hosted_tests.rs"]
+mod tests;

@@ -167,6 +167,12 @@ impl<M: Send> MailSender<M> {
         }
         match self.tx.try_send(m) {
             Ok(()) => {
+                // A hosted runtime woken from idle by a worker of its tokio
+                // runtime is turned here, by the sender, rather than
+                // scheduled (`hosted::inline_scope`).
+                #[cfg(feature = "tokio")]
+                super::hosted::inline_scope(|| self.shared.wake_receiver());
+                #[cfg(not(feature = "tokio"))]
                 self.shared.wake_receiver();
                 Ok(())
             }

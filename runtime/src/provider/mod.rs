@@ -81,10 +81,12 @@ fn caps_of(kind: ProviderKind) -> ProviderCaps {
         ProviderKind::Soft => ProviderCaps {
             batches_posts: true,
             software: true,
+            edge_triggered_channel: false,
         },
         ProviderKind::Ibverbs => ProviderCaps {
             batches_posts: false,
             software: false,
+            edge_triggered_channel: true,
         },
     }
 }
@@ -539,6 +541,18 @@ pub struct CompChannel {
 }
 
 impl CompChannel {
+    /// What this channel's provider does differently (see
+    /// [`ProviderCaps`]); the test-only fake has the software device's.
+    pub fn provider_caps(&self) -> ProviderCaps {
+        caps_of(match &self.imp {
+            CompChannelImp::Soft(_) => ProviderKind::Soft,
+            #[cfg(feature = "ibverbs")]
+            CompChannelImp::Ibverbs(_) => ProviderKind::Ibverbs,
+            #[cfg(any(test, feature = "test-util"))]
+            CompChannelImp::Fake(_) => ProviderKind::Soft,
+        })
+    }
+
     /// The non-blocking fd to register with a poller.
     pub fn fd(&self) -> RawFd {
         dispatch_q!(CompChannelImp, &self.imp, |c| CompletionChannel::fd(c))

@@ -43,6 +43,18 @@ pub struct ProviderCaps {
     /// A device in this process's own memory (software), not hardware
     /// behind a driver.
     pub software: bool,
+    /// The completion channel's fd raises new readiness for every CQ event
+    /// on its own (a verbs channel: the kernel makes it readable per
+    /// event), so a poller watching it edge-triggered, directly or through
+    /// nested epoll sets, never misses one and need not look for events it
+    /// was not told of. Off for the software device, whose channel fd is an
+    /// epoll set of level-triggered sockets: a socket left on that set's
+    /// ready list raises no new readiness up a chain of pollers, and only a
+    /// wait on the chain (the reactor's own `epoll_wait`) finds it. A
+    /// runtime hosted on another executor skips its nested `epoll_wait`
+    /// when that executor saw no readiness only if every channel it serves
+    /// has this flag.
+    pub edge_triggered_channel: bool,
 }
 
 /// Memory-region and queue-pair access flags (`ibv_access_flags`, same bit values).

@@ -135,6 +135,7 @@ impl Builder {
         Ok(Runtime {
             handle,
             io_countdown: Cell::new(IO_EVERY),
+            events_left: Cell::new(false),
             spins_to_io: Cell::new(SPINS_PER_IO_POLL),
             spin: SpinPacer::new(self.busy_poll),
         })
@@ -198,6 +199,11 @@ impl Turn {
 pub struct Runtime {
     handle: Handle,
     io_countdown: Cell<u32>,
+    /// Events may wait behind the epoll fd that no new readiness will tell
+    /// of: a turn was told of readiness (or, [`turn`](Self::turn), takes
+    /// events anyway) and returned busy before its `epoll_wait`, or that
+    /// wait filled its batch. The next turn that gets that far takes them.
+    events_left: Cell<bool>,
     /// Busy-poll spins left before the sockets are polled.
     spins_to_io: Cell<u32>,
     /// Which busy-poll spins read the clock.
@@ -303,7 +309,31 @@ impl Runtime {
     /// }
     /// ```
     pub fn turn(&self) -> Turn {
+        self.turn_taking(true)
+    }
+
+    /// A [`turn`](Self::turn) for a driver that watches the epoll fd
+    /// edge-triggered and knows whether it became readable since the last
+    /// turn: with `readable` false, and every completion channel an
+    /// edge-triggered source
+    /// ([`ProviderCaps::edge_triggered_channel`](crate::provider::ProviderCaps)),
+    /// the turn makes no `epoll_wait`. The events behind the fd are then
+    /// all ones its driver will be told of (and turn for); with a channel
+    /// that is no such source (the software device's) the turn takes
+    /// events as `turn` does, since there the wait is what finds them.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn turn_told(&self, readable: bool) -> Turn {
+        self.turn_taking(readable || !self.handle.inner.driver.channels_edge_safe())
+    }
+
+    fn turn_taking(&self, take_events: bool) -> Turn {
         let inner = &self.handle.inner;
+        // Kept until a turn gets as far as the `epoll_wait`: a busy turn
+        // returns before it, and the readiness it was told of is not told
+        // again.
+        if take_events {
+            self.events_left.set(true);
+        }
         // Between turns the runtime counts as asleep, so that cross-thread
         // wakes kick the epoll fd the outside driver waits on.
         inner
@@ -322,13 +352,18 @@ impl Runtime {
         }
         // A full batch of events means more may be pending in epoll: with
         // an edge-triggered outer poller they would raise no new edge.
-        let saturated = match d.poll_io(Some(Duration::ZERO)) {
-            Ok(n) => n >= d.event_capacity(),
-            Err(e) => {
-                tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed");
-                false
+        let saturated = if self.events_left.get() {
+            match d.poll_io(Some(Duration::ZERO)) {
+                Ok(n) => n >= d.event_capacity(),
+                Err(e) => {
+                    tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed");
+                    false
+                }
             }
+        } else {
+            false
         };
+        self.events_left.set(saturated);
         inner.timers.fire_due();
         if saturated {
             return self.turn_result(true);
@@ -383,8 +418,13 @@ impl Runtime {
             // clocksource is emulated; a timer fires at most `IO_EVERY`
             // busy turns late (each bounded by the task budget).
             inner.timers.fire_due();
-            if let Err(e) = inner.driver.poll_io(Some(Duration::ZERO)) {
-                tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed");
+            match inner.driver.poll_io(Some(Duration::ZERO)) {
+                // A full batch: more may wait (see `events_left`).
+                Ok(n) if n >= inner.driver.event_capacity() => self.events_left.set(true),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %crate::report::ErrorChain(&e), "epoll failed")
+                }
             }
         } else {
             self.io_countdown.set(c - 1);

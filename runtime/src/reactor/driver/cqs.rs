@@ -19,6 +19,9 @@ pub(super) struct CqEntry {
     unacked: u32,
     /// The CQ overflowed; it is no longer polled.
     broken: bool,
+    /// Its channel is an edge-triggered source
+    /// ([`ProviderCaps::edge_triggered_channel`](crate::provider::ProviderCaps)).
+    edge_safe: bool,
 }
 
 impl Driver {
@@ -30,6 +33,7 @@ impl Driver {
         let entry = cqs.vacant_entry();
         let key = entry.key();
         let fd = channel.fd();
+        let edge_safe = channel.provider_caps().edge_triggered_channel;
         self.registry
             .register(
                 &mut SourceFd(&fd),
@@ -46,7 +50,11 @@ impl Driver {
             armed: false,
             unacked: 0,
             broken: false,
+            edge_safe,
         });
+        if !edge_safe {
+            self.level_channels.set(self.level_channels.get() + 1);
+        }
         self.cq_bound.set(self.cq_bound.get().max(key + 1));
         Ok(key)
     }
@@ -56,6 +64,9 @@ impl Driver {
         let Some(entry) = self.cqs.borrow_mut().try_remove(key) else {
             return;
         };
+        if !entry.edge_safe {
+            self.level_channels.set(self.level_channels.get() - 1);
+        }
         // Take what is pending so the acknowledgement count is complete.
         let mut unacked = entry.unacked;
         while let Ok(Some(_)) = entry.channel.get_event() {
@@ -68,6 +79,15 @@ impl Driver {
         if let Err(e) = self.registry.deregister(&mut SourceFd(&fd)) {
             tracing::debug!(error = %crate::report::ErrorChain(&e), "deregistering a completion channel");
         }
+    }
+
+    /// Every channel registered is an edge-triggered source (see
+    /// [`ProviderCaps::edge_triggered_channel`](crate::provider::ProviderCaps)):
+    /// an outer poller's readiness then tells of every event behind the
+    /// epoll fd, and a turn it reported none for may skip `epoll_wait`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn channels_edge_safe(&self) -> bool {
+        self.level_channels.get() == 0
     }
 
     /// Arms every CQ not armed yet. Returns false if a call failed.

@@ -63,6 +63,8 @@ pub(crate) struct Driver {
     batch: RefCell<Vec<Completion>>,
     /// One past the highest CQ key ever registered.
     cq_bound: Cell<usize>,
+    /// CQs registered whose channel is no edge-triggered source.
+    level_channels: Cell<usize>,
     ack_batch: u32,
     pub(crate) reserved_handler: RefCell<Option<ReservedHandler>>,
 }
@@ -109,6 +111,7 @@ impl Driver {
             phase_waiters: RefCell::new(Vec::new()),
             batch: RefCell::new(vec![Completion::EMPTY; cq_batch.max(1)]),
             cq_bound: Cell::new(0),
+            level_channels: Cell::new(0),
             ack_batch: 16,
             reserved_handler: RefCell::new(None),
         })
