@@ -10,8 +10,13 @@ use std::process::Command;
 fn the_sweep_prints_ratios_and_an_unfit_size_as_na() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("perf-sweep-script");
-    // Ports of this run only (other sweeps may run on this host).
-    let port = 20000 + std::process::id() % 20000;
+    // Ports of this run only (other sweeps may run on this host), below
+    // the kernel's ephemeral range (32768 and up by default): a port there
+    // may be the local end of a connection of the runs themselves (the
+    // soft device's engines), and a server then cannot bind it (CI's ASan
+    // run read "Connection refused" for TCP at 64 B on port 32872). The
+    // sweep uses up to 300 ports from this one.
+    let port = 10000 + std::process::id() % 20000;
     let out = match Command::new("bash")
         .current_dir(&root)
         .env("PERF_SWEEP_PORT", port.to_string())

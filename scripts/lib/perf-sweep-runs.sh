@@ -97,6 +97,12 @@ sweep_one() {
             why=$(grep -v '^\[' "$base.err" | tail -1 | sed 's/^verbio-perf: //')
             [ -n "$why" ] || why="client exit status $rc"
         fi
+        # A server that failed (a port taken, ...) says why the client could not connect.
+        wait "$srv" 2>/dev/null || {
+            local srv_why
+            srv_why=$(grep '^verbio-perf: ' "$base.srv" | tail -1 | sed 's/^verbio-perf: //')
+            [ -n "$srv_why" ] && why="$why (server: $srv_why)"
+        }
         echo "$why" >"$base.na"
         rm -f "$base.json"
     fi
