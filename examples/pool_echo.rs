@@ -125,18 +125,6 @@ impl Run {
     }
 }
 
-/// CPU time of the whole process (every thread).
-fn process_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_PROCESS_CPUTIME_ID exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// Voluntary context switches of the whole process so far (every
 /// thread's): each is a thread going to sleep (in epoll, on a futex) to be
 /// woken again. Preemptions are left out: they count the machine's load.
@@ -471,7 +459,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 if skip {
                     continue;
                 }
-                let (cpu0, sleeps0) = (process_cpu(), process_sleeps());
+                let (cpu0, sleeps0) = (cli::process_cpu(), process_sleeps());
                 if first_local {
                     points_tx.send(p)?;
                     local = within(
@@ -480,7 +468,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                         "the local client",
                         "waiting for the result of its point",
                     )?;
-                    local.cpu = process_cpu() - cpu0;
+                    local.cpu = cli::process_cpu() - cpu0;
                     local.sleeps = process_sleeps() - sleeps0;
                 } else {
                     remote = tokio_rt.block_on(async {
@@ -494,7 +482,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                             .into()),
                         }
                     })?;
-                    remote.cpu = process_cpu() - cpu0;
+                    remote.cpu = cli::process_cpu() - cpu0;
                     remote.sleeps = process_sleeps() - sleeps0;
                 }
             }

@@ -144,32 +144,8 @@ fn wait_one(cq: &Cq) -> Completion {
 /// then sleep on the completion channel's fd (the verbs event loop).
 fn wait_one_blocking(cq: &Cq, ch: &CompChannel) -> Completion {
     let mut wc = [Completion::EMPTY; 1];
-    loop {
-        if cq.poll(&mut wc).expect("poll") == 1 {
-            assert!(wc[0].status.is_success(), "{:?}", wc[0]);
-            return wc[0];
-        }
-        cq.req_notify(false).expect("arm");
-        if cq.poll(&mut wc).expect("poll") == 1 {
-            assert!(wc[0].status.is_success(), "{:?}", wc[0]);
-            return wc[0];
-        }
-        let mut p = libc::pollfd {
-            fd: ch.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
-        assert!(n == 1, "no completion event");
-        // One event per wake, as `ibv_get_cq_event` takes (and as the
-        // reactor does): the CQ was armed once, so it raised at most one.
-        // A spurious wake finds none; poll(2) is level-triggered, so
-        // nothing left pending can be missed.
-        if ch.get_event().expect("event").is_some() {
-            cq.ack_events(1);
-        }
-    }
+    wait_some_blocking(cq, ch, &mut wc);
+    wc[0]
 }
 
 fn soft_write_bw(secs: f64) -> f64 {
@@ -247,18 +223,6 @@ fn tcp_bw(secs: f64) -> f64 {
     total as f64 / start.elapsed().as_secs_f64() / 1e6
 }
 
-/// CPU time of this process (all its threads) so far.
-fn process_cpu() -> Duration {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a live timespec the call writes.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    assert_eq!(rc, 0, "clock_gettime");
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
-
 /// Messages per second and CPU time per message of one bandwidth run.
 #[derive(Clone, Copy)]
 struct Rate {
@@ -275,8 +239,9 @@ impl Rate {
     }
 }
 
-/// Waits for completions on `cq` without spinning (as `wait_one_blocking`)
-/// and takes up to `out.len()` of them; checks that they succeeded.
+/// Waits for completions on `cq` without spinning: poll, arm the CQ, poll
+/// once more, then sleep on the completion channel's fd (the verbs event
+/// loop); takes up to `out.len()` of them and checks that they succeeded.
 fn wait_some_blocking(cq: &Cq, ch: &CompChannel, out: &mut [Completion]) -> usize {
     loop {
         let mut n = cq.poll(out).expect("poll");
@@ -298,6 +263,10 @@ fn wait_some_blocking(cq: &Cq, ch: &CompChannel, out: &mut [Completion]) -> usiz
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut p, 1, 10_000) };
         assert!(r == 1, "no completion event");
+        // One event per wake, as `ibv_get_cq_event` takes (and as the
+        // reactor does): the CQ was armed once, so it raised at most one.
+        // A spurious wake finds none; poll(2) is level-triggered, so
+        // nothing left pending can be missed.
         if ch.get_event().expect("event").is_some() {
             cq.ack_events(1);
         }
@@ -358,7 +327,7 @@ fn soft_small_bw(secs: f64) -> Rate {
         flags: SendFlags::SIGNALED,
     };
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let cpu0 = process_cpu();
+    let cpu0 = cli::process_cpu();
     let start = Instant::now();
     let (sent, received) = std::thread::scope(|sc| {
         let receiver = sc.spawn(|| {
@@ -404,7 +373,7 @@ fn soft_small_bw(secs: f64) -> Rate {
         let _ = wait_some_blocking(&a.scq, &cha, &mut wcs);
         (posted, receiver.join().expect("receiver"))
     });
-    let (wall, cpu) = (start.elapsed(), process_cpu() - cpu0);
+    let (wall, cpu) = (start.elapsed(), cli::process_cpu() - cpu0);
     assert!(received >= sent, "{received} of {sent} SENDs received");
     Rate::of(sent, wall, cpu)
 }
@@ -414,7 +383,7 @@ fn soft_small_bw(secs: f64) -> Rate {
 fn tcp_small_bw(secs: f64) -> Rate {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr");
-    let cpu0 = process_cpu();
+    let cpu0 = cli::process_cpu();
     let start = Instant::now();
     let reader = std::thread::spawn(move || {
         let (mut s, _) = l.accept().expect("accept");
@@ -441,7 +410,7 @@ fn tcp_small_bw(secs: f64) -> Rate {
     drop(s);
     let total = reader.join().expect("reader");
     assert_eq!(total, sent * MSG as u64, "bytes received");
-    Rate::of(sent, start.elapsed(), process_cpu() - cpu0)
+    Rate::of(sent, start.elapsed(), cli::process_cpu() - cpu0)
 }
 
 /// How the ping-pong threads wait for their receive completion.

@@ -32,6 +32,58 @@ fn builder() -> RdmaBuilder {
         .staging_ring(RING)
 }
 
+/// The reader of the cancel tests: it takes a first message, answers
+/// "ready", then reads nothing for 400 ms while its `max_unread_bytes`
+/// (16 KiB) holds back the sender's credits, and at last returns every
+/// message before "bye", in order.
+fn serve_a_reader_that_holds_back() -> (std::net::SocketAddr, std::thread::JoinHandle<Vec<Vec<u8>>>)
+{
+    serve_rdma(
+        || builder().max_unread_bytes(16 * 1024),
+        1,
+        move |mut c| async move {
+            let r = c.remove(0);
+            assert!(r.receive().await.unwrap() == pattern(10_000, 0));
+            r.send(b"ready").await.unwrap();
+            // Reads nothing while the client runs out and cuts its send.
+            sleep(Duration::from_millis(400)).await;
+            let mut got = Vec::new();
+            loop {
+                let m = r.receive().await.unwrap();
+                if m == b"bye" {
+                    break;
+                }
+                got.push(m);
+            }
+            got
+        },
+    )
+}
+
+/// Connects to [`serve_a_reader_that_holds_back`] and waits for its
+/// "ready".
+async fn dial_the_reader_that_holds_back(
+    dev: &verbio::runtime::Device,
+    addr: std::net::SocketAddr,
+) -> verbio::Rdma {
+    let r = dial_rdma(builder(), dev, addr).await;
+    r.send(&pattern(10_000, 0)).await.unwrap();
+    assert_eq!(r.receive().await.unwrap(), b"ready");
+    r
+}
+
+/// Polls `f` for about 40 ms (20 tries, 2 ms apart): its output, or
+/// `None` while it is still stuck.
+async fn poll_briefly<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    for _ in 0..20 {
+        if let std::task::Poll::Ready(v) = futures::poll!(&mut *f) {
+            return Some(v);
+        }
+        sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
 /// The sizes of the stream test: every size class of the ring's placement
 /// (just above a piece, odd, exactly a quarter of the ring).
 fn size(i: usize) -> usize {
@@ -151,45 +203,16 @@ fn a_reader_that_does_not_read_holds_staged_messages_in_the_ring_in_order() {
 fn a_staged_send_cancelled_before_it_is_posted_sends_nothing() {
     // The reader holds back its credits (max_unread_bytes), so the sender
     // runs out: a staged send then waits for a credit, and is dropped.
-    const LIMIT: u64 = 16 * 1024;
-    let (addr, server) = serve_rdma(
-        || builder().max_unread_bytes(LIMIT),
-        1,
-        move |mut c| async move {
-            let r = c.remove(0);
-            assert!(r.receive().await.unwrap() == pattern(10_000, 0));
-            r.send(b"ready").await.unwrap();
-            // Reads nothing while the client runs out and cuts its send.
-            sleep(Duration::from_millis(400)).await;
-            let mut got = Vec::new();
-            loop {
-                let m = r.receive().await.unwrap();
-                if m == b"bye" {
-                    break;
-                }
-                got.push(m);
-            }
-            got
-        },
-    );
+    let (addr, server) = serve_a_reader_that_holds_back();
     let (rt, dev) = runtime_and_device();
     let sent = block(&rt, async {
-        let r = dial_rdma(builder(), &dev, addr).await;
-        r.send(&pattern(10_000, 0)).await.unwrap();
-        assert_eq!(r.receive().await.unwrap(), b"ready");
+        let r = dial_the_reader_that_holds_back(&dev, addr).await;
         let mut sent = Vec::new();
         for i in 1..200u8 {
             let data = pattern(8000, i);
             let mut send = Box::pin(r.send(&data));
-            let mut done = false;
-            for _ in 0..20 {
-                if futures::poll!(send.as_mut()).is_ready() {
-                    done = true;
-                    break;
-                }
-                sleep(Duration::from_millis(2)).await;
-            }
-            if done {
+            if let Some(res) = poll_briefly(&mut send).await {
+                res.unwrap();
                 sent.push(pattern(8000, i));
                 continue;
             }
@@ -579,47 +602,17 @@ fn a_window_of_staged_send_bufs_beyond_the_credits_and_the_ring_arrives_in_order
 /// after it arrive in order.
 #[test]
 fn a_staged_send_buf_cancelled_while_it_waits_sends_nothing() {
-    const LIMIT: u64 = 16 * 1024;
-    let (addr, server) = serve_rdma(
-        || builder().max_unread_bytes(LIMIT),
-        1,
-        move |mut c| async move {
-            let r = c.remove(0);
-            assert!(r.receive().await.unwrap() == pattern(10_000, 0));
-            r.send(b"ready").await.unwrap();
-            // Reads nothing while the client runs out and cuts its send.
-            sleep(Duration::from_millis(400)).await;
-            let mut got = Vec::new();
-            loop {
-                let m = r.receive().await.unwrap();
-                if m == b"bye" {
-                    break;
-                }
-                got.push(m);
-            }
-            got
-        },
-    );
+    let (addr, server) = serve_a_reader_that_holds_back();
     let (rt, dev) = runtime_and_device();
     let sent = block(&rt, async {
-        let r = dial_rdma(builder(), &dev, addr).await;
-        r.send(&pattern(10_000, 0)).await.unwrap();
-        assert_eq!(r.receive().await.unwrap(), b"ready");
+        let r = dial_the_reader_that_holds_back(&dev, addr).await;
         assert!(r.staged_max_len() >= 8000, "the ring was announced");
         let mut sent = Vec::new();
         for i in 1..200u8 {
             let in_use = r.pool().stats().blocks_in_use;
             let mut send = Box::pin(r.send_buf(buf_from(r.pool(), &pattern(8000, i))));
-            let mut done = false;
-            for _ in 0..20 {
-                if let std::task::Poll::Ready((res, _buf)) = futures::poll!(send.as_mut()) {
-                    res.unwrap();
-                    done = true;
-                    break;
-                }
-                sleep(Duration::from_millis(2)).await;
-            }
-            if done {
+            if let Some((res, _buf)) = poll_briefly(&mut send).await {
+                res.unwrap();
                 sent.push(pattern(8000, i));
                 continue;
             }

@@ -1,6 +1,6 @@
 //! What the examples share: the device flag, the log subscriber (so that
 //! which device was opened is visible), the error report (the whole cause
-//! chain, [`fail`]) and the thread's CPU clock. Each example uses the parts
+//! chain, [`fail`]) and the CPU clocks. Each example uses the parts
 //! it needs.
 #![allow(dead_code)]
 
@@ -72,13 +72,22 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
 /// CPU time the calling thread has used (a loaded machine stretches
 /// wall-clock time, not this).
 pub fn thread_cpu() -> Duration {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID, "CLOCK_THREAD_CPUTIME_ID")
+}
+
+/// CPU time of the whole process (every thread) so far.
+pub fn process_cpu() -> Duration {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID, "CLOCK_PROCESS_CPUTIME_ID")
+}
+
+fn cpu_clock(id: libc::clockid_t, name: &str) -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    // SAFETY: valid out-pointer; both CPU-time clocks exist on Linux.
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime({name})");
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 

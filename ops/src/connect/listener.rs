@@ -339,8 +339,7 @@ impl<F: QpFactory> Listener<F> {
                     Poll::Ready(Ok((stream, peer))) => {
                         taken += 1;
                         if self.limits.would_admit(peer) {
-                            accepted += 1;
-                            self.start(stream, peer);
+                            accepted += usize::from(self.start(stream, peer));
                         } else {
                             self.park_or_refuse(stream, peer, cx);
                         }
@@ -369,11 +368,16 @@ impl<F: QpFactory> Listener<F> {
         })
     }
 
-    /// Starts the handshake of a connection `would_admit` let in.
-    fn start(&self, stream: TcpStream, peer: SocketAddr) {
+    /// Starts the handshake of a connection under the caps, or refuses it
+    /// (logged) when its source or the listener has no room; returns
+    /// whether it started.
+    fn start(&self, stream: TcpStream, peer: SocketAddr) -> bool {
         let slot = match self.limits.admit(peer) {
             Ok(slot) => slot,
-            Err(refusal) => return refuse_now(stream, &refusal),
+            Err(refusal) => {
+                refuse_now(stream, &refusal);
+                return false;
+            }
         };
         let span = setup_span("accept", peer);
         let attempt =
@@ -383,6 +387,7 @@ impl<F: QpFactory> Listener<F> {
             drop(slot);
             r
         }));
+        true
     }
 
     /// A connection from a source at its cap waits up to [`PARK_GRACE`]
@@ -390,22 +395,15 @@ impl<F: QpFactory> Listener<F> {
     /// here already, its readiness not yet seen by this thread), at most
     /// [`MAX_PARKED`] at once; else, or then, it is refused.
     fn park_or_refuse(&self, stream: TcpStream, peer: SocketAddr, cx: &mut Context<'_>) {
-        let mut parked = self.parked.borrow_mut();
-        if parked.len() >= MAX_PARKED {
-            drop(parked);
-            if let Err(refusal) = self.limits.admit(peer) {
-                refuse_now(stream, &refusal);
-            } else {
-                unreachable!("would_admit said no a moment ago");
-            }
+        if self.parked.borrow().len() >= MAX_PARKED {
+            self.start(stream, peer);
             return;
         }
-        parked.push_back(Parked {
+        self.parked.borrow_mut().push_back(Parked {
             stream,
             peer,
             until: Instant::now() + PARK_GRACE,
         });
-        drop(parked);
         self.arm_park_timer(cx);
     }
 
@@ -419,14 +417,8 @@ impl<F: QpFactory> Listener<F> {
         let mut started = 0;
         let waiting = std::mem::take(&mut *self.parked.borrow_mut());
         for p in waiting {
-            if self.limits.would_admit(p.peer) {
-                started += 1;
-                self.start(p.stream, p.peer);
-            } else if now >= p.until {
-                match self.limits.admit(p.peer) {
-                    Err(refusal) => refuse_now(p.stream, &refusal),
-                    Ok(_) => unreachable!("would_admit said no a moment ago"),
-                }
+            if now >= p.until || self.limits.would_admit(p.peer) {
+                started += usize::from(self.start(p.stream, p.peer));
             } else {
                 self.parked.borrow_mut().push_back(p);
             }

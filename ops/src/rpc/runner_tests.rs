@@ -19,6 +19,18 @@ use super::{MsgBuf, Request, Rpc, RpcConfig, RpcError, SESSION_SLOTS};
 /// Longest a call that should complete may take (the machine may be loaded).
 const BOUND: Duration = Duration::from_secs(10);
 
+/// A server endpoint on `net` with `handler_tasks` tasks for its
+/// `register`ed handlers.
+fn with_tasks(net: &MemNetwork, handler_tasks: usize) -> Rpc<super::mem::MemTransport> {
+    Rpc::new(
+        net.endpoint(),
+        RpcConfig {
+            handler_tasks,
+            ..config()
+        },
+    )
+}
+
 /// Handler futures that wait (a timer; a wake of their own, then
 /// `Pending` once; several waits) are finished by their tasks: with two
 /// tasks and eight calls at once, six requests queue behind them and
@@ -29,13 +41,7 @@ fn handlers_that_wait_are_finished_by_their_tasks() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
         let net = MemNetwork::new(41, 4096);
-        let srv = Rpc::new(
-            net.endpoint(),
-            RpcConfig {
-                handler_tasks: 2,
-                ..config()
-            },
-        );
+        let srv = with_tasks(&net, 2);
         let runs = Rc::new(Cell::new(0u32));
         let counted = runs.clone();
         srv.register(SLEEPS, move |req: Request| {
@@ -123,13 +129,7 @@ fn handler_panics_at_any_point_fail_their_call_only() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
         let net = MemNetwork::new(43, 4096);
-        let srv = Rpc::new(
-            net.endpoint(),
-            RpcConfig {
-                handler_tasks: 1,
-                ..config()
-            },
-        );
+        let srv = with_tasks(&net, 1);
         let woke: Rc<RefCell<Vec<u8>>> = Rc::default();
         let log = woke.clone();
         srv.register(PANICS, move |req: Request| {
@@ -218,13 +218,7 @@ fn a_queued_request_of_a_closed_session_runs_no_handler() {
     let rt = Runtime::new().unwrap();
     rt.block_on(async {
         let net = MemNetwork::new(43, 4096);
-        let srv = Rpc::new(
-            net.endpoint(),
-            RpcConfig {
-                handler_tasks: 1,
-                ..config()
-            },
-        );
+        let srv = with_tasks(&net, 1);
         let runs = Rc::new(Cell::new(0u32));
         let open = Rc::new(Cell::new(false));
         let (counted, gate) = (runs.clone(), open.clone());

@@ -262,14 +262,7 @@ impl HostShared {
                 outside,
                 rt,
             } = o;
-            let tasks = rt.task_count();
-            if tasks > 0 {
-                tracing::debug!(
-                    index = cx.index(),
-                    tasks,
-                    "hosted pool runtime: tasks still running after the grace period are dropped"
-                );
-            }
+            super::note_tasks_dropped("hosted pool runtime", cx.index(), &rt);
             drop(mark);
             drop(jobs_done);
             drop(cx);

@@ -230,5 +230,18 @@ impl Drop for Pool {
     }
 }
 
+/// Logs (debug) the tasks of runtime `index` (a `what`) still running
+/// after the grace period of its shutdown: they are dropped with it.
+fn note_tasks_dropped(what: &str, index: usize, rt: &crate::reactor::Runtime) {
+    let tasks = rt.task_count();
+    if tasks > 0 {
+        tracing::debug!(
+            index,
+            tasks,
+            "{what}: tasks still running after the grace period are dropped"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -327,14 +327,7 @@ pub(super) fn run(rt: Runtime, device: Option<Device>, start: Start) {
     });
     // Answers of the last passes are given now, before anything else.
     super::reply_wakes::disable();
-    let tasks = rt.task_count();
-    if tasks > 0 {
-        tracing::debug!(
-            index = cx.index(),
-            tasks,
-            "pool thread: tasks still running after the grace period are dropped"
-        );
-    }
+    super::note_tasks_dropped("pool thread", cx.index(), &rt);
     drop(mark);
     drop(cx);
     drop(rt);
