@@ -305,6 +305,35 @@ fn pending_handshakes_are_capped_per_source_and_per_listener() {
     assert!(server.listener.in_flight() <= 6);
 }
 
+/// A flood from a source at its cap: each connection over it waits at
+/// most `PARK_GRACE` (no more than `MAX_PARKED` at once; the rest are
+/// refused at once) and then gets the per-address reject, and a client
+/// from another address is served meanwhile; the listener holds no
+/// handshake for them.
+#[test]
+fn a_flood_over_a_sources_cap_is_refused_after_the_grace_and_others_are_served() {
+    const FLOOD: usize = MAX_PARKED + 16;
+    let rt = Runtime::new().unwrap();
+    let server =
+        rt.block_on(async { serve(bind(Duration::from_secs(120)).with_pending_caps(128, 1)) });
+    let addr = server.addr;
+    let (answers, _holder) = attack_then_serve(&rt, &server, move || {
+        // Holds the source's only slot for the whole test (no hello).
+        let holder = raw_from(Ipv4Addr::new(127, 0, 0, 6), addr);
+        std::thread::sleep(Duration::from_millis(200));
+        let flood: Vec<StdStream> = (0..FLOOD)
+            .map(|_| raw_from(Ipv4Addr::new(127, 0, 0, 6), addr))
+            .collect();
+        let answers: Vec<Vec<u8>> = flood.into_iter().map(answer).collect();
+        (answers, holder)
+    });
+    for a in &answers {
+        assert!(reject_text(a).contains("per address"), "{a:?}");
+    }
+    // Only the holder's handshake runs.
+    assert_eq!(server.listener.in_flight(), 1);
+}
+
 #[test]
 fn a_pending_handshake_holds_a_small_fixed_amount_of_memory() {
     let rt = Runtime::new().unwrap();
