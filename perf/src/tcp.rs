@@ -11,8 +11,12 @@
 //! into one echo buffer and sends that, as the verbs server does. (With
 //! one reused buffer instead, a large message stayed in the CPU's cache
 //! for TCP only: see docs/benchmarks.md.)
+//!
+//! Reads go through a [`BufReader`], as a TCP application's would: small
+//! messages that arrive together are taken in one `read`, and a message
+//! larger than its buffer is read straight into the ring buffer.
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -29,20 +33,41 @@ use crate::stats::BwSamples;
 /// How long a client retries connecting to a server that is not up yet.
 const CONNECT_RETRY: Duration = Duration::from_secs(10);
 
-fn send_frame(s: &mut TcpStream, f: Frame) -> Result<()> {
-    s.write_all(&f.encode()).ctx("writing a control frame")
+/// The read buffer's size: several small messages per `read`; a message
+/// this large or larger bypasses it.
+const READ_BUFFER: usize = 64 * 1024;
+
+/// One connection: reads through a buffer, writes straight to the socket.
+struct Conn {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
 }
 
-fn recv_frame(s: &mut TcpStream) -> Result<Frame> {
-    let mut b = [0u8; FRAME];
-    s.read_exact(&mut b).ctx("reading a control frame")?;
-    Frame::decode(&b).ctx("decoding a control frame")
-}
+impl Conn {
+    fn new(s: TcpStream) -> Result<Conn> {
+        s.set_nodelay(true).ctx("setting TCP_NODELAY")?;
+        let w = s.try_clone().ctx("cloning the socket for writes")?;
+        Ok(Conn {
+            r: BufReader::with_capacity(READ_BUFFER, s),
+            w,
+        })
+    }
 
-fn expect(s: &mut TcpStream, want: Frame) -> Result<()> {
-    match recv_frame(s)? {
-        f if f == want => Ok(()),
-        got => Err(msg(format!("expected {want:?} from the peer, got {got:?}"))),
+    fn send_frame(&mut self, f: Frame) -> Result<()> {
+        self.w.write_all(&f.encode()).ctx("writing a control frame")
+    }
+
+    fn recv_frame(&mut self) -> Result<Frame> {
+        let mut b = [0u8; FRAME];
+        self.r.read_exact(&mut b).ctx("reading a control frame")?;
+        Frame::decode(&b).ctx("decoding a control frame")
+    }
+
+    fn expect(&mut self, want: Frame) -> Result<()> {
+        match self.recv_frame()? {
+            f if f == want => Ok(()),
+            got => Err(msg(format!("expected {want:?} from the peer, got {got:?}"))),
+        }
     }
 }
 
@@ -55,7 +80,7 @@ fn framed(size: usize) -> Vec<u8> {
 }
 
 /// Reads one framed message into `buf`; returns its length (0: the end).
-fn read_msg(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize> {
+fn read_msg(s: &mut impl Read, buf: &mut Vec<u8>) -> Result<usize> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len).ctx("reading a message length")?;
     let len = u32::from_le_bytes(len) as usize;
@@ -82,7 +107,7 @@ impl Ring {
 
     /// Reads one framed message into the next buffer: its length (0: the
     /// end) and the buffer.
-    fn read(&mut self, s: &mut TcpStream) -> Result<(usize, &[u8])> {
+    fn read(&mut self, s: &mut impl Read) -> Result<(usize, &[u8])> {
         let i = self.next;
         self.next = (i + 1) % self.bufs.len();
         let buf = &mut self.bufs[i];
@@ -98,26 +123,22 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
     }
     let addr = session::resolve(host, cfg.port)?;
     let deadline = Instant::now() + CONNECT_RETRY;
-    let mut s = loop {
+    let mut s = Conn::new(loop {
         match TcpStream::connect(addr) {
             Ok(s) => break s,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             Err(e) => return Err(e).ctx(format!("connecting to {addr}")),
         }
-    };
-    s.set_nodelay(true).ctx("setting TCP_NODELAY")?;
-    send_frame(
-        &mut s,
-        Frame::Hello {
-            test: cfg.test,
-            api: Api::Verbs.code(),
-            connection: cfg.connection.code(),
-            qps: 1,
-            max_size: cfg.max_size() as u64,
-            mode: cfg.mode(),
-        },
-    )?;
-    expect(&mut s, Frame::Go)?;
+    })?;
+    s.send_frame(Frame::Hello {
+        test: cfg.test,
+        api: Api::Verbs.code(),
+        connection: cfg.connection.code(),
+        qps: 1,
+        max_size: cfg.max_size() as u64,
+        mode: cfg.mode(),
+    })?;
+    s.expect(Frame::Go)?;
     let info = RunInfo {
         test: cfg.test,
         api: cfg.api,
@@ -143,15 +164,12 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
     for &size in &cfg.sizes {
         progress.start(size);
         let wire = Budget::step(cfg, size).wire_iters();
-        send_frame(
-            &mut s,
-            Frame::Step {
-                size: size as u64,
-                iters: wire,
-                ms: 0,
-            },
-        )?;
-        expect(&mut s, Frame::Go)?;
+        s.send_frame(Frame::Step {
+            size: size as u64,
+            iters: wire,
+            ms: 0,
+        })?;
+        s.expect(Frame::Go)?;
         let budget = Budget::step(cfg, size);
         let measured = if cfg.test == Test::SendBw {
             // As many buffers as the verbs path keeps in flight (`bufs`).
@@ -167,12 +185,12 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             let mut n = 0u64;
             while budget.more(n) {
                 let m = &window[(n % window.len() as u64) as usize];
-                s.write_all(m).ctx(format!("send {n}"))?;
+                s.w.write_all(m).ctx(format!("send {n}"))?;
                 n += 1;
                 samples.push(clock.stamp(), n);
             }
-            s.write_all(&0u32.to_le_bytes()).ctx("sending the end")?;
-            expect(&mut s, Frame::Done)?;
+            s.w.write_all(&0u32.to_le_bytes()).ctx("sending the end")?;
+            s.expect(Frame::Done)?;
             // The last message is in when the server says so.
             samples.push(clock.stamp(), n);
             Measured::Bw {
@@ -184,21 +202,21 @@ pub fn client(cfg: &Config, host: &str) -> Result<()> {
             let ring = lat_ring.as_mut().ok_or_else(|| msg("no receive ring"))?;
             let mut lat = LatLoop::start(&budget);
             while lat.next() {
-                s.write_all(&m).ctx(format!("send {}", lat.i))?;
-                let (len, _) = ring.read(&mut s)?;
+                s.w.write_all(&m).ctx(format!("send {}", lat.i))?;
+                let (len, _) = ring.read(&mut s.r)?;
                 if len != size {
                     return Err(msg(format!("echo of {len} bytes, expected {size}")));
                 }
             }
-            s.write_all(&0u32.to_le_bytes()).ctx("sending the end")?;
-            expect(&mut s, Frame::Done)?;
+            s.w.write_all(&0u32.to_le_bytes()).ctx("sending the end")?;
+            s.expect(Frame::Done)?;
             lat.finish()
         };
         let row = measured.row(cfg.test, size, 1)?;
         progress.done(&row);
         printer.row(row);
     }
-    send_frame(&mut s, Frame::Bye)?;
+    s.send_frame(Frame::Bye)?;
     printer.finish()
 }
 
@@ -211,9 +229,9 @@ pub fn server(cfg: &Config) -> Result<()> {
         "verbio-perf: {} server listening on {local} (tcp)",
         cfg.test.name()
     );
-    let (mut s, _) = l.accept().ctx("accepting the client")?;
-    s.set_nodelay(true).ctx("setting TCP_NODELAY")?;
-    let hello = recv_frame(&mut s)?;
+    let (s, _) = l.accept().ctx("accepting the client")?;
+    let mut s = Conn::new(s)?;
+    let hello = s.recv_frame()?;
     ctl::check_hello(hello, cfg.test, Api::Verbs, cfg.connection, cfg.mode())
         .ctx("the client's hello")?;
     let max_size = match hello {
@@ -227,7 +245,7 @@ pub fn server(cfg: &Config) -> Result<()> {
             })?,
         _ => 0,
     };
-    send_frame(&mut s, Frame::Go)?;
+    s.send_frame(Frame::Go)?;
     let lat = cfg.test == Test::SendLat;
     // send_lat's ring is posted for the run, send_bw's per size (as the
     // verbs server's); the echo leaves from one buffer, which the verbs
@@ -235,7 +253,7 @@ pub fn server(cfg: &Config) -> Result<()> {
     let mut ring = lat.then(|| Ring::new(rx_depth(max_size, true), max_size));
     let mut echo = Vec::with_capacity(if lat { max_size + 4 } else { 0 });
     loop {
-        match recv_frame(&mut s)? {
+        match s.recv_frame()? {
             Frame::Step { size, .. } => {
                 if !lat {
                     let size = usize::try_from(size)
@@ -249,9 +267,9 @@ pub fn server(cfg: &Config) -> Result<()> {
                     ring = Some(Ring::new(rx_depth(size, false), size));
                 }
                 let ring = ring.as_mut().ok_or_else(|| msg("no receive ring"))?;
-                send_frame(&mut s, Frame::Go)?;
+                s.send_frame(Frame::Go)?;
                 loop {
-                    let (len, got) = ring.read(&mut s)?;
+                    let (len, got) = ring.read(&mut s.r)?;
                     if len == 0 {
                         break;
                     }
@@ -259,10 +277,10 @@ pub fn server(cfg: &Config) -> Result<()> {
                         echo.clear();
                         echo.extend_from_slice(&(len as u32).to_le_bytes());
                         echo.extend_from_slice(got);
-                        s.write_all(&echo).ctx("echoing")?;
+                        s.w.write_all(&echo).ctx("echoing")?;
                     }
                 }
-                send_frame(&mut s, Frame::Done)?;
+                s.send_frame(Frame::Done)?;
             }
             Frame::Bye => return Ok(()),
             got => return Err(msg(format!("unexpected {got:?} from the client"))),

@@ -71,3 +71,61 @@ fn the_sweep_prints_ratios_and_an_unfit_size_as_na() {
         "{text}"
     );
 }
+
+/// A client that fails before its server has printed a line (as `--api
+/// rpc` at 17 MiB may, refusing the size at once) leaves two empty greps
+/// behind: the run is n/a with the client's exit status, and the sweep
+/// goes on (under `set -eo pipefail` an empty grep once ended the whole
+/// sweep with no word).
+#[test]
+fn a_client_that_fails_before_its_server_speaks_is_na_and_the_sweep_goes_on() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("perf-sweep-silent");
+    std::fs::create_dir_all(&tmp).expect("a scratch directory");
+    // The server sleeps without a word; the client prints only a
+    // bracketed log line and exits 3.
+    let bin = tmp.join("silent-perf.sh");
+    std::fs::write(
+        &bin,
+        "#!/bin/bash\nfor a in \"$@\"; do [ \"$a\" = 127.0.0.1 ] && { echo '[log] only' >&2; exit 3; }; done\nsleep 5\n",
+    )
+    .expect("writing the fake binary");
+    let mut perm = std::fs::metadata(&bin).expect("its metadata").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&bin, perm).expect("making it executable");
+    let port = 10000 + (std::process::id() + 7919) % 20000;
+    let out = match Command::new("bash")
+        .current_dir(&root)
+        .env("PERF_SWEEP_PORT", port.to_string())
+        .arg("scripts/perf-sweep.sh")
+        .arg("--bin")
+        .arg(&bin)
+        .args(["--paths", "verbs", "--tests", "send_lat"])
+        .args(["--sizes", "64,1K", "-D", "0.05", "--limit", "20"])
+        .arg("--out")
+        .arg(tmp.join("out"))
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIPPED: bash does not run here ({e})");
+            return;
+        }
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if text.contains("python3: not found") || text.contains("python3: command not found") {
+        eprintln!("SKIPPED: no python3 here");
+        return;
+    }
+    assert!(out.status.success(), "{text}");
+    for size in ["64 B", "1 KiB"] {
+        assert!(
+            text.contains(&format!("n/a: verbs {size}: client exit status 3")),
+            "{size}: {text}"
+        );
+    }
+}

@@ -94,13 +94,17 @@ sweep_one() {
         if [ $rc -eq 124 ]; then
             why="did not finish within ${LIMIT} s"
         else
-            why=$(grep -v '^\[' "$base.err" | tail -1 | sed 's/^verbio-perf: //')
+            # (`|| true`: under `set -eo pipefail` a grep that selects
+            # nothing would end the whole sweep here.)
+            why=$(grep -v '^\[' "$base.err" | tail -1 | sed 's/^verbio-perf: //' || true)
             [ -n "$why" ] || why="client exit status $rc"
         fi
-        # A server that failed (a port taken, ...) says why the client could not connect.
+        # A server that failed (a port taken, ...) says why the client could
+        # not connect. A server killed above before it printed a line has
+        # nothing to say (a client that fails at once races its server).
         wait "$srv" 2>/dev/null || {
             local srv_why
-            srv_why=$(grep '^verbio-perf: ' "$base.srv" | tail -1 | sed 's/^verbio-perf: //')
+            srv_why=$(grep '^verbio-perf: ' "$base.srv" | tail -1 | sed 's/^verbio-perf: //' || true)
             [ -n "$srv_why" ] && why="$why (server: $srv_why)"
         }
         echo "$why" >"$base.na"
