@@ -31,7 +31,8 @@
 #   --known P:T:S=Y  with --guard: a point known to miss X (e.g.
 #                  rpc:send_bw:4K=6), printed as a known miss and held to
 #                  Y instead (repeatable)
-#   --bin BINARY   a verbio-perf binary (default: build the release one)
+#   --bin BINARY   a verbio-perf binary (default: build the release one;
+#                  with --rxe, one outside this checkout is copied under it)
 #   --out DIR      results (default target/perf-sweep/soft0 or .../rxe0)
 #   --markdown     print the tables in Markdown too
 #   --rdma-flags F verbio-perf flags added to the verbs, rdma and rpc runs,
@@ -155,6 +156,18 @@ if [ "$RXE" = 1 ]; then
         cp "$(target_dir)/release/verbio-perf" "$ROOT/target/perf-sweep/verbio-perf-ibverbs"
         BIN=$ROOT/target/perf-sweep/verbio-perf-ibverbs
     fi
+    case $(realpath -m "$BIN") in
+        "$ROOT"/*) ;;
+        *)
+            # The guest sees only this checkout: a binary from elsewhere
+            # (another worktree's target) is copied under it.
+            [ -x "$BIN" ] || die "$BIN is not executable"
+            mkdir -p "$ROOT/target/perf-sweep"
+            GIVEN_COPY=$ROOT/target/perf-sweep/verbio-perf-given-$$
+            cp "$BIN" "$GIVEN_COPY"
+            BIN=$GIVEN_COPY
+            ;;
+    esac
     rxe_guest_binary perf-sweep "$BIN"
 else
     DEV=soft0 GIDX=
@@ -184,6 +197,7 @@ if [ "$RXE" = 1 ]; then
     chmod +x "$GUEST"
     rc=0
     "$VM" -- "$GUEST" || rc=$?
+    [ -n "${GIVEN_COPY:-}" ] && rm -f "$GIVEN_COPY"
     [ "$rc" = 0 ] || { echo "perf-sweep: the VM run failed (exit $rc)"; exit "$rc"; }
 else
     . "$ROOT/scripts/lib/perf-sweep-runs.sh"
