@@ -85,6 +85,11 @@ struct Args {
     /// the engine (e.g. instructions per call under callgrind).
     #[arg(long, conflicts_with_all = ["server", "client"])]
     engine_only: bool,
+    /// With --engine-only: only the warm-up and the calls timed as one
+    /// batch (no timestamp per call, no latency percentiles): what
+    /// callgrind counts per call for the engine row.
+    #[arg(long, requires = "engine_only")]
+    no_latency: bool,
     /// Serves the echo with `Rpc::register_inline` (run by the
     /// dispatcher, no handler task) instead of `Rpc::register`.
     #[arg(long)]
@@ -274,9 +279,49 @@ fn client(tcp: SocketAddr, args: &Args) -> Result<(), BoxError> {
     })
 }
 
+/// `calls` calls on `session`, one at a time from a task of their own (as
+/// `call_loop` makes them), with no timestamp per call: the thread CPU
+/// time they took (the calls timed as one batch).
+async fn batch_cpu<T: Transport>(
+    rpc: &Rc<Rpc<T>>,
+    session: verbio::rpc::SessionId,
+    calls: usize,
+    size: usize,
+) -> Result<Duration, BoxError> {
+    let rpc = rpc.clone();
+    let task = verbio::runtime::spawn(async move {
+        let req = vec![0x5a; size];
+        let cpu0 = thread_cpu();
+        for _ in 0..calls {
+            let resp = rpc
+                .call(session, ECHO, &req)
+                .await
+                .map_err(|e| ErrorChain(&e).to_string())?;
+            if resp.len() != size {
+                return Err(format!("echo of {} bytes, sent {size}", resp.len()));
+            }
+        }
+        Ok(thread_cpu() - cpu0)
+    });
+    Ok(task.await?)
+}
+
+/// The engine row's thread CPU per call, two ways.
+struct EngineCpu {
+    /// With a timestamp before and after each call (for the latency
+    /// percentiles; on this VM's clock a pair costs tens of ns), the
+    /// warm-up and the session's set-up included.
+    timed: Option<Duration>,
+    /// The calls timed as one batch (a second session, after its own
+    /// warm-up): the engine, the handler and the call loop, no clock.
+    batch: Duration,
+}
+
 /// Both sides on this thread over the in-memory network: the engine's own
-/// cost (client, server and handler task) without a device.
-fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
+/// cost (client, server and handler task) without a device. With
+/// `latency`, first the calls with a timestamp each (the figures); then,
+/// always, as many timed as one batch.
+fn in_memory(args: &Args, latency: bool) -> Result<(Option<Figures>, EngineCpu), BoxError> {
     let rt = Runtime::new()?;
     rt.block_on(async {
         let net = MemNetwork::new(1, 4096);
@@ -285,34 +330,55 @@ fn in_memory(args: &Args) -> Result<(Figures, Duration), BoxError> {
         register_echo(&srv, args.inline_handler)?;
         let cli = Rc::new(Rpc::new(net.endpoint(), config));
         let calls = args.calls + (args.calls / 10).max(1);
-        let cpu0 = thread_cpu();
         let server = cli::Peer {
             name: "the in-memory server".into(),
             limit: args.timeout,
         };
-        let (lat, elapsed) =
-            call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1, &server).await?;
-        // The latencies' sort is not the engine's: after the CPU time.
-        let cpu = (thread_cpu() - cpu0) / calls as u32;
-        Ok((Figures::new(lat, elapsed), cpu))
+        let (figures, timed) = if latency {
+            let cpu0 = thread_cpu();
+            let (lat, elapsed) =
+                call_loop(&cli, &srv.local_addr(), args.calls, args.size, 1, &server).await?;
+            // The latencies' sort is not the engine's: after the CPU time.
+            let cpu = (thread_cpu() - cpu0) / calls as u32;
+            (Some(Figures::new(lat, elapsed)), Some(cpu))
+        } else {
+            (None, None)
+        };
+        let s = server
+            .within("opening an RPC session", cli.connect(&srv.local_addr()))
+            .await?;
+        batch_cpu(&cli, s, (args.calls / 10).max(1), args.size).await?;
+        let batch = batch_cpu(&cli, s, args.calls, args.size).await? / args.calls as u32;
+        Ok((figures, EngineCpu { timed, batch }))
     })
 }
 
 /// The engine alone: its rate, latency and CPU time per call.
 fn engine_only(args: &Args) -> Result<(), BoxError> {
-    let (mem, cpu_per_call) = in_memory(args)?;
+    let (mem, cpu) = in_memory(args, !args.no_latency)?;
     println!("{} calls of {} bytes:", args.calls, args.size);
-    mem.print("rpc/in-memory, 1 thread");
+    if let Some(mem) = mem {
+        mem.print("rpc/in-memory, 1 thread");
+    }
+    if let Some(timed) = cpu.timed {
+        println!(
+            "  (engine CPU per call, client + server + handler task: {:.0} ns of thread CPU time)",
+            timed.as_secs_f64() * 1e9
+        );
+    }
     println!(
-        "  (engine CPU per call, client + server + handler task: {:.0} ns of thread CPU time)",
-        cpu_per_call.as_secs_f64() * 1e9
+        "  (the same, the calls timed as one batch, no timestamp per call: {:.0} ns of batch thread CPU time)",
+        cpu.batch.as_secs_f64() * 1e9
     );
     Ok(())
 }
 
 /// Both RPC sides in this process, then TCP; prints both and the ratios.
 fn side_by_side(args: &Args) -> Result<(), BoxError> {
-    let (mem, cpu_per_call) = in_memory(args)?;
+    let (mem, cpu) = in_memory(args, true)?;
+    let (Some(mem), Some(cpu_per_call)) = (mem, cpu.timed) else {
+        return Err("the in-memory run gave no latency figures".into());
+    };
     let device = args.device.clone();
     let inline = args.inline_handler;
     let config = rpc_config(args);
@@ -372,6 +438,10 @@ fn side_by_side(args: &Args) -> Result<(), BoxError> {
     println!(
         "  (engine CPU per call, client + server + handler task: {:.2} µs of thread CPU time)",
         cpu_per_call.as_secs_f64() * 1e6
+    );
+    println!(
+        "  (the same, the calls timed as one batch, no timestamp per call: {:.2} µs)",
+        cpu.batch.as_secs_f64() * 1e6
     );
     one.print("rpc/ud, 1 in flight");
     eight.print("rpc/ud, 8 in flight");

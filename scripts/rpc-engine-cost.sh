@@ -12,6 +12,11 @@
 # with the engine's, which slightly overstates the engine) and the
 # example's timing and sort: printed as instructions and as the thread
 # CPU time in the same proportion (median ns x own / all instructions).
+# Each build's thread CPU comes two ways: with a timestamp before and
+# after each call (for the latency percentiles: on this VM's clock a
+# pair costs tens of ns) and with the calls timed as one batch (builds
+# that have it: `--no-latency` in `rpc_echo --help`); callgrind counts
+# the batch pass where there is one.
 #
 #   scripts/rpc-engine-cost.sh [--rounds R] [--no-callgrind] NAME=BINARY ...
 #
@@ -27,7 +32,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift ;;
         --no-callgrind) CALLGRIND=0 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *=*) BUILDS+=("$1") ;;
         *) echo "rpc-engine-cost: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -37,19 +42,28 @@ done
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-echo "thread CPU ns per call, $ROUNDS rounds of 20000 calls, builds alternating:"
+echo "thread CPU ns per call, $ROUNDS rounds of 20000 calls, builds alternating"
+echo "(timed: a timestamp before and after each call, for the latency percentiles;"
+echo " batch: the calls timed as one batch, no clock per call; '-': a build without it):"
 for r in $(seq "$ROUNDS"); do
     line="  round $r:"
     for b in "${BUILDS[@]}"; do
-        ns=$(${b#*=} --engine-only --calls 20000 | sed -n 's/.*: \([0-9]*\) ns of thread CPU.*/\1/p')
-        line="$line ${b%%=*} $ns"
+        out=$(${b#*=} --engine-only --calls 20000)
+        ns=$(sed -n 's/.*: \([0-9]*\) ns of thread CPU.*/\1/p' <<<"$out")
+        batch=$(sed -n 's/.*: \([0-9]*\) ns of batch thread CPU.*/\1/p' <<<"$out")
+        line="$line ${b%%=*} timed $ns batch ${batch:--}"
         echo "$ns" >> "$OUT/${b%%=*}.ns"
+        [ -z "$batch" ] || echo "$batch" >> "$OUT/${b%%=*}.batch"
     done
     echo "$line"
 done
+median() { sort -n "$1" | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 for b in "${BUILDS[@]}"; do
-    sort -n "$OUT/${b%%=*}.ns" | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}' >"$OUT/${b%%=*}.median"
-    echo "  ${b%%=*}: median $(cat "$OUT/${b%%=*}.median") ns"
+    median "$OUT/${b%%=*}.ns" >"$OUT/${b%%=*}.median"
+    batch=-
+    [ -f "$OUT/${b%%=*}.batch" ] && batch=$(median "$OUT/${b%%=*}.batch")
+    echo "$batch" >"$OUT/${b%%=*}.bmedian"
+    echo "  ${b%%=*}: median timed $(cat "$OUT/${b%%=*}.median") ns, batch $batch ns"
 done
 [ "$CALLGRIND" = 1 ] || exit 0
 command -v valgrind >/dev/null || { echo "rpc-engine-cost: no valgrind: instruction counts skipped" >&2; exit 0; }
@@ -59,8 +73,16 @@ CALLS=$(( (N2 + N2 / 10) - (N1 + N1 / 10) ))
 echo "instructions per call (callgrind, $N1 vs $N2 calls):"
 for b in "${BUILDS[@]}"; do
     name=${b%%=*} bin=${b#*=}
+    # The batch pass alone where the build has it (what the batch ns
+    # figure times); else the calls with their timestamps.
+    pass=
+    ns_file="$OUT/$name.median"
+    if ${bin%% *} --help 2>/dev/null | grep -q -- --no-latency; then
+        pass=--no-latency
+        ns_file="$OUT/$name.bmedian"
+    fi
     for n in $N1 $N2; do
-        valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.$n.out" $bin --engine-only --calls $n >/dev/null 2>&1
+        valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.$n.out" $bin --engine-only $pass --calls $n >/dev/null 2>&1
     done
     per() { python3 "$ROOT/scripts/callgrind-per-rt.py" --match "$1" "$OUT/$name.$N1.out" "$OUT/$name.$N2.out" "$CALLS" 0 | awk '/of them/ {print $1}'; }
     total=$(python3 "$ROOT/scripts/callgrind-per-rt.py" "$OUT/$name.$N1.out" "$OUT/$name.$N2.out" "$CALLS" 0 | awk '/per iteration/ {print $1}')
@@ -68,9 +90,9 @@ for b in "${BUILDS[@]}"; do
     mem=$(per '(rpc::mem::|^__memcpy)')
     engine=$(per '^(?!.*rpc::mem::)(?!.*verbio_runtime::).*(verbio_ops::rpc|poll_fn::PollFn)')
     bench=$(per '(sort|Timespec|Instant|clock_gettime|rpc_echo)')
-    echo "  $name: $total in all: engine $engine, runtime executor $runtime, in-memory network $mem, the example's timing $bench"
+    echo "  $name (${pass:-timed calls}): $total in all: engine $engine, runtime executor $runtime, in-memory network $mem, the example's timing $bench"
     net=$(per 'rpc::mem::')
-    awk -v t="$total" -v n="$net" -v b="$bench" -v ns="$(cat "$OUT/$name.median")" 'BEGIN {
+    awk -v t="$total" -v n="$net" -v b="$bench" -v ns="$(cat "$ns_file")" 'BEGIN {
         own = t - n - b
         printf "  %s: the engine'"'"'s own (all but the network'"'"'s functions and the example'"'"'s timing): %d instructions, %.0f ns (%.0f ns x %d / %d)\n", "'"$name"'", own, ns * own / t, ns, own, t
     }'
