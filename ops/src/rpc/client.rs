@@ -89,6 +89,22 @@ pub(crate) fn complete<P>(s: &mut Session<P>, i: usize, result: Result<(), RpcEr
     }
 }
 
+/// [`complete`] with `Ok` (a small call's response): inline.
+#[inline(always)]
+fn complete_ok<P>(s: &mut Session<P>, i: usize) {
+    let slot = &mut s.client[i];
+    s.credits += slot.in_flight();
+    slot.num_tx = slot.num_rx;
+    slot.answered = 0;
+    slot.state = CallState::Done(Ok(()));
+    s.active &= !(1 << i);
+    if slot.abandoned {
+        free_slot(s, i);
+    } else if let Some(w) = &slot.waker {
+        w.wake_by_ref();
+    }
+}
+
 /// Makes slot `i` free for the next call (with the next request number).
 #[inline]
 pub(crate) fn free_slot<P>(s: &mut Session<P>, i: usize) {
@@ -243,16 +259,20 @@ impl<P: Clone> Core<P> {
             // come back, a pause over, a link settled, pumps the session
             // at the end of its batch).
             if s.credits > 0 && !s.starved {
-                send_client_packet(
-                    &mut self.tx,
-                    &s.peer,
-                    s.remote,
-                    sid,
-                    max_payload,
-                    slot,
-                    0,
-                    0,
-                );
+                // Its one packet (what `send_client_packet` sends for
+                // packet 0 of a request that is not read, inline).
+                let h = Header {
+                    req_type,
+                    payload_len: slot.req.len() as u16,
+                    dest_session: s.remote,
+                    src_session: sid,
+                    req_num,
+                    msg_len: slot.req.len() as u32,
+                    pkt_idx: 0,
+                    pkt_count: 1,
+                    ..Header::new(PacketKind::Request)
+                };
+                self.tx.push(&s.peer, &h, &slot.req);
                 slot.num_tx = 1;
                 s.credits -= 1;
             } else {
@@ -372,6 +392,14 @@ impl<P: Clone> Core<P> {
             // the slot's next call.
             self.take_back_request(sid, i);
             return self.poll_call(sid, i, req_num, cx);
+        }
+        if matches!(slot.state, CallState::Done(Ok(()))) {
+            // A call that succeeded, as most do (its buffers withdrawn
+            // above): its response, with no move of the state out and
+            // back.
+            let resp = std::mem::replace(&mut slot.resp, self.pool.take());
+            free_slot(s, i);
+            return Poll::Ready(Ok(self.pool.msg(resp)));
         }
         match std::mem::replace(&mut slot.state, CallState::Active) {
             CallState::Active => {
@@ -843,7 +871,7 @@ impl<P: Clone> Core<P> {
         s.rtt.sample(now - slot.sent);
         slot.progress = now;
         slot.retries = 0;
-        complete(s, i, Ok(()));
+        complete_ok(s, i);
         // The credit back is for a call that waited for one, if any did:
         // the others sent what they had at their start or last pump.
         if s.active != 0 && s.starved {

@@ -353,7 +353,9 @@ impl<P: Clone> Core<P> {
         open_session(&mut self.sessions, &mut self.stats, h, role)
     }
 
-    /// Handles one received packet.
+    /// Handles one received packet. Inline: into the receive loop's
+    /// closure, its one caller on the hot path (a call level per packet).
+    #[inline]
     pub(crate) fn on_packet(&mut self, packet: &[u8]) {
         self.stats.packets_received += 1;
         let (h, payload) = match Header::decode(packet) {

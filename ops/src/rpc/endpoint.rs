@@ -13,6 +13,7 @@ use verbio_runtime::Sleep;
 use super::addr::RpcAddr;
 use super::budget::Charge;
 use super::buf::MsgBuf;
+use super::call::{Call, CallReq};
 use super::client::Req;
 use super::config::RpcConfig;
 use super::core::{Core, HandlerQueue, RpcMemory, RpcStats};
@@ -152,6 +153,38 @@ impl<T: Transport> Engine<T> {
         } else {
             self.flush_soon();
         }
+    }
+
+    /// Starts a call ([`Call`]): takes a free slot of session `sid` and
+    /// sends what the credits allow (`Core::poll_start`); `Pending` while
+    /// every slot is busy.
+    #[inline]
+    pub(crate) fn start_call(
+        &mut self,
+        sid: u32,
+        req_type: u8,
+        req: &mut Req<'_>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(usize, u64), RpcError>> {
+        // The request's first packet.
+        let packet_len = req.len().saturating_add(HEADER_LEN);
+        let r = self.core.poll_start(sid, req_type, req, cx);
+        match r {
+            // Other calls of the session under way: sent by the
+            // dispatcher, woken now, with the others started before it
+            // runs (in this loop pass): one transport call for them.
+            Poll::Ready(Ok((slot, _)))
+                if self
+                    .transport
+                    .batch_call_starts(packet_len.min(self.core.max_packet))
+                    && self.core.others_active(sid, slot) =>
+            {
+                self.flush_soon();
+            }
+            Poll::Ready(_) => self.flush(),
+            Poll::Pending => {}
+        }
+        r
     }
 
     /// Answers the connect packets received (`admission.rs`).
@@ -668,13 +701,13 @@ impl<T: Transport> Rpc<T> {
     /// stopped answering fails the call with [`RpcError::Timeout`] after
     /// [`RpcConfig::max_retries`] retransmissions. Dropping the future
     /// abandons the call (its slot frees when the call ends).
-    pub async fn call(
-        &self,
+    pub fn call<'a>(
+        &'a self,
         session: SessionId,
         req_type: u8,
-        req: &[u8],
-    ) -> Result<MsgBuf, RpcError> {
-        self.call_req(session, req_type, Req::Copy(req)).await
+        req: &'a [u8],
+    ) -> impl Future<Output = Result<MsgBuf, RpcError>> + 'a {
+        Call::new(&self.engine, session.0, req_type, CallReq::Copy(req))
     }
 
     /// Calls as [`call`](Self::call) with a request in a buffer of its
@@ -683,75 +716,14 @@ impl<T: Transport> Rpc<T> {
     /// a later call). A response, or a buffer from
     /// [`Request::into_data`], can be sent on so without a copy. The
     /// buffer is consumed whatever the outcome.
-    pub async fn call_owned(
+    pub fn call_owned(
         &self,
         session: SessionId,
         req_type: u8,
         req: MsgBuf,
-    ) -> Result<MsgBuf, RpcError> {
-        let mut req = Some(req.into_vec());
-        self.call_req(session, req_type, Req::Owned(&mut req)).await
-    }
-
-    async fn call_req(
-        &self,
-        session: SessionId,
-        req_type: u8,
-        mut req: Req<'_>,
-    ) -> Result<MsgBuf, RpcError> {
-        let sid = session.0;
-        let mut waiting = Waiting {
-            engine: &self.engine,
-            sid,
-            queued: false,
-        };
-        // The request's first packet.
-        let packet_len = req.len().saturating_add(HEADER_LEN);
-        let (slot, req_num) = poll_fn(|cx| {
-            let mut e = self.engine.borrow_mut();
-            let r = e.core.poll_start(sid, req_type, &mut req, cx);
-            match r {
-                // Other calls of the session under way: sent by the
-                // dispatcher, woken now, with the others started before it
-                // runs (in this loop pass): one transport call for them.
-                Poll::Ready(Ok((slot, _)))
-                    if e.transport
-                        .batch_call_starts(packet_len.min(e.core.max_packet))
-                        && e.core.others_active(sid, slot) =>
-                {
-                    e.flush_soon();
-                }
-                Poll::Ready(_) => e.flush(),
-                Poll::Pending => {}
-            }
-            waiting.queued = r.is_pending();
-            r
-        })
-        .await?;
-        waiting.queued = false;
-        let mut call = InFlight {
-            engine: &self.engine,
-            sid,
-            slot,
-            req_num,
-            done: false,
-        };
-        // The start registered this task's waker in the slot, and no
-        // answer can have come since (only the dispatcher takes packets):
-        // the first poll yields without looking.
-        let mut started = true;
-        let out = poll_fn(|cx| {
-            if std::mem::take(&mut started) {
-                return Poll::Pending;
-            }
-            self.engine
-                .borrow_mut()
-                .core
-                .poll_call(sid, slot, req_num, cx)
-        })
-        .await;
-        call.done = true;
-        out
+    ) -> impl Future<Output = Result<MsgBuf, RpcError>> + '_ {
+        let req = CallReq::Owned(Some(req.into_vec()));
+        Call::new(&self.engine, session.0, req_type, req)
     }
 
     /// Closes `session` (telling the peer); its calls fail with
@@ -760,41 +732,5 @@ impl<T: Transport> Rpc<T> {
         let mut e = self.engine.borrow_mut();
         e.core.disconnect(session.0);
         e.flush();
-    }
-}
-
-/// A call waiting for a slot: if dropped while queued, it hands its turn on.
-struct Waiting<'a, T: Transport> {
-    engine: &'a RefCell<Engine<T>>,
-    sid: u32,
-    queued: bool,
-}
-
-impl<T: Transport> Drop for Waiting<'_, T> {
-    fn drop(&mut self) {
-        if self.queued {
-            if let Ok(mut e) = self.engine.try_borrow_mut() {
-                e.core.pass_slot_turn(self.sid);
-            }
-        }
-    }
-}
-
-/// A call under way: if dropped before its result, it abandons its slot.
-struct InFlight<'a, T: Transport> {
-    engine: &'a RefCell<Engine<T>>,
-    sid: u32,
-    slot: usize,
-    req_num: u64,
-    done: bool,
-}
-
-impl<T: Transport> Drop for InFlight<'_, T> {
-    fn drop(&mut self) {
-        if !self.done {
-            if let Ok(mut e) = self.engine.try_borrow_mut() {
-                e.core.abandon(self.sid, self.slot, self.req_num);
-            }
-        }
     }
 }

@@ -98,6 +98,7 @@ mod budget;
 mod buf;
 mod bulk;
 mod bulk_write;
+mod call;
 pub(crate) mod client;
 mod config;
 pub(crate) mod core;

@@ -526,6 +526,30 @@ impl<P: Clone> Core<P> {
         // One that fits a packet below the READ threshold goes in it (see
         // `goes_bulk`): the large-message path is not asked.
         let small = resp.len() <= max_payload && resp.len() < self.config.read_threshold;
+        if small && window > 0 {
+            // A small call's response: one packet, sent now (what the
+            // general path below does for it, with no second lookup of
+            // the session, no link asked and no loop).
+            let (peer, remote) = (&s.peer, s.remote);
+            let slot = &mut s.server[i];
+            slot.n_resp = 1;
+            slot.state = ServeState::Responded;
+            let h = Header {
+                req_type: slot.req_type,
+                status: slot.status,
+                payload_len: resp.len() as u16,
+                dest_session: remote,
+                src_session: sid,
+                req_num,
+                msg_len: resp.len() as u32,
+                pkt_idx: 0,
+                pkt_count: 1,
+                ..Header::new(PacketKind::Response)
+            };
+            self.tx.push(peer, &h, &resp);
+            slot.resp = Some(resp);
+            return;
+        }
         let resp = if !small
             && self.is_bulk(resp.len(), max_payload)
             && resp.len() <= MAX_MSG_LEN as usize

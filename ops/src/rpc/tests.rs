@@ -2,6 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -122,6 +123,65 @@ fn a_ninth_call_waits_for_a_slot() {
         // The handlers outlived several timeouts: the client kept the
         // calls alive on the server's "handler runs" credit returns.
         assert!(cli.stats().timeouts == 0);
+    });
+}
+
+#[test]
+fn a_call_dropped_after_a_slot_woke_it_hands_the_slot_on() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(2, 4096);
+        let srv = Rpc::new(net.endpoint(), config());
+        // Requests 0..8 are answered once `released` is above them; the
+        // others at once.
+        let released = Rc::new(Cell::new(0u8));
+        let r = released.clone();
+        srv.register(ECHO, move |req: Request| {
+            let r = r.clone();
+            async move {
+                let i = req.data()[0];
+                while usize::from(i) < SESSION_SLOTS && r.get() <= i {
+                    verbio_runtime::sleep(Duration::from_millis(1)).await;
+                }
+                MsgBuf::from(req.data().to_vec())
+            }
+        })
+        .unwrap();
+        let cli = Rc::new(Rpc::new(net.endpoint(), config()));
+        let s = cli.connect(&srv.local_addr()).await.unwrap();
+        let busy: Vec<_> = (0..SESSION_SLOTS as u8)
+            .map(|i| {
+                let cli = cli.clone();
+                verbio_runtime::spawn(async move { cli.call(s, ECHO, &[i]).await.unwrap() })
+            })
+            .collect();
+        verbio_runtime::sleep(Duration::from_millis(10)).await;
+        // A waits for a slot first (polled once, by this future), B second.
+        let mut a = Box::pin(cli.call(s, ECHO, &[100]));
+        std::future::poll_fn(|cx| {
+            assert!(a.as_mut().poll(cx).is_pending(), "every slot is busy");
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let b = {
+            let cli = cli.clone();
+            verbio_runtime::spawn(async move { cli.call(s, ECHO, &[101]).await.unwrap() })
+        };
+        verbio_runtime::sleep(Duration::from_millis(5)).await;
+        // One slot frees: its turn goes to A, which is dropped before it
+        // takes it; B must get it (no other slot frees meanwhile).
+        released.set(1);
+        let mut busy = busy.into_iter();
+        assert_eq!(&busy.next().unwrap().await[..], &[0]);
+        drop(a);
+        let b = verbio_runtime::timeout(Duration::from_secs(2), b)
+            .await
+            .expect("B took the slot A was woken for");
+        assert_eq!(&b[..], &[101]);
+        released.set(u8::MAX);
+        for t in busy {
+            t.await;
+        }
     });
 }
 
