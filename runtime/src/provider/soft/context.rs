@@ -63,6 +63,14 @@ pub(crate) struct Shared {
     /// Times the engine, woken only to see whether leases ended, found
     /// them renewed and slept on without a loop turn (tests, diagnostics).
     pub lease_sleeps: AtomicU64,
+    /// Times an application's renewal moved the engine's sleep for leases
+    /// only later (tests, diagnostics; see `engine/lease_sleep.rs`).
+    pub lease_moves: AtomicU64,
+    /// The engine's sleep for leases only, which renewals move (see
+    /// `engine/lease_sleep.rs`).
+    pub lease_sleep: Mutex<engine::LeaseSleep>,
+    /// Mirror of that sleep's wake-up, read without the lock (0: none).
+    pub lease_wake_hint: AtomicU64,
     /// Times a muted socket's lease ended with data waiting on it that
     /// no application had read: that data waited for the lease's end
     /// (tests, diagnostics; see `drive.rs`).
@@ -244,6 +252,7 @@ impl Drop for CtxInner {
             wakes = sh.wakes.load(Ordering::Relaxed),
             rings = sh.rings.load(Ordering::Relaxed),
             lease_sleeps = sh.lease_sleeps.load(Ordering::Relaxed),
+            lease_moves = sh.lease_moves.load(Ordering::Relaxed),
             stale_leases = sh.stale_leases.load(Ordering::Relaxed),
             hand_backs = sh.hand_backs.load(Ordering::Relaxed),
             late_holds = sh.late_holds.load(Ordering::Relaxed),
@@ -331,6 +340,9 @@ impl Context {
             rings: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
             lease_sleeps: AtomicU64::new(0),
+            lease_moves: AtomicU64::new(0),
+            lease_sleep: Mutex::new(engine::LeaseSleep::default()),
+            lease_wake_hint: AtomicU64::new(0),
             stale_leases: AtomicU64::new(0),
             hand_backs: AtomicU64::new(0),
             late_holds: AtomicU64::new(0),

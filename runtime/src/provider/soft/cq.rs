@@ -177,13 +177,14 @@ impl CqShared {
     /// socket that cannot join (the engine is writing to it, or with
     /// app-driven receive off, `None`) is handed back to the engine at once
     /// (after the arming, which keeps the engine from taking it away again).
+    /// True if it renewed a lease.
     fn req_notify(
         &self,
         solicited_only: bool,
         registry: &mio::Registry,
         lease_until: impl FnOnce() -> Option<u64>,
         mut muted: impl FnMut(&Wire, u64),
-    ) {
+    ) -> bool {
         {
             let mut st = lock(&self.state);
             st.armed = Some(solicited_only);
@@ -192,15 +193,17 @@ impl CqShared {
         }
         let feeds = lock(&self.feeds);
         if feeds.is_empty() {
-            return;
+            return false;
         }
         let lease_until = lease_until();
+        let mut renewed = false;
         for w in feeds.iter() {
             match (&self.channel, lease_until) {
                 // (A connection the engine is writing to stays the
                 // engine's: see `CompChannel::receive`.)
                 (Some(ch), Some(until)) if !w.engine_busy() && ch.join(w) => {
                     w.renew_lease(until);
+                    renewed = true;
                     // The engine need not wake for what arrives now: the
                     // application does (usually the socket is muted already;
                     // after a hand-back it is not). (The lease was just
@@ -213,6 +216,7 @@ impl CqShared {
                 (None, _) => w.revoke(registry),
             }
         }
+        renewed
     }
 
     /// True if an application sleeping on this CQ's channel wakes when
@@ -242,10 +246,15 @@ impl Cq {
     /// Arms the CQ for one event.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let sh = self._ctx.shared();
-        let until = || (!sh.lease.is_zero()).then(|| sh.nanos_at(Instant::now() + sh.lease));
+        let until = (!sh.lease.is_zero()).then(|| sh.nanos_at(Instant::now() + sh.lease));
         let muted = |w: &Wire, until| sh.app_muted(w.cid(), until);
-        self.shared
-            .req_notify(solicited_only, &sh.registry, until, muted);
+        let renewed = self
+            .shared
+            .req_notify(solicited_only, &sh.registry, || until, muted);
+        if let (true, Some(until)) = (renewed, until) {
+            // (An engine asleep for these leases only sleeps on.)
+            sh.lease_renewed(until);
+        }
         // ACKs an earlier receive of this application held for its next
         // request leave now: it goes to sleep, and its peer may wait for
         // them (a lease later, the engine would send them). They wait on

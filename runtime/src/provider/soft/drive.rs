@@ -17,8 +17,9 @@
 //! when its poll reports input on a leased connection, stops watching the
 //! socket's input ("mutes" it: the registration keeps WRITABLE only). It
 //! watches it again when the lease runs out (it wakes for that while it has
-//! muted sockets; finding its lock held by an application, which is
-//! receiving and so renewing leases, it sleeps on, for up to
+//! muted sockets, unless the renewals moved that wake-up later, see
+//! `engine/lease_sleep.rs`; finding its lock held by an application, which
+//! is receiving and so renewing leases, it sleeps on, for up to
 //! `LEASE_SKIPS` leases), or at once when an application arms a CQ the
 //! connection feeds that has no completion channel to wake it (arming such
 //! a CQ ends the lease, and the engine never mutes a socket while one is
@@ -49,7 +50,7 @@ use super::channel::Channel;
 use super::conn::Conn;
 use super::context::Context;
 use super::cq::CqShared;
-use super::engine::{EQp, Engine, DIRECT_TICK};
+use super::engine::{EQp, Engine};
 use super::lock;
 use super::wire::LeaseCheck;
 use super::IdMap;
@@ -122,6 +123,7 @@ impl Engine {
         let completed = self.sh.completed.load(Ordering::Relaxed);
         self.in_app = true;
         let packets = self.app_packets;
+        let mut renewed = false;
         for &cid in cids {
             match self.conns.get(cid) {
                 Some(Conn {
@@ -131,6 +133,7 @@ impl Engine {
                 }) => w.renew_lease(until),
                 _ => continue,
             }
+            renewed = true;
             self.on_readable(cid, false);
         }
         // ACKs held for a post to ride with go out once due.
@@ -146,10 +149,14 @@ impl Engine {
         self.in_app = false;
         self.clock = None;
         let handled = self.app_packets != packets;
-        if busy || std::mem::take(&mut self.kick) || self.engine_sleeps_too_long(now, handled) {
+        if busy || std::mem::take(&mut self.kick) || self.engine_sleeps_too_long(handled) {
             // Work left that does not wait for the socket, or timers the
             // sleeping engine does not know of.
             self.sh.ring();
+        } else if renewed {
+            // An engine asleep for these leases only sleeps on (not past
+            // what this receive left it: `turn_by`).
+            self.sh.lease_renewed(until);
         }
     }
 
@@ -157,16 +164,16 @@ impl Engine {
     /// receive left it (the application may stop polling now): ACKs held
     /// for a post to ride with (sent once their hold ends, should no post
     /// come), and, if packets were handled, the timers they may have
-    /// started (ACK timeouts: the engine wakes at least every
-    /// `DIRECT_TICK` once it knows of them).
-    fn engine_sleeps_too_long(&self, now: Instant, handled: bool) -> bool {
+    /// started (ACK timeouts, RNR waits: the engine's first deadline, which
+    /// they queued).
+    fn engine_sleeps_too_long(&self, handled: bool) -> bool {
         let held = self
             .held
             .iter()
             .filter_map(|&c| self.conns.get(c)?.ack_hold)
             .min()
             .map(|t| t + self.sh.lease);
-        let timers = handled.then(|| now + DIRECT_TICK);
+        let timers = handled.then(|| self.first_due()).flatten();
         let Some(need) = held.into_iter().chain(timers).min() else {
             return false;
         };

@@ -1097,6 +1097,70 @@ fn an_engine_woken_only_for_renewed_leases_sleeps_on_without_a_loop_turn() {
 }
 
 #[test]
+fn an_engine_asleep_for_leases_a_polling_application_renews_does_not_wake_for_them() {
+    let (a, b) = pair();
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    let sh = b.ctx.shared();
+    // B's application busy-polls its receive CQ (nothing arrives): every
+    // poll that finds the engine asleep receives itself and renews the
+    // lease on the socket. The engine, asleep until the lease's end for it
+    // only, used to wake at every end to find the lease renewed (a
+    // `lease_sleep`, two thread switches), once a lease; the renewals now
+    // move its timer instead. A poll that comes over half a lease after
+    // the one before (this thread was descheduled) may find the engine's
+    // timer too close to move: such late polls are counted and allowed a
+    // wake-up each (as are leases that ended meanwhile: the socket is
+    // muted again then).
+    let mut out = [Completion::EMPTY; 4];
+    let leases = 100u32;
+    let before = sh.lease_sleeps.load(Ordering::SeqCst);
+    let moves = sh.lease_moves.load(Ordering::SeqCst);
+    let start = Instant::now();
+    let mut last = start;
+    let mut late = 0u64;
+    while last.duration_since(start) < leases * sh.lease {
+        assert_eq!(b.rcq.poll(&mut out).expect("poll"), 0);
+        std::thread::sleep(sh.lease / 10);
+        let now = Instant::now();
+        if now.duration_since(last) > sh.lease / 2 {
+            late += 1;
+        }
+        if !muted(&b).iter().all(|m| *m) {
+            // (This thread was too slow: the lease had ended, and the
+            // engine took the socket back.)
+            late += 1;
+            force_mute(&b, &b.rcq);
+        }
+        last = Instant::now();
+    }
+    let sleeps = sh.lease_sleeps.load(Ordering::SeqCst) - before;
+    assert!(
+        sleeps <= late + 2,
+        "the engine woke {sleeps} times for leases renewed all along \
+         ({late} of the polls came late, over {leases} leases)"
+    );
+    assert!(
+        sh.lease_moves.load(Ordering::SeqCst) > moves,
+        "no renewal moved the engine's sleep"
+    );
+    // Once the application stops polling, the lease ends and the engine
+    // takes the socket back: it receives what arrives without the
+    // application's poll.
+    std::thread::sleep(2 * sh.lease);
+    post_recv(&b.qp, 9, rbuf.sge(0, 64));
+    post_send(&a.qp, send_wr(9, SendOp::Send, sbuf.sge(0, 8)));
+    assert_eq!(spin_one(&a.scq).status, WcStatus::Success);
+    assert!(
+        muted(&b).iter().all(|m| !m),
+        "B's engine took its socket back"
+    );
+    assert_eq!(spin_one(&b.rcq).wr_id, 9);
+}
+
+#[test]
 fn arming_sends_the_acks_a_receive_held_for_a_request_that_does_not_come() {
     // No ACK timeout: only B's ACK completes A's SEND (no resend).
     let (a, b) = pair_with(RtsAttr {

@@ -69,6 +69,34 @@ impl FineTimer {
         timeout
     }
 
+    /// Arms the timer to fire `after` from now, also a whole number of
+    /// milliseconds (a sleep for leases only has no poll timeout of the
+    /// same time: the renewing applications move this timer later, see
+    /// `lease_sleep.rs`). False if it could not be armed (then it keeps
+    /// its earlier setting).
+    pub(crate) fn arm_exact(&self, after: Duration) -> bool {
+        // (A zero `it_value` would disarm it.)
+        let t = after.max(Duration::from_nanos(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+                tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+            },
+        };
+        // SAFETY: valid fd owned by `self`; `spec` is a valid itimerspec,
+        // the old value is not asked for.
+        let r =
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        if r < 0 {
+            tracing::debug!(error = %crate::report::ErrorChain(&io::Error::last_os_error()), "soft engine: arming the timerfd failed");
+        }
+        r == 0
+    }
+
     /// The timer fired: consumes its expiration (so its next one is
     /// reported again).
     pub(crate) fn fired(&self) {

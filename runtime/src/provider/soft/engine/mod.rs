@@ -8,6 +8,7 @@
 //! change on their QPs), `conns.rs` (connections to other engines), `rx.rs`
 //! (reading and cutting packets), `tx.rs` (filling and flushing
 //! connections), `timers.rs` (the deadline queue: RNR waits, ACK timeouts; next wake-up),
+//! `lease_sleep.rs` (a sleep for leases only, which renewals move later),
 //! `liveness.rs` (dead peers, and when an ACK timeout counts), `pacing.rs`
 //! (no kernel pacing between engines on one host) and
 //! `psn.rs` (sequence-number arithmetic). The RC protocol itself lives in
@@ -17,6 +18,7 @@
 mod conns;
 pub(crate) mod dial;
 mod fine_timer;
+mod lease_sleep;
 mod liveness;
 mod pacing;
 #[macro_use]
@@ -44,13 +46,13 @@ use super::cq::CqShared;
 pub(crate) use super::eqp::{EQp, EWqe};
 use super::qp::QpShared;
 use super::IdMap;
+pub(crate) use lease_sleep::LeaseSleep;
 pub(crate) use port::PortLimits;
 pub use port::PortStats;
 pub(crate) use psn::{psn_add, psn_le, PSN_MASK};
 pub(crate) use run::run;
 #[cfg(test)]
 pub(crate) use run::LEASE_SKIPS;
-pub(crate) use timers::DIRECT_TICK;
 
 /// Token of the doorbell waker.
 pub(crate) const WAKER: Token = Token(0);

@@ -28,12 +28,13 @@ struct Sleep {
     yield_first: bool,
     /// Only to see whether leases ended (see `run`).
     lease_wake: bool,
-    /// With `lease_wake`: the sockets whose leases those are, and when the
-    /// engine must wake for anything else ([`Shared::nanos_at`];
-    /// `u64::MAX`: when woken).
+    /// With `lease_wake`: the sockets whose leases those are, when the
+    /// first ends, and when the engine must wake for anything else
+    /// ([`Shared::nanos_at`]; `u64::MAX`: when woken).
     ///
     /// [`Shared::nanos_at`]: super::super::context::Shared::nanos_at
     leases: Vec<Arc<Wire>>,
+    lease_at: u64,
     other: u64,
 }
 
@@ -43,7 +44,7 @@ struct Sleep {
 /// and receives left since the last turn, `Shared::turn_by`), how long to
 /// sleep on and whether that is again for a lease only. `None`: a lease
 /// ended, or something else is due: the engine takes its lock and runs a
-/// loop turn.
+/// loop turn. (With the sleep again for a lease only: when it ends.)
 ///
 /// This keeps an engine whose applications receive themselves from
 /// waking for a whole loop turn every lease: that turn took locks an
@@ -51,7 +52,7 @@ struct Sleep {
 /// writes or reads a large payload), and the engine then slept on them
 /// and was woken again when they were released, two more thread switches
 /// on the application's CPU per lease.
-fn sleep_on(sh: &Shared, leases: &[Arc<Wire>], other: u64) -> Option<(Duration, bool)> {
+fn sleep_on(sh: &Shared, leases: &[Arc<Wire>], other: u64) -> Option<(Duration, Option<u64>)> {
     let now = sh.nanos_at(Instant::now());
     let lease = leases.iter().map(|w| w.lease_until()).min()?;
     if lease <= now || sh.stop.load(Ordering::SeqCst) || !lock(&sh.app_muted).is_empty() {
@@ -68,7 +69,15 @@ fn sleep_on(sh: &Shared, leases: &[Arc<Wire>], other: u64) -> Option<(Duration, 
     if sh.turn_by.load(Ordering::SeqCst) < until || !lock(&sh.app_muted).is_empty() {
         return None;
     }
-    Some((Duration::from_nanos(until - now), until == lease))
+    Some((
+        Duration::from_nanos(until - now),
+        (until == lease).then_some(until),
+    ))
+}
+
+/// The shared state of the engine `core`.
+fn core_sh(core: &Mutex<Engine>) -> Arc<Shared> {
+    lock(core).sh.clone()
 }
 
 /// Engine thread body: works under the engine lock, sleeps in `poll`
@@ -87,7 +96,11 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
     // When the last completion was delivered, while no post followed.
     let mut spin_from: Option<Instant> = None;
     let timer = match FineTimer::new(poll.registry()) {
-        Ok(t) => Some(t),
+        Ok(t) => {
+            let t = Arc::new(t);
+            core_sh(&core).set_lease_timer(t.clone());
+            Some(t)
+        }
         Err(e) => {
             tracing::warn!(error = %crate::report::ErrorChain(&e), "soft engine: no timerfd: sub-millisecond deadlines wake it late");
             None
@@ -107,6 +120,7 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
             yield_first,
             mut lease_wake,
             mut leases,
+            lease_at,
             other,
         }) = eng.turn(&mut spin_from, spin)
         else {
@@ -119,11 +133,24 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
             std::thread::yield_now();
         }
         let mut skips = 0;
+        // A sleep for leases only, which renewals may move later (see
+        // `lease_sleep.rs`): until when.
+        let mut movable = (lease_wake && timeout != Some(Duration::ZERO)).then_some(lease_at);
         let (res, guard) = loop {
-            let res = match &timer {
-                Some(t) => poll.poll(&mut events, t.arm(timeout)),
-                None => poll.poll(&mut events, timeout),
+            let res = match (&timer, movable) {
+                (Some(_), Some(at)) if sh.begin_lease_sleep(at, other, &leases) => {
+                    // The timer alone ends it; the poll's timeout is the
+                    // next other deadline (the timer is armed for it too
+                    // if it comes first, exactly).
+                    let now = sh.nanos_at(Instant::now());
+                    let backstop = (other != u64::MAX)
+                        .then(|| Duration::from_nanos(other.saturating_sub(now)));
+                    poll.poll(&mut events, backstop)
+                }
+                (Some(t), _) => poll.poll(&mut events, t.arm(timeout)),
+                (None, _) => poll.poll(&mut events, timeout),
             };
+            sh.end_lease_sleep();
             // (The timer is no event of its own: it only ends the sleep.)
             let timer_only = events.iter().all(|e| e.token() == TIMER);
             if lease_wake && res.is_ok() && timer_only && skips < LEASE_SKIPS {
@@ -134,7 +161,8 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
                     }
                     sh.lease_sleeps.fetch_add(1, Ordering::Relaxed);
                     timeout = Some(t);
-                    lease_wake = again;
+                    lease_wake = again.is_some();
+                    movable = again;
                     continue;
                 }
             }
@@ -152,6 +180,7 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
                     // a lease more: their WRs' timeouts are detected that
                     // much later at worst). Everything else rings anyway.
                     timeout = Some(sh.lease);
+                    movable = None;
                     let wake_by = sh.nanos_at(Instant::now() + sh.lease);
                     sh.wake_by.store(wake_by, Ordering::SeqCst);
                 }
@@ -252,6 +281,7 @@ impl Engine {
         let mut yield_first = false;
         let mut lease_wake = false;
         let mut other = None;
+        let mut lease_at = 0;
         let mut timeout = if busy {
             Some(Duration::ZERO)
         } else if awaiting_post || self.awaits_post_for_held(now) {
@@ -267,6 +297,7 @@ impl Engine {
         } else {
             let (deadline, lease_only, not_lease) = self.next_deadline(now);
             lease_wake = lease_only;
+            lease_at = deadline.map_or(0, |d| self.sh.nanos_at(d));
             other = not_lease.into_iter().chain(self.port.wake_at()).min();
             match (deadline, self.port.wake_at()) {
                 // The port's deadline comes first.
@@ -308,6 +339,7 @@ impl Engine {
             yield_first,
             lease_wake,
             leases,
+            lease_at,
             other: other.map_or(u64::MAX, |o| self.sh.nanos_at(o)),
         })
     }

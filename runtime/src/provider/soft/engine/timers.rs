@@ -168,6 +168,19 @@ impl Engine {
         }
     }
 
+    /// The first of the deadlines that are neither leases nor held ACKs
+    /// nor the posting threads' tick: the QPs' (possibly a stale entry's:
+    /// early, never late), connection waits and probe answers.
+    pub(crate) fn first_due(&self) -> Option<Instant> {
+        let conn_wait = self.conn_wait.iter().map(|(_, t)| *t).min();
+        self.deadlines
+            .first()
+            .into_iter()
+            .chain(conn_wait)
+            .chain(self.probe_check)
+            .min()
+    }
+
     /// When the engine must wake next; whether only to see if leases
     /// ended (the first deadline is a lease's, before every other one);
     /// and the first deadline that is not a lease's.
@@ -186,18 +199,9 @@ impl Engine {
         }
         let tick = self.direct_until.map(|_| now + DIRECT_TICK);
         let lease = self.lease_deadline();
-        let conn_wait = self.conn_wait.iter().map(|(_, t)| *t).min();
         // (QPs waiting for a probe's answer are looked at when it comes:
         // a PONG sets `kick`.)
-        let other = self
-            .deadlines
-            .first()
-            .into_iter()
-            .chain(held)
-            .chain(tick)
-            .chain(conn_wait)
-            .chain(self.probe_check)
-            .min();
+        let other = self.first_due().into_iter().chain(held).chain(tick).min();
         match (lease, other) {
             (Some(l), Some(o)) if l < o => (Some(l), true, other),
             (Some(l), None) => (Some(l), true, None),
