@@ -90,6 +90,8 @@ fn send_bulk_connect<P: Clone>(tx: &mut TxBatch<P>, s: &Session<P>, sid: u32) {
 pub(crate) fn close_link<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>) {
     if let (Some(l), Some(bulk)) = (s.link.take(), bulk.as_mut()) {
         bulk.close(l.local);
+        // Room granted over it goes with it (`bulk_write.rs`).
+        super::bulk_write::release_grants(bulk.as_mut(), s);
     }
 }
 
@@ -233,7 +235,9 @@ impl<P: Clone> Core<P> {
                 let Some(b) = bulk.as_mut() else {
                     return;
                 };
-                let local = *next_link;
+                // The session in the low bits, as a client's
+                // (`bulk_write::link_session`).
+                let local = (*next_link << 32) | u64::from(sid);
                 *next_link += 1;
                 let addr = match b.open(local) {
                     Ok(addr) => addr,
@@ -784,10 +788,15 @@ impl<P: Clone> Core<P> {
             Role::Server => {
                 let slot = &mut s.server[t.slot];
                 slot.reading = None;
+                let len = buf.len();
                 let old = std::mem::replace(&mut slot.req, buf);
                 slot.rx = 1;
                 slot.got[0] = 1;
                 self.pool.put(old);
+                // The slot's next request may be written instead
+                // (`bulk_write.rs`): room for it, before the handler
+                // answers.
+                self.grant_room(t.sid, t.slot, len);
                 self.dispatch(t.sid, t.slot);
             }
             Role::Client => {
@@ -807,6 +816,11 @@ impl<P: Clone> Core<P> {
     /// server to READ; false (the request left in `slot.req`, to stream)
     /// if the session has no link or the buffer cannot be exposed.
     pub(crate) fn expose_request(&mut self, sid: u32, i: usize) -> bool {
+        // Written into room the server granted, if it has some: one trip
+        // (`bulk_write.rs`).
+        if self.write_request(sid, i) {
+            return true;
+        }
         let Some(bulk) = self.bulk.as_mut() else {
             return false;
         };

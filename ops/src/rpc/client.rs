@@ -243,6 +243,7 @@ impl<P: Clone> Core<P> {
         slot.awaits_link = false;
         slot.relinked = false;
         slot.link_sent = None;
+        slot.req_writing = None;
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;

@@ -70,10 +70,16 @@ pub struct RpcStats {
     /// Responses moved by RDMA WRITE with immediate into the buffer the
     /// client offered (written at a server, received at a client).
     pub bulk_writes: u64,
-    /// Server: WRITEs of a response that failed (the client's end of the
-    /// link broke or its buffer is gone): the link was closed and the
-    /// response kept to go in packets if the client asks again.
+    /// WRITEs that failed: of a response at a server (the client's end of
+    /// the link broke or its buffer is gone: the link was closed and the
+    /// response kept to go in packets if the client asks again), of a
+    /// request at a client (the link was closed and the call goes again
+    /// by READ over a new one).
     pub bulk_write_failures: u64,
+    /// Large requests moved by RDMA WRITE with immediate into room the
+    /// server granted (written at a client, received at a server; see
+    /// [`RpcConfig::read_threshold`](super::RpcConfig::read_threshold)).
+    pub bulk_request_writes: u64,
     /// Client: large requests the server could not READ because its end
     /// of the link was gone (answered [`Status::ReadFailed`](super::header::Status::ReadFailed),
     /// no handler ran), sent again over a new link instead of failing.
@@ -109,6 +115,12 @@ pub struct RpcMemory {
     /// charged to [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
     /// besides `request_bytes`.
     pub link_recv_bytes: usize,
+    /// Bytes of the room a server granted clients for their next large
+    /// requests (`bulk_write.rs`, "Requests written"): held per slot
+    /// until written into or the link closes, and bounded apart from
+    /// `request_bytes` by half of
+    /// [`RpcConfig::request_memory`](super::RpcConfig::request_memory).
+    pub granted_bytes: usize,
     /// Server sessions open.
     pub server_sessions: usize,
     /// Sessions open, client and server.
@@ -223,6 +235,10 @@ pub(crate) struct Core<P> {
     pub(crate) open_sessions: usize,
     /// The request memory budget (`budget.rs`).
     pub(crate) budget: Budget,
+    /// Room granted for written requests (`bulk_write.rs`): half of the
+    /// request memory, apart from it, so what peers are granted never
+    /// takes room from the requests themselves.
+    pub(crate) grants: Budget,
     pub(crate) dispatcher: Option<Waker>,
     /// The timer task (`endpoint.rs`): the retransmission timer, the idle
     /// sweep and the keepalive run there, off the dispatcher's path.
@@ -263,6 +279,7 @@ impl<P: Clone> Core<P> {
     pub(crate) fn new(config: RpcConfig, max_packet: usize, local_addr: Vec<u8>) -> Self {
         Core {
             budget: Budget::new(config.request_memory),
+            grants: Budget::new(config.request_memory / 2),
             pool: BufPool::new(config.request_memory),
             peer_sessions: HashMap::new(),
             open_sessions: 0,
@@ -342,6 +359,7 @@ impl<P: Clone> Core<P> {
             request_bytes_peak: self.budget.peak() - self.link_recv_bytes,
             link_recv_bytes: self.link_recv_bytes,
             request_budget: self.budget.limit(),
+            granted_bytes: self.grants.used(),
             pooled_bytes: self.pool.bytes(),
             server_sessions: self.server_sessions,
             sessions: self.open_sessions,

@@ -153,3 +153,5 @@ mod rtt_tests;
 mod runner_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod written_request_tests;

@@ -111,6 +111,13 @@ pub(crate) struct ClientSlot {
     /// [`Bulk`](super::Bulk) token), announced by an offer packet: for a
     /// request that does not go by READ, or whose own buffer is too small.
     pub(crate) offer_exposed: Option<u64>,
+    /// Room the server granted on the session's link for this slot's
+    /// next large request (`bulk_write.rs`, "Requests written"): where,
+    /// and how many bytes; used once.
+    pub(crate) grant: Option<(BulkDesc, usize)>,
+    /// The WRITE of this call's request into granted room under way (its
+    /// token; `req` is the WRITE's meanwhile).
+    pub(crate) req_writing: Option<u64>,
 }
 
 /// Where a client slot's call is.
@@ -151,6 +158,8 @@ impl ClientSlot {
             reading: None,
             offered: 0,
             offer_exposed: None,
+            grant: None,
+            req_writing: None,
         }
     }
 
@@ -259,6 +268,12 @@ pub(crate) struct ServerSlot {
     /// The WRITE of the response into the client's offered buffer under
     /// way (its token; the response's buffer is the WRITE's meanwhile).
     pub(crate) writing: Option<u64>,
+    /// Room exposed for the client to WRITE this slot's next large
+    /// request into (`bulk_write.rs`, "Requests written"): its
+    /// [`Bulk`](super::Bulk) token, descriptor and capacity, and what it
+    /// is charged to the request budget.
+    pub(crate) granted: Option<(u64, BulkDesc, usize)>,
+    pub(crate) grant_charge: Charge,
 }
 
 impl ServerSlot {
@@ -349,6 +364,8 @@ impl ServerSlot {
             resp_exposed: None,
             offer: None,
             writing: None,
+            granted: None,
+            grant_charge: Charge::default(),
         }
     }
 }

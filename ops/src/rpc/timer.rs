@@ -93,8 +93,11 @@ impl<P: Clone> Core<P> {
                             continue;
                         }
                         busy = true;
-                        if slot.awaits_link {
-                            // Bounded by the link's retries (`link_tick`).
+                        if slot.awaits_link || slot.req_writing.is_some() {
+                            // Bounded by the link's retries (`link_tick`),
+                            // or by the RC WRITE of the request's own
+                            // (it completes in error if the server's end
+                            // vanished: `bulk_write.rs`).
                             continue;
                         }
                         if slot.paused && now - slot.progress >= rto {

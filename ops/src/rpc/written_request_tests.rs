@@ -1,0 +1,257 @@
+//! Large requests written into room the server granted (`bulk_write.rs`,
+//! "Requests written"): one trip instead of the READ's three, and the
+//! memory a peer can make the server hold for it bounded, against
+//! clients that never use their grants and raw peers that misuse them.
+
+use super::bulk_tests::RawPeer;
+use super::bulk_write::{encode_imm, encode_trailer, WRITE_TRAILER, WRITTEN_REQUEST_MAX};
+use super::header::{BulkDesc, Header, PacketKind, HEADER_LEN};
+use super::mem::{MemNetwork, MemTransport};
+use super::tests::{answer, config, request, server, wait_for, ECHO};
+use super::{Rpc, RpcConfig, SessionId};
+use verbio_runtime::Runtime;
+
+const PACKET: usize = 1024 + HEADER_LEN;
+const THRESHOLD: usize = 4096;
+
+fn bulk_config() -> RpcConfig {
+    RpcConfig {
+        read_threshold: THRESHOLD,
+        ..config()
+    }
+}
+
+/// A client whose session to `srv` has its link (its first large call,
+/// by READ, made it).
+async fn linked_client(
+    net: &MemNetwork,
+    srv: &Rpc<MemTransport>,
+    tag: usize,
+) -> (Rpc<MemTransport>, SessionId) {
+    let cli = Rpc::new(net.endpoint(), bulk_config());
+    let s = cli.connect(&srv.local_addr()).await.unwrap();
+    let req = request(900 + tag, 0, THRESHOLD);
+    assert_eq!(cli.call(s, ECHO, &req).await.unwrap()[..], answer(&req)[..]);
+    wait_for(|| cli.link_ready(s)).await;
+    (cli, s)
+}
+
+/// One call at a time, the large requests after the first are written
+/// into the room granted with the one before: none is read (each READ
+/// is three one-way trips: the read request, the READ's request, its
+/// data), every byte arrives and each handler runs once; what the
+/// grants hold is gone when the session ends. (Before: a READ per call.)
+#[test]
+fn large_requests_after_the_first_are_written() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(41, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv, 0).await;
+        // A request is written when it fits the room granted after the
+        // one before (that one's length and the trailer), read otherwise.
+        let sizes = [
+            10_000,
+            10_000,
+            9_000,
+            30_000,
+            30_000,
+            100_000,
+            100_000,
+            WRITTEN_REQUEST_MAX,
+            WRITTEN_REQUEST_MAX,
+        ];
+        let reads = srv.stats().bulk_reads;
+        let (mut want_read, mut want_written, mut room) = (0, 0, THRESHOLD);
+        for (i, &len) in sizes.iter().enumerate() {
+            let req = request(1, i, len);
+            let resp = cli.call(s, ECHO, &req).await.unwrap();
+            assert!(resp[..] == answer(&req)[..], "{len} bytes");
+            if len <= room {
+                want_written += 1;
+            } else {
+                want_read += 1;
+            }
+            room = len;
+        }
+        let (read, written) = (
+            srv.stats().bulk_reads - reads,
+            srv.stats().bulk_request_writes,
+        );
+        assert_eq!((read, written), (want_read, want_written));
+        assert_eq!((read, written), (4, 5));
+        assert_eq!(cli.stats().bulk_request_writes, written);
+        // Now the same size again and again: written every time.
+        for i in 0..8 {
+            let req = request(2, i, 20_000);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        assert!(srv.stats().bulk_reads - reads <= read + 1);
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(srv.stats().malformed_packets, 0);
+        wait_for(|| srv.memory().request_bytes == 0).await;
+        let m = srv.memory();
+        assert!(
+            m.granted_bytes >= 20_000 && m.granted_bytes <= m.request_budget / 2,
+            "{m:?}"
+        );
+        // A request past the largest written one is read and gets no room.
+        let req = request(3, 0, WRITTEN_REQUEST_MAX + 1);
+        let reads = srv.stats().bulk_reads;
+        assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        assert_eq!(srv.stats().bulk_reads - reads, 1);
+        cli.disconnect(s);
+        wait_for(|| srv.memory().granted_bytes == 0).await;
+    });
+}
+
+/// Clients that take their grant and never use it: the room all of them
+/// are granted stays within half the request memory, apart from it, so
+/// a client that comes later is still served (its large requests read,
+/// then written once room frees); ending the sessions gives it all back.
+#[test]
+fn unused_grants_are_bounded_apart_from_requests() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(42, PACKET);
+        let small = RpcConfig {
+            max_msg_len: 64 << 10,
+            request_memory: 160 << 10,
+            ..bulk_config()
+        };
+        let (srv, runs) = server(&net, small);
+        let budget = srv.memory().request_budget;
+        let mut idle = Vec::new();
+        for c in 0..8 {
+            let (cli, s) = linked_client(&net, &srv, c).await;
+            // Each slot gets its room: 8 calls at once.
+            let reqs: Vec<Vec<u8>> = (0..8).map(|i| request(10 + c, i, 30_000)).collect();
+            let resps = futures::future::join_all(reqs.iter().map(|r| cli.call(s, ECHO, r))).await;
+            for (req, resp) in reqs.iter().zip(resps) {
+                assert!(resp.unwrap()[..] == answer(req)[..]);
+            }
+            let m = srv.memory();
+            assert!(m.granted_bytes <= budget / 2, "client {c}: {m:?}");
+            idle.push((cli, s));
+        }
+        assert!(srv.memory().granted_bytes > 0);
+        // A newcomer: its requests as large as the budget allows are
+        // served (by READ: the room for grants is taken), none is busy.
+        let (cli, s) = linked_client(&net, &srv, 99).await;
+        for i in 0..4 {
+            let req = request(30, i, 60_000);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        assert_eq!(cli.stats().busy_pauses, 0);
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert!(srv.memory().granted_bytes <= budget / 2);
+        for (c, s) in &idle {
+            c.disconnect(*s);
+        }
+        cli.disconnect(s);
+        wait_for(|| srv.memory().granted_bytes == 0).await;
+        wait_for(|| srv.memory().request_bytes == 0).await;
+    });
+}
+
+/// The room a server granted a raw peer, misused: an immediate claiming
+/// more than the room, a request written twice (its number again, into
+/// the next room), an immediate over another peer's link: each dropped
+/// and counted malformed, no handler run for it, the room given back; a
+/// request written properly is served once.
+#[test]
+fn misused_grants_run_nothing() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(43, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let mut raw = RawPeer::connect(&net, &srv).await;
+        raw.open_link(1).await;
+        // A read request (slot 0): read, answered, and room granted.
+        let first = request(7, 0, 10_000);
+        let (_, addr, rkey) = raw.bulk.expose(first.clone()).unwrap();
+        let grant = |raw: &mut RawPeer, req_num: u64, desc: BulkDesc, len: usize| {
+            let h = Header {
+                req_type: ECHO,
+                req_num,
+                msg_len: len as u32,
+                pkt_count: 1,
+                ..Header::new(PacketKind::ReadRequest)
+            };
+            raw.send(h, &desc.encode_offer(0));
+        };
+        grant(&mut raw, 0, BulkDesc { addr, rkey }, first.len());
+        let (h, payload) = raw.expect(PacketKind::Offer).await;
+        assert_eq!(
+            (h.req_num, h.msg_len as usize),
+            (0, first.len() + WRITE_TRAILER)
+        );
+        let room = BulkDesc::decode(&payload).unwrap();
+        let held = srv.memory().granted_bytes;
+        assert_eq!(held, first.len() + WRITE_TRAILER);
+        let malformed = srv.stats().malformed_packets;
+
+        // An immediate claiming more than the room: dropped, the room
+        // given back, nothing run.
+        let mut bytes = request(7, 1, 100);
+        bytes.extend_from_slice(&encode_trailer(8, ECHO, None));
+        let imm = encode_imm(8, first.len() + WRITE_TRAILER + 1);
+        raw.bulk
+            .write_imm(1, bytes, room.addr, room.rkey, imm, 1)
+            .unwrap();
+        wait_for(|| srv.stats().malformed_packets == malformed + 1).await;
+        assert_eq!(srv.memory().granted_bytes, 0);
+        assert_eq!(srv.stats().bulk_request_writes, 0);
+
+        // Room again (a read request in slot 0), then a request written
+        // properly: served once, and new room granted.
+        grant(&mut raw, 16, BulkDesc { addr, rkey }, first.len());
+        let (h, payload) = raw.expect(PacketKind::Offer).await;
+        assert_eq!(h.req_num, 16);
+        let room = BulkDesc::decode(&payload).unwrap();
+        let second = request(7, 2, 5_000);
+        let mut bytes = second.clone();
+        bytes.extend_from_slice(&encode_trailer(24, ECHO, None));
+        let imm = encode_imm(24, bytes.len());
+        raw.bulk
+            .write_imm(1, bytes.clone(), room.addr, room.rkey, imm, 2)
+            .unwrap();
+        wait_for(|| srv.stats().bulk_request_writes == 1).await;
+        let (h, payload) = raw.expect(PacketKind::Offer).await;
+        assert_eq!(h.req_num, 24);
+        let next_room = BulkDesc::decode(&payload).unwrap();
+        wait_for(|| runs.borrow().get(&second) == Some(&1)).await;
+
+        // A stranger with a session and link of its own, writing into
+        // the room granted to the other peer, its immediate for slot 0 of
+        // its own session (which was granted nothing): dropped, nothing
+        // run, the other peer's room still held.
+        let mut stranger = RawPeer::connect(&net, &srv).await;
+        stranger.open_link(5).await;
+        let (malformed, held) = (srv.stats().malformed_packets, srv.memory().granted_bytes);
+        assert!(held > 0);
+        let mut forged = request(8, 0, 100);
+        forged.extend_from_slice(&encode_trailer(32, ECHO, None));
+        let forged_imm = encode_imm(32, forged.len());
+        stranger
+            .bulk
+            .write_imm(5, forged, next_room.addr, next_room.rkey, forged_imm, 4)
+            .unwrap();
+        wait_for(|| srv.stats().malformed_packets == malformed + 1).await;
+        assert_eq!(srv.stats().bulk_request_writes, 1);
+        assert!(runs.borrow().get(&request(8, 0, 100)).is_none());
+        assert!(runs.borrow().get(&request(7, 1, 100)).is_none());
+        assert_eq!(srv.memory().granted_bytes, held);
+        // The same request (number 24) written again into the next room:
+        // not new, dropped; its handler does not run twice.
+        let malformed = srv.stats().malformed_packets;
+        raw.bulk
+            .write_imm(1, bytes, next_room.addr, next_room.rkey, imm, 3)
+            .unwrap();
+        wait_for(|| srv.stats().malformed_packets == malformed + 1).await;
+        assert_eq!(runs.borrow().get(&second), Some(&1));
+        assert_eq!(srv.stats().bulk_request_writes, 1);
+
+        assert_eq!(srv.memory().granted_bytes, 0);
+    });
+}
