@@ -96,6 +96,15 @@ impl Copied {
         }
     }
 
+    /// The message `bytes` in a vector of no connection's (freed when
+    /// dropped).
+    pub(crate) fn detached(bytes: Vec<u8>) -> Copied {
+        Copied {
+            bytes,
+            home: Weak::new(),
+        }
+    }
+
     /// The message's bytes.
     #[inline]
     pub(crate) fn bytes(&self) -> &[u8] {

@@ -1,9 +1,11 @@
 //! Landing slots: mid-size messages received without a copy.
 //!
-//! The staging ring (`staging.rs`) cannot lend its bytes to the
-//! application: its one rkey lets the peer write anywhere in it at any
-//! time, so a message is copied out before it is delivered. At 256 KiB
-//! that copy was the whole gap to the verbs path (docs/benchmarks.md).
+//! The staging ring (`staging.rs`) lends its bytes to the application
+//! only through copies (`staged_lend.rs`): its one rkey lets the peer
+//! write anywhere in it at any time, so no reference into it is handed
+//! out, and a message that is read is copied once. At 256 KiB that copy
+//! (then made at take-out) was the whole gap to the verbs path
+//! (docs/benchmarks.md).
 //! A landing slot is memory the peer may write exactly one message into:
 //!
 //! - A side registers [`SLOTS`] slots of `staging_ring / 4` bytes (at most

@@ -45,6 +45,7 @@ mod send_msg;
 mod settings;
 mod side;
 mod srq;
+mod staged_lend;
 mod staged_now;
 mod staging;
 mod staging_budget;

@@ -4,7 +4,10 @@
 //! slots for lent messages, see `Receiving`); a reassembled message, or
 //! one that arrived while every spare slot was lent, is one contiguous
 //! vector; a message copied out of the staging ring is a vector kept for
-//! the next such copy once dropped (`copy_bufs.rs`); a message READ from the peer is the registered vector it was
+//! the next such copy once dropped (`copy_bufs.rs`); a message the peer
+//! wrote into the staging ring is lent from there, its ring bytes given
+//! back once dropped, and read through copies only (`staged_lend.rs`);
+//! a message READ from the peer is the registered vector it was
 //! read into, kept for the next READ once dropped (`read_bufs.rs`); a
 //! message the peer wrote into a landing slot is that slot's memory, no
 //! longer reachable by the peer, granted again once dropped
@@ -20,6 +23,7 @@ use super::backlog::SMALL_ITEM_CHARGE;
 use super::copy_bufs::Copied;
 use super::landing::LentSlot;
 use super::read_bufs::ReadInto;
+use super::staged_lend::LentStaged;
 
 /// Where the bytes are.
 #[derive(Debug)]
@@ -36,6 +40,8 @@ pub(crate) enum Body {
     Read(ReadInto),
     /// Written by the peer into a landing slot, revoked while lent.
     Landed(LentSlot),
+    /// Written by the peer into the staging ring and lent from there.
+    Staged(LentStaged),
 }
 
 /// A receive-ring slot lent to the application: the payload at `range`
@@ -94,7 +100,62 @@ impl RecvMsg {
             Body::Copied(c) => (c.bytes().len() as u64).max(SMALL_ITEM_CHARGE),
             Body::Read(r) => r.len() as u64,
             Body::Landed(l) => l.capacity() as u64,
+            // Charged while lent, in the inbox or not (`staged_lend::lend`);
+            // an evicted one, then a copy, is no longer charged.
+            Body::Staged(_) => 0,
         }
+    }
+
+    /// The message's length (without copying a lent staged message).
+    #[inline]
+    pub fn len(&self) -> usize {
+        match &self.body {
+            Body::Staged(l) => l.len(),
+            _ => (**self).len(),
+        }
+    }
+
+    /// True for an empty message.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True while the bytes are still in the connection's staging ring,
+    /// where the peer wrote them (a message longer than one receive buffer
+    /// and at most a quarter of the ring): lent, not copied, its ring bytes
+    /// given back to the peer when this message is dropped. The first
+    /// `Deref` (or [`into_vec`](Self::into_vec)) copies them into memory of
+    /// the message's own; [`copy_to`](Self::copy_to) copies them where the
+    /// caller wants, without that copy. The connection may also copy them
+    /// itself while the application holds many lent messages, to give the
+    /// peer room.
+    ///
+    /// The peer's key covers the whole ring, so a buggy or hostile peer can
+    /// still write these bytes until they are copied: the copies are made
+    /// under the device's ordering (as [`RemoteAccessRegion`]'s accessors
+    /// are), so a read sees what the peer sent or a mix with what it wrote
+    /// since, never memory outside the message, and the bytes a `Deref`
+    /// hands out never change.
+    ///
+    /// [`RemoteAccessRegion`]: verbio_runtime::buf::RemoteAccessRegion
+    pub fn is_lent_from_ring(&self) -> bool {
+        matches!(&self.body, Body::Staged(l) if l.in_ring())
+    }
+
+    /// Copies the message's bytes from `offset` into `dst`, as many as
+    /// both have, and returns how many: for a message lent from the
+    /// staging ring ([`is_lent_from_ring`](Self::is_lent_from_ring)), one
+    /// copy straight from the ring (each call reads what the ring holds
+    /// then), without the copy a `Deref` makes.
+    pub fn copy_to(&self, offset: usize, dst: &mut [u8]) -> usize {
+        if let Body::Staged(l) = &self.body {
+            return l.copy_to(offset, dst);
+        }
+        let src = (**self).get(offset..).unwrap_or_default();
+        let n = src.len().min(dst.len());
+        dst[..n].copy_from_slice(&src[..n]);
+        n
     }
 
     /// The immediate of `send_with_imm`.
@@ -128,6 +189,8 @@ impl RecvMsg {
             Body::Read(r) => r.into_vec(),
             // A copy: the slot's memory goes back to the connection.
             Body::Landed(l) => l.bytes().to_vec(),
+            // A copy: the ring bytes go back to the peer.
+            Body::Staged(l) => l.into_vec(),
         }
     }
 }
@@ -142,6 +205,7 @@ impl Deref for RecvMsg {
             Body::Copied(c) => c.bytes(),
             Body::Read(r) => r.bytes(),
             Body::Landed(l) => l.bytes(),
+            Body::Staged(l) => l.bytes(),
         }
     }
 }

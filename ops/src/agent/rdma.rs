@@ -275,7 +275,7 @@ impl Shared {
     /// `Credit` message (by a task): the agent only returns a batch when a
     /// repost completes it, which may not happen again while the peer
     /// waits for these very credits.
-    fn return_owed_batch(self: &Rc<Self>, why: &'static str) {
+    pub(crate) fn return_owed_batch(self: &Rc<Self>, why: &'static str) {
         let Some(grant) = self.owed.take_batch() else {
             return;
         };
@@ -1383,7 +1383,10 @@ impl Rdma {
     /// lent in the slot of the connection's receive ring it landed in,
     /// which is reposted when the message is dropped (while half of the
     /// connection's `recv_buf_count` messages are lent, later ones are
-    /// copied out instead; see [`RecvMsg::is_zero_copy`]). Cancel-safe: a
+    /// copied out instead; see [`RecvMsg::is_zero_copy`]). A message the
+    /// peer wrote into the staging ring is lent from there, its ring bytes
+    /// given back to the peer when it is dropped, and copied only when
+    /// read (see [`RecvMsg::is_lent_from_ring`]). Cancel-safe: a
     /// message is only taken by the poll that returns it.
     #[inline(always)]
     pub fn receive_msg(&self) -> impl Future<Output = Result<RecvMsg, AgentError>> + '_ {

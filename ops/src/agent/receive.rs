@@ -51,6 +51,7 @@ impl Future for Receive {
                     rx.leave(id);
                     this.done = true;
                     shared.taken(m.charge(shared.config.posted_buf_size()));
+                    super::staged_lend::handed(shared, &m);
                     return Poll::Ready(Ok(m));
                 }
                 Begin::Closed => {
@@ -80,6 +81,7 @@ impl Future for Receive {
                     rx.leave(id);
                     this.done = true;
                     settle(shared);
+                    super::staged_lend::handed(shared, &m);
                     return Poll::Ready(Ok(m));
                 }
                 // A control message, a piece (a completed message is in the

@@ -23,9 +23,10 @@
 //! peer a wake-up and a receive every 16 messages); a message with an immediate of
 //! its own goes as a WRITE and a `Staged` SEND naming offset and length
 //! (RC places the WRITE's bytes before the SEND arrives). The receiver
-//! copies the message out of its ring into the vector it delivers (the
-//! ring is never lent: the peer may write it at any time) and returns the
-//! messages it took out (wire version 12: a count, oldest first; the
+//! lends the message from its ring (`staged_lend.rs`: read only through
+//! copies, since the peer may write the ring at any time; copied out
+//! instead when lending would hold up too much of the ring or of the
+//! unread backlog) and returns the messages it took out, once dropped, (wire version 12: a count, oldest first; the
 //! sender knows the ring bytes each took): up to three at a time in the
 //! immediate of a staged message of its own to the peer
 //! (`wire::StagedImm::returned`), and, once the messages not returned so
@@ -76,6 +77,7 @@ use super::exposed::Exposed;
 use super::flow::{Credit, Credits, Piggyback};
 use super::msg::{Body, RecvMsg};
 use super::rdma::{until_posted, Shared};
+use super::staged_lend::{Lends, Ring};
 use super::staging_budget::{Lease, StagingBudget};
 use super::wire::{
     staged_grant_imm, Message, StagedImm, MAX_STAGED_GRANT, MAX_STAGED_GRANT_LEN,
@@ -155,13 +157,11 @@ enum Held {
 pub(crate) struct Staging {
     /// Bytes of this side's ring (0: none).
     ring_bytes: usize,
-    /// This side's ring, once registered (at its announcement).
-    own: RefCell<Option<Exposed>>,
+    /// This side's ring, once registered (at its announcement), with its
+    /// lease of `budget`; shared with the messages lent from it.
+    own: RefCell<Option<Rc<Ring>>>,
     /// Where the ring's bytes come from, shared with other connections.
     budget: StagingBudget,
-    /// The ring's bytes taken from `budget` (after `own`: given back once
-    /// the ring is deregistered).
-    lease: RefCell<Option<Lease>>,
     /// The ring was announced (or its registration failed: never again).
     /// Not set when the budget was spent: asked again at the peer's next
     /// message the ring would carry.
@@ -179,6 +179,9 @@ pub(crate) struct Staging {
     unreturned: RefCell<VecDeque<u32>>,
     /// Receiving: the vectors messages are copied out into, kept.
     copies: Rc<CopyBufs>,
+    /// Receiving: the messages taken out from the oldest lent one on
+    /// (`staged_lend.rs`), returned only once each before them is.
+    lends: Lends,
     /// Sending: the peer's ring, once announced.
     peer: Cell<Option<PeerRing>>,
     /// Sending: where the next message goes.
@@ -205,7 +208,6 @@ impl Staging {
             ring_bytes: bytes,
             own: RefCell::new(None),
             budget,
-            lease: RefCell::new(None),
             announced: Cell::new(false),
             refusal_logged: Cell::new(false),
             held: RefCell::new(VecDeque::new()),
@@ -213,6 +215,7 @@ impl Staging {
             freed: Cell::new(0),
             unreturned: RefCell::new(VecDeque::new()),
             copies: CopyBufs::new(bytes / 2),
+            lends: Lends::default(),
             peer: Cell::new(None),
             head: Cell::new(0),
             used: Cell::new(0),
@@ -273,23 +276,46 @@ impl Staging {
             len: region.len() as u32,
             rkey: region.rkey(),
         };
-        *self.own.borrow_mut() = Some(region);
-        *self.lease.borrow_mut() = Some(lease);
+        *self.own.borrow_mut() = Some(Ring::new(region, lease));
         Some(msg)
     }
 
     /// This side's ring's keys, once registered (see `Exposed::keys`).
     pub(crate) fn keys(&self) -> Option<(super::wire::MrToken, u32)> {
-        self.own.borrow().as_ref().map(|r| r.keys(0))
+        self.own.borrow().as_ref().map(|r| r.exposed().keys(0))
     }
 
     /// The agent stopped (nothing more arrives, the held messages were
     /// delivered): deregisters this side's ring and gives its bytes back
-    /// to the budget.
+    /// to the budget (once the last message lent from it is dropped).
     pub(crate) fn release_ring(&self) {
         self.closed.set(true);
+        self.lends.clear();
         self.own.borrow_mut().take();
-        self.lease.borrow_mut().take();
+    }
+
+    /// The messages taken out from the oldest lent one on.
+    #[inline(always)]
+    pub(crate) fn lends(&self) -> &Lends {
+        &self.lends
+    }
+
+    /// The connection's spare copy-out vectors.
+    pub(crate) fn copy_bufs(&self) -> Rc<CopyBufs> {
+        self.copies.clone()
+    }
+
+    /// A lent message was released: the messages now returnable (none
+    /// before them held) count as taken out, and a quarter of the ring
+    /// goes back to the peer.
+    pub(crate) fn returnable_after_release(&self, shared: &Rc<Shared>) {
+        self.lends.pop_returnable(|taken| {
+            self.freed.set(self.freed.get().saturating_add(taken));
+            self.unreturned.borrow_mut().push_back(taken);
+        });
+        if let Some(batch) = self.freed_batch() {
+            return_freed(shared, batch);
+        }
     }
 
     /// True while messages are held back.
@@ -454,7 +480,7 @@ impl Staging {
             ));
         };
         // Registered with at most MAX_STAGING_RING bytes.
-        let size = ring.len() as u32;
+        let size = ring.region().len() as u32;
         if len == 0 || len > size / 4 {
             return Err(CloseReason::Violation(
                 "staged message empty or longer than a quarter of the ring",
@@ -478,25 +504,25 @@ impl Staging {
     }
 
     /// Receiving: copies a placed message out of the ring; its bytes count
-    /// as freed.
-    fn take_out(&self, at: u32, len: u32, taken: u32) -> Result<Copied, CloseReason> {
-        let own = self.own.borrow();
-        let ring = own.as_ref().ok_or(CloseReason::Violation(
-            "staged message without a staging ring",
-        ))?;
+    /// as freed (or, behind a lent message, once that one is released).
+    fn take_out(&self, ring: &Ring, at: u32, len: u32, taken: u32) -> Result<Copied, CloseReason> {
         let mut bytes = self.copies.take(len as usize);
         ring.region()
             .append_to(at as usize, len as usize, &mut bytes)
             .map_err(|_| CloseReason::Violation("staged message outside the staging ring"))?;
-        self.freed.set(self.freed.get().saturating_add(taken));
-        self.unreturned.borrow_mut().push_back(taken);
+        if self.lends.is_empty() {
+            self.freed.set(self.freed.get().saturating_add(taken));
+            self.unreturned.borrow_mut().push_back(taken);
+        } else {
+            self.lends.push(taken, None);
+        }
         Ok(Copied::new(bytes, &self.copies))
     }
 
     /// Receiving: every message not returned yet, once they took a quarter
     /// of the ring (the ring bytes each took, oldest first).
     fn freed_batch(&self) -> Option<Vec<u32>> {
-        let ring = self.own.borrow().as_ref()?.len() as u32;
+        let ring = self.own.borrow().as_ref()?.region().len() as u32;
         if self.freed.get() < ring / 4 {
             return None;
         }
@@ -840,7 +866,11 @@ pub(crate) fn received(
     take_staged(shared, imm, at, len, taken).map(Some)
 }
 
-/// Copies a staged message out of the ring (its bytes freed).
+/// Takes a staged message out of the ring: lent (`staged_lend.rs`) while
+/// the unread backlog stays within half its limit with it; else copied
+/// out (its bytes freed). (The receive that hands a lent message to the
+/// application bounds the ring bytes lent messages hold up:
+/// `staged_lend::handed`.)
 fn take_staged(
     shared: &Rc<Shared>,
     imm: Option<u32>,
@@ -848,14 +878,27 @@ fn take_staged(
     len: u32,
     taken: u32,
 ) -> Result<RecvMsg, CloseReason> {
-    let bytes = shared.staging.take_out(at, len, taken)?;
-    if let Some(batch) = shared.staging.freed_batch() {
+    let st = &shared.staging;
+    let Some(ring) = st.own.borrow().clone() else {
+        return Err(CloseReason::Violation(
+            "staged message without a staging ring",
+        ));
+    };
+    if u64::from(at) + u64::from(len) > ring.region().len() as u64 {
+        return Err(CloseReason::Violation(
+            "staged message outside the staging ring",
+        ));
+    }
+    let lend = shared.backlog.bytes().saturating_add(u64::from(len)) <= shared.backlog.limit() / 2;
+    let body = if lend {
+        Body::Staged(super::staged_lend::lend(shared, &ring, at, len, taken))
+    } else {
+        Body::Copied(st.take_out(&ring, at, len, taken)?)
+    };
+    if let Some(batch) = st.freed_batch() {
         return_freed(shared, batch);
     }
-    Ok(RecvMsg {
-        body: Body::Copied(bytes),
-        imm,
-    })
+    Ok(RecvMsg { body, imm })
 }
 
 /// Delivers the messages held back, in order, while the unread backlog is
