@@ -137,7 +137,7 @@ pub(crate) struct Shared {
     pub ahs: Mutex<AhTable>,
     /// The connection to each remote engine, by its address (kept by the
     /// engine), for posting threads that transmit datagrams themselves.
-    pub wires: Mutex<HashMap<SocketAddr, Arc<Wire>>>,
+    pub wires: Mutex<super::AddrMap<Arc<Wire>>>,
     /// UD counters and fault injection.
     pub ud: UdShared,
     next_qpn: AtomicU32,
@@ -365,7 +365,7 @@ impl Context {
             stop: AtomicBool::new(false),
             async_events: Arc::new(EventQueue::new()?),
             ahs: Mutex::new(AhTable::default()),
-            wires: Mutex::new(HashMap::new()),
+            wires: Mutex::new(super::AddrMap::default()),
             ud: UdShared::default(),
             next_qpn: AtomicU32::new(0x100 + (seed & 0xffff)),
             next_cq: AtomicU32::new(1),

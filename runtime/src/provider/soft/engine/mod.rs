@@ -30,7 +30,6 @@ mod rx;
 mod timers;
 mod tx;
 
-use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,7 +88,7 @@ pub(crate) struct Engine {
     /// pace (`pacing.rs`): connections from other hosts get it back.
     pub listener_cc: Option<Vec<u8>>,
     pub conns: Slab<Conn>,
-    pub peers: HashMap<std::net::SocketAddr, usize>,
+    pub peers: super::AddrMap<usize>,
     pub qps: IdMap<EQp>,
     pub active: Vec<usize>,
     /// Connections whose only output is held ACKs (see `Conn::ack_hold`).
@@ -164,7 +163,7 @@ impl Engine {
             listener,
             listener_cc,
             conns: Slab::new(),
-            peers: HashMap::new(),
+            peers: super::AddrMap::default(),
             qps: IdMap::default(),
             active: Vec::new(),
             held: Vec::new(),
