@@ -189,7 +189,12 @@ fn large_messages_go_by_read_over_an_rc_link() {
         let writes = writes + client.stats().bulk_writes - get_writes;
         let (c, s) = (client.stats(), server.stats());
         println!("client counters: {c:?}\nserver counters: {s:?}");
-        assert!(s.bulk_reads >= 16, "requests read: {s:?}");
+        // (Requests up to 128 KiB after the first of their slot are
+        // written into the room the server granted, not read.)
+        assert!(
+            s.bulk_reads + s.bulk_request_writes >= 16,
+            "requests read or written: {s:?}"
+        );
         // (Responses as long as their requests fit the offer: written.)
         let moved = c.bulk_reads + writes;
         assert!(moved >= 12, "responses read or written: {c:?}");

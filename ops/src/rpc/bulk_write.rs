@@ -42,8 +42,11 @@
 //!   `request_memory` (`Core::grants`, `RpcMemory::granted_bytes`): past
 //!   it none is granted and the next request goes by READ, and what
 //!   peers are granted never takes room from requests. The room is the
-//!   slot's until a request is written into it, the link closes or the
-//!   session ends (an idle session expires).
+//!   slot's until the link closes or the session ends (an idle session
+//!   expires): each request written is copied out of it, so it is
+//!   registered, zeroed and announced once, not per call; a larger
+//!   request (read) replaces it, an offer for the same room announces it
+//!   again.
 //! * The WRITE: the client's next large request of that slot that fits
 //!   the room goes by one RDMA WRITE with immediate into it, followed by
 //!   a trailer ([`WRITE_TRAILER`]: its request number and type, and the
@@ -55,13 +58,13 @@
 //!   the request if it never took the written one). A WRITE that fails
 //!   closes the link and the call goes again over a new link by READ
 //!   (once; then it fails).
-//! * The arrival: the server's link takes the immediate; the slot's room
-//!   becomes the request (charged to the request memory from then on,
-//!   its grant's charge given back), checked as a read
+//! * The arrival: the server's link takes the immediate; the request is
+//!   copied out of the slot's room at once (charged to the request
+//!   memory), checked as a read
 //!   request's header is (a request number after the slot's, a length
 //!   within the room and the message limit; anything else is dropped as
-//!   malformed, never failing the session), and the handler runs; the
-//!   slot gets new room at once, before the handler answers.
+//!   malformed, never failing the session, the room kept), and the
+//!   handler runs.
 //!
 //! The last two of the READ path's four one-way trips for an echo are the
 //! response's; the first three (read request, the READ's request, its
@@ -112,11 +115,12 @@ pub(crate) fn decode_imm(imm: u32) -> (usize, u32, usize) {
 /// (and get no grant, so no room of their size is held for a peer).
 /// Measured on the soft device, one call at a time, against READ
 /// (`docs/benchmarks.md`, "Where one large call's time goes"): written
-/// requests take 2.8-3.3 context switches per call instead of 5.1-5.8 and
-/// 13-17% less time up to 128 KiB, tie at 192 KiB and lose from 256 KiB
-/// (12-17% slower: the room granted and the response room the call
-/// offers are zeroed when exposed, two passes over the message that the
-/// READ path does not make, and they outweigh the two trips saved).
+/// requests (a room granted per call then) took 2.8-3.3 context switches
+/// per call instead of 5.1-5.8 and 13-17% less time up to 128 KiB, tied
+/// at 192 KiB and lost from 256 KiB (12-17% slower: the room granted and
+/// the response room the call offers were zeroed when exposed, two
+/// passes over the message that the READ path does not make). The room
+/// is kept per slot now (one pass fewer); the limit not measured again.
 pub(crate) const WRITTEN_REQUEST_MAX: usize = 128 << 10;
 
 /// Bytes a written request carries after its message: its request
@@ -388,13 +392,19 @@ impl<P: Clone> Core<P> {
     /// packet queued ahead of the request's packets. So a large response
     /// comes by one WRITE whatever the request's size (`docs/rpc.md`).
     pub(crate) fn offer_room(&mut self, sid: u32, i: usize) {
-        self.room_for_response(sid, i, true);
+        self.room_for_response(sid, i, true, 0);
     }
 
     /// [`offer_room`](Self::offer_room)'s work: the room offered, if any
     /// (announced by an offer packet if `packet`, else returned for the
     /// caller to announce).
-    fn room_for_response(&mut self, sid: u32, i: usize, packet: bool) -> Option<(BulkDesc, u32)> {
+    fn room_for_response(
+        &mut self,
+        sid: u32,
+        i: usize,
+        packet: bool,
+        at_least: usize,
+    ) -> Option<(BulkDesc, u32)> {
         let max_len = self.config.max_msg_len;
         let Core {
             config,
@@ -409,7 +419,13 @@ impl<P: Clone> Core<P> {
         let (Some(bulk), Some(s)) = (bulk.as_mut(), sessions.get_mut(sid)) else {
             return None;
         };
-        let hint = s.resp_hint.min(max_len).min(MAX_MSG_LEN as usize);
+        // At least `at_least` (a written request's length: an echo's
+        // response fits), as a read request's own buffer offers.
+        let hint = s
+            .resp_hint
+            .max(at_least)
+            .min(max_len)
+            .min(MAX_MSG_LEN as usize);
         let max_link_packet = bulk.max_link_packet();
         if hint == 0 || !super::bulk::goes_bulk(config, max_link_packet, true, hint, s.max_payload)
         {
@@ -590,7 +606,7 @@ impl<P: Clone> Core<P> {
             return false;
         }
         let (req_num, req_type) = (slot.req_num, slot.req_type);
-        let room = self.room_for_response(sid, i, false);
+        let room = self.room_for_response(sid, i, false, len);
         let token = self.next_token;
         let Some(s) = self.sessions.get_mut(sid) else {
             return false;
@@ -605,7 +621,8 @@ impl<P: Clone> Core<P> {
         match bulk.write_imm(link, buf, grant.addr, grant.rkey, imm, token) {
             Ok(()) => {
                 self.next_token += 1;
-                slot.grant = None;
+                // Kept: the room stays the slot's (the server copies each
+                // request out of it), for the next request that fits.
                 slot.req_writing = Some(token);
                 slot.n_req = 1;
                 // Its one packet is in flight (a credit), answered when
@@ -753,21 +770,23 @@ impl<P: Clone> Core<P> {
             return;
         }
         let slot = &mut s.server[i];
-        let Some((token, _, cap)) = slot.granted.take() else {
+        let Some((token, _, cap)) = slot.granted else {
             // No room there: not this side's WRITE to take.
             stats.malformed_packets += 1;
             return;
         };
-        // The grant's charge ends here: the request's bytes are charged to
-        // the request memory instead, forced (they exist already; what
-        // grants hold is bounded apart, see `Core::grants`).
-        slot.grant_charge.release();
-        let Some(mut buf) = bulk.as_mut().and_then(|b| b.unexpose(token)) else {
-            return;
-        };
+        // The room stays exposed for the slot's next request (no new room
+        // to register, zero and announce per call): the request is copied
+        // out of it now, trailer included, before anything else runs. Its
+        // client writes the next one only after this one's response.
+        let mut buf = pool.take_for(len);
+        let copied = len <= cap
+            && bulk
+                .as_mut()
+                .is_some_and(|b| b.copy_out(token, 0, len, &mut buf));
         let trailer = len
             .checked_sub(WRITE_TRAILER)
-            .filter(|_| len <= cap)
+            .filter(|_| copied)
             .and_then(|at| decode_trailer(buf.get(at..len)?));
         let fresh = |n: u64| {
             (n > slot.req_num || slot.state == ServeState::Idle)
@@ -798,8 +817,6 @@ impl<P: Clone> Core<P> {
         stats.bulk_request_writes += 1;
         pool.put(old_req);
         self.release_exposed(old_resp);
-        // Room for the next one, announced before the handler answers.
-        self.grant_room(sid, i, msg_len);
         self.dispatch(sid, i);
     }
 }

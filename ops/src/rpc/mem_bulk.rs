@@ -297,6 +297,21 @@ impl Bulk for MemBulk {
         Ok((u64::from(rkey), addr, rkey))
     }
 
+    fn copy_out(&mut self, token: u64, off: usize, n: usize, dst: &mut Vec<u8>) -> bool {
+        let Ok(rkey) = u32::try_from(token) else {
+            return false;
+        };
+        let net = self.net.0.borrow();
+        let span = off.checked_add(n);
+        match (net.bulk.regions.get(&rkey), span) {
+            (Some(r), Some(end)) if r.owner == self.id && end <= r.bytes.len() => {
+                dst.extend_from_slice(&r.bytes[off..end]);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn unexpose(&mut self, token: u64) -> Option<Vec<u8>> {
         let rkey = u32::try_from(token).ok()?;
         let mut net = self.net.0.borrow_mut();

@@ -106,6 +106,12 @@ pub trait Bulk {
     /// afterwards) and gives it back.
     fn unexpose(&mut self, token: u64) -> Option<Vec<u8>>;
 
+    /// Appends the `n` bytes at offset `off` of the buffer exposed as
+    /// `token` to `dst`, leaving it exposed (a peer writing meanwhile may
+    /// leave a mix of old and new bytes); false, `dst` unchanged, if
+    /// there is no such buffer or the span is outside it.
+    fn copy_out(&mut self, token: u64, off: usize, n: usize, dst: &mut Vec<u8>) -> bool;
+
     /// Starts a READ over `link` of `len` bytes at `addr` under `rkey`
     /// into `into` (capacity at least `len`), reported with `token` by
     /// [`poll_done`](Bulk::poll_done). On failure to start, the buffer

@@ -248,6 +248,12 @@ impl Bulk for UdBulk {
         }
     }
 
+    fn copy_out(&mut self, token: u64, off: usize, n: usize, dst: &mut Vec<u8>) -> bool {
+        self.regions
+            .get(&token)
+            .is_some_and(|region| region.append_to(off, n, dst).is_ok())
+    }
+
     fn unexpose(&mut self, token: u64) -> Option<Vec<u8>> {
         // Deregistered first: no READ reaches it afterwards.
         self.regions
