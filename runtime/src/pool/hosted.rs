@@ -25,7 +25,11 @@
 //! taken leaves the turn to the holder), so no second worker is woken to
 //! run the task (tokio unparks one whenever the task goes to its run
 //! queue instead of its LIFO slot) and the request costs no trip through
-//! tokio's scheduler.
+//! tokio's scheduler. The same holds for a request from a thread that is
+//! not a worker but runs inside that tokio runtime (its `block_on`, such
+//! as `#[tokio::main]`'s body, or a `spawn_blocking` thread): it turns
+//! the runtime too, where the task's wake would have unparked a worker
+//! (a remote schedule) for every request.
 //!
 //! What a runtime thread guarantees holds here too: requests own their
 //! data inside the runtime until their operation completes; a panic of a
@@ -122,7 +126,8 @@ pub(super) struct HostShared {
     poisoned: AtomicBool,
     /// The runtime's task (its waker of its latest poll).
     task: AtomicWaker,
-    /// The tokio runtime the task runs on: only its workers turn inline.
+    /// The tokio runtime the task runs on: only threads inside it (its
+    /// workers, its `block_on`) turn inline.
     host: tokio::runtime::Id,
     /// `None` once torn down.
     owned: UnsafeCell<Option<SendOwned>>,
@@ -146,7 +151,8 @@ thread_local! {
 
 /// Runs `f` (the queuing of a request into a pool runtime's mailbox),
 /// then turns inline each hosted runtime that `f` woke from idle, if this
-/// thread is a worker of that runtime's tokio runtime and nothing else
+/// thread runs inside that runtime's tokio runtime (a worker, its
+/// `block_on`) and nothing else
 /// turns it at the moment (otherwise its task is woken as usual). Call it
 /// with no lock held: the turn runs the runtime's tasks.
 pub(super) fn inline_scope<R>(f: impl FnOnce() -> R) -> R {
@@ -306,12 +312,15 @@ impl HostShared {
             super::reply_wakes::direct(|| {
                 // Not told of readiness: with edge-triggered channels the
                 // events behind the fd are the task's (tokio tells it).
-                let mut turn = o.rt.turn_told(false);
+                // Timers are the task's too (its tokio timer waits for the
+                // next one; an earlier one made here wakes it, below): no
+                // clock read per request.
+                let mut turn = o.rt.turn_told(false, false);
                 for _ in 1..INLINE_TURNS {
                     if !turn.ready {
                         break;
                     }
-                    turn = o.rt.turn_told(false);
+                    turn = o.rt.turn_told(false, false);
                 }
                 let ready = turn.ready;
                 let due = turn.next_timer;
@@ -344,7 +353,8 @@ impl Wake for HostShared {
     }
 
     /// A cross-thread wake of the idle runtime: caught by an open
-    /// [`inline_scope`] on a worker of the host runtime, else the task's.
+    /// [`inline_scope`] on a thread in the host runtime (a worker, its
+    /// `block_on`), else the task's.
     fn wake_by_ref(self: &Arc<Self>) {
         let wake_task = CAUGHT
             .try_with(|c| {
@@ -353,7 +363,7 @@ impl Wake for HostShared {
                 if list.iter().any(|h| Arc::ptr_eq(h, self)) {
                     return false;
                 }
-                if !on_worker_of(self.host) {
+                if !in_context_of(self.host) {
                     return true;
                 }
                 list.push(self.clone());
@@ -366,10 +376,13 @@ impl Wake for HostShared {
     }
 }
 
-/// This thread is a worker of the tokio runtime `id`.
-fn on_worker_of(id: tokio::runtime::Id) -> bool {
-    tokio::runtime::worker_index().is_some()
-        && tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == id)
+/// This thread runs in the tokio runtime `id`: one of its workers, or a
+/// thread inside its context (its `block_on`, e.g. `#[tokio::main]`'s
+/// body; a `spawn_blocking` thread; a thread in `Handle::enter`). A turn
+/// there runs the runtime's tasks where tokio's own APIs work, as on a
+/// worker; a thread outside it wakes the runtime's task instead.
+fn in_context_of(id: tokio::runtime::Id) -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == id)
 }
 
 /// The tokio task's future: turns the runtime until the pool shuts down
@@ -539,11 +552,14 @@ impl Future for HostedRuntime {
                 }
                 _ => false,
             };
+            // Timers are fired (a clock read) only once the tokio timer
+            // waiting for the next one fired, or while none is set.
+            let timers = this.sleep_at.is_none() || this.timer.is_elapsed();
             o.rt.handle().wake_outside(&o.outside);
             let (turn, tasks) = {
                 let _turning = Turning::enter();
                 let _entered = enter(Some(o.rt.handle()));
-                super::reply_wakes::direct(|| (o.rt.turn_told(readable), o.rt.task_count()))
+                super::reply_wakes::direct(|| (o.rt.turn_told(readable, timers), o.rt.task_count()))
             };
             if o.jobs_done.get() {
                 let end = *this

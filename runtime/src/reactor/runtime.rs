@@ -309,7 +309,7 @@ impl Runtime {
     /// }
     /// ```
     pub fn turn(&self) -> Turn {
-        self.turn_taking(true)
+        self.turn_taking(true, true)
     }
 
     /// A [`turn`](Self::turn) for a driver that watches the epoll fd
@@ -321,12 +321,22 @@ impl Runtime {
     /// all ones its driver will be told of (and turn for); with a channel
     /// that is no such source (the software device's) the turn takes
     /// events as `turn` does, since there the wait is what finds them.
+    ///
+    /// With `timers` false an idle turn fires no timer and so reads no
+    /// clock: for a driver that waits for [`Turn::next_timer`] with a timer
+    /// of its own and turns with `timers` true once that one fired (a clock
+    /// read per idle turn is a system call where the clocksource is
+    /// emulated, e.g. in a VM). Busy turns still fire due timers every few
+    /// turns, as [`turn`](Self::turn)'s do.
     #[cfg(feature = "tokio")]
-    pub(crate) fn turn_told(&self, readable: bool) -> Turn {
-        self.turn_taking(readable || !self.handle.inner.driver.channels_edge_safe())
+    pub(crate) fn turn_told(&self, readable: bool, timers: bool) -> Turn {
+        self.turn_taking(
+            readable || !self.handle.inner.driver.channels_edge_safe(),
+            timers,
+        )
     }
 
-    fn turn_taking(&self, take_events: bool) -> Turn {
+    fn turn_taking(&self, take_events: bool, fire_timers: bool) -> Turn {
         let inner = &self.handle.inner;
         // Kept until a turn gets as far as the `epoll_wait`: a busy turn
         // returns before it, and the readiness it was told of is not told
@@ -364,7 +374,9 @@ impl Runtime {
             false
         };
         self.events_left.set(saturated);
-        inner.timers.fire_due();
+        if fire_timers {
+            inner.timers.fire_due();
+        }
         if saturated {
             return self.turn_result(true);
         }

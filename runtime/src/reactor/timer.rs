@@ -42,6 +42,9 @@ pub(crate) struct Timers {
     /// time): a first poll compares its deadline with it instead of
     /// reading the clock.
     seen: Cell<Option<Instant>>,
+    /// Clock reads of `fire_due` (tests count them).
+    #[cfg(test)]
+    pub(crate) clock_reads: Cell<usize>,
 }
 
 impl Timers {
@@ -52,6 +55,8 @@ impl Timers {
             next_seq: Cell::new(0),
             armed: Cell::new(0),
             seen: Cell::new(None),
+            #[cfg(test)]
+            clock_reads: Cell::new(0),
         }
     }
 
@@ -115,6 +120,8 @@ impl Timers {
         if self.next_deadline().is_none() {
             return 0;
         }
+        #[cfg(test)]
+        self.clock_reads.set(self.clock_reads.get() + 1);
         self.fire(Instant::now())
     }
 
