@@ -157,3 +157,47 @@ fn staged_messages_allocate_nothing_in_steady_state() {
         "{per_rt:.3} allocations per round trip of staged messages, more than {MAX_PER_ROUND_TRIP}"
     );
 }
+
+/// `receive_buf` of staged messages: one copy from the staging ring into a
+/// buffer of the connection's pool, and in steady state no allocation
+/// either (it took the message as a vector, one allocation and a copy,
+/// then copied that into the pool buffer).
+#[test]
+fn receive_buf_copies_into_the_pool_without_allocating() {
+    const SIZE: usize = 16 * 1024;
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        for _ in 0..WARM_UP + MEASURED {
+            let m = r.receive_msg().await.expect("ping");
+            r.send(&m).await.expect("echo");
+        }
+        let _ = r.receive_msg().await;
+    });
+    let (rt, dev) = runtime_and_device();
+    let per_rt = block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        let mut ping = buf_from(r.pool(), &pattern(SIZE, 3));
+        let mut start = 0;
+        for i in 0..WARM_UP + MEASURED {
+            if i == WARM_UP {
+                assert!(r.staged_max_len() >= SIZE, "the peer's ring is announced");
+                start = allocs();
+            }
+            let (res, back) = r.send_buf(ping).await;
+            res.expect("send");
+            ping = back;
+            let b = r.receive_buf().await.expect("echo");
+            assert!(r.pool().owns(&b), "a buffer of the connection's pool");
+            assert!(b[..] == ping[..], "echo {i} intact");
+        }
+        let n = allocs() - start;
+        println!("receive_buf: {n} allocations in {MEASURED} round trips");
+        r.close().await.expect("close");
+        n as f64 / MEASURED as f64
+    });
+    server.join().expect("server");
+    assert!(
+        per_rt <= MAX_PER_ROUND_TRIP,
+        "{per_rt:.3} allocations per round trip with receive_buf, more than {MAX_PER_ROUND_TRIP}"
+    );
+}

@@ -1393,16 +1393,24 @@ impl Rdma {
         Receive::new(&self.shared)
     }
 
-    /// The next message copied into a registered buffer.
+    /// The next message copied into a registered buffer of the
+    /// connection's pool: one copy, from where the message lies (its
+    /// receive buffer, the staging ring, a landing slot) straight into the
+    /// buffer.
     pub async fn receive_buf(&self) -> Result<LocalBuf, AgentError> {
-        let data = self.receive().await?;
-        self.shared
-            .pool
-            .alloc_from(&data)
-            .map_err(|source| AgentError::Buf {
-                stage: "allocating the receive buffer",
-                source,
-            })
+        let m = self.receive_msg().await?;
+        let len = m.len();
+        let err = |source| AgentError::Buf {
+            stage: "allocating the receive buffer",
+            source,
+        };
+        let mut buf = self.shared.pool.alloc(len).map_err(err)?;
+        // (A pool buffer's bytes are all initialized: `set_len` exposes
+        // only what `copy_to` then overwrites.)
+        buf.set_len(len).map_err(err)?;
+        let n = m.copy_to(0, &mut buf);
+        buf.truncate(n);
+        Ok(buf)
     }
 
     /// The immediate of the peer's next `write_with_imm`.
