@@ -409,7 +409,8 @@ pub fn seeds() -> Vec<Seed> {
         Seed::new("session-and-requests", framed(&requests)),
         Seed::new("connect-flood", framed(&flood)),
         // The client's call (exposed first, as the 1st buffer) read by the
-        // server, its response exposed (the 2nd) and read by the client;
+        // server, which then grants the slot room for written requests (the
+        // 2nd), its response exposed (the 3rd) and read by the client;
         // descriptors with a bad key, past the limit and past the region.
         Seed::new(
             "read-requests-and-responses",
@@ -418,7 +419,7 @@ pub fn seeds() -> Vec<Seed> {
                 bulk_connect(0),
                 bulk_connect(1),
                 read_request(0, exposed(1), CALL_LEN as u32),
-                read_response(exposed(2), CALL_LEN as u32),
+                read_response(exposed(3), CALL_LEN as u32),
                 read_request(1, exposed(7), CALL_LEN as u32),
                 read_request(2, exposed(1), 9000),
                 bulk_connect(0),
