@@ -122,14 +122,7 @@ fn allocations_per_message_in_steady_state() {
 #[test]
 fn staged_messages_allocate_nothing_in_steady_state() {
     const SIZE: usize = 16 * 1024;
-    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
-        let r = c.remove(0);
-        for _ in 0..WARM_UP + MEASURED {
-            let m = r.receive_msg().await.expect("ping");
-            r.send(&m).await.expect("echo");
-        }
-        let _ = r.receive_msg().await;
-    });
+    let (addr, server) = echo_server();
     let (rt, dev) = runtime_and_device();
     let per_rt = block(&rt, async {
         let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
@@ -165,14 +158,7 @@ fn staged_messages_allocate_nothing_in_steady_state() {
 #[test]
 fn receive_buf_copies_into_the_pool_without_allocating() {
     const SIZE: usize = 16 * 1024;
-    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
-        let r = c.remove(0);
-        for _ in 0..WARM_UP + MEASURED {
-            let m = r.receive_msg().await.expect("ping");
-            r.send(&m).await.expect("echo");
-        }
-        let _ = r.receive_msg().await;
-    });
+    let (addr, server) = echo_server();
     let (rt, dev) = runtime_and_device();
     let per_rt = block(&rt, async {
         let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;

@@ -6,9 +6,43 @@
 use std::path::Path;
 use std::process::Command;
 
+/// Runs scripts/perf-sweep.sh from ports `port`.. with `bin` and `args`,
+/// writing into `out`; asserts it succeeded and returns what it printed
+/// (None, having said SKIPPED, where bash or python3 does not run).
+fn sweep(port: u32, bin: &Path, args: &[&str], out: &Path) -> Option<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let run = match Command::new("bash")
+        .current_dir(&root)
+        .env("PERF_SWEEP_PORT", port.to_string())
+        .arg("scripts/perf-sweep.sh")
+        .arg("--bin")
+        .arg(bin)
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIPPED: bash does not run here ({e})");
+            return None;
+        }
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    if text.contains("python3: not found") || text.contains("python3: command not found") {
+        eprintln!("SKIPPED: no python3 here");
+        return None;
+    }
+    assert!(run.status.success(), "{text}");
+    Some(text)
+}
+
 #[test]
 fn the_sweep_prints_ratios_and_an_unfit_size_as_na() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("perf-sweep-script");
     // Ports of this run only (other sweeps may run on this host), below
     // the kernel's ephemeral range (32768 and up by default): a port there
@@ -17,33 +51,25 @@ fn the_sweep_prints_ratios_and_an_unfit_size_as_na() {
     // run read "Connection refused" for TCP at 64 B on port 32872). The
     // sweep uses up to 300 ports from this one.
     let port = 10000 + std::process::id() % 20000;
-    let out = match Command::new("bash")
-        .current_dir(&root)
-        .env("PERF_SWEEP_PORT", port.to_string())
-        .arg("scripts/perf-sweep.sh")
-        .args(["--bin", env!("CARGO_BIN_EXE_verbio-perf")])
-        .args(["--paths", "verbs,rpc,tcp", "--tests", "send_lat"])
-        .args(["--sizes", "64,17M", "-D", "0.05", "--limit", "60"])
-        .arg("--out")
-        .arg(&out_dir)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("SKIPPED: bash does not run here ({e})");
-            return;
-        }
-    };
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if text.contains("python3: not found") || text.contains("python3: command not found") {
-        eprintln!("SKIPPED: no python3 here");
+    let Some(text) = sweep(
+        port,
+        env!("CARGO_BIN_EXE_verbio-perf").as_ref(),
+        &[
+            "--paths",
+            "verbs,rpc,tcp",
+            "--tests",
+            "send_lat",
+            "--sizes",
+            "64,17M",
+            "-D",
+            "0.05",
+            "--limit",
+            "60",
+        ],
+        &out_dir,
+    ) else {
         return;
-    }
-    assert!(out.status.success(), "{text}");
+    };
     let row = |size: &str| -> Vec<String> {
         text.lines()
             .find(|l| l.trim_start().starts_with(size))
@@ -79,7 +105,6 @@ fn the_sweep_prints_ratios_and_an_unfit_size_as_na() {
 /// sweep with no word).
 #[test]
 fn a_client_that_fails_before_its_server_speaks_is_na_and_the_sweep_goes_on() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("perf-sweep-silent");
     std::fs::create_dir_all(&tmp).expect("a scratch directory");
     // The server sleeps without a word; the client prints only a
@@ -94,34 +119,17 @@ fn a_client_that_fails_before_its_server_speaks_is_na_and_the_sweep_goes_on() {
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
     std::fs::set_permissions(&bin, perm).expect("making it executable");
     let port = 10000 + (std::process::id() + 7919) % 20000;
-    let out = match Command::new("bash")
-        .current_dir(&root)
-        .env("PERF_SWEEP_PORT", port.to_string())
-        .arg("scripts/perf-sweep.sh")
-        .arg("--bin")
-        .arg(&bin)
-        .args(["--paths", "verbs", "--tests", "send_lat"])
-        .args(["--sizes", "64,1K", "-D", "0.05", "--limit", "20"])
-        .arg("--out")
-        .arg(tmp.join("out"))
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("SKIPPED: bash does not run here ({e})");
-            return;
-        }
-    };
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if text.contains("python3: not found") || text.contains("python3: command not found") {
-        eprintln!("SKIPPED: no python3 here");
+    let Some(text) = sweep(
+        port,
+        &bin,
+        &[
+            "--paths", "verbs", "--tests", "send_lat", "--sizes", "64,1K", "-D", "0.05", "--limit",
+            "20",
+        ],
+        &tmp.join("out"),
+    ) else {
         return;
-    }
-    assert!(out.status.success(), "{text}");
+    };
     for size in ["64 B", "1 KiB"] {
         assert!(
             text.contains(&format!("n/a: verbs {size}: client exit status 3")),

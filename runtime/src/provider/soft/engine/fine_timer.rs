@@ -48,24 +48,9 @@ impl FineTimer {
         if t.is_zero() || t.subsec_nanos() % 1_000_000 == 0 {
             return timeout;
         }
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-                tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
-            },
-        };
-        // SAFETY: valid fd owned by `self`; `spec` is a valid itimerspec,
-        // the old value is not asked for.
-        let r =
-            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-        if r < 0 {
-            // (The poll's own rounded timeout still wakes it, late.)
-            tracing::debug!(error = %crate::report::ErrorChain(&io::Error::last_os_error()), "soft engine: arming the timerfd failed");
-        }
+        // (The poll's own rounded timeout still wakes it, late, should
+        // this fail.)
+        self.arm_exact(t);
         timeout
     }
 
