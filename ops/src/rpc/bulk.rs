@@ -35,6 +35,7 @@ use std::task::Context;
 
 use tracing::debug;
 
+use super::bulk_write::{WRITE_TRAILER, WRITTEN_REQUEST_MAX};
 use super::client::complete;
 use super::core::{open_session, Core, ReadTarget};
 use super::error::{RpcError, SessionId};
@@ -890,10 +891,28 @@ impl<P: Clone> Core<P> {
         if let Some(token) = slot.req_exposed.take() {
             self.requests_exposed -= 1;
             if let Some(mut buf) = bulk.unexpose(token) {
-                // (It spans the offered room; the next request replaces
-                // its bytes.)
-                buf.clear();
-                slot.req = buf;
+                if buf.len() <= WRITTEN_REQUEST_MAX + WRITE_TRAILER {
+                    // The server could READ all of its bytes: kept whole
+                    // as the room for the slot's next response (offered
+                    // with no zeroing, `room_for_response`); the next
+                    // request goes into the spare before it, or a buffer
+                    // of the pool (the last response's, given back, as a
+                    // rule).
+                    let len = buf.len();
+                    let mut old = std::mem::replace(&mut slot.spare, buf);
+                    slot.req = if old.capacity() >= len {
+                        old.clear();
+                        old
+                    } else {
+                        self.pool.put(old);
+                        self.pool.take_for(len)
+                    };
+                } else {
+                    // (It spans the offered room; the next request
+                    // replaces its bytes.)
+                    buf.clear();
+                    slot.req = buf;
+                }
             }
         }
         if let Some(token) = slot.offer_exposed.take() {

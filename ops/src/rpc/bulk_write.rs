@@ -57,7 +57,11 @@
 //!   are read requests (the server answers them as duplicates, or reads
 //!   the request if it never took the written one). A WRITE that fails
 //!   closes the link and the call goes again over a new link by READ
-//!   (once; then it fails).
+//!   (once; then it fails). The room offered for the response is the
+//!   slot's spare ([`keep_spare`]): the buffer of its last request, whose
+//!   bytes the server received, exposed again with no pass zeroing it
+//!   (only room past its length is zeroed), not a pool buffer zeroed
+//!   whole per call.
 //! * The arrival: the server's link takes the immediate; the request is
 //!   copied out of the slot's room at once (charged to the request
 //!   memory), checked as a read
@@ -120,7 +124,8 @@ pub(crate) fn decode_imm(imm: u32) -> (usize, u32, usize) {
 /// at 192 KiB and lost from 256 KiB (12-17% slower: the room granted and
 /// the response room the call offers were zeroed when exposed, two
 /// passes over the message that the READ path does not make). The room
-/// is kept per slot now (one pass fewer); the limit not measured again.
+/// is kept per slot now and the response room is the slot's spare (no
+/// pass zeroing either per call); the limit not measured again.
 pub(crate) const WRITTEN_REQUEST_MAX: usize = 128 << 10;
 
 /// Bytes a written request carries after its message: its request
@@ -432,7 +437,17 @@ impl<P: Clone> Core<P> {
             return None;
         }
         let link = s.link_ready()?;
-        match bulk.expose_writable(link, pool.take_for(hint), hint) {
+        // The slot's spare, if large enough: what it holds the server
+        // could READ already, so only room past its length is zeroed when
+        // exposed (a pool buffer is zeroed whole: a pass over the room per
+        // call).
+        let spare = &mut s.client[i].spare;
+        let room = if spare.capacity() >= hint {
+            std::mem::take(spare)
+        } else {
+            pool.take_for(hint)
+        };
+        match bulk.expose_writable(link, room, hint) {
             Ok((token, addr, rkey)) => {
                 *requests_exposed += 1;
                 if let Some(w) = dispatcher {
@@ -682,7 +697,13 @@ impl<P: Clone> Core<P> {
             if slot.req_writing == Some(token) {
                 slot.req_writing = None;
             }
-            self.pool.put(buf);
+            if result.is_ok() {
+                // Every byte of it went to the server: the slot's spare,
+                // the room for its next response (`room_for_response`).
+                keep_spare(&self.pool, slot, buf);
+            } else {
+                self.pool.put(buf);
+            }
             return;
         }
         slot.req_writing = None;
@@ -819,6 +840,23 @@ impl<P: Clone> Core<P> {
         self.release_exposed(old_resp);
         self.dispatch(sid, i);
     }
+}
+
+/// Keeps `buf`, whose bytes (all its length) the slot's server received
+/// or could READ, as client slot `slot`'s spare: the room offered for
+/// its next response, exposed again without zeroing what it holds. The
+/// spare it replaces goes back to the pool; a buffer larger than a
+/// written request does too (no room that large is kept per slot).
+pub(crate) fn keep_spare(
+    pool: &super::buf::BufPool,
+    slot: &mut super::session::ClientSlot,
+    buf: Vec<u8>,
+) {
+    if buf.len() > WRITTEN_REQUEST_MAX + WRITE_TRAILER {
+        pool.put(buf);
+        return;
+    }
+    pool.put(std::mem::replace(&mut slot.spare, buf));
 }
 
 /// Gives back the room session `s`'s server slots were granted (its link

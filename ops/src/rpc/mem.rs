@@ -198,6 +198,13 @@ impl MemNetwork {
         self.0.borrow().bulk.held(true)
     }
 
+    /// Bytes zeroed so far to expose buffers for WRITE (the room past
+    /// what a buffer held: a pass over memory per byte, as a device's
+    /// registration makes).
+    pub fn zeroed_bytes(&self) -> u64 {
+        self.0.borrow().bulk.zeroed
+    }
+
     /// READs carried out so far.
     pub fn reads(&self) -> u64 {
         self.0.borrow().bulk.reads

@@ -78,6 +78,9 @@ pub(crate) struct BulkNet {
     inboxes: Vec<LinkInbox>,
     /// Packets sent over links (tests).
     pub(crate) link_packets: u64,
+    /// Bytes zeroed to expose buffers for WRITE, as a device's
+    /// registration zeroes what a buffer does not hold yet (tests).
+    pub(crate) zeroed: u64,
 }
 
 impl BulkNet {
@@ -372,6 +375,7 @@ impl Bulk for MemBulk {
             return Err((buf, e));
         }
         let cap = cap.max(buf.len());
+        self.net.0.borrow_mut().bulk.zeroed += (cap - buf.len()) as u64;
         buf.resize(cap, 0);
         let (token, addr, rkey) = self.expose(buf)?;
         let mut net = self.net.0.borrow_mut();

@@ -118,6 +118,12 @@ pub(crate) struct ClientSlot {
     /// The WRITE of this call's request into granted room under way (its
     /// token; `req` is the WRITE's meanwhile).
     pub(crate) req_writing: Option<u64>,
+    /// A buffer this session's server could READ over all its length
+    /// (the last call's request buffer, taken back from the transport):
+    /// the room offered for the slot's next response, exposed again
+    /// without zeroing, as what it holds discloses nothing the peer
+    /// could not read already (`bulk_write.rs`, `room_for_response`).
+    pub(crate) spare: Vec<u8>,
 }
 
 /// Where a client slot's call is.
@@ -160,6 +166,7 @@ impl ClientSlot {
             offer_exposed: None,
             grant: None,
             req_writing: None,
+            spare: Vec::new(),
         }
     }
 

@@ -269,3 +269,50 @@ fn misused_grants_run_nothing() {
 fn large_calls_over_a_lossy_network() {
     lossy(5, 6, config(), |i| 30_000 + i * 35_000);
 }
+
+/// The room a written request offers for its response is the slot's last
+/// request buffer, which the server could READ over all its length: it
+/// is exposed again as it is, with no pass zeroing it per call (before,
+/// a buffer of the pool, zeroed whole: the request's length per call).
+/// Only room past what the buffer holds is zeroed (a longer response).
+#[test]
+fn the_response_room_of_a_written_request_is_not_zeroed_per_call() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(47, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv, 0).await;
+        const LEN: usize = 50_000;
+        // The first large call of the size is read (its grant follows),
+        // the second written with a room from the pool.
+        for i in 0..2 {
+            let req = request(4, i, LEN);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        let zeroed = net.zeroed_bytes();
+        let written = cli.stats().bulk_request_writes;
+        for i in 2..12 {
+            let req = request(4, i, LEN);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        assert_eq!(cli.stats().bulk_request_writes - written, 10);
+        // The test's handler answers 4 bytes more than it got: those are
+        // the room past the spare, zeroed (before: 50,004 per call).
+        assert_eq!(
+            net.zeroed_bytes() - zeroed,
+            10 * 4,
+            "bytes zeroed in 10 written calls"
+        );
+        // A shorter request, its response room the spare as it is; then
+        // one as long as before again.
+        for (i, len) in [(12, LEN / 2), (13, LEN)] {
+            let req = request(4, i, len);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(srv.stats().malformed_packets, 0);
+        assert_eq!(cli.stats().malformed_packets, 0);
+        cli.disconnect(s);
+        wait_for(|| srv.memory().granted_bytes == 0).await;
+    });
+}
