@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use super::buf::MsgBuf;
 use super::core::Core;
 use super::error::{RpcError, SessionId};
-use super::header::{packets_for, Header, PacketKind, Status, MAX_RANGE};
+use super::header::{packets_for, Header, PacketKind, Status, HEADER_LEN, MAX_RANGE};
 use super::link_send::{link_for, send_whole};
 use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
 use super::transport::TxBatch;
@@ -301,20 +301,89 @@ impl<P: Clone> Core<P> {
                 }
             }
         } else {
-            // A large response may come: room for it (`bulk_write.rs`).
-            self.offer_room(sid, i);
-            if self.wants_link_for(len, max_payload) {
+            // A large response may come: room for it (`bulk_write.rs`;
+            // none unless `offer`).
+            if offer {
+                self.offer_room(sid, i);
+            }
+            // A mid-size request (above a packet, below the READ threshold,
+            // fitting a link packet: `is_bulk` is false here) goes over the link.
+            if len > max_payload
+                && read_threshold != usize::MAX
+                && HEADER_LEN + len <= max_link_packet
+            {
                 // Mid-size requests go over the link once it is ready;
                 // this one waits for it while it is set up (`link_send.rs`).
                 self.want_link(sid);
                 self.await_link(sid, i);
             }
         }
-        if !self.send_lone_request(sid, i) {
+        if !self.send_lone_request(sid, i) && !self.send_linked_request(sid, i) {
             self.pump(sid);
         }
         self.want_timer();
         Poll::Ready(Ok((i, req_num)))
+    }
+
+    /// Sends the request of slot `i`, of several packets, whole over
+    /// session `sid`'s ready link (`link_send.rs`) at its start, as the
+    /// pump would, if its credits cover all its packets and no other call
+    /// waits for credits (none did at the last pump): no pump over the
+    /// slots. False (nothing sent) otherwise: the pump sends it.
+    fn send_linked_request(&mut self, sid: u32, i: usize) -> bool {
+        let now = self.now;
+        let read_threshold = self.config.read_threshold;
+        let max_link_packet = self.max_link_packet();
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return false;
+        };
+        let slot = &s.client[i];
+        if s.starved
+            || slot.num_tx != 0
+            || slot.req_desc.is_some()
+            || slot.paused
+            || slot.awaits_link
+            || slot.n_req > WINDOW
+            || s.credits < slot.n_req
+        {
+            return false;
+        }
+        let Some(link) = link_for(
+            s.link_ready(),
+            slot.n_req,
+            slot.req.len(),
+            read_threshold,
+            max_link_packet,
+        ) else {
+            return false;
+        };
+        let h = Header {
+            req_type: slot.req_type,
+            payload_len: slot.req.len() as u16,
+            dest_session: s.remote,
+            src_session: sid,
+            req_num: slot.req_num,
+            msg_len: slot.req.len() as u32,
+            pkt_count: slot.n_req as u16,
+            ..Header::new(PacketKind::Request)
+        };
+        if !send_whole(
+            &mut self.bulk,
+            &mut self.stats,
+            &mut self.links_broken,
+            link,
+            &h,
+            &slot.req,
+        ) {
+            return false;
+        }
+        let slot = &mut s.client[i];
+        slot.num_tx = slot.n_req;
+        slot.progress = now;
+        slot.sent = now;
+        slot.link_sent = Some(link);
+        s.credits -= slot.n_req;
+        true
     }
 
     /// Sends the request of slot `i` if it is one packet and the only call
@@ -455,6 +524,10 @@ impl<P: Clone> Core<P> {
         let now = self.now;
         let read_threshold = self.config.read_threshold;
         let max_link_packet = self.max_link_packet();
+        #[cfg(test)]
+        {
+            self.work.pumps += 1;
+        }
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -816,7 +889,8 @@ impl<P: Clone> Core<P> {
     }
 
     /// A small call's response: one packet, `Ok`, answering a call whose
-    /// request was one packet (sent once, unanswered), with no READ or
+    /// request was one packet or went whole over the link (sent once,
+    /// nothing of it answered), with no READ or
     /// offer of its own: taken and the call completed here, with what
     /// [`on_response`](Self::on_response) would do for it and no more.
     /// False, with nothing changed, for any other packet (the general
@@ -842,8 +916,9 @@ impl<P: Clone> Core<P> {
             && matches!(s.state, SessionState::Connected)
             && matches!(slot.state, CallState::Active)
             && slot.req_num == h.req_num
-            && slot.n_req == 1
-            && slot.num_tx == 1
+            && (slot.n_req == 1 || slot.link_sent.is_some())
+            && slot.n_req <= WINDOW
+            && slot.num_tx == slot.n_req
             && slot.num_rx == 0
             && slot.answered == 0
             && slot.n_resp == 0
@@ -866,9 +941,10 @@ impl<P: Clone> Core<P> {
         slot.resp_got.clear();
         slot.resp_got.push(1);
         slot.unasked = 1;
-        // The request's packet is answered: its credit comes back.
-        slot.num_rx = 1;
-        s.credits += 1;
+        // The request's packets are answered (a whole request over the
+        // link, all of them): their credits come back.
+        slot.num_rx = slot.n_req;
+        s.credits += slot.n_req;
         s.rtt.sample(now - slot.sent);
         slot.progress = now;
         slot.retries = 0;

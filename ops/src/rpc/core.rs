@@ -273,6 +273,23 @@ pub(crate) struct Core<P> {
     /// Packets taken from the links, and links broken (reused).
     pub(crate) link_rx: Vec<(u64, super::transport::LinkPacket)>,
     pub(crate) links_broken: Vec<u64>,
+    /// Work counted for tests that bound it.
+    #[cfg(test)]
+    pub(crate) work: WorkCounts,
+}
+
+/// Work of the engine counted for tests (`linked_window_tests.rs`): how
+/// often it takes its general paths where a fast one may do.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WorkCounts {
+    /// Client: pumps over a session's slots (`Core::pump`).
+    pub(crate) pumps: u64,
+    /// Server: request packets taken one by one by the general path
+    /// (`Core::on_request` past `small_request`).
+    pub(crate) request_packets: u64,
+    /// Server: request packets queued for a credit return (`queue_ack`).
+    pub(crate) acks_queued: u64,
 }
 
 impl<P: Clone> Core<P> {
@@ -327,6 +344,8 @@ impl<P: Clone> Core<P> {
             link_recv_bytes: 0,
             link_rx: Vec::new(),
             links_broken: Vec::new(),
+            #[cfg(test)]
+            work: WorkCounts::default(),
         }
     }
 

@@ -640,6 +640,12 @@ impl<T: Transport> Rpc<T> {
             .is_some_and(|s| s.link_ready().is_some())
     }
 
+    /// Work the engine counted (tests).
+    #[cfg(test)]
+    pub(crate) fn work_counts(&self) -> super::core::WorkCounts {
+        self.engine.borrow().core.work
+    }
+
     /// Server sessions open (tests).
     #[cfg(test)]
     pub(crate) fn server_sessions(&self) -> usize {

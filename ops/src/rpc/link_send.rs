@@ -96,15 +96,6 @@ impl<P: Clone> Core<P> {
         self.bulk.as_ref().map_or(0, |b| b.max_link_packet())
     }
 
-    /// Whether a message of `len` bytes on a session of `max_payload`
-    /// bytes per packet would go over a link, once the session has one.
-    pub(crate) fn wants_link_for(&self, len: usize, max_payload: usize) -> bool {
-        len > max_payload
-            && !self.is_bulk(len, max_payload)
-            && self.config.read_threshold != usize::MAX
-            && HEADER_LEN + len <= self.max_link_packet()
-    }
-
     /// Client: the mid-size call of slot `i` waits while session `sid`'s
     /// link is set up (`link_settled` sends it then, over the link or, if
     /// the link was given up, in packets): a window of such calls at a
@@ -201,6 +192,10 @@ impl<P: Clone> Core<P> {
         let n = usize::from(h.pkt_count);
         if h.pkt_idx != 0 || payload.len() != msg_len || n != packets_for(msg_len, max_payload) {
             self.stats.malformed_packets += 1;
+            return;
+        }
+        if role == Role::Server && self.whole_request(&h, payload) {
+            // Taken whole (`Core::whole_request`): no packet by packet.
             return;
         }
         for k in 0..n {

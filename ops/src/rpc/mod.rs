@@ -148,6 +148,8 @@ mod header_tests;
 #[cfg(test)]
 mod link_send_tests;
 #[cfg(test)]
+mod linked_window_tests;
+#[cfg(test)]
 mod rtt_tests;
 #[cfg(test)]
 mod runner_tests;

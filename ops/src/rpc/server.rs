@@ -196,10 +196,74 @@ impl<P: Clone> Core<P> {
         true
     }
 
+    /// A whole request of several packets in one (`h`, packet 0, and the
+    /// whole message: a SEND over the session's link, `link_send.rs`), of
+    /// a slot that is idle or answered (nothing of it read, written or
+    /// exposed), of a type with a handler, that the request memory has
+    /// room for: taken into the slot at once and handed to the handler,
+    /// as [`on_request`](Self::on_request) would take its packets one by
+    /// one, with no acknowledgement queued for its first packets (the
+    /// slot is handling it before the batch's acknowledgements go, and
+    /// the response answers every packet). False, with nothing changed,
+    /// for any other (the caller then gives it packet by packet).
+    pub(crate) fn whole_request(&mut self, h: &Header, payload: &[u8]) -> bool {
+        let sid = h.dest_session;
+        let max_len = self.config.max_msg_len;
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return false;
+        };
+        let msg_len = h.msg_len as usize;
+        let n = usize::from(h.pkt_count);
+        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let slot = &mut s.server[i];
+        let whole = h.pkt_idx == 0
+            && (2..=64).contains(&n)
+            && s.role == Role::Server
+            && s.remote == h.src_session
+            && matches!(s.state, SessionState::Connected)
+            && payload.len() == msg_len
+            && n == packets_for(msg_len, s.max_payload)
+            && msg_len <= max_len
+            && match slot.state {
+                ServeState::Idle => true,
+                ServeState::Responded => h.req_num > slot.req_num,
+                ServeState::Receiving | ServeState::Handling => false,
+            }
+            && slot.resp_exposed.is_none()
+            && slot.reading.is_none()
+            && slot.writing.is_none()
+            && self.handlers[usize::from(h.req_type)].is_some();
+        if !whole {
+            return false;
+        }
+        // Charged as the general path charges it (its packet bitmap and
+        // bytes, not forced: a request of several packets waits for room).
+        let mut charge = Charge::default();
+        if !self.budget.grow(&mut charge, 8 + msg_len, false) {
+            return false;
+        }
+        s.idle_sweeps = 0;
+        slot.reuse_response_buffer(&self.pool);
+        slot.begin_request(h.req_num, h.req_type, msg_len, n, false);
+        // Every packet is in.
+        slot.got[0] = if n == 64 { u64::MAX } else { (1 << n) - 1 };
+        slot.rx = n;
+        slot.req.clear();
+        slot.req.extend_from_slice(payload);
+        // The old request's charge is given back.
+        slot.charge = charge;
+        self.dispatch(sid, i);
+        true
+    }
+
     /// A request packet.
     pub(crate) fn on_request(&mut self, h: &Header, payload: &[u8]) {
         if self.small_request(h, payload) {
             return;
+        }
+        #[cfg(test)]
+        {
+            self.work.request_packets += 1;
         }
         let sid = h.dest_session;
         let max_len = self.config.max_msg_len;
@@ -315,6 +379,10 @@ impl<P: Clone> Core<P> {
                     // Acknowledged with its neighbours of this receive
                     // batch, in one credit return (`send_acks`).
                     queue_ack(&mut self.acks, sid, i, slot.req_num, h.pkt_idx);
+                    #[cfg(test)]
+                    {
+                        self.work.acks_queued += 1;
+                    }
                 }
                 if slot.rx == slot.n_req {
                     complete = true;
