@@ -136,6 +136,7 @@ pub(crate) fn link_tick<P: Clone>(
     }
     l.retries += 1;
     l.last = now;
+    debug!(session = sid, retries = l.retries, step = ?l.step, "rpc: RC link step resent");
     send_bulk_connect(tx, s, sid);
     true
 }
@@ -182,6 +183,7 @@ impl<P: Clone> Core<P> {
                     retries: 0,
                     last: self.now,
                 });
+                debug!(session = sid, "rpc: opening an RC link");
                 send_bulk_connect(&mut self.tx, s, sid);
                 self.want_timer();
                 self.link_opened();
@@ -253,6 +255,7 @@ impl<P: Clone> Core<P> {
                     b.close(local);
                     return;
                 }
+                debug!(session = sid, "rpc: opened an RC link for a client");
                 s.link = Some(Link {
                     local,
                     id: h.req_num,
@@ -347,6 +350,11 @@ impl<P: Clone> Core<P> {
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
+        debug!(
+            session = sid,
+            ready = s.link_ready().is_some(),
+            "rpc: RC link settled"
+        );
         let mut waited = 0u32;
         for (i, slot) in s.client.iter_mut().enumerate() {
             if slot.awaits_link && matches!(slot.state, CallState::Active) {

@@ -151,6 +151,13 @@ impl<P: Clone> Core<P> {
                         }
                         slot.retries += 1;
                         slot.progress = now;
+                        debug!(
+                            session = sid,
+                            req_num = slot.req_num,
+                            retries = slot.retries,
+                            last_only,
+                            "rpc: call resent after a timeout"
+                        );
                         if last_only {
                             send_client_packet(
                                 &mut self.tx,
