@@ -60,6 +60,9 @@ pub(crate) struct Shared {
     /// Times the engine woke from its poll (tests watch it: a wake-up can
     /// be shorter than any poll of `sleeping`).
     pub wakes: AtomicU64,
+    /// Loop turns the engine ran after a sleep its timer or timeout ended
+    /// (not a doorbell, not input): wake-ups by time (tests, diagnostics).
+    pub timer_wakes: AtomicU64,
     /// Times the engine, woken only to see whether leases ended, found
     /// them renewed and slept on without a loop turn (tests, diagnostics).
     pub lease_sleeps: AtomicU64,
@@ -104,8 +107,6 @@ pub(crate) struct Shared {
     pub overflowed: Mutex<Vec<Arc<CqShared>>>,
     /// `overflowed` is not empty (both changed under the engine lock).
     pub any_overflowed: AtomicBool,
-    /// A posting thread transmitted a WR itself (see `direct.rs`).
-    pub direct_seen: AtomicBool,
     /// While `sleeping`: when the engine wakes at the latest
     /// ([`Shared::nanos_at`]; `u64::MAX` = not before it is woken).
     pub wake_by: AtomicU64,
@@ -183,7 +184,6 @@ impl Shared {
         if !qp.dirty.swap(true, Ordering::AcqRel) {
             lock(&self.dirty).push(qp.clone());
         }
-        self.direct_seen.store(true, Ordering::Relaxed);
         let need = timeout.map(|t| self.nanos_at(at + t));
         if let Some(n) = need {
             self.turn_by.fetch_min(n, Ordering::SeqCst);
@@ -251,6 +251,7 @@ impl Drop for CtxInner {
             device = %sh.name,
             wakes = sh.wakes.load(Ordering::Relaxed),
             rings = sh.rings.load(Ordering::Relaxed),
+            timer_wakes = sh.timer_wakes.load(Ordering::Relaxed),
             lease_sleeps = sh.lease_sleeps.load(Ordering::Relaxed),
             lease_moves = sh.lease_moves.load(Ordering::Relaxed),
             stale_leases = sh.stale_leases.load(Ordering::Relaxed),
@@ -339,6 +340,7 @@ impl Context {
             rung: AtomicBool::new(false),
             rings: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
+            timer_wakes: AtomicU64::new(0),
             lease_sleeps: AtomicU64::new(0),
             lease_moves: AtomicU64::new(0),
             lease_sleep: Mutex::new(engine::LeaseSleep::default()),
@@ -354,7 +356,6 @@ impl Context {
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),
             any_overflowed: AtomicBool::new(false),
-            direct_seen: AtomicBool::new(false),
             wake_by: AtomicU64::new(u64::MAX),
             turn_by: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),

@@ -166,13 +166,30 @@ impl Engine {
     /// come), and, if packets were handled, the timers they may have
     /// started (ACK timeouts, RNR waits: the engine's first deadline, which
     /// they queued).
+    ///
+    /// ACKs held on a connection the engine has muted for this
+    /// application's lease need no wake-up of their own: the engine wakes
+    /// when that lease ends (by then, or the lease was renewed by a receive,
+    /// which sends them once due, or by an arming, which writes them), and
+    /// the lease, just renewed, ends before their hold plus a lease. Noted
+    /// as a need (`turn_by`), they made the engine's next wake-up for
+    /// leases a whole loop turn even after a post had taken them along,
+    /// about once a lease while the application answered.
     fn engine_sleeps_too_long(&self, handled: bool) -> bool {
         let held = self
             .held
             .iter()
-            .filter_map(|&c| self.conns.get(c)?.ack_hold)
-            .min()
-            .map(|t| t + self.sh.lease);
+            .filter_map(|&c| {
+                let conn = self.conns.get(c)?;
+                let need = conn.ack_hold? + self.sh.lease;
+                let leased = self.muted.contains(&c)
+                    && conn
+                        .stream
+                        .as_ref()
+                        .is_some_and(|w| w.lease_until() <= self.sh.nanos_at(need));
+                (!leased).then_some(need)
+            })
+            .min();
         let timers = handled.then(|| self.first_due()).flatten();
         let Some(need) = held.into_iter().chain(timers).min() else {
             return false;

@@ -1230,3 +1230,70 @@ fn arming_sends_the_acks_a_receive_held_for_a_request_that_does_not_come() {
         w.revoke(&b.ctx.shared().registry);
     }
 }
+
+#[test]
+fn a_polling_application_that_answers_does_not_wake_its_engine_by_time() {
+    // No ACK timeout: the WRs leave the engine no deadline of their own.
+    let (a, b) = pair_with(RtsAttr {
+        timeout: 0,
+        ..RtsAttr::default()
+    });
+    let sbuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let rbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    let abuf = Mem::new(&a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let bbuf = Mem::new(&b.pd, 64, AccessFlags::LOCAL_WRITE);
+    warm_up(&a, &b, &sbuf, &rbuf);
+    force_mute(&b, &b.rcq);
+    let sh = b.ctx.shared();
+    // B's application busy-polls and answers every message A sends (a
+    // request-reply exchange: its receives hold each ACK for the answer,
+    // which takes it along), two leases apart. Its engine, asleep for the
+    // lease on the muted socket (which the polls renew), has nothing to
+    // do: the ACKs held on that socket used to be noted as a need of their
+    // own (their hold plus a lease), and the engine's next wake-up for
+    // leases became a whole loop turn, one per exchange; and it woke every
+    // 10 ms while posting threads transmitted (a tick for their WRs'
+    // timeouts, which their posts note for it). Allowed: a wake-up for
+    // each poll that came over half a lease late (this thread was
+    // descheduled: the renewal could not move the engine's timer) and for
+    // each lease that ended meanwhile (the socket is muted again).
+    let mut out = [Completion::EMPTY; 4];
+    let exchanges = 60u64;
+    let wakes = sh.timer_wakes.load(Ordering::SeqCst);
+    let began = Instant::now();
+    let mut late = 0u64;
+    for i in 0..exchanges {
+        post_recv(&b.qp, 1000 + i, rbuf.sge(0, 64));
+        post_recv(&a.qp, 2000 + i, abuf.sge(0, 64));
+        post_send(&a.qp, send_wr(3000 + i, SendOp::Send, sbuf.sge(0, 8)));
+        let r = spin_one(&b.rcq);
+        assert_eq!((r.wr_id, r.status), (1000 + i, WcStatus::Success));
+        post_send(&b.qp, send_wr(4000 + i, SendOp::Send, bbuf.sge(0, 8)));
+        assert_eq!(spin_one(&a.rcq).wr_id, 2000 + i);
+        assert_eq!(spin_one(&a.scq).wr_id, 3000 + i);
+        assert_eq!(spin_one(&b.scq).wr_id, 4000 + i);
+        // B polls on for two leases before the next message.
+        let start = Instant::now();
+        let mut last = start;
+        while last.duration_since(start) < 2 * sh.lease {
+            assert_eq!(b.rcq.poll(&mut out).expect("poll"), 0);
+            std::thread::sleep(sh.lease / 10);
+            let now = Instant::now();
+            if now.duration_since(last) > sh.lease / 2 {
+                late += 1;
+            }
+            if !muted(&b).iter().all(|m| *m) {
+                late += 1;
+                force_mute(&b, &b.rcq);
+            }
+            last = Instant::now();
+        }
+    }
+    let turns = sh.timer_wakes.load(Ordering::SeqCst) - wakes;
+    assert!(
+        turns <= late + 4,
+        "B's engine woke by time {turns} times in {exchanges} answered exchanges, \
+         two leases apart, in {:?} ({late} of the polls came late)",
+        began.elapsed()
+    );
+}

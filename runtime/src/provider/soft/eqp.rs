@@ -176,7 +176,6 @@ impl EQp {
             });
             self.send_idx += 1;
         }
-        self.sh_ctx.direct_seen.store(true, Ordering::Relaxed);
     }
 
     /// Takes the permission to transmit back from posting threads (before

@@ -98,9 +98,6 @@ pub(crate) struct Engine {
     fired_buf: Vec<Arc<CqShared>>,
     /// Spare list swapped with `active` (no allocation per loop turn).
     active_buf: Vec<usize>,
-    /// Posting threads transmitted recently: until then, sleep at most
-    /// `DIRECT_TICK` at a time.
-    direct_until: Option<Instant>,
     /// Spare list for the QPs `timers` reschedules.
     resched_buf: Vec<u32>,
     /// The QPs' deadlines in time order (see `timers.rs`).
@@ -170,7 +167,6 @@ impl Engine {
             dirty_buf: Vec::new(),
             fired_buf: Vec::new(),
             active_buf: Vec::new(),
-            direct_until: None,
             resched_buf: Vec::new(),
             deadlines: timers::Deadlines::default(),
             due_buf: Vec::new(),

@@ -12,7 +12,6 @@ use super::super::context::Shared;
 use super::super::lock;
 use super::super::wire::Wire;
 use super::fine_timer::{FineTimer, TIMER};
-use super::timers::DIRECT_AWAKE;
 use super::{env_us, Engine, CONN_BASE, DEFAULT_SPIN_US, LISTENER, WAKER};
 
 /// How many leases in a row a sleeping engine lets pass without its loop
@@ -189,6 +188,14 @@ pub(crate) fn run(core: Arc<Mutex<Engine>>, mut poll: Poll) {
             }
         };
         eng = guard;
+        // (Events other than the timer, or a poll that did not sleep, are
+        // not wake-ups by time.)
+        if res.is_ok()
+            && timeout != Some(Duration::ZERO)
+            && events.iter().all(|e| e.token() == TIMER)
+        {
+            eng.sh.timer_wakes.fetch_add(1, Ordering::Relaxed);
+        }
         leases.clear();
         eng.lease_wires = leases;
         eng.sh.sleeping.store(false, Ordering::SeqCst);
@@ -259,9 +266,6 @@ impl Engine {
         if self.sh.completed.swap(false, Ordering::Relaxed) {
             *spin_from = Some(now);
         }
-        if self.sh.direct_seen.swap(false, Ordering::Relaxed) {
-            self.direct_until = Some(now + DIRECT_AWAKE);
-        }
         self.timers(now);
         self.sweep_port(now);
         self.resume_proven();
@@ -295,7 +299,7 @@ impl Engine {
             yield_first = true;
             Some(Duration::ZERO)
         } else {
-            let (deadline, lease_only, not_lease) = self.next_deadline(now);
+            let (deadline, lease_only, not_lease) = self.next_deadline();
             lease_wake = lease_only;
             lease_at = deadline.map_or(0, |d| self.sh.nanos_at(d));
             other = not_lease.into_iter().chain(self.port.wake_at()).min();

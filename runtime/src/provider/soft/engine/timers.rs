@@ -13,11 +13,6 @@ use std::time::{Duration, Instant};
 
 use super::{EQp, Engine};
 
-/// While posting threads transmit requests themselves, the engine wakes at
-/// least this often (to time their WRs out without being rung for each).
-pub(crate) const DIRECT_TICK: Duration = Duration::from_millis(10);
-/// ... for this long after the last such post it learned of.
-pub(super) const DIRECT_AWAKE: Duration = Duration::from_secs(1);
 /// How often the engine checks that every QP's deadline is queued (a
 /// backstop: every change is queued where it is made).
 const AUDIT_EVERY: Duration = Duration::from_secs(1);
@@ -168,8 +163,8 @@ impl Engine {
         }
     }
 
-    /// The first of the deadlines that are neither leases nor held ACKs
-    /// nor the posting threads' tick: the QPs' (possibly a stale entry's:
+    /// The first of the deadlines that are neither leases nor held ACKs:
+    /// the QPs' (possibly a stale entry's:
     /// early, never late), connection waits and probe answers.
     pub(crate) fn first_due(&self) -> Option<Instant> {
         let conn_wait = self.conn_wait.iter().map(|(_, t)| *t).min();
@@ -184,24 +179,20 @@ impl Engine {
     /// When the engine must wake next; whether only to see if leases
     /// ended (the first deadline is a lease's, before every other one);
     /// and the first deadline that is not a lease's.
-    pub(super) fn next_deadline(
-        &mut self,
-        now: Instant,
-    ) -> (Option<Instant>, bool, Option<Instant>) {
+    pub(super) fn next_deadline(&self) -> (Option<Instant>, bool, Option<Instant>) {
         let held = self
             .held
             .iter()
             .filter_map(|&cid| self.conns.get(cid).and_then(|c| c.ack_hold));
-        // While posting threads transmit, wake now and then, so that their
-        // posts need not ring the doorbell for the WRs' timeouts.
-        if self.direct_until.is_some_and(|t| t <= now) {
-            self.direct_until = None;
-        }
-        let tick = self.direct_until.map(|_| now + DIRECT_TICK);
+        // (WRs posting threads transmitted need no tick of their own: a
+        // post notes its WR's timeout in `Shared::turn_by`, which a sleep
+        // for leases only honours, and rings if the engine would wake
+        // later, see `Shared::notify_direct`; the engine's next turn takes
+        // the WR over and queues its deadline.)
         let lease = self.lease_deadline();
         // (QPs waiting for a probe's answer are looked at when it comes:
         // a PONG sets `kick`.)
-        let other = self.first_due().into_iter().chain(held).chain(tick).min();
+        let other = self.first_due().into_iter().chain(held).min();
         match (lease, other) {
             (Some(l), Some(o)) if l < o => (Some(l), true, other),
             (Some(l), None) => (Some(l), true, None),
