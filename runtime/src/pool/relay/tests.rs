@@ -136,3 +136,50 @@ fn a_relay_whose_runtime_ends_wakes_what_it_holds_and_later_wakes_directly() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Says whether it was woken outside the relay task's poll.
+struct WhereWoken(mpsc::Sender<bool>);
+
+impl Wake for WhereWoken {
+    fn wake(self: Arc<Self>) {
+        let _ = self.0.send(!super::imp::IN_TASK.with(std::cell::Cell::get));
+    }
+}
+
+#[test]
+fn the_relay_wakes_its_askers_from_tokios_reactor() {
+    let rt = multi_thread(true);
+    let relay = rt
+        .block_on(async { rt.spawn(async { current() }).await })
+        .unwrap()
+        .expect("a relay");
+    // The relay task waits for its eventfd, its waker registered.
+    let start = std::time::Instant::now();
+    while !relay.idle.load(Ordering::SeqCst) {
+        assert!(
+            start.elapsed() < WAIT,
+            "the relay task went idle (waited {WAIT:?})"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (tx, rx) = mpsc::channel();
+    const BURST: usize = 8;
+    for i in 0..BURST {
+        assert_eq!(
+            hand(relay, Waker::from(Arc::new(WhereWoken(tx.clone())))),
+            i == 0,
+            "rung once per burst"
+        );
+    }
+    ring(relay);
+    for _ in 0..BURST {
+        let outside_task = rx.recv_timeout(WAIT).expect("the relay wakes every asker");
+        // From the reactor's dispatch (a parked worker: tokio unparks at
+        // most one other worker for the lot), not from a task's poll
+        // (where each wake that displaces another may unpark one).
+        assert!(
+            outside_task,
+            "woken from tokio's reactor, not from the relay task"
+        );
+    }
+}
