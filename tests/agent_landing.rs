@@ -1,4 +1,4 @@
-//! Landing slots (`ops/src/agent/landing.rs`): a message of 128 KiB or more
+//! Landing slots (`ops/src/agent/landing.rs`): a message of 512 KiB or more
 //! without an immediate is written by one RDMA WRITE into a slot the
 //! receiver granted, and lent to the application in that slot, revoked
 //! meanwhile: the peer cannot write the bytes the application holds.
@@ -31,13 +31,17 @@ use verbio::{AgentError, CloseReason, Rdma, RdmaBuilder, RdmaListener, RecvMsg, 
 
 /// Slots a side grants (`landing::SLOTS`).
 const SLOTS: usize = 4;
-/// A message a slot carries (the default ring's slots are 1 MiB).
-const MID: usize = 200 << 10;
+/// A message a slot carries (the default ring's slots are 1 MiB; from
+/// `landing::LEND_MIN`, 512 KiB).
+const MID: usize = 600 << 10;
+/// A message below `landing::LEND_MIN` the staging ring carries (at most a
+/// quarter of the default 4 MiB ring).
+const BELOW: usize = 256 << 10;
 
 /// The messages of the first burst: the first [`SLOTS`] land in slots, the
 /// rest go through the ring (the receiver holds every slot).
 fn burst(i: usize) -> usize {
-    const SIZES: [usize; 6] = [128 << 10, MID, 1 << 20, 150_000, 300_000, (128 << 10) + 1];
+    const SIZES: [usize; 6] = [512 << 10, MID, 1 << 20, 700_000, 900_000, (512 << 10) + 1];
     SIZES[i]
 }
 
@@ -160,6 +164,46 @@ fn mid_size_messages_land_in_slots_the_peer_cannot_write_while_held() {
                 .expect_err(&format!("the {who}'s WRITE into a held slot"));
             assert_eq!(status(&e), Some(WcStatus::RemAccessErr), "{who}: {e}");
         }
+    });
+    server.join().expect("server");
+}
+
+#[test]
+fn messages_below_lend_min_are_lent_from_the_ring_and_register_no_slot() {
+    // 256 KiB: the staging ring carries it and lends it (no copy unless
+    // read); a landing slot would cost a revocation, a registration and a
+    // `SlotGrant` per message (docs/benchmarks.md "Landing slots"). Until
+    // `LEND_MIN` was raised past it, the first such message made the
+    // receiver register and grant its slots, and the next ones landed.
+    const N: u8 = 8;
+    let (addr, server) = serve_listener(move |l| async move {
+        let r = l.accept().await.expect("accept");
+        // The first (before the ring is announced: in pieces or by READ)
+        // makes this side register its ring and announce it.
+        assert!(r.receive().await.unwrap() == pattern(BELOW, 0));
+        r.send(b"ring").await.unwrap();
+        for i in 1..N {
+            let m = r.receive_msg().await.unwrap();
+            assert!(!m.is_landed(), "message {i} landed in a slot");
+            assert!(m.is_lent_from_ring(), "message {i} lent from the ring");
+            assert!(m[..] == pattern(BELOW, i)[..], "message {i}");
+        }
+        r.send(b"taken").await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"done");
+        assert!(slot_tokens(&r).is_empty(), "landing slots registered");
+    });
+    let (rt, dev) = runtime_and_device();
+    block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        r.send(&pattern(BELOW, 0)).await.unwrap();
+        assert_eq!(r.receive().await.unwrap(), b"ring");
+        assert!(r.staged_max_len() >= BELOW, "the peer's ring was announced");
+        for i in 1..N {
+            r.send(&pattern(BELOW, i)).await.unwrap();
+        }
+        assert_eq!(r.receive().await.unwrap(), b"taken");
+        assert_eq!(r.landing_slots(), 0, "slots granted");
+        r.send(b"done").await.unwrap();
     });
     server.join().expect("server");
 }

@@ -59,13 +59,21 @@ use crate::verbs::{RemoteBuf, Verbs};
 pub(crate) const SLOTS: u32 = 4;
 
 /// Shortest message sent into a slot, by measurement (soft device,
-/// `send_lat`, docs/benchmarks.md): a slot costs a deregistration, a
-/// registration and a `SlotGrant` per message, which the copy it saves
-/// outweighs from about 128 KiB (256 KiB: 1.8x verbs through the ring,
-/// 1.2-1.3x through a slot; 64 KiB: 1.3x through the ring, 1.45x through
-/// a slot). Below it the ring also packs many messages into the memory a
-/// slot takes for one.
-pub(crate) const LEND_MIN: usize = 128 * 1024;
+/// `send_lat`, docs/benchmarks.md "Landing slots"). A slot costs its
+/// revocation, a registration and a `SlotGrant` (a SEND and a receive on
+/// each side) per message; on the soft device that SEND, a small packet
+/// arriving on its own after the large payload, also makes the next
+/// payload's bytes arrive through the engine's buffer and a copy. A staged
+/// message lent from the ring (`staged_lend.rs`) costs none of that and no
+/// copy unless the application reads it, then one. At 256 KiB the ring is
+/// 0.8x verbs' latency where the slot was 1.3-1.4x, so that even an
+/// application that reads the message (one copy, about 11 us here) pays
+/// no more than the slot; from 512 KiB the copy costs more than the slot
+/// saves it (512 KiB: slot 113 us, ring 90-110 plus a 25 us copy; 1 MiB:
+/// the same time without the 60-100 us copy). (Before staged messages
+/// were lent, the ring copied every message out and the slot paid from
+/// 128 KiB.)
+pub(crate) const LEND_MIN: usize = 512 * 1024;
 
 /// Largest slot.
 pub(crate) const MAX_SLOT: usize = 1 << 20;

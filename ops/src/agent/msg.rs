@@ -171,7 +171,7 @@ impl RecvMsg {
     }
 
     /// True if the bytes are still where the peer wrote them: one of the
-    /// connection's landing slots (a message of 128 KiB or more without an
+    /// connection's landing slots (a message of 512 KiB or more without an
     /// immediate, written by one RDMA WRITE while the peer held a slot
     /// granted; the slot is revoked while this message lives, so the peer
     /// cannot write these bytes, and granted again when it is dropped).

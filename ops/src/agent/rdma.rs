@@ -1135,7 +1135,7 @@ impl Rdma {
     }
 
     /// Landing slots the peer granted this side and it has not written a
-    /// message into yet (a diagnostic): a message of 128 KiB or more
+    /// message into yet (a diagnostic): a message of 512 KiB or more
     /// without an immediate goes into one by one RDMA WRITE, and the peer
     /// receives it without a copy ([`RecvMsg::is_landed`]); with none
     /// granted it goes through the staging ring.
