@@ -410,6 +410,86 @@ fn mid_size_messages_go_by_send_over_the_rc_link() {
     });
 }
 
+/// The links' receives grow with the links: a window of mid-size calls
+/// on 16 sessions (16 links, up to 8 SENDs each under way) finds receives
+/// posted for all of them. With one ring of 64 for every number of links,
+/// about one SEND in ten of such a window met an empty shared receive
+/// queue (an RNR NAK, a go-back and the RNR timer's wait; on rxe a kernel
+/// tick). Every byte checked; the server's link receive memory, charged
+/// to its request memory, is the second ring's after the ninth link.
+#[test]
+fn link_receives_grow_with_the_links() {
+    let (rt, dev) = common::runtime_and_device();
+    common::block(&rt, async {
+        let server = endpoint(&dev);
+        server
+            .register(ECHO, |req: Request| {
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                async move { resp }
+            })
+            .unwrap();
+        let client = Rc::new(endpoint(&dev));
+        let len = 4 << 10;
+        let mut sessions = Vec::new();
+        let mut one_ring = 0;
+        for i in 0..16 {
+            let session = timeout(WAIT, client.connect(&server.local_addr()))
+                .await
+                .expect("connect in time")
+                .expect("session");
+            let req = common::pattern(len, i as u8);
+            let resp = timeout(WAIT, client.call(session, ECHO, &req))
+                .await
+                .expect("a link's first call in time")
+                .unwrap_or_else(|e| panic!("session {i}: {e}"));
+            assert!(resp[..] == answer(&req)[..], "session {i}");
+            let bytes = server.memory().link_recv_bytes;
+            if i == 0 {
+                one_ring = bytes;
+                assert!(one_ring > 0, "the first link's ring charged");
+            } else if i < 8 {
+                assert_eq!(bytes, one_ring, "links 1-{}: one ring", i + 1);
+            }
+            sessions.push(session);
+        }
+        let m = server.memory();
+        assert_eq!(
+            m.link_recv_bytes,
+            2 * one_ring,
+            "16 links: two rings of receives: {m:?}"
+        );
+        let calls: Vec<_> = (0..sessions.len() * SESSION_SLOTS)
+            .map(|i| {
+                let client = client.clone();
+                let session = sessions[i % sessions.len()];
+                spawn(async move {
+                    let req = common::pattern(len + i, i as u8);
+                    let resp = client
+                        .call(session, ECHO, &req)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if resp[..] != answer(&req)[..] {
+                        return Err(format!("call {i}: a wrong answer"));
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for c in calls {
+            timeout(WAIT, c)
+                .await
+                .expect("the window in time")
+                .expect("right answers");
+        }
+        let c = client.stats();
+        assert!(c.link_packets_sent >= 128, "requests over the links: {c:?}");
+        assert_eq!(c.timeouts, 0, "{c:?}");
+        let m = server.memory();
+        assert_eq!(m.request_bytes, 0, "{m:?}");
+    });
+}
+
 /// Idle server sessions over UD: the server closes a session its client
 /// left idle without pinging it (dropping its address handle), and the client, told by the
 /// server's disconnect datagram, fails its next call clearly and reconnects.

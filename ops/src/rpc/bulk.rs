@@ -209,7 +209,6 @@ impl<P: Clone> Core<P> {
             stats,
             tx,
             next_link,
-            links_opened,
             ..
         } = self;
         let mut opened = false;
@@ -264,9 +263,7 @@ impl<P: Clone> Core<P> {
                     retries: 0,
                     last: 0,
                 });
-                if !*links_opened {
-                    opened = true;
-                }
+                opened = true;
             }
         }
         let Some(l) = &s.link else {

@@ -26,10 +26,10 @@
 //!   overflowed the send queue, and each loss cost a timeout.)
 //! * Memory: the packets land in one pool of receive buffers for all the
 //!   links of the endpoint ([`Bulk::link_recv_memory`](super::Bulk::link_recv_memory):
-//!   on UD a shared receive queue of 64 buffers of 32 KiB), charged to
-//!   `request_memory` when the first link opens, the same whatever the
-//!   number of peers; a buffer is reposted as soon as its packet is
-//!   taken. A packet over a link is checked as a datagram is, and
+//!   on UD a shared receive queue of rings of 64 buffers of 32 KiB, one
+//!   ring per 8 links open, at most 4), charged to `request_memory` as
+//!   the rings are posted, bounded whatever the number of peers; a
+//!   buffer is reposted as soon as its packet is taken. A packet over a link is checked as a datagram is, and
 //!   besides must name the session the link belongs to (in its role),
 //!   start at packet 0 and carry the whole message: anything else is
 //!   dropped and counted malformed (or stale, for a link closed since),
@@ -110,16 +110,15 @@ impl<P: Clone> Core<P> {
     }
 
     /// A link was opened: its receives are polled from now on, and the
-    /// links' receive buffers charged to the request memory (once).
+    /// links' receive buffers charged to the request memory (as many as
+    /// the transport keeps now: it may post more as links open).
     pub(crate) fn link_opened(&mut self) {
-        if self.links_opened {
-            return;
-        }
         self.links_opened = true;
         let bytes = self.bulk.as_ref().map_or(0, |b| b.link_recv_memory());
+        let more = bytes.saturating_sub(self.link_recv_bytes);
         // Forced: the buffers exist whatever the budget says; requests
         // have that much less room.
-        if self.budget.grow(&mut self.link_recv_charge, bytes, true) {
+        if more > 0 && self.budget.grow(&mut self.link_recv_charge, more, true) {
             self.link_recv_bytes = bytes;
         }
     }

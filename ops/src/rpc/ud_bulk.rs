@@ -6,9 +6,10 @@
 //! WRITE's time, and one shared receive queue for all the links, whose
 //! buffers take the peers' packets sent by RC SEND (messages larger than
 //! a datagram and below the READ threshold) and the immediates of their
-//! WRITEs: its memory is fixed ([`LINK_RECV_DEPTH`] buffers of
-//! [`LINK_PACKET`] bytes, made with the first link) whatever the number
-//! of links or peers.
+//! WRITEs: rings of [`LINK_RECV_DEPTH`] buffers of [`LINK_PACKET`] bytes,
+//! the first made with the first link and one more for every
+//! [`LINKS_PER_RING`] links after, up to [`LINK_RECV_MAX`] buffers
+//! whatever the number of links or peers.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,6 +22,7 @@ use verbio_runtime::provider::{AccessFlags, Endpoint, Pd, QpCaps};
 use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig, SharedRecvQueue, Submit};
 
 use super::header::HEADER_LEN;
+use super::session::SESSION_SLOTS;
 use super::transport::{Bulk, BulkDone, LinkPacket, TransportError};
 use crate::connect::handshake::{self, Hello};
 use crate::connect::{DeviceQps, QpConfig, QpFactory};
@@ -29,11 +31,21 @@ use crate::verbs::{ReadVerb, RemoteBuf, SendVerb};
 
 /// READs a link has under way at most (its send queue).
 const LINK_SEND_DEPTH: u32 = 64;
-/// Receives posted to the links' shared receive queue: the packets and
-/// immediates of all links together. A peer sending more at once than are
-/// posted waits (RNR) for a repost; the buffers are reposted as the
-/// dispatcher takes each packet.
+/// Receives of one ring on the links' shared receive queue, which takes
+/// the packets and immediates of all links together. A peer sending more
+/// at once than are posted waits (RNR) for a repost; the buffers are
+/// reposted as the dispatcher takes each packet.
 pub(crate) const LINK_RECV_DEPTH: u32 = 64;
+/// Links one ring of receives is kept for: a link carries at most a
+/// session's calls under way ([`SESSION_SLOTS`]), one SEND or immediate
+/// each, so 8 links fill a ring. Past that the peers' SENDs met an empty
+/// queue: a window of 16 sessions' 4 KiB calls took an RNR NAK for about
+/// one SEND in ten on the soft device (each a go-back and a wait of the
+/// RNR timer; on rxe the timer is a kernel tick of milliseconds).
+pub(crate) const LINKS_PER_RING: usize = LINK_RECV_DEPTH as usize / SESSION_SLOTS;
+/// The shared receive queue's capacity: at most this many receives
+/// posted, 4 rings (8 MiB), whatever the number of links.
+pub(crate) const LINK_RECV_MAX: u32 = 4 * LINK_RECV_DEPTH;
 /// Bytes of each of those receives: the largest packet a link carries (a
 /// header and 32 KiB, the default READ threshold: larger messages go by
 /// READ or WRITE). A larger SEND fails at the receiver and breaks its link.
@@ -82,9 +94,10 @@ pub(crate) struct UdBulk {
     /// The links by their queue pairs' numbers (a receive on the shared
     /// queue names its QP).
     qp_links: HashMap<u32, u64>,
-    /// The links' shared receive queue and its ring, made with the first
-    /// link.
-    srq: Option<(SharedRecvQueue, RecvRing)>,
+    /// The links' shared receive queue and its rings: the first made with
+    /// the first link, one more for every [`LINKS_PER_RING`] links open
+    /// (kept when links close: their memory is charged while it lasts).
+    srq: Option<(SharedRecvQueue, Vec<RecvRing>)>,
     /// Registered buffers the packets sent over links are copied into.
     send_pool: MrPool,
     /// What the ring gave that the other poll takes.
@@ -138,46 +151,82 @@ fn failed(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -
 }
 
 impl UdBulk {
-    /// The links' shared receive queue, made (and its buffers posted) on
-    /// the first call.
+    /// The links' shared receive queue, made (and its first ring's
+    /// buffers posted) on the first call.
     fn srq(&mut self) -> Result<SharedRecvQueue, TransportError> {
         if let Some((srq, _)) = &self.srq {
             return Ok(srq.clone());
         }
         let device = self.qps.device();
         let srq = device
-            .create_srq(LINK_RECV_DEPTH)
+            .create_srq(LINK_RECV_MAX)
             .map_err(|e| failed("creating the links' shared receive queue", e))?;
-        let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_PACKET);
-        let ring = RecvRing::on_srq(&srq, &self.pd, config)
-            .map_err(|e| failed("posting the links' receives", e))?;
-        self.srq = Some((srq.clone(), ring));
+        let ring = self.new_ring(&srq)?;
+        self.srq = Some((srq.clone(), vec![ring]));
         Ok(srq)
+    }
+
+    /// A ring of [`LINK_RECV_DEPTH`] receives posted on `srq`.
+    fn new_ring(&self, srq: &SharedRecvQueue) -> Result<RecvRing, TransportError> {
+        let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_PACKET);
+        RecvRing::on_srq(srq, &self.pd, config)
+            .map_err(|e| failed("posting the links' receives", e))
+    }
+
+    /// Posts one more ring when the links open outnumber what the rings
+    /// are kept for, up to [`LINK_RECV_MAX`] receives. A ring that cannot
+    /// be made leaves the links as they are (a SEND that finds the queue
+    /// empty waits for a repost).
+    fn grow_rings(&mut self) {
+        let Some((srq, rings)) = &self.srq else {
+            return;
+        };
+        let have = rings.len();
+        let want = self.links.len().div_ceil(LINKS_PER_RING).max(1);
+        if want <= have || (have as u32 + 1) * LINK_RECV_DEPTH > LINK_RECV_MAX {
+            return;
+        }
+        let srq = srq.clone();
+        match self.new_ring(&srq) {
+            Ok(ring) => {
+                debug!(
+                    links = self.links.len(),
+                    rings = have + 1,
+                    "rpc/ud: one more ring of link receives"
+                );
+                if let Some((_, rings)) = &mut self.srq {
+                    rings.push(ring);
+                }
+            }
+            Err(error) => debug!(%error, "rpc/ud: no more link receives; links share those posted"),
+        }
     }
 
     /// Takes what the shared receive queue received: immediates into
     /// `self.written`, packets into `self.received`; registers `cx`.
     fn drain_ring(&mut self, cx: &mut Context<'_>) {
-        let Some((_, ring)) = &self.srq else {
+        let Some((_, rings)) = &self.srq else {
             return;
         };
-        loop {
-            match ring.poll_next(cx) {
-                Poll::Ready(Some(Ok(msg))) => {
-                    let Some(&link) = self.qp_links.get(&msg.qp_num()) else {
-                        // A link closed since: dropped (reposted).
-                        continue;
-                    };
-                    match (msg.by_write(), msg.imm()) {
+        for ring in rings {
+            loop {
+                match ring.poll_next(cx) {
+                    Poll::Ready(Some(Ok(msg))) => {
+                        let Some(&link) = self.qp_links.get(&msg.qp_num()) else {
+                            // A link closed since: dropped (reposted).
+                            continue;
+                        };
+                        match (msg.by_write(), msg.imm()) {
                         (true, Some(imm)) => self.written.push((link, imm)),
                         (false, None) => self.received.push((link, LinkPacket::Ring(msg))),
                         _ => debug!(link, "rpc/ud: a SEND with immediate or a WRITE without one on a link; ignored"),
                     }
+                    }
+                    Poll::Ready(Some(Err(error))) => {
+                        debug!(%error, "rpc/ud: a link's receive completed in error");
+                    }
+                    Poll::Ready(None) | Poll::Pending => break,
                 }
-                Poll::Ready(Some(Err(error))) => {
-                    debug!(%error, "rpc/ud: a link's receive completed in error");
-                }
-                Poll::Ready(None) | Poll::Pending => break,
             }
         }
     }
@@ -194,6 +243,7 @@ impl Bulk for UdBulk {
             .map_err(|e| failed("encoding the RC endpoint", e))?;
         self.qp_links.insert(qp.qp_num(), link);
         self.links.insert(link, (qp, ep));
+        self.grow_rings();
         Ok(hello.to_vec())
     }
 
@@ -364,7 +414,8 @@ impl Bulk for UdBulk {
     }
 
     fn link_recv_memory(&self) -> usize {
-        LINK_RECV_DEPTH as usize * LINK_PACKET
+        let rings = self.srq.as_ref().map_or(0, |(_, rings)| rings.len());
+        rings * LINK_RECV_DEPTH as usize * LINK_PACKET
     }
 
     fn send_packet(
