@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use verbio::rpc::ud::{UdConfig, UdTransport};
-use verbio::rpc::{Request, Rpc, RpcConfig, SESSION_SLOTS};
+use verbio::rpc::{Request, Rpc, RpcConfig, SessionId, SESSION_SLOTS};
 use verbio::runtime::{spawn, timeout, Device};
 
 const ECHO: u8 = 1;
@@ -34,18 +34,56 @@ fn answer(req: &[u8]) -> Vec<u8> {
     req.iter().rev().copied().collect()
 }
 
+/// Registers the echo handler (answering [`answer`]) on `server`.
+fn register_echo(server: &Rpc<UdTransport>) {
+    server
+        .register(ECHO, |req: Request| {
+            let mut resp = req.response();
+            resp.extend_from_slice(&answer(req.data()));
+            async move { resp }
+        })
+        .unwrap();
+}
+
+/// `n` calls at once, call `i` on `sessions[i % len]` with a pattern of
+/// `len_of(i)` bytes; every answer checked.
+async fn call_window(
+    client: &Rc<Rpc<UdTransport>>,
+    sessions: &[SessionId],
+    n: usize,
+    len_of: impl Fn(usize) -> usize,
+) {
+    let calls: Vec<_> = (0..n)
+        .map(|i| {
+            let client = client.clone();
+            let session = sessions[i % sessions.len()];
+            let req = common::pattern(len_of(i), i as u8);
+            spawn(async move {
+                let resp = client
+                    .call(session, ECHO, &req)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if resp[..] != answer(&req)[..] {
+                    return Err(format!("call {i}: a wrong answer"));
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for c in calls {
+        timeout(WAIT, c)
+            .await
+            .expect("concurrent calls in time")
+            .expect("right answers");
+    }
+}
+
 #[test]
 fn calls_of_one_and_many_packets_round_trip() {
     let (rt, dev) = common::runtime_and_device();
     common::block(&rt, async {
         let server = endpoint(&dev);
-        server
-            .register(ECHO, |req: Request| {
-                let mut resp = req.response();
-                resp.extend_from_slice(&answer(req.data()));
-                async move { resp }
-            })
-            .unwrap();
+        register_echo(&server);
         let client = Rc::new(endpoint(&dev));
         let session = timeout(WAIT, client.connect(&server.local_addr()))
             .await
@@ -61,28 +99,7 @@ fn calls_of_one_and_many_packets_round_trip() {
             assert_eq!(&resp[..], &answer(&req)[..], "{len} bytes");
         }
         // Every slot of the session busy at once.
-        let calls: Vec<_> = (0..SESSION_SLOTS * 4)
-            .map(|i| {
-                let client = client.clone();
-                spawn(async move {
-                    let req = common::pattern(100 + i, i as u8);
-                    let resp = client
-                        .call(session, ECHO, &req)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if resp[..] != answer(&req)[..] {
-                        return Err(format!("call {i}: a wrong answer"));
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for c in calls {
-            timeout(WAIT, c)
-                .await
-                .expect("concurrent calls in time")
-                .expect("right answers");
-        }
+        call_window(&client, &[session], SESSION_SLOTS * 4, |i| 100 + i).await;
         let stats = client.stats();
         println!("client counters: {stats:?}");
     });
@@ -103,13 +120,7 @@ fn large_messages_go_by_read_over_an_rc_link() {
         };
         let t = |dev| UdTransport::new(dev, &UdConfig::default()).expect("UD transport");
         let server = Rpc::new(t(&dev), config.clone());
-        server
-            .register(ECHO, |req: Request| {
-                let mut resp = req.response();
-                resp.extend_from_slice(&answer(req.data()));
-                async move { resp }
-            })
-            .unwrap();
+        register_echo(&server);
         server
             .register_inline(SAME, |req: Request| {
                 let mut resp = req.into_data();
@@ -353,13 +364,7 @@ fn mid_size_messages_go_by_send_over_the_rc_link() {
     let (rt, dev) = common::runtime_and_device();
     common::block(&rt, async {
         let server = endpoint(&dev);
-        server
-            .register(ECHO, |req: Request| {
-                let mut resp = req.response();
-                resp.extend_from_slice(&answer(req.data()));
-                async move { resp }
-            })
-            .unwrap();
+        register_echo(&server);
         let client = Rc::new(endpoint(&dev));
         let session = timeout(WAIT, client.connect(&server.local_addr()))
             .await
@@ -377,28 +382,10 @@ fn mid_size_messages_go_by_send_over_the_rc_link() {
                 .unwrap_or_else(|e| panic!("call of {len} bytes: {e}"));
             assert!(resp[..] == answer(&req)[..], "{len} bytes");
         }
-        let calls: Vec<_> = (0..SESSION_SLOTS * 4)
-            .map(|i| {
-                let client = client.clone();
-                spawn(async move {
-                    let req = common::pattern(packet + 1 + i * 701, i as u8);
-                    let resp = client
-                        .call(session, ECHO, &req)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if resp[..] != answer(&req)[..] {
-                        return Err(format!("call {i}: a wrong answer"));
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for c in calls {
-            timeout(WAIT, c)
-                .await
-                .expect("concurrent calls in time")
-                .expect("right answers");
-        }
+        call_window(&client, &[session], SESSION_SLOTS * 4, |i| {
+            packet + 1 + i * 701
+        })
+        .await;
         let (c, s) = (client.stats(), server.stats());
         println!("client counters: {c:?}\nserver counters: {s:?}");
         assert!(c.link_packets_sent >= 10, "requests over the link: {c:?}");
@@ -422,13 +409,7 @@ fn link_receives_grow_with_the_links() {
     let (rt, dev) = common::runtime_and_device();
     common::block(&rt, async {
         let server = endpoint(&dev);
-        server
-            .register(ECHO, |req: Request| {
-                let mut resp = req.response();
-                resp.extend_from_slice(&answer(req.data()));
-                async move { resp }
-            })
-            .unwrap();
+        register_echo(&server);
         let client = Rc::new(endpoint(&dev));
         let len = 4 << 10;
         let mut sessions = Vec::new();
@@ -459,29 +440,10 @@ fn link_receives_grow_with_the_links() {
             2 * one_ring,
             "16 links: two rings of receives: {m:?}"
         );
-        let calls: Vec<_> = (0..sessions.len() * SESSION_SLOTS)
-            .map(|i| {
-                let client = client.clone();
-                let session = sessions[i % sessions.len()];
-                spawn(async move {
-                    let req = common::pattern(len + i, i as u8);
-                    let resp = client
-                        .call(session, ECHO, &req)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if resp[..] != answer(&req)[..] {
-                        return Err(format!("call {i}: a wrong answer"));
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for c in calls {
-            timeout(WAIT, c)
-                .await
-                .expect("the window in time")
-                .expect("right answers");
-        }
+        call_window(&client, &sessions, sessions.len() * SESSION_SLOTS, |i| {
+            len + i
+        })
+        .await;
         let c = client.stats();
         assert!(c.link_packets_sent >= 128, "requests over the links: {c:?}");
         assert_eq!(c.timeouts, 0, "{c:?}");
@@ -504,13 +466,7 @@ fn an_idle_session_is_closed_and_the_client_told() {
             ..RpcConfig::default()
         };
         let server = Rpc::new(transport, config);
-        server
-            .register(ECHO, |req: Request| {
-                let mut resp = req.response();
-                resp.extend_from_slice(&answer(req.data()));
-                async move { resp }
-            })
-            .unwrap();
+        register_echo(&server);
         // A client that does not ping its sessions (with pings, the
         // default, its session would stay open: `tests.rs` in the engine).
         let transport = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
@@ -578,13 +534,7 @@ fn claimed_lengths_over_ud_cost_at_most_the_budget() {
         };
         let transport = UdTransport::new(&dev, &UdConfig::default()).expect("UD transport");
         let server = Rpc::new(transport, config);
-        server
-            .register(ECHO, |req: Request| {
-                let mut resp = req.response();
-                resp.extend_from_slice(&answer(req.data()));
-                async move { resp }
-            })
-            .unwrap();
+        register_echo(&server);
         let client = endpoint(&dev);
         let session = timeout(WAIT, client.connect(&server.local_addr()))
             .await

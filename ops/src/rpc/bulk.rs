@@ -35,7 +35,7 @@ use std::task::Context;
 
 use tracing::debug;
 
-use super::bulk_write::{WRITE_TRAILER, WRITTEN_REQUEST_MAX};
+use super::bulk_write::{keep_spare, WRITE_TRAILER, WRITTEN_REQUEST_MAX};
 use super::client::complete;
 use super::core::{open_session, Core, ReadTarget};
 use super::error::{RpcError, SessionId};
@@ -900,18 +900,11 @@ impl<P: Clone> Core<P> {
                     // The server could READ all of its bytes: kept whole
                     // as the room for the slot's next response (offered
                     // with no zeroing, `room_for_response`); the next
-                    // request goes into the spare before it, or a buffer
-                    // of the pool (the last response's, given back, as a
-                    // rule).
+                    // request goes into a buffer of the pool (the spare
+                    // before it, given back, as a rule).
                     let len = buf.len();
-                    let mut old = std::mem::replace(&mut slot.spare, buf);
-                    slot.req = if old.capacity() >= len {
-                        old.clear();
-                        old
-                    } else {
-                        self.pool.put(old);
-                        self.pool.take_for(len)
-                    };
+                    keep_spare(&self.pool, slot, buf);
+                    slot.req = self.pool.take_for(len);
                 } else {
                     // (It spans the offered room; the next request
                     // replaces its bytes.)

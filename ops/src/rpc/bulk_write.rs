@@ -117,15 +117,11 @@ pub(crate) fn decode_imm(imm: u32) -> (usize, u32, usize) {
 
 /// The largest request written into granted room; larger ones go by READ
 /// (and get no grant, so no room of their size is held for a peer).
-/// Measured on the soft device, one call at a time, against READ
-/// (`docs/benchmarks.md`, "Where one large call's time goes"): written
-/// requests (a room granted per call then) took 2.8-3.3 context switches
-/// per call instead of 5.1-5.8 and 13-17% less time up to 128 KiB, tied
-/// at 192 KiB and lost from 256 KiB (12-17% slower: the room granted and
-/// the response room the call offers were zeroed when exposed, two
-/// passes over the message that the READ path does not make). The room
-/// is kept per slot now and the response room is the slot's spare (no
-/// pass zeroing either per call); the limit not measured again.
+/// Picked by measuring written requests against READ on the soft device,
+/// one call at a time (`docs/benchmarks.md`, "Where one large call's time
+/// goes"): they save two small trips, which outweighs the server's copy
+/// of the request out of its room up to 128 KiB, tie around 256 KiB and
+/// lose at 1 MiB.
 pub(crate) const WRITTEN_REQUEST_MAX: usize = 128 << 10;
 
 /// Bytes a written request carries after its message: its request

@@ -4,12 +4,12 @@
 use std::task::{Context, Poll};
 
 use super::buf::MsgBuf;
-use super::core::Core;
+use super::core::{Core, RpcStats};
 use super::error::{RpcError, SessionId};
 use super::header::{packets_for, Header, PacketKind, Status, HEADER_LEN, MAX_RANGE};
 use super::link_send::{link_for, send_whole};
 use super::session::{CallState, ClientSlot, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
-use super::transport::TxBatch;
+use super::transport::{Bulk, TxBatch};
 
 /// Sends client packet `k` of `slot`: request packet `k`, or past the
 /// request the request for response packet `k - n_req + 1` (and, in the
@@ -133,6 +133,42 @@ impl Req<'_> {
             Req::Owned(buf) => buf.as_ref().map_or(0, Vec::len),
         }
     }
+}
+
+/// Sends slot `i`'s request of session `s` (numbered `sid` here) whole
+/// over `link` (`link_send.rs`), its packets' credits taken as sent:
+/// whether it went (else the link broke and the pump sends it in packets).
+#[allow(clippy::too_many_arguments)]
+fn send_request_whole<P>(
+    bulk: &mut Option<Box<dyn Bulk>>,
+    stats: &mut RpcStats,
+    broken: &mut Vec<u64>,
+    s: &mut Session<P>,
+    sid: u32,
+    i: usize,
+    link: u64,
+    now: u64,
+) -> bool {
+    let slot = &mut s.client[i];
+    let h = Header {
+        req_type: slot.req_type,
+        payload_len: slot.req.len() as u16,
+        dest_session: s.remote,
+        src_session: sid,
+        req_num: slot.req_num,
+        msg_len: slot.req.len() as u32,
+        pkt_count: slot.n_req as u16,
+        ..Header::new(PacketKind::Request)
+    };
+    if !send_whole(bulk, stats, broken, link, &h, &slot.req) {
+        return false;
+    }
+    slot.num_tx = slot.n_req;
+    slot.progress = now;
+    slot.sent = now;
+    slot.link_sent = Some(link);
+    s.credits -= slot.n_req;
+    true
 }
 
 impl<P: Clone> Core<P> {
@@ -357,33 +393,16 @@ impl<P: Clone> Core<P> {
         ) else {
             return false;
         };
-        let h = Header {
-            req_type: slot.req_type,
-            payload_len: slot.req.len() as u16,
-            dest_session: s.remote,
-            src_session: sid,
-            req_num: slot.req_num,
-            msg_len: slot.req.len() as u32,
-            pkt_count: slot.n_req as u16,
-            ..Header::new(PacketKind::Request)
-        };
-        if !send_whole(
+        send_request_whole(
             &mut self.bulk,
             &mut self.stats,
             &mut self.links_broken,
+            s,
+            sid,
+            i,
             link,
-            &h,
-            &slot.req,
-        ) {
-            return false;
-        }
-        let slot = &mut s.client[i];
-        slot.num_tx = slot.n_req;
-        slot.progress = now;
-        slot.sent = now;
-        slot.link_sent = Some(link);
-        s.credits -= slot.n_req;
-        true
+            now,
+        )
     }
 
     /// Sends the request of slot `i` if it is one packet and the only call
@@ -565,32 +584,19 @@ impl<P: Clone> Core<P> {
                     continue;
                 }
                 if let Some(link) = link {
-                    let h = Header {
-                        req_type: slot.req_type,
-                        payload_len: slot.req.len() as u16,
-                        dest_session: s.remote,
-                        src_session: sid,
-                        req_num: slot.req_num,
-                        msg_len: slot.req.len() as u32,
-                        pkt_count: slot.n_req as u16,
-                        ..Header::new(PacketKind::Request)
-                    };
-                    if send_whole(
+                    send_request_whole(
                         &mut self.bulk,
                         &mut self.stats,
                         &mut self.links_broken,
+                        s,
+                        sid,
+                        i,
                         link,
-                        &h,
-                        &slot.req,
-                    ) {
-                        slot.num_tx = slot.n_req;
-                        slot.progress = now;
-                        slot.sent = now;
-                        slot.link_sent = Some(link);
-                        s.credits -= slot.n_req;
-                    }
+                        now,
+                    );
                 }
             }
+            let slot = &mut s.client[i];
             while slot.num_tx < slot.total_tx() && slot.num_tx - slot.num_rx < WINDOW {
                 let k = slot.num_tx;
                 if k >= slot.n_req && slot.has_response_packet(k - slot.n_req + 1) {

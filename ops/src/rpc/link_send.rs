@@ -29,11 +29,11 @@
 //!   on UD a shared receive queue of rings of 64 buffers of 32 KiB, one
 //!   ring per 8 links open, at most 4), charged to `request_memory` as
 //!   the rings are posted, bounded whatever the number of peers; a
-//!   buffer is reposted as soon as its packet is taken. A packet over a link is checked as a datagram is, and
-//!   besides must name the session the link belongs to (in its role),
-//!   start at packet 0 and carry the whole message: anything else is
-//!   dropped and counted malformed (or stale, for a link closed since),
-//!   never failing the session.
+//!   buffer is reposted as soon as its packet is taken. A packet over a
+//!   link is checked as a datagram is, and besides must name the session
+//!   the link belongs to (in its role), start at packet 0 and carry the
+//!   whole message: anything else is dropped and counted malformed (or
+//!   stale, for a link closed since), never failing the session.
 
 use std::task::Context;
 

@@ -15,7 +15,7 @@ use super::error::SessionId;
 use super::header::{packets_for, Header, PacketKind, Status, MAX_MSG_LEN, MAX_RANGE};
 use super::link_send::{link_for, send_whole};
 use super::runner::{JobId, Outcome, Runner};
-use super::session::{Role, ServeState, ServerSlot, SessionState, SESSION_SLOTS};
+use super::session::{Role, ServeState, ServerSlot, Session, SessionState, SESSION_SLOTS};
 use super::transport::TxBatch;
 
 /// What a handler task does next ([`Core::poll_work`]).
@@ -147,6 +147,26 @@ pub(crate) fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &H
     }
 }
 
+/// Whether request `h` starts a new request in server slot `i` of `s` at
+/// once: the session connected, the peer's, its server side; the slot
+/// idle or answered to an older request, nothing of it read, written or
+/// exposed.
+#[inline]
+fn starts_fresh<P>(s: &Session<P>, i: usize, h: &Header) -> bool {
+    let slot = &s.server[i];
+    s.role == Role::Server
+        && s.remote == h.src_session
+        && matches!(s.state, SessionState::Connected)
+        && match slot.state {
+            ServeState::Idle => true,
+            ServeState::Responded => h.req_num > slot.req_num,
+            ServeState::Receiving | ServeState::Handling => false,
+        }
+        && slot.resp_exposed.is_none()
+        && slot.reading.is_none()
+        && slot.writing.is_none()
+}
+
 impl<P: Clone> Core<P> {
     /// A small call's request: one packet, a new request of a slot that
     /// is idle or answered (nothing of it read, written or exposed), of a
@@ -163,26 +183,16 @@ impl<P: Clone> Core<P> {
         };
         let msg_len = h.msg_len as usize;
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
-        let slot = &mut s.server[i];
         let small = h.pkt_count == 1
-            && s.role == Role::Server
-            && s.remote == h.src_session
-            && matches!(s.state, SessionState::Connected)
             && payload.len() == msg_len
             && msg_len <= s.max_payload
             && msg_len <= max_len
-            && match slot.state {
-                ServeState::Idle => true,
-                ServeState::Responded => h.req_num > slot.req_num,
-                ServeState::Receiving | ServeState::Handling => false,
-            }
-            && slot.resp_exposed.is_none()
-            && slot.reading.is_none()
-            && slot.writing.is_none()
+            && starts_fresh(s, i, h)
             && self.handlers[usize::from(h.req_type)].is_some();
         if !small {
             return false;
         }
+        let slot = &mut s.server[i];
         s.idle_sweeps = 0;
         // Charged as the general path charges a one-packet request (which
         // is admitted whatever the budget holds).
@@ -215,27 +225,17 @@ impl<P: Clone> Core<P> {
         let msg_len = h.msg_len as usize;
         let n = usize::from(h.pkt_count);
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
-        let slot = &mut s.server[i];
         let whole = h.pkt_idx == 0
-            && (2..=64).contains(&n)
-            && s.role == Role::Server
-            && s.remote == h.src_session
-            && matches!(s.state, SessionState::Connected)
+            && (2..=u64::BITS as usize).contains(&n)
             && payload.len() == msg_len
             && n == packets_for(msg_len, s.max_payload)
             && msg_len <= max_len
-            && match slot.state {
-                ServeState::Idle => true,
-                ServeState::Responded => h.req_num > slot.req_num,
-                ServeState::Receiving | ServeState::Handling => false,
-            }
-            && slot.resp_exposed.is_none()
-            && slot.reading.is_none()
-            && slot.writing.is_none()
+            && starts_fresh(s, i, h)
             && self.handlers[usize::from(h.req_type)].is_some();
         if !whole {
             return false;
         }
+        let slot = &mut s.server[i];
         // Charged as the general path charges it (its packet bitmap and
         // bytes, not forced: a request of several packets waits for room).
         let mut charge = Charge::default();
@@ -245,8 +245,8 @@ impl<P: Clone> Core<P> {
         s.idle_sweeps = 0;
         slot.reuse_response_buffer(&self.pool);
         slot.begin_request(h.req_num, h.req_type, msg_len, n, false);
-        // Every packet is in.
-        slot.got[0] = if n == 64 { u64::MAX } else { (1 << n) - 1 };
+        // Every packet is in (one bitmap word holds them all).
+        slot.got[0] = u64::MAX >> (u64::BITS as usize - n);
         slot.rx = n;
         slot.req.clear();
         slot.req.extend_from_slice(payload);

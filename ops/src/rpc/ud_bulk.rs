@@ -38,10 +38,8 @@ const LINK_SEND_DEPTH: u32 = 64;
 pub(crate) const LINK_RECV_DEPTH: u32 = 64;
 /// Links one ring of receives is kept for: a link carries at most a
 /// session's calls under way ([`SESSION_SLOTS`]), one SEND or immediate
-/// each, so 8 links fill a ring. Past that the peers' SENDs met an empty
-/// queue: a window of 16 sessions' 4 KiB calls took an RNR NAK for about
-/// one SEND in ten on the soft device (each a go-back and a wait of the
-/// RNR timer; on rxe the timer is a kernel tick of milliseconds).
+/// each, so 8 links fill a ring. More links on one ring find it empty
+/// under a window and wait out the RNR timer (on rxe a kernel tick).
 pub(crate) const LINKS_PER_RING: usize = LINK_RECV_DEPTH as usize / SESSION_SLOTS;
 /// The shared receive queue's capacity: at most this many receives
 /// posted, 4 rings (8 MiB), whatever the number of links.
@@ -161,16 +159,9 @@ impl UdBulk {
         let srq = device
             .create_srq(LINK_RECV_MAX)
             .map_err(|e| failed("creating the links' shared receive queue", e))?;
-        let ring = self.new_ring(&srq)?;
+        let ring = new_ring(&srq, &self.pd)?;
         self.srq = Some((srq.clone(), vec![ring]));
         Ok(srq)
-    }
-
-    /// A ring of [`LINK_RECV_DEPTH`] receives posted on `srq`.
-    fn new_ring(&self, srq: &SharedRecvQueue) -> Result<RecvRing, TransportError> {
-        let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_PACKET);
-        RecvRing::on_srq(srq, &self.pd, config)
-            .map_err(|e| failed("posting the links' receives", e))
     }
 
     /// Posts one more ring when the links open outnumber what the rings
@@ -178,25 +169,21 @@ impl UdBulk {
     /// be made leaves the links as they are (a SEND that finds the queue
     /// empty waits for a repost).
     fn grow_rings(&mut self) {
-        let Some((srq, rings)) = &self.srq else {
+        let Some((srq, rings)) = &mut self.srq else {
             return;
         };
-        let have = rings.len();
-        let want = self.links.len().div_ceil(LINKS_PER_RING).max(1);
-        if want <= have || (have as u32 + 1) * LINK_RECV_DEPTH > LINK_RECV_MAX {
+        let want = self.links.len().div_ceil(LINKS_PER_RING);
+        if want <= rings.len() || (rings.len() as u32 + 1) * LINK_RECV_DEPTH > LINK_RECV_MAX {
             return;
         }
-        let srq = srq.clone();
-        match self.new_ring(&srq) {
+        match new_ring(srq, &self.pd) {
             Ok(ring) => {
+                rings.push(ring);
                 debug!(
                     links = self.links.len(),
-                    rings = have + 1,
+                    rings = rings.len(),
                     "rpc/ud: one more ring of link receives"
                 );
-                if let Some((_, rings)) = &mut self.srq {
-                    rings.push(ring);
-                }
             }
             Err(error) => debug!(%error, "rpc/ud: no more link receives; links share those posted"),
         }
@@ -209,27 +196,35 @@ impl UdBulk {
             return;
         };
         for ring in rings {
-            loop {
-                match ring.poll_next(cx) {
-                    Poll::Ready(Some(Ok(msg))) => {
-                        let Some(&link) = self.qp_links.get(&msg.qp_num()) else {
-                            // A link closed since: dropped (reposted).
-                            continue;
-                        };
-                        match (msg.by_write(), msg.imm()) {
-                        (true, Some(imm)) => self.written.push((link, imm)),
-                        (false, None) => self.received.push((link, LinkPacket::Ring(msg))),
-                        _ => debug!(link, "rpc/ud: a SEND with immediate or a WRITE without one on a link; ignored"),
-                    }
-                    }
-                    Poll::Ready(Some(Err(error))) => {
+            while let Poll::Ready(Some(next)) = ring.poll_next(cx) {
+                let msg = match next {
+                    Ok(msg) => msg,
+                    Err(error) => {
                         debug!(%error, "rpc/ud: a link's receive completed in error");
+                        continue;
                     }
-                    Poll::Ready(None) | Poll::Pending => break,
+                };
+                let Some(&link) = self.qp_links.get(&msg.qp_num()) else {
+                    // A link closed since: dropped (reposted).
+                    continue;
+                };
+                match (msg.by_write(), msg.imm()) {
+                    (true, Some(imm)) => self.written.push((link, imm)),
+                    (false, None) => self.received.push((link, LinkPacket::Ring(msg))),
+                    _ => debug!(
+                        link,
+                        "rpc/ud: a SEND with immediate or a WRITE without one on a link; ignored"
+                    ),
                 }
             }
         }
     }
+}
+
+/// A ring of [`LINK_RECV_DEPTH`] receives posted on `srq`.
+fn new_ring(srq: &SharedRecvQueue, pd: &Pd) -> Result<RecvRing, TransportError> {
+    let config = RecvRingConfig::new(LINK_RECV_DEPTH, LINK_PACKET);
+    RecvRing::on_srq(srq, pd, config).map_err(|e| failed("posting the links' receives", e))
 }
 
 impl Bulk for UdBulk {

@@ -297,7 +297,7 @@ fn the_response_room_of_a_written_request_is_not_zeroed_per_call() {
         }
         assert_eq!(cli.stats().bulk_request_writes - written, 10);
         // The test's handler answers 4 bytes more than it got: those are
-        // the room past the spare, zeroed (before: 50,004 per call).
+        // the room past the spare, the only bytes zeroed.
         assert_eq!(
             net.zeroed_bytes() - zeroed,
             10 * 4,
