@@ -13,6 +13,7 @@ use super::buf::BufPool;
 use super::config::RpcConfig;
 use super::endpoint::Request;
 use super::header::{Header, PacketKind, HEADER_LEN};
+use super::id_map::IdMap;
 use super::runner::{JobId, Runner};
 use super::session::{Role, Session, SessionState};
 use super::table::SessionTable;
@@ -246,7 +247,7 @@ pub(crate) struct Core<P> {
     /// The transport's large-message path (`bulk.rs`), if it has one.
     pub(crate) bulk: Option<Box<dyn super::transport::Bulk>>,
     /// READs under way, by token.
-    pub(crate) reads: HashMap<u64, ReadTarget>,
+    pub(crate) reads: IdMap<u64, ReadTarget>,
     /// The next READ's token.
     pub(crate) next_token: u64,
     /// The next link number.
@@ -256,7 +257,7 @@ pub(crate) struct Core<P> {
     /// READs finished, taken from the transport (reused).
     pub(crate) bulk_done: Vec<super::transport::BulkDone>,
     /// Server: WRITEs of responses under way, by token (`bulk_write.rs`).
-    pub(crate) writes: HashMap<u64, ReadTarget>,
+    pub(crate) writes: IdMap<u64, ReadTarget>,
     /// Client: WRITEs with immediate received, taken from the transport
     /// (reused).
     pub(crate) bulk_written: Vec<(u64, u32)>,
@@ -331,12 +332,12 @@ impl<P: Clone> Core<P> {
             dispatcher: None,
             ticker: None,
             bulk: None,
-            reads: HashMap::new(),
+            reads: IdMap::default(),
             next_token: 1,
             next_link: 1,
             bulk_done: Vec::new(),
             links_wanted: Vec::new(),
-            writes: HashMap::new(),
+            writes: IdMap::default(),
             bulk_written: Vec::new(),
             requests_exposed: 0,
             links_opened: false,

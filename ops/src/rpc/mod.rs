@@ -105,6 +105,7 @@ pub(crate) mod core;
 mod endpoint;
 mod error;
 pub mod header;
+mod id_map;
 mod idle;
 mod link_send;
 pub mod mem;

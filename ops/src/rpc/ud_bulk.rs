@@ -11,7 +11,7 @@
 //! [`LINKS_PER_RING`] links after, up to [`LINK_RECV_MAX`] buffers
 //! whatever the number of links or peers.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -22,6 +22,7 @@ use verbio_runtime::provider::{AccessFlags, Endpoint, Pd, QpCaps};
 use verbio_runtime::{Device, QueuePair, RecvRing, RecvRingConfig, SharedRecvQueue, Submit};
 
 use super::header::HEADER_LEN;
+use super::id_map::IdMap;
 use super::session::SESSION_SLOTS;
 use super::transport::{Bulk, BulkDone, LinkPacket, TransportError};
 use crate::connect::handshake::{self, Hello};
@@ -51,6 +52,11 @@ pub(crate) const LINK_PACKET: usize = HEADER_LEN + (32 << 10);
 /// The RNR timer the links ask their peers for (encoded: 0.01 ms), for the
 /// rare SEND that finds the shared receive queue empty.
 const LINK_MIN_RNR_TIMER: u8 = 1;
+/// Registered buffers of finished link SENDs kept for the next ones (a
+/// pool allocation and release saved per SEND), at most: a link's send
+/// queue, so a window's burst of completions is kept whole (the pool
+/// would keep their blocks anyway).
+const SPARE_SENDS: usize = LINK_SEND_DEPTH as usize;
 
 /// A registered buffer an RDMA READ or WRITE owns while it runs.
 type OpMem = RegisteredMem<Vec<u8>>;
@@ -84,30 +90,48 @@ impl BulkOp {
     }
 }
 
+/// A SEND over a link under way: its registered copy of the packet is
+/// the SEND's until its completion.
+type LinkSend = Submit<SendVerb<LocalBuf>>;
+
+/// One RC link: its queue pair, local endpoint, and SENDs under way.
+struct Link {
+    qp: QueuePair,
+    ep: Endpoint,
+    /// SENDs under way, oldest first: an RC send queue completes in order,
+    /// so only the oldest is polled (the others wait behind it). Dropped
+    /// with the link: the runtime keeps each buffer until the device is
+    /// done with it.
+    sends: VecDeque<LinkSend>,
+}
+
 /// The [`Bulk`] of a UD transport's device.
 pub(crate) struct UdBulk {
     qps: DeviceQps,
     pd: Pd,
-    links: HashMap<u64, (QueuePair, Endpoint)>,
+    /// The links by number (numbers this side allocates: a cheap hash).
+    links: IdMap<u64, Link>,
     /// The links by their queue pairs' numbers (a receive on the shared
     /// queue names its QP).
-    qp_links: HashMap<u32, u64>,
+    qp_links: IdMap<u32, u64>,
     /// The links' shared receive queue and its rings: the first made with
     /// the first link, one more for every [`LINKS_PER_RING`] links open
     /// (kept when links close: their memory is charged while it lasts).
     srq: Option<(SharedRecvQueue, Vec<RecvRing>)>,
     /// Registered buffers the packets sent over links are copied into.
     send_pool: MrPool,
+    /// Buffers of finished SENDs, emptied, taken before the pool's.
+    spare: Vec<LocalBuf>,
     /// What the ring gave that the other poll takes.
     written: Vec<(u64, u32)>,
     received: Vec<(u64, LinkPacket)>,
-    regions: HashMap<u64, RemoteAccessRegion<Slice<Vec<u8>>>>,
+    regions: IdMap<u64, RemoteAccessRegion<Slice<Vec<u8>>>>,
     next_region: u64,
     /// READs and WRITEs under way, by token.
     ops: Vec<(u64, BulkOp)>,
-    /// SENDs over links under way, by link: polled with the received
-    /// packets; one that failed broke its link.
-    sends: Vec<(u64, Submit<SendVerb<LocalBuf>>)>,
+    /// The links with SENDs under way (each link's oldest is polled with
+    /// the received packets; one that failed broke its link).
+    sending: Vec<u64>,
 }
 
 impl UdBulk {
@@ -127,16 +151,17 @@ impl UdBulk {
         UdBulk {
             qps: DeviceQps::new(device.clone(), config),
             pd: device.pd().clone(),
-            links: HashMap::new(),
-            qp_links: HashMap::new(),
+            links: IdMap::default(),
+            qp_links: IdMap::default(),
             srq: None,
             send_pool: MrPool::new(device.pd()),
+            spare: Vec::new(),
             written: Vec::new(),
             received: Vec::new(),
-            regions: HashMap::new(),
+            regions: IdMap::default(),
             next_region: 1,
             ops: Vec::new(),
-            sends: Vec::new(),
+            sending: Vec::new(),
         }
     }
 }
@@ -237,13 +262,14 @@ impl Bulk for UdBulk {
         let hello = handshake::encode(&Hello::new(ep))
             .map_err(|e| failed("encoding the RC endpoint", e))?;
         self.qp_links.insert(qp.qp_num(), link);
-        self.links.insert(link, (qp, ep));
+        let sends = VecDeque::new();
+        self.links.insert(link, Link { qp, ep, sends });
         self.grow_rings();
         Ok(hello.to_vec())
     }
 
     fn connect(&mut self, link: u64, remote: &[u8]) -> Result<(), TransportError> {
-        let Some((qp, local)) = self.links.get(&link) else {
+        let Some(Link { qp, ep: local, .. }) = self.links.get(&link) else {
             return Err(TransportError::BadAddress {
                 len: remote.len(),
                 reason: "no such link",
@@ -259,11 +285,13 @@ impl Bulk for UdBulk {
     }
 
     fn close(&mut self, link: u64) {
-        // Dropping the queue pair destroys it; READs, WRITEs and SENDs
-        // under way end flushed (their tasks report them). The receives
+        // Dropping the queue pair destroys it; READs and WRITEs under way
+        // end flushed (`poll_done` reports them), SENDs under way are
+        // dropped with it (their buffers kept until the device is done
+        // with them). The receives
         // are the shared queue's: they stay posted for the other links.
-        if let Some((qp, _)) = self.links.remove(&link) {
-            self.qp_links.remove(&qp.qp_num());
+        if let Some(l) = self.links.remove(&link) {
+            self.qp_links.remove(&l.qp.qp_num());
         }
     }
 
@@ -315,7 +343,7 @@ impl Bulk for UdBulk {
         into: Vec<u8>,
         token: u64,
     ) -> Result<(), (Vec<u8>, TransportError)> {
-        let Some((qp, _)) = self.links.get(&link) else {
+        let Some(Link { qp, .. }) = self.links.get(&link) else {
             let e = TransportError::no_such_link();
             return Err((into, e));
         };
@@ -377,7 +405,7 @@ impl Bulk for UdBulk {
         imm: u32,
         token: u64,
     ) -> Result<(), (Vec<u8>, TransportError)> {
-        let Some((qp, _)) = self.links.get(&link) else {
+        let Some(Link { qp, .. }) = self.links.get(&link) else {
             let e = TransportError::no_such_link();
             return Err((buf, e));
         };
@@ -419,7 +447,7 @@ impl Bulk for UdBulk {
         head: &[u8; HEADER_LEN],
         payload: &[u8],
     ) -> Result<(), TransportError> {
-        let Some((qp, _)) = self.links.get(&link) else {
+        let Some(l) = self.links.get_mut(&link) else {
             return Err(TransportError::no_such_link());
         };
         let len = HEADER_LEN + payload.len();
@@ -429,17 +457,23 @@ impl Bulk for UdBulk {
                 max: LINK_PACKET,
             });
         }
-        let mut buf = self
-            .send_pool
-            .alloc(len)
-            .map_err(|e| failed("taking a registered buffer for a link's SEND", e))?;
+        let mut buf = match self.spare.pop() {
+            Some(buf) if buf.capacity() >= len => buf,
+            _ => self
+                .send_pool
+                .alloc(len)
+                .map_err(|e| failed("taking a registered buffer for a link's SEND", e))?,
+        };
         buf.extend_from_slice(head)
             .and_then(|()| buf.extend_from_slice(payload))
             .map_err(|e| failed("copying a packet for a link's SEND", e))?;
         // The buffer is the SEND's until its completion (the runtime keeps
         // it, also if the future is dropped); a SEND that failed broke the
         // link (`poll_received`).
-        self.sends.push((link, crate::verbs::send::send(qp, buf)));
+        if l.sends.is_empty() {
+            self.sending.push(link);
+        }
+        l.sends.push_back(crate::verbs::send::send(&l.qp, buf));
         Ok(())
     }
 
@@ -452,17 +486,37 @@ impl Bulk for UdBulk {
         self.drain_ring(cx);
         out.append(&mut self.received);
         let mut k = 0;
-        while k < self.sends.len() {
-            let (link, op) = &mut self.sends[k];
-            match Pin::new(op).poll(cx) {
-                Poll::Pending => k += 1,
-                Poll::Ready((result, _buf)) => {
-                    if let Err(error) = result {
-                        debug!(%error, link = *link, "rpc/ud: a SEND over a link failed");
-                        broken.push(*link);
-                    }
-                    drop(self.sends.swap_remove(k));
+        while k < self.sending.len() {
+            let link = self.sending[k];
+            let Some(l) = self.links.get_mut(&link) else {
+                // Closed since: its SENDs went with it.
+                self.sending.swap_remove(k);
+                continue;
+            };
+            let mut failed = false;
+            // The oldest only: the others complete after it (and are
+            // polled then: its completion wakes the dispatcher).
+            while let Some(op) = l.sends.front_mut() {
+                let Poll::Ready((result, mut buf)) = Pin::new(op).poll(cx) else {
+                    break;
+                };
+                if self.spare.len() < SPARE_SENDS {
+                    buf.clear();
+                    self.spare.push(buf);
                 }
+                if let Err(error) = result {
+                    debug!(%error, link, "rpc/ud: a SEND over a link failed");
+                    failed = true;
+                }
+                l.sends.pop_front();
+            }
+            if failed {
+                broken.push(link);
+            }
+            if l.sends.is_empty() {
+                self.sending.swap_remove(k);
+            } else {
+                k += 1;
             }
         }
     }
