@@ -95,6 +95,13 @@ struct Args {
     /// system calls with `perf stat` or `strace -c`.
     #[arg(long, value_name = "CLIENT", value_parser = ["local", "handle"])]
     only: Option<String>,
+    /// Also print, per point and client, each kind of thread's CPU time,
+    /// sleeps and preemptions per message (the echo server, the client's
+    /// runtime thread: the local client's or the pool's, tokio's workers,
+    /// the soft devices' engines, the rest): where the handle path's
+    /// added CPU goes.
+    #[arg(long)]
+    by_thread: bool,
 }
 
 fn default_sizes() -> Vec<usize> {
@@ -111,6 +118,8 @@ struct Run {
     cpu: Duration,
     /// Sleeps of the process's threads meanwhile ([`process_sleeps`]).
     sleeps: u64,
+    /// What each kind of thread did meanwhile (`--by-thread`).
+    by_kind: [Usage; KINDS.len()],
 }
 
 impl Run {
@@ -135,6 +144,122 @@ fn process_sleeps() -> u64 {
     let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     assert_eq!(rc, 0, "getrusage(RUSAGE_SELF)");
     ru.ru_nvcsw as u64
+}
+
+/// What the threads of one kind did: CPU time, sleeps (voluntary context
+/// switches) and preemptions (involuntary ones).
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    cpu: Duration,
+    sleeps: u64,
+    preempted: u64,
+}
+
+/// The kinds of thread `--by-thread` tells apart, by thread name.
+const KINDS: [&str; 6] = ["server", "local", "pool", "tokio", "soft", "other"];
+
+/// The kind (an index into [`KINDS`]) of the thread named `comm`.
+fn kind_of(comm: &str) -> usize {
+    match comm {
+        "echo-server" => 0,
+        "local-client" => 1,
+        c if c.starts_with("verbio-pool") => 2,
+        "tokio-rt-worker" => 3,
+        c if c.starts_with("verbio-soft") => 4,
+        _ => 5,
+    }
+}
+
+/// Every live thread of the process: its id, kind, CPU time (its
+/// `CLOCK_THREAD_CPUTIME_ID`, read through the thread's CPU clock id),
+/// sleeps and preemptions so far. A thread gone between the listing and
+/// the reads is left out.
+fn thread_usage() -> Vec<(u32, usize, Usage)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else {
+            continue;
+        };
+        let path = e.path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // The CPU clock of thread `tid` (the kernel's MAKE_THREAD_CPUCLOCK
+        // with CPUCLOCK_SCHED): `~tid << 3 | 6`.
+        let clock = ((!(tid as libc::clockid_t)) << 3) | 6;
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out-pointer; a clock id of a thread that has ended
+        // fails with EINVAL, which leaves the thread out.
+        if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+            continue;
+        }
+        out.push((
+            tid,
+            kind_of(comm.trim()),
+            Usage {
+                cpu: Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32),
+                sleeps: field("voluntary_ctxt_switches:"),
+                preempted: field("nonvoluntary_ctxt_switches:"),
+            },
+        ));
+    }
+    out
+}
+
+/// Per kind of thread, what its threads did between `before` and `after`
+/// (a thread born meanwhile counts from zero).
+fn usage_by_kind(
+    before: &[(u32, usize, Usage)],
+    after: &[(u32, usize, Usage)],
+) -> [Usage; KINDS.len()] {
+    let mut by = [Usage::default(); KINDS.len()];
+    for (tid, kind, a) in after {
+        let b = before
+            .iter()
+            .find(|(t, _, _)| t == tid)
+            .map(|(_, _, u)| *u)
+            .unwrap_or_default();
+        let k = &mut by[*kind];
+        k.cpu += a.cpu.saturating_sub(b.cpu);
+        k.sleeps += a.sleeps.saturating_sub(b.sleeps);
+        k.preempted += a.preempted.saturating_sub(b.preempted);
+    }
+    by
+}
+
+/// `--by-thread`'s line for one client: per kind of thread with any CPU
+/// time, µs of CPU, sleeps and preemptions per message.
+fn by_thread_line(client: &str, run: &Run) -> String {
+    let n = run.messages.max(1) as f64;
+    let mut line = format!("{:>16} {client:<6}", "by thread:");
+    for (name, u) in KINDS.iter().zip(run.by_kind.iter()) {
+        if u.cpu < Duration::from_micros(500) {
+            continue;
+        }
+        line.push_str(&format!(
+            "  {name} {:.2} µs {:.3} zz {:.3} pre",
+            u.cpu.as_secs_f64() * 1e6 / n,
+            u.sleeps as f64 / n,
+            u.preempted as f64 / n
+        ));
+    }
+    line
 }
 
 /// A soft device whose engine listens on `ip`: the server's address, or,
@@ -264,6 +389,7 @@ async fn local_point(rdma: Rc<Rdma>, p: Point) -> Result<Run, verbio::AgentError
         p50,
         cpu: Duration::ZERO,
         sleeps: 0,
+        by_kind: Default::default(),
     })
 }
 
@@ -302,6 +428,7 @@ async fn handle_point(h: &RdmaHandle, p: Point) -> Result<Run, verbio::HandleErr
         p50,
         cpu: Duration::ZERO,
         sleeps: 0,
+        by_kind: Default::default(),
     })
 }
 
@@ -351,7 +478,9 @@ fn serve_only(
     limit: Duration,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (ready_tx, ready_rx) = mpsc::channel();
-    let server = std::thread::spawn(move || serve(at, max, limit, ready_tx));
+    let server = std::thread::Builder::new()
+        .name("echo-server".into())
+        .spawn(move || serve(at, max, limit, ready_tx))?;
     let addr = within(
         &ready_rx,
         limit,
@@ -378,7 +507,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         None => {
             let (ready_tx, ready_rx) = mpsc::channel();
             let at = SocketAddr::from(([127, 0, 0, 1], 0));
-            std::thread::spawn(move || serve(at, max, limit, ready_tx));
+            std::thread::Builder::new()
+                .name("echo-server".into())
+                .spawn(move || serve(at, max, limit, ready_tx))?;
             within(
                 &ready_rx,
                 limit,
@@ -390,7 +521,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let (points_tx, points_rx) = mpsc::channel();
     let (results_tx, results_rx) = mpsc::channel();
-    std::thread::spawn(move || local_client(addr, max, points_rx, results_tx));
+    std::thread::Builder::new()
+        .name("local-client".into())
+        .spawn(move || local_client(addr, max, points_rx, results_tx))?;
     within(
         &results_rx,
         limit,
@@ -459,6 +592,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 if skip {
                     continue;
                 }
+                let threads0 = if args.by_thread {
+                    thread_usage()
+                } else {
+                    Vec::new()
+                };
                 let (cpu0, sleeps0) = (cli::process_cpu(), process_sleeps());
                 if first_local {
                     points_tx.send(p)?;
@@ -470,6 +608,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     )?;
                     local.cpu = cli::process_cpu() - cpu0;
                     local.sleeps = process_sleeps() - sleeps0;
+                    if args.by_thread {
+                        local.by_kind = usage_by_kind(&threads0, &thread_usage());
+                    }
                 } else {
                     remote = tokio_rt.block_on(async {
                         match tokio::time::timeout(time + limit, handle_point(&handle, p)).await {
@@ -484,6 +625,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     })?;
                     remote.cpu = cli::process_cpu() - cpu0;
                     remote.sleeps = process_sleeps() - sleeps0;
+                    if args.by_thread {
+                        remote.by_kind = usage_by_kind(&threads0, &thread_usage());
+                    }
                 }
             }
             turn += 1;
@@ -501,6 +645,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 local.sleeps_per_msg(),
                 remote.sleeps_per_msg(),
             );
+            if args.by_thread {
+                println!("{}", by_thread_line("local", &local));
+                println!("{}", by_thread_line("handle", &remote));
+            }
         }
     }
     drop(handle);
