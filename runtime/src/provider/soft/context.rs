@@ -94,6 +94,17 @@ pub(crate) struct Shared {
     /// Of those, large ones whose unsent rest the posting thread left in
     /// its memory for the engine to write (for tests and diagnostics).
     pub direct_rest_in_memory: AtomicU64,
+    /// Of `direct_sends`, those corked to go out with later ones
+    /// (`Wire::try_write_or_cork`; tests, diagnostics).
+    pub corked_sends: AtomicU64,
+    /// `send`s of corked requests by a flush (`Shared::flush_corked`; tests,
+    /// diagnostics).
+    pub cork_flushes: AtomicU64,
+    /// Connections with requests corked, for [`Shared::flush_corked`]
+    /// (a connection may be listed with nothing corked any more).
+    pub corked: Mutex<Vec<Arc<Wire>>>,
+    /// Mirror of `!corked.is_empty()` (a hint read without the lock).
+    pub corked_hint: AtomicBool,
     /// Times the engine found a connection's socket full with output left
     /// (it waits for the socket to drain then; tests, diagnostics).
     pub tx_blocked: AtomicU64,
@@ -219,6 +230,45 @@ impl Shared {
         }
     }
 
+    /// A poster corked a request on `wire`, which had none corked: lists it
+    /// for [`flush_corked`](Self::flush_corked).
+    pub fn note_corked(&self, wire: &Arc<Wire>) {
+        lock(&self.corked).push(wire.clone());
+        self.corked_hint.store(true, Ordering::Release);
+    }
+
+    /// Writes the requests posters corked (`Wire::try_write_or_cork`):
+    /// called where a burst of posts ends (an application's poll or arming
+    /// of a CQ) and at the end of every receive, the engine's or an
+    /// application's (the ACKs of the requests in flight behind which they
+    /// were corked bring one), so a corked request waits at most for the
+    /// ACK of one sent before it. One atomic load when nothing is corked.
+    pub fn flush_corked(&self) {
+        if !self.corked_hint.load(Ordering::Acquire) {
+            return;
+        }
+        let wires = {
+            let mut l = lock(&self.corked);
+            self.corked_hint.store(false, Ordering::Release);
+            std::mem::take(&mut *l)
+        };
+        for w in &wires {
+            match w.flush_corked() {
+                None => continue,
+                Some(super::wire::DirectWrite::Spilled) => self.ring(),
+                Some(super::wire::DirectWrite::Sent) => {}
+            }
+            self.cork_flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        // (Keeps the list's allocation.)
+        let mut wires = wires;
+        wires.clear();
+        let mut l = lock(&self.corked);
+        if l.is_empty() {
+            *l = wires;
+        }
+    }
+
     /// Wakes the engine, with a syscall only if it sleeps.
     ///
     /// At most one ring per sleep of the engine makes the syscall: the
@@ -260,6 +310,8 @@ impl Drop for CtxInner {
             arm_flushes = sh.arm_flushes.load(Ordering::Relaxed),
             direct_sends = sh.direct_sends.load(Ordering::Relaxed),
             direct_rest_in_memory = sh.direct_rest_in_memory.load(Ordering::Relaxed),
+            corked_sends = sh.corked_sends.load(Ordering::Relaxed),
+            cork_flushes = sh.cork_flushes.load(Ordering::Relaxed),
             tx_blocked = sh.tx_blocked.load(Ordering::Relaxed),
             "soft engine counters"
         );
@@ -351,6 +403,10 @@ impl Context {
             arm_flushes: AtomicU64::new(0),
             direct_sends: AtomicU64::new(0),
             direct_rest_in_memory: AtomicU64::new(0),
+            corked_sends: AtomicU64::new(0),
+            cork_flushes: AtomicU64::new(0),
+            corked: Mutex::new(Vec::new()),
+            corked_hint: AtomicBool::new(false),
             tx_blocked: AtomicU64::new(0),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),

@@ -261,6 +261,9 @@ impl Cq {
         // the connection they arrived on or on the one to their sender's
         // engine that the QP's requests use (where a request takes them
         // along).
+        // Requests posts corked go out too (with the ACKs held on their
+        // connections).
+        sh.flush_corked();
         // (Only the connections that hold ACKs are taken out of the locks.)
         let holding = |w: &&Arc<Wire>| !w.held_gone_hint();
         let mut held: SmallVec<[Arc<Wire>; 2]> = lock(&self.shared.feeds)
@@ -284,6 +287,8 @@ impl Cq {
     /// the CQ's connections itself and runs the engine's receive work
     /// (`drive.rs`), sparing the engine thread's wakeup.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        // A burst of posts ends here: what it corked goes out.
+        self._ctx.shared().flush_corked();
         let (n, drive) = self.shared.poll(out)?;
         if !drive || self._ctx.shared().lease.is_zero() {
             return Ok(n);

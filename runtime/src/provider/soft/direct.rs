@@ -13,6 +13,14 @@
 //! engine or to the application's receive, like those of any READ).
 //! This removes one thread hand-off from every such request, at the price of
 //! the packet's encoding and `send` syscall on the posting thread.
+//!
+//! A small request posted while its QP has requests in flight is corked on
+//! the connection instead of written (`Wire::try_write_or_cork`): the next
+//! write on the connection takes it along, or a flush
+//! (`Shared::flush_corked`) at the application's next poll or arming of a
+//! CQ, or at the end of the receive that the ACKs of those in flight bring.
+//! A burst of single posts then costs one `send` (and one wake-up of the
+//! peer) instead of one per request.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -28,7 +36,7 @@ use super::lock;
 use super::packet::{Header, Opcode, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAX_PAYLOAD};
 use super::qp::{Qp, SendWqe};
 use super::requester::{data_header, ZC_MIN};
-use super::wire::{DirectWrite, SpillTail, Wire};
+use super::wire::{DirectWrite, Posted, SpillTail, Wire};
 use crate::provider::{ack_timeout_duration, PostError, QpState, SendFlags, SendOp, SendWr};
 
 /// Largest message sent from the posting thread: one packet. (Messages of
@@ -138,6 +146,10 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         }
         let remote_qpn = inner.cfg.remote_qpn;
         let timeout = ack_timeout_duration(inner.cfg.timeout);
+        // Behind requests in flight (their ACKs, or the application's next
+        // poll, bring a flush) a small request is corked, to go out with
+        // the rest of its burst in one write.
+        let cork = !from_memory && !read && inner.sq_outstanding > 0;
         let d = inner.direct.as_mut()?;
         let mut h = Header::new(Opcode::Send);
         h.dst_qpn = remote_qpn;
@@ -154,6 +166,7 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
             _ => data_header(&mut h, &w, 0, w.len),
         }
         buf[..HEADER_LEN].copy_from_slice(&h.encode());
+        let mut corked = None;
         let written = if from_memory {
             // (The last span lies in the last SGE of non-zero length.)
             let tail = w
@@ -172,7 +185,14 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
                 None => d.wire.try_write(&buf).map(|r| (r, None)),
             }
         } else {
-            d.wire.try_write(&buf).map(|r| (r, None))
+            match d.wire.try_write_or_cork(&buf, cork) {
+                Some(Posted::Wrote(r)) => Some((r, None)),
+                Some(Posted::Corked { first }) => {
+                    corked = Some(first.then(|| d.wire.clone()));
+                    Some((DirectWrite::Sent, None))
+                }
+                None => None,
+            }
         };
         let (wrote, zc) = match written {
             Some(r) => r,
@@ -196,6 +216,12 @@ pub(crate) unsafe fn post(qp: &Qp, wr: &SendWr) -> Option<Result<(), PostError>>
         drop(body);
         drop(mrs);
         ctx.direct_sends.fetch_add(1, Ordering::Relaxed);
+        if let Some(first) = corked {
+            ctx.corked_sends.fetch_add(1, Ordering::Relaxed);
+            if let Some(wire) = first {
+                ctx.note_corked(&wire);
+            }
+        }
         ctx.notify_direct(sh, wrote == DirectWrite::Spilled, timeout, at);
         Some(Ok(()))
     })

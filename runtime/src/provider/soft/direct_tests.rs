@@ -232,3 +232,91 @@ fn the_rest_of_a_lone_send_the_socket_did_not_take_goes_from_memory_intact() {
         );
     }
 }
+
+/// A burst of small SENDs posted one at a time while the first is in
+/// flight costs two `send`s, not one each: the first goes out at once, the
+/// others are corked behind it (`Wire::try_write_or_cork`) until the
+/// application's next poll. The engine of the posting side is kept from
+/// running (its lock held) so that no ACK it would read flushes them
+/// earlier. The peer receives every one, intact and in order.
+#[test]
+fn a_burst_of_small_sends_behind_one_in_flight_goes_out_in_one_write() {
+    const N: u64 = 32;
+    const LEN: usize = 64;
+    let (a, b) = pair();
+    let src = Mem::new(&a.pd, LEN * N as usize, AccessFlags::LOCAL_WRITE);
+    let dst = Mem::new(&b.pd, LEN * N as usize, AccessFlags::LOCAL_WRITE);
+    // The first exchanges set the connection up; then the engine lets
+    // posts transmit.
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut id = 1000;
+    loop {
+        let before = direct_sends(&a);
+        round(&a, &b, &src, &dst, LEN, id);
+        id += 1;
+        if direct_sends(&a) > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no post ever went out directly");
+    }
+    for i in 0..N {
+        let at = i as usize * LEN;
+        src.write(at, &pattern(LEN, i as u8));
+        post_recv(&b.qp, i, dst.sge(at, LEN));
+    }
+    let sh = a.ctx.shared();
+    let (corked, flushes) = (
+        sh.corked_sends.load(Ordering::Relaxed),
+        sh.cork_flushes.load(Ordering::Relaxed),
+    );
+    let (wire, direct, writes) = {
+        // The posting side's engine is kept out (it would read the first
+        // SEND's ACK and flush at the end of that turn), once it lets
+        // posts transmit (it may take the socket back for a moment).
+        let (_engine, wire) = loop {
+            let engine = lock(a.ctx.core());
+            let wire = lock(&a.qp.0.shared.inner)
+                .direct
+                .as_ref()
+                .map(|d| d.wire.clone());
+            if let Some(w) = wire {
+                break (engine, w);
+            }
+            drop(engine);
+            assert!(Instant::now() < deadline, "posts never allowed to transmit");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let (direct, writes) = (direct_sends(&a), wire.writes());
+        for i in 0..N {
+            post_send(
+                &a.qp,
+                send_wr(i, SendOp::Send, src.sge(i as usize * LEN, LEN)),
+            );
+        }
+        assert_eq!(direct_sends(&a) - direct, N, "every SEND went out directly");
+        assert_eq!(
+            sh.corked_sends.load(Ordering::Relaxed) - corked,
+            N - 1,
+            "all but the first were corked"
+        );
+        assert_eq!(wire.writes() - writes, 1, "only the first was written");
+        (wire, direct, writes)
+    };
+    // The application's poll flushes them, in one write.
+    for i in 0..N {
+        let s = spin_one(&a.scq);
+        assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
+    }
+    assert_eq!(direct_sends(&a) - direct, N);
+    assert_eq!(sh.cork_flushes.load(Ordering::Relaxed) - flushes, 1);
+    assert_eq!(wire.writes() - writes, 2, "the burst took two writes");
+    for i in 0..N {
+        let r = spin_one(&b.rcq);
+        assert_eq!(
+            (r.wr_id, r.status, r.byte_len),
+            (i, WcStatus::Success, LEN as u32)
+        );
+        let at = i as usize * LEN;
+        assert_eq!(dst.read(at, LEN), pattern(LEN, i as u8), "message {i}");
+    }
+}

@@ -143,6 +143,9 @@ impl Engine {
         }
         self.held = held;
         let busy = self.service_active(false);
+        // Requests posts corked behind the ones whose ACKs this turn
+        // read go out (see `Shared::flush_corked`).
+        self.sh.flush_corked();
         self.fail_overflowed();
         self.raise_events();
         self.sh.completed.store(completed, Ordering::Relaxed);

@@ -70,6 +70,24 @@ struct WireState {
     /// ACKs the engine holds back for a request to ride with: a poster
     /// writes them before its packet (one write, one wakeup of the peer).
     held: Vec<u8>,
+    /// Small request packets posters corked: written after `held` and
+    /// before anything else (see [`Wire::try_write_or_cork`]).
+    corked: Vec<u8>,
+}
+
+/// A poster's small request waits corked while its QP has requests in
+/// flight, until the corked bytes would pass this (then all go in one
+/// write) or a flush (see [`Wire::try_write_or_cork`]).
+pub(crate) const CORK_MAX: usize = 8 * 1024;
+
+/// Result of [`Wire::try_write_or_cork`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Posted {
+    /// Written now (with everything corked before it).
+    Wrote(DirectWrite),
+    /// Corked. `first`: the wire had nothing corked before (the caller
+    /// lists it for a flush, see `Shared::flush_corked`).
+    Corked { first: bool },
 }
 
 /// What [`Wire::unmute_expired`] found.
@@ -103,9 +121,14 @@ pub(crate) struct Wire {
     muted_hint: AtomicBool,
     /// Mirror of `!st.held.is_empty()`, read without the lock (a hint).
     held_hint: AtomicBool,
+    /// Mirror of `!st.corked.is_empty()`, read without the lock (a hint).
+    corked_hint: AtomicBool,
     /// A poster wrote a request since the engine last asked (see
     /// `Conn::hold_pays`).
     request_sent: AtomicBool,
+    /// `send` system calls made by posters and flushes (not the engine's;
+    /// tests, diagnostics).
+    writes: AtomicU64,
 }
 
 impl Wire {
@@ -119,13 +142,16 @@ impl Wire {
             muted: Mutex::new(false),
             muted_hint: AtomicBool::new(false),
             held_hint: AtomicBool::new(false),
+            corked_hint: AtomicBool::new(false),
             request_sent: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
             st: Mutex::new(WireState {
                 busy: true,
                 closed: false,
                 spill: Vec::new(),
                 spill_mem: None,
                 held: Vec::new(),
+                corked: Vec::new(),
             }),
         }
     }
@@ -168,7 +194,12 @@ impl Wire {
         // A poster's write takes the held ACKs along, but the engine may
         // park ACKs after a poster spilled (its own buffer is empty then):
         // the spill is the tail of a packet whose head is on the wire, so it
-        // goes first, and the ACKs (whole packets) after it.
+        // goes first, the ACKs (whole packets) after it, then corked
+        // requests (whole packets, before any the engine makes).
+        if !st.corked.is_empty() {
+            tx.splice(at..at, st.corked.drain(..));
+            self.corked_hint.store(false, Ordering::Relaxed);
+        }
         if !st.held.is_empty() {
             tx.splice(at..at, st.held.drain(..));
             self.held_hint.store(false, Ordering::Relaxed);
@@ -214,6 +245,10 @@ impl Wire {
         after.clear();
         after.append(&mut st.held);
         self.held_hint.store(false, Ordering::Relaxed);
+        // (A poster's write that spilled took what was corked along, and
+        // none corks while the spill waits: empty, kept for the order.)
+        after.append(&mut st.corked);
+        self.corked_hint.store(false, Ordering::Relaxed);
         after.extend_from_slice(&tx[at..]);
         tx.truncate(at);
         tx.append(&mut st.spill);
@@ -352,6 +387,8 @@ impl Wire {
         st.spill_mem = None;
         st.held.clear();
         self.held_hint.store(false, Ordering::Relaxed);
+        st.corked.clear();
+        self.corked_hint.store(false, Ordering::Relaxed);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
@@ -379,7 +416,7 @@ impl Wire {
     /// output pending (it is awake and writes them first); `Spilled`: the
     /// engine must be rung to write the rest.
     pub fn flush_held(&self) -> Option<DirectWrite> {
-        if self.held_gone_hint() {
+        if self.held_gone_hint() && !self.corked_hint.load(Ordering::Relaxed) {
             return None;
         }
         let mut st = match self.st.try_lock() {
@@ -387,24 +424,79 @@ impl Wire {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return None,
         };
-        if st.busy || st.closed || st.held.is_empty() {
+        if st.busy || st.closed || (st.held.is_empty() && st.corked.is_empty()) {
             return None;
         }
-        let held = std::mem::take(&mut st.held);
-        self.held_hint.store(false, Ordering::Relaxed);
-        let done = self.send_some(&held);
-        if done < held.len() {
-            st.spill.extend_from_slice(&held[done..]);
+        Some(self.write_locked(&mut st, &[]))
+    }
+
+    /// `send` system calls posters and flushes made on this connection.
+    #[cfg(test)]
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    /// True while requests wait corked (a hint, read without the lock).
+    pub fn corked_hint(&self) -> bool {
+        self.corked_hint.load(Ordering::Relaxed)
+    }
+
+    /// Writes the corked requests (and the held ACKs before them), waiting
+    /// for the lock a poster or the engine holds only for a write. `None`:
+    /// nothing corked, or the engine has output pending (its next write
+    /// takes them first, see [`take_spill`](Self::take_spill)) or closed
+    /// the connection; `Spilled`: the engine must be rung for the rest.
+    pub fn flush_corked(&self) -> Option<DirectWrite> {
+        if !self.corked_hint() {
+            return None;
+        }
+        let mut st = self.state();
+        if st.busy || st.closed || st.corked.is_empty() {
+            return None;
+        }
+        Some(self.write_locked(&mut st, &[]))
+    }
+
+    /// Writes the held ACKs, the corked requests and `pkt`, in that order,
+    /// in one `send` (under the poster's lock): what the socket did not
+    /// take is spilled, for the engine.
+    fn write_locked(&self, st: &mut WireState, pkt: &[u8]) -> DirectWrite {
+        // One buffer (the held one, or the corked one, which keep their
+        // allocations): cheaper for the kernel than gathering pieces.
+        let from_held = !st.held.is_empty();
+        let mut out = if from_held {
+            self.held_hint.store(false, Ordering::Relaxed);
+            let mut out = std::mem::take(&mut st.held);
+            out.extend_from_slice(&st.corked);
+            st.corked.clear();
+            out
+        } else {
+            std::mem::take(&mut st.corked)
+        };
+        self.corked_hint.store(false, Ordering::Relaxed);
+        let buf: &[u8] = if out.is_empty() {
+            pkt
+        } else {
+            out.extend_from_slice(pkt);
+            &out
+        };
+        let done = self.send_some(buf);
+        let total = buf.len();
+        if done < total {
+            st.spill.extend_from_slice(&buf[done..]);
             st.busy = true;
         }
-        let mut held = held;
-        held.clear();
-        st.held = held;
-        Some(if st.busy {
-            DirectWrite::Spilled
+        out.clear();
+        if from_held {
+            st.held = out;
         } else {
+            st.corked = out;
+        }
+        if done == total {
             DirectWrite::Sent
-        })
+        } else {
+            DirectWrite::Spilled
+        }
     }
 
     /// Writes what the socket takes of `buf` now (non-blocking): how much.
@@ -412,6 +504,7 @@ impl Wire {
         let mut done = 0;
         while done < buf.len() {
             let rest = &buf[done..];
+            self.writes.fetch_add(1, Ordering::Relaxed);
             // SAFETY: sends from a live byte slice (only read); the fd stays
             // open while `self` lives (the Wire owns the stream). A plain
             // system call: `send` is not a cancellation point here (no
@@ -445,30 +538,27 @@ impl Wire {
     /// otherwise, or while the engine holds the lock: queue the WR then).
     pub fn try_write(&self, pkt: &[u8]) -> Option<DirectWrite> {
         let mut st = self.poster_lock()?;
-        let st = &mut *st;
-        // The held ACKs and the packet go out in one `send` from one buffer
-        // (the held one, which keeps its allocation): cheaper for the
-        // kernel than gathering two pieces.
-        let mut out = std::mem::take(&mut st.held);
-        let buf: &[u8] = if out.is_empty() {
-            pkt
-        } else {
-            self.held_hint.store(false, Ordering::Relaxed);
-            out.extend_from_slice(pkt);
-            &out
-        };
-        let done = self.send_some(buf);
-        let total = buf.len();
-        if done < total {
-            st.spill.extend_from_slice(&buf[done..]);
+        Some(self.write_locked(&mut st, pkt))
+    }
+
+    /// Poster: like [`try_write`](Self::try_write), but with `cork` (its
+    /// QP has requests in flight, whose ACKs come back) a packet that fits
+    /// in [`CORK_MAX`] with those corked before it is corked instead of
+    /// written: it goes out with the next write on this connection (a
+    /// poster's, the engine's) or at a flush (`Shared::flush_corked`: an
+    /// application's poll or arming of a CQ, the end of the engine's or an
+    /// application's receive, which the ACKs bring), so that a burst of
+    /// small posts costs one `send` and one wake-up of the peer, not one
+    /// each.
+    pub fn try_write_or_cork(&self, pkt: &[u8], cork: bool) -> Option<Posted> {
+        let mut st = self.poster_lock()?;
+        if cork && st.corked.len() + pkt.len() <= CORK_MAX {
+            let first = st.corked.is_empty();
+            st.corked.extend_from_slice(pkt);
+            self.corked_hint.store(true, Ordering::Relaxed);
+            return Some(Posted::Corked { first });
         }
-        out.clear();
-        st.held = out;
-        if done == total {
-            return Some(DirectWrite::Sent);
-        }
-        st.busy = true;
-        Some(DirectWrite::Spilled)
+        Some(Posted::Wrote(self.write_locked(&mut st, pkt)))
     }
 }
 
@@ -497,6 +587,9 @@ impl Wire {
         if !out.is_empty() {
             self.held_hint.store(false, Ordering::Relaxed);
         }
+        out.extend_from_slice(&st.corked);
+        st.corked.clear();
+        self.corked_hint.store(false, Ordering::Relaxed);
         out.extend_from_slice(head);
         let mut iov: SmallVec<[libc::iovec; 8]> = SmallVec::new();
         iov.push(libc::iovec {
@@ -515,6 +608,7 @@ impl Wire {
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = iov[first..].as_mut_ptr();
             msg.msg_iovlen = (iov.len() - first) as _;
+            self.writes.fetch_add(1, Ordering::Relaxed);
             // SAFETY: every iovec points into `out` (alive and unchanged
             // here) or into a span, whose registered memory stays valid
             // while the MR table's lock, which the spans borrow, is held
@@ -620,6 +714,87 @@ mod tests {
         let mut got = [0u8; 18];
         peer.read_exact(&mut got).expect("read");
         assert_eq!(&got, b"ack1ack2packetnext");
+    }
+
+    #[test]
+    fn corked_requests_go_after_the_held_acks_and_before_the_next_packet() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut peer =
+            std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        s.set_nonblocking(true).expect("nonblocking");
+        let wire = Wire::new(
+            mio::net::TcpStream::from_std(s),
+            mio::Token(super::super::engine::CONN_BASE),
+        );
+        wire.hold(b"ack1");
+        assert_eq!(
+            wire.try_write_or_cork(b"req1", true),
+            Some(Posted::Corked { first: true })
+        );
+        assert_eq!(
+            wire.try_write_or_cork(b"req2", true),
+            Some(Posted::Corked { first: false })
+        );
+        assert!(wire.corked_hint());
+        assert_eq!(wire.writes(), 0, "nothing written yet");
+        // Not to be corked: written with all before it, in one `send`.
+        assert_eq!(
+            wire.try_write_or_cork(b"req3", false),
+            Some(Posted::Wrote(DirectWrite::Sent))
+        );
+        assert_eq!(wire.writes(), 1);
+        assert!(!wire.corked_hint() && wire.held_gone());
+        // Corked past `CORK_MAX`: written, with what was corked.
+        let big = vec![b'x'; CORK_MAX - 2];
+        assert!(matches!(
+            wire.try_write_or_cork(&big, true),
+            Some(Posted::Corked { first: true })
+        ));
+        assert_eq!(
+            wire.try_write_or_cork(b"req4", true),
+            Some(Posted::Wrote(DirectWrite::Sent))
+        );
+        // A flush writes what is corked (and nothing when nothing is).
+        assert!(matches!(
+            wire.try_write_or_cork(b"req5", true),
+            Some(Posted::Corked { first: true })
+        ));
+        assert_eq!(wire.flush_corked(), Some(DirectWrite::Sent));
+        assert_eq!(wire.flush_corked(), None);
+        assert_eq!(wire.writes(), 3);
+        let mut want = b"ack1req1req2req3".to_vec();
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b"req4req5");
+        let mut got = vec![0u8; want.len()];
+        peer.read_exact(&mut got).expect("read");
+        assert!(got == want, "bytes out of order");
+    }
+
+    #[test]
+    fn the_engine_writes_corked_requests_after_the_spill_and_before_its_own() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let _peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        let wire = Wire::new(
+            mio::net::TcpStream::from_std(s),
+            mio::Token(super::super::engine::CONN_BASE),
+        );
+        wire.release(true);
+        assert!(matches!(
+            wire.try_write_or_cork(b"req1", true),
+            Some(Posted::Corked { .. })
+        ));
+        wire.hold(b"ack1");
+        // The engine claims the connection: no poster writes or corks now,
+        // and a flush leaves the corked request to the engine.
+        wire.claim();
+        assert_eq!(wire.try_write_or_cork(b"req2", true), None);
+        assert_eq!(wire.flush_corked(), None);
+        let mut tx = b"sent|engine".to_vec();
+        wire.take_spill(&mut tx, 5);
+        assert_eq!(&tx, b"sent|ack1req1engine");
+        assert!(!wire.corked_hint());
     }
 
     #[test]

@@ -278,6 +278,9 @@ impl Engine {
         }
         self.held = held;
         let busy = self.service_active(false);
+        // Requests posts corked behind the ones whose ACKs this turn
+        // read go out (see `Shared::flush_corked`).
+        self.sh.flush_corked();
         // (Overflows of this turn and of the last turn's events.)
         self.fail_overflowed();
         self.raise_events();
