@@ -1,49 +1,15 @@
 //! Hash maps keyed by numbers this endpoint allocates itself (link
 //! numbers, queue pair numbers, region tokens), looked up per packet on
-//! the link path: hashed with a fold and one multiplication instead of
+//! the link path: hashed with rustc-hash's multiply-and-rotate instead of
 //! SipHash (about 140 instructions per 4 KiB message on the link path,
 //! `docs/benchmarks.md`, "A window of small calls over several
 //! sessions"). A peer can make the endpoint look keys up, never add one
 //! of its choosing, so there is no collision flooding to defend against.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// A hash map keyed by a locally allocated number (see the module).
-pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
-
-/// An odd 64-bit constant (from the golden ratio) that spreads a key's
-/// bits over the product's high half.
-const MUL: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// The hasher of [`IdMap`]: for integer keys only (bytes are folded in
-/// one at a time, a fallback no key of this crate takes).
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        // A link number is a counter in its high half and a session in its
-        // low half: fold the halves so both reach the bucket index (the
-        // product's low bits), then mix.
-        let x = (self.0 ^ n ^ (n >> 32)).wrapping_mul(MUL);
-        self.0 = x ^ (x >> 29);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
+pub(crate) type IdMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 #[cfg(test)]
 mod tests {
@@ -55,7 +21,7 @@ mod tests {
     /// over the buckets a small table indexes by its hash's low bits.
     #[test]
     fn link_numbers_spread_over_the_low_bits() {
-        let build = BuildHasherDefault::<IdHasher>::default();
+        let build = rustc_hash::FxBuildHasher;
         let mut buckets = std::collections::HashSet::new();
         for counter in 0..64u64 {
             buckets.insert(build.hash_one((counter << 32) | 7) & 63);
