@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::deferred::{self, Flushed};
+use super::deferred;
 use super::InlineFault;
 use crate::op::{Counters, OpTable, QpCredits};
 use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendOp, SendWr};
@@ -81,15 +81,75 @@ pub(crate) struct QpCore {
     pub(crate) srq: std::cell::OnceCell<super::SharedRecvQueue>,
 }
 
+/// A send post put in order by [`QpCore::order_sends`] (or, for a single WR
+/// that waits for the poll phase's doorbell, [`QpCore::order_deferred`]):
+/// the only way to [`QpCore::post_sends`] or [`QpCore::defer_one`], so the
+/// compiler checks that every send post went through the steps of the one
+/// ordered post (flush, absorb) before its own (post, count).
+#[must_use = "an ordered post that is not posted gives its absorbed credits back (QpCore::unabsorb)"]
+pub(crate) struct Ordered {
+    /// The send-queue and CQ credits (each) of the unsignaled inline sends
+    /// before this post that its signaled WR takes over (0 if none, or if
+    /// the post absorbs nothing). The caller puts them where the WR's
+    /// completion gives them back: its op's credit, or the credits an
+    /// inline wr_id carries. If nothing is posted, they go back to the QP
+    /// ([`QpCore::unabsorb`]).
+    pub(crate) absorbed: u32,
+}
+
 impl QpCore {
-    /// The one ordered post of send WRs, which every posting path
-    /// (`submit.rs`, `inline.rs`, `inline_burst.rs`) goes through: `wrs` in
-    /// one doorbell, counted, after the single WRs that wait for the poll
-    /// phase's doorbell (`flushed`, from [`flush_deferred`](Self::flush_deferred):
-    /// so the send queue keeps submission order). A signaled WR among `wrs`
-    /// that takes over the credits of the unsignaled inline sends before it
-    /// has absorbed them ([`absorb_unsignaled`](Self::absorb_unsignaled))
-    /// before this call.
+    /// The one ordered post of send WRs, steps 1 and 2 (every send path
+    /// takes them: single WRs and chains in `submit.rs`, inline sends in
+    /// `inline.rs`, inline bursts in `inline_burst.rs`):
+    ///
+    /// 1. **flush**: the single WRs waiting for the poll phase's doorbell
+    ///    are posted first, so the send queue keeps submission order;
+    /// 2. **absorb** (with `absorb`, for a post whose last WR is signaled
+    ///    and carries the credits of the unsignaled inline sends before
+    ///    it): those credits are taken over ([`Ordered::absorbed`]), as
+    ///    its completion implies theirs.
+    ///
+    /// Steps 3 and 4 are [`post_sends`](Self::post_sends). In between, the
+    /// caller gives its WRs their wr_ids, which may carry the absorbed
+    /// credits (an op's slot in the table holds them, or an inline wr_id).
+    /// An inline send absorbs nothing here: whether it is signaled depends
+    /// on the unsignaled group it reads after the flush.
+    #[inline(always)]
+    pub(crate) fn order_sends(&self, ops: &OpTable, absorb: bool) -> Ordered {
+        self.flush_deferred(ops);
+        Ordered {
+            absorbed: if absorb { self.absorb_unsignaled() } else { 0 },
+        }
+    }
+
+    /// A signaled send post takes over the unsignaled inline sends' credits
+    /// (from the QP's inline credits into the post's).
+    #[inline(always)]
+    fn absorb_unsignaled(&self) -> u32 {
+        let n = self.unsig.get();
+        if n != 0 {
+            self.unsig.set(0);
+            self.inline_credits.set(self.inline_credits.get() - n);
+        }
+        n
+    }
+
+    /// [`order_sends`](Self::order_sends) of a single signaled WR that
+    /// joins the deferred list ([`defer_one`](Self::defer_one)) instead of
+    /// being posted now: the list keeps the order, so there is nothing to
+    /// flush; the unsignaled inline sends are absorbed.
+    #[inline(always)]
+    pub(crate) fn order_deferred(&self) -> Ordered {
+        Ordered {
+            absorbed: self.absorb_unsignaled(),
+        }
+    }
+
+    /// The one ordered post of send WRs, steps 3 and 4: **post** `wrs` in
+    /// one doorbell, **counted** (doorbells, WRs per post), after the
+    /// steps of `ordered`. On an error the caller gives back what the
+    /// refused WRs hold (the absorbed credits among them, if the WR that
+    /// carries them was refused).
     ///
     /// # Safety
     ///
@@ -97,9 +157,10 @@ impl QpCore {
     #[inline(always)]
     pub(crate) unsafe fn post_sends(
         &self,
-        _flushed: Flushed,
+        ordered: Ordered,
         wrs: &[SendWr],
     ) -> Result<(), PostError> {
+        let Ordered { absorbed: _ } = ordered;
         // SAFETY: forwarded contract of this function.
         unsafe { self.post_send_unordered(wrs) }
     }
@@ -111,7 +172,7 @@ impl QpCore {
     /// deferred WR absorbs the unsignaled sends, and an inline send posts
     /// the deferred WRs before it adds to them, so while WRs are deferred
     /// there are none to retire). Everything else posts through
-    /// [`post_sends`](Self::post_sends).
+    /// [`order_sends`](Self::order_sends) and [`post_sends`](Self::post_sends).
     ///
     /// # Safety
     ///

@@ -19,6 +19,7 @@
 
 use std::cell::RefMut;
 
+use super::core::Ordered;
 use super::submit::OneWr;
 use super::QpCore;
 use crate::op::{wr_id, OpTable, SubmitError};
@@ -36,19 +37,12 @@ use crate::provider::{PostError, SendWr};
 /// wake-ups both bounds did alike (overhead 47-56 ns, was 69-83 ns).
 pub(crate) const DEFER_MAX: usize = 8;
 
-/// What [`QpCore::flush_deferred`] returns: the QP's deferred WRs are
-/// posted. [`QpCore::post_sends`] takes one, so that every send post is
-/// ordered after the WRs submitted before it; a path that reads the QP's
-/// inline-send state (`unsig`) flushes first and keeps the token for its
-/// post.
-pub(crate) struct Flushed(());
-
 /// A QP's send WRs waiting for the end of the poll phase.
 #[derive(Default)]
 pub(crate) struct Deferred {
     pub(crate) wrs: Vec<SendWr>,
     /// Inline-send credits the first WR took over (see
-    /// `QpCore::absorb_unsignaled`). Only the first can have any: an inline
+    /// `QpCore::order_deferred`). Only the first can have any: an inline
     /// send posts the deferred WRs before itself, so after the first
     /// deferred WR took them no unsignaled sends are pending until the list
     /// is posted.
@@ -64,13 +58,13 @@ fn grow(wrs: &mut Vec<SendWr>) {
 
 impl QpCore {
     /// Queues the single WR `wr` with `wr_id` (an op already in the table,
-    /// its credits held) to be posted at the end of the poll phase: written
-    /// once, straight into the list. The caller has listed the QP for the
-    /// phase's end. True once [`DEFER_MAX`] WRs wait: the caller posts them
-    /// now.
+    /// its credits held, the `ordered` ones it absorbed among them) to be
+    /// posted at the end of the poll phase: written once, straight into
+    /// the list. The caller has listed the QP for the phase's end. True
+    /// once [`DEFER_MAX`] WRs wait: the caller posts them now.
     #[inline(always)]
-    pub(crate) fn defer_one(&self, wr: &OneWr, wr_id: u64, absorbed: u32) -> bool {
-        let (mut d, len) = self.deferred_with_room(absorbed);
+    pub(crate) fn defer_one(&self, ordered: Ordered, wr: &OneWr, wr_id: u64) -> bool {
+        let (mut d, len) = self.deferred_with_room(ordered.absorbed);
         // SAFETY: `len < capacity` (just ensured): slot `len` is allocated and unused; it is written, then counted.
         unsafe {
             std::ptr::write(d.wrs.as_mut_ptr().add(len), wr.send_wr(wr_id));
@@ -103,11 +97,10 @@ impl QpCore {
     /// Posts the deferred WRs, if any, as one list; fails the ops of those
     /// the provider refused (see the module docs).
     #[inline]
-    pub(crate) fn flush_deferred(&self, ops: &OpTable) -> Flushed {
+    pub(crate) fn flush_deferred(&self, ops: &OpTable) {
         if self.has_deferred() {
             self.post_deferred(ops);
         }
-        Flushed(())
     }
 
     #[inline(never)]

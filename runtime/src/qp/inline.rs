@@ -62,18 +62,8 @@ impl QpCore {
         self.outstanding().saturating_sub(self.inline_credits.get())
     }
 
-    /// A signaled send post takes over the unsignaled inline sends' credits.
-    #[inline(always)]
-    pub(super) fn absorb_unsignaled(&self) -> u32 {
-        let n = self.unsig.get();
-        if n != 0 {
-            self.unsig.set(0);
-            self.inline_credits.set(self.inline_credits.get() - n);
-        }
-        n
-    }
-
-    /// Undoes [`absorb_unsignaled`](Self::absorb_unsignaled) (nothing was posted).
+    /// Undoes the absorption of an [`Ordered`](super::core::Ordered) post
+    /// (nothing that carries its credits was posted).
     pub(super) fn unabsorb(&self, n: u32) {
         self.unsig.set(n);
         self.inline_credits.set(self.inline_credits.get() + n);
@@ -273,7 +263,9 @@ impl QueuePair {
         let core = &self.inner.core;
         // Send-queue order: WRs waiting for the poll phase's doorbell go
         // first, before `unsig` is read (the first of them absorbs it).
-        let flushed = core.flush_deferred(self.inner.handle.ops());
+        // Nothing is absorbed: a signaled inline send carries the group's
+        // credits in its own wr_id (they stay inline credits).
+        let ordered = core.order_sends(self.inner.handle.ops(), false);
         let (sq, cq) = (&core.credits.sq, &*core.credits.send_cq);
         let unsig = core.unsig.get();
         // Unsignaled WRs in the current group (`unsig` counts a reserve too).
@@ -327,7 +319,7 @@ impl QueuePair {
         // readable and unwritten for this whole call, during which the
         // provider copies it (the INLINE part of the `post_send` contract);
         // its lkey is not used. Nothing is lent beyond the call.
-        match unsafe { core.post_sends(flushed, std::slice::from_ref(&wr)) } {
+        match unsafe { core.post_sends(ordered, std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 core.unsig.set(if signal { 0 } else { unsig + 1 + reserve });
                 core.inline_credits

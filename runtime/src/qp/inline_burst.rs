@@ -96,10 +96,11 @@ impl QueuePair {
         let core = &self.inner.core;
         let n = datagrams.len() as u32;
         // Send-queue order: deferred WRs first, before the unsignaled sends
-        // are absorbed (the first deferred WR takes them over).
-        let flushed = core.flush_deferred(self.inner.handle.ops());
+        // are absorbed (the first deferred WR takes them over); the last
+        // datagram, signaled, carries their credits.
+        let ordered = core.order_sends(self.inner.handle.ops(), true);
+        let unsig = ordered.absorbed;
         let key = core.reg_key.get();
-        let unsig = core.absorb_unsignaled();
         let mut wrs = core.burst_wrs.take();
         wrs.clear();
         wrs.extend(datagrams.iter().enumerate().map(|(i, d)| {
@@ -132,7 +133,7 @@ impl QueuePair {
         // provider copies them; their lkeys are not used. Each names the
         // address handle of its `UdPeer`, which the QP keeps alive (its
         // handle cache) for as long as it lives.
-        let res = unsafe { core.post_sends(flushed, &wrs) };
+        let res = unsafe { core.post_sends(ordered, &wrs) };
         wrs.clear();
         core.burst_wrs.set(wrs);
         match res {

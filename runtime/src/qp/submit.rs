@@ -222,21 +222,25 @@ impl QueuePair {
     #[inline(always)]
     unsafe fn post_one(&self, ops: &OpTable, wr: &OneWr) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
-        let absorbed = core.absorb_unsignaled();
+        let defer = self.defers_now();
+        let ordered = if defer {
+            core.order_deferred()
+        } else {
+            core.order_sends(ops, true)
+        };
+        let absorbed = ordered.absorbed;
         let Some(first) = ops.insert(0, &core.credits, false, 1 + absorbed) else {
             return Err(self.table_full(false, 1, absorbed));
         };
-        if self.defers_now() {
-            // As for `Wrs::One` in `post`.
-            if core.defer_one(wr, first, absorbed) {
+        if defer {
+            if core.defer_one(ordered, wr, first) {
                 core.flush_deferred(ops);
             }
             return Ok(first);
         }
-        let flushed = core.flush_deferred(ops);
         let wr = wr.send_wr(first);
         // SAFETY: as in `post_chain`, for the single WR.
-        let res = unsafe { core.post_sends(flushed, std::slice::from_ref(&wr)) };
+        let res = unsafe { core.post_sends(ordered, std::slice::from_ref(&wr)) };
         self.posted(first, absorbed, res)
     }
 
@@ -492,14 +496,13 @@ impl QueuePair {
         n: u32,
     ) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
-        // A signaled send takes over the credits of the unsignaled inline
-        // sends before it: its completion implies theirs.
-        let absorbed = core.absorb_unsignaled();
+        // The last WR is signaled: it takes over the credits of the
+        // unsignaled inline sends before it, its completion implies theirs.
+        let ordered = core.order_sends(ops, true);
+        let absorbed = ordered.absorbed;
         let Some(first) = ops.insert((n - 1) as u16, &core.credits, false, n + absorbed) else {
             return Err(self.table_full(false, n, absorbed));
         };
-        // Send-queue order: what waits for the doorbell goes first.
-        let flushed = core.flush_deferred(ops);
         let last = chain.len() - 1;
         for (i, wr) in chain.iter_mut().enumerate() {
             wr.wr_id = wr_id::with_index(first, i as u16);
@@ -513,7 +516,7 @@ impl QueuePair {
         // moves into the op of this wr_id on success (this function's
         // contract), which holds it until the completion of the last
         // (signaled) WR has been polled.
-        let res = unsafe { core.post_sends(flushed, chain) };
+        let res = unsafe { core.post_sends(ordered, chain) };
         self.posted(first, absorbed, res)
     }
 
