@@ -138,7 +138,10 @@ impl QueuePair {
         core.burst_wrs.set(wrs);
         match res {
             Ok(()) => {
-                core.inline_credits.set(core.inline_credits.get() + n);
+                // The absorbed credits stay inline: the last WR's inline
+                // wr_id carries them.
+                core.inline_credits
+                    .set(core.inline_credits.get() + n + unsig);
                 Ok(())
             }
             Err(e) => Err(self.burst_post_failed(n, unsig, e)),

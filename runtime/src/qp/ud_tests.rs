@@ -130,3 +130,53 @@ fn a_ud_queue_pair_refuses_sends_without_a_peer() {
     let e = qp.ud_peer(&remote).unwrap_err();
     assert!(e.to_string().contains("address handles"), "{e}");
 }
+
+/// An inline burst after unsignaled inline sends carries their credits in
+/// its signaled last WR: they stay inline credits (lending no memory), so
+/// the QP lends the device nothing while only inline sends are in flight.
+/// Before, the burst moved them out of the inline credits (as an op's post
+/// does) and the QP looked as if it lent memory until their completion.
+#[test]
+fn a_burst_keeps_the_credits_of_the_unsignaled_sends_before_it_inline() {
+    use crate::device::Device;
+    use crate::provider::{Context, SoftConfig, UdAttr};
+    use crate::qp::Datagram;
+
+    let rt = Runtime::new().unwrap();
+    let dev = Device::open(Context::open_soft(SoftConfig::default()).expect("soft device"))
+        .expect("device");
+    rt.block_on(async {
+        let a = dev.create_ud_qp(caps(), &UdAttr::default()).expect("a");
+        let b = dev.create_ud_qp(caps(), &UdAttr::default()).expect("b");
+        let peer = a
+            .ud_peer(&b.ud_endpoint(0).expect("b's endpoint"))
+            .expect("peer");
+        for i in 0..3u8 {
+            a.post_send_inline_to(&peer, &[i], None)
+                .await
+                .expect("inline send");
+        }
+        let core = &a.inner.core;
+        assert_eq!(core.unsig.get(), 4, "three unsignaled sends and a reserve");
+        let payloads = [[7u8], [8u8]];
+        let burst: Vec<Datagram<'_>> = payloads
+            .iter()
+            .map(|p| Datagram {
+                peer: &peer,
+                data: p,
+                imm: None,
+            })
+            .collect();
+        a.post_send_inline_burst(&burst).await.expect("burst");
+        assert_eq!(core.unsig.get(), 0, "the burst's last WR took them over");
+        assert_eq!(core.outstanding(), 6, "3 sends, their reserve, 2 datagrams");
+        assert_eq!(
+            core.outstanding_with_memory(),
+            0,
+            "only inline sends are in flight: no memory is lent"
+        );
+        a.sends_idle().await;
+        assert_eq!(core.inline_credits.get(), 0);
+        assert!(a.inline_send_error().is_none());
+    });
+}
