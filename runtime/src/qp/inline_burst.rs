@@ -47,6 +47,52 @@ impl QueuePair {
         }
     }
 
+    /// [`post_send_inline_burst`](Self::post_send_inline_burst) without
+    /// waiting, for a caller with somewhere else to put the datagrams (a
+    /// transport that sends them from registered buffers instead):
+    ///
+    /// - `Some(Ok(()))`: posted now, as one post list;
+    /// - `Some(Err(_))`: refused (the burst's errors: a closed or failed
+    ///   QP, a datagram too long, too many of them, or the provider's
+    ///   refusal of the list, which may have taken its leading datagrams:
+    ///   [`PostError::posted`]);
+    /// - `None`: the send queue or the CQ has no room for all of them now,
+    ///   or other submissions wait for room ahead of them. Nothing is posted
+    ///   or held. As when the future would wait, what holds credits is
+    ///   asked to give them back (the QP's trailing unsignaled inline sends
+    ///   are retired, or the runtime's hoarded CQ credits released), so
+    ///   that room comes back with their completions.
+    ///
+    /// Unlike [`try_post_send_inline`](Self::try_post_send_inline), which
+    /// leaves the errors to its future, this reports them: there is no
+    /// future to fall back on.
+    pub fn try_post_send_inline_burst(
+        &self,
+        datagrams: &[Datagram<'_>],
+    ) -> Option<Result<(), SubmitError>> {
+        if let Err(e) = self
+            .inline_state_check()
+            .and_then(|()| self.burst_check(datagrams))
+        {
+            return Some(Err(e));
+        }
+        let n = datagrams.len() as u32;
+        if n == 0 {
+            return Some(Ok(()));
+        }
+        let core = &self.inner.core;
+        if !core.credits.sq.try_acquire(n) {
+            core.retire_unsignaled();
+            return None;
+        }
+        if !core.credits.send_cq.try_acquire(n) {
+            core.credits.sq.release(n);
+            self.inner.handle.driver().release_hoarded_credits();
+            return None;
+        }
+        Some(self.post_burst_now(datagrams))
+    }
+
     fn burst_check(&self, datagrams: &[Datagram<'_>]) -> Result<(), SubmitError> {
         let core = &self.inner.core;
         let invalid = |what: String| SubmitError::Invalid {

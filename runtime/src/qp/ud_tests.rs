@@ -180,3 +180,89 @@ fn a_burst_keeps_the_credits_of_the_unsignaled_sends_before_it_inline() {
         assert!(a.inline_send_error().is_none());
     });
 }
+
+/// The burst's try form posts when there is room, reports errors, and
+/// without room posts and holds nothing, but retires the unsignaled sends
+/// that hold the room (as the burst's future does when it must wait).
+#[test]
+fn a_burst_tried_without_room_posts_nothing_and_retires_the_unsignaled_sends() {
+    use crate::device::Device;
+    use crate::provider::{Context, SoftConfig, UdAttr};
+    use crate::qp::Datagram;
+
+    let rt = Runtime::new().unwrap();
+    let dev = Device::open(Context::open_soft(SoftConfig::default()).expect("soft device"))
+        .expect("device");
+    rt.block_on(async {
+        let a = dev.create_ud_qp(caps(), &UdAttr::default()).expect("a");
+        let b = dev.create_ud_qp(caps(), &UdAttr::default()).expect("b");
+        let peer = a
+            .ud_peer(&b.ud_endpoint(0).expect("b's endpoint"))
+            .expect("peer");
+        let core = &a.inner.core;
+        let payloads = [[1u8], [2], [3], [4], [5]];
+        let burst = |k: usize| -> Vec<Datagram<'_>> {
+            payloads[..k]
+                .iter()
+                .map(|p| Datagram {
+                    peer: &peer,
+                    data: p,
+                    imm: None,
+                })
+                .collect()
+        };
+        let doorbells = || crate::reactor::Handle::current().stats().doorbells;
+
+        let before = doorbells();
+        assert!(matches!(
+            a.try_post_send_inline_burst(&burst(2)),
+            Some(Ok(()))
+        ));
+        assert_eq!(doorbells() - before, 1, "posted at once, one doorbell");
+        assert_eq!(core.outstanding(), 2);
+        a.sends_idle().await;
+
+        // Three unsignaled sends hold 4 of the 8 credits (with their
+        // reserve): a burst of 5 finds no room.
+        for i in 0..3u8 {
+            a.post_send_inline_to(&peer, &[i], None)
+                .await
+                .expect("inline send");
+        }
+        assert_eq!(core.unsig.get(), 4);
+        let before = doorbells();
+        assert!(a.try_post_send_inline_burst(&burst(5)).is_none());
+        assert_eq!(
+            doorbells() - before,
+            1,
+            "only the WR that retires the unsignaled sends"
+        );
+        assert_eq!(core.unsig.get(), 0, "retired");
+        assert_eq!(core.outstanding(), 4, "nothing of the burst is held");
+        assert!(!core.credits.sq.has_waiters() && !core.credits.send_cq.has_waiters());
+        a.sends_idle().await;
+        assert!(matches!(
+            a.try_post_send_inline_burst(&burst(5)),
+            Some(Ok(()))
+        ));
+        a.sends_idle().await;
+
+        // Errors are reported, not left to a future.
+        let too_long = [0u8; 4096];
+        let bad = [Datagram {
+            peer: &peer,
+            data: &too_long,
+            imm: None,
+        }];
+        assert!(matches!(
+            a.try_post_send_inline_burst(&bad),
+            Some(Err(SubmitError::Invalid { .. }))
+        ));
+        a.close().await.expect("close");
+        assert!(matches!(
+            a.try_post_send_inline_burst(&burst(1)),
+            Some(Err(SubmitError::Closed { .. }))
+        ));
+        assert_eq!(core.outstanding(), 0);
+    });
+}
