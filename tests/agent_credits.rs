@@ -108,3 +108,54 @@ fn owed_credits_ride_on_the_next_data_message_both_ways() {
     want.extend((1..ROUNDS).map(|_| Seen::Whole { grant: 1 }));
     assert_eq!(seen, want);
 }
+
+/// A window of this many messages (verbio-perf's and perftest's `send_bw`
+/// default, the sweep's) must go out without a wait for credits.
+const WINDOW: usize = 128;
+
+/// With the builder's defaults each side grants its peer a whole window of
+/// `WINDOW` messages that each take a receive buffer (4 KiB: one SEND each,
+/// not packed): a sender with that many in flight never waits for a batch
+/// of credits. With 64 (before) such a sender waited for every batch of 16
+/// the receiver returned, a sleep and a wake-up of both sides each time:
+/// 1.3x the verbs path's time per byte on one CPU (docs/benchmarks.md).
+#[test]
+fn a_default_connection_takes_a_window_of_128_messages_without_waiting_for_credits() {
+    const LEN: usize = 4096;
+    let (addr, server) = serve_rdma(RdmaBuilder::new, 1, |mut c| async move {
+        let r = c.remove(0);
+        // Sent after this side's first credit grant, in order on the QP:
+        // once the client has it, it has the grant too.
+        r.send(b"hello").await.expect("hello");
+        for i in 0..WINDOW {
+            let m = r.receive().await.expect("a message of the window");
+            assert_eq!(m, pattern(LEN, i as u8), "message {i}, in order");
+        }
+        // The window's first message returned the credit "hello" took.
+        let credits = r.send_credits();
+        r.send(b"done").await.expect("done");
+        let _ = verbio::runtime::timeout(WAIT, r.receive()).await;
+        credits
+    });
+    let (rt, dev) = runtime_and_device();
+    let client_credits = block(&rt, async {
+        let r = dial_rdma(RdmaBuilder::new(), &dev, addr).await;
+        assert_eq!(r.receive().await.expect("hello"), b"hello");
+        let credits = r.send_credits();
+        let msgs: Vec<Vec<u8>> = (0..WINDOW).map(|i| pattern(LEN, i as u8)).collect();
+        futures::future::try_join_all(msgs.iter().map(|m| r.send(m)))
+            .await
+            .expect("the window");
+        assert_eq!(r.receive().await.expect("done"), b"done");
+        r.close().await.expect("close");
+        credits
+    });
+    let server_credits = server.join().expect("server");
+    for (side, credits) in [("client", client_credits), ("server", server_credits)] {
+        assert!(
+            credits as usize >= WINDOW,
+            "the {side} may send {credits} messages before it waits for credits, \
+             fewer than a window of {WINDOW}"
+        );
+    }
+}

@@ -102,7 +102,13 @@ fn close_is_an_orderly_end_and_a_vanished_peer_is_a_reset() {
 #[test]
 fn a_writer_waits_for_a_reader_that_does_not_read() {
     const LIMIT: u64 = 128 << 10;
-    const TOTAL: usize = 4 << 20;
+    // More than the connection holds for a reader that does not read:
+    // its 4 MiB staging ring (the stream's 64 KiB messages go staged, and
+    // stay in the ring while the backlog is over the limit) and the
+    // backlog. 4 MiB was that with a credit window of 64 (64 messages of
+    // 64 KiB); with the window of 128 (`DEFAULT_RECV_BUF_COUNT`) all of
+    // it fitted in the ring.
+    const TOTAL: usize = 8 << 20;
     let looked = Arc::new(AtomicBool::new(false));
     let looked_srv = looked.clone();
     let (addr, server) = serve_rdma(

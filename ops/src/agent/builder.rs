@@ -37,14 +37,21 @@ pub const DEFAULT_MAX_INLINE_DATA: u32 = 128;
 /// connection's peer, in messages. A credit comes back a round trip after
 /// its message (the receiver reads it, reposts the buffer and returns
 /// credits in batches of [`RdmaBuilder::credit_batch`], by default a
-/// quarter of this), so a stream of small messages moves at most this many
-/// per credit round trip, as a verbs window of this many does (16 held
-/// small-message `send_bw` far below the verbs path's at its window of
-/// 128: docs/benchmarks.md, issue 35). With 64, a connection's receive memory is 64 buffers, the reserve
-/// for the peer's credit returns and up to 32 lent to the application, of
-/// `recv_buf_size` + 48 bytes each: about 430 KB at 4 KiB (a shared
+/// quarter of this), so a stream of messages that each take a receive
+/// buffer (whole messages, staged ones: up to a quarter of the staging
+/// ring) moves at most this many per credit round trip, as a verbs window
+/// of this many does. A sender with more in flight than this waits for a
+/// batch of credits again and again, and each wait is a sleep and a
+/// wake-up of the sending task (and, on one CPU, of the receiver): with
+/// 64, a window of 128 16 KiB messages took 0.58 context switches per
+/// message of both processes, with 128 0.25 (4 KiB: 0.092 and 0.065;
+/// verbio-perf's verbs receiver posts 256 receives; docs/benchmarks.md
+/// "The credit window and a window of 128"). With 128,
+/// a connection's receive memory is 128 buffers, the reserve for the
+/// peer's credit returns and up to 64 lent to the application, of
+/// `recv_buf_size` + 48 bytes each: about 850 KB at 4 KiB (a shared
 /// receive queue bounds it for many connections).
-pub const DEFAULT_RECV_BUF_COUNT: u32 = 64;
+pub const DEFAULT_RECV_BUF_COUNT: u32 = 128;
 
 /// Default of [`RdmaBuilder::shared_receive_queue_above`]: a listener
 /// holding this many connections with receive queues of their own puts
@@ -206,6 +213,8 @@ pub struct RdmaBuilder {
     /// `max_inline_data` was set by the application (else a device that
     /// refuses the default gets the runtime's default QP caps' instead).
     inline_set: bool,
+    /// `credit_batch` was set: `recv_buf_count` leaves it alone.
+    credit_batch_set: bool,
 }
 
 impl Default for RdmaBuilder {
@@ -230,6 +239,7 @@ impl Default for RdmaBuilder {
             }),
             srq_set: false,
             inline_set: false,
+            credit_batch_set: false,
             config: Config {
                 max_message_len: 64 << 20,
                 recv_buf_size: 4096,
@@ -459,19 +469,25 @@ impl RdmaBuilder {
     }
 
     /// Receive buffers the peer may fill before it must wait for credits
-    /// (default [`DEFAULT_RECV_BUF_COUNT`]).
+    /// (default [`DEFAULT_RECV_BUF_COUNT`]). Unless
+    /// [`credit_batch`](Self::credit_batch) is set, the credit batch
+    /// becomes a quarter of `n` (at least 1).
     pub fn recv_buf_count(mut self, n: u32) -> Self {
         self.config.recv_buf_count = n;
+        if !self.credit_batch_set {
+            self.config.credit_batch = (n / 4).max(1);
+        }
         self
     }
 
     /// Reposted buffers returned to the peer per `Credit` message. Credits
     /// owed also ride on this side's next data message; a `Credit` message
     /// of their own goes out only once this many are owed (this side has
-    /// had nothing to send meanwhile). Default: a quarter of the default
-    /// [`recv_buf_count`](Self::recv_buf_count).
+    /// had nothing to send meanwhile). Default: a quarter of
+    /// [`recv_buf_count`](Self::recv_buf_count) (at least 1).
     pub fn credit_batch(mut self, n: u32) -> Self {
         self.config.credit_batch = n;
+        self.credit_batch_set = true;
         self
     }
 

@@ -2,11 +2,12 @@
 //! ([`Message::Packed`](super::wire::Message::Packed), wire version 8).
 //!
 //! A message that fits one receive buffer goes on its own while more than
-//! half the peer's credit window is at hand (INLINE or from a send
-//! buffer, see `rdma.rs`), or when no other `send` is in progress (a
+//! `Negotiated::backlog_at` credits are at hand (all but half the peer's
+//! credit window, or all but `settings::BACKLOG_SPENT`: INLINE or from a
+//! send buffer, see `rdma.rs`), or when no other `send` is in progress (a
 //! ping-pong, one send at a time: a pack would hold it alone). With a
-//! backlog (half the window or more spent and other sends in progress,
-//! or a pack waiting), it is appended to
+//! backlog (that many spent and other sends in progress, or a pack
+//! waiting), it is appended to
 //! the newest pack not yet posted (a pool buffer of the
 //! peer's receive-buffer size), or starts one; a pack's poster task waits
 //! for its turn (the packs before it posted; it runs after the task that
@@ -200,10 +201,10 @@ impl Packer {
 }
 
 /// `data` (with `imm`, a whole message) into a pack if one is waiting or
-/// the sender has a backlog (half its credit window or more is spent and
-/// another `send` is in progress):
+/// the sender has a backlog (half its credit window or more is spent, or
+/// `settings::BACKLOG_SPENT` credits, and another `send` is in progress):
 /// the future of its send. `None` if it should go on its own (more than
-/// half the window at hand and no pack waits; or two such messages would
+/// `Negotiated::backlog_at` credits at hand and no pack waits; or two such messages would
 /// not fit one pack), or if no pack buffer could be had (the caller's
 /// path then reports or waits).
 ///
@@ -251,10 +252,8 @@ fn join(
     };
     let pack = match joinable {
         Some(p) => p,
-        // Half the window or more at hand: no backlog, on its own.
-        None if !packer.pending()
-            && shared.credits.available() > shared.negotiated.send_window / 2 =>
-        {
+        // More than `backlog_at` credits at hand: no backlog, on its own.
+        None if !packer.pending() && shared.credits.available() > shared.negotiated.backlog_at => {
             return None
         }
         None => start(shared, frame_max)?,

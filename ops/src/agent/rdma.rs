@@ -682,7 +682,7 @@ impl Shared {
 
     /// A message of one piece, `data` with `imm`, sent INLINE at once,
     /// with no future, if the connection is up, it fits
-    /// [`Shared::inline_limit`], more than half the credit window is left
+    /// [`Shared::inline_limit`], more than `Negotiated::backlog_at` credits are left
     /// or no other send is in progress (else a backlog: it goes in a pack,
     /// `packing.rs`), no pack waits
     /// and the QP's queues have room. `None` if it would have to wait for
@@ -700,7 +700,7 @@ impl Shared {
             || len > self.inline_limit()
             || self.is_down()
             || self.packer.pending()
-            || (self.credits.available() <= self.negotiated.send_window / 2
+            || (self.credits.available() <= self.negotiated.backlog_at
                 && self.packer.others_live(false))
         {
             return None;

@@ -38,6 +38,24 @@ pub(crate) struct Negotiated {
     pub(crate) max_error_text: usize,
     /// The send credits the peer grants in all (its `recv_buf_count`).
     pub(crate) send_window: u32,
+    /// A sender with this many credits at hand or fewer has a backlog: its
+    /// whole messages join packs (`packing.rs`) and none goes INLINE past
+    /// them ([`backlog_at`]).
+    pub(crate) backlog_at: u32,
+}
+
+/// Credits spent (messages in flight, unanswered) from which a sender has
+/// a backlog, at most: half of the window a peer grants by default before
+/// it grew to [`DEFAULT_RECV_BUF_COUNT`](super::DEFAULT_RECV_BUF_COUNT)
+/// 128, so that a stream of small messages packs as early as it did with
+/// a window of 64 (waiting for half of 128 to be spent sent a window of
+/// 64-byte messages 10-25 % slower, in more SENDs; docs/benchmarks.md).
+pub(crate) const BACKLOG_SPENT: u32 = 32;
+
+/// [`Negotiated::backlog_at`] for a peer that grants `window` credits:
+/// half of them spent, or [`BACKLOG_SPENT`] if fewer.
+pub(crate) fn backlog_at(window: u32) -> u32 {
+    window - (window / 2).min(BACKLOG_SPENT)
 }
 
 /// A refused setting: its name, why, and how to read it from a side's settings.
@@ -122,6 +140,7 @@ pub(crate) fn negotiate(own: &Settings, peer: &Settings) -> Result<Negotiated, A
         // Error frame: header, code (2), text length (2), text.
         max_error_text: (peer_buf - HEADER_LEN - 4).min(MAX_ERROR_TEXT),
         send_window: peer.recv_buf_count,
+        backlog_at: backlog_at(peer.recv_buf_count),
     })
 }
 
