@@ -14,7 +14,7 @@ use verbio::runtime::buf::MrPool;
 use verbio::runtime::{Device, RecvRing, RecvRingConfig, Runtime};
 
 /// Each connection's own ring: 16 buffers of 4 KiB (the agent posts
-/// `DEFAULT_RECV_BUF_COUNT`, 64, by default: four times this).
+/// `DEFAULT_RECV_BUF_COUNT`, 128, by default: eight times this).
 const PER_QP_DEPTH: u32 = 16;
 /// The shared ring: 256 buffers of 4 KiB for all connections.
 const SRQ_DEPTH: u32 = 256;

@@ -692,17 +692,22 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    #[test]
-    fn a_posters_write_takes_the_held_acks_along_in_order() {
+    /// A wire over a nonblocking loopback connection, and its peer's end.
+    fn connected_wire() -> (std::net::TcpStream, Wire) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut peer =
-            std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
         let (s, _) = l.accept().expect("accept");
         s.set_nonblocking(true).expect("nonblocking");
         let wire = Wire::new(
             mio::net::TcpStream::from_std(s),
             mio::Token(super::super::engine::CONN_BASE),
         );
+        (peer, wire)
+    }
+
+    #[test]
+    fn a_posters_write_takes_the_held_acks_along_in_order() {
+        let (mut peer, wire) = connected_wire();
         // Busy until the engine says otherwise.
         assert_eq!(wire.try_write(b"x"), None);
         wire.hold(b"ack1");
@@ -718,15 +723,7 @@ mod tests {
 
     #[test]
     fn corked_requests_go_after_the_held_acks_and_before_the_next_packet() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut peer =
-            std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        s.set_nonblocking(true).expect("nonblocking");
-        let wire = Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::engine::CONN_BASE),
-        );
+        let (mut peer, wire) = connected_wire();
         wire.hold(b"ack1");
         assert_eq!(
             wire.try_write_or_cork(b"req1", true),
@@ -773,13 +770,7 @@ mod tests {
 
     #[test]
     fn the_engine_writes_corked_requests_after_the_spill_and_before_its_own() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let _peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        let wire = Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::engine::CONN_BASE),
-        );
+        let (_peer, wire) = connected_wire();
         wire.release(true);
         assert!(matches!(
             wire.try_write_or_cork(b"req1", true),
@@ -799,14 +790,7 @@ mod tests {
 
     #[test]
     fn a_spilled_packet_tail_goes_before_acks_held_after_it() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let _peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        s.set_nonblocking(true).expect("nonblocking");
-        let wire = Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::engine::CONN_BASE),
-        );
+        let (_peer, wire) = connected_wire();
         wire.release(true);
         // A packet larger than the socket takes: its tail is spilled.
         let big = vec![7u8; 64 << 20];
