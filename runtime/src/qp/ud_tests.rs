@@ -131,6 +131,27 @@ fn a_ud_queue_pair_refuses_sends_without_a_peer() {
     assert!(e.to_string().contains("address handles"), "{e}");
 }
 
+/// Two UD queue pairs on a fresh soft device (kept alive with them), and
+/// the first's address handle for the second. Call inside a runtime.
+fn soft_ud_pair() -> (
+    crate::device::Device,
+    crate::qp::QueuePair,
+    crate::qp::QueuePair,
+    crate::qp::UdPeer,
+) {
+    use crate::provider::{Context, SoftConfig, UdAttr};
+    let dev = crate::device::Device::open(
+        Context::open_soft(SoftConfig::default()).expect("soft device"),
+    )
+    .expect("device");
+    let a = dev.create_ud_qp(caps(), &UdAttr::default()).expect("a");
+    let b = dev.create_ud_qp(caps(), &UdAttr::default()).expect("b");
+    let peer = a
+        .ud_peer(&b.ud_endpoint(0).expect("b's endpoint"))
+        .expect("peer");
+    (dev, a, b, peer)
+}
+
 /// An inline burst after unsignaled inline sends carries their credits in
 /// its signaled last WR: they stay inline credits (lending no memory), so
 /// the QP lends the device nothing while only inline sends are in flight.
@@ -138,19 +159,11 @@ fn a_ud_queue_pair_refuses_sends_without_a_peer() {
 /// does) and the QP looked as if it lent memory until their completion.
 #[test]
 fn a_burst_keeps_the_credits_of_the_unsignaled_sends_before_it_inline() {
-    use crate::device::Device;
-    use crate::provider::{Context, SoftConfig, UdAttr};
     use crate::qp::Datagram;
 
     let rt = Runtime::new().unwrap();
-    let dev = Device::open(Context::open_soft(SoftConfig::default()).expect("soft device"))
-        .expect("device");
     rt.block_on(async {
-        let a = dev.create_ud_qp(caps(), &UdAttr::default()).expect("a");
-        let b = dev.create_ud_qp(caps(), &UdAttr::default()).expect("b");
-        let peer = a
-            .ud_peer(&b.ud_endpoint(0).expect("b's endpoint"))
-            .expect("peer");
+        let (_dev, a, _b, peer) = soft_ud_pair();
         for i in 0..3u8 {
             a.post_send_inline_to(&peer, &[i], None)
                 .await
@@ -186,19 +199,11 @@ fn a_burst_keeps_the_credits_of_the_unsignaled_sends_before_it_inline() {
 /// that hold the room (as the burst's future does when it must wait).
 #[test]
 fn a_burst_tried_without_room_posts_nothing_and_retires_the_unsignaled_sends() {
-    use crate::device::Device;
-    use crate::provider::{Context, SoftConfig, UdAttr};
     use crate::qp::Datagram;
 
     let rt = Runtime::new().unwrap();
-    let dev = Device::open(Context::open_soft(SoftConfig::default()).expect("soft device"))
-        .expect("device");
     rt.block_on(async {
-        let a = dev.create_ud_qp(caps(), &UdAttr::default()).expect("a");
-        let b = dev.create_ud_qp(caps(), &UdAttr::default()).expect("b");
-        let peer = a
-            .ud_peer(&b.ud_endpoint(0).expect("b's endpoint"))
-            .expect("peer");
+        let (_dev, a, _b, peer) = soft_ud_pair();
         let core = &a.inner.core;
         let payloads = [[1u8], [2], [3], [4], [5]];
         let burst = |k: usize| -> Vec<Datagram<'_>> {
