@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use smallvec::SmallVec;
@@ -224,18 +224,17 @@ impl UdTransport {
     /// Posts `burst` as one post list if the send queue has room now;
     /// else its packets wait for room from registered buffers.
     fn post_burst(&mut self, burst: &[Datagram<'_>]) {
-        let mut cx = Context::from_waker(Waker::noop());
         let n = burst.len() as u64;
-        // (Dropped unposted, the burst gives its place in the send
-        // queue's line back.)
-        let posted = pin!(self.qp.post_send_inline_burst(burst)).poll(&mut cx);
-        match posted {
-            Poll::Ready(Ok(())) => self.stats.inline_sent += n,
-            Poll::Ready(Err(error)) => {
+        // The try form: no future, no waker, no ticket queued and
+        // withdrawn when there is no room (what holds the room is asked
+        // to give it back, as when a future would wait).
+        match self.qp.try_post_send_inline_burst(burst) {
+            Some(Ok(())) => self.stats.inline_sent += n,
+            Some(Err(error)) => {
                 self.stats.post_dropped += n;
                 debug!(%error, packets = n, "rpc/ud: inline burst refused; packets lost");
             }
-            Poll::Pending => {
+            None => {
                 trace!(
                     packets = n,
                     "rpc/ud: send queue full; packets wait for room"
