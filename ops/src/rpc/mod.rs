@@ -157,4 +157,6 @@ mod runner_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod ud_bulk_tests;
+#[cfg(test)]
 mod written_request_tests;
