@@ -698,7 +698,24 @@ impl Shared {
         if data.len() > self.negotiated.piece_len
             || data.len() > self.negotiated.max_send_len
             || len > self.inline_limit()
-            || self.is_down()
+        {
+            return None;
+        }
+        self.try_send_fitting(data, imm)
+    }
+
+    /// [`Shared::try_send_whole`] of a message the caller checked fits one
+    /// INLINE piece (no longer than a piece, than the peer takes, and its
+    /// frame than the inline limit): `send_buf`'s usual message, not
+    /// checked twice.
+    #[inline(always)]
+    pub(crate) fn try_send_fitting(
+        self: &Rc<Self>,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Option<Result<(), AgentError>> {
+        let len = whole_overhead(imm.is_some()) + data.len();
+        if self.is_down()
             || self.packer.pending()
             || (self.credits.available() <= self.negotiated.backlog_at
                 && self.packer.others_live(false))
@@ -1304,7 +1321,8 @@ impl Rdma {
                 // (its key valid on the QP), from this buffer itself.
                 let _live = s.packer.live();
                 if inline {
-                    if let Some(r) = s.try_send_whole(&buf, None) {
+                    // Checked above: one piece, within the inline limit.
+                    if let Some(r) = s.try_send_fitting(&buf, None) {
                         return (r, buf);
                     }
                 }

@@ -275,50 +275,67 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
         Some(next) => next,
         None => handle(shared, rcv, &slot),
     };
-    let (credited, msg) = match next {
-        Next::Stop => {
-            finish(shared);
-            return Step::Stop;
-        }
-        Next::Repost(c) => {
-            drop(slot);
-            (c, None)
-        }
-        Next::Msg(msg) => {
-            drop(slot);
-            (true, Some(msg))
-        }
+    // Each outcome finished in its own arm: no `(credited, message)`
+    // pair built and matched again (the message moved once more).
+    match next {
         Next::Deliver { at, len, imm } => match rx.lend(
             at.wrapping_sub(slot.as_slice().as_ptr() as usize),
             len,
             imm,
             slot,
         ) {
-            Some(msg) => (true, Some(msg)),
+            Some(msg) => {
+                credit_taken(shared);
+                hand_over(shared, msg)
+            }
             None => {
                 // The decoder checked the frame's length, so the range lies
                 // in the slot; refuse the message rather than panic if not.
                 shared.fail(CloseReason::Violation("payload outside the receive buffer"));
                 finish(shared);
-                return Step::Stop;
+                Step::Stop
             }
         },
-    };
-    // Over the unread limit, the credit stays here (see `Backlog`).
-    if credited && shared.backlog.credit_may_return() {
-        shared.owed.add_one();
-        if shared.owed.has_batch() {
-            rx.batch_owed();
+        Next::Msg(msg) => {
+            drop(slot);
+            credit_taken(shared);
+            hand_over(shared, msg)
         }
-    }
-    match msg {
-        // Behind messages held back: in order, after them.
-        Some(m) if shared.staging.holding() => {
-            shared.staging.hold(m);
+        Next::Repost(credited) => {
+            drop(slot);
+            if credited {
+                credit_taken(shared);
+            }
             Step::Continue
         }
-        Some(m) => Step::Msg(m),
-        None => Step::Continue,
+        Next::Stop => {
+            finish(shared);
+            Step::Stop
+        }
+    }
+}
+
+/// A credited buffer was taken: its credit is owed to the peer, unless
+/// the unread limit keeps it here (see `Backlog`).
+#[inline(always)]
+fn credit_taken(shared: &Rc<Shared>) {
+    if shared.backlog.credit_may_return() {
+        shared.owed.add_one();
+        if shared.owed.has_batch() {
+            shared.rx.batch_owed();
+        }
+    }
+}
+
+/// [`step`]'s user message `m`: the caller's, or held behind the messages
+/// held back (in order, after them).
+#[inline(always)]
+fn hand_over(shared: &Rc<Shared>, m: RecvMsg) -> Step {
+    if shared.staging.holding() {
+        shared.staging.hold(m);
+        Step::Continue
+    } else {
+        Step::Msg(m)
     }
 }
 
@@ -367,19 +384,35 @@ fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> 
     if let Some(imm) = rcv.imm {
         return Some(whole_by_imm(shared, imm, frame));
     }
-    let outcome = match decode_data(frame)? {
-        _ if !shared.peer_credits.spend() => Err(CloseReason::Violation(CREDITLESS)),
+    let msg = decode_data(frame)?;
+    if !shared.peer_credits.spend() {
+        return Some(refuse(shared, CloseReason::Violation(CREDITLESS)));
+    }
+    Some(match msg {
+        // The usual message: a `Next` built in place, with no `Result`
+        // (whose error, a `CloseReason`, is large) moved around it.
         Message::Whole {
             imm,
             grant,
             payload,
-        } => whole(shared, imm, grant, payload),
+        } => {
+            if grant > 0 {
+                shared.credits.grant(grant);
+            }
+            if payload.len() > shared.config.max_message_len {
+                return Some(refuse(shared, CloseReason::Violation(TOO_LONG)));
+            }
+            Next::Deliver {
+                at: payload.as_ptr() as usize,
+                len: payload.len(),
+                imm,
+            }
+        }
         // A piece of a split message (decode_data decodes nothing else).
-        msg => route(shared, msg),
-    };
-    Some(match outcome {
-        Ok(next) => next,
-        Err(reason) => refuse(shared, reason),
+        msg => match route(shared, msg) {
+            Ok(next) => next,
+            Err(reason) => refuse(shared, reason),
+        },
     })
 }
 
@@ -455,6 +488,9 @@ fn whole_by_imm(shared: &Rc<Shared>, imm: u32, bytes: &[u8]) -> Next {
 /// Why a peer that sends beyond its credits is disconnected.
 const CREDITLESS: &str = "message sent without a send credit";
 
+/// Why a peer that sends a whole message over the maximum is disconnected.
+const TOO_LONG: &str = "message longer than the maximum";
+
 /// True if the sender spent a credit on `msg` (everything but the
 /// messages that travel in the receiver's reserve buffers).
 fn msg_is_credited(msg: &Message<'_>) -> bool {
@@ -466,6 +502,8 @@ fn msg_is_credited(msg: &Message<'_>) -> bool {
 
 /// Closes the connection for `reason`, telling the peer why if it broke
 /// the protocol.
+#[cold]
+#[inline(never)]
 fn refuse(shared: &Rc<Shared>, reason: CloseReason) -> Next {
     if reason.is_protocol() {
         let _in_span = shared.span.enter();
@@ -762,7 +800,7 @@ fn whole(
         shared.credits.grant(grant);
     }
     if payload.len() > shared.config.max_message_len {
-        return Err(CloseReason::Violation("message longer than the maximum"));
+        return Err(CloseReason::Violation(TOO_LONG));
     }
     Ok(Next::Deliver {
         at: payload.as_ptr() as usize,
