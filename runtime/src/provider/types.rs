@@ -47,13 +47,14 @@ pub struct ProviderCaps {
     /// on its own (a verbs channel: the kernel makes it readable per
     /// event), so a poller watching it edge-triggered, directly or through
     /// nested epoll sets, never misses one and need not look for events it
-    /// was not told of. Off for the software device, whose channel fd is an
-    /// epoll set of level-triggered sockets: a socket left on that set's
-    /// ready list raises no new readiness up a chain of pollers, and only a
-    /// wait on the chain (the reactor's own `epoll_wait`) finds it. A
-    /// runtime hosted on another executor skips its nested `epoll_wait`
-    /// when that executor saw no readiness only if every channel it serves
-    /// has this flag.
+    /// was not told of. A runtime hosted on another executor skips its
+    /// nested `epoll_wait` when that executor saw no readiness only if
+    /// every channel it serves has this flag. Off for the software device:
+    /// its channel does raise readiness per event and per arriving packet
+    /// (its eventfd is written for every event, its sockets wake it on
+    /// every arrival), but with it on, a hosted runtime's echo at one in
+    /// flight took 3 µs longer (docs/benchmarks.md, "The added CPU by
+    /// thread").
     pub edge_triggered_channel: bool,
 }
 

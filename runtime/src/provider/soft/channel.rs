@@ -96,6 +96,13 @@ impl CompChannel {
 /// work when `get_event` would receive, or writes to the connection when
 /// the CQ is armed: a bulk transfer), so that the fd is not left readable
 /// for data only the engine will read; and when its connection closes.
+///
+/// Watched edge-triggered (as the runtime's poll watches it), the fd
+/// raises readiness for every event (the event queue writes its eventfd
+/// for each, see `events.rs`) and for every packet arriving on a socket
+/// of the set (each arrival wakes the set, also while unread data waits).
+/// (`ProviderCaps::edge_triggered_channel` stays off for it all the same:
+/// see there.)
 pub(crate) struct Channel {
     pub events: EventQueue<u32>,
     ep: OwnedFd,
@@ -243,6 +250,59 @@ impl Channel {
 mod tests {
     use super::*;
     use crate::provider::soft::fd_readable as readable;
+    use crate::provider::soft::EdgeWatch;
+
+    /// The runtime watches the channel's fd edge-triggered and, told of
+    /// it, takes events up to the one its arming raised
+    /// (`reactor/driver/cqs.rs`): every event must raise readiness of its
+    /// own, also while an earlier one is still queued (a CQ re-armed by
+    /// code outside the reactor before its event was taken); and a
+    /// member's data raises it once per arrival.
+    #[test]
+    fn an_edge_triggered_watcher_is_told_of_each_event_even_with_one_left_queued() {
+        use std::io::Write;
+        let ch = Channel::new().expect("channel");
+        let watch = EdgeWatch::new(ch.ep.as_raw_fd());
+        assert_eq!(watch.edges(), 0);
+        ch.events.push(1);
+        assert_eq!(watch.edges(), 1);
+        assert_eq!(watch.edges(), 0, "told twice of one event");
+        ch.events.push(2);
+        assert_eq!(watch.edges(), 1, "a second event was not told");
+        // The consumer takes one event per readiness and leaves one.
+        assert_eq!(ch.events.pop(), Some(1));
+        assert_eq!(watch.edges(), 0);
+        ch.events.push(3);
+        assert_eq!(
+            watch.edges(),
+            1,
+            "an event queued behind another raised no readiness"
+        );
+        assert_eq!(ch.events.pop(), Some(2));
+        assert_eq!(ch.events.pop(), Some(3));
+        assert_eq!(ch.events.pop(), None);
+        assert!(!readable(ch.ep.as_raw_fd()));
+        assert_eq!(watch.edges(), 0);
+        // A member socket: once per arrival, also while unread data waits.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut peer =
+            std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        s.set_nonblocking(true).expect("nonblocking");
+        let wire = Arc::new(Wire::new(
+            mio::net::TcpStream::from_std(s),
+            mio::Token(super::super::engine::CONN_BASE + 4),
+        ));
+        assert!(ch.join(&wire));
+        assert_eq!(watch.edges(), 0);
+        for round in 0..3 {
+            peer.write_all(b"data").expect("write");
+            // (Loopback delivery is synchronous: the data is in the
+            // socket when `write` returns.)
+            assert_eq!(watch.edges(), 1, "arrival {round} was not told");
+            assert_eq!(watch.edges(), 0);
+        }
+    }
 
     #[test]
     fn channel_fd_is_readable_while_a_member_holds_data_until_handed_back_or_closed() {

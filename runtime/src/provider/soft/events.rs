@@ -5,6 +5,11 @@
 //! still held and go back to sleep on it), so readiness can lag a push by a
 //! moment, and can outlive the event it announced until the next pop
 //! (which then returns `None` and clears it).
+//!
+//! Every event queued writes the eventfd, also when earlier ones still
+//! wait: a poller that watches the fd edge-triggered (the runtime's, see
+//! `ProviderCaps::edge_triggered_channel`) and takes one event per
+//! readiness is told of each, as a verbs channel tells of each event.
 
 use std::collections::VecDeque;
 use std::io;
@@ -52,22 +57,19 @@ impl<T> EventQueue<T> {
     }
 
     pub fn push(&self, ev: T) {
-        if self.enqueue(ev) {
-            self.signal();
-        }
+        self.enqueue(ev);
+        self.signal();
     }
 
-    /// Queues an event; true if the caller must then `signal` (the queue
-    /// was empty). The signal is sent after the lock is released, so a
-    /// consumer it wakes does not find the lock still held.
-    pub(super) fn enqueue(&self, ev: T) -> bool {
+    /// Queues an event; the caller must then `signal` (every event, so
+    /// that an edge-triggered poller is told of each: one left queued by
+    /// a consumer that took only the first must not silence the next).
+    /// The signal is sent after the lock is released, so a consumer it
+    /// wakes does not find the lock still held.
+    pub(super) fn enqueue(&self, ev: T) {
         let mut g = lock(&self.inner);
-        let was_empty = g.queue.is_empty();
         g.queue.push_back(ev);
-        if was_empty {
-            g.unread += 1;
-        }
-        was_empty
+        g.unread += 1;
     }
 
     /// Makes the eventfd readable. It is cleared only under the lock with
@@ -87,7 +89,8 @@ impl<T> EventQueue<T> {
     }
 
     /// Pops after quiet enqueues: signals the events left behind, which
-    /// other consumers must see.
+    /// other consumers must see (also while an earlier signal is still
+    /// counted: an edge-triggered poller was told of that one already).
     pub(super) fn pop_quiet(&self) -> Option<T> {
         let mut g = lock(&self.inner);
         let ev = g.queue.pop_front();
@@ -95,14 +98,9 @@ impl<T> EventQueue<T> {
             self.clear(&mut g);
             return ev;
         }
-        let left = g.unread == 0;
-        if left {
-            g.unread += 1;
-        }
+        g.unread += 1;
         drop(g);
-        if left {
-            self.signal();
-        }
+        self.signal();
         ev
     }
 
@@ -149,7 +147,7 @@ mod tests {
         // A producer's signal landing after its event was taken (it signals
         // after unlocking) leaves the fd readable with nothing queued: the
         // next pop finds nothing and clears it.
-        assert!(q.enqueue(3));
+        q.enqueue(3);
         assert_eq!(q.pop(), Some(3));
         assert!(!readable(q.fd()));
         q.signal();
@@ -157,6 +155,27 @@ mod tests {
         assert_eq!(q.pop(), None);
         assert!(!readable(q.fd()));
         assert_eq!(q.pop(), None);
+        assert!(!readable(q.fd()));
+    }
+
+    /// An edge-triggered watcher of the eventfd is told of events a
+    /// receiving consumer leaves behind, even while a late signal of an
+    /// earlier event is still counted (`unread`).
+    #[test]
+    fn events_left_behind_by_a_quiet_pop_are_told_to_an_edge_triggered_watcher() {
+        let q = EventQueue::<u32>::new().expect("eventfd");
+        let watch = crate::provider::soft::EdgeWatch::new(q.fd());
+        // A producer's late signal: counted, readable, then told.
+        q.enqueue(1);
+        assert_eq!(q.pop(), Some(1));
+        q.signal();
+        assert_eq!(watch.edges(), 1);
+        q.enqueue_quiet(2);
+        q.enqueue_quiet(3);
+        assert_eq!(watch.edges(), 0, "quiet");
+        assert_eq!(q.pop_quiet(), Some(2));
+        assert_eq!(watch.edges(), 1, "the event left behind was not told");
+        assert_eq!(q.pop(), Some(3));
         assert!(!readable(q.fd()));
     }
 }

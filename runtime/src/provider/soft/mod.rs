@@ -268,6 +268,43 @@ pub(crate) fn fd_readable(fd: std::os::fd::RawFd) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) == 1 }
 }
 
+/// An outer poller watching one fd edge-triggered, as the runtime's mio
+/// poll watches a completion channel's fd (tests of the device's pollable
+/// fds: an edge-triggered watcher must be told of every event behind it).
+#[cfg(test)]
+pub(crate) struct EdgeWatch(std::os::fd::OwnedFd);
+
+#[cfg(test)]
+impl EdgeWatch {
+    /// Watches `fd` (`EPOLLIN | EPOLLET`).
+    pub(crate) fn new(fd: std::os::fd::RawFd) -> EdgeWatch {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: epoll_create1 has no memory-safety preconditions.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(raw >= 0, "epoll_create1");
+        // SAFETY: `raw` is a fresh fd we own.
+        let ep = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+            u64: 1,
+        };
+        // SAFETY: `ev` is a live epoll_event; both fds are open.
+        let rc = unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        assert_eq!(rc, 0, "epoll_ctl");
+        EdgeWatch(ep)
+    }
+
+    /// The readiness reports waiting now (0 or 1: one fd), taken.
+    pub(crate) fn edges(&self) -> usize {
+        use std::os::fd::AsRawFd;
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: `evs` is a live array of 4 epoll_events; no wait.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 4, 0) };
+        assert!(n >= 0, "epoll_wait");
+        n as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
