@@ -31,16 +31,17 @@ const MEASURED: usize = 20_000;
 /// Runs `tasks` tasks of sequential 32-byte calls from `client` to
 /// `server`; returns the allocations made during the measured calls.
 async fn allocations<T: Transport>(server: Rpc<T>, client: Rpc<T>, tasks: usize) -> u64 {
-    allocations_with(server, client, tasks, false).await
+    allocations_with(server, client, tasks, false, 32).await
 }
 
 /// As [`allocations`], the echo run by the dispatcher
-/// (`Rpc::register_inline`) if `inline`.
+/// (`Rpc::register_inline`) if `inline`, calls of `len` bytes.
 async fn allocations_with<T: Transport>(
     server: Rpc<T>,
     client: Rpc<T>,
     tasks: usize,
     inline: bool,
+    len: usize,
 ) -> u64 {
     let echo = |req: Request| {
         let mut resp = req.response();
@@ -60,8 +61,9 @@ async fn allocations_with<T: Transport>(
         let handles: Vec<_> = (0..tasks)
             .map(|t| {
                 let cli = cli.clone();
+                // (Allocated before the counting starts.)
+                let mut req = vec![0u8; len];
                 verbio::runtime::spawn(async move {
-                    let mut req = [0u8; 32];
                     for i in 0..calls / tasks {
                         req[..8].copy_from_slice(&((t << 32) | i).to_le_bytes());
                         let resp = cli.call(s, ECHO, &req).await.unwrap();
@@ -83,7 +85,7 @@ async fn allocations_with<T: Transport>(
     }
     let n = allocs() - before;
     println!(
-        "{tasks} task(s): {n} allocations in {MEASURED} calls ({:.4} per call)",
+        "{tasks} task(s), {len} B: {n} allocations in {MEASURED} calls ({:.4} per call)",
         n as f64 / MEASURED as f64
     );
     n
@@ -102,6 +104,11 @@ fn in_memory(tasks: usize) -> u64 {
 
 /// Allocations over two UD queue pairs of one soft device.
 fn over_ud(tasks: usize) -> u64 {
+    over_ud_sized(tasks, 32)
+}
+
+/// [`over_ud`] with calls of `len` bytes.
+fn over_ud_sized(tasks: usize, len: usize) -> u64 {
     let rt = Runtime::new().unwrap();
     let ctx = Context::open_soft(SoftConfig::default()).expect("soft device");
     let dev = Device::open(ctx).expect("device");
@@ -118,7 +125,7 @@ fn over_ud(tasks: usize) -> u64 {
     rt.block_on(async {
         let server = Rpc::new(st, config.clone());
         let client = Rpc::new(ct, config);
-        allocations(server, client, tasks).await
+        allocations_with(server, client, tasks, false, len).await
     })
 }
 
@@ -140,7 +147,7 @@ fn inline_handlers_do_not_allocate_after_warm_up() {
             let net = MemNetwork::new(1, 4096);
             let server = Rpc::new(net.endpoint(), RpcConfig::default());
             let client = Rpc::new(net.endpoint(), RpcConfig::default());
-            allocations_with(server, client, tasks, true).await
+            allocations_with(server, client, tasks, true, 32).await
         });
         assert!(n <= GROWTH, "{tasks} task(s): {n}");
     }
@@ -209,5 +216,18 @@ fn large_messages_reuse_pooled_buffers() {
     for len in [1 << 20, 4 << 20] {
         let n = big_allocations_per_echo(len, 10);
         assert_eq!(n, 0, "{len}-byte echoes allocated {n} large buffers");
+    }
+}
+
+/// Calls of 1 KiB over UD: their packets are larger than the INLINE size,
+/// so they go from registered buffers; each send is kept until its
+/// completion and its buffer reused (a send's future dropped while the
+/// device still reads its buffer had the runtime box the buffer: an
+/// allocation per packet, two per call).
+#[test]
+fn calls_sent_from_registered_buffers_over_ud_do_not_allocate_after_warm_up() {
+    for tasks in [1, 8] {
+        let n = over_ud_sized(tasks, 1024);
+        assert!(n <= GROWTH, "{tasks} task(s): {n}");
     }
 }

@@ -135,6 +135,19 @@ pub struct UdTransport {
     /// Sends waiting for send-queue room, oldest first: posted as it
     /// frees ([`UdTransport::post_waiting`]).
     waiting: VecDeque<Submit<SendToVerb<LocalBuf>>>,
+    /// Sends posted from registered buffers, oldest first (a send queue
+    /// completes in order), kept until their completion
+    /// ([`UdTransport::reap_sent`]) so that their buffers come back for
+    /// the next sends: a send's future dropped while the device still
+    /// reads its buffer has the runtime box the buffer until then (an
+    /// allocation per packet). At most the send queue's depth: past it
+    /// the oldest is dropped to the runtime as before.
+    sent: VecDeque<Submit<SendToVerb<LocalBuf>>>,
+    /// Buffers of finished sends, emptied, taken before the pool's (at
+    /// most the send queue's depth).
+    spare: Vec<LocalBuf>,
+    /// The send queue's depth.
+    send_depth: usize,
     stats: UdStats,
 }
 
@@ -202,6 +215,9 @@ impl UdTransport {
             max_inline,
             max_burst: MAX_INLINE_BURST.min(config.send_depth.max(1) as usize),
             waiting: VecDeque::new(),
+            sent: VecDeque::new(),
+            spare: Vec::new(),
+            send_depth: config.send_depth.max(1) as usize,
             stats: UdStats::default(),
         })
     }
@@ -260,7 +276,13 @@ impl UdTransport {
             );
             return;
         }
-        let buf = match self.pool.alloc_from(bytes) {
+        let buf = match self.spare.pop() {
+            Some(mut buf) if buf.capacity() >= bytes.len() => {
+                buf.extend_from_slice(bytes).map(|()| buf)
+            }
+            _ => self.pool.alloc_from(bytes),
+        };
+        let buf = match buf {
             Ok(buf) => buf,
             Err(error) => {
                 self.stats.post_dropped += 1;
@@ -273,6 +295,43 @@ impl UdTransport {
         if send.is_queued() {
             self.stats.queued += 1;
             self.waiting.push_back(send);
+        } else {
+            self.keep_sent(send);
+        }
+    }
+
+    /// Keeps `send`, posted (or refused), until its completion; the
+    /// oldest kept goes to the runtime past the send queue's depth.
+    fn keep_sent(&mut self, send: Submit<SendToVerb<LocalBuf>>) {
+        if self.sent.len() >= self.send_depth {
+            // (Dropped, the runtime keeps its buffer until its completion.)
+            self.sent.pop_front();
+        }
+        self.sent.push_back(send);
+    }
+
+    /// Takes the finished sends' buffers back, oldest first, for the next
+    /// sends. Polled without a waker: nothing waits on a send's
+    /// completion but its buffer (the send queue's room has its own).
+    fn reap_sent(&mut self) {
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Some(send) = self.sent.front_mut() {
+            let Poll::Ready((result, buf)) = Pin::new(send).poll(&mut cx) else {
+                break;
+            };
+            self.sent.pop_front();
+            if let Err(error) = result {
+                debug!(%error, "rpc/ud: a send from a registered buffer failed; packet lost");
+            }
+            self.keep_spare(buf);
+        }
+    }
+
+    /// Keeps a finished send's buffer for the next sends.
+    fn keep_spare(&mut self, mut buf: LocalBuf) {
+        if self.spare.len() < self.send_depth {
+            buf.clear();
+            self.spare.push(buf);
         }
     }
 
@@ -283,13 +342,19 @@ impl UdTransport {
         while let Some(send) = self.waiting.front_mut() {
             // Ready: refused (closed queue pair) or done; else posted,
             // or still waiting for room.
-            let ready = Pin::new(&mut *send).poll(cx).is_ready();
-            if !ready && send.is_queued() {
-                return;
+            match Pin::new(&mut *send).poll(cx) {
+                Poll::Ready((_, buf)) => {
+                    self.waiting.pop_front();
+                    self.keep_spare(buf);
+                }
+                Poll::Pending if send.is_queued() => return,
+                Poll::Pending => {
+                    // Posted: kept until its completion.
+                    if let Some(send) = self.waiting.pop_front() {
+                        self.keep_sent(send);
+                    }
+                }
             }
-            // (Posted: dropped, the runtime keeps its buffer until its
-            // completion.)
-            self.waiting.pop_front();
         }
     }
 
@@ -367,6 +432,9 @@ impl Transport for UdTransport {
         max: usize,
         on_packet: &mut dyn FnMut(&[u8]),
     ) -> Poll<Result<usize, TransportError>> {
+        if !self.sent.is_empty() {
+            self.reap_sent();
+        }
         if !self.waiting.is_empty() {
             // Room that came back since: the waiting sends go (and `cx`
             // hears of more room).
