@@ -262,6 +262,26 @@ impl Header {
     }
 }
 
+/// Coalesces the encoded ACK `next` into the encoded ACK `last` before it:
+/// if both are ACKs between the same two QPs, `last` takes `next`'s PSN
+/// (an ACK acknowledges everything up to its PSN, so the later one alone
+/// says what both said) and true is returned; otherwise nothing changes.
+/// Anything that is not an encoded ACK header is left alone.
+pub(crate) fn merge_ack(last: &mut [u8], next: &[u8]) -> bool {
+    if last.len() != HEADER_LEN || next.len() != HEADER_LEN {
+        return false;
+    }
+    let ack = Header::new(Opcode::Ack).encode();
+    // Magic, version and opcode, then every field but the PSN (16..20):
+    // the QPs (8..16) and the zero rest.
+    let same = |b: &[u8]| b[..16] == next[..16] && b[20..] == next[20..];
+    if next[..4] != ack[..4] || !same(last) {
+        return false;
+    }
+    last[16..20].copy_from_slice(&next[16..20]);
+    true
+}
+
 /// A decoded packet: header plus borrowed payload (the fuzz check's view; the
 /// engine cuts packets out of its stream with `decode_header`).
 #[cfg(any(test, feature = "fuzzing"))]

@@ -25,10 +25,12 @@ use mio::{Interest, Registry};
 
 use smallvec::SmallVec;
 
+use super::conn::ACK_SCAN;
 use super::conn::{TxKey, TxMem, TxMemRef};
 use super::dma::Span;
 use super::lock;
 use super::mr::MrTable;
+use super::packet::{merge_ack, HEADER_LEN};
 
 /// The unsent rest of a poster's payload is left in its memory for the
 /// engine (not copied) from this size on.
@@ -256,10 +258,29 @@ impl Wire {
     }
 
     /// Engine: parks encoded ACKs for a poster to take along (see `held`)
-    /// and lets posters write if nothing else is pending.
+    /// and lets posters write if nothing else is pending. An ACK of the
+    /// same two QPs as one already parked replaces that one's PSN instead
+    /// of following it (`merge_ack`; parked ACKs are ACKs only, so their
+    /// order across QPs is free): a QP's messages that arrive in several
+    /// reads while the ACKs wait cost one ACK on the wire, not one per
+    /// read.
     pub fn hold(&self, acks: &[u8]) {
         let mut st = self.state();
-        st.held.extend_from_slice(acks);
+        let mut rest = acks;
+        while rest.len() >= HEADER_LEN {
+            let (next, more) = rest.split_at(HEADER_LEN);
+            // (Only ACKs are parked: their order across QPs is free.)
+            let merged = st
+                .held
+                .rchunks_exact_mut(HEADER_LEN)
+                .take(ACK_SCAN)
+                .any(|last| merge_ack(last, next));
+            if !merged {
+                st.held.extend_from_slice(next);
+            }
+            rest = more;
+        }
+        st.held.extend_from_slice(rest);
         self.held_hint.store(true, Ordering::Relaxed);
         if st.spill.is_empty() && st.spill_mem.is_none() && !st.closed {
             st.busy = false;

@@ -13,6 +13,11 @@ use std::time::Instant;
 use super::super::packet::{Header, Opcode, HEADER_LEN};
 use super::{Conn, Resp};
 
+/// How many queued responses (or parked ACKs, see `Wire::hold`) an ACK
+/// looks back over for an earlier ACK of its QP to coalesce with: a
+/// bound on the work per ACK on a connection many QPs share.
+pub(crate) const ACK_SCAN: usize = 64;
+
 impl Conn {
     /// Queues an ACK. `hold_until`: it may wait until then for a request
     /// to go out with it (see `ack_hold`); `None` = send it at once.
@@ -81,25 +86,62 @@ impl Conn {
             && self.tx_mem.is_none()
     }
 
-    /// Queues a response, coalescing consecutive ACKs of one QP.
+    /// Queues a response, coalescing an ACK with the last one of its QP
+    /// still queued when nothing else of that QP is queued after it: an
+    /// ACK acknowledges everything up to its PSN, so the later one says
+    /// what both said, and responses of other QPs do not care about the
+    /// order (a window of SENDs spread over several QPs, one ACK per QP
+    /// and read instead of one per message). Looks back over at most
+    /// [`ACK_SCAN`] responses.
     pub fn push_resp(&mut self, r: Resp) {
-        if !matches!(r, Resp::Ack { .. }) {
-            self.ack_hold = None;
-        }
-        if let Resp::Ack { dst, src, psn } = r {
-            if let Some(Resp::Ack {
-                dst: d,
-                src: s,
-                psn: p,
-            }) = self.resp.back_mut()
-            {
-                if *d == dst && *s == src {
-                    *p = psn;
+        match r {
+            Resp::Ack { dst, src, psn } => {
+                // (Most often the last one: one QP's messages back to back.)
+                match self.resp.back_mut() {
+                    Some(Resp::Ack {
+                        dst: d,
+                        src: s,
+                        psn: p,
+                    }) if *d == dst && *s == src => {
+                        *p = psn;
+                        return;
+                    }
+                    _ => {}
+                }
+                if !self.resp.is_empty() && self.merge_earlier_ack(dst, src, psn) {
                     return;
                 }
             }
+            _ => self.ack_hold = None,
         }
         self.resp.push_back(r);
+    }
+
+    /// Gives an earlier queued ACK of the QPs `dst`/`src` the PSN `psn`,
+    /// unless another response of theirs follows it or it is not among
+    /// the last [`ACK_SCAN`] responses. True if it did.
+    fn merge_earlier_ack(&mut self, dst: u32, src: u32, psn: u32) -> bool {
+        for q in self.resp.iter_mut().rev().take(ACK_SCAN) {
+            match q {
+                Resp::Ack {
+                    dst: d,
+                    src: s,
+                    psn: p,
+                } if *d == dst && *s == src => {
+                    *p = psn;
+                    return true;
+                }
+                // Another response of these QPs: the ACK goes after it.
+                Resp::Nak { dst: d, src: s, .. } | Resp::Atomic { dst: d, src: s, .. }
+                    if *d == dst && *s == src =>
+                {
+                    return false
+                }
+                Resp::Read(j) if j.dst == dst && j.src == src => return false,
+                _ => {}
+            }
+        }
+        false
     }
 
     /// While holding: parks the held ACKs on the wire, where a posting
@@ -184,6 +226,101 @@ mod tests {
         c.push_ack(1, 2, 5, Some(second));
         assert!(c.holding(first), "held until its own deadline");
         assert!(!c.holding(second));
+    }
+
+    #[test]
+    fn a_qps_acks_parked_in_several_reads_leave_as_one_ack() {
+        use std::io::Read;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let local = l.local_addr().expect("addr");
+        let mut peer = std::net::TcpStream::connect(local).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        s.set_nonblocking(true).expect("nonblocking");
+        let wire = Arc::new(Wire::new(
+            mio::net::TcpStream::from_std(s),
+            mio::Token(super::super::super::engine::CONN_BASE),
+        ));
+        let mut c = Conn::new(Some(wire.clone()), local, true);
+        c.tx.clear(); // the HELLO
+        let until = Instant::now() + Duration::from_micros(50);
+        // Each ACK is parked by its own read's turn (as messages that
+        // arrive one per read are), while none of them has left yet.
+        for (dst, src, psn) in [(1, 2, 3), (1, 2, 4), (1, 2, 5), (7, 8, 1), (1, 2, 6)] {
+            c.push_ack(dst, src, psn, Some(until));
+            assert!(c.park_acks(), "parked on the wire");
+        }
+        let mut h = Header::new(Opcode::Send);
+        h.dst_qpn = 9;
+        h.flags = super::super::super::packet::FLAG_FIRST | super::super::super::packet::FLAG_LAST;
+        assert_eq!(
+            wire.try_write(&h.encode()),
+            Some(super::super::super::wire::DirectWrite::Sent)
+        );
+        // What the peer reads: one ACK per QP, with its last PSN, then the
+        // request.
+        let mut got = [0u8; 3 * HEADER_LEN];
+        peer.read_exact(&mut got).expect("read");
+        let acks: Vec<(Opcode, u32, u32, u32)> = got
+            .chunks(HEADER_LEN)
+            .map(|b| {
+                let h = super::super::super::packet::decode_header(b).expect("header");
+                (h.opcode, h.dst_qpn, h.src_qpn, h.psn)
+            })
+            .collect();
+        assert_eq!(
+            acks,
+            [
+                (Opcode::Ack, 1, 2, 6),
+                (Opcode::Ack, 7, 8, 1),
+                (Opcode::Send, 9, 0, 0)
+            ]
+        );
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut more = [0u8; 1];
+        assert!(peer.read(&mut more).is_err(), "nothing else was sent");
+    }
+
+    #[test]
+    fn a_window_of_sends_over_several_qps_queues_one_ack_per_qp() {
+        let mut c = conn();
+        // 8 messages on each of 4 QPs, round robin (as a window of RPC
+        // requests spread over a session's QPs arrives).
+        for psn in 0..8 {
+            for qp in 0..4 {
+                c.push_ack(100 + qp, 200 + qp, psn, None);
+            }
+        }
+        let acks: Vec<(u32, u32)> = c
+            .resp
+            .iter()
+            .map(|r| match r {
+                Resp::Ack { dst, psn, .. } => (*dst, *psn),
+                other => panic!("not an ACK: {other:?}"),
+            })
+            .collect();
+        assert_eq!(acks, [(100, 7), (101, 7), (102, 7), (103, 7)]);
+        // Another response of a QP keeps its later ACK behind it.
+        c.push_resp(Resp::Nak {
+            dst: 101,
+            src: 201,
+            psn: 8,
+            syndrome: 0,
+            timer: 0,
+        });
+        c.push_ack(101, 201, 9, None);
+        c.push_ack(100, 200, 8, None);
+        let order: Vec<(u32, u32)> = c
+            .resp
+            .iter()
+            .map(|r| match r {
+                Resp::Ack { dst, psn, .. } | Resp::Nak { dst, psn, .. } => (*dst, *psn),
+                other => panic!("unexpected: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [(100, 8), (101, 7), (102, 7), (103, 7), (101, 8), (101, 9)]
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use super::handshake::{encode, Expect, Message, PRE_PROOF_BUF};
 use super::wire::Wire;
+pub(crate) use acks::ACK_SCAN;
 pub(crate) use probe::Probe;
 pub(crate) use resp::{ReadJob, Resp};
 pub(crate) use rx::{DirectInto, RxDirect};
