@@ -284,15 +284,8 @@ mod tests {
         assert!(!readable(ch.ep.as_raw_fd()));
         assert_eq!(watch.edges(), 0);
         // A member socket: once per arrival, also while unread data waits.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut peer =
-            std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        s.set_nonblocking(true).expect("nonblocking");
-        let wire = Arc::new(Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::engine::CONN_BASE + 4),
-        ));
+        let (wire, mut peer, _) = super::super::wire::loopback_wire(4);
+        let wire = Arc::new(wire);
         assert!(ch.join(&wire));
         assert_eq!(watch.edges(), 0);
         for round in 0..3 {
@@ -307,15 +300,8 @@ mod tests {
     #[test]
     fn channel_fd_is_readable_while_a_member_holds_data_until_handed_back_or_closed() {
         use std::io::Write;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut peer =
-            std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        s.set_nonblocking(true).expect("nonblocking");
-        let wire = Arc::new(Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::engine::CONN_BASE + 3),
-        ));
+        let (wire, mut peer, _) = super::super::wire::loopback_wire(3);
+        let wire = Arc::new(wire);
         let poll = mio::Poll::new().expect("epoll");
         let ch = Channel::new().expect("channel");
         let fd = ch.ep.as_raw_fd();

@@ -708,27 +708,30 @@ impl Wire {
     }
 }
 
+/// For tests: a wire (token `CONN_BASE + n`) over a nonblocking loopback
+/// connection, the connection's other end, and the wire's local address.
+#[cfg(test)]
+pub(super) fn loopback_wire(n: usize) -> (Wire, std::net::TcpStream, std::net::SocketAddr) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let local = l.local_addr().expect("addr");
+    let peer = std::net::TcpStream::connect(local).expect("connect");
+    let (s, _) = l.accept().expect("accept");
+    s.set_nonblocking(true).expect("nonblocking");
+    let wire = Wire::new(
+        mio::net::TcpStream::from_std(s),
+        mio::Token(super::engine::CONN_BASE + n),
+    );
+    (wire, peer, local)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Read;
 
-    /// A wire over a nonblocking loopback connection, and its peer's end.
-    fn connected_wire() -> (std::net::TcpStream, Wire) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        s.set_nonblocking(true).expect("nonblocking");
-        let wire = Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::engine::CONN_BASE),
-        );
-        (peer, wire)
-    }
-
     #[test]
     fn a_posters_write_takes_the_held_acks_along_in_order() {
-        let (mut peer, wire) = connected_wire();
+        let (wire, mut peer, _) = loopback_wire(0);
         // Busy until the engine says otherwise.
         assert_eq!(wire.try_write(b"x"), None);
         wire.hold(b"ack1");
@@ -744,7 +747,7 @@ mod tests {
 
     #[test]
     fn corked_requests_go_after_the_held_acks_and_before_the_next_packet() {
-        let (mut peer, wire) = connected_wire();
+        let (wire, mut peer, _) = loopback_wire(0);
         wire.hold(b"ack1");
         assert_eq!(
             wire.try_write_or_cork(b"req1", true),
@@ -791,7 +794,7 @@ mod tests {
 
     #[test]
     fn the_engine_writes_corked_requests_after_the_spill_and_before_its_own() {
-        let (_peer, wire) = connected_wire();
+        let (wire, _peer, _) = loopback_wire(0);
         wire.release(true);
         assert!(matches!(
             wire.try_write_or_cork(b"req1", true),
@@ -811,7 +814,7 @@ mod tests {
 
     #[test]
     fn a_spilled_packet_tail_goes_before_acks_held_after_it() {
-        let (_peer, wire) = connected_wire();
+        let (wire, _peer, _) = loopback_wire(0);
         wire.release(true);
         // A packet larger than the socket takes: its tail is spilled.
         let big = vec![7u8; 64 << 20];

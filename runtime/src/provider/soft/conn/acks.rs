@@ -179,7 +179,7 @@ impl Conn {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::wire::Wire;
+    use super::super::super::wire::loopback_wire;
     use super::*;
     use std::sync::Arc;
     use std::time::Duration;
@@ -192,15 +192,8 @@ mod tests {
 
     #[test]
     fn an_ack_after_parked_acks_were_taken_along_gets_its_own_hold() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let local = l.local_addr().expect("addr");
-        let _peer = std::net::TcpStream::connect(local).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        s.set_nonblocking(true).expect("nonblocking");
-        let wire = Arc::new(Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::super::engine::CONN_BASE),
-        ));
+        let (wire, _peer, local) = loopback_wire(0);
+        let wire = Arc::new(wire);
         let mut c = Conn::new(Some(wire.clone()), local, true);
         c.tx.clear(); // the HELLO
         let now = Instant::now();
@@ -231,15 +224,8 @@ mod tests {
     #[test]
     fn a_qps_acks_parked_in_several_reads_leave_as_one_ack() {
         use std::io::Read;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let local = l.local_addr().expect("addr");
-        let mut peer = std::net::TcpStream::connect(local).expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        s.set_nonblocking(true).expect("nonblocking");
-        let wire = Arc::new(Wire::new(
-            mio::net::TcpStream::from_std(s),
-            mio::Token(super::super::super::engine::CONN_BASE),
-        ));
+        let (wire, mut peer, local) = loopback_wire(0);
+        let wire = Arc::new(wire);
         let mut c = Conn::new(Some(wire.clone()), local, true);
         c.tx.clear(); // the HELLO
         let until = Instant::now() + Duration::from_micros(50);

@@ -4,21 +4,14 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::super::wire::Wire;
+use super::super::super::wire::loopback_wire;
 use super::super::{Conn, RX_CAP};
 use super::RX_PEEK;
 
 /// A proven connection on one end of a TCP socket pair, and the other end.
 fn connected() -> (Conn, std::net::TcpStream) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let local = l.local_addr().expect("addr");
-    let peer = std::net::TcpStream::connect(local).expect("connect");
-    let (s, _) = l.accept().expect("accept");
-    s.set_nonblocking(true).expect("nonblocking");
-    let wire = Arc::new(Wire::new(
-        mio::net::TcpStream::from_std(s),
-        mio::Token(super::super::super::engine::CONN_BASE),
-    ));
+    let (wire, peer, local) = loopback_wire(0);
+    let wire = Arc::new(wire);
     let c = Conn::new(Some(wire), local, true);
     assert_eq!(c.rx.len(), RX_CAP);
     (c, peer)
