@@ -142,28 +142,7 @@ fn large_messages_go_by_read_over_an_rc_link() {
                 .unwrap_or_else(|e| panic!("call of {len} bytes: {e}"));
             assert!(resp[..] == answer(&req)[..], "{len} bytes");
         }
-        let calls: Vec<_> = (0..SESSION_SLOTS)
-            .map(|i| {
-                let client = client.clone();
-                spawn(async move {
-                    let req = common::pattern(200_000 + i, i as u8);
-                    let resp = client
-                        .call(session, ECHO, &req)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if resp[..] != answer(&req)[..] {
-                        return Err(format!("call {i}: a wrong answer"));
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for c in calls {
-            timeout(WAIT, c)
-                .await
-                .expect("concurrent calls in time")
-                .expect("right answers");
-        }
+        call_window(&client, &[session], SESSION_SLOTS, |i| 200_000 + i).await;
         // A response as long as its request fits the buffer the request
         // offered: written into it by WRITE with immediate.
         let writes = client.stats().bulk_writes;
