@@ -391,7 +391,8 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         port: args.port,
         timeout: Duration::from_secs(args.timeout),
     };
-    let (theirs, their_soft) = exchange(&oob, &[ours], 1, local.soft_addr, &mut |_, _| Ok(()))?;
+    let (theirs, their_soft) =
+        exchange(&oob, &[ours], 1, local.addr.to_socket(), &mut |_, _| Ok(()))?;
     let theirs = theirs[0];
     println!(
         "  remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
@@ -406,7 +407,7 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             psn: theirs.psn,
             lid: theirs.lid,
             gid: theirs.gid,
-            soft_addr: their_soft,
+            addr: their_soft.map_or(verbio::provider::ProviderAddr::NONE, Into::into),
             ..local
         },
         qkey: DEFAULT_QKEY,

@@ -114,9 +114,9 @@ fn every_verb_between_two_network_namespaces() {
             .await
             .expect("connect across namespaces");
         // The data plane runs between the two engines' own addresses.
-        let theirs = conn.remote.soft_addr.expect("soft endpoint");
+        let theirs = conn.remote.addr.to_socket().expect("soft endpoint");
         assert_eq!(theirs.ip(), IpAddr::V4(ns.peer_ip));
-        let ours = conn.local.soft_addr.expect("soft endpoint");
+        let ours = conn.local.addr.to_socket().expect("soft endpoint");
         assert_eq!(ours.ip(), IpAddr::V4(ns.host_ip));
         verbs_client(conn.qp, dev.clone()).await;
     });
@@ -140,11 +140,14 @@ fn every_verb_with_engines_on_any(tag: u8, client_on_any: bool, server_on_any: b
         let conn = connect(addr, &qps(&dev), HANDSHAKE)
             .await
             .expect("connect across namespaces, an engine on the unspecified address");
-        let theirs = conn.remote.soft_addr.expect("soft endpoint");
+        let theirs = conn.remote.addr.to_socket().expect("soft endpoint");
         assert_eq!(theirs.ip(), IpAddr::V4(ns.peer_ip));
-        let ours = conn.local.soft_addr.expect("soft endpoint");
+        let ours = conn.local.addr.to_socket().expect("soft endpoint");
         assert_eq!(ours.ip(), IpAddr::V4(ns.host_ip));
-        assert_eq!(ours.port(), dev.context().soft_addr().expect("soft").port());
+        assert_eq!(
+            ours.port(),
+            dev.context().addr().to_socket().expect("soft").port()
+        );
         verbs_client(conn.qp, dev.clone()).await;
     });
     peer.wait_success();

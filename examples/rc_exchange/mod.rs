@@ -317,7 +317,7 @@ pub fn run(
             ..InitAttr::default()
         })?;
         let ep = qp.endpoint(sgid)?;
-        local_soft = ep.soft_addr;
+        local_soft = ep.addr.to_socket();
         let d = WireDest {
             lid: ep.lid,
             qpn: ep.qpn,
@@ -360,7 +360,7 @@ pub fn run(
                     psn: t.psn,
                     lid: t.lid,
                     gid: t.gid,
-                    soft_addr: their_soft,
+                    addr: their_soft.map_or(verbio::provider::ProviderAddr::NONE, Into::into),
                     mtu,
                     ..local
                 };

@@ -73,7 +73,7 @@ fn listener_and_client_connect_soft_qps_that_carry_a_send() {
         assert_eq!(client.qp.state().expect("state"), QpState::Rts);
         assert_eq!(server.remote.qpn, client.qp.qp_num());
         assert_eq!(client.remote.qpn, server.qp.qp_num());
-        assert_eq!(client.remote.soft_addr, server_dev.context().soft_addr());
+        assert_eq!(client.remote.addr, server_dev.context().addr());
 
         let server_pool = MrPool::new(server_dev.pd());
         let client_pool = MrPool::new(client_dev.pd());

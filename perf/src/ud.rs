@@ -79,7 +79,7 @@ pub async fn send_endpoint(ctl: &mut TcpStream, ep: &UdEndpoint) -> Result<()> {
         },
         Frame::Gid { hi, lo },
     ];
-    if let Some(a) = e.soft_addr {
+    if let Some(a) = e.addr.to_socket() {
         let ip = match a.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped(),
             IpAddr::V6(v6) => v6,
@@ -145,7 +145,7 @@ pub async fn recv_endpoint(ctl: &mut TcpStream) -> Result<UdEndpoint> {
             lid,
             gid,
             mtu,
-            soft_addr,
+            addr: soft_addr.map_or(verbio::provider::ProviderAddr::NONE, Into::into),
         },
         qkey,
     })

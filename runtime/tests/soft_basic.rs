@@ -49,7 +49,7 @@ fn queries_report_the_enforced_limits() {
     let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
     let ep = qp.endpoint(0).unwrap();
     assert_eq!(ep.provider, ProviderKind::Soft);
-    assert_eq!(ep.soft_addr, ctx.soft_addr());
+    assert_eq!(ep.addr, ctx.addr());
     assert_eq!(ep.gid, gid);
     assert_eq!(ep.qpn, qp.qp_num());
     assert_eq!(qp.state(), QpState::Reset);
@@ -126,7 +126,7 @@ fn state_machine_is_strict() {
     let c = make_side(&ctx, &opts);
     c.qp.modify_to_init(&InitAttr::default()).unwrap();
     let mut bad = rtr;
-    bad.remote.soft_addr = None;
+    bad.remote.addr = verbio_runtime::provider::ProviderAddr::NONE;
     assert!(c.qp.modify_to_rtr(&bad).is_err());
 }
 
@@ -483,7 +483,7 @@ fn ping_pong_between_two_threads() {
 #[test]
 fn engine_stops_when_the_last_handle_is_dropped() {
     let ctx = open_test_context();
-    let addr = ctx.soft_addr().unwrap();
+    let addr = ctx.addr().to_socket().unwrap();
     let (a, b) = connect_pair(&ctx, &ctx, &PairOpts::default());
     let cq_other = open_test_context().create_cq(4, None).unwrap();
     // Objects of another device are refused.

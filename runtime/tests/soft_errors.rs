@@ -441,7 +441,7 @@ fn no_memory_access_after_a_flush_completion() {
     let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     fake.set_nonblocking(true).unwrap();
     let mut ep = a.qp.endpoint(0).unwrap();
-    ep.soft_addr = Some(fake.local_addr().unwrap());
+    ep.addr = fake.local_addr().unwrap().into();
     ep.qpn = 0x77;
     bring_up(&a.qp, ep, &PairOpts::default());
     const LEN: usize = 16 * 1024 * 1024;

@@ -196,7 +196,7 @@ fn garbage_on_the_listener_does_not_hurt_other_qps() {
     let (ca, cb) = (open_test_context(), open_test_context());
     let (a, b) = connect_pair(&ca, &cb, &PairOpts::default());
     // b's engine serves a's TCP connection on the same listener.
-    let addr = cb.soft_addr().unwrap();
+    let addr = cb.addr().to_socket().unwrap();
     // Random junk, a valid-looking magic with a bad version, and a half header.
     let mut junk: Vec<Vec<u8>> = vec![
         (0..4096u32)

@@ -18,7 +18,12 @@ const PEER_ENV: &str = "VERBIO_SOFT_TEST_PEER";
 const TEST_NAME: &str = "sigkilled_peer_gives_retry_exc_err";
 
 fn ep_line(ep: &Endpoint) -> String {
-    format!("EP {} {} {}", ep.qpn, ep.psn, ep.soft_addr.expect("soft"))
+    format!(
+        "EP {} {} {}",
+        ep.qpn,
+        ep.psn,
+        ep.addr.to_socket().expect("soft")
+    )
 }
 
 fn parse_ep(line: &str) -> Option<Endpoint> {
@@ -33,7 +38,7 @@ fn parse_ep(line: &str) -> Option<Endpoint> {
         lid: 0,
         gid: Gid::default(),
         mtu: Mtu::Mtu4096,
-        soft_addr: Some(addr),
+        addr: addr.into(),
     })
 }
 
@@ -189,7 +194,7 @@ fn unreachable_peer_fails_instead_of_hanging() {
         .local_addr()
         .unwrap();
     let mut ep = a.qp.endpoint(0).unwrap();
-    ep.soft_addr = Some(port);
+    ep.addr = port.into();
     ep.qpn = 0x42;
     bring_up(&a.qp, ep, &opts);
     let src = a.buf(8, LW);

@@ -327,10 +327,10 @@ fn address_handles_need_a_soft_destination() {
     for (bad, needle) in [
         (
             AhAttr {
-                soft_addr: None,
+                addr: verbio_runtime::provider::ProviderAddr::NONE,
                 ..good
             },
-            "soft_addr",
+            "no engine address",
         ),
         (
             AhAttr {

@@ -8,43 +8,49 @@
 //!         8      kind: 1 = hello, 2 = ready, 3 = reject
 //!         9      minor version of the sender (u8; informational)
 //!         10..12 body length (u16 LE), at most MAX_BODY_LEN
-//! hello   0      provider (1 = soft, 2 = ibverbs)
+//! hello   0      provider (its tag: ProviderKind::wire_tag)
 //!         1      MTU (verbs value 1..=5)
-//!         2      soft engine address family (0 = none, 4 = IPv4, 6 = IPv6)
+//!         2      provider address length n (at most MAX_ADDR_LEN)
 //!         3      reserved (0)
 //!         4..8   QP number (u32 LE, 24 bits)
 //!         8..12  PSN (u32 LE, 24 bits)
 //!         12..14 LID (u16 LE)
-//!         14..16 engine port (u16 LE)
+//!         14..16 reserved (0)
 //!         16..32 GID (network order, as in the GID table)
-//!         32..48 engine IP (IPv4 in the first 4 bytes, rest zero)
-//!         48..52 IPv6 scope id (u32 LE)
-//!         52..56 flags (u32 LE; unknown bits ignored)
-//!         56..   fields appended by newer minor versions: skipped
+//!         32..36 flags (u32 LE; unknown bits ignored)
+//!         36..68 provider address: n bytes its provider defines
+//!                (ProviderAddr), then zeros
+//!         68..   fields appended by newer minor versions: skipped
 //! ready   (empty)
 //! reject  0..2   reason length n (u16 LE), then n bytes of UTF-8
 //! ```
 //!
+//! The codec names no provider: the provider's tag and its address are
+//! carried as they are, and [`Endpoint::check`] (the provider's own rules)
+//! decides whether an endpoint can be connected to.
+//!
 //! A newer minor version may append fields to a body; older decoders skip
 //! them because the header carries the body length. A new major version is
-//! refused with [`HandshakeError::UnsupportedVersion`].
+//! refused with [`HandshakeError::UnsupportedVersion`]. Version 1 carried
+//! the software device's engine address in fields of its own; version 2
+//! carries any provider's address, opaque and length-prefixed.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-
-use verbio_runtime::provider::{Endpoint, Gid, Mtu, ProviderKind};
+use verbio_runtime::provider::{Endpoint, Gid, Mtu, ProviderAddr, ProviderKind, MAX_ADDR_LEN};
 
 use super::error::HandshakeError;
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 6] = *b"VRBIO\0";
 /// The major version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// The minor version this build sends.
 pub const MINOR: u8 = 0;
 /// Header bytes.
 pub const HEADER_LEN: usize = 12;
-/// Body bytes of a version-1.0 hello.
-pub const HELLO_BODY_LEN: usize = 56;
+/// Body bytes of a hello's fixed fields, before its provider address.
+const HELLO_FIXED_LEN: usize = 36;
+/// Body bytes of a version-2.0 hello.
+pub const HELLO_BODY_LEN: usize = HELLO_FIXED_LEN + MAX_ADDR_LEN;
 /// Bytes of an encoded hello (header + body).
 pub const HELLO_LEN: usize = HEADER_LEN + HELLO_BODY_LEN;
 /// Largest body accepted: bounds what a peer can make us read.
@@ -55,13 +61,6 @@ pub const MAX_REASON_LEN: usize = 256;
 const KIND_HELLO: u8 = 1;
 const KIND_READY: u8 = 2;
 const KIND_REJECT: u8 = 3;
-
-const PROVIDER_SOFT: u8 = 1;
-const PROVIDER_IBVERBS: u8 = 2;
-
-const FAMILY_NONE: u8 = 0;
-const FAMILY_V4: u8 = 4;
-const FAMILY_V6: u8 = 6;
 
 /// A peer's hello: its endpoint and what it announced about itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,38 +126,17 @@ pub fn encode(hello: &Hello) -> Result<[u8; HELLO_LEN], HandshakeError> {
     f[..HEADER_LEN].copy_from_slice(&header(KIND_HELLO, HELLO_BODY_LEN));
     f[9] = hello.minor;
     let b = &mut f[HEADER_LEN..];
-    b[0] = match ep.provider {
-        ProviderKind::Soft => PROVIDER_SOFT,
-        ProviderKind::Ibverbs => PROVIDER_IBVERBS,
-        #[allow(unreachable_patterns)]
-        _ => {
-            return Err(HandshakeError::InvalidField {
-                field: "provider",
-                value: 0,
-                reason: "provider kind has no wire encoding",
-            })
-        }
-    };
+    let addr = ep.addr.as_bytes();
+    b[0] = ep.provider.wire_tag();
     b[1] = ep.mtu as u8;
+    // At most MAX_ADDR_LEN, which fits u8.
+    b[2] = addr.len() as u8;
     b[4..8].copy_from_slice(&ep.qpn.to_le_bytes());
     b[8..12].copy_from_slice(&ep.psn.to_le_bytes());
     b[12..14].copy_from_slice(&ep.lid.to_le_bytes());
     b[16..32].copy_from_slice(&ep.gid.0);
-    match ep.soft_addr {
-        None => b[2] = FAMILY_NONE,
-        Some(SocketAddr::V4(a)) => {
-            b[2] = FAMILY_V4;
-            b[14..16].copy_from_slice(&a.port().to_le_bytes());
-            b[32..36].copy_from_slice(&a.ip().octets());
-        }
-        Some(SocketAddr::V6(a)) => {
-            b[2] = FAMILY_V6;
-            b[14..16].copy_from_slice(&a.port().to_le_bytes());
-            b[32..48].copy_from_slice(&a.ip().octets());
-            b[48..52].copy_from_slice(&a.scope_id().to_le_bytes());
-        }
-    }
-    b[52..56].copy_from_slice(&hello.flags.to_le_bytes());
+    b[32..36].copy_from_slice(&hello.flags.to_le_bytes());
+    b[HELLO_FIXED_LEN..HELLO_FIXED_LEN + addr.len()].copy_from_slice(addr);
     Ok(f)
 }
 
@@ -290,46 +268,37 @@ fn decode_hello_body(minor: u8, body: &[u8]) -> Result<Hello, HandshakeError> {
             got: HEADER_LEN + body.len(),
         });
     };
-    let provider = match b[0] {
-        PROVIDER_SOFT => ProviderKind::Soft,
-        PROVIDER_IBVERBS => ProviderKind::Ibverbs,
-        other => {
-            return Err(HandshakeError::InvalidField {
-                field: "provider",
-                value: u64::from(other),
-                reason: "unknown provider",
-            })
-        }
-    };
+    let provider = ProviderKind::from_wire_tag(b[0]).ok_or(HandshakeError::InvalidField {
+        field: "provider",
+        value: u64::from(b[0]),
+        reason: "unknown provider",
+    })?;
     let mtu = Mtu::from_raw(b[1]).ok_or(HandshakeError::InvalidField {
         field: "mtu",
         value: u64::from(b[1]),
         reason: "not a verbs MTU value (1..=5)",
     })?;
-    let port = u16_at(b, 14);
-    let mut ip = [0u8; 16];
-    ip.copy_from_slice(&b[32..48]);
-    let scope_id = u32_at(b, 48);
-    let soft_addr = match b[2] {
-        FAMILY_NONE => None,
-        FAMILY_V4 => Some(SocketAddr::V4(SocketAddrV4::new(
-            Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]),
-            port,
-        ))),
-        FAMILY_V6 => Some(SocketAddr::V6(SocketAddrV6::new(
-            Ipv6Addr::from(ip),
-            port,
-            0,
-            scope_id,
-        ))),
-        other => {
-            return Err(HandshakeError::InvalidField {
-                field: "addr_family",
-                value: u64::from(other),
-                reason: "not 0 (none), 4 or 6",
-            })
-        }
+    let area = &b[HELLO_FIXED_LEN..HELLO_BODY_LEN];
+    let n = usize::from(b[2]);
+    let (Some(bytes), Some(pad)) = (area.get(..n), area.get(n..)) else {
+        return Err(HandshakeError::InvalidField {
+            field: "addr_len",
+            value: n as u64,
+            reason: "longer than MAX_ADDR_LEN",
+        });
     };
+    if pad.iter().any(|&x| x != 0) {
+        return Err(HandshakeError::InvalidField {
+            field: "addr",
+            value: n as u64,
+            reason: "bytes past the address length are not zero",
+        });
+    }
+    let addr = ProviderAddr::new(bytes).ok_or(HandshakeError::InvalidField {
+        field: "addr_len",
+        value: n as u64,
+        reason: "longer than MAX_ADDR_LEN",
+    })?;
     let mut gid = [0u8; 16];
     gid.copy_from_slice(&b[16..32]);
     let endpoint = Endpoint {
@@ -339,12 +308,12 @@ fn decode_hello_body(minor: u8, body: &[u8]) -> Result<Hello, HandshakeError> {
         lid: u16_at(b, 12),
         gid: Gid(gid),
         mtu,
-        soft_addr,
+        addr,
     };
     validate(&endpoint)?;
     Ok(Hello {
         minor,
-        flags: u32_at(b, 52),
+        flags: u32_at(b, 32),
         endpoint,
     })
 }
@@ -364,59 +333,20 @@ fn decode_reject_body(body: &[u8]) -> Result<String, HandshakeError> {
     Ok(String::from_utf8_lossy(reason).into_owned())
 }
 
-/// The checks every endpoint passes, on both encode and decode.
+/// The checks every endpoint passes, on both encode and decode: the
+/// provider's own ([`Endpoint::check`]).
 pub fn validate(ep: &Endpoint) -> Result<(), HandshakeError> {
-    let invalid = |field, value: u64, reason| {
-        Err(HandshakeError::InvalidField {
-            field,
-            value,
-            reason,
-        })
-    };
-    if ep.qpn > 0x00ff_ffff {
-        return invalid("qpn", u64::from(ep.qpn), "QP numbers have 24 bits");
-    }
-    if ep.psn > 0x00ff_ffff {
-        return invalid("psn", u64::from(ep.psn), "PSNs have 24 bits");
-    }
-    match (ep.provider, ep.soft_addr) {
-        (ProviderKind::Soft, None) => {
-            return invalid(
-                "soft_addr",
-                0,
-                "a soft-device endpoint needs its engine address",
-            )
-        }
-        (ProviderKind::Soft, Some(a)) => {
-            if a.port() == 0 {
-                return invalid("soft_addr.port", 0, "engine port 0");
-            }
-            if a.ip().is_unspecified() || is_v4_broadcast(a.ip()) {
-                return invalid("soft_addr.ip", 0, "engine address cannot be connected to");
-            }
-        }
-        (_, Some(a)) => {
-            return invalid(
-                "soft_addr",
-                u64::from(a.port()),
-                "only soft-device endpoints carry an engine address",
-            )
-        }
-        (_, None) => {
-            if ep.lid == 0 && ep.gid.is_zero() {
-                return invalid("lid/gid", 0, "hardware endpoint with neither LID nor GID");
-            }
-        }
-    }
-    Ok(())
-}
-
-fn is_v4_broadcast(ip: IpAddr) -> bool {
-    matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+    ep.check().map_err(|e| HandshakeError::InvalidField {
+        field: e.field,
+        value: e.value,
+        reason: e.reason,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::{SocketAddr, SocketAddrV6};
+
     use super::*;
 
     pub(crate) fn soft_ep() -> Endpoint {
@@ -427,7 +357,7 @@ mod tests {
             lid: 0,
             gid: Gid::default(),
             mtu: Mtu::Mtu4096,
-            soft_addr: Some("127.0.0.1:40123".parse().unwrap()),
+            addr: "127.0.0.1:40123".parse::<SocketAddr>().unwrap().into(),
         }
     }
 
@@ -443,19 +373,14 @@ mod tests {
             lid: 0,
             gid: Gid(gid),
             mtu: Mtu::Mtu1024,
-            soft_addr: None,
+            addr: ProviderAddr::NONE,
         }
     }
 
     #[test]
     fn round_trips_soft_v4_v6_and_hardware() {
         let mut v6 = soft_ep();
-        v6.soft_addr = Some(SocketAddr::V6(SocketAddrV6::new(
-            "fe80::1".parse().unwrap(),
-            9999,
-            0,
-            3,
-        )));
+        v6.addr = SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 9999, 0, 3)).into();
         for ep in [soft_ep(), v6, hw_ep()] {
             let h = Hello {
                 minor: 7,
@@ -472,17 +397,74 @@ mod tests {
     fn layout_is_little_endian_and_fixed() {
         let f = encode(&Hello::new(soft_ep())).unwrap();
         assert_eq!(&f[..6], b"VRBIO\0");
-        assert_eq!(&f[6..8], &[1, 0]);
+        assert_eq!(&f[6..8], &[2, 0]);
         assert_eq!(f[8], 1);
-        assert_eq!(&f[10..12], &[56, 0]);
+        assert_eq!(&f[10..12], &[68, 0]);
         let b = &f[HEADER_LEN..];
-        assert_eq!(b[0], 1);
+        assert_eq!(b[0], ProviderKind::Soft.wire_tag());
         assert_eq!(b[1], 5);
-        assert_eq!(b[2], 4);
+        assert_eq!(b[2], 7, "the soft device's IPv4 address: 7 bytes");
         assert_eq!(&b[4..8], &[0x56, 0x34, 0x12, 0]);
         assert_eq!(&b[8..12], &[0xef, 0xcd, 0xab, 0]);
-        assert_eq!(&b[14..16], &40123u16.to_le_bytes());
-        assert_eq!(&b[32..36], &[127, 0, 0, 1]);
+        assert_eq!(&b[32..36], &[0; 4], "flags");
+        assert_eq!(&b[36..43], soft_ep().addr.as_bytes());
+        assert!(b[43..].iter().all(|&x| x == 0));
+        let hw = encode(&Hello::new(hw_ep())).unwrap();
+        assert_eq!(hw[HEADER_LEN], ProviderKind::Ibverbs.wire_tag());
+        assert_eq!(
+            hw[HEADER_LEN + 2],
+            0,
+            "libibverbs' endpoints carry no address"
+        );
+    }
+
+    /// A hello of `ep` whose address field says `n` bytes and holds `bytes`
+    /// (written past the checks `encode` makes).
+    fn with_addr(ep: Endpoint, n: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut f = encode(&Hello::new(ep)).unwrap().to_vec();
+        let area = HEADER_LEN + HELLO_FIXED_LEN;
+        f[area..area + MAX_ADDR_LEN].fill(0);
+        f[area..area + bytes.len()].copy_from_slice(bytes);
+        f[HEADER_LEN + 2] = n;
+        f
+    }
+
+    #[test]
+    fn malformed_truncated_and_oversized_addresses_are_refused() {
+        let field = |f: &[u8]| match decode(f) {
+            Err(HandshakeError::InvalidField { field, .. }) => field,
+            other => panic!("expected a refused field, got {other:?}"),
+        };
+        let good = soft_ep().addr;
+        let ok = with_addr(soft_ep(), good.len() as u8, good.as_bytes());
+        assert_eq!(decode(&ok).unwrap().endpoint, soft_ep());
+        // Longer than the area, and the largest length byte.
+        for n in [MAX_ADDR_LEN as u8 + 1, u8::MAX] {
+            assert_eq!(field(&with_addr(soft_ep(), n, good.as_bytes())), "addr_len");
+        }
+        // Truncated: the length cuts the provider's address short.
+        let short = &good.as_bytes()[..4];
+        assert_eq!(field(&with_addr(soft_ep(), 4, short)), "addr");
+        // Bytes past the length.
+        let mut tail = good.as_bytes().to_vec();
+        tail.push(1);
+        assert_eq!(
+            field(&with_addr(soft_ep(), good.len() as u8, &tail)),
+            "addr"
+        );
+        // Not the provider's format; none where one is needed; one where
+        // none is allowed; the whole area used by garbage.
+        assert_eq!(field(&with_addr(soft_ep(), 7, &[9; 7])), "addr");
+        assert_eq!(field(&with_addr(soft_ep(), 0, &[])), "addr");
+        assert_eq!(field(&with_addr(hw_ep(), 7, good.as_bytes())), "addr");
+        let full = [0xa5; MAX_ADDR_LEN];
+        assert_eq!(
+            field(&with_addr(soft_ep(), MAX_ADDR_LEN as u8, &full)),
+            "addr"
+        );
+        // A body cut inside the address area is a truncated frame.
+        let cut = &ok[..HEADER_LEN + HELLO_FIXED_LEN + 3];
+        assert!(matches!(decode(cut), Err(HandshakeError::Truncated { .. })));
     }
 
     #[test]
@@ -520,13 +502,13 @@ mod tests {
             })
         ));
         assert!(matches!(decode(&[]), Err(HandshakeError::Truncated { .. })));
-        let mut v2 = f;
-        v2[6] = 2;
+        let mut v1 = f;
+        v1[6] = 1;
         assert!(matches!(
-            decode(&v2),
+            decode(&v1),
             Err(HandshakeError::UnsupportedVersion {
-                got: 2,
-                supported: 1
+                got: 1,
+                supported: 2
             })
         ));
         let mut bad = f;
@@ -555,10 +537,7 @@ mod tests {
         bad[HEADER_LEN + 2] = 0;
         assert!(matches!(
             decode(&bad),
-            Err(HandshakeError::InvalidField {
-                field: "soft_addr",
-                ..
-            })
+            Err(HandshakeError::InvalidField { field: "addr", .. })
         ));
         let mut bad = f;
         bad[10] = 0xff;
@@ -599,7 +578,7 @@ mod tests {
         ep.lid = 3;
         assert!(encode(&Hello::new(ep)).is_ok());
         let mut ep = soft_ep();
-        ep.soft_addr = Some("0.0.0.0:5".parse().unwrap());
+        ep.addr = "0.0.0.0:5".parse::<SocketAddr>().unwrap().into();
         assert!(encode(&Hello::new(ep)).is_err());
     }
 

@@ -35,7 +35,7 @@ pub fn check_engine_reachable(
     peer: SocketAddr,
     local: SocketAddr,
 ) -> Result<(), HandshakeError> {
-    match remote.soft_addr {
+    match remote.addr.to_socket() {
         Some(engine) if engine.ip().is_loopback() && !peer_is_local(peer.ip(), local.ip()) => {
             tracing::warn!(%engine, %peer, "soft peer announced a loopback engine from another host");
             Err(HandshakeError::UnreachableEngine {
@@ -60,7 +60,7 @@ mod tests {
             lid: 0,
             gid: Gid([0; 16]),
             mtu: Mtu::Mtu1024,
-            soft_addr: Some(engine.parse().unwrap()),
+            addr: engine.parse::<SocketAddr>().unwrap().into(),
         }
     }
 
@@ -72,25 +72,31 @@ mod tests {
     fn an_engine_on_the_unspecified_address_is_announced_at_the_handshakes_ip() {
         let tcp = addr("10.0.0.1:40000");
         assert_eq!(
-            advertised(soft("0.0.0.0:4791"), tcp).soft_addr,
+            advertised(soft("0.0.0.0:4791"), tcp).addr.to_socket(),
             Some(addr("10.0.0.1:4791"))
         );
         assert_eq!(
-            advertised(soft("[::]:4791"), addr("[::ffff:10.0.0.1]:1")).soft_addr,
+            advertised(soft("[::]:4791"), addr("[::ffff:10.0.0.1]:1"))
+                .addr
+                .to_socket(),
             Some(addr("10.0.0.1:4791"))
         );
         assert_eq!(
-            advertised(soft("[::]:4791"), addr("[fd00::1]:1")).soft_addr,
+            advertised(soft("[::]:4791"), addr("[fd00::1]:1"))
+                .addr
+                .to_socket(),
             Some(addr("[fd00::1]:4791"))
         );
         // An IPv4-only engine over IPv6: left as it is (the peer refuses it).
         assert_eq!(
-            advertised(soft("0.0.0.0:4791"), addr("[fd00::1]:1")).soft_addr,
+            advertised(soft("0.0.0.0:4791"), addr("[fd00::1]:1"))
+                .addr
+                .to_socket(),
             Some(addr("0.0.0.0:4791"))
         );
         // A bound engine is announced as it is.
         assert_eq!(
-            advertised(soft("10.0.0.9:4791"), tcp).soft_addr,
+            advertised(soft("10.0.0.9:4791"), tcp).addr.to_socket(),
             Some(addr("10.0.0.9:4791"))
         );
         // What is announced passes the checks a peer makes.
@@ -122,7 +128,7 @@ mod tests {
         check_engine_reachable(&soft("10.0.0.2:4791"), addr("10.0.0.2:5000"), here).unwrap();
         let hw = Endpoint {
             provider: ProviderKind::Ibverbs,
-            soft_addr: None,
+            addr: verbio_runtime::provider::ProviderAddr::NONE,
             ..lo
         };
         check_engine_reachable(&hw, addr("10.0.0.2:5000"), here).unwrap();

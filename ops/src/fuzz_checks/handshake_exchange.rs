@@ -119,7 +119,7 @@ fn local(qpn: u32) -> Endpoint {
         lid: 0,
         gid: Gid::default(),
         mtu: Mtu::Mtu4096,
-        soft_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 4791))),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], 4791)).into(),
     }
 }
 
@@ -281,10 +281,13 @@ pub fn seeds() -> Vec<Seed> {
         hs::encode(&Hello::new(ep)).expect("seed hello").to_vec()
     };
     let mut peer = local(0x33);
-    peer.soft_addr = Some("[::1]:7000".parse().expect("literal"));
+    peer.addr = "[::1]:7000"
+        .parse::<std::net::SocketAddr>()
+        .expect("literal")
+        .into();
     let mut ibverbs = local(0x44);
     ibverbs.provider = ProviderKind::Ibverbs;
-    ibverbs.soft_addr = None;
+    ibverbs.addr = verbio_runtime::provider::ProviderAddr::NONE;
     ibverbs.lid = 1;
     let cat = |a: Vec<u8>, b: &[u8]| [a.as_slice(), b].concat();
     vec![

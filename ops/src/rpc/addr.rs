@@ -20,7 +20,7 @@ use std::str::FromStr;
 use thiserror::Error;
 
 /// The longest address, in bytes, that [`RpcAddr::from_str`] and
-/// [`RpcAddr::read_from`] accept (a UD address is 72: `ud::UD_ADDR_LEN`).
+/// [`RpcAddr::read_from`] accept (a UD address is 84: `ud::UD_ADDR_LEN`).
 pub const MAX_RPC_ADDR_LEN: usize = 256;
 
 /// What an address's text form starts with.

@@ -596,7 +596,10 @@ mod tests {
                 lid: 0,
                 gid: Gid::default(),
                 mtu: Mtu::Mtu4096,
-                soft_addr: Some("127.0.0.1:4791".parse().unwrap()),
+                addr: "127.0.0.1:4791"
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap()
+                    .into(),
             },
             qkey: 0x1111_1111,
         }

@@ -9,6 +9,7 @@
 //! Dispatch is an enum per object ([`ProviderKind`] tells which); the
 //! providers' own types have the same method names and signatures.
 
+mod addr;
 mod contract;
 mod error;
 #[cfg(any(test, feature = "test-util"))]
@@ -23,6 +24,7 @@ pub mod ibverbs;
 
 use std::os::fd::RawFd;
 
+pub use addr::{InvalidEndpoint, ProviderAddr, MAX_ADDR_LEN};
 pub use error::{CompletionError, PostError, ProviderError, Result};
 pub use select::{open_device, open_hardware_device, DEVICE_ENV, SYSFS_INFINIBAND};
 pub use srq::Srq;
@@ -273,12 +275,14 @@ impl Context {
         }
     }
 
-    /// The soft device's data-plane address (`None` for hardware).
-    pub fn soft_addr(&self) -> Option<std::net::SocketAddr> {
+    /// The device's address as its endpoints carry it
+    /// ([`Endpoint::addr`]; the software device: its engine's data-plane
+    /// socket address; empty for a provider that routes by LID/GID).
+    pub fn addr(&self) -> ProviderAddr {
         match &self.imp {
-            ContextImp::Soft(c) => Some(c.local_addr()),
+            ContextImp::Soft(c) => ProviderAddr::socket(c.local_addr()),
             #[cfg(feature = "ibverbs")]
-            ContextImp::Ibverbs(_) => None,
+            ContextImp::Ibverbs(_) => ProviderAddr::NONE,
         }
     }
 }

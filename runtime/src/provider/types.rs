@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::ProviderAddr;
+
 /// Which provider implements a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -732,8 +734,9 @@ pub struct AhAttr {
     pub sl: u8,
     /// Local physical port (1-based).
     pub port: u8,
-    /// Soft device only: the data-plane address of the destination's engine.
-    pub soft_addr: Option<SocketAddr>,
+    /// The destination's provider address ([`Endpoint::addr`]; the
+    /// software device routes by it, libibverbs by LID/GID).
+    pub addr: ProviderAddr,
 }
 
 impl AhAttr {
@@ -747,7 +750,7 @@ impl AhAttr {
             hop_limit: 1,
             sl: 0,
             port: 1,
-            soft_addr: remote.soft_addr,
+            addr: remote.addr,
         }
     }
 }
@@ -830,31 +833,10 @@ pub struct Endpoint {
     pub gid: Gid,
     /// Active MTU of the port.
     pub mtu: Mtu,
-    /// Soft device only: the data-plane address of the engine that owns the QP.
-    pub soft_addr: Option<SocketAddr>,
-}
-
-impl Endpoint {
-    /// This endpoint as it is announced to a peer over a TCP connection
-    /// whose local end is `tcp`: a soft-device engine bound to the
-    /// unspecified address is announced at `tcp`'s IP (the one this host
-    /// uses towards that peer, so also the source the engine dials it from
-    /// and the IP it claims there) with the engine's port. Anything else,
-    /// and an IPv4-only engine over IPv6, is announced as it is.
-    pub fn announced_over(self, tcp: SocketAddr) -> Endpoint {
-        let Some(engine) = self.soft_addr.filter(|a| a.ip().is_unspecified()) else {
-            return self;
-        };
-        let ip = tcp.ip().to_canonical();
-        // (An engine on 0.0.0.0 takes IPv4 only; one on `::` takes both.)
-        if engine.is_ipv4() && !ip.is_ipv4() {
-            return self;
-        }
-        Endpoint {
-            soft_addr: Some(SocketAddr::new(ip, engine.port())),
-            ..self
-        }
-    }
+    /// What else a peer needs to reach the QP, as its provider defines it
+    /// ([`ProviderAddr`]; the software device: its engine's data-plane
+    /// address; empty on libibverbs).
+    pub addr: ProviderAddr,
 }
 
 /// Attributes for RESET → INIT.

@@ -123,7 +123,7 @@ fn a_ud_queue_pair_refuses_sends_without_a_peer() {
             lid: 0,
             gid: Gid::default(),
             mtu: Mtu::Mtu4096,
-            soft_addr: None,
+            addr: crate::provider::ProviderAddr::NONE,
         },
         qkey: 1,
     };

@@ -125,7 +125,7 @@ fn soft(qpn: u32, port: u16) -> Endpoint {
         lid: 0,
         gid: Gid::default(),
         mtu: Mtu::Mtu4096,
-        soft_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)).into(),
     }
 }
 
@@ -137,7 +137,7 @@ fn hw() -> Endpoint {
         lid: 1,
         gid: Gid::default(),
         mtu: Mtu::Mtu1024,
-        soft_addr: None,
+        addr: verbio_runtime::provider::ProviderAddr::NONE,
     }
 }
 
@@ -270,10 +270,22 @@ fn wrong_version_and_bad_fields_are_refused() {
         r,
         Err(HandshakeError::UnsupportedVersion {
             got: 9,
-            supported: 1
+            supported: 2
         })
     ));
     assert!(matches!(decode_frame(&answer), Ok(Frame::Reject(_))));
+    // A provider address longer than the field, or cut short: refused and
+    // answered, never read past the frame.
+    for n in [200, 3] {
+        let mut f = handshake::encode(&Hello::new(soft(1, 4000))).unwrap();
+        f[HEADER_LEN + 2] = n;
+        let (r, answer) = serve_raw(&f, false, LIMIT);
+        assert!(
+            matches!(r, Err(HandshakeError::InvalidField { field, .. }) if field.starts_with("addr")),
+            "{r:?}"
+        );
+        assert!(matches!(decode_frame(&answer), Ok(Frame::Reject(_))));
+    }
     let mut f = handshake::encode(&Hello::new(soft(1, 4000))).unwrap();
     f[HEADER_LEN + 1] = 77; // MTU
     let (r, _) = serve_raw(&f, false, LIMIT);

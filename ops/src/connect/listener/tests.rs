@@ -49,7 +49,11 @@ impl QpFactory for FakeQps {
                 lid: if soft { 0 } else { 1 },
                 gid: Gid::default(),
                 mtu: Mtu::Mtu4096,
-                soft_addr: soft.then(|| SocketAddr::from(([127, 0, 0, 1], 9))),
+                addr: if soft {
+                    SocketAddr::from(([127, 0, 0, 1], 9)).into()
+                } else {
+                    verbio_runtime::provider::ProviderAddr::NONE
+                },
             },
         ))
     }

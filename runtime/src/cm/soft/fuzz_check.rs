@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use super::listener::check_request;
 use super::wire::{self, Frame, Hello, HEADER_LEN};
-use crate::provider::{Endpoint, Gid, Mtu, ProviderKind};
+use crate::provider::{Endpoint, Gid, Mtu, ProviderAddr, ProviderKind};
 
 /// Offset of the low byte of the header's body length (a big-endian `u16`
 /// at offsets 6..8): a fuzzer's length repair writes this byte.
@@ -84,7 +84,7 @@ fn hello(private: &[u8], soft_addr: Option<SocketAddr>) -> Hello {
             lid: 0,
             gid: Gid([0; 16]),
             mtu: Mtu::Mtu4096,
-            soft_addr,
+            addr: soft_addr.map_or(ProviderAddr::NONE, ProviderAddr::socket),
         },
     }
 }

@@ -268,7 +268,7 @@ pub(super) fn check_request(ep: &Endpoint) -> Result<(), (u16, String)> {
             format!("PSN {:#x}: PSNs have 24 bits", ep.psn),
         ));
     }
-    match ep.soft_addr {
+    match ep.addr.to_socket() {
         None => Err((
             REJECT_INVALID_ADDRESS,
             "no engine address (address family 0)".into(),

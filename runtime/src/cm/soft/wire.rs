@@ -17,7 +17,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::cm::reject::{REJECT_INVALID_ADDRESS, REJECT_INVALID_MTU, REJECT_UNSUPPORTED};
-use crate::provider::{Endpoint, Gid, Mtu, ProviderKind};
+use crate::provider::{Endpoint, Gid, Mtu, ProviderAddr, ProviderKind};
 
 /// Frame magic and version.
 pub(crate) const MAGIC: [u8; 4] = *b"vCM1";
@@ -107,7 +107,7 @@ fn hello_body(h: &Hello) -> Vec<u8> {
     b.extend_from_slice(&ep.lid.to_be_bytes());
     b.extend_from_slice(&ep.gid.0);
     b.push(ep.mtu as u8);
-    match ep.soft_addr {
+    match ep.addr.to_socket() {
         None => b.push(0),
         Some(a) => {
             match a.ip() {
@@ -222,7 +222,7 @@ fn decode_hello(body: &[u8]) -> Result<Hello, DecodeError> {
         what: format!("MTU code {mtu_raw}"),
         reject: Some(REJECT_INVALID_MTU),
     })?;
-    let soft_addr = match r.u8("the address family")? {
+    let addr = match r.u8("the address family")? {
         0 => None,
         4 => {
             let b = r.take(4, "the IPv4 address")?;
@@ -256,7 +256,7 @@ fn decode_hello(body: &[u8]) -> Result<Hello, DecodeError> {
             lid,
             gid: Gid(gid),
             mtu,
-            soft_addr,
+            addr: addr.map_or(ProviderAddr::NONE, ProviderAddr::socket),
         },
     })
 }
@@ -298,7 +298,7 @@ mod tests {
                 lid: 0,
                 gid: Gid([7; 16]),
                 mtu: Mtu::Mtu4096,
-                soft_addr: addr,
+                addr: addr.map_or(ProviderAddr::NONE, ProviderAddr::socket),
             },
         }
     }

@@ -130,7 +130,7 @@ mod tests {
             hop_limit: 0,
             sl: 2,
             port: 1,
-            soft_addr: None,
+            addr: crate::provider::ProviderAddr::NONE,
         };
         let a = raw_attr(&attr);
         assert_eq!((a.is_global, a.dlid, a.sl, a.port_num), (0, 7, 2, 1));

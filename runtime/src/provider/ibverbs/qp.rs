@@ -18,8 +18,8 @@ use sys::ibv_qp_attr_mask as M;
 use super::pd_mr::Pd;
 use super::{errno_err, ret_err, Cq};
 use crate::provider::{
-    Endpoint, InitAttr, LinkLayer, PostError, ProviderError, ProviderKind, QpCaps, QpState, QpType,
-    RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge, UdAttr,
+    Endpoint, InitAttr, LinkLayer, PostError, ProviderAddr, ProviderError, ProviderKind, QpCaps,
+    QpState, QpType, RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge, UdAttr,
 };
 
 /// Work requests built on the stack per post; longer lists use a per-thread
@@ -242,7 +242,7 @@ impl Qp {
             lid: attr.lid,
             gid,
             mtu: attr.active_mtu,
-            soft_addr: None,
+            addr: ProviderAddr::NONE,
         })
     }
 

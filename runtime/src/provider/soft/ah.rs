@@ -1,7 +1,7 @@
 //! Address handles of the software device: the route to a remote port.
 //!
 //! An address handle names the engine that owns the destination (its
-//! data-plane address, `AhAttr::soft_addr`) and the GID of that engine's
+//! data-plane address, `AhAttr::addr`) and the GID of that engine's
 //! port. Its raw handle ([`AhHandle`]) is a number unique in the process;
 //! the context's table maps it to the route while a clone of the [`Ah`]
 //! lives, and the post path and the engine resolve it there for every
@@ -82,9 +82,9 @@ pub(crate) fn route(pd: u32, attr: &AhAttr) -> Result<AhEntry> {
             attr.sgid_index
         )));
     }
-    let Some(addr) = attr.soft_addr else {
+    let Some(addr) = attr.addr.to_socket() else {
         return Err(invalid(
-            "no soft_addr: the soft device reaches a destination through its engine's \
+            "no engine address (AhAttr::addr): the soft device reaches a destination through its engine's \
              data-plane address (build the AhAttr with AhAttr::to_endpoint from a soft \
              device's Endpoint)"
                 .into(),
@@ -136,7 +136,7 @@ mod tests {
             hop_limit: 64,
             sl: 0,
             port: 1,
-            soft_addr: Some(addr),
+            addr: addr.into(),
         }
     }
 
@@ -163,10 +163,10 @@ mod tests {
             other => panic!("expected a refusal, got {other:?}"),
         };
         assert!(what(AhAttr {
-            soft_addr: None,
+            addr: crate::provider::ProviderAddr::NONE,
             ..attr(addr)
         })
-        .contains("no soft_addr"));
+        .contains("no engine address"));
         assert!(what(AhAttr {
             dgid: Gid([0xfe; 16]),
             ..attr(addr)

@@ -127,7 +127,7 @@ pub(super) fn aimed_at_fake_peer(fake_addr: std::net::SocketAddr) -> AimedQp {
     let rcq = ctx.create_cq(64, None).expect("cq");
     let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
     let mut ep = qp.endpoint(0).unwrap();
-    ep.soft_addr = Some(fake_addr);
+    ep.addr = fake_addr.into();
     ep.qpn = FAKE_QPN;
     ep.psn = 100;
     qp.modify_to_init(&InitAttr::default()).expect("init");

@@ -50,7 +50,7 @@ fn setup_among(config: SoftConfig, rts: RtsAttr, idle: usize) -> (Setup, Vec<Qp>
         .collect();
     let qp = pd.create_qp(&scq, &rcq, QpCaps::default()).expect("qp");
     let mut ep = qp.endpoint(0).unwrap();
-    ep.soft_addr = Some(fake_addr);
+    ep.addr = fake_addr.into();
     ep.qpn = FAKE_QPN;
     qp.modify_to_init(&InitAttr::default()).expect("init");
     qp.modify_to_rtr(&rtr(ep)).expect("rtr");

@@ -109,6 +109,7 @@
 //! requester go back to the NAKed PSN after the responder's `min_rnr_timer`.
 //! Unsignaled WRs free their send-queue slot when acknowledged.
 
+mod addr;
 mod ah;
 mod channel;
 mod conn;
@@ -143,6 +144,7 @@ mod srq;
 mod ud;
 mod wire;
 
+pub(crate) use addr::{announced_addr, check_endpoint};
 pub use ah::Ah;
 pub use channel::CompChannel;
 pub use context::{Context, Pd};

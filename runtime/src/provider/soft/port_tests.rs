@@ -110,7 +110,12 @@ impl Node {
     }
 
     fn addr(&self) -> SocketAddr {
-        self.qp.endpoint(0).expect("ep").soft_addr.expect("soft")
+        self.qp
+            .endpoint(0)
+            .expect("ep")
+            .addr
+            .to_socket()
+            .expect("soft")
     }
 
     fn write(&mut self, at: usize, bytes: &[u8]) {

@@ -16,8 +16,9 @@ use super::lock;
 use super::packet::{MAX_MSG, UD_MTU};
 use super::ud;
 use crate::provider::{
-    AccessFlags, Endpoint, InitAttr, Mtu, PostError, ProviderError, ProviderKind, QpCaps, QpState,
-    QpType, RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, SgList, UdAttr,
+    AccessFlags, Endpoint, InitAttr, Mtu, PostError, ProviderAddr, ProviderError, ProviderKind,
+    QpCaps, QpState, QpType, RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, SgList,
+    UdAttr,
 };
 
 /// Inline payload copied at post time: up to 128 bytes without a heap
@@ -211,7 +212,7 @@ impl Qp {
             lid: 0,
             gid: ctx.gid,
             mtu: Mtu::Mtu4096,
-            soft_addr: Some(ctx.addr),
+            addr: ProviderAddr::socket(ctx.addr),
         })
     }
 
@@ -269,7 +270,7 @@ impl Qp {
     pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
         self.rc_only("modify_to_rtr")?;
         let remote = attr.remote;
-        let addr = match (remote.provider, remote.soft_addr) {
+        let addr = match (remote.provider, remote.addr.to_socket()) {
             (ProviderKind::Soft, Some(a)) => a,
             _ => {
                 return Err(invalid(

@@ -75,7 +75,7 @@ impl Fake {
             .create_qp(&self.cq, &self.cq, QpCaps::default())
             .expect("qp");
         let mut ep = qp.endpoint(0).expect("endpoint");
-        ep.soft_addr = Some(self.listener.local_addr().expect("address"));
+        ep.addr = self.listener.local_addr().expect("address").into();
         ep.qpn = FAKE_QPN;
         ep.psn = FIRST_PSN;
         qp.modify_to_init(&InitAttr::default()).expect("init");

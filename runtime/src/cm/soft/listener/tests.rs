@@ -41,7 +41,10 @@ fn requests_are_checked_before_they_are_queued() {
         lid: 0,
         gid: Default::default(),
         mtu: crate::provider::Mtu::Mtu4096,
-        soft_addr: Some("127.0.0.1:4791".parse().unwrap()),
+        addr: "127.0.0.1:4791"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
     };
     assert_eq!(check_request(&ep), Ok(()));
     let with = |f: &dyn Fn(&mut Endpoint)| {
@@ -51,13 +54,22 @@ fn requests_are_checked_before_they_are_queued() {
     };
     assert_eq!(with(&|e| e.qpn = 1 << 24), Err(REJECT_UNSUPPORTED));
     assert_eq!(with(&|e| e.psn = 1 << 24), Err(REJECT_UNSUPPORTED));
-    assert_eq!(with(&|e| e.soft_addr = None), Err(REJECT_INVALID_ADDRESS));
     assert_eq!(
-        with(&|e| e.soft_addr = Some("0.0.0.0:4791".parse().unwrap())),
+        with(&|e| e.addr = crate::provider::ProviderAddr::NONE),
         Err(REJECT_INVALID_ADDRESS)
     );
     assert_eq!(
-        with(&|e| e.soft_addr = Some("127.0.0.1:0".parse().unwrap())),
+        with(&|e| e.addr = "0.0.0.0:4791"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into()),
+        Err(REJECT_INVALID_ADDRESS)
+    );
+    assert_eq!(
+        with(&|e| e.addr = "127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into()),
         Err(REJECT_INVALID_ADDRESS)
     );
 }
