@@ -7,6 +7,7 @@ use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
+use super::backend::{self, CmFuture, Incoming, Resolved};
 use super::conn::DisconnectReason;
 use super::{CmError, CmOptions};
 use crate::device::Device;
@@ -387,5 +388,106 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// RDMA CM through librdmacm ([`backend::CmBackend`]).
+pub(crate) struct Backend;
+
+impl backend::CmBackend for Backend {
+    fn resolve<'a>(
+        &self,
+        device: &'a Device,
+        addr: SocketAddr,
+        opts: &'a CmOptions,
+    ) -> CmFuture<'a, Resolved> {
+        Box::pin(async move {
+            let (c, qp, pd) = Connector::resolve(device, addr, opts).await?;
+            Ok(Resolved {
+                connector: Box::new(c),
+                qp,
+                pd,
+            })
+        })
+    }
+
+    fn bind(
+        &self,
+        device: &Device,
+        addr: SocketAddr,
+        opts: &CmOptions,
+    ) -> Result<Box<dyn backend::Listen>, CmError> {
+        Ok(Box::new(Listener::bind(device, addr, opts)?))
+    }
+}
+
+impl backend::Connect for Connector {
+    fn connect<'a>(
+        self: Box<Self>,
+        qp: &'a QueuePair,
+        private_data: &'a [u8],
+    ) -> CmFuture<'a, (Box<dyn backend::Conn>, Vec<u8>)> {
+        Box::pin(async move {
+            let (conn, peer) = Connector::connect(*self, qp, private_data).await?;
+            Ok((Box::new(conn) as Box<dyn backend::Conn>, peer))
+        })
+    }
+}
+
+impl backend::Listen for Listener {
+    fn local_addr(&self) -> Option<SocketAddr> {
+        Listener::local_addr(self)
+    }
+
+    fn request<'a>(&'a self, device: &'a Device, opts: &'a CmOptions) -> CmFuture<'a, Incoming> {
+        Box::pin(async move {
+            let (req, qp, pd, private_data, peer) = Listener::request(self, device, opts).await?;
+            Ok(Incoming {
+                answer: Box::new(req),
+                qp,
+                pd,
+                private_data,
+                peer,
+            })
+        })
+    }
+}
+
+impl backend::Answer for Request {
+    fn accept<'a>(
+        self: Box<Self>,
+        qp: &'a QueuePair,
+        private_data: &'a [u8],
+    ) -> CmFuture<'a, Box<dyn backend::Conn>> {
+        Box::pin(async move {
+            let conn = Request::accept(*self, qp, private_data).await?;
+            Ok(Box::new(conn) as Box<dyn backend::Conn>)
+        })
+    }
+
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), CmError> {
+        Request::reject(*self, private_data)
+    }
+}
+
+impl backend::Conn for Conn {
+    fn local_addr(&self) -> Option<SocketAddr> {
+        Conn::local_addr(self)
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        Conn::peer_addr(self)
+    }
+
+    fn disconnect(&self) -> Result<(), CmError> {
+        Conn::disconnect(self)
+    }
+
+    fn down(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = DisconnectReason>>> {
+        Box::pin(self.clone().down())
+    }
+
+    fn down_event(&self) -> &'static str {
+        "disconnecting: waiting for the RDMA CM DISCONNECTED event (the peer's DREP)"
     }
 }

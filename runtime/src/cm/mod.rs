@@ -48,6 +48,7 @@
 //! }
 //! ```
 
+mod backend;
 mod conn;
 mod error;
 #[cfg(feature = "ibverbs")]
@@ -70,6 +71,7 @@ use crate::device::Device;
 use crate::provider::{Pd, QpCaps};
 use crate::qp::QueuePair;
 use crate::reactor::{timeout, JoinHandle};
+use backend::Incoming;
 use conn::ConnState;
 
 /// The queue pair and connection parameters of a connection.
@@ -170,12 +172,6 @@ fn new_qp(device: &Device, opts: &CmOptions) -> Result<(QueuePair, Pd), CmError>
     Ok((qp, pd))
 }
 
-enum ConnectorImp {
-    #[cfg(feature = "ibverbs")]
-    Ibverbs(ibverbs::Connector),
-    Soft(soft::Connector),
-}
-
 /// The active side after address and route resolution: its QP exists (in
 /// INIT: receives may be posted); [`connect`](Self::connect) sends the
 /// request.
@@ -184,7 +180,7 @@ pub struct CmConnector {
     pd: Pd,
     addr: SocketAddr,
     disconnect_timeout: Duration,
-    imp: ConnectorImp,
+    imp: Box<dyn backend::Connect>,
 }
 
 impl std::fmt::Debug for CmConnector {
@@ -204,24 +200,15 @@ impl CmConnector {
         addr: SocketAddr,
         opts: &CmOptions,
     ) -> Result<CmConnector, CmError> {
-        #[cfg(feature = "ibverbs")]
-        if device.context().as_ibverbs().is_some() {
-            let (imp, qp, pd) = ibverbs::Connector::resolve(device, addr, opts).await?;
-            return Ok(CmConnector {
-                qp,
-                pd,
-                addr,
-                disconnect_timeout: opts.disconnect_timeout,
-                imp: ConnectorImp::Ibverbs(imp),
-            });
-        }
-        let (imp, qp, pd) = soft::Connector::resolve(device, addr, opts)?;
+        let r = backend::for_device(device)
+            .resolve(device, addr, opts)
+            .await?;
         Ok(CmConnector {
-            qp,
-            pd,
+            qp: r.qp,
+            pd: r.pd,
             addr,
             disconnect_timeout: opts.disconnect_timeout,
-            imp: ConnectorImp::Soft(imp),
+            imp: r.connector,
         })
     }
 
@@ -238,29 +225,14 @@ impl CmConnector {
     /// Sends the connect request with `private_data` (at most 56 bytes on
     /// RDMA CM) and resolves once the connection is established.
     pub async fn connect(self, private_data: &[u8]) -> Result<CmConnection, CmError> {
-        match self.imp {
-            #[cfg(feature = "ibverbs")]
-            ConnectorImp::Ibverbs(c) => {
-                let (conn, peer) = c.connect(&self.qp, private_data).await?;
-                Ok(CmConnection::new(
-                    self.qp,
-                    self.pd,
-                    ConnImp::Ibverbs(conn),
-                    peer,
-                    self.disconnect_timeout,
-                ))
-            }
-            ConnectorImp::Soft(c) => {
-                let (conn, peer) = c.connect(&self.qp, private_data).await?;
-                Ok(CmConnection::new(
-                    self.qp,
-                    self.pd,
-                    ConnImp::Soft(conn),
-                    peer,
-                    self.disconnect_timeout,
-                ))
-            }
-        }
+        let (conn, peer) = self.imp.connect(&self.qp, private_data).await?;
+        Ok(CmConnection::new(
+            self.qp,
+            self.pd,
+            conn,
+            peer,
+            self.disconnect_timeout,
+        ))
     }
 }
 
@@ -278,17 +250,11 @@ pub async fn connect(
         .await
 }
 
-enum ListenerImp {
-    #[cfg(feature = "ibverbs")]
-    Ibverbs(ibverbs::Listener),
-    Soft(soft::Listener),
-}
-
 /// A listening connection manager endpoint.
 pub struct CmListener {
     device: Device,
     opts: CmOptions,
-    imp: ListenerImp,
+    imp: Box<dyn backend::Listen>,
 }
 
 impl std::fmt::Debug for CmListener {
@@ -308,28 +274,16 @@ impl CmListener {
         addr: SocketAddr,
         opts: &CmOptions,
     ) -> Result<CmListener, CmError> {
-        #[cfg(feature = "ibverbs")]
-        if device.context().as_ibverbs().is_some() {
-            return Ok(CmListener {
-                device: device.clone(),
-                opts: *opts,
-                imp: ListenerImp::Ibverbs(ibverbs::Listener::bind(device, addr, opts)?),
-            });
-        }
         Ok(CmListener {
             device: device.clone(),
             opts: *opts,
-            imp: ListenerImp::Soft(soft::Listener::bind(addr, opts)?),
+            imp: backend::for_device(device).bind(device, addr, opts)?,
         })
     }
 
     /// The address it listens on.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        match &self.imp {
-            #[cfg(feature = "ibverbs")]
-            ListenerImp::Ibverbs(l) => l.local_addr(),
-            ListenerImp::Soft(l) => l.local_addr(),
-        }
+        self.imp.local_addr()
     }
 
     /// The next connect request. Its QP is ready (receives may be posted);
@@ -344,31 +298,21 @@ impl CmListener {
     /// the listener itself does (its socket, or on libibverbs its event
     /// channel).
     pub async fn request(&self) -> Result<CmRequest, CmError> {
-        match &self.imp {
-            #[cfg(feature = "ibverbs")]
-            ListenerImp::Ibverbs(l) => {
-                let (req, qp, pd, private_data, peer) = l.request(&self.device, &self.opts).await?;
-                Ok(CmRequest {
-                    qp,
-                    pd,
-                    private_data,
-                    peer,
-                    disconnect_timeout: self.opts.disconnect_timeout,
-                    imp: RequestImp::Ibverbs(req),
-                })
-            }
-            ListenerImp::Soft(l) => {
-                let (req, qp, pd, private_data, peer) = l.request(&self.device, &self.opts).await?;
-                Ok(CmRequest {
-                    qp,
-                    pd,
-                    private_data,
-                    peer,
-                    disconnect_timeout: self.opts.disconnect_timeout,
-                    imp: RequestImp::Soft(req),
-                })
-            }
-        }
+        let Incoming {
+            answer,
+            qp,
+            pd,
+            private_data,
+            peer,
+        } = self.imp.request(&self.device, &self.opts).await?;
+        Ok(CmRequest {
+            qp,
+            pd,
+            private_data,
+            peer,
+            disconnect_timeout: self.opts.disconnect_timeout,
+            imp: answer,
+        })
     }
 
     /// The next connect request, accepted with `private_data`. Unlike
@@ -380,12 +324,6 @@ impl CmListener {
     }
 }
 
-enum RequestImp {
-    #[cfg(feature = "ibverbs")]
-    Ibverbs(ibverbs::Request),
-    Soft(soft::Request),
-}
-
 /// A connect request not yet answered.
 pub struct CmRequest {
     qp: QueuePair,
@@ -393,7 +331,7 @@ pub struct CmRequest {
     private_data: Vec<u8>,
     peer: Option<SocketAddr>,
     disconnect_timeout: Duration,
-    imp: RequestImp,
+    imp: Box<dyn backend::Answer>,
 }
 
 impl std::fmt::Debug for CmRequest {
@@ -430,47 +368,21 @@ impl CmRequest {
     /// resolves once the connection is established.
     pub async fn accept(self, private_data: &[u8]) -> Result<CmConnection, CmError> {
         let peer = self.private_data;
-        match self.imp {
-            #[cfg(feature = "ibverbs")]
-            RequestImp::Ibverbs(r) => {
-                let conn = r.accept(&self.qp, private_data).await?;
-                Ok(CmConnection::new(
-                    self.qp,
-                    self.pd,
-                    ConnImp::Ibverbs(conn),
-                    peer,
-                    self.disconnect_timeout,
-                ))
-            }
-            RequestImp::Soft(r) => {
-                let conn = r.accept(private_data).await?;
-                Ok(CmConnection::new(
-                    self.qp,
-                    self.pd,
-                    ConnImp::Soft(conn),
-                    peer,
-                    self.disconnect_timeout,
-                ))
-            }
-        }
+        let conn = self.imp.accept(&self.qp, private_data).await?;
+        Ok(CmConnection::new(
+            self.qp,
+            self.pd,
+            conn,
+            peer,
+            self.disconnect_timeout,
+        ))
     }
 
     /// Refuses the connection; the requester's connect fails with
     /// [`CmError::Rejected`] carrying `private_data` (at most 148 bytes).
     pub fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
-        match self.imp {
-            #[cfg(feature = "ibverbs")]
-            RequestImp::Ibverbs(r) => r.reject(private_data),
-            RequestImp::Soft(r) => r.reject(private_data),
-        }
+        self.imp.reject(private_data)
     }
-}
-
-#[derive(Clone)]
-enum ConnImp {
-    #[cfg(feature = "ibverbs")]
-    Ibverbs(ibverbs::Conn),
-    Soft(soft::Conn),
 }
 
 /// An established connection: its queue pair (in RTS), the peer's private
@@ -486,7 +398,7 @@ pub struct CmConnection {
     disconnect_timeout: Duration,
     state: Rc<ConnState>,
     watcher: Option<JoinHandle<()>>,
-    imp: ConnImp,
+    imp: Box<dyn backend::Conn>,
 }
 
 impl std::fmt::Debug for CmConnection {
@@ -504,16 +416,12 @@ impl CmConnection {
     fn new(
         qp: QueuePair,
         pd: Pd,
-        imp: ConnImp,
+        imp: Box<dyn backend::Conn>,
         peer_private: Vec<u8>,
         disconnect_timeout: Duration,
     ) -> CmConnection {
         let state = ConnState::new();
-        let watcher = match &imp {
-            #[cfg(feature = "ibverbs")]
-            ConnImp::Ibverbs(c) => conn::watch(&state, &qp, c.clone().down()),
-            ConnImp::Soft(c) => conn::watch(&state, &qp, c.clone().down()),
-        };
+        let watcher = conn::watch(&state, &qp, imp.down());
         CmConnection {
             qp,
             pd,
@@ -544,20 +452,12 @@ impl CmConnection {
 
     /// The local address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        match &self.imp {
-            #[cfg(feature = "ibverbs")]
-            ConnImp::Ibverbs(c) => c.local_addr(),
-            ConnImp::Soft(c) => c.local_addr(),
-        }
+        self.imp.local_addr()
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        match &self.imp {
-            #[cfg(feature = "ibverbs")]
-            ConnImp::Ibverbs(c) => c.peer_addr(),
-            ConnImp::Soft(c) => c.peer_addr(),
-        }
+        self.imp.peer_addr()
     }
 
     /// Why the connection is down, or `None` while it is up.
@@ -610,12 +510,7 @@ impl CmConnection {
         let started = Instant::now();
         if self.state.start_disconnect() {
             drop(self.qp.close());
-            let sent = match &self.imp {
-                #[cfg(feature = "ibverbs")]
-                ConnImp::Ibverbs(c) => c.disconnect(),
-                ConnImp::Soft(c) => c.disconnect(),
-            };
-            if let Err(e) = sent {
+            if let Err(e) = self.imp.disconnect() {
                 // The peer could not be told: down on this side anyway.
                 self.state.finish(DisconnectReason::Local, &self.qp);
                 return Err(e);
@@ -636,21 +531,6 @@ impl CmConnection {
                 "disconnecting: waiting for the queue pair's work requests to complete (flushed)",
                 limit,
             )),
-        }
-    }
-}
-
-impl ConnImp {
-    /// What `disconnect` waits for, for its timeout error.
-    fn down_event(&self) -> &'static str {
-        match self {
-            #[cfg(feature = "ibverbs")]
-            ConnImp::Ibverbs(_) => {
-                "disconnecting: waiting for the RDMA CM DISCONNECTED event (the peer's DREP)"
-            }
-            ConnImp::Soft(_) => {
-                "disconnecting: waiting for the peer to close its end of the CM stream"
-            }
         }
     }
 }

@@ -30,6 +30,7 @@ use futures::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub(crate) use self::listener::Listener;
 use self::wire::{DecodeError, Frame, Hello, HEADER_LEN, MAX_BODY};
+use super::backend::{self, CmFuture, Incoming, Resolved};
 use super::conn::DisconnectReason;
 use super::reject::{REJECT_CONSUMER, REJECT_NO_LISTENER};
 use super::{CmError, CmOptions};
@@ -408,5 +409,104 @@ impl Conn {
             tracing::debug!(error = %crate::report::ErrorChain(&e), "closing the CM stream");
         }
         DisconnectReason::Peer
+    }
+}
+
+/// The software device's connection manager ([`backend::CmBackend`]).
+pub(crate) struct Backend;
+
+impl backend::CmBackend for Backend {
+    fn resolve<'a>(
+        &self,
+        device: &'a Device,
+        addr: SocketAddr,
+        opts: &'a CmOptions,
+    ) -> CmFuture<'a, Resolved> {
+        let resolved = Connector::resolve(device, addr, opts).map(|(c, qp, pd)| Resolved {
+            connector: Box::new(c),
+            qp,
+            pd,
+        });
+        Box::pin(std::future::ready(resolved))
+    }
+
+    fn bind(
+        &self,
+        _device: &Device,
+        addr: SocketAddr,
+        opts: &CmOptions,
+    ) -> Result<Box<dyn backend::Listen>, CmError> {
+        Ok(Box::new(Listener::bind(addr, opts)?))
+    }
+}
+
+impl backend::Connect for Connector {
+    fn connect<'a>(
+        self: Box<Self>,
+        qp: &'a QueuePair,
+        private_data: &'a [u8],
+    ) -> CmFuture<'a, (Box<dyn backend::Conn>, Vec<u8>)> {
+        Box::pin(async move {
+            let (conn, peer) = Connector::connect(*self, qp, private_data).await?;
+            Ok((Box::new(conn) as Box<dyn backend::Conn>, peer))
+        })
+    }
+}
+
+impl backend::Listen for Listener {
+    fn local_addr(&self) -> Option<SocketAddr> {
+        Listener::local_addr(self)
+    }
+
+    fn request<'a>(&'a self, device: &'a Device, opts: &'a CmOptions) -> CmFuture<'a, Incoming> {
+        Box::pin(async move {
+            let (req, qp, pd, private_data, peer) = Listener::request(self, device, opts).await?;
+            Ok(Incoming {
+                answer: Box::new(req),
+                qp,
+                pd,
+                private_data,
+                peer,
+            })
+        })
+    }
+}
+
+impl backend::Answer for Request {
+    fn accept<'a>(
+        self: Box<Self>,
+        _qp: &'a QueuePair,
+        private_data: &'a [u8],
+    ) -> CmFuture<'a, Box<dyn backend::Conn>> {
+        Box::pin(async move {
+            let conn = Request::accept(*self, private_data).await?;
+            Ok(Box::new(conn) as Box<dyn backend::Conn>)
+        })
+    }
+
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), CmError> {
+        Request::reject(*self, private_data)
+    }
+}
+
+impl backend::Conn for Conn {
+    fn local_addr(&self) -> Option<SocketAddr> {
+        Conn::local_addr(self)
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        Conn::peer_addr(self)
+    }
+
+    fn disconnect(&self) -> Result<(), CmError> {
+        Conn::disconnect(self)
+    }
+
+    fn down(&self) -> Pin<Box<dyn std::future::Future<Output = DisconnectReason>>> {
+        Box::pin(self.clone().down())
+    }
+
+    fn down_event(&self) -> &'static str {
+        "disconnecting: waiting for the peer to close its end of the CM stream"
     }
 }
