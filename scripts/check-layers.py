@@ -5,6 +5,15 @@ Every `crate::<module>` path in runtime/src (tests excluded: `*tests.rs`,
 `tests/` folders and `#[cfg(test)]` modules at the end of a file) makes an
 edge from the file's top-level module to <module>. The script fails if the
 graph has a cycle, or if an edge points up the declared layer order.
+
+A second rule keeps provider identity below the provider contract: no code
+above `provider/` (runtime/src outside provider/, and ops/src; tests
+excluded as above) names a concrete provider (the soft device, libibverbs or
+the test fake: their modules, `ProviderKind::Soft`/`Ibverbs`, `as_soft`,
+`as_ibverbs`, `open_soft`, `SoftConfig`), except in the places listed in
+CHOOSERS, each with the reason it must. Above the contract the layers test
+capability flags (`ProviderCaps`) and carry provider addresses
+(`ProviderAddr`) instead.
 """
 import pathlib
 import re
@@ -14,6 +23,25 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "runtime" / "src"
 # Lowest first. A module may only use modules listed before it (or itself).
 LAYERS = ["report", "accept_error", "provider", "buf", "wake", "op", "reactor", "compat", "qp", "device", "cm", "pool", "testing"]
 CRATE_PATH = re.compile(r"\bcrate::([A-Za-z_]+)")
+
+OPS = ROOT.parent.parent / "ops" / "src"
+# What names a concrete provider in code (string literals are not code).
+PROVIDER_NAME = re.compile(
+    r"\b(?:soft|ibverbs)::|\bprovider::fake\b|\bProviderKind::(?:Soft|Ibverbs)\b"
+    r"|\b(?:as_soft|as_ibverbs|open_soft)\b|\bSoftConfig\b"
+)
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+# The places above provider/ that must choose a provider, and why: a path
+# (ending in "/": the folder) and the reason, or a path, the one line
+# pattern allowed there, and the reason.
+CHOOSERS = {
+    "runtime/src/cm/backend.rs": "registration: picks the connection manager backend of the device's provider (for_device)",
+    "runtime/src/cm/mod.rs": (r"^pub use soft::fuzz_check::", "re-exports the soft CM frame's fuzz check (feature fuzzing)"),
+    "runtime/src/cm/soft/": "the software device's connection manager backend (TCP, its own frame)",
+    "runtime/src/cm/ibverbs.rs": "the RDMA CM backend (librdmacm), which only a libibverbs device has",
+    "runtime/src/testing.rs": "test doubles (feature test-util): the fake provider's QP is what it offers",
+    "ops/src/fuzz_checks/": "fuzz targets (feature fuzzing): reach the soft device's private codecs, build seed endpoints of each provider",
+}
 
 
 def top_module(path: pathlib.Path) -> str:
@@ -27,6 +55,52 @@ def strip_tests(text: str) -> str:
     if cut:
         text = text[: cut.start()]
     return "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("//"))
+
+
+def is_test(path: pathlib.Path, root: pathlib.Path) -> bool:
+    rel = path.relative_to(root)
+    return path.name.endswith("tests.rs") or "tests" in rel.parts
+
+
+TEST_MOD = re.compile(r"^#\[cfg\(test\)\]\s*\n\s*mod (\w+);", re.M)
+
+
+def test_module_files(root: pathlib.Path) -> set[pathlib.Path]:
+    """Files of modules declared `#[cfg(test)] mod name;`."""
+    found = set()
+    for path in root.rglob("*.rs"):
+        here = path.parent if path.name in ("mod.rs", "lib.rs") else path.with_suffix("")
+        for name in TEST_MOD.findall(path.read_text()):
+            found |= {here / f"{name}.rs", here / name / "mod.rs"}
+    return found
+
+
+def provider_names() -> list[str]:
+    """Code above provider/ that names a concrete provider, outside CHOOSERS."""
+    bad = []
+    used = set()
+    repo = ROOT.parent.parent
+    for root in (ROOT, OPS):
+        tests = test_module_files(root)
+        for path in sorted(root.rglob("*.rs")):
+            rel = str(path.relative_to(repo))
+            if is_test(path, root) or path in tests or rel.startswith("runtime/src/provider/"):
+                continue
+            chooser = next((c for c in CHOOSERS if rel == c or (c.endswith("/") and rel.startswith(c))), None)
+            code = STRING.sub('""', strip_tests(path.read_text()))
+            for n, line in enumerate(code.splitlines(), 1):
+                m = PROVIDER_NAME.search(line)
+                if not m:
+                    continue
+                only = CHOOSERS[chooser][0] if chooser and isinstance(CHOOSERS[chooser], tuple) else None
+                if chooser and (only is None or re.search(only, line)):
+                    used.add(chooser)
+                else:
+                    bad.append(f"{rel}: names a provider ({m.group(0)}) above provider/: test ProviderCaps or carry a ProviderAddr instead, or list it in CHOOSERS with a reason")
+    for c in CHOOSERS:
+        if c not in used:
+            bad.append(f"CHOOSERS lists {c}, which names no provider any more: remove it")
+    return bad
 
 
 def main() -> int:
@@ -44,7 +118,7 @@ def main() -> int:
             if dst != src:
                 edges.setdefault(src, set()).add(dst)
                 where.setdefault((src, dst), str(path.relative_to(ROOT)))
-    bad = list(bad_roots)
+    bad = list(bad_roots) + provider_names()
     for src, dsts in sorted(edges.items()):
         for dst in sorted(dsts):
             if src not in LAYERS or dst not in LAYERS:
@@ -74,7 +148,8 @@ def main() -> int:
         for b in bad:
             print("  " + b)
         return 1
-    print("ok: no cycles, every edge points down")
+    print(f"provider names above provider/ only in: {', '.join(sorted(CHOOSERS))}")
+    print("ok: no cycles, every edge points down, no provider named above the contract")
     return 0
 
 
