@@ -108,6 +108,9 @@ pub(crate) struct Shared {
     /// Times the engine found a connection's socket full with output left
     /// (it waits for the socket to drain then; tests, diagnostics).
     pub tx_blocked: AtomicU64,
+    /// The engine's writes to its connections' sockets (`sendmsg` calls;
+    /// tests, diagnostics).
+    pub tx_writes: AtomicU64,
     /// The engine delivered a successful completion since it last looked
     /// (engine thread only): its application will likely post again soon.
     pub completed: AtomicBool,
@@ -313,6 +316,7 @@ impl Drop for CtxInner {
             corked_sends = sh.corked_sends.load(Ordering::Relaxed),
             cork_flushes = sh.cork_flushes.load(Ordering::Relaxed),
             tx_blocked = sh.tx_blocked.load(Ordering::Relaxed),
+            tx_writes = sh.tx_writes.load(Ordering::Relaxed),
             "soft engine counters"
         );
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -408,6 +412,7 @@ impl Context {
             corked: Mutex::new(Vec::new()),
             corked_hint: AtomicBool::new(false),
             tx_blocked: AtomicU64::new(0),
+            tx_writes: AtomicU64::new(0),
             completed: AtomicBool::new(false),
             fired: Mutex::new(Vec::new()),
             overflowed: Mutex::new(Vec::new()),

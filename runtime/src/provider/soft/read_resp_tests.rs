@@ -9,14 +9,15 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::fake_peer_tests::{next_packet, poll_n, rtr, Mem, FAKE_QPN, WAIT};
 use super::packet::{
     encode_hello, Header, Opcode, FLAG_FIRST, FLAG_LAST, HELLO_LEN, MAX_PAYLOAD, NAK_REM_ACCESS,
 };
 use super::requester::{RESP_TAIL, RESP_ZC_SEG};
-use super::{Context, Cq, Mr, Pd, Qp};
+use super::{lock, Context, Cq, Mr, Pd, Qp};
 use crate::provider::{
     AccessFlags, InitAttr, QpCaps, RtsAttr, SendFlags, SendOp, SendWr, SoftConfig, WcStatus,
 };
@@ -29,7 +30,7 @@ struct Fake {
     listener: TcpListener,
     stream: Option<TcpStream>,
     /// The device (kept open while the test runs).
-    _ctx: Context,
+    ctx: Context,
     pd: Pd,
     cq: Cq,
 }
@@ -57,7 +58,7 @@ impl Fake {
         Fake {
             listener: sock.into(),
             stream: None,
-            _ctx: ctx,
+            ctx,
             pd,
             cq,
         }
@@ -388,5 +389,87 @@ fn a_long_read_response_lets_other_qps_send_between_its_segments() {
     assert!(at < len / 2, "the SEND waited for {at} of {len} bytes");
     drop(other);
     drop(side);
+    drop(mr);
+}
+
+/// Sets the send buffer of the socket `side`'s QP sends on (the engine's
+/// connection to the fake; posts may write to it once the first SEND was
+/// acknowledged).
+fn set_sndbuf(side: &Side, bytes: libc::c_int) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fd = loop {
+        if let Some(d) = lock(&side.qp.0.shared.inner).direct.as_ref() {
+            break d.wire.fd();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the QP's posts never allowed to write"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // SAFETY: `bytes` is a live c_int of the size passed; `fd` is the open
+    // socket of the QP's connection (the engine keeps it open).
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_SNDBUF");
+}
+
+#[test]
+fn a_read_of_a_packets_largest_payload_leaves_in_one_write() {
+    // A socket that takes the whole response at once: the segment sent
+    // from memory and the copied tail go in one `sendmsg` (they went in
+    // two, the tail's a write of its own after the segment's, and on a
+    // shared CPU often a wake-up of the requester more).
+    let mut f = Fake::new(4 << 20);
+    let t = trigger(&f.pd);
+    let mut side = f.qp(&t);
+    set_sndbuf(&side, 4 << 20);
+    let len = MAX_PAYLOAD as usize;
+    let (mr, mem) = region(&f.pd, len);
+    let writes = |f: &Fake| f.ctx.shared().tx_writes.load(Ordering::SeqCst);
+    for round in 0..3 {
+        let before = writes(&f);
+        let psn = f.read(&mut side, mem.as_ptr() as u64, mr.rkey(), len as u64);
+        let (got, segments) = f.response_segments(side.qp.qp_num(), psn, len as u64);
+        assert!(got == mem[..], "the region's bytes");
+        assert_eq!(segments, 2, "the segment from memory and the tail");
+        assert_eq!(writes(&f) - before, 1, "writes of READ {round}'s response");
+    }
+    drop(mr);
+}
+
+#[test]
+fn a_region_deregistered_while_its_last_segment_from_memory_is_sent_fails_the_read() {
+    // A READ of one packet's payload: its one segment from memory goes with
+    // the tail queued behind it. The fake reads nothing for a while and
+    // the device's send buffer is small, so the write blocks partway
+    // through that segment; the region goes away meanwhile. The queued
+    // tail must not complete the READ: a NAK refuses it instead.
+    let mut f = Fake::new(64 * 1024);
+    let t = trigger(&f.pd);
+    let mut side = f.qp(&t);
+    set_sndbuf(&side, 16 * 1024);
+    let len = MAX_PAYLOAD as usize;
+    let (mr, mem) = region(&f.pd, len);
+    let psn = f.read(&mut side, mem.as_ptr() as u64, mr.rkey(), len as u64);
+    std::thread::sleep(Duration::from_millis(200));
+    drop(mr);
+    drop(mem);
+    let (syndrome, bytes) = f.until_nak(psn);
+    assert_eq!(syndrome, NAK_REM_ACCESS);
+    assert!(bytes < len, "{bytes} bytes of {len}");
+    // The engine goes on: a new QP's READ of another region is answered.
+    let (mr, mem) = region(&f.pd, 100_000);
+    let mut side = f.qp(&t);
+    let psn = f.read(&mut side, mem.as_ptr() as u64, mr.rkey(), 100_000);
+    let got = f.response(side.qp.qp_num(), psn, 100_000);
+    assert!(got == mem[..]);
     drop(mr);
 }

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::conn::{Resp, TxKey, TxMem};
+use super::conn::{ReadTail, Resp, TxKey, TxMem};
 use super::dma::{check_local, gather, scatter};
 use super::drive::note_feed;
 use super::engine::{psn_add, psn_le, EQp, Engine, PSN_MASK};
@@ -402,6 +402,31 @@ pub(crate) fn gen_resp(
     Ok(true)
 }
 
+/// After a READ response's segment from memory: if all that is left of
+/// the READ is its copied tail, writes that last segment into `after` (to
+/// follow the segment in the same write; the caller records it in
+/// `Conn::read_tail`, which refuses the READ instead should the segment's
+/// memory go away before it is written). True if it did (the READ's
+/// response is all queued).
+fn queue_read_tail(r: &mut Resp, after: &mut Vec<u8>, mrs: &MrTable) -> bool {
+    let Resp::Read(job) = r else {
+        return false;
+    };
+    if job.len - job.off > RESP_TAIL || !after.is_empty() {
+        return false;
+    }
+    let mut none = None;
+    match gen_resp(r, after, &mut none, mrs) {
+        Ok(true) => true,
+        // (A tail below `ZC_MIN` is copied whole; one its memory does not
+        // allow is refused when `gen_resp` comes to it again.)
+        Ok(false) | Err(_) => {
+            after.clear();
+            false
+        }
+    }
+}
+
 impl Engine {
     /// Fills the connection's transmit buffer: responses first, then
     /// requests of its sender QPs, round-robin.
@@ -432,7 +457,19 @@ impl Engine {
                     Ok(true) => {
                         conn.resp.pop_front();
                     }
-                    Ok(false) => {}
+                    Ok(false) => {
+                        if conn.tx_mem.is_some() && queue_read_tail(r, &mut conn.tx_after, &mrs) {
+                            // One write takes the segment and its tail.
+                            if let Resp::Read(job) = r {
+                                conn.read_tail = Some(ReadTail {
+                                    dst: job.dst,
+                                    src: job.src,
+                                    psn: job.psn,
+                                });
+                            }
+                            conn.resp.pop_front();
+                        }
+                    }
                     Err((dst, src, psn)) => {
                         // The MR went away during a READ: access error.
                         conn.resp.pop_front();

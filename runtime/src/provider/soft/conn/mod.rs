@@ -23,7 +23,7 @@ pub(crate) use acks::ACK_SCAN;
 pub(crate) use probe::Probe;
 pub(crate) use resp::{ReadJob, Resp};
 pub(crate) use rx::{DirectInto, RxDirect};
-pub(crate) use tx::{TxKey, TxMem, TxMemRef};
+pub(crate) use tx::{ReadTail, TxKey, TxMem, TxMemRef};
 
 /// Stop generating packets once this many bytes wait to be written.
 pub(crate) const TX_HIGH: usize = 256 * 1024;
@@ -122,8 +122,17 @@ pub(crate) struct Conn {
     /// payload, adopted from the wire (see `Wire::take_spill_mem`), goes
     /// first, the engine's output that was queued already.
     pub tx_after: Vec<u8>,
+    /// A READ response's copied last segment, queued in `tx_after` behind
+    /// the READ's segment from memory in `tx_mem` so that one write takes
+    /// both: refused instead if that memory goes away first.
+    pub read_tail: Option<ReadTail>,
     /// QPs whose zero-copy payload lost its registration while being sent.
     pub broken: Vec<u32>,
+    /// Responder QPs whose READ was refused that way (they fail).
+    pub refused_reads: Vec<u32>,
+    /// Writes to the socket since the engine last counted them (into
+    /// `Shared::tx_writes`).
+    pub writes: u64,
     /// Bytes the packet at `rx_start` needs in the buffer.
     pub rx_need: usize,
     /// Bytes still to come of a dropped packet's payload (discarded as
@@ -298,7 +307,10 @@ impl Conn {
             tx_pos: 0,
             tx_mem: None,
             tx_after: Vec::new(),
+            read_tail: None,
             broken: Vec::new(),
+            refused_reads: Vec::new(),
+            writes: 0,
             rx_need: 0,
             rx_skip: 0,
             rx_direct: None,

@@ -97,6 +97,13 @@ impl Conn {
     /// Reads the rest of a direct payload straight into registered
     /// memory (or into the buffer, discarded, if the region went away).
     /// Returns bytes read (0 = end of stream) and whether the read was full.
+    ///
+    /// The read that ends the payload also offers the empty buffer
+    /// `RX_PEEK` bytes for what follows (one `readv`): the next packet's
+    /// first bytes land there (`rx_end`; not counted in the bytes
+    /// returned), and a read that does not fill them found the socket
+    /// drained (not full), so no read follows only to find it so. (Each
+    /// payload into memory cost a `recvfrom` that failed with EAGAIN.)
     pub fn read_direct(&mut self, mrs: &MrTable) -> io::Result<(usize, bool)> {
         let Some(d) = &mut self.rx_direct else {
             return Ok((0, false));
@@ -110,18 +117,36 @@ impl Conn {
             d.broken = true;
         }
         let target = if d.broken { None } else { d.targets(mrs, want) };
+        // (The buffer holds nothing while a payload arrives into memory.)
+        let after = if self.rx_start == self.rx_end {
+            self.rx.len().min(RX_PEEK)
+        } else {
+            0
+        };
+        let mut more = 0;
         let r = match target {
             Some(spans) => {
-                let iov: SmallVec<[libc::iovec; 4]> = spans
+                let mut iov: SmallVec<[libc::iovec; 5]> = spans
                     .iter()
                     .map(|s| libc::iovec {
                         iov_base: s.as_ptr().cast(),
                         iov_len: s.len(),
                     })
                     .collect();
-                // SAFETY: each iovec is a span of `want` bytes in all of
-                // registered, writable memory (`Span`'s invariant: the MR
-                // table stays locked during the call); the fd stays open
+                if after > 0 {
+                    self.rx_start = 0;
+                    self.rx_end = 0;
+                    iov.push(libc::iovec {
+                        iov_base: self.rx.as_mut_ptr().cast(),
+                        iov_len: after,
+                    });
+                    more = after;
+                }
+                // SAFETY: each iovec but a last one of `after` bytes is a
+                // span of `want` bytes in all of registered, writable memory
+                // (`Span`'s invariant: the MR table stays locked during the
+                // call); that last one is the start of the receive buffer,
+                // which holds at least `after` bytes; the fd stays open
                 // while `wire` lives.
                 unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as libc::c_int) }
             }
@@ -135,10 +160,18 @@ impl Conn {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
-        let r = r as usize;
+        let got = r as usize;
+        let r = got.min(want);
+        let next = got - r;
         d.advance(r);
         if d.remaining == 0 {
-            self.rx_peek = true;
+            // The next packet's first bytes, if any, wait in the buffer. A
+            // short read of them that drained the socket keeps the short
+            // read for the rest (as `read_some`'s).
+            if more > 0 {
+                self.rx_end = next;
+            }
+            self.rx_peek = more == 0 || next < more;
         }
         // While much of a payload is still to come, the socket reports
         // input only once a large part of it is there: fewer wake-ups and
@@ -153,7 +186,7 @@ impl Conn {
         if r > 0 && lowat != self.rcvlowat {
             self.set_rcvlowat(fd, lowat);
         }
-        Ok((r, r == want))
+        Ok((r, got == want + more))
     }
 
     /// Sets the socket's `SO_RCVLOWAT` (Linux re-checks readiness at once,
@@ -201,13 +234,16 @@ impl Conn {
         // of its payload into the buffer, to be copied again from there.
         // One short read first; if it fills, the next read takes the rest
         // (`full`), so a run of small packets costs one read more.
-        // The short read is spent only once it read something: the read
-        // right after a payload is usually the one that finds the socket
-        // drained (EAGAIN), and the next packet's bytes come after it.
+        // The short read is spent only once it filled: the read right
+        // after a payload is usually the one that finds the socket drained
+        // (EAGAIN), and one that drains it reads what there was (a READ
+        // request, an ACK, a datagram: a large call's small trips), and
+        // the next packet's bytes, often a large one again, come after it.
         let peek = std::mem::take(&mut self.rx_peek);
         let mut space = self.rx.len() - end;
-        if peek && end == 0 {
-            space = space.min(RX_PEEK.max(self.rx_need));
+        let short = peek && end == 0 && space > RX_PEEK.max(self.rx_need);
+        if short {
+            space = RX_PEEK.max(self.rx_need);
         }
         let Some(wire) = &self.stream else {
             return Err(io::ErrorKind::WouldBlock.into());
@@ -234,6 +270,8 @@ impl Conn {
         }
         let n = r as usize;
         self.rx_end += n;
+        // (A short read that drained the socket keeps it for the next.)
+        self.rx_peek = short && n > 0 && n < space;
         Ok((n, n == space))
     }
 }

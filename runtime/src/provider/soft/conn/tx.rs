@@ -8,8 +8,21 @@ use std::sync::Arc;
 use super::super::dma::Span;
 use super::super::lock;
 use super::super::mr::MrTable;
+use super::super::packet::{Header, Opcode, NAK_REM_ACCESS};
 use super::{Conn, Flush, TX_HIGH};
 use crate::provider::AccessFlags;
+
+/// The READ a response's last segment queued behind its segment from
+/// memory ends (see `Conn::read_tail`): what its refusal names.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadTail {
+    /// The requester QP.
+    pub dst: u32,
+    /// The responder QP.
+    pub src: u32,
+    /// The READ's PSN.
+    pub psn: u32,
+}
 
 /// A packet payload sent straight from registered memory (no copy): it
 /// follows the bytes in `tx`, and nothing is queued after it until it is gone.
@@ -126,7 +139,7 @@ impl Conn {
             let mut iov = [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
-            }; 2];
+            }; 3];
             let mut n = 0;
             if head > 0 {
                 iov[0] = libc::iovec {
@@ -164,7 +177,11 @@ impl Conn {
                             // the QP (or the READ).
                             let mut m = m;
                             m.lose(&mut self.broken);
+                            let read = matches!(m.key, TxKey::Remote(_));
                             drop(m);
+                            if read {
+                                self.refuse_read_tail();
+                            }
                             self.tx.resize(self.tx.len() + rest, 0);
                             self.tx_mem = None;
                             self.tx.append(&mut self.tx_after);
@@ -172,6 +189,14 @@ impl Conn {
                         }
                     }
                 }
+            }
+            if self.tx_mem.is_some() && !self.tx_after.is_empty() {
+                // What follows the payload goes in the same write.
+                iov[n] = libc::iovec {
+                    iov_base: self.tx_after.as_mut_ptr().cast(),
+                    iov_len: self.tx_after.len(),
+                };
+                n += 1;
             }
             if n == 0 {
                 self.tx.clear();
@@ -187,6 +212,7 @@ impl Conn {
             // for the duration of the call (only read). MSG_NOSIGNAL: a peer
             // gone away is an error here, not a SIGPIPE for the process.
             let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            self.writes += 1;
             if r < 0 {
                 let e = io::Error::last_os_error();
                 match e.kind() {
@@ -210,16 +236,22 @@ impl Conn {
             k -= h;
             if let Some(mr) = &self.tx_mem {
                 let mut m = lock(mr);
-                m.pos += k;
+                let d = (m.len - m.pos).min(k);
+                m.pos += d;
+                k -= d;
                 if m.pos == m.len {
                     drop(m);
                     self.tx_mem = None;
+                    // (A READ's memory was read to its segment's end: its
+                    // tail stands.)
+                    self.read_tail = None;
                     if !self.tx_after.is_empty() {
-                        // (`tx` is all written: the payload came after it.)
+                        // (`tx` is all written: the payload came after it;
+                        // `k` bytes of what follows went with it.)
                         debug_assert_eq!(self.tx_pos, self.tx.len());
                         std::mem::swap(&mut self.tx, &mut self.tx_after);
                         self.tx_after.clear();
-                        self.tx_pos = 0;
+                        self.tx_pos = k;
                     }
                 }
             }
@@ -230,6 +262,22 @@ impl Conn {
         }
     }
 
+    /// A READ response's segment from memory lost its memory: the READ's
+    /// queued tail (see `read_tail`) must not complete it, so a NAK
+    /// refusing the READ takes its place, and its responder QP fails.
+    fn refuse_read_tail(&mut self) {
+        let Some(t) = self.read_tail.take() else {
+            return;
+        };
+        let mut h = Header::new(Opcode::Nak);
+        (h.dst_qpn, h.src_qpn, h.psn) = (t.dst, t.src, t.psn);
+        h.syndrome = NAK_REM_ACCESS;
+        // (Only the tail is queued behind a READ's segment from memory.)
+        self.tx_after.clear();
+        self.tx_after.extend_from_slice(&h.encode());
+        self.refused_reads.push(t.src);
+    }
+
     /// Loopback: moves everything queued for sending into the receive buffer.
     fn loop_back(&mut self, mrs: &MrTable) {
         let head = self.tx.len() - self.tx_pos;
@@ -237,7 +285,9 @@ impl Conn {
             let m = lock(m);
             m.len - m.pos
         });
-        let n = head + mem;
+        // (At most this much follows: a READ's tail refused below is
+        // shorter.)
+        let n = head + mem + self.tx_after.len();
         if n == 0 {
             return;
         }
@@ -257,7 +307,8 @@ impl Conn {
         self.rx[at..at + head].copy_from_slice(&self.tx[self.tx_pos..]);
         if let Some(mr) = self.tx_mem.take() {
             let mut m = lock(&mr);
-            let dst = &mut self.rx[at + head..at + n];
+            let dst = &mut self.rx[at + head..at + head + mem];
+            let mut lost_read = false;
             if let Some(copy) = &m.copy {
                 dst.copy_from_slice(&copy[copy.len() - mem..]);
             } else {
@@ -266,12 +317,22 @@ impl Conn {
                     None => {
                         dst.fill(0);
                         m.lose(&mut self.broken);
+                        lost_read = matches!(m.key, TxKey::Remote(_));
                     }
                 }
             }
             m.pos = m.len;
+            drop(m);
+            if lost_read {
+                self.refuse_read_tail();
+            }
+            self.read_tail = None;
         }
-        self.rx_end += n;
+        let after = self.tx_after.len();
+        let from = at + head + mem;
+        self.rx[from..from + after].copy_from_slice(&self.tx_after);
+        self.tx_after.clear();
+        self.rx_end = from + after;
         self.tx.clear();
         self.tx_pos = 0;
     }

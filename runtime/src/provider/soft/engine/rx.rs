@@ -88,8 +88,17 @@ impl Engine {
                             }
                             self.note_timer(d.hdr.dst_qpn);
                         }
+                        // The read that ended the payload may have read the
+                        // next packet's first bytes into the buffer.
+                        if self.conns.get(cid).is_some_and(|c| c.rx_end > c.rx_start)
+                            && !self.process_rx(cid)
+                        {
+                            self.close(cid);
+                            return;
+                        }
                         self.activate(cid);
-                    } else if !full && !drain {
+                    }
+                    if !full && !drain {
                         return;
                     }
                 }

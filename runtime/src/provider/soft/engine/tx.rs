@@ -127,11 +127,22 @@ impl Engine {
                 let mrs = self.sh.mrs();
                 conn.flush(&mrs)
             };
+            let writes = std::mem::take(&mut conn.writes);
+            self.sh.tx_writes.fetch_add(writes, Ordering::Relaxed);
             if !conn.broken.is_empty() {
                 let broken = std::mem::take(&mut conn.broken);
                 for qpn in broken {
                     if let Some(eq) = self.qps.get_mut(&qpn) {
                         eq.fail(Some(WcStatus::LocProtErr));
+                    }
+                }
+            }
+            if !conn.refused_reads.is_empty() {
+                // (Their NAKs are queued.)
+                let refused = std::mem::take(&mut conn.refused_reads);
+                for qpn in refused {
+                    if let Some(eq) = self.qps.get_mut(&qpn) {
+                        eq.fail(None);
                     }
                 }
             }
