@@ -246,6 +246,13 @@ impl PassHooks {
         let Some(check) = self.only_check() else {
             return self.fire_due();
         };
+        if !check.wanted.get() && !check.forced.get() {
+            // The usual end of a round trip: its consumer found the ring
+            // waiting and withdrew the check; nothing runs, so nothing
+            // can be removed or cleared meanwhile.
+            check.listed.set(false);
+            return;
+        }
         self.firing.set(true);
         check.fire();
         self.firing.set(false);

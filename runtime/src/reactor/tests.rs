@@ -290,6 +290,57 @@ fn next_deadline_follows_the_live_timers_through_fires_and_drops() {
     assert_eq!(timers.next_deadline(), None);
 }
 
+/// A far timer (an `Rdma` connection's keepalive) makes every park ask
+/// for the next deadline: answered from the deadline remembered, the heap
+/// looked at again only after the earliest timer fired or was dropped, and
+/// a nearer timer inserted later still comes first.
+#[test]
+fn the_next_deadline_is_remembered_until_the_earliest_timer_goes() {
+    let rt = Runtime::new().unwrap();
+    let timers = &rt.handle().inner.timers;
+    rt.block_on(async {
+        let t0 = Instant::now();
+        let mut far = sleep_until(t0 + Duration::from_secs(3600));
+        assert!(is_pending(&mut far));
+        let reads = timers.heap_reads.get();
+        for _ in 0..100 {
+            assert_eq!(timers.next_deadline(), Some(far.deadline()));
+        }
+        assert_eq!(timers.heap_reads.get(), reads, "the heap was read per ask");
+        // Nearer ones inserted later come first; dropping a later one
+        // changes nothing.
+        let mut mid = sleep_until(t0 + Duration::from_secs(60));
+        let mut near = sleep_until(t0 + Duration::from_secs(30));
+        assert!(is_pending(&mut mid) && is_pending(&mut near));
+        assert_eq!(timers.next_deadline(), Some(near.deadline()));
+        drop(mid);
+        assert_eq!(timers.next_deadline(), Some(near.deadline()));
+        assert_eq!(timers.heap_reads.get(), reads);
+        // The earliest dropped: looked up once, then remembered again.
+        drop(near);
+        assert_eq!(timers.next_deadline(), Some(far.deadline()));
+        assert_eq!(timers.next_deadline(), Some(far.deadline()));
+        assert_eq!(timers.heap_reads.get(), reads + 1);
+        // A fire that finds nothing due keeps it; the last timer gone, none.
+        assert_eq!(timers.fire(Instant::now()), 0);
+        assert_eq!(timers.next_deadline(), Some(far.deadline()));
+        drop(far);
+        assert_eq!(timers.next_deadline(), None);
+        // A timer after that is the next deadline, not a remembered one.
+        let mut later = sleep_until(t0 + Duration::from_secs(7200));
+        assert!(is_pending(&mut later));
+        assert_eq!(timers.next_deadline(), Some(later.deadline()));
+        // Fired: the next one is looked up (none left live).
+        let mut soon = sleep(Duration::from_millis(1));
+        assert!(is_pending(&mut soon));
+        assert_eq!(timers.next_deadline(), Some(soon.deadline()));
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(timers.fire(Instant::now()), 1);
+        assert_eq!(timers.next_deadline(), Some(later.deadline()));
+        assert!(!is_pending(&mut soon));
+    });
+}
+
 #[test]
 fn a_registered_sleep_completes_once_the_reactor_fires_it() {
     let rt = Runtime::new().unwrap();

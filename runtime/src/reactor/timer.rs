@@ -15,6 +15,7 @@ use super::Handle;
 
 struct Entry {
     seq: u64,
+    deadline: Instant,
     /// `None` once fired.
     waker: Option<Waker>,
 }
@@ -42,9 +43,19 @@ pub(crate) struct Timers {
     /// time): a first poll compares its deadline with it instead of
     /// reading the clock.
     seen: Cell<Option<Instant>>,
+    /// The earliest live deadline, while `next_known` (`None`: no live
+    /// timer): `next_deadline` returns it without looking at the heap. A
+    /// runtime with a far timer armed (an `Rdma` connection's keepalive)
+    /// asks at every park; the heap and the slab are looked at only after
+    /// the earliest timer fired or was dropped.
+    next: Cell<Option<Instant>>,
+    next_known: Cell<bool>,
     /// Clock reads of `fire_due` (tests count them).
     #[cfg(test)]
     pub(crate) clock_reads: Cell<usize>,
+    /// Heap look-ups of `next_deadline` (tests count them).
+    #[cfg(test)]
+    pub(crate) heap_reads: Cell<usize>,
 }
 
 impl Timers {
@@ -55,8 +66,12 @@ impl Timers {
             next_seq: Cell::new(0),
             armed: Cell::new(0),
             seen: Cell::new(None),
+            next: Cell::new(None),
+            next_known: Cell::new(true),
             #[cfg(test)]
             clock_reads: Cell::new(0),
+            #[cfg(test)]
+            heap_reads: Cell::new(0),
         }
     }
 
@@ -65,9 +80,13 @@ impl Timers {
         self.next_seq.set(seq + 1);
         let key = self.entries.borrow_mut().insert(Entry {
             seq,
+            deadline,
             waker: Some(waker),
         });
         self.armed.set(self.armed.get() + 1);
+        if self.next_known.get() && self.next.get().is_none_or(|n| deadline < n) {
+            self.next.set(Some(deadline));
+        }
         let mut heap = self.heap.borrow_mut();
         heap.push(Reverse((deadline, seq, key)));
         // Dropped timers leave stale heap entries; compact when they dominate.
@@ -93,8 +112,16 @@ impl Timers {
     fn remove(&self, key: usize, seq: u64) {
         let mut entries = self.entries.borrow_mut();
         if entries.get(key).is_some_and(|e| e.seq == seq) {
-            if entries.remove(key).waker.is_some() {
+            let e = entries.remove(key);
+            if e.waker.is_some() {
                 self.armed.set(self.armed.get() - 1);
+                if self.armed.get() == 0 {
+                    self.next.set(None);
+                    self.next_known.set(true);
+                } else if self.next.get() == Some(e.deadline) {
+                    // Maybe the earliest: looked up again when asked.
+                    self.next_known.set(false);
+                }
             }
             if entries.is_empty() {
                 // Every heap entry is stale now.
@@ -147,6 +174,7 @@ impl Timers {
             };
             if waker.is_some() {
                 self.armed.set(self.armed.get() - 1);
+                self.next_known.set(false);
             }
             if let Some(w) = waker {
                 fired += 1;
@@ -177,6 +205,26 @@ impl Timers {
         if self.armed.get() == 0 {
             return None;
         }
+        if self.next_known.get() {
+            return self.next.get();
+        }
+        self.next_deadline_in_heap()
+    }
+
+    /// [`next_deadline`](Self::next_deadline) from the heap (its stale
+    /// top entries discarded), remembered until the earliest live timer
+    /// fires or is dropped.
+    #[inline(never)]
+    fn next_deadline_in_heap(&self) -> Option<Instant> {
+        #[cfg(test)]
+        self.heap_reads.set(self.heap_reads.get() + 1);
+        let next = self.earliest_live();
+        self.next.set(next);
+        self.next_known.set(true);
+        next
+    }
+
+    fn earliest_live(&self) -> Option<Instant> {
         let mut heap = self.heap.borrow_mut();
         let entries = self.entries.borrow();
         while let Some(Reverse((d, seq, key))) = heap.peek().copied() {
@@ -198,6 +246,8 @@ impl Timers {
 
     pub(crate) fn clear(&self) {
         self.armed.set(0);
+        self.next.set(None);
+        self.next_known.set(true);
         self.heap.borrow_mut().clear();
         let all: Vec<Entry> = self.entries.borrow_mut().drain().collect();
         drop(all);
