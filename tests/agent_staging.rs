@@ -12,7 +12,9 @@
 mod common;
 
 use std::pin::pin;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::*;
 use verbio::runtime::{sleep, timeout};
@@ -32,13 +34,41 @@ fn builder() -> RdmaBuilder {
         .staging_ring(RING)
 }
 
+/// Opened by the client of the cancel tests once it has cut its send: until
+/// then the reader reads nothing, however slowly the client gets there.
+#[derive(Clone, Default)]
+struct Gate(Arc<AtomicBool>);
+
+impl Gate {
+    fn open(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Waits (at most `WAIT`) for [`Gate::open`].
+    async fn wait(&self) {
+        let start = Instant::now();
+        while !self.0.load(Ordering::Acquire) {
+            assert!(
+                start.elapsed() < WAIT,
+                "waiting for the client to cut its send"
+            );
+            sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
 /// The reader of the cancel tests: it takes a first message, answers
-/// "ready", then reads nothing for 400 ms while its `max_unread_bytes`
-/// (16 KiB) holds back the sender's credits, and at last returns every
-/// message before "bye", in order.
-fn serve_a_reader_that_holds_back() -> (std::net::SocketAddr, std::thread::JoinHandle<Vec<Vec<u8>>>)
-{
-    serve_rdma(
+/// "ready", then reads nothing until the client opens the gate (its
+/// `max_unread_bytes`, 16 KiB, holding back the sender's credits), and at
+/// last returns every message before "bye", in order.
+fn serve_a_reader_that_holds_back() -> (
+    std::net::SocketAddr,
+    std::thread::JoinHandle<Vec<Vec<u8>>>,
+    Gate,
+) {
+    let gate = Gate::default();
+    let held = gate.clone();
+    let (addr, server) = serve_rdma(
         || builder().max_unread_bytes(16 * 1024),
         1,
         move |mut c| async move {
@@ -46,7 +76,7 @@ fn serve_a_reader_that_holds_back() -> (std::net::SocketAddr, std::thread::JoinH
             assert!(r.receive().await.unwrap() == pattern(10_000, 0));
             r.send(b"ready").await.unwrap();
             // Reads nothing while the client runs out and cuts its send.
-            sleep(Duration::from_millis(400)).await;
+            held.wait().await;
             let mut got = Vec::new();
             loop {
                 let m = r.receive().await.unwrap();
@@ -57,7 +87,8 @@ fn serve_a_reader_that_holds_back() -> (std::net::SocketAddr, std::thread::JoinH
             }
             got
         },
-    )
+    );
+    (addr, server, gate)
 }
 
 /// Connects to [`serve_a_reader_that_holds_back`] and waits for its
@@ -72,10 +103,12 @@ async fn dial_the_reader_that_holds_back(
     r
 }
 
-/// Polls `f` for about 40 ms (20 tries, 2 ms apart): its output, or
-/// `None` while it is still stuck.
+/// Polls `f` for about a second (500 tries, 2 ms apart): its output, or
+/// `None` while it is still stuck. The reader holds its credits back until
+/// the gate opens, so a send that is stuck stays stuck; one that is only
+/// slow (a loaded host) finishes within the second.
 async fn poll_briefly<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
-    for _ in 0..20 {
+    for _ in 0..500 {
         if let std::task::Poll::Ready(v) = futures::poll!(&mut *f) {
             return Some(v);
         }
@@ -203,7 +236,7 @@ fn a_reader_that_does_not_read_holds_staged_messages_in_the_ring_in_order() {
 fn a_staged_send_cancelled_before_it_is_posted_sends_nothing() {
     // The reader holds back its credits (max_unread_bytes), so the sender
     // runs out: a staged send then waits for a credit, and is dropped.
-    let (addr, server) = serve_a_reader_that_holds_back();
+    let (addr, server, gate) = serve_a_reader_that_holds_back();
     let (rt, dev) = runtime_and_device();
     let sent = block(&rt, async {
         let r = dial_the_reader_that_holds_back(&dev, addr).await;
@@ -221,6 +254,7 @@ fn a_staged_send_cancelled_before_it_is_posted_sends_nothing() {
             let credits = r.send_credits();
             drop(send);
             assert!(r.send_credits() >= credits, "a credit lost");
+            gate.open();
             r.send(b"bye").await.unwrap();
             return sent;
         }
@@ -602,7 +636,7 @@ fn a_window_of_staged_send_bufs_beyond_the_credits_and_the_ring_arrives_in_order
 /// after it arrive in order.
 #[test]
 fn a_staged_send_buf_cancelled_while_it_waits_sends_nothing() {
-    let (addr, server) = serve_a_reader_that_holds_back();
+    let (addr, server, gate) = serve_a_reader_that_holds_back();
     let (rt, dev) = runtime_and_device();
     let sent = block(&rt, async {
         let r = dial_the_reader_that_holds_back(&dev, addr).await;
@@ -625,6 +659,7 @@ fn a_staged_send_buf_cancelled_while_it_waits_sends_nothing() {
                 in_use,
                 "the cancelled send's buffer did not go back to the pool"
             );
+            gate.open();
             let after = pattern(9000, i);
             let (res, _) = r.send_buf(buf_from(r.pool(), &after)).await;
             res.unwrap();
