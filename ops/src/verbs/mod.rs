@@ -29,6 +29,7 @@
 
 pub mod atomic;
 pub mod batch;
+pub mod gather;
 pub mod mw;
 pub mod read;
 pub mod recv;
@@ -42,6 +43,7 @@ pub mod write_with_imm;
 
 pub use atomic::AtomicVerb;
 pub use batch::{Batch, BatchVerb};
+pub use gather::{GatherKind, Gathering};
 pub use mw::{BindMwVerb, LocalInvVerb, SendWithInvVerb};
 pub use read::ReadVerb;
 pub use recv::{Received, RecvEmptyVerb, RecvVerb};

@@ -26,11 +26,10 @@ use std::rc::Rc;
 
 use verbio_runtime::buf::{BufResult, IoBufMut, RegisteredBuf, RemoteAccessRegion, Window};
 use verbio_runtime::provider::{AccessFlags, Completion, SendOp};
-use verbio_runtime::{
-    Bind, Completable, GatherVerb, Invalidate, QueuePair, Submit, SubmitError, WindowVerb,
-};
+use verbio_runtime::{Bind, Completable, Invalidate, QueuePair, Submit, SubmitError, WindowVerb};
 
-use super::{check, gather_sge, refuse, submit_gather, RemoteBuf};
+use super::gather::{post_gather, Gathering, SendWithInvKind};
+use super::{check, RemoteBuf};
 use crate::error::Error;
 
 /// The in-flight bind: owns the window; resolves to what the peer uses.
@@ -120,37 +119,8 @@ pub fn local_inv<R: IoBufMut>(
     qp.invalidate_window(LocalInvVerb { window })
 }
 
-const SEND_INV: &str = "send_with_inv";
-
 /// The in-flight SEND_WITH_INV: owns the buffer; resolves to the bytes sent.
-#[derive(Debug)]
-pub struct SendWithInvVerb<B> {
-    buf: B,
-    len: usize,
-}
-
-impl<B: RegisteredBuf> GatherVerb for SendWithInvVerb<B> {
-    type Buf = B;
-    fn gather_buf(&self) -> &B {
-        &self.buf
-    }
-}
-
-impl<B: RegisteredBuf> Completable for SendWithInvVerb<B> {
-    type Output = BufResult<usize, B, Error>;
-    fn complete(self, c: Completion) -> Self::Output {
-        (check(SEND_INV, &c).map(|()| self.len), self.buf)
-    }
-    fn fail(self, source: SubmitError) -> Self::Output {
-        (
-            Err(Error::Submit {
-                op: SEND_INV,
-                source,
-            }),
-            self.buf,
-        )
-    }
-}
+pub type SendWithInvVerb<B> = Gathering<B, SendWithInvKind>;
 
 /// SEND of `buf`'s initialized bytes that invalidates the peer's window
 /// `rkey` (see [`Verbs::send_with_inv`](super::Verbs::send_with_inv)).
@@ -159,15 +129,5 @@ pub fn send_with_inv<B: RegisteredBuf>(
     buf: B,
     rkey: u32,
 ) -> Submit<SendWithInvVerb<B>> {
-    let sge = match gather_sge(SEND_INV, &buf) {
-        Ok(s) => s,
-        Err(e) => return refuse(e, buf),
-    };
-    let len = sge.length as usize;
-    submit_gather(
-        qp,
-        SendWithInvVerb { buf, len },
-        SendOp::SendWithInv { rkey },
-        &sge,
-    )
+    post_gather(qp, buf, |_| Ok(()), || SendOp::SendWithInv { rkey })
 }

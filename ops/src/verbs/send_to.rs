@@ -1,40 +1,20 @@
 //! SEND of a datagram to a UD peer (`SendOp::SendTo`), with or without
 //! immediate data: the UD form of [`send`](super::send).
 
-use verbio_runtime::buf::{BufResult, RegisteredBuf};
-use verbio_runtime::provider::{Completion, QpType, SendOp};
-use verbio_runtime::{Completable, GatherVerb, QueuePair, Submit, SubmitError, UdPeer};
+use verbio_runtime::buf::RegisteredBuf;
+use verbio_runtime::provider::{QpType, SendOp};
+use verbio_runtime::{QueuePair, Submit, SubmitError, UdPeer};
 
-use super::{check, gather_sge, refuse, submit_gather};
+use super::gather::{post_gather, GatherKind, Gathering, SendToKind};
+use super::refuse;
 use crate::error::Error;
 
-const OP: &str = "send_to";
+const OP: &str = SendToKind::OP;
 
 /// The in-flight datagram: owns the buffer (the address handle the WR
 /// names lives as long as its queue pair, which caches it); resolves to
 /// the bytes sent.
-#[derive(Debug)]
-pub struct SendToVerb<B> {
-    buf: B,
-    len: usize,
-}
-
-impl<B: RegisteredBuf> GatherVerb for SendToVerb<B> {
-    type Buf = B;
-    fn gather_buf(&self) -> &B {
-        &self.buf
-    }
-}
-
-impl<B: RegisteredBuf> Completable for SendToVerb<B> {
-    type Output = BufResult<usize, B, Error>;
-    fn complete(self, c: Completion) -> Self::Output {
-        (check(OP, &c).map(|()| self.len), self.buf)
-    }
-    fn fail(self, source: SubmitError) -> Self::Output {
-        (Err(Error::Submit { op: OP, source }), self.buf)
-    }
-}
+pub type SendToVerb<B> = Gathering<B, SendToKind>;
 
 /// Sends `buf`'s initialized bytes to `peer` as one datagram, with `imm` if
 /// given (see [`Verbs::send_to`](super::Verbs::send_to)).
@@ -51,17 +31,12 @@ pub fn send_to<B: RegisteredBuf>(
         };
         return refuse(Error::Submit { op: OP, source }, buf);
     }
-    let sge = match gather_sge(OP, &buf) {
-        Ok(s) => s,
-        Err(e) => return refuse(e, buf),
+    let fits = |len| {
+        qp.check_datagram_len(len)
+            .map_err(|source| Error::Submit { op: OP, source })
     };
-    let len = sge.length as usize;
-    if let Err(source) = qp.check_datagram_len(len) {
-        return refuse(Error::Submit { op: OP, source }, buf);
-    }
-    let op = SendOp::SendTo {
+    post_gather(qp, buf, fits, || SendOp::SendTo {
         dest: peer.dest(),
         imm,
-    };
-    submit_gather(qp, SendToVerb { buf, len }, op, &sge)
+    })
 }
