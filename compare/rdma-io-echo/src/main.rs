@@ -350,7 +350,7 @@ async fn main() -> Result<(), BoxError> {
         for _ in 0..a.warmup {
             c.round_trip(&msg)
                 .await
-                .map_err(|e| format!("{name}: warm-up: {e}"))?;
+                .map_err(|e| format!("{name}: warm-up: {e} ({e:?})"))?;
         }
     }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(a.iters * a.rounds); names.len()];
@@ -373,7 +373,7 @@ async fn main() -> Result<(), BoxError> {
             tokio::time::timeout(WAIT, run)
                 .await
                 .map_err(|_| format!("{}: round {round} took over {WAIT:?}", names[i]))?
-                .map_err(|e| format!("{}: round {round}: {e}", names[i]))?;
+                .map_err(|e| format!("{}: round {round}: {e} ({e:?})", names[i]))?;
         }
     }
     println!(
