@@ -123,6 +123,104 @@ pub(crate) trait Conn {
     fn down_event(&self) -> &'static str;
 }
 
+/// What a backend's connector does, written as plain async code; the one
+/// impl of [`Connect`] below boxes it for every backend.
+pub(crate) trait Connecting: 'static {
+    /// The backend's established connection.
+    type Conn: Conn + 'static;
+
+    /// As [`Connect::connect`].
+    async fn connect(
+        self,
+        qp: &QueuePair,
+        private_data: &[u8],
+    ) -> Result<(Self::Conn, Vec<u8>), CmError>;
+}
+
+impl<T: Connecting> Connect for T {
+    fn connect<'a>(
+        self: Box<Self>,
+        qp: &'a QueuePair,
+        private_data: &'a [u8],
+    ) -> CmFuture<'a, (Box<dyn Conn>, Vec<u8>)> {
+        Box::pin(async move {
+            let (conn, peer) = Connecting::connect(*self, qp, private_data).await?;
+            Ok((Box::new(conn) as Box<dyn Conn>, peer))
+        })
+    }
+}
+
+/// A request as a backend's listener takes it: the answer, the connection's
+/// QP (in RTS) and its protection domain, the requester's private data and
+/// address.
+pub(crate) type Request<A> = (A, QueuePair, Pd, Vec<u8>, Option<SocketAddr>);
+
+/// What a backend's listener does, written as plain async code; the one
+/// impl of [`Listen`] below boxes it for every backend.
+pub(crate) trait Listening: 'static {
+    /// The backend's unanswered request.
+    type Answer: Answer + 'static;
+
+    /// As [`Listen::local_addr`].
+    fn local_addr(&self) -> Option<SocketAddr>;
+
+    /// As [`Listen::request`].
+    async fn request(
+        &self,
+        device: &Device,
+        opts: &CmOptions,
+    ) -> Result<Request<Self::Answer>, CmError>;
+}
+
+impl<T: Listening> Listen for T {
+    fn local_addr(&self) -> Option<SocketAddr> {
+        Listening::local_addr(self)
+    }
+
+    fn request<'a>(&'a self, device: &'a Device, opts: &'a CmOptions) -> CmFuture<'a, Incoming> {
+        Box::pin(async move {
+            let (req, qp, pd, private_data, peer) = Listening::request(self, device, opts).await?;
+            Ok(Incoming {
+                answer: Box::new(req),
+                qp,
+                pd,
+                private_data,
+                peer,
+            })
+        })
+    }
+}
+
+/// What a backend's unanswered request does, written as plain async code;
+/// the one impl of [`Answer`] below boxes it for every backend.
+pub(crate) trait Answering: 'static {
+    /// The backend's established connection.
+    type Conn: Conn + 'static;
+
+    /// As [`Answer::accept`].
+    async fn accept(self, qp: &QueuePair, private_data: &[u8]) -> Result<Self::Conn, CmError>;
+
+    /// As [`Answer::reject`].
+    fn reject(self, private_data: &[u8]) -> Result<(), CmError>;
+}
+
+impl<T: Answering> Answer for T {
+    fn accept<'a>(
+        self: Box<Self>,
+        qp: &'a QueuePair,
+        private_data: &'a [u8],
+    ) -> CmFuture<'a, Box<dyn Conn>> {
+        Box::pin(async move {
+            let conn = Answering::accept(*self, qp, private_data).await?;
+            Ok(Box::new(conn) as Box<dyn Conn>)
+        })
+    }
+
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), CmError> {
+        Answering::reject(*self, private_data)
+    }
+}
+
 /// The backend of `device`'s provider: RDMA CM (librdmacm) on a libibverbs
 /// device, the TCP equivalent on the software device.
 pub(crate) fn for_device(device: &Device) -> &'static dyn CmBackend {

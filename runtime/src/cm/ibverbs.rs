@@ -7,7 +7,7 @@ use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
-use super::backend::{self, CmFuture, Incoming, Resolved};
+use super::backend::{self, CmFuture, Resolved};
 use super::conn::DisconnectReason;
 use super::{CmError, CmOptions};
 use crate::device::Device;
@@ -188,10 +188,14 @@ impl Connector {
             pd,
         ))
     }
+}
+
+impl backend::Connecting for Connector {
+    type Conn = Conn;
 
     /// Sends the connect request; on the response moves `qp` to RTS and
     /// establishes. Returns the connection and the peer's private data.
-    pub(crate) async fn connect(
+    async fn connect(
         self,
         qp: &QueuePair,
         private_data: &[u8],
@@ -245,18 +249,22 @@ impl Listener {
             .map_err(CmError::provider("listening"))?;
         Ok(Listener { events, id })
     }
+}
 
-    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+impl backend::Listening for Listener {
+    type Answer = Request;
+
+    fn local_addr(&self) -> Option<SocketAddr> {
         self.id.local_addr()
     }
 
     /// The next connect request, on its own event channel, with its QP in
     /// RTS (receives may be posted before accepting).
-    pub(crate) async fn request(
+    async fn request(
         &self,
         device: &Device,
         opts: &CmOptions,
-    ) -> Result<(Request, QueuePair, Pd, Vec<u8>, Option<SocketAddr>), CmError> {
+    ) -> Result<backend::Request<Request>, CmError> {
         loop {
             let ev = self.events.next().await?;
             match ev.kind {
@@ -311,8 +319,10 @@ pub(crate) struct Request {
     param: ConnParam,
 }
 
-impl Request {
-    pub(crate) async fn accept(self, qp: &QueuePair, private_data: &[u8]) -> Result<Conn, CmError> {
+impl backend::Answering for Request {
+    type Conn = Conn;
+
+    async fn accept(self, qp: &QueuePair, private_data: &[u8]) -> Result<Conn, CmError> {
         check_len("accept", private_data, MAX_ACCEPT_PRIVATE_DATA)?;
         self.id
             .accept(qp.qp_num(), &self.param, private_data)
@@ -329,7 +339,7 @@ impl Request {
         })
     }
 
-    pub(crate) fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
+    fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
         check_len("reject", private_data, MAX_REJECT_PRIVATE_DATA)?;
         self.id
             .reject(private_data)
@@ -349,21 +359,6 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        self.inner.id.local_addr()
-    }
-
-    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
-        self.inner.id.peer_addr()
-    }
-
-    pub(crate) fn disconnect(&self) -> Result<(), CmError> {
-        self.inner
-            .id
-            .disconnect()
-            .map_err(CmError::provider("disconnecting"))
-    }
-
     /// Resolves when the CM reports the connection down. A DISCONNECTED
     /// event is answered at once with `rdma_disconnect`: after the peer's
     /// DREQ it sends the DREP the peer's own `rdma_disconnect` waits for
@@ -421,66 +416,20 @@ impl backend::CmBackend for Backend {
     }
 }
 
-impl backend::Connect for Connector {
-    fn connect<'a>(
-        self: Box<Self>,
-        qp: &'a QueuePair,
-        private_data: &'a [u8],
-    ) -> CmFuture<'a, (Box<dyn backend::Conn>, Vec<u8>)> {
-        Box::pin(async move {
-            let (conn, peer) = Connector::connect(*self, qp, private_data).await?;
-            Ok((Box::new(conn) as Box<dyn backend::Conn>, peer))
-        })
-    }
-}
-
-impl backend::Listen for Listener {
-    fn local_addr(&self) -> Option<SocketAddr> {
-        Listener::local_addr(self)
-    }
-
-    fn request<'a>(&'a self, device: &'a Device, opts: &'a CmOptions) -> CmFuture<'a, Incoming> {
-        Box::pin(async move {
-            let (req, qp, pd, private_data, peer) = Listener::request(self, device, opts).await?;
-            Ok(Incoming {
-                answer: Box::new(req),
-                qp,
-                pd,
-                private_data,
-                peer,
-            })
-        })
-    }
-}
-
-impl backend::Answer for Request {
-    fn accept<'a>(
-        self: Box<Self>,
-        qp: &'a QueuePair,
-        private_data: &'a [u8],
-    ) -> CmFuture<'a, Box<dyn backend::Conn>> {
-        Box::pin(async move {
-            let conn = Request::accept(*self, qp, private_data).await?;
-            Ok(Box::new(conn) as Box<dyn backend::Conn>)
-        })
-    }
-
-    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), CmError> {
-        Request::reject(*self, private_data)
-    }
-}
-
 impl backend::Conn for Conn {
     fn local_addr(&self) -> Option<SocketAddr> {
-        Conn::local_addr(self)
+        self.inner.id.local_addr()
     }
 
     fn peer_addr(&self) -> Option<SocketAddr> {
-        Conn::peer_addr(self)
+        self.inner.id.peer_addr()
     }
 
     fn disconnect(&self) -> Result<(), CmError> {
-        Conn::disconnect(self)
+        self.inner
+            .id
+            .disconnect()
+            .map_err(CmError::provider("disconnecting"))
     }
 
     fn down(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = DisconnectReason>>> {

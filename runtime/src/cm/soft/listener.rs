@@ -38,10 +38,9 @@ use super::{
     connect_qp, drain_ready, make_qp, read_frame_raw, send_reject, spawn_reject, ReadError, Request,
 };
 use crate::cm::reject::{REJECT_INVALID_ADDRESS, REJECT_NO_RESOURCES, REJECT_UNSUPPORTED};
-use crate::cm::{CmError, CmOptions};
+use crate::cm::{backend, CmError, CmOptions};
 use crate::device::Device;
-use crate::provider::{Endpoint, Pd, ProviderKind};
-use crate::qp::QueuePair;
+use crate::provider::{Endpoint, ProviderKind};
 use crate::reactor::{
     timeout, AcceptBackoff, Handle, JoinHandle, PendingLimits, PendingSlot, TcpListener, TcpStream,
 };
@@ -152,8 +151,12 @@ impl Listener {
             task: Some(task),
         })
     }
+}
 
-    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+impl backend::Listening for Listener {
+    type Answer = Request;
+
+    fn local_addr(&self) -> Option<SocketAddr> {
         self.local
     }
 
@@ -162,11 +165,11 @@ impl Listener {
     /// could be made, or the QP refuses the peer's endpoint) are rejected
     /// and logged, and the next one is taken: this fails only if the
     /// listening socket itself failed.
-    pub(crate) async fn request(
+    async fn request(
         &self,
         device: &Device,
         opts: &CmOptions,
-    ) -> Result<(Request, QueuePair, Pd, Vec<u8>, Option<SocketAddr>), CmError> {
+    ) -> Result<backend::Request<Request>, CmError> {
         loop {
             let Queued {
                 mut stream,

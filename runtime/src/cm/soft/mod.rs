@@ -30,7 +30,7 @@ use futures::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub(crate) use self::listener::Listener;
 use self::wire::{DecodeError, Frame, Hello, HEADER_LEN, MAX_BODY};
-use super::backend::{self, CmFuture, Incoming, Resolved};
+use super::backend::{self, CmFuture, Resolved};
 use super::conn::DisconnectReason;
 use super::reject::{REJECT_CONSUMER, REJECT_NO_LISTENER};
 use super::{CmError, CmOptions};
@@ -206,12 +206,16 @@ impl Connector {
             pd,
         ))
     }
+}
+
+impl backend::Connecting for Connector {
+    type Conn = Conn;
 
     /// Connects, within `CmOptions::connect_timeout` (TCP connect,
     /// request, the listener's answer): a listener that never answers fails
     /// it as RDMA CM reports a peer that does not answer, with an
     /// `UNREACHABLE` event and `-ETIMEDOUT`.
-    pub(crate) async fn connect(
+    async fn connect(
         self,
         qp: &QueuePair,
         private_data: &[u8],
@@ -228,7 +232,9 @@ impl Connector {
             }),
         }
     }
+}
 
+impl Connector {
     async fn connect_unbounded(
         self,
         qp: &QueuePair,
@@ -301,11 +307,13 @@ pub(crate) struct Request {
     rtu_wait: Duration,
 }
 
-impl Request {
+impl backend::Answering for Request {
+    type Conn = Conn;
+
     /// Sends the accept and waits (at most `rtu_wait`) for the
     /// requester's ready-to-use: a peer that never confirms fails this
-    /// request only.
-    pub(crate) async fn accept(mut self, private_data: &[u8]) -> Result<Conn, CmError> {
+    /// request only. The QP is already in RTS (the listener moved it).
+    async fn accept(mut self, _qp: &QueuePair, private_data: &[u8]) -> Result<Conn, CmError> {
         check_len("accept", private_data, MAX_ACCEPT_PRIVATE_DATA)?;
         let rep = Hello {
             responder_resources: self.responder_resources,
@@ -339,7 +347,7 @@ impl Request {
         }
     }
 
-    pub(crate) fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
+    fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
         check_len("reject", private_data, MAX_REJECT_PRIVATE_DATA)?;
         // A few bytes on a fresh connection: sent by a task so that
         // rejecting does not wait; the stream closes after it.
@@ -365,24 +373,6 @@ impl Conn {
         }
     }
 
-    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        self.local
-    }
-
-    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
-        self.peer
-    }
-
-    /// Shuts our sending side: the peer reads the end and answers with its own.
-    pub(crate) fn disconnect(&self) -> Result<(), CmError> {
-        let mut cx = Context::from_waker(Waker::noop());
-        // A TCP shutdown does not block: the first poll is final.
-        match Pin::new(&mut *self.stream.borrow_mut()).poll_close(&mut cx) {
-            Poll::Ready(r) => r.map_err(CmError::io("disconnecting")),
-            Poll::Pending => Ok(()),
-        }
-    }
-
     /// Resolves when the peer's side of the stream ends.
     pub(crate) async fn down(self) -> DisconnectReason {
         let mut buf = [0u8; 64];
@@ -405,7 +395,7 @@ impl Conn {
             }
         }
         // Answer the peer's end with ours (no-op if we started).
-        if let Err(e) = self.disconnect() {
+        if let Err(e) = backend::Conn::disconnect(&self) {
             tracing::debug!(error = %crate::report::ErrorChain(&e), "closing the CM stream");
         }
         DisconnectReason::Peer
@@ -440,66 +430,23 @@ impl backend::CmBackend for Backend {
     }
 }
 
-impl backend::Connect for Connector {
-    fn connect<'a>(
-        self: Box<Self>,
-        qp: &'a QueuePair,
-        private_data: &'a [u8],
-    ) -> CmFuture<'a, (Box<dyn backend::Conn>, Vec<u8>)> {
-        Box::pin(async move {
-            let (conn, peer) = Connector::connect(*self, qp, private_data).await?;
-            Ok((Box::new(conn) as Box<dyn backend::Conn>, peer))
-        })
-    }
-}
-
-impl backend::Listen for Listener {
-    fn local_addr(&self) -> Option<SocketAddr> {
-        Listener::local_addr(self)
-    }
-
-    fn request<'a>(&'a self, device: &'a Device, opts: &'a CmOptions) -> CmFuture<'a, Incoming> {
-        Box::pin(async move {
-            let (req, qp, pd, private_data, peer) = Listener::request(self, device, opts).await?;
-            Ok(Incoming {
-                answer: Box::new(req),
-                qp,
-                pd,
-                private_data,
-                peer,
-            })
-        })
-    }
-}
-
-impl backend::Answer for Request {
-    fn accept<'a>(
-        self: Box<Self>,
-        _qp: &'a QueuePair,
-        private_data: &'a [u8],
-    ) -> CmFuture<'a, Box<dyn backend::Conn>> {
-        Box::pin(async move {
-            let conn = Request::accept(*self, private_data).await?;
-            Ok(Box::new(conn) as Box<dyn backend::Conn>)
-        })
-    }
-
-    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), CmError> {
-        Request::reject(*self, private_data)
-    }
-}
-
 impl backend::Conn for Conn {
     fn local_addr(&self) -> Option<SocketAddr> {
-        Conn::local_addr(self)
+        self.local
     }
 
     fn peer_addr(&self) -> Option<SocketAddr> {
-        Conn::peer_addr(self)
+        self.peer
     }
 
+    /// Shuts our sending side: the peer reads the end and answers with its own.
     fn disconnect(&self) -> Result<(), CmError> {
-        Conn::disconnect(self)
+        let mut cx = Context::from_waker(Waker::noop());
+        // A TCP shutdown does not block: the first poll is final.
+        match Pin::new(&mut *self.stream.borrow_mut()).poll_close(&mut cx) {
+            Poll::Ready(r) => r.map_err(CmError::io("disconnecting")),
+            Poll::Pending => Ok(()),
+        }
     }
 
     fn down(&self) -> Pin<Box<dyn std::future::Future<Output = DisconnectReason>>> {
