@@ -29,6 +29,15 @@ use crate::verbs::{SendToVerb, Verbs};
 /// engine puts under way (its credits), so a bound on memory only.
 const MAX_WAITING: usize = 1 << 14;
 
+/// [`UdConfig::max_inline`]'s default: a 256-byte message and its
+/// 32-byte header go INLINE (at 256, they went from a registered
+/// buffer: about 460 more instructions per packet on the soft device,
+/// and a send completion per packet).
+pub const DEFAULT_MAX_INLINE: u32 = 512;
+/// The `max_inline` a QP is created with when the device refuses
+/// [`DEFAULT_MAX_INLINE`] (the runtime's default QP caps' one).
+pub const FALLBACK_MAX_INLINE: u32 = 256;
+
 /// Bytes of an encoded [`UdEndpoint`]: a handshake hello, then the Q_Key.
 pub const UD_ADDR_LEN: usize = HELLO_LEN + 4;
 
@@ -78,7 +87,10 @@ pub struct UdConfig {
     /// One inline send signaled per this many.
     pub signal_interval: u32,
     /// Largest INLINE packet asked of the device; larger packets are sent
-    /// from registered buffers.
+    /// from registered buffers (a copy, and a signaled send whose
+    /// completion returns the buffer). The default,
+    /// [`DEFAULT_MAX_INLINE`], takes a 256-byte message and its header;
+    /// a device that refuses it gets a QP of [`FALLBACK_MAX_INLINE`].
     pub max_inline: u32,
     /// The GID index the endpoint announces (`None`: the device's default,
     /// e.g. the RoCE v2 IPv4 GID).
@@ -95,7 +107,7 @@ impl Default for UdConfig {
             repost_batch: 16,
             send_depth: 256,
             signal_interval: 64,
-            max_inline: 256,
+            max_inline: DEFAULT_MAX_INLINE,
             gid_index: None,
             attr: UdAttr::default(),
         }
@@ -180,9 +192,20 @@ impl UdTransport {
             max_recv_sge: 1,
             max_inline_data: config.max_inline,
         };
-        let qp = device
-            .create_ud_qp(caps, &config.attr)
-            .map_err(failed("creating the UD queue pair"))?;
+        let qp = match device.create_ud_qp(caps, &config.attr) {
+            Err(error) if config.max_inline == DEFAULT_MAX_INLINE => {
+                // A device with a smaller inline limit (the default is
+                // not the application's choice): the smaller one.
+                debug!(%error, "rpc/ud: the default max_inline refused; asking {FALLBACK_MAX_INLINE}");
+                let caps = QpCaps {
+                    max_inline_data: FALLBACK_MAX_INLINE,
+                    ..caps
+                };
+                device.create_ud_qp(caps, &config.attr)
+            }
+            r => r,
+        }
+        .map_err(failed("creating the UD queue pair"))?;
         qp.set_inline_signal_interval(config.signal_interval);
         let gid_index = match config.gid_index {
             Some(i) => i,
@@ -240,6 +263,10 @@ impl UdTransport {
     /// Posts `burst` as one post list if the send queue has room now;
     /// else its packets wait for room from registered buffers.
     fn post_burst(&mut self, burst: &[Datagram<'_>]) {
+        if let [one] = burst {
+            self.post_one(one);
+            return;
+        }
         let n = burst.len() as u64;
         // The try form: no future, no waker, no ticket queued and
         // withdrawn when there is no room (what holds the room is asked
@@ -258,6 +285,25 @@ impl UdTransport {
                 for d in burst {
                     self.post_buffered(d.peer, d.data);
                 }
+            }
+        }
+    }
+
+    /// Posts one datagram INLINE if the send queue has room now (else it
+    /// waits for room from a registered buffer). Not as a burst of one:
+    /// a burst's last datagram is always signaled, so each call's packet
+    /// took a send completion that the queue's signal interval
+    /// (`UdConfig::signal_interval`) spares it.
+    fn post_one(&mut self, d: &Datagram<'_>) {
+        match self.qp.try_post_send_inline_to(d.peer, d.data, d.imm) {
+            Some(Ok(())) => self.stats.inline_sent += 1,
+            Some(Err(error)) => {
+                self.stats.post_dropped += 1;
+                debug!(%error, "rpc/ud: inline send refused; packet lost");
+            }
+            None => {
+                trace!("rpc/ud: send queue full; the packet waits for room");
+                self.post_buffered(d.peer, d.data);
             }
         }
     }
@@ -585,6 +631,109 @@ mod tests {
             );
             assert_eq!(got, (0..n).collect::<Vec<_>>(), "{stats:?}");
         }
+    }
+
+    /// One packet at a time, as a call and its response go: its send
+    /// takes no completion of its own (one in the signal interval is
+    /// signaled), only its receive does. Before, each packet went as a
+    /// burst of one, whose last datagram is always signaled: two
+    /// completions per packet.
+    #[test]
+    fn a_packet_at_a_time_costs_one_completion() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use std::task::Wake;
+
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let rt = Runtime::new().unwrap();
+        let dev = Device::open(DevContext::open_soft(SoftConfig::default()).unwrap()).unwrap();
+        let mut tx = UdTransport::new(&dev, &UdConfig::default()).unwrap();
+        let mut rx = UdTransport::new(&dev, &UdConfig::default()).unwrap();
+        let peer = tx.resolve(&rx.local_addr()).unwrap();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let wakes = || count.0.load(Ordering::SeqCst);
+        const PACKETS: u64 = 20;
+        let completions = rt.stats().completions;
+        rt.block_on(async {
+            let mut cx = Context::from_waker(&waker);
+            assert!(rx.poll_recv(&mut cx, 64, &mut |_| {}).is_pending());
+            for i in 0..PACKETS {
+                let before = wakes();
+                let mut batch = TxBatch::default();
+                let h = Header {
+                    req_num: i,
+                    payload_len: 8,
+                    msg_len: 8,
+                    pkt_count: 1,
+                    ..Header::new(PacketKind::Request)
+                };
+                batch.push(&peer, &h, &i.to_le_bytes());
+                tx.send(&batch).unwrap();
+                // The runtime's turns deliver the packet; its arrival
+                // wakes the receiver.
+                let arrived = std::future::poll_fn(|cx| {
+                    if wakes() > before {
+                        Poll::Ready(())
+                    } else {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                });
+                timeout(Duration::from_secs(10), arrived)
+                    .await
+                    .unwrap_or_else(|_| panic!("packet {i} never woke the receiver"));
+                let mut got = Vec::new();
+                let polled = rx.poll_recv(&mut cx, 64, &mut |p| {
+                    got.push(Header::decode(p).expect("a header").0.req_num)
+                });
+                assert!(matches!(polled, Poll::Ready(Ok(1))), "packet {i}");
+                assert_eq!(got, [i]);
+                assert!(rx.poll_recv(&mut cx, 64, &mut |_| {}).is_pending());
+            }
+        });
+        // Its receive's completion; the sends' go unsignaled (20 of 64).
+        assert_eq!(rt.stats().completions - completions, PACKETS);
+    }
+
+    /// With the default config a 256-byte message's packet (and its
+    /// header) goes INLINE, not from a registered buffer (the limit was
+    /// 256 bytes of packet).
+    #[test]
+    fn a_256_byte_message_goes_inline() {
+        let rt = Runtime::new().unwrap();
+        let dev = Device::open(DevContext::open_soft(SoftConfig::default()).unwrap()).unwrap();
+        let mut tx = UdTransport::new(&dev, &UdConfig::default()).unwrap();
+        let mut rx = UdTransport::new(&dev, &UdConfig::default()).unwrap();
+        assert!(tx.queue_pair().caps().max_inline_data >= DEFAULT_MAX_INLINE);
+        let peer = tx.resolve(&rx.local_addr()).unwrap();
+        let payload = [5u8; 256];
+        let mut batch = TxBatch::default();
+        let h = Header {
+            payload_len: 256,
+            msg_len: 256,
+            pkt_count: 1,
+            ..Header::new(PacketKind::Request)
+        };
+        batch.push(&peer, &h, &payload);
+        tx.send(&batch).unwrap();
+        let stats = tx.stats();
+        assert_eq!(
+            (stats.inline_sent, stats.buffered_sent),
+            (1, 0),
+            "{stats:?}"
+        );
+        let got = rt.block_on(receive_all(
+            &mut rx,
+            1,
+            crate::rpc::header::HEADER_LEN + 256,
+        ));
+        assert_eq!(got, [0]);
     }
 
     fn endpoint() -> UdEndpoint {

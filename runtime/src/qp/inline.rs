@@ -178,6 +178,26 @@ impl QueuePair {
         }
     }
 
+    /// [`post_send_inline_to`](Self::post_send_inline_to) without waiting,
+    /// as [`try_post_send_inline`](Self::try_post_send_inline) is for RC:
+    /// posts now (`Some`, with the post's result) if nothing is queued
+    /// ahead and the send queue and the CQ have room; otherwise posts
+    /// nothing, holds nothing and returns `None`. Signaled one in
+    /// [`inline_signal_interval`](Self::inline_signal_interval), unlike a
+    /// burst's last datagram
+    /// ([`try_post_send_inline_burst`](Self::try_post_send_inline_burst)),
+    /// which always is.
+    #[inline]
+    pub fn try_post_send_inline_to(
+        &self,
+        peer: &UdPeer,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Option<Result<(), SubmitError>> {
+        // Dropped unposted, the future gives back what it took.
+        self.post_send_inline_to(peer, data, imm).try_post_now()
+    }
+
     /// How often an inline send of [`post_send_inline`](Self::post_send_inline)
     /// is signaled (1 = always).
     pub fn inline_signal_interval(&self) -> u32 {
