@@ -35,7 +35,7 @@ use std::task::Context;
 
 use tracing::debug;
 
-use super::bulk_write::{keep_spare, WRITE_TRAILER, WRITTEN_REQUEST_MAX};
+use super::bulk_write::{keep_spare, response_room, WRITE_TRAILER, WRITTEN_REQUEST_MAX};
 use super::client::complete;
 use super::core::{open_session, Core, ReadTarget};
 use super::error::{RpcError, SessionId};
@@ -729,19 +729,20 @@ impl<P: Clone> Core<P> {
         if self.links_opened {
             self.poll_link_packets(cx);
         }
+        // Completions before immediates: a server's response WRITE done
+        // before its client's next request lands makes that buffer the
+        // slot's next room (`bulk_write.rs`, `on_request_landed`).
+        if let Some(bulk) = self.bulk.as_mut() {
+            bulk.poll_done(cx, &mut self.bulk_done);
+            if !self.bulk_done.is_empty() {
+                let mut done = std::mem::take(&mut self.bulk_done);
+                for (token, buf, result) in done.drain(..) {
+                    self.on_read_done(token, buf, result);
+                }
+                self.bulk_done = done;
+            }
+        }
         self.poll_written(cx);
-        let Some(bulk) = self.bulk.as_mut() else {
-            return;
-        };
-        bulk.poll_done(cx, &mut self.bulk_done);
-        if self.bulk_done.is_empty() {
-            return;
-        }
-        let mut done = std::mem::take(&mut self.bulk_done);
-        for (token, buf, result) in done.drain(..) {
-            self.on_read_done(token, buf, result);
-        }
-        self.bulk_done = done;
     }
 
     /// A READ finished.
@@ -853,7 +854,12 @@ impl<P: Clone> Core<P> {
         // A response more than twice as long gets room of its own
         // (`offer_room`).
         let separate = hint > 2 * len && hint_bulk;
-        let cap = if separate { len } else { len.max(hint) };
+        // (And the response WRITE's trailer, `RESP_TRAILER`.)
+        let cap = if separate {
+            len
+        } else {
+            response_room(len.max(hint))
+        };
         match bulk.expose_writable(link, std::mem::take(&mut slot.req), cap) {
             Ok((token, addr, rkey)) => {
                 slot.req_exposed = Some(token);

@@ -11,8 +11,10 @@
 //!   least `read_threshold` bytes that fits the offer WRITEs it with
 //!   immediate to the start of the offered buffer over the session's RC
 //!   link (instead of exposing it and sending a read response for the
-//!   client to READ). The immediate names the slot, the request number's
-//!   low bits and the length ([`encode_imm`]). The response's buffer is
+//!   client to READ), followed by a trailer ([`RESP_TRAILER`]: the room
+//!   granted for the slot's next request, if any; offers count it). The
+//!   immediate names the slot, the request number's low bits and the
+//!   length of both ([`encode_imm`]). The response's buffer is
 //!   the WRITE's until its completion; then the server keeps it as the
 //!   slot's cached response, so a resent request is answered in packets.
 //!   A WRITE that fails (the client's end broke, its buffer is gone)
@@ -41,12 +43,19 @@
 //!   together are charged to a budget of their own, half of
 //!   `request_memory` (`Core::grants`, `RpcMemory::granted_bytes`): past
 //!   it none is granted and the next request goes by READ, and what
-//!   peers are granted never takes room from requests. The room is the
-//!   slot's until the link closes or the session ends (an idle session
-//!   expires): each request written is copied out of it, so it is
-//!   registered, zeroed and announced once, not per call; a larger
-//!   request (read) replaces it, an offer for the same room announces it
-//!   again.
+//!   peers are granted never takes room from requests. A room is the
+//!   slot's until a request is written into it (then it is that
+//!   request's buffer), the link closes or the session ends (an idle
+//!   session expires); a larger request (read) replaces it, an offer for
+//!   the same room announces it again.
+//! * The next room: when a written request lands, the slot's next room
+//!   is the buffer of its last response, whose WRITE is done (bytes this
+//!   peer was sent: only room past them is zeroed when exposed), of the
+//!   request's or that response's length, whichever is more, and the
+//!   trailer; it is announced in the trailer of the request's response
+//!   WRITE ([`RESP_TRAILER`]: its descriptor and capacity, 0 for none),
+//!   not by a packet. A response not written announces nothing: the
+//!   slot's next request goes by READ and gets a grant by packet.
 //! * The WRITE: the client's next large request of that slot that fits
 //!   the room goes by one RDMA WRITE with immediate into it, followed by
 //!   a trailer ([`WRITE_TRAILER`]: its request number and type, and the
@@ -61,14 +70,17 @@
 //!   slot's spare ([`keep_spare`]): the buffer of its last request, whose
 //!   bytes the server received, exposed again with no pass zeroing it
 //!   (only room past its length is zeroed), not a pool buffer zeroed
-//!   whole per call.
-//! * The arrival: the server's link takes the immediate; the request is
-//!   copied out of the slot's room at once (charged to the request
-//!   memory), checked as a read
-//!   request's header is (a request number after the slot's, a length
-//!   within the room and the message limit; anything else is dropped as
-//!   malformed, never failing the session, the room kept), and the
-//!   handler runs.
+//!   whole per call. The client forgets the grant once its WRITE is
+//!   under way (the room is the server's request now) and takes the next
+//!   from the response's trailer.
+//! * The arrival: the server's link takes the immediate; only the
+//!   request's trailer is copied out of the slot's room, checked as a
+//!   read request's header is (a request number after the slot's, a
+//!   length within the room and the message limit; anything else is
+//!   dropped as malformed, never failing the session, the room kept).
+//!   Then the room is deregistered (no WRITE reaches it afterwards) and
+//!   itself becomes the handler's request, charged to the request memory
+//!   in place of the grants: no copy of the request in user space.
 //!
 //! The last two of the READ path's four one-way trips for an echo are the
 //! response's; the first three (read request, the READ's request, its
@@ -130,6 +142,38 @@ pub(crate) const WRITTEN_REQUEST_MAX: usize = 128 << 10;
 /// capacity of 0: none).
 pub(crate) const WRITE_TRAILER: usize = 12 + BULK_DESC_LEN;
 
+/// Bytes a response WRITE carries after its message: the descriptor and
+/// capacity of the room granted for its slot's next request
+/// ([`BulkDesc::encode_offer`]; a capacity of 0: none). So the grant needs
+/// no packet of its own (see the module's "Requests written").
+pub(crate) const RESP_TRAILER: usize = BULK_DESC_LEN;
+
+/// The largest room offered for a response whose WRITE carries a
+/// [`RESP_TRAILER`]: one for a written request's response and its
+/// trailer. Both sides know the offer, so they agree on the trailer; a
+/// larger offer (a call by READ past [`WRITTEN_REQUEST_MAX`]) is used as
+/// before, with no trailer, so its buffer is not grown (a copy of it).
+pub(crate) const TRAILED_ROOM_MAX: usize = WRITTEN_REQUEST_MAX + WRITE_TRAILER + RESP_TRAILER;
+
+/// The room to offer for a response of up to `len` bytes: `len` and the
+/// trailer, unless that is past [`TRAILED_ROOM_MAX`].
+pub(crate) fn response_room(len: usize) -> usize {
+    if len + RESP_TRAILER <= TRAILED_ROOM_MAX {
+        len + RESP_TRAILER
+    } else {
+        len
+    }
+}
+
+/// The trailer a response WRITE into a room of `cap` bytes carries.
+fn trailer_len(cap: usize) -> usize {
+    if cap <= TRAILED_ROOM_MAX {
+        RESP_TRAILER
+    } else {
+        0
+    }
+}
+
 /// A written request's trailer.
 pub(crate) fn encode_trailer(
     req_num: u64,
@@ -180,15 +224,35 @@ impl<P: Clone> Core<P> {
         };
         let slot = &mut s.server[i];
         let desc = match slot.offer {
-            Some((n, desc, cap)) if n == req_num && buf.len() <= cap => desc,
+            Some((n, desc, cap))
+                if n == req_num
+                    && slot.writing.is_none()
+                    && buf.len() + trailer_len(cap) <= cap =>
+            {
+                (desc, cap)
+            }
             _ => return Err(buf),
         };
+        let (desc, offered) = desc;
         let token = self.next_token;
+        // The room for the slot's next request, if it holds one, in the
+        // trailer.
+        let (room, room_cap) = slot
+            .granted
+            .map_or((BulkDesc { addr: 0, rkey: 0 }, 0), |(_, d, c)| {
+                (d, c as u32)
+            });
+        let len = buf.len();
+        let mut buf = buf;
+        if trailer_len(offered) > 0 {
+            buf.extend_from_slice(&room.encode_offer(room_cap));
+        }
         let imm = encode_imm(req_num, buf.len());
         match bulk.write_imm(link, buf, desc.addr, desc.rkey, imm, token) {
             Ok(()) => {
                 self.next_token += 1;
-                slot.offer = None;
+                // (The offer stays until the WRITE is done: its capacity
+                // says whether the WRITE carried a trailer.)
                 slot.writing = Some(token);
                 slot.resp = None;
                 slot.n_resp = 1;
@@ -204,8 +268,9 @@ impl<P: Clone> Core<P> {
                 );
                 Ok(())
             }
-            Err((buf, error)) => {
+            Err((mut buf, error)) => {
                 debug!(%error, session = sid, "rpc: response not written; it goes by READ or in packets");
+                buf.truncate(len);
                 Err(buf)
             }
         }
@@ -243,11 +308,47 @@ impl<P: Clone> Core<P> {
         let slot = &mut s.server[t.slot];
         if slot.req_num != t.req_num || slot.writing != Some(token) {
             // The slot moved on (a new request, the session closed): the
-            // completion came after the client's next calls.
-            self.pool.put(buf);
+            // completion came after the client's next calls. The buffer
+            // becomes the slot's next room if it has none and its
+            // current request's response is not written yet (that
+            // response announces it).
+            let next = slot.msg_len + WRITE_TRAILER;
+            let link = s.link_ready();
+            let slot = &mut s.server[t.slot];
+            let wanted = result.is_ok()
+                && slot.granted.is_none()
+                && slot.writing.is_none()
+                && slot.msg_len > 0
+                && slot.msg_len <= WRITTEN_REQUEST_MAX
+                && matches!(slot.state, ServeState::Handling);
+            match (link, self.bulk.as_mut()) {
+                (Some(link), Some(bulk))
+                    if wanted && self.grants.grow(&mut slot.grant_charge, next, false) =>
+                {
+                    let mut room = buf;
+                    room.truncate(next);
+                    match bulk.expose_writable(link, room, next) {
+                        Ok((token, addr, rkey)) => {
+                            slot.granted = Some((token, BulkDesc { addr, rkey }, next));
+                        }
+                        Err((room, _)) => {
+                            self.pool.put(room);
+                            slot.grant_charge.release();
+                        }
+                    }
+                }
+                _ => self.pool.put(buf),
+            }
             return;
         }
         slot.writing = None;
+        let trailer = match slot.offer.take() {
+            Some((n, _, cap)) if n == t.req_num => trailer_len(cap),
+            _ => 0,
+        };
+        let mut buf = buf;
+        // (Without its trailer: a resend in packets is the response alone.)
+        buf.truncate(buf.len().saturating_sub(trailer));
         if result.is_err() {
             super::bulk::close_link_if(&mut self.bulk, s, t.link);
         }
@@ -334,16 +435,25 @@ impl<P: Clone> Core<P> {
             complete(s, i, Err(RpcError::Transport(e)));
             return;
         };
-        if len == 0 || len > cap || len > max_len {
+        // The response and its trailer (the room granted for the slot's
+        // next request).
+        let tl = trailer_len(cap);
+        let trailer = match len.checked_sub(tl).filter(|_| len <= cap) {
+            Some(at) if tl > 0 => buf.get(at..len).and_then(BulkDesc::decode_offer),
+            Some(_) => Some((BulkDesc { addr: 0, rkey: 0 }, 0)),
+            None => None,
+        };
+        let msg_len = len.saturating_sub(tl);
+        if trailer.is_none() || msg_len == 0 || msg_len > max_len {
             // The server claims more than it could have written (or
             // nothing, which never goes by WRITE): the call fails.
             self.stats.malformed_packets += 1;
             self.pool.put(buf);
-            let e = if len > max_len {
+            let e = if trailer.is_some() && msg_len > max_len {
                 RpcError::ResponseTooLarge {
                     session: SessionId(sid),
                     req_num,
-                    len,
+                    len: msg_len,
                     max: max_len,
                 }
             } else {
@@ -358,9 +468,15 @@ impl<P: Clone> Core<P> {
             }
             return;
         }
+        let len = msg_len;
         buf.truncate(len);
         self.stats.bulk_writes += 1;
         s.resp_hint = len;
+        if let Some((desc, room)) = trailer.filter(|&(_, room)| room > 0) {
+            // The server's room for the slot's next request: the buffer of
+            // its last response (`on_request_landed`).
+            s.client[i].grant = Some((desc, room as usize));
+        }
         // (`complete` returns the credits of the packets in flight: the
         // server had the whole request.)
         let slot = &mut s.client[i];
@@ -433,6 +549,8 @@ impl<P: Clone> Core<P> {
             return None;
         }
         let link = s.link_ready()?;
+        // Room for the response's trailer too.
+        let hint = response_room(hint);
         // The slot's spare, if large enough: what it holds the server
         // could READ already, so only room past its length is zeroed when
         // exposed (a pool buffer is zeroed whole: a pass over the room per
@@ -593,6 +711,12 @@ impl<P: Clone> Core<P> {
             return;
         }
         let slot = &mut s.client[(h.req_num % SESSION_SLOTS as u64) as usize];
+        if h.req_num < slot.req_num {
+            // Granted after an older request: a late (or duplicated)
+            // packet, its room possibly taken by a request written since.
+            self.stats.stale_packets += 1;
+            return;
+        }
         slot.grant = Some((desc, h.msg_len as usize));
     }
 
@@ -632,8 +756,9 @@ impl<P: Clone> Core<P> {
         match bulk.write_imm(link, buf, grant.addr, grant.rkey, imm, token) {
             Ok(()) => {
                 self.next_token += 1;
-                // Kept: the room stays the slot's (the server copies each
-                // request out of it), for the next request that fits.
+                // Used: the server hands the room to the request's handler
+                // and grants the next in the response's trailer.
+                slot.grant = None;
                 slot.req_writing = Some(token);
                 slot.n_req = 1;
                 // Its one packet is in flight (a credit), answered when
@@ -774,8 +899,13 @@ impl<P: Clone> Core<P> {
             stats,
             pool,
             budget,
+            grants,
             ..
         } = self;
+        let Some(bulk) = bulk.as_mut() else {
+            stats.stale_packets += 1;
+            return;
+        };
         let Some(s) = sessions.get_mut(sid) else {
             stats.stale_packets += 1;
             return;
@@ -792,19 +922,15 @@ impl<P: Clone> Core<P> {
             stats.malformed_packets += 1;
             return;
         };
-        // The room stays exposed for the slot's next request (no new room
-        // to register, zero and announce per call): the request is copied
-        // out of it now, trailer included, before anything else runs. Its
-        // client writes the next one only after this one's response.
-        let mut buf = pool.take_for(len);
-        let copied = len <= cap
-            && bulk
-                .as_mut()
-                .is_some_and(|b| b.copy_out(token, 0, len, &mut buf));
+        // Only the trailer is copied out of the room, and checked, before
+        // the room is handed over: a malformed or stale WRITE leaves it
+        // exposed and the slot as it was.
+        let mut t = Vec::with_capacity(WRITE_TRAILER);
         let trailer = len
             .checked_sub(WRITE_TRAILER)
-            .filter(|_| copied)
-            .and_then(|at| decode_trailer(buf.get(at..len)?));
+            .filter(|_| len <= cap)
+            .filter(|&at| bulk.copy_out(token, at, WRITE_TRAILER, &mut t))
+            .and_then(|_| decode_trailer(&t));
         let fresh = |n: u64| {
             (n > slot.req_num || slot.state == ServeState::Idle)
                 && !matches!(slot.state, ServeState::Receiving | ServeState::Handling)
@@ -813,19 +939,26 @@ impl<P: Clone> Core<P> {
             (n % SESSION_SLOTS as u64) as usize == i && generation(n) == gen && fresh(n)
         }) else {
             stats.malformed_packets += 1;
-            pool.put(buf);
             return;
         };
         let msg_len = len - WRITE_TRAILER;
         if msg_len > max_len {
             stats.malformed_packets += 1;
-            pool.put(buf);
             return;
         }
+        // The room itself becomes the request (no copy): deregistered
+        // first, so no WRITE reaches it afterwards. Its charge moves from
+        // the grants to the request memory.
+        slot.granted = None;
+        slot.grant_charge.release();
+        let Some(mut buf) = bulk.unexpose(token) else {
+            stats.malformed_packets += 1;
+            return;
+        };
         buf.truncate(msg_len);
         let old_req = std::mem::replace(&mut slot.req, buf);
-        let old_resp = slot.resp_exposed.take();
-        slot.resp = None;
+        let old_resp = slot.resp.take();
+        let old_exposed = slot.resp_exposed.take();
         slot.begin_request(req_num, req_type, msg_len, 1, true);
         slot.charge.release();
         budget.grow(&mut slot.charge, msg_len, true);
@@ -833,7 +966,47 @@ impl<P: Clone> Core<P> {
         slot.offer = (room > 0).then_some((req_num, desc, room as usize));
         stats.bulk_request_writes += 1;
         pool.put(old_req);
-        self.release_exposed(old_resp);
+        // The room for the slot's next request: the buffer of its last
+        // response, whose WRITE is done (bytes this peer was sent: only
+        // room past them is zeroed), or, if it went by READ, the one it
+        // was exposed in (deregistered first; bytes this peer could READ),
+        // else one of the pool (zeroed whole); announced in this
+        // request's response's trailer (`write_response`). Of the
+        // request's length or the response's, whichever is more (so an
+        // echo's room is what the response holds and the trailer).
+        let last = match (old_resp, old_exposed) {
+            (Some(resp), exposed) => {
+                if let Some((token, _, _)) = exposed {
+                    if let Some(b) = bulk.unexpose(token) {
+                        pool.put(b);
+                    }
+                }
+                resp.into_vec()
+            }
+            (None, Some((token, _, _))) => bulk.unexpose(token).unwrap_or_default(),
+            (None, None) => Vec::new(),
+        };
+        let next = msg_len.max(last.len()).min(WRITTEN_REQUEST_MAX) + WRITE_TRAILER;
+        if grants.grow(&mut slot.grant_charge, next, false) {
+            let mut room = if last.capacity() == 0 {
+                pool.take_for(next)
+            } else {
+                last
+            };
+            room.truncate(next);
+            match bulk.expose_writable(link, room, next) {
+                Ok((token, addr, rkey)) => {
+                    slot.granted = Some((token, BulkDesc { addr, rkey }, next));
+                }
+                Err((room, error)) => {
+                    debug!(%error, "rpc: no room granted for a request; it goes by READ");
+                    pool.put(room);
+                    slot.grant_charge.release();
+                }
+            }
+        } else {
+            pool.put(last);
+        }
         self.dispatch(sid, i);
     }
 }

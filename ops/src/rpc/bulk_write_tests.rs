@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::future::{join, select, Either};
 use verbio_runtime::Runtime;
 
-use super::bulk_write::encode_imm;
+use super::bulk_write::{encode_imm, RESP_TRAILER};
 use super::header::{BulkDesc, Header, PacketKind, HEADER_LEN};
 use super::mem::{MemNetwork, MemTransport};
 use super::tests::{answer, config, request, server, wait_for, ECHO};
@@ -369,6 +369,15 @@ impl RawServer {
         }
     }
 
+    /// WRITEs response `bytes` of request `req_num` to `desc`, with the
+    /// trailer that grants no room.
+    fn respond(&mut self, desc: BulkDesc, bytes: &[u8], req_num: u64) {
+        let mut b = bytes.to_vec();
+        b.extend_from_slice(&BulkDesc { addr: 0, rkey: 0 }.encode_offer(0));
+        let imm = encode_imm(req_num, b.len());
+        self.write(desc, &b, imm);
+    }
+
     /// WRITEs `bytes` with `imm` to `desc`.
     fn write(&mut self, desc: BulkDesc, bytes: &[u8], imm: u32) {
         let token = self.next_token;
@@ -382,8 +391,9 @@ impl RawServer {
 
 /// Immediates from a hostile server: one naming another call (an old
 /// generation, another slot) is ignored and counted; one claiming more
-/// than the offer, or nothing, fails that call only; the session serves
-/// the next call, and a proper WRITE completes it.
+/// than the offer, or nothing, or with a trailer that does not decode,
+/// fails that call only; the session serves the next call, and a proper
+/// WRITE completes it.
 #[test]
 fn hostile_immediates_fail_or_are_ignored() {
     let rt = Runtime::new().unwrap();
@@ -403,7 +413,8 @@ fn hostile_immediates_fail_or_are_ignored() {
         let hostile = async {
             raw.accept_link().await;
             let (h, desc, offer) = raw.read_request().await;
-            assert_eq!(offer as usize, len, "the request's own room");
+            // (With room for the response WRITE's trailer.)
+            assert_eq!(offer as usize, len + RESP_TRAILER, "the request's own room");
             raw.write(desc, &[7; 100], encode_imm(h.req_num, offer as usize + 1));
         };
         let (r, ()) = join(cli.call(s, ECHO, &req), hostile).await;
@@ -420,6 +431,18 @@ fn hostile_immediates_fail_or_are_ignored() {
         let e = r.unwrap_err();
         assert!(matches!(e, RpcError::Transport(_)), "{e}");
 
+        // 2b: a trailer whose capacity is past the message limit: fails.
+        let req = request(4, 5, len);
+        let hostile = async {
+            let (h, desc, _) = raw.read_request().await;
+            let mut b = vec![7; 100];
+            b.extend_from_slice(&[0xff; RESP_TRAILER]);
+            raw.write(desc, &b, encode_imm(h.req_num, b.len()));
+        };
+        let (r, ()) = join(cli.call(s, ECHO, &req), hostile).await;
+        let e = r.unwrap_err();
+        assert!(matches!(e, RpcError::Transport(_)), "{e}");
+
         // 3: an old generation and another slot: ignored; then the
         // proper one completes the call with what was written.
         let req = request(4, 3, len);
@@ -427,10 +450,10 @@ fn hostile_immediates_fail_or_are_ignored() {
         let hostile = async {
             let (h, desc, _) = raw.read_request().await;
             let want = reversed(&req);
-            raw.write(desc, &want, encode_imm(h.req_num + 8, want.len()));
-            raw.write(desc, &want, encode_imm(h.req_num + 1, want.len()));
+            raw.respond(desc, &want, h.req_num + 8);
+            raw.respond(desc, &want, h.req_num + 1);
             wait_for(|| cli.stats().stale_packets >= stale0 + 2).await;
-            raw.write(desc, &want, encode_imm(h.req_num, want.len()));
+            raw.respond(desc, &want, h.req_num);
         };
         let (r, ()) = join(cli.call(s, ECHO, &req), hostile).await;
         assert!(r.unwrap()[..] == reversed(&req)[..]);
@@ -442,12 +465,12 @@ fn hostile_immediates_fail_or_are_ignored() {
         let req = request(4, 4, len);
         let hostile = async {
             let (h, desc, _) = raw.read_request().await;
-            raw.write(desc, &req[..100], encode_imm(h.req_num, 100));
+            raw.respond(desc, &req[..100], h.req_num);
             (h, desc)
         };
         let (r, (h, desc)) = join(cli.call(s, ECHO, &req), hostile).await;
         assert_eq!(&r.unwrap()[..], &req[..100]);
-        raw.write(desc, &req[..100], encode_imm(h.req_num, 100));
+        raw.respond(desc, &req[..100], h.req_num);
         let mut cx = Context::from_waker(Waker::noop());
         let mut done = Vec::new();
         raw.bulk.poll_done(&mut cx, &mut done);

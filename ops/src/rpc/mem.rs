@@ -205,6 +205,13 @@ impl MemNetwork {
         self.0.borrow().bulk.zeroed
     }
 
+    /// Bytes endpoints copied out of their own exposed buffers so far
+    /// (a written request's trailer, checked before its room is handed
+    /// over).
+    pub fn copied_out_bytes(&self) -> u64 {
+        self.0.borrow().bulk.copied_out
+    }
+
     /// READs carried out so far.
     pub fn reads(&self) -> u64 {
         self.0.borrow().bulk.reads

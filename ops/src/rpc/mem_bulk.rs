@@ -81,6 +81,9 @@ pub(crate) struct BulkNet {
     /// Bytes zeroed to expose buffers for WRITE, as a device's
     /// registration zeroes what a buffer does not hold yet (tests).
     pub(crate) zeroed: u64,
+    /// Bytes copied out of exposed buffers by their owners
+    /// ([`Bulk::copy_out`]; tests).
+    pub(crate) copied_out: u64,
 }
 
 impl BulkNet {
@@ -304,11 +307,12 @@ impl Bulk for MemBulk {
         let Ok(rkey) = u32::try_from(token) else {
             return false;
         };
-        let net = self.net.0.borrow();
+        let mut net = self.net.0.borrow_mut();
         let span = off.checked_add(n);
         match (net.bulk.regions.get(&rkey), span) {
             (Some(r), Some(end)) if r.owner == self.id && end <= r.bytes.len() => {
                 dst.extend_from_slice(&r.bytes[off..end]);
+                net.bulk.copied_out += n as u64;
                 true
             }
             _ => false,

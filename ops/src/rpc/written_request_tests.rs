@@ -4,7 +4,9 @@
 //! clients that never use their grants and raw peers that misuse them.
 
 use super::bulk_tests::RawPeer;
-use super::bulk_write::{encode_imm, encode_trailer, WRITE_TRAILER, WRITTEN_REQUEST_MAX};
+use super::bulk_write::{
+    encode_imm, encode_trailer, RESP_TRAILER, WRITE_TRAILER, WRITTEN_REQUEST_MAX,
+};
 use super::header::{BulkDesc, Header, PacketKind, HEADER_LEN};
 use super::mem::{MemNetwork, MemTransport};
 use super::tests::{answer, config, lossy, request, server, wait_for, ECHO};
@@ -160,7 +162,8 @@ fn unused_grants_are_bounded_apart_from_requests() {
 /// more than the room, a request written twice (its number again), an
 /// immediate over another peer's link into that room: each dropped and
 /// counted malformed, no handler run for it, no more memory held; a
-/// request written properly is served once.
+/// request written properly is served once, its room handed to the
+/// handler (no longer granted).
 #[test]
 fn misused_grants_run_nothing() {
     let rt = Runtime::new().unwrap();
@@ -207,7 +210,9 @@ fn misused_grants_run_nothing() {
 
         // A read request in slot 0 again: the same room announced again
         // (the last offer packet may have been lost), then a request
-        // written properly: served once, the room kept for the next.
+        // written properly: served once, the room handed to its handler
+        // (the next room comes with a response WRITE, and this peer
+        // offered none).
         grant(&mut raw, 16, BulkDesc { addr, rkey }, first.len());
         let (h, payload) = raw.expect(PacketKind::Offer).await;
         assert_eq!(h.req_num, 16);
@@ -220,9 +225,18 @@ fn misused_grants_run_nothing() {
             .write_imm(1, bytes.clone(), room.addr, room.rkey, imm, 2)
             .unwrap();
         wait_for(|| srv.stats().bulk_request_writes == 1).await;
-        assert_eq!(srv.memory().granted_bytes, held);
-        let next_room = room;
         wait_for(|| runs.borrow().get(&second) == Some(&1)).await;
+        // The slot's next room: the buffer its last response was exposed
+        // in (the response and the trailer), one room per slot still.
+        let held = srv.memory().granted_bytes;
+        assert_eq!(held, first.len() + 4 + WRITE_TRAILER);
+        // A read request in slot 0 once more: that room announced.
+        grant(&mut raw, 32, BulkDesc { addr, rkey }, first.len());
+        let (h, payload) = raw.expect(PacketKind::Offer).await;
+        assert_eq!(h.req_num, 32);
+        let next_room = BulkDesc::decode(&payload).unwrap();
+        assert_ne!(next_room, room);
+        assert_eq!(srv.memory().granted_bytes, held);
 
         // A stranger with a session and link of its own, writing into
         // the room granted to the other peer, its immediate for slot 0 of
@@ -233,8 +247,8 @@ fn misused_grants_run_nothing() {
         let (malformed, held) = (srv.stats().malformed_packets, srv.memory().granted_bytes);
         assert!(held > 0);
         let mut forged = request(8, 0, 100);
-        forged.extend_from_slice(&encode_trailer(32, ECHO, None));
-        let forged_imm = encode_imm(32, forged.len());
+        forged.extend_from_slice(&encode_trailer(40, ECHO, None));
+        let forged_imm = encode_imm(40, forged.len());
         stranger
             .bulk
             .write_imm(5, forged, next_room.addr, next_room.rkey, forged_imm, 4)
@@ -244,8 +258,8 @@ fn misused_grants_run_nothing() {
         assert!(runs.borrow().get(&request(8, 0, 100)).is_none());
         assert!(runs.borrow().get(&request(7, 1, 100)).is_none());
         assert_eq!(srv.memory().granted_bytes, held);
-        // The same request (number 24) written again into the next room:
-        // not new, dropped; its handler does not run twice.
+        // The request number 24 written again into the next room: not
+        // new, dropped; its handler does not run twice.
         let malformed = srv.stats().malformed_packets;
         raw.bulk
             .write_imm(1, bytes, next_room.addr, next_room.rkey, imm, 3)
@@ -296,11 +310,14 @@ fn the_response_room_of_a_written_request_is_not_zeroed_per_call() {
             assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
         }
         assert_eq!(cli.stats().bulk_request_writes - written, 10);
-        // The test's handler answers 4 bytes more than it got: those are
-        // the room past the spare, the only bytes zeroed.
+        // The test's handler answers 4 bytes more than it got: those and
+        // the response WRITE's trailer are the room past the client's
+        // spare; the server's room for the next request is its last
+        // response's buffer, past which only the request's trailer is
+        // zeroed. No other byte is zeroed.
         assert_eq!(
             net.zeroed_bytes() - zeroed,
-            10 * 4,
+            10 * (4 + RESP_TRAILER + WRITE_TRAILER) as u64,
             "bytes zeroed in 10 written calls"
         );
         // A shorter request, its response room the spare as it is; then
@@ -312,6 +329,53 @@ fn the_response_room_of_a_written_request_is_not_zeroed_per_call() {
         assert!(runs.borrow().values().all(|&n| n == 1));
         assert_eq!(srv.stats().malformed_packets, 0);
         assert_eq!(cli.stats().malformed_packets, 0);
+        cli.disconnect(s);
+        wait_for(|| srv.memory().granted_bytes == 0).await;
+    });
+}
+
+/// A written request is not copied out of its room: the room itself is
+/// the handler's request (only its trailer is read before it is handed
+/// over), and the room for the slot's next request is announced in the
+/// response WRITE's trailer, so every call after the first written one
+/// is written too, with no offer packet. (Before: each request copied
+/// out of the room, `len` bytes per call.)
+#[test]
+fn written_requests_are_handed_to_the_handler_without_a_copy() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(48, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv, 0).await;
+        const LEN: usize = 60_000;
+        // Read (its grant follows in an offer packet), then written.
+        for i in 0..2 {
+            let req = request(5, i, LEN);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        let copied = net.copied_out_bytes();
+        let written = srv.stats().bulk_request_writes;
+        let reads = srv.stats().bulk_reads;
+        for i in 2..12 {
+            let req = request(5, i, LEN);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        assert_eq!(srv.stats().bulk_request_writes - written, 10);
+        assert_eq!(srv.stats().bulk_reads, reads);
+        assert_eq!(
+            net.copied_out_bytes() - copied,
+            10 * WRITE_TRAILER as u64,
+            "bytes copied out of rooms in 10 written calls"
+        );
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(srv.stats().malformed_packets, 0);
+        assert_eq!(cli.stats().malformed_packets, 0);
+        // At most one room per slot, charged to the grants.
+        let m = srv.memory();
+        assert!(
+            m.granted_bytes > 0 && m.granted_bytes <= LEN + 4 + WRITE_TRAILER,
+            "{m:?}"
+        );
         cli.disconnect(s);
         wait_for(|| srv.memory().granted_bytes == 0).await;
     });
