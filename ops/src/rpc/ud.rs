@@ -80,7 +80,11 @@ pub struct UdConfig {
     pub mtu: usize,
     /// Receive buffers.
     pub recv_depth: u32,
-    /// Receive buffers reposted per doorbell.
+    /// Receive buffers reposted per doorbell. The default, 1, reposts each
+    /// buffer as its packet is released, in the same turn: a larger batch
+    /// leaves a released buffer pending, and the ring wakes its consumer
+    /// (the dispatcher) to repost it, a second, empty run of the
+    /// dispatcher per packet when packets come one at a time.
     pub repost_batch: u32,
     /// Send-queue depth.
     pub send_depth: u32,
@@ -104,7 +108,7 @@ impl Default for UdConfig {
         UdConfig {
             mtu: 4096,
             recv_depth: 1024,
-            repost_batch: 16,
+            repost_batch: 1,
             send_depth: 256,
             signal_interval: 64,
             max_inline: DEFAULT_MAX_INLINE,
@@ -238,8 +242,11 @@ impl UdTransport {
             max_inline,
             max_burst: MAX_INLINE_BURST.min(config.send_depth.max(1) as usize),
             waiting: VecDeque::new(),
-            sent: VecDeque::new(),
-            spare: Vec::new(),
+            // At their bounds (the send queue's depth) from the start: not
+            // grown on the hot path when a loaded host lets more sends
+            // finish late than the warm-up did.
+            sent: VecDeque::with_capacity(config.send_depth.max(1) as usize),
+            spare: Vec::with_capacity(config.send_depth.max(1) as usize),
             send_depth: config.send_depth.max(1) as usize,
             stats: UdStats::default(),
         })
@@ -321,6 +328,12 @@ impl UdTransport {
                 "rpc/ud: too many packets wait for send-queue room; packet lost"
             );
             return;
+        }
+        if self.spare.is_empty() && !self.sent.is_empty() {
+            // Finished sends give their buffers back first: a loaded host
+            // that runs the dispatcher late (the only other reaper) must
+            // not make this send allocate and register a new buffer.
+            self.reap_sent();
         }
         let buf = match self.spare.pop() {
             Some(mut buf) if buf.capacity() >= bytes.len() => {
@@ -699,6 +712,84 @@ mod tests {
         });
         // Its receive's completion; the sends' go unsignaled (20 of 64).
         assert_eq!(rt.stats().completions - completions, PACKETS);
+    }
+
+    /// One packet at a time, as a call and its response go: receiving
+    /// (and releasing) a packet does not wake the receiver again. With
+    /// reposts in batches of 16 each packet's release left its buffer
+    /// pending and woke the receiver to repost it: a second, empty run of
+    /// the dispatcher per packet. Counted: wakes made inside `poll_recv`.
+    #[test]
+    fn receiving_a_packet_does_not_wake_the_receiver_again() {
+        use std::cell::Cell;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use std::task::Wake;
+
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let rt = Runtime::new().unwrap();
+        let dev = Device::open(DevContext::open_soft(SoftConfig::default()).unwrap()).unwrap();
+        let mut tx = UdTransport::new(&dev, &UdConfig::default()).unwrap();
+        let mut rx = UdTransport::new(&dev, &UdConfig::default()).unwrap();
+        let peer = tx.resolve(&rx.local_addr()).unwrap();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let wakes = || count.0.load(Ordering::SeqCst);
+        // Wakes made while `rx` was being polled: each one a run of its
+        // consumer that finds nothing to do.
+        let self_wakes = Cell::new(0);
+        const PACKETS: u64 = 20;
+        rt.block_on(async {
+            let mut cx = Context::from_waker(&waker);
+            let mut poll = |rx: &mut UdTransport, got: &mut Vec<u64>| {
+                let before = wakes();
+                let polled = rx.poll_recv(&mut cx, 64, &mut |p| {
+                    got.push(Header::decode(p).expect("a header").0.req_num)
+                });
+                self_wakes.set(self_wakes.get() + wakes() - before);
+                polled
+            };
+            assert!(poll(&mut rx, &mut Vec::new()).is_pending());
+            for i in 0..PACKETS {
+                let before = wakes();
+                let mut batch = TxBatch::default();
+                let h = Header {
+                    req_num: i,
+                    payload_len: 8,
+                    msg_len: 8,
+                    pkt_count: 1,
+                    ..Header::new(PacketKind::Request)
+                };
+                batch.push(&peer, &h, &i.to_le_bytes());
+                tx.send(&batch).unwrap();
+                let arrived = std::future::poll_fn(|cx| {
+                    if wakes() > before {
+                        Poll::Ready(())
+                    } else {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                });
+                timeout(Duration::from_secs(10), arrived)
+                    .await
+                    .unwrap_or_else(|_| panic!("packet {i} never woke the receiver"));
+                let mut got = Vec::new();
+                assert!(
+                    matches!(poll(&mut rx, &mut got), Poll::Ready(Ok(1))),
+                    "packet {i}"
+                );
+                assert_eq!(got, [i]);
+                assert!(poll(&mut rx, &mut got).is_pending());
+            }
+        });
+        assert_eq!(self_wakes.get(), 0, "in {PACKETS} packets");
+        // Every buffer is posted again.
+        assert_eq!(rx.ring.posted(), UdConfig::default().recv_depth);
     }
 
     /// With the default config a 256-byte message's packet (and its
