@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::op::Credits;
+use crate::op::QueueEntries;
 use crate::provider::{
     AsyncEvent, CompChannel, Context, Cq, Pd, ProviderError, Qp, QpCaps, UdAttr,
 };
@@ -17,14 +17,14 @@ use crate::reactor::{CqClaim, CqRegistration, Handle, RuntimeError};
 /// Default number of CQ entries of a [`Device`]'s first CQ.
 pub const DEFAULT_CQ_SIZE: u32 = 4096;
 
-/// One CQ of a [`Device`], its credits and its registration with the
+/// One CQ of a [`Device`], its entries and its registration with the
 /// reactor (which counts the entries its QPs claimed). Each CQ has a
 /// completion channel of its own (the reactor learns from a channel's
 /// event which CQ to arm again).
 #[derive(Clone)]
 struct CqSlot {
     cq: Cq,
-    credits: Rc<Credits>,
+    entries: Rc<QueueEntries>,
     registration: Rc<CqRegistration>,
 }
 
@@ -49,17 +49,17 @@ impl CqSlot {
             cq.clone(),
             channel.clone(),
         )?);
-        let credits = Rc::new(Credits::new(cq.capacity()));
+        let entries = Rc::new(QueueEntries::new(cq.capacity()));
         Ok(CqSlot {
             cq,
-            credits,
+            entries,
             registration,
         })
     }
 
     /// Entries not claimed by the QPs and SRQs on this CQ.
     fn unclaimed(&self) -> u64 {
-        u64::from(self.credits.capacity()).saturating_sub(self.registration.claimed())
+        u64::from(self.entries.capacity()).saturating_sub(self.registration.claimed())
     }
 
     fn claim(&self, entries: u64) -> CqClaim {
@@ -96,7 +96,7 @@ impl DeviceInner {
     /// the first CQ whose claims leave room for them, else a new CQ as
     /// large as all of them together (so their count grows with the log of
     /// the connections), else (the provider refused one) the CQ with the
-    /// most room, whose credits its QPs then share, waiting in turn.
+    /// most room, whose entries its QPs then share, waiting in turn.
     fn place(&self, entries: u64) -> CqSlot {
         if self.max_cqe == 0 {
             return self.first.clone();
@@ -118,7 +118,7 @@ impl DeviceInner {
         }
         let total: u64 = std::iter::once(&self.first)
             .chain(added.iter())
-            .map(|slot| u64::from(slot.credits.capacity()))
+            .map(|slot| u64::from(slot.entries.capacity()))
             .sum();
         let cqe = total
             .max(entries)
@@ -155,7 +155,7 @@ impl DeviceInner {
 /// An opened device bound to the current thread's runtime. Cheap to clone.
 ///
 /// Every QP created here uses one of the device's CQs for both its send and
-/// receive completions; a CQ's capacity is shared out as credits, so it can
+/// receive completions; a CQ's capacity is shared out as entries, so it can
 /// never overflow (each posted WR may produce one CQE, flushes too). A QP
 /// claims its send and receive queue depths on the CQ it is placed on; when
 /// no CQ has that much unclaimed the device adds one (as large as all
@@ -196,8 +196,8 @@ impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device")
             .field("context", &self.inner.ctx)
-            .field("cq_capacity", &self.inner.first.credits.capacity())
-            .field("cq_available", &self.inner.first.credits.available())
+            .field("cq_capacity", &self.inner.first.entries.capacity())
+            .field("cq_available", &self.inner.first.entries.available())
             .field("added_cqs", &self.inner.added.borrow().len())
             .finish()
     }
@@ -215,7 +215,7 @@ impl Device {
 
     /// Binds `ctx` to the current runtime with one CQ of at least `cqe`
     /// entries, shared by every QP: no CQs are added, so the QPs share its
-    /// credits (a submission waits for its turn, a receive ring that does
+    /// entries (a submission waits for its turn, a receive ring that does
     /// not fit is refused).
     ///
     /// Fails with [`RuntimeError::NoRuntime`] if no runtime exists on this
@@ -322,9 +322,9 @@ impl Device {
             .added
             .borrow()
             .iter()
-            .map(|slot| slot.credits.available())
+            .map(|slot| slot.entries.available())
             .sum();
-        self.inner.first.credits.available() + added
+        self.inner.first.entries.available() + added
     }
 
     /// Allocates a new protection domain on the device's context (for
@@ -340,7 +340,7 @@ impl Device {
     }
 
     /// Creates an RC QP (in RESET) in `pd` (one of [`Device::alloc_pd`]), on
-    /// the shared CQ and its credit accounting, like [`Device::create_qp`].
+    /// the shared CQ and its entry accounting, like [`Device::create_qp`].
     pub fn create_qp_in(&self, pd: &Pd, caps: QpCaps) -> Result<QueuePair, ProviderError> {
         self.check_alive()?;
         let slot = self.inner.place(claim_of(&caps));
@@ -391,7 +391,7 @@ impl Device {
         SharedRecvQueue::new(
             self.inner.handle.clone(),
             srq,
-            first.credits.clone(),
+            first.entries.clone(),
             first.claim(u64::from(max_wr)),
             self.inner.async_key,
         )
@@ -427,7 +427,7 @@ impl Device {
         Ok(())
     }
 
-    /// A runtime queue pair over `qp`, on the credits of `slot`'s CQ, with
+    /// A runtime queue pair over `qp`, on the entries of `slot`'s CQ, with
     /// its claim there (an SRQ's QP claims only its send queue).
     fn track(&self, qp: Qp, ud: Option<UdState>, slot: &CqSlot, on_srq: bool) -> QueuePair {
         let actual = qp.caps();
@@ -442,8 +442,8 @@ impl Device {
             qp,
             qp_num,
             actual,
-            slot.credits.clone(),
-            slot.credits.clone(),
+            slot.entries.clone(),
+            slot.entries.clone(),
             Some(slot.claim(claim)),
             ud,
         )

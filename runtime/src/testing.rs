@@ -18,7 +18,7 @@
 
 use std::rc::Rc;
 
-use crate::op::Credits;
+use crate::op::QueueEntries;
 pub use crate::provider::fake::FakeQp;
 use crate::provider::{fake, CompChannel, Cq, Qp, QpCaps, QpType, DEFAULT_QKEY};
 use crate::qp::{QueuePair, UdState};
@@ -58,14 +58,14 @@ impl FakeQp {
         let registration =
             CqRegistration::new(handle.clone(), Cq::fake(cq), CompChannel::fake(channel))
                 .expect("registering a fake CQ with the runtime");
-        let credits = Rc::new(Credits::new(cq_capacity));
+        let entries = Rc::new(QueueEntries::new(cq_capacity));
         let qp = QueuePair::from_provider(
             handle,
             Qp::fake(qp),
             qp_num,
             caps,
-            credits.clone(),
-            credits,
+            entries.clone(),
+            entries,
             Some(CqClaim::new(Rc::new(registration), 0)),
             (qp_type == QpType::Ud).then(|| UdState::new(None, DEFAULT_QKEY, 0, 4096)),
         );

@@ -2,6 +2,19 @@
 //! consumes a receive buffer at the peer, and waits when it has none; the
 //! peer returns credits as it reposts its buffers, on its next `Data`
 //! piece, or in a `Credit` message of their own once a batch is owed.
+//!
+//! Three counts live here, each named by what it counts:
+//! - the send credits ([`Permits`], `Shared::send_credits`): the peer's
+//!   receive buffers this side may still fill, one per credit-bearing
+//!   message; the same FIFO pool also serves as the agent's other permits
+//!   (messages split in progress, the staging ring's one-at-a-time gate);
+//! - the credits owed ([`Owed`]): this side's reposted receive buffers not
+//!   yet announced to the peer;
+//! - the granted credits ([`GrantedCredits`]): this side's receive buffers
+//!   announced to the peer and not used by it yet.
+//!
+//! None of these is the runtime's count of free send-queue and CQ entries
+//! (`verbio_runtime`'s queue entries), which every SEND also takes, below.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -13,7 +26,9 @@ use smallvec::SmallVec;
 
 use super::error::CloseReason;
 
-/// The send credits of one connection (single-threaded). A grant of `n`
+/// A FIFO pool of permits (single-threaded): a connection's send credits
+/// (the peer's receive buffers it may fill), and its other one-at-a-time
+/// or few-at-a-time gates. A grant of `n`
 /// wakes at most `n` waiting senders, oldest first (not all of them: with
 /// a window of senders waiting, waking every one per grant made each
 /// message cost several polls of senders that found no credit); a woken
@@ -28,7 +43,7 @@ use super::error::CloseReason;
 /// for: that sender went to the back of the queue and its message after
 /// the newer ones.
 #[derive(Debug)]
-pub(crate) struct Credits {
+pub(crate) struct Permits {
     available: Cell<u32>,
     /// Of `available`, the credits set aside for senders a grant woke that
     /// have not been polled since.
@@ -46,10 +61,10 @@ pub(crate) struct Credits {
     closed: RefCell<Option<CloseReason>>,
 }
 
-impl Credits {
+impl Permits {
     /// Starts with `initial` credits (the peer's receive-buffer count).
-    pub(crate) fn new(initial: u32) -> Credits {
-        Credits {
+    pub(crate) fn new(initial: u32) -> Permits {
+        Permits {
             available: Cell::new(initial),
             reserved: Cell::new(0),
             waiters: RefCell::new(VecDeque::new()),
@@ -68,18 +83,18 @@ impl Credits {
 
     /// Takes one credit, waiting for a grant if none is left; fails once the
     /// connection is closed. Cancel-safe: a credit is only taken by the
-    /// poll that returns it, and the returned [`Credit`] gives it back
-    /// unless it is [spent](Credit::spend) (the message was posted).
-    pub(crate) async fn acquire(&self) -> Result<Credit<'_>, CloseReason> {
+    /// poll that returns it, and the returned [`Permit`] gives it back
+    /// unless it is [spent](Permit::spend) (the message was posted).
+    pub(crate) async fn acquire(&self) -> Result<Permit<'_>, CloseReason> {
         self.acquire_noting_wait().await.map(|(c, _)| c)
     }
 
-    /// [`Credits::acquire`], and whether this sender is one of several
+    /// [`Permits::acquire`], and whether this sender is one of several
     /// the window held back: it waited for a grant that woke others with
     /// it, which then post in the same poll phase.
     pub(crate) fn acquire_noting_wait(&self) -> Acquire<'_> {
         Acquire {
-            credits: self,
+            pool: self,
             id: None,
             waited: false,
             done: false,
@@ -88,7 +103,7 @@ impl Credits {
 
     /// Takes one credit now if the connection is open and one is left.
     #[inline(always)]
-    pub(crate) fn try_acquire(&self) -> Option<Credit<'_>> {
+    pub(crate) fn try_acquire(&self) -> Option<Permit<'_>> {
         if self.closed.borrow().is_some() {
             return None;
         }
@@ -99,7 +114,7 @@ impl Credits {
     /// no woken sender was woken for, and no sender waits: a sender that
     /// asks now comes after those.
     #[inline(always)]
-    pub(crate) fn try_acquire_in_turn(&self) -> Option<Credit<'_>> {
+    pub(crate) fn try_acquire_in_turn(&self) -> Option<Permit<'_>> {
         if self.available() == 0 || !self.waiters.borrow().is_empty() {
             return None;
         }
@@ -107,14 +122,14 @@ impl Credits {
     }
 
     #[inline(always)]
-    fn take(&self) -> Option<Credit<'_>> {
+    fn take(&self) -> Option<Permit<'_>> {
         let n = self.available.get();
         if n == 0 {
             return None;
         }
         self.available.set(n - 1);
-        Some(Credit {
-            credits: self,
+        Some(Permit {
+            pool: self,
             spent: false,
         })
     }
@@ -167,11 +182,11 @@ impl Credits {
     }
 }
 
-/// The future of [`Credits::acquire_noting_wait`].
+/// The future of [`Permits::acquire_noting_wait`].
 #[derive(Debug)]
 #[must_use = "futures do nothing unless polled"]
 pub(crate) struct Acquire<'a> {
-    credits: &'a Credits,
+    pool: &'a Permits,
     /// Its place in the waiters' queue, once it waited.
     id: Option<u64>,
     waited: bool,
@@ -179,10 +194,10 @@ pub(crate) struct Acquire<'a> {
 }
 
 impl<'a> Future for Acquire<'a> {
-    type Output = Result<(Credit<'a>, bool), CloseReason>;
+    type Output = Result<(Permit<'a>, bool), CloseReason>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let c = self.credits;
+        let c = self.pool;
         if let Some(r) = c.closed.borrow().as_ref() {
             self.done = true;
             return Poll::Ready(Err(r.clone()));
@@ -236,14 +251,13 @@ impl Acquire<'_> {
     /// docs/benchmarks.md).
     #[inline]
     fn woken(&self) -> bool {
-        self.id
-            .is_some_and(|id| id < self.credits.woken_below.get())
+        self.id.is_some_and(|id| id < self.pool.woken_below.get())
     }
 
     /// Leaves the waiters' queue if it is still in it.
     fn leave(&mut self) {
         if let Some(id) = self.id.take() {
-            let mut waiters = self.credits.waiters.borrow_mut();
+            let mut waiters = self.pool.waiters.borrow_mut();
             if let Some(at) = place(&waiters, id) {
                 waiters.remove(at);
             }
@@ -269,29 +283,29 @@ impl Drop for Acquire<'_> {
         }
         if self.woken() {
             // The credit set aside for it is free again.
-            let c = self.credits;
+            let c = self.pool;
             c.reserved.set(c.reserved.get().saturating_sub(1));
         }
         self.leave();
         // Woken for a credit it will not take: the next waiter gets it.
-        if self.credits.available.get() > 0 && !self.credits.waiters.borrow().is_empty() {
-            self.credits.wake_some();
+        if self.pool.available.get() > 0 && !self.pool.waiters.borrow().is_empty() {
+            self.pool.wake_some();
         }
     }
 }
 
-/// One taken send credit. Dropped unspent (the message it was taken for was
+/// One taken permit (a send credit, for `Shared::send_credits`). Dropped unspent (the message it was taken for was
 /// never posted: its future was cancelled while waiting for send-queue room,
 /// or the send failed before posting), it goes back to the pool: the peer
 /// will never return a credit for a message it never received.
 #[derive(Debug)]
 #[must_use = "an unspent credit returns to the pool when dropped"]
-pub(crate) struct Credit<'a> {
-    credits: &'a Credits,
+pub(crate) struct Permit<'a> {
+    pool: &'a Permits,
     spent: bool,
 }
 
-impl Credit<'_> {
+impl Permit<'_> {
     /// The message was posted: the credit now belongs to the peer's buffer.
     #[inline(always)]
     pub(crate) fn spend(mut self) {
@@ -299,11 +313,11 @@ impl Credit<'_> {
     }
 }
 
-impl Drop for Credit<'_> {
+impl Drop for Permit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         if !self.spent {
-            self.credits.grant(1);
+            self.pool.grant(1);
         }
     }
 }
@@ -354,11 +368,11 @@ impl Owed {
 
     /// Everything owed now, to ride on an outgoing `Data` piece (the count
     /// restarts at 0). The returned [`Piggyback`] counts them as the peer's
-    /// ([`PeerCredits::granted`]) and, dropped while `posted` (false now,
+    /// ([`GrantedCredits::granted`]) and, dropped while `posted` (false now,
     /// set once that piece's SEND is posted) is still false, owes them again.
     pub(crate) fn take_all<'a>(
         &'a self,
-        peer: &'a PeerCredits,
+        peer: &'a GrantedCredits,
         posted: &'a Cell<bool>,
     ) -> Piggyback<'a> {
         let n = self.owed.replace(0);
@@ -373,7 +387,7 @@ impl Owed {
 
     /// `n` credits taken to ride on a message ([`Piggyback::detach`]) that
     /// was never posted: owed again, and no longer the peer's.
-    pub(crate) fn unride(&self, peer: &PeerCredits, n: u32) {
+    pub(crate) fn unride(&self, peer: &GrantedCredits, n: u32) {
         if n > 0 {
             peer.ungranted(n);
             self.unsent(n);
@@ -405,7 +419,7 @@ impl Owed {
 #[must_use = "credits taken and not posted return to the owed count when dropped"]
 pub(crate) struct Piggyback<'a> {
     owed: &'a Owed,
-    peer: &'a PeerCredits,
+    peer: &'a GrantedCredits,
     n: u32,
     posted: &'a Cell<bool>,
 }
@@ -439,11 +453,11 @@ impl Drop for Piggyback<'_> {
 /// to the protocol never sends a credit-bearing message while the count is
 /// 0; one that does is sending without permission.
 #[derive(Debug, Default)]
-pub(crate) struct PeerCredits {
+pub(crate) struct GrantedCredits {
     left: Cell<u64>,
 }
 
-impl PeerCredits {
+impl GrantedCredits {
     /// `n` credits are on their way to the peer.
     pub(crate) fn granted(&self, n: u32) {
         self.left.set(self.left.get().saturating_add(n.into()));
@@ -494,8 +508,8 @@ mod tests {
     }
 
     #[test]
-    fn peer_credits_catch_overspending() {
-        let p = PeerCredits::default();
+    fn granted_credits_catch_overspending() {
+        let p = GrantedCredits::default();
         assert!(!p.spend(), "nothing granted yet");
         p.granted(2);
         assert!(p.spend());
@@ -519,7 +533,7 @@ mod tests {
     #[test]
     fn piggybacked_credits_come_back_unless_posted() {
         let o = Owed::new(4);
-        let p = PeerCredits::default();
+        let p = GrantedCredits::default();
         o.unsent(3);
         let posted = Cell::new(false);
         let ride = o.take_all(&p, &posted);
@@ -545,7 +559,7 @@ mod tests {
 
     #[test]
     fn credits_count_and_close() {
-        let c = Credits::new(1);
+        let c = Permits::new(1);
         futures::executor::block_on(c.acquire()).unwrap().spend();
         assert_eq!(c.available(), 0);
         c.grant(2);
@@ -559,7 +573,7 @@ mod tests {
 
     #[test]
     fn an_unspent_credit_comes_back() {
-        let c = Credits::new(2);
+        let c = Permits::new(2);
         let a = futures::executor::block_on(c.acquire()).unwrap();
         let b = futures::executor::block_on(c.acquire()).unwrap();
         assert_eq!(c.available(), 0);
@@ -584,7 +598,7 @@ mod tests {
                 me.0.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let c = Credits::new(0);
+        let c = Permits::new(0);
         let counts: Vec<_> = (0..3)
             .map(|_| Arc::new(Count(AtomicUsize::new(0))))
             .collect();
@@ -621,7 +635,7 @@ mod tests {
     #[test]
     fn a_sender_that_asks_after_a_grant_woke_another_waits_behind_it() {
         use futures::FutureExt;
-        let c = Credits::new(0);
+        let c = Permits::new(0);
         let mut old = Box::pin(c.acquire_noting_wait());
         assert!((&mut old).now_or_never().is_none());
         c.grant(1);
@@ -661,7 +675,7 @@ mod tests {
     fn senders_a_grant_wakes_together_are_told_they_were_held_back() {
         use futures::FutureExt;
         use std::future::Future;
-        let c = Credits::new(1);
+        let c = Permits::new(1);
         // A credit at hand: not held back.
         let (first, held) = c.acquire_noting_wait().now_or_never().unwrap().unwrap();
         assert!(!held);
@@ -713,7 +727,7 @@ mod tests {
             }
         }
         const N: usize = 9;
-        let c = Credits::new(0);
+        let c = Permits::new(0);
         let counts: Vec<_> = (0..N)
             .map(|_| Arc::new(Count(AtomicUsize::new(0))))
             .collect();

@@ -446,7 +446,7 @@ pub(crate) async fn send_landed_from<S: Source>(
             src.back(),
         );
     };
-    let Ok(credit) = s.credits.acquire().await else {
+    let Ok(credit) = s.send_credits.acquire().await else {
         return (Err(s.closed_error()), src.back());
     };
     let len = src.len() as u64;

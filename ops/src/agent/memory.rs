@@ -210,7 +210,7 @@ impl Rdma {
         if imm_is_agents(imm) {
             return self.write_then_imm(local, target, imm).await;
         }
-        let credit = match self.shared.credits.acquire().await {
+        let credit = match self.shared.send_credits.acquire().await {
             Ok(c) => c,
             Err(_) => return (Err(self.shared.closed_error()), local),
         };

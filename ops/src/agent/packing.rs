@@ -253,7 +253,9 @@ fn join(
     let pack = match joinable {
         Some(p) => p,
         // More than `backlog_at` credits at hand: no backlog, on its own.
-        None if !packer.pending() && shared.credits.available() > shared.negotiated.backlog_at => {
+        None if !packer.pending()
+            && shared.send_credits.available() > shared.negotiated.backlog_at =>
+        {
             return None
         }
         None => start(shared, frame_max)?,
@@ -326,7 +328,7 @@ async fn post(shared: Rc<Shared>, pack: Rc<Pack>) {
         }
     })
     .await;
-    let credit = match s.credits.acquire().await {
+    let credit = match s.send_credits.acquire().await {
         Ok(c) if pack.state.get() == State::Filling => c,
         _ => {
             pack.finish(State::Failed);
@@ -345,7 +347,7 @@ async fn post(shared: Rc<Shared>, pack: Rc<Pack>) {
         return;
     };
     let posted = Cell::new(false);
-    let ride = s.owed.take_all(&s.peer_credits, &posted);
+    let ride = s.owed.take_all(&s.granted_credits, &posted);
     let alone = {
         let members = pack.members.borrow();
         (members.len() == 1).then(|| members[0].imm)

@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use super::backlog::Backlog;
 use super::builder::{Config, RdmaBuilder};
 use super::error::{AgentError, CloseReason};
-use super::flow::{Credit, Credits, Owed, PeerCredits, Piggyback};
+use super::flow::{GrantedCredits, Owed, Permit, Permits, Piggyback};
 use super::inbox::TaggedInbox;
 use super::landing::{send_landed_from, Landing};
 use super::msg::RecvMsg;
@@ -82,10 +82,12 @@ pub(crate) struct Shared {
     pub(crate) config: Rc<Config>,
     /// What the settings exchange with the peer decided.
     pub(crate) negotiated: Negotiated,
-    pub(crate) credits: Credits,
+    /// The send credits: the peer's receive buffers this side may still
+    /// fill, one per credit-bearing message.
+    pub(crate) send_credits: Permits,
     pub(crate) owed: Owed,
     /// The credits the peer holds, as this side counts them.
-    pub(crate) peer_credits: PeerCredits,
+    pub(crate) granted_credits: GrantedCredits,
     /// Delivered and not taken by the application.
     pub(crate) backlog: Backlog,
     failure: RefCell<Option<CloseReason>>,
@@ -102,7 +104,7 @@ pub(crate) struct Shared {
     pub(crate) partial: RefCell<HashMap<u64, Partial>>,
     /// Permits for this side's messages in progress in pieces
     /// ([`MAX_SPLIT_IN_PROGRESS`]).
-    pub(crate) split_permits: Credits,
+    pub(crate) split_permits: Permits,
     /// Large messages sent or received by RDMA READ (`read_msg.rs`).
     pub(crate) reads: Reads,
     /// Mid-size messages written into the peer's staging ring
@@ -195,7 +197,7 @@ impl Shared {
         let _in_span = self.span.enter();
         tracing::debug!(qp = self.qp.qp_num(), reason = %crate::error::ErrorChain(&reason), "agent connection down");
         *self.failure.borrow_mut() = Some(reason.clone());
-        self.credits.close(reason);
+        self.send_credits.close(reason);
         // The inboxes stay open until the agent stops (`agent_stopped`): it
         // still delivers what completed before the failure (a departing
         // peer's last messages, a hand-back among them: the grants are
@@ -343,14 +345,14 @@ impl Shared {
         // construction, poll and drop were about 70 instructions of a
         // 4 KiB message's send, docs/benchmarks.md); `try_acquire_in_turn`
         // takes one exactly when that future's first poll would.
-        let credit = match self.credits.try_acquire_in_turn() {
+        let credit = match self.send_credits.try_acquire_in_turn() {
             Some(credit) => credit,
-            None => match self.credits.acquire_noting_wait().await {
+            None => match self.send_credits.acquire_noting_wait().await {
                 Ok((credit, _held_back)) => credit,
                 Err(_) => return (Err(self.closed_error()), buf),
             },
         };
-        let ride = self.owed.take_all(&self.peer_credits, &posted);
+        let ride = self.owed.take_all(&self.granted_credits, &posted);
         let Some(imm) = whole_send_imm(ride.count()) else {
             // More credits owed than the immediate carries: in a frame.
             drop(ride);
@@ -397,7 +399,7 @@ impl Shared {
     pub(crate) async fn post_staged(
         &self,
         msg: &Message<'_>,
-        credit: Credit<'_>,
+        credit: Permit<'_>,
         posted: &Cell<bool>,
     ) -> Result<(), AgentError> {
         match self.post_with(msg, Some(credit), posted, true).await? {
@@ -411,9 +413,9 @@ impl Shared {
     /// owed again (a local failure such as an empty pool must not cost the
     /// peer its credits) and go out with the next batch.
     pub(crate) async fn return_credits(&self, grant: u32) {
-        self.peer_credits.granted(grant);
+        self.granted_credits.granted(grant);
         if let Err(e) = self.send_message(&Message::Credit { grant }, false).await {
-            self.peer_credits.ungranted(grant);
+            self.granted_credits.ungranted(grant);
             self.owed.unsent(grant);
             tracing::debug!(error = %crate::error::ErrorChain(&e), grant, "returning credits failed");
         }
@@ -484,7 +486,7 @@ impl Shared {
             // The connection's reason, which may have become more specific
             // than the one the credits were closed with.
             let (credit, held_back) = self
-                .credits
+                .send_credits
                 .acquire_noting_wait()
                 .await
                 .map_err(|_| self.closed_error())?;
@@ -518,7 +520,7 @@ impl Shared {
     async fn post_with(
         &self,
         msg: &Message<'_>,
-        credit: Option<Credit<'_>>,
+        credit: Option<Permit<'_>>,
         posted: &Cell<bool>,
         inline: bool,
     ) -> Result<Option<PostedSend>, AgentError> {
@@ -604,7 +606,7 @@ impl Shared {
                 payload,
                 ..
             } if !posted.get() => {
-                let ride = self.owed.take_all(&self.peer_credits, posted);
+                let ride = self.owed.take_all(&self.granted_credits, posted);
                 let msg = Message::Data {
                     msg_id,
                     total_len,
@@ -616,7 +618,7 @@ impl Shared {
                 (msg, Some(ride))
             }
             Message::Whole { imm, payload, .. } if !posted.get() => {
-                let ride = self.owed.take_all(&self.peer_credits, posted);
+                let ride = self.owed.take_all(&self.granted_credits, posted);
                 let msg = Message::Whole {
                     imm,
                     grant: ride.count(),
@@ -627,7 +629,7 @@ impl Shared {
             Message::Staged {
                 imm, offset, len, ..
             } if !posted.get() => {
-                let ride = self.owed.take_all(&self.peer_credits, posted);
+                let ride = self.owed.take_all(&self.granted_credits, posted);
                 let msg = Message::Staged {
                     imm,
                     grant: ride.count(),
@@ -653,7 +655,7 @@ impl Shared {
         &self,
         msg: &Message<'_>,
         len: usize,
-        credit: Option<Credit<'_>>,
+        credit: Option<Permit<'_>>,
         posted: &Cell<bool>,
     ) -> Result<(), AgentError> {
         let mut bytes = [0u8; MAX_INLINE_MESSAGE];
@@ -717,7 +719,7 @@ impl Shared {
         let len = whole_overhead(imm.is_some()) + data.len();
         if self.is_down()
             || self.packer.pending()
-            || (self.credits.available() <= self.negotiated.backlog_at
+            || (self.send_credits.available() <= self.negotiated.backlog_at
                 && self.packer.others_live(false))
         {
             return None;
@@ -726,11 +728,11 @@ impl Shared {
         // one on the stack; in use only if this runs inside itself, which
         // nothing it calls does.
         let mut bytes = self.inline_buf.try_borrow_mut().ok()?;
-        let credit = self.credits.try_acquire_in_turn()?;
+        let credit = self.send_credits.try_acquire_in_turn()?;
         let posted = Cell::new(false);
         // The credits owed to the peer ride on the message (owed again if
         // it is not posted: `Piggyback`'s drop).
-        let ride = self.owed.take_all(&self.peer_credits, &posted);
+        let ride = self.owed.take_all(&self.granted_credits, &posted);
         let n = put_whole_header(&mut bytes[..], imm, ride.count())?;
         bytes.get_mut(n..len)?.copy_from_slice(data);
         let res = self.qp.try_post_send_inline(&bytes[..len], None);
@@ -993,9 +995,9 @@ impl Rdma {
             device,
             path_mtu,
             pool,
-            credits: Credits::new(0), // the peer's first `Credit` tells
+            send_credits: Permits::new(0), // the peer's first `Credit` tells
             owed: Owed::new(config.credit_batch),
-            peer_credits: PeerCredits::default(),
+            granted_credits: GrantedCredits::default(),
             backlog: Backlog::new(config.max_unread_bytes),
             reads: Reads::new(config.max_unread_bytes),
             config,
@@ -1007,7 +1009,7 @@ impl Rdma {
             keepalive_probes: Cell::new(0),
             write_imms: TaggedInbox::new(),
             partial: RefCell::new(HashMap::new()),
-            split_permits: Credits::new(MAX_SPLIT_IN_PROGRESS as u32),
+            split_permits: Permits::new(MAX_SPLIT_IN_PROGRESS as u32),
             packer: Packer::default(),
             staging,
             landing,
@@ -1186,7 +1188,7 @@ impl Rdma {
 
     /// Send credits left (messages this side may send before waiting).
     pub fn send_credits(&self) -> u32 {
-        self.shared.credits.available()
+        self.shared.send_credits.available()
     }
 
     /// Longest message this side sends by one RDMA WRITE into the peer's
@@ -1511,7 +1513,7 @@ fn is_specific(status: WcStatus) -> bool {
 /// once it is posted (dropped unposted, the credit goes back to the pool).
 pub(crate) async fn posted_spends<T: verbio_runtime::Completable>(
     mut sub: Submit<T>,
-    credit: Option<Credit<'_>>,
+    credit: Option<Permit<'_>>,
     posted: &Cell<bool>,
 ) -> T::Output {
     let mut credit = credit;
@@ -1574,7 +1576,7 @@ impl Future for PostedSend {
 /// to the pool.
 pub(crate) async fn until_posted<T: verbio_runtime::Completable>(
     mut sub: Submit<T>,
-    credit: Option<Credit<'_>>,
+    credit: Option<Permit<'_>>,
     posted: &Cell<bool>,
 ) -> Result<Submit<T>, T::Output> {
     let mut credit = credit;

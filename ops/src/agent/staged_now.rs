@@ -20,7 +20,7 @@ use verbio_runtime::buf::LocalBuf;
 use verbio_runtime::Submit;
 
 use super::error::AgentError;
-use super::flow::{Acquire, Credit};
+use super::flow::{Acquire, Permit};
 use super::rdma::Shared;
 use super::staging::{send_staged_from, staged_tag, Reserve, Unreserve};
 use super::wire::{MAX_STAGED_GRANT_LEN, MAX_STAGED_RETURN};
@@ -47,8 +47,8 @@ pub(crate) struct StagedNow<'a> {
 struct Waiting<'a> {
     place: Unreserve<'a>,
     ride: Riding<'a>,
-    credit: Credit<'a>,
-    gate: Credit<'a>,
+    credit: Permit<'a>,
+    gate: Permit<'a>,
 }
 
 impl Waiting<'_> {
@@ -82,7 +82,7 @@ struct Riding<'a> {
 impl Drop for Riding<'_> {
     fn drop(&mut self) {
         let s = self.s;
-        s.owed.unride(&s.peer_credits, self.grant);
+        s.owed.unride(&s.granted_credits, self.grant);
         let (taken, n) = self.returns;
         if n > 0 {
             s.staging.unfreed(taken[..n].iter().copied());
@@ -99,8 +99,8 @@ impl<'a> StagedNow<'a> {
     pub(crate) fn start(
         s: &'a Rc<Shared>,
         buf: LocalBuf,
-        credit: Option<Credit<'a>>,
-    ) -> Result<Self, (LocalBuf, Option<Credit<'a>>)> {
+        credit: Option<Permit<'a>>,
+    ) -> Result<Self, (LocalBuf, Option<Permit<'a>>)> {
         let st = &s.staging;
         let Ok(len) = u32::try_from(buf.len()) else {
             return Err((buf, credit));
@@ -110,7 +110,7 @@ impl<'a> StagedNow<'a> {
         }
         let credit = match credit {
             Some(c) => c,
-            None => match s.credits.try_acquire_in_turn() {
+            None => match s.send_credits.try_acquire_in_turn() {
                 Some(c) => c,
                 None => return Err((buf, None)),
             },
@@ -224,7 +224,7 @@ impl<'a> StagedSend<'a> {
         let state = match StagedNow::start(s, buf, None) {
             Ok(now) => SendState::Now(now),
             Err((buf, Some(credit))) => SendState::General(general(s, buf, credit)),
-            Err((buf, None)) => SendState::Credit(s.credits.acquire_noting_wait(), Some(buf)),
+            Err((buf, None)) => SendState::Credit(s.send_credits.acquire_noting_wait(), Some(buf)),
         };
         StagedSend { s, state }
     }
@@ -232,7 +232,7 @@ impl<'a> StagedSend<'a> {
 
 /// The general (boxed) path for `buf` with `credit` taken.
 #[cold]
-fn general<'a>(s: &'a Rc<Shared>, buf: LocalBuf, credit: Credit<'a>) -> General<'a> {
+fn general<'a>(s: &'a Rc<Shared>, buf: LocalBuf, credit: Permit<'a>) -> General<'a> {
     Box::pin(send_staged_from(s, buf, None, Some(credit)))
 }
 
@@ -265,7 +265,9 @@ impl Future for StagedSend<'_> {
                         Err((buf, credit)) => match credit {
                             Some(credit) => SendState::General(general(s, buf, credit)),
                             // Invariant: a credit given is given back.
-                            None => SendState::Credit(s.credits.acquire_noting_wait(), Some(buf)),
+                            None => {
+                                SendState::Credit(s.send_credits.acquire_noting_wait(), Some(buf))
+                            }
                         },
                     };
                 }

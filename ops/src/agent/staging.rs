@@ -74,7 +74,7 @@ use verbio_runtime::{Handle, Submit};
 use super::copy_bufs::{Copied, CopyBufs};
 use super::error::{AgentError, CloseReason};
 use super::exposed::Exposed;
-use super::flow::{Credit, Credits, Piggyback};
+use super::flow::{Permit, Permits, Piggyback};
 use super::msg::{Body, RecvMsg};
 use super::rdma::{until_posted, Shared};
 use super::staged_lend::{Lends, Ring};
@@ -197,7 +197,7 @@ pub(crate) struct Staging {
     waiters: RefCell<Vec<Waker>>,
     closed: Cell<bool>,
     /// One WRITE and `Staged` pair posted at a time, in placement order.
-    gate: Credits,
+    gate: Permits,
 }
 
 impl Staging {
@@ -223,7 +223,7 @@ impl Staging {
             reach: Cell::new(0),
             waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),
-            gate: Credits::new(1),
+            gate: Permits::new(1),
         }
     }
 
@@ -417,7 +417,7 @@ impl Staging {
 
     /// The gate of the WRITE and `Staged` pairs (one posted at a time, in
     /// placement order).
-    pub(super) fn gate(&self) -> &Credits {
+    pub(super) fn gate(&self) -> &Permits {
         &self.gate
     }
 
@@ -681,7 +681,7 @@ pub(crate) async fn send_staged_from<'a, S: Source>(
     s: &'a Rc<Shared>,
     src: S,
     imm: Option<u32>,
-    credit: Option<Credit<'a>>,
+    credit: Option<Permit<'a>>,
 ) -> (Result<(), AgentError>, S::Back) {
     let Ok(len) = u32::try_from(src.len()) else {
         return (Err(s.closed_error()), src.back());
@@ -689,7 +689,7 @@ pub(crate) async fn send_staged_from<'a, S: Source>(
     let st = &s.staging;
     let credit = match credit {
         Some(c) => c,
-        None => match s.credits.acquire().await {
+        None => match s.send_credits.acquire().await {
             Ok(c) => c,
             Err(_) => return (Err(s.closed_error()), src.back()),
         },
@@ -791,7 +791,7 @@ pub(super) fn staged_tag<'a>(
     restart: bool,
     posted: &'a Cell<bool>,
 ) -> (u32, Option<Piggyback<'a>>, Option<Returns<'a>>) {
-    let ride = s.owed.take_all(&s.peer_credits, posted);
+    let ride = s.owed.take_all(&s.granted_credits, posted);
     let ride = (ride.count() <= MAX_STAGED_GRANT).then_some(ride);
     let returns = s.staging.take_returns(posted);
     let said = StagedImm {

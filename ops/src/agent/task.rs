@@ -135,7 +135,7 @@ async fn serve(shared: &Rc<Shared>, route: Option<Route>) {
     let hello = Message::Credit {
         grant: shared.config.recv_buf_count,
     };
-    shared.peer_credits.granted(shared.config.recv_buf_count);
+    shared.granted_credits.granted(shared.config.recv_buf_count);
     if let Err(e) = shared.send_message(&hello, false).await {
         tracing::debug!(error = %crate::error::ErrorChain(&e), "announcing the receive buffers failed");
         return;
@@ -385,7 +385,7 @@ fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> 
         return Some(whole_by_imm(shared, imm, frame));
     }
     let msg = decode_data(frame)?;
-    if !shared.peer_credits.spend() {
+    if !shared.granted_credits.spend() {
         return Some(refuse(shared, CloseReason::Violation(CREDITLESS)));
     }
     Some(match msg {
@@ -397,7 +397,7 @@ fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> 
             payload,
         } => {
             if grant > 0 {
-                shared.credits.grant(grant);
+                shared.send_credits.grant(grant);
             }
             if payload.len() > shared.config.max_message_len {
                 return Some(refuse(shared, CloseReason::Violation(TOO_LONG)));
@@ -420,7 +420,7 @@ fn handle_data(shared: &Rc<Shared>, rcv: &Received, buf: &[u8]) -> Option<Next> 
 fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
     if rcv.by_write {
         // A WRITE_WITH_IMM: the data is in granted memory, the immediate here.
-        if !shared.peer_credits.spend() {
+        if !shared.granted_credits.spend() {
             return refuse(shared, CloseReason::Violation(CREDITLESS));
         }
         if let Some(imm) = rcv.imm {
@@ -428,7 +428,7 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
                 // A message written into this side's staging ring, and the
                 // credits and the peer's ring messages returned with it.
                 if si.grant > 0 {
-                    shared.credits.grant(si.grant);
+                    shared.send_credits.grant(si.grant);
                 }
                 if let Err(reason) = shared.staging.peer_freed(si.returned) {
                     return refuse(shared, reason);
@@ -457,7 +457,7 @@ fn handle(shared: &Rc<Shared>, rcv: Received, buf: &[u8]) -> Next {
         return whole_by_imm(shared, imm, frame);
     }
     let outcome = match decode(frame) {
-        Ok(msg) if msg_is_credited(&msg) && !shared.peer_credits.spend() => {
+        Ok(msg) if msg_is_credited(&msg) && !shared.granted_credits.spend() => {
             Err(CloseReason::Violation(CREDITLESS))
         }
         Ok(msg) => route(shared, msg),
@@ -476,7 +476,7 @@ fn whole_by_imm(shared: &Rc<Shared>, imm: u32, bytes: &[u8]) -> Next {
         None => Err(CloseReason::Violation(
             "SEND with an immediate other than a whole message's",
         )),
-        Some(_) if !shared.peer_credits.spend() => Err(CloseReason::Violation(CREDITLESS)),
+        Some(_) if !shared.granted_credits.spend() => Err(CloseReason::Violation(CREDITLESS)),
         Some(grant) => whole(shared, None, grant, bytes),
     };
     match outcome {
@@ -665,7 +665,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             Ok(Next::Repost(true))
         }
         Message::Credit { grant } => {
-            shared.credits.grant(grant);
+            shared.send_credits.grant(grant);
             Ok(Next::Repost(false))
         }
         Message::Data {
@@ -678,7 +678,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
         } => {
             // A piece of a split message: reassembled, delivered once whole.
             if grant > 0 {
-                shared.credits.grant(grant);
+                shared.send_credits.grant(grant);
             }
             if offset == 0 {
                 // The staging ring would carry it: announce it.
@@ -724,7 +724,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
             len,
         } => {
             if grant > 0 {
-                shared.credits.grant(grant);
+                shared.send_credits.grant(grant);
             }
             if len as usize > shared.config.max_message_len {
                 return Err(CloseReason::Violation("message longer than the maximum"));
@@ -759,7 +759,7 @@ fn route(shared: &Rc<Shared>, msg: Message<'_>) -> Result<Next, CloseReason> {
         }
         Message::Packed { grant, entries } => {
             if grant > 0 {
-                shared.credits.grant(grant);
+                shared.send_credits.grant(grant);
             }
             unpack(shared, entries)?;
             Ok(Next::Repost(true))
@@ -797,7 +797,7 @@ fn whole(
     payload: &[u8],
 ) -> Result<Next, CloseReason> {
     if grant > 0 {
-        shared.credits.grant(grant);
+        shared.send_credits.grant(grant);
     }
     if payload.len() > shared.config.max_message_len {
         return Err(CloseReason::Violation(TOO_LONG));

@@ -10,7 +10,7 @@
 //! errors; only verbio peers).
 //!
 //! The queue pair is always the runtime's own [`QueuePair`], created on the
-//! given [`Device`] (its CQ and credits) and moved to RTS by the connection
+//! given [`Device`] (its CQ and entries) and moved to RTS by the connection
 //! manager. It exists before the connection does ([`CmConnector::qp`],
 //! [`CmRequest::qp`]), so receives can be posted before the peer's first
 //! SEND can arrive.

@@ -1,8 +1,8 @@
 //! The op layer: `Op<T>`, an in-flight chain of work requests tracked by
-//! wr_id in a preallocated slab (`OpTable`), the credits it holds on its
+//! wr_id in a preallocated slab (`OpTable`), the entries it holds on its
 //! queues, and the wr_id codec. It knows nothing of queue pairs or of the
 //! reactor: the reactor feeds `OpTable::complete_all` with completions, and
-//! the QP layer inserts ops and hands them their credits.
+//! the QP layer inserts ops and hands them their entries.
 //!
 //! # wr_id layout
 //!
@@ -20,21 +20,21 @@
 //!   error (or flush) and is remembered until the last one arrives.
 //! * `R` (bit 63): the reserved namespace, see [`wr_id`]. Such completions never
 //!   touch the slab. Inside it, [`wr_id::INLINE`] ids belong to inline sends
-//!   posted without an op (they name their QP and the credits they return).
+//!   posted without an op (they name their QP and the entries they return).
 //!
-//! Files: `wr_id.rs` (the codec), `error.rs` ([`SubmitError`]), `credit.rs`
-//! (credit pools and the `Credit` an op holds), `table.rs` (`OpTable`),
+//! Files: `wr_id.rs` (the codec), `error.rs` ([`SubmitError`]), `entries.rs`
+//! (entry pools and the `HeldEntries` an op holds), `table.rs` (`OpTable`),
 //! `future.rs` ([`Op`]).
 
 mod counters;
-mod credit;
+mod entries;
 mod error;
 mod future;
 mod table;
 pub mod wr_id;
 
 pub(crate) use counters::Counters;
-pub(crate) use credit::{Credits, QpCredits, Ticket};
+pub(crate) use entries::{QpEntries, QueueEntries, Ticket};
 pub use error::SubmitError;
 pub use future::Op;
 pub(crate) use table::OpTable;

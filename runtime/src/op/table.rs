@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use super::counters::Counters;
-use super::credit::{Credit, QpCredits};
+use super::entries::{HeldEntries, QpEntries};
 use super::{wr_id, SubmitError};
 use crate::provider::Completion;
 
@@ -62,14 +62,14 @@ struct Slot {
     waker: Option<Waker>,
     /// Valid while `Completed`.
     completion: Completion,
-    /// The credit pools of the QP of the slot's latest op. Kept when the
+    /// The entry pools of the QP of the slot's latest op. Kept when the
     /// slot is freed and reused, as the waker is: the next op in it is
     /// mostly of the same QP, and then takes no reference count.
-    pools: Option<Rc<QpCredits>>,
-    /// Credits held on `pools` (its send or receive side, see `credit_recv`)
+    pools: Option<Rc<QpEntries>>,
+    /// Entries held on `pools` (its send or receive side, see `held_recv`)
     /// from the post until the last completion; 0 once given back.
-    credit_n: u32,
-    credit_recv: bool,
+    held_n: u32,
+    held_recv: bool,
     /// What went wrong besides the last completion: boxed, it is rare.
     errors: Option<Box<SlotErrors>>,
     /// The data of an op dropped in flight (`Ignored`).
@@ -84,15 +84,15 @@ const NO_SLOT: u32 = u32::MAX;
 const NO_MATCH: u64 = u64::MAX;
 
 impl Slot {
-    /// Takes the credits the slot holds, as a [`Credit`] to give back.
-    fn take_credit(&mut self) -> Option<Credit> {
-        let n = std::mem::take(&mut self.credit_n);
+    /// Takes the entries the slot holds, as a [`HeldEntries`] to give back.
+    fn take_held(&mut self) -> Option<HeldEntries> {
+        let n = std::mem::take(&mut self.held_n);
         if n == 0 {
             return None;
         }
-        self.pools.clone().map(|pools| Credit {
+        self.pools.clone().map(|pools| HeldEntries {
             pools,
-            recv: self.credit_recv,
+            recv: self.held_recv,
             n,
         })
     }
@@ -166,7 +166,7 @@ impl OpTable {
     }
 
     /// Reserves a slot before posting; returns the wr_id of the op's first
-    /// WR (index 0: its key and generation). The slot holds `n` credits of
+    /// WR (index 0: its key and generation). The slot holds `n` entries of
     /// `pools` (its send side, or with `recv` its receive side), which the
     /// caller has taken, from now on until the op's last completion;
     /// `None` (the table is full, nothing held) leaves them to the caller.
@@ -174,7 +174,7 @@ impl OpTable {
     pub(crate) fn insert(
         &self,
         last_index: u16,
-        pools: &Rc<QpCredits>,
+        pools: &Rc<QpEntries>,
         recv: bool,
         n: u32,
     ) -> Option<u64> {
@@ -191,8 +191,8 @@ impl OpTable {
             slot.gen = gen;
             slot.state = State::Submitted;
             slot.last_index = last_index;
-            slot.credit_n = n;
-            slot.credit_recv = recv;
+            slot.held_n = n;
+            slot.held_recv = recv;
             // The common case: the slot's last op was of the same QP.
             let old = match &slot.pools {
                 Some(p) if Rc::ptr_eq(p, pools) => None,
@@ -218,7 +218,7 @@ impl OpTable {
         gen: u32,
         next: u32,
         last_index: u16,
-        pools: &Rc<QpCredits>,
+        pools: &Rc<QpEntries>,
         recv: bool,
         n: u32,
     ) -> Option<u64> {
@@ -236,8 +236,8 @@ impl OpTable {
             waker: None,
             completion: Completion::EMPTY,
             pools: Some(pools.clone()),
-            credit_n: n,
-            credit_recv: recv,
+            held_n: n,
+            held_recv: recv,
             errors: None,
             parked: None,
         });
@@ -247,22 +247,22 @@ impl OpTable {
         Some(wr_id::encode(key, gen, 0))
     }
 
-    /// Frees a slot whose post failed entirely; returns its credit.
-    pub(crate) fn remove_unposted(&self, key: usize) -> Option<Credit> {
+    /// Frees a slot whose post failed entirely; returns its entry.
+    pub(crate) fn remove_unposted(&self, key: usize) -> Option<HeldEntries> {
         let mut t = self.table.borrow_mut();
         let slot = t.live_mut(key)?;
-        let credit = slot.take_credit();
+        let entry = slot.take_held();
         let errors = slot.errors.take();
         t.release(key);
         drop(t);
         drop(errors);
         Counters::bump(&self.counters.ops_failed);
-        credit
+        entry
     }
 
     /// The deferred post of op `key` (generation `gen`) was refused: none
-    /// of its WRs reached the queue. Its credits go back, except `absorbed`
-    /// of them (inline sends' credits it took over, which the QP holds
+    /// of its WRs reached the queue. Its entries go back, except `absorbed`
+    /// of them (inline sends' entries it took over, which the QP holds
     /// again), and the op ends with `error`: its future resolves with it,
     /// or, if it was dropped, its parked data is freed.
     pub(crate) fn fail_unposted(&self, key: usize, gen: u32, absorbed: u32, error: SubmitError) {
@@ -271,8 +271,8 @@ impl OpTable {
             tracing::error!(key, "refused deferred post of an unknown op");
             return;
         };
-        let mut credit = slot.take_credit();
-        if let Some(c) = &mut credit {
+        let mut entry = slot.take_held();
+        if let Some(c) = &mut entry {
             c.n -= absorbed.min(c.n);
         }
         Counters::bump(&self.counters.ops_failed);
@@ -282,9 +282,9 @@ impl OpTable {
                 slot.state = State::Completed;
                 slot.expect = NO_MATCH;
                 slot.errors.get_or_insert_with(Default::default).post_error = Some(Box::new(error));
-                self.wake_completed(t, key, waiting, credit);
+                self.wake_completed(t, key, waiting, entry);
             }
-            State::Ignored => self.free_ignored(t, key, credit),
+            State::Ignored => self.free_ignored(t, key, entry),
             State::Completed | State::Free => {}
         }
     }
@@ -448,12 +448,12 @@ impl OpTable {
     /// completions of reserved wr_ids (they never touch the table).
     #[inline(always)]
     pub(crate) fn complete_all(&self, cs: &[Completion], mut reserved: impl FnMut(&Completion)) {
-        // The credits of the ops completed on the fast path, given back
+        // The entries of the ops completed on the fast path, given back
         // together: a run of completions of one QP's send side (the common
         // batch) adds to one count, released once a completion of another
         // pool comes or the batch ends (no borrow held: a release may wake).
         // Nothing runs on the op path in between that could take them.
-        let mut pend: Option<Credit> = None;
+        let mut pend: Option<HeldEntries> = None;
         let mut t = self.table.borrow_mut();
         for c in cs {
             if c.wr_id & wr_id::RESERVED != 0 {
@@ -479,19 +479,19 @@ impl OpTable {
             slot.state = State::Completed;
             slot.expect = NO_MATCH;
             self.count_completion(c);
-            let n = std::mem::take(&mut slot.credit_n);
+            let n = std::mem::take(&mut slot.held_n);
             let mut flush = None;
             if n > 0 {
                 match (&mut pend, &slot.pools) {
                     (Some(p), Some(pools))
-                        if p.recv == slot.credit_recv && Rc::ptr_eq(&p.pools, pools) =>
+                        if p.recv == slot.held_recv && Rc::ptr_eq(&p.pools, pools) =>
                     {
                         p.n += n;
                     }
                     (_, Some(pools)) => {
-                        flush = pend.replace(Credit {
+                        flush = pend.replace(HeldEntries {
                             pools: pools.clone(),
-                            recv: slot.credit_recv,
+                            recv: slot.held_recv,
                             n,
                         });
                     }
@@ -604,12 +604,12 @@ impl OpTable {
                 slot.completion = effective;
                 slot.state = State::Completed;
                 slot.expect = NO_MATCH;
-                let credit = slot.take_credit();
-                self.wake_completed(t, key, waiting, credit);
+                let entry = slot.take_held();
+                self.wake_completed(t, key, waiting, entry);
             }
             State::Ignored => {
-                let credit = slot.take_credit();
-                self.free_ignored(t, key, credit);
+                let entry = slot.take_held();
+                self.free_ignored(t, key, entry);
             }
             State::Completed | State::Free => {
                 tracing::warn!(wr_id = c.wr_id, "duplicate completion ignored");
@@ -619,14 +619,14 @@ impl OpTable {
 
     /// Slot `key` just became `Completed`: wakes its waiter if it was
     /// `waiting` (a foreign waker once the borrow `t` is released), then
-    /// gives `credit` back.
+    /// gives `entry` back.
     #[inline(never)]
     fn wake_completed(
         &self,
         mut t: std::cell::RefMut<'_, Slots>,
         key: usize,
         waiting: bool,
-        credit: Option<Credit>,
+        entry: Option<HeldEntries>,
     ) {
         let foreign = if waiting {
             Self::wake_in_place(&mut t.slots[key].waker)
@@ -634,7 +634,7 @@ impl OpTable {
             None
         };
         drop(t);
-        drop(credit);
+        drop(entry);
         if let Some(w) = foreign {
             self.wake_foreign(key, w);
         }
@@ -642,12 +642,12 @@ impl OpTable {
 
     /// Frees slot `key` of an op dropped in flight (`Ignored`) that the
     /// device is done with: its parked data goes to the graveyard (dropped
-    /// after the drain, outside every borrow), `credit` back.
+    /// after the drain, outside every borrow), `entry` back.
     fn free_ignored(
         &self,
         mut t: std::cell::RefMut<'_, Slots>,
         key: usize,
-        credit: Option<Credit>,
+        entry: Option<HeldEntries>,
     ) {
         let slot = &mut t.slots[key];
         let data = slot.parked.take();
@@ -659,7 +659,7 @@ impl OpTable {
             self.has_dead.set(true);
         }
         drop(errors);
-        drop(credit);
+        drop(entry);
     }
 
     /// Drops the data of ignored ops whose completion arrived.
@@ -707,8 +707,8 @@ impl OpTable {
                 std::mem::forget(data);
                 leaked += 1;
             }
-            // The credits stay taken: the QP is leaked too.
-            slot.credit_n = 0;
+            // The entries stay taken: the QP is leaked too.
+            slot.held_n = 0;
             t.release(key);
         }
         leaked

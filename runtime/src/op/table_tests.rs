@@ -405,11 +405,11 @@ fn ops_of_many_tasks_wake_each_their_own() {
     assert_eq!(rt.ops_in_slab(), 0);
 }
 
-/// A slot keeps its QP's credit pools when freed; an op of another QP
-/// that reuses it gives its credits back to its own QP, and a waiter for
-/// credits is still woken by a completion (the release is not quiet then).
+/// A slot keeps its QP's entry pools when freed; an op of another QP
+/// that reuses it gives its entries back to its own QP, and a waiter for
+/// entries is still woken by a completion (the release is not quiet then).
 #[test]
-fn a_reused_slot_gives_credits_back_to_the_op_s_own_qp() {
+fn a_reused_slot_gives_entries_back_to_the_op_s_own_qp() {
     let rt = Runtime::new().unwrap();
     let (a, fake_a) = fake_qp();
     let (b, fake_b) = FakeQp::queue_pair(
@@ -434,7 +434,7 @@ fn a_reused_slot_gives_credits_back_to_the_op_s_own_qp() {
     assert_eq!(first.wr_id().unwrap() & KEY_MASK, key, "slot reused");
     assert!(poll(&mut first, w).is_pending());
     assert_eq!((a.outstanding_sends(), b.outstanding_sends()), (0, 1));
-    // B's send queue is full: the next op waits for the first's credit.
+    // B's send queue is full: the next op waits for the first's entry.
     let (c, cw) = counter();
     let mut second = write(&b);
     assert!(second.is_queued());

@@ -11,14 +11,14 @@ pub const UNTRACKED: u64 = RESERVED;
 /// e.g. for agent-internal receives. Every id in `AGENT_BASE..` goes there.
 pub const AGENT_BASE: u64 = RESERVED | (1 << 32);
 /// Inline sends posted without an op ([`QueuePair::post_send_inline`](crate::QueuePair::post_send_inline)):
-/// `INLINE | marker << 30 | credits << 20 | QP registry key`. Their
-/// completions release `credits` send-queue and CQ credits of that QP
+/// `INLINE | marker << 30 | entries << 20 | QP registry key`. Their
+/// completions release `entries` send-queue and CQ entries of that QP
 /// and record its first error; they never touch the op slab.
 pub const INLINE: u64 = RESERVED | (1 << 31);
 /// Bits of the QP registry key in an inline wr_id.
 pub const INLINE_KEY_BITS: u32 = 20;
-/// Bits of the credit count in an inline wr_id.
-pub const INLINE_CREDIT_BITS: u32 = 10;
+/// Bits of the entry count in an inline wr_id.
+pub const INLINE_ENTRY_BITS: u32 = 10;
 /// Set in the wr_id of the zero-length WR that retires a QP's trailing
 /// unsignaled inline sends (it carries no data: its errors are not recorded).
 pub const INLINE_MARKER: u64 = 1 << 30;
@@ -105,19 +105,19 @@ pub(crate) fn is_inline(id: u64) -> bool {
     id & !((1u64 << 31) - 1) == INLINE
 }
 
-/// Builds an inline wr_id (`key` < 2^20, `credits` < 2^10).
-pub(crate) fn encode_inline(key: usize, credits: u32, marker: bool) -> u64 {
+/// Builds an inline wr_id (`key` < 2^20, `entries` < 2^10).
+pub(crate) fn encode_inline(key: usize, entries: u32, marker: bool) -> u64 {
     INLINE
         | if marker { INLINE_MARKER } else { 0 }
-        | (u64::from(credits) & ((1 << INLINE_CREDIT_BITS) - 1)) << INLINE_KEY_BITS
+        | (u64::from(entries) & ((1 << INLINE_ENTRY_BITS) - 1)) << INLINE_KEY_BITS
         | (key as u64 & ((1 << INLINE_KEY_BITS) - 1))
 }
 
-/// Splits an inline wr_id into (QP registry key, credits, marker).
+/// Splits an inline wr_id into (QP registry key, entries, marker).
 pub(crate) fn decode_inline(id: u64) -> (usize, u32, bool) {
     (
         (id & ((1 << INLINE_KEY_BITS) - 1)) as usize,
-        ((id >> INLINE_KEY_BITS) & ((1 << INLINE_CREDIT_BITS) - 1)) as u32,
+        ((id >> INLINE_KEY_BITS) & ((1 << INLINE_ENTRY_BITS) - 1)) as u32,
         id & INLINE_MARKER != 0,
     )
 }

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use super::deferred;
 use super::InlineFault;
-use crate::op::{Counters, OpTable, QpCredits};
+use crate::op::{Counters, OpTable, QpEntries};
 use crate::provider::{Completion, PostError, ProviderError, Qp, RecvWr, SendOp, SendWr};
 use crate::reactor::{CqClaim, WorkQueue};
 
@@ -17,8 +17,8 @@ pub(crate) struct QpCore {
     /// The provider QP work is posted to.
     pub(crate) qp: Qp,
     pub(crate) qp_num: u32,
-    /// Its queues' and CQs' credit pools (shared with its ops' credits).
-    pub(crate) credits: Rc<QpCredits>,
+    /// Its queues' and CQs' entry pools (shared with its ops' entries).
+    pub(crate) entries: Rc<QpEntries>,
     /// The runtime's counters (doorbells and post lists are counted here).
     pub(crate) counters: Rc<Counters>,
     pub(crate) closed: Cell<bool>,
@@ -28,22 +28,22 @@ pub(crate) struct QpCore {
     pub(crate) _cq: Option<CqClaim>,
     /// This QP's key in the reactor's QP registry (named by inline wr_ids).
     pub(crate) reg_key: Cell<usize>,
-    /// Send-queue and CQ credits (each) held by the unsignaled inline sends
-    /// posted since the last signaled send WR, plus one reserve credit for
+    /// Send-queue and CQ entries (each) held by the unsignaled inline sends
+    /// posted since the last signaled send WR, plus one reserve entry for
     /// the WR that retires them; 0 if there are none.
     ///
     /// # Invariant
     ///
     /// Nonzero only while the last WR posted to the send queue was an
-    /// unsignaled inline send: every signaled send post takes these credits
+    /// unsignaled inline send: every signaled send post takes these entries
     /// over (they come back with its completion, which by RC ordering
     /// implies the unsignaled WRs' completion).
     pub(crate) unsig: Cell<u32>,
-    /// Send-queue credits held by inline sends (those of `unsig`, and those
+    /// Send-queue entries held by inline sends (those of `unsig`, and those
     /// carried by posted signaled inline WRs not completed yet). They lend
     /// no memory to the device: a QP holding only these is not leaked at
     /// runtime shutdown.
-    pub(crate) inline_credits: Cell<u32>,
+    pub(crate) inline_entries: Cell<u32>,
     /// At most `signal_every - 1` inline sends in a row go unsignaled.
     pub(crate) signal_every: Cell<u32>,
     /// The first error completion of an inline send posted without an op.
@@ -53,7 +53,7 @@ pub(crate) struct QpCore {
     /// has no inline fault, and takes a chain of one with one SGE. Cleared
     /// when the QP closes or faults.
     pub(crate) sends_ok: Cell<bool>,
-    /// Receive-queue and receive-CQ credits (each) that this QP's receive
+    /// Receive-queue and receive-CQ entries (each) that this QP's receive
     /// rings keep between a buffer's completion and its repost (so the
     /// repost needs no acquire). Given back by [`shut`](Self::shut): a
     /// closing QP waits only for its posted receives.
@@ -86,12 +86,12 @@ pub(crate) struct QpCore {
 /// the only way to [`QpCore::post_sends`] or [`QpCore::defer_one`], so the
 /// compiler checks that every send post went through the steps of the one
 /// ordered post (flush, absorb) before its own (post, count).
-#[must_use = "an ordered post that is not posted gives its absorbed credits back (QpCore::unabsorb)"]
+#[must_use = "an ordered post that is not posted gives its absorbed entries back (QpCore::unabsorb)"]
 pub(crate) struct Ordered {
-    /// The send-queue and CQ credits (each) of the unsignaled inline sends
+    /// The send-queue and CQ entries (each) of the unsignaled inline sends
     /// before this post that its signaled WR takes over (0 if none, or if
     /// the post absorbs nothing). The caller puts them where the WR's
-    /// completion gives them back: its op's credit, or the credits an
+    /// completion gives them back: its op's entry, or the entries an
     /// inline wr_id carries. If nothing is posted, they go back to the QP
     /// ([`QpCore::unabsorb`]).
     pub(crate) absorbed: u32,
@@ -105,13 +105,13 @@ impl QpCore {
     /// 1. **flush**: the single WRs waiting for the poll phase's doorbell
     ///    are posted first, so the send queue keeps submission order;
     /// 2. **absorb** (with `absorb`, for a post whose last WR is signaled
-    ///    and carries the credits of the unsignaled inline sends before
-    ///    it): those credits are taken over ([`Ordered::absorbed`]), as
+    ///    and carries the entries of the unsignaled inline sends before
+    ///    it): those entries are taken over ([`Ordered::absorbed`]), as
     ///    its completion implies theirs.
     ///
     /// Steps 3 and 4 are [`post_sends`](Self::post_sends). In between, the
     /// caller gives its WRs their wr_ids, which may carry the absorbed
-    /// credits (an op's slot in the table holds them, or an inline wr_id).
+    /// entries (an op's slot in the table holds them, or an inline wr_id).
     /// An inline send absorbs nothing here: whether it is signaled depends
     /// on the unsignaled group it reads after the flush.
     #[inline(always)]
@@ -122,14 +122,14 @@ impl QpCore {
         }
     }
 
-    /// A signaled send post takes over the unsignaled inline sends' credits
-    /// (from the QP's inline credits into the post's).
+    /// A signaled send post takes over the unsignaled inline sends' entries
+    /// (from the QP's inline entries into the post's).
     #[inline(always)]
     fn absorb_unsignaled(&self) -> u32 {
         let n = self.unsig.get();
         if n != 0 {
             self.unsig.set(0);
-            self.inline_credits.set(self.inline_credits.get() - n);
+            self.inline_entries.set(self.inline_entries.get() - n);
         }
         n
     }
@@ -148,7 +148,7 @@ impl QpCore {
     /// The one ordered post of send WRs, steps 3 and 4: **post** `wrs` in
     /// one doorbell, **counted** (doorbells, WRs per post), after the
     /// steps of `ordered`. On an error the caller gives back what the
-    /// refused WRs hold (the absorbed credits among them, if the WR that
+    /// refused WRs hold (the absorbed entries among them, if the WR that
     /// carries them was refused).
     ///
     /// # Safety
@@ -197,7 +197,7 @@ impl QpCore {
     }
 
     pub(crate) fn outstanding(&self) -> u32 {
-        self.credits.outstanding()
+        self.entries.outstanding()
     }
 
     /// Marks the QP closed, wakes queued submitters and moves it to ERR
@@ -206,24 +206,24 @@ impl QpCore {
     /// Trailing unsignaled inline sends are retired by a WR posted once the
     /// QP is in ERR (so it is flushed, never executed), followed by one more
     /// ERR transition (rxe flushes WRs posted in ERR only then). If that post
-    /// fails, their credits are given back at once.
+    /// fails, their entries are given back at once.
     pub(crate) fn shut(&self, ops: &crate::op::OpTable) -> Result<(), ProviderError> {
         // Deferred WRs go out first: the ERR transition flushes them with
         // the rest, so their ops end as every posted WR of a closed QP does.
         self.flush_deferred(ops);
         self.closed.set(true);
         self.sends_ok.set(false);
-        // The receive rings repost nothing once closed: their kept credits
+        // The receive rings repost nothing once closed: their kept entries
         // come back now (they check `closed` before using them).
         let kept = self.ring_kept.replace(0);
         if kept > 0 {
-            self.credits.rq.release(kept);
-            self.credits.recv_cq.release(kept);
+            self.entries.rq.release(kept);
+            self.entries.recv_cq.release(kept);
         }
-        self.credits.sq.wake_all();
-        self.credits.rq.wake_all();
-        self.credits.send_cq.wake_all();
-        self.credits.recv_cq.wake_all();
+        self.entries.sq.wake_all();
+        self.entries.rq.wake_all();
+        self.entries.send_cq.wake_all();
+        self.entries.recv_cq.wake_all();
         let res = self.qp.modify_to_err();
         if self.unsig.get() > 0 {
             if self.retire_unsignaled() {
@@ -232,8 +232,8 @@ impl QpCore {
                 }
             } else {
                 let n = self.absorb_unsignaled();
-                self.credits.sq.release(n);
-                self.credits.send_cq.release(n);
+                self.entries.sq.release(n);
+                self.entries.send_cq.release(n);
             }
         }
         res
@@ -260,7 +260,7 @@ impl WorkQueue for QpCore {
         self.listed_in_phase.set(false);
     }
 
-    /// Retires trailing unsignaled inline sends, which hold CQ credits.
+    /// Retires trailing unsignaled inline sends, which hold CQ entries.
     fn release_hoarded(&self) {
         if self.unsig.get() > 0 && !self.closed.get() {
             self.retire_unsignaled();
@@ -278,7 +278,7 @@ impl WorkQueue for QpCore {
         if self.unsig.get() > 0 && !self.retire_unsignaled() {
             return false;
         }
-        self.credits.sq.outstanding() > 0
+        self.entries.sq.outstanding() > 0
     }
 
     fn shut_down(&self, ops: &OpTable) {

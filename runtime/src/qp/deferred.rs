@@ -8,13 +8,13 @@
 //! on by default on the software device only (see `batching_by_default`).
 //!
 //! The op is in flight from its submission: its data is in its op slot
-//! (parked if the future is dropped), its credits are taken, so nothing
+//! (parked if the future is dropped), its entries are taken, so nothing
 //! changes for its owner but the moment of the doorbell. Send-queue order
 //! is kept: any other post to the same send queue (a chain, an inline send,
 //! a single op outside a poll phase, the close) posts the deferred WRs
 //! first. If the provider refuses the list, the refused WR's op fails with
 //! its `PostError`, the ops after it with [`SubmitError::PostBatchAborted`]
-//! (their WRs were never looked at), and their credits come back; the WRs
+//! (their WRs were never looked at), and their entries come back; the WRs
 //! before it are posted.
 
 use std::cell::RefMut;
@@ -41,7 +41,7 @@ pub(crate) const DEFER_MAX: usize = 8;
 #[derive(Default)]
 pub(crate) struct Deferred {
     pub(crate) wrs: Vec<SendWr>,
-    /// Inline-send credits the first WR took over (see
+    /// Inline-send entries the first WR took over (see
     /// `QpCore::order_deferred`). Only the first can have any: an inline
     /// send posts the deferred WRs before itself, so after the first
     /// deferred WR took them no unsignaled sends are pending until the list
@@ -58,7 +58,7 @@ fn grow(wrs: &mut Vec<SendWr>) {
 
 impl QpCore {
     /// Queues the single WR `wr` with `wr_id` (an op already in the table,
-    /// its credits held, the `ordered` ones it absorbed among them) to be
+    /// its entries held, the `ordered` ones it absorbed among them) to be
     /// posted at the end of the poll phase: written once, straight into
     /// the list. The caller has listed the QP for the phase's end. True
     /// once [`DEFER_MAX`] WRs wait: the caller posts them now.
@@ -74,7 +74,7 @@ impl QpCore {
     }
 
     /// The deferred list with room for one more WR, and its length (the
-    /// first WR of a list records the credits `absorbed` into the post).
+    /// first WR of a list records the entries `absorbed` into the post).
     #[inline(always)]
     fn deferred_with_room(&self, absorbed: u32) -> (RefMut<'_, Deferred>, usize) {
         let mut d = self.deferred.borrow_mut();
@@ -162,7 +162,7 @@ impl QpCore {
             let taken = if i == 0 { absorbed } else { 0 };
             ops.fail_unposted(key, gen, taken, error);
             if taken > 0 {
-                // The inline sends' credits stay held, by the QP again.
+                // The inline sends' entries stay held, by the QP again.
                 self.unabsorb(taken);
             }
         }

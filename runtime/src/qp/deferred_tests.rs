@@ -1,7 +1,7 @@
 //! Unit tests of doorbell batching (`deferred.rs`) on the fake QP: single
 //! send ops submitted during a poll phase share one post list, send-queue
 //! order holds against other posts, a refused list fails exactly the
-//! refused ops and gives their credits back, and an op dropped before its
+//! refused ops and gives their entries back, and an op dropped before its
 //! doorbell keeps its data until the device is done.
 
 use std::cell::RefCell;
@@ -125,7 +125,7 @@ fn deferred_wrs_are_posted_before_a_later_post_to_the_same_send_queue() {
         let op = write_one(&q, &t);
         // Deferred (this is a poll phase): not on the queue yet.
         assert_eq!(f.outstanding_sends(), 0);
-        assert_eq!(q.outstanding_sends(), 1, "but its credits are taken");
+        assert_eq!(q.outstanding_sends(), 1, "but its entries are taken");
         // An inline send posts the deferred WR first.
         q.post_send_inline(b"after", None).await.unwrap();
         assert_eq!(f.outstanding_sends(), 2);
@@ -139,7 +139,7 @@ fn deferred_wrs_are_posted_before_a_later_post_to_the_same_send_queue() {
 }
 
 #[test]
-fn a_refused_post_list_fails_the_refused_ops_and_gives_their_credits_back() {
+fn a_refused_post_list_fails_the_refused_ops_and_gives_their_entries_back() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(7, caps(16), 64);
     let token = Rc::new(());
@@ -150,7 +150,7 @@ fn a_refused_post_list_fails_the_refused_ops_and_gives_their_credits_back() {
     assert_eq!(
         qp.outstanding_sends(),
         1,
-        "the refused ops' credits are back"
+        "the refused ops' entries are back"
     );
     {
         let r = results.borrow();
@@ -192,7 +192,7 @@ fn an_op_dropped_before_its_doorbell_keeps_its_data_until_the_completion() {
     assert_eq!(Rc::strong_count(&token), 1, "freed after the completion");
     assert_eq!(rt.ops_in_slab(), 0);
 
-    // Dropped, and its post refused: freed at the refusal, credits back.
+    // Dropped, and its post refused: freed at the refusal, entries back.
     fake.fail_next_post(0, refusal());
     let (q, t) = (qp.clone(), token.clone());
     rt.block_on(async move {

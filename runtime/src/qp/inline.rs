@@ -1,5 +1,5 @@
 //! Inline sends posted without an op ([`QueuePair::post_send_inline`]):
-//! mostly unsignaled, their send-queue and CQ credits held by the QP until
+//! mostly unsignaled, their send-queue and CQ entries held by the QP until
 //! a later signaled WR's completion retires them; their errors recorded on
 //! the QP.
 
@@ -21,7 +21,7 @@ pub(crate) struct InlineFault {
 
 /// Default of [`QueuePair::set_inline_signal_interval`].
 pub const DEFAULT_INLINE_SIGNAL_INTERVAL: u32 = 16;
-/// Largest inline signal interval (the credits a signaled inline WR carries
+/// Largest inline signal interval (the entries a signaled inline WR carries
 /// must fit its wr_id).
 pub const MAX_INLINE_SIGNAL_INTERVAL: u32 = 512;
 
@@ -36,10 +36,10 @@ impl QpCore {
     }
 
     /// A completion of an inline wr_id of this QP (see [`wr_id::INLINE`]):
-    /// gives back the credits it carries, records the first error of a
+    /// gives back the entries it carries, records the first error of a
     /// data-carrying WR.
     pub(crate) fn inline_completed(&self, c: &Completion) {
-        let (_, credits, marker) = wr_id::decode_inline(c.wr_id);
+        let (_, entries, marker) = wr_id::decode_inline(c.wr_id);
         if !c.status.is_success() && !marker && self.fault.get().is_none() {
             tracing::warn!(qp = self.qp_num, wr_id = c.wr_id, status = %c.status, "inline send failed");
             self.fault.set(Some(InlineFault {
@@ -49,32 +49,32 @@ impl QpCore {
             }));
             self.sends_ok.set(false);
         }
-        if credits > 0 {
-            self.inline_credits
-                .set(self.inline_credits.get().saturating_sub(credits));
-            self.credits.sq.release(credits);
-            self.credits.send_cq.release(credits);
+        if entries > 0 {
+            self.inline_entries
+                .set(self.inline_entries.get().saturating_sub(entries));
+            self.entries.sq.release(entries);
+            self.entries.send_cq.release(entries);
         }
     }
 
     /// Send WRs outstanding that lend memory to the device (all but inline sends).
     pub(crate) fn outstanding_with_memory(&self) -> u32 {
-        self.outstanding().saturating_sub(self.inline_credits.get())
+        self.outstanding().saturating_sub(self.inline_entries.get())
     }
 
     /// Undoes the absorption of an [`Ordered`](super::core::Ordered) post
-    /// (nothing that carries its credits was posted).
+    /// (nothing that carries its entries was posted).
     pub(super) fn unabsorb(&self, n: u32) {
         self.unsig.set(n);
-        self.inline_credits.set(self.inline_credits.get() + n);
+        self.inline_entries.set(self.inline_entries.get() + n);
     }
 
     /// Posts a signaled zero-length WR ([`QpCore::retire_op`]: on RC an RDMA
     /// WRITE with no SGE and no rkey, C9-88, which the responder neither
     /// validates nor places) that retires the trailing unsignaled inline
-    /// sends; it uses their reserve credit. Called
-    /// only when someone must wait for credits those sends hold, or to close.
-    /// False if the post failed (the credits stay held).
+    /// sends; it uses their reserve entry. Called
+    /// only when someone must wait for entries those sends hold, or to close.
+    /// False if the post failed (the entries stay held).
     pub(crate) fn retire_unsignaled(&self) -> bool {
         let n = self.unsig.get();
         if n == 0 {
@@ -118,12 +118,12 @@ impl QueuePair {
     /// completion to poll): one in every
     /// [`inline_signal_interval`](Self::inline_signal_interval) is signaled,
     /// and so is one that would otherwise leave the send queue or the CQ
-    /// without a free credit; a signaled completion frees the queue slots of
+    /// without a free entry; a signaled completion frees the queue slots of
     /// every unsignaled send before it. When some submission has to wait for
-    /// credits that trailing unsignaled sends hold (and when the QP is
+    /// entries that trailing unsignaled sends hold (and when the QP is
     /// closed or dropped), the runtime posts one signaled zero-length RDMA
     /// WRITE (no SGE, no rkey: the responder validates and touches nothing)
-    /// to retire them, so credits never over-commit the device's queues and
+    /// to retire them, so entries never over-commit the device's queues and
     /// never stay stuck.
     ///
     /// Errors: `data` longer than the QP's `max_inline_data`, a closed QP,
@@ -138,7 +138,7 @@ impl QueuePair {
             data,
             imm,
             dest: None,
-            credits: SendCredits::default(),
+            entries: SendEntries::default(),
             done: false,
         }
     }
@@ -173,7 +173,7 @@ impl QueuePair {
             data,
             imm,
             dest: Some(peer.dest()),
-            credits: SendCredits::default(),
+            entries: SendEntries::default(),
             done: false,
         }
     }
@@ -272,7 +272,7 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Posts an inline send with one send-queue and one CQ credit held.
+    /// Posts an inline send with one send-queue and one CQ entry held.
     #[inline(always)]
     fn post_inline_now(
         &self,
@@ -284,14 +284,14 @@ impl QueuePair {
         // Send-queue order: WRs waiting for the poll phase's doorbell go
         // first, before `unsig` is read (the first of them absorbs it).
         // Nothing is absorbed: a signaled inline send carries the group's
-        // credits in its own wr_id (they stay inline credits).
+        // entries in its own wr_id (they stay inline entries).
         let ordered = core.order_sends(self.inner.handle.ops(), false);
-        let (sq, cq) = (&core.credits.sq, &*core.credits.send_cq);
+        let (sq, cq) = (&core.entries.sq, &*core.entries.send_cq);
         let unsig = core.unsig.get();
         // Unsignaled WRs in the current group (`unsig` counts a reserve too).
         let group = unsig.saturating_sub(1);
         let need_reserve = u32::from(unsig == 0);
-        // Unsignaled only if that leaves a credit free in both, and the
+        // Unsignaled only if that leaves an entry free in both, and the
         // group's reserve (for the WR that may have to retire it) is there.
         let mut signal = group + 1 >= core.signal_every.get()
             || sq.has_waiters()
@@ -312,9 +312,9 @@ impl QueuePair {
                 signal = true;
             }
         }
-        let credits = if signal { 1 + unsig } else { 0 };
+        let entries = if signal { 1 + unsig } else { 0 };
         let mut wr = SendWr {
-            wr_id: wr_id::encode_inline(core.reg_key.get(), credits, false),
+            wr_id: wr_id::encode_inline(core.reg_key.get(), entries, false),
             sg_list: SgList::new(),
             op: match (dest, imm) {
                 (Some(dest), imm) => SendOp::SendTo { dest, imm },
@@ -342,21 +342,21 @@ impl QueuePair {
         match unsafe { core.post_sends(ordered, std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 core.unsig.set(if signal { 0 } else { unsig + 1 + reserve });
-                core.inline_credits
-                    .set(core.inline_credits.get() + 1 + reserve);
+                core.inline_entries
+                    .set(core.inline_entries.get() + 1 + reserve);
                 Ok(())
             }
             Err(e) => Err(self.inline_post_failed(1 + reserve, e)),
         }
     }
 
-    /// The provider refused an inline send: its `n` credits (each) back.
+    /// The provider refused an inline send: its `n` entries (each) back.
     #[cold]
     #[inline(never)]
     fn inline_post_failed(&self, n: u32, e: crate::provider::PostError) -> SubmitError {
         let core = &self.inner.core;
-        core.credits.sq.release(n);
-        core.credits.send_cq.release(n);
+        core.entries.sq.release(n);
+        core.entries.send_cq.release(n);
         SubmitError::Post {
             qp_num: core.qp_num,
             source: e,
@@ -365,27 +365,27 @@ impl QueuePair {
 }
 
 /// What a waiting inline send (or burst) holds of its QP's send-queue and
-/// send-CQ credits while it waits for `n` of each, in FIFO order with the
+/// send-CQ entries while it waits for `n` of each, in FIFO order with the
 /// QP's other submissions.
 #[derive(Debug, Default)]
-pub(super) struct SendCredits {
+pub(super) struct SendEntries {
     sq_ticket: Option<Ticket>,
     cq_ticket: Option<Ticket>,
-    /// The send-queue credits are held (waiting for the CQ's).
+    /// The send-queue entries are held (waiting for the CQ's).
     pub(super) sq_held: bool,
 }
 
-impl SendCredits {
+impl SendEntries {
     /// Nothing held or queued for.
     #[inline(always)]
     pub(super) fn is_idle(&self) -> bool {
         !self.sq_held && self.sq_ticket.is_none() && self.cq_ticket.is_none()
     }
 
-    /// Ready once `n` send-queue and `n` CQ credits are held (then this is
+    /// Ready once `n` send-queue and `n` CQ entries are held (then this is
     /// idle again and the caller owns them). Waiting for the send queue
     /// retires the QP's unsignaled sends first, waiting for the CQ
-    /// releases the credits the reactor hoards.
+    /// releases the entries the reactor hoards.
     pub(super) fn poll_acquire(
         &mut self,
         qp: &QueuePair,
@@ -394,12 +394,12 @@ impl SendCredits {
     ) -> Poll<()> {
         let core = &qp.inner.core;
         if !self.sq_held {
-            if self.sq_ticket.is_some() || !core.credits.sq.try_acquire(n) {
+            if self.sq_ticket.is_some() || !core.entries.sq.try_acquire(n) {
                 if self.sq_ticket.is_none() {
                     core.retire_unsignaled();
                 }
                 if core
-                    .credits
+                    .entries
                     .sq
                     .poll_acquire(n, &mut self.sq_ticket, cx)
                     .is_pending()
@@ -409,12 +409,12 @@ impl SendCredits {
             }
             self.sq_held = true;
         }
-        if self.cq_ticket.is_some() || !core.credits.send_cq.try_acquire(n) {
+        if self.cq_ticket.is_some() || !core.entries.send_cq.try_acquire(n) {
             if self.cq_ticket.is_none() {
-                qp.inner.handle.driver().release_hoarded_credits();
+                qp.inner.handle.driver().release_hoarded_entries();
             }
             if core
-                .credits
+                .entries
                 .send_cq
                 .poll_acquire(n, &mut self.cq_ticket, cx)
                 .is_pending()
@@ -428,10 +428,10 @@ impl SendCredits {
 
     /// Gives back whatever is held or queued for (`n` per queue).
     pub(super) fn abandon(&mut self, core: &QpCore, n: u32) {
-        core.credits.sq.cancel(&mut self.sq_ticket);
-        core.credits.send_cq.cancel(&mut self.cq_ticket);
+        core.entries.sq.cancel(&mut self.sq_ticket);
+        core.entries.send_cq.cancel(&mut self.cq_ticket);
         if std::mem::take(&mut self.sq_held) {
-            core.credits.sq.release(n);
+            core.entries.sq.release(n);
         }
     }
 }
@@ -445,7 +445,7 @@ pub struct SendInline<'a> {
     imm: Option<u32>,
     /// UD: the destination.
     dest: Option<UdDest>,
-    credits: SendCredits,
+    entries: SendEntries,
     done: bool,
 }
 
@@ -462,18 +462,18 @@ impl std::fmt::Debug for SendInline<'_> {
 impl SendInline<'_> {
     /// Gives back whatever this waiting send holds.
     fn abandon(&mut self) {
-        self.credits.abandon(&self.qp.inner.core, 1);
+        self.entries.abandon(&self.qp.inner.core, 1);
     }
 }
 
 impl SendInline<'_> {
     /// The first poll's fast path: nothing to report, nobody queued ahead
-    /// and both credits at hand. Posts and returns `Some`; else `None`
-    /// (holding the send-queue credit if it got only that one), leaving
+    /// and both entries at hand. Posts and returns `Some`; else `None`
+    /// (holding the send-queue entry if it got only that one), leaving
     /// everything to [`poll_slow`](Self::poll_slow).
     #[inline(always)]
     fn try_post_now(&mut self) -> Option<Result<(), SubmitError>> {
-        if self.done || !self.credits.is_idle() {
+        if self.done || !self.entries.is_idle() {
             return None;
         }
         let qp = self.qp;
@@ -489,12 +489,12 @@ impl SendInline<'_> {
                 .as_ref()
                 .is_some_and(|u| self.data.len() > u.mtu as usize)
             || core.reg_key.get() >= 1 << wr_id::INLINE_KEY_BITS
-            || !core.credits.sq.try_acquire(1)
+            || !core.entries.sq.try_acquire(1)
         {
             return None;
         }
-        if !core.credits.send_cq.try_acquire(1) {
-            self.credits.sq_held = true;
+        if !core.entries.send_cq.try_acquire(1) {
+            self.entries.sq_held = true;
             return None;
         }
         self.done = true;
@@ -502,7 +502,7 @@ impl SendInline<'_> {
     }
 
     /// Everything but [`try_post_now`](Self::try_post_now): errors, waits
-    /// for credits, later polls.
+    /// for entries, later polls.
     #[inline(never)]
     fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SubmitError>> {
         let this = self;
@@ -516,7 +516,7 @@ impl SendInline<'_> {
             this.done = true;
             return Poll::Ready(Err(e));
         }
-        if this.credits.poll_acquire(qp, 1, cx).is_pending() {
+        if this.entries.poll_acquire(qp, 1, cx).is_pending() {
             return Poll::Pending;
         }
         this.done = true;

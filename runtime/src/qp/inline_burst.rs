@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::inline::SendCredits;
+use super::inline::SendEntries;
 use super::{QueuePair, UdPeer};
 use crate::op::{wr_id, SubmitError};
 use crate::provider::{PostError, SendFlags, SendOp, SendWr, SgList, Sge};
@@ -42,7 +42,7 @@ impl QueuePair {
         SendInlineBurst {
             qp: self,
             datagrams,
-            credits: SendCredits::default(),
+            entries: SendEntries::default(),
             done: false,
         }
     }
@@ -58,9 +58,9 @@ impl QueuePair {
     ///   [`PostError::posted`]);
     /// - `None`: the send queue or the CQ has no room for all of them now,
     ///   or other submissions wait for room ahead of them. Nothing is posted
-    ///   or held. As when the future would wait, what holds credits is
+    ///   or held. As when the future would wait, what holds entries is
     ///   asked to give them back (the QP's trailing unsignaled inline sends
-    ///   are retired, or the runtime's hoarded CQ credits released), so
+    ///   are retired, or the runtime's hoarded CQ entries released), so
     ///   that room comes back with their completions.
     ///
     /// Unlike [`try_post_send_inline`](Self::try_post_send_inline), which
@@ -81,13 +81,13 @@ impl QueuePair {
             return Some(Ok(()));
         }
         let core = &self.inner.core;
-        if !core.credits.sq.try_acquire(n) {
+        if !core.entries.sq.try_acquire(n) {
             core.retire_unsignaled();
             return None;
         }
-        if !core.credits.send_cq.try_acquire(n) {
-            core.credits.sq.release(n);
-            self.inner.handle.driver().release_hoarded_credits();
+        if !core.entries.send_cq.try_acquire(n) {
+            core.entries.sq.release(n);
+            self.inner.handle.driver().release_hoarded_entries();
             return None;
         }
         Some(self.post_burst_now(datagrams))
@@ -108,12 +108,12 @@ impl QueuePair {
                     .inner
                     .caps
                     .max_send_wr
-                    .min(core.credits.send_cq.capacity())
+                    .min(core.entries.send_cq.capacity())
         {
             return Err(invalid(format!(
                 "{n} datagrams: at most {MAX_INLINE_BURST}, the send queue's {} and the CQ's {}",
                 self.inner.caps.max_send_wr,
-                core.credits.send_cq.capacity()
+                core.entries.send_cq.capacity()
             )));
         }
         if let Some((i, e)) = datagrams
@@ -137,13 +137,13 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Posts the burst with `n` send-queue and CQ credits (each) held.
+    /// Posts the burst with `n` send-queue and CQ entries (each) held.
     fn post_burst_now(&self, datagrams: &[Datagram<'_>]) -> Result<(), SubmitError> {
         let core = &self.inner.core;
         let n = datagrams.len() as u32;
         // Send-queue order: deferred WRs first, before the unsignaled sends
         // are absorbed (the first deferred WR takes them over); the last
-        // datagram, signaled, carries their credits.
+        // datagram, signaled, carries their entries.
         let ordered = core.order_sends(self.inner.handle.ops(), true);
         let unsig = ordered.absorbed;
         let key = core.reg_key.get();
@@ -184,10 +184,10 @@ impl QueuePair {
         core.burst_wrs.set(wrs);
         match res {
             Ok(()) => {
-                // The absorbed credits stay inline: the last WR's inline
+                // The absorbed entries stay inline: the last WR's inline
                 // wr_id carries them.
-                core.inline_credits
-                    .set(core.inline_credits.get() + n + unsig);
+                core.inline_entries
+                    .set(core.inline_entries.get() + n + unsig);
                 Ok(())
             }
             Err(e) => Err(self.burst_post_failed(n, unsig, e)),
@@ -196,7 +196,7 @@ impl QueuePair {
 
     /// The provider took only the first `e.posted` WRs of a burst of `n`
     /// (all unsignaled): they join the unsignaled group, with a reserve
-    /// credit for the WR that may have to retire them; the other credits
+    /// entry for the WR that may have to retire them; the other entries
     /// come back.
     #[cold]
     #[inline(never)]
@@ -207,12 +207,12 @@ impl QueuePair {
         let reserve = u32::from(posted > 0 && core.unsig.get() == 0);
         if posted > 0 {
             core.unsig.set(core.unsig.get() + posted + reserve);
-            core.inline_credits
-                .set(core.inline_credits.get() + posted + reserve);
+            core.inline_entries
+                .set(core.inline_entries.get() + posted + reserve);
         }
         let back = n - posted - reserve;
-        core.credits.sq.release(back);
-        core.credits.send_cq.release(back);
+        core.entries.sq.release(back);
+        core.entries.send_cq.release(back);
         SubmitError::Post {
             qp_num: core.qp_num,
             source: e,
@@ -226,7 +226,7 @@ impl QueuePair {
 pub struct SendInlineBurst<'a> {
     qp: &'a QueuePair,
     datagrams: &'a [Datagram<'a>],
-    credits: SendCredits,
+    entries: SendEntries,
     done: bool,
 }
 
@@ -243,7 +243,7 @@ impl std::fmt::Debug for SendInlineBurst<'_> {
 impl SendInlineBurst<'_> {
     fn abandon(&mut self) {
         let n = self.datagrams.len() as u32;
-        self.credits.abandon(&self.qp.inner.core, n);
+        self.entries.abandon(&self.qp.inner.core, n);
     }
 }
 
@@ -270,7 +270,7 @@ impl Future for SendInlineBurst<'_> {
             this.done = true;
             return Poll::Ready(Ok(()));
         }
-        if this.credits.poll_acquire(qp, n, cx).is_pending() {
+        if this.entries.poll_acquire(qp, n, cx).is_pending() {
             return Poll::Pending;
         }
         this.done = true;

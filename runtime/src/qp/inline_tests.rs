@@ -1,5 +1,5 @@
 //! Unit tests of unsignaled inline sends ([`QueuePair::post_send_inline`])
-//! on the fake QP: credits, signaling, retiring, errors, close.
+//! on the fake QP: entries, signaling, retiring, errors, close.
 
 use std::future::Future;
 use std::rc::Rc;
@@ -90,7 +90,7 @@ fn inline_sends_go_unsignaled_and_signal_every_interval() {
         assert_eq!(f.contains(SendFlags::SIGNALED), i == 15, "WR {i}");
         assert!(wr_id::is_inline(*id));
     }
-    // The signaled one carries every credit: 16 WRs + the group's reserve.
+    // The signaled one carries every entry: 16 WRs + the group's reserve.
     assert_eq!(wr_id::decode_inline(posted[15].0).1, 17);
     assert_eq!(qp.outstanding_sends(), 17);
     complete_all(&rt, &fake);
@@ -120,7 +120,7 @@ fn many_inline_sends_beyond_the_queue_depth_wait_instead_of_overrunning() {
         turns += 1;
         assert!(turns < 10 * N, "stuck at {} sends", done.get());
         settle(&rt);
-        assert!(qp.outstanding_sends() <= 8, "credits over-commit the SQ");
+        assert!(qp.outstanding_sends() <= 8, "entries over-commit the SQ");
         // The device completes whatever is signaled.
         complete_all(&rt, &fake);
     }
@@ -152,7 +152,7 @@ fn a_signaled_op_retires_the_inline_sends_before_it() {
     let mut op = bare_write(&qp);
     assert!(!op.is_queued());
     assert_eq!(qp.outstanding_sends(), 5);
-    // The op took their credits over.
+    // The op took their entries over.
     assert_eq!(qp.inner.core.outstanding_with_memory(), 5);
     // Retires the 3 unsignaled sends and the op.
     assert!(fake.complete_send(WcStatus::Success, 0).is_some());
@@ -164,13 +164,13 @@ fn a_signaled_op_retires_the_inline_sends_before_it() {
 }
 
 #[test]
-fn the_last_credit_goes_to_a_signaled_send() {
+fn the_last_entry_goes_to_a_signaled_send() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(1, caps(4), 1024);
     qp.set_inline_signal_interval(100);
     assert_eq!(qp.inline_signal_interval(), 100);
     // 4 slots: unsignaled (+ reserve), unsignaled, then the last free
-    // credit must not go unsignaled.
+    // entry must not go unsignaled.
     for _ in 0..3 {
         post_now(&qp, b"x").unwrap();
     }
@@ -262,17 +262,17 @@ fn inline_sends_refuse_what_does_not_fit_inline() {
 }
 
 #[test]
-fn a_waiting_chain_gets_the_credits_unsignaled_sends_hold() {
+fn a_waiting_chain_gets_the_entries_unsignaled_sends_hold() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(1, caps(8), 1024);
     qp.set_inline_signal_interval(100);
     for _ in 0..5 {
         post_now(&qp, b"u").unwrap();
     }
-    // 5 WRs + reserve = 6 of 8 credits held by unsignaled sends.
+    // 5 WRs + reserve = 6 of 8 entries held by unsignaled sends.
     assert_eq!(qp.outstanding_sends(), 6);
     // A chain of 4 cannot fit: it waits, and the runtime retires the
-    // unsignaled sends with the reserve credit.
+    // unsignaled sends with the reserve entry.
     let chain = chain_of(&qp, 4);
     let mut chain = Box::pin(chain);
     assert!(chain.as_mut().now_or_never().is_none());
@@ -329,7 +329,7 @@ fn a_submission_waiting_for_cq_credits_gets_those_unsignaled_sends_hold() {
     for _ in 0..5 {
         post_now(&qp, b"u").unwrap();
     }
-    // 5 WRs + reserve hold 6 of the CQ's 8 credits; a chain of 3 waits for
+    // 5 WRs + reserve hold 6 of the CQ's 8 entries; a chain of 3 waits for
     // the CQ, and the runtime retires the unsignaled sends to free them.
     let mut chain = Box::pin(chain_of(&qp, 3));
     assert!(chain.as_mut().now_or_never().is_none());

@@ -1,5 +1,5 @@
 //! [`QueuePair`]: a runtime-level RC queue pair. It accounts for send-queue,
-//! receive-queue and CQ capacity as credits, so a submission waits (a future)
+//! receive-queue and CQ capacity as entries, so a submission waits (a future)
 //! when a queue is full instead of failing or overrunning it, and turns each
 //! posted chain of work requests into an [`Op`](crate::op::Op) tracked by wr_id.
 //!

@@ -1,5 +1,5 @@
 //! Unit tests of single-WR submissions ([`QueuePair::submit_send_one`]) on
-//! the fake QP: wr_id and signaling, validation, waiting for credits (FIFO
+//! the fake QP: wr_id and signaling, validation, waiting for entries (FIFO
 //! with chains), and a dropped op parking its data until the flush.
 
 use std::rc::Rc;
@@ -150,7 +150,7 @@ fn one_wr_with_several_sges_goes_as_a_chain_of_one() {
 }
 
 #[test]
-fn one_wr_waits_for_send_queue_credits_in_fifo_order_with_chains() {
+fn one_wr_waits_for_send_queue_entries_in_fifo_order_with_chains() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(2, 1), 64);
     let token = Rc::new(());
@@ -216,7 +216,7 @@ fn dropped_one_wr_op_parks_its_data_until_the_flush() {
     assert_eq!(rt.ops_in_slab(), 0);
 }
 
-/// A submission waiting for credits keeps its WRs and tickets in a boxed
+/// A submission waiting for entries keeps its WRs and tickets in a boxed
 /// `Waiting`: the `Submit` is as small as an in-flight op plus its tag
 /// (every op's future is moved a few times on its way to the caller).
 #[test]
@@ -235,15 +235,15 @@ fn a_submit_is_an_op_and_a_tag() {
     );
 }
 
-/// `Credits::release`'s fast path tests one flag: it must still wake the
+/// `QueueEntries::release`'s fast path tests one flag: it must still wake the
 /// first waiter of the FIFO and the idle watchers, and clamp an excess.
 #[test]
-fn credit_releases_wake_waiters_and_idle_watchers() {
+fn entry_releases_wake_waiters_and_idle_watchers() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::task::{Context, Wake, Waker};
 
-    use crate::op::Credits;
+    use crate::op::QueueEntries;
 
     struct Count(AtomicUsize);
     impl Wake for Count {
@@ -256,9 +256,9 @@ fn credit_releases_wake_waiters_and_idle_watchers() {
         Arc::new(Count(AtomicUsize::new(0))),
     );
     let (wf, wi) = (Waker::from(fifo.clone()), Waker::from(idle.clone()));
-    let c = Credits::new(2);
+    let c = QueueEntries::new(2);
     assert!(c.try_acquire(2));
-    // A waiter in the FIFO: a release wakes it, and it then gets its credit.
+    // A waiter in the FIFO: a release wakes it, and it then gets its entry.
     let mut ticket = None;
     assert!(c
         .poll_acquire(1, &mut ticket, &mut Context::from_waker(&wf))
@@ -270,7 +270,7 @@ fn credit_releases_wake_waiters_and_idle_watchers() {
         .poll_acquire(1, &mut ticket, &mut Context::from_waker(&wf))
         .is_ready());
     assert!(!c.has_waiters());
-    // An idle watcher: woken only once every credit is back.
+    // An idle watcher: woken only once every entry is back.
     assert!(c.poll_idle(&mut Context::from_waker(&wi)).is_pending());
     c.release(1);
     assert_eq!(idle.0.load(Ordering::SeqCst), 0);
@@ -305,7 +305,7 @@ fn dropping_a_submission_frees_its_data_once() {
     assert_eq!(Rc::strong_count(&token), 1, "the output took the data");
     drop(done);
     assert_eq!(Rc::strong_count(&token), 1);
-    // In flight (parks its data), then one waiting for the only credit.
+    // In flight (parks its data), then one waiting for the only entry.
     let flying = write_one(&qp, &token, 1, SendFlags::NONE);
     let waiting = write_one(&qp, &token, 1, SendFlags::NONE);
     assert!(waiting.is_queued());

@@ -11,7 +11,7 @@ use super::core::batching_by_default;
 use super::submit::Waiting;
 use super::ud::UdState;
 use super::{deferred, QpCore, DEFAULT_INLINE_SIGNAL_INTERVAL};
-use crate::op::{wr_id, Credits, QpCredits};
+use crate::op::{wr_id, QpEntries, QueueEntries};
 use crate::provider::{
     Endpoint, InitAttr, ProviderError, Qp, QpCaps, QpState, QpType, RtrAttr, RtsAttr, SendOp,
 };
@@ -27,7 +27,7 @@ pub(super) struct QpInner {
     pub(super) max_send_chain: usize,
     /// 1 if a receive fits the receive queue and CQ, else 0.
     pub(super) max_recv_chain: usize,
-    /// Boxes for the WRs of submissions that wait for credits, recycled so
+    /// Boxes for the WRs of submissions that wait for entries, recycled so
     /// that backpressure does not allocate per op (and `Submit` stays small).
     /// (Boxes, not a `Vec<Wrs>`: a waiting `Submit` owns its box.)
     #[allow(clippy::vec_box)]
@@ -61,7 +61,7 @@ impl Drop for QpInner {
 /// A queue pair driven by the runtime, RC or UD (`ud.rs`). Cheap to clone
 /// (`Rc`); `!Send`.
 ///
-/// Submissions wait for send-queue (or receive-queue) credits and CQ credits
+/// Submissions wait for send-queue (or receive-queue) entries and CQ entries
 /// in FIFO order, so the device's queues are never overrun. Dropping the last
 /// handle with WRs outstanding moves the QP to ERR; the runtime keeps it alive
 /// until the flushes arrive and the parked buffers are freed.
@@ -113,7 +113,7 @@ impl std::fmt::Debug for QueuePair {
             .field("qp_num", &self.inner.core.qp_num)
             .field(
                 "outstanding_sends",
-                &self.inner.core.credits.sq.outstanding(),
+                &self.inner.core.entries.sq.outstanding(),
             )
             .field("outstanding_recvs", &self.outstanding_recvs())
             .field("closed", &self.inner.core.closed.get())
@@ -130,8 +130,8 @@ impl QueuePair {
         qp: Qp,
         qp_num: u32,
         caps: QpCaps,
-        send_cq: Rc<Credits>,
-        recv_cq: Rc<Credits>,
+        send_cq: Rc<QueueEntries>,
+        recv_cq: Rc<QueueEntries>,
         cq: Option<CqClaim>,
         ud: Option<UdState>,
     ) -> QueuePair {
@@ -147,9 +147,9 @@ impl QueuePair {
             qp,
             qp_num,
             counters: handle.driver().ops.counters.clone(),
-            credits: Rc::new(QpCredits {
-                sq: Credits::new(caps.max_send_wr),
-                rq: Credits::new(caps.max_recv_wr),
+            entries: Rc::new(QpEntries {
+                sq: QueueEntries::new(caps.max_send_wr),
+                rq: QueueEntries::new(caps.max_recv_wr),
                 send_cq,
                 recv_cq,
             }),
@@ -158,7 +158,7 @@ impl QueuePair {
             _cq: cq,
             reg_key: Cell::new(0),
             unsig: Cell::new(0),
-            inline_credits: Cell::new(0),
+            inline_entries: Cell::new(0),
             signal_every: Cell::new(
                 DEFAULT_INLINE_SIGNAL_INTERVAL.min((caps.max_send_wr / 2).max(1)),
             ),
@@ -178,9 +178,9 @@ impl QueuePair {
         });
         let reg_key = core.reg_key.get();
         let max_send_chain =
-            (caps.max_send_wr.min(core.credits.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
+            (caps.max_send_wr.min(core.entries.send_cq.capacity()) as usize).min(wr_id::MAX_CHAIN);
         let max_recv_chain =
-            (caps.max_recv_wr.min(core.credits.recv_cq.capacity()) as usize).min(1);
+            (caps.max_recv_wr.min(core.entries.recv_cq.capacity()) as usize).min(1);
         core.sends_ok
             .set(max_send_chain > 0 && caps.max_send_sge > 0);
         QueuePair {
@@ -208,7 +208,7 @@ impl QueuePair {
         self.inner.core.qp_num
     }
 
-    /// Queue sizes the credits are based on.
+    /// Queue sizes the entries are based on.
     pub fn caps(&self) -> QpCaps {
         self.inner.caps
     }
@@ -238,15 +238,15 @@ impl QueuePair {
         self.inner.core.qp.modify_to_rts(attr)
     }
 
-    /// Send WRs posted and not yet completed (credits in use).
+    /// Send WRs posted and not yet completed (entries in use).
     pub fn outstanding_sends(&self) -> u32 {
-        self.inner.core.credits.sq.outstanding()
+        self.inner.core.entries.sq.outstanding()
     }
 
     /// Receive WRs posted and not yet completed.
     pub fn outstanding_recvs(&self) -> u32 {
         let core = &self.inner.core;
-        core.credits
+        core.entries
             .rq
             .outstanding()
             .saturating_sub(core.ring_kept.get())
@@ -267,7 +267,7 @@ impl QueuePair {
         if !self.inner.core.closed.get() {
             self.inner.core.retire_unsignaled();
         }
-        let sq = &self.inner.core.credits.sq;
+        let sq = &self.inner.core.entries.sq;
         std::future::poll_fn(move |cx| sq.poll_idle(cx))
     }
 
@@ -290,8 +290,8 @@ impl QueuePair {
         let core = &self.inner.core;
         let mut res = Some(res);
         std::future::poll_fn(move |cx| {
-            let sq = core.credits.sq.poll_idle(cx);
-            let rq = core.credits.rq.poll_idle(cx);
+            let sq = core.entries.sq.poll_idle(cx);
+            let rq = core.entries.rq.poll_idle(cx);
             if sq.is_ready() && rq.is_ready() {
                 if let Some(e) = core.fault_error() {
                     tracing::warn!(qp = core.qp_num, error = %crate::report::ErrorChain(&e), "closed a QP whose inline send failed");

@@ -20,15 +20,15 @@
 //! handle of it is left (`srq_ring.rs`). At runtime shutdown a ring still
 //! holding posted buffers is leaked, like the runtime's parked ops.
 //!
-//! # Credits
+//! # QueueEntries
 //!
-//! Each posted buffer holds one receive-queue credit and one receive-CQ
-//! credit of its QP, taken when it is posted, like a `submit_recv` op: the
+//! Each posted buffer holds one receive-queue entry and one receive-CQ
+//! entry of its QP, taken when it is posted, like a `submit_recv` op: the
 //! CQ can never overflow, and [`QueuePair::close`] waits for the ring's
-//! flushes. A buffer that completes successfully keeps its credits until
+//! flushes. A buffer that completes successfully keeps its entries until
 //! its repost (no give-back and re-acquire per message); they are given
 //! back at once if the ring stops, is dropped, or the QP is closed
-//! (`QpCore::shut` returns every ring's kept credits, so a close never
+//! (`QpCore::shut` returns every ring's kept entries, so a close never
 //! waits for buffers lent to guards or unread).
 
 use std::alloc::Layout;
@@ -69,7 +69,7 @@ pub enum RecvRingError {
     /// The QP's receive queue or its CQ has not room for `depth` buffers.
     #[error(
         "receive ring on QP {qp_num}: {depth} buffers do not fit: {rq_available} receive-queue \
-         and {cq_available} CQ credits available"
+         and {cq_available} CQ entries available"
     )]
     Credits {
         /// QP number.
@@ -225,12 +225,12 @@ struct State {
     post_error: Option<RecvRingError>,
     rq_ticket: Option<Ticket>,
     cq_ticket: Option<Ticket>,
-    /// Credits (each: receive queue and CQ) acquired for pending slots.
+    /// Entries (each: receive queue and CQ) acquired for pending slots.
     held_rq: u32,
     held_cq: u32,
     /// Reused list for batched reposts.
     wrs: Vec<RecvWr>,
-    /// Credits (each: receive queue and CQ) kept from successful
+    /// Entries (each: receive queue and CQ) kept from successful
     /// completions for reposts, also counted in the QP's `ring_kept`
     /// unless the QP is closed (then `shut` gave them back already).
     kept: u32,
@@ -382,7 +382,7 @@ impl RingCore {
                 (None, st.posted == 0, false)
             } else {
                 st.slots[slot as usize] = Slot::Taken;
-                // A message: its credits stay for its repost.
+                // A message: its entries stay for its repost.
                 let keep = !fatal && !st.stopped && !self.target.closed();
                 if keep {
                     st.kept += 1;
@@ -428,8 +428,8 @@ impl RingCore {
         }
     }
 
-    /// Posts `slots` (credits already held for each). On failure the
-    /// unposted slots go idle, their credits are given back, and the error
+    /// Posts `slots` (entries already held for each). On failure the
+    /// unposted slots go idle, their entries are given back, and the error
     /// is returned.
     fn post(&self, st: &mut State, slots: &[u32]) -> Result<(), RecvRingError> {
         if slots.is_empty() {
@@ -457,7 +457,7 @@ impl RingCore {
         }
     }
 
-    /// Posts one slot (credits held) with its prebuilt WR: the repost
+    /// Posts one slot (entries held) with its prebuilt WR: the repost
     /// fast path (inlined into `release`, one call frame less). False if
     /// the post failed (then recorded for the next `next`).
     #[inline(always)]
@@ -483,7 +483,7 @@ impl RingCore {
     }
 
     /// The provider refused `slots[e.posted..]`: they go idle, their
-    /// credits are given back, the ring stops.
+    /// entries are given back, the ring stops.
     #[cold]
     #[inline(never)]
     fn post_failed(&self, st: &mut State, slots: &[u32], e: PostError) -> RecvRingError {
@@ -504,7 +504,7 @@ impl RingCore {
         }
     }
 
-    /// Reposts the pending slots for which credits can be had (waiting for
+    /// Reposts the pending slots for which entries can be had (waiting for
     /// the rest with `cx`, if given). Nothing is reposted once stopped.
     fn flush_pending(&self, st: &mut State, mut cx: Option<&mut Context<'_>>) {
         if st.stopped || self.target.closed() {
@@ -559,7 +559,7 @@ impl RingCore {
         }
     }
 
-    /// Gives up the pending slots (and the credits held for them).
+    /// Gives up the pending slots (and the entries held for them).
     fn release_pending(&self, st: &mut State) {
         for i in 0..st.pending.len() {
             let s = st.pending[i] as usize;
@@ -575,8 +575,8 @@ impl RingCore {
         self.give_back_kept(st);
     }
 
-    /// Takes one kept credit pair for a repost, if there is one. Only while
-    /// the QP is open (a closed QP's `shut` took the kept credits back).
+    /// Takes one kept entry pair for a repost, if there is one. Only while
+    /// the QP is open (a closed QP's `shut` took the kept entries back).
     #[inline]
     fn take_kept(&self, st: &mut State) -> bool {
         if st.kept == 0 {
@@ -588,7 +588,7 @@ impl RingCore {
         true
     }
 
-    /// Gives every kept credit back (nothing will be reposted). If the QP
+    /// Gives every kept entry back (nothing will be reposted). If the QP
     /// is closed, `QpCore::shut` has already done so.
     fn give_back_kept(&self, st: &mut State) {
         let n = std::mem::take(&mut st.kept);
@@ -644,7 +644,7 @@ impl RingCore {
             }
             return;
         }
-        // Unbatched, nothing pending, credits at hand (kept from the
+        // Unbatched, nothing pending, entries at hand (kept from the
         // completion, else new): post it now.
         if self.batch == 1 && st.pending.is_empty() {
             let credited = self.take_kept(&mut st) || self.acquire_pair();
@@ -691,7 +691,7 @@ impl RingCore {
         }
     }
 
-    /// One receive-queue and one CQ credit, if both are free.
+    /// One receive-queue and one CQ entry, if both are free.
     #[inline]
     fn acquire_pair(&self) -> bool {
         if self.target.rq().try_acquire(1) {
@@ -704,7 +704,7 @@ impl RingCore {
     }
 
     /// [`release`](Self::release) into the pending list (batching, or
-    /// waiting for credits). Returns the waiting `next`'s waker if the slot
+    /// waiting for entries). Returns the waiting `next`'s waker if the slot
     /// stays pending: the wait reposts what is pending (a guard dropped on
     /// another task must not leave its buffer unposted while `next`
     /// sleeps).
@@ -712,7 +712,7 @@ impl RingCore {
     fn release_slow(&self, st: &mut State, slot: u32) -> Option<Waker> {
         st.slots[slot as usize] = Slot::Pending;
         st.pending.push(slot);
-        // Its kept credits go with it.
+        // Its kept entries go with it.
         if self.take_kept(st) {
             st.held_rq += 1;
             st.held_cq += 1;
@@ -795,7 +795,7 @@ impl RecvRing {
     /// Allocates `config.depth` buffers of `config.buf_size` bytes in one
     /// allocation, registers it with `pd` (which must be the QP's protection
     /// domain, else every receive fails), and posts them all. Takes one
-    /// receive-queue and one CQ credit per buffer; fails if they are not
+    /// receive-queue and one CQ entry per buffer; fails if they are not
     /// all available at once.
     pub fn new(qp: &QueuePair, pd: &Pd, config: RecvRingConfig) -> Result<RecvRing, RecvRingError> {
         Self::create(qp, Some(pd), config)

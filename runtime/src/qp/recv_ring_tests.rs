@@ -1,5 +1,5 @@
 //! Unit tests of [`RecvRing`] on the fake QP with synthetic completions:
-//! posting, routing by ring wr_id, reposting, credits, errors, drop.
+//! posting, routing by ring wr_id, reposting, entries, errors, drop.
 
 use std::rc::Rc;
 use std::task::Poll;
@@ -60,7 +60,7 @@ fn messages_come_in_order_with_len_and_imm_and_are_reposted_on_drop() {
     assert_eq!(
         qp.outstanding_recvs(),
         1,
-        "completed buffers give their credits back"
+        "completed buffers give their entries back"
     );
     let mut held = Vec::new();
     for (i, id) in ids.iter().enumerate() {
@@ -149,13 +149,13 @@ fn reposts_are_batched_into_one_post_list() {
 }
 
 #[test]
-fn creation_needs_every_credit_at_once() {
+fn creation_needs_every_entry_at_once() {
     let rt = Runtime::new().unwrap();
     let (qp, _fake) = FakeQp::queue_pair(3, caps(4), 64);
     rt.block_on(async {
         let e = RecvRing::create(&qp, None, RecvRingConfig::new(5, 64)).unwrap_err();
         assert!(matches!(e, RecvRingError::Credits { depth: 5, .. }), "{e}");
-        assert_eq!(qp.outstanding_recvs(), 0, "credits given back");
+        assert_eq!(qp.outstanding_recvs(), 0, "entries given back");
         let e = RecvRing::create(&qp, None, RecvRingConfig::new(0, 64)).unwrap_err();
         assert!(matches!(e, RecvRingError::Config { .. }), "{e}");
     });
@@ -175,7 +175,7 @@ fn creation_needs_every_credit_at_once() {
         );
         assert_eq!(qp.outstanding_recvs(), 0);
         let r = ring(&qp, 16, 1);
-        // No CQ credit left: a receive op must wait.
+        // No CQ entry left: a receive op must wait.
         let e = RecvRing::create(&qp, None, RecvRingConfig::new(1, 64)).unwrap_err();
         assert!(matches!(e, RecvRingError::Credits { .. }), "{e}");
         drop(r);
@@ -327,7 +327,7 @@ impl crate::op::Completable for Bare {
     }
 }
 
-/// A signaled zero-length WRITE op (no SGE): holds one send and one CQ credit.
+/// A signaled zero-length WRITE op (no SGE): holds one send and one CQ entry.
 fn bare_write(qp: &QueuePair) -> crate::qp::Submit<Bare> {
     use crate::provider::{SendFlags, SendOp, SendWr};
     // SAFETY: no SGE: the WR names no local memory.
@@ -350,7 +350,7 @@ fn bare_write(qp: &QueuePair) -> crate::qp::Submit<Bare> {
 #[test]
 // The ops are submitted inside the runtime, awaited later.
 #[allow(clippy::async_yields_async)]
-fn a_completed_buffer_keeps_its_credits_for_its_repost() {
+fn a_completed_buffer_keeps_its_entries_for_its_repost() {
     let rt = Runtime::new().unwrap();
     // One CQ for sends and receives, 5 entries: the ring takes 4.
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 5);
@@ -361,14 +361,14 @@ fn a_completed_buffer_keeps_its_credits_for_its_repost() {
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
     assert_eq!(qp.outstanding_recvs(), 3, "3 receives posted");
     assert_eq!(
-        qp.inner.core.credits.rq.outstanding(),
+        qp.inner.core.entries.rq.outstanding(),
         4,
-        "the 4th credit is kept"
+        "the 4th entry is kept"
     );
     // The completed buffer's CQ entry stays the ring's: another send waits.
     let w2 = rt.block_on(async { bare_write(&qp) });
-    assert!(w2.is_queued(), "no CQ credit for the send");
-    // So the repost needs no credit: posted at once.
+    assert!(w2.is_queued(), "no CQ entry for the send");
+    // So the repost needs no entry: posted at once.
     drop(m);
     assert_eq!(fake.outstanding_recvs(), 4, "reposted at once");
     assert_eq!(qp.outstanding_recvs(), 4);
@@ -382,7 +382,7 @@ fn a_completed_buffer_keeps_its_credits_for_its_repost() {
 }
 
 #[test]
-fn close_gives_back_the_credits_of_held_and_unread_messages() {
+fn close_gives_back_the_entries_of_held_and_unread_messages() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
     let mut r = rt.block_on(async { ring(&qp, 4, 1) });
@@ -391,48 +391,48 @@ fn close_gives_back_the_credits_of_held_and_unread_messages() {
     settle(&rt);
     // One message held by its guard, one unread.
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
-    assert_eq!(qp.inner.core.credits.rq.outstanding(), 4);
+    assert_eq!(qp.inner.core.entries.rq.outstanding(), 4);
     rt.block_on(async {
         crate::reactor::timeout(std::time::Duration::from_secs(5), qp.close())
             .await
             .expect("close waits only for posted receives")
             .unwrap()
     });
-    assert_eq!(qp.inner.core.credits.rq.outstanding(), 0);
-    assert_eq!(qp.inner.core.credits.recv_cq.outstanding(), 0);
+    assert_eq!(qp.inner.core.entries.rq.outstanding(), 0);
+    assert_eq!(qp.inner.core.entries.recv_cq.outstanding(), 0);
     // The guard's drop after the close reposts nothing, gives nothing twice.
     let bells = fake.doorbells();
     drop(m);
     assert_eq!(fake.doorbells(), bells);
-    assert_eq!(qp.inner.core.credits.rq.outstanding(), 0);
+    assert_eq!(qp.inner.core.entries.rq.outstanding(), 0);
     drop(r);
     assert_eq!(qp.inner.core.ring_kept.get(), 0);
 }
 
 #[test]
-fn a_dropped_ring_gives_back_the_credits_its_guards_kept() {
+fn a_dropped_ring_gives_back_the_entries_its_guards_kept() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
     let mut r = rt.block_on(async { ring(&qp, 2, 1) });
     fake.complete_recv(WcStatus::Success, 1).unwrap();
     settle(&rt);
     let m = next_now(&mut r).unwrap().unwrap().unwrap();
-    assert_eq!(qp.inner.core.credits.rq.outstanding(), 2);
+    assert_eq!(qp.inner.core.entries.rq.outstanding(), 2);
     drop(r);
     assert_eq!(
-        qp.inner.core.credits.rq.outstanding(),
+        qp.inner.core.entries.rq.outstanding(),
         1,
         "only the posted buffer"
     );
     assert_eq!(qp.inner.core.ring_kept.get(), 0);
     drop(m);
-    assert_eq!(qp.inner.core.credits.rq.outstanding(), 1);
-    assert_eq!(qp.inner.core.credits.recv_cq.outstanding(), 1);
+    assert_eq!(qp.inner.core.entries.rq.outstanding(), 1);
+    assert_eq!(qp.inner.core.entries.recv_cq.outstanding(), 1);
     rt.block_on(async { qp.close().await.unwrap() });
 }
 
 #[test]
-fn a_failed_repost_is_reported_by_next_and_gives_its_credits_back() {
+fn a_failed_repost_is_reported_by_next_and_gives_its_entries_back() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(3, caps(16), 64);
     let mut r = rt.block_on(async { ring(&qp, 2, 1) });
@@ -450,7 +450,7 @@ fn a_failed_repost_is_reported_by_next_and_gives_its_credits_back() {
     assert_eq!(
         qp.outstanding_recvs(),
         1,
-        "the failed repost's credits came back"
+        "the failed repost's entries came back"
     );
     match next_now(&mut r) {
         Some(Some(Err(RecvRingError::Post {
@@ -610,7 +610,7 @@ fn a_repost_that_fails_wakes_the_next_waiting_on_another_task() {
         })) => {}
         other => panic!("expected the post error, got {other:?}"),
     }
-    assert_eq!(qp.outstanding_recvs(), 3, "its credits came back");
+    assert_eq!(qp.outstanding_recvs(), 3, "its entries came back");
     drop(r);
     rt.block_on(async { qp.close().await.unwrap() });
 }

@@ -3,8 +3,8 @@
 //! or an SRQ feeding many QPs.
 //!
 //! A ring on an SRQ ([`RecvRing::on_srq`]) is the same ring: the same
-//! slots, guards, batching and credits; only its post target differs. Its
-//! messages name the QP they came in on ([`RingMsg::qp_num`]). Its credits
+//! slots, guards, batching and entries; only its post target differs. Its
+//! messages name the QP they came in on ([`RingMsg::qp_num`]). Its entries
 //! are the SRQ's WR slots and the device's CQ entries (every QP on the SRQ
 //! completes on the device's one CQ). With a limit set
 //! ([`RecvRingConfig::srq_limit`]) the device raises the SRQ-limit event
@@ -25,7 +25,7 @@ use std::rc::{Rc, Weak};
 
 use super::recv_ring::{RecvRing, RecvRingConfig, RecvRingError, RingCore};
 use super::{QpCore, QueuePair};
-use crate::op::{Counters, Credits};
+use crate::op::{Counters, QueueEntries};
 use crate::provider::{Pd, PostError, RecvWr, Srq, SrqAttr};
 use crate::reactor::Handle;
 
@@ -33,12 +33,12 @@ use crate::reactor::Handle;
 pub(crate) struct SrqCore {
     pub(crate) srq: Srq,
     pub(crate) handle: u32,
-    /// One credit per WR slot of the SRQ.
-    pub(crate) rq: Credits,
+    /// One entry per WR slot of the SRQ.
+    pub(crate) rq: QueueEntries,
     /// The device's CQ entries (shared with every QP of the device).
-    pub(crate) recv_cq: Rc<Credits>,
+    pub(crate) recv_cq: Rc<QueueEntries>,
     counters: Rc<Counters>,
-    /// Credits kept by rings between a buffer's completion and its repost.
+    /// Entries kept by rings between a buffer's completion and its repost.
     pub(crate) ring_kept: Cell<u32>,
     /// Never set: an SRQ is not closed (only its QPs are).
     pub(crate) closed: Cell<bool>,
@@ -117,7 +117,7 @@ impl SharedRecvQueue {
     pub(crate) fn new(
         runtime: Handle,
         srq: Srq,
-        recv_cq: Rc<Credits>,
+        recv_cq: Rc<QueueEntries>,
         cq: crate::reactor::CqClaim,
         async_key: Option<usize>,
     ) -> Result<SharedRecvQueue, crate::provider::ProviderError> {
@@ -126,7 +126,7 @@ impl SharedRecvQueue {
             core: Rc::new(SrqCore {
                 handle: srq.handle(),
                 srq,
-                rq: Credits::new(max_wr),
+                rq: QueueEntries::new(max_wr),
                 recv_cq,
                 counters: runtime.driver().ops.counters.clone(),
                 ring_kept: Cell::new(0),
@@ -198,17 +198,17 @@ impl RingTarget {
     }
 
     #[inline]
-    pub(crate) fn rq(&self) -> &Credits {
+    pub(crate) fn rq(&self) -> &QueueEntries {
         match self {
-            RingTarget::Qp(q) => &q.credits.rq,
+            RingTarget::Qp(q) => &q.entries.rq,
             RingTarget::Srq(s) => &s.rq,
         }
     }
 
     #[inline]
-    pub(crate) fn recv_cq(&self) -> &Credits {
+    pub(crate) fn recv_cq(&self) -> &QueueEntries {
         match self {
-            RingTarget::Qp(q) => &q.credits.recv_cq,
+            RingTarget::Qp(q) => &q.entries.recv_cq,
             RingTarget::Srq(s) => &s.recv_cq,
         }
     }

@@ -1,5 +1,5 @@
 //! Submission: [`QueuePair::submit_send`] and its kin validate a chain of
-//! work requests, take queue and CQ credits (or wait for them in FIFO
+//! work requests, take queue and CQ entries (or wait for them in FIFO
 //! order), post it, and return the [`Submit`] future that becomes an
 //! [`Op`] once posted.
 
@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use super::queue_pair::SPARE_WRS;
 use super::{QueuePair, SendChain};
-use crate::op::{wr_id, Completable, Credits, Op, OpTable, QpCredits, SubmitError, Ticket};
+use crate::op::{wr_id, Completable, Op, OpTable, QpEntries, QueueEntries, SubmitError, Ticket};
 use crate::provider::{PostError, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge};
 
 impl QueuePair {
@@ -95,7 +95,7 @@ impl QueuePair {
     /// list: one `ibv_post_send` and one doorbell for the ops the tasks of
     /// one reactor turn submitted (a list goes out early once 8 WRs wait,
     /// so the device is not left idle through a long phase). The op is in flight from this
-    /// call on (data owned, credits taken); send-queue order is kept (any
+    /// call on (data owned, entries taken); send-queue order is kept (any
     /// other post to the QP posts the waiting WRs first). If the provider
     /// refuses the list, the refused WR's op fails with
     /// [`SubmitError::Post`] and the ops after it with
@@ -159,7 +159,7 @@ impl QueuePair {
         if let Err(e) = self.check_one(&wr) {
             return Submit::from_state(State::Ready(refused(Some(data), e)));
         }
-        let (queue, cq) = self.inner.core.credits.pools(false);
+        let (queue, cq) = self.inner.core.entries.pools(false);
         if !queue.try_acquire(1) {
             return Submit::from_state(self.wait_one(data, &wr, false));
         }
@@ -207,17 +207,17 @@ impl QueuePair {
         Ok(())
     }
 
-    /// [`wait_for_credits`](Self::wait_for_credits) of a single WR given
+    /// [`wait_for_entries`](Self::wait_for_entries) of a single WR given
     /// by its parts: built now, as a waiting submission keeps it.
     #[cold]
     #[inline(never)]
     fn wait_one<T: Completable>(&self, data: T, wr: &OneWr, queue_held: bool) -> State<T> {
         let mut wrs = Wrs::One(*wr);
-        self.wait_for_credits(data, &mut wrs, 1, queue_held)
+        self.wait_for_entries(data, &mut wrs, 1, queue_held)
     }
 
     /// [`post`](Self::post) of a single WR given by its parts, one queue and
-    /// one CQ credit taken: deferred to the poll phase's end when batching,
+    /// one CQ entry taken: deferred to the poll phase's end when batching,
     /// else posted now. The same contract.
     #[inline(always)]
     unsafe fn post_one(&self, ops: &OpTable, wr: &OneWr) -> Result<u64, SubmitError> {
@@ -229,7 +229,7 @@ impl QueuePair {
             core.order_sends(ops, true)
         };
         let absorbed = ordered.absorbed;
-        let Some(first) = ops.insert(0, &core.credits, false, 1 + absorbed) else {
+        let Some(first) = ops.insert(0, &core.entries, false, 1 + absorbed) else {
             return Err(self.table_full(false, 1, absorbed));
         };
         if defer {
@@ -246,7 +246,7 @@ impl QueuePair {
 
     /// Submits one receive WR as an op. `build` fills its scatter list from
     /// `data`; the runtime sets the wr_id. Waits for receive-queue and CQ
-    /// credits like [`submit_send`](Self::submit_send), and keeps `data`
+    /// entries like [`submit_send`](Self::submit_send), and keeps `data`
     /// until the completion (or flush) has been polled.
     ///
     /// # Safety
@@ -295,7 +295,7 @@ impl QueuePair {
         }
     }
 
-    /// Validates a chain before it takes credits; returns its length.
+    /// Validates a chain before it takes entries; returns its length.
     #[inline(always)]
     fn check(&self, wrs: &Wrs) -> Result<u32, SubmitError> {
         self.check_open()?;
@@ -342,9 +342,9 @@ impl QueuePair {
     fn chain_length(&self, queue: &'static str, len: usize) -> SubmitError {
         let core = &self.inner.core;
         let (depth, cq_cap) = if queue == "send" {
-            (core.credits.sq.capacity(), core.credits.send_cq.capacity())
+            (core.entries.sq.capacity(), core.entries.send_cq.capacity())
         } else {
-            (core.credits.rq.capacity(), core.credits.recv_cq.capacity())
+            (core.entries.rq.capacity(), core.entries.recv_cq.capacity())
         };
         SubmitError::ChainLength {
             qp_num: core.qp_num,
@@ -360,7 +360,7 @@ impl QueuePair {
     /// [`submit_send`](Self::submit_send) / [`submit_recv`](Self::submit_recv).
     ///
     /// `data` is moved once, into the returned future: each outcome
-    /// (posted, refused, waiting for credits) builds its `Submit` in one
+    /// (posted, refused, waiting for entries) builds its `Submit` in one
     /// expression, which the compiler builds right in the caller's return
     /// slot (no `Submit` is built first and copied out). The post itself
     /// ([`post`](Self::post)) never touches `data`; it is moved into its
@@ -372,12 +372,12 @@ impl QueuePair {
             Ok(n) => n,
             Err(e) => return Submit::from_state(State::Ready(refused(Some(data), e))),
         };
-        let (queue, cq) = self.credits_for(wrs);
+        let (queue, cq) = self.entries_for(wrs);
         if !queue.try_acquire(n) {
-            return Submit::from_state(self.wait_for_credits(data, wrs, n, false));
+            return Submit::from_state(self.wait_for_entries(data, wrs, n, false));
         }
         if !cq.try_acquire(n) {
-            return Submit::from_state(self.wait_for_credits(data, wrs, n, true));
+            return Submit::from_state(self.wait_for_entries(data, wrs, n, true));
         }
         // SAFETY: forwarded contract of this function; on success `data`
         // moves into the op at once (below).
@@ -391,11 +391,11 @@ impl QueuePair {
         }
     }
 
-    /// A submission that must wait for credits (`queue_held`: it already
-    /// holds its queue credits, and waits for the CQ's).
+    /// A submission that must wait for entries (`queue_held`: it already
+    /// holds its queue entries, and waits for the CQ's).
     #[cold]
     #[inline(never)]
-    fn wait_for_credits<T: Completable>(
+    fn wait_for_entries<T: Completable>(
         &self,
         data: T,
         wrs: &mut Wrs,
@@ -403,8 +403,8 @@ impl QueuePair {
         queue_held: bool,
     ) -> State<T> {
         if queue_held {
-            // Unsignaled inline sends of any QP may hold CQ credits.
-            self.inner.handle.driver().release_hoarded_credits();
+            // Unsignaled inline sends of any QP may hold CQ entries.
+            self.inner.handle.driver().release_hoarded_entries();
         } else if !matches!(wrs, Wrs::Recv(_)) {
             self.inner.core.retire_unsignaled();
         }
@@ -454,15 +454,15 @@ impl QueuePair {
     }
 
     #[inline(always)]
-    fn credits_for(&self, wrs: &Wrs) -> (&Credits, &Credits) {
-        self.inner.core.credits.pools(matches!(wrs, Wrs::Recv(_)))
+    fn entries_for(&self, wrs: &Wrs) -> (&QueueEntries, &QueueEntries) {
+        self.inner.core.entries.pools(matches!(wrs, Wrs::Recv(_)))
     }
 
-    /// Posts `wrs` with `n` queue and CQ credits already taken, in a new
-    /// slot of the op table that takes the credits over. Returns the first
+    /// Posts `wrs` with `n` queue and CQ entries already taken, in a new
+    /// slot of the op table that takes the entries over. Returns the first
     /// WR's wr_id on success or on a partial post (the slot then reports
     /// the post error once the posted part has flushed): the op is in
-    /// flight. On failure nothing was posted and the slot and credits are
+    /// flight. On failure nothing was posted and the slot and entries are
     /// given back.
     ///
     /// # Safety
@@ -496,11 +496,11 @@ impl QueuePair {
         n: u32,
     ) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
-        // The last WR is signaled: it takes over the credits of the
+        // The last WR is signaled: it takes over the entries of the
         // unsignaled inline sends before it, its completion implies theirs.
         let ordered = core.order_sends(ops, true);
         let absorbed = ordered.absorbed;
-        let Some(first) = ops.insert((n - 1) as u16, &core.credits, false, n + absorbed) else {
+        let Some(first) = ops.insert((n - 1) as u16, &core.entries, false, n + absorbed) else {
             return Err(self.table_full(false, n, absorbed));
         };
         let last = chain.len() - 1;
@@ -524,7 +524,7 @@ impl QueuePair {
     #[inline(always)]
     unsafe fn post_recv_wr(&self, ops: &OpTable, wr: &mut RecvWr) -> Result<u64, SubmitError> {
         let core = &self.inner.core;
-        let Some(first) = ops.insert(0, &core.credits, true, 1) else {
+        let Some(first) = ops.insert(0, &core.entries, true, 1) else {
             return Err(self.table_full(true, 1, 0));
         };
         wr.wr_id = first;
@@ -535,7 +535,7 @@ impl QueuePair {
     }
 
     /// The outcome of the post of op `first` (which took over `absorbed`
-    /// inline-send credits): in flight on success or after a partial post.
+    /// inline-send entries): in flight on success or after a partial post.
     #[inline(always)]
     fn posted(
         &self,
@@ -573,7 +573,7 @@ impl QueuePair {
         false
     }
 
-    /// The op table is full: gives back the `n` credits taken for an op
+    /// The op table is full: gives back the `n` entries taken for an op
     /// that will not be posted, on the receive side with `recv` (the
     /// `absorbed` inline ones stay held, by the QP again).
     #[cold]
@@ -581,7 +581,7 @@ impl QueuePair {
     fn table_full(&self, recv: bool, n: u32, absorbed: u32) -> SubmitError {
         let core = &self.inner.core;
         core.unabsorb(absorbed);
-        let (queue, cq) = core.credits.pools(recv);
+        let (queue, cq) = core.entries.pools(recv);
         queue.release(n);
         cq.release(n);
         SubmitError::SlabFull {
@@ -590,7 +590,7 @@ impl QueuePair {
     }
 
     /// The provider refused (part of) the chain of op `key`. If nothing was
-    /// posted, the slot and the credits are given back and the error is
+    /// posted, the slot and the entries are given back and the error is
     /// returned (for the op's data); after a partial post the slot reports
     /// the error once the posted part has flushed, and `None` is returned.
     #[cold]
@@ -600,9 +600,9 @@ impl QueuePair {
         let ops = self.inner.handle.ops();
         match e {
             e if e.posted == 0 => {
-                if let Some(mut credit) = ops.remove_unposted(key) {
-                    credit.n -= absorbed;
-                    drop(credit);
+                if let Some(mut entry) = ops.remove_unposted(key) {
+                    entry.n -= absorbed;
+                    drop(entry);
                 }
                 core.unabsorb(absorbed);
                 Some(SubmitError::Post {
@@ -698,7 +698,7 @@ enum Wrs {
     Recv(RecvWr),
 }
 
-/// What a submission waiting for credits keeps besides its data: boxed
+/// What a submission waiting for entries keeps besides its data: boxed
 /// (and the box recycled), so that a `Queued` is no larger than an
 /// in-flight `Op` and every `Submit` stays small.
 pub(super) struct Waiting {
@@ -711,13 +711,13 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
-    fn credits(&self, qp: &QueuePair) -> Rc<QpCredits> {
-        qp.inner.core.credits.clone()
+    fn entries(&self, qp: &QueuePair) -> Rc<QpEntries> {
+        qp.inner.core.entries.clone()
     }
 
     /// Gives back whatever this waiting submission holds.
     fn abandon(&mut self, qp: &QueuePair) {
-        let pools = self.credits(qp);
+        let pools = self.entries(qp);
         let (queue, cq) = pools.pools(self.recv);
         queue.cancel(&mut self.queue_ticket);
         cq.cancel(&mut self.cq_ticket);
@@ -727,8 +727,8 @@ impl Waiting {
         }
     }
 
-    fn poll_credits(&mut self, qp: &QueuePair, cx: &mut Context<'_>) -> Poll<()> {
-        let pools = self.credits(qp);
+    fn poll_entries(&mut self, qp: &QueuePair, cx: &mut Context<'_>) -> Poll<()> {
+        let pools = self.entries(qp);
         let (queue, cq) = pools.pools(self.recv);
         if !self.queue_held {
             if queue
@@ -756,7 +756,7 @@ struct Queued<T> {
     /// `Some` until posted or failed.
     data: Option<T>,
     /// `Some` until posted or failed; given back to the QP's spare list.
-    /// (Once taken, nothing is held: the credits passed to the post, or
+    /// (Once taken, nothing is held: the entries passed to the post, or
     /// were given back.)
     wait: Option<Box<Waiting>>,
 }
@@ -775,7 +775,7 @@ impl<T> Drop for Queued<T> {
 // op, which moves of a `Submit` copied piece by piece.
 #[repr(u64)]
 enum State<T: Completable> {
-    /// Waiting for queue or CQ credits.
+    /// Waiting for queue or CQ entries.
     Queued(Queued<T>),
     InFlight(Op<T>),
     /// Boxed: only refusals and failures get here, and the output (which
@@ -784,7 +784,7 @@ enum State<T: Completable> {
     Ready(Option<Box<T::Output>>),
 }
 
-/// The future of a submission: waits for queue credits if needed, then for
+/// The future of a submission: waits for queue entries if needed, then for
 /// the op's completion. Dropping it before the post frees `T` at once;
 /// dropping it after parks `T` until the device is done.
 #[must_use = "dropping a submission before it is posted cancels it"]
@@ -804,7 +804,7 @@ impl<T: Completable> Submit<T> {
         }
     }
 
-    /// Drops a state that is not a completed op (waiting for credits,
+    /// Drops a state that is not a completed op (waiting for entries,
     /// in flight: parks the data, ready: an unclaimed output).
     #[inline(never)]
     fn drop_state(&mut self) {
@@ -838,7 +838,7 @@ impl<T: Completable> Submit<T> {
         Submit::from_state(State::Ready(Some(Box::new(output))))
     }
 
-    /// True while waiting for queue or CQ credits (not posted yet).
+    /// True while waiting for queue or CQ entries (not posted yet).
     pub fn is_queued(&self) -> bool {
         matches!(*self.state, State::Queued(_))
     }
@@ -867,7 +867,7 @@ impl<T: Completable> Future for Submit<T> {
 }
 
 impl<T: Completable> Submit<T> {
-    /// [`Submit::poll`] when not in flight: waiting for credits, or ready.
+    /// [`Submit::poll`] when not in flight: waiting for entries, or ready.
     #[inline(never)]
     fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<T::Output> {
         let this = self;
@@ -890,7 +890,7 @@ impl<T: Completable> Submit<T> {
                         // Invariant: `Some` while the state is Queued.
                         return Poll::Pending;
                     };
-                    if !closed && w.poll_credits(&qp, cx).is_pending() {
+                    if !closed && w.poll_entries(&qp, cx).is_pending() {
                         return Poll::Pending;
                     }
                     if closed {

@@ -1,6 +1,6 @@
 //! Unreliable-datagram queue pairs: a [`QueuePair`] whose provider QP is UD
 //! ([`Device::create_ud_qp`](crate::Device::create_ud_qp)). It shares
-//! everything with RC (credits, ops, doorbell batching, inline sends,
+//! everything with RC (entries, ops, doorbell batching, inline sends,
 //! [`RecvRing`](super::RecvRing)); what differs is here: its address
 //! handles, the peers its sends name ([`UdPeer`]), and the WR that retires
 //! unsignaled inline sends (RC's zero-length RDMA WRITE does not exist on

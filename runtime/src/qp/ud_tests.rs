@@ -152,13 +152,13 @@ fn soft_ud_pair() -> (
     (dev, a, b, peer)
 }
 
-/// An inline burst after unsignaled inline sends carries their credits in
-/// its signaled last WR: they stay inline credits (lending no memory), so
+/// An inline burst after unsignaled inline sends carries their entries in
+/// its signaled last WR: they stay inline entries (lending no memory), so
 /// the QP lends the device nothing while only inline sends are in flight.
-/// Before, the burst moved them out of the inline credits (as an op's post
+/// Before, the burst moved them out of the inline entries (as an op's post
 /// does) and the QP looked as if it lent memory until their completion.
 #[test]
-fn a_burst_keeps_the_credits_of_the_unsignaled_sends_before_it_inline() {
+fn a_burst_keeps_the_entries_of_the_unsignaled_sends_before_it_inline() {
     use crate::qp::Datagram;
 
     let rt = Runtime::new().unwrap();
@@ -189,7 +189,7 @@ fn a_burst_keeps_the_credits_of_the_unsignaled_sends_before_it_inline() {
             "only inline sends are in flight: no memory is lent"
         );
         a.sends_idle().await;
-        assert_eq!(core.inline_credits.get(), 0);
+        assert_eq!(core.inline_entries.get(), 0);
         assert!(a.inline_send_error().is_none());
     });
 }
@@ -227,7 +227,7 @@ fn a_burst_tried_without_room_posts_nothing_and_retires_the_unsignaled_sends() {
         assert_eq!(core.outstanding(), 2);
         a.sends_idle().await;
 
-        // Three unsignaled sends hold 4 of the 8 credits (with their
+        // Three unsignaled sends hold 4 of the 8 entries (with their
         // reserve): a burst of 5 finds no room.
         for i in 0..3u8 {
             a.post_send_inline_to(&peer, &[i], None)
@@ -244,7 +244,7 @@ fn a_burst_tried_without_room_posts_nothing_and_retires_the_unsignaled_sends() {
         );
         assert_eq!(core.unsig.get(), 0, "retired");
         assert_eq!(core.outstanding(), 4, "nothing of the burst is held");
-        assert!(!core.credits.sq.has_waiters() && !core.credits.send_cq.has_waiters());
+        assert!(!core.entries.sq.has_waiters() && !core.entries.send_cq.has_waiters());
         a.sends_idle().await;
         assert!(matches!(
             a.try_post_send_inline_burst(&burst(5)),

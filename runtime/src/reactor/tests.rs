@@ -687,7 +687,7 @@ fn drop_in_flight_parks_until_late_completion() {
     settle(&rt);
     assert_eq!(Rc::strong_count(&buf), 2, "in-flight data must stay parked");
     assert_eq!(rt.ops_in_slab(), 1);
-    assert_eq!(qp.outstanding_sends(), 1, "credit held until completion");
+    assert_eq!(qp.outstanding_sends(), 1, "entry held until completion");
     fake.complete_send(WcStatus::Success, 64).unwrap();
     settle(&rt);
     assert_eq!(Rc::strong_count(&buf), 1, "late completion frees the data");
@@ -775,7 +775,7 @@ fn full_send_queue_makes_submission_wait() {
 }
 
 #[test]
-fn chain_is_one_doorbell_and_releases_credits_at_the_signaled_completion() {
+fn chain_is_one_doorbell_and_releases_entries_at_the_signaled_completion() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
     let buf = buffer();
@@ -798,7 +798,7 @@ fn chain_is_one_doorbell_and_releases_credits_at_the_signaled_completion() {
     let (r, _) = rt.block_on(unless_deadline(LIMIT, &mut chain)).unwrap();
     assert_eq!(r.unwrap().wr_id, posted[2].0);
     assert!(is_pending(&mut second));
-    assert!(!second.is_queued(), "posted once credits came back");
+    assert!(!second.is_queued(), "posted once entries came back");
     assert_eq!(fake.outstanding_sends(), 2);
     fake.complete_send(WcStatus::Success, 64).unwrap();
     rt.block_on(unless_deadline(LIMIT, second))
@@ -832,7 +832,7 @@ fn chain_reports_its_first_error() {
 }
 
 #[test]
-fn cq_capacity_is_a_credit_too() {
+fn cq_capacity_is_a_entry_too() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(7, caps(8, 8), 2);
     let buf = buffer();
@@ -855,7 +855,7 @@ fn cq_capacity_is_a_credit_too() {
 }
 
 #[test]
-fn post_failure_returns_data_and_credits() {
+fn post_failure_returns_data_and_entries() {
     let rt = Runtime::new().unwrap();
     let (qp, fake) = FakeQp::queue_pair(7, caps(4, 4), 64);
     let buf = buffer();

@@ -17,7 +17,7 @@ pub(crate) trait WorkQueue {
     /// ([`Driver::note_phase_end`](super::Driver::note_phase_end)) ended.
     fn phase_ended(&self, ops: &OpTable);
 
-    /// Some submission waits for CQ credits: give back CQ credits held
+    /// Some submission waits for CQ entries: give back CQ entries held
     /// without need (e.g. by trailing unsignaled sends).
     fn release_hoarded(&self) {}
 

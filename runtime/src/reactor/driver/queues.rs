@@ -121,9 +121,9 @@ impl Driver {
         leaked
     }
 
-    /// Some submission waits for CQ credits: every QP gives back those it
+    /// Some submission waits for CQ entries: every QP gives back those it
     /// holds without need ([`WorkQueue::release_hoarded`]).
-    pub(crate) fn release_hoarded_credits(&self) {
+    pub(crate) fn release_hoarded_entries(&self) {
         let all: Vec<Rc<dyn WorkQueue>> =
             self.qps.borrow().iter().map(|(_, q)| q.clone()).collect();
         for q in all {

@@ -1,39 +1,42 @@
-//! Credits: counted resources (work-queue slots, CQ entries) with a FIFO of
-//! waiters, and the [`Credit`] an op holds from its post to its last
-//! completion. A submission takes credits before it posts, so the device's
-//! queues and CQs are never overrun; a full queue makes it wait instead.
+//! Queue entries: the runtime counts the entries of each work queue (send
+//! queue, receive queue, SRQ) and of each CQ ([`QueueEntries`], a count with
+//! a FIFO of waiters), and an op holds its [`HeldEntries`] from its post to
+//! its last completion. A submission takes its entries before it posts, so
+//! the device's queues and CQs are never overrun; a full queue makes it wait
+//! instead. (These are not the agent's send credits, which count the peer's
+//! receive buffers, nor the RPC engine's session credits.)
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-/// A waiter's place in a [`Credits`] FIFO (nonzero: `Option<Ticket>` is
+/// A waiter's place in a [`QueueEntries`] FIFO (nonzero: `Option<Ticket>` is
 /// 8 bytes, which keeps a waiting [`Submit`] small).
 pub(crate) type Ticket = std::num::NonZeroU64;
 
-/// A counted resource (queue slots, CQ entries) with a FIFO of waiters.
-pub(crate) struct Credits {
+/// The free entries of one work queue or CQ, with a FIFO of waiters.
+pub(crate) struct QueueEntries {
     cap: u32,
     avail: Cell<u32>,
     waiters: RefCell<VecDeque<(Ticket, Waker)>>,
     /// `waiters.len()` (the hot paths check it without borrowing the queue).
     queued: Cell<u32>,
     next_ticket: Cell<Ticket>,
-    /// Woken whenever every credit is back (QP close waits on this).
+    /// Woken whenever every entry is back (QP close waits on this).
     idle: RefCell<Vec<Waker>>,
     /// `!idle.is_empty()`.
     idle_waiting: Cell<bool>,
     /// `cap`, or 0 while `queued != 0 || idle_waiting` (a release must
-    /// then look at the waiters): the most credits a release may leave
+    /// then look at the waiters): the most entries a release may leave
     /// available on [`release`](Self::release)'s fast path, one compare
     /// for both of its conditions.
     quiet_cap: Cell<u32>,
 }
 
-impl Credits {
-    pub(crate) fn new(cap: u32) -> Credits {
-        Credits {
+impl QueueEntries {
+    pub(crate) fn new(cap: u32) -> QueueEntries {
+        QueueEntries {
             cap,
             avail: Cell::new(cap),
             waiters: RefCell::new(VecDeque::with_capacity(8)),
@@ -80,7 +83,7 @@ impl Credits {
         self.queued.get() != 0
     }
 
-    /// Takes `n` credits now if nobody is queued ahead and they are there.
+    /// Takes `n` entries now if nobody is queued ahead and they are there.
     #[inline]
     pub(crate) fn try_acquire(&self, n: u32) -> bool {
         if self.queued.get() == 0 && self.avail.get() >= n {
@@ -91,7 +94,7 @@ impl Credits {
         }
     }
 
-    /// Waits in FIFO order for `n` credits; `ticket` is the caller's place.
+    /// Waits in FIFO order for `n` entries; `ticket` is the caller's place.
     pub(crate) fn poll_acquire(
         &self,
         n: u32,
@@ -156,7 +159,7 @@ impl Credits {
         }
     }
 
-    /// Gives `n` credits back. The common case is one test: nobody waits
+    /// Gives `n` entries back. The common case is one test: nobody waits
     /// (in the FIFO or for idleness) and the count stays within capacity.
     #[inline]
     pub(crate) fn release(&self, n: u32) {
@@ -182,7 +185,7 @@ impl Credits {
     }
 
     /// Wakes who may proceed after a release: the first in the FIFO, and
-    /// the idle waiters once every credit is back.
+    /// the idle waiters once every entry is back.
     fn wake_after_release(&self, avail: u32) {
         let next = self.waiters.borrow().front().map(|(_, w)| w.clone());
         if let Some(w) = next {
@@ -210,7 +213,7 @@ impl Credits {
         }
     }
 
-    /// `Ready` once every credit is back.
+    /// `Ready` once every entry is back.
     pub(crate) fn poll_idle(&self, cx: &mut Context<'_>) -> Poll<()> {
         if self.avail.get() == self.cap {
             return Poll::Ready(());
@@ -224,19 +227,19 @@ impl Credits {
     }
 }
 
-/// The credit pools of one queue pair: its send and receive queues, and the
+/// The entry pools of one queue pair: its send and receive queues, and the
 /// CQs (shared with other QPs) their completions land on.
-pub(crate) struct QpCredits {
-    pub(crate) sq: Credits,
-    pub(crate) rq: Credits,
-    pub(crate) send_cq: Rc<Credits>,
-    pub(crate) recv_cq: Rc<Credits>,
+pub(crate) struct QpEntries {
+    pub(crate) sq: QueueEntries,
+    pub(crate) rq: QueueEntries,
+    pub(crate) send_cq: Rc<QueueEntries>,
+    pub(crate) recv_cq: Rc<QueueEntries>,
 }
 
-impl QpCredits {
+impl QpEntries {
     /// The (work queue, CQ) pools of the send side, or of the receive side.
     #[inline(always)]
-    pub(crate) fn pools(&self, recv: bool) -> (&Credits, &Credits) {
+    pub(crate) fn pools(&self, recv: bool) -> (&QueueEntries, &QueueEntries) {
         if recv {
             (&self.rq, &self.recv_cq)
         } else {
@@ -250,16 +253,16 @@ impl QpCredits {
     }
 }
 
-/// Credits an op holds on its work queue and CQ; given back when its last
+/// Entries an op holds on its work queue and CQ; given back when its last
 /// completion arrives (or when it is dropped unposted).
-pub(crate) struct Credit {
-    pub(crate) pools: Rc<QpCredits>,
+pub(crate) struct HeldEntries {
+    pub(crate) pools: Rc<QpEntries>,
     /// Receive queue (and receive CQ) rather than send queue (and send CQ).
     pub(crate) recv: bool,
     pub(crate) n: u32,
 }
 
-impl Drop for Credit {
+impl Drop for HeldEntries {
     #[inline(always)]
     fn drop(&mut self) {
         let (queue, cq) = self.pools.pools(self.recv);
