@@ -745,6 +745,23 @@ impl<P: Clone> Core<P> {
         self.poll_written(cx);
     }
 
+    /// Polls the large-message path's operations once with the
+    /// dispatcher's waker, so that one just started (a written request's
+    /// WRITE) wakes the dispatcher when it completes, or when it can be
+    /// posted if it waits for credits, without a run of the dispatcher
+    /// for it now (a task run and a poll of every receive source, per
+    /// call). What finished already stays in `bulk_done` for the
+    /// dispatcher's next run, woken for it.
+    pub(crate) fn arm_bulk_ops(&mut self) {
+        let (Some(bulk), Some(w)) = (self.bulk.as_mut(), self.dispatcher.as_ref()) else {
+            return;
+        };
+        bulk.poll_done(&mut Context::from_waker(w), &mut self.bulk_done);
+        if !self.bulk_done.is_empty() {
+            w.wake_by_ref();
+        }
+    }
+
     /// A READ finished.
     pub(crate) fn on_read_done(
         &mut self,
@@ -896,6 +913,15 @@ impl<P: Clone> Core<P> {
         slot.req_desc = None;
         slot.reading = None;
         slot.offered = 0;
+        if std::mem::take(&mut slot.req_written) {
+            // Written and never exposed (no resend was due): every byte
+            // of it went to the server, so it is the slot's spare, as an
+            // exposed request below.
+            let buf = std::mem::take(&mut slot.req);
+            let len = buf.len();
+            keep_spare(&self.pool, slot, buf);
+            slot.req = self.pool.take_for(len);
+        }
         let Some(bulk) = self.bulk.as_mut() else {
             return;
         };

@@ -61,10 +61,12 @@
 //!   a trailer ([`WRITE_TRAILER`]: its request number and type, and the
 //!   room it offers for the response), the immediate naming the slot, the
 //!   generation and the length as a response's does. The request's
-//!   buffer is the WRITE's until its completion; then it is exposed for
-//!   READ as a read request's is, so the slot's resends after a timeout
-//!   are read requests (the server answers them as duplicates, or reads
-//!   the request if it never took the written one). A WRITE that fails
+//!   buffer is the WRITE's until its completion; then the slot keeps it
+//!   unexposed, and exposes it for READ as a read request's is only when
+//!   a resend is due ([`expose_written`]), so the slot's resends after a
+//!   timeout are read requests (the server answers them as duplicates,
+//!   or reads the request if it never took the written one) and a call
+//!   that needs none registers its request once. A WRITE that fails
 //!   closes the link and the call goes again over a new link by READ
 //!   (once; then it fails). The room offered for the response is the
 //!   slot's spare ([`keep_spare`]): the buffer of its last request, whose
@@ -564,15 +566,20 @@ impl<P: Clone> Core<P> {
         match bulk.expose_writable(link, room, hint) {
             Ok((token, addr, rkey)) => {
                 *requests_exposed += 1;
-                if let Some(w) = dispatcher {
-                    // Its next turn polls the link for the immediate.
-                    w.wake_by_ref();
-                }
                 let slot = &mut s.client[i];
                 slot.offer_exposed = Some(token);
                 slot.offered = hint as u32;
                 if !packet {
+                    // (The room of a written request: the link's
+                    // receives, which take the response's immediate, are
+                    // registered with the dispatcher by each of its runs
+                    // since the link opened (`poll_bulk`), the run that
+                    // took the grant among them: no run now.)
                     return Some((BulkDesc { addr, rkey }, hint as u32));
+                }
+                if let Some(w) = dispatcher {
+                    // Its next turn polls the link for the immediate.
+                    w.wake_by_ref();
                 }
                 let h = Header {
                     payload_len: BULK_DESC_LEN as u16,
@@ -774,10 +781,9 @@ impl<P: Clone> Core<P> {
                         link,
                     },
                 );
-                if let Some(w) = &self.dispatcher {
-                    // Its next turn polls the WRITE's completion.
-                    w.wake_by_ref();
-                }
+                // Its completion wakes the dispatcher: no run of the
+                // dispatcher now just to poll it once.
+                self.arm_bulk_ops();
                 true
             }
             Err((mut buf, error)) => {
@@ -862,24 +868,13 @@ impl<P: Clone> Core<P> {
             return;
         }
         self.stats.bulk_request_writes += 1;
-        let exposed = match self.bulk.as_mut() {
-            Some(bulk) => bulk.expose(buf),
-            None => Err((buf, TransportError::no_such_link())),
-        };
+        // Kept, not exposed: the server has it (the WRITE completed), so
+        // it is exposed for READ only if a resend is due
+        // (`expose_written`), and the call registers it once, as the
+        // WRITE's source (exposed here, a second registration per call).
         let slot = &mut s.client[t.slot];
-        match exposed {
-            Ok((token, addr, rkey)) => {
-                slot.req_exposed = Some(token);
-                slot.req_desc = Some((BulkDesc { addr, rkey }, len));
-                self.requests_exposed += 1;
-            }
-            Err((buf, error)) => {
-                // No resend as a read request: the server has it (the
-                // WRITE completed); the keepalive covers its loss.
-                debug!(%error, "rpc: a written request not exposed again");
-                slot.req = buf;
-            }
-        }
+        slot.req = buf;
+        slot.req_written = true;
         // Its packet stays in flight (a credit) until the response
         // answers it, as a read request's: answered here, the response's
         // first packet would read as a duplicate and the call never end.
@@ -1008,6 +1003,40 @@ impl<P: Clone> Core<P> {
             pool.put(last);
         }
         self.dispatch(sid, i);
+    }
+}
+
+/// Client: exposes slot `slot`'s written request for READ if it is kept
+/// unexposed (`ClientSlot::req_written`), so that its resend is a read
+/// request (the server answers it as a duplicate, or reads the request if
+/// it never took the written one). False if it could not be exposed (no
+/// resend then: the server has it, the WRITE completed; the call's
+/// retries still run out).
+pub(crate) fn expose_written(
+    bulk: &mut Option<Box<dyn Bulk>>,
+    requests_exposed: &mut usize,
+    slot: &mut super::session::ClientSlot,
+) -> bool {
+    if !slot.req_written {
+        return true;
+    }
+    let Some(bulk) = bulk.as_mut() else {
+        return false;
+    };
+    let len = slot.req.len();
+    match bulk.expose(std::mem::take(&mut slot.req)) {
+        Ok((token, addr, rkey)) => {
+            slot.req_written = false;
+            slot.req_exposed = Some(token);
+            slot.req_desc = Some((BulkDesc { addr, rkey }, len));
+            *requests_exposed += 1;
+            true
+        }
+        Err((buf, error)) => {
+            debug!(%error, "rpc: a written request not exposed for its resend");
+            slot.req = buf;
+            false
+        }
     }
 }
 

@@ -227,10 +227,7 @@ impl<P: Clone> Core<P> {
         };
         s.active |= 1 << i;
         let slot = &s.client[i];
-        let s = if slot.req_exposed.is_some()
-            || slot.req_desc.is_some()
-            || slot.offer_exposed.is_some()
-        {
+        let s = if slot.holds_request() || slot.req_desc.is_some() {
             // The last call's request was read by the server: taken back.
             self.take_back_request(sid, i);
             match self.sessions.get_mut(sid) {
@@ -473,9 +470,7 @@ impl<P: Clone> Core<P> {
         if slot.req_num != req_num {
             return Poll::Ready(Err(RpcError::SessionClosed { session }));
         }
-        if (slot.req_exposed.is_some() || slot.offer_exposed.is_some())
-            && matches!(slot.state, CallState::Done(_))
-        {
+        if slot.holds_request() && matches!(slot.state, CallState::Done(_)) {
             // The call is over: the server reads and writes its buffer no
             // more, so it is withdrawn now rather than kept exposed until
             // the slot's next call.
@@ -528,7 +523,7 @@ impl<P: Clone> Core<P> {
                 CallState::Done(_) => {
                     free_slot(s, i);
                     let slot = &s.client[i];
-                    if slot.req_exposed.is_some() || slot.offer_exposed.is_some() {
+                    if slot.holds_request() {
                         self.take_back_request(sid, i);
                     }
                 }

@@ -291,6 +291,8 @@ pub(crate) struct WorkCounts {
     pub(crate) request_packets: u64,
     /// Server: request packets queued for a credit return (`queue_ack`).
     pub(crate) acks_queued: u64,
+    /// Runs of the dispatcher task (`Engine::poll_dispatch`).
+    pub(crate) dispatches: u64,
 }
 
 impl<P: Clone> Core<P> {

@@ -259,6 +259,10 @@ impl<T: Transport> Engine<T> {
     /// The dispatcher: receives, answers, starts handlers.
     fn poll_dispatch(engine: &RefCell<Engine<T>>, cx: &mut Context<'_>) -> Poll<()> {
         let mut e = engine.borrow_mut();
+        #[cfg(test)]
+        {
+            e.core.work.dispatches += 1;
+        }
         match &mut e.core.dispatcher {
             Some(w) if w.will_wake(cx.waker()) => {}
             w => *w = Some(cx.waker().clone()),

@@ -212,6 +212,14 @@ impl MemNetwork {
         self.0.borrow().bulk.copied_out
     }
 
+    /// Memory registrations endpoint `id` would have made so far on a
+    /// device: each buffer it exposed (for READ, or READ and WRITE), each
+    /// READ's destination and each WRITE's source (tests count them per
+    /// call).
+    pub fn registrations(&self, id: u32) -> u64 {
+        self.0.borrow().bulk.registrations_of(id)
+    }
+
     /// READs carried out so far.
     pub fn reads(&self) -> u64 {
         self.0.borrow().bulk.reads

@@ -84,6 +84,10 @@ pub(crate) struct BulkNet {
     /// Bytes copied out of exposed buffers by their owners
     /// ([`Bulk::copy_out`]; tests).
     pub(crate) copied_out: u64,
+    /// Memory registrations a device would make, per endpoint (by id):
+    /// a buffer exposed (for READ, or READ and WRITE), a READ's
+    /// destination, a WRITE's source (tests).
+    registrations: Vec<u64>,
 }
 
 impl BulkNet {
@@ -197,6 +201,20 @@ impl BulkNet {
         }
     }
 
+    /// Counts one registration of endpoint `id`.
+    fn registered(&mut self, id: u32) {
+        let i = id as usize;
+        if self.registrations.len() <= i {
+            self.registrations.resize(i + 1, 0);
+        }
+        self.registrations[i] += 1;
+    }
+
+    /// Registrations endpoint `id` made so far (see `registrations`).
+    pub(crate) fn registrations_of(&self, id: u32) -> u64 {
+        self.registrations.get(id as usize).copied().unwrap_or(0)
+    }
+
     /// Buffers exposed by endpoint `id`.
     pub(crate) fn exposed_by(&self, id: u32) -> usize {
         self.regions.values().filter(|r| r.owner == id).count()
@@ -288,6 +306,7 @@ impl Bulk for MemBulk {
     fn expose(&mut self, buf: Vec<u8>) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
         let mut net = self.net.0.borrow_mut();
         let b = &mut net.bulk;
+        b.registered(self.id);
         b.next_rkey = b.next_rkey.wrapping_add(1);
         let rkey = b.next_rkey;
         let addr = (u64::from(rkey) << 32) | 0x40;
@@ -343,6 +362,7 @@ impl Bulk for MemBulk {
             let e = TransportError::no_such_link();
             return Err((into, e));
         }
+        b.registered(self.id);
         let r = PendingRead {
             reader: self.id,
             link,
@@ -404,6 +424,7 @@ impl Bulk for MemBulk {
             let e = TransportError::no_such_link();
             return Err((buf, e));
         }
+        b.registered(self.id);
         let r = PendingRead {
             reader: self.id,
             link,

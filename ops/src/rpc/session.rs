@@ -118,6 +118,11 @@ pub(crate) struct ClientSlot {
     /// The WRITE of this call's request into granted room under way (its
     /// token; `req` is the WRITE's meanwhile).
     pub(crate) req_writing: Option<u64>,
+    /// This call's request was written (its WRITE completed) and is kept
+    /// in `req`, not exposed: exposed for READ only if a resend is due
+    /// (`bulk_write.rs`, `expose_written`), so the common call registers
+    /// it once (as the WRITE's source), not twice.
+    pub(crate) req_written: bool,
     /// A buffer this session's server could READ over all its length
     /// (the last call's request buffer, taken back from the transport):
     /// the room offered for the slot's next response, exposed again
@@ -166,6 +171,7 @@ impl ClientSlot {
             offer_exposed: None,
             grant: None,
             req_writing: None,
+            req_written: false,
             spare: Vec::new(),
         }
     }
@@ -174,7 +180,11 @@ impl ClientSlot {
     /// request the server reads, the room offered for its response, the
     /// response it reads.
     pub(crate) fn transfer_bytes(&self) -> usize {
-        let request = self.req_desc.map_or(0, |(_, len)| len);
+        let request = match self.req_desc {
+            Some((_, len)) => len,
+            None if self.req_written => self.req.len(),
+            None => 0,
+        };
         let response = if self.reading.is_some() {
             self.resp_len
         } else {
@@ -186,6 +196,13 @@ impl ClientSlot {
     /// Client packets this call sends in all (as far as known).
     pub(crate) fn total_tx(&self) -> usize {
         self.n_req + self.n_resp.saturating_sub(1)
+    }
+
+    /// Whether the slot holds a buffer its server may reach (its request
+    /// or response room exposed) or its written request kept for a
+    /// resend: taken back when the call is over (`Core::take_back_request`).
+    pub(crate) fn holds_request(&self) -> bool {
+        self.req_exposed.is_some() || self.offer_exposed.is_some() || self.req_written
     }
 
     /// Packets sent and not answered: the credits the slot holds.

@@ -151,6 +151,13 @@ impl<P: Clone> Core<P> {
                         }
                         slot.retries += 1;
                         slot.progress = now;
+                        if !super::bulk_write::expose_written(
+                            &mut self.bulk,
+                            &mut self.requests_exposed,
+                            slot,
+                        ) {
+                            continue;
+                        }
                         debug!(
                             session = sid,
                             req_num = slot.req_num,

@@ -10,7 +10,10 @@ use super::bulk_write::{
 use super::header::{BulkDesc, Header, PacketKind, HEADER_LEN};
 use super::mem::{MemNetwork, MemTransport};
 use super::tests::{answer, config, lossy, request, server, wait_for, ECHO};
-use super::{Rpc, RpcConfig, SessionId};
+use super::{Request, Rpc, RpcConfig, SessionId};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
 use verbio_runtime::Runtime;
 
 const PACKET: usize = 1024 + HEADER_LEN;
@@ -378,5 +381,146 @@ fn written_requests_are_handed_to_the_handler_without_a_copy() {
         );
         cli.disconnect(s);
         wait_for(|| srv.memory().granted_bytes == 0).await;
+    });
+}
+
+/// A written request is registered once per call, as the WRITE's source:
+/// the client keeps it unexposed once its WRITE completed (the server has
+/// it), so a call registers its request and the room offered for its
+/// response, no more; the server its response (the WRITE's source) and
+/// the room for the slot's next request. (Before: the client exposed
+/// each written request again for READ once its WRITE completed, in case
+/// of a resend: 3 registrations per call.)
+#[test]
+fn a_written_call_registers_its_request_once() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(49, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv, 0).await;
+        let (c, v) = (
+            cli.with_transport(|t| t.id()),
+            srv.with_transport(|t| t.id()),
+        );
+        const LEN: usize = 40_000;
+        for i in 0..2 {
+            let req = request(6, i, LEN);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        let (cr, sr) = (net.registrations(c), net.registrations(v));
+        let written = cli.stats().bulk_request_writes;
+        for i in 2..12 {
+            let req = request(6, i, LEN);
+            assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
+        }
+        assert_eq!(cli.stats().bulk_request_writes - written, 10);
+        assert_eq!(
+            (net.registrations(c) - cr, net.registrations(v) - sr),
+            (10 * 2, 10 * 2),
+            "registrations of the client and the server in 10 written calls"
+        );
+        assert_eq!(cli.stats().retransmissions, 0);
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        // Nothing of the client's stays exposed between calls.
+        assert_eq!(net.exposed_by(c), 0);
+        cli.disconnect(s);
+        wait_for(|| srv.memory().granted_bytes == 0).await;
+    });
+}
+
+/// A written request whose response is late is resent as a read request:
+/// the client exposes the request it kept only then (one registration
+/// more for that call), the server, which took the written request,
+/// answers the resend as a duplicate (its handler runs once, nothing is
+/// read), and the response completes the call; then nothing of the
+/// client's stays exposed.
+#[test]
+fn a_written_request_is_exposed_when_its_resend_is_due() {
+    const SLOW: u8 = 9;
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(50, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let gate = Rc::new(Cell::new(false));
+        let held = gate.clone();
+        srv.register(SLOW, move |req: Request| {
+            let held = held.clone();
+            async move {
+                while !held.get() {
+                    verbio_runtime::sleep(Duration::from_millis(1)).await;
+                }
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                resp
+            }
+        })
+        .unwrap();
+        let (cli, s) = linked_client(&net, &srv, 0).await;
+        let c = cli.with_transport(|t| t.id());
+        // The room granted after the linking call: its length and the
+        // trailer.
+        let req = request(7, 0, THRESHOLD);
+        let (cr, reads) = (net.registrations(c), srv.stats().bulk_reads);
+        let resent = cli.stats().retransmissions;
+        let call = cli.call(s, SLOW, &req);
+        let opened = async {
+            wait_for(|| cli.stats().retransmissions > resent).await;
+            // The resend is a read request of the request's buffer:
+            // exposed now, beside the room offered for the response.
+            assert_eq!(net.exposed_by(c), 2);
+            gate.set(true);
+        };
+        let (resp, ()) = futures::join!(call, opened);
+        assert!(resp.unwrap()[..] == answer(&req)[..]);
+        assert_eq!(cli.stats().bulk_request_writes, 1);
+        assert_eq!(srv.stats().bulk_reads, reads, "the resend was not read");
+        // The WRITE's source, the response's room, the resend's exposure.
+        assert_eq!(net.registrations(c) - cr, 3);
+        assert!(runs.borrow().values().all(|&n| n == 1));
+        assert_eq!(srv.stats().malformed_packets, 0);
+        assert_eq!(cli.stats().malformed_packets, 0);
+        // The next call takes the exposed request back.
+        let next = request(7, 1, 100);
+        assert!(cli.call(s, ECHO, &next).await.unwrap()[..] == answer(&next)[..]);
+        assert_eq!(net.exposed_by(c), 0);
+    });
+}
+
+/// Starting a written call costs no run of the client's dispatcher: the
+/// request's WRITE is polled once with the dispatcher's waker where it
+/// starts, so the dispatcher runs when the WRITE completes (here: when
+/// the network lets the held WRITE through), not before to poll it once.
+/// (Before: every written call woke the dispatcher at its start, a task
+/// run and a poll of every receive source per call.)
+#[test]
+fn a_written_call_wakes_the_dispatcher_only_when_its_write_completes() {
+    let rt = Runtime::new().unwrap();
+    rt.block_on(async {
+        let net = MemNetwork::new(51, PACKET);
+        let (srv, runs) = server(&net, bulk_config());
+        let (cli, s) = linked_client(&net, &srv, 0).await;
+        // The grant of the linking call's slot fits this request.
+        let req = request(8, 0, THRESHOLD);
+        net.hold_writes(true);
+        let before = cli.work_counts().dispatches;
+        let call = cli.call(s, ECHO, &req);
+        let release = async {
+            wait_for(|| net.held_writes() == 1).await;
+            // Time for any woken task to run (well under the timeout).
+            for _ in 0..20 {
+                verbio_runtime::yield_now().await;
+            }
+            assert_eq!(
+                cli.work_counts().dispatches - before,
+                0,
+                "dispatcher runs while the request's WRITE is under way"
+            );
+            net.hold_writes(false);
+        };
+        let (resp, ()) = futures::join!(call, release);
+        assert!(resp.unwrap()[..] == answer(&req)[..]);
+        assert_eq!(cli.stats().bulk_request_writes, 1);
+        assert!(cli.work_counts().dispatches - before >= 1);
+        assert!(runs.borrow().values().all(|&n| n == 1));
     });
 }
