@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 use tracing::{debug, trace};
@@ -370,12 +370,12 @@ impl UdTransport {
     }
 
     /// Takes the finished sends' buffers back, oldest first, for the next
-    /// sends. Polled without a waker: nothing waits on a send's
-    /// completion but its buffer (the send queue's room has its own).
+    /// sends. Taken without a waker ([`Submit::try_take`]): nothing waits
+    /// on a send's completion but its buffer (the send queue's room has
+    /// its own).
     fn reap_sent(&mut self) {
-        let mut cx = Context::from_waker(Waker::noop());
         while let Some(send) = self.sent.front_mut() {
-            let Poll::Ready((result, buf)) = Pin::new(send).poll(&mut cx) else {
+            let Some((result, buf)) = send.try_take() else {
                 break;
             };
             self.sent.pop_front();
@@ -417,6 +417,29 @@ impl UdTransport {
         }
     }
 
+    /// [`post_waiting`](Self::post_waiting) from a `send`, which has no
+    /// task context: the waiting sends go, oldest first, as far as there
+    /// is room now ([`Submit::try_post`]); the one still waiting keeps its
+    /// place and the dispatcher's waker from its last receive poll, so
+    /// that room coming back still wakes the dispatcher.
+    fn post_waiting_now(&mut self) {
+        while let Some(send) = self.waiting.front_mut() {
+            if !send.try_post() {
+                return;
+            }
+            let Some(mut send) = self.waiting.pop_front() else {
+                return;
+            };
+            if send.wr_id().is_some() {
+                // Posted: kept until its completion.
+                self.keep_sent(send);
+            } else if let Some((_, buf)) = send.try_take() {
+                // Refused (closed queue pair): its buffer is kept.
+                self.keep_spare(buf);
+            }
+        }
+    }
+
     /// Sends waiting for send-queue room.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
@@ -443,7 +466,7 @@ impl Transport for UdTransport {
 
     fn send(&mut self, batch: &TxBatch<UdPeer>) -> Result<(), TransportError> {
         if !self.waiting.is_empty() {
-            self.post_waiting(&mut Context::from_waker(Waker::noop()));
+            self.post_waiting_now();
         }
         let mut burst: SmallVec<[Datagram<'_>; MAX_INLINE_BURST]> = SmallVec::new();
         // A batch with a packet too large for INLINE goes out whole from
@@ -655,7 +678,7 @@ mod tests {
     fn a_packet_at_a_time_costs_one_completion() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
-        use std::task::Wake;
+        use std::task::{Wake, Waker};
 
         struct Count(AtomicUsize);
         impl Wake for Count {
@@ -724,7 +747,7 @@ mod tests {
         use std::cell::Cell;
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
-        use std::task::Wake;
+        use std::task::{Wake, Waker};
 
         struct Count(AtomicUsize);
         impl Wake for Count {

@@ -94,6 +94,33 @@ impl QueueEntries {
         }
     }
 
+    /// Takes `n` entries now if it is the caller's turn (`ticket` is first
+    /// in the FIFO, or `None` and nobody waits) and they are there; leaves
+    /// the FIFO then. Never registers a waker: a waiter that is not served
+    /// keeps its place and the waker it last polled with.
+    pub(crate) fn try_acquire_in_turn(&self, n: u32, ticket: &mut Option<Ticket>) -> bool {
+        let mut waiters = self.waiters.borrow_mut();
+        let first = match *ticket {
+            None => waiters.is_empty(),
+            Some(t) => waiters.front().map(|(id, _)| *id) == Some(t),
+        };
+        if !first || self.avail.get() < n {
+            return false;
+        }
+        self.avail.set(self.avail.get() - n);
+        if ticket.take().is_some() {
+            waiters.pop_front();
+            self.set_queued(waiters.len());
+            // The next in line may fit in what is left.
+            let next = waiters.front().map(|(_, w)| w.clone());
+            drop(waiters);
+            if let Some(w) = next {
+                w.wake();
+            }
+        }
+        true
+    }
+
     /// Waits in FIFO order for `n` entries; `ticket` is the caller's place.
     pub(crate) fn poll_acquire(
         &self,
@@ -101,25 +128,10 @@ impl QueueEntries {
         ticket: &mut Option<Ticket>,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
-        let mut waiters = self.waiters.borrow_mut();
-        let first = match *ticket {
-            None => waiters.is_empty(),
-            Some(t) => waiters.front().map(|(id, _)| *id) == Some(t),
-        };
-        if first && self.avail.get() >= n {
-            self.avail.set(self.avail.get() - n);
-            if ticket.take().is_some() {
-                waiters.pop_front();
-                self.set_queued(waiters.len());
-                // The next in line may fit in what is left.
-                let next = waiters.front().map(|(_, w)| w.clone());
-                drop(waiters);
-                if let Some(w) = next {
-                    w.wake();
-                }
-            }
+        if self.try_acquire_in_turn(n, ticket) {
             return Poll::Ready(());
         }
+        let mut waiters = self.waiters.borrow_mut();
         match *ticket {
             None => {
                 let t = self.next_ticket.get();

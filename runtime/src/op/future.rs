@@ -42,6 +42,13 @@ impl<T: 'static> Op<T> {
         self.data.is_none()
     }
 
+    /// True once its completion has arrived and it was not polled
+    /// `Ready` yet: the next poll returns `Ready` without looking at the
+    /// waker.
+    pub(crate) fn is_completed(&self) -> bool {
+        self.data.is_some() && self.table().is_completed(self.key())
+    }
+
     /// The op table, while the op holds its data.
     #[inline(always)]
     fn table(&self) -> &OpTable {

@@ -319,6 +319,16 @@ impl OpTable {
             .count()
     }
 
+    /// True if op `key`'s completion has arrived (a poll would return
+    /// `Ready` without looking at its waker).
+    pub(crate) fn is_completed(&self, key: usize) -> bool {
+        self.table
+            .borrow()
+            .slots
+            .get(key)
+            .is_some_and(|s| s.state == State::Completed)
+    }
+
     /// Completions ignored because their generation or key was stale.
     pub(crate) fn stale_count(&self) -> u64 {
         self.stale.get()

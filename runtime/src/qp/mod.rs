@@ -92,6 +92,8 @@ mod recv_ring;
 mod recv_ring_tests;
 mod srq_ring;
 mod submit;
+#[cfg(test)]
+mod submit_try_tests;
 mod ud;
 #[cfg(test)]
 mod ud_tests;

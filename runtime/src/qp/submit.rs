@@ -7,7 +7,7 @@ use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use super::queue_pair::SPARE_WRS;
 use super::{QueuePair, SendChain};
@@ -727,6 +727,25 @@ impl Waiting {
         }
     }
 
+    /// [`poll_entries`](Self::poll_entries) without waiting: true if
+    /// both are held now (the post takes them over); else it keeps its
+    /// place in line, and its waker, as it was.
+    fn try_entries(&mut self, qp: &QueuePair) -> bool {
+        let pools = self.entries(qp);
+        let (queue, cq) = pools.pools(self.recv);
+        if !self.queue_held {
+            if !queue.try_acquire_in_turn(self.n, &mut self.queue_ticket) {
+                return false;
+            }
+            self.queue_held = true;
+        }
+        if !cq.try_acquire_in_turn(self.n, &mut self.cq_ticket) {
+            return false;
+        }
+        self.queue_held = false;
+        true
+    }
+
     fn poll_entries(&mut self, qp: &QueuePair, cx: &mut Context<'_>) -> Poll<()> {
         let pools = self.entries(qp);
         let (queue, cq) = pools.pools(self.recv);
@@ -884,44 +903,93 @@ impl<T: Completable> Submit<T> {
                     };
                 }
                 State::Queued(q) => {
-                    let qp = q.qp.clone();
-                    let closed = qp.inner.core.closed.get();
+                    let closed = q.qp.inner.core.closed.get();
                     let Some(w) = q.wait.as_deref_mut() else {
                         // Invariant: `Some` while the state is Queued.
                         return Poll::Pending;
                     };
-                    if !closed && w.poll_entries(&qp, cx).is_pending() {
+                    if !closed && w.poll_entries(&q.qp, cx).is_pending() {
                         return Poll::Pending;
                     }
-                    if closed {
-                        w.abandon(&qp);
-                    }
-                    let n = w.n;
-                    let (Some(data), Some(mut w)) = (q.data.take(), q.wait.take()) else {
-                        // Invariant: both are `Some` while the state is Queued.
-                        return Poll::Pending;
-                    };
-                    if closed {
-                        *this.state =
-                            State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
-                                qp_num: qp.qp_num(),
-                            }))));
-                    } else {
-                        // SAFETY: a `Queued` is only created by `submit`,
-                        // whose caller vouched for the WRs and `data` under
-                        // the `submit_*` contract; both were kept together
-                        // since, and on success `data` moves into the op at
-                        // once.
-                        *this.state = match unsafe { qp.post(&mut w.wrs, n) } {
-                            Ok(first) => {
-                                State::InFlight(Op::posted(qp.inner.handle.ops(), first, data))
-                            }
-                            Err(e) => State::Ready(refused(Some(data), e)),
-                        };
-                    }
-                    qp.recycle(w);
+                    this.post_queued(closed);
                 }
             }
+        }
+    }
+}
+
+impl<T: Completable> Submit<T> {
+    /// A queued submission whose entries are held (or whose QP closed):
+    /// posts it (in flight, or refused), or fails it as closed.
+    fn post_queued(&mut self, closed: bool) {
+        let State::Queued(q) = &mut *self.state else {
+            return;
+        };
+        let qp = q.qp.clone();
+        let (Some(data), Some(mut w)) = (q.data.take(), q.wait.take()) else {
+            // Invariant: both are `Some` while the state is Queued.
+            return;
+        };
+        if closed {
+            w.abandon(&qp);
+            *self.state = State::Ready(Some(Box::new(data.fail(SubmitError::Closed {
+                qp_num: qp.qp_num(),
+            }))));
+        } else {
+            // SAFETY: a `Queued` is only created by `submit`, whose caller
+            // vouched for the WRs and `data` under the `submit_*`
+            // contract; both were kept together since, and on success
+            // `data` moves into the op at once.
+            *self.state = match unsafe { qp.post(&mut w.wrs, w.n) } {
+                Ok(first) => State::InFlight(Op::posted(qp.inner.handle.ops(), first, data)),
+                Err(e) => State::Ready(refused(Some(data), e)),
+            };
+        }
+        qp.recycle(w);
+    }
+
+    /// The try form of the wait for queue entries, for a caller with no
+    /// task context at hand: a submission that waits for them
+    /// ([`is_queued`](Self::is_queued)) is posted now if its turn has come
+    /// (nothing waits before it) and the send (or receive) queue and its CQ
+    /// have room; if its QP closed, it fails as its poll would. Never
+    /// registers a waker: one that waits keeps its place in line and the
+    /// waker of its last poll. True once it no longer waits (posted,
+    /// refused or failed; also for one that never waited).
+    pub fn try_post(&mut self) -> bool {
+        let State::Queued(q) = &mut *self.state else {
+            return true;
+        };
+        let closed = q.qp.inner.core.closed.get();
+        let Some(w) = q.wait.as_deref_mut() else {
+            // Invariant: `Some` while the state is Queued.
+            return false;
+        };
+        if !closed && !w.try_entries(&q.qp) {
+            return false;
+        }
+        self.post_queued(closed);
+        true
+    }
+
+    /// The try form of awaiting the output, for a caller that only wants
+    /// the op's data back once the device is done with it (a buffer to
+    /// reuse): the output if the op's completion has arrived, or if the
+    /// submission was refused. `None` while it waits for entries or is in
+    /// flight. Never registers a waker (a waker from an earlier poll
+    /// stays); after `Some`, the submission is spent, as after a `Ready`.
+    pub fn try_take(&mut self) -> Option<T::Output> {
+        match &mut *self.state {
+            State::InFlight(op) if op.is_completed() => {
+                // A completed op's poll returns `Ready` without looking at
+                // the waker.
+                match Pin::new(op).poll(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(out) => Some(out),
+                    Poll::Pending => None,
+                }
+            }
+            State::Ready(out) => out.take().map(|o| *o),
+            _ => None,
         }
     }
 }
