@@ -318,7 +318,15 @@ impl<P: Clone> Core<P> {
         if bulk_len {
             if self.expose_request(sid, i) {
                 if let Some(s) = self.sessions.get_mut(sid) {
-                    s.client[i].n_req = 1;
+                    let slot = &mut s.client[i];
+                    slot.n_req = 1;
+                    if slot.req_writing.is_some() {
+                        // Written (`bulk_write.rs`): its one packet is
+                        // the WRITE, under way, which took its credit and
+                        // so let no other call send: nothing to pump.
+                        self.want_timer();
+                        return Poll::Ready(Ok((i, req_num)));
+                    }
                 }
             } else {
                 self.want_link(sid);

@@ -390,7 +390,8 @@ fn written_requests_are_handed_to_the_handler_without_a_copy() {
 /// response, no more; the server its response (the WRITE's source) and
 /// the room for the slot's next request. (Before: the client exposed
 /// each written request again for READ once its WRITE completed, in case
-/// of a resend: 3 registrations per call.)
+/// of a resend: 3 registrations per call.) And its start pumps no slots
+/// (before: a pump per call, which found nothing to send).
 #[test]
 fn a_written_call_registers_its_request_once() {
     let rt = Runtime::new().unwrap();
@@ -409,6 +410,7 @@ fn a_written_call_registers_its_request_once() {
         }
         let (cr, sr) = (net.registrations(c), net.registrations(v));
         let written = cli.stats().bulk_request_writes;
+        let pumps = cli.work_counts().pumps;
         for i in 2..12 {
             let req = request(6, i, LEN);
             assert!(cli.call(s, ECHO, &req).await.unwrap()[..] == answer(&req)[..]);
@@ -418,6 +420,13 @@ fn a_written_call_registers_its_request_once() {
             (net.registrations(c) - cr, net.registrations(v) - sr),
             (10 * 2, 10 * 2),
             "registrations of the client and the server in 10 written calls"
+        );
+        // A written call's start sends nothing else: no pump over the
+        // session's slots (before: one per call).
+        assert_eq!(
+            cli.work_counts().pumps - pumps,
+            0,
+            "pumps in 10 written calls"
         );
         assert_eq!(cli.stats().retransmissions, 0);
         assert!(runs.borrow().values().all(|&n| n == 1));
