@@ -70,9 +70,24 @@ pub fn listen(dev: &Device) -> Listener<DeviceQps> {
     Listener::bind("127.0.0.1:0".parse().unwrap(), qps(dev), HANDSHAKE).expect("listener")
 }
 
-/// Runs `f` on `rt`, failing the test after [`WAIT`].
+/// Bound of a whole test body run by [`block`]: [`WAIT`] on the soft
+/// device; three times that on a device named by [`TEST_DEVICE_ENV`] (rxe
+/// in the emulated VM, where bytes move 10-50x slower than here and the
+/// host's load stretches that further: tests that move 16 MiB messages or
+/// 2,000 round trips of 16 KiB took over 20 s there with the host loaded).
+pub fn test_bound() -> Duration {
+    if test_device().is_some() {
+        WAIT * 3
+    } else {
+        WAIT
+    }
+}
+
+/// Runs `f` on `rt`, failing the test after [`test_bound`].
 pub fn block<F: Future>(rt: &Runtime, f: F) -> F::Output {
-    rt.block_on(timeout(WAIT, f)).expect("timed out")
+    let bound = test_bound();
+    rt.block_on(timeout(bound, f))
+        .unwrap_or_else(|_| panic!("timed out: the test body did not finish within {bound:?}"))
 }
 
 /// A server on its own thread and runtime: accepts `conns` clients, then
