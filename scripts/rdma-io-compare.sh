@@ -18,17 +18,27 @@
 # and librdmacm, so the host needs Debian's libibverbs-dev and
 # librdmacm-dev (installed here when missing), and the crates.io registry
 # for rdma-io. Output: target/rdma-io-compare/out.txt.
+#
+# --ab A,B[,...] runs prebuilt rdma-io-echo binaries instead of building one
+# (e.g. main's and a branch's, each built with this script or
+# `cargo build --release --manifest-path compare/rdma-io-echo/Cargo.toml`
+# and copied aside), alternating A, B, ... per run in the same boot,
+# --ab-runs times (default 3): an A/B of two builds on the same host load.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
 . "$ROOT/scripts/lib/rxe-host.sh"
 GRPC=0
 SIZES=
+AB=
+AB_RUNS=3
 ECHO_ARGS=()
 while [ $# -gt 0 ]; do
     case $1 in
         --grpc) GRPC=1 ;;
         --sizes) SIZES=${2:?--sizes needs a list}; shift ;;
+        --ab) AB=${2:?--ab needs a list of binaries}; shift ;;
+        --ab-runs) AB_RUNS=${2:?--ab-runs needs a count}; shift ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         --) shift; ECHO_ARGS=("$@"); break ;;
         *) echo "rdma-io-compare: unknown option $1" >&2; exit 2 ;;
@@ -45,11 +55,34 @@ fi
 DIR=$ROOT/target/rdma-io-compare
 mkdir -p "$DIR"
 TD=${CARGO_TARGET_DIR:-$ROOT/target}
-echo "rdma-io-compare: building compare/rdma-io-echo (release)" >&2
-CARGO_TARGET_DIR=$TD/compare cargo build -q --release \
-    --manifest-path compare/rdma-io-echo/Cargo.toml || exit 1
-# The guest sees only this checkout (and the host's root read-only).
-cp "$TD/compare/release/rdma-io-echo" "$DIR/rdma-io-echo"
+AB_BINS=
+if [ -n "$AB" ]; then
+    i=0
+    for b in $(echo "$AB" | tr ',' ' '); do
+        [ -x "$b" ] || { echo "rdma-io-compare: --ab: $b is not executable" >&2; exit 2; }
+        # The guest sees this checkout read-write (and the host's root
+        # read-only): copied here under a name of its own.
+        i=$((i + 1))
+        cp "$b" "$DIR/rdma-io-echo.ab$i" || exit 1
+        AB_BINS="$AB_BINS $DIR/rdma-io-echo.ab$i"
+        echo "rdma-io-compare: ab$i is $b" >&2
+    done
+else
+    # A target directory copied from another checkout keeps that
+    # checkout's paths in the verbio crates' dep-info (this crate is a
+    # workspace of its own with verbio outside it, so they are absolute),
+    # and cargo would take those builds as fresh: rebuild them.
+    if ls "$TD"/compare/release/deps/verbio_ops-*.d >/dev/null 2>&1 \
+        && ! grep -qs " $ROOT/ops/src/lib.rs" "$TD"/compare/release/deps/verbio_ops-*.d; then
+        echo "rdma-io-compare: verbio's build in $TD/compare is another checkout's: rebuilding it" >&2
+        rm -rf "$TD"/compare/release/.fingerprint/verbio-*
+    fi
+    echo "rdma-io-compare: building compare/rdma-io-echo (release)" >&2
+    CARGO_TARGET_DIR=$TD/compare cargo build -q --release \
+        --manifest-path compare/rdma-io-echo/Cargo.toml || exit 1
+    # The guest sees only this checkout (and the host's root read-only).
+    cp "$TD/compare/release/rdma-io-echo" "$DIR/rdma-io-echo"
+fi
 if [ "$GRPC" = 1 ]; then
     echo "rdma-io-compare: building verbio-tonic's examples/grpc_echo (release, ibverbs)" >&2
     cargo build -q --release -p verbio-tonic --example grpc_echo --features ibverbs || exit 1
@@ -62,12 +95,21 @@ GUEST=$DIR/guest.sh
     printf 'set --'
     [ ${#ECHO_ARGS[@]} = 0 ] || printf " '%s'" "${ECHO_ARGS[@]}"
     echo
-    echo "GRPC=$GRPC DIR='$DIR' SIZES='$SIZES'"
+    echo "GRPC=$GRPC DIR='$DIR' SIZES='$SIZES' AB_BINS='$AB_BINS' AB_RUNS='$AB_RUNS'"
     cat <<'GUEST'
 export VERBIO_DEVICE=${RXE_DEV:-rxe0} VERBIO_GID_INDEX=${RXE_GID_INDEX:-1}
 echo "== guest: $(uname -r), $(nproc) CPUs, device $VERBIO_DEVICE, RDMA CM on ${RXE_IP:-10.77.0.1}"
 rc=0
-if [ -z "$SIZES" ]; then
+if [ -n "$AB_BINS" ]; then
+    r=1
+    while [ "$r" -le "$AB_RUNS" ]; do
+        for b in $AB_BINS; do
+            echo "== run $r: ${b##*/} $*"
+            timeout 600 "$b" --ip "${RXE_IP:-10.77.0.1}" "$@" 2>&1 | grep -v ' INFO ' || rc=1
+        done
+        r=$((r + 1))
+    done
+elif [ -z "$SIZES" ]; then
     echo "== rdma-io-echo $*"
     timeout 600 "$DIR/rdma-io-echo" --ip "${RXE_IP:-10.77.0.1}" "$@" 2>&1 | grep -v ' INFO '
     rc=$?

@@ -270,3 +270,49 @@ fn a_tokio_runtime_without_timers_is_refused() {
         "{r:?}"
     );
 }
+
+/// Small sends from tokio tasks to a connection on a hosted runtime are
+/// made on the asking worker when they can be (posted at once, no request
+/// between); they keep their order with the larger sends between them
+/// (answered when done, through the runtime's tasks) and with the small
+/// ones handed over while the runtime was held elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_and_large_sends_on_a_hosted_runtime_keep_their_order() {
+    let servers = hosted(1);
+    let clients = hosted(1);
+    let (_listener, addr) = echo_server(&servers, 2).await;
+    let a = connect(&clients, Placement::Thread(0), addr).await;
+    let b = connect(&clients, Placement::Thread(0), addr).await;
+    let mut tasks = Vec::new();
+    // Mostly 8 to 64 bytes (INLINE), every seventh up to 3 KB.
+    let sized = |t: u32, i: u32| {
+        let mut m = message(t, i);
+        if i % 7 != 0 {
+            m.truncate(8 + (i as usize % 57));
+        }
+        m
+    };
+    for (t, c) in [(0u32, a), (1, b)] {
+        tasks.push(tokio::spawn(async move {
+            for i in 0..300u32 {
+                c.send(sized(t, i)).await.unwrap();
+                if i % 50 == 49 {
+                    c.flush().await.unwrap();
+                }
+            }
+            for i in 0..300u32 {
+                let m = tokio::time::timeout(WAIT, c.receive())
+                    .await
+                    .expect("the echo comes")
+                    .unwrap();
+                assert_eq!(m, sized(t, i), "message ({t}, {i}) in the order sent");
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(WAIT * 2, t)
+            .await
+            .expect("the tasks end")
+            .unwrap();
+    }
+}

@@ -22,6 +22,7 @@ mod backlog;
 mod builder;
 mod cm;
 mod copy_bufs;
+mod direct;
 mod error;
 mod exposed;
 mod flow;

@@ -19,6 +19,13 @@
 //! dropped before its operation started is not started (a send answered at
 //! hand-over is sent); a `receive` dropped takes no message.
 //!
+//! On a pool hosted on tokio
+//! ([`PoolBuilder::host_on_tokio`](verbio_runtime::pool::PoolBuilder::host_on_tokio)),
+//! a small `send` from that tokio runtime's tasks skips the mailbox: the
+//! asking task holds the runtime for the call and posts the message itself
+//! ([`ThreadRef::run_hosted`](verbio_runtime::pool::ThreadRef::run_hosted)),
+//! when it can be posted at once; otherwise it goes as above.
+//!
 //! Immediates ([`RdmaHandle::send_with_imm`],
 //! [`RdmaHandle::write_with_imm`]) and remote atomics
 //! ([`RdmaHandle::compare_and_swap`], [`RdmaHandle::fetch_and_add`]) go the
@@ -47,6 +54,7 @@
 //!
 //! [`Rdma`]: crate::agent::Rdma
 
+mod direct;
 mod listener;
 mod rdma;
 mod remote;

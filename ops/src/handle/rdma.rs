@@ -12,6 +12,7 @@ use verbio_runtime::pool::{
     Inbox, InboxEnd, MailSender, Placement, Pool, SlotCache, ThreadContext, ThreadRef, Waiting,
 };
 
+use super::direct::DirectServer;
 use super::remote::RemoteMrHandle;
 use super::serve::{start, AtomicOp, Done, Received, Reply, Request};
 use super::HandleError;
@@ -42,6 +43,9 @@ pub(crate) struct ConnShared {
     /// send or flush.
     send_failed: AtomicBool,
     send_failure: Mutex<Option<HandleError>>,
+    /// The connection's server, for calls made on the asking thread when
+    /// the runtime is hosted on tokio (`None` on a runtime thread).
+    pub(super) direct: Option<DirectServer>,
 }
 
 impl ConnShared {
@@ -51,6 +55,7 @@ impl ConnShared {
         arrived: Inbox<Received>,
         max_send_len: usize,
         handover_max: usize,
+        direct: Option<DirectServer>,
     ) -> Self {
         ConnShared {
             slots: SlotCache::new(CACHED_SLOTS).reply_spin(thread.reply_spin()),
@@ -62,6 +67,7 @@ impl ConnShared {
             handed_over: AtomicIsize::new(0),
             send_failed: AtomicBool::new(false),
             send_failure: Mutex::new(None),
+            direct,
         }
     }
 
@@ -189,6 +195,14 @@ impl RdmaHandle {
     /// not sent); `flush` waits until every message handed over is done. A
     /// larger message is answered once the connection's send is done, and
     /// goes after the small ones handed over before it.
+    ///
+    /// On a runtime hosted on tokio
+    /// ([`PoolBuilder::host_on_tokio`](verbio_runtime::pool::PoolBuilder::host_on_tokio)),
+    /// from that tokio runtime's tasks, a small message is sent by the
+    /// asking task itself when it can be posted at once (a credit at hand,
+    /// nothing handed over still to go before it, the runtime not held by
+    /// another thread at the moment): no request, no runtime task, and its
+    /// failure is this call's.
     pub async fn send(&self, data: Vec<u8>) -> Result<(), HandleError> {
         self.send_imm(data, None).await
     }
@@ -205,6 +219,9 @@ impl RdmaHandle {
         let conn = &self.conn;
         conn.take_send_failure()?;
         if data.len() <= conn.handover_max {
+            if let Some(r) = self.send_direct(&data, imm) {
+                return r.map_err(HandleError::from);
+            }
             let req = Request::SendInOrder {
                 data,
                 imm,
@@ -233,6 +250,21 @@ impl RdmaHandle {
         })
         .await
         .map(drop)
+    }
+
+    /// A small send made on the asking thread (see [`super::direct`]):
+    /// `None` unless nothing handed over is still to be sent before it and
+    /// the connection posts it at once.
+    #[inline]
+    fn send_direct(&self, data: &[u8], imm: Option<u32>) -> Option<Result<(), AgentError>> {
+        let conn = &self.conn;
+        let direct = conn.direct.as_ref()?;
+        if conn.handed_over.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        direct
+            .run(&conn.thread, |server| server.try_send_now(data, imm))
+            .flatten()
     }
 
     /// Waits until every message [`send`](Self::send) answered at

@@ -18,6 +18,7 @@ use verbio_runtime::pool::{
     inbox, mailbox, Completer, Feeder, MailReceiver, ShutdownSignal, ThreadRef,
 };
 
+use super::direct::DirectServer;
 use super::rdma::{ConnShared, RdmaHandle, QUEUE_DEPTH};
 use super::remote::{RemoteEntry, RemoteMrHandle};
 use super::workers::{Serve, Workers};
@@ -150,31 +151,34 @@ pub(crate) enum AtomicOp {
 pub(super) fn start(thread: ThreadRef, shutdown: ShutdownSignal, rdma: Rdma) -> RdmaHandle {
     let (tx, rx) = mailbox(QUEUE_DEPTH);
     let (feeder, arrived) = inbox(READ_AHEAD_MESSAGES, READ_AHEAD_BYTES);
-    let conn = Arc::new(ConnShared::new(
-        thread,
-        tx,
-        arrived,
-        rdma.max_send_len(),
-        rdma.inline_send_max(),
-    ));
-    let server = Rc::new(Server {
-        rdma,
-        conn: Arc::downgrade(&conn),
-        remotes: RefCell::new(HashMap::new()),
-        next_remote: Cell::new(0),
-        workers: Rc::new(Workers::new(MAX_WORKERS)),
-        ordered: RefCell::new(VecDeque::new()),
-        sender: RefCell::new(None),
-        closing: RefCell::new(Vec::new()),
-        closed: Cell::new(false),
+    let (max_send_len, handover_max) = (rdma.max_send_len(), rdma.inline_send_max());
+    let mut made = None;
+    let conn = Arc::new_cyclic(|weak| {
+        let server = Rc::new(Server {
+            rdma,
+            conn: weak.clone(),
+            remotes: RefCell::new(HashMap::new()),
+            next_remote: Cell::new(0),
+            workers: Rc::new(Workers::new(MAX_WORKERS)),
+            ordered: RefCell::new(VecDeque::new()),
+            sender: RefCell::new(None),
+            closing: RefCell::new(Vec::new()),
+            closed: Cell::new(false),
+        });
+        let direct = thread
+            .is_hosted()
+            .then(|| DirectServer::new(Rc::as_ptr(&server)));
+        made = Some(server);
+        ConnShared::new(thread, tx, arrived, max_send_len, handover_max, direct)
     });
+    let server = made.expect("made by the closure above");
     verbio_runtime::spawn(server.clone().read_ahead_loop(feeder));
     verbio_runtime::spawn(server.clone().ordered_send_loop());
     verbio_runtime::spawn(serve(server, rx, shutdown));
     RdmaHandle { conn }
 }
 
-struct Server {
+pub(super) struct Server {
     rdma: Rdma,
     /// The handles' shared part (weak: the handles own it; when the last
     /// goes, the mailbox ends and so does the server).
@@ -219,7 +223,33 @@ async fn serve(server: Rc<Server>, rx: MailReceiver<Request>, shutdown: Shutdown
     server.close();
 }
 
+impl Drop for Server {
+    fn drop(&mut self) {
+        // No direct call reaches it any more (dropped on its runtime,
+        // which the dropping thread holds).
+        if let Some(conn) = self.conn.upgrade() {
+            if let Some(d) = &conn.direct {
+                d.gone();
+            }
+        }
+    }
+}
+
 impl Server {
+    /// A small send made at once for a handle holding the runtime
+    /// ([`super::direct`]): `None` if messages wait to be sent in order
+    /// before it, the server closed, or the connection cannot post it now.
+    pub(super) fn try_send_now(
+        &self,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Option<Result<(), AgentError>> {
+        if self.closed.get() || !self.ordered.borrow().is_empty() {
+            return None;
+        }
+        self.rdma.try_send_now(data, imm)
+    }
+
     fn route(self: &Rc<Self>, req: Request) {
         match req {
             Request::Release { id } => {

@@ -300,11 +300,61 @@ impl HostShared {
             self.task.wake();
             return;
         };
-        let Some(o) = locked.owned() else { return };
+        if locked.owned().is_none() {
+            return;
+        }
         if self.poisoned.load(Ordering::Relaxed) {
             self.task.wake();
             return;
         }
+        self.turns_locked(locked);
+    }
+
+    /// Runs `f` on the calling thread with the runtime held and entered
+    /// (see [`ThreadRef::run_hosted`](super::ThreadRef::run_hosted)):
+    /// `None`, without running it, if this thread is not inside the host
+    /// tokio runtime, turns a hosted runtime already, or another thread
+    /// holds this one, or the runtime ended. Work `f` leaves ready (a task
+    /// it woke) is turned here, as a request's turn inline is.
+    pub(super) fn run_direct<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        if TURNING.try_with(Cell::get).unwrap_or(true) || !in_context_of(self.host) {
+            return None;
+        }
+        let locked = self.try_lock()?;
+        let o = locked.owned()?;
+        if self.poisoned.load(Ordering::Relaxed) {
+            drop(locked);
+            self.task.wake();
+            return None;
+        }
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _turning = Turning::enter();
+            let _entered = enter(Some(o.rt.handle()));
+            let r = super::reply_wakes::direct(f);
+            // Wakes `f` made on this thread are collected when the guard
+            // goes; cross-thread ones set the executor's flag.
+            drop(_entered);
+            (r, o.rt.handle().inner.executor.has_ready())
+        }));
+        match ran {
+            Ok((r, false)) => Some(r),
+            Ok((r, true)) => {
+                self.turns_locked(locked);
+                Some(r)
+            }
+            Err(panic) => {
+                tracing::error!("hosted pool runtime: a direct call panicked; the runtime ends");
+                self.poisoned.store(true, Ordering::SeqCst);
+                drop(locked);
+                self.task.wake();
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// [`turn_inline`](Self::turn_inline)'s turns, with the lock held.
+    fn turns_locked(&self, locked: Locked<'_>) {
+        let Some(o) = locked.owned() else { return };
         let turned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _turning = Turning::enter();
             o.rt.handle().wake_outside(&o.outside);
@@ -431,7 +481,11 @@ impl HostedRuntime {
         let SendRuntime(rt, device) = made;
         let mark = EndMark(shared.clone());
         let entered = enter(Some(rt.handle()));
-        let cx = Rc::new(ThreadContext::new(rt.handle().clone(), device, shared));
+        let cx = Rc::new(ThreadContext::new(
+            rt.handle().clone(),
+            device,
+            shared.clone(),
+        ));
         let jobs_done = Rc::new(Cell::new(false));
         {
             let (cx, done) = (cx.clone(), jobs_done.clone());
@@ -475,6 +529,9 @@ impl HostedRuntime {
         // SAFETY: nothing else has reached `host` yet (its only other
         // reference is the waker, not yet registered anywhere).
         unsafe { *host.owned.get() = Some(owned) };
+        // Handles on this runtime call into it directly through this
+        // (`ThreadRef::run_hosted`); a cycle too, broken with the one above.
+        let _ = shared.hosted.set(host.clone());
         Ok(HostedRuntime {
             fd: Some(fd),
             host,

@@ -232,3 +232,68 @@ fn a_request_turned_inline_reads_no_clock() {
         "{reads} clock reads for 100 requests turned inline"
     );
 }
+
+/// `ThreadRef::run_hosted` runs its call on the asking worker with the
+/// hosted runtime entered (its handle is the thread's current one inside,
+/// and not after), and a task the call wakes has run when it returns;
+/// from a thread outside the host tokio runtime, and on a pool of runtime
+/// threads, it runs nothing.
+#[test]
+fn run_hosted_calls_into_the_runtime_on_the_asking_worker() {
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    tokio.block_on(async {
+        let pool = Pool::builder()
+            .threads(1)
+            .grace_period(Duration::from_millis(100))
+            .host_on_tokio(tokio::runtime::Handle::current())
+            .build()
+            .expect("hosted pool");
+        let thread = pool.threads()[0].clone();
+        assert!(thread.is_hosted());
+        let asking = tokio::spawn(async move {
+            let ran = Arc::new(AtomicUsize::new(0));
+            let mut direct = 0;
+            for _ in 0..100 {
+                // Whatever the runtime's task had left runs first.
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                let before = ran.load(Ordering::SeqCst);
+                let r = ran.clone();
+                let called = thread.run_hosted(move || {
+                    assert!(crate::reactor::Handle::try_current().is_some());
+                    drop(crate::reactor::spawn(async move {
+                        r.fetch_add(1, Ordering::SeqCst);
+                    }));
+                });
+                assert!(crate::reactor::Handle::try_current().is_none());
+                if called.is_some() {
+                    direct += 1;
+                    assert_eq!(
+                        ran.load(Ordering::SeqCst),
+                        before + 1,
+                        "the task spawned in the call ran before it returned"
+                    );
+                }
+            }
+            let from_outside = std::thread::spawn(move || thread.run_hosted(|| ()).is_some())
+                .join()
+                .expect("the outside thread");
+            (direct, from_outside)
+        });
+        let (direct, from_outside) = tokio::time::timeout(WAIT, asking)
+            .await
+            .expect("the asking task ends within the bound")
+            .expect("the asking task");
+        assert!(direct >= 90, "{direct} of 100 calls run on the worker");
+        assert!(!from_outside, "a thread outside tokio ran a call");
+        drop(pool);
+    });
+    let threads = Pool::builder().threads(1).build().expect("pool");
+    assert!(!threads.threads()[0].is_hosted());
+    assert!(threads.threads()[0].run_hosted(|| ()).is_none());
+}

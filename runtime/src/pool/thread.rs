@@ -32,6 +32,10 @@ pub(super) struct ThreadShared {
     state: AtomicU8,
     /// The pool's [`reply_spin`](super::PoolBuilder::reply_spin).
     reply_spin: std::time::Duration,
+    /// The runtime's host, when it is hosted on tokio (set once its task
+    /// is made).
+    #[cfg(feature = "tokio")]
+    pub(super) hosted: std::sync::OnceLock<Arc<super::hosted::HostShared>>,
 }
 
 impl ThreadShared {
@@ -45,6 +49,8 @@ impl ThreadShared {
             jobs,
             state: AtomicU8::new(RUNNING),
             reply_spin,
+            #[cfg(feature = "tokio")]
+            hosted: std::sync::OnceLock::new(),
         }
     }
 }
@@ -107,6 +113,45 @@ impl ThreadRef {
             Ok(()) => PoolError::TaskFailed {
                 index: self.index(),
             },
+        }
+    }
+
+    /// True if the runtime is hosted on tokio
+    /// ([`PoolBuilder::host_on_tokio`](super::PoolBuilder::host_on_tokio)):
+    /// [`run_hosted`](Self::run_hosted) may then run calls on the asking
+    /// thread.
+    pub fn is_hosted(&self) -> bool {
+        #[cfg(feature = "tokio")]
+        return self.shared.hosted.get().is_some();
+        #[cfg(not(feature = "tokio"))]
+        false
+    }
+
+    /// Runs `f` on the calling thread with this runtime held and made the
+    /// thread's current one, as its own turn would: for a handle that
+    /// calls into its object on a runtime hosted on tokio
+    /// ([`PoolBuilder::host_on_tokio`](super::PoolBuilder::host_on_tokio))
+    /// directly, with no request, task or wake between it and the call.
+    /// `None` (and `f` not run) unless the runtime is hosted, the calling
+    /// thread runs inside the host tokio runtime (a worker, its
+    /// `block_on`), no other thread holds the runtime at the moment (its
+    /// task turning it, another asker), this thread is not turning a
+    /// hosted runtime already, and the runtime has not ended: then take the
+    /// usual way (a request). Tasks `f` wakes are turned before it returns
+    /// (up to a few turns; the rest is left to the runtime's task). A
+    /// panic of `f` ends the runtime (as a panic of a turn would) and
+    /// goes on in the caller.
+    ///
+    /// What `f` reaches of the runtime (its objects are `!Send`) must not
+    /// outlive the call: `f` and its output are `Send`, so that only what
+    /// may cross threads leaves it.
+    pub fn run_hosted<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Option<R> {
+        #[cfg(feature = "tokio")]
+        return self.shared.hosted.get()?.run_direct(f);
+        #[cfg(not(feature = "tokio"))]
+        {
+            drop(f);
+            None
         }
     }
 
