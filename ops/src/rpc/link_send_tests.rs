@@ -3,6 +3,8 @@
 //! and reordering datagrams, across a broken link, and link packets from
 //! a hostile peer next to a legitimate client.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
@@ -218,16 +220,31 @@ fn a_slow_handler_is_resent_only_the_last_packet_of_a_link_sent_request() {
             ..config()
         };
         let (srv, runs) = server(&net, wide.clone());
-        srv.register(SLOW, |req: Request| async move {
-            // Past the client's timeout: at most 4 rto (160 ms) learned.
-            verbio_runtime::sleep(Duration::from_millis(400)).await;
-            let mut resp = req.response();
-            resp.extend_from_slice(&answer(req.data()));
-            resp
+        // The handler answers once the client has resent (its transport's
+        // send calls grew: the request itself went over the link), not
+        // after a fixed time: with a fixed 400 ms a host that stalled the
+        // thread past it let the response beat the client's timer.
+        let client_id: Rc<Cell<Option<u32>>> = Rc::default();
+        let (h_net, h_id) = (net.clone(), client_id.clone());
+        srv.register(SLOW, move |req: Request| {
+            let (net, id) = (h_net.clone(), h_id.get());
+            async move {
+                let id = id.expect("the client's transport is known before it calls");
+                let (start, t) = (net.send_calls(id), Instant::now());
+                // Past the client's timeout: at most 4 rto (160 ms)
+                // learned; bounded, the test's checks then fail.
+                while net.send_calls(id) == start && t.elapsed() < Duration::from_secs(5) {
+                    verbio_runtime::sleep(Duration::from_millis(5)).await;
+                }
+                let mut resp = req.response();
+                resp.extend_from_slice(&answer(req.data()));
+                resp
+            }
         })
         .unwrap();
         let (cli, s) = linked_with(&net, &srv, wide).await;
         let cli_id = cli.with_transport(MemTransport::id);
+        client_id.set(Some(cli_id));
         for i in 0..3 {
             let req = request(40, i, 3 * PAYLOAD + 1);
             let (calls, before, links) = (net.send_calls(cli_id), cli.stats(), net.link_packets());
