@@ -313,6 +313,12 @@ fn a_burst_of_small_sends_behind_one_in_flight_goes_out_in_one_write() {
         assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
     }
     assert_eq!(direct_sends(&a) - direct, N);
+    // The engine adds a service's writes to its count after the service:
+    // read the counts once it went to sleep.
+    while !sh.sleeping.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the engine never went to sleep");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let flushed = sh.cork_flushes.load(Ordering::Relaxed) - flushes;
     if flushed == 0 {
         assert!(

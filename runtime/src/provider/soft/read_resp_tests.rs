@@ -440,6 +440,14 @@ fn a_read_of_a_packets_largest_payload_leaves_in_one_write() {
         let (got, segments) = f.response_segments(side.qp.qp_num(), psn, len as u64);
         assert!(got == mem[..], "the region's bytes");
         assert_eq!(segments, 2, "the segment from memory and the tail");
+        // The engine adds a service's writes to the count after the
+        // service, which may be after the fake read what they carried:
+        // read the count once the engine went to sleep.
+        let deadline = Instant::now() + WAIT;
+        while !f.ctx.shared().sleeping.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the engine never went to sleep");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(writes(&f) - before, 1, "writes of READ {round}'s response");
     }
     drop(mr);
