@@ -9,51 +9,12 @@ use std::rc::Rc;
 
 use futures::FutureExt;
 
-use crate::op::{wr_id, Completable, SubmitError};
-use crate::provider::{Completion, ProviderError, QpCaps, SendFlags, SendOp, Sge, WcStatus};
-use crate::qp::{QueuePair, Submit};
+use crate::op::{wr_id, SubmitError};
+use crate::provider::{Completion, ProviderError, SendFlags, WcStatus};
+use crate::qp::test_ops::{caps, write_one};
+use crate::qp::QueuePair;
 use crate::reactor::Runtime;
 use crate::testing::{settle, FakeQp};
-
-fn caps(send: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: send,
-        max_recv_wr: 8,
-        ..QpCaps::default()
-    }
-}
-
-/// Holds a token, to observe when the runtime drops or returns it.
-struct Probe(#[allow(dead_code)] Rc<()>);
-
-impl Completable for Probe {
-    type Output = Result<Completion, SubmitError>;
-    fn complete(self, c: Completion) -> Self::Output {
-        Ok(c)
-    }
-    fn fail(self, e: SubmitError) -> Self::Output {
-        Err(e)
-    }
-}
-
-/// A single-WR WRITE (one fake SGE; the fake QP never touches memory).
-fn write_one(qp: &QueuePair, token: &Rc<()>) -> Submit<Probe> {
-    // SAFETY: the fake QP never reads or writes the memory SGEs name.
-    unsafe {
-        qp.submit_send_one(Probe(token.clone()), move |_, wr| {
-            wr.sg_list.push(Sge {
-                addr: 0x1000,
-                length: 64,
-                lkey: 1,
-            });
-            wr.op = SendOp::Write {
-                remote_addr: 0x2000,
-                rkey: 2,
-            };
-            Ok(())
-        })
-    }
-}
 
 fn refusal() -> ProviderError {
     ProviderError::InvalidArgument {

@@ -94,6 +94,8 @@ mod srq_ring;
 mod submit;
 #[cfg(test)]
 mod submit_try_tests;
+#[cfg(test)]
+mod test_ops;
 mod ud;
 #[cfg(test)]
 mod ud_tests;

@@ -8,6 +8,7 @@ use futures::FutureExt;
 
 use crate::op::{wr_id, Completable, SubmitError};
 use crate::provider::{Completion, QpCaps, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use crate::qp::test_ops::Probe;
 use crate::qp::{QueuePair, Submit};
 use crate::reactor::Runtime;
 use crate::testing::{settle, FakeQp};
@@ -18,19 +19,6 @@ fn caps(send: u32, sge: u32) -> QpCaps {
         max_recv_wr: 8,
         max_send_sge: sge,
         ..QpCaps::default()
-    }
-}
-
-/// Records what it was given; holds a token to observe when it is dropped.
-struct Probe(#[allow(dead_code)] Rc<()>);
-
-impl Completable for Probe {
-    type Output = Result<Completion, SubmitError>;
-    fn complete(self, c: Completion) -> Self::Output {
-        Ok(c)
-    }
-    fn fail(self, e: SubmitError) -> Self::Output {
-        Err(e)
     }
 }
 

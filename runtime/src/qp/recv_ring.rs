@@ -32,7 +32,7 @@
 //! waits for buffers lent to guards or unread).
 
 use std::alloc::Layout;
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -46,7 +46,7 @@ use super::srq_ring::{RingOwner, RingTarget};
 use super::QueuePair;
 use crate::op::wr_id;
 use crate::op::OpTable;
-use crate::op::Ticket;
+use crate::op::{QueueEntries, Ticket};
 use crate::provider::{
     AccessFlags, Completion, Mr, Pd, PostError, ProviderError, RecvWr, SgList, Sge, WcOpcode,
     WcStatus, GRH_LEN,
@@ -513,34 +513,21 @@ impl RingCore {
             return;
         }
         let want = st.pending.len() as u32;
-        while st.held_rq < want {
-            let got = match cx.as_deref_mut() {
-                None => self.target.rq().try_acquire(1),
-                Some(cx) => self
-                    .target
-                    .rq()
-                    .poll_acquire(1, &mut st.rq_ticket, cx)
-                    .is_ready(),
-            };
-            if !got {
-                break;
-            }
-            st.held_rq += 1;
-        }
-        while st.held_cq < st.held_rq {
-            let got = match cx.as_deref_mut() {
-                None => self.target.recv_cq().try_acquire(1),
-                Some(cx) => self
-                    .target
-                    .recv_cq()
-                    .poll_acquire(1, &mut st.cq_ticket, cx)
-                    .is_ready(),
-            };
-            if !got {
-                break;
-            }
-            st.held_cq += 1;
-        }
+        acquire_up_to(
+            self.target.rq(),
+            &mut st.rq_ticket,
+            &mut cx,
+            &mut st.held_rq,
+            want,
+        );
+        let rq = st.held_rq;
+        acquire_up_to(
+            self.target.recv_cq(),
+            &mut st.cq_ticket,
+            &mut cx,
+            &mut st.held_cq,
+            rq,
+        );
         let n = st.held_cq as usize;
         if n == 0 {
             return;
@@ -634,13 +621,7 @@ impl RingCore {
             // The last buffer: a waiting `next` can end the stream now.
             if st.posted == 0 {
                 let waker = st.waker.take();
-                if waker.is_some() {
-                    self.schedule_check(&st);
-                }
-                drop(st);
-                if let Some(w) = waker {
-                    w.wake();
-                }
+                self.wake_reader(st, waker);
             }
             return;
         }
@@ -653,18 +634,19 @@ impl RingCore {
                     // A task waiting in `next` (the guard may have been
                     // dropped on another one) must hear of the failure.
                     let waker = st.waker.take();
-                    if waker.is_some() {
-                        self.schedule_check(&st);
-                    }
-                    drop(st);
-                    if let Some(w) = waker {
-                        w.wake();
-                    }
+                    self.wake_reader(st, waker);
                 }
                 return;
             }
         }
         let waker = self.release_slow(&mut st, slot);
+        self.wake_reader(st, waker);
+    }
+
+    /// Wakes `waker` (a task waiting in `next`), if any, after the ring's
+    /// check is scheduled and the state's borrow released.
+    #[inline(always)]
+    fn wake_reader(&self, st: RefMut<'_, State>, waker: Option<Waker>) {
         if waker.is_some() {
             self.schedule_check(&st);
         }
@@ -1385,5 +1367,28 @@ impl QueuePair {
         buf_size: usize,
     ) -> Result<RecvRing, RecvRingError> {
         RecvRing::new(self, pd, RecvRingConfig::new(depth, buf_size))
+    }
+}
+
+/// Takes entries of `pool` one at a time until `held` reaches `want` or
+/// none is left, waiting in line with `cx` if given (its `ticket` is the
+/// ring's place in the line).
+#[inline]
+fn acquire_up_to(
+    pool: &QueueEntries,
+    ticket: &mut Option<Ticket>,
+    cx: &mut Option<&mut Context<'_>>,
+    held: &mut u32,
+    want: u32,
+) {
+    while *held < want {
+        let got = match cx.as_deref_mut() {
+            None => pool.try_acquire(1),
+            Some(cx) => pool.poll_acquire(1, ticket, cx).is_ready(),
+        };
+        if !got {
+            break;
+        }
+        *held += 1;
     }
 }

@@ -137,17 +137,7 @@ impl Engine {
             self.on_readable(cid, false);
         }
         // ACKs held for a post to ride with go out once due.
-        let mut held = std::mem::take(&mut self.held);
-        for cid in held.drain(..) {
-            self.activate(cid);
-        }
-        self.held = held;
-        let busy = self.service_active(false);
-        // Requests posts corked behind the ones whose ACKs this turn
-        // read go out (see `Shared::flush_corked`).
-        self.sh.flush_corked();
-        self.fail_overflowed();
-        self.raise_events();
+        let busy = self.end_turn();
         self.sh.completed.store(completed, Ordering::Relaxed);
         self.in_app = false;
         self.clock = None;

@@ -240,6 +240,27 @@ impl Engine {
         // that would have to queue behind them).
     }
 
+    /// The end of a turn, the engine's own ([`turn`](Self::turn)) or one
+    /// an application's receive drives (`drive.rs`): the connections whose
+    /// ACKs were held for a post to ride with are served with the other
+    /// active ones, the request posts corked behind the ACKs this turn read
+    /// go out (see `Shared::flush_corked`), the overflows of this turn and
+    /// of the last turn's events fail, and the events are raised. True if
+    /// serving left work that does not wait for a socket.
+    #[inline(always)]
+    pub(crate) fn end_turn(&mut self) -> bool {
+        let mut held = std::mem::take(&mut self.held);
+        for cid in held.drain(..) {
+            self.activate(cid);
+        }
+        self.held = held;
+        let busy = self.service_active(false);
+        self.sh.flush_corked();
+        self.fail_overflowed();
+        self.raise_events();
+        busy
+    }
+
     /// One loop turn: the work that does not wait. Returns how to sleep,
     /// `None` to stop.
     fn turn(&mut self, spin_from: &mut Option<Instant>, spin: Duration) -> Option<Sleep> {
@@ -272,18 +293,7 @@ impl Engine {
         self.retry_conn_waits();
         self.adopt_app_muted();
         self.expire_leases(now);
-        let mut held = std::mem::take(&mut self.held);
-        for cid in held.drain(..) {
-            self.activate(cid);
-        }
-        self.held = held;
-        let busy = self.service_active(false);
-        // Requests posts corked behind the ones whose ACKs this turn
-        // read go out (see `Shared::flush_corked`).
-        self.sh.flush_corked();
-        // (Overflows of this turn and of the last turn's events.)
-        self.fail_overflowed();
-        self.raise_events();
+        let busy = self.end_turn();
         let awaiting_post = spin_from.is_some_and(|t| now.duration_since(t) < spin);
         let mut yield_first = false;
         let mut lease_wake = false;
