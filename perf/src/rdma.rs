@@ -223,22 +223,34 @@ async fn step(
         }
         Test::SendLat => {
             let mut ping = registered(rdma, &payload)?;
+            // The previous echo, held until the next ping is out: its
+            // receive buffer goes back to the device after the send, not
+            // before it (as the verbs loop reposts its echo's buffer).
+            let mut last_echo = None;
             let mut lat = LatLoop::start(budget);
             while lat.next() {
+                // Errors are wrapped only when they happen, in a match, not
+                // through a helper that moves every message (the verbs
+                // loop has no such layer either).
                 let (r, back) = rdma.send_buf(ping).await;
                 ping = back;
-                r.ctx_with(|| format!("send {}", lat.i))?;
-                let back = rdma
-                    .receive_msg()
-                    .await
-                    .ctx_with(|| format!("receive {}", lat.i))?;
+                if let Err(e) = r {
+                    return Err(e).ctx_with(|| format!("send {}", lat.i));
+                }
+                drop(last_echo.take());
+                let back = match rdma.receive_msg().await {
+                    Ok(m) => m,
+                    Err(e) => return Err(e).ctx_with(|| format!("receive {}", lat.i)),
+                };
                 if back.len() != size {
                     return Err(msg(format!(
                         "echo of {} bytes, expected {size}",
                         back.len()
                     )));
                 }
+                last_echo = Some(back);
             }
+            drop(last_echo);
             Ok(lat.finish())
         }
         Test::ReadLat => {
@@ -409,7 +421,10 @@ async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
                         _ => None,
                     };
                     loop {
-                        let data = rdma.receive_msg().await.ctx("receiving")?;
+                        let data = match rdma.receive_msg().await {
+                            Ok(m) => m,
+                            Err(e) => return Err(e).ctx("receiving"),
+                        };
                         if data.imm() == Some(CTL_IMM) {
                             match ctl::Frame::decode(&data).ctx("decoding a control frame")? {
                                 Frame::Stop => break,
@@ -419,10 +434,15 @@ async fn serve(cfg: &Config, rdma: &Rdma) -> Result<()> {
                         if cfg.test == Test::SendLat {
                             match echo.take() {
                                 Some(buf) => {
-                                    drop(data);
+                                    // The message's receive buffer goes
+                                    // back to the device once the echo is
+                                    // out (as the verbs server's does).
                                     let (r, back) = rdma.send_buf(buf).await;
+                                    drop(data);
                                     echo = Some(back);
-                                    r.ctx("echoing")?;
+                                    if let Err(e) = r {
+                                        return Err(e).ctx("echoing");
+                                    }
                                 }
                                 None => rdma.send(&data).await.ctx("echoing")?,
                             }
