@@ -1324,8 +1324,13 @@ impl Rdma {
                 let _live = s.packer.live();
                 if inline {
                     // Checked above: one piece, within the inline limit.
-                    if let Some(r) = s.try_send_fitting(&buf, None) {
-                        return (r, buf);
+                    // Each outcome built in place: the usual one a tag and
+                    // the buffer, not a copy of the whole (large) error
+                    // type's room.
+                    match s.try_send_fitting(&buf, None) {
+                        Some(Ok(())) => return (Ok(()), buf),
+                        Some(Err(e)) => return (Err(e), buf),
+                        None => {}
                     }
                 }
                 if let Some(packed) = super::packing::try_join(s, &buf, None) {

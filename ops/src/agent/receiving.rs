@@ -360,7 +360,7 @@ impl Receiving {
     /// immediate `imm`: lent in its slot if a spare slot is left, else
     /// copied out (the slot reposted at once). `None` if the range is not
     /// within what the slot received.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lend(
         &self,
         start: usize,

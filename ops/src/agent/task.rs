@@ -26,8 +26,8 @@ use super::rdma::{Partial, Shared};
 use super::read_msg::{self, READ_ID};
 use super::window_grants::WINDOW_ID;
 use super::wire::{
-    decode, decode_data, landed, staged, whole_send_grant, HandOverKind, Message, MrToken,
-    PackedEntries, RefuseCode, MAX_SPLIT_IN_PROGRESS,
+    decode, decode_data, decode_short_whole, landed, staged, whole_send_grant, HandOverKind,
+    Message, MrToken, PackedEntries, RefuseCode, MAX_SPLIT_IN_PROGRESS, WHOLE_HEADER_LEN,
 };
 use crate::verbs::Received;
 use futures::channel::mpsc;
@@ -266,6 +266,38 @@ pub(crate) fn step(shared: &Rc<Shared>) -> Step {
         },
     };
     shared.arrivals.set(shared.arrivals.get() + 1);
+    // The usual message of all, whole in the short frame with no immediate,
+    // decoded and lent right here: no `Message` and no `Next` built and
+    // moved (a third of the general way's instructions were such moves).
+    // Any check it fails, it fails the general way below, which changed
+    // nothing meanwhile (a failed `spend` spends nothing).
+    if !slot.by_write() && slot.imm().is_none() {
+        let buf = slot.as_slice();
+        if let Some((grant, len)) = decode_short_whole(&buf[..slot.len().min(buf.len())]) {
+            if len <= shared.config.max_message_len && shared.granted_credits.spend() {
+                if grant > 0 {
+                    shared.send_credits.grant(grant);
+                }
+                // Taken first: the message is then built in place of the
+                // step's outcome, not moved there.
+                credit_taken(shared);
+                let holding = shared.staging.holding();
+                return match rx.lend(WHOLE_HEADER_LEN, len, None, slot) {
+                    Some(msg) if !holding => Step::Msg(msg),
+                    Some(msg) => {
+                        shared.staging.hold(msg);
+                        Step::Continue
+                    }
+                    None => {
+                        // Decoded from within the slot's bytes: never.
+                        shared.fail(CloseReason::Violation("payload outside the receive buffer"));
+                        finish(shared);
+                        Step::Stop
+                    }
+                };
+            }
+        }
+    }
     let rcv = Received {
         len: slot.len(),
         imm: slot.imm(),

@@ -904,6 +904,19 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, WireError> {
     }
 }
 
+/// The usual frame of all, a whole message without an immediate in the
+/// short frame: its header's grant and the payload's length (the payload
+/// follows the [`WHOLE_HEADER_LEN`] bytes of header); `None` for any other
+/// frame. What [`decode_data`] reads from it, as two integers.
+#[inline(always)]
+pub(crate) fn decode_short_whole(frame: &[u8]) -> Option<(u32, usize)> {
+    let (h, payload) = frame.split_first_chunk::<WHOLE_HEADER_LEN>()?;
+    if le_u32(h, 0) != u32::from(kind::WHOLE) {
+        return None;
+    }
+    Some((le_u32(h, 4), payload.len()))
+}
+
 /// The usual frames, a well-formed [`Message::Whole`] or `Data` piece,
 /// read as one fixed-size header; `None` for anything else (then
 /// [`decode_any`] decides, and names what is wrong).
@@ -1580,6 +1593,60 @@ impl fmt::Display for HandOverKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `decode_short_whole` says of `frame`, by `decode_data`: the
+    /// grant and payload length of a whole message without an immediate.
+    fn short_whole_by_decode_data(frame: &[u8]) -> Option<(u32, usize)> {
+        match decode_data(frame)? {
+            Message::Whole {
+                imm: None,
+                grant,
+                payload,
+            } => Some((grant, payload.len())),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_short_whole_decoder_agrees_with_decode_data() {
+        let mut frames: Vec<Vec<u8>> = samples()
+            .iter()
+            .map(|m| {
+                let mut b = vec![0u8; m.encoded_len()];
+                let n = m.encode(&mut b).unwrap();
+                b.truncate(n);
+                b
+            })
+            .collect();
+        for (imm, grant, len) in [(None, 0, 0), (None, 3, 64), (Some(9), 1, 64), (None, 7, 1)] {
+            let mut b = vec![0u8; whole_overhead(imm.is_some()) + len];
+            put_whole_header(&mut b, imm, grant).unwrap();
+            frames.push(b);
+        }
+        // Every prefix, and each header byte changed, of every frame.
+        let mut all = Vec::new();
+        for f in &frames {
+            for n in 0..=f.len().min(16) {
+                all.push(f[..n].to_vec());
+            }
+            for i in 0..f.len().min(12) {
+                let mut g = f.clone();
+                g[i] ^= 0x01;
+                all.push(g);
+            }
+            all.push(f.clone());
+        }
+        let mut shorts = 0;
+        for f in &all {
+            let short = decode_short_whole(f);
+            assert_eq!(short, short_whole_by_decode_data(f), "frame {f:?}");
+            shorts += usize::from(short.is_some());
+        }
+        assert!(
+            shorts >= 3,
+            "the whole messages without an immediate decode"
+        );
+    }
 
     fn token() -> MrToken {
         MrToken {

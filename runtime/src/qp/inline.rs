@@ -313,9 +313,18 @@ impl QueuePair {
             }
         }
         let entries = if signal { 1 + unsig } else { 0 };
-        let mut wr = SendWr {
+        let wr = SendWr {
             wr_id: wr_id::encode_inline(core.reg_key.get(), entries, false),
-            sg_list: SgList::new(),
+            // Built whole, not pushed into (a call per send).
+            sg_list: if data.is_empty() {
+                SgList::new()
+            } else {
+                SgList::from_buf([Sge {
+                    addr: data.as_ptr() as u64,
+                    length: data.len() as u32,
+                    lkey: 0,
+                }])
+            },
             op: match (dest, imm) {
                 (Some(dest), imm) => SendOp::SendTo { dest, imm },
                 (None, Some(imm)) => SendOp::SendWithImm { imm },
@@ -327,13 +336,6 @@ impl QueuePair {
                 SendFlags::INLINE
             },
         };
-        if !data.is_empty() {
-            wr.sg_list.push(Sge {
-                addr: data.as_ptr() as u64,
-                length: data.len() as u32,
-                lkey: 0,
-            });
-        }
         // SAFETY: one INLINE WR whose only SGE is `data` (length checked
         // against max_inline_data, so it fits u32): borrowed shared, so
         // readable and unwritten for this whole call, during which the
@@ -498,7 +500,12 @@ impl SendInline<'_> {
             return None;
         }
         self.done = true;
-        Some(qp.post_inline_now(self.data, self.imm, self.dest))
+        // Each outcome built in place: the usual one a tag, not a copy of
+        // the whole (large) error type's room.
+        match qp.post_inline_now(self.data, self.imm, self.dest) {
+            Ok(()) => Some(Ok(())),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// Everything but [`try_post_now`](Self::try_post_now): errors, waits
