@@ -700,30 +700,7 @@ mod tests {
             let mut cx = Context::from_waker(&waker);
             assert!(rx.poll_recv(&mut cx, 64, &mut |_| {}).is_pending());
             for i in 0..PACKETS {
-                let before = wakes();
-                let mut batch = TxBatch::default();
-                let h = Header {
-                    req_num: i,
-                    payload_len: 8,
-                    msg_len: 8,
-                    pkt_count: 1,
-                    ..Header::new(PacketKind::Request)
-                };
-                batch.push(&peer, &h, &i.to_le_bytes());
-                tx.send(&batch).unwrap();
-                // The runtime's turns deliver the packet; its arrival
-                // wakes the receiver.
-                let arrived = std::future::poll_fn(|cx| {
-                    if wakes() > before {
-                        Poll::Ready(())
-                    } else {
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                });
-                timeout(Duration::from_secs(10), arrived)
-                    .await
-                    .unwrap_or_else(|_| panic!("packet {i} never woke the receiver"));
+                send_one_and_await_wake(&mut tx, &peer, i, &wakes).await;
                 let mut got = Vec::new();
                 let polled = rx.poll_recv(&mut cx, 64, &mut |p| {
                     got.push(Header::decode(p).expect("a header").0.req_num)
@@ -735,6 +712,39 @@ mod tests {
         });
         // Its receive's completion; the sends' go unsignaled (20 of 64).
         assert_eq!(rt.stats().completions - completions, PACKETS);
+    }
+
+    /// Sends request packet `i` (8 bytes) from `tx` to `peer` and waits,
+    /// at most 10 s, until the runtime's turns deliver it and its arrival
+    /// wakes the receiver (`wakes` grows).
+    async fn send_one_and_await_wake(
+        tx: &mut UdTransport,
+        peer: &<UdTransport as Transport>::Peer,
+        i: u64,
+        wakes: &impl Fn() -> usize,
+    ) {
+        let before = wakes();
+        let mut batch = TxBatch::default();
+        let h = Header {
+            req_num: i,
+            payload_len: 8,
+            msg_len: 8,
+            pkt_count: 1,
+            ..Header::new(PacketKind::Request)
+        };
+        batch.push(peer, &h, &i.to_le_bytes());
+        tx.send(&batch).unwrap();
+        let arrived = std::future::poll_fn(|cx| {
+            if wakes() > before {
+                Poll::Ready(())
+            } else {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        });
+        timeout(Duration::from_secs(10), arrived)
+            .await
+            .unwrap_or_else(|_| panic!("packet {i} never woke the receiver"));
     }
 
     /// One packet at a time, as a call and its response go: receiving
@@ -779,28 +789,7 @@ mod tests {
             };
             assert!(poll(&mut rx, &mut Vec::new()).is_pending());
             for i in 0..PACKETS {
-                let before = wakes();
-                let mut batch = TxBatch::default();
-                let h = Header {
-                    req_num: i,
-                    payload_len: 8,
-                    msg_len: 8,
-                    pkt_count: 1,
-                    ..Header::new(PacketKind::Request)
-                };
-                batch.push(&peer, &h, &i.to_le_bytes());
-                tx.send(&batch).unwrap();
-                let arrived = std::future::poll_fn(|cx| {
-                    if wakes() > before {
-                        Poll::Ready(())
-                    } else {
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                });
-                timeout(Duration::from_secs(10), arrived)
-                    .await
-                    .unwrap_or_else(|_| panic!("packet {i} never woke the receiver"));
+                send_one_and_await_wake(&mut tx, &peer, i, &wakes).await;
                 let mut got = Vec::new();
                 assert!(
                     matches!(poll(&mut rx, &mut got), Poll::Ready(Ok(1))),

@@ -388,10 +388,8 @@ fn written_requests_are_handed_to_the_handler_without_a_copy() {
 /// the client keeps it unexposed once its WRITE completed (the server has
 /// it), so a call registers its request and the room offered for its
 /// response, no more; the server its response (the WRITE's source) and
-/// the room for the slot's next request. (Before: the client exposed
-/// each written request again for READ once its WRITE completed, in case
-/// of a resend: 3 registrations per call.) And its start pumps no slots
-/// (before: a pump per call, which found nothing to send).
+/// the room for the slot's next request. And its start pumps no slots
+/// (its WRITE took the one credit; nothing else waits to be sent).
 #[test]
 fn a_written_call_registers_its_request_once() {
     let rt = Runtime::new().unwrap();
@@ -422,7 +420,7 @@ fn a_written_call_registers_its_request_once() {
             "registrations of the client and the server in 10 written calls"
         );
         // A written call's start sends nothing else: no pump over the
-        // session's slots (before: one per call).
+        // session's slots.
         assert_eq!(
             cli.work_counts().pumps - pumps,
             0,
