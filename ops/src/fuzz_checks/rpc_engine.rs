@@ -13,8 +13,8 @@
 use std::task::{Context, Waker};
 
 use super::{LenField, Seed};
-use crate::rpc::client::Req;
-use crate::rpc::core::Core;
+use crate::rpc::engine::client_calls::Req;
+use crate::rpc::engine::Core;
 use crate::rpc::header::{BulkDesc, Header, PacketKind, Status, HEADER_LEN, PAYLOAD_LEN_OFFSET};
 use crate::rpc::mem::MemNetwork;
 use crate::rpc::session::{Link, LinkStep, Role, Session, SessionState};

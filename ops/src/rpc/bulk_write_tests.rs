@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::future::{join, select, Either};
 use verbio_runtime::Runtime;
 
-use super::bulk_write::{encode_imm, RESP_TRAILER};
+use super::engine::write_format::{encode_imm, RESP_TRAILER};
 use super::header::{BulkDesc, Header, PacketKind, HEADER_LEN};
 use super::mem::{MemNetwork, MemTransport};
 use super::tests::{answer, config, request, server, wait_for, ECHO};

@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::buf::MsgBuf;
-use super::client::Req;
-use super::endpoint::Engine;
+use super::dispatcher::Engine;
+use super::engine::client_calls::Req;
 use super::error::RpcError;
 use super::transport::Transport;
 

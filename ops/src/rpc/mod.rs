@@ -93,29 +93,23 @@
 //! (larger ones). [`Rpc::memory`] reports the gauges. A bad packet is
 //! dropped and counted, never failing the session or the endpoint.
 mod addr;
-mod admission;
 mod budget;
 mod buf;
-mod bulk;
-mod bulk_write;
 mod call;
-pub(crate) mod client;
 mod config;
-pub(crate) mod core;
+mod dispatcher;
 mod endpoint;
+pub(crate) mod engine;
 mod error;
 pub mod header;
 mod id_map;
-mod idle;
-mod link_send;
 pub mod mem;
 pub(crate) mod mem_bulk;
+mod request;
 mod rtt;
 mod runner;
-mod server;
 pub(crate) mod session;
 mod table;
-mod timer;
 mod transport;
 pub mod ud;
 mod ud_bulk;
@@ -126,9 +120,10 @@ pub use config::{
     RpcConfig, DEFAULT_READ_THRESHOLD, DEFAULT_REQUEST_MEMORY, DEFAULT_RESPONSE_WINDOW,
     DEFAULT_SESSION_CREDITS, DEFAULT_SESSION_IDLE_TIMEOUT,
 };
-pub use core::{RpcMemory, RpcStats};
-pub use endpoint::{Request, Rpc};
+pub use endpoint::Rpc;
+pub use engine::{RpcMemory, RpcStats};
 pub use error::{RpcError, SessionId};
+pub use request::Request;
 pub use session::SESSION_SLOTS;
 pub use transport::{Bulk, BulkDone, LinkPacket, Transport, TransportError, TxBatch};
 

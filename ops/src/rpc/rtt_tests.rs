@@ -97,7 +97,7 @@ fn a_slow_but_sure_server_gets_few_resends_once_learned() {
 /// bytes, one per `rto`'s worth of bytes at the floor rate, rounded up.
 #[test]
 fn a_transfer_extends_the_bound_by_its_bytes_at_the_floor_rate() {
-    use super::timer::{extra_retries, TRANSFER_FLOOR_RATE};
+    use super::engine::resend::{extra_retries, TRANSFER_FLOOR_RATE};
     use std::time::Duration;
     let rto = Duration::from_millis(20);
     let per_rto = (TRANSFER_FLOOR_RATE / 50) as usize;

@@ -12,10 +12,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::buf::MsgBuf;
-use super::endpoint::Request;
+use super::request::Request;
 
 /// The request a handler future works on: its session, slot and request
-/// number (what [`Core::respond`](super::core::Core::respond) needs).
+/// number (what [`Core::respond`](super::engine::Core::respond) needs).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct JobId {
     pub(crate) session: u32,

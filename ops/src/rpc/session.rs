@@ -454,7 +454,7 @@ pub(crate) struct Session<P> {
     /// then do credits that come back need a pump; `client.rs`).
     pub(crate) starved: bool,
     /// Server: the key of the connect that made it.
-    pub(crate) connect_key: Option<super::core::ConnectKey>,
+    pub(crate) connect_key: Option<ConnectKey>,
     /// Client: what its connect packets carry as their request number,
     /// unique among this endpoint's connects (the server tells connects
     /// apart by it even when a session number is reused).
@@ -551,3 +551,7 @@ impl<P> Session<P> {
         }
     }
 }
+
+/// What identifies a client's session at the server: its address, its
+/// session number and its incarnation number.
+pub(crate) type ConnectKey = (Vec<u8>, u32, u64);

@@ -4,7 +4,7 @@
 //! clients that never use their grants and raw peers that misuse them.
 
 use super::bulk_tests::RawPeer;
-use super::bulk_write::{
+use super::engine::write_format::{
     encode_imm, encode_trailer, RESP_TRAILER, WRITE_TRAILER, WRITTEN_REQUEST_MAX,
 };
 use super::header::{BulkDesc, Header, PacketKind, HEADER_LEN};

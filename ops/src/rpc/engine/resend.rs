@@ -4,11 +4,12 @@
 
 use tracing::debug;
 
-use super::bulk::link_tick;
-use super::client::{complete, send_client_packet};
-use super::core::Core;
-use super::error::{RpcError, SessionId};
-use super::session::{CallState, Role, SessionState, SESSION_SLOTS};
+use crate::rpc::session::{CallState, Role, SessionState, SESSION_SLOTS};
+
+use super::call_end::fail_session;
+use super::links::link_tick;
+use super::packets::send_client_packet;
+use super::Core;
 
 /// Timer ticks per retransmission timeout: a slot is resent after 3 to 4
 /// ticks without progress, between `rto` and `4/3 rto`.
@@ -141,7 +142,7 @@ impl<P: Clone> Core<P> {
                             fail_session(s, sid, i, req_num, retries);
                             // Its link and what it exposed go now, not at
                             // its disconnect.
-                            super::bulk::release_bulk(
+                            super::release::release_bulk(
                                 &mut self.bulk,
                                 &mut self.requests_exposed,
                                 &self.pool,
@@ -151,7 +152,7 @@ impl<P: Clone> Core<P> {
                         }
                         slot.retries += 1;
                         slot.progress = now;
-                        if !super::bulk_write::expose_written(
+                        if !super::release::expose_written(
                             &mut self.bulk,
                             &mut self.requests_exposed,
                             slot,
@@ -205,33 +206,4 @@ impl<P: Clone> Core<P> {
         }
         busy
     }
-}
-
-/// The peer stopped answering request `req_num` in slot `failed`: that call
-/// fails with a timeout, the session's other calls with `SessionFailed`.
-fn fail_session<P>(
-    s: &mut super::session::Session<P>,
-    sid: u32,
-    failed: usize,
-    req_num: u64,
-    retries: u32,
-) {
-    let session = SessionId(sid);
-    s.state = SessionState::Failed;
-    for i in 0..SESSION_SLOTS {
-        if !matches!(s.client[i].state, CallState::Active) {
-            continue;
-        }
-        let e = if i == failed {
-            RpcError::Timeout {
-                session,
-                req_num,
-                retries,
-            }
-        } else {
-            RpcError::SessionFailed { session }
-        };
-        complete(s, i, Err(e));
-    }
-    s.wake_all();
 }

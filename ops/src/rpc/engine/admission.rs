@@ -10,11 +10,12 @@
 
 use tracing::{debug, warn};
 
-use super::core::{ConnectRequest, Core};
-use super::header::{Header, PacketKind, HEADER_LEN};
+use crate::rpc::header::{Header, PacketKind, HEADER_LEN};
+use crate::rpc::session::{Role, Session, SessionState};
+use crate::rpc::transport::TransportError;
+
 use super::idle::keepalive_interval_ms;
-use super::session::{Role, Session, SessionState};
-use super::transport::TransportError;
+use super::{ConnectRequest, Core};
 
 impl<P: Clone> Core<P> {
     /// Answers the connect packets received: a connect seen before finds

@@ -1,23 +1,78 @@
-//! The engine's state and packet dispatch; the client and server halves
-//! live in `client.rs` and `server.rs`, the timer in `timer.rs`.
+//! The engine: everything of an endpoint but its transport and its tasks,
+//! as `Core`, driven by the dispatcher and timer tasks (`dispatcher.rs`).
+//! No I/O here: received packets come in, packets to send go out in
+//! `Core::tx`.
+//!
+//! `Core`'s methods are spread over one file per job, lowest first; a
+//! file uses only files listed before it (`scripts/check-layers.py`):
+//!
+//! * `packets.rs`: the packets built from a session's and slot's state
+//!   (client packets, credit returns, responses), for every job that
+//!   sends them.
+//! * `call_end.rs`: a client call ends (its credits given back, its
+//!   caller woken) and its slot is freed.
+//! * `write_format.rs`: the immediate and the trailers of a WRITE with
+//!   immediate, and the room sizes both sides agree on.
+//! * `release.rs`: what a link, a session or a slot gives back that the
+//!   peer could reach (links, exposed buffers, granted room).
+//! * `paths.rs`: which way a message goes: datagrams, one SEND over the
+//!   session's link, or READ and WRITE.
+//! * `receive.rs`: a received packet handed to its job.
+//! * `sessions.rs`: sessions opened, connected, closed.
+//! * `idle.rs`: idle server sessions closed, client sessions kept alive.
+//! * `admission.rs`: the server's connects admitted or refused.
+//! * `links.rs`: a session's RC link set up.
+//! * `link_send.rs`: mid-size messages as one SEND over the link.
+//! * `client_calls.rs`: calls started, their request packets sent under
+//!   the session's credits, their results taken.
+//! * `client_answers.rs`: credit returns and responses taken.
+//! * `server_requests.rs`: request packets taken, reassembled, duplicates
+//!   answered, credit returns sent.
+//! * `handlers.rs`: requests handed to handlers, their responses sent.
+//! * `read_path.rs`: large messages by RDMA READ.
+//! * `bulk_completions.rs`: the large-message path's completions taken.
+//! * `written_responses.rs`: large responses by RDMA WRITE with immediate.
+//! * `written_requests.rs`: large requests by WRITE into granted room.
+//! * `resend.rs`: retransmission, and sessions failed whose peer stopped
+//!   answering.
+
+pub(crate) mod admission;
+pub(crate) mod bulk_completions;
+pub(crate) mod call_end;
+pub(crate) mod client_answers;
+pub(crate) mod client_calls;
+pub(crate) mod handlers;
+pub(crate) mod idle;
+pub(crate) mod link_send;
+pub(crate) mod links;
+pub(crate) mod packets;
+pub(crate) mod paths;
+pub(crate) mod read_path;
+pub(crate) mod receive;
+pub(crate) mod release;
+pub(crate) mod resend;
+pub(crate) mod server_requests;
+pub(crate) mod sessions;
+pub(crate) mod write_format;
+pub(crate) mod written_requests;
+pub(crate) mod written_responses;
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::{Rc, Weak};
 use std::task::Waker;
 
-use tracing::trace;
 use verbio_runtime::Sleep;
 
-use super::budget::{Budget, Charge};
-use super::buf::BufPool;
-use super::config::RpcConfig;
-use super::endpoint::Request;
-use super::header::{Header, PacketKind, HEADER_LEN};
-use super::id_map::IdMap;
-use super::runner::{JobId, Runner};
-use super::session::{Role, Session, SessionState};
-use super::table::SessionTable;
-use super::transport::TxBatch;
+use crate::rpc::budget::{Budget, Charge};
+use crate::rpc::buf::BufPool;
+use crate::rpc::config::RpcConfig;
+use crate::rpc::header::Header;
+use crate::rpc::id_map::IdMap;
+use crate::rpc::request::Request;
+use crate::rpc::runner::{JobId, Runner};
+use crate::rpc::session::ConnectKey;
+use crate::rpc::table::SessionTable;
+use crate::rpc::transport::TxBatch;
 
 /// Counters of an endpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,14 +98,14 @@ pub struct RpcStats {
     pub handler_panics: u64,
     /// Calls that failed because the peer stopped answering.
     pub timeouts: u64,
-    /// Server sessions closed after [`RpcConfig::session_idle_timeout`](super::RpcConfig::session_idle_timeout)
+    /// Server sessions closed after [`RpcConfig::session_idle_timeout`](crate::rpc::RpcConfig::session_idle_timeout)
     /// without a packet from their client.
     pub sessions_expired: u64,
-    /// Connects refused: [`RpcConfig::max_server_sessions`](super::RpcConfig::max_server_sessions)
-    /// or [`RpcConfig::max_sessions_per_peer`](super::RpcConfig::max_sessions_per_peer)
+    /// Connects refused: [`RpcConfig::max_server_sessions`](crate::rpc::RpcConfig::max_server_sessions)
+    /// or [`RpcConfig::max_sessions_per_peer`](crate::rpc::RpcConfig::max_sessions_per_peer)
     /// reached.
     pub connects_refused: u64,
-    /// Request packets dropped because [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
+    /// Request packets dropped because [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory)
     /// was spent (their clients send them again).
     pub budget_drops: u64,
     /// Requests whose packets stopped arriving for an idle timeout,
@@ -60,10 +115,10 @@ pub struct RpcStats {
     /// the call paused and sent its request again after a timeout.
     pub busy_pauses: u64,
     /// Client: keepalive pings sent (see
-    /// [`RpcConfig::session_keepalive`](super::RpcConfig::session_keepalive)).
+    /// [`RpcConfig::session_keepalive`](crate::rpc::RpcConfig::session_keepalive)).
     pub pings_sent: u64,
     /// Messages received by RDMA READ (requests at a server, responses at
-    /// a client; see [`RpcConfig::read_threshold`](super::RpcConfig::read_threshold)).
+    /// a client; see [`RpcConfig::read_threshold`](crate::rpc::RpcConfig::read_threshold)).
     pub bulk_reads: u64,
     /// READs that failed (a bad descriptor, or a link that broke): the
     /// request or call failed and the session's link was closed.
@@ -79,10 +134,10 @@ pub struct RpcStats {
     pub bulk_write_failures: u64,
     /// Large requests moved by RDMA WRITE with immediate into room the
     /// server granted (written at a client, received at a server; see
-    /// [`RpcConfig::read_threshold`](super::RpcConfig::read_threshold)).
+    /// [`RpcConfig::read_threshold`](crate::rpc::RpcConfig::read_threshold)).
     pub bulk_request_writes: u64,
     /// Client: large requests the server could not READ because its end
-    /// of the link was gone (answered [`Status::ReadFailed`](super::header::Status::ReadFailed),
+    /// of the link was gone (answered [`Status::ReadFailed`](crate::rpc::header::Status::ReadFailed),
     /// no handler ran), sent again over a new link instead of failing.
     pub bulk_relinks: u64,
     /// Packets sent over a session's RC link by SEND (a message larger
@@ -99,7 +154,7 @@ pub struct RpcStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RpcMemory {
     /// Bytes of requests held (being received, or given to a handler that
-    /// still has them), charged to [`RpcConfig::request_memory`](super::RpcConfig::request_memory).
+    /// still has them), charged to [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory).
     pub request_bytes: usize,
     /// The most `request_bytes` has been.
     pub request_bytes_peak: usize,
@@ -107,20 +162,20 @@ pub struct RpcMemory {
     /// largest request).
     pub request_budget: usize,
     /// Bytes of buffers kept for reuse by the message pool (at most
-    /// [`POOL_MAX_BYTES`](super::POOL_MAX_BYTES) of buffers up to 1 MiB
-    /// plus [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
+    /// [`POOL_MAX_BYTES`](crate::rpc::POOL_MAX_BYTES) of buffers up to 1 MiB
+    /// plus [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory)
     /// of larger ones).
     pub pooled_bytes: usize,
     /// Bytes of the receive buffers kept posted for packets over RC links
     /// (`link_send.rs`: one pool for all the links, made with the first),
-    /// charged to [`RpcConfig::request_memory`](super::RpcConfig::request_memory)
+    /// charged to [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory)
     /// besides `request_bytes`.
     pub link_recv_bytes: usize,
     /// Bytes of the room a server granted clients for their next large
     /// requests (`bulk_write.rs`, "Requests written"): held per slot
     /// until written into or the link closes, and bounded apart from
     /// `request_bytes` by half of
-    /// [`RpcConfig::request_memory`](super::RpcConfig::request_memory).
+    /// [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory).
     pub granted_bytes: usize,
     /// Server sessions open.
     pub server_sessions: usize,
@@ -157,8 +212,8 @@ pub(crate) struct Start {
     pub(crate) runner: StartRunner,
 }
 
-/// A handler run inside the dispatcher ([`Rpc::register_inline`](super::Rpc::register_inline)).
-pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> super::MsgBuf>;
+/// A handler run inside the dispatcher ([`Rpc::register_inline`](crate::rpc::Rpc::register_inline)).
+pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> crate::rpc::MsgBuf>;
 
 /// The queue of one request type's handler tasks (or its inline handler).
 #[derive(Default)]
@@ -170,10 +225,6 @@ pub(crate) struct HandlerQueue {
     /// Run by the dispatcher as each request completes, no task.
     pub(crate) inline: Option<InlineHandler>,
 }
-
-/// What identifies a client's session at the server: its address, its
-/// session number and its incarnation number.
-pub(crate) type ConnectKey = (Vec<u8>, u32, u64);
 
 /// A connect packet waiting for the transport to resolve its address.
 pub(crate) struct ConnectRequest {
@@ -200,7 +251,7 @@ pub(crate) struct Core<P> {
     /// Client sessions to pump at the end of this receive batch (`client.rs`).
     pub(crate) pumps: Vec<u32>,
     /// Credit returns owed for this receive batch (`server.rs`).
-    pub(crate) acks: Vec<super::server::PendingAck>,
+    pub(crate) acks: Vec<packets::PendingAck>,
     pub(crate) pool: BufPool,
     pub(crate) handlers: Vec<Option<HandlerQueue>>,
     /// Requests to start in idle handler tasks' slots at the end of this
@@ -245,7 +296,7 @@ pub(crate) struct Core<P> {
     /// sweep and the keepalive run there, off the dispatcher's path.
     pub(crate) ticker: Option<Waker>,
     /// The transport's large-message path (`bulk.rs`), if it has one.
-    pub(crate) bulk: Option<Box<dyn super::transport::Bulk>>,
+    pub(crate) bulk: Option<Box<dyn crate::rpc::transport::Bulk>>,
     /// READs under way, by token.
     pub(crate) reads: IdMap<u64, ReadTarget>,
     /// The next READ's token.
@@ -255,7 +306,7 @@ pub(crate) struct Core<P> {
     /// Client sessions to ask for a link at the end of this receive batch.
     pub(crate) links_wanted: Vec<u32>,
     /// READs finished, taken from the transport (reused).
-    pub(crate) bulk_done: Vec<super::transport::BulkDone>,
+    pub(crate) bulk_done: Vec<crate::rpc::transport::BulkDone>,
     /// Server: WRITEs of responses under way, by token (`bulk_write.rs`).
     pub(crate) writes: IdMap<u64, ReadTarget>,
     /// Client: WRITEs with immediate received, taken from the transport
@@ -272,7 +323,7 @@ pub(crate) struct Core<P> {
     pub(crate) link_recv_charge: Charge,
     pub(crate) link_recv_bytes: usize,
     /// Packets taken from the links, and links broken (reused).
-    pub(crate) link_rx: Vec<(u64, super::transport::LinkPacket)>,
+    pub(crate) link_rx: Vec<(u64, crate::rpc::transport::LinkPacket)>,
     pub(crate) links_broken: Vec<u64>,
     /// Work counted for tests that bound it.
     #[cfg(test)]
@@ -367,13 +418,6 @@ impl<P: Clone> Core<P> {
         }
     }
 
-    /// Opens `session`; its number, or `None` if the table is full.
-    pub(crate) fn add_session(&mut self, session: Session<P>) -> Option<u32> {
-        let sid = self.sessions.insert(session)?;
-        self.open_sessions += 1;
-        Some(sid)
-    }
-
     /// What the endpoint holds now.
     pub(crate) fn memory(&self) -> RpcMemory {
         RpcMemory {
@@ -385,160 +429,6 @@ impl<P: Clone> Core<P> {
             pooled_bytes: self.pool.bytes(),
             server_sessions: self.server_sessions,
             sessions: self.open_sessions,
-        }
-    }
-
-    /// The open session `h` is addressed to (see [`open_session`]).
-    pub(crate) fn session_for(&mut self, h: &Header, role: Role) -> Option<&mut Session<P>> {
-        open_session(&mut self.sessions, &mut self.stats, h, role)
-    }
-
-    /// Handles one received packet. Inline: into the receive loop's
-    /// closure, its one caller on the hot path (a call level per packet).
-    #[inline]
-    pub(crate) fn on_packet(&mut self, packet: &[u8]) {
-        self.stats.packets_received += 1;
-        let (h, payload) = match Header::decode(packet) {
-            Ok(v) => v,
-            Err(error) => {
-                self.stats.malformed_packets += 1;
-                trace!(%error, "rpc: malformed packet dropped");
-                return;
-            }
-        };
-        match h.kind {
-            PacketKind::Request => self.on_request(&h, payload),
-            PacketKind::RequestForResponse => self.on_request_for_response(&h),
-            PacketKind::CreditReturn => self.on_credit_return(&h),
-            PacketKind::Response => self.on_response(&h, payload),
-            PacketKind::Connect => self.connect_requests.push(ConnectRequest {
-                header: h,
-                addr: payload.to_vec(),
-            }),
-            PacketKind::ConnectAck => self.on_connect_ack(&h),
-            PacketKind::BulkConnect => self.on_bulk_connect(&h, payload),
-            PacketKind::BulkConnectAck => self.on_bulk_connect_ack(&h, payload),
-            PacketKind::ReadRequest => self.on_read_request(&h, payload),
-            PacketKind::ReadResponse => self.on_read_response(&h, payload),
-            PacketKind::Offer => self.on_offer(&h, payload),
-            PacketKind::Ping => {
-                // Seen: the session's idle count starts again (`idle.rs`).
-                let _ = self.session_for(&h, Role::Server);
-            }
-            PacketKind::Disconnect => {
-                let from_peer = matches!(
-                    self.sessions.get(h.dest_session),
-                    Some(s) if s.remote == h.src_session
-                );
-                if from_peer {
-                    self.close_session(h.dest_session);
-                } else {
-                    self.stats.stale_packets += 1;
-                }
-            }
-        }
-    }
-
-    /// Client: the server opened the session.
-    fn on_connect_ack(&mut self, h: &Header) {
-        let max_packet = self.max_packet;
-        let Some(s) = self.sessions.get_mut(h.dest_session) else {
-            self.stats.stale_packets += 1;
-            return;
-        };
-        if s.role != Role::Client || !matches!(s.state, SessionState::Connecting { .. }) {
-            self.stats.stale_packets += 1;
-            return;
-        }
-        if h.msg_len as usize > max_packet || h.req_num != s.connect_id {
-            self.stats.malformed_packets += 1;
-            return;
-        }
-        s.remote = h.src_session;
-        s.max_payload = h.msg_len as usize - HEADER_LEN;
-        s.response_window = usize::from(h.pkt_count).max(1);
-        s.state = SessionState::Connected;
-        if let Some(w) = s.connect_waker.take() {
-            w.wake();
-        }
-        if self.config.session_keepalive && h.pkt_idx > 0 {
-            self.keep_alive(h.dest_session, h.pkt_idx);
-        }
-    }
-
-    /// Client: sends the connect packet of session `sid`.
-    pub(crate) fn send_connect(&mut self, sid: u32) {
-        if let Some(s) = self.sessions.get(sid) {
-            let h = Header {
-                src_session: sid,
-                req_num: s.connect_id,
-                msg_len: self.max_packet as u32,
-                payload_len: self.local_addr.len() as u16,
-                ..Header::new(PacketKind::Connect)
-            };
-            self.tx.push(&s.peer, &h, &self.local_addr);
-        }
-    }
-
-    /// Ends session `sid`: its calls fail with `SessionClosed`.
-    pub(crate) fn close_session(&mut self, sid: u32) {
-        let Some(mut s) = self.sessions.take(sid) else {
-            return;
-        };
-        self.open_sessions -= 1;
-        if let Some(key) = s.connect_key.take() {
-            self.connects.remove(&key);
-            if let Some(n) = self.peer_sessions.get_mut(&key.0) {
-                *n -= 1;
-                if *n == 0 {
-                    self.peer_sessions.remove(&key.0);
-                }
-            }
-        }
-        if s.role == Role::Server {
-            self.server_sessions -= 1;
-        }
-        self.release_session(&mut s);
-        s.wake_all();
-    }
-
-    /// Client: sends a disconnect for session `sid` and closes it.
-    pub(crate) fn disconnect(&mut self, sid: u32) {
-        if let Some(s) = self.sessions.get(sid) {
-            if matches!(s.state, SessionState::Connected) {
-                let h = Header {
-                    dest_session: s.remote,
-                    src_session: sid,
-                    ..Header::new(PacketKind::Disconnect)
-                };
-                self.tx.push(&s.peer, &h, &[]);
-            }
-        }
-        self.close_session(sid);
-    }
-}
-
-/// The open session `h` is addressed to, if it has `role` and its peer is
-/// `h`'s sender; else counts a stale packet.
-pub(crate) fn open_session<'a, P>(
-    sessions: &'a mut SessionTable<P>,
-    stats: &mut RpcStats,
-    h: &Header,
-    role: Role,
-) -> Option<&'a mut Session<P>> {
-    match sessions.get_mut(h.dest_session) {
-        Some(s)
-            if s.role == role
-                && matches!(s.state, SessionState::Connected)
-                && s.remote == h.src_session =>
-        {
-            s.idle_sweeps = 0;
-            Some(s)
-        }
-        _ => {
-            stats.stale_packets += 1;
-            trace!(?h, "rpc: packet for no open session dropped");
-            None
         }
     }
 }

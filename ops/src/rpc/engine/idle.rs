@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
-use super::core::Core;
-use super::header::{Header, PacketKind};
-use super::session::{Role, ServeState, SessionState};
+use crate::rpc::header::{Header, PacketKind};
+use crate::rpc::session::{Role, ServeState, SessionState};
+
+use super::Core;
 
 /// Sweeps per idle timeout: a session is closed after more than this many
 /// sweeps without a packet, so after between the timeout and a quarter
@@ -107,9 +108,7 @@ impl<P: Clone> Core<P> {
         }
         self.server_sessions > 0
     }
-}
 
-impl<P: Clone> Core<P> {
     /// Client: session `sid` pings its server every `interval_ms`
     /// milliseconds from now on (the keepalive timer runs at the shortest
     /// interval of all).

@@ -39,27 +39,11 @@ use std::task::Context;
 
 use tracing::trace;
 
-use super::core::{Core, RpcStats};
-use super::header::{packets_for, Header, PacketKind, HEADER_LEN};
-use super::session::Role;
-use super::transport::Bulk;
+use crate::rpc::header::{packets_for, Header, PacketKind, HEADER_LEN};
+use crate::rpc::session::Role;
+use crate::rpc::transport::Bulk;
 
-/// Whether a message of `len` bytes (in `n` packets) goes over the
-/// session's link `ready` (its [`Session::link_ready`]) by SEND: larger
-/// than one packet, below the READ threshold, fitting the link's packet;
-/// returns the link.
-pub(crate) fn link_for(
-    ready: Option<u64>,
-    n: usize,
-    len: usize,
-    read_threshold: usize,
-    max_link_packet: usize,
-) -> Option<u64> {
-    if n < 2 || len >= read_threshold || HEADER_LEN + len > max_link_packet {
-        return None;
-    }
-    ready
-}
+use super::{Core, RpcStats};
 
 /// Sends `head` and `payload` (a whole message) over `link`: whether it
 /// went (else it goes in datagrams, and the link, which failed, is closed
@@ -91,11 +75,6 @@ pub(crate) fn send_whole(
 }
 
 impl<P: Clone> Core<P> {
-    /// The largest packet the links carry (0: none).
-    pub(crate) fn max_link_packet(&self) -> usize {
-        self.bulk.as_ref().map_or(0, |b| b.max_link_packet())
-    }
-
     /// Client: the mid-size call of slot `i` waits while session `sid`'s
     /// link is set up (`link_settled` sends it then, over the link or, if
     /// the link was given up, in packets): a window of such calls at a
@@ -155,7 +134,7 @@ impl<P: Clone> Core<P> {
                 continue;
             };
             if s.link.as_ref().is_some_and(|l| l.local == link) {
-                super::bulk::close_link(&mut self.bulk, s);
+                super::release::close_link(&mut self.bulk, s);
                 return;
             }
         }

@@ -31,355 +31,22 @@
 //!   and the server answers with the read response again: a server that
 //!   vanished fails the call within the session's retry bound.
 
-use std::task::Context;
-
 use tracing::debug;
 
-use super::bulk_write::{keep_spare, response_room, WRITE_TRAILER, WRITTEN_REQUEST_MAX};
-use super::client::complete;
-use super::core::{open_session, Core, ReadTarget};
-use super::error::{RpcError, SessionId};
-use super::header::{BulkDesc, Header, PacketKind, Status};
-use super::session::{CallState, Link, LinkStep, Role, ServeState, Session, SESSION_SLOTS};
-use super::transport::{Bulk, TransportError, TxBatch};
+use crate::rpc::error::{RpcError, SessionId};
+use crate::rpc::header::{BulkDesc, Header, PacketKind, Status};
+use crate::rpc::session::{CallState, Role, ServeState, SESSION_SLOTS};
+use crate::rpc::transport::TransportError;
 
-/// Whether a message of `len` bytes on a session of `max_payload`-byte
-/// packets goes by READ or WRITE ([`Core::is_bulk`]), for callers holding
-/// a session: `max_link_packet` is the transport's
-/// ([`Bulk::max_link_packet`]), `has_bulk` whether it has a large-message
-/// path.
-pub(crate) fn goes_bulk(
-    config: &super::config::RpcConfig,
-    max_link_packet: usize,
-    has_bulk: bool,
-    len: usize,
-    max_payload: usize,
-) -> bool {
-    if !has_bulk || config.read_threshold == usize::MAX {
-        return false;
-    }
-    if len >= config.read_threshold {
-        return true;
-    }
-    // Below the threshold, over the link by SEND when the session's
-    // credits and the response window cover the message's packets, and
-    // one link packet carries it (`link_send.rs`); else by READ or WRITE,
-    // not in datagrams.
-    let in_one_go = config.session_credits.min(config.response_window);
-    len > max_payload
-        && (len > max_link_packet.saturating_sub(super::header::HEADER_LEN)
-            || super::header::packets_for(len, max_payload) > in_one_go)
-}
-
-/// Sends the bulk connect of the client's current link step.
-fn send_bulk_connect<P: Clone>(tx: &mut TxBatch<P>, s: &Session<P>, sid: u32) {
-    let Some(l) = &s.link else {
-        return;
-    };
-    let h = Header {
-        dest_session: s.remote,
-        src_session: sid,
-        req_num: l.id,
-        pkt_idx: u16::from(l.step == LinkStep::Confirming),
-        payload_len: l.addr.len() as u16,
-        ..Header::new(PacketKind::BulkConnect)
-    };
-    tx.push(&s.peer, &h, &l.addr);
-}
-
-/// Closes the session's link (its READs under way end in error).
-pub(crate) fn close_link<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>) {
-    if let (Some(l), Some(bulk)) = (s.link.take(), bulk.as_mut()) {
-        bulk.close(l.local);
-        // Room granted over it goes with it (`bulk_write.rs`).
-        super::bulk_write::release_grants(bulk.as_mut(), s);
-    }
-}
-
-/// Closes the session's link if it is `link` (an operation over an older
-/// link, which the session replaced, failing later leaves the new one).
-pub(crate) fn close_link_if<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>, link: u64) {
-    if s.link.as_ref().is_some_and(|l| l.local == link) {
-        close_link(bulk, s);
-    }
-}
-
-/// Client timer: resends the link's current step after `rto`; after
-/// `max_retries` the session keeps to packets. Returns whether the link
-/// is still being set up (the timer stays armed).
-pub(crate) fn link_tick<P: Clone>(
-    bulk: &mut Option<Box<dyn Bulk>>,
-    tx: &mut TxBatch<P>,
-    s: &mut Session<P>,
-    sid: u32,
-    now: u64,
-    rto: u64,
-    max_retries: u32,
-) -> bool {
-    let Some(l) = &mut s.link else {
-        return false;
-    };
-    if !matches!(l.step, LinkStep::Opening | LinkStep::Confirming) {
-        return false;
-    }
-    if now - l.last < rto {
-        return true;
-    }
-    if l.retries >= max_retries {
-        debug!(
-            session = sid,
-            "rpc: the server did not open an RC link; large messages stay in packets"
-        );
-        close_link(bulk, s);
-        s.link_refused = true;
-        return false;
-    }
-    l.retries += 1;
-    l.last = now;
-    debug!(session = sid, retries = l.retries, step = ?l.step, "rpc: RC link step resent");
-    send_bulk_connect(tx, s, sid);
-    true
-}
+use super::call_end::complete;
+use super::paths::goes_bulk;
+use super::receive::open_session;
+use super::release::close_link;
+use super::release::close_link_if;
+use super::write_format::response_room;
+use super::{Core, ReadTarget};
 
 impl<P: Clone> Core<P> {
-    /// Whether messages of `len` bytes on a session of `max_payload`-byte
-    /// packets go by READ or WRITE (when a link is ready): from the READ
-    /// threshold on, and below it those larger than one link packet or
-    /// with more packets than the session's credits or the response
-    /// window cover (they would not go over the link in one go,
-    /// `link_send.rs`).
-    pub(crate) fn is_bulk(&self, len: usize, max_payload: usize) -> bool {
-        goes_bulk(
-            &self.config,
-            self.max_link_packet(),
-            self.bulk.is_some(),
-            len,
-            max_payload,
-        )
-    }
-
-    /// Client: asks for session `sid`'s RC link, unless it has one, asked
-    /// for one, or its server did not answer.
-    pub(crate) fn want_link(&mut self, sid: u32) {
-        let Some(bulk) = self.bulk.as_mut() else {
-            return;
-        };
-        let Some(s) = self.sessions.get_mut(sid) else {
-            return;
-        };
-        if s.role != Role::Client || s.link.is_some() || s.link_refused {
-            return;
-        }
-        // The session in the low bits (`bulk_write::link_session`).
-        let local = (self.next_link << 32) | u64::from(sid);
-        self.next_link += 1;
-        match bulk.open(local) {
-            Ok(addr) if addr.len() + super::header::HEADER_LEN <= self.max_packet => {
-                s.link = Some(Link {
-                    local,
-                    id: local,
-                    addr,
-                    step: LinkStep::Opening,
-                    retries: 0,
-                    last: self.now,
-                });
-                debug!(session = sid, "rpc: opening an RC link");
-                send_bulk_connect(&mut self.tx, s, sid);
-                self.want_timer();
-                self.link_opened();
-            }
-            Ok(_) => {
-                bulk.close(local);
-                s.link_refused = true;
-            }
-            Err(error) => {
-                debug!(%error, session = sid, "rpc: no RC link; large messages stay in packets");
-                s.link_refused = true;
-            }
-        }
-    }
-
-    /// Server: a bulk connect (open, or confirm).
-    pub(crate) fn on_bulk_connect(&mut self, h: &Header, payload: &[u8]) {
-        let sid = h.dest_session;
-        let willing = self.config.read_threshold != usize::MAX;
-        let Core {
-            bulk,
-            sessions,
-            stats,
-            tx,
-            next_link,
-            ..
-        } = self;
-        let mut opened = false;
-        let Some(s) = open_session(sessions, stats, h, Role::Server) else {
-            return;
-        };
-        if bulk.is_none() || !willing {
-            // No link here: the client keeps to packets after its retries.
-            stats.stale_packets += 1;
-            return;
-        }
-        match &mut s.link {
-            Some(l) if l.id == h.req_num => {
-                if h.pkt_idx == 1 {
-                    l.step = LinkStep::Ready;
-                }
-            }
-            _ if h.pkt_idx == 1 => {
-                // A confirmation of a link this side does not have.
-                stats.stale_packets += 1;
-                return;
-            }
-            _ => {
-                // A new link (the client's last one broke): replaces it.
-                close_link(bulk, s);
-                let Some(b) = bulk.as_mut() else {
-                    return;
-                };
-                // The session in the low bits, as a client's
-                // (`bulk_write::link_session`).
-                let local = (*next_link << 32) | u64::from(sid);
-                *next_link += 1;
-                let addr = match b.open(local) {
-                    Ok(addr) => addr,
-                    Err(error) => {
-                        debug!(%error, session = sid, "rpc: could not open an RC link");
-                        return;
-                    }
-                };
-                if let Err(error) = b.connect(local, payload) {
-                    stats.malformed_packets += 1;
-                    debug!(%error, session = sid, "rpc: bulk connect to an address that does not connect");
-                    b.close(local);
-                    return;
-                }
-                debug!(session = sid, "rpc: opened an RC link for a client");
-                s.link = Some(Link {
-                    local,
-                    id: h.req_num,
-                    addr,
-                    step: LinkStep::Offered,
-                    retries: 0,
-                    last: 0,
-                });
-                opened = true;
-            }
-        }
-        let Some(l) = &s.link else {
-            return;
-        };
-        let ack = Header {
-            dest_session: s.remote,
-            src_session: sid,
-            req_num: h.req_num,
-            pkt_idx: h.pkt_idx,
-            payload_len: l.addr.len() as u16,
-            ..Header::new(PacketKind::BulkConnectAck)
-        };
-        tx.push(&s.peer, &ack, &l.addr);
-        if opened {
-            self.link_opened();
-        }
-    }
-
-    /// Client: the answer to a bulk connect.
-    pub(crate) fn on_bulk_connect_ack(&mut self, h: &Header, payload: &[u8]) {
-        let sid = h.dest_session;
-        let now = self.now;
-        let Core {
-            bulk,
-            sessions,
-            stats,
-            tx,
-            ..
-        } = self;
-        let Some(s) = open_session(sessions, stats, h, Role::Client) else {
-            return;
-        };
-        let Some(l) = s.link.as_mut().filter(|l| l.id == h.req_num) else {
-            stats.stale_packets += 1;
-            return;
-        };
-        let settled = match (l.step, h.pkt_idx) {
-            (LinkStep::Opening, 0) => {
-                let local = l.local;
-                let connected = bulk
-                    .as_mut()
-                    .map(|b| b.connect(local, payload))
-                    .unwrap_or(Err(TransportError::BadAddress {
-                        len: payload.len(),
-                        reason: "no RC link here",
-                    }));
-                if let Err(error) = connected {
-                    stats.malformed_packets += 1;
-                    debug!(%error, session = sid, "rpc: the server's RC endpoint does not connect; large messages stay in packets");
-                    close_link(bulk, s);
-                    s.link_refused = true;
-                    true
-                } else {
-                    l.step = LinkStep::Confirming;
-                    l.retries = 0;
-                    l.last = now;
-                    send_bulk_connect(tx, s, sid);
-                    false
-                }
-            }
-            (LinkStep::Confirming, 1) => {
-                l.step = LinkStep::Ready;
-                true
-            }
-            _ => {
-                stats.stale_packets += 1;
-                false
-            }
-        };
-        if settled {
-            self.link_settled(sid);
-        }
-    }
-
-    /// Client: session `sid`'s link is ready or given up: the calls that
-    /// waited for it go, large ones by READ, mid-size ones by SEND over
-    /// the link (the pump), or (no link) streamed.
-    pub(crate) fn link_settled(&mut self, sid: u32) {
-        let now = self.now;
-        let Some(s) = self.sessions.get_mut(sid) else {
-            return;
-        };
-        debug!(
-            session = sid,
-            ready = s.link_ready().is_some(),
-            "rpc: RC link settled"
-        );
-        let mut waited = 0u32;
-        for (i, slot) in s.client.iter_mut().enumerate() {
-            if slot.awaits_link && matches!(slot.state, CallState::Active) {
-                slot.awaits_link = false;
-                slot.progress = now;
-                slot.retries = 0;
-                waited |= 1 << i;
-            }
-        }
-        if waited == 0 {
-            return;
-        }
-        let max_payload = s.max_payload;
-        while waited != 0 {
-            let i = waited.trailing_zeros() as usize;
-            waited &= waited - 1;
-            // A mid-size call that waited goes over the link by SEND
-            // (`link_send.rs`, the pump), not by READ.
-            let len = self.sessions.get(sid).map_or(0, |s| s.client[i].req.len());
-            if self.is_bulk(len, max_payload) && self.expose_request(sid, i) {
-                if let Some(s) = self.sessions.get_mut(sid) {
-                    s.client[i].n_req = 1;
-                }
-            }
-        }
-        self.defer_pump(sid);
-    }
-
     /// Starts a READ of `len` bytes at `desc` over `link` into a buffer of
     /// the pool, for `target`; its token, or the error.
     fn start_read(
@@ -450,9 +117,9 @@ impl<P: Clone> Core<P> {
             }
             // Charged before anything is read: a peer claiming large
             // requests gets no more memory than the budget.
-            let mut charge = super::budget::Charge::default();
+            let mut charge = crate::rpc::budget::Charge::default();
             if !self.budget.grow(&mut charge, msg_len, false) {
-                super::server::budget_drop(&mut self.stats, &self.budget, sid, h);
+                super::server_requests::budget_drop(&mut self.stats, &self.budget, sid, h);
                 let busy = Header {
                     status: Status::Busy,
                     dest_session: s.remote,
@@ -525,7 +192,7 @@ impl<P: Clone> Core<P> {
                 self.tx.push(&s.peer, &h, &[]);
             }
             ServeState::Responded => {
-                super::server::send_response(
+                super::packets::send_response(
                     &mut self.tx,
                     &s.peer,
                     s.remote,
@@ -590,7 +257,7 @@ impl<P: Clone> Core<P> {
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;
-        slot.n_req = super::header::packets_for(len, max_payload);
+        slot.n_req = crate::rpc::header::packets_for(len, max_payload);
         slot.relinked = true;
         slot.retries = 0;
         slot.progress = now;
@@ -603,15 +270,6 @@ impl<P: Clone> Core<P> {
         }
         self.defer_pump(sid);
         true
-    }
-
-    /// Gives an exposed response's buffer back to the pool.
-    pub(crate) fn release_exposed(&mut self, exposed: Option<(u64, BulkDesc, usize)>) {
-        if let (Some((token, _, _)), Some(bulk)) = (exposed, self.bulk.as_mut()) {
-            if let Some(buf) = bulk.unexpose(token) {
-                self.pool.put(buf);
-            }
-        }
     }
 
     /// A READ of slot `i` of session `sid` failed or could not start: the
@@ -713,52 +371,6 @@ impl<P: Clone> Core<P> {
                 }
             }
             Err(error) => self.read_failed(sid, i, Role::Client, link, error),
-        }
-    }
-
-    /// Whether the large-message path may have something to report: READs
-    /// or WRITEs under way, or requests exposed (a WRITE with immediate
-    /// may land in them).
-    pub(crate) fn bulk_busy(&self) -> bool {
-        !self.reads.is_empty() || !self.writes.is_empty() || self.requests_exposed > 0
-    }
-
-    /// Takes the READs and WRITEs that finished and the WRITEs with
-    /// immediate that landed; registers `cx` for the next.
-    pub(crate) fn poll_bulk(&mut self, cx: &mut Context<'_>) {
-        if self.links_opened {
-            self.poll_link_packets(cx);
-        }
-        // Completions before immediates: a server's response WRITE done
-        // before its client's next request lands makes that buffer the
-        // slot's next room (`bulk_write.rs`, `on_request_landed`).
-        if let Some(bulk) = self.bulk.as_mut() {
-            bulk.poll_done(cx, &mut self.bulk_done);
-            if !self.bulk_done.is_empty() {
-                let mut done = std::mem::take(&mut self.bulk_done);
-                for (token, buf, result) in done.drain(..) {
-                    self.on_read_done(token, buf, result);
-                }
-                self.bulk_done = done;
-            }
-        }
-        self.poll_written(cx);
-    }
-
-    /// Polls the large-message path's operations once with the
-    /// dispatcher's waker, so that one just started (a written request's
-    /// WRITE) wakes the dispatcher when it completes, or when it can be
-    /// posted if it waits for credits, without a run of the dispatcher
-    /// for it now (a task run and a poll of every receive source, per
-    /// call). What finished already stays in `bulk_done` for the
-    /// dispatcher's next run, woken for it.
-    pub(crate) fn arm_bulk_ops(&mut self) {
-        let (Some(bulk), Some(w)) = (self.bulk.as_mut(), self.dispatcher.as_ref()) else {
-            return;
-        };
-        bulk.poll_done(&mut Context::from_waker(w), &mut self.bulk_done);
-        if !self.bulk_done.is_empty() {
-            w.wake_by_ref();
         }
     }
 
@@ -903,56 +515,6 @@ impl<P: Clone> Core<P> {
         }
     }
 
-    /// Client: takes slot `i`'s exposed request buffer back (at its next
-    /// call: the last one ended, so the server reads it no more).
-    pub(crate) fn take_back_request(&mut self, sid: u32, i: usize) {
-        let Some(s) = self.sessions.get_mut(sid) else {
-            return;
-        };
-        let slot = &mut s.client[i];
-        slot.req_desc = None;
-        slot.reading = None;
-        slot.offered = 0;
-        if std::mem::take(&mut slot.req_written) {
-            // Written and never exposed (no resend was due): every byte
-            // of it went to the server, so it is the slot's spare, as an
-            // exposed request below.
-            let buf = std::mem::take(&mut slot.req);
-            let len = buf.len();
-            keep_spare(&self.pool, slot, buf);
-            slot.req = self.pool.take_for(len);
-        }
-        let Some(bulk) = self.bulk.as_mut() else {
-            return;
-        };
-        if let Some(token) = slot.req_exposed.take() {
-            self.requests_exposed -= 1;
-            if let Some(mut buf) = bulk.unexpose(token) {
-                if buf.len() <= WRITTEN_REQUEST_MAX + WRITE_TRAILER {
-                    // The server could READ all of its bytes: kept whole
-                    // as the room for the slot's next response (offered
-                    // with no zeroing, `room_for_response`); the next
-                    // request goes into a buffer of the pool (the spare
-                    // before it, given back, as a rule).
-                    let len = buf.len();
-                    keep_spare(&self.pool, slot, buf);
-                    slot.req = self.pool.take_for(len);
-                } else {
-                    // (It spans the offered room; the next request
-                    // replaces its bytes.)
-                    buf.clear();
-                    slot.req = buf;
-                }
-            }
-        }
-        if let Some(token) = slot.offer_exposed.take() {
-            self.requests_exposed -= 1;
-            if let Some(buf) = bulk.unexpose(token) {
-                self.pool.put(buf);
-            }
-        }
-    }
-
     /// Server: exposes the response `buf` of slot `i` for the client to
     /// READ, if it is large and the session has a link; else gives it
     /// back, to stream.
@@ -977,42 +539,6 @@ impl<P: Clone> Core<P> {
             Err((buf, error)) => {
                 debug!(%error, "rpc: response not exposed; it streams");
                 Some(buf)
-            }
-        }
-    }
-
-    /// Gives back what session `s` has exposed and closes its link (the
-    /// session ends).
-    pub(crate) fn release_session(&mut self, s: &mut Session<P>) {
-        release_bulk(&mut self.bulk, &mut self.requests_exposed, &self.pool, s);
-    }
-}
-
-/// Gives back what session `s` has exposed and closes its link (it ends,
-/// or failed: nothing of it stays reachable by the peer).
-pub(crate) fn release_bulk<P>(
-    bulk: &mut Option<Box<dyn Bulk>>,
-    requests_exposed: &mut usize,
-    pool: &super::buf::BufPool,
-    s: &mut Session<P>,
-) {
-    close_link(bulk, s);
-    let Some(bulk) = bulk.as_mut() else {
-        return;
-    };
-    for slot in &mut s.client {
-        for token in [slot.req_exposed.take(), slot.offer_exposed.take()]
-            .into_iter()
-            .flatten()
-        {
-            *requests_exposed -= 1;
-            drop(bulk.unexpose(token));
-        }
-    }
-    for slot in &mut s.server {
-        if let Some((token, _, _)) = slot.resp_exposed.take() {
-            if let Some(buf) = bulk.unexpose(token) {
-                pool.put(buf);
             }
         }
     }
