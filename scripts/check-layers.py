@@ -14,6 +14,12 @@ the test fake: their modules, `ProviderKind::Soft`/`Ibverbs`, `as_soft`,
 CHOOSERS, each with the reason it must. Above the contract the layers test
 capability flags (`ProviderCaps`) and carry provider addresses
 (`ProviderAddr`) instead.
+
+A third rule keeps verbio-ops' RPC folder (ops/src/rpc) one way: each file
+(a folder listed whole counts as one) uses only those before it in
+RPC_LAYERS, through `super::`, `self::`, a child module's name or
+`crate::rpc::` paths, and none names an item by the folder's re-export
+(`crate::rpc::Name`), which hides the module it comes from.
 """
 import pathlib
 import re
@@ -42,6 +48,84 @@ CHOOSERS = {
     "runtime/src/testing.rs": "test doubles (feature test-util): the fake provider's QP is what it offers",
     "ops/src/fuzz_checks/": "fuzz targets (feature fuzzing): reach the soft device's private codecs, build seed endpoints of each provider",
 }
+
+
+RPC = OPS / "rpc"
+# Lowest first; "engine/x" is ops/src/rpc/engine/x.rs, "engine" its mod.rs,
+# "mem" the whole mem/ folder. A file may only use files listed before it.
+RPC_LAYERS = [
+    "header", "transport", "error", "addr", "budget", "buf", "rtt", "session", "config",
+    "id_map", "table", "request", "runner", "mem", "ud_bulk", "ud",
+    "engine", "engine/packets", "engine/call_end", "engine/write_format", "engine/release",
+    "engine/paths", "engine/receive", "engine/sessions", "engine/idle", "engine/admission",
+    "engine/links", "engine/link_send", "engine/client_calls", "engine/client_answers",
+    "engine/server_requests", "engine/handlers", "engine/read_path", "engine/bulk_completions",
+    "engine/written_responses", "engine/written_requests", "engine/resend",
+    "dispatcher", "call", "endpoint",
+]
+RPC_WHOLE = {"mem"}
+RPC_PATH = re.compile(r"\b((?:super::)+|self::|crate::rpc::)((?:[a-z_][a-z0-9_]*::)*)([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def rpc_module(parts: list[str]) -> str | None:
+    """The RPC_LAYERS unit of module path `parts` (below ops/src/rpc)."""
+    if parts and parts[0] in RPC_WHOLE:
+        return parts[0]
+    return "/".join(parts) if parts else None
+
+
+def rpc_resolve(base: list[str], path: list[str]) -> list[str]:
+    """The longest module path `base + path[..k]` that is a file or folder."""
+    found = list(base)
+    for name in path:
+        cand = found + [name]
+        if (RPC / ("/".join(cand) + ".rs")).exists() or (RPC / "/".join(cand) / "mod.rs").exists():
+            found = cand
+        else:
+            break
+    return found
+
+
+def rpc_order() -> list[str]:
+    """Edges of ops/src/rpc that point up RPC_LAYERS (tests excluded)."""
+    bad = []
+    tests = test_module_files(RPC)
+    for path in sorted(RPC.rglob("*.rs")):
+        if is_test(path, RPC) or path in tests or path == RPC / "mod.rs":
+            continue
+        rel = path.relative_to(RPC).with_suffix("")
+        parts = list(rel.parts)
+        is_dir_mod = parts[-1] == "mod"
+        here = parts[:-1] if is_dir_mod else parts
+        src = rpc_module(here)
+        code = strip_tests(path.read_text())
+        children = re.findall(r"^(?:pub(?:\([a-z]+\))? )?mod (\w+);", code, re.M) if is_dir_mod else []
+        refs = []
+        for lead, mids, last in RPC_PATH.findall(code):
+            mods = [m for m in mids.split("::") if m]
+            if lead == "crate::rpc::":
+                base = []
+            elif lead == "self::":
+                base = here
+            else:
+                base = here[: max(0, len(here) - lead.count("super"))]
+            target = rpc_resolve(base, mods + [last])
+            if not target and last[0].isupper():
+                bad.append(f"rpc/{rel}.rs: {lead}{mids}{last} hides its module: use its module path")
+                continue
+            refs.append(target)
+        for child in children:
+            if re.search(rf"(?<![:\w]){child}::", code):
+                refs.append(here + [child])
+        for target in refs:
+            dst = rpc_module(target)
+            if dst is None or dst == src or (src in RPC_WHOLE and dst == src):
+                continue
+            if src not in RPC_LAYERS or dst not in RPC_LAYERS:
+                bad.append(f"rpc: {src} -> {dst}: file not in RPC_LAYERS (rpc/{rel}.rs)")
+            elif RPC_LAYERS.index(dst) > RPC_LAYERS.index(src):
+                bad.append(f"rpc: {src} -> {dst}: points up RPC_LAYERS (rpc/{rel}.rs)")
+    return sorted(set(bad))
 
 
 def top_module(path: pathlib.Path) -> str:
@@ -118,7 +202,7 @@ def main() -> int:
             if dst != src:
                 edges.setdefault(src, set()).add(dst)
                 where.setdefault((src, dst), str(path.relative_to(ROOT)))
-    bad = list(bad_roots) + provider_names()
+    bad = list(bad_roots) + provider_names() + rpc_order()
     for src, dsts in sorted(edges.items()):
         for dst in sorted(dsts):
             if src not in LAYERS or dst not in LAYERS:
@@ -149,7 +233,7 @@ def main() -> int:
             print("  " + b)
         return 1
     print(f"provider names above provider/ only in: {', '.join(sorted(CHOOSERS))}")
-    print("ok: no cycles, every edge points down, no provider named above the contract")
+    print("ok: no cycles, every edge points down, no provider named above the contract, ops/src/rpc one way")
     return 0
 
 

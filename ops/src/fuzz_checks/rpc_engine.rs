@@ -75,7 +75,7 @@ fn network() -> MemNetwork {
 
 /// Endpoint `id`'s large-message path on `net`.
 fn bulk(net: &MemNetwork, id: u32) -> Box<dyn crate::rpc::Bulk> {
-    Box::new(crate::rpc::mem_bulk::MemBulk {
+    Box::new(crate::rpc::mem::bulk::MemBulk {
         net: net.clone(),
         id,
     })

@@ -1,4 +1,4 @@
-//! The large-message path (`bulk.rs`) over the in-memory network: every
+//! The large-message path (`engine/read_path.rs`) over the in-memory network: every
 //! byte at sizes around the threshold, calls dropped and peers dying
 //! while a READ is under way, and descriptors from a hostile peer.
 
@@ -74,7 +74,7 @@ fn messages_from_the_threshold_on_go_by_read() {
         for (i, &len) in sizes.iter().enumerate() {
             let bulk = |rpc: &Rpc<MemTransport>| rpc.stats().bulk_reads + rpc.stats().bulk_writes;
             // A large request is read, or written into room the server
-            // granted after the last one (`bulk_write.rs`).
+            // granted after the last one (`engine/written_requests.rs`).
             let taken =
                 |rpc: &Rpc<MemTransport>| rpc.stats().bulk_reads + rpc.stats().bulk_request_writes;
             let (c0, s0) = (bulk(&cli), taken(&srv));
@@ -127,7 +127,7 @@ fn a_request_buffer_serves_as_its_response() {
                 "{len} bytes: not the request reversed"
             );
             // Read, or written into the buffer the request offered
-            // (`bulk_write.rs`).
+            // (`engine/written_responses.rs`).
             let moved = cli.stats().bulk_reads + cli.stats().bulk_writes;
             assert_eq!(moved - c0, u64::from(len >= THRESHOLD));
             assert_eq!(srv.memory().request_bytes, 0, "{len}");

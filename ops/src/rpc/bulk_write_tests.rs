@@ -1,4 +1,4 @@
-//! Large responses by WRITE with immediate (`bulk_write.rs`) over the
+//! Large responses by WRITE with immediate (`engine/written_responses.rs`) over the
 //! in-memory network: every byte when the response fits the offer, READ
 //! when it does not, peers vanishing while a WRITE is under way, and
 //! immediates from a hostile server.

@@ -1,7 +1,7 @@
 //! A session's credits with more calls under way than credits: the calls
 //! that wait for one are sent as credits come back, although a call that
 //! starts while none waits leaves at its start and a small response's
-//! credit comes back with no pump (`Session::starved`, `client.rs`).
+//! credit comes back with no pump (`Session::starved`, `engine/client_calls.rs`).
 
 use std::time::Duration;
 

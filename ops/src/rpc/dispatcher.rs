@@ -114,7 +114,7 @@ impl<T: Transport> Engine<T> {
         r
     }
 
-    /// Answers the connect packets received (`admission.rs`).
+    /// Answers the connect packets received (`engine/admission.rs`).
     fn accept_connects(&mut self) {
         if self.core.connect_requests.is_empty() {
             return;
@@ -234,7 +234,7 @@ impl<T: Transport> Engine<T> {
         Poll::Pending
     }
 
-    /// Pings the client sessions due (`idle.rs`) while any ping; the timer
+    /// Pings the client sessions due (`engine/idle.rs`) while any ping; the timer
     /// is dropped when none do.
     fn poll_keepalive(&mut self, cx: &mut Context<'_>) {
         while let Some(period) = self.core.keepalive_period {
@@ -249,7 +249,7 @@ impl<T: Transport> Engine<T> {
         }
     }
 
-    /// Runs the idle sweep (`idle.rs`) while server sessions are open and
+    /// Runs the idle sweep (`engine/idle.rs`) while server sessions are open and
     /// an idle timeout is set; its timer is dropped when none are.
     fn poll_idle_sweep(&mut self, cx: &mut Context<'_>) {
         let Some(timeout) = self.core.config.session_idle_timeout else {

@@ -1,4 +1,4 @@
-//! Mid-size messages over the session's RC link (`link_send.rs`) on the
+//! Mid-size messages over the session's RC link (`engine/link_send.rs`) on the
 //! in-memory network: every byte at sizes around the edges, over lossy
 //! and reordering datagrams, across a broken link, and link packets from
 //! a hostile peer next to a legitimate client.
@@ -12,8 +12,8 @@ use verbio_runtime::Runtime;
 
 use super::bulk_tests::{RawPeer, PACKET, RAW_SESSION};
 use super::header::{Header, PacketKind, Status, HEADER_LEN};
+use super::mem::bulk::MEM_LINK_PACKET;
 use super::mem::{Faults, MemNetwork, MemTransport};
-use super::mem_bulk::MEM_LINK_PACKET;
 use super::tests::{answer, config, request, server, wait_for, ECHO};
 use super::{LinkPacket, Request, Rpc, RpcConfig, SessionId};
 

@@ -41,17 +41,17 @@
 //! queue pairs of the same device): one packet carries the address,
 //! remote key and length of the sender's registered copy, and the
 //! receiver copies it with one RDMA READ over an RC link of the session,
-//! opened on the session's first large message (`bulk.rs` has the
+//! opened on the session's first large message (`engine/read_path.rs` has the
 //! protocol, the ownership of the buffers and what a failed READ does).
 //! A call expecting a large response (its session had one) offers room
 //! for it (a read request its own buffer, other calls one announced by an
 //! offer packet): a large response that fits is written into it by RDMA
-//! WRITE with immediate rather than read (`bulk_write.rs`), two one-way
+//! WRITE with immediate rather than read (`engine/written_responses.rs`), two one-way
 //! trips fewer a call.
 //! A message larger than one packet and below the threshold goes over
 //! that link too, once the session has one ready (its first such message
 //! asks for it): as one packet by RC SEND that carries all of the
-//! message's packets (`link_send.rs`), into one pool of receive buffers
+//! message's packets (`engine/link_send.rs`), into one pool of receive buffers
 //! the endpoint keeps for all its links (on UD a shared receive queue,
 //! charged to [`RpcConfig::request_memory`]); the receiver takes it as
 //! those packets, so credits, duplicates and retransmission (by datagram)
@@ -68,12 +68,12 @@
 //! call fails with [`RpcError::Timeout`] and the session with it (a call
 //! whose request or response moves by READ or WRITE gets a resend more
 //! per `rto` of those bytes at 64 MiB/s; while the transfer runs the
-//! server answers its resends, "in progress", `timer.rs`). The
+//! server answers its resends, "in progress", `engine/resend.rs`). The
 //! server keeps, per slot, the request number and the response, so a
 //! request that arrives again is answered from there and its handler runs
 //! at most once. A server closes a session that has heard nothing from
 //! its client for [`RpcConfig::session_idle_timeout`] (60 s by default)
-//! and tells the client (`idle.rs`); clients keep the sessions they hold
+//! and tells the client (`engine/idle.rs`); clients keep the sessions they hold
 //! open with a ping per interval the server announced in its connect-ack
 //! ([`RpcConfig::session_keepalive`]), so what expires is the session of
 //! a client that vanished.
@@ -87,11 +87,33 @@
 //! arrive (`budget.rs`), never from the length a packet claims (a read request's
 //! whole length is charged before the server READs anything); sessions
 //! by [`RpcConfig::max_server_sessions`] and
-//! [`RpcConfig::max_sessions_per_peer`] (`admission.rs`), and in time by
+//! [`RpcConfig::max_sessions_per_peer`] (`engine/admission.rs`), and in time by
 //! [`RpcConfig::session_idle_timeout`]; pooled buffers by
 //! [`POOL_MAX_BYTES`] (those up to 1 MiB) and [`RpcConfig::request_memory`]
 //! (larger ones). [`Rpc::memory`] reports the gauges. A bad packet is
 //! dropped and counted, never failing the session or the endpoint.
+//!
+//! # Layout
+//!
+//! Lowest first; a file uses only those listed before it
+//! (`scripts/check-layers.py` checks it):
+//!
+//! * the wire and the state: `header.rs` (the packet header), `transport.rs`
+//!   (what the engine needs of a transport), `error.rs`, `addr.rs`,
+//!   `session.rs` (sessions and their slots), `config.rs`, `budget.rs`
+//!   (the request memory), `buf.rs` (the buffer pool), `rtt.rs`,
+//!   `id_map.rs`, `table.rs` (sessions by number), `request.rs` (a
+//!   request as its handler gets it), `runner.rs` (a handler task's
+//!   future slot);
+//! * the transports: `mem/` (in memory, lossy, and its large-message
+//!   path), `ud_bulk.rs` and `ud.rs` (UD queue pairs, with RC links
+//!   beside them);
+//! * `engine/`: the engine, `Core`, sans I/O: its state in `mod.rs`, its
+//!   methods one file per job (that file lists them in order);
+//! * `dispatcher.rs`: the engine with its transport, and the dispatcher
+//!   and timer tasks that drive it;
+//! * `call.rs`: a call as a future;
+//! * `endpoint.rs`: [`Rpc`], what users hold.
 mod addr;
 mod budget;
 mod buf;
@@ -104,7 +126,6 @@ mod error;
 pub mod header;
 mod id_map;
 pub mod mem;
-pub(crate) mod mem_bulk;
 mod request;
 mod rtt;
 mod runner;

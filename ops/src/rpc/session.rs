@@ -55,9 +55,9 @@ pub(crate) struct ClientSlot {
     /// link was gone) and the call went again over a new link: a second
     /// failure fails the call.
     pub(crate) relinked: bool,
-    /// The request went whole over this link (`link_send.rs`): while the
+    /// The request went whole over this link (`engine/link_send.rs`): while the
     /// link stays ready, the server has all its packets or none, so a
-    /// timeout resends only its last packet (`timer.rs`).
+    /// timeout resends only its last packet (`engine/resend.rs`).
     pub(crate) link_sent: Option<u64>,
     pub(crate) req_type: u8,
     pub(crate) req: Vec<u8>,
@@ -104,7 +104,7 @@ pub(crate) struct ClientSlot {
     /// The READ of the response under way (its token).
     pub(crate) reading: Option<u64>,
     /// The capacity of the buffer this call offers the server to WRITE
-    /// its response into (0: none; `bulk_write.rs`): the exposed request
+    /// its response into (0: none; `engine/written_responses.rs`): the exposed request
     /// buffer's, or that of `offer_exposed`.
     pub(crate) offered: u32,
     /// A buffer of its own this call offers for its response (its
@@ -112,7 +112,7 @@ pub(crate) struct ClientSlot {
     /// request that does not go by READ, or whose own buffer is too small.
     pub(crate) offer_exposed: Option<u64>,
     /// Room the server granted on the session's link for this slot's
-    /// next large request (`bulk_write.rs`, "Requests written"): where,
+    /// next large request (`engine/written_requests.rs`, "Requests written"): where,
     /// and how many bytes; used once.
     pub(crate) grant: Option<(BulkDesc, usize)>,
     /// The WRITE of this call's request into granted room under way (its
@@ -120,14 +120,14 @@ pub(crate) struct ClientSlot {
     pub(crate) req_writing: Option<u64>,
     /// This call's request was written (its WRITE completed) and is kept
     /// in `req`, not exposed: exposed for READ only if a resend is due
-    /// (`bulk_write.rs`, `expose_written`), so the common call registers
+    /// (`engine/release.rs`, `expose_written`), so the common call registers
     /// it once (as the WRITE's source), not twice.
     pub(crate) req_written: bool,
     /// A buffer this session's server could READ over all its length
     /// (the last call's request buffer, taken back from the transport):
     /// the room offered for the slot's next response, exposed again
     /// without zeroing, as what it holds discloses nothing the peer
-    /// could not read already (`bulk_write.rs`, `room_for_response`).
+    /// could not read already (`engine/written_responses.rs`, `room_for_response`).
     pub(crate) spare: Vec<u8>,
 }
 
@@ -287,13 +287,13 @@ pub(crate) struct ServerSlot {
     /// or the session's end.
     pub(crate) resp_exposed: Option<(u64, BulkDesc, usize)>,
     /// The buffer the client offered with read request `.0` for its
-    /// response: where, and how many bytes it holds (`bulk_write.rs`).
+    /// response: where, and how many bytes it holds (`engine/written_responses.rs`).
     pub(crate) offer: Option<(u64, BulkDesc, usize)>,
     /// The WRITE of the response into the client's offered buffer under
     /// way (its token; the response's buffer is the WRITE's meanwhile).
     pub(crate) writing: Option<u64>,
     /// Room exposed for the client to WRITE this slot's next large
-    /// request into (`bulk_write.rs`, "Requests written"): its
+    /// request into (`engine/written_requests.rs`, "Requests written"): its
     /// [`Bulk`](super::Bulk) token, descriptor and capacity, and what it
     /// is charged to the request budget.
     pub(crate) granted: Option<(u64, BulkDesc, usize)>,
@@ -394,7 +394,7 @@ impl ServerSlot {
     }
 }
 
-/// Where a session's RC link for large messages is (`bulk.rs`).
+/// Where a session's RC link for large messages is (`engine/links.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LinkStep {
     /// Client: bulk connect sent, no answer yet.
@@ -451,7 +451,7 @@ pub(crate) struct Session<P> {
     /// [`CallState::Active`] (so a pump visits only those).
     pub(crate) active: u8,
     /// Client: a call of it waited for credits at the last pump (only
-    /// then do credits that come back need a pump; `client.rs`).
+    /// then do credits that come back need a pump; `engine/client_calls.rs`).
     pub(crate) starved: bool,
     /// Server: the key of the connect that made it.
     pub(crate) connect_key: Option<ConnectKey>,
@@ -460,10 +460,10 @@ pub(crate) struct Session<P> {
     /// apart by it even when a session number is reused).
     pub(crate) connect_id: u64,
     /// Server: idle sweeps since the last packet from the client (see
-    /// `idle.rs`).
+    /// `engine/idle.rs`).
     pub(crate) idle_sweeps: u32,
     /// Client: the keepalive interval its server announced (zero: no
-    /// pings), and when the next ping is due (`idle.rs`).
+    /// pings), and when the next ping is due (`engine/idle.rs`).
     pub(crate) ping_every: Duration,
     pub(crate) next_ping: Option<Instant>,
     /// The RC link for large messages, once asked for.
@@ -473,7 +473,7 @@ pub(crate) struct Session<P> {
     pub(crate) link_refused: bool,
     /// Client: the length of the last response that came by READ or
     /// WRITE: a large request offers at least this much room for its
-    /// response (`bulk_write.rs`).
+    /// response (`engine/written_responses.rs`).
     pub(crate) resp_hint: usize,
 }
 

@@ -329,7 +329,7 @@ fn reordered_packets_cost_no_retransmission() {
     rt.block_on(async {
         let net = MemNetwork::new(8, 512);
         // Datagrams only: no RC link takes the multi-packet messages
-        // (`link_send.rs`).
+        // (`engine/link_send.rs`).
         let config = RpcConfig {
             read_threshold: usize::MAX,
             ..config()

@@ -573,7 +573,7 @@ impl Transport for UdTransport {
         packet_len <= self.max_inline
     }
 
-    fn bulk(&mut self) -> Option<Box<dyn super::Bulk>> {
+    fn bulk(&mut self) -> Option<Box<dyn super::transport::Bulk>> {
         Some(Box::new(super::ud_bulk::UdBulk::new(&self.device)))
     }
 }

@@ -1,4 +1,4 @@
-//! Large requests written into room the server granted (`bulk_write.rs`,
+//! Large requests written into room the server granted (`engine/written_requests.rs`,
 //! "Requests written"): one trip instead of the READ's three, and the
 //! memory a peer can make the server hold for it bounded, against
 //! clients that never use their grants and raw peers that misuse them.

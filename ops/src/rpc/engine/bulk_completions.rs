@@ -22,7 +22,7 @@ impl<P: Clone> Core<P> {
         }
         // Completions before immediates: a server's response WRITE done
         // before its client's next request lands makes that buffer the
-        // slot's next room (`bulk_write.rs`, `on_request_landed`).
+        // slot's next room (`written_requests.rs`, `on_request_landed`).
         if let Some(bulk) = self.bulk.as_mut() {
             bulk.poll_done(cx, &mut self.bulk_done);
             if !self.bulk_done.is_empty() {

@@ -116,7 +116,7 @@ impl<P: Clone> Core<P> {
             if h.status == Status::ReadFailed {
                 // The server's end of the link is closed (it could not
                 // READ the request, so no handler ran): the request goes
-                // again over a new link, once (`bulk.rs`).
+                // again over a new link, once (`read_path.rs`).
                 if self.read_failed_retry(sid, i) {
                     return;
                 }
@@ -164,7 +164,7 @@ impl<P: Clone> Core<P> {
             }
             if msg_len >= self.config.read_threshold && self.bulk.is_some() {
                 // Large responses come: the next calls offer room for
-                // one (`bulk_write.rs`), and the session asks for its
+                // one (`written_responses.rs`), and the session asks for its
                 // link.
                 s.resp_hint = msg_len;
                 if !self.links_wanted.contains(&sid) {

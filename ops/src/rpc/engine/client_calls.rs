@@ -221,7 +221,7 @@ impl<P: Clone> Core<P> {
                     let slot = &mut s.client[i];
                     slot.n_req = 1;
                     if slot.req_writing.is_some() {
-                        // Written (`bulk_write.rs`): its one packet is
+                        // Written (`written_requests.rs`): its one packet is
                         // the WRITE, under way, which took its credit and
                         // so let no other call send: nothing to pump.
                         self.want_timer();
@@ -242,7 +242,7 @@ impl<P: Clone> Core<P> {
                 }
             }
         } else {
-            // A large response may come: room for it (`bulk_write.rs`;
+            // A large response may come: room for it (`written_responses.rs`;
             // none unless `offer`).
             if offer {
                 self.offer_room(sid, i);

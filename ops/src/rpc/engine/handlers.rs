@@ -236,7 +236,7 @@ impl<P: Clone> Core<P> {
             && resp.len() <= MAX_MSG_LEN as usize
         {
             // Written into the client's offered buffer, else exposed for
-            // it to READ (`bulk_write.rs`, `bulk.rs`).
+            // it to READ (`written_responses.rs`, `read_path.rs`).
             let resp = match self.write_response(sid, i, req_num, resp.into_vec()) {
                 Ok(()) => return,
                 Err(buf) => buf,

@@ -172,7 +172,7 @@ pub struct RpcMemory {
     /// besides `request_bytes`.
     pub link_recv_bytes: usize,
     /// Bytes of the room a server granted clients for their next large
-    /// requests (`bulk_write.rs`, "Requests written"): held per slot
+    /// requests (`written_requests.rs`, "Requests written"): held per slot
     /// until written into or the link closes, and bounded apart from
     /// `request_bytes` by half of
     /// [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory).
@@ -183,7 +183,7 @@ pub struct RpcMemory {
     pub sessions: usize,
 }
 
-/// Whose READ a token is (`bulk.rs`).
+/// Whose READ a token is (`read_path.rs`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ReadTarget {
     pub(crate) sid: u32,
@@ -213,7 +213,7 @@ pub(crate) struct Start {
 }
 
 /// A handler run inside the dispatcher ([`Rpc::register_inline`](crate::rpc::Rpc::register_inline)).
-pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> crate::rpc::MsgBuf>;
+pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> crate::rpc::buf::MsgBuf>;
 
 /// The queue of one request type's handler tasks (or its inline handler).
 #[derive(Default)]
@@ -232,6 +232,16 @@ pub(crate) struct ConnectRequest {
     pub(crate) addr: Vec<u8>,
 }
 
+/// Request packets received in this receive batch, to acknowledge: the
+/// contiguous run `first..=last` of request `req_num` in a slot.
+pub(crate) struct PendingAck {
+    pub(crate) sid: u32,
+    pub(crate) slot: usize,
+    pub(crate) req_num: u64,
+    pub(crate) first: u16,
+    pub(crate) last: u16,
+}
+
 /// Everything but the transport.
 pub(crate) struct Core<P> {
     pub(crate) config: RpcConfig,
@@ -248,10 +258,10 @@ pub(crate) struct Core<P> {
     pub(crate) connects_made: u64,
     pub(crate) connect_requests: Vec<ConnectRequest>,
     pub(crate) tx: TxBatch<P>,
-    /// Client sessions to pump at the end of this receive batch (`client.rs`).
+    /// Client sessions to pump at the end of this receive batch (`client_calls.rs`).
     pub(crate) pumps: Vec<u32>,
-    /// Credit returns owed for this receive batch (`server.rs`).
-    pub(crate) acks: Vec<packets::PendingAck>,
+    /// Credit returns owed for this receive batch (`server_requests.rs`).
+    pub(crate) acks: Vec<PendingAck>,
     pub(crate) pool: BufPool,
     pub(crate) handlers: Vec<Option<HandlerQueue>>,
     /// Requests to start in idle handler tasks' slots at the end of this
@@ -287,7 +297,7 @@ pub(crate) struct Core<P> {
     pub(crate) open_sessions: usize,
     /// The request memory budget (`budget.rs`).
     pub(crate) budget: Budget,
-    /// Room granted for written requests (`bulk_write.rs`): half of the
+    /// Room granted for written requests (`written_requests.rs`): half of the
     /// request memory, apart from it, so what peers are granted never
     /// takes room from the requests themselves.
     pub(crate) grants: Budget,
@@ -295,7 +305,7 @@ pub(crate) struct Core<P> {
     /// The timer task (`endpoint.rs`): the retransmission timer, the idle
     /// sweep and the keepalive run there, off the dispatcher's path.
     pub(crate) ticker: Option<Waker>,
-    /// The transport's large-message path (`bulk.rs`), if it has one.
+    /// The transport's large-message path (`read_path.rs`), if it has one.
     pub(crate) bulk: Option<Box<dyn crate::rpc::transport::Bulk>>,
     /// READs under way, by token.
     pub(crate) reads: IdMap<u64, ReadTarget>,
@@ -307,7 +317,7 @@ pub(crate) struct Core<P> {
     pub(crate) links_wanted: Vec<u32>,
     /// READs finished, taken from the transport (reused).
     pub(crate) bulk_done: Vec<crate::rpc::transport::BulkDone>,
-    /// Server: WRITEs of responses under way, by token (`bulk_write.rs`).
+    /// Server: WRITEs of responses under way, by token (`written_responses.rs`).
     pub(crate) writes: IdMap<u64, ReadTarget>,
     /// Client: WRITEs with immediate received, taken from the transport
     /// (reused).

@@ -7,6 +7,8 @@ use crate::rpc::header::{Header, PacketKind, MAX_RANGE};
 use crate::rpc::session::{ClientSlot, ServerSlot};
 use crate::rpc::transport::TxBatch;
 
+use super::PendingAck;
+
 /// Sends client packet `k` of `slot`: request packet `k`, or past the
 /// request the request for response packet `k - n_req + 1` (and, in the
 /// same packet, for the `more` response packets after it: client packets
@@ -129,16 +131,6 @@ pub(crate) fn send_response<P: Clone>(
         ..Header::new(PacketKind::Response)
     };
     tx.push(peer, &h, &resp[start..end]);
-}
-
-/// Request packets received in this receive batch, to acknowledge: the
-/// contiguous run `first..=last` of request `req_num` in a slot.
-pub(crate) struct PendingAck {
-    pub(crate) sid: u32,
-    pub(crate) slot: usize,
-    pub(crate) req_num: u64,
-    pub(crate) first: u16,
-    pub(crate) last: u16,
 }
 
 /// Adds request packet `idx` to the acknowledgements of this batch: to

@@ -430,7 +430,7 @@ impl<P: Clone> Core<P> {
                 slot.got[0] = 1;
                 self.pool.put(old);
                 // The slot's next request may be written instead
-                // (`bulk_write.rs`): room for it, before the handler
+                // (`written_responses.rs`): room for it, before the handler
                 // answers.
                 self.grant_room(t.sid, t.slot, len);
                 self.dispatch(t.sid, t.slot);
@@ -453,7 +453,7 @@ impl<P: Clone> Core<P> {
     /// if the session has no link or the buffer cannot be exposed.
     pub(crate) fn expose_request(&mut self, sid: u32, i: usize) -> bool {
         // Written into room the server granted, if it has some: one trip
-        // (`bulk_write.rs`).
+        // (`written_requests.rs`).
         if self.write_request(sid, i) {
             return true;
         }
@@ -466,7 +466,7 @@ impl<P: Clone> Core<P> {
         let Some(link) = s.link_ready() else {
             return false;
         };
-        // Room for the response too (`bulk_write.rs`): the request's
+        // Room for the response too (`written_responses.rs`): the request's
         // length or the session's last large response, whichever is more,
         // but at most twice the request (the room past the request is
         // zeroed when exposed: a call does not pay for a far larger one).

@@ -16,7 +16,7 @@ use super::Core;
 pub(crate) fn close_link<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>) {
     if let (Some(l), Some(bulk)) = (s.link.take(), bulk.as_mut()) {
         bulk.close(l.local);
-        // Room granted over it goes with it (`bulk_write.rs`).
+        // Room granted over it goes with it (`written_requests.rs`).
         super::release::release_grants(bulk.as_mut(), s);
     }
 }

@@ -98,7 +98,7 @@ impl<P: Clone> Core<P> {
                             // Bounded by the link's retries (`link_tick`),
                             // or by the RC WRITE of the request's own
                             // (it completes in error if the server's end
-                            // vanished: `bulk_write.rs`).
+                            // vanished: `written_responses.rs`).
                             continue;
                         }
                         if slot.paused && now - slot.progress >= rto {

@@ -8,7 +8,9 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use super::transport::{Transport, TransportError, TxBatch};
+pub(crate) mod bulk;
+
+use crate::rpc::transport::{Bulk, Transport, TransportError, TxBatch};
 
 /// What the network does to packets, as fractions from 0 to 1.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -56,8 +58,8 @@ pub(crate) struct Net {
     free: Vec<Vec<u8>>,
     max_packet: usize,
     stats: MemStats,
-    /// Links, exposed buffers and READs (`mem_bulk.rs`).
-    pub(crate) bulk: super::mem_bulk::BulkNet,
+    /// Links, exposed buffers and READs (`bulk.rs`).
+    pub(crate) bulk: bulk::BulkNet,
     /// Endpoints made from now on have a large-message path.
     with_bulk: bool,
     /// Endpoints made from now on batch call starts
@@ -421,11 +423,11 @@ impl Transport for MemTransport {
         self.batch_call_starts
     }
 
-    fn bulk(&mut self) -> Option<Box<dyn super::Bulk>> {
+    fn bulk(&mut self) -> Option<Box<dyn Bulk>> {
         if !std::mem::take(&mut self.bulk) {
             return None;
         }
-        Some(Box::new(super::mem_bulk::MemBulk {
+        Some(Box::new(bulk::MemBulk {
             net: self.net.clone(),
             id: self.id,
         }))

@@ -1,14 +1,14 @@
-//! The large-message path of [`MemTransport`](super::mem::MemTransport):
+//! The large-message path of [`MemTransport`](super::MemTransport):
 //! links, exposed buffers, READs and WRITEs with immediate between
-//! endpoints of one [`MemNetwork`](super::mem::MemNetwork), with READs and
+//! endpoints of one [`MemNetwork`](super::MemNetwork), with READs and
 //! WRITEs that can be held (to test what happens while one is under way).
 
 use std::collections::{HashMap, VecDeque};
 use std::task::{Context, Waker};
 
-use super::header::HEADER_LEN;
-use super::mem::MemNetwork;
-use super::transport::{Bulk, BulkDone, LinkPacket, TransportError};
+use super::MemNetwork;
+use crate::rpc::header::HEADER_LEN;
+use crate::rpc::transport::{Bulk, BulkDone, LinkPacket, TransportError};
 
 /// The largest packet a link carries in memory (as on UD: a header and
 /// 32 KiB); a larger one breaks the receiver's link, as a SEND larger
