@@ -310,6 +310,30 @@ impl ServerSlot {
             && self.status == Status::ReadFailed
     }
 
+    /// Whether request `req_num` is one the slot has not taken: the slot
+    /// is idle, the request is later than the slot's, or its READ failed.
+    #[inline]
+    pub(crate) fn takes_new(&self, req_num: u64) -> bool {
+        self.state == ServeState::Idle || req_num > self.req_num || self.read_failed(req_num)
+    }
+
+    /// Takes request `req_num` of type `req_type`, `msg_len` bytes in
+    /// `n_req` packets, only to refuse it: nothing of it is kept but the
+    /// slot's answer ([`Core::refuse`](super::engine::Core::refuse) sends it).
+    pub(crate) fn take_refused(
+        &mut self,
+        req_num: u64,
+        req_type: u8,
+        msg_len: usize,
+        n_req: usize,
+    ) {
+        self.drop_partial();
+        self.req_num = req_num;
+        self.req_type = req_type;
+        self.msg_len = msg_len;
+        self.n_req = n_req;
+    }
+
     /// Gives the slot a request buffer for its next request: the last
     /// response's (kept for its resends until now), without a trip through
     /// `pool`, unless the slot still has one or the response's is too big

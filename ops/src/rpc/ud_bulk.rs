@@ -154,6 +154,35 @@ pub(crate) struct UdBulk {
 }
 
 impl UdBulk {
+    /// Grants the peer `access` to exactly the first `len` bytes of `buf`
+    /// (`what`: the error's operation), under a new token: the token, the
+    /// address and the remote key; `buf` back on failure.
+    fn grant(
+        &mut self,
+        buf: Vec<u8>,
+        len: usize,
+        access: AccessFlags,
+        what: &'static str,
+    ) -> Result<(u64, u64, u32), (Vec<u8>, TransportError)> {
+        let buf = match buf.slice(..len) {
+            Ok(slice) => slice,
+            Err(rejected) => {
+                let error = failed("exposing a buffer", rejected.error);
+                return Err((rejected.buf, error));
+            }
+        };
+        match RemoteAccessRegion::grant(&self.pd, buf, access) {
+            Ok(region) => {
+                let token = self.next_region;
+                self.next_region += 1;
+                let (addr, rkey) = (region.addr(), region.rkey());
+                self.regions.insert(token, region);
+                Ok((token, addr, rkey))
+            }
+            Err(rejected) => Err((rejected.buf.into_inner(), failed(what, rejected.error))),
+        }
+    }
+
     /// RC links on `device`.
     pub(crate) fn new(device: &Device) -> UdBulk {
         let config = QpConfig {
@@ -336,26 +365,8 @@ impl Bulk for UdBulk {
         // Exactly the message: the peer reaches nothing past it (and the
         // pool buffer's spare capacity is neither registered nor zeroed).
         let len = buf.len();
-        let buf = match buf.slice(..len) {
-            Ok(slice) => slice,
-            Err(rejected) => {
-                let error = failed("exposing a buffer", rejected.error);
-                return Err((rejected.buf, error));
-            }
-        };
-        match RemoteAccessRegion::grant(&self.pd, buf, AccessFlags::REMOTE_READ) {
-            Ok(region) => {
-                let token = self.next_region;
-                self.next_region += 1;
-                let (addr, rkey) = (region.addr(), region.rkey());
-                self.regions.insert(token, region);
-                Ok((token, addr, rkey))
-            }
-            Err(rejected) => {
-                let error = failed("granting a buffer for READ", rejected.error);
-                Err((rejected.buf.into_inner(), error))
-            }
-        }
+        let access = AccessFlags::REMOTE_READ;
+        self.grant(buf, len, access, "granting a buffer for READ")
     }
 
     fn copy_out(&mut self, token: u64, off: usize, n: usize, dst: &mut Vec<u8>) -> bool {
@@ -410,27 +421,8 @@ impl Bulk for UdBulk {
         let cap = cap.max(buf.len());
         buf.reserve_exact(cap - buf.len());
         // Exactly `cap` bytes: the peer reaches nothing past them.
-        let buf = match buf.slice(..cap) {
-            Ok(slice) => slice,
-            Err(rejected) => {
-                let error = failed("exposing a buffer", rejected.error);
-                return Err((rejected.buf, error));
-            }
-        };
         let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-        match RemoteAccessRegion::grant(&self.pd, buf, access) {
-            Ok(region) => {
-                let token = self.next_region;
-                self.next_region += 1;
-                let (addr, rkey) = (region.addr(), region.rkey());
-                self.regions.insert(token, region);
-                Ok((token, addr, rkey))
-            }
-            Err(rejected) => {
-                let error = failed("granting a buffer for READ and WRITE", rejected.error);
-                Err((rejected.buf.into_inner(), error))
-            }
-        }
+        self.grant(buf, cap, access, "granting a buffer for READ and WRITE")
     }
 
     fn write_imm(

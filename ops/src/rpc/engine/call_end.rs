@@ -38,6 +38,35 @@ pub(crate) fn complete_ok<P>(s: &mut Session<P>, i: usize) {
     }
 }
 
+/// Ends the call of slot `i` of session `s` (numbered `sid`) with
+/// [`RpcError::ResponseTooLarge`] if its response, `len` bytes, is larger
+/// than `max`; whether it did.
+#[inline]
+pub(crate) fn fail_too_large<P>(
+    s: &mut Session<P>,
+    sid: u32,
+    i: usize,
+    req_num: u64,
+    len: usize,
+    max: usize,
+) -> bool {
+    if len <= max {
+        return false;
+    }
+    let session = SessionId(sid);
+    complete(
+        s,
+        i,
+        Err(RpcError::ResponseTooLarge {
+            session,
+            req_num,
+            len,
+            max,
+        }),
+    );
+    true
+}
+
 /// Makes slot `i` free for the next call (with the next request number).
 #[inline]
 pub(crate) fn free_slot<P>(s: &mut Session<P>, i: usize) {

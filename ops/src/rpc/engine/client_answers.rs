@@ -5,8 +5,7 @@ use crate::rpc::error::{RpcError, SessionId};
 use crate::rpc::header::{packets_for, Header, Status};
 use crate::rpc::session::{CallState, Role, SessionState, SESSION_SLOTS, WINDOW};
 
-use super::call_end::complete;
-use super::call_end::complete_ok;
+use super::call_end::{complete, complete_ok, fail_too_large};
 use super::Core;
 
 impl<P: Clone> Core<P> {
@@ -137,13 +136,7 @@ impl<P: Clone> Core<P> {
             // The response's first packet to arrive (packet 0, or one the
             // server sent unasked, reordered ahead of it).
             if msg_len > max_len {
-                let e = RpcError::ResponseTooLarge {
-                    session: SessionId(sid),
-                    req_num: h.req_num,
-                    len: msg_len,
-                    max: max_len,
-                };
-                complete(s, i, Err(e));
+                fail_too_large(s, sid, i, h.req_num, msg_len, max_len);
                 return;
             }
             if n_resp != packets_for(msg_len, max_payload) || j >= n_resp {

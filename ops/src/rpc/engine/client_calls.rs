@@ -10,8 +10,7 @@ use crate::rpc::header::{packets_for, Header, PacketKind, HEADER_LEN, MAX_RANGE}
 use crate::rpc::session::{CallState, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
 use crate::rpc::transport::Bulk;
 
-use super::call_end::complete;
-use super::call_end::free_slot;
+use super::call_end::{complete, free_slot};
 use super::link_send::send_whole;
 use super::packets::send_client_packet;
 use super::paths::link_for;

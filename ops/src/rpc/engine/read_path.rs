@@ -33,16 +33,17 @@
 
 use tracing::debug;
 
-use crate::rpc::error::{RpcError, SessionId};
-use crate::rpc::header::{BulkDesc, Header, PacketKind, Status};
+use crate::rpc::error::RpcError;
+use crate::rpc::header::{BulkDesc, Header, Status};
 use crate::rpc::session::{CallState, Role, ServeState, SESSION_SLOTS};
 use crate::rpc::transport::TransportError;
 
-use super::call_end::complete;
+use super::call_end::{complete, fail_too_large};
+use super::packets::{send_credit_return, send_response};
 use super::paths::goes_bulk;
 use super::receive::open_session;
-use super::release::close_link;
-use super::release::close_link_if;
+use super::release::{close_link, close_link_if};
+use super::server_requests::send_busy;
 use super::write_format::response_room;
 use super::{Core, ReadTarget};
 
@@ -92,8 +93,7 @@ impl<P: Clone> Core<P> {
         let msg_len = h.msg_len as usize;
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
         let slot = &mut s.server[i];
-        if slot.state == ServeState::Idle || h.req_num > slot.req_num || slot.read_failed(h.req_num)
-        {
+        if slot.takes_new(h.req_num) {
             if slot.state == ServeState::Handling {
                 self.stats.stale_packets += 1;
                 return;
@@ -107,11 +107,7 @@ impl<P: Clone> Core<P> {
                 None
             };
             if let Some(status) = status {
-                slot.drop_partial();
-                slot.req_num = h.req_num;
-                slot.req_type = h.req_type;
-                slot.msg_len = msg_len;
-                slot.n_req = 1;
+                slot.take_refused(h.req_num, h.req_type, msg_len, 1);
                 self.refuse(sid, i, status);
                 return;
             }
@@ -119,15 +115,8 @@ impl<P: Clone> Core<P> {
             // requests gets no more memory than the budget.
             let mut charge = crate::rpc::budget::Charge::default();
             if !self.budget.grow(&mut charge, msg_len, false) {
-                super::server_requests::budget_drop(&mut self.stats, &self.budget, sid, h);
-                let busy = Header {
-                    status: Status::Busy,
-                    dest_session: s.remote,
-                    src_session: sid,
-                    req_num: h.req_num,
-                    ..Header::new(PacketKind::CreditReturn)
-                };
-                self.tx.push(&s.peer, &busy, &[]);
+                let (stats, budget) = (&mut self.stats, &self.budget);
+                send_busy(stats, budget, &mut self.tx, &s.peer, s.remote, sid, h);
                 return;
             }
             let old_req = std::mem::take(&mut slot.req);
@@ -173,34 +162,14 @@ impl<P: Clone> Core<P> {
         match slot.state {
             ServeState::Receiving | ServeState::Handling => {
                 // Still reading, or the handler runs: the client waits.
-                let h = Header {
-                    dest_session: s.remote,
-                    src_session: sid,
-                    req_num: slot.req_num,
-                    ..Header::new(PacketKind::CreditReturn)
-                };
-                self.tx.push(&s.peer, &h, &[]);
+                send_credit_return(&mut self.tx, &s.peer, s.remote, sid, slot, 0);
             }
             ServeState::Responded if slot.writing.is_some() => {
                 // The response is being written: the client waits.
-                let h = Header {
-                    dest_session: s.remote,
-                    src_session: sid,
-                    req_num: slot.req_num,
-                    ..Header::new(PacketKind::CreditReturn)
-                };
-                self.tx.push(&s.peer, &h, &[]);
+                send_credit_return(&mut self.tx, &s.peer, s.remote, sid, slot, 0);
             }
             ServeState::Responded => {
-                super::packets::send_response(
-                    &mut self.tx,
-                    &s.peer,
-                    s.remote,
-                    sid,
-                    s.max_payload,
-                    slot,
-                    0,
-                );
+                send_response(&mut self.tx, &s.peer, s.remote, sid, s.max_payload, slot, 0);
             }
             ServeState::Idle => self.stats.stale_packets += 1,
         }
@@ -329,13 +298,7 @@ impl<P: Clone> Core<P> {
         }
         let msg_len = h.msg_len as usize;
         if msg_len > max_len {
-            let e = RpcError::ResponseTooLarge {
-                session: SessionId(sid),
-                req_num: h.req_num,
-                len: msg_len,
-                max: max_len,
-            };
-            complete(s, i, Err(e));
+            fail_too_large(s, sid, i, h.req_num, msg_len, max_len);
             return;
         }
         // The server had the whole request: every request packet is

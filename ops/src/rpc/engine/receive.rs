@@ -7,9 +7,7 @@ use crate::rpc::header::{Header, PacketKind};
 use crate::rpc::session::{Role, Session, SessionState};
 use crate::rpc::table::SessionTable;
 
-use super::ConnectRequest;
-use super::Core;
-use super::RpcStats;
+use super::{ConnectRequest, Core, RpcStats};
 
 impl<P: Clone> Core<P> {
     /// Handles one received packet. Inline: into the receive loop's
@@ -87,4 +85,20 @@ pub(crate) fn open_session<'a, P>(
             None
         }
     }
+}
+
+/// The open session `h` is addressed to (see [`open_session`]), if its
+/// link is ready; else counts a stale packet.
+pub(crate) fn linked_session<'a, P>(
+    sessions: &'a mut SessionTable<P>,
+    stats: &mut RpcStats,
+    h: &Header,
+    role: Role,
+) -> Option<&'a mut Session<P>> {
+    let s = open_session(sessions, stats, h, role)?;
+    if s.link_ready().is_none() {
+        stats.stale_packets += 1;
+        return None;
+    }
+    Some(s)
 }

@@ -166,22 +166,13 @@ impl<P: Clone> Core<P> {
                             last_only,
                             "rpc: call resent after a timeout"
                         );
-                        if last_only {
-                            send_client_packet(
-                                &mut self.tx,
-                                &s.peer,
-                                s.remote,
-                                sid,
-                                s.max_payload,
-                                slot,
-                                slot.n_req - 1,
-                                0,
-                            );
-                            self.stats.retransmissions += 1;
-                            continue;
-                        }
-                        for k in slot.num_rx..slot.num_tx {
-                            if slot.is_answered(k) {
+                        let resend = if last_only {
+                            slot.n_req - 1..slot.n_req
+                        } else {
+                            slot.num_rx..slot.num_tx
+                        };
+                        for k in resend {
+                            if !last_only && slot.is_answered(k) {
                                 continue;
                             }
                             send_client_packet(

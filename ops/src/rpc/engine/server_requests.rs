@@ -7,10 +7,9 @@ use tracing::{trace, warn};
 use crate::rpc::budget::{Budget, Charge};
 use crate::rpc::header::{packets_for, Header, PacketKind, Status};
 use crate::rpc::session::{Role, ServeState, Session, SessionState, SESSION_SLOTS};
+use crate::rpc::transport::TxBatch;
 
-use super::packets::queue_ack;
-use super::packets::send_credit_return;
-use super::packets::send_response;
+use super::packets::{queue_ack, send_credit_return, send_response};
 use super::receive::open_session;
 use super::{Core, RpcStats};
 
@@ -20,9 +19,30 @@ use super::{Core, RpcStats};
 pub(crate) const KEEP_BITMAP_WORDS: usize = 16;
 
 /// A request's first packet dropped because the request memory budget
-/// has no room for the request:
-/// counted, and logged at the 1st, 2nd, 4th, 8th... time.
-pub(crate) fn budget_drop(stats: &mut RpcStats, budget: &Budget, sid: u32, h: &Header) {
+/// has no room for the request: answered busy (to `peer`, session
+/// `remote`, from session `sid`), counted, and logged at the 1st, 2nd,
+/// 4th, 8th... time.
+pub(crate) fn send_busy<P: Clone>(
+    stats: &mut RpcStats,
+    budget: &Budget,
+    tx: &mut TxBatch<P>,
+    peer: &P,
+    remote: u32,
+    sid: u32,
+    h: &Header,
+) {
+    // The client takes its credits back and sends the request again
+    // after its timeout, when the budget may have room; the call stays
+    // alive meanwhile.
+    let busy = Header {
+        status: Status::Busy,
+        dest_session: remote,
+        src_session: sid,
+        req_num: h.req_num,
+        pkt_idx: h.pkt_idx,
+        ..Header::new(PacketKind::CreditReturn)
+    };
+    tx.push(peer, &busy, &[]);
     stats.budget_drops += 1;
     if stats.budget_drops.is_power_of_two() {
         warn!(
@@ -181,8 +201,7 @@ impl<P: Clone> Core<P> {
         let too_large = msg_len > max_len;
         let i = (h.req_num % SESSION_SLOTS as u64) as usize;
         let slot = &mut s.server[i];
-        if slot.state == ServeState::Idle || h.req_num > slot.req_num || slot.read_failed(h.req_num)
-        {
+        if slot.takes_new(h.req_num) {
             if slot.state == ServeState::Handling {
                 // The previous request's handler still runs; the client
                 // sends this one again.
@@ -192,11 +211,7 @@ impl<P: Clone> Core<P> {
             if too_large {
                 // Refused with nothing kept but the slot's answer.
                 self.stats.malformed_packets += 1;
-                slot.drop_partial();
-                slot.req_num = h.req_num;
-                slot.req_type = h.req_type;
-                slot.msg_len = msg_len;
-                slot.n_req = usize::from(h.pkt_count);
+                slot.take_refused(h.req_num, h.req_type, msg_len, usize::from(h.pkt_count));
                 self.refuse(sid, i, Status::RequestTooLarge);
                 return;
             }
@@ -210,19 +225,8 @@ impl<P: Clone> Core<P> {
                 .budget
                 .grow(&mut charge, words * 8 + msg_len, n_req == 1)
             {
-                budget_drop(&mut self.stats, &self.budget, sid, h);
-                // Busy: the client takes its credits back and sends the
-                // request again after its timeout, when the budget may
-                // have room; the call stays alive meanwhile.
-                let busy = Header {
-                    status: Status::Busy,
-                    dest_session: s.remote,
-                    src_session: sid,
-                    req_num: h.req_num,
-                    pkt_idx: h.pkt_idx,
-                    ..Header::new(PacketKind::CreditReturn)
-                };
-                self.tx.push(&s.peer, &busy, &[]);
+                let (stats, budget) = (&mut self.stats, &self.budget);
+                send_busy(stats, budget, &mut self.tx, &s.peer, s.remote, sid, h);
                 return;
             }
             slot.reuse_response_buffer(&self.pool);

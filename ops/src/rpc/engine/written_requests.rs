@@ -67,16 +67,12 @@ use crate::rpc::session::{CallState, Role, ServeState, SESSION_SLOTS};
 use crate::rpc::transport::TransportError;
 
 use super::call_end::complete;
-use super::receive::open_session;
+use super::receive::linked_session;
 use super::release::keep_spare;
-use super::write_format::decode_imm;
-use super::write_format::decode_trailer;
-use super::write_format::encode_imm;
-use super::write_format::encode_trailer;
-use super::write_format::generation;
-use super::write_format::link_session;
-use super::write_format::WRITE_TRAILER;
-use super::write_format::WRITTEN_REQUEST_MAX;
+use super::write_format::{
+    decode_imm, decode_trailer, encode_imm, encode_trailer, generation, link_session,
+    WRITE_TRAILER, WRITTEN_REQUEST_MAX,
+};
 use super::{Core, ReadTarget};
 
 impl<P: Clone> Core<P> {
@@ -153,13 +149,9 @@ impl<P: Clone> Core<P> {
     /// next large request that fits it; replaced by a later grant, and
     /// forgotten when the link closes.
     pub(crate) fn on_grant(&mut self, h: &Header, desc: BulkDesc) {
-        let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Client) else {
+        let Some(s) = linked_session(&mut self.sessions, &mut self.stats, h, Role::Client) else {
             return;
         };
-        if s.link_ready().is_none() {
-            self.stats.stale_packets += 1;
-            return;
-        }
         let slot = &mut s.client[(h.req_num % SESSION_SLOTS as u64) as usize];
         if h.req_num < slot.req_num {
             // Granted after an older request: a late (or duplicated)

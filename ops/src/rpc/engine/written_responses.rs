@@ -38,15 +38,11 @@ use crate::rpc::session::{CallState, Role, ServeState, SESSION_SLOTS};
 use crate::rpc::transport::TransportError;
 
 use super::call_end::complete;
-use super::receive::open_session;
-use super::write_format::decode_imm;
-use super::write_format::encode_imm;
-use super::write_format::generation;
-use super::write_format::link_session;
-use super::write_format::response_room;
-use super::write_format::trailer_len;
-use super::write_format::WRITE_TRAILER;
-use super::write_format::WRITTEN_REQUEST_MAX;
+use super::receive::linked_session;
+use super::write_format::{
+    decode_imm, encode_imm, generation, link_session, response_room, trailer_len, WRITE_TRAILER,
+    WRITTEN_REQUEST_MAX,
+};
 use super::{Core, ReadTarget};
 
 impl<P: Clone> Core<P> {
@@ -461,13 +457,9 @@ impl<P: Clone> Core<P> {
             self.on_grant(h, desc);
             return;
         }
-        let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
+        let Some(s) = linked_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
             return;
         };
-        if s.link_ready().is_none() {
-            self.stats.stale_packets += 1;
-            return;
-        }
         let slot = &mut s.server[(h.req_num % SESSION_SLOTS as u64) as usize];
         let open = matches!(slot.state, ServeState::Receiving | ServeState::Handling);
         let later = h.req_num > slot.req_num || slot.state == ServeState::Idle;

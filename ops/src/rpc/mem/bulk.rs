@@ -153,11 +153,7 @@ impl BulkNet {
 
     /// Endpoint `id`'s WRITEs with immediate received.
     fn written_of(&mut self, id: u32) -> &mut (Vec<Written>, Option<Waker>) {
-        let i = id as usize;
-        if self.written.len() <= i {
-            self.written.resize_with(i + 1, Default::default);
-        }
-        &mut self.written[i]
+        of_endpoint(&mut self.written, id)
     }
 
     /// Breaks endpoint `id`'s link ends.
@@ -167,11 +163,7 @@ impl BulkNet {
 
     /// Endpoint `id`'s packets over links.
     fn inbox_of(&mut self, id: u32) -> &mut LinkInbox {
-        let i = id as usize;
-        if self.inboxes.len() <= i {
-            self.inboxes.resize_with(i + 1, Default::default);
-        }
-        &mut self.inboxes[i]
+        of_endpoint(&mut self.inboxes, id)
     }
 
     /// Wakes endpoint `id`'s dispatcher for its link packets.
@@ -183,11 +175,7 @@ impl BulkNet {
 
     /// Endpoint `id`'s finished READs.
     fn done_of(&mut self, id: u32) -> &mut (Vec<BulkDone>, Option<Waker>) {
-        let i = id as usize;
-        if self.done.len() <= i {
-            self.done.resize_with(i + 1, Default::default);
-        }
-        &mut self.done[i]
+        of_endpoint(&mut self.done, id)
     }
 
     /// Carries out the READs held (`writes`: the WRITEs).
@@ -231,6 +219,15 @@ impl BulkNet {
             .filter(|r| r.write_imm.is_some() == writes)
             .count()
     }
+}
+
+/// Endpoint `id`'s entry of `v`, which grows to hold it.
+fn of_endpoint<T: Default>(v: &mut Vec<T>, id: u32) -> &mut T {
+    let i = id as usize;
+    if v.len() <= i {
+        v.resize_with(i + 1, Default::default);
+    }
+    &mut v[i]
 }
 
 /// The [`Bulk`] of a memory endpoint.
