@@ -14,6 +14,12 @@ pub const SESSION_SLOTS: usize = 8;
 // `Session::active` has a bit per slot and rotates as a `u8`.
 const _: () = assert!(SESSION_SLOTS == u8::BITS as usize);
 
+/// The slot request number `req_num` uses: request `n` uses slot `n % 8`.
+#[inline]
+pub(crate) fn slot_of(req_num: u64) -> usize {
+    (req_num % SESSION_SLOTS as u64) as usize
+}
+
 /// Client packets of one call sent beyond the first unanswered one, at most
 /// (the width of [`ClientSlot::answered`]).
 pub(crate) const WINDOW: usize = 64;

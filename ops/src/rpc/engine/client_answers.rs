@@ -3,7 +3,7 @@
 
 use crate::rpc::error::{RpcError, SessionId};
 use crate::rpc::header::{packets_for, Header, Status};
-use crate::rpc::session::{CallState, Role, SessionState, SESSION_SLOTS, WINDOW};
+use crate::rpc::session::{slot_of, CallState, Role, SessionState, WINDOW};
 
 use super::call_end::{complete, complete_ok, fail_too_large};
 use super::Core;
@@ -13,7 +13,7 @@ impl<P: Clone> Core<P> {
     /// number is its current one.
     pub(crate) fn answered_slot(&mut self, h: &Header) -> Option<usize> {
         let s = self.session_for(h, Role::Client)?;
-        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let i = slot_of(h.req_num);
         let slot = &s.client[i];
         if matches!(slot.state, CallState::Active) && slot.req_num == h.req_num {
             Some(i)
@@ -262,7 +262,7 @@ impl<P: Clone> Core<P> {
             return false;
         };
         let msg_len = h.msg_len as usize;
-        let slot = &s.client[(h.req_num % SESSION_SLOTS as u64) as usize];
+        let slot = &s.client[slot_of(h.req_num)];
         let small = h.pkt_idx == 0
             && h.pkt_count == 1
             && h.status == Status::Ok
@@ -286,7 +286,7 @@ impl<P: Clone> Core<P> {
         if !small {
             return false;
         }
-        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let i = slot_of(h.req_num);
         s.idle_sweeps = 0;
         let slot = &mut s.client[i];
         slot.resp.clear();

@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
-use crate::rpc::header::{Header, PacketKind};
+use crate::rpc::header::PacketKind;
 use crate::rpc::session::{Role, ServeState, SessionState};
 
+use super::packets::send_bare;
 use super::Core;
 
 /// Sweeps per idle timeout: a session is closed after more than this many
@@ -96,12 +97,7 @@ impl<P: Clone> Core<P> {
         for sid in expired {
             if let Some(s) = self.sessions.get(sid) {
                 debug!(session = sid, "rpc: idle session closed");
-                let bye = Header {
-                    dest_session: s.remote,
-                    src_session: sid,
-                    ..Header::new(PacketKind::Disconnect)
-                };
-                self.tx.push(&s.peer, &bye, &[]);
+                send_bare(&mut self.tx, s, sid, PacketKind::Disconnect);
             }
             self.stats.sessions_expired += 1;
             self.close_session(sid);
@@ -145,12 +141,7 @@ impl<P: Clone> Core<P> {
                 continue;
             }
             if due <= now + s.ping_every / 2 {
-                let ping = Header {
-                    dest_session: s.remote,
-                    src_session: sid,
-                    ..Header::new(PacketKind::Ping)
-                };
-                self.tx.push(&s.peer, &ping, &[]);
+                send_bare(&mut self.tx, s, sid, PacketKind::Ping);
                 self.stats.pings_sent += 1;
                 s.next_ping = Some(now + s.ping_every);
             }

@@ -4,7 +4,7 @@
 //! resends).
 
 use crate::rpc::header::{Header, PacketKind, MAX_RANGE};
-use crate::rpc::session::{ClientSlot, ServerSlot};
+use crate::rpc::session::{ClientSlot, ServerSlot, Session};
 use crate::rpc::transport::TxBatch;
 
 use super::PendingAck;
@@ -156,4 +156,15 @@ pub(crate) fn queue_ack(acks: &mut Vec<PendingAck>, sid: u32, slot: usize, req_n
             last: idx,
         }),
     }
+}
+
+/// Sends a packet of `kind` that carries nothing but the session numbers
+/// (a ping, a disconnect) to the peer of session `s` (numbered `sid`).
+pub(crate) fn send_bare<P: Clone>(tx: &mut TxBatch<P>, s: &Session<P>, sid: u32, kind: PacketKind) {
+    let h = Header {
+        dest_session: s.remote,
+        src_session: sid,
+        ..Header::new(kind)
+    };
+    tx.push(&s.peer, &h, &[]);
 }

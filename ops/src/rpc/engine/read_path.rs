@@ -35,7 +35,7 @@ use tracing::debug;
 
 use crate::rpc::error::RpcError;
 use crate::rpc::header::{BulkDesc, Header, Status};
-use crate::rpc::session::{CallState, Role, ServeState, SESSION_SLOTS};
+use crate::rpc::session::{slot_of, CallState, Role, ServeState};
 use crate::rpc::transport::TransportError;
 
 use super::call_end::{complete, fail_too_large};
@@ -91,7 +91,7 @@ impl<P: Clone> Core<P> {
         };
         let link = s.link_ready();
         let msg_len = h.msg_len as usize;
-        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let i = slot_of(h.req_num);
         let slot = &mut s.server[i];
         if slot.takes_new(h.req_num) {
             if slot.state == ServeState::Handling {

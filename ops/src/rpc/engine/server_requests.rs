@@ -6,7 +6,7 @@ use tracing::{trace, warn};
 
 use crate::rpc::budget::{Budget, Charge};
 use crate::rpc::header::{packets_for, Header, PacketKind, Status};
-use crate::rpc::session::{Role, ServeState, Session, SessionState, SESSION_SLOTS};
+use crate::rpc::session::{slot_of, Role, ServeState, Session, SessionState};
 use crate::rpc::transport::TxBatch;
 
 use super::packets::{queue_ack, send_credit_return, send_response};
@@ -92,7 +92,7 @@ impl<P: Clone> Core<P> {
             return false;
         };
         let msg_len = h.msg_len as usize;
-        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let i = slot_of(h.req_num);
         let small = h.pkt_count == 1
             && payload.len() == msg_len
             && msg_len <= s.max_payload
@@ -134,7 +134,7 @@ impl<P: Clone> Core<P> {
         };
         let msg_len = h.msg_len as usize;
         let n = usize::from(h.pkt_count);
-        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let i = slot_of(h.req_num);
         let whole = h.pkt_idx == 0
             && (2..=u64::BITS as usize).contains(&n)
             && payload.len() == msg_len
@@ -199,7 +199,7 @@ impl<P: Clone> Core<P> {
             return;
         }
         let too_large = msg_len > max_len;
-        let i = (h.req_num % SESSION_SLOTS as u64) as usize;
+        let i = slot_of(h.req_num);
         let slot = &mut s.server[i];
         if slot.takes_new(h.req_num) {
             if slot.state == ServeState::Handling {
@@ -317,7 +317,7 @@ impl<P: Clone> Core<P> {
         let Some(s) = open_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
             return;
         };
-        let slot = &s.server[(h.req_num % SESSION_SLOTS as u64) as usize];
+        let slot = &s.server[slot_of(h.req_num)];
         let first = usize::from(h.pkt_idx);
         // Validated: below 64 more, no overflow.
         let last = first + usize::from(h.pkt_count);

@@ -4,6 +4,7 @@
 use crate::rpc::header::{Header, PacketKind, HEADER_LEN};
 use crate::rpc::session::{Role, Session, SessionState};
 
+use super::packets::send_bare;
 use super::Core;
 
 impl<P: Clone> Core<P> {
@@ -81,12 +82,7 @@ impl<P: Clone> Core<P> {
     pub(crate) fn disconnect(&mut self, sid: u32) {
         if let Some(s) = self.sessions.get(sid) {
             if matches!(s.state, SessionState::Connected) {
-                let h = Header {
-                    dest_session: s.remote,
-                    src_session: sid,
-                    ..Header::new(PacketKind::Disconnect)
-                };
-                self.tx.push(&s.peer, &h, &[]);
+                send_bare(&mut self.tx, s, sid, PacketKind::Disconnect);
             }
         }
         self.close_session(sid);

@@ -63,7 +63,7 @@ use tracing::debug;
 
 use crate::rpc::error::RpcError;
 use crate::rpc::header::{packets_for, BulkDesc, Header, PacketKind, BULK_DESC_LEN, MAX_MSG_LEN};
-use crate::rpc::session::{CallState, Role, ServeState, SESSION_SLOTS};
+use crate::rpc::session::{slot_of, CallState, Role, ServeState};
 use crate::rpc::transport::TransportError;
 
 use super::call_end::complete;
@@ -152,7 +152,7 @@ impl<P: Clone> Core<P> {
         let Some(s) = linked_session(&mut self.sessions, &mut self.stats, h, Role::Client) else {
             return;
         };
-        let slot = &mut s.client[(h.req_num % SESSION_SLOTS as u64) as usize];
+        let slot = &mut s.client[slot_of(h.req_num)];
         if h.req_num < slot.req_num {
             // Granted after an older request: a late (or duplicated)
             // packet, its room possibly taken by a request written since.
@@ -365,9 +365,9 @@ impl<P: Clone> Core<P> {
             (n > slot.req_num || slot.state == ServeState::Idle)
                 && !matches!(slot.state, ServeState::Receiving | ServeState::Handling)
         };
-        let Some((req_num, req_type, desc, room)) = trailer.filter(|&(n, _, _, _)| {
-            (n % SESSION_SLOTS as u64) as usize == i && generation(n) == gen && fresh(n)
-        }) else {
+        let Some((req_num, req_type, desc, room)) =
+            trailer.filter(|&(n, _, _, _)| slot_of(n) == i && generation(n) == gen && fresh(n))
+        else {
             stats.malformed_packets += 1;
             return;
         };

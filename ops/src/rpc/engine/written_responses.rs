@@ -34,7 +34,7 @@ use tracing::debug;
 
 use crate::rpc::error::{RpcError, SessionId};
 use crate::rpc::header::{packets_for, BulkDesc, Header, PacketKind, BULK_DESC_LEN, MAX_MSG_LEN};
-use crate::rpc::session::{CallState, Role, ServeState, SESSION_SLOTS};
+use crate::rpc::session::{slot_of, CallState, Role, ServeState};
 use crate::rpc::transport::TransportError;
 
 use super::call_end::complete;
@@ -460,7 +460,7 @@ impl<P: Clone> Core<P> {
         let Some(s) = linked_session(&mut self.sessions, &mut self.stats, h, Role::Server) else {
             return;
         };
-        let slot = &mut s.server[(h.req_num % SESSION_SLOTS as u64) as usize];
+        let slot = &mut s.server[slot_of(h.req_num)];
         let open = matches!(slot.state, ServeState::Receiving | ServeState::Handling);
         let later = h.req_num > slot.req_num || slot.state == ServeState::Idle;
         let again = slot.read_failed(h.req_num);

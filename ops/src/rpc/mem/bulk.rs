@@ -189,6 +189,16 @@ impl BulkNet {
         }
     }
 
+    /// Whether endpoint `id` has link `link`; if so, counts the
+    /// registration of an operation's buffer over it.
+    fn op_over(&mut self, id: u32, link: u64) -> bool {
+        if !self.links.contains_key(&(id, link)) {
+            return false;
+        }
+        self.registered(id);
+        true
+    }
+
     /// Counts one registration of endpoint `id`.
     fn registered(&mut self, id: u32) {
         let i = id as usize;
@@ -355,11 +365,9 @@ impl Bulk for MemBulk {
     ) -> Result<(), (Vec<u8>, TransportError)> {
         let mut net = self.net.0.borrow_mut();
         let b = &mut net.bulk;
-        if !b.links.contains_key(&(self.id, link)) {
-            let e = TransportError::no_such_link();
-            return Err((into, e));
+        if !b.op_over(self.id, link) {
+            return Err((into, TransportError::no_such_link()));
         }
-        b.registered(self.id);
         let r = PendingRead {
             reader: self.id,
             link,
@@ -417,11 +425,9 @@ impl Bulk for MemBulk {
     ) -> Result<(), (Vec<u8>, TransportError)> {
         let mut net = self.net.0.borrow_mut();
         let b = &mut net.bulk;
-        if !b.links.contains_key(&(self.id, link)) {
-            let e = TransportError::no_such_link();
-            return Err((buf, e));
+        if !b.op_over(self.id, link) {
+            return Err((buf, TransportError::no_such_link()));
         }
-        b.registered(self.id);
         let r = PendingRead {
             reader: self.id,
             link,

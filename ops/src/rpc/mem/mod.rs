@@ -173,11 +173,7 @@ impl MemNetwork {
     /// Holds READs from now on (they wait, under way, until this is
     /// called with false, which carries them out).
     pub fn hold_reads(&self, hold: bool) {
-        let mut net = self.0.borrow_mut();
-        net.bulk.hold = hold;
-        if !hold {
-            net.bulk.release(false);
-        }
+        self.hold(false, hold);
     }
 
     /// READs held (see [`hold_reads`](MemNetwork::hold_reads)).
@@ -188,10 +184,20 @@ impl MemNetwork {
     /// Holds WRITEs with immediate from now on, as
     /// [`hold_reads`](MemNetwork::hold_reads) holds READs.
     pub fn hold_writes(&self, hold: bool) {
+        self.hold(true, hold);
+    }
+
+    /// Holds READs (`writes`: WRITEs with immediate) from now on, or
+    /// carries out those held and holds no more.
+    fn hold(&self, writes: bool, hold: bool) {
         let mut net = self.0.borrow_mut();
-        net.bulk.hold_writes = hold;
+        if writes {
+            net.bulk.hold_writes = hold;
+        } else {
+            net.bulk.hold = hold;
+        }
         if !hold {
-            net.bulk.release(true);
+            net.bulk.release(writes);
         }
     }
 
