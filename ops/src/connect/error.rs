@@ -110,3 +110,10 @@ pub enum HandshakeError {
         source: ProviderError,
     },
 }
+
+impl HandshakeError {
+    /// What `map_err` makes of an I/O error while `stage`.
+    pub(crate) fn io(stage: &'static str) -> impl FnOnce(io::Error) -> HandshakeError {
+        move |source| HandshakeError::Io { stage, source }
+    }
+}

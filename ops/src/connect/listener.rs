@@ -86,10 +86,9 @@ async fn connect_in<F: QpFactory>(
     span.record("local_qpn", local.qpn);
     let connecting = pin!(TcpStream::connect(addr));
     let mut stream = match futures::future::select(connecting, pin!(sleep_until(deadline))).await {
-        futures::future::Either::Left((r, _)) => r.map_err(|source| HandshakeError::Io {
-            stage: "connecting over TCP",
-            source,
-        })?,
+        futures::future::Either::Left((r, _)) => {
+            r.map_err(HandshakeError::io("connecting over TCP"))?
+        }
         futures::future::Either::Right(_) => {
             return Err(HandshakeError::Timeout {
                 stage: "connecting over TCP",
@@ -98,10 +97,9 @@ async fn connect_in<F: QpFactory>(
         }
     };
     let _ = stream.set_nodelay(true);
-    let local_tcp = stream.local_addr().map_err(|source| HandshakeError::Io {
-        stage: "reading the local TCP address",
-        source,
-    })?;
+    let local_tcp = stream
+        .local_addr()
+        .map_err(HandshakeError::io("reading the local TCP address"))?;
     let local = advertised(local, local_tcp);
     let remote = connect_exchange(
         &mut stream,
@@ -206,10 +204,7 @@ impl<F: QpFactory> Listener<F> {
         qps: F,
         timeout: Duration,
     ) -> Result<Listener<F>, HandshakeError> {
-        let tcp = TcpListener::bind(addr).map_err(|source| HandshakeError::Io {
-            stage: "binding the listener",
-            source,
-        })?;
+        let tcp = TcpListener::bind(addr).map_err(HandshakeError::io("binding the listener"))?;
         Ok(Listener::with_tcp(tcp, qps, timeout))
     }
 
@@ -223,10 +218,8 @@ impl<F: QpFactory> Listener<F> {
         qps: F,
         timeout: Duration,
     ) -> Result<Listener<F>, HandshakeError> {
-        let tcp = TcpListener::from_std(listener).map_err(|source| HandshakeError::Io {
-            stage: "registering the listening socket",
-            source,
-        })?;
+        let tcp = TcpListener::from_std(listener)
+            .map_err(HandshakeError::io("registering the listening socket"))?;
         Ok(Listener::with_tcp(tcp, qps, timeout))
     }
 
@@ -257,10 +250,9 @@ impl<F: QpFactory> Listener<F> {
 
     /// The bound address.
     pub fn local_addr(&self) -> Result<SocketAddr, HandshakeError> {
-        self.tcp.local_addr().map_err(|source| HandshakeError::Io {
-            stage: "querying the listener address",
-            source,
-        })
+        self.tcp
+            .local_addr()
+            .map_err(HandshakeError::io("querying the listener address"))
     }
 
     /// The next successful connection. Clients whose handshake fails (bad
@@ -509,10 +501,9 @@ async fn handshake<F: QpFactory>(
     span: tracing::Span,
 ) -> Result<Connection<F::Qp>, HandshakeError> {
     let _ = stream.set_nodelay(true);
-    let local_tcp = stream.local_addr().map_err(|source| HandshakeError::Io {
-        stage: "reading the local TCP address",
-        source,
-    })?;
+    let local_tcp = stream
+        .local_addr()
+        .map_err(HandshakeError::io("reading the local TCP address"))?;
     let deadline = Deadline {
         timer: sleep_until(Instant::now() + timeout),
         after: timeout,

@@ -14,6 +14,23 @@ pub const SESSION_SLOTS: usize = 8;
 // `Session::active` has a bit per slot and rotates as a `u8`.
 const _: () = assert!(SESSION_SLOTS == u8::BITS as usize);
 
+/// Copies a packet's `payload` to offset `start` of the message being
+/// put together in `msg`: appended when the packets come in order (no zero
+/// fill), else `msg` grown to the packet's end, never to the length the
+/// message claims at once.
+#[inline]
+pub(crate) fn place_packet(msg: &mut Vec<u8>, start: usize, payload: &[u8]) {
+    let end = start + payload.len();
+    if start == msg.len() {
+        msg.extend_from_slice(payload);
+    } else {
+        if end > msg.len() {
+            msg.resize(end, 0);
+        }
+        msg[start..end].copy_from_slice(payload);
+    }
+}
+
 /// The slot request number `req_num` uses: request `n` uses slot `n % 8`.
 #[inline]
 pub(crate) fn slot_of(req_num: u64) -> usize {

@@ -3,7 +3,7 @@
 
 use crate::rpc::error::{RpcError, SessionId};
 use crate::rpc::header::{packets_for, Header, Status};
-use crate::rpc::session::{slot_of, CallState, Role, SessionState, WINDOW};
+use crate::rpc::session::{place_packet, slot_of, CallState, Role, SessionState, WINDOW};
 
 use super::call_end::{complete, complete_ok, fail_too_large};
 use super::Core;
@@ -202,16 +202,7 @@ impl<P: Clone> Core<P> {
             self.stats.malformed_packets += 1;
             return;
         }
-        if start == slot.resp.len() {
-            // In order: appended, no zero fill.
-            slot.resp.extend_from_slice(payload);
-        } else {
-            if end > slot.resp.len() {
-                // Grown as packets arrive, never to the claimed length at once.
-                slot.resp.resize(end, 0);
-            }
-            slot.resp[start..end].copy_from_slice(payload);
-        }
+        place_packet(&mut slot.resp, start, payload);
         slot.mark_response_packet(j);
         let before = slot.in_flight();
         if j == 0 {

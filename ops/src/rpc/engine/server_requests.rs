@@ -6,7 +6,7 @@ use tracing::{trace, warn};
 
 use crate::rpc::budget::{Budget, Charge};
 use crate::rpc::header::{packets_for, Header, PacketKind, Status};
-use crate::rpc::session::{slot_of, Role, ServeState, Session, SessionState};
+use crate::rpc::session::{place_packet, slot_of, Role, ServeState, Session, SessionState};
 use crate::rpc::transport::TxBatch;
 
 use super::packets::{queue_ack, send_credit_return, send_response};
@@ -255,17 +255,7 @@ impl<P: Clone> Core<P> {
         let got = slot.got.get(word).is_some_and(|w| w & bit != 0);
         match slot.state {
             ServeState::Receiving if !got => {
-                let end = start + payload.len();
-                if start == slot.req.len() {
-                    // In order: appended, no zero fill.
-                    slot.req.extend_from_slice(payload);
-                } else {
-                    if end > slot.req.len() {
-                        // Grown to this packet's end (reserved already).
-                        slot.req.resize(end, 0);
-                    }
-                    slot.req[start..end].copy_from_slice(payload);
-                }
+                place_packet(&mut slot.req, start, payload);
                 slot.got[word] |= bit;
                 slot.rx += 1;
                 slot.stalled_sweeps = 0;

@@ -189,14 +189,25 @@ impl BulkNet {
         }
     }
 
-    /// Whether endpoint `id` has link `link`; if so, counts the
-    /// registration of an operation's buffer over it.
-    fn op_over(&mut self, id: u32, link: u64) -> bool {
-        if !self.links.contains_key(&(id, link)) {
-            return false;
+    /// Starts `r`, a READ or a WRITE with immediate over its reader's
+    /// link (its buffer's registration counted): held while its kind is
+    /// held, else carried out now.
+    fn start(&mut self, r: PendingRead) -> Result<(), (Vec<u8>, TransportError)> {
+        if !self.links.contains_key(&(r.reader, r.link)) {
+            return Err((r.into, TransportError::no_such_link()));
         }
-        self.registered(id);
-        true
+        self.registered(r.reader);
+        let hold = if r.write_imm.is_some() {
+            self.hold_writes
+        } else {
+            self.hold
+        };
+        if hold {
+            self.pending.push_back(r);
+        } else {
+            self.execute(r);
+        }
+        Ok(())
     }
 
     /// Counts one registration of endpoint `id`.
@@ -363,12 +374,7 @@ impl Bulk for MemBulk {
         into: Vec<u8>,
         token: u64,
     ) -> Result<(), (Vec<u8>, TransportError)> {
-        let mut net = self.net.0.borrow_mut();
-        let b = &mut net.bulk;
-        if !b.op_over(self.id, link) {
-            return Err((into, TransportError::no_such_link()));
-        }
-        let r = PendingRead {
+        self.net.0.borrow_mut().bulk.start(PendingRead {
             reader: self.id,
             link,
             addr,
@@ -377,13 +383,7 @@ impl Bulk for MemBulk {
             into,
             token,
             write_imm: None,
-        };
-        if b.hold {
-            b.pending.push_back(r);
-        } else {
-            b.execute(r);
-        }
-        Ok(())
+        })
     }
 
     fn expose_writable(
@@ -423,12 +423,7 @@ impl Bulk for MemBulk {
         imm: u32,
         token: u64,
     ) -> Result<(), (Vec<u8>, TransportError)> {
-        let mut net = self.net.0.borrow_mut();
-        let b = &mut net.bulk;
-        if !b.op_over(self.id, link) {
-            return Err((buf, TransportError::no_such_link()));
-        }
-        let r = PendingRead {
+        self.net.0.borrow_mut().bulk.start(PendingRead {
             reader: self.id,
             link,
             addr,
@@ -437,13 +432,7 @@ impl Bulk for MemBulk {
             into: buf,
             token,
             write_imm: Some(imm),
-        };
-        if b.hold_writes {
-            b.pending.push_back(r);
-        } else {
-            b.execute(r);
-        }
-        Ok(())
+        })
     }
 
     fn poll_written(&mut self, cx: &mut Context<'_>, out: &mut Vec<(u64, u32)>) {
