@@ -132,10 +132,10 @@ fn turn(c: &mut Core<u32>, packet: &[u8]) {
     c.poll_bulk(&mut Context::from_waker(Waker::noop()));
     c.accept_connects(|addr| match addr {
         [id, 0, 0, 0] => Ok(u32::from(*id)),
-        _ => Err(TransportError::BadAddress {
-            len: addr.len(),
-            reason: "not a test address",
-        }),
+        _ => Err(TransportError::bad_address(
+            addr.len(),
+            "not a test address",
+        )),
     });
     let jobs: Vec<_> = c
         .handlers

@@ -267,10 +267,12 @@ pub enum TransportError {
 impl TransportError {
     /// A bulk operation named a link this side does not have.
     pub(crate) fn no_such_link() -> Self {
-        TransportError::BadAddress {
-            len: 0,
-            reason: "no such link",
-        }
+        TransportError::bad_address(0, "no such link")
+    }
+
+    /// A [`TransportError::BadAddress`] of `len` bytes: `reason`.
+    pub(crate) fn bad_address(len: usize, reason: &'static str) -> Self {
+        TransportError::BadAddress { len, reason }
     }
 }
 

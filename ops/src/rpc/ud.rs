@@ -58,14 +58,13 @@ pub fn encode_ud_addr(ep: &UdEndpoint) -> Result<Vec<u8>, TransportError> {
 /// Decodes what [`encode_ud_addr`] wrote.
 pub fn decode_ud_addr(addr: &[u8]) -> Result<UdEndpoint, TransportError> {
     let Some((hello, qkey)) = addr.split_last_chunk::<4>() else {
-        return Err(TransportError::BadAddress {
-            len: addr.len(),
-            reason: "shorter than a Q_Key",
-        });
+        return Err(TransportError::bad_address(
+            addr.len(),
+            "shorter than a Q_Key",
+        ));
     };
-    let hello = handshake::decode(hello).map_err(|_| TransportError::BadAddress {
-        len: addr.len(),
-        reason: "not a handshake hello followed by a Q_Key",
+    let hello = handshake::decode(hello).map_err(|_| {
+        TransportError::bad_address(addr.len(), "not a handshake hello followed by a Q_Key")
     })?;
     Ok(UdEndpoint {
         endpoint: hello.endpoint,

@@ -336,15 +336,10 @@ impl Bulk for UdBulk {
 
     fn connect(&mut self, link: u64, remote: &[u8]) -> Result<(), TransportError> {
         let Some(Link { qp, ep: local, .. }) = self.links.get(&link) else {
-            return Err(TransportError::BadAddress {
-                len: remote.len(),
-                reason: "no such link",
-            });
+            return Err(TransportError::bad_address(remote.len(), "no such link"));
         };
-        let hello = handshake::decode(remote).map_err(|_| TransportError::BadAddress {
-            len: remote.len(),
-            reason: "not a handshake hello",
-        })?;
+        let hello = handshake::decode(remote)
+            .map_err(|_| TransportError::bad_address(remote.len(), "not a handshake hello"))?;
         self.qps
             .connect(qp, local, &hello.endpoint)
             .map_err(|e| failed("connecting the RC queue pair", e))

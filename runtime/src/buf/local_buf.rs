@@ -142,17 +142,24 @@ impl LocalBuf {
         Ok(())
     }
 
-    /// Sets the length to `new_len`, filling new bytes with `value`; fails if
-    /// `new_len` exceeds the capacity.
-    pub fn resize(&mut self, new_len: usize, value: u8) -> Result<(), BufError> {
+    /// Fails (`what`: the caller) if `new_len` exceeds the capacity.
+    #[inline]
+    fn check_len(&self, what: &'static str, new_len: usize) -> Result<(), BufError> {
         if new_len > self.capacity() {
             return Err(BufError::OutOfBounds {
-                what: "LocalBuf::resize",
+                what,
                 start: 0,
                 end: new_len,
                 len: self.capacity(),
             });
         }
+        Ok(())
+    }
+
+    /// Sets the length to `new_len`, filling new bytes with `value`; fails if
+    /// `new_len` exceeds the capacity.
+    pub fn resize(&mut self, new_len: usize, value: u8) -> Result<(), BufError> {
+        self.check_len("LocalBuf::resize", new_len)?;
         let len = self.len();
         if new_len > len {
             // SAFETY: `[len, new_len)` is inside the block.
@@ -167,14 +174,7 @@ impl LocalBuf {
     /// is initialized (chunks are zeroed once), so this only exposes whatever
     /// the block held before (a previous user's data, or what the device wrote).
     pub fn set_len(&mut self, new_len: usize) -> Result<(), BufError> {
-        if new_len > self.capacity() {
-            return Err(BufError::OutOfBounds {
-                what: "LocalBuf::set_len",
-                start: 0,
-                end: new_len,
-                len: self.capacity(),
-            });
-        }
+        self.check_len("LocalBuf::set_len", new_len)?;
         // At most `cap`: a `u32`.
         self.len = new_len as u32;
         Ok(())

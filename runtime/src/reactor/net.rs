@@ -34,6 +34,11 @@ impl Registration {
         Ok(Registration { handle, key })
     }
 
+    /// Takes `source` off the reactor (its owner drops it).
+    fn deregister(&self, source: &mut impl mio::event::Source) {
+        self.handle.driver().deregister_io(source, self.key);
+    }
+
     /// Runs `op` until it does not block, waiting for readiness in `dir`.
     fn poll_io<R>(
         &self,
@@ -108,10 +113,7 @@ impl TcpListener {
 
 impl Drop for TcpListener {
     fn drop(&mut self) {
-        self.reg
-            .handle
-            .driver()
-            .deregister_io(&mut self.io, self.reg.key);
+        self.reg.deregister(&mut self.io);
     }
 }
 
@@ -216,10 +218,7 @@ impl AsyncWrite for TcpStream {
 
 impl Drop for TcpStream {
     fn drop(&mut self) {
-        self.reg
-            .handle
-            .driver()
-            .deregister_io(&mut self.io, self.reg.key);
+        self.reg.deregister(&mut self.io);
     }
 }
 

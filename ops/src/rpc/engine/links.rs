@@ -218,10 +218,10 @@ impl<P: Clone> Core<P> {
                 let connected = bulk
                     .as_mut()
                     .map(|b| b.connect(local, payload))
-                    .unwrap_or(Err(TransportError::BadAddress {
-                        len: payload.len(),
-                        reason: "no RC link here",
-                    }));
+                    .unwrap_or(Err(TransportError::bad_address(
+                        payload.len(),
+                        "no RC link here",
+                    )));
                 if let Err(error) = connected {
                     stats.malformed_packets += 1;
                     debug!(%error, session = sid, "rpc: the server's RC endpoint does not connect; large messages stay in packets");

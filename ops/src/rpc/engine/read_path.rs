@@ -58,10 +58,7 @@ impl<P: Clone> Core<P> {
         target: ReadTarget,
     ) -> Result<u64, TransportError> {
         let Some(bulk) = self.bulk.as_mut() else {
-            return Err(TransportError::BadAddress {
-                len: 0,
-                reason: "no RC link here",
-            });
+            return Err(TransportError::bad_address(0, "no RC link here"));
         };
         let into = self.pool.take_for(len);
         let token = self.next_token;
@@ -309,10 +306,8 @@ impl<P: Clone> Core<P> {
         }
         s.credits += before - s.client[i].in_flight();
         let Some(link) = link else {
-            let e = TransportError::BadAddress {
-                len: 0,
-                reason: "a read response on a session without an RC link",
-            };
+            let e =
+                TransportError::bad_address(0, "a read response on a session without an RC link");
             self.read_failed(sid, i, Role::Client, 0, e);
             return;
         };

@@ -268,10 +268,10 @@ impl<P: Clone> Core<P> {
             return;
         };
         let Some(mut buf) = buf else {
-            let e = TransportError::BadAddress {
+            let e = TransportError::bad_address(
                 len,
-                reason: "a WRITE with immediate for a call whose buffer is gone",
-            };
+                "a WRITE with immediate for a call whose buffer is gone",
+            );
             complete(s, i, Err(RpcError::Transport(e)));
             return;
         };
@@ -297,10 +297,10 @@ impl<P: Clone> Core<P> {
                     max: max_len,
                 }
             } else {
-                RpcError::Transport(TransportError::BadAddress {
+                RpcError::Transport(TransportError::bad_address(
                     len,
-                    reason: "a WRITE with immediate claiming a length outside the offered buffer",
-                })
+                    "a WRITE with immediate claiming a length outside the offered buffer",
+                ))
             };
             complete(s, i, Err(e));
             if s.active != 0 && s.starved {

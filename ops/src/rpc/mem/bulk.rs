@@ -290,10 +290,7 @@ impl Bulk for MemBulk {
     }
 
     fn connect(&mut self, link: u64, remote: &[u8]) -> Result<(), TransportError> {
-        let bad = |reason| TransportError::BadAddress {
-            len: remote.len(),
-            reason,
-        };
+        let bad = |reason| TransportError::bad_address(remote.len(), reason);
         let Some((peer, rest)) = remote.split_first_chunk::<4>() else {
             return Err(bad("not a link address"));
         };

@@ -333,10 +333,7 @@ impl Transport for MemTransport {
     }
 
     fn resolve(&mut self, addr: &[u8]) -> Result<u32, TransportError> {
-        let bad = |reason| TransportError::BadAddress {
-            len: addr.len(),
-            reason,
-        };
+        let bad = |reason| TransportError::bad_address(addr.len(), reason);
         let id = u32::from_le_bytes(addr.try_into().map_err(|_| bad("not 4 bytes"))?);
         if (id as usize) < self.net.0.borrow().inboxes.len() {
             Ok(id)

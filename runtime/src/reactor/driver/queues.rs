@@ -2,7 +2,10 @@
 //! [`WorkQueue`]s: routing the completions of reserved wr_ids to them, the
 //! poll phase whose end they hear, and their draining and shutdown.
 
+use std::cell::RefCell;
 use std::rc::Rc;
+
+use slab::Slab;
 
 use super::Driver;
 use crate::op::wr_id;
@@ -110,15 +113,7 @@ impl Driver {
     /// Shutdown: leaks the rings whose buffers are still posted (the device
     /// may still write them), drops the others. Returns how many leaked.
     pub(crate) fn release_rings(&self) -> usize {
-        let all: Vec<Rc<dyn WorkQueue>> = self.rings.borrow_mut().drain().collect();
-        let mut leaked = 0;
-        for r in all {
-            if r.lent() > 0 {
-                leaked += 1;
-                std::mem::forget(r);
-            }
-        }
-        leaked
+        leak_lent(&self.rings)
     }
 
     /// Some submission waits for CQ entries: every QP gives back those it
@@ -261,14 +256,21 @@ impl Driver {
     /// the device may still use, and drops the others (inline sends lend
     /// no memory).
     pub(crate) fn release_qps(&self) -> usize {
-        let all: Vec<Rc<dyn WorkQueue>> = self.qps.borrow_mut().drain().collect();
-        let mut leaked = 0;
-        for q in all {
-            if q.lent() > 0 {
-                leaked += 1;
-                std::mem::forget(q);
-            }
-        }
-        leaked
+        leak_lent(&self.qps)
     }
+}
+
+/// Shutdown: empties `queues`, leaking those that still lend buffers to the
+/// device (it may still write them) and dropping the others. Returns how
+/// many leaked.
+fn leak_lent(queues: &RefCell<Slab<Rc<dyn WorkQueue>>>) -> usize {
+    let all: Vec<Rc<dyn WorkQueue>> = queues.borrow_mut().drain().collect();
+    let mut leaked = 0;
+    for q in all {
+        if q.lent() > 0 {
+            leaked += 1;
+            std::mem::forget(q);
+        }
+    }
+    leaked
 }
