@@ -54,7 +54,7 @@ RPC = OPS / "rpc"
 # Lowest first; "engine/x" is ops/src/rpc/engine/x.rs, "engine" its mod.rs,
 # "mem" the whole mem/ folder. A file may only use files listed before it.
 RPC_LAYERS = [
-    "header", "transport", "error", "addr", "budget", "buf", "rtt", "session", "config",
+    "waker", "header", "transport", "error", "addr", "budget", "buf", "rtt", "session", "config",
     "id_map", "table", "request", "runner", "mem", "ud_bulk", "ud",
     "engine", "engine/packets", "engine/call_end", "engine/write_format", "engine/release",
     "engine/paths", "engine/receive", "engine/sessions", "engine/idle", "engine/admission",

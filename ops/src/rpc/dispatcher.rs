@@ -19,6 +19,7 @@ use super::engine::Core;
 use super::error::RpcError;
 use super::header::HEADER_LEN;
 use super::transport::Transport;
+use super::waker::keep_waker;
 
 /// The transport and the rest of the engine.
 pub(crate) struct Engine<T: Transport> {
@@ -190,10 +191,7 @@ impl<T: Transport> Engine<T> {
         {
             e.core.work.dispatches += 1;
         }
-        match &mut e.core.dispatcher {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
+        keep_waker(&mut e.core.dispatcher, cx);
         let mut more = e.recv_batch(cx);
         drop(e);
         let mut rounds = 0;
@@ -219,10 +217,7 @@ impl<T: Transport> Engine<T> {
     /// that receiving polls no timer (woken by `Core::wake_ticker` when a
     /// timer is to be armed, and by its timers).
     pub(crate) fn poll_timers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        match &mut self.core.ticker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
+        keep_waker(&mut self.core.ticker, cx);
         let tick = self.core.config.rto / TICKS_PER_RTO;
         while self.core.timer_wanted && fired(&mut self.core.timer, tick, cx) {
             self.core.now += 1;

@@ -98,13 +98,12 @@
 //! Lowest first; a file uses only those listed before it
 //! (`scripts/check-layers.py` checks it):
 //!
-//! * the wire and the state: `header.rs` (the packet header), `transport.rs`
-//!   (what the engine needs of a transport), `error.rs`, `addr.rs`,
-//!   `session.rs` (sessions and their slots), `config.rs`, `budget.rs`
-//!   (the request memory), `buf.rs` (the buffer pool), `rtt.rs`,
-//!   `id_map.rs`, `table.rs` (sessions by number), `request.rs` (a
-//!   request as its handler gets it), `runner.rs` (a handler task's
-//!   future slot);
+//! * the wire and the state: `waker.rs`, `header.rs` (the packet header),
+//!   `transport.rs` (what the engine needs of a transport), `error.rs`,
+//!   `addr.rs`, `budget.rs` (the request memory), `buf.rs` (the buffer
+//!   pool), `rtt.rs`, `session.rs` (sessions and their slots), `config.rs`,
+//!   `id_map.rs`, `table.rs` (sessions by number), `request.rs` (a request
+//!   as its handler gets it), `runner.rs` (a handler task's future slot);
 //! * the transports: `mem/` (in memory, lossy, and its large-message
 //!   path), `ud_bulk.rs` and `ud.rs` (UD queue pairs, with RC links
 //!   beside them);
@@ -134,6 +133,7 @@ mod table;
 mod transport;
 pub mod ud;
 mod ud_bulk;
+mod waker;
 
 pub use addr::{ParseRpcAddrError, RpcAddr, MAX_RPC_ADDR_LEN};
 pub use buf::{MsgBuf, POOL_MAX_BYTES};

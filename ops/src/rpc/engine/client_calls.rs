@@ -9,6 +9,7 @@ use crate::rpc::error::{RpcError, SessionId};
 use crate::rpc::header::{packets_for, Header, PacketKind, HEADER_LEN, MAX_RANGE};
 use crate::rpc::session::{CallState, Role, Session, SessionState, SESSION_SLOTS, WINDOW};
 use crate::rpc::transport::Bulk;
+use crate::rpc::waker::keep_waker;
 
 use super::call_end::{complete, free_slot};
 use super::link_send::send_whole;
@@ -152,10 +153,7 @@ impl<P: Clone> Core<P> {
         // The caller's waker, registered now: whatever completes the call
         // from here on wakes it, so the caller need not poll the call
         // before it yields (`Rpc::call_req`).
-        match &mut slot.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
+        keep_waker(&mut slot.waker, cx);
         slot.req_type = req_type;
         match data {
             Req::Copy(data) => {
@@ -394,10 +392,7 @@ impl<P: Clone> Core<P> {
         }
         match std::mem::replace(&mut slot.state, CallState::Active) {
             CallState::Active => {
-                match &mut slot.waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    w => *w = Some(cx.waker().clone()),
-                }
+                keep_waker(&mut slot.waker, cx);
                 Poll::Pending
             }
             CallState::Done(result) => {

@@ -6,9 +6,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::task::{Context, Waker};
 
-use super::MemNetwork;
 use crate::rpc::header::HEADER_LEN;
 use crate::rpc::transport::{Bulk, BulkDone, LinkPacket, TransportError};
+use crate::rpc::waker::keep_waker;
+
+use super::MemNetwork;
 
 /// The largest packet a link carries in memory (as on UD: a header and
 /// 32 KiB); a larger one breaks the receiver's link, as a SEND larger
@@ -437,10 +439,7 @@ impl Bulk for MemBulk {
         let (items, waker) = net.bulk.written_of(self.id);
         // Registered whether or not some are here (as a receive ring
         // registers once drained): the engine does not ask again.
-        match waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
+        keep_waker(waker, cx);
         out.append(items);
     }
 
@@ -489,10 +488,7 @@ impl Bulk for MemBulk {
         broken: &mut Vec<u64>,
     ) {
         let mut net = self.net.0.borrow_mut();
-        match &mut net.bulk.written_of(self.id).1 {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
+        keep_waker(&mut net.bulk.written_of(self.id).1, cx);
         let inbox = net.bulk.inbox_of(self.id);
         out.extend(
             inbox
@@ -507,10 +503,7 @@ impl Bulk for MemBulk {
         let mut net = self.net.0.borrow_mut();
         let (items, waker) = net.bulk.done_of(self.id);
         // Registered whether or not some are here (as the UD one).
-        match waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
-        }
+        keep_waker(waker, cx);
         out.append(items);
     }
 }

@@ -8,6 +8,8 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
+use crate::rpc::waker::keep_waker;
+
 pub(crate) mod bulk;
 
 use crate::rpc::transport::{Bulk, Transport, TransportError, TxBatch};
@@ -400,10 +402,7 @@ impl Transport for MemTransport {
             let inbox = &mut net.inboxes[self.id as usize];
             let Some(buf) = inbox.queue.pop_front() else {
                 // Drained: woken by the next packet (`short_batch_registers`).
-                match &mut inbox.waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    w => *w = Some(cx.waker().clone()),
-                }
+                keep_waker(&mut inbox.waker, cx);
                 break;
             };
             drop(net);
