@@ -82,7 +82,7 @@ pub(crate) fn free_slot<P>(s: &mut Session<P>, i: usize) {
 /// The peer stopped answering request `req_num` in slot `failed`: that call
 /// fails with a timeout, the session's other calls with `SessionFailed`.
 pub(crate) fn fail_session<P>(
-    s: &mut crate::rpc::session::Session<P>,
+    s: &mut Session<P>,
     sid: u32,
     failed: usize,
     req_num: u64,

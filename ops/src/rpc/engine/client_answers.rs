@@ -2,10 +2,11 @@
 //! calls completed once their response is all in.
 
 use crate::rpc::error::{RpcError, SessionId};
-use crate::rpc::header::{packets_for, Header, Status};
+use crate::rpc::header::{packets_for, Header, Status, HEADER_LEN};
 use crate::rpc::session::{place_packet, slot_of, CallState, Role, SessionState, WINDOW};
 
 use super::call_end::{complete, complete_ok, fail_too_large};
+use super::release::close_link;
 use super::Core;
 
 impl<P: Clone> Core<P> {
@@ -122,7 +123,7 @@ impl<P: Clone> Core<P> {
                 let Some(s) = self.sessions.get_mut(sid) else {
                     return;
                 };
-                super::release::close_link(&mut self.bulk, s);
+                close_link(&mut self.bulk, s);
                 complete(s, i, Err(e));
                 return;
             }
@@ -146,7 +147,7 @@ impl<P: Clone> Core<P> {
             if msg_len > max_payload
                 && msg_len < read_threshold
                 && read_threshold != usize::MAX
-                && crate::rpc::header::HEADER_LEN + msg_len <= max_link_packet
+                && HEADER_LEN + msg_len <= max_link_packet
                 && s.link.is_none()
                 && !s.link_refused
                 && !self.links_wanted.contains(&sid)

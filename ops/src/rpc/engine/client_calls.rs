@@ -14,7 +14,7 @@ use crate::rpc::waker::keep_waker;
 use super::call_end::{complete, free_slot};
 use super::link_send::send_whole;
 use super::packets::send_client_packet;
-use super::paths::link_for;
+use super::paths::{goes_bulk, link_for};
 use super::{Core, RpcStats};
 
 /// A call's request: bytes to copy into the slot, or a buffer the slot
@@ -140,7 +140,7 @@ impl<P: Clone> Core<P> {
         let max_payload = s.max_payload;
         let offer = !small_call
             && !bulk_len
-            && super::paths::goes_bulk(
+            && goes_bulk(
                 &self.config,
                 max_link_packet,
                 has_bulk,

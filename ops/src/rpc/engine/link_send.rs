@@ -43,6 +43,7 @@ use crate::rpc::header::{packets_for, Header, PacketKind, HEADER_LEN};
 use crate::rpc::session::Role;
 use crate::rpc::transport::Bulk;
 
+use super::release::close_link;
 use super::{Core, RpcStats};
 
 /// Sends `head` and `payload` (a whole message) over `link`: whether it
@@ -134,7 +135,7 @@ impl<P: Clone> Core<P> {
                 continue;
             };
             if s.link.as_ref().is_some_and(|l| l.local == link) {
-                super::release::close_link(&mut self.bulk, s);
+                close_link(&mut self.bulk, s);
                 return;
             }
         }

@@ -7,7 +7,7 @@
 
 use tracing::debug;
 
-use crate::rpc::header::{Header, PacketKind};
+use crate::rpc::header::{Header, PacketKind, HEADER_LEN};
 use crate::rpc::session::{CallState, Link, LinkStep, Role, Session};
 use crate::rpc::transport::{Bulk, TransportError, TxBatch};
 
@@ -85,7 +85,7 @@ impl<P: Clone> Core<P> {
         let local = (self.next_link << 32) | u64::from(sid);
         self.next_link += 1;
         match bulk.open(local) {
-            Ok(addr) if addr.len() + crate::rpc::header::HEADER_LEN <= self.max_packet => {
+            Ok(addr) if addr.len() + HEADER_LEN <= self.max_packet => {
                 s.link = Some(Link {
                     local,
                     id: local,

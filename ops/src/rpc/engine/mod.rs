@@ -64,7 +64,7 @@ use std::task::Waker;
 use verbio_runtime::Sleep;
 
 use crate::rpc::budget::{Budget, Charge};
-use crate::rpc::buf::BufPool;
+use crate::rpc::buf::{BufPool, MsgBuf};
 use crate::rpc::config::RpcConfig;
 use crate::rpc::header::Header;
 use crate::rpc::id_map::IdMap;
@@ -72,7 +72,7 @@ use crate::rpc::request::Request;
 use crate::rpc::runner::{JobId, Runner};
 use crate::rpc::session::ConnectKey;
 use crate::rpc::table::SessionTable;
-use crate::rpc::transport::TxBatch;
+use crate::rpc::transport::{Bulk, BulkDone, LinkPacket, TxBatch};
 
 /// Counters of an endpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -213,7 +213,7 @@ pub(crate) struct Start {
 }
 
 /// A handler run inside the dispatcher ([`Rpc::register_inline`](crate::rpc::Rpc::register_inline)).
-pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> crate::rpc::buf::MsgBuf>;
+pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> MsgBuf>;
 
 /// The queue of one request type's handler tasks (or its inline handler).
 #[derive(Default)]
@@ -306,7 +306,7 @@ pub(crate) struct Core<P> {
     /// sweep and the keepalive run there, off the dispatcher's path.
     pub(crate) ticker: Option<Waker>,
     /// The transport's large-message path (`read_path.rs`), if it has one.
-    pub(crate) bulk: Option<Box<dyn crate::rpc::transport::Bulk>>,
+    pub(crate) bulk: Option<Box<dyn Bulk>>,
     /// READs under way, by token.
     pub(crate) reads: IdMap<u64, ReadTarget>,
     /// The next READ's token.
@@ -316,7 +316,7 @@ pub(crate) struct Core<P> {
     /// Client sessions to ask for a link at the end of this receive batch.
     pub(crate) links_wanted: Vec<u32>,
     /// READs finished, taken from the transport (reused).
-    pub(crate) bulk_done: Vec<crate::rpc::transport::BulkDone>,
+    pub(crate) bulk_done: Vec<BulkDone>,
     /// Server: WRITEs of responses under way, by token (`written_responses.rs`).
     pub(crate) writes: IdMap<u64, ReadTarget>,
     /// Client: WRITEs with immediate received, taken from the transport
@@ -333,7 +333,7 @@ pub(crate) struct Core<P> {
     pub(crate) link_recv_charge: Charge,
     pub(crate) link_recv_bytes: usize,
     /// Packets taken from the links, and links broken (reused).
-    pub(crate) link_rx: Vec<(u64, crate::rpc::transport::LinkPacket)>,
+    pub(crate) link_rx: Vec<(u64, LinkPacket)>,
     pub(crate) links_broken: Vec<u64>,
     /// Work counted for tests that bound it.
     #[cfg(test)]

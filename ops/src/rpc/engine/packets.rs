@@ -3,7 +3,7 @@
 //! and responses. Shared by the jobs that send them (first sends and
 //! resends).
 
-use crate::rpc::header::{Header, PacketKind, MAX_RANGE};
+use crate::rpc::header::{Header, PacketKind, BULK_DESC_LEN, MAX_RANGE};
 use crate::rpc::session::{ClientSlot, ServerSlot, Session};
 use crate::rpc::transport::TxBatch;
 
@@ -27,7 +27,7 @@ pub(crate) fn send_client_packet<P: Clone>(
     if let (true, Some((desc, len))) = (k < slot.n_req, &slot.req_desc) {
         let h = Header {
             req_type: slot.req_type,
-            payload_len: crate::rpc::header::BULK_DESC_LEN as u16,
+            payload_len: BULK_DESC_LEN as u16,
             dest_session: remote,
             src_session: local,
             req_num: slot.req_num,
@@ -102,7 +102,7 @@ pub(crate) fn send_response<P: Clone>(
 ) {
     if let Some((_, desc, len)) = &slot.resp_exposed {
         let h = Header {
-            payload_len: crate::rpc::header::BULK_DESC_LEN as u16,
+            payload_len: BULK_DESC_LEN as u16,
             dest_session: remote,
             src_session: local,
             req_num: slot.req_num,

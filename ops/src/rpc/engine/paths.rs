@@ -2,7 +2,8 @@
 //! session's RC link (`link_send.rs`), or by READ or WRITE
 //! (`read_path.rs`, `written_responses.rs`, `written_requests.rs`).
 
-use crate::rpc::header::HEADER_LEN;
+use crate::rpc::config::RpcConfig;
+use crate::rpc::header::{packets_for, HEADER_LEN};
 
 use super::Core;
 
@@ -12,7 +13,7 @@ use super::Core;
 /// ([`Bulk::max_link_packet`](crate::rpc::Bulk::max_link_packet)), `has_bulk` whether it has a large-message
 /// path.
 pub(crate) fn goes_bulk(
-    config: &crate::rpc::config::RpcConfig,
+    config: &RpcConfig,
     max_link_packet: usize,
     has_bulk: bool,
     len: usize,
@@ -30,8 +31,8 @@ pub(crate) fn goes_bulk(
     // not in datagrams.
     let in_one_go = config.session_credits.min(config.response_window);
     len > max_payload
-        && (len > max_link_packet.saturating_sub(crate::rpc::header::HEADER_LEN)
-            || crate::rpc::header::packets_for(len, max_payload) > in_one_go)
+        && (len > max_link_packet.saturating_sub(HEADER_LEN)
+            || packets_for(len, max_payload) > in_one_go)
 }
 
 impl<P: Clone> Core<P> {

@@ -33,8 +33,9 @@
 
 use tracing::debug;
 
+use crate::rpc::budget::Charge;
 use crate::rpc::error::RpcError;
-use crate::rpc::header::{BulkDesc, Header, Status};
+use crate::rpc::header::{packets_for, BulkDesc, Header, Status};
 use crate::rpc::session::{slot_of, CallState, Role, ServeState};
 use crate::rpc::transport::TransportError;
 
@@ -110,7 +111,7 @@ impl<P: Clone> Core<P> {
             }
             // Charged before anything is read: a peer claiming large
             // requests gets no more memory than the budget.
-            let mut charge = crate::rpc::budget::Charge::default();
+            let mut charge = Charge::default();
             if !self.budget.grow(&mut charge, msg_len, false) {
                 let (stats, budget) = (&mut self.stats, &self.budget);
                 send_busy(stats, budget, &mut self.tx, &s.peer, s.remote, sid, h);
@@ -223,7 +224,7 @@ impl<P: Clone> Core<P> {
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;
-        slot.n_req = crate::rpc::header::packets_for(len, max_payload);
+        slot.n_req = packets_for(len, max_payload);
         slot.relinked = true;
         slot.retries = 0;
         slot.progress = now;

@@ -5,8 +5,9 @@
 
 use tracing::debug;
 
+use crate::rpc::buf::BufPool;
 use crate::rpc::header::BulkDesc;
-use crate::rpc::session::Session;
+use crate::rpc::session::{ClientSlot, Session};
 use crate::rpc::transport::Bulk;
 
 use super::write_format::{WRITE_TRAILER, WRITTEN_REQUEST_MAX};
@@ -17,7 +18,7 @@ pub(crate) fn close_link<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session<P>
     if let (Some(l), Some(bulk)) = (s.link.take(), bulk.as_mut()) {
         bulk.close(l.local);
         // Room granted over it goes with it (`written_requests.rs`).
-        super::release::release_grants(bulk.as_mut(), s);
+        release_grants(bulk.as_mut(), s);
     }
 }
 
@@ -34,7 +35,7 @@ pub(crate) fn close_link_if<P>(bulk: &mut Option<Box<dyn Bulk>>, s: &mut Session
 pub(crate) fn release_bulk<P>(
     bulk: &mut Option<Box<dyn Bulk>>,
     requests_exposed: &mut usize,
-    pool: &crate::rpc::buf::BufPool,
+    pool: &BufPool,
     s: &mut Session<P>,
 ) {
     close_link(bulk, s);
@@ -128,7 +129,7 @@ impl<P: Clone> Core<P> {
 
 /// Gives back the room session `s`'s server slots were granted (its link
 /// closes) and forgets the grants its client slots hold.
-pub(crate) fn release_grants<P>(bulk: &mut dyn Bulk, s: &mut crate::rpc::session::Session<P>) {
+pub(crate) fn release_grants<P>(bulk: &mut dyn Bulk, s: &mut Session<P>) {
     for slot in &mut s.server {
         if let Some((token, _, _)) = slot.granted.take() {
             drop(bulk.unexpose(token));
@@ -149,7 +150,7 @@ pub(crate) fn release_grants<P>(bulk: &mut dyn Bulk, s: &mut crate::rpc::session
 pub(crate) fn expose_written(
     bulk: &mut Option<Box<dyn Bulk>>,
     requests_exposed: &mut usize,
-    slot: &mut crate::rpc::session::ClientSlot,
+    slot: &mut ClientSlot,
 ) -> bool {
     if !slot.req_written {
         return true;
@@ -179,11 +180,7 @@ pub(crate) fn expose_written(
 /// its next response, exposed again without zeroing what it holds. The
 /// spare it replaces goes back to the pool; a buffer larger than a
 /// written request does too (no room that large is kept per slot).
-pub(crate) fn keep_spare(
-    pool: &crate::rpc::buf::BufPool,
-    slot: &mut crate::rpc::session::ClientSlot,
-    buf: Vec<u8>,
-) {
+pub(crate) fn keep_spare(pool: &BufPool, slot: &mut ClientSlot, buf: Vec<u8>) {
     if buf.len() > WRITTEN_REQUEST_MAX + WRITE_TRAILER {
         pool.put(buf);
         return;

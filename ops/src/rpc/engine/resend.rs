@@ -9,6 +9,7 @@ use crate::rpc::session::{CallState, Role, SessionState, SESSION_SLOTS};
 use super::call_end::fail_session;
 use super::links::link_tick;
 use super::packets::send_client_packet;
+use super::release::{expose_written, release_bulk};
 use super::Core;
 
 /// Timer ticks per retransmission timeout: a slot is resent after 3 to 4
@@ -142,21 +143,12 @@ impl<P: Clone> Core<P> {
                             fail_session(s, sid, i, req_num, retries);
                             // Its link and what it exposed go now, not at
                             // its disconnect.
-                            super::release::release_bulk(
-                                &mut self.bulk,
-                                &mut self.requests_exposed,
-                                &self.pool,
-                                s,
-                            );
+                            release_bulk(&mut self.bulk, &mut self.requests_exposed, &self.pool, s);
                             break;
                         }
                         slot.retries += 1;
                         slot.progress = now;
-                        if !super::release::expose_written(
-                            &mut self.bulk,
-                            &mut self.requests_exposed,
-                            slot,
-                        ) {
+                        if !expose_written(&mut self.bulk, &mut self.requests_exposed, slot) {
                             continue;
                         }
                         debug!(

@@ -63,12 +63,12 @@ use tracing::debug;
 
 use crate::rpc::error::RpcError;
 use crate::rpc::header::{packets_for, BulkDesc, Header, PacketKind, BULK_DESC_LEN, MAX_MSG_LEN};
-use crate::rpc::session::{slot_of, CallState, Role, ServeState};
+use crate::rpc::session::{slot_of, CallState, Role, ServeState, SessionState};
 use crate::rpc::transport::TransportError;
 
 use super::call_end::complete;
 use super::receive::linked_session;
-use super::release::keep_spare;
+use super::release::{close_link_if, keep_spare};
 use super::write_format::{
     decode_imm, decode_trailer, encode_imm, encode_trailer, generation, link_session,
     WRITE_TRAILER, WRITTEN_REQUEST_MAX,
@@ -274,7 +274,7 @@ impl<P: Clone> Core<P> {
         if let Err(error) = result {
             self.stats.bulk_write_failures += 1;
             debug!(%error, session = t.sid, "rpc: RDMA WRITE of a request failed");
-            super::release::close_link_if(&mut self.bulk, s, t.link);
+            close_link_if(&mut self.bulk, s, t.link);
             let slot = &mut s.client[t.slot];
             if slot.relinked {
                 self.pool.put(buf);
@@ -341,7 +341,7 @@ impl<P: Clone> Core<P> {
             return;
         };
         if s.link.as_ref().map(|l| l.local) != Some(link)
-            || !matches!(s.state, crate::rpc::session::SessionState::Connected)
+            || !matches!(s.state, SessionState::Connected)
         {
             stats.stale_packets += 1;
             return;

@@ -38,7 +38,9 @@ use crate::rpc::session::{slot_of, CallState, Role, ServeState};
 use crate::rpc::transport::TransportError;
 
 use super::call_end::complete;
+use super::paths::goes_bulk;
 use super::receive::linked_session;
+use super::release::close_link_if;
 use super::write_format::{
     decode_imm, encode_imm, generation, link_session, response_room, trailer_len, WRITE_TRAILER,
     WRITTEN_REQUEST_MAX,
@@ -190,7 +192,7 @@ impl<P: Clone> Core<P> {
         // (Without its trailer: a resend in packets is the response alone.)
         buf.truncate(buf.len().saturating_sub(trailer));
         if result.is_err() {
-            super::release::close_link_if(&mut self.bulk, s, t.link);
+            close_link_if(&mut self.bulk, s, t.link);
         }
         let slot = &mut s.server[t.slot];
         let n_resp = packets_for(buf.len(), s.max_payload);
@@ -384,8 +386,7 @@ impl<P: Clone> Core<P> {
             .min(max_len)
             .min(MAX_MSG_LEN as usize);
         let max_link_packet = bulk.max_link_packet();
-        if hint == 0 || !super::paths::goes_bulk(config, max_link_packet, true, hint, s.max_payload)
-        {
+        if hint == 0 || !goes_bulk(config, max_link_packet, true, hint, s.max_payload) {
             return None;
         }
         let link = s.link_ready()?;
