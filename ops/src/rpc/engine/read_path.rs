@@ -181,7 +181,6 @@ impl<P: Clone> Core<P> {
     /// none opens), once; returns false if it cannot (not a read request,
     /// or its second failure): the call fails then.
     pub(crate) fn read_failed_retry(&mut self, sid: u32, i: usize) -> bool {
-        let now = self.now;
         let Some(s) = self.sessions.get_mut(sid) else {
             return false;
         };
@@ -199,7 +198,6 @@ impl<P: Clone> Core<P> {
             return false;
         }
         close_link(&mut self.bulk, s);
-        let max_payload = s.max_payload;
         let slot = &mut s.client[i];
         slot.req_desc = None;
         slot.offered = 0;
@@ -219,12 +217,27 @@ impl<P: Clone> Core<P> {
         };
         // (It spans the offered room: cut to the request.)
         buf.truncate(len);
-        slot.req = buf;
+        self.relink_request(sid, i, buf);
+        true
+    }
+
+    /// Sends client slot `i`'s request `req` of session `sid` again, once,
+    /// in packets over a new link (its READ or WRITE over the old one
+    /// failed): from its first packet, its credits back, waiting for the
+    /// link while it is set up.
+    pub(crate) fn relink_request(&mut self, sid: u32, i: usize, req: Vec<u8>) {
+        let now = self.now;
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let max_payload = s.max_payload;
+        let slot = &mut s.client[i];
+        slot.n_req = packets_for(req.len(), max_payload);
+        slot.req = req;
         s.credits += slot.in_flight();
         slot.num_tx = 0;
         slot.num_rx = 0;
         slot.answered = 0;
-        slot.n_req = packets_for(len, max_payload);
         slot.relinked = true;
         slot.retries = 0;
         slot.progress = now;
@@ -236,7 +249,6 @@ impl<P: Clone> Core<P> {
             }
         }
         self.defer_pump(sid);
-        true
     }
 
     /// A READ of slot `i` of session `sid` failed or could not start: the

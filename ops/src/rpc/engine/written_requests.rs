@@ -62,7 +62,7 @@
 use tracing::debug;
 
 use crate::rpc::error::RpcError;
-use crate::rpc::header::{packets_for, BulkDesc, Header, PacketKind, BULK_DESC_LEN, MAX_MSG_LEN};
+use crate::rpc::header::{BulkDesc, Header, PacketKind, BULK_DESC_LEN, MAX_MSG_LEN};
 use crate::rpc::session::{slot_of, CallState, Role, ServeState, SessionState};
 use crate::rpc::transport::TransportError;
 
@@ -270,7 +270,6 @@ impl<P: Clone> Core<P> {
         }
         slot.req_writing = None;
         buf.truncate(buf.len().saturating_sub(WRITE_TRAILER));
-        let len = buf.len();
         if let Err(error) = result {
             self.stats.bulk_write_failures += 1;
             debug!(%error, session = t.sid, "rpc: RDMA WRITE of a request failed");
@@ -281,25 +280,7 @@ impl<P: Clone> Core<P> {
                 complete(s, t.slot, Err(RpcError::Transport(error)));
                 return;
             }
-            let max_payload = s.max_payload;
-            let slot = &mut s.client[t.slot];
-            slot.req = buf;
-            s.credits += slot.in_flight();
-            slot.num_tx = 0;
-            slot.num_rx = 0;
-            slot.answered = 0;
-            slot.n_req = packets_for(len, max_payload);
-            slot.relinked = true;
-            slot.retries = 0;
-            slot.progress = now;
-            self.stats.bulk_relinks += 1;
-            self.want_link(t.sid);
-            if let Some(s) = self.sessions.get_mut(t.sid) {
-                if s.link_pending() {
-                    s.client[t.slot].awaits_link = true;
-                }
-            }
-            self.defer_pump(t.sid);
+            self.relink_request(t.sid, t.slot, buf);
             return;
         }
         self.stats.bulk_request_writes += 1;
