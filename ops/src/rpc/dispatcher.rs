@@ -83,7 +83,7 @@ impl<T: Transport> Engine<T> {
         }
     }
 
-    /// Starts a call ([`Call`]): takes a free slot of session `sid` and
+    /// Starts a call ([`Call`](super::call::Call)): takes a free slot of session `sid` and
     /// sends what the credits allow (`Core::poll_start`); `Pending` while
     /// every slot is busy.
     #[inline]

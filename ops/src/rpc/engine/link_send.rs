@@ -25,7 +25,7 @@
 //!   session's start was hundreds of datagrams at once: on rxe they
 //!   overflowed the send queue, and each loss cost a timeout.)
 //! * Memory: the packets land in one pool of receive buffers for all the
-//!   links of the endpoint ([`Bulk::link_recv_memory`](super::Bulk::link_recv_memory):
+//!   links of the endpoint ([`Bulk::link_recv_memory`]:
 //!   on UD a shared receive queue of rings of 64 buffers of 32 KiB, one
 //!   ring per 8 links open, at most 4), charged to `request_memory` as
 //!   the rings are posted, bounded whatever the number of peers; a

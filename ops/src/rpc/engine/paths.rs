@@ -54,7 +54,7 @@ impl<P: Clone> Core<P> {
 }
 
 /// Whether a message of `len` bytes (in `n` packets) goes over the
-/// session's link `ready` (its [`Session::link_ready`]) by SEND: larger
+/// session's link `ready` (its [`Session::link_ready`](crate::rpc::session::Session::link_ready)) by SEND: larger
 /// than one packet, below the READ threshold, fitting the link's packet;
 /// returns the link.
 pub(crate) fn link_for(

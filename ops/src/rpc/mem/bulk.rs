@@ -1,6 +1,6 @@
 //! The large-message path of [`MemTransport`](super::MemTransport):
 //! links, exposed buffers, READs and WRITEs with immediate between
-//! endpoints of one [`MemNetwork`](super::MemNetwork), with READs and
+//! endpoints of one [`MemNetwork`], with READs and
 //! WRITEs that can be held (to test what happens while one is under way).
 
 use std::collections::{HashMap, VecDeque};
