@@ -64,7 +64,8 @@
 //! A slot that has had no answer for [`RpcConfig::rto`] sends its
 //! unanswered packets again (its first resend waits longer when the
 //! session measured a longer round trip: up to 4 `rto`, `rtt.rs`, so a
-//! server slowed by a window of calls is not resent to); after [`RpcConfig::max_retries`] in a row its
+//! server slowed by a window of calls is not resent to); after
+//! [`RpcConfig::max_retries`] in a row its
 //! call fails with [`RpcError::Timeout`] and the session with it (a call
 //! whose request or response moves by READ or WRITE gets a resend more
 //! per `rto` of those bytes at 64 MiB/s; while the transfer runs the

@@ -98,14 +98,14 @@ pub struct RpcStats {
     pub handler_panics: u64,
     /// Calls that failed because the peer stopped answering.
     pub timeouts: u64,
-    /// Server sessions closed after [`RpcConfig::session_idle_timeout`](crate::rpc::RpcConfig::session_idle_timeout)
+    /// Server sessions closed after [`RpcConfig::session_idle_timeout`]
     /// without a packet from their client.
     pub sessions_expired: u64,
-    /// Connects refused: [`RpcConfig::max_server_sessions`](crate::rpc::RpcConfig::max_server_sessions)
-    /// or [`RpcConfig::max_sessions_per_peer`](crate::rpc::RpcConfig::max_sessions_per_peer)
+    /// Connects refused: [`RpcConfig::max_server_sessions`]
+    /// or [`RpcConfig::max_sessions_per_peer`]
     /// reached.
     pub connects_refused: u64,
-    /// Request packets dropped because [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory)
+    /// Request packets dropped because [`RpcConfig::request_memory`]
     /// was spent (their clients send them again).
     pub budget_drops: u64,
     /// Requests whose packets stopped arriving for an idle timeout,
@@ -115,10 +115,10 @@ pub struct RpcStats {
     /// the call paused and sent its request again after a timeout.
     pub busy_pauses: u64,
     /// Client: keepalive pings sent (see
-    /// [`RpcConfig::session_keepalive`](crate::rpc::RpcConfig::session_keepalive)).
+    /// [`RpcConfig::session_keepalive`]).
     pub pings_sent: u64,
     /// Messages received by RDMA READ (requests at a server, responses at
-    /// a client; see [`RpcConfig::read_threshold`](crate::rpc::RpcConfig::read_threshold)).
+    /// a client; see [`RpcConfig::read_threshold`]).
     pub bulk_reads: u64,
     /// READs that failed (a bad descriptor, or a link that broke): the
     /// request or call failed and the session's link was closed.
@@ -134,10 +134,11 @@ pub struct RpcStats {
     pub bulk_write_failures: u64,
     /// Large requests moved by RDMA WRITE with immediate into room the
     /// server granted (written at a client, received at a server; see
-    /// [`RpcConfig::read_threshold`](crate::rpc::RpcConfig::read_threshold)).
+    /// [`RpcConfig::read_threshold`]).
     pub bulk_request_writes: u64,
     /// Client: large requests the server could not READ because its end
-    /// of the link was gone (answered [`Status::ReadFailed`](crate::rpc::header::Status::ReadFailed),
+    /// of the link was gone (answered
+    /// [`Status::ReadFailed`](crate::rpc::header::Status::ReadFailed),
     /// no handler ran), sent again over a new link instead of failing.
     pub bulk_relinks: u64,
     /// Packets sent over a session's RC link by SEND (a message larger
@@ -154,7 +155,7 @@ pub struct RpcStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RpcMemory {
     /// Bytes of requests held (being received, or given to a handler that
-    /// still has them), charged to [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory).
+    /// still has them), charged to [`RpcConfig::request_memory`].
     pub request_bytes: usize,
     /// The most `request_bytes` has been.
     pub request_bytes_peak: usize,
@@ -163,19 +164,19 @@ pub struct RpcMemory {
     pub request_budget: usize,
     /// Bytes of buffers kept for reuse by the message pool (at most
     /// [`POOL_MAX_BYTES`](crate::rpc::POOL_MAX_BYTES) of buffers up to 1 MiB
-    /// plus [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory)
+    /// plus [`RpcConfig::request_memory`]
     /// of larger ones).
     pub pooled_bytes: usize,
     /// Bytes of the receive buffers kept posted for packets over RC links
     /// (`link_send.rs`: one pool for all the links, made with the first),
-    /// charged to [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory)
+    /// charged to [`RpcConfig::request_memory`]
     /// besides `request_bytes`.
     pub link_recv_bytes: usize,
     /// Bytes of the room a server granted clients for their next large
     /// requests (`written_requests.rs`, "Requests written"): held per slot
     /// until written into or the link closes, and bounded apart from
     /// `request_bytes` by half of
-    /// [`RpcConfig::request_memory`](crate::rpc::RpcConfig::request_memory).
+    /// [`RpcConfig::request_memory`].
     pub granted_bytes: usize,
     /// Server sessions open.
     pub server_sessions: usize,
@@ -212,7 +213,8 @@ pub(crate) struct Start {
     pub(crate) runner: StartRunner,
 }
 
-/// A handler run inside the dispatcher ([`Rpc::register_inline`](crate::rpc::Rpc::register_inline)).
+/// A handler run inside the dispatcher
+/// ([`Rpc::register_inline`](crate::rpc::Rpc::register_inline)).
 pub(crate) type InlineHandler = Rc<dyn Fn(Request) -> MsgBuf>;
 
 /// The queue of one request type's handler tasks (or its inline handler).

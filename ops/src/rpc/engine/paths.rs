@@ -10,7 +10,8 @@ use super::Core;
 /// Whether a message of `len` bytes on a session of `max_payload`-byte
 /// packets goes by READ or WRITE ([`Core::is_bulk`]), for callers holding
 /// a session: `max_link_packet` is the transport's
-/// ([`Bulk::max_link_packet`](crate::rpc::Bulk::max_link_packet)), `has_bulk` whether it has a large-message
+/// ([`Bulk::max_link_packet`](crate::rpc::Bulk::max_link_packet)), `has_bulk`
+/// whether it has a large-message
 /// path.
 pub(crate) fn goes_bulk(
     config: &RpcConfig,
@@ -54,7 +55,9 @@ impl<P: Clone> Core<P> {
 }
 
 /// Whether a message of `len` bytes (in `n` packets) goes over the
-/// session's link `ready` (its [`Session::link_ready`](crate::rpc::session::Session::link_ready)) by SEND: larger
+/// session's link `ready` (its
+/// [`Session::link_ready`](crate::rpc::session::Session::link_ready)) by SEND:
+/// larger
 /// than one packet, below the READ threshold, fitting the link's packet;
 /// returns the link.
 pub(crate) fn link_for(

@@ -24,7 +24,8 @@
 //!   peer was sent: only room past them is zeroed when exposed), of the
 //!   request's or that response's length, whichever is more, and the
 //!   trailer; it is announced in the trailer of the request's response
-//!   WRITE ([`RESP_TRAILER`](super::write_format::RESP_TRAILER): its descriptor and capacity, 0 for none),
+//!   WRITE ([`RESP_TRAILER`](super::write_format::RESP_TRAILER): its descriptor
+//!   and capacity, 0 for none),
 //!   not by a packet. A response not written announces nothing: the
 //!   slot's next request goes by READ and gets a grant by packet.
 //! * The WRITE: the client's next large request of that slot that fits
@@ -34,7 +35,8 @@
 //!   generation and the length as a response's does. The request's
 //!   buffer is the WRITE's until its completion; then the slot keeps it
 //!   unexposed, and exposes it for READ as a read request's is only when
-//!   a resend is due ([`expose_written`](super::release::expose_written)), so the slot's resends after a
+//!   a resend is due ([`expose_written`](super::release::expose_written)), so
+//!   the slot's resends after a
 //!   timeout are read requests (the server answers them as duplicates,
 //!   or reads the request if it never took the written one) and a call
 //!   that needs none registers its request once. A WRITE that fails

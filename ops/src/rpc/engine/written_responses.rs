@@ -11,7 +11,8 @@
 //!   least `read_threshold` bytes that fits the offer WRITEs it with
 //!   immediate to the start of the offered buffer over the session's RC
 //!   link (instead of exposing it and sending a read response for the
-//!   client to READ), followed by a trailer ([`RESP_TRAILER`](super::write_format::RESP_TRAILER): the room
+//!   client to READ), followed by a trailer
+//!   ([`RESP_TRAILER`](super::write_format::RESP_TRAILER): the room
 //!   granted for the slot's next request, if any; offers count it). The
 //!   immediate names the slot, the request number's low bits and the
 //!   length of both ([`encode_imm`]). The response's buffer is
