@@ -7,8 +7,8 @@
 //! file uses only files listed before it (`scripts/check-layers.py`):
 //!
 //! * `packets.rs`: the packets built from a session's and slot's state
-//!   (client packets, credit returns, responses), for every job that
-//!   sends them.
+//!   (client packets, credit returns, responses, pings, disconnects), for
+//!   every job that sends them.
 //! * `call_end.rs`: a client call ends (its credits given back, its
 //!   caller woken) and its slot is freed.
 //! * `write_format.rs`: the immediate and the trailers of a WRITE with

@@ -1,7 +1,8 @@
 //! The packets built from a session's and a slot's state: a client's
 //! request and request-for-response packets, a server's credit returns
-//! and responses. Shared by the jobs that send them (first sends and
-//! resends).
+//! and responses, and the packets that carry nothing but the session
+//! numbers (pings, disconnects). Shared by the jobs that send them (first
+//! sends and resends).
 
 use crate::rpc::header::{Header, PacketKind, BULK_DESC_LEN, MAX_RANGE};
 use crate::rpc::session::{ClientSlot, ServerSlot, Session};
